@@ -1,0 +1,606 @@
+/*
+ * rdt.h — the C interface of rdt, a direct tensor transport.
+ *
+ * A process puts tensors into an rdt runtime where they already live (host or
+ * device memory) and gets back a reference. A reference can be serialized to
+ * bytes, sent to another process by any means, deserialized there and fetched:
+ * the bytes move straight from the source's memory into the receiver's
+ * buffers through a transport. Distributed reference counting decides when
+ * the source may free the tensors.
+ *
+ * Conventions used throughout this header:
+ *
+ *  - Every fallible call returns an rdt_status: RDT_OK (0) or a negative
+ *    error code. rdt_last_error() then gives a message for the calling thread.
+ *  - Handles (rdt_runtime, rdt_ref, rdt_fetch) are opaque. A NULL, stale,
+ *    freed or bogus handle makes a call return RDT_ERR_INVALID_ARGUMENT; it
+ *    never crashes the process.
+ *  - Every function that hands out something to free says which call frees
+ *    it; those free functions accept NULL.
+ *  - Option and info structs begin with `struct_size`. Fill them with the
+ *    matching *_init() function (static inline below, so that struct_size and
+ *    RDT_ABI_VERSION are those of the header you compiled against). Fields are
+ *    only ever appended; zero means "the default" for every option field.
+ *  - Tensors are described DLPack-style (rdt_tensor has the layout of
+ *    DLPack's DLTensor). Version 1 moves contiguous (row-major) tensors only.
+ *  - Thread safety: every function may be called from any thread, on the same
+ *    or different handles, concurrently. A handle must not be used after (or
+ *    while) it is being freed or released by another thread; doing so returns
+ *    RDT_ERR_INVALID_ARGUMENT at worst.
+ *  - Timeouts are in milliseconds: a negative value waits forever, 0 polls.
+ *  - fork(): the library runs a Go runtime, which does not survive fork() in
+ *    the child. In a child forked after the library was loaded, every call
+ *    returns RDT_ERR_FORKED. Create processes with fork+exec or spawn.
+ */
+#ifndef RDT_H
+#define RDT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define RDT_API __attribute__((visibility("default")))
+#else
+#define RDT_API
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Versions                                                                  */
+/* ------------------------------------------------------------------------- */
+
+#define RDT_VERSION_MAJOR 0
+#define RDT_VERSION_MINOR 1
+#define RDT_VERSION_PATCH 0
+
+/* Bumped whenever a struct or function in this header changes incompatibly.
+ * rdt_runtime_create() refuses options built against another ABI version. */
+#define RDT_ABI_VERSION 1
+
+/* The library's version as "MAJOR.MINOR.PATCH". Static storage; never NULL. */
+RDT_API const char *rdt_version(void);
+
+/* The RDT_ABI_VERSION the library was built with. */
+RDT_API uint32_t rdt_abi_version(void);
+
+/* ------------------------------------------------------------------------- */
+/* Status codes and errors                                                   */
+/* ------------------------------------------------------------------------- */
+
+typedef enum rdt_status {
+  RDT_OK = 0,
+  RDT_ERR_INVALID_ARGUMENT = -1, /* NULL/bogus handle or pointer, bad value  */
+  RDT_ERR_NOT_FOUND = -2,        /* unknown transport, object already freed  */
+  RDT_ERR_ALREADY_EXISTS = -3,   /* a transport of that name is registered   */
+  RDT_ERR_TIMEOUT = -4,          /* the deadline passed; see each function   */
+  RDT_ERR_ABORTED = -5,          /* the operation was aborted                */
+  RDT_ERR_PEER_UNAVAILABLE = -6, /* the other runtime is gone or unreachable */
+  RDT_ERR_CORRUPT = -7,          /* malformed bytes: a ref or a message      */
+  RDT_ERR_UNSUPPORTED = -8,      /* not possible here (device, library, ...) */
+  RDT_ERR_PERMISSION_DENIED = -9,/* refused by the OS or by authentication   */
+  RDT_ERR_TRANSPORT = -10,       /* a transport failed to move the bytes     */
+  RDT_ERR_NO_MEMORY = -11,       /* an allocation failed                     */
+  RDT_ERR_ABI_MISMATCH = -12,    /* header and library disagree              */
+  RDT_ERR_FORKED = -13,          /* called in a child forked after loading   */
+  RDT_ERR_CLOSED = -14,          /* the runtime was destroyed                */
+  RDT_ERR_INTERNAL = -50,        /* a bug in rdt; the message says where     */
+  RDT_ERR_USER = -100            /* a transport callback failed; any code at
+                                    or below this is a callback's own        */
+} rdt_status;
+
+/* A short constant name for a status, such as "RDT_ERR_TIMEOUT". Unknown
+ * codes give "RDT_ERR_UNKNOWN" (codes <= RDT_ERR_USER give "RDT_ERR_USER").
+ * Static storage; never NULL. */
+RDT_API const char *rdt_status_string(rdt_status status);
+
+/* The detailed message of the last call on this thread that returned an
+ * error, or "" if there was none. The string belongs to the library and stays
+ * valid until the next rdt call on the same thread. Never NULL. */
+RDT_API const char *rdt_last_error(void);
+
+/* ------------------------------------------------------------------------- */
+/* Tensors (layout-compatible with DLPack's DLDevice, DLDataType, DLTensor)  */
+/* ------------------------------------------------------------------------- */
+
+/* Device types: DLPack's DLDeviceType codes. */
+#define RDT_DEVICE_CPU 1
+#define RDT_DEVICE_CUDA 2
+#define RDT_DEVICE_CUDA_HOST 3
+#define RDT_DEVICE_ROCM 10
+#define RDT_DEVICE_CUDA_MANAGED 13
+
+/* Data type codes: DLPack's DLDataTypeCode. */
+#define RDT_DTYPE_INT 0
+#define RDT_DTYPE_UINT 1
+#define RDT_DTYPE_FLOAT 2
+#define RDT_DTYPE_OPAQUE_HANDLE 3
+#define RDT_DTYPE_BFLOAT 4
+#define RDT_DTYPE_COMPLEX 5
+#define RDT_DTYPE_BOOL 6
+#define RDT_DTYPE_FLOAT8_E3M4 7
+#define RDT_DTYPE_FLOAT8_E4M3 8
+#define RDT_DTYPE_FLOAT8_E4M3B11FNUZ 9
+#define RDT_DTYPE_FLOAT8_E4M3FN 10
+#define RDT_DTYPE_FLOAT8_E4M3FNUZ 11
+#define RDT_DTYPE_FLOAT8_E5M2 12
+#define RDT_DTYPE_FLOAT8_E5M2FNUZ 13
+#define RDT_DTYPE_FLOAT8_E8M0FNU 14
+#define RDT_DTYPE_FLOAT6_E2M3FN 15
+#define RDT_DTYPE_FLOAT6_E3M2FN 16
+#define RDT_DTYPE_FLOAT4_E2M1FN 17
+
+/* The most dimensions a tensor may have. */
+#define RDT_MAX_NDIM 64
+
+typedef struct rdt_device {
+  int32_t device_type; /* RDT_DEVICE_* */
+  int32_t device_id;   /* 0 for host memory */
+} rdt_device;
+
+typedef struct rdt_dtype {
+  uint8_t code;   /* RDT_DTYPE_* */
+  uint8_t bits;   /* bits per lane: 8, 16, 32, 64, ... */
+  uint16_t lanes; /* 1 for scalars */
+} rdt_dtype;
+
+/* A tensor view. The library never frees anything a tensor points to.
+ * Its size in bytes is prod(shape) * ceil(bits * lanes / 8). `strides` is
+ * NULL or, in elements, must describe the compact row-major layout; anything
+ * else is RDT_ERR_INVALID_ARGUMENT. `data` may be NULL only for empty
+ * tensors. The bytes start at (char *)data + byte_offset. */
+typedef struct rdt_tensor {
+  void *data;
+  rdt_device device;
+  int32_t ndim;
+  rdt_dtype dtype;
+  const int64_t *shape;   /* ndim entries, each >= 0; may be NULL if ndim 0 */
+  const int64_t *strides; /* NULL, or ndim entries */
+  uint64_t byte_offset;
+} rdt_tensor;
+
+/* ------------------------------------------------------------------------- */
+/* Runtimes                                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef struct rdt_runtime rdt_runtime;
+typedef struct rdt_ref rdt_ref;
+typedef struct rdt_fetch rdt_fetch;
+
+#define RDT_LOG_DEFAULT 0 /* RDT_LOG from the environment, else "warn" */
+#define RDT_LOG_OFF 1
+#define RDT_LOG_ERROR 2
+#define RDT_LOG_WARN 3
+#define RDT_LOG_INFO 4
+#define RDT_LOG_DEBUG 5
+
+/* Runtime flags. */
+/* Keep the runtime inside this process: peers are other runtimes of the same
+ * process only, reached without sockets. */
+#define RDT_RUNTIME_IN_PROCESS (1u << 0)
+
+typedef struct rdt_runtime_options {
+  uint32_t struct_size; /* sizeof(rdt_runtime_options); set by _init */
+  uint32_t abi_version; /* RDT_ABI_VERSION; set by _init */
+  /* A name for log lines, copied. NULL: "rdt-<pid>". */
+  const char *name;
+  /* RDT_LOG_*. */
+  int32_t log_level;
+  /* RDT_RUNTIME_* flags. */
+  uint32_t flags;
+  /* How long a serialized reference keeps its object alive while it has not
+   * been deserialized. 0: 120000 (two minutes). */
+  int64_t lease_ms;
+} rdt_runtime_options;
+
+/* Fills `opts` with defaults for this header's version. */
+static inline void rdt_runtime_options_init(rdt_runtime_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+  opts->abi_version = RDT_ABI_VERSION;
+}
+
+/* Creates a runtime. `opts` may be NULL for defaults; it is only read during
+ * the call. On success *out is a new runtime that the caller destroys with
+ * rdt_runtime_destroy(). Errors: INVALID_ARGUMENT (out NULL, struct_size too
+ * small), ABI_MISMATCH (opts built against another RDT_ABI_VERSION). */
+RDT_API rdt_status rdt_runtime_create(const rdt_runtime_options *opts,
+                                      rdt_runtime **out);
+
+/* Destroys a runtime: aborts its fetches and waits until no transfer can
+ * write into their targets, frees every object it owns (garbage_collect and
+ * release callbacks run), returns its borrows to their owners and frees its
+ * transports' user data. Refs and fetches of the runtime stay valid handles
+ * that fail with RDT_ERR_CLOSED; release or free them as usual. Fetches of
+ * its objects by other runtimes fail with RDT_ERR_PEER_UNAVAILABLE.
+ * NULL is accepted and ignored. */
+RDT_API rdt_status rdt_runtime_destroy(rdt_runtime *rt);
+
+/* The runtime's control-plane address (such as "inproc://<id>"). Stored in
+ * *out; the string belongs to the runtime and lives until it is destroyed. */
+RDT_API rdt_status rdt_runtime_address(const rdt_runtime *rt,
+                                       const char **out);
+
+/* ------------------------------------------------------------------------- */
+/* Objects and references                                                    */
+/* ------------------------------------------------------------------------- */
+
+/* Called exactly once when an object is freed, after every transport's
+ * garbage_collect, from an internal thread. It may call rdt functions. */
+typedef void (*rdt_release_fn)(void *user_data);
+
+/* Puts `num_tensors` tensors into `rt` as one object and returns the first
+ * reference to it in *out (release it with rdt_ref_release()).
+ *
+ * The tensors are not copied: rdt keeps their descriptions, and transports
+ * read the memory when another runtime fetches. Keep the memory valid and
+ * unmodified until the object is freed; `release(user_data)` tells you when
+ * (or wait with rdt_wait_tensor_freed()). The rdt_tensor array and its shape
+ * arrays are only read during the call.
+ *
+ * `transport` names the transport receivers use (case-insensitive), or NULL
+ * for automatic choice per fetch. A named transport extracts its metadata
+ * now, on this thread.
+ *
+ * Errors: INVALID_ARGUMENT (bad tensor, non-contiguous strides, too many
+ * tensors), NOT_FOUND (no such transport), UNSUPPORTED (the transport does
+ * not handle the tensors' device), or a transport's error. On error nothing
+ * is kept and `release` is not called. */
+RDT_API rdt_status rdt_put(rdt_runtime *rt, const rdt_tensor *tensors,
+                           size_t num_tensors, const char *transport,
+                           rdt_release_fn release, void *user_data,
+                           rdt_ref **out);
+
+/* A new reference to the same object; release both. */
+RDT_API rdt_status rdt_ref_clone(const rdt_ref *ref, rdt_ref **out);
+
+/* Releases one reference. When the last reference anywhere is gone (local
+ * handles, serialized refs within their lease, and other runtimes' borrows),
+ * the owner frees the object. NULL is accepted. Releasing twice returns
+ * INVALID_ARGUMENT. */
+RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
+
+/* Serializes a reference into bytes that any runtime can deserialize. The
+ * bytes keep the object alive for the owner's lease (lease_ms) or until they
+ * are deserialized, whichever comes first; deserializing the same bytes again
+ * while the object lives is allowed. On success *out_bytes and *out_size hold a
+ * buffer the caller frees with rdt_bytes_free(). Serializing a borrowed
+ * reference asks the owner for the lease: PEER_UNAVAILABLE if it is gone. */
+RDT_API rdt_status rdt_ref_serialize(const rdt_ref *ref, void **out_bytes,
+                                     size_t *out_size);
+
+/* Frees bytes returned by rdt_ref_serialize(). NULL is accepted. */
+RDT_API void rdt_bytes_free(void *bytes);
+
+/* Turns serialized bytes into a reference owned by `rt` (a borrow that the
+ * owner counts, unless `rt` is the owner). The bytes are only read during
+ * the call. Errors: CORRUPT (truncated, damaged, oversized or of an unknown
+ * format version), NOT_FOUND (the object was already freed),
+ * PEER_UNAVAILABLE (the owner is gone). */
+RDT_API rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes,
+                                       size_t size, rdt_ref **out);
+
+/* Length of an object id in hexadecimal characters. */
+#define RDT_OBJECT_ID_LEN 32
+/* Longest transport name, in bytes. */
+#define RDT_NAME_MAX 63
+
+typedef struct rdt_object_info {
+  uint32_t struct_size;   /* set by _init */
+  uint32_t num_tensors;
+  char object_id[RDT_OBJECT_ID_LEN + 1]; /* hexadecimal, NUL-terminated */
+  char transport[RDT_NAME_MAX + 1];      /* "" when chosen per fetch */
+  int32_t is_owner;       /* 1 if the ref's runtime owns the object */
+  uint64_t nbytes;        /* sum over the tensors */
+} rdt_object_info;
+
+static inline void rdt_object_info_init(rdt_object_info *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = (uint32_t)sizeof *info;
+}
+
+/* Describes the object a reference points to. `out` must be initialized with
+ * rdt_object_info_init(); it is filled up to its struct_size. */
+RDT_API rdt_status rdt_ref_info(const rdt_ref *ref, rdt_object_info *out);
+
+typedef struct rdt_tensor_info {
+  uint32_t struct_size; /* set by _init */
+  int32_t ndim;
+  rdt_device device;    /* where the tensor lives on the source */
+  rdt_dtype dtype;
+  uint64_t nbytes;
+  int64_t shape[RDT_MAX_NDIM];
+} rdt_tensor_info;
+
+static inline void rdt_tensor_info_init(rdt_tensor_info *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = (uint32_t)sizeof *info;
+}
+
+/* Describes tensor `index` of the object. INVALID_ARGUMENT if index is out
+ * of range. */
+RDT_API rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
+                                       rdt_tensor_info *out);
+
+/* ------------------------------------------------------------------------- */
+/* Fetching                                                                  */
+/* ------------------------------------------------------------------------- */
+
+typedef struct rdt_fetch_options {
+  uint32_t struct_size; /* set by _init */
+  uint32_t reserved;
+  /* Use this transport for every ref instead of the one each ref names
+   * (case-insensitive). NULL: each ref's own, or the automatic choice. */
+  const char *transport;
+} rdt_fetch_options;
+
+static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+}
+
+/* Starts fetching `num_refs` objects into caller-allocated targets and
+ * returns at once with *out, a fetch to wait on and free.
+ *
+ * `targets` holds one tensor per source tensor, ref after ref, in order
+ * (ref 0's tensors, then ref 1's, ...): `num_targets` must equal the total.
+ * Each target must match its source tensor's shape, dtype and device type
+ * (the device id may differ) and be contiguous. The rdt_tensor array is
+ * copied; the memory it points to must stay valid until rdt_fetch_wait()
+ * returned something other than RDT_ERR_TIMEOUT, or rdt_fetch_free()
+ * returned. The refs are only read during the call (the fetch keeps its
+ * own references), so they may be released right after.
+ *
+ * Every transfer is started before this returns and they run concurrently.
+ * A ref owned by `rt` itself is copied directly, without a transport. For a
+ * two-sided transport the source runtime is asked to send.
+ *
+ * `opts` may be NULL. Errors: INVALID_ARGUMENT (a target does not match,
+ * count mismatch), NOT_FOUND (unknown transport), UNSUPPORTED (a peer lacks
+ * the transport), PEER_UNAVAILABLE, or a transport's error. When an error is
+ * returned nothing is left running and *out is not set. */
+RDT_API rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
+                                   size_t num_refs, const rdt_tensor *targets,
+                                   size_t num_targets,
+                                   const rdt_fetch_options *opts,
+                                   rdt_fetch **out);
+
+/* Waits until every transfer of the fetch completed, up to `timeout_ms`.
+ *
+ * RDT_OK: all targets hold the objects' bytes. RDT_ERR_TIMEOUT: the deadline
+ * passed first; the fetch is still valid and running; wait again, abort or
+ * free it. Any other error is the first error a transfer hit; by the time it
+ * is returned every other transfer of the fetch has completed or been
+ * aborted and released, so nothing writes into the targets any more. Calling
+ * wait again after a final result returns the same result. */
+RDT_API rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms);
+
+/* Asks every unfinished transfer to stop and returns without waiting. A
+ * later rdt_fetch_wait() returns RDT_ERR_ABORTED (or RDT_OK if everything
+ * had already completed) once no transfer can write into the targets. A
+ * transport that cannot abort is left to finish. */
+RDT_API rdt_status rdt_fetch_abort(rdt_fetch *fetch);
+
+/* Frees a fetch. If transfers are still running they are aborted, and this
+ * waits until none can write into the targets any more — for a transport
+ * that cannot abort, until it finishes. NULL is accepted. */
+RDT_API rdt_status rdt_fetch_free(rdt_fetch *fetch);
+
+/* rdt_fetch_start(), rdt_fetch_wait(timeout_ms) and rdt_fetch_free() in one
+ * call. On RDT_ERR_TIMEOUT the transfers were aborted before returning. */
+RDT_API rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs,
+                           size_t num_refs, const rdt_tensor *targets,
+                           size_t num_targets, const rdt_fetch_options *opts,
+                           int64_t timeout_ms);
+
+/* Waits until no object of `rt` holds a tensor whose `data` pointer equals
+ * `data` (as given to rdt_put), so the memory may be written or freed again.
+ * RDT_OK at once if none does. RDT_ERR_TIMEOUT if the deadline passes. */
+RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
+                                         int64_t timeout_ms);
+
+/* ------------------------------------------------------------------------- */
+/* Transports                                                                */
+/* ------------------------------------------------------------------------- */
+
+/* Roles in rdt_transfer.role. */
+#define RDT_ROLE_SOURCE 1
+#define RDT_ROLE_DESTINATION 2
+
+/* Describes one transfer of one object to a transport's callbacks. Every
+ * string is NUL-terminated and valid only during the callback. */
+typedef struct rdt_transfer {
+  uint32_t struct_size;
+  uint32_t role;              /* RDT_ROLE_* : which side this callback is on */
+  const char *object_id;      /* RDT_OBJECT_ID_LEN hexadecimal characters   */
+  uint64_t transfer_id;       /* unique per transfer, the same on both sides */
+  const char *transport;      /* canonical (lower-case) transport name       */
+  const char *source_runtime; /* runtime ids (hexadecimal) and addresses     */
+  const char *source_address;
+  const char *destination_runtime;
+  const char *destination_address;
+} rdt_transfer;
+
+/* An output buffer handed to a callback; fill it with rdt_buffer_set(). */
+typedef struct rdt_buffer rdt_buffer;
+
+/* Copies `size` bytes into a callback's output buffer, replacing what it
+ * held. Only valid inside the callback that received `buf`. Errors:
+ * INVALID_ARGUMENT (NULL buf, NULL data with size > 0), NO_MEMORY. */
+RDT_API rdt_status rdt_buffer_set(rdt_buffer *buf, const void *data,
+                                  size_t size);
+
+/* Attaches a message to the error a transport callback is about to return
+ * (called from inside the callback, on its thread). rdt reports it to the
+ * caller of rdt_get()/rdt_fetch_wait() with the transport's name. Copied. */
+RDT_API void rdt_set_error(const char *message);
+
+/* Transport flags. */
+#define RDT_TRANSPORT_ONE_SIDED (1u << 0) /* the receiver reads alone       */
+#define RDT_TRANSPORT_CAN_ABORT (1u << 1) /* abort() stops transfers safely */
+#define RDT_TRANSPORT_BUILTIN (1u << 2)   /* reported by rdt_transport_list */
+
+/* A transport implemented by the application, modelled on Ray's
+ * TensorTransportManager. rdt calls these from its own threads, possibly
+ * several at once; never while holding a lock that another rdt call needs,
+ * so callbacks may call rdt functions. Each returns RDT_OK or an error code
+ * (with rdt_set_error() for a message). Callbacks marked optional may be
+ * NULL.
+ *
+ * Metadata arguments (`tmeta`: transport metadata made by extract_metadata on
+ * the source; `cmeta`: communicator metadata made by communicator_metadata on
+ * the destination) are borrowed bytes, valid during the callback. */
+typedef struct rdt_transport_vtable {
+  uint32_t struct_size; /* set by _init */
+  uint32_t flags;       /* RDT_TRANSPORT_ONE_SIDED, RDT_TRANSPORT_CAN_ABORT */
+  void *user_data;      /* passed to every callback */
+  /* Optional. Called once when the runtime is destroyed, after the last
+   * callback; also when registration fails. */
+  void (*free_user_data)(void *user_data);
+
+  /* Optional. Source, at rdt_put: describe the tensors for receivers (for
+   * example register the memory and return its keys). The result travels in
+   * every serialized ref. NULL or an empty buffer: no metadata. */
+  rdt_status (*extract_metadata)(void *user_data, const char *object_id,
+                                 const rdt_tensor *tensors, size_t num_tensors,
+                                 rdt_buffer *out);
+
+  /* Optional. Destination, once per transfer before anything moves: the
+   * communicator metadata (for example a rank pair or a channel id), passed
+   * to recv/fetch here and, for two-sided transports, to send on the source. */
+  rdt_status (*communicator_metadata)(void *user_data,
+                                      const rdt_transfer *transfer,
+                                      rdt_buffer *out);
+
+  /* Required for two-sided transports, unused for one-sided ones. Source:
+   * called by the source runtime when a destination asks; send the tensors
+   * and return when done (or failed, or aborted). */
+  rdt_status (*send)(void *user_data, const rdt_transfer *transfer,
+                     const rdt_tensor *tensors, size_t num_tensors,
+                     const void *tmeta, size_t tmeta_size, const void *cmeta,
+                     size_t cmeta_size);
+
+  /* Destination: receive every tensor into `targets` (shapes, dtypes and
+   * sizes already checked) and return when done. Required unless fetch and
+   * wait are given; rdt runs it on its own thread, concurrently with the
+   * other transfers of the same fetch. */
+  rdt_status (*recv)(void *user_data, const rdt_transfer *transfer,
+                     const rdt_tensor *targets, size_t num_targets,
+                     const void *tmeta, size_t tmeta_size, const void *cmeta,
+                     size_t cmeta_size);
+
+  /* Optional, all three or none. Destination, asynchronous receive: fetch
+   * starts the transfer and returns at once with an opaque *request; wait
+   * blocks until it completes (rdt passes timeout_ms -1 and uses abort to
+   * interrupt it; return RDT_ERR_TIMEOUT if a finite timeout passes);
+   * release_request frees the request. rdt calls release_request exactly
+   * once for every request fetch returned, after the last wait or abort. */
+  rdt_status (*fetch)(void *user_data, const rdt_transfer *transfer,
+                      const rdt_tensor *targets, size_t num_targets,
+                      const void *tmeta, size_t tmeta_size, const void *cmeta,
+                      size_t cmeta_size, void **request);
+  rdt_status (*wait)(void *user_data, void *request, int64_t timeout_ms);
+  void (*release_request)(void *user_data, void *request);
+
+  /* Optional. Source: the object is freed; release what extract_metadata
+   * set up. Called exactly once per object that extracted metadata. */
+  void (*garbage_collect)(void *user_data, const char *object_id,
+                          const rdt_tensor *tensors, size_t num_tensors,
+                          const void *tmeta, size_t tmeta_size);
+
+  /* Required with RDT_TRANSPORT_CAN_ABORT. Either side: stop the transfer so
+   * that the pending recv/wait/send returns soon and nothing more is written
+   * into the targets. `request` is the fetch request, or NULL for recv and
+   * send. May be called while recv, wait or send runs on another thread. */
+  rdt_status (*abort)(void *user_data, const rdt_transfer *transfer,
+                      void *request);
+} rdt_transport_vtable;
+
+static inline void rdt_transport_vtable_init(rdt_transport_vtable *vt) {
+  memset(vt, 0, sizeof *vt);
+  vt->struct_size = (uint32_t)sizeof *vt;
+}
+
+/* Registers a transport with `rt` under `name` (1 to RDT_NAME_MAX bytes of
+ * letters, digits, '_', '-' and '.'; matched case-insensitively). `devices`
+ * lists the RDT_DEVICE_* types it moves (at least one). The vtable is copied;
+ * on success the runtime owns `vtable->user_data` and calls
+ * free_user_data when destroyed; on failure free_user_data is called before
+ * returning. Register the transport under the same name in every runtime
+ * that uses it. Errors: INVALID_ARGUMENT (bad name, no devices, a required
+ * callback missing), ALREADY_EXISTS. */
+RDT_API rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
+                                          const int32_t *devices,
+                                          size_t num_devices,
+                                          const rdt_transport_vtable *vtable);
+
+/* Most device types a transport lists in rdt_transport_info. */
+#define RDT_MAX_DEVICES 8
+
+typedef struct rdt_transport_info {
+  uint32_t struct_size;            /* set by _init */
+  uint32_t flags;                  /* RDT_TRANSPORT_* */
+  char name[RDT_NAME_MAX + 1];     /* canonical lower-case name */
+  uint32_t num_devices;
+  int32_t devices[RDT_MAX_DEVICES];
+  uint64_t transfers_completed;    /* as destination */
+  uint64_t transfers_failed;       /* as destination */
+  uint64_t bytes_received;
+  uint64_t sends_completed;        /* as source, two-sided */
+  uint64_t bytes_sent;             /* as source, two-sided */
+} rdt_transport_info;
+
+static inline void rdt_transport_info_init(rdt_transport_info *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = (uint32_t)sizeof *info;
+}
+
+/* Lists the transports registered with `rt`, sorted by name. *count gets the
+ * number registered; up to `capacity` entries are written to `infos`
+ * (which may be NULL when capacity is 0). The array's stride is
+ * infos[0].struct_size, so initialize every element with
+ * rdt_transport_info_init(). */
+RDT_API rdt_status rdt_transport_list(rdt_runtime *rt,
+                                      rdt_transport_info *infos,
+                                      size_t capacity, size_t *count);
+
+/* ------------------------------------------------------------------------- */
+/* Observability                                                             */
+/* ------------------------------------------------------------------------- */
+
+typedef struct rdt_stats {
+  uint32_t struct_size; /* set by _init */
+  uint32_t reserved;
+  uint64_t objects;          /* objects owned, not yet freed                 */
+  uint64_t objects_freed;    /* objects freed since creation                 */
+  uint64_t refs;             /* live rdt_ref handles of this runtime         */
+  uint64_t borrows;          /* borrows other runtimes hold on our objects   */
+  uint64_t borrowed_objects; /* other runtimes' objects we hold refs to      */
+  uint64_t refs_in_transit;  /* serialized refs within their lease           */
+  uint64_t leases_expired;   /* serialized refs never deserialized in time   */
+  uint64_t fetches_active;   /* rdt_fetch handles not yet freed              */
+  uint64_t transfers_completed;
+  uint64_t transfers_failed;
+  uint64_t bytes_received;
+  uint64_t sends_completed;  /* two-sided sends served as source            */
+  uint64_t bytes_sent;
+  uint64_t local_copies;     /* fetches of our own objects, copied directly */
+  uint64_t peers;            /* runtimes we are connected to                */
+} rdt_stats;
+
+static inline void rdt_stats_init(rdt_stats *stats) {
+  memset(stats, 0, sizeof *stats);
+  stats->struct_size = (uint32_t)sizeof *stats;
+}
+
+/* Copies the runtime's counters into `out` (initialized with _init). */
+RDT_API rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* RDT_H */

@@ -1,0 +1,117 @@
+package core
+
+import (
+	"context"
+)
+
+// This file is the seam between the runtime and the control plane: the
+// messages runtimes exchange, expressed as Go interfaces. The in-process
+// network (inproc.go) calls the peer runtime directly; the socket network
+// carries the same calls as framed messages. The runtime neither knows nor
+// cares which one it talks through.
+
+// TransportAdvert is what a runtime tells peers about one of its transports.
+type TransportAdvert struct {
+	Name     string
+	Devices  []DeviceType
+	OneSided bool
+}
+
+// PeerInfo identifies a runtime to its peers.
+type PeerInfo struct {
+	RuntimeID  RuntimeID
+	Name       string
+	Address    string
+	HostID     string
+	Pid        int
+	Transports []TransportAdvert
+}
+
+// SameHost reports whether two runtimes share a host (same boot, same
+// process and mount namespaces), so that host-local transports apply.
+func (p PeerInfo) SameHost(q PeerInfo) bool { return p.HostID != "" && p.HostID == q.HostID }
+
+// Advert finds the peer's advertisement of a transport.
+func (p PeerInfo) Advert(name string) (TransportAdvert, bool) {
+	for _, a := range p.Transports {
+		if a.Name == name {
+			return a, true
+		}
+	}
+	return TransportAdvert{}, false
+}
+
+func (p PeerInfo) String() string {
+	if p.Name != "" {
+		return p.Name + "@" + p.Address
+	}
+	return p.Address
+}
+
+// SendRequest asks a source runtime to run a two-sided transport's send.
+type SendRequest struct {
+	Object     ObjectID
+	TransferID uint64
+	Transport  string
+	CMeta      []byte
+}
+
+// PeerService is what a runtime offers to its peers. The network calls it
+// on behalf of an authenticated remote runtime, `from`.
+type PeerService interface {
+	// Identity describes this runtime now (transports may be added later).
+	Identity() PeerInfo
+	// Borrow registers one borrow of obj by `from`, consuming the
+	// serialized ref's lease token if it is still held.
+	Borrow(from PeerInfo, obj ObjectID, token uint64) error
+	// Unborrow returns n borrows of obj by `from`.
+	Unborrow(from RuntimeID, obj ObjectID, n uint64)
+	// Lease makes a token that keeps obj alive while a ref serialized by
+	// `from` (a borrower) is in transit.
+	Lease(from RuntimeID, obj ObjectID) (uint64, error)
+	// Metadata returns (extracting on first demand) a transport's metadata
+	// for obj.
+	Metadata(from RuntimeID, obj ObjectID, transport string) ([]byte, error)
+	// Send runs a two-sided send to `from` and returns when it is done.
+	// Cancelling ctx aborts it.
+	Send(ctx context.Context, from PeerInfo, req SendRequest) error
+	// PeerGone tells the runtime that a peer disconnected or died: its
+	// borrows are returned.
+	PeerGone(id RuntimeID)
+}
+
+// Peer is a connection to another runtime, as seen by the caller.
+type Peer interface {
+	// Info is the peer's identity as of the handshake or the last Refresh.
+	Info() PeerInfo
+	// Refresh asks the peer for its identity again.
+	Refresh(ctx context.Context) (PeerInfo, error)
+	Borrow(ctx context.Context, obj ObjectID, token uint64) error
+	// Unborrow is fire-and-forget; a lost peer has dropped our borrows.
+	Unborrow(obj ObjectID, n uint64)
+	Lease(ctx context.Context, obj ObjectID) (uint64, error)
+	Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error)
+	// Send asks the peer to send; cancelling ctx aborts the send there.
+	Send(ctx context.Context, req SendRequest) error
+	// Done is closed when the peer is gone (destroyed, died, disconnected).
+	Done() <-chan struct{}
+}
+
+// Network is a control-plane implementation.
+type Network interface {
+	// Listen makes svc reachable and returns the endpoint.
+	Listen(svc PeerService, log *Logger) (Endpoint, error)
+}
+
+// Endpoint is a runtime's presence on a network.
+type Endpoint interface {
+	// Address is what peers connect to; it travels in serialized refs.
+	Address() string
+	// Connect returns the (cached) connection to the runtime at address:
+	// one per pair of runtimes.
+	Connect(ctx context.Context, address string) (Peer, error)
+	// NumPeers counts live connections.
+	NumPeers() int
+	// Close disconnects every peer (they see Done and PeerGone).
+	Close() error
+}

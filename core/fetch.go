@@ -1,0 +1,575 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// FetchOptions adjust one fetch.
+type FetchOptions struct {
+	// Transport overrides the transport of every ref ("" keeps each ref's
+	// own or the automatic choice).
+	Transport string
+}
+
+// Fetch is a set of concurrent transfers, one per ref, waited on together.
+type Fetch struct {
+	rt        *Runtime
+	transfers []*transfer
+	done      chan struct{} // closed when every transfer finished
+	abortCh   chan struct{}
+	abortOnce sync.Once
+	freeOnce  sync.Once
+
+	remaining atomic.Int64 // transfers started and not finished
+
+	mu  sync.Mutex
+	err error // the first error
+}
+
+type transfer struct {
+	f       *Fetch
+	index   int
+	ref     *Ref // the fetch's own handle, released when the transfer ends
+	targets []Tensor
+
+	local bool // the fetching runtime owns the object
+	empty bool // nothing to move
+
+	// Remote transfers.
+	peer       Peer
+	entry      *registered
+	x          *Transfer
+	req        Request
+	sendDone   chan error
+	sendCancel context.CancelFunc
+	aborted    bool
+	start      time.Time
+}
+
+// StartFetch validates the targets, starts every transfer and returns
+// without waiting. See rdt_fetch_start.
+func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) (*Fetch, error) {
+	total := 0
+	for i, r := range refs {
+		if err := r.check(); err != nil {
+			return nil, Wrap(err, "ref %d", i)
+		}
+		if r.rt != rt {
+			return nil, Errorf(ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
+		}
+		total += len(r.desc.Tensors)
+	}
+	if total != len(targets) {
+		return nil, Errorf(ErrInvalidArgument, "%d targets given for %d source tensors", len(targets), total)
+	}
+	off := 0
+	for i, r := range refs {
+		for j, td := range r.desc.Tensors {
+			if err := td.Matches(targets[off].TensorDesc); err != nil {
+				return nil, Wrap(err, "target for ref %d tensor %d", i, j)
+			}
+			off++
+		}
+	}
+	override := ""
+	if opts.Transport != "" {
+		e, err := rt.reg.lookup(opts.Transport)
+		if err != nil {
+			return nil, err
+		}
+		override = e.t.Name()
+	}
+
+	f := &Fetch{rt: rt, done: make(chan struct{}), abortCh: make(chan struct{})}
+	off = 0
+	for i, r := range refs {
+		c, err := r.Clone()
+		if err != nil {
+			for _, tr := range f.transfers {
+				tr.ref.Release()
+			}
+			return nil, Wrap(err, "ref %d", i)
+		}
+		n := len(r.desc.Tensors)
+		f.transfers = append(f.transfers, &transfer{f: f, index: i, ref: c, targets: targets[off : off+n]})
+		off += n
+	}
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		for _, tr := range f.transfers {
+			tr.ref.Release()
+		}
+		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	rt.fetches[f] = struct{}{}
+	rt.mu.Unlock()
+	rt.c.fetchesActive.Add(1)
+
+	// Start every transfer before waiting on any; on the first failure,
+	// abort the ones already started and let them wind down.
+	var startErr error
+	started := f.transfers[:0:0]
+	for i, tr := range f.transfers {
+		if startErr == nil {
+			if err := tr.begin(override); err != nil {
+				startErr = Wrap(err, "fetch of ref %d (object %s)", i, tr.ref.desc.ID)
+				f.record(startErr)
+			} else {
+				started = append(started, tr)
+				continue
+			}
+		}
+		tr.ref.Release() // never started
+	}
+	var wg sync.WaitGroup
+	for _, tr := range started {
+		wg.Add(1)
+		f.remaining.Add(1)
+		go func() {
+			defer wg.Done()
+			tr.finish(tr.run())
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(f.done)
+	}()
+	if startErr != nil {
+		<-f.done
+		f.Free()
+		return nil, startErr
+	}
+	return f, nil
+}
+
+// begin does the synchronous part of a transfer: choose the transport, get
+// the metadata, and start the transport's fetch (and the source's send).
+func (tr *transfer) begin(override string) error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	tr.start = time.Now()
+	if desc.Nbytes == 0 {
+		tr.empty = true
+		return nil
+	}
+	if tr.ref.owned {
+		tr.local = true
+		return rt.checkLocalCopy(desc, tr.targets)
+	}
+	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
+	defer cancel()
+	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	if err != nil {
+		return Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return Errorf(ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	tr.peer = peer
+
+	var candidates []string
+	auto := false
+	switch {
+	case override != "":
+		candidates = []string{override}
+	case desc.Transport != "":
+		candidates = []string{desc.Transport}
+	default:
+		auto = true
+		candidates = autoCandidates(desc, rt.Identity(), peer.Info())
+	}
+	var reasons []string
+	for _, name := range candidates {
+		err := tr.beginWith(ctx, name)
+		if err == nil {
+			return nil
+		}
+		st := StatusOf(err)
+		if auto && (st == ErrUnsupported || st == ErrPermissionDenied || st == ErrNotFound) {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		return err
+	}
+	if len(candidates) == 0 {
+		return Errorf(ErrUnsupported, "no transport moves %s memory", desc.Tensors[0].Device.Type)
+	}
+	return Errorf(ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+}
+
+// autoCandidates orders the built-in transports for an object put without
+// one: same-host ones first, by device.
+func autoCandidates(desc *ObjectDesc, local, peer PeerInfo) []string {
+	host, cuda := true, false
+	for _, t := range desc.Tensors {
+		host = host && t.Device.Type.HostAccessible()
+		cuda = cuda || t.Device.Type == DeviceCUDA
+	}
+	same := local.SameHost(peer)
+	switch {
+	case host && same:
+		return []string{"cma", "shm", "tcp"}
+	case host:
+		return []string{"tcp"}
+	case cuda && same:
+		return []string{"cuda_ipc", "nixl", "nccl"}
+	case cuda:
+		return []string{"nixl", "nccl"}
+	}
+	return nil
+}
+
+func (tr *transfer) beginWith(ctx context.Context, name string) error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	e, err := rt.reg.lookup(name)
+	if err != nil {
+		return err
+	}
+	t := e.t
+	for i, tg := range tr.targets {
+		if !supportsDevice(t, tg.Device.Type) {
+			return Errorf(ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
+		}
+	}
+	peerInfo := tr.peer.Info()
+	if _, ok := peerInfo.Advert(name); !ok {
+		// The peer may have registered it since we connected.
+		if peerInfo, err = tr.peer.Refresh(ctx); err != nil {
+			return err
+		}
+		if _, ok := peerInfo.Advert(name); !ok {
+			have := make([]string, len(peerInfo.Transports))
+			for i, a := range peerInfo.Transports {
+				have[i] = a.Name
+			}
+			return Errorf(ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
+		}
+	}
+	if pc, ok := t.(PeerChecker); ok {
+		if err := pc.CheckPeer(rt.Identity(), peerInfo); err != nil {
+			return Wrap(err, "%s", name)
+		}
+	}
+	tmeta, err := rt.remoteMeta(ctx, tr.peer, desc, name)
+	if err != nil {
+		return Wrap(err, "%s metadata", name)
+	}
+	x := &Transfer{
+		Object: desc.ID, TransferID: randomUint64(), Transport: name, Role: RoleDestination,
+		Source: peerInfo, Destination: rt.Identity(),
+	}
+	cmeta, err := t.CommunicatorMetadata(x)
+	if err != nil {
+		return Wrap(err, "transport %s communicator metadata", name)
+	}
+	if !t.OneSided() {
+		sctx, cancel := context.WithCancel(rt.ctx)
+		tr.sendCancel = cancel
+		tr.sendDone = make(chan error, 1)
+		req := SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
+		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
+	}
+	req, err := t.Fetch(x, tr.targets, tmeta, cmeta)
+	if err != nil {
+		if tr.sendCancel != nil {
+			tr.sendCancel() // the source's send is aborted; no need to wait for it
+			tr.sendCancel, tr.sendDone = nil, nil
+		}
+		return Wrap(err, "transport %s", name)
+	}
+	tr.entry, tr.x, tr.req = e, x, req
+	return nil
+}
+
+// remoteMeta is the transport metadata of a borrowed object: from the ref,
+// from our cache, or asked of the owner (which extracts it on demand).
+func (rt *Runtime) remoteMeta(ctx context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
+	if m, ok := desc.Meta[name]; ok {
+		return m, nil
+	}
+	rt.mu.Lock()
+	if e := rt.borrowed[desc.ID]; e != nil {
+		if m, ok := e.meta[name]; ok {
+			rt.mu.Unlock()
+			return m, nil
+		}
+	}
+	rt.mu.Unlock()
+	m, err := peer.Metadata(ctx, desc.ID, name)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	if e := rt.borrowed[desc.ID]; e != nil {
+		if e.meta == nil {
+			e.meta = map[string][]byte{}
+		}
+		e.meta[name] = m
+	}
+	rt.mu.Unlock()
+	return m, nil
+}
+
+// run moves the bytes (or waits for the transport to) and returns the
+// transfer's outcome. When it returns, nothing writes into the targets.
+func (tr *transfer) run() error {
+	switch {
+	case tr.empty:
+		return nil
+	case tr.local:
+		return tr.copyLocal()
+	}
+	defer tr.req.Release()
+	t := tr.entry.t
+	waitc := make(chan error, 1)
+	go func() { waitc <- tr.req.Wait() }()
+
+	var cause error
+	abortCh, peerDone, sendDone := tr.f.abortCh, tr.peer.Done(), tr.sendDone
+	for waitc != nil {
+		select {
+		case err := <-waitc:
+			waitc = nil
+			if err == nil {
+				if sendDone != nil {
+					// The bytes are here; let the source's send finish, then
+					// release its context.
+					go func() { <-sendDone; tr.sendCancel() }()
+				}
+				return nil
+			}
+			if cause == nil {
+				cause = Wrap(err, "transport %s", t.Name())
+			}
+		case err := <-sendDone:
+			sendDone = nil
+			if err != nil {
+				if cause == nil {
+					cause = Wrap(err, "the source failed to send")
+				}
+				tr.abort()
+			}
+		case <-abortCh:
+			abortCh = nil
+			if cause == nil {
+				cause = Errorf(ErrAborted, "fetch aborted")
+			}
+			tr.abort()
+		case <-peerDone:
+			peerDone = nil
+			if cause == nil {
+				cause = Errorf(ErrPeerUnavailable, "the owner %s went away during the transfer", tr.peer.Info())
+			}
+			tr.abort()
+		}
+	}
+	if tr.sendCancel != nil {
+		tr.sendCancel()
+	}
+	select {
+	case <-tr.peer.Done():
+		if st := StatusOf(cause); st != ErrAborted && st != ErrPeerUnavailable {
+			cause = Errorf(ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
+		}
+	default:
+	}
+	return cause
+}
+
+// abort asks the transport to stop the transfer (once), and the source to
+// stop sending.
+func (tr *transfer) abort() {
+	if tr.aborted {
+		return
+	}
+	tr.aborted = true
+	if tr.sendCancel != nil {
+		tr.sendCancel()
+	}
+	if tr.entry.t.CanAbort() {
+		tr.entry.t.Abort(tr.x, tr.req)
+	}
+}
+
+// finish records the outcome and drops the transfer's handle on the object.
+func (tr *transfer) finish(err error) {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	tname := "local copy"
+	if tr.entry != nil {
+		tname = tr.entry.t.Name()
+	}
+	if err == nil {
+		rt.c.transfersCompleted.Add(1)
+		rt.c.bytesReceived.Add(desc.Nbytes)
+		if tr.entry != nil {
+			tr.entry.stats.TransfersCompleted.Add(1)
+			tr.entry.stats.BytesReceived.Add(desc.Nbytes)
+		}
+		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
+	} else {
+		rt.c.transfersFailed.Add(1)
+		if tr.entry != nil {
+			tr.entry.stats.TransfersFailed.Add(1)
+		}
+		level := rt.log.Warnf
+		if StatusOf(err) == ErrAborted {
+			level = rt.log.Debugf
+		}
+		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
+		err = Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
+	}
+	tr.ref.Release()
+	tr.f.record(err)
+	tr.f.remaining.Add(-1)
+}
+
+// checkLocalCopy makes sure a runtime's own object can be copied directly.
+func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []Tensor) error {
+	for i, t := range desc.Tensors {
+		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
+			continue
+		}
+		if rt.localCopier(t.Device.Type) == nil {
+			return Errorf(ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
+		}
+	}
+	return nil
+}
+
+func (rt *Runtime) localCopier(d DeviceType) LocalCopier {
+	rt.reg.mu.RLock()
+	defer rt.reg.mu.RUnlock()
+	for _, e := range rt.reg.m {
+		if lc, ok := e.t.(LocalCopier); ok && supportsDevice(e.t, d) {
+			return lc
+		}
+	}
+	return nil
+}
+
+// localChunk is how much is copied between checks for an abort.
+const localChunk = 8 << 20
+
+func (tr *transfer) copyLocal() error {
+	rt := tr.f.rt
+	rt.mu.Lock()
+	o, ok := rt.objects[tr.ref.desc.ID]
+	rt.mu.Unlock()
+	if !ok {
+		return Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	for i, src := range o.tensors {
+		dst := tr.targets[i]
+		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
+			if err := rt.localCopier(src.Device.Type).CopyLocal([]Tensor{dst}, []Tensor{src}); err != nil {
+				return err
+			}
+			continue
+		}
+		s, d := Bytes(src.Data, src.Nbytes), Bytes(dst.Data, dst.Nbytes)
+		for off := 0; off < len(s); off += localChunk {
+			select {
+			case <-tr.f.abortCh:
+				return Errorf(ErrAborted, "fetch aborted")
+			default:
+			}
+			copy(d[off:], s[off:min(off+localChunk, len(s))])
+		}
+	}
+	rt.c.localCopies.Add(1)
+	return nil
+}
+
+// record keeps the first error and aborts the rest of the fetch.
+func (f *Fetch) record(err error) {
+	if err == nil {
+		return
+	}
+	f.mu.Lock()
+	first := f.err == nil
+	if first {
+		f.err = err
+	}
+	f.mu.Unlock()
+	if first {
+		f.Abort()
+	}
+}
+
+// Wait waits for every transfer, up to timeout (negative: forever). On
+// ErrTimeout the fetch keeps running.
+func (f *Fetch) Wait(timeout time.Duration) error {
+	if timeout < 0 {
+		<-f.done
+		return f.result()
+	}
+	if timeout == 0 {
+		select {
+		case <-f.done:
+			return f.result()
+		default:
+			return Errorf(ErrTimeout, "fetch has not completed")
+		}
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-f.done:
+		return f.result()
+	case <-timer.C:
+		return Errorf(ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
+	}
+}
+
+func (f *Fetch) result() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// Abort asks every unfinished transfer to stop; it does not wait.
+func (f *Fetch) Abort() {
+	f.abortOnce.Do(func() { close(f.abortCh) })
+}
+
+// Done is closed when no transfer of the fetch runs any more.
+func (f *Fetch) Done() <-chan struct{} { return f.done }
+
+// Free aborts what still runs, waits until nothing writes into the targets,
+// and unregisters the fetch.
+func (f *Fetch) Free() {
+	select {
+	case <-f.done:
+	default:
+		f.Abort()
+		<-f.done
+	}
+	f.freeOnce.Do(func() {
+		rt := f.rt
+		rt.mu.Lock()
+		delete(rt.fetches, f)
+		rt.mu.Unlock()
+		rt.c.fetchesActive.Add(-1)
+	})
+}
+
+// Get is StartFetch, Wait and Free in one call.
+func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
+	f, err := rt.StartFetch(refs, targets, opts)
+	if err != nil {
+		return err
+	}
+	err = f.Wait(timeout)
+	f.Free()
+	return err
+}
+
+func (f *Fetch) String() string { return fmt.Sprintf("fetch of %d refs", len(f.transfers)) }

@@ -1,0 +1,209 @@
+package core
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// hostBuf is host memory outside the Go heap (as C or Python memory is), so
+// that tensors may point at it under the race detector's pointer checks.
+type hostBuf struct {
+	b []byte
+}
+
+func newHostBuf(t testing.TB, n int) *hostBuf {
+	t.Helper()
+	size := n
+	if size == 0 {
+		size = 1
+	}
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Munmap(b) })
+	return &hostBuf{b: b[:n]}
+}
+
+func (h *hostBuf) addr() uintptr {
+	if cap(h.b) == 0 {
+		return 0
+	}
+	return uintptr(unsafePointer(h.b[:1]))
+}
+
+func (h *hostBuf) fill(seed byte) {
+	for i := range h.b {
+		h.b[i] = seed + byte(i*7)
+	}
+}
+
+// tensorOf describes a float32 vector over buf.
+func tensorOf(t testing.TB, buf *hostBuf) Tensor {
+	t.Helper()
+	d, err := NewTensorDesc(Device{Type: DeviceCPU}, DType{Code: 2, Bits: 32, Lanes: 1}, []int64{int64(len(buf.b) / 4)})
+	require.NoError(t, err)
+	return Tensor{TensorDesc: d, Data: buf.addr(), Orig: buf.addr()}
+}
+
+func newRuntime(t testing.TB, name string, opts ...func(*Options)) *Runtime {
+	t.Helper()
+	o := Options{Name: name, LogLevel: LogOff}
+	for _, f := range opts {
+		f(&o)
+	}
+	rt, err := NewRuntime(o)
+	require.NoError(t, err)
+	t.Cleanup(rt.Destroy)
+	return rt
+}
+
+// memTransport is a test transport for runtimes of one process: the source
+// publishes its tensors' addresses as metadata and the destination copies
+// from them. Hooks let tests block, fail and observe every call.
+type memTransport struct {
+	name     string
+	oneSided bool
+	canAbort bool
+
+	mu     sync.Mutex
+	events []string
+
+	gcCount      atomic.Int64
+	released     atomic.Int64
+	fetched      atomic.Int64
+	aborts       atomic.Int64
+	sends        atomic.Int64
+	failFetchIdx int // fail the Nth Fetch call at start (1-based; 0 never)
+	waitErr      func(x *Transfer) error
+	gate         chan struct{} // when set, transfers wait for it (or abort)
+	mailbox      *sync.Map     // transfer id -> chan []byte (two-sided), shared by a pair
+}
+
+func newMemTransport(name string) *memTransport {
+	return &memTransport{name: name, oneSided: true, canAbort: true, mailbox: &sync.Map{}}
+}
+
+func (m *memTransport) log(ev string) {
+	m.mu.Lock()
+	m.events = append(m.events, ev)
+	m.mu.Unlock()
+}
+
+func (m *memTransport) Events() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.events...)
+}
+
+func (m *memTransport) Name() string          { return m.name }
+func (m *memTransport) Devices() []DeviceType { return []DeviceType{DeviceCPU} }
+func (m *memTransport) OneSided() bool        { return m.oneSided }
+func (m *memTransport) CanAbort() bool        { return m.canAbort }
+func (m *memTransport) Close() error          { return nil }
+
+func (m *memTransport) ExtractMetadata(obj ObjectID, ts []Tensor) ([]byte, error) {
+	var b []byte
+	for _, t := range ts {
+		b = binary.LittleEndian.AppendUint64(b, uint64(t.Data))
+		b = binary.LittleEndian.AppendUint64(b, t.Nbytes)
+	}
+	return b, nil
+}
+
+func (m *memTransport) CommunicatorMetadata(x *Transfer) ([]byte, error) {
+	return []byte("comm"), nil
+}
+
+func (m *memTransport) GarbageCollect(obj ObjectID, ts []Tensor, tmeta []byte) {
+	m.gcCount.Add(1)
+	m.log("gc")
+}
+
+type memRequest struct {
+	m       *memTransport
+	x       *Transfer
+	targets []Tensor
+	tmeta   []byte
+	abort   chan struct{}
+	once    sync.Once
+}
+
+func (m *memTransport) Fetch(x *Transfer, targets []Tensor, tmeta, cmeta []byte) (Request, error) {
+	n := m.fetched.Add(1)
+	m.log("fetch")
+	if int(n) == m.failFetchIdx {
+		return nil, Errorf(ErrTransport, "fetch %d refused", n)
+	}
+	if string(cmeta) != "comm" {
+		return nil, errors.New("communicator metadata did not arrive")
+	}
+	return &memRequest{m: m, x: x, targets: targets, tmeta: tmeta, abort: make(chan struct{})}, nil
+}
+
+func (r *memRequest) Wait() error {
+	r.m.log("wait")
+	if r.m.gate != nil {
+		select {
+		case <-r.m.gate:
+		case <-r.abort:
+			return Errorf(ErrAborted, "aborted")
+		}
+	}
+	if r.m.waitErr != nil {
+		if err := r.m.waitErr(r.x); err != nil {
+			return err
+		}
+	}
+	if !r.m.oneSided {
+		ch := r.m.box(r.x.TransferID)
+		select {
+		case data := <-ch:
+			off := 0
+			for _, t := range r.targets {
+				copy(Bytes(t.Data, t.Nbytes), data[off:off+int(t.Nbytes)])
+				off += int(t.Nbytes)
+			}
+			return nil
+		case <-r.abort:
+			return Errorf(ErrAborted, "aborted")
+		}
+	}
+	for i, t := range r.targets {
+		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*i:]))
+		copy(Bytes(t.Data, t.Nbytes), Bytes(src, t.Nbytes))
+	}
+	return nil
+}
+
+func (r *memRequest) Release() {
+	r.m.released.Add(1)
+	r.m.log("release")
+}
+
+func (m *memTransport) Abort(x *Transfer, req Request) {
+	m.aborts.Add(1)
+	if r, ok := req.(*memRequest); ok {
+		r.once.Do(func() { close(r.abort) })
+	}
+}
+
+func (m *memTransport) box(id uint64) chan []byte {
+	ch, _ := m.mailbox.LoadOrStore(id, make(chan []byte, 1))
+	return ch.(chan []byte)
+}
+
+func (m *memTransport) Send(x *Transfer, ts []Tensor, tmeta, cmeta []byte) error {
+	m.sends.Add(1)
+	m.log("send")
+	var data []byte
+	for _, t := range ts {
+		data = append(data, Bytes(t.Data, t.Nbytes)...)
+	}
+	m.box(x.TransferID) <- data
+	return nil
+}

@@ -1,0 +1,232 @@
+package core
+
+import (
+	"context"
+	"strings"
+	"sync"
+)
+
+// InProcess is the control plane between runtimes of one process: calls go
+// straight to the peer runtime's PeerService. It is what several runtimes in
+// one process (tests, or a host embedding several) use, and the reference
+// behaviour the socket network must match.
+type InProcess struct{}
+
+const inprocScheme = "inproc://"
+
+var inprocEndpoints = struct {
+	sync.Mutex
+	m map[string]*inprocEndpoint
+}{m: map[string]*inprocEndpoint{}}
+
+type inprocEndpoint struct {
+	svc     PeerService
+	id      RuntimeID
+	address string
+	closed  chan struct{}
+
+	mu     sync.Mutex
+	isDown bool
+	peers  map[RuntimeID]*inprocEndpoint // connected either way
+	cache  map[string]*inprocPeer
+}
+
+// Listen registers svc under "inproc://<runtime id>".
+func (InProcess) Listen(svc PeerService, log *Logger) (Endpoint, error) {
+	id := svc.Identity().RuntimeID
+	ep := &inprocEndpoint{
+		svc: svc, id: id, address: inprocScheme + id.String(),
+		closed: make(chan struct{}),
+		peers:  map[RuntimeID]*inprocEndpoint{}, cache: map[string]*inprocPeer{},
+	}
+	inprocEndpoints.Lock()
+	defer inprocEndpoints.Unlock()
+	if _, dup := inprocEndpoints.m[ep.address]; dup {
+		return nil, Errorf(ErrAlreadyExists, "runtime %s is already listening", id)
+	}
+	inprocEndpoints.m[ep.address] = ep
+	return ep, nil
+}
+
+func (e *inprocEndpoint) Address() string { return e.address }
+
+func (e *inprocEndpoint) NumPeers() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.peers)
+}
+
+func (e *inprocEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
+	if !strings.HasPrefix(address, inprocScheme) {
+		return nil, Errorf(ErrUnsupported, "address %q is not reachable from an in-process runtime", address)
+	}
+	e.mu.Lock()
+	if e.isDown {
+		e.mu.Unlock()
+		return nil, Errorf(ErrClosed, "runtime is destroyed")
+	}
+	if p, ok := e.cache[address]; ok {
+		e.mu.Unlock()
+		return p, nil
+	}
+	e.mu.Unlock()
+
+	inprocEndpoints.Lock()
+	remote, ok := inprocEndpoints.m[address]
+	inprocEndpoints.Unlock()
+	if !ok {
+		return nil, Errorf(ErrPeerUnavailable, "no runtime at %s (destroyed, or in another process)", address)
+	}
+	if !remote.link(e) {
+		return nil, Errorf(ErrPeerUnavailable, "runtime at %s is shutting down", address)
+	}
+	p := &inprocPeer{local: e, remote: remote, info: remote.svc.Identity()}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.isDown {
+		return nil, Errorf(ErrClosed, "runtime is destroyed")
+	}
+	if cached, ok := e.cache[address]; ok {
+		return cached, nil
+	}
+	e.cache[address] = p
+	e.peers[remote.id] = remote
+	return p, nil
+}
+
+// link records that other talks to e, so that e's closing reaches it.
+func (e *inprocEndpoint) link(other *inprocEndpoint) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.isDown {
+		return false
+	}
+	if other != e {
+		e.peers[other.id] = other
+	}
+	return true
+}
+
+func (e *inprocEndpoint) unlink(id RuntimeID) {
+	e.mu.Lock()
+	delete(e.peers, id)
+	for addr, p := range e.cache {
+		if p.remote.id == id {
+			delete(e.cache, addr)
+		}
+	}
+	e.mu.Unlock()
+}
+
+func (e *inprocEndpoint) Close() error {
+	inprocEndpoints.Lock()
+	delete(inprocEndpoints.m, e.address)
+	inprocEndpoints.Unlock()
+
+	e.mu.Lock()
+	if e.isDown {
+		e.mu.Unlock()
+		return nil
+	}
+	e.isDown = true
+	close(e.closed)
+	peers := e.peers
+	e.peers = map[RuntimeID]*inprocEndpoint{}
+	e.cache = map[string]*inprocPeer{}
+	e.mu.Unlock()
+
+	for _, p := range peers {
+		if p == e {
+			continue
+		}
+		p.unlink(e.id)
+		p.svc.PeerGone(e.id)
+	}
+	return nil
+}
+
+type inprocPeer struct {
+	local, remote *inprocEndpoint
+	mu            sync.Mutex
+	info          PeerInfo
+}
+
+func (p *inprocPeer) Info() PeerInfo {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.info
+}
+
+// check fails when either side is gone.
+func (p *inprocPeer) check() error {
+	select {
+	case <-p.remote.closed:
+		return Errorf(ErrPeerUnavailable, "runtime at %s is gone", p.remote.address)
+	default:
+	}
+	select {
+	case <-p.local.closed:
+		return Errorf(ErrClosed, "runtime is destroyed")
+	default:
+	}
+	return nil
+}
+
+func (p *inprocPeer) from() PeerInfo { return p.local.svc.Identity() }
+
+func (p *inprocPeer) Refresh(ctx context.Context) (PeerInfo, error) {
+	if err := p.check(); err != nil {
+		return PeerInfo{}, err
+	}
+	info := p.remote.svc.Identity()
+	p.mu.Lock()
+	p.info = info
+	p.mu.Unlock()
+	return info, nil
+}
+
+func (p *inprocPeer) Borrow(ctx context.Context, obj ObjectID, token uint64) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	return p.remote.svc.Borrow(p.from(), obj, token)
+}
+
+func (p *inprocPeer) Unborrow(obj ObjectID, n uint64) {
+	if p.check() == nil {
+		p.remote.svc.Unborrow(p.local.id, obj, n)
+	}
+}
+
+func (p *inprocPeer) Lease(ctx context.Context, obj ObjectID) (uint64, error) {
+	if err := p.check(); err != nil {
+		return 0, err
+	}
+	return p.remote.svc.Lease(p.local.id, obj)
+}
+
+func (p *inprocPeer) Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	return p.remote.svc.Metadata(p.local.id, obj, transport)
+}
+
+func (p *inprocPeer) Send(ctx context.Context, req SendRequest) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	// The peer's send must also stop if the peer or this runtime goes away.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.local.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return p.remote.svc.Send(ctx, p.from(), req)
+}
+
+func (p *inprocPeer) Done() <-chan struct{} { return p.remote.closed }

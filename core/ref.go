@@ -1,0 +1,220 @@
+package core
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Ref is one counted handle to an object, owned by one runtime.
+type Ref struct {
+	rt       *Runtime
+	desc     *ObjectDesc
+	owned    bool // rt owns the object
+	released atomic.Bool
+}
+
+// Runtime is the runtime the handle belongs to.
+func (r *Ref) Runtime() *Runtime { return r.rt }
+
+// Desc describes the object.
+func (r *Ref) Desc() *ObjectDesc { return r.desc }
+
+// IsOwner reports whether the handle's runtime owns the object.
+func (r *Ref) IsOwner() bool { return r.owned }
+
+func (r *Ref) check() error {
+	if r == nil || r.released.Load() {
+		return Errorf(ErrInvalidArgument, "ref was released")
+	}
+	return nil
+}
+
+// Clone makes another handle to the same object.
+func (r *Ref) Clone() (*Ref, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	rt := r.rt
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	if r.owned {
+		o, ok := rt.objects[r.desc.ID]
+		if !ok {
+			return nil, Errorf(ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
+		}
+		o.local++
+	} else {
+		e, ok := rt.borrowed[r.desc.ID]
+		if !ok {
+			return nil, Errorf(ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
+		}
+		e.handles++
+	}
+	rt.c.refs.Add(1)
+	return &Ref{rt: rt, desc: r.desc, owned: r.owned}, nil
+}
+
+// Release drops the handle. Releasing twice is ErrInvalidArgument.
+func (r *Ref) Release() error {
+	if r == nil || !r.released.CompareAndSwap(false, true) {
+		return Errorf(ErrInvalidArgument, "ref was already released")
+	}
+	rt := r.rt
+	rt.c.refs.Add(-1)
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return nil
+	}
+	if r.owned {
+		if o, ok := rt.objects[r.desc.ID]; ok {
+			o.local--
+			rt.maybeFreeLocked(o)
+		}
+		rt.mu.Unlock()
+		return nil
+	}
+	e, ok := rt.borrowed[r.desc.ID]
+	if !ok {
+		rt.mu.Unlock()
+		return nil
+	}
+	e.handles--
+	if e.handles > 0 {
+		rt.mu.Unlock()
+		return nil
+	}
+	delete(rt.borrowed, r.desc.ID)
+	n := e.registered
+	rt.mu.Unlock()
+	if n > 0 {
+		e.peer.Unborrow(r.desc.ID, n)
+	}
+	return nil
+}
+
+// Serialize encodes the reference with a fresh lease token.
+func (r *Ref) Serialize() ([]byte, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	rt := r.rt
+	if r.owned {
+		rt.mu.Lock()
+		if rt.closed {
+			rt.mu.Unlock()
+			return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		}
+		o, ok := rt.objects[r.desc.ID]
+		if !ok {
+			rt.mu.Unlock()
+			return nil, Errorf(ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
+		}
+		token := rt.newLeaseLocked(o)
+		rt.mu.Unlock()
+		o.metaMu.Lock()
+		b := EncodeRef(o.desc, o.meta, token)
+		o.metaMu.Unlock()
+		return b, nil
+	}
+	rt.mu.Lock()
+	e, ok := rt.borrowed[r.desc.ID]
+	closed := rt.closed
+	rt.mu.Unlock()
+	if closed {
+		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	if !ok {
+		return nil, Errorf(ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
+	}
+	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
+	defer cancel()
+	token, err := e.peer.Lease(ctx, r.desc.ID)
+	if err != nil {
+		return nil, Wrap(err, "owner %s of object %s", r.desc.Owner.Address, r.desc.ID)
+	}
+	return EncodeRef(r.desc, r.desc.Meta, token), nil
+}
+
+// newLeaseLocked adds a lease token to o. Caller holds rt.mu.
+func (rt *Runtime) newLeaseLocked(o *object) uint64 {
+	token := randomUint64() | 1 // never 0, which means "no token"
+	o.transit[token] = time.AfterFunc(rt.lease, func() { rt.expireLease(o, token) })
+	return token
+}
+
+func (rt *Runtime) expireLease(o *object, token uint64) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if _, ok := o.transit[token]; !ok || rt.closed {
+		return
+	}
+	delete(o.transit, token)
+	rt.c.leasesExpired.Add(1)
+	rt.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
+	rt.maybeFreeLocked(o)
+}
+
+// consumeLeaseLocked drops a lease token if o still holds it.
+func consumeLeaseLocked(o *object, token uint64) {
+	if t, ok := o.transit[token]; ok {
+		t.Stop()
+		delete(o.transit, token)
+	}
+}
+
+// Deserialize turns serialized bytes into a handle of this runtime: a local
+// handle if this runtime owns the object, else a borrow counted by the owner.
+func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
+	desc, token, err := DecodeRef(b)
+	if err != nil {
+		return nil, err
+	}
+	if err := rt.checkOpen(); err != nil {
+		return nil, err
+	}
+	if desc.Owner.RuntimeID == rt.id {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		o, err := rt.liveObjectLocked(desc.ID)
+		if err != nil {
+			return nil, err
+		}
+		consumeLeaseLocked(o, token)
+		o.local++
+		rt.c.refs.Add(1)
+		return &Ref{rt: rt, desc: o.desc, owned: true}, nil
+	}
+	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
+	defer cancel()
+	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	if err != nil {
+		return nil, Wrap(err, "owner of object %s", desc.ID)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return nil, Errorf(ErrPeerUnavailable, "the runtime at %s is not the owner of object %s (the owner is gone)", desc.Owner.Address, desc.ID)
+	}
+	if err := peer.Borrow(ctx, desc.ID, token); err != nil {
+		return nil, Wrap(err, "owner %s of object %s", desc.Owner.Address, desc.ID)
+	}
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		peer.Unborrow(desc.ID, 1)
+		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	e := rt.borrowed[desc.ID]
+	if e == nil {
+		e = &borrowEntry{peer: peer}
+		rt.borrowed[desc.ID] = e
+	}
+	e.handles++
+	e.registered++
+	rt.mu.Unlock()
+	rt.c.refs.Add(1)
+	return &Ref{rt: rt, desc: desc}, nil
+}

@@ -1,0 +1,72 @@
+package core
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRegistryCaseInsensitiveAndDuplicates(t *testing.T) {
+	rt := newRuntime(t, "a")
+	require.NoError(t, rt.RegisterTransport(newMemTransport("my_t")))
+	got, err := rt.Registry().Get("MY_T")
+	require.NoError(t, err)
+	assert.Equal(t, "my_t", got.Name())
+
+	err = rt.RegisterTransport(newMemTransport("my_t"))
+	assert.Equal(t, ErrAlreadyExists, StatusOf(err))
+
+	_, err = rt.Registry().Get("nope")
+	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Contains(t, err.Error(), "my_t", "the error lists what is registered")
+
+	for _, bad := range []string{"", "has space", "slash/", string(make([]byte, 64))} {
+		_, err := CanonicalName(bad)
+		assert.Equal(t, ErrInvalidArgument, StatusOf(err), "%q", bad)
+	}
+	n, err := CanonicalName("NiXl.v2-x_y")
+	require.NoError(t, err)
+	assert.Equal(t, "nixl.v2-x_y", n)
+}
+
+func TestRegistryListAndAdverts(t *testing.T) {
+	rt := newRuntime(t, "a")
+	one := newMemTransport("b_one")
+	two := newMemTransport("a_two")
+	two.oneSided, two.canAbort = false, false
+	require.NoError(t, rt.RegisterTransport(one))
+	require.NoError(t, rt.RegisterTransport(two))
+	list := rt.Registry().List()
+	require.Len(t, list, 2)
+	assert.Equal(t, "a_two", list[0].Name)
+	assert.False(t, list[0].OneSided)
+	assert.False(t, list[0].CanAbort)
+	assert.True(t, list[1].OneSided)
+	assert.Equal(t, []DeviceType{DeviceCPU}, list[1].Devices)
+	ad, ok := rt.Identity().Advert("b_one")
+	require.True(t, ok)
+	assert.True(t, ad.OneSided)
+}
+
+func TestRegistryRefusesNonCanonicalTransport(t *testing.T) {
+	rt := newRuntime(t, "a")
+	err := rt.RegisterTransport(newMemTransport("Upper"))
+	assert.Equal(t, ErrInternal, StatusOf(err))
+}
+
+func TestPutValidatesTransport(t *testing.T) {
+	rt := newRuntime(t, "a")
+	buf := newHostBuf(t, 64)
+	_, err := rt.Put([]Tensor{tensorOf(t, buf)}, "missing", nil)
+	assert.Equal(t, ErrNotFound, StatusOf(err))
+	gpuOnly := &deviceTransport{memTransport: newMemTransport("gpu_only")}
+	require.NoError(t, rt.RegisterTransport(gpuOnly))
+	_, err = rt.Put([]Tensor{tensorOf(t, buf)}, "gpu_only", nil)
+	assert.Equal(t, ErrUnsupported, StatusOf(err))
+	assert.Equal(t, uint64(0), rt.Stats().Objects)
+}
+
+type deviceTransport struct{ *memTransport }
+
+func (deviceTransport) Devices() []DeviceType { return []DeviceType{DeviceCUDA} }

@@ -1,0 +1,609 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultLease is how long a serialized ref keeps its object alive.
+const DefaultLease = 2 * time.Minute
+
+// rpcTimeout bounds one control-plane call.
+const rpcTimeout = 30 * time.Second
+
+// Host is what a built-in transport may ask of the runtime it belongs to.
+type Host interface {
+	// Identity describes the runtime (complete once creation returned).
+	Identity() PeerInfo
+	// Log is the runtime's logger.
+	Log() *Logger
+	// Context is cancelled when the runtime is being destroyed.
+	Context() context.Context
+	// PinObject returns the tensors of a live object this runtime owns and
+	// keeps the object from being freed until unpin is called.
+	PinObject(id ObjectID) (tensors []Tensor, unpin func(), err error)
+}
+
+// TransportFactory makes a built-in transport for a new runtime. A factory
+// returning an ErrUnsupported error (say, a library that is not installed)
+// is skipped with a log line.
+type TransportFactory struct {
+	Name string
+	New  func(h Host) (Transport, error)
+}
+
+// EagerMetadata is implemented by transports whose metadata is cheap to make.
+// For objects put without a transport the core extracts it at put, so that
+// the first fetch needs no extra round trip to the owner.
+type EagerMetadata interface {
+	EagerMetadata() bool
+}
+
+// Options configure a runtime.
+type Options struct {
+	Name     string
+	LogLevel LogLevel
+	Lease    time.Duration // 0: DefaultLease
+	Network  Network       // nil: InProcess
+	Builtins []TransportFactory
+	HostID   string // "": detected from the kernel
+}
+
+// Runtime owns an object store, a transport registry and a control-plane
+// endpoint. All methods are safe for concurrent use.
+type Runtime struct {
+	id      RuntimeID
+	name    string
+	log     *Logger
+	lease   time.Duration
+	hostID  string
+	pid     int
+	reg     *Registry
+	ids     *idSource
+	ep      Endpoint
+	address string
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	objects  map[ObjectID]*object
+	byData   map[uintptr]map[*object]struct{}
+	borrowed map[ObjectID]*borrowEntry
+	fetches  map[*Fetch]struct{}
+
+	bg sync.WaitGroup // finalizers and sends
+	c  counters
+}
+
+type counters struct {
+	refs, fetchesActive                                atomic.Int64
+	objectsFreed, leasesExpired                        atomic.Uint64
+	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
+	sendsCompleted, bytesSent, localCopies             atomic.Uint64
+}
+
+// object is the owner's record of something put.
+type object struct {
+	desc    *ObjectDesc
+	tensors []Tensor
+	release func()
+
+	// Guarded by Runtime.mu.
+	local       int64                  // ref handles in this runtime
+	transit     map[uint64]*time.Timer // lease tokens of serialized refs
+	borrows     map[RuntimeID]uint64   // borrows by other runtimes
+	borrowTotal uint64
+	pins        int64 // sends and serving in progress
+	freeing     bool
+	freed       chan struct{}
+
+	extractMu sync.Mutex // held while a transport extracts metadata
+	metaMu    sync.Mutex
+	meta      map[string][]byte // by transport name
+}
+
+// borrowEntry is a borrower's record of another runtime's object.
+type borrowEntry struct {
+	peer       Peer
+	handles    int64
+	registered uint64 // borrows registered with the owner, not yet returned
+	meta       map[string][]byte
+}
+
+// NewRuntime creates a runtime and its built-in transports.
+func NewRuntime(opts Options) (*Runtime, error) {
+	rt := &Runtime{
+		id:       randomID(),
+		name:     opts.Name,
+		lease:    opts.Lease,
+		hostID:   opts.HostID,
+		pid:      os.Getpid(),
+		reg:      newRegistry(),
+		ids:      newIDSource(),
+		objects:  map[ObjectID]*object{},
+		byData:   map[uintptr]map[*object]struct{}{},
+		borrowed: map[ObjectID]*borrowEntry{},
+		fetches:  map[*Fetch]struct{}{},
+	}
+	if rt.name == "" {
+		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
+	}
+	if rt.lease <= 0 {
+		rt.lease = DefaultLease
+	}
+	if rt.hostID == "" {
+		rt.hostID = hostIdentity()
+	}
+	rt.log = NewLogger(rt.name, opts.LogLevel)
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+
+	network := opts.Network
+	if network == nil {
+		network = InProcess{}
+	}
+	ep, err := network.Listen(rt, rt.log)
+	if err != nil {
+		rt.cancel()
+		return nil, Wrap(err, "control plane")
+	}
+	rt.ep = ep
+	rt.address = ep.Address()
+
+	for _, f := range opts.Builtins {
+		t, err := f.New(rt)
+		if err != nil {
+			if StatusOf(err) == ErrUnsupported {
+				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
+				continue
+			}
+			rt.Destroy()
+			return nil, Wrap(err, "transport %s", f.Name)
+		}
+		if err := rt.reg.Register(t, true); err != nil {
+			t.Close()
+			rt.Destroy()
+			return nil, err
+		}
+	}
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.address, strings.Join(rt.reg.Names(), ", "))
+	return rt, nil
+}
+
+// hostIdentity names the kernel instance and the namespaces that decide
+// whether same-host transports apply: boot id, pid and mount namespaces.
+func hostIdentity() string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		h, _ := os.Hostname()
+		return "host:" + h
+	}
+	pidNS, _ := os.Readlink("/proc/self/ns/pid")
+	mntNS, _ := os.Readlink("/proc/self/ns/mnt")
+	return strings.TrimSpace(string(boot)) + "/" + pidNS + "/" + mntNS
+}
+
+// ID is the runtime's identity.
+func (rt *Runtime) ID() RuntimeID { return rt.id }
+
+// Name is the runtime's name for logs.
+func (rt *Runtime) Name() string { return rt.name }
+
+// Address is the control-plane address peers reach it at.
+func (rt *Runtime) Address() string { return rt.address }
+
+// Log is the runtime's logger.
+func (rt *Runtime) Log() *Logger { return rt.log }
+
+// Context is cancelled when the runtime is destroyed.
+func (rt *Runtime) Context() context.Context { return rt.ctx }
+
+// Registry holds the runtime's transports.
+func (rt *Runtime) Registry() *Registry { return rt.reg }
+
+// RegisterTransport adds a (foreign) transport.
+func (rt *Runtime) RegisterTransport(t Transport) error {
+	if err := rt.checkOpen(); err != nil {
+		return err
+	}
+	return rt.reg.Register(t, false)
+}
+
+// Identity describes the runtime to peers.
+func (rt *Runtime) Identity() PeerInfo {
+	return PeerInfo{
+		RuntimeID: rt.id, Name: rt.name, Address: rt.address, HostID: rt.hostID,
+		Pid: rt.pid, Transports: rt.reg.Adverts(),
+	}
+}
+
+func (rt *Runtime) checkOpen() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	return nil
+}
+
+// Destroy shuts the runtime down; see rdt_runtime_destroy. It is idempotent.
+func (rt *Runtime) Destroy() {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return
+	}
+	rt.closed = true
+	fetches := make([]*Fetch, 0, len(rt.fetches))
+	for f := range rt.fetches {
+		fetches = append(fetches, f)
+	}
+	borrowed := rt.borrowed
+	rt.borrowed = map[ObjectID]*borrowEntry{}
+	rt.mu.Unlock()
+
+	// Stop our fetches and sends, and whatever transports serve.
+	rt.cancel()
+	for _, f := range fetches {
+		f.Abort()
+		<-f.done
+	}
+	// Return the borrows we hold on other runtimes' objects.
+	for id, e := range borrowed {
+		if e.registered > 0 {
+			e.peer.Unborrow(id, e.registered)
+		}
+	}
+	if rt.ep != nil {
+		rt.ep.Close()
+	}
+	// Free every object we own, once nothing reads its memory any more.
+	rt.waitUnpinned()
+	rt.mu.Lock()
+	objs := make([]*object, 0, len(rt.objects))
+	for _, o := range rt.objects {
+		for _, t := range o.transit {
+			t.Stop()
+		}
+		o.freeing = true
+		objs = append(objs, o)
+	}
+	rt.objects = map[ObjectID]*object{}
+	rt.mu.Unlock()
+	for _, o := range objs {
+		rt.finalize(o)
+	}
+	rt.bg.Wait()
+	rt.reg.closeAll(rt.log)
+	rt.log.Debugf("runtime destroyed")
+}
+
+// waitUnpinned waits until no send or server reads an object's memory.
+func (rt *Runtime) waitUnpinned() {
+	start := time.Now()
+	warned := false
+	for {
+		rt.mu.Lock()
+		pinned := 0
+		for _, o := range rt.objects {
+			if o.pins > 0 {
+				pinned++
+			}
+		}
+		rt.mu.Unlock()
+		if pinned == 0 {
+			return
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			rt.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
+			warned = true
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Put stores tensors as a new object owned by this runtime and returns its
+// first reference. See rdt_put.
+func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref, error) {
+	if len(tensors) > MaxTensors {
+		return nil, Errorf(ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), MaxTensors)
+	}
+	if err := rt.checkOpen(); err != nil {
+		return nil, err
+	}
+	id := rt.ids.newID()
+	meta := map[string][]byte{}
+	canon := ""
+	if transport != "" {
+		e, err := rt.reg.lookup(transport)
+		if err != nil {
+			return nil, err
+		}
+		canon = e.t.Name()
+		for i, t := range tensors {
+			if !supportsDevice(e.t, t.Device.Type) {
+				return nil, Errorf(ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.t.Devices())
+			}
+		}
+		m, err := e.t.ExtractMetadata(id, tensors)
+		if err != nil {
+			return nil, Wrap(err, "transport %s could not extract metadata", canon)
+		}
+		meta[canon] = m
+	} else {
+		for _, e := range rt.eagerTransports(tensors) {
+			m, err := e.t.ExtractMetadata(id, tensors)
+			if err != nil {
+				rt.log.Debugf("transport %s skipped for object %s: %v", e.t.Name(), id, err)
+				continue
+			}
+			meta[e.t.Name()] = m
+		}
+	}
+	descs := make([]TensorDesc, len(tensors))
+	for i, t := range tensors {
+		descs[i] = t.TensorDesc
+	}
+	o := &object{
+		desc:    newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.address, HostID: rt.hostID}, canon, descs, nil),
+		tensors: append([]Tensor(nil), tensors...),
+		release: release,
+		local:   1,
+		transit: map[uint64]*time.Timer{},
+		borrows: map[RuntimeID]uint64{},
+		freed:   make(chan struct{}),
+		meta:    meta,
+	}
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		rt.collectMeta(o) // the caller keeps the tensors: no release callback
+		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	rt.objects[id] = o
+	for _, t := range o.tensors {
+		set := rt.byData[t.Orig]
+		if set == nil {
+			set = map[*object]struct{}{}
+			rt.byData[t.Orig] = set
+		}
+		set[o] = struct{}{}
+	}
+	rt.mu.Unlock()
+	rt.c.refs.Add(1)
+	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q", id, len(tensors), o.desc.Nbytes, canon)
+	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
+}
+
+func (rt *Runtime) eagerTransports(tensors []Tensor) []*registered {
+	rt.reg.mu.RLock()
+	defer rt.reg.mu.RUnlock()
+	var out []*registered
+	for _, e := range rt.reg.m {
+		eager, ok := e.t.(EagerMetadata)
+		if !ok || !eager.EagerMetadata() {
+			continue
+		}
+		all := true
+		for _, t := range tensors {
+			all = all && supportsDevice(e.t, t.Device.Type)
+		}
+		if all {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// maybeFreeLocked frees o once nothing references it. Caller holds rt.mu.
+func (rt *Runtime) maybeFreeLocked(o *object) {
+	if o.freeing || o.local > 0 || len(o.transit) > 0 || o.borrowTotal > 0 || o.pins > 0 {
+		return
+	}
+	o.freeing = true
+	delete(rt.objects, o.desc.ID)
+	rt.bg.Add(1)
+	go func() {
+		defer rt.bg.Done()
+		rt.finalize(o)
+	}()
+}
+
+// finalize runs garbage_collect on every transport that extracted metadata,
+// then the release callback, then wakes wait_tensor_freed.
+func (rt *Runtime) finalize(o *object) {
+	rt.collectMeta(o)
+	if o.release != nil {
+		o.release()
+	}
+	rt.mu.Lock()
+	for _, t := range o.tensors {
+		if set := rt.byData[t.Orig]; set != nil {
+			delete(set, o)
+			if len(set) == 0 {
+				delete(rt.byData, t.Orig)
+			}
+		}
+	}
+	rt.mu.Unlock()
+	rt.c.objectsFreed.Add(1)
+	close(o.freed)
+	rt.log.Debugf("freed object %s", o.desc.ID)
+}
+
+// collectMeta calls garbage_collect on each transport that extracted
+// metadata for o, in name order.
+func (rt *Runtime) collectMeta(o *object) {
+	o.extractMu.Lock() // let an in-progress extraction finish first
+	o.metaMu.Lock()
+	meta := o.meta
+	o.meta = nil
+	o.metaMu.Unlock()
+	o.extractMu.Unlock()
+	names := make([]string, 0, len(meta))
+	for name := range meta {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if t, err := rt.reg.Get(name); err == nil {
+			t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
+		}
+	}
+}
+
+// objectMeta returns transport e's metadata for o, extracting it on first
+// demand (for objects put without a transport).
+func (rt *Runtime) objectMeta(o *object, t Transport) ([]byte, error) {
+	name := t.Name()
+	o.metaMu.Lock()
+	m, ok := o.meta[name]
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	o.extractMu.Lock()
+	defer o.extractMu.Unlock()
+	o.metaMu.Lock()
+	m, ok = o.meta[name]
+	freed := o.meta == nil
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	if freed {
+		return nil, Errorf(ErrNotFound, "object %s was freed", o.desc.ID)
+	}
+	for i, tn := range o.tensors {
+		if !supportsDevice(t, tn.Device.Type) {
+			return nil, Errorf(ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
+		}
+	}
+	m, err := t.ExtractMetadata(o.desc.ID, o.tensors)
+	if err != nil {
+		return nil, Wrap(err, "transport %s could not extract metadata", name)
+	}
+	o.metaMu.Lock()
+	o.meta[name] = m
+	o.metaMu.Unlock()
+	return m, nil
+}
+
+// PinObject implements Host.
+func (rt *Runtime) PinObject(id ObjectID) ([]Tensor, func(), error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	o, ok := rt.objects[id]
+	if !ok || o.freeing || rt.closed {
+		return nil, nil, Errorf(ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
+	}
+	o.pins++
+	return o.tensors, sync.OnceFunc(func() { rt.unpin(o) }), nil
+}
+
+func (rt *Runtime) unpin(o *object) {
+	rt.mu.Lock()
+	o.pins--
+	if !rt.closed {
+		rt.maybeFreeLocked(o)
+	}
+	rt.mu.Unlock()
+}
+
+// liveObject finds an object this runtime owns that is not being freed.
+// Caller holds rt.mu.
+func (rt *Runtime) liveObjectLocked(id ObjectID) (*object, error) {
+	if rt.closed {
+		return nil, Errorf(ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
+	}
+	o, ok := rt.objects[id]
+	if !ok || o.freeing {
+		return nil, Errorf(ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
+	}
+	return o, nil
+}
+
+// WaitTensorFreed waits until no object holds a tensor whose data pointer is
+// data. A negative timeout waits forever.
+func (rt *Runtime) WaitTensorFreed(data uintptr, timeout time.Duration) error {
+	var deadline <-chan time.Time
+	if timeout >= 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	for {
+		rt.mu.Lock()
+		var holders []*object
+		for o := range rt.byData[data] {
+			holders = append(holders, o)
+		}
+		rt.mu.Unlock()
+		if len(holders) == 0 {
+			return nil
+		}
+		for _, o := range holders {
+			select {
+			case <-o.freed:
+			case <-deadline:
+				return rt.stillHeld(data, holders)
+			}
+		}
+	}
+}
+
+func (rt *Runtime) stillHeld(data uintptr, holders []*object) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var parts []string
+	for _, o := range holders {
+		select {
+		case <-o.freed:
+			continue
+		default:
+		}
+		parts = append(parts, fmt.Sprintf("object %s (%d local refs, %d borrows, %d refs in transit)", o.desc.ID, o.local, o.borrowTotal, len(o.transit)))
+	}
+	return Errorf(ErrTimeout, "tensor at %#x is still held: %s", data, strings.Join(parts, "; "))
+}
+
+// Stats is a snapshot of a runtime's counters.
+type Stats struct {
+	Objects, ObjectsFreed, Refs, Borrows, BorrowedObjects, RefsInTransit uint64
+	LeasesExpired, FetchesActive, TransfersCompleted, TransfersFailed    uint64
+	BytesReceived, SendsCompleted, BytesSent, LocalCopies, Peers         uint64
+}
+
+// Stats snapshots the runtime's counters.
+func (rt *Runtime) Stats() Stats {
+	s := Stats{
+		ObjectsFreed:       rt.c.objectsFreed.Load(),
+		Refs:               uint64(rt.c.refs.Load()),
+		LeasesExpired:      rt.c.leasesExpired.Load(),
+		FetchesActive:      uint64(rt.c.fetchesActive.Load()),
+		TransfersCompleted: rt.c.transfersCompleted.Load(),
+		TransfersFailed:    rt.c.transfersFailed.Load(),
+		BytesReceived:      rt.c.bytesReceived.Load(),
+		SendsCompleted:     rt.c.sendsCompleted.Load(),
+		BytesSent:          rt.c.bytesSent.Load(),
+		LocalCopies:        rt.c.localCopies.Load(),
+	}
+	rt.mu.Lock()
+	s.Objects = uint64(len(rt.objects))
+	for _, o := range rt.objects {
+		s.Borrows += o.borrowTotal
+		s.RefsInTransit += uint64(len(o.transit))
+	}
+	s.BorrowedObjects = uint64(len(rt.borrowed))
+	rt.mu.Unlock()
+	if rt.ep != nil {
+		s.Peers = uint64(rt.ep.NumPeers())
+	}
+	return s
+}

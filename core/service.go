@@ -1,0 +1,154 @@
+package core
+
+import (
+	"context"
+	"time"
+)
+
+// The Runtime's side of the control plane: what peers may ask of it.
+
+var _ PeerService = (*Runtime)(nil)
+
+// Borrow implements PeerService.
+func (rt *Runtime) Borrow(from PeerInfo, obj ObjectID, token uint64) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	o, err := rt.liveObjectLocked(obj)
+	if err != nil {
+		return err
+	}
+	consumeLeaseLocked(o, token)
+	o.borrows[from.RuntimeID]++
+	o.borrowTotal++
+	return nil
+}
+
+// Unborrow implements PeerService.
+func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	o, ok := rt.objects[obj]
+	if !ok || rt.closed {
+		return
+	}
+	have := o.borrows[from]
+	if n > have {
+		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, have)
+		n = have
+	}
+	if have-n == 0 {
+		delete(o.borrows, from)
+	} else {
+		o.borrows[from] = have - n
+	}
+	o.borrowTotal -= n
+	rt.maybeFreeLocked(o)
+}
+
+// Lease implements PeerService.
+func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	o, err := rt.liveObjectLocked(obj)
+	if err != nil {
+		return 0, err
+	}
+	return rt.newLeaseLocked(o), nil
+}
+
+// Metadata implements PeerService.
+func (rt *Runtime) Metadata(from RuntimeID, obj ObjectID, transport string) ([]byte, error) {
+	t, err := rt.reg.Get(transport)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	o, err := rt.liveObjectLocked(obj)
+	if err == nil {
+		o.pins++
+	}
+	rt.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	defer rt.unpin(o)
+	return rt.objectMeta(o, t)
+}
+
+// Send implements PeerService: the source runtime (not the application)
+// runs a two-sided transport's send on its own goroutine.
+func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) error {
+	e, err := rt.reg.lookup(req.Transport)
+	if err != nil {
+		return err
+	}
+	t := e.t
+	if t.OneSided() {
+		return Errorf(ErrInvalidArgument, "transport %s is one-sided: the source does not send", t.Name())
+	}
+	rt.mu.Lock()
+	o, err := rt.liveObjectLocked(req.Object)
+	if err == nil {
+		o.pins++
+	}
+	rt.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	tmeta, err := rt.objectMeta(o, t)
+	if err != nil {
+		rt.unpin(o)
+		return err
+	}
+	x := &Transfer{
+		Object: req.Object, TransferID: req.TransferID, Transport: t.Name(), Role: RoleSource,
+		Source: rt.Identity(), Destination: from,
+	}
+	done := make(chan error, 1)
+	rt.bg.Add(1)
+	go func() {
+		defer rt.bg.Done()
+		defer rt.unpin(o) // the memory is read until Send returns
+		start := time.Now()
+		err := t.Send(x, o.tensors, tmeta, req.CMeta)
+		if err == nil {
+			e.stats.SendsCompleted.Add(1)
+			e.stats.BytesSent.Add(o.desc.Nbytes)
+			rt.c.sendsCompleted.Add(1)
+			rt.c.bytesSent.Add(o.desc.Nbytes)
+			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, t.Name(), o.desc.Nbytes, time.Since(start))
+		} else {
+			rt.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, t.Name(), err)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	case <-rt.ctx.Done():
+	}
+	if t.CanAbort() {
+		t.Abort(x, nil)
+		<-done
+	}
+	return Errorf(ErrAborted, "send of object %s over %s was aborted", req.Object, t.Name())
+}
+
+// PeerGone implements PeerService: a lost peer's borrows are returned.
+func (rt *Runtime) PeerGone(id RuntimeID) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	returned := uint64(0)
+	for _, o := range rt.objects {
+		if n := o.borrows[id]; n > 0 {
+			delete(o.borrows, id)
+			o.borrowTotal -= n
+			returned += n
+			rt.maybeFreeLocked(o)
+		}
+	}
+	if returned > 0 {
+		rt.log.Infof("peer %s is gone: dropped its %d borrows", id, returned)
+	}
+}

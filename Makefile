@@ -1,0 +1,52 @@
+# rdt — front door. `make` builds build/librdt.so; `make test` runs every
+# suite; `make install PREFIX=...` installs the library, header, CMake
+# package and pkg-config file.
+
+GO        ?= go
+CMAKE     ?= cmake
+PREFIX    ?= /usr/local
+BUILD     := build
+CMAKE_DIR := $(BUILD)/cmake
+FUZZTIME  ?= 10s
+GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
+	-ldflags="-extldflags=-Wl,--version-script=$(CURDIR)/capi/exports.map,-soname,librdt.so"
+
+GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
+
+.PHONY: all test go-test c-test fuzz install clean
+
+all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
+
+$(BUILD)/librdt.so: $(GO_SOURCES)
+	@mkdir -p $(BUILD)
+	$(GO) build $(GOFLAGS_BUILD) -o $@ ./capi
+	@rm -f $(BUILD)/librdt.h   # cgo's generated header is not the interface
+
+$(BUILD)/include/rdt.h: include/rdt.h
+	@mkdir -p $(BUILD)/include
+	cp $< $@
+
+test: go-test c-test
+
+go-test:
+	$(GO) test -race -count=1 ./...
+
+$(CMAKE_DIR)/CMakeCache.txt:
+	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON
+
+c-test: $(CMAKE_DIR)/CMakeCache.txt
+	$(CMAKE) --build $(CMAKE_DIR) -j2
+	cd $(CMAKE_DIR) && ctest --output-on-failure
+
+# Short coverage-guided runs of every fuzz target; the seed corpora live in
+# testdata/fuzz and also run as plain tests under `go test`.
+fuzz:
+	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRef$$' -fuzztime $(FUZZTIME)
+
+install: $(CMAKE_DIR)/CMakeCache.txt
+	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	$(CMAKE) --build $(CMAKE_DIR) -j2
+	$(CMAKE) --install $(CMAKE_DIR)
+
+clean:
+	rm -rf $(BUILD)

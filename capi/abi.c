@@ -1,0 +1,315 @@
+/* The public entry points. Each one checks that the process was not forked
+ * since the library was loaded (the Go runtime would hang in the child),
+ * adapts versioned structs to the library's own layout, and calls the Go
+ * export that does the work. Handles cross into Go as integers. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "_cgo_export.h"
+#include "capi.h"
+
+static volatile int forked_child;
+
+static void on_fork_child(void) { forked_child = 1; }
+
+__attribute__((constructor)) static void rdtc_install_fork_guard(void) {
+  pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+static rdt_status fail(rdt_status st, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (n < 0) n = 0;
+  if ((size_t)n >= sizeof msg) n = sizeof msg - 1;
+  rdtc_set_last_error(msg, (size_t)n);
+  return st;
+}
+
+#define FORK_GUARD(fn)                                                       \
+  do {                                                                       \
+    if (forked_child)                                                        \
+      return fail(RDT_ERR_FORKED,                                            \
+                  "%s: this process was forked after librdt was loaded, and "  \
+                  "the Go runtime inside it does not survive fork(); start "   \
+                  "processes with fork+exec or posix_spawn (Python: the "      \
+                  "'spawn' or 'forkserver' start method)",                    \
+                  fn);                                                       \
+  } while (0)
+
+/* Copies a caller's versioned struct into a zeroed, library-sized one. */
+#define VERSIONED_IN(fn, type, dst, src, first_field)                        \
+  do {                                                                       \
+    if ((src)->struct_size < offsetof(type, first_field))                    \
+      return fail(RDT_ERR_INVALID_ARGUMENT,                                   \
+                  "%s: " #type " struct_size %u is too small; initialize it " \
+                  "with its _init function",                                 \
+                  fn, (unsigned)(src)->struct_size);                         \
+    size_t n_ = (src)->struct_size < sizeof(type) ? (src)->struct_size        \
+                                                 : sizeof(type);             \
+    memcpy(&(dst), (src), n_);                                               \
+    (dst).struct_size = sizeof(type);                                        \
+  } while (0)
+
+/* Copies the library's filled struct back up to the caller's struct_size. */
+#define VERSIONED_OUT(type, dst, src)                                        \
+  do {                                                                       \
+    uint32_t keep_ = (dst)->struct_size;                                     \
+    size_t n_ = keep_ < sizeof(type) ? keep_ : sizeof(type);                 \
+    memcpy((dst), &(src), n_);                                               \
+    (dst)->struct_size = keep_;                                              \
+  } while (0)
+
+#define CHECK_OUT_STRUCT(fn, type, p, first_field)                           \
+  do {                                                                       \
+    if ((p) == NULL)                                                         \
+      return fail(RDT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);          \
+    if ((p)->struct_size < offsetof(type, first_field))                      \
+      return fail(RDT_ERR_INVALID_ARGUMENT,                                   \
+                  "%s: " #type " struct_size %u is too small; initialize it " \
+                  "with its _init function",                                 \
+                  fn, (unsigned)(p)->struct_size);                           \
+  } while (0)
+
+/* ---- runtimes ------------------------------------------------------- */
+
+rdt_status rdt_runtime_create(const rdt_runtime_options *opts,
+                              rdt_runtime **out) {
+  FORK_GUARD("rdt_runtime_create");
+  rdt_runtime_options full;
+  rdt_runtime_options_init(&full);
+  if (opts != NULL) {
+    VERSIONED_IN("rdt_runtime_create", rdt_runtime_options, full, opts, name);
+    if (opts->abi_version != RDT_ABI_VERSION)
+      return fail(RDT_ERR_ABI_MISMATCH,
+                  "rdt_runtime_create: options were built against rdt ABI "
+                  "version %u, but the library implements version %u; "
+                  "rebuild against this library's rdt.h",
+                  (unsigned)opts->abi_version, (unsigned)RDT_ABI_VERSION);
+  }
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_runtime_create(&full, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_runtime *)h;
+  return st;
+}
+
+rdt_status rdt_runtime_destroy(rdt_runtime *rt) {
+  FORK_GUARD("rdt_runtime_destroy");
+  if (rt == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_runtime_destroy((uintptr_t)rt);
+}
+
+rdt_status rdt_runtime_address(const rdt_runtime *rt, const char **out) {
+  FORK_GUARD("rdt_runtime_address");
+  return (rdt_status)rdtgo_runtime_address((uintptr_t)rt, (char **)out);
+}
+
+rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out) {
+  FORK_GUARD("rdt_runtime_stats");
+  CHECK_OUT_STRUCT("rdt_runtime_stats", rdt_stats, out, reserved);
+  rdt_stats full;
+  rdt_stats_init(&full);
+  rdt_status st = (rdt_status)rdtgo_runtime_stats((uintptr_t)rt, &full);
+  if (st == RDT_OK) VERSIONED_OUT(rdt_stats, out, full);
+  return st;
+}
+
+/* ---- objects and refs ----------------------------------------------- */
+
+rdt_status rdt_put(rdt_runtime *rt, const rdt_tensor *tensors,
+                   size_t num_tensors, const char *transport,
+                   rdt_release_fn release, void *user_data, rdt_ref **out) {
+  FORK_GUARD("rdt_put");
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_put(
+      (uintptr_t)rt, (rdt_tensor *)tensors, num_tensors, (char *)transport,
+      release, user_data, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_ref *)h;
+  return st;
+}
+
+rdt_status rdt_ref_clone(const rdt_ref *ref, rdt_ref **out) {
+  FORK_GUARD("rdt_ref_clone");
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_ref_clone((uintptr_t)ref, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_ref *)h;
+  return st;
+}
+
+rdt_status rdt_ref_release(rdt_ref *ref) {
+  FORK_GUARD("rdt_ref_release");
+  if (ref == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_ref_release((uintptr_t)ref);
+}
+
+rdt_status rdt_ref_serialize(const rdt_ref *ref, void **out_bytes,
+                             size_t *out_size) {
+  FORK_GUARD("rdt_ref_serialize");
+  return (rdt_status)rdtgo_ref_serialize((uintptr_t)ref, out_bytes, out_size);
+}
+
+rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes, size_t size,
+                               rdt_ref **out) {
+  FORK_GUARD("rdt_ref_deserialize");
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_ref_deserialize(
+      (uintptr_t)rt, (void *)bytes, size, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_ref *)h;
+  return st;
+}
+
+rdt_status rdt_ref_info(const rdt_ref *ref, rdt_object_info *out) {
+  FORK_GUARD("rdt_ref_info");
+  CHECK_OUT_STRUCT("rdt_ref_info", rdt_object_info, out, num_tensors);
+  rdt_object_info full;
+  rdt_object_info_init(&full);
+  rdt_status st = (rdt_status)rdtgo_ref_info((uintptr_t)ref, &full);
+  if (st == RDT_OK) VERSIONED_OUT(rdt_object_info, out, full);
+  return st;
+}
+
+rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
+                               rdt_tensor_info *out) {
+  FORK_GUARD("rdt_ref_tensor_info");
+  CHECK_OUT_STRUCT("rdt_ref_tensor_info", rdt_tensor_info, out, ndim);
+  rdt_tensor_info full;
+  rdt_tensor_info_init(&full);
+  rdt_status st =
+      (rdt_status)rdtgo_ref_tensor_info((uintptr_t)ref, index, &full);
+  if (st == RDT_OK) VERSIONED_OUT(rdt_tensor_info, out, full);
+  return st;
+}
+
+/* ---- fetching ------------------------------------------------------- */
+
+/* The transport override of possibly-NULL, possibly-older fetch options. */
+static rdt_status fetch_transport(const char *fn, const rdt_fetch_options *opts,
+                                  const char **transport) {
+  *transport = NULL;
+  if (opts == NULL) return RDT_OK;
+  rdt_fetch_options full;
+  rdt_fetch_options_init(&full);
+  VERSIONED_IN(fn, rdt_fetch_options, full, opts, reserved);
+  *transport = full.transport;
+  return RDT_OK;
+}
+
+rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
+                           size_t num_refs, const rdt_tensor *targets,
+                           size_t num_targets, const rdt_fetch_options *opts,
+                           rdt_fetch **out) {
+  FORK_GUARD("rdt_fetch_start");
+  const char *transport;
+  rdt_status st = fetch_transport("rdt_fetch_start", opts, &transport);
+  if (st != RDT_OK) return st;
+  uintptr_t h = 0;
+  st = (rdt_status)rdtgo_fetch_start(
+      (uintptr_t)rt, (uintptr_t *)refs, num_refs, (rdt_tensor *)targets,
+      num_targets, (char *)transport, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_fetch *)h;
+  return st;
+}
+
+rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms) {
+  FORK_GUARD("rdt_fetch_wait");
+  return (rdt_status)rdtgo_fetch_wait((uintptr_t)fetch, timeout_ms);
+}
+
+rdt_status rdt_fetch_abort(rdt_fetch *fetch) {
+  FORK_GUARD("rdt_fetch_abort");
+  return (rdt_status)rdtgo_fetch_abort((uintptr_t)fetch);
+}
+
+rdt_status rdt_fetch_free(rdt_fetch *fetch) {
+  FORK_GUARD("rdt_fetch_free");
+  if (fetch == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_fetch_free((uintptr_t)fetch);
+}
+
+rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
+                   const rdt_tensor *targets, size_t num_targets,
+                   const rdt_fetch_options *opts, int64_t timeout_ms) {
+  FORK_GUARD("rdt_get");
+  const char *transport;
+  rdt_status st = fetch_transport("rdt_get", opts, &transport);
+  if (st != RDT_OK) return st;
+  return (rdt_status)rdtgo_get((uintptr_t)rt, (uintptr_t *)refs, num_refs,
+                               (rdt_tensor *)targets, num_targets,
+                               (char *)transport, timeout_ms);
+}
+
+rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
+                                 int64_t timeout_ms) {
+  FORK_GUARD("rdt_wait_tensor_freed");
+  return (rdt_status)rdtgo_wait_tensor_freed((uintptr_t)rt, (void *)data,
+                                             timeout_ms);
+}
+
+/* ---- transports ----------------------------------------------------- */
+
+rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
+                                  const int32_t *devices, size_t num_devices,
+                                  const rdt_transport_vtable *vtable) {
+  FORK_GUARD("rdt_register_transport");
+  if (vtable == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_register_transport: vtable is NULL");
+  /* The runtime keeps its own copy for as long as the transport lives. */
+  rdt_transport_vtable *copy = malloc(sizeof *copy);
+  if (copy == NULL) {
+    if (vtable->free_user_data) vtable->free_user_data(vtable->user_data);
+    return fail(RDT_ERR_NO_MEMORY, "rdt_register_transport: out of memory");
+  }
+  rdt_transport_vtable_init(copy);
+  if (vtable->struct_size < offsetof(rdt_transport_vtable, extract_metadata)) {
+    free(copy); /* too small to hold free_user_data: nothing to call */
+    return fail(RDT_ERR_INVALID_ARGUMENT,
+                "rdt_register_transport: vtable struct_size %u is too small; "
+                "initialize it with rdt_transport_vtable_init()",
+                (unsigned)vtable->struct_size);
+  }
+  memcpy(copy, vtable, vtable->struct_size < sizeof *copy ? vtable->struct_size
+                                                          : sizeof *copy);
+  copy->struct_size = sizeof *copy;
+  /* From here on Go owns `copy` (and the user data): it frees both. */
+  return (rdt_status)rdtgo_register_transport((uintptr_t)rt, (char *)name,
+                                              (int32_t *)devices, num_devices,
+                                              copy);
+}
+
+rdt_status rdt_transport_list(rdt_runtime *rt, rdt_transport_info *infos,
+                              size_t capacity, size_t *count) {
+  FORK_GUARD("rdt_transport_list");
+  if (count == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_transport_list: count is NULL");
+  if (capacity > 0 && infos == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT,
+                "rdt_transport_list: infos is NULL but capacity is %zu", capacity);
+  size_t stride = 0;
+  if (capacity > 0) {
+    CHECK_OUT_STRUCT("rdt_transport_list", rdt_transport_info, infos, flags);
+    stride = infos->struct_size;
+  }
+  rdt_transport_info *full = NULL;
+  if (capacity > 0) {
+    full = calloc(capacity, sizeof *full);
+    if (full == NULL) return fail(RDT_ERR_NO_MEMORY, "rdt_transport_list: out of memory");
+  }
+  rdt_status st =
+      (rdt_status)rdtgo_transport_list((uintptr_t)rt, full, capacity, count);
+  if (st == RDT_OK) {
+    size_t n = *count < capacity ? *count : capacity;
+    for (size_t i = 0; i < n; i++) {
+      rdt_transport_info *dst = (rdt_transport_info *)((char *)infos + i * stride);
+      dst->struct_size = (uint32_t)stride;
+      full[i].struct_size = sizeof *full;
+      VERSIONED_OUT(rdt_transport_info, dst, full[i]);
+    }
+  }
+  free(full);
+  return st;
+}

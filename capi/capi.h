@@ -1,0 +1,47 @@
+/* Internal declarations shared by the Go export layer and its C files.
+ * Never installed: the public interface is include/rdt.h. */
+#ifndef RDT_CAPI_INTERNAL_H
+#define RDT_CAPI_INTERNAL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "rdt.h"
+
+struct rdt_buffer {
+  void *data;
+  size_t size;
+};
+
+/* Thread-local last error, set by the Go layer before it returns. */
+void rdtc_set_last_error(const char *msg, size_t len);
+
+/* Trampolines: Go cannot call C function pointers directly. Each clears the
+ * callback error message, calls, and on failure hands the message to Go in
+ * *err (malloc'd; Go frees it). */
+void rdtc_call_release(rdt_release_fn fn, void *user_data);
+void rdtc_call_free_user_data(const rdt_transport_vtable *vt);
+rdt_status rdtc_cb_extract(const rdt_transport_vtable *vt, const char *oid,
+                           const rdt_tensor *ts, size_t n,
+                           struct rdt_buffer *out, char **err);
+rdt_status rdtc_cb_comm(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        struct rdt_buffer *out, char **err);
+rdt_status rdtc_cb_send(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        const rdt_tensor *ts, size_t n, const void *tm,
+                        size_t tms, const void *cm, size_t cms, char **err);
+rdt_status rdtc_cb_recv(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        const rdt_tensor *ts, size_t n, const void *tm,
+                        size_t tms, const void *cm, size_t cms, char **err);
+rdt_status rdtc_cb_fetch(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tms, const void *cm, size_t cms, void **req,
+                         char **err);
+rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, void *req,
+                        int64_t timeout_ms, char **err);
+void rdtc_cb_release_request(const rdt_transport_vtable *vt, void *req);
+void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
+                const rdt_tensor *ts, size_t n, const void *tm, size_t tms);
+rdt_status rdtc_cb_abort(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         void *req, char **err);
+
+#endif

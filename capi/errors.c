@@ -1,0 +1,164 @@
+/* Pure-C parts of the ABI: status names, versions, thread-local messages,
+ * callback output buffers. None of this enters Go. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "capi.h"
+
+static __thread char *last_error;
+static __thread char *callback_error;
+
+void rdtc_set_last_error(const char *msg, size_t len) {
+  char *copy = malloc(len + 1);
+  if (copy == NULL) return; /* keep the previous message rather than none */
+  memcpy(copy, msg, len);
+  copy[len] = '\0';
+  free(last_error);
+  last_error = copy;
+}
+
+const char *rdt_last_error(void) { return last_error ? last_error : ""; }
+
+const char *rdt_version(void) {
+#define RDT_STR2(x) #x
+#define RDT_STR(x) RDT_STR2(x)
+  return RDT_STR(RDT_VERSION_MAJOR) "." RDT_STR(RDT_VERSION_MINOR) "." RDT_STR(
+      RDT_VERSION_PATCH);
+}
+
+uint32_t rdt_abi_version(void) { return RDT_ABI_VERSION; }
+
+const char *rdt_status_string(rdt_status status) {
+  switch (status) {
+    case RDT_OK: return "RDT_OK";
+    case RDT_ERR_INVALID_ARGUMENT: return "RDT_ERR_INVALID_ARGUMENT";
+    case RDT_ERR_NOT_FOUND: return "RDT_ERR_NOT_FOUND";
+    case RDT_ERR_ALREADY_EXISTS: return "RDT_ERR_ALREADY_EXISTS";
+    case RDT_ERR_TIMEOUT: return "RDT_ERR_TIMEOUT";
+    case RDT_ERR_ABORTED: return "RDT_ERR_ABORTED";
+    case RDT_ERR_PEER_UNAVAILABLE: return "RDT_ERR_PEER_UNAVAILABLE";
+    case RDT_ERR_CORRUPT: return "RDT_ERR_CORRUPT";
+    case RDT_ERR_UNSUPPORTED: return "RDT_ERR_UNSUPPORTED";
+    case RDT_ERR_PERMISSION_DENIED: return "RDT_ERR_PERMISSION_DENIED";
+    case RDT_ERR_TRANSPORT: return "RDT_ERR_TRANSPORT";
+    case RDT_ERR_NO_MEMORY: return "RDT_ERR_NO_MEMORY";
+    case RDT_ERR_ABI_MISMATCH: return "RDT_ERR_ABI_MISMATCH";
+    case RDT_ERR_FORKED: return "RDT_ERR_FORKED";
+    case RDT_ERR_CLOSED: return "RDT_ERR_CLOSED";
+    case RDT_ERR_INTERNAL: return "RDT_ERR_INTERNAL";
+    case RDT_ERR_USER: return "RDT_ERR_USER";
+  }
+  return (int)status < (int)RDT_ERR_USER ? "RDT_ERR_USER" : "RDT_ERR_UNKNOWN";
+}
+
+void rdt_bytes_free(void *bytes) { free(bytes); }
+
+rdt_status rdt_buffer_set(rdt_buffer *buf, const void *data, size_t size) {
+  static const char null_buf[] = "rdt_buffer_set: buf is NULL";
+  static const char null_data[] = "rdt_buffer_set: data is NULL but size > 0";
+  if (buf == NULL) {
+    rdtc_set_last_error(null_buf, sizeof null_buf - 1);
+    return RDT_ERR_INVALID_ARGUMENT;
+  }
+  if (data == NULL && size > 0) {
+    rdtc_set_last_error(null_data, sizeof null_data - 1);
+    return RDT_ERR_INVALID_ARGUMENT;
+  }
+  void *copy = NULL;
+  if (size > 0) {
+    copy = malloc(size);
+    if (copy == NULL) return RDT_ERR_NO_MEMORY;
+    memcpy(copy, data, size);
+  }
+  free(buf->data);
+  buf->data = copy;
+  buf->size = size;
+  return RDT_OK;
+}
+
+void rdt_set_error(const char *message) {
+  free(callback_error);
+  callback_error = message ? strdup(message) : NULL;
+}
+
+/* ---- trampolines ---------------------------------------------------- */
+
+static void cb_begin(void) {
+  free(callback_error);
+  callback_error = NULL;
+}
+
+/* Hands the callback's message (if any) to the caller on failure. */
+static rdt_status cb_end(rdt_status st, char **err) {
+  if (st != RDT_OK && err != NULL) {
+    *err = callback_error;
+  } else {
+    free(callback_error);
+  }
+  callback_error = NULL;
+  return st;
+}
+
+void rdtc_call_release(rdt_release_fn fn, void *user_data) {
+  if (fn) fn(user_data);
+}
+
+void rdtc_call_free_user_data(const rdt_transport_vtable *vt) {
+  if (vt->free_user_data) vt->free_user_data(vt->user_data);
+}
+
+rdt_status rdtc_cb_extract(const rdt_transport_vtable *vt, const char *oid,
+                           const rdt_tensor *ts, size_t n,
+                           struct rdt_buffer *out, char **err) {
+  cb_begin();
+  return cb_end(vt->extract_metadata(vt->user_data, oid, ts, n, out), err);
+}
+
+rdt_status rdtc_cb_comm(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        struct rdt_buffer *out, char **err) {
+  cb_begin();
+  return cb_end(vt->communicator_metadata(vt->user_data, x, out), err);
+}
+
+rdt_status rdtc_cb_send(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        const rdt_tensor *ts, size_t n, const void *tm,
+                        size_t tms, const void *cm, size_t cms, char **err) {
+  cb_begin();
+  return cb_end(vt->send(vt->user_data, x, ts, n, tm, tms, cm, cms), err);
+}
+
+rdt_status rdtc_cb_recv(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                        const rdt_tensor *ts, size_t n, const void *tm,
+                        size_t tms, const void *cm, size_t cms, char **err) {
+  cb_begin();
+  return cb_end(vt->recv(vt->user_data, x, ts, n, tm, tms, cm, cms), err);
+}
+
+rdt_status rdtc_cb_fetch(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tms, const void *cm, size_t cms, void **req,
+                         char **err) {
+  cb_begin();
+  return cb_end(vt->fetch(vt->user_data, x, ts, n, tm, tms, cm, cms, req), err);
+}
+
+rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, void *req,
+                        int64_t timeout_ms, char **err) {
+  cb_begin();
+  return cb_end(vt->wait(vt->user_data, req, timeout_ms), err);
+}
+
+void rdtc_cb_release_request(const rdt_transport_vtable *vt, void *req) {
+  vt->release_request(vt->user_data, req);
+}
+
+void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
+                const rdt_tensor *ts, size_t n, const void *tm, size_t tms) {
+  if (vt->garbage_collect) vt->garbage_collect(vt->user_data, oid, ts, n, tm, tms);
+}
+
+rdt_status rdtc_cb_abort(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         void *req, char **err) {
+  cb_begin();
+  return cb_end(vt->abort(vt->user_data, x, req), err);
+}

@@ -1,0 +1,125 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get.
+func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, transport *C.char) (*core.Runtime, []*core.Ref, []core.Tensor, core.FetchOptions, error) {
+	var opts core.FetchOptions
+	rt, err := runtimeOf(h)
+	if err != nil {
+		return nil, nil, nil, opts, err
+	}
+	if nrefs > 0 && refs == nil {
+		return nil, nil, nil, opts, invalid("refs is NULL but num_refs is %d", nrefs)
+	}
+	if nrefs > 1<<20 {
+		return nil, nil, nil, opts, invalid("num_refs %d is too large", nrefs)
+	}
+	var rs []*core.Ref
+	if nrefs > 0 {
+		hs := unsafe.Slice(refs, int(nrefs))
+		rs = make([]*core.Ref, len(hs))
+		for i, rh := range hs {
+			if rs[i], err = refOf(rh, fmt.Sprintf("refs[%d]", i)); err != nil {
+				return nil, nil, nil, opts, err
+			}
+		}
+	}
+	ts, err := tensorsFromC(targets, ntargets, "targets")
+	if err != nil {
+		return nil, nil, nil, opts, err
+	}
+	opts.Transport = goString(transport)
+	return rt, rs, ts, opts, nil
+}
+
+//export rdtgo_fetch_start
+func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, transport *C.char, out *C.uintptr_t) C.int {
+	return guard("rdt_fetch_start", func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transport)
+		if err != nil {
+			return err
+		}
+		f, err := rt.StartFetch(rs, ts, opts)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&fetchHandle{f: f})
+		return nil
+	})
+}
+
+//export rdtgo_fetch_wait
+func rdtgo_fetch_wait(h C.uintptr_t, ms C.int64_t) C.int {
+	return guard("rdt_fetch_wait", func() error {
+		fh, err := lookup[*fetchHandle](h, "fetch")
+		if err != nil {
+			return err
+		}
+		return fh.f.Wait(time.Duration(timeout(ms)))
+	})
+}
+
+//export rdtgo_fetch_abort
+func rdtgo_fetch_abort(h C.uintptr_t) C.int {
+	return guard("rdt_fetch_abort", func() error {
+		fh, err := lookup[*fetchHandle](h, "fetch")
+		if err != nil {
+			return err
+		}
+		fh.f.Abort()
+		return nil
+	})
+}
+
+//export rdtgo_fetch_free
+func rdtgo_fetch_free(h C.uintptr_t) C.int {
+	return guard("rdt_fetch_free", func() error {
+		fh, err := lookup[*fetchHandle](h, "fetch")
+		if err != nil {
+			return err
+		}
+		deleteHandle(h)
+		fh.f.Free()
+		return nil
+	})
+}
+
+//export rdtgo_get
+func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, transport *C.char, ms C.int64_t) C.int {
+	return guard("rdt_get", func() error {
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transport)
+		if err != nil {
+			return err
+		}
+		return rt.Get(rs, ts, opts, time.Duration(timeout(ms)))
+	})
+}
+
+//export rdtgo_wait_tensor_freed
+func rdtgo_wait_tensor_freed(h C.uintptr_t, data unsafe.Pointer, ms C.int64_t) C.int {
+	return guard("rdt_wait_tensor_freed", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		return rt.WaitTensorFreed(uintptr(data), time.Duration(timeout(ms)))
+	})
+}

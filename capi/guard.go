@@ -1,0 +1,134 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/cgo"
+	"runtime/debug"
+	"strings"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// guard runs one export: it recovers panics (no Go panic may cross the C
+// ABI), turns memory faults on bad pointers into INVALID_ARGUMENT, and on
+// failure records the thread's last error. Every export goes through it.
+func guard(fn string, body func() error) (status C.int) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if r := recover(); r != nil {
+			status = fail(fn, panicError(r))
+		}
+	}()
+	if err := body(); err != nil {
+		return fail(fn, err)
+	}
+	return 0
+}
+
+func panicError(r any) error {
+	if re, ok := r.(runtime.Error); ok && strings.Contains(re.Error(), "fault") {
+		return core.Errorf(core.ErrInvalidArgument, "a pointer argument points to memory that cannot be read or written (%v)", re)
+	}
+	stack := debug.Stack()
+	fmt.Fprintf(os.Stderr, "rdt: internal error: %v\n%s\n", r, stack)
+	return core.Errorf(core.ErrInternal, "internal error: %v (please report; the stack was printed to stderr)", r)
+}
+
+func fail(fn string, err error) C.int {
+	st := core.StatusOf(err)
+	msg := fn + ": " + err.Error()
+	C.rdtc_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	return C.int(st)
+}
+
+func invalid(format string, args ...any) error {
+	return core.Errorf(core.ErrInvalidArgument, format, args...)
+}
+
+// runtimeHandle is what an rdt_runtime handle holds.
+type runtimeHandle struct {
+	rt      *core.Runtime
+	address *C.char // owned; freed at destroy
+}
+
+// refHandle is what an rdt_ref handle holds.
+type refHandle struct{ ref *core.Ref }
+
+// fetchHandle is what an rdt_fetch handle holds.
+type fetchHandle struct{ f *core.Fetch }
+
+func newHandle(v any) C.uintptr_t { return C.uintptr_t(cgo.NewHandle(v)) }
+
+// lookup resolves a handle of type T. NULL, deleted, bogus and wrongly
+// typed handles are INVALID_ARGUMENT, never a crash.
+func lookup[T any](h C.uintptr_t, what string) (v T, err error) {
+	if h == 0 {
+		return v, invalid("%s is NULL", what)
+	}
+	defer func() {
+		if recover() != nil {
+			err = invalid("%s is not a valid handle (already freed or released, or never created)", what)
+		}
+	}()
+	x := cgo.Handle(h).Value()
+	v, ok := x.(T)
+	if !ok {
+		return v, invalid("%s is not a valid handle (it is a handle of another kind)", what)
+	}
+	return v, nil
+}
+
+func deleteHandle(h C.uintptr_t) {
+	defer func() { recover() }() // a concurrent release already deleted it
+	cgo.Handle(h).Delete()
+}
+
+func runtimeOf(h C.uintptr_t) (*core.Runtime, error) {
+	rh, err := lookup[*runtimeHandle](h, "rt")
+	if err != nil {
+		return nil, err
+	}
+	return rh.rt, nil
+}
+
+func refOf(h C.uintptr_t, what string) (*core.Ref, error) {
+	rh, err := lookup[*refHandle](h, what)
+	if err != nil {
+		return nil, err
+	}
+	return rh.ref, nil
+}
+
+// timeout converts milliseconds (negative: forever) to a Duration.
+func timeout(ms C.int64_t) (d int64) {
+	if ms < 0 {
+		return -1
+	}
+	return int64(ms) * 1e6
+}
+
+// goString reads an optional C string; NULL is "".
+func goString(s *C.char) string {
+	if s == nil {
+		return ""
+	}
+	return C.GoString(s)
+}
+
+// copyName fills a fixed char array (with its NUL) from s.
+func copyName(dst []C.char, s string) {
+	n := min(len(s), len(dst)-1)
+	for i := 0; i < n; i++ {
+		dst[i] = C.char(s[i])
+	}
+	dst[n] = 0
+}

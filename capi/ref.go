@@ -1,0 +1,170 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+//export rdtgo_put
+func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.char,
+	release C.rdt_release_fn, userData unsafe.Pointer, out *C.uintptr_t) C.int {
+	return guard("rdt_put", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		ts, err := tensorsFromC(tensors, n, "tensors")
+		if err != nil {
+			return err
+		}
+		var onFree func()
+		if release != nil {
+			onFree = func() { C.rdtc_call_release(release, userData) }
+		}
+		ref, err := rt.Put(ts, goString(transport), onFree)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&refHandle{ref: ref})
+		return nil
+	})
+}
+
+//export rdtgo_ref_clone
+func rdtgo_ref_clone(h C.uintptr_t, out *C.uintptr_t) C.int {
+	return guard("rdt_ref_clone", func() error {
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		c, err := ref.Clone()
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&refHandle{ref: c})
+		return nil
+	})
+}
+
+//export rdtgo_ref_release
+func rdtgo_ref_release(h C.uintptr_t) C.int {
+	return guard("rdt_ref_release", func() error {
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		if err := ref.Release(); err != nil {
+			return err
+		}
+		deleteHandle(h)
+		return nil
+	})
+}
+
+//export rdtgo_ref_serialize
+func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.size_t) C.int {
+	return guard("rdt_ref_serialize", func() error {
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		if outBytes == nil || outSize == nil {
+			return invalid("out_bytes and out_size must not be NULL")
+		}
+		b, err := ref.Serialize()
+		if err != nil {
+			return err
+		}
+		p := C.malloc(C.size_t(len(b)))
+		if p == nil {
+			return core.Errorf(core.ErrNoMemory, "out of memory for %d bytes", len(b))
+		}
+		copy(unsafe.Slice((*byte)(p), len(b)), b)
+		*outBytes = p
+		*outSize = C.size_t(len(b))
+		return nil
+	})
+}
+
+//export rdtgo_ref_deserialize
+func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, out *C.uintptr_t) C.int {
+	return guard("rdt_ref_deserialize", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		if bytes == nil {
+			return invalid("bytes is NULL")
+		}
+		if size > core.MaxRefSize {
+			return core.Errorf(core.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
+		}
+		b := C.GoBytes(bytes, C.int(size))
+		ref, err := rt.Deserialize(b)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&refHandle{ref: ref})
+		return nil
+	})
+}
+
+//export rdtgo_ref_info
+func rdtgo_ref_info(h C.uintptr_t, out *C.rdt_object_info) C.int {
+	return guard("rdt_ref_info", func() error {
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		d := ref.Desc()
+		out.num_tensors = C.uint32_t(len(d.Tensors))
+		copyName(out.object_id[:], d.ID.String())
+		copyName(out.transport[:], d.Transport)
+		if ref.IsOwner() {
+			out.is_owner = 1
+		}
+		out.nbytes = C.uint64_t(d.Nbytes)
+		return nil
+	})
+}
+
+//export rdtgo_ref_tensor_info
+func rdtgo_ref_tensor_info(h C.uintptr_t, index C.uint32_t, out *C.rdt_tensor_info) C.int {
+	return guard("rdt_ref_tensor_info", func() error {
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		d := ref.Desc()
+		if int(index) >= len(d.Tensors) {
+			return invalid("index %d is out of range (the object has %d tensors)", index, len(d.Tensors))
+		}
+		t := d.Tensors[index]
+		out.ndim = C.int32_t(len(t.Shape))
+		out.device.device_type = C.int32_t(t.Device.Type)
+		out.device.device_id = C.int32_t(t.Device.ID)
+		out.dtype.code = C.uint8_t(t.DType.Code)
+		out.dtype.bits = C.uint8_t(t.DType.Bits)
+		out.dtype.lanes = C.uint16_t(t.DType.Lanes)
+		out.nbytes = C.uint64_t(t.Nbytes)
+		for i, s := range t.Shape {
+			out.shape[i] = C.int64_t(s)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,101 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"time"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+//export rdtgo_runtime_create
+func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
+	return guard("rdt_runtime_create", func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		o := core.Options{
+			Name:     goString(opts.name),
+			LogLevel: core.LogLevel(opts.log_level),
+			Lease:    time.Duration(opts.lease_ms) * time.Millisecond,
+			Builtins: builtinTransports,
+		}
+		if o.LogLevel < core.LogDefault || o.LogLevel > core.LogDebug {
+			return invalid("log_level %d is not an RDT_LOG_* value", o.LogLevel)
+		}
+		if opts.lease_ms < 0 {
+			return invalid("lease_ms %d is negative", opts.lease_ms)
+		}
+		flags := uint32(opts.flags)
+		if flags&^uint32(C.RDT_RUNTIME_IN_PROCESS) != 0 {
+			return invalid("unknown flags %#x", flags)
+		}
+		o.Network = networkFor(flags)
+		rt, err := core.NewRuntime(o)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&runtimeHandle{rt: rt, address: C.CString(rt.Address())})
+		return nil
+	})
+}
+
+//export rdtgo_runtime_destroy
+func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
+	return guard("rdt_runtime_destroy", func() error {
+		rh, err := lookup[*runtimeHandle](h, "rt")
+		if err != nil {
+			return err
+		}
+		deleteHandle(h)
+		rh.rt.Destroy()
+		C.free(unsafe.Pointer(rh.address))
+		return nil
+	})
+}
+
+//export rdtgo_runtime_address
+func rdtgo_runtime_address(h C.uintptr_t, out **C.char) C.int {
+	return guard("rdt_runtime_address", func() error {
+		rh, err := lookup[*runtimeHandle](h, "rt")
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		*out = rh.address
+		return nil
+	})
+}
+
+//export rdtgo_runtime_stats
+func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
+	return guard("rdt_runtime_stats", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		s := rt.Stats()
+		out.objects = C.uint64_t(s.Objects)
+		out.objects_freed = C.uint64_t(s.ObjectsFreed)
+		out.refs = C.uint64_t(s.Refs)
+		out.borrows = C.uint64_t(s.Borrows)
+		out.borrowed_objects = C.uint64_t(s.BorrowedObjects)
+		out.refs_in_transit = C.uint64_t(s.RefsInTransit)
+		out.leases_expired = C.uint64_t(s.LeasesExpired)
+		out.fetches_active = C.uint64_t(s.FetchesActive)
+		out.transfers_completed = C.uint64_t(s.TransfersCompleted)
+		out.transfers_failed = C.uint64_t(s.TransfersFailed)
+		out.bytes_received = C.uint64_t(s.BytesReceived)
+		out.sends_completed = C.uint64_t(s.SendsCompleted)
+		out.bytes_sent = C.uint64_t(s.BytesSent)
+		out.local_copies = C.uint64_t(s.LocalCopies)
+		out.peers = C.uint64_t(s.Peers)
+		return nil
+	})
+}

@@ -1,0 +1,120 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// tensorsFromC reads and validates an rdt_tensor array. Shapes are copied;
+// the data pointers are kept as addresses.
+func tensorsFromC(p *C.rdt_tensor, n C.size_t, what string) ([]core.Tensor, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if p == nil {
+		return nil, invalid("%s is NULL but the count is %d", what, n)
+	}
+	if n > core.MaxTensors {
+		return nil, invalid("%d %s is over the limit of %d", n, what, core.MaxTensors)
+	}
+	arr := unsafe.Slice(p, int(n))
+	out := make([]core.Tensor, len(arr))
+	for i := range arr {
+		t, err := tensorFromC(&arr[i])
+		if err != nil {
+			return nil, core.Wrap(err, "%s[%d]", what, i)
+		}
+		out[i] = t
+	}
+	return out, nil
+}
+
+func tensorFromC(ct *C.rdt_tensor) (core.Tensor, error) {
+	ndim := int(ct.ndim)
+	if ndim < 0 || ndim > core.MaxNDim {
+		return core.Tensor{}, invalid("ndim %d is outside 0..%d", ndim, core.MaxNDim)
+	}
+	var shape []int64
+	if ndim > 0 {
+		if ct.shape == nil {
+			return core.Tensor{}, invalid("shape is NULL for %d dimensions", ndim)
+		}
+		shape = unsafe.Slice((*int64)(unsafe.Pointer(ct.shape)), ndim)
+	}
+	if ct.strides != nil && ndim > 0 {
+		strides := unsafe.Slice((*int64)(unsafe.Pointer(ct.strides)), ndim)
+		if err := core.CheckContiguous(shape, strides); err != nil {
+			return core.Tensor{}, err
+		}
+	}
+	dev := core.Device{Type: core.DeviceType(ct.device.device_type), ID: int32(ct.device.device_id)}
+	if dev.Type <= 0 {
+		return core.Tensor{}, invalid("device type %d is not a DLPack device type", dev.Type)
+	}
+	dt := core.DType{Code: uint8(ct.dtype.code), Bits: uint8(ct.dtype.bits), Lanes: uint16(ct.dtype.lanes)}
+	desc, err := core.NewTensorDesc(dev, dt, shape)
+	if err != nil {
+		return core.Tensor{}, err
+	}
+	orig := uintptr(ct.data)
+	if orig == 0 && desc.Nbytes > 0 {
+		return core.Tensor{}, invalid("data is NULL for a tensor of %d bytes", desc.Nbytes)
+	}
+	return core.Tensor{TensorDesc: desc, Data: orig + uintptr(ct.byte_offset), Orig: orig}, nil
+}
+
+// cTensors is a C-allocated rdt_tensor array (with its shapes) for passing
+// tensors to callbacks. Free it with free().
+type cTensors struct {
+	arr *C.rdt_tensor
+	n   C.size_t
+}
+
+func newCTensors(ts []core.Tensor) *cTensors {
+	if len(ts) == 0 {
+		return &cTensors{}
+	}
+	dims := 0
+	for _, t := range ts {
+		dims += len(t.Shape)
+	}
+	size := C.size_t(len(ts))*C.size_t(unsafe.Sizeof(C.rdt_tensor{})) + C.size_t(dims)*8
+	block := C.calloc(1, size)
+	if block == nil {
+		panic("rdt: out of memory")
+	}
+	arr := unsafe.Slice((*C.rdt_tensor)(block), len(ts))
+	shapes := unsafe.Slice((*C.int64_t)(unsafe.Add(block, len(ts)*int(unsafe.Sizeof(C.rdt_tensor{})))), dims)
+	off := 0
+	for i, t := range ts {
+		ct := &arr[i]
+		ct.data = unsafe.Pointer(t.Data)
+		ct.device.device_type = C.int32_t(t.Device.Type)
+		ct.device.device_id = C.int32_t(t.Device.ID)
+		ct.ndim = C.int32_t(len(t.Shape))
+		ct.dtype.code = C.uint8_t(t.DType.Code)
+		ct.dtype.bits = C.uint8_t(t.DType.Bits)
+		ct.dtype.lanes = C.uint16_t(t.DType.Lanes)
+		if len(t.Shape) > 0 {
+			ct.shape = &shapes[off]
+			for _, d := range t.Shape {
+				shapes[off] = C.int64_t(d)
+				off++
+			}
+		}
+	}
+	return &cTensors{arr: &arr[0], n: C.size_t(len(ts))}
+}
+
+func (c *cTensors) free() {
+	if c.arr != nil {
+		C.free(unsafe.Pointer(c.arr))
+		c.arr = nil
+	}
+}

@@ -1,0 +1,358 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+//export rdtgo_register_transport
+func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, ndev C.size_t,
+	vt *C.rdt_transport_vtable) C.int {
+	// vt is the library's own copy; until registration succeeds, this
+	// function owns it and the user data.
+	registered := false
+	defer func() {
+		if !registered {
+			C.rdtc_call_free_user_data(vt)
+			C.free(unsafe.Pointer(vt))
+		}
+	}()
+	return guard("rdt_register_transport", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		if name == nil {
+			return invalid("name is NULL")
+		}
+		canon, err := core.CanonicalName(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		if ndev == 0 || devices == nil {
+			return invalid("transport %q lists no device types", canon)
+		}
+		if ndev > C.RDT_MAX_DEVICES {
+			return invalid("transport %q lists %d device types, over the limit of %d", canon, ndev, C.RDT_MAX_DEVICES)
+		}
+		var devs []core.DeviceType
+		for _, d := range unsafe.Slice(devices, int(ndev)) {
+			if d <= 0 {
+				return invalid("device type %d is not a DLPack device type", d)
+			}
+			devs = append(devs, core.DeviceType(d))
+		}
+		flags := uint32(vt.flags)
+		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT) != 0 {
+			return invalid("unknown transport flags %#x", flags)
+		}
+		t := &foreign{name: canon, devices: devs, vt: vt,
+			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0}
+		asyncCount := 0
+		for _, p := range []unsafe.Pointer{unsafe.Pointer(vt.fetch), unsafe.Pointer(vt.wait), unsafe.Pointer(vt.release_request)} {
+			if p != nil {
+				asyncCount++
+			}
+		}
+		switch {
+		case asyncCount != 0 && asyncCount != 3:
+			return invalid("transport %q: fetch, wait and release_request must be given together", canon)
+		case asyncCount == 0 && vt.recv == nil:
+			return invalid("transport %q has neither recv nor fetch/wait/release_request", canon)
+		case !t.oneSided && vt.send == nil:
+			return invalid("transport %q is two-sided but has no send", canon)
+		case t.canAbort && vt.abort == nil:
+			return invalid("transport %q sets RDT_TRANSPORT_CAN_ABORT but has no abort", canon)
+		}
+		if err := rt.RegisterTransport(t); err != nil {
+			return err
+		}
+		registered = true
+		return nil
+	})
+}
+
+//export rdtgo_transport_list
+func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C.size_t, count *C.size_t) C.int {
+	return guard("rdt_transport_list", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		list := rt.Registry().List()
+		*count = C.size_t(len(list))
+		if capacity == 0 {
+			return nil
+		}
+		out := unsafe.Slice(infos, int(capacity))
+		for i, ti := range list {
+			if i >= len(out) {
+				break
+			}
+			o := &out[i]
+			copyName(o.name[:], ti.Name)
+			var flags uint32
+			if ti.OneSided {
+				flags |= C.RDT_TRANSPORT_ONE_SIDED
+			}
+			if ti.CanAbort {
+				flags |= C.RDT_TRANSPORT_CAN_ABORT
+			}
+			if ti.Builtin {
+				flags |= C.RDT_TRANSPORT_BUILTIN
+			}
+			o.flags = C.uint32_t(flags)
+			n := min(len(ti.Devices), C.RDT_MAX_DEVICES)
+			o.num_devices = C.uint32_t(n)
+			for j := 0; j < n; j++ {
+				o.devices[j] = C.int32_t(ti.Devices[j])
+			}
+			o.transfers_completed = C.uint64_t(ti.TransfersCompleted)
+			o.transfers_failed = C.uint64_t(ti.TransfersFailed)
+			o.bytes_received = C.uint64_t(ti.BytesReceived)
+			o.sends_completed = C.uint64_t(ti.SendsCompleted)
+			o.bytes_sent = C.uint64_t(ti.BytesSent)
+		}
+		return nil
+	})
+}
+
+// foreign is a transport implemented by the application through a C
+// vtable. It is a core.Transport like any built-in one.
+type foreign struct {
+	name               string
+	devices            []core.DeviceType
+	oneSided, canAbort bool
+	vt                 *C.rdt_transport_vtable // C memory, freed at Close
+	closeOnce          sync.Once
+}
+
+func (f *foreign) Name() string               { return f.name }
+func (f *foreign) Devices() []core.DeviceType { return f.devices }
+func (f *foreign) OneSided() bool             { return f.oneSided }
+func (f *foreign) CanAbort() bool             { return f.canAbort }
+
+// callbackError turns a callback's status and message into an error.
+func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) error {
+	if st == C.RDT_OK {
+		return nil
+	}
+	text := "no message (call rdt_set_error() in the callback to give one)"
+	if msg != nil {
+		text = C.GoString(msg)
+		C.free(unsafe.Pointer(msg))
+	}
+	code := core.Status(st)
+	if code > 0 || (code > core.ErrUser && !code.Known()) {
+		code = core.ErrUser // not an rdt status: the callback's own code
+	}
+	return core.Errorf(code, "transport %s %s failed (%s): %s", f.name, callback, code, text)
+}
+
+// cTransfer is a transfer description for callbacks, in C memory with its
+// strings.
+type cTransfer struct {
+	x       *C.rdt_transfer
+	strings []*C.char
+}
+
+func newCTransfer(x *core.Transfer) *cTransfer {
+	c := &cTransfer{x: (*C.rdt_transfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.rdt_transfer{}))))}
+	if c.x == nil {
+		panic("rdt: out of memory")
+	}
+	str := func(s string) *C.char {
+		p := C.CString(s)
+		c.strings = append(c.strings, p)
+		return p
+	}
+	c.x.struct_size = C.uint32_t(unsafe.Sizeof(*c.x))
+	c.x.role = C.uint32_t(x.Role)
+	c.x.object_id = str(x.Object.String())
+	c.x.transfer_id = C.uint64_t(x.TransferID)
+	c.x.transport = str(x.Transport)
+	c.x.source_runtime = str(x.Source.RuntimeID.String())
+	c.x.source_address = str(x.Source.Address)
+	c.x.destination_runtime = str(x.Destination.RuntimeID.String())
+	c.x.destination_address = str(x.Destination.Address)
+	return c
+}
+
+func (c *cTransfer) free() {
+	for _, p := range c.strings {
+		C.free(unsafe.Pointer(p))
+	}
+	c.strings = nil
+	C.free(unsafe.Pointer(c.x))
+	c.x = nil
+}
+
+// bytesArg passes borrowed metadata bytes to C. C must not keep them.
+func bytesArg(b []byte) (unsafe.Pointer, C.size_t) {
+	if len(b) == 0 {
+		return nil, 0
+	}
+	return unsafe.Pointer(&b[0]), C.size_t(len(b))
+}
+
+// takeBuffer copies a callback's output buffer into Go and frees it.
+func takeBuffer(buf *C.struct_rdt_buffer) []byte {
+	if buf.data == nil {
+		return []byte{}
+	}
+	b := C.GoBytes(buf.data, C.int(buf.size))
+	C.free(buf.data)
+	buf.data, buf.size = nil, 0
+	return b
+}
+
+func (f *foreign) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	if f.vt.extract_metadata == nil {
+		return []byte{}, nil
+	}
+	ts := newCTensors(tensors)
+	defer ts.free()
+	oid := C.CString(obj.String())
+	defer C.free(unsafe.Pointer(oid))
+	buf := (*C.struct_rdt_buffer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_rdt_buffer{}))))
+	defer C.free(unsafe.Pointer(buf))
+	var msg *C.char
+	st := C.rdtc_cb_extract(f.vt, oid, ts.arr, ts.n, buf, &msg)
+	out := takeBuffer(buf)
+	if err := f.callbackError("extract_metadata", st, msg); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (f *foreign) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+	if f.vt.communicator_metadata == nil {
+		return []byte{}, nil
+	}
+	cx := newCTransfer(x)
+	defer cx.free()
+	buf := (*C.struct_rdt_buffer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_rdt_buffer{}))))
+	defer C.free(unsafe.Pointer(buf))
+	var msg *C.char
+	st := C.rdtc_cb_comm(f.vt, cx.x, buf, &msg)
+	out := takeBuffer(buf)
+	if err := f.callbackError("communicator_metadata", st, msg); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (f *foreign) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+	cx := newCTransfer(x)
+	defer cx.free()
+	ts := newCTensors(tensors)
+	defer ts.free()
+	tm, tms := bytesArg(tmeta)
+	cm, cms := bytesArg(cmeta)
+	var msg *C.char
+	st := C.rdtc_cb_send(f.vt, cx.x, ts.arr, ts.n, tm, tms, cm, cms, &msg)
+	return f.callbackError("send", st, msg)
+}
+
+// foreignRequest is an in-progress receive of a foreign transport: either
+// its own fetch/wait request or a recv running on a goroutine. The C copies
+// of the transfer and targets live until Release.
+type foreignRequest struct {
+	f       *foreign
+	x       *cTransfer
+	targets *cTensors
+	tmeta   []byte // kept reachable: C borrows them during recv
+	cmeta   []byte
+	req     unsafe.Pointer // the transport's request (fetch/wait)
+	recv    core.Request   // the goroutine running recv
+}
+
+func (f *foreign) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	r := &foreignRequest{f: f, x: newCTransfer(x), targets: newCTensors(targets), tmeta: tmeta, cmeta: cmeta}
+	if f.vt.fetch == nil {
+		r.recv = core.RecvFunc(func() error {
+			tm, tms := bytesArg(r.tmeta)
+			cm, cms := bytesArg(r.cmeta)
+			var msg *C.char
+			st := C.rdtc_cb_recv(f.vt, r.x.x, r.targets.arr, r.targets.n, tm, tms, cm, cms, &msg)
+			return f.callbackError("recv", st, msg)
+		})
+		return r, nil
+	}
+	tm, tms := bytesArg(tmeta)
+	cm, cms := bytesArg(cmeta)
+	reqSlot := (*unsafe.Pointer)(C.calloc(1, C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(reqSlot))
+	var msg *C.char
+	st := C.rdtc_cb_fetch(f.vt, r.x.x, r.targets.arr, r.targets.n, tm, tms, cm, cms, reqSlot, &msg)
+	if err := f.callbackError("fetch", st, msg); err != nil {
+		r.x.free()
+		r.targets.free()
+		return nil, err
+	}
+	r.req = *reqSlot
+	return r, nil
+}
+
+func (r *foreignRequest) Wait() error {
+	if r.recv != nil {
+		return r.recv.Wait()
+	}
+	var msg *C.char
+	st := C.rdtc_cb_wait(r.f.vt, r.req, -1, &msg)
+	return r.f.callbackError("wait", st, msg)
+}
+
+func (r *foreignRequest) Release() {
+	if r.recv == nil {
+		C.rdtc_cb_release_request(r.f.vt, r.req)
+	}
+	r.x.free()
+	r.targets.free()
+}
+
+func (f *foreign) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+	if f.vt.garbage_collect == nil {
+		return
+	}
+	ts := newCTensors(tensors)
+	defer ts.free()
+	oid := C.CString(obj.String())
+	defer C.free(unsafe.Pointer(oid))
+	tm, tms := bytesArg(tmeta)
+	C.rdtc_cb_gc(f.vt, oid, ts.arr, ts.n, tm, tms)
+}
+
+func (f *foreign) Abort(x *core.Transfer, req core.Request) {
+	if f.vt.abort == nil {
+		return
+	}
+	var cx *C.rdt_transfer
+	var creq unsafe.Pointer
+	if r, ok := req.(*foreignRequest); ok {
+		cx, creq = r.x.x, r.req
+	} else {
+		tmp := newCTransfer(x)
+		defer tmp.free()
+		cx = tmp.x
+	}
+	var msg *C.char
+	if err := f.callbackError("abort", C.rdtc_cb_abort(f.vt, cx, creq, &msg), msg); err != nil {
+		core.NewLogger(f.name, core.LogDefault).Warnf("%v", err)
+	}
+}
+
+func (f *foreign) Close() error {
+	f.closeOnce.Do(func() {
+		C.rdtc_call_free_user_data(f.vt)
+		C.free(unsafe.Pointer(f.vt))
+	})
+	return nil
+}

@@ -1,0 +1,137 @@
+/* Helpers for the C ABI tests: checks that print where and why they
+ * failed, and test transports written in C against rdt.h. */
+#ifndef RDT_TEST_UTIL_H
+#define RDT_TEST_UTIL_H
+
+#include <rdt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,     \
+              #cond);                                                      \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_OK(expr)                                                     \
+  do {                                                                     \
+    rdt_status s_ = (expr);                                                \
+    if (s_ != RDT_OK) {                                                    \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__,   \
+              #expr, rdt_status_string(s_), rdt_last_error());             \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+/* The call fails with `want` and leaves a message. */
+#define CHECK_STATUS(expr, want)                                           \
+  do {                                                                     \
+    rdt_status s_ = (expr);                                                \
+    if (s_ != (want)) {                                                    \
+      fprintf(stderr, "%s:%d: %s returned %s, want %s (%s)\n", __FILE__,   \
+              __LINE__, #expr, rdt_status_string(s_),                      \
+              rdt_status_string(want), rdt_last_error());                  \
+      exit(1);                                                             \
+    }                                                                      \
+    if ((want) != RDT_OK && rdt_last_error()[0] == '\0') {                 \
+      fprintf(stderr, "%s:%d: %s failed without a message\n", __FILE__,    \
+              __LINE__, #expr);                                            \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_MSG(substr)                                                  \
+  do {                                                                     \
+    if (strstr(rdt_last_error(), (substr)) == NULL) {                      \
+      fprintf(stderr, "%s:%d: last error \"%s\" lacks \"%s\"\n", __FILE__, \
+              __LINE__, rdt_last_error(), (substr));                       \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+/* A float32 vector tensor over `data`. `shape` must outlive the tensor. */
+static inline rdt_tensor f32_tensor(float *data, int64_t *shape) {
+  rdt_tensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = RDT_DEVICE_CPU;
+  t.ndim = 1;
+  t.dtype.code = RDT_DTYPE_FLOAT;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
+static inline rdt_runtime *new_runtime(const char *name) {
+  rdt_runtime_options opts;
+  rdt_runtime_options_init(&opts);
+  opts.name = name;
+  opts.flags = RDT_RUNTIME_IN_PROCESS;
+  rdt_runtime *rt = NULL;
+  CHECK_OK(rdt_runtime_create(&opts, &rt));
+  return rt;
+}
+
+/* Counters and knobs shared by a test transport's callbacks. */
+typedef struct test_transport {
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
+  int extracts, gcs, recvs, sends, fetches, waits, releases, aborts, comms;
+  int freed_user_data;
+  /* Fail the Nth recv/wait (1-based) with this status and message. */
+  int fail_at;
+  rdt_status fail_status;
+  const char *fail_message;
+  /* When set, transfers block until `open` or an abort. */
+  int gated, open;
+  /* Event log: 'f' fetch, 'w' wait, for ordering checks. */
+  char events[256];
+  int nevents;
+  /* Thread that ran the last send. */
+  pthread_t send_thread;
+} test_transport;
+
+void test_transport_init(test_transport *t);
+void test_transport_open(test_transport *t);
+
+/* One-sided, synchronous recv copying from the source's address (the
+ * runtimes share the process). */
+rdt_transport_vtable memcopy_vtable(test_transport *t);
+/* One-sided, asynchronous fetch/wait/release_request, abortable. */
+rdt_transport_vtable async_vtable(test_transport *t);
+/* Two-sided: send posts the bytes to a process-wide mailbox keyed by the
+ * transfer id; recv takes them. Abortable. */
+rdt_transport_vtable mailbox_vtable(test_transport *t);
+
+/* Registers `vt` under `name` for CPU tensors. */
+static inline void register_cpu(rdt_runtime *rt, const char *name,
+                                rdt_transport_vtable vt) {
+  int32_t dev = RDT_DEVICE_CPU;
+  CHECK_OK(rdt_register_transport(rt, name, &dev, 1, &vt));
+}
+
+/* Serializes `ref` in its runtime and deserializes it in `rt`. */
+static inline rdt_ref *pass_ref(const rdt_ref *ref, rdt_runtime *rt) {
+  void *bytes = NULL;
+  size_t size = 0;
+  CHECK_OK(rdt_ref_serialize(ref, &bytes, &size));
+  rdt_ref *out = NULL;
+  CHECK_OK(rdt_ref_deserialize(rt, bytes, size, &out));
+  rdt_bytes_free(bytes);
+  return out;
+}
+
+static inline rdt_stats stats_of(rdt_runtime *rt) {
+  rdt_stats s;
+  rdt_stats_init(&s);
+  CHECK_OK(rdt_runtime_stats(rt, &s));
+  return s;
+}
+
+#endif

@@ -28,6 +28,16 @@ type Host interface {
 	// PinObject returns the tensors of a live object this runtime owns and
 	// keeps the object from being freed until unpin is called.
 	PinObject(id ObjectID) (tensors []Tensor, unpin func(), err error)
+	// AuthToken is the shared secret TCP endpoints require of their peers
+	// ("" when none is configured; such endpoints bind loopback only).
+	AuthToken() string
+	// BindHost is the address TCP listeners bind: the control plane's TCP
+	// host when a token is set, else "127.0.0.1".
+	BindHost() string
+	// AdvertiseHost is the host name or IP peers dial to reach BindHost.
+	AdvertiseHost() string
+	// SocketDir is a directory only this user can enter, for Unix sockets.
+	SocketDir() string
 }
 
 // TransportFactory makes a built-in transport for a new runtime. A factory
@@ -53,11 +63,33 @@ type Options struct {
 	Network  Network       // nil: InProcess
 	Builtins []TransportFactory
 	HostID   string // "": detected from the kernel
+	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
+	// only).
+	AuthToken string
+	// BindHost is the host TCP listeners bind ("": 127.0.0.1, or all
+	// interfaces when AuthToken is set).
+	BindHost string
+	// AdvertiseHost is what peers dial ("": BindHost, or this host's name
+	// when BindHost is a wildcard).
+	AdvertiseHost string
+	// SocketDir holds Unix sockets ("": a private directory under
+	// $XDG_RUNTIME_DIR or the temporary directory).
+	SocketDir string
+	// ListenTCP also makes the control plane reachable over TCP at
+	// host:port ("": Unix socket only).
+	ListenTCP string
+	// PeerTimeout is how long a silent peer counts as alive (0:
+	// DefaultPeerTimeout).
+	PeerTimeout time.Duration
 }
+
+// DefaultPeerTimeout bounds how long a vanished peer goes unnoticed.
+const DefaultPeerTimeout = 5 * time.Second
 
 // Runtime owns an object store, a transport registry and a control-plane
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
+	opts    Options
 	id      RuntimeID
 	name    string
 	log     *Logger
@@ -120,6 +152,7 @@ type borrowEntry struct {
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
 	rt := &Runtime{
+		opts:     opts,
 		id:       randomID(),
 		name:     opts.Name,
 		lease:    opts.Lease,
@@ -142,6 +175,9 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		rt.hostID = hostIdentity()
 	}
 	rt.log = NewLogger(rt.name, opts.LogLevel)
+	if err := rt.resolveHosts(); err != nil {
+		return nil, err
+	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 
 	network := opts.Network

@@ -42,6 +42,7 @@ c-test: $(CMAKE_DIR)/CMakeCache.txt
 # testdata/fuzz and also run as plain tests under `go test`.
 fuzz:
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRef$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeMessage$$' -fuzztime $(FUZZTIME)
 
 install: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)

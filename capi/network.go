@@ -7,9 +7,13 @@ import "C"
 
 import "github.com/rdt-project/rdt/core"
 
-// networkFor picks the control plane for a runtime's flags.
+// networkFor picks the control plane for a runtime's flags: sockets
+// between processes unless the runtime is kept in-process.
 func networkFor(flags uint32) core.Network {
-	return core.InProcess{}
+	if flags&C.RDT_RUNTIME_IN_PROCESS != 0 {
+		return core.InProcess{}
+	}
+	return core.Sockets{}
 }
 
 // builtinTransports are created in every new runtime.

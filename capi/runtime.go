@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"os"
 	"time"
 	"unsafe"
 
@@ -19,20 +20,29 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			return invalid("out is NULL")
 		}
 		o := core.Options{
-			Name:     goString(opts.name),
-			LogLevel: core.LogLevel(opts.log_level),
-			Lease:    time.Duration(opts.lease_ms) * time.Millisecond,
-			Builtins: builtinTransports,
+			Name:          goString(opts.name),
+			LogLevel:      core.LogLevel(opts.log_level),
+			Lease:         time.Duration(opts.lease_ms) * time.Millisecond,
+			PeerTimeout:   time.Duration(opts.peer_timeout_ms) * time.Millisecond,
+			ListenTCP:     envDefault(goString(opts.listen_tcp), "RDT_LISTEN"),
+			AuthToken:     envDefault(goString(opts.auth_token), "RDT_AUTH_TOKEN"),
+			AdvertiseHost: goString(opts.advertise_host),
+			SocketDir:     goString(opts.socket_dir),
+			HostID:        goString(opts.host_id),
+			Builtins:      builtinTransports,
 		}
 		if o.LogLevel < core.LogDefault || o.LogLevel > core.LogDebug {
 			return invalid("log_level %d is not an RDT_LOG_* value", o.LogLevel)
 		}
-		if opts.lease_ms < 0 {
-			return invalid("lease_ms %d is negative", opts.lease_ms)
+		if opts.lease_ms < 0 || opts.peer_timeout_ms < 0 {
+			return invalid("lease_ms and peer_timeout_ms must not be negative")
 		}
 		flags := uint32(opts.flags)
-		if flags&^uint32(C.RDT_RUNTIME_IN_PROCESS) != 0 {
+		if flags&^uint32(C.RDT_RUNTIME_IN_PROCESS|C.RDT_RUNTIME_NO_BUILTIN_TRANSPORTS) != 0 {
 			return invalid("unknown flags %#x", flags)
+		}
+		if flags&C.RDT_RUNTIME_NO_BUILTIN_TRANSPORTS != 0 {
+			o.Builtins = nil
 		}
 		o.Network = networkFor(flags)
 		rt, err := core.NewRuntime(o)
@@ -98,4 +108,12 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.peers = C.uint64_t(s.Peers)
 		return nil
 	})
+}
+
+// envDefault is value, or the environment variable when value is empty.
+func envDefault(value, env string) string {
+	if value != "" {
+		return value
+	}
+	return os.Getenv(env)
 }

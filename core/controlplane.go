@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"time"
 )
 
 // This file is the seam between the runtime and the control plane: the
@@ -97,10 +98,21 @@ type Peer interface {
 	Done() <-chan struct{}
 }
 
+// ListenConfig is what a network needs to make a runtime reachable.
+type ListenConfig struct {
+	Service       PeerService
+	Log           *Logger
+	SocketDir     string        // private directory for Unix sockets
+	ListenTCP     string        // "host:port" for peers on other hosts, or ""
+	AuthToken     string        // shared secret TCP peers must prove
+	AdvertiseHost string        // what peers dial when ListenTCP's host is a wildcard
+	PeerTimeout   time.Duration // silence after which a peer counts as gone
+}
+
 // Network is a control-plane implementation.
 type Network interface {
-	// Listen makes svc reachable and returns the endpoint.
-	Listen(svc PeerService, log *Logger) (Endpoint, error)
+	// Listen makes cfg.Service reachable and returns the endpoint.
+	Listen(cfg ListenConfig) (Endpoint, error)
 }
 
 // Endpoint is a runtime's presence on a network.

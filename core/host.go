@@ -14,12 +14,20 @@ import (
 // makes the private socket directory.
 func (rt *Runtime) resolveHosts() error {
 	o := &rt.opts
-	if o.BindHost == "" {
-		if o.AuthToken != "" {
-			o.BindHost = "0.0.0.0"
-		} else {
-			o.BindHost = "127.0.0.1"
+	if o.BindHost == "" && o.ListenTCP != "" {
+		// Transports' data listeners follow the control plane's TCP host.
+		host, _, err := net.SplitHostPort(o.ListenTCP)
+		if err != nil {
+			return Errorf(ErrInvalidArgument, "listen address %q: want host:port", o.ListenTCP)
 		}
+		if host == "" {
+			host = "0.0.0.0"
+		}
+		o.BindHost = host
+	}
+	if o.BindHost == "" {
+		// Without a TCP control plane no other host can reach us anyway.
+		o.BindHost = "127.0.0.1"
 	}
 	if o.AuthToken == "" && !isLoopback(o.BindHost) {
 		return Errorf(ErrPermissionDenied, "binding TCP to %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt binds loopback only", o.BindHost)

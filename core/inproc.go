@@ -32,7 +32,8 @@ type inprocEndpoint struct {
 }
 
 // Listen registers svc under "inproc://<runtime id>".
-func (InProcess) Listen(svc PeerService, log *Logger) (Endpoint, error) {
+func (InProcess) Listen(cfg ListenConfig) (Endpoint, error) {
+	svc := cfg.Service
 	id := svc.Identity().RuntimeID
 	ep := &inprocEndpoint{
 		svc: svc, id: id, address: inprocScheme + id.String(),

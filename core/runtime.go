@@ -66,8 +66,8 @@ type Options struct {
 	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
 	// only).
 	AuthToken string
-	// BindHost is the host TCP listeners bind ("": 127.0.0.1, or all
-	// interfaces when AuthToken is set).
+	// BindHost is the host TCP listeners bind ("": the host of ListenTCP,
+	// else 127.0.0.1).
 	BindHost string
 	// AdvertiseHost is what peers dial ("": BindHost, or this host's name
 	// when BindHost is a wildcard).
@@ -184,7 +184,13 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if network == nil {
 		network = InProcess{}
 	}
-	ep, err := network.Listen(rt, rt.log)
+	if opts.PeerTimeout <= 0 {
+		rt.opts.PeerTimeout = DefaultPeerTimeout
+	}
+	ep, err := network.Listen(ListenConfig{
+		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
+		AuthToken: rt.opts.AuthToken, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+	})
 	if err != nil {
 		rt.cancel()
 		return nil, Wrap(err, "control plane")

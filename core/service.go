@@ -139,6 +139,9 @@ func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) err
 func (rt *Runtime) PeerGone(id RuntimeID) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if rt.closed {
+		return // Destroy frees everything anyway
+	}
 	returned := uint64(0)
 	for _, o := range rt.objects {
 		if n := o.borrows[id]; n > 0 {

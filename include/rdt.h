@@ -181,6 +181,9 @@ typedef struct rdt_fetch rdt_fetch;
 /* Keep the runtime inside this process: peers are other runtimes of the same
  * process only, reached without sockets. */
 #define RDT_RUNTIME_IN_PROCESS (1u << 0)
+/* Create the runtime without the built-in transports (cma, shm, tcp, ...);
+ * only transports registered later are available. */
+#define RDT_RUNTIME_NO_BUILTIN_TRANSPORTS (1u << 1)
 
 typedef struct rdt_runtime_options {
   uint32_t struct_size; /* sizeof(rdt_runtime_options); set by _init */
@@ -194,6 +197,28 @@ typedef struct rdt_runtime_options {
   /* How long a serialized reference keeps its object alive while it has not
    * been deserialized. 0: 120000 (two minutes). */
   int64_t lease_ms;
+  /* How long a peer may stay silent or unreachable before it counts as
+   * gone: its borrows are dropped and fetches from it fail with
+   * RDT_ERR_PEER_UNAVAILABLE. 0: 5000. */
+  int64_t peer_timeout_ms;
+  /* Also listen for peers on TCP at "host:port" (port 0: any free port), so
+   * that runtimes on other hosts can fetch from this one. NULL: $RDT_LISTEN,
+   * else Unix socket only (same-host peers). A non-loopback host needs an
+   * auth token. */
+  const char *listen_tcp;
+  /* Shared secret that TCP peers must prove (challenge-response, never sent
+   * in clear). NULL: $RDT_AUTH_TOKEN. Without one, TCP binds loopback only. */
+  const char *auth_token;
+  /* Host name or IP that peers on other hosts dial. NULL: the listen host,
+   * or this host's name when listening on a wildcard address. */
+  const char *advertise_host;
+  /* Directory for Unix sockets; created 0700 and must belong to this user.
+   * NULL: $XDG_RUNTIME_DIR/rdt, else <tmp>/rdt-<uid>. */
+  const char *socket_dir;
+  /* Overrides the host identity that decides whether same-host transports
+   * apply (boot id and namespaces by default). For tests that simulate
+   * several hosts on one machine. NULL: detected. */
+  const char *host_id;
 } rdt_runtime_options;
 
 /* Fills `opts` with defaults for this header's version. */

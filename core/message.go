@@ -1,0 +1,290 @@
+package core
+
+import (
+	"encoding/binary"
+	"io"
+)
+
+// Control-plane frames on a Unix or TCP connection:
+//
+//	length u32 | kind u8 | request id u64 | body
+//
+// length counts everything after itself and is bounded by maxFrame. The
+// handshake (hello, challenge, auth, welcome, refused) comes first; then
+// requests carry a non-zero id that their response repeats, and one-way
+// messages (unborrow, cancel, ping) carry id 0. Every field of every body is
+// bounded and validated by decodeMessage.
+
+const (
+	controlMagic   = "RDTC"
+	controlVersion = 1
+	maxFrame       = maxMetadataBytes + 1<<20
+	frameHeader    = 4 + 1 + 8
+	maxMessageText = 64 << 10
+	maxNameLen     = 256
+	maxAdverts     = 64
+	maxAdvertDevs  = 8
+)
+
+type kind uint8
+
+const (
+	kindHello kind = iota + 1
+	kindChallenge
+	kindAuth
+	kindWelcome
+	kindRefused
+	kindResponse
+	kindIdentity
+	kindBorrow
+	kindUnborrow
+	kindLease
+	kindMetadata
+	kindSend
+	kindCancel
+	kindPing
+	kindPong
+	kindEnd // not a kind: the first invalid value
+)
+
+var kindNames = [...]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong"}
+
+func (k kind) String() string {
+	if k > 0 && k < kindEnd {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// message is one decoded frame; which fields are meaningful depends on kind.
+type message struct {
+	kind  kind
+	id    uint64
+	nonce []byte // hello, challenge
+	proof []byte // challenge, auth
+	peer  PeerInfo
+	// Response and refusal.
+	status Status
+	text   string
+	data   []byte // response payload (metadata)
+	token  uint64 // borrow, lease response
+	// Requests.
+	object     ObjectID
+	count      uint64 // unborrow
+	transport  string
+	transferID uint64
+	target     uint64 // cancel: the request id to cancel
+}
+
+func (w *writer) peerInfo(p PeerInfo) {
+	w.raw(p.RuntimeID[:])
+	w.str16(p.Name)
+	w.str16(p.Address)
+	w.str16(p.HostID)
+	w.u32(uint32(p.Pid))
+	w.u32(uint32(len(p.Transports)))
+	for _, a := range p.Transports {
+		w.str8(a.Name)
+		if a.OneSided {
+			w.u8(1)
+		} else {
+			w.u8(0)
+		}
+		w.u8(uint8(len(a.Devices)))
+		for _, d := range a.Devices {
+			w.i32(int32(d))
+		}
+	}
+}
+
+func (r *reader) peerInfo() PeerInfo {
+	var p PeerInfo
+	p.RuntimeID = r.id()
+	p.Name = r.str16("peer name", maxNameLen)
+	p.Address = r.str16("peer address", maxAddressLen)
+	p.HostID = r.str16("peer host id", maxHostIDLen)
+	p.Pid = int(r.u32())
+	n := r.count("transport advert", maxAdverts, 3)
+	for i := 0; i < n && r.err == nil; i++ {
+		var a TransportAdvert
+		a.Name = r.str8("transport name", 63)
+		if canon, err := CanonicalName(a.Name); r.err == nil && (err != nil || canon != a.Name) {
+			r.fail("advertised transport %q is not a canonical name", a.Name)
+		}
+		switch r.u8() {
+		case 0:
+		case 1:
+			a.OneSided = true
+		default:
+			r.fail("bad one-sided flag")
+		}
+		nd := int(r.u8())
+		if nd > maxAdvertDevs {
+			r.fail("transport %q advertises %d device types, over %d", a.Name, nd, maxAdvertDevs)
+		}
+		for j := 0; j < nd && r.err == nil; j++ {
+			a.Devices = append(a.Devices, DeviceType(r.i32()))
+		}
+		p.Transports = append(p.Transports, a)
+	}
+	if r.err == nil && p.RuntimeID.IsZero() {
+		r.fail("zero runtime id")
+	}
+	return p
+}
+
+// encode makes the frame for m, length prefix included.
+func (m *message) encode() []byte {
+	w := &writer{b: make([]byte, frameHeader, 64+len(m.data))}
+	switch m.kind {
+	case kindHello:
+		w.raw([]byte(controlMagic))
+		w.u16(controlVersion)
+		w.raw(m.nonce)
+		w.peerInfo(m.peer)
+	case kindChallenge:
+		w.raw(m.nonce)
+		w.raw(m.proof)
+	case kindAuth:
+		w.raw(m.proof)
+	case kindWelcome:
+		w.peerInfo(m.peer)
+	case kindRefused:
+		w.i32(int32(m.status))
+		w.bytes32([]byte(m.text))
+	case kindResponse:
+		w.i32(int32(m.status))
+		w.bytes32([]byte(m.text))
+		w.u64(m.token)
+		w.bytes32(m.data)
+		if m.peer.RuntimeID.IsZero() {
+			w.u8(0)
+		} else {
+			w.u8(1)
+			w.peerInfo(m.peer)
+		}
+	case kindIdentity, kindPing, kindPong:
+	case kindBorrow:
+		w.raw(m.object[:])
+		w.u64(m.token)
+	case kindUnborrow:
+		w.raw(m.object[:])
+		w.u64(m.count)
+	case kindLease:
+		w.raw(m.object[:])
+	case kindMetadata:
+		w.raw(m.object[:])
+		w.str8(m.transport)
+	case kindSend:
+		w.raw(m.object[:])
+		w.u64(m.transferID)
+		w.str8(m.transport)
+		w.bytes32(m.data)
+	case kindCancel:
+		w.u64(m.target)
+	}
+	b := w.b
+	binary.LittleEndian.PutUint32(b[0:4], uint32(len(b)-4))
+	b[4] = byte(m.kind)
+	binary.LittleEndian.PutUint64(b[5:13], m.id)
+	return b
+}
+
+const nonceSize = 32
+const proofSize = 32
+
+// decodeMessage parses one frame body (everything after the length).
+func decodeMessage(b []byte) (*message, error) {
+	r := &reader{b: b, what: "control message"}
+	m := &message{kind: kind(r.u8()), id: r.u64()}
+	if r.err != nil {
+		return nil, r.err
+	}
+	switch m.kind {
+	case kindHello:
+		if string(r.take(4)) != controlMagic && r.err == nil {
+			r.fail("bad magic: not an rdt peer")
+		}
+		if v := r.u16(); r.err == nil && v != controlVersion {
+			r.fail("protocol version %d is not supported (this runtime speaks %d)", v, controlVersion)
+		}
+		m.nonce = append([]byte(nil), r.take(nonceSize)...)
+		m.peer = r.peerInfo()
+	case kindChallenge:
+		m.nonce = append([]byte(nil), r.take(nonceSize)...)
+		m.proof = append([]byte(nil), r.take(proofSize)...)
+	case kindAuth:
+		m.proof = append([]byte(nil), r.take(proofSize)...)
+	case kindWelcome:
+		m.peer = r.peerInfo()
+	case kindRefused:
+		m.status = Status(r.i32())
+		m.text = string(r.bytes32("message", maxMessageText))
+	case kindResponse:
+		m.status = Status(r.i32())
+		m.text = string(r.bytes32("message", maxMessageText))
+		m.token = r.u64()
+		m.data = r.bytes32("payload", maxMetadataBytes)
+		switch r.u8() {
+		case 0:
+		case 1:
+			m.peer = r.peerInfo()
+		default:
+			r.fail("bad identity flag")
+		}
+	case kindIdentity, kindPing, kindPong:
+	case kindBorrow:
+		m.object = r.id()
+		m.token = r.u64()
+	case kindUnborrow:
+		m.object = r.id()
+		m.count = r.u64()
+	case kindLease:
+		m.object = r.id()
+	case kindMetadata:
+		m.object = r.id()
+		m.transport = r.str8("transport", 63)
+	case kindSend:
+		m.object = r.id()
+		m.transferID = r.u64()
+		m.transport = r.str8("transport", 63)
+		m.data = r.bytes32("communicator metadata", maxMetadataBytes)
+	case kindCancel:
+		m.target = r.u64()
+	default:
+		r.fail("unknown message kind %d", m.kind)
+	}
+	if err := r.done(); err != nil {
+		return nil, err
+	}
+	if m.kind >= kindIdentity && m.kind <= kindSend && m.kind != kindUnborrow && m.id == 0 {
+		return nil, Errorf(ErrCorrupt, "control message: %s request without an id", m.kind)
+	}
+	if m.transport != "" {
+		if canon, err := CanonicalName(m.transport); err != nil || canon != m.transport {
+			return nil, Errorf(ErrCorrupt, "control message: transport %q is not a canonical name", m.transport)
+		}
+	}
+	return m, nil
+}
+
+// readFrame reads one length-prefixed frame body into buf (grown as needed).
+func readFrame(rd io.Reader, buf []byte) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(rd, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.LittleEndian.Uint32(hdr[:])
+	if n < frameHeader-4 || n > maxFrame {
+		return nil, Errorf(ErrCorrupt, "control message: frame of %d bytes is outside %d..%d", n, frameHeader-4, maxFrame)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(rd, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}

@@ -1,0 +1,286 @@
+package core
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
+	dir := t.TempDir()
+	return newRuntime(t, name, append([]func(*Options){func(o *Options) {
+		o.Network = Sockets{}
+		o.SocketDir = dir
+	}}, opts...)...)
+}
+
+func TestSocketsBorrowFetchAndRelease(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	require.True(t, strings.HasPrefix(owner.Address(), "unix://"))
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	dst.mailbox = src.mailbox
+	require.NoError(t, owner.RegisterTransport(src))
+	require.NoError(t, borrower.RegisterTransport(dst))
+
+	var released atomic.Int64
+	ref, buf := putOne(t, owner, "mem", &released)
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	require.NoError(t, ref.Release())
+	bref, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), owner.Stats().Borrows)
+	assert.Equal(t, uint64(1), owner.Stats().Peers)
+
+	out := newHostBuf(t, len(buf.b))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	assert.Equal(t, buf.b, out.b)
+
+	// Re-serialized by the borrower: the owner grants the lease over the wire.
+	b2, err := bref.Serialize()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), owner.Stats().RefsInTransit)
+	require.NoError(t, bref.Release())
+	eventually(t, func() bool { return owner.Stats().Borrows == 0 }, "unborrow arrives")
+	assert.Equal(t, int64(0), released.Load(), "the lease still holds it")
+	bref2, err := borrower.Deserialize(b2)
+	require.NoError(t, err)
+	require.NoError(t, bref2.Release())
+	eventually(t, func() bool { return released.Load() == 1 }, "freed")
+}
+
+func TestSocketsTwoSidedSend(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	src.oneSided, dst.oneSided = false, false
+	dst.mailbox = src.mailbox
+	require.NoError(t, owner.RegisterTransport(src))
+	require.NoError(t, borrower.RegisterTransport(dst))
+	var released atomic.Int64
+	ref, buf := putOne(t, owner, "mem", &released)
+	b, _ := ref.Serialize()
+	bref, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	out := newHostBuf(t, len(buf.b))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	assert.Equal(t, buf.b, out.b)
+	assert.Equal(t, int64(1), src.sends.Load())
+
+	// A send that blocks is cancelled over the wire when the fetch aborts.
+	gate := make(chan struct{})
+	dst.gate = gate
+	f, err := borrower.StartFetch([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{})
+	require.NoError(t, err)
+	f.Abort()
+	assert.Equal(t, ErrAborted, StatusOf(f.Wait(5*time.Second)))
+	f.Free()
+	close(gate)
+	require.NoError(t, bref.Release())
+	require.NoError(t, ref.Release())
+}
+
+func TestSocketsPeerGoneReturnsBorrows(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "", &released)
+	b, _ := ref.Serialize()
+	require.NoError(t, ref.Release())
+	_, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	borrower.Destroy()
+	eventually(t, func() bool { return released.Load() == 1 }, "freed once the borrower disconnected")
+	assert.Equal(t, uint64(0), owner.Stats().Peers)
+}
+
+func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	dst.gate = make(chan struct{})
+	require.NoError(t, owner.RegisterTransport(src))
+	require.NoError(t, borrower.RegisterTransport(dst))
+	var released atomic.Int64
+	ref, buf := putOne(t, owner, "mem", &released)
+	b, _ := ref.Serialize()
+	bref, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	out := newHostBuf(t, len(buf.b))
+	f, err := borrower.StartFetch([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{})
+	require.NoError(t, err)
+	owner.Destroy()
+	assert.Equal(t, ErrPeerUnavailable, StatusOf(f.Wait(5*time.Second)))
+	f.Free()
+	_, err = bref.Serialize()
+	assert.Equal(t, ErrPeerUnavailable, StatusOf(err))
+	_, err = borrower.Deserialize(b)
+	assert.Equal(t, ErrPeerUnavailable, StatusOf(err))
+}
+
+func TestSocketsTCPTokens(t *testing.T) {
+	withTCP := func(token string) func(*Options) {
+		return func(o *Options) { o.ListenTCP = "127.0.0.1:0"; o.AuthToken = token }
+	}
+	owner := socketRuntime(t, "owner", withTCP("sesame"))
+	require.Contains(t, owner.Address(), ",tcp://127.0.0.1:")
+	tcpOnly := owner.Address()[strings.Index(owner.Address(), "tcp://"):]
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "", &released)
+	defer ref.Release()
+	b, _ := ref.Serialize()
+	desc, token, err := DecodeRef(b)
+	require.NoError(t, err)
+	desc.Owner.Address = tcpOnly // as a peer on another host would reach it
+	b = EncodeRef(desc, desc.Meta, token)
+
+	good := socketRuntime(t, "good", withTCP("sesame"))
+	r, err := good.Deserialize(b)
+	require.NoError(t, err)
+	require.NoError(t, r.Release())
+
+	bad := socketRuntime(t, "bad", withTCP("guess"))
+	_, err = bad.Deserialize(b)
+	assert.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "token")
+	none := socketRuntime(t, "none")
+	_, err = none.Deserialize(b)
+	assert.Equal(t, ErrPermissionDenied, StatusOf(err))
+
+	// Non-loopback TCP without a token is refused at creation.
+	_, err = NewRuntime(Options{Network: Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: LogOff})
+	assert.Equal(t, ErrPermissionDenied, StatusOf(err))
+}
+
+// rawConn speaks the handshake by hand, as a hostile or broken peer would
+// after it, so tests can send anything.
+func rawConn(t *testing.T, rt *Runtime) (net.Conn, *bufio.Reader) {
+	path := strings.TrimPrefix(strings.Split(rt.Address(), ",")[0], "unix://")
+	c, err := net.Dial("unix", path)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	me := PeerInfo{RuntimeID: randomID(), Name: "raw", Address: "unix:///nonexistent"}
+	nonce := NewNonce()
+	_, err = c.Write((&message{kind: kindHello, nonce: nonce, peer: me}).encode())
+	require.NoError(t, err)
+	rd := bufio.NewReader(c)
+	ch, err := expect(rd, kindChallenge)
+	require.NoError(t, err)
+	_, err = c.Write((&message{kind: kindAuth, proof: AuthProof("", proofClient, ch.nonce)}).encode())
+	require.NoError(t, err)
+	_, err = expect(rd, kindWelcome)
+	require.NoError(t, err)
+	return c, rd
+}
+
+func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
+	rt := socketRuntime(t, "victim")
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	cases := map[string][]byte{
+		"oversized frame": binary.LittleEndian.AppendUint32(nil, maxFrame+1),
+		"tiny frame":      binary.LittleEndian.AppendUint32(nil, 2),
+		"unknown kind":    append(binary.LittleEndian.AppendUint32(nil, 9), append([]byte{200}, make([]byte, 8)...)...),
+		"truncated borrow": func() []byte {
+			f := (&message{kind: kindBorrow, id: 1, object: ID{1}}).encode()
+			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
+			return f[:len(f)-3]
+		}(),
+		"handshake again": (&message{kind: kindHello, nonce: NewNonce(), peer: PeerInfo{RuntimeID: ID{1}}}).encode(),
+	}
+	for name, frame := range cases {
+		c, rd := rawConn(t, rt)
+		_, err := c.Write(frame)
+		require.NoError(t, err, name)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = readFrame(rd, nil)
+		assert.Error(t, err, "%s: the runtime closes the connection", name)
+	}
+	// Still serving: a well-behaved request on a fresh connection works.
+	c, rd := rawConn(t, rt)
+	_, err := c.Write((&message{kind: kindLease, id: 7, object: ref.Desc().ID}).encode())
+	require.NoError(t, err)
+	resp, err := expect(rd, kindResponse)
+	require.NoError(t, err)
+	assert.Equal(t, OK, resp.status)
+	assert.Equal(t, uint64(7), resp.id)
+	// And a request for an unknown object gets an error reply, not a hang.
+	_, err = c.Write((&message{kind: kindBorrow, id: 8, object: ID{9, 9}}).encode())
+	require.NoError(t, err)
+	resp, err = expect(rd, kindResponse)
+	require.NoError(t, err)
+	assert.Equal(t, ErrNotFound, resp.status)
+}
+
+func TestSocketsSilentPeerTimesOut(t *testing.T) {
+	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 200 * time.Millisecond })
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	b, _ := ref.Serialize()
+	desc, token, _ := DecodeRef(b)
+	require.NoError(t, ref.Release())
+	c, rd := rawConn(t, rt)
+	_, err := c.Write((&message{kind: kindBorrow, id: 1, object: desc.ID, token: token}).encode())
+	require.NoError(t, err)
+	_, err = expect(rd, kindResponse)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), rt.Stats().Borrows)
+	// The raw peer never answers pings: it is declared gone, and its borrow
+	// with it.
+	eventually(t, func() bool { return released.Load() == 1 }, "silent borrower dropped")
+}
+
+func FuzzDecodeMessage(f *testing.F) {
+	peer := PeerInfo{RuntimeID: ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
+		Transports: []TransportAdvert{{Name: "cma", Devices: []DeviceType{DeviceCPU}, OneSided: true}}}
+	for _, m := range []*message{
+		{kind: kindHello, nonce: make([]byte, nonceSize), peer: peer},
+		{kind: kindChallenge, nonce: make([]byte, nonceSize), proof: make([]byte, proofSize)},
+		{kind: kindWelcome, peer: peer},
+		{kind: kindRefused, status: ErrPermissionDenied, text: "no"},
+		{kind: kindResponse, id: 3, status: ErrNotFound, text: "gone", data: []byte{1, 2}, peer: peer},
+		{kind: kindBorrow, id: 4, object: ID{5}, token: 6},
+		{kind: kindUnborrow, object: ID{5}, count: 2},
+		{kind: kindSend, id: 9, object: ID{5}, transferID: 11, transport: "nccl", data: []byte("c")},
+		{kind: kindMetadata, id: 10, object: ID{5}, transport: "shm"},
+		{kind: kindCancel, target: 9},
+		{kind: kindPing},
+	} {
+		f.Add(m.encode()[4:])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMessage(b)
+		if err != nil {
+			if StatusOf(err) != ErrCorrupt {
+				t.Fatalf("status %v: %v", StatusOf(err), err)
+			}
+			return
+		}
+		again, err := decodeMessage(m.encode()[4:])
+		if err != nil {
+			t.Fatalf("re-encoding a decoded %s failed: %v", m.kind, err)
+		}
+		if again.kind != m.kind || again.id != m.id || !bytes.Equal(again.data, m.data) {
+			t.Fatalf("round trip changed the %s message", m.kind)
+		}
+	})
+}
+
+func TestReadFrameBounds(t *testing.T) {
+	_, err := readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxFrame+1)), nil)
+	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil)
+	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil)
+	assert.Error(t, err, "a frame cut short is an error")
+}

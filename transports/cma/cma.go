@@ -1,0 +1,405 @@
+// Package cma moves host memory between processes on one host with
+// cross-memory attach: the receiver reads the source's pages with
+// process_vm_readv straight into its targets. One copy, no staging, and the
+// source does nothing per transfer.
+package cma
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// Name is the canonical transport name.
+const Name = "cma"
+
+const (
+	// chunkSize bounds one process_vm_readv call, so that an abort is seen
+	// promptly and a large tensor can be split between workers.
+	chunkSize = 8 << 20
+	// syncLimit: transfers up to this size run inside Fetch. A goroutine
+	// hand-off costs more than the copy itself.
+	syncLimit = 256 << 10
+	// parallelMin: tensors at least this large are read by several workers.
+	parallelMin = 32 << 20
+	maxWorkers  = 4
+)
+
+// Factory makes the transport for a new runtime.
+func Factory() core.TransportFactory {
+	return core.TransportFactory{Name: Name, New: New}
+}
+
+// Transport is the cma transport of one runtime.
+type Transport struct {
+	h         core.Host
+	pid       int
+	startTime uint64
+	workers   int
+}
+
+// New makes the transport. On kernels where Yama restricts ptrace to
+// descendants (ptrace_scope 1), it allows same-user processes to read this
+// one, which is what classic ptrace permissions allow anyway; set
+// RDT_CMA_SET_PTRACER=0 to keep the restriction (cma then fails with a
+// message that names shm).
+func New(h core.Host) (core.Transport, error) {
+	st, err := processStartTime(os.Getpid())
+	if err != nil {
+		return nil, core.Errorf(core.ErrUnsupported, "cma: cannot read this process's start time from /proc: %v", err)
+	}
+	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workerCount()}
+	if yamaScope() == 1 && os.Getenv("RDT_CMA_SET_PTRACER") != "0" {
+		if err := unix.Prctl(unix.PR_SET_PTRACER, unix.PR_SET_PTRACER_ANY, 0, 0, 0); err != nil {
+			h.Log().Warnf("cma: Yama ptrace_scope is 1 and PR_SET_PTRACER failed (%v): peers will fall back to shm", err)
+		} else {
+			h.Log().Infof("cma: Yama ptrace_scope is 1: allowed same-user processes to read this one")
+		}
+	}
+	return t, nil
+}
+
+func workerCount() int {
+	n := 2
+	if s := os.Getenv("RDT_CMA_WORKERS"); s != "" {
+		if v, err := strconv.Atoi(s); err == nil && v >= 1 && v <= maxWorkers {
+			n = v
+		}
+	}
+	return n
+}
+
+func (t *Transport) Name() string               { return Name }
+func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU} }
+func (t *Transport) OneSided() bool             { return true }
+func (t *Transport) CanAbort() bool             { return true }
+
+// EagerMetadata: addresses are free to describe, so every put carries them.
+func (t *Transport) EagerMetadata() bool { return true }
+
+// CheckPeer refuses peers on other hosts (or in another pid namespace,
+// which the host identity covers).
+func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+	if !local.SameHost(peer) {
+		return core.Errorf(core.ErrUnsupported, "cma reads memory only between processes on one host; %q is on another host", peer.Name)
+	}
+	return nil
+}
+
+// ExtractMetadata records where the tensors live in this process.
+func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	m := metadata{Pid: uint32(t.pid), StartTime: t.startTime}
+	for _, x := range tensors {
+		if !x.Device.Type.HostAccessible() {
+			return nil, core.Errorf(core.ErrUnsupported, "cma moves host memory; tensor on %s", x.Device)
+		}
+		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
+	}
+	return m.encode(), nil
+}
+
+func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+
+func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+	return core.Errorf(core.ErrInternal, "cma is one-sided: send is never called on it")
+}
+
+func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
+
+func (t *Transport) Close() error { return nil }
+
+// Fetch checks the metadata against the targets and starts reading.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Regions) != len(targets) {
+		return nil, core.Errorf(core.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	var total uint64
+	for i, r := range m.Regions {
+		if r.Size != targets[i].Nbytes {
+			return nil, core.Errorf(core.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+		}
+		total += r.Size
+	}
+	if err := checkAlive(int(m.Pid), m.StartTime); err != nil {
+		return nil, err
+	}
+	req := &request{pid: int(m.Pid), startTime: m.StartTime, done: make(chan struct{})}
+	if total <= syncLimit {
+		req.err = req.copyAll(m.Regions, targets, 1)
+		close(req.done)
+		return req, nil
+	}
+	go func() {
+		req.err = req.copyAll(m.Regions, targets, t.workers)
+		close(req.done)
+	}()
+	return req, nil
+}
+
+// Abort makes the workers stop at their next chunk.
+func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+	if req, ok := r.(*request); ok {
+		req.aborted.Store(true)
+	}
+}
+
+type request struct {
+	pid       int
+	startTime uint64
+	aborted   atomic.Bool
+	done      chan struct{}
+	err       error
+}
+
+func (r *request) Wait() error { <-r.done; return r.err }
+func (r *request) Release()    {}
+
+// span is one piece of work: a byte range of one tensor.
+type span struct {
+	remote, local uintptr
+	n             uint64
+}
+
+// copyAll reads every region into its target. Large tensors are cut into
+// spans shared by up to `workers` goroutines.
+func (r *request) copyAll(regions []region, targets []core.Tensor, workers int) error {
+	var spans []span
+	for i, reg := range regions {
+		if reg.Size == 0 {
+			continue
+		}
+		parts := uint64(1)
+		if reg.Size >= parallelMin && workers > 1 {
+			parts = uint64(workers)
+		}
+		per := (reg.Size + parts - 1) / parts
+		per = (per + 4095) &^ 4095 // page-aligned pieces
+		for off := uint64(0); off < reg.Size; off += per {
+			n := min(per, reg.Size-off)
+			spans = append(spans, span{remote: uintptr(reg.Addr + off), local: targets[i].Data + uintptr(off), n: n})
+		}
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	if workers <= 1 || len(spans) == 1 {
+		for _, s := range spans {
+			if err := r.read(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for w := 0; w < min(workers, len(spans)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(spans) {
+					return
+				}
+				if err := r.read(spans[i]); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					r.aborted.Store(true) // stop the other workers
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// read copies one span in chunks, checking for an abort between them.
+func (r *request) read(s span) error {
+	for done := uint64(0); done < s.n; {
+		if r.aborted.Load() {
+			return core.Errorf(core.ErrAborted, "cma: transfer aborted")
+		}
+		n := min(uint64(chunkSize), s.n-done)
+		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(s.local + uintptr(done)))}}
+		local[0].SetLen(int(n))
+		remote := []unix.RemoteIovec{{Base: s.remote + uintptr(done), Len: int(n)}}
+		got, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return r.explain(err)
+		}
+		if got <= 0 {
+			// The source's mapping ended early: it is exiting or unmapped.
+			return r.explain(unix.EFAULT)
+		}
+		done += uint64(got)
+	}
+	return nil
+}
+
+// explain turns an errno into an error that says what happened and what to
+// do about it.
+func (r *request) explain(err error) error {
+	switch {
+	case errors.Is(err, unix.EPERM):
+		return core.Errorf(core.ErrPermissionDenied,
+			"cma: process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
+			r.pid, yamaDescription())
+	case errors.Is(err, unix.ENOSYS):
+		return core.Errorf(core.ErrUnsupported, "cma: process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
+	case errors.Is(err, unix.ESRCH):
+		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", r.pid)
+	}
+	if alive := checkAlive(r.pid, r.startTime); alive != nil {
+		return alive
+	}
+	return core.Errorf(core.ErrInternal, "cma: reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
+}
+
+// checkAlive guards against a dead source and a recycled pid.
+func checkAlive(pid int, startTime uint64) error {
+	st, err := processStartTime(pid)
+	if err != nil {
+		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+	}
+	if st != startTime {
+		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone (its pid now belongs to another process)", pid)
+	}
+	return nil
+}
+
+// processStartTime reads field 22 of /proc/<pid>/stat: the start time in
+// clock ticks since boot, which with the pid names a process uniquely.
+func processStartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses; the
+	// fields after it start behind the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	// fields[0] is field 3 (state), so field 22 is fields[19].
+	if len(fields) < 20 {
+		return 0, errors.New("short stat")
+	}
+	if fields[0] == "Z" || fields[0] == "X" {
+		return 0, errors.New("process exited")
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+func yamaScope() int {
+	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	if err != nil {
+		return -1
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+func yamaDescription() string {
+	if s := yamaScope(); s >= 0 {
+		return strconv.Itoa(s)
+	}
+	return "absent"
+}
+
+// ---- metadata ---------------------------------------------------------------
+
+const (
+	metaMagic   = "RCMA"
+	metaVersion = 1
+	maxRegions  = 1 << 16
+	headerLen   = 4 + 1 + 4 + 8 + 4
+	regionLen   = 16
+)
+
+type region struct{ Addr, Size uint64 }
+
+// metadata is what a receiver needs: which process, and where each tensor
+// lives in it. Layout (little endian): "RCMA", version u8, pid u32,
+// start time u64, count u32, then count × (addr u64, size u64).
+type metadata struct {
+	Pid       uint32
+	StartTime uint64
+	Regions   []region
+}
+
+func (m *metadata) encode() []byte {
+	b := make([]byte, 0, headerLen+regionLen*len(m.Regions))
+	b = append(b, metaMagic...)
+	b = append(b, metaVersion)
+	b = binary.LittleEndian.AppendUint32(b, m.Pid)
+	b = binary.LittleEndian.AppendUint64(b, m.StartTime)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
+	for _, r := range m.Regions {
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Size)
+	}
+	return b
+}
+
+func decodeMetadata(b []byte) (*metadata, error) {
+	bad := func(why string) error {
+		return core.Errorf(core.ErrInvalidArgument, "cma: corrupt transport metadata (%s)", why)
+	}
+	if len(b) < headerLen {
+		return nil, bad("too short")
+	}
+	if string(b[:4]) != metaMagic {
+		return nil, bad("bad magic")
+	}
+	if b[4] != metaVersion {
+		return nil, core.Errorf(core.ErrUnsupported, "cma: metadata version %d, this build reads version %d", b[4], metaVersion)
+	}
+	m := &metadata{
+		Pid:       binary.LittleEndian.Uint32(b[5:]),
+		StartTime: binary.LittleEndian.Uint64(b[9:]),
+	}
+	n := binary.LittleEndian.Uint32(b[17:])
+	if n > maxRegions {
+		return nil, bad("too many tensors")
+	}
+	if uint64(len(b)-headerLen) != uint64(n)*regionLen {
+		return nil, bad("length does not match the tensor count")
+	}
+	if m.Pid == 0 || m.Pid > 1<<22 {
+		return nil, bad("pid out of range")
+	}
+	m.Regions = make([]region, n)
+	for i := range m.Regions {
+		p := b[headerLen+i*regionLen:]
+		r := region{Addr: binary.LittleEndian.Uint64(p), Size: binary.LittleEndian.Uint64(p[8:])}
+		if r.Addr+r.Size < r.Addr {
+			return nil, bad("region wraps the address space")
+		}
+		m.Regions[i] = r
+	}
+	return m, nil
+}

@@ -1,0 +1,269 @@
+package cma
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// testHost is the little of a runtime the transport asks for.
+type testHost struct{}
+
+func (testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
+func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (testHost) Context() context.Context { return context.Background() }
+func (testHost) AuthToken() string        { return "" }
+func (testHost) BindHost() string         { return "127.0.0.1" }
+func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (testHost) SocketDir() string        { return os.TempDir() }
+func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+}
+
+// buffer maps n bytes outside the Go heap (the race detector's pointer
+// checks refuse Go memory addressed through uintptr).
+func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+	t.Helper()
+	size := max(n, 1)
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	b = b[:n]
+	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	require.NoError(t, err)
+	addr := uintptr(0)
+	if n > 0 {
+		addr = uintptr(unsafePointer(b))
+	}
+	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+}
+
+func newTransport(t testing.TB) *Transport {
+	tr, err := New(testHost{})
+	require.NoError(t, err)
+	return tr.(*Transport)
+}
+
+func fetch(t testing.TB, tr *Transport, meta []byte, targets []core.Tensor) error {
+	req, err := tr.Fetch(&core.Transfer{Transport: Name}, targets, meta, nil)
+	if err != nil {
+		return err
+	}
+	defer req.Release()
+	return req.Wait()
+}
+
+func statusOf(err error) core.Status {
+	var e *core.Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+func TestRoundTripInProcess(t *testing.T) {
+	tr := newTransport(t)
+	sizes := []int{0, 1, 4096, 300 << 10, 64 << 20}
+	var srcs, dsts []core.Tensor
+	var want, got [][]byte
+	for i, n := range sizes {
+		sb, st := buffer(t, n)
+		fill(sb, byte(i))
+		db, dt := buffer(t, n)
+		srcs, dsts = append(srcs, st), append(dsts, dt)
+		want, got = append(want, sb), append(got, db)
+	}
+	meta, err := tr.ExtractMetadata(core.ObjectID{1}, srcs)
+	require.NoError(t, err)
+	require.NoError(t, fetch(t, tr, meta, dsts))
+	for i := range sizes {
+		assert.Equal(t, want[i], got[i], "tensor %d", i)
+	}
+}
+
+func TestSizeMismatchAndCountMismatch(t *testing.T) {
+	tr := newTransport(t)
+	_, src := buffer(t, 100)
+	_, dst := buffer(t, 99)
+	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
+	require.NoError(t, err)
+	err = fetch(t, tr, meta, []core.Tensor{dst})
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+	err = fetch(t, tr, meta, nil)
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+}
+
+func TestUnmappedSourceIsAClearError(t *testing.T) {
+	tr := newTransport(t)
+	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime, Regions: []region{{Addr: 4096, Size: 4096}}}
+	_, dst := buffer(t, 4096)
+	err := fetch(t, tr, m.encode(), []core.Tensor{dst})
+	require.Error(t, err)
+	assert.Equal(t, core.ErrInternal, statusOf(err))
+	assert.Contains(t, err.Error(), "no longer mapped")
+}
+
+func TestRecycledPidIsPeerUnavailable(t *testing.T) {
+	tr := newTransport(t)
+	_, src := buffer(t, 64)
+	_, dst := buffer(t, 64)
+	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
+	err := fetch(t, tr, m.encode(), []core.Tensor{dst})
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	assert.Contains(t, err.Error(), "another process")
+}
+
+func TestAbortStopsALargeRead(t *testing.T) {
+	tr := newTransport(t)
+	const n = 512 << 20
+	_, src := buffer(t, n)
+	_, dst := buffer(t, n)
+	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
+	require.NoError(t, err)
+	req, err := tr.Fetch(&core.Transfer{}, []core.Tensor{dst}, meta, nil)
+	require.NoError(t, err)
+	tr.Abort(&core.Transfer{}, req)
+	err = req.Wait()
+	req.Release()
+	assert.Equal(t, core.ErrAborted, statusOf(err))
+}
+
+func TestCheckPeerRefusesOtherHosts(t *testing.T) {
+	tr := newTransport(t)
+	err := tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b", Name: "far"})
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.NoError(t, tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "a"}))
+}
+
+// ---- another process --------------------------------------------------------
+
+const childEnv = "RDT_CMA_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if n := os.Getenv(childEnv); n != "" {
+		childMain(n)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// childMain maps n bytes, fills them, prints its metadata as hex and
+// waits to be killed.
+func childMain(size string) {
+	n, _ := strconv.Atoi(size)
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	fill(b, 5)
+	tr, err := New(testHost{})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	meta, _ := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
+	fmt.Printf("META %x\n", meta)
+	time.Sleep(time.Minute)
+	os.Exit(0)
+}
+
+func startChild(t *testing.T, n int) (*exec.Cmd, []byte) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(n))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
+	require.True(t, ok, "child said %q", line)
+	var meta []byte
+	_, err = fmt.Sscanf(hex, "%x", &meta)
+	require.NoError(t, err)
+	return cmd, meta
+}
+
+func TestReadFromAnotherProcess(t *testing.T) {
+	const n = 40 << 20 // above parallelMin: several workers
+	_, meta := startChild(t, n)
+	tr := newTransport(t)
+	got, dst := buffer(t, n)
+	require.NoError(t, fetch(t, tr, meta, []core.Tensor{dst}))
+	want := make([]byte, n)
+	fill(want, 5)
+	assert.True(t, string(want) == string(got), "contents differ")
+}
+
+func TestKilledSourceIsPeerUnavailable(t *testing.T) {
+	cmd, meta := startChild(t, 4096)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	tr := newTransport(t)
+	_, dst := buffer(t, 4096)
+	err := fetch(t, tr, meta, []core.Tensor{dst})
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+}
+
+// ---- metadata ---------------------------------------------------------------
+
+func TestMetadataRejectsCorruption(t *testing.T) {
+	good := (&metadata{Pid: 7, StartTime: 9, Regions: []region{{1, 2}}}).encode()
+	m, err := decodeMetadata(good)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(7), m.Pid)
+	for name, b := range map[string][]byte{
+		"empty":     nil,
+		"truncated": good[:len(good)-1],
+		"magic":     append([]byte("XCMA"), good[4:]...),
+		"trailing":  append(append([]byte{}, good...), 0),
+		"wrap":      (&metadata{Pid: 7, Regions: []region{{^uint64(0), 2}}}).encode(),
+		"pid zero":  (&metadata{Pid: 0}).encode(),
+	} {
+		_, err := decodeMetadata(b)
+		assert.Error(t, err, name)
+	}
+	v2 := append([]byte{}, good...)
+	v2[4] = 2
+	_, err = decodeMetadata(v2)
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+}
+
+func FuzzDecodeMetadata(f *testing.F) {
+	f.Add((&metadata{Pid: 7, StartTime: 9, Regions: []region{{1, 2}, {3, 4}}}).encode())
+	f.Add([]byte("RCMA"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMetadata(b)
+		if err != nil {
+			return
+		}
+		// Whatever decodes re-encodes to the same bytes.
+		if string(m.encode()) != string(b) {
+			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
+func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

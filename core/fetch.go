@@ -128,18 +128,28 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 		tr.ref.Release() // never started
 	}
 	var wg sync.WaitGroup
+	spawned := 0
 	for _, tr := range started {
-		wg.Add(1)
 		f.remaining.Add(1)
+		if startErr == nil && tr.completed() {
+			tr.finish(tr.run())
+			continue
+		}
+		spawned++
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			tr.finish(tr.run())
 		}()
 	}
-	go func() {
-		wg.Wait()
+	if spawned == 0 {
 		close(f.done)
-	}()
+	} else {
+		go func() {
+			wg.Wait()
+			close(f.done)
+		}()
+	}
 	if startErr != nil {
 		<-f.done
 		f.Free()
@@ -329,7 +339,11 @@ func (tr *transfer) run() error {
 	defer tr.req.Release()
 	t := tr.entry.t
 	waitc := make(chan error, 1)
-	go func() { waitc <- tr.req.Wait() }()
+	if tr.sendDone == nil && tr.completed() {
+		waitc <- tr.req.Wait() // finished already: no goroutine needed
+	} else {
+		go func() { waitc <- tr.req.Wait() }()
+	}
 
 	var cause error
 	abortCh, peerDone, sendDone := tr.f.abortCh, tr.peer.Done(), tr.sendDone
@@ -381,6 +395,19 @@ func (tr *transfer) run() error {
 	default:
 	}
 	return cause
+}
+
+// completed reports whether the transfer needs no more waiting: nothing to
+// move, or a request that finished inside Fetch.
+func (tr *transfer) completed() bool {
+	if tr.empty {
+		return true
+	}
+	if tr.req == nil || tr.sendDone != nil {
+		return false
+	}
+	c, ok := tr.req.(CompletedRequest)
+	return ok && c.Completed()
 }
 
 // abort asks the transport to stop the transfer (once), and the source to
@@ -507,6 +534,11 @@ func (f *Fetch) record(err error) {
 // Wait waits for every transfer, up to timeout (negative: forever). On
 // ErrTimeout the fetch keeps running.
 func (f *Fetch) Wait(timeout time.Duration) error {
+	select {
+	case <-f.done:
+		return f.result()
+	default:
+	}
 	if timeout < 0 {
 		<-f.done
 		return f.result()

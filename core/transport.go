@@ -74,6 +74,14 @@ type Request interface {
 	Release()
 }
 
+// CompletedRequest is implemented by requests that can tell without
+// blocking whether they have finished (say, a small copy done inside
+// Fetch). The engine finishes those on the caller's goroutine: a goroutine
+// hand-off costs more than a small transfer.
+type CompletedRequest interface {
+	Completed() bool
+}
+
 // PeerChecker is implemented by transports that only reach some peers (for
 // example same-host transports). The engine asks before using the transport
 // and the error explains why not.
@@ -105,7 +113,15 @@ type funcRequest struct {
 }
 
 func (r *funcRequest) Wait() error { <-r.done; return r.err }
-func (r *funcRequest) Release()    {}
+func (r *funcRequest) Completed() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+func (r *funcRequest) Release() {}
 
 // TransportStats are counters kept per registered transport.
 type TransportStats struct {

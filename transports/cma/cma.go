@@ -45,6 +45,86 @@ type Transport struct {
 	pid       int
 	startTime uint64
 	workers   int
+
+	mu    sync.Mutex
+	procs map[procKey]*proc // sources read from, by pid and start time
+}
+
+type procKey struct {
+	pid       int
+	startTime uint64
+}
+
+// proc pins the identity of a source process with a pidfd: once it is
+// readable the process has exited, and whatever its pid now names is
+// someone else.
+// The pidfd is an *os.File so that closing it while a request still polls
+// it is safe: the poll then fails, which counts as exited.
+type proc struct{ pidfd *os.File }
+
+// exited reports whether the process is gone, without blocking.
+func (p *proc) exited() bool {
+	if p.pidfd == nil {
+		return false // no pidfd on this kernel: the start time check stands alone
+	}
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := true
+	err = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, 0)
+			if err == unix.EINTR {
+				continue
+			}
+			gone = err != nil || n > 0
+			return
+		}
+	})
+	return err != nil || gone
+}
+
+// source finds or opens the pidfd of a source process, checking that the
+// pid still belongs to the process the metadata describes.
+func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
+	k := procKey{pid, startTime}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.procs[k]; ok {
+		if !p.exited() {
+			return p, nil
+		}
+		t.forgetLocked(k)
+		return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		}
+		// Kernels before 5.3 lack pidfds: fall back to the start time alone.
+		return &proc{}, checkAlive(pid, startTime)
+	}
+	// The pidfd names whoever holds the pid now; make sure it is our source.
+	if err := checkAlive(pid, startTime); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	p := &proc{pidfd: os.NewFile(uintptr(fd), "pidfd")}
+	if t.procs == nil {
+		t.procs = map[procKey]*proc{}
+	}
+	t.procs[k] = p
+	return p, nil
+}
+
+func (t *Transport) forgetLocked(k procKey) {
+	if p, ok := t.procs[k]; ok {
+		p.pidfd.Close()
+		delete(t.procs, k)
+	}
 }
 
 // New makes the transport. On kernels where Yama restricts ptrace to
@@ -115,7 +195,14 @@ func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta [
 
 func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
 
-func (t *Transport) Close() error { return nil }
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.procs {
+		t.forgetLocked(k)
+	}
+	return nil
+}
 
 // Fetch checks the metadata against the targets and starts reading.
 func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
@@ -133,17 +220,18 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		}
 		total += r.Size
 	}
-	if err := checkAlive(int(m.Pid), m.StartTime); err != nil {
+	src, err := t.source(int(m.Pid), m.StartTime)
+	if err != nil {
 		return nil, err
 	}
-	req := &request{pid: int(m.Pid), startTime: m.StartTime, done: make(chan struct{})}
+	req := &request{pid: int(m.Pid), startTime: m.StartTime, src: src, done: make(chan struct{})}
 	if total <= syncLimit {
-		req.err = req.copyAll(m.Regions, targets, 1)
+		req.err = req.copyChecked(m.Regions, targets, 1)
 		close(req.done)
 		return req, nil
 	}
 	go func() {
-		req.err = req.copyAll(m.Regions, targets, t.workers)
+		req.err = req.copyChecked(m.Regions, targets, t.workers)
 		close(req.done)
 	}()
 	return req, nil
@@ -159,6 +247,7 @@ func (t *Transport) Abort(x *core.Transfer, r core.Request) {
 type request struct {
 	pid       int
 	startTime uint64
+	src       *proc
 	aborted   atomic.Bool
 	done      chan struct{}
 	err       error
@@ -167,10 +256,30 @@ type request struct {
 func (r *request) Wait() error { <-r.done; return r.err }
 func (r *request) Release()    {}
 
+// Completed lets the engine skip a goroutine for copies done in Fetch.
+func (r *request) Completed() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // span is one piece of work: a byte range of one tensor.
 type span struct {
 	remote, local uintptr
 	n             uint64
+}
+
+// copyChecked copies, then makes sure the source lived through the copy:
+// bytes read after it exited could come from a process that reused its pid.
+func (r *request) copyChecked(regions []region, targets []core.Tensor, workers int) error {
+	err := r.copyAll(regions, targets, workers)
+	if err == nil && r.src.exited() {
+		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
+	}
+	return err
 }
 
 // copyAll reads every region into its target. Large tensors are cut into

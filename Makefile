@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test fuzz install clean
+.PHONY: all test go-test c-test fuzz install clean demo bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -48,6 +48,20 @@ install: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 	$(CMAKE) --build $(CMAKE_DIR) -j2
 	$(CMAKE) --install $(CMAKE_DIR)
+
+# The demo and the benchmark: one C program over the C ABI, with the source
+# in a second process it spawns.
+CC       ?= cc
+BENCH_CFLAGS := -O2 -g -std=c11 -Wall -Wextra -Iinclude
+
+$(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
+	$(CC) $(BENCH_CFLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
+
+demo: $(BUILD)/rdtbench
+	@$(BUILD)/rdtbench demo
+
+bench: $(BUILD)/rdtbench
+	$(BUILD)/rdtbench bench bench/RESULTS.md
 
 clean:
 	rm -rf $(BUILD)

@@ -5,7 +5,10 @@ package main
 */
 import "C"
 
-import "github.com/rdt-project/rdt/core"
+import (
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/cma"
+)
 
 // networkFor picks the control plane for a runtime's flags: sockets
 // between processes unless the runtime is kept in-process.
@@ -17,4 +20,6 @@ func networkFor(flags uint32) core.Network {
 }
 
 // builtinTransports are created in every new runtime.
-var builtinTransports []core.TransportFactory
+var builtinTransports = []core.TransportFactory{
+	cma.Factory(),
+}

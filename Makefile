@@ -43,6 +43,9 @@ c-test: $(CMAKE_DIR)/CMakeCache.txt
 fuzz:
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRef$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeMessage$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/cma -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 
 install: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)

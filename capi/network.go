@@ -8,6 +8,7 @@ import "C"
 import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/tcp"
 )
 
 // networkFor picks the control plane for a runtime's flags: sockets
@@ -22,4 +23,5 @@ func networkFor(flags uint32) core.Network {
 // builtinTransports are created in every new runtime.
 var builtinTransports = []core.TransportFactory{
 	cma.Factory(),
+	tcp.Factory(),
 }

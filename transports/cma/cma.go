@@ -476,7 +476,7 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrInvalidArgument, "cma: corrupt transport metadata (%s)", why)
+		return core.Errorf(core.ErrCorrupt, "cma: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < headerLen {
 		return nil, bad("too short")

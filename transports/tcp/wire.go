@@ -1,0 +1,161 @@
+package tcp
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// The data protocol. After the handshake a connection carries requests,
+// one at a time: the client sends a fixed-size request frame and the server
+// answers with a response header, then (when the status is OK) exactly the
+// requested bytes. Little endian throughout.
+//
+//	handshake  server → client: "RTCPDATA", version u8, nonce [32]
+//	           client → server: proof [32] (HMAC of the token over the nonce)
+//	           server → client: response header (OK or PERMISSION_DENIED + message)
+//	request    "RTQ1", object [16], tensor u32, reserved u32, offset u64, length u64
+//	response   status i32, message length u32, message, then the bytes
+
+const (
+	helloMagic   = "RTCPDATA"
+	protoVersion = 1
+	nonceLen     = 32
+	proofLen     = 32
+	helloLen     = len(helloMagic) + 1 + nonceLen
+	requestMagic = "RTQ1"
+	requestLen   = 4 + 16 + 4 + 4 + 8 + 8
+	responseLen  = 4 + 4
+	// maxRequest bounds the bytes one request may ask for; clients cut
+	// tensors into pieces no larger.
+	maxRequest = 1 << 30
+	// maxMessage bounds an error message on the wire.
+	maxMessage  = 4096
+	authPurpose = "rdt-tcp-data"
+)
+
+// request asks for a byte range of one tensor of an object.
+type request struct {
+	Object         core.ObjectID
+	Tensor         uint32
+	Offset, Length uint64
+}
+
+func (r *request) encode(b []byte) []byte {
+	b = append(b, requestMagic...)
+	b = append(b, r.Object[:]...)
+	b = binary.LittleEndian.AppendUint32(b, r.Tensor)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, r.Offset)
+	b = binary.LittleEndian.AppendUint64(b, r.Length)
+	return b
+}
+
+// decodeRequest parses a request frame. It checks the frame's own fields;
+// the server checks the range against the object.
+func decodeRequest(b []byte) (request, error) {
+	var r request
+	if len(b) != requestLen {
+		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request frame is %d bytes, want %d", len(b), requestLen)
+	}
+	if string(b[:4]) != requestMagic {
+		return r, core.Errorf(core.ErrInvalidArgument, "tcp: bad request magic %q", b[:4])
+	}
+	copy(r.Object[:], b[4:20])
+	r.Tensor = binary.LittleEndian.Uint32(b[20:])
+	if binary.LittleEndian.Uint32(b[24:]) != 0 {
+		return r, core.Errorf(core.ErrInvalidArgument, "tcp: reserved request field is not zero")
+	}
+	r.Offset = binary.LittleEndian.Uint64(b[28:])
+	r.Length = binary.LittleEndian.Uint64(b[36:])
+	if r.Length > maxRequest {
+		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request for %d bytes exceeds the %d-byte limit", r.Length, maxRequest)
+	}
+	if r.Offset+r.Length < r.Offset {
+		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request range overflows")
+	}
+	return r, nil
+}
+
+func encodeResponse(b []byte, st core.Status, msg string) []byte {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage]
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(int32(st)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(msg)))
+	return append(b, msg...)
+}
+
+// decodeResponseHeader returns the status and the length of the message
+// that follows.
+func decodeResponseHeader(b []byte) (core.Status, int, error) {
+	st := core.Status(int32(binary.LittleEndian.Uint32(b)))
+	n := binary.LittleEndian.Uint32(b[4:])
+	if n > maxMessage {
+		return 0, 0, core.Errorf(core.ErrCorrupt, "tcp: response message of %d bytes exceeds the limit", n)
+	}
+	if st != core.OK && (st > 0 || st < core.ErrUser) {
+		return 0, 0, core.Errorf(core.ErrCorrupt, "tcp: response carries unknown status %d", st)
+	}
+	return st, int(n), nil
+}
+
+// ---- metadata ---------------------------------------------------------------
+
+const (
+	metaMagic   = "RTCP"
+	metaVersion = 1
+	maxEndpoint = 300
+)
+
+// metadata tells a receiver where to pull an object from.
+// Layout: "RTCP", version u8, endpoint length u16, endpoint ("host:port"),
+// object [16], tensor count u32.
+type metadata struct {
+	Endpoint string
+	Object   core.ObjectID
+	Tensors  uint32
+}
+
+func (m *metadata) encode() []byte {
+	b := make([]byte, 0, 4+1+2+len(m.Endpoint)+16+4)
+	b = append(b, metaMagic...)
+	b = append(b, metaVersion)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Endpoint)))
+	b = append(b, m.Endpoint...)
+	b = append(b, m.Object[:]...)
+	b = binary.LittleEndian.AppendUint32(b, m.Tensors)
+	return b
+}
+
+func decodeMetadata(b []byte) (*metadata, error) {
+	bad := func(why string) error {
+		return core.Errorf(core.ErrCorrupt, "tcp: corrupt transport metadata (%s)", why)
+	}
+	if len(b) < 7 {
+		return nil, bad("too short")
+	}
+	if string(b[:4]) != metaMagic {
+		return nil, bad("bad magic")
+	}
+	if b[4] != metaVersion {
+		return nil, core.Errorf(core.ErrUnsupported, "tcp: metadata version %d, this build reads version %d", b[4], metaVersion)
+	}
+	n := int(binary.LittleEndian.Uint16(b[5:]))
+	if n == 0 || n > maxEndpoint {
+		return nil, bad(fmt.Sprintf("endpoint length %d", n))
+	}
+	if len(b) != 7+n+16+4 {
+		return nil, bad("length does not match")
+	}
+	m := &metadata{Endpoint: string(b[7 : 7+n])}
+	copy(m.Object[:], b[7+n:])
+	m.Tensors = binary.LittleEndian.Uint32(b[7+n+16:])
+	for _, c := range []byte(m.Endpoint) {
+		if c <= ' ' || c >= 0x7f {
+			return nil, bad("endpoint is not printable")
+		}
+	}
+	return m, nil
+}

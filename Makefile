@@ -44,6 +44,7 @@ fuzz:
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRef$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeMessage$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/cma -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/shm -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 

@@ -8,6 +8,7 @@ import "C"
 import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
 
@@ -23,5 +24,6 @@ func networkFor(flags uint32) core.Network {
 // builtinTransports are created in every new runtime.
 var builtinTransports = []core.TransportFactory{
 	cma.Factory(),
+	shm.Factory(),
 	tcp.Factory(),
 }

@@ -1,0 +1,653 @@
+// Package shm moves host memory between processes on one host through
+// shared memory: the source stages an object once into a sealed memfd, a
+// receiver gets the file descriptor over a Unix socket (SCM_RIGHTS), maps it
+// read-only and copies into its targets. Memfds have no name in any file
+// system, so nothing is ever left in /dev/shm, even after a crash.
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// Name is the canonical transport name.
+const Name = "shm"
+
+const (
+	align = 64 // tensors start on cache-line boundaries in a segment
+	// chunk is copied between checks for an abort.
+	chunk = 4 << 20
+	// parallelMin: copies at least this large are split between workers.
+	parallelMin = 32 << 20
+	workers     = 2
+	// syncLimit: objects up to this size are copied inside Fetch.
+	syncLimit   = 64 << 10
+	dialTimeout = 5 * time.Second
+	ioTimeout   = 30 * time.Second
+)
+
+// Factory makes the transport for a new runtime.
+func Factory() core.TransportFactory {
+	return core.TransportFactory{Name: Name, New: New}
+}
+
+// segment is one staged object.
+type segment struct {
+	fd   int
+	size uint64
+}
+
+// Transport is the shm transport of one runtime.
+type Transport struct {
+	h core.Host
+
+	mu      sync.Mutex
+	segs    map[core.ObjectID]*segment
+	ln      *net.UnixListener
+	path    string
+	serving sync.WaitGroup
+	closed  bool
+}
+
+// New makes the transport; its socket appears with the first staged object.
+func New(h core.Host) (core.Transport, error) {
+	return &Transport{h: h, segs: map[core.ObjectID]*segment{}}, nil
+}
+
+func (t *Transport) Name() string               { return Name }
+func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU} }
+func (t *Transport) OneSided() bool             { return true }
+func (t *Transport) CanAbort() bool             { return true }
+
+// EagerMetadata is false: staging costs a copy, so objects put without a
+// transport are staged only when a fetch asks for shm.
+func (t *Transport) EagerMetadata() bool { return false }
+
+// CheckPeer refuses peers on other hosts.
+func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+	if !local.SameHost(peer) {
+		return core.Errorf(core.ErrUnsupported, "shm moves bytes only between processes on one host; %q is on another host", peer.Name)
+	}
+	return nil
+}
+
+func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+
+func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+	return core.Errorf(core.ErrInternal, "shm is one-sided: send is never called on it")
+}
+
+// layout places tensors in a segment, each aligned.
+func layout(tensors []core.Tensor) ([]region, uint64) {
+	regions := make([]region, len(tensors))
+	var off uint64
+	for i, x := range tensors {
+		off = (off + align - 1) &^ (align - 1)
+		regions[i] = region{Offset: off, Size: x.Nbytes}
+		off += x.Nbytes
+	}
+	return regions, off
+}
+
+// ExtractMetadata stages the object into a sealed memfd.
+func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	for _, x := range tensors {
+		if !x.Device.Type.HostAccessible() {
+			return nil, core.Errorf(core.ErrUnsupported, "shm moves host memory; tensor on %s", x.Device)
+		}
+	}
+	regions, size := layout(tensors)
+	path, err := t.listen()
+	if err != nil {
+		return nil, err
+	}
+	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
+	t.mu.Lock()
+	_, staged := t.segs[obj]
+	t.mu.Unlock()
+	if staged {
+		return m.encode(), nil
+	}
+	fd, err := stage(obj, tensors, regions, size)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		unix.Close(fd)
+		return nil, core.Errorf(core.ErrClosed, "shm transport is closed")
+	}
+	if _, ok := t.segs[obj]; ok { // staged meanwhile by another caller
+		unix.Close(fd)
+	} else {
+		t.segs[obj] = &segment{fd: fd, size: size}
+	}
+	return m.encode(), nil
+}
+
+// stage copies the tensors into a new memfd and seals it against any
+// change, so receivers can trust what they map.
+func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint64) (int, error) {
+	fd, err := unix.MemfdCreate("rdt-"+obj.String(), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, core.Errorf(core.ErrUnsupported, "shm: memfd_create: %v", err)
+	}
+	fail := func(what string, err error) (int, error) {
+		unix.Close(fd)
+		st := core.ErrTransport
+		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
+			st = core.ErrNoMemory
+		}
+		return -1, core.Errorf(st, "shm: %s of a %d-byte segment: %v", what, size, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("ftruncate", err)
+	}
+	if size > 0 {
+		mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return fail("mmap", err)
+		}
+		for i, x := range tensors {
+			r := regions[i]
+			parallelCopy(mem[r.Offset:r.Offset+r.Size], core.Bytes(x.Data, x.Nbytes), nil)
+		}
+		// F_SEAL_WRITE needs every writable mapping gone.
+		if err := unix.Munmap(mem); err != nil {
+			return fail("munmap", err)
+		}
+	}
+	seals := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE | unix.F_SEAL_SEAL
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		return fail("sealing", err)
+	}
+	return fd, nil
+}
+
+// GarbageCollect drops the object's segment. Receivers that still map it
+// keep their mapping; the kernel frees the memory after the last one.
+func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+	t.mu.Lock()
+	s, ok := t.segs[obj]
+	delete(t.segs, obj)
+	t.mu.Unlock()
+	if ok {
+		unix.Close(s.fd)
+	}
+}
+
+// Close stops serving and frees every segment.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	ln := t.ln
+	for id, s := range t.segs {
+		unix.Close(s.fd)
+		delete(t.segs, id)
+	}
+	t.mu.Unlock()
+	if ln != nil {
+		ln.Close() // also removes the socket file
+	}
+	t.serving.Wait()
+	return nil
+}
+
+// ---- serving descriptors ----------------------------------------------------
+
+func (t *Transport) listen() (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return "", core.Errorf(core.ErrClosed, "shm transport is closed")
+	}
+	if t.ln != nil {
+		return t.path, nil
+	}
+	var rnd [6]byte
+	if _, err := io.ReadFull(randReader{}, rnd[:]); err != nil {
+		return "", core.Errorf(core.ErrInternal, "shm: %v", err)
+	}
+	path := filepath.Join(t.h.SocketDir(), fmt.Sprintf("shm-%d-%x.sock", os.Getpid(), rnd))
+	if len(path) >= 108 {
+		return "", core.Errorf(core.ErrInvalidArgument, "shm: socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
+	}
+	removeStaleSockets(t.h.SocketDir())
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return "", core.Errorf(core.ErrTransport, "shm: cannot listen on %s: %v", path, err)
+	}
+	t.ln, t.path = ln, path
+	t.serving.Add(1)
+	go t.accept(ln)
+	return path, nil
+}
+
+// removeStaleSockets deletes the sockets of processes that died without
+// closing their transport (killed, say). The pid is in the name.
+func removeStaleSockets(dir string) {
+	names, _ := filepath.Glob(filepath.Join(dir, "shm-*-*.sock"))
+	for _, name := range names {
+		var pid int
+		var rest string
+		if n, _ := fmt.Sscanf(filepath.Base(name), "shm-%d-%s", &pid, &rest); n != 2 || pid <= 0 {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			os.Remove(name)
+		}
+	}
+}
+
+func (t *Transport) accept(ln *net.UnixListener) {
+	defer t.serving.Done()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.h.Log().Warnf("shm: accept: %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		t.serving.Add(1)
+		go func() {
+			defer t.serving.Done()
+			defer c.Close()
+			t.serve(c)
+		}()
+	}
+}
+
+// serve answers one request for a segment's descriptor.
+func (t *Transport) serve(c *net.UnixConn) {
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	if err := checkSameUser(c); err != nil {
+		t.h.Log().Warnf("%v", err)
+		c.Write(encodeReply(core.ErrPermissionDenied, err.Error(), 0))
+		return
+	}
+	buf := make([]byte, requestLen)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return
+	}
+	obj, err := decodeRequest(buf)
+	if err != nil {
+		c.Write(encodeReply(core.StatusOf(err), err.Error(), 0))
+		return
+	}
+	t.mu.Lock()
+	s, ok := t.segs[obj]
+	fd := -1
+	if ok {
+		// A duplicate: GarbageCollect may close the original meanwhile.
+		fd, err = unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	t.mu.Unlock()
+	if !ok {
+		c.Write(encodeReply(core.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		return
+	}
+	if err != nil {
+		c.Write(encodeReply(core.ErrTransport, "shm: dup: "+err.Error(), 0))
+		return
+	}
+	defer unix.Close(fd)
+	c.WriteMsgUnix(encodeReply(core.OK, "", s.size), unix.UnixRights(fd), nil)
+}
+
+func checkSameUser(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return core.Errorf(core.ErrPermissionDenied, "shm: cannot identify the peer: %v", cerr)
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return core.Errorf(core.ErrPermissionDenied, "shm: refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
+	}
+	return nil
+}
+
+// ---- receiving --------------------------------------------------------------
+
+type request struct {
+	aborted atomic.Bool
+	done    chan struct{}
+	err     error
+}
+
+func (r *request) Wait() error { <-r.done; return r.err }
+func (r *request) Release()    {}
+func (r *request) Completed() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Abort makes the copy stop at its next chunk.
+func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+	if r, ok := req.(*request); ok {
+		r.aborted.Store(true)
+	}
+}
+
+// Fetch checks the metadata against the targets and starts copying.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Regions) != len(targets) {
+		return nil, core.Errorf(core.ErrInvalidArgument, "shm: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	for i, r := range m.Regions {
+		if r.Size != targets[i].Nbytes {
+			return nil, core.Errorf(core.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+		}
+	}
+	r := &request{done: make(chan struct{})}
+	if m.Size <= syncLimit {
+		r.err = r.receive(m, targets)
+		close(r.done)
+		return r, nil
+	}
+	go func() {
+		r.err = r.receive(m, targets)
+		close(r.done)
+	}()
+	return r, nil
+}
+
+func (r *request) receive(m *metadata, targets []core.Tensor) error {
+	fd, size, err := getSegment(m)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if size != m.Size {
+		return core.Errorf(core.ErrCorrupt, "shm: the source's segment holds %d bytes, its metadata says %d", size, m.Size)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
+		return core.Errorf(core.ErrCorrupt, "shm: the received segment is %d bytes, %d expected", st.Size, size)
+	}
+	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 || seals&unix.F_SEAL_SHRINK == 0 {
+		return core.Errorf(core.ErrPermissionDenied, "shm: the received segment is not sealed against writes; refusing to read it")
+	}
+	for i, reg := range m.Regions {
+		if reg.Size == 0 {
+			continue
+		}
+		if err := readSegment(fd, core.Bytes(targets[i].Data, reg.Size), reg.Offset, &r.aborted); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readSegment copies part of the segment into dst with pread: one copy by
+// the kernel and no mapping to set up and tear down, which for a fresh
+// mapping of a large segment costs more than the copy itself (measured).
+// Large reads are split between two workers.
+func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
+	one := func(d []byte, at uint64) error {
+		for done := 0; done < len(d); {
+			if abort.Load() {
+				return core.Errorf(core.ErrAborted, "shm: transfer aborted")
+			}
+			end := min(done+chunk, len(d))
+			n, err := unix.Pread(fd, d[done:end], int64(at)+int64(done))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return core.Errorf(core.ErrTransport, "shm: reading the segment: %v", err)
+			}
+			if n == 0 {
+				return core.Errorf(core.ErrCorrupt, "shm: the segment ended early")
+			}
+			done += n
+		}
+		return nil
+	}
+	if len(dst) < parallelMin {
+		return one(dst, off)
+	}
+	half := (len(dst) / 2) &^ 4095
+	var err1 error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); err1 = one(dst[half:], off+uint64(half)) }()
+	err0 := one(dst[:half], off)
+	wg.Wait()
+	if err0 != nil {
+		return err0
+	}
+	return err1
+}
+
+// getSegment asks the source for the segment's descriptor.
+func getSegment(m *metadata) (int, uint64, error) {
+	gone := func(err error) error {
+		return core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+	}
+	d := net.Dialer{Timeout: dialTimeout}
+	nc, err := d.Dial("unix", m.Path)
+	if err != nil {
+		return -1, 0, gone(err)
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
+		return -1, 0, gone(err)
+	}
+	buf := make([]byte, replyLen+maxMessage)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return -1, 0, gone(err)
+	}
+	fds := receivedFDs(oob[:oobn])
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	st, msg, size, err := decodeReply(buf[:n])
+	if err != nil {
+		closeAll()
+		return -1, 0, err
+	}
+	if st != core.OK {
+		closeAll()
+		return -1, 0, core.Errorf(st, "%s", msg)
+	}
+	if len(fds) != 1 {
+		closeAll()
+		return -1, 0, core.Errorf(core.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds))
+	}
+	return fds[0], size, nil
+}
+
+func receivedFDs(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		if f, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+// parallelCopy copies src into dst in chunks, checking abort between them,
+// with two workers for large copies. It reports false if it was aborted.
+func parallelCopy(dst, src []byte, abort *atomic.Bool) bool {
+	one := func(d, s []byte) bool {
+		for off := 0; off < len(s); off += chunk {
+			if abort != nil && abort.Load() {
+				return false
+			}
+			copy(d[off:], s[off:min(off+chunk, len(s))])
+		}
+		return true
+	}
+	if len(src) < parallelMin {
+		return one(dst, src)
+	}
+	half := (len(src) / 2) &^ 4095
+	var ok [workers]bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); ok[1] = one(dst[half:], src[half:]) }()
+	ok[0] = one(dst[:half], src[:half])
+	wg.Wait()
+	return ok[0] && ok[1]
+}
+
+// randReader reads the kernel's random bytes.
+type randReader struct{}
+
+func (randReader) Read(b []byte) (int, error) { return unix.Getrandom(b, 0) }
+
+// ---- wire formats -----------------------------------------------------------
+
+const (
+	requestMagic = "RSQ1"
+	requestLen   = 4 + 16
+	replyLen     = 4 + 4 + 8
+	maxMessage   = 1024
+	metaMagic    = "RSHM"
+	metaVersion  = 1
+	maxRegions   = 1 << 16
+	maxPath      = 107
+)
+
+func encodeRequest(obj core.ObjectID) []byte {
+	return append([]byte(requestMagic), obj[:]...)
+}
+
+func decodeRequest(b []byte) (core.ObjectID, error) {
+	var id core.ObjectID
+	if len(b) != requestLen || string(b[:4]) != requestMagic {
+		return id, core.Errorf(core.ErrCorrupt, "shm: malformed segment request")
+	}
+	copy(id[:], b[4:])
+	return id, nil
+}
+
+// A reply: status i32, size u64, message length u32, message.
+func encodeReply(st core.Status, msg string, size uint64) []byte {
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage]
+	}
+	b := binary.LittleEndian.AppendUint32(nil, uint32(int32(st)))
+	b = binary.LittleEndian.AppendUint64(b, size)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(msg)))
+	return append(b, msg...)
+}
+
+func decodeReply(b []byte) (core.Status, string, uint64, error) {
+	if len(b) < replyLen {
+		return 0, "", 0, core.Errorf(core.ErrCorrupt, "shm: short reply from the source")
+	}
+	st := core.Status(int32(binary.LittleEndian.Uint32(b)))
+	size := binary.LittleEndian.Uint64(b[4:])
+	n := binary.LittleEndian.Uint32(b[12:])
+	if uint64(n) != uint64(len(b)-replyLen) {
+		return 0, "", 0, core.Errorf(core.ErrCorrupt, "shm: malformed reply from the source")
+	}
+	return st, string(b[replyLen:]), size, nil
+}
+
+type region struct{ Offset, Size uint64 }
+
+// metadata: "RSHM", version u8, path length u16, path, object [16],
+// segment size u64, count u32, count × (offset u64, size u64).
+type metadata struct {
+	Path    string
+	Object  core.ObjectID
+	Size    uint64
+	Regions []region
+}
+
+func (m *metadata) encode() []byte {
+	b := append([]byte(metaMagic), metaVersion)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Path)))
+	b = append(b, m.Path...)
+	b = append(b, m.Object[:]...)
+	b = binary.LittleEndian.AppendUint64(b, m.Size)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
+	for _, r := range m.Regions {
+		b = binary.LittleEndian.AppendUint64(b, r.Offset)
+		b = binary.LittleEndian.AppendUint64(b, r.Size)
+	}
+	return b
+}
+
+func decodeMetadata(b []byte) (*metadata, error) {
+	bad := func(why string) error {
+		return core.Errorf(core.ErrCorrupt, "shm: corrupt transport metadata (%s)", why)
+	}
+	if len(b) < 7 || string(b[:4]) != metaMagic {
+		return nil, bad("bad header")
+	}
+	if b[4] != metaVersion {
+		return nil, core.Errorf(core.ErrUnsupported, "shm: metadata version %d, this build reads version %d", b[4], metaVersion)
+	}
+	pl := int(binary.LittleEndian.Uint16(b[5:]))
+	if pl == 0 || pl > maxPath || len(b) < 7+pl+16+8+4 {
+		return nil, bad("socket path")
+	}
+	m := &metadata{Path: string(b[7 : 7+pl])}
+	if !filepath.IsAbs(m.Path) {
+		return nil, bad("socket path is not absolute")
+	}
+	p := b[7+pl:]
+	copy(m.Object[:], p)
+	m.Size = binary.LittleEndian.Uint64(p[16:])
+	n := binary.LittleEndian.Uint32(p[24:])
+	p = p[28:]
+	if n > maxRegions || uint64(len(p)) != uint64(n)*16 {
+		return nil, bad("tensor count")
+	}
+	m.Regions = make([]region, n)
+	for i := range m.Regions {
+		r := region{Offset: binary.LittleEndian.Uint64(p[16*i:]), Size: binary.LittleEndian.Uint64(p[16*i+8:])}
+		if r.Offset > m.Size || r.Size > m.Size-r.Offset {
+			return nil, bad("a tensor lies outside the segment")
+		}
+		m.Regions[i] = r
+	}
+	return m, nil
+}

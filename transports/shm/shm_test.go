@@ -1,0 +1,285 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// testHost is the little of a runtime the transport asks for.
+type testHost struct{ dir string }
+
+func (h testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
+func (h testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (h testHost) Context() context.Context { return context.Background() }
+func (h testHost) AuthToken() string        { return "" }
+func (h testHost) BindHost() string         { return "127.0.0.1" }
+func (h testHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (h testHost) SocketDir() string        { return h.dir }
+func (h testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+}
+
+func socketDir(t testing.TB) string {
+	// t.TempDir paths can exceed the Unix socket path limit.
+	dir, err := os.MkdirTemp("", "rdtshm")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o700))
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func newTransport(t testing.TB) *Transport {
+	tr, err := New(testHost{dir: socketDir(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr.(*Transport)
+}
+
+// buffer maps n bytes outside the Go heap (the race detector's pointer
+// checks refuse Go memory addressed through uintptr).
+func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	addr := uintptr(unsafe.Pointer(&b[0]))
+	b = b[:n]
+	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	require.NoError(t, err)
+	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*11) ^ seed
+	}
+}
+
+func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, [][]byte) {
+	var tensors []core.Tensor
+	var want [][]byte
+	for i, n := range sizes {
+		b, x := buffer(t, n)
+		fill(b, id+byte(i))
+		tensors = append(tensors, x)
+		want = append(want, b)
+	}
+	meta, err := tr.ExtractMetadata(core.ObjectID{id}, tensors)
+	require.NoError(t, err)
+	// Staging copied the bytes: changing the source afterwards changes
+	// nothing a receiver sees.
+	expect := make([][]byte, len(want))
+	for i := range want {
+		expect[i] = append([]byte(nil), want[i]...)
+	}
+	return meta, expect
+}
+
+func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, error) {
+	var targets []core.Tensor
+	var got [][]byte
+	for _, n := range sizes {
+		b, x := buffer(t, n)
+		targets = append(targets, x)
+		got = append(got, b)
+	}
+	req, err := tr.Fetch(&core.Transfer{}, targets, meta, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer req.Release()
+	return got, req.Wait()
+}
+
+func statusOf(err error) core.Status {
+	var e *core.Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+func devShm(t *testing.T) []string {
+	entries, _ := os.ReadDir("/dev/shm")
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names
+}
+
+func TestRoundTrip(t *testing.T) {
+	before := devShm(t)
+	src, dst := newTransport(t), newTransport(t)
+	sizes := []int{0, 1, 4096, 3 << 20, 64 << 20}
+	meta, want := stageObject(t, src, 1, sizes...)
+	for round := 0; round < 2; round++ {
+		got, err := fetch(t, dst, meta, sizes...)
+		require.NoError(t, err)
+		for i := range sizes {
+			assert.True(t, string(want[i]) == string(got[i]), "round %d tensor %d differs", round, i)
+		}
+	}
+	assert.Equal(t, before, devShm(t), "nothing was created in /dev/shm")
+}
+
+func TestFreedObjectIsNotFound(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, _ := stageObject(t, src, 2, 100)
+	src.GarbageCollect(core.ObjectID{2}, nil, meta)
+	_, err := fetch(t, dst, meta, 100)
+	assert.Equal(t, core.ErrNotFound, statusOf(err))
+}
+
+func TestSegmentIsSealed(t *testing.T) {
+	src := newTransport(t)
+	meta, _ := stageObject(t, src, 3, 8192)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	fd, size, err := getSegment(m)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	assert.Equal(t, uint64(8192), size)
+	_, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	assert.Error(t, err, "a writable shared mapping is refused")
+	assert.Error(t, unix.Ftruncate(fd, 1), "shrinking is refused")
+	_, err = unix.Pwrite(fd, []byte{1}, 0)
+	assert.Error(t, err, "writing is refused")
+}
+
+func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, _ := stageObject(t, src, 4, 100)
+	require.NoError(t, src.Close())
+	_, err := fetch(t, dst, meta, 100)
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	m, _ := decodeMetadata(meta)
+	_, err = os.Stat(m.Path)
+	assert.True(t, os.IsNotExist(err), "the socket file is removed at close")
+}
+
+func TestAbort(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	const n = 256 << 20
+	meta, _ := stageObject(t, src, 5, n)
+	_, x := buffer(t, n)
+	req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{x}, meta, nil)
+	require.NoError(t, err)
+	dst.Abort(&core.Transfer{}, req)
+	err = req.Wait()
+	req.Release()
+	assert.Equal(t, core.ErrAborted, statusOf(err))
+}
+
+func TestMismatchedTargets(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, _ := stageObject(t, src, 6, 100, 200)
+	_, err := fetch(t, dst, meta, 100)
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+	_, err = fetch(t, dst, meta, 100, 201)
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+}
+
+func TestCheckPeerRefusesOtherHosts(t *testing.T) {
+	tr := newTransport(t)
+	assert.Equal(t, core.ErrUnsupported, statusOf(tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b"})))
+}
+
+func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
+	dir := socketDir(t)
+	stale := filepath.Join(dir, "shm-999999999-abcdef.sock")
+	require.NoError(t, os.WriteFile(stale, nil, 0o600))
+	live := filepath.Join(dir, "shm-1-abcdef.sock") // pid 1 always exists
+	require.NoError(t, os.WriteFile(live, nil, 0o600))
+	tr, err := New(testHost{dir: dir})
+	require.NoError(t, err)
+	defer tr.Close()
+	_, x := buffer(t, 8)
+	_, err = tr.ExtractMetadata(core.ObjectID{7}, []core.Tensor{x})
+	require.NoError(t, err)
+	_, err = os.Stat(stale)
+	assert.True(t, os.IsNotExist(err))
+	_, err = os.Stat(live)
+	assert.NoError(t, err)
+}
+
+func TestMetadataRejectsCorruption(t *testing.T) {
+	good := (&metadata{Path: "/run/x.sock", Object: core.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode()
+	_, err := decodeMetadata(good)
+	require.NoError(t, err)
+	for name, b := range map[string][]byte{
+		"empty":     nil,
+		"truncated": good[:len(good)-1],
+		"trailing":  append(append([]byte{}, good...), 0),
+		"relative":  (&metadata{Path: "x.sock"}).encode(),
+		"outside":   (&metadata{Path: "/x", Size: 10, Regions: []region{{8, 4}}}).encode(),
+		"wrap":      (&metadata{Path: "/x", Size: 10, Regions: []region{{^uint64(0), 2}}}).encode(),
+	} {
+		_, err := decodeMetadata(b)
+		assert.Equal(t, core.ErrCorrupt, statusOf(err), name)
+	}
+}
+
+func FuzzDecodeMetadata(f *testing.F) {
+	f.Add((&metadata{Path: "/run/x.sock", Object: core.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMetadata(b)
+		if err != nil {
+			return
+		}
+		for _, r := range m.Regions {
+			if r.Offset+r.Size > m.Size || r.Offset+r.Size < r.Offset {
+				t.Fatalf("accepted a region outside the segment")
+			}
+		}
+		if string(m.encode()) != string(b) {
+			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
+func BenchmarkFetch64MiB(b *testing.B) {
+	src, _ := New(testHost{dir: socketDir(b)})
+	dst, _ := New(testHost{dir: socketDir(b)})
+	defer src.Close()
+	defer dst.Close()
+	const n = 64 << 20
+	_, s := buffer(b, n)
+	_, d := buffer(b, n)
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
+	require.NoError(b, err)
+	b.SetBytes(n)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{d}, meta, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := req.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		req.Release()
+	}
+}
+
+func BenchmarkMemcpy64MiB(b *testing.B) {
+	const n = 64 << 20
+	s, _ := buffer(b, n)
+	d, _ := buffer(b, n)
+	b.SetBytes(n)
+	for i := 0; i < b.N; i++ {
+		copy(d, s)
+	}
+}

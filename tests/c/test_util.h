@@ -72,7 +72,8 @@ static inline rdt_runtime *new_runtime(const char *name) {
   rdt_runtime_options opts;
   rdt_runtime_options_init(&opts);
   opts.name = name;
-  opts.flags = RDT_RUNTIME_IN_PROCESS;
+  /* The C tests drive their own transports; built-ins have test_builtin.c. */
+  opts.flags = RDT_RUNTIME_IN_PROCESS | RDT_RUNTIME_NO_BUILTIN_TRANSPORTS;
   rdt_runtime *rt = NULL;
   CHECK_OK(rdt_runtime_create(&opts, &rt));
   return rt;

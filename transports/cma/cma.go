@@ -170,7 +170,7 @@ func (t *Transport) EagerMetadata() bool { return true }
 // which the host identity covers).
 func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
 	if !local.SameHost(peer) {
-		return core.Errorf(core.ErrUnsupported, "cma reads memory only between processes on one host; %q is on another host", peer.Name)
+		return core.Errorf(core.ErrUnsupported, "cma reads memory only between processes on the same host; %q is on another host", peer.Name)
 	}
 	return nil
 }

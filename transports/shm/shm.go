@@ -78,7 +78,7 @@ func (t *Transport) EagerMetadata() bool { return false }
 // CheckPeer refuses peers on other hosts.
 func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
 	if !local.SameHost(peer) {
-		return core.Errorf(core.ErrUnsupported, "shm moves bytes only between processes on one host; %q is on another host", peer.Name)
+		return core.Errorf(core.ErrUnsupported, "shm moves bytes only between processes on the same host; %q is on another host", peer.Name)
 	}
 	return nil
 }

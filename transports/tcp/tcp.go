@@ -544,3 +544,50 @@ func (t *Transport) Abort(x *core.Transfer, req core.Request) {
 		r.abort()
 	}
 }
+
+// RequestRange pulls one byte range of one tensor of an object from the
+// data endpoint named in tmeta (the object's tcp metadata), authenticating
+// with token, and returns the bytes or the source's refusal. It is a
+// diagnostic client, independent of any runtime: fetches go through Fetch.
+func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32, offset, length uint64) ([]byte, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if length > maxRequest {
+		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: at most %d bytes per request", maxRequest)
+	}
+	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1, sconns: map[net.Conn]struct{}{}, idle: map[string][]net.Conn{}}
+	c, err := t.conn(ctx, m.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		c.SetDeadline(d)
+	}
+	r := &fetchRequest{t: t, meta: m, active: map[net.Conn]struct{}{}}
+	buf := make([]byte, length)
+	if err := r.one(c, nil, request{Object: m.Object, Tensor: tensor, Offset: offset, Length: length}, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// probeHost is the Host of a RequestRange client: it has a token and a
+// context and nothing to serve.
+type probeHost struct {
+	token string
+	ctx   context.Context
+}
+
+func (p probeHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "tcp-probe"} }
+func (p probeHost) Log() *core.Logger        { return core.NewLogger("tcp-probe", core.LogOff) }
+func (p probeHost) Context() context.Context { return p.ctx }
+func (p probeHost) AuthToken() string        { return p.token }
+func (p probeHost) BindHost() string         { return "127.0.0.1" }
+func (p probeHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (p probeHost) SocketDir() string        { return "" }
+func (p probeHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "a probe holds no objects")
+}

@@ -1,0 +1,260 @@
+// Package multiprocess tests rdt between real processes: the test binary
+// re-executes itself as children that own, borrow and fetch objects over
+// the socket control plane and the built-in transports.
+package multiprocess
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/shm"
+	"github.com/rdt-project/rdt/transports/tcp"
+)
+
+const roleEnv = "RDT_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(roleEnv) != "" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+func builtins() []core.TransportFactory {
+	return []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), twoSidedFactory()}
+}
+
+// runtimeConfig is how a process's runtime is set up; children get theirs
+// from the environment.
+type runtimeConfig struct {
+	Name      string
+	HostID    string
+	ListenTCP string
+	Token     string
+	LeaseMS   int
+	SocketDir string
+}
+
+func (c runtimeConfig) env() []string {
+	return []string{
+		"RDT_TEST_NAME=" + c.Name, "RDT_TEST_HOSTID=" + c.HostID, "RDT_TEST_LISTEN=" + c.ListenTCP,
+		"RDT_TEST_TOKEN=" + c.Token, "RDT_TEST_LEASE_MS=" + strconv.Itoa(c.LeaseMS), "RDT_TEST_SOCKETDIR=" + c.SocketDir,
+	}
+}
+
+func configFromEnv() runtimeConfig {
+	lease, _ := strconv.Atoi(os.Getenv("RDT_TEST_LEASE_MS"))
+	return runtimeConfig{
+		Name: os.Getenv("RDT_TEST_NAME"), HostID: os.Getenv("RDT_TEST_HOSTID"),
+		ListenTCP: os.Getenv("RDT_TEST_LISTEN"), Token: os.Getenv("RDT_TEST_TOKEN"),
+		LeaseMS: lease, SocketDir: os.Getenv("RDT_TEST_SOCKETDIR"),
+	}
+}
+
+func newRuntime(c runtimeConfig) (*core.Runtime, error) {
+	return core.NewRuntime(core.Options{
+		Name: c.Name, LogLevel: core.LogOff, Network: core.Sockets{}, Builtins: builtins(),
+		HostID: c.HostID, ListenTCP: c.ListenTCP, AuthToken: c.Token,
+		Lease: time.Duration(c.LeaseMS) * time.Millisecond, SocketDir: c.SocketDir,
+	})
+}
+
+func parentRuntime(t *testing.T, c runtimeConfig) *core.Runtime {
+	t.Helper()
+	if c.SocketDir == "" {
+		c.SocketDir = sharedSocketDir(t)
+	}
+	rt, err := newRuntime(c)
+	require.NoError(t, err)
+	t.Cleanup(rt.Destroy)
+	return rt
+}
+
+var socketDirOnce struct {
+	sync.Once
+	dir string
+}
+
+// sharedSocketDir is one private directory per test binary run.
+func sharedSocketDir(t *testing.T) string {
+	socketDirOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rdt-mp-")
+		if err != nil {
+			panic(err)
+		}
+		socketDirOnce.dir = dir
+	})
+	return socketDirOnce.dir
+}
+
+// request and reply are the parent/child protocol, one JSON object a line.
+type request struct {
+	Op        string   `json:"op"`
+	Transport string   `json:"transport,omitempty"`
+	Sizes     []int    `json:"sizes,omitempty"`
+	Seed      int      `json:"seed,omitempty"`
+	Count     int      `json:"count,omitempty"`
+	Refs      []string `json:"refs,omitempty"`
+	Override  string   `json:"override,omitempty"`
+	Parallel  bool     `json:"parallel,omitempty"`
+}
+
+type reply struct {
+	Refs    []string          `json:"refs,omitempty"`
+	Status  int32             `json:"status,omitempty"`
+	Error   string            `json:"error,omitempty"`
+	Stats   *core.Stats       `json:"stats,omitempty"`
+	Freed   int               `json:"freed,omitempty"`
+	Used    map[string]uint64 `json:"used,omitempty"`
+	Address string            `json:"address,omitempty"`
+	Pid     int               `json:"pid,omitempty"`
+}
+
+// child is a running child process.
+type child struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Scanner
+	pid  int
+	done chan struct{}
+}
+
+func startChild(t *testing.T, c runtimeConfig) *child {
+	t.Helper()
+	if c.SocketDir == "" {
+		c.SocketDir = sharedSocketDir(t)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), roleEnv+"=1"), c.env()...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	outPipe, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(outPipe)
+	sc.Buffer(make([]byte, 1<<20), 256<<20)
+	ch := &child{t: t, cmd: cmd, in: in, out: sc, pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(ch.done) }()
+	t.Cleanup(func() {
+		ch.in.Close()
+		select {
+		case <-ch.done:
+		case <-time.After(10 * time.Second):
+			ch.cmd.Process.Kill()
+			<-ch.done
+		}
+	})
+	hello := ch.call(request{Op: "hello"})
+	require.Empty(t, hello.Error)
+	return ch
+}
+
+func (c *child) call(req request) reply {
+	c.t.Helper()
+	b, _ := json.Marshal(req)
+	_, err := c.in.Write(append(b, '\n'))
+	require.NoError(c.t, err, "child %d is gone", c.pid)
+	require.True(c.t, c.out.Scan(), "child %d exited without answering %s", c.pid, req.Op)
+	var r reply
+	require.NoError(c.t, json.Unmarshal(c.out.Bytes(), &r))
+	return r
+}
+
+func (c *child) kill() {
+	c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.done
+}
+
+// put asks the child to put one object per size list entry... see childMain.
+func (c *child) put(transport string, seed int, sizes ...int) []byte {
+	c.t.Helper()
+	r := c.call(request{Op: "put", Transport: transport, Seed: seed, Sizes: sizes})
+	require.Empty(c.t, r.Error)
+	require.Len(c.t, r.Refs, 1)
+	b, err := base64.StdEncoding.DecodeString(r.Refs[0])
+	require.NoError(c.t, err)
+	return b
+}
+
+func enc(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+func dec(s string) []byte {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// pattern is the content of tensor i of an object put with seed.
+func patternByte(seed, tensor, i int) byte {
+	return byte(seed*31 + tensor*17 + i*7 + i>>9)
+}
+
+// hostMem is memory outside the Go heap, as C or Python memory is.
+func hostMem(n int) []byte {
+	size := max(n, 1)
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		panic(err)
+	}
+	return b[:n]
+}
+
+func freeMem(b []byte) {
+	if cap(b) > 0 {
+		unix.Munmap(b[:cap(b)])
+	}
+}
+
+func tensorOver(b []byte) core.Tensor {
+	d, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(len(b))})
+	if err != nil {
+		panic(err)
+	}
+	var addr uintptr
+	if len(b) > 0 {
+		addr = addrOf(b)
+	}
+	return core.Tensor{TensorDesc: d, Data: addr, Orig: addr}
+}
+
+// targetsFor allocates receive buffers for an object's tensors.
+func targetsFor(desc *core.ObjectDesc) ([]core.Tensor, [][]byte) {
+	ts := make([]core.Tensor, len(desc.Tensors))
+	bufs := make([][]byte, len(desc.Tensors))
+	for i, td := range desc.Tensors {
+		bufs[i] = hostMem(int(td.Nbytes))
+		ts[i] = tensorOver(bufs[i])
+	}
+	return ts, bufs
+}
+
+// checkPattern verifies fetched buffers against the seed's pattern.
+func checkPattern(bufs [][]byte, seed int) error {
+	for t, b := range bufs {
+		for i := range b {
+			if b[i] != patternByte(seed, t, i) {
+				return fmt.Errorf("tensor %d byte %d is %d, want %d", t, i, b[i], patternByte(seed, t, i))
+			}
+		}
+	}
+	return nil
+}

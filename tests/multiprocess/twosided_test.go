@@ -1,0 +1,127 @@
+package multiprocess
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// streamTransport is a two-sided transport for the tests: the destination
+// listens on a Unix socket named in the communicator metadata, and the
+// source runtime's Send connects and writes the tensors. It proves the
+// two-sided orchestration over the control plane between processes.
+type streamTransport struct {
+	dir string
+	mu  sync.Mutex
+	lns map[uint64]net.Listener
+}
+
+func twoSidedFactory() core.TransportFactory {
+	return core.TransportFactory{Name: "stream2", New: func(h core.Host) (core.Transport, error) {
+		return &streamTransport{dir: h.SocketDir(), lns: map[uint64]net.Listener{}}, nil
+	}}
+}
+
+func (s *streamTransport) Name() string               { return "stream2" }
+func (s *streamTransport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU} }
+func (s *streamTransport) OneSided() bool             { return false }
+func (s *streamTransport) CanAbort() bool             { return true }
+func (s *streamTransport) Close() error               { return nil }
+func (s *streamTransport) ExtractMetadata(core.ObjectID, []core.Tensor) ([]byte, error) {
+	return nil, nil
+}
+func (s *streamTransport) GarbageCollect(core.ObjectID, []core.Tensor, []byte) {}
+
+// CommunicatorMetadata runs on the destination: open the socket the source
+// will write to.
+func (s *streamTransport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+	path := filepath.Join(s.dir, "s2-"+x.Object.String()[:8]+"-"+itoa(x.TransferID)+".sock")
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, core.Errorf(core.ErrTransport, "stream2: %v", err)
+	}
+	s.mu.Lock()
+	s.lns[x.TransferID] = ln
+	s.mu.Unlock()
+	return []byte(path), nil
+}
+
+func itoa(v uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[v&15]
+		v >>= 4
+	}
+	return string(b[:])
+}
+
+func (s *streamTransport) Send(x *core.Transfer, tensors []core.Tensor, _, cmeta []byte) error {
+	c, err := net.Dial("unix", string(cmeta))
+	if err != nil {
+		return core.Errorf(core.ErrTransport, "stream2: %v", err)
+	}
+	defer c.Close()
+	for _, t := range tensors {
+		if _, err := c.Write(core.Bytes(t.Data, t.Nbytes)); err != nil {
+			return core.Errorf(core.ErrTransport, "stream2: %v", err)
+		}
+	}
+	return nil
+}
+
+type streamRequest struct {
+	done chan error
+}
+
+func (r *streamRequest) Wait() error { return <-r.done }
+func (r *streamRequest) Release()    {}
+
+func (s *streamTransport) Fetch(x *core.Transfer, targets []core.Tensor, _, _ []byte) (core.Request, error) {
+	s.mu.Lock()
+	ln := s.lns[x.TransferID]
+	s.mu.Unlock()
+	if ln == nil {
+		return nil, core.Errorf(core.ErrInternal, "stream2: no listener for transfer %d", x.TransferID)
+	}
+	r := &streamRequest{done: make(chan error, 1)}
+	go func() {
+		defer s.forget(x.TransferID)
+		c, err := ln.Accept()
+		if err != nil {
+			r.done <- core.Errorf(core.ErrAborted, "stream2: %v", err)
+			return
+		}
+		defer c.Close()
+		for _, t := range targets {
+			if _, err := io.ReadFull(c, core.Bytes(t.Data, t.Nbytes)); err != nil {
+				r.done <- core.Errorf(core.ErrTransport, "stream2: %v", err)
+				return
+			}
+		}
+		r.done <- nil
+	}()
+	return r, nil
+}
+
+func (s *streamTransport) forget(id uint64) {
+	s.mu.Lock()
+	ln := s.lns[id]
+	delete(s.lns, id)
+	s.mu.Unlock()
+	if ln != nil {
+		ln.Close()
+		os.Remove(ln.Addr().String())
+	}
+}
+
+func (s *streamTransport) Abort(x *core.Transfer, _ core.Request) {
+	if x.Role == core.RoleDestination {
+		s.forget(x.TransferID)
+	}
+}

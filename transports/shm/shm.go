@@ -32,8 +32,6 @@ const (
 	// parallelMin: copies at least this large are split between workers.
 	parallelMin = 32 << 20
 	workers     = 2
-	// syncLimit: objects up to this size are copied inside Fetch.
-	syncLimit   = 64 << 10
 	dialTimeout = 5 * time.Second
 	ioTimeout   = 30 * time.Second
 )
@@ -372,11 +370,8 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		}
 	}
 	r := &request{done: make(chan struct{})}
-	if m.Size <= syncLimit {
-		r.err = r.receive(m, targets)
-		close(r.done)
-		return r, nil
-	}
+	// Even small copies run on their own goroutine, so that a fetch of many
+	// refs overlaps their socket round trips.
 	go func() {
 		r.err = r.receive(m, targets)
 		close(r.done)

@@ -29,9 +29,7 @@ const (
 	streamMin = 8 << 20
 	// piece bounds one request, so that a large tensor is a few requests
 	// per stream rather than one huge one.
-	piece = 256 << 20
-	// syncLimit: objects up to this size are pulled inside Fetch.
-	syncLimit   = 64 << 10
+	piece       = 256 << 20
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
 	maxIdle     = 16 // idle connections kept per endpoint
@@ -392,11 +390,10 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if int(m.Tensors) != len(targets) {
 		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: the source describes %d tensors, %d targets given", m.Tensors, len(targets))
 	}
-	var small, total uint64
+	var small uint64
 	var big []job
 	var smallJobs []job
 	for i, tg := range targets {
-		total += tg.Nbytes
 		if tg.Nbytes == 0 {
 			continue
 		}
@@ -414,11 +411,8 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		}
 	}
 	r := &fetchRequest{t: t, meta: m, active: map[net.Conn]struct{}{}, done: make(chan struct{})}
-	if len(big) == 0 && total <= syncLimit {
-		r.err = r.pull(smallJobs)
-		close(r.done)
-		return r, nil
-	}
+	// Even small pulls run on their own goroutine: a fetch of many refs then
+	// overlaps their round trips instead of paying them one after another.
 	go func() {
 		var wg sync.WaitGroup
 		var once sync.Once

@@ -145,15 +145,18 @@ func TestRoundTrip(t *testing.T) {
 	assert.Greater(t, pooled, 1, "several streams were used and returned to the pool")
 }
 
-func TestSmallFetchIsSynchronous(t *testing.T) {
+func TestManySmallTensorsShareOneConnection(t *testing.T) {
 	p := newPair(t, "", "")
-	meta, want := p.put(t, 2, 4096)
-	_, x := buffer(t, 4096)
-	req, err := p.dst.Fetch(&core.Transfer{}, []core.Tensor{x}, meta, nil)
+	sizes := []int{10, 20, 4096, 1 << 20}
+	meta, want := p.put(t, 2, sizes...)
+	got, err := p.fetch(t, meta, sizes...)
 	require.NoError(t, err)
-	assert.True(t, req.(core.CompletedRequest).Completed())
-	require.NoError(t, req.Wait())
-	assert.Equal(t, want[0], core.Bytes(x.Data, 4096))
+	for i := range sizes {
+		assert.Equal(t, want[i], got[i])
+	}
+	p.dst.pmu.Lock()
+	assert.Len(t, p.dst.idle[p.src.endpoint], 1)
+	p.dst.pmu.Unlock()
 }
 
 func TestUnknownObjectIsNotFound(t *testing.T) {

@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test fuzz install clean demo bench
+.PHONY: all test go-test c-test consumer-test fuzz install clean demo bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -26,7 +26,7 @@ $(BUILD)/include/rdt.h: include/rdt.h
 	@mkdir -p $(BUILD)/include
 	cp $< $@
 
-test: go-test c-test
+test: go-test c-test consumer-test
 
 go-test:
 	$(GO) test -race -count=1 ./...
@@ -37,6 +37,11 @@ $(CMAKE_DIR)/CMakeCache.txt:
 c-test: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) --build $(CMAKE_DIR) -j2
 	cd $(CMAKE_DIR) && ctest --output-on-failure
+
+# make install into a temporary prefix, then build the examples as separate
+# projects with find_package(rdt) and with pkg-config, and run them.
+consumer-test: all
+	tests/consumer/run.sh
 
 # Short coverage-guided runs of every fuzz target; the seed corpora live in
 # testdata/fuzz and also run as plain tests under `go test`.

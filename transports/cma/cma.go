@@ -159,7 +159,7 @@ func workerCount() int {
 }
 
 func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU} }
+func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost} }
 func (t *Transport) OneSided() bool             { return true }
 func (t *Transport) CanAbort() bool             { return true }
 

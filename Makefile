@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test consumer-test fuzz install clean demo bench
+.PHONY: all test go-test c-test consumer-test python-test fuzz install clean demo bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -26,7 +26,7 @@ $(BUILD)/include/rdt.h: include/rdt.h
 	@mkdir -p $(BUILD)/include
 	cp $< $@
 
-test: go-test c-test consumer-test
+test: go-test c-test consumer-test python-test
 
 go-test:
 	$(GO) test -race -count=1 ./...
@@ -42,6 +42,23 @@ c-test: $(CMAKE_DIR)/CMakeCache.txt
 # projects with find_package(rdt) and with pkg-config, and run them.
 consumer-test: all
 	tests/consumer/run.sh
+
+# The Python package: a virtualenv with the pinned test requirements, the
+# wheel built once (Go runs inside its build), installed, then pytest.
+PYTHON ?= python3
+VENV   := $(BUILD)/venv
+WHEEL_DIR := $(BUILD)/wheel
+
+$(VENV)/.ready: tests/python/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r tests/python/requirements.txt
+	@touch $@
+
+python-test: $(VENV)/.ready $(BUILD)/librdt.so
+	rm -rf $(WHEEL_DIR) bindings/python/build
+	$(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) ./bindings/python
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/rdt-*.whl
+	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 # Short coverage-guided runs of every fuzz target; the seed corpora live in
 # testdata/fuzz and also run as plain tests under `go test`.
@@ -69,8 +86,10 @@ $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
 demo: $(BUILD)/rdtbench
 	@$(BUILD)/rdtbench demo
 
-bench: $(BUILD)/rdtbench
-	$(BUILD)/rdtbench bench bench/RESULTS.md
+bench: $(BUILD)/rdtbench $(VENV)/.ready
+	PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
+	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
 
 clean:
 	rm -rf $(BUILD)

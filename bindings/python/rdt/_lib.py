@@ -1,0 +1,280 @@
+"""Loads librdt.so (lazily, once) and declares the C ABI for ctypes.
+
+The structures mirror include/rdt.h field for field. Calls go through
+ctypes.CDLL, which releases the GIL for the duration of each call: rdt's
+threads call back into Python (transports, release callbacks) while a
+Python thread waits in rdt_get, and that must not deadlock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32,
+                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
+                    c_void_p)
+from pathlib import Path
+from typing import Optional
+
+from ._errors import ForkedError, error_for
+
+ABI_VERSION = 1
+OBJECT_ID_LEN = 32
+NAME_MAX = 63
+MAX_NDIM = 64
+MAX_DEVICES = 8
+
+OK = 0
+ERR_TIMEOUT = -4
+ERR_USER = -100
+
+DEVICE_CPU = 1
+DEVICE_CUDA = 2
+DEVICE_CUDA_HOST = 3
+DEVICE_ROCM = 10
+DEVICE_CUDA_MANAGED = 13
+
+RUNTIME_IN_PROCESS = 1 << 0
+RUNTIME_NO_BUILTIN_TRANSPORTS = 1 << 1
+
+TRANSPORT_ONE_SIDED = 1 << 0
+TRANSPORT_CAN_ABORT = 1 << 1
+TRANSPORT_BUILTIN = 1 << 2
+
+ROLE_SOURCE = 1
+ROLE_DESTINATION = 2
+
+
+class Device(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class Tensor(Structure):
+    """rdt_tensor, layout-compatible with DLPack's DLTensor."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", Device),
+        ("ndim", c_int32),
+        ("dtype", DType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class RuntimeOptions(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("abi_version", c_uint32),
+        ("name", c_char_p),
+        ("log_level", c_int32),
+        ("flags", c_uint32),
+        ("lease_ms", c_int64),
+        ("peer_timeout_ms", c_int64),
+        ("listen_tcp", c_char_p),
+        ("auth_token", c_char_p),
+        ("advertise_host", c_char_p),
+        ("socket_dir", c_char_p),
+        ("host_id", c_char_p),
+    ]
+
+
+class FetchOptions(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p)]
+
+
+class ObjectInfo(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("num_tensors", c_uint32),
+        ("object_id", c_char * (OBJECT_ID_LEN + 1)),
+        ("transport", c_char * (NAME_MAX + 1)),
+        ("is_owner", c_int32),
+        ("nbytes", c_uint64),
+    ]
+
+
+class TensorInfo(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("ndim", c_int32),
+        ("device", Device),
+        ("dtype", DType),
+        ("nbytes", c_uint64),
+        ("shape", c_int64 * MAX_NDIM),
+    ]
+
+
+class Transfer(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("role", c_uint32),
+        ("object_id", c_char_p),
+        ("transfer_id", c_uint64),
+        ("transport", c_char_p),
+        ("source_runtime", c_char_p),
+        ("source_address", c_char_p),
+        ("destination_runtime", c_char_p),
+        ("destination_address", c_char_p),
+    ]
+
+
+class TransportInfo(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("name", c_char * (NAME_MAX + 1)),
+        ("num_devices", c_uint32),
+        ("devices", c_int32 * MAX_DEVICES),
+        ("transfers_completed", c_uint64),
+        ("transfers_failed", c_uint64),
+        ("bytes_received", c_uint64),
+        ("sends_completed", c_uint64),
+        ("bytes_sent", c_uint64),
+    ]
+
+
+class Stats(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32)] + [
+        (name, c_uint64)
+        for name in (
+            "objects", "objects_freed", "refs", "borrows", "borrowed_objects",
+            "refs_in_transit", "leases_expired", "fetches_active",
+            "transfers_completed", "transfers_failed", "bytes_received",
+            "sends_completed", "bytes_sent", "local_copies", "peers",
+        )
+    ]
+
+
+def init(struct: Structure) -> Structure:
+    """Sets struct_size, as the header's *_init functions do."""
+    struct.struct_size = ctypes.sizeof(struct)
+    return struct
+
+
+# Callback types of rdt_transport_vtable and rdt_release_fn.
+ReleaseFn = CFUNCTYPE(None, c_void_p)
+FreeUserDataFn = CFUNCTYPE(None, c_void_p)
+ExtractMetadataFn = CFUNCTYPE(c_int32, c_void_p, c_char_p, POINTER(Tensor), c_size_t, c_void_p)
+CommunicatorMetadataFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), c_void_p)
+SendFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
+                   c_void_p, c_size_t, c_void_p, c_size_t)
+RecvFn = SendFn
+FetchFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
+                    c_void_p, c_size_t, c_void_p, c_size_t, POINTER(c_void_p))
+WaitFn = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_int64)
+ReleaseRequestFn = CFUNCTYPE(None, c_void_p, c_void_p)
+GarbageCollectFn = CFUNCTYPE(None, c_void_p, c_char_p, POINTER(Tensor), c_size_t, c_void_p, c_size_t)
+AbortFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), c_void_p)
+
+
+class TransportVTable(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("user_data", c_void_p),
+        ("free_user_data", FreeUserDataFn),
+        ("extract_metadata", ExtractMetadataFn),
+        ("communicator_metadata", CommunicatorMetadataFn),
+        ("send", SendFn),
+        ("recv", RecvFn),
+        ("fetch", FetchFn),
+        ("wait", WaitFn),
+        ("release_request", ReleaseRequestFn),
+        ("garbage_collect", GarbageCollectFn),
+        ("abort", AbortFn),
+    ]
+
+
+_SIGNATURES = {
+    "rdt_version": (c_char_p, []),
+    "rdt_abi_version": (c_uint32, []),
+    "rdt_status_string": (c_char_p, [c_int32]),
+    "rdt_last_error": (c_char_p, []),
+    "rdt_runtime_create": (c_int32, [POINTER(RuntimeOptions), POINTER(c_void_p)]),
+    "rdt_runtime_destroy": (c_int32, [c_void_p]),
+    "rdt_runtime_address": (c_int32, [c_void_p, POINTER(c_char_p)]),
+    "rdt_put": (c_int32, [c_void_p, POINTER(Tensor), c_size_t, c_char_p, ReleaseFn, c_void_p,
+                          POINTER(c_void_p)]),
+    "rdt_ref_clone": (c_int32, [c_void_p, POINTER(c_void_p)]),
+    "rdt_ref_release": (c_int32, [c_void_p]),
+    "rdt_ref_serialize": (c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "rdt_bytes_free": (None, [c_void_p]),
+    "rdt_ref_deserialize": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(c_void_p)]),
+    "rdt_ref_info": (c_int32, [c_void_p, POINTER(ObjectInfo)]),
+    "rdt_ref_tensor_info": (c_int32, [c_void_p, c_uint32, POINTER(TensorInfo)]),
+    "rdt_fetch_start": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(Tensor), c_size_t,
+                                  POINTER(FetchOptions), POINTER(c_void_p)]),
+    "rdt_fetch_wait": (c_int32, [c_void_p, c_int64]),
+    "rdt_fetch_abort": (c_int32, [c_void_p]),
+    "rdt_fetch_free": (c_int32, [c_void_p]),
+    "rdt_get": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(Tensor), c_size_t,
+                          POINTER(FetchOptions), c_int64]),
+    "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
+    "rdt_buffer_set": (c_int32, [c_void_p, c_void_p, c_size_t]),
+    "rdt_set_error": (None, [c_char_p]),
+    "rdt_register_transport": (c_int32, [c_void_p, c_char_p, POINTER(c_int32), c_size_t,
+                                         POINTER(TransportVTable)]),
+    "rdt_transport_list": (c_int32, [c_void_p, POINTER(TransportInfo), c_size_t, POINTER(c_size_t)]),
+    "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_pid: Optional[int] = None
+
+
+def library_path() -> str:
+    """$RDT_LIBRARY, else the librdt.so bundled in this package."""
+    env = os.environ.get("RDT_LIBRARY")
+    if env:
+        return env
+    return str(Path(__file__).with_name("librdt.so"))
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library. The first call loads it; a call in a process
+    forked after that fails, because the Go runtime inside does not survive
+    fork."""
+    global _lib, _pid
+    if _lib is not None:
+        if _pid != os.getpid():
+            raise ForkedError(
+                "rdt was loaded in process %d and this is a child forked from it; the library cannot "
+                "run after fork. Start workers with multiprocessing's 'spawn' or 'forkserver' "
+                "start method (multiprocessing.set_start_method('spawn'))." % _pid, -13)
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            if not os.path.exists(path):
+                raise ImportError(
+                    f"librdt.so not found at {path}: install the rdt package with pip (it builds the "
+                    "library with Go) or set RDT_LIBRARY to a built librdt.so")
+            handle = ctypes.CDLL(path)
+            for name, (res, args) in _SIGNATURES.items():
+                fn = getattr(handle, name)
+                fn.restype = res
+                fn.argtypes = args
+            if handle.rdt_abi_version() != ABI_VERSION:
+                raise ImportError(
+                    f"{path} implements rdt ABI {handle.rdt_abi_version()}, this package needs {ABI_VERSION}")
+            _pid = os.getpid()
+            _lib = handle
+    return lib()
+
+
+def last_error() -> str:
+    return (lib().rdt_last_error() or b"").decode("utf-8", "replace")
+
+
+def check(status: int) -> None:
+    """Raises the exception for a failed call (with this thread's message)."""
+    if status != OK:
+        raise error_for(status, last_error() or lib().rdt_status_string(status).decode())

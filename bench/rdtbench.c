@@ -724,6 +724,40 @@ static int bench_main(const char *path) {
   return 0;
 }
 
+/* The C side of bench/python_bench.py: the same two measurements, so the
+ * Python binding's overhead is a difference taken in one run. */
+static int compare_main(void) {
+  rdt_runtime *a = receiver_runtime(), *b = receiver_runtime();
+  enum { N = 5000 };
+  static char src[4096], dst[4096];
+  int64_t shape[1] = {4096};
+  double *t = calloc(N, sizeof *t);
+  for (int i = 0; i < N; i++) {
+    double t0 = now();
+    rdt_tensor in = byte_tensor(src, shape), out = byte_tensor(dst, shape);
+    rdt_ref *ref, *borrowed;
+    void *bytes;
+    size_t n;
+    check(rdt_put(a, &in, 1, NULL, NULL, NULL, &ref), "put");
+    check(rdt_ref_serialize(ref, &bytes, &n), "serialize");
+    check(rdt_ref_deserialize(b, bytes, n, &borrowed), "deserialize");
+    rdt_bytes_free(bytes);
+    check(rdt_get(b, &borrowed, 1, &out, 1, NULL, 10000), "get");
+    check(rdt_ref_release(borrowed), "release");
+    check(rdt_ref_release(ref), "release");
+    t[i] = now() - t0;
+  }
+  printf("roundtrip_4k_us %.2f\n", percentile(t, N, 0.5) * 1e6);
+  free(t);
+  struct source s = spawn_source();
+  struct result r = measure(b, &s, "auto", 64 * MiB);
+  printf("get_64m_gbps %.3f\n", r.gbps);
+  stop_source(&s);
+  check(rdt_runtime_destroy(b), "destroy");
+  check(rdt_runtime_destroy(a), "destroy");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   self_path = "/proc/self/exe";
   signal(SIGPIPE, SIG_IGN);
@@ -735,6 +769,7 @@ int main(int argc, char **argv) {
   }
   if (argc >= 2 && strcmp(argv[1], "source") == 0) return source_main();
   if (argc >= 2 && strcmp(argv[1], "demo") == 0) return demo_main();
+  if (argc >= 2 && strcmp(argv[1], "compare") == 0) return compare_main();
   if (argc >= 2 && strcmp(argv[1], "bench") == 0) return bench_main(argc >= 3 ? argv[2] : NULL);
   fprintf(stderr, "usage: %s demo | bench [RESULTS.md]\n", argv[0]);
   return 2;

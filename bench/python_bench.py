@@ -1,0 +1,81 @@
+"""The Python binding against the C ABI, measured in one run.
+
+    python bench/python_bench.py build/rdtbench
+
+Measures (1) a 4 KiB put, serialize, deserialize, get and release round trip
+between two runtimes, and (2) a 64 MiB get from another process, both from
+Python and, through `rdtbench compare`, from C. Prints a Markdown section.
+"""
+
+import multiprocessing as mp
+import pickle
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import rdt
+
+
+def roundtrip_us(n: int = 5000) -> float:
+    with rdt.Runtime("py-a") as a, rdt.Runtime("py-b") as b:
+        src = np.zeros(4096, dtype=np.uint8)
+        dst = np.empty(4096, dtype=np.uint8)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ref = a.put(src)
+            borrowed = b.deserialize(ref.serialize(), ref._skeleton, ref._frameworks)
+            b.get(borrowed, out=dst)
+            borrowed.close()
+            ref.close()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+
+def _source(conn) -> None:
+    x = np.arange(8 << 20, dtype=np.float64)  # 64 MiB
+    ref = rdt.put(x)
+    conn.send(pickle.dumps(ref))
+    conn.recv()
+
+
+def get_64m_gbps(rounds: int = 20) -> float:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_source, args=(child,))
+    p.start()
+    ref = pickle.loads(parent.recv())
+    out = np.zeros(8 << 20, dtype=np.float64)
+    rdt.get(ref, out=out)
+    assert out[-1] == (8 << 20) - 1
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        rdt.get(ref, out=out)
+        times.append(time.perf_counter() - t0)
+    ref.close()
+    parent.send("done")
+    p.join()
+    return (64 << 20) / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    c = dict(line.split() for line in subprocess.run([sys.argv[1], "compare"], capture_output=True, text=True,
+                                                      check=True).stdout.splitlines())
+    c_rt, c_gb = float(c["roundtrip_4k_us"]), float(c["get_64m_gbps"])
+    py_rt, py_gb = roundtrip_us(), get_64m_gbps()
+    over = py_rt - c_rt
+    ratio = py_gb / c_gb
+    print("\n## Python binding against C, same run\n")
+    print("| measurement | C | Python | difference | target | met |\n|---|---|---|---|---|---|")
+    print(f"| 4 KiB put+get round trip (p50) | {c_rt:.1f} µs | {py_rt:.1f} µs | +{over:.1f} µs | "
+          f"≤ +30 µs | {'yes' if over <= 30 else '**no**'} |")
+    print(f"| 64 MiB get from another process | {c_gb:.2f} GB/s | {py_gb:.2f} GB/s | {ratio:.2f}x | "
+          f"≥ 0.95x | {'yes' if ratio >= 0.95 else '**no**'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""The examples in examples/python run and print what they promise."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name,expect", [
+    ("two_processes.py", "step 42 layer0 (1024, 1024) float32"),
+    ("receive_into_buffers.py", "[0.0, 1.0, 2.0, 3.0]"),
+    ("custom_transport.py", "over pyshm : [0 1 2 3 4 5 6 7 8 9]"),
+])
+def test_example(name, expect):
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert expect in out.stdout

@@ -100,7 +100,9 @@ func TestSocketsPeerGoneReturnsBorrows(t *testing.T) {
 	require.NoError(t, err)
 	borrower.Destroy()
 	eventually(t, func() bool { return released.Load() == 1 }, "freed once the borrower disconnected")
-	assert.Equal(t, uint64(0), owner.Stats().Peers)
+	// The borrow may come back (unborrow at destroy) before the owner has
+	// seen the connection close.
+	eventually(t, func() bool { return owner.Stats().Peers == 0 }, "the peer is dropped")
 }
 
 func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {

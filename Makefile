@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test consumer-test python-test fuzz install clean demo bench
+.PHONY: all test go-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -26,7 +26,7 @@ $(BUILD)/include/rdt.h: include/rdt.h
 	@mkdir -p $(BUILD)/include
 	cp $< $@
 
-test: go-test c-test consumer-test python-test
+test: go-test c-test sanitize-test consumer-test python-test
 
 go-test:
 	$(GO) test -race -count=1 ./...
@@ -37,6 +37,15 @@ $(CMAKE_DIR)/CMakeCache.txt:
 c-test: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) --build $(CMAKE_DIR) -j2
 	cd $(CMAKE_DIR) && ctest --output-on-failure
+
+# The C and C++ suites again, built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (see docs/cpp.md for the one suppression).
+ASAN_DIR := $(BUILD)/asan
+sanitize-test:
+	$(CMAKE) -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Debug -DRDT_BUILD_TESTS=ON -DRDT_SANITIZE=ON >/dev/null
+	$(CMAKE) --build $(ASAN_DIR) -j2
+	cd $(ASAN_DIR) && LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
+		UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 
 # make install into a temporary prefix, then build the examples as separate
 # projects with find_package(rdt) and with pkg-config, and run them.

@@ -58,9 +58,12 @@ PYTHON ?= python3
 VENV   := $(BUILD)/venv
 WHEEL_DIR := $(BUILD)/wheel
 
-$(VENV)/.ready: tests/python/requirements.txt
+# torch (CUDA build, about 5.4 GB) is installed too unless RDT_TEST_TORCH=0.
+RDT_TEST_TORCH ?= 1
+$(VENV)/.ready: tests/python/requirements.txt tests/python/requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -r tests/python/requirements.txt
+	if [ "$(RDT_TEST_TORCH)" != 0 ]; then $(VENV)/bin/pip install -q -r tests/python/requirements-torch.txt; fi
 	@touch $@
 
 python-test: $(VENV)/.ready $(BUILD)/librdt.so

@@ -84,6 +84,24 @@ def test_torch_round_trip():
         assert torch.equal(x, y)
 
 
+def test_torch_across_processes_keeps_framework_and_dtypes(ctx):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    p, conn = start(ctx, workers.serve, None, "torch")
+    (ref,) = pickle.loads(conn.recv())
+    v = rdt.get(ref)
+    assert isinstance(v["f32"], torch.Tensor) and isinstance(v["np"], np.ndarray)
+    assert v["bf16"].dtype == torch.bfloat16 and v["i64"].shape == ()
+    assert torch.equal(v["f32"], torch.arange(12, dtype=torch.float32).reshape(3, 4))
+    assert torch.equal(v["bf16"], torch.arange(6, dtype=torch.bfloat16))
+    assert int(v["i64"]) == 7
+    out = [torch.empty(3, 4), torch.empty(6, dtype=torch.bfloat16), torch.empty((), dtype=torch.int64),
+           np.empty(3, dtype=np.int64)]
+    rdt.get(ref, out=out)
+    assert torch.equal(out[0], v["f32"])
+    ref.close()
+    finish(p, conn)
+
+
 def test_receive_into_buffers_and_wrong_out_shapes(ctx):
     p, conn = start(ctx, workers.serve, None, "big")
     (ref,) = pickle.loads(conn.recv())

@@ -32,6 +32,11 @@ def serve(conn, transport=None, what="dtypes", register=None):
         values = [{"a": [np.ones(3), (np.arange(4), "text", 7)], "b": {"c": np.full((2, 2), 9.0)}, "d": None}]
     elif what == "dlpack":
         values = [tt.DLPackOnly(np.arange(12, dtype=np.int32).reshape(3, 4))]
+    elif what == "torch":
+        import torch
+        values = [{"f32": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                   "bf16": torch.arange(6, dtype=torch.bfloat16), "i64": torch.tensor(7),
+                   "np": np.arange(3)}]
     elif what == "big":
         values = [np.arange(4 << 20, dtype=np.float64)]
     else:

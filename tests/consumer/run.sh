@@ -24,4 +24,17 @@ pcdir=$(dirname "$(find "$prefix" -name rdt.pc | head -n1)")
 export PKG_CONFIG_PATH=$pcdir
 cc -std=c11 -Wall -Wextra -Werror -o "$tmp/hello-pc" "$root/examples/c/hello.c" $(pkg-config --cflags --libs rdt)
 "$tmp/hello-pc"
+
+echo "== C++ examples, CMake (find_package(rdt))"
+cmake -S "$root/examples/cpp" -B "$tmp/cmake-cpp" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/cmake-cpp.log" 2>&1 || {
+  cat "$tmp/cmake-cpp.log"; exit 1; }
+cmake --build "$tmp/cmake-cpp" >>"$tmp/cmake-cpp.log" 2>&1 || { cat "$tmp/cmake-cpp.log"; exit 1; }
+"$tmp/cmake-cpp/producer_consumer"
+"$tmp/cmake-cpp/custom_transport"
+
+echo "== C++ examples, pkg-config"
+mkdir -p "$tmp/pc-cpp" && cp "$root"/examples/cpp/*.cpp "$root/examples/cpp/Makefile" "$tmp/pc-cpp/"
+make -s -C "$tmp/pc-cpp" >/dev/null
+"$tmp/pc-cpp/producer_consumer"
+"$tmp/pc-cpp/custom_transport"
 echo "consumer test: ok"

@@ -62,14 +62,26 @@ def get_64m_gbps(rounds: int = 20) -> float:
     return (64 << 20) / statistics.median(times) / 1e9
 
 
+def c_side(rdtbench: str) -> dict:
+    out = subprocess.run([rdtbench, "compare"], capture_output=True, text=True, check=True).stdout
+    return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
+
+
 def main() -> None:
-    c = dict(line.split() for line in subprocess.run([sys.argv[1], "compare"], capture_output=True, text=True,
-                                                      check=True).stdout.splitlines())
-    c_rt, c_gb = float(c["roundtrip_4k_us"]), float(c["get_64m_gbps"])
-    py_rt, py_gb = roundtrip_us(), get_64m_gbps()
+    # On two cores the Go runtime's threads and the benchmark share the CPUs
+    # and a single run is bimodal; interleave three runs of each side and keep
+    # each side's best median.
+    c_runs, py_rts, py_gbs = [], [], []
+    for _ in range(3):
+        c_runs.append(c_side(sys.argv[1]))
+        py_rts.append(roundtrip_us())
+        py_gbs.append(get_64m_gbps())
+    c_rt = min(r["roundtrip_4k_us"] for r in c_runs)
+    c_gb = max(r["get_64m_gbps"] for r in c_runs)
+    py_rt, py_gb = min(py_rts), max(py_gbs)
     over = py_rt - c_rt
     ratio = py_gb / c_gb
-    print("\n## Python binding against C, same run\n")
+    print("\n## Python binding against C, same run (best of three interleaved runs each)\n")
     print("| measurement | C | Python | difference | target | met |\n|---|---|---|---|---|---|")
     print(f"| 4 KiB put+get round trip (p50) | {c_rt:.1f} µs | {py_rt:.1f} µs | +{over:.1f} µs | "
           f"≤ +30 µs | {'yes' if over <= 30 else '**no**'} |")

@@ -460,25 +460,34 @@ static void out(const char *fmt, ...) {
   }
 }
 
+/* Baselines report their best run: the machine's limit, so that the
+ * transports' ratios (taken at their median) err on the low side. */
+static double best(const double *t, int n) {
+  double m = t[0];
+  for (int i = 1; i < n; i++) m = t[i] < m ? t[i] : m;
+  return m;
+}
+
 static double baseline_memcpy(uint64_t size) {
   char *a = map(size), *b = map(size);
   memset(a, 1, size);
   memset(b, 2, size);
-  double best[9];
-  int n = size >= GiB ? 3 : 9;
+  double times[20];
+  int n = size >= GiB ? 5 : 20;
   for (int i = 0; i < n; i++) {
     double t0 = now();
     memcpy(b, a, size);
-    best[i] = now() - t0;
+    times[i] = now() - t0;
   }
-  double m = percentile(best, n, 0.5);
+  double m = best(times, n);
   munmap(a, size);
   munmap(b, size);
   return (double)size / m / 1e9;
 }
 
-/* One thread reads another process's buffer with process_vm_readv in 4 MiB
- * calls: what a hand-written cross-memory copy achieves. */
+/* One thread reads another process's buffer with process_vm_readv: what a
+ * hand-written cross-memory copy achieves. The best of 256 KiB, 1 MiB and
+ * 4 MiB calls. */
 static double baseline_vm_readv(struct source *s, uint64_t size) {
   char *line = ask(s, "raw %" PRIu64 "\n", size);
   int pid;
@@ -488,19 +497,23 @@ static double baseline_vm_readv(struct source *s, uint64_t size) {
   memset(dst, 0, size);
   int n = iterations_for(size);
   double *t = calloc((size_t)n, sizeof *t);
-  const size_t chunk = 4 * MiB;
-  for (int i = 0; i < n; i++) {
-    double t0 = now();
-    for (uint64_t off = 0; off < size;) {
-      size_t len = size - off < chunk ? size - off : chunk;
-      struct iovec l = {dst + off, len}, r = {(void *)(addr + off), len};
-      ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
-      if (got <= 0) die("process_vm_readv: %s", strerror(errno));
-      off += (uint64_t)got;
+  const size_t chunks[] = {256 * KiB, 1 * MiB, 4 * MiB};
+  double m = 1e30;
+  for (int c = 0; c < 3; c++) {
+    for (int i = 0; i < n; i++) {
+      double t0 = now();
+      for (uint64_t off = 0; off < size;) {
+        size_t len = size - off < chunks[c] ? size - off : chunks[c];
+        struct iovec l = {dst + off, len}, r = {(void *)(addr + off), len};
+        ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (got <= 0) die("process_vm_readv: %s", strerror(errno));
+        off += (uint64_t)got;
+      }
+      t[i] = now() - t0;
     }
-    t[i] = now() - t0;
+    double b = best(t, n);
+    m = b < m ? b : m;
   }
-  double m = percentile(t, n, 0.5);
   free(t);
   munmap(dst, size);
   return (double)size / m / 1e9;
@@ -535,8 +548,7 @@ static double baseline_tcp(struct source *s, uint64_t size) {
     }
     t[i] = now() - t0;
   }
-  double m = percentile(t, n, 0.5);
-  if (size == 4 * KiB) m = percentile(t, n, 0.5);
+  double m = best(t, n);
   free(t);
   munmap(dst, size);
   return (double)size / m / 1e9;
@@ -645,7 +657,9 @@ static int bench_main(const char *path) {
   out("# rdt benchmark results\n\nWritten by `make bench`. Source and receiver are separate "
       "processes; the receiver fetches into buffers it has touched before (as a real "
       "consumer reusing its buffers does). Throughput is bytes over the median time of one "
-      "whole `rdt_get` through the C ABI.\n\n");
+      "whole `rdt_get` through the C ABI; baselines report their best run (the machine's limit), "
+      "so ratios err low. The pickle baseline is end to end: the producer pickles and writes, the "
+      "consumer reads and unpickles.\n\n");
   machine_description();
   rdt_runtime *rt = receiver_runtime();
   struct source s = spawn_source();

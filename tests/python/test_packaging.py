@@ -30,8 +30,8 @@ def test_wheel_is_platform_tagged_and_works_without_go(tmp_path):
     py = str(venv / "bin" / "python")
     # numpy comes from pip's cache or index; the wheel itself needs nothing built.
     import numpy
-    subprocess.run([py, "-m", "pip", "install", "-q", whl, f"numpy=={numpy.__version__}"], check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RDT_LIBRARY", "PYTHONPATH")}
+    subprocess.run([py, "-m", "pip", "install", "-q", whl, f"numpy=={numpy.__version__}"], check=True, env=env)
     env["PATH"] = str(venv / "bin") + ":/usr/bin:/bin"
     assert shutil.which("go", path=env["PATH"]) is None, "go must not be on PATH for this check"
     smoke = textwrap.dedent("""

@@ -250,3 +250,18 @@ def test_fork_after_loading_is_a_clear_error():
     msg = q.get(timeout=30)
     p.join(30)
     assert msg.startswith("forked:") and "spawn" in msg
+
+
+def test_put_keeps_objects_alive_only_until_freed():
+    from rdt import runtime as R
+    x = np.arange(1000.0)
+    with rdt.Runtime("keep") as rt:
+        for _ in range(300):  # the same buffer, put and released again and again
+            rt.put(x).close()
+        rt.wait_tensor_freed(x, timeout=10)
+        R._sweep(force=True)
+        assert len(R._keep) < 10
+        ref = rt.put(np.arange(5.0))  # no other reference to this array: rdt keeps it
+        import gc
+        gc.collect()
+        assert rt.get(rt.deserialize(ref.serialize(), ref._skeleton, ref._frameworks)).tolist() == [0, 1, 2, 3, 4]

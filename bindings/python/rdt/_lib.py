@@ -228,6 +228,17 @@ _SIGNATURES = {
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _pid: Optional[int] = None
+_forked = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    if _lib is not None:
+        _forked = True
+
+
+# A flag set at fork costs nothing per call, unlike comparing getpid().
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def library_path() -> str:
@@ -242,14 +253,18 @@ def lib() -> ctypes.CDLL:
     """The loaded library. The first call loads it; a call in a process
     forked after that fails, because the Go runtime inside does not survive
     fork."""
-    global _lib, _pid
-    if _lib is not None:
-        if _pid != os.getpid():
-            raise ForkedError(
-                "rdt was loaded in process %d and this is a child forked from it; the library cannot "
-                "run after fork. Start workers with multiprocessing's 'spawn' or 'forkserver' "
-                "start method (multiprocessing.set_start_method('spawn'))." % _pid, -13)
+    if _lib is not None and not _forked:
         return _lib
+    return _load()
+
+
+def _load() -> ctypes.CDLL:
+    global _lib, _pid
+    if _forked:
+        raise ForkedError(
+            "rdt was loaded in process %d and this is a child forked from it; the library cannot "
+            "run after fork. Start workers with multiprocessing's 'spawn' or 'forkserver' "
+            "start method (multiprocessing.set_start_method('spawn'))." % _pid, -13)
     with _lock:
         if _lib is None:
             path = library_path()
@@ -267,7 +282,7 @@ def lib() -> ctypes.CDLL:
                     f"{path} implements rdt ABI {handle.rdt_abi_version()}, this package needs {ABI_VERSION}")
             _pid = os.getpid()
             _lib = handle
-    return lib()
+    return _lib
 
 
 def last_error() -> str:

@@ -194,6 +194,8 @@ def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...]) -> Ob
 
 # ---- runtimes --------------------------------------------------------------
 
+_VP1 = ctypes.c_void_p * 1
+
 _LOG_LEVELS = {None: 0, "off": 1, "error": 2, "warn": 3, "info": 4, "debug": 5}
 _runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
@@ -298,7 +300,7 @@ class Runtime(Handle):
             _flatten(out, outs)
             views = _t.check_out(outs, flat)
             results = outs
-        handles = (ctypes.c_void_p * len(lst))(*[r._handle() for r in lst])
+        handles = (_VP1 if len(lst) == 1 else ctypes.c_void_p * len(lst))(*[r._handle() for r in lst])
         targets = (_lib.Tensor * max(len(views), 1))(*[v.tensor for v in views])
         fo = None
         if transport:

@@ -55,6 +55,9 @@ class TensorDesc:
         return _DL_TO_NP.get((self.code, self.bits)) if self.lanes == 1 else None
 
 
+_SHAPE_TYPES = [ctypes.c_int64 * max(i, 1) for i in range(9)]
+
+
 class View:
     """An rdt_tensor over a Python object's memory, with what keeps the
     memory alive and which framework made it."""
@@ -66,17 +69,12 @@ class View:
         self.data = data
         self.keepalive = keepalive
         self.framework = framework
-        self.shape_array = (ctypes.c_int64 * max(len(desc.shape), 1))(*desc.shape)
-        t = _lib.Tensor()
-        t.data = data or None
-        t.device.device_type = desc.device_type
-        t.device.device_id = desc.device_id
-        t.ndim = len(desc.shape)
-        t.dtype.code, t.dtype.bits, t.dtype.lanes = desc.code, desc.bits, desc.lanes
-        t.shape = ctypes.cast(self.shape_array, ctypes.POINTER(ctypes.c_int64))
-        t.strides = None
-        t.byte_offset = 0
-        self.tensor = t
+        n = len(desc.shape)
+        self.shape_array = (_SHAPE_TYPES[n] if n < len(_SHAPE_TYPES) else ctypes.c_int64 * n)(*desc.shape)
+        # Built in one constructor call: attribute by attribute costs more
+        # than the rest of a small put.
+        self.tensor = _lib.Tensor(data or None, _lib.Device(desc.device_type, desc.device_id), n,
+                                  _lib.DType(desc.code, desc.bits, desc.lanes), self.shape_array, None, 0)
 
 
 def _torch():

@@ -7,10 +7,11 @@ import (
 	"github.com/rdt-project/rdt/core"
 )
 
-// The data protocol. After the handshake a connection carries requests,
-// one at a time: the client sends a fixed-size request frame and the server
-// answers with a response header, then (when the status is OK) exactly the
-// requested bytes. Little endian throughout.
+// The data protocol. After the handshake a connection carries requests:
+// the client sends fixed-size request frames (several may be in flight; the
+// server answers them in order) and the server answers each with a response
+// header, then (when the status is OK) exactly the requested bytes. Little
+// endian throughout.
 //
 //	handshake  server → client: "RTCPDATA", version u8, nonce [32]
 //	           client → server: proof [32] (HMAC of the token over the nonce)
@@ -27,9 +28,10 @@ const (
 	requestMagic = "RTQ1"
 	requestLen   = 4 + 16 + 4 + 4 + 8 + 8
 	responseLen  = 4 + 4
-	// maxRequest bounds the bytes one request may ask for; clients cut
-	// tensors into pieces no larger.
-	maxRequest = 1 << 30
+	// maxChunk bounds the bytes one request may ask for; clients cut
+	// tensors into pieces no larger (and pipeline them, so the size costs
+	// no round trips).
+	maxChunk = 64 << 20
 	// maxMessage bounds an error message on the wire.
 	maxMessage  = 4096
 	authPurpose = "rdt-tcp-data"
@@ -52,8 +54,10 @@ func (r *request) encode(b []byte) []byte {
 	return b
 }
 
-// decodeRequest parses a request frame. It checks the frame's own fields;
-// the server checks the range against the object.
+// decodeRequest parses a request frame. It checks the frame's own fields
+// (an error means the stream is not framed and closes the connection); the
+// server checks the range, length included, and refuses a bad one with the
+// connection kept.
 func decodeRequest(b []byte) (request, error) {
 	var r request
 	if len(b) != requestLen {
@@ -69,12 +73,6 @@ func decodeRequest(b []byte) (request, error) {
 	}
 	r.Offset = binary.LittleEndian.Uint64(b[28:])
 	r.Length = binary.LittleEndian.Uint64(b[36:])
-	if r.Length > maxRequest {
-		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request for %d bytes exceeds the %d-byte limit", r.Length, maxRequest)
-	}
-	if r.Offset+r.Length < r.Offset {
-		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request range overflows")
-	}
 	return r, nil
 }
 

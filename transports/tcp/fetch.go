@@ -1,0 +1,524 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// piece is one request's worth of a target: a byte range of one tensor,
+// at most maxChunk long, and the memory it lands in.
+type piece struct {
+	tensor uint32
+	offset uint64
+	dst    []byte
+}
+
+// stream pulls a list of pieces over one connection. It keeps up to window
+// request frames in flight and reads each answer straight into its piece's
+// target; it remembers partial progress, so a read that stops early (the
+// inline budget) can be resumed by another goroutine.
+type stream struct {
+	r      *fetchRequest
+	c      net.Conn
+	pieces []piece
+	sent   int // request frames written
+	done   int // pieces fully received
+	hdr    [responseLen]byte
+	hdrGot int
+	st     core.Status
+	msg    []byte // a refusal's message
+	msgGot int
+	got    int // bytes of pieces[done] received
+	frames []byte
+}
+
+func (s *stream) bytesLeft() uint64 {
+	var n uint64
+	for _, p := range s.pieces[s.done:] {
+		n += uint64(len(p.dst))
+	}
+	return n - uint64(s.got)
+}
+
+// sendMore tops the window up once half of it has been answered.
+func (s *stream) sendMore() error {
+	if s.sent == len(s.pieces) || s.sent-s.done > window/2 {
+		return nil
+	}
+	b := s.frames[:0]
+	for s.sent < len(s.pieces) && s.sent-s.done < window {
+		p := &s.pieces[s.sent]
+		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Offset: p.offset, Length: uint64(len(p.dst))}).encode(b)
+		s.sent++
+	}
+	s.frames = b
+	_, err := s.c.Write(b)
+	return err
+}
+
+// errBudget: the inline reader ran out of time; the stream is intact.
+var errBudget = errors.New("tcp: inline budget spent")
+
+// advance receives until every piece is in. read returns at least one byte
+// or an error. Errors other than errBudget come back as rdt errors.
+func (s *stream) advance(read func([]byte) (int, error)) error {
+	for s.done < len(s.pieces) {
+		if err := s.sendMore(); err != nil {
+			return s.r.ioError(err)
+		}
+		p := &s.pieces[s.done]
+		var n int
+		var err error
+		switch {
+		case s.hdrGot < responseLen:
+			n, err = read(s.hdr[s.hdrGot:])
+			s.hdrGot += n
+			if err == nil && s.hdrGot == responseLen {
+				var mlen int
+				s.st, mlen, err = decodeResponseHeader(s.hdr[:])
+				if err == nil && s.st == core.OK && mlen != 0 {
+					err = core.Errorf(core.ErrCorrupt, "tcp: %s answered OK with a message", s.r.meta.Endpoint)
+				}
+				if err != nil {
+					return err
+				}
+				s.msg, s.msgGot = make([]byte, mlen), 0
+			}
+		case s.msgGot < len(s.msg):
+			n, err = read(s.msg[s.msgGot:])
+			s.msgGot += n
+		case s.st != core.OK:
+			return core.Errorf(s.st, "tcp: the source %s refused tensor %d bytes [%d, +%d): %s",
+				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
+		case s.got < len(p.dst):
+			n, err = read(p.dst[s.got:])
+			s.got += n
+		default:
+			s.done++
+			s.hdrGot, s.got = 0, 0
+		}
+		if err != nil {
+			if err == errBudget {
+				return err
+			}
+			return s.r.ioError(err)
+		}
+	}
+	return nil
+}
+
+// advanceInline drives the stream on the calling goroutine's own thread:
+// it blocks in ppoll on the socket rather than parking in the netpoller,
+// so the answer wakes this thread directly (a parked goroutine called from
+// C is woken through two other threads). It gives up after budget.
+func (s *stream) advanceInline(budget time.Duration) error {
+	tc, ok := s.c.(*net.TCPConn)
+	if !ok {
+		return errBudget
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return errBudget
+	}
+	deadline := time.Now().Add(budget)
+	var aerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		aerr = s.advance(func(b []byte) (int, error) { return pollRead(int(fd), b, deadline) })
+		return true
+	}); err != nil {
+		return s.r.ioError(err)
+	}
+	return aerr
+}
+
+// pollRead reads what is there, waiting in ppoll until deadline for the
+// first byte. Abort shuts the socket down, which wakes the wait.
+func pollRead(fd int, b []byte, deadline time.Time) (int, error) {
+	for {
+		n, err := unix.Read(fd, b)
+		switch {
+		case n > 0:
+			return n, nil
+		case err == nil:
+			return 0, io.EOF
+		case err == unix.EINTR:
+			continue
+		case err != unix.EAGAIN:
+			return 0, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return 0, errBudget
+		}
+		ts := unix.NsecToTimespec(left.Nanoseconds())
+		fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Ppoll(fds[:], &ts, nil); err != nil && err != unix.EINTR {
+			return 0, err
+		}
+	}
+}
+
+// fetchRequest is one Fetch: an inline stream for small tensors when a
+// pooled connection was at hand, and goroutines for the rest.
+type fetchRequest struct {
+	t    *Transport
+	meta *metadata
+
+	aborted atomic.Bool
+	ctx     context.Context // cancels dials; nil when no goroutine runs
+	cancel  context.CancelFunc
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // connections in use, closed by abort
+	err   error                 // the first error
+
+	wg      sync.WaitGroup
+	pending atomic.Int32 // goroutines still running
+
+	// The inline stream is driven by whoever holds imu: Completed (with a
+	// budget) or Wait.
+	imu    sync.Mutex
+	inline *stream
+	idone  bool
+}
+
+// Fetch starts pulling every tensor of the object into targets.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if int(m.Tensors) != len(targets) {
+		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: the source describes %d tensors, %d targets given", m.Tensors, len(targets))
+	}
+	small, shares, err := plan(targets, t.streams)
+	if err != nil {
+		return nil, err
+	}
+	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{}}
+	if len(small) == 0 && len(shares) == 0 {
+		return r, nil // nothing to move
+	}
+	t.pmu.Lock()
+	if t.closed {
+		t.pmu.Unlock()
+		return nil, core.Errorf(core.ErrClosed, "tcp transport is closed")
+	}
+	t.active[r] = struct{}{}
+	t.pmu.Unlock()
+	if len(small) > 0 {
+		// With a pooled connection the requests go out now and the answers
+		// are read by Completed or Wait, with no goroutine of ours.
+		if c := t.idleConn(m.Endpoint); c != nil {
+			s := &stream{r: r, c: c, pieces: small}
+			r.track(c)
+			if err := s.sendMore(); err != nil {
+				r.untrack(c)
+				c.Close()
+				t.dropIdle(m.Endpoint) // its siblings are most likely dead too
+			} else {
+				r.inline = s
+				small = nil
+			}
+		}
+	}
+	if len(small) > 0 || len(shares) > 0 {
+		r.ctx, r.cancel = context.WithCancel(t.h.Context())
+	}
+	if len(small) > 0 {
+		r.spawn(small)
+	}
+	for _, ps := range shares {
+		r.spawn(ps)
+	}
+	return r, nil
+}
+
+// plan cuts targets into pieces: tensors under streamMin all go on one
+// stream; a larger one is split into one share per stream (page-aligned),
+// each share into pieces of at most maxChunk.
+func plan(targets []core.Tensor, streams int) (small []piece, shares [][]piece, err error) {
+	for i, tg := range targets {
+		if !tg.Device.Type.HostAccessible() {
+			return nil, nil, core.Errorf(core.ErrUnsupported, "tcp: target %d is in %s memory; tcp writes host memory", i, tg.Device)
+		}
+		if tg.Nbytes == 0 {
+			continue
+		}
+		dst := core.Bytes(tg.Data, tg.Nbytes)
+		if tg.Nbytes < streamMin {
+			small = append(small, piece{tensor: uint32(i), dst: dst})
+			continue
+		}
+		share := (tg.Nbytes + uint64(streams) - 1) / uint64(streams)
+		share = (share + 4095) &^ 4095
+		for off := uint64(0); off < tg.Nbytes; off += share {
+			end := min(off+share, tg.Nbytes)
+			var ps []piece
+			for o := off; o < end; o += maxChunk {
+				e := min(o+maxChunk, end)
+				ps = append(ps, piece{tensor: uint32(i), offset: o, dst: dst[o:e]})
+			}
+			shares = append(shares, ps)
+		}
+	}
+	return small, shares, nil
+}
+
+func (r *fetchRequest) spawn(ps []piece) {
+	r.wg.Add(1)
+	r.pending.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := r.pull(ps); err != nil {
+			r.fail(err)
+		}
+		r.pending.Add(-1)
+	}()
+}
+
+// pull runs pieces on one connection, pooled or new.
+func (r *fetchRequest) pull(ps []piece) error {
+	if r.aborted.Load() {
+		return abortedErr()
+	}
+	ep := r.meta.Endpoint
+	c, err := r.t.conn(r.ctx, ep)
+	if err != nil {
+		if r.aborted.Load() {
+			return abortedErr()
+		}
+		return err
+	}
+	if !r.track(c) {
+		c.Close()
+		return abortedErr()
+	}
+	s := &stream{r: r, c: c, pieces: ps}
+	err = s.advance(c.Read)
+	r.finishConn(s, err)
+	return err
+}
+
+// finishConn pools a connection that ended cleanly and closes one that saw
+// any error (its stream position is unknown).
+func (r *fetchRequest) finishConn(s *stream, err error) {
+	r.mu.Lock()
+	delete(r.conns, s.c)
+	if err == nil && r.aborted.Load() {
+		// abort may have closed it already: never pool a closed conn.
+		err = abortedErr()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		s.c.Close()
+		if core.StatusOf(err) == core.ErrPeerUnavailable {
+			r.t.dropIdle(r.meta.Endpoint)
+		}
+		return
+	}
+	r.t.put(r.meta.Endpoint, s.c)
+}
+
+// driveInline advances the inline stream (imu held): within budget when
+// budget > 0, else to the end.
+func (r *fetchRequest) driveInline(budget time.Duration) {
+	s := r.inline
+	var err error
+	if budget > 0 {
+		err = s.advanceInline(budget)
+		if err == errBudget {
+			return
+		}
+	} else {
+		err = s.advance(s.c.Read)
+	}
+	r.idone = true
+	r.finishConn(s, err)
+	if err != nil {
+		r.fail(err)
+	}
+}
+
+// Completed reports whether everything arrived. For a small inline pull it
+// first waits up to inlineBudget for the answers, on this goroutine: the
+// engine then finishes the transfer without a goroutine hand-off.
+func (r *fetchRequest) Completed() bool {
+	if r.inline != nil {
+		if !r.imu.TryLock() {
+			return false
+		}
+		if !r.idone && r.pending.Load() == 0 && r.inline.bytesLeft() <= inlineMax {
+			r.driveInline(inlineBudget)
+		}
+		done := r.idone
+		r.imu.Unlock()
+		if !done {
+			return false
+		}
+	}
+	return r.pending.Load() == 0
+}
+
+// Wait finishes the inline stream on this goroutine, waits for the others
+// and returns the first error.
+func (r *fetchRequest) Wait() error {
+	if r.inline != nil {
+		r.imu.Lock()
+		if !r.idone {
+			r.driveInline(0)
+		}
+		r.imu.Unlock()
+	}
+	r.wg.Wait()
+	r.done()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Release frees the request; after Wait there is nothing left to free, and
+// a request released without Wait is aborted and waited for.
+func (r *fetchRequest) Release() {
+	if !r.Completed() {
+		r.abort()
+		r.Wait()
+	}
+	r.done()
+}
+
+// done drops what a finished request holds in its transport.
+func (r *fetchRequest) done() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.t.pmu.Lock()
+	delete(r.t.active, r)
+	r.t.pmu.Unlock()
+}
+
+// fail records the first error and stops the rest of the request.
+func (r *fetchRequest) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+	r.abort()
+}
+
+func (r *fetchRequest) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.aborted.Load() {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *fetchRequest) untrack(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+// abort closes the request's connections so that blocked reads return: a
+// shutdown first, which also wakes a thread waiting in ppoll (a close alone
+// would wait for it).
+func (r *fetchRequest) abort() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.aborted.Store(true)
+	if r.cancel != nil {
+		r.cancel()
+	}
+	for c := range r.conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.CloseRead()
+		}
+		c.Close()
+	}
+}
+
+func abortedErr() error { return core.Errorf(core.ErrAborted, "tcp: transfer aborted") }
+
+// ioError names what a failed read or write on a data connection means.
+func (r *fetchRequest) ioError(err error) error {
+	if r.aborted.Load() {
+		return abortedErr()
+	}
+	var e *core.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
+		return core.Errorf(core.ErrPeerUnavailable, "tcp: the source %s went away during the transfer", r.meta.Endpoint)
+	}
+	return core.Errorf(core.ErrPeerUnavailable, "tcp: transfer from %s failed: %v", r.meta.Endpoint, err)
+}
+
+// Abort stops a transfer in progress; Wait then returns ErrAborted.
+func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+	if r, ok := req.(*fetchRequest); ok {
+		r.abort()
+	}
+}
+
+// RequestRange pulls one byte range of one tensor of an object from the
+// data endpoint named in tmeta (the object's tcp metadata), authenticating
+// with token, and returns the bytes or the source's refusal. It is a
+// diagnostic client, independent of any runtime: fetches go through Fetch.
+func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32, offset, length uint64) ([]byte, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if length > maxChunk {
+		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: at most %d bytes per request", maxChunk)
+	}
+	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
+	c, err := t.conn(ctx, m.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		c.SetDeadline(d)
+	}
+	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{}}
+	buf := make([]byte, length)
+	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
+	if err := s.advance(c.Read); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// probeHost is the Host of a RequestRange client: it has a token and a
+// context and nothing to serve.
+type probeHost struct {
+	token string
+	ctx   context.Context
+}
+
+func (p probeHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "tcp-probe"} }
+func (p probeHost) Log() *core.Logger        { return core.NewLogger("tcp-probe", core.LogOff) }
+func (p probeHost) Context() context.Context { return p.ctx }
+func (p probeHost) AuthToken() string        { return p.token }
+func (p probeHost) BindHost() string         { return "127.0.0.1" }
+func (p probeHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (p probeHost) SocketDir() string        { return "" }
+func (p probeHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "a probe holds no objects")
+}

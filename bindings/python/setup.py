@@ -1,8 +1,16 @@
 """Builds librdt.so with the Go toolchain and packs it into the package.
 
-The wheel holds no Python extension (the binding is ctypes), so it is
-tagged py3-none-<platform>: one wheel for every Python 3 on the platform.
-Set RDT_PREBUILT_LIBRARY to a built librdt.so to skip the Go build.
+The wheel holds no Python extension (the binding is ctypes), so it is tagged
+py3-none-<platform>: one wheel for every Python 3 on the platform, which
+installs without Go.
+
+* ``pip install ./bindings/python`` / ``pip wheel ./bindings/python`` and
+  ``python -m build --wheel`` build from the repository: Go runs in the
+  repository root exactly as the top-level Makefile runs it.
+* ``python -m build`` (sdist, then a wheel from it) works too: the sdist
+  carries the Go sources in ``_gosrc/``.
+* ``RDT_PREBUILT_LIBRARY=/path/librdt.so`` skips the Go build; ``GO`` names
+  the go binary (default: ``go`` on PATH).
 """
 
 import os
@@ -13,6 +21,7 @@ from pathlib import Path
 
 from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 try:
     from wheel.bdist_wheel import bdist_wheel
@@ -20,14 +29,30 @@ except ImportError:  # pragma: no cover
     bdist_wheel = None
 
 HERE = Path(__file__).resolve().parent
+GO_DIRS = ("capi", "core", "transports")
+GO_FILES = ("go.mod", "go.sum", "include/rdt.h")
 
 
-def repo_root() -> Path:
-    for p in [HERE, *HERE.parents]:
+def go_root() -> Path:
+    """Where go.mod and capi/ are: the repository, or the sdist's copy."""
+    for p in [HERE / "_gosrc", *HERE.parents]:
         if (p / "go.mod").exists() and (p / "capi").is_dir():
             return p
-    raise SystemExit("rdt: the Go sources (go.mod, capi/) are not above bindings/python; "
-                     "build from a checkout of the repository or set RDT_PREBUILT_LIBRARY")
+    raise SystemExit("rdt: the Go sources (go.mod, capi/) are neither above bindings/python nor in _gosrc/; "
+                     "build from a checkout of the repository or an sdist, or set RDT_PREBUILT_LIBRARY")
+
+
+def go_sources(root: Path):
+    """The files `go build ./capi` needs (no tests, no test data)."""
+    for name in GO_FILES:
+        yield Path(name)
+    for d in GO_DIRS:
+        for p in sorted((root / d).rglob("*")):
+            rel = p.relative_to(root)
+            if not p.is_file() or "testdata" in rel.parts or p.name.endswith("_test.go"):
+                continue
+            if p.suffix in (".go", ".c", ".h", ".map", ".s"):
+                yield rel
 
 
 class BuildWithGo(build_py):
@@ -39,29 +64,45 @@ class BuildWithGo(build_py):
         if prebuilt:
             shutil.copyfile(prebuilt, dest)
             return
-        root = repo_root()
-        go = shutil.which("go")
+        root = go_root()
+        go = os.environ.get("GO") or shutil.which("go")
         if go is None:
-            raise SystemExit("rdt: building librdt.so needs Go 1.26 on PATH (or install a prebuilt wheel)")
+            raise SystemExit("rdt: building librdt.so needs Go 1.26 on PATH (or GO=/path/to/go); a built wheel "
+                             "installs without it")
+        # The same command as the top-level Makefile's build/librdt.so rule.
         cmd = [go, "build", "-buildmode=c-shared", "-trimpath",
                f"-ldflags=-extldflags=-Wl,--version-script={root / 'capi' / 'exports.map'},-soname,librdt.so",
                "-o", str(dest), "./capi"]
-        subprocess.run(cmd, cwd=root, check=True)
-        header = dest.with_name("librdt.h")
+        env = dict(os.environ, CGO_ENABLED="1")
+        subprocess.run(cmd, cwd=root, check=True, env=env)
+        header = dest.with_name("librdt.h")  # cgo's generated header is not the interface
         if header.exists():
             header.unlink()
 
 
-cmdclass = {"build_py": BuildWithGo}
+class SdistWithGo(sdist):
+    """Adds the Go sources to the sdist, so a wheel builds from it alone."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        root = go_root()
+        for rel in go_sources(root):
+            target = Path(base_dir) / "_gosrc" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, target)
+
+
+cmdclass = {"build_py": BuildWithGo, "sdist": SdistWithGo}
 
 if bdist_wheel is not None:
     class PlatformWheel(bdist_wheel):
+        """py3-none-<platform>: any Python 3, this OS and architecture."""
+
         def get_tag(self):
             plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
             return "py3", "none", plat
 
     cmdclass["bdist_wheel"] = PlatformWheel
-
 
 
 class BinaryDistribution(Distribution):

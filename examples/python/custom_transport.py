@@ -40,15 +40,15 @@ class SharedMemoryTransport(rdt.TensorTransportManager):
     def actor_has_tensor_transport(self, actor):
         return True
 
-    def extract_tensor_transport_metadata(self, obj_id, gpu_object):
-        seg = shared_memory.SharedMemory(create=True, size=max(1, sum(t.nbytes for t in gpu_object)))
+    def extract_tensor_transport_metadata(self, obj_id, rdt_object):
+        seg = shared_memory.SharedMemory(create=True, size=max(1, sum(t.nbytes for t in rdt_object)))
         offsets, off = [], 0
-        for t in gpu_object:
+        for t in rdt_object:
             seg.buf[off:off + t.nbytes] = t.reshape(-1).view(np.uint8)
             offsets.append(off)
             off += t.nbytes
         self.segments[obj_id] = seg
-        return SegmentMeta([(t.shape, t.dtype) for t in gpu_object], "cpu", seg.name, offsets)
+        return SegmentMeta([(t.shape, t.dtype) for t in rdt_object], "cpu", seg.name, offsets)
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
         return rdt.CommunicatorMetadata()

@@ -6,10 +6,80 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# rdt cannot run in a child forked after loading it; the tests spawn.
+# rdt cannot run in a child forked after loading it: the tests spawn.
 mp.set_start_method("spawn", force=True)
 
 
+def _builtin_transports():
+    import rdt
+    with rdt.Runtime("probe") as rt:
+        return rt.transport_names(builtin=True)
+
+
+BUILTINS = _builtin_transports()
+
+
+def pytest_report_header(config):
+    import rdt
+    from rdt import _lib
+    return [f"rdt {rdt.library_version()} from {_lib.library_path()}; built-in transports: "
+            f"{', '.join(BUILTINS) or 'none'}"]
+
+
+def pytest_generate_tests(metafunc):
+    # Tests taking `builtin` run once per built-in transport the runtime lists.
+    if "builtin" in metafunc.fixturenames:
+        if BUILTINS:
+            metafunc.parametrize("builtin", BUILTINS)
+        else:
+            metafunc.parametrize("builtin", [pytest.param(None, marks=pytest.mark.skip(
+                reason="the runtime lists no built-in transport"))])
+
+
+class Child:
+    """A spawned process running a function of workers.py, with a pipe."""
+
+    def __init__(self, target, *args):
+        ctx = mp.get_context("spawn")
+        self.conn, child_end = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(child_end,) + args)
+        self.proc.start()
+        child_end.close()
+
+    def recv(self, timeout=60):
+        if not self.conn.poll(timeout):
+            raise TimeoutError("the child did not answer")
+        return self.conn.recv()
+
+    def send(self, msg):
+        self.conn.send(msg)
+
+    def stop(self, expect_ok=True):
+        try:
+            self.conn.send("stop")
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        if expect_ok:
+            assert self.proc.exitcode == 0
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.join(30)
+
+
 @pytest.fixture
-def ctx():
-    return mp.get_context("spawn")
+def child():
+    made = []
+
+    def start(target, *args):
+        c = Child(target, *args)
+        made.append(c)
+        return c
+    yield start
+    for c in made:
+        if c.proc.is_alive():
+            c.stop(expect_ok=False)

@@ -1,8 +1,11 @@
-"""Transports written as Ray TensorTransportManager subclasses, used from
-spawned processes."""
+"""Transports written against Ray's TensorTransportManager interface, and
+odd tensor producers, used by the tests (also from spawned processes, so
+everything here is importable by name)."""
 
 import socket
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import Any, List, Optional
@@ -13,17 +16,36 @@ import rdt
 
 
 class DLPackOnly:
-    """A producer seen only through __dlpack__ (the generic path)."""
+    """A producer seen only through __dlpack__ (the generic DLPack path)."""
 
     def __init__(self, a):
         self._a = a
 
-    def __dlpack__(self, stream=None):
-        return self._a.__dlpack__()
+    def __dlpack__(self, stream=None, max_version=None, **kw):
+        if max_version is None:
+            return self._a.__dlpack__()
+        return self._a.__dlpack__(max_version=max_version)
 
     def __dlpack_device__(self):
         return self._a.__dlpack_device__()
 
+
+class ArrayInterfaceOnly:
+    """A producer seen only through __array_interface__."""
+
+    def __init__(self, a):
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+def _bytes(t):
+    """A flat uint8 numpy view of a host tensor (numpy or torch)."""
+    if not isinstance(t, np.ndarray):
+        t = t.view(-1).view(__import__("torch").uint8).numpy()
+    return t.reshape(-1).view(np.uint8)
+
+
+# ---- a one-sided transport: shared memory ------------------------------------
 
 @dataclass
 class ShmMeta(rdt.TensorTransportMetadata):
@@ -37,6 +59,7 @@ class PyShm(rdt.TensorTransportManager):
 
     def __init__(self):
         self.segments = {}
+        self.lock = threading.Lock()
 
     def tensor_transport_backend(self):
         return "pyshm"
@@ -53,15 +76,17 @@ class PyShm(rdt.TensorTransportManager):
         return True
 
     def extract_tensor_transport_metadata(self, obj_id, gpu_object):
-        total = sum(t.nbytes for t in gpu_object)
+        total = sum(_bytes(t).nbytes for t in gpu_object)
         seg = shared_memory.SharedMemory(create=True, size=max(total, 1))
         offsets, off = [], 0
         for t in gpu_object:
-            seg.buf[off:off + t.nbytes] = t.reshape(-1).view(np.uint8)
+            b = _bytes(t)
+            seg.buf[off:off + b.nbytes] = b
             offsets.append(off)
-            off += t.nbytes
-        self.segments[obj_id] = seg
-        return ShmMeta(tensor_meta=[(t.shape, t.dtype) for t in gpu_object], tensor_device="cpu",
+            off += b.nbytes
+        with self.lock:
+            self.segments[obj_id] = seg
+        return ShmMeta(tensor_meta=[(tuple(t.shape), t.dtype) for t in gpu_object], tensor_device="cpu",
                        segment=seg.name, offsets=offsets)
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
@@ -71,7 +96,8 @@ class PyShm(rdt.TensorTransportManager):
         seg = shared_memory.SharedMemory(name=tensor_transport_metadata.segment)
         try:
             for t, off in zip(target_buffers, tensor_transport_metadata.offsets):
-                t.reshape(-1).view(np.uint8)[:] = seg.buf[off:off + t.nbytes]
+                b = _bytes(t)
+                b[:] = np.frombuffer(seg.buf, dtype=np.uint8, count=b.nbytes, offset=off)
         finally:
             seg.close()
         return target_buffers
@@ -80,7 +106,8 @@ class PyShm(rdt.TensorTransportManager):
         raise NotImplementedError("one-sided")
 
     def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
-        seg = self.segments.pop(obj_id, None)
+        with self.lock:
+            seg = self.segments.pop(obj_id, None)
         if seg is not None:
             seg.close()
             seg.unlink()
@@ -89,13 +116,16 @@ class PyShm(rdt.TensorTransportManager):
         pass
 
 
+# ---- a two-sided transport: a socket per transfer ----------------------------
+
 @dataclass
 class PortMeta(rdt.CommunicatorMetadata):
     port: int = 0
 
 
 class PySocket(rdt.TensorTransportManager):
-    """Two-sided: the destination listens, the source connects and sends."""
+    """Two-sided: the destination listens on a fresh loopback port (the
+    communicator metadata), the source connects and sends."""
 
     def __init__(self):
         self.listeners = {}
@@ -116,7 +146,7 @@ class PySocket(rdt.TensorTransportManager):
         return True
 
     def extract_tensor_transport_metadata(self, obj_id, gpu_object):
-        return rdt.TensorTransportMetadata(tensor_meta=[(t.shape, t.dtype) for t in gpu_object],
+        return rdt.TensorTransportMetadata(tensor_meta=[(tuple(t.shape), t.dtype) for t in gpu_object],
                                            tensor_device="cpu")
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
@@ -131,24 +161,26 @@ class PySocket(rdt.TensorTransportManager):
     def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
         with self.lock:
             s = self.listeners.pop(communicator_metadata.port)
-        s.settimeout(20)
-        c, _ = s.accept()
+        try:
+            s.settimeout(20)
+            c, _ = s.accept()
+        finally:
+            s.close()
         with c:
             for t in target_buffers:
-                view = memoryview(t.reshape(-1).view(np.uint8))
+                view = memoryview(_bytes(t))
                 got = 0
                 while got < len(view):
                     n = c.recv_into(view[got:])
                     if n == 0:
                         raise ConnectionError("the sender hung up")
                     got += n
-        s.close()
         return target_buffers
 
     def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
         with socket.create_connection(("127.0.0.1", communicator_metadata.port), timeout=20) as c:
             for t in tensors:
-                c.sendall(t.reshape(-1).view(np.uint8))
+                c.sendall(_bytes(t))
 
     def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
         pass
@@ -160,15 +192,30 @@ class PySocket(rdt.TensorTransportManager):
             s.close()
 
 
-class Failing(PyShm):
+class FailingRecv(PyShm):
     """Raises in recv: the message must reach the caller of get."""
 
     def recv_multiple_tensors(self, *a, **k):
         raise RuntimeError("the disk is on fire")
 
 
+class FailingSend(PySocket):
+    """Two-sided; the source's send raises."""
+
+    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
+        raise OSError("the cable was cut")
+
+
+# ---- fetch/wait, aborts, timeouts ------------------------------------------------
+
+@dataclass
+class StuckRequest(rdt.FetchRequest):
+    event: Any = None
+
+
 class Stuck(PyShm):
-    """Never finishes a fetch unless aborted (async fetch/wait pair)."""
+    """Never finishes a fetch unless aborted (an asynchronous fetch/wait
+    pair that can abort)."""
 
     def __init__(self):
         super().__init__()
@@ -195,6 +242,102 @@ class Stuck(PyShm):
             ev.set()
 
 
+class Slow(PyShm):
+    """Takes SLOW seconds per receive and cannot abort."""
+
+    SLOW = 1.5
+    finished = []  # (time, first byte) per finished recv, in this process
+
+    def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
+        time.sleep(self.SLOW)
+        out = super().recv_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata,
+                                            target_buffers)
+        Slow.finished.append(time.monotonic())
+        return out
+
+
+class Barrier(PyShm):
+    """Each recv waits until PARTIES receives run at once: only a get that
+    starts every transfer before waiting on any can finish."""
+
+    PARTIES = 4
+    barrier = threading.Barrier(PARTIES, timeout=10)
+
+    def recv_multiple_tensors(self, *a, **k):
+        try:
+            Barrier.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise RuntimeError("the receives did not run concurrently") from None
+        return super().recv_multiple_tensors(*a, **k)
+
+
 @dataclass
-class StuckRequest(rdt.FetchRequest):
-    event: Any = None
+class TrackedRequest(rdt.FetchRequest):
+    """A request that cleans up in __del__, as Ray asks of subclasses."""
+
+    log: Any = None
+
+    def __del__(self):
+        if self.log is not None:
+            self.log.append(("cleaned", self.obj_id))
+
+
+class AsyncShm(PyShm):
+    """Overrides fetch and wait (receiving in a thread) and records how rdt
+    drives it."""
+
+    log = []
+
+    def fetch_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata,
+                               target_buffers=None):
+        req = TrackedRequest(obj_id=obj_id, tensors=target_buffers, log=AsyncShm.log)
+        done = threading.Event()
+        req.done = done
+
+        def work():
+            try:
+                PyShm.recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata,
+                                            target_buffers)
+            finally:
+                done.set()
+        threading.Thread(target=work, daemon=True).start()
+        AsyncShm.log.append(("fetch", obj_id))
+        return req
+
+    def wait_fetch_complete(self, fetch_request, timeout=-1):
+        AsyncShm.log.append(("wait", timeout))
+        if not fetch_request.done.wait(None if timeout < 0 else timeout):
+            raise TimeoutError("not yet")
+        return fetch_request.tensors
+
+
+class Recording(PyShm):
+    """Records what each method received (in this process)."""
+
+    calls = []
+
+    def extract_tensor_transport_metadata(self, obj_id, gpu_object):
+        Recording.calls.append(("extract", obj_id, list(gpu_object)))
+        return super().extract_tensor_transport_metadata(obj_id, gpu_object)
+
+    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
+        Recording.calls.append(("communicator", src_actor, dst_actor, backend))
+        return super().get_communicator_metadata(src_actor, dst_actor, backend)
+
+    def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
+        Recording.calls.append(("recv", obj_id, list(target_buffers)))
+        return super().recv_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata,
+                                             target_buffers)
+
+    def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
+        Recording.calls.append(("gc", obj_id, [weakref.ref(t) if isinstance(t, np.ndarray) else t
+                                                for t in tensors]))
+        super().garbage_collect(obj_id, tensor_transport_meta, tensors)
+
+
+class ReturnsCopies(PyShm):
+    """Returns new arrays instead of filling the targets (Ray allows it)."""
+
+    def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
+        fresh = [np.empty_like(t) for t in target_buffers]
+        return super().recv_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata, fresh)

@@ -1,5 +1,7 @@
 """Code that runs in spawned child processes (importable by name)."""
 
+import collections
+import importlib
 import os
 import pickle
 import time
@@ -7,49 +9,88 @@ import time
 import numpy as np
 
 import rdt
-import transports_for_tests as tt
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+Point = collections.namedtuple("Point", "x y")
 
 
 def dtype_arrays():
+    """Every dtype numpy and DLPack share, plus 0-d and empty arrays."""
     out = {}
-    for i, name in enumerate(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                              "uint64", "float16", "float32", "float64", "complex64", "complex128"]):
-        a = (np.arange(24, dtype=np.int64).reshape(2, 3, 4) * (i + 3)) % 7
-        out[name] = a.astype(name)
+    for i, name in enumerate(DTYPES):
+        a = (np.arange(24, dtype=np.int64).reshape(2, 3, 4) * (i + 3)) % 7 - 2
+        if name.startswith("complex"):
+            out[name] = (a + 1j * (a + 1)).astype(name)
+        elif name == "bool":
+            out[name] = a > 0
+        else:
+            out[name] = a.astype(name)
     out["zero_d"] = np.array(3.5)
+    out["zero_d_int"] = np.array(-7, dtype=np.int32)
     out["empty"] = np.zeros((0, 5), dtype=np.float32)
+    out["empty_1d"] = np.zeros((0,), dtype=np.int64)
     return out
 
 
-def serve(conn, transport=None, what="dtypes", register=None):
-    """Puts objects, sends their pickled refs, and keeps them until told."""
-    if register:
-        for name, kind in register:
-            rdt.register_tensor_transport(name, ["cpu"], getattr(tt, kind))
+def nested_value():
+    return {"a": [np.ones(3), (np.arange(4), "text", 7)], "b": {"c": np.full((2, 2), 9.0)}, "d": None,
+            "p": Point(np.int8(1), np.arange(2, dtype=np.uint16)),
+            "o": collections.OrderedDict(z=np.zeros(1), y=b"bytes"), "scalar": np.float64(0.5)}
+
+
+def make_values(what):
     if what == "dtypes":
-        values = [{"name": k, "tensor": v} for k, v in dtype_arrays().items()]
-    elif what == "nested":
-        values = [{"a": [np.ones(3), (np.arange(4), "text", 7)], "b": {"c": np.full((2, 2), 9.0)}, "d": None}]
-    elif what == "dlpack":
-        values = [tt.DLPackOnly(np.arange(12, dtype=np.int32).reshape(3, 4))]
-    elif what == "torch":
+        return [{"name": k, "tensor": v} for k, v in dtype_arrays().items()]
+    if what == "nested":
+        return [nested_value()]
+    if what == "dlpack":
+        import transports_for_tests as tt
+        return [tt.DLPackOnly(np.arange(12, dtype=np.int32).reshape(3, 4)),
+                tt.ArrayInterfaceOnly(np.arange(6, dtype=np.float32))]
+    if what == "torch":
         import torch
-        values = [{"f32": torch.arange(12, dtype=torch.float32).reshape(3, 4),
-                   "bf16": torch.arange(6, dtype=torch.bfloat16), "i64": torch.tensor(7),
-                   "np": np.arange(3)}]
-    elif what == "big":
-        values = [np.arange(4 << 20, dtype=np.float64)]
-    else:
-        raise ValueError(what)
-    refs = [rdt.put(v, transport=transport) for v in values]
-    conn.send(pickle.dumps(refs))
-    msg = conn.recv()
-    if msg == "release":
-        for r in refs:
-            r.close()
-        conn.send("released")
-        conn.recv()
-    conn.close()
+        return [{"f32": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                 "bf16": torch.arange(6, dtype=torch.bfloat16), "i64": torch.tensor(7),
+                 "np": np.arange(3)}]
+    if what == "big":
+        return [np.arange(4 << 20, dtype=np.float64)]  # 32 MiB
+    if what == "four":
+        return [np.full((1000,), i, dtype=np.float32) for i in range(4)]
+    if what == "small":
+        return [np.arange(10.0)]
+    raise ValueError(what)
+
+
+def _register(register):
+    for name, module, cls in register or ():
+        rdt.register_tensor_transport(name, ["cpu"], getattr(importlib.import_module(module), cls))
+
+
+def serve(conn, transports, what, register=None):
+    """Puts the values once per transport, sends {transport: pickled refs},
+    then answers commands until told to stop."""
+    _register(register)
+    refs = {t: [rdt.put(v, transport=t) for v in make_values(what)] for t in transports}
+    conn.send({t: pickle.dumps(r) for t, r in refs.items()})
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg == "release":
+            for rs in refs.values():
+                for r in rs:
+                    r.close()
+            conn.send("released")
+        elif msg == "stats":
+            conn.send(rdt.default_runtime().stats())
+        elif msg == "exit_now":
+            os._exit(0)
+        else:
+            conn.close()
+            return
 
 
 def hold(conn, ref_bytes):
@@ -62,9 +103,10 @@ def hold(conn, ref_bytes):
     time.sleep(0.2)
 
 
-def owner_then_exit(conn):
-    """Puts an object, sends its ref, and exits without releasing."""
-    ref = rdt.put(np.arange(10.0))
-    conn.send(pickle.dumps(ref))
-    conn.recv()
-    os._exit(0)
+def fetch_in_child(conn, ref_bytes, register=None):
+    """Unpickles and gets a ref; sends back the value or the error."""
+    _register(register)
+    try:
+        conn.send(("ok", rdt.get(pickle.loads(ref_bytes), timeout=30)))
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))

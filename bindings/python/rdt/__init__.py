@@ -1,23 +1,34 @@
 """rdt: direct tensor transport between processes and hosts.
 
     ref = rdt.put({"w": weights})          # in the producer; nothing is copied
-    pickle.dumps(ref)                      # hand the ref to another process
-    value = rdt.get(ref)                   # in the consumer: the bytes move now
+    blob = pickle.dumps(ref)               # hand the ref to another process
+    value = rdt.get(pickle.loads(blob))    # in the consumer: the bytes move now
+
+The native library (librdt.so) is loaded on first use, not at import.
 """
 
 from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, ClosedError, CorruptError,
                       ForkedError, GetTimeoutError, InternalError, InvalidArgumentError, NoMemoryError,
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
-from .runtime import (ObjectRef, Runtime, default_runtime, get, put, register_tensor_transport,
+from .ref import ObjectRef
+from .runtime import (Runtime, default_runtime, get, init, put, register_tensor_transport,
                       wait_tensor_freed)
 from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
 __version__ = "0.1.0"
 
+
+def library_version() -> str:
+    """The version of the loaded librdt.so."""
+    from . import _lib
+    return _lib.decode(_lib.lib().rdt_version())
+
+
 __all__ = [
-    "Runtime", "ObjectRef", "default_runtime", "put", "get", "wait_tensor_freed", "register_tensor_transport",
+    "Runtime", "ObjectRef", "init", "default_runtime", "put", "get", "wait_tensor_freed",
+    "register_tensor_transport", "library_version",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",
     "RdtError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "GetTimeoutError",
     "AbortedError", "PeerUnavailableError", "CorruptError", "UnsupportedError", "PermissionDeniedError",

@@ -26,7 +26,9 @@ class NotFoundError(RdtError, LookupError):
     status = -2
 
 
-class AlreadyExistsError(RdtError):
+class AlreadyExistsError(RdtError, ValueError):
+    """A transport of that name is already registered."""
+
     status = -3
 
 

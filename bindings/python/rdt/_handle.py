@@ -9,6 +9,11 @@ from typing import Any, Optional
 from ._errors import ClosedError
 
 
+# Closing swaps the handle out under one lock for all handles: a handle is
+# freed exactly once even if threads race to close it.
+_close_lock = threading.RLock()  # re-entrant: __del__ may run inside it
+
+
 class Handle:
     """Owns a C handle. ``close()`` frees it (idempotent); so does leaving a
     ``with`` block, and, as a last resort, garbage collection."""
@@ -17,7 +22,6 @@ class Handle:
 
     def __init__(self, ptr: int) -> None:
         self._ptr = ptr
-        self._close_lock = threading.Lock()
 
     @property
     def closed(self) -> bool:
@@ -30,7 +34,8 @@ class Handle:
         return p
 
     def close(self) -> None:
-        with self._close_lock:
+        """Frees the handle (idempotent; safe from several threads)."""
+        with _close_lock:
             p, self._ptr = self._ptr, None
         if p is not None:
             self._free(p)

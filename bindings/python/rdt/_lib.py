@@ -1,9 +1,11 @@
-"""Loads librdt.so (lazily, once) and declares the C ABI for ctypes.
+"""Loads librdt.so (lazily, exactly once) and declares the C ABI for ctypes.
 
-The structures mirror include/rdt.h field for field. Calls go through
-ctypes.CDLL, which releases the GIL for the duration of each call: rdt's
-threads call back into Python (transports, release callbacks) while a
-Python thread waits in rdt_get, and that must not deadlock.
+The structures mirror include/rdt.h field for field, and every exported
+function gets its argument and result types here. Calls go through
+``ctypes.CDLL``, which releases the GIL for the duration of each foreign
+call: rdt's own threads call back into Python (transport callbacks, release
+callbacks) while a Python thread waits inside rdt, and that must not
+deadlock. (``ctypes.PyDLL`` would keep the GIL: never use it here.)
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32,
-                    c_int64, c_size_t, c_uint8, c_uint16, c_uint32, c_uint64,
-                    c_void_p)
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32, c_int64, c_size_t, c_uint8,
+                    c_uint16, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from ._errors import ForkedError, error_for
+from ._errors import ForkedError, RdtError, error_for
 
 ABI_VERSION = 1
 OBJECT_ID_LEN = 32
@@ -26,7 +27,11 @@ MAX_NDIM = 64
 MAX_DEVICES = 8
 
 OK = 0
+ERR_INVALID_ARGUMENT = -1
 ERR_TIMEOUT = -4
+ERR_UNSUPPORTED = -8
+ERR_FORKED = -13
+ERR_CLOSED = -14
 ERR_USER = -100
 
 DEVICE_CPU = 1
@@ -45,6 +50,8 @@ TRANSPORT_BUILTIN = 1 << 2
 ROLE_SOURCE = 1
 ROLE_DESTINATION = 2
 
+LOG_LEVELS = {None: 0, "off": 1, "error": 2, "warn": 3, "info": 4, "debug": 5}
+
 
 class Device(Structure):
     _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
@@ -55,7 +62,7 @@ class DType(Structure):
 
 
 class Tensor(Structure):
-    """rdt_tensor, layout-compatible with DLPack's DLTensor."""
+    """rdt_tensor, layout-compatible with DLPack's DLTensor (48 bytes)."""
 
     _fields_ = [
         ("data", c_void_p),
@@ -140,32 +147,32 @@ class TransportInfo(Structure):
     ]
 
 
+STATS_FIELDS = (
+    "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
+    "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
+    "sends_completed", "bytes_sent", "local_copies", "peers",
+)
+
+
 class Stats(Structure):
-    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32)] + [
-        (name, c_uint64)
-        for name in (
-            "objects", "objects_freed", "refs", "borrows", "borrowed_objects",
-            "refs_in_transit", "leases_expired", "fetches_active",
-            "transfers_completed", "transfers_failed", "bytes_received",
-            "sends_completed", "bytes_sent", "local_copies", "peers",
-        )
-    ]
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32)] + [(n, c_uint64) for n in STATS_FIELDS]
 
 
-def init(struct: Structure) -> Structure:
-    """Sets struct_size, as the header's *_init functions do."""
+def init(struct: Any) -> Any:
+    """Sets struct_size, as the header's static inline *_init functions do."""
     struct.struct_size = ctypes.sizeof(struct)
     return struct
 
 
-# Callback types of rdt_transport_vtable and rdt_release_fn.
+# Callback types: rdt_release_fn and the members of rdt_transport_vtable.
 ReleaseFn = CFUNCTYPE(None, c_void_p)
 FreeUserDataFn = CFUNCTYPE(None, c_void_p)
 ExtractMetadataFn = CFUNCTYPE(c_int32, c_void_p, c_char_p, POINTER(Tensor), c_size_t, c_void_p)
 CommunicatorMetadataFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), c_void_p)
 SendFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
                    c_void_p, c_size_t, c_void_p, c_size_t)
-RecvFn = SendFn
+RecvFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
+                   c_void_p, c_size_t, c_void_p, c_size_t)
 FetchFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
                     c_void_p, c_size_t, c_void_p, c_size_t, POINTER(c_void_p))
 WaitFn = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_int64)
@@ -192,7 +199,10 @@ class TransportVTable(Structure):
     ]
 
 
-_SIGNATURES = {
+# Every function rdt.h declares (the static inline *_init helpers are done
+# by init() above). Tensor arrays are passed as raw addresses (c_void_p):
+# the binding packs them itself, which is much cheaper than ctypes structs.
+SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_version": (c_char_p, []),
     "rdt_abi_version": (c_uint32, []),
     "rdt_status_string": (c_char_p, [c_int32]),
@@ -200,8 +210,7 @@ _SIGNATURES = {
     "rdt_runtime_create": (c_int32, [POINTER(RuntimeOptions), POINTER(c_void_p)]),
     "rdt_runtime_destroy": (c_int32, [c_void_p]),
     "rdt_runtime_address": (c_int32, [c_void_p, POINTER(c_char_p)]),
-    "rdt_put": (c_int32, [c_void_p, POINTER(Tensor), c_size_t, c_char_p, ReleaseFn, c_void_p,
-                          POINTER(c_void_p)]),
+    "rdt_put": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, POINTER(c_void_p)]),
     "rdt_ref_clone": (c_int32, [c_void_p, POINTER(c_void_p)]),
     "rdt_ref_release": (c_int32, [c_void_p]),
     "rdt_ref_serialize": (c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t)]),
@@ -209,26 +218,25 @@ _SIGNATURES = {
     "rdt_ref_deserialize": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(c_void_p)]),
     "rdt_ref_info": (c_int32, [c_void_p, POINTER(ObjectInfo)]),
     "rdt_ref_tensor_info": (c_int32, [c_void_p, c_uint32, POINTER(TensorInfo)]),
-    "rdt_fetch_start": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(Tensor), c_size_t,
-                                  POINTER(FetchOptions), POINTER(c_void_p)]),
+    "rdt_fetch_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions),
+                                  POINTER(c_void_p)]),
     "rdt_fetch_wait": (c_int32, [c_void_p, c_int64]),
     "rdt_fetch_abort": (c_int32, [c_void_p]),
     "rdt_fetch_free": (c_int32, [c_void_p]),
-    "rdt_get": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(Tensor), c_size_t,
-                          POINTER(FetchOptions), c_int64]),
+    "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions), c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
-    "rdt_buffer_set": (c_int32, [c_void_p, c_void_p, c_size_t]),
+    "rdt_buffer_set": (c_int32, [c_void_p, c_char_p, c_size_t]),
     "rdt_set_error": (None, [c_char_p]),
     "rdt_register_transport": (c_int32, [c_void_p, c_char_p, POINTER(c_int32), c_size_t,
                                          POINTER(TransportVTable)]),
-    "rdt_transport_list": (c_int32, [c_void_p, POINTER(TransportInfo), c_size_t, POINTER(c_size_t)]),
+    "rdt_transport_list": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
 }
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _pid: Optional[int] = None
-_forked = False
+_forked = False  # set in a child forked after the library was loaded
 
 
 def _after_fork_in_child() -> None:
@@ -242,54 +250,80 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def library_path() -> str:
-    """$RDT_LIBRARY, else the librdt.so bundled in this package."""
+    """``$RDT_LIBRARY`` if set, else the librdt.so bundled in this package."""
     env = os.environ.get("RDT_LIBRARY")
     if env:
         return env
     return str(Path(__file__).with_name("librdt.so"))
 
 
+FORK_HINT = ("rdt's library runs a Go runtime, which does not survive fork(): this process was forked "
+             "from process {parent} after rdt was loaded there. Start worker processes with "
+             "multiprocessing's 'spawn' or 'forkserver' start method (for example "
+             "multiprocessing.get_context('spawn')), or with fork+exec (subprocess).")
+
+
 def lib() -> ctypes.CDLL:
-    """The loaded library. The first call loads it; a call in a process
-    forked after that fails, because the Go runtime inside does not survive
-    fork."""
-    if _lib is not None and not _forked:
-        return _lib
-    return _load()
-
-
-def _load() -> ctypes.CDLL:
-    global _lib, _pid
-    if _forked:
-        raise ForkedError(
-            "rdt was loaded in process %d and this is a child forked from it; the library cannot "
-            "run after fork. Start workers with multiprocessing's 'spawn' or 'forkserver' "
-            "start method (multiprocessing.set_start_method('spawn'))." % _pid, -13)
+    """The loaded library. The first call loads it. In a child forked after
+    that, every call raises ForkedError (the Go runtime cannot run there)."""
+    L = _lib
+    if L is not None and not _forked:
+        return L
+    if _forked:  # (a fork made outside os.fork is caught by the library: RDT_ERR_FORKED)
+        raise ForkedError(FORK_HINT.format(parent=_pid), ERR_FORKED)
     with _lock:
         if _lib is None:
-            path = library_path()
-            if not os.path.exists(path):
-                raise ImportError(
-                    f"librdt.so not found at {path}: install the rdt package with pip (it builds the "
-                    "library with Go) or set RDT_LIBRARY to a built librdt.so")
-            handle = ctypes.CDLL(path)
-            for name, (res, args) in _SIGNATURES.items():
-                fn = getattr(handle, name)
-                fn.restype = res
-                fn.argtypes = args
-            if handle.rdt_abi_version() != ABI_VERSION:
-                raise ImportError(
-                    f"{path} implements rdt ABI {handle.rdt_abi_version()}, this package needs {ABI_VERSION}")
-            _pid = os.getpid()
-            _lib = handle
-    return _lib
+            _load()
+    return lib()
+
+
+def _load() -> None:
+    global _lib, _pid
+    path = library_path()
+    if not os.path.exists(path):
+        raise ImportError(
+            f"rdt: librdt.so not found at {path}. Install the package with pip (which builds the library "
+            "with Go), or set RDT_LIBRARY to a built librdt.so (make in the repository builds build/librdt.so).")
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"rdt: cannot load {path}: {e}") from e
+    for name, (res, args) in SIGNATURES.items():
+        try:
+            fn = getattr(handle, name)
+        except AttributeError:
+            raise ImportError(f"rdt: {path} does not export {name}; it is not a matching librdt.so") from None
+        fn.restype = res
+        fn.argtypes = args
+    abi = handle.rdt_abi_version()
+    if abi != ABI_VERSION:
+        raise ImportError(f"rdt: {path} implements rdt ABI {abi}; this package speaks ABI {ABI_VERSION}")
+    _pid = os.getpid()
+    _lib = handle
+
+
+def loaded() -> bool:
+    """Whether the library was loaded in this process (not in a parent)."""
+    return _lib is not None and not _forked
 
 
 def last_error() -> str:
     return (lib().rdt_last_error() or b"").decode("utf-8", "replace")
 
 
+def make_error(status: int) -> RdtError:
+    """The exception for a failed call, with this thread's last message."""
+    if status == ERR_FORKED:
+        return ForkedError(FORK_HINT.format(parent=_pid), status)
+    msg = last_error() or (lib().rdt_status_string(status) or b"").decode()
+    return error_for(status, msg)
+
+
 def check(status: int) -> None:
-    """Raises the exception for a failed call (with this thread's message)."""
+    """Raises the exception for a failed call."""
     if status != OK:
-        raise error_for(status, last_error() or lib().rdt_status_string(status).decode())
+        raise make_error(status)
+
+
+def decode(b: Optional[bytes]) -> str:
+    return (b or b"").decode("utf-8", "replace")

@@ -1,212 +1,86 @@
-"""Runtimes, object references, put and get."""
+"""Runtimes, put and get, and the process's default runtime."""
 
 from __future__ import annotations
 
 import atexit
 import ctypes
 import threading
+import time
+import warnings
 import weakref
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
-from . import _lib, tensors as _t
-from ._errors import InvalidArgumentError
+import numpy as np
+
+from . import _lib, _objects
+from . import tensors as _t
+from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
-from .transport import register as _register_transport
+from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
 
-# ---- objects kept alive until rdt frees them -------------------------------
-#
-# put() must keep the Python objects behind its tensors alive until rdt
-# frees the object. A Python release callback would run on an rdt thread
-# that then waits for the GIL, stalling rdt (measured: +70 us per put/get
-# round trip). Instead the release callback is libc's sem_post on a
-# semaphore per object: it needs no GIL, and Python polls the semaphores
-# (sem_trywait), amortized over puts, to drop what was freed.
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_sem_init = _libc.sem_init
-_sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-_sem_trywait = _libc.sem_trywait
-_sem_trywait.argtypes = [ctypes.c_void_p]
-_sem_destroy = _libc.sem_destroy
-_sem_destroy.argtypes = [ctypes.c_void_p]
-# int sem_post(sem_t *) is called as void (*)(void *): the same registers
-# on every Linux ABI, and the result is ignored.
-_release_fn = _lib.ReleaseFn(ctypes.cast(_libc.sem_post, ctypes.c_void_p).value)
-_SEM_SIZE = 64  # sizeof(sem_t) is 32 on 64-bit glibc and musl; keep room
-
-_keep: Dict[int, Tuple[Any, Any]] = {}  # semaphore address -> (semaphore, kept objects)
-_keep_lock = threading.Lock()
-_next_sweep = 64
+# A blocking call waits in slices of this many milliseconds, so that Python
+# can run signal handlers (Ctrl-C) between them.
+_SLICE_MS = 200
 
 
-def _new_semaphore() -> Any:
-    sem = (ctypes.c_char * _SEM_SIZE)()
-    if _sem_init(sem, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "sem_init failed")
-    return sem
-
-
-def _sweep(force: bool = False) -> None:
-    """Drops what rdt has freed (its semaphore was posted)."""
-    global _next_sweep
-    with _keep_lock:
-        if not force and len(_keep) < _next_sweep:
-            return
-        for addr, (sem, _) in list(_keep.items()):
-            if _sem_trywait(sem) == 0:
-                _sem_destroy(sem)
-                del _keep[addr]
-        _next_sweep = max(64, 2 * len(_keep))
-
-
-# ---- structure <-> tensors -------------------------------------------------
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where the n-th tensor of an object goes back into its structure."""
-
-    index: int
-
-
-def _flatten(value: Any, out: List[Any]) -> Any:
-    if _t.is_tensor(value):
-        out.append(value)
-        return _Slot(len(out) - 1)
-    if isinstance(value, list):
-        return [_flatten(v, out) for v in value]
-    if isinstance(value, tuple):
-        items = [_flatten(v, out) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if isinstance(value, dict):
-        return type(value)((k, _flatten(v, out)) for k, v in value.items())
-    return value
-
-
-def _unflatten(skeleton: Any, tensors: Sequence[Any]) -> Any:
-    if isinstance(skeleton, _Slot):
-        return tensors[skeleton.index]
-    if isinstance(skeleton, list):
-        return [_unflatten(v, tensors) for v in skeleton]
-    if isinstance(skeleton, tuple):
-        items = [_unflatten(v, tensors) for v in skeleton]
-        return type(skeleton)(*items) if hasattr(skeleton, "_fields") else type(skeleton)(items)
-    if isinstance(skeleton, dict):
-        return type(skeleton)((k, _unflatten(v, tensors)) for k, v in skeleton.items())
-    return skeleton
-
-
-def _ms(timeout: Optional[float]) -> int:
+def _deadline(timeout: Optional[float]) -> Optional[float]:
     if timeout is None:
-        return -1
-    if timeout < 0:
+        return None
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"timeout must be None or a number of seconds, not {timeout!r}") from None
+    if t < 0:
         raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout}")
-    return int(timeout * 1000)
+    return time.monotonic() + t
 
 
-# ---- references --------------------------------------------------------------
-
-class ObjectRef(Handle):
-    """A reference to an object put in some runtime. Pickle it to hand it to
-    another process: unpickling there makes a borrow in that process's
-    default runtime, counted by the owner. ``close()`` (or garbage
-    collection) releases this handle."""
-
-    def __init__(self, runtime: "Runtime", ptr: int, skeleton: Any, frameworks: Tuple[str, ...],
-                 descs: Optional[List[_t.TensorDesc]] = None) -> None:
-        super().__init__(ptr)
-        self._runtime = runtime
-        self._skeleton = skeleton
-        self._frameworks = frameworks
-        self._descs = descs
-
-    def _free(self, ptr: int) -> None:
-        if not self._runtime.closed:
-            _lib.lib().rdt_ref_release(ptr)
-
-    def _info(self) -> _lib.ObjectInfo:
-        info = _lib.init(_lib.ObjectInfo())
-        _lib.check(_lib.lib().rdt_ref_info(self._handle(), ctypes.byref(info)))
-        return info
-
-    @property
-    def id(self) -> str:
-        """The object id (hexadecimal)."""
-        return self._info().object_id.decode()
-
-    @property
-    def transport(self) -> Optional[str]:
-        """The transport named at put, or None for the automatic choice."""
-        return self._info().transport.decode() or None
-
-    @property
-    def nbytes(self) -> int:
-        return self._info().nbytes
-
-    def tensor_descs(self) -> List[_t.TensorDesc]:
-        """Shape, dtype and device of each tensor (fixed for the object's life)."""
-        if self._descs is not None:
-            return self._descs
-        n = self._info().num_tensors
-        out = []
-        for i in range(n):
-            ti = _lib.init(_lib.TensorInfo())
-            _lib.check(_lib.lib().rdt_ref_tensor_info(self._handle(), i, ctypes.byref(ti)))
-            out.append(_t.TensorDesc(tuple(ti.shape[j] for j in range(ti.ndim)), ti.dtype.code, ti.dtype.bits,
-                                     ti.dtype.lanes, ti.device.device_type, ti.device.device_id))
-        self._descs = out
-        return out
-
-    @property
-    def shapes(self) -> List[Tuple[int, ...]]:
-        return [d.shape for d in self.tensor_descs()]
-
-    def serialize(self) -> bytes:
-        """The ref as bytes (the C ABI's format), leased by the owner."""
-        data = ctypes.c_void_p()
-        size = ctypes.c_size_t()
-        _lib.check(_lib.lib().rdt_ref_serialize(self._handle(), ctypes.byref(data), ctypes.byref(size)))
-        try:
-            return ctypes.string_at(data, size.value)
-        finally:
-            _lib.lib().rdt_bytes_free(data)
-
-    def clone(self) -> "ObjectRef":
-        out = ctypes.c_void_p()
-        _lib.check(_lib.lib().rdt_ref_clone(self._handle(), ctypes.byref(out)))
-        return ObjectRef(self._runtime, out.value, self._skeleton, self._frameworks, self._descs)
-
-    def __reduce__(self) -> Any:
-        return (_unpickle_ref, (self.serialize(), self._skeleton, self._frameworks))
-
-    def __repr__(self) -> str:
-        if self.closed:
-            return "ObjectRef(<released>)"
-        try:
-            return f"ObjectRef(id={self.id}, transport={self.transport or 'auto'}, shapes={self.shapes})"
-        except Exception as e:  # the runtime may be gone
-            return f"ObjectRef(<{type(e).__name__}>)"
+def _slice_ms(deadline: Optional[float]) -> int:
+    if deadline is None:
+        return _SLICE_MS
+    return max(0, min(_SLICE_MS, int((deadline - time.monotonic()) * 1000 + 0.999)))
 
 
-def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...]) -> ObjectRef:
-    return default_runtime().deserialize(data, skeleton, frameworks)
+def _seconds_ms(value: Optional[float], what: str) -> int:
+    if value is None:
+        return 0
+    if value <= 0:
+        raise InvalidArgumentError(f"{what} must be a positive number of seconds, not {value}")
+    return max(1, int(value * 1000))
 
 
-# ---- runtimes --------------------------------------------------------------
+def _warn_shared_once() -> None:
+    global _warned_shared
+    if not _warned_shared:
+        _warned_shared = True
+        warnings.warn(
+            "rdt.get of an object put by this process returns the put tensors themselves, not copies; "
+            "the object was also sent to other processes, which read the same memory: changes made here "
+            "before they fetch may be seen by them (use out= to get a copy).", UserWarning, stacklevel=4)
 
-_VP1 = ctypes.c_void_p * 1
 
-_LOG_LEVELS = {None: 0, "off": 1, "error": 2, "warn": 3, "info": 4, "debug": 5}
+_warned_shared = False
 _runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+_shutting_down = False
+
+# Transports registered with rdt.register_tensor_transport: every runtime of
+# the process gets them, also those created later.
+_process_transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
+_process_lock = threading.Lock()
 
 
 class Runtime(Handle):
     """An rdt runtime: an object store, a transport registry and a control
     plane endpoint. Use it as a context manager, or call ``close()``.
 
-    By default runtimes talk over Unix sockets with other processes on this
-    host. ``listen_tcp="host:port"`` also accepts peers on other hosts (a
-    non-loopback host needs ``auth_token`` or ``RDT_AUTH_TOKEN``)."""
+    By default a runtime talks to the other processes of this host over a
+    Unix socket. ``listen_tcp="host:port"`` also accepts peers on other hosts
+    (a non-loopback host needs ``auth_token`` or ``$RDT_AUTH_TOKEN``).
+    ``lease`` and ``peer_timeout`` are seconds; ``log_level`` is one of
+    "off", "error", "warn", "info", "debug" (default: ``$RDT_LOG``, else warn).
+    ``builtin_transports=False`` starts without cma, shm, tcp, ...; ``in_process``
+    keeps the runtime's peers inside this process.
+    """
 
     def __init__(self, name: Optional[str] = None, *, lease: Optional[float] = None,
                  peer_timeout: Optional[float] = None, listen_tcp: Optional[str] = None,
@@ -214,148 +88,352 @@ class Runtime(Handle):
                  socket_dir: Optional[str] = None, host_id: Optional[str] = None,
                  in_process: bool = False, builtin_transports: bool = True,
                  log_level: Optional[str] = None) -> None:
-        if log_level not in _LOG_LEVELS:
+        if _shutting_down:
+            raise ClosedError("rdt: the interpreter is shutting down; no new runtime can start", _lib.ERR_CLOSED)
+        if log_level not in _lib.LOG_LEVELS:
             raise InvalidArgumentError(f"log_level must be one of off, error, warn, info, debug, not {log_level!r}")
         o = _lib.init(_lib.RuntimeOptions())
         o.abi_version = _lib.ABI_VERSION
-        enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-        self._strings = [enc(name), enc(listen_tcp), enc(auth_token), enc(advertise_host), enc(socket_dir),
-                         enc(host_id)]
-        (o.name, o.listen_tcp, o.auth_token, o.advertise_host, o.socket_dir, o.host_id) = self._strings
-        o.log_level = _LOG_LEVELS[log_level]
-        o.flags = (_lib.RUNTIME_IN_PROCESS if in_process else 0) | \
-                  (0 if builtin_transports else _lib.RUNTIME_NO_BUILTIN_TRANSPORTS)
-        o.lease_ms = _ms(lease) if lease is not None else 0
-        o.peer_timeout_ms = _ms(peer_timeout) if peer_timeout is not None else 0
+
+        def enc(s: Optional[str]) -> Optional[bytes]:
+            return s.encode() if s is not None else None
+        (o.name, o.listen_tcp, o.auth_token, o.advertise_host, o.socket_dir, o.host_id) = (
+            enc(name), enc(listen_tcp), enc(auth_token), enc(advertise_host), enc(socket_dir), enc(host_id))
+        o.log_level = _lib.LOG_LEVELS[log_level]
+        o.flags = ((_lib.RUNTIME_IN_PROCESS if in_process else 0) |
+                   (0 if builtin_transports else _lib.RUNTIME_NO_BUILTIN_TRANSPORTS))
+        o.lease_ms = _seconds_ms(lease, "lease")
+        o.peer_timeout_ms = _seconds_ms(peer_timeout, "peer_timeout")
         out = ctypes.c_void_p()
         _lib.check(_lib.lib().rdt_runtime_create(ctypes.byref(o), ctypes.byref(out)))
-        super().__init__(out.value)
+        super().__init__(out.value or 0)
+        self.name = name
+        self._lock = threading.Lock()
         _runtimes.add(self)
+        with _process_lock:
+            pending = list(_process_transports.values())
+        for tname, devices, cls, data_type in pending:
+            self._register(tname, devices, cls, data_type, skip_existing=True)
 
     def _free(self, ptr: int) -> None:
-        _lib.lib().rdt_runtime_destroy(ptr)
-        _sweep(force=True)  # every object of this runtime is freed now
+        # Release callbacks, garbage_collect and free_user_data run inside
+        # destroy, on rdt's threads; ctypes released the GIL for them.
+        try:
+            _lib.lib().rdt_runtime_destroy(ptr)
+        finally:
+            _objects.drop_runtime(self)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"Runtime({self.name!r}, closed)"
+        return f"Runtime({self.name!r}, address={self.address!r})"
 
     @property
     def address(self) -> str:
+        """Where peers reach this runtime (Unix socket, and TCP if listening)."""
         s = ctypes.c_char_p()
         _lib.check(_lib.lib().rdt_runtime_address(self._handle(), ctypes.byref(s)))
-        return (s.value or b"").decode()
+        return _lib.decode(s.value)
 
-    # ---- objects ---------------------------------------------------------
+    # ---- put -------------------------------------------------------------------
 
     def put(self, value: Any, transport: Optional[str] = None) -> ObjectRef:
-        """Puts the tensors found in value (a tensor, or lists, tuples and
-        dicts holding them) as one object, without copying them. Keep them
-        unmodified until they are freed (see wait_tensor_freed)."""
-        found: List[Any] = []
-        skeleton = _flatten(value, found)
-        views = [_t.view_of(x) for x in found]
-        arr = (_lib.Tensor * max(len(views), 1))(*[v.tensor for v in views])
+        """Puts the tensors in ``value`` (a tensor, or lists, tuples and dicts
+        holding tensors) as one object, without copying them, and returns a
+        reference. The rest of the structure is pickled now and travels with
+        the reference. Keep the tensors unmodified until the object is freed
+        (see :meth:`wait_tensor_freed`). ``transport`` names the transport
+        receivers use; None lets each fetch choose."""
+        if type(value) is np.ndarray:  # the common case, quickly
+            found: List[Any] = [value]
+            items = [_t.item_of(value)]
+            blob = SINGLE
+        else:
+            found = []
+            skeleton = flatten(value, found)
+            items = [_t.item_of(x, False, i if len(found) > 1 else "tensor") for i, x in enumerate(found)]
+            blob = encode_skeleton(skeleton, len(found))
+        n = len(items)
+        buf, addr = _t.pack(items)
+        entry = _objects.Entry(self, found, items, blob)
+        key = _objects.add(entry)
+        tname = transport.encode() if transport else None
+        ptrs: Optional[Tuple[int, ...]] = None
+        if tname is not None:
+            # A transport extracts its metadata inside rdt_put: let a Python
+            # one see these very tensors.
+            ptrs = tuple(it.data for it in items)
+            _objects.putting[ptrs] = entry
         out = ctypes.c_void_p()
-        sem = _new_semaphore()
-        st = _lib.lib().rdt_put(self._handle(), arr, len(views), transport.encode() if transport else None,
-                                _release_fn, ctypes.addressof(sem), ctypes.byref(out))
+        try:
+            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, _objects.release_fn, key, ctypes.byref(out))
+        finally:
+            if ptrs is not None:
+                _objects.putting.pop(ptrs, None)
         if st != _lib.OK:
-            _sem_destroy(sem)
-            _lib.check(st)
-        with _keep_lock:
-            _keep[ctypes.addressof(sem)] = (sem, (found, views))
-        _sweep()
-        return ObjectRef(self, out.value, skeleton, tuple(v.framework for v in views),
-                         [v.desc for v in views])
+            _objects.drop(key)  # on error rdt keeps nothing and never calls release
+            raise _lib.make_error(st)
+        return ObjectRef(self, out.value or 0, blob, tuple(it.framework for it in items),
+                         [it.desc for it in items], entry)
 
-    def deserialize(self, data: bytes, skeleton: Any = None, frameworks: Tuple[str, ...] = ()) -> ObjectRef:
-        """A ref from rdt_ref_serialize bytes (from any language)."""
+    # ---- references --------------------------------------------------------------
+
+    def deserialize(self, data: bytes, *, _skeleton: Any = None, _frameworks: Tuple[str, ...] = (),
+                    _descs: Any = None, _oid: str = "") -> ObjectRef:
+        """A ref from bytes made by ``ObjectRef.serialize()`` (or by
+        rdt_ref_serialize in any language). Such a ref gets its tensors back
+        as a single tensor (one) or a list (several)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"deserialize takes bytes, not {type(data).__name__}")
+        data = bytes(data)
         out = ctypes.c_void_p()
         _lib.check(_lib.lib().rdt_ref_deserialize(self._handle(), data, len(data), ctypes.byref(out)))
-        ref = ObjectRef(self, out.value, skeleton, frameworks)
-        if skeleton is None:
-            n = len(ref.tensor_descs())
-            ref._skeleton = _Slot(0) if n == 1 else [_Slot(i) for i in range(n)]
-        return ref
+        descs = [_t.Desc(*d) for d in _descs] if _descs is not None else None
+        return ObjectRef(self, out.value or 0, _skeleton, _frameworks, descs, None, _oid)
+
+    def borrow(self, ref: ObjectRef) -> ObjectRef:
+        """A handle in this runtime to the object ``ref`` (of another runtime)
+        points to, as unpickling would make: a borrow the owner counts."""
+        if not isinstance(ref, ObjectRef):
+            raise InvalidArgumentError(f"borrow takes an ObjectRef, not {type(ref).__name__}")
+        _, (data, skeleton, frameworks, descs, oid) = ref.__reduce__()
+        return self.deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)
+
+    # ---- get ---------------------------------------------------------------------
 
     def get(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
             transport: Optional[str] = None, out: Any = None) -> Any:
-        """Fetches one ref, or a list of refs concurrently, and returns the
-        put structure(s) with fresh tensors of the producer's framework, or
-        with the tensors given in ``out`` (in put order across all refs).
-        Raises GetTimeoutError when ``timeout`` seconds pass; nothing is left
-        writing into the buffers then."""
+        """Fetches one ref, or a list of refs concurrently (one fetch), and
+        returns the put structure(s) with new tensors of the producer's
+        framework, or with the tensors given in ``out=`` (a tensor, or a
+        structure of them, in put order across all refs).
+
+        ``timeout`` is in seconds (None waits forever): when it passes,
+        GetTimeoutError (a TimeoutError) is raised and every transfer is
+        aborted. With ``out=`` nothing writes into your buffers once get
+        returns; without, a transfer that cannot abort finishes in the
+        background into buffers nobody sees. ``transport`` overrides the
+        transport of every ref for this fetch.
+
+        A ref this runtime owns gives back the put tensors themselves (no
+        copy), as Ray does, unless ``out=`` is given.
+        """
+        self._handle()  # ClosedError once the runtime is closed
         single = isinstance(refs, ObjectRef)
-        lst: List[ObjectRef] = [refs] if single else list(refs)  # type: ignore[list-item]
+        if single:
+            lst: List[ObjectRef] = [refs]  # type: ignore[list-item]
+        elif isinstance(refs, (list, tuple)):
+            lst = list(refs)
+        else:
+            raise InvalidArgumentError(f"get takes an ObjectRef or a list of them, not {type(refs).__name__}")
         for r in lst:
             if not isinstance(r, ObjectRef):
                 raise InvalidArgumentError(f"get takes ObjectRefs, not {type(r).__name__}")
             if r._runtime is not self:
-                raise InvalidArgumentError("the ref belongs to another runtime")
+                raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r._runtime!r}); get it there")
+            r._handle()  # ClosedError for a released ref
+        deadline = _deadline(timeout)
+        if not lst:
+            return []
         descs = [r.tensor_descs() for r in lst]
-        flat = [d for ds in descs for d in ds]
+        tensors: List[List[Any]] = []
+        fetch_refs: List[ObjectRef] = []
+        items: List[_t.Item] = []
+        objs: List[Any] = []
         if out is None:
-            fws = [fw for r in lst for fw in (r._frameworks or ("numpy",) * len(r.tensor_descs()))]
-            results = [_t.allocate(d, fw) for d, fw in zip(flat, fws)]
-            views = [_t.view_of(x) for x in results]
+            for r, ds in zip(lst, descs):
+                e = r._own_entry()
+                if e is not None and e.runtime is self:
+                    if e.sent:
+                        _warn_shared_once()
+                    tensors.append(list(e.tensors))
+                    continue
+                fws = r._frameworks or ("numpy",) * len(ds)
+                got = [_t.allocate(d, fw) for d, fw in zip(ds, fws)]
+                tensors.append(got)
+                fetch_refs.append(r)
+                objs.extend(got)
+                items.extend(_t.item_of(x, writable=True) for x in got)
         else:
-            outs: List[Any] = []
-            _flatten(out, outs)
-            views = _t.check_out(outs, flat)
-            results = outs
-        handles = (_VP1 if len(lst) == 1 else ctypes.c_void_p * len(lst))(*[r._handle() for r in lst])
-        targets = (_lib.Tensor * max(len(views), 1))(*[v.tensor for v in views])
-        fo = None
+            outs: List[Any] = [out] if type(out) is np.ndarray else []
+            if not outs:
+                flatten(out, outs)
+            flat = [d for ds in descs for d in ds]
+            items = _t.check_out(outs, flat)
+            objs = outs
+            i = 0
+            for ds in descs:
+                tensors.append(outs[i:i + len(ds)])
+                i += len(ds)
+            fetch_refs = lst
+        if fetch_refs:
+            self._fetch(fetch_refs, items, objs, deadline, transport, owned=out is None)
+        results = [decode_skeleton(r._skeleton, ts) for r, ts in zip(lst, tensors)]
+        return results[0] if single else results
+
+    def _fetch(self, refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], deadline: Optional[float],
+               transport: Optional[str], owned: bool) -> None:
+        L = _lib.lib()
+        h = self._handle()
+        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        buf, addr = _t.pack(items)
+        opts = None
         if transport:
-            fo = _lib.init(_lib.FetchOptions())
-            fo.transport = transport.encode()
-        _lib.check(_lib.lib().rdt_get(self._handle(), handles, len(lst), targets, len(views),
-                                      ctypes.byref(fo) if fo is not None else None, _ms(timeout)))
-        structures, i = [], 0
-        for r, ds in zip(lst, descs):
-            structures.append(_unflatten(r._skeleton, results[i:i + len(ds)]))
-            i += len(ds)
-        return structures[0] if single else structures
+            opts = _lib.init(_lib.FetchOptions())
+            opts.transport = transport.encode()
+        # Python transports receiving this fetch get these very objects.
+        mine = []
+        if _objects.python_transports:
+            receiving = _objects.receiving
+            for it, obj in zip(items, objs):
+                if it.data:
+                    receiving[it.data] = obj
+                    mine.append((it.data, obj))
+        f = ctypes.c_void_p()
+        st = L.rdt_fetch_start(h, handles, len(refs), addr, len(items), opts, ctypes.byref(f))
+        if st != _lib.OK:
+            _forget(mine)
+            raise _lib.make_error(st)
+        fetch = f.value
+        try:
+            while True:
+                st = L.rdt_fetch_wait(fetch, _slice_ms(deadline))
+                if st == _lib.OK:
+                    break
+                if st != _lib.ERR_TIMEOUT:
+                    # Final: every other transfer already completed or stopped.
+                    err = _lib.make_error(st)
+                    L.rdt_fetch_free(fetch)
+                    _forget(mine)
+                    raise err
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise GetTimeoutError(f"rdt.get: the deadline passed before {len(refs)} "
+                                          f"object{'s' if len(refs) != 1 else ''} arrived; the fetch was aborted",
+                                          _lib.ERR_TIMEOUT)
+        except (GetTimeoutError, KeyboardInterrupt, SystemExit) as e:
+            # Stop every transfer. Buffers the caller gave must be quiet before
+            # we return; our own may finish filling in the background (a
+            # transport that cannot abort) and are dropped afterwards.
+            L.rdt_fetch_abort(fetch)
+            if owned:
+                threading.Thread(target=_drain, args=(fetch, buf, items, mine), name="rdt-drain",
+                                 daemon=True).start()
+            else:
+                L.rdt_fetch_free(fetch)
+                _forget(mine)
+            raise e
+        L.rdt_fetch_free(fetch)
+        _forget(mine)
+
+    # ---- the source side -------------------------------------------------------
 
     def wait_tensor_freed(self, tensor: Any, timeout: Optional[float] = None) -> None:
-        """Blocks until no object of this runtime holds tensor (put it again
-        or modify it after that). Raises GetTimeoutError (a TimeoutError)."""
-        v = _t.view_of(tensor)
-        _lib.check(_lib.lib().rdt_wait_tensor_freed(self._handle(), v.data or None, _ms(timeout)))
+        """Blocks until no object of this runtime holds ``tensor`` (matched by
+        its data address), so it may be modified or reused. Raises
+        GetTimeoutError (a TimeoutError) when ``timeout`` seconds pass."""
+        it = _t.item_of(tensor)
+        if not it.data:
+            return
+        deadline = _deadline(timeout)
+        L = _lib.lib()
+        while True:
+            st = L.rdt_wait_tensor_freed(self._handle(), it.data, _slice_ms(deadline))
+            if st == _lib.OK:
+                return
+            if st != _lib.ERR_TIMEOUT:
+                raise _lib.make_error(st)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"wait_tensor_freed: the tensor is still held after {timeout} s",
+                                      _lib.ERR_TIMEOUT)
 
-    # ---- transports and counters -------------------------------------------
+    # ---- transports and counters -------------------------------------------------
 
-    def register_tensor_transport(self, name: str, devices: Union[str, List[str]], cls: Any,
-                                  data_type: Any = None) -> None:
-        """Registers a TensorTransportManager class (or instance) under name.
-        Register it under the same name in every process that uses it."""
-        _register_transport(self._handle(), name, devices, cls, data_type)
+    def register_tensor_transport(self, name: str, devices: Union[str, Sequence[str]], cls: Any,
+                                  data_type: Optional[Type[Any]] = None) -> None:
+        """Registers a transport class written against Ray's
+        ``TensorTransportManager`` interface (an instance is made with
+        ``cls()``; an instance is accepted too) with this runtime under
+        ``name``. Every process that uses it registers it under that name.
+        ``data_type`` (say ``torch.Tensor``) is the tensor type the class
+        wants to see; None shows each tensor as its producer made it."""
+        self._register(name, devices, cls, data_type, skip_existing=False)
+
+    def _register(self, name: str, devices: Any, cls: Any, data_type: Any, skip_existing: bool) -> None:
+        from ._adapter import register
+        if skip_existing and name.lower() in self.transport_names():
+            return
+        register(self, name, devices, cls, data_type)
 
     def transports(self) -> List[Dict[str, Any]]:
+        """Every registered transport with its flags, devices and counters."""
+        L = _lib.lib()
         n = ctypes.c_size_t()
-        _lib.check(_lib.lib().rdt_transport_list(self._handle(), None, 0, ctypes.byref(n)))
+        _lib.check(L.rdt_transport_list(self._handle(), None, 0, ctypes.byref(n)))
         arr = (_lib.TransportInfo * max(n.value, 1))()
         for x in arr:
             _lib.init(x)
-        _lib.check(_lib.lib().rdt_transport_list(self._handle(), arr, n.value, ctypes.byref(n)))
-        return [{"name": x.name.decode(), "one_sided": bool(x.flags & _lib.TRANSPORT_ONE_SIDED),
+        _lib.check(L.rdt_transport_list(self._handle(), ctypes.addressof(arr), len(arr), ctypes.byref(n)))
+        names = {v: k for k, v in _t.DEVICE_NAMES.items()}
+        return [{"name": x.name.decode(), "builtin": bool(x.flags & _lib.TRANSPORT_BUILTIN),
+                 "one_sided": bool(x.flags & _lib.TRANSPORT_ONE_SIDED),
                  "can_abort": bool(x.flags & _lib.TRANSPORT_CAN_ABORT),
-                 "builtin": bool(x.flags & _lib.TRANSPORT_BUILTIN),
+                 "devices": [names.get(x.devices[i], str(x.devices[i])) for i in range(x.num_devices)],
                  "transfers_completed": x.transfers_completed, "transfers_failed": x.transfers_failed,
-                 "bytes_received": x.bytes_received} for x in arr[:n.value]]
+                 "bytes_received": x.bytes_received, "sends_completed": x.sends_completed,
+                 "bytes_sent": x.bytes_sent} for x in arr[:min(n.value, len(arr))]]
+
+    def transport_names(self, builtin: Optional[bool] = None) -> List[str]:
+        """Names of the registered transports (only built-in ones with
+        ``builtin=True``, only the application's with False)."""
+        return [t["name"] for t in self.transports() if builtin is None or t["builtin"] == builtin]
 
     def stats(self) -> Dict[str, int]:
+        """The runtime's counters (objects, refs, borrows, transfers, bytes...)."""
         s = _lib.init(_lib.Stats())
         _lib.check(_lib.lib().rdt_runtime_stats(self._handle(), ctypes.byref(s)))
-        return {name: getattr(s, name) for name, _ in _lib.Stats._fields_[2:]}
+        return {name: int(getattr(s, name)) for name in _lib.STATS_FIELDS}
 
 
-# ---- the default runtime ---------------------------------------------------
+def _forget(mine: List[Tuple[int, Any]]) -> None:
+    receiving = _objects.receiving
+    for data, obj in mine:
+        if receiving.get(data) is obj:
+            del receiving[data]
+
+
+def _drain(fetch: int, buf: Any, items: List[_t.Item], mine: List[Tuple[int, Any]]) -> None:
+    """Frees an aborted fetch whose buffers only rdt.get knew, once nothing
+    writes into them any more; the buffers go with it."""
+    try:
+        _lib.lib().rdt_fetch_free(fetch)
+    finally:
+        _forget(mine)
+        del buf, items
+
+
+# ---- the default runtime -------------------------------------------------------
 
 _default: Optional[Runtime] = None
 _default_lock = threading.Lock()
 
 
+def init(**options: Any) -> Runtime:
+    """Creates the process's default runtime with options (see Runtime).
+    Call it before anything else uses the default runtime."""
+    global _default
+    with _default_lock:
+        if _default is not None and not _default.closed:
+            raise InvalidArgumentError("rdt.init: the default runtime already exists")
+        _default = Runtime(**options)
+        return _default
+
+
 def default_runtime() -> Runtime:
     """The process's default runtime, created on first use."""
     global _default
+    rt = _default
+    if rt is not None and rt._ptr is not None:
+        return rt
     with _default_lock:
         if _default is None or _default.closed:
             _default = Runtime()
@@ -363,31 +441,66 @@ def default_runtime() -> Runtime:
 
 
 def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
+    """Puts value into the default runtime; see Runtime.put."""
     return default_runtime().put(value, transport)
 
 
 def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
         transport: Optional[str] = None, out: Any = None) -> Any:
+    """Fetches refs in the runtime they belong to; see Runtime.get."""
     if isinstance(refs, ObjectRef):
         rt = refs._runtime
+    elif isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
+        rt = refs[0]._runtime
     else:
-        refs = list(refs)
-        rt = refs[0]._runtime if refs and isinstance(refs[0], ObjectRef) else default_runtime()
+        rt = default_runtime()
     return rt.get(refs, timeout=timeout, transport=transport, out=out)
 
 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:
-    default_runtime().wait_tensor_freed(tensor, timeout)
+    """Blocks until no object of this process holds ``tensor``; see
+    Runtime.wait_tensor_freed."""
+    it = _t.item_of(tensor)
+    rt = _objects.holder_of(it.data) if it.data else None
+    if rt is None or rt.closed:
+        return  # nothing holds it (its release callback already ran)
+    rt.wait_tensor_freed(tensor, timeout)
 
 
-def register_tensor_transport(name: str, devices: Union[str, List[str]], cls: Any, data_type: Any = None) -> None:
-    default_runtime().register_tensor_transport(name, devices, cls, data_type)
+def register_tensor_transport(name: str, devices: Union[str, Sequence[str]], cls: Any,
+                              data_type: Optional[Type[Any]] = None) -> None:
+    """Registers a ``TensorTransportManager`` class under ``name`` for the
+    whole process: with every runtime that exists and every one created
+    later (each gets its own instance). Call it in every process that puts
+    or gets with the transport. Raises AlreadyExistsError (a ValueError) if
+    the name is taken."""
+    from ._adapter import validate
+    validate(name, devices, cls)
+    key = name.lower()
+    with _process_lock:
+        if key in _process_transports:
+            from ._errors import AlreadyExistsError
+            raise AlreadyExistsError(f"a transport named {name!r} is already registered in this process",
+                                     -3)
+        _process_transports[key] = (name, devices, cls, data_type)
+    try:
+        default_runtime()
+        for rt in list(_runtimes):
+            if not rt.closed:
+                rt._register(name, devices, cls, data_type, skip_existing=True)
+    except BaseException:
+        with _process_lock:
+            _process_transports.pop(key, None)
+        raise
 
 
 @atexit.register
-def _close_all() -> None:
-    # Destroy runtimes while Python still runs: their release callbacks and
-    # transports' free functions call into it.
+def _shutdown() -> None:
+    # Destroy every runtime while Python still runs: release callbacks and
+    # Python transports run during destroy and need the interpreter. After
+    # this no rdt thread calls into Python any more.
+    global _shutting_down
+    _shutting_down = True
     for rt in list(_runtimes):
         try:
             rt.close()

@@ -1,46 +1,65 @@
-"""Tensors in and out: numpy arrays, torch tensors, and anything with
-``__dlpack__`` or ``__array_interface__``, seen as rdt_tensor views over
-their memory (never copied), and new tensors of the producer's framework
-allocated for receiving."""
+"""Tensors in and out.
+
+numpy arrays, torch tensors, and anything with ``__dlpack__`` or
+``__array_interface__`` are seen as rdt_tensor descriptions of their memory
+(never copied); tensors of the producer's framework are allocated to receive
+into; and rdt_tensor arrays handed to callbacks are seen as numpy arrays (or
+torch tensors) over the same memory.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _lib
 from ._errors import InvalidArgumentError, UnsupportedError
 
+# DLPack dtype codes (rdt.h's RDT_DTYPE_*).
+INT, UINT, FLOAT, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 4, 5, 6
+FLOAT8_E4M3FN, FLOAT8_E5M2 = 10, 12
+
 # numpy dtype <-> DLPack (code, bits); lanes are always 1.
-_NP_TO_DL = {
-    np.dtype(np.bool_): (6, 8),
-    np.dtype(np.int8): (0, 8), np.dtype(np.int16): (0, 16),
-    np.dtype(np.int32): (0, 32), np.dtype(np.int64): (0, 64),
-    np.dtype(np.uint8): (1, 8), np.dtype(np.uint16): (1, 16),
-    np.dtype(np.uint32): (1, 32), np.dtype(np.uint64): (1, 64),
-    np.dtype(np.float16): (2, 16), np.dtype(np.float32): (2, 32),
-    np.dtype(np.float64): (2, 64),
-    np.dtype(np.complex64): (5, 64), np.dtype(np.complex128): (5, 128),
+_NP_TO_DL: Dict[np.dtype, Tuple[int, int]] = {
+    np.dtype(np.bool_): (BOOL, 8),
+    np.dtype(np.int8): (INT, 8), np.dtype(np.int16): (INT, 16),
+    np.dtype(np.int32): (INT, 32), np.dtype(np.int64): (INT, 64),
+    np.dtype(np.uint8): (UINT, 8), np.dtype(np.uint16): (UINT, 16),
+    np.dtype(np.uint32): (UINT, 32), np.dtype(np.uint64): (UINT, 64),
+    np.dtype(np.float16): (FLOAT, 16), np.dtype(np.float32): (FLOAT, 32),
+    np.dtype(np.float64): (FLOAT, 64),
+    np.dtype(np.complex64): (COMPLEX, 64), np.dtype(np.complex128): (COMPLEX, 128),
 }
-_DL_TO_NP = {v: k for k, v in _NP_TO_DL.items()}
+_DL_TO_NP: Dict[Tuple[int, int], np.dtype] = {v: k for k, v in _NP_TO_DL.items()}
+
+# torch dtype names <-> DLPack (code, bits).
+_TORCH_DL: Dict[str, Tuple[int, int]] = {
+    "bool": (BOOL, 8), "int8": (INT, 8), "int16": (INT, 16), "int32": (INT, 32), "int64": (INT, 64),
+    "uint8": (UINT, 8), "uint16": (UINT, 16), "uint32": (UINT, 32), "uint64": (UINT, 64),
+    "float16": (FLOAT, 16), "float32": (FLOAT, 32), "float64": (FLOAT, 64), "bfloat16": (BFLOAT, 16),
+    "complex64": (COMPLEX, 64), "complex128": (COMPLEX, 128),
+    "float8_e4m3fn": (FLOAT8_E4M3FN, 8), "float8_e5m2": (FLOAT8_E5M2, 8),
+}
+_DL_TO_TORCH = {v: k for k, v in _TORCH_DL.items()}
 
 DEVICE_NAMES = {"cpu": _lib.DEVICE_CPU, "cuda": _lib.DEVICE_CUDA, "cuda_host": _lib.DEVICE_CUDA_HOST,
                 "rocm": _lib.DEVICE_ROCM, "cuda_managed": _lib.DEVICE_CUDA_MANAGED}
+_HOST_DEVICES = (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST, _lib.DEVICE_CUDA_MANAGED)
 
 
 def device_code(name: str) -> int:
+    """The DLPack device type of a device name such as "cpu" or "cuda:1"."""
     try:
-        return DEVICE_NAMES[name.lower().split(":")[0]]
+        return DEVICE_NAMES[str(name).lower().split(":")[0]]
     except KeyError:
         raise InvalidArgumentError(f"unknown device type {name!r} (known: {', '.join(DEVICE_NAMES)})") from None
 
 
-@dataclass
-class TensorDesc:
+class Desc(NamedTuple):
     """Shape, dtype and device of a tensor as rdt sees it."""
 
     shape: Tuple[int, ...]
@@ -51,78 +70,126 @@ class TensorDesc:
     device_id: int
 
     @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * ((self.bits * self.lanes + 7) // 8)
+
+    @property
     def numpy_dtype(self) -> Optional[np.dtype]:
-        return _DL_TO_NP.get((self.code, self.bits)) if self.lanes == 1 else None
+        if self.lanes != 1:
+            return None
+        dt = _DL_TO_NP.get((self.code, self.bits))
+        if dt is None:
+            dt = _extra_numpy_dtype(self.code, self.bits)
+        return dt
+
+    def dtype_name(self) -> str:
+        dt = self.numpy_dtype
+        if dt is not None:
+            return str(dt)
+        t = _DL_TO_TORCH.get((self.code, self.bits))
+        base = t or f"dlpack(code={self.code}, bits={self.bits})"
+        return base if self.lanes == 1 else f"{base}x{self.lanes}"
 
 
-_SHAPE_TYPES = [ctypes.c_int64 * max(i, 1) for i in range(9)]
+def _extra_numpy_dtype(code: int, bits: int) -> Optional[np.dtype]:
+    """bfloat16 and float8 as numpy dtypes, when ml_dtypes is installed."""
+    if (code, bits) not in ((BFLOAT, 16), (FLOAT8_E4M3FN, 8), (FLOAT8_E5M2, 8)):
+        return None
+    try:
+        import ml_dtypes  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    name = {BFLOAT: "bfloat16", FLOAT8_E4M3FN: "float8_e4m3fn", FLOAT8_E5M2: "float8_e5m2"}[code]
+    return np.dtype(getattr(ml_dtypes, name))
 
 
-class View:
-    """An rdt_tensor over a Python object's memory, with what keeps the
-    memory alive and which framework made it."""
+class Item(NamedTuple):
+    """One tensor found in a value: its data address, description, what keeps
+    its memory alive, and the framework it came from."""
 
-    __slots__ = ("tensor", "shape_array", "keepalive", "framework", "desc", "data")
-
-    def __init__(self, data: int, desc: TensorDesc, keepalive: Any, framework: str) -> None:
-        self.desc = desc
-        self.data = data
-        self.keepalive = keepalive
-        self.framework = framework
-        n = len(desc.shape)
-        self.shape_array = (_SHAPE_TYPES[n] if n < len(_SHAPE_TYPES) else ctypes.c_int64 * n)(*desc.shape)
-        # Built in one constructor call: attribute by attribute costs more
-        # than the rest of a small put.
-        self.tensor = _lib.Tensor(data or None, _lib.Device(desc.device_type, desc.device_id), n,
-                                  _lib.DType(desc.code, desc.bits, desc.lanes), self.shape_array, None, 0)
+    data: int
+    desc: Desc
+    keep: Any
+    framework: str
 
 
-def _torch():
+def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+_SCALARS = (str, bytes, bytearray, memoryview, int, float, complex, bool, type(None), np.generic)
+
+
 def is_tensor(obj: Any) -> bool:
-    """Whether put() treats obj as a tensor rather than structure."""
+    """Whether put() treats obj as a tensor rather than as structure."""
+    if type(obj) is np.ndarray:
+        return True
+    if isinstance(obj, _SCALARS):
+        return False  # numpy scalars have __array_interface__ but are plain values
     if isinstance(obj, np.ndarray):
         return True
     t = _torch()
     if t is not None and isinstance(obj, t.Tensor):
         return True
-    if isinstance(obj, (str, bytes, bytearray, memoryview, int, float, complex, bool)) or obj is None:
+    if isinstance(obj, type):
         return False
     return hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__")
 
 
-def _from_numpy(a: np.ndarray, keepalive: Any, framework: str) -> View:
+_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
+def _name(what: Any) -> str:
+    """The name of a tensor in messages: "tensor", "tensor 2", "out[0]"."""
+    if isinstance(what, int):
+        return f"tensor {what}"
+    if isinstance(what, tuple):
+        return f"out[{what[0]}]"
+    return str(what)
+
+
+def _numpy_item(a: np.ndarray, keep: Any, framework: str, writable: bool, what: Any) -> Item:
     if not a.flags.c_contiguous:
         raise InvalidArgumentError(
-            f"array of shape {a.shape} with strides {a.strides} is not C-contiguous; pass np.ascontiguousarray(x)")
+            f"{_name(what)}: array of shape {a.shape} with strides {a.strides} is not C-contiguous; rdt moves "
+            "contiguous tensors only (pass np.ascontiguousarray(x))")
     dl = _NP_TO_DL.get(a.dtype)
     if dl is None:
-        raise UnsupportedError(f"dtype {a.dtype} has no DLPack equivalent rdt can move")
-    desc = TensorDesc(tuple(int(d) for d in a.shape), dl[0], dl[1], 1, _lib.DEVICE_CPU, 0)
-    return View(a.__array_interface__["data"][0], desc, keepalive, framework)
+        if a.dtype.isnative is False:
+            raise UnsupportedError(f"{_name(what)}: dtype {a.dtype.str} is not in native byte order; convert it with "
+                                   "x.astype(x.dtype.newbyteorder('='))")
+        extra = {"bfloat16": (BFLOAT, 16), "float8_e4m3fn": (FLOAT8_E4M3FN, 8),
+                 "float8_e5m2": (FLOAT8_E5M2, 8)}.get(a.dtype.name)
+        if extra is None:
+            raise UnsupportedError(f"{_name(what)}: dtype {a.dtype} has no DLPack equivalent that rdt can move "
+                                   "(bool, int8..int64, uint8..uint64, float16/32/64, complex64/128 are)")
+        dl = extra
+    if writable and not a.flags.writeable:
+        raise InvalidArgumentError(f"{_name(what)}: array is read-only")
+    try:
+        data = _addressof(_from_buffer(a))  # type: ignore[arg-type]  # fast; writable, non-empty only
+    except (TypeError, ValueError, BufferError):
+        data = a.__array_interface__["data"][0] if a.size else 0
+    return Item(data, Desc(a.shape, dl[0], dl[1], 1, _lib.DEVICE_CPU, 0), keep, framework)
 
 
-_TORCH_DL = {
-    "bool": (6, 8), "int8": (0, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
-    "uint8": (1, 8), "uint16": (1, 16), "uint32": (1, 32), "uint64": (1, 64),
-    "float16": (2, 16), "float32": (2, 32), "float64": (2, 64), "bfloat16": (4, 16),
-    "complex64": (5, 64), "complex128": (5, 128),
-}
-
-
-def _from_torch(x: Any) -> View:
+def _torch_item(x: Any, writable: bool, what: Any) -> Item:
     if not x.is_contiguous():
-        raise InvalidArgumentError(f"torch tensor of shape {tuple(x.shape)} is not contiguous; pass x.contiguous()")
+        raise InvalidArgumentError(f"{_name(what)}: torch tensor of shape {tuple(x.shape)} is not contiguous; rdt "
+                                   "moves contiguous tensors only (pass x.contiguous())")
     name = str(x.dtype).replace("torch.", "")
     dl = _TORCH_DL.get(name)
     if dl is None:
-        raise UnsupportedError(f"torch dtype {x.dtype} has no DLPack equivalent rdt can move")
+        raise UnsupportedError(f"{_name(what)}: torch dtype {x.dtype} has no DLPack equivalent that rdt can move")
     dev = x.device
-    dtype_code = device_code(dev.type)
-    desc = TensorDesc(tuple(int(d) for d in x.shape), dl[0], dl[1], 1, dtype_code, dev.index or 0)
-    return View(x.data_ptr(), desc, x, "torch")
+    if dev.type not in DEVICE_NAMES:
+        raise UnsupportedError(f"{_name(what)}: torch device {dev} is not one rdt moves (cpu, cuda)")
+    desc = Desc(tuple(x.shape), dl[0], dl[1], 1, DEVICE_NAMES[dev.type], dev.index or 0)
+    return Item(x.data_ptr() if x.numel() else 0, desc, x, "torch")
 
 
 class _DLTensor(ctypes.Structure):
@@ -136,110 +203,232 @@ _capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
 _capsule_valid.restype = ctypes.c_int
 _capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
+_DLPACK_READ_ONLY = 1 << 0
+_DLPACK_IS_COPIED = 1 << 1
 
-def _from_dlpack(obj: Any) -> View:
-    """Reads a DLPack capsule without consuming it: the capsule (kept alive
-    with the object) still owns the tensor and frees it when dropped."""
-    cap = obj.__dlpack__()
-    if _capsule_valid(cap, b"dltensor"):
-        # DLManagedTensor starts with its DLTensor.
-        dl = _DLTensor.from_address(_capsule_pointer(cap, b"dltensor"))
-    elif _capsule_valid(cap, b"dltensor_versioned"):
-        # DLManagedTensorVersioned: version (2 x u32), manager_ctx, deleter, flags (u64), then DLTensor.
+
+def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
+    """Reads a DLPack capsule without consuming it: the capsule, kept alive
+    with the object, still owns the DLPack tensor and frees it when dropped."""
+    try:
+        cap = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer that predates versioned capsules
+        cap = obj.__dlpack__()
+    flags = 0
+    if _capsule_valid(cap, b"dltensor_versioned"):
+        # DLManagedTensorVersioned: version (2 x u32), manager_ctx, deleter, flags (u64), then the DLTensor.
         base = _capsule_pointer(cap, b"dltensor_versioned")
-        dl = _DLTensor.from_address(base + 8 + 8 + 8 + 8)
+        flags = ctypes.c_uint64.from_address(base + 24).value
+        dl = _DLTensor.from_address(base + 32)
+    elif _capsule_valid(cap, b"dltensor"):
+        dl = _DLTensor.from_address(_capsule_pointer(cap, b"dltensor"))  # DLManagedTensor starts with it
     else:
-        raise UnsupportedError(f"{type(obj).__name__}.__dlpack__() returned no DLPack capsule")
+        raise UnsupportedError(f"{_name(what)}: {type(obj).__name__}.__dlpack__() returned no unused DLPack capsule")
+    if writable and flags & (_DLPACK_READ_ONLY | _DLPACK_IS_COPIED):
+        raise InvalidArgumentError(f"{_name(what)}: {type(obj).__name__} exports a read-only or copied DLPack tensor; "
+                                   "rdt cannot receive into it")
     shape = tuple(dl.shape[i] for i in range(dl.ndim))
-    if dl.strides:
+    if dl.strides and 0 not in shape:
         expect = 1
         for i in reversed(range(dl.ndim)):
             if shape[i] != 1 and dl.strides[i] != expect:
-                raise InvalidArgumentError(f"{type(obj).__name__} of shape {shape} is not contiguous")
+                raise InvalidArgumentError(f"{_name(what)}: {type(obj).__name__} of shape {shape} is not contiguous; "
+                                           "rdt moves contiguous tensors only")
             expect *= shape[i]
-    desc = TensorDesc(shape, dl.dtype.code, dl.dtype.bits, dl.dtype.lanes, dl.device.device_type,
-                      dl.device.device_id)
-    data = (dl.data or 0) + dl.byte_offset
-    return View(data, desc, (obj, cap), "dlpack")
+    if dl.device.device_type <= 0:
+        raise UnsupportedError(f"{_name(what)}: DLPack device type {dl.device.device_type} is not valid")
+    desc = Desc(shape, dl.dtype.code, dl.dtype.bits, dl.dtype.lanes, dl.device.device_type, dl.device.device_id)
+    data = (dl.data or 0) + dl.byte_offset if desc.nbytes else 0
+    return Item(data, desc, (obj, cap), "dlpack")
 
 
-def view_of(obj: Any) -> View:
-    """A view over a tensor-like object's memory. Raises for what rdt cannot
-    move without a copy (non-contiguous) or at all (unknown dtypes/types)."""
-    if isinstance(obj, np.ndarray):
-        return _from_numpy(obj, obj, "numpy")
+def item_of(obj: Any, writable: bool = False, what: Any = "tensor") -> Item:
+    """Describes a tensor-like object's memory. Raises for what rdt cannot
+    move without a copy (non-contiguous) or at all (unknown types, dtypes)."""
+    if type(obj) is np.ndarray:
+        return _numpy_item(obj, obj, "numpy", writable, what)
     t = _torch()
     if t is not None and isinstance(obj, t.Tensor):
-        return _from_torch(obj)
-    if hasattr(obj, "__array_interface__") and not hasattr(obj, "__dlpack__"):
-        return _from_numpy(np.asarray(obj), obj, "numpy")
+        return _torch_item(obj, writable, what)
+    if isinstance(obj, np.ndarray):
+        return _numpy_item(obj, obj, "numpy", writable, what)
+    if isinstance(obj, _SCALARS) or isinstance(obj, type):
+        raise UnsupportedError(f"{_name(what)}: a {type(obj).__name__} is not a tensor (want a numpy array, a torch "
+                               "tensor, or an object with __dlpack__ or __array_interface__)")
     if hasattr(obj, "__dlpack__"):
-        return _from_dlpack(obj)
-    raise UnsupportedError(f"cannot use a {type(obj).__name__} as a tensor (want numpy, torch, "
-                           "__dlpack__ or __array_interface__)")
-
-
-def allocate(desc: TensorDesc, framework: str) -> Any:
-    """A new tensor to receive into, of the producer's framework when it is
-    importable here, else numpy."""
-    t = _torch() if framework == "torch" else None
-    if framework == "torch" and t is None:
+        return _dlpack_item(obj, writable, what)
+    if hasattr(obj, "__array_interface__"):
         try:
-            import torch as t  # noqa: F811
+            a = np.asarray(obj)
+        except Exception as e:
+            raise UnsupportedError(f"{_name(what)}: {type(obj).__name__}.__array_interface__ is unusable: {e}") from e
+        return _numpy_item(a, (obj, a), "numpy", writable, what)
+    raise UnsupportedError(f"{_name(what)}: cannot use a {type(obj).__name__} as a tensor (want a numpy array, a "
+                           "torch tensor, or an object with __dlpack__ or __array_interface__)")
+
+
+# ---- rdt_tensor arrays ------------------------------------------------------
+
+TENSOR_SIZE = ctypes.sizeof(_lib.Tensor)
+_TENSOR = struct.Struct("=QiiiBBHQQQ")  # data, device, ndim, dtype, shape, strides, byte_offset
+assert _TENSOR.size == TENSOR_SIZE == 48
+_pack_into = _TENSOR.pack_into
+
+
+_ONE: Dict[int, struct.Struct] = {}
+
+
+def pack(items: Sequence[Item]) -> Tuple[Any, int]:
+    """An rdt_tensor array (with the shapes after it) in one buffer, and its
+    address. Keep the buffer alive while the address is in use."""
+    n = len(items)
+    if n == 1:  # the common case, in one pack_into
+        it = items[0]
+        d = it.desc
+        nd = len(d.shape)
+        st = _ONE.get(nd)
+        if st is None:
+            st = _ONE[nd] = struct.Struct(f"=QiiiBBHQQQ{nd}q")
+        buf = ctypes.create_string_buffer(st.size)
+        base = _addressof(buf)
+        st.pack_into(buf, 0, it.data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
+                     base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
+        return buf, base
+    ndims = 0
+    for it in items:
+        ndims += len(it.desc.shape)
+    buf = ctypes.create_string_buffer(TENSOR_SIZE * n + 8 * ndims or 1)
+    base = _addressof(buf)
+    shape_off = TENSOR_SIZE * n
+    for i, it in enumerate(items):
+        d = it.desc
+        nd = len(d.shape)
+        _pack_into(buf, TENSOR_SIZE * i, it.data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
+                   base + shape_off if nd else 0, 0, 0)
+        if nd:
+            struct.pack_into(f"={nd}q", buf, shape_off, *d.shape)
+            shape_off += 8 * nd
+    return buf, base
+
+
+def desc_of_c(t: _lib.Tensor) -> Desc:
+    shape = tuple(t.shape[i] for i in range(t.ndim)) if t.ndim else ()
+    return Desc(shape, t.dtype.code, t.dtype.bits, t.dtype.lanes, t.device.device_type, t.device.device_id)
+
+
+def desc_of_info(ti: _lib.TensorInfo) -> Desc:
+    return Desc(tuple(ti.shape[:ti.ndim]), ti.dtype.code, ti.dtype.bits, ti.dtype.lanes, ti.device.device_type,
+                ti.device.device_id)
+
+
+# ---- receiving -------------------------------------------------------------
+
+def _import_torch() -> Any:
+    t = _torch()
+    if t is None:
+        try:
+            import torch
         except ImportError:
-            t = None
-    if t is not None:
-        dt = {v: k for k, v in _TORCH_DL.items()}.get((desc.code, desc.bits))
-        if dt is not None:
-            device = "cpu"
+            return None
+        t = torch
+    return t
+
+
+def allocate(desc: Desc, framework: str) -> Any:
+    """A new tensor to receive into: of the producer's framework when it can
+    be imported here (torch stays torch), else numpy."""
+    if framework == "torch" and desc.lanes == 1:
+        t = _import_torch()
+        name = _DL_TO_TORCH.get((desc.code, desc.bits))
+        if t is not None and name is not None and hasattr(t, name):
+            device = "cpu" if desc.device_type in _HOST_DEVICES else None
             if desc.device_type == _lib.DEVICE_CUDA:
                 device = f"cuda:{desc.device_id}"
-            return t.empty(desc.shape, dtype=getattr(t, dt), device=device)
-    if desc.device_type not in (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST, _lib.DEVICE_CUDA_MANAGED):
-        raise UnsupportedError(f"receiving device memory (device type {desc.device_type}) needs torch or "
-                               "an out= buffer on that device")
+            if device is not None:
+                return t.empty(desc.shape, dtype=getattr(t, name), device=device)
+    if desc.device_type not in _HOST_DEVICES:
+        raise UnsupportedError(f"receiving a tensor of device type {desc.device_type} needs torch (with that "
+                               "device) or an out= buffer on that device")
     dt = desc.numpy_dtype
     if dt is None:
-        raise UnsupportedError(f"no numpy dtype for DLPack code {desc.code}, {desc.bits} bits, {desc.lanes} "
-                               "lanes: install torch or pass out=")
+        raise UnsupportedError(f"no numpy dtype for {desc.dtype_name()} here: install torch (or ml_dtypes), "
+                               "or pass out=")
     return np.empty(desc.shape, dtype=dt)
 
 
-def as_numpy(v: View) -> np.ndarray:
-    """A numpy array over a host view (no copy), for handing to transports."""
-    dt = v.desc.numpy_dtype
+def check_out(outs: List[Any], descs: List[Desc]) -> List[Item]:
+    """Describes the out= buffers, checking each against its source tensor."""
+    if len(outs) != len(descs):
+        raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs hold {len(descs)}")
+    items = []
+    for i, (o, d) in enumerate(zip(outs, descs)):
+        it = item_of(o, True, (i,))
+        od = it.desc
+        if od.shape != d.shape and tuple(od.shape) != tuple(d.shape):
+            raise InvalidArgumentError(f"out[{i}] has shape {tuple(od.shape)}, the source tensor has shape "
+                                       f"{tuple(d.shape)}")
+        if od.code != d.code or od.bits != d.bits or od.lanes != d.lanes:
+            raise InvalidArgumentError(f"out[{i}] has dtype {od.dtype_name()}, the source tensor has dtype "
+                                       f"{d.dtype_name()}")
+        if od.device_type != d.device_type and not (od.device_type in _HOST_DEVICES and
+                                                    d.device_type in _HOST_DEVICES):
+            raise InvalidArgumentError(f"out[{i}] is on device type {od.device_type}, the source tensor on "
+                                       f"{d.device_type}")
+        items.append(it)
+    return items
+
+
+# ---- views over rdt_tensors handed to callbacks ------------------------------
+
+def numpy_view(data: int, desc: Desc) -> np.ndarray:
+    """A numpy array over host memory (no copy). Dtypes numpy lacks are shown
+    as flat uint8 bytes."""
+    dt = desc.numpy_dtype
+    shape: Sequence[int] = desc.shape
     if dt is None:
         dt = np.dtype(np.uint8)
-        shape: Sequence[int] = (int(np.prod(v.desc.shape, dtype=np.int64)) * v.desc.bits * v.desc.lanes // 8,)
-    else:
-        shape = v.desc.shape
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if n == 0:
+        shape = (desc.nbytes,)
+    n = desc.nbytes
+    if n == 0 or not data:
         return np.empty(shape, dtype=dt)
-    buf = (ctypes.c_char * n).from_address(v.data)
-    return np.frombuffer(buf, dtype=dt, count=n // dt.itemsize).reshape(shape)
+    buf = (ctypes.c_char * n).from_address(data)
+    return np.frombuffer(buf, dtype=dt).reshape(shape)  # type: ignore[call-overload]
 
 
-def desc_of_c(t: _lib.Tensor) -> TensorDesc:
-    shape = tuple(t.shape[i] for i in range(t.ndim)) if t.ndim else ()
-    return TensorDesc(shape, t.dtype.code, t.dtype.bits, t.dtype.lanes, t.device.device_type, t.device.device_id)
+def torch_view(data: int, desc: Desc) -> Any:
+    """A torch tensor over host memory (no copy)."""
+    import torch
+    name = _DL_TO_TORCH.get((desc.code, desc.bits))
+    if name is None or desc.lanes != 1:
+        raise UnsupportedError(f"no torch dtype for {desc.dtype_name()}")
+    dt = getattr(torch, name)
+    n = desc.nbytes
+    if n == 0 or not data:
+        return torch.empty(desc.shape, dtype=dt)
+    raw = np.frombuffer((ctypes.c_char * n).from_address(data), dtype=np.uint8)  # type: ignore[call-overload]
+    return torch.from_numpy(raw).view(dt).reshape(desc.shape)
 
 
-def numpy_over_c(t: _lib.Tensor) -> np.ndarray:
-    """A numpy array over an rdt_tensor handed to a callback (no copy)."""
+def view_of_c(t: _lib.Tensor, framework: str = "numpy") -> Any:
+    """A tensor over an rdt_tensor handed to a callback (host memory only)."""
     d = desc_of_c(t)
-    return as_numpy(View(t.data or 0, d, None, "numpy"))
+    data = (t.data or 0) + t.byte_offset
+    if d.device_type not in _HOST_DEVICES:
+        raise UnsupportedError(f"device type {d.device_type} memory cannot be shown to a Python transport "
+                               "without torch")
+    if framework == "torch":
+        return torch_view(data, d)
+    return numpy_view(data, d)
 
 
-def check_out(out: List[Any], descs: List[TensorDesc]) -> List[View]:
-    if len(out) != len(descs):
-        raise InvalidArgumentError(f"out= holds {len(out)} tensors, the refs hold {len(descs)}")
-    views = []
-    for i, (o, d) in enumerate(zip(out, descs)):
-        v = view_of(o)
-        if v.desc.shape != d.shape:
-            raise InvalidArgumentError(f"out[{i}] has shape {v.desc.shape}, the source tensor has {d.shape}")
-        if (v.desc.code, v.desc.bits, v.desc.lanes) != (d.code, d.bits, d.lanes):
-            raise InvalidArgumentError(f"out[{i}] has another dtype than the source tensor")
-        views.append(v)
-    return views
+def as_numpy(x: Any) -> np.ndarray:
+    """A numpy view of a host tensor of any supported framework."""
+    if isinstance(x, np.ndarray):
+        return x
+    t = _torch()
+    if t is not None and isinstance(x, t.Tensor):
+        if x.dtype in (t.bfloat16,) or str(x.dtype).startswith("torch.float8"):
+            return x.view(t.uint16 if x.element_size() == 2 else t.uint8).numpy()
+        return x.detach().numpy()
+    it = item_of(x)
+    return numpy_view(it.data, it.desc)

@@ -47,6 +47,33 @@ static void move(rdt_runtime *a, rdt_runtime *b, const char *put_as,
   free(dst);
 }
 
+/* An owner destroyed while its process goes on: its memory may be reused at
+ * once, so a borrower that has not yet noticed must get an error, never the
+ * bytes. Repeated, because noticing is a race. */
+static void destroyed_owner_is_never_read(void) {
+  const char *names[] = {"cma", NULL, "shm", "tcp"};
+  for (int round = 0; round < 40; round++) {
+    rdt_runtime *a = socket_runtime("doomed"), *b = socket_runtime("reader");
+    enum { N = 1024 };
+    float *src = malloc(N * sizeof(float)), dst[N];
+    for (int i = 0; i < N; i++) src[i] = 1.0f;
+    int64_t shape[1] = {N};
+    rdt_tensor t = f32_tensor(src, shape), target = f32_tensor(dst, shape);
+    rdt_ref *ref;
+    CHECK_OK(rdt_put(a, &t, 1, names[round % 4], NULL, NULL, &ref));
+    rdt_ref *borrowed = pass_ref(ref, b);
+    CHECK_OK(rdt_ref_release(ref));
+    CHECK_OK(rdt_runtime_destroy(a)); /* frees the object; the memory is ours again */
+    for (int i = 0; i < N; i++) src[i] = -1.0f;
+    rdt_status st = rdt_get(b, &borrowed, 1, &target, 1, NULL, 10000);
+    CHECK(st != RDT_OK);
+    CHECK(st == RDT_ERR_PEER_UNAVAILABLE || st == RDT_ERR_NOT_FOUND);
+    CHECK_OK(rdt_ref_release(borrowed));
+    CHECK_OK(rdt_runtime_destroy(b));
+    free(src);
+  }
+}
+
 int main(void) {
   rdt_runtime *a = socket_runtime("owner"), *b = socket_runtime("reader");
   size_t count = 0;
@@ -57,6 +84,7 @@ int main(void) {
   move(a, b, "tcp", NULL, "tcp");
   move(a, b, NULL, NULL, "cma");  /* auto: same host, host memory */
   move(a, b, "cma", "tcp", "tcp"); /* a per-fetch override */
+  destroyed_owner_is_never_read();
   CHECK_OK(rdt_runtime_destroy(b));
   CHECK_OK(rdt_runtime_destroy(a));
   printf("test_builtin: ok\n");

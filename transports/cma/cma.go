@@ -5,6 +5,7 @@
 package cma
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -48,6 +49,66 @@ type Transport struct {
 
 	mu    sync.Mutex
 	procs map[procKey]*proc // sources read from, by pid and start time
+
+	guards guardTable
+}
+
+// guardTable hands out guard words: one per object, in mmap'd pages that
+// receivers read with process_vm_readv after copying. A word holds the
+// object's random token while it lives and is zeroed by garbage_collect
+// before the application gets its memory back, so a receiver that still
+// sees its token after the copy knows the bytes it read were the object's.
+// Without it, a receiver that had not yet noticed its owner's runtime was
+// destroyed could read memory the application already reused.
+type guardTable struct {
+	mu    sync.Mutex
+	pages [][]byte
+	free  []*uint64
+	byObj map[core.ObjectID]*uint64
+}
+
+const guardPage = 4096
+
+func (g *guardTable) take(obj core.ObjectID) (*uint64, uint64, error) {
+	var tb [8]byte
+	if _, err := rand.Read(tb[:]); err != nil {
+		return nil, 0, core.Errorf(core.ErrInternal, "cma: %v", err)
+	}
+	token := binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w, ok := g.byObj[obj]; ok {
+		return w, atomic.LoadUint64(w), nil
+	}
+	if len(g.free) == 0 {
+		page, err := unix.Mmap(-1, 0, guardPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return nil, 0, core.Errorf(core.ErrNoMemory, "cma: guard page: %v", err)
+		}
+		g.pages = append(g.pages, page)
+		for off := 0; off < guardPage; off += 8 {
+			g.free = append(g.free, (*uint64)(unsafe.Pointer(&page[off])))
+		}
+	}
+	w := g.free[len(g.free)-1]
+	g.free = g.free[:len(g.free)-1]
+	atomic.StoreUint64(w, token)
+	if g.byObj == nil {
+		g.byObj = map[core.ObjectID]*uint64{}
+	}
+	g.byObj[obj] = w
+	return w, token, nil
+}
+
+// release zeroes the object's word before its memory goes back.
+func (g *guardTable) release(obj core.ObjectID) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w, ok := g.byObj[obj]; ok {
+		atomic.StoreUint64(w, 0)
+		delete(g.byObj, obj)
+		g.free = append(g.free, w)
+	}
 }
 
 type procKey struct {
@@ -158,10 +219,12 @@ func workerCount() int {
 	return n
 }
 
-func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost} }
-func (t *Transport) OneSided() bool             { return true }
-func (t *Transport) CanAbort() bool             { return true }
+func (t *Transport) Name() string { return Name }
+func (t *Transport) Devices() []core.DeviceType {
+	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+}
+func (t *Transport) OneSided() bool { return true }
+func (t *Transport) CanAbort() bool { return true }
 
 // EagerMetadata: addresses are free to describe, so every put carries them.
 func (t *Transport) EagerMetadata() bool { return true }
@@ -184,6 +247,11 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		}
 		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
 	}
+	w, token, err := t.guards.take(obj)
+	if err != nil {
+		return nil, err
+	}
+	m.Guard, m.Token = uint64(uintptr(unsafe.Pointer(w))), token
 	return m.encode(), nil
 }
 
@@ -193,7 +261,11 @@ func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta [
 	return core.Errorf(core.ErrInternal, "cma is one-sided: send is never called on it")
 }
 
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
+// GarbageCollect retires the object's guard word, so that receivers still
+// reading the memory find out.
+func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+	t.guards.release(obj)
+}
 
 func (t *Transport) Close() error {
 	t.mu.Lock()
@@ -224,7 +296,8 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if err != nil {
 		return nil, err
 	}
-	req := &request{pid: int(m.Pid), startTime: m.StartTime, src: src, done: make(chan struct{})}
+	req := &request{pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token,
+		done: make(chan struct{})}
 	if total <= syncLimit {
 		req.err = req.copyChecked(m.Regions, targets, 1)
 		close(req.done)
@@ -248,6 +321,8 @@ type request struct {
 	pid       int
 	startTime uint64
 	src       *proc
+	guard     uint64 // address of the object's guard word in the source
+	token     uint64
 	aborted   atomic.Bool
 	done      chan struct{}
 	err       error
@@ -276,10 +351,40 @@ type span struct {
 // bytes read after it exited could come from a process that reused its pid.
 func (r *request) copyChecked(regions []region, targets []core.Tensor, workers int) error {
 	err := r.copyAll(regions, targets, workers)
-	if err == nil && r.src.exited() {
+	if err != nil {
+		return err
+	}
+	if r.src.exited() {
 		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
 	}
-	return err
+	return r.checkGuard()
+}
+
+// checkGuard reads the object's guard word after the copy: if it no longer
+// holds the token, the source freed the object (its runtime was destroyed)
+// and the bytes may be someone else's.
+func (r *request) checkGuard() error {
+	var b [8]byte
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(8)
+	remote := []unix.RemoteIovec{{Base: uintptr(r.guard), Len: 8}}
+	for {
+		n, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n != 8 {
+			if alive := checkAlive(r.pid, r.startTime); alive != nil {
+				return alive
+			}
+			return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
+		}
+		break
+	}
+	if binary.LittleEndian.Uint64(b[:]) != r.token {
+		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
+	}
+	return nil
 }
 
 // copyAll reads every region into its target. Large tensors are cut into
@@ -443,20 +548,23 @@ func yamaDescription() string {
 
 const (
 	metaMagic   = "RCMA"
-	metaVersion = 1
+	metaVersion = 2
 	maxRegions  = 1 << 16
-	headerLen   = 4 + 1 + 4 + 8 + 4
+	headerLen   = 4 + 1 + 4 + 8 + 8 + 8 + 4
 	regionLen   = 16
 )
 
 type region struct{ Addr, Size uint64 }
 
-// metadata is what a receiver needs: which process, and where each tensor
-// lives in it. Layout (little endian): "RCMA", version u8, pid u32,
-// start time u64, count u32, then count × (addr u64, size u64).
+// metadata is what a receiver needs: which process, where each tensor
+// lives in it, and the object's guard word. Layout (little endian): "RCMA",
+// version u8, pid u32, start time u64, guard address u64, token u64,
+// count u32, then count × (addr u64, size u64).
 type metadata struct {
 	Pid       uint32
 	StartTime uint64
+	Guard     uint64
+	Token     uint64
 	Regions   []region
 }
 
@@ -466,6 +574,8 @@ func (m *metadata) encode() []byte {
 	b = append(b, metaVersion)
 	b = binary.LittleEndian.AppendUint32(b, m.Pid)
 	b = binary.LittleEndian.AppendUint64(b, m.StartTime)
+	b = binary.LittleEndian.AppendUint64(b, m.Guard)
+	b = binary.LittleEndian.AppendUint64(b, m.Token)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
 	for _, r := range m.Regions {
 		b = binary.LittleEndian.AppendUint64(b, r.Addr)
@@ -490,8 +600,10 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	m := &metadata{
 		Pid:       binary.LittleEndian.Uint32(b[5:]),
 		StartTime: binary.LittleEndian.Uint64(b[9:]),
+		Guard:     binary.LittleEndian.Uint64(b[17:]),
+		Token:     binary.LittleEndian.Uint64(b[25:]),
 	}
-	n := binary.LittleEndian.Uint32(b[17:])
+	n := binary.LittleEndian.Uint32(b[33:])
 	if n > maxRegions {
 		return nil, bad("too many tensors")
 	}
@@ -500,6 +612,9 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	}
 	if m.Pid == 0 || m.Pid > 1<<22 {
 		return nil, bad("pid out of range")
+	}
+	if m.Guard == 0 || m.Guard%8 != 0 || m.Token == 0 {
+		return nil, bad("no guard word")
 	}
 	m.Regions = make([]region, n)
 	for i := range m.Regions {

@@ -115,9 +115,12 @@ func TestSizeMismatchAndCountMismatch(t *testing.T) {
 
 func TestUnmappedSourceIsAClearError(t *testing.T) {
 	tr := newTransport(t)
-	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime, Regions: []region{{Addr: 4096, Size: 4096}}}
+	w, token, err := tr.guards.take(core.ObjectID{9})
+	require.NoError(t, err)
+	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime, Guard: uint64(uintptr(unsafe.Pointer(w))), Token: token,
+		Regions: []region{{Addr: 4096, Size: 4096}}}
 	_, dst := buffer(t, 4096)
-	err := fetch(t, tr, m.encode(), []core.Tensor{dst})
+	err = fetch(t, tr, m.encode(), []core.Tensor{dst})
 	require.Error(t, err)
 	assert.Equal(t, core.ErrInternal, statusOf(err))
 	assert.Contains(t, err.Error(), "no longer mapped")
@@ -127,7 +130,8 @@ func TestRecycledPidIsPeerUnavailable(t *testing.T) {
 	tr := newTransport(t)
 	_, src := buffer(t, 64)
 	_, dst := buffer(t, 64)
-	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
+	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Guard: 8, Token: 1,
+		Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
 	err := fetch(t, tr, m.encode(), []core.Tensor{dst})
 	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "another process")
@@ -146,6 +150,29 @@ func TestAbortStopsALargeRead(t *testing.T) {
 	err = req.Wait()
 	req.Release()
 	assert.Equal(t, core.ErrAborted, statusOf(err))
+}
+
+func TestAFreedObjectIsNeverReported(t *testing.T) {
+	tr := newTransport(t)
+	sb, src := buffer(t, 8192)
+	fill(sb, 3)
+	got, dst := buffer(t, 8192)
+	meta, err := tr.ExtractMetadata(core.ObjectID{4}, []core.Tensor{src})
+	require.NoError(t, err)
+	require.NoError(t, fetch(t, tr, meta, []core.Tensor{dst}))
+	assert.Equal(t, sb, got)
+	// The owner frees the object (its runtime is destroyed, say) while a
+	// borrower still holds the metadata: the memory is still mapped, but the
+	// read must not be reported as the object's bytes.
+	tr.GarbageCollect(core.ObjectID{4}, []core.Tensor{src}, meta)
+	err = fetch(t, tr, meta, []core.Tensor{dst})
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	assert.Contains(t, err.Error(), "freed")
+	// A new object reusing the guard word gets another token.
+	meta2, err := tr.ExtractMetadata(core.ObjectID{5}, []core.Tensor{src})
+	require.NoError(t, err)
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(fetch(t, tr, meta, []core.Tensor{dst})))
+	require.NoError(t, fetch(t, tr, meta2, []core.Tensor{dst}))
 }
 
 func TestCheckPeerRefusesOtherHosts(t *testing.T) {
@@ -230,7 +257,7 @@ func TestKilledSourceIsPeerUnavailable(t *testing.T) {
 // ---- metadata ---------------------------------------------------------------
 
 func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Pid: 7, StartTime: 9, Regions: []region{{1, 2}}}).encode()
+	good := (&metadata{Pid: 7, StartTime: 9, Guard: 8, Token: 5, Regions: []region{{1, 2}}}).encode()
 	m, err := decodeMetadata(good)
 	require.NoError(t, err)
 	assert.Equal(t, uint32(7), m.Pid)
@@ -239,20 +266,22 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		"truncated": good[:len(good)-1],
 		"magic":     append([]byte("XCMA"), good[4:]...),
 		"trailing":  append(append([]byte{}, good...), 0),
-		"wrap":      (&metadata{Pid: 7, Regions: []region{{^uint64(0), 2}}}).encode(),
-		"pid zero":  (&metadata{Pid: 0}).encode(),
+		"wrap":      (&metadata{Pid: 7, Guard: 8, Token: 5, Regions: []region{{^uint64(0), 2}}}).encode(),
+		"pid zero":  (&metadata{Pid: 0, Guard: 8, Token: 5}).encode(),
+		"no guard":  (&metadata{Pid: 7, StartTime: 9}).encode(),
+		"odd guard": (&metadata{Pid: 7, Guard: 9, Token: 5}).encode(),
 	} {
 		_, err := decodeMetadata(b)
 		assert.Error(t, err, name)
 	}
 	v2 := append([]byte{}, good...)
-	v2[4] = 2
+	v2[4] = 1
 	_, err = decodeMetadata(v2)
 	assert.Equal(t, core.ErrUnsupported, statusOf(err))
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Pid: 7, StartTime: 9, Regions: []region{{1, 2}, {3, 4}}}).encode())
+	f.Add((&metadata{Pid: 7, StartTime: 9, Guard: 8, Token: 5, Regions: []region{{1, 2}, {3, 4}}}).encode())
 	f.Add([]byte("RCMA"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)

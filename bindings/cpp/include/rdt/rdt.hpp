@@ -1,38 +1,77 @@
-// rdt.hpp: header-only C++17 wrapper over the rdt C ABI (rdt.h).
+// rdt.hpp: the header-only C++17 wrapper over rdt's C ABI (rdt.h).
 //
-// Handles are RAII types: Runtime and Fetch are move-only, Ref copies by
-// cloning the reference. Every call checks its status and throws rdt::Error
-// carrying the status and the library's message. capi() gives the raw
-// handle for calls the wrapper does not cover.
+//   #include <rdt/rdt.hpp>
+//
+//   rdt::Runtime rt;                                   // move-only
+//   rdt::Ref ref = rt.put({rdt::view(weights)});       // copy = clone, move = free
+//   std::vector<uint8_t> bytes = ref.serialize();      // hand to another process
+//   ...
+//   rdt::Ref borrowed = rt.deserialize(bytes);
+//   rt.get(borrowed, {rdt::view(buffer)}, std::chrono::seconds(10));
+//
+// Ownership: Runtime, Ref and Fetch own one C handle each and free it in
+// their destructors; there is no way to obtain an owning raw handle except
+// release(), which is [[nodiscard]]. capi() lends the raw handle for calls
+// the wrapper does not cover.
+//
+// Errors: every call checks its rdt_status and throws rdt::Error carrying
+// the status and the library's message for this thread. Two calls report
+// "not yet" as a value instead: Fetch::wait(timeout) and
+// Runtime::wait_tensor_freed(ptr, timeout) return false when time runs out.
+//
+// Transports: derive from rdt::Transport and register it with
+// rdt::register_transport(). Every callback trampoline is noexcept and
+// catches everything: an exception becomes RDT_ERR_USER (an rdt::Error keeps
+// its own status) with its message, set through rdt_set_error(); nothing
+// ever unwinds into the library.
+//
+// Thread safety: as rdt.h, every call may be made from any thread. One
+// wrapper object must not be used by one thread while another moves from,
+// assigns to or destroys it.
 #ifndef RDT_HPP
 #define RDT_HPP
 
 #include <rdt.h>
 
+#include <algorithm>
 #include <chrono>
+#include <complex>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <initializer_list>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
-#if __has_include(<span>) && __cplusplus > 201703L
+#if __has_include(<version>)
+#include <version>
+#endif
+#if defined(__cpp_lib_span)
 #include <span>
 #endif
 
 namespace rdt {
 
-// ---- errors -------------------------------------------------------------
+// ---- errors -----------------------------------------------------------------
 
-/// A failed rdt call: the status code and the detailed message.
+/// A failed rdt call: its status code and the library's detailed message.
+/// what() is "RDT_ERR_NAME: message".
 class Error : public std::runtime_error {
  public:
   Error(rdt_status status, const std::string &message)
-      : std::runtime_error(std::string(rdt_status_string(status)) + ": " + message), status_(status),
+      : std::runtime_error(std::string(rdt_status_string(status)) + ": " + message),
+        status_(status),
         message_(message) {}
+  /// The rdt_status (negative; <= RDT_ERR_USER for a transport's own code).
   rdt_status status() const noexcept { return status_; }
+  /// The message alone, without the status name.
   const std::string &message() const noexcept { return message_; }
 
  private:
@@ -40,59 +79,130 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-/// Throws rdt::Error for anything but RDT_OK.
-inline void check(rdt_status st) {
-  if (st != RDT_OK) throw Error(st, rdt_last_error());
+/// Throws rdt::Error with this thread's rdt_last_error() unless `status` is
+/// RDT_OK. Use it around raw C calls made through capi() handles.
+inline void check(rdt_status status) {
+  if (status != RDT_OK) throw Error(status, rdt_last_error());
 }
 
-// ---- tensors ------------------------------------------------------------
+/// The library's version, "MAJOR.MINOR.PATCH" (the header's is
+/// RDT_VERSION_MAJOR/MINOR/PATCH).
+inline std::string version() { return rdt_version(); }
 
-template <class T> constexpr rdt_dtype dtype_of();
-#define RDT_HPP_DTYPE(T, CODE)                                                                 \
-  template <> constexpr rdt_dtype dtype_of<T>() { return rdt_dtype{CODE, uint8_t(8 * sizeof(T)), 1}; }
-RDT_HPP_DTYPE(int8_t, RDT_DTYPE_INT)
-RDT_HPP_DTYPE(int16_t, RDT_DTYPE_INT)
-RDT_HPP_DTYPE(int32_t, RDT_DTYPE_INT)
-RDT_HPP_DTYPE(int64_t, RDT_DTYPE_INT)
-RDT_HPP_DTYPE(uint8_t, RDT_DTYPE_UINT)
-RDT_HPP_DTYPE(uint16_t, RDT_DTYPE_UINT)
-RDT_HPP_DTYPE(uint32_t, RDT_DTYPE_UINT)
-RDT_HPP_DTYPE(uint64_t, RDT_DTYPE_UINT)
-RDT_HPP_DTYPE(float, RDT_DTYPE_FLOAT)
-RDT_HPP_DTYPE(double, RDT_DTYPE_FLOAT)
-#undef RDT_HPP_DTYPE
-template <> constexpr rdt_dtype dtype_of<bool>() { return rdt_dtype{RDT_DTYPE_BOOL, 8, 1}; }
+/// Waits forever when given as a timeout.
+constexpr std::chrono::milliseconds forever{-1};
 
-/// A contiguous tensor: where it is, its shape, dtype and device. It does
-/// not own the memory.
+// ---- views over borrowed memory ---------------------------------------------
+
+/// A non-owning view of `size` contiguous T (std::span for C++17). Views
+/// handed to transport callbacks are valid only during the callback.
+template <class T>
+class Span {
+ public:
+  constexpr Span() noexcept = default;
+  constexpr Span(T *data, std::size_t size) noexcept : data_(data), size_(size) {}
+  template <class U, class = std::enable_if_t<std::is_same_v<std::remove_const_t<T>, U> && std::is_const_v<T>>>
+  Span(const std::vector<U> &v) noexcept : data_(v.data()), size_(v.size()) {}  // NOLINT: implicit by design
+
+  constexpr T *data() const noexcept { return data_; }
+  constexpr std::size_t size() const noexcept { return size_; }
+  constexpr bool empty() const noexcept { return size_ == 0; }
+  constexpr T *begin() const noexcept { return data_; }
+  constexpr T *end() const noexcept { return data_ + size_; }
+  constexpr T &operator[](std::size_t i) const noexcept { return data_[i]; }
+  /// An owning copy.
+  std::vector<std::remove_const_t<T>> to_vector() const { return {begin(), end()}; }
+
+ private:
+  T *data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// Tensors as rdt hands them to callbacks (rdt_tensor is DLPack-compatible).
+using Tensors = Span<const rdt_tensor>;
+/// Metadata bytes as rdt hands them to callbacks.
+using Bytes = Span<const uint8_t>;
+
+/// Size in bytes of a tensor: prod(shape) * ceil(bits * lanes / 8).
+inline uint64_t nbytes(const rdt_tensor &t) noexcept {
+  uint64_t n = (uint64_t(t.dtype.bits) * t.dtype.lanes + 7) / 8;
+  for (int32_t i = 0; i < t.ndim; i++) n *= uint64_t(t.shape[i]);
+  return n;
+}
+
+/// The first byte of a tensor: data + byte_offset. Transports must use this,
+/// not `data`, since rdt may hand them tensors with a byte offset.
+inline void *bytes_of(const rdt_tensor &t) noexcept {
+  return static_cast<char *>(t.data) + t.byte_offset;
+}
+
+// ---- tensors ----------------------------------------------------------------
+
+/// The rdt dtype of a C++ element type (integers, floating point, bool,
+/// std::byte, std::complex<float/double>).
+template <class T>
+constexpr rdt_dtype dtype_of() noexcept {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_same_v<U, bool>) {
+    return rdt_dtype{RDT_DTYPE_BOOL, 8, 1};
+  } else if constexpr (std::is_same_v<U, std::byte>) {
+    return rdt_dtype{RDT_DTYPE_UINT, 8, 1};
+  } else if constexpr (std::is_same_v<U, std::complex<float>> || std::is_same_v<U, std::complex<double>>) {
+    return rdt_dtype{RDT_DTYPE_COMPLEX, uint8_t(8 * sizeof(U)), 1};
+  } else if constexpr (std::is_floating_point_v<U>) {
+    static_assert(sizeof(U) <= 8, "long double has no DLPack dtype");
+    return rdt_dtype{RDT_DTYPE_FLOAT, uint8_t(8 * sizeof(U)), 1};
+  } else if constexpr (std::is_integral_v<U>) {
+    return rdt_dtype{uint8_t(std::is_signed_v<U> ? RDT_DTYPE_INT : RDT_DTYPE_UINT), uint8_t(8 * sizeof(U)), 1};
+  } else {
+    static_assert(sizeof(U) == 0, "no rdt dtype for this type: build a TensorView with an explicit rdt_dtype");
+    return rdt_dtype{};
+  }
+}
+
+/// Host memory (RDT_DEVICE_CPU, device 0).
+constexpr rdt_device cpu{RDT_DEVICE_CPU, 0};
+
+/// A contiguous (row-major) tensor: where its bytes are, its shape, dtype and
+/// device. It does not own the memory; keep that alive and unmodified as
+/// long as rdt uses it (see Runtime::put and Runtime::fetch).
 struct TensorView {
   void *data = nullptr;
   std::vector<int64_t> shape;
   rdt_dtype dtype{RDT_DTYPE_UINT, 8, 1};
-  rdt_device device{RDT_DEVICE_CPU, 0};
+  rdt_device device = cpu;
 
   TensorView() = default;
-  TensorView(void *d, std::vector<int64_t> s, rdt_dtype t, rdt_device dev = {RDT_DEVICE_CPU, 0})
-      : data(d), shape(std::move(s)), dtype(t), device(dev) {}
+  TensorView(void *data_, std::vector<int64_t> shape_, rdt_dtype dtype_, rdt_device device_ = cpu)
+      : data(data_), shape(std::move(shape_)), dtype(dtype_), device(device_) {}
+  /// A copy of a C tensor's description (byte_offset is folded into data;
+  /// strides must be compact, as everywhere in rdt).
+  explicit TensorView(const rdt_tensor &t)
+      : data(bytes_of(t)), shape(t.shape, t.shape + t.ndim), dtype(t.dtype), device(t.device) {}
 
-  /// Host memory of T with a shape.
-  template <class T> static TensorView of(T *data, std::vector<int64_t> shape) {
-    return TensorView(const_cast<std::remove_const_t<T> *>(data), std::move(shape), dtype_of<std::remove_const_t<T>>());
+  /// Host memory of T with any shape.
+  template <class T>
+  static TensorView of(T *data, std::vector<int64_t> shape) {
+    return TensorView(const_cast<std::remove_cv_t<T> *>(data), std::move(shape), dtype_of<T>());
   }
-  /// A device pointer (for example CUDA memory on GPU `device_id`).
+  /// Memory on a device, for example CUDA memory of GPU `device_id`
+  /// (device_type RDT_DEVICE_CUDA).
   static TensorView device_memory(void *ptr, std::vector<int64_t> shape, rdt_dtype dtype, int32_t device_type,
                                   int32_t device_id) {
     return TensorView(ptr, std::move(shape), dtype, rdt_device{device_type, device_id});
   }
 
-  uint64_t nbytes() const {
-    uint64_t n = (uint64_t(dtype.bits) * dtype.lanes + 7) / 8;
+  /// Number of elements: the product of the shape (1 for a scalar).
+  uint64_t numel() const noexcept {
+    uint64_t n = 1;
     for (int64_t d : shape) n *= uint64_t(d);
     return n;
   }
+  uint64_t nbytes() const noexcept { return numel() * ((uint64_t(dtype.bits) * dtype.lanes + 7) / 8); }
 
-  /// The C view; valid while this TensorView lives and is not changed.
-  rdt_tensor c() const {
+  /// The C description; it points into this view's shape, so it is valid
+  /// while this TensorView lives and its shape is not changed.
+  rdt_tensor capi() const noexcept {
     rdt_tensor t;
     std::memset(&t, 0, sizeof t);
     t.data = data;
@@ -104,14 +214,55 @@ struct TensorView {
   }
 };
 
+namespace detail {
+inline void check_numel(uint64_t have, const std::vector<int64_t> &shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::view: negative dimension in shape");
+    n *= uint64_t(d);
+  }
+  if (n != have)
+    throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::view: the shape has " + std::to_string(n) +
+                                              " elements but the buffer holds " + std::to_string(have));
+}
+}  // namespace detail
+
 /// A 1-D view over a vector's elements.
-template <class T> TensorView view(std::vector<T> &v) { return TensorView::of(v.data(), {int64_t(v.size())}); }
-template <class T> TensorView view(const std::vector<T> &v) {
+template <class T>
+TensorView view(std::vector<T> &v) {
   return TensorView::of(v.data(), {int64_t(v.size())});
 }
-#ifdef __cpp_lib_span
-template <class T, std::size_t N> TensorView view(std::span<T, N> s) {
+/// A 1-D view over a const vector: for put (rdt never writes a put tensor).
+template <class T>
+TensorView view(const std::vector<T> &v) {
+  return TensorView::of(v.data(), {int64_t(v.size())});
+}
+/// A view of a vector with a shape whose product must equal v.size().
+template <class T>
+TensorView view(std::vector<T> &v, std::vector<int64_t> shape) {
+  detail::check_numel(v.size(), shape);
+  return TensorView::of(v.data(), std::move(shape));
+}
+template <class T>
+TensorView view(const std::vector<T> &v, std::vector<int64_t> shape) {
+  detail::check_numel(v.size(), shape);
+  return TensorView::of(v.data(), std::move(shape));
+}
+/// A view of host memory of T with a shape.
+template <class T>
+TensorView view(T *data, std::vector<int64_t> shape) {
+  return TensorView::of(data, std::move(shape));
+}
+#if defined(__cpp_lib_span)
+/// A 1-D view over a std::span (C++20).
+template <class T, std::size_t N>
+TensorView view(std::span<T, N> s) {
   return TensorView::of(s.data(), {int64_t(s.size())});
+}
+template <class T, std::size_t N>
+TensorView view(std::span<T, N> s, std::vector<int64_t> shape) {
+  detail::check_numel(s.size(), shape);
+  return TensorView::of(s.data(), std::move(shape));
 }
 #endif
 
@@ -119,44 +270,57 @@ namespace detail {
 inline std::vector<rdt_tensor> c_tensors(const std::vector<TensorView> &ts) {
   std::vector<rdt_tensor> out;
   out.reserve(ts.size());
-  for (auto &t : ts) out.push_back(t.c());
+  for (auto &t : ts) out.push_back(t.capi());
   return out;
 }
-inline int64_t millis(std::chrono::milliseconds t) { return t.count() < 0 ? -1 : int64_t(t.count()); }
+inline int64_t millis(std::chrono::milliseconds t) noexcept { return t.count() < 0 ? -1 : int64_t(t.count()); }
+inline const char *opt(const std::string &s) noexcept { return s.empty() ? nullptr : s.c_str(); }
 }  // namespace detail
 
-class Runtime;
+// ---- references ---------------------------------------------------------------
 
-// ---- references ----------------------------------------------------------
-
-/// A reference to an object. Copying clones it; destruction releases it.
-class Ref {
+/// A counted reference to an object. Copying clones the reference
+/// (rdt_ref_clone), moving transfers it, destruction releases it. A
+/// default-constructed or moved-from Ref is empty (false); using it throws
+/// rdt::Error(RDT_ERR_INVALID_ARGUMENT).
+class [[nodiscard]] Ref {
  public:
-  Ref() = default;
+  Ref() noexcept = default;
+  /// Takes ownership of a C reference.
   explicit Ref(rdt_ref *adopt) noexcept : ref_(adopt) {}
-  Ref(const Ref &o) : ref_(nullptr) {
+  Ref(const Ref &o) {
     if (o.ref_) check(rdt_ref_clone(o.ref_, &ref_));
   }
   Ref(Ref &&o) noexcept : ref_(std::exchange(o.ref_, nullptr)) {}
-  Ref &operator=(Ref o) noexcept {
-    std::swap(ref_, o.ref_);
+  Ref &operator=(const Ref &o) {
+    if (this != &o) Ref(o).swap(*this);
+    return *this;
+  }
+  Ref &operator=(Ref &&o) noexcept {
+    Ref(std::move(o)).swap(*this);
     return *this;
   }
   ~Ref() { rdt_ref_release(ref_); }
+  void swap(Ref &o) noexcept { std::swap(ref_, o.ref_); }
 
   explicit operator bool() const noexcept { return ref_ != nullptr; }
+  /// The C handle, still owned by this Ref.
   rdt_ref *capi() const noexcept { return ref_; }
-  /// Gives up ownership of the C handle.
-  rdt_ref *release() noexcept { return std::exchange(ref_, nullptr); }
+  /// Gives up ownership: the caller must rdt_ref_release() the result.
+  [[nodiscard]] rdt_ref *release() noexcept { return std::exchange(ref_, nullptr); }
+  /// Releases the reference now (the Ref becomes empty).
+  void reset() noexcept { Ref().swap(*this); }
 
-  /// The ref as bytes any runtime can deserialize (leased by the owner).
+  /// The reference as bytes that any runtime can deserialize. The bytes hold
+  /// the object for the owner's lease or until deserialized; serialize once
+  /// per receiver.
   std::vector<uint8_t> serialize() const {
-    void *bytes = nullptr;
+    void *raw = nullptr;
     size_t n = 0;
-    check(rdt_ref_serialize(ref_, &bytes, &n));
-    std::vector<uint8_t> out(static_cast<uint8_t *>(bytes), static_cast<uint8_t *>(bytes) + n);
-    rdt_bytes_free(bytes);
-    return out;
+    check(rdt_ref_serialize(ref_, &raw, &n));
+    std::unique_ptr<void, void (*)(void *)> owned(raw, rdt_bytes_free);
+    auto *b = static_cast<const uint8_t *>(raw);
+    return n ? std::vector<uint8_t>(b, b + n) : std::vector<uint8_t>();
   }
 
   rdt_object_info info() const {
@@ -165,27 +329,77 @@ class Ref {
     check(rdt_ref_info(ref_, &i));
     return i;
   }
+  /// The object id (32 hexadecimal characters).
   std::string id() const { return info().object_id; }
+  /// The transport named at put, or "" when chosen per fetch.
+  std::string transport() const { return info().transport; }
+  uint32_t num_tensors() const { return info().num_tensors; }
+  /// Total size of the object's tensors in bytes.
+  uint64_t nbytes() const { return info().nbytes; }
+  /// Whether this reference's runtime owns the object.
+  bool is_owner() const { return info().is_owner != 0; }
 
-  /// Shape, dtype and device of tensor `index` of the object.
+  /// Shape, dtype, device and size of tensor `index` on the source.
   rdt_tensor_info tensor_info(uint32_t index) const {
     rdt_tensor_info i;
     rdt_tensor_info_init(&i);
     check(rdt_ref_tensor_info(ref_, index, &i));
     return i;
   }
+  /// Descriptions of every tensor, with data == nullptr: point each `data`
+  /// at a buffer of nbytes() (and adjust `device`) to make fetch targets.
+  std::vector<TensorView> tensors() const {
+    std::vector<TensorView> out;
+    uint32_t n = num_tensors();
+    out.reserve(n);
+    for (uint32_t i = 0; i < n; i++) {
+      rdt_tensor_info ti = tensor_info(i);
+      out.emplace_back(nullptr, std::vector<int64_t>(ti.shape, ti.shape + ti.ndim), ti.dtype, ti.device);
+    }
+    return out;
+  }
 
  private:
   rdt_ref *ref_ = nullptr;
 };
 
-// ---- fetches -------------------------------------------------------------
+inline void swap(Ref &a, Ref &b) noexcept { a.swap(b); }
 
-/// A fetch in progress, future-like. Destroying it aborts what still runs
-/// and waits until nothing writes into the targets.
-class Fetch {
+/// The refs of one fetch, borrowed (not cloned) for the duration of a call:
+/// a single Ref, a std::vector<Ref>, or a braced list {a, b, ...}.
+class RefList {
  public:
-  Fetch() = default;
+  /// One element of a braced list.
+  struct Item {
+    Item(const Ref &r) noexcept : ref(r.capi()) {}  // NOLINT: implicit by design
+    rdt_ref *ref;
+  };
+  RefList(const Ref &r) : refs_{r.capi()} {}  // NOLINT
+  RefList(const std::vector<Ref> &rs) {       // NOLINT
+    refs_.reserve(rs.size());
+    for (auto &r : rs) refs_.push_back(r.capi());
+  }
+  RefList(std::initializer_list<Item> items) {
+    refs_.reserve(items.size());
+    for (auto &i : items) refs_.push_back(i.ref);
+  }
+  rdt_ref *const *data() const noexcept { return refs_.data(); }
+  std::size_t size() const noexcept { return refs_.size(); }
+
+ private:
+  std::vector<rdt_ref *> refs_;
+};
+
+// ---- fetches ------------------------------------------------------------------
+
+/// A fetch in progress, future-like and move-only. Destruction aborts what
+/// still runs and returns only when nothing can write into the targets any
+/// more (for a transport that cannot abort: when it finished), so the
+/// targets may be freed right after. Declare it after its target buffers.
+class [[nodiscard]] Fetch {
+ public:
+  Fetch() noexcept = default;
+  /// Takes ownership of a C fetch.
   explicit Fetch(rdt_fetch *adopt) noexcept : f_(adopt) {}
   Fetch(const Fetch &) = delete;
   Fetch &operator=(const Fetch &) = delete;
@@ -199,74 +413,141 @@ class Fetch {
   }
   ~Fetch() { rdt_fetch_free(f_); }
 
-  /// Waits up to `timeout` (negative: forever). True when every transfer
-  /// completed; false when the time ran out (the fetch goes on); throws the
-  /// first transfer error.
-  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  /// Waits up to `timeout` (rdt::forever, the default, waits forever).
+  /// true: every target holds its object's bytes. false: the time ran out
+  /// and the fetch goes on (wait again, abort, or destroy it). Otherwise
+  /// throws the first transfer error, once nothing writes into the targets.
+  /// After a final result, wait returns (or throws) the same again.
+  bool wait(std::chrono::milliseconds timeout = forever) {
     rdt_status st = rdt_fetch_wait(f_, detail::millis(timeout));
     if (st == RDT_ERR_TIMEOUT) return false;
     check(st);
     return true;
   }
-  /// Whether it has completed (throws its error if it failed).
+  /// Whether it completed, without blocking (throws its error if it failed).
   bool ready() { return wait(std::chrono::milliseconds(0)); }
-  /// Asks every transfer to stop; wait() then reports RDT_ERR_ABORTED.
+  /// Asks every transfer to stop and returns at once; a later wait() throws
+  /// rdt::Error(RDT_ERR_ABORTED) (or returns true if all had completed).
   void abort() { check(rdt_fetch_abort(f_)); }
+
+  explicit operator bool() const noexcept { return f_ != nullptr; }
+  /// The C handle, still owned by this Fetch.
   rdt_fetch *capi() const noexcept { return f_; }
+  /// Gives up ownership: the caller must rdt_fetch_free() the result.
+  [[nodiscard]] rdt_fetch *release() noexcept { return std::exchange(f_, nullptr); }
 
  private:
   rdt_fetch *f_ = nullptr;
 };
 
-// ---- transports ------------------------------------------------------------
+// ---- transports ---------------------------------------------------------------
 
-/// One side of a transfer, as the transport's callbacks see it.
-struct Transfer {
-  rdt_transfer const *c;
-  std::string object_id() const { return c->object_id; }
-  uint64_t id() const { return c->transfer_id; }
-  bool is_source() const { return c->role == RDT_ROLE_SOURCE; }
+/// One transfer as a transport's callbacks see it. Only valid during the
+/// callback (the strings are copied on access).
+class Transfer {
+ public:
+  explicit Transfer(const rdt_transfer *c) noexcept : c_(c) {}
+  /// RDT_ROLE_SOURCE or RDT_ROLE_DESTINATION: the side this callback runs on.
+  bool is_source() const noexcept { return c_->role == RDT_ROLE_SOURCE; }
+  bool is_destination() const noexcept { return c_->role == RDT_ROLE_DESTINATION; }
+  /// Unique per transfer and the same on both sides.
+  uint64_t id() const noexcept { return c_->transfer_id; }
+  std::string object_id() const { return str(c_->object_id); }
+  std::string transport() const { return str(c_->transport); }
+  std::string source_runtime() const { return str(c_->source_runtime); }
+  std::string source_address() const { return str(c_->source_address); }
+  std::string destination_runtime() const { return str(c_->destination_runtime); }
+  std::string destination_address() const { return str(c_->destination_address); }
+  const rdt_transfer *capi() const noexcept { return c_; }
+
+ private:
+  static std::string str(const char *s) { return s ? s : ""; }
+  const rdt_transfer *c_;
 };
 
-/// A transport written in C++. Override what your transport does; the
-/// defaults are "no metadata" and, for send/recv, an error. Exceptions
-/// thrown by any method become RDT_ERR_USER with what() as the message;
-/// they never unwind into rdt.
+/// A transport written in C++; its virtual methods mirror
+/// rdt_transport_vtable. Override what your transport does. The runtime owns
+/// the object after rdt::register_transport() and deletes it when it is
+/// destroyed, after the last callback. Methods run on rdt's threads,
+/// possibly several at once, and may call rdt. A method that throws fails
+/// its operation: RDT_ERR_USER with what() as the message (an rdt::Error
+/// keeps its own status), reported to the caller of get()/wait().
 class Transport {
  public:
+  /// An asynchronous receive started by fetch(); see asynchronous().
+  class Request {
+   public:
+    virtual ~Request() = default;
+    /// Blocks until the receive completed (return true) or `timeout` passed
+    /// (return false; rdt normally passes rdt::forever and interrupts with
+    /// Transport::abort). Throws if the receive failed.
+    virtual bool wait(std::chrono::milliseconds timeout) = 0;
+  };
+
   virtual ~Transport() = default;
+
+  /// Required. One-sided: the destination reads alone (recv/fetch).
+  /// Two-sided: the source runtime calls send() when a destination asks.
   virtual bool one_sided() const = 0;
+  /// Whether abort() makes a pending recv/send/wait return soon, with
+  /// nothing more written into the targets. Otherwise rdt lets transfers
+  /// finish before it frees a fetch.
   virtual bool can_abort() const { return false; }
-  /// Source, at put: metadata that travels in every serialized ref.
-  virtual std::vector<uint8_t> extract_metadata(const std::string & /*object_id*/,
-                                                const std::vector<rdt_tensor> & /*tensors*/) {
+  /// true: the destination receives through fetch() and Request::wait()
+  /// instead of recv().
+  virtual bool asynchronous() const { return false; }
+
+  /// Source, at put: metadata that travels in every serialized ref (for
+  /// example registered-memory keys). Default: none.
+  virtual std::vector<uint8_t> extract_metadata(const std::string &object_id, Tensors tensors) {
+    (void)object_id, (void)tensors;
     return {};
   }
-  /// Destination, once per transfer.
-  virtual std::vector<uint8_t> communicator_metadata(const Transfer &) { return {}; }
-  /// Source of a two-sided transport: send and return when done.
-  virtual void send(const Transfer &, const std::vector<rdt_tensor> &, const std::vector<uint8_t> & /*tmeta*/,
-                    const std::vector<uint8_t> & /*cmeta*/) {
-    throw std::logic_error("this transport does not send");
+  /// Destination, once per transfer before anything moves: metadata passed
+  /// to recv/fetch here and to send on the source. Default: none.
+  virtual std::vector<uint8_t> communicator_metadata(const Transfer &transfer) {
+    (void)transfer;
+    return {};
   }
-  /// Destination: receive into the targets and return when done.
-  virtual void recv(const Transfer &, const std::vector<rdt_tensor> &targets, const std::vector<uint8_t> &tmeta,
-                    const std::vector<uint8_t> &cmeta) = 0;
-  /// Source: the object was freed.
-  virtual void garbage_collect(const std::string & /*object_id*/, const std::vector<rdt_tensor> &,
-                               const std::vector<uint8_t> & /*tmeta*/) {}
-  /// Either side: stop the transfer so that recv/send return soon.
-  virtual void abort(const Transfer &) {}
+  /// Source of a two-sided transport: send the tensors; return when done.
+  virtual void send(const Transfer &transfer, Tensors tensors, Bytes tmeta, Bytes cmeta) {
+    (void)transfer, (void)tensors, (void)tmeta, (void)cmeta;
+    throw std::logic_error("this transport does not implement send()");
+  }
+  /// Destination: receive every tensor into `targets` (shapes, dtypes and
+  /// sizes already checked; write at bytes_of(target)); return when done.
+  /// Required unless asynchronous().
+  virtual void recv(const Transfer &transfer, Tensors targets, Bytes tmeta, Bytes cmeta) {
+    (void)transfer, (void)targets, (void)tmeta, (void)cmeta;
+    throw std::logic_error("this transport does not implement recv()");
+  }
+  /// Destination, when asynchronous(): start receiving and return at once.
+  /// The transfer and targets stay valid until the request is destroyed.
+  virtual std::unique_ptr<Request> fetch(const Transfer &transfer, Tensors targets, Bytes tmeta, Bytes cmeta) {
+    (void)transfer, (void)targets, (void)tmeta, (void)cmeta;
+    throw std::logic_error("this transport does not implement fetch()");
+  }
+  /// Source: the object was freed; undo what extract_metadata set up.
+  /// Exceptions are reported on stderr (there is no caller to fail).
+  virtual void garbage_collect(const std::string &object_id, Tensors tensors, Bytes tmeta) {
+    (void)object_id, (void)tensors, (void)tmeta;
+  }
+  /// Either side: make the pending recv/send (request == nullptr) or the
+  /// request's wait return soon. May run while they run on other threads.
+  virtual void abort(const Transfer &transfer, Request *request) { (void)transfer, (void)request; }
 };
 
 namespace detail {
-template <class F> rdt_status guard(F &&f) noexcept {
+
+// Runs f; turns any exception into a status and rdt_set_error(). noexcept:
+// nothing unwinds into rdt.
+template <class F>
+rdt_status guard(F &&f) noexcept {
   try {
-    f();
-    return RDT_OK;
+    return f();
   } catch (const Error &e) {
     rdt_set_error(e.message().c_str());
-    return e.status();
+    return e.status() < 0 ? e.status() : RDT_ERR_USER;
   } catch (const std::exception &e) {
     rdt_set_error(e.what());
     return RDT_ERR_USER;
@@ -275,79 +556,156 @@ template <class F> rdt_status guard(F &&f) noexcept {
     return RDT_ERR_USER;
   }
 }
-inline std::vector<uint8_t> bytes(const void *p, size_t n) {
-  auto b = static_cast<const uint8_t *>(p);
-  return n ? std::vector<uint8_t>(b, b + n) : std::vector<uint8_t>();
+
+inline void report(const char *where) noexcept {
+  try {
+    throw;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "rdt: exception in %s: %s\n", where, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "rdt: exception in %s\n", where);
+  }
 }
-inline std::vector<rdt_tensor> tensors(const rdt_tensor *t, size_t n) { return std::vector<rdt_tensor>(t, t + n); }
-inline Transport *self(void *ud) { return static_cast<Transport *>(ud); }
 
-inline rdt_transport_vtable vtable_for(Transport *t) {
-  rdt_transport_vtable vt;
-  rdt_transport_vtable_init(&vt);
-  vt.flags = (t->one_sided() ? RDT_TRANSPORT_ONE_SIDED : 0u) | (t->can_abort() ? RDT_TRANSPORT_CAN_ABORT : 0u);
-  vt.user_data = t;
-  vt.free_user_data = [](void *ud) { delete self(ud); };
-  vt.extract_metadata = [](void *ud, const char *obj, const rdt_tensor *ts, size_t n, rdt_buffer *out) {
-    return guard([&] {
-      auto m = self(ud)->extract_metadata(obj, tensors(ts, n));
-      check(rdt_buffer_set(out, m.data(), m.size()));
-    });
-  };
-  vt.communicator_metadata = [](void *ud, const rdt_transfer *x, rdt_buffer *out) {
-    return guard([&] {
-      auto m = self(ud)->communicator_metadata(Transfer{x});
-      check(rdt_buffer_set(out, m.data(), m.size()));
-    });
-  };
-  vt.send = [](void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm, size_t tn,
-               const void *cm, size_t cn) {
-    return guard([&] { self(ud)->send(Transfer{x}, tensors(ts, n), bytes(tm, tn), bytes(cm, cn)); });
-  };
-  vt.recv = [](void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm, size_t tn,
-               const void *cm, size_t cn) {
-    return guard([&] { self(ud)->recv(Transfer{x}, tensors(ts, n), bytes(tm, tn), bytes(cm, cn)); });
-  };
-  vt.garbage_collect = [](void *ud, const char *obj, const rdt_tensor *ts, size_t n, const void *tm, size_t tn) {
-    guard([&] { self(ud)->garbage_collect(obj, tensors(ts, n), bytes(tm, tn)); });
-  };
-  vt.abort = [](void *ud, const rdt_transfer *x, void *) { return guard([&] { self(ud)->abort(Transfer{x}); }); };
-  return vt;
-}
-}  // namespace detail
-
-// ---- runtimes ------------------------------------------------------------
-
-/// Options for a runtime; unset fields take the library's defaults.
-struct Options {
-  std::string name;
-  std::chrono::milliseconds lease{0};
-  std::chrono::milliseconds peer_timeout{0};
-  std::string listen_tcp, auth_token, advertise_host, socket_dir, host_id;
-  uint32_t flags = 0;  // RDT_RUNTIME_*
-  int32_t log_level = RDT_LOG_DEFAULT;
+// The transport's user_data. `alive` is shared with register_transport so
+// that it knows, after a failed registration, whether rdt freed it already.
+struct TransportBox {
+  std::unique_ptr<Transport> transport;
+  std::shared_ptr<bool> alive;
 };
 
-/// An rdt runtime. Move-only; destruction destroys it (aborting its
-/// fetches and freeing its objects).
+inline Transport &self(void *ud) noexcept { return *static_cast<TransportBox *>(ud)->transport; }
+inline Bytes bytes(const void *p, size_t n) noexcept { return Bytes(static_cast<const uint8_t *>(p), p ? n : 0); }
+
+struct Trampolines {
+  static void free_user_data(void *ud) noexcept {
+    auto *box = static_cast<TransportBox *>(ud);
+    *box->alive = false;
+    try {
+      delete box;
+    } catch (...) {
+      report("a transport's destructor");
+    }
+  }
+  static rdt_status extract_metadata(void *ud, const char *obj, const rdt_tensor *ts, size_t n,
+                                     rdt_buffer *out) noexcept {
+    return guard([&] {
+      std::vector<uint8_t> m = self(ud).extract_metadata(obj, Tensors(ts, n));
+      check(rdt_buffer_set(out, m.data(), m.size()));
+      return RDT_OK;
+    });
+  }
+  static rdt_status communicator_metadata(void *ud, const rdt_transfer *x, rdt_buffer *out) noexcept {
+    return guard([&] {
+      std::vector<uint8_t> m = self(ud).communicator_metadata(Transfer(x));
+      check(rdt_buffer_set(out, m.data(), m.size()));
+      return RDT_OK;
+    });
+  }
+  static rdt_status send(void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tn, const void *cm, size_t cn) noexcept {
+    return guard([&] {
+      self(ud).send(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
+      return RDT_OK;
+    });
+  }
+  static rdt_status recv(void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tn, const void *cm, size_t cn) noexcept {
+    return guard([&] {
+      self(ud).recv(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
+      return RDT_OK;
+    });
+  }
+  static rdt_status fetch(void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm,
+                          size_t tn, const void *cm, size_t cn, void **request) noexcept {
+    return guard([&] {
+      std::unique_ptr<Transport::Request> r = self(ud).fetch(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
+      if (!r) throw std::logic_error("fetch() returned no request");
+      *request = r.release();
+      return RDT_OK;
+    });
+  }
+  static rdt_status wait(void *, void *request, int64_t timeout_ms) noexcept {
+    return guard([&] {
+      if (static_cast<Transport::Request *>(request)->wait(std::chrono::milliseconds(timeout_ms))) return RDT_OK;
+      rdt_set_error("the request did not complete in time");
+      return RDT_ERR_TIMEOUT;
+    });
+  }
+  static void release_request(void *, void *request) noexcept {
+    try {
+      delete static_cast<Transport::Request *>(request);
+    } catch (...) {
+      report("a transport request's destructor");
+    }
+  }
+  static void garbage_collect(void *ud, const char *obj, const rdt_tensor *ts, size_t n, const void *tm,
+                              size_t tn) noexcept {
+    try {
+      self(ud).garbage_collect(obj, Tensors(ts, n), bytes(tm, tn));
+    } catch (...) {
+      report("a transport's garbage_collect()");
+    }
+  }
+  static rdt_status abort(void *ud, const rdt_transfer *x, void *request) noexcept {
+    return guard([&] {
+      self(ud).abort(Transfer(x), static_cast<Transport::Request *>(request));
+      return RDT_OK;
+    });
+  }
+};
+
+inline void on_free_trampoline(void *ud) noexcept {
+  std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()> *>(ud));
+  try {
+    (*f)();
+  } catch (...) {
+    report("a put's on_free callback");
+  }
+}
+
+}  // namespace detail
+
+// ---- runtimes -------------------------------------------------------------------
+
+/// Options for a Runtime; empty and zero fields take the library's defaults
+/// (see rdt_runtime_options in rdt.h).
+struct Options {
+  std::string name;                          // for log lines; "": "rdt-<pid>"
+  int32_t log_level = RDT_LOG_DEFAULT;       // RDT_LOG_*; default: $RDT_LOG, else warn
+  uint32_t flags = 0;                        // RDT_RUNTIME_IN_PROCESS, RDT_RUNTIME_NO_BUILTIN_TRANSPORTS
+  std::chrono::milliseconds lease{0};        // serialized refs keep objects alive this long; 0: 2 min
+  std::chrono::milliseconds peer_timeout{0}; // a silent peer counts as gone after this; 0: 5 s
+  std::string listen_tcp;                    // "host:port" to accept peers on other hosts
+  std::string auth_token;                    // shared secret for TCP peers
+  std::string advertise_host;                // host name peers dial
+  std::string socket_dir;                    // directory for Unix sockets
+  std::string host_id;                       // overrides the detected host identity
+};
+
+/// An rdt runtime: an object store, its transports and a control-plane
+/// endpoint. Move-only; destruction aborts its fetches (waiting until
+/// nothing writes into their targets), frees its objects and deletes its
+/// transports. Refs and Fetches may outlive it (their calls then throw
+/// RDT_ERR_CLOSED) and are released as usual.
 class Runtime {
  public:
   explicit Runtime(const Options &o = Options()) {
     rdt_runtime_options c;
     rdt_runtime_options_init(&c);
-    auto str = [](const std::string &s) { return s.empty() ? nullptr : s.c_str(); };
-    c.name = str(o.name);
+    c.name = detail::opt(o.name);
+    c.log_level = o.log_level;
+    c.flags = o.flags;
     c.lease_ms = o.lease.count();
     c.peer_timeout_ms = o.peer_timeout.count();
-    c.listen_tcp = str(o.listen_tcp);
-    c.auth_token = str(o.auth_token);
-    c.advertise_host = str(o.advertise_host);
-    c.socket_dir = str(o.socket_dir);
-    c.host_id = str(o.host_id);
-    c.flags = o.flags;
-    c.log_level = o.log_level;
+    c.listen_tcp = detail::opt(o.listen_tcp);
+    c.auth_token = detail::opt(o.auth_token);
+    c.advertise_host = detail::opt(o.advertise_host);
+    c.socket_dir = detail::opt(o.socket_dir);
+    c.host_id = detail::opt(o.host_id);
     check(rdt_runtime_create(&c, &rt_));
   }
+  /// Takes ownership of a C runtime.
   explicit Runtime(rdt_runtime *adopt) noexcept : rt_(adopt) {}
   Runtime(const Runtime &) = delete;
   Runtime &operator=(const Runtime &) = delete;
@@ -361,67 +719,81 @@ class Runtime {
   }
   ~Runtime() { rdt_runtime_destroy(rt_); }
 
+  explicit operator bool() const noexcept { return rt_ != nullptr; }
+  /// The C handle, still owned by this Runtime.
   rdt_runtime *capi() const noexcept { return rt_; }
+  /// Gives up ownership: the caller must rdt_runtime_destroy() the result.
+  [[nodiscard]] rdt_runtime *release() noexcept { return std::exchange(rt_, nullptr); }
 
+  /// Where peers reach this runtime ("unix://...", "inproc://...").
   std::string address() const {
     const char *a = nullptr;
     check(rdt_runtime_address(rt_, &a));
     return a;
   }
 
-  /// Puts tensors as one object (not copied: keep them unmodified until
-  /// freed). An empty transport lets each fetch choose.
-  Ref put(const std::vector<TensorView> &tensors, const std::string &transport = "") {
-    auto c = detail::c_tensors(tensors);
+  /// Puts tensors as one object and returns the first reference to it.
+  /// Nothing is copied: keep the memory valid and unmodified until the
+  /// object is freed, which `on_free` (run once, on an rdt thread) or
+  /// wait_tensor_freed() tell. Capture a shared_ptr in on_free to tie a
+  /// buffer's lifetime to the object. `transport` "" lets each fetch choose.
+  Ref put(const std::vector<TensorView> &tensors, const std::string &transport = std::string(),
+          std::function<void()> on_free = nullptr) {
+    std::vector<rdt_tensor> c = detail::c_tensors(tensors);
+    std::unique_ptr<std::function<void()>> cb;
+    if (on_free) cb = std::make_unique<std::function<void()>>(std::move(on_free));
     rdt_ref *r = nullptr;
-    check(rdt_put(rt_, c.data(), c.size(), transport.empty() ? nullptr : transport.c_str(), nullptr, nullptr, &r));
+    check(rdt_put(rt_, c.data(), c.size(), detail::opt(transport), cb ? &detail::on_free_trampoline : nullptr,
+                  cb.get(), &r));
+    cb.release();  // rdt calls on_free_trampoline exactly once, which deletes it
     return Ref(r);
   }
 
-  Ref deserialize(const std::vector<uint8_t> &bytes) {
+  /// A reference of this runtime from serialized bytes (a borrow the owner
+  /// counts, unless this runtime is the owner).
+  Ref deserialize(const void *bytes, size_t size) {
     rdt_ref *r = nullptr;
-    check(rdt_ref_deserialize(rt_, bytes.data(), bytes.size(), &r));
+    check(rdt_ref_deserialize(rt_, bytes, size, &r));
     return Ref(r);
   }
+  Ref deserialize(const std::vector<uint8_t> &bytes) { return deserialize(bytes.data(), bytes.size()); }
 
-  /// Starts fetching refs into targets (one per source tensor, ref after ref).
-  Fetch fetch(const std::vector<Ref> &refs, const std::vector<TensorView> &targets,
-              const std::string &transport = "") {
-    std::vector<rdt_ref *> rs;
-    for (auto &r : refs) rs.push_back(r.capi());
-    auto c = detail::c_tensors(targets);
+  /// Starts fetching `refs` into `targets` (one per source tensor, ref after
+  /// ref) and returns at once. The targets' memory must stay valid until the
+  /// Fetch returned from wait() with a final result or was destroyed.
+  /// `transport` overrides each ref's own for this fetch.
+  Fetch fetch(const RefList &refs, const std::vector<TensorView> &targets,
+              const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(targets);
     rdt_fetch_options fo;
     rdt_fetch_options_init(&fo);
-    fo.transport = transport.empty() ? nullptr : transport.c_str();
+    fo.transport = detail::opt(transport);
     rdt_fetch *f = nullptr;
-    check(rdt_fetch_start(rt_, rs.data(), rs.size(), c.data(), c.size(), &fo, &f));
+    check(rdt_fetch_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
     return Fetch(f);
   }
 
-  /// Fetches and waits; throws rdt::Error (RDT_ERR_TIMEOUT when the time ran out).
-  void get(const std::vector<Ref> &refs, const std::vector<TensorView> &targets,
-           std::chrono::milliseconds timeout = std::chrono::milliseconds(-1), const std::string &transport = "") {
-    std::vector<rdt_ref *> rs;
-    for (auto &r : refs) rs.push_back(r.capi());
-    auto c = detail::c_tensors(targets);
+  /// fetch() and wait(timeout) in one call; throws rdt::Error, with
+  /// RDT_ERR_TIMEOUT when the time ran out (the transfers were aborted).
+  void get(const RefList &refs, const std::vector<TensorView> &targets, std::chrono::milliseconds timeout = forever,
+           const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(targets);
     rdt_fetch_options fo;
     rdt_fetch_options_init(&fo);
-    fo.transport = transport.empty() ? nullptr : transport.c_str();
-    check(rdt_get(rt_, rs.data(), rs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
-  }
-  void get(const Ref &ref, const std::vector<TensorView> &targets,
-           std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
-    get(std::vector<Ref>{ref}, targets, timeout);
+    fo.transport = detail::opt(transport);
+    check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
   }
 
-  /// Blocks until no object holds memory at `data`; false on timeout.
-  bool wait_tensor_freed(const void *data, std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+  /// Blocks until no object of this runtime holds a tensor whose data
+  /// pointer is `data`. false if `timeout` passed first.
+  bool wait_tensor_freed(const void *data, std::chrono::milliseconds timeout = forever) {
     rdt_status st = rdt_wait_tensor_freed(rt_, data, detail::millis(timeout));
     if (st == RDT_ERR_TIMEOUT) return false;
     check(st);
     return true;
   }
 
+  /// The runtime's counters.
   rdt_stats stats() const {
     rdt_stats s;
     rdt_stats_init(&s);
@@ -429,26 +801,69 @@ class Runtime {
     return s;
   }
 
+  /// The registered transports, sorted by name, with their counters.
   std::vector<rdt_transport_info> transports() const {
     size_t n = 0;
-    check(rdt_transport_list(rt_, nullptr, 0, &n));
-    std::vector<rdt_transport_info> out(n);
-    for (auto &i : out) rdt_transport_info_init(&i);
-    check(rdt_transport_list(rt_, out.data(), out.size(), &n));
-    out.resize(std::min(n, out.size()));
-    return out;
+    for (;;) {
+      check(rdt_transport_list(rt_, nullptr, 0, &n));
+      std::vector<rdt_transport_info> out(n);
+      for (auto &i : out) rdt_transport_info_init(&i);
+      size_t now = 0;
+      check(rdt_transport_list(rt_, out.data(), out.size(), &now));
+      if (now <= n) {  // else one was registered meanwhile: ask again
+        out.resize(now);
+        return out;
+      }
+    }
+  }
+  /// Whether a transport of that name (case-insensitive) is registered.
+  bool has_transport(const std::string &name) const {
+    std::string lower(name);
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char ch) { return char(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch); });
+    for (auto &t : transports())
+      if (lower == t.name) return true;
+    return false;
   }
 
  private:
   rdt_runtime *rt_ = nullptr;
 };
 
-/// Registers a C++ transport with a runtime, which owns it from then on.
+/// Registers a C++ transport with `rt` under `name` for the RDT_DEVICE_*
+/// types in `devices`. The runtime owns it from then on (also when this
+/// throws, the transport is deleted). Register it under the same name in
+/// every runtime that uses it.
 inline void register_transport(Runtime &rt, const std::string &name, const std::vector<int32_t> &devices,
                                std::unique_ptr<Transport> transport) {
-  rdt_transport_vtable vt = detail::vtable_for(transport.release());
-  // On failure rdt calls free_user_data, which deletes the transport.
-  check(rdt_register_transport(rt.capi(), name.c_str(), devices.data(), devices.size(), &vt));
+  if (!transport) throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::register_transport: the transport is null");
+  rdt_transport_vtable vt;
+  rdt_transport_vtable_init(&vt);
+  vt.flags = (transport->one_sided() ? RDT_TRANSPORT_ONE_SIDED : 0u) |
+             (transport->can_abort() ? RDT_TRANSPORT_CAN_ABORT : 0u);
+  using T = detail::Trampolines;
+  vt.free_user_data = &T::free_user_data;
+  vt.extract_metadata = &T::extract_metadata;
+  vt.communicator_metadata = &T::communicator_metadata;
+  vt.send = &T::send;
+  if (transport->asynchronous()) {
+    vt.fetch = &T::fetch;
+    vt.wait = &T::wait;
+    vt.release_request = &T::release_request;
+  } else {
+    vt.recv = &T::recv;
+  }
+  vt.garbage_collect = &T::garbage_collect;
+  vt.abort = &T::abort;
+  auto alive = std::make_shared<bool>(true);
+  auto *box = new detail::TransportBox{std::move(transport), alive};
+  vt.user_data = box;
+  rdt_status st = rdt_register_transport(rt.capi(), name.c_str(), devices.data(), devices.size(), &vt);
+  if (st != RDT_OK) {
+    Error e(st, rdt_last_error());
+    if (*alive) delete box;  // rdt promises to free it on failure; never leak if it did not
+    throw e;
+  }
 }
 
 }  // namespace rdt

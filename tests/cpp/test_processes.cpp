@@ -1,0 +1,69 @@
+// Real processes: this program re-executes itself as the source (fork +
+// exec), and the contents that arrive are checked word by word.
+#include "test_util.hpp"
+
+using namespace rdt_test;
+
+class AcrossProcesses : public ::testing::TestWithParam<std::string> {};
+
+// Every transport this build lists, plus the suite's own one-sided (file)
+// and two-sided (socket) C++ transports, between two processes.
+TEST_P(AcrossProcesses, PutInOneProcessGetInAnother) {
+  const size_t n = 300000;
+  Child child({"source", GetParam(), std::to_string(n), "2"});
+  std::string hex0 = child.read_line(), hex1 = child.read_line();
+  ASSERT_FALSE(hex1.empty()) << "the source process said nothing";
+  rdt::Runtime rt(quiet("cpp-reader"));
+  register_process_transports(rt);
+  std::vector<uint32_t> got0(n), got1(n);  // preallocated: rdt writes straight into them
+  {
+    rdt::Ref r0 = rt.deserialize(from_hex(hex0)), r1 = rt.deserialize(from_hex(hex1));
+    rt.get(r0, {rdt::view(got0)}, 30s);
+    EXPECT_EQ(got0, pattern(n, 0));
+    rdt::Fetch f = rt.fetch({r0, r1}, {rdt::view(got0), rdt::view(got1)});  // two objects at once
+    EXPECT_TRUE(f.wait(30s));
+  }
+  EXPECT_EQ(got1, pattern(n, 1));
+  rdt_stats s = rt.stats();
+  EXPECT_EQ(s.refs, 0u);
+  EXPECT_EQ(s.fetches_active, 0u);
+  EXPECT_EQ(s.transfers_completed, 3u);
+  EXPECT_EQ(s.bytes_received, 3 * n * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, AcrossProcesses, ::testing::ValuesIn(process_transports()),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+// The consumer's release frees the producer's object: distributed reference
+// counting through RAII on both sides.
+TEST(AcrossProcessesRefcount, TheLastReleaseFreesTheSource) {
+  Child child({"await-free", "auto", "1000"});
+  std::string hex = child.read_line();
+  ASSERT_FALSE(hex.empty());
+  rdt::Runtime rt(quiet("cpp-reader"));
+  std::vector<uint32_t> got(1000);
+  {
+    rdt::Ref ref = rt.deserialize(from_hex(hex));
+    rt.get(ref, {rdt::view(got)}, 30s);
+  }
+  EXPECT_EQ(got, pattern(1000, 0));
+  EXPECT_EQ(child.read_line(), "freed");
+}
+
+// An owner that dies makes the fetch fail promptly, not hang.
+TEST(AcrossProcessesRefcount, OwnerDeathIsPeerUnavailable) {
+  Child child({"source", "auto", "1000", "1"});
+  std::string hex = child.read_line();
+  ASSERT_FALSE(hex.empty());
+  rdt::Runtime rt(quiet("cpp-reader"));
+  rdt::Ref ref = rt.deserialize(from_hex(hex));
+  child.kill_now();
+  std::vector<uint32_t> got(1000);
+  EXPECT_EQ(status_of([&] { rt.get(ref, {rdt::view(got)}, 60s); }), RDT_ERR_PEER_UNAVAILABLE);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && std::string(argv[1]) == "--child") return rdt_test::child_main(argc, argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

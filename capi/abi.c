@@ -255,6 +255,11 @@ rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
 rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
                                   const int32_t *devices, size_t num_devices,
                                   const rdt_transport_vtable *vtable) {
+  if (forked_child && vtable != NULL &&
+      vtable->struct_size >= offsetof(rdt_transport_vtable, free_user_data) +
+                                 sizeof vtable->free_user_data &&
+      vtable->free_user_data != NULL)
+    vtable->free_user_data(vtable->user_data); /* as on every other failure */
   FORK_GUARD("rdt_register_transport");
   if (vtable == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_register_transport: vtable is NULL");

@@ -153,7 +153,7 @@ func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) e
 	if code > 0 || (code > core.ErrUser && !code.Known()) {
 		code = core.ErrUser // not an rdt status: the callback's own code
 	}
-	return core.Errorf(code, "transport %s %s failed (%s): %s", f.name, callback, code, text)
+	return core.Errorf(code, "%s failed (%s): %s", callback, code, text) // the core prefixes the transport name
 }
 
 // cTransfer is a transfer description for callbacks, in C memory with its

@@ -553,8 +553,9 @@ static inline void rdt_transport_vtable_init(rdt_transport_vtable *vt) {
  * letters, digits, '_', '-' and '.'; matched case-insensitively). `devices`
  * lists the RDT_DEVICE_* types it moves (at least one). The vtable is copied;
  * on success the runtime owns `vtable->user_data` and calls
- * free_user_data when destroyed; on failure free_user_data is called before
- * returning. Register the transport under the same name in every runtime
+ * free_user_data when destroyed; on any failure free_user_data is called
+ * before returning (unless `vtable` is NULL or its struct_size is too small
+ * to hold the field). Register the transport under the same name in every runtime
  * that uses it. Errors: INVALID_ARGUMENT (bad name, no devices, a required
  * callback missing), ALREADY_EXISTS. */
 RDT_API rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,

@@ -5,6 +5,9 @@
 
 #include "test_util.h"
 
+static int user_data_freed;
+static void note_free(void *user_data) { *(int *)user_data += 1; }
+
 int main(void) {
   rdt_runtime *rt = new_runtime("parent");
   pid_t pid = fork();
@@ -15,6 +18,14 @@ int main(void) {
     if (st != RDT_ERR_FORKED) _exit(2);
     if (strstr(rdt_last_error(), "spawn") == NULL) _exit(3);
     if (rdt_runtime_destroy(rt) != RDT_ERR_FORKED) _exit(4);
+    /* A refused registration still hands the user data back. */
+    rdt_transport_vtable vt;
+    rdt_transport_vtable_init(&vt);
+    vt.user_data = &user_data_freed;
+    vt.free_user_data = note_free;
+    int32_t cpu = RDT_DEVICE_CPU;
+    if (rdt_register_transport(rt, "late", &cpu, 1, &vt) != RDT_ERR_FORKED) _exit(6);
+    if (user_data_freed != 1) _exit(7);
     /* Functions that never enter Go still work. */
     if (strcmp(rdt_status_string(RDT_ERR_FORKED), "RDT_ERR_FORKED") != 0) _exit(5);
     _exit(0);

@@ -88,6 +88,11 @@ type Peer interface {
 	// Refresh asks the peer for its identity again.
 	Refresh(ctx context.Context) (PeerInfo, error)
 	Borrow(ctx context.Context, obj ObjectID, token uint64) error
+	// BorrowAsync sends the same request without waiting for the answer and
+	// calls done with it (on the connection's goroutine, or at once when the
+	// connection is gone). Requests on one connection are served in order,
+	// so a later Unborrow or fetch request reaches the owner after it.
+	BorrowAsync(obj ObjectID, token uint64, done func(error))
 	// Unborrow is fire-and-forget; a lost peer has dropped our borrows.
 	Unborrow(obj ObjectID, n uint64)
 	Lease(ctx context.Context, obj ObjectID) (uint64, error)

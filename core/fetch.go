@@ -182,6 +182,9 @@ func (tr *transfer) begin(override string) error {
 		return Errorf(ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
 	}
 	tr.peer = peer
+	if err := rt.borrowRefused(desc.ID); err != nil {
+		return err
+	}
 
 	var candidates []string
 	auto := false
@@ -243,6 +246,14 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 		return err
 	}
 	t := e.t
+	if c, ok := t.(FreedObjectChecker); !ok || !c.ChecksFreedObjects() {
+		// The transport may read the source's memory as described in the
+		// ref: only once the owner has counted our borrow is it sure to be
+		// there.
+		if err := rt.borrowConfirmed(ctx, desc.ID); err != nil {
+			return err
+		}
+	}
 	for i, tg := range tr.targets {
 		if !supportsDevice(t, tg.Device.Type) {
 			return Errorf(ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)

@@ -193,6 +193,10 @@ func (p *inprocPeer) Borrow(ctx context.Context, obj ObjectID, token uint64) err
 	return p.remote.svc.Borrow(p.from(), obj, token)
 }
 
+func (p *inprocPeer) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
+	done(p.Borrow(context.Background(), obj, token))
+}
+
 func (p *inprocPeer) Unborrow(obj ObjectID, n uint64) {
 	if p.check() == nil {
 		p.remote.svc.Unborrow(p.local.id, obj, n)

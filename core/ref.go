@@ -97,6 +97,58 @@ func (r *Ref) Release() error {
 	return nil
 }
 
+// borrowAnswered records the owner's answer to one borrow request.
+func (rt *Runtime) borrowAnswered(e *borrowEntry, desc *ObjectDesc, err error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if err != nil {
+		e.registered-- // the owner did not count it
+		if e.refused == nil {
+			e.refused = Wrap(err, "owner %s refused the borrow of object %s", desc.Owner.Address, desc.ID)
+		}
+		rt.log.Debugf("borrow of object %s refused by %s: %v", desc.ID, desc.Owner.Address, err)
+	}
+	e.unconfirmed--
+	if e.unconfirmed == 0 {
+		close(e.confirmed)
+	}
+}
+
+// borrowRefused is the owner's refusal of a borrow of obj, if one arrived.
+func (rt *Runtime) borrowRefused(obj ObjectID) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if e := rt.borrowed[obj]; e != nil {
+		return e.refused
+	}
+	return nil
+}
+
+// borrowConfirmed waits until the owner has answered every borrow request
+// of obj and returns the first refusal.
+func (rt *Runtime) borrowConfirmed(ctx context.Context, obj ObjectID) error {
+	rt.mu.Lock()
+	e := rt.borrowed[obj]
+	if e == nil {
+		rt.mu.Unlock()
+		return nil
+	}
+	ch, refused := e.confirmed, e.refused
+	pending := e.unconfirmed > 0
+	rt.mu.Unlock()
+	if refused != nil || !pending {
+		return refused
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return Errorf(ErrTimeout, "the owner %s did not answer the borrow of object %s", e.peer.Info().Address, obj)
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return e.refused
+}
+
 // Serialize encodes the reference with a fresh lease token.
 func (r *Ref) Serialize() ([]byte, error) {
 	if err := r.check(); err != nil {
@@ -198,13 +250,14 @@ func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
 	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
 		return nil, Errorf(ErrPeerUnavailable, "the runtime at %s is not the owner of object %s (the owner is gone)", desc.Owner.Address, desc.ID)
 	}
-	if err := peer.Borrow(ctx, desc.ID, token); err != nil {
-		return nil, Wrap(err, "owner %s of object %s", desc.Owner.Address, desc.ID)
-	}
+	// The borrow is registered without waiting for the owner's answer: the
+	// lease in the bytes keeps the object alive until the request arrives,
+	// and requests on one connection are served in order, so a later fetch
+	// or release reaches the owner after it. A refusal (the object was
+	// freed meanwhile) is kept and returned by the next fetch.
 	rt.mu.Lock()
 	if rt.closed {
 		rt.mu.Unlock()
-		peer.Unborrow(desc.ID, 1)
 		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	e := rt.borrowed[desc.ID]
@@ -214,7 +267,12 @@ func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
 	}
 	e.handles++
 	e.registered++
+	if e.unconfirmed == 0 {
+		e.confirmed = make(chan struct{})
+	}
+	e.unconfirmed++
 	rt.mu.Unlock()
+	peer.BorrowAsync(desc.ID, token, func(err error) { rt.borrowAnswered(e, desc, err) })
 	rt.c.refs.Add(1)
 	return &Ref{rt: rt, desc: desc}, nil
 }

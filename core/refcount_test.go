@@ -121,9 +121,24 @@ func TestDeserializeTwiceWhileAlive(t *testing.T) {
 	assert.Equal(t, int64(0), released.Load())
 	require.NoError(t, r2.Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed")
-	// Once freed, the bytes no longer resolve.
-	_, err = borrower.Deserialize(b)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	// Once freed, the bytes no longer resolve: the owner refuses the borrow
+	// and the first fetch says so.
+	assertFreedWhenFetched(t, borrower, b)
+}
+
+// assertFreedWhenFetched deserializes bytes of a freed object: the ref is
+// made (the owner's answer is not awaited), its fetch fails with NotFound,
+// and releasing it returns nothing to the owner.
+func assertFreedWhenFetched(t *testing.T, rt *Runtime, b []byte) {
+	t.Helper()
+	late, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	out := newHostBuf(t, 4096) // the shape putOne puts
+	err = rt.Get([]*Ref{late}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "refused the borrow")
+	require.NoError(t, late.Release())
+	assert.Equal(t, uint64(0), rt.Stats().BorrowedObjects)
 }
 
 func TestReserializedByBorrowerReachesThirdRuntime(t *testing.T) {
@@ -174,8 +189,7 @@ func TestLeaseExpiryFreesUndeserializedObject(t *testing.T) {
 	assert.Equal(t, int64(0), released.Load(), "held by the lease")
 	eventually(t, func() bool { return released.Load() == 1 }, "freed when the lease expired")
 	assert.Equal(t, uint64(1), rt.Stats().LeasesExpired)
-	_, err = other.Deserialize(b)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assertFreedWhenFetched(t, other, b)
 }
 
 func TestBorrowerDestroyedReturnsBorrows(t *testing.T) {

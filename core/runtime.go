@@ -147,6 +147,10 @@ type borrowEntry struct {
 	handles    int64
 	registered uint64 // borrows registered with the owner, not yet returned
 	meta       map[string][]byte
+
+	unconfirmed int           // borrow requests the owner has not answered
+	confirmed   chan struct{} // closed when unconfirmed drops to 0
+	refused     error         // the owner's first refusal, returned by fetches
 }
 
 // NewRuntime creates a runtime and its built-in transports.

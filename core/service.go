@@ -28,8 +28,8 @@ func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	o, ok := rt.objects[obj]
-	if !ok || rt.closed {
-		return
+	if !ok || rt.closed || o.freeing {
+		return // includes borrows we refused because the object was freed
 	}
 	have := o.borrows[from]
 	if n > have {

@@ -377,8 +377,8 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool) (*sconn, error) 
 func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo) *sconn {
 	sc := &sconn{
 		ep: ep, c: c, rd: rd, remote: remote,
-		pending: map[uint64]chan *message{}, handlers: map[uint64]context.CancelFunc{},
-		done: make(chan struct{}),
+		pending: map[uint64]chan *message{}, replies: map[uint64]func(*message){},
+		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
@@ -495,6 +495,7 @@ type sconn struct {
 	mu       sync.Mutex
 	remote   PeerInfo
 	pending  map[uint64]chan *message
+	replies  map[uint64]func(*message) // asynchronous requests; nil: connection closed
 	handlers map[uint64]context.CancelFunc
 	closeErr error
 
@@ -518,14 +519,17 @@ func (sc *sconn) close(err error) {
 	sc.closeOnce.Do(func() {
 		sc.mu.Lock()
 		sc.closeErr = err
-		pending := sc.pending
-		sc.pending = map[uint64]chan *message{}
+		pending, replies := sc.pending, sc.replies
+		sc.pending, sc.replies = map[uint64]chan *message{}, map[uint64]func(*message){}
 		sc.mu.Unlock()
 		sc.c.Close()
 		sc.cancel()
 		close(sc.done)
 		for _, ch := range pending {
 			close(ch)
+		}
+		for _, reply := range replies {
+			reply(nil)
 		}
 		sc.ep.cfg.Log.Debugf("control plane: connection to %s closed: %v", sc.remote, err)
 		sc.ep.removeConn(sc)
@@ -636,9 +640,13 @@ func (sc *sconn) readLoop() {
 			sc.mu.Lock()
 			ch := sc.pending[m.id]
 			delete(sc.pending, m.id)
+			reply := sc.replies[m.id]
+			delete(sc.replies, m.id)
 			sc.mu.Unlock()
 			if ch != nil {
 				ch <- m
+			} else if reply != nil {
+				reply(m)
 			}
 		case kindPing:
 			go sc.send(&message{kind: kindPong})
@@ -710,6 +718,29 @@ func (sc *sconn) Refresh(ctx context.Context) (PeerInfo, error) {
 func (sc *sconn) Borrow(ctx context.Context, obj ObjectID, token uint64) error {
 	_, err := sc.call(ctx, &message{kind: kindBorrow, object: obj, token: token})
 	return err
+}
+
+func (sc *sconn) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
+	m := &message{kind: kindBorrow, object: obj, token: token, id: sc.nextID.Add(1)}
+	sc.mu.Lock()
+	if sc.isClosed() {
+		sc.mu.Unlock()
+		done(sc.gone())
+		return
+	}
+	sc.replies[m.id] = func(resp *message) {
+		switch {
+		case resp == nil:
+			done(sc.gone())
+		case resp.status != OK:
+			done(&Error{Status: resp.status, Msg: resp.text})
+		default:
+			done(nil)
+		}
+	}
+	sc.mu.Unlock()
+	// A failed write closes the connection, which answers the reply.
+	sc.send(m)
 }
 
 func (sc *sconn) Unborrow(obj ObjectID, n uint64) {

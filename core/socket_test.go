@@ -38,7 +38,8 @@ func TestSocketsBorrowFetchAndRelease(t *testing.T) {
 	require.NoError(t, ref.Release())
 	bref, err := borrower.Deserialize(b)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1), owner.Stats().Borrows)
+	// The borrow is registered without waiting for the owner's answer.
+	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow arrives")
 	assert.Equal(t, uint64(1), owner.Stats().Peers)
 
 	out := newHostBuf(t, len(buf.b))
@@ -285,4 +286,34 @@ func TestReadFrameBounds(t *testing.T) {
 	assert.Equal(t, ErrCorrupt, StatusOf(err))
 	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil)
 	assert.Error(t, err, "a frame cut short is an error")
+}
+
+// Over sockets the owner answers a borrow after Deserialize returned: bytes
+// of an object freed meanwhile make a ref whose fetch reports the refusal,
+// and whose release returns nothing (the owner counted nothing).
+func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
+	owner := socketRuntime(t, "owner", func(o *Options) { o.Lease = 30 * time.Millisecond })
+	borrower := socketRuntime(t, "borrower")
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	dst.mailbox = src.mailbox
+	require.NoError(t, owner.RegisterTransport(src))
+	require.NoError(t, borrower.RegisterTransport(dst))
+
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "mem", &released)
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	require.NoError(t, ref.Release())
+	eventually(t, func() bool { return released.Load() == 1 }, "freed when the lease expired")
+
+	late, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	out := newHostBuf(t, 4096)
+	err = borrower.Get([]*Ref{late}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "refused the borrow")
+	assert.NotContains(t, strings.Join(dst.Events(), " "), "fetch", "the transport was never asked")
+	require.NoError(t, late.Release())
+	assert.Equal(t, uint64(0), borrower.Stats().BorrowedObjects)
+	assert.Equal(t, uint64(0), owner.Stats().Borrows)
 }

@@ -89,6 +89,15 @@ type PeerChecker interface {
 	CheckPeer(local, peer PeerInfo) error
 }
 
+// FreedObjectChecker is implemented by transports whose fetch of an object
+// the source has freed fails rather than returning freed memory (cma reads a
+// guard word the source clears, shm and tcp ask the source runtime). The
+// engine starts those at once on a ref whose borrow the owner has not
+// answered yet; for any other transport it waits for the answer.
+type FreedObjectChecker interface {
+	ChecksFreedObjects() bool
+}
+
 // LocalCopier is implemented by transports that can copy tensors of their
 // device types within one process (a device-to-device copy). The engine uses
 // it to fetch a runtime's own objects when the memory is not host-accessible.

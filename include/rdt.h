@@ -302,9 +302,13 @@ RDT_API void rdt_bytes_free(void *bytes);
 
 /* Turns serialized bytes into a reference owned by `rt` (a borrow that the
  * owner counts, unless `rt` is the owner). The bytes are only read during
- * the call. Errors: CORRUPT (truncated, damaged, oversized or of an unknown
- * format version), NOT_FOUND (the object was already freed),
- * PEER_UNAVAILABLE (the owner is gone). */
+ * the call. The borrow is sent to the owner without waiting for its answer
+ * (the lease in the bytes covers the gap), so bytes of an object that was
+ * freed meanwhile still make a reference: its first fetch fails with
+ * NOT_FOUND, and nothing is read. Errors: CORRUPT (truncated, damaged,
+ * oversized or of an unknown format version), NOT_FOUND (the owner is this
+ * runtime and the object was already freed), PEER_UNAVAILABLE (the owner
+ * cannot be reached). */
 RDT_API rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes,
                                        size_t size, rdt_ref **out);
 

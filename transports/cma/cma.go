@@ -226,6 +226,9 @@ func (t *Transport) Devices() []core.DeviceType {
 func (t *Transport) OneSided() bool { return true }
 func (t *Transport) CanAbort() bool { return true }
 
+// ChecksFreedObjects: the guard word the source clears at free is read after every copy.
+func (t *Transport) ChecksFreedObjects() bool { return true }
+
 // EagerMetadata: addresses are free to describe, so every put carries them.
 func (t *Transport) EagerMetadata() bool { return true }
 

@@ -64,10 +64,15 @@ func New(h core.Host) (core.Transport, error) {
 	return &Transport{h: h, segs: map[core.ObjectID]*segment{}}, nil
 }
 
-func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost} }
-func (t *Transport) OneSided() bool             { return true }
-func (t *Transport) CanAbort() bool             { return true }
+func (t *Transport) Name() string { return Name }
+func (t *Transport) Devices() []core.DeviceType {
+	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+}
+func (t *Transport) OneSided() bool { return true }
+func (t *Transport) CanAbort() bool { return true }
+
+// ChecksFreedObjects: a freed object's segment is no longer handed out.
+func (t *Transport) ChecksFreedObjects() bool { return true }
 
 // EagerMetadata is false: staging costs a copy, so objects put without a
 // transport are staged only when a fetch asks for shm.

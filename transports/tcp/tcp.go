@@ -88,6 +88,9 @@ func (t *Transport) Devices() []core.DeviceType {
 func (t *Transport) OneSided() bool { return true }
 func (t *Transport) CanAbort() bool { return true }
 
+// ChecksFreedObjects: the source serves only objects it holds.
+func (t *Transport) ChecksFreedObjects() bool { return true }
+
 // EagerMetadata: the endpoint and the object id are all a receiver needs.
 func (t *Transport) EagerMetadata() bool { return true }
 

@@ -109,6 +109,15 @@ rdt_status rdt_runtime_address(const rdt_runtime *rt, const char **out) {
   return (rdt_status)rdtgo_runtime_address((uintptr_t)rt, (char **)out);
 }
 
+rdt_status rdt_runtime_take_released(rdt_runtime *rt, void **user_data,
+                                     size_t capacity, size_t *count,
+                                     int64_t timeout_ms) {
+  FORK_GUARD("rdt_runtime_take_released");
+  if (count != NULL) *count = 0;
+  return (rdt_status)rdtgo_runtime_take_released((uintptr_t)rt, user_data,
+                                                 capacity, count, timeout_ms);
+}
+
 rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out) {
   FORK_GUARD("rdt_runtime_stats");
   CHECK_OUT_STRUCT("rdt_runtime_stats", rdt_stats, out, reserved);

@@ -15,7 +15,7 @@ import (
 func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.char,
 	release C.rdt_release_fn, userData unsafe.Pointer, out *C.uintptr_t) C.int {
 	return guard("rdt_put", func() error {
-		rt, err := runtimeOf(h)
+		rh, err := lookup[*runtimeHandle](h, "rt")
 		if err != nil {
 			return err
 		}
@@ -27,10 +27,16 @@ func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.ch
 			return err
 		}
 		var onFree func()
-		if release != nil {
+		switch q := rh.releases; {
+		case q != nil && release != nil:
+			return invalid("runtime %s queues releases (RDT_RUNTIME_QUEUE_RELEASES): pass release = NULL and take the user data with rdt_runtime_take_released()", rh.rt.Name())
+		case q != nil && userData != nil:
+			key := uintptr(userData)
+			onFree = func() { q.push(key) }
+		case release != nil:
 			onFree = func() { C.rdtc_call_release(release, userData) }
 		}
-		ref, err := rt.Put(ts, goString(transport), onFree)
+		ref, err := rh.rt.Put(ts, goString(transport), onFree)
 		if err != nil {
 			return err
 		}

@@ -38,7 +38,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			return invalid("lease_ms and peer_timeout_ms must not be negative")
 		}
 		flags := uint32(opts.flags)
-		if flags&^uint32(C.RDT_RUNTIME_IN_PROCESS|C.RDT_RUNTIME_NO_BUILTIN_TRANSPORTS) != 0 {
+		if flags&^uint32(C.RDT_RUNTIME_IN_PROCESS|C.RDT_RUNTIME_NO_BUILTIN_TRANSPORTS|C.RDT_RUNTIME_QUEUE_RELEASES) != 0 {
 			return invalid("unknown flags %#x", flags)
 		}
 		if flags&C.RDT_RUNTIME_NO_BUILTIN_TRANSPORTS != 0 {
@@ -49,7 +49,11 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 		if err != nil {
 			return err
 		}
-		*out = newHandle(&runtimeHandle{rt: rt, address: C.CString(rt.Address())})
+		rh := &runtimeHandle{rt: rt, address: C.CString(rt.Address())}
+		if flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0 {
+			rh.releases = newReleaseQueue()
+		}
+		*out = newHandle(rh)
 		return nil
 	})
 }
@@ -63,6 +67,9 @@ func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
 		}
 		deleteHandle(h)
 		rh.rt.Destroy()
+		if rh.releases != nil {
+			rh.releases.close()
+		}
 		C.free(unsafe.Pointer(rh.address))
 		return nil
 	})

@@ -184,6 +184,12 @@ typedef struct rdt_fetch rdt_fetch;
 /* Create the runtime without the built-in transports (cma, shm, tcp, ...);
  * only transports registered later are available. */
 #define RDT_RUNTIME_NO_BUILTIN_TRANSPORTS (1u << 1)
+/* Never call put's release callback on rdt's threads: queue the user data of
+ * each freed object instead, for the application to take with
+ * rdt_runtime_take_released() on a thread of its choosing. For bindings
+ * whose callbacks are costly to enter from a foreign thread (an interpreter
+ * lock), and for event loops. rdt_put() then takes release == NULL. */
+#define RDT_RUNTIME_QUEUE_RELEASES (1u << 2)
 
 typedef struct rdt_runtime_options {
   uint32_t struct_size; /* sizeof(rdt_runtime_options); set by _init */
@@ -249,6 +255,21 @@ RDT_API rdt_status rdt_runtime_destroy(rdt_runtime *rt);
 RDT_API rdt_status rdt_runtime_address(const rdt_runtime *rt,
                                        const char **out);
 
+/* For a runtime created with RDT_RUNTIME_QUEUE_RELEASES: moves up to
+ * `capacity` user data pointers of freed objects (puts with a non-NULL
+ * user_data), oldest first, into `user_data` and their number into *count.
+ * Waits up to `timeout_ms` (< 0: forever, 0: do not wait) until at least one
+ * is queued; *count is 0 when the time ran out (this is not an error). Each
+ * pointer is reported once, after every transport's garbage_collect of its
+ * object, exactly where a release callback would have run. Objects that
+ * rdt_runtime_destroy() frees are not reported: once it returns, every put
+ * object of the runtime is freed. A call waiting when the runtime is
+ * destroyed returns RDT_ERR_CLOSED. Errors: INVALID_ARGUMENT (NULL arrays,
+ * capacity 0, a runtime without the flag), CLOSED. */
+RDT_API rdt_status rdt_runtime_take_released(rdt_runtime *rt, void **user_data,
+                                             size_t capacity, size_t *count,
+                                             int64_t timeout_ms);
+
 /* ------------------------------------------------------------------------- */
 /* Objects and references                                                    */
 /* ------------------------------------------------------------------------- */
@@ -270,10 +291,15 @@ typedef void (*rdt_release_fn)(void *user_data);
  * for automatic choice per fetch. A named transport extracts its metadata
  * now, on this thread.
  *
+ * In a runtime created with RDT_RUNTIME_QUEUE_RELEASES `release` must be
+ * NULL, and a non-NULL `user_data` is queued for
+ * rdt_runtime_take_released() when the object is freed.
+ *
  * Errors: INVALID_ARGUMENT (bad tensor, non-contiguous strides, too many
- * tensors), NOT_FOUND (no such transport), UNSUPPORTED (the transport does
- * not handle the tensors' device), or a transport's error. On error nothing
- * is kept and `release` is not called. */
+ * tensors, a release callback in a runtime that queues releases), NOT_FOUND
+ * (no such transport), UNSUPPORTED (the transport does not handle the
+ * tensors' device), or a transport's error. On error nothing is kept and
+ * `release` is not called (nor `user_data` queued). */
 RDT_API rdt_status rdt_put(rdt_runtime *rt, const rdt_tensor *tensors,
                            size_t num_tensors, const char *transport,
                            rdt_release_fn release, void *user_data,

@@ -1,6 +1,9 @@
 /* Tensors move between two runtimes through transports written in C:
  * one-sided (sync recv and async fetch/wait) and two-sided (send/recv),
  * with contents verified and the source freed exactly once. */
+#include <stdint.h>
+#include <unistd.h>
+
 #include "test_util.h"
 
 static int released_count;
@@ -292,6 +295,93 @@ static void test_third_runtime_and_lease(void) {
   CHECK_OK(rdt_runtime_destroy(c));
 }
 
+/* RDT_RUNTIME_QUEUE_RELEASES: no callback on rdt's threads; the user data of
+ * freed objects is taken by the application, once each. */
+static rdt_runtime *queue_runtime(const char *name) {
+  rdt_runtime_options opts;
+  rdt_runtime_options_init(&opts);
+  opts.name = name;
+  opts.flags = RDT_RUNTIME_IN_PROCESS | RDT_RUNTIME_NO_BUILTIN_TRANSPORTS |
+               RDT_RUNTIME_QUEUE_RELEASES;
+  rdt_runtime *rt = NULL;
+  CHECK_OK(rdt_runtime_create(&opts, &rt));
+  return rt;
+}
+
+static void *take_until_closed(void *arg) {
+  void *got[4];
+  size_t n = 99;
+  rdt_status st = rdt_runtime_take_released((rdt_runtime *)arg, got, 4, &n, -1);
+  return (void *)(intptr_t)(st == RDT_ERR_CLOSED && n == 0);
+}
+
+static void test_queued_releases(void) {
+  rdt_runtime *a = queue_runtime("queued"), *b = new_runtime("plain");
+  test_transport ta, tb;
+  test_transport_init(&ta);
+  test_transport_init(&tb);
+  register_cpu(a, "memcopy", memcopy_vtable(&ta));
+  register_cpu(b, "memcopy", memcopy_vtable(&tb));
+  float data[8] = {1, 2, 3, 4, 5, 6, 7, 8}, out[8] = {0};
+  int64_t shape[1] = {8};
+  rdt_tensor t = f32_tensor(data, shape), o = f32_tensor(out, shape);
+  int key1 = 0, key2 = 0, unused = 0;
+  rdt_ref *ref, *ref2, *none;
+  void *got[4] = {0};
+  size_t n = 99;
+
+  /* A callback is refused: it would never be called. */
+  CHECK_STATUS(rdt_put(a, &t, 1, NULL, on_release, &unused, &none), RDT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(rdt_last_error(), "rdt_runtime_take_released") != NULL);
+  /* The queue is the runtime's own: a plain runtime has none. */
+  CHECK_STATUS(rdt_runtime_take_released(b, got, 4, &n, 0), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_runtime_take_released(a, NULL, 4, &n, 0), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_runtime_take_released(a, got, 0, &n, 0), RDT_ERR_INVALID_ARGUMENT);
+
+  CHECK_OK(rdt_put(a, &t, 1, "memcopy", NULL, &key1, &ref));
+  CHECK_OK(rdt_put(a, &t, 1, NULL, NULL, &key2, &ref2));
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 0));
+  CHECK(n == 0); /* nothing freed yet */
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 20));
+  CHECK(n == 0); /* the wait ran out: not an error */
+
+  /* A borrower holds the first object past its owner's release. */
+  rdt_ref *borrowed = pass_ref(ref, b);
+  CHECK_OK(rdt_ref_release(ref));
+  CHECK_OK(rdt_get(b, &borrowed, 1, &o, 1, NULL, 5000));
+  CHECK(memcmp(data, out, sizeof data) == 0);
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 0));
+  CHECK(n == 0);
+  CHECK_OK(rdt_ref_release(borrowed));
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 5000));
+  CHECK(n == 1 && got[0] == &key1);
+  CHECK(ta.gcs == 1); /* garbage_collect ran before the user data was queued */
+
+  /* Reported once each, oldest first, a bounded number at a time. */
+  CHECK_OK(rdt_ref_release(ref2));
+  CHECK_OK(rdt_runtime_take_released(a, got, 1, &n, 5000));
+  CHECK(n == 1 && got[0] == &key2);
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 0));
+  CHECK(n == 0);
+
+  /* A NULL user data is not queued. */
+  CHECK_OK(rdt_put(a, &t, 1, NULL, NULL, NULL, &ref));
+  CHECK_OK(rdt_ref_release(ref));
+  CHECK_OK(rdt_wait_tensor_freed(a, data, 5000));
+  CHECK_OK(rdt_runtime_take_released(a, got, 4, &n, 50));
+  CHECK(n == 0);
+
+  /* A waiting call returns CLOSED when the runtime is destroyed. */
+  pthread_t waiter;
+  CHECK(pthread_create(&waiter, NULL, take_until_closed, a) == 0);
+  usleep(200 * 1000); /* let it start waiting */
+  CHECK_OK(rdt_runtime_destroy(a));
+  void *ok = NULL;
+  CHECK(pthread_join(waiter, &ok) == 0);
+  CHECK(ok == (void *)1);
+  CHECK_OK(rdt_runtime_destroy(b));
+}
+
 int main(void) {
   CHECK(strcmp(rdt_version(), "0.1.0") == 0);
   CHECK(rdt_abi_version() == RDT_ABI_VERSION);
@@ -301,6 +391,7 @@ int main(void) {
   test_local_fetch_needs_no_transport();
   test_clone_and_transport_list();
   test_third_runtime_and_lease();
+  test_queued_releases();
   printf("test_transfer: ok\n");
   return 0;
 }

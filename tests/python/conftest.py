@@ -1,6 +1,7 @@
 import multiprocessing as mp
 import os
 import sys
+import time
 
 import pytest
 
@@ -8,6 +9,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 # rdt cannot run in a child forked after loading it: the tests spawn.
 mp.set_start_method("spawn", force=True)
+
+
+def wait_until(cond, timeout=10.0):
+    """Polls cond until it holds or the timeout passes; returns its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
 
 
 def _builtin_transports():

@@ -4,6 +4,7 @@ import gc
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,19 +17,12 @@ import pytest
 import rdt
 import transports_for_tests as tt
 import workers
+from conftest import wait_until
 from rdt import _objects
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def wait_until(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def test_timeout_raises_and_leaks_nothing(child):
@@ -43,10 +37,35 @@ def test_timeout_raises_and_leaks_nothing(child):
         assert isinstance(e.value, TimeoutError) and isinstance(e.value, rdt.RdtError)
         assert 0.25 < time.monotonic() - t0 < 3
     assert wait_until(lambda: rt.stats()["fetches_active"] == 0)
-    assert not _objects.receiving  # no buffer left registered
+    assert wait_until(lambda: not _objects.receiving)  # no buffer left registered (the drain thread forgets it)
     ref.close()
     c.send("stats")
     assert wait_until(lambda: rt.stats()["borrowed_objects"] == 0)
+    c.stop()
+
+
+def test_small_get_into_out_times_out_and_recovers(child):
+    # One small ref into one array takes a single-call path that gives up
+    # after a slice and starts again; a stopped source exercises both the
+    # restart (timeout > slice) and the deadline, then the same ref works.
+    c = child(workers.serve, ["tcp"], "small")
+    (ref,) = pickle.loads(c.recv()["tcp"])
+    out = np.zeros(10)
+    rdt.get(ref, out=out)
+    assert out.tolist() == list(np.arange(10.0))
+    out[:] = -1
+    os.kill(c.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rdt.GetTimeoutError):
+            rdt.get(ref, timeout=0.5, out=out)
+        assert 0.45 < time.monotonic() - t0 < 3
+        assert (out == -1).all()  # nothing was written after the timeout
+    finally:
+        os.kill(c.proc.pid, signal.SIGCONT)
+    assert rdt.get(ref, timeout=30, out=out) is out
+    assert out.tolist() == list(np.arange(10.0))
+    ref.close()
     c.stop()
 
 

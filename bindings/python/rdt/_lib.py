@@ -42,6 +42,7 @@ DEVICE_CUDA_MANAGED = 13
 
 RUNTIME_IN_PROCESS = 1 << 0
 RUNTIME_NO_BUILTIN_TRANSPORTS = 1 << 1
+RUNTIME_QUEUE_RELEASES = 1 << 2
 
 TRANSPORT_ONE_SIDED = 1 << 0
 TRANSPORT_CAN_ABORT = 1 << 1
@@ -231,6 +232,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                          POINTER(TransportVTable)]),
     "rdt_transport_list": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
+    "rdt_runtime_take_released": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(c_size_t), c_int64]),
 }
 
 _lock = threading.Lock()

@@ -1,17 +1,19 @@
 """What this process put, kept alive until rdt frees it.
 
 ``put`` hands rdt addresses of memory that Python objects own. Each put
-object gets an entry here holding those objects; rdt's release callback,
-which runs once the object is freed everywhere (after every transport's
-garbage_collect), drops the entry. The entries also let a Python transport
+object gets an entry here holding those objects; once rdt frees the object
+everywhere (after every transport's garbage_collect) it queues the entry's
+key, and the runtime's release thread drops the entry. The entries also let a Python transport
 see the very tensors that were put (not views of them), and let ``get`` of
 an object this process owns return those tensors, as Ray does.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
-import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _lib
@@ -65,20 +67,39 @@ def drop(key: int) -> None:
             del by_id[e.oid]
 
 
-def _released(user_data: Optional[int]) -> None:
-    # On an rdt thread, holding the GIL (ctypes took it). Dict operations
-    # only: nothing here can block or call back into rdt.
-    if sys.is_finalizing():
-        return
-    try:
-        drop(user_data or 0)
-    except BaseException:  # noqa: BLE001 - nothing may unwind into rdt
-        pass
+# Puts pass no release callback: a callback would enter Python on an rdt
+# thread and contend for the GIL with the thread that puts and gets (tens of
+# microseconds a round trip). Each runtime is created with
+# RDT_RUNTIME_QUEUE_RELEASES instead, and one Python thread per runtime
+# takes the keys of freed objects and drops their entries.
+NO_RELEASE = ctypes.cast(None, _lib.ReleaseFn)
+_BATCH = 256
+# After a batch, the thread sleeps this long before it waits again: it then
+# takes the GIL at most a few hundred times a second however fast objects
+# are freed, and an idle process never wakes it.
+_PAUSE = 0.002
 
 
-# One callback object for the life of the process (rdt may call it until
-# the last runtime is destroyed).
-release_fn = _lib.ReleaseFn(_released)
+def start_releaser(runtime: "Runtime", handle: int) -> threading.Thread:
+    t = threading.Thread(target=_take_released, args=(handle,), name=f"rdt-release-{runtime.name or ''}",
+                         daemon=True)
+    t.start()
+    return t
+
+
+def _take_released(handle: int) -> None:
+    take = _lib.lib().rdt_runtime_take_released
+    keys = (ctypes.c_void_p * _BATCH)()
+    n = ctypes.c_size_t()
+    while True:
+        # Waits without the GIL; returns CLOSED (or INVALID_ARGUMENT for a
+        # handle already gone) once the runtime is destroyed.
+        if take(handle, keys, _BATCH, ctypes.byref(n), -1) != _lib.OK:
+            return
+        for i in range(n.value):
+            drop(keys[i] or 0)
+        if n.value < _BATCH:
+            time.sleep(_PAUSE)
 
 
 def drop_runtime(runtime: "Runtime") -> None:

@@ -219,7 +219,7 @@ class ObjectRef(Handle):
             # own tensors are found then (see _own_entry).
             e.sent = True
             if not e.oid:
-                e.oid = self._oid = self._info()[0]
+                e.oid = self._oid = _oid_of(out) or self._info()[0]
                 if e.key in _objects.entries:
                     _objects.by_id[e.oid] = e
         return out
@@ -270,6 +270,15 @@ class ObjectRef(Handle):
         except Exception as e:  # the runtime may be gone
             return f"ObjectRef(<{type(e).__name__}: {e}>)"
 
+
+
+_REF_V1 = b"RDTR\x01\x00"
+
+
+def _oid_of(data: bytes) -> str:
+    """The object id in serialized bytes of format version 1 (it leads the
+    body, after the 12-byte header), or "" for any other version."""
+    return data[12:28].hex() if data[:6] == _REF_V1 and len(data) >= 28 else ""
 
 
 def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...], descs: Any = None,

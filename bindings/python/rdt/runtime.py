@@ -22,6 +22,10 @@ from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
 # can run signal handlers (Ctrl-C) between them.
 _SLICE_MS = 200
 
+# get of one ref into one array of at most this many bytes uses rdt_get (a
+# single call), restarting with the general path if a slice is not enough.
+_SMALL = 1 << 20
+
 
 def _deadline(timeout: Optional[float]) -> Optional[float]:
     if timeout is None:
@@ -60,6 +64,7 @@ def _warn_shared_once() -> None:
 
 
 _warned_shared = False
+_NUMPY1 = ("numpy",)
 _runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 _shutting_down = False
 
@@ -101,7 +106,8 @@ class Runtime(Handle):
             enc(name), enc(listen_tcp), enc(auth_token), enc(advertise_host), enc(socket_dir), enc(host_id))
         o.log_level = _lib.LOG_LEVELS[log_level]
         o.flags = ((_lib.RUNTIME_IN_PROCESS if in_process else 0) |
-                   (0 if builtin_transports else _lib.RUNTIME_NO_BUILTIN_TRANSPORTS))
+                   (0 if builtin_transports else _lib.RUNTIME_NO_BUILTIN_TRANSPORTS) |
+                   _lib.RUNTIME_QUEUE_RELEASES)  # see _objects.start_releaser
         o.lease_ms = _seconds_ms(lease, "lease")
         o.peer_timeout_ms = _seconds_ms(peer_timeout, "peer_timeout")
         out = ctypes.c_void_p()
@@ -109,6 +115,7 @@ class Runtime(Handle):
         super().__init__(out.value or 0)
         self.name = name
         self._lock = threading.Lock()
+        self._releaser: Optional[threading.Thread] = None
         _runtimes.add(self)
         with _process_lock:
             pending = list(_process_transports.values())
@@ -116,8 +123,9 @@ class Runtime(Handle):
             self._register(tname, devices, cls, data_type, skip_existing=True)
 
     def _free(self, ptr: int) -> None:
-        # Release callbacks, garbage_collect and free_user_data run inside
-        # destroy, on rdt's threads; ctypes released the GIL for them.
+        # garbage_collect and free_user_data run inside destroy, on rdt's
+        # threads; ctypes released the GIL for them. Destroy frees every put
+        # object and stops the release thread; their entries go here.
         try:
             _lib.lib().rdt_runtime_destroy(ptr)
         finally:
@@ -148,13 +156,19 @@ class Runtime(Handle):
             found: List[Any] = [value]
             items = [_t.item_of(value)]
             blob = SINGLE
+            frameworks: Tuple[str, ...] = _NUMPY1
         else:
             found = []
             skeleton = flatten(value, found)
             items = [_t.item_of(x, False, i if len(found) > 1 else "tensor") for i, x in enumerate(found)]
             blob = encode_skeleton(skeleton, len(found))
+            frameworks = tuple([it.framework for it in items])
         n = len(items)
         buf, addr = _t.pack(items)
+        if self._releaser is None:
+            with self._lock:
+                if self._releaser is None:
+                    self._releaser = _objects.start_releaser(self, self._handle())
         entry = _objects.Entry(self, found, items, blob)
         key = _objects.add(entry)
         tname = transport.encode() if transport else None
@@ -166,15 +180,14 @@ class Runtime(Handle):
             _objects.putting[ptrs] = entry
         out = ctypes.c_void_p()
         try:
-            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, _objects.release_fn, key, ctypes.byref(out))
+            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, _objects.NO_RELEASE, key, ctypes.byref(out))
         finally:
             if ptrs is not None:
                 _objects.putting.pop(ptrs, None)
         if st != _lib.OK:
             _objects.drop(key)  # on error rdt keeps nothing and never calls release
             raise _lib.make_error(st)
-        return ObjectRef(self, out.value or 0, blob, tuple(it.framework for it in items),
-                         [it.desc for it in items], entry)
+        return ObjectRef(self, out.value or 0, blob, frameworks, [it.desc for it in items], entry)
 
     # ---- references --------------------------------------------------------------
 
@@ -196,8 +209,13 @@ class Runtime(Handle):
         points to, as unpickling would make: a borrow the owner counts."""
         if not isinstance(ref, ObjectRef):
             raise InvalidArgumentError(f"borrow takes an ObjectRef, not {type(ref).__name__}")
-        _, (data, skeleton, frameworks, descs, oid) = ref.__reduce__()
-        return self.deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)
+        data = ref.serialize()
+        out = ctypes.c_void_p()
+        _lib.check(_lib.lib().rdt_ref_deserialize(self._handle(), data, len(data), ctypes.byref(out)))
+        r = ObjectRef(self, out.value or 0, ref._skeleton, ref._frameworks, ref._descs, None, ref._oid)
+        if r._oid == "" and ref._info_cache is not None:
+            r._oid = ref._info_cache[0]
+        return r
 
     # ---- get ---------------------------------------------------------------------
 
@@ -218,6 +236,30 @@ class Runtime(Handle):
         A ref this runtime owns gives back the put tensors themselves (no
         copy), as Ray does, unless ``out=`` is given.
         """
+        if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
+            # The common case, one ref into one array, in fewer steps.
+            r: ObjectRef = refs
+            if r._runtime is self:
+                descs1 = r._descs or r.tensor_descs()
+                if len(descs1) == 1:
+                    items1 = _t.check_out([out], descs1)
+                    deadline = _deadline(timeout)
+                    if out.nbytes <= _SMALL and not _objects.python_transports:
+                        # One call does start, wait and free. It gives up
+                        # (aborting) after a slice, so that Ctrl-C is seen;
+                        # then the general path below starts again.
+                        buf, addr = _t.pack(items1)
+                        st = _lib.lib().rdt_get(self._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
+                                                addr, 1, None, _slice_ms(deadline))
+                        if st == _lib.OK:
+                            return decode_skeleton(r._skeleton, [out])
+                        if st != _lib.ERR_TIMEOUT:
+                            raise _lib.make_error(st)
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
+                                                  "was aborted", _lib.ERR_TIMEOUT)
+                    self._fetch([r], items1, [out], deadline, None, owned=False)
+                    return decode_skeleton(r._skeleton, [out])
         self._handle()  # ClosedError once the runtime is closed
         single = isinstance(refs, ObjectRef)
         if single:
@@ -275,7 +317,10 @@ class Runtime(Handle):
                transport: Optional[str], owned: bool) -> None:
         L = _lib.lib()
         h = self._handle()
-        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        if len(refs) == 1:
+            handles: Any = ctypes.byref(ctypes.c_void_p(refs[0]._handle()))
+        else:
+            handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         buf, addr = _t.pack(items)
         opts = None
         if transport:

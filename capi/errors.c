@@ -1,5 +1,6 @@
 /* Pure-C parts of the ABI: status names, versions, thread-local messages,
  * callback output buffers. None of this enters Go. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,24 @@
 static __thread char *last_error;
 static __thread char *callback_error;
 
+/* The thread-local strings are read through __thread (fast); pthread keys
+ * hold the same pointers only so that a thread's strings are freed when
+ * the thread exits. */
+static pthread_key_t last_error_key, callback_error_key;
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static void make_keys(void) {
+  pthread_key_create(&last_error_key, free);
+  pthread_key_create(&callback_error_key, free);
+}
+
+static void set_callback_error(char *msg) {
+  free(callback_error);
+  callback_error = msg;
+  pthread_once(&keys_once, make_keys);
+  pthread_setspecific(callback_error_key, msg);
+}
+
 void rdtc_set_last_error(const char *msg, size_t len) {
   char *copy = malloc(len + 1);
   if (copy == NULL) return; /* keep the previous message rather than none */
@@ -15,6 +34,8 @@ void rdtc_set_last_error(const char *msg, size_t len) {
   copy[len] = '\0';
   free(last_error);
   last_error = copy;
+  pthread_once(&keys_once, make_keys);
+  pthread_setspecific(last_error_key, copy);
 }
 
 const char *rdt_last_error(void) { return last_error ? last_error : ""; }
@@ -77,25 +98,22 @@ rdt_status rdt_buffer_set(rdt_buffer *buf, const void *data, size_t size) {
 }
 
 void rdt_set_error(const char *message) {
-  free(callback_error);
-  callback_error = message ? strdup(message) : NULL;
+  set_callback_error(message ? strdup(message) : NULL);
 }
 
 /* ---- trampolines ---------------------------------------------------- */
 
-static void cb_begin(void) {
-  free(callback_error);
-  callback_error = NULL;
-}
+static void cb_begin(void) { set_callback_error(NULL); }
 
 /* Hands the callback's message (if any) to the caller on failure. */
 static rdt_status cb_end(rdt_status st, char **err) {
   if (st != RDT_OK && err != NULL) {
-    *err = callback_error;
+    *err = callback_error; /* the caller frees it now */
+    callback_error = NULL;
+    pthread_setspecific(callback_error_key, NULL);
   } else {
-    free(callback_error);
+    set_callback_error(NULL);
   }
-  callback_error = NULL;
   return st;
 }
 

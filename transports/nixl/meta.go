@@ -1,0 +1,187 @@
+package nixl
+
+import (
+	"encoding/binary"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+const (
+	metaMagic   = "RNXL"
+	metaVersion = 1
+	maxRegions  = 1 << 16
+	maxBlob     = 16 << 20 // one NIXL metadata blob
+	maxBlobs    = 2        // one per memory type (DRAM, VRAM)
+	maxName     = 64
+	regionLen   = 8 + 8 + 4 + 1
+)
+
+// memory types, as nixl_capi_mem_type_t.
+const (
+	memDRAM uint8 = 0
+	memVRAM uint8 = 1
+)
+
+type region struct {
+	Addr, Size uint64
+	Dev        uint32
+	Mem        uint8
+}
+
+// metadata is what a receiver needs to read an object with NIXL: the
+// source agent's name, its connection information (the same for every
+// object of that agent), the agent's metadata for this object's registered
+// memory (one blob per memory type), the registration epoch (see
+// Transport.epoch), and where each tensor lives.
+//
+// Layout (little endian): "RNXL", version u8, epoch u64, name length u8,
+// name, connection length u32, connection blob, blob count u8, blob count ×
+// (length u32, blob), region count u32, count × (addr u64, size u64,
+// device u32, memory type u8).
+type metadata struct {
+	Epoch   uint64
+	Agent   string
+	Conn    []byte
+	Blobs   [][]byte
+	Regions []region
+}
+
+func (m *metadata) encode() []byte {
+	n := 4 + 1 + 8 + 1 + len(m.Agent) + 4 + len(m.Conn) + 1 + 4 + regionLen*len(m.Regions)
+	for _, b := range m.Blobs {
+		n += 4 + len(b)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, metaMagic...)
+	b = append(b, metaVersion)
+	b = binary.LittleEndian.AppendUint64(b, m.Epoch)
+	b = append(b, byte(len(m.Agent)))
+	b = append(b, m.Agent...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Conn)))
+	b = append(b, m.Conn...)
+	b = append(b, byte(len(m.Blobs)))
+	for _, x := range m.Blobs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(x)))
+		b = append(b, x...)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
+	for _, r := range m.Regions {
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Size)
+		b = binary.LittleEndian.AppendUint32(b, r.Dev)
+		b = append(b, r.Mem)
+	}
+	return b
+}
+
+// reader takes bounded pieces off the front of a buffer.
+type reader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *reader) take(n int) []byte {
+	if r.bad || n < 0 || n > len(r.b) {
+		r.bad = true
+		return nil
+	}
+	p := r.b[:n:n]
+	r.b = r.b[n:]
+	return p
+}
+
+func (r *reader) u8() uint8 {
+	if p := r.take(1); p != nil {
+		return p[0]
+	}
+	return 0
+}
+
+func (r *reader) u32() uint32 {
+	if p := r.take(4); p != nil {
+		return binary.LittleEndian.Uint32(p)
+	}
+	return 0
+}
+
+func (r *reader) u64() uint64 {
+	if p := r.take(8); p != nil {
+		return binary.LittleEndian.Uint64(p)
+	}
+	return 0
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > maxName {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func decodeMetadata(b []byte) (*metadata, error) {
+	bad := func(why string) error {
+		return core.Errorf(core.ErrCorrupt, "nixl: corrupt transport metadata (%s)", why)
+	}
+	if len(b) < 5 || string(b[:4]) != metaMagic {
+		return nil, bad("bad magic")
+	}
+	if b[4] != metaVersion {
+		return nil, core.Errorf(core.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", b[4], metaVersion)
+	}
+	r := &reader{b: b[5:]}
+	m := &metadata{Epoch: r.u64()}
+	m.Agent = string(r.take(int(r.u8())))
+	if r.bad {
+		return nil, bad("truncated header")
+	}
+	if !validName(m.Agent) {
+		return nil, bad("invalid agent name")
+	}
+	n := r.u32()
+	if n == 0 || n > maxBlob {
+		return nil, bad("connection blob size out of range")
+	}
+	m.Conn = r.take(int(n))
+	nb := r.u8()
+	if nb > maxBlobs {
+		return nil, bad("too many metadata blobs")
+	}
+	for i := 0; i < int(nb) && !r.bad; i++ {
+		n := r.u32()
+		if n == 0 || n > maxBlob {
+			return nil, bad("metadata blob size out of range")
+		}
+		m.Blobs = append(m.Blobs, r.take(int(n)))
+	}
+	cnt := r.u32()
+	if r.bad {
+		return nil, bad("truncated")
+	}
+	if cnt > maxRegions {
+		return nil, bad("too many tensors")
+	}
+	if uint64(len(r.b)) != uint64(cnt)*regionLen {
+		return nil, bad("length does not match the tensor count")
+	}
+	m.Regions = make([]region, cnt)
+	for i := range m.Regions {
+		g := region{Addr: r.u64(), Size: r.u64(), Dev: r.u32(), Mem: r.u8()}
+		if g.Mem != memDRAM && g.Mem != memVRAM {
+			return nil, bad("unknown memory type")
+		}
+		if g.Addr+g.Size < g.Addr {
+			return nil, bad("region wraps the address space")
+		}
+		m.Regions[i] = g
+	}
+	if cnt > 0 && len(m.Blobs) == 0 {
+		return nil, bad("tensors without registration metadata")
+	}
+	return m, nil
+}

@@ -1,0 +1,726 @@
+// Package nixl moves host and GPU memory with NVIDIA's NIXL library
+// (through its C API, libnixl_capi.so, loaded at run time): the source
+// registers the memory of a put and hands the agent's metadata out in the
+// ref; the receiver loads it, registers its targets and READs. One-sided:
+// the source application does nothing per transfer.
+//
+// NIXL cannot cancel a posted request. Abort makes Wait return at once,
+// but Release waits until NIXL reports the request finished before it
+// releases it (releasing a request in flight is unsafe); the core calls
+// Release before the caller's buffers are handed back, so a fetch that
+// was aborted or timed out still never writes into them after rdt_fetch_free.
+package nixl
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// Name is the canonical transport name.
+const Name = "nixl"
+
+// maxRemotes bounds the source agents whose metadata a receiver keeps
+// loaded. The core does not tell transports when a peer goes away, so the
+// least recently used agent is invalidated when a new one would exceed it.
+const maxRemotes = 64
+
+// Factory makes the transport for a new runtime. Without NIXL's C API
+// library it returns core.ErrUnsupported and the runtime goes on without it.
+func Factory() core.TransportFactory {
+	return core.TransportFactory{Name: Name, New: New}
+}
+
+// Transport is the nixl transport of one runtime: one NIXL agent (named
+// after the runtime id) with a UCX backend, created on first use.
+type Transport struct {
+	h    core.Host
+	name string
+
+	agentMu  sync.Mutex
+	agent    unsafe.Pointer
+	backend  unsafe.Pointer
+	conn     []byte // the agent's connection metadata
+	agentErr error
+	closed   bool
+
+	// epoch counts deregistrations. It is raised before memory is
+	// deregistered and read after memory is registered, so a receiver that
+	// meets an epoch above the one it loaded the agent at knows that the
+	// agent's memory it has descriptors for may have gone (and the
+	// addresses been registered again): it reloads the agent.
+	epoch atomic.Uint64
+
+	mu   sync.Mutex
+	regs map[regKey]*registration
+	objs map[core.ObjectID][]regKey
+
+	remMu   sync.Mutex
+	remotes map[string]*remote
+	useTick uint64
+}
+
+type regKey struct {
+	mem        uint8
+	addr, size uint64
+	dev        uint32
+}
+
+// registration is one registered region, shared by the objects that put it.
+type registration struct {
+	dlist unsafe.Pointer
+	refs  int
+}
+
+// remote is a source agent whose metadata this agent loaded.
+type remote struct {
+	name string
+	// mu is held shared by every transfer from the agent and exclusively
+	// to (re)load or invalidate it: invalidating an agent makes its
+	// in-flight requests fail.
+	mu      sync.RWMutex
+	valid   bool
+	epoch   uint64
+	evicted bool
+	stale   atomic.Bool // a transfer failed: reload before the next one
+	lastUse uint64      // under Transport.remMu
+}
+
+// New loads NIXL (once per process) and makes the transport. The agent
+// and its UCX backend are created when the transport is first used.
+func New(h core.Host) (core.Transport, error) {
+	if err := Load(); err != nil {
+		return nil, err
+	}
+	if tls := os.Getenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
+		h.Log().Warnf("nixl: UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
+	}
+	return &Transport{
+		h:       h,
+		name:    h.Identity().RuntimeID.String(),
+		regs:    map[regKey]*registration{},
+		objs:    map[core.ObjectID][]regKey{},
+		remotes: map[string]*remote{},
+	}, nil
+}
+
+func (t *Transport) Name() string { return Name }
+func (t *Transport) Devices() []core.DeviceType {
+	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost, core.DeviceCUDA}
+}
+func (t *Transport) OneSided() bool { return true }
+
+// CanAbort: Abort returns control at once (the engine needs that for
+// deadlines), though NIXL finishes the I/O before Release returns.
+func (t *Transport) CanAbort() bool { return true }
+
+// ensureAgent creates the agent and its UCX backend on first use.
+func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
+	t.agentMu.Lock()
+	defer t.agentMu.Unlock()
+	if t.closed {
+		return nil, core.Errorf(core.ErrClosed, "nixl: the transport was closed")
+	}
+	if t.agent != nil || t.agentErr != nil {
+		return t.agent, t.agentErr
+	}
+	cname := C.CString(t.name)
+	defer C.free(unsafe.Pointer(cname))
+	var agent, backend unsafe.Pointer
+	var call *C.char
+	if st := C.rdtnx_agent_new(cname, &agent, &backend, &call); st != C.RDTNX_SUCCESS {
+		t.agentErr = callError(core.ErrUnsupported, "creating the agent and its UCX backend", call, st)
+		return nil, t.agentErr
+	}
+	var data unsafe.Pointer
+	var n C.size_t
+	if st := C.rdtnx_partial_md(agent, nil, &data, &n, &call); st != C.RDTNX_SUCCESS {
+		C.rdtnx_agent_free(agent, backend, &call)
+		t.agentErr = callError(core.ErrTransport, "connection metadata", call, st)
+		return nil, t.agentErr
+	}
+	t.conn = C.GoBytes(data, C.int(n))
+	C.rdtnx_free(data)
+	t.agent, t.backend = agent, backend
+	t.h.Log().Debugf("nixl: agent %s created (%d bytes of connection metadata)", t.name, len(t.conn))
+	return agent, nil
+}
+
+// memOf maps a device to NIXL's memory type and device id.
+func memOf(d core.Device) (uint8, uint32, error) {
+	switch {
+	case d.Type.HostAccessible():
+		return memDRAM, 0, nil
+	case d.Type == core.DeviceCUDA:
+		if d.ID < 0 {
+			return 0, 0, core.Errorf(core.ErrInvalidArgument, "nixl: negative CUDA device id %d", d.ID)
+		}
+		return memVRAM, uint32(d.ID), nil
+	}
+	return 0, 0, core.Errorf(core.ErrUnsupported, "nixl moves host and CUDA memory; tensor on %s", d)
+}
+
+// cArrays holds the C copies of a descriptor list's fields.
+type cArrays struct {
+	p            unsafe.Pointer
+	addr, n, dev *C.uint64_t
+	count        C.size_t
+}
+
+func newArrays(count int) *cArrays {
+	if count == 0 {
+		count = 1
+	}
+	p := C.calloc(C.size_t(3*count), 8)
+	s := unsafe.Slice((*C.uint64_t)(p), 3*count)
+	return &cArrays{p: p, addr: &s[0], n: &s[count], dev: &s[2*count]}
+}
+
+func (a *cArrays) set(i int, addr, size uint64, dev uint32) {
+	stride := uintptr(8)
+	*(*C.uint64_t)(unsafe.Add(unsafe.Pointer(a.addr), uintptr(i)*stride)) = C.uint64_t(addr)
+	*(*C.uint64_t)(unsafe.Add(unsafe.Pointer(a.n), uintptr(i)*stride)) = C.uint64_t(size)
+	*(*C.uint64_t)(unsafe.Add(unsafe.Pointer(a.dev), uintptr(i)*stride)) = C.uint64_t(dev)
+	if C.size_t(i+1) > a.count {
+		a.count = C.size_t(i + 1)
+	}
+}
+
+func (a *cArrays) free() { C.free(a.p) }
+
+// dlist makes a registration descriptor list of keys (all of one type).
+func dlist(keys []regKey) (unsafe.Pointer, error) {
+	a := newArrays(len(keys))
+	defer a.free()
+	for i, k := range keys {
+		a.set(i, k.addr, k.size, k.dev)
+	}
+	var d unsafe.Pointer
+	var call *C.char
+	if st := C.rdtnx_dlist_new(C.int(keys[0].mem), a.addr, a.n, a.dev, a.count, &d, &call); st != C.RDTNX_SUCCESS {
+		return nil, callError(core.ErrTransport, "descriptor list", call, st)
+	}
+	return d, nil
+}
+
+// ExtractMetadata registers the tensors' memory with the agent (once per
+// region, shared between objects that put the same region) and describes
+// it for receivers.
+func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	agent, err := t.ensureAgent()
+	if err != nil {
+		return nil, err
+	}
+	m := metadata{Agent: t.name, Conn: t.conn}
+	var keys []regKey
+	for _, x := range tensors {
+		mem, dev, err := memOf(x.Device)
+		if err != nil {
+			return nil, err
+		}
+		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes, Dev: dev, Mem: mem})
+		if x.Nbytes > 0 {
+			keys = append(keys, regKey{mem: mem, addr: uint64(x.Data), size: x.Nbytes, dev: dev})
+		}
+	}
+	if err := t.register(agent, obj, keys); err != nil {
+		return nil, err
+	}
+	m.Epoch = t.epoch.Load()
+	for _, mem := range []uint8{memDRAM, memVRAM} {
+		var these []regKey
+		for _, k := range keys {
+			if k.mem == mem {
+				these = append(these, k)
+			}
+		}
+		if len(these) == 0 {
+			continue
+		}
+		blob, err := partialMD(agent, these)
+		if err != nil {
+			t.GarbageCollect(obj, tensors, nil)
+			return nil, err
+		}
+		m.Blobs = append(m.Blobs, blob)
+	}
+	return m.encode(), nil
+}
+
+func partialMD(agent unsafe.Pointer, keys []regKey) ([]byte, error) {
+	d, err := dlist(keys)
+	if err != nil {
+		return nil, err
+	}
+	defer C.rdtnx_dlist_free(d)
+	var data unsafe.Pointer
+	var n C.size_t
+	var call *C.char
+	if st := C.rdtnx_partial_md(agent, d, &data, &n, &call); st != C.RDTNX_SUCCESS {
+		return nil, callError(core.ErrTransport, "metadata of registered memory", call, st)
+	}
+	defer C.rdtnx_free(data)
+	if n == 0 || n > maxBlob {
+		return nil, core.Errorf(core.ErrTransport, "nixl: the agent's metadata is %d bytes (want 1 to %d)", int(n), maxBlob)
+	}
+	return C.GoBytes(data, C.int(n)), nil
+}
+
+// register registers the regions not yet registered and counts the
+// object's use of each.
+func (t *Transport) register(agent unsafe.Pointer, obj core.ObjectID, keys []regKey) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	done := 0
+	for _, k := range keys {
+		if r, ok := t.regs[k]; ok {
+			r.refs++
+			done++
+			continue
+		}
+		d, err := dlist([]regKey{k})
+		if err == nil {
+			var call *C.char
+			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
+				C.rdtnx_dlist_free(d)
+				err = callError(core.ErrTransport, "registering memory", call, st)
+			}
+		}
+		if err != nil {
+			t.unregisterLocked(agent, keys[:done])
+			return err
+		}
+		t.regs[k] = &registration{dlist: d, refs: 1}
+		done++
+	}
+	t.objs[obj] = append(t.objs[obj], keys...)
+	return nil
+}
+
+func (t *Transport) unregisterLocked(agent unsafe.Pointer, keys []regKey) {
+	for _, k := range keys {
+		r, ok := t.regs[k]
+		if !ok {
+			continue
+		}
+		if r.refs--; r.refs > 0 {
+			continue
+		}
+		delete(t.regs, k)
+		var call *C.char
+		if st := C.rdtnx_deregister(agent, r.dlist, &call); st != C.RDTNX_SUCCESS {
+			t.h.Log().Warnf("%v", callError(core.ErrTransport, "deregistering memory", call, st))
+		}
+		C.rdtnx_dlist_free(r.dlist)
+	}
+}
+
+func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+
+func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+	return core.Errorf(core.ErrInternal, "nixl is one-sided: send is never called on it")
+}
+
+// GarbageCollect deregisters the object's memory (regions other live
+// objects also put stay registered).
+func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+	t.agentMu.Lock()
+	agent := t.agent
+	t.agentMu.Unlock()
+	if agent == nil {
+		return
+	}
+	t.epoch.Add(1) // before the memory goes: see Transport.epoch
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keys := t.objs[obj]
+	delete(t.objs, obj)
+	t.unregisterLocked(agent, keys)
+}
+
+// Close deregisters what is left and destroys the agent. The core frees
+// every fetch of the runtime before it closes its transports.
+func (t *Transport) Close() error {
+	t.agentMu.Lock()
+	defer t.agentMu.Unlock()
+	t.closed = true
+	if t.agent == nil {
+		return nil
+	}
+	t.mu.Lock()
+	for k, r := range t.regs {
+		var call *C.char
+		C.rdtnx_deregister(t.agent, r.dlist, &call)
+		C.rdtnx_dlist_free(r.dlist)
+		delete(t.regs, k)
+	}
+	t.objs = map[core.ObjectID][]regKey{}
+	t.mu.Unlock()
+	t.remMu.Lock()
+	t.remotes = map[string]*remote{}
+	t.remMu.Unlock()
+	var call *C.char
+	st := C.rdtnx_agent_free(t.agent, t.backend, &call)
+	t.agent, t.backend = nil, nil
+	if st != C.RDTNX_SUCCESS {
+		return callError(core.ErrTransport, "destroying the agent", call, st)
+	}
+	return nil
+}
+
+// ---- receiving --------------------------------------------------------------
+
+// remoteEntry finds or adds the cache entry of a source agent, evicting the
+// least recently used idle one beyond maxRemotes.
+func (t *Transport) remoteEntry(agent unsafe.Pointer, name string) *remote {
+	t.remMu.Lock()
+	defer t.remMu.Unlock()
+	t.useTick++
+	if r, ok := t.remotes[name]; ok {
+		r.lastUse = t.useTick
+		return r
+	}
+	r := &remote{name: name, lastUse: t.useTick}
+	t.remotes[name] = r
+	for len(t.remotes) > maxRemotes {
+		var old *remote
+		for _, c := range t.remotes {
+			if c != r && (old == nil || c.lastUse < old.lastUse) {
+				old = c
+			}
+		}
+		if old == nil || !old.mu.TryLock() {
+			break // in use: try again on the next new agent
+		}
+		if old.valid {
+			t.invalidate(agent, old.name)
+		}
+		old.valid, old.evicted = false, true
+		delete(t.remotes, old.name)
+		old.mu.Unlock()
+	}
+	return r
+}
+
+func (t *Transport) invalidate(agent unsafe.Pointer, name string) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var call *C.char
+	// NOT_FOUND: NIXL already forgot it (it does so when a peer disconnects).
+	if st := C.rdtnx_invalidate(agent, cname, &call); st != C.RDTNX_SUCCESS && st != -6 {
+		t.h.Log().Debugf("%v", callError(core.ErrTransport, "forgetting agent "+name, call, st))
+	}
+}
+
+func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
+	p := C.CBytes(blob)
+	defer C.free(p)
+	var name *C.char
+	var call *C.char
+	st := C.rdtnx_load_md(agent, p, C.size_t(len(blob)), &name, &call)
+	if st != C.RDTNX_SUCCESS {
+		return callError(core.ErrTransport, "loading the source agent's metadata", call, st)
+	}
+	got := C.GoString(name)
+	C.rdtnx_free(unsafe.Pointer(name))
+	if got != want {
+		return core.Errorf(core.ErrCorrupt, "nixl: the metadata names agent %q, expected %q", got, want)
+	}
+	return nil
+}
+
+// acquire makes the source agent's memory of m addressable and returns its
+// entry held shared (release with mu.RUnlock once the transfer is over).
+func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) {
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		r := t.remoteEntry(agent, m.Agent)
+		r.mu.RLock()
+		if r.valid && !r.stale.Load() && r.epoch >= m.Epoch {
+			var err error
+			for _, b := range m.Blobs {
+				if err = loadMD(agent, b, m.Agent); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				return r, nil
+			}
+			// Refused descriptors mean our view of the agent is out of date.
+			lastErr = err
+			r.stale.Store(true)
+			r.mu.RUnlock()
+			continue
+		}
+		r.mu.RUnlock()
+		r.mu.Lock()
+		if r.evicted {
+			r.mu.Unlock()
+			continue
+		}
+		if !(r.valid && !r.stale.Load() && r.epoch >= m.Epoch) {
+			if r.valid {
+				t.invalidate(agent, r.name)
+				r.valid = false
+			}
+			if err := loadMD(agent, m.Conn, m.Agent); err != nil {
+				r.mu.Unlock()
+				return nil, err
+			}
+			r.valid, r.epoch = true, m.Epoch
+			r.stale.Store(false)
+		}
+		r.mu.Unlock()
+	}
+	if lastErr == nil {
+		lastErr = core.Errorf(core.ErrTransport, "nixl: the source agent's metadata kept changing")
+	}
+	return nil, lastErr
+}
+
+// Fetch registers the targets and posts READs from the source agent.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Regions) != len(targets) {
+		return nil, core.Errorf(core.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	// Pair each non-empty tensor with its target, grouped by memory types:
+	// one NIXL request moves one pair of memory types.
+	type pairKey struct{ local, remote uint8 }
+	groups := map[pairKey][]int{}
+	var order []pairKey
+	var local []regKey
+	for i, g := range m.Regions {
+		if g.Size != targets[i].Nbytes {
+			return nil, core.Errorf(core.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
+		}
+		mem, dev, err := memOf(targets[i].Device)
+		if err != nil {
+			return nil, err
+		}
+		if g.Size == 0 {
+			continue
+		}
+		k := pairKey{mem, g.Mem}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], i)
+		local = append(local, regKey{mem: mem, addr: uint64(targets[i].Data), size: g.Size, dev: dev})
+	}
+	agent, err := t.ensureAgent()
+	if err != nil {
+		return nil, err
+	}
+	req := &request{t: t, agent: agent, started: time.Now()}
+	if len(local) == 0 {
+		return req, nil
+	}
+	rem, err := t.acquire(agent, m)
+	if err != nil {
+		return nil, err
+	}
+	req.rem = rem
+	// Register the targets for this transfer, one list per memory type.
+	for _, mem := range []uint8{memDRAM, memVRAM} {
+		var these []regKey
+		for _, k := range local {
+			if k.mem == mem {
+				these = append(these, k)
+			}
+		}
+		if len(these) == 0 {
+			continue
+		}
+		d, err := dlist(these)
+		if err == nil {
+			var call *C.char
+			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
+				C.rdtnx_dlist_free(d)
+				err = callError(core.ErrTransport, "registering the targets", call, st)
+			}
+		}
+		if err != nil {
+			req.cleanup()
+			return nil, err
+		}
+		req.locals = append(req.locals, d)
+	}
+	cname := C.CString(m.Agent)
+	defer C.free(unsafe.Pointer(cname))
+	for _, k := range order {
+		idx := groups[k]
+		la, ra := newArrays(len(idx)), newArrays(len(idx))
+		for j, i := range idx {
+			_, ldev, _ := memOf(targets[i].Device)
+			la.set(j, uint64(targets[i].Data), m.Regions[i].Size, ldev)
+			ra.set(j, m.Regions[i].Addr, m.Regions[i].Size, m.Regions[i].Dev)
+		}
+		var q unsafe.Pointer
+		var call *C.char
+		st := C.rdtnx_read(agent, C.int(k.local), la.addr, la.dev, C.int(k.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		la.free()
+		ra.free()
+		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
+			rem.stale.Store(true)
+			req.Release()
+			return nil, callError(core.ErrTransport, "reading from agent "+m.Agent, call, st)
+		}
+		req.xfers = append(req.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
+	}
+	return req, nil
+}
+
+// Abort makes Wait return ErrAborted at its next poll. The I/O itself
+// cannot be cancelled: Release waits for it.
+func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+	if req, ok := r.(*request); ok {
+		req.aborted.Store(true)
+	}
+}
+
+type xfer struct {
+	q    unsafe.Pointer
+	done bool // the status left in-progress
+	st   C.int
+}
+
+type request struct {
+	t       *Transport
+	agent   unsafe.Pointer
+	rem     *remote
+	locals  []unsafe.Pointer // target registrations
+	xfers   []*xfer
+	aborted atomic.Bool
+	started time.Time
+	failed  bool
+	once    sync.Once
+}
+
+// poll checks every unfinished NIXL request once: (true, nil) when all
+// are done, an error when one failed.
+func (r *request) poll() (bool, error) {
+	all := true
+	for _, x := range r.xfers {
+		if x.done {
+			if x.st < 0 {
+				return true, r.fail(x.st)
+			}
+			continue
+		}
+		st := C.rdtnx_status(r.agent, x.q)
+		switch {
+		case st == C.RDTNX_IN_PROG:
+			all = false
+		case st == C.RDTNX_SUCCESS:
+			x.done = true
+		default:
+			x.done, x.st = true, st
+			return true, r.fail(st)
+		}
+	}
+	return all, nil
+}
+
+func (r *request) fail(st C.int) error {
+	r.failed = true
+	name := "?"
+	if r.rem != nil {
+		name = r.rem.name
+	}
+	return core.Errorf(core.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", name, int(st), statusName(st))
+}
+
+// Completed lets the engine skip a goroutine for transfers done at post.
+func (r *request) Completed() bool {
+	done, err := r.poll()
+	return done || err != nil
+}
+
+// Wait polls until every read finished, failed, or the request was
+// aborted. It spins briefly, then sleeps with a growing interval.
+func (r *request) Wait() error {
+	for i := 0; ; i++ {
+		if r.aborted.Load() {
+			return core.Errorf(core.ErrAborted, "nixl: transfer aborted")
+		}
+		done, err := r.poll()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		pause(i)
+	}
+}
+
+func pause(i int) {
+	switch {
+	case i < 64:
+		runtime.Gosched()
+	case i < 256:
+		time.Sleep(20 * time.Microsecond)
+	default:
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// Release waits until NIXL no longer works on any read (an aborted one
+// included), then releases the requests and the target registrations.
+func (r *request) Release() { r.once.Do(r.cleanup) }
+
+func (r *request) cleanup() {
+	var call *C.char
+	for _, x := range r.xfers {
+		warned := false
+		for i := 0; !x.done; i++ {
+			st := C.rdtnx_status(r.agent, x.q)
+			if st != C.RDTNX_IN_PROG {
+				x.done, x.st = true, st
+				if st < 0 {
+					r.failed = true
+				}
+				break
+			}
+			if !warned && i > 0 && i%5000 == 0 {
+				warned = true
+				r.t.h.Log().Warnf("nixl: an aborted read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.rem.name, time.Since(r.started).Round(time.Millisecond))
+			}
+			pause(i)
+		}
+		if st := C.rdtnx_release(r.agent, x.q, &call); st != C.RDTNX_SUCCESS {
+			r.t.h.Log().Warnf("%v", callError(core.ErrTransport, "releasing a request", call, st))
+		}
+	}
+	r.xfers = nil
+	for _, d := range r.locals {
+		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
+			r.t.h.Log().Warnf("%v", callError(core.ErrTransport, "deregistering the targets", call, st))
+		}
+		C.rdtnx_dlist_free(d)
+	}
+	r.locals = nil
+	if r.rem != nil {
+		if r.failed {
+			r.rem.stale.Store(true) // NIXL may have dropped the agent
+		}
+		r.rem.mu.RUnlock()
+		r.rem = nil
+	}
+}

@@ -1,0 +1,290 @@
+package nixl
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// testHost is the little of a runtime the transport asks for.
+type testHost struct{ id core.RuntimeID }
+
+func newHost() testHost {
+	var h testHost
+	_, _ = rand.Read(h.id[:])
+	return h
+}
+
+func (h testHost) Identity() core.PeerInfo {
+	return core.PeerInfo{RuntimeID: h.id, Name: "test", HostID: "h"}
+}
+func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (testHost) Context() context.Context { return context.Background() }
+func (testHost) AuthToken() string        { return "" }
+func (testHost) BindHost() string         { return "127.0.0.1" }
+func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (testHost) SocketDir() string        { return os.TempDir() }
+func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+}
+
+func statusOf(err error) core.Status {
+	var e *core.Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return 0
+}
+
+// requireNIXL skips unless NIXL's C API library loads here.
+func requireNIXL(t testing.TB) {
+	t.Helper()
+	if err := Load(); err != nil {
+		t.Skipf("NIXL is not available (set %s to the libnixl_capi.so of the nixl wheel): %v", LibraryEnv, err)
+	}
+}
+
+// buffer maps n bytes outside the Go heap (the race detector's pointer
+// checks refuse Go memory addressed through uintptr).
+func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	b = b[:n]
+	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	require.NoError(t, err)
+	addr := uintptr(0)
+	if n > 0 {
+		addr = uintptr(unsafe.Pointer(&b[0]))
+	}
+	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+}
+
+func newTransport(t testing.TB) *Transport {
+	t.Helper()
+	requireNIXL(t)
+	tr, err := New(newHost())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr.(*Transport)
+}
+
+func fetch(tr *Transport, meta []byte, targets []core.Tensor) error {
+	req, err := tr.Fetch(&core.Transfer{Transport: Name}, targets, meta, nil)
+	if err != nil {
+		return err
+	}
+	defer req.Release()
+	return req.Wait()
+}
+
+// ---- loader: runs everywhere ----------------------------------------------
+
+func TestMissingLibraryIsUnsupportedAndNamesIt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libnixl_capi.so")
+	err := open(path, true)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), LibraryEnv)
+}
+
+func TestLibraryWithoutTheSymbolsNamesTheSymbol(t *testing.T) {
+	err := open("libc.so.6", true)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Contains(t, err.Error(), "nixl_capi_create_configured_agent")
+	assert.Contains(t, err.Error(), "libc.so.6")
+}
+
+func TestFactoryWithoutNIXLIsUnsupported(t *testing.T) {
+	if Load() == nil {
+		t.Skip("NIXL is loaded in this process: the factory cannot fail")
+	}
+	t.Setenv(LibraryEnv, filepath.Join(t.TempDir(), "absent.so"))
+	_, err := Factory().New(newHost())
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Contains(t, err.Error(), "absent.so")
+}
+
+func TestUCXErrorHandlingIsLeftToGo(t *testing.T) {
+	requireNIXL(t)
+	v, ok := os.LookupEnv("UCX_HANDLE_ERRORS")
+	require.True(t, ok)
+	if v != "none" {
+		t.Skipf("UCX_HANDLE_ERRORS was set to %q before the test", v)
+	}
+}
+
+// ---- transfers: need NIXL ----------------------------------------------------
+
+func TestReadBetweenTwoAgents(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	sizes := []int{0, 1, 4096, 300 << 10, 8 << 20}
+	var srcs, dsts []core.Tensor
+	var want, got [][]byte
+	for i, n := range sizes {
+		sb, st := buffer(t, n)
+		fill(sb, byte(i))
+		db, dt := buffer(t, n)
+		srcs, dsts = append(srcs, st), append(dsts, dt)
+		want, got = append(want, sb), append(got, db)
+	}
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, srcs)
+	require.NoError(t, err)
+	require.NoError(t, fetch(dst, meta, dsts))
+	for i := range sizes {
+		assert.Equal(t, want[i], got[i], "tensor %d", i)
+	}
+	// Again: the source agent is cached, the data fetched afresh.
+	fill(want[2], 99)
+	require.NoError(t, fetch(dst, meta, dsts))
+	assert.Equal(t, want[2], got[2])
+	src.GarbageCollect(core.ObjectID{1}, srcs, meta)
+	assert.Empty(t, src.regs)
+}
+
+func TestReusedAddressAfterGarbageCollect(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	sb, st := buffer(t, 1<<20)
+	db, dt := buffer(t, 1<<20)
+	for round := 0; round < 3; round++ {
+		fill(sb, byte(round))
+		id := core.ObjectID{byte(round + 1)}
+		meta, err := src.ExtractMetadata(id, []core.Tensor{st})
+		require.NoError(t, err)
+		require.NoError(t, fetch(dst, meta, []core.Tensor{dt}), "round %d", round)
+		require.Equal(t, sb, db, "round %d", round)
+		src.GarbageCollect(id, []core.Tensor{st}, meta)
+	}
+}
+
+func TestSameRegionInTwoObjects(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	sb, st := buffer(t, 64<<10)
+	fill(sb, 3)
+	m1, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	require.NoError(t, err)
+	m2, err := src.ExtractMetadata(core.ObjectID{2}, []core.Tensor{st})
+	require.NoError(t, err)
+	src.GarbageCollect(core.ObjectID{1}, nil, m1)
+	db, dt := buffer(t, 64<<10)
+	require.NoError(t, fetch(dst, m2, []core.Tensor{dt}))
+	assert.Equal(t, sb, db)
+	src.GarbageCollect(core.ObjectID{2}, nil, m2)
+	assert.Empty(t, src.regs)
+}
+
+func TestSizeAndCountMismatch(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	_, st := buffer(t, 100)
+	_, dt := buffer(t, 99)
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	require.NoError(t, err)
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(fetch(dst, meta, []core.Tensor{dt})))
+	assert.Equal(t, core.ErrInvalidArgument, statusOf(fetch(dst, meta, nil)))
+}
+
+func TestAbortReturnsPromptlyAndReleaseWaits(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	sb, st := buffer(t, 64<<20)
+	fill(sb, 5)
+	_, dt := buffer(t, 64<<20)
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	require.NoError(t, err)
+	req, err := dst.Fetch(&core.Transfer{Transport: Name}, []core.Tensor{dt}, meta, nil)
+	require.NoError(t, err)
+	dst.Abort(nil, req)
+	start := time.Now()
+	err = req.Wait()
+	if err != nil { // the read may have finished at post
+		assert.Equal(t, core.ErrAborted, statusOf(err))
+	}
+	assert.Less(t, time.Since(start), time.Second)
+	req.Release()
+	// After Release nothing is in flight: the agent can be torn down.
+	require.NoError(t, dst.Close())
+}
+
+// ---- metadata codec ---------------------------------------------------------
+
+func sampleMeta() *metadata {
+	return &metadata{
+		Epoch: 7, Agent: "0123abcd", Conn: []byte("conn"),
+		Blobs:   [][]byte{[]byte("dram-md"), []byte("vram-md")},
+		Regions: []region{{Addr: 4096, Size: 100, Mem: memDRAM}, {Addr: 1 << 40, Size: 8, Dev: 1, Mem: memVRAM}},
+	}
+}
+
+func TestMetadataRoundTrip(t *testing.T) {
+	m := sampleMeta()
+	got, err := decodeMetadata(m.encode())
+	require.NoError(t, err)
+	assert.Equal(t, m, got)
+}
+
+func TestMetadataCorruption(t *testing.T) {
+	good := sampleMeta().encode()
+	for i := 0; i < len(good); i++ {
+		_, err := decodeMetadata(good[:i])
+		require.Error(t, err, "prefix %d", i)
+		assert.Contains(t, []core.Status{core.ErrCorrupt, core.ErrUnsupported}, statusOf(err))
+	}
+	bad := func(mut func(m *metadata)) error {
+		m := sampleMeta()
+		mut(m)
+		_, err := decodeMetadata(m.encode())
+		return err
+	}
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "" })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "a b" })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Conn = nil })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = nil })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Mem = 9 })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Addr = ^uint64(0) })))
+	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = append(m.Blobs, []byte("x")) })))
+	v := append([]byte(nil), good...)
+	v[4] = 9
+	_, err := decodeMetadata(v)
+	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.True(t, strings.Contains(err.Error(), "version"))
+}
+
+func FuzzDecodeMetadata(f *testing.F) {
+	f.Add(sampleMeta().encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMetadata(b)
+		if err != nil {
+			if s := statusOf(err); s != core.ErrCorrupt && s != core.ErrUnsupported {
+				t.Fatalf("status %v for %v", s, err)
+			}
+			return
+		}
+		again, err := decodeMetadata(m.encode())
+		if err != nil {
+			t.Fatalf("re-encoding failed: %v", err)
+		}
+		if len(again.Regions) != len(m.Regions) {
+			t.Fatal("round trip changed the regions")
+		}
+	})
+}

@@ -26,10 +26,25 @@ $(BUILD)/include/rdt.h: include/rdt.h
 	@mkdir -p $(BUILD)/include
 	cp $< $@
 
+# NIXL for the nixl transport's tests: the pinned nixl-cu12 wheel (about
+# 70 MB; it bundles UCX, and its DRAM path needs no GPU) unpacked into
+# build/nixl without its torch dependency. Where it cannot be installed the
+# nixl tests skip and say why. RDT_TEST_NIXL=0 skips the install.
+RDT_TEST_NIXL ?= 1
+NIXL_DIR   := $(BUILD)/nixl
+NIXL_LIB   := $(CURDIR)/$(NIXL_DIR)/.nixl_cu12.mesonpy.libs/libnixl_capi.so
+NIXL_READY := $(if $(filter 0,$(RDT_TEST_NIXL)),,$(NIXL_DIR)/.ready)
+$(NIXL_DIR)/.ready: tests/requirements-nixl.txt
+	rm -rf $(NIXL_DIR)
+	$(PYTHON) -m pip install -q --no-deps --target $(NIXL_DIR) -r tests/requirements-nixl.txt \
+		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
+	@mkdir -p $(NIXL_DIR) && touch $@
+
 test: go-test c-test sanitize-test consumer-test python-test
 
-go-test:
-	$(GO) test -race -count=1 ./...
+go-test: $(NIXL_READY)
+	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(GO) test -race -count=1 ./...
+
 
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON
@@ -68,11 +83,12 @@ $(VENV)/.ready: tests/python/requirements.txt tests/python/requirements-torch.tx
 	if [ "$(RDT_TEST_TORCH)" != 0 ]; then $(VENV)/bin/pip install -q -r tests/python/requirements-torch.txt; fi
 	@touch $@
 
-python-test: $(VENV)/.ready $(BUILD)/librdt.so
+python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY)
 	rm -rf $(WHEEL_DIR) bindings/python/build
 	$(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) ./bindings/python
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/rdt-*.whl
-	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl \
+		RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 # Short coverage-guided runs of every fuzz target; the seed corpora live in
 # testdata/fuzz and also run as plain tests under `go test`.
@@ -83,6 +99,7 @@ fuzz:
 	$(GO) test ./transports/shm -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/nixl -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 
 install: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)

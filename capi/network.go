@@ -8,6 +8,7 @@ import "C"
 import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/nixl"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
@@ -21,9 +22,11 @@ func networkFor(flags uint32) core.Network {
 	return core.Sockets{}
 }
 
-// builtinTransports are created in every new runtime.
+// builtinTransports are created in every new runtime. Those whose library
+// is missing (nixl without libnixl_capi.so) are skipped.
 var builtinTransports = []core.TransportFactory{
 	cma.Factory(),
 	shm.Factory(),
 	tcp.Factory(),
+	nixl.Factory(),
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/nixl"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
@@ -36,7 +37,8 @@ func TestMain(m *testing.M) {
 }
 
 func builtins() []core.TransportFactory {
-	return []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), twoSidedFactory()}
+	// nixl is skipped by the runtime where libnixl_capi.so is not found.
+	return []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), nixl.Factory(), twoSidedFactory()}
 }
 
 // runtimeConfig is how a process's runtime is set up; children get theirs

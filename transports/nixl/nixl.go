@@ -490,7 +490,65 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 	return nil, lastErr
 }
 
-// Fetch registers the targets and posts READs from the source agent.
+const (
+	// chunkSize bounds one NIXL request. UCX's shared-memory transports
+	// copy inside the post call, so a request is only as abortable as it
+	// is small; between chunks the poster checks for an abort.
+	chunkSize = 16 << 20
+	// syncLimit: transfers up to this size are posted inside Fetch.
+	syncLimit = 256 << 10
+)
+
+// piece is a byte range of one tensor, read with one descriptor.
+type piece struct {
+	laddr, raddr, n uint64
+	ldev, rdev      uint32
+}
+
+// chunk is what one NIXL READ request moves: pieces of one pair of memory
+// types, chunkSize bytes at most (or one piece).
+type chunk struct {
+	local, remote uint8
+	pieces        []piece
+}
+
+// plan cuts the non-empty tensors into chunks.
+func plan(m *metadata, targets []core.Tensor) ([]chunk, []regKey, uint64, error) {
+	var chunks []chunk
+	var local []regKey
+	var total uint64
+	var cur *chunk
+	var curBytes uint64
+	for i, g := range m.Regions {
+		if g.Size != targets[i].Nbytes {
+			return nil, nil, 0, core.Errorf(core.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
+		}
+		mem, dev, err := memOf(targets[i].Device)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if g.Size == 0 {
+			continue
+		}
+		laddr := uint64(targets[i].Data)
+		local = append(local, regKey{mem: mem, addr: laddr, size: g.Size, dev: dev})
+		total += g.Size
+		for off := uint64(0); off < g.Size; {
+			n := min(g.Size-off, chunkSize)
+			if cur == nil || cur.local != mem || cur.remote != g.Mem || curBytes+n > chunkSize {
+				chunks = append(chunks, chunk{local: mem, remote: g.Mem})
+				cur, curBytes = &chunks[len(chunks)-1], 0
+			}
+			cur.pieces = append(cur.pieces, piece{laddr: laddr + off, raddr: g.Addr + off, n: n, ldev: dev, rdev: g.Dev})
+			curBytes += n
+			off += n
+		}
+	}
+	return chunks, local, total, nil
+}
+
+// Fetch registers the targets and posts READs from the source agent:
+// small transfers at once, larger ones chunk by chunk on a goroutine.
 func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
@@ -499,36 +557,17 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if len(m.Regions) != len(targets) {
 		return nil, core.Errorf(core.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
-	// Pair each non-empty tensor with its target, grouped by memory types:
-	// one NIXL request moves one pair of memory types.
-	type pairKey struct{ local, remote uint8 }
-	groups := map[pairKey][]int{}
-	var order []pairKey
-	var local []regKey
-	for i, g := range m.Regions {
-		if g.Size != targets[i].Nbytes {
-			return nil, core.Errorf(core.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
-		}
-		mem, dev, err := memOf(targets[i].Device)
-		if err != nil {
-			return nil, err
-		}
-		if g.Size == 0 {
-			continue
-		}
-		k := pairKey{mem, g.Mem}
-		if _, ok := groups[k]; !ok {
-			order = append(order, k)
-		}
-		groups[k] = append(groups[k], i)
-		local = append(local, regKey{mem: mem, addr: uint64(targets[i].Data), size: g.Size, dev: dev})
+	chunks, local, total, err := plan(m, targets)
+	if err != nil {
+		return nil, err
 	}
 	agent, err := t.ensureAgent()
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, agent: agent, started: time.Now()}
-	if len(local) == 0 {
+	req := &request{t: t, agent: agent, started: time.Now(), chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	if len(chunks) == 0 {
+		close(req.postDone)
 		return req, nil
 	}
 	rem, err := t.acquire(agent, m)
@@ -556,33 +595,22 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			}
 		}
 		if err != nil {
-			req.cleanup()
+			close(req.postDone)
+			req.Release()
 			return nil, err
 		}
 		req.locals = append(req.locals, d)
 	}
-	cname := C.CString(m.Agent)
-	defer C.free(unsafe.Pointer(cname))
-	for _, k := range order {
-		idx := groups[k]
-		la, ra := newArrays(len(idx)), newArrays(len(idx))
-		for j, i := range idx {
-			_, ldev, _ := memOf(targets[i].Device)
-			la.set(j, uint64(targets[i].Data), m.Regions[i].Size, ldev)
-			ra.set(j, m.Regions[i].Addr, m.Regions[i].Size, m.Regions[i].Dev)
-		}
-		var q unsafe.Pointer
-		var call *C.char
-		st := C.rdtnx_read(agent, C.int(k.local), la.addr, la.dev, C.int(k.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
-		la.free()
-		ra.free()
-		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
-			rem.stale.Store(true)
+	if total <= syncLimit {
+		req.post()
+		if req.postErr != nil {
+			err := req.postErr
 			req.Release()
-			return nil, callError(core.ErrTransport, "reading from agent "+m.Agent, call, st)
+			return nil, err
 		}
-		req.xfers = append(req.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
+		return req, nil
 	}
+	go req.post()
 	return req, nil
 }
 
@@ -601,26 +629,74 @@ type xfer struct {
 }
 
 type request struct {
-	t       *Transport
-	agent   unsafe.Pointer
-	rem     *remote
-	locals  []unsafe.Pointer // target registrations
-	xfers   []*xfer
-	aborted atomic.Bool
-	started time.Time
-	failed  bool
-	once    sync.Once
+	t          *Transport
+	agent      unsafe.Pointer
+	rem        *remote
+	remoteName string
+	locals     []unsafe.Pointer // target registrations
+	chunks     []chunk
+	aborted    atomic.Bool
+	started    time.Time
+	once       sync.Once
+
+	mu       sync.Mutex
+	xfers    []*xfer // posted so far
+	postDone chan struct{}
+	postErr  error // set before postDone is closed
+	failed   bool
 }
 
-// poll checks every unfinished NIXL request once: (true, nil) when all
-// are done, an error when one failed.
+// post makes and posts one READ per chunk, stopping at an abort or an
+// error. It closes postDone when it stops.
+func (r *request) post() {
+	defer close(r.postDone)
+	cname := C.CString(r.remoteName)
+	defer C.free(unsafe.Pointer(cname))
+	for _, c := range r.chunks {
+		if r.aborted.Load() {
+			return
+		}
+		la, ra := newArrays(len(c.pieces)), newArrays(len(c.pieces))
+		for j, p := range c.pieces {
+			la.set(j, p.laddr, p.n, p.ldev)
+			ra.set(j, p.raddr, p.n, p.rdev)
+		}
+		var q unsafe.Pointer
+		var call *C.char
+		st := C.rdtnx_read(r.agent, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		la.free()
+		ra.free()
+		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			r.postErr = callError(core.ErrTransport, "reading from agent "+r.remoteName, call, st)
+			return
+		}
+		r.mu.Lock()
+		r.xfers = append(r.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
+		r.mu.Unlock()
+	}
+}
+
+// poll checks every posted, unfinished NIXL request once, and reports
+// whether everything is done.
 func (r *request) poll() (bool, error) {
-	all := true
-	for _, x := range r.xfers {
+	posted := false
+	select {
+	case <-r.postDone:
+		posted = true
+		if r.postErr != nil {
+			return true, r.postErr
+		}
+	default:
+	}
+	r.mu.Lock()
+	xs := r.xfers
+	r.mu.Unlock()
+	all := posted
+	for _, x := range xs {
 		if x.done {
-			if x.st < 0 {
-				return true, r.fail(x.st)
-			}
 			continue
 		}
 		st := C.rdtnx_status(r.agent, x.q)
@@ -631,28 +707,22 @@ func (r *request) poll() (bool, error) {
 			x.done = true
 		default:
 			x.done, x.st = true, st
-			return true, r.fail(st)
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			return true, core.Errorf(core.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
 		}
 	}
 	return all, nil
 }
 
-func (r *request) fail(st C.int) error {
-	r.failed = true
-	name := "?"
-	if r.rem != nil {
-		name = r.rem.name
-	}
-	return core.Errorf(core.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", name, int(st), statusName(st))
-}
-
-// Completed lets the engine skip a goroutine for transfers done at post.
+// Completed lets the engine skip a goroutine for transfers done in Fetch.
 func (r *request) Completed() bool {
 	done, err := r.poll()
 	return done || err != nil
 }
 
-// Wait polls until every read finished, failed, or the request was
+// Wait polls until every chunk was read, one failed, or the request was
 // aborted. It spins briefly, then sleeps with a growing interval.
 func (r *request) Wait() error {
 	for i := 0; ; i++ {
@@ -686,6 +756,7 @@ func pause(i int) {
 func (r *request) Release() { r.once.Do(r.cleanup) }
 
 func (r *request) cleanup() {
+	<-r.postDone // the poster may be inside a synchronous post
 	var call *C.char
 	for _, x := range r.xfers {
 		warned := false
@@ -700,7 +771,7 @@ func (r *request) cleanup() {
 			}
 			if !warned && i > 0 && i%5000 == 0 {
 				warned = true
-				r.t.h.Log().Warnf("nixl: an aborted read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.rem.name, time.Since(r.started).Round(time.Millisecond))
+				r.t.h.Log().Warnf("nixl: a read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.remoteName, time.Since(r.started).Round(time.Millisecond))
 			}
 			pause(i)
 		}

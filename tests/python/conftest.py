@@ -30,6 +30,10 @@ def _builtin_transports():
 BUILTINS = _builtin_transports()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skips without one)")
+
+
 def pytest_report_header(config):
     import rdt
     from rdt import _lib

@@ -29,10 +29,24 @@ var (
 	loadErrs = map[string]error{}
 )
 
+// cgetenv reads the C environment. A Go runtime in a shared library
+// copied the environment when it started; a host that set a variable
+// afterwards (Python's os.environ does) changed only the C one, which is
+// also what NIXL and UCX read.
+func cgetenv(name string) (string, bool) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	v := C.getenv(cname)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
 // libraryPath is what Load opens: $RDT_NIXL_LIBRARY, else the loader's
 // search path.
 func libraryPath() string {
-	if p := os.Getenv(LibraryEnv); p != "" {
+	if p, _ := cgetenv(LibraryEnv); p != "" {
 		return p
 	}
 	return defaultLibrary
@@ -43,8 +57,8 @@ func libraryPath() string {
 // SA_ONSTACK by older UCX releases) break the Go runtime, so error handling
 // is left to Go unless the user chose otherwise.
 func prepareEnv() {
-	if _, ok := os.LookupEnv("UCX_HANDLE_ERRORS"); !ok {
-		os.Setenv("UCX_HANDLE_ERRORS", "none")
+	if _, ok := cgetenv("UCX_HANDLE_ERRORS"); !ok {
+		os.Setenv("UCX_HANDLE_ERRORS", "none") // with cgo this sets the C environment too
 	}
 }
 

@@ -18,7 +18,6 @@ package nixl
 import "C"
 
 import (
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -104,7 +103,7 @@ func New(h core.Host) (core.Transport, error) {
 	if err := Load(); err != nil {
 		return nil, err
 	}
-	if tls := os.Getenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
+	if tls, _ := cgetenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
 		h.Log().Warnf("nixl: UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
 	}
 	return &Transport{

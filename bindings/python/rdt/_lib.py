@@ -279,8 +279,26 @@ def lib() -> ctypes.CDLL:
     return lib()
 
 
+def _find_nixl() -> None:
+    """Points the nixl transport at the libnixl_capi.so of an installed nixl
+    wheel (nixl-cu12 or nixl-cu13), unless RDT_NIXL_LIBRARY is set. The
+    library reads the variable once, when it first creates a runtime."""
+    if os.environ.get("RDT_NIXL_LIBRARY"):
+        return
+    import sys
+    for entry in sys.path:
+        try:
+            found = sorted(Path(entry).glob(".nixl_cu*.mesonpy.libs/libnixl_capi.so"))
+        except OSError:
+            continue
+        if found:
+            os.environ["RDT_NIXL_LIBRARY"] = str(found[-1])
+            return
+
+
 def _load() -> None:
     global _lib, _pid
+    _find_nixl()
     path = library_path()
     if not os.path.exists(path):
         raise ImportError(

@@ -1,0 +1,48 @@
+"""The nixl transport moving CUDA memory (VRAM) between spawned processes.
+Needs a CUDA device and torch's CUDA build; skips otherwise."""
+
+import pickle
+
+import pytest
+
+import rdt
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
+
+
+def _cuda_torch():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if "nixl" not in rdt.default_runtime().transport_names():
+        pytest.skip("NIXL is not available: set RDT_NIXL_LIBRARY to libnixl_capi.so or pip install nixl-cu12")
+    return torch
+
+
+def serve_cuda(conn):
+    """Puts CUDA tensors over nixl and keeps them until told to stop."""
+    import torch
+    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    y = (torch.arange(4096, dtype=torch.int64, device="cuda:0") * 3).reshape(64, 64)
+    ref = rdt.put({"x": x, "y": y}, transport="nixl")
+    conn.send(pickle.dumps(ref))
+    conn.recv()
+    ref.close()
+
+
+def test_cuda_tensors_over_nixl_between_processes(child):
+    torch = _cuda_torch()
+    c = child(serve_cuda)
+    ref = pickle.loads(c.recv(timeout=120))
+    got = rdt.get(ref, transport="nixl", timeout=60)
+    assert got["x"].is_cuda and got["y"].is_cuda
+    assert torch.equal(got["x"].cpu(), torch.arange(1 << 20, dtype=torch.float32))
+    assert torch.equal(got["y"].cpu(), (torch.arange(4096, dtype=torch.int64) * 3).reshape(64, 64))
+    used = {t["name"]: t["transfers_completed"] for t in rdt.default_runtime().transports()}
+    assert used["nixl"] >= 1
+    # Into a host buffer: VRAM at the source, DRAM at the destination.
+    out = {"x": torch.empty(1 << 20, dtype=torch.float32), "y": torch.empty(64, 64, dtype=torch.int64)}
+    rdt.get(ref, transport="nixl", out=out, timeout=60)
+    assert torch.equal(out["x"], torch.arange(1 << 20, dtype=torch.float32))
+    ref.close()
+    c.stop()

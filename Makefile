@@ -117,8 +117,8 @@ $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
 demo: $(BUILD)/rdtbench
 	@$(BUILD)/rdtbench demo
 
-bench: $(BUILD)/rdtbench $(VENV)/.ready
-	PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
+bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
+	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
 	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
 

@@ -36,7 +36,7 @@ NIXL_LIB   := $(CURDIR)/$(NIXL_DIR)/.nixl_cu12.mesonpy.libs/libnixl_capi.so
 NIXL_READY := $(if $(filter 0,$(RDT_TEST_NIXL)),,$(NIXL_DIR)/.ready)
 $(NIXL_DIR)/.ready: tests/requirements-nixl.txt
 	rm -rf $(NIXL_DIR)
-	$(PYTHON) -m pip install -q --no-deps --target $(NIXL_DIR) -r tests/requirements-nixl.txt \
+	$(PYTHON) -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --target $(NIXL_DIR) -r tests/requirements-nixl.txt \
 		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
 	@mkdir -p $(NIXL_DIR) && touch $@
 
@@ -114,8 +114,8 @@ BENCH_CFLAGS := -O2 -g -std=c11 -Wall -Wextra -Iinclude
 $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
 
-demo: $(BUILD)/rdtbench
-	@$(BUILD)/rdtbench demo
+demo: $(BUILD)/rdtbench $(NIXL_READY)
+	@RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(BUILD)/rdtbench demo
 
 bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md

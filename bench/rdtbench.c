@@ -372,8 +372,8 @@ static rdt_runtime *receiver_runtime(void) {
   return rt;
 }
 
-static const char *const host_transports[] = {"cma", "shm", "tcp"};
-#define NUM_TRANSPORTS 3
+static const char *const host_transports[] = {"cma", "shm", "tcp", "nixl"};
+#define NUM_TRANSPORTS 4
 /* The bench also measures nixl's DRAM path where NIXL is installed (it is
  * never an automatic choice, so the demo leaves it out). */
 static const char *const bench_transports[] = {"cma", "shm", "tcp", "nixl"};
@@ -397,12 +397,13 @@ static int demo_main(void) {
   memset(bigbuf, 0, big);
   void *smallbufs[MAX_REFS];
   for (int i = 0; i < nsmall; i++) smallbufs[i] = map(small);
-  const char *names[NUM_TRANSPORTS + 1] = {"auto", "cma", "shm", "tcp"};
+  const char *names[NUM_TRANSPORTS + 1] = {"auto", "cma", "shm", "tcp", "nixl"};
   int failures = 0;
   for (int k = 0; k <= NUM_TRANSPORTS; k++) {
     const char *name = names[k];
     if (k > 0 && !transport_available(rt, name)) {
-      printf("%-6s (not available in this build)\n", name);
+      printf("%-6s (not available here%s)\n", name,
+             strcmp(name, "nixl") == 0 ? ": NIXL's libnixl_capi.so was not found; see docs/transports.md" : "");
       continue;
     }
     uint64_t before[NUM_TRANSPORTS];

@@ -1,0 +1,250 @@
+package cuda
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+func status(err error) core.Status { return core.StatusOf(err) }
+
+func TestMissingLibraryIsUnsupported(t *testing.T) {
+	err := load("/nonexistent/libcuda-for-rdt-tests.so.1")
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, status(err))
+	assert.Contains(t, err.Error(), "/nonexistent/libcuda-for-rdt-tests.so.1")
+	assert.Contains(t, err.Error(), "could not be loaded")
+}
+
+func TestLibraryWithoutSymbols(t *testing.T) {
+	err := load("libc.so.6")
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, status(err))
+	assert.Contains(t, err.Error(), "libc.so.6 has no symbol cuInit")
+}
+
+func TestLibraryFromEnvironment(t *testing.T) {
+	t.Setenv("RDT_CUDA_LIBRARY", "/nonexistent/other-libcuda.so")
+	assert.Equal(t, "/nonexistent/other-libcuda.so", Library())
+	t.Setenv("RDT_CUDA_LIBRARY", "")
+	assert.Equal(t, "libcuda.so.1", Library())
+}
+
+// TestLoadOnceFromEnvironment runs Load in a fresh process, where the
+// environment decides which library is opened.
+func TestLoadOnceFromEnvironment(t *testing.T) {
+	if os.Getenv("RDT_CUDA_CHILD") == "load" {
+		err := Load()
+		if err == nil || status(err) != core.ErrUnsupported || !strings.Contains(err.Error(), "libc.so.6 has no symbol") {
+			t.Fatalf("Load: %v", err)
+		}
+		if err2 := Load(); err2 != err {
+			t.Fatalf("a second Load returned %v, not the first result", err2)
+		}
+		_, err = DeviceCount()
+		if err != Load() {
+			t.Fatalf("DeviceCount: %v", err)
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestLoadOnceFromEnvironment$", "-test.v")
+	cmd.Env = append(os.Environ(), "RDT_CUDA_CHILD=load", "RDT_CUDA_LIBRARY=libc.so.6")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "PASS")
+}
+
+func TestErrorNames(t *testing.T) {
+	e := &Error{Op: "cuIpcOpenMemHandle", Code: 1}
+	assert.Equal(t, "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (invalid argument)", e.Error())
+	assert.Equal(t, "CUDA_ERROR_NOT_READY", Result(600).Name())
+	assert.Equal(t, "CUDA_ERROR_OUT_OF_MEMORY", Result(2).Name())
+	assert.Equal(t, "CUresult(123456)", Result(123456).Name())
+	assert.Equal(t, "RDT_CUDA_NOT_LOADED", Result(-1).Name())
+
+	assert.Equal(t, core.ErrNoMemory, status(CoreError(&Error{Op: "cuMemAlloc", Code: 2})))
+	assert.Equal(t, core.ErrInvalidArgument, status(CoreError(e)))
+	assert.Equal(t, core.ErrTransport, status(CoreError(&Error{Op: "cuMemcpy", Code: 700})))
+	ce := CoreError(e)
+	assert.Contains(t, ce.Error(), "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (invalid argument)")
+	plain := errors.New("x")
+	assert.Equal(t, plain, CoreError(plain))
+}
+
+func TestUUIDString(t *testing.T) {
+	u := UUID{0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8}
+	assert.Equal(t, "GPU-12345678-9abc-def0-0102-030405060708", u.String())
+}
+
+// ---- with a GPU ----------------------------------------------------------
+
+// requireGPU skips the test on machines without a usable CUDA device.
+func requireGPU(t testing.TB) {
+	t.Helper()
+	n, err := DeviceCount()
+	if err == nil && n == 0 {
+		err = errors.New("the driver sees no device")
+	}
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+}
+
+// hostBuffer maps n bytes outside the Go heap.
+func hostBuffer(t testing.TB, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+func addr(b []byte) Ptr { return Ptr(uintptr(unsafe.Pointer(&b[0]))) }
+
+func pattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*13) + seed
+	}
+}
+
+func TestDevices(t *testing.T) {
+	requireGPU(t)
+	n, err := DeviceCount()
+	require.NoError(t, err)
+	for i := 0; i < n; i++ {
+		u, err := DeviceUUID(i)
+		require.NoError(t, err)
+		d, ok, err := DeviceByUUID(u)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Equal(t, i, d)
+		t.Logf("device %d: %s %s", i, DeviceName(i), u)
+	}
+	_, err = DeviceUUID(n + 5)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cuDeviceGetUuid")
+	_, ok, err := DeviceByUUID(UUID{1, 2, 3})
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
+
+func TestPointerInfoAndCopy(t *testing.T) {
+	requireGPU(t)
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+
+	info, err := GetPointerInfo(0, p+4096)
+	require.NoError(t, err)
+	assert.Equal(t, MemoryDevice, info.MemoryType)
+	assert.Equal(t, 0, info.Device)
+	assert.Equal(t, p, info.Base)
+	assert.GreaterOrEqual(t, info.Size, uint64(n))
+	assert.True(t, info.LegacyIPC)
+	assert.NotZero(t, info.BufferID)
+
+	host := hostBuffer(t, n)
+	_, err = GetPointerInfo(0, addr(host))
+	require.Error(t, err, "a plain host pointer is unknown to the driver")
+
+	src := hostBuffer(t, n)
+	pattern(src, 7)
+	require.NoError(t, Memcpy(0, p, addr(src), n))
+
+	q, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, q)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+	k, err := CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n / 2}, {Dst: q + n/2, Src: p + n/2, N: n / 2}}, ev)
+	require.NoError(t, err)
+	assert.Equal(t, 2, k)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done, err := ev.Query()
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(10 * time.Microsecond)
+	}
+	back := hostBuffer(t, n)
+	// Device to host through unified addressing on the same stream.
+	_, err = CopyAsync(0, -1, s, []Copy{{Dst: addr(back), Src: q, N: n}}, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Synchronize())
+	assert.True(t, bytes.Equal(src, back))
+
+	_, err = CopyAsync(0, 0, s, []Copy{{Dst: q, Src: 16, N: 16}}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cuMemcpyDtoDAsync")
+	require.NoError(t, s.Synchronize())
+}
+
+// TestIPCAcrossProcesses exports an allocation here and reads it from a
+// child process, which also checks the bytes.
+func TestIPCAcrossProcesses(t *testing.T) {
+	if os.Getenv("RDT_CUDA_CHILD") == "ipc" {
+		ipcChild(t)
+		return
+	}
+	requireGPU(t)
+	const n = 4 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	src := hostBuffer(t, n)
+	pattern(src, 3)
+	require.NoError(t, Memcpy(0, p, addr(src), n))
+
+	h, err := IPCGetMemHandle(0, p)
+	require.NoError(t, err)
+	_, err = IPCOpenMemHandle(0, h)
+	require.Error(t, err, "a process cannot open its own handle")
+	t.Logf("opening one's own handle: %v", err)
+
+	var arg bytes.Buffer
+	arg.Write(h[:])
+	binary.Write(&arg, binary.LittleEndian, uint64(n))
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestIPCAcrossProcesses$", "-test.v")
+	cmd.Env = append(os.Environ(), "RDT_CUDA_CHILD=ipc")
+	cmd.Stdin = &arg
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "child read the exported bytes")
+}
+
+func ipcChild(t *testing.T) {
+	requireGPU(t)
+	var h IPCHandle
+	_, err := os.Stdin.Read(h[:])
+	require.NoError(t, err)
+	var n uint64
+	require.NoError(t, binary.Read(os.Stdin, binary.LittleEndian, &n))
+	p, err := IPCOpenMemHandle(0, h)
+	require.NoError(t, err)
+	back := hostBuffer(t, int(n))
+	require.NoError(t, Memcpy(0, addr(back), p, n))
+	want := hostBuffer(t, int(n))
+	pattern(want, 3)
+	require.True(t, bytes.Equal(want, back))
+	require.NoError(t, IPCCloseMemHandle(0, p))
+	t.Log("child read the exported bytes")
+}

@@ -377,6 +377,9 @@ func NewEvent(dev int) (*Event, error) {
 	return e, nil
 }
 
+// Device is the event's device ordinal.
+func (e *Event) Device() int { return e.dev }
+
 // Query reports whether the work recorded before the event is done
 // (cuEventQuery: CUDA_ERROR_NOT_READY is "not yet", not an error).
 func (e *Event) Query() (bool, error) {

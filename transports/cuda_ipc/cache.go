@@ -1,0 +1,233 @@
+package cudaipc
+
+import (
+	"container/list"
+	"errors"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// The receiver's cache of opened IPC handles.
+//
+// Opening a handle (cuIpcOpenMemHandle) maps the source's allocation and
+// costs far more than a small copy, and caching allocators (PyTorch's) put
+// many tensors in one allocation and reuse it for the life of the process,
+// so opened handles are kept and reused. Nothing tells a receiver when the
+// source frees an allocation: the source's garbage_collect runs in the
+// source, and the core gives transports no peer-gone notice. A stale entry
+// can never be used for a new allocation (a new allocation gets a new handle,
+// and the key is the handle's bytes), so the only cost of keeping one is the
+// mapping itself, which can keep the freed device memory of the source
+// alive. Entries are therefore closed when
+//   - they have not been used for idleTimeout (checked every sweepEvery),
+//   - the cache holds more than its limit (least recently used first),
+//   - the source process has exited (checked by the sweep), or
+//   - the last transport of the process is closed.
+// An entry in use by a request is never closed before the request releases it.
+//
+// The cache is one per process, shared by every runtime's transport: a
+// handle must not be opened twice in one context.
+
+const (
+	defaultCacheLimit = 64
+	idleTimeout       = 30 * time.Second
+	sweepEvery        = time.Second
+)
+
+type cacheKey struct {
+	source core.RuntimeID
+	handle cuda.IPCHandle
+}
+
+type entry struct {
+	key     cacheKey
+	dev     int      // ordinal of the context the handle is open in
+	ptr     cuda.Ptr // the mapping's base in this process
+	pid     int      // source process
+	refs    int      // requests using the mapping
+	lastUse time.Time
+	elem    *list.Element
+	dead    bool // removed from the cache; close once refs reaches 0
+}
+
+type handleCache struct {
+	open  func(dev int, h cuda.IPCHandle) (cuda.Ptr, error)
+	close func(dev int, p cuda.Ptr) error
+	alive func(pid int) bool
+	now   func() time.Time
+	warn  func(format string, args ...any)
+
+	mu       sync.Mutex
+	limit    int
+	m        map[cacheKey]*entry
+	lru      list.List // front: most recently used
+	users    int       // live transports
+	sweeping bool
+	stop     chan struct{}
+}
+
+func newHandleCache(limit int) *handleCache {
+	return &handleCache{
+		open: cuda.IPCOpenMemHandle, close: cuda.IPCCloseMemHandle, alive: processAlive,
+		now: time.Now, warn: func(string, ...any) {},
+		limit: limit, m: map[cacheKey]*entry{},
+	}
+}
+
+func processAlive(pid int) bool {
+	return !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
+}
+
+// acquire returns the open mapping for key, opening it in dev's context on
+// a miss; the caller must release it.
+func (c *handleCache) acquire(key cacheKey, dev, pid int) (*entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[key]; ok {
+		e.refs++
+		e.lastUse = c.now()
+		c.lru.MoveToFront(e.elem)
+		return e, nil
+	}
+	p, err := c.open(dev, key.handle)
+	if err != nil {
+		return nil, err
+	}
+	e := &entry{key: key, dev: dev, ptr: p, pid: pid, refs: 1, lastUse: c.now()}
+	e.elem = c.lru.PushFront(e)
+	c.m[key] = e
+	c.evictLocked()
+	c.startSweepLocked()
+	return e, nil
+}
+
+// release drops a request's use of e.
+func (c *handleCache) release(e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e.refs--
+	e.lastUse = c.now()
+	if e.dead && e.refs == 0 {
+		c.closeEntry(e)
+	}
+	c.evictLocked()
+}
+
+func (c *handleCache) removeLocked(e *entry) {
+	if e.dead {
+		return
+	}
+	e.dead = true
+	delete(c.m, e.key)
+	c.lru.Remove(e.elem)
+	if e.refs == 0 {
+		c.closeEntry(e)
+	}
+}
+
+func (c *handleCache) closeEntry(e *entry) {
+	if err := c.close(e.dev, e.ptr); err != nil {
+		c.warn("cuda_ipc: closing an IPC mapping: %v", err)
+	}
+}
+
+// evictLocked closes idle entries from the least recently used end while
+// the cache is over its limit.
+func (c *handleCache) evictLocked() {
+	for el := c.lru.Back(); el != nil && len(c.m) > c.limit; {
+		prev := el.Prev()
+		if e := el.Value.(*entry); e.refs == 0 {
+			c.removeLocked(e)
+		}
+		el = prev
+	}
+}
+
+// sweep closes entries idle too long and those of exited sources.
+func (c *handleCache) sweep() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	gone := map[int]bool{}
+	for el := c.lru.Back(); el != nil; {
+		prev := el.Prev()
+		e := el.Value.(*entry)
+		dead, checked := gone[e.pid]
+		if !checked {
+			dead = !c.alive(e.pid)
+			gone[e.pid] = dead
+		}
+		if dead || (e.refs == 0 && now.Sub(e.lastUse) >= idleTimeout) {
+			c.removeLocked(e)
+		}
+		el = prev
+	}
+}
+
+func (c *handleCache) startSweepLocked() {
+	if c.sweeping {
+		return
+	}
+	c.sweeping = true
+	stop := make(chan struct{})
+	c.stop = stop
+	go func() {
+		tick := time.NewTicker(sweepEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			c.sweep()
+			c.mu.Lock()
+			if len(c.m) == 0 {
+				c.sweeping = false
+				c.stop = nil
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+		}
+	}()
+}
+
+// addUser and dropUser count the transports sharing the cache; when the last
+// goes, every entry is closed (those in use, once released).
+func (c *handleCache) addUser() {
+	c.mu.Lock()
+	c.users++
+	c.mu.Unlock()
+}
+
+func (c *handleCache) dropUser() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.users--
+	if c.users > 0 {
+		return
+	}
+	for el := c.lru.Front(); el != nil; {
+		next := el.Next()
+		c.removeLocked(el.Value.(*entry))
+		el = next
+	}
+	if c.stop != nil {
+		close(c.stop)
+		c.stop = nil
+		c.sweeping = false
+	}
+}
+
+// len is the number of cached mappings.
+func (c *handleCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}

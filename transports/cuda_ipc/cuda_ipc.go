@@ -1,0 +1,555 @@
+// Package cudaipc is the cuda_ipc transport: one-sided transfers of CUDA
+// device memory between processes on one host with CUDA IPC. The source
+// exports an IPC handle of each allocation holding its tensors (the base of
+// the allocation, plus each tensor's offset in it); the receiver opens the
+// handle (cached, see cache.go) and copies into its targets on a CUDA
+// stream, device to device. The source application does nothing per
+// transfer. libcuda is loaded at run time: without it the factory reports
+// ErrUnsupported and runtimes simply do not list the transport.
+package cudaipc
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// Name is the canonical transport name.
+const Name = "cuda_ipc"
+
+// streamsPerDevice is how many streams concurrent fetches spread over.
+const streamsPerDevice = 4
+
+// Factory makes the transport for a new runtime.
+func Factory() core.TransportFactory {
+	return core.TransportFactory{Name: Name, New: New}
+}
+
+var (
+	procToken = func() uint64 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			panic(err)
+		}
+		return binary.LittleEndian.Uint64(b[:]) | 1
+	}()
+
+	cacheOnce sync.Once
+	cache     *handleCache
+)
+
+func sharedCache(log *core.Logger) *handleCache {
+	cacheOnce.Do(func() {
+		limit := defaultCacheLimit
+		if s := os.Getenv("RDT_CUDA_IPC_CACHE"); s != "" {
+			if v, err := strconv.Atoi(s); err == nil && v >= 0 {
+				limit = v
+			}
+		}
+		cache = newHandleCache(limit)
+		cache.warn = log.Warnf
+	})
+	return cache
+}
+
+// Transport is the cuda_ipc transport of one runtime.
+type Transport struct {
+	h     core.Host
+	pid   int
+	cache *handleCache
+
+	mu      sync.Mutex
+	streams map[int]*streamSet
+	events  map[int][]*cuda.Event // free events per device
+	closed  bool
+}
+
+type streamSet struct {
+	s    []*cuda.Stream
+	next atomic.Uint32
+}
+
+// New makes the transport: ErrUnsupported without a CUDA driver or device.
+func New(h core.Host) (core.Transport, error) {
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+	}
+	if n == 0 {
+		return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: the CUDA driver sees no device")
+	}
+	t := &Transport{h: h, pid: os.Getpid(), cache: sharedCache(h.Log()),
+		streams: map[int]*streamSet{}, events: map[int][]*cuda.Event{}}
+	t.cache.addUser()
+	return t, nil
+}
+
+func (t *Transport) Name() string               { return Name }
+func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCUDA} }
+func (t *Transport) OneSided() bool             { return true }
+func (t *Transport) CanAbort() bool             { return true }
+
+// CheckPeer refuses peers on other hosts: CUDA IPC handles only open on the
+// machine that made them.
+func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+	if !local.SameHost(peer) {
+		return core.Errorf(core.ErrUnsupported, "cuda_ipc works only between processes on the same host; %q is on another host", peer.Name)
+	}
+	return nil
+}
+
+// ExtractMetadata exports an IPC handle of every allocation holding the
+// tensors and records where in it each tensor lies.
+func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	m := metadata{Pid: uint32(t.pid), Token: procToken}
+	byBuffer := map[uint64]uint32{}
+	for i, x := range tensors {
+		if x.Device.Type != core.DeviceCUDA {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		}
+		if x.Nbytes == 0 {
+			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
+			continue
+		}
+		dev := int(x.Device.ID)
+		info, err := cuda.GetPointerInfo(dev, cuda.Ptr(x.Data))
+		if err != nil {
+			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
+		}
+		if info.MemoryType != cuda.MemoryDevice {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: host or managed memory)", i, x.Data, info.MemoryType)
+		}
+		if info.Device != dev {
+			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+		}
+		if !info.LegacyIPC {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
+		}
+		off := uint64(x.Data) - info.Base
+		if uint64(x.Data) < info.Base || off > info.Size || x.Nbytes > info.Size-off {
+			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
+		}
+		idx, ok := byBuffer[info.BufferID]
+		if !ok {
+			h, err := cuda.IPCGetMemHandle(dev, info.Base)
+			if err != nil {
+				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d", i)
+			}
+			u, err := cuda.DeviceUUID(dev)
+			if err != nil {
+				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+			}
+			idx = uint32(len(m.Allocs))
+			byBuffer[info.BufferID] = idx
+			m.Allocs = append(m.Allocs, allocation{Handle: h, BufferID: info.BufferID, Base: info.Base, Size: info.Size, Device: u})
+		}
+		m.Tensors = append(m.Tensors, tensorRef{Alloc: idx, Offset: off, Nbytes: x.Nbytes})
+	}
+	return m.encode(), nil
+}
+
+func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+
+func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+	return core.Errorf(core.ErrInternal, "cuda_ipc is one-sided: send is never called on it")
+}
+
+// GarbageCollect has nothing to undo: an exported handle holds no resource
+// in the source, and receivers' mappings are closed by their caches.
+func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
+
+// Close frees the streams and events; the last transport of the process
+// also closes the cached mappings.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	streams, events := t.streams, t.events
+	t.streams, t.events = map[int]*streamSet{}, map[int][]*cuda.Event{}
+	t.mu.Unlock()
+	var first error
+	for _, ss := range streams {
+		for _, s := range ss.s {
+			if err := s.Synchronize(); err != nil && first == nil {
+				first = err
+			}
+			if err := s.Destroy(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	for _, evs := range events {
+		for _, e := range evs {
+			if err := e.Destroy(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	t.cache.dropUser()
+	return cuda.CoreError(first)
+}
+
+// stream picks one of dev's streams, creating them on first use.
+func (t *Transport) stream(dev int) (*cuda.Stream, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, core.Errorf(core.ErrClosed, "cuda_ipc: the transport is closed")
+	}
+	ss := t.streams[dev]
+	if ss == nil {
+		ss = &streamSet{}
+		for i := 0; i < streamsPerDevice; i++ {
+			s, err := cuda.NewStream(dev)
+			if err != nil {
+				for _, s := range ss.s {
+					_ = s.Destroy()
+				}
+				return nil, cuda.CoreError(err)
+			}
+			ss.s = append(ss.s, s)
+		}
+		t.streams[dev] = ss
+	}
+	return ss.s[int(ss.next.Add(1))%len(ss.s)], nil
+}
+
+func (t *Transport) event(dev int) (*cuda.Event, error) {
+	t.mu.Lock()
+	if evs := t.events[dev]; len(evs) > 0 {
+		e := evs[len(evs)-1]
+		t.events[dev] = evs[:len(evs)-1]
+		t.mu.Unlock()
+		return e, nil
+	}
+	t.mu.Unlock()
+	e, err := cuda.NewEvent(dev)
+	return e, cuda.CoreError(err)
+}
+
+func (t *Transport) putEvent(dev int, e *cuda.Event) {
+	t.mu.Lock()
+	if !t.closed && len(t.events[dev]) < 64 {
+		t.events[dev] = append(t.events[dev], e)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	_ = e.Destroy()
+}
+
+// devicePair groups the copies that go from one source device to one
+// target device: one enqueue, one event.
+type devicePair struct{ dst, src int }
+
+// Fetch checks the metadata against the targets, maps the source
+// allocations (or finds them in the cache) and enqueues the copies.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Tensors) != len(targets) {
+		return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+	}
+	for i, tr := range m.Tensors {
+		if tr.Nbytes != targets[i].Nbytes {
+			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+		}
+		if targets[i].Device.Type != core.DeviceCUDA && tr.Nbytes > 0 {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+		}
+	}
+	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
+	req := &request{t: t, aborted: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			req.drain()
+		}
+	}()
+
+	// Where each source allocation is readable in this process.
+	srcDev := make([]int, len(m.Allocs))
+	srcBase := make([]cuda.Ptr, len(m.Allocs))
+	used := make([]bool, len(m.Allocs))
+	for _, tr := range m.Tensors {
+		if tr.Alloc != noAlloc {
+			used[tr.Alloc] = true
+		}
+	}
+	for i, a := range m.Allocs {
+		if !used[i] {
+			continue
+		}
+		dev, found, err := cuda.DeviceByUUID(a.Device)
+		if err != nil {
+			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+		}
+		if !found {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+		}
+		srcDev[i] = dev
+		if sameProcess {
+			srcBase[i] = a.Base // the source's addresses are ours
+			continue
+		}
+		if !processAlive(int(m.Pid)) {
+			return nil, core.Errorf(core.ErrPeerUnavailable, "cuda_ipc: source process %d is gone", m.Pid)
+		}
+		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
+		if err != nil {
+			if !processAlive(int(m.Pid)) {
+				return nil, core.Errorf(core.ErrPeerUnavailable, "cuda_ipc: source process %d is gone (%v)", m.Pid, err)
+			}
+			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+		}
+		req.entries = append(req.entries, e)
+		srcBase[i] = e.ptr
+	}
+
+	groups := map[devicePair][]cuda.Copy{}
+	var order []devicePair
+	for i, tr := range m.Tensors {
+		if tr.Nbytes == 0 {
+			continue
+		}
+		p := devicePair{dst: int(targets[i].Device.ID), src: srcDev[tr.Alloc]}
+		if p.dst != p.src {
+			can, err := cuda.CanAccessPeer(p.dst, p.src)
+			if err != nil {
+				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+			}
+			if !can {
+				return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
+			}
+		}
+		if _, ok := groups[p]; !ok {
+			order = append(order, p)
+		}
+		groups[p] = append(groups[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: srcBase[tr.Alloc] + tr.Offset, N: tr.Nbytes})
+	}
+	for _, p := range order {
+		s, err := t.stream(p.dst)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := t.event(p.dst)
+		if err != nil {
+			return nil, err
+		}
+		n, err := cuda.CopyAsync(p.dst, p.src, s, groups[p], ev)
+		if err != nil {
+			if n > 0 {
+				// Some copies were enqueued: let them finish before the
+				// targets are handed back.
+				_ = s.Synchronize()
+			}
+			t.putEvent(p.dst, ev)
+			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
+		}
+		req.events = append(req.events, ev)
+	}
+	ok = true
+	return req, nil
+}
+
+func describeTargets(targets []core.Tensor) string {
+	seen := map[core.Device]bool{}
+	s := ""
+	for _, x := range targets {
+		if seen[x.Device] {
+			continue
+		}
+		seen[x.Device] = true
+		if s != "" {
+			s += ", "
+		}
+		s += x.Device.String()
+		if x.Device.Type == core.DeviceCUDA {
+			if u, err := cuda.DeviceUUID(int(x.Device.ID)); err == nil {
+				s += " (" + u.String() + ")"
+			}
+		}
+	}
+	return s
+}
+
+// Abort makes Wait return ErrAborted at once. Copies already enqueued on a
+// stream cannot be cancelled: Release waits for them, so nothing writes
+// into the targets once the engine has released the request.
+func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+	if req, ok := r.(*request); ok {
+		req.abort()
+	}
+}
+
+// CopyLocal copies tensors within this process (a runtime fetching its own
+// CUDA object), synchronously.
+func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
+	if len(dst) != len(src) {
+		return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: %d targets for %d tensors", len(dst), len(src))
+	}
+	req := &request{t: t, aborted: make(chan struct{})}
+	defer req.Release()
+	for i := range src {
+		if src[i].Nbytes != dst[i].Nbytes {
+			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
+		}
+		if src[i].Nbytes == 0 {
+			continue
+		}
+		// Device to device on one device or between two; anything with host
+		// memory on one side goes through cuMemcpyAsync's unified addressing.
+		dev, from := int(dst[i].Device.ID), int(src[i].Device.ID)
+		switch {
+		case dst[i].Device.Type != core.DeviceCUDA:
+			dev, from = from, -1
+		case src[i].Device.Type != core.DeviceCUDA:
+			from = -1
+		case dev != from:
+			can, err := cuda.CanAccessPeer(dev, from)
+			if err != nil {
+				return cuda.CoreError(err)
+			}
+			if !can {
+				from = -1 // unified addressing stages the copy itself
+			}
+		}
+		s, err := t.stream(dev)
+		if err != nil {
+			return err
+		}
+		ev, err := t.event(dev)
+		if err != nil {
+			return err
+		}
+		n, err := cuda.CopyAsync(dev, from, s, []cuda.Copy{{Dst: cuda.Ptr(dst[i].Data), Src: cuda.Ptr(src[i].Data), N: src[i].Nbytes}}, ev)
+		if err != nil {
+			if n > 0 {
+				_ = s.Synchronize()
+			}
+			t.putEvent(dev, ev)
+			return core.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
+		}
+		req.events = append(req.events, ev)
+	}
+	return req.Wait()
+}
+
+// event is what a request polls; *cuda.Event in production.
+type event interface {
+	Query() (bool, error)
+}
+
+// request is one fetch in flight: an event per device pair, recorded after
+// the copies, and the cache entries the copies read from.
+type request struct {
+	t       *Transport
+	events  []*cuda.Event
+	entries []*entry
+
+	abortOnce sync.Once
+	aborted   chan struct{}
+	released  bool
+}
+
+func (r *request) abort() { r.abortOnce.Do(func() { close(r.aborted) }) }
+
+func (r *request) evs() []event {
+	out := make([]event, len(r.events))
+	for i, e := range r.events {
+		out[i] = e
+	}
+	return out
+}
+
+// Completed reports, without blocking, whether every copy is done.
+func (r *request) Completed() bool {
+	done, err := allDone(r.evs())
+	return done || err != nil
+}
+
+// Wait polls the events until the copies are done, an error occurs, or the
+// request is aborted.
+func (r *request) Wait() error {
+	return waitEvents(r.evs(), r.aborted)
+}
+
+// Release waits until the copies can no longer write into the targets (an
+// aborted request's copies run to the end), then returns the events and the
+// cached mappings.
+func (r *request) Release() {
+	if r.released {
+		return
+	}
+	r.released = true
+	r.drain()
+}
+
+func (r *request) drain() {
+	if err := waitEvents(r.evs(), nil); err != nil {
+		r.t.h.Log().Warnf("cuda_ipc: waiting for a copy to end: %v", err)
+	}
+	for _, e := range r.events {
+		r.t.putEvent(e.Device(), e)
+	}
+	r.events = nil
+	for _, e := range r.entries {
+		r.t.cache.release(e)
+	}
+	r.entries = nil
+}
+
+func allDone(evs []event) (bool, error) {
+	for _, e := range evs {
+		done, err := e.Query()
+		if err != nil {
+			return false, err
+		}
+		if !done {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// waitEvents polls: a few quick checks for small copies that finish in
+// microseconds, then sleeps that grow to a millisecond. A closed abort
+// channel ends the wait with ErrAborted.
+func waitEvents(evs []event, aborted <-chan struct{}) error {
+	sleep := 10 * time.Microsecond
+	for i := 0; ; i++ {
+		done, err := allDone(evs)
+		if err != nil {
+			return cuda.CoreError(fmt.Errorf("cuda_ipc: %w", err))
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-aborted:
+			return core.Errorf(core.ErrAborted, "cuda_ipc: transfer aborted (the copy already enqueued finishes before the targets are released)")
+		default:
+		}
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		time.Sleep(sleep)
+		sleep = min(2*sleep, time.Millisecond)
+	}
+}

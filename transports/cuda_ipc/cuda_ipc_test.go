@@ -1,0 +1,346 @@
+package cudaipc
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+type testHost struct{}
+
+func (testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
+func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (testHost) Context() context.Context { return context.Background() }
+func (testHost) AuthToken() string        { return "" }
+func (testHost) BindHost() string         { return "127.0.0.1" }
+func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
+func (testHost) SocketDir() string        { return os.TempDir() }
+func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
+	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+}
+
+// cudaMissing reports why this machine has no CUDA ("" when it has).
+func cudaMissing() string {
+	n, err := cuda.DeviceCount()
+	switch {
+	case err != nil:
+		return err.Error()
+	case n == 0:
+		return "the driver sees no device"
+	}
+	return ""
+}
+
+func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
+	if cudaMissing() == "" {
+		t.Skip("this machine has CUDA")
+	}
+	_, err := New(testHost{})
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "cuda_ipc")
+	assert.Contains(t, err.Error(), cuda.Library())
+
+	// A runtime with the factory starts, without the transport.
+	rt, err := core.NewRuntime(core.Options{Name: "nocuda", Builtins: []core.TransportFactory{Factory()}})
+	require.NoError(t, err)
+	defer rt.Destroy()
+	assert.NotContains(t, rt.Registry().Names(), Name)
+}
+
+func sampleMeta() *metadata {
+	m := &metadata{Pid: 4242, Token: 0x1234567890abcdef}
+	for i := 0; i < 2; i++ {
+		var a allocation
+		for j := range a.Handle {
+			a.Handle[j] = byte(i*64 + j)
+		}
+		a.BufferID = uint64(100 + i)
+		a.Base = 0x7f0000000000 + uint64(i)<<32
+		a.Size = 2 << 20
+		a.Device = cuda.UUID{byte(i), 1, 2, 3}
+		m.Allocs = append(m.Allocs, a)
+	}
+	m.Tensors = []tensorRef{{Alloc: 0, Offset: 0, Nbytes: 1 << 20}, {Alloc: 0, Offset: 1 << 20, Nbytes: 1 << 20},
+		{Alloc: noAlloc}, {Alloc: 1, Offset: 512, Nbytes: 4096}}
+	return m
+}
+
+func TestMetadataRoundTrip(t *testing.T) {
+	m := sampleMeta()
+	got, err := decodeMetadata(m.encode())
+	require.NoError(t, err)
+	assert.Equal(t, m, got)
+}
+
+func TestMetadataRejectsCorruption(t *testing.T) {
+	good := sampleMeta().encode()
+	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	tensorAt := func(i int) int { return headerLen + 2*allocLen + i*tensorLen }
+	cases := map[string][]byte{
+		"empty":       {},
+		"short":       good[:headerLen-1],
+		"magic":       mutate(func(b []byte) []byte { b[0] = 'X'; return b }),
+		"truncated":   good[:len(good)-1],
+		"trailing":    append(append([]byte(nil), good...), 0),
+		"huge count":  mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[21:], 1<<31); return b }),
+		"no pid":      mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[5:], 0); return b }),
+		"bad index":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[tensorAt(3):], 2); return b }),
+		"past end":    mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(1)+4:], 1<<20+1); return b }),
+		"wrapping":    mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(1)+4:], ^uint64(0)); return b }),
+		"empty ref":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(2)+12:], 1); return b }),
+		"zero size":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[headerLen+64+16:], 0); return b }),
+		"wrap alloc":  mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[headerLen+64+16:], ^uint64(0)); return b }),
+		"more allocs": mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[21:], 1); return b }),
+	}
+	for name, b := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := decodeMetadata(b)
+			require.Error(t, err)
+			assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+		})
+	}
+	v := mutate(func(b []byte) []byte { b[4] = 9; return b })
+	_, err := decodeMetadata(v)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+}
+
+func FuzzDecodeMetadata(f *testing.F) {
+	f.Add(sampleMeta().encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMetadata(b)
+		if err != nil {
+			if st := core.StatusOf(err); st != core.ErrCorrupt && st != core.ErrUnsupported {
+				t.Fatalf("status %v for %v", st, err)
+			}
+			return
+		}
+		for _, tr := range m.Tensors {
+			if tr.Alloc == noAlloc {
+				continue
+			}
+			a := m.Allocs[tr.Alloc]
+			if tr.Offset+tr.Nbytes > a.Size || tr.Offset+tr.Nbytes < tr.Offset {
+				t.Fatalf("tensor outside its allocation accepted: %+v in %+v", tr, a)
+			}
+		}
+		if !bytes.Equal(m.encode(), b) {
+			t.Fatalf("decode/encode is not the identity")
+		}
+	})
+}
+
+// ---- the handle cache, with the driver calls replaced --------------------
+
+type fakeDriver struct {
+	opened, closed atomic.Int32
+	open           map[cuda.Ptr]bool
+	next           cuda.Ptr
+	dead           map[int]bool
+	now            time.Time
+	failOpen       error
+}
+
+func newFakeCache(limit int) (*handleCache, *fakeDriver) {
+	d := &fakeDriver{open: map[cuda.Ptr]bool{}, next: 0x1000, dead: map[int]bool{}, now: time.Unix(1000, 0)}
+	c := newHandleCache(limit)
+	c.open = func(dev int, h cuda.IPCHandle) (cuda.Ptr, error) {
+		if d.failOpen != nil {
+			return 0, d.failOpen
+		}
+		d.opened.Add(1)
+		d.next += 0x1000
+		d.open[d.next] = true
+		return d.next, nil
+	}
+	c.close = func(dev int, p cuda.Ptr) error {
+		if !d.open[p] {
+			return fmt.Errorf("close of %#x, which is not open", p)
+		}
+		delete(d.open, p)
+		d.closed.Add(1)
+		return nil
+	}
+	c.alive = func(pid int) bool { return !d.dead[pid] }
+	c.now = func() time.Time { return d.now }
+	c.warn = func(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+	return c, d
+}
+
+func key(src byte, h byte) cacheKey {
+	k := cacheKey{}
+	k.source[0] = src
+	k.handle[0] = h
+	return k
+}
+
+func TestCacheReusesAMapping(t *testing.T) {
+	c, d := newFakeCache(8)
+	a, err := c.acquire(key(1, 1), 0, 10)
+	require.NoError(t, err)
+	b, err := c.acquire(key(1, 1), 0, 10)
+	require.NoError(t, err)
+	assert.Same(t, a, b)
+	assert.EqualValues(t, 1, d.opened.Load())
+	// The same handle from another source runtime is another mapping.
+	o, err := c.acquire(key(2, 1), 0, 11)
+	require.NoError(t, err)
+	assert.NotSame(t, a, o)
+	c.release(a)
+	c.release(b)
+	c.release(o)
+	assert.Equal(t, 2, c.len())
+	assert.EqualValues(t, 0, d.closed.Load())
+}
+
+func TestCacheEvictsLeastRecentlyUsedIdleEntries(t *testing.T) {
+	c, d := newFakeCache(2)
+	e1, _ := c.acquire(key(1, 1), 0, 10)
+	e2, _ := c.acquire(key(1, 2), 0, 10)
+	c.release(e2)
+	// e1 is in use: over the limit, e2 (idle) goes, e1 stays.
+	e3, _ := c.acquire(key(1, 3), 0, 10)
+	e4, _ := c.acquire(key(1, 4), 0, 10)
+	assert.EqualValues(t, 1, d.closed.Load())
+	assert.False(t, d.open[e2.ptr])
+	assert.True(t, d.open[e1.ptr])
+	assert.Equal(t, 3, c.len(), "entries in use are never closed, even over the limit")
+	c.release(e1)
+	assert.Equal(t, 2, c.len())
+	assert.False(t, d.open[e1.ptr])
+	c.release(e3)
+	c.release(e4)
+	assert.Equal(t, 2, c.len())
+}
+
+func TestCacheLimitZeroKeepsNothing(t *testing.T) {
+	c, d := newFakeCache(0)
+	e, _ := c.acquire(key(1, 1), 0, 10)
+	assert.True(t, d.open[e.ptr])
+	c.release(e)
+	assert.Equal(t, 0, c.len())
+	assert.Empty(t, d.open)
+}
+
+func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
+	c, d := newFakeCache(8)
+	idle, _ := c.acquire(key(1, 1), 0, 10)
+	c.release(idle)
+	busy, _ := c.acquire(key(1, 2), 0, 10)
+	fresh, _ := c.acquire(key(2, 1), 0, 20)
+	d.now = d.now.Add(idleTimeout / 2)
+	c.release(fresh)
+	d.now = d.now.Add(idleTimeout/2 + time.Millisecond)
+	c.sweep()
+	assert.False(t, d.open[idle.ptr], "idle past the timeout")
+	assert.True(t, d.open[busy.ptr], "in use")
+	assert.True(t, d.open[fresh.ptr], "used recently")
+
+	// The source of busy and idle exits: busy leaves the cache now and is
+	// closed when its request releases it.
+	d.dead[10] = true
+	c.sweep()
+	assert.Equal(t, 1, c.len())
+	assert.True(t, d.open[busy.ptr])
+	c.release(busy)
+	assert.False(t, d.open[busy.ptr])
+	// A new fetch opens a new mapping.
+	again, _ := c.acquire(key(1, 2), 0, 10)
+	assert.NotEqual(t, busy.ptr, again.ptr)
+	c.release(again)
+}
+
+func TestCacheClosesEverythingWithTheLastTransport(t *testing.T) {
+	c, d := newFakeCache(8)
+	c.addUser()
+	c.addUser()
+	e1, _ := c.acquire(key(1, 1), 0, 10)
+	e2, _ := c.acquire(key(1, 2), 0, 10)
+	c.release(e2)
+	c.dropUser()
+	assert.Equal(t, 2, c.len())
+	c.dropUser()
+	assert.Equal(t, 0, c.len())
+	assert.True(t, d.open[e1.ptr], "still used by a request")
+	c.release(e1)
+	assert.Empty(t, d.open)
+}
+
+func TestCacheOpenFailure(t *testing.T) {
+	c, d := newFakeCache(8)
+	d.failOpen = &cuda.Error{Op: "cuIpcOpenMemHandle", Code: 1}
+	_, err := c.acquire(key(1, 1), 0, 10)
+	require.Error(t, err)
+	assert.Contains(t, cuda.CoreError(err).Error(), "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE")
+	assert.Equal(t, 0, c.len())
+}
+
+func TestSweeperStopsWhenEmpty(t *testing.T) {
+	c, d := newFakeCache(8)
+	c.alive = func(int) bool { return false }
+	e, _ := c.acquire(key(1, 1), 0, 10)
+	c.release(e)
+	require.Eventually(t, func() bool { return c.len() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return !c.sweeping
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Empty(t, d.open)
+}
+
+// ---- waiting on events, with the driver calls replaced -------------------
+
+type fakeEvent struct {
+	done atomic.Bool
+	err  error
+}
+
+func (e *fakeEvent) Query() (bool, error) { return e.done.Load(), e.err }
+
+func TestWaitEndsWhenEveryEventIsDone(t *testing.T) {
+	a, b := &fakeEvent{}, &fakeEvent{}
+	a.done.Store(true)
+	go func() { time.Sleep(20 * time.Millisecond); b.done.Store(true) }()
+	require.NoError(t, waitEvents([]event{a, b}, make(chan struct{})))
+}
+
+func TestAbortEndsTheWaitPromptly(t *testing.T) {
+	never := &fakeEvent{}
+	aborted := make(chan struct{})
+	go func() { time.Sleep(20 * time.Millisecond); close(aborted) }()
+	start := time.Now()
+	err := waitEvents([]event{never}, aborted)
+	assert.Equal(t, core.ErrAborted, core.StatusOf(err))
+	assert.Less(t, time.Since(start), time.Second)
+}
+
+func TestEventErrorsNameTheCall(t *testing.T) {
+	bad := &fakeEvent{err: &cuda.Error{Op: "cuEventQuery", Code: 700}}
+	err := waitEvents([]event{bad}, nil)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrTransport, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS")
+	var ce *cuda.Error
+	assert.False(t, errors.As(err, &ce), "converted to a core error")
+}
+
+func TestCheckPeerRefusesOtherHosts(t *testing.T) {
+	tr := &Transport{}
+	require.NoError(t, tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "a"}))
+	err := tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b", Name: "far"})
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "same host")
+}

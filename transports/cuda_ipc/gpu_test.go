@@ -1,0 +1,261 @@
+package cudaipc
+
+// Tests that need a CUDA device; they skip with "no CUDA device: <reason>"
+// elsewhere. `make gpu-test` runs them.
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+const childEnv = "RDT_CUDA_IPC_CHILD"
+
+func TestMain(m *testing.M) {
+	if n := os.Getenv(childEnv); n != "" {
+		childMain(n)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func requireGPU(t testing.TB) {
+	t.Helper()
+	if why := cudaMissing(); why != "" {
+		t.Skipf("no CUDA device: %s", why)
+	}
+}
+
+func hostBuffer(t testing.TB, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		panic(err)
+	}
+	if t != nil {
+		t.Cleanup(func() { _ = unix.Munmap(b) })
+	}
+	return b
+}
+
+func hostAddr(b []byte) cuda.Ptr { return cuda.Ptr(uintptr(unsafe.Pointer(&b[0]))) }
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+}
+
+func deviceTensor(p cuda.Ptr, n int) core.Tensor {
+	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCUDA, ID: 0}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	if err != nil {
+		panic(err)
+	}
+	return core.Tensor{TensorDesc: desc, Data: uintptr(p), Orig: uintptr(p)}
+}
+
+// deviceBuffer allocates n bytes on device 0 (with room before and after,
+// so tensors sit inside their allocation) filled with a pattern.
+func deviceBuffer(t testing.TB, n int, seed byte) cuda.Ptr {
+	p, err := cuda.Alloc(0, uint64(n)+8192)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cuda.Free(0, p) })
+	h := hostBuffer(t, n)
+	fill(h, seed)
+	require.NoError(t, cuda.Memcpy(0, p+4096, hostAddr(h), uint64(n)))
+	return p + 4096
+}
+
+func readBack(t testing.TB, p cuda.Ptr, n int) []byte {
+	h := hostBuffer(t, n)
+	require.NoError(t, cuda.Memcpy(0, hostAddr(h), p, uint64(n)))
+	return h
+}
+
+func gpuTransport(t testing.TB) *Transport {
+	tr, err := New(testHost{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr.(*Transport)
+}
+
+func fetchWith(tr *Transport, x *core.Transfer, meta []byte, targets []core.Tensor) error {
+	req, err := tr.Fetch(x, targets, meta, nil)
+	if err != nil {
+		return err
+	}
+	defer req.Release()
+	return req.Wait()
+}
+
+func TestGPUSameProcess(t *testing.T) {
+	requireGPU(t)
+	tr := gpuTransport(t)
+	const n = 1 << 20
+	src := deviceBuffer(t, 2*n, 3)
+	// Two tensors in one allocation: one handle in the metadata.
+	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, n), deviceTensor(src+n, n)})
+	require.NoError(t, err)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	require.Len(t, m.Allocs, 1)
+	assert.EqualValues(t, 4096, m.Tensors[0].Offset)
+	assert.EqualValues(t, 4096+n, m.Tensors[1].Offset)
+
+	dst := deviceBuffer(t, 2*n, 0)
+	require.NoError(t, fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{deviceTensor(dst, n), deviceTensor(dst+n, n)}))
+	want := hostBuffer(t, 2*n)
+	fill(want, 3)
+	assert.True(t, bytes.Equal(want, readBack(t, dst, 2*n)))
+
+	// Local copy (a runtime fetching its own object).
+	dst2 := deviceBuffer(t, n, 0)
+	require.NoError(t, tr.CopyLocal([]core.Tensor{deviceTensor(dst2, n)}, []core.Tensor{deviceTensor(src, n)}))
+	assert.True(t, bytes.Equal(want[:n], readBack(t, dst2, n)))
+}
+
+func TestGPUHostMemoryIsRefused(t *testing.T) {
+	requireGPU(t)
+	tr := gpuTransport(t)
+	h := hostBuffer(t, 4096)
+	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(hostAddr(h), 4096)})
+	require.Error(t, err)
+	t.Log(err)
+}
+
+func TestGPUWrongDeviceOrdinal(t *testing.T) {
+	requireGPU(t)
+	n, _ := cuda.DeviceCount()
+	tr := gpuTransport(t)
+	src := deviceBuffer(t, 4096, 1)
+	x := deviceTensor(src, 4096)
+	x.Device.ID = int32(n) // no such device
+	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{x})
+	require.Error(t, err)
+	t.Log(err)
+}
+
+func TestGPUTwoDevices(t *testing.T) {
+	requireGPU(t)
+	if n, _ := cuda.DeviceCount(); n < 2 {
+		t.Skip("needs two CUDA devices")
+	}
+	tr := gpuTransport(t)
+	src := deviceBuffer(t, 4096, 1)
+	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, 4096)})
+	require.NoError(t, err)
+	p, err := cuda.Alloc(1, 4096)
+	require.NoError(t, err)
+	defer cuda.Free(1, p)
+	dst := deviceTensor(p, 4096)
+	dst.Device.ID = 1
+	err = fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{dst})
+	if can, _ := cuda.CanAccessPeer(1, 0); can {
+		require.NoError(t, err)
+	} else {
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "cuda:0")
+		assert.Contains(t, err.Error(), "cuda:1")
+	}
+}
+
+// childMain allocates n bytes on device 0, fills them, prints the metadata
+// and waits to be killed.
+func childMain(size string) {
+	n, _ := strconv.Atoi(size)
+	fail := func(err error) { fmt.Println("ERR", err); os.Exit(1) }
+	p, err := cuda.Alloc(0, uint64(n))
+	if err != nil {
+		fail(err)
+	}
+	h := hostBuffer(nil, n)
+	fill(h, 5)
+	if err := cuda.Memcpy(0, p, hostAddr(h), uint64(n)); err != nil {
+		fail(err)
+	}
+	tr, err := New(testHost{})
+	if err != nil {
+		fail(err)
+	}
+	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(p, n)})
+	if err != nil {
+		fail(err)
+	}
+	fmt.Printf("META %x\n", meta)
+	time.Sleep(time.Minute)
+	os.Exit(0)
+}
+
+func startChild(t *testing.T, n int) (*exec.Cmd, []byte) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(n))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
+	require.True(t, ok, "child said %q", line)
+	var meta []byte
+	_, err = fmt.Sscanf(hex, "%x", &meta)
+	require.NoError(t, err)
+	return cmd, meta
+}
+
+func TestGPUAnotherProcess(t *testing.T) {
+	requireGPU(t)
+	const n = 64 << 20
+	_, meta := startChild(t, n)
+	tr := gpuTransport(t)
+	x := &core.Transfer{Transport: Name}
+	x.Source.RuntimeID[0] = 1
+	dst := deviceBuffer(t, n, 0)
+	require.NoError(t, fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst, n)}))
+	want := hostBuffer(t, n)
+	fill(want, 5)
+	assert.True(t, bytes.Equal(want, readBack(t, dst, n)))
+	assert.Equal(t, 1, tr.cache.len(), "the mapping stays cached")
+	// Again: from the cache.
+	dst2 := deviceBuffer(t, n, 0)
+	require.NoError(t, fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst2, n)}))
+	assert.True(t, bytes.Equal(want, readBack(t, dst2, n)))
+
+	// Abort: Wait returns promptly; Release waits for the copy.
+	req, err := tr.Fetch(x, []core.Tensor{deviceTensor(dst, n)}, meta, nil)
+	require.NoError(t, err)
+	tr.Abort(x, req)
+	err = req.Wait()
+	if err != nil {
+		assert.Equal(t, core.ErrAborted, core.StatusOf(err))
+	}
+	req.Release()
+	assert.True(t, req.(*request).Completed())
+}
+
+func TestGPUKilledSourceIsPeerUnavailable(t *testing.T) {
+	requireGPU(t)
+	cmd, meta := startChild(t, 4096)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	tr := gpuTransport(t)
+	x := &core.Transfer{Transport: Name}
+	x.Source.RuntimeID[0] = 2
+	dst := deviceBuffer(t, 4096, 0)
+	err := fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst, 4096)})
+	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+}

@@ -22,16 +22,18 @@ def wait_until(cond, timeout=10.0):
 
 
 def _builtin_transports():
+    """The built-in transports that move host memory (the GPU ones, listed
+    only where CUDA is, have their own tests in test_gpu.py)."""
     import rdt
     with rdt.Runtime("probe") as rt:
-        return rt.transport_names(builtin=True)
+        return [t["name"] for t in rt.transports() if t["builtin"] and "cpu" in t["devices"]]
 
 
 BUILTINS = _builtin_transports()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (skips without one)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skips without one; `make gpu-test` runs -m gpu)")
 
 
 def pytest_report_header(config):

@@ -1,7 +1,7 @@
 """Tensors in and out.
 
-numpy arrays, torch tensors, and anything with ``__dlpack__`` or
-``__array_interface__`` are seen as rdt_tensor descriptions of their memory
+numpy arrays, torch tensors (CPU or CUDA), and anything with ``__dlpack__``,
+``__array_interface__`` or ``__cuda_array_interface__`` (CuPy, numba) are seen as rdt_tensor descriptions of their memory
 (never copied); tensors of the producer's framework are allocated to receive
 into; and rdt_tensor arrays handed to callbacks are seen as numpy arrays (or
 torch tensors) over the same memory.
@@ -136,7 +136,8 @@ def is_tensor(obj: Any) -> bool:
         return True
     if isinstance(obj, type):
         return False
-    return hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__")
+    return (hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__")
+            or hasattr(obj, "__cuda_array_interface__"))
 
 
 _from_buffer = ctypes.c_char.from_buffer
@@ -189,7 +190,65 @@ def _torch_item(x: Any, writable: bool, what: Any) -> Item:
     if dev.type not in DEVICE_NAMES:
         raise UnsupportedError(f"{_name(what)}: torch device {dev} is not one rdt moves (cpu, cuda)")
     desc = Desc(tuple(x.shape), dl[0], dl[1], 1, DEVICE_NAMES[dev.type], dev.index or 0)
+    if dev.type == "cuda":
+        # rdt copies on its own streams: work queued on the tensor's stream
+        # (the kernel that wrote it, or one still reading an out= buffer)
+        # must be done first.
+        _torch().cuda.current_stream(dev).synchronize()
     return Item(x.data_ptr() if x.numel() else 0, desc, x, "torch")
+
+
+def _module(obj: Any) -> str:
+    return (type(obj).__module__ or "").split(".")[0]
+
+
+def _cupy_sync(obj: Any) -> None:
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with cupy.cuda.Device(obj.device.id):
+            cupy.cuda.get_current_stream().synchronize()
+
+
+def _cuda_device_of(obj: Any, what: Any) -> int:
+    """The ordinal of the GPU holding a __cuda_array_interface__ object
+    (the interface itself does not say)."""
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        return int(dlpack_device()[1])
+    dev = getattr(obj, "device", None)
+    if dev is not None and hasattr(dev, "id"):
+        return int(dev.id)
+    if _module(obj) == "numba":
+        from numba import cuda  # type: ignore[import-not-found]
+        return int(cuda.get_current_device().id)
+    raise UnsupportedError(f"{_name(what)}: cannot tell which GPU holds this {type(obj).__name__} (it has "
+                           "__cuda_array_interface__ but neither __dlpack_device__ nor .device.id)")
+
+
+def _cuda_array_item(obj: Any, writable: bool, what: Any) -> Item:
+    """Reads __cuda_array_interface__ (CuPy, numba): a device pointer."""
+    cai = obj.__cuda_array_interface__
+    shape = tuple(int(d) for d in cai["shape"])
+    dt = np.dtype(cai["typestr"])
+    dl = _NP_TO_DL.get(dt)
+    if dl is None:
+        raise UnsupportedError(f"{_name(what)}: dtype {dt} has no DLPack equivalent that rdt can move")
+    strides = cai.get("strides")
+    if strides is not None and 0 not in shape:
+        expect = dt.itemsize
+        for i in reversed(range(len(shape))):
+            if shape[i] != 1 and strides[i] != expect:
+                raise InvalidArgumentError(f"{_name(what)}: {type(obj).__name__} of shape {shape} is not "
+                                           "contiguous; rdt moves contiguous tensors only")
+            expect *= shape[i]
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise InvalidArgumentError(f"{_name(what)}: {type(obj).__name__} is read-only")
+    desc = Desc(shape, dl[0], dl[1], 1, _lib.DEVICE_CUDA, _cuda_device_of(obj, what))
+    framework = "cupy" if _module(obj) == "cupy" else "cuda"
+    if framework == "cupy":
+        _cupy_sync(obj)
+    return Item(int(ptr or 0) if desc.nbytes else 0, desc, obj, framework)
 
 
 class _DLTensor(ctypes.Structure):
@@ -255,8 +314,14 @@ def item_of(obj: Any, writable: bool = False, what: Any = "tensor") -> Item:
     if isinstance(obj, _SCALARS) or isinstance(obj, type):
         raise UnsupportedError(f"{_name(what)}: a {type(obj).__name__} is not a tensor (want a numpy array, a torch "
                                "tensor, or an object with __dlpack__ or __array_interface__)")
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _cuda_array_item(obj, writable, what)
     if hasattr(obj, "__dlpack__"):
-        return _dlpack_item(obj, writable, what)
+        it = _dlpack_item(obj, writable, what)
+        if it.desc.device_type == _lib.DEVICE_CUDA and _module(obj) == "cupy":
+            _cupy_sync(obj)
+            it = Item(it.data, it.desc, it.keep, "cupy")
+        return it
     if hasattr(obj, "__array_interface__"):
         try:
             a = np.asarray(obj)
@@ -346,14 +411,40 @@ def allocate(desc: Desc, framework: str) -> Any:
                 device = f"cuda:{desc.device_id}"
             if device is not None:
                 return t.empty(desc.shape, dtype=getattr(t, name), device=device)
+    if desc.device_type == _lib.DEVICE_CUDA:
+        got = _allocate_cuda(desc, framework)
+        if got is not None:
+            return got
     if desc.device_type not in _HOST_DEVICES:
-        raise UnsupportedError(f"receiving a tensor of device type {desc.device_type} needs torch (with that "
-                               "device) or an out= buffer on that device")
+        raise UnsupportedError(f"receiving a tensor of device type {desc.device_type} needs torch or CuPy (with "
+                               "that device) or an out= buffer on that device")
     dt = desc.numpy_dtype
     if dt is None:
         raise UnsupportedError(f"no numpy dtype for {desc.dtype_name()} here: install torch (or ml_dtypes), "
                                "or pass out=")
     return np.empty(desc.shape, dtype=dt)
+
+
+def _allocate_cuda(desc: Desc, framework: str) -> Any:
+    """A CUDA tensor to receive into: CuPy for CuPy producers when CuPy is
+    importable, else torch, else CuPy; None when neither is."""
+    order = ["cupy", "torch"] if framework == "cupy" else ["torch", "cupy"]
+    for fw in order:
+        if fw == "torch":
+            t = _import_torch()
+            name = _DL_TO_TORCH.get((desc.code, desc.bits))
+            if t is not None and name is not None and hasattr(t, name) and desc.lanes == 1:
+                return t.empty(desc.shape, dtype=getattr(t, name), device=f"cuda:{desc.device_id}")
+        else:
+            try:
+                import cupy  # type: ignore[import-not-found]
+            except ImportError:
+                continue
+            dt = desc.numpy_dtype
+            if dt is not None:
+                with cupy.cuda.Device(desc.device_id):
+                    return cupy.empty(desc.shape, dtype=dt)
+    return None
 
 
 def check_out(outs: List[Any], descs: List[Desc]) -> List[Item]:

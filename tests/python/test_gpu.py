@@ -1,0 +1,160 @@
+"""Device memory in the Python binding.
+
+The first tests run everywhere: they describe CUDA memory without touching
+it. The ones marked `gpu` need a CUDA device and skip with "no CUDA device"
+elsewhere; `make gpu-test` runs them (pytest -m gpu).
+"""
+
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import rdt
+import workers
+
+
+class FakeCudaArray:
+    """An object exporting __cuda_array_interface__ over an address nothing
+    reads: enough to check how device memory is described and refused."""
+
+    def __init__(self, shape, typestr="<f4", ptr=0x7f0000001000, device_id=0, strides=None, readonly=False):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, readonly),
+                                         "strides": strides, "version": 3}
+        self.device = type("Device", (), {"id": device_id})()
+
+
+def test_cuda_array_interface_is_described_as_cuda_memory():
+    with rdt.Runtime("a") as a:
+        ref = a.put([FakeCudaArray((4, 8)), np.arange(3)])
+        (d, h) = ref.tensor_descs()
+        assert (d.device_type, d.device_id, d.shape, d.nbytes) == (rdt.tensors.DEVICE_NAMES["cuda"], 0, (4, 8), 128)
+        assert h.device_type == rdt.tensors.DEVICE_NAMES["cpu"]
+        ref2 = a.put(FakeCudaArray((2,), typestr="<i8", device_id=3))
+        assert ref2.tensor_descs()[0].device_id == 3 and ref2.dtypes == ["int64"]
+
+
+def test_cuda_array_interface_refusals():
+    with rdt.Runtime("a") as a:
+        with pytest.raises(rdt.InvalidArgumentError, match="contiguous"):
+            a.put(FakeCudaArray((4, 8), strides=(4, 16)))
+        with pytest.raises(rdt.UnsupportedError, match="which GPU"):
+            x = FakeCudaArray((2,))
+            del x.device
+            a.put(x)
+
+
+def test_fetching_cuda_memory_without_a_cuda_transport_is_a_clear_error():
+    with rdt.Runtime("a") as a, rdt.Runtime("b") as b:
+        if "cuda_ipc" in b.transport_names():
+            pytest.skip("this machine has a CUDA transport")
+        ref = a.put(FakeCudaArray((16,)))
+        out = [FakeCudaArray((16,), ptr=0x7f0000100000)]
+        with pytest.raises(rdt.UnsupportedError, match="cuda"):
+            b.get(b.borrow(ref), out=out)
+        with pytest.raises(rdt.InvalidArgumentError, match="read-only"):
+            b.get(b.borrow(ref), out=[FakeCudaArray((16,), readonly=True)])
+        # Its own object: a device copy needs a transport that can make one.
+        with pytest.raises(rdt.UnsupportedError, match="cuda memory within a process"):
+            a.get(ref, out=out)
+
+
+# ---- with a GPU --------------------------------------------------------------
+
+def _no_gpu(why):
+    # `make gpu-test` sets RDT_REQUIRE_GPU=1: there a missing GPU fails.
+    if os.environ.get("RDT_REQUIRE_GPU") == "1":
+        pytest.fail(f"no CUDA device (RDT_REQUIRE_GPU=1): {why}")
+    pytest.skip(f"no CUDA device: {why}")
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        _no_gpu("torch is not installed")
+    if not torch.cuda.is_available():
+        _no_gpu("torch sees none")
+    with rdt.Runtime("probe") as rt:
+        if "cuda_ipc" not in rt.transport_names():
+            _no_gpu("the runtime lists no cuda_ipc transport")
+    return torch
+
+
+@pytest.mark.gpu
+def test_torch_cuda_across_processes(child):
+    torch = _torch_cuda()
+    for transport in [None, "cuda_ipc"]:
+        c = child(workers.serve, [transport], "cuda_torch")
+        (ref,) = pickle.loads(c.recv()[transport])
+        v = rdt.get(ref)
+        assert v["f32"].device == torch.device("cuda:0") and v["cpu"].device.type == "cpu"
+        assert torch.equal(v["f32"], torch.arange(1 << 20, dtype=torch.float32, device="cuda:0").reshape(1024, 1024))
+        assert torch.equal(torch.cat(v["pair"]), torch.arange(2048, dtype=torch.int64, device="cuda:0"))
+        assert v["bf16"].dtype == torch.bfloat16 and v["empty"].shape == (0, 3)
+        # Into the caller's buffers.
+        out = [torch.empty(1024, 1024, device="cuda:0"), torch.empty(1024, dtype=torch.int64, device="cuda:0"),
+               torch.empty(1024, dtype=torch.int64, device="cuda:0"), torch.empty(6, dtype=torch.bfloat16,
+                                                                                   device="cuda:0"),
+               torch.empty((0, 3), device="cuda:0"), torch.empty(3, dtype=torch.int64)]
+        rdt.get(ref, out=out)
+        assert torch.equal(out[0], v["f32"]) and torch.equal(out[2], v["pair"][1])
+        ref.close()
+        c.stop()
+
+
+@pytest.mark.gpu
+def test_torch_cuda_in_one_process():
+    torch = _torch_cuda()
+    with rdt.Runtime("a") as a, rdt.Runtime("b") as b:
+        x = torch.arange(1000, dtype=torch.float32, device="cuda:0") * 2
+        ref = a.put(x, transport="cuda_ipc")
+        y = b.get(b.borrow(ref))
+        assert y.device == x.device and torch.equal(x, y)
+        # The owner's own object: a local device copy.
+        z = a.get(ref)
+        assert torch.equal(x, z)
+
+
+@pytest.mark.gpu
+def test_cupy_across_processes(child):
+    _torch_cuda()
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    c = child(workers.serve, [None], "cupy")
+    (ref,) = pickle.loads(c.recv()[None])
+    v = rdt.get(ref)
+    assert isinstance(v, cupy.ndarray)
+    assert bool((v == cupy.arange(1000, dtype=cupy.float64)).all())
+    out = cupy.empty(1000, dtype=cupy.float64)
+    rdt.get(ref, out=out)
+    assert bool((out == v).all())
+    ref.close()
+    c.stop()
+
+
+@pytest.mark.gpu
+def test_killed_source_during_a_transfer(child):
+    torch = _torch_cuda()
+    c = child(workers.serve, [None], "cuda_big")
+    (ref,) = pickle.loads(c.recv()[None])
+    out = torch.empty(64 << 20, dtype=torch.int32, device="cuda:0")
+    outcome = []
+
+    def fetch():
+        try:
+            rdt.get(ref, out=[out], timeout=60)
+            outcome.append("done")
+        except rdt.RdtError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    c.kill()
+    t.join(90)
+    assert not t.is_alive(), "a fetch from a killed source hung"
+    assert outcome[0] == "done" or isinstance(outcome[0], rdt.PeerUnavailableError), outcome
+    # Afterwards: a clear error, never a hang.
+    with pytest.raises(rdt.PeerUnavailableError):
+        rdt.get(ref, out=[out], timeout=60)

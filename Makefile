@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench
+.PHONY: all test go-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -100,6 +100,7 @@ fuzz:
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/nixl -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./transports/cuda_ipc -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 
 install: $(CMAKE_DIR)/CMakeCache.txt
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
@@ -121,6 +122,24 @@ bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
 	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
+
+# On a machine with a GPU (and CUDA driver): every GPU test, then the GPU
+# benchmark. RDT_REQUIRE_GPU=1 turns "no CUDA device" skips into failures,
+# so a machine without a usable GPU cannot pass. Conventions for GPU
+# transports: Go tests live in their package under transports/ (they are
+# picked up by the ./transports/... pattern, built with GPU_GO_TAGS) and skip
+# with "no CUDA device: ..." unless RDT_REQUIRE_GPU=1; Python tests are
+# marked @pytest.mark.gpu in tests/python (selected with -m gpu). GPU_PYTHON
+# is an interpreter with pytest and torch (and CuPy, optional) installed.
+GPU_PYTHON  ?= python3
+GPU_GO_TAGS ?=
+gpu-test: all
+	RDT_REQUIRE_GPU=1 $(GO) test -count=1 -tags '$(GPU_GO_TAGS)' ./transports/...
+	cd tests/python && RDT_REQUIRE_GPU=1 PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		$(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu .
+
+gpu-bench: all
+	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so $(GPU_PYTHON) bench/gpu_bench.py
 
 clean:
 	rm -rf $(BUILD)

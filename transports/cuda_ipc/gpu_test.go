@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 func requireGPU(t testing.TB) {
 	t.Helper()
 	if why := cudaMissing(); why != "" {
+		if os.Getenv("RDT_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device (RDT_REQUIRE_GPU=1): %s", why)
+		}
 		t.Skipf("no CUDA device: %s", why)
 	}
 }

@@ -98,6 +98,9 @@ func requireGPU(t testing.TB) {
 		err = errors.New("the driver sees no device")
 	}
 	if err != nil {
+		if os.Getenv("RDT_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device (RDT_REQUIRE_GPU=1): %v", err)
+		}
 		t.Skipf("no CUDA device: %v", err)
 	}
 }

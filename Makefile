@@ -131,15 +131,16 @@ bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
 # with "no CUDA device: ..." unless RDT_REQUIRE_GPU=1; Python tests are
 # marked @pytest.mark.gpu in tests/python (selected with -m gpu). GPU_PYTHON
 # is an interpreter with pytest and torch (and CuPy, optional) installed.
-GPU_PYTHON  ?= python3
+GPU_PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 GPU_GO_TAGS ?=
+GPU_ENV = RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHONPATH=$(CURDIR)/bindings/python \
+	RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so
 gpu-test: all
-	RDT_REQUIRE_GPU=1 $(GO) test -count=1 -tags '$(GPU_GO_TAGS)' ./transports/...
-	cd tests/python && RDT_REQUIRE_GPU=1 PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
-		$(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu .
+	RDT_REQUIRE_GPU=1 $(GPU_ENV) $(GO) test -count=1 -tags '$(GPU_GO_TAGS)' ./transports/...
+	cd tests/python && RDT_REQUIRE_GPU=1 $(GPU_ENV) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu .
 
 gpu-bench: all
-	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so $(GPU_PYTHON) bench/gpu_bench.py
+	$(GPU_ENV) $(GPU_PYTHON) bench/gpu_bench.py
 
 clean:
 	rm -rf $(BUILD)

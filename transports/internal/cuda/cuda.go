@@ -76,7 +76,7 @@ func (e *Error) Status() core.Status {
 // loaded and from a table of the common codes otherwise.
 func (r Result) Name() string {
 	if loaded() {
-		if s := C.rdt_cu_error_name(C.rdt_cu_result(r)); s != nil {
+		if s := C.rdtcu_error_name(C.rdtcu_result(r)); s != nil {
 			return C.GoString(s)
 		}
 	}
@@ -95,7 +95,7 @@ func (r Result) Name() string {
 // Description is the driver's text for the code.
 func (r Result) Description() string {
 	if loaded() {
-		if s := C.rdt_cu_error_string(C.rdt_cu_result(r)); s != nil {
+		if s := C.rdtcu_error_string(C.rdtcu_result(r)); s != nil {
 			return C.GoString(s)
 		}
 	}
@@ -140,7 +140,7 @@ func CoreError(err error) error {
 	return err
 }
 
-func check(op string, r C.rdt_cu_result) error {
+func check(op string, r C.rdtcu_result) error {
 	if r == 0 {
 		return nil
 	}
@@ -176,11 +176,11 @@ func load(path string) error {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var buf [512]C.char
-	if C.rdt_cu_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
+	if C.rdtcu_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
 		return core.Errorf(core.ErrUnsupported, "CUDA driver library %s could not be loaded: %s", path, C.GoString(&buf[0]))
 	}
 	isLoaded.Store(true)
-	if r := C.rdt_cu_init(); r != 0 {
+	if r := C.rdtcu_init(); r != 0 {
 		return core.Errorf(core.ErrUnsupported, "CUDA driver %s: %v", path, &Error{Op: "cuInit", Code: Result(r)})
 	}
 	return nil
@@ -192,7 +192,7 @@ func DeviceCount() (int, error) {
 		return 0, err
 	}
 	var n C.int
-	if err := check("cuDeviceGetCount", C.rdt_cu_device_count(&n)); err != nil {
+	if err := check("cuDeviceGetCount", C.rdtcu_device_count(&n)); err != nil {
 		return 0, err
 	}
 	return int(n), nil
@@ -213,7 +213,7 @@ func DeviceUUID(dev int) (UUID, error) {
 	if err := Load(); err != nil {
 		return u, err
 	}
-	err := check("cuDeviceGetUuid", C.rdt_cu_device_uuid(C.int(dev), (*C.uchar)(unsafe.Pointer(&u[0]))))
+	err := check("cuDeviceGetUuid", C.rdtcu_device_uuid(C.int(dev), (*C.uchar)(unsafe.Pointer(&u[0]))))
 	return u, err
 }
 
@@ -223,7 +223,7 @@ func DeviceName(dev int) string {
 		return ""
 	}
 	var buf [128]C.char
-	if C.rdt_cu_device_name(C.int(dev), &buf[0], C.int(len(buf))) != 0 {
+	if C.rdtcu_device_name(C.int(dev), &buf[0], C.int(len(buf))) != 0 {
 		return ""
 	}
 	return C.GoString(&buf[0])
@@ -254,7 +254,7 @@ func CanAccessPeer(dev, peer int) (bool, error) {
 		return false, err
 	}
 	var can C.int
-	if err := check("cuDeviceCanAccessPeer", C.rdt_cu_can_access_peer(C.int(dev), C.int(peer), &can)); err != nil {
+	if err := check("cuDeviceCanAccessPeer", C.rdtcu_can_access_peer(C.int(dev), C.int(peer), &can)); err != nil {
 		return false, err
 	}
 	return can != 0, nil
@@ -284,8 +284,8 @@ func GetPointerInfo(dev int, p Ptr) (PointerInfo, error) {
 	if err := Load(); err != nil {
 		return PointerInfo{}, err
 	}
-	var ci C.rdt_cu_pointer_info
-	if err := check("cuPointerGetAttribute/cuMemGetAddressRange", C.rdt_cu_pointer_info_get(C.int(dev), C.rdt_cu_ptr(p), &ci)); err != nil {
+	var ci C.rdtcu_pointer_info
+	if err := check("cuPointerGetAttribute/cuMemGetAddressRange", C.rdtcu_pointer_info_get(C.int(dev), C.rdtcu_ptr(p), &ci)); err != nil {
 		return PointerInfo{}, err
 	}
 	return PointerInfo{
@@ -304,7 +304,7 @@ func IPCGetMemHandle(dev int, base Ptr) (IPCHandle, error) {
 	if err := Load(); err != nil {
 		return h, err
 	}
-	err := check("cuIpcGetMemHandle", C.rdt_cu_ipc_get(C.int(dev), C.rdt_cu_ptr(base), (*C.uchar)(unsafe.Pointer(&h[0]))))
+	err := check("cuIpcGetMemHandle", C.rdtcu_ipc_get(C.int(dev), C.rdtcu_ptr(base), (*C.uchar)(unsafe.Pointer(&h[0]))))
 	return h, err
 }
 
@@ -314,8 +314,8 @@ func IPCOpenMemHandle(dev int, h IPCHandle) (Ptr, error) {
 	if err := Load(); err != nil {
 		return 0, err
 	}
-	var p C.rdt_cu_ptr
-	err := check("cuIpcOpenMemHandle", C.rdt_cu_ipc_open(C.int(dev), (*C.uchar)(unsafe.Pointer(&h[0])), &p))
+	var p C.rdtcu_ptr
+	err := check("cuIpcOpenMemHandle", C.rdtcu_ipc_open(C.int(dev), (*C.uchar)(unsafe.Pointer(&h[0])), &p))
 	return Ptr(p), err
 }
 
@@ -324,13 +324,13 @@ func IPCCloseMemHandle(dev int, p Ptr) error {
 	if err := Load(); err != nil {
 		return err
 	}
-	return check("cuIpcCloseMemHandle", C.rdt_cu_ipc_close(C.int(dev), C.rdt_cu_ptr(p)))
+	return check("cuIpcCloseMemHandle", C.rdtcu_ipc_close(C.int(dev), C.rdtcu_ptr(p)))
 }
 
 // Stream is a non-blocking CUDA stream of one device.
 type Stream struct {
 	dev int
-	s   C.rdt_cu_stream
+	s   C.rdtcu_stream
 }
 
 // NewStream creates a stream on dev (CU_STREAM_NON_BLOCKING: it does not
@@ -340,7 +340,7 @@ func NewStream(dev int) (*Stream, error) {
 		return nil, err
 	}
 	s := &Stream{dev: dev}
-	if err := check("cuStreamCreate", C.rdt_cu_stream_create(C.int(dev), &s.s)); err != nil {
+	if err := check("cuStreamCreate", C.rdtcu_stream_create(C.int(dev), &s.s)); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -351,18 +351,18 @@ func (s *Stream) Device() int { return s.dev }
 
 // Synchronize waits until everything enqueued on the stream is done.
 func (s *Stream) Synchronize() error {
-	return check("cuStreamSynchronize", C.rdt_cu_stream_sync(C.int(s.dev), s.s))
+	return check("cuStreamSynchronize", C.rdtcu_stream_sync(C.int(s.dev), s.s))
 }
 
 // Destroy frees the stream (work already enqueued still completes).
 func (s *Stream) Destroy() error {
-	return check("cuStreamDestroy", C.rdt_cu_stream_destroy(C.int(s.dev), s.s))
+	return check("cuStreamDestroy", C.rdtcu_stream_destroy(C.int(s.dev), s.s))
 }
 
 // Event is a CUDA event created with CU_EVENT_DISABLE_TIMING.
 type Event struct {
 	dev int
-	e   C.rdt_cu_event
+	e   C.rdtcu_event
 }
 
 // NewEvent creates an event on dev.
@@ -371,7 +371,7 @@ func NewEvent(dev int) (*Event, error) {
 		return nil, err
 	}
 	e := &Event{dev: dev}
-	if err := check("cuEventCreate", C.rdt_cu_event_create(C.int(dev), &e.e)); err != nil {
+	if err := check("cuEventCreate", C.rdtcu_event_create(C.int(dev), &e.e)); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -383,7 +383,7 @@ func (e *Event) Device() int { return e.dev }
 // Query reports whether the work recorded before the event is done
 // (cuEventQuery: CUDA_ERROR_NOT_READY is "not yet", not an error).
 func (e *Event) Query() (bool, error) {
-	r := C.rdt_cu_event_query(C.int(e.dev), e.e)
+	r := C.rdtcu_event_query(C.int(e.dev), e.e)
 	if Result(r) == ErrorNotReady {
 		return false, nil
 	}
@@ -395,7 +395,7 @@ func (e *Event) Query() (bool, error) {
 
 // Destroy frees the event.
 func (e *Event) Destroy() error {
-	return check("cuEventDestroy", C.rdt_cu_event_destroy(C.int(e.dev), e.e))
+	return check("cuEventDestroy", C.rdtcu_event_destroy(C.int(e.dev), e.e))
 }
 
 // Copy is one copy of N bytes from Src to Dst.
@@ -421,18 +421,18 @@ func CopyAsync(dstDev, srcDev int, s *Stream, ops []Copy, done *Event) (int, err
 	if len(ops) == 0 && done == nil {
 		return 0, nil
 	}
-	cops := (*C.rdt_cu_copy)(C.calloc(C.size_t(max(len(ops), 1)), C.size_t(unsafe.Sizeof(C.rdt_cu_copy{}))))
+	cops := (*C.rdtcu_copy)(C.calloc(C.size_t(max(len(ops), 1)), C.size_t(unsafe.Sizeof(C.rdtcu_copy{}))))
 	defer C.free(unsafe.Pointer(cops))
 	arr := unsafe.Slice(cops, max(len(ops), 1))
 	for i, o := range ops {
-		arr[i] = C.rdt_cu_copy{dst: C.rdt_cu_ptr(o.Dst), src: C.rdt_cu_ptr(o.Src), n: C.size_t(o.N)}
+		arr[i] = C.rdtcu_copy{dst: C.rdtcu_ptr(o.Dst), src: C.rdtcu_ptr(o.Src), n: C.size_t(o.N)}
 	}
-	var ev C.rdt_cu_event
+	var ev C.rdtcu_event
 	if done != nil {
 		ev = done.e
 	}
 	var n C.size_t
-	r := C.rdt_cu_copy_async(C.int(dstDev), C.int(srcDev), s.s, cops, C.size_t(len(ops)), ev, &n)
+	r := C.rdtcu_copy_async(C.int(dstDev), C.int(srcDev), s.s, cops, C.size_t(len(ops)), ev, &n)
 	op := "cuMemcpyDtoDAsync"
 	switch {
 	case int(n) == len(ops):
@@ -450,8 +450,8 @@ func Alloc(dev int, n uint64) (Ptr, error) {
 	if err := Load(); err != nil {
 		return 0, err
 	}
-	var p C.rdt_cu_ptr
-	err := check("cuMemAlloc", C.rdt_cu_mem_alloc(C.int(dev), C.size_t(n), &p))
+	var p C.rdtcu_ptr
+	err := check("cuMemAlloc", C.rdtcu_mem_alloc(C.int(dev), C.size_t(n), &p))
 	return Ptr(p), err
 }
 
@@ -460,7 +460,7 @@ func Free(dev int, p Ptr) error {
 	if err := Load(); err != nil {
 		return err
 	}
-	return check("cuMemFree", C.rdt_cu_mem_free(C.int(dev), C.rdt_cu_ptr(p)))
+	return check("cuMemFree", C.rdtcu_mem_free(C.int(dev), C.rdtcu_ptr(p)))
 }
 
 // Memcpy copies n bytes synchronously between any two addresses that
@@ -469,5 +469,5 @@ func Memcpy(dev int, dst, src Ptr, n uint64) error {
 	if err := Load(); err != nil {
 		return err
 	}
-	return check("cuMemcpy", C.rdt_cu_memcpy(C.int(dev), C.rdt_cu_ptr(dst), C.rdt_cu_ptr(src), C.size_t(n)))
+	return check("cuMemcpy", C.rdtcu_memcpy(C.int(dev), C.rdtcu_ptr(dst), C.rdtcu_ptr(src), C.size_t(n)))
 }

@@ -27,35 +27,35 @@ enum {
 #define CU_EVENT_DISABLE_TIMING 0x2
 
 static struct {
-  rdt_cu_result (*Init)(unsigned);
-  rdt_cu_result (*GetErrorName)(rdt_cu_result, const char **);
-  rdt_cu_result (*GetErrorString)(rdt_cu_result, const char **);
-  rdt_cu_result (*DeviceGet)(CUdevice *, int);
-  rdt_cu_result (*DeviceGetCount)(int *);
-  rdt_cu_result (*DeviceGetUuid)(CUuuid *, CUdevice);
-  rdt_cu_result (*DeviceGetName)(char *, int, CUdevice);
-  rdt_cu_result (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
-  rdt_cu_result (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-  rdt_cu_result (*CtxSetCurrent)(CUcontext);
-  rdt_cu_result (*CtxGetCurrent)(CUcontext *);
-  rdt_cu_result (*IpcGetMemHandle)(CUipcMemHandle *, rdt_cu_ptr);
-  rdt_cu_result (*IpcOpenMemHandle)(rdt_cu_ptr *, CUipcMemHandle, unsigned);
-  rdt_cu_result (*IpcCloseMemHandle)(rdt_cu_ptr);
-  rdt_cu_result (*MemGetAddressRange)(rdt_cu_ptr *, size_t *, rdt_cu_ptr);
-  rdt_cu_result (*PointerGetAttribute)(void *, int, rdt_cu_ptr);
-  rdt_cu_result (*MemcpyAsync)(rdt_cu_ptr, rdt_cu_ptr, size_t, rdt_cu_stream);
-  rdt_cu_result (*MemcpyDtoDAsync)(rdt_cu_ptr, rdt_cu_ptr, size_t, rdt_cu_stream);
-  rdt_cu_result (*MemcpyPeerAsync)(rdt_cu_ptr, CUcontext, rdt_cu_ptr, CUcontext, size_t, rdt_cu_stream);
-  rdt_cu_result (*Memcpy)(rdt_cu_ptr, rdt_cu_ptr, size_t);
-  rdt_cu_result (*StreamCreate)(rdt_cu_stream *, unsigned);
-  rdt_cu_result (*StreamDestroy)(rdt_cu_stream);
-  rdt_cu_result (*StreamSynchronize)(rdt_cu_stream);
-  rdt_cu_result (*EventCreate)(rdt_cu_event *, unsigned);
-  rdt_cu_result (*EventRecord)(rdt_cu_event, rdt_cu_stream);
-  rdt_cu_result (*EventQuery)(rdt_cu_event);
-  rdt_cu_result (*EventDestroy)(rdt_cu_event);
-  rdt_cu_result (*MemAlloc)(rdt_cu_ptr *, size_t);
-  rdt_cu_result (*MemFree)(rdt_cu_ptr);
+  rdtcu_result (*Init)(unsigned);
+  rdtcu_result (*GetErrorName)(rdtcu_result, const char **);
+  rdtcu_result (*GetErrorString)(rdtcu_result, const char **);
+  rdtcu_result (*DeviceGet)(CUdevice *, int);
+  rdtcu_result (*DeviceGetCount)(int *);
+  rdtcu_result (*DeviceGetUuid)(CUuuid *, CUdevice);
+  rdtcu_result (*DeviceGetName)(char *, int, CUdevice);
+  rdtcu_result (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+  rdtcu_result (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+  rdtcu_result (*CtxSetCurrent)(CUcontext);
+  rdtcu_result (*CtxGetCurrent)(CUcontext *);
+  rdtcu_result (*IpcGetMemHandle)(CUipcMemHandle *, rdtcu_ptr);
+  rdtcu_result (*IpcOpenMemHandle)(rdtcu_ptr *, CUipcMemHandle, unsigned);
+  rdtcu_result (*IpcCloseMemHandle)(rdtcu_ptr);
+  rdtcu_result (*MemGetAddressRange)(rdtcu_ptr *, size_t *, rdtcu_ptr);
+  rdtcu_result (*PointerGetAttribute)(void *, int, rdtcu_ptr);
+  rdtcu_result (*MemcpyAsync)(rdtcu_ptr, rdtcu_ptr, size_t, rdtcu_stream);
+  rdtcu_result (*MemcpyDtoDAsync)(rdtcu_ptr, rdtcu_ptr, size_t, rdtcu_stream);
+  rdtcu_result (*MemcpyPeerAsync)(rdtcu_ptr, CUcontext, rdtcu_ptr, CUcontext, size_t, rdtcu_stream);
+  rdtcu_result (*Memcpy)(rdtcu_ptr, rdtcu_ptr, size_t);
+  rdtcu_result (*StreamCreate)(rdtcu_stream *, unsigned);
+  rdtcu_result (*StreamDestroy)(rdtcu_stream);
+  rdtcu_result (*StreamSynchronize)(rdtcu_stream);
+  rdtcu_result (*EventCreate)(rdtcu_event *, unsigned);
+  rdtcu_result (*EventRecord)(rdtcu_event, rdtcu_stream);
+  rdtcu_result (*EventQuery)(rdtcu_event);
+  rdtcu_result (*EventDestroy)(rdtcu_event);
+  rdtcu_result (*MemAlloc)(rdtcu_ptr *, size_t);
+  rdtcu_result (*MemFree)(rdtcu_ptr);
 } cu, staged;
 
 /* Symbol names: the driver exports versioned entry points (_v2) for calls
@@ -94,7 +94,7 @@ static const struct { const char *name; void **slot; } symbols[] = {
 
 static int loaded;
 
-int rdt_cu_load(const char *path, char *err, size_t errlen) {
+int rdtcu_load(const char *path, char *err, size_t errlen) {
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *e = dlerror();
@@ -119,15 +119,15 @@ int rdt_cu_load(const char *path, char *err, size_t errlen) {
   return 0;
 }
 
-rdt_cu_result rdt_cu_init(void) { return loaded ? cu.Init(0) : RDT_CU_NOT_LOADED; }
+rdtcu_result rdtcu_init(void) { return loaded ? cu.Init(0) : RDT_CU_NOT_LOADED; }
 
-const char *rdt_cu_error_name(rdt_cu_result r) {
+const char *rdtcu_error_name(rdtcu_result r) {
   const char *s = NULL;
   if (!loaded || cu.GetErrorName(r, &s) != CUDA_SUCCESS) return NULL;
   return s;
 }
 
-const char *rdt_cu_error_string(rdt_cu_result r) {
+const char *rdtcu_error_string(rdtcu_result r) {
   const char *s = NULL;
   if (!loaded || cu.GetErrorString(r, &s) != CUDA_SUCCESS) return NULL;
   return s;
@@ -138,11 +138,11 @@ const char *rdt_cu_error_string(rdt_cu_result r) {
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext ctxs[RDT_CU_MAX_DEVICES];
 
-static rdt_cu_result primary(int dev, CUcontext *out) {
+static rdtcu_result primary(int dev, CUcontext *out) {
   if (!loaded) return RDT_CU_NOT_LOADED;
   if (dev < 0 || dev >= RDT_CU_MAX_DEVICES) return RDT_CU_BAD_DEVICE;
   pthread_mutex_lock(&ctx_mu);
-  rdt_cu_result r = CUDA_SUCCESS;
+  rdtcu_result r = CUDA_SUCCESS;
   if (!ctxs[dev]) {
     CUdevice d;
     r = cu.DeviceGet(&d, dev);
@@ -156,9 +156,9 @@ static rdt_cu_result primary(int dev, CUcontext *out) {
 
 /* enter makes dev's primary context current on this thread and remembers
  * the one it replaces; leave puts that one back. */
-static rdt_cu_result enter(int dev, CUcontext *saved) {
+static rdtcu_result enter(int dev, CUcontext *saved) {
   CUcontext c;
-  rdt_cu_result r = primary(dev, &c);
+  rdtcu_result r = primary(dev, &c);
   if (r != CUDA_SUCCESS) return r;
   r = cu.CtxGetCurrent(saved);
   if (r != CUDA_SUCCESS) return r;
@@ -166,10 +166,10 @@ static rdt_cu_result enter(int dev, CUcontext *saved) {
   return cu.CtxSetCurrent(c);
 }
 
-static rdt_cu_result leave(CUcontext saved, rdt_cu_result r) {
+static rdtcu_result leave(CUcontext saved, rdtcu_result r) {
   CUcontext now = NULL;
   if (cu.CtxGetCurrent(&now) == CUDA_SUCCESS && now != saved) {
-    rdt_cu_result r2 = cu.CtxSetCurrent(saved);
+    rdtcu_result r2 = cu.CtxSetCurrent(saved);
     if (r == CUDA_SUCCESS) r = r2;
   }
   return r;
@@ -178,20 +178,20 @@ static rdt_cu_result leave(CUcontext saved, rdt_cu_result r) {
 #define IN_CONTEXT(dev, expr)                               \
   do {                                                      \
     CUcontext saved_;                                       \
-    rdt_cu_result r_ = enter((dev), &saved_);               \
+    rdtcu_result r_ = enter((dev), &saved_);               \
     if (r_ != CUDA_SUCCESS) return r_;                      \
     return leave(saved_, (expr));                           \
   } while (0)
 
-rdt_cu_result rdt_cu_device_count(int *n) {
+rdtcu_result rdtcu_device_count(int *n) {
   if (!loaded) return RDT_CU_NOT_LOADED;
   return cu.DeviceGetCount(n);
 }
 
-rdt_cu_result rdt_cu_device_uuid(int dev, unsigned char uuid[16]) {
+rdtcu_result rdtcu_device_uuid(int dev, unsigned char uuid[16]) {
   if (!loaded) return RDT_CU_NOT_LOADED;
   CUdevice d;
-  rdt_cu_result r = cu.DeviceGet(&d, dev);
+  rdtcu_result r = cu.DeviceGet(&d, dev);
   if (r != CUDA_SUCCESS) return r;
   CUuuid u;
   r = cu.DeviceGetUuid(&u, d);
@@ -199,26 +199,26 @@ rdt_cu_result rdt_cu_device_uuid(int dev, unsigned char uuid[16]) {
   return r;
 }
 
-rdt_cu_result rdt_cu_device_name(int dev, char *name, int len) {
+rdtcu_result rdtcu_device_name(int dev, char *name, int len) {
   if (!loaded) return RDT_CU_NOT_LOADED;
   CUdevice d;
-  rdt_cu_result r = cu.DeviceGet(&d, dev);
+  rdtcu_result r = cu.DeviceGet(&d, dev);
   if (r != CUDA_SUCCESS) return r;
   return cu.DeviceGetName(name, len, d);
 }
 
-rdt_cu_result rdt_cu_can_access_peer(int dev, int peer, int *can) {
+rdtcu_result rdtcu_can_access_peer(int dev, int peer, int *can) {
   if (!loaded) return RDT_CU_NOT_LOADED;
   CUdevice a, b;
-  rdt_cu_result r = cu.DeviceGet(&a, dev);
+  rdtcu_result r = cu.DeviceGet(&a, dev);
   if (r == CUDA_SUCCESS) r = cu.DeviceGet(&b, peer);
   if (r == CUDA_SUCCESS) r = cu.DeviceCanAccessPeer(can, a, b);
   return r;
 }
 
-static rdt_cu_result pointer_info(rdt_cu_ptr p, rdt_cu_pointer_info *info) {
+static rdtcu_result pointer_info(rdtcu_ptr p, rdtcu_pointer_info *info) {
   unsigned int mt = 0;
-  rdt_cu_result r = cu.PointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
+  rdtcu_result r = cu.PointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p);
   if (r != CUDA_SUCCESS) return r;
   info->memory_type = (int)mt;
   int ord = -1;
@@ -236,45 +236,45 @@ static rdt_cu_result pointer_info(rdt_cu_ptr p, rdt_cu_pointer_info *info) {
   return cu.MemGetAddressRange(&info->base, &info->size, p);
 }
 
-rdt_cu_result rdt_cu_pointer_info_get(int dev, rdt_cu_ptr p, rdt_cu_pointer_info *info) {
+rdtcu_result rdtcu_pointer_info_get(int dev, rdtcu_ptr p, rdtcu_pointer_info *info) {
   memset(info, 0, sizeof *info);
   IN_CONTEXT(dev, pointer_info(p, info));
 }
 
-rdt_cu_result rdt_cu_ipc_get(int dev, rdt_cu_ptr base, unsigned char handle[RDT_CU_IPC_HANDLE_SIZE]) {
+rdtcu_result rdtcu_ipc_get(int dev, rdtcu_ptr base, unsigned char handle[RDT_CU_IPC_HANDLE_SIZE]) {
   CUipcMemHandle h;
   memset(&h, 0, sizeof h);
   CUcontext saved;
-  rdt_cu_result r = enter(dev, &saved);
+  rdtcu_result r = enter(dev, &saved);
   if (r != CUDA_SUCCESS) return r;
   r = leave(saved, cu.IpcGetMemHandle(&h, base));
   if (r == CUDA_SUCCESS) memcpy(handle, h.reserved, RDT_CU_IPC_HANDLE_SIZE);
   return r;
 }
 
-rdt_cu_result rdt_cu_ipc_open(int dev, const unsigned char handle[RDT_CU_IPC_HANDLE_SIZE], rdt_cu_ptr *p) {
+rdtcu_result rdtcu_ipc_open(int dev, const unsigned char handle[RDT_CU_IPC_HANDLE_SIZE], rdtcu_ptr *p) {
   CUipcMemHandle h;
   memcpy(h.reserved, handle, RDT_CU_IPC_HANDLE_SIZE);
   IN_CONTEXT(dev, cu.IpcOpenMemHandle(p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 }
 
-rdt_cu_result rdt_cu_ipc_close(int dev, rdt_cu_ptr p) { IN_CONTEXT(dev, cu.IpcCloseMemHandle(p)); }
+rdtcu_result rdtcu_ipc_close(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, cu.IpcCloseMemHandle(p)); }
 
-rdt_cu_result rdt_cu_stream_create(int dev, rdt_cu_stream *s) {
+rdtcu_result rdtcu_stream_create(int dev, rdtcu_stream *s) {
   IN_CONTEXT(dev, cu.StreamCreate(s, CU_STREAM_NON_BLOCKING));
 }
-rdt_cu_result rdt_cu_stream_destroy(int dev, rdt_cu_stream s) { IN_CONTEXT(dev, cu.StreamDestroy(s)); }
-rdt_cu_result rdt_cu_stream_sync(int dev, rdt_cu_stream s) { IN_CONTEXT(dev, cu.StreamSynchronize(s)); }
-rdt_cu_result rdt_cu_event_create(int dev, rdt_cu_event *e) {
+rdtcu_result rdtcu_stream_destroy(int dev, rdtcu_stream s) { IN_CONTEXT(dev, cu.StreamDestroy(s)); }
+rdtcu_result rdtcu_stream_sync(int dev, rdtcu_stream s) { IN_CONTEXT(dev, cu.StreamSynchronize(s)); }
+rdtcu_result rdtcu_event_create(int dev, rdtcu_event *e) {
   IN_CONTEXT(dev, cu.EventCreate(e, CU_EVENT_DISABLE_TIMING));
 }
-rdt_cu_result rdt_cu_event_destroy(int dev, rdt_cu_event e) { IN_CONTEXT(dev, cu.EventDestroy(e)); }
-rdt_cu_result rdt_cu_event_query(int dev, rdt_cu_event e) { IN_CONTEXT(dev, cu.EventQuery(e)); }
+rdtcu_result rdtcu_event_destroy(int dev, rdtcu_event e) { IN_CONTEXT(dev, cu.EventDestroy(e)); }
+rdtcu_result rdtcu_event_query(int dev, rdtcu_event e) { IN_CONTEXT(dev, cu.EventQuery(e)); }
 
-static rdt_cu_result copies(int dst_dev, int src_dev, rdt_cu_stream s, const rdt_cu_copy *ops, size_t n,
-                            rdt_cu_event e, size_t *done) {
+static rdtcu_result copies(int dst_dev, int src_dev, rdtcu_stream s, const rdtcu_copy *ops, size_t n,
+                            rdtcu_event e, size_t *done) {
   CUcontext dctx = NULL, sctx = NULL;
-  rdt_cu_result r = CUDA_SUCCESS;
+  rdtcu_result r = CUDA_SUCCESS;
   if (src_dev >= 0 && src_dev != dst_dev) {
     r = primary(dst_dev, &dctx);
     if (r == CUDA_SUCCESS) r = primary(src_dev, &sctx);
@@ -298,14 +298,14 @@ static rdt_cu_result copies(int dst_dev, int src_dev, rdt_cu_stream s, const rdt
   return r;
 }
 
-rdt_cu_result rdt_cu_copy_async(int dst_dev, int src_dev, rdt_cu_stream s, const rdt_cu_copy *ops, size_t n,
-                                rdt_cu_event e, size_t *done) {
+rdtcu_result rdtcu_copy_async(int dst_dev, int src_dev, rdtcu_stream s, const rdtcu_copy *ops, size_t n,
+                                rdtcu_event e, size_t *done) {
   *done = 0;
   IN_CONTEXT(dst_dev, copies(dst_dev, src_dev, s, ops, n, e, done));
 }
 
-rdt_cu_result rdt_cu_mem_alloc(int dev, size_t n, rdt_cu_ptr *p) { IN_CONTEXT(dev, cu.MemAlloc(p, n)); }
-rdt_cu_result rdt_cu_mem_free(int dev, rdt_cu_ptr p) { IN_CONTEXT(dev, cu.MemFree(p)); }
-rdt_cu_result rdt_cu_memcpy(int dev, rdt_cu_ptr dst, rdt_cu_ptr src, size_t n) {
+rdtcu_result rdtcu_mem_alloc(int dev, size_t n, rdtcu_ptr *p) { IN_CONTEXT(dev, cu.MemAlloc(p, n)); }
+rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, cu.MemFree(p)); }
+rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n) {
   IN_CONTEXT(dev, cu.Memcpy(dst, src, n));
 }

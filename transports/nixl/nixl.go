@@ -18,6 +18,7 @@ package nixl
 import "C"
 
 import (
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
 // Name is the canonical transport name.
@@ -61,6 +63,8 @@ type Transport struct {
 	// agent's memory it has descriptors for may have gone (and the
 	// addresses been registered again): it reloads the agent.
 	epoch atomic.Uint64
+
+	devices []core.DeviceType // cuda only where the CUDA driver sees a GPU
 
 	mu   sync.Mutex
 	regs map[regKey]*registration
@@ -106,8 +110,17 @@ func New(h core.Host) (core.Transport, error) {
 	if tls, _ := cgetenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
 		h.Log().Warnf("nixl: UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
 	}
+	devices := []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+	if n, err := cuda.DeviceCount(); err == nil && n > 0 {
+		// VRAM only where a GPU is: elsewhere the automatic choice for
+		// CUDA memory must not pick nixl and fail inside UCX.
+		devices = append(devices, core.DeviceCUDA)
+	} else {
+		h.Log().Debugf("nixl: host memory only: %v", cudaAbsence(n, err))
+	}
 	return &Transport{
 		h:       h,
+		devices: devices,
 		name:    h.Identity().RuntimeID.String(),
 		regs:    map[regKey]*registration{},
 		objs:    map[core.ObjectID][]regKey{},
@@ -115,9 +128,14 @@ func New(h core.Host) (core.Transport, error) {
 	}, nil
 }
 
-func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []core.DeviceType {
-	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost, core.DeviceCUDA}
+func (t *Transport) Name() string               { return Name }
+func (t *Transport) Devices() []core.DeviceType { return t.devices }
+
+func cudaAbsence(n int, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("the CUDA driver sees %d devices", n)
 }
 func (t *Transport) OneSided() bool { return true }
 

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -272,7 +273,25 @@ func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
 	}
 	e.unconfirmed++
 	rt.mu.Unlock()
-	peer.BorrowAsync(desc.ID, token, func(err error) { rt.borrowAnswered(e, desc, err) })
 	rt.c.refs.Add(1)
-	return &Ref{rt: rt, desc: desc}, nil
+	ref := &Ref{rt: rt, desc: desc}
+	var mu sync.Mutex
+	var answered bool
+	var answer error
+	peer.BorrowAsync(desc.ID, token, func(err error) {
+		rt.borrowAnswered(e, desc, err)
+		mu.Lock()
+		answered, answer = true, err
+		mu.Unlock()
+	})
+	mu.Lock()
+	lost := answered && StatusOf(answer) == ErrPeerUnavailable
+	mu.Unlock()
+	if lost {
+		// The connection failed under the request (the owner died since
+		// we last heard from it): say so now rather than at the fetch.
+		ref.Release()
+		return nil, Wrap(answer, "owner %s of object %s", desc.Owner.Address, desc.ID)
+	}
+	return ref, nil
 }

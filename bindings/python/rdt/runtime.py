@@ -242,13 +242,13 @@ class Runtime(Handle):
             if r._runtime is self:
                 descs1 = r._descs or r.tensor_descs()
                 if len(descs1) == 1:
-                    items1 = _t.check_out([out], descs1)
                     deadline = _deadline(timeout)
-                    if out.nbytes <= _SMALL and not _objects.python_transports:
+                    data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
+                    if data and not _objects.python_transports:
                         # One call does start, wait and free. It gives up
                         # (aborting) after a slice, so that Ctrl-C is seen;
                         # then the general path below starts again.
-                        buf, addr = _t.pack(items1)
+                        buf, addr = _t.pack_one(data, descs1[0])
                         st = _lib.lib().rdt_get(self._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
                                                 addr, 1, None, _slice_ms(deadline))
                         if st == _lib.OK:
@@ -258,6 +258,7 @@ class Runtime(Handle):
                         if deadline is not None and time.monotonic() >= deadline:
                             raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
                                                   "was aborted", _lib.ERR_TIMEOUT)
+                    items1 = _t.check_out([out], descs1)
                     self._fetch([r], items1, [out], deadline, None, owned=False)
                     return decode_skeleton(r._skeleton, [out])
         self._handle()  # ClosedError once the runtime is closed

@@ -343,22 +343,39 @@ _pack_into = _TENSOR.pack_into
 _ONE: Dict[int, struct.Struct] = {}
 
 
+def pack_one(data: int, d: Desc) -> Tuple[Any, int]:
+    """One rdt_tensor (with its shape after it) in a buffer, and its address."""
+    nd = len(d.shape)
+    st = _ONE.get(nd)
+    if st is None:
+        st = _ONE[nd] = struct.Struct(f"=QiiiBBHQQQ{nd}q")
+    buf = ctypes.create_string_buffer(st.size)
+    base = _addressof(buf)
+    st.pack_into(buf, 0, data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
+                 base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
+    return buf, base
+
+
+def matching_out(a: np.ndarray, d: Desc) -> int:
+    """The data address of an out= numpy array that exactly matches d (same
+    shape and dtype, host memory, C-contiguous, writable, not empty), or 0
+    when it needs check_out's full checks and messages."""
+    if a.shape == d.shape and d.lanes == 1 and d.device_type in _HOST_DEVICES and \
+            _NP_TO_DL.get(a.dtype) == (d.code, d.bits):
+        try:
+            return _addressof(_from_buffer(a))  # type: ignore[arg-type]  # contiguous, writable, non-empty
+        except (TypeError, ValueError, BufferError):
+            return 0
+    return 0
+
+
 def pack(items: Sequence[Item]) -> Tuple[Any, int]:
     """An rdt_tensor array (with the shapes after it) in one buffer, and its
     address. Keep the buffer alive while the address is in use."""
     n = len(items)
     if n == 1:  # the common case, in one pack_into
         it = items[0]
-        d = it.desc
-        nd = len(d.shape)
-        st = _ONE.get(nd)
-        if st is None:
-            st = _ONE[nd] = struct.Struct(f"=QiiiBBHQQQ{nd}q")
-        buf = ctypes.create_string_buffer(st.size)
-        base = _addressof(buf)
-        st.pack_into(buf, 0, it.data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
-                     base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
-        return buf, base
+        return pack_one(it.data, it.desc)
     ndims = 0
     for it in items:
         ndims += len(it.desc.shape)

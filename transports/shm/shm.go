@@ -34,6 +34,11 @@ const (
 	workers     = 2
 	dialTimeout = 5 * time.Second
 	ioTimeout   = 30 * time.Second
+	// A segment-server connection is kept for the next request; the
+	// server closes one idle this long, and a receiver keeps at most
+	// maxIdle per source.
+	idleTimeout = 60 * time.Second
+	maxIdle     = 16
 )
 
 // Factory makes the transport for a new runtime.
@@ -56,12 +61,17 @@ type Transport struct {
 	ln      *net.UnixListener
 	path    string
 	serving sync.WaitGroup
+	conns   map[*net.UnixConn]struct{} // served connections, closed by Close
 	closed  bool
+
+	idleMu sync.Mutex
+	idle   map[string][]*net.UnixConn // by segment-server path, to reuse
 }
 
 // New makes the transport; its socket appears with the first staged object.
 func New(h core.Host) (core.Transport, error) {
-	return &Transport{h: h, segs: map[core.ObjectID]*segment{}}, nil
+	return &Transport{h: h, segs: map[core.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
+		idle: map[string][]*net.UnixConn{}}, nil
 }
 
 func (t *Transport) Name() string { return Name }
@@ -201,11 +211,22 @@ func (t *Transport) Close() error {
 		unix.Close(s.fd)
 		delete(t.segs, id)
 	}
+	for c := range t.conns {
+		c.Close() // a served connection waiting for its next request
+	}
 	t.mu.Unlock()
 	if ln != nil {
 		ln.Close() // also removes the socket file
 	}
 	t.serving.Wait()
+	t.idleMu.Lock()
+	for _, cs := range t.idle {
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+	t.idle = nil // keepIdle closes what comes back later
+	t.idleMu.Unlock()
 	return nil
 }
 
@@ -267,16 +288,28 @@ func (t *Transport) accept(ln *net.UnixListener) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			continue
+		}
+		t.conns[c] = struct{}{}
 		t.serving.Add(1)
+		t.mu.Unlock()
 		go func() {
 			defer t.serving.Done()
-			defer c.Close()
 			t.serve(c)
+			t.mu.Lock()
+			delete(t.conns, c)
+			t.mu.Unlock()
+			c.Close()
 		}()
 	}
 }
 
-// serve answers one request for a segment's descriptor.
+// serve answers a connection's requests for segment descriptors, one
+// after the other, until the receiver closes it or leaves it idle.
 func (t *Transport) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if err := checkSameUser(c); err != nil {
@@ -285,13 +318,25 @@ func (t *Transport) serve(c *net.UnixConn) {
 		return
 	}
 	buf := make([]byte, requestLen)
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return
+	for {
+		c.SetDeadline(time.Now().Add(idleTimeout))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return
+		}
+		c.SetDeadline(time.Now().Add(ioTimeout))
+		if !t.answer(c, buf) {
+			return
+		}
 	}
-	obj, err := decodeRequest(buf)
+}
+
+// answer replies to one request; false ends the connection (a request it
+// cannot parse, or a failed write).
+func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
+	obj, err := decodeRequest(req)
 	if err != nil {
 		c.Write(encodeReply(core.StatusOf(err), err.Error(), 0))
-		return
+		return false
 	}
 	t.mu.Lock()
 	s, ok := t.segs[obj]
@@ -302,15 +347,16 @@ func (t *Transport) serve(c *net.UnixConn) {
 	}
 	t.mu.Unlock()
 	if !ok {
-		c.Write(encodeReply(core.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
-		return
+		_, err := c.Write(encodeReply(core.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		return err == nil
 	}
 	if err != nil {
-		c.Write(encodeReply(core.ErrTransport, "shm: dup: "+err.Error(), 0))
-		return
+		_, err := c.Write(encodeReply(core.ErrTransport, "shm: dup: "+err.Error(), 0))
+		return err == nil
 	}
 	defer unix.Close(fd)
-	c.WriteMsgUnix(encodeReply(core.OK, "", s.size), unix.UnixRights(fd), nil)
+	_, _, err = c.WriteMsgUnix(encodeReply(core.OK, "", s.size), unix.UnixRights(fd), nil)
+	return err == nil
 }
 
 func checkSameUser(c *net.UnixConn) error {
@@ -337,6 +383,7 @@ func checkSameUser(c *net.UnixConn) error {
 // ---- receiving --------------------------------------------------------------
 
 type request struct {
+	t       *Transport
 	aborted atomic.Bool
 	done    chan struct{}
 	err     error
@@ -374,7 +421,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			return nil, core.Errorf(core.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 	}
-	r := &request{done: make(chan struct{})}
+	r := &request{t: t, done: make(chan struct{})}
 	// Even small copies run on their own goroutine, so that a fetch of many
 	// refs overlaps their socket round trips.
 	go func() {
@@ -385,7 +432,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 }
 
 func (r *request) receive(m *metadata, targets []core.Tensor) error {
-	fd, size, err := getSegment(m)
+	fd, size, err := r.t.getSegment(m)
 	if err != nil {
 		return err
 	}
@@ -453,26 +500,46 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 }
 
 // getSegment asks the source for the segment's descriptor.
-func getSegment(m *metadata) (int, uint64, error) {
-	gone := func(err error) error {
-		return core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+// getSegment asks the source's segment server for the object's
+// descriptor, over a kept connection when there is one.
+func (t *Transport) getSegment(m *metadata) (int, uint64, error) {
+	if c := t.takeIdle(m.Path); c != nil {
+		fd, size, err, usable := t.askSegment(c, m)
+		if usable {
+			return fd, size, err
+		}
+		// The kept connection was closed by the server (idle, or a new
+		// source at that path): ask once more on a new one.
 	}
 	d := net.Dialer{Timeout: dialTimeout}
 	nc, err := d.Dial("unix", m.Path)
 	if err != nil {
-		return -1, 0, gone(err)
+		return -1, 0, core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
-	c := nc.(*net.UnixConn)
-	defer c.Close()
+	fd, size, err, _ := t.askSegment(nc.(*net.UnixConn), m)
+	return fd, size, err
+}
+
+// askSegment does one request on c, then keeps c for the next request or
+// closes it. usable is false when c failed before any answer arrived.
+func (t *Transport) askSegment(c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
+	gone := func(err error) error {
+		return core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
-		return -1, 0, gone(err)
+		c.Close()
+		return -1, 0, gone(err), false
 	}
 	buf := make([]byte, replyLen+maxMessage)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return -1, 0, gone(err)
+	if err != nil || n == 0 {
+		c.Close()
+		if err == nil {
+			err = io.EOF
+		}
+		return -1, 0, gone(err), false
 	}
 	fds := receivedFDs(oob[:oobn])
 	closeAll := func() {
@@ -483,17 +550,41 @@ func getSegment(m *metadata) (int, uint64, error) {
 	st, msg, size, err := decodeReply(buf[:n])
 	if err != nil {
 		closeAll()
-		return -1, 0, err
+		c.Close() // out of step with the server
+		return -1, 0, err, true
 	}
+	t.keepIdle(m.Path, c)
 	if st != core.OK {
 		closeAll()
-		return -1, 0, core.Errorf(st, "%s", msg)
+		return -1, 0, core.Errorf(st, "%s", msg), true
 	}
 	if len(fds) != 1 {
 		closeAll()
-		return -1, 0, core.Errorf(core.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds))
+		return -1, 0, core.Errorf(core.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds)), true
 	}
-	return fds[0], size, nil
+	return fds[0], size, nil, true
+}
+
+func (t *Transport) takeIdle(path string) *net.UnixConn {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	cs := t.idle[path]
+	if len(cs) == 0 {
+		return nil
+	}
+	c := cs[len(cs)-1]
+	t.idle[path] = cs[:len(cs)-1]
+	return c
+}
+
+func (t *Transport) keepIdle(path string, c *net.UnixConn) {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	if t.idle == nil || len(t.idle[path]) >= maxIdle {
+		c.Close()
+		return
+	}
+	t.idle[path] = append(t.idle[path], c)
 }
 
 func receivedFDs(oob []byte) []int {

@@ -148,7 +148,7 @@ func TestSegmentIsSealed(t *testing.T) {
 	meta, _ := stageObject(t, src, 3, 8192)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	fd, size, err := getSegment(m)
+	fd, size, err := newTransport(t).getSegment(m)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)
@@ -157,6 +157,38 @@ func TestSegmentIsSealed(t *testing.T) {
 	assert.Error(t, unix.Ftruncate(fd, 1), "shrinking is refused")
 	_, err = unix.Pwrite(fd, []byte{1}, 0)
 	assert.Error(t, err, "writing is refused")
+}
+
+// Receivers keep their connection to a segment server for the next
+// request, and start a new one when the server has closed the old one (it
+// does after idleTimeout, or when its runtime goes).
+func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, want := stageObject(t, src, 7, 4096)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	for i := 0; i < 3; i++ {
+		got, err := fetch(t, dst, meta, 4096)
+		require.NoError(t, err)
+		assert.Equal(t, want, got)
+	}
+	dst.idleMu.Lock()
+	kept := len(dst.idle[m.Path])
+	dst.idleMu.Unlock()
+	assert.Equal(t, 1, kept, "three fetches in a row share one connection")
+	src.mu.Lock()
+	assert.Len(t, src.conns, 1)
+	for c := range src.conns {
+		c.Close() // as the server does to an idle connection
+	}
+	src.mu.Unlock()
+	got, err := fetch(t, dst, meta, 4096)
+	require.NoError(t, err, "a closed kept connection is replaced")
+	assert.Equal(t, want, got)
+
+	require.NoError(t, src.Close())
+	_, err = fetch(t, dst, meta, 4096)
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err), "%v", err)
 }
 
 func TestOwnerClosedIsPeerUnavailable(t *testing.T) {

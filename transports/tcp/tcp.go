@@ -387,8 +387,11 @@ func (t *Transport) authenticate(c net.Conn, ep string) error {
 	}
 	st, msg, err := readResponse(c)
 	if err != nil {
+		// A server that refuses the token says so (below); a connection
+		// that ends without an answer means the peer went away, say
+		// killed while we connected.
 		if core.StatusOf(err) == core.ErrPeerUnavailable {
-			return core.Errorf(core.ErrPermissionDenied, "tcp data connection to %s: the peer closed the connection during authentication (a wrong auth token?)", ep)
+			return core.Errorf(core.ErrPeerUnavailable, "tcp data connection to %s: the peer closed the connection during authentication: %v", ep, err)
 		}
 		return err
 	}

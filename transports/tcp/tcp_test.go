@@ -875,3 +875,23 @@ func benchRaw(b *testing.B, n int) {
 func BenchmarkRaw4KiB(b *testing.B)  { benchRaw(b, 4<<10) }
 func BenchmarkRaw1MiB(b *testing.B)  { benchRaw(b, 1<<20) }
 func BenchmarkRaw64MiB(b *testing.B) { benchRaw(b, 64<<20) }
+
+// A source that dies while we authenticate (it sent its hello, then closed
+// without answering our proof) is gone, not a token mismatch: a server that
+// refuses a token says so.
+func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
+	tr, err := New(newHost("token"))
+	require.NoError(t, err)
+	defer tr.Close()
+	client, server := net.Pipe()
+	go func() {
+		hello := append([]byte(helloMagic), protoVersion)
+		hello = append(hello, make([]byte, nonceLen)...)
+		server.Write(hello)
+		io.ReadFull(server, make([]byte, 32)) // the proof
+		server.Close()
+	}()
+	err = tr.(*Transport).authenticate(client, "a dying source")
+	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "closed the connection during authentication")
+}

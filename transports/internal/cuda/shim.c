@@ -309,3 +309,15 @@ rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, cu.MemFree(p
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n) {
   IN_CONTEXT(dev, cu.Memcpy(dst, src, n));
 }
+
+rdtcu_result rdtcu_ctx_enter(int dev, void **saved) {
+  CUcontext c = NULL;
+  rdtcu_result r = enter(dev, &c);
+  *saved = c;
+  return r;
+}
+
+rdtcu_result rdtcu_ctx_leave(void *saved) {
+  if (!loaded) return RDT_CU_NOT_LOADED;
+  return leave((CUcontext)saved, CUDA_SUCCESS);
+}

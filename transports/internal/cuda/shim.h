@@ -73,4 +73,10 @@ rdtcu_result rdtcu_mem_alloc(int dev, size_t n, rdtcu_ptr *p);
 rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p);
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n);
 
+/* For libraries that use the current context of the calling thread (NCCL):
+ * make dev's primary context current and hand back the previous one, and
+ * put it back. The caller keeps the OS thread between the two calls. */
+rdtcu_result rdtcu_ctx_enter(int dev, void **saved);
+rdtcu_result rdtcu_ctx_leave(void *saved);
+
 #endif

@@ -95,6 +95,7 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY)
 fuzz:
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRef$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeMessage$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./core -run '^$$' -fuzz '^FuzzDecodeRoster$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/cma -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/shm -run '^$$' -fuzz '^FuzzDecodeMetadata$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./transports/tcp -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)

@@ -76,6 +76,10 @@ type PeerService interface {
 	// Send runs a two-sided send to `from` and returns when it is done.
 	// Cancelling ctx aborts it.
 	Send(ctx context.Context, from PeerInfo, req SendRequest) error
+	// JoinGroup registers `from` as a rank of a group this runtime is rank 0
+	// of, and returns the encoded roster once every rank joined (ErrNotFound
+	// while the group is not created here yet). Cancelling ctx withdraws.
+	JoinGroup(ctx context.Context, from PeerInfo, req GroupJoin) ([]byte, error)
 	// PeerGone tells the runtime that a peer disconnected or died: its
 	// borrows are returned.
 	PeerGone(id RuntimeID)
@@ -99,6 +103,8 @@ type Peer interface {
 	Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error)
 	// Send asks the peer to send; cancelling ctx aborts the send there.
 	Send(ctx context.Context, req SendRequest) error
+	// JoinGroup joins a group the peer is rank 0 of; see PeerService.
+	JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error)
 	// Done is closed when the peer is gone (destroyed, died, disconnected).
 	Done() <-chan struct{}
 }

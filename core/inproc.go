@@ -234,4 +234,20 @@ func (p *inprocPeer) Send(ctx context.Context, req SendRequest) error {
 	return p.remote.svc.Send(ctx, p.from(), req)
 }
 
+func (p *inprocPeer) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.local.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return p.remote.svc.JoinGroup(ctx, p.from(), req)
+}
+
 func (p *inprocPeer) Done() <-chan struct{} { return p.remote.closed }

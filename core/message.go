@@ -44,11 +44,12 @@ const (
 	kindCancel
 	kindPing
 	kindPong
+	kindGroupJoin
 	kindEnd // not a kind: the first invalid value
 )
 
 var kindNames = [...]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
-	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong"}
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join"}
 
 func (k kind) String() string {
 	if k > 0 && k < kindEnd {
@@ -75,6 +76,7 @@ type message struct {
 	transport  string
 	transferID uint64
 	target     uint64 // cancel: the request id to cancel
+	group      GroupJoin
 }
 
 func (w *writer) peerInfo(p PeerInfo) {
@@ -183,6 +185,11 @@ func (m *message) encode() []byte {
 		w.bytes32(m.data)
 	case kindCancel:
 		w.u64(m.target)
+	case kindGroupJoin:
+		w.str8(m.group.Name)
+		w.str8(m.group.Backend)
+		w.u32(uint32(m.group.WorldSize))
+		w.u32(uint32(m.group.Rank))
 	}
 	b := w.b
 	binary.LittleEndian.PutUint32(b[0:4], uint32(len(b)-4))
@@ -252,13 +259,27 @@ func decodeMessage(b []byte) (*message, error) {
 		m.data = r.bytes32("communicator metadata", maxMetadataBytes)
 	case kindCancel:
 		m.target = r.u64()
+	case kindGroupJoin:
+		m.group.Name = r.str8("group name", 127)
+		m.group.Backend = r.str8("group backend", 63)
+		m.group.WorldSize = int(r.u32())
+		m.group.Rank = int(r.u32())
+		if r.err == nil {
+			if err := CheckGroupName(m.group.Name); err != nil {
+				r.fail("%v", err)
+			} else if canon, err := CanonicalName(m.group.Backend); err != nil || canon != m.group.Backend {
+				r.fail("group backend %q is not a canonical transport name", m.group.Backend)
+			} else if m.group.WorldSize < 1 || m.group.WorldSize > MaxGroupSize || m.group.Rank >= m.group.WorldSize {
+				r.fail("group rank %d of %d is out of range", m.group.Rank, m.group.WorldSize)
+			}
+		}
 	default:
 		r.fail("unknown message kind %d", m.kind)
 	}
 	if err := r.done(); err != nil {
 		return nil, err
 	}
-	if m.kind >= kindIdentity && m.kind <= kindSend && m.kind != kindUnborrow && m.id == 0 {
+	if ((m.kind >= kindIdentity && m.kind <= kindSend && m.kind != kindUnborrow) || m.kind == kindGroupJoin) && m.id == 0 {
 		return nil, Errorf(ErrCorrupt, "control message: %s request without an id", m.kind)
 	}
 	if m.transport != "" {

@@ -110,6 +110,8 @@ type Runtime struct {
 	borrowed map[ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
 
+	grp groups // collective groups (group.go)
+
 	bg sync.WaitGroup // finalizers and sends
 	c  counters
 }

@@ -586,7 +586,7 @@ func (sc *sconn) call(ctx context.Context, m *message) (*message, error) {
 		sc.mu.Lock()
 		delete(sc.pending, m.id)
 		sc.mu.Unlock()
-		if m.kind == kindSend {
+		if m.kind == kindSend || m.kind == kindGroupJoin {
 			sc.send(&message{kind: kindCancel, target: m.id})
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -678,6 +678,21 @@ func (sc *sconn) readLoop() {
 				cancel()
 				sc.respond(m.id, nil, err)
 			}()
+		case kindGroupJoin:
+			// Rank 0 answers once every rank joined: a long wait, on its own
+			// goroutine, cancelled like a send.
+			ctx, cancel := context.WithCancel(sc.ctx)
+			sc.mu.Lock()
+			sc.handlers[m.id] = cancel
+			sc.mu.Unlock()
+			go func() {
+				data, err := svc.JoinGroup(ctx, from, m.group)
+				sc.mu.Lock()
+				delete(sc.handlers, m.id)
+				sc.mu.Unlock()
+				cancel()
+				sc.respond(m.id, &message{data: data}, err)
+			}()
 		case kindCancel:
 			sc.mu.Lock()
 			cancel := sc.handlers[m.target]
@@ -766,6 +781,14 @@ func (sc *sconn) Metadata(ctx context.Context, obj ObjectID, transport string) (
 func (sc *sconn) Send(ctx context.Context, req SendRequest) error {
 	_, err := sc.call(ctx, &message{kind: kindSend, object: req.Object, transferID: req.TransferID, transport: req.Transport, data: req.CMeta})
 	return err
+}
+
+func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
+	resp, err := sc.call(ctx, &message{kind: kindGroupJoin, group: req})
+	if err != nil {
+		return nil, err
+	}
+	return resp.data, nil
 }
 
 func (sc *sconn) Done() <-chan struct{} { return sc.done }

@@ -258,6 +258,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		{kind: kindMetadata, id: 10, object: ID{5}, transport: "shm"},
 		{kind: kindCancel, target: 9},
 		{kind: kindPing},
+		{kind: kindGroupJoin, id: 12, group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
 	} {
 		f.Add(m.encode()[4:])
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/transports/cma"
 	cudaipc "github.com/rdt-project/rdt/transports/cuda_ipc"
+	"github.com/rdt-project/rdt/transports/nccl"
 	"github.com/rdt-project/rdt/transports/nixl"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
@@ -25,12 +26,13 @@ func networkFor(flags uint32) core.Network {
 
 // builtinTransports are created in every new runtime. A factory whose
 // library or hardware is missing here (cuda_ipc without libcuda, nixl
-// without libnixl_capi.so) reports ErrUnsupported and the runtime simply
-// does not list it.
+// without libnixl_capi.so, nccl without libnccl) reports ErrUnsupported and
+// the runtime simply does not list it.
 var builtinTransports = []core.TransportFactory{
 	cma.Factory(),
 	shm.Factory(),
 	tcp.Factory(),
 	cudaipc.Factory(),
 	nixl.Factory(),
+	nccl.Factory(),
 }

@@ -1,0 +1,137 @@
+package nccl
+
+// Tests that need NCCL and CUDA devices. They skip with a reason that names
+// what is missing ("no NCCL/CUDA: ..."), and fail instead when
+// RDT_REQUIRE_GPU=1 (`make gpu-test`) — except the two-rank test, which
+// needs two GPUs and skips on a one-GPU machine in any case.
+
+import (
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// ncclMissing says why NCCL transfers cannot run here ("" if they can).
+func ncclMissing() string {
+	if err := Available(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+func requireNCCL(t *testing.T) {
+	t.Helper()
+	if why := ncclMissing(); why != "" {
+		if os.Getenv("RDT_REQUIRE_GPU") == "1" {
+			t.Fatalf("no NCCL/CUDA (RDT_REQUIRE_GPU=1): %s", why)
+		}
+		t.Skipf("no NCCL/CUDA: %s", why)
+	}
+}
+
+func gpuRuntime(t *testing.T, name string, dir string) *core.Runtime {
+	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff, Network: core.Sockets{}, SocketDir: dir,
+		Builtins: []core.TransportFactory{Factory()}})
+	require.NoError(t, err)
+	t.Cleanup(rt.Destroy)
+	require.Contains(t, rt.Registry().Names(), Name)
+	return rt
+}
+
+// A one-rank group forms (ncclGetUniqueId, ncclCommInitRank with nranks 1)
+// and is destroyed (ncclCommDestroy) on one GPU.
+func TestGPUOneRankGroup(t *testing.T) {
+	requireNCCL(t)
+	rt := gpuRuntime(t, "solo", t.TempDir())
+	spec := core.GroupSpec{Name: "solo", WorldSize: 1, Rank: 0, Device: 0}
+	require.NoError(t, rt.CreateGroup(spec, 60*time.Second))
+	assert.Equal(t, []string{"solo"}, rt.GroupNames())
+	err := rt.CreateGroup(spec, time.Second)
+	assert.Equal(t, core.ErrAlreadyExists, core.StatusOf(err))
+	require.NoError(t, rt.DestroyGroup("solo"))
+	assert.Empty(t, rt.GroupNames())
+	require.NoError(t, rt.CreateGroup(spec, 60*time.Second), "re-created after destroy")
+
+	bad := core.GroupSpec{Name: "far", WorldSize: 1, Device: 4096}
+	err = rt.CreateGroup(bad, time.Second)
+	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "device 4096 does not exist")
+}
+
+func devTensor(dev int, p cuda.Ptr, n int) core.Tensor {
+	d, err := core.NewTensorDesc(core.Device{Type: core.DeviceCUDA, ID: int32(dev)}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	if err != nil {
+		panic(err)
+	}
+	return core.Tensor{TensorDesc: d, Data: uintptr(p), Orig: uintptr(p)}
+}
+
+func hostBuf(t *testing.T, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+// Two runtimes, one per GPU, form a group and move tensors both ways; a
+// transfer that is aborted destroys the group and later ones say so.
+func TestGPUTwoRankTransfer(t *testing.T) {
+	requireNCCL(t)
+	if n, _ := cuda.DeviceCount(); n < 2 {
+		t.Skipf("NCCL needs two GPUs for one group (this machine has %d): NCCL refuses two ranks on one device", n)
+	}
+	dir := t.TempDir()
+	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+	errs := make(chan error, 2)
+	go func() {
+		errs <- b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
+	}()
+	require.NoError(t, a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, <-errs)
+
+	const n = 8 << 20
+	src, err := cuda.Alloc(0, n)
+	require.NoError(t, err)
+	defer cuda.Free(0, src)
+	dst, err := cuda.Alloc(1, n)
+	require.NoError(t, err)
+	defer cuda.Free(1, dst)
+	h := hostBuf(t, n)
+	for i := range h {
+		h[i] = byte(i * 13)
+	}
+	require.NoError(t, cuda.Memcpy(0, src, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), n))
+
+	ref, err := a.Put([]core.Tensor{devTensor(0, src, n)}, Name, nil)
+	require.NoError(t, err)
+	defer ref.Release()
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	bref, err := b.Deserialize(wire)
+	require.NoError(t, err)
+	defer bref.Release()
+	require.NoError(t, b.Get([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, time.Minute))
+	got := hostBuf(t, n)
+	require.NoError(t, cuda.Memcpy(1, cuda.Ptr(uintptr(unsafe.Pointer(&got[0]))), dst, n))
+	assert.Equal(t, h, got)
+
+	// Abort a transfer that cannot complete: the destination's group is
+	// destroyed, and the next transfer says why.
+	f, err := b.StartFetch([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{})
+	require.NoError(t, err)
+	f.Abort()
+	f.Wait(-1)
+	f.Free()
+	err = b.Get([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, 10*time.Second)
+	if err != nil {
+		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
+	}
+}

@@ -1,0 +1,256 @@
+package nccl
+
+/*
+#cgo CFLAGS: -g -O2 -Wall -Wextra
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// DefaultLibrary is NCCL's soname; RDT_NCCL_LIBRARY overrides it.
+const DefaultLibrary = "libnccl.so.2"
+
+// UniqueIDSize is sizeof(ncclUniqueId).
+const UniqueIDSize = C.RDT_NCCL_UNIQUE_ID_BYTES
+
+// UniqueID is an ncclUniqueId: what every rank needs to join a communicator.
+type UniqueID [UniqueIDSize]byte
+
+// Result is an ncclResult_t.
+type Result int
+
+// The ncclResult_t values (nccl.h).
+const (
+	Success            Result = 0
+	UnhandledCudaError Result = 1
+	SystemError        Result = 2
+	InternalError      Result = 3
+	InvalidArgument    Result = 4
+	InvalidUsage       Result = 5
+	RemoteError        Result = 6
+	InProgress         Result = 7
+)
+
+var resultNames = map[Result]string{
+	Success: "ncclSuccess", UnhandledCudaError: "ncclUnhandledCudaError", SystemError: "ncclSystemError",
+	InternalError: "ncclInternalError", InvalidArgument: "ncclInvalidArgument", InvalidUsage: "ncclInvalidUsage",
+	RemoteError: "ncclRemoteError", InProgress: "ncclInProgress",
+}
+
+func (r Result) String() string {
+	if n, ok := resultNames[r]; ok {
+		return n
+	}
+	if r == C.RDT_NCCL_NOT_LOADED {
+		return "RDT_NCCL_NOT_LOADED"
+	}
+	return fmt.Sprintf("ncclResult_t(%d)", int(r))
+}
+
+// Error is a failed NCCL call.
+type Error struct {
+	Op     string // the NCCL call, e.g. "ncclCommInitRank"
+	Code   Result
+	Detail string // ncclGetLastError, when NCCL gave one
+}
+
+func (e *Error) Error() string {
+	text := "the NCCL library is not loaded"
+	if C.rdt_nccl_loaded() != 0 {
+		if s := C.rdt_nccl_error_string(C.rdt_nccl_result(e.Code)); s != nil {
+			text = C.GoString(s)
+		}
+	}
+	msg := fmt.Sprintf("%s: %s (%s)", e.Op, e.Code, text)
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
+}
+
+// Status maps the error to an rdt status.
+func (e *Error) Status() core.Status {
+	switch e.Code {
+	case InvalidArgument, InvalidUsage:
+		return core.ErrInvalidArgument
+	case RemoteError:
+		return core.ErrPeerUnavailable
+	}
+	return core.ErrTransport
+}
+
+// coreError turns an NCCL or CUDA error into a core error with its status.
+func coreError(err error) error {
+	if e, ok := err.(*Error); ok {
+		return core.Errorf(e.Status(), "%s", e.Error())
+	}
+	return cuda.CoreError(err)
+}
+
+func check(op string, r C.rdt_nccl_result, comm C.rdt_nccl_comm) error {
+	if r == 0 {
+		return nil
+	}
+	e := &Error{Op: op, Code: Result(r)}
+	if comm != nil || r != C.RDT_NCCL_NOT_LOADED {
+		if s := C.rdt_nccl_last_error(comm); s != nil {
+			e.Detail = C.GoString(s)
+		}
+	}
+	return e
+}
+
+// Library is the path Load opens: RDT_NCCL_LIBRARY, else libnccl.so.2.
+func Library() string {
+	if p := os.Getenv("RDT_NCCL_LIBRARY"); p != "" {
+		return p
+	}
+	return DefaultLibrary
+}
+
+var (
+	loadMu  sync.Mutex
+	loadErr error
+	tried   bool
+	version int
+)
+
+// Load opens the NCCL library once per process; later calls return the
+// first result. A missing library, or one without the needed symbols, is a
+// core.ErrUnsupported error that names the library (and the symbol).
+func Load() error {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if !tried {
+		tried = true
+		loadErr = load(Library())
+	}
+	return loadErr
+}
+
+func load(path string) error {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var buf [512]C.char
+	if C.rdt_nccl_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
+		return core.Errorf(core.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %s", path, C.GoString(&buf[0]))
+	}
+	var v C.int
+	if err := check("ncclGetVersion", C.rdt_nccl_version(&v), nil); err != nil {
+		return core.Errorf(core.ErrUnsupported, "NCCL library %s: %v", path, err)
+	}
+	version = int(v)
+	return nil
+}
+
+// Version is NCCL's version code (e.g. 22105 for 2.21.5); 0 before Load.
+func Version() int {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	return version
+}
+
+// VersionString formats Version as "2.21.5".
+func VersionString() string {
+	v := Version()
+	if v >= 10000 { // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9
+		return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
+	}
+	return fmt.Sprintf("%d.%d.%d", v/1000, v/100%10, v%100)
+}
+
+// NewUniqueID calls ncclGetUniqueId (on rank 0 of a group).
+func NewUniqueID() (UniqueID, error) {
+	var id UniqueID
+	if err := Load(); err != nil {
+		return id, err
+	}
+	err := check("ncclGetUniqueId", C.rdt_nccl_unique_id((*C.uchar)(unsafe.Pointer(&id[0]))), nil)
+	return id, err
+}
+
+// Comm is an NCCL communicator of one device.
+type Comm struct {
+	c   C.rdt_nccl_comm
+	dev int
+}
+
+// InitRank joins the communicator named by id as rank of nranks on device
+// dev (ncclCommInitRank with dev's primary context current on a locked OS
+// thread). It blocks until every rank has joined or NCCL gives up.
+func InitRank(dev, nranks, rank int, id UniqueID) (*Comm, error) {
+	if err := Load(); err != nil {
+		return nil, err
+	}
+	c := &Comm{dev: dev}
+	err := cuda.OnDevice(dev, func() error {
+		return check("ncclCommInitRank", C.rdt_nccl_comm_init_rank(&c.c, C.int(nranks), (*C.uchar)(unsafe.Pointer(&id[0])), C.int(rank)), nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Destroy frees the communicator after its pending work (ncclCommDestroy).
+func (c *Comm) Destroy() error {
+	return cuda.OnDevice(c.dev, func() error {
+		return check("ncclCommDestroy", C.rdt_nccl_comm_destroy(c.c), nil)
+	})
+}
+
+// Abort stops the communicator's pending work and frees it (ncclCommAbort).
+func (c *Comm) Abort() error {
+	return cuda.OnDevice(c.dev, func() error {
+		return check("ncclCommAbort", C.rdt_nccl_comm_abort(c.c), nil)
+	})
+}
+
+// AsyncError is ncclCommGetAsyncError: nil while the communicator is healthy.
+func (c *Comm) AsyncError() error {
+	var r C.rdt_nccl_result
+	if err := check("ncclCommGetAsyncError", C.rdt_nccl_comm_async_error(c.c, &r), c.c); err != nil {
+		return err
+	}
+	if r != 0 && Result(r) != InProgress {
+		return check("NCCL communicator", r, c.c)
+	}
+	return nil
+}
+
+// Buffer is device memory to send from or receive into.
+type Buffer struct {
+	Ptr    uintptr
+	Nbytes uint64
+}
+
+// P2P enqueues ncclSend (send) or ncclRecv of each buffer to or from peer on
+// stream s, inside one ncclGroupStart/ncclGroupEnd, with the communicator's
+// device current. It returns once the work is enqueued.
+func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) error {
+	op := "ncclRecv"
+	cs := C.int(0)
+	if send {
+		op, cs = "ncclSend", 1
+	}
+	arr := (*C.rdt_nccl_buffer)(C.calloc(C.size_t(max(len(bufs), 1)), C.size_t(unsafe.Sizeof(C.rdt_nccl_buffer{}))))
+	defer C.free(unsafe.Pointer(arr))
+	cb := unsafe.Slice(arr, max(len(bufs), 1))
+	for i, b := range bufs {
+		cb[i] = C.rdt_nccl_buffer{buf: unsafe.Pointer(b.Ptr), nbytes: C.size_t(b.Nbytes)}
+	}
+	return cuda.OnDevice(c.dev, func() error {
+		return check(op, C.rdt_nccl_p2p(c.c, cs, C.int(peer), arr, C.size_t(len(bufs)), s.Handle()), c.c)
+	})
+}

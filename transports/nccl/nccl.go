@@ -1,0 +1,543 @@
+// Package nccl is the nccl transport: two-sided transfers of CUDA device
+// memory between the ranks of a group, with NCCL's point-to-point send and
+// receive. Groups are formed over rdt's control plane (core/group.go): rank
+// 0 makes the ncclUniqueId, every rank gets it in the roster and calls
+// ncclCommInitRank on its device. For a transfer, the destination's
+// communicator metadata names the group, both ranks and a sequence number;
+// the source runtime's send enqueues ncclSend of each tensor, the
+// destination's fetch enqueues ncclRecv into the targets, each inside one
+// ncclGroupStart/End on the group's stream, and completion is polled with a
+// CUDA event and ncclCommGetAsyncError.
+//
+// A transfer that fails or is aborted destroys its group (ncclCommAbort) on
+// that rank: NCCL cannot take back an operation once enqueued, and the two
+// sides would no longer agree on the order of the next ones. Later
+// transfers over the group fail with "group X was destroyed after ...".
+//
+// libnccl.so.2 and libcuda are loaded at run time: without them the factory
+// reports ErrUnsupported and runtimes simply do not list the transport.
+package nccl
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// Name is the canonical transport name.
+const Name = "nccl"
+
+// Factory makes the transport for a new runtime.
+func Factory() core.TransportFactory {
+	return core.TransportFactory{Name: Name, New: New}
+}
+
+// Available reports why the transport cannot work here ("" if it can).
+func Available() error {
+	if err := Load(); err != nil {
+		return err
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return core.Wrap(cuda.CoreError(err), "NCCL %s is installed, but CUDA is not usable", VersionString())
+	}
+	if n == 0 {
+		return core.Errorf(core.ErrUnsupported, "NCCL %s is installed, but the CUDA driver sees no device", VersionString())
+	}
+	return nil
+}
+
+// Transport is the nccl transport of one runtime.
+type Transport struct {
+	h core.Host
+
+	mu      sync.Mutex
+	groups  map[string]*group
+	ops     map[uint64]*op      // in-flight transfers by transfer id
+	aborted map[uint64]struct{} // aborts that came before their transfer
+	closed  bool
+}
+
+// New makes the transport: ErrUnsupported without NCCL, CUDA or a device.
+func New(h core.Host) (core.Transport, error) {
+	if err := Available(); err != nil {
+		return nil, core.Wrap(err, "nccl")
+	}
+	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{}}, nil
+}
+
+func (t *Transport) Name() string               { return Name }
+func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCUDA} }
+func (t *Transport) OneSided() bool             { return false }
+func (t *Transport) CanAbort() bool             { return true }
+
+// ExtractMetadata checks that the tensors are device memory; NCCL needs
+// nothing from the source beforehand.
+func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+	for i, x := range tensors {
+		if x.Device.Type != core.DeviceCUDA {
+			return nil, core.Errorf(core.ErrUnsupported, "nccl moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		}
+	}
+	return nil, nil
+}
+
+func (t *Transport) GarbageCollect(core.ObjectID, []core.Tensor, []byte) {}
+
+// group is this rank's communicator of one group.
+type group struct {
+	t      *Transport
+	roster *core.GroupRoster
+	name   string
+	rank   int
+	dev    int
+	comm   *Comm
+	stream *cuda.Stream
+
+	enq sync.Mutex // NCCL enqueue calls (a communicator is not thread-safe)
+
+	mu         sync.RWMutex // held for reading around calls that use comm
+	dead       error
+	deadCh     chan struct{}
+	changed    chan struct{}  // closed and replaced when an order advances
+	recvAssign map[int]uint64 // destination: next sequence number per source rank
+	recvNext   map[int]uint64 // destination: next to enqueue per source rank
+	sendNext   map[int]uint64 // source: next to enqueue per destination rank
+}
+
+// NewGroupBootstrap implements core.GroupBackend on rank 0: ncclGetUniqueId.
+func (t *Transport) NewGroupBootstrap(spec core.GroupSpec) ([]byte, error) {
+	if err := checkDevice(spec.Device); err != nil {
+		return nil, err
+	}
+	id, err := NewUniqueID()
+	if err != nil {
+		return nil, coreError(err)
+	}
+	return id[:], nil
+}
+
+func checkDevice(dev int) error {
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return cuda.CoreError(err)
+	}
+	if dev >= n {
+		return core.Errorf(core.ErrInvalidArgument, "nccl: device %d does not exist (this process sees %d CUDA devices)", dev, n)
+	}
+	return nil
+}
+
+// InitGroup implements core.GroupBackend: ncclCommInitRank on the rank's
+// device, bounded by ctx. If ctx ends first, the communicator NCCL may still
+// form is destroyed when it does.
+func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec core.GroupSpec) error {
+	if len(r.Bootstrap) != UniqueIDSize {
+		return core.Errorf(core.ErrCorrupt, "nccl: rank 0 sent a %d-byte unique id, not %d", len(r.Bootstrap), UniqueIDSize)
+	}
+	if err := checkDevice(spec.Device); err != nil {
+		return err
+	}
+	var id UniqueID
+	copy(id[:], r.Bootstrap)
+	type result struct {
+		c   *Comm
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := InitRank(spec.Device, r.WorldSize(), spec.Rank, id)
+		done <- result{c, err}
+	}()
+	var res result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		go func() {
+			if res := <-done; res.c != nil {
+				res.c.Destroy()
+			}
+		}()
+		return core.Errorf(core.ErrTimeout, "ncclCommInitRank did not complete in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
+	}
+	if res.err != nil {
+		return coreError(res.err)
+	}
+	s, err := cuda.NewStream(spec.Device)
+	if err != nil {
+		res.c.Destroy()
+		return cuda.CoreError(err)
+	}
+	g := &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device, comm: res.c, stream: s,
+		deadCh: make(chan struct{}), changed: make(chan struct{}),
+		recvAssign: map[int]uint64{}, recvNext: map[int]uint64{}, sendNext: map[int]uint64{}}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		g.destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
+		return core.Errorf(core.ErrClosed, "the runtime was destroyed")
+	}
+	old := t.groups[r.Name]
+	t.groups[r.Name] = g
+	t.mu.Unlock()
+	if old != nil { // a group destroyed after a failure, replaced
+		old.destroy(core.Errorf(core.ErrClosed, "it was replaced"), false)
+	}
+	t.h.Log().Debugf("nccl: group %q: rank %d of %d on cuda:%d (NCCL %s)", r.Name, spec.Rank, r.WorldSize(), spec.Device, VersionString())
+	return nil
+}
+
+// DestroyGroup implements core.GroupBackend: ncclCommDestroy (or nothing
+// more if a failure already aborted it).
+func (t *Transport) DestroyGroup(name string) error {
+	t.mu.Lock()
+	g := t.groups[name]
+	delete(t.groups, name)
+	t.mu.Unlock()
+	if g == nil {
+		return core.Errorf(core.ErrNotFound, "nccl has no communicator for group %q", name)
+	}
+	return g.destroy(core.Errorf(core.ErrClosed, "rdt_group_destroy was called"), false)
+}
+
+// destroy ends the group once: with abort (ncclCommAbort, after a failure)
+// or gracefully (ncclCommDestroy). Later transfers fail with cause.
+func (g *group) destroy(cause error, abort bool) error {
+	g.mu.Lock()
+	if g.dead != nil {
+		g.mu.Unlock()
+		return nil
+	}
+	g.dead = core.Errorf(core.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
+	if core.StatusOf(cause) == core.ErrClosed {
+		g.dead = core.Errorf(core.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
+	}
+	close(g.deadCh)
+	g.mu.Unlock()
+
+	var err error
+	if abort {
+		g.t.h.Log().Warnf("nccl: group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
+		// An enqueue blocked inside NCCL (a peer that never connects) is
+		// only released by ncclCommAbort, so do not wait for it.
+		if g.enq.TryLock() {
+			err = g.comm.Abort()
+			g.enq.Unlock()
+		} else {
+			err = g.comm.Abort()
+		}
+	} else {
+		g.enq.Lock()
+		err = g.comm.Destroy()
+		g.enq.Unlock()
+	}
+	g.stream.Destroy()
+	if err != nil {
+		return coreError(err)
+	}
+	return nil
+}
+
+func (g *group) deadErr() error {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.dead
+}
+
+// groupWith finds this runtime's group that also holds peer, with both
+// ranks. Live groups first, then by name.
+func (t *Transport) groupWith(peer core.RuntimeID) (*group, int, error) {
+	t.mu.Lock()
+	var live, dead []*group
+	for _, g := range t.groups {
+		if g.roster.RankOf(peer) < 0 {
+			continue
+		}
+		if g.deadErr() == nil {
+			live = append(live, g)
+		} else {
+			dead = append(dead, g)
+		}
+	}
+	t.mu.Unlock()
+	byName := func(s []*group) { sort.Slice(s, func(i, j int) bool { return s[i].name < s[j].name }) }
+	byName(live)
+	byName(dead)
+	if len(live) > 0 {
+		return live[0], live[0].roster.RankOf(peer), nil
+	}
+	if len(dead) > 0 {
+		return nil, 0, dead[0].deadErr()
+	}
+	return nil, 0, core.Errorf(core.ErrUnsupported, "nccl: this runtime and the source runtime are not ranks of one nccl group; create one on both with rdt_group_create (Python: create_collective_group), or fetch with another transport (cuda_ipc on the same host, nixl, or tcp for host memory)")
+}
+
+func (t *Transport) lookup(m *cmeta) (*group, error) {
+	t.mu.Lock()
+	g := t.groups[m.Group]
+	t.mu.Unlock()
+	if g == nil {
+		return nil, core.Errorf(core.ErrNotFound, "nccl: no group %q in this runtime (destroyed?)", m.Group)
+	}
+	if g.roster.Instance != m.Instance {
+		return nil, core.Errorf(core.ErrNotFound, "nccl: group %q was re-created since the transfer was planned", m.Group)
+	}
+	if m.Src >= g.roster.WorldSize() || m.Dst >= g.roster.WorldSize() {
+		return nil, core.Errorf(core.ErrCorrupt, "nccl: ranks %d and %d are outside group %q of %d", m.Src, m.Dst, m.Group, g.roster.WorldSize())
+	}
+	if err := g.deadErr(); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// CommunicatorMetadata runs on the destination: which group, which ranks,
+// and the transfer's place in the order from that source.
+func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+	g, src, err := t.groupWith(x.Source.RuntimeID)
+	if err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	seq := g.recvAssign[src]
+	g.recvAssign[src] = seq + 1
+	g.mu.Unlock()
+	m := cmeta{Group: g.name, Instance: g.roster.Instance, Src: src, Dst: g.rank, Seq: seq}
+	return m.encode(), nil
+}
+
+// op is one enqueued (or about to be) send or receive.
+type op struct {
+	abort     chan struct{}
+	abortOnce sync.Once
+}
+
+func (o *op) stop() { o.abortOnce.Do(func() { close(o.abort) }) }
+
+func (t *Transport) register(id uint64) *op {
+	o := &op{abort: make(chan struct{})}
+	t.mu.Lock()
+	t.ops[id] = o
+	if _, ok := t.aborted[id]; ok {
+		delete(t.aborted, id)
+		o.stop()
+	}
+	t.mu.Unlock()
+	return o
+}
+
+func (t *Transport) unregister(id uint64) {
+	t.mu.Lock()
+	delete(t.ops, id)
+	t.mu.Unlock()
+}
+
+// buffers checks that tensors live on the group's device.
+func (g *group) buffers(tensors []core.Tensor, what string) ([]Buffer, error) {
+	bufs := make([]Buffer, len(tensors))
+	for i, x := range tensors {
+		if x.Device.Type != core.DeviceCUDA || int(x.Device.ID) != g.dev {
+			return nil, core.Errorf(core.ErrInvalidArgument, "%s %d is on %s, but this rank of group %q uses cuda:%d", what, i, x.Device, g.name, g.dev)
+		}
+		bufs[i] = Buffer{Ptr: x.Data, Nbytes: x.Nbytes}
+	}
+	return bufs, nil
+}
+
+// run waits for the transfer's turn in order, enqueues it, and polls it to
+// completion. Any failure or abort after the order was assigned destroys
+// the group: the other side may already have enqueued its half.
+func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
+	err := g.transfer(o, send, peer, seq, bufs)
+	if err != nil && core.StatusOf(err) != core.ErrClosed {
+		if g.deadErr() == nil {
+			g.destroy(core.Errorf(core.StatusOf(err), "%s failed: %v", what, err), true)
+		}
+		if dead := g.deadErr(); dead != nil {
+			return dead
+		}
+	}
+	return err
+}
+
+func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer) error {
+	next := g.recvNext
+	if send {
+		next = g.sendNext
+	}
+	// Wait for our turn: transfers between two ranks are enqueued on both
+	// sides in the order the destination assigned.
+	for {
+		g.mu.RLock()
+		dead, at, ch := g.dead, next[peer], g.changed
+		g.mu.RUnlock()
+		if dead != nil {
+			return dead
+		}
+		if at == seq {
+			break
+		}
+		if at > seq {
+			return core.Errorf(core.ErrInternal, "transfer %d from rank %d came after transfer %d", seq, peer, at)
+		}
+		select {
+		case <-ch:
+		case <-o.abort:
+			return core.Errorf(core.ErrAborted, "aborted before it started")
+		case <-g.deadCh:
+		}
+	}
+	ev, err := cuda.NewEvent(g.dev)
+	if err != nil {
+		return cuda.CoreError(err)
+	}
+	defer ev.Destroy()
+	g.enq.Lock()
+	if err := g.deadErr(); err != nil {
+		g.enq.Unlock()
+		return err
+	}
+	err = g.comm.P2P(send, peer, bufs, g.stream)
+	if err == nil {
+		err = ev.Record(g.stream)
+	}
+	g.enq.Unlock()
+	g.mu.Lock()
+	next[peer] = seq + 1
+	close(g.changed)
+	g.changed = make(chan struct{})
+	g.mu.Unlock()
+	if err != nil {
+		return coreError(err)
+	}
+	// Poll: the event says the bytes moved; the communicator's async error
+	// says NCCL failed (a peer died, a network error).
+	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
+		done, err := ev.Query()
+		if err != nil {
+			return cuda.CoreError(err)
+		}
+		g.mu.RLock()
+		if g.dead != nil {
+			g.mu.RUnlock()
+			if done {
+				return nil
+			}
+			return g.deadErr()
+		}
+		aerr := g.comm.AsyncError()
+		g.mu.RUnlock()
+		if aerr != nil {
+			return coreError(aerr)
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-o.abort:
+			return core.Errorf(core.ErrAborted, "aborted")
+		case <-g.deadCh:
+		case <-time.After(delay):
+		}
+	}
+}
+
+// Send runs on the source: ncclSend of every tensor to the destination rank.
+func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, _, cm []byte) error {
+	o := t.register(x.TransferID)
+	defer t.unregister(x.TransferID)
+	m, err := decodeCMeta(cm)
+	if err != nil {
+		return err
+	}
+	g, err := t.lookup(m)
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("the send of object %s to rank %d", x.Object, m.Dst)
+	if m.Src != g.rank || g.roster.Members[m.Dst].Runtime != x.Destination.RuntimeID {
+		err := core.Errorf(core.ErrInvalidArgument, "nccl: the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
+			m.Src, m.Dst, m.Group, g.rank, g.roster.RankOf(x.Destination.RuntimeID))
+		g.destroy(core.Wrap(err, "%s", what), true)
+		return g.deadErr()
+	}
+	bufs, err := g.buffers(tensors, "tensor")
+	if err != nil {
+		g.destroy(core.Wrap(err, "%s", what), true)
+		return g.deadErr()
+	}
+	return g.run(o, true, m.Dst, m.Seq, bufs, what)
+}
+
+// request is a destination's receive in progress.
+type request struct {
+	o    *op
+	done chan struct{}
+	err  error
+}
+
+func (r *request) Wait() error { <-r.done; return r.err }
+func (r *request) Release()    {}
+
+// Fetch runs on the destination: ncclRecv into every target from the
+// source rank, on its own goroutine.
+func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, _, cm []byte) (core.Request, error) {
+	m, err := decodeCMeta(cm)
+	if err != nil {
+		return nil, err
+	}
+	g, err := t.lookup(m)
+	if err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("the receive of object %s from rank %d", x.Object, m.Src)
+	bufs, err := g.buffers(targets, "target")
+	if err != nil {
+		g.destroy(core.Wrap(err, "%s", what), true)
+		return nil, g.deadErr()
+	}
+	r := &request{o: t.register(x.TransferID), done: make(chan struct{})}
+	go func() {
+		defer t.unregister(x.TransferID)
+		r.err = g.run(r.o, false, m.Src, m.Seq, bufs, what)
+		close(r.done)
+	}()
+	return r, nil
+}
+
+// Abort stops a transfer; one that had started destroys its group.
+func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+	if r, ok := req.(*request); ok {
+		r.o.stop()
+		return
+	}
+	t.mu.Lock()
+	o := t.ops[x.TransferID]
+	if o == nil && len(t.aborted) < 4096 {
+		t.aborted[x.TransferID] = struct{}{}
+	}
+	t.mu.Unlock()
+	if o != nil {
+		o.stop()
+	}
+}
+
+// Close destroys every group's communicator.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	gs := t.groups
+	t.groups = map[string]*group{}
+	t.mu.Unlock()
+	for _, g := range gs {
+		g.destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
+	}
+	return nil
+}
+
+var _ core.GroupBackend = (*Transport)(nil)

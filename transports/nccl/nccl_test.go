@@ -1,0 +1,110 @@
+package nccl
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// libc is a library that exists everywhere and is not NCCL.
+func libc(t *testing.T) string {
+	for _, p := range []string{"libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6"} {
+		if strings.Contains(p, "/") {
+			if _, err := os.Stat(p); err != nil {
+				continue
+			}
+		}
+		return p
+	}
+	t.Skip("no libc.so.6 found")
+	return ""
+}
+
+func TestLibraryOverride(t *testing.T) {
+	t.Setenv("RDT_NCCL_LIBRARY", "")
+	assert.Equal(t, DefaultLibrary, Library())
+	t.Setenv("RDT_NCCL_LIBRARY", "/opt/x/libnccl.so.2")
+	assert.Equal(t, "/opt/x/libnccl.so.2", Library())
+}
+
+func TestLoadMissingLibrary(t *testing.T) {
+	t.Setenv("RDT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+	err := load(Library())
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "NCCL library /nonexistent/libnccl.so.2 could not be loaded")
+	assert.Contains(t, err.Error(), "RDT_NCCL_LIBRARY")
+}
+
+func TestLoadWrongLibraryNamesTheSymbol(t *testing.T) {
+	t.Setenv("RDT_NCCL_LIBRARY", libc(t))
+	err := load(Library())
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "has no symbol ncclGetVersion")
+	assert.Contains(t, err.Error(), "not the NCCL library")
+}
+
+// Without NCCL (or CUDA) the transport does not exist: the factory says
+// why, with ErrUnsupported, so runtimes skip it.
+func TestUnavailableHere(t *testing.T) {
+	if ncclMissing() == "" {
+		t.Skip("this machine has NCCL and a CUDA device")
+	}
+	_, err := New(nil)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Contains(t, err.Error(), "nccl")
+
+	rt, err := core.NewRuntime(core.Options{LogLevel: core.LogOff, Builtins: []core.TransportFactory{Factory()}})
+	require.NoError(t, err, "a missing library must not stop a runtime")
+	defer rt.Destroy()
+	assert.NotContains(t, rt.Registry().Names(), Name)
+}
+
+func TestErrorText(t *testing.T) {
+	e := &Error{Op: "ncclCommInitRank", Code: RemoteError}
+	assert.Contains(t, e.Error(), "ncclCommInitRank: ncclRemoteError")
+	assert.Equal(t, core.ErrPeerUnavailable, e.Status())
+	assert.Equal(t, core.ErrInvalidArgument, (&Error{Code: InvalidUsage}).Status())
+	assert.Equal(t, "ncclResult_t(99)", Result(99).String())
+}
+
+func TestCMetaCodec(t *testing.T) {
+	m := cmeta{Group: "workers:1", Instance: 1<<63 + 5, Src: 3, Dst: 0, Seq: 17}
+	got, err := decodeCMeta(m.encode())
+	require.NoError(t, err)
+	assert.Equal(t, m, *got)
+	b := m.encode()
+	for i := 0; i < len(b); i++ {
+		_, err := decodeCMeta(b[:i])
+		assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "truncated at %d", i)
+	}
+	same := cmeta{Group: "g", Src: 1, Dst: 1}
+	_, err = decodeCMeta(same.encode())
+	assert.Equal(t, core.ErrCorrupt, core.StatusOf(err))
+}
+
+func FuzzDecodeCommunicatorMetadata(f *testing.F) {
+	f.Add((&cmeta{Group: "g", Instance: 9, Src: 0, Dst: 1, Seq: 2}).encode())
+	f.Add((&cmeta{Group: "pairs:a-b", Instance: 1, Src: 65535, Dst: 0, Seq: 1 << 40}).encode())
+	f.Add([]byte{1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeCMeta(b)
+		if err != nil {
+			if core.StatusOf(err) != core.ErrCorrupt {
+				t.Fatalf("status %v: %v", core.StatusOf(err), err)
+			}
+			return
+		}
+		again, err := decodeCMeta(m.encode())
+		if err != nil || *again != *m {
+			t.Fatalf("re-encoding %+v: %+v, %v", m, again, err)
+		}
+	})
+}

@@ -1,0 +1,131 @@
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+/* NCCL API facts (nccl.h): values and signatures. */
+typedef struct { char internal[RDT_NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
+enum { ncclSuccess = 0 };
+enum { ncclUint8 = 1 }; /* ncclDataType_t */
+
+static struct {
+  rdt_nccl_result (*GetVersion)(int *);
+  const char *(*GetErrorString)(rdt_nccl_result);
+  const char *(*GetLastError)(rdt_nccl_comm); /* optional */
+  rdt_nccl_result (*GetUniqueId)(ncclUniqueId *);
+  rdt_nccl_result (*CommInitRank)(rdt_nccl_comm *, int, ncclUniqueId, int);
+  rdt_nccl_result (*CommDestroy)(rdt_nccl_comm);
+  rdt_nccl_result (*CommAbort)(rdt_nccl_comm);
+  rdt_nccl_result (*CommGetAsyncError)(rdt_nccl_comm, rdt_nccl_result *);
+  rdt_nccl_result (*Send)(const void *, size_t, int, int, rdt_nccl_comm, void *);
+  rdt_nccl_result (*Recv)(void *, size_t, int, int, rdt_nccl_comm, void *);
+  rdt_nccl_result (*GroupStart)(void);
+  rdt_nccl_result (*GroupEnd)(void);
+} nc, staged;
+
+static const struct {
+  const char *name;
+  void **slot;
+  int optional;
+} symbols[] = {
+    {"ncclGetVersion", (void **)&staged.GetVersion, 0},
+    {"ncclGetErrorString", (void **)&staged.GetErrorString, 0},
+    {"ncclGetLastError", (void **)&staged.GetLastError, 1},
+    {"ncclGetUniqueId", (void **)&staged.GetUniqueId, 0},
+    {"ncclCommInitRank", (void **)&staged.CommInitRank, 0},
+    {"ncclCommDestroy", (void **)&staged.CommDestroy, 0},
+    {"ncclCommAbort", (void **)&staged.CommAbort, 0},
+    {"ncclCommGetAsyncError", (void **)&staged.CommGetAsyncError, 0},
+    {"ncclSend", (void **)&staged.Send, 0},
+    {"ncclRecv", (void **)&staged.Recv, 0},
+    {"ncclGroupStart", (void **)&staged.GroupStart, 0},
+    {"ncclGroupEnd", (void **)&staged.GroupEnd, 0},
+};
+
+static int loaded;
+
+int rdt_nccl_load(const char *path, char *err, size_t errlen) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
+    dlerror();
+    void *f = dlsym(h, symbols[i].name);
+    if (!f && !symbols[i].optional) {
+      snprintf(err, errlen,
+               "%s has no symbol %s: it is not the NCCL library, or an NCCL older than 2.7 (point-to-point "
+               "send/recv)",
+               path, symbols[i].name);
+      dlclose(h);
+      return -1;
+    }
+    *symbols[i].slot = f;
+  }
+  /* Resolved into `staged` first so that a failed load never disturbs a table
+   * already in use. The handle stays open for the life of the process. */
+  nc = staged;
+  loaded = 1;
+  return 0;
+}
+
+int rdt_nccl_loaded(void) { return loaded; }
+
+rdt_nccl_result rdt_nccl_version(int *version) {
+  return loaded ? nc.GetVersion(version) : RDT_NCCL_NOT_LOADED;
+}
+
+const char *rdt_nccl_error_string(rdt_nccl_result r) { return loaded ? nc.GetErrorString(r) : NULL; }
+
+const char *rdt_nccl_last_error(rdt_nccl_comm comm) {
+  return loaded && nc.GetLastError ? nc.GetLastError(comm) : NULL;
+}
+
+rdt_nccl_result rdt_nccl_unique_id(unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES]) {
+  if (!loaded) return RDT_NCCL_NOT_LOADED;
+  ncclUniqueId u;
+  rdt_nccl_result r = nc.GetUniqueId(&u);
+  if (r == ncclSuccess) memcpy(id, u.internal, RDT_NCCL_UNIQUE_ID_BYTES);
+  return r;
+}
+
+rdt_nccl_result rdt_nccl_comm_init_rank(rdt_nccl_comm *comm, int nranks,
+                                        const unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES], int rank) {
+  if (!loaded) return RDT_NCCL_NOT_LOADED;
+  ncclUniqueId u;
+  memcpy(u.internal, id, RDT_NCCL_UNIQUE_ID_BYTES);
+  return nc.CommInitRank(comm, nranks, u, rank);
+}
+
+rdt_nccl_result rdt_nccl_comm_destroy(rdt_nccl_comm comm) {
+  return loaded ? nc.CommDestroy(comm) : RDT_NCCL_NOT_LOADED;
+}
+
+rdt_nccl_result rdt_nccl_comm_abort(rdt_nccl_comm comm) {
+  return loaded ? nc.CommAbort(comm) : RDT_NCCL_NOT_LOADED;
+}
+
+rdt_nccl_result rdt_nccl_comm_async_error(rdt_nccl_comm comm, rdt_nccl_result *async_err) {
+  return loaded ? nc.CommGetAsyncError(comm, async_err) : RDT_NCCL_NOT_LOADED;
+}
+
+rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_nccl_buffer *bufs, size_t n,
+                             void *stream) {
+  if (!loaded) return RDT_NCCL_NOT_LOADED;
+  rdt_nccl_result r = nc.GroupStart();
+  if (r != ncclSuccess) return r;
+  rdt_nccl_result first = ncclSuccess;
+  for (size_t i = 0; i < n && first == ncclSuccess; i++) {
+    if (bufs[i].nbytes == 0) continue;
+    if (send)
+      first = nc.Send(bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
+    else
+      first = nc.Recv(bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
+  }
+  /* The group is always closed, even after a failed enqueue. */
+  r = nc.GroupEnd();
+  return first != ncclSuccess ? first : r;
+}

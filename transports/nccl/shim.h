@@ -1,0 +1,45 @@
+/* The NCCL calls rdt uses, declared here from NCCL's documented API (no NCCL
+ * headers are needed to build) and resolved at run time with dlopen. Every
+ * call that NCCL runs against the calling thread's current CUDA context is
+ * made by the Go side on a locked OS thread with the device current. */
+#ifndef RDT_NCCL_SHIM_H
+#define RDT_NCCL_SHIM_H
+
+#include <stddef.h>
+
+typedef int rdt_nccl_result;  /* ncclResult_t */
+typedef void *rdt_nccl_comm;  /* ncclComm_t */
+
+#define RDT_NCCL_UNIQUE_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+
+/* Results the shim makes itself (outside ncclResult_t's range). */
+#define RDT_NCCL_NOT_LOADED (-1)
+
+/* Loading: 0 on success; on failure, a message in err. */
+int rdt_nccl_load(const char *path, char *err, size_t errlen);
+int rdt_nccl_loaded(void);
+
+rdt_nccl_result rdt_nccl_version(int *version);
+const char *rdt_nccl_error_string(rdt_nccl_result r); /* NULL if not loaded */
+/* ncclGetLastError (NCCL 2.13 and later): NULL when unavailable. */
+const char *rdt_nccl_last_error(rdt_nccl_comm comm);
+
+rdt_nccl_result rdt_nccl_unique_id(unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES]);
+rdt_nccl_result rdt_nccl_comm_init_rank(rdt_nccl_comm *comm, int nranks,
+                                        const unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES], int rank);
+rdt_nccl_result rdt_nccl_comm_destroy(rdt_nccl_comm comm);
+rdt_nccl_result rdt_nccl_comm_abort(rdt_nccl_comm comm);
+rdt_nccl_result rdt_nccl_comm_async_error(rdt_nccl_comm comm, rdt_nccl_result *async_err);
+
+typedef struct {
+  void *buf;
+  size_t nbytes;
+} rdt_nccl_buffer;
+
+/* Enqueues one ncclSend (send != 0) or ncclRecv of each buffer to or from
+ * `peer`, as bytes (ncclUint8), on `stream`, inside one ncclGroupStart /
+ * ncclGroupEnd. Empty buffers are skipped. */
+rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_nccl_buffer *bufs, size_t n,
+                             void *stream);
+
+#endif

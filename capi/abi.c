@@ -327,3 +327,24 @@ rdt_status rdt_transport_list(rdt_runtime *rt, rdt_transport_info *infos,
   free(full);
   return st;
 }
+
+/* ---- groups --------------------------------------------------------- */
+
+rdt_status rdt_group_create(rdt_runtime *rt, const char *name,
+                            int32_t world_size, int32_t rank,
+                            const char *rank0_address, int32_t device,
+                            const rdt_group_options *opts,
+                            int64_t timeout_ms) {
+  FORK_GUARD("rdt_group_create");
+  rdt_group_options full;
+  rdt_group_options_init(&full);
+  if (opts != NULL) VERSIONED_IN("rdt_group_create", rdt_group_options, full, opts, reserved);
+  return (rdt_status)rdtgo_group_create((uintptr_t)rt, (char *)name, world_size, rank,
+                                        (char *)rank0_address, device,
+                                        (char *)full.backend, timeout_ms);
+}
+
+rdt_status rdt_group_destroy(rdt_runtime *rt, const char *name) {
+  FORK_GUARD("rdt_group_destroy");
+  return (rdt_status)rdtgo_group_destroy((uintptr_t)rt, (char *)name);
+}

@@ -624,6 +624,70 @@ RDT_API rdt_status rdt_transport_list(rdt_runtime *rt,
                                       size_t capacity, size_t *count);
 
 /* ------------------------------------------------------------------------- */
+/* Collective groups (for two-sided transports such as nccl)                 */
+/* ------------------------------------------------------------------------- */
+
+/* A group is a named set of runtimes, one per rank 0..world_size-1, that a
+ * communicator-based transport (nccl) moves tensors within: a ref put with
+ * transport "nccl" is fetched by a runtime of a group that also holds its
+ * owner. Every rank calls rdt_group_create() with the same name and world
+ * size and its own rank, like torch.distributed.init_process_group; rank 0
+ * hosts the rendezvous over rdt's control plane (the others connect to it,
+ * retrying until rank 0 has created the group), makes the communicator's
+ * unique id and hands it to every rank, and each rank then forms the
+ * communicator on its device.
+ *
+ * A transfer over a group that fails or is aborted destroys the group on
+ * that rank (the NCCL communicator is aborted); later transfers over it fail
+ * with "group <name> was destroyed after <cause>". Destroy it on every rank
+ * and create it again to continue. */
+
+typedef struct rdt_group_options {
+  uint32_t struct_size; /* set by _init */
+  uint32_t reserved;
+  /* The transport that forms the group's communicator (case-insensitive).
+   * NULL: "nccl". */
+  const char *backend;
+} rdt_group_options;
+
+static inline void rdt_group_options_init(rdt_group_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+}
+
+/* Longest group name, in bytes (letters, digits, '_', '-', '.' and ':'). */
+#define RDT_GROUP_NAME_MAX 127
+
+/* Forms this runtime's rank of the group `name` and returns when every rank
+ * has joined and the communicator is formed on CUDA device `device` (an
+ * ordinal as this process sees it). `rank0_address` is rank 0's
+ * rdt_runtime_address() (any rank may pass it; rank 0 ignores it, and may
+ * pass NULL). `opts` may be NULL. `timeout_ms` bounds the whole formation;
+ * negative waits forever; 0 is INVALID_ARGUMENT. Strings are only read
+ * during the call.
+ *
+ * Errors: INVALID_ARGUMENT (NULL rt or name, bad name, world_size outside
+ * 1..65536, rank outside 0..world_size-1, no rank0_address on another rank,
+ * device out of range, ranks disagreeing on the world size), ALREADY_EXISTS
+ * (a group of that name exists or is forming in this runtime, or another
+ * runtime took this rank), UNSUPPORTED (the backend is not available here:
+ * for nccl, libnccl.so.2 — or $RDT_NCCL_LIBRARY — and a CUDA driver with a
+ * device are needed), TIMEOUT (a rank did not join in time; the message
+ * names the missing ranks), CLOSED, or the backend's error. On error the
+ * runtime keeps no trace of the group. */
+RDT_API rdt_status rdt_group_create(rdt_runtime *rt, const char *name,
+                                    int32_t world_size, int32_t rank,
+                                    const char *rank0_address, int32_t device,
+                                    const rdt_group_options *opts,
+                                    int64_t timeout_ms);
+
+/* Destroys this runtime's rank of a group (the communicator is freed after
+ * its pending work). Other ranks destroy theirs with their own call.
+ * Errors: INVALID_ARGUMENT (NULL rt or name, a group still forming),
+ * NOT_FOUND (no such group here). */
+RDT_API rdt_status rdt_group_destroy(rdt_runtime *rt, const char *name);
+
+/* ------------------------------------------------------------------------- */
 /* Observability                                                             */
 /* ------------------------------------------------------------------------- */
 

@@ -5,6 +5,9 @@
 #ifndef RDT_NCCL_SHIM_H
 #define RDT_NCCL_SHIM_H
 
+/* Internal to librdt.so: never exported (only rdt.h's functions are). */
+#pragma GCC visibility push(hidden)
+
 #include <stddef.h>
 
 typedef int rdt_nccl_result;  /* ncclResult_t */
@@ -41,5 +44,7 @@ typedef struct {
  * ncclGroupEnd. Empty buffers are skipped. */
 rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_nccl_buffer *bufs, size_t n,
                              void *stream);
+
+#pragma GCC visibility pop
 
 #endif

@@ -7,6 +7,9 @@
 #ifndef RDT_CUDA_SHIM_H
 #define RDT_CUDA_SHIM_H
 
+/* Internal to librdt.so: never exported (only rdt.h's functions are). */
+#pragma GCC visibility push(hidden)
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,5 +81,7 @@ rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n);
  * put it back. The caller keeps the OS thread between the two calls. */
 rdtcu_result rdtcu_ctx_enter(int dev, void **saved);
 rdtcu_result rdtcu_ctx_leave(void *saved);
+
+#pragma GCC visibility pop
 
 #endif

@@ -1,0 +1,44 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"time"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+//export rdtgo_group_create
+func rdtgo_group_create(h C.uintptr_t, name *C.char, worldSize, rank C.int32_t, rank0 *C.char, device C.int32_t, backend *C.char, timeoutMs C.int64_t) C.int {
+	return guard("rdt_group_create", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		if name == nil {
+			return invalid("name is NULL")
+		}
+		spec := core.GroupSpec{
+			Name: C.GoString(name), WorldSize: int(worldSize), Rank: int(rank),
+			Rank0: goString(rank0), Device: int(device), Backend: goString(backend),
+		}
+		return rt.CreateGroup(spec, time.Duration(timeout(timeoutMs)))
+	})
+}
+
+//export rdtgo_group_destroy
+func rdtgo_group_destroy(h C.uintptr_t, name *C.char) C.int {
+	return guard("rdt_group_destroy", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		if name == nil {
+			return invalid("name is NULL")
+		}
+		return rt.DestroyGroup(C.GoString(name))
+	})
+}

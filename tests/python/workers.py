@@ -123,3 +123,22 @@ def fetch_in_child(conn, ref_bytes, register=None):
         conn.send(("ok", rdt.get(pickle.loads(ref_bytes), timeout=30)))
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def nccl_rank1(conn, address):
+    """Rank 1 of the two-GPU nccl test: joins the group on cuda:1, then
+    fetches each ref it is sent and answers with the sum."""
+    import torch
+    rdt.create_collective_group(2, 1, address, name="pair", device=1, timeout=120)
+    conn.send("joined")
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            return
+        ref = pickle.loads(msg)
+        out = torch.empty(1 << 20, dtype=torch.float32, device="cuda:1")
+        try:
+            rdt.get(ref, out=[out], timeout=60)
+            conn.send(("ok", float(out.double().sum().item())))
+        except rdt.RdtError as e:
+            conn.send(("error", str(e)))

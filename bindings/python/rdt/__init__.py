@@ -12,8 +12,8 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
 from .ref import ObjectRef
-from .runtime import (Runtime, default_runtime, get, init, put, register_tensor_transport,
-                      wait_tensor_freed)
+from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, get, init,
+                      put, register_tensor_transport, wait_tensor_freed)
 from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
@@ -28,7 +28,7 @@ def library_version() -> str:
 
 __all__ = [
     "Runtime", "ObjectRef", "init", "default_runtime", "put", "get", "wait_tensor_freed",
-    "register_tensor_transport", "library_version",
+    "register_tensor_transport", "library_version", "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",
     "RdtError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "GetTimeoutError",
     "AbortedError", "PeerUnavailableError", "CorruptError", "UnsupportedError", "PermissionDeniedError",

@@ -97,6 +97,10 @@ class FetchOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p)]
 
 
+class GroupOptions(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("backend", c_char_p)]
+
+
 class ObjectInfo(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -233,6 +237,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_transport_list": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
     "rdt_runtime_take_released": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(c_size_t), c_int64]),
+    "rdt_group_create": (c_int32, [c_void_p, c_char_p, c_int32, c_int32, c_char_p, c_int32,
+                                   POINTER(GroupOptions), c_int64]),
+    "rdt_group_destroy": (c_int32, [c_void_p, c_char_p]),
 }
 
 _lock = threading.Lock()

@@ -392,6 +392,40 @@ class Runtime(Handle):
                 raise GetTimeoutError(f"wait_tensor_freed: the tensor is still held after {timeout} s",
                                       _lib.ERR_TIMEOUT)
 
+    # ---- collective groups -------------------------------------------------------
+
+    def create_collective_group(self, world_size: int, rank: int, rank0_address: Optional[str] = None, *,
+                                backend: str = "nccl", name: str = "default", device: Union[int, str] = 0,
+                                timeout: Optional[float] = 300.0) -> None:
+        """Makes this runtime rank ``rank`` of the collective group ``name``
+        of ``world_size`` ranks, on CUDA device ``device`` (an ordinal or
+        "cuda:N"), and returns once every rank has joined and the
+        communicator is formed. Every rank calls it; ranks other than 0 pass
+        ``rank0_address``, the ``address`` of rank 0's runtime. Refs put with
+        ``transport="nccl"`` are then fetched by other ranks of the group.
+
+        A transfer that fails or is aborted destroys the group on that rank;
+        destroy it on every rank and create it again. Raises UnsupportedError
+        where NCCL or a CUDA device is missing, GetTimeoutError when a rank
+        does not join within ``timeout`` seconds (None waits forever)."""
+        if isinstance(device, str):
+            if not device.startswith("cuda:") or not device[5:].isdigit():
+                raise InvalidArgumentError(f"device {device!r}: want an ordinal or 'cuda:N'",
+                                           _lib.ERR_INVALID_ARGUMENT)
+            device = int(device[5:])
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgumentError("timeout must be positive (None waits forever)", _lib.ERR_INVALID_ARGUMENT)
+        opts = _lib.GroupOptions(ctypes.sizeof(_lib.GroupOptions), 0, backend.encode())
+        ms = -1 if timeout is None else max(1, int(timeout * 1000))
+        _lib.check(_lib.lib().rdt_group_create(self._handle(), name.encode(), int(world_size), int(rank),
+                                               rank0_address.encode() if rank0_address else None, int(device),
+                                               ctypes.byref(opts), ms))
+
+    def destroy_collective_group(self, name: str = "default") -> None:
+        """Destroys this runtime's rank of the group ``name`` (NotFoundError
+        if there is none). Other ranks destroy theirs themselves."""
+        _lib.check(_lib.lib().rdt_group_destroy(self._handle(), name.encode()))
+
     # ---- transports and counters -------------------------------------------------
 
     def register_tensor_transport(self, name: str, devices: Union[str, Sequence[str]], cls: Any,
@@ -511,6 +545,21 @@ def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:
     if rt is None or rt.closed:
         return  # nothing holds it (its release callback already ran)
     rt.wait_tensor_freed(tensor, timeout)
+
+
+def create_collective_group(world_size: int, rank: int, rank0_address: Optional[str] = None, *,
+                            backend: str = "nccl", name: str = "default", device: Union[int, str] = 0,
+                            timeout: Optional[float] = 300.0) -> None:
+    """Makes the default runtime a rank of a collective group; see
+    Runtime.create_collective_group. Rank 0 shares ``rdt.default_runtime().address``."""
+    default_runtime().create_collective_group(world_size, rank, rank0_address, backend=backend, name=name,
+                                              device=device, timeout=timeout)
+
+
+def destroy_collective_group(name: str = "default") -> None:
+    """Destroys the default runtime's rank of a group; see
+    Runtime.destroy_collective_group."""
+    default_runtime().destroy_collective_group(name)
 
 
 def register_tensor_transport(name: str, devices: Union[str, Sequence[str]], cls: Any,

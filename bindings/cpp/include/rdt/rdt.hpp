@@ -793,6 +793,22 @@ class Runtime {
     return true;
   }
 
+  /// Forms this runtime's rank of the collective group `name` (see
+  /// rdt_group_create): every rank calls it; ranks other than 0 pass rank
+  /// 0's address(). Returns once every rank joined and the communicator is
+  /// formed on CUDA device `device`. Prefer rdt::Group, which destroys it.
+  void create_group(const std::string &name, int world_size, int rank, const std::string &rank0_address = "",
+                    int device = 0, std::chrono::milliseconds timeout = std::chrono::minutes(5),
+                    const std::string &backend = "") {
+    rdt_group_options o;
+    rdt_group_options_init(&o);
+    o.backend = backend.empty() ? nullptr : backend.c_str();
+    check(rdt_group_create(rt_, name.c_str(), world_size, rank, rank0_address.empty() ? nullptr : rank0_address.c_str(),
+                           device, &o, detail::millis(timeout)));
+  }
+  /// Destroys this runtime's rank of a group (rdt_group_destroy).
+  void destroy_group(const std::string &name) { check(rdt_group_destroy(rt_, name.c_str())); }
+
   /// The runtime's counters.
   rdt_stats stats() const {
     rdt_stats s;
@@ -828,6 +844,43 @@ class Runtime {
 
  private:
   rdt_runtime *rt_ = nullptr;
+};
+
+/// One rank of a collective group, destroyed with the object (RAII over
+/// rdt_group_create / rdt_group_destroy). Movable, not copyable; the
+/// runtime must outlive it.
+class Group {
+ public:
+  Group(Runtime &rt, std::string name, int world_size, int rank, const std::string &rank0_address = "",
+        int device = 0, std::chrono::milliseconds timeout = std::chrono::minutes(5), const std::string &backend = "")
+      : rt_(&rt), name_(std::move(name)) {
+    rt.create_group(name_, world_size, rank, rank0_address, device, timeout, backend);
+  }
+  Group(Group &&o) noexcept : rt_(o.rt_), name_(std::move(o.name_)) { o.rt_ = nullptr; }
+  Group &operator=(Group &&o) noexcept {
+    if (this != &o) {
+      reset();
+      rt_ = o.rt_;
+      name_ = std::move(o.name_);
+      o.rt_ = nullptr;
+    }
+    return *this;
+  }
+  Group(const Group &) = delete;
+  Group &operator=(const Group &) = delete;
+  ~Group() { reset(); }
+
+  const std::string &name() const noexcept { return name_; }
+
+  /// Destroys the group now (errors are ignored here, as in the destructor).
+  void reset() noexcept {
+    if (rt_) rdt_group_destroy(rt_->capi(), name_.c_str());
+    rt_ = nullptr;
+  }
+
+ private:
+  Runtime *rt_;
+  std::string name_;
 };
 
 /// Registers a C++ transport with `rt` under `name` for the RDT_DEVICE_*

@@ -20,3 +20,12 @@ def test_example(name, expect):
                          timeout=100)
     assert out.returncode == 0, out.stderr
     assert expect in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_nccl_example_runs_or_says_what_is_missing():
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "nccl_group.py")], capture_output=True,
+                         text=True, timeout=100)
+    assert out.returncode == 0, out.stderr
+    assert ("rank 1 received [0.0, 1.0, 2.0, 3.0]" in out.stdout or "needs torch" in out.stdout
+            or "needs two GPUs" in out.stdout or "NCCL is not usable here" in out.stdout), out.stdout

@@ -150,7 +150,7 @@ func testGroupForms(t *testing.T, sockets bool) {
 	assert.NotEqual(t, r0.Instance, bs[1].roster("g1").Instance, "a re-created group is a new instance")
 }
 
-func TestGroupFormsInProcess(t *testing.T) { testGroupForms(t, false) }
+func TestGroupFormsInProcess(t *testing.T)   { testGroupForms(t, false) }
 func TestGroupFormsOverSockets(t *testing.T) { testGroupForms(t, true) }
 
 func TestGroupOfOne(t *testing.T) {

@@ -221,9 +221,16 @@ func (p *inprocPeer) Send(ctx context.Context, req SendRequest) error {
 	if err := p.check(); err != nil {
 		return err
 	}
-	// The peer's send must also stop if the peer or this runtime goes away.
-	ctx, cancel := context.WithCancel(ctx)
+	// The peer's send must also stop if this runtime goes away.
+	ctx, cancel := p.untilLocalCloses(ctx)
 	defer cancel()
+	return p.remote.svc.Send(ctx, p.from(), req)
+}
+
+// untilLocalCloses derives a context that is also cancelled when this
+// runtime's endpoint closes (a socket peer sees the connection drop).
+func (p *inprocPeer) untilLocalCloses(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		select {
 		case <-p.local.closed:
@@ -231,22 +238,15 @@ func (p *inprocPeer) Send(ctx context.Context, req SendRequest) error {
 		case <-ctx.Done():
 		}
 	}()
-	return p.remote.svc.Send(ctx, p.from(), req)
+	return ctx, cancel
 }
 
 func (p *inprocPeer) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := p.untilLocalCloses(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.local.closed:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	return p.remote.svc.JoinGroup(ctx, p.from(), req)
 }
 

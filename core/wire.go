@@ -39,6 +39,30 @@ type reader struct {
 	what string
 }
 
+// WireReader reads the bounded little-endian encoding of refs and control
+// messages, for transports' own metadata codecs. A read past the end leaves
+// a CORRUPT error naming the format (Err), and every later read returns a
+// zero value, so a decoder checks once after a group of reads.
+type WireReader struct{ r reader }
+
+// NewWireReader reads b; what names the format in errors.
+func NewWireReader(what string, b []byte) *WireReader {
+	return &WireReader{reader{b: b, what: what}}
+}
+
+func (w *WireReader) U8() uint8   { return w.r.u8() }
+func (w *WireReader) U32() uint32 { return w.r.u32() }
+func (w *WireReader) U64() uint64 { return w.r.u64() }
+
+// Take returns the next n bytes (sharing b's memory) or nil.
+func (w *WireReader) Take(n int) []byte { return w.r.take(n) }
+
+// Len is how many bytes are left.
+func (w *WireReader) Len() int { return len(w.r.b) }
+
+// Err is the first error, or nil.
+func (w *WireReader) Err() error { return w.r.err }
+
 func (r *reader) fail(format string, args ...any) {
 	if r.err == nil {
 		r.err = Errorf(ErrCorrupt, r.what+": "+format, args...)
@@ -53,7 +77,7 @@ func (r *reader) take(n int) []byte {
 		r.fail("truncated: need %d more bytes, have %d", n, len(r.b))
 		return nil
 	}
-	p := r.b[:n]
+	p := r.b[:n:n] // appending to it never writes over what follows
 	r.b = r.b[n:]
 	return p
 }

@@ -74,43 +74,6 @@ func (m *metadata) encode() []byte {
 	return b
 }
 
-// reader takes bounded pieces off the front of a buffer.
-type reader struct {
-	b   []byte
-	bad bool
-}
-
-func (r *reader) take(n int) []byte {
-	if r.bad || n < 0 || n > len(r.b) {
-		r.bad = true
-		return nil
-	}
-	p := r.b[:n:n]
-	r.b = r.b[n:]
-	return p
-}
-
-func (r *reader) u8() uint8 {
-	if p := r.take(1); p != nil {
-		return p[0]
-	}
-	return 0
-}
-
-func (r *reader) u32() uint32 {
-	if p := r.take(4); p != nil {
-		return binary.LittleEndian.Uint32(p)
-	}
-	return 0
-}
-
-func (r *reader) u64() uint64 {
-	if p := r.take(8); p != nil {
-		return binary.LittleEndian.Uint64(p)
-	}
-	return 0
-}
-
 func validName(s string) bool {
 	if len(s) == 0 || len(s) > maxName {
 		return false
@@ -134,44 +97,44 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	if b[4] != metaVersion {
 		return nil, core.Errorf(core.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
-	r := &reader{b: b[5:]}
-	m := &metadata{Epoch: r.u64()}
-	m.Agent = string(r.take(int(r.u8())))
-	if r.bad {
+	r := core.NewWireReader("nixl metadata", b[5:])
+	m := &metadata{Epoch: r.U64()}
+	m.Agent = string(r.Take(int(r.U8())))
+	if r.Err() != nil {
 		return nil, bad("truncated header")
 	}
 	if !validName(m.Agent) {
 		return nil, bad("invalid agent name")
 	}
-	n := r.u32()
+	n := r.U32()
 	if n == 0 || n > maxBlob {
 		return nil, bad("connection blob size out of range")
 	}
-	m.Conn = r.take(int(n))
-	nb := r.u8()
+	m.Conn = r.Take(int(n))
+	nb := r.U8()
 	if nb > maxBlobs {
 		return nil, bad("too many metadata blobs")
 	}
-	for i := 0; i < int(nb) && !r.bad; i++ {
-		n := r.u32()
+	for i := 0; i < int(nb) && r.Err() == nil; i++ {
+		n := r.U32()
 		if n == 0 || n > maxBlob {
 			return nil, bad("metadata blob size out of range")
 		}
-		m.Blobs = append(m.Blobs, r.take(int(n)))
+		m.Blobs = append(m.Blobs, r.Take(int(n)))
 	}
-	cnt := r.u32()
-	if r.bad {
+	cnt := r.U32()
+	if r.Err() != nil {
 		return nil, bad("truncated")
 	}
 	if cnt > maxRegions {
 		return nil, bad("too many tensors")
 	}
-	if uint64(len(r.b)) != uint64(cnt)*regionLen {
+	if uint64(r.Len()) != uint64(cnt)*regionLen {
 		return nil, bad("length does not match the tensor count")
 	}
 	m.Regions = make([]region, cnt)
 	for i := range m.Regions {
-		g := region{Addr: r.u64(), Size: r.u64(), Dev: r.u32(), Mem: r.u8()}
+		g := region{Addr: r.U64(), Size: r.U64(), Dev: r.U32(), Mem: r.U8()}
 		if g.Mem != memDRAM && g.Mem != memVRAM {
 			return nil, bad("unknown memory type")
 		}

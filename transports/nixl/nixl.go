@@ -131,6 +131,18 @@ func New(h core.Host) (core.Transport, error) {
 func (t *Transport) Name() string               { return Name }
 func (t *Transport) Devices() []core.DeviceType { return t.devices }
 
+// ofMemory is the regions of one memory type: NIXL takes one descriptor
+// list per type.
+func ofMemory(keys []regKey, mem uint8) []regKey {
+	var these []regKey
+	for _, k := range keys {
+		if k.mem == mem {
+			these = append(these, k)
+		}
+	}
+	return these
+}
+
 func cudaAbsence(n int, err error) string {
 	if err != nil {
 		return err.Error()
@@ -257,12 +269,7 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 	}
 	m.Epoch = t.epoch.Load()
 	for _, mem := range []uint8{memDRAM, memVRAM} {
-		var these []regKey
-		for _, k := range keys {
-			if k.mem == mem {
-				these = append(these, k)
-			}
-		}
+		these := ofMemory(keys, mem)
 		if len(these) == 0 {
 			continue
 		}
@@ -594,12 +601,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	req.rem = rem
 	// Register the targets for this transfer, one list per memory type.
 	for _, mem := range []uint8{memDRAM, memVRAM} {
-		var these []regKey
-		for _, k := range local {
-			if k.mem == mem {
-				these = append(these, k)
-			}
-		}
+		these := ofMemory(local, mem)
 		if len(these) == 0 {
 			continue
 		}

@@ -10,6 +10,7 @@ serialized ref, communicator metadata over rdt's control plane.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import os
@@ -17,7 +18,7 @@ import pickle
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -244,20 +245,25 @@ class Adapter:
             self._store(self.manager.get_communicator_metadata(src, dst, self.name), out)
         return self._guard(run)
 
+    @contextlib.contextmanager
+    def _in_flight(self, transfer_id: int, cm: Any) -> Iterator[None]:
+        """Keeps a send's or recv's communicator metadata where abort finds it."""
+        with self.lock:
+            self.cmeta[transfer_id] = cm
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.cmeta.pop(transfer_id, None)
+
     def _send(self, _ud: Any, x: Any, tensors: Any, n: int, tmeta: int, tsize: int, cmeta: int,
               csize: int) -> int:
         def run() -> None:
             t = x.contents
             cm = self._load(cmeta, csize)
-            tid = t.transfer_id
-            with self.lock:
-                self.cmeta[tid] = cm
-            try:
+            with self._in_flight(t.transfer_id, cm):
                 self.manager.send_multiple_tensors(self._source_tensors(_lib.decode(t.object_id), tensors, n),
                                                    self._load(tmeta, tsize), cm)
-            finally:
-                with self.lock:
-                    self.cmeta.pop(tid, None)
         return self._guard(run)
 
     def _recv(self, _ud: Any, x: Any, targets: Any, n: int, tmeta: int, tsize: int, cmeta: int,
@@ -265,17 +271,11 @@ class Adapter:
         def run() -> None:
             t = x.contents
             cm = self._load(cmeta, csize)
-            tid = t.transfer_id
-            with self.lock:
-                self.cmeta[tid] = cm
-            try:
+            with self._in_flight(t.transfer_id, cm):
                 bufs = self._targets(targets, n)
                 got = self.manager.recv_multiple_tensors(_lib.decode(t.object_id), self._load(tmeta, tsize), cm,
                                                          bufs)
                 self._copy_into(got, bufs)
-            finally:
-                with self.lock:
-                    self.cmeta.pop(tid, None)
         return self._guard(run)
 
     def _fetch(self, _ud: Any, x: Any, targets: Any, n: int, tmeta: int, tsize: int, cmeta: int, csize: int,

@@ -288,3 +288,22 @@ func FuzzDecodeMetadata(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkFetch64MiB(b *testing.B) {
+	src, dst := newTransport(b), newTransport(b)
+	const n = 64 << 20
+	_, s := buffer(b, n)
+	db, d := buffer(b, n)
+	for i := range db {
+		db[i] = 1
+	}
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
+	require.NoError(b, err)
+	b.SetBytes(n)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := fetch(dst, meta, []core.Tensor{d}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

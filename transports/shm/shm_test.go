@@ -282,17 +282,19 @@ func FuzzDecodeMetadata(f *testing.F) {
 	})
 }
 
-func BenchmarkFetch64MiB(b *testing.B) {
+func BenchmarkFetch4KiB(b *testing.B)  { benchFetch(b, 4<<10) }
+func BenchmarkFetch64MiB(b *testing.B) { benchFetch(b, 64<<20) }
+
+func benchFetch(b *testing.B, n int) {
 	src, _ := New(testHost{dir: socketDir(b)})
 	dst, _ := New(testHost{dir: socketDir(b)})
 	defer src.Close()
 	defer dst.Close()
-	const n = 64 << 20
 	_, s := buffer(b, n)
 	_, d := buffer(b, n)
 	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
 	require.NoError(b, err)
-	b.SetBytes(n)
+	b.SetBytes(int64(n))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{d}, meta, nil)

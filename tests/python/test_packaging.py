@@ -97,3 +97,29 @@ def test_import_does_not_load_the_library_and_rdt_library_overrides_it(tmp_path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "librdt.so not found at" in out.stdout and "nope.so" in out.stdout and "RDT_LIBRARY" in out.stdout
+
+
+def test_gpu_libraries_of_installed_wheels_are_found(tmp_path):
+    # A site directory laid out as the nvidia-nccl and nixl wheels install.
+    site = tmp_path / "site"
+    nccl = site / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+    nixl = site / ".nixl_cu12.mesonpy.libs" / "libnixl_capi.so"
+    for f in (nccl, nixl):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"")
+    code = textwrap.dedent("""
+        import os, rdt
+        rdt.library_version()  # loads the library, which looks for them first
+        print(os.environ.get("RDT_NCCL_LIBRARY", "-"), os.environ.get("RDT_NIXL_LIBRARY", "-"))
+    """)
+    base = {k: v for k, v in os.environ.items() if k not in ("RDT_NCCL_LIBRARY", "RDT_NIXL_LIBRARY")}
+    pythonpath = os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-c", code], env=dict(base, PYTHONPATH=pythonpath),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(nccl), str(nixl)]
+    # A variable the user set wins.
+    env = dict(base, PYTHONPATH=pythonpath, RDT_NCCL_LIBRARY="/opt/nccl/libnccl.so.2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["/opt/nccl/libnccl.so.2", str(nixl)]

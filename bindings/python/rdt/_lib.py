@@ -286,26 +286,35 @@ def lib() -> ctypes.CDLL:
     return lib()
 
 
-def _find_nixl() -> None:
-    """Points the nixl transport at the libnixl_capi.so of an installed nixl
-    wheel (nixl-cu12 or nixl-cu13), unless RDT_NIXL_LIBRARY is set. The
-    library reads the variable once, when it first creates a runtime."""
-    if os.environ.get("RDT_NIXL_LIBRARY"):
+def _find_in_sys_path(env: str, patterns: "tuple[str, ...]") -> None:
+    """Sets env to the first file of an installed wheel matching one of
+    patterns (globs under a sys.path entry), unless env is set already. The
+    library reads these variables once, when it first creates a runtime."""
+    if os.environ.get(env):
         return
     import sys
     for entry in sys.path:
-        try:
-            found = sorted(Path(entry).glob(".nixl_cu*.mesonpy.libs/libnixl_capi.so"))
-        except OSError:
-            continue
-        if found:
-            os.environ["RDT_NIXL_LIBRARY"] = str(found[-1])
-            return
+        for pattern in patterns:
+            try:
+                found = sorted(Path(entry).glob(pattern))
+            except OSError:
+                continue
+            if found:
+                os.environ[env] = str(found[-1])
+                return
+
+
+def _find_libraries() -> None:
+    # NIXL's C API library from a nixl wheel (nixl-cu12 or nixl-cu13).
+    _find_in_sys_path("RDT_NIXL_LIBRARY", (".nixl_cu*.mesonpy.libs/libnixl_capi.so",))
+    # NCCL from the wheel torch depends on (nvidia-nccl-cu12 or -cu13), so
+    # the nccl transport loads the same NCCL as torch.
+    _find_in_sys_path("RDT_NCCL_LIBRARY", ("nvidia/nccl/lib/libnccl.so.2", "nvidia/cu*/lib/libnccl.so.2"))
 
 
 def _load() -> None:
     global _lib, _pid
-    _find_nixl()
+    _find_libraries()
     path = library_path()
     if not os.path.exists(path):
         raise ImportError(

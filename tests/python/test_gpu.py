@@ -5,13 +5,13 @@ it. The ones marked `gpu` need a CUDA device and skip with "no CUDA device"
 elsewhere; `make gpu-test` runs them (pytest -m gpu).
 """
 
-import os
 import pickle
 import threading
 
 import numpy as np
 import pytest
 
+import gpu_env
 import rdt
 import workers
 
@@ -64,10 +64,7 @@ def test_fetching_cuda_memory_without_a_cuda_transport_is_a_clear_error():
 # ---- with a GPU --------------------------------------------------------------
 
 def _no_gpu(why):
-    # `make gpu-test` sets RDT_REQUIRE_GPU=1: there a missing GPU fails.
-    if os.environ.get("RDT_REQUIRE_GPU") == "1":
-        pytest.fail(f"no CUDA device (RDT_REQUIRE_GPU=1): {why}")
-    pytest.skip(f"no CUDA device: {why}")
+    gpu_env.missing(f"no CUDA device: {why}")
 
 
 def _torch_cuda():
@@ -121,7 +118,10 @@ def test_torch_cuda_in_one_process():
 @pytest.mark.gpu
 def test_cupy_across_processes(child):
     _torch_cuda()
-    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    try:
+        import cupy
+    except ImportError:
+        gpu_env.missing("CuPy is not installed (`make gpu-test` installs it)")
     c = child(workers.serve, [None], "cupy")
     (ref,) = pickle.loads(c.recv()[None])
     v = rdt.get(ref)

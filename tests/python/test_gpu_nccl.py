@@ -3,18 +3,16 @@ They skip with a reason naming what is missing: torch, a CUDA device, or
 NCCL (libnccl.so.2, or RDT_NCCL_LIBRARY; the torch wheels ship one in
 nvidia/nccl/lib). The two-rank test needs two GPUs."""
 
-import os
 import pickle
 
 import pytest
 
+import gpu_env
 import rdt
 
 
 def _no(why):
-    if os.environ.get("RDT_REQUIRE_GPU") == "1":
-        pytest.fail(f"no NCCL/CUDA (RDT_REQUIRE_GPU=1): {why}")
-    pytest.skip(f"no NCCL/CUDA: {why}")
+    gpu_env.missing(f"no NCCL/CUDA: {why}")
 
 
 def _torch_nccl():

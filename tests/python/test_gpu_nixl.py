@@ -5,17 +5,21 @@ import pickle
 
 import pytest
 
+import gpu_env
 import rdt
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 
 
 def _cuda_torch():
-    torch = pytest.importorskip("torch", reason="torch is not installed")
+    try:
+        import torch
+    except ImportError:
+        gpu_env.missing("no CUDA device: torch is not installed")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+        gpu_env.missing("no CUDA device: torch sees none")
     if "nixl" not in rdt.default_runtime().transport_names():
-        pytest.skip("NIXL is not available: set RDT_NIXL_LIBRARY to libnixl_capi.so or pip install nixl-cu12")
+        gpu_env.missing("NIXL is not available: set RDT_NIXL_LIBRARY to libnixl_capi.so or pip install nixl-cu12")
     return torch
 
 

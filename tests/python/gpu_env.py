@@ -1,0 +1,17 @@
+"""What a GPU test does when something it needs is missing.
+
+Elsewhere it skips, naming what is missing. `make gpu-test` sets
+RDT_REQUIRE_GPU=1 and installs everything the GPU tests use (torch's CUDA
+build, CuPy, NIXL), so there a missing device, library or package fails the
+test instead: a machine that cannot run them cannot pass."""
+
+import os
+
+import pytest
+
+
+def missing(why: str) -> None:
+    """Skips the calling test with why, or fails it under RDT_REQUIRE_GPU=1."""
+    if os.environ.get("RDT_REQUIRE_GPU") == "1":
+        pytest.fail(f"{why} (RDT_REQUIRE_GPU=1)")
+    pytest.skip(why)

@@ -125,22 +125,34 @@ bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
 	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
 
 # On a machine with a GPU (and CUDA driver): every GPU test, then the GPU
-# benchmark. RDT_REQUIRE_GPU=1 turns "no CUDA device" skips into failures,
-# so a machine without a usable GPU cannot pass. Conventions for GPU
-# transports: Go tests live in their package under transports/ (they are
-# picked up by the ./transports/... pattern, built with GPU_GO_TAGS) and skip
-# with "no CUDA device: ..." unless RDT_REQUIRE_GPU=1; Python tests are
-# marked @pytest.mark.gpu in tests/python (selected with -m gpu). GPU_PYTHON
-# is an interpreter with pytest and torch (and CuPy, optional) installed.
-GPU_PYTHON  ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
+# benchmark. Each installs what it needs by itself: the test virtualenv
+# with torch's CUDA build and CuPy (tests/python/requirements-gpu.txt), and
+# NIXL; the nccl transport uses the NCCL wheel torch brings (the Python
+# package finds it; Go tests get it through RDT_NCCL_LIBRARY).
+# RDT_REQUIRE_GPU=1 turns "no CUDA device" skips into failures, so a machine
+# without a usable GPU cannot pass. Conventions for GPU transports: Go tests
+# live in their package under transports/ (picked up by ./transports/...,
+# built with GPU_GO_TAGS) and skip with "no CUDA device: ..." unless
+# RDT_REQUIRE_GPU=1; Python tests are marked @pytest.mark.gpu in
+# tests/python (selected with -m gpu). GPU_PYTHON=/path/to/python uses an
+# interpreter of your own (with pytest, torch and CuPy) instead of the venv.
+ifeq ($(origin GPU_PYTHON),undefined)
+GPU_PYTHON := $(CURDIR)/$(VENV)/bin/python
+GPU_PY_READY := $(VENV)/.gpu-ready
+endif
 GPU_GO_TAGS ?=
-GPU_ENV = RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHONPATH=$(CURDIR)/bindings/python \
-	RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so
-gpu-test: all
+$(VENV)/.gpu-ready: $(VENV)/.ready tests/python/requirements-gpu.txt
+	$(VENV)/bin/pip install -q -r tests/python/requirements-gpu.txt
+	@touch $@
+# The NCCL library of GPU_PYTHON's nvidia-nccl wheel, unless RDT_NCCL_LIBRARY is set.
+GPU_NCCL = $${RDT_NCCL_LIBRARY:-$$($(GPU_PYTHON) -c 'import glob, sys; f = [p for d in sys.path for g in ("nvidia/nccl/lib", "nvidia/cu*/lib") for p in glob.glob(d + "/" + g + "/libnccl.so.2")]; print(f[0] if f else "")')}
+GPU_ENV = RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} RDT_NCCL_LIBRARY=$(GPU_NCCL) \
+	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so
+gpu-test: all $(GPU_PY_READY) $(NIXL_READY)
 	RDT_REQUIRE_GPU=1 $(GPU_ENV) $(GO) test -count=1 -tags '$(GPU_GO_TAGS)' ./transports/...
 	cd tests/python && RDT_REQUIRE_GPU=1 $(GPU_ENV) $(GPU_PYTHON) -m pytest -q -p no:cacheprovider -m gpu .
 
-gpu-bench: all
+gpu-bench: all $(GPU_PY_READY) $(NIXL_READY)
 	$(GPU_ENV) $(GPU_PYTHON) bench/gpu_bench.py
 
 clean:

@@ -1,11 +1,13 @@
-"""cuda_ipc against a device-to-device copy in one process, on one GPU.
+"""GPU fetches against a device-to-device copy in one process, on one GPU.
 
-A source process puts CUDA tensors (torch) with transport="cuda_ipc"; this
-process fetches them into preallocated tensors on the same GPU. The
-baseline is torch's copy_ between two tensors of this process (a
-cuMemcpyDtoD on one stream), measured in the same run. Each size reports
-its best time over several runs; the 4 KiB line reports the median of many
-fetches (latency, not bandwidth). Run by `make gpu-bench`.
+A source process puts CUDA tensors (torch) once per GPU transport
+(cuda_ipc, and nixl where NIXL loads); this process fetches them into
+tensors it allocated before on the same GPU. The baseline, measured in the
+same run, is torch's copy_ between two tensors of this process (one
+device-to-device copy on a stream, then a synchronize). Bandwidth is bytes
+over the best of several runs, for the fetch and the copy alike; the 4 KiB
+line is the median of many fetches (latency). Run by `make gpu-bench`; the
+output is Markdown for bench/RESULTS.md.
 """
 
 import multiprocessing as mp
@@ -13,20 +15,38 @@ import statistics
 import sys
 import time
 
-SIZES = [("1 MiB", 1 << 20, 20), ("64 MiB", 64 << 20, 10), ("1 GiB", 1 << 30, 5)]
+SIZES = [("1 MiB", 1 << 20, 30), ("64 MiB", 64 << 20, 15), ("1 GiB", 1 << 30, 8)]
 SMALL, SMALL_RUNS = 4096, 2000
+TRANSPORTS = ["cuda_ipc", "nixl"]
+# Targets of the GPU transports: (transport, bandwidth ratio to the copy at 1 GiB).
+BANDWIDTH_TARGETS = {"cuda_ipc": 0.9, "nixl": 0.8}
+SMALL_TARGET_US = 150.0
 
 
-def source(conn):
+def fill_value(n):
+    return (n >> 10) % 251 + 1
+
+
+def source(conn, transports):
     import torch
     import rdt
     refs = {}
-    for _, n, _ in SIZES + [("4 KiB", SMALL, 0)]:
-        x = torch.full((n,), 7, dtype=torch.uint8, device="cuda:0")
-        refs[n] = rdt.put(x, transport="cuda_ipc")
+    for name in transports:
+        for _, n, _ in SIZES + [("4 KiB", SMALL, 0)]:
+            x = torch.full((n,), fill_value(n), dtype=torch.uint8, device="cuda:0")
+            refs[name, n] = rdt.put(x, transport=name)
     torch.cuda.synchronize()
-    conn.send({n: r.serialize() for n, r in refs.items()})
+    conn.send({k: r.serialize() for k, r in refs.items()})
     conn.recv()  # until told to stop
+
+
+def best_of(runs, fn):
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def main():
@@ -34,56 +54,98 @@ def main():
     import rdt
     if not torch.cuda.is_available():
         sys.exit("gpu-bench: no CUDA device (torch sees none)")
+    rt = rdt.default_runtime()
+    available = rt.transport_names()
+    transports = [t for t in TRANSPORTS if t in available]
+    missing = [t for t in TRANSPORTS if t not in available]
+    if "cuda_ipc" not in transports:
+        sys.exit("gpu-bench: the runtime lists no cuda_ipc transport (is the CUDA driver loadable?)")
     ctx = mp.get_context("spawn")
     conn, child_end = ctx.Pipe()
-    p = ctx.Process(target=source, args=(child_end,))
+    p = ctx.Process(target=source, args=(child_end, transports))
     p.start()
-    blobs = conn.recv()
-    rt = rdt.default_runtime()
-    refs = {n: rt.deserialize(b) for n, b in blobs.items()}
-    print(f"rdt {rdt.library_version()}, {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    try:
+        blobs = conn.recv()
+        refs = {k: rt.deserialize(b) for k, b in blobs.items()}
+        run(torch, rdt, transports, missing, refs)
+        for r in refs.values():
+            r.close()
+    finally:
+        conn.send("stop")
+        p.join(60)
+
+
+def run(torch, rdt, transports, missing, refs):
+    print(f"## GPU transports against a device-to-device copy ({torch.cuda.get_device_name(0)})")
     print()
-    print(f"| size | cuda_ipc fetch | same-process copy | cuda_ipc / copy |")
-    print(f"|---|---|---|---|")
+    print(f"rdt {rdt.library_version()}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
+    if missing:
+        print(f"Not measured: {', '.join(missing)} (not available in this runtime).")
+    print()
+    print("| size | same-process copy | " + " | ".join(transports) + " |")
+    print("|---" * (2 + len(transports)) + "|")
+    ratios = {}
     for label, n, runs in SIZES:
         out = torch.empty(n, dtype=torch.uint8, device="cuda:0")
         src = torch.empty(n, dtype=torch.uint8, device="cuda:0")
-        rdt.get(refs[n], out=[out])  # opens and caches the handle
-        assert int(out[0]) == 7 and int(out[-1]) == 7
-        best_f = best_c = float("inf")
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            rdt.get(refs[n], out=[out])
-            best_f = min(best_f, time.perf_counter() - t0)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+
+        def copy():
             out.copy_(src)
             torch.cuda.synchronize()
-            best_c = min(best_c, time.perf_counter() - t0)
-        gbs = lambda s: n / s / 1e9
-        print(f"| {label} | {best_f * 1e3:.3f} ms ({gbs(best_f):.1f} GB/s) | {best_c * 1e3:.3f} ms "
-              f"({gbs(best_c):.1f} GB/s) | {best_f / best_c:.2f}x |")
+
+        copy()
+        t_copy = best_of(runs, copy)
+        cells = []
+        for name in transports:
+            ref = refs[name, n]
+            out.zero_()
+            rdt.get(ref, out=[out], transport=name)  # the first fetch also opens handles and agents
+            want = fill_value(n)
+            if not bool((out == want).all()):
+                sys.exit(f"gpu-bench: {name} {label}: the bytes arrived corrupted")
+            t = best_of(runs, lambda: rdt.get(ref, out=[out], transport=name))
+            ratios[name, n] = t_copy / t
+            cells.append(f"{n / t / 1e9:.1f} GB/s ({t_copy / t:.2f}x)")
+        print(f"| {label} | {n / t_copy / 1e9:.1f} GB/s | " + " | ".join(cells) + " |")
+        del out, src
+    small = {}
     out = torch.empty(SMALL, dtype=torch.uint8, device="cuda:0")
     src = torch.empty(SMALL, dtype=torch.uint8, device="cuda:0")
-    fetches, copies = [], []
+    copies = []
     for _ in range(SMALL_RUNS):
-        t0 = time.perf_counter()
-        rdt.get(refs[SMALL], out=[out])
-        fetches.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         out.copy_(src)
         torch.cuda.synchronize()
         copies.append(time.perf_counter() - t0)
-    f50, c50 = statistics.median(fetches), statistics.median(copies)
-    print(f"| 4 KiB p50 | {f50 * 1e6:.1f} µs | {c50 * 1e6:.1f} µs | {f50 / c50:.2f}x |")
+    for name in transports:
+        ref = refs[name, SMALL]
+        rdt.get(ref, out=[out], transport=name)
+        times = []
+        for _ in range(SMALL_RUNS):
+            t0 = time.perf_counter()
+            rdt.get(ref, out=[out], transport=name)
+            times.append(time.perf_counter() - t0)
+        small[name] = statistics.median(times) * 1e6
+    print(f"| 4 KiB p50 | {statistics.median(copies) * 1e6:.1f} µs | "
+          + " | ".join(f"{small[t]:.1f} µs" for t in transports) + " |")
     print()
-    print("cuda_ipc fetch: rdt.get into a preallocated tensor, from another process (handle cached after the "
-          "first fetch); copy: torch copy_ + synchronize in this process. Best of several runs; 4 KiB: median "
-          f"of {SMALL_RUNS}.")
-    for r in refs.values():
-        r.close()
-    conn.send("stop")
-    p.join(30)
+    print("Bandwidth: bytes over the best of several runs; ratio: fetch bandwidth over the copy's. A fetch is "
+          "one `rdt.get` into a preallocated tensor on the same GPU, from another process (handles and "
+          f"agents cached after the first); the copy is torch `copy_` plus a synchronize. 4 KiB: median of "
+          f"{SMALL_RUNS}.")
+    print()
+    print("| target | measured | met |")
+    print("|---|---|---|")
+    for name, want in BANDWIDTH_TARGETS.items():
+        if name in transports:
+            got = ratios[name, 1 << 30]
+            print(f"| {name} at 1 GiB >= {want}x the copy | {got:.2f}x | {'yes' if got >= want else 'no'} |")
+        else:
+            print(f"| {name} at 1 GiB >= {want}x the copy | not measured | no |")
+    got = small["cuda_ipc"]
+    print(f"| 4 KiB GPU fetch p50 <= {SMALL_TARGET_US:.0f} µs (cuda_ipc) | {got:.1f} µs | "
+          f"{'yes' if got <= SMALL_TARGET_US else 'no'} |")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include <rdt.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -117,6 +118,104 @@ static size_t from_hex(const char *s, uint8_t *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* CUDA, for the demo's GPU rows                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The few driver calls the demo needs to put and check device memory,
+ * loaded at run time as librdt loads them, so the program builds and runs
+ * without CUDA. RDT_CUDA_LIBRARY names another driver library. */
+typedef unsigned long long cu_ptr;
+static struct {
+  int (*Init)(unsigned);
+  int (*DeviceGetCount)(int *);
+  int (*DeviceGet)(int *, int);
+  int (*DevicePrimaryCtxRetain)(void **, int);
+  int (*CtxSetCurrent)(void *);
+  int (*MemAlloc)(cu_ptr *, size_t);
+  int (*MemFree)(cu_ptr);
+  int (*MemcpyHtoD)(cu_ptr, const void *, size_t);
+  int (*MemcpyDtoH)(void *, cu_ptr, size_t);
+} cu;
+
+/* Loads the driver and makes device 0's primary context current on this
+ * thread. Returns NULL, or why there is no GPU to use. */
+static const char *cuda_setup(void) {
+  static char why[512];
+  static int done;
+  if (done) return why[0] ? why : NULL;
+  done = 1;
+  const char *path = getenv("RDT_CUDA_LIBRARY");
+  if (!path || !*path) path = "libcuda.so.1";
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, sizeof why, "the CUDA driver (%s) is not installed", path);
+    return why;
+  }
+  struct {
+    const char *name;
+    void **fn;
+  } syms[] = {
+      {"cuInit", (void **)&cu.Init},
+      {"cuDeviceGetCount", (void **)&cu.DeviceGetCount},
+      {"cuDeviceGet", (void **)&cu.DeviceGet},
+      {"cuDevicePrimaryCtxRetain", (void **)&cu.DevicePrimaryCtxRetain},
+      {"cuCtxSetCurrent", (void **)&cu.CtxSetCurrent},
+      {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
+      {"cuMemFree_v2", (void **)&cu.MemFree},
+      {"cuMemcpyHtoD_v2", (void **)&cu.MemcpyHtoD},
+      {"cuMemcpyDtoH_v2", (void **)&cu.MemcpyDtoH},
+  };
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
+      snprintf(why, sizeof why, "%s lacks %s", path, syms[i].name);
+      return why;
+    }
+  }
+  int n = 0, dev, rc;
+  void *ctx;
+  if ((rc = cu.Init(0)) != 0 || (rc = cu.DeviceGetCount(&n)) != 0 || n == 0) {
+    snprintf(why, sizeof why, "the CUDA driver finds no device (CUresult %d)", rc);
+    return why;
+  }
+  if ((rc = cu.DeviceGet(&dev, 0)) != 0 || (rc = cu.DevicePrimaryCtxRetain(&ctx, dev)) != 0 ||
+      (rc = cu.CtxSetCurrent(ctx)) != 0) {
+    snprintf(why, sizeof why, "device 0's context cannot be made current (CUresult %d)", rc);
+    return why;
+  }
+  return NULL;
+}
+
+static void cu_check(int rc, const char *what) {
+  if (rc != 0) die("%s: CUresult %d", what, rc);
+}
+
+/* A device buffer of n bytes holding the pattern of seed. */
+static cu_ptr device_filled(size_t n, uint64_t seed) {
+  cu_ptr d;
+  cu_check(cu.MemAlloc(&d, n ? n : 1), "cuMemAlloc");
+  void *h = map(n);
+  fill(h, n, seed);
+  cu_check(cu.MemcpyHtoD(d, h, n), "cuMemcpyHtoD");
+  munmap(h, n ? n : 1);
+  return d;
+}
+
+static int device_verify(cu_ptr d, size_t n, uint64_t seed) {
+  void *h = map(n);
+  cu_check(cu.MemcpyDtoH(h, d, n), "cuMemcpyDtoH");
+  int ok = verify(h, n, seed);
+  munmap(h, n ? n : 1);
+  return ok;
+}
+
+static rdt_tensor device_tensor(cu_ptr d, int64_t *shape) {
+  rdt_tensor t = byte_tensor((void *)(uintptr_t)d, shape);
+  t.device.device_type = RDT_DEVICE_CUDA;
+  t.device.device_id = 0;
+  return t;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The source process                                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -124,15 +223,27 @@ struct held {
   rdt_ref *ref;
   void *data;
   size_t size;
+  int on_gpu; /* data is a device pointer */
 };
 
 /* Commands, one per line on stdin:
  *   put <transport|auto> <bytes> <count> <seed>  -> refs <hex> ...
+ *   gpuput <transport|auto> <bytes> <seed>  the same, one tensor on GPU 0
  *   drop                                         -> dropped
  *   raw <bytes>   a plain buffer for the baselines -> raw <pid> <addr>
  *   tcp           a plain TCP server for the baseline -> tcp <port>
  */
 static void serve_tcp(int lfd);
+
+static void print_ref(rdt_ref *ref) {
+  void *bytes;
+  size_t n;
+  check(rdt_ref_serialize(ref, &bytes, &n), "serialize");
+  char *hex = to_hex(bytes, n);
+  printf("%s", hex);
+  free(hex);
+  rdt_bytes_free(bytes);
+}
 
 static int source_main(void) {
   rdt_runtime_options o;
@@ -147,13 +258,30 @@ static int source_main(void) {
   while (fgets(line, sizeof line, stdin)) {
     char transport[64];
     unsigned long long size, count, seed;
-    if (sscanf(line, "put %63s %llu %llu %llu", transport, &size, &count,
+    if (sscanf(line, "gpuput %63s %llu %llu", transport, &size, &seed) == 3) {
+      if (nheld + 1 > MAX_REFS) die("source: too many objects");
+      const char *why = cuda_setup();
+      if (why) die("source: %s", why);
+      struct held *h = &held[nheld++];
+      h->size = size;
+      h->on_gpu = 1;
+      cu_ptr d = device_filled(size, seed);
+      h->data = (void *)(uintptr_t)d;
+      int64_t shape[1] = {(int64_t)size};
+      rdt_tensor t = device_tensor(d, shape);
+      check(rdt_put(rt, &t, 1, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
+            "put");
+      printf("refs ");
+      print_ref(h->ref);
+      printf("\n");
+    } else if (sscanf(line, "put %63s %llu %llu %llu", transport, &size, &count,
                &seed) == 4) {
       if (nheld + count > MAX_REFS) die("source: too many objects");
       printf("refs");
       for (unsigned long long i = 0; i < count; i++) {
         struct held *h = &held[nheld++];
         h->size = size;
+        h->on_gpu = 0;
         h->data = map(size);
         fill(h->data, size, seed + i);
         int64_t shape[1] = {(int64_t)size};
@@ -161,13 +289,8 @@ static int source_main(void) {
         check(rdt_put(rt, &t, 1, strcmp(transport, "auto") ? transport : NULL,
                       NULL, NULL, &h->ref),
               "put");
-        void *bytes;
-        size_t n;
-        check(rdt_ref_serialize(h->ref, &bytes, &n), "serialize");
-        char *hex = to_hex(bytes, n);
-        printf(" %s", hex);
-        free(hex);
-        rdt_bytes_free(bytes);
+        printf(" ");
+        print_ref(h->ref);
       }
       printf("\n");
     } else if (strncmp(line, "drop", 4) == 0) {
@@ -176,7 +299,10 @@ static int source_main(void) {
       for (size_t i = 0; i < nheld; i++) check(rdt_ref_release(held[i].ref), "release");
       for (size_t i = 0; i < nheld; i++) {
         check(rdt_wait_tensor_freed(rt, held[i].data, 30000), "wait_tensor_freed");
-        munmap(held[i].data, held[i].size ? held[i].size : 1);
+        if (held[i].on_gpu)
+          cu_check(cu.MemFree((cu_ptr)(uintptr_t)held[i].data), "cuMemFree");
+        else
+          munmap(held[i].data, held[i].size ? held[i].size : 1);
       }
       nheld = 0;
       printf("dropped\n");
@@ -278,10 +404,8 @@ static void stop_source(struct source *s) {
   waitpid(s->pid, &st, 0);
 }
 
-/* Puts `count` objects of `size` bytes in the source and deserializes them. */
-static size_t put_remote(rdt_runtime *rt, struct source *s, const char *transport,
-                         uint64_t size, int count, uint64_t seed, rdt_ref **refs) {
-  char *line = ask(s, "put %s %" PRIu64 " %d %" PRIu64 "\n", transport, size, count, seed);
+/* Deserializes the refs of a "refs <hex> ..." answer. */
+static size_t take_refs(rdt_runtime *rt, char *line, int count, rdt_ref **refs) {
   if (strncmp(line, "refs ", 5) != 0) die("source said: %s", line);
   char *tok = strtok(line + 5, " \n");
   size_t n = 0;
@@ -294,6 +418,19 @@ static size_t put_remote(rdt_runtime *rt, struct source *s, const char *transpor
   }
   if (n != (size_t)count) die("source sent %zu refs, wanted %d", n, count);
   return n;
+}
+
+/* Puts `count` objects of `size` bytes in the source and deserializes them. */
+static size_t put_remote(rdt_runtime *rt, struct source *s, const char *transport,
+                         uint64_t size, int count, uint64_t seed, rdt_ref **refs) {
+  return take_refs(rt, ask(s, "put %s %" PRIu64 " %d %" PRIu64 "\n", transport, size, count, seed),
+                   count, refs);
+}
+
+/* The same, one object in the source's GPU 0. */
+static void put_remote_gpu(rdt_runtime *rt, struct source *s, const char *transport,
+                           uint64_t size, uint64_t seed, rdt_ref **ref) {
+  take_refs(rt, ask(s, "gpuput %s %" PRIu64 " %" PRIu64 "\n", transport, size, seed), 1, ref);
 }
 
 static void drop_remote(struct source *s, rdt_ref **refs, size_t n) {
@@ -387,6 +524,54 @@ static const char *const bench_transports[] = {"cma", "shm", "tcp", "nixl"};
 /* demo                                                                     */
 /* ------------------------------------------------------------------------ */
 
+/* The GPU rows of the demo: a tensor in the source's GPU 0 fetched into
+ * this process's GPU 0 (device to device, no host copy), or why not.
+ * Returns the number of transfers that came back wrong. */
+static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
+  static const char *const gpu_transports[] = {"cuda_ipc", "nixl"};
+  const char *why = cuda_setup();
+  if (!why && !transport_available(rt, "cuda_ipc"))
+    why = "the CUDA driver loads, but librdt lists no cuda_ipc transport";
+  if (why) {
+    printf("%-6s (no GPU rows: %s)\n", "cuda", why);
+    return 0;
+  }
+  int failures = 0;
+  const char *names[] = {"auto", "cuda_ipc", "nixl"};
+  for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+    const char *name = names[k];
+    if (k > 0 && !transport_available(rt, name)) {
+      printf("%-6s (not available here)\n", name);
+      continue;
+    }
+    uint64_t before[2];
+    for (int j = 0; j < 2; j++) before[j] = transport_uses(rt, gpu_transports[j]);
+    uint64_t seed = 300 + (uint64_t)k;
+    rdt_ref *ref;
+    put_remote_gpu(rt, src, name, size, seed, &ref);
+    cu_ptr dst;
+    cu_check(cu.MemAlloc(&dst, size), "cuMemAlloc");
+    int64_t shape[1] = {(int64_t)size};
+    rdt_tensor t = device_tensor(dst, shape);
+    rdt_fetch_options fo;
+    rdt_fetch_options_init(&fo);
+    fo.transport = k > 0 ? name : NULL;
+    double t0 = now();
+    check(rdt_get(rt, &ref, 1, &t, 1, &fo, 120000), "get");
+    double dt = now() - t0;
+    int ok = device_verify(dst, size, seed);
+    const char *by = "?";
+    for (int j = 0; j < 2; j++)
+      if (transport_uses(rt, gpu_transports[j]) > before[j]) by = gpu_transports[j];
+    printf("%-6s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor, GPU", human(size), by,
+           dt * 1e3, (double)size / dt / 1e9, ok ? "verified" : "CORRUPT");
+    failures += !ok;
+    drop_remote(src, &ref, 1);
+    cu_check(cu.MemFree(dst), "cuMemFree");
+  }
+  return failures;
+}
+
 static int demo_main(void) {
   rdt_runtime *rt = receiver_runtime();
   struct source src = spawn_source();
@@ -436,6 +621,7 @@ static int demo_main(void) {
     failures += !ok;
     drop_remote(&src, refs, (size_t)nsmall);
   }
+  failures += demo_gpu(rt, &src, big);
   stop_source(&src);
   rdt_stats stats;
   rdt_stats_init(&stats);

@@ -199,7 +199,8 @@ func DeviceCount() (int, error) {
 }
 
 // UUID identifies a GPU across processes (ordinals depend on
-// CUDA_VISIBLE_DEVICES; UUIDs do not).
+// CUDA_VISIBLE_DEVICES; UUIDs do not). A device in MIG mode has the UUID of
+// its MIG compute instance (cuDeviceGetUuid_v2).
 type UUID [16]byte
 
 func (u UUID) String() string {

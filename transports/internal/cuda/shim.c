@@ -66,7 +66,7 @@ static const struct { const char *name; void **slot; } symbols[] = {
   {"cuGetErrorString", (void **)&staged.GetErrorString},
   {"cuDeviceGet", (void **)&staged.DeviceGet},
   {"cuDeviceGetCount", (void **)&staged.DeviceGetCount},
-  {"cuDeviceGetUuid", (void **)&staged.DeviceGetUuid},
+  {"cuDeviceGetUuid_v2", (void **)&staged.DeviceGetUuid},
   {"cuDeviceGetName", (void **)&staged.DeviceGetName},
   {"cuDeviceCanAccessPeer", (void **)&staged.DeviceCanAccessPeer},
   {"cuDevicePrimaryCtxRetain", (void **)&staged.DevicePrimaryCtxRetain},
@@ -92,6 +92,15 @@ static const struct { const char *name; void **slot; } symbols[] = {
   {"cuMemFree_v2", (void **)&staged.MemFree},
 };
 
+/* Older entry points, tried when the name in `symbols` is missing.
+ * cuDeviceGetUuid_v2 (CUDA 11.4 and later; the cuDeviceGetUuid of CUDA 13's
+ * cuda.h) gives a device in MIG mode the UUID of its MIG compute instance;
+ * the first version does not, so processes on two MIG instances of one GPU
+ * would look like they share a device. */
+static const struct { const char *name, *older; } fallbacks[] = {
+  {"cuDeviceGetUuid_v2", "cuDeviceGetUuid"},
+};
+
 static int loaded;
 
 int rdtcu_load(const char *path, char *err, size_t errlen) {
@@ -104,6 +113,8 @@ int rdtcu_load(const char *path, char *err, size_t errlen) {
   for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
     dlerror();
     void *f = dlsym(h, symbols[i].name);
+    for (size_t j = 0; !f && j < sizeof fallbacks / sizeof fallbacks[0]; j++)
+      if (strcmp(fallbacks[j].name, symbols[i].name) == 0) f = dlsym(h, fallbacks[j].older);
     if (!f) {
       snprintf(err, errlen, "%s has no symbol %s: it is not the CUDA driver library, or a driver older than CUDA 11",
                path, symbols[i].name);

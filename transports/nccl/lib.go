@@ -40,12 +40,13 @@ const (
 	InvalidUsage       Result = 5
 	RemoteError        Result = 6
 	InProgress         Result = 7
+	Timeout            Result = 8 // NCCL 2.30 and later
 )
 
 var resultNames = map[Result]string{
 	Success: "ncclSuccess", UnhandledCudaError: "ncclUnhandledCudaError", SystemError: "ncclSystemError",
 	InternalError: "ncclInternalError", InvalidArgument: "ncclInvalidArgument", InvalidUsage: "ncclInvalidUsage",
-	RemoteError: "ncclRemoteError", InProgress: "ncclInProgress",
+	RemoteError: "ncclRemoteError", InProgress: "ncclInProgress", Timeout: "ncclTimeout",
 }
 
 func (r Result) String() string {
@@ -86,6 +87,8 @@ func (e *Error) Status() core.Status {
 		return core.ErrInvalidArgument
 	case RemoteError:
 		return core.ErrPeerUnavailable
+	case Timeout:
+		return core.ErrTimeout
 	}
 	return core.ErrTransport
 }

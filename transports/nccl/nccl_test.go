@@ -73,6 +73,8 @@ func TestErrorText(t *testing.T) {
 	assert.Equal(t, core.ErrPeerUnavailable, e.Status())
 	assert.Equal(t, core.ErrInvalidArgument, (&Error{Code: InvalidUsage}).Status())
 	assert.Equal(t, "ncclResult_t(99)", Result(99).String())
+	assert.Equal(t, "ncclTimeout", Timeout.String())
+	assert.Equal(t, core.ErrTimeout, (&Error{Code: Timeout}).Status())
 }
 
 func TestCMetaCodec(t *testing.T) {

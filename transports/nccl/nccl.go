@@ -527,15 +527,25 @@ func (t *Transport) Abort(x *core.Transfer, req core.Request) {
 	}
 }
 
-// Close destroys every group's communicator.
+// Close destroys every group's communicator, in the order of the groups'
+// names. ncclCommDestroy returns only once the ranks of that communicator on
+// the same host have destroyed theirs too (each waits for the others to
+// close their connections to its proxy), so two runtimes on one host that
+// share two groups must destroy them in the same order, or each would wait
+// for the other in a different group.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	t.closed = true
 	gs := t.groups
 	t.groups = map[string]*group{}
 	t.mu.Unlock()
-	for _, g := range gs {
-		g.destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
+	names := make([]string, 0, len(gs))
+	for name := range gs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		gs[name].destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
 	}
 	return nil
 }

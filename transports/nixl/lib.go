@@ -106,6 +106,9 @@ func open(path string, probe bool) error {
 	case 1:
 		err = core.Errorf(core.ErrUnsupported, "nixl: cannot load NIXL's C API library %s (set %s to its path, e.g. the libnixl_capi.so of the nixl wheel): %s",
 			path, LibraryEnv, strings.TrimSpace(C.GoString(what)))
+	case 3:
+		err = core.Errorf(core.ErrUnsupported, "nixl: %s is NIXL's reworked C API (version %s), whose agent configuration and buffer ownership differ from the C API of nixl 1.5.1 that rdt speaks; point %s at the libnixl_capi.so of the nixl-cu12 1.5.1 wheel",
+			path, C.GoString(what), LibraryEnv)
 	default:
 		err = core.Errorf(core.ErrUnsupported, "nixl: %s lacks the symbol %s (not NIXL's C API library, or an incompatible release)", path, C.GoString(what))
 	}

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +72,24 @@ static int open_checked(const char *path, void **handle, __typeof__(api) *out, c
 			return 2;
 		}
 		memcpy((char *)out + symbols[i].offset, &f, sizeof f);
+	}
+	// NIXL's reworked C API (src/api/c/nixl_capi.h, newer than the pinned
+	// 1.5.1) exports nixl_capi_get_version and is not the one declared here
+	// (wrapper.h): its nixl_capi_agent_config_t has a 16-bit listen_port,
+	// which moves thread_sync and the fields after it, and the buffers it
+	// returns are freed with nixl_capi_mem_free. Refuse it rather than have
+	// it read thread_sync from where listen_port is.
+	void *v = dlsym(l, "nixl_capi_get_version");
+	if (v) {
+		void (*version)(int *, int *, int *);
+		memcpy(&version, &v, sizeof v);
+		int major = -1, minor = -1, patch = -1;
+		version(&major, &minor, &patch);
+		char buf[64];
+		snprintf(buf, sizeof buf, "%d.%d.%d", major, minor, patch);
+		*what = strdup(buf);
+		dlclose(l);
+		return 3;
 	}
 	*handle = l;
 	return 0;

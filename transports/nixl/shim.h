@@ -38,8 +38,10 @@ typedef struct {
 
 // rdtnx_load opens the library at path (RTLD_NOW | RTLD_LOCAL) and resolves
 // every function this transport calls. It returns 0, or 1 when dlopen
-// failed, or 2 when a symbol is missing; *what is then a malloc'd dlerror
-// text or the symbol's name (the caller frees it). Loading twice is a no-op.
+// failed, or 2 when a symbol is missing, or 3 when the library is NIXL's
+// later C API (it exports nixl_capi_get_version), whose types differ; *what
+// is then a malloc'd dlerror text, the symbol's name or the C API version
+// (the caller frees it). Loading twice is a no-op.
 int rdtnx_load(const char *path, char **what);
 // rdtnx_probe checks a library the way rdtnx_load does, without keeping it.
 int rdtnx_probe(const char *path, char **what);

@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
+.PHONY: all test go-test fake-gpu-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -40,11 +40,27 @@ $(NIXL_DIR)/.ready: tests/requirements-nixl.txt
 		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
 	@mkdir -p $(NIXL_DIR) && touch $@
 
-test: go-test c-test sanitize-test consumer-test python-test
+test: go-test fake-gpu-test c-test sanitize-test consumer-test python-test
 
 go-test: $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(GO) test -race -count=1 ./...
 
+# The GPU tests of the CUDA loader and of cuda_ipc, on machines without a
+# GPU: against the test double of the CUDA driver (tests/fakecuda), with two
+# devices, then again without peer access for the tests that care. Only
+# these packages get it (nixl would hand its fake device pointers to UCX);
+# see docs/transports.md, "Testing GPU code without a GPU".
+FAKECUDA     := $(BUILD)/fakecuda/libcuda.so.1
+FAKECUDA_ENV  = env -u CUDA_VISIBLE_DEVICES RDT_CUDA_LIBRARY=$(abspath $(FAKECUDA)) RDT_FAKECUDA_DEVICES=2
+FAKECUDA_PKGS := ./transports/internal/cuda/... ./transports/cuda_ipc/...
+
+$(FAKECUDA): tests/fakecuda/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -g -pthread -std=c11 -Wall -Wextra -Werror -fvisibility=hidden -o $@ $<
+
+fake-gpu-test: $(FAKECUDA)
+	$(FAKECUDA_ENV) $(GO) test -race -count=1 $(FAKECUDA_PKGS)
+	$(FAKECUDA_ENV) RDT_FAKECUDA_PEER_ACCESS=0 $(GO) test -race -count=1 -run 'TwoDevices|NumbersDevicesDifferently' $(FAKECUDA_PKGS)
 
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON

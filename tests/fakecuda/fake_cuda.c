@@ -1,0 +1,988 @@
+/*
+ * fake_cuda.c: a test double of the CUDA driver API (libcuda.so.1), used
+ * only by rdt's tests. It is built into build/fakecuda/libcuda.so.1 and
+ * loaded in place of the driver with RDT_CUDA_LIBRARY, so that the code
+ * around CUDA (transports/internal/cuda and the cuda_ipc transport) runs on
+ * machines without a GPU.
+ *
+ * What it models, after the CUDA 12 driver API documentation:
+ *   - cuInit first (CUDA_ERROR_NOT_INITIALIZED before it); devices counted
+ *     by RDT_FAKECUDA_DEVICES (default 1; 0 makes cuInit fail with
+ *     CUDA_ERROR_NO_DEVICE), chosen and renumbered by CUDA_VISIBLE_DEVICES
+ *     (a list of indices, cut at the first invalid one), each with a stable
+ *     UUID and the name "rdt fake CUDA device N" (N: the index before
+ *     CUDA_VISIBLE_DEVICES). RDT_FAKECUDA_PEER_ACCESS=0 makes
+ *     cuDeviceCanAccessPeer say no for every pair.
+ *   - Primary contexts and a current context per thread: calls that need a
+ *     context fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
+ *     has none.
+ *   - Device memory: each cuMemAlloc is its own memfd, mapped shared, kept
+ *     in an allocation table (base, size, context, buffer id). Pointer
+ *     attributes and cuMemGetAddressRange answer from that table; any other
+ *     address is host memory the driver does not know
+ *     (CUDA_ERROR_INVALID_VALUE from cuPointerGetAttribute,
+ *     CUDA_ERROR_NOT_FOUND from cuMemGetAddressRange).
+ *   - Legacy IPC: a handle names a whole allocation (any address inside it
+ *     gives the same handle, as the real driver does) by owner pid, memfd
+ *     number, size and buffer id. cuIpcOpenMemHandle maps
+ *     /proc/<pid>/fd/<fd>; it refuses a handle of its own process
+ *     (CUDA_ERROR_INVALID_CONTEXT, like the driver) and one whose owner or
+ *     allocation is gone, or that is corrupt (CUDA_ERROR_INVALID_HANDLE).
+ *     Opening a handle twice in one context counts references and returns
+ *     the same address; cuIpcCloseMemHandle unmaps at zero.
+ *   - Streams: a worker thread per stream runs what is enqueued, in order
+ *     (copies with memcpy, host functions, event records). cuEventQuery is
+ *     CUDA_ERROR_NOT_READY until its stream reaches the record. Copies are
+ *     checked as the driver checks them: a DtoD or peer copy needs device
+ *     memory on both sides (of the contexts given, for a peer copy); a
+ *     range that starts in an allocation and runs past it is an error.
+ *     RDT_FAKECUDA_COPY_DELAY_US delays each enqueued copy, so that tests
+ *     can catch work in flight.
+ *   - Stricter than the driver, to catch callers' bugs: cuIpcCloseMemHandle
+ *     of a mapping that enqueued copies still use aborts the process with a
+ *     message (the driver documents nothing for it); cuMemFree waits for
+ *     the copies that use the allocation (the driver synchronizes).
+ *
+ * What it cannot prove: the real driver's ABI (struct layouts, symbol
+ * versions, enum values are written here from cuda.h, not checked against
+ * a driver), anything about DMA, the copy engines, peer mappings or speed,
+ * the legacy default stream's implicit synchronization, or behaviour the
+ * documentation leaves undefined (such as reading an IPC mapping after its
+ * owner freed the memory: here the memfd simply stays alive).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+/* ---- cuda.h: types and values --------------------------------------------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct fake_ctx *CUcontext;
+typedef struct fake_stream *CUstream;
+typedef struct fake_event *CUevent;
+typedef struct { char bytes[16]; } CUuuid;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef void (*CUhostFn)(void *userData);
+
+enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
+  CUDA_ERROR_INVALID_CONTEXT = 201,
+  CUDA_ERROR_MAP_FAILED = 205,
+  CUDA_ERROR_INVALID_HANDLE = 400,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_NOT_READY = 600,
+};
+
+enum {
+  CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+  CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+  CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+  CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+  CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+  CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+  CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+  CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+  CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+  CU_POINTER_ATTRIBUTE_MAPPED = 13,
+};
+
+#define CU_MEMORYTYPE_DEVICE 2u
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
+#define CU_STREAM_NON_BLOCKING 0x1u
+#define CU_EVENT_FLAGS_ALL 0x7u /* BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* ---- errors --------------------------------------------------------------- */
+
+static const struct {
+  CUresult code;
+  const char *name, *text;
+} errors[] = {
+  {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+  {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+  {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+  {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+  {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+  {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+  {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+  {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
+  {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+  {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+  {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+};
+
+API CUresult cuGetErrorName(CUresult r, const char **s) {
+  if (!s) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == r) {
+      *s = errors[i].name;
+      return CUDA_SUCCESS;
+    }
+  *s = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuGetErrorString(CUresult r, const char **s) {
+  if (!s) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == r) {
+      *s = errors[i].text;
+      return CUDA_SUCCESS;
+    }
+  *s = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- state ---------------------------------------------------------------- */
+
+#define MAX_DEVICES 64
+#define CTX_MAGIC 0x43545846u    /* "FXTC" */
+#define STREAM_MAGIC 0x53545246u /* "FRTS" */
+#define EVENT_MAGIC 0x45565446u  /* "FTVE" */
+
+/* One lock for every table and queue; stream workers drop it while they
+ * copy or run a host function. `progress` is broadcast whenever an
+ * enqueued operation completes. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER;
+
+static int initialized; /* set once, under mu, after the rest: read with is_init() */
+static int ndev;                 /* visible devices */
+static int physical[MAX_DEVICES]; /* visible ordinal -> index in RDT_FAKECUDA_DEVICES */
+static int peer_access = 1;
+static unsigned copy_delay_us;
+static uint64_t token;           /* random per process: names its memfds */
+static unsigned long long next_buffer_id = 1;
+
+static int is_init(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
+
+struct fake_ctx {
+  uint32_t magic;
+  int dev;      /* ordinal */
+  int retained; /* cuDevicePrimaryCtxRetain count */
+  struct fake_stream *null_stream;
+};
+static struct fake_ctx ctxs[MAX_DEVICES];
+static __thread struct fake_ctx *current;
+
+enum { ALLOC_DEVICE, ALLOC_IPC };
+
+struct alloc {
+  struct alloc *next;
+  int kind;
+  uintptr_t base;
+  size_t size;
+  struct fake_ctx *ctx;
+  unsigned long long id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+  int busy;              /* enqueued copies that use it */
+  int fd;                /* ALLOC_DEVICE: the memfd */
+  /* ALLOC_IPC: the exporting process's allocation, and open count */
+  int32_t owner_pid;
+  uint64_t owner_token;
+  unsigned long long owner_id;
+  int refs;
+};
+static struct alloc *allocs;
+
+enum { OP_COPY, OP_HOST_FN, OP_RECORD };
+
+struct op {
+  struct op *next;
+  int kind;
+  void *dst;
+  const void *src;
+  size_t n;
+  struct alloc *pins[2];
+  CUhostFn fn;
+  void *data;
+  struct fake_event *ev;
+  uint64_t seq;
+};
+
+struct fake_stream {
+  uint32_t magic;
+  struct fake_stream *next; /* registry of live streams */
+  struct fake_ctx *ctx;
+  struct op *head, *tail;
+  uint64_t enqueued, done;
+  int destroyed;
+  pthread_cond_t wake;
+};
+static struct fake_stream *streams;
+
+struct fake_event {
+  uint32_t magic;
+  struct fake_event *next; /* registry of live events */
+  struct fake_ctx *ctx;
+  uint64_t recorded, reached; /* last record's number; last one the stream reached */
+  int pending;                /* records enqueued, not yet reached */
+  int destroyed;
+};
+static struct fake_event *events;
+
+/* The IPC handle's layout inside CUipcMemHandle's 64 bytes. */
+#define HANDLE_MAGIC "RDTFAKE1"
+struct ipc_handle {
+  char magic[8];
+  int32_t pid, fd;
+  uint64_t token;
+  uint64_t id;
+  uint64_t size;
+  int32_t device; /* index in RDT_FAKECUDA_DEVICES */
+};
+_Static_assert(sizeof(struct ipc_handle) <= sizeof(CUipcMemHandle), "handle too large");
+
+/* ---- helpers (called with mu held) ---------------------------------------- */
+
+static struct alloc *find(uintptr_t p) {
+  for (struct alloc *a = allocs; a; a = a->next)
+    if (p >= a->base && p - a->base < a->size) return a;
+  return NULL;
+}
+
+static void unlink_alloc(struct alloc *a) {
+  for (struct alloc **pp = &allocs; *pp; pp = &(*pp)->next)
+    if (*pp == a) {
+      *pp = a->next;
+      return;
+    }
+}
+
+/* What [p, p+n) is: device memory (*a set), host memory (*a NULL), or a
+ * range that starts in an allocation and runs past its end (error). */
+static CUresult classify(uintptr_t p, size_t n, struct alloc **a) {
+  *a = find(p);
+  if (!*a) {
+    if (p < 65536) return CUDA_ERROR_INVALID_VALUE; /* no host memory there either */
+    return CUDA_SUCCESS;
+  }
+  if (n > (*a)->size - (p - (*a)->base)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+static int valid_ctx(struct fake_ctx *c) {
+  return c >= ctxs && c < ctxs + ndev && c->magic == CTX_MAGIC && c->retained > 0;
+}
+
+static CUresult need_ctx(void) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!current || !valid_ctx(current)) return CUDA_ERROR_INVALID_CONTEXT;
+  return CUDA_SUCCESS;
+}
+
+static void *worker(void *arg);
+
+static CUresult new_stream(struct fake_ctx *c, struct fake_stream **out) {
+  struct fake_stream *s = calloc(1, sizeof *s);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  s->magic = STREAM_MAGIC;
+  s->ctx = c;
+  pthread_cond_init(&s->wake, NULL);
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int err = pthread_create(&t, &attr, worker, s);
+  pthread_attr_destroy(&attr);
+  if (err) {
+    pthread_cond_destroy(&s->wake);
+    free(s);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  s->next = streams;
+  streams = s;
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+/* A stream handle as the caller gave it: a live stream, or the NULL stream
+ * (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) of the current context, which
+ * is modelled as one more stream of that context. */
+static CUresult resolve_stream(CUstream h, struct fake_stream **out) {
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
+    if (!current->null_stream) {
+      r = new_stream(current, &current->null_stream);
+      if (r != CUDA_SUCCESS) return r;
+    }
+    *out = current->null_stream;
+    return CUDA_SUCCESS;
+  }
+  for (struct fake_stream *s = streams; s; s = s->next)
+    if (s == h && !s->destroyed) {
+      *out = s;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult resolve_event(CUevent h, struct fake_event **out) {
+  for (struct fake_event *e = events; e; e = e->next)
+    if (e == h) {
+      *out = e;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult enqueue(struct fake_stream *s, struct op *o) {
+  struct op *q = malloc(sizeof *q);
+  if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  *q = *o;
+  q->next = NULL;
+  for (int i = 0; i < 2; i++)
+    if (q->pins[i]) q->pins[i]->busy++;
+  if (s->tail)
+    s->tail->next = q;
+  else
+    s->head = q;
+  s->tail = q;
+  s->enqueued++;
+  pthread_cond_signal(&s->wake);
+  return CUDA_SUCCESS;
+}
+
+static void free_event_if_done(struct fake_event *e) {
+  if (e->destroyed && e->pending == 0) {
+    e->magic = 0;
+    free(e);
+  }
+}
+
+static void *worker(void *arg) {
+  struct fake_stream *s = arg;
+  pthread_mutex_lock(&mu);
+  for (;;) {
+    while (!s->head && !s->destroyed) pthread_cond_wait(&s->wake, &mu);
+    struct op *o = s->head;
+    if (!o) break; /* destroyed, and everything enqueued has run */
+    unsigned delay = copy_delay_us;
+    pthread_mutex_unlock(&mu);
+    if (o->kind == OP_COPY) {
+      if (delay) usleep(delay);
+      memcpy(o->dst, o->src, o->n);
+    } else if (o->kind == OP_HOST_FN) {
+      o->fn(o->data);
+    }
+    pthread_mutex_lock(&mu);
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    for (int i = 0; i < 2; i++)
+      if (o->pins[i]) o->pins[i]->busy--;
+    if (o->kind == OP_RECORD) {
+      if (o->seq > o->ev->reached) o->ev->reached = o->seq;
+      o->ev->pending--;
+      free_event_if_done(o->ev);
+    }
+    free(o);
+    s->done++;
+    pthread_cond_broadcast(&progress);
+  }
+  pthread_cond_destroy(&s->wake);
+  s->magic = 0;
+  free(s);
+  pthread_mutex_unlock(&mu);
+  return NULL;
+}
+
+/* ---- initialization and devices ------------------------------------------- */
+
+static CUresult init_locked(void) {
+  if (is_init()) return CUDA_SUCCESS;
+  int total = 1;
+  const char *s = getenv("RDT_FAKECUDA_DEVICES");
+  if (s && *s) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < 0 || v > MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
+    total = (int)v;
+  }
+  /* CUDA_VISIBLE_DEVICES: a comma-separated list of indices; the devices
+   * before the first invalid (or repeated) entry are visible. */
+  int n = 0;
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis) {
+    const char *p = vis;
+    while (*p && n < total) {
+      char *end;
+      long v = strtol(p, &end, 10);
+      if (end == p || v < 0 || v >= total || (*end && *end != ',')) break;
+      int dup = 0;
+      for (int i = 0; i < n; i++) dup |= physical[i] == v;
+      if (dup) break;
+      physical[n++] = (int)v;
+      p = *end ? end + 1 : end;
+    }
+  } else {
+    for (n = 0; n < total; n++) physical[n] = n;
+  }
+  if (n == 0) return CUDA_ERROR_NO_DEVICE;
+  const char *peer = getenv("RDT_FAKECUDA_PEER_ACCESS");
+  peer_access = !(peer && strcmp(peer, "0") == 0);
+  const char *delay = getenv("RDT_FAKECUDA_COPY_DELAY_US");
+  copy_delay_us = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
+  if (getrandom(&token, sizeof token, 0) != (ssize_t)sizeof token)
+    token = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  for (int i = 0; i < n; i++) {
+    ctxs[i].magic = CTX_MAGIC;
+    ctxs[i].dev = i;
+  }
+  ndev = n;
+  __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = init_locked();
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+static CUresult check_device(CUdevice d) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  return d >= 0 && d < ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+API CUresult cuDeviceGetCount(int *count) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  *count = ndev;
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal < 0 || ordinal >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice d) {
+  CUresult r = check_device(d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  static const char prefix[12] = {'r', 'd', 't', '-', 'f', 'a', 'k', 'e', '-', 'g', 'p', 'u'};
+  memcpy(uuid->bytes, prefix, sizeof prefix);
+  uint32_t idx = (uint32_t)physical[d];
+  memcpy(uuid->bytes + 12, &idx, 4);
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h maps cuDeviceGetUuid to _v2 (same signature) since CUDA 11.4;
+ * the driver exports both. */
+API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d) { return cuDeviceGetUuid(uuid, d); }
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  CUresult r = check_device(d);
+  if (r != CUDA_SUCCESS) return r;
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  snprintf(name, (size_t)len, "rdt fake CUDA device %d", physical[d]);
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceCanAccessPeer(int *can, CUdevice d, CUdevice peer) {
+  CUresult r = check_device(d);
+  if (r == CUDA_SUCCESS) r = check_device(peer);
+  if (r != CUDA_SUCCESS) return r;
+  if (!can) return CUDA_ERROR_INVALID_VALUE;
+  *can = d != peer && peer_access; /* a device is not its own peer */
+  return CUDA_SUCCESS;
+}
+
+/* ---- contexts ------------------------------------------------------------- */
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  pthread_mutex_lock(&mu);
+  CUresult r = check_device(d);
+  if (r == CUDA_SUCCESS && !c) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    ctxs[d].retained++;
+    *c = &ctxs[d];
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuCtxSetCurrent(CUcontext c) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_SUCCESS;
+  if (c && !valid_ctx(c))
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  else
+    current = c;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *c) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  *c = current;
+  return CUDA_SUCCESS;
+}
+
+/* ---- memory --------------------------------------------------------------- */
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS && (!p || n == 0)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r != CUDA_SUCCESS) goto out;
+  struct alloc *a = calloc(1, sizeof *a);
+  if (!a) {
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+    goto out;
+  }
+  a->kind = ALLOC_DEVICE;
+  a->size = n;
+  a->ctx = current;
+  a->id = next_buffer_id++;
+  char name[96];
+  snprintf(name, sizeof name, "rdt-fakecuda-%d-%016llx-%llu", (int)getpid(), (unsigned long long)token, a->id);
+  a->fd = memfd_create(name, MFD_CLOEXEC);
+  void *m = MAP_FAILED;
+  if (a->fd >= 0 && ftruncate(a->fd, (off_t)n) == 0)
+    m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+  if (m == MAP_FAILED) {
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+    goto out;
+  }
+  a->base = (uintptr_t)m;
+  a->next = allocs;
+  allocs = a;
+  *p = (CUdeviceptr)a->base;
+out:
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemFree_v2(CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
+  if (r == CUDA_SUCCESS && (!a || a->kind != ALLOC_DEVICE || a->base != (uintptr_t)p)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    while (a->busy > 0) pthread_cond_wait(&progress, &mu); /* cuMemFree synchronizes */
+    unlink_alloc(a);
+    munmap((void *)a->base, a->size);
+    close(a->fd);
+    free(a);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) {
+    struct alloc *a = find((uintptr_t)p);
+    if (!a) {
+      r = CUDA_ERROR_NOT_FOUND;
+    } else {
+      if (base) *base = (CUdeviceptr)a->base;
+      if (size) *size = a->size;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!data) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_SUCCESS;
+  struct alloc *a = find((uintptr_t)p);
+  if (!a) {
+    r = CUDA_ERROR_INVALID_VALUE; /* memory the driver does not know */
+    goto out;
+  }
+  switch (attribute) {
+  case CU_POINTER_ATTRIBUTE_CONTEXT:
+    *(CUcontext *)data = a->ctx;
+    break;
+  case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    *(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+    break;
+  case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    *(CUdeviceptr *)data = p;
+    break;
+  case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    *(unsigned long long *)data = a->id;
+    break;
+  case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    *(unsigned int *)data = 0;
+    break;
+  case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    *(int *)data = a->ctx->dev;
+    break;
+  case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+    *(int *)data = a->kind == ALLOC_DEVICE; /* an imported mapping is not exported again */
+    break;
+  case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    *(CUdeviceptr *)data = (CUdeviceptr)a->base;
+    break;
+  case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    *(size_t *)data = a->size;
+    break;
+  case CU_POINTER_ATTRIBUTE_MAPPED:
+    *(int *)data = 1;
+    break;
+  default: /* HOST_POINTER of device memory, and what the double does not model */
+    r = CUDA_ERROR_INVALID_VALUE;
+  }
+out:
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* ---- IPC ------------------------------------------------------------------ */
+
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
+  if (r == CUDA_SUCCESS && (!h || !a || a->kind != ALLOC_DEVICE)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    /* The whole allocation, whichever address in it was given. */
+    struct ipc_handle ih;
+    memset(&ih, 0, sizeof ih);
+    memcpy(ih.magic, HANDLE_MAGIC, sizeof ih.magic);
+    ih.pid = (int32_t)getpid();
+    ih.fd = a->fd;
+    ih.token = token;
+    ih.id = a->id;
+    ih.size = a->size;
+    ih.device = physical[a->ctx->dev];
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &ih, sizeof ih);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+  struct ipc_handle ih;
+  memcpy(&ih, h.reserved, sizeof ih);
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r != CUDA_SUCCESS) goto out;
+  if (!p || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) {
+    r = CUDA_ERROR_INVALID_VALUE;
+    goto out;
+  }
+  if (memcmp(ih.magic, HANDLE_MAGIC, sizeof ih.magic) != 0 || ih.pid <= 0 || ih.fd < 0 || ih.size == 0) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+    goto out;
+  }
+  if (ih.pid == (int32_t)getpid() && ih.token == token) {
+    r = CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process's own handles */
+    goto out;
+  }
+  for (struct alloc *a = allocs; a; a = a->next)
+    if (a->kind == ALLOC_IPC && a->ctx == current && a->owner_pid == ih.pid && a->owner_token == ih.token &&
+        a->owner_id == ih.id) {
+      a->refs++;
+      *p = (CUdeviceptr)a->base;
+      goto out;
+    }
+  char path[64], want[128], got[160];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    /* The owner is gone, or closed the descriptor (freed the memory). */
+    r = errno == ENOENT || errno == ESRCH ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_MAP_FAILED;
+    goto out;
+  }
+  /* The descriptor number may have been reused (or the pid): the memfd's
+   * name says which allocation it is. */
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t k = readlink(path, got, sizeof got - 1);
+  got[k > 0 ? k : 0] = 0;
+  snprintf(want, sizeof want, "/memfd:rdt-fakecuda-%d-%016llx-%llu ", (int)ih.pid, (unsigned long long)ih.token,
+           (unsigned long long)ih.id);
+  struct stat st;
+  if (strncmp(got, want, strlen(want)) != 0 || fstat(fd, &st) != 0 || (uint64_t)st.st_size != ih.size) {
+    close(fd);
+    r = CUDA_ERROR_INVALID_HANDLE;
+    goto out;
+  }
+  void *m = mmap(NULL, ih.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd); /* the mapping keeps the memory */
+  struct alloc *a = m == MAP_FAILED ? NULL : calloc(1, sizeof *a);
+  if (!a) {
+    if (m != MAP_FAILED) munmap(m, ih.size);
+    r = CUDA_ERROR_MAP_FAILED;
+    goto out;
+  }
+  a->kind = ALLOC_IPC;
+  a->base = (uintptr_t)m;
+  a->size = ih.size;
+  a->ctx = current;
+  a->id = next_buffer_id++;
+  a->fd = -1;
+  a->owner_pid = ih.pid;
+  a->owner_token = ih.token;
+  a->owner_id = ih.id;
+  a->refs = 1;
+  a->next = allocs;
+  allocs = a;
+  *p = (CUdeviceptr)a->base;
+out:
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
+  if (r == CUDA_SUCCESS && (!a || a->kind != ALLOC_IPC || a->base != (uintptr_t)p)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && --a->refs == 0) {
+    if (a->busy > 0) {
+      fprintf(stderr,
+              "fake CUDA: cuIpcCloseMemHandle(%#llx) while %d enqueued copies still use the mapping; "
+              "the caller must wait for them first\n",
+              (unsigned long long)p, a->busy);
+      abort();
+    }
+    unlink_alloc(a);
+    munmap((void *)a->base, a->size);
+    free(a);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* ---- streams and events --------------------------------------------------- */
+
+API CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS && (!s || (flags & ~CU_STREAM_NON_BLOCKING))) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = new_stream(current, s);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* Work already enqueued still runs; the stream is freed after it. */
+API CUresult cuStreamDestroy_v2(CUstream h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&mu);
+  struct fake_stream *s;
+  CUresult r = resolve_stream(h, &s);
+  if (r == CUDA_SUCCESS) {
+    for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
+      if (*pp == s) {
+        *pp = s->next;
+        break;
+      }
+    s->destroyed = 1;
+    pthread_cond_signal(&s->wake);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuStreamSynchronize(CUstream h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct fake_stream *s;
+  CUresult r = resolve_stream(h, &s);
+  if (r == CUDA_SUCCESS) {
+    uint64_t target = s->enqueued;
+    while (s->done < target) pthread_cond_wait(&progress, &mu);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *data) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct fake_stream *s;
+  CUresult r = resolve_stream(h, &s);
+  if (r == CUDA_SUCCESS) {
+    struct op o = {.kind = OP_HOST_FN, .fn = fn, .data = data};
+    r = enqueue(s, &o);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS && (!e || (flags & ~CU_EVENT_FLAGS_ALL))) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    struct fake_event *ev = calloc(1, sizeof *ev);
+    if (!ev) {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      ev->magic = EVENT_MAGIC;
+      ev->ctx = current;
+      ev->next = events;
+      events = ev;
+      *e = ev;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuEventRecord(CUevent h, CUstream sh) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct fake_event *e;
+  struct fake_stream *s;
+  CUresult r = resolve_event(h, &e);
+  if (r == CUDA_SUCCESS) r = resolve_stream(sh, &s);
+  /* An event and the stream it is recorded on belong to one context. */
+  if (r == CUDA_SUCCESS && e->ctx != s->ctx) r = CUDA_ERROR_INVALID_HANDLE;
+  if (r == CUDA_SUCCESS) {
+    struct op o = {.kind = OP_RECORD, .ev = e, .seq = e->recorded + 1};
+    r = enqueue(s, &o);
+    if (r == CUDA_SUCCESS) {
+      e->recorded++;
+      e->pending++;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* CUDA_SUCCESS once the stream has reached the last record (or when the
+ * event was never recorded), CUDA_ERROR_NOT_READY before. */
+API CUresult cuEventQuery(CUevent h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct fake_event *e;
+  CUresult r = resolve_event(h, &e);
+  if (r == CUDA_SUCCESS && e->reached < e->recorded) r = CUDA_ERROR_NOT_READY;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* A recorded event still pending is freed once its stream reaches it. */
+API CUresult cuEventDestroy_v2(CUevent h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct fake_event *e;
+  CUresult r = resolve_event(h, &e);
+  if (r == CUDA_SUCCESS) {
+    for (struct fake_event **pp = &events; *pp; pp = &(*pp)->next)
+      if (*pp == e) {
+        *pp = e->next;
+        break;
+      }
+    e->destroyed = 1;
+    free_event_if_done(e);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* ---- copies --------------------------------------------------------------- */
+
+/* Enqueues a copy of n bytes; da and sa are the allocations of the two
+ * sides (NULL for host memory). */
+static CUresult enqueue_copy(CUstream h, CUdeviceptr dst, struct alloc *da, CUdeviceptr src, struct alloc *sa,
+                             size_t n) {
+  struct fake_stream *s;
+  CUresult r = resolve_stream(h, &s);
+  if (r != CUDA_SUCCESS || n == 0) return r;
+  struct op o = {.kind = OP_COPY, .dst = (void *)(uintptr_t)dst, .src = (const void *)(uintptr_t)src, .n = n,
+                 .pins = {da, sa}};
+  return enqueue(s, &o);
+}
+
+/* Unified addressing: either side may be host or device memory. */
+API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && (!da || !sa)) r = CUDA_ERROR_INVALID_VALUE; /* both must be device memory */
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
+                               CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = is_init() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+  if (r == CUDA_SUCCESS && (!valid_ctx(dctx) || !valid_ctx(sctx))) r = CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  /* Device memory of the contexts named. */
+  if (r == CUDA_SUCCESS && (!da || !sa || da->ctx != dctx || sa->ctx != sctx)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* Synchronous; not ordered with any stream (as with a non-blocking stream). */
+API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0) {
+    if (da) da->busy++;
+    if (sa) sa->busy++;
+    pthread_mutex_unlock(&mu);
+    memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    pthread_mutex_lock(&mu);
+    if (da) da->busy--;
+    if (sa) sa->busy--;
+    pthread_cond_broadcast(&progress);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}

@@ -26,7 +26,12 @@ import (
 const childEnv = "RDT_CUDA_IPC_CHILD"
 
 func TestMain(m *testing.M) {
-	if n := os.Getenv(childEnv); n != "" {
+	switch n := os.Getenv(childEnv); n {
+	case "":
+	case serveChild:
+		serveMain()
+		return
+	default:
 		childMain(n)
 		return
 	}

@@ -251,3 +251,80 @@ func ipcChild(t *testing.T) {
 	require.NoError(t, IPCCloseMemHandle(0, p))
 	t.Log("child read the exported bytes")
 }
+
+// A handle is the same for every export of one allocation (the handle
+// cache in cuda_ipc relies on it), and differs for a new allocation, even
+// at the address of a freed one.
+func TestIPCHandlePerAllocation(t *testing.T) {
+	requireGPU(t)
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	h1, err := IPCGetMemHandle(0, p)
+	require.NoError(t, err)
+	h2, err := IPCGetMemHandle(0, p)
+	require.NoError(t, err)
+	assert.Equal(t, h1, h2)
+	require.NoError(t, Free(0, p))
+	q, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, q)
+	h3, err := IPCGetMemHandle(0, q)
+	require.NoError(t, err)
+	assert.NotEqual(t, h1, h3)
+}
+
+// An event is not done until its stream has run what came before the
+// record. Run in a process where the test double of the driver delays
+// every copy (a real driver ignores the variable).
+func TestEventWaitsForTheStream(t *testing.T) {
+	requireGPU(t)
+	if os.Getenv("RDT_CUDA_CHILD") != "event" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestEventWaitsForTheStream$", "-test.v")
+		cmd.Env = append(os.Environ(), "RDT_CUDA_CHILD=event", "RDT_FAKECUDA_COPY_DELAY_US=100000")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, string(out), "--- PASS: TestEventWaitsForTheStream")
+		return
+	}
+	double := strings.HasPrefix(DeviceName(0), "rdt fake CUDA device")
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	q, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, q)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+	done, err := ev.Query()
+	require.NoError(t, err)
+	assert.True(t, done, "an event never recorded is done")
+
+	for round := 0; round < 2; round++ {
+		_, err = CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n}, {Dst: p, Src: q, N: n}}, ev)
+		require.NoError(t, err)
+		done, err = ev.Query()
+		require.NoError(t, err)
+		if double {
+			assert.False(t, done, "round %d: done before the stream ran the copies", round)
+		}
+		require.Eventually(t, func() bool {
+			done, err := ev.Query()
+			require.NoError(t, err)
+			return done
+		}, 10*time.Second, time.Millisecond)
+	}
+	require.NoError(t, s.Synchronize())
+	// A record on a stream of another device is refused.
+	if n, _ := DeviceCount(); n > 1 {
+		s1, err := NewStream(1)
+		require.NoError(t, err)
+		defer s1.Destroy()
+		require.Error(t, ev.Record(s1))
+	}
+}

@@ -1,0 +1,570 @@
+package cudaipc
+
+// More tests that need a CUDA device, or the test double of the driver
+// (tests/fakecuda, which `make fake-gpu-test` loads): a source process with
+// several allocations, the receiver's handle cache against the mappings it
+// really holds, work in flight when a fetch is aborted or the source dies,
+// and devices numbered differently in two processes. They skip with "no
+// CUDA device: ..." elsewhere.
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// serveChild is childEnv's value for serveMain.
+const serveChild = "serve"
+
+// rerunEnv marks a test process started by rerun.
+const rerunEnv = "RDT_CUDA_IPC_RERUN"
+
+// The object serveMain shares: two allocations; two tensors at offsets in
+// the first, one at the start of the second, and an empty one.
+var layout = []struct {
+	alloc  int
+	off, n uint64
+	seed   byte
+}{
+	{0, 4096, 1 << 20, 11},
+	{0, 4096 + 1<<20, 1<<20 - 512, 12},
+	{1, 0, 64 << 10, 13},
+	{-1, 0, 0, 0},
+}
+
+var allocSizes = []uint64{3 << 20, 64 << 10}
+
+func devTensor(dev int, p cuda.Ptr, n uint64) core.Tensor {
+	x := deviceTensor(p, int(n))
+	x.Device.ID = int32(dev)
+	return x
+}
+
+// serveMain is a source process: it allocates the layout on its device 0,
+// prints the object's metadata ("META <hex>") and then answers commands
+// on stdin: "realloc" frees the first allocation, allocates it again with
+// other contents and prints the new metadata. It exits when stdin closes.
+func serveMain() {
+	fail := func(err error) { fmt.Println("ERR", err); os.Exit(1) }
+	tr, err := New(testHost{})
+	if err != nil {
+		fail(err)
+	}
+	ptrs := make([]cuda.Ptr, len(allocSizes))
+	alloc := func(i int, bump byte) {
+		p, err := cuda.Alloc(0, allocSizes[i])
+		if err != nil {
+			fail(err)
+		}
+		ptrs[i] = p
+		for _, l := range layout {
+			if l.alloc == i {
+				h := hostBuffer(nil, int(l.n))
+				fill(h, l.seed+bump)
+				if err := cuda.Memcpy(0, p+l.off, hostAddr(h), l.n); err != nil {
+					fail(err)
+				}
+			}
+		}
+	}
+	printMeta := func() {
+		ts := make([]core.Tensor, len(layout))
+		for i, l := range layout {
+			if l.alloc < 0 {
+				ts[i] = devTensor(0, 0, 0)
+			} else {
+				ts[i] = devTensor(0, ptrs[l.alloc]+l.off, l.n)
+			}
+		}
+		meta, err := tr.ExtractMetadata(core.ObjectID{}, ts)
+		if err != nil {
+			fail(err)
+		}
+		fmt.Printf("META %x\n", meta)
+	}
+	for i := range allocSizes {
+		alloc(i, 0)
+	}
+	printMeta()
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "realloc":
+			if err := cuda.Free(0, ptrs[0]); err != nil {
+				fail(err)
+			}
+			alloc(0, 100)
+			printMeta()
+		}
+	}
+	os.Exit(0)
+}
+
+type sourceProc struct {
+	cmd  *exec.Cmd
+	pid  int
+	in   io.WriteCloser
+	out  *bufio.Reader
+	meta []byte
+}
+
+// startSource starts serveMain in a child process, with env added.
+func startSource(t *testing.T, env ...string) *sourceProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+serveChild), env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	s := &sourceProc{cmd: cmd, pid: cmd.Process.Pid, in: in, out: bufio.NewReader(out)}
+	t.Cleanup(func() { _ = s.in.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	s.meta = s.readMeta(t)
+	return s
+}
+
+func (s *sourceProc) readMeta(t *testing.T) []byte {
+	t.Helper()
+	line, err := s.out.ReadString('\n')
+	require.NoError(t, err)
+	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
+	require.True(t, ok, "the source said %q", line)
+	var meta []byte
+	_, err = fmt.Sscanf(hex, "%x", &meta)
+	require.NoError(t, err)
+	return meta
+}
+
+func (s *sourceProc) realloc(t *testing.T) []byte {
+	t.Helper()
+	_, err := io.WriteString(s.in, "realloc\n")
+	require.NoError(t, err)
+	return s.readMeta(t)
+}
+
+// kill kills the source; reap says whether to wait for it, or leave it a
+// zombie (dead, with its parent not told yet).
+func (s *sourceProc) kill(t *testing.T, reap bool) {
+	t.Helper()
+	require.NoError(t, s.cmd.Process.Kill())
+	if reap {
+		_ = s.cmd.Wait()
+		return
+	}
+	require.Eventually(t, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.pid))
+		if err != nil {
+			return false
+		}
+		i := bytes.LastIndexByte(b, ')')
+		return i > 0 && i+2 < len(b) && b[i+2] == 'Z'
+	}, 10*time.Second, 5*time.Millisecond, "the killed source never became a zombie")
+}
+
+// layoutTargets allocates a target on dev for every tensor of the layout.
+func layoutTargets(t *testing.T, dev int) ([]core.Tensor, []cuda.Ptr) {
+	ts := make([]core.Tensor, len(layout))
+	ps := make([]cuda.Ptr, len(layout))
+	for i, l := range layout {
+		if l.n == 0 {
+			ts[i] = devTensor(dev, 0, 0)
+			continue
+		}
+		p, err := cuda.Alloc(dev, l.n)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cuda.Free(dev, p) })
+		ps[i], ts[i] = p, devTensor(dev, p, l.n)
+	}
+	return ts, ps
+}
+
+// checkLayout checks that the targets hold what serveMain wrote (with the
+// seeds of the first allocation bumped by bump).
+func checkLayout(t *testing.T, ps []cuda.Ptr, dev int, bump byte) {
+	t.Helper()
+	for i, l := range layout {
+		if l.n == 0 {
+			continue
+		}
+		got := hostBuffer(t, int(l.n))
+		require.NoError(t, cuda.Memcpy(dev, hostAddr(got), ps[i], l.n))
+		want := hostBuffer(t, int(l.n))
+		seed := l.seed
+		if l.alloc == 0 {
+			seed += bump
+		}
+		fill(want, seed)
+		assert.True(t, bytes.Equal(want, got), "tensor %d", i)
+	}
+}
+
+func transfer(source byte) *core.Transfer {
+	x := &core.Transfer{Transport: Name}
+	x.Source.RuntimeID[0] = source
+	return x
+}
+
+// entriesOf lists the cache's entries of source process pid.
+func entriesOf(c *handleCache, pid int) []*entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*entry
+	for _, e := range c.m {
+		if e.pid == pid {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func setClock(c *handleCache, now func() time.Time) {
+	c.mu.Lock()
+	c.now = now
+	c.mu.Unlock()
+}
+
+// testDouble reports whether the driver loaded is the test double.
+func testDouble() bool { return strings.HasPrefix(cuda.DeviceName(0), "rdt fake CUDA device") }
+
+// mappedFrom counts the allocations of process pid mapped into this one,
+// as /proc/self/maps shows them under the test double (which names each
+// allocation's memfd "rdt-fakecuda-<pid>-..."); -1 with a real driver.
+func mappedFrom(t *testing.T, pid int) int {
+	if !testDouble() {
+		return -1
+	}
+	b, err := os.ReadFile("/proc/self/maps")
+	require.NoError(t, err)
+	prefix := fmt.Sprintf("/memfd:rdt-fakecuda-%d-", pid)
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if i := strings.Index(line, prefix); i >= 0 {
+			seen[line[i:]] = true
+		}
+	}
+	return len(seen)
+}
+
+// rerun runs the calling test again in a new process with env added and
+// reports true; in that process (or when it cannot be rerun) it reports
+// false, and the test goes on.
+func rerun(t *testing.T, env ...string) bool {
+	t.Helper()
+	if os.Getenv(rerunEnv) != "" {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), env...), rerunEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	if strings.Contains(string(out), "--- SKIP: "+t.Name()) {
+		t.Skipf("skipped in the new process:\n%s", out)
+	}
+	require.Contains(t, string(out), "--- PASS: "+t.Name(), "%s", out)
+	t.Logf("in a new process with %v:\n%s", env, out)
+	return true
+}
+
+func requireDevices(t *testing.T, n int) {
+	t.Helper()
+	if got, _ := cuda.DeviceCount(); got < n {
+		t.Skipf("needs %d CUDA devices, this process sees %d", n, got)
+	}
+}
+
+// The metadata holds one handle per allocation and each tensor's offset in
+// it; the receiver opens each allocation once and reuses the mapping.
+func TestGPUAnotherProcessOffsetsInAllocations(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	m, err := decodeMetadata(src.meta)
+	require.NoError(t, err)
+	require.Len(t, m.Allocs, 2)
+	assert.NotEqual(t, m.Allocs[0].Handle, m.Allocs[1].Handle)
+	for i, l := range layout {
+		if l.alloc < 0 {
+			assert.Equal(t, noAlloc, m.Tensors[i].Alloc)
+			continue
+		}
+		assert.EqualValues(t, l.alloc, m.Tensors[i].Alloc, "tensor %d", i)
+		assert.Equal(t, l.off, m.Tensors[i].Offset, "tensor %d", i)
+		assert.Equal(t, l.n, m.Tensors[i].Nbytes, "tensor %d", i)
+	}
+
+	tr := gpuTransport(t)
+	x := transfer(10)
+	for round := 0; round < 2; round++ {
+		targets, ps := layoutTargets(t, 0)
+		require.NoError(t, fetchWith(tr, x, src.meta, targets))
+		checkLayout(t, ps, 0, 0)
+		assert.Len(t, entriesOf(tr.cache, src.pid), 2, "one mapping per allocation")
+		if n := mappedFrom(t, src.pid); n >= 0 {
+			assert.Equal(t, 2, n, "allocations of the source mapped here")
+		}
+	}
+}
+
+// A source that frees an allocation and allocates again (at the same
+// address, often) exports a new handle: the receiver never reads the new
+// memory through the old mapping, and the old mapping closes once idle.
+func TestGPUSourceReallocates(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(11)
+	targets, ps := layoutTargets(t, 0)
+	require.NoError(t, fetchWith(tr, x, src.meta, targets))
+	checkLayout(t, ps, 0, 0)
+
+	meta2 := src.realloc(t)
+	m1, _ := decodeMetadata(src.meta)
+	m2, err := decodeMetadata(meta2)
+	require.NoError(t, err)
+	assert.NotEqual(t, m1.Allocs[0].Handle, m2.Allocs[0].Handle, "a new allocation, a new handle")
+	assert.Equal(t, m1.Allocs[1].Handle, m2.Allocs[1].Handle)
+	require.NoError(t, fetchWith(tr, x, meta2, targets))
+	checkLayout(t, ps, 0, 100)
+	assert.Len(t, entriesOf(tr.cache, src.pid), 3, "the old mapping stays until it is idle")
+
+	// Later: the mappings in use stay, the old one closes.
+	later := time.Now().Add(idleTimeout + time.Second)
+	setClock(tr.cache, func() time.Time { return later })
+	defer setClock(tr.cache, time.Now)
+	require.NoError(t, fetchWith(tr, x, meta2, targets))
+	tr.cache.sweep()
+	assert.Len(t, entriesOf(tr.cache, src.pid), 2)
+	if n := mappedFrom(t, src.pid); n >= 0 {
+		assert.Equal(t, 2, n, "the old allocation is no longer mapped here")
+	}
+}
+
+// When the source exits, its mappings close at the next sweep, and a fetch
+// from it says that it is gone.
+func TestGPUSourceExitClosesItsMappings(t *testing.T) {
+	requireGPU(t)
+	for _, reap := range []bool{true} {
+		t.Run(fmt.Sprintf("reaped=%v", reap), func(t *testing.T) {
+			src := startSource(t)
+			tr := gpuTransport(t)
+			x := transfer(12)
+			targets, ps := layoutTargets(t, 0)
+			require.NoError(t, fetchWith(tr, x, src.meta, targets))
+			checkLayout(t, ps, 0, 0)
+			require.Len(t, entriesOf(tr.cache, src.pid), 2)
+
+			src.kill(t, reap)
+			tr.cache.sweep()
+			assert.Empty(t, entriesOf(tr.cache, src.pid))
+			if n := mappedFrom(t, src.pid); n >= 0 {
+				assert.Equal(t, 0, n, "mappings of the dead source")
+			}
+			err := fetchWith(tr, x, src.meta, targets)
+			assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		})
+	}
+}
+
+// Abort while the copies run: Wait returns at once, Release waits for the
+// copies (they cannot be cancelled), so the targets are final when the
+// request is released. The test double delays each copy to keep it running.
+func TestGPUAbortWhileCopying(t *testing.T) {
+	requireGPU(t)
+	if rerun(t, "RDT_FAKECUDA_COPY_DELAY_US=200000") {
+		return
+	}
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(13)
+	targets, ps := layoutTargets(t, 0)
+	req, err := tr.Fetch(x, targets, src.meta, nil)
+	require.NoError(t, err)
+	if req.(*request).Completed() {
+		require.False(t, testDouble(), "the copies are delayed: they cannot be done yet")
+		req.Release()
+		t.Skip("the copies ended before they could be aborted")
+	}
+	tr.Abort(x, req)
+	err = req.Wait()
+	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+	if testDouble() {
+		assert.False(t, req.(*request).Completed(), "Wait returned without waiting for the copies")
+	}
+	req.Release()
+	assert.True(t, req.(*request).Completed(), "Release waited for the copies")
+	checkLayout(t, ps, 0, 0)
+	assert.Len(t, entriesOf(tr.cache, src.pid), 2, "released mappings stay cached")
+}
+
+// A get whose deadline passes while the copies run fails with a timeout,
+// and returns only once nothing writes into the targets any more.
+func TestGPUDeadlineWhileCopying(t *testing.T) {
+	requireGPU(t)
+	if rerun(t, "RDT_FAKECUDA_COPY_DELAY_US=300000") {
+		return
+	}
+	opts := func(name string) core.Options {
+		return core.Options{Name: name, LogLevel: core.LogOff, Builtins: []core.TransportFactory{Factory()}}
+	}
+	a, err := core.NewRuntime(opts("a"))
+	require.NoError(t, err)
+	defer a.Destroy()
+	b, err := core.NewRuntime(opts("b"))
+	require.NoError(t, err)
+	defer b.Destroy()
+	const n = 1 << 20
+	p := deviceBuffer(t, n, 21)
+	ref, err := a.Put([]core.Tensor{deviceTensor(p, n)}, Name, nil)
+	require.NoError(t, err)
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	borrowed, err := b.Deserialize(wire)
+	require.NoError(t, err)
+	defer borrowed.Release()
+	dst := deviceBuffer(t, n, 0)
+
+	start := time.Now()
+	err = b.Get([]*core.Ref{borrowed}, []core.Tensor{deviceTensor(dst, n)}, core.FetchOptions{}, 50*time.Millisecond)
+	took := time.Since(start)
+	if err == nil {
+		require.False(t, testDouble(), "the copy is delayed: it cannot be done within the deadline")
+		t.Skip("the copy ended within the deadline")
+	}
+	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	if testDouble() {
+		assert.GreaterOrEqual(t, took, 250*time.Millisecond, "Get returned while the copy still ran")
+	}
+	want := hostBuffer(t, n)
+	fill(want, 21)
+	assert.True(t, bytes.Equal(want, readBack(t, dst, n)), "the copy ran to the end before Get returned")
+	require.NoError(t, ref.Release())
+}
+
+// The source dies while the receiver copies out of its memory: the fetch
+// ends (with the bytes, or with ErrPeerUnavailable), never hangs, and the
+// mapping closes once the request has released it.
+func TestGPUSourceKilledWhileCopying(t *testing.T) {
+	requireGPU(t)
+	if rerun(t, "RDT_FAKECUDA_COPY_DELAY_US=200000") {
+		return
+	}
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(14)
+	targets, ps := layoutTargets(t, 0)
+	req, err := tr.Fetch(x, targets, src.meta, nil)
+	require.NoError(t, err)
+	src.kill(t, true)
+	tr.cache.sweep() // the entries in use leave the cache; they close on release
+	assert.Empty(t, entriesOf(tr.cache, src.pid))
+	done := make(chan error, 1)
+	go func() { done <- req.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("a fetch from a killed source hung")
+	}
+	req.Release()
+	if err == nil {
+		checkLayout(t, ps, 0, 0)
+	} else {
+		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	}
+	if n := mappedFrom(t, src.pid); n >= 0 {
+		assert.Equal(t, 0, n, "mappings of the dead source after the release")
+	}
+}
+
+// Many fetches at once, over the transport's streams, from one source.
+func TestGPUConcurrentFetches(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(15)
+	var wg sync.WaitGroup
+	for g := 0; g < 6; g++ {
+		targets, ps := layoutTargets(t, 0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 4; i++ {
+				if !assert.NoError(t, fetchWith(tr, x, src.meta, targets)) {
+					return
+				}
+			}
+			checkLayout(t, ps, 0, 0)
+		}()
+	}
+	wg.Wait()
+	assert.Len(t, entriesOf(tr.cache, src.pid), 2)
+}
+
+// A tensor whose memory is on another device than it says is refused.
+func TestGPUTensorOnAnotherDeviceThanItSays(t *testing.T) {
+	requireGPU(t)
+	requireDevices(t, 2)
+	tr := gpuTransport(t)
+	p := deviceBuffer(t, 4096, 1) // on cuda:0
+	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{devTensor(1, p, 4096)})
+	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.ErrorContains(t, err, "described as cuda:1 but its memory is on cuda:0")
+}
+
+// Device ordinals differ between processes (CUDA_VISIBLE_DEVICES): the
+// receiver finds the source's GPU by UUID, opens the handle there and
+// copies to its target's device.
+func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
+	requireGPU(t)
+	requireDevices(t, 2)
+	src := startSource(t, "CUDA_VISIBLE_DEVICES=1") // its cuda:0 is our cuda:1
+	tr := gpuTransport(t)
+	x := transfer(16)
+	targets, ps := layoutTargets(t, 1)
+	require.NoError(t, fetchWith(tr, x, src.meta, targets))
+	checkLayout(t, ps, 1, 0)
+	for _, e := range entriesOf(tr.cache, src.pid) {
+		assert.Equal(t, 1, e.dev, "opened on the source's GPU")
+	}
+
+	targets, ps = layoutTargets(t, 0)
+	err := fetchWith(tr, x, src.meta, targets)
+	if can, _ := cuda.CanAccessPeer(0, 1); can {
+		require.NoError(t, err)
+		checkLayout(t, ps, 0, 0)
+	} else {
+		assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "cuda:1")
+		assert.ErrorContains(t, err, "cuda:0")
+	}
+}
+
+// A receiver that does not see the source's GPU says so.
+func TestGPUSourceDeviceNotVisible(t *testing.T) {
+	requireGPU(t)
+	if os.Getenv(rerunEnv) == "" {
+		requireDevices(t, 2)
+	}
+	if rerun(t, "CUDA_VISIBLE_DEVICES=0") {
+		return
+	}
+	src := startSource(t, "CUDA_VISIBLE_DEVICES=1")
+	tr := gpuTransport(t)
+	targets, _ := layoutTargets(t, 0)
+	err := fetchWith(tr, transfer(17), src.meta, targets)
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+	assert.ErrorContains(t, err, "is not visible in this process")
+}

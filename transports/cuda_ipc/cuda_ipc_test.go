@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -343,4 +344,19 @@ func TestCheckPeerRefusesOtherHosts(t *testing.T) {
 	err := tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b", Name: "far"})
 	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
 	assert.Contains(t, err.Error(), "same host")
+}
+
+// A process that has exited is not alive, even before its parent waits for
+// it (a zombie still answers kill(pid, 0)).
+func TestProcessAliveSeesZombies(t *testing.T) {
+	assert.True(t, processAlive(os.Getpid()))
+	cmd := exec.Command("sleep", "60")
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	assert.True(t, processAlive(cmd.Process.Pid))
+	require.NoError(t, cmd.Process.Kill())
+	require.Eventually(t, func() bool { return !processAlive(cmd.Process.Pid) }, 10*time.Second, 5*time.Millisecond,
+		"a killed child, not yet waited for, still counts as alive")
+	_ = cmd.Wait()
+	assert.False(t, processAlive(cmd.Process.Pid))
 }

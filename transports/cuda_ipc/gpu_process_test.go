@@ -357,7 +357,7 @@ func TestGPUSourceReallocates(t *testing.T) {
 // from it says that it is gone.
 func TestGPUSourceExitClosesItsMappings(t *testing.T) {
 	requireGPU(t)
-	for _, reap := range []bool{true} {
+	for _, reap := range []bool{true, false} {
 		t.Run(fmt.Sprintf("reaped=%v", reap), func(t *testing.T) {
 			src := startSource(t)
 			tr := gpuTransport(t)

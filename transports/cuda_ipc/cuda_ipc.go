@@ -107,6 +107,25 @@ func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
 	return nil
 }
 
+// checkDevice refuses a CUDA tensor whose device ordinal this process has
+// no device for. The driver would only say CUDA_ERROR_INVALID_DEVICE from
+// whichever call met the ordinal first, which core reads as "unsupported"
+// and would try another transport.
+func checkDevice(what string, i int, d core.Device) error {
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return core.Wrap(cuda.CoreError(err), "cuda_ipc")
+	}
+	if d.ID < 0 || int(d.ID) >= n {
+		vis := ""
+		if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
+			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", v)
+		}
+		return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: %s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
+	}
+	return nil
+}
+
 // ExtractMetadata exports an IPC handle of every allocation holding the
 // tensors and records where in it each tensor lies.
 func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
@@ -119,6 +138,9 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		if x.Nbytes == 0 {
 			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
 			continue
+		}
+		if err := checkDevice("tensor", i, x.Device); err != nil {
+			return nil, err
 		}
 		dev := int(x.Device.ID)
 		info, err := cuda.GetPointerInfo(dev, cuda.Ptr(x.Data))
@@ -271,6 +293,11 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		if targets[i].Device.Type != core.DeviceCUDA && tr.Nbytes > 0 {
 			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
 		}
+		if tr.Nbytes > 0 {
+			if err := checkDevice("target", i, targets[i].Device); err != nil {
+				return nil, err
+			}
+		}
 	}
 	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
 	req := &request{t: t, aborted: make(chan struct{})}
@@ -411,6 +438,16 @@ func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
 		}
 		if src[i].Nbytes == 0 {
 			continue
+		}
+		for _, side := range []struct {
+			what string
+			x    core.Tensor
+		}{{"tensor", src[i]}, {"target", dst[i]}} {
+			if side.x.Device.Type == core.DeviceCUDA {
+				if err := checkDevice(side.what, i, side.x.Device); err != nil {
+					return err
+				}
+			}
 		}
 		// Device to device on one device or between two; anything with host
 		// memory on one side goes through cuMemcpyAsync's unified addressing.

@@ -154,6 +154,19 @@ func TestGPUWrongDeviceOrdinal(t *testing.T) {
 	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{x})
 	require.Error(t, err)
 	t.Log(err)
+	// Invalid, not unsupported: core would try another transport.
+	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.ErrorContains(t, err, fmt.Sprintf("tensor 0 is on cuda:%d, but this process sees %d CUDA device(s)", n, n))
+
+	// A target on no device, in a fetch and in a local copy.
+	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, 4096)})
+	require.NoError(t, err)
+	err = fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{x})
+	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.ErrorContains(t, err, fmt.Sprintf("target 0 is on cuda:%d", n))
+	err = tr.CopyLocal([]core.Tensor{x}, []core.Tensor{deviceTensor(src, 4096)})
+	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.ErrorContains(t, err, fmt.Sprintf("target 0 is on cuda:%d", n))
 }
 
 func TestGPUTwoDevices(t *testing.T) {

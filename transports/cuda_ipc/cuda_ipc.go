@@ -348,6 +348,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	}
 
 	groups := map[devicePair][]cuda.Copy{}
+	groupTargets := map[devicePair][]int{}
 	var order []devicePair
 	for i, tr := range m.Tensors {
 		if tr.Nbytes == 0 {
@@ -368,6 +369,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			order = append(order, p)
 		}
 		groups[p] = append(groups[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: srcBase[tr.Alloc] + tr.Offset, N: tr.Nbytes})
+		groupTargets[p] = append(groupTargets[p], i)
 	}
 	for _, p := range order {
 		s, err := t.stream(p.dst)
@@ -386,12 +388,39 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 				_ = s.Synchronize()
 			}
 			t.putEvent(p.dst, ev)
+			if terr := checkTargets(targets, groupTargets[p]); terr != nil {
+				return nil, terr
+			}
 			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
 		}
 		req.events = append(req.events, ev)
 	}
 	ok = true
 	return req, nil
+}
+
+// checkTargets explains a copy the driver refused when one of the CUDA
+// targets idx is not what it says: memory CUDA does not know (host memory
+// described as CUDA), or memory of another device. It asks only after a
+// failure, so that fetches pay nothing for it; nil when the targets look
+// right.
+func checkTargets(targets []core.Tensor, idx []int) error {
+	for _, i := range idx {
+		x := targets[i]
+		if x.Device.Type != core.DeviceCUDA || x.Nbytes == 0 {
+			continue
+		}
+		info, err := cuda.GetPointerInfo(int(x.Device.ID), cuda.Ptr(x.Data))
+		switch {
+		case err != nil:
+			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
+		case info.MemoryType != cuda.MemoryDevice:
+			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
+		case info.Device != int(x.Device.ID):
+			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+		}
+	}
+	return nil
 }
 
 func describeTargets(targets []core.Tensor) string {
@@ -480,6 +509,9 @@ func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
 				_ = s.Synchronize()
 			}
 			t.putEvent(dev, ev)
+			if terr := checkTargets(dst, []int{i}); terr != nil {
+				return terr
+			}
 			return core.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
 		}
 		req.events = append(req.events, ev)

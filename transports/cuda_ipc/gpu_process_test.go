@@ -568,3 +568,31 @@ func TestGPUSourceDeviceNotVisible(t *testing.T) {
 	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
 	assert.ErrorContains(t, err, "is not visible in this process")
 }
+
+// A target that is not what it says (host memory described as CUDA, memory
+// of another device) is named when the driver refuses the copy. A driver
+// may also copy regardless (unified addressing); the test double refuses.
+func TestGPUTargetIsNotWhatItSays(t *testing.T) {
+	requireGPU(t)
+	tr := gpuTransport(t)
+	p := deviceBuffer(t, 4096, 1)
+	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(p, 4096)})
+	require.NoError(t, err)
+	check := func(err error, want string) {
+		t.Helper()
+		if err == nil {
+			require.False(t, testDouble(), "the copy was refused by the test double")
+			return
+		}
+		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, want)
+	}
+	host := deviceTensor(hostAddr(hostBuffer(t, 4096)), 4096)
+	check(fetchWith(tr, transfer(0), meta, []core.Tensor{host}), "target 0 at")
+	check(tr.CopyLocal([]core.Tensor{host}, []core.Tensor{deviceTensor(p, 4096)}), "is not CUDA memory this process knows")
+	if n, _ := cuda.DeviceCount(); n > 1 {
+		q := deviceBuffer(t, 4096, 0) // on cuda:0
+		check(fetchWith(tr, transfer(0), meta, []core.Tensor{devTensor(1, q, 4096)}),
+			"target 0 is described as cuda:1 but its memory is on cuda:0")
+	}
+}

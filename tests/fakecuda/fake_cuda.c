@@ -272,6 +272,8 @@ static void unlink_alloc(struct alloc *a) {
 /* What [p, p+n) is: device memory (*a set), host memory (*a NULL), or a
  * range that starts in an allocation and runs past its end (error). */
 static CUresult classify(uintptr_t p, size_t n, struct alloc **a) {
+  *a = NULL;
+  if (n == 0) return CUDA_SUCCESS; /* a copy of nothing touches no memory */
   *a = find(p);
   if (!*a) {
     if (p < 65536) return CUDA_ERROR_INVALID_VALUE; /* no host memory there either */
@@ -945,7 +947,7 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CU
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
-  if (r == CUDA_SUCCESS && (!da || !sa)) r = CUDA_ERROR_INVALID_VALUE; /* both must be device memory */
+  if (r == CUDA_SUCCESS && n > 0 && (!da || !sa)) r = CUDA_ERROR_INVALID_VALUE; /* both must be device memory */
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
   pthread_mutex_unlock(&mu);
   return r;
@@ -960,7 +962,7 @@ API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
   /* Device memory of the contexts named. */
-  if (r == CUDA_SUCCESS && (!da || !sa || da->ctx != dctx || sa->ctx != sctx)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && n > 0 && (!da || !sa || da->ctx != dctx || sa->ctx != sctx)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
   pthread_mutex_unlock(&mu);
   return r;

@@ -99,12 +99,12 @@ $(VENV)/.ready: tests/python/requirements.txt tests/python/requirements-torch.tx
 	if [ "$(RDT_TEST_TORCH)" != 0 ]; then $(VENV)/bin/pip install -q -r tests/python/requirements-torch.txt; fi
 	@touch $@
 
-python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY)
+python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA)
 	rm -rf $(WHEEL_DIR) bindings/python/build
 	$(VENV)/bin/pip wheel -q --no-deps -w $(WHEEL_DIR) ./bindings/python
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/rdt-*.whl
 	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl \
-		RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+		RDT_TEST_FAKECUDA=$(abspath $(FAKECUDA)) RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
 # Short coverage-guided runs of every fuzz target; the seed corpora live in
 # testdata/fuzz and also run as plain tests under `go test`.

@@ -157,6 +157,12 @@ def across_processes():
                 assert got["a"] is outs[0] and got["b"] is outs[1], got
                 check(outs)
             assert drv.current() == drv.ctx, "rdt changed this thread's current CUDA context"
+        # Without out=: rdt has nothing to allocate CUDA memory with here.
+        try:
+            rdt.get(refs["cuda_ipc"], timeout=30)
+            raise AssertionError("a get of CUDA memory without torch, CuPy or out= succeeded")
+        except rdt.UnsupportedError as e:
+            assert "out=" in str(e), e
         # The source goes away: a clear error, never a hang.
         proc.kill()
         proc.join(30)

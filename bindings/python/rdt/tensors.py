@@ -424,7 +424,7 @@ def allocate(desc: Desc, framework: str) -> Any:
         name = _DL_TO_TORCH.get((desc.code, desc.bits))
         if t is not None and name is not None and hasattr(t, name):
             device = "cpu" if desc.device_type in _HOST_DEVICES else None
-            if desc.device_type == _lib.DEVICE_CUDA:
+            if desc.device_type == _lib.DEVICE_CUDA and _torch_has_cuda(t, desc.device_id):
                 device = f"cuda:{desc.device_id}"
             if device is not None:
                 return t.empty(desc.shape, dtype=getattr(t, name), device=device)
@@ -442,6 +442,16 @@ def allocate(desc: Desc, framework: str) -> Any:
     return np.empty(desc.shape, dtype=dt)
 
 
+def _torch_has_cuda(t: Any, device_id: int) -> bool:
+    """Whether torch can allocate on cuda:<device_id> here: a CPU-only
+    torch, or the CUDA build on a machine whose driver it cannot use (rdt
+    may use another, see RDT_CUDA_LIBRARY), cannot."""
+    try:
+        return bool(t.cuda.is_available()) and device_id < t.cuda.device_count()
+    except Exception:
+        return False
+
+
 def _allocate_cuda(desc: Desc, framework: str) -> Any:
     """A CUDA tensor to receive into: CuPy for CuPy producers when CuPy is
     importable, else torch, else CuPy; None when neither is."""
@@ -450,7 +460,8 @@ def _allocate_cuda(desc: Desc, framework: str) -> Any:
         if fw == "torch":
             t = _import_torch()
             name = _DL_TO_TORCH.get((desc.code, desc.bits))
-            if t is not None and name is not None and hasattr(t, name) and desc.lanes == 1:
+            if t is not None and name is not None and hasattr(t, name) and desc.lanes == 1 and \
+                    _torch_has_cuda(t, desc.device_id):
                 return t.empty(desc.shape, dtype=getattr(t, name), device=f"cuda:{desc.device_id}")
         else:
             try:

@@ -184,7 +184,20 @@ struct fake_ctx {
   struct fake_stream *null_stream;
 };
 static struct fake_ctx ctxs[MAX_DEVICES];
-static __thread struct fake_ctx *current;
+/* The calling thread's current context, in a pthread key rather than
+ * __thread: LeakSanitizer cannot walk the dynamic TLS of a dlopen'd
+ * library in threads that the Go runtime made. */
+static pthread_key_t current_key;
+static pthread_once_t current_once = PTHREAD_ONCE_INIT;
+static void make_current_key(void) { pthread_key_create(&current_key, NULL); }
+static struct fake_ctx *get_current(void) {
+  pthread_once(&current_once, make_current_key);
+  return pthread_getspecific(current_key);
+}
+static void set_current(struct fake_ctx *c) {
+  pthread_once(&current_once, make_current_key);
+  pthread_setspecific(current_key, c);
+}
 
 enum { ALLOC_DEVICE, ALLOC_IPC };
 
@@ -289,7 +302,8 @@ static int valid_ctx(struct fake_ctx *c) {
 
 static CUresult need_ctx(void) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!current || !valid_ctx(current)) return CUDA_ERROR_INVALID_CONTEXT;
+  struct fake_ctx *c = get_current();
+  if (!c || !valid_ctx(c)) return CUDA_ERROR_INVALID_CONTEXT;
   return CUDA_SUCCESS;
 }
 
@@ -325,11 +339,12 @@ static CUresult resolve_stream(CUstream h, struct fake_stream **out) {
   if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
     CUresult r = need_ctx();
     if (r != CUDA_SUCCESS) return r;
-    if (!current->null_stream) {
-      r = new_stream(current, &current->null_stream);
+    struct fake_ctx *c = get_current();
+    if (!c->null_stream) {
+      r = new_stream(c, &c->null_stream);
       if (r != CUDA_SUCCESS) return r;
     }
-    *out = current->null_stream;
+    *out = c->null_stream;
     return CUDA_SUCCESS;
   }
   for (struct fake_stream *s = streams; s; s = s->next)
@@ -537,7 +552,7 @@ API CUresult cuCtxSetCurrent(CUcontext c) {
   if (c && !valid_ctx(c))
     r = CUDA_ERROR_INVALID_CONTEXT;
   else
-    current = c;
+    set_current(c);
   pthread_mutex_unlock(&mu);
   return r;
 }
@@ -545,7 +560,7 @@ API CUresult cuCtxSetCurrent(CUcontext c) {
 API CUresult cuCtxGetCurrent(CUcontext *c) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!c) return CUDA_ERROR_INVALID_VALUE;
-  *c = current;
+  *c = get_current();
   return CUDA_SUCCESS;
 }
 
@@ -563,7 +578,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   }
   a->kind = ALLOC_DEVICE;
   a->size = n;
-  a->ctx = current;
+  a->ctx = get_current();
   a->id = next_buffer_id++;
   char name[96];
   snprintf(name, sizeof name, "rdt-fakecuda-%d-%016llx-%llu", (int)getpid(), (unsigned long long)token, a->id);
@@ -711,7 +726,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned in
     goto out;
   }
   for (struct alloc *a = allocs; a; a = a->next)
-    if (a->kind == ALLOC_IPC && a->ctx == current && a->owner_pid == ih.pid && a->owner_token == ih.token &&
+    if (a->kind == ALLOC_IPC && a->ctx == get_current() && a->owner_pid == ih.pid && a->owner_token == ih.token &&
         a->owner_id == ih.id) {
       a->refs++;
       *p = (CUdeviceptr)a->base;
@@ -749,7 +764,7 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned in
   a->kind = ALLOC_IPC;
   a->base = (uintptr_t)m;
   a->size = ih.size;
-  a->ctx = current;
+  a->ctx = get_current();
   a->id = next_buffer_id++;
   a->fd = -1;
   a->owner_pid = ih.pid;
@@ -791,7 +806,7 @@ API CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
   pthread_mutex_lock(&mu);
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS && (!s || (flags & ~CU_STREAM_NON_BLOCKING))) r = CUDA_ERROR_INVALID_VALUE;
-  if (r == CUDA_SUCCESS) r = new_stream(current, s);
+  if (r == CUDA_SUCCESS) r = new_stream(get_current(), s);
   pthread_mutex_unlock(&mu);
   return r;
 }
@@ -853,7 +868,7 @@ API CUresult cuEventCreate(CUevent *e, unsigned int flags) {
       r = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
       ev->magic = EVENT_MAGIC;
-      ev->ctx = current;
+      ev->ctx = get_current();
       ev->next = events;
       events = ev;
       *e = ev;

@@ -596,3 +596,24 @@ func TestGPUTargetIsNotWhatItSays(t *testing.T) {
 			"target 0 is described as cuda:1 but its memory is on cuda:0")
 	}
 }
+
+// RDT_CUDA_IPC_CACHE=0 keeps no mapping: each fetch opens the source's
+// allocations and closes them when released, and opening again works.
+func TestGPUCacheThatKeepsNothing(t *testing.T) {
+	requireGPU(t)
+	if rerun(t, "RDT_CUDA_IPC_CACHE=0") {
+		return
+	}
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(18)
+	for round := 0; round < 3; round++ {
+		targets, ps := layoutTargets(t, 0)
+		require.NoError(t, fetchWith(tr, x, src.meta, targets))
+		checkLayout(t, ps, 0, 0)
+		assert.Empty(t, entriesOf(tr.cache, src.pid))
+		if n := mappedFrom(t, src.pid); n >= 0 {
+			assert.Equal(t, 0, n, "round %d: mappings left open", round)
+		}
+	}
+}

@@ -223,6 +223,18 @@ func (t *Transport) Close() error {
 	return cuda.CoreError(first)
 }
 
+// checkOpen refuses work on a closed transport before it opens anything:
+// a mapping opened after the last transport of the process closed would
+// stay open until the cache's idle timeout.
+func (t *Transport) checkOpen() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return core.Errorf(core.ErrClosed, "cuda_ipc: the transport is closed")
+	}
+	return nil
+}
+
 // stream picks one of dev's streams, creating them on first use.
 func (t *Transport) stream(dev int) (*cuda.Stream, error) {
 	t.mu.Lock()
@@ -279,6 +291,9 @@ type devicePair struct{ dst, src int }
 // Fetch checks the metadata against the targets, maps the source
 // allocations (or finds them in the cache) and enqueues the copies.
 func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+	if err := t.checkOpen(); err != nil {
+		return nil, err
+	}
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err

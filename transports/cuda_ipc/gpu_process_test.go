@@ -617,3 +617,15 @@ func TestGPUCacheThatKeepsNothing(t *testing.T) {
 		}
 	}
 }
+
+// A closed transport refuses a fetch before it maps anything.
+func TestGPUFetchOnAClosedTransport(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	tr := gpuTransport(t)
+	require.NoError(t, tr.Close())
+	targets, _ := layoutTargets(t, 0)
+	_, err := tr.Fetch(transfer(19), targets, src.meta, nil)
+	assert.Equal(t, core.ErrClosed, core.StatusOf(err), "%v", err)
+	assert.Empty(t, entriesOf(tr.cache, src.pid), "mappings opened for a closed transport")
+}

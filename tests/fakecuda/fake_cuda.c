@@ -17,7 +17,9 @@
  *     context fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
  *     has none.
  *   - Device memory: each cuMemAlloc is its own memfd, mapped shared, kept
- *     in an allocation table (base, size, context, buffer id). Pointer
+ *     in an allocation table (base, size, context, buffer id). The memfd is
+ *     named "rdt-fakecuda-<pid>-<token>-<buffer id>"; tests count the
+ *     mappings of another process's memory in /proc/self/maps by it. Pointer
  *     attributes and cuMemGetAddressRange answer from that table; any other
  *     address is host memory the driver does not know
  *     (CUDA_ERROR_INVALID_VALUE from cuPointerGetAttribute,

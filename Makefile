@@ -58,9 +58,13 @@ $(FAKECUDA): tests/fakecuda/fake_cuda.c
 	@mkdir -p $(dir $@)
 	$(CC) -shared -fPIC -O1 -g -pthread -std=c11 -Wall -Wextra -Werror -fvisibility=hidden -o $@ $<
 
-fake-gpu-test: $(FAKECUDA)
+fake-gpu-test: $(FAKECUDA) $(BUILD)/rdtbench
 	$(FAKECUDA_ENV) $(GO) test -race -count=1 $(FAKECUDA_PKGS)
 	$(FAKECUDA_ENV) RDT_FAKECUDA_PEER_ACCESS=0 $(GO) test -race -count=1 -run 'TwoDevices|NumbersDevicesDifferently' $(FAKECUDA_PKGS)
+	@# The demo's GPU rows (nixl kept out: it would hand UCX fake device pointers).
+	RDT_NIXL_LIBRARY=/nonexistent $(FAKECUDA_ENV) $(BUILD)/rdtbench demo > $(BUILD)/fake-gpu-demo.txt
+	grep -E '^(auto|cuda_ipc) +1 tensor, GPU 0 .* cuda_ipc .* verified$$' $(BUILD)/fake-gpu-demo.txt | wc -l | grep -qx 2 \
+		|| { cat $(BUILD)/fake-gpu-demo.txt; echo "the demo did not move GPU memory over cuda_ipc"; exit 1; }
 
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON

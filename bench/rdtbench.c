@@ -131,6 +131,7 @@ static struct {
   int (*DeviceGet)(int *, int);
   int (*DevicePrimaryCtxRetain)(void **, int);
   int (*CtxSetCurrent)(void *);
+  int (*DeviceGetName)(char *, int, int);
   int (*MemAlloc)(cu_ptr *, size_t);
   int (*MemFree)(cu_ptr);
   int (*MemcpyHtoD)(cu_ptr, const void *, size_t);
@@ -160,6 +161,7 @@ static const char *cuda_setup(void) {
       {"cuDeviceGet", (void **)&cu.DeviceGet},
       {"cuDevicePrimaryCtxRetain", (void **)&cu.DevicePrimaryCtxRetain},
       {"cuCtxSetCurrent", (void **)&cu.CtxSetCurrent},
+      {"cuDeviceGetName", (void **)&cu.DeviceGetName},
       {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
       {"cuMemFree_v2", (void **)&cu.MemFree},
       {"cuMemcpyHtoD_v2", (void **)&cu.MemcpyHtoD},
@@ -533,15 +535,18 @@ static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
   if (!why && !transport_available(rt, "cuda_ipc"))
     why = "the CUDA driver loads, but librdt lists no cuda_ipc transport";
   if (why) {
-    printf("%-6s (no GPU rows: %s)\n", "cuda", why);
+    printf("%-8s (no GPU rows: %s)\n", "cuda", why);
     return 0;
   }
+  char gpu[256] = "?";
+  cu.DeviceGetName(gpu, sizeof gpu, 0);
+  printf("GPU 0 of both processes: %s\n", gpu);
   int failures = 0;
   const char *names[] = {"auto", "cuda_ipc", "nixl"};
   for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
     const char *name = names[k];
     if (k > 0 && !transport_available(rt, name)) {
-      printf("%-6s (not available here)\n", name);
+      printf("%-8s (not available here)\n", name);
       continue;
     }
     uint64_t before[2];
@@ -563,7 +568,7 @@ static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
     const char *by = "?";
     for (int j = 0; j < 2; j++)
       if (transport_uses(rt, gpu_transports[j]) > before[j]) by = gpu_transports[j];
-    printf("%-6s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor, GPU", human(size), by,
+    printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor, GPU 0", human(size), by,
            dt * 1e3, (double)size / dt / 1e9, ok ? "verified" : "CORRUPT");
     failures += !ok;
     drop_remote(src, &ref, 1);
@@ -578,7 +583,7 @@ static int demo_main(void) {
   printf("rdt %s demo: this process (pid %d) fetches tensors that another "
          "process (pid %d) put.\n\n",
          rdt_version(), (int)getpid(), (int)src.pid);
-  printf("%-6s %-18s %-10s %-8s %12s %10s\n", "asked", "what", "bytes", "moved by",
+  printf("%-8s %-18s %-10s %-8s %12s %10s\n", "asked", "what", "bytes", "moved by",
          "time", "speed");
   const uint64_t big = 256 * MiB, small = 4 * KiB;
   const int nsmall = 64;
@@ -591,7 +596,7 @@ static int demo_main(void) {
   for (int k = 0; k <= NUM_TRANSPORTS; k++) {
     const char *name = names[k];
     if (k > 0 && !transport_available(rt, name)) {
-      printf("%-6s (not available here%s)\n", name,
+      printf("%-8s (not available here%s)\n", name,
              strcmp(name, "nixl") == 0 ? ": NIXL's libnixl_capi.so was not found; see docs/transports.md" : "");
       continue;
     }
@@ -604,7 +609,7 @@ static int demo_main(void) {
     const char *by = "?";
     for (int j = 0; j < NUM_TRANSPORTS; j++)
       if (transport_uses(rt, host_transports[j]) > before[j]) by = host_transports[j];
-    printf("%-6s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor", human(big), by,
+    printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor", human(big), by,
            dt * 1e3, (double)big / dt / 1e9, ok ? "verified" : "CORRUPT");
     failures += !ok;
     drop_remote(&src, refs, 1);
@@ -615,7 +620,7 @@ static int demo_main(void) {
     for (int i = 0; i < nsmall; i++) ok &= verify(smallbufs[i], small, 200 + (uint64_t)k + (uint64_t)i);
     char what[32];
     snprintf(what, sizeof what, "%d tensors, 1 get", nsmall);
-    printf("%-6s %-18s %-10s %-8s %9.3f ms %6.2f GB/s %s\n", name, what,
+    printf("%-8s %-18s %-10s %-8s %9.3f ms %6.2f GB/s %s\n", name, what,
            human(small * (uint64_t)nsmall), by, dt * 1e3, (double)(small * nsmall) / dt / 1e9,
            ok ? "verified" : "CORRUPT");
     failures += !ok;

@@ -985,13 +985,18 @@ API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
   return r;
 }
 
-/* Synchronous; not ordered with any stream (as with a non-blocking stream). */
-API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+/* A synchronous copy, not ordered with any stream (as with a non-blocking
+ * stream). dst_dev/src_dev: 1 the side must be device memory, 0 host
+ * memory, -1 either (unified addressing). */
+static CUresult sync_copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n) {
   pthread_mutex_lock(&mu);
   struct alloc *da = NULL, *sa = NULL;
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 &&
+      ((dst_dev >= 0 && !!da != dst_dev) || (src_dev >= 0 && !!sa != src_dev)))
+    r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS && n > 0) {
     if (da) da->busy++;
     if (sa) sa->busy++;
@@ -1004,4 +1009,14 @@ API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   }
   pthread_mutex_unlock(&mu);
   return r;
+}
+
+API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { return sync_copy(dst, -1, src, -1, n); }
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  return sync_copy(dst, 1, (CUdeviceptr)(uintptr_t)src, 0, n);
+}
+
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  return sync_copy((CUdeviceptr)(uintptr_t)dst, 0, src, 1, n);
 }

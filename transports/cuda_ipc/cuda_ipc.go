@@ -147,8 +147,11 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		if err != nil {
 			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
 		}
+		if info.Managed {
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
+		}
 		if info.MemoryType != cuda.MemoryDevice {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: host or managed memory)", i, x.Data, info.MemoryType)
+			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
 		}
 		if info.Device != dev {
 			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)

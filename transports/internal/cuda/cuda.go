@@ -269,10 +269,13 @@ const (
 	MemoryUnified = 4
 )
 
-// PointerInfo describes the allocation that holds an address.
+// PointerInfo describes the allocation that holds an address. BufferID,
+// LegacyIPC, Base and Size are known for device memory only (MemoryType
+// MemoryDevice and not Managed).
 type PointerInfo struct {
 	MemoryType int    // Memory*
 	Device     int    // ordinal of the device holding the memory
+	Managed    bool   // managed (unified) memory
 	LegacyIPC  bool   // the allocation can be shared with cuIpcGetMemHandle
 	BufferID   uint64 // unique within the process for the process's lifetime
 	Base       Ptr    // start of the allocation (cuMemGetAddressRange)
@@ -290,7 +293,7 @@ func GetPointerInfo(dev int, p Ptr) (PointerInfo, error) {
 		return PointerInfo{}, err
 	}
 	return PointerInfo{
-		MemoryType: int(ci.memory_type), Device: int(ci.device), LegacyIPC: ci.legacy_ipc != 0,
+		MemoryType: int(ci.memory_type), Device: int(ci.device), Managed: ci.managed != 0, LegacyIPC: ci.legacy_ipc != 0,
 		BufferID: uint64(ci.buffer_id), Base: Ptr(ci.base), Size: uint64(ci.size),
 	}, nil
 }

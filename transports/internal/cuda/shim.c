@@ -19,9 +19,11 @@ enum {
 enum {
   CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
   CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+  CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
 };
+#define CU_MEMORYTYPE_DEVICE 2
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DISABLE_TIMING 0x2
@@ -236,6 +238,14 @@ static rdtcu_result pointer_info(rdtcu_ptr p, rdtcu_pointer_info *info) {
   r = cu.PointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p);
   if (r != CUDA_SUCCESS) return r;
   info->device = ord;
+  /* Managed memory may report the device memory type; it is told apart
+   * here. A driver that cannot say is taken to mean "not managed". */
+  unsigned int managed = 0;
+  if (cu.PointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p) == CUDA_SUCCESS)
+    info->managed = managed != 0;
+  /* Pinned or registered host memory, and managed memory, have no address
+   * range or IPC handle to ask about: the caller refuses them by type. */
+  if (mt != CU_MEMORYTYPE_DEVICE || info->managed) return CUDA_SUCCESS;
   unsigned long long id = 0;
   r = cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
   if (r != CUDA_SUCCESS) return r;

@@ -28,10 +28,13 @@ typedef void *rdtcu_event;                /* CUevent */
 typedef struct {
   int memory_type;        /* CU_MEMORYTYPE_*: 1 host, 2 device, 3 array, 4 unified */
   int device;             /* ordinal the memory lives on */
+  int managed;            /* 1 for managed (unified) memory */
   int legacy_ipc;         /* 1 if cuIpcGetMemHandle works on it */
   unsigned long long buffer_id; /* process-wide unique id of the allocation */
   rdtcu_ptr base;        /* allocation base (cuMemGetAddressRange) */
   size_t size;            /* allocation size */
+  /* buffer_id, legacy_ipc, base and size are filled for device memory
+   * only (not host, not managed). */
 } rdtcu_pointer_info;
 
 typedef struct {

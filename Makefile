@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test fake-gpu-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
+.PHONY: all test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -40,7 +40,7 @@ $(NIXL_DIR)/.ready: tests/requirements-nixl.txt
 		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
 	@mkdir -p $(NIXL_DIR) && touch $@
 
-test: go-test fake-gpu-test c-test sanitize-test consumer-test python-test
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test
 
 go-test: $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(GO) test -race -count=1 ./...
@@ -65,6 +65,24 @@ fake-gpu-test: $(FAKECUDA) $(BUILD)/rdtbench
 	RDT_NIXL_LIBRARY=/nonexistent $(FAKECUDA_ENV) $(BUILD)/rdtbench demo > $(BUILD)/fake-gpu-demo.txt
 	grep -E '^(auto|cuda_ipc) +1 tensor, GPU 0 .* cuda_ipc .* verified$$' $(BUILD)/fake-gpu-demo.txt | wc -l | grep -qx 2 \
 		|| { cat $(BUILD)/fake-gpu-demo.txt; echo "the demo did not move GPU memory over cuda_ipc"; exit 1; }
+
+# The nccl transport and groups, on machines without GPUs: against the test
+# double of NCCL (tests/fakenccl, sockets between the ranks) on top of the
+# CUDA driver double with two devices; once more with an abort that peers
+# do not notice (as with NCCL's shared-memory transport), for the tests of
+# failed transfers. Only these packages get the doubles. See
+# docs/transports.md, "nccl".
+FAKENCCL     := $(BUILD)/fakenccl/libnccl.so.2
+FAKENCCL_ENV  = $(FAKECUDA_ENV) RDT_NCCL_LIBRARY=$(abspath $(FAKENCCL))
+
+$(FAKENCCL): tests/fakenccl/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -g -pthread -std=c11 -Wall -Wextra -Werror -fvisibility=hidden \
+		-Wl,-soname,libnccl.so.2 -o $@ $< -ldl
+
+fake-nccl-test: $(FAKECUDA) $(FAKENCCL)
+	$(FAKENCCL_ENV) $(GO) test -race -count=1 ./transports/nccl/...
+	$(FAKENCCL_ENV) RDT_FAKENCCL_ABORT=silent $(GO) test -race -count=1 -run 'Abort|Dies|Fail' ./transports/nccl/...
 
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON

@@ -1,0 +1,562 @@
+package nccl
+
+// Groups whose ranks are separate processes, as in real use: this test
+// process is one rank, a child process (this test binary, started with
+// childEnv set) the other, driven over its stdin and stdout. They need two
+// CUDA devices, and skip like the other GPU tests.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// childEnv holds the socket directory of a child rank.
+const childEnv = "RDT_NCCL_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(childEnv); dir != "" {
+		childMain(dir)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*13) + seed
+	}
+	return b
+}
+
+// devFill allocates n bytes on dev holding pattern(n, seed).
+func devFill(dev, n int, seed byte) (cuda.Ptr, error) {
+	p, err := cuda.Alloc(dev, uint64(max(n, 1)))
+	if err != nil || n == 0 {
+		return p, err
+	}
+	h, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Munmap(h)
+	copy(h, pattern(n, seed))
+	return p, cuda.Memcpy(dev, p, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), uint64(n))
+}
+
+// devRead copies n bytes of device memory back.
+func devRead(dev int, p cuda.Ptr, n int) ([]byte, error) {
+	if n == 0 {
+		return []byte{}, nil
+	}
+	h, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Munmap(h)
+	if err := cuda.Memcpy(dev, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), p, uint64(n)); err != nil {
+		return nil, err
+	}
+	return bytes.Clone(h), nil
+}
+
+func sockRuntime(name, dir string) (*core.Runtime, error) {
+	return core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff, Network: core.Sockets{}, SocketDir: dir,
+		Builtins: []core.TransportFactory{Factory()}})
+}
+
+func transportOf(rt *core.Runtime) *Transport {
+	t, err := rt.Registry().Get(Name)
+	if err != nil {
+		panic(err)
+	}
+	return t.(*Transport)
+}
+
+// groupState is "" for a live group, the reason it is dead, or "none".
+func groupState(rt *core.Runtime, name string) string {
+	t := transportOf(rt)
+	t.mu.Lock()
+	g := t.groups[name]
+	t.mu.Unlock()
+	if g == nil {
+		return "none"
+	}
+	if err := g.deadErr(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// inFlight counts this runtime's nccl sends and receives under way.
+func inFlight(rt *core.Runtime) int {
+	t := transportOf(rt)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.ops)
+}
+
+// childMain runs a rank: one command a line on stdin, one answer a line on
+// stdout ("OK ...", or "ERR <status> <message>").
+//
+//	group NAME WORLD RANK RANK0ADDR DEV TIMEOUT_MS
+//	put DEV N:SEED...          -> OK <serialized ref in hex>
+//	get DEV HEXREF N:SEED...   -> FETCHING, then OK when the bytes are right
+//	state NAME                 -> OK <groupState>
+//	destroy NAME
+func childMain(dir string) {
+	rt, err := sockRuntime("child", dir)
+	if err != nil {
+		fmt.Println("ERR", int(core.StatusOf(err)), err)
+		os.Exit(1)
+	}
+	fmt.Println("OK", rt.Address())
+	var keep []*core.Ref
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(nil, 1<<20)
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		out, err := childCommand(rt, f, &keep)
+		if err != nil {
+			fmt.Println("ERR", int(core.StatusOf(err)), strings.ReplaceAll(err.Error(), "\n", " "))
+		} else {
+			fmt.Println("OK", out)
+		}
+	}
+	rt.Destroy()
+	os.Exit(0)
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// sizes parses N:SEED pairs.
+func sizes(args []string) (ns []int, seeds []byte) {
+	for _, a := range args {
+		n, s, _ := strings.Cut(a, ":")
+		ns, seeds = append(ns, atoi(n)), append(seeds, byte(atoi(s)))
+	}
+	return ns, seeds
+}
+
+func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, error) {
+	switch f[0] {
+	case "group":
+		spec := core.GroupSpec{Name: f[1], WorldSize: atoi(f[2]), Rank: atoi(f[3]), Rank0: f[4], Device: atoi(f[5])}
+		return "", rt.CreateGroup(spec, time.Duration(atoi(f[6]))*time.Millisecond)
+	case "destroy":
+		return "", rt.DestroyGroup(f[1])
+	case "state":
+		return groupState(rt, f[1]), nil
+	case "put":
+		dev := atoi(f[1])
+		ns, seeds := sizes(f[2:])
+		var ts []core.Tensor
+		for i, n := range ns {
+			p, err := devFill(dev, n, seeds[i])
+			if err != nil {
+				return "", err
+			}
+			ts = append(ts, devTensor(dev, p, n))
+		}
+		ref, err := rt.Put(ts, Name, nil)
+		if err != nil {
+			return "", err
+		}
+		*keep = append(*keep, ref)
+		b, err := ref.Serialize()
+		return hex.EncodeToString(b), err
+	case "get":
+		dev := atoi(f[1])
+		b, err := hex.DecodeString(f[2])
+		if err != nil {
+			return "", err
+		}
+		ref, err := rt.Deserialize(b)
+		if err != nil {
+			return "", err
+		}
+		defer ref.Release()
+		ns, seeds := sizes(f[3:])
+		var ts []core.Tensor
+		var ps []cuda.Ptr
+		for _, n := range ns {
+			p, err := cuda.Alloc(dev, uint64(max(n, 1)))
+			if err != nil {
+				return "", err
+			}
+			ps = append(ps, p)
+			ts = append(ts, devTensor(dev, p, n))
+		}
+		fetch, err := rt.StartFetch([]*core.Ref{ref}, ts, core.FetchOptions{})
+		if err != nil {
+			return "", err
+		}
+		fmt.Println("FETCHING")
+		err = fetch.Wait(-1)
+		fetch.Free()
+		if err != nil {
+			return "", err
+		}
+		for i, n := range ns {
+			got, err := devRead(dev, ps[i], n)
+			if err != nil {
+				return "", err
+			}
+			if !bytes.Equal(got, pattern(n, seeds[i])) {
+				return "", fmt.Errorf("tensor %d: wrong bytes", i)
+			}
+		}
+		return "", nil
+	}
+	return "", fmt.Errorf("unknown command %q", f[0])
+}
+
+// child is a rank in another process.
+type child struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	addr string
+}
+
+func startChild(t *testing.T, dir string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+dir), env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	c := &child{t: t, cmd: cmd, in: in, out: bufio.NewReader(out)}
+	t.Cleanup(c.kill)
+	addr, err := c.answer()
+	require.NoError(t, err)
+	c.addr = addr
+	return c
+}
+
+func (c *child) kill() {
+	_ = c.cmd.Process.Kill()
+	_ = c.cmd.Wait()
+}
+
+func (c *child) send(args ...any) {
+	_, err := fmt.Fprintln(c.in, args...)
+	require.NoError(c.t, err)
+}
+
+// answer reads the next answer line (past FETCHING): its text, or an error
+// with its status.
+func (c *child) answer() (string, error) {
+	line := "FETCHING"
+	for line == "FETCHING" {
+		l, err := c.out.ReadString('\n')
+		if err != nil {
+			return "", fmt.Errorf("the child said nothing: %w", err)
+		}
+		line = strings.TrimSpace(l)
+	}
+	if rest, ok := strings.CutPrefix(line, "OK"); ok {
+		return strings.TrimSpace(rest), nil
+	}
+	if rest, ok := strings.CutPrefix(line, "ERR "); ok {
+		code, msg, _ := strings.Cut(rest, " ")
+		return "", core.Errorf(core.Status(atoi(code)), "child: %s", msg)
+	}
+	return line, nil
+}
+
+func (c *child) do(args ...any) (string, error) {
+	c.send(args...)
+	return c.answer()
+}
+
+func requireTwoDevices(t *testing.T) {
+	t.Helper()
+	requireNCCL(t)
+	if n, _ := cuda.DeviceCount(); n < 2 {
+		t.Skipf("NCCL needs two GPUs for one group (this machine has %d): NCCL refuses two ranks on one device", n)
+	}
+}
+
+// pairWithChild forms group name: rank 0 here on device 0, rank 1 in the
+// child on device 1.
+func pairWithChild(t *testing.T, rt *core.Runtime, c *child, name string) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.do("group", name, 2, 1, rt.Address(), 1, 60000)
+		errc <- err
+	}()
+	require.NoError(t, rt.CreateGroup(core.GroupSpec{Name: name, WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, <-errc)
+}
+
+func putHere(t *testing.T, rt *core.Runtime, dev int, ns []int, seed byte) (*core.Ref, string) {
+	t.Helper()
+	var ts []core.Tensor
+	var args []string
+	for i, n := range ns {
+		p, err := devFill(dev, n, seed+byte(i))
+		require.NoError(t, err)
+		t.Cleanup(func() { cuda.Free(dev, p) })
+		ts = append(ts, devTensor(dev, p, n))
+		args = append(args, fmt.Sprintf("%d:%d", n, seed+byte(i)))
+	}
+	ref, err := rt.Put(ts, Name, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ref.Release() })
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	return ref, hex.EncodeToString(b) + " " + strings.Join(args, " ")
+}
+
+// getHere fetches a ref the child put (wire in hex) into fresh device
+// memory and checks the bytes.
+func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, seed byte, timeout time.Duration) error {
+	b, err := hex.DecodeString(wire)
+	require.NoError(t, err)
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	defer ref.Release()
+	var ts []core.Tensor
+	var ps []cuda.Ptr
+	for _, n := range ns {
+		p, err := cuda.Alloc(dev, uint64(max(n, 1)))
+		require.NoError(t, err)
+		t.Cleanup(func() { cuda.Free(dev, p) })
+		ps = append(ps, p)
+		ts = append(ts, devTensor(dev, p, n))
+	}
+	if err := rt.Get([]*core.Ref{ref}, ts, core.FetchOptions{}, timeout); err != nil {
+		return err
+	}
+	for i, n := range ns {
+		got, err := devRead(dev, ps[i], n)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(got, pattern(n, seed+byte(i))), "tensor %d of %d bytes", i, n)
+	}
+	return nil
+}
+
+func childArgs(ns []int, seed byte) string {
+	var s []string
+	for i, n := range ns {
+		s = append(s, fmt.Sprintf("%d:%d", n, seed+byte(i)))
+	}
+	return strings.Join(s, " ")
+}
+
+// Two processes form a group and move tensors both ways, several at once
+// and in order; a runtime outside the group is told to use another
+// transport; the group is destroyed and formed again on both ranks.
+func TestGPUTwoProcesses(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir)
+	pairWithChild(t, rt, c, "pair")
+
+	// Here to the child: several tensors of one object, one of them empty.
+	ns := []int{3 << 20, 0, 4099}
+	_, wire := putHere(t, rt, 0, ns, 1)
+	c.send("get", 1, wire)
+	require.Equal(t, "FETCHING", mustLine(t, c))
+	_, err = c.answer()
+	require.NoError(t, err)
+
+	// The child to here.
+	out, err := c.do("put", 1, childArgs([]int{5 << 20, 17}, 40))
+	require.NoError(t, err)
+	require.NoError(t, getHere(t, rt, 0, out, []int{5 << 20, 17}, 40, time.Minute))
+
+	// Many objects fetched at once: the destination gives each transfer its
+	// place, and both sides enqueue in that order (the sizes differ, so a
+	// send matched with the wrong receive would fail).
+	var wires []string
+	var sz [][]int
+	for i := 0; i < 6; i++ {
+		n := []int{(i + 1) * 70001}
+		out, err := c.do("put", 1, childArgs(n, byte(60+i)))
+		require.NoError(t, err)
+		wires, sz = append(wires, out), append(sz, n)
+	}
+	var refs []*core.Ref
+	var targets []core.Tensor
+	var ptrs []cuda.Ptr
+	for i, w := range wires {
+		b, err := hex.DecodeString(w)
+		require.NoError(t, err)
+		ref, err := rt.Deserialize(b)
+		require.NoError(t, err)
+		defer ref.Release()
+		p, err := cuda.Alloc(0, uint64(sz[i][0]))
+		require.NoError(t, err)
+		defer cuda.Free(0, p)
+		refs, targets, ptrs = append(refs, ref), append(targets, devTensor(0, p, sz[i][0])), append(ptrs, p)
+	}
+	require.NoError(t, rt.Get(refs, targets, core.FetchOptions{}, time.Minute))
+	for i, p := range ptrs {
+		got, err := devRead(0, p, sz[i][0])
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(got, pattern(sz[i][0], byte(60+i))), "object %d", i)
+	}
+
+	// A runtime outside the group cannot fetch over nccl.
+	other, err := sockRuntime("outsider", dir)
+	require.NoError(t, err)
+	err = getHere(t, other, 0, out, []int{5 << 20, 17}, 40, 10*time.Second)
+	other.Destroy()
+	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+	assert.Contains(t, fmt.Sprint(err), "not ranks of one nccl group")
+
+	// Destroyed on both ranks, formed again, and used again.
+	require.NoError(t, rt.DestroyGroup("pair"))
+	_, err = c.do("destroy", "pair")
+	require.NoError(t, err)
+	pairWithChild(t, rt, c, "pair")
+	require.NoError(t, getHere(t, rt, 0, out, []int{5 << 20, 17}, 40, time.Minute))
+	assert.Equal(t, "", groupState(rt, "pair"))
+}
+
+func mustLine(t *testing.T, c *child) string {
+	t.Helper()
+	line, err := c.out.ReadString('\n')
+	require.NoError(t, err)
+	return strings.TrimSpace(line)
+}
+
+// waitFor polls cond for up to d.
+func waitFor(d time.Duration, cond func() bool) bool {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// The source process dies while the destination waits for the bytes: the
+// fetch fails promptly (it does not hang) and the destination's group is
+// destroyed, which later transfers report.
+func TestGPUSourceDiesMidTransfer(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000") // its sends take a minute (under the NCCL double)
+	pairWithChild(t, rt, c, "pair")
+	ns := []int{8 << 20}
+	wire, err := c.do("put", 1, childArgs(ns, 3))
+	require.NoError(t, err)
+
+	res := make(chan error, 1)
+	go func() { res <- getHere(t, rt, 0, wire, ns, 3, time.Minute) }()
+	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }), "the receive never started")
+	time.Sleep(50 * time.Millisecond)
+	c.kill()
+	select {
+	case err = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fetch from a dead source did not end")
+	}
+	require.Error(t, err)
+	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	require.True(t, waitFor(10*time.Second, func() bool { return groupState(rt, "pair") != "" }))
+	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
+}
+
+// The destination process dies while the source sends: the source's send
+// fails and destroys its group.
+func TestGPUDestinationDiesMidTransfer(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000") // its receives take a minute
+	pairWithChild(t, rt, c, "pair")
+	_, wire := putHere(t, rt, 0, []int{8 << 20}, 9)
+	c.send("get", 1, wire)
+	require.Equal(t, "FETCHING", mustLine(t, c))
+	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }), "the send never started")
+	time.Sleep(50 * time.Millisecond)
+	c.kill()
+	require.True(t, waitFor(30*time.Second, func() bool { return groupState(rt, "pair") != "" }),
+		"the source's group outlived its dead peer")
+	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
+}
+
+// An aborted fetch destroys the group on the destination, and the source's
+// half of the transfer is cancelled and destroys it there too, also when
+// NCCL does not tell the source (RDT_FAKENCCL_ABORT=silent).
+func TestGPUAbortDestroysBothSides(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+	pairWithChild(t, rt, c, "pair")
+	ns := []int{8 << 20}
+	wire, err := c.do("put", 1, childArgs(ns, 3))
+	require.NoError(t, err)
+	b, err := hex.DecodeString(wire)
+	require.NoError(t, err)
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	defer ref.Release()
+	p, err := cuda.Alloc(0, uint64(ns[0]))
+	require.NoError(t, err)
+	defer cuda.Free(0, p)
+
+	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
+	require.NoError(t, err)
+	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
+	time.Sleep(100 * time.Millisecond)
+	f.Abort()
+	err = f.Wait(30 * time.Second)
+	f.Free()
+	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
+	require.True(t, waitFor(30*time.Second, func() bool {
+		s, err := c.do("state", "pair")
+		return err == nil && s != ""
+	}), "the source's group outlived the aborted transfer")
+	s, err := c.do("state", "pair")
+	require.NoError(t, err)
+	assert.Contains(t, s, `group "pair" was destroyed after`)
+
+	// Later transfers say why, on both sides.
+	err = getHere(t, rt, 0, wire, ns, 3, 10*time.Second)
+	assert.Contains(t, fmt.Sprint(err), `group "pair" was destroyed after`)
+	_, wire2 := putHere(t, rt, 0, []int{100}, 1)
+	_, err = c.do("get", 1, wire2)
+	assert.Contains(t, fmt.Sprint(err), `group "pair" was destroyed after`)
+}

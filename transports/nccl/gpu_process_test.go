@@ -560,3 +560,42 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	_, err = c.do("get", 1, wire2)
 	assert.Contains(t, fmt.Sprint(err), `group "pair" was destroyed after`)
 }
+
+// The source fails before it sends (its tensor is not on its group's
+// device), while the destination's first receive from it waits in NCCL for
+// the source to connect. The destination's fetch fails with the source's
+// error instead of waiting forever, also when NCCL does not tell it that
+// the source aborted.
+func TestGPUSourceFailsBeforeSending(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir)
+	pairWithChild(t, rt, c, "pair")
+	ns := []int{1 << 20}
+	wire, err := c.do("put", 0, childArgs(ns, 3)) // cuda:0, but the child's rank uses cuda:1
+	require.NoError(t, err)
+
+	res := make(chan error, 1)
+	go func() { res <- getHere(t, rt, 0, wire, ns, 3, time.Minute) }()
+	select {
+	case err = <-res:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fetch did not end after the source failed")
+	}
+	// The source's error, or (when NCCL reports the source's abort first)
+	// the destination's group destroyed by it.
+	require.Error(t, err)
+	if core.StatusOf(err) == core.ErrInvalidArgument {
+		assert.Contains(t, err.Error(), "tensor 0 is on cuda:0, but this rank of group \"pair\" uses cuda:1")
+	} else {
+		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
+	}
+	s, err := c.do("state", "pair")
+	require.NoError(t, err)
+	assert.Contains(t, s, `group "pair" was destroyed after`)
+	require.True(t, waitFor(10*time.Second, func() bool { return groupState(rt, "pair") != "" }))
+}

@@ -353,7 +353,7 @@ func (g *group) buffers(tensors []core.Tensor, what string) ([]Buffer, error) {
 // completion. Any failure or abort after the order was assigned destroys
 // the group: the other side may already have enqueued its half.
 func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
-	err := g.transfer(o, send, peer, seq, bufs)
+	err := g.transfer(o, send, peer, seq, bufs, what)
 	if err != nil && core.StatusOf(err) != core.ErrClosed {
 		if g.deadErr() == nil {
 			g.destroy(core.Errorf(core.StatusOf(err), "%s failed: %v", what, err), true)
@@ -365,7 +365,7 @@ func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what 
 	return err
 }
 
-func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer) error {
+func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
 	next := g.recvNext
 	if send {
 		next = g.sendNext
@@ -397,9 +397,22 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer) 
 		return cuda.CoreError(err)
 	}
 	defer ev.Destroy()
+	// The enqueue can wait: for another transfer's enqueue, and inside NCCL,
+	// whose first send or receive between two ranks blocks until the peer
+	// connects. An abort meanwhile can only reach it by aborting the
+	// communicator.
+	enqueued := make(chan struct{})
+	go func() {
+		select {
+		case <-o.abort:
+			g.destroy(core.Errorf(core.ErrAborted, "%s was aborted while NCCL enqueued it", what), true)
+		case <-enqueued:
+		}
+	}()
 	g.enq.Lock()
 	if err := g.deadErr(); err != nil {
 		g.enq.Unlock()
+		close(enqueued)
 		return err
 	}
 	err = g.comm.P2P(send, peer, bufs, g.stream)
@@ -407,6 +420,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer) 
 		err = ev.Record(g.stream)
 	}
 	g.enq.Unlock()
+	close(enqueued)
 	g.mu.Lock()
 	next[peer] = seq + 1
 	close(g.changed)

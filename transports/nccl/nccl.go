@@ -224,19 +224,27 @@ func (g *group) destroy(cause error, abort bool) error {
 	if abort {
 		g.t.h.Log().Warnf("nccl: group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
 		// An enqueue blocked inside NCCL (a peer that never connects) is
-		// only released by ncclCommAbort, so do not wait for it.
+		// only released by ncclCommAbort, so do not wait for it; but the
+		// stream goes only once that enqueue is out of NCCL and no longer
+		// records on it.
 		if g.enq.TryLock() {
 			err = g.comm.Abort()
+			g.stream.Destroy()
 			g.enq.Unlock()
 		} else {
 			err = g.comm.Abort()
+			go func() {
+				g.enq.Lock()
+				g.stream.Destroy()
+				g.enq.Unlock()
+			}()
 		}
 	} else {
 		g.enq.Lock()
 		err = g.comm.Destroy()
+		g.stream.Destroy()
 		g.enq.Unlock()
 	}
-	g.stream.Destroy()
 	if err != nil {
 		return coreError(err)
 	}

@@ -536,15 +536,27 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	require.NoError(t, err)
 	defer cuda.Free(0, p)
 
+	p2, err := cuda.Alloc(0, uint64(ns[0]))
+	require.NoError(t, err)
+	defer cuda.Free(0, p2)
+
 	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
+	// A second transfer behind it, which the abort ends too: its NCCL work
+	// stops early, and that is not a success.
+	f2, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p2, ns[0])}, core.FetchOptions{})
+	require.NoError(t, err)
+	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 1 }))
 	time.Sleep(100 * time.Millisecond)
 	f.Abort()
 	err = f.Wait(30 * time.Second)
 	f.Free()
 	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
 	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
+	err = f2.Wait(30 * time.Second)
+	f2.Free()
+	assert.Contains(t, fmt.Sprint(err), `group "pair" was destroyed after`)
 	require.True(t, waitFor(30*time.Second, func() bool {
 		s, err := c.do("state", "pair")
 		return err == nil && s != ""
@@ -598,4 +610,52 @@ func TestGPUSourceFailsBeforeSending(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, s, `group "pair" was destroyed after`)
 	require.True(t, waitFor(10*time.Second, func() bool { return groupState(rt, "pair") != "" }))
+}
+
+// rdt_group_destroy while a transfer is in flight frees the communicator
+// after that transfer's NCCL work: the fetch does not return while NCCL may
+// still write into its targets.
+func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=500")
+	pairWithChild(t, rt, c, "pair")
+	const n = 1 << 20
+	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
+	require.NoError(t, err)
+	b, err := hex.DecodeString(wire)
+	require.NoError(t, err)
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	defer ref.Release()
+	p, err := cuda.Alloc(0, n)
+	require.NoError(t, err)
+	defer cuda.Free(0, p)
+
+	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	require.NoError(t, err)
+	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- rt.DestroyGroup("pair") }()
+	ferr := f.Wait(30 * time.Second)
+	f.Free()
+	require.NotEqual(t, core.ErrTimeout, core.StatusOf(ferr), "%v", ferr)
+	after, err := devRead(0, p, n)
+	require.NoError(t, err)
+	select {
+	case err = <-destroyed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("rdt_group_destroy did not return")
+	}
+	time.Sleep(100 * time.Millisecond)
+	again, err := devRead(0, p, n)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(after, again), "the target changed after the fetch returned (%v)", ferr)
+	if ferr == nil {
+		assert.True(t, bytes.Equal(after, pattern(n, 3)), "the fetch succeeded with the wrong bytes")
+	}
 }

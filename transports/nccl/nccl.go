@@ -423,9 +423,18 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		close(enqueued)
 		return err
 	}
+	// A failed P2P launched nothing (NCCL launches no part of a group that
+	// fails).
 	err = g.comm.P2P(send, peer, bufs, g.stream)
 	if err == nil {
-		err = ev.Record(g.stream)
+		if rerr := ev.Record(g.stream); rerr != nil {
+			// Enqueued, but there is nothing to watch it with: stop it,
+			// and wait for the stream instead.
+			cerr := cuda.CoreError(rerr)
+			g.destroy(core.Errorf(core.StatusOf(cerr), "%s failed: %v", what, cerr), true)
+			g.stream.Synchronize()
+			err = rerr
+		}
 	}
 	g.enq.Unlock()
 	close(enqueued)
@@ -438,34 +447,60 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		return coreError(err)
 	}
 	// Poll: the event says the bytes moved; the communicator's async error
-	// says NCCL failed (a peer died, a network error).
+	// says NCCL failed (a peer died, a network error). Only a completion
+	// seen while the group was alive counts: once the communicator is
+	// aborted, NCCL ends the work early and the event completes all the
+	// same.
 	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
-		done, err := ev.Query()
-		if err != nil {
-			return cuda.CoreError(err)
-		}
 		g.mu.RLock()
-		if g.dead != nil {
-			g.mu.RUnlock()
-			if done {
-				return nil
+		dead := g.dead
+		var done bool
+		var qerr, aerr error
+		if dead == nil {
+			done, qerr = ev.Query()
+			if qerr == nil {
+				aerr = g.comm.AsyncError()
 			}
-			return g.deadErr()
 		}
-		aerr := g.comm.AsyncError()
 		g.mu.RUnlock()
-		if aerr != nil {
-			return coreError(aerr)
-		}
-		if done {
+		switch {
+		case dead != nil:
+			g.settle(ev)
+			return dead
+		case qerr != nil:
+			return g.fail(ev, cuda.CoreError(qerr), what)
+		case aerr != nil:
+			return g.fail(ev, coreError(aerr), what)
+		case done:
 			return nil
 		}
 		select {
 		case <-o.abort:
-			return core.Errorf(core.ErrAborted, "aborted")
+			return g.fail(ev, core.Errorf(core.ErrAborted, "aborted"), what)
 		case <-g.deadCh:
 		case <-time.After(delay):
 		}
+	}
+}
+
+// fail ends a transfer whose NCCL work is enqueued: the communicator is
+// aborted, which ends the work, and fail returns once NCCL no longer reads
+// or writes the transfer's tensors.
+func (g *group) fail(ev *cuda.Event, err error, what string) error {
+	g.destroy(core.Errorf(core.StatusOf(err), "%s failed: %v", what, err), true)
+	g.settle(ev)
+	return err
+}
+
+// settle waits until the work recorded before ev is over. Callers have made
+// sure that it ends: the communicator is aborted (NCCL stops its work) or
+// destroyed (NCCL finishes it first).
+func (g *group) settle(ev *cuda.Event) {
+	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
+		if done, err := ev.Query(); done || err != nil {
+			return
+		}
+		time.Sleep(delay)
 	}
 }
 

@@ -105,6 +105,21 @@ func groupState(rt *core.Runtime, name string) string {
 	return ""
 }
 
+// received counts the receives from rank src that this runtime's group
+// has enqueued in NCCL.
+func received(rt *core.Runtime, name string, src int) uint64 {
+	t := transportOf(rt)
+	t.mu.Lock()
+	g := t.groups[name]
+	t.mu.Unlock()
+	if g == nil {
+		return 0
+	}
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.recvNext[src]
+}
+
 // inFlight counts this runtime's nccl sends and receives under way.
 func inFlight(rt *core.Runtime) int {
 	t := transportOf(rt)
@@ -613,8 +628,8 @@ func TestGPUSourceFailsBeforeSending(t *testing.T) {
 }
 
 // rdt_group_destroy while a transfer is in flight frees the communicator
-// after that transfer's NCCL work: the fetch does not return while NCCL may
-// still write into its targets.
+// after its pending work: the transfer completes, and the fetch does not
+// return while NCCL may still write into its targets.
 func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	requireTwoDevices(t)
 	dir := t.TempDir()
@@ -637,12 +652,12 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 
 	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
 	require.NoError(t, err)
-	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
+	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
 	destroyed := make(chan error, 1)
 	go func() { destroyed <- rt.DestroyGroup("pair") }()
 	ferr := f.Wait(30 * time.Second)
 	f.Free()
-	require.NotEqual(t, core.ErrTimeout, core.StatusOf(ferr), "%v", ferr)
+	require.NoError(t, ferr)
 	after, err := devRead(0, p, n)
 	require.NoError(t, err)
 	select {
@@ -654,8 +669,52 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	again, err := devRead(0, p, n)
 	require.NoError(t, err)
-	assert.True(t, bytes.Equal(after, again), "the target changed after the fetch returned (%v)", ferr)
-	if ferr == nil {
-		assert.True(t, bytes.Equal(after, pattern(n, 3)), "the fetch succeeded with the wrong bytes")
+	assert.True(t, bytes.Equal(after, again), "the target changed after the fetch returned")
+	assert.True(t, bytes.Equal(after, pattern(n, 3)), "the fetch succeeded with the wrong bytes")
+	assert.Equal(t, "none", groupState(rt, "pair"))
+}
+
+// rdt_group_destroy waits for a transfer that does not end (here: a very
+// slow source), but aborting that fetch aborts the communicator and ends
+// both.
+func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
+	requireTwoDevices(t)
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	defer rt.Destroy()
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+	pairWithChild(t, rt, c, "pair")
+	const n = 1 << 20
+	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
+	require.NoError(t, err)
+	b, err := hex.DecodeString(wire)
+	require.NoError(t, err)
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	defer ref.Release()
+	p, err := cuda.Alloc(0, n)
+	require.NoError(t, err)
+	defer cuda.Free(0, p)
+
+	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	require.NoError(t, err)
+	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- rt.DestroyGroup("pair") }()
+	assert.Equal(t, core.ErrTimeout, core.StatusOf(f.Wait(200*time.Millisecond)), "the fetch ended by itself")
+	f.Abort()
+	ferr := f.Wait(30 * time.Second)
+	f.Free()
+	assert.Equal(t, core.ErrAborted, core.StatusOf(ferr), "%v", ferr)
+	select {
+	case err = <-destroyed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("rdt_group_destroy did not return after the abort")
 	}
+	require.True(t, waitFor(30*time.Second, func() bool {
+		s, err := c.do("state", "pair")
+		return err == nil && s != ""
+	}), "the source's group outlived the aborted transfer")
 }

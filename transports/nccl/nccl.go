@@ -104,6 +104,9 @@ type group struct {
 	mu         sync.RWMutex // held for reading around calls that use comm
 	dead       error
 	deadCh     chan struct{}
+	aborted    bool           // ncclCommAbort was called
+	freed      bool           // ncclCommDestroy was called
+	active     sync.WaitGroup // transfers whose NCCL work is enqueued (or being enqueued)
 	changed    chan struct{}  // closed and replaced when an order advances
 	recvAssign map[int]uint64 // destination: next sequence number per source rank
 	recvNext   map[int]uint64 // destination: next to enqueue per source rank
@@ -205,45 +208,66 @@ func (t *Transport) DestroyGroup(name string) error {
 	return g.destroy(core.Errorf(core.ErrClosed, "rdt_group_destroy was called"), false)
 }
 
-// destroy ends the group once: with abort (ncclCommAbort, after a failure)
-// or gracefully (ncclCommDestroy). Later transfers fail with cause.
+// destroy ends the group: with abort (ncclCommAbort, after a failure) or
+// gracefully (ncclCommDestroy). Later transfers fail with the first cause.
+// A graceful destroy lets the transfers whose NCCL work is enqueued finish
+// first ("freed after its pending work"); an abort meanwhile, or a failure
+// of one of them, aborts the communicator instead.
 func (g *group) destroy(cause error, abort bool) error {
 	g.mu.Lock()
-	if g.dead != nil {
+	first := g.dead == nil
+	if first {
+		g.dead = core.Errorf(core.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
+		if core.StatusOf(cause) == core.ErrClosed {
+			g.dead = core.Errorf(core.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
+		}
+		close(g.deadCh)
+	}
+	if abort && !g.aborted && !g.freed {
+		g.aborted = true
+		g.mu.Unlock()
+		g.t.h.Log().Warnf("nccl: group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
+		return g.abortComm()
+	}
+	g.mu.Unlock()
+	if abort || !first {
+		return nil
+	}
+	g.active.Wait()
+	g.mu.Lock()
+	if g.aborted {
 		g.mu.Unlock()
 		return nil
 	}
-	g.dead = core.Errorf(core.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
-	if core.StatusOf(cause) == core.ErrClosed {
-		g.dead = core.Errorf(core.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
-	}
-	close(g.deadCh)
+	g.freed = true
 	g.mu.Unlock()
+	g.enq.Lock()
+	err := g.comm.Destroy()
+	g.stream.Destroy()
+	g.enq.Unlock()
+	if err != nil {
+		return coreError(err)
+	}
+	return nil
+}
 
+// abortComm calls ncclCommAbort. An enqueue blocked inside NCCL (a peer
+// that never connects) is only released by it, so it does not wait for
+// one; but the stream goes only once that enqueue is out of NCCL and no
+// longer records on it.
+func (g *group) abortComm() error {
 	var err error
-	if abort {
-		g.t.h.Log().Warnf("nccl: group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
-		// An enqueue blocked inside NCCL (a peer that never connects) is
-		// only released by ncclCommAbort, so do not wait for it; but the
-		// stream goes only once that enqueue is out of NCCL and no longer
-		// records on it.
-		if g.enq.TryLock() {
-			err = g.comm.Abort()
-			g.stream.Destroy()
-			g.enq.Unlock()
-		} else {
-			err = g.comm.Abort()
-			go func() {
-				g.enq.Lock()
-				g.stream.Destroy()
-				g.enq.Unlock()
-			}()
-		}
-	} else {
-		g.enq.Lock()
-		err = g.comm.Destroy()
+	if g.enq.TryLock() {
+		err = g.comm.Abort()
 		g.stream.Destroy()
 		g.enq.Unlock()
+	} else {
+		err = g.comm.Abort()
+		go func() {
+			g.enq.Lock()
+			g.stream.Destroy()
+			g.enq.Unlock()
+		}()
 	}
 	if err != nil {
 		return coreError(err)
@@ -418,11 +442,18 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		}
 	}()
 	g.enq.Lock()
-	if err := g.deadErr(); err != nil {
+	g.mu.RLock()
+	dead := g.dead
+	if dead == nil {
+		g.active.Add(1)
+	}
+	g.mu.RUnlock()
+	if dead != nil {
 		g.enq.Unlock()
 		close(enqueued)
-		return err
+		return dead
 	}
+	defer g.active.Done()
 	// A failed P2P launched nothing (NCCL launches no part of a group that
 	// fails).
 	err = g.comm.P2P(send, peer, bufs, g.stream)
@@ -448,15 +479,16 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	}
 	// Poll: the event says the bytes moved; the communicator's async error
 	// says NCCL failed (a peer died, a network error). Only a completion
-	// seen while the group was alive counts: once the communicator is
-	// aborted, NCCL ends the work early and the event completes all the
-	// same.
+	// seen before an abort counts: ncclCommAbort ends enqueued work early,
+	// and the event completes all the same. A graceful destroy waits for
+	// this transfer, and the communicator stays usable until it is over.
+	deadCh := g.deadCh
 	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
 		g.mu.RLock()
-		dead := g.dead
+		aborted := g.aborted
 		var done bool
 		var qerr, aerr error
-		if dead == nil {
+		if !aborted {
 			done, qerr = ev.Query()
 			if qerr == nil {
 				aerr = g.comm.AsyncError()
@@ -464,9 +496,9 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		}
 		g.mu.RUnlock()
 		switch {
-		case dead != nil:
+		case aborted:
 			g.settle(ev)
-			return dead
+			return g.deadErr()
 		case qerr != nil:
 			return g.fail(ev, cuda.CoreError(qerr), what)
 		case aerr != nil:
@@ -477,7 +509,8 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		select {
 		case <-o.abort:
 			return g.fail(ev, core.Errorf(core.ErrAborted, "aborted"), what)
-		case <-g.deadCh:
+		case <-deadCh:
+			deadCh = nil // destroyed or aborted: the next poll tells which
 		case <-time.After(delay):
 		}
 	}
@@ -492,9 +525,8 @@ func (g *group) fail(ev *cuda.Event, err error, what string) error {
 	return err
 }
 
-// settle waits until the work recorded before ev is over. Callers have made
-// sure that it ends: the communicator is aborted (NCCL stops its work) or
-// destroyed (NCCL finishes it first).
+// settle waits until the work recorded before ev is over, which the
+// communicator's abort makes happen soon (NCCL stops its work).
 func (g *group) settle(ev *cuda.Event) {
 	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
 		if done, err := ev.Query(); done || err != nil {

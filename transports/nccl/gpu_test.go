@@ -6,6 +6,8 @@ package nccl
 // needs two GPUs and skips on a one-GPU machine in any case.
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -133,5 +135,52 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	err = b.Get([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, 10*time.Second)
 	if err != nil {
 		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
+	}
+}
+
+// Forming a group gives up in time: when a rank never joins rank 0, when
+// rank 0 never creates the group, and when ncclCommInitRank does not
+// complete (a rank that joined rdt's rendezvous but never reaches NCCL);
+// a communicator that forms after its rank gave up is destroyed.
+func TestGPUGroupTimeouts(t *testing.T) {
+	requireNCCL(t)
+	dir := t.TempDir()
+	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+
+	start := time.Now()
+	err := a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, 300*time.Millisecond)
+	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	assert.Contains(t, fmt.Sprint(err), "ranks [1] of 2 did not join rank 0 in time")
+	assert.Less(t, time.Since(start), 10*time.Second)
+	assert.Empty(t, a.GroupNames())
+
+	err = b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, 300*time.Millisecond)
+	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	assert.Contains(t, fmt.Sprint(err), "did not accept rank 1 in time")
+	assert.Empty(t, b.GroupNames())
+
+	// The name is free again after a timeout.
+	require.NoError(t, a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 1, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, a.DestroyGroup("pair"))
+
+	// ncclCommInitRank of rank 0 waits for a rank 1 that is late.
+	tr := transportOf(a)
+	spec := core.GroupSpec{Name: "late", WorldSize: 2, Rank: 0, Device: 0, Backend: Name}
+	boot, err := tr.NewGroupBootstrap(spec)
+	require.NoError(t, err)
+	roster := &core.GroupRoster{Name: "late", Backend: Name, Instance: 7, Bootstrap: boot,
+		Members: []core.GroupMember{{Runtime: core.RuntimeID{1}}, {Runtime: core.RuntimeID{2}}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = tr.InitGroup(ctx, roster, spec)
+	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	assert.Contains(t, fmt.Sprint(err), "ncclCommInitRank did not complete in time")
+	assert.Equal(t, "none", groupState(a, "late"))
+	if n, _ := cuda.DeviceCount(); n >= 2 {
+		var id UniqueID
+		copy(id[:], boot)
+		c, err := InitRank(1, 2, 1, id) // rank 0's communicator forms now, and is destroyed
+		require.NoError(t, err)
+		require.NoError(t, c.Destroy())
 	}
 }

@@ -66,24 +66,6 @@ fake-gpu-test: $(FAKECUDA) $(BUILD)/rdtbench
 	grep -E '^(auto|cuda_ipc) +1 tensor, GPU 0 .* cuda_ipc .* verified$$' $(BUILD)/fake-gpu-demo.txt | wc -l | grep -qx 2 \
 		|| { cat $(BUILD)/fake-gpu-demo.txt; echo "the demo did not move GPU memory over cuda_ipc"; exit 1; }
 
-# The nccl transport and groups, on machines without GPUs: against the test
-# double of NCCL (tests/fakenccl, sockets between the ranks) on top of the
-# CUDA driver double with two devices; once more with an abort that peers
-# do not notice (as with NCCL's shared-memory transport), for the tests of
-# failed transfers. Only these packages get the doubles. See
-# docs/transports.md, "nccl".
-FAKENCCL     := $(BUILD)/fakenccl/libnccl.so.2
-FAKENCCL_ENV  = $(FAKECUDA_ENV) RDT_NCCL_LIBRARY=$(abspath $(FAKENCCL))
-
-$(FAKENCCL): tests/fakenccl/fake_nccl.c
-	@mkdir -p $(dir $@)
-	$(CC) -shared -fPIC -O1 -g -pthread -std=c11 -Wall -Wextra -Werror -fvisibility=hidden \
-		-Wl,-soname,libnccl.so.2 -o $@ $< -ldl
-
-fake-nccl-test: $(FAKECUDA) $(FAKENCCL)
-	$(FAKENCCL_ENV) $(GO) test -race -count=1 ./transports/nccl/...
-	$(FAKENCCL_ENV) RDT_FAKENCCL_ABORT=silent $(GO) test -race -count=1 -run 'Abort|Dies|Fail' ./transports/nccl/...
-
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON
 
@@ -127,6 +109,30 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA)
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/rdt-*.whl
 	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl \
 		RDT_TEST_FAKECUDA=$(abspath $(FAKECUDA)) RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+
+# The nccl transport and groups, on machines without GPUs: against the test
+# double of NCCL (tests/fakenccl: sockets between the ranks) on top of the
+# CUDA driver double with two devices. The Go tests run once more with an
+# abort that peers do not notice (as with NCCL's shared-memory transports),
+# for the tests of failed transfers; then the C, C++ and Python group tests
+# (the Python nccl tests need torch with a CUDA device and skip). Only these
+# get the doubles. See docs/transports.md, "nccl".
+FAKENCCL     := $(BUILD)/fakenccl/libnccl.so.2
+FAKENCCL_ENV  = $(FAKECUDA_ENV) RDT_NCCL_LIBRARY=$(abspath $(FAKENCCL))
+
+# No soname: a library that later needs libnccl.so.2 (torch) must not be
+# handed the double because it is loaded.
+$(FAKENCCL): tests/fakenccl/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC -O1 -g -pthread -std=c11 -Wall -Wextra -Werror -fvisibility=hidden -o $@ $< -ldl
+
+fake-nccl-test: $(FAKECUDA) $(FAKENCCL) $(CMAKE_DIR)/CMakeCache.txt $(VENV)/.ready $(BUILD)/librdt.so
+	$(FAKENCCL_ENV) $(GO) test -race -count=1 ./transports/nccl/...
+	$(FAKENCCL_ENV) RDT_FAKENCCL_ABORT=silent $(GO) test -race -count=1 -run 'Abort|Dies|Fail|Destroy' ./transports/nccl/...
+	$(CMAKE) --build $(CMAKE_DIR) -j2 --target test_groups test_rdt_cpp
+	cd $(CMAKE_DIR) && $(FAKENCCL_ENV) ctest --output-on-failure -R '^(test_groups|cpp[.]Groups[.].*)$$'
+	cd tests/python && $(FAKENCCL_ENV) PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		$(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider test_groups.py test_gpu_nccl.py
 
 # Short coverage-guided runs of every fuzz target; the seed corpora live in
 # testdata/fuzz and also run as plain tests under `go test`.

@@ -1,6 +1,7 @@
-/* Collective groups through the C ABI: argument checks, and UNSUPPORTED
- * naming NCCL where NCCL is not installed. Forming real groups needs NCCL
- * and GPUs and is tested in transports/nccl and tests/python/test_gpu_nccl.py. */
+/* Collective groups through the C ABI: argument checks, UNSUPPORTED naming
+ * NCCL where NCCL is not installed, and where it is, a group of one and a
+ * rank that never joins. Transfers over groups are tested in
+ * transports/nccl and tests/python/test_gpu_nccl.py. */
 #include "test_util.h"
 
 static int has_transport(rdt_runtime *rt, const char *name) {
@@ -64,7 +65,22 @@ int main(void) {
     opts.backend = "NCCL"; /* case-insensitive */
     CHECK_STATUS(rdt_group_create(rt, "g", 2, 1, addr, 0, &opts, 1000), RDT_ERR_UNSUPPORTED);
   } else {
-    fprintf(stderr, "test_groups: nccl is available here; skipping the UNSUPPORTED checks\n");
+    /* With NCCL (on machines without GPUs: the test doubles of NCCL and the
+     * CUDA driver, see `make fake-nccl-test`): a group of one forms, its
+     * name is taken until it is destroyed, and a group whose other rank
+     * never joins times out naming that rank. */
+    CHECK_OK(rdt_group_create(rt, "solo", 1, 0, NULL, 0, NULL, 60000));
+    CHECK_STATUS(rdt_group_create(rt, "solo", 1, 0, NULL, 0, NULL, 60000), RDT_ERR_ALREADY_EXISTS);
+    CHECK_MSG("already exists");
+    CHECK_OK(rdt_group_destroy(rt, "solo"));
+    CHECK_STATUS(rdt_group_destroy(rt, "solo"), RDT_ERR_NOT_FOUND);
+    CHECK_OK(rdt_group_create(rt, "solo", 1, 0, NULL, 0, NULL, 60000));
+    CHECK_OK(rdt_group_destroy(rt, "solo"));
+    CHECK_STATUS(rdt_group_create(rt, "pair", 2, 0, NULL, 0, NULL, 300), RDT_ERR_TIMEOUT);
+    CHECK_MSG("ranks [1] of 2 did not join");
+    CHECK_STATUS(rdt_group_destroy(rt, "pair"), RDT_ERR_NOT_FOUND);
+    CHECK_STATUS(rdt_group_create(rt, "far", 1, 0, NULL, 4096, NULL, 60000), RDT_ERR_INVALID_ARGUMENT);
+    CHECK_MSG("device 4096 does not exist");
   }
 
   /* Destroying what does not exist. */

@@ -50,3 +50,22 @@ def test_module_level_functions():
     assert rdt.create_collective_group is not None and rdt.destroy_collective_group is not None
     with pytest.raises(rdt.NotFoundError):
         rdt.destroy_collective_group("never-created")
+
+
+def test_group_of_one_with_nccl():
+    """Where NCCL and a CUDA device are (or the test doubles of both, under
+    `make fake-nccl-test`): a group of one forms and is destroyed, and a rank
+    that never joins makes rank 0 time out."""
+    with rdt.Runtime("g") as rt:
+        if not _has_nccl(rt):
+            pytest.skip("no NCCL or no CUDA device here")
+        rt.create_collective_group(1, 0, name="solo", device="cuda:0", timeout=60)
+        with pytest.raises(rdt.AlreadyExistsError):
+            rt.create_collective_group(1, 0, name="solo")
+        rt.destroy_collective_group("solo")
+        with pytest.raises(rdt.NotFoundError):
+            rt.destroy_collective_group("solo")
+        with pytest.raises(rdt.GetTimeoutError, match=r"ranks \[1\] of 2"):
+            rt.create_collective_group(2, 0, name="pair", timeout=0.3)
+        with pytest.raises(rdt.NotFoundError):
+            rt.destroy_collective_group("pair")

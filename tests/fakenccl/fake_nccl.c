@@ -162,7 +162,41 @@ static pthread_mutex_t cu_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static pthread_mutex_t err_mu = PTHREAD_MUTEX_INITIALIZER;
 static char last_error[512];
-static __thread char last_error_copy[512];
+
+/* Per-thread state (NCCL's group state is per thread), in a pthread key
+ * rather than __thread: LeakSanitizer crashes walking the dynamic TLS of
+ * threads the Go runtime made. */
+struct queued;
+struct thread_state {
+  int depth;         /* ncclGroupStart nesting */
+  ncclResult_t err;  /* the first error while queueing */
+  struct queued *q;  /* queued operations */
+  size_t n, cap;
+  char last_error[sizeof last_error]; /* what ncclGetLastError returned */
+};
+static pthread_key_t state_key;
+static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+static void free_state(void *p) {
+  struct thread_state *t = p;
+  free(t->q);
+  free(t);
+}
+static void make_state_key(void) {
+  if (pthread_key_create(&state_key, free_state) != 0) abort();
+}
+static struct thread_state *thread_state(void) {
+  pthread_once(&state_once, make_state_key);
+  struct thread_state *t = pthread_getspecific(state_key);
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (!t || pthread_setspecific(state_key, t) != 0) {
+      fprintf(stderr, "fake NCCL: out of memory for thread state\n");
+      abort();
+    }
+  }
+  return t;
+}
+#define grp (*thread_state())
 /* The environment, read once when the library is loaded (tests change it
  * from other threads later). */
 static int debug;              /* RDT_FAKENCCL_DEBUG: print every error on stderr */
@@ -212,9 +246,10 @@ API const char *ncclGetErrorString(ncclResult_t r) {
 API const char *ncclGetLastError(ncclComm_t comm) {
   (void)comm;
   pthread_mutex_lock(&err_mu);
-  memcpy(last_error_copy, last_error, sizeof last_error_copy);
+  char *copy = thread_state()->last_error;
+  memcpy(copy, last_error, sizeof last_error);
   pthread_mutex_unlock(&err_mu);
-  return last_error_copy;
+  return copy;
 }
 
 API ncclResult_t ncclGetVersion(int *version) {
@@ -963,13 +998,6 @@ struct queued {
   int launched;
 };
 
-/* NCCL's group state is per thread. */
-static __thread struct {
-  int depth;
-  ncclResult_t err;
-  struct queued *q;
-  size_t n, cap;
-} grp;
 
 API ncclResult_t ncclGroupStart(void) {
   grp.depth++;

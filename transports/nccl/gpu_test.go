@@ -184,3 +184,21 @@ func TestGPUGroupTimeouts(t *testing.T) {
 		require.NoError(t, c.Destroy())
 	}
 }
+
+// NCCL refuses two ranks of one communicator on one GPU; both ranks say so
+// and keep no trace of the group.
+func TestGPUTwoRanksOnOneDevice(t *testing.T) {
+	requireNCCL(t)
+	dir := t.TempDir()
+	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+	errs := make(chan error, 1)
+	go func() {
+		errs <- b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, time.Minute)
+	}()
+	for _, err := range []error{a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute), <-errs} {
+		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+		assert.Contains(t, fmt.Sprint(err), "Duplicate GPU")
+	}
+	assert.Empty(t, a.GroupNames())
+	assert.Empty(t, b.GroupNames())
+}

@@ -718,3 +718,50 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 		return err == nil && s != ""
 	}), "the source's group outlived the aborted transfer")
 }
+
+// Destroying a runtime ends its transfers in flight, as destination and as
+// source, promptly (the other rank is slow, and under a silent abort NCCL
+// does not tell it), and the other rank's group is destroyed.
+func TestGPURuntimeDestroyedMidTransfer(t *testing.T) {
+	requireTwoDevices(t)
+	for _, role := range []string{"destination", "source"} {
+		t.Run(role, func(t *testing.T) {
+			dir := t.TempDir()
+			rt, err := sockRuntime("rank0", dir)
+			require.NoError(t, err)
+			defer rt.Destroy()
+			c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+			pairWithChild(t, rt, c, "pair")
+			ns := []int{1 << 20}
+			res := make(chan error, 1)
+			if role == "destination" {
+				wire, err := c.do("put", 1, childArgs(ns, 3))
+				require.NoError(t, err)
+				go func() { res <- getHere(t, rt, 0, wire, ns, 3, time.Minute) }()
+			} else {
+				_, wire := putHere(t, rt, 0, ns, 9)
+				c.send("get", 1, wire)
+				require.Equal(t, "FETCHING", mustLine(t, c))
+			}
+			require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
+			time.Sleep(50 * time.Millisecond)
+			done := make(chan struct{})
+			go func() { rt.Destroy(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the runtime's destruction waited for the transfer")
+			}
+			if role == "destination" {
+				assert.Error(t, <-res)
+			} else {
+				_, err := c.answer()
+				assert.Error(t, err, "the child's fetch from a destroyed runtime")
+			}
+			require.True(t, waitFor(30*time.Second, func() bool {
+				s, err := c.do("state", "pair")
+				return err == nil && s != ""
+			}), "the other rank's group outlived the transfer")
+		})
+	}
+}

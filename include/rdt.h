@@ -682,11 +682,14 @@ RDT_API rdt_status rdt_group_create(rdt_runtime *rt, const char *name,
                                     int64_t timeout_ms);
 
 /* Destroys this runtime's rank of a group (the communicator is freed after
- * its pending work). Other ranks destroy theirs with their own call; with
- * the nccl backend this call returns once the group's other ranks on the
- * same host have destroyed theirs too (or exited), as NCCL frees a
- * communicator together on each host. rdt_runtime_destroy destroys a
- * runtime's remaining groups in the order of their names.
+ * its pending work: transfers whose NCCL work is enqueued finish first, and
+ * this call waits for them unless one fails or is aborted, which aborts the
+ * communicator instead; later transfers fail). Other ranks destroy theirs
+ * with their own call; with the nccl backend this call returns once the
+ * group's other ranks on the same host have destroyed theirs too (or
+ * exited), as NCCL frees a communicator together on each host.
+ * rdt_runtime_destroy destroys a runtime's remaining groups in the order
+ * of their names.
  * Errors: INVALID_ARGUMENT (NULL rt or name, a group still forming),
  * NOT_FOUND (no such group here). */
 RDT_API rdt_status rdt_group_destroy(rdt_runtime *rt, const char *name);

@@ -6,6 +6,7 @@ package nccl
 // needs two GPUs and skips on a one-GPU machine in any case.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -201,4 +202,63 @@ func TestGPUTwoRanksOnOneDevice(t *testing.T) {
 	}
 	assert.Empty(t, a.GroupNames())
 	assert.Empty(t, b.GroupNames())
+}
+
+// Two ranks fetch from each other at the same time, again and again, small
+// tensors and large ones: neither waits for the other (each enqueues its
+// receive and its send in either order).
+func TestGPUBothWaysAtOnce(t *testing.T) {
+	requireNCCL(t)
+	if n, _ := cuda.DeviceCount(); n < 2 {
+		t.Skipf("NCCL needs two GPUs for one group (this machine has %d)", n)
+	}
+	dir := t.TempDir()
+	rts := []*core.Runtime{gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)}
+	errs := make(chan error, 1)
+	go func() {
+		errs <- rts[1].CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: rts[0].Address(), Device: 1}, time.Minute)
+	}()
+	require.NoError(t, rts[0].CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, <-errs)
+	for _, n := range []int{1000, 4 << 20} {
+		wires := make([][]byte, 2)
+		for r, rt := range rts {
+			p, err := devFill(r, n, byte(r+1))
+			require.NoError(t, err)
+			defer cuda.Free(r, p)
+			ref, err := rt.Put([]core.Tensor{devTensor(r, p, n)}, Name, nil)
+			require.NoError(t, err)
+			defer ref.Release()
+			wires[r], err = ref.Serialize()
+			require.NoError(t, err)
+		}
+		targets := make([]cuda.Ptr, 2)
+		for r := range rts {
+			p, err := cuda.Alloc(r, uint64(n))
+			require.NoError(t, err)
+			defer cuda.Free(r, p)
+			targets[r] = p
+		}
+		for round := 0; round < 10; round++ {
+			res := make(chan error, 2)
+			for dst := range rts {
+				go func() {
+					ref, err := rts[dst].Deserialize(wires[1-dst])
+					if err != nil {
+						res <- err
+						return
+					}
+					defer ref.Release()
+					res <- rts[dst].Get([]*core.Ref{ref}, []core.Tensor{devTensor(dst, targets[dst], n)}, core.FetchOptions{}, 30*time.Second)
+				}()
+			}
+			require.NoError(t, <-res, "%d bytes, round %d", n, round)
+			require.NoError(t, <-res, "%d bytes, round %d", n, round)
+			for dst := range rts {
+				got, err := devRead(dst, targets[dst], n)
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(got, pattern(n, byte(2-dst))), "%d bytes, round %d, rank %d", n, round, dst)
+			}
+		}
+	}
 }

@@ -1,13 +1,16 @@
 // Package nccl is the nccl transport: two-sided transfers of CUDA device
 // memory between the ranks of a group, with NCCL's point-to-point send and
 // receive. Groups are formed over rdt's control plane (core/group.go): rank
-// 0 makes the ncclUniqueId, every rank gets it in the roster and calls
-// ncclCommInitRank on its device. For a transfer, the destination's
-// communicator metadata names the group, both ranks and a sequence number;
-// the source runtime's send enqueues ncclSend of each tensor, the
-// destination's fetch enqueues ncclRecv into the targets, each inside one
-// ncclGroupStart/End on the group's stream, and completion is polled with a
-// CUDA event and ncclCommGetAsyncError.
+// 0 makes the ncclUniqueIds, every rank gets them in the roster and calls
+// ncclCommInitRank on its device. A group is two communicators, each with
+// its own stream: one carries the transfers from lower to higher ranks, the
+// other those from higher to lower ranks (see lane). For a transfer, the
+// destination's communicator metadata names the group, both ranks and a
+// sequence number; the source runtime's send enqueues ncclSend of each
+// tensor, the destination's fetch enqueues ncclRecv into the targets, each
+// inside one ncclGroupStart/End on the stream of the transfer's
+// communicator, and completion is polled with a CUDA event and
+// ncclCommGetAsyncError.
 //
 // A transfer that fails or is aborted destroys its group (ncclCommAbort) on
 // that rank: NCCL cannot take back an operation once enqueued, and the two
@@ -89,19 +92,33 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 
 func (t *Transport) GarbageCollect(core.ObjectID, []core.Tensor, []byte) {}
 
-// group is this rank's communicator of one group.
+// lane is one of a group's two communicators, with its stream. NCCL runs
+// the operations of a communicator one after another, and a receive holds
+// that queue until its data arrives. With one communicator, two ranks that
+// fetch from each other at once could each enqueue their receive before
+// their send, and wait forever (whatever the size) for a send queued
+// behind the other's receive. So transfers to higher ranks go over lane 0
+// and transfers to lower ranks over lane 1: a rank's receives from one
+// side never hold up its sends to the other.
+type lane struct {
+	comm   *Comm
+	stream *cuda.Stream
+	enq    sync.Mutex // NCCL enqueue calls (a communicator is not thread-safe)
+}
+
+// numLanes is the number of communicators of a group.
+const numLanes = 2
+
+// group is this rank's part of one group.
 type group struct {
 	t      *Transport
 	roster *core.GroupRoster
 	name   string
 	rank   int
 	dev    int
-	comm   *Comm
-	stream *cuda.Stream
+	lanes  [numLanes]*lane
 
-	enq sync.Mutex // NCCL enqueue calls (a communicator is not thread-safe)
-
-	mu         sync.RWMutex // held for reading around calls that use comm
+	mu         sync.RWMutex // held for reading around calls that use a communicator
 	dead       error
 	deadCh     chan struct{}
 	aborted    bool           // ncclCommAbort was called
@@ -113,16 +130,29 @@ type group struct {
 	sendNext   map[int]uint64 // source: next to enqueue per destination rank
 }
 
-// NewGroupBootstrap implements core.GroupBackend on rank 0: ncclGetUniqueId.
+// laneOf is the lane of the transfers from rank src to rank dst.
+func (g *group) laneOf(src, dst int) *lane {
+	if src < dst {
+		return g.lanes[0]
+	}
+	return g.lanes[1]
+}
+
+// NewGroupBootstrap implements core.GroupBackend on rank 0: an
+// ncclGetUniqueId for each lane.
 func (t *Transport) NewGroupBootstrap(spec core.GroupSpec) ([]byte, error) {
 	if err := checkDevice(spec.Device); err != nil {
 		return nil, err
 	}
-	id, err := NewUniqueID()
-	if err != nil {
-		return nil, coreError(err)
+	var boot []byte
+	for range numLanes {
+		id, err := NewUniqueID()
+		if err != nil {
+			return nil, coreError(err)
+		}
+		boot = append(boot, id[:]...)
 	}
-	return id[:], nil
+	return boot, nil
 }
 
 func checkDevice(dev int) error {
@@ -136,49 +166,71 @@ func checkDevice(dev int) error {
 	return nil
 }
 
-// InitGroup implements core.GroupBackend: ncclCommInitRank on the rank's
-// device, bounded by ctx. If ctx ends first, the communicator NCCL may still
-// form is destroyed when it does.
+// InitGroup implements core.GroupBackend: ncclCommInitRank of each lane on
+// the rank's device, bounded by ctx. If ctx ends first, the communicators
+// NCCL may still form are destroyed when they do.
 func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec core.GroupSpec) error {
-	if len(r.Bootstrap) != UniqueIDSize {
-		return core.Errorf(core.ErrCorrupt, "nccl: rank 0 sent a %d-byte unique id, not %d", len(r.Bootstrap), UniqueIDSize)
+	if len(r.Bootstrap) != numLanes*UniqueIDSize {
+		return core.Errorf(core.ErrCorrupt, "nccl: rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
 	}
 	if err := checkDevice(spec.Device); err != nil {
 		return err
 	}
-	var id UniqueID
-	copy(id[:], r.Bootstrap)
 	type result struct {
-		c   *Comm
+		cs  []*Comm
 		err error
 	}
+	// Every rank forms the lanes in the same order (ncclCommInitRank is
+	// collective).
 	done := make(chan result, 1)
 	go func() {
-		c, err := InitRank(spec.Device, r.WorldSize(), spec.Rank, id)
-		done <- result{c, err}
+		var res result
+		for i := range numLanes {
+			var id UniqueID
+			copy(id[:], r.Bootstrap[i*UniqueIDSize:])
+			c, err := InitRank(spec.Device, r.WorldSize(), spec.Rank, id)
+			if err != nil {
+				res.err = err
+				break
+			}
+			res.cs = append(res.cs, c)
+		}
+		done <- res
 	}()
 	var res result
 	select {
 	case res = <-done:
 	case <-ctx.Done():
 		go func() {
-			if res := <-done; res.c != nil {
-				res.c.Destroy()
+			for _, c := range (<-done).cs {
+				c.Destroy()
 			}
 		}()
 		return core.Errorf(core.ErrTimeout, "ncclCommInitRank did not complete in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
 	}
-	if res.err != nil {
-		return coreError(res.err)
-	}
-	s, err := cuda.NewStream(spec.Device)
-	if err != nil {
-		res.c.Destroy()
-		return cuda.CoreError(err)
-	}
-	g := &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device, comm: res.c, stream: s,
+	g := &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device,
 		deadCh: make(chan struct{}), changed: make(chan struct{}),
 		recvAssign: map[int]uint64{}, recvNext: map[int]uint64{}, sendNext: map[int]uint64{}}
+	err := res.err
+	for i, c := range res.cs {
+		g.lanes[i] = &lane{comm: c}
+		if err == nil {
+			var serr error
+			g.lanes[i].stream, serr = cuda.NewStream(spec.Device)
+			err = cuda.CoreError(serr)
+		}
+	}
+	if err != nil {
+		for _, l := range g.lanes {
+			if l != nil {
+				l.comm.Destroy()
+				if l.stream != nil {
+					l.stream.Destroy()
+				}
+			}
+		}
+		return coreError(err)
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -241,33 +293,44 @@ func (g *group) destroy(cause error, abort bool) error {
 	}
 	g.freed = true
 	g.mu.Unlock()
-	g.enq.Lock()
-	err := g.comm.Destroy()
-	g.stream.Destroy()
-	g.enq.Unlock()
+	var err error
+	for _, l := range g.lanes {
+		l.enq.Lock()
+		if derr := l.comm.Destroy(); err == nil {
+			err = derr
+		}
+		l.stream.Destroy()
+		l.enq.Unlock()
+	}
 	if err != nil {
 		return coreError(err)
 	}
 	return nil
 }
 
-// abortComm calls ncclCommAbort. An enqueue blocked inside NCCL (a peer
-// that never connects) is only released by it, so it does not wait for
-// one; but the stream goes only once that enqueue is out of NCCL and no
-// longer records on it.
+// abortComm calls ncclCommAbort on every lane. An enqueue blocked inside
+// NCCL (a peer that never connects) is only released by it, so it does not
+// wait for one; but a lane's stream goes only once that enqueue is out of
+// NCCL and no longer records on it.
 func (g *group) abortComm() error {
 	var err error
-	if g.enq.TryLock() {
-		err = g.comm.Abort()
-		g.stream.Destroy()
-		g.enq.Unlock()
-	} else {
-		err = g.comm.Abort()
-		go func() {
-			g.enq.Lock()
-			g.stream.Destroy()
-			g.enq.Unlock()
-		}()
+	for _, l := range g.lanes {
+		var aerr error
+		if l.enq.TryLock() {
+			aerr = l.comm.Abort()
+			l.stream.Destroy()
+			l.enq.Unlock()
+		} else {
+			aerr = l.comm.Abort()
+			go func() {
+				l.enq.Lock()
+				l.stream.Destroy()
+				l.enq.Unlock()
+			}()
+		}
+		if err == nil {
+			err = aerr
+		}
 	}
 	if err != nil {
 		return coreError(err)
@@ -398,9 +461,9 @@ func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what 
 }
 
 func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
-	next := g.recvNext
+	next, l := g.recvNext, g.laneOf(peer, g.rank)
 	if send {
-		next = g.sendNext
+		next, l = g.sendNext, g.laneOf(g.rank, peer)
 	}
 	// Wait for our turn: transfers between two ranks are enqueued on both
 	// sides in the order the destination assigned.
@@ -441,7 +504,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		case <-enqueued:
 		}
 	}()
-	g.enq.Lock()
+	l.enq.Lock()
 	g.mu.RLock()
 	dead := g.dead
 	if dead == nil {
@@ -449,25 +512,25 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	}
 	g.mu.RUnlock()
 	if dead != nil {
-		g.enq.Unlock()
+		l.enq.Unlock()
 		close(enqueued)
 		return dead
 	}
 	defer g.active.Done()
 	// A failed P2P launched nothing (NCCL launches no part of a group that
 	// fails).
-	err = g.comm.P2P(send, peer, bufs, g.stream)
+	err = l.comm.P2P(send, peer, bufs, l.stream)
 	if err == nil {
-		if rerr := ev.Record(g.stream); rerr != nil {
+		if rerr := ev.Record(l.stream); rerr != nil {
 			// Enqueued, but there is nothing to watch it with: stop it,
 			// and wait for the stream instead.
 			cerr := cuda.CoreError(rerr)
 			g.destroy(core.Errorf(core.StatusOf(cerr), "%s failed: %v", what, cerr), true)
-			g.stream.Synchronize()
+			l.stream.Synchronize()
 			err = rerr
 		}
 	}
-	g.enq.Unlock()
+	l.enq.Unlock()
 	close(enqueued)
 	g.mu.Lock()
 	next[peer] = seq + 1
@@ -491,7 +554,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		if !aborted {
 			done, qerr = ev.Query()
 			if qerr == nil {
-				aerr = g.comm.AsyncError()
+				aerr = l.comm.AsyncError()
 			}
 		}
 		g.mu.RUnlock()

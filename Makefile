@@ -112,13 +112,14 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA)
 
 # The nccl transport and groups, on machines without GPUs: against the test
 # double of NCCL (tests/fakenccl: sockets between the ranks) on top of the
-# CUDA driver double with two devices. The Go tests run once more with an
+# CUDA driver double with three devices. The Go tests run once more with an
 # abort that peers do not notice (as with NCCL's shared-memory transports),
 # for the tests of failed transfers; then the C, C++ and Python group tests
 # (the Python nccl tests need torch with a CUDA device and skip). Only these
 # get the doubles. See docs/transports.md, "nccl".
 FAKENCCL     := $(BUILD)/fakenccl/libnccl.so.2
-FAKENCCL_ENV  = $(FAKECUDA_ENV) RDT_NCCL_LIBRARY=$(abspath $(FAKENCCL))
+FAKENCCL_ENV  = env -u CUDA_VISIBLE_DEVICES RDT_CUDA_LIBRARY=$(abspath $(FAKECUDA)) RDT_FAKECUDA_DEVICES=3 \
+	RDT_NCCL_LIBRARY=$(abspath $(FAKENCCL))
 
 # No soname: a library that later needs libnccl.so.2 (torch) must not be
 # handed the double because it is loaded.

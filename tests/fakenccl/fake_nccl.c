@@ -56,6 +56,8 @@
  *       P2P transports, where the other side waits until it aborts too.
  *   RDT_FAKENCCL_DELAY_MS=N  every send and receive waits N ms before it
  *       moves bytes (an abort cuts the wait short): transfers in flight.
+ *       RDT_FAKENCCL_DELAY_MIN_BYTES=M limits that to operations of at
+ *       least M bytes.
  *   RDT_FAKENCCL_DEBUG  print every error on stderr.
  *
  * What it cannot prove: anything about real NCCL (its ABI is written here
@@ -202,6 +204,7 @@ static struct thread_state *thread_state(void) {
 static int debug;              /* RDT_FAKENCCL_DEBUG: print every error on stderr */
 static int silent_abort;       /* RDT_FAKENCCL_ABORT=silent */
 static int delay_ms;           /* RDT_FAKENCCL_DELAY_MS */
+static size_t delay_min;       /* RDT_FAKENCCL_DELAY_MIN_BYTES */
 static char cuda_library[4096]; /* RDT_CUDA_LIBRARY */
 
 __attribute__((constructor)) static void read_env(void) {
@@ -210,6 +213,8 @@ __attribute__((constructor)) static void read_env(void) {
   silent_abort = s && strcmp(s, "silent") == 0;
   s = getenv("RDT_FAKENCCL_DELAY_MS");
   delay_ms = s ? atoi(s) : 0;
+  s = getenv("RDT_FAKENCCL_DELAY_MIN_BYTES");
+  delay_min = s ? (size_t)strtoull(s, NULL, 10) : 0;
   s = getenv("RDT_CUDA_LIBRARY");
   if (s) snprintf(cuda_library, sizeof cuda_library, "%s", s);
 }
@@ -901,7 +906,7 @@ static void run_xfer(struct ncclComm *c, const struct xfer *x) {
 
   ncclResult_t r = ncclSuccess;
   int io = IO_OK;
-  if (go && c->delay_ms > 0) { /* a slow link: only an abort cuts it short */
+  if (go && c->delay_ms > 0 && x->n >= delay_min) { /* a slow link: only an abort cuts it short */
     struct pollfd pf = {.fd = c->wake, .events = POLLIN};
     if (poll(&pf, 1, c->delay_ms) > 0) io = IO_ABORTED;
   }

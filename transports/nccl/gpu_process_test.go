@@ -485,7 +485,7 @@ func TestGPUSourceDiesMidTransfer(t *testing.T) {
 	rt, err := sockRuntime("rank0", dir)
 	require.NoError(t, err)
 	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000") // its sends take a minute (under the NCCL double)
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024") // its sends take a minute (under the NCCL double)
 	pairWithChild(t, rt, c, "pair")
 	ns := []int{8 << 20}
 	wire, err := c.do("put", 1, childArgs(ns, 3))
@@ -515,7 +515,7 @@ func TestGPUDestinationDiesMidTransfer(t *testing.T) {
 	rt, err := sockRuntime("rank0", dir)
 	require.NoError(t, err)
 	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000") // its receives take a minute
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024") // its receives take a minute
 	pairWithChild(t, rt, c, "pair")
 	_, wire := putHere(t, rt, 0, []int{8 << 20}, 9)
 	c.send("get", 1, wire)
@@ -537,7 +537,7 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	rt, err := sockRuntime("rank0", dir)
 	require.NoError(t, err)
 	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	ns := []int{8 << 20}
 	wire, err := c.do("put", 1, childArgs(ns, 3))
@@ -636,7 +636,7 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	rt, err := sockRuntime("rank0", dir)
 	require.NoError(t, err)
 	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=500")
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=500", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	const n = 1 << 20
 	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
@@ -683,7 +683,7 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	rt, err := sockRuntime("rank0", dir)
 	require.NoError(t, err)
 	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	const n = 1 << 20
 	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
@@ -730,7 +730,7 @@ func TestGPURuntimeDestroyedMidTransfer(t *testing.T) {
 			rt, err := sockRuntime("rank0", dir)
 			require.NoError(t, err)
 			defer rt.Destroy()
-			c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000")
+			c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 			pairWithChild(t, rt, c, "pair")
 			ns := []int{1 << 20}
 			res := make(chan error, 1)

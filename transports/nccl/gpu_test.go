@@ -262,3 +262,88 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Three ranks (one per GPU): every rank fetches from every other at once,
+// first thing after the group formed (the first send or receive between two
+// ranks is when NCCL would connect them), which uses the right pair of
+// ranks for each transfer. Several times, with the group formed anew.
+func TestGPUThreeRanks(t *testing.T) {
+	requireNCCL(t)
+	if n, _ := cuda.DeviceCount(); n < 3 {
+		t.Skipf("three ranks need three GPUs (this machine has %d)", n)
+	}
+	dir := t.TempDir()
+	rts := []*core.Runtime{gpuRuntime(t, "r0", dir), gpuRuntime(t, "r1", dir), gpuRuntime(t, "r2", dir)}
+	// Each rank puts an object of its own size and contents.
+	wires := make([][]byte, 3)
+	for r, rt := range rts {
+		n := 20000 + r*4099
+		p, err := devFill(r, n, byte(r*50))
+		require.NoError(t, err)
+		defer cuda.Free(r, p)
+		ref, err := rt.Put([]core.Tensor{devTensor(r, p, n)}, Name, nil)
+		require.NoError(t, err)
+		defer ref.Release()
+		wires[r], err = ref.Serialize()
+		require.NoError(t, err)
+	}
+	for round := 0; round < 8; round++ {
+		errs := make(chan error, 2)
+		for r := 1; r < 3; r++ {
+			go func() {
+				errs <- rts[r].CreateGroup(core.GroupSpec{Name: "trio", WorldSize: 3, Rank: r, Rank0: rts[0].Address(), Device: r}, time.Minute)
+			}()
+		}
+		require.NoError(t, rts[0].CreateGroup(core.GroupSpec{Name: "trio", WorldSize: 3, Rank: 0, Device: 0}, time.Minute))
+		require.NoError(t, <-errs)
+		require.NoError(t, <-errs)
+		allToAll(t, rts, wires)
+		for _, rt := range rts {
+			require.NoError(t, rt.DestroyGroup("trio"))
+		}
+	}
+}
+
+// allToAll has every rank fetch every other rank's object twice, all at once.
+func allToAll(t *testing.T, rts []*core.Runtime, wires [][]byte) {
+	t.Helper()
+	res := make(chan error, 12)
+	for dst := range rts {
+		for src := range rts {
+			if src == dst {
+				continue
+			}
+			for k := 0; k < 2; k++ {
+				go func() {
+					res <- func() error {
+						n := 20000 + src*4099
+						ref, err := rts[dst].Deserialize(wires[src])
+						if err != nil {
+							return err
+						}
+						defer ref.Release()
+						p, err := cuda.Alloc(dst, uint64(n))
+						if err != nil {
+							return err
+						}
+						defer cuda.Free(dst, p)
+						if err := rts[dst].Get([]*core.Ref{ref}, []core.Tensor{devTensor(dst, p, n)}, core.FetchOptions{}, 20*time.Second); err != nil {
+							return err
+						}
+						got, err := devRead(dst, p, n)
+						if err != nil {
+							return err
+						}
+						if !bytes.Equal(got, pattern(n, byte(src*50))) {
+							return fmt.Errorf("rank %d got the wrong bytes from rank %d", dst, src)
+						}
+						return nil
+					}()
+				}()
+			}
+		}
+	}
+	for i := 0; i < 12; i++ {
+		require.NoError(t, <-res)
+	}
+}

@@ -257,3 +257,20 @@ func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) error {
 		return check(op, C.rdt_nccl_p2p(c.c, cs, C.int(peer), arr, C.size_t(len(bufs)), s.Handle()), c.c)
 	})
 }
+
+// Connect makes NCCL connect this rank with its peers in one direction
+// (up: sends to every higher rank, receives from every lower one; else the
+// other way round), with one group of one-byte operations on stream s: the
+// sends read scratch, the receive from peer writes scratch+1+peer (scratch
+// is nranks+1 bytes of the communicator's device). It returns once every
+// peer has called it too and the work is enqueued.
+func (c *Comm) Connect(rank, nranks int, up bool, scratch uintptr, s *cuda.Stream) error {
+	cup := C.int(0)
+	if up {
+		cup = 1
+	}
+	return cuda.OnDevice(c.dev, func() error {
+		return check("ncclGroupEnd", C.rdt_nccl_connect(c.c, C.int(nranks), C.int(rank), cup, unsafe.Pointer(scratch),
+			(*C.uchar)(unsafe.Pointer(scratch+1)), s.Handle()), c.c)
+	})
+}

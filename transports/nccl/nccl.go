@@ -167,8 +167,9 @@ func checkDevice(dev int) error {
 }
 
 // InitGroup implements core.GroupBackend: ncclCommInitRank of each lane on
-// the rank's device, bounded by ctx. If ctx ends first, the communicators
-// NCCL may still form are destroyed when they do.
+// the rank's device, then the connection of every pair of ranks, bounded by
+// ctx. If ctx ends during ncclCommInitRank, the communicators NCCL may
+// still form are destroyed when they do.
 func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec core.GroupSpec) error {
 	if len(r.Bootstrap) != numLanes*UniqueIDSize {
 		return core.Errorf(core.ErrCorrupt, "nccl: rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
@@ -231,6 +232,9 @@ func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec cor
 		}
 		return coreError(err)
 	}
+	if err := g.connect(ctx); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -245,6 +249,125 @@ func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec cor
 	}
 	t.h.Log().Debugf("nccl: group %q: rank %d of %d on cuda:%d (NCCL %s)", r.Name, spec.Rank, r.WorldSize(), spec.Device, VersionString())
 	return nil
+}
+
+// connect makes NCCL connect this rank with every other rank, on both
+// lanes, before the group is used. NCCL connects two ranks at the first
+// send or receive between them, and that ncclGroupEnd blocks until the
+// peer posts its half. Left to the first transfers, ranks fetching from
+// each other around a cycle (0 from 1, 1 from 2, 2 from 0) could each block
+// inside NCCL holding a lane's enqueue lock, waiting for an enqueue that
+// waits behind the next rank's lock: a deadlock until the deadlines abort
+// them all. Every rank calls connect, with one group per lane holding a
+// one-byte send or receive for every peer, which NCCL connects all at
+// once. On failure or at ctx's end the communicators are aborted and the
+// streams destroyed.
+func (g *group) connect(ctx context.Context) error {
+	n := g.roster.WorldSize()
+	if n == 1 {
+		return nil
+	}
+	abortAll := func() {
+		for _, l := range g.lanes {
+			l.comm.Abort() // also releases an enqueue blocked in NCCL
+		}
+	}
+	destroyStreams := func() {
+		for _, l := range g.lanes {
+			l.stream.Destroy()
+		}
+	}
+	scratch, err := cuda.Alloc(g.dev, uint64(numLanes*(n+1)))
+	if err != nil {
+		abortAll()
+		destroyStreams()
+		return cuda.CoreError(err)
+	}
+	evs := make([]*cuda.Event, 0, numLanes)
+	defer func() {
+		for _, ev := range evs {
+			ev.Destroy()
+		}
+	}()
+	for range g.lanes {
+		ev, err := cuda.NewEvent(g.dev)
+		if err != nil {
+			abortAll()
+			destroyStreams()
+			cuda.Free(g.dev, scratch)
+			return cuda.CoreError(err)
+		}
+		evs = append(evs, ev)
+	}
+	timeout := core.Errorf(core.ErrTimeout, "NCCL did not connect the %d ranks in time (every rank joined the group; is a rank's process gone?)", n)
+	// The lanes one after another, in the same order on every rank.
+	enq := make(chan error, 1)
+	go func() {
+		for i, l := range g.lanes {
+			err := l.comm.Connect(g.rank, n, i == 0, uintptr(scratch)+uintptr(i*(n+1)), l.stream)
+			if err == nil {
+				if rerr := evs[i].Record(l.stream); rerr != nil {
+					err = cuda.CoreError(rerr)
+				}
+			}
+			if err != nil {
+				enq <- err
+				return
+			}
+		}
+		enq <- nil
+	}()
+	var cause error
+	aborted := false
+	abort := func(err error) {
+		if !aborted {
+			abortAll()
+			aborted, cause = true, err
+		}
+	}
+	select {
+	case err = <-enq:
+	case <-ctx.Done():
+		abort(timeout)
+		err = <-enq
+	}
+	if err != nil {
+		abort(coreError(err))
+	}
+	for delay := 5 * time.Microsecond; !aborted; delay = min(delay*2, time.Millisecond) {
+		done := true
+		for i, l := range g.lanes {
+			d, qerr := evs[i].Query()
+			if qerr == nil {
+				qerr = l.comm.AsyncError()
+			}
+			if qerr != nil {
+				abort(coreError(qerr))
+				break
+			}
+			done = done && d
+		}
+		if aborted {
+			break
+		}
+		if done {
+			cuda.Free(g.dev, scratch)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			abort(timeout)
+		case <-time.After(delay):
+		}
+	}
+	// NCCL no longer writes into scratch once the events are done (the
+	// abort ends the work); an event that was never recorded is done.
+	for _, ev := range evs {
+		g.settle(ev)
+	}
+	cuda.Free(g.dev, scratch)
+	destroyStreams()
+	return cause
 }
 
 // DestroyGroup implements core.GroupBackend: ncclCommDestroy (or nothing

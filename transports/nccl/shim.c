@@ -129,3 +129,20 @@ rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_n
   r = nc.GroupEnd();
   return first != ncclSuccess ? first : r;
 }
+
+rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, const void *sendbuf,
+                                 unsigned char *recvbuf, void *stream) {
+  if (!loaded) return RDT_NCCL_NOT_LOADED;
+  rdt_nccl_result r = nc.GroupStart();
+  if (r != ncclSuccess) return r;
+  rdt_nccl_result first = ncclSuccess;
+  for (int peer = 0; peer < nranks && first == ncclSuccess; peer++) {
+    if (peer == rank) continue;
+    if ((peer > rank) == (up != 0))
+      first = nc.Send(sendbuf, 1, ncclUint8, peer, comm, stream);
+    else
+      first = nc.Recv(recvbuf + peer, 1, ncclUint8, peer, comm, stream);
+  }
+  r = nc.GroupEnd();
+  return first != ncclSuccess ? first : r;
+}

@@ -45,6 +45,14 @@ typedef struct {
 rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_nccl_buffer *bufs, size_t n,
                              void *stream);
 
+/* Connects `rank` of `nranks` with the peers of one direction: one group of
+ * a one-byte ncclSend from `sendbuf` to every higher rank and a one-byte
+ * ncclRecv into recvbuf[peer] from every lower rank (up != 0), or the
+ * other way round (up == 0), on `stream`. It returns once NCCL has
+ * connected them (every peer called it too) and the work is enqueued. */
+rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, const void *sendbuf,
+                                 unsigned char *recvbuf, void *stream);
+
 #pragma GCC visibility pop
 
 #endif

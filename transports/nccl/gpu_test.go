@@ -178,11 +178,14 @@ func TestGPUGroupTimeouts(t *testing.T) {
 	assert.Contains(t, fmt.Sprint(err), "ncclCommInitRank did not complete in time")
 	assert.Equal(t, "none", groupState(a, "late"))
 	if n, _ := cuda.DeviceCount(); n >= 2 {
-		var id UniqueID
-		copy(id[:], boot)
-		c, err := InitRank(1, 2, 1, id) // rank 0's communicator forms now, and is destroyed
-		require.NoError(t, err)
-		require.NoError(t, c.Destroy())
+		// Rank 0's communicators form now, and are destroyed.
+		for i := range numLanes {
+			var id UniqueID
+			copy(id[:], boot[i*UniqueIDSize:])
+			c, err := InitRank(1, 2, 1, id)
+			require.NoError(t, err)
+			require.NoError(t, c.Destroy())
+		}
 	}
 }
 

@@ -140,9 +140,10 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 }
 
 // Forming a group gives up in time: when a rank never joins rank 0, when
-// rank 0 never creates the group, and when ncclCommInitRank does not
-// complete (a rank that joined rdt's rendezvous but never reaches NCCL);
-// a communicator that forms after its rank gave up is destroyed.
+// rank 0 never creates the group, when ncclCommInitRank does not complete
+// (a rank that joined rdt's rendezvous but never reaches NCCL), and when
+// the ranks' communicators form but a rank never connects; a communicator
+// that forms after its rank gave up is destroyed.
 func TestGPUGroupTimeouts(t *testing.T) {
 	requireNCCL(t)
 	dir := t.TempDir()
@@ -184,6 +185,32 @@ func TestGPUGroupTimeouts(t *testing.T) {
 			copy(id[:], boot[i*UniqueIDSize:])
 			c, err := InitRank(1, 2, 1, id)
 			require.NoError(t, err)
+			require.NoError(t, c.Destroy())
+		}
+
+		// Rank 1 forms the communicators but never connects: rank 0 gives
+		// up connecting in time, and aborts its communicators.
+		spec.Name, roster.Name = "mute", "mute"
+		boot, err := tr.NewGroupBootstrap(spec)
+		require.NoError(t, err)
+		roster.Bootstrap = boot
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() { errc <- tr.InitGroup(ctx, roster, spec) }()
+		var mute []*Comm
+		for i := range numLanes {
+			var id UniqueID
+			copy(id[:], boot[i*UniqueIDSize:])
+			c, err := InitRank(1, 2, 1, id)
+			require.NoError(t, err)
+			mute = append(mute, c)
+		}
+		err = <-errc
+		assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+		assert.Contains(t, fmt.Sprint(err), "NCCL did not connect the 2 ranks in time")
+		assert.Equal(t, "none", groupState(a, "mute"))
+		for _, c := range mute {
 			require.NoError(t, c.Destroy())
 		}
 	}

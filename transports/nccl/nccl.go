@@ -260,114 +260,98 @@ func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec cor
 // waits behind the next rank's lock: a deadlock until the deadlines abort
 // them all. Every rank calls connect, with one group per lane holding a
 // one-byte send or receive for every peer, which NCCL connects all at
-// once. On failure or at ctx's end the communicators are aborted and the
-// streams destroyed.
+// once; lane by lane, each finished before the next starts (connecting
+// allocates NCCL's buffers, and NCCL warns that work of one communicator
+// may wait for another's kernels then). On failure or at ctx's end the
+// communicators are aborted and the streams destroyed.
 func (g *group) connect(ctx context.Context) error {
 	n := g.roster.WorldSize()
 	if n == 1 {
 		return nil
 	}
-	abortAll := func() {
-		for _, l := range g.lanes {
-			l.comm.Abort() // also releases an enqueue blocked in NCCL
+	aborted := false
+	abort := func() {
+		if !aborted {
+			aborted = true
+			for _, l := range g.lanes {
+				l.comm.Abort() // also releases an enqueue blocked in NCCL
+			}
 		}
 	}
-	destroyStreams := func() {
+	fail := func(err error) error {
+		abort()
 		for _, l := range g.lanes {
 			l.stream.Destroy()
 		}
+		return err
 	}
-	scratch, err := cuda.Alloc(g.dev, uint64(numLanes*(n+1)))
+	scratch, err := cuda.Alloc(g.dev, uint64(n)+1)
 	if err != nil {
-		abortAll()
-		destroyStreams()
-		return cuda.CoreError(err)
+		return fail(cuda.CoreError(err))
 	}
-	evs := make([]*cuda.Event, 0, numLanes)
-	defer func() {
-		for _, ev := range evs {
-			ev.Destroy()
-		}
-	}()
-	for range g.lanes {
-		ev, err := cuda.NewEvent(g.dev)
-		if err != nil {
-			abortAll()
-			destroyStreams()
+	ev, err := cuda.NewEvent(g.dev)
+	if err != nil {
+		cuda.Free(g.dev, scratch)
+		return fail(cuda.CoreError(err))
+	}
+	defer ev.Destroy()
+	for i, l := range g.lanes {
+		if err := g.connectLane(ctx, l, i == 0, uintptr(scratch), ev, abort); err != nil {
+			// The abort ends the work; then NCCL no longer writes into
+			// scratch (an event never recorded is done).
+			err = fail(err)
+			g.settle(ev)
 			cuda.Free(g.dev, scratch)
-			return cuda.CoreError(err)
+			return err
 		}
-		evs = append(evs, ev)
 	}
+	cuda.Free(g.dev, scratch)
+	return nil
+}
+
+// connectLane runs one lane's connection and waits for it; on error the
+// caller aborts the communicators (abort, which connectLane calls itself
+// to release an enqueue that outlives ctx).
+func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintptr, ev *cuda.Event, abort func()) error {
+	n := g.roster.WorldSize()
 	timeout := core.Errorf(core.ErrTimeout, "NCCL did not connect the %d ranks in time (every rank joined the group; is a rank's process gone?)", n)
-	// The lanes one after another, in the same order on every rank.
 	enq := make(chan error, 1)
 	go func() {
-		for i, l := range g.lanes {
-			err := l.comm.Connect(g.rank, n, i == 0, uintptr(scratch)+uintptr(i*(n+1)), l.stream)
-			if err == nil {
-				if rerr := evs[i].Record(l.stream); rerr != nil {
-					err = cuda.CoreError(rerr)
-				}
-			}
-			if err != nil {
-				enq <- err
-				return
+		err := l.comm.Connect(g.rank, n, up, scratch, l.stream)
+		if err == nil {
+			if rerr := ev.Record(l.stream); rerr != nil {
+				err = cuda.CoreError(rerr)
 			}
 		}
-		enq <- nil
+		enq <- err
 	}()
-	var cause error
-	aborted := false
-	abort := func(err error) {
-		if !aborted {
-			abortAll()
-			aborted, cause = true, err
-		}
-	}
 	select {
-	case err = <-enq:
-	case <-ctx.Done():
-		abort(timeout)
-		err = <-enq
-	}
-	if err != nil {
-		abort(coreError(err))
-	}
-	for delay := 5 * time.Microsecond; !aborted; delay = min(delay*2, time.Millisecond) {
-		done := true
-		for i, l := range g.lanes {
-			d, qerr := evs[i].Query()
-			if qerr == nil {
-				qerr = l.comm.AsyncError()
-			}
-			if qerr != nil {
-				abort(coreError(qerr))
-				break
-			}
-			done = done && d
+	case err := <-enq:
+		if err != nil {
+			return coreError(err)
 		}
-		if aborted {
-			break
+	case <-ctx.Done():
+		abort() // releases the enqueue; wait for it to come out
+		<-enq
+		return timeout
+	}
+	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
+		done, err := ev.Query()
+		if err == nil {
+			err = l.comm.AsyncError()
+		}
+		if err != nil {
+			return coreError(err)
 		}
 		if done {
-			cuda.Free(g.dev, scratch)
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			abort(timeout)
+			return timeout
 		case <-time.After(delay):
 		}
 	}
-	// NCCL no longer writes into scratch once the events are done (the
-	// abort ends the work); an event that was never recorded is done.
-	for _, ev := range evs {
-		g.settle(ev)
-	}
-	cuda.Free(g.dev, scratch)
-	destroyStreams()
-	return cause
 }
 
 // DestroyGroup implements core.GroupBackend: ncclCommDestroy (or nothing

@@ -2,8 +2,10 @@ package nccl
 
 // Tests that need NCCL and CUDA devices. They skip with a reason that names
 // what is missing ("no NCCL/CUDA: ..."), and fail instead when
-// RDT_REQUIRE_GPU=1 (`make gpu-test`) — except the two-rank test, which
-// needs two GPUs and skips on a one-GPU machine in any case.
+// RDT_REQUIRE_GPU=1 (`make gpu-test`) — except the tests of two or three
+// ranks, which need a GPU per rank and skip on smaller machines in any
+// case. Without GPUs, `make fake-nccl-test` runs them all against the test
+// doubles of NCCL and the CUDA driver.
 
 import (
 	"bytes"

@@ -377,6 +377,30 @@ func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, see
 	return nil
 }
 
+// childObject has the child put one object of tensors of sizes ns (on
+// its cuda:1) and returns this runtime's ref to it (released at cleanup)
+// and the serialized ref.
+func childObject(t *testing.T, rt *core.Runtime, c *child, ns []int, seed byte) (*core.Ref, string) {
+	t.Helper()
+	wire, err := c.do("put", 1, childArgs(ns, seed))
+	require.NoError(t, err)
+	b, err := hex.DecodeString(wire)
+	require.NoError(t, err)
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	t.Cleanup(func() { ref.Release() })
+	return ref, wire
+}
+
+// devBuffer allocates n bytes on cuda:0, freed at cleanup.
+func devBuffer(t *testing.T, n int) cuda.Ptr {
+	t.Helper()
+	p, err := cuda.Alloc(0, uint64(n))
+	require.NoError(t, err)
+	t.Cleanup(func() { cuda.Free(0, p) })
+	return p
+}
+
 func childArgs(ns []int, seed byte) string {
 	var s []string
 	for i, n := range ns {
@@ -540,20 +564,8 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	ns := []int{8 << 20}
-	wire, err := c.do("put", 1, childArgs(ns, 3))
-	require.NoError(t, err)
-	b, err := hex.DecodeString(wire)
-	require.NoError(t, err)
-	ref, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	defer ref.Release()
-	p, err := cuda.Alloc(0, uint64(ns[0]))
-	require.NoError(t, err)
-	defer cuda.Free(0, p)
-
-	p2, err := cuda.Alloc(0, uint64(ns[0]))
-	require.NoError(t, err)
-	defer cuda.Free(0, p2)
+	ref, wire := childObject(t, rt, c, ns, 3)
+	p, p2 := devBuffer(t, ns[0]), devBuffer(t, ns[0])
 
 	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
 	require.NoError(t, err)
@@ -639,16 +651,8 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=500", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	const n = 1 << 20
-	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
-	require.NoError(t, err)
-	b, err := hex.DecodeString(wire)
-	require.NoError(t, err)
-	ref, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	defer ref.Release()
-	p, err := cuda.Alloc(0, n)
-	require.NoError(t, err)
-	defer cuda.Free(0, p)
+	ref, _ := childObject(t, rt, c, []int{n}, 3)
+	p := devBuffer(t, n)
 
 	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
 	require.NoError(t, err)
@@ -686,16 +690,8 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	pairWithChild(t, rt, c, "pair")
 	const n = 1 << 20
-	wire, err := c.do("put", 1, childArgs([]int{n}, 3))
-	require.NoError(t, err)
-	b, err := hex.DecodeString(wire)
-	require.NoError(t, err)
-	ref, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	defer ref.Release()
-	p, err := cuda.Alloc(0, n)
-	require.NoError(t, err)
-	defer cuda.Free(0, p)
+	ref, _ := childObject(t, rt, c, []int{n}, 3)
+	p := devBuffer(t, n)
 
 	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
 	require.NoError(t, err)

@@ -377,6 +377,19 @@ func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, see
 	return nil
 }
 
+// pairedWithChild makes a runtime ("rank0", destroyed at cleanup) and a
+// child process (started with env), paired in the group "pair".
+func pairedWithChild(t *testing.T, env ...string) (*core.Runtime, *child) {
+	t.Helper()
+	dir := t.TempDir()
+	rt, err := sockRuntime("rank0", dir)
+	require.NoError(t, err)
+	t.Cleanup(func() { rt.Destroy() })
+	c := startChild(t, dir, env...)
+	pairWithChild(t, rt, c, "pair")
+	return rt, c
+}
+
 // childObject has the child put one object of tensors of sizes ns (on
 // its cuda:1) and returns this runtime's ref to it (released at cleanup)
 // and the serialized ref.
@@ -414,12 +427,8 @@ func childArgs(ns []int, seed byte) string {
 // transport; the group is destroyed and formed again on both ranks.
 func TestGPUTwoProcesses(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir)
-	pairWithChild(t, rt, c, "pair")
+	rt, c := pairedWithChild(t)
+	var err error
 
 	// Here to the child: several tensors of one object, one of them empty.
 	ns := []int{3 << 20, 0, 4099}
@@ -467,7 +476,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 	}
 
 	// A runtime outside the group cannot fetch over nccl.
-	other, err := sockRuntime("outsider", dir)
+	other, err := sockRuntime("outsider", t.TempDir())
 	require.NoError(t, err)
 	err = getHere(t, other, 0, out, []int{5 << 20, 17}, 40, 10*time.Second)
 	other.Destroy()
@@ -557,12 +566,7 @@ func TestGPUDestinationDiesMidTransfer(t *testing.T) {
 // NCCL does not tell the source (RDT_FAKENCCL_ABORT=silent).
 func TestGPUAbortDestroysBothSides(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-	pairWithChild(t, rt, c, "pair")
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	ns := []int{8 << 20}
 	ref, wire := childObject(t, rt, c, ns, 3)
 	p, p2 := devBuffer(t, ns[0]), devBuffer(t, ns[0])
@@ -607,12 +611,7 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 // the source aborted.
 func TestGPUSourceFailsBeforeSending(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir)
-	pairWithChild(t, rt, c, "pair")
+	rt, c := pairedWithChild(t)
 	ns := []int{1 << 20}
 	wire, err := c.do("put", 0, childArgs(ns, 3)) // cuda:0, but the child's rank uses cuda:1
 	require.NoError(t, err)
@@ -644,12 +643,7 @@ func TestGPUSourceFailsBeforeSending(t *testing.T) {
 // return while NCCL may still write into its targets.
 func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=500", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-	pairWithChild(t, rt, c, "pair")
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=500", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	const n = 1 << 20
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
@@ -683,12 +677,7 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 // both.
 func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-	pairWithChild(t, rt, c, "pair")
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	const n = 1 << 20
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
@@ -722,12 +711,7 @@ func TestGPURuntimeDestroyedMidTransfer(t *testing.T) {
 	requireTwoDevices(t)
 	for _, role := range []string{"destination", "source"} {
 		t.Run(role, func(t *testing.T) {
-			dir := t.TempDir()
-			rt, err := sockRuntime("rank0", dir)
-			require.NoError(t, err)
-			defer rt.Destroy()
-			c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-			pairWithChild(t, rt, c, "pair")
+			rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 			ns := []int{1 << 20}
 			res := make(chan error, 1)
 			if role == "destination" {

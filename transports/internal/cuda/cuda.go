@@ -187,15 +187,25 @@ func load(path string) error {
 }
 
 // DeviceCount is the number of devices this process sees.
+//
+// The count is fixed once the driver is initialized, so it is asked once
+// (fetches check every target's ordinal against it).
 func DeviceCount() (int, error) {
 	if err := Load(); err != nil {
 		return 0, err
 	}
-	var n C.int
-	if err := check("cuDeviceGetCount", C.rdtcu_device_count(&n)); err != nil {
-		return 0, err
-	}
-	return int(n), nil
+	deviceCount.once.Do(func() {
+		var n C.int
+		deviceCount.err = check("cuDeviceGetCount", C.rdtcu_device_count(&n))
+		deviceCount.n = int(n)
+	})
+	return deviceCount.n, deviceCount.err
+}
+
+var deviceCount struct {
+	once sync.Once
+	n    int
+	err  error
 }
 
 // UUID identifies a GPU across processes (ordinals depend on

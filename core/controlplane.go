@@ -81,8 +81,8 @@ type PeerService interface {
 	// while the group is not created here yet). Cancelling ctx withdraws.
 	JoinGroup(ctx context.Context, from PeerInfo, req GroupJoin) ([]byte, error)
 	// PeerGone tells the runtime that a peer disconnected or died: its
-	// borrows are returned.
-	PeerGone(id RuntimeID)
+	// borrows are returned and transports drop what they keep for it.
+	PeerGone(peer PeerInfo)
 }
 
 // Peer is a connection to another runtime, as seen by the caller.
@@ -115,7 +115,8 @@ type ListenConfig struct {
 	Log           *Logger
 	SocketDir     string        // private directory for Unix sockets
 	ListenTCP     string        // "host:port" for peers on other hosts, or ""
-	AuthToken     string        // shared secret TCP peers must prove
+	AuthToken     string        // shared secret TCP peers must prove ("": none configured)
+	Secret        string        // this runtime's random secret (see Host.RuntimeSecret)
 	AdvertiseHost string        // what peers dial when ListenTCP's host is a wildcard
 	PeerTimeout   time.Duration // silence after which a peer counts as gone
 }

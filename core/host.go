@@ -98,6 +98,9 @@ func EnsurePrivateDir(dir string) error {
 // AuthToken implements Host.
 func (rt *Runtime) AuthToken() string { return rt.opts.AuthToken }
 
+// RuntimeSecret implements Host.
+func (rt *Runtime) RuntimeSecret() string { return rt.secret }
+
 // BindHost implements Host.
 func (rt *Runtime) BindHost() string { return rt.opts.BindHost }
 

@@ -141,7 +141,7 @@ func (e *inprocEndpoint) Close() error {
 			continue
 		}
 		p.unlink(e.id)
-		p.svc.PeerGone(e.id)
+		p.svc.PeerGone(e.svc.Identity())
 	}
 	return nil
 }

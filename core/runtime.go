@@ -31,6 +31,10 @@ type Host interface {
 	// AuthToken is the shared secret TCP endpoints require of their peers
 	// ("" when none is configured; such endpoints bind loopback only).
 	AuthToken() string
+	// RuntimeSecret is a random secret made when the runtime is created
+	// (32 bytes, hexadecimal). With no token configured, TCP endpoints
+	// require it instead, and it reaches peers only inside refs.
+	RuntimeSecret() string
 	// BindHost is the address TCP listeners bind: the control plane's TCP
 	// host when a token is set, else "127.0.0.1".
 	BindHost() string
@@ -98,6 +102,7 @@ type Runtime struct {
 	pid     int
 	reg     *Registry
 	ids     *idSource
+	secret  string // see Host.RuntimeSecret
 	ep      Endpoint
 	address string
 	ctx     context.Context
@@ -166,6 +171,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		pid:      os.Getpid(),
 		reg:      newRegistry(),
 		ids:      newIDSource(),
+		secret:   randomID().String() + randomID().String(),
 		objects:  map[ObjectID]*object{},
 		byData:   map[uintptr]map[*object]struct{}{},
 		borrowed: map[ObjectID]*borrowEntry{},
@@ -195,7 +201,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	}
 	ep, err := network.Listen(ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
-		AuthToken: rt.opts.AuthToken, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+		AuthToken: rt.opts.AuthToken, Secret: rt.secret, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {
 		rt.cancel()

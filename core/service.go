@@ -135,8 +135,20 @@ func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) err
 	return Errorf(ErrAborted, "send of object %s over %s was aborted", req.Object, t.Name())
 }
 
-// PeerGone implements PeerService: a lost peer's borrows are returned.
-func (rt *Runtime) PeerGone(id RuntimeID) {
+// PeerGone implements PeerService: a lost peer's borrows are returned, and
+// transports that keep per-peer state (descriptors, pooled connections)
+// are told to drop it, so a long-lived runtime fed by short-lived peers
+// does not grow.
+func (rt *Runtime) PeerGone(peer PeerInfo) {
+	rt.peerBorrowsGone(peer.RuntimeID)
+	for _, t := range rt.reg.all() {
+		if w, ok := t.(PeerWatcher); ok {
+			w.PeerGone(peer)
+		}
+	}
+}
+
+func (rt *Runtime) peerBorrowsGone(id RuntimeID) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.closed {

@@ -416,7 +416,8 @@ func (ep *sockEndpoint) removeConn(sc *sconn) {
 			delete(ep.byAddr, addr)
 		}
 	}
-	id := sc.remote.RuntimeID
+	remote := sc.remote
+	id := remote.RuntimeID
 	ep.perPeer[id]--
 	gone := ep.perPeer[id] <= 0
 	if gone {
@@ -425,7 +426,7 @@ func (ep *sockEndpoint) removeConn(sc *sconn) {
 	closed := ep.closed
 	ep.mu.Unlock()
 	if gone && !closed {
-		ep.cfg.Service.PeerGone(id)
+		ep.cfg.Service.PeerGone(remote)
 	}
 }
 

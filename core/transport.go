@@ -98,6 +98,14 @@ type FreedObjectChecker interface {
 	ChecksFreedObjects() bool
 }
 
+// PeerWatcher is implemented by transports that keep state per peer
+// runtime (process descriptors, pooled connections, mappings). The core
+// calls PeerGone once the last control connection to that peer closed
+// (it exited, died or was destroyed), never holding one of its locks.
+type PeerWatcher interface {
+	PeerGone(peer PeerInfo)
+}
+
 // LocalCopier is implemented by transports that can copy tensors of their
 // device types within one process (a device-to-device copy). The engine uses
 // it to fetch a runtime's own objects when the memory is not host-accessible.
@@ -271,6 +279,17 @@ func (r *Registry) Adverts() []TransportAdvert {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.adverts
+}
+
+// all returns the registered transports, in name order.
+func (r *Registry) all() []Transport {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Transport, 0, len(r.m))
+	for _, n := range sortedNames(r.m) {
+		out = append(out, r.m[n].t)
+	}
+	return out
 }
 
 // closeAll closes every transport (at runtime destruction).

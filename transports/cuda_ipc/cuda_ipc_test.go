@@ -25,6 +25,7 @@ func (testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", H
 func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
 func (testHost) Context() context.Context { return context.Background() }
 func (testHost) AuthToken() string        { return "" }
+func (testHost) RuntimeSecret() string    { return "test-secret" }
 func (testHost) BindHost() string         { return "127.0.0.1" }
 func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (testHost) SocketDir() string        { return os.TempDir() }

@@ -23,6 +23,7 @@ func (h testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test",
 func (h testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
 func (h testHost) Context() context.Context { return context.Background() }
 func (h testHost) AuthToken() string        { return "" }
+func (h testHost) RuntimeSecret() string    { return "test-secret" }
 func (h testHost) BindHost() string         { return "127.0.0.1" }
 func (h testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (h testHost) SocketDir() string        { return h.dir }

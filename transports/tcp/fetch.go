@@ -516,6 +516,7 @@ func (p probeHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "tcp-p
 func (p probeHost) Log() *core.Logger        { return core.NewLogger("tcp-probe", core.LogOff) }
 func (p probeHost) Context() context.Context { return p.ctx }
 func (p probeHost) AuthToken() string        { return p.token }
+func (p probeHost) RuntimeSecret() string    { return "" }
 func (p probeHost) BindHost() string         { return "127.0.0.1" }
 func (p probeHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (p probeHost) SocketDir() string        { return "" }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"crypto/ed25519"
 	"time"
 )
 
@@ -42,11 +43,13 @@ func (p PeerInfo) Advert(name string) (TransportAdvert, bool) {
 	return TransportAdvert{}, false
 }
 
+// String names the peer for messages, without the secret its address may
+// carry.
 func (p PeerInfo) String() string {
 	if p.Name != "" {
-		return p.Name + "@" + p.Address
+		return p.Name + "@" + RedactAddress(p.Address)
 	}
-	return p.Address
+	return RedactAddress(p.Address)
 }
 
 // SendRequest asks a source runtime to run a two-sided transport's send.
@@ -113,12 +116,13 @@ type Peer interface {
 type ListenConfig struct {
 	Service       PeerService
 	Log           *Logger
-	SocketDir     string        // private directory for Unix sockets
-	ListenTCP     string        // "host:port" for peers on other hosts, or ""
-	AuthToken     string        // shared secret TCP peers must prove ("": none configured)
-	Secret        string        // this runtime's random secret (see Host.RuntimeSecret)
-	AdvertiseHost string        // what peers dial when ListenTCP's host is a wildcard
-	PeerTimeout   time.Duration // silence after which a peer counts as gone
+	SocketDir     string             // private directory for Unix sockets
+	ListenTCP     string             // "host:port" for peers on other hosts, or ""
+	AuthToken     string             // shared secret TCP peers must prove ("": none configured)
+	Secret        string             // this runtime's random secret (see Host.RuntimeSecret)
+	Key           ed25519.PrivateKey // identity key: Service.Identity().RuntimeID is derived from it
+	AdvertiseHost string             // what peers dial when ListenTCP's host is a wildcard
+	PeerTimeout   time.Duration      // silence after which a peer counts as gone
 }
 
 // Network is a control-plane implementation.

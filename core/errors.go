@@ -81,10 +81,11 @@ func (e *Error) Error() string { return e.Msg }
 func (e *Error) Unwrap() error { return e.cause }
 
 // Errorf makes an *Error with a formatted message. A %w verb keeps the
-// wrapped error reachable with errors.Is/As.
+// wrapped error reachable with errors.Is/As. Address keys (runtime secrets)
+// quoted in the message are hidden.
 func Errorf(s Status, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
-	return &Error{Status: s, Msg: err.Error(), cause: errors.Unwrap(err)}
+	return &Error{Status: s, Msg: redactSecrets(err.Error()), cause: errors.Unwrap(err)}
 }
 
 // StatusOf maps any error to a status: the status of the outermost *Error it
@@ -112,5 +113,5 @@ func Wrap(err error, format string, args ...any) error {
 		return nil
 	}
 	prefix := fmt.Sprintf(format, args...)
-	return &Error{Status: StatusOf(err), Msg: prefix + ": " + err.Error(), cause: err}
+	return &Error{Status: StatusOf(err), Msg: redactSecrets(prefix + ": " + err.Error()), cause: err}
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -51,16 +52,22 @@ func envLogLevel() LogLevel {
 type Logger struct {
 	name  string
 	level LogLevel
+	out   io.Writer // nil: stderr
 }
 
-var stderrMu sync.Mutex
+var stderrMu sync.Mutex // one line at a time, whichever logger writes it
 
 // NewLogger makes a logger; LogDefault means RDT_LOG or warn.
 func NewLogger(name string, level LogLevel) *Logger {
+	return NewLoggerTo(name, level, nil)
+}
+
+// NewLoggerTo makes a logger that writes to out (nil: stderr).
+func NewLoggerTo(name string, level LogLevel, out io.Writer) *Logger {
 	if level == LogDefault {
 		level = envLogLevel()
 	}
-	return &Logger{name: name, level: level}
+	return &Logger{name: name, level: level, out: out}
 }
 
 // Enabled reports whether messages at level l are written.
@@ -72,10 +79,15 @@ func (l *Logger) logf(level LogLevel, format string, args ...any) {
 	if !l.Enabled(level) {
 		return
 	}
-	msg := fmt.Sprintf(format, args...)
+	// Addresses may carry a runtime's secret: it never reaches a log.
+	msg := redactSecrets(fmt.Sprintf(format, args...))
 	line := fmt.Sprintf("%s rdt[%s] %s: %s\n", time.Now().Format("15:04:05.000000"), l.name, levelNames[level], msg)
 	stderrMu.Lock()
-	os.Stderr.WriteString(line)
+	if l.out != nil {
+		io.WriteString(l.out, line)
+	} else {
+		os.Stderr.WriteString(line)
+	}
 	stderrMu.Unlock()
 }
 
@@ -83,3 +95,77 @@ func (l *Logger) Errorf(format string, args ...any) { l.logf(LogError, format, a
 func (l *Logger) Warnf(format string, args ...any)  { l.logf(LogWarn, format, args...) }
 func (l *Logger) Infof(format string, args ...any)  { l.logf(LogInfo, format, args...) }
 func (l *Logger) Debugf(format string, args ...any) { l.logf(LogDebug, format, args...) }
+
+// floodLog writes the first of a burst of like events at once, then at
+// most one summary line per interval, so that a flood (a port scan, a peer
+// retrying a wrong token in a loop) costs a few lines rather than one each.
+type floodLog struct {
+	log      *Logger
+	level    LogLevel
+	interval time.Duration
+	one      string // "control plane: refused a connection"
+	many     string // "... refused %d more connections since %s"
+
+	mu     sync.Mutex
+	last   time.Time // when a line was last written
+	held   int       // events since then, not written yet
+	since  time.Time // when the first of them happened
+	latest string    // the detail of the last of them
+	timer  *time.Timer
+	closed bool
+}
+
+func newFloodLog(log *Logger, level LogLevel, interval time.Duration, one, many string) *floodLog {
+	return &floodLog{log: log, level: level, interval: interval, one: one, many: many}
+}
+
+// event records one event; detail says what happened ("from X: why").
+func (f *floodLog) event(detail string) {
+	if !f.log.Enabled(f.level) {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	if f.held == 0 && now.Sub(f.last) >= f.interval {
+		f.last = now
+		f.log.logf(f.level, "%s %s", f.one, detail)
+		return
+	}
+	if f.held == 0 {
+		f.since = now
+	}
+	f.held++
+	f.latest = detail
+	if f.timer == nil && !f.closed {
+		f.timer = time.AfterFunc(f.last.Add(f.interval).Sub(now), f.flush)
+	}
+}
+
+func (f *floodLog) flush() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.timer = nil
+	f.flushLocked()
+}
+
+func (f *floodLog) flushLocked() {
+	if f.held == 0 {
+		return
+	}
+	f.log.logf(f.level, f.many+"; the last %s", f.held, f.since.Format("15:04:05"), f.latest)
+	f.held = 0
+	f.last = time.Now()
+}
+
+// close writes what is held and stops the timer.
+func (f *floodLog) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
+	f.flushLocked()
+}

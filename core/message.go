@@ -1,29 +1,46 @@
 package core
 
 import (
+	"crypto/ed25519"
 	"encoding/binary"
 	"io"
+	"slices"
 )
 
 // Control-plane frames on a Unix or TCP connection:
 //
 //	length u32 | kind u8 | request id u64 | body
 //
-// length counts everything after itself and is bounded by maxFrame. The
-// handshake (hello, challenge, auth, welcome, refused) comes first; then
-// requests carry a non-zero id that their response repeats, and one-way
-// messages (unborrow, cancel, ping) carry id 0. Every field of every body is
-// bounded and validated by decodeMessage.
+// length counts everything after itself and is bounded by maxFrame, and
+// during the handshake by maxPreAuthFrame. The handshake (hello, challenge,
+// auth, welcome, refused) comes first; then requests carry a non-zero id
+// that their response repeats, and one-way messages (unborrow, cancel, ping)
+// carry id 0. Every field of every body is bounded and validated by
+// decodeMessage.
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 1
+	controlVersion = 2
 	maxFrame       = maxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8
 	maxMessageText = 64 << 10
+	maxRefusalText = 1 << 10
 	maxNameLen     = 256
 	maxAdverts     = 64
 	maxAdvertDevs  = 8
+
+	// maxPeerInfo is the largest encoded PeerInfo decodeMessage accepts.
+	maxPeerInfo = 16 + 2 + maxNameLen + 2 + maxAddressLen + 2 + maxHostIDLen + 4 + 4 +
+		maxAdverts*(1+63+1+1+maxAdvertDevs*4)
+	// maxPreAuthFrame bounds every frame of the handshake (length excluded):
+	// the largest, auth, holds a proof, a key, a signature and a PeerInfo.
+	// Before a peer proved anything, nothing bigger is read.
+	maxPreAuthFrame = frameHeader - 4 + max(
+		4+2+nonceSize, // hello
+		nonceSize+proofSize+ed25519.PublicKeySize+ed25519.SignatureSize,   // challenge
+		proofSize+ed25519.PublicKeySize+ed25519.SignatureSize+maxPeerInfo, // auth
+		maxPeerInfo,        // welcome
+		4+4+maxRefusalText) // refused
 )
 
 type kind uint8
@@ -62,9 +79,11 @@ func (k kind) String() string {
 type message struct {
 	kind  kind
 	id    uint64
-	nonce []byte // hello, challenge
-	proof []byte // challenge, auth
-	peer  PeerInfo
+	nonce []byte   // hello, challenge
+	proof []byte   // challenge, auth: the token proof
+	key   []byte   // challenge, auth: the sender's public identity key
+	sig   []byte   // challenge, auth: its signature of the handshake transcript
+	peer  PeerInfo // auth, welcome; identity responses
 	// Response and refusal.
 	status Status
 	text   string
@@ -144,17 +163,25 @@ func (m *message) encode() []byte {
 		w.raw([]byte(controlMagic))
 		w.u16(controlVersion)
 		w.raw(m.nonce)
-		w.peerInfo(m.peer)
 	case kindChallenge:
 		w.raw(m.nonce)
 		w.raw(m.proof)
+		w.raw(m.key)
+		w.raw(m.sig)
 	case kindAuth:
 		w.raw(m.proof)
+		w.raw(m.key)
+		w.raw(m.sig)
+		w.peerInfo(m.peer)
 	case kindWelcome:
 		w.peerInfo(m.peer)
 	case kindRefused:
 		w.i32(int32(m.status))
-		w.bytes32([]byte(m.text))
+		text := m.text
+		if len(text) > maxRefusalText {
+			text = text[:maxRefusalText]
+		}
+		w.bytes32([]byte(text))
 	case kindResponse:
 		w.i32(int32(m.status))
 		w.bytes32([]byte(m.text))
@@ -217,17 +244,21 @@ func decodeMessage(b []byte) (*message, error) {
 			r.fail("protocol version %d is not supported (this runtime speaks %d)", v, controlVersion)
 		}
 		m.nonce = append([]byte(nil), r.take(nonceSize)...)
-		m.peer = r.peerInfo()
 	case kindChallenge:
 		m.nonce = append([]byte(nil), r.take(nonceSize)...)
 		m.proof = append([]byte(nil), r.take(proofSize)...)
+		m.key = append([]byte(nil), r.take(ed25519.PublicKeySize)...)
+		m.sig = append([]byte(nil), r.take(ed25519.SignatureSize)...)
 	case kindAuth:
 		m.proof = append([]byte(nil), r.take(proofSize)...)
+		m.key = append([]byte(nil), r.take(ed25519.PublicKeySize)...)
+		m.sig = append([]byte(nil), r.take(ed25519.SignatureSize)...)
+		m.peer = r.peerInfo()
 	case kindWelcome:
 		m.peer = r.peerInfo()
 	case kindRefused:
 		m.status = Status(r.i32())
-		m.text = string(r.bytes32("message", maxMessageText))
+		m.text = string(r.bytes32("message", maxRefusalText))
 	case kindResponse:
 		m.status = Status(r.i32())
 		m.text = string(r.bytes32("message", maxMessageText))
@@ -290,22 +321,39 @@ func decodeMessage(b []byte) (*message, error) {
 	return m, nil
 }
 
-// readFrame reads one length-prefixed frame body into buf (grown as needed).
-func readFrame(rd io.Reader, buf []byte) ([]byte, error) {
+// frameChunk is how much of a frame body is read before its buffer grows.
+const frameChunk = 64 << 10
+
+// readFrame reads one length-prefixed frame body of at most limit bytes
+// into buf. A buffer too small grows as the bytes arrive, doubling, so a
+// length prefix alone never costs more than frameChunk: memory follows what
+// the peer actually sent.
+func readFrame(rd io.Reader, buf []byte, limit uint32) ([]byte, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(rd, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
-	if n < frameHeader-4 || n > maxFrame {
-		return nil, Errorf(ErrCorrupt, "control message: frame of %d bytes is outside %d..%d", n, frameHeader-4, maxFrame)
+	if n < frameHeader-4 || n > limit {
+		return nil, Errorf(ErrCorrupt, "control message: frame of %d bytes is outside %d..%d", n, frameHeader-4, limit)
 	}
-	if cap(buf) < int(n) {
-		buf = make([]byte, n)
+	want := int(n)
+	if cap(buf) >= want {
+		buf = buf[:want]
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		return buf, nil
 	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(rd, buf); err != nil {
-		return nil, err
+	buf = buf[:0]
+	for len(buf) < want {
+		chunk := min(want-len(buf), max(len(buf), frameChunk))
+		buf = slices.Grow(buf, chunk)
+		start := len(buf)
+		buf = buf[:start+chunk]
+		if _, err := io.ReadFull(rd, buf[start:]); err != nil {
+			return nil, err
+		}
 	}
 	return buf, nil
 }

@@ -207,6 +207,7 @@ func (rt *Runtime) expireLease(o *object, token uint64) {
 		return
 	}
 	delete(o.transit, token)
+	o.leaseGoneLocked(token)
 	rt.c.leasesExpired.Add(1)
 	rt.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
 	rt.maybeFreeLocked(o)
@@ -217,6 +218,7 @@ func consumeLeaseLocked(o *object, token uint64) {
 	if t, ok := o.transit[token]; ok {
 		t.Stop()
 		delete(o.transit, token)
+		o.leaseGoneLocked(token)
 	}
 }
 

@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -85,6 +87,8 @@ type Options struct {
 	// PeerTimeout is how long a silent peer counts as alive (0:
 	// DefaultPeerTimeout).
 	PeerTimeout time.Duration
+	// LogOutput receives the runtime's log lines (nil: stderr).
+	LogOutput io.Writer
 }
 
 // DefaultPeerTimeout bounds how long a vanished peer goes unnoticed.
@@ -94,7 +98,8 @@ const DefaultPeerTimeout = 5 * time.Second
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
 	opts    Options
-	id      RuntimeID
+	id      RuntimeID          // derived from key's public half
+	key     ed25519.PrivateKey // proves id to peers (identity.go)
 	name    string
 	log     *Logger
 	lease   time.Duration
@@ -114,6 +119,9 @@ type Runtime struct {
 	byData   map[uintptr]map[*object]struct{}
 	borrowed map[ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
+	// leases granted to each peer and not yet consumed or expired, for
+	// MaxLeasesPerPeer
+	peerLeases map[RuntimeID]*leaseCount
 
 	grp groups // collective groups (group.go)
 
@@ -137,6 +145,7 @@ type object struct {
 	// Guarded by Runtime.mu.
 	local       int64                  // ref handles in this runtime
 	transit     map[uint64]*time.Timer // lease tokens of serialized refs
+	leasedTo    map[uint64]*leaseCount // which of them peers asked for
 	borrows     map[RuntimeID]uint64   // borrows by other runtimes
 	borrowTotal uint64
 	pins        int64 // sends and serving in progress
@@ -162,9 +171,11 @@ type borrowEntry struct {
 
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
+	key, id := newIdentityKey()
 	rt := &Runtime{
 		opts:     opts,
-		id:       randomID(),
+		id:       id,
+		key:      key,
 		name:     opts.Name,
 		lease:    opts.Lease,
 		hostID:   opts.HostID,
@@ -176,6 +187,8 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		byData:   map[uintptr]map[*object]struct{}{},
 		borrowed: map[ObjectID]*borrowEntry{},
 		fetches:  map[*Fetch]struct{}{},
+
+		peerLeases: map[RuntimeID]*leaseCount{},
 	}
 	if rt.name == "" {
 		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
@@ -186,7 +199,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if rt.hostID == "" {
 		rt.hostID = hostIdentity()
 	}
-	rt.log = NewLogger(rt.name, opts.LogLevel)
+	rt.log = NewLoggerTo(rt.name, opts.LogLevel, opts.LogOutput)
 	if err := rt.resolveHosts(); err != nil {
 		return nil, err
 	}
@@ -201,7 +214,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	}
 	ep, err := network.Listen(ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
-		AuthToken: rt.opts.AuthToken, Secret: rt.secret, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {
 		rt.cancel()

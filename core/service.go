@@ -45,6 +45,20 @@ func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
 	rt.maybeFreeLocked(o)
 }
 
+// MaxLeasesPerPeer bounds the leases one peer holds at a time: refs it
+// serialized that were not deserialized yet. Each costs a timer for the
+// lease's duration, so a peer asking in a loop would otherwise grow the
+// owner without bound.
+const MaxLeasesPerPeer = 4096
+
+// leaseCount counts one peer's leases; objects point at it from the tokens
+// it holds, so that consuming or expiring a token needs no lookup.
+type leaseCount struct {
+	n    int
+	peer RuntimeID
+	all  map[RuntimeID]*leaseCount // Runtime.peerLeases, to drop it at 0
+}
+
 // Lease implements PeerService.
 func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
 	rt.mu.Lock()
@@ -53,7 +67,34 @@ func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return rt.newLeaseLocked(o), nil
+	c := rt.peerLeases[from]
+	if c != nil && c.n >= MaxLeasesPerPeer {
+		return 0, Errorf(ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, c.n, rt.lease)
+	}
+	if c == nil {
+		c = &leaseCount{peer: from, all: rt.peerLeases}
+		rt.peerLeases[from] = c
+	}
+	token := rt.newLeaseLocked(o)
+	if o.leasedTo == nil {
+		o.leasedTo = map[uint64]*leaseCount{}
+	}
+	o.leasedTo[token] = c
+	c.n++
+	return token, nil
+}
+
+// leaseGoneLocked forgets a consumed or expired token of o in its peer's
+// count. Caller holds rt.mu.
+func (o *object) leaseGoneLocked(token uint64) {
+	c := o.leasedTo[token]
+	if c == nil {
+		return
+	}
+	delete(o.leasedTo, token)
+	if c.n--; c.n == 0 {
+		delete(c.all, c.peer)
+	}
 }
 
 // Metadata implements PeerService.

@@ -3,6 +3,7 @@ package core
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"net"
@@ -13,14 +14,17 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Sockets is the control plane between processes: a Unix socket in a
 // private directory for peers on the same host, and optionally TCP for
-// peers on other hosts. Every connection starts with a handshake that
-// exchanges identities and, on TCP, proves the shared token both ways. After
-// it, requests are multiplexed on the one connection per pair of runtimes,
-// and heartbeats notice a peer that vanished without closing its sockets.
+// peers on other hosts. Every connection starts with a handshake in which
+// both sides prove their identity keys and, on TCP, the shared token (or,
+// without one, the listening runtime's secret from its address). After it,
+// requests are multiplexed on the one connection per pair of runtimes, and
+// heartbeats notice a peer that vanished without closing its sockets.
 type Sockets struct{}
 
 const (
@@ -31,15 +35,34 @@ const (
 	proofServer = "rdt-control-server"
 	proofClient = "rdt-control-client"
 	maxUnixPath = 107
+
+	// maxAuthenticating bounds the connections of one listener still in
+	// their handshake: each holds a goroutine and a read buffer before the
+	// peer proved anything. Past it, new connections are closed at once.
+	maxAuthenticating = 64
+	// maxHandlers bounds the requests of one connection served on their
+	// own goroutines (metadata, sends, group joins); past it, the
+	// connection's reader waits for one to finish.
+	maxHandlers = 256
+	// keepFrameBuffer is the largest read buffer a connection keeps between
+	// frames; a bigger one (a large metadata reply) is dropped after use.
+	keepFrameBuffer = 1 << 20
 )
+
+// refusalLogInterval is how often refused connections are summarized in
+// the log after the first one of a burst is written.
+var refusalLogInterval = 10 * time.Second
 
 type sockEndpoint struct {
 	cfg      ListenConfig
 	id       RuntimeID
+	pub      ed25519.PublicKey // id is derived from it
+	tcpToken string            // what TCP peers prove: the token, else our secret
 	unixPath string
 	unixLn   net.Listener
 	tcpLn    net.Listener
 	address  string
+	refusals *floodLog
 
 	mu      sync.Mutex
 	closed  bool
@@ -63,10 +86,24 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 		cfg: cfg, id: cfg.Service.Identity().RuntimeID,
 		conns: map[*sconn]struct{}{}, byAddr: map[string]*sconn{},
 		perPeer: map[RuntimeID]int{}, dialing: map[string]*dialCall{},
-		stop: make(chan struct{}),
+		stop:     make(chan struct{}),
+		refusals: newFloodLog(cfg.Log, LogWarn, refusalLogInterval, "control plane: refused a connection", "control plane: refused %d more connections since %s"),
 	}
 	if ep.cfg.PeerTimeout <= 0 {
 		ep.cfg.PeerTimeout = DefaultPeerTimeout
+	}
+	if len(cfg.Key) != ed25519.PrivateKeySize || runtimeIDOf(cfg.Key.Public().(ed25519.PublicKey)) != ep.id {
+		return nil, Errorf(ErrInvalidArgument, "the control plane needs the runtime's identity key")
+	}
+	ep.pub = cfg.Key.Public().(ed25519.PublicKey)
+	// Without a shared token, TCP peers prove the runtime's own secret,
+	// which they learn only from the address inside its refs.
+	ep.tcpToken = cfg.AuthToken
+	if ep.tcpToken == "" {
+		ep.tcpToken = cfg.Secret
+	}
+	if cfg.ListenTCP != "" && ep.tcpToken == "" {
+		return nil, Errorf(ErrInvalidArgument, "listening on TCP needs an auth token or the runtime's secret")
 	}
 	if err := EnsurePrivateDir(cfg.SocketDir); err != nil {
 		return nil, err
@@ -104,7 +141,11 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 			advertise = cfg.AdvertiseHost
 		}
 		port := tl.Addr().(*net.TCPAddr).Port
-		ep.address += "," + tcpScheme + net.JoinHostPort(advertise, fmt.Sprint(port))
+		key := ""
+		if cfg.AuthToken == "" {
+			key = cfg.Secret + "@"
+		}
+		ep.address += "," + tcpScheme + key + net.JoinHostPort(advertise, fmt.Sprint(port))
 	}
 	ep.wg.Add(2)
 	go ep.acceptLoop(ep.unixLn, false)
@@ -158,6 +199,7 @@ func (ep *sockEndpoint) handshakeTimeout() time.Duration {
 
 func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 	defer ep.wg.Done()
+	var authenticating atomic.Int32
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -177,26 +219,72 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		if authenticating.Add(1) > maxAuthenticating {
+			authenticating.Add(-1)
+			ep.refusals.event(fmt.Sprintf("from %s: %d connections are still authenticating; closed at once", remoteName(c), maxAuthenticating))
+			c.Close()
+			continue
+		}
 		ep.wg.Add(1)
 		go func() {
 			defer ep.wg.Done()
-			if err := ep.serverHandshake(c, isTCP); err != nil {
-				ep.cfg.Log.Warnf("control plane: refused a connection from %s: %v", c.RemoteAddr(), err)
+			err := ep.serverHandshake(c, isTCP)
+			authenticating.Add(-1)
+			if err != nil {
+				ep.refusals.event(fmt.Sprintf("from %s: %v", remoteName(c), err))
 				c.Close()
 			}
 		}()
 	}
 }
 
+// remoteName names the other end of a connection for the log: its address
+// on TCP, its process on a Unix socket.
+func remoteName(c net.Conn) string {
+	if _, ok := c.(*net.UnixConn); ok {
+		if pid, err := peerPid(c); err == nil {
+			return fmt.Sprintf("pid %d on the Unix socket", pid)
+		}
+		return "the Unix socket"
+	}
+	return c.RemoteAddr().String()
+}
+
 // token is the secret a connection proves: none on Unix sockets, whose
 // directory only this user can enter.
 func (ep *sockEndpoint) token(isTCP bool) string {
 	if isTCP {
-		return ep.cfg.AuthToken
+		return ep.tcpToken
 	}
 	return ""
 }
 
+// identity is what this runtime tells a peer about itself. Over TCP its
+// address goes without its secret: a peer that dialed us knows it already,
+// and one we dialed (its address came in a ref, maybe a crafted one) must
+// not learn it.
+func (ep *sockEndpoint) identity(isTCP bool) PeerInfo {
+	p := ep.cfg.Service.Identity()
+	if isTCP {
+		p.Address = stripAddressKeys(p.Address)
+	}
+	return p
+}
+
+// The handshake, in lock-step, every frame bounded by maxPreAuthFrame:
+//
+//	client -> server  hello:     magic, version, client nonce
+//	server -> client  challenge: server nonce, token proof over the client
+//	                             nonce, server key, its signature of both nonces
+//	client -> server  auth:      token proof over the server nonce, client
+//	                             key, its signature of both nonces and the
+//	                             server key, client identity
+//	server -> client  welcome:   server identity (or refused, with why)
+//
+// Each side checks the other's token proof (the token authorizes), that the
+// runtime id claimed equals the hash of the key that signed (the key
+// identifies) and, on a Unix socket, that the claimed pid is the process at
+// the other end of the socket.
 func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	c.SetDeadline(time.Now().Add(ep.handshakeTimeout()))
 	rd := bufio.NewReaderSize(c, 64<<10)
@@ -206,7 +294,8 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	}
 	token := ep.token(isTCP)
 	nonce := NewNonce()
-	ch := &message{kind: kindChallenge, nonce: nonce, proof: AuthProof(token, proofServer, hello.nonce)}
+	ch := &message{kind: kindChallenge, nonce: nonce, proof: AuthProof(token, proofServer, hello.nonce),
+		key: ep.pub, sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signServer, hello.nonce, nonce, nil))}
 	if _, err := c.Write(ch.encode()); err != nil {
 		return err
 	}
@@ -214,27 +303,81 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	if err != nil {
 		return err
 	}
-	if !CheckAuthProof(token, proofClient, nonce, auth.proof) {
-		refuse := &message{kind: kindRefused, status: ErrPermissionDenied, text: "wrong auth token: the runtime at " + c.LocalAddr().String() + " requires the shared token (RDT_AUTH_TOKEN)"}
-		c.Write(refuse.encode())
-		return Errorf(ErrPermissionDenied, "peer %s failed to prove the auth token", hello.peer)
+	refuse := func(text string, err error) error {
+		c.Write((&message{kind: kindRefused, status: StatusOf(err), text: text}).encode())
+		return err
 	}
-	welcome := &message{kind: kindWelcome, peer: ep.cfg.Service.Identity()}
+	if !CheckAuthProof(token, proofClient, nonce, auth.proof) {
+		return refuse("wrong auth token: the runtime at "+c.LocalAddr().String()+" requires the shared token (RDT_AUTH_TOKEN), or without one the key in its address",
+			Errorf(ErrPermissionDenied, "peer %s failed to prove the auth token", auth.peer))
+	}
+	if err := checkIdentity(auth.peer.RuntimeID, auth.key, auth.sig, identityTranscript(signClient, hello.nonce, nonce, ep.pub)); err != nil {
+		return refuse(err.Error(), Wrap(err, "peer %s", auth.peer))
+	}
+	if !isTCP {
+		if err := ep.checkPeerPid(c, auth.peer); err != nil {
+			return refuse(err.Error(), err)
+		}
+	}
+	welcome := &message{kind: kindWelcome, peer: ep.identity(isTCP)}
 	if _, err := c.Write(welcome.encode()); err != nil {
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, hello.peer)
+	sc := ep.newConn(c, rd, auth.peer, isTCP)
 	if sc == nil {
 		return Errorf(ErrClosed, "runtime is shutting down")
 	}
-	ep.cfg.Log.Debugf("control plane: peer %s connected", hello.peer)
+	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.peer)
 	return nil
 }
 
-// expect reads one frame of the given kind (the handshake is in lock-step).
+// checkPeerPid refuses a peer on a Unix socket that claims to share our
+// host (boot and pid namespace, so its pid means the same to us) but is not
+// the process the kernel puts at the other end of the socket: host-local
+// transports act on that pid. A peer in another pid namespace claims
+// another host, and its pid is used by nothing.
+func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed PeerInfo) error {
+	if !claimed.SameHost(ep.cfg.Service.Identity()) {
+		return nil
+	}
+	pid, err := peerPid(c)
+	if err != nil {
+		return Errorf(ErrPermissionDenied, "cannot read the credentials of the peer claiming pid %d: %v", claimed.Pid, err)
+	}
+	if pid != claimed.Pid {
+		return Errorf(ErrPermissionDenied, "peer %s claims pid %d, but the Unix socket's other end is pid %d", claimed, claimed.Pid, pid)
+	}
+	return nil
+}
+
+// peerPid is the pid of the process at the other end of a Unix socket, as
+// the kernel recorded it at connect (or listen) time.
+func peerPid(c net.Conn) (int, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return 0, Errorf(ErrUnsupported, "not a Unix socket")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
+}
+
+// expect reads one handshake frame of the given kind.
 func expect(rd *bufio.Reader, k kind) (*message, error) {
-	b, err := readFrame(rd, nil)
+	b, err := readFrame(rd, nil, maxPreAuthFrame)
 	if err != nil {
 		return nil, err
 	}
@@ -252,15 +395,17 @@ func expect(rd *bufio.Reader, k kind) (*message, error) {
 }
 
 // Connect implements Endpoint: the cached connection to the runtime at
-// address, or a new one.
+// address, or a new one. Connections are cached by the address without its
+// keys, as peers name themselves over TCP.
 func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
+	cacheKey := stripAddressKeys(address)
 	for {
 		ep.mu.Lock()
 		if ep.closed {
 			ep.mu.Unlock()
 			return nil, Errorf(ErrClosed, "runtime is destroyed")
 		}
-		if sc := ep.byAddr[address]; sc != nil && !sc.isClosed() {
+		if sc := ep.byAddr[cacheKey]; sc != nil && !sc.isClosed() {
 			ep.mu.Unlock()
 			return sc, nil
 		}
@@ -269,7 +414,7 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 			select {
 			case <-d.done:
 			case <-ctx.Done():
-				return nil, Errorf(ErrTimeout, "connecting to %s: %v", address, ctx.Err())
+				return nil, Errorf(ErrTimeout, "connecting to %s: %v", RedactAddress(address), ctx.Err())
 			}
 			if d.err != nil {
 				return nil, d.err
@@ -283,8 +428,8 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 		d.sc, d.err = ep.dial(ctx, address)
 		ep.mu.Lock()
 		delete(ep.dialing, address)
-		if d.sc != nil && ep.byAddr[address] == nil {
-			ep.byAddr[address] = d.sc
+		if d.sc != nil && ep.byAddr[cacheKey] == nil {
+			ep.byAddr[cacheKey] = d.sc
 		}
 		ep.mu.Unlock()
 		close(d.done)
@@ -296,56 +441,63 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 }
 
 // dial tries each endpoint of an address: the Unix socket if it exists on
-// this host, then TCP.
+// this host, then TCP. A key in a TCP part (tcp://key@host:port) is what
+// that endpoint requires; without one, our configured token is proved.
 func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error) {
 	var errs []string
 	for _, part := range strings.Split(address, ",") {
-		var network, target string
+		var network, target, token string
 		var isTCP bool
+		shown := RedactAddress(part)
 		switch {
 		case strings.HasPrefix(part, unixScheme):
 			network, target = "unix", strings.TrimPrefix(part, unixScheme)
 			if _, err := os.Stat(target); err != nil {
-				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", part))
+				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", shown))
 				continue
 			}
 		case strings.HasPrefix(part, tcpScheme):
-			network, target, isTCP = "tcp", strings.TrimPrefix(part, tcpScheme), true
+			network, isTCP = "tcp", true
+			token, target = splitTCPKey(strings.TrimPrefix(part, tcpScheme))
+			if token == "" {
+				token = ep.cfg.AuthToken
+			}
 		case strings.HasPrefix(part, inprocScheme):
-			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", part))
+			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", shown))
 			continue
 		default:
-			return nil, Errorf(ErrInvalidArgument, "address %q has an unknown scheme", part)
+			return nil, Errorf(ErrInvalidArgument, "address %q has an unknown scheme", shown)
 		}
 		dctx, cancel := context.WithTimeout(ctx, ep.handshakeTimeout())
 		c, err := (&net.Dialer{}).DialContext(dctx, network, target)
 		cancel()
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
+			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
 			continue
 		}
-		sc, err := ep.clientHandshake(c, isTCP)
+		sc, err := ep.clientHandshake(c, isTCP, token)
 		if err != nil {
 			c.Close()
 			if st := StatusOf(err); st == ErrPermissionDenied || st == ErrCorrupt {
-				return nil, Wrap(err, "%s", part)
+				return nil, Wrap(err, "%s", shown)
 			}
-			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
+			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
 			continue
 		}
 		return sc, nil
 	}
-	return nil, Errorf(ErrPeerUnavailable, "no runtime reachable at %s (%s)", address, strings.Join(errs, "; "))
+	return nil, Errorf(ErrPeerUnavailable, "no runtime reachable at %s (%s)", RedactAddress(address), strings.Join(errs, "; "))
 }
 
-func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool) (*sconn, error) {
+// clientHandshake is the dialing side of the handshake (see
+// serverHandshake); token is what the server requires.
+func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*sconn, error) {
 	c.SetDeadline(time.Now().Add(ep.handshakeTimeout()))
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	token := ep.token(isTCP)
 	nonce := NewNonce()
-	hello := &message{kind: kindHello, nonce: nonce, peer: ep.cfg.Service.Identity()}
+	hello := &message{kind: kindHello, nonce: nonce}
 	if _, err := c.Write(hello.encode()); err != nil {
 		return nil, err
 	}
@@ -355,9 +507,15 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool) (*sconn, error) 
 		return nil, err
 	}
 	if !CheckAuthProof(token, proofServer, nonce, ch.proof) {
-		return nil, Errorf(ErrPermissionDenied, "the peer at %s does not hold our auth token (RDT_AUTH_TOKEN differs)", c.RemoteAddr())
+		return nil, Errorf(ErrPermissionDenied, "the peer at %s does not hold the token we expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
 	}
-	auth := &message{kind: kindAuth, proof: AuthProof(token, proofClient, ch.nonce)}
+	if len(ch.key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.key), identityTranscript(signServer, nonce, ch.nonce, nil), ch.sig) {
+		return nil, Errorf(ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
+	}
+	// Only now, talking to a server that proved the token, do we name
+	// ourselves; the signature covers its key, so it cannot pass it on.
+	auth := &message{kind: kindAuth, proof: AuthProof(token, proofClient, ch.nonce), key: ep.pub,
+		sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signClient, nonce, ch.nonce, ch.key)), peer: ep.identity(isTCP)}
 	if _, err := c.Write(auth.encode()); err != nil {
 		return nil, err
 	}
@@ -365,8 +523,16 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool) (*sconn, error) 
 	if err != nil {
 		return nil, err
 	}
+	if proven := runtimeIDOf(ch.key); welcome.peer.RuntimeID != proven {
+		return nil, Errorf(ErrPermissionDenied, "the peer at %s claims runtime id %s but holds the key of %s", c.RemoteAddr(), welcome.peer.RuntimeID, proven)
+	}
+	if !isTCP {
+		if err := ep.checkPeerPid(c, welcome.peer); err != nil {
+			return nil, err
+		}
+	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, welcome.peer)
+	sc := ep.newConn(c, rd, welcome.peer, isTCP)
 	if sc == nil {
 		return nil, Errorf(ErrClosed, "runtime is destroyed")
 	}
@@ -374,11 +540,12 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool) (*sconn, error) 
 }
 
 // newConn registers an authenticated connection and starts reading it.
-func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo) *sconn {
+func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, isTCP bool) *sconn {
 	sc := &sconn{
-		ep: ep, c: c, rd: rd, remote: remote,
+		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
 		pending: map[uint64]chan *message{}, replies: map[uint64]func(*message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
+		slots: make(chan struct{}, maxHandlers),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
@@ -390,8 +557,8 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo) *
 	}
 	ep.conns[sc] = struct{}{}
 	ep.perPeer[remote.RuntimeID]++
-	if remote.Address != "" && ep.byAddr[remote.Address] == nil {
-		ep.byAddr[remote.Address] = sc
+	if key := stripAddressKeys(remote.Address); key != "" && ep.byAddr[key] == nil {
+		ep.byAddr[key] = sc
 	}
 	ep.mu.Unlock()
 	ep.wg.Add(1)
@@ -453,7 +620,7 @@ func (ep *sockEndpoint) heartbeat() {
 				sc.close(Errorf(ErrPeerUnavailable, "peer %s was silent for %v", sc.remote, silent.Round(time.Millisecond)))
 				continue
 			}
-			go sc.send(&message{kind: kindPing})
+			sc.sendOnce(&sc.pinging, kindPing)
 		}
 	}
 }
@@ -480,6 +647,7 @@ func (ep *sockEndpoint) Close() error {
 		sc.close(Errorf(ErrPeerUnavailable, "runtime shut down"))
 	}
 	ep.wg.Wait()
+	ep.refusals.close()
 	os.Remove(ep.unixPath)
 	return nil
 }
@@ -490,8 +658,14 @@ type sconn struct {
 	ep     *sockEndpoint
 	c      net.Conn
 	rd     *bufio.Reader
+	isTCP  bool
 	wmu    sync.Mutex
 	nextID atomic.Uint64
+	slots  chan struct{} // one per request served on its own goroutine
+
+	// A ping or pong being written: at most one of each per connection,
+	// whatever the peer sends and however long it does not read.
+	pinging, ponging atomic.Bool
 
 	mu       sync.Mutex
 	remote   PeerInfo
@@ -553,6 +727,32 @@ func (sc *sconn) send(m *message) error {
 	}
 	return nil
 }
+
+// sendOnce writes a ping or pong on its own goroutine unless one is still
+// being written: liveness needs only one, and a peer that pings without
+// reading must not cost a goroutine per ping.
+func (sc *sconn) sendOnce(pending *atomic.Bool, k kind) {
+	if !pending.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer pending.Store(false)
+		sc.send(&message{kind: k})
+	}()
+}
+
+// acquireSlot waits for room to serve one more request on its own
+// goroutine; false when the connection closed meanwhile.
+func (sc *sconn) acquireSlot() bool {
+	select {
+	case sc.slots <- struct{}{}:
+		return true
+	case <-sc.done:
+		return false
+	}
+}
+
+func (sc *sconn) releaseSlot() { <-sc.slots }
 
 func (sc *sconn) gone() error {
 	sc.mu.Lock()
@@ -619,7 +819,7 @@ func (sc *sconn) readLoop() {
 	var buf []byte
 	svc := sc.ep.cfg.Service
 	for {
-		b, err := readFrame(sc.rd, buf)
+		b, err := readFrame(sc.rd, buf, maxFrame)
 		if err != nil {
 			if StatusOf(err) == ErrCorrupt {
 				sc.ep.cfg.Log.Warnf("control plane: peer %s sent a malformed frame, closing the connection: %v", sc.remote, err)
@@ -628,6 +828,9 @@ func (sc *sconn) readLoop() {
 			return
 		}
 		buf = b
+		if cap(buf) > keepFrameBuffer {
+			buf = nil // decodeMessage copies what it keeps
+		}
 		m, err := decodeMessage(b)
 		if err != nil {
 			sc.ep.cfg.Log.Warnf("control plane: peer %s sent a corrupt message, closing the connection: %v", sc.remote, err)
@@ -650,10 +853,10 @@ func (sc *sconn) readLoop() {
 				reply(m)
 			}
 		case kindPing:
-			go sc.send(&message{kind: kindPong})
+			sc.sendOnce(&sc.ponging, kindPong)
 		case kindPong:
 		case kindIdentity:
-			sc.respond(m.id, &message{peer: svc.Identity()}, nil)
+			sc.respond(m.id, &message{peer: sc.ep.identity(sc.isTCP)}, nil)
 		case kindBorrow:
 			sc.respond(m.id, nil, svc.Borrow(from, m.object, m.token))
 		case kindUnborrow:
@@ -662,16 +865,24 @@ func (sc *sconn) readLoop() {
 			token, err := svc.Lease(from.RuntimeID, m.object)
 			sc.respond(m.id, &message{token: token}, err)
 		case kindMetadata:
+			if !sc.acquireSlot() {
+				return
+			}
 			go func() {
+				defer sc.releaseSlot()
 				data, err := svc.Metadata(from.RuntimeID, m.object, m.transport)
 				sc.respond(m.id, &message{data: data}, err)
 			}()
 		case kindSend:
+			if !sc.acquireSlot() {
+				return
+			}
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
 			sc.handlers[m.id] = cancel
 			sc.mu.Unlock()
 			go func() {
+				defer sc.releaseSlot()
 				err := svc.Send(ctx, from, SendRequest{Object: m.object, TransferID: m.transferID, Transport: m.transport, CMeta: m.data})
 				sc.mu.Lock()
 				delete(sc.handlers, m.id)
@@ -682,11 +893,15 @@ func (sc *sconn) readLoop() {
 		case kindGroupJoin:
 			// Rank 0 answers once every rank joined: a long wait, on its own
 			// goroutine, cancelled like a send.
+			if !sc.acquireSlot() {
+				return
+			}
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
 			sc.handlers[m.id] = cancel
 			sc.mu.Unlock()
 			go func() {
+				defer sc.releaseSlot()
 				data, err := svc.JoinGroup(ctx, from, m.group)
 				sc.mu.Lock()
 				delete(sc.handlers, m.id)
@@ -722,8 +937,9 @@ func (sc *sconn) Refresh(ctx context.Context) (PeerInfo, error) {
 	if err != nil {
 		return PeerInfo{}, err
 	}
-	if resp.peer.RuntimeID != sc.Info().RuntimeID {
-		return PeerInfo{}, Errorf(ErrCorrupt, "peer %s changed its identity", sc.remote)
+	// The id and the pid were proven at the handshake; they cannot change.
+	if old := sc.Info(); resp.peer.RuntimeID != old.RuntimeID || resp.peer.Pid != old.Pid {
+		return PeerInfo{}, Errorf(ErrCorrupt, "peer %s changed its identity", old)
 	}
 	sc.mu.Lock()
 	sc.remote = resp.peer

@@ -3,8 +3,10 @@ package core
 import (
 	"bufio"
 	"bytes"
+	"crypto/ed25519"
 	"encoding/binary"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -171,18 +173,47 @@ func rawConn(t *testing.T, rt *Runtime) (net.Conn, *bufio.Reader) {
 	c, err := net.Dial("unix", path)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	me := PeerInfo{RuntimeID: randomID(), Name: "raw", Address: "unix:///nonexistent"}
-	nonce := NewNonce()
-	_, err = c.Write((&message{kind: kindHello, nonce: nonce, peer: me}).encode())
-	require.NoError(t, err)
-	rd := bufio.NewReader(c)
-	ch, err := expect(rd, kindChallenge)
-	require.NoError(t, err)
-	_, err = c.Write((&message{kind: kindAuth, proof: AuthProof("", proofClient, ch.nonce)}).encode())
-	require.NoError(t, err)
-	_, err = expect(rd, kindWelcome)
+	rd, err := rawHandshake(c, newRawPeer(), "")
 	require.NoError(t, err)
 	return c, rd
+}
+
+// rawPeer is an identity a test speaks for by hand: a key and what it
+// claims in its handshake (by default, what it can prove).
+type rawPeer struct {
+	key  ed25519.PrivateKey
+	info PeerInfo
+}
+
+func newRawPeer() *rawPeer {
+	key, id := newIdentityKey()
+	return &rawPeer{key: key, info: PeerInfo{RuntimeID: id, Name: "raw", Address: "unix:///nonexistent", Pid: os.Getpid()}}
+}
+
+// rawHandshake is the client side of the handshake, proving token and
+// signing with p's key whatever p claims; it returns the reader positioned
+// after the welcome, or the refusal.
+func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	nonce := NewNonce()
+	if _, err := c.Write((&message{kind: kindHello, nonce: nonce}).encode()); err != nil {
+		return nil, err
+	}
+	rd := bufio.NewReader(c)
+	ch, err := expect(rd, kindChallenge)
+	if err != nil {
+		return nil, err
+	}
+	auth := &message{kind: kindAuth, proof: AuthProof(token, proofClient, ch.nonce), peer: p.info,
+		key: p.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(p.key, identityTranscript(signClient, nonce, ch.nonce, ch.key))}
+	if _, err := c.Write(auth.encode()); err != nil {
+		return nil, err
+	}
+	if _, err := expect(rd, kindWelcome); err != nil {
+		return nil, err
+	}
+	return rd, nil
 }
 
 func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
@@ -199,14 +230,14 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
 			return f[:len(f)-3]
 		}(),
-		"handshake again": (&message{kind: kindHello, nonce: NewNonce(), peer: PeerInfo{RuntimeID: ID{1}}}).encode(),
+		"handshake again": (&message{kind: kindHello, nonce: NewNonce()}).encode(),
 	}
 	for name, frame := range cases {
 		c, rd := rawConn(t, rt)
 		_, err := c.Write(frame)
 		require.NoError(t, err, name)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = readFrame(rd, nil)
+		_, err = readFrame(rd, nil, maxFrame)
 		assert.Error(t, err, "%s: the runtime closes the connection", name)
 	}
 	// Still serving: a well-behaved request on a fresh connection works.
@@ -247,8 +278,9 @@ func FuzzDecodeMessage(f *testing.F) {
 	peer := PeerInfo{RuntimeID: ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
 		Transports: []TransportAdvert{{Name: "cma", Devices: []DeviceType{DeviceCPU}, OneSided: true}}}
 	for _, m := range []*message{
-		{kind: kindHello, nonce: make([]byte, nonceSize), peer: peer},
-		{kind: kindChallenge, nonce: make([]byte, nonceSize), proof: make([]byte, proofSize)},
+		{kind: kindHello, nonce: make([]byte, nonceSize)},
+		{kind: kindChallenge, nonce: make([]byte, nonceSize), proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize)},
+		{kind: kindAuth, proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize), peer: peer},
 		{kind: kindWelcome, peer: peer},
 		{kind: kindRefused, status: ErrPermissionDenied, text: "no"},
 		{kind: kindResponse, id: 3, status: ErrNotFound, text: "gone", data: []byte{1, 2}, peer: peer},
@@ -281,12 +313,14 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 func TestReadFrameBounds(t *testing.T) {
-	_, err := readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxFrame+1)), nil)
+	_, err := readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxFrame+1)), nil, maxFrame)
 	assert.Equal(t, ErrCorrupt, StatusOf(err))
-	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil)
+	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil, maxFrame)
 	assert.Equal(t, ErrCorrupt, StatusOf(err))
-	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil)
+	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil, maxFrame)
 	assert.Error(t, err, "a frame cut short is an error")
+	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxPreAuthFrame+1)), nil, maxPreAuthFrame)
+	assert.Equal(t, ErrCorrupt, StatusOf(err), "the handshake's own bound")
 }
 
 // Over sockets the owner answers a borrow after Deserialize returned: bytes

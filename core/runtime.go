@@ -109,7 +109,7 @@ type Runtime struct {
 	ids     *idSource
 	secret  string // see Host.RuntimeSecret
 	ep      Endpoint
-	address string
+	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
 	ctx     context.Context
 	cancel  context.CancelFunc
 
@@ -221,7 +221,8 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		return nil, Wrap(err, "control plane")
 	}
 	rt.ep = ep
-	rt.address = ep.Address()
+	address := ep.Address()
+	rt.address.Store(&address)
 
 	for _, f := range opts.Builtins {
 		t, err := f.New(rt)
@@ -239,7 +240,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 			return nil, err
 		}
 	}
-	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.address, strings.Join(rt.reg.Names(), ", "))
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, address, strings.Join(rt.reg.Names(), ", "))
 	return rt, nil
 }
 
@@ -263,7 +264,12 @@ func (rt *Runtime) ID() RuntimeID { return rt.id }
 func (rt *Runtime) Name() string { return rt.name }
 
 // Address is the control-plane address peers reach it at.
-func (rt *Runtime) Address() string { return rt.address }
+func (rt *Runtime) Address() string {
+	if a := rt.address.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
 
 // Log is the runtime's logger.
 func (rt *Runtime) Log() *Logger { return rt.log }
@@ -285,7 +291,7 @@ func (rt *Runtime) RegisterTransport(t Transport) error {
 // Identity describes the runtime to peers.
 func (rt *Runtime) Identity() PeerInfo {
 	return PeerInfo{
-		RuntimeID: rt.id, Name: rt.name, Address: rt.address, HostID: rt.hostID,
+		RuntimeID: rt.id, Name: rt.name, Address: rt.Address(), HostID: rt.hostID,
 		Pid: rt.pid, Transports: rt.reg.Adverts(),
 	}
 }
@@ -418,7 +424,7 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 		descs[i] = t.TensorDesc
 	}
 	o := &object{
-		desc:    newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.address, HostID: rt.hostID}, canon, descs, nil),
+		desc:    newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
 		tensors: append([]Tensor(nil), tensors...),
 		release: release,
 		local:   1,

@@ -309,7 +309,7 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	}
 	if !CheckAuthProof(token, proofClient, nonce, auth.proof) {
 		return refuse("wrong auth token: the runtime at "+c.LocalAddr().String()+" requires the shared token (RDT_AUTH_TOKEN), or without one the key in its address",
-			Errorf(ErrPermissionDenied, "peer %s failed to prove the auth token", auth.peer))
+			Errorf(ErrPermissionDenied, "a peer calling itself %s failed to prove the auth token", auth.peer))
 	}
 	if err := checkIdentity(auth.peer.RuntimeID, auth.key, auth.sig, identityTranscript(signClient, hello.nonce, nonce, ep.pub)); err != nil {
 		return refuse(err.Error(), Wrap(err, "peer %s", auth.peer))

@@ -83,7 +83,7 @@ typedef enum rdt_status {
   RDT_ERR_UNSUPPORTED = -8,      /* not possible here (device, library, ...) */
   RDT_ERR_PERMISSION_DENIED = -9,/* refused by the OS or by authentication   */
   RDT_ERR_TRANSPORT = -10,       /* a transport failed to move the bytes     */
-  RDT_ERR_NO_MEMORY = -11,       /* an allocation failed                     */
+  RDT_ERR_NO_MEMORY = -11,       /* an allocation failed, or a limit per peer*/
   RDT_ERR_ABI_MISMATCH = -12,    /* header and library disagree              */
   RDT_ERR_FORKED = -13,          /* called in a child forked after loading   */
   RDT_ERR_CLOSED = -14,          /* the runtime was destroyed                */
@@ -213,7 +213,9 @@ typedef struct rdt_runtime_options {
    * auth token. */
   const char *listen_tcp;
   /* Shared secret that TCP peers must prove (challenge-response, never sent
-   * in clear). NULL: $RDT_AUTH_TOKEN. Without one, TCP binds loopback only. */
+   * in clear). NULL: $RDT_AUTH_TOKEN. Without one, TCP binds loopback only,
+   * and peers must prove this runtime's own random secret instead, which
+   * they learn only from its address (see rdt_runtime_address). */
   const char *auth_token;
   /* Host name or IP that peers on other hosts dial. NULL: the listen host,
    * or this host's name when listening on a wildcard address. */
@@ -250,8 +252,13 @@ RDT_API rdt_status rdt_runtime_create(const rdt_runtime_options *opts,
  * NULL is accepted and ignored. */
 RDT_API rdt_status rdt_runtime_destroy(rdt_runtime *rt);
 
-/* The runtime's control-plane address (such as "inproc://<id>"). Stored in
- * *out; the string belongs to the runtime and lives until it is destroyed. */
+/* The runtime's control-plane address (such as "inproc://<id>", or
+ * "unix:///run/user/1000/rdt/rt-<id>.sock,tcp://<secret>@127.0.0.1:41233").
+ * Stored in *out; the string belongs to the runtime and lives until it is
+ * destroyed. Treat it as a capability: when the runtime listens on TCP
+ * without an auth token, the address carries the runtime's secret, and
+ * whoever holds it may connect (it is also inside every serialized ref). rdt
+ * never prints it: log lines and error messages show asterisks instead. */
 RDT_API rdt_status rdt_runtime_address(const rdt_runtime *rt,
                                        const char **out);
 
@@ -319,7 +326,9 @@ RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
  * are deserialized, whichever comes first; deserializing the same bytes again
  * while the object lives is allowed. On success *out_bytes and *out_size hold a
  * buffer the caller frees with rdt_bytes_free(). Serializing a borrowed
- * reference asks the owner for the lease: PEER_UNAVAILABLE if it is gone. */
+ * reference asks the owner for the lease: PEER_UNAVAILABLE if it is gone,
+ * NO_MEMORY if this runtime already holds 4096 leases of that owner's objects
+ * (bytes serialized and not yet deserialized nor expired). */
 RDT_API rdt_status rdt_ref_serialize(const rdt_ref *ref, void **out_bytes,
                                      size_t *out_size);
 

@@ -98,3 +98,13 @@ def test_released_refs_and_closed_runtimes():
         pass
     with pytest.raises(rdt.ClosedError):
         rt.put(np.ones(1))
+
+
+def test_tokenless_tcp_address_carries_a_secret_that_repr_hides():
+    with rdt.Runtime("capability", listen_tcp="127.0.0.1:0") as rt:
+        tcp = [p for p in rt.address.split(",") if p.startswith("tcp://")]
+        assert len(tcp) == 1
+        secret, hostport = tcp[0][len("tcp://"):].rsplit("@", 1)
+        assert len(secret) == 64 and hostport.startswith("127.0.0.1:")
+        assert secret not in repr(rt)
+        assert "tcp://****@127.0.0.1:" in repr(rt)

@@ -18,6 +18,16 @@ from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
 from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
 
+
+def _redact_address(address: str) -> str:
+    """The address with the keys of its TCP parts hidden, for display."""
+    parts = []
+    for part in address.split(","):
+        if part.startswith("tcp://") and "@" in part:
+            part = "tcp://****@" + part.rsplit("@", 1)[1]
+        parts.append(part)
+    return ",".join(parts)
+
 # A blocking call waits in slices of this many milliseconds, so that Python
 # can run signal handlers (Ctrl-C) between them.
 _SLICE_MS = 200
@@ -134,11 +144,15 @@ class Runtime(Handle):
     def __repr__(self) -> str:
         if self.closed:
             return f"Runtime({self.name!r}, closed)"
-        return f"Runtime({self.name!r}, address={self.address!r})"
+        return f"Runtime({self.name!r}, address={_redact_address(self.address)!r})"
 
     @property
     def address(self) -> str:
-        """Where peers reach this runtime (Unix socket, and TCP if listening)."""
+        """Where peers reach this runtime (Unix socket, and TCP if listening).
+
+        A capability: listening on TCP without an auth token, the TCP part
+        carries the runtime's secret (``tcp://<secret>@host:port``), and
+        whoever holds the address may connect. ``repr`` hides it."""
         s = ctypes.c_char_p()
         _lib.check(_lib.lib().rdt_runtime_address(self._handle(), ctypes.byref(s)))
         return _lib.decode(s.value)

@@ -140,6 +140,31 @@ func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 	assert.Error(t, err, "the connection was closed")
 }
 
+// The record of a source is dropped when another source's is made while it
+// keeps nothing (its end may have been reported before its first fetch
+// began), so the receiver's records stay bounded; a connection that comes
+// back to a dropped record is closed.
+func TestRecordsThatKeepNothingAreDropped(t *testing.T) {
+	dst := newTransport(t)
+	first, err := dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{1}})
+	require.NoError(t, err)
+	_, err = dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{2}})
+	require.NoError(t, err)
+	dst.idleMu.Lock()
+	_, kept := dst.idle[core.RuntimeID{1}]
+	records := len(dst.idle)
+	dst.idleMu.Unlock()
+	assert.False(t, kept)
+	assert.Equal(t, 1, records)
+	a, b, err := socketPair()
+	require.NoError(t, err)
+	defer b.Close()
+	dst.keepIdle(first, "/some/path", a)
+	assert.Equal(t, 0, dst.keptCount())
+	_, err = a.Write([]byte{1})
+	assert.Error(t, err, "the connection was closed")
+}
+
 func socketPair() (*net.UnixConn, *net.UnixConn, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

@@ -70,10 +70,11 @@ type Transport struct {
 
 // keptConns are a receiver's idle connections to one source runtime's
 // segment server, kept for the next request and closed when that runtime
-// is gone (PeerGone).
+// is gone (PeerGone). A connection that comes back to a record no longer
+// in Transport.idle is closed.
 type keptConns struct {
+	peer   core.RuntimeID
 	byPath map[string][]*net.UnixConn
-	gone   bool // under Transport.idleMu: whatever comes back is closed
 }
 
 // New makes the transport; its socket appears with the first staged object.
@@ -249,7 +250,6 @@ func (t *Transport) PeerGone(peer core.PeerInfo) {
 
 // closeLocked closes every kept connection; the caller holds idleMu.
 func (k *keptConns) closeLocked() {
-	k.gone = true
 	for path, cs := range k.byPath {
 		for _, c := range cs {
 			c.Close()
@@ -492,10 +492,26 @@ func (t *Transport) source(peer core.PeerInfo) (*keptConns, error) {
 	}
 	k := t.idle[peer.RuntimeID]
 	if k == nil {
-		k = &keptConns{byPath: map[string][]*net.UnixConn{}}
+		// Records that keep nothing go, should a source's end have been
+		// reported before its first fetch started.
+		for id, other := range t.idle {
+			if other.empty() {
+				delete(t.idle, id)
+			}
+		}
+		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}}
 		t.idle[peer.RuntimeID] = k
 	}
 	return k, nil
+}
+
+func (k *keptConns) empty() bool {
+	for _, cs := range k.byPath {
+		if len(cs) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *request) receive(src *keptConns, owner int, m *metadata, targets []core.Tensor) error {
@@ -675,7 +691,7 @@ func (t *Transport) takeIdle(src *keptConns, path string) *net.UnixConn {
 func (t *Transport) keepIdle(src *keptConns, path string, c *net.UnixConn) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	if t.idle == nil || src.gone || len(src.byPath[path]) >= maxIdle {
+	if t.idle == nil || t.idle[src.peer] != src || len(src.byPath[path]) >= maxIdle {
 		c.Close()
 		return
 	}

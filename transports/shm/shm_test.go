@@ -3,7 +3,6 @@ package shm
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -162,7 +161,10 @@ func TestSegmentIsSealed(t *testing.T) {
 	meta, _ := stageObject(t, src, 3, 8192)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	fd, size, err := newTransport(t).getSegment(&keptConns{byPath: map[string][]*net.UnixConn{}}, os.Getpid(), m)
+	dst := newTransport(t)
+	kept, err := dst.source(core.PeerInfo{RuntimeID: sourceRuntime})
+	require.NoError(t, err)
+	fd, size, err := dst.getSegment(kept, os.Getpid(), m)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)

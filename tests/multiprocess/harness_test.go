@@ -179,6 +179,19 @@ func (c *child) call(req request) reply {
 	return r
 }
 
+// exit makes the child destroy its runtime and exit (its stdin closes),
+// and waits until it has. (An "exit" request would race its answer with
+// Wait closing the child's stdout.)
+func (c *child) exit() {
+	c.t.Helper()
+	c.in.Close()
+	select {
+	case <-c.done:
+	case <-time.After(20 * time.Second):
+		c.t.Fatalf("child %d did not exit", c.pid)
+	}
+}
+
 func (c *child) kill() {
 	c.cmd.Process.Signal(syscall.SIGKILL)
 	<-c.done

@@ -5,7 +5,10 @@
 package cma
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -53,59 +56,120 @@ type Transport struct {
 	guards guardTable
 }
 
-// guardTable hands out guard words: one per object, in mmap'd pages that
-// receivers read with process_vm_readv after copying. A word holds the
-// object's random token while it lives and is zeroed by garbage_collect
-// before the application gets its memory back, so a receiver that still
-// sees its token after the copy knows the bytes it read were the object's.
-// Without it, a receiver that had not yet noticed its owner's runtime was
-// destroyed could read memory the application already reused.
+// guardTable hands out guard slots: one per object, in memfd-backed
+// mappings named guardName that receivers read with process_vm_readv. A
+// slot holds the object's random token while it lives, and a SHA-256 digest
+// of the object id and of the metadata the owner made for it.
+//
+// Before copying, a receiver checks that the slot its metadata names lies
+// in one of the source's guard mappings (the kernel names them in
+// /proc/<pid>/maps, so nothing a ref says can fake one) and holds the
+// metadata's token and digest: a ref whose addresses were changed, even with
+// a valid checksum, is refused before a byte is read. After copying it reads
+// the token again: garbage_collect zeroes it before the application gets
+// its memory back, so a receiver that still sees it knows the bytes it read
+// were the object's. Without that, a receiver that had not yet noticed its
+// owner's runtime was destroyed could read memory the application already
+// reused.
 type guardTable struct {
-	mu    sync.Mutex
-	pages [][]byte
-	free  []*uint64
-	byObj map[core.ObjectID]*uint64
+	mu     sync.Mutex
+	chunks [][]byte
+	free   []*guardSlot
+	byObj  map[core.ObjectID]*guardSlot
 }
 
-const guardPage = 4096
+const (
+	guardName  = "rdt-cma-guards"
+	guardChunk = 64 << 10 // one memfd mapping: 1024 slots
+	slotSize   = 64
+	// slotRead is what a receiver reads of a slot: token and digest.
+	slotRead = 8 + sha256.Size
+)
 
-func (g *guardTable) take(obj core.ObjectID) (*uint64, uint64, error) {
+// guardSlot is the layout of one slot in the guard mappings.
+type guardSlot struct {
+	token  uint64 // 0: free; written last, cleared first
+	digest [sha256.Size]byte
+	_      [slotSize - 8 - sha256.Size]byte
+}
+
+// metaDigest binds metadata to the object it was made for.
+func metaDigest(obj core.ObjectID, meta []byte) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write([]byte(guardName))
+	h.Write(obj[:])
+	h.Write(meta)
+	var d [sha256.Size]byte
+	h.Sum(d[:0])
+	return d
+}
+
+// take returns obj's slot and token. A fresh slot is not published (its
+// token is 0) until publish is called.
+func (g *guardTable) take(obj core.ObjectID) (slot *guardSlot, token uint64, fresh bool, err error) {
 	var tb [8]byte
 	if _, err := rand.Read(tb[:]); err != nil {
-		return nil, 0, core.Errorf(core.ErrInternal, "cma: %v", err)
+		return nil, 0, false, core.Errorf(core.ErrInternal, "cma: %v", err)
 	}
-	token := binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
+	token = binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w, ok := g.byObj[obj]; ok {
-		return w, atomic.LoadUint64(w), nil
+		return w, atomic.LoadUint64(&w.token), false, nil
 	}
 	if len(g.free) == 0 {
-		page, err := unix.Mmap(-1, 0, guardPage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		chunk, err := newGuardChunk()
 		if err != nil {
-			return nil, 0, core.Errorf(core.ErrNoMemory, "cma: guard page: %v", err)
+			return nil, 0, false, err
 		}
-		g.pages = append(g.pages, page)
-		for off := 0; off < guardPage; off += 8 {
-			g.free = append(g.free, (*uint64)(unsafe.Pointer(&page[off])))
+		g.chunks = append(g.chunks, chunk)
+		for off := guardChunk - slotSize; off >= 0; off -= slotSize {
+			g.free = append(g.free, (*guardSlot)(unsafe.Pointer(&chunk[off])))
 		}
 	}
 	w := g.free[len(g.free)-1]
 	g.free = g.free[:len(g.free)-1]
-	atomic.StoreUint64(w, token)
 	if g.byObj == nil {
-		g.byObj = map[core.ObjectID]*uint64{}
+		g.byObj = map[core.ObjectID]*guardSlot{}
 	}
 	g.byObj[obj] = w
-	return w, token, nil
+	return w, token, true, nil
 }
 
-// release zeroes the object's word before its memory goes back.
+// publish writes the digest, then the token: a receiver that sees the
+// token sees the digest that goes with it.
+func (g *guardTable) publish(w *guardSlot, token uint64, digest [sha256.Size]byte) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	w.digest = digest
+	atomic.StoreUint64(&w.token, token)
+}
+
+// newGuardChunk maps a new memfd for slots. A memfd, not anonymous memory,
+// so that receivers can tell guard mappings from any other memory.
+func newGuardChunk() ([]byte, error) {
+	fd, err := unix.MemfdCreate(guardName, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, core.Errorf(core.ErrNoMemory, "cma: memfd_create for guard words: %v", err)
+	}
+	defer unix.Close(fd) // the mapping keeps the memory
+	if err := unix.Ftruncate(fd, guardChunk); err != nil {
+		return nil, core.Errorf(core.ErrNoMemory, "cma: guard words: %v", err)
+	}
+	chunk, err := unix.Mmap(fd, 0, guardChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, core.Errorf(core.ErrNoMemory, "cma: guard words: %v", err)
+	}
+	return chunk, nil
+}
+
+// release clears the object's slot before its memory goes back.
 func (g *guardTable) release(obj core.ObjectID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w, ok := g.byObj[obj]; ok {
-		atomic.StoreUint64(w, 0)
+		atomic.StoreUint64(&w.token, 0)
+		w.digest = [sha256.Size]byte{}
 		delete(g.byObj, obj)
 		g.free = append(g.free, w)
 	}
@@ -118,10 +182,22 @@ type procKey struct {
 
 // proc pins the identity of a source process with a pidfd: once it is
 // readable the process has exited, and whatever its pid now names is
-// someone else.
+// someone else. Requests hold it (users) while they read; a proc dropped
+// from the table (its peer is gone) closes its pidfd once the last of them
+// is done.
 // The pidfd is an *os.File so that closing it while a request still polls
 // it is safe: the poll then fails, which counts as exited.
-type proc struct{ pidfd *os.File }
+type proc struct {
+	pidfd *os.File
+
+	users   int  // under Transport.mu
+	dropped bool // under Transport.mu: out of the table, close when unused
+
+	guardMu sync.Mutex
+	guards  []addrRange // the process's guard mappings seen so far
+}
+
+type addrRange struct{ start, end uint64 }
 
 // exited reports whether the process is gone, without blocking.
 func (p *proc) exited() bool {
@@ -148,17 +224,26 @@ func (p *proc) exited() bool {
 }
 
 // source finds or opens the pidfd of a source process, checking that the
-// pid still belongs to the process the metadata describes.
+// pid still belongs to the process the metadata describes. The caller
+// must hand the proc back with done.
 func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 	k := procKey{pid, startTime}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p, ok := t.procs[k]; ok {
 		if !p.exited() {
+			p.users++
 			return p, nil
 		}
 		t.forgetLocked(k)
 		return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+	}
+	// A new source: drop the sources that exited meanwhile, should their
+	// runtime's end not have been reported (see PeerGone).
+	for k, p := range t.procs {
+		if p.exited() {
+			t.forgetLocked(k)
+		}
 	}
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -166,14 +251,17 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 			return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
 		}
 		// Kernels before 5.3 lack pidfds: fall back to the start time alone.
-		return &proc{}, checkAlive(pid, startTime)
+		if err := checkAlive(pid, startTime); err != nil {
+			return nil, err
+		}
+		return &proc{users: 1, dropped: true}, nil
 	}
 	// The pidfd names whoever holds the pid now; make sure it is our source.
 	if err := checkAlive(pid, startTime); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
-	p := &proc{pidfd: os.NewFile(uintptr(fd), "pidfd")}
+	p := &proc{pidfd: os.NewFile(uintptr(fd), "pidfd"), users: 1}
 	if t.procs == nil {
 		t.procs = map[procKey]*proc{}
 	}
@@ -181,11 +269,46 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 	return p, nil
 }
 
-func (t *Transport) forgetLocked(k procKey) {
-	if p, ok := t.procs[k]; ok {
+// done hands back a proc taken by source.
+func (t *Transport) done(p *proc) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p.users--
+	if p.dropped && p.users == 0 && p.pidfd != nil {
 		p.pidfd.Close()
-		delete(t.procs, k)
 	}
+}
+
+func (t *Transport) forgetLocked(k procKey) {
+	p, ok := t.procs[k]
+	if !ok {
+		return
+	}
+	delete(t.procs, k)
+	p.dropped = true
+	if p.users == 0 && p.pidfd != nil {
+		p.pidfd.Close()
+	}
+}
+
+// PeerGone drops the pidfd of a runtime that is gone: a receiver fed by
+// many short-lived sources keeps no descriptor per source. Another runtime
+// of the same process, if any, opens it again on its next fetch.
+func (t *Transport) PeerGone(peer core.PeerInfo) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.procs {
+		if k.pid == peer.Pid {
+			t.forgetLocked(k)
+		}
+	}
+}
+
+// openSources is the number of source processes with a pidfd held.
+func (t *Transport) openSources() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.procs)
 }
 
 // New makes the transport. On kernels where Yama restricts ptrace to
@@ -250,12 +373,16 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		}
 		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
 	}
-	w, token, err := t.guards.take(obj)
+	w, token, fresh, err := t.guards.take(obj)
 	if err != nil {
 		return nil, err
 	}
 	m.Guard, m.Token = uint64(uintptr(unsafe.Pointer(w))), token
-	return m.encode(), nil
+	b := m.encode()
+	if fresh {
+		t.guards.publish(w, token, metaDigest(obj, b))
+	}
+	return b, nil
 }
 
 func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
@@ -264,12 +391,13 @@ func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta [
 	return core.Errorf(core.ErrInternal, "cma is one-sided: send is never called on it")
 }
 
-// GarbageCollect retires the object's guard word, so that receivers still
+// GarbageCollect retires the object's guard slot, so that receivers still
 // reading the memory find out.
 func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
 	t.guards.release(obj)
 }
 
+// Close drops every pidfd (those of requests still running once they end).
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -279,11 +407,19 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-// Fetch checks the metadata against the targets and starts reading.
+// Fetch checks the metadata against the targets and the source's guard
+// slot, and starts reading.
 func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
+	}
+	// Ref bytes are checksummed, not signed: read no process but the owner
+	// the control plane identified.
+	if int(m.Pid) != x.Source.Pid {
+		return nil, core.Errorf(core.ErrCorrupt,
+			"cma: the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
+			x.Object, m.Pid, x.Source, x.Source.Pid)
 	}
 	if len(m.Regions) != len(targets) {
 		return nil, core.Errorf(core.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
@@ -299,8 +435,12 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if err != nil {
 		return nil, err
 	}
-	req := &request{pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token,
+	req := &request{t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token,
 		done: make(chan struct{})}
+	if err := req.checkSlot(x.Object, tmeta); err != nil {
+		req.Release()
+		return nil, err
+	}
 	if total <= syncLimit {
 		req.err = req.copyChecked(m.Regions, targets, 1)
 		close(req.done)
@@ -321,18 +461,20 @@ func (t *Transport) Abort(x *core.Transfer, r core.Request) {
 }
 
 type request struct {
+	t         *Transport
 	pid       int
 	startTime uint64
 	src       *proc
-	guard     uint64 // address of the object's guard word in the source
+	guard     uint64 // address of the object's guard slot in the source
 	token     uint64
 	aborted   atomic.Bool
 	done      chan struct{}
 	err       error
+	released  sync.Once
 }
 
 func (r *request) Wait() error { <-r.done; return r.err }
-func (r *request) Release()    {}
+func (r *request) Release()    { r.released.Do(func() { r.t.done(r.src) }) }
 
 // Completed lets the engine skip a goroutine for copies done in Fetch.
 func (r *request) Completed() bool {
@@ -361,6 +503,119 @@ func (r *request) copyChecked(regions []region, targets []core.Tensor, workers i
 		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
 	}
 	return r.checkGuard()
+}
+
+// checkSlot runs before the copy: the metadata's guard slot must lie in one
+// of the source's guard mappings and hold the metadata's token and digest,
+// which only the owner's own extraction of this object wrote there. Addresses
+// in ref bytes are thus never read unless the owner put them.
+func (r *request) checkSlot(obj core.ObjectID, tmeta []byte) error {
+	ok, err := r.src.isGuard(r.pid, r.guard)
+	if err != nil {
+		if alive := checkAlive(r.pid, r.startTime); alive != nil {
+			return alive
+		}
+		return core.Errorf(core.ErrPermissionDenied, "cma: cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
+	}
+	if !ok {
+		return core.Errorf(core.ErrCorrupt,
+			"cma: the metadata of object %s names no guard slot of its owner (process %d): refusing to read addresses the owner did not put", obj, r.pid)
+	}
+	var b [slotRead]byte
+	if err := r.readRemote(b[:], r.guard); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint64(b[:8]) != r.token {
+		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
+	}
+	if want := metaDigest(obj, tmeta); !bytes.Equal(b[8:], want[:]) {
+		return core.Errorf(core.ErrCorrupt,
+			"cma: the metadata of object %s is not what its owner (process %d) made for it: refusing to read addresses the owner did not put", obj, r.pid)
+	}
+	return nil
+}
+
+// readRemote reads len(b) bytes at addr in the source.
+func (r *request) readRemote(b []byte, addr uint64) error {
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(len(b))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+	for {
+		n, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return r.explain(err)
+		}
+		if n != len(b) {
+			return r.explain(unix.EFAULT)
+		}
+		return nil
+	}
+}
+
+// isGuard reports whether the slot at addr lies in one of the process's
+// guard mappings. The mappings seen are kept; an address outside them
+// reads /proc/<pid>/maps again (a new chunk of slots).
+func (p *proc) isGuard(pid int, addr uint64) (bool, error) {
+	p.guardMu.Lock()
+	defer p.guardMu.Unlock()
+	inside := func() bool {
+		for _, g := range p.guards {
+			if addr >= g.start && addr+slotSize <= g.end {
+				return true
+			}
+		}
+		return false
+	}
+	if inside() {
+		return true, nil
+	}
+	guards, err := guardMappings(pid)
+	if err != nil {
+		return false, err
+	}
+	p.guards = guards
+	return inside(), nil
+}
+
+// maxGuardMappings bounds what is kept of one process's map: 64 Mi objects.
+const maxGuardMappings = 1 << 16
+
+// guardMappings lists the guard mappings in /proc/<pid>/maps, whose lines
+// read "start-end perms offset dev inode path"; a memfd's path is
+// "/memfd:<name> (deleted)".
+func guardMappings(pid int) ([]addrRange, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	const suffix = " /memfd:" + guardName + " (deleted)"
+	var out []addrRange
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() && len(out) < maxGuardMappings {
+		line := sc.Text()
+		if !strings.HasSuffix(line, suffix) {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 6 || !strings.HasPrefix(fields[1], "rw") {
+			continue
+		}
+		lo, hi, ok := strings.Cut(fields[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && start < end {
+			out = append(out, addrRange{start, end})
+		}
+	}
+	return out, sc.Err()
 }
 
 // checkGuard reads the object's guard word after the copy: if it no longer
@@ -551,7 +806,7 @@ func yamaDescription() string {
 
 const (
 	metaMagic   = "RCMA"
-	metaVersion = 2
+	metaVersion = 3
 	maxRegions  = 1 << 16
 	headerLen   = 4 + 1 + 4 + 8 + 8 + 8 + 4
 	regionLen   = 16
@@ -560,7 +815,7 @@ const (
 type region struct{ Addr, Size uint64 }
 
 // metadata is what a receiver needs: which process, where each tensor
-// lives in it, and the object's guard word. Layout (little endian): "RCMA",
+// lives in it, and the object's guard slot. Layout (little endian): "RCMA",
 // version u8, pid u32, start time u64, guard address u64, token u64,
 // count u32, then count × (addr u64, size u64).
 type metadata struct {
@@ -616,7 +871,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	if m.Pid == 0 || m.Pid > 1<<22 {
 		return nil, bad("pid out of range")
 	}
-	if m.Guard == 0 || m.Guard%8 != 0 || m.Token == 0 {
+	if m.Guard == 0 || m.Guard%slotSize != 0 || m.Token == 0 {
 		return nil, bad("no guard word")
 	}
 	m.Regions = make([]region, n)

@@ -65,8 +65,19 @@ func newTransport(t testing.TB) *Transport {
 	return tr.(*Transport)
 }
 
-func fetch(t testing.TB, tr *Transport, meta []byte, targets []core.Tensor) error {
-	req, err := tr.Fetch(&core.Transfer{Transport: Name}, targets, meta, nil)
+// from is a transfer of obj from the runtime in process pid, as the core
+// describes it to the transport.
+func from(obj core.ObjectID, pid int) *core.Transfer {
+	return &core.Transfer{Object: obj, Transport: Name, Role: core.RoleDestination, Source: core.PeerInfo{Name: "source", Pid: pid}}
+}
+
+// fetch fetches obj, put by this process.
+func fetch(t testing.TB, tr *Transport, obj core.ObjectID, meta []byte, targets []core.Tensor) error {
+	return fetchFrom(t, tr, from(obj, os.Getpid()), meta, targets)
+}
+
+func fetchFrom(t testing.TB, tr *Transport, x *core.Transfer, meta []byte, targets []core.Tensor) error {
+	req, err := tr.Fetch(x, targets, meta, nil)
 	if err != nil {
 		return err
 	}
@@ -96,7 +107,7 @@ func TestRoundTripInProcess(t *testing.T) {
 	}
 	meta, err := tr.ExtractMetadata(core.ObjectID{1}, srcs)
 	require.NoError(t, err)
-	require.NoError(t, fetch(t, tr, meta, dsts))
+	require.NoError(t, fetch(t, tr, core.ObjectID{1}, meta, dsts))
 	for i := range sizes {
 		assert.Equal(t, want[i], got[i], "tensor %d", i)
 	}
@@ -108,20 +119,23 @@ func TestSizeMismatchAndCountMismatch(t *testing.T) {
 	_, dst := buffer(t, 99)
 	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
 	require.NoError(t, err)
-	err = fetch(t, tr, meta, []core.Tensor{dst})
+	err = fetch(t, tr, core.ObjectID{1}, meta, []core.Tensor{dst})
 	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
-	err = fetch(t, tr, meta, nil)
+	err = fetch(t, tr, core.ObjectID{1}, meta, nil)
 	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
 }
 
 func TestUnmappedSourceIsAClearError(t *testing.T) {
 	tr := newTransport(t)
-	w, token, err := tr.guards.take(core.ObjectID{9})
+	b, src := buffer(t, 4096)
+	meta, err := tr.ExtractMetadata(core.ObjectID{9}, []core.Tensor{src})
 	require.NoError(t, err)
-	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime, Guard: uint64(uintptr(unsafe.Pointer(w))), Token: token,
-		Regions: []region{{Addr: 4096, Size: 4096}}}
 	_, dst := buffer(t, 4096)
-	err = fetch(t, tr, m.encode(), []core.Tensor{dst})
+	// The memory is gone as far as readers go (unmapping it here would let
+	// another mapping take its place before the test's cleanup unmaps it).
+	require.NoError(t, unix.Mprotect(b[:cap(b)], unix.PROT_NONE))
+	t.Cleanup(func() { _ = unix.Mprotect(b[:cap(b)], unix.PROT_READ|unix.PROT_WRITE) })
+	err = fetch(t, tr, core.ObjectID{9}, meta, []core.Tensor{dst})
 	require.Error(t, err)
 	assert.Equal(t, core.ErrInternal, statusOf(err))
 	assert.Contains(t, err.Error(), "no longer mapped")
@@ -131,9 +145,9 @@ func TestRecycledPidIsPeerUnavailable(t *testing.T) {
 	tr := newTransport(t)
 	_, src := buffer(t, 64)
 	_, dst := buffer(t, 64)
-	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Guard: 8, Token: 1,
+	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Guard: slotSize, Token: 1,
 		Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
-	err := fetch(t, tr, m.encode(), []core.Tensor{dst})
+	err := fetch(t, tr, core.ObjectID{1}, m.encode(), []core.Tensor{dst})
 	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "another process")
 }
@@ -145,7 +159,7 @@ func TestAbortStopsALargeRead(t *testing.T) {
 	_, dst := buffer(t, n)
 	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
 	require.NoError(t, err)
-	req, err := tr.Fetch(&core.Transfer{}, []core.Tensor{dst}, meta, nil)
+	req, err := tr.Fetch(from(core.ObjectID{1}, os.Getpid()), []core.Tensor{dst}, meta, nil)
 	require.NoError(t, err)
 	tr.Abort(&core.Transfer{}, req)
 	err = req.Wait()
@@ -160,20 +174,20 @@ func TestAFreedObjectIsNeverReported(t *testing.T) {
 	got, dst := buffer(t, 8192)
 	meta, err := tr.ExtractMetadata(core.ObjectID{4}, []core.Tensor{src})
 	require.NoError(t, err)
-	require.NoError(t, fetch(t, tr, meta, []core.Tensor{dst}))
+	require.NoError(t, fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst}))
 	assert.Equal(t, sb, got)
 	// The owner frees the object (its runtime is destroyed, say) while a
 	// borrower still holds the metadata: the memory is still mapped, but the
 	// read must not be reported as the object's bytes.
 	tr.GarbageCollect(core.ObjectID{4}, []core.Tensor{src}, meta)
-	err = fetch(t, tr, meta, []core.Tensor{dst})
+	err = fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst})
 	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "freed")
 	// A new object reusing the guard word gets another token.
 	meta2, err := tr.ExtractMetadata(core.ObjectID{5}, []core.Tensor{src})
 	require.NoError(t, err)
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(fetch(t, tr, meta, []core.Tensor{dst})))
-	require.NoError(t, fetch(t, tr, meta2, []core.Tensor{dst}))
+	assert.Equal(t, core.ErrPeerUnavailable, statusOf(fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst})))
+	require.NoError(t, fetch(t, tr, core.ObjectID{5}, meta2, []core.Tensor{dst}))
 }
 
 func TestCheckPeerRefusesOtherHosts(t *testing.T) {
@@ -195,6 +209,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// childObject is the id of the object a child puts.
+var childObject = core.ObjectID{7}
+
 // childMain maps n bytes, fills them, prints its metadata as hex and
 // waits to be killed.
 func childMain(size string) {
@@ -210,7 +227,7 @@ func childMain(size string) {
 		fmt.Println("ERR", err)
 		os.Exit(1)
 	}
-	meta, _ := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
+	meta, _ := tr.ExtractMetadata(childObject, []core.Tensor{{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
 	fmt.Printf("META %x\n", meta)
 	time.Sleep(time.Minute)
 	os.Exit(0)
@@ -236,10 +253,10 @@ func startChild(t *testing.T, n int) (*exec.Cmd, []byte) {
 
 func TestReadFromAnotherProcess(t *testing.T) {
 	const n = 40 << 20 // above parallelMin: several workers
-	_, meta := startChild(t, n)
+	cmd, meta := startChild(t, n)
 	tr := newTransport(t)
 	got, dst := buffer(t, n)
-	require.NoError(t, fetch(t, tr, meta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []core.Tensor{dst}))
 	want := make([]byte, n)
 	fill(want, 5)
 	assert.True(t, string(want) == string(got), "contents differ")
@@ -251,14 +268,14 @@ func TestKilledSourceIsPeerUnavailable(t *testing.T) {
 	_ = cmd.Wait()
 	tr := newTransport(t)
 	_, dst := buffer(t, 4096)
-	err := fetch(t, tr, meta, []core.Tensor{dst})
+	err := fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []core.Tensor{dst})
 	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
 }
 
 // ---- metadata ---------------------------------------------------------------
 
 func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Pid: 7, StartTime: 9, Guard: 8, Token: 5, Regions: []region{{1, 2}}}).encode()
+	good := (&metadata{Pid: 7, StartTime: 9, Guard: slotSize, Token: 5, Regions: []region{{1, 2}}}).encode()
 	m, err := decodeMetadata(good)
 	require.NoError(t, err)
 	assert.Equal(t, uint32(7), m.Pid)
@@ -267,10 +284,10 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		"truncated": good[:len(good)-1],
 		"magic":     append([]byte("XCMA"), good[4:]...),
 		"trailing":  append(append([]byte{}, good...), 0),
-		"wrap":      (&metadata{Pid: 7, Guard: 8, Token: 5, Regions: []region{{^uint64(0), 2}}}).encode(),
-		"pid zero":  (&metadata{Pid: 0, Guard: 8, Token: 5}).encode(),
+		"wrap":      (&metadata{Pid: 7, Guard: slotSize, Token: 5, Regions: []region{{^uint64(0), 2}}}).encode(),
+		"pid zero":  (&metadata{Pid: 0, Guard: slotSize, Token: 5}).encode(),
 		"no guard":  (&metadata{Pid: 7, StartTime: 9}).encode(),
-		"odd guard": (&metadata{Pid: 7, Guard: 9, Token: 5}).encode(),
+		"odd guard": (&metadata{Pid: 7, Guard: 8, Token: 5}).encode(),
 	} {
 		_, err := decodeMetadata(b)
 		assert.Error(t, err, name)
@@ -282,7 +299,7 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Pid: 7, StartTime: 9, Guard: 8, Token: 5, Regions: []region{{1, 2}, {3, 4}}}).encode())
+	f.Add((&metadata{Pid: 7, StartTime: 9, Guard: slotSize, Token: 5, Regions: []region{{1, 2}, {3, 4}}}).encode())
 	f.Add([]byte("RCMA"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)

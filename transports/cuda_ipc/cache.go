@@ -23,13 +23,13 @@ import (
 // many tensors in one allocation and reuse it for the life of the process,
 // so opened handles are kept and reused. Nothing tells a receiver when the
 // source frees an allocation: the source's garbage_collect runs in the
-// source, and the core gives transports no peer-gone notice. A stale entry
-// can never be used for a new allocation (a new allocation gets a new handle,
-// and the key is the handle's bytes), so the only cost of keeping one is the
-// mapping itself, which can keep the freed device memory of the source
-// alive. Entries are therefore closed when
+// source. A stale entry can never be used for a new allocation (a new
+// allocation gets a new handle, and the key is the handle's bytes), so the
+// only cost of keeping one is the mapping itself, which can keep the freed
+// device memory of the source alive. Entries are therefore closed when
 //   - they have not been used for idleTimeout (checked every sweepEvery),
 //   - the cache holds more than its limit (least recently used first),
+//   - the source runtime is gone (the core's peer-gone notice),
 //   - the source process has exited (checked by the sweep), or
 //   - the last transport of the process is closed.
 // An entry in use by a request is never closed before the request releases it.
@@ -166,6 +166,21 @@ func (c *handleCache) evictLocked() {
 			c.removeLocked(e)
 		}
 		el = prev
+	}
+}
+
+// dropSource closes the entries of a source runtime that is gone (those in
+// use, once released). Another runtime of this process that still reads
+// from it opens them again.
+func (c *handleCache) dropSource(source core.RuntimeID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for el := c.lru.Front(); el != nil; {
+		next := el.Next()
+		if e := el.Value.(*entry); e.key.source == source {
+			c.removeLocked(e)
+		}
+		el = next
 	}
 }
 

@@ -226,6 +226,12 @@ func (t *Transport) Close() error {
 	return cuda.CoreError(first)
 }
 
+// PeerGone closes the mappings opened from a runtime that is gone, without
+// waiting for the sweep to notice its process exited.
+func (t *Transport) PeerGone(peer core.PeerInfo) {
+	t.cache.dropSource(peer.RuntimeID)
+}
+
 // checkOpen refuses work on a closed transport before it opens anything:
 // a mapping opened after the last transport of the process closed would
 // stay open until the cache's idle timeout.

@@ -264,6 +264,30 @@ func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
 	c.release(again)
 }
 
+var _ core.PeerWatcher = (*Transport)(nil)
+
+// A source runtime reported gone loses its mappings at once (one in use
+// once released); other sources keep theirs.
+func TestCacheDropsAGoneSource(t *testing.T) {
+	c, d := newFakeCache(8)
+	idle, _ := c.acquire(key(1, 1), 0, 10)
+	c.release(idle)
+	busy, _ := c.acquire(key(1, 2), 0, 10)
+	other, _ := c.acquire(key(2, 1), 0, 20)
+	c.release(other)
+	c.dropSource(key(1, 0).source)
+	assert.False(t, d.open[idle.ptr], "closed at once")
+	assert.True(t, d.open[busy.ptr], "still read by a request")
+	assert.True(t, d.open[other.ptr], "another source's")
+	assert.Equal(t, 1, c.len())
+	c.release(busy)
+	assert.False(t, d.open[busy.ptr], "closed once released")
+	again, err := c.acquire(key(1, 2), 0, 10)
+	require.NoError(t, err)
+	assert.NotEqual(t, busy.ptr, again.ptr, "opened again on demand")
+	c.release(again)
+}
+
 func TestCacheClosesEverythingWithTheLastTransport(t *testing.T) {
 	c, d := newFakeCache(8)
 	c.addUser()

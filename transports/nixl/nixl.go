@@ -438,6 +438,30 @@ func (t *Transport) remoteEntry(agent unsafe.Pointer, name string) *remote {
 	return r
 }
 
+// PeerGone forgets the agent of a runtime that is gone: its cache entry
+// and the metadata loaded for it. An entry a transfer is using is left to
+// the least-recently-used eviction.
+func (t *Transport) PeerGone(peer core.PeerInfo) {
+	t.agentMu.Lock() // the agent stays while it is used here
+	defer t.agentMu.Unlock()
+	if t.agent == nil {
+		return
+	}
+	name := peer.RuntimeID.String()
+	t.remMu.Lock()
+	defer t.remMu.Unlock()
+	r := t.remotes[name]
+	if r == nil || !r.mu.TryLock() {
+		return
+	}
+	if r.valid {
+		t.invalidate(t.agent, name)
+	}
+	r.valid, r.evicted = false, true
+	delete(t.remotes, name)
+	r.mu.Unlock()
+}
+
 func (t *Transport) invalidate(agent unsafe.Pointer, name string) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))

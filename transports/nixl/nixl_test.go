@@ -164,6 +164,37 @@ func TestReadBetweenTwoAgents(t *testing.T) {
 	assert.Empty(t, src.regs)
 }
 
+// A receiver forgets the agent of a source runtime that is gone, and loads
+// it again should that runtime turn out to be there after all.
+func TestPeerGoneForgetsTheSourceAgent(t *testing.T) {
+	requireNIXL(t)
+	host := newHost()
+	s, err := New(host)
+	require.NoError(t, err)
+	src := s.(*Transport)
+	t.Cleanup(func() { _ = src.Close() })
+	dst := newTransport(t)
+	sb, st := buffer(t, 4096)
+	fill(sb, 4)
+	db, dt := buffer(t, 4096)
+	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	require.NoError(t, err)
+	require.NoError(t, fetch(dst, meta, []core.Tensor{dt}))
+	remotes := func() int {
+		dst.remMu.Lock()
+		defer dst.remMu.Unlock()
+		return len(dst.remotes)
+	}
+	assert.Equal(t, 1, remotes())
+	dst.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{1}})
+	assert.Equal(t, 1, remotes(), "another runtime's end changes nothing")
+	dst.PeerGone(core.PeerInfo{RuntimeID: host.id})
+	assert.Equal(t, 0, remotes())
+	fill(sb, 5)
+	require.NoError(t, fetch(dst, meta, []core.Tensor{dt}))
+	assert.Equal(t, sb, db)
+}
+
 func TestReusedAddressAfterGarbageCollect(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	sb, st := buffer(t, 1<<20)

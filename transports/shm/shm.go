@@ -65,13 +65,22 @@ type Transport struct {
 	closed  bool
 
 	idleMu sync.Mutex
-	idle   map[string][]*net.UnixConn // by segment-server path, to reuse
+	idle   map[core.RuntimeID]*keptConns // by source runtime; nil once closed
+}
+
+// keptConns are a receiver's idle connections to one source runtime's
+// segment server, kept for the next request and closed when that runtime
+// is gone (PeerGone). A connection that comes back to a record no longer
+// in Transport.idle is closed.
+type keptConns struct {
+	peer   core.RuntimeID
+	byPath map[string][]*net.UnixConn
 }
 
 // New makes the transport; its socket appears with the first staged object.
 func New(h core.Host) (core.Transport, error) {
 	return &Transport{h: h, segs: map[core.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[string][]*net.UnixConn{}}, nil
+		idle: map[core.RuntimeID]*keptConns{}}, nil
 }
 
 func (t *Transport) Name() string { return Name }
@@ -220,14 +229,46 @@ func (t *Transport) Close() error {
 	}
 	t.serving.Wait()
 	t.idleMu.Lock()
-	for _, cs := range t.idle {
-		for _, c := range cs {
-			c.Close()
-		}
+	for _, k := range t.idle {
+		k.closeLocked()
 	}
 	t.idle = nil // keepIdle closes what comes back later
 	t.idleMu.Unlock()
 	return nil
+}
+
+// PeerGone closes the connections kept to a source runtime that is gone:
+// a receiver fed by many short-lived sources keeps no socket per source.
+func (t *Transport) PeerGone(peer core.PeerInfo) {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	if k := t.idle[peer.RuntimeID]; k != nil {
+		k.closeLocked()
+		delete(t.idle, peer.RuntimeID)
+	}
+}
+
+// closeLocked closes every kept connection; the caller holds idleMu.
+func (k *keptConns) closeLocked() {
+	for path, cs := range k.byPath {
+		for _, c := range cs {
+			c.Close()
+		}
+		delete(k.byPath, path)
+	}
+}
+
+// keptCount is the number of idle connections kept, for tests.
+func (t *Transport) keptCount() int {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	n := 0
+	for _, k := range t.idle {
+		for _, cs := range k.byPath {
+			n += len(cs)
+		}
+	}
+	return n
 }
 
 // ---- serving descriptors ----------------------------------------------------
@@ -407,11 +448,18 @@ func (t *Transport) Abort(x *core.Transfer, req core.Request) {
 	}
 }
 
-// Fetch checks the metadata against the targets and starts copying.
+// Fetch checks the metadata against the transfer and the targets, and
+// starts copying.
 func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
+	}
+	// Ref bytes are checksummed, not signed: the metadata must name the
+	// object fetched (its segment holds nothing else), and the segment
+	// server must be its owner's process (checked at connect).
+	if m.Object != x.Object {
+		return nil, core.Errorf(core.ErrCorrupt, "shm: the metadata of object %s names object %s: refusing it", x.Object, m.Object)
 	}
 	if len(m.Regions) != len(targets) {
 		return nil, core.Errorf(core.ErrInvalidArgument, "shm: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
@@ -421,18 +469,53 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			return nil, core.Errorf(core.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 	}
+	src, err := t.source(x.Source)
+	if err != nil {
+		return nil, err
+	}
 	r := &request{t: t, done: make(chan struct{})}
 	// Even small copies run on their own goroutine, so that a fetch of many
 	// refs overlaps their socket round trips.
 	go func() {
-		r.err = r.receive(m, targets)
+		r.err = r.receive(src, x.Source.Pid, m, targets)
 		close(r.done)
 	}()
 	return r, nil
 }
 
-func (r *request) receive(m *metadata, targets []core.Tensor) error {
-	fd, size, err := r.t.getSegment(m)
+// source is the record of the connections kept to a source runtime.
+func (t *Transport) source(peer core.PeerInfo) (*keptConns, error) {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	if t.idle == nil {
+		return nil, core.Errorf(core.ErrClosed, "shm transport is closed")
+	}
+	k := t.idle[peer.RuntimeID]
+	if k == nil {
+		// Records that keep nothing go, should a source's end have been
+		// reported before its first fetch started.
+		for id, other := range t.idle {
+			if other.empty() {
+				delete(t.idle, id)
+			}
+		}
+		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}}
+		t.idle[peer.RuntimeID] = k
+	}
+	return k, nil
+}
+
+func (k *keptConns) empty() bool {
+	for _, cs := range k.byPath {
+		if len(cs) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *request) receive(src *keptConns, owner int, m *metadata, targets []core.Tensor) error {
+	fd, size, err := r.t.getSegment(src, owner, m)
 	if err != nil {
 		return err
 	}
@@ -499,12 +582,12 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 	return err1
 }
 
-// getSegment asks the source for the segment's descriptor.
 // getSegment asks the source's segment server for the object's
-// descriptor, over a kept connection when there is one.
-func (t *Transport) getSegment(m *metadata) (int, uint64, error) {
-	if c := t.takeIdle(m.Path); c != nil {
-		fd, size, err, usable := t.askSegment(c, m)
+// descriptor, over a kept connection when there is one. The server must be
+// the owner's process: a ref could name any socket.
+func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uint64, error) {
+	if c := t.takeIdle(src, m.Path); c != nil {
+		fd, size, err, usable := t.askSegment(src, c, m)
 		if usable {
 			return fd, size, err
 		}
@@ -516,13 +599,41 @@ func (t *Transport) getSegment(m *metadata) (int, uint64, error) {
 	if err != nil {
 		return -1, 0, core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
-	fd, size, err, _ := t.askSegment(nc.(*net.UnixConn), m)
+	c := nc.(*net.UnixConn)
+	if pid, err := peerPid(c); err != nil || pid != owner {
+		c.Close()
+		if err != nil {
+			return -1, 0, core.Errorf(core.ErrPermissionDenied, "shm: cannot identify the segment server at %s: %v", m.Path, err)
+		}
+		return -1, 0, core.Errorf(core.ErrCorrupt,
+			"shm: the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
+	}
+	fd, size, err, _ := t.askSegment(src, c, m)
 	return fd, size, err
+}
+
+// peerPid is the process at the other end of a Unix socket.
+func peerPid(c *net.UnixConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return int(cred.Pid), nil
 }
 
 // askSegment does one request on c, then keeps c for the next request or
 // closes it. usable is false when c failed before any answer arrived.
-func (t *Transport) askSegment(c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
+func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
 	gone := func(err error) error {
 		return core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
@@ -553,7 +664,7 @@ func (t *Transport) askSegment(c *net.UnixConn, m *metadata) (fd int, size uint6
 		c.Close() // out of step with the server
 		return -1, 0, err, true
 	}
-	t.keepIdle(m.Path, c)
+	t.keepIdle(src, m.Path, c)
 	if st != core.OK {
 		closeAll()
 		return -1, 0, core.Errorf(st, "%s", msg), true
@@ -565,26 +676,26 @@ func (t *Transport) askSegment(c *net.UnixConn, m *metadata) (fd int, size uint6
 	return fds[0], size, nil, true
 }
 
-func (t *Transport) takeIdle(path string) *net.UnixConn {
+func (t *Transport) takeIdle(src *keptConns, path string) *net.UnixConn {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	cs := t.idle[path]
+	cs := src.byPath[path]
 	if len(cs) == 0 {
 		return nil
 	}
 	c := cs[len(cs)-1]
-	t.idle[path] = cs[:len(cs)-1]
+	src.byPath[path] = cs[:len(cs)-1]
 	return c
 }
 
-func (t *Transport) keepIdle(path string, c *net.UnixConn) {
+func (t *Transport) keepIdle(src *keptConns, path string, c *net.UnixConn) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	if t.idle == nil || len(t.idle[path]) >= maxIdle {
+	if t.idle == nil || t.idle[src.peer] != src || len(src.byPath[path]) >= maxIdle {
 		c.Close()
 		return
 	}
-	t.idle[path] = append(t.idle[path], c)
+	src.byPath[path] = append(src.byPath[path], c)
 }
 
 func receivedFDs(oob []byte) []int {

@@ -95,12 +95,24 @@ func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, er
 		targets = append(targets, x)
 		got = append(got, b)
 	}
-	req, err := tr.Fetch(&core.Transfer{}, targets, meta, nil)
+	req, err := tr.Fetch(transferOf(t, meta), targets, meta, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer req.Release()
 	return got, req.Wait()
+}
+
+// sourceRuntime stands for the runtime that owns the test's objects.
+var sourceRuntime = core.RuntimeID{0x5e}
+
+// transferOf is the transfer the core would describe for the object meta
+// names, put by a runtime of this process.
+func transferOf(t testing.TB, meta []byte) *core.Transfer {
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	return &core.Transfer{Object: m.Object, Transport: Name, Role: core.RoleDestination,
+		Source: core.PeerInfo{RuntimeID: sourceRuntime, Name: "source", Pid: os.Getpid()}}
 }
 
 func statusOf(err error) core.Status {
@@ -149,7 +161,10 @@ func TestSegmentIsSealed(t *testing.T) {
 	meta, _ := stageObject(t, src, 3, 8192)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	fd, size, err := newTransport(t).getSegment(m)
+	dst := newTransport(t)
+	kept, err := dst.source(core.PeerInfo{RuntimeID: sourceRuntime})
+	require.NoError(t, err)
+	fd, size, err := dst.getSegment(kept, os.Getpid(), m)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)
@@ -166,17 +181,12 @@ func TestSegmentIsSealed(t *testing.T) {
 func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 7, 4096)
-	m, err := decodeMetadata(meta)
-	require.NoError(t, err)
 	for i := 0; i < 3; i++ {
 		got, err := fetch(t, dst, meta, 4096)
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
 	}
-	dst.idleMu.Lock()
-	kept := len(dst.idle[m.Path])
-	dst.idleMu.Unlock()
-	assert.Equal(t, 1, kept, "three fetches in a row share one connection")
+	assert.Equal(t, 1, dst.keptCount(), "three fetches in a row share one connection")
 	src.mu.Lock()
 	assert.Len(t, src.conns, 1)
 	for c := range src.conns {
@@ -208,9 +218,9 @@ func TestAbort(t *testing.T) {
 	const n = 256 << 20
 	meta, _ := stageObject(t, src, 5, n)
 	_, x := buffer(t, n)
-	req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{x}, meta, nil)
+	req, err := dst.Fetch(transferOf(t, meta), []core.Tensor{x}, meta, nil)
 	require.NoError(t, err)
-	dst.Abort(&core.Transfer{}, req)
+	dst.Abort(transferOf(t, meta), req)
 	err = req.Wait()
 	req.Release()
 	assert.Equal(t, core.ErrAborted, statusOf(err))
@@ -295,10 +305,11 @@ func benchFetch(b *testing.B, n int) {
 	_, d := buffer(b, n)
 	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
 	require.NoError(b, err)
+	x := transferOf(b, meta)
 	b.SetBytes(int64(n))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{d}, meta, nil)
+		req, err := dst.Fetch(x, []core.Tensor{d}, meta, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

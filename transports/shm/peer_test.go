@@ -1,0 +1,221 @@
+package shm
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+const childEnv = "RDT_SHM_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(childEnv); dir != "" {
+		childMain(dir)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// childObject is what a child stages: object 9, 4096 bytes filled with 9.
+var childObject = core.ObjectID{9}
+
+// childMain stages childObject with its segment server in dir, prints the
+// metadata as hex and waits to be killed.
+func childMain(dir string) {
+	tr, err := New(testHost{dir: dir})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	b, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	fill(b, 9)
+	desc, _ := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{4096})
+	meta, err := tr.ExtractMetadata(childObject, []core.Tensor{{TensorDesc: desc, Data: uintptrOf(b)}})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	fmt.Printf("META %x\n", meta)
+	time.Sleep(time.Minute)
+	os.Exit(0)
+}
+
+func startChild(t *testing.T) (int, []byte) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+socketDir(t))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
+	require.True(t, ok, "child said %q", line)
+	var meta []byte
+	_, err = fmt.Sscanf(hex, "%x", &meta)
+	require.NoError(t, err)
+	return cmd.Process.Pid, meta
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(entries)
+}
+
+func allZero(b []byte) bool {
+	for _, v := range b {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func fetchWith(t *testing.T, tr *Transport, x *core.Transfer, meta []byte, n int) ([]byte, error) {
+	got, target := buffer(t, n)
+	req, err := tr.Fetch(x, []core.Tensor{target}, meta, nil)
+	if err != nil {
+		return got, err
+	}
+	defer req.Release()
+	return got, req.Wait()
+}
+
+// A receiver keeps its connection to a source's segment server for the
+// next fetch, and closes it once the core reports that source gone.
+func TestPeerGoneClosesKeptConnections(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, _ := stageObject(t, src, 1, 4096)
+	base := openFDs(t)
+	_, err := fetch(t, dst, meta, 4096)
+	require.NoError(t, err)
+	assert.Equal(t, 1, dst.keptCount())
+	dst.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{0x77}, Pid: os.Getpid()})
+	assert.Equal(t, 1, dst.keptCount(), "another runtime going away changes nothing")
+	dst.PeerGone(core.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()})
+	assert.Equal(t, 0, dst.keptCount())
+	// Both ends are in this process: the server closes its end on EOF.
+	require.Eventually(t, func() bool { return openFDs(t) <= base }, 5*time.Second, 5*time.Millisecond,
+		"the connection's descriptors are closed (%d open, %d before)", openFDs(t), base)
+	// A later fetch from a runtime of that id (it was not gone after all)
+	// connects again.
+	_, err = fetch(t, dst, meta, 4096)
+	require.NoError(t, err)
+	assert.Equal(t, 1, dst.keptCount())
+}
+
+// A connection that comes back from a fetch after its source was reported
+// gone is closed, not kept.
+func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
+	dst := newTransport(t)
+	peer := core.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()}
+	kept, err := dst.source(peer)
+	require.NoError(t, err)
+	dst.PeerGone(peer)
+	a, b, err := socketPair()
+	require.NoError(t, err)
+	defer b.Close()
+	dst.keepIdle(kept, "/some/path", a)
+	assert.Equal(t, 0, dst.keptCount())
+	_, err = a.Write([]byte{1})
+	assert.Error(t, err, "the connection was closed")
+}
+
+// The record of a source is dropped when another source's is made while it
+// keeps nothing (its end may have been reported before its first fetch
+// began), so the receiver's records stay bounded; a connection that comes
+// back to a dropped record is closed.
+func TestRecordsThatKeepNothingAreDropped(t *testing.T) {
+	dst := newTransport(t)
+	first, err := dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{1}})
+	require.NoError(t, err)
+	_, err = dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{2}})
+	require.NoError(t, err)
+	dst.idleMu.Lock()
+	_, kept := dst.idle[core.RuntimeID{1}]
+	records := len(dst.idle)
+	dst.idleMu.Unlock()
+	assert.False(t, kept)
+	assert.Equal(t, 1, records)
+	a, b, err := socketPair()
+	require.NoError(t, err)
+	defer b.Close()
+	dst.keepIdle(first, "/some/path", a)
+	assert.Equal(t, 0, dst.keptCount())
+	_, err = a.Write([]byte{1})
+	assert.Error(t, err, "the connection was closed")
+}
+
+func socketPair() (*net.UnixConn, *net.UnixConn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			panic(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1]), nil
+}
+
+// Ref bytes are checksummed, not signed: metadata taken from another
+// object's ref is refused before anything is asked of the server.
+func TestMetadataOfAnotherObjectIsRefused(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	secret, _ := stageObject(t, src, 1, 4096)
+	_, _ = stageObject(t, src, 2, 4096)
+	x := transferOf(t, secret)
+	x.Object = core.ObjectID{2}
+	got, err := fetchWith(t, dst, x, secret, 4096)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "names object")
+	assert.True(t, allZero(got), "no byte of the other object reached the target")
+}
+
+// A segment server that is not the owner's process (a ref pointing at
+// another runtime's socket) is refused, and nothing of it is read.
+func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
+	other, meta := startChild(t)
+	dst := newTransport(t)
+	x := transferOf(t, meta) // the owner is this process, by the control plane
+	got, err := fetchWith(t, dst, x, meta, 4096)
+	require.Error(t, err)
+	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("is process %d, but the owner", other))
+	assert.True(t, allZero(got), "no byte of the other process reached the target")
+	assert.Equal(t, 0, dst.keptCount(), "the connection was not kept")
+	// With the child as the owner the same metadata reads its object.
+	x.Source.Pid = other
+	got, err = fetchWith(t, dst, x, meta, 4096)
+	require.NoError(t, err)
+	want := make([]byte, 4096)
+	fill(want, 9)
+	assert.Equal(t, want, got)
+}
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

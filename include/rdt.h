@@ -336,7 +336,9 @@ RDT_API void rdt_bytes_free(void *bytes);
  * freed meanwhile still make a reference: its first fetch fails with
  * NOT_FOUND, and nothing is read. Errors: CORRUPT (truncated, damaged,
  * oversized or of an unknown format version), NOT_FOUND (the owner is this
- * runtime and the object was already freed), PEER_UNAVAILABLE (the owner
+ * runtime and does not hold the object: the message says "already freed"
+ * for one of its last 1024 freed objects, else that the object is unknown
+ * to it, never put there or freed long ago), PEER_UNAVAILABLE (the owner
  * cannot be reached). */
 RDT_API rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes,
                                        size_t size, rdt_ref **out);

@@ -1,7 +1,9 @@
 /* The public entry points. Each one checks that the process was not forked
  * since the library was loaded (the Go runtime would hang in the child),
  * adapts versioned structs to the library's own layout, and calls the Go
- * export that does the work. Handles cross into Go as integers. */
+ * export that does the work. Handles, and opaque values such as user data
+ * and data addresses that Go only passes on, cross into Go as integers
+ * (see capi.h). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -114,8 +116,8 @@ rdt_status rdt_runtime_take_released(rdt_runtime *rt, void **user_data,
                                      int64_t timeout_ms) {
   FORK_GUARD("rdt_runtime_take_released");
   if (count != NULL) *count = 0;
-  return (rdt_status)rdtgo_runtime_take_released((uintptr_t)rt, user_data,
-                                                 capacity, count, timeout_ms);
+  return (rdt_status)rdtgo_runtime_take_released(
+      (uintptr_t)rt, (uintptr_t *)user_data, capacity, count, timeout_ms);
 }
 
 rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out) {
@@ -137,7 +139,7 @@ rdt_status rdt_put(rdt_runtime *rt, const rdt_tensor *tensors,
   uintptr_t h = 0;
   rdt_status st = (rdt_status)rdtgo_put(
       (uintptr_t)rt, (rdt_tensor *)tensors, num_tensors, (char *)transport,
-      release, user_data, out ? &h : NULL);
+      release, (uintptr_t)user_data, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_ref *)h;
   return st;
 }
@@ -255,7 +257,7 @@ rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
 rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
                                  int64_t timeout_ms) {
   FORK_GUARD("rdt_wait_tensor_freed");
-  return (rdt_status)rdtgo_wait_tensor_freed((uintptr_t)rt, (void *)data,
+  return (rdt_status)rdtgo_wait_tensor_freed((uintptr_t)rt, (uintptr_t)data,
                                              timeout_ms);
 }
 

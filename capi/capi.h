@@ -16,10 +16,16 @@ struct rdt_buffer {
 /* Thread-local last error, set by the Go layer before it returns. */
 void rdtc_set_last_error(const char *msg, size_t len);
 
+/* Opaque values the application gives rdt and gets back (put's user_data,
+ * a transport's requests, tensor data addresses) cross into Go as
+ * uintptr_t, never as pointers: they may be any bits, such as small integer
+ * keys, and the Go runtime aborts ("invalid pointer found on stack") when it
+ * finds such a value held as a pointer. The casts happen here, in C. */
+
 /* Trampolines: Go cannot call C function pointers directly. Each clears the
  * callback error message, calls, and on failure hands the message to Go in
  * *err (malloc'd; Go frees it). */
-void rdtc_call_release(rdt_release_fn fn, void *user_data);
+void rdtc_call_release(rdt_release_fn fn, uintptr_t user_data);
 void rdtc_call_free_user_data(const rdt_transport_vtable *vt);
 rdt_status rdtc_cb_extract(const rdt_transport_vtable *vt, const char *oid,
                            const rdt_tensor *ts, size_t n,
@@ -34,14 +40,14 @@ rdt_status rdtc_cb_recv(const rdt_transport_vtable *vt, const rdt_transfer *x,
                         size_t tms, const void *cm, size_t cms, char **err);
 rdt_status rdtc_cb_fetch(const rdt_transport_vtable *vt, const rdt_transfer *x,
                          const rdt_tensor *ts, size_t n, const void *tm,
-                         size_t tms, const void *cm, size_t cms, void **req,
+                         size_t tms, const void *cm, size_t cms, uintptr_t *req,
                          char **err);
-rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, void *req,
+rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, uintptr_t req,
                         int64_t timeout_ms, char **err);
-void rdtc_cb_release_request(const rdt_transport_vtable *vt, void *req);
+void rdtc_cb_release_request(const rdt_transport_vtable *vt, uintptr_t req);
 void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
                 const rdt_tensor *ts, size_t n, const void *tm, size_t tms);
 rdt_status rdtc_cb_abort(const rdt_transport_vtable *vt, const rdt_transfer *x,
-                         void *req, char **err);
+                         uintptr_t req, char **err);
 
 #endif

@@ -117,8 +117,8 @@ static rdt_status cb_end(rdt_status st, char **err) {
   return st;
 }
 
-void rdtc_call_release(rdt_release_fn fn, void *user_data) {
-  if (fn) fn(user_data);
+void rdtc_call_release(rdt_release_fn fn, uintptr_t user_data) {
+  if (fn) fn((void *)user_data);
 }
 
 void rdtc_call_free_user_data(const rdt_transport_vtable *vt) {
@@ -154,20 +154,23 @@ rdt_status rdtc_cb_recv(const rdt_transport_vtable *vt, const rdt_transfer *x,
 
 rdt_status rdtc_cb_fetch(const rdt_transport_vtable *vt, const rdt_transfer *x,
                          const rdt_tensor *ts, size_t n, const void *tm,
-                         size_t tms, const void *cm, size_t cms, void **req,
+                         size_t tms, const void *cm, size_t cms, uintptr_t *req,
                          char **err) {
+  void *request = NULL;
   cb_begin();
-  return cb_end(vt->fetch(vt->user_data, x, ts, n, tm, tms, cm, cms, req), err);
+  rdt_status st = vt->fetch(vt->user_data, x, ts, n, tm, tms, cm, cms, &request);
+  *req = (uintptr_t)request;
+  return cb_end(st, err);
 }
 
-rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, void *req,
+rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, uintptr_t req,
                         int64_t timeout_ms, char **err) {
   cb_begin();
-  return cb_end(vt->wait(vt->user_data, req, timeout_ms), err);
+  return cb_end(vt->wait(vt->user_data, (void *)req, timeout_ms), err);
 }
 
-void rdtc_cb_release_request(const rdt_transport_vtable *vt, void *req) {
-  vt->release_request(vt->user_data, req);
+void rdtc_cb_release_request(const rdt_transport_vtable *vt, uintptr_t req) {
+  vt->release_request(vt->user_data, (void *)req);
 }
 
 void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
@@ -176,7 +179,7 @@ void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
 }
 
 rdt_status rdtc_cb_abort(const rdt_transport_vtable *vt, const rdt_transfer *x,
-                         void *req, char **err) {
+                         uintptr_t req, char **err) {
   cb_begin();
-  return cb_end(vt->abort(vt->user_data, x, req), err);
+  return cb_end(vt->abort(vt->user_data, x, (void *)req), err);
 }

@@ -114,7 +114,7 @@ func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 }
 
 //export rdtgo_wait_tensor_freed
-func rdtgo_wait_tensor_freed(h C.uintptr_t, data unsafe.Pointer, ms C.int64_t) C.int {
+func rdtgo_wait_tensor_freed(h C.uintptr_t, data C.uintptr_t, ms C.int64_t) C.int {
 	return guard("rdt_wait_tensor_freed", func() error {
 		rt, err := runtimeOf(h)
 		if err != nil {

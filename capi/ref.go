@@ -13,7 +13,7 @@ import (
 
 //export rdtgo_put
 func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.char,
-	release C.rdt_release_fn, userData unsafe.Pointer, out *C.uintptr_t) C.int {
+	release C.rdt_release_fn, userData C.uintptr_t, out *C.uintptr_t) C.int {
 	return guard("rdt_put", func() error {
 		rh, err := lookup[*runtimeHandle](h, "rt")
 		if err != nil {
@@ -30,9 +30,8 @@ func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.ch
 		switch q := rh.releases; {
 		case q != nil && release != nil:
 			return invalid("runtime %s queues releases (RDT_RUNTIME_QUEUE_RELEASES): pass release = NULL and take the user data with rdt_runtime_take_released()", rh.rt.Name())
-		case q != nil && userData != nil:
-			key := uintptr(userData)
-			onFree = func() { q.push(key) }
+		case q != nil && userData != 0:
+			onFree = func() { q.push(uintptr(userData)) }
 		case release != nil:
 			onFree = func() { C.rdtc_call_release(release, userData) }
 		}

@@ -17,7 +17,7 @@ import (
 // with RDT_RUNTIME_QUEUE_RELEASES, until the application takes them.
 type releaseQueue struct {
 	mu     sync.Mutex
-	items  []uintptr     // C pointers, opaque to Go
+	items  []uintptr     // the puts' user data, opaque to Go
 	ready  chan struct{} // holds a token while items is not empty
 	closed chan struct{}
 	once   sync.Once
@@ -78,7 +78,7 @@ func (q *releaseQueue) take(out []uintptr, timeout time.Duration) (int, error) {
 func (q *releaseQueue) close() { q.once.Do(func() { close(q.closed) }) }
 
 //export rdtgo_runtime_take_released
-func rdtgo_runtime_take_released(h C.uintptr_t, userData *unsafe.Pointer, capacity C.size_t,
+func rdtgo_runtime_take_released(h C.uintptr_t, userData *C.uintptr_t, capacity C.size_t,
 	count *C.size_t, timeoutMS C.int64_t) C.int {
 	return guard("rdt_runtime_take_released", func() error {
 		rh, err := lookup[*runtimeHandle](h, "rt")
@@ -105,7 +105,7 @@ func rdtgo_runtime_take_released(h C.uintptr_t, userData *unsafe.Pointer, capaci
 		if err != nil {
 			return err
 		}
-		dst := unsafe.Slice((*uintptr)(unsafe.Pointer(userData)), n)
+		dst := unsafe.Slice((*uintptr)(unsafe.Pointer(userData)), n) // C's void *[], read as integers
 		copy(dst, buf[:got])
 		*count = C.size_t(got)
 		return nil

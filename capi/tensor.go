@@ -62,12 +62,19 @@ func tensorFromC(ct *C.rdt_tensor) (core.Tensor, error) {
 	if err != nil {
 		return core.Tensor{}, err
 	}
-	orig := uintptr(ct.data)
+	orig := dataAddr(ct)
 	if orig == 0 && desc.Nbytes > 0 {
 		return core.Tensor{}, invalid("data is NULL for a tensor of %d bytes", desc.Nbytes)
 	}
 	return core.Tensor{TensorDesc: desc, Data: orig + uintptr(ct.byte_offset), Orig: orig}, nil
 }
+
+// dataAddr and setDataAddr access a tensor's data address as the integer
+// it is to Go: the field is a void *, but its value may be a device address
+// or any other bits that Go must never hold as a pointer (see capi.h).
+func dataAddr(ct *C.rdt_tensor) uintptr { return *(*uintptr)(unsafe.Pointer(&ct.data)) }
+
+func setDataAddr(ct *C.rdt_tensor, addr uintptr) { *(*uintptr)(unsafe.Pointer(&ct.data)) = addr }
 
 // cTensors is a C-allocated rdt_tensor array (with its shapes) for passing
 // tensors to callbacks. Free it with free().
@@ -94,7 +101,7 @@ func newCTensors(ts []core.Tensor) *cTensors {
 	off := 0
 	for i, t := range ts {
 		ct := &arr[i]
-		ct.data = unsafe.Pointer(t.Data)
+		setDataAddr(ct, t.Data)
 		ct.device.device_type = C.int32_t(t.Device.Type)
 		ct.device.device_id = C.int32_t(t.Device.ID)
 		ct.ndim = C.int32_t(len(t.Shape))

@@ -270,8 +270,8 @@ type foreignRequest struct {
 	targets *cTensors
 	tmeta   []byte // kept reachable: C borrows them during recv
 	cmeta   []byte
-	req     unsafe.Pointer // the transport's request (fetch/wait)
-	recv    core.Request   // the goroutine running recv
+	req     C.uintptr_t  // the transport's opaque request (fetch/wait): any bits, so never a Go pointer type
+	recv    core.Request // the goroutine running recv
 }
 
 func (f *foreign) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
@@ -288,7 +288,7 @@ func (f *foreign) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []
 	}
 	tm, tms := bytesArg(tmeta)
 	cm, cms := bytesArg(cmeta)
-	reqSlot := (*unsafe.Pointer)(C.calloc(1, C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	reqSlot := (*C.uintptr_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
 	defer C.free(unsafe.Pointer(reqSlot))
 	var msg *C.char
 	st := C.rdtc_cb_fetch(f.vt, r.x.x, r.targets.arr, r.targets.n, tm, tms, cm, cms, reqSlot, &msg)
@@ -335,7 +335,7 @@ func (f *foreign) Abort(x *core.Transfer, req core.Request) {
 		return
 	}
 	var cx *C.rdt_transfer
-	var creq unsafe.Pointer
+	var creq C.uintptr_t
 	if r, ok := req.(*foreignRequest); ok {
 		cx, creq = r.x.x, r.req
 	} else {

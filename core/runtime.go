@@ -122,6 +122,7 @@ type Runtime struct {
 	// leases granted to each peer and not yet consumed or expired, for
 	// MaxLeasesPerPeer
 	peerLeases map[RuntimeID]*leaseCount
+	freed      freedRecord // ids of recently freed objects, for error messages
 
 	grp groups // collective groups (group.go)
 
@@ -481,6 +482,7 @@ func (rt *Runtime) maybeFreeLocked(o *object) {
 	}
 	o.freeing = true
 	delete(rt.objects, o.desc.ID)
+	rt.freed.add(o.desc.ID)
 	rt.bg.Add(1)
 	go func() {
 		defer rt.bg.Done()
@@ -596,10 +598,14 @@ func (rt *Runtime) liveObjectLocked(id ObjectID) (*object, error) {
 		return nil, Errorf(ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
 	}
 	o, ok := rt.objects[id]
-	if !ok || o.freeing {
+	switch {
+	case ok && !o.freeing:
+		return o, nil
+	case ok || rt.freed.has(id):
 		return nil, Errorf(ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
+	default:
+		return nil, Errorf(ErrNotFound, "object %s is unknown to its owner %s: it was never put there, or was freed long ago", id, rt.name)
 	}
-	return o, nil
 }
 
 // WaitTensorFreed waits until no object holds a tensor whose data pointer is

@@ -6,9 +6,11 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -160,11 +162,15 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 
 // sweepStaleSockets removes socket files of runtimes that exited without
 // cleaning up (killed processes): old files nobody accepts connections on.
+// A socket the kernel lists as listening is left alone without connecting
+// to it, so live runtimes are not disturbed; any other old file is probed,
+// and removed when connecting is refused.
 func sweepStaleSockets(dir, own string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
+	var listening map[string]bool // read once, when a file is old enough to matter
 	for _, e := range entries {
 		path := filepath.Join(dir, e.Name())
 		if path == own || !strings.HasSuffix(e.Name(), ".sock") || e.Type()&os.ModeSocket == 0 {
@@ -173,6 +179,12 @@ func sweepStaleSockets(dir, own string) {
 		info, err := e.Info()
 		if err != nil || time.Since(info.ModTime()) < 30*time.Second {
 			continue // may be a socket being set up right now
+		}
+		if listening == nil {
+			listening = listeningUnixSockets()
+		}
+		if listening[path] {
+			continue
 		}
 		c, err := net.DialTimeout("unix", path, 100*time.Millisecond)
 		if err == nil {
@@ -183,6 +195,34 @@ func sweepStaleSockets(dir, own string) {
 			os.Remove(path)
 		}
 	}
+}
+
+// soAcceptConn is __SO_ACCEPTCON in /proc/net/unix's Flags: a listening socket.
+const soAcceptConn = 1 << 16
+
+// listeningUnixSockets is the set of paths of listening Unix sockets in
+// this network namespace, from /proc/net/unix; empty when it cannot be
+// read. Sockets of other namespaces are missing from it.
+func listeningUnixSockets() map[string]bool {
+	out := map[string]bool{}
+	f, err := os.Open("/proc/net/unix")
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	lines := bufio.NewScanner(f)
+	lines.Scan() // Num RefCount Protocol Flags Type St Inode Path
+	for lines.Scan() {
+		fields := strings.Fields(lines.Text())
+		if len(fields) < 8 {
+			continue // unbound
+		}
+		flags, err := strconv.ParseUint(fields[3], 16, 32)
+		if err == nil && flags&soAcceptConn != 0 {
+			out[strings.Join(fields[7:], " ")] = true
+		}
+	}
+	return out
 }
 
 func (ep *sockEndpoint) Address() string { return ep.address }
@@ -231,7 +271,14 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 			err := ep.serverHandshake(c, isTCP)
 			authenticating.Add(-1)
 			if err != nil {
-				ep.refusals.event(fmt.Sprintf("from %s: %v", remoteName(c), err))
+				if errors.Is(err, io.EOF) {
+					// Closed between frames without a word: a runtime
+					// checking that this socket is alive (sweepStaleSockets)
+					// or a peer that gave up. Nothing was refused.
+					ep.cfg.Log.Debugf("control plane: a connection from %s closed before the handshake ended", remoteName(c))
+				} else {
+					ep.refusals.event(fmt.Sprintf("from %s: %v", remoteName(c), err))
+				}
 				c.Close()
 			}
 		}()

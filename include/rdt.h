@@ -298,6 +298,9 @@ typedef void (*rdt_release_fn)(void *user_data);
  * for automatic choice per fetch. A named transport extracts its metadata
  * now, on this thread.
  *
+ * `user_data` is opaque to rdt: it is never dereferenced, only handed back,
+ * so any value (a pointer, a small integer key) may be passed.
+ *
  * In a runtime created with RDT_RUNTIME_QUEUE_RELEASES `release` must be
  * NULL, and a non-NULL `user_data` is queued for
  * rdt_runtime_take_released() when the object is freed.
@@ -342,7 +345,9 @@ RDT_API void rdt_bytes_free(void *bytes);
  * freed meanwhile still make a reference: its first fetch fails with
  * NOT_FOUND, and nothing is read. Errors: CORRUPT (truncated, damaged,
  * oversized or of an unknown format version), NOT_FOUND (the owner is this
- * runtime and the object was already freed), PEER_UNAVAILABLE (the owner
+ * runtime and does not hold the object: the message says "already freed"
+ * for one of its last 1024 freed objects, else that the object is unknown
+ * to it, never put there or freed long ago), PEER_UNAVAILABLE (the owner
  * cannot be reached). */
 RDT_API rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes,
                                        size_t size, rdt_ref **out);
@@ -520,7 +525,7 @@ RDT_API void rdt_set_error(const char *message);
 typedef struct rdt_transport_vtable {
   uint32_t struct_size; /* set by _init */
   uint32_t flags;       /* RDT_TRANSPORT_ONE_SIDED, RDT_TRANSPORT_CAN_ABORT */
-  void *user_data;      /* passed to every callback */
+  void *user_data;      /* passed to every callback; opaque to rdt */
   /* Optional. Called once when the runtime is destroyed, after the last
    * callback; also when registration fails. */
   void (*free_user_data)(void *user_data);
@@ -557,7 +562,8 @@ typedef struct rdt_transport_vtable {
                      size_t cmeta_size);
 
   /* Optional, all three or none. Destination, asynchronous receive: fetch
-   * starts the transfer and returns at once with an opaque *request; wait
+   * starts the transfer and returns at once with an opaque *request (any
+   * value, such as a small integer: rdt never dereferences it); wait
    * blocks until it completes (rdt passes timeout_ms -1 and uses abort to
    * interrupt it; return RDT_ERR_TIMEOUT if a finite timeout passes);
    * release_request frees the request. rdt calls release_request exactly

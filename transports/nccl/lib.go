@@ -251,7 +251,7 @@ func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) error {
 	defer C.free(unsafe.Pointer(arr))
 	cb := unsafe.Slice(arr, max(len(bufs), 1))
 	for i, b := range bufs {
-		cb[i] = C.rdt_nccl_buffer{buf: unsafe.Pointer(b.Ptr), nbytes: C.size_t(b.Nbytes)}
+		cb[i] = C.rdt_nccl_buffer{buf: C.uintptr_t(b.Ptr), nbytes: C.size_t(b.Nbytes)}
 	}
 	return cuda.OnDevice(c.dev, func() error {
 		return check(op, C.rdt_nccl_p2p(c.c, cs, C.int(peer), arr, C.size_t(len(bufs)), s.Handle()), c.c)
@@ -270,7 +270,7 @@ func (c *Comm) Connect(rank, nranks int, up bool, scratch uintptr, s *cuda.Strea
 		cup = 1
 	}
 	return cuda.OnDevice(c.dev, func() error {
-		return check("ncclGroupEnd", C.rdt_nccl_connect(c.c, C.int(nranks), C.int(rank), cup, unsafe.Pointer(scratch),
-			(*C.uchar)(unsafe.Pointer(scratch+1)), s.Handle()), c.c)
+		return check("ncclGroupEnd", C.rdt_nccl_connect(c.c, C.int(nranks), C.int(rank), cup, C.uintptr_t(scratch),
+			C.uintptr_t(scratch+1), s.Handle()), c.c)
 	})
 }

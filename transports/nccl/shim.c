@@ -121,17 +121,17 @@ rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_n
   for (size_t i = 0; i < n && first == ncclSuccess; i++) {
     if (bufs[i].nbytes == 0) continue;
     if (send)
-      first = nc.Send(bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
+      first = nc.Send((const void *)bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
     else
-      first = nc.Recv(bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
+      first = nc.Recv((void *)bufs[i].buf, bufs[i].nbytes, ncclUint8, peer, comm, stream);
   }
   /* The group is always closed, even after a failed enqueue. */
   r = nc.GroupEnd();
   return first != ncclSuccess ? first : r;
 }
 
-rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, const void *sendbuf,
-                                 unsigned char *recvbuf, void *stream) {
+rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, uintptr_t sendbuf,
+                                 uintptr_t recvbuf, void *stream) {
   if (!loaded) return RDT_NCCL_NOT_LOADED;
   rdt_nccl_result r = nc.GroupStart();
   if (r != ncclSuccess) return r;
@@ -139,9 +139,9 @@ rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int u
   for (int peer = 0; peer < nranks && first == ncclSuccess; peer++) {
     if (peer == rank) continue;
     if ((peer > rank) == (up != 0))
-      first = nc.Send(sendbuf, 1, ncclUint8, peer, comm, stream);
+      first = nc.Send((const void *)sendbuf, 1, ncclUint8, peer, comm, stream);
     else
-      first = nc.Recv(recvbuf + peer, 1, ncclUint8, peer, comm, stream);
+      first = nc.Recv((unsigned char *)recvbuf + peer, 1, ncclUint8, peer, comm, stream);
   }
   r = nc.GroupEnd();
   return first != ncclSuccess ? first : r;

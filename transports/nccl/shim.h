@@ -9,6 +9,7 @@
 #pragma GCC visibility push(hidden)
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef int rdt_nccl_result;  /* ncclResult_t */
 typedef void *rdt_nccl_comm;  /* ncclComm_t */
@@ -34,8 +35,10 @@ rdt_nccl_result rdt_nccl_comm_destroy(rdt_nccl_comm comm);
 rdt_nccl_result rdt_nccl_comm_abort(rdt_nccl_comm comm);
 rdt_nccl_result rdt_nccl_comm_async_error(rdt_nccl_comm comm, rdt_nccl_result *async_err);
 
+/* Device addresses are integers here: Go passes them on, and must never
+ * hold a value that is not a Go pointer as a pointer. */
 typedef struct {
-  void *buf;
+  uintptr_t buf; /* device address */
   size_t nbytes;
 } rdt_nccl_buffer;
 
@@ -50,8 +53,8 @@ rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_n
  * ncclRecv into recvbuf[peer] from every lower rank (up != 0), or the
  * other way round (up == 0), on `stream`. It returns once NCCL has
  * connected them (every peer called it too) and the work is enqueued. */
-rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, const void *sendbuf,
-                                 unsigned char *recvbuf, void *stream);
+rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, uintptr_t sendbuf,
+                                 uintptr_t recvbuf, void *stream);
 
 #pragma GCC visibility pop
 

@@ -165,6 +165,9 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint64) (int, error) {
 	fd, err := unix.MemfdCreate("rdt-"+obj.String(), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
+		if exhausted := outOfResources("memfd_create", "this process", err); exhausted != nil {
+			return -1, exhausted
+		}
 		return -1, core.Errorf(core.ErrUnsupported, "shm: memfd_create: %v", err)
 	}
 	fail := func(what string, err error) (int, error) {
@@ -197,6 +200,23 @@ func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint
 		return fail("sealing", err)
 	}
 	return fd, nil
+}
+
+// outOfResources names a failure of `who` ("this process", "the owner")
+// for lack of descriptors or memory, or is nil. Such a failure is a
+// process's state, not a sign that shm does not work here: it must reach
+// the caller as such, never as UNSUPPORTED (which would let an automatic
+// choice of transport move on without a word).
+func outOfResources(what, who string, err error) error {
+	switch {
+	case errors.Is(err, unix.EMFILE):
+		return core.Errorf(core.ErrTransport, "shm: %s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
+	case errors.Is(err, unix.ENFILE):
+		return core.Errorf(core.ErrTransport, "shm: %s: the system is out of file descriptors (%v)", what, err)
+	case errors.Is(err, unix.ENOMEM):
+		return core.Errorf(core.ErrNoMemory, "shm: %s: %s is out of memory (%v)", what, who, err)
+	}
+	return nil
 }
 
 // GarbageCollect drops the object's segment. Receivers that still map it
@@ -392,7 +412,11 @@ func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
 		return err == nil
 	}
 	if err != nil {
-		_, err := c.Write(encodeReply(core.ErrTransport, "shm: dup: "+err.Error(), 0))
+		reply := outOfResources("handing out the segment", "the owner", err)
+		if reply == nil {
+			reply = core.Errorf(core.ErrTransport, "shm: dup: %v", err)
+		}
+		_, err := c.Write(encodeReply(core.StatusOf(reply), reply.Error(), 0))
 		return err == nil
 	}
 	defer unix.Close(fd)
@@ -597,6 +621,9 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 	d := net.Dialer{Timeout: dialTimeout}
 	nc, err := d.Dial("unix", m.Path)
 	if err != nil {
+		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
+			return -1, 0, exhausted
+		}
 		return -1, 0, core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c := nc.(*net.UnixConn)
@@ -644,7 +671,7 @@ func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd
 	}
 	buf := make([]byte, replyLen+maxMessage)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil || n == 0 {
 		c.Close()
 		if err == nil {
@@ -653,6 +680,10 @@ func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd
 		return -1, 0, gone(err), false
 	}
 	fds := receivedFDs(oob[:oobn])
+	if flags&unix.MSG_CTRUNC != 0 && len(fds) == 0 { // the kernel had no descriptor number to give
+		c.Close()
+		return -1, 0, outOfResources("receiving the segment", "this process", unix.EMFILE), true
+	}
 	closeAll := func() {
 		for _, fd := range fds {
 			unix.Close(fd)

@@ -1,0 +1,34 @@
+package core
+
+// freedRecordSize bounds how many freed object ids a runtime remembers.
+const freedRecordSize = 1024
+
+// freedRecord remembers the ids of the objects a runtime freed most
+// recently, so that a request for one of them can say "already freed" while
+// an id the runtime never put (or freed long ago) is reported as unknown.
+// Remembering every freed id would grow without bound in a long-lived
+// process; the oldest ids are forgotten first. Guarded by Runtime.mu.
+type freedRecord struct {
+	ring []ObjectID // up to freedRecordSize ids; ring[next] is the oldest once full
+	next int
+	ids  map[ObjectID]struct{}
+}
+
+func (r *freedRecord) add(id ObjectID) {
+	if r.ids == nil {
+		r.ids = map[ObjectID]struct{}{}
+	}
+	if len(r.ring) < freedRecordSize {
+		r.ring = append(r.ring, id)
+	} else {
+		delete(r.ids, r.ring[r.next])
+		r.ring[r.next] = id
+		r.next = (r.next + 1) % freedRecordSize
+	}
+	r.ids[id] = struct{}{}
+}
+
+func (r *freedRecord) has(id ObjectID) bool {
+	_, ok := r.ids[id]
+	return ok
+}

@@ -1,0 +1,162 @@
+package shm
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// The test runs in child processes, since it exhausts a process's own
+// descriptor limit, which no other test may share: the receiver (which also
+// owns an object of its own) and a separate source.
+const fdTestRole = "RDT_SHM_TEST_FD_ROLE"
+
+// A process out of descriptors gets a transport error that says so, never
+// UNSUPPORTED: on the source (memfd_create, and handing a segment out) and on
+// the receiver (connecting, and receiving the segment's descriptor). Once
+// descriptors are free again everything works.
+func TestOutOfDescriptorsIsATransportError(t *testing.T) {
+	switch os.Getenv(fdTestRole) {
+	case "receiver":
+		outOfDescriptors(t)
+		return
+	case "source":
+		serveOneObject(t)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdTestRole+"=receiver")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "child:\n%s", out)
+	assert.Contains(t, string(out), "--- PASS: "+t.Name())
+}
+
+const fdTestSeed = 5
+
+// serveOneObject stages an object, prints its metadata, and serves it until
+// its stdin closes.
+func serveOneObject(t *testing.T) {
+	src := newTransport(t)
+	meta, _ := stageObject(t, src, fdTestSeed, 4096)
+	os.Stdout.WriteString("META " + hex.EncodeToString(meta) + "\n")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// startSource runs serveOneObject in another process and returns the
+// object's metadata and bytes.
+func startSource(t *testing.T) ([]byte, []byte) {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fdTestRole+"=source")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if h, ok := strings.CutPrefix(lines.Text(), "META "); ok {
+			meta, err := hex.DecodeString(h)
+			require.NoError(t, err)
+			want := make([]byte, 4096)
+			fill(want, fdTestSeed)
+			return meta, want
+		}
+	}
+	t.Fatalf("the source process printed no metadata (%v)", lines.Err())
+	return nil, nil
+}
+
+func outOfDescriptors(t *testing.T) {
+	remoteMeta, remoteWant := startSource(t)
+	local, viaKept, fresh := newTransport(t), newTransport(t), newTransport(t)
+	localMeta, localWant := stageObject(t, local, 1, 4096) // its segment server listens now
+	// viaKept keeps a connection to each segment server from here on.
+	for _, c := range []struct{ meta, want []byte }{{remoteMeta, remoteWant}, {localMeta, localWant[0]}} {
+		got, err := fetch(t, viaKept, c.meta, 4096)
+		require.NoError(t, err)
+		require.Equal(t, [][]byte{c.want}, got)
+	}
+	_, x := buffer(t, 4096)
+
+	var limit unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &limit))
+	low := limit
+	low.Cur = min(limit.Cur, 512)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	// exhaust takes every free descriptor; a failed request may close a
+	// connection and free one, so each check below starts with it.
+	var filler []int
+	exhaust := func() {
+		t.Helper()
+		for {
+			fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				require.ErrorIs(t, err, unix.EMFILE)
+				return
+			}
+			filler = append(filler, fd)
+			require.Less(t, len(filler), 4096, "the descriptor limit was not lowered")
+		}
+	}
+	freeAll := func() {
+		for _, fd := range filler {
+			unix.Close(fd)
+		}
+		filler = nil
+	}
+	defer freeAll()
+
+	outOfFDs := func(err error, where string) {
+		t.Helper()
+		assert.Equal(t, core.ErrTransport, core.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, where)
+		assert.ErrorContains(t, err, "out of file descriptors")
+	}
+	exhaust()
+	_, err := local.ExtractMetadata(core.ObjectID{2}, []core.Tensor{x})
+	outOfFDs(err, "memfd_create: this process")
+	exhaust()
+	_, err = fetch(t, viaKept, localMeta, 4096)
+	outOfFDs(err, "handing out the segment: the owner")
+	exhaust()
+	_, err = fetch(t, viaKept, remoteMeta, 4096)
+	outOfFDs(err, "receiving the segment: this process")
+	exhaust()
+	_, err = fetch(t, fresh, remoteMeta, 4096)
+	outOfFDs(err, "connecting to the owner's segment server: this process")
+
+	freeAll()
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &limit))
+	_, err = local.ExtractMetadata(core.ObjectID{2}, []core.Tensor{x})
+	require.NoError(t, err)
+	for _, tr := range []*Transport{viaKept, fresh} {
+		got, err := fetch(t, tr, remoteMeta, 4096)
+		require.NoError(t, err)
+		assert.Equal(t, [][]byte{remoteWant}, got)
+	}
+}

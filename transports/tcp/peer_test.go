@@ -40,9 +40,14 @@ func (p *pair) serving() int {
 // A receiver that stops reading releases the object's pin once a write
 // has made no progress for the peer timeout.
 func TestStalledReceiverReleasesThePin(t *testing.T) {
-	p := newPair(t, "", "")
-	p.host.timeout = 300 * time.Millisecond
-	p.src.writeTimeout = p.host.timeout // New read it already
+	h := newHost("")
+	h.timeout = 300 * time.Millisecond // the runtime's peer timeout
+	s, err := New(h)
+	require.NoError(t, err)
+	d, err := New(newHost(""))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close(); d.Close() })
+	p := &pair{src: s.(*Transport), dst: d.(*Transport), host: h}
 	p.put(t, 30, maxChunk)
 	c := rawConn(t, p)
 	stall(t, c, 30)

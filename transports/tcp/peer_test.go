@@ -68,8 +68,10 @@ func TestStalledReceiverReleasesThePin(t *testing.T) {
 // bounds a stall, not the whole answer.
 func TestSlowReaderIsNotCut(t *testing.T) {
 	p := newPair(t, "", "")
-	p.src.writeTimeout = 500 * time.Millisecond
-	const n = 24 << 20 // read at 10 MiB/s: five times the write timeout
+	// Read at 10 MiB/s: the answer takes twice the write timeout, while
+	// each 1 MiB chunk leaves a busy machine fifteen times the time it needs.
+	p.src.writeTimeout = 1500 * time.Millisecond
+	const n = 32 << 20
 	_, want := p.put(t, 31, n)
 	c := rawConn(t, p)
 	_, err := c.Write((&request{Object: core.ObjectID{31}, Length: n}).encode(nil))

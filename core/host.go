@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // resolveHosts settles where TCP listeners bind and what peers dial, and
@@ -109,6 +110,9 @@ func (rt *Runtime) AdvertiseHost() string { return rt.opts.AdvertiseHost }
 
 // SocketDir implements Host.
 func (rt *Runtime) SocketDir() string { return rt.opts.SocketDir }
+
+// PeerTimeout implements Host.
+func (rt *Runtime) PeerTimeout() time.Duration { return rt.opts.PeerTimeout }
 
 // AuthProof is the response to a challenge: HMAC-SHA256 keyed with the
 // shared token over a purpose label and the challenger's nonce. Both ends of

@@ -44,6 +44,9 @@ type Host interface {
 	AdvertiseHost() string
 	// SocketDir is a directory only this user can enter, for Unix sockets.
 	SocketDir() string
+	// PeerTimeout is how long a silent peer counts as alive; a transport
+	// serving a peer that makes no progress for as long gives up on it.
+	PeerTimeout() time.Duration
 }
 
 // TransportFactory makes a built-in transport for a new runtime. A factory

@@ -205,7 +205,8 @@ typedef struct rdt_runtime_options {
   int64_t lease_ms;
   /* How long a peer may stay silent or unreachable before it counts as
    * gone: its borrows are dropped and fetches from it fail with
-   * RDT_ERR_PEER_UNAVAILABLE. 0: 5000. */
+   * RDT_ERR_PEER_UNAVAILABLE. A tcp receiver that stops reading for as long
+   * is dropped too, so it pins the object no longer. 0: 5000. */
   int64_t peer_timeout_ms;
   /* Also listen for peers on TCP at "host:port" (port 0: any free port), so
    * that runtimes on other hosts can fetch from this one. NULL: $RDT_LISTEN,

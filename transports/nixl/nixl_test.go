@@ -37,6 +37,10 @@ func (testHost) RuntimeSecret() string    { return "test-secret" }
 func (testHost) BindHost() string         { return "127.0.0.1" }
 func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (testHost) SocketDir() string        { return os.TempDir() }
+
+// PeerTimeout implements core.Host.
+func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+
 func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
 	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
 }

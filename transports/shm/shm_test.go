@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -28,6 +29,10 @@ func (h testHost) RuntimeSecret() string    { return "test-secret" }
 func (h testHost) BindHost() string         { return "127.0.0.1" }
 func (h testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (h testHost) SocketDir() string        { return h.dir }
+
+// PeerTimeout implements core.Host.
+func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+
 func (h testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
 	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
 }

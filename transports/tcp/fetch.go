@@ -173,6 +173,7 @@ func pollRead(fd int, b []byte, deadline time.Time) (int, error) {
 type fetchRequest struct {
 	t    *Transport
 	meta *metadata
+	pool poolKey // which pooled connections it may use
 
 	aborted atomic.Bool
 	ctx     context.Context // cancels dials; nil when no goroutine runs
@@ -205,7 +206,10 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if err != nil {
 		return nil, err
 	}
-	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{}}
+	// Pooled connections are recorded with the source runtime, so that
+	// they are closed when it is gone (PeerGone).
+	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{},
+		pool: poolKey{endpoint: m.Endpoint, source: x.Source.RuntimeID, key: t.clientKey(m)}}
 	if len(small) == 0 && len(shares) == 0 {
 		return r, nil // nothing to move
 	}
@@ -219,13 +223,13 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	if len(small) > 0 {
 		// With a pooled connection the requests go out now and the answers
 		// are read by Completed or Wait, with no goroutine of ours.
-		if c := t.idleConn(m.Endpoint); c != nil {
+		if c := t.idleConn(r.pool); c != nil {
 			s := &stream{r: r, c: c, pieces: small}
 			r.track(c)
 			if err := s.sendMore(); err != nil {
 				r.untrack(c)
 				c.Close()
-				t.dropIdle(m.Endpoint) // its siblings are most likely dead too
+				t.dropIdle(r.pool) // its siblings are most likely dead too
 			} else {
 				r.inline = s
 				small = nil
@@ -292,8 +296,7 @@ func (r *fetchRequest) pull(ps []piece) error {
 	if r.aborted.Load() {
 		return abortedErr()
 	}
-	ep := r.meta.Endpoint
-	c, err := r.t.conn(r.ctx, ep)
+	c, err := r.t.conn(r.ctx, r.pool)
 	if err != nil {
 		if r.aborted.Load() {
 			return abortedErr()
@@ -323,11 +326,11 @@ func (r *fetchRequest) finishConn(s *stream, err error) {
 	if err != nil {
 		s.c.Close()
 		if core.StatusOf(err) == core.ErrPeerUnavailable {
-			r.t.dropIdle(r.meta.Endpoint)
+			r.t.dropIdle(r.pool)
 		}
 		return
 	}
-	r.t.put(r.meta.Endpoint, s.c)
+	r.t.put(r.pool, s.c)
 }
 
 // driveInline advances the inline stream (imu held): within budget when
@@ -477,8 +480,9 @@ func (t *Transport) Abort(x *core.Transfer, req core.Request) {
 
 // RequestRange pulls one byte range of one tensor of an object from the
 // data endpoint named in tmeta (the object's tcp metadata), authenticating
-// with token, and returns the bytes or the source's refusal. It is a
-// diagnostic client, independent of any runtime: fetches go through Fetch.
+// with the key in tmeta, or with token when it carries none, and returns
+// the bytes or the source's refusal. It is a diagnostic client, independent
+// of any runtime: fetches go through Fetch.
 func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32, offset, length uint64) ([]byte, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
@@ -488,7 +492,8 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: at most %d bytes per request", maxChunk)
 	}
 	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
-	c, err := t.conn(ctx, m.Endpoint)
+	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
+	c, err := t.conn(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -496,7 +501,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 	if d, ok := ctx.Deadline(); ok {
 		c.SetDeadline(d)
 	}
-	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{}}
+	r := &fetchRequest{t: t, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
 	buf := make([]byte, length)
 	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
 	if err := s.advance(c.Read); err != nil {
@@ -520,6 +525,8 @@ func (p probeHost) RuntimeSecret() string    { return "" }
 func (p probeHost) BindHost() string         { return "127.0.0.1" }
 func (p probeHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (p probeHost) SocketDir() string        { return "" }
+
+func (p probeHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
 func (p probeHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
 	return nil, nil, core.Errorf(core.ErrNotFound, "a probe holds no objects")
 }

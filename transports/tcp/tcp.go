@@ -3,11 +3,17 @@
 // streams for large tensors, straight into its targets. The source serves
 // only objects its runtime holds, by id and range, checked against their
 // sizes; it never reads an address taken from the wire.
+//
+// The listener starts when an object first needs it (a put naming tcp, or
+// a peer asking for an object's tcp metadata), not with the runtime. It
+// requires the configured token, or without one a key derived from the
+// runtime's random secret that reaches receivers only inside the metadata.
 package tcp
 
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -32,15 +38,25 @@ const (
 	window      = 32
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
-	maxIdle     = 16 // idle connections kept per endpoint
+	maxIdle     = 16 // idle connections kept per source endpoint
 	// A small pull on a pooled connection is finished on the caller's
 	// goroutine when the engine asks whether it completed: a goroutine
 	// hand-off costs more than the round trip. inlineMax bounds the bytes
 	// read that way and inlineBudget the time spent waiting for them.
 	inlineMax = 1 << 20
+	// writeChunk is how much of an answer one write may carry: each chunk
+	// gets its own deadline, so a receiver that stops reading is given up
+	// on after the peer timeout while a slow one that keeps reading is not.
+	writeChunk = 1 << 20
+	// keyPurpose labels the data key derived from the runtime's secret.
+	keyPurpose = "rdt-tcp-data-key"
 )
 
-var inlineBudget = time.Millisecond // a variable for tests on slow machines
+var (
+	inlineBudget = time.Millisecond // a variable for tests on slow machines
+	// idleTimeout closes pooled connections nobody used for this long.
+	idleTimeout = time.Minute
+)
 
 // Factory makes the transport for a new runtime.
 func Factory() core.TransportFactory {
@@ -51,21 +67,45 @@ func Factory() core.TransportFactory {
 type Transport struct {
 	h       core.Host
 	streams int
+	// key is what clients of our data listener must prove; metaKey is
+	// handed to receivers in the metadata ("" when a token is configured:
+	// receivers then use their own).
+	key, metaKey string
+	writeTimeout time.Duration // a serving write that makes no progress this long fails
 
 	lmu      sync.Mutex
-	ln       net.Listener // nil until the first put
+	ln       net.Listener // nil until an object needs it
 	endpoint string
 	serving  sync.WaitGroup
-	sconns   map[net.Conn]struct{}
-	lclosed  bool // the server side's closed, under lmu
+	sconns   map[net.Conn]core.RuntimeID // serving connections, by the runtime id the client claimed
+	lclosed  bool                        // the server side's closed, under lmu
+	refused  struct {                    // wrong keys, logged at most once a second, under lmu
+		count  int
+		logged time.Time
+	}
 
 	pmu    sync.Mutex
-	idle   map[string][]net.Conn // pooled client connections by endpoint
+	idle   map[poolKey][]pooled // pooled client connections
+	reaper *time.Timer          // closes connections idle too long; nil when none pooled
 	active map[*fetchRequest]struct{}
 	closed bool
 }
 
-// New makes the transport; the data listener starts with the first put.
+// poolKey says which pooled connections a fetch may reuse: those to the
+// same endpoint of the same source runtime, authenticated with the same key.
+type poolKey struct {
+	endpoint string
+	source   core.RuntimeID // zero for a client without a runtime
+	key      string
+}
+
+type pooled struct {
+	c     net.Conn
+	since time.Time
+}
+
+// New makes the transport; the data listener starts when an object first
+// needs it.
 func New(h core.Host) (core.Transport, error) {
 	streams := 4
 	if s := os.Getenv("RDT_TCP_STREAMS"); s != "" {
@@ -75,8 +115,25 @@ func New(h core.Host) (core.Transport, error) {
 		}
 		streams = v
 	}
-	return &Transport{h: h, streams: streams, sconns: map[net.Conn]struct{}{},
-		idle: map[string][]net.Conn{}, active: map[*fetchRequest]struct{}{}}, nil
+	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]core.RuntimeID{},
+		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}
+	t.key = h.AuthToken()
+	if t.key == "" {
+		// Without a token an HMAC would be keyed with nothing anyone
+		// could not compute: require a key derived from the runtime's
+		// secret (never the secret itself, which guards other ports).
+		secret := h.RuntimeSecret()
+		if secret == "" {
+			secret = hex.EncodeToString(core.NewNonce())
+		}
+		t.key = hex.EncodeToString(core.AuthProof(secret, keyPurpose, nil))
+		t.metaKey = t.key
+	}
+	t.writeTimeout = h.PeerTimeout()
+	if t.writeTimeout <= 0 {
+		t.writeTimeout = core.DefaultPeerTimeout
+	}
+	return t, nil
 }
 
 func (t *Transport) Name() string { return Name }
@@ -91,8 +148,15 @@ func (t *Transport) CanAbort() bool { return true }
 // ChecksFreedObjects: the source serves only objects it holds.
 func (t *Transport) ChecksFreedObjects() bool { return true }
 
-// EagerMetadata: the endpoint and the object id are all a receiver needs.
-func (t *Transport) EagerMetadata() bool { return true }
+// EagerMetadata: once the listener runs, the metadata costs nothing, so
+// objects put without a transport carry it. Before, they do not: a
+// runtime whose objects never travel over tcp never opens a TCP port, and
+// a peer that wants tcp asks the owner for the metadata, which starts it.
+func (t *Transport) EagerMetadata() bool {
+	t.lmu.Lock()
+	defer t.lmu.Unlock()
+	return t.ln != nil
+}
 
 func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
 
@@ -118,7 +182,7 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 	if err != nil {
 		return nil, err
 	}
-	m := metadata{Endpoint: ep, Object: obj, Tensors: uint32(len(tensors))}
+	m := metadata{Endpoint: ep, Object: obj, Tensors: uint32(len(tensors)), Key: t.metaKey}
 	return m.encode(), nil
 }
 
@@ -165,7 +229,7 @@ func (t *Transport) accept(ln net.Listener) {
 			c.Close()
 			return
 		}
-		t.sconns[c] = struct{}{}
+		t.sconns[c] = core.RuntimeID{}
 		t.serving.Add(1)
 		t.lmu.Unlock()
 		go t.serve(c)
@@ -191,15 +255,20 @@ func (t *Transport) serve(c net.Conn) {
 	if _, err := c.Write(hello); err != nil {
 		return
 	}
-	proof := make([]byte, proofLen)
-	if _, err := io.ReadFull(c, proof); err != nil {
+	answer := make([]byte, clientLen)
+	if _, err := io.ReadFull(c, answer); err != nil {
 		return
 	}
-	if !core.CheckAuthProof(t.h.AuthToken(), authPurpose, nonce, proof) {
-		t.h.Log().Warnf("tcp: refused a data connection from %s: wrong auth token", c.RemoteAddr())
-		c.Write(encodeResponse(nil, core.ErrPermissionDenied, "the peer refused our auth token (set the same RDT_AUTH_TOKEN on both sides)"))
+	if !core.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
+		t.logRefused(c.RemoteAddr())
+		c.Write(encodeResponse(nil, core.ErrPermissionDenied, t.refusal()))
 		return
 	}
+	// The client's runtime id is not proven: it is used only to close
+	// this connection when that runtime is gone (PeerGone).
+	t.lmu.Lock()
+	t.sconns[c] = core.RuntimeID(answer[proofLen:])
+	t.lmu.Unlock()
 	if _, err := c.Write(encodeResponse(nil, core.OK, "")); err != nil {
 		return
 	}
@@ -215,6 +284,7 @@ func (t *Transport) serve(c net.Conn) {
 		req, err := decodeRequest(frame)
 		if err != nil {
 			t.h.Log().Warnf("tcp: closing data connection from %s: %v", c.RemoteAddr(), err)
+			c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 			c.Write(encodeResponse(hdr[:0], core.StatusOf(err), err.Error()))
 			return
 		}
@@ -224,10 +294,40 @@ func (t *Transport) serve(c net.Conn) {
 	}
 }
 
+// logRefused logs a connection refused for a wrong key: the first at once,
+// then at most one line a second with the count, so that a flood of wrong
+// keys cannot flood the log.
+func (t *Transport) logRefused(from net.Addr) {
+	t.lmu.Lock()
+	t.refused.count++
+	n := t.refused.count
+	if time.Since(t.refused.logged) < time.Second {
+		t.lmu.Unlock()
+		return
+	}
+	t.refused.count, t.refused.logged = 0, time.Now()
+	t.lmu.Unlock()
+	if n == 1 {
+		t.h.Log().Warnf("tcp: refused a data connection from %s: wrong key", from)
+		return
+	}
+	t.h.Log().Warnf("tcp: refused %d data connections with a wrong key (the last from %s)", n, from)
+}
+
+// refusal tells a client with the wrong key what to check.
+func (t *Transport) refusal() string {
+	if t.metaKey == "" {
+		return "the peer refused our auth token (set the same RDT_AUTH_TOKEN on both sides)"
+	}
+	return "the peer refused our key (the source has no auth token: its data port takes only the key inside its refs)"
+}
+
 // answer writes one response. Only a failed write is returned: it ends the
-// connection.
+// connection. Every write has a deadline, so a client that stops reading
+// releases the object's pin after writeTimeout.
 func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 	refuse := func(st core.Status, msg string) error {
+		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 		_, err := c.Write(encodeResponse(hdr, st, msg))
 		return err
 	}
@@ -242,16 +342,57 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 		return refuse(st, msg)
 	}
 	hdr = encodeResponse(hdr, core.OK, "")
+	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 	if req.Length == 0 {
 		_, err = c.Write(hdr)
 		return err
 	}
-	// Header and bytes in one writev, the bytes straight from the tensor's
-	// memory (the pin keeps it alive meanwhile): one segment for a small
-	// answer, no copy for a large one.
-	bufs := net.Buffers{hdr, core.Bytes(src.Data+uintptr(req.Offset), req.Length)}
-	_, err = bufs.WriteTo(c)
-	return err
+	// Header and first chunk in one writev, the bytes straight from the
+	// tensor's memory (the pin keeps it alive meanwhile): one segment for a
+	// small answer, no copy for a large one. Each further chunk gets a
+	// fresh deadline: the bound is on a stall, not on the whole answer.
+	data := core.Bytes(src.Data+uintptr(req.Offset), req.Length)
+	first := min(len(data), writeChunk)
+	bufs := net.Buffers{hdr, data[:first]}
+	if _, err := bufs.WriteTo(c); err != nil {
+		return err
+	}
+	for off := first; off < len(data); off += writeChunk {
+		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+		if _, err := c.Write(data[off:min(off+writeChunk, len(data))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PeerGone closes what this transport keeps for a runtime that is gone:
+// the connections it is served on (a write blocked on a receiver that
+// vanished would hold its object until the write timeout) and the pooled
+// connections to its data endpoint.
+func (t *Transport) PeerGone(peer core.PeerInfo) {
+	if peer.RuntimeID.IsZero() {
+		return
+	}
+	t.lmu.Lock()
+	for c, id := range t.sconns {
+		if id == peer.RuntimeID {
+			c.Close() // serve's deferred cleanup removes it
+		}
+	}
+	t.lmu.Unlock()
+	t.pmu.Lock()
+	var drop []pooled
+	for k, l := range t.idle {
+		if k.source == peer.RuntimeID {
+			drop = append(drop, l...)
+			delete(t.idle, k)
+		}
+	}
+	t.pmu.Unlock()
+	for _, p := range drop {
+		p.c.Close()
+	}
 }
 
 // checkRange finds the tensor a request reads and checks that the range
@@ -293,11 +434,15 @@ func (t *Transport) Close() error {
 	t.serving.Wait()
 	t.pmu.Lock()
 	t.closed = true
-	for ep, conns := range t.idle {
-		for _, c := range conns {
-			c.Close()
+	for k, l := range t.idle {
+		for _, p := range l {
+			p.c.Close()
 		}
-		delete(t.idle, ep)
+		delete(t.idle, k)
+	}
+	if t.reaper != nil {
+		t.reaper.Stop()
+		t.reaper = nil
 	}
 	active := t.active
 	t.active = map[*fetchRequest]struct{}{}
@@ -319,30 +464,36 @@ func tune(c net.Conn) {
 
 // ---- destination side -------------------------------------------------------
 
-// idleConn takes a pooled connection to ep, or returns nil.
-func (t *Transport) idleConn(ep string) net.Conn {
+// idleConn takes a pooled connection, or returns nil. The most recently
+// used goes first, so connections beyond what is needed age out.
+func (t *Transport) idleConn(k poolKey) net.Conn {
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	l := t.idle[ep]
+	l := t.idle[k]
 	if len(l) == 0 {
 		return nil
 	}
-	c := l[len(l)-1]
-	t.idle[ep] = l[:len(l)-1]
-	return c
+	p := l[len(l)-1]
+	if len(l) == 1 {
+		delete(t.idle, k)
+	} else {
+		t.idle[k] = l[:len(l)-1]
+	}
+	return p.c
 }
 
-// conn takes a pooled connection to ep or dials and authenticates one.
-func (t *Transport) conn(ctx context.Context, ep string) (net.Conn, error) {
+// conn takes a pooled connection or dials and authenticates one.
+func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	t.pmu.Lock()
 	closed := t.closed
 	t.pmu.Unlock()
 	if closed {
 		return nil, core.Errorf(core.ErrClosed, "tcp transport is closed")
 	}
-	if c := t.idleConn(ep); c != nil {
+	if c := t.idleConn(k); c != nil {
 		return c, nil
 	}
+	ep := k.endpoint
 	d := net.Dialer{Timeout: dialTimeout}
 	c, err := d.DialContext(ctx, "tcp", ep)
 	if err != nil {
@@ -355,7 +506,7 @@ func (t *Transport) conn(ctx context.Context, ep string) (net.Conn, error) {
 	// Cancelling ctx (an abort) also cuts a handshake with a source that
 	// accepted but does not answer.
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	err = t.authenticate(c, ep)
+	err = t.authenticate(c, ep, k.key)
 	if !stop() {
 		c.Close()
 		return nil, core.Errorf(core.ErrAborted, "tcp: the handshake with %s was cancelled", ep)
@@ -367,7 +518,16 @@ func (t *Transport) conn(ctx context.Context, ep string) (net.Conn, error) {
 	return c, nil
 }
 
-func (t *Transport) authenticate(c net.Conn, ep string) error {
+// clientKey is the key to prove to the source of m: the one in its
+// metadata, else our configured token.
+func (t *Transport) clientKey(m *metadata) string {
+	if m.Key != "" {
+		return m.Key
+	}
+	return t.h.AuthToken()
+}
+
+func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	c.SetDeadline(time.Now().Add(authTimeout))
 	defer c.SetDeadline(time.Time{})
 	hello := make([]byte, helloLen)
@@ -381,13 +541,14 @@ func (t *Transport) authenticate(c net.Conn, ep string) error {
 	if v := hello[len(helloMagic)]; v != protoVersion {
 		return core.Errorf(core.ErrUnsupported, "tcp data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
 	}
-	proof := core.AuthProof(t.h.AuthToken(), authPurpose, hello[len(helloMagic)+1:])
-	if _, err := c.Write(proof); err != nil {
+	id := t.h.Identity().RuntimeID
+	answer := append(core.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
+	if _, err := c.Write(answer); err != nil {
 		return core.Errorf(core.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
 	}
 	st, msg, err := readResponse(c)
 	if err != nil {
-		// A server that refuses the token says so (below); a connection
+		// A server that refuses the key says so (below); a connection
 		// that ends without an answer means the peer went away, say
 		// killed while we connected.
 		if core.StatusOf(err) == core.ErrPeerUnavailable {
@@ -395,11 +556,8 @@ func (t *Transport) authenticate(c net.Conn, ep string) error {
 		}
 		return err
 	}
-	switch st {
-	case core.OK:
+	if st == core.OK {
 		return nil
-	case core.ErrPermissionDenied:
-		return core.Errorf(st, "tcp data connection to %s: the peer refused our auth token (set the same RDT_AUTH_TOKEN on both sides)", ep)
 	}
 	return core.Errorf(st, "tcp data connection to %s: %s", ep, msg)
 }
@@ -426,23 +584,60 @@ func readResponse(c net.Conn) (core.Status, string, error) {
 }
 
 // put returns a healthy connection to the pool.
-func (t *Transport) put(ep string, c net.Conn) {
+func (t *Transport) put(k poolKey, c net.Conn) {
 	t.pmu.Lock()
 	defer t.pmu.Unlock()
-	if t.closed || len(t.idle[ep]) >= maxIdle {
+	if t.closed || len(t.idle[k]) >= maxIdle {
 		c.Close()
 		return
 	}
-	t.idle[ep] = append(t.idle[ep], c)
+	t.idle[k] = append(t.idle[k], pooled{c: c, since: time.Now()})
+	if t.reaper == nil {
+		t.reaper = time.AfterFunc(idleTimeout, t.reapIdle)
+	}
+}
+
+// reapIdle closes pooled connections unused for idleTimeout, and runs
+// again while any are left.
+func (t *Transport) reapIdle() {
+	now := time.Now()
+	var drop []pooled
+	t.pmu.Lock()
+	next := idleTimeout
+	for k, l := range t.idle {
+		keep := l[:0]
+		for _, p := range l {
+			if age := now.Sub(p.since); age >= idleTimeout {
+				drop = append(drop, p)
+			} else {
+				keep = append(keep, p)
+				next = min(next, idleTimeout-age)
+			}
+		}
+		clear(l[len(keep):])
+		if len(keep) == 0 {
+			delete(t.idle, k)
+		} else {
+			t.idle[k] = keep
+		}
+	}
+	t.reaper = nil
+	if len(t.idle) > 0 && !t.closed {
+		t.reaper = time.AfterFunc(next, t.reapIdle)
+	}
+	t.pmu.Unlock()
+	for _, p := range drop {
+		p.c.Close()
+	}
 }
 
 // dropIdle closes the pooled connections to a source that went away.
-func (t *Transport) dropIdle(ep string) {
+func (t *Transport) dropIdle(k poolKey) {
 	t.pmu.Lock()
-	conns := t.idle[ep]
-	delete(t.idle, ep)
+	l := t.idle[k]
+	delete(t.idle, k)
 	t.pmu.Unlock()
-	for _, c := range conns {
-		c.Close()
+	for _, p := range l {
+		p.c.Close()
 	}
 }

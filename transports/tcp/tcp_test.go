@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,24 +25,31 @@ import (
 // testHost is the little of a runtime the transport asks for, with a
 // table of objects for PinObject.
 type testHost struct {
-	token string
-	mu    sync.Mutex
-	objs  map[core.ObjectID][]core.Tensor
-	pins  int
+	token   string
+	id      core.RuntimeID
+	timeout time.Duration // PeerTimeout
+	log     core.LogLevel
+	mu      sync.Mutex
+	objs    map[core.ObjectID][]core.Tensor
+	pins    int
 }
 
 func newHost(token string) *testHost {
-	return &testHost{token: token, objs: map[core.ObjectID][]core.Tensor{}}
+	return &testHost{token: token, id: core.RuntimeID{0x7e, 1}, timeout: core.DefaultPeerTimeout, log: core.LogOff,
+		objs: map[core.ObjectID][]core.Tensor{}}
 }
 
-func (h *testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test"} }
-func (h *testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (h *testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", RuntimeID: h.id} }
+func (h *testHost) Log() *core.Logger        { return core.NewLogger("test", h.log) }
 func (h *testHost) Context() context.Context { return context.Background() }
 func (h *testHost) AuthToken() string        { return h.token }
 func (h *testHost) RuntimeSecret() string    { return "test-secret" }
 func (h *testHost) BindHost() string         { return "127.0.0.1" }
 func (h *testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (h *testHost) SocketDir() string        { return os.TempDir() }
+
+func (h *testHost) PeerTimeout() time.Duration { return h.timeout }
+
 func (h *testHost) PinObject(id core.ObjectID) ([]core.Tensor, func(), error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -139,10 +147,16 @@ func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) 
 	return got, wait(req)
 }
 
+// srcKey is the pool key of connections to the source, as fetches made
+// with a zero Transfer.Source use.
+func (p *pair) srcKey() poolKey {
+	return poolKey{endpoint: p.src.endpoint, key: p.src.metaKey}
+}
+
 func (p *pair) pooled() int {
 	p.dst.pmu.Lock()
 	defer p.dst.pmu.Unlock()
-	return len(p.dst.idle[p.src.endpoint])
+	return len(p.dst.idle[p.srcKey()])
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -288,7 +302,7 @@ func TestUnknownObjectIsNotFound(t *testing.T) {
 
 // rawConn dials the source and authenticates like a client would.
 func rawConn(t *testing.T, p *pair) net.Conn {
-	c, err := p.dst.conn(context.Background(), p.src.endpoint)
+	c, err := p.dst.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -442,8 +456,8 @@ func fakeSource(t *testing.T, token string, serve func(c net.Conn)) string {
 				defer c.Close()
 				nonce := core.NewNonce()
 				c.Write(append(append([]byte(helloMagic), protoVersion), nonce...))
-				proof := make([]byte, proofLen)
-				if _, err := io.ReadFull(c, proof); err != nil || !core.CheckAuthProof(token, authPurpose, nonce, proof) {
+				answer := make([]byte, clientLen)
+				if _, err := io.ReadFull(c, answer); err != nil || !core.CheckAuthProof(token, authPurpose, nonce, answer[:proofLen]) {
 					return
 				}
 				c.Write(encodeResponse(nil, core.OK, ""))
@@ -483,9 +497,10 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 	// An inline stream, blocked in Wait, and one blocked in Completed's
 	// ppoll: both are woken by Abort.
 	for _, inCompleted := range []bool{false, true} {
-		c, err := dst.conn(context.Background(), ep)
+		k := poolKey{endpoint: ep}
+		c, err := dst.conn(context.Background(), k)
 		require.NoError(t, err)
-		dst.put(ep, c)
+		dst.put(k, c)
 		req, err = dst.Fetch(&core.Transfer{}, []core.Tensor{small}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		require.NotNil(t, req.(*fetchRequest).inline)
@@ -672,25 +687,38 @@ func TestConcurrentFetches(t *testing.T) {
 }
 
 func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Endpoint: "127.0.0.1:5", Object: core.ObjectID{1}, Tensors: 2}).encode()
+	key := strings.Repeat("k", maxKey)
+	good := (&metadata{Endpoint: "127.0.0.1:5", Object: core.ObjectID{1}, Tensors: 2, Key: key}).encode()
 	m, err := decodeMetadata(good)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:5", m.Endpoint)
+	assert.Equal(t, key, m.Key)
+	noKey := (&metadata{Endpoint: "127.0.0.1:5", Object: core.ObjectID{1}, Tensors: 2}).encode()
+	m, err = decodeMetadata(noKey)
+	require.NoError(t, err)
+	assert.Empty(t, m.Key)
 	newVersion := append([]byte{}, good...)
 	newVersion[4] = 9
+	oldVersion := append([]byte{}, noKey[:len(noKey)-1]...) // version 1 had no key
+	oldVersion[4] = 1
 	for name, b := range map[string][]byte{
-		"empty":     nil,
-		"truncated": good[:len(good)-1],
-		"trailing":  append(append([]byte{}, good...), 0),
-		"magic":     append([]byte("XTCP"), good[4:]...),
-		"no host":   (&metadata{}).encode(),
-		"binary":    (&metadata{Endpoint: "a\x00b:1"}).encode(),
-		"long":      append(append([]byte("RTCP\x01"), 0xff, 0xff), make([]byte, 70000)...),
-		"version":   newVersion,
+		"empty":            nil,
+		"truncated":        good[:len(good)-1],
+		"trailing":         append(append([]byte{}, good...), 0),
+		"magic":            append([]byte("XTCP"), good[4:]...),
+		"no host":          (&metadata{}).encode(),
+		"binary":           (&metadata{Endpoint: "a\x00b:1"}).encode(),
+		"long":             append(append([]byte("RTCP\x02"), 0xff, 0xff), make([]byte, 70000)...),
+		"version":          newVersion,
+		"version 1":        oldVersion,
+		"no key length":    noKey[:len(noKey)-1],
+		"long key":         (&metadata{Endpoint: "h:1", Key: key + "k"}).encode(),
+		"binary key":       (&metadata{Endpoint: "h:1", Key: "a\nb"}).encode(),
+		"key past the end": append(noKey[:len(noKey)-1], 5, 'a', 'b'),
 	} {
 		_, err := decodeMetadata(b)
 		st := core.StatusOf(err)
-		assert.True(t, st == core.ErrCorrupt || (name == "version" && st == core.ErrUnsupported), "%s: %v", name, err)
+		assert.True(t, st == core.ErrCorrupt || (strings.HasPrefix(name, "version") && st == core.ErrUnsupported), "%s: %v", name, err)
 	}
 	// Through Fetch: an error, not a panic.
 	d, err := New(newHost(""))
@@ -724,7 +752,7 @@ func TestOtherMethods(t *testing.T) {
 	assert.Equal(t, "tcp", tr.Name())
 	assert.True(t, tr.OneSided())
 	assert.True(t, tr.CanAbort())
-	assert.True(t, tr.(core.EagerMetadata).EagerMetadata())
+	assert.False(t, tr.(core.EagerMetadata).EagerMetadata(), "no listener yet: objects without a transport do not start one")
 	_, isChecker := tr.(core.PeerChecker)
 	assert.False(t, isChecker, "tcp reaches other hosts")
 	cm, err := tr.CommunicatorMetadata(&core.Transfer{})
@@ -775,6 +803,7 @@ func FuzzDecodeRequest(f *testing.F) {
 
 func FuzzDecodeMetadata(f *testing.F) {
 	f.Add((&metadata{Endpoint: "host:1", Object: core.ObjectID{1}, Tensors: 1}).encode())
+	f.Add((&metadata{Endpoint: "host:1", Object: core.ObjectID{1}, Tensors: 1, Key: strings.Repeat("0f", 32)}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
@@ -889,10 +918,10 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 		hello := append([]byte(helloMagic), protoVersion)
 		hello = append(hello, make([]byte, nonceLen)...)
 		server.Write(hello)
-		io.ReadFull(server, make([]byte, 32)) // the proof
+		io.ReadFull(server, make([]byte, clientLen)) // the proof and runtime id
 		server.Close()
 	}()
-	err = tr.(*Transport).authenticate(client, "a dying source")
+	err = tr.(*Transport).authenticate(client, "a dying source", "token")
 	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "closed the connection during authentication")
 }

@@ -14,17 +14,24 @@ import (
 // endian throughout.
 //
 //	handshake  server → client: "RTCPDATA", version u8, nonce [32]
-//	           client → server: proof [32] (HMAC of the token over the nonce)
+//	           client → server: proof [32] (HMAC of the key over the nonce),
+//	                            runtime id [16] (the client's, zero if none)
 //	           server → client: response header (OK or PERMISSION_DENIED + message)
 //	request    "RTQ1", object [16], tensor u32, reserved u32, offset u64, length u64
 //	response   status i32, message length u32, message, then the bytes
+//
+// The key is the configured token, or without one a key derived from the
+// source runtime's random secret, which receivers learn from the metadata.
+// The runtime id is not proven: the server uses it only to close that
+// peer's connections once the peer is gone.
 
 const (
 	helloMagic   = "RTCPDATA"
-	protoVersion = 1
+	protoVersion = 2
 	nonceLen     = 32
 	proofLen     = 32
 	helloLen     = len(helloMagic) + 1 + nonceLen
+	clientLen    = proofLen + len(core.RuntimeID{}) // the client's handshake answer
 	requestMagic = "RTQ1"
 	requestLen   = 4 + 16 + 4 + 4 + 8 + 8
 	responseLen  = 4 + 4
@@ -103,28 +110,32 @@ func decodeResponseHeader(b []byte) (core.Status, int, error) {
 
 const (
 	metaMagic   = "RTCP"
-	metaVersion = 1
+	metaVersion = 2
 	maxEndpoint = 300
+	maxKey      = 64
 )
 
-// metadata tells a receiver where to pull an object from.
+// metadata tells a receiver where to pull an object from and, when the
+// source has no configured token, the key its data endpoint requires.
 // Layout: "RTCP", version u8, endpoint length u16, endpoint ("host:port"),
-// object [16], tensor count u32.
+// object [16], tensor count u32, key length u8, key (printable ASCII).
 type metadata struct {
 	Endpoint string
 	Object   core.ObjectID
 	Tensors  uint32
+	Key      string // "": use the receiver's configured token
 }
 
 func (m *metadata) encode() []byte {
-	b := make([]byte, 0, 4+1+2+len(m.Endpoint)+16+4)
+	b := make([]byte, 0, 4+1+2+len(m.Endpoint)+16+4+1+len(m.Key))
 	b = append(b, metaMagic...)
 	b = append(b, metaVersion)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Endpoint)))
 	b = append(b, m.Endpoint...)
 	b = append(b, m.Object[:]...)
 	b = binary.LittleEndian.AppendUint32(b, m.Tensors)
-	return b
+	b = append(b, byte(len(m.Key)))
+	return append(b, m.Key...)
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
@@ -144,16 +155,35 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	if n == 0 || n > maxEndpoint {
 		return nil, bad(fmt.Sprintf("endpoint length %d", n))
 	}
-	if len(b) != 7+n+16+4 {
+	keyAt := 7 + n + 16 + 4
+	if len(b) < keyAt+1 {
+		return nil, bad("too short")
+	}
+	k := int(b[keyAt])
+	if k > maxKey {
+		return nil, bad(fmt.Sprintf("key length %d", k))
+	}
+	if len(b) != keyAt+1+k {
 		return nil, bad("length does not match")
 	}
 	m := &metadata{Endpoint: string(b[7 : 7+n])}
 	copy(m.Object[:], b[7+n:])
 	m.Tensors = binary.LittleEndian.Uint32(b[7+n+16:])
-	for _, c := range []byte(m.Endpoint) {
-		if c <= ' ' || c >= 0x7f {
-			return nil, bad("endpoint is not printable")
-		}
+	m.Key = string(b[keyAt+1:])
+	if !printable(m.Endpoint) {
+		return nil, bad("endpoint is not printable")
+	}
+	if !printable(m.Key) {
+		return nil, bad("key is not printable")
 	}
 	return m, nil
+}
+
+func printable(s string) bool {
+	for _, c := range []byte(s) {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,238 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core"
+)
+
+// client is a second destination transport that claims runtime id id.
+func (p *pair) client(t *testing.T, id byte) *Transport {
+	h := newHost("")
+	h.id = core.RuntimeID{0xc1, id}
+	d, err := New(h)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d.(*Transport)
+}
+
+// stall asks for a whole chunk over c and never reads it: the server's
+// write blocks once the socket buffers are full.
+func stall(t *testing.T, c net.Conn, obj byte) {
+	_, err := c.Write((&request{Object: core.ObjectID{obj}, Length: maxChunk}).encode(nil))
+	require.NoError(t, err)
+}
+
+func (p *pair) serving() int {
+	p.src.lmu.Lock()
+	defer p.src.lmu.Unlock()
+	return len(p.src.sconns)
+}
+
+// A receiver that stops reading releases the object's pin once a write
+// has made no progress for the peer timeout.
+func TestStalledReceiverReleasesThePin(t *testing.T) {
+	h := newHost("")
+	h.timeout = 300 * time.Millisecond // the runtime's peer timeout
+	s, err := New(h)
+	require.NoError(t, err)
+	d, err := New(newHost(""))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close(); d.Close() })
+	p := &pair{src: s.(*Transport), dst: d.(*Transport), host: h}
+	p.put(t, 30, maxChunk)
+	c := rawConn(t, p)
+	stall(t, c, 30)
+	require.Eventually(t, func() bool { return p.host.pinned() == 1 }, 5*time.Second, time.Millisecond, "the server is writing")
+	start := time.Now()
+	require.Eventually(t, func() bool { return p.host.pinned() == 0 }, p.host.timeout+2*time.Second, time.Millisecond,
+		"the pin is released after the write timeout")
+	t.Logf("pin released %v after the write began", time.Since(start).Round(time.Millisecond))
+	// The server gave up on the connection: what was sent ends early.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	assert.NoError(t, err, "the server closed the connection")
+	assert.Less(t, n, int64(responseLen+maxChunk))
+	require.Eventually(t, func() bool { return p.serving() == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// A reader that keeps reading, however slowly, is not cut: the deadline
+// bounds a stall, not the whole answer.
+func TestSlowReaderIsNotCut(t *testing.T) {
+	p := newPair(t, "", "")
+	// Read at 10 MiB/s: the answer takes twice the write timeout, while
+	// each 1 MiB chunk leaves a busy machine fifteen times the time it needs.
+	p.src.writeTimeout = 1500 * time.Millisecond
+	const n = 32 << 20
+	_, want := p.put(t, 31, n)
+	c := rawConn(t, p)
+	_, err := c.Write((&request{Object: core.ObjectID{31}, Length: n}).encode(nil))
+	require.NoError(t, err)
+	st, _, err := readResponse(c)
+	require.NoError(t, err)
+	require.Equal(t, core.OK, st)
+	got := make([]byte, n)
+	for off := 0; off < n; off += 1 << 20 {
+		time.Sleep(100 * time.Millisecond)
+		_, err := io.ReadFull(c, got[off:off+1<<20])
+		require.NoError(t, err, "at byte %d", off)
+	}
+	assert.True(t, bytes.Equal(want[0], got))
+}
+
+// When the core reports a peer gone, the connections it is served on are
+// closed at once (long before the write timeout), and only those.
+func TestPeerGoneClosesItsServingConnections(t *testing.T) {
+	p := newPair(t, "", "")
+	p.src.writeTimeout = time.Minute
+	_, want := p.put(t, 32, maxChunk)
+	gone, stays := p.client(t, 1), p.client(t, 2)
+	k := p.srcKey()
+	cg, err := gone.conn(context.Background(), k)
+	require.NoError(t, err)
+	defer cg.Close()
+	cs, err := stays.conn(context.Background(), k)
+	require.NoError(t, err)
+	defer cs.Close()
+	stall(t, cg, 32)
+	require.Eventually(t, func() bool { return p.host.pinned() == 1 }, 5*time.Second, time.Millisecond)
+
+	p.src.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{0xc1, 9}}) // a peer we never served
+	p.src.PeerGone(core.PeerInfo{})                                   // no id: nothing to match
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, 1, p.host.pinned())
+	assert.Equal(t, 2, p.serving())
+
+	p.src.PeerGone(gone.h.Identity())
+	require.Eventually(t, func() bool { return p.host.pinned() == 0 }, 2*time.Second, time.Millisecond, "the pin goes with the connection")
+	require.Eventually(t, func() bool { return p.serving() == 1 }, 2*time.Second, time.Millisecond)
+	// The other client is still served.
+	_, err = cs.Write((&request{Object: core.ObjectID{32}, Offset: 5, Length: 100}).encode(nil))
+	require.NoError(t, err)
+	st, _, err := readResponse(cs)
+	require.NoError(t, err)
+	require.Equal(t, core.OK, st)
+	got := make([]byte, 100)
+	_, err = io.ReadFull(cs, got)
+	require.NoError(t, err)
+	assert.Equal(t, want[0][5:105], got)
+}
+
+// fetchFrom fetches as if the object belonged to runtime source.
+func (p *pair) fetchFrom(t *testing.T, source core.RuntimeID, meta []byte, sizes ...int) {
+	var targets []core.Tensor
+	for _, n := range sizes {
+		_, x := buffer(t, n)
+		targets = append(targets, x)
+	}
+	req, err := p.dst.Fetch(&core.Transfer{Source: core.PeerInfo{RuntimeID: source}}, targets, meta, nil)
+	require.NoError(t, err)
+	require.NoError(t, wait(req))
+}
+
+func (p *pair) pooledFor(source core.RuntimeID) int {
+	k := p.srcKey()
+	k.source = source
+	p.dst.pmu.Lock()
+	defer p.dst.pmu.Unlock()
+	return len(p.dst.idle[k])
+}
+
+// A receiver drops its pooled connections to a source runtime that is gone.
+func TestPeerGoneDropsPooledConnections(t *testing.T) {
+	p := newPair(t, "", "")
+	sizes := []int{4096, 9 << 20}
+	meta, _ := p.put(t, 33, sizes...)
+	gone, stays := core.RuntimeID{0x50, 1}, core.RuntimeID{0x50, 2}
+	p.fetchFrom(t, gone, meta, sizes...)
+	p.fetchFrom(t, stays, meta, sizes...)
+	require.Greater(t, p.pooledFor(gone), 1)
+	kept := p.pooledFor(stays)
+	require.Greater(t, kept, 1)
+	require.Eventually(t, func() bool { return p.serving() == p.pooledFor(gone)+kept }, 5*time.Second, time.Millisecond)
+
+	p.dst.PeerGone(core.PeerInfo{RuntimeID: gone})
+	assert.Zero(t, p.pooledFor(gone))
+	assert.Equal(t, kept, p.pooledFor(stays), "only that peer's connections go")
+	require.Eventually(t, func() bool { return p.serving() == kept }, 5*time.Second, time.Millisecond,
+		"the connections were closed, not just forgotten")
+	p.fetchFrom(t, stays, meta, sizes...)
+}
+
+// Pooled connections nobody uses are closed after idleTimeout.
+func TestIdlePooledConnectionsAreClosed(t *testing.T) {
+	old := idleTimeout
+	idleTimeout = 200 * time.Millisecond
+	defer func() { idleTimeout = old }()
+	p := newPair(t, "", "")
+	sizes := []int{4096, 9 << 20}
+	meta, _ := p.put(t, 34, sizes...)
+	_, err := p.fetch(t, meta, sizes...)
+	require.NoError(t, err)
+	require.Greater(t, p.pooled(), 1)
+	require.Eventually(t, func() bool { return p.pooled() == 0 }, idleTimeout+3*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return p.serving() == 0 }, 5*time.Second, time.Millisecond, "and closed")
+	p.dst.pmu.Lock()
+	assert.Nil(t, p.dst.reaper, "nothing pooled, nothing scheduled")
+	p.dst.pmu.Unlock()
+	// The pool fills again on demand.
+	_, err = p.fetch(t, meta, sizes...)
+	require.NoError(t, err)
+	assert.Greater(t, p.pooled(), 0)
+}
+
+// The data listener starts only when an object needs tcp, and objects put
+// without a transport carry tcp metadata only once it runs.
+func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
+	newRT := func(name string) *core.Runtime {
+		rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff,
+			Builtins: []core.TransportFactory{Factory()}, SocketDir: t.TempDir()})
+		require.NoError(t, err)
+		t.Cleanup(rt.Destroy)
+		return rt
+	}
+	owner, receiver := newRT("owner"), newRT("receiver")
+	tr, err := owner.Registry().Get(Name)
+	require.NoError(t, err)
+	listening := func() bool {
+		tt := tr.(*Transport)
+		tt.lmu.Lock()
+		defer tt.lmu.Unlock()
+		return tt.ln != nil
+	}
+	b, x := buffer(t, 5000)
+	fill(b, 35)
+	autoPut := func() []byte {
+		ref, err := owner.Put([]core.Tensor{x}, "", nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { ref.Release() })
+		data, err := ref.Serialize()
+		require.NoError(t, err)
+		return data
+	}
+	first := autoPut()
+	desc, _, err := core.DecodeRef(first)
+	require.NoError(t, err)
+	assert.NotContains(t, desc.Meta, Name, "no eager tcp metadata without a listener")
+	assert.False(t, listening(), "a put without a transport opens no port")
+
+	// A peer that fetches it over tcp asks for the metadata: that starts it.
+	ref, err := receiver.Deserialize(first)
+	require.NoError(t, err)
+	defer ref.Release()
+	got, dst := buffer(t, 5000)
+	require.NoError(t, receiver.Get([]*core.Ref{ref}, []core.Tensor{dst}, core.FetchOptions{}, 30*time.Second))
+	assert.Equal(t, b, got)
+	assert.True(t, listening())
+	desc, _, err = core.DecodeRef(autoPut())
+	require.NoError(t, err)
+	assert.Contains(t, desc.Meta, Name, "once it runs, the metadata is cheap and put eagerly")
+}

@@ -110,14 +110,15 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA)
 	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl \
 		RDT_TEST_FAKECUDA=$(abspath $(FAKECUDA)) RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
 
-# The soak test: four processes put and get 4 KiB to 16 MiB over every host
-# transport for SECONDS (whole seconds) with every byte verified, then every
-# counter, descriptor and VmRSS must be back at its baseline (see
-# docs/python.md, "Soak test"). It bounds its own time; timeout is a backstop.
+# The soak test: four processes (and short-lived visitors) put and get 4 KiB
+# to 16 MiB over every host transport for SECONDS (whole seconds) with every
+# byte verified, then every counter, descriptor and VmRSS must be back at its
+# baseline (see docs/python.md, "Soak test"). It bounds its own time;
+# timeout is a backstop.
 SECONDS ?= 60
 soak: $(VENV)/.ready $(BUILD)/librdt.so
 	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
-		timeout -k 10 $$(( $(SECONDS) + 300 )) $(VENV)/bin/python tests/soak/soak.py --seconds $(SECONDS)
+		timeout -k 10 $$(( $(SECONDS) + 600 )) $(VENV)/bin/python tests/soak/soak.py --seconds $(SECONDS)
 
 # The nccl transport and groups, on machines without GPUs: against the test
 # double of NCCL (tests/fakenccl: sockets between the ranks) on top of the

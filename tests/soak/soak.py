@@ -16,17 +16,22 @@ per-get transport override (auto, cma, shm, tcp), with and without ``out=``,
 sometimes several refs in one get, hold some for later, forward some
 (deserialized and serialized again, or the bytes as they came) to a third
 worker, and drop a few unread so that their leases expire. Every get checks
-dtype, shape and every byte.
+dtype, shape and every byte, and every remote get must show up in the
+counters of the transport that should have moved it. During the load,
+short-lived visitor processes come and go one after another, doing the same
+for a few seconds.
 
 The run has two phases: a warm-up, after which each worker records its
-descriptor count and VmRSS as the baseline, and the load phase of
-``--seconds``. Each phase ends with a drain: producers stop, every message is
-consumed, every handle released; then every runtime's counters (objects,
-refs, borrows, borrowed objects, refs in transit, active fetches) must reach
-zero, the binding must hold no put tensors any more, descriptors must be
-back within ``--fd-slack`` and VmRSS within ``--rss-slack-mib``. The run
-fails (exit status 1, naming what did not return) on any failed get, corrupt
-byte, dead worker or missed deadline. Children are killed on every way out.
+descriptors and VmRSS as the baseline, and the load phase of ``--seconds``.
+Each phase ends with a drain: producers stop, every message is consumed,
+every handle released; then every runtime's counters (objects, refs,
+borrows, borrowed objects, refs in transit, active fetches) must reach zero,
+the binding must hold no put tensors any more, descriptors must be back
+within ``--fd-slack`` (connections between live workers, the transports'
+pools, are only held to the pools' bound) and VmRSS within
+``--rss-slack-mib``. The run fails (exit status 1, naming what did not
+return) on any failed get, corrupt byte, dead process or missed deadline.
+Children are killed on every way out.
 """
 
 from __future__ import annotations
@@ -272,26 +277,29 @@ def label(d: Dict[str, Any]) -> str:
 
 def classify(fds: Dict[int, List[Dict[str, Any]]], pids: Dict[int, int]) -> Dict[int, Dict[str, Any]]:
     """Splits each worker's descriptors into connections to another live
-    worker of this run (the transports' pools and control connections) and
-    everything else, which must come back to its baseline."""
+    worker of this run (the transports' pools and control connections, also
+    those the other side already closed, say for idleness, which stay in a
+    pool until it is used again) and everything else, which must come back
+    to its baseline: a descriptor kept for a peer that is gone lands there."""
     port_owner = {d["lport"]: w for w, ds in fds.items() for d in ds if d["kind"] == "tcp"}
     pid_owner = {pid: w for w, pid in pids.items()}
     out = {}
     for w, ds in fds.items():
         pooled: collections.Counter = collections.Counter()
+        closed = 0
         other: collections.Counter = collections.Counter()
         for d in ds:
             peer = None
-            if not d.get("listener") and not d.get("closed"):
-                if d["kind"] == "tcp" and d["state"] == "01":
-                    peer = port_owner.get(d["rport"])
-                elif d["kind"] == "unix":
-                    peer = pid_owner.get(d.get("peer_pid", 0))
+            if d["kind"] == "tcp" and not d["listener"]:
+                peer = port_owner.get(d["rport"])
+            elif d["kind"] == "unix" and not d["listener"]:
+                peer = pid_owner.get(d.get("peer_pid", 0))
             if peer is not None and peer != w:
                 pooled[peer] += 1
+                closed += bool(d.get("closed"))
             else:
                 other[label(d)] += 1
-        out[w] = {"pooled": pooled, "other": other, "total": len(ds)}
+        out[w] = {"pooled": pooled, "pooled_closed": closed, "other": other}
     return out
 
 
@@ -319,21 +327,42 @@ class Tally:
             return {"counts": dict(self.counts), "failures": dict(self.failures), "examples": list(self.examples)}
 
 
+class Shared:
+    """What the coordinator shares with the processes it starts. Index
+    ``workers`` (one past the workers) is the visitor's: its inbox and
+    progress slot, taken by one short-lived visitor process after another."""
+
+    def __init__(self, ctx: Any, workers: int) -> None:
+        self.inboxes = [ctx.Queue() for _ in range(workers + 1)]
+        self.reports = ctx.Queue()
+        self.outstanding = ctx.Value("q", 0)  # messages sent and not yet handled, by anyone
+        self.progress = ctx.Array("q", workers + 1)
+        names = ["finish"] + [f"{p}_{s}" for p in ("warmup", "load") for s in ("go", "stop", "quiet")]
+        self.events = {k: ctx.Event() for k in names}
+        # Whether the visitor takes refs now, and how many sent to it are
+        # not handled yet; both under visitor_lock.
+        self.visitor_lock = ctx.Lock()
+        self.visitor_open = ctx.Value("q", 0, lock=False)
+        self.visitor_outstanding = ctx.Value("q", 0, lock=False)
+
+
 class Worker:
-    def __init__(self, index: int, cfg: Dict[str, Any], inboxes: List[Any], reports: Any, outstanding: Any,
-                 progress: Any, events: Dict[str, Any]) -> None:
+    def __init__(self, index: int, cfg: Dict[str, Any], shared: Shared, visitor: Optional[int] = None) -> None:
         import rdt
         self.rdt = rdt
         self.index = index
         self.cfg = cfg
-        self.inboxes = inboxes
-        self.inbox = inboxes[index]
-        self.reports = reports
-        self.outstanding = outstanding
-        self.progress = progress
-        self.events = events
+        self.shared = shared
+        self.inboxes = shared.inboxes
+        self.inbox = shared.inboxes[index]
+        self.reports = shared.reports
+        self.outstanding = shared.outstanding
+        self.progress = shared.progress
+        self.events = shared.events
+        self.visitor = visitor  # the visitor's serial number, None for a worker
         self.tally = Tally()
-        self.rt = rdt.init(name=f"soak{index}", lease=cfg["lease"])
+        name = f"soak{index}" if visitor is None else f"soak-visitor{visitor}"
+        self.rt = rdt.init(name=name, lease=cfg["lease"])
         names = self.rt.transport_names(builtin=True)
         self.transports = [t for t in HOST_TRANSPORTS if t in names]
         self.choices: List[Optional[str]] = [None] + list(self.transports)
@@ -353,10 +382,27 @@ class Worker:
     def done(self, n: int = 1) -> None:
         with self.outstanding.get_lock():
             self.outstanding.value -= n
+        if self.visitor is not None:  # everything in its inbox came through send_visitor
+            with self.shared.visitor_lock:
+                self.shared.visitor_outstanding.value -= n
 
     def other(self, rng: random.Random) -> int:
+        """Another worker (never the visitor: refs reach it only from
+        send_visitor, so that it can tell when none will come any more)."""
         n = self.cfg["workers"]
-        return (self.index + rng.randrange(1, n)) % n
+        return rng.choice([w for w in range(n) if w != self.index])
+
+    def send_visitor(self, ref: Any, msg: Dict[str, Any], rng: random.Random) -> None:
+        sh = self.shared
+        with sh.visitor_lock:
+            if not sh.visitor_open.value:
+                return
+            form, data = self.encode(ref, rng)
+            sh.visitor_outstanding.value += 1
+            with self.outstanding.get_lock():
+                self.outstanding.value += 1
+            self.inboxes[self.cfg["workers"]].put(dict(msg, form=form, data=data))
+        self.tally.add(refs_sent=1, refs_sent_to_visitor=1)
 
     def encode(self, ref: Any, rng: random.Random) -> Tuple[str, bytes]:
         if rng.random() < 0.5:
@@ -412,6 +458,8 @@ class Worker:
             self.tally.add(gets_verified=1, bytes_verified=v.bytes, corrupt_bytes=v.corrupt,
                            **{f"get_{label}": 1, "gets_own_object" if local else "gets_remote": 1,
                               "gets_out" if use_out else "gets_alloc": 1})
+            if owner == self.cfg["workers"] and self.visitor is None:
+                self.tally.add(gets_of_visitor_objects=1)
             if not local:  # the transport rdt must have used: the override, the put's, else its choice
                 chosen = override or (m["put"] if m["put"] != "auto" else self.auto_transport)
                 self.tally.add(**{f"moved_{chosen}": 1})
@@ -454,17 +502,17 @@ class Worker:
                 continue
             self.tally.add(puts=1, put_bytes=spec_nbytes(spec), **{f"put_{put_transport or 'auto'}": 1})
             receivers = 1 if rng.random() < 0.85 else 2  # serialize once per receiver
-            targets = rng.sample([w for w in range(cfg["workers"]) if w != self.index],
-                                 min(receivers, cfg["workers"] - 1))
-            for target in targets:
-                try:
+            targets = rng.sample([w for w in range(cfg["workers"]) if w != self.index], receivers)
+            msg = {"spec": spec, "owner": self.index, "hops": rng.choice((0, 0, 1, 2)), "put": put_transport or "auto"}
+            try:
+                for target in targets:
                     form, data = self.encode(ref, rng)
-                except self.rdt.RdtError as e:
-                    self.tally.fail("serialize_" + type(e).__name__, str(e))
-                    continue
-                self.send(target, {"form": form, "data": data, "spec": spec, "owner": self.index,
-                                   "hops": rng.choice((0, 0, 1, 2)), "put": put_transport or "auto"})
-                self.tally.add(refs_sent=1)
+                    self.send(target, dict(msg, form=form, data=data))
+                    self.tally.add(refs_sent=1)
+                if self.visitor is None and rng.random() < 0.15:
+                    self.send_visitor(ref, msg, rng)
+            except self.rdt.RdtError as e:
+                self.tally.fail("serialize_" + type(e).__name__, str(e))
             # Released at once (often before anyone fetched) or a little later.
             delay = 0.0 if rng.random() < 0.4 else rng.uniform(0, cfg["hold_max"])
             own.append((time.monotonic() + delay, ref, spec, put_transport or "auto"))
@@ -481,8 +529,10 @@ class Worker:
         while True:
             now, stopping = time.monotonic(), self.stop.is_set()
             due = [h for h in held if h[0] <= now or stopping]
+            if due and len(held) > len(due) and rng.random() < 0.3:
+                due = held  # fetch the others with it, in one get
             if due:
-                held = [h for h in held if not (h[0] <= now or stopping)]
+                held = [h for h in held if not (h[0] <= now or stopping or due is held)]
                 try:
                     self.finish_held(due, rng)
                 except Exception as e:  # a defect of this script: count it, go on
@@ -594,6 +644,20 @@ class Worker:
         return {"state": self.end_state(), "stats": s, "fds": descriptors(), "rss_kib": memory["VmRSS"],
                 "memory": memory, "transports": transports}
 
+    def start_threads(self) -> List[threading.Thread]:
+        threads = [threading.Thread(target=self.produce, name="producer", daemon=True)]
+        threads += [threading.Thread(target=self.consume, args=(t,), name=f"consumer{t}", daemon=True)
+                    for t in range(self.cfg["consumers"])]
+        for t in threads:
+            t.start()
+        return threads
+
+    def join_threads(self, threads: List[threading.Thread]) -> None:
+        for t in threads:
+            t.join(self.cfg["drain_limit"])
+            if t.is_alive():
+                raise RuntimeError(f"thread {t.name} did not end within {self.cfg['drain_limit']} s of the drain")
+
     def run_phase(self, name: str) -> None:
         ev = self.events
         if not ev[name + "_go"].wait(self.cfg["phase_wait"]):
@@ -601,47 +665,83 @@ class Worker:
         self.stop.clear()
         self.quiet.clear()
         self.tally = Tally()  # each phase reports its own counts
-        threads = [threading.Thread(target=self.produce, name="producer", daemon=True)]
-        threads += [threading.Thread(target=self.consume, args=(t,), name=f"consumer{t}", daemon=True)
-                    for t in range(self.cfg["consumers"])]
-        for t in threads:
-            t.start()
+        threads = self.start_threads()
         ev[name + "_stop"].wait(self.cfg["phase_wait"])
         self.stop.set()
         ev[name + "_quiet"].wait(self.cfg["phase_wait"])
         self.quiet.set()
-        for t in threads:
-            t.join(self.cfg["drain_limit"])
-            if t.is_alive():
-                raise RuntimeError(f"thread {t.name} did not end within {self.cfg['drain_limit']} s of the drain")
+        self.join_threads(threads)
         report = self.settle(self.cfg["settle_limit"])
         report.update(self.tally.snapshot())
         self.reports.put(("phase", self.index, name, report))
 
 
-def worker_main(index: int, cfg: Dict[str, Any], inboxes: List[Any], reports: Any, outstanding: Any,
-                progress: Any, events: Dict[str, Any]) -> None:
+def _watchdog(hard_timeout: float) -> None:
+    """Ends this process if the coordinator goes or the run's hard limit passes."""
     parent = os.getppid()
-    hard_deadline = time.monotonic() + cfg["hard_timeout"]
+    deadline = time.monotonic() + hard_timeout
 
-    def watchdog() -> None:
-        # Never outlive the coordinator or the run's hard limit.
+    def watch() -> None:
         while True:
             time.sleep(0.5)
-            if os.getppid() != parent or time.monotonic() > hard_deadline:
+            if os.getppid() != parent or time.monotonic() > deadline:
                 os._exit(70)
-    threading.Thread(target=watchdog, daemon=True).start()
+    threading.Thread(target=watch, daemon=True).start()
     warnings.filterwarnings("ignore", message="rdt.get of an object put by this process")
+
+
+def worker_main(index: int, cfg: Dict[str, Any], shared: Shared) -> None:
+    _watchdog(cfg["hard_timeout"])
     try:
-        w = Worker(index, cfg, inboxes, reports, outstanding, progress, events)
-        reports.put(("ready", index, {"pid": os.getpid(), "transports": w.transports}))
+        w = Worker(index, cfg, shared)
+        shared.reports.put(("ready", index, {"pid": os.getpid(), "transports": w.transports}))
         for phase in ("warmup", "load"):
             w.run_phase(phase)
-        events["finish"].wait(cfg["phase_wait"])
+        shared.events["finish"].wait(cfg["phase_wait"])
         w.rt.close()
     except BaseException as e:
-        reports.put(("error", index, "".join(traceback.format_exception(type(e), e, e.__traceback__))))
-        for q in inboxes:
+        shared.reports.put(("error", f"worker {index}", "".join(traceback.format_exception(type(e), e,
+                                                                                            e.__traceback__))))
+        for q in shared.inboxes:
+            q.cancel_join_thread()
+        raise
+
+
+def visitor_main(serial: int, cfg: Dict[str, Any], shared: Shared, leave: Any) -> None:
+    """A short-lived peer: for a few seconds it puts objects for the workers
+    and gets objects they send it, like the rest; then it takes no more
+    refs, waits until the workers released its objects, and goes: every
+    other visitor destroys its runtime first, the others just exit. The
+    workers must then drop whatever they kept for it (descriptors,
+    connections), which their end-of-run descriptor check sees."""
+    _watchdog(cfg["hard_timeout"])
+    try:
+        w = Worker(cfg["workers"], cfg, shared, visitor=serial)
+        w.stop.clear()
+        threads = w.start_threads()
+        with shared.visitor_lock:
+            shared.visitor_open.value = 1
+        leave.wait(cfg["visitor_life"])
+        w.stop.set()
+        with shared.visitor_lock:
+            shared.visitor_open.value = 0
+        deadline = time.monotonic() + cfg["drain_limit"]
+        while shared.visitor_outstanding.value and time.monotonic() < deadline:
+            time.sleep(0.02)
+        w.quiet.set()
+        w.join_threads(threads)
+        report = w.settle(cfg["settle_limit"])
+        report.update(w.tally.snapshot(), pid=os.getpid(), destroyed=serial % 2 == 0)
+        shared.reports.put(("visitor", serial, report))
+        if serial % 2:
+            shared.reports.close()
+            shared.reports.join_thread()  # the report is in the pipe
+            os._exit(0)  # no destroy: the workers see the process vanish
+        w.rt.close()
+    except BaseException as e:
+        shared.reports.put(("error", f"visitor {serial}", "".join(traceback.format_exception(type(e), e,
+                                                                                              e.__traceback__))))
+        for q in shared.inboxes:
             q.cancel_join_thread()
         raise
 
@@ -656,42 +756,60 @@ class Coordinator:
     def __init__(self, cfg: Dict[str, Any]) -> None:
         import multiprocessing as mp
         self.cfg = cfg
-        ctx = mp.get_context("spawn")
-        n = cfg["workers"]
-        self.inboxes = [ctx.Queue() for _ in range(n)]
-        self.reports = ctx.Queue()
-        self.outstanding = ctx.Value("q", 0)
-        self.progress = ctx.Array("q", n)
-        names = ["finish"] + [f"{p}_{s}" for p in ("warmup", "load") for s in ("go", "stop", "quiet")]
-        self.events = {k: ctx.Event() for k in names}
-        self.procs = [ctx.Process(target=worker_main, name=f"soak-worker-{i}", daemon=True,
-                                  args=(i, cfg, self.inboxes, self.reports, self.outstanding, self.progress,
-                                        self.events)) for i in range(n)]
+        self.ctx = mp.get_context("spawn")
+        self.shared = sh = Shared(self.ctx, cfg["workers"])
+        self.events = sh.events
+        self.outstanding = sh.outstanding
+        self.procs = [self.ctx.Process(target=worker_main, name=f"soak-worker-{i}", daemon=True, args=(i, cfg, sh))
+                      for i in range(cfg["workers"])]
         self.phase: Dict[str, Dict[int, Dict[str, Any]]] = {"warmup": {}, "load": {}}
         self.ready: Dict[int, Dict[str, Any]] = {}
+        self.visitor: Optional[Tuple[int, Any, Any]] = None  # (serial, process, leave event)
+        self.visitors_started = 0
+        self.visits: Dict[int, Dict[str, Any]] = {}  # reports by serial
 
     def check_alive(self) -> None:
         for i, p in enumerate(self.procs):
             if p.exitcode is not None:
                 how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit status {p.exitcode}"
                 raise Failed(f"worker {i} (pid {p.pid}) died with {how}")
+        if self.visitor is not None and self.visitor[1].exitcode is not None:
+            serial, p, _ = self.visitor
+            if p.exitcode != 0:
+                how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit status {p.exitcode}"
+                raise Failed(f"visitor {serial} (pid {p.pid}) died with {how}")
+            self.pump(0.5)  # its report was sent before it exited
+            if serial not in self.visits:
+                raise Failed(f"visitor {serial} (pid {p.pid}) exited without its report")
+            self.visitor = None
+
+    def start_visitor(self) -> None:
+        serial = self.visitors_started
+        self.visitors_started += 1
+        leave = self.ctx.Event()
+        p = self.ctx.Process(target=visitor_main, name=f"soak-visitor-{serial}", daemon=True,
+                             args=(serial, self.cfg, self.shared, leave))
+        p.start()
+        self.visitor = (serial, p, leave)
 
     def pump(self, timeout: float) -> None:
         """Takes reports for up to timeout seconds."""
         end = time.monotonic() + timeout
         while True:
             try:
-                kind, index, *rest = self.reports.get(timeout=max(0.0, min(0.2, end - time.monotonic())))
+                kind, index, *rest = self.shared.reports.get(timeout=max(0.0, min(0.2, end - time.monotonic())))
             except queue.Empty:
                 if time.monotonic() >= end:
                     return
                 continue
             if kind == "error":
-                raise Failed(f"worker {index} failed:\n{rest[0]}")
+                raise Failed(f"{index} failed:\n{rest[0]}")
             if kind == "ready":
                 self.ready[index] = rest[0]
             elif kind == "phase":
                 self.phase[rest[0]][index] = rest[1]
+            elif kind == "visitor":
+                self.visits[index] = rest[0]
 
     def wait_for(self, cond: Any, limit: float, what: str) -> None:
         end = time.monotonic() + limit
@@ -706,17 +824,27 @@ class Coordinator:
         ev[name + "_go"].set()
         start = time.monotonic()
         last = start
+        visitors = name == "load" and self.cfg["visitors"]
         while time.monotonic() - start < seconds:
             self.pump(min(0.5, max(0.0, seconds - (time.monotonic() - start))))
             self.check_alive()
+            left = seconds - (time.monotonic() - start)
+            if visitors and self.visitor is None and left > self.cfg["visitor_life"] + 2:
+                self.start_visitor()
             if name == "load" and time.monotonic() - last >= 10:
                 last = time.monotonic()
-                print(f"soak: {last - start:4.0f} s, {sum(self.progress[:])} gets verified", flush=True)
+                print(f"soak: {last - start:4.0f} s, {sum(self.shared.progress[:])} gets verified, "
+                      f"{len(self.visits)} visitors came and went", flush=True)
+        if self.visitor is not None:
+            self.visitor[2].set()  # leave now
         ev[name + "_stop"].set()
         drain_start = time.monotonic()
         self.wait_for(lambda: self.outstanding.value == 0, self.cfg["drain_limit"],
                       f"{name}: consuming every message after producers stopped "
                       f"({self.outstanding.value} still outstanding)")
+        # The workers measure only once the visitor is gone.
+        self.wait_for(lambda: self.visitor is None, self.cfg["drain_limit"] + self.cfg["settle_limit"],
+                      "the last visitor leaving")
         ev[name + "_quiet"].set()
         self.wait_for(lambda: len(self.phase[name]) == self.cfg["workers"],
                       self.cfg["drain_limit"] + self.cfg["settle_limit"] + 10, f"{name}: every worker settling")
@@ -737,7 +865,7 @@ class Coordinator:
         self.events["finish"].set()
         for p in self.procs:
             p.join(30)
-        problems = self.check()
+        problems = self.check() + self.check_visitors()
         if missing:
             print(f"soak: note: transports not available here, not exercised: {', '.join(missing)}")
         return problems
@@ -778,6 +906,22 @@ class Coordinator:
                                 f"completed and {theirs['transfers_failed']} failed transfers")
         return problems
 
+    def check_visitors(self) -> List[str]:
+        cfg = self.cfg
+        problems = []
+        if cfg["visitors"] and cfg["seconds"] > cfg["visitor_life"] + 2 and not self.visits:
+            problems.append("no visitor came and went during the load")
+        for serial, r in sorted(self.visits.items()):
+            for kind, n in sorted(r["failures"].items()):
+                problems.append(f"visitor {serial}: {n} failed: {kind}")
+            for ex in r["examples"]:
+                problems.append(f"visitor {serial}:   e.g. {ex}")
+            left = {k: v for k, v in r["state"].items() if v}
+            if left:
+                problems.append(f"visitor {serial}: not back to zero within {cfg['settle_limit']:g} s before "
+                                "leaving: " + ", ".join(f"{k}={v}" for k, v in left.items()))
+        return problems
+
     def transport_counts(self) -> Dict[str, Tuple[int, collections.Counter]]:
         """Per transport, during the load: the remote gets that should have
         used it, and rdt's own transfer counters summed over the receivers."""
@@ -788,7 +932,10 @@ class Coordinator:
             for i in range(self.cfg["workers"]):
                 for k, x in end[i]["transports"].get(t, {}).items():
                     theirs[k] += x - base[i]["transports"].get(t, {}).get(k, 0)
-            ours = sum(r["counts"].get(f"moved_{t}", 0) for r in end.values())
+            for r in self.visits.values():  # visitors count from their start
+                for k, x in r["transports"].get(t, {}).items():
+                    theirs[k] += x
+            ours = sum(r["counts"].get(f"moved_{t}", 0) for r in [*end.values(), *self.visits.values()])
             if ours or theirs:
                 out[t] = (ours, theirs)
         return out
@@ -853,6 +1000,17 @@ class Coordinator:
                      f"{tot['refs_sent']} refs sent, {tot['forwarded']} forwarded after deserializing, "
                      f"{tot['forwarded_raw']} as bytes, {tot['released_unfetched']} released unfetched, "
                      f"{tot['dropped_unread']} never deserialized, {tot['double_deserialize']} deserialized twice")
+        if self.visits:
+            v: collections.Counter = collections.Counter()
+            for r in self.visits.values():
+                v.update(r["counts"])
+                v["failed"] += sum(r["failures"].values())
+            destroyed = sum(1 for r in self.visits.values() if r["destroyed"])
+            lines.append(f"visitors: {len(self.visits)} came and went ({destroyed} destroyed their runtime, "
+                         f"{len(self.visits) - destroyed} just exited); they put {v['puts']}, verified "
+                         f"{v['gets_verified']} gets ({v['bytes_verified'] / 2**30:.2f} GiB, {v['corrupt_bytes']} "
+                         f"corrupt bytes, {v['failed']} failed); the workers verified "
+                         f"{tot['gets_of_visitor_objects']} gets of visitors' objects")
         state: collections.Counter = collections.Counter()
         leases = 0
         for i in range(self.cfg["workers"]):
@@ -861,18 +1019,24 @@ class Coordinator:
         lines.append("end state, summed over workers: " + ", ".join(f"{k} {state[k]}" for k in
                                                                    (*END_STATE, "put_tensors_held"))
                      + f"; leases expired during the load {leases}")
+        pooled = sum(sum(c["pooled"].values()) for c in fe.values())
+        lines.append(f"descriptors: connections between workers at the end {pooled} (pooled; "
+                     f"{sum(c['pooled_closed'] for c in fe.values())} already closed by the other side), "
+                     f"other descriptors {sum(sum(c['other'].values()) for c in fe.values())} "
+                     f"(after warm-up {sum(sum(c['other'].values()) for c in fb.values())})")
         lines.append("remote gets by the transport that moved them, expected / rdt's counters: " + "; ".join(
             f"{t} {ours} / {theirs['transfers_completed']} completed, {theirs['transfers_failed']} failed"
             for t, (ours, theirs) in self.transport_counts().items()))
         return "\n".join(lines)
 
     def kill(self) -> None:
-        for q in self.inboxes:
+        for q in self.shared.inboxes:
             q.cancel_join_thread()
-        for p in self.procs:
+        procs = self.procs + ([self.visitor[1]] if self.visitor is not None else [])
+        for p in procs:
             if p.is_alive():
                 p.kill()
-        for p in self.procs:
+        for p in procs:
             p.join(5)
 
 
@@ -892,6 +1056,9 @@ def main() -> int:
     ap.add_argument("--fd-slack", type=int, default=4, help="descriptors allowed above or below the baseline")
     ap.add_argument("--rss-slack-mib", type=float, default=64, help="VmRSS growth allowed over the baseline")
     ap.add_argument("--drain-limit", type=float, default=30, help="seconds for the messages to be consumed")
+    ap.add_argument("--visitors", action=argparse.BooleanOptionalAction, default=True,
+                    help="during the load, start short-lived peers one after another (default: on)")
+    ap.add_argument("--visitor-life", type=float, default=4, help="seconds a visitor puts and gets (default 4)")
     args = ap.parse_args()
     if args.workers < 3:
         ap.error("--workers must be at least 3 (refs are forwarded through a third process)")
@@ -900,15 +1067,24 @@ def main() -> int:
            "seed": seed, "min_size": args.min_size, "max_size": args.max_size, "max_objects": args.max_objects,
            "lease": args.lease, "hold_max": args.hold_max, "fd_slack": args.fd_slack,
            "rss_slack_mib": args.rss_slack_mib, "drain_limit": args.drain_limit,
+           "visitors": args.visitors, "visitor_life": args.visitor_life,
            # leases expire within lease seconds of the last serialize
            "settle_limit": args.lease + 20}
     # Every wait of a worker and the whole run are bounded.
-    cfg["phase_wait"] = args.warmup + args.seconds + cfg["drain_limit"] + cfg["settle_limit"] + 60
-    cfg["hard_timeout"] = 60 + 2 * (cfg["drain_limit"] + cfg["settle_limit"] + 10) + args.warmup + args.seconds + 30
+    drain, settle = cfg["drain_limit"], cfg["settle_limit"]
+    cfg["phase_wait"] = args.warmup + args.seconds + 2 * (drain + settle) + 60
+    # Start-up, both phases, and the end of each: messages consumed, the
+    # visitor gone (load only), every worker settled.
+    cfg["hard_timeout"] = 60 + args.warmup + args.seconds + 5 * drain + 3 * settle + 40
     # Arrays of 128 KiB and more are mapped and unmapped by themselves, so
     # that VmRSS shows what is still held rather than what glibc keeps in its
     # heap after raising its threshold for big blocks (up to 100 MiB seen).
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 << 10))
+    # Frequent garbage collections (and the stack shrinks they bring) make
+    # defects at the cgo boundary, such as an integer where Go expects a
+    # pointer, fail within seconds instead of hours. GOGC set by the caller
+    # wins.
+    os.environ.setdefault("GOGC", "10")
     coord = Coordinator(cfg)
 
     def on_stop(why: str) -> None:

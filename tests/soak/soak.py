@@ -567,8 +567,10 @@ class Worker:
             self.send(self.other(rng), dict(msg, hops=msg["hops"] - 1))
             self.tally.add(forwarded_raw=1)
             return None
-        if msg["form"] == "bytes" and rng.random() < 0.03:
-            self.tally.add(dropped_unread=1)  # its lease expires at the owner
+        if msg["form"] == "bytes" and msg["owner"] < self.cfg["workers"] and rng.random() < 0.03:
+            # Its lease expires at the owner (not a visitor's: it would wait
+            # for the lease before it may leave).
+            self.tally.add(dropped_unread=1)
             return None
         try:
             ref = self.decode(msg["form"], msg["data"])
@@ -1053,7 +1055,9 @@ def main() -> int:
                     help="objects a worker owns at once, at most (bounds memory)")
     ap.add_argument("--lease", type=float, default=8, help="lease of serialized refs, seconds (default 8)")
     ap.add_argument("--hold-max", type=float, default=1.5, help="longest a handle is held before release, s")
-    ap.add_argument("--fd-slack", type=int, default=4, help="descriptors allowed above or below the baseline")
+    ap.add_argument("--fd-slack", type=int, default=2,
+                    help="descriptors allowed above or below the baseline, not counting connections between "
+                         "live workers (default 2)")
     ap.add_argument("--rss-slack-mib", type=float, default=64, help="VmRSS growth allowed over the baseline")
     ap.add_argument("--drain-limit", type=float, default=30, help="seconds for the messages to be consumed")
     ap.add_argument("--visitors", action=argparse.BooleanOptionalAction, default=True,

@@ -493,7 +493,9 @@ class Worker:
                 time.sleep(0.005)  # receivers still hold them: keeps memory bounded
                 continue
             self.counter += 1
-            spec = random_spec(rng, self.counter, cfg["seed"] * 64 + self.index, cfg["min_size"], cfg["max_size"])
+            # Unique per process and object, so that a get of the wrong object fails.
+            base = (cfg["seed"] * 1024 + self.index) * 1_000_003 + (0 if self.visitor is None else self.visitor + 1)
+            spec = random_spec(rng, self.counter, base, cfg["min_size"], cfg["max_size"])
             put_transport = rng.choice(self.choices)
             try:
                 ref = self.rt.put(build_value(spec), transport=put_transport)

@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test fuzz install clean demo bench gpu-test gpu-bench
+.PHONY: all test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -40,7 +40,7 @@ $(NIXL_DIR)/.ready: tests/requirements-nixl.txt
 		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
 	@mkdir -p $(NIXL_DIR) && touch $@
 
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak
 
 go-test: $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(GO) test -race -count=1 ./...
@@ -109,6 +109,16 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA)
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/rdt-*.whl
 	whl=$$(ls $(CURDIR)/$(WHEEL_DIR)/rdt-*.whl) && cd tests/python && RDT_WHEEL=$$whl \
 		RDT_TEST_FAKECUDA=$(abspath $(FAKECUDA)) RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider .
+
+# The soak test: four processes (and short-lived visitors) put and get 4 KiB
+# to 16 MiB over every host transport for SECONDS (whole seconds) with every
+# byte verified, then every counter, descriptor and VmRSS must be back at its
+# baseline (see docs/python.md, "Soak test"). It bounds its own time;
+# timeout is a backstop.
+SECONDS ?= 60
+soak: $(VENV)/.ready $(BUILD)/librdt.so
+	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		timeout -k 10 $$(( $(SECONDS) + 600 )) $(VENV)/bin/python tests/soak/soak.py --seconds $(SECONDS)
 
 # The nccl transport and groups, on machines without GPUs: against the test
 # double of NCCL (tests/fakenccl: sockets between the ranks) on top of the

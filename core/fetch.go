@@ -20,12 +20,18 @@ type FetchOptions struct {
 type Fetch struct {
 	rt        *Runtime
 	transfers []*transfer
+	override  string // the transport every ref is fetched with ("": each its own)
+	// ctx bounds the network phases of every transfer (connecting to the
+	// owner, the borrow, metadata): it ends when the fetch is aborted, and
+	// at the caller's deadline for Get.
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
 	done      chan struct{} // closed when every transfer finished
 	abortCh   chan struct{}
 	abortOnce sync.Once
 	freeOnce  sync.Once
 
-	remaining atomic.Int64 // transfers started and not finished
+	remaining atomic.Int64 // transfers not finished
 
 	mu  sync.Mutex
 	err error // the first error
@@ -51,9 +57,51 @@ type transfer struct {
 	start      time.Time
 }
 
-// StartFetch validates the targets, starts every transfer and returns
-// without waiting. See rdt_fetch_start.
+// StartFetch validates the arguments and returns a running fetch without
+// waiting for anything: connecting to the owners, the borrows, metadata and
+// the transfers themselves all run in the background, bounded by the
+// fetch's own life (Abort, Free) and waited on with Wait. Errors of those
+// phases are the fetch's result. See rdt_fetch_start.
 func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) (*Fetch, error) {
+	f, err := rt.newFetch(refs, targets, opts, rt.ctx)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		f.complete(f.startAll(), true)
+	}()
+	return f, nil
+}
+
+// Get is StartFetch, Wait and Free in one call, with one deadline for all of
+// it: the start phase runs on the caller's goroutine under that deadline (so
+// a fetch that completes at once needs no other goroutine), and what is left
+// when it passes is aborted before Get returns. A negative timeout waits
+// forever.
+func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
+	begun := time.Now()
+	ctx := rt.ctx
+	if timeout >= 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadlineCause(rt.ctx, begun.Add(timeout),
+			Errorf(ErrTimeout, "the get's deadline (%v) passed", timeout))
+		defer cancel()
+	}
+	f, err := rt.newFetch(refs, targets, opts, ctx)
+	if err != nil {
+		return err
+	}
+	defer f.Free()
+	f.complete(f.startAll(), false)
+	if timeout >= 0 {
+		timeout = max(0, timeout-time.Since(begun))
+	}
+	return f.Wait(timeout)
+}
+
+// newFetch checks the arguments, takes the fetch's own handles on the
+// objects and registers the fetch with the runtime. Nothing runs yet.
+func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ctx context.Context) (*Fetch, error) {
 	total := 0
 	for i, r := range refs {
 		if err := r.check(); err != nil {
@@ -85,7 +133,7 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 		override = e.t.Name()
 	}
 
-	f := &Fetch{rt: rt, done: make(chan struct{}), abortCh: make(chan struct{})}
+	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{})}
 	off = 0
 	for i, r := range refs {
 		c, err := r.Clone()
@@ -110,28 +158,58 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 	rt.fetches[f] = struct{}{}
 	rt.mu.Unlock()
 	rt.c.fetchesActive.Add(1)
+	f.ctx, f.cancel = context.WithCancelCause(ctx)
+	f.remaining.Store(int64(len(f.transfers)))
+	return f, nil
+}
 
-	// Start every transfer before waiting on any; on the first failure,
-	// abort the ones already started and let them wind down.
-	var startErr error
-	started := f.transfers[:0:0]
+// startAll runs the start phase of every transfer, concurrently, and
+// returns the transfers that started. A transfer that fails to start ends
+// there, and its error aborts the others.
+func (f *Fetch) startAll() []*transfer {
+	ok := make([]bool, len(f.transfers))
+	var wg sync.WaitGroup
 	for i, tr := range f.transfers {
-		if startErr == nil {
-			if err := tr.begin(override); err != nil {
-				startErr = Wrap(err, "fetch of ref %d (object %s)", i, tr.ref.desc.ID)
-				f.record(startErr)
-			} else {
-				started = append(started, tr)
-				continue
-			}
+		if i == 0 {
+			continue // started on this goroutine below
 		}
-		tr.ref.Release() // never started
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok[i] = f.startOne(tr)
+		}()
 	}
+	if len(f.transfers) > 0 {
+		ok[0] = f.startOne(f.transfers[0])
+	}
+	wg.Wait()
+	var started []*transfer
+	for i, tr := range f.transfers {
+		if ok[i] {
+			started = append(started, tr)
+		}
+	}
+	return started
+}
+
+func (f *Fetch) startOne(tr *transfer) bool {
+	if err := tr.begin(f.override); err != nil {
+		tr.finish(err)
+		return false
+	}
+	return true
+}
+
+// complete runs the started transfers to their end (every transfer is
+// started before any is waited on) and closes f.done after the last.
+// Transfers that finished inside the transport's fetch end on this
+// goroutine; the others get their own. With block, complete returns only
+// at the end; without, it returns once the rest runs in the background.
+func (f *Fetch) complete(started []*transfer, block bool) {
 	var wg sync.WaitGroup
 	spawned := 0
 	for _, tr := range started {
-		f.remaining.Add(1)
-		if startErr == nil && tr.completed() {
+		if tr.completed() {
 			tr.finish(tr.run())
 			continue
 		}
@@ -142,24 +220,23 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 			tr.finish(tr.run())
 		}()
 	}
-	if spawned == 0 {
+	switch {
+	case spawned == 0:
 		close(f.done)
-	} else {
+	case block:
+		wg.Wait()
+		close(f.done)
+	default:
 		go func() {
 			wg.Wait()
 			close(f.done)
 		}()
 	}
-	if startErr != nil {
-		<-f.done
-		f.Free()
-		return nil, startErr
-	}
-	return f, nil
 }
 
-// begin does the synchronous part of a transfer: choose the transport, get
-// the metadata, and start the transport's fetch (and the source's send).
+// begin is the start phase of a transfer: connect to the owner, choose the
+// transport, get the metadata, and start the transport's fetch (and the
+// source's send). Every wait in it ends with the fetch's context.
 func (tr *transfer) begin(override string) error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
@@ -172,7 +249,8 @@ func (tr *transfer) begin(override string) error {
 		tr.local = true
 		return rt.checkLocalCopy(desc, tr.targets)
 	}
-	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
+	ctx, cancel := context.WithTimeoutCause(tr.f.ctx, rpcTimeout,
+		Errorf(ErrTimeout, "the owner did not answer within %v", rpcTimeout))
 	defer cancel()
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
@@ -281,6 +359,14 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 	tmeta, err := rt.remoteMeta(ctx, tr.peer, desc, name)
 	if err != nil {
 		return Wrap(err, "%s metadata", name)
+	}
+	select {
+	case <-tr.f.abortCh:
+		// Aborted while we asked the owner: start nothing. (A deadline
+		// alone does not stop it: a transfer that completes inside the
+		// transport's fetch still makes a get with timeout 0 succeed.)
+		return Errorf(ErrAborted, "fetch aborted")
+	default:
 	}
 	x := &Transfer{
 		Object: desc.ID, TransferID: randomUint64(), Transport: name, Role: RoleDestination,
@@ -441,8 +527,11 @@ func (tr *transfer) finish(err error) {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tname := "local copy"
-	if tr.entry != nil {
+	switch {
+	case tr.entry != nil:
 		tname = tr.entry.t.Name()
+	case !tr.local:
+		tname = "no transport yet"
 	}
 	if err == nil {
 		rt.c.transfersCompleted.Add(1)
@@ -458,8 +547,8 @@ func (tr *transfer) finish(err error) {
 			tr.entry.stats.TransfersFailed.Add(1)
 		}
 		level := rt.log.Warnf
-		if StatusOf(err) == ErrAborted {
-			level = rt.log.Debugf
+		if st := StatusOf(err); st == ErrAborted || (st == ErrTimeout && tr.f.ctx.Err() != nil) {
+			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
 		}
 		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
 		err = Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
@@ -578,9 +667,13 @@ func (f *Fetch) result() error {
 	return f.err
 }
 
-// Abort asks every unfinished transfer to stop; it does not wait.
+// Abort asks every unfinished transfer to stop, in whatever phase it is;
+// it does not wait.
 func (f *Fetch) Abort() {
-	f.abortOnce.Do(func() { close(f.abortCh) })
+	f.abortOnce.Do(func() {
+		close(f.abortCh)
+		f.cancel(Errorf(ErrAborted, "fetch aborted"))
+	})
 }
 
 // Done is closed when no transfer of the fetch runs any more.
@@ -596,23 +689,13 @@ func (f *Fetch) Free() {
 		<-f.done
 	}
 	f.freeOnce.Do(func() {
+		f.cancel(Errorf(ErrAborted, "fetch freed"))
 		rt := f.rt
 		rt.mu.Lock()
 		delete(rt.fetches, f)
 		rt.mu.Unlock()
 		rt.c.fetchesActive.Add(-1)
 	})
-}
-
-// Get is StartFetch, Wait and Free in one call.
-func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
-	f, err := rt.StartFetch(refs, targets, opts)
-	if err != nil {
-		return err
-	}
-	err = f.Wait(timeout)
-	f.Free()
-	return err
 }
 
 func (f *Fetch) String() string { return fmt.Sprintf("fetch of %d refs", len(f.transfers)) }

@@ -29,26 +29,36 @@ const (
 )
 
 // stop suspends the child until resume (or the end of the test), and
-// returns once it is stopped (the signal is delivered asynchronously).
+// returns once every thread of it stopped (the signal is delivered
+// asynchronously).
 func (c *child) stop(t *testing.T) {
 	t.Helper()
 	require.NoError(t, syscall.Kill(c.pid, syscall.SIGSTOP))
 	t.Cleanup(c.resume)
-	require.Eventually(t, func() bool { return processState(c.pid) == 'T' }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return allThreadsStopped(c.pid) }, 10*time.Second, time.Millisecond,
 		"process %d stops", c.pid)
 }
 
-// processState is the state letter of /proc/<pid>/stat ('T': stopped).
-func processState(pid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
+// allThreadsStopped reports whether every thread of pid is stopped: state
+// T or t in /proc/<pid>/task/<tid>/stat.
+func allThreadsStopped(pid int) bool {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tids, err := os.ReadDir(dir)
+	if err != nil || len(tids) == 0 {
+		return false
 	}
-	// The state follows the command name, which is in parentheses.
-	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
-		return b[i+2]
+	for _, tid := range tids {
+		b, err := os.ReadFile(dir + "/" + tid.Name() + "/stat")
+		if err != nil {
+			continue // a thread that exited
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
 	}
-	return 0
+	return true
 }
 
 func (c *child) resume() { syscall.Kill(c.pid, syscall.SIGCONT) }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ type Fetch struct {
 	// owner, the borrow, metadata): it ends when the fetch is aborted, and
 	// at the caller's deadline for Get.
 	ctx       context.Context
-	cancel    context.CancelCauseFunc
+	cancel    context.CancelFunc
 	done      chan struct{} // closed when every transfer finished
 	abortCh   chan struct{}
 	abortOnce sync.Once
@@ -55,20 +56,65 @@ type transfer struct {
 	sendCancel context.CancelFunc
 	aborted    bool
 	start      time.Time
+
+	// The start phase's waits for the owner, bounded by rpcTimeout; made
+	// on first use, as most starts never wait.
+	waitCtx    context.Context
+	waitCancel context.CancelFunc
+	// The start phase runs on the caller of StartFetch and must not wait
+	// on the network: every such wait ends at once with errWouldBlock.
+	inline bool
 }
 
+// Causes, made once: formatting them per fetch would cost more than a
+// small fetch itself.
+var (
+	errGetDeadline = Errorf(ErrTimeout, "the get's deadline passed")
+	errOwnerSilent = Errorf(ErrTimeout, "the owner did not answer within %v", rpcTimeout)
+	errWouldBlock  = Errorf(ErrAborted, "the start would wait on the network")
+	// wouldBlock is a context that has ended, with errWouldBlock.
+	wouldBlock = func() context.Context {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errWouldBlock)
+		return ctx
+	}()
+)
+
 // StartFetch validates the arguments and returns a running fetch without
-// waiting for anything: connecting to the owners, the borrows, metadata and
-// the transfers themselves all run in the background, bounded by the
+// waiting on the network: connecting to the owners, the borrows, metadata
+// and the transfers themselves run in the background, bounded by the
 // fetch's own life (Abort, Free) and waited on with Wait. Errors of those
 // phases are the fetch's result. See rdt_fetch_start.
 func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) (*Fetch, error) {
-	f, err := rt.newFetch(refs, targets, opts, rt.ctx)
+	ctx, cancel := context.WithCancel(rt.ctx)
+	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
+	// A transfer whose start needs no wait (a connected owner, metadata at
+	// hand: most of them) starts here, as a fetch that completes at once
+	// then needs no goroutine; the others start in the background.
+	var started, later []*transfer
+	for _, tr := range f.transfers {
+		tr.inline = true
+		err := tr.begin(f.override)
+		tr.inline = false
+		switch {
+		case err == nil:
+			started = append(started, tr)
+		case errors.Is(err, errWouldBlock):
+			later = append(later, tr)
+		default:
+			tr.finish(err)
+		}
+	}
+	if len(later) == 0 {
+		f.complete(started, false)
+		return f, nil
+	}
 	go func() {
-		f.complete(f.startAll(), true)
+		f.complete(append(started, f.startAll(later)...), true)
 	}()
 	return f, nil
 }
@@ -79,29 +125,43 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 // when it passes is aborted before Get returns. A negative timeout waits
 // forever.
 func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
-	begun := time.Now()
-	ctx := rt.ctx
+	var ctx context.Context
+	var cancel context.CancelFunc
 	if timeout >= 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadlineCause(rt.ctx, begun.Add(timeout),
-			Errorf(ErrTimeout, "the get's deadline (%v) passed", timeout))
-		defer cancel()
+		ctx, cancel = context.WithDeadlineCause(rt.ctx, time.Now().Add(timeout), errGetDeadline)
+	} else {
+		ctx, cancel = context.WithCancel(rt.ctx)
 	}
-	f, err := rt.newFetch(refs, targets, opts, ctx)
+	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
 	if err != nil {
+		cancel()
 		return err
 	}
 	defer f.Free()
-	f.complete(f.startAll(), false)
-	if timeout >= 0 {
-		timeout = max(0, timeout-time.Since(begun))
+	f.complete(f.startAll(f.transfers), false)
+	// The context's deadline is the wait's: no second timer.
+	select {
+	case <-f.done:
+		return f.result()
+	case <-ctx.Done():
 	}
-	return f.Wait(timeout)
+	select {
+	case <-f.done:
+		return f.result()
+	default:
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Not the deadline but the runtime's end, which ends the fetch.
+		<-f.done
+		return f.result()
+	}
+	return Errorf(ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
 }
 
 // newFetch checks the arguments, takes the fetch's own handles on the
-// objects and registers the fetch with the runtime. Nothing runs yet.
-func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ctx context.Context) (*Fetch, error) {
+// objects and registers the fetch with the runtime. Nothing runs yet. The
+// fetch takes ctx and cancels it when aborted or freed.
+func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
 	total := 0
 	for i, r := range refs {
 		if err := r.check(); err != nil {
@@ -158,18 +218,18 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ct
 	rt.fetches[f] = struct{}{}
 	rt.mu.Unlock()
 	rt.c.fetchesActive.Add(1)
-	f.ctx, f.cancel = context.WithCancelCause(ctx)
+	f.ctx, f.cancel = ctx, cancel
 	f.remaining.Store(int64(len(f.transfers)))
 	return f, nil
 }
 
-// startAll runs the start phase of every transfer, concurrently, and
-// returns the transfers that started. A transfer that fails to start ends
-// there, and its error aborts the others.
-func (f *Fetch) startAll() []*transfer {
-	ok := make([]bool, len(f.transfers))
+// startAll runs the start phase of the transfers, concurrently, and returns
+// those that started. A transfer that fails to start ends there, and its
+// error aborts the others.
+func (f *Fetch) startAll(trs []*transfer) []*transfer {
+	ok := make([]bool, len(trs))
 	var wg sync.WaitGroup
-	for i, tr := range f.transfers {
+	for i, tr := range trs {
 		if i == 0 {
 			continue // started on this goroutine below
 		}
@@ -179,12 +239,12 @@ func (f *Fetch) startAll() []*transfer {
 			ok[i] = f.startOne(tr)
 		}()
 	}
-	if len(f.transfers) > 0 {
-		ok[0] = f.startOne(f.transfers[0])
+	if len(trs) > 0 {
+		ok[0] = f.startOne(trs[0])
 	}
 	wg.Wait()
 	var started []*transfer
-	for i, tr := range f.transfers {
+	for i, tr := range trs {
 		if ok[i] {
 			started = append(started, tr)
 		}
@@ -193,11 +253,35 @@ func (f *Fetch) startAll() []*transfer {
 }
 
 func (f *Fetch) startOne(tr *transfer) bool {
-	if err := tr.begin(f.override); err != nil {
+	err := tr.begin(f.override)
+	if tr.waitCancel != nil {
+		tr.waitCancel()
+	}
+	if err != nil {
 		tr.finish(err)
 		return false
 	}
 	return true
+}
+
+// ctx is the context of the start phase: the fetch's.
+func (tr *transfer) ctx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	return tr.f.ctx
+}
+
+// ownerCtx is the context of a wait for the owner in the start phase: the
+// fetch's, bounded by rpcTimeout.
+func (tr *transfer) ownerCtx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	if tr.waitCtx == nil {
+		tr.waitCtx, tr.waitCancel = context.WithTimeoutCause(tr.f.ctx, rpcTimeout, errOwnerSilent)
+	}
+	return tr.waitCtx
 }
 
 // complete runs the started transfers to their end (every transfer is
@@ -249,10 +333,9 @@ func (tr *transfer) begin(override string) error {
 		tr.local = true
 		return rt.checkLocalCopy(desc, tr.targets)
 	}
-	ctx, cancel := context.WithTimeoutCause(tr.f.ctx, rpcTimeout,
-		Errorf(ErrTimeout, "the owner did not answer within %v", rpcTimeout))
-	defer cancel()
-	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	// A dial ends by itself (the handshake timeout), so the fetch's
+	// context is enough; a cached connection needs none.
+	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
 	if err != nil {
 		return Wrap(err, "owner %s", desc.Owner.Address)
 	}
@@ -277,7 +360,7 @@ func (tr *transfer) begin(override string) error {
 	}
 	var reasons []string
 	for _, name := range candidates {
-		err := tr.beginWith(ctx, name)
+		err := tr.beginWith(name)
 		if err == nil {
 			return nil
 		}
@@ -316,7 +399,7 @@ func autoCandidates(desc *ObjectDesc, local, peer PeerInfo) []string {
 	return nil
 }
 
-func (tr *transfer) beginWith(ctx context.Context, name string) error {
+func (tr *transfer) beginWith(name string) error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	e, err := rt.reg.lookup(name)
@@ -328,7 +411,7 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 		// The transport may read the source's memory as described in the
 		// ref: only once the owner has counted our borrow is it sure to be
 		// there.
-		if err := rt.borrowConfirmed(ctx, desc.ID); err != nil {
+		if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
 			return err
 		}
 	}
@@ -340,6 +423,10 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 	peerInfo := tr.peer.Info()
 	if _, ok := peerInfo.Advert(name); !ok {
 		// The peer may have registered it since we connected.
+		ctx := tr.ownerCtx()
+		if ctx.Err() != nil {
+			return ContextError(ctx, "asking %s for its transports", peerInfo)
+		}
 		if peerInfo, err = tr.peer.Refresh(ctx); err != nil {
 			return err
 		}
@@ -356,7 +443,7 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 			return Wrap(err, "%s", name)
 		}
 	}
-	tmeta, err := rt.remoteMeta(ctx, tr.peer, desc, name)
+	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
 	if err != nil {
 		return Wrap(err, "%s metadata", name)
 	}
@@ -396,8 +483,9 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 }
 
 // remoteMeta is the transport metadata of a borrowed object: from the ref,
-// from our cache, or asked of the owner (which extracts it on demand).
-func (rt *Runtime) remoteMeta(ctx context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
+// from our cache, or asked of the owner (which extracts it on demand) under
+// ctx().
+func (rt *Runtime) remoteMeta(ctx func() context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
 	if m, ok := desc.Meta[name]; ok {
 		return m, nil
 	}
@@ -409,7 +497,11 @@ func (rt *Runtime) remoteMeta(ctx context.Context, peer Peer, desc *ObjectDesc, 
 		}
 	}
 	rt.mu.Unlock()
-	m, err := peer.Metadata(ctx, desc.ID, name)
+	wctx := ctx()
+	if wctx.Err() != nil {
+		return nil, ContextError(wctx, "asking the owner")
+	}
+	m, err := peer.Metadata(wctx, desc.ID, name)
 	if err != nil {
 		return nil, err
 	}
@@ -672,7 +764,7 @@ func (f *Fetch) result() error {
 func (f *Fetch) Abort() {
 	f.abortOnce.Do(func() {
 		close(f.abortCh)
-		f.cancel(Errorf(ErrAborted, "fetch aborted"))
+		f.cancel()
 	})
 }
 
@@ -689,7 +781,7 @@ func (f *Fetch) Free() {
 		<-f.done
 	}
 	f.freeOnce.Do(func() {
-		f.cancel(Errorf(ErrAborted, "fetch freed"))
+		f.cancel()
 		rt := f.rt
 		rt.mu.Lock()
 		delete(rt.fetches, f)

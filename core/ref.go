@@ -125,9 +125,9 @@ func (rt *Runtime) borrowRefused(obj ObjectID) error {
 	return nil
 }
 
-// borrowConfirmed waits until the owner has answered every borrow request
-// of obj and returns the first refusal.
-func (rt *Runtime) borrowConfirmed(ctx context.Context, obj ObjectID) error {
+// borrowConfirmed waits, under ctx(), until the owner has answered every
+// borrow request of obj and returns the first refusal.
+func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj ObjectID) error {
 	rt.mu.Lock()
 	e := rt.borrowed[obj]
 	if e == nil {
@@ -140,10 +140,11 @@ func (rt *Runtime) borrowConfirmed(ctx context.Context, obj ObjectID) error {
 	if refused != nil || !pending {
 		return refused
 	}
+	wctx := ctx()
 	select {
 	case <-ch:
-	case <-ctx.Done():
-		return ContextError(ctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
+	case <-wctx.Done():
+		return ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()

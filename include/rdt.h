@@ -434,11 +434,12 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
 
 /* Starts fetching `num_refs` objects into caller-allocated targets and
  * returns at once with *out, a fetch to wait on and free. It never waits on
- * the network: it checks the arguments, and everything else (connecting to
- * each owner, the borrow, asking the owner for transport metadata, starting
- * the transports) runs in the background, ended by rdt_fetch_abort() and
- * rdt_fetch_free() in whichever phase it is, and waited on with
- * rdt_fetch_wait() under the caller's deadline.
+ * the network: a transfer whose start needs nothing from its owner (already
+ * connected, metadata at hand) starts before it returns, and any that must
+ * wait for its owner (connecting, the borrow, asking for transport metadata)
+ * starts in the background, ended by rdt_fetch_abort() and rdt_fetch_free()
+ * in whichever phase it is, and waited on with rdt_fetch_wait() under the
+ * caller's deadline.
  *
  * `targets` holds one tensor per source tensor, ref after ref, in order
  * (ref 0's tensors, then ref 1's, ...): `num_targets` must equal the total.

@@ -179,3 +179,21 @@ def test_ctrl_c_interrupts_a_wait_for_a_stopped_owner(child, mode):
             proc.kill()
             proc.wait()
     c.stop()
+
+
+def test_deserialize_timeout_is_checked_and_defaults_to_the_library_default():
+    with pytest.raises(rdt.InvalidArgumentError):
+        rdt.Runtime("bad", deserialize_timeout=-1)
+    with pytest.raises(rdt.InvalidArgumentError):
+        rdt.Runtime("bad", deserialize_timeout="soon")
+    with rdt.Runtime("default") as rt:
+        assert rt.deserialize_timeout == 30.0
+        ref = rt.put(EXPECTED)
+        # A ref of this runtime needs no owner to answer: any timeout works.
+        for timeout in (0, 0.5, None):
+            r = rt.deserialize(ref.serialize(), timeout=timeout)
+            assert r.is_owner
+            r.close()
+        with pytest.raises(rdt.InvalidArgumentError):
+            rt.deserialize(ref.serialize(), timeout=-2)
+        ref.close()

@@ -169,7 +169,24 @@ rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes, size_t size,
   FORK_GUARD("rdt_ref_deserialize");
   uintptr_t h = 0;
   rdt_status st = (rdt_status)rdtgo_ref_deserialize(
-      (uintptr_t)rt, (void *)bytes, size, out ? &h : NULL);
+      (uintptr_t)rt, (void *)bytes, size, 0, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_ref *)h;
+  return st;
+}
+
+rdt_status rdt_ref_deserialize_ex(rdt_runtime *rt, const void *bytes,
+                                  size_t size,
+                                  const rdt_deserialize_options *opts,
+                                  rdt_ref **out) {
+  FORK_GUARD("rdt_ref_deserialize_ex");
+  rdt_deserialize_options full;
+  rdt_deserialize_options_init(&full);
+  if (opts != NULL)
+    VERSIONED_IN("rdt_ref_deserialize_ex", rdt_deserialize_options, full, opts,
+                 timeout_ms);
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_ref_deserialize(
+      (uintptr_t)rt, (void *)bytes, size, full.timeout_ms, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_ref *)h;
   return st;
 }

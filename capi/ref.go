@@ -6,6 +6,8 @@ package main
 import "C"
 
 import (
+	"context"
+	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
@@ -104,7 +106,7 @@ func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.siz
 }
 
 //export rdtgo_ref_deserialize
-func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, out *C.uintptr_t) C.int {
+func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, ms C.int64_t, out *C.uintptr_t) C.int {
 	return guard("rdt_ref_deserialize", func() error {
 		rt, err := runtimeOf(h)
 		if err != nil {
@@ -120,7 +122,9 @@ func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, o
 			return core.Errorf(core.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
 		}
 		b := C.GoBytes(bytes, C.int(size))
-		ref, err := rt.Deserialize(b)
+		ctx, cancel := deserializeContext(rt, ms)
+		defer cancel()
+		ref, err := rt.DeserializeContext(ctx, b)
 		if err != nil {
 			return err
 		}
@@ -172,4 +176,18 @@ func rdtgo_ref_tensor_info(h C.uintptr_t, index C.uint32_t, out *C.rdt_tensor_in
 		}
 		return nil
 	})
+}
+
+// deserializeContext bounds a deserialize by rdt_deserialize_options'
+// timeout_ms: 0 is the default, negative no deadline of the caller's.
+func deserializeContext(rt *core.Runtime, ms C.int64_t) (context.Context, context.CancelFunc) {
+	switch {
+	case ms < 0:
+		return context.WithCancel(rt.Context())
+	case ms == 0:
+		ms = C.int64_t(core.DefaultDeserializeTimeout / time.Millisecond)
+	}
+	d := time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
+	return context.WithTimeoutCause(rt.Context(), d,
+		core.Errorf(core.ErrTimeout, "the owner did not answer within the deserialize timeout (%v)", d))
 }

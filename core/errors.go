@@ -115,3 +115,18 @@ func Wrap(err error, format string, args ...any) error {
 	prefix := fmt.Sprintf(format, args...)
 	return &Error{Status: StatusOf(err), Msg: redactSecrets(prefix + ": " + err.Error()), cause: err}
 }
+
+// ContextError is the error of a wait that ctx ended: the *Error ctx was
+// cancelled with (context.WithCancelCause), else ErrTimeout when its
+// deadline passed and ErrAborted when it was cancelled.
+func ContextError(ctx context.Context, format string, args ...any) error {
+	what := fmt.Sprintf(format, args...)
+	var e *Error
+	if cause := context.Cause(ctx); errors.As(cause, &e) {
+		return Wrap(cause, "%s", what)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return Errorf(ErrTimeout, "%s: the deadline passed", what)
+	}
+	return Errorf(ErrAborted, "%s: cancelled", what)
+}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -20,12 +21,18 @@ type FetchOptions struct {
 type Fetch struct {
 	rt        *Runtime
 	transfers []*transfer
+	override  string // the transport every ref is fetched with ("": each its own)
+	// ctx bounds the network phases of every transfer (connecting to the
+	// owner, the borrow, metadata): it ends when the fetch is aborted, and
+	// at the caller's deadline for Get.
+	ctx       context.Context
+	cancel    context.CancelFunc
 	done      chan struct{} // closed when every transfer finished
 	abortCh   chan struct{}
 	abortOnce sync.Once
 	freeOnce  sync.Once
 
-	remaining atomic.Int64 // transfers started and not finished
+	remaining atomic.Int64 // transfers not finished
 
 	mu  sync.Mutex
 	err error // the first error
@@ -49,11 +56,112 @@ type transfer struct {
 	sendCancel context.CancelFunc
 	aborted    bool
 	start      time.Time
+
+	// The start phase's waits for the owner, bounded by rpcTimeout; made
+	// on first use, as most starts never wait.
+	waitCtx    context.Context
+	waitCancel context.CancelFunc
+	// The start phase runs on the caller of StartFetch and must not wait
+	// on the network: every such wait ends at once with errWouldBlock.
+	inline bool
 }
 
-// StartFetch validates the targets, starts every transfer and returns
-// without waiting. See rdt_fetch_start.
+// Causes, made once: formatting them per fetch would cost more than a
+// small fetch itself.
+var (
+	errGetDeadline = Errorf(ErrTimeout, "the get's deadline passed")
+	errOwnerSilent = Errorf(ErrTimeout, "the owner did not answer within %v", rpcTimeout)
+	errWouldBlock  = Errorf(ErrAborted, "the start would wait on the network")
+	// wouldBlock is a context that has ended, with errWouldBlock.
+	wouldBlock = func() context.Context {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errWouldBlock)
+		return ctx
+	}()
+)
+
+// StartFetch validates the arguments and returns a running fetch without
+// waiting on the network: connecting to the owners, the borrows, metadata
+// and the transfers themselves run in the background, bounded by the
+// fetch's own life (Abort, Free) and waited on with Wait. Errors of those
+// phases are the fetch's result. See rdt_fetch_start.
 func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) (*Fetch, error) {
+	ctx, cancel := context.WithCancel(rt.ctx)
+	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	// A transfer whose start needs no wait (a connected owner, metadata at
+	// hand: most of them) starts here, as a fetch that completes at once
+	// then needs no goroutine; the others start in the background.
+	var started, later []*transfer
+	for _, tr := range f.transfers {
+		tr.inline = true
+		err := tr.begin(f.override)
+		tr.inline = false
+		switch {
+		case err == nil:
+			started = append(started, tr)
+		case errors.Is(err, errWouldBlock):
+			later = append(later, tr)
+		default:
+			tr.finish(err)
+		}
+	}
+	if len(later) == 0 {
+		f.complete(started, false)
+		return f, nil
+	}
+	go func() {
+		f.complete(append(started, f.startAll(later)...), true)
+	}()
+	return f, nil
+}
+
+// Get is StartFetch, Wait and Free in one call, with one deadline for all of
+// it: the start phase runs on the caller's goroutine under that deadline (so
+// a fetch that completes at once needs no other goroutine), and what is left
+// when it passes is aborted before Get returns. A negative timeout waits
+// forever.
+func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if timeout >= 0 {
+		ctx, cancel = context.WithDeadlineCause(rt.ctx, time.Now().Add(timeout), errGetDeadline)
+	} else {
+		ctx, cancel = context.WithCancel(rt.ctx)
+	}
+	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer f.Free()
+	f.complete(f.startAll(f.transfers), false)
+	// The context's deadline is the wait's: no second timer.
+	select {
+	case <-f.done:
+		return f.result()
+	case <-ctx.Done():
+	}
+	select {
+	case <-f.done:
+		return f.result()
+	default:
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Not the deadline but the runtime's end, which ends the fetch.
+		<-f.done
+		return f.result()
+	}
+	return Errorf(ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
+}
+
+// newFetch checks the arguments, takes the fetch's own handles on the
+// objects and registers the fetch with the runtime. Nothing runs yet. The
+// fetch takes ctx and cancels it when aborted or freed.
+func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
 	total := 0
 	for i, r := range refs {
 		if err := r.check(); err != nil {
@@ -85,7 +193,7 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 		override = e.t.Name()
 	}
 
-	f := &Fetch{rt: rt, done: make(chan struct{}), abortCh: make(chan struct{})}
+	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{})}
 	off = 0
 	for i, r := range refs {
 		c, err := r.Clone()
@@ -110,28 +218,82 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 	rt.fetches[f] = struct{}{}
 	rt.mu.Unlock()
 	rt.c.fetchesActive.Add(1)
+	f.ctx, f.cancel = ctx, cancel
+	f.remaining.Store(int64(len(f.transfers)))
+	return f, nil
+}
 
-	// Start every transfer before waiting on any; on the first failure,
-	// abort the ones already started and let them wind down.
-	var startErr error
-	started := f.transfers[:0:0]
-	for i, tr := range f.transfers {
-		if startErr == nil {
-			if err := tr.begin(override); err != nil {
-				startErr = Wrap(err, "fetch of ref %d (object %s)", i, tr.ref.desc.ID)
-				f.record(startErr)
-			} else {
-				started = append(started, tr)
-				continue
-			}
+// startAll runs the start phase of the transfers, concurrently, and returns
+// those that started. A transfer that fails to start ends there, and its
+// error aborts the others.
+func (f *Fetch) startAll(trs []*transfer) []*transfer {
+	ok := make([]bool, len(trs))
+	var wg sync.WaitGroup
+	for i, tr := range trs {
+		if i == 0 {
+			continue // started on this goroutine below
 		}
-		tr.ref.Release() // never started
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok[i] = f.startOne(tr)
+		}()
 	}
+	if len(trs) > 0 {
+		ok[0] = f.startOne(trs[0])
+	}
+	wg.Wait()
+	var started []*transfer
+	for i, tr := range trs {
+		if ok[i] {
+			started = append(started, tr)
+		}
+	}
+	return started
+}
+
+func (f *Fetch) startOne(tr *transfer) bool {
+	err := tr.begin(f.override)
+	if tr.waitCancel != nil {
+		tr.waitCancel()
+	}
+	if err != nil {
+		tr.finish(err)
+		return false
+	}
+	return true
+}
+
+// ctx is the context of the start phase: the fetch's.
+func (tr *transfer) ctx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	return tr.f.ctx
+}
+
+// ownerCtx is the context of a wait for the owner in the start phase: the
+// fetch's, bounded by rpcTimeout.
+func (tr *transfer) ownerCtx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	if tr.waitCtx == nil {
+		tr.waitCtx, tr.waitCancel = context.WithTimeoutCause(tr.f.ctx, rpcTimeout, errOwnerSilent)
+	}
+	return tr.waitCtx
+}
+
+// complete runs the started transfers to their end (every transfer is
+// started before any is waited on) and closes f.done after the last.
+// Transfers that finished inside the transport's fetch end on this
+// goroutine; the others get their own. With block, complete returns only
+// at the end; without, it returns once the rest runs in the background.
+func (f *Fetch) complete(started []*transfer, block bool) {
 	var wg sync.WaitGroup
 	spawned := 0
 	for _, tr := range started {
-		f.remaining.Add(1)
-		if startErr == nil && tr.completed() {
+		if tr.completed() {
 			tr.finish(tr.run())
 			continue
 		}
@@ -142,24 +304,23 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 			tr.finish(tr.run())
 		}()
 	}
-	if spawned == 0 {
+	switch {
+	case spawned == 0:
 		close(f.done)
-	} else {
+	case block:
+		wg.Wait()
+		close(f.done)
+	default:
 		go func() {
 			wg.Wait()
 			close(f.done)
 		}()
 	}
-	if startErr != nil {
-		<-f.done
-		f.Free()
-		return nil, startErr
-	}
-	return f, nil
 }
 
-// begin does the synchronous part of a transfer: choose the transport, get
-// the metadata, and start the transport's fetch (and the source's send).
+// begin is the start phase of a transfer: connect to the owner, choose the
+// transport, get the metadata, and start the transport's fetch (and the
+// source's send). Every wait in it ends with the fetch's context.
 func (tr *transfer) begin(override string) error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
@@ -172,9 +333,9 @@ func (tr *transfer) begin(override string) error {
 		tr.local = true
 		return rt.checkLocalCopy(desc, tr.targets)
 	}
-	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
-	defer cancel()
-	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	// A dial ends by itself (the handshake timeout), so the fetch's
+	// context is enough; a cached connection needs none.
+	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
 	if err != nil {
 		return Wrap(err, "owner %s", desc.Owner.Address)
 	}
@@ -199,7 +360,7 @@ func (tr *transfer) begin(override string) error {
 	}
 	var reasons []string
 	for _, name := range candidates {
-		err := tr.beginWith(ctx, name)
+		err := tr.beginWith(name)
 		if err == nil {
 			return nil
 		}
@@ -238,7 +399,7 @@ func autoCandidates(desc *ObjectDesc, local, peer PeerInfo) []string {
 	return nil
 }
 
-func (tr *transfer) beginWith(ctx context.Context, name string) error {
+func (tr *transfer) beginWith(name string) error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	e, err := rt.reg.lookup(name)
@@ -250,7 +411,7 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 		// The transport may read the source's memory as described in the
 		// ref: only once the owner has counted our borrow is it sure to be
 		// there.
-		if err := rt.borrowConfirmed(ctx, desc.ID); err != nil {
+		if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
 			return err
 		}
 	}
@@ -262,6 +423,10 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 	peerInfo := tr.peer.Info()
 	if _, ok := peerInfo.Advert(name); !ok {
 		// The peer may have registered it since we connected.
+		ctx := tr.ownerCtx()
+		if ctx.Err() != nil {
+			return ContextError(ctx, "asking %s for its transports", peerInfo)
+		}
 		if peerInfo, err = tr.peer.Refresh(ctx); err != nil {
 			return err
 		}
@@ -278,9 +443,17 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 			return Wrap(err, "%s", name)
 		}
 	}
-	tmeta, err := rt.remoteMeta(ctx, tr.peer, desc, name)
+	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
 	if err != nil {
 		return Wrap(err, "%s metadata", name)
+	}
+	select {
+	case <-tr.f.abortCh:
+		// Aborted while we asked the owner: start nothing. (A deadline
+		// alone does not stop it: a transfer that completes inside the
+		// transport's fetch still makes a get with timeout 0 succeed.)
+		return Errorf(ErrAborted, "fetch aborted")
+	default:
 	}
 	x := &Transfer{
 		Object: desc.ID, TransferID: randomUint64(), Transport: name, Role: RoleDestination,
@@ -310,8 +483,9 @@ func (tr *transfer) beginWith(ctx context.Context, name string) error {
 }
 
 // remoteMeta is the transport metadata of a borrowed object: from the ref,
-// from our cache, or asked of the owner (which extracts it on demand).
-func (rt *Runtime) remoteMeta(ctx context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
+// from our cache, or asked of the owner (which extracts it on demand) under
+// ctx().
+func (rt *Runtime) remoteMeta(ctx func() context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
 	if m, ok := desc.Meta[name]; ok {
 		return m, nil
 	}
@@ -323,7 +497,11 @@ func (rt *Runtime) remoteMeta(ctx context.Context, peer Peer, desc *ObjectDesc, 
 		}
 	}
 	rt.mu.Unlock()
-	m, err := peer.Metadata(ctx, desc.ID, name)
+	wctx := ctx()
+	if wctx.Err() != nil {
+		return nil, ContextError(wctx, "asking the owner")
+	}
+	m, err := peer.Metadata(wctx, desc.ID, name)
 	if err != nil {
 		return nil, err
 	}
@@ -441,8 +619,11 @@ func (tr *transfer) finish(err error) {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tname := "local copy"
-	if tr.entry != nil {
+	switch {
+	case tr.entry != nil:
 		tname = tr.entry.t.Name()
+	case !tr.local:
+		tname = "no transport yet"
 	}
 	if err == nil {
 		rt.c.transfersCompleted.Add(1)
@@ -458,8 +639,8 @@ func (tr *transfer) finish(err error) {
 			tr.entry.stats.TransfersFailed.Add(1)
 		}
 		level := rt.log.Warnf
-		if StatusOf(err) == ErrAborted {
-			level = rt.log.Debugf
+		if st := StatusOf(err); st == ErrAborted || (st == ErrTimeout && tr.f.ctx.Err() != nil) {
+			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
 		}
 		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
 		err = Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
@@ -578,9 +759,13 @@ func (f *Fetch) result() error {
 	return f.err
 }
 
-// Abort asks every unfinished transfer to stop; it does not wait.
+// Abort asks every unfinished transfer to stop, in whatever phase it is;
+// it does not wait.
 func (f *Fetch) Abort() {
-	f.abortOnce.Do(func() { close(f.abortCh) })
+	f.abortOnce.Do(func() {
+		close(f.abortCh)
+		f.cancel()
+	})
 }
 
 // Done is closed when no transfer of the fetch runs any more.
@@ -596,23 +781,13 @@ func (f *Fetch) Free() {
 		<-f.done
 	}
 	f.freeOnce.Do(func() {
+		f.cancel()
 		rt := f.rt
 		rt.mu.Lock()
 		delete(rt.fetches, f)
 		rt.mu.Unlock()
 		rt.c.fetchesActive.Add(-1)
 	})
-}
-
-// Get is StartFetch, Wait and Free in one call.
-func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
-	f, err := rt.StartFetch(refs, targets, opts)
-	if err != nil {
-		return err
-	}
-	err = f.Wait(timeout)
-	f.Free()
-	return err
 }
 
 func (f *Fetch) String() string { return fmt.Sprintf("fetch of %d refs", len(f.transfers)) }

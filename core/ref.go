@@ -125,9 +125,9 @@ func (rt *Runtime) borrowRefused(obj ObjectID) error {
 	return nil
 }
 
-// borrowConfirmed waits until the owner has answered every borrow request
-// of obj and returns the first refusal.
-func (rt *Runtime) borrowConfirmed(ctx context.Context, obj ObjectID) error {
+// borrowConfirmed waits, under ctx(), until the owner has answered every
+// borrow request of obj and returns the first refusal.
+func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj ObjectID) error {
 	rt.mu.Lock()
 	e := rt.borrowed[obj]
 	if e == nil {
@@ -140,10 +140,11 @@ func (rt *Runtime) borrowConfirmed(ctx context.Context, obj ObjectID) error {
 	if refused != nil || !pending {
 		return refused
 	}
+	wctx := ctx()
 	select {
 	case <-ch:
-	case <-ctx.Done():
-		return Errorf(ErrTimeout, "the owner %s did not answer the borrow of object %s", e.peer.Info().Address, obj)
+	case <-wctx.Done():
+		return ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -222,9 +223,27 @@ func consumeLeaseLocked(o *object, token uint64) {
 	}
 }
 
+// DefaultDeserializeTimeout bounds how long Deserialize waits for the owner
+// (connecting to it, when this runtime has no connection yet).
+const DefaultDeserializeTimeout = 30 * time.Second
+
 // Deserialize turns serialized bytes into a handle of this runtime: a local
 // handle if this runtime owns the object, else a borrow counted by the owner.
+// It waits for the owner at most DefaultDeserializeTimeout.
 func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
+	ctx, cancel := context.WithTimeoutCause(rt.ctx, DefaultDeserializeTimeout,
+		Errorf(ErrTimeout, "the owner did not answer within %v", DefaultDeserializeTimeout))
+	defer cancel()
+	return rt.DeserializeContext(ctx, b)
+}
+
+// DeserializeContext is Deserialize waiting for the owner only as long as ctx
+// allows: ErrTimeout when its deadline passes, ErrAborted when it is
+// cancelled. Either way nothing is kept (no borrow is registered), so the
+// same bytes may be deserialized again. A connection attempt it gave up on
+// goes on in the background (bounded by the control plane's handshake
+// timeout), and a later call waits for that one rather than dialing again.
+func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, error) {
 	desc, token, err := DecodeRef(b)
 	if err != nil {
 		return nil, err
@@ -244,8 +263,11 @@ func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
 		rt.c.refs.Add(1)
 		return &Ref{rt: rt, desc: o.desc, owned: true}, nil
 	}
-	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
-	defer cancel()
+	// The runtime's end also ends the wait.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(rt.ctx, func() { cancel(Errorf(ErrClosed, "runtime %s was destroyed", rt.name)) })
+	defer stop()
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
 		return nil, Wrap(err, "owner of object %s", desc.ID)

@@ -443,7 +443,11 @@ func expect(rd *bufio.Reader, k kind) (*message, error) {
 
 // Connect implements Endpoint: the cached connection to the runtime at
 // address, or a new one. Connections are cached by the address without its
-// keys, as peers name themselves over TCP.
+// keys, as peers name themselves over TCP. The dial is shared by every
+// caller that wants the same peer, so it runs on its own (bounded by the
+// handshake timeout and the endpoint's life) and each caller waits for it
+// only as long as its ctx allows: a caller with a short deadline neither
+// waits past it nor cuts the dial short for the others.
 func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
 	cacheKey := stripAddressKeys(address)
 	for {
@@ -456,35 +460,47 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 			ep.mu.Unlock()
 			return sc, nil
 		}
-		if d := ep.dialing[address]; d != nil {
-			ep.mu.Unlock()
-			select {
-			case <-d.done:
-			case <-ctx.Done():
-				return nil, Errorf(ErrTimeout, "connecting to %s: %v", RedactAddress(address), ctx.Err())
-			}
-			if d.err != nil {
-				return nil, d.err
-			}
-			continue
-		}
-		d := &dialCall{done: make(chan struct{})}
-		ep.dialing[address] = d
-		ep.mu.Unlock()
-
-		d.sc, d.err = ep.dial(ctx, address)
-		ep.mu.Lock()
-		delete(ep.dialing, address)
-		if d.sc != nil && ep.byAddr[cacheKey] == nil {
-			ep.byAddr[cacheKey] = d.sc
+		d := ep.dialing[address]
+		if d == nil {
+			d = &dialCall{done: make(chan struct{})}
+			ep.dialing[address] = d
+			go ep.runDial(d, address)
 		}
 		ep.mu.Unlock()
-		close(d.done)
+		select {
+		case <-d.done:
+		case <-ctx.Done():
+			return nil, ContextError(ctx, "connecting to %s", RedactAddress(address))
+		}
 		if d.err != nil {
 			return nil, d.err
 		}
-		return d.sc, nil
+		if !d.sc.isClosed() {
+			return d.sc, nil
+		}
 	}
+}
+
+// runDial dials address for everyone waiting on d.
+func (ep *sockEndpoint) runDial(d *dialCall, address string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-ep.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	d.sc, d.err = ep.dial(ctx, address)
+	cancel()
+	cacheKey := stripAddressKeys(address)
+	ep.mu.Lock()
+	delete(ep.dialing, address)
+	if d.sc != nil && ep.byAddr[cacheKey] == nil {
+		ep.byAddr[cacheKey] = d.sc
+	}
+	ep.mu.Unlock()
+	close(d.done)
 }
 
 // dial tries each endpoint of an address: the Unix socket if it exists on

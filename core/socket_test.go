@@ -84,6 +84,7 @@ func TestSocketsTwoSidedSend(t *testing.T) {
 	dst.gate = gate
 	f, err := borrower.StartFetch([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{})
 	require.NoError(t, err)
+	eventually(t, func() bool { return src.sends.Load() == 2 }, "the source is sending") // start runs in the background
 	f.Abort()
 	assert.Equal(t, ErrAborted, StatusOf(f.Wait(5*time.Second)))
 	f.Free()

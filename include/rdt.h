@@ -344,14 +344,49 @@ RDT_API void rdt_bytes_free(void *bytes);
  * the call. The borrow is sent to the owner without waiting for its answer
  * (the lease in the bytes covers the gap), so bytes of an object that was
  * freed meanwhile still make a reference: its first fetch fails with
- * NOT_FOUND, and nothing is read. Errors: CORRUPT (truncated, damaged,
- * oversized or of an unknown format version), NOT_FOUND (the owner is this
- * runtime and does not hold the object: the message says "already freed"
- * for one of its last 1024 freed objects, else that the object is unknown
- * to it, never put there or freed long ago), PEER_UNAVAILABLE (the owner
- * cannot be reached). */
+ * NOT_FOUND, and nothing is read. The only wait is for a connection to the
+ * owner when `rt` has none yet; it is bounded by
+ * RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS (rdt_ref_deserialize_ex() takes another
+ * bound). Errors: CORRUPT (truncated, damaged, oversized or of an unknown
+ * format version), NOT_FOUND (the owner is this runtime and does not hold
+ * the object: the message says "already freed" for one of its last 1024
+ * freed objects, else that the object is unknown to it, never put there or
+ * freed long ago), PEER_UNAVAILABLE (the owner cannot be reached), TIMEOUT
+ * (the owner did not answer in time: it may be stopped or overloaded).
+ * On error nothing is kept, and the same bytes may be deserialized again. */
 RDT_API rdt_status rdt_ref_deserialize(rdt_runtime *rt, const void *bytes,
                                        size_t size, rdt_ref **out);
+
+/* How long rdt_ref_deserialize() waits for the owner, in milliseconds. */
+#define RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS 30000
+
+typedef struct rdt_deserialize_options {
+  uint32_t struct_size; /* set by _init */
+  uint32_t reserved;
+  /* How long to wait for the owner, in milliseconds, when `rt` has no
+   * connection to it yet (connecting and the handshake); then TIMEOUT.
+   * 0: RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS. Negative: no deadline of the
+   * caller's; a connection attempt still ends after the control plane's
+   * handshake timeout (the larger of peer_timeout_ms and 10 s) with
+   * PEER_UNAVAILABLE. A connection attempt the call gave up on goes on in
+   * the background, and a later call for the same owner waits for it rather
+   * than dialing again, so retrying in short slices (to stay responsive to
+   * signals) costs nothing extra. */
+  int64_t timeout_ms;
+} rdt_deserialize_options;
+
+static inline void rdt_deserialize_options_init(rdt_deserialize_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+}
+
+/* rdt_ref_deserialize() with options. `opts` may be NULL (the defaults).
+ * Errors as rdt_ref_deserialize(), and INVALID_ARGUMENT for a struct_size
+ * too small. */
+RDT_API rdt_status rdt_ref_deserialize_ex(rdt_runtime *rt, const void *bytes,
+                                          size_t size,
+                                          const rdt_deserialize_options *opts,
+                                          rdt_ref **out);
 
 /* Length of an object id in hexadecimal characters. */
 #define RDT_OBJECT_ID_LEN 32
@@ -413,7 +448,13 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
 }
 
 /* Starts fetching `num_refs` objects into caller-allocated targets and
- * returns at once with *out, a fetch to wait on and free.
+ * returns at once with *out, a fetch to wait on and free. It never waits on
+ * the network: a transfer whose start needs nothing from its owner (already
+ * connected, metadata at hand) starts before it returns, and any that must
+ * wait for its owner (connecting, the borrow, asking for transport metadata)
+ * starts in the background, ended by rdt_fetch_abort() and rdt_fetch_free()
+ * in whichever phase it is, and waited on with rdt_fetch_wait() under the
+ * caller's deadline.
  *
  * `targets` holds one tensor per source tensor, ref after ref, in order
  * (ref 0's tensors, then ref 1's, ...): `num_targets` must equal the total.
@@ -424,21 +465,27 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  * returned. The refs are only read during the call (the fetch keeps its
  * own references), so they may be released right after.
  *
- * Every transfer is started before this returns and they run concurrently.
- * A ref owned by `rt` itself is copied directly, without a transport. For a
- * two-sided transport the source runtime is asked to send.
+ * The transfers start concurrently, and every one is started before any is
+ * waited on. A ref owned by `rt` itself is copied directly, without a
+ * transport. For a two-sided transport the source runtime is asked to send.
  *
  * `opts` may be NULL. Errors: INVALID_ARGUMENT (a target does not match,
- * count mismatch), NOT_FOUND (unknown transport), UNSUPPORTED (a peer lacks
- * the transport), PEER_UNAVAILABLE, or a transport's error. When an error is
- * returned nothing is left running and *out is not set. */
+ * count mismatch, a released ref), NOT_FOUND (unknown transport override),
+ * CLOSED (the runtime was destroyed). When an error is returned nothing is
+ * left running and *out is not set. Errors of the later phases are the
+ * fetch's result, from rdt_fetch_wait(): PEER_UNAVAILABLE, UNSUPPORTED (no
+ * transport can move the object, or the peer lacks the one named), TIMEOUT
+ * (an owner did not answer a control-plane request within 30 s), or a
+ * transport's error. */
 RDT_API rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
                                    size_t num_refs, const rdt_tensor *targets,
                                    size_t num_targets,
                                    const rdt_fetch_options *opts,
                                    rdt_fetch **out);
 
-/* Waits until every transfer of the fetch completed, up to `timeout_ms`.
+/* Waits until every transfer of the fetch completed, up to `timeout_ms`,
+ * whatever phase the transfers are in (still connecting to an owner, waiting
+ * for its metadata, or moving bytes).
  *
  * RDT_OK: all targets hold the objects' bytes. RDT_ERR_TIMEOUT: the deadline
  * passed first; the fetch is still valid and running; wait again, abort or
@@ -460,7 +507,10 @@ RDT_API rdt_status rdt_fetch_abort(rdt_fetch *fetch);
 RDT_API rdt_status rdt_fetch_free(rdt_fetch *fetch);
 
 /* rdt_fetch_start(), rdt_fetch_wait(timeout_ms) and rdt_fetch_free() in one
- * call. On RDT_ERR_TIMEOUT the transfers were aborted before returning. */
+ * call: `timeout_ms` bounds all of it, connecting to the owners included.
+ * On RDT_ERR_TIMEOUT the transfers were aborted before returning (so it
+ * returns later than the deadline only by the time an abort takes, or, for
+ * a transport that cannot abort, when that transport finished). */
 RDT_API rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs,
                            size_t num_refs, const rdt_tensor *targets,
                            size_t num_targets, const rdt_fetch_options *opts,

@@ -237,6 +237,29 @@ static void test_bad_bytes(void) {
   /* The good bytes still work after all that. */
   CHECK_OK(rdt_ref_deserialize(b, bytes, size, &out));
   CHECK_OK(rdt_ref_release(out));
+  /* With options: NULL, the default (0), a bound, none; an older, smaller
+   * struct is read up to its size; a struct_size below the header is
+   * refused by name. */
+  rdt_deserialize_options dopts;
+  rdt_deserialize_options_init(&dopts);
+  CHECK(dopts.timeout_ms == 0);
+  CHECK_OK(rdt_ref_deserialize_ex(b, bytes, size, NULL, &out));
+  CHECK_OK(rdt_ref_release(out));
+  int64_t timeouts[] = {0, 5000, -1};
+  for (size_t i = 0; i < sizeof timeouts / sizeof timeouts[0]; i++) {
+    dopts.timeout_ms = timeouts[i];
+    CHECK_OK(rdt_ref_deserialize_ex(b, bytes, size, &dopts, &out));
+    CHECK_OK(rdt_ref_release(out));
+  }
+  dopts.struct_size = (uint32_t)offsetof(rdt_deserialize_options, timeout_ms);
+  CHECK_OK(rdt_ref_deserialize_ex(b, bytes, size, &dopts, &out));
+  CHECK_OK(rdt_ref_release(out));
+  dopts.struct_size = 4;
+  CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, size, &dopts, &out), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("struct_size");
+  rdt_deserialize_options_init(&dopts);
+  CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, 3, &dopts, &out), RDT_ERR_CORRUPT);
+  CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, size, &dopts, NULL), RDT_ERR_INVALID_ARGUMENT);
   free(copy);
   rdt_bytes_free(bytes);
   rdt_bytes_free(NULL);
@@ -337,6 +360,19 @@ static void test_failing_transport(void) {
   CHECK_OK(rdt_runtime_destroy(dst));
 }
 
+/* Waits (up to 10 s) until the transport's fetch was called n times: a
+ * fetch's transfers start in the background, after rdt_fetch_start. */
+static void wait_fetches(test_transport *t, int n) {
+  for (int i = 0; i < 10000; i++) {
+    pthread_mutex_lock(&t->mu);
+    int got = t->fetches;
+    pthread_mutex_unlock(&t->mu);
+    if (got >= n) return;
+    usleep(1000);
+  }
+  CHECK(!"the transfer started");
+}
+
 /* A deadline leaves the fetch valid; abort then ends it. */
 static void test_timeout_and_abort(void) {
   rdt_runtime *src = new_runtime("src"), *dst = new_runtime("dst");
@@ -357,6 +393,7 @@ static void test_timeout_and_abort(void) {
   CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
   CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TIMEOUT);
   CHECK_STATUS(rdt_fetch_wait(f, 30), RDT_ERR_TIMEOUT);
+  wait_fetches(&td, 1);
   CHECK(stats_of(dst).fetches_active == 1);
   CHECK_OK(rdt_fetch_abort(f));
   CHECK_STATUS(rdt_fetch_wait(f, 10000), RDT_ERR_ABORTED);
@@ -372,6 +409,7 @@ static void test_timeout_and_abort(void) {
 
   /* A freed fetch that was still running is aborted and drained. */
   CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  wait_fetches(&td, 3);
   CHECK_OK(rdt_fetch_free(f));
   CHECK(td.releases == 3);
 

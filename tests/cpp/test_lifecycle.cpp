@@ -14,11 +14,12 @@ TEST(Raii, ScopeExitReleasesEveryHandle) {
     b.get(borrowed, {rdt::view(dst)}, 10s);
     rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst2)});
     rdt::Ref copy = borrowed;
+    // A running fetch holds a handle of its own: count once it finished.
+    EXPECT_TRUE(f.wait(10s));
     EXPECT_EQ(a.stats().refs, 1u);
     EXPECT_EQ(b.stats().refs, 2u);
     EXPECT_EQ(b.stats().fetches_active, 1u);
     EXPECT_EQ(b.stats().borrowed_objects, 1u);
-    EXPECT_TRUE(f.wait(10s));
   }
   EXPECT_TRUE(a.wait_tensor_freed(src.data(), 10s));
   rdt_stats sa = a.stats(), sb = b.stats();
@@ -170,6 +171,9 @@ TEST(Raii, FetchDestructorWaitsForATransportThatCannotAbort) {
   {
     rdt::Fetch f = b.fetch(borrowed, {rdt::view(*dst)});
     EXPECT_FALSE(f.ready());
+    // The transfer starts in the background; free it once it runs.
+    for (int i = 0; i < 10000 && probe->recvs == 0; i++) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(probe->recvs, 1);
   }
   EXPECT_EQ(probe->finished, 1) << "the Fetch was freed while its transfer still ran";
   dst.reset();  // safe now

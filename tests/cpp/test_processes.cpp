@@ -62,6 +62,35 @@ TEST(AcrossProcessesRefcount, OwnerDeathIsPeerUnavailable) {
   EXPECT_EQ(status_of([&] { rt.get(ref, {rdt::view(got)}, 60s); }), RDT_ERR_PEER_UNAVAILABLE);
 }
 
+// An owner that stopped (SIGSTOP) accepts connections and requests but
+// answers nothing: the caller's deadline still holds, for deserialize (a
+// new connection) and for get (metadata the owner must send).
+TEST(AcrossProcessesDeadlines, AStoppedOwnerCostsTheTimeoutAndNoMore) {
+  const auto limit = 1000ms, margin = 1500ms;
+  Child child({"source", "shm", "1000", "2"});
+  std::string hex0 = child.read_line(), hex1 = child.read_line();
+  ASSERT_FALSE(hex1.empty());
+  rdt::Runtime connected(quiet("cpp-connected")), fresh(quiet("cpp-fresh"));
+  rdt::Ref ref = connected.deserialize(from_hex(hex0));
+  child.stop();
+
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(status_of([&] { (void)fresh.deserialize(from_hex(hex1), limit); }), RDT_ERR_TIMEOUT);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, limit + margin);
+
+  std::vector<uint32_t> got(1000);
+  start = std::chrono::steady_clock::now();
+  // Put with shm: fetching over cma needs its metadata from the owner.
+  EXPECT_EQ(status_of([&] { connected.get(ref, {rdt::view(got)}, limit, "cma"); }), RDT_ERR_TIMEOUT);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, limit + margin);
+  EXPECT_EQ(connected.stats().fetches_active, 0u);
+
+  child.resume();
+  rdt::Ref ref1 = fresh.deserialize(from_hex(hex1));
+  fresh.get(ref1, {rdt::view(got)}, 30s, "cma");
+  EXPECT_EQ(got, pattern(1000, 1));
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && std::string(argv[1]) == "--child") return rdt_test::child_main(argc, argv);
   ::testing::InitGoogleTest(&argc, argv);

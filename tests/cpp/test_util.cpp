@@ -183,6 +183,7 @@ Child::Child(const std::vector<std::string> &args) {
 }
 
 Child::~Child() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);  // a stopped child could not exit
   if (in_) fclose(in_);  // the child exits when its stdin closes
   if (out_) fclose(out_);
   if (pid_ > 0) {
@@ -209,6 +210,19 @@ void Child::kill_now() {
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
 }
+
+void Child::stop() {
+  ::kill(pid_, SIGSTOP);
+  // The signal is delivered asynchronously: wait for the state to say so.
+  for (int i = 0; i < 10000; i++) {
+    siginfo_t info{};
+    if (waitid(P_PID, id_t(pid_), &info, WSTOPPED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  throw std::runtime_error("the child did not stop");
+}
+
+void Child::resume() { ::kill(pid_, SIGCONT); }
 
 // Modes:
 //   source <transport> <n> <objects>  put <objects> objects of n u32 (seed = index),

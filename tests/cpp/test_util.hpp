@@ -316,6 +316,10 @@ class Child {
   std::string read_line();
   void write_line(const std::string &s);
   void kill_now();
+  // SIGSTOP, returning once the process is stopped; resume() is SIGCONT
+  // (the destructor resumes it too).
+  void stop();
+  void resume();
 
  private:
   pid_t pid_ = -1;

@@ -106,6 +106,48 @@ def serve(conn, transports, what, register=None):
             return
 
 
+def serve_raw(conn, transports, n=1000):
+    """Puts np.arange(n) once per transport (None: chosen per fetch), sends
+    {transport: (C bytes, pickled ref)}, then waits until told to stop."""
+    refs = {t: rdt.put(np.arange(n, dtype=np.float64), transport=t) for t in transports}
+    conn.send({t: (r.serialize(), pickle.dumps(r)) for t, r in refs.items()})
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
+def wait_until_interrupted(mode, raw_hex, transport=None):
+    """Run as a script: waits on the owner of the ref in raw_hex, in `mode`
+    ("get": a get of a ref deserialized first; "deserialize": deserializing
+    it), with no deadline, after a line on stdin says the owner is stopped.
+    Prints how the wait ended and how long after it began."""
+    import signal
+    import sys
+    # A process started in the background may inherit SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    rt = rdt.Runtime("interrupted", peer_timeout=30)
+    raw = bytes.fromhex(raw_hex)
+    ref = rt.deserialize(raw) if mode == "get" else None
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print("waiting", flush=True)
+    start = time.monotonic()
+    try:
+        if mode == "get":
+            rt.get(ref, transport=transport)
+        else:
+            rt.deserialize(raw, timeout=None)
+        print("returned", flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted {time.monotonic() - start:.3f} fetches_active={rt.stats()['fetches_active']}",
+              flush=True)
+    except Exception as e:
+        print(f"error {type(e).__name__}: {e}", flush=True)
+    rt.close()
+    print("closed", flush=True)
+
+
 def hold(conn, ref_bytes):
     """Unpickles a ref (a borrow) and keeps it until told, or until killed."""
     ref = pickle.loads(ref_bytes)

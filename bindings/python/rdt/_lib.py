@@ -97,6 +97,14 @@ class FetchOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p)]
 
 
+class DeserializeOptions(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("timeout_ms", c_int64)]
+
+
+# RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS: how long deserializing waits for the owner.
+DESERIALIZE_TIMEOUT_DEFAULT_MS = 30000
+
+
 class GroupOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("backend", c_char_p)]
 
@@ -221,6 +229,8 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_ref_serialize": (c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t)]),
     "rdt_bytes_free": (None, [c_void_p]),
     "rdt_ref_deserialize": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(c_void_p)]),
+    "rdt_ref_deserialize_ex": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(DeserializeOptions),
+                                         POINTER(c_void_p)]),
     "rdt_ref_info": (c_int32, [c_void_p, POINTER(ObjectInfo)]),
     "rdt_ref_tensor_info": (c_int32, [c_void_p, c_uint32, POINTER(TensorInfo)]),
     "rdt_fetch_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions),

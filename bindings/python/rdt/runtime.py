@@ -30,7 +30,14 @@ def _redact_address(address: str) -> str:
 
 # A blocking call waits in slices of this many milliseconds, so that Python
 # can run signal handlers (Ctrl-C) between them.
-_SLICE_MS = 200
+_SLICE_MS = 100
+
+# How long deserializing (unpickling) a ref waits for its owner by default,
+# in seconds: the C library's RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS.
+DESERIALIZE_TIMEOUT = _lib.DESERIALIZE_TIMEOUT_DEFAULT_MS / 1000
+
+# Marks "the runtime's deserialize_timeout" (None means no deadline).
+_RUNTIME_DEFAULT: Any = object()
 
 # get of one ref into one array of at most this many bytes uses rdt_get (a
 # single call), restarting with the general path if a slice is not enough.
@@ -94,7 +101,10 @@ class Runtime(Handle):
     ``lease`` and ``peer_timeout`` are seconds; ``log_level`` is one of
     "off", "error", "warn", "info", "debug" (default: ``$RDT_LOG``, else warn).
     ``builtin_transports=False`` starts without cma, shm, tcp, ...; ``in_process``
-    keeps the runtime's peers inside this process.
+    keeps the runtime's peers inside this process. ``deserialize_timeout``
+    (seconds, None for no deadline; the attribute of that name may be changed
+    later) bounds how long :meth:`deserialize`, and so unpickling a ref, waits
+    for the ref's owner by default.
     """
 
     def __init__(self, name: Optional[str] = None, *, lease: Optional[float] = None,
@@ -102,7 +112,8 @@ class Runtime(Handle):
                  auth_token: Optional[str] = None, advertise_host: Optional[str] = None,
                  socket_dir: Optional[str] = None, host_id: Optional[str] = None,
                  in_process: bool = False, builtin_transports: bool = True,
-                 log_level: Optional[str] = None) -> None:
+                 log_level: Optional[str] = None,
+                 deserialize_timeout: Optional[float] = DESERIALIZE_TIMEOUT) -> None:
         if _shutting_down:
             raise ClosedError("rdt: the interpreter is shutting down; no new runtime can start", _lib.ERR_CLOSED)
         if log_level not in _lib.LOG_LEVELS:
@@ -120,10 +131,12 @@ class Runtime(Handle):
                    _lib.RUNTIME_QUEUE_RELEASES)  # see _objects.start_releaser
         o.lease_ms = _seconds_ms(lease, "lease")
         o.peer_timeout_ms = _seconds_ms(peer_timeout, "peer_timeout")
+        _deadline(deserialize_timeout)  # InvalidArgumentError for a bad value, before anything is made
         out = ctypes.c_void_p()
         _lib.check(_lib.lib().rdt_runtime_create(ctypes.byref(o), ctypes.byref(out)))
         super().__init__(out.value or 0)
         self.name = name
+        self.deserialize_timeout = deserialize_timeout
         self._lock = threading.Lock()
         self._releaser: Optional[threading.Thread] = None
         _runtimes.add(self)
@@ -205,28 +218,56 @@ class Runtime(Handle):
 
     # ---- references --------------------------------------------------------------
 
-    def deserialize(self, data: bytes, *, _skeleton: Any = None, _frameworks: Tuple[str, ...] = (),
-                    _descs: Any = None, _oid: str = "") -> ObjectRef:
+    def deserialize(self, data: bytes, timeout: Optional[float] = _RUNTIME_DEFAULT, *, _skeleton: Any = None,
+                    _frameworks: Tuple[str, ...] = (), _descs: Any = None, _oid: str = "") -> ObjectRef:
         """A ref from bytes made by ``ObjectRef.serialize()`` (or by
         rdt_ref_serialize in any language). Such a ref gets its tensors back
-        as a single tensor (one) or a list (several)."""
+        as a single tensor (one) or a list (several).
+
+        It waits for the ref's owner only when this runtime has no connection
+        to it yet, at most ``timeout`` seconds (default: the runtime's
+        ``deserialize_timeout``, 30 s unless set; None: no deadline, though a
+        connection attempt still gives up after the control plane's handshake
+        timeout with PeerUnavailableError). GetTimeoutError (a TimeoutError)
+        when it passes; nothing is kept then, and the same bytes may be
+        deserialized again. Ctrl-C interrupts the wait."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidArgumentError(f"deserialize takes bytes, not {type(data).__name__}")
-        data = bytes(data)
-        out = ctypes.c_void_p()
-        _lib.check(_lib.lib().rdt_ref_deserialize(self._handle(), data, len(data), ctypes.byref(out)))
+        if timeout is _RUNTIME_DEFAULT:
+            timeout = self.deserialize_timeout
+        h = self._deserialize(bytes(data), timeout)
         descs = [_t.Desc(*d) for d in _descs] if _descs is not None else None
-        return ObjectRef(self, out.value or 0, _skeleton, _frameworks, descs, None, _oid)
+        return ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid)
+
+    def _deserialize(self, data: bytes, timeout: Optional[float]) -> int:
+        """The handle rdt_ref_deserialize_ex makes of data, waiting for the
+        owner in slices so that signal handlers run between them (a slice
+        that ends joins the connection attempt the previous one began)."""
+        deadline = _deadline(timeout)
+        L = _lib.lib()
+        h = self._handle()
+        opts = _lib.init(_lib.DeserializeOptions())
+        out = ctypes.c_void_p()
+        while True:
+            opts.timeout_ms = max(1, _slice_ms(deadline))
+            st = L.rdt_ref_deserialize_ex(h, data, len(data), ctypes.byref(opts), ctypes.byref(out))
+            if st == _lib.OK:
+                return out.value or 0
+            if st != _lib.ERR_TIMEOUT:
+                raise _lib.make_error(st)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"rdt.deserialize: the owner did not answer within {timeout} s "
+                                      f"({_lib.last_error()})", _lib.ERR_TIMEOUT)
 
     def borrow(self, ref: ObjectRef) -> ObjectRef:
         """A handle in this runtime to the object ``ref`` (of another runtime)
-        points to, as unpickling would make: a borrow the owner counts."""
+        points to, as unpickling would make: a borrow the owner counts. It
+        waits for the owner as :meth:`deserialize` does."""
         if not isinstance(ref, ObjectRef):
             raise InvalidArgumentError(f"borrow takes an ObjectRef, not {type(ref).__name__}")
         data = ref.serialize()
-        out = ctypes.c_void_p()
-        _lib.check(_lib.lib().rdt_ref_deserialize(self._handle(), data, len(data), ctypes.byref(out)))
-        r = ObjectRef(self, out.value or 0, ref._skeleton, ref._frameworks, ref._descs, None, ref._oid)
+        h = self._deserialize(data, self.deserialize_timeout)
+        r = ObjectRef(self, h, ref._skeleton, ref._frameworks, ref._descs, None, ref._oid)
         if r._oid == "" and ref._info_cache is not None:
             r._oid = ref._info_cache[0]
         return r

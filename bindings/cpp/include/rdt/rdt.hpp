@@ -92,6 +92,9 @@ inline std::string version() { return rdt_version(); }
 /// Waits forever when given as a timeout.
 constexpr std::chrono::milliseconds forever{-1};
 
+/// How long Runtime::deserialize() waits for the owner unless told.
+constexpr std::chrono::milliseconds deserialize_timeout{RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS};
+
 // ---- views over borrowed memory ---------------------------------------------
 
 /// A non-owning view of `size` contiguous T (std::span for C++17). Views
@@ -750,13 +753,23 @@ class Runtime {
   }
 
   /// A reference of this runtime from serialized bytes (a borrow the owner
-  /// counts, unless this runtime is the owner).
-  Ref deserialize(const void *bytes, size_t size) {
+  /// counts, unless this runtime is the owner). It waits for the owner only
+  /// when this runtime has no connection to it yet, up to `timeout`
+  /// (rdt::forever: no deadline of the caller's, though a connection attempt
+  /// still gives up after the handshake timeout); then it throws
+  /// rdt::Error(RDT_ERR_TIMEOUT) and keeps nothing.
+  Ref deserialize(const void *bytes, size_t size, std::chrono::milliseconds timeout = deserialize_timeout) {
+    rdt_deserialize_options o;
+    rdt_deserialize_options_init(&o);
+    // 0 in the options means "the default"; here it means "do not wait".
+    o.timeout_ms = timeout.count() < 0 ? -1 : std::max<int64_t>(1, int64_t(timeout.count()));
     rdt_ref *r = nullptr;
-    check(rdt_ref_deserialize(rt_, bytes, size, &r));
+    check(rdt_ref_deserialize_ex(rt_, bytes, size, &o, &r));
     return Ref(r);
   }
-  Ref deserialize(const std::vector<uint8_t> &bytes) { return deserialize(bytes.data(), bytes.size()); }
+  Ref deserialize(const std::vector<uint8_t> &bytes, std::chrono::milliseconds timeout = deserialize_timeout) {
+    return deserialize(bytes.data(), bytes.size(), timeout);
+  }
 
   /// Starts fetching `refs` into `targets` (one per source tensor, ref after
   /// ref) and returns at once. The targets' memory must stay valid until the

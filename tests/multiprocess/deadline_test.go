@@ -1,0 +1,187 @@
+package multiprocess
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/shm"
+	"github.com/rdt-project/rdt/transports/tcp"
+)
+
+// These tests stop an owner process with SIGSTOP: its sockets still accept
+// connections and take requests, and nobody answers. Every wait of the
+// receiver must still end at the caller's deadline.
+
+const (
+	deadline = time.Second
+	// margin is how late a deadline may be kept on a loaded machine.
+	margin = 1500 * time.Millisecond
+)
+
+// stop suspends the child until resume (or the end of the test), and
+// returns once every thread of it stopped (the signal is delivered
+// asynchronously).
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, syscall.Kill(c.pid, syscall.SIGSTOP))
+	t.Cleanup(c.resume)
+	require.Eventually(t, func() bool { return allThreadsStopped(c.pid) }, 10*time.Second, time.Millisecond,
+		"process %d stops", c.pid)
+}
+
+// allThreadsStopped reports whether every thread of pid is stopped: state
+// T or t in /proc/<pid>/task/<tid>/stat.
+func allThreadsStopped(pid int) bool {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tids, err := os.ReadDir(dir)
+	if err != nil || len(tids) == 0 {
+		return false
+	}
+	for _, tid := range tids {
+		b, err := os.ReadFile(dir + "/" + tid.Name() + "/stat")
+		if err != nil {
+			continue // a thread that exited
+		}
+		// The state follows the command name, which is in parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *child) resume() { syscall.Kill(c.pid, syscall.SIGCONT) }
+
+// receiver is a parent runtime that would wait long for a silent peer on its
+// own (a peer timeout far above the deadlines under test), so that only the
+// caller's deadline can end a wait.
+func receiver(t *testing.T, builtins ...core.TransportFactory) *core.Runtime {
+	t.Helper()
+	if builtins == nil {
+		builtins = []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
+	}
+	rt, err := core.NewRuntime(core.Options{
+		Name: "receiver", LogLevel: core.LogOff, Network: core.Sockets{}, Builtins: builtins,
+		SocketDir: sharedSocketDir(t), PeerTimeout: 30 * time.Second,
+	})
+	require.NoError(t, err)
+	t.Cleanup(rt.Destroy)
+	return rt
+}
+
+// timed runs f and returns its error and how long it took.
+func timed(f func() error) (error, time.Duration) {
+	start := time.Now()
+	err := f()
+	return err, time.Since(start)
+}
+
+func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
+	// Each case makes a phase of the fetch need the stopped owner: the
+	// transport's metadata is not in the ref (put with another transport)
+	// and must be asked for, or the bytes themselves are served by it.
+	cases := []struct {
+		name, put, override string
+		noCMA               bool // the receiver lacks cma: auto falls back to shm
+	}{
+		{name: "cma", put: "shm", override: "cma"},
+		{name: "shm", put: "cma", override: "shm"},
+		{name: "tcp", put: "cma", override: "tcp"},
+		{name: "tcp-transfer", put: "tcp"},
+		{name: "auto", put: "", noCMA: true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var rt *core.Runtime
+			if tc.noCMA {
+				rt = receiver(t, shm.Factory(), tcp.Factory())
+			} else {
+				rt = receiver(t)
+			}
+			owner := startChild(t, runtimeConfig{Name: "owner"})
+			seed := 70 + i
+			ref, err := rt.Deserialize(owner.put(tc.put, seed, 64<<10))
+			require.NoError(t, err)
+			defer ref.Release()
+			targets, bufs := targetsFor(ref.Desc())
+			defer freeMem(bufs[0])
+			opts := core.FetchOptions{Transport: tc.override}
+			owner.stop(t)
+
+			err, took := timed(func() error { return rt.Get([]*core.Ref{ref}, targets, opts, deadline) })
+			assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+			assert.Less(t, took, deadline+margin, "get returned %v after its deadline", took-deadline)
+
+			// The same with the fetch's own calls: start waits for nothing,
+			// wait keeps its deadline and leaves the fetch valid, and an
+			// abort ends whatever phase it is in.
+			var f *core.Fetch
+			err, took = timed(func() (err error) { f, err = rt.StartFetch([]*core.Ref{ref}, targets, opts); return })
+			require.NoError(t, err)
+			assert.Less(t, took, margin, "start waited for the owner")
+			err, took = timed(func() error { return f.Wait(deadline) })
+			assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+			assert.Less(t, took, deadline+margin)
+			assert.Equal(t, core.ErrTimeout, core.StatusOf(f.Wait(0)), "still valid after a timeout")
+			err, took = timed(func() error { f.Abort(); return f.Wait(margin) })
+			assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+			_, took2 := timed(func() error { f.Free(); return nil })
+			assert.Less(t, took+took2, margin, "abort and free end the fetch at once")
+			assert.Equal(t, uint64(0), rt.Stats().FetchesActive)
+
+			// Once the owner runs again the ref is fetched as usual.
+			owner.resume()
+			require.NoError(t, rt.Get([]*core.Ref{ref}, targets, opts, 30*time.Second))
+			require.NoError(t, checkPattern(bufs, seed))
+		})
+	}
+}
+
+func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
+	owner := startChild(t, runtimeConfig{Name: "owner"})
+	transports := []string{"cma", "shm", "tcp", ""}
+	refs := make([][]byte, len(transports))
+	for i, name := range transports {
+		refs[i] = owner.put(name, 90+i, 4096)
+	}
+	owner.stop(t)
+	// Each receiver is new: it has no connection to the owner yet, and the
+	// owner's socket accepts but never answers the handshake.
+	receivers := make([]*core.Runtime, len(transports))
+	for i, name := range transports {
+		if name == "" {
+			name = "auto"
+		}
+		receivers[i] = receiver(t)
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		err, took := timed(func() error { _, err := receivers[i].DeserializeContext(ctx, refs[i]); return err })
+		cancel()
+		assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%s: %v", name, err)
+		assert.Less(t, took, deadline+margin, "%s: deserialize returned %v after its deadline", name, took-deadline)
+		assert.Equal(t, uint64(0), receivers[i].Stats().Refs, "%s: nothing kept", name)
+	}
+
+	// Running again, the owner finishes the handshakes begun meanwhile, and
+	// the same bytes make refs that fetch.
+	owner.resume()
+	for i := range transports {
+		ref, err := receivers[i].Deserialize(refs[i])
+		require.NoError(t, err)
+		targets, bufs := targetsFor(ref.Desc())
+		require.NoError(t, receivers[i].Get([]*core.Ref{ref}, targets, core.FetchOptions{}, 30*time.Second))
+		require.NoError(t, checkPattern(bufs, 90+i))
+		freeMem(bufs[0])
+		ref.Release()
+	}
+}

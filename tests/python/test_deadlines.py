@@ -1,0 +1,199 @@
+"""Deadlines against an owner that stopped answering, and Ctrl-C.
+
+The owner is a spawned process stopped with SIGSTOP: its sockets still
+accept connections and requests, and nobody answers. get(timeout=T) and
+deserialize(timeout=T) must still return at T (within a margin for a loaded
+machine), and Ctrl-C must interrupt a wait that has no deadline.
+"""
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import rdt
+import workers
+
+pytestmark = pytest.mark.timeout(120)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+T = 1.0  # the deadline under test, seconds
+MARGIN = 1.5  # how late it may be kept on a loaded machine
+EXPECTED = np.arange(1000, dtype=np.float64)
+
+
+def _all_threads_stopped(pid):
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            pass  # a thread that exited
+    return bool(states) and all(st in ("T", "t") for st in states)
+
+
+class Stopped:
+    """SIGSTOPs a process on entry (returning once every thread stopped) and
+    SIGCONTs it on exit."""
+
+    def __init__(self, pid):
+        self.pid = pid
+
+    def __enter__(self):
+        os.kill(self.pid, signal.SIGSTOP)
+        end = time.monotonic() + 10
+        while not _all_threads_stopped(self.pid):
+            assert time.monotonic() < end, "the owner did not stop"
+            time.sleep(0.005)
+        return self
+
+    def __exit__(self, *exc):
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def _owner(child, transports):
+    c = child(workers.serve_raw, transports)
+    return c, c.recv()
+
+
+def _timed(f):
+    t0 = time.monotonic()
+    try:
+        f()
+    finally:
+        _timed.took = time.monotonic() - t0
+
+
+TRANSPORTS = ["cma", "shm", "tcp", None]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS, ids=lambda t: t or "auto")
+def test_deserialize_and_unpickling_keep_their_deadline_with_a_stopped_owner(child, transport):
+    c, refs = _owner(child, [transport])
+    raw, blob = refs[transport]
+    # New runtimes have no connection to the owner: they must make one,
+    # and the stopped owner never answers the handshake.
+    rt = rdt.Runtime("receiver", peer_timeout=30)
+    default = rdt.default_runtime()
+    saved = default.deserialize_timeout
+    try:
+        with Stopped(c.proc.pid):
+            with pytest.raises(rdt.GetTimeoutError) as e:
+                _timed(lambda: rt.deserialize(raw, timeout=T))
+            assert isinstance(e.value, TimeoutError)
+            assert _timed.took < T + MARGIN
+            # pickle.loads takes no arguments: the runtime's own bound.
+            default.deserialize_timeout = T
+            with pytest.raises(rdt.GetTimeoutError):
+                _timed(lambda: pickle.loads(blob))
+            assert _timed.took < T + MARGIN
+            assert rt.stats()["refs"] == 0  # nothing kept
+        # Running again, the owner answers: the same bytes make refs.
+        ref = rt.deserialize(raw)
+        assert np.array_equal(rt.get(ref, timeout=30), EXPECTED)
+        assert np.array_equal(rdt.get(pickle.loads(blob), timeout=30), EXPECTED)
+        ref.close()
+    finally:
+        default.deserialize_timeout = saved
+        rt.close()
+    c.stop()
+
+
+# Each case makes a phase of the fetch need the stopped owner: metadata the
+# ref lacks (the object was put with another transport), or the bytes it
+# serves (tcp). "auto" runs in a receiver that counts as another host, so
+# that the automatic choice is tcp.
+GET_CASES = {
+    "cma": dict(put="shm", transport="cma"),
+    "shm": dict(put="cma", transport="shm"),
+    "tcp": dict(put="cma", transport="tcp"),
+    "tcp-transfer": dict(put="tcp", transport=None),
+    "auto": dict(put=None, transport=None, host_id="another-host"),
+}
+
+
+@pytest.mark.parametrize("case", list(GET_CASES))
+def test_get_keeps_its_deadline_with_a_stopped_owner(child, case):
+    spec = GET_CASES[case]
+    c, refs = _owner(child, [spec["put"]])
+    raw, _ = refs[spec["put"]]
+    rt = rdt.Runtime("receiver", peer_timeout=30, host_id=spec.get("host_id"))
+    try:
+        ref = rt.deserialize(raw)  # while the owner runs: connected, borrowed
+        out = np.zeros(1000)
+        with Stopped(c.proc.pid):
+            for kwargs in ({}, {"out": out}):  # new buffers, and the caller's
+                with pytest.raises(rdt.GetTimeoutError):
+                    _timed(lambda: rt.get(ref, timeout=T, transport=spec["transport"], **kwargs))
+                assert T - 0.05 < _timed.took < T + MARGIN, kwargs
+            assert (out == 0).all()
+        assert np.array_equal(rt.get(ref, timeout=30, transport=spec["transport"]), EXPECTED)
+        ref.close()
+        assert rt.stats()["fetches_active"] == 0
+    finally:
+        rt.close()
+    c.stop()
+
+
+def _readline(proc, timeout):
+    """A line of proc's stdout, or "" when none comes within timeout."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+@pytest.mark.parametrize("mode", ["get", "deserialize"])
+def test_ctrl_c_interrupts_a_wait_for_a_stopped_owner(child, mode):
+    # Put with shm: a get over cma needs its metadata from the owner.
+    c, refs = _owner(child, ["shm"])
+    raw, _ = refs["shm"]
+    script = (f"import workers; workers.wait_until_interrupted({mode!r}, {raw.hex()!r}, "
+              f"{'cma' if mode == 'get' else None!r})")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=HERE)
+    try:
+        assert _readline(proc, 60) == "ready"
+        with Stopped(c.proc.pid):
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            assert _readline(proc, 30) == "waiting"
+            time.sleep(0.3)  # well inside the wait: no deadline, 30 s peer timeout
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            line = _readline(proc, 30)
+            took = time.monotonic() - sent
+            assert line.startswith("interrupted"), line
+            assert took < MARGIN, f"KeyboardInterrupt came {took:.2f} s after SIGINT"
+            assert line.endswith("fetches_active=0"), line  # the fetch was aborted and freed
+            assert _readline(proc, 30) == "closed"
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    c.stop()
+
+
+def test_deserialize_timeout_is_checked_and_defaults_to_the_library_default():
+    with pytest.raises(rdt.InvalidArgumentError):
+        rdt.Runtime("bad", deserialize_timeout=-1)
+    with pytest.raises(rdt.InvalidArgumentError):
+        rdt.Runtime("bad", deserialize_timeout="soon")
+    with rdt.Runtime("default") as rt:
+        assert rt.deserialize_timeout == 30.0
+        ref = rt.put(EXPECTED)
+        # A ref of this runtime needs no owner to answer: any timeout works.
+        for timeout in (0, 0.5, None):
+            r = rt.deserialize(ref.serialize(), timeout=timeout)
+            assert r.is_owner
+            r.close()
+        with pytest.raises(rdt.InvalidArgumentError):
+            rt.deserialize(ref.serialize(), timeout=-2)
+        ref.close()

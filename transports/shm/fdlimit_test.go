@@ -57,8 +57,8 @@ func serveOneObject(t *testing.T) {
 }
 
 // startSource runs serveOneObject in another process and returns the
-// object's metadata and bytes.
-func startSource(t *testing.T) ([]byte, []byte) {
+// object's metadata and bytes, and the process's pid.
+func startSource(t *testing.T) ([]byte, []byte, int) {
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), fdTestRole+"=source")
 	stdin, err := cmd.StdinPipe()
@@ -84,20 +84,23 @@ func startSource(t *testing.T) ([]byte, []byte) {
 			require.NoError(t, err)
 			want := make([]byte, 4096)
 			fill(want, fdTestSeed)
-			return meta, want
+			return meta, want, cmd.Process.Pid
 		}
 	}
 	t.Fatalf("the source process printed no metadata (%v)", lines.Err())
-	return nil, nil
+	return nil, nil, 0
 }
 
 func outOfDescriptors(t *testing.T) {
-	remoteMeta, remoteWant := startSource(t)
+	remoteMeta, remoteWant, remotePid := startSource(t)
 	local, viaKept, fresh := newTransport(t), newTransport(t), newTransport(t)
 	localMeta, localWant := stageObject(t, local, 1, 4096) // its segment server listens now
 	// viaKept keeps a connection to each segment server from here on.
-	for _, c := range []struct{ meta, want []byte }{{remoteMeta, remoteWant}, {localMeta, localWant[0]}} {
-		got, err := fetch(t, viaKept, c.meta, 4096)
+	for _, c := range []struct {
+		meta, want []byte
+		pid        int
+	}{{remoteMeta, remoteWant, remotePid}, {localMeta, localWant[0], os.Getpid()}} {
+		got, err := fetchFrom(t, viaKept, c.meta, c.pid, 4096)
 		require.NoError(t, err)
 		require.Equal(t, [][]byte{c.want}, got)
 	}
@@ -144,10 +147,10 @@ func outOfDescriptors(t *testing.T) {
 	_, err = fetch(t, viaKept, localMeta, 4096)
 	outOfFDs(err, "handing out the segment: the owner")
 	exhaust()
-	_, err = fetch(t, viaKept, remoteMeta, 4096)
+	_, err = fetchFrom(t, viaKept, remoteMeta, remotePid, 4096)
 	outOfFDs(err, "receiving the segment: this process")
 	exhaust()
-	_, err = fetch(t, fresh, remoteMeta, 4096)
+	_, err = fetchFrom(t, fresh, remoteMeta, remotePid, 4096)
 	outOfFDs(err, "connecting to the owner's segment server: this process")
 
 	freeAll()
@@ -155,7 +158,7 @@ func outOfDescriptors(t *testing.T) {
 	_, err = local.ExtractMetadata(core.ObjectID{2}, []core.Tensor{x})
 	require.NoError(t, err)
 	for _, tr := range []*Transport{viaKept, fresh} {
-		got, err := fetch(t, tr, remoteMeta, 4096)
+		got, err := fetchFrom(t, tr, remoteMeta, remotePid, 4096)
 		require.NoError(t, err)
 		assert.Equal(t, [][]byte{remoteWant}, got)
 	}

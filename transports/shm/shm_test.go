@@ -94,6 +94,11 @@ func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, []
 }
 
 func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, error) {
+	return fetchFrom(t, tr, meta, os.Getpid(), sizes...)
+}
+
+// fetchFrom fetches an object that the process pid owns.
+func fetchFrom(t *testing.T, tr *Transport, meta []byte, pid int, sizes ...int) ([][]byte, error) {
 	var targets []core.Tensor
 	var got [][]byte
 	for _, n := range sizes {
@@ -101,7 +106,9 @@ func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, er
 		targets = append(targets, x)
 		got = append(got, b)
 	}
-	req, err := tr.Fetch(transferOf(t, meta), targets, meta, nil)
+	x := transferOf(t, meta)
+	x.Source.Pid = pid
+	req, err := tr.Fetch(x, targets, meta, nil)
 	if err != nil {
 		return nil, err
 	}

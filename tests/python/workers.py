@@ -140,8 +140,13 @@ def wait_until_interrupted(mode, raw_hex, transport=None):
             rt.deserialize(raw, timeout=None)
         print("returned", flush=True)
     except KeyboardInterrupt:
-        print(f"interrupted {time.monotonic() - start:.3f} fetches_active={rt.stats()['fetches_active']}",
-              flush=True)
+        took = time.monotonic() - start
+        # A get into buffers of its own frees the aborted fetch on a
+        # background thread: give it a moment before counting.
+        settle = time.monotonic() + 5
+        while rt.stats()['fetches_active'] and time.monotonic() < settle:
+            time.sleep(0.01)
+        print(f"interrupted {took:.3f} fetches_active={rt.stats()['fetches_active']}", flush=True)
     except Exception as e:
         print(f"error {type(e).__name__}: {e}", flush=True)
     rt.close()

@@ -289,7 +289,7 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 // on TCP, its process on a Unix socket.
 func remoteName(c net.Conn) string {
 	if _, ok := c.(*net.UnixConn); ok {
-		if pid, err := peerPid(c); err == nil {
+		if pid, err := UnixPeerPid(c); err == nil {
 			return fmt.Sprintf("pid %d on the Unix socket", pid)
 		}
 		return "the Unix socket"
@@ -388,7 +388,7 @@ func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed PeerInfo) error {
 	if !claimed.SameHost(ep.cfg.Service.Identity()) {
 		return nil
 	}
-	pid, err := peerPid(c)
+	pid, err := UnixPeerPid(c)
 	if err != nil {
 		return Errorf(ErrPermissionDenied, "cannot read the credentials of the peer claiming pid %d: %v", claimed.Pid, err)
 	}
@@ -398,9 +398,9 @@ func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed PeerInfo) error {
 	return nil
 }
 
-// peerPid is the pid of the process at the other end of a Unix socket, as
-// the kernel recorded it at connect (or listen) time.
-func peerPid(c net.Conn) (int, error) {
+// UnixPeerPid is the pid of the process at the other end of a Unix socket,
+// as the kernel recorded it at connect (or listen) time (SO_PEERCRED).
+func UnixPeerPid(c net.Conn) (int, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return 0, Errorf(ErrUnsupported, "not a Unix socket")

@@ -627,7 +627,7 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 		return -1, 0, core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c := nc.(*net.UnixConn)
-	if pid, err := peerPid(c); err != nil || pid != owner {
+	if pid, err := core.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
 			return -1, 0, core.Errorf(core.ErrPermissionDenied, "shm: cannot identify the segment server at %s: %v", m.Path, err)
@@ -637,25 +637,6 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 	}
 	fd, size, err, _ := t.askSegment(src, c, m)
 	return fd, size, err
-}
-
-// peerPid is the process at the other end of a Unix socket.
-func peerPid(c *net.UnixConn) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return int(cred.Pid), nil
 }
 
 // askSegment does one request on c, then keeps c for the next request or

@@ -20,6 +20,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdt-project/rdt/core"
@@ -38,7 +39,11 @@ const (
 	window      = 32
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
-	maxIdle     = 16 // idle connections kept per source endpoint
+	// maxAuthenticating bounds the data connections in their handshake at
+	// once: before it, a connection proves nothing, so whoever can reach
+	// the port could otherwise hold any number of goroutines and sockets.
+	maxAuthenticating = 64
+	maxIdle           = 16 // idle connections kept per source endpoint
 	// A small pull on a pooled connection is finished on the caller's
 	// goroutine when the engine asks whether it completed: a goroutine
 	// hand-off costs more than the round trip. inlineMax bounds the bytes
@@ -70,8 +75,13 @@ type Transport struct {
 	// key is what clients of our data listener must prove; metaKey is
 	// handed to receivers in the metadata ("" when a token is configured:
 	// receivers then use their own).
-	key, metaKey string
-	writeTimeout time.Duration // a serving write that makes no progress this long fails
+	key, metaKey   string
+	writeTimeout   time.Duration // a serving write that makes no progress this long fails
+	authenticating atomic.Int32  // data connections in their handshake
+	turnedAway     struct {      // connections closed for maxAuthenticating, under lmu
+		count  int
+		logged time.Time
+	}
 
 	lmu      sync.Mutex
 	ln       net.Listener // nil until an object needs it
@@ -223,6 +233,11 @@ func (t *Transport) accept(ln net.Listener) {
 			time.Sleep(10 * time.Millisecond) // say, out of descriptors: do not spin
 			continue
 		}
+		if t.authenticating.Load() >= maxAuthenticating {
+			c.Close()
+			t.logTurnedAway(c.RemoteAddr())
+			continue
+		}
 		t.lmu.Lock()
 		if t.lclosed {
 			t.lmu.Unlock()
@@ -231,6 +246,7 @@ func (t *Transport) accept(ln net.Listener) {
 		}
 		t.sconns[c] = core.RuntimeID{}
 		t.serving.Add(1)
+		t.authenticating.Add(1)
 		t.lmu.Unlock()
 		go t.serve(c)
 	}
@@ -247,32 +263,9 @@ func (t *Transport) serve(c net.Conn) {
 		t.lmu.Unlock()
 		c.Close()
 	}()
-	tune(c)
-	nonce := core.NewNonce()
-	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
-	// A client that does not finish the handshake in time is dropped.
-	c.SetDeadline(time.Now().Add(authTimeout))
-	if _, err := c.Write(hello); err != nil {
+	if !t.handshake(c) {
 		return
 	}
-	answer := make([]byte, clientLen)
-	if _, err := io.ReadFull(c, answer); err != nil {
-		return
-	}
-	if !core.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
-		t.logRefused(c.RemoteAddr())
-		c.Write(encodeResponse(nil, core.ErrPermissionDenied, t.refusal()))
-		return
-	}
-	// The client's runtime id is not proven: it is used only to close
-	// this connection when that runtime is gone (PeerGone).
-	t.lmu.Lock()
-	t.sconns[c] = core.RuntimeID(answer[proofLen:])
-	t.lmu.Unlock()
-	if _, err := c.Write(encodeResponse(nil, core.OK, "")); err != nil {
-		return
-	}
-	c.SetDeadline(time.Time{})
 	// Buffered: a pipelined batch of frames is one read, not one per frame.
 	rd := bufio.NewReaderSize(c, 64*requestLen)
 	frame := make([]byte, requestLen)
@@ -294,6 +287,39 @@ func (t *Transport) serve(c net.Conn) {
 	}
 }
 
+// handshake authenticates a client of the data listener within
+// authTimeout; false means the connection is to be closed.
+func (t *Transport) handshake(c net.Conn) bool {
+	defer t.authenticating.Add(-1)
+	tune(c)
+	nonce := core.NewNonce()
+	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
+	// A client that does not finish the handshake in time is dropped.
+	c.SetDeadline(time.Now().Add(authTimeout))
+	if _, err := c.Write(hello); err != nil {
+		return false
+	}
+	answer := make([]byte, clientLen)
+	if _, err := io.ReadFull(c, answer); err != nil {
+		return false
+	}
+	if !core.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
+		t.logRefused(c.RemoteAddr())
+		c.Write(encodeResponse(nil, core.ErrPermissionDenied, t.refusal()))
+		return false
+	}
+	// The client's runtime id is not proven: it is used only to close
+	// this connection when that runtime is gone (PeerGone).
+	t.lmu.Lock()
+	t.sconns[c] = core.RuntimeID(answer[proofLen:])
+	t.lmu.Unlock()
+	if _, err := c.Write(encodeResponse(nil, core.OK, "")); err != nil {
+		return false
+	}
+	c.SetDeadline(time.Time{})
+	return true
+}
+
 // logRefused logs a connection refused for a wrong key: the first at once,
 // then at most one line a second with the count, so that a flood of wrong
 // keys cannot flood the log.
@@ -312,6 +338,21 @@ func (t *Transport) logRefused(from net.Addr) {
 		return
 	}
 	t.h.Log().Warnf("tcp: refused %d data connections with a wrong key (the last from %s)", n, from)
+}
+
+// logTurnedAway logs connections closed because maxAuthenticating others
+// were in their handshake, at most once every ten seconds with the count.
+func (t *Transport) logTurnedAway(from net.Addr) {
+	t.lmu.Lock()
+	t.turnedAway.count++
+	n := t.turnedAway.count
+	if time.Since(t.turnedAway.logged) < 10*time.Second {
+		t.lmu.Unlock()
+		return
+	}
+	t.turnedAway.count, t.turnedAway.logged = 0, time.Now()
+	t.lmu.Unlock()
+	t.h.Log().Warnf("tcp: closed %d data connection(s) at once (the last from %s): %d others were in their handshake", n, from, maxAuthenticating)
 }
 
 // refusal tells a client with the wrong key what to check.

@@ -925,3 +925,43 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "closed the connection during authentication")
 }
+
+// Connections that have proved nothing are bounded: past maxAuthenticating
+// in their handshake at once, new ones are closed at once, and once those
+// go, clients are served again.
+func TestConnectionsInTheirHandshakeAreBounded(t *testing.T) {
+	p := newPair(t, "", "")
+	meta, _ := p.put(t, 12, 64)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	greeted, closed := 0, 0
+	for i := 0; i < maxAuthenticating+36; i++ {
+		c, err := net.Dial("tcp", m.Endpoint)
+		require.NoError(t, err)
+		idle = append(idle, c)
+		// A connection in its handshake is greeted; one turned away ends.
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 1)
+		if _, err := c.Read(b); err == nil {
+			greeted++
+		} else {
+			closed++
+		}
+	}
+	assert.Equal(t, maxAuthenticating, greeted, "connections let into their handshake")
+	assert.Equal(t, 36, closed, "connections closed at once")
+	for _, c := range idle {
+		c.Close()
+	}
+	idle = nil
+	assert.Eventually(t, func() bool {
+		got, err := p.fetch(t, meta, 64)
+		return err == nil && len(got) == 1
+	}, 10*time.Second, 50*time.Millisecond, "served again once the idle connections are gone")
+}

@@ -110,7 +110,7 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 	if err := EnsurePrivateDir(cfg.SocketDir); err != nil {
 		return nil, err
 	}
-	ep.unixPath = filepath.Join(cfg.SocketDir, "rt-"+ep.id.String()+".sock")
+	ep.unixPath = filepath.Join(cfg.SocketDir, socketName(ep.id))
 	if len(ep.unixPath) > maxUnixPath {
 		return nil, Errorf(ErrInvalidArgument, "socket path %s is longer than the %d bytes Unix sockets allow; choose a shorter socket_dir", ep.unixPath, maxUnixPath)
 	}
@@ -602,6 +602,24 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	return sc, nil
 }
 
+// socketName is the file name of a runtime's Unix socket: it names the
+// runtime, so an address can be checked against a proven identity.
+func socketName(id RuntimeID) string { return "rt-" + id.String() + ".sock" }
+
+// addressNames reports whether an address a peer claims is bound to the
+// runtime id it proved: its Unix socket is named after that id. Only such
+// addresses are cached for a connection the peer made, so a peer cannot
+// take the place of another runtime by claiming its address (a peer that
+// has none, or names only TCP, is reached by dialing it).
+func addressNames(address string, id RuntimeID) bool {
+	for _, part := range strings.Split(address, ",") {
+		if path, ok := strings.CutPrefix(part, unixScheme); ok {
+			return filepath.Base(path) == socketName(id)
+		}
+	}
+	return false
+}
+
 // newConn registers an authenticated connection and starts reading it.
 func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, isTCP bool) *sconn {
 	sc := &sconn{
@@ -620,7 +638,7 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, i
 	}
 	ep.conns[sc] = struct{}{}
 	ep.perPeer[remote.RuntimeID]++
-	if key := stripAddressKeys(remote.Address); key != "" && ep.byAddr[key] == nil {
+	if key := stripAddressKeys(remote.Address); addressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
 		ep.byAddr[key] = sc
 	}
 	ep.mu.Unlock()

@@ -40,7 +40,10 @@ const (
 
 	// maxAuthenticating bounds the connections of one listener still in
 	// their handshake: each holds a goroutine and a read buffer before the
-	// peer proved anything. Past it, new connections are closed at once.
+	// peer proved anything. Past it, the listener stops accepting until one
+	// finishes (within the handshake timeout): further connections wait in
+	// the kernel's backlog, costing us nothing, and a burst of honest peers
+	// is slowed down rather than refused.
 	maxAuthenticating = 64
 	// maxHandlers bounds the requests of one connection served on their
 	// own goroutines (metadata, sends, group joins); past it, the
@@ -239,10 +242,16 @@ func (ep *sockEndpoint) handshakeTimeout() time.Duration {
 
 func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 	defer ep.wg.Done()
-	var authenticating atomic.Int32
+	slots := make(chan struct{}, maxAuthenticating)
 	for {
+		select {
+		case slots <- struct{}{}:
+		case <-ep.stop:
+			return
+		}
 		c, err := ln.Accept()
 		if err != nil {
+			<-slots
 			select {
 			case <-ep.stop:
 				return
@@ -259,17 +268,11 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
-		if authenticating.Add(1) > maxAuthenticating {
-			authenticating.Add(-1)
-			ep.refusals.event(fmt.Sprintf("from %s: %d connections are still authenticating; closed at once", remoteName(c), maxAuthenticating))
-			c.Close()
-			continue
-		}
 		ep.wg.Add(1)
 		go func() {
 			defer ep.wg.Done()
 			err := ep.serverHandshake(c, isTCP)
-			authenticating.Add(-1)
+			<-slots
 			if err != nil {
 				if errors.Is(err, io.EOF) {
 					// Closed between frames without a word: a runtime

@@ -20,7 +20,6 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rdt-project/rdt/core"
@@ -42,6 +41,9 @@ const (
 	// maxAuthenticating bounds the data connections in their handshake at
 	// once: before it, a connection proves nothing, so whoever can reach
 	// the port could otherwise hold any number of goroutines and sockets.
+	// Past it the listener stops accepting until one finishes (within
+	// authTimeout): further connections wait in the kernel's backlog, and a
+	// burst of honest fetches is slowed down rather than refused.
 	maxAuthenticating = 64
 	maxIdle           = 16 // idle connections kept per source endpoint
 	// A small pull on a pooled connection is finished on the caller's
@@ -75,13 +77,9 @@ type Transport struct {
 	// key is what clients of our data listener must prove; metaKey is
 	// handed to receivers in the metadata ("" when a token is configured:
 	// receivers then use their own).
-	key, metaKey   string
-	writeTimeout   time.Duration // a serving write that makes no progress this long fails
-	authenticating atomic.Int32  // data connections in their handshake
-	turnedAway     struct {      // connections closed for maxAuthenticating, under lmu
-		count  int
-		logged time.Time
-	}
+	key, metaKey string
+	writeTimeout time.Duration // a serving write that makes no progress this long fails
+	slots        chan struct{} // one per data connection in its handshake
 
 	lmu      sync.Mutex
 	ln       net.Listener // nil until an object needs it
@@ -125,7 +123,7 @@ func New(h core.Host) (core.Transport, error) {
 		}
 		streams = v
 	}
-	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]core.RuntimeID{},
+	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]core.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
 		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}
 	t.key = h.AuthToken()
 	if t.key == "" {
@@ -224,8 +222,10 @@ func (t *Transport) listen() (string, error) {
 func (t *Transport) accept(ln net.Listener) {
 	defer t.serving.Done()
 	for {
+		t.slots <- struct{}{} // released when a handshake ends, or here
 		c, err := ln.Accept()
 		if err != nil {
+			<-t.slots
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -233,20 +233,15 @@ func (t *Transport) accept(ln net.Listener) {
 			time.Sleep(10 * time.Millisecond) // say, out of descriptors: do not spin
 			continue
 		}
-		if t.authenticating.Load() >= maxAuthenticating {
-			c.Close()
-			t.logTurnedAway(c.RemoteAddr())
-			continue
-		}
 		t.lmu.Lock()
 		if t.lclosed {
 			t.lmu.Unlock()
 			c.Close()
+			<-t.slots
 			return
 		}
 		t.sconns[c] = core.RuntimeID{}
 		t.serving.Add(1)
-		t.authenticating.Add(1)
 		t.lmu.Unlock()
 		go t.serve(c)
 	}
@@ -290,7 +285,7 @@ func (t *Transport) serve(c net.Conn) {
 // handshake authenticates a client of the data listener within
 // authTimeout; false means the connection is to be closed.
 func (t *Transport) handshake(c net.Conn) bool {
-	defer t.authenticating.Add(-1)
+	defer func() { <-t.slots }()
 	tune(c)
 	nonce := core.NewNonce()
 	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
@@ -338,21 +333,6 @@ func (t *Transport) logRefused(from net.Addr) {
 		return
 	}
 	t.h.Log().Warnf("tcp: refused %d data connections with a wrong key (the last from %s)", n, from)
-}
-
-// logTurnedAway logs connections closed because maxAuthenticating others
-// were in their handshake, at most once every ten seconds with the count.
-func (t *Transport) logTurnedAway(from net.Addr) {
-	t.lmu.Lock()
-	t.turnedAway.count++
-	n := t.turnedAway.count
-	if time.Since(t.turnedAway.logged) < 10*time.Second {
-		t.lmu.Unlock()
-		return
-	}
-	t.turnedAway.count, t.turnedAway.logged = 0, time.Now()
-	t.lmu.Unlock()
-	t.h.Log().Warnf("tcp: closed %d data connection(s) at once (the last from %s): %d others were in their handshake", n, from, maxAuthenticating)
 }
 
 // refusal tells a client with the wrong key what to check.

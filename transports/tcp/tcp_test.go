@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/bits"
@@ -927,41 +928,62 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 }
 
 // Connections that have proved nothing are bounded: past maxAuthenticating
-// in their handshake at once, new ones are closed at once, and once those
-// go, clients are served again.
+// in their handshake at once, the source stops accepting, so further
+// connections wait (in the kernel's backlog) instead of being refused, and
+// are greeted as soon as slots free up.
 func TestConnectionsInTheirHandshakeAreBounded(t *testing.T) {
 	p := newPair(t, "", "")
 	meta, _ := p.put(t, 12, 64)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	var idle []net.Conn
-	defer func() {
-		for _, c := range idle {
-			c.Close()
+	greetedWithin := func(c net.Conn, d time.Duration) bool {
+		c.SetReadDeadline(time.Now().Add(d))
+		_, err := c.Read(make([]byte, 1))
+		if err != nil {
+			var ne net.Error
+			require.True(t, errors.As(err, &ne) && ne.Timeout(), "a waiting connection is not closed: %v", err)
 		}
-	}()
-	greeted, closed := 0, 0
+		return err == nil
+	}
+	var first, rest []net.Conn
 	for i := 0; i < maxAuthenticating+36; i++ {
 		c, err := net.Dial("tcp", m.Endpoint)
 		require.NoError(t, err)
-		idle = append(idle, c)
-		// A connection in its handshake is greeted; one turned away ends.
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		b := make([]byte, 1)
-		if _, err := c.Read(b); err == nil {
-			greeted++
+		defer c.Close()
+		if i < maxAuthenticating {
+			first = append(first, c)
 		} else {
-			closed++
+			rest = append(rest, c)
 		}
 	}
-	assert.Equal(t, maxAuthenticating, greeted, "connections let into their handshake")
-	assert.Equal(t, 36, closed, "connections closed at once")
-	for _, c := range idle {
+	for _, c := range first {
+		require.True(t, greetedWithin(c, 5*time.Second), "the first connections are let into their handshake")
+	}
+	for _, c := range rest {
+		assert.False(t, greetedWithin(c, 20*time.Millisecond), "past the cap a connection waits")
+	}
+	// An honest fetch started now waits too, and succeeds once slots free.
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.fetch(t, meta, 64)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("with every slot taken the fetch ended at once: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for _, c := range first {
 		c.Close()
 	}
-	idle = nil
-	assert.Eventually(t, func() bool {
-		got, err := p.fetch(t, meta, 64)
-		return err == nil && len(got) == 1
-	}, 10*time.Second, 50*time.Millisecond, "served again once the idle connections are gone")
+	for _, c := range rest {
+		require.True(t, greetedWithin(c, 5*time.Second), "waiting connections are greeted once slots free")
+		c.Close()
+	}
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fetch did not finish after the idle connections went")
+	}
 }

@@ -253,6 +253,11 @@ rdt_status rdt_fetch_abort(rdt_fetch *fetch) {
   return (rdt_status)rdtgo_fetch_abort((uintptr_t)fetch);
 }
 
+rdt_status rdt_fetch_event_fd(rdt_fetch *fetch, int *fd_out) {
+  FORK_GUARD("rdt_fetch_event_fd");
+  return (rdt_status)rdtgo_fetch_event_fd((uintptr_t)fetch, fd_out);
+}
+
 rdt_status rdt_fetch_free(rdt_fetch *fetch) {
   FORK_GUARD("rdt_fetch_free");
   if (fetch == NULL) return RDT_OK;

@@ -88,6 +88,25 @@ func rdtgo_fetch_abort(h C.uintptr_t) C.int {
 	})
 }
 
+//export rdtgo_fetch_event_fd
+func rdtgo_fetch_event_fd(h C.uintptr_t, out *C.int) C.int {
+	return guard("rdt_fetch_event_fd", func() error {
+		if out == nil {
+			return invalid("fd_out is NULL")
+		}
+		fh, err := lookup[*fetchHandle](h, "fetch")
+		if err != nil {
+			return err
+		}
+		fd, err := fh.f.EventFD()
+		if err != nil {
+			return err
+		}
+		*out = C.int(fd)
+		return nil
+	})
+}
+
 //export rdtgo_fetch_free
 func rdtgo_fetch_free(h C.uintptr_t) C.int {
 	return guard("rdt_fetch_free", func() error {

@@ -2,12 +2,15 @@ package core
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // FetchOptions adjust one fetch.
@@ -36,6 +39,13 @@ type Fetch struct {
 
 	mu  sync.Mutex
 	err error // the first error
+
+	// The completion eventfd (see EventFD): made on first request, written
+	// once when done closes, closed by Free. eventMu orders those three, so
+	// a completion is never missed and nothing writes to a closed number.
+	eventMu sync.Mutex
+	eventFD int // -1: none yet
+	freed   bool
 }
 
 type transfer struct {
@@ -193,7 +203,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ct
 		override = e.t.Name()
 	}
 
-	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{})}
+	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
 	off = 0
 	for i, r := range refs {
 		c, err := r.Clone()
@@ -306,16 +316,62 @@ func (f *Fetch) complete(started []*transfer, block bool) {
 	}
 	switch {
 	case spawned == 0:
-		close(f.done)
+		f.markDone()
 	case block:
 		wg.Wait()
-		close(f.done)
+		f.markDone()
 	default:
 		go func() {
 			wg.Wait()
-			close(f.done)
+			f.markDone()
 		}()
 	}
+}
+
+// markDone closes f.done and signals the completion eventfd, if one was
+// asked for.
+func (f *Fetch) markDone() {
+	f.eventMu.Lock()
+	defer f.eventMu.Unlock()
+	close(f.done)
+	if f.eventFD >= 0 {
+		signalEventFD(f.eventFD)
+	}
+}
+
+// EventFD returns a file descriptor that becomes readable once the fetch is
+// complete (Wait(0) no longer times out) and stays readable until Free,
+// which closes it. It is made on the first call; later calls return the
+// same one. See rdt_fetch_event_fd.
+func (f *Fetch) EventFD() (int, error) {
+	f.eventMu.Lock()
+	defer f.eventMu.Unlock()
+	if f.freed {
+		return -1, Errorf(ErrInvalidArgument, "the fetch was freed")
+	}
+	if f.eventFD >= 0 {
+		return f.eventFD, nil
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, Errorf(ErrNoMemory, "eventfd: %v", err)
+	}
+	f.eventFD = fd
+	select {
+	case <-f.done:
+		signalEventFD(fd) // completed before anyone asked
+	default:
+	}
+	return fd, nil
+}
+
+// signalEventFD adds one to an eventfd's counter, which makes it readable.
+// It cannot block or fail: the counter is written once per fetch, and the
+// fd is nonblocking.
+func signalEventFD(fd int) {
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(fd, one[:])
 }
 
 // begin is the start phase of a transfer: connect to the owner, choose the
@@ -787,6 +843,13 @@ func (f *Fetch) Free() {
 		delete(rt.fetches, f)
 		rt.mu.Unlock()
 		rt.c.fetchesActive.Add(-1)
+		f.eventMu.Lock()
+		f.freed = true
+		if f.eventFD >= 0 {
+			unix.Close(f.eventFD)
+			f.eventFD = -1
+		}
+		f.eventMu.Unlock()
 	})
 }
 

@@ -501,6 +501,22 @@ RDT_API rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms);
  * transport that cannot abort is left to finish. */
 RDT_API rdt_status rdt_fetch_abort(rdt_fetch *fetch);
 
+/* Gives a file descriptor that becomes readable once the fetch is complete:
+ * every transfer done, failed or aborted, so that rdt_fetch_wait(fetch, 0)
+ * returns the final result instead of RDT_ERR_TIMEOUT. An event loop
+ * (poll, epoll, asyncio's add_reader, libuv) waits on it without a thread
+ * per fetch; then call rdt_fetch_wait(fetch, 0) for the result.
+ *
+ * Ownership: the descriptor belongs to the fetch. It is made on the first
+ * call (later calls give the same one), stays readable from completion
+ * until rdt_fetch_free(), which closes it, and is close-on-exec and
+ * nonblocking. Never close it, read from it or write to it; stop watching
+ * it before rdt_fetch_free(). On Linux it is an eventfd.
+ *
+ * Errors: INVALID_ARGUMENT (fd_out is NULL, a freed fetch), NO_MEMORY (the
+ * process is out of file descriptors). */
+RDT_API rdt_status rdt_fetch_event_fd(rdt_fetch *fetch, int *fd_out);
+
 /* Frees a fetch. If transfers are still running they are aborted, and this
  * waits until none can write into the targets any more — for a transport
  * that cannot abort, until it finishes. NULL is accepted. */

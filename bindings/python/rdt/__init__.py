@@ -3,6 +3,7 @@
     ref = rdt.put({"w": weights})          # in the producer; nothing is copied
     blob = pickle.dumps(ref)               # hand the ref to another process
     value = rdt.get(pickle.loads(blob))    # in the consumer: the bytes move now
+    value = await rdt.get_async(ref)       # the same, in asyncio, without a thread
 
 The native library (librdt.so) is loaded on first use, not at import.
 """
@@ -11,9 +12,10 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       ForkedError, GetTimeoutError, InternalError, InvalidArgumentError, NoMemoryError,
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
+from ._fetch import Fetch, get_async
 from .ref import ObjectRef
-from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, get, init,
-                      put, register_tensor_transport, wait_tensor_freed)
+from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, fetch, get,
+                      init, put, register_tensor_transport, wait_tensor_freed)
 from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
@@ -27,7 +29,8 @@ def library_version() -> str:
 
 
 __all__ = [
-    "Runtime", "ObjectRef", "init", "default_runtime", "put", "get", "wait_tensor_freed",
+    "Runtime", "ObjectRef", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
+    "wait_tensor_freed",
     "register_tensor_transport", "library_version", "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",
     "RdtError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "GetTimeoutError",

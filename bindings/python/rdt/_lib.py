@@ -238,6 +238,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_fetch_wait": (c_int32, [c_void_p, c_int64]),
     "rdt_fetch_abort": (c_int32, [c_void_p]),
     "rdt_fetch_free": (c_int32, [c_void_p]),
+    "rdt_fetch_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
     "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions), c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
     "rdt_buffer_set": (c_int32, [c_void_p, c_char_p, c_size_t]),

@@ -14,6 +14,9 @@ import numpy as np
 
 from . import _lib, _objects
 from . import tensors as _t
+from ._fetch import Fetch, Plan
+from ._fetch import deadline_of as _deadline
+from ._fetch import slice_ms as _slice_ms
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
 from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
@@ -28,10 +31,6 @@ def _redact_address(address: str) -> str:
         parts.append(part)
     return ",".join(parts)
 
-# A blocking call waits in slices of this many milliseconds, so that Python
-# can run signal handlers (Ctrl-C) between them.
-_SLICE_MS = 100
-
 # How long deserializing (unpickling) a ref waits for its owner by default,
 # in seconds: the C library's RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS.
 DESERIALIZE_TIMEOUT = _lib.DESERIALIZE_TIMEOUT_DEFAULT_MS / 1000
@@ -42,24 +41,6 @@ _RUNTIME_DEFAULT: Any = object()
 # get of one ref into one array of at most this many bytes uses rdt_get (a
 # single call), restarting with the general path if a slice is not enough.
 _SMALL = 1 << 20
-
-
-def _deadline(timeout: Optional[float]) -> Optional[float]:
-    if timeout is None:
-        return None
-    try:
-        t = float(timeout)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"timeout must be None or a number of seconds, not {timeout!r}") from None
-    if t < 0:
-        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout}")
-    return time.monotonic() + t
-
-
-def _slice_ms(deadline: Optional[float]) -> int:
-    if deadline is None:
-        return _SLICE_MS
-    return max(0, min(_SLICE_MS, int((deadline - time.monotonic()) * 1000 + 0.999)))
 
 
 def _seconds_ms(value: Optional[float], what: str) -> int:
@@ -291,13 +272,13 @@ class Runtime(Handle):
         A ref this runtime owns gives back the put tensors themselves (no
         copy), as Ray does, unless ``out=`` is given.
         """
+        deadline = _deadline(timeout)
         if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
             # The common case, one ref into one array, in fewer steps.
             r: ObjectRef = refs
             if r._runtime is self:
                 descs1 = r._descs or r.tensor_descs()
                 if len(descs1) == 1:
-                    deadline = _deadline(timeout)
                     data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
                     if data and not _objects.python_transports:
                         # One call does start, wait and free. It gives up
@@ -313,9 +294,24 @@ class Runtime(Handle):
                         if deadline is not None and time.monotonic() >= deadline:
                             raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
                                                   "was aborted", _lib.ERR_TIMEOUT)
-                    items1 = _t.check_out([out], descs1)
-                    self._fetch([r], items1, [out], deadline, None, owned=False)
-                    return decode_skeleton(r._skeleton, [out])
+        f = Fetch(self, self._plan(refs, out), transport)
+        try:
+            while not f._poll(_slice_ms(deadline)):
+                if deadline is not None and time.monotonic() >= deadline:
+                    n = len(f._plan.fetch_refs)
+                    raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
+                                          f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
+                                          _lib.ERR_TIMEOUT)
+        except (GetTimeoutError, KeyboardInterrupt, SystemExit):
+            # Stop every transfer. Buffers the caller gave must be quiet before
+            # we return; our own may finish filling in the background (a
+            # transport that cannot abort) and are dropped afterwards.
+            f.close()
+            raise
+        return f._result_now()
+
+    def _plan(self, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
+        """Checks get's arguments and decides what to fetch into what."""
         self._handle()  # ClosedError once the runtime is closed
         single = isinstance(refs, ObjectRef)
         if single:
@@ -330,9 +326,8 @@ class Runtime(Handle):
             if r._runtime is not self:
                 raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r._runtime!r}); get it there")
             r._handle()  # ClosedError for a released ref
-        deadline = _deadline(timeout)
         if not lst:
-            return []
+            return Plan(single, [], [], [], [], [], out is None)
         descs = [r.tensor_descs() for r in lst]
         tensors: List[List[Any]] = []
         fetch_refs: List[ObjectRef] = []
@@ -364,67 +359,23 @@ class Runtime(Handle):
                 tensors.append(outs[i:i + len(ds)])
                 i += len(ds)
             fetch_refs = lst
-        if fetch_refs:
-            self._fetch(fetch_refs, items, objs, deadline, transport, owned=out is None)
-        results = [decode_skeleton(r._skeleton, ts) for r, ts in zip(lst, tensors)]
-        return results[0] if single else results
+        return Plan(single, lst, tensors, fetch_refs, items, objs, owned=out is None)
 
-    def _fetch(self, refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], deadline: Optional[float],
-               transport: Optional[str], owned: bool) -> None:
-        L = _lib.lib()
-        h = self._handle()
-        if len(refs) == 1:
-            handles: Any = ctypes.byref(ctypes.c_void_p(refs[0]._handle()))
-        else:
-            handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
-        buf, addr = _t.pack(items)
-        opts = None
-        if transport:
-            opts = _lib.init(_lib.FetchOptions())
-            opts.transport = transport.encode()
-        # Python transports receiving this fetch get these very objects.
-        mine = []
-        if _objects.python_transports:
-            receiving = _objects.receiving
-            for it, obj in zip(items, objs):
-                if it.data:
-                    receiving[it.data] = obj
-                    mine.append((it.data, obj))
-        f = ctypes.c_void_p()
-        st = L.rdt_fetch_start(h, handles, len(refs), addr, len(items), opts, ctypes.byref(f))
-        if st != _lib.OK:
-            _forget(mine)
-            raise _lib.make_error(st)
-        fetch = f.value
-        try:
-            while True:
-                st = L.rdt_fetch_wait(fetch, _slice_ms(deadline))
-                if st == _lib.OK:
-                    break
-                if st != _lib.ERR_TIMEOUT:
-                    # Final: every other transfer already completed or stopped.
-                    err = _lib.make_error(st)
-                    L.rdt_fetch_free(fetch)
-                    _forget(mine)
-                    raise err
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise GetTimeoutError(f"rdt.get: the deadline passed before {len(refs)} "
-                                          f"object{'s' if len(refs) != 1 else ''} arrived; the fetch was aborted",
-                                          _lib.ERR_TIMEOUT)
-        except (GetTimeoutError, KeyboardInterrupt, SystemExit) as e:
-            # Stop every transfer. Buffers the caller gave must be quiet before
-            # we return; our own may finish filling in the background (a
-            # transport that cannot abort) and are dropped afterwards.
-            L.rdt_fetch_abort(fetch)
-            if owned:
-                threading.Thread(target=_drain, args=(fetch, buf, items, mine), name="rdt-drain",
-                                 daemon=True).start()
-            else:
-                L.rdt_fetch_free(fetch)
-                _forget(mine)
-            raise e
-        L.rdt_fetch_free(fetch)
-        _forget(mine)
+    def fetch(self, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
+              transport: Optional[str] = None) -> Fetch:
+        """Starts fetching one ref or a list of refs (one fetch, every
+        transfer concurrent) and returns at once with an :class:`rdt.Fetch`
+        to wait on, poll, abort or ``await``. Its ``result()`` is what
+        :meth:`get` returns for the same arguments; ``out=`` and
+        ``transport`` mean the same. Keep buffers given in ``out=`` untouched
+        until the fetch completed or was closed."""
+        return Fetch(self, self._plan(refs, out), transport)
+
+    async def get_async(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+                        transport: Optional[str] = None, out: Any = None) -> Any:
+        """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
+        from ._fetch import get_async
+        return await get_async(refs, timeout=timeout, transport=transport, out=out)
 
     # ---- the source side -------------------------------------------------------
 
@@ -583,13 +534,22 @@ def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
 def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
         transport: Optional[str] = None, out: Any = None) -> Any:
     """Fetches refs in the runtime they belong to; see Runtime.get."""
+    return runtime_of(refs).get(refs, timeout=timeout, transport=transport, out=out)
+
+
+def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
+    """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
+    return runtime_of(refs).fetch(refs, out=out, transport=transport)
+
+
+def runtime_of(refs: Any) -> Runtime:
+    """The runtime refs belong to (the default one for anything else, whose
+    get then says what is wrong)."""
     if isinstance(refs, ObjectRef):
-        rt = refs._runtime
-    elif isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
-        rt = refs[0]._runtime
-    else:
-        rt = default_runtime()
-    return rt.get(refs, timeout=timeout, transport=transport, out=out)
+        return refs._runtime
+    if isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
+        return refs[0]._runtime
+    return default_runtime()
 
 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:

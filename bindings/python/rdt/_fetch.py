@@ -1,0 +1,345 @@
+"""A fetch in flight: rdt.Fetch, its blocking and asyncio waits, and
+rdt.get_async. Runtime.get and Runtime.fetch are built on it."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import threading
+import time
+from typing import Any, List, Optional, Tuple
+
+from . import _lib, _objects
+from . import tensors as _t
+from ._errors import AbortedError, GetTimeoutError, InvalidArgumentError
+from .ref import ObjectRef, decode_skeleton
+
+# A blocking wait runs in slices of this many milliseconds, so that Python
+# can run signal handlers (Ctrl-C) between them.
+SLICE_MS = 100
+
+
+def deadline_of(timeout: Optional[float]) -> Optional[float]:
+    if timeout is None:
+        return None
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"timeout must be None or a number of seconds, not {timeout!r}") from None
+    if t < 0:
+        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout}")
+    return time.monotonic() + t
+
+
+def slice_ms(deadline: Optional[float]) -> int:
+    if deadline is None:
+        return SLICE_MS
+    return max(0, min(SLICE_MS, int((deadline - time.monotonic()) * 1000 + 0.999)))
+
+
+class Plan:
+    """What a fetch moves and what its result is made of: the refs asked
+    for, each one's tensors (new, given in out=, or the put tensors of an
+    object this runtime owns), and, of those, the ones to fetch."""
+
+    __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned")
+
+    def __init__(self, single: bool, refs: List[ObjectRef], tensors: List[List[Any]],
+                 fetch_refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], owned: bool) -> None:
+        self.single, self.refs, self.tensors = single, refs, tensors
+        self.fetch_refs, self.items, self.objs, self.owned = fetch_refs, items, objs, owned
+
+
+class Fetch:
+    """Refs being fetched, made by :meth:`Runtime.fetch`. Every transfer is
+    running when you get it; nothing blocks until you wait.
+
+    ``wait(timeout)`` blocks up to ``timeout`` seconds and says whether the
+    fetch is complete; ``done()`` asks without blocking; ``result()`` gives
+    what ``get`` would return (or raises its error); ``abort()`` stops every
+    transfer. ``await fetch`` (or ``await fetch.wait_async()``) waits without
+    blocking the event loop and without a thread: the loop watches the
+    fetch's completion descriptor. Cancelling the awaiting task aborts the
+    fetch.
+
+    ``close()`` (also leaving a ``with`` block) aborts what still runs and
+    frees the fetch; with ``out=`` it returns once nothing writes into those
+    buffers any more. A fetch that completes frees its native resources by
+    itself; one dropped while running is aborted, without blocking.
+    """
+
+    def __init__(self, runtime: Any, plan: Plan, transport: Optional[str]) -> None:
+        self._runtime = runtime
+        self._plan = plan
+        self._lock = threading.Lock()
+        self._ptr: Optional[int] = None  # the C fetch, until freed
+        self._final: Optional[Tuple[Optional[BaseException]]] = None  # (error or None,) once complete
+        self._value: Any = None
+        self._has_value = False
+        self._fd: Optional[int] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # watching the fd
+        self._waiters: List["asyncio.Future[None]"] = []
+        self._buf: Any = None
+        self._mine: List[Tuple[int, Any]] = []
+        refs = plan.fetch_refs
+        if not refs:
+            self._final = (None,)  # nothing to move: only own objects or none
+            return
+        L = _lib.lib()
+        if len(refs) == 1:
+            handles: Any = ctypes.byref(ctypes.c_void_p(refs[0]._handle()))
+        else:
+            handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        self._buf, addr = _t.pack(plan.items)
+        opts = None
+        if transport:
+            opts = _lib.init(_lib.FetchOptions())
+            opts.transport = transport.encode()
+        # Python transports receiving this fetch get these very objects.
+        if _objects.python_transports:
+            receiving = _objects.receiving
+            for it, obj in zip(plan.items, plan.objs):
+                if it.data:
+                    receiving[it.data] = obj
+                    self._mine.append((it.data, obj))
+        f = ctypes.c_void_p()
+        st = L.rdt_fetch_start(runtime._handle(), handles, len(refs), addr, len(plan.items), opts,
+                               ctypes.byref(f))
+        if st != _lib.OK:
+            _forget(self._mine)
+            raise _lib.make_error(st)
+        self._ptr = f.value
+
+    def __repr__(self) -> str:
+        state = "running" if self._final is None else ("failed" if self._final[0] is not None else "done")
+        return f"<rdt.Fetch of {len(self._plan.refs)} ref{'s' if len(self._plan.refs) != 1 else ''}, {state}>"
+
+    # ---- completion ----------------------------------------------------------------
+
+    def _poll(self, ms: int) -> bool:
+        """Waits up to ms for the C fetch; True once the result is known."""
+        if self._final is not None:
+            return True
+        ptr = self._ptr
+        if ptr is None:
+            return self._final is not None
+        st = _lib.lib().rdt_fetch_wait(ptr, ms)
+        if st == _lib.ERR_TIMEOUT:
+            return False
+        # Made here: the message is this thread's last error.
+        self._settle(None if st == _lib.OK else _lib.make_error(st))
+        return True
+
+    def _settle(self, err: Optional[BaseException]) -> None:
+        """Records the final result (the first one wins) and frees the C
+        fetch, unless an event loop watches its descriptor: then the loop
+        frees it once it stopped watching."""
+        with self._lock:
+            if self._final is None:
+                self._final = (err,)
+            if self._loop is not None:
+                return
+            ptr, self._ptr = self._ptr, None
+        if ptr is not None:
+            self._free_now(ptr)
+
+    def _free_now(self, ptr: int) -> None:
+        # Complete, or the caller accepts waiting: returns once nothing
+        # writes into the targets.
+        try:
+            _lib.lib().rdt_fetch_free(ptr)
+        finally:
+            _forget(self._mine)
+            self._mine, self._buf, self._fd = [], None, None
+
+    def done(self) -> bool:
+        """Whether the fetch is complete (succeeded, failed or aborted)."""
+        return self._poll(0)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the fetch is complete, up to ``timeout`` seconds (None:
+        no limit). True when complete (``result()`` then returns or raises at
+        once), False when the time ran out; the fetch keeps running then.
+        Ctrl-C interrupts the wait (the fetch keeps running)."""
+        deadline = deadline_of(timeout)
+        while not self._poll(slice_ms(deadline)):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        """What ``get`` returns for these refs: the put structure(s), with new
+        tensors or those given in ``out=``. Waits up to ``timeout`` seconds
+        (None: no limit) and raises GetTimeoutError (a TimeoutError) when it
+        passes, leaving the fetch running. Raises the fetch's error if it
+        failed (AbortedError after ``abort()``)."""
+        if not self.wait(timeout):
+            n = len(self._plan.fetch_refs)
+            raise GetTimeoutError(f"rdt.Fetch.result: {n} object{'s' if n != 1 else ''} did not arrive "
+                                  f"within {timeout} s; the fetch is still running", _lib.ERR_TIMEOUT)
+        return self._result_now()
+
+    def _result_now(self) -> Any:
+        assert self._final is not None
+        err = self._final[0]
+        if err is not None:
+            raise err
+        if not self._has_value:
+            p = self._plan
+            results = [decode_skeleton(r._skeleton, ts) for r, ts in zip(p.refs, p.tensors)]
+            self._value = results[0] if p.single else results
+            self._has_value = True
+        return self._value
+
+    def abort(self) -> None:
+        """Asks every unfinished transfer to stop and returns at once. The
+        fetch then completes with AbortedError (or its result, if everything
+        had already arrived)."""
+        ptr = self._ptr
+        if ptr is not None and self._final is None:
+            _lib.lib().rdt_fetch_abort(ptr)
+
+    # ---- freeing -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Aborts what still runs and frees the fetch (idempotent). With
+        ``out=`` it returns once nothing writes into those buffers (for a
+        transport that cannot abort: when it finished); the fetch's own
+        buffers are dropped in the background instead."""
+        self._release(block=not self._plan.owned)
+
+    def _release(self, block: bool) -> None:
+        with self._lock:
+            if self._loop is not None or self._ptr is None:
+                watched = self._loop is not None
+                ptr = None
+            else:
+                watched = False
+                ptr, self._ptr = self._ptr, None
+                if self._final is None:
+                    self._final = (AbortedError("rdt.Fetch: closed before it completed", AbortedError.status),)
+        if watched:
+            # The loop frees it once complete; make that soon.
+            p = self._ptr
+            if p is not None:
+                _lib.lib().rdt_fetch_abort(p)
+            return
+        if ptr is None:
+            return
+        L = _lib.lib()
+        L.rdt_fetch_abort(ptr)
+        if block or L.rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT:
+            self._free_now(ptr)
+            return
+        # Only our own buffers can still be written (a transport that has not
+        # stopped yet): let a thread free the fetch, and them, afterwards.
+        mine, buf, objs = self._mine, self._buf, self._plan.objs
+        self._mine, self._buf, self._fd = [], None, None
+        threading.Thread(target=_drain, args=(ptr, buf, objs, mine), name="rdt-drain", daemon=True).start()
+
+    def __enter__(self) -> "Fetch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._ptr is not None:
+                # Never block here: a transfer still running is drained by a
+                # thread that keeps every target alive until then.
+                self._release(block=False)
+        except Exception:
+            pass  # during interpreter shutdown the library may be gone
+
+    # ---- asyncio -------------------------------------------------------------------
+
+    def __await__(self) -> Any:
+        return self.wait_async().__await__()
+
+    async def wait_async(self) -> Any:
+        """Awaits the fetch and returns ``result()``. The event loop watches
+        the fetch's completion descriptor: no thread, and the loop runs
+        meanwhile. Cancelling the awaiting task aborts the fetch."""
+        if not self._poll(0):
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            self._watch(loop, fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                self.abort()  # the loop frees the fetch once it stopped
+                raise
+            self._poll(0)
+        return self._result_now()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[None]") -> None:
+        with self._lock:
+            if self._loop is not None and self._loop is not loop:
+                raise InvalidArgumentError("this fetch is already awaited in another event loop")
+            ptr = self._ptr
+            if ptr is None:  # completed meanwhile
+                fut.set_result(None)
+                return
+            if self._loop is None:
+                if self._fd is None:
+                    fd = ctypes.c_int32(-1)
+                    _lib.check(_lib.lib().rdt_fetch_event_fd(ptr, ctypes.byref(fd)))
+                    self._fd = fd.value
+                loop.add_reader(self._fd, self._on_complete)
+                self._loop = loop
+            self._waiters.append(fut)
+
+    def _on_complete(self) -> None:
+        """Runs on the loop once the descriptor is readable: the fetch is
+        complete. Stop watching, take the result, free, wake the waiters."""
+        with self._lock:
+            loop, fd = self._loop, self._fd
+            self._loop = None
+            waiters, self._waiters = self._waiters, []
+        if loop is not None and fd is not None:
+            loop.remove_reader(fd)
+        self._poll(0)  # the result; frees unless already settled
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+        if ptr is not None:  # settled elsewhere while the loop watched
+            self._free_now(ptr)
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+def _forget(mine: List[Tuple[int, Any]]) -> None:
+    receiving = _objects.receiving
+    for data, obj in mine:
+        if receiving.get(data) is obj:
+            del receiving[data]
+
+
+def _drain(fetch: int, buf: Any, objs: List[Any], mine: List[Tuple[int, Any]]) -> None:
+    """Frees an aborted fetch once nothing writes into its targets; they
+    were kept alive until then, and go with it."""
+    try:
+        _lib.lib().rdt_fetch_free(fetch)
+    finally:
+        _forget(mine)
+        del buf, objs
+
+
+async def get_async(refs: Any, timeout: Optional[float] = None, transport: Optional[str] = None,
+                    out: Any = None) -> Any:
+    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio. The event loop
+    keeps running while the bytes move, and no thread waits. ``timeout``
+    (seconds) raises GetTimeoutError (a TimeoutError) and aborts the fetch;
+    so does cancelling the awaiting task (``asyncio.wait_for`` included)."""
+    from .runtime import runtime_of
+    f = runtime_of(refs).fetch(refs, out=out, transport=transport)
+    if timeout is None:
+        return await f
+    deadline_of(timeout)  # InvalidArgumentError for a bad value
+    try:
+        return await asyncio.wait_for(f.wait_async(), timeout)
+    except asyncio.TimeoutError:
+        n = len(f._plan.fetch_refs)
+        raise GetTimeoutError(f"rdt.get_async: the deadline passed before {n} object{'s' if n != 1 else ''} "
+                              f"arrived; the fetch was aborted", _lib.ERR_TIMEOUT) from None

@@ -1,0 +1,185 @@
+/* rdt_fetch_event_fd: an event loop waits for a fetch with poll() on the
+ * fetch's descriptor, then takes the result with rdt_fetch_wait(f, 0). */
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static int64_t shape16[1] = {16};
+
+/* The number of eventfds this process has open. */
+static int count_eventfds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    char path[300], link[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, link, sizeof link - 1);
+    if (len < 0) continue;
+    link[len] = '\0';
+    if (strcmp(link, "anon_inode:[eventfd]") == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+/* 1 if fd became readable within timeout_ms, else 0. */
+static int readable(int fd, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  int n;
+  do {
+    n = poll(&p, 1, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  CHECK(n >= 0);
+  return n == 1 && (p.revents & POLLIN);
+}
+
+static void wait_fetches(test_transport *t, int n) {
+  for (int i = 0; i < 10000; i++) {
+    pthread_mutex_lock(&t->mu);
+    int got = t->fetches;
+    pthread_mutex_unlock(&t->mu);
+    if (got >= n) return;
+    usleep(1000);
+  }
+  CHECK(!"the transfer started");
+}
+
+static rdt_runtime *src, *dst;
+static test_transport ts, td;
+static float in[16], out[16];
+static rdt_ref *borrowed;
+
+static rdt_fetch *start(void) {
+  rdt_tensor target = f32_tensor(out, shape16);
+  rdt_fetch *f = NULL;
+  CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  return f;
+}
+
+static int fetches_so_far(void) {
+  pthread_mutex_lock(&td.mu);
+  int n = td.fetches;
+  pthread_mutex_unlock(&td.mu);
+  return n;
+}
+
+static void set_gated(int gated) {
+  pthread_mutex_lock(&td.mu);
+  td.gated = gated;
+  td.open = 0;
+  pthread_mutex_unlock(&td.mu);
+}
+
+/* Readable only once the transfer finished; then wait(0) has the result;
+ * the descriptor is the fetch's and free closes it. */
+static void test_completion(void) {
+  int before = count_eventfds();
+  set_gated(1);
+  memset(out, 0, sizeof out);
+  int fetched = fetches_so_far();
+  rdt_fetch *f = start();
+  int fd = -1, again = -1;
+  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK(fd >= 0);
+  CHECK_OK(rdt_fetch_event_fd(f, &again));
+  CHECK(again == fd);
+  CHECK(count_eventfds() == before + 1);
+  wait_fetches(&td, fetched + 1);
+  CHECK(!readable(fd, 50));
+  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TIMEOUT);
+  test_transport_open(&td);
+  CHECK(readable(fd, 10000));
+  CHECK_OK(rdt_fetch_wait(f, 0));
+  CHECK(readable(fd, 0)); /* it stays readable */
+  CHECK(memcmp(in, out, sizeof in) == 0);
+  CHECK_OK(rdt_fetch_free(f));
+  CHECK(count_eventfds() == before);
+  CHECK_STATUS(rdt_fetch_event_fd(f, &fd), RDT_ERR_INVALID_ARGUMENT);
+}
+
+/* A failed transfer completes the fetch too. */
+static void test_failure(void) {
+  set_gated(0);
+  pthread_mutex_lock(&td.mu);
+  td.fail_at = td.waits + 1;
+  td.fail_status = RDT_ERR_TRANSPORT;
+  td.fail_message = "cable unplugged";
+  pthread_mutex_unlock(&td.mu);
+  rdt_fetch *f = start();
+  int fd = -1;
+  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK(readable(fd, 10000));
+  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TRANSPORT);
+  CHECK_MSG("cable unplugged");
+  CHECK_OK(rdt_fetch_free(f));
+  pthread_mutex_lock(&td.mu);
+  td.fail_at = 0;
+  pthread_mutex_unlock(&td.mu);
+}
+
+/* An abort completes it once nothing writes into the target. */
+static void test_abort(void) {
+  int before = count_eventfds();
+  set_gated(1);
+  int fetched = fetches_so_far();
+  rdt_fetch *f = start();
+  int fd = -1;
+  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  wait_fetches(&td, fetched + 1);
+  CHECK(!readable(fd, 20));
+  CHECK_OK(rdt_fetch_abort(f));
+  CHECK(readable(fd, 10000));
+  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_fetch_free(f));
+  CHECK(count_eventfds() == before);
+
+  /* Asked for after completion: readable at once. */
+  set_gated(0);
+  f = start();
+  CHECK_OK(rdt_fetch_wait(f, 10000));
+  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK(readable(fd, 0));
+  CHECK_OK(rdt_fetch_free(f));
+  CHECK(count_eventfds() == before);
+}
+
+static void test_bad_arguments(void) {
+  int fd = -1;
+  CHECK_STATUS(rdt_fetch_event_fd(NULL, &fd), RDT_ERR_INVALID_ARGUMENT);
+  rdt_fetch *f = start();
+  CHECK_STATUS(rdt_fetch_event_fd(f, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(rdt_fetch_wait(f, 10000));
+  CHECK_OK(rdt_fetch_free(f));
+}
+
+int main(void) {
+  src = new_runtime("src");
+  dst = new_runtime("dst");
+  test_transport_init(&ts);
+  test_transport_init(&td);
+  register_cpu(src, "async", async_vtable(&ts));
+  register_cpu(dst, "async", async_vtable(&td));
+  for (int i = 0; i < 16; i++) in[i] = (float)i + 0.5f;
+  rdt_tensor t = f32_tensor(in, shape16);
+  rdt_ref *r;
+  CHECK_OK(rdt_put(src, &t, 1, "async", NULL, NULL, &r));
+  borrowed = pass_ref(r, dst);
+  CHECK_OK(rdt_ref_release(r));
+
+  test_completion();
+  test_failure();
+  test_abort();
+  test_bad_arguments();
+
+  CHECK_OK(rdt_ref_release(borrowed));
+  CHECK(stats_of(dst).fetches_active == 0);
+  CHECK_OK(rdt_runtime_destroy(src));
+  CHECK_OK(rdt_runtime_destroy(dst));
+  printf("test_event_fd: ok\n");
+  return 0;
+}

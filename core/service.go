@@ -17,7 +17,9 @@ func (rt *Runtime) Borrow(from PeerInfo, obj ObjectID, token uint64) error {
 	if err != nil {
 		return err
 	}
-	consumeLeaseLocked(o, token)
+	if err := rt.consumeLeaseLocked(o, token); err != nil {
+		return err
+	}
 	o.borrows[from.RuntimeID]++
 	o.borrowTotal++
 	return nil

@@ -325,6 +325,35 @@ RDT_API rdt_status rdt_ref_clone(const rdt_ref *ref, rdt_ref **out);
  * INVALID_ARGUMENT. */
 RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
 
+/* Flags of rdt_ref_release_ex(). */
+/* Also revoke every outstanding lease of the object (see below). Owner only. */
+#define RDT_RELEASE_REVOKE_LEASES (1u << 0)
+
+/* rdt_ref_release() with RDT_RELEASE_* flags; flags 0 is rdt_ref_release().
+ *
+ * With RDT_RELEASE_REVOKE_LEASES, `ref` must belong to the object's owner
+ * (rdt_object_info.is_owner). Besides releasing it, every serialized ref of
+ * the object that holds a lease now (bytes not yet deserialized and not
+ * expired, the owner's and those its borrowers serialized) stops holding the
+ * object, so the owner frees it as soon as no local reference and no borrow
+ * is left, instead of when the leases expire. For a host that knows those
+ * bytes will never be deserialized. Afterwards:
+ *  - deserializing revoked bytes fails with NOT_FOUND in the owner ("already
+ *    freed" once the object is freed, else "revoked"); elsewhere it makes a
+ *    reference whose first fetch fails with NOT_FOUND and reads nothing, like
+ *    bytes of a freed object. This includes bytes deserialized just before
+ *    the call whose borrow had not reached the owner yet: the owner refuses
+ *    the late borrow, and nothing is counted or leaked;
+ *  - borrows the owner already counted are kept: their holders fetch as
+ *    before, and the object lives until they release them;
+ *  - other references of the owner keep the object as usual, and bytes
+ *    serialized after the call get leases as usual.
+ *
+ * NULL is accepted. Errors: INVALID_ARGUMENT (unknown flags,
+ * RDT_RELEASE_REVOKE_LEASES on a borrowed reference, a released or bogus
+ * handle); on error `ref` is not released. */
+RDT_API rdt_status rdt_ref_release_ex(rdt_ref *ref, uint32_t flags);
+
 /* Serializes a reference into bytes that any runtime can deserialize. The
  * bytes keep the object alive for the owner's lease (lease_ms) or until they
  * are deserialized, whichever comes first; deserializing the same bytes again

@@ -62,13 +62,14 @@ func (r *Ref) Clone() (*Ref, error) {
 // Release drops the handle. Releasing twice is ErrInvalidArgument.
 func (r *Ref) Release() error { return r.release(false) }
 
-// ReleaseRevokingLeases drops the handle of an owner and revokes every
-// lease of the object at once: serialized bytes not deserialized yet (the
-// owner's and those its borrowers asked for) stop holding it, so it is
-// freed as soon as no local handle and no borrow is left, not when the
-// leases expire. Deserializing revoked bytes later fails with ErrNotFound,
-// and so does a borrow request made from them that reaches the owner after
-// the revocation. Borrows already counted are kept. A borrowed handle
+// ReleaseRevokingLeases drops the handle of an owner and ends every lease
+// of the object at once, as if each had expired: serialized bytes not
+// deserialized yet (the owner's and those its borrowers asked for) stop
+// holding it, so it is freed as soon as no local handle and no borrow is
+// left. Bytes deserialized afterwards, and a borrow request made from them
+// that reaches the owner only afterwards, are then refused with ErrNotFound
+// ("already freed"); while borrows keep the object, they make a borrow as
+// expired bytes do. Borrows already counted are kept. A borrowed handle
 // cannot revoke its owner's leases: ErrInvalidArgument, and the handle
 // stays valid.
 func (r *Ref) ReleaseRevokingLeases() error {
@@ -239,40 +240,27 @@ func (rt *Runtime) expireLease(o *object, token uint64) {
 	rt.maybeFreeLocked(o)
 }
 
-// revokeLeasesLocked drops every lease token of o and remembers them as
-// revoked, so that the bytes carrying them are refused from now on rather
-// than accepted while something else keeps the object alive. The record
-// lives as long as the object and is no larger than the leases it replaces.
-// Caller holds rt.mu.
+// revokeLeasesLocked drops every lease token of o, as if each had expired
+// now. Caller holds rt.mu.
 func (rt *Runtime) revokeLeasesLocked(o *object) {
-	if len(o.transit) == 0 {
-		return
-	}
-	if o.revoked == nil {
-		o.revoked = make(map[uint64]struct{}, len(o.transit))
-	}
 	n := len(o.transit)
 	for token, t := range o.transit {
 		t.Stop()
 		delete(o.transit, token)
 		o.leaseGoneLocked(token)
-		o.revoked[token] = struct{}{}
 	}
-	rt.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
+	if n > 0 {
+		rt.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
+	}
 }
 
-// consumeLeaseLocked drops a lease token if o still holds it. A token its
-// owner revoked is ErrNotFound: the bytes no longer reference the object.
-func (rt *Runtime) consumeLeaseLocked(o *object, token uint64) error {
-	if _, ok := o.revoked[token]; ok {
-		return Errorf(ErrNotFound, "the serialized ref to object %s was revoked: its owner %s released the object with its leases revoked", o.desc.ID, rt.name)
-	}
+// consumeLeaseLocked drops a lease token if o still holds it.
+func consumeLeaseLocked(o *object, token uint64) {
 	if t, ok := o.transit[token]; ok {
 		t.Stop()
 		delete(o.transit, token)
 		o.leaseGoneLocked(token)
 	}
-	return nil
 }
 
 // DefaultDeserializeTimeout bounds how long Deserialize waits for the owner
@@ -310,9 +298,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 		if err != nil {
 			return nil, err
 		}
-		if err := rt.consumeLeaseLocked(o, token); err != nil {
-			return nil, err
-		}
+		consumeLeaseLocked(o, token)
 		o.local++
 		rt.c.refs.Add(1)
 		return &Ref{rt: rt, desc: o.desc, owned: true}, nil

@@ -150,7 +150,6 @@ type object struct {
 	local       int64                  // ref handles in this runtime
 	transit     map[uint64]*time.Timer // lease tokens of serialized refs
 	leasedTo    map[uint64]*leaseCount // which of them peers asked for
-	revoked     map[uint64]struct{}    // lease tokens revoked by the owner
 	borrows     map[RuntimeID]uint64   // borrows by other runtimes
 	borrowTotal uint64
 	pins        int64 // sends and serving in progress

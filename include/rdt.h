@@ -332,22 +332,23 @@ RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
 /* rdt_ref_release() with RDT_RELEASE_* flags; flags 0 is rdt_ref_release().
  *
  * With RDT_RELEASE_REVOKE_LEASES, `ref` must belong to the object's owner
- * (rdt_object_info.is_owner). Besides releasing it, every serialized ref of
- * the object that holds a lease now (bytes not yet deserialized and not
- * expired, the owner's and those its borrowers serialized) stops holding the
- * object, so the owner frees it as soon as no local reference and no borrow
- * is left, instead of when the leases expire. For a host that knows those
- * bytes will never be deserialized. Afterwards:
- *  - deserializing revoked bytes fails with NOT_FOUND in the owner ("already
- *    freed" once the object is freed, else "revoked"); elsewhere it makes a
- *    reference whose first fetch fails with NOT_FOUND and reads nothing, like
- *    bytes of a freed object. This includes bytes deserialized just before
- *    the call whose borrow had not reached the owner yet: the owner refuses
- *    the late borrow, and nothing is counted or leaked;
+ * (rdt_object_info.is_owner). Besides releasing it, every lease of the
+ * object ends now, as if it had expired: serialized refs not yet
+ * deserialized (the owner's and those its borrowers serialized) stop holding
+ * the object, so the owner frees it as soon as no reference of its own and
+ * no borrow is left. For a host that knows those bytes will never be
+ * deserialized and wants the memory back now, not after lease_ms.
+ * Afterwards, as with expired leases:
+ *  - once the object is freed, its bytes fail as those of any freed object:
+ *    NOT_FOUND ("already freed") in the owner; elsewhere a reference whose
+ *    first fetch fails with NOT_FOUND and reads nothing. This includes bytes
+ *    deserialized just before the call whose borrow had not reached the
+ *    owner yet: the owner refuses the late borrow, and nothing is counted or
+ *    leaked;
+ *  - while borrows or other references keep the object, those bytes still
+ *    make a borrow that the owner counts;
  *  - borrows the owner already counted are kept: their holders fetch as
- *    before, and the object lives until they release them;
- *  - other references of the owner keep the object as usual, and bytes
- *    serialized after the call get leases as usual.
+ *    before, and the object lives until they release them.
  *
  * NULL is accepted. Errors: INVALID_ARGUMENT (unknown flags,
  * RDT_RELEASE_REVOKE_LEASES on a borrowed reference, a released or bogus

@@ -158,6 +158,12 @@ rdt_status rdt_ref_release(rdt_ref *ref) {
   return (rdt_status)rdtgo_ref_release((uintptr_t)ref);
 }
 
+rdt_status rdt_ref_release_ex(rdt_ref *ref, uint32_t flags) {
+  FORK_GUARD("rdt_ref_release_ex");
+  if (ref == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_ref_release_ex((uintptr_t)ref, flags);
+}
+
 rdt_status rdt_ref_serialize(const rdt_ref *ref, void **out_bytes,
                              size_t *out_size) {
   FORK_GUARD("rdt_ref_serialize");

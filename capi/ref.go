@@ -80,6 +80,28 @@ func rdtgo_ref_release(h C.uintptr_t) C.int {
 	})
 }
 
+//export rdtgo_ref_release_ex
+func rdtgo_ref_release_ex(h C.uintptr_t, flags C.uint32_t) C.int {
+	return guard("rdt_ref_release_ex", func() error {
+		if flags&^C.RDT_RELEASE_REVOKE_LEASES != 0 {
+			return invalid("unknown flags %#x", uint32(flags))
+		}
+		ref, err := refOf(h, "ref")
+		if err != nil {
+			return err
+		}
+		release := ref.Release
+		if flags&C.RDT_RELEASE_REVOKE_LEASES != 0 {
+			release = ref.ReleaseRevokingLeases
+		}
+		if err := release(); err != nil {
+			return err
+		}
+		deleteHandle(h)
+		return nil
+	})
+}
+
 //export rdtgo_ref_serialize
 func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.size_t) C.int {
 	return guard("rdt_ref_serialize", func() error {

@@ -60,7 +60,30 @@ func (r *Ref) Clone() (*Ref, error) {
 }
 
 // Release drops the handle. Releasing twice is ErrInvalidArgument.
-func (r *Ref) Release() error {
+func (r *Ref) Release() error { return r.release(false) }
+
+// ReleaseRevokingLeases drops the handle of an owner and ends every lease
+// of the object at once, as if each had expired: serialized bytes not
+// deserialized yet (the owner's and those its borrowers asked for) stop
+// holding it, so it is freed as soon as no local handle and no borrow is
+// left. Bytes deserialized afterwards, and a borrow request made from them
+// that reaches the owner only afterwards, are then refused with ErrNotFound
+// ("already freed"); while borrows keep the object, they make a borrow as
+// expired bytes do. Borrows already counted are kept. A borrowed handle
+// cannot revoke its owner's leases: ErrInvalidArgument, and the handle
+// stays valid.
+func (r *Ref) ReleaseRevokingLeases() error {
+	if err := r.check(); err != nil {
+		return err
+	}
+	if !r.owned {
+		return Errorf(ErrInvalidArgument, "ref to object %s is borrowed: only its owner %s can revoke the object's leases; release it without revoking",
+			r.desc.ID, r.desc.Owner.Address)
+	}
+	return r.release(true)
+}
+
+func (r *Ref) release(revokeLeases bool) error {
 	if r == nil || !r.released.CompareAndSwap(false, true) {
 		return Errorf(ErrInvalidArgument, "ref was already released")
 	}
@@ -73,6 +96,9 @@ func (r *Ref) Release() error {
 	}
 	if r.owned {
 		if o, ok := rt.objects[r.desc.ID]; ok {
+			if revokeLeases {
+				rt.revokeLeasesLocked(o)
+			}
 			o.local--
 			rt.maybeFreeLocked(o)
 		}
@@ -212,6 +238,20 @@ func (rt *Runtime) expireLease(o *object, token uint64) {
 	rt.c.leasesExpired.Add(1)
 	rt.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
 	rt.maybeFreeLocked(o)
+}
+
+// revokeLeasesLocked drops every lease token of o, as if each had expired
+// now. Caller holds rt.mu.
+func (rt *Runtime) revokeLeasesLocked(o *object) {
+	n := len(o.transit)
+	for token, t := range o.transit {
+		t.Stop()
+		delete(o.transit, token)
+		o.leaseGoneLocked(token)
+	}
+	if n > 0 {
+		rt.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
+	}
 }
 
 // consumeLeaseLocked drops a lease token if o still holds it.

@@ -325,6 +325,36 @@ RDT_API rdt_status rdt_ref_clone(const rdt_ref *ref, rdt_ref **out);
  * INVALID_ARGUMENT. */
 RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
 
+/* Flags of rdt_ref_release_ex(). */
+/* Also revoke every outstanding lease of the object (see below). Owner only. */
+#define RDT_RELEASE_REVOKE_LEASES (1u << 0)
+
+/* rdt_ref_release() with RDT_RELEASE_* flags; flags 0 is rdt_ref_release().
+ *
+ * With RDT_RELEASE_REVOKE_LEASES, `ref` must belong to the object's owner
+ * (rdt_object_info.is_owner). Besides releasing it, every lease of the
+ * object ends now, as if it had expired: serialized refs not yet
+ * deserialized (the owner's and those its borrowers serialized) stop holding
+ * the object, so the owner frees it as soon as no reference of its own and
+ * no borrow is left. For a host that knows those bytes will never be
+ * deserialized and wants the memory back now, not after lease_ms.
+ * Afterwards, as with expired leases:
+ *  - once the object is freed, its bytes fail as those of any freed object:
+ *    NOT_FOUND ("already freed") in the owner; elsewhere a reference whose
+ *    first fetch fails with NOT_FOUND and reads nothing. This includes bytes
+ *    deserialized just before the call whose borrow had not reached the
+ *    owner yet: the owner refuses the late borrow, and nothing is counted or
+ *    leaked;
+ *  - while borrows or other references keep the object, those bytes still
+ *    make a borrow that the owner counts;
+ *  - borrows the owner already counted are kept: their holders fetch as
+ *    before, and the object lives until they release them.
+ *
+ * NULL is accepted. Errors: INVALID_ARGUMENT (unknown flags,
+ * RDT_RELEASE_REVOKE_LEASES on a borrowed reference, a released or bogus
+ * handle); on error `ref` is not released. */
+RDT_API rdt_status rdt_ref_release_ex(rdt_ref *ref, uint32_t flags);
+
 /* Serializes a reference into bytes that any runtime can deserialize. The
  * bytes keep the object alive for the owner's lease (lease_ms) or until they
  * are deserialized, whichever comes first; deserializing the same bytes again

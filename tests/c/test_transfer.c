@@ -295,6 +295,96 @@ static void test_third_runtime_and_lease(void) {
   CHECK_OK(rdt_runtime_destroy(c));
 }
 
+/* rdt_ref_release_ex(RDT_RELEASE_REVOKE_LEASES): the owner frees the object
+ * at once instead of after the lease (two minutes by default, far longer
+ * than any wait here), while borrows already counted keep it. */
+static void test_release_revoking_leases(void) {
+  rdt_runtime_options opts;
+  rdt_runtime_options_init(&opts);
+  opts.name = "owner";
+  opts.flags = RDT_RUNTIME_IN_PROCESS;
+  rdt_runtime *a;
+  CHECK_OK(rdt_runtime_create(&opts, &a));
+  rdt_runtime *b = new_runtime("b"), *c = new_runtime("c");
+  test_transport ta, tb, tc;
+  test_transport_init(&ta);
+  test_transport_init(&tb);
+  test_transport_init(&tc);
+  register_cpu(a, "memcopy", memcopy_vtable(&ta));
+  register_cpu(b, "memcopy", memcopy_vtable(&tb));
+  register_cpu(c, "memcopy", memcopy_vtable(&tc));
+  float data[8] = {1, 2, 3, 4, 5, 6, 7, 8}, sink[8] = {0};
+  int64_t shape[1] = {8};
+  rdt_tensor t = f32_tensor(data, shape), into = f32_tensor(sink, shape);
+  int released = 0;
+
+  /* Three serialized refs nobody deserialized: freed by the release. */
+  rdt_ref *ref;
+  CHECK_OK(rdt_put(a, &t, 1, "memcopy", on_release, &released, &ref));
+  void *bytes[3];
+  size_t sizes[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(rdt_ref_serialize(ref, &bytes[i], &sizes[i]));
+  CHECK(stats_of(a).refs_in_transit == 3);
+  CHECK_STATUS(rdt_ref_release_ex(ref, 1u << 7), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("unknown flags");
+  CHECK_OK(rdt_ref_release_ex(ref, RDT_RELEASE_REVOKE_LEASES));
+  CHECK_OK(rdt_wait_tensor_freed(a, data, 5000));
+  CHECK(released == 1);
+  rdt_stats s = stats_of(a);
+  CHECK(s.objects == 0 && s.refs_in_transit == 0 && s.refs == 0);
+  CHECK(s.leases_expired == 0);
+  CHECK_STATUS(rdt_ref_release_ex(ref, RDT_RELEASE_REVOKE_LEASES), RDT_ERR_INVALID_ARGUMENT);
+  for (int i = 0; i < 3; i++) {
+    rdt_ref *late;
+    CHECK_OK(rdt_ref_deserialize(c, bytes[i], sizes[i], &late));
+    CHECK_STATUS(rdt_get(c, &late, 1, &into, 1, NULL, 5000), RDT_ERR_NOT_FOUND);
+    CHECK_MSG("already freed");
+    CHECK(sink[0] == 0);
+    CHECK_OK(rdt_ref_release(late));
+    CHECK_STATUS(rdt_ref_deserialize(a, bytes[i], sizes[i], &late), RDT_ERR_NOT_FOUND);
+    CHECK_MSG("already freed");
+    rdt_bytes_free(bytes[i]);
+  }
+  CHECK(stats_of(c).borrowed_objects == 0);
+
+  /* A counted borrow survives the revocation; the bytes nobody deserialized
+   * no longer hold the object once it is gone. */
+  released = 0;
+  CHECK_OK(rdt_put(a, &t, 1, "memcopy", on_release, &released, &ref));
+  rdt_ref *rb = pass_ref(ref, b);
+  CHECK(stats_of(a).borrows == 1);
+  void *unused;
+  size_t unused_size;
+  CHECK_OK(rdt_ref_serialize(ref, &unused, &unused_size));
+  /* Only the owner revokes; the refused handle stays valid. */
+  CHECK_STATUS(rdt_ref_release_ex(rb, RDT_RELEASE_REVOKE_LEASES), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("only its owner");
+  rdt_ref *clone;
+  CHECK_OK(rdt_ref_clone(rb, &clone));
+  CHECK_OK(rdt_ref_release(clone));
+  CHECK_OK(rdt_ref_release_ex(ref, RDT_RELEASE_REVOKE_LEASES));
+  s = stats_of(a);
+  CHECK(s.objects == 1 && s.borrows == 1 && s.refs_in_transit == 0);
+  CHECK_OK(rdt_get(b, &rb, 1, &into, 1, NULL, 5000));
+  CHECK(memcmp(data, sink, sizeof data) == 0);
+  CHECK(released == 0);
+  CHECK_OK(rdt_ref_release_ex(rb, 0));
+  CHECK_OK(rdt_wait_tensor_freed(a, data, 5000));
+  CHECK(released == 1);
+  rdt_ref *late;
+  CHECK_OK(rdt_ref_deserialize(c, unused, unused_size, &late));
+  memset(sink, 0, sizeof sink);
+  CHECK_STATUS(rdt_get(c, &late, 1, &into, 1, NULL, 5000), RDT_ERR_NOT_FOUND);
+  CHECK_MSG("already freed");
+  CHECK(sink[0] == 0);
+  CHECK_OK(rdt_ref_release(late));
+  rdt_bytes_free(unused);
+  CHECK_OK(rdt_ref_release_ex(NULL, RDT_RELEASE_REVOKE_LEASES));
+  CHECK_OK(rdt_runtime_destroy(a));
+  CHECK_OK(rdt_runtime_destroy(b));
+  CHECK_OK(rdt_runtime_destroy(c));
+}
+
 /* RDT_RUNTIME_QUEUE_RELEASES: no callback on rdt's threads; the user data of
  * freed objects is taken by the application, once each. */
 static rdt_runtime *queue_runtime(const char *name) {
@@ -391,6 +481,7 @@ int main(void) {
   test_local_fetch_needs_no_transport();
   test_clone_and_transport_list();
   test_third_runtime_and_lease();
+  test_release_revoking_leases();
   test_queued_releases();
   printf("test_transfer: ok\n");
   return 0;

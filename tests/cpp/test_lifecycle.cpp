@@ -226,6 +226,41 @@ TEST(RefSemantics, ReleaseAndAdopt) {
   EXPECT_EQ(a.stats().refs, 0u);
 }
 
+// reset(RDT_RELEASE_REVOKE_LEASES) in the owner frees the object at once,
+// although serialized bytes were never deserialized (their lease is two
+// minutes by default); a borrower cannot revoke, and keeps its reference.
+TEST(RefSemantics, ResetRevokingLeases) {
+  rdt::Runtime a(quiet("a")), b(quiet("b"));
+  std::vector<float> src(100, 2.5f), dst(100);
+  std::atomic<int> freed{0};
+  rdt::Ref ref = a.put({rdt::view(src)}, "", [&freed] { freed++; });
+  std::vector<std::vector<uint8_t>> sent{ref.serialize(), ref.serialize(), ref.serialize()};
+  rdt::Ref borrowed = b.deserialize(ref.serialize());
+  // Its borrow request is answered asynchronously: revoke once it is counted.
+  for (int i = 0; i < 5000 && a.stats().borrows == 0; i++) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(a.stats().borrows, 1u);
+  EXPECT_EQ(a.stats().refs_in_transit, 3u);
+
+  EXPECT_EQ(status_of([&] { borrowed.reset(RDT_RELEASE_REVOKE_LEASES); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(borrowed) << "a refused reset keeps the reference";
+  ref.reset(RDT_RELEASE_REVOKE_LEASES);
+  EXPECT_FALSE(ref);
+  rdt_stats s = a.stats();
+  EXPECT_EQ(s.refs_in_transit, 0u);
+  EXPECT_EQ(s.objects, 1u) << "the counted borrow keeps the object";
+  b.get(borrowed, {rdt::view(dst)}, 10s);
+  EXPECT_EQ(dst, src);
+  borrowed.reset(0);
+  EXPECT_TRUE(a.wait_tensor_freed(src.data(), 10s)) << "the bytes nobody deserialized no longer hold it";
+  EXPECT_EQ(freed.load(), 1);
+  EXPECT_EQ(a.stats().objects, 0u);
+  for (auto &bytes : sent) {
+    rdt::Ref late = b.deserialize(bytes);
+    EXPECT_EQ(status_of([&] { b.get(late, {rdt::view(dst)}, 10s); }), RDT_ERR_NOT_FOUND);
+  }
+  ref.reset(RDT_RELEASE_REVOKE_LEASES);  // empty: nothing to do
+}
+
 TEST(RefSemantics, DescribesItsObject) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> m(6);

@@ -189,3 +189,15 @@ def nccl_rank1(conn, address):
             conn.send(("ok", float(out.double().sum().item())))
         except rdt.RdtError as e:
             conn.send(("error", str(e)))
+
+
+def fetch_each_in_child(conn, blobs, transport=None):
+    """Unpickles and gets each pickled ref in turn; sends back, for each,
+    the value or the error."""
+    out = []
+    for blob in blobs:
+        try:
+            out.append(("ok", rdt.get(pickle.loads(blob), timeout=30, transport=transport)))
+        except Exception as e:
+            out.append(("error", f"{type(e).__name__}: {e}"))
+    conn.send(out)

@@ -44,6 +44,8 @@ RUNTIME_IN_PROCESS = 1 << 0
 RUNTIME_NO_BUILTIN_TRANSPORTS = 1 << 1
 RUNTIME_QUEUE_RELEASES = 1 << 2
 
+RELEASE_REVOKE_LEASES = 1 << 0
+
 TRANSPORT_ONE_SIDED = 1 << 0
 TRANSPORT_CAN_ABORT = 1 << 1
 TRANSPORT_BUILTIN = 1 << 2
@@ -226,6 +228,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_put": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, POINTER(c_void_p)]),
     "rdt_ref_clone": (c_int32, [c_void_p, POINTER(c_void_p)]),
     "rdt_ref_release": (c_int32, [c_void_p]),
+    "rdt_ref_release_ex": (c_int32, [c_void_p, c_uint32]),
     "rdt_ref_serialize": (c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t)]),
     "rdt_bytes_free": (None, [c_void_p]),
     "rdt_ref_deserialize": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(c_void_p)]),

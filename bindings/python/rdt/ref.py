@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from . import _lib, _objects
 from . import tensors as _t
-from ._handle import Handle
+from ._handle import Handle, _close_lock
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -244,7 +244,31 @@ class ObjectRef(Handle):
         r._info_cache = self._info_cache
         return r
 
-    release = Handle.close
+    def release(self, *, revoke_leases: bool = False) -> None:
+        """Releases this handle, as :meth:`close` does (idempotent).
+
+        ``revoke_leases=True``, in the runtime that owns the object, also
+        ends every lease of the object now, as if it had expired: pickled or
+        serialized copies that nobody has unpickled yet stop holding it, so
+        the object is freed as soon as no handle and no borrow is left,
+        rather than after the owner's lease (two minutes by default). Once
+        it is freed, such bytes make a ref whose first get raises
+        :class:`NotFoundError`. Borrows already made are kept. For a host
+        that knows those bytes will never be unpickled. On a borrowed ref it
+        raises :class:`InvalidArgumentError` and the handle stays open.
+        """
+        if not revoke_leases:
+            self.close()
+            return
+        with _close_lock:
+            p, self._ptr = self._ptr, None
+        if p is None:
+            return
+        status = _lib.lib().rdt_ref_release_ex(p, _lib.RELEASE_REVOKE_LEASES)
+        if status != _lib.OK:
+            self._ptr = p  # refused: the handle was not released
+            _lib.check(status)
+        self._entry = None  # the put tensors are rdt's to keep or drop now
 
     def __copy__(self) -> "ObjectRef":
         return self.clone()

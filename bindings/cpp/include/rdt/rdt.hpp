@@ -313,6 +313,16 @@ class [[nodiscard]] Ref {
   [[nodiscard]] rdt_ref *release() noexcept { return std::exchange(ref_, nullptr); }
   /// Releases the reference now (the Ref becomes empty).
   void reset() noexcept { Ref().swap(*this); }
+  /// Releases the reference now with RDT_RELEASE_* flags (rdt_ref_release_ex).
+  /// In the owner, reset(RDT_RELEASE_REVOKE_LEASES) also revokes the leases
+  /// of serialized refs nobody deserialized, so the object is freed once no
+  /// reference and no borrow is left, not when the leases expire. Throws
+  /// rdt::Error on failure (such as revoking through a borrowed reference),
+  /// and the Ref then keeps its reference. An empty Ref stays empty.
+  void reset(uint32_t release_flags) {
+    check(rdt_ref_release_ex(ref_, release_flags));
+    ref_ = nullptr;
+  }
 
   /// The reference as bytes that any runtime can deserialize. The bytes hold
   /// the object for the owner's lease or until deserialized; serialize once

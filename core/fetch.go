@@ -690,6 +690,9 @@ func (tr *transfer) finish(err error) {
 		}
 		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
 	} else {
+		if refused := tr.ownerRefusal(err); refused != nil {
+			err = refused
+		}
 		rt.c.transfersFailed.Add(1)
 		if tr.entry != nil {
 			tr.entry.stats.TransfersFailed.Add(1)
@@ -704,6 +707,32 @@ func (tr *transfer) finish(err error) {
 	tr.ref.Release()
 	tr.f.record(err)
 	tr.f.remaining.Add(-1)
+}
+
+// ownerRefusal is the owner's refusal of our borrow when a transfer of a
+// borrowed object failed with the source looking gone. A transport that
+// checks freed objects itself (cma reads a guard the owner clears) sees an
+// object freed before our borrow arrived (its lease expired or was revoked)
+// as vanished; the owner's answer, due at once on a live connection, says
+// what happened: the object was freed (NOT_FOUND). The wait is short and
+// within the fetch's deadline; without an answer the transport's error
+// stands.
+func (tr *transfer) ownerRefusal(err error) error {
+	if StatusOf(err) != ErrPeerUnavailable || tr.ref.owned || tr.local || tr.peer == nil {
+		return nil
+	}
+	select {
+	case <-tr.peer.Done():
+		return nil // the owner is gone indeed
+	default:
+	}
+	ctx, cancel := context.WithTimeout(tr.f.ctx, 2*time.Second)
+	defer cancel()
+	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
+	if refused == nil || StatusOf(refused) != ErrNotFound {
+		return nil
+	}
+	return refused
 }
 
 // checkLocalCopy makes sure a runtime's own object can be copied directly.

@@ -14,7 +14,8 @@ from conftest import wait_until
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_revoking_release_frees_at_once_and_late_copies_fail(child):
+@pytest.mark.parametrize("transport", ["shm", "cma", None])
+def test_revoking_release_frees_at_once_and_late_copies_fail(child, transport):
     with rdt.Runtime("revoker") as rt:
         x = np.arange(1000.0)
         ref = rt.put(x)
@@ -23,14 +24,16 @@ def test_revoking_release_frees_at_once_and_late_copies_fail(child):
         ref.release(revoke_leases=True)
         assert ref.closed
         rt.wait_tensor_freed(x, timeout=10)
+        # The counter may trail the wake-up by a moment.
+        assert wait_until(lambda: rt.stats()["objects_freed"] == 1)
         s = rt.stats()
         assert (s["objects"], s["refs_in_transit"], s["leases_expired"], s["objects_freed"]) == (0, 0, 0, 1)
         ref.release(revoke_leases=True)  # idempotent, as close() is
 
-        # Another process unpickles the copies: each get fails, clearly. (shm
-        # asks the owner for the object; cma would find its guard cleared
-        # first and report the source as gone.)
-        c = child(workers.fetch_each_in_child, blobs, "shm")
+        # Another process unpickles the copies: each get fails, clearly,
+        # whether the owner says so (shm) or the cleared guard does (cma,
+        # which then takes the owner's answer to the borrow).
+        c = child(workers.fetch_each_in_child, blobs, transport)
         results = c.recv()
         assert [kind for kind, _ in results] == ["error"] * 3, results
         for _, msg in results:

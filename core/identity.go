@@ -100,7 +100,7 @@ func rewriteTCPKeys(address, with string) string {
 			continue
 		}
 		key, hostport := splitTCPKey(p[len(tcpScheme):])
-		if key == "" && with == "" {
+		if key == "" {
 			continue
 		}
 		if with == "" {

@@ -136,12 +136,13 @@ func (e *inprocEndpoint) Close() error {
 	e.cache = map[string]*inprocPeer{}
 	e.mu.Unlock()
 
+	me := e.svc.Identity()
 	for _, p := range peers {
 		if p == e {
 			continue
 		}
 		p.unlink(e.id)
-		p.svc.PeerGone(e.svc.Identity())
+		p.svc.PeerGone(me)
 	}
 	return nil
 }

@@ -96,10 +96,10 @@ func (l *Logger) Warnf(format string, args ...any)  { l.logf(LogWarn, format, ar
 func (l *Logger) Infof(format string, args ...any)  { l.logf(LogInfo, format, args...) }
 func (l *Logger) Debugf(format string, args ...any) { l.logf(LogDebug, format, args...) }
 
-// floodLog writes the first of a burst of like events at once, then at
+// FloodLog writes the first of a burst of like events at once, then at
 // most one summary line per interval, so that a flood (a port scan, a peer
 // retrying a wrong token in a loop) costs a few lines rather than one each.
-type floodLog struct {
+type FloodLog struct {
 	log      *Logger
 	level    LogLevel
 	interval time.Duration
@@ -115,12 +115,14 @@ type floodLog struct {
 	closed bool
 }
 
-func newFloodLog(log *Logger, level LogLevel, interval time.Duration, one, many string) *floodLog {
-	return &floodLog{log: log, level: level, interval: interval, one: one, many: many}
+// NewFloodLog logs events at level: one is the line's start for a single
+// event, many a format taking the count held and the time of the first.
+func NewFloodLog(log *Logger, level LogLevel, interval time.Duration, one, many string) *FloodLog {
+	return &FloodLog{log: log, level: level, interval: interval, one: one, many: many}
 }
 
-// event records one event; detail says what happened ("from X: why").
-func (f *floodLog) event(detail string) {
+// Event records one event; detail says what happened ("from X: why").
+func (f *FloodLog) Event(detail string) {
 	if !f.log.Enabled(f.level) {
 		return
 	}
@@ -142,14 +144,14 @@ func (f *floodLog) event(detail string) {
 	}
 }
 
-func (f *floodLog) flush() {
+func (f *FloodLog) flush() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.timer = nil
 	f.flushLocked()
 }
 
-func (f *floodLog) flushLocked() {
+func (f *FloodLog) flushLocked() {
 	if f.held == 0 {
 		return
 	}
@@ -158,8 +160,8 @@ func (f *floodLog) flushLocked() {
 	f.last = time.Now()
 }
 
-// close writes what is held and stops the timer.
-func (f *floodLog) close() {
+// Close writes what is held and stops the timer.
+func (f *FloodLog) Close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true

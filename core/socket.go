@@ -46,9 +46,14 @@ const (
 	// is slowed down rather than refused.
 	maxAuthenticating = 64
 	// maxHandlers bounds the requests of one connection served on their
-	// own goroutines (metadata, sends, group joins); past it, the
-	// connection's reader waits for one to finish.
-	maxHandlers = 256
+	// own goroutines (metadata, sends, group joins). Past it requests wait
+	// in a queue of at most maxQueued requests (maxQueuedBytes of payload)
+	// and are refused with NO_MEMORY beyond that: the connection's reader
+	// never waits for a handler, so heartbeats, cancels and answers to our
+	// own requests keep flowing while a peer keeps us busy.
+	maxHandlers    = 256
+	maxQueued      = 4096
+	maxQueuedBytes = 16 << 20
 	// keepFrameBuffer is the largest read buffer a connection keeps between
 	// frames; a bigger one (a large metadata reply) is dropped after use.
 	keepFrameBuffer = 1 << 20
@@ -67,7 +72,7 @@ type sockEndpoint struct {
 	unixLn   net.Listener
 	tcpLn    net.Listener
 	address  string
-	refusals *floodLog
+	refusals *FloodLog
 
 	mu      sync.Mutex
 	closed  bool
@@ -92,7 +97,7 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 		conns: map[*sconn]struct{}{}, byAddr: map[string]*sconn{},
 		perPeer: map[RuntimeID]int{}, dialing: map[string]*dialCall{},
 		stop:     make(chan struct{}),
-		refusals: newFloodLog(cfg.Log, LogWarn, refusalLogInterval, "control plane: refused a connection", "control plane: refused %d more connections since %s"),
+		refusals: NewFloodLog(cfg.Log, LogWarn, refusalLogInterval, "control plane: refused a connection", "control plane: refused %d more connections since %s"),
 	}
 	if ep.cfg.PeerTimeout <= 0 {
 		ep.cfg.PeerTimeout = DefaultPeerTimeout
@@ -280,7 +285,7 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 					// or a peer that gave up. Nothing was refused.
 					ep.cfg.Log.Debugf("control plane: a connection from %s closed before the handshake ended", remoteName(c))
 				} else {
-					ep.refusals.event(fmt.Sprintf("from %s: %v", remoteName(c), err))
+					ep.refusals.Event(fmt.Sprintf("from %s: %v", remoteName(c), err))
 				}
 				c.Close()
 			}
@@ -473,7 +478,7 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 		select {
 		case <-d.done:
 		case <-ctx.Done():
-			return nil, ContextError(ctx, "connecting to %s", RedactAddress(address))
+			return nil, ContextError(ctx, "connecting to %s", address)
 		}
 		if d.err != nil {
 			return nil, d.err
@@ -514,12 +519,11 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 	for _, part := range strings.Split(address, ",") {
 		var network, target, token string
 		var isTCP bool
-		shown := RedactAddress(part)
 		switch {
 		case strings.HasPrefix(part, unixScheme):
 			network, target = "unix", strings.TrimPrefix(part, unixScheme)
 			if _, err := os.Stat(target); err != nil {
-				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", shown))
+				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", part))
 				continue
 			}
 		case strings.HasPrefix(part, tcpScheme):
@@ -529,30 +533,30 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 				token = ep.cfg.AuthToken
 			}
 		case strings.HasPrefix(part, inprocScheme):
-			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", shown))
+			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", part))
 			continue
 		default:
-			return nil, Errorf(ErrInvalidArgument, "address %q has an unknown scheme", shown)
+			return nil, Errorf(ErrInvalidArgument, "address %q has an unknown scheme", part)
 		}
 		dctx, cancel := context.WithTimeout(ctx, ep.handshakeTimeout())
 		c, err := (&net.Dialer{}).DialContext(dctx, network, target)
 		cancel()
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
+			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
 			continue
 		}
 		sc, err := ep.clientHandshake(c, isTCP, token)
 		if err != nil {
 			c.Close()
 			if st := StatusOf(err); st == ErrPermissionDenied || st == ErrCorrupt {
-				return nil, Wrap(err, "%s", shown)
+				return nil, Wrap(err, "%s", part)
 			}
-			errs = append(errs, fmt.Sprintf("%s: %v", shown, err))
+			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
 			continue
 		}
 		return sc, nil
 	}
-	return nil, Errorf(ErrPeerUnavailable, "no runtime reachable at %s (%s)", RedactAddress(address), strings.Join(errs, "; "))
+	return nil, Errorf(ErrPeerUnavailable, "no runtime reachable at %s (%s)", address, strings.Join(errs, "; "))
 }
 
 // clientHandshake is the dialing side of the handshake (see
@@ -629,7 +633,6 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, i
 		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
 		pending: map[uint64]chan *message{}, replies: map[uint64]func(*message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
-		slots: make(chan struct{}, maxHandlers),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
@@ -656,6 +659,7 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, i
 // removeConn forgets a closed connection; the peer is gone once its last
 // connection is.
 func (ep *sockEndpoint) removeConn(sc *sconn) {
+	remote := sc.Info()
 	ep.mu.Lock()
 	if _, ok := ep.conns[sc]; !ok {
 		ep.mu.Unlock()
@@ -667,7 +671,6 @@ func (ep *sockEndpoint) removeConn(sc *sconn) {
 			delete(ep.byAddr, addr)
 		}
 	}
-	remote := sc.remote
 	id := remote.RuntimeID
 	ep.perPeer[id]--
 	gone := ep.perPeer[id] <= 0
@@ -731,7 +734,7 @@ func (ep *sockEndpoint) Close() error {
 		sc.close(Errorf(ErrPeerUnavailable, "runtime shut down"))
 	}
 	ep.wg.Wait()
-	ep.refusals.close()
+	ep.refusals.Close()
 	os.Remove(ep.unixPath)
 	return nil
 }
@@ -745,7 +748,6 @@ type sconn struct {
 	isTCP  bool
 	wmu    sync.Mutex
 	nextID atomic.Uint64
-	slots  chan struct{} // one per request served on its own goroutine
 
 	// A ping or pong being written: at most one of each per connection,
 	// whatever the peer sends and however long it does not read.
@@ -757,6 +759,11 @@ type sconn struct {
 	replies  map[uint64]func(*message) // asynchronous requests; nil: connection closed
 	handlers map[uint64]context.CancelFunc
 	closeErr error
+	// Requests served on their own goroutines: how many run, and those
+	// waiting for one of them to finish (see maxHandlers).
+	running     int
+	queued      []queuedRequest
+	queuedBytes int
 
 	lastSeen  atomic.Int64
 	done      chan struct{}
@@ -825,18 +832,53 @@ func (sc *sconn) sendOnce(pending *atomic.Bool, k kind) {
 	}()
 }
 
-// acquireSlot waits for room to serve one more request on its own
-// goroutine; false when the connection closed meanwhile.
-func (sc *sconn) acquireSlot() bool {
-	select {
-	case sc.slots <- struct{}{}:
-		return true
-	case <-sc.done:
-		return false
+// queuedRequest is a request waiting for a handler goroutine.
+type queuedRequest struct {
+	run  func()
+	size int
+}
+
+// serve runs a request's handler on its own goroutine, or queues it while
+// maxHandlers run (see there). It never blocks the reader.
+func (sc *sconn) serve(m *message, run func()) {
+	size := len(m.data) + 64
+	sc.mu.Lock()
+	switch {
+	case sc.running < maxHandlers:
+		sc.running++
+		sc.mu.Unlock()
+		go sc.handle(run)
+	case len(sc.queued) < maxQueued && sc.queuedBytes+size <= maxQueuedBytes:
+		sc.queued = append(sc.queued, queuedRequest{run, size})
+		sc.queuedBytes += size
+		sc.mu.Unlock()
+	default:
+		waiting := len(sc.queued)
+		sc.mu.Unlock()
+		sc.respond(m.id, nil, Errorf(ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", maxHandlers, waiting, m.kind))
 	}
 }
 
-func (sc *sconn) releaseSlot() { <-sc.slots }
+// handle runs handlers, the given one and then queued ones, until none
+// waits.
+func (sc *sconn) handle(run func()) {
+	for run != nil {
+		run()
+		run = nil
+		sc.mu.Lock()
+		if len(sc.queued) > 0 && !sc.isClosed() {
+			next := sc.queued[0]
+			sc.queued[0] = queuedRequest{}
+			sc.queued = sc.queued[1:]
+			sc.queuedBytes -= next.size
+			run = next.run
+		} else {
+			sc.running--
+			sc.queued, sc.queuedBytes = nil, 0
+		}
+		sc.mu.Unlock()
+	}
+}
 
 func (sc *sconn) gone() error {
 	sc.mu.Lock()
@@ -949,50 +991,38 @@ func (sc *sconn) readLoop() {
 			token, err := svc.Lease(from.RuntimeID, m.object)
 			sc.respond(m.id, &message{token: token}, err)
 		case kindMetadata:
-			if !sc.acquireSlot() {
-				return
-			}
-			go func() {
-				defer sc.releaseSlot()
+			sc.serve(m, func() {
 				data, err := svc.Metadata(from.RuntimeID, m.object, m.transport)
 				sc.respond(m.id, &message{data: data}, err)
-			}()
+			})
 		case kindSend:
-			if !sc.acquireSlot() {
-				return
-			}
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
 			sc.handlers[m.id] = cancel
 			sc.mu.Unlock()
-			go func() {
-				defer sc.releaseSlot()
+			sc.serve(m, func() {
 				err := svc.Send(ctx, from, SendRequest{Object: m.object, TransferID: m.transferID, Transport: m.transport, CMeta: m.data})
 				sc.mu.Lock()
 				delete(sc.handlers, m.id)
 				sc.mu.Unlock()
 				cancel()
 				sc.respond(m.id, nil, err)
-			}()
+			})
 		case kindGroupJoin:
 			// Rank 0 answers once every rank joined: a long wait, on its own
 			// goroutine, cancelled like a send.
-			if !sc.acquireSlot() {
-				return
-			}
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
 			sc.handlers[m.id] = cancel
 			sc.mu.Unlock()
-			go func() {
-				defer sc.releaseSlot()
+			sc.serve(m, func() {
 				data, err := svc.JoinGroup(ctx, from, m.group)
 				sc.mu.Lock()
 				delete(sc.handlers, m.id)
 				sc.mu.Unlock()
 				cancel()
 				sc.respond(m.id, &message{data: data}, err)
-			}()
+			})
 		case kindCancel:
 			sc.mu.Lock()
 			cancel := sc.handlers[m.target]

@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"context"
 	"time"
 	"unsafe"
 
@@ -67,39 +66,31 @@ func rdtgo_ref_clone(h C.uintptr_t, out *C.uintptr_t) C.int {
 
 //export rdtgo_ref_release
 func rdtgo_ref_release(h C.uintptr_t) C.int {
-	return guard("rdt_ref_release", func() error {
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
-		if err := ref.Release(); err != nil {
-			return err
-		}
-		deleteHandle(h)
-		return nil
-	})
+	return guard("rdt_ref_release", func() error { return releaseRef(h, 0) })
 }
 
 //export rdtgo_ref_release_ex
 func rdtgo_ref_release_ex(h C.uintptr_t, flags C.uint32_t) C.int {
-	return guard("rdt_ref_release_ex", func() error {
-		if flags&^C.RDT_RELEASE_REVOKE_LEASES != 0 {
-			return invalid("unknown flags %#x", uint32(flags))
-		}
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
-		release := ref.Release
-		if flags&C.RDT_RELEASE_REVOKE_LEASES != 0 {
-			release = ref.ReleaseRevokingLeases
-		}
-		if err := release(); err != nil {
-			return err
-		}
-		deleteHandle(h)
-		return nil
-	})
+	return guard("rdt_ref_release_ex", func() error { return releaseRef(h, flags) })
+}
+
+func releaseRef(h C.uintptr_t, flags C.uint32_t) error {
+	if flags&^C.RDT_RELEASE_REVOKE_LEASES != 0 {
+		return invalid("unknown flags %#x", uint32(flags))
+	}
+	ref, err := refOf(h, "ref")
+	if err != nil {
+		return err
+	}
+	release := ref.Release
+	if flags&C.RDT_RELEASE_REVOKE_LEASES != 0 {
+		release = ref.ReleaseRevokingLeases
+	}
+	if err := release(); err != nil {
+		return err
+	}
+	deleteHandle(h)
+	return nil
 }
 
 //export rdtgo_ref_serialize
@@ -144,9 +135,7 @@ func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, m
 			return core.Errorf(core.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
 		}
 		b := C.GoBytes(bytes, C.int(size))
-		ctx, cancel := deserializeContext(rt, ms)
-		defer cancel()
-		ref, err := rt.DeserializeContext(ctx, b)
+		ref, err := rt.DeserializeWithin(b, deserializeTimeout(ms))
 		if err != nil {
 			return err
 		}
@@ -200,16 +189,14 @@ func rdtgo_ref_tensor_info(h C.uintptr_t, index C.uint32_t, out *C.rdt_tensor_in
 	})
 }
 
-// deserializeContext bounds a deserialize by rdt_deserialize_options'
-// timeout_ms: 0 is the default, negative no deadline of the caller's.
-func deserializeContext(rt *core.Runtime, ms C.int64_t) (context.Context, context.CancelFunc) {
+// deserializeTimeout is rdt_deserialize_options' timeout_ms: 0 is the
+// default, negative no deadline of the caller's.
+func deserializeTimeout(ms C.int64_t) time.Duration {
 	switch {
 	case ms < 0:
-		return context.WithCancel(rt.Context())
+		return -1
 	case ms == 0:
-		ms = C.int64_t(core.DefaultDeserializeTimeout / time.Millisecond)
+		return core.DefaultDeserializeTimeout
 	}
-	d := time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
-	return context.WithTimeoutCause(rt.Context(), d,
-		core.Errorf(core.ErrTimeout, "the owner did not answer within the deserialize timeout (%v)", d))
+	return time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
 }

@@ -33,6 +33,11 @@ func ParseID(s string) (ID, error) {
 	return id, nil
 }
 
+// randomID is 128 bits from crypto/rand: runtime and object ids. An object
+// id is what a peer names to read an object over the tcp data port, so no
+// id may be derivable from another (a prefix and a counter would let anyone
+// who saw one ref guess its neighbours). Reading the kernel's randomness
+// costs a put tens of nanoseconds (see BenchmarkPut).
 func randomID() ID {
 	var id ID
 	if _, err := rand.Read(id[:]); err != nil {
@@ -48,14 +53,3 @@ func randomUint64() uint64 {
 	}
 	return binary.LittleEndian.Uint64(b[:])
 }
-
-// idSource mints object ids, each 128 bits from crypto/rand. An id is
-// what a peer names to read an object over the tcp data port, so no id may
-// be derivable from another: a prefix and a counter would let anyone who
-// saw one ref guess its neighbours. Reading the kernel's randomness costs a
-// put tens of nanoseconds (see BenchmarkPut).
-type idSource struct{}
-
-func newIDSource() *idSource { return &idSource{} }
-
-func (*idSource) newID() ID { return randomID() }

@@ -194,7 +194,7 @@ func (r *Ref) Serialize() ([]byte, error) {
 			rt.mu.Unlock()
 			return nil, Errorf(ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
 		}
-		token := rt.newLeaseLocked(o)
+		token := rt.newLeaseLocked(o, RuntimeID{})
 		rt.mu.Unlock()
 		o.metaMu.Lock()
 		b := EncodeRef(o.desc, o.meta, token)
@@ -220,21 +220,44 @@ func (r *Ref) Serialize() ([]byte, error) {
 	return EncodeRef(r.desc, r.desc.Meta, token), nil
 }
 
-// newLeaseLocked adds a lease token to o. Caller holds rt.mu.
-func (rt *Runtime) newLeaseLocked(o *object) uint64 {
+// lease keeps an object alive for a serialized ref until it is
+// deserialized or expires.
+type lease struct {
+	timer *time.Timer
+	peer  RuntimeID // the peer that asked for it (counted in peerLeases); zero: this runtime
+}
+
+// newLeaseLocked adds a lease token to o, for peer (zero: this runtime).
+// Caller holds rt.mu.
+func (rt *Runtime) newLeaseLocked(o *object, peer RuntimeID) uint64 {
 	token := randomUint64() | 1 // never 0, which means "no token"
-	o.transit[token] = time.AfterFunc(rt.lease, func() { rt.expireLease(o, token) })
+	o.transit[token] = lease{timer: time.AfterFunc(rt.lease, func() { rt.expireLease(o, token) }), peer: peer}
 	return token
+}
+
+// dropLeaseLocked ends a lease token of o, if o holds it: consumed,
+// expired or revoked. Caller holds rt.mu.
+func (rt *Runtime) dropLeaseLocked(o *object, token uint64) bool {
+	l, ok := o.transit[token]
+	if !ok {
+		return false
+	}
+	l.timer.Stop()
+	delete(o.transit, token)
+	if !l.peer.IsZero() {
+		if rt.peerLeases[l.peer]--; rt.peerLeases[l.peer] == 0 {
+			delete(rt.peerLeases, l.peer)
+		}
+	}
+	return true
 }
 
 func (rt *Runtime) expireLease(o *object, token uint64) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if _, ok := o.transit[token]; !ok || rt.closed {
+	if rt.closed || !rt.dropLeaseLocked(o, token) {
 		return
 	}
-	delete(o.transit, token)
-	o.leaseGoneLocked(token)
 	rt.c.leasesExpired.Add(1)
 	rt.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
 	rt.maybeFreeLocked(o)
@@ -244,22 +267,11 @@ func (rt *Runtime) expireLease(o *object, token uint64) {
 // now. Caller holds rt.mu.
 func (rt *Runtime) revokeLeasesLocked(o *object) {
 	n := len(o.transit)
-	for token, t := range o.transit {
-		t.Stop()
-		delete(o.transit, token)
-		o.leaseGoneLocked(token)
+	for token := range o.transit {
+		rt.dropLeaseLocked(o, token)
 	}
 	if n > 0 {
 		rt.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
-	}
-}
-
-// consumeLeaseLocked drops a lease token if o still holds it.
-func consumeLeaseLocked(o *object, token uint64) {
-	if t, ok := o.transit[token]; ok {
-		t.Stop()
-		delete(o.transit, token)
-		o.leaseGoneLocked(token)
 	}
 }
 
@@ -271,8 +283,18 @@ const DefaultDeserializeTimeout = 30 * time.Second
 // handle if this runtime owns the object, else a borrow counted by the owner.
 // It waits for the owner at most DefaultDeserializeTimeout.
 func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
-	ctx, cancel := context.WithTimeoutCause(rt.ctx, DefaultDeserializeTimeout,
-		Errorf(ErrTimeout, "the owner did not answer within %v", DefaultDeserializeTimeout))
+	return rt.DeserializeWithin(b, DefaultDeserializeTimeout)
+}
+
+var errDeserializeDeadline = Errorf(ErrTimeout, "the owner did not answer within the deserialize timeout")
+
+// DeserializeWithin is Deserialize waiting for the owner at most d
+// (negative: as long as the runtime lives).
+func (rt *Runtime) DeserializeWithin(b []byte, d time.Duration) (*Ref, error) {
+	if d < 0 {
+		return rt.DeserializeContext(context.Background(), b)
+	}
+	ctx, cancel := context.WithTimeoutCause(context.Background(), d, errDeserializeDeadline)
 	defer cancel()
 	return rt.DeserializeContext(ctx, b)
 }
@@ -298,7 +320,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 		if err != nil {
 			return nil, err
 		}
-		consumeLeaseLocked(o, token)
+		rt.dropLeaseLocked(o, token)
 		o.local++
 		rt.c.refs.Add(1)
 		return &Ref{rt: rt, desc: o.desc, owned: true}, nil

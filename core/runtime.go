@@ -109,7 +109,6 @@ type Runtime struct {
 	hostID  string
 	pid     int
 	reg     *Registry
-	ids     *idSource
 	secret  string // see Host.RuntimeSecret
 	ep      Endpoint
 	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
@@ -124,7 +123,7 @@ type Runtime struct {
 	fetches  map[*Fetch]struct{}
 	// leases granted to each peer and not yet consumed or expired, for
 	// MaxLeasesPerPeer
-	peerLeases map[RuntimeID]*leaseCount
+	peerLeases map[RuntimeID]int
 	freed      freedRecord // ids of recently freed objects, for error messages
 
 	grp groups // collective groups (group.go)
@@ -147,10 +146,9 @@ type object struct {
 	release func()
 
 	// Guarded by Runtime.mu.
-	local       int64                  // ref handles in this runtime
-	transit     map[uint64]*time.Timer // lease tokens of serialized refs
-	leasedTo    map[uint64]*leaseCount // which of them peers asked for
-	borrows     map[RuntimeID]uint64   // borrows by other runtimes
+	local       int64                // ref handles in this runtime
+	transit     map[uint64]lease     // lease tokens of serialized refs
+	borrows     map[RuntimeID]uint64 // borrows by other runtimes
 	borrowTotal uint64
 	pins        int64 // sends and serving in progress
 	freeing     bool
@@ -185,14 +183,13 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		hostID:   opts.HostID,
 		pid:      os.Getpid(),
 		reg:      newRegistry(),
-		ids:      newIDSource(),
 		secret:   randomID().String() + randomID().String(),
 		objects:  map[ObjectID]*object{},
 		byData:   map[uintptr]map[*object]struct{}{},
 		borrowed: map[ObjectID]*borrowEntry{},
 		fetches:  map[*Fetch]struct{}{},
 
-		peerLeases: map[RuntimeID]*leaseCount{},
+		peerLeases: map[RuntimeID]int{},
 	}
 	if rt.name == "" {
 		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
@@ -345,8 +342,8 @@ func (rt *Runtime) Destroy() {
 	rt.mu.Lock()
 	objs := make([]*object, 0, len(rt.objects))
 	for _, o := range rt.objects {
-		for _, t := range o.transit {
-			t.Stop()
+		for _, l := range o.transit {
+			l.timer.Stop()
 		}
 		o.freeing = true
 		objs = append(objs, o)
@@ -394,7 +391,7 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 	if err := rt.checkOpen(); err != nil {
 		return nil, err
 	}
-	id := rt.ids.newID()
+	id := randomID()
 	meta := map[string][]byte{}
 	canon := ""
 	if transport != "" {
@@ -432,7 +429,7 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 		tensors: append([]Tensor(nil), tensors...),
 		release: release,
 		local:   1,
-		transit: map[uint64]*time.Timer{},
+		transit: map[uint64]lease{},
 		borrows: map[RuntimeID]uint64{},
 		freed:   make(chan struct{}),
 		meta:    meta,

@@ -17,7 +17,7 @@ func (rt *Runtime) Borrow(from PeerInfo, obj ObjectID, token uint64) error {
 	if err != nil {
 		return err
 	}
-	consumeLeaseLocked(o, token)
+	rt.dropLeaseLocked(o, token)
 	o.borrows[from.RuntimeID]++
 	o.borrowTotal++
 	return nil
@@ -51,14 +51,6 @@ func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
 // owner without bound.
 const MaxLeasesPerPeer = 4096
 
-// leaseCount counts one peer's leases; objects point at it from the tokens
-// it holds, so that consuming or expiring a token needs no lookup.
-type leaseCount struct {
-	n    int
-	peer RuntimeID
-	all  map[RuntimeID]*leaseCount // Runtime.peerLeases, to drop it at 0
-}
-
 // Lease implements PeerService.
 func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
 	rt.mu.Lock()
@@ -67,34 +59,11 @@ func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	c := rt.peerLeases[from]
-	if c != nil && c.n >= MaxLeasesPerPeer {
-		return 0, Errorf(ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, c.n, rt.lease)
+	if n := rt.peerLeases[from]; n >= MaxLeasesPerPeer {
+		return 0, Errorf(ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, n, rt.lease)
 	}
-	if c == nil {
-		c = &leaseCount{peer: from, all: rt.peerLeases}
-		rt.peerLeases[from] = c
-	}
-	token := rt.newLeaseLocked(o)
-	if o.leasedTo == nil {
-		o.leasedTo = map[uint64]*leaseCount{}
-	}
-	o.leasedTo[token] = c
-	c.n++
-	return token, nil
-}
-
-// leaseGoneLocked forgets a consumed or expired token of o in its peer's
-// count. Caller holds rt.mu.
-func (o *object) leaseGoneLocked(token uint64) {
-	c := o.leasedTo[token]
-	if c == nil {
-		return
-	}
-	delete(o.leasedTo, token)
-	if c.n--; c.n == 0 {
-		delete(c.all, c.peer)
-	}
+	rt.peerLeases[from]++
+	return rt.newLeaseLocked(o, from), nil
 }
 
 // Metadata implements PeerService.

@@ -74,6 +74,9 @@ type transfer struct {
 	// The start phase runs on the caller of StartFetch and must not wait
 	// on the network: every such wait ends at once with errWouldBlock.
 	inline bool
+	// Started without waiting for the owner's answer to our borrow (a
+	// transport that notices freed objects itself); see ownerRefusal.
+	unconfirmed bool
 }
 
 // Causes, made once: formatting them per fetch would cost more than a
@@ -102,13 +105,29 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 		cancel()
 		return nil, err
 	}
-	// A transfer whose start needs no wait (a connected owner, metadata at
-	// hand: most of them) starts here, as a fetch that completes at once
-	// then needs no goroutine; the others start in the background.
-	var started, later []*transfer
+	// The caller of StartFetch waits on nothing: transfers that must wait
+	// to start do so in the background.
+	started, later := f.startInline(false)
+	if len(later) == 0 {
+		f.complete(started, false, false)
+		return f, nil
+	}
+	go func() {
+		f.complete(append(started, f.startAll(later)...), true, true)
+	}()
+	return f, nil
+}
+
+// startInline starts, on the caller's goroutine, every transfer whose start
+// needs no wait (a connected owner, metadata at hand: most of them), as a
+// fetch that completes at once then needs no goroutine. It returns those
+// started and those that must wait to start. A transfer that fails ends
+// here; ownerWait says whether its end may wait for the owner's answer to
+// our borrow (see ownerRefusal).
+func (f *Fetch) startInline(ownerWait bool) (started, later []*transfer) {
 	for _, tr := range f.transfers {
 		tr.inline = true
-		err := tr.begin(f.override)
+		err := tr.begin()
 		tr.inline = false
 		switch {
 		case err == nil:
@@ -116,17 +135,10 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 		case errors.Is(err, errWouldBlock):
 			later = append(later, tr)
 		default:
-			tr.finish(err)
+			tr.finish(err, ownerWait)
 		}
 	}
-	if len(later) == 0 {
-		f.complete(started, false)
-		return f, nil
-	}
-	go func() {
-		f.complete(append(started, f.startAll(later)...), true)
-	}()
-	return f, nil
+	return started, later
 }
 
 // Get is StartFetch, Wait and Free in one call, with one deadline for all of
@@ -148,7 +160,8 @@ func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout
 		return err
 	}
 	defer f.Free()
-	f.complete(f.startAll(f.transfers), false)
+	started, later := f.startInline(true)
+	f.complete(append(started, f.startAll(later)...), false, true)
 	// The context's deadline is the wait's: no second timer.
 	select {
 	case <-f.done:
@@ -263,12 +276,12 @@ func (f *Fetch) startAll(trs []*transfer) []*transfer {
 }
 
 func (f *Fetch) startOne(tr *transfer) bool {
-	err := tr.begin(f.override)
+	err := tr.begin()
 	if tr.waitCancel != nil {
 		tr.waitCancel()
 	}
 	if err != nil {
-		tr.finish(err)
+		tr.finish(err, true)
 		return false
 	}
 	return true
@@ -299,19 +312,19 @@ func (tr *transfer) ownerCtx() context.Context {
 // Transfers that finished inside the transport's fetch end on this
 // goroutine; the others get their own. With block, complete returns only
 // at the end; without, it returns once the rest runs in the background.
-func (f *Fetch) complete(started []*transfer, block bool) {
+func (f *Fetch) complete(started []*transfer, block, ownerWait bool) {
 	var wg sync.WaitGroup
 	spawned := 0
 	for _, tr := range started {
 		if tr.completed() {
-			tr.finish(tr.run())
+			tr.finish(tr.run(), ownerWait)
 			continue
 		}
 		spawned++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tr.finish(tr.run())
+			tr.finish(tr.run(), true)
 		}()
 	}
 	switch {
@@ -377,7 +390,7 @@ func signalEventFD(fd int) {
 // begin is the start phase of a transfer: connect to the owner, choose the
 // transport, get the metadata, and start the transport's fetch (and the
 // source's send). Every wait in it ends with the fetch's context.
-func (tr *transfer) begin(override string) error {
+func (tr *transfer) begin() error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tr.start = time.Now()
@@ -406,8 +419,8 @@ func (tr *transfer) begin(override string) error {
 	var candidates []string
 	auto := false
 	switch {
-	case override != "":
-		candidates = []string{override}
+	case tr.f.override != "":
+		candidates = []string{tr.f.override}
 	case desc.Transport != "":
 		candidates = []string{desc.Transport}
 	default:
@@ -463,13 +476,13 @@ func (tr *transfer) beginWith(name string) error {
 		return err
 	}
 	t := e.t
-	if c, ok := t.(FreedObjectChecker); !ok || !c.ChecksFreedObjects() {
+	if c, ok := t.(FreedObjectChecker); ok && c.ChecksFreedObjects() {
+		tr.unconfirmed = true
+	} else if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
 		// The transport may read the source's memory as described in the
 		// ref: only once the owner has counted our borrow is it sure to be
 		// there.
-		if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
-			return err
-		}
+		return err
 	}
 	for i, tg := range tr.targets {
 		if !supportsDevice(t, tg.Device.Type) {
@@ -671,7 +684,8 @@ func (tr *transfer) abort() {
 }
 
 // finish records the outcome and drops the transfer's handle on the object.
-func (tr *transfer) finish(err error) {
+// ownerWait: see ownerRefusal.
+func (tr *transfer) finish(err error, ownerWait bool) {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tname := "local copy"
@@ -690,7 +704,7 @@ func (tr *transfer) finish(err error) {
 		}
 		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
 	} else {
-		if refused := tr.ownerRefusal(err); refused != nil {
+		if refused := tr.ownerRefusal(err, ownerWait); refused != nil {
 			err = refused
 		}
 		rt.c.transfersFailed.Add(1)
@@ -709,16 +723,21 @@ func (tr *transfer) finish(err error) {
 	tr.f.remaining.Add(-1)
 }
 
-// ownerRefusal is the owner's refusal of our borrow when a transfer of a
-// borrowed object failed with the source looking gone. A transport that
-// checks freed objects itself (cma reads a guard the owner clears) sees an
+// ownerAnswerWait bounds how long a failed transfer waits for the owner's
+// answer to our borrow: on a live connection it comes at once.
+const ownerAnswerWait = 2 * time.Second
+
+// ownerRefusal is the owner's refusal of our borrow when a transfer started
+// before that answer failed with the source looking gone. A transport that
+// notices freed objects itself (cma reads a guard the owner clears) sees an
 // object freed before our borrow arrived (its lease expired or was revoked)
-// as vanished; the owner's answer, due at once on a live connection, says
-// what happened: the object was freed (NOT_FOUND). The wait is short and
-// within the fetch's deadline; without an answer the transport's error
-// stands.
-func (tr *transfer) ownerRefusal(err error) error {
-	if StatusOf(err) != ErrPeerUnavailable || tr.ref.owned || tr.local || tr.peer == nil {
+// as vanished; the owner's answer says what happened: the object was freed
+// (NOT_FOUND). With ownerWait the answer is awaited, within the fetch's
+// deadline and ownerAnswerWait; without (the caller of StartFetch, who must
+// not wait) only an answer already in is used. Without an answer the
+// transport's error stands.
+func (tr *transfer) ownerRefusal(err error, ownerWait bool) error {
+	if !tr.unconfirmed || StatusOf(err) != ErrPeerUnavailable {
 		return nil
 	}
 	select {
@@ -726,10 +745,16 @@ func (tr *transfer) ownerRefusal(err error) error {
 		return nil // the owner is gone indeed
 	default:
 	}
-	ctx, cancel := context.WithTimeout(tr.f.ctx, 2*time.Second)
-	defer cancel()
-	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
-	if refused == nil || StatusOf(refused) != ErrNotFound {
+	rt, id := tr.f.rt, tr.ref.desc.ID
+	var refused error
+	if ownerWait {
+		ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
+		defer cancel()
+		refused = rt.borrowConfirmed(func() context.Context { return ctx }, id)
+	} else {
+		refused = rt.borrowRefused(id)
+	}
+	if StatusOf(refused) != ErrNotFound {
 		return nil
 	}
 	return refused

@@ -77,6 +77,8 @@ type transfer struct {
 	// Started without waiting for the owner's answer to our borrow (a
 	// transport that notices freed objects itself); see ownerRefusal.
 	unconfirmed bool
+	// A start that failed and waits for complete to end it (startInline).
+	failed error
 }
 
 // Causes, made once: formatting them per fetch would cost more than a
@@ -122,9 +124,9 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) 
 // needs no wait (a connected owner, metadata at hand: most of them), as a
 // fetch that completes at once then needs no goroutine. It returns those
 // started and those that must wait to start. A transfer that fails ends
-// here; ownerWait says whether its end may wait for the owner's answer to
-// our borrow (see ownerRefusal).
-func (f *Fetch) startInline(ownerWait bool) (started, later []*transfer) {
+// here, unless its end may wait for the owner (awaitsOwner) and mayWait is
+// false: then it is returned as started, with its error, for complete.
+func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
 	for _, tr := range f.transfers {
 		tr.inline = true
 		err := tr.begin()
@@ -134,8 +136,11 @@ func (f *Fetch) startInline(ownerWait bool) (started, later []*transfer) {
 			started = append(started, tr)
 		case errors.Is(err, errWouldBlock):
 			later = append(later, tr)
+		case !mayWait && tr.awaitsOwner(err):
+			tr.failed = err
+			started = append(started, tr)
 		default:
-			tr.finish(err, ownerWait)
+			tr.finish(err)
 		}
 	}
 	return started, later
@@ -281,7 +286,7 @@ func (f *Fetch) startOne(tr *transfer) bool {
 		tr.waitCancel()
 	}
 	if err != nil {
-		tr.finish(err, true)
+		tr.finish(err)
 		return false
 	}
 	return true
@@ -310,21 +315,29 @@ func (tr *transfer) ownerCtx() context.Context {
 // complete runs the started transfers to their end (every transfer is
 // started before any is waited on) and closes f.done after the last.
 // Transfers that finished inside the transport's fetch end on this
-// goroutine; the others get their own. With block, complete returns only
-// at the end; without, it returns once the rest runs in the background.
-func (f *Fetch) complete(started []*transfer, block, ownerWait bool) {
+// goroutine, unless their failure awaits the owner's answer and mayWait is
+// false (StartFetch's caller waits on nothing); the others get their own.
+// With block, complete returns only at the end; without, it returns once
+// the rest runs in the background.
+func (f *Fetch) complete(started []*transfer, block, mayWait bool) {
 	var wg sync.WaitGroup
 	spawned := 0
 	for _, tr := range started {
+		var err error
 		if tr.completed() {
-			tr.finish(tr.run(), ownerWait)
-			continue
+			if err = tr.run(); mayWait || !tr.awaitsOwner(err) {
+				tr.finish(err)
+				continue
+			}
 		}
 		spawned++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tr.finish(tr.run(), true)
+			if err == nil {
+				err = tr.run()
+			}
+			tr.finish(err)
 		}()
 	}
 	switch {
@@ -589,6 +602,8 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer Peer, desc *Objec
 // transfer's outcome. When it returns, nothing writes into the targets.
 func (tr *transfer) run() error {
 	switch {
+	case tr.failed != nil:
+		return tr.failed
 	case tr.empty:
 		return nil
 	case tr.local:
@@ -658,7 +673,7 @@ func (tr *transfer) run() error {
 // completed reports whether the transfer needs no more waiting: nothing to
 // move, or a request that finished inside Fetch.
 func (tr *transfer) completed() bool {
-	if tr.empty {
+	if tr.empty || tr.failed != nil {
 		return true
 	}
 	if tr.req == nil || tr.sendDone != nil {
@@ -684,8 +699,9 @@ func (tr *transfer) abort() {
 }
 
 // finish records the outcome and drops the transfer's handle on the object.
-// ownerWait: see ownerRefusal.
-func (tr *transfer) finish(err error, ownerWait bool) {
+// It may wait briefly for the owner (ownerRefusal): never call it on
+// StartFetch's caller for a failure that awaitsOwner.
+func (tr *transfer) finish(err error) {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tname := "local copy"
@@ -704,7 +720,7 @@ func (tr *transfer) finish(err error, ownerWait bool) {
 		}
 		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
 	} else {
-		if refused := tr.ownerRefusal(err, ownerWait); refused != nil {
+		if refused := tr.ownerRefusal(err); refused != nil {
 			err = refused
 		}
 		rt.c.transfersFailed.Add(1)
@@ -727,17 +743,21 @@ func (tr *transfer) finish(err error, ownerWait bool) {
 // answer to our borrow: on a live connection it comes at once.
 const ownerAnswerWait = 2 * time.Second
 
+// awaitsOwner reports whether a failure may be explained by the owner's
+// answer to our borrow, which can take a round trip (see ownerRefusal).
+func (tr *transfer) awaitsOwner(err error) bool {
+	return tr.unconfirmed && StatusOf(err) == ErrPeerUnavailable
+}
+
 // ownerRefusal is the owner's refusal of our borrow when a transfer started
 // before that answer failed with the source looking gone. A transport that
 // notices freed objects itself (cma reads a guard the owner clears) sees an
 // object freed before our borrow arrived (its lease expired or was revoked)
 // as vanished; the owner's answer says what happened: the object was freed
-// (NOT_FOUND). With ownerWait the answer is awaited, within the fetch's
-// deadline and ownerAnswerWait; without (the caller of StartFetch, who must
-// not wait) only an answer already in is used. Without an answer the
-// transport's error stands.
-func (tr *transfer) ownerRefusal(err error, ownerWait bool) error {
-	if !tr.unconfirmed || StatusOf(err) != ErrPeerUnavailable {
+// (NOT_FOUND). The answer is awaited within the fetch's deadline and
+// ownerAnswerWait; without one the transport's error stands.
+func (tr *transfer) ownerRefusal(err error) error {
+	if !tr.awaitsOwner(err) {
 		return nil
 	}
 	select {
@@ -745,15 +765,9 @@ func (tr *transfer) ownerRefusal(err error, ownerWait bool) error {
 		return nil // the owner is gone indeed
 	default:
 	}
-	rt, id := tr.f.rt, tr.ref.desc.ID
-	var refused error
-	if ownerWait {
-		ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
-		defer cancel()
-		refused = rt.borrowConfirmed(func() context.Context { return ctx }, id)
-	} else {
-		refused = rt.borrowRefused(id)
-	}
+	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
+	defer cancel()
+	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
 	if StatusOf(refused) != ErrNotFound {
 		return nil
 	}

@@ -614,21 +614,11 @@ func guardMappings(pid int) ([]addrRange, error) {
 // and the bytes may be someone else's.
 func (r *request) checkGuard() error {
 	var b [8]byte
-	local := []unix.Iovec{{Base: &b[0]}}
-	local[0].SetLen(8)
-	remote := []unix.RemoteIovec{{Base: uintptr(r.guard), Len: 8}}
-	for {
-		n, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
-		if err == unix.EINTR {
-			continue
+	if err := r.readRemote(b[:], r.guard); err != nil {
+		if alive := checkAlive(r.pid, r.startTime); alive != nil {
+			return alive
 		}
-		if err != nil || n != 8 {
-			if alive := checkAlive(r.pid, r.startTime); alive != nil {
-				return alive
-			}
-			return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
-		}
-		break
+		return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
 	}
 	if binary.LittleEndian.Uint64(b[:]) != r.token {
 		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")

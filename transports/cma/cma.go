@@ -104,23 +104,26 @@ func metaDigest(obj core.ObjectID, meta []byte) [sha256.Size]byte {
 	return d
 }
 
-// take returns obj's slot and token. A fresh slot is not published (its
-// token is 0) until publish is called.
-func (g *guardTable) take(obj core.ObjectID) (slot *guardSlot, token uint64, fresh bool, err error) {
+// take gives obj a slot and a token and returns its metadata, which
+// encode makes from the slot's address and the token. The digest is
+// written before the token, both under the lock: a receiver that sees the
+// token sees the digest that goes with it.
+func (g *guardTable) take(obj core.ObjectID, encode func(guard, token uint64) []byte) ([]byte, error) {
 	var tb [8]byte
 	if _, err := rand.Read(tb[:]); err != nil {
-		return nil, 0, false, core.Errorf(core.ErrInternal, "cma: %v", err)
+		return nil, core.Errorf(core.ErrInternal, "cma: %v", err)
 	}
-	token = binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
+	token := binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if w, ok := g.byObj[obj]; ok {
-		return w, atomic.LoadUint64(&w.token), false, nil
+	// The core extracts an object's metadata once per transport.
+	if _, ok := g.byObj[obj]; ok {
+		return nil, core.Errorf(core.ErrInternal, "cma: object %s already has metadata", obj)
 	}
 	if len(g.free) == 0 {
 		chunk, err := newGuardChunk()
 		if err != nil {
-			return nil, 0, false, err
+			return nil, err
 		}
 		g.chunks = append(g.chunks, chunk)
 		for off := guardChunk - slotSize; off >= 0; off -= slotSize {
@@ -133,16 +136,10 @@ func (g *guardTable) take(obj core.ObjectID) (slot *guardSlot, token uint64, fre
 		g.byObj = map[core.ObjectID]*guardSlot{}
 	}
 	g.byObj[obj] = w
-	return w, token, true, nil
-}
-
-// publish writes the digest, then the token: a receiver that sees the
-// token sees the digest that goes with it.
-func (g *guardTable) publish(w *guardSlot, token uint64, digest [sha256.Size]byte) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	w.digest = digest
+	b := encode(uint64(uintptr(unsafe.Pointer(w))), token)
+	w.digest = metaDigest(obj, b)
 	atomic.StoreUint64(&w.token, token)
+	return b, nil
 }
 
 // newGuardChunk maps a new memfd for slots. A memfd, not anonymous memory,
@@ -373,16 +370,10 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		}
 		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
 	}
-	w, token, fresh, err := t.guards.take(obj)
-	if err != nil {
-		return nil, err
-	}
-	m.Guard, m.Token = uint64(uintptr(unsafe.Pointer(w))), token
-	b := m.encode()
-	if fresh {
-		t.guards.publish(w, token, metaDigest(obj, b))
-	}
-	return b, nil
+	return t.guards.take(obj, func(guard, token uint64) []byte {
+		m.Guard, m.Token = guard, token
+		return m.encode()
+	})
 }
 
 func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
@@ -623,21 +614,11 @@ func guardMappings(pid int) ([]addrRange, error) {
 // and the bytes may be someone else's.
 func (r *request) checkGuard() error {
 	var b [8]byte
-	local := []unix.Iovec{{Base: &b[0]}}
-	local[0].SetLen(8)
-	remote := []unix.RemoteIovec{{Base: uintptr(r.guard), Len: 8}}
-	for {
-		n, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
-		if err == unix.EINTR {
-			continue
+	if err := r.readRemote(b[:], r.guard); err != nil {
+		if alive := checkAlive(r.pid, r.startTime); alive != nil {
+			return alive
 		}
-		if err != nil || n != 8 {
-			if alive := checkAlive(r.pid, r.startTime); alive != nil {
-				return alive
-			}
-			return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
-		}
-		break
+		return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
 	}
 	if binary.LittleEndian.Uint64(b[:]) != r.token {
 		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")

@@ -425,17 +425,27 @@ func (t *Transport) remoteEntry(agent unsafe.Pointer, name string) *remote {
 				old = c
 			}
 		}
-		if old == nil || !old.mu.TryLock() {
+		if old == nil || !t.evictLocked(agent, old) {
 			break // in use: try again on the next new agent
 		}
-		if old.valid {
-			t.invalidate(agent, old.name)
-		}
-		old.valid, old.evicted = false, true
-		delete(t.remotes, old.name)
-		old.mu.Unlock()
 	}
 	return r
+}
+
+// evictLocked forgets the cache entry r and the metadata loaded for it,
+// unless a transfer is using it (then it returns false). The caller holds
+// remMu.
+func (t *Transport) evictLocked(agent unsafe.Pointer, r *remote) bool {
+	if !r.mu.TryLock() {
+		return false
+	}
+	if r.valid {
+		t.invalidate(agent, r.name)
+	}
+	r.valid, r.evicted = false, true
+	delete(t.remotes, r.name)
+	r.mu.Unlock()
+	return true
 }
 
 // PeerGone forgets the agent of a runtime that is gone: its cache entry
@@ -450,16 +460,9 @@ func (t *Transport) PeerGone(peer core.PeerInfo) {
 	name := peer.RuntimeID.String()
 	t.remMu.Lock()
 	defer t.remMu.Unlock()
-	r := t.remotes[name]
-	if r == nil || !r.mu.TryLock() {
-		return
+	if r := t.remotes[name]; r != nil {
+		t.evictLocked(t.agent, r)
 	}
-	if r.valid {
-		t.invalidate(t.agent, name)
-	}
-	r.valid, r.evicted = false, true
-	delete(t.remotes, name)
-	r.mu.Unlock()
 }
 
 func (t *Transport) invalidate(agent unsafe.Pointer, name string) {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -87,10 +88,7 @@ type Transport struct {
 	serving  sync.WaitGroup
 	sconns   map[net.Conn]core.RuntimeID // serving connections, by the runtime id the client claimed
 	lclosed  bool                        // the server side's closed, under lmu
-	refused  struct {                    // wrong keys, logged at most once a second, under lmu
-		count  int
-		logged time.Time
-	}
+	refused  *core.FloodLog              // wrong keys; made with the listener
 
 	pmu    sync.Mutex
 	idle   map[poolKey][]pooled // pooled client connections
@@ -213,6 +211,9 @@ func (t *Transport) listen() (string, error) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	t.ln = ln
 	t.endpoint = net.JoinHostPort(t.h.AdvertiseHost(), strconv.Itoa(port))
+	// A flood of wrong keys writes a few lines, not one a connection.
+	t.refused = core.NewFloodLog(t.h.Log(), core.LogWarn, time.Second,
+		"tcp: refused a data connection", "tcp: refused %d more data connections since %s")
 	t.serving.Add(1)
 	go t.accept(ln)
 	t.h.Log().Debugf("tcp: serving data on %s (advertised as %s)", ln.Addr(), t.endpoint)
@@ -299,7 +300,7 @@ func (t *Transport) handshake(c net.Conn) bool {
 		return false
 	}
 	if !core.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
-		t.logRefused(c.RemoteAddr())
+		t.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
 		c.Write(encodeResponse(nil, core.ErrPermissionDenied, t.refusal()))
 		return false
 	}
@@ -313,26 +314,6 @@ func (t *Transport) handshake(c net.Conn) bool {
 	}
 	c.SetDeadline(time.Time{})
 	return true
-}
-
-// logRefused logs a connection refused for a wrong key: the first at once,
-// then at most one line a second with the count, so that a flood of wrong
-// keys cannot flood the log.
-func (t *Transport) logRefused(from net.Addr) {
-	t.lmu.Lock()
-	t.refused.count++
-	n := t.refused.count
-	if time.Since(t.refused.logged) < time.Second {
-		t.lmu.Unlock()
-		return
-	}
-	t.refused.count, t.refused.logged = 0, time.Now()
-	t.lmu.Unlock()
-	if n == 1 {
-		t.h.Log().Warnf("tcp: refused a data connection from %s: wrong key", from)
-		return
-	}
-	t.h.Log().Warnf("tcp: refused %d data connections with a wrong key (the last from %s)", n, from)
 }
 
 // refusal tells a client with the wrong key what to check.
@@ -451,8 +432,12 @@ func (t *Transport) Close() error {
 	for c := range t.sconns {
 		c.Close()
 	}
+	refused := t.refused
 	t.lmu.Unlock()
 	t.serving.Wait()
+	if refused != nil {
+		refused.Close() // writes the count held at the end of a burst
+	}
 	t.pmu.Lock()
 	t.closed = true
 	for k, l := range t.idle {

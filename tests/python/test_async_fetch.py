@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 import rdt
+import transports_for_tests as tt
 import workers
+from conftest import wait_until
+from rdt import _lib
 from test_deadlines import MARGIN, Stopped
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,6 +39,28 @@ def owned(child):
     ref.close()
     rt.close()
     c.stop()
+
+
+@pytest.fixture
+def slow():
+    """Two runtimes of this process, and a ref the second borrowed from the
+    first, put with a transport that takes Slow.SLOW s per receive and
+    cannot abort: a fetch of it runs on for that long whatever happens."""
+    owner, rt = rdt.Runtime("slow-owner"), rdt.Runtime("slow-receiver")
+    for r in (owner, rt):
+        r.register_tensor_transport("slow", ["cpu"], tt.Slow)
+    ref = rt.borrow(owner.put(np.arange(10.0), transport="slow"))
+    yield rt, ref
+    ref.close()
+    assert wait_until(lambda: rt.stats()["fetches_active"] == 0, timeout=10)
+    rt.close()
+    owner.close()
+
+
+def _nothing_writes(ptr):
+    """Whether the C fetch ptr is complete or freed: either way no transfer
+    writes into its targets any more."""
+    return _lib.lib().rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT
 
 
 async def _until(cond, timeout=10.0):
@@ -182,3 +207,119 @@ def test_abort_close_and_drop(owned):
             assert time.monotonic() < end, "a dropped fetch was not freed"
             time.sleep(0.01)
     assert np.array_equal(rdt.get(ref, timeout=30), EXPECTED)
+
+
+def test_close_of_an_awaited_fetch_into_out_returns_once_nothing_writes(slow):
+    rt, ref = slow
+    out = np.zeros(10)
+
+    async def main():
+        f = rt.fetch(ref, out=out)
+        task = asyncio.create_task(f.wait_async())
+        await asyncio.sleep(0.1)
+        assert f._loop is not None and not f.done()  # the loop watches it
+        ptr, n = f._ptr, len(tt.Slow.finished)
+        f.close()
+        closed_at = time.monotonic()
+        assert _nothing_writes(ptr)
+        assert len(tt.Slow.finished) == n + 1 and tt.Slow.finished[-1] <= closed_at
+        with pytest.raises(rdt.AbortedError):
+            await task
+        with pytest.raises(rdt.AbortedError):
+            f.result()
+        await _until(lambda: rt.stats()["fetches_active"] == 0)
+
+    asyncio.run(main())
+
+
+def test_get_async_into_out_returns_on_timeout_once_nothing_writes(slow):
+    rt, ref = slow
+    out = np.zeros(10)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick_task = asyncio.create_task(ticker())
+        for wait in (lambda: rt.get_async(ref, out=out, timeout=0.3),
+                     lambda: rdt.get_async(ref, out=out, timeout=0.3),
+                     lambda: asyncio.wait_for(rt.get_async(ref, out=out), 0.3)):
+            n, ticks_then = len(tt.Slow.finished), ticks
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await wait()
+            done_at = time.monotonic()
+            assert done_at - t0 >= tt.Slow.SLOW - 0.2
+            # The receive into out was over before the timeout reached us,
+            # and the loop ran meanwhile.
+            assert len(tt.Slow.finished) == n + 1 and tt.Slow.finished[-1] <= done_at
+            assert ticks > ticks_then + 10
+        # Without out=, the timeout comes at once: the fetch's own buffers
+        # are left to fill in the background.
+        t0 = time.monotonic()
+        with pytest.raises(rdt.GetTimeoutError):
+            await rt.get_async(ref, timeout=0.3)
+        assert time.monotonic() - t0 < tt.Slow.SLOW - 0.2
+        tick_task.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_fetch_is_freed_after_its_event_loop_closed(slow):
+    rt, ref = slow
+
+    async def cancel_then_await(f):
+        task = asyncio.create_task(f.wait_async())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    # Cancelled, the loop closed before the fetch completed, then closed.
+    f1 = rt.fetch(ref)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(cancel_then_await(f1))
+    loop.close()
+    f1.close()
+    # Still awaited when the loop closed, then waited on or dropped.
+    f2, f3 = rt.fetch(ref), rt.fetch(ref)
+    loop = asyncio.new_event_loop()
+    tasks = [loop.create_task(f.wait_async()) for f in (f2, f3)]
+    loop.run_until_complete(asyncio.sleep(0.1))
+    assert f2._loop is loop and f3._loop is loop
+    loop.close()
+    del tasks, loop
+    assert f2.wait(10) is True
+    del f3
+    gc.collect()
+    assert wait_until(lambda: rt.stats()["fetches_active"] == 0, timeout=10)
+    assert np.array_equal(f2.result(), np.arange(10.0))
+
+
+def test_runtime_get_async_fetches_in_that_runtime_only(slow):
+    rt, ref = slow
+    with rdt.Runtime("another") as other:
+        with pytest.raises(rdt.InvalidArgumentError):
+            other.get(ref)
+        with pytest.raises(rdt.InvalidArgumentError):
+            asyncio.run(other.get_async(ref))
+        assert asyncio.run(other.get_async([])) == []
+    with pytest.raises(rdt.ClosedError):
+        other.get([])
+    with pytest.raises(rdt.ClosedError):  # not the default runtime's
+        asyncio.run(other.get_async([]))
+    assert rt.stats()["fetches_active"] == 0
+
+
+def test_get_async_checks_the_timeout_before_it_starts(slow):
+    rt, ref = slow
+    for bad in (-1, "soon", object()):
+        for call in (lambda: rt.get_async(ref, timeout=bad), lambda: rdt.get_async(ref, timeout=bad)):
+            with pytest.raises(rdt.InvalidArgumentError):
+                asyncio.run(call())
+            assert rt.stats()["fetches_active"] == 0

@@ -12,10 +12,10 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       ForkedError, GetTimeoutError, InternalError, InvalidArgumentError, NoMemoryError,
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
-from ._fetch import Fetch, get_async
+from ._fetch import Fetch
 from .ref import ObjectRef
 from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, fetch, get,
-                      init, put, register_tensor_transport, wait_tensor_freed)
+                      get_async, init, put, register_tensor_transport, wait_tensor_freed)
 from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 

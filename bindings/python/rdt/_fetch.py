@@ -1,5 +1,5 @@
-"""A fetch in flight: rdt.Fetch, its blocking and asyncio waits, and
-rdt.get_async. Runtime.get and Runtime.fetch are built on it."""
+"""A fetch in flight: rdt.Fetch and its blocking and asyncio waits.
+Runtime.get, Runtime.fetch and the get_async functions are built on it."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ class Fetch:
         if self._final is not None:
             return True
         ptr = self._ptr
-        if ptr is None:
+        if ptr is None:  # another thread settled and freed it since
             return self._final is not None
         st = _lib.lib().rdt_fetch_wait(ptr, ms)
         if st == _lib.ERR_TIMEOUT:
@@ -137,11 +137,21 @@ class Fetch:
         with self._lock:
             if self._final is None:
                 self._final = (err,)
-            if self._loop is not None:
+            if self._watched():
                 return
             ptr, self._ptr = self._ptr, None
         if ptr is not None:
             self._free_now(ptr)
+
+    def _watched(self) -> bool:
+        """Whether an event loop watches the descriptor, and so frees the
+        fetch once complete. A closed loop never will: it is forgotten, and
+        the fetch is freed as one nobody watches. Under the lock."""
+        loop = self._loop
+        if loop is not None and loop.is_closed():
+            self._loop, self._waiters = None, []
+            return False
+        return loop is not None
 
     def _free_now(self, ptr: int) -> None:
         # Complete, or the caller accepts waiting: returns once nothing
@@ -161,7 +171,10 @@ class Fetch:
         no limit). True when complete (``result()`` then returns or raises at
         once), False when the time ran out; the fetch keeps running then.
         Ctrl-C interrupts the wait (the fetch keeps running)."""
-        deadline = deadline_of(timeout)
+        return self._wait_until(deadline_of(timeout))
+
+    def _wait_until(self, deadline: Optional[float]) -> bool:
+        """Waits in slices until complete (True) or past deadline (False)."""
         while not self._poll(slice_ms(deadline)):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -209,24 +222,33 @@ class Fetch:
         self._release(block=not self._plan.owned)
 
     def _release(self, block: bool) -> None:
+        closed = AbortedError("rdt.Fetch: closed before it completed", AbortedError.status)
+        L = _lib.lib()
         with self._lock:
-            if self._loop is not None or self._ptr is None:
+            if self._watched() or self._ptr is None:
                 watched = self._loop is not None
                 ptr = None
             else:
                 watched = False
                 ptr, self._ptr = self._ptr, None
                 if self._final is None:
-                    self._final = (AbortedError("rdt.Fetch: closed before it completed", AbortedError.status),)
+                    self._final = (closed,)
         if watched:
-            # The loop frees it once complete; make that soon.
+            # The loop frees it once complete; make that soon. Buffers the
+            # caller gave must be quiet before we return. (If the loop freed
+            # it meanwhile, the handle is invalid: no wait either.)
             p = self._ptr
             if p is not None:
-                _lib.lib().rdt_fetch_abort(p)
+                L.rdt_fetch_abort(p)
+                if block:
+                    while L.rdt_fetch_wait(p, SLICE_MS) == _lib.ERR_TIMEOUT:
+                        pass
+                    with self._lock:
+                        if self._final is None:
+                            self._final = (closed,)
             return
         if ptr is None:
             return
-        L = _lib.lib()
         L.rdt_fetch_abort(ptr)
         if block or L.rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT:
             self._free_now(ptr)
@@ -260,7 +282,9 @@ class Fetch:
     async def wait_async(self) -> Any:
         """Awaits the fetch and returns ``result()``. The event loop watches
         the fetch's completion descriptor: no thread, and the loop runs
-        meanwhile. Cancelling the awaiting task aborts the fetch."""
+        meanwhile. Cancelling the awaiting task aborts the fetch; with
+        ``out=`` the cancellation reaches it once nothing writes into those
+        buffers any more."""
         if not self._poll(0):
             loop = asyncio.get_running_loop()
             fut = loop.create_future()
@@ -268,14 +292,44 @@ class Fetch:
             try:
                 await fut
             except asyncio.CancelledError:
-                self.abort()  # the loop frees the fetch once it stopped
+                self.abort()
+                if not self._plan.owned:
+                    # The buffers are the caller's: nothing may write into
+                    # them once the cancellation reaches the caller.
+                    await self._aborted(loop)
+                self._unwatch(loop)
                 raise
             self._poll(0)
         return self._result_now()
 
+    async def _aborted(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Returns once the (aborted) fetch is complete; the loop runs
+        meanwhile, and a further cancellation does not cut the wait short."""
+        fut = loop.create_future()
+        self._watch(loop, fut)
+        while not fut.done():
+            try:
+                await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                pass
+
+    def _unwatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop, once its awaiting task was cancelled: if no other
+        task awaits the fetch, stop watching it, so that nothing depends on
+        the loop running (or staying open) again, and free it (in the
+        background while a transfer still stops)."""
+        with self._lock:
+            if self._loop is not loop or any(not w.done() for w in self._waiters):
+                return
+            fd, self._loop, self._waiters = self._fd, None, []
+        if fd is not None:
+            loop.remove_reader(fd)
+        if not self._poll(0):
+            self._release(block=not self._plan.owned)
+
     def _watch(self, loop: asyncio.AbstractEventLoop, fut: "asyncio.Future[None]") -> None:
         with self._lock:
-            if self._loop is not None and self._loop is not loop:
+            if self._watched() and self._loop is not loop:
                 raise InvalidArgumentError("this fetch is already awaited in another event loop")
             ptr = self._ptr
             if ptr is None:  # completed meanwhile
@@ -326,19 +380,13 @@ def _drain(fetch: int, buf: Any, objs: List[Any], mine: List[Tuple[int, Any]]) -
         del buf, objs
 
 
-async def get_async(refs: Any, timeout: Optional[float] = None, transport: Optional[str] = None,
-                    out: Any = None) -> Any:
-    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio. The event loop
-    keeps running while the bytes move, and no thread waits. ``timeout``
-    (seconds) raises GetTimeoutError (a TimeoutError) and aborts the fetch;
-    so does cancelling the awaiting task (``asyncio.wait_for`` included)."""
-    from .runtime import runtime_of
-    f = runtime_of(refs).fetch(refs, out=out, transport=transport)
-    if timeout is None:
+async def await_fetch(f: Fetch, deadline: Optional[float]) -> Any:
+    """Awaits a fetch until deadline (a time.monotonic() value; None: no
+    limit), then aborts it and raises GetTimeoutError."""
+    if deadline is None:
         return await f
-    deadline_of(timeout)  # InvalidArgumentError for a bad value
     try:
-        return await asyncio.wait_for(f.wait_async(), timeout)
+        return await asyncio.wait_for(f.wait_async(), max(0.0, deadline - time.monotonic()))
     except asyncio.TimeoutError:
         n = len(f._plan.fetch_refs)
         raise GetTimeoutError(f"rdt.get_async: the deadline passed before {n} object{'s' if n != 1 else ''} "

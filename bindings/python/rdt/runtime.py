@@ -15,6 +15,7 @@ import numpy as np
 from . import _lib, _objects
 from . import tensors as _t
 from ._fetch import Fetch, Plan
+from ._fetch import await_fetch as _await_fetch
 from ._fetch import deadline_of as _deadline
 from ._fetch import slice_ms as _slice_ms
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
@@ -296,12 +297,11 @@ class Runtime(Handle):
                                                   "was aborted", _lib.ERR_TIMEOUT)
         f = Fetch(self, self._plan(refs, out), transport)
         try:
-            while not f._poll(_slice_ms(deadline)):
-                if deadline is not None and time.monotonic() >= deadline:
-                    n = len(f._plan.fetch_refs)
-                    raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
-                                          f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
-                                          _lib.ERR_TIMEOUT)
+            if not f._wait_until(deadline):
+                n = len(f._plan.fetch_refs)
+                raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
+                                      f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
+                                      _lib.ERR_TIMEOUT)
         except (GetTimeoutError, KeyboardInterrupt, SystemExit):
             # Stop every transfer. Buffers the caller gave must be quiet before
             # we return; our own may finish filling in the background (a
@@ -374,8 +374,8 @@ class Runtime(Handle):
     async def get_async(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
                         transport: Optional[str] = None, out: Any = None) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
-        from ._fetch import get_async
-        return await get_async(refs, timeout=timeout, transport=transport, out=out)
+        deadline = _deadline(timeout)  # a bad timeout starts nothing
+        return await _await_fetch(self.fetch(refs, out=out, transport=transport), deadline)
 
     # ---- the source side -------------------------------------------------------
 
@@ -480,23 +480,6 @@ class Runtime(Handle):
         return {name: int(getattr(s, name)) for name in _lib.STATS_FIELDS}
 
 
-def _forget(mine: List[Tuple[int, Any]]) -> None:
-    receiving = _objects.receiving
-    for data, obj in mine:
-        if receiving.get(data) is obj:
-            del receiving[data]
-
-
-def _drain(fetch: int, buf: Any, items: List[_t.Item], mine: List[Tuple[int, Any]]) -> None:
-    """Frees an aborted fetch whose buffers only rdt.get knew, once nothing
-    writes into them any more; the buffers go with it."""
-    try:
-        _lib.lib().rdt_fetch_free(fetch)
-    finally:
-        _forget(mine)
-        del buf, items
-
-
 # ---- the default runtime -------------------------------------------------------
 
 _default: Optional[Runtime] = None
@@ -540,6 +523,18 @@ def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = 
 def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
     """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
     return runtime_of(refs).fetch(refs, out=out, transport=transport)
+
+
+async def get_async(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+                    transport: Optional[str] = None, out: Any = None) -> Any:
+    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
+    the refs belong to. The event loop keeps running while the bytes move,
+    and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
+    TimeoutError) and aborts the fetch; so does cancelling the awaiting task
+    (``asyncio.wait_for`` included). With ``out=``, either returns once
+    nothing writes into those buffers any more."""
+    deadline = _deadline(timeout)  # a bad timeout starts nothing
+    return await _await_fetch(runtime_of(refs).fetch(refs, out=out, transport=transport), deadline)
 
 
 def runtime_of(refs: Any) -> Runtime:

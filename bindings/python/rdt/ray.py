@@ -25,6 +25,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -47,6 +48,8 @@ _HUGE_PAGE_MIN = 4 << 20
 # first contact with a source's runtime (a handshake) is given this long,
 # then finished inside wait_fetch_complete under Ray's timeout.
 _START_WAIT = 0.05
+# How often a wait for the source's runtime checks for abort_transport.
+_ABORT_CHECK = 0.1
 
 
 # ---- how the transport is registered -----------------------------------------------
@@ -106,18 +109,30 @@ def _devices_of(devices: Any) -> Tuple[str, ...]:
     return out
 
 
-def _encode_config(name: str, devices: Tuple[str, ...], framework: str) -> str:
-    if not name or ";" in name:
-        raise rdt.InvalidArgumentError(f"transport name {name!r}: want a non-empty name without ';'")
-    return f"{name.upper()};{','.join(devices)};{framework}"
+def _encode_config(name: str, devices: Tuple[str, ...], framework: str, transport: Optional[str]) -> str:
+    for what, value in (("transport name", name), ("rdt transport", transport or "")):
+        if ";" in value:
+            raise rdt.InvalidArgumentError(f"{what} {value!r} contains ';'")
+    if not name:
+        raise rdt.InvalidArgumentError("the transport name is empty")
+    return f"{name.upper()};{','.join(devices)};{framework};{transport or ''}"
 
 
-def _decode_config(text: str) -> Tuple[str, Tuple[str, ...], str]:
+_DEFAULT_CONFIG = "RDT;cpu,cuda;torch;"
+
+
+def _decode_config(text: str) -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
+    """(name, devices, framework, rdt transport or None) from the text
+    runtime_env() put in the environment."""
     parts = text.split(";")
-    if len(parts) != 3:
-        raise rdt.InvalidArgumentError(f"${_CONFIG_ENV}={text!r}: want NAME;devices;framework "
+    if len(parts) != 4:
+        raise rdt.InvalidArgumentError(f"${_CONFIG_ENV}={text!r}: want NAME;devices;framework;transport "
                                        "(set it with rdt.ray.runtime_env)")
-    return parts[0], _devices_of(parts[1].split(",")), _framework_of(parts[2])
+    return parts[0], _devices_of(parts[1].split(",")), _framework_of(parts[2]), parts[3] or None
+
+
+def _config() -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
+    return _decode_config(os.environ.get(_CONFIG_ENV) or _DEFAULT_CONFIG)
 
 
 def _register_with_ray(name: str, devices: Tuple[str, ...], framework: str) -> None:
@@ -159,14 +174,14 @@ def setup() -> None:
     driver described it, and starts the worker's runtime now, so that
     neither an early ``ray.put(..., _tensor_transport=...)`` nor a restarted
     actor finds it missing, and the first transfer pays no start-up."""
-    name, devices, framework = _decode_config(os.environ.get(_CONFIG_ENV) or "RDT;cpu,cuda;torch")
+    name, devices, framework, _ = _config()
     _register_with_ray(name, devices, framework)
     runtime()
 
 
 def runtime_env(env: Optional[Dict[str, Any]] = None, *, name: str = "RDT",
                 devices: Sequence[str] = ("cpu", "cuda"), data_type: Any = None,
-                token: Optional[str] = None) -> Dict[str, Any]:
+                token: Optional[str] = None, transport: Optional[str] = None) -> Dict[str, Any]:
     """A Ray ``runtime_env`` (``env`` plus rdt's part) that registers rdt in
     every worker (:func:`setup` as ``worker_process_setup_hook``) and gives
     every worker the cluster's token. Pass it to ``ray.init`` (or a job's,
@@ -177,9 +192,13 @@ def runtime_env(env: Optional[Dict[str, Any]] = None, *, name: str = "RDT",
     this driver and its workers. It travels as an environment variable of
     the job: whoever may read the job's runtime_env may also run code in its
     workers, so it protects nothing they could not reach anyway; rdt never
-    logs it. Runtimes with different tokens do not connect."""
+    logs it. Runtimes with different tokens do not connect.
+
+    ``transport`` pins the rdt transport that moves the objects these
+    processes make ("cma", "shm", "tcp", ...); None lets each transfer
+    take the best one. A runtime_env given to one actor may pin another."""
     framework = _framework_of(data_type)
-    config = _encode_config(name, _devices_of(devices), framework)
+    config = _encode_config(name, _devices_of(devices), framework, transport)
     out = dict(env or {})
     hook = out.get("worker_process_setup_hook")
     if hook not in (None, _SETUP_HOOK):
@@ -405,7 +424,7 @@ class RdtTensorTransport(_TensorTransportManager):
         ref = None
         data = b""
         if tensors:
-            ref = runtime().put(tensors)
+            ref = runtime().put(tensors, _config()[3])
             data = ref.serialize()
         meta = RdtTransportMetadata(tensor_meta=meta_list, tensor_device=device, ref=data, framework=framework)
         with self._lock:
@@ -480,21 +499,31 @@ class RdtTensorTransport(_TensorTransportManager):
 
     def _start(self, req: RdtFetchRequest, timeout: Optional[float]) -> bool:
         """Makes the borrow and starts the fetch once the source's runtime
-        answers; False if it has not within ``timeout`` seconds."""
+        answers; False if it has not within ``timeout`` seconds (None: no
+        limit). Waits in short slices, so that abort_transport stops it."""
         assert req.pending is not None
         data, outs = req.pending
-        try:
-            ref = runtime().deserialize(data, timeout=timeout)
-        except rdt.GetTimeoutError:
-            return False
-        except rdt.PeerUnavailableError as e:
-            raise rdt.PeerUnavailableError(f"{e}{_hint_unreachable()}", e.status) from None
+        rt = runtime()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if req.aborted:
+                raise rdt.AbortedError(f"rdt: the transfer of Ray object {req.obj_id} was aborted",
+                                       rdt.AbortedError.status)
+            left = _ABORT_CHECK if deadline is None else min(_ABORT_CHECK, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            try:
+                ref = rt.deserialize(data, timeout=max(left, 0.001))
+                break
+            except rdt.GetTimeoutError:
+                continue
+            except rdt.PeerUnavailableError as e:
+                raise rdt.PeerUnavailableError(f"{e}{_hint_unreachable()}", e.status) from None
         req.ref = ref
         req.pending = None
+        req.fetch = rt.fetch(ref, out=outs)
         if req.aborted:
-            raise rdt.AbortedError(f"rdt: the transfer of Ray object {req.obj_id} was aborted",
-                                   rdt.AbortedError.status)
-        req.fetch = ref.runtime.fetch(ref, out=outs)
+            req.fetch.abort()
         return True
 
     def wait_fetch_complete(self, fetch_request: Any, timeout: float = -1) -> List[Any]:
@@ -504,9 +533,6 @@ class RdtTensorTransport(_TensorTransportManager):
         limit = None if timeout is None or timeout < 0 else float(timeout)
         try:
             if req.fetch is None:
-                if req.aborted:
-                    raise rdt.AbortedError(f"rdt: the transfer of Ray object {req.obj_id} was aborted",
-                                           rdt.AbortedError.status)
                 if not self._start(req, limit):
                     raise TimeoutError(f"rdt: the runtime holding Ray object {req.obj_id} did not answer within "
                                        f"{limit} s")

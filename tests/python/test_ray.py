@@ -1,0 +1,368 @@
+"""rdt inside Ray: rdt.ray as Ray's tensor transport "RDT", with real Ray
+(one local Ray session for the module), real actor processes and real
+failures. The scenarios follow Ray's own RDT test suites. Two Ray nodes
+are in test_ray_cluster.py."""
+
+import os
+import signal
+import time
+import warnings
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (tests/python/requirements.txt pins it)")
+torch = pytest.importorskip("torch", reason="rdt.ray moves torch tensors by default; torch is not installed")
+
+import numpy as np  # noqa: E402
+from ray._common.test_utils import wait_for_condition  # noqa: E402
+
+import rdt  # noqa: E402
+import rdt.ray  # noqa: E402
+from conftest import BUILTINS  # noqa: E402
+from ray_actors import AsyncWorker, Worker, make_value, summary  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOST_TRANSPORTS = [t for t in ("cma", "shm", "tcp") if t in BUILTINS]
+# Ray's deadline for one RDT transfer, shortened so that the test of it
+# takes seconds (the default is a minute).
+FETCH_FAIL_TIMEOUT_S = 8
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def ray_env(transport=None):
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                        "RAY_rdt_fetch_fail_timeout_milliseconds": str(FETCH_FAIL_TIMEOUT_S * 1000)}}
+    return rdt.ray.runtime_env(env, transport=transport)
+
+
+@pytest.fixture(scope="module")
+def session():
+    from ray._private import ray_constants
+    saved = ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS
+    ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS = FETCH_FAIL_TIMEOUT_S  # the driver's monitor reads it here
+    ray.init(num_cpus=4, runtime_env=ray_env(), include_dashboard=False, logging_level="WARNING")
+    rdt.ray.register()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS = saved
+
+
+def fresh(cls=Worker, transport=None):
+    a = cls.options(runtime_env=ray_env(transport)).remote() if transport else cls.remote()
+    ray.get(a.ready.remote() if cls is Worker else a.stats.remote(), timeout=120)
+    return a
+
+
+@pytest.fixture(scope="module")
+def receiver(session):
+    return fresh()
+
+
+@pytest.fixture(scope="module")
+def sources(session):
+    """A source actor per rdt transport it is pinned to (None: rdt picks)."""
+    made = {}
+
+    def get(transport=None):
+        if transport not in made:
+            made[transport] = fresh(transport=transport)
+        return made[transport]
+    return get
+
+
+def settles(actor, **expected):
+    """Waits until the actor's rdt runtime counters reach expected values."""
+    last = {}
+
+    def check():
+        last.update(ray.get(actor.stats.remote()))
+        return all(last[k] == v for k, v in expected.items())
+    try:
+        wait_for_condition(check, timeout=20)
+    except Exception:
+        pytest.fail(f"rdt counters did not settle to {expected}: {last}")
+
+
+# ---- 1. register and use ---------------------------------------------------------------
+
+def test_two_actors_and_a_plain_method(sources, receiver):
+    src = sources()
+    ref = src.make.remote("500x500")
+    assert ray.get(receiver.consume.remote(ref)) == summary(make_value("500x500"))
+    # A method without the transport still returns through Ray's object store.
+    assert summary(ray.get(src.plain.remote("small"))) == summary(make_value("small"))
+    # Every worker registered the transport in its setup hook.
+    assert "RDT" in ray.get(receiver.registered.remote())
+    assert ray.get(receiver.bytes_by_transport.remote()), "rdt moved no bytes into the receiver"
+
+
+def test_a_device_the_transport_was_not_registered_for_is_refused(session, receiver):
+    rdt.ray.register("RDT_CUDA_ONLY", devices=("cuda",))
+
+    @ray.remote(num_cpus=0, enable_tensor_transport=True)
+    class CpuMaker:
+        @ray.method(tensor_transport="RDT_CUDA_ONLY")
+        def make(self):
+            return torch.ones(3)
+
+    with pytest.raises(Exception, match="device cpu"):
+        ray.get(CpuMaker.remote().make.remote(), timeout=120)
+    with pytest.raises(rdt.InvalidArgumentError, match="device types"):
+        rdt.ray.register("RDT_GPU", devices=("gpu",))
+    with pytest.raises(rdt.AlreadyExistsError, match="registered differently"):
+        rdt.ray.register("RDT", devices=("cpu",))
+    rdt.ray.register()  # the same registration again is fine
+
+
+# ---- 2. what an object may hold, over each transport -----------------------------------
+
+@pytest.mark.parametrize("transport", HOST_TRANSPORTS)
+def test_values_arrive_whole_over_each_transport(sources, receiver, transport):
+    src = sources(transport)
+    before = ray.get(receiver.bytes_by_transport.remote()).get(transport, 0)
+    for seed, kind in enumerate(["small", "500x500", "dict", "mixed", "plasma", "empty"]):
+        ref = src.make.remote(kind, seed)
+        assert ray.get(receiver.consume.remote(ref)) == summary(make_value(kind, seed)), kind
+        assert summary(ray.get(ref)) == summary(make_value(kind, seed)), f"{kind} in the driver"
+    moved = ray.get(receiver.bytes_by_transport.remote()).get(transport, 0) - before
+    assert moved >= 500 * 500 * 4, f"{transport} moved {moved} bytes"
+
+
+# ---- 3. one ref, many receivers ------------------------------------------------------------
+
+def test_one_ref_many_ways(sources, receiver):
+    src = sources()
+    others = [fresh(), fresh()]
+    want = summary(make_value("500x500", 3))
+    ref = src.make_kept.remote("500x500", 3)
+    a, b, _ = ray.get(receiver.consume_two.remote(ref, ref))
+    assert a == want and b == want
+    assert ray.get([receiver.consume.remote(ref), receiver.consume.remote(ref)]) == [want, want]
+    assert ray.get([w.consume.remote(ref) for w in [receiver] + others]) == [want] * 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Back to its own actor: the very tensor, no copy; Ray warns once
+        # that the object is mutable, since others received it too.
+        assert ray.get(src.is_kept.remote(ref, "500x500", 3)) is True
+        assert ray.get(src.is_kept.remote(ref, "500x500", 3)) is True
+    assert sum("mutable" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
+
+
+# ---- 4. garbage collection --------------------------------------------------------------------
+
+def test_deleting_the_ref_frees_the_object_and_its_leases(session, receiver):
+    src = fresh()
+    ref = src.make.remote("bytes:1000000")
+    assert ray.get(receiver.consume.remote(ref)) == summary(make_value("bytes:1000000"))
+    assert ray.get(src.stats.remote())["objects"] == 1
+    del ref
+    settles(src, objects=0, refs_in_transit=0, refs=0)
+    settles(receiver, borrows=0, fetches_active=0)
+
+    # Deleted while the receive runs.
+    ref = src.make.remote("bytes:268435456")
+    pending = receiver.consume.remote(ref)
+    del ref
+    assert ray.get(pending) == summary(make_value("bytes:268435456"))
+    settles(src, objects=0, refs_in_transit=0)
+
+    # Never left its actor.
+    ref = src.make.remote("small")
+    settles(src, objects=1)
+    del ref
+    settles(src, objects=0, refs_in_transit=0)
+
+
+# ---- 5. the source's own thread is not needed ----------------------------------------------------
+
+def test_transfer_while_the_source_is_blocked(session, receiver):
+    src = fresh()
+    ref = src.make.remote("bytes:16777216")
+    blocked = src.block.remote(60)
+    time.sleep(0.5)
+    assert ray.get(receiver.consume.remote(ref), timeout=30) == summary(make_value("bytes:16777216"))
+    assert not ray.wait([blocked], timeout=0)[0], "the source's task finished early"
+    ray.kill(src)
+
+
+# ---- 6. the driver's ray.get ------------------------------------------------------------------------
+
+def test_driver_gets(sources):
+    src = sources()
+    one = src.make.remote("dict", 1)
+    two = src.make.remote("500x500", 2)
+    plain = src.plain.remote("mixed", 3)
+    assert summary(ray.get(one)) == summary(make_value("dict", 1))
+    got = ray.get([one, two, plain])
+    assert [summary(g) for g in got[:2]] == [summary(make_value("dict", 1)), summary(make_value("500x500", 2))]
+    assert summary(got[2]) == summary(make_value("mixed", 3))
+    assert summary(ray.get(two, _use_object_store=True)) == summary(make_value("500x500", 2))
+
+
+def test_driver_get_timeout_on_a_stalled_source(session):
+    src = fresh()
+    pid = ray.get(src.pid.remote())
+    ref = src.make.remote("small")
+    ray.get(src.ready.remote())  # the object exists
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ray.exceptions.GetTimeoutError):
+            ray.get(ref, timeout=2)
+        assert time.monotonic() - start < 2 + 5
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert summary(ray.get(ref, timeout=60)) == summary(make_value("small"))
+    ray.kill(src)
+
+
+# ---- 7. ray.put with the transport --------------------------------------------------------------------
+
+def test_put_in_an_actor_right_after_it_starts(session, receiver):
+    a = Worker.remote()
+    [ref] = ray.get(a.put_now.remote("500x500", 5), timeout=120)
+    assert summary(ray.get(ref)) == summary(make_value("500x500", 5))
+    assert ray.get(receiver.consume.remote(ref)) == summary(make_value("500x500", 5))
+    del ref
+    settles(a, objects=0, refs_in_transit=0)
+    ray.kill(a)
+
+
+def test_put_in_the_driver(session, receiver):
+    t = make_value("500x500", 6)
+    ref = ray.put(t, _tensor_transport="RDT")
+    assert ray.get(receiver.consume.remote(ref)) == summary(t)
+    assert ray.get(ref) is t
+    assert rdt.ray.runtime().stats()["objects"] == 1
+    del ref
+    wait_for_condition(lambda: rdt.ray.runtime().stats()["objects"] == 0, timeout=20)
+
+
+# ---- 8. errors and retries ------------------------------------------------------------------------------
+
+def test_application_errors_and_retries_leave_one_object(session, receiver):
+    src = fresh()
+    with pytest.raises(ray.exceptions.RayTaskError, match="the application failed"):
+        ray.get(src.fail.remote())
+    ref = src.flaky.remote("500x500")
+    assert ray.get(receiver.consume.remote(ref)) == summary(make_value("500x500", 1))
+    assert ray.get(src.stats.remote())["objects"] == 1
+    del ref
+    settles(src, objects=0, refs_in_transit=0)
+    # A retry that reaches extract again for the same object id.
+    same, replaced, during, after = ray.get(src.extract_twice.remote())
+    assert same and replaced
+    assert (during, after) == (1, 0)
+    ray.kill(src)
+
+
+# ---- 9. wait_tensor_freed -----------------------------------------------------------------------------------
+
+def test_wait_tensor_freed_before_an_in_place_write(session, receiver):
+    src = fresh()
+    intact, _ = ray.get(src.write_after_free.remote(receiver, "500x500"), timeout=120)
+    assert intact
+    settles(src, objects=0, refs_in_transit=0)
+    ray.kill(src)
+
+
+# ---- 10. failures ----------------------------------------------------------------------------------------------
+
+def test_source_dies_before_it_made_the_object(session, receiver):
+    src = fresh()
+    ref = src.make_slowly.remote("small", 30)
+    time.sleep(0.5)
+    ray.kill(src)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(receiver.consume.remote(ref), timeout=120)
+    assert ray.get(receiver.ready.remote(), timeout=30)
+
+
+def test_source_dies_after_it_made_the_object(session, receiver):
+    src = fresh()
+    pid = ray.get(src.pid.remote())
+    ref = src.make.remote("500x500")
+    ray.get(src.ready.remote())
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(receiver.consume.remote(ref), timeout=120)
+    # rdt can abort, so Ray keeps the receiver alive.
+    assert ray.get(receiver.ready.remote(), timeout=30)
+    settles(receiver, fetches_active=0, borrows=0)
+
+
+def test_receiver_dies_mid_transfer_and_the_source_lives_on(session):
+    src, dst = fresh(), fresh()
+    dst_pid = ray.get(dst.pid.remote())
+    size = 512 << 20
+    ref = src.make_kept.remote(f"bytes:{size}")
+    ray.get(src.ready.remote())
+    pending = dst.consume.remote(ref)
+    time.sleep(0.3)
+    os.kill(dst_pid, signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(pending, timeout=120)
+    assert ray.get(src.ready.remote(), timeout=30)
+    other = fresh()
+    assert ray.get(other.consume.remote(ref), timeout=120) == summary(make_value(f"bytes:{size}"))
+    del ref
+    settles(src, objects=0, refs_in_transit=0, fetches_active=0)
+    ray.kill(src)
+    ray.kill(other)
+
+
+def test_rays_fetch_timeout_aborts_and_keeps_both_actors(session):
+    src, dst = fresh(), fresh()
+    pid = ray.get(src.pid.remote())
+    ref = src.make.remote("small")
+    ray.get(src.ready.remote())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ray.exceptions.RayError, match="abort"):
+            ray.get(dst.consume.remote(ref), timeout=120)
+        assert time.monotonic() - start >= FETCH_FAIL_TIMEOUT_S - 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Neither actor was killed, and the object can still be read.
+    assert ray.get(dst.ready.remote(), timeout=30) and ray.get(src.ready.remote(), timeout=30)
+    assert ray.get(dst.consume.remote(ref), timeout=60) == summary(make_value("small"))
+    settles(dst, fetches_active=0)
+    ray.kill(src)
+    ray.kill(dst)
+
+
+# ---- 11. receiving into given buffers ------------------------------------------------------------------------------
+
+def test_set_target_for_ref(sources):
+    src = sources()
+    ref = src.make.remote("500x500", 9)
+    buf = torch.empty(500, 500)
+    ray.experimental.set_target_for_ref(ref, [buf])
+    got = ray.get(ref)
+    assert got.data_ptr() == buf.data_ptr()
+    assert summary(buf) == summary(make_value("500x500", 9))
+
+    wrong = src.make.remote("500x500", 9)
+    ray.experimental.set_target_for_ref(wrong, [torch.empty(10, 10)])
+    with pytest.raises(ValueError, match="[Ss]hape"):
+        ray.get(wrong)
+
+
+# ---- 12. asyncio actors ---------------------------------------------------------------------------------------------
+
+def test_async_actor(sources):
+    src = sources()
+    a = fresh(AsyncWorker)
+    ref = src.make.remote("500x500", 4)
+    assert ray.get(a.consume.remote(ref)) == summary(make_value("500x500", 4))
+    assert ray.get(a.await_ref.remote([ref]), timeout=60) == summary(make_value("500x500", 4))
+    refs = [src.make.remote("small", i) for i in range(100)]
+    rng = np.random.default_rng(0)
+    outs = [a.consume.remote(r, float(rng.uniform(0, 0.05))) for r in refs]
+    assert ray.get(outs, timeout=120) == [summary(make_value("small", i)) for i in range(100)]
+    del refs, outs
+    ray.kill(a)

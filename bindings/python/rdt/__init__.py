@@ -13,10 +13,10 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
 from ._fetch import Fetch
-from .ref import ObjectRef
-from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, fetch, get,
+from ._ref import ObjectRef
+from ._runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, fetch, get,
                       get_async, init, put, register_tensor_transport, wait_tensor_freed)
-from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
+from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
 __version__ = "0.1.0"

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 import numpy as np
 
 from . import _lib, _objects
-from . import tensors as _t
+from . import _tensors as _t
 from ._errors import InvalidArgumentError, RdtError
-from .transport import Peer
+from ._transport import Peer
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ._runtime import Runtime
 
 _REQUIRED = ("is_one_sided", "can_abort_transport", "extract_tensor_transport_metadata",
              "get_communicator_metadata", "garbage_collect", "abort_transport")

@@ -10,9 +10,9 @@ import time
 from typing import Any, List, Optional, Tuple
 
 from . import _lib, _objects
-from . import tensors as _t
+from . import _tensors as _t
 from ._errors import AbortedError, GetTimeoutError, InvalidArgumentError
-from .ref import ObjectRef, decode_skeleton
+from ._ref import ObjectRef, decode_skeleton
 
 # A blocking wait runs in slices of this many milliseconds, so that Python
 # can run signal handlers (Ctrl-C) between them.

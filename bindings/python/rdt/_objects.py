@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from . import _lib
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ._runtime import Runtime
 
 
 class Entry:

@@ -13,14 +13,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 import numpy as np
 
 from . import _lib, _objects
-from . import tensors as _t
+from . import _tensors as _t
 from ._fetch import Fetch, Plan
 from ._fetch import await_fetch as _await_fetch
 from ._fetch import deadline_of as _deadline
 from ._fetch import slice_ms as _slice_ms
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
-from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
+from ._ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
 
 
 def _redact_address(address: str) -> str:

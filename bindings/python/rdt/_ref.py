@@ -7,11 +7,11 @@ import pickle
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from . import _lib, _objects
-from . import tensors as _t
+from . import _tensors as _t
 from ._handle import Handle, _close_lock
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ._runtime import Runtime
 
 
 # ---- the structure around the tensors -----------------------------------------
@@ -307,5 +307,5 @@ def _oid_of(data: bytes) -> str:
 
 def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...], descs: Any = None,
                  oid: str = "") -> ObjectRef:
-    from .runtime import default_runtime
+    from ._runtime import default_runtime
     return default_runtime().deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)

@@ -150,7 +150,7 @@ def across_processes():
     try:
         for t, ref in refs.items():
             descs = ref.tensor_descs()
-            assert [d.device_type for d in descs] == [rdt.tensors.DEVICE_NAMES["cuda"]] * 3, descs
+            assert [d.device_type for d in descs] == [rdt._tensors.DEVICE_NAMES["cuda"]] * 3, descs
             for _ in range(2):  # the second time from the receiver's handle cache
                 outs = targets(drv)
                 got = rdt.get(ref, out=outs, timeout=30)

@@ -30,8 +30,8 @@ def test_cuda_array_interface_is_described_as_cuda_memory():
     with rdt.Runtime("a") as a:
         ref = a.put([FakeCudaArray((4, 8)), np.arange(3)])
         (d, h) = ref.tensor_descs()
-        assert (d.device_type, d.device_id, d.shape, d.nbytes) == (rdt.tensors.DEVICE_NAMES["cuda"], 0, (4, 8), 128)
-        assert h.device_type == rdt.tensors.DEVICE_NAMES["cpu"]
+        assert (d.device_type, d.device_id, d.shape, d.nbytes) == (rdt._tensors.DEVICE_NAMES["cuda"], 0, (4, 8), 128)
+        assert h.device_type == rdt._tensors.DEVICE_NAMES["cpu"]
         ref2 = a.put(FakeCudaArray((2,), typestr="<i8", device_id=3))
         assert ref2.tensor_descs()[0].device_id == 3 and ref2.dtypes == ["int64"]
 

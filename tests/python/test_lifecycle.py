@@ -18,7 +18,6 @@ import rdt
 import transports_for_tests as tt
 import workers
 from conftest import wait_until
-from rdt import _objects
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,7 +38,7 @@ def test_timeout_raises_and_leaks_nothing(child):
         # The abort reaches the transport on rdt's own thread; Stuck knows
         # fetches only by object id, so let it land before the next one.
         assert wait_until(lambda: rt.stats()["fetches_active"] == 0)
-    assert wait_until(lambda: not _objects.receiving)  # no buffer left registered (the drain thread forgets it)
+    assert wait_until(lambda: not rt._store.receiving)  # no buffer left registered (the drain thread forgets it)
     ref.close()
     c.send("stats")
     assert wait_until(lambda: rt.stats()["borrowed_objects"] == 0)
@@ -96,7 +95,7 @@ def test_timeout_with_a_transport_that_cannot_abort(child):
         rdt.get(ref, timeout=0.3)
     assert time.monotonic() - t0 < 1.2 < tt.Slow.SLOW
     assert wait_until(lambda: rt.stats()["fetches_active"] == 0, timeout=10)
-    assert wait_until(lambda: not _objects.receiving)
+    assert wait_until(lambda: not rt._store.receiving)
 
     out = np.zeros(10)
     t0 = time.monotonic()
@@ -115,7 +114,7 @@ def test_put_keeps_objects_alive_until_released():
         for _ in range(300):  # one buffer put and released again and again: nothing piles up
             rt.put(x).close()
         rt.wait_tensor_freed(x, timeout=10)
-        assert wait_until(lambda: not [e for e in _objects.entries.values() if e.runtime is rt])
+        assert wait_until(lambda: not rt._store.entries)
 
         y = np.arange(5.0)
         alive = weakref.ref(y)

@@ -18,14 +18,13 @@ CHILD = textwrap.dedent("""
     import itertools, sys, threading, time
     import numpy as np
     import rdt
-    from rdt import _objects
-
-    # Only the first 4095 puts of a process get keys below 4096; cycling
-    # through them keeps every put in that range (each object here is
-    # released long before its key comes round again).
-    _objects._keys = itertools.cycle(range(1, 4096))
 
     a, b = rdt.Runtime("a"), rdt.Runtime("b")
+    # Only the first 4095 puts of a runtime get keys below 4096; cycling
+    # through them keeps every put in that range (each object here is
+    # released long before its key comes round again).
+    for rt in (a, b):
+        rt._store._keys = itertools.cycle(range(1, 4096))
     stop = time.monotonic() + float(sys.argv[1])
     counts = {}
     errors = []
@@ -53,11 +52,11 @@ CHILD = textwrap.dedent("""
     for rt in (a, b):
         # every object was freed and handed back by its key
         end = time.monotonic() + 30
-        while (rt.stats()["objects"] or any(e.runtime is rt for e in _objects.entries.values())) \\
+        while (rt.stats()["objects"] or rt._store.entries) \\
                 and time.monotonic() < end:
             time.sleep(0.01)
         assert rt.stats()["objects"] == 0 and rt.stats()["objects_freed"] == counts[rt.name], rt.stats()
-        assert not any(e.runtime is rt for e in _objects.entries.values())
+        assert not rt._store.entries
     a.close()
     b.close()
     print("puts", counts["a"], counts["b"])

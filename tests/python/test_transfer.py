@@ -183,7 +183,7 @@ def test_own_objects_come_back_as_the_same_tensors():
     out = np.empty(5)
     assert rdt.get(ref, out=out)["x"] is out
     np.testing.assert_array_equal(out, x)
-    rdt.runtime._warned_shared = False  # it warns once per process
+    rdt._process.PROCESS.warned_shared = False  # it warns once per process
     with pytest.warns(UserWarning, match="not copies"):
         again = pickle.loads(pickle.dumps(ref))  # sent out and back
         assert again.is_owner

@@ -627,7 +627,7 @@ class Worker:
     def end_state(self) -> Dict[str, int]:
         s = self.rt.stats()
         state = {k: s[k] for k in END_STATE}
-        state["put_tensors_held"] = len(self.rdt._objects.entries)  # the binding's keep-alive entries
+        state["put_tensors_held"] = len(self.rt._store.entries)  # the binding's keep-alive entries
         return state
 
     def settle(self, limit: float) -> Dict[str, Any]:

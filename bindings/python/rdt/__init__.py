@@ -13,10 +13,13 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
 from ._fetch import Fetch
-from .ref import ObjectRef
-from .runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, fetch, get,
-                      get_async, init, put, register_tensor_transport, wait_tensor_freed)
-from .transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
+from ._get import fetch, get, get_async
+from ._lib import decode as _decode
+from ._lib import lib as _native
+from ._ref import ObjectRef
+from ._runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, init, put,
+                       register_tensor_transport, wait_tensor_freed)
+from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
 __version__ = "0.1.0"
@@ -24,8 +27,7 @@ __version__ = "0.1.0"
 
 def library_version() -> str:
     """The version of the loaded librdt.so."""
-    from . import _lib
-    return _lib.decode(_lib.lib().rdt_version())
+    return _decode(_native().rdt_version())
 
 
 __all__ = [

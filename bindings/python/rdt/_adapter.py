@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 import numpy as np
 
-from . import _lib, _objects
-from . import tensors as _t
+from . import _lib
+from . import _tensors as _t
 from ._errors import InvalidArgumentError, RdtError
-from .transport import Peer
+from ._store import Store
+from ._transport import Peer
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ._runtime import Runtime
 
 _REQUIRED = ("is_one_sided", "can_abort_transport", "extract_tensor_transport_metadata",
              "get_communicator_metadata", "garbage_collect", "abort_transport")
@@ -80,7 +81,8 @@ def _where(e: BaseException) -> str:
 class Adapter:
     """One registered transport of one runtime."""
 
-    def __init__(self, name: str, manager: Any, data_type: Any) -> None:
+    def __init__(self, store: Store, name: str, manager: Any, data_type: Any) -> None:
+        self.store = store  # the runtime's: what it put, and what its fetches receive into
         self.name = name
         self.manager = manager
         self.data_type = data_type
@@ -127,7 +129,7 @@ class Adapter:
         self.callbacks = cbs  # ctypes callbacks must outlive every call into them
         self.vtable = vt
         _live[self.key] = self  # until rdt calls free_user_data
-        _objects.python_transports += 1
+        store.transport_added()
 
     # ---- conversions -----------------------------------------------------------
 
@@ -149,27 +151,25 @@ class Adapter:
         return [_t.view_of_c(ptr[i], self.view_framework) for i in range(n)]
 
     def _source_tensors(self, obj_id: str, ptr: Any, n: int) -> List[Any]:
-        e = _objects.by_id.get(obj_id)
+        e = self.store.own(obj_id)
         if e is not None and len(e.tensors) == n:
             return [self._adapt(x) for x in e.tensors]
         return self._views(ptr, n)
 
     def _put_tensors(self, obj_id: str, ptr: Any, n: int) -> List[Any]:
         key = tuple((ptr[i].data or 0) + ptr[i].byte_offset for i in range(n))
-        e = _objects.putting.get(key)
+        e = self.store.putting.get(key)
         if e is not None and len(e.tensors) == n:
             if not e.oid:  # garbage_collect and send find the tensors by id
-                e.oid = obj_id
-                _objects.by_id[obj_id] = e
+                self.store.index(e, obj_id)
             return [self._adapt(x) for x in e.tensors]
         return self._views(ptr, n)
 
     def _targets(self, ptr: Any, n: int) -> List[Any]:
         out = []
-        receiving = _objects.receiving
         for i in range(n):
             t = ptr[i]
-            obj = receiving.get((t.data or 0) + t.byte_offset) if t.data else None
+            obj = self.store.target((t.data or 0) + t.byte_offset) if t.data else None
             out.append(self._adapt(obj) if obj is not None else _t.view_of_c(t, self.view_framework))
         return out
 
@@ -228,7 +228,7 @@ class Adapter:
 
     def _free(self, _ud: Optional[int]) -> None:
         if _live.pop(self.key, None) is not None:
-            _objects.python_transports -= 1
+            self.store.transport_removed()
 
     def _extract(self, _ud: Any, obj_id: bytes, tensors: Any, n: int, out: int) -> int:
         def run() -> None:
@@ -342,7 +342,7 @@ def register(rt: "Runtime", name: str, devices: Union[str, Sequence[str]], cls: 
     manager = cls() if isinstance(cls, type) else cls
     devs = _device_list(devices)
     codes = (ctypes.c_int32 * len(devs))(*[_t.device_code(d) for d in devs])
-    adapter = Adapter(name, manager, data_type)
+    adapter = Adapter(rt._store, name, manager, data_type)
     st = _lib.lib().rdt_register_transport(rt._handle(), name.encode(), codes, len(devs),
                                            ctypes.byref(adapter.vtable))
     if st != _lib.OK:

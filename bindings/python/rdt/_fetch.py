@@ -1,5 +1,5 @@
 """A fetch in flight: rdt.Fetch and its blocking and asyncio waits.
-Runtime.get, Runtime.fetch and the get_async functions are built on it."""
+get, fetch and get_async (in _get) are built on it."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import asyncio
 import ctypes
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from . import _lib, _objects
-from . import tensors as _t
+from . import _lib
+from . import _tensors as _t
 from ._errors import AbortedError, GetTimeoutError, InvalidArgumentError
-from .ref import ObjectRef, decode_skeleton
+from ._ref import ObjectRef, decode_skeleton
+from ._store import Store
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
 
 # A blocking wait runs in slices of this many milliseconds, so that Python
 # can run signal handlers (Ctrl-C) between them.
@@ -68,8 +72,9 @@ class Fetch:
     itself; one dropped while running is aborted, without blocking.
     """
 
-    def __init__(self, runtime: Any, plan: Plan, transport: Optional[str]) -> None:
+    def __init__(self, runtime: "Runtime", plan: Plan, transport: Optional[str]) -> None:
         self._runtime = runtime
+        self._store: Store = runtime._store
         self._plan = plan
         self._lock = threading.Lock()
         self._ptr: Optional[int] = None  # the C fetch, until freed
@@ -96,17 +101,12 @@ class Fetch:
             opts = _lib.init(_lib.FetchOptions())
             opts.transport = transport.encode()
         # Python transports receiving this fetch get these very objects.
-        if _objects.python_transports:
-            receiving = _objects.receiving
-            for it, obj in zip(plan.items, plan.objs):
-                if it.data:
-                    receiving[it.data] = obj
-                    self._mine.append((it.data, obj))
+        self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
         f = ctypes.c_void_p()
         st = L.rdt_fetch_start(runtime._handle(), handles, len(refs), addr, len(plan.items), opts,
                                ctypes.byref(f))
         if st != _lib.OK:
-            _forget(self._mine)
+            self._store.forget(self._mine)
             raise _lib.make_error(st)
         self._ptr = f.value
 
@@ -159,7 +159,7 @@ class Fetch:
         try:
             _lib.lib().rdt_fetch_free(ptr)
         finally:
-            _forget(self._mine)
+            self._store.forget(self._mine)
             self._mine, self._buf, self._fd = [], None, None
 
     def done(self) -> bool:
@@ -257,7 +257,7 @@ class Fetch:
         # stopped yet): let a thread free the fetch, and them, afterwards.
         mine, buf, objs = self._mine, self._buf, self._plan.objs
         self._mine, self._buf, self._fd = [], None, None
-        threading.Thread(target=_drain, args=(ptr, buf, objs, mine), name="rdt-drain", daemon=True).start()
+        threading.Thread(target=_drain, args=(ptr, buf, objs, self._store, mine), name="rdt-drain", daemon=True).start()
 
     def __enter__(self) -> "Fetch":
         return self
@@ -363,20 +363,13 @@ class Fetch:
                 fut.set_result(None)
 
 
-def _forget(mine: List[Tuple[int, Any]]) -> None:
-    receiving = _objects.receiving
-    for data, obj in mine:
-        if receiving.get(data) is obj:
-            del receiving[data]
-
-
-def _drain(fetch: int, buf: Any, objs: List[Any], mine: List[Tuple[int, Any]]) -> None:
+def _drain(fetch: int, buf: Any, objs: List[Any], store: Store, mine: List[Tuple[int, Any]]) -> None:
     """Frees an aborted fetch once nothing writes into its targets; they
     were kept alive until then, and go with it."""
     try:
         _lib.lib().rdt_fetch_free(fetch)
     finally:
-        _forget(mine)
+        store.forget(mine)
         del buf, objs
 
 

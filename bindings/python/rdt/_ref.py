@@ -6,12 +6,15 @@ import ctypes
 import pickle
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
-from . import _lib, _objects
-from . import tensors as _t
+from . import _lib
+from . import _tensors as _t
+from ._errors import InvalidArgumentError
 from ._handle import Handle, _close_lock
+from ._process import PROCESS
+from ._store import Entry
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ._runtime import Runtime
 
 
 # ---- the structure around the tensors -----------------------------------------
@@ -95,7 +98,6 @@ def encode_skeleton(skeleton: Any, n: int) -> Any:
     try:
         return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        from ._errors import InvalidArgumentError
         raise InvalidArgumentError(f"the structure around the tensors cannot be pickled: {e}") from e
 
 
@@ -118,7 +120,7 @@ class ObjectRef(Handle):
     """
 
     def __init__(self, runtime: "Runtime", ptr: int, skeleton: Any, frameworks: Tuple[str, ...],
-                 descs: Optional[List[_t.Desc]] = None, entry: Optional[_objects.Entry] = None,
+                 descs: Optional[List[_t.Desc]] = None, entry: Optional[Entry] = None,
                  oid: str = "") -> None:
         self._ptr = ptr
         self._runtime = runtime
@@ -219,20 +221,19 @@ class ObjectRef(Handle):
             # own tensors are found then (see _own_entry).
             e.sent = True
             if not e.oid:
-                e.oid = self._oid = _oid_of(out) or self._info()[0]
-                if e.key in _objects.entries:
-                    _objects.by_id[e.oid] = e
+                self._oid = self._info()[0]
+                self._runtime._store.index(e, self._oid)
         return out
 
-    def _own_entry(self) -> Optional[_objects.Entry]:
+    def _own_entry(self) -> Optional[Entry]:
         """The put entry if this ref's runtime owns the object (it put it)."""
         e = self._entry
-        if e is None and _objects.by_id:  # only serialized objects can come back
-            e = _objects.by_id.get(self._oid or self._info()[0])
-            if e is not None and e.runtime is self._runtime:
-                self._entry = e
-            else:
-                e = None
+        if e is None:
+            store = self._runtime._store
+            if store.by_id:  # only serialized objects can come back
+                e = store.own(self._oid or self._info()[0])
+                if e is not None:
+                    self._entry = e
         return e
 
     def clone(self) -> "ObjectRef":
@@ -295,17 +296,6 @@ class ObjectRef(Handle):
             return f"ObjectRef(<{type(e).__name__}: {e}>)"
 
 
-
-_REF_V1 = b"RDTR\x01\x00"
-
-
-def _oid_of(data: bytes) -> str:
-    """The object id in serialized bytes of format version 1 (it leads the
-    body, after the 12-byte header), or "" for any other version."""
-    return data[12:28].hex() if data[:6] == _REF_V1 and len(data) >= 28 else ""
-
-
 def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...], descs: Any = None,
                  oid: str = "") -> ObjectRef:
-    from .runtime import default_runtime
-    return default_runtime().deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)
+    return PROCESS.default_runtime().deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)

@@ -1,26 +1,25 @@
-"""Runtimes, put and get, and the process's default runtime."""
+"""Runtimes, put, and the process's default runtime."""
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import threading
 import time
-import warnings
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
-from . import _lib, _objects
-from . import tensors as _t
-from ._fetch import Fetch, Plan
-from ._fetch import await_fetch as _await_fetch
+from . import _get, _lib
+from . import _tensors as _t
+from ._adapter import register, validate
+from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
+from ._fetch import Fetch
 from ._fetch import deadline_of as _deadline
 from ._fetch import slice_ms as _slice_ms
-from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
-from .ref import SINGLE, ObjectRef, decode_skeleton, encode_skeleton, flatten
+from ._process import PROCESS
+from ._ref import SINGLE, ObjectRef, encode_skeleton, flatten
+from ._store import NO_RELEASE, Entry, Store
 
 
 def _redact_address(address: str) -> str:
@@ -39,11 +38,6 @@ DESERIALIZE_TIMEOUT = _lib.DESERIALIZE_TIMEOUT_DEFAULT_MS / 1000
 # Marks "the runtime's deserialize_timeout" (None means no deadline).
 _RUNTIME_DEFAULT: Any = object()
 
-# get of one ref into one array of at most this many bytes uses rdt_get (a
-# single call), restarting with the general path if a slice is not enough.
-_SMALL = 1 << 20
-
-
 def _seconds_ms(value: Optional[float], what: str) -> int:
     if value is None:
         return 0
@@ -52,25 +46,7 @@ def _seconds_ms(value: Optional[float], what: str) -> int:
     return max(1, int(value * 1000))
 
 
-def _warn_shared_once() -> None:
-    global _warned_shared
-    if not _warned_shared:
-        _warned_shared = True
-        warnings.warn(
-            "rdt.get of an object put by this process returns the put tensors themselves, not copies; "
-            "the object was also sent to other processes, which read the same memory: changes made here "
-            "before they fetch may be seen by them (use out= to get a copy).", UserWarning, stacklevel=4)
-
-
-_warned_shared = False
 _NUMPY1 = ("numpy",)
-_runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
-_shutting_down = False
-
-# Transports registered with rdt.register_tensor_transport: every runtime of
-# the process gets them, also those created later.
-_process_transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
-_process_lock = threading.Lock()
 
 
 class Runtime(Handle):
@@ -96,7 +72,7 @@ class Runtime(Handle):
                  in_process: bool = False, builtin_transports: bool = True,
                  log_level: Optional[str] = None,
                  deserialize_timeout: Optional[float] = DESERIALIZE_TIMEOUT) -> None:
-        if _shutting_down:
+        if PROCESS.shutting_down:
             raise ClosedError("rdt: the interpreter is shutting down; no new runtime can start", _lib.ERR_CLOSED)
         if log_level not in _lib.LOG_LEVELS:
             raise InvalidArgumentError(f"log_level must be one of off, error, warn, info, debug, not {log_level!r}")
@@ -110,7 +86,7 @@ class Runtime(Handle):
         o.log_level = _lib.LOG_LEVELS[log_level]
         o.flags = ((_lib.RUNTIME_IN_PROCESS if in_process else 0) |
                    (0 if builtin_transports else _lib.RUNTIME_NO_BUILTIN_TRANSPORTS) |
-                   _lib.RUNTIME_QUEUE_RELEASES)  # see _objects.start_releaser
+                   _lib.RUNTIME_QUEUE_RELEASES)  # see Store.start_releaser
         o.lease_ms = _seconds_ms(lease, "lease")
         o.peer_timeout_ms = _seconds_ms(peer_timeout, "peer_timeout")
         _deadline(deserialize_timeout)  # InvalidArgumentError for a bad value, before anything is made
@@ -121,10 +97,8 @@ class Runtime(Handle):
         self.deserialize_timeout = deserialize_timeout
         self._lock = threading.Lock()
         self._releaser: Optional[threading.Thread] = None
-        _runtimes.add(self)
-        with _process_lock:
-            pending = list(_process_transports.values())
-        for tname, devices, cls, data_type in pending:
+        self._store = Store()  # what this runtime put, and what its fetches receive into
+        for tname, devices, cls, data_type in PROCESS.add(self):
             self._register(tname, devices, cls, data_type, skip_existing=True)
 
     def _free(self, ptr: int) -> None:
@@ -134,7 +108,7 @@ class Runtime(Handle):
         try:
             _lib.lib().rdt_runtime_destroy(ptr)
         finally:
-            _objects.drop_runtime(self)
+            self._store.clear()
 
     def __repr__(self) -> str:
         if self.closed:
@@ -177,24 +151,24 @@ class Runtime(Handle):
         if self._releaser is None:
             with self._lock:
                 if self._releaser is None:
-                    self._releaser = _objects.start_releaser(self, self._handle())
-        entry = _objects.Entry(self, found, items, blob)
-        key = _objects.add(entry)
+                    self._releaser = self._store.start_releaser(self._handle(), self.name or "")
+        entry = Entry(found, items, blob)
+        key = self._store.add(entry)
         tname = transport.encode() if transport else None
         ptrs: Optional[Tuple[int, ...]] = None
         if tname is not None:
             # A transport extracts its metadata inside rdt_put: let a Python
             # one see these very tensors.
             ptrs = tuple(it.data for it in items)
-            _objects.putting[ptrs] = entry
+            self._store.putting[ptrs] = entry
         out = ctypes.c_void_p()
         try:
-            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, _objects.NO_RELEASE, key, ctypes.byref(out))
+            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, NO_RELEASE, key, ctypes.byref(out))
         finally:
             if ptrs is not None:
-                _objects.putting.pop(ptrs, None)
+                self._store.putting.pop(ptrs, None)
         if st != _lib.OK:
-            _objects.drop(key)  # on error rdt keeps nothing and never calls release
+            self._store.drop(key)  # on error rdt keeps nothing and never calls release
             raise _lib.make_error(st)
         return ObjectRef(self, out.value or 0, blob, frameworks, [it.desc for it in items], entry)
 
@@ -273,93 +247,7 @@ class Runtime(Handle):
         A ref this runtime owns gives back the put tensors themselves (no
         copy), as Ray does, unless ``out=`` is given.
         """
-        deadline = _deadline(timeout)
-        if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
-            # The common case, one ref into one array, in fewer steps.
-            r: ObjectRef = refs
-            if r._runtime is self:
-                descs1 = r._descs or r.tensor_descs()
-                if len(descs1) == 1:
-                    data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
-                    if data and not _objects.python_transports:
-                        # One call does start, wait and free. It gives up
-                        # (aborting) after a slice, so that Ctrl-C is seen;
-                        # then the general path below starts again.
-                        buf, addr = _t.pack_one(data, descs1[0])
-                        st = _lib.lib().rdt_get(self._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
-                                                addr, 1, None, _slice_ms(deadline))
-                        if st == _lib.OK:
-                            return decode_skeleton(r._skeleton, [out])
-                        if st != _lib.ERR_TIMEOUT:
-                            raise _lib.make_error(st)
-                        if deadline is not None and time.monotonic() >= deadline:
-                            raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
-                                                  "was aborted", _lib.ERR_TIMEOUT)
-        f = Fetch(self, self._plan(refs, out), transport)
-        try:
-            if not f._wait_until(deadline):
-                n = len(f._plan.fetch_refs)
-                raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
-                                      f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
-                                      _lib.ERR_TIMEOUT)
-        except (GetTimeoutError, KeyboardInterrupt, SystemExit):
-            # Stop every transfer. Buffers the caller gave must be quiet before
-            # we return; our own may finish filling in the background (a
-            # transport that cannot abort) and are dropped afterwards.
-            f.close()
-            raise
-        return f._result_now()
-
-    def _plan(self, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
-        """Checks get's arguments and decides what to fetch into what."""
-        self._handle()  # ClosedError once the runtime is closed
-        single = isinstance(refs, ObjectRef)
-        if single:
-            lst: List[ObjectRef] = [refs]  # type: ignore[list-item]
-        elif isinstance(refs, (list, tuple)):
-            lst = list(refs)
-        else:
-            raise InvalidArgumentError(f"get takes an ObjectRef or a list of them, not {type(refs).__name__}")
-        for r in lst:
-            if not isinstance(r, ObjectRef):
-                raise InvalidArgumentError(f"get takes ObjectRefs, not {type(r).__name__}")
-            if r._runtime is not self:
-                raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r._runtime!r}); get it there")
-            r._handle()  # ClosedError for a released ref
-        if not lst:
-            return Plan(single, [], [], [], [], [], out is None)
-        descs = [r.tensor_descs() for r in lst]
-        tensors: List[List[Any]] = []
-        fetch_refs: List[ObjectRef] = []
-        items: List[_t.Item] = []
-        objs: List[Any] = []
-        if out is None:
-            for r, ds in zip(lst, descs):
-                e = r._own_entry()
-                if e is not None and e.runtime is self:
-                    if e.sent:
-                        _warn_shared_once()
-                    tensors.append(list(e.tensors))
-                    continue
-                fws = r._frameworks or ("numpy",) * len(ds)
-                got = [_t.allocate(d, fw) for d, fw in zip(ds, fws)]
-                tensors.append(got)
-                fetch_refs.append(r)
-                objs.extend(got)
-                items.extend(_t.item_of(x, writable=True) for x in got)
-        else:
-            outs: List[Any] = [out] if type(out) is np.ndarray else []
-            if not outs:
-                flatten(out, outs)
-            flat = [d for ds in descs for d in ds]
-            items = _t.check_out(outs, flat)
-            objs = outs
-            i = 0
-            for ds in descs:
-                tensors.append(outs[i:i + len(ds)])
-                i += len(ds)
-            fetch_refs = lst
-        return Plan(single, lst, tensors, fetch_refs, items, objs, owned=out is None)
+        return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out)
 
     def fetch(self, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
               transport: Optional[str] = None) -> Fetch:
@@ -369,13 +257,12 @@ class Runtime(Handle):
         :meth:`get` returns for the same arguments; ``out=`` and
         ``transport`` mean the same. Keep buffers given in ``out=`` untouched
         until the fetch completed or was closed."""
-        return Fetch(self, self._plan(refs, out), transport)
+        return _get.fetch_in(self, refs, out=out, transport=transport)
 
     async def get_async(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
                         transport: Optional[str] = None, out: Any = None) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
-        deadline = _deadline(timeout)  # a bad timeout starts nothing
-        return await _await_fetch(self.fetch(refs, out=out, transport=transport), deadline)
+        return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out)
 
     # ---- the source side -------------------------------------------------------
 
@@ -445,7 +332,6 @@ class Runtime(Handle):
         self._register(name, devices, cls, data_type, skip_existing=False)
 
     def _register(self, name: str, devices: Any, cls: Any, data_type: Any, skip_existing: bool) -> None:
-        from ._adapter import register
         if skip_existing and name.lower() in self.transport_names():
             return
         register(self, name, devices, cls, data_type)
@@ -482,76 +368,30 @@ class Runtime(Handle):
 
 # ---- the default runtime -------------------------------------------------------
 
-_default: Optional[Runtime] = None
-_default_lock = threading.Lock()
+PROCESS.new_runtime = Runtime
 
 
 def init(**options: Any) -> Runtime:
     """Creates the process's default runtime with options (see Runtime).
     Call it before anything else uses the default runtime."""
-    global _default
-    with _default_lock:
-        if _default is not None and not _default.closed:
-            raise InvalidArgumentError("rdt.init: the default runtime already exists")
-        _default = Runtime(**options)
-        return _default
+    return PROCESS.init(options)
 
 
 def default_runtime() -> Runtime:
     """The process's default runtime, created on first use."""
-    global _default
-    rt = _default
-    if rt is not None and rt._ptr is not None:
-        return rt
-    with _default_lock:
-        if _default is None or _default.closed:
-            _default = Runtime()
-        return _default
+    return PROCESS.default_runtime()
 
 
 def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
     """Puts value into the default runtime; see Runtime.put."""
-    return default_runtime().put(value, transport)
-
-
-def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
-        transport: Optional[str] = None, out: Any = None) -> Any:
-    """Fetches refs in the runtime they belong to; see Runtime.get."""
-    return runtime_of(refs).get(refs, timeout=timeout, transport=transport, out=out)
-
-
-def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
-    """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
-    return runtime_of(refs).fetch(refs, out=out, transport=transport)
-
-
-async def get_async(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
-                    transport: Optional[str] = None, out: Any = None) -> Any:
-    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
-    the refs belong to. The event loop keeps running while the bytes move,
-    and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
-    TimeoutError) and aborts the fetch; so does cancelling the awaiting task
-    (``asyncio.wait_for`` included). With ``out=``, either returns once
-    nothing writes into those buffers any more."""
-    deadline = _deadline(timeout)  # a bad timeout starts nothing
-    return await _await_fetch(runtime_of(refs).fetch(refs, out=out, transport=transport), deadline)
-
-
-def runtime_of(refs: Any) -> Runtime:
-    """The runtime refs belong to (the default one for anything else, whose
-    get then says what is wrong)."""
-    if isinstance(refs, ObjectRef):
-        return refs._runtime
-    if isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
-        return refs[0]._runtime
-    return default_runtime()
+    return PROCESS.default_runtime().put(value, transport)
 
 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:
     """Blocks until no object of this process holds ``tensor``; see
     Runtime.wait_tensor_freed."""
     it = _t.item_of(tensor)
-    rt = _objects.holder_of(it.data) if it.data else None
+    rt = PROCESS.holder_of(it.data) if it.data else None
     if rt is None or rt.closed:
         return  # nothing holds it (its release callback already ran)
     rt.wait_tensor_freed(tensor, timeout)
@@ -579,35 +419,12 @@ def register_tensor_transport(name: str, devices: Union[str, Sequence[str]], cls
     later (each gets its own instance). Call it in every process that puts
     or gets with the transport. Raises AlreadyExistsError (a ValueError) if
     the name is taken."""
-    from ._adapter import validate
     validate(name, devices, cls)
-    key = name.lower()
-    with _process_lock:
-        if key in _process_transports:
-            from ._errors import AlreadyExistsError
-            raise AlreadyExistsError(f"a transport named {name!r} is already registered in this process",
-                                     -3)
-        _process_transports[key] = (name, devices, cls, data_type)
+    PROCESS.add_transport(name, (name, devices, cls, data_type))
     try:
         default_runtime()
-        for rt in list(_runtimes):
-            if not rt.closed:
-                rt._register(name, devices, cls, data_type, skip_existing=True)
+        for rt in PROCESS.live():
+            rt._register(name, devices, cls, data_type, skip_existing=True)
     except BaseException:
-        with _process_lock:
-            _process_transports.pop(key, None)
+        PROCESS.remove_transport(name)
         raise
-
-
-@atexit.register
-def _shutdown() -> None:
-    # Destroy every runtime while Python still runs: release callbacks and
-    # Python transports run during destroy and need the interpreter. After
-    # this no rdt thread calls into Python any more.
-    global _shutting_down
-    _shutting_down = True
-    for rt in list(_runtimes):
-        try:
-            rt.close()
-        except Exception:
-            pass

@@ -1,0 +1,165 @@
+"""get, fetch and get_async: what a runtime moves for them into what, and
+the waits. Runtime's methods of those names forward here; the module
+functions find the runtime the refs belong to."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib
+from . import _tensors as _t
+from ._errors import GetTimeoutError, InvalidArgumentError
+from ._fetch import Fetch, Plan, await_fetch, deadline_of, slice_ms
+from ._process import PROCESS
+from ._ref import ObjectRef, decode_skeleton, flatten
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+# get of one ref into one array of at most this many bytes uses rdt_get (a
+# single call), restarting with the general path if a slice is not enough.
+_SMALL = 1 << 20
+
+
+def get_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+           transport: Optional[str] = None, out: Any = None) -> Any:
+    """Runtime.get."""
+    deadline = deadline_of(timeout)
+    if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
+        # The common case, one ref into one array, in fewer steps.
+        r: ObjectRef = refs
+        if r._runtime is rt:
+            descs1 = r._descs or r.tensor_descs()
+            if len(descs1) == 1:
+                data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
+                if data and not rt._store.python_transports:
+                    # One call does start, wait and free. It gives up
+                    # (aborting) after a slice, so that Ctrl-C is seen;
+                    # then the general path below starts again.
+                    buf, addr = _t.pack_one(data, descs1[0])
+                    st = _lib.lib().rdt_get(rt._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
+                                            addr, 1, None, slice_ms(deadline))
+                    if st == _lib.OK:
+                        return decode_skeleton(r._skeleton, [out])
+                    if st != _lib.ERR_TIMEOUT:
+                        raise _lib.make_error(st)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
+                                              "was aborted", _lib.ERR_TIMEOUT)
+    f = Fetch(rt, plan(rt, refs, out), transport)
+    try:
+        if not f._wait_until(deadline):
+            n = len(f._plan.fetch_refs)
+            raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
+                                  f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
+                                  _lib.ERR_TIMEOUT)
+    except (GetTimeoutError, KeyboardInterrupt, SystemExit):
+        # Stop every transfer. Buffers the caller gave must be quiet before
+        # we return; our own may finish filling in the background (a
+        # transport that cannot abort) and are dropped afterwards.
+        f.close()
+        raise
+    return f._result_now()
+
+def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
+    """Checks get's arguments and decides what to fetch into what."""
+    rt._handle()  # ClosedError once the runtime is closed
+    single = isinstance(refs, ObjectRef)
+    if single:
+        lst: List[ObjectRef] = [refs]  # type: ignore[list-item]
+    elif isinstance(refs, (list, tuple)):
+        lst = list(refs)
+    else:
+        raise InvalidArgumentError(f"get takes an ObjectRef or a list of them, not {type(refs).__name__}")
+    for r in lst:
+        if not isinstance(r, ObjectRef):
+            raise InvalidArgumentError(f"get takes ObjectRefs, not {type(r).__name__}")
+        if r._runtime is not rt:
+            raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r._runtime!r}); get it there")
+        r._handle()  # ClosedError for a released ref
+    if not lst:
+        return Plan(single, [], [], [], [], [], out is None)
+    descs = [r.tensor_descs() for r in lst]
+    tensors: List[List[Any]] = []
+    fetch_refs: List[ObjectRef] = []
+    items: List[_t.Item] = []
+    objs: List[Any] = []
+    if out is None:
+        for r, ds in zip(lst, descs):
+            e = r._own_entry()
+            if e is not None:
+                if e.sent:
+                    PROCESS.warn_shared_once()
+                tensors.append(list(e.tensors))
+                continue
+            fws = r._frameworks or ("numpy",) * len(ds)
+            got = [_t.allocate(d, fw) for d, fw in zip(ds, fws)]
+            tensors.append(got)
+            fetch_refs.append(r)
+            objs.extend(got)
+            items.extend(_t.item_of(x, writable=True) for x in got)
+    else:
+        outs: List[Any] = [out] if type(out) is np.ndarray else []
+        if not outs:
+            flatten(out, outs)
+        flat = [d for ds in descs for d in ds]
+        items = _t.check_out(outs, flat)
+        objs = outs
+        i = 0
+        for ds in descs:
+            tensors.append(outs[i:i + len(ds)])
+            i += len(ds)
+        fetch_refs = lst
+    return Plan(single, lst, tensors, fetch_refs, items, objs, owned=out is None)
+
+def fetch_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
+             transport: Optional[str] = None) -> Fetch:
+    """Runtime.fetch."""
+    return Fetch(rt, plan(rt, refs, out), transport)
+
+
+async def get_async_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]],
+                       timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None) -> Any:
+    """Runtime.get_async."""
+    deadline = deadline_of(timeout)  # a bad timeout starts nothing
+    return await await_fetch(fetch_in(rt, refs, out=out, transport=transport), deadline)
+
+
+# ---- in the runtime the refs belong to --------------------------------------------
+
+def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+        transport: Optional[str] = None, out: Any = None) -> Any:
+    """Fetches refs in the runtime they belong to; see Runtime.get."""
+    return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out)
+
+
+def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
+    """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
+    return fetch_in(runtime_of(refs), refs, out=out, transport=transport)
+
+
+async def get_async(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+                    transport: Optional[str] = None, out: Any = None) -> Any:
+    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
+    the refs belong to. The event loop keeps running while the bytes move,
+    and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
+    TimeoutError) and aborts the fetch; so does cancelling the awaiting task
+    (``asyncio.wait_for`` included). With ``out=``, either returns once
+    nothing writes into those buffers any more."""
+    deadline = deadline_of(timeout)  # a bad timeout starts nothing
+    return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport), deadline)
+
+
+def runtime_of(refs: Any) -> "Runtime":
+    """The runtime refs belong to (the default one for anything else, whose
+    get then says what is wrong)."""
+    if isinstance(refs, ObjectRef):
+        return refs._runtime
+    if isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
+        return refs[0]._runtime
+    return PROCESS.default_runtime()
+

@@ -1,0 +1,112 @@
+"""What the process shares across its runtimes: the default runtime, the
+set of live runtimes, the transports registered for every runtime, and
+whether the interpreter is shutting down."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from ._errors import AlreadyExistsError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+
+class Process:
+    """The process's runtimes. ``new_runtime`` makes a Runtime; the module
+    that defines Runtime sets it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.default_lock = threading.Lock()  # held while the default runtime is made
+        self.new_runtime: Optional[Callable[..., "Runtime"]] = None
+        self.default: Optional["Runtime"] = None
+        self.runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+        # Transports registered with rdt.register_tensor_transport: every
+        # runtime of the process gets them, also those created later.
+        self.transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
+        self.shutting_down = False
+        self.warned_shared = False
+
+    # ---- runtimes ------------------------------------------------------------------
+
+    def add(self, rt: "Runtime") -> List[Tuple[str, Any, Any, Any]]:
+        """Counts a new runtime in; returns the process's transports it gets."""
+        with self.lock:
+            self.runtimes.add(rt)
+            return list(self.transports.values())
+
+    def live(self) -> List["Runtime"]:
+        with self.lock:
+            return [rt for rt in self.runtimes if not rt.closed]
+
+    def init(self, options: Dict[str, Any]) -> "Runtime":
+        assert self.new_runtime is not None
+        with self.default_lock:
+            if self.default is not None and not self.default.closed:
+                raise InvalidArgumentError("rdt.init: the default runtime already exists")
+            self.default = self.new_runtime(**options)
+            return self.default
+
+    def default_runtime(self) -> "Runtime":
+        rt = self.default
+        if rt is not None and rt._ptr is not None:
+            return rt
+        assert self.new_runtime is not None
+        with self.default_lock:
+            if self.default is None or self.default.closed:
+                self.default = self.new_runtime()
+            return self.default
+
+    def holder_of(self, data: int) -> Optional["Runtime"]:
+        """A live runtime holding an object with a tensor at this address."""
+        for rt in self.live():
+            if rt._store.holds(data):
+                return rt
+        return None
+
+    # ---- transports for every runtime ----------------------------------------------
+
+    def add_transport(self, name: str, entry: Tuple[str, Any, Any, Any]) -> None:
+        key = name.lower()
+        with self.lock:
+            if key in self.transports:
+                raise AlreadyExistsError(f"a transport named {name!r} is already registered in this process", -3)
+            self.transports[key] = entry
+
+    def remove_transport(self, name: str) -> None:
+        with self.lock:
+            self.transports.pop(name.lower(), None)
+
+    # ---- warnings and shutdown -----------------------------------------------------
+
+    def warn_shared_once(self) -> None:
+        with self.lock:
+            if self.warned_shared:
+                return
+            self.warned_shared = True
+        warnings.warn(
+            "rdt.get of an object put by this process returns the put tensors themselves, not copies; "
+            "the object was also sent to other processes, which read the same memory: changes made here "
+            "before they fetch may be seen by them (use out= to get a copy).", UserWarning, stacklevel=5)
+
+    def shutdown(self) -> None:
+        # Destroy every runtime while Python still runs: release callbacks and
+        # Python transports run during destroy and need the interpreter. After
+        # this no rdt thread calls into Python any more.
+        with self.lock:
+            self.shutting_down = True
+            runtimes = list(self.runtimes)
+        for rt in runtimes:
+            try:
+                rt.close()
+            except Exception:
+                pass
+
+
+PROCESS = Process()
+atexit.register(PROCESS.shutdown)

@@ -1,0 +1,161 @@
+"""What one runtime put, kept alive until rdt frees it.
+
+``put`` hands rdt addresses of memory that Python objects own. Each put
+object gets an entry in its runtime's store holding those objects; once rdt
+frees the object everywhere (after every transport's garbage_collect) it
+queues the entry's key, and the runtime's release thread drops the entry.
+The entries also let a Python transport see the very tensors that were put
+(not views of them), and let ``get`` of an object the runtime owns return
+those tensors, as Ray does.
+
+The caller's thread, the release thread and rdt's threads (running Python
+transports) all touch a store: its tables change under its lock.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from . import _lib
+
+
+class Entry:
+    """One put object: the put tensors in put order, what keeps their memory
+    alive, and its skeleton."""
+
+    __slots__ = ("tensors", "keep", "skeleton", "oid", "sent", "key", "__weakref__")
+
+    def __init__(self, tensors: List[Any], keep: List[Any], skeleton: Any) -> None:
+        self.tensors = tensors
+        self.keep = keep
+        self.skeleton = skeleton
+        self.oid = ""
+        self.sent = False  # a ref to it was serialized: other processes may read it
+        self.key = 0
+
+
+# Puts pass no release callback: a callback would enter Python on an rdt
+# thread and contend for the GIL with the thread that puts and gets (tens of
+# microseconds a round trip). Each runtime is created with
+# RDT_RUNTIME_QUEUE_RELEASES instead, and one Python thread per runtime
+# takes the keys of freed objects and drops their entries.
+NO_RELEASE = ctypes.cast(None, _lib.ReleaseFn)
+_BATCH = 256
+# After a batch, the thread sleeps this long before it waits again: it then
+# takes the GIL at most a few hundred times a second however fast objects
+# are freed, and an idle process never wakes it.
+_PAUSE = 0.002
+
+
+class Store:
+    """One runtime's put objects, puts in progress and receive buffers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._keys = itertools.count(1)
+        self.entries: Dict[int, Entry] = {}   # release-callback key -> entry
+        self.by_id: Dict[str, Entry] = {}     # object id -> entry (objects whose id is known)
+        # Tensors of puts in progress, by their data addresses: a transport's
+        # extract_tensor_transport_metadata runs inside rdt_put and gets these.
+        self.putting: Dict[Tuple[int, ...], Entry] = {}
+        # Buffers that fetches in progress receive into, by data address: a
+        # transport's recv_multiple_tensors gets these objects as target_buffers.
+        # Kept only while Python transports are registered (python_transports > 0).
+        self.receiving: Dict[int, Any] = {}
+        self.python_transports = 0
+
+    # ---- put objects ---------------------------------------------------------------
+
+    def add(self, entry: Entry) -> int:
+        with self.lock:
+            key = next(self._keys)
+            entry.key = key
+            self.entries[key] = entry
+        return key
+
+    def drop(self, key: int) -> None:
+        with self.lock:
+            e = self.entries.pop(key, None)
+            if e is not None and e.oid and self.by_id.get(e.oid) is e:
+                del self.by_id[e.oid]
+
+    def index(self, entry: Entry, oid: str) -> None:
+        """Finds entry by oid from now on, unless it was dropped already."""
+        with self.lock:
+            entry.oid = oid
+            if self.entries.get(entry.key) is entry:
+                self.by_id[oid] = entry
+
+    def own(self, oid: str) -> Optional[Entry]:
+        """The entry of an object of this runtime with that id, if it is known."""
+        return self.by_id.get(oid) if self.by_id else None
+
+    def holds(self, data: int) -> bool:
+        """Whether an object here holds a tensor at this address."""
+        with self.lock:
+            entries = list(self.entries.values())
+        return any(t[0] == data for e in entries for t in e.keep)
+
+    def clear(self) -> None:
+        """Forgets every entry (the runtime is destroyed)."""
+        with self.lock:
+            self.entries.clear()
+            self.by_id.clear()
+            self.putting.clear()
+
+    # ---- Python transports and their receive buffers -------------------------------
+
+    def transport_added(self) -> None:
+        with self.lock:
+            self.python_transports += 1
+
+    def transport_removed(self) -> None:
+        with self.lock:
+            self.python_transports -= 1
+
+    def receive_into(self, pairs: Iterable[Tuple[int, Any]]) -> List[Tuple[int, Any]]:
+        """Registers (data address, buffer) pairs for a fetch when Python
+        transports may receive it; returns what was registered."""
+        if not self.python_transports:
+            return []
+        mine = [(data, obj) for data, obj in pairs if data]
+        with self.lock:
+            for data, obj in mine:
+                self.receiving[data] = obj
+        return mine
+
+    def target(self, data: int) -> Any:
+        return self.receiving.get(data)
+
+    def forget(self, mine: List[Tuple[int, Any]]) -> None:
+        if not mine:
+            return
+        with self.lock:
+            for data, obj in mine:
+                if self.receiving.get(data) is obj:
+                    del self.receiving[data]
+
+    # ---- the release thread --------------------------------------------------------
+
+    def start_releaser(self, handle: int, name: str) -> threading.Thread:
+        t = threading.Thread(target=self._take_released, args=(handle,), name=f"rdt-release-{name}", daemon=True)
+        t.start()
+        return t
+
+    def _take_released(self, handle: int) -> None:
+        take = _lib.lib().rdt_runtime_take_released
+        keys = (ctypes.c_void_p * _BATCH)()
+        n = ctypes.c_size_t()
+        while True:
+            # Waits without the GIL; returns CLOSED (or INVALID_ARGUMENT for a
+            # handle already gone) once the runtime is destroyed.
+            if take(handle, keys, _BATCH, ctypes.byref(n), -1) != _lib.OK:
+                return
+            for i in range(n.value):
+                self.drop(keys[i] or 0)
+            if n.value < _BATCH:
+                time.sleep(_PAUSE)

@@ -4,6 +4,7 @@ the workers' PYTHONPATH)."""
 
 import os
 import time
+import zlib
 
 import numpy as np
 import ray
@@ -16,14 +17,18 @@ import rdt.ray
 rdt.ray.register()
 
 
+def _crc(a):
+    return zlib.crc32(memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)))
+
+
 def summary(value):
     """A comparable description of a value that holds tensors: each tensor
-    becomes (shape, dtype, sum of its bytes), the rest stays as is."""
+    becomes (shape, dtype, CRC-32 of its bytes), the rest stays as is."""
     if isinstance(value, torch.Tensor):
-        t = value.detach().contiguous()
-        return ("tensor", tuple(t.shape), str(t.dtype), int(t.view(torch.uint8).sum()) if t.numel() else 0)
+        t = value.detach().cpu().contiguous()
+        return ("tensor", tuple(t.shape), str(t.dtype), _crc(t.reshape(-1).view(torch.uint8).numpy()))
     if isinstance(value, np.ndarray):
-        return ("ndarray", value.shape, str(value.dtype), int(value.view(np.uint8).sum()))
+        return ("ndarray", value.shape, str(value.dtype), _crc(value))
     if isinstance(value, dict):
         return {k: summary(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -156,6 +161,9 @@ class Worker:
     def stats(self):
         return rdt.ray.runtime().stats()
 
+    def address(self):
+        return rdt.ray.runtime().address
+
     def bytes_by_transport(self):
         return {t["name"]: t["bytes_received"] for t in rdt.ray.runtime().transports() if t["bytes_received"]}
 
@@ -176,6 +184,28 @@ class Worker:
         tr.garbage_collect("retried", retried, b)
         return same is first, retried.ref != first.ref, objects, rdt.ray.runtime().stats()["objects"]
 
+    def extract_for_probe(self, kind):
+        """Metadata of an object made outside Ray's bookkeeping."""
+        self.probe = rdt.ray.RdtTensorTransport()
+        return self.probe.extract_tensor_transport_metadata("probe", [make_value(kind)])
+
+    def fetch_then_abort(self, meta, after):
+        """Starts a fetch as Ray does, has another thread call
+        abort_transport after `after` seconds (as Ray's failure handling
+        does), and says how the wait ended and when."""
+        import threading
+        tr = rdt.ray.RdtTensorTransport()
+        start = time.monotonic()
+        req = tr.fetch_multiple_tensors("probe", meta, None)
+        threading.Timer(after, tr.abort_transport, ("probe", None)).start()
+        try:
+            tr.wait_fetch_complete(req, 60)
+            outcome = "completed"
+        except rdt.AbortedError:
+            outcome = "aborted"
+        del req
+        return outcome, time.monotonic() - start
+
 
 @ray.remote(num_cpus=0, enable_tensor_transport=True)
 class AsyncWorker:
@@ -188,6 +218,12 @@ class AsyncWorker:
 
     async def await_ref(self, refs):
         return summary(await refs[0])
+
+    async def get_in_executor(self, refs):
+        import asyncio
+        value = await asyncio.get_running_loop().run_in_executor(None, ray.get, refs[0])
+        return summary(value)
+
 
     def stats(self):
         return rdt.ray.runtime().stats()

@@ -23,6 +23,20 @@ def test_example(name, expect):
     assert expect in out.stdout
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name,expect", [
+    ("ray_actor_to_actor.py", "trainer holds 0 objects"),
+    ("ray_put_and_target.py", "first elements [0.0, 4096.0, 8192.0"),
+])
+def test_ray_example(name, expect):
+    pytest.importorskip("ray", reason="Ray is not installed (tests/python/requirements.txt pins it)")
+    pytest.importorskip("torch", reason="the Ray examples move torch tensors; torch is not installed")
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)], capture_output=True, text=True,
+                         timeout=220)
+    assert out.returncode == 0, out.stderr
+    assert expect in out.stdout, out.stdout
+
+
 @pytest.mark.timeout(120)
 def test_nccl_example_runs_or_says_what_is_missing():
     out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "nccl_group.py")], capture_output=True,

@@ -225,6 +225,7 @@ class _Process:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runtime: Optional[rdt.Runtime] = None
+        self._node: Optional[str] = None  # the Ray node the runtime was made on
         self._token: Optional[str] = None
 
     def token(self) -> Optional[str]:
@@ -235,28 +236,42 @@ class _Process:
             self._token = token
 
     def runtime(self) -> rdt.Runtime:
+        node = _node_id()
         rt = self._runtime
-        if rt is not None and not rt.closed:
+        if rt is not None and not rt.closed and self._node == node:
             return rt
         with self._lock:
-            if self._runtime is None or self._runtime.closed:
-                self._runtime = self._create()
-            return self._runtime
+            old = None
+            if self._runtime is None or self._runtime.closed or self._node != node:
+                # A driver that joins another Ray session is on another
+                # node: its host identity changes with it.
+                old, self._runtime, self._node = self._runtime, self._create(node), node
+        if old is not None:
+            old.close()
+        return self._runtime
 
-    def _create(self) -> rdt.Runtime:
+    def _create(self, node: Optional[str]) -> rdt.Runtime:
         ray = _import_ray()
         options: Dict[str, Any] = {"name": f"ray-{os.getpid()}"}
-        if ray.is_initialized():
+        if node is not None:
             # Each Ray node counts as a host: runtimes of one node share cma
             # and shm, runtimes of different nodes use tcp (also two nodes of
             # one machine, as Ray's own tests make them).
-            options["host_id"] = "ray-node-" + ray.get_runtime_context().get_node_id()
+            options["host_id"] = "ray-node-" + node
             token = self._token or os.environ.get(_TOKEN_ENV)
             if token:
                 ip = ray.util.get_node_ip_address()
                 host = f"[{ip}]" if ":" in ip else ip
                 options.update(listen_tcp=f"{host}:0", advertise_host=ip, auth_token=token)
         return rdt.Runtime(**options)
+
+
+def _node_id() -> Optional[str]:
+    """This process's Ray node, or None outside a Ray session."""
+    import ray
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 _PROCESS = _Process()

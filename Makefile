@@ -13,7 +13,7 @@ GOFLAGS_BUILD := -buildmode=c-shared -trimpath \
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h
 
-.PHONY: all test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench gpu-test gpu-bench
+.PHONY: all test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-ray gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h
 
@@ -178,6 +178,16 @@ bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
 	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
+	printf '\nrdt inside Ray, against Ray'"'"'s own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).\n' >> bench/RESULTS.md
+
+# rdt as a Ray tensor transport against Ray's object store, gloo and NIXL
+# (CPU), two actors on one host, each mode in a fresh Ray session (about 15
+# minutes on two cores; see bench/RAY_RESULTS.md for the method). Ray's NIXL
+# mode uses the nixl wheel in build/nixl and reports itself unavailable
+# without it.
+bench-ray: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY)
+	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		$(VENV)/bin/python bench/ray_bench.py --nixl-dir $(NIXL_DIR) --out bench/RAY_RESULTS.md
 
 # On a machine with a GPU (and CUDA driver): every GPU test, then the GPU
 # benchmark. Each installs what it needs by itself: the test virtualenv

@@ -132,7 +132,7 @@ def _decode_config(text: str) -> Tuple[str, Tuple[str, ...], str, Optional[str]]
 
 
 def _config() -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
-    return _decode_config(os.environ.get(_CONFIG_ENV) or _DEFAULT_CONFIG)
+    return _PROCESS.config()
 
 
 def _register_with_ray(name: str, devices: Tuple[str, ...], framework: str) -> None:
@@ -226,7 +226,19 @@ class _Process:
         self._lock = threading.Lock()
         self._runtime: Optional[rdt.Runtime] = None
         self._node: Optional[str] = None  # the Ray node the runtime was made on
+        self._session: Any = None  # the Ray connection _node was read from
+        self._config: Optional[Tuple[str, Any]] = None
         self._token: Optional[str] = None
+
+    def config(self) -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
+        """The registration runtime_env() described, parsed once per value."""
+        raw = os.environ.get(_CONFIG_ENV) or _DEFAULT_CONFIG
+        cached = self._config
+        if cached is not None and cached[0] == raw:
+            return cached[1]
+        parsed = _decode_config(raw)
+        self._config = (raw, parsed)
+        return parsed
 
     def token(self) -> Optional[str]:
         return self._token or os.environ.get(_TOKEN_ENV) or None
@@ -236,16 +248,17 @@ class _Process:
             self._token = token
 
     def runtime(self) -> rdt.Runtime:
-        node = _node_id()
         rt = self._runtime
-        if rt is not None and not rt.closed and self._node == node:
+        if rt is not None and not rt.closed and self._session is _ray_session():
             return rt
+        node = _node_id()
         with self._lock:
             old = None
             if self._runtime is None or self._runtime.closed or self._node != node:
                 # A driver that joins another Ray session is on another
                 # node: its host identity changes with it.
                 old, self._runtime, self._node = self._runtime, self._create(node), node
+            self._session = _ray_session()
         if old is not None:
             old.close()
         return self._runtime
@@ -264,6 +277,15 @@ class _Process:
                 host = f"[{ip}]" if ":" in ip else ip
                 options.update(listen_tcp=f"{host}:0", advertise_host=ip, auth_token=token)
         return rdt.Runtime(**options)
+
+
+def _ray_session() -> Any:
+    """This process's connection to Ray (None when not connected): the node
+    is read again only when it changes (a driver's ray.shutdown and
+    ray.init), since reading it costs microseconds on every transfer."""
+    import ray
+    worker = ray._private.worker.global_worker
+    return getattr(worker, "core_worker", None) if worker.connected else None
 
 
 def _node_id() -> Optional[str]:

@@ -14,8 +14,8 @@ the tensors (cma or shm between processes of one Ray node, tcp between
 nodes, cuda_ipc, nixl or nccl for GPU memory) and frees them when Ray says
 the object is out of scope. See docs/ray.md.
 
-This module imports ray only when its functions run; rdt itself never needs
-ray. Each process gets one runtime for Ray's use (:func:`runtime`), apart
+``import rdt`` never imports Ray; ``import rdt.ray`` does (its transport
+subclasses Ray's ``TensorTransportManager``). Each process gets one runtime for Ray's use (:func:`runtime`), apart
 from the one ``rdt.init`` makes.
 """
 
@@ -32,10 +32,20 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import rdt
 
+try:
+    import ray
+    import ray.experimental  # noqa: F401  (register_tensor_transport, set_target_for_ref)
+    from ray.experimental.rdt import util as _ray_rdt
+    from ray.experimental.rdt.tensor_transport_manager import (CommunicatorMetadata, FetchRequest,
+                                                               TensorTransportManager, TensorTransportMetadata)
+except ImportError as e:
+    raise ImportError("rdt.ray needs Ray 2.60 or later (pip install 'ray>=2.60'); rdt itself does not") from e
+
 __all__ = ["register", "setup", "runtime_env", "runtime", "RdtTensorTransport", "RdtTransportMetadata"]
 
 # What the driver tells every worker, through runtime_env's env_vars: the
-# transport's registration ("NAME;dev,dev;framework") and the cluster token.
+# transport's registration ("NAME;dev,dev;framework;rdt transport") and the
+# cluster token.
 _CONFIG_ENV = "RDT_RAY_TRANSPORT"
 _TOKEN_ENV = "RDT_RAY_AUTH_TOKEN"
 _SETUP_HOOK = "rdt.ray.setup"
@@ -53,15 +63,6 @@ _ABORT_CHECK = 0.1
 
 
 # ---- how the transport is registered -----------------------------------------------
-
-def _import_ray() -> Any:
-    try:
-        import ray
-        import ray.experimental  # noqa: F401  (register_tensor_transport)
-    except ImportError as e:
-        raise ImportError("rdt.ray needs Ray (pip install 'ray>=2.60'); rdt itself does not") from e
-    return ray
-
 
 def _framework_of(data_type: Any) -> str:
     """'torch' or 'numpy' for a data_type argument (None: torch)."""
@@ -136,10 +137,8 @@ def _config() -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
 
 
 def _register_with_ray(name: str, devices: Tuple[str, ...], framework: str) -> None:
-    ray = _import_ray()
-    from ray.experimental.rdt import util as ray_rdt
     name = name.upper()
-    known = ray_rdt.transport_manager_info.get(name)
+    known = _ray_rdt.transport_manager_info.get(name)
     if known is not None:
         if (known.transport_manager_class is RdtTensorTransport and tuple(known.devices) == devices
                 and _framework_of(known.data_type) == framework):
@@ -264,7 +263,6 @@ class _Process:
         return self._runtime
 
     def _create(self, node: Optional[str]) -> rdt.Runtime:
-        ray = _import_ray()
         options: Dict[str, Any] = {"name": f"ray-{os.getpid()}"}
         if node is not None:
             # Each Ray node counts as a host: runtimes of one node share cma
@@ -283,14 +281,12 @@ def _ray_session() -> Any:
     """This process's connection to Ray (None when not connected): the node
     is read again only when it changes (a driver's ray.shutdown and
     ray.init), since reading it costs microseconds on every transfer."""
-    import ray
     worker = ray._private.worker.global_worker
     return getattr(worker, "core_worker", None) if worker.connected else None
 
 
 def _node_id() -> Optional[str]:
     """This process's Ray node, or None outside a Ray session."""
-    import ray
     if not ray.is_initialized():
         return None
     return ray.get_runtime_context().get_node_id()
@@ -325,45 +321,27 @@ def _host_buffer(nbytes: int) -> Any:
 
 def _empty(framework: str, shape: Any, dtype: Any, device: str) -> Any:
     """An uninitialized tensor to receive into, like ``torch.empty``."""
-    if framework == "torch":
-        import torch
-        if device != "cpu":
-            return torch.empty(tuple(shape), dtype=dtype, device=device)
-        count = 1
-        for d in shape:
-            count *= int(d)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if count * itemsize < _HUGE_PAGE_MIN:
-            return torch.empty(tuple(shape), dtype=dtype)
-        buf = _host_buffer(count * itemsize)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about buffers it may not own; this one it keeps alive
-            return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
-    import numpy as np
-    dt = np.dtype(dtype)
+    shape = tuple(int(d) for d in shape)
     count = 1
     for d in shape:
-        count *= int(d)
-    return np.frombuffer(_host_buffer(count * dt.itemsize), dtype=dt).reshape(tuple(shape))
+        count *= d
+    if framework == "torch":
+        import torch
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        if device != "cpu" or nbytes < _HUGE_PAGE_MIN:
+            return torch.empty(shape, dtype=dtype, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about buffers it may not own; this one it keeps alive
+            return torch.frombuffer(_host_buffer(nbytes), dtype=torch.uint8).view(dtype).reshape(shape)
+    import numpy as np
+    dt = np.dtype(dtype)
+    return np.frombuffer(_host_buffer(count * dt.itemsize), dtype=dt).reshape(shape)
 
 
 # ---- the transport -------------------------------------------------------------------
 
-def _ray_base() -> Any:
-    try:
-        from ray.experimental.rdt.tensor_transport_manager import (CommunicatorMetadata, FetchRequest,
-                                                                   TensorTransportManager,
-                                                                   TensorTransportMetadata)
-    except ImportError as e:
-        raise ImportError("rdt.ray needs Ray 2.60 or later (ray.experimental.rdt); rdt itself does not") from e
-    return CommunicatorMetadata, FetchRequest, TensorTransportManager, TensorTransportMetadata
-
-
-_CommunicatorMetadata, _FetchRequest, _TensorTransportManager, _TensorTransportMetadata = _ray_base()
-
-
 @dataclass
-class RdtTransportMetadata(_TensorTransportMetadata):
+class RdtTransportMetadata(TensorTransportMetadata):
     """What receivers need: the tensors' shapes and dtypes (for Ray), the
     serialized rdt ref (plain bytes: Ray's borrowers keep the metadata for
     as long as they like, a live handle would pin the object), and the
@@ -387,7 +365,7 @@ class _Held:
         return len(tensors) == len(self.tensors) and all(a is b for a, b in zip(tensors, self.tensors))
 
 
-class RdtFetchRequest(_FetchRequest):
+class RdtFetchRequest(FetchRequest):
     """A fetch Ray started and will wait on. Dropping it (Ray does after a
     timeout, and never waits then) aborts what still runs and releases the
     borrow, without blocking."""
@@ -419,7 +397,7 @@ class RdtFetchRequest(_FetchRequest):
             pass  # interpreter shutdown
 
 
-class RdtTensorTransport(_TensorTransportManager):
+class RdtTensorTransport(TensorTransportManager):
     """rdt behind Ray's ``TensorTransportManager`` interface: one-sided (the
     receiver reads; the source's task thread is never needed), abortable,
     and asynchronous. Register it with :func:`register`."""
@@ -446,7 +424,7 @@ class RdtTensorTransport(_TensorTransportManager):
         return True
 
     def get_communicator_metadata(self, src_actor: Any, dst_actor: Any, backend: Optional[str] = None) -> Any:
-        return _CommunicatorMetadata()
+        return CommunicatorMetadata()
 
     # ---- the source ------------------------------------------------------------
 
@@ -483,6 +461,8 @@ class RdtTensorTransport(_TensorTransportManager):
 
     def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: Any,
                               communicator_metadata: Any) -> None:
+        # Required by Ray's interface; Ray calls it only for two-sided
+        # transports (is_one_sided() is True), so reaching it is a bug.
         raise NotImplementedError("rdt is one-sided: the receiver reads, Ray never calls send")
 
     # ---- the receiver --------------------------------------------------------------

@@ -24,10 +24,10 @@ from ray_actors import AsyncWorker, Worker, make_value, summary  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOST_TRANSPORTS = [t for t in ("cma", "shm", "tcp") if t in BUILTINS]
 # Ray's deadline for one RDT transfer, shortened so that the test of it
-# takes seconds (the default is a minute). Ray runs an actor's receives one
-# at a time on its system thread, so it must also cover 100 queued ones on
-# a loaded two-core machine (8 s did not, once).
-FETCH_FAIL_TIMEOUT_S = 20
+# takes seconds (the default is a minute), and below rdt's own 10 s
+# handshake deadline, so that Ray's abort is what usually ends a transfer
+# from a stalled source.
+FETCH_FAIL_TIMEOUT_S = 6
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -328,9 +328,11 @@ def test_rays_fetch_timeout_aborts_and_keeps_both_actors(session):
     os.kill(pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        # Ray's own wait for the object and its abort race; either error
-        # is Ray's answer to the timeout.
-        with pytest.raises(ray.exceptions.RayError, match="abort|not found in RDT object store"):
+        # Ray's wait for the object, Ray's abort and (on a loaded machine)
+        # rdt's 10 s handshake deadline race; each ends the transfer with
+        # an error and no actor killed.
+        with pytest.raises(ray.exceptions.RayError,
+                           match="abort|not found in RDT object store|no runtime reachable"):
             ray.get(dst.consume.remote(ref), timeout=120)
         assert time.monotonic() - start >= FETCH_FAIL_TIMEOUT_S - 1
     finally:
@@ -384,6 +386,11 @@ def test_async_actor(sources):
     a = fresh(AsyncWorker)
     ref = src.make.remote("500x500", 4)
     assert ray.get(a.consume.remote(ref)) == summary(make_value("500x500", 4))
+    refs = [src.make.remote("small", i) for i in range(100)]
+    rng = np.random.default_rng(0)
+    outs = [a.consume.remote(r, float(rng.uniform(0, 0.05))) for r in refs]
+    assert ray.get(outs, timeout=120) == [summary(make_value("small", i)) for i in range(100)]
+    del refs, outs
     # A ref the actor holds: ray.get on the loop's executor works ...
     assert ray.get(a.get_in_executor.remote([ref]), timeout=60) == summary(make_value("500x500", 4))
     # ... while `await ref` of an RDT object fails inside Ray 2.60's own
@@ -391,9 +398,4 @@ def test_async_actor(sources):
     # (docs/ray.md, "Differences"). When a Ray upgrade fixes it, this says so.
     with pytest.raises(ray.exceptions.RayError, match="rdt_tensors"):
         ray.get(a.await_ref.remote([ref]), timeout=60)
-    refs = [src.make.remote("small", i) for i in range(100)]
-    rng = np.random.default_rng(0)
-    outs = [a.consume.remote(r, float(rng.uniform(0, 0.05))) for r in refs]
-    assert ray.get(outs, timeout=120) == [summary(make_value("small", i)) for i in range(100)]
-    del refs, outs
     ray.kill(a)

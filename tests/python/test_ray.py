@@ -23,18 +23,22 @@ from ray_actors import AsyncWorker, Worker, make_value, summary  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOST_TRANSPORTS = [t for t in ("cma", "shm", "tcp") if t in BUILTINS]
-# Ray's deadline for one RDT transfer, shortened so that the test of it
-# takes seconds (the default is a minute), and below rdt's own 10 s
-# handshake deadline, so that Ray's abort is what usually ends a transfer
-# from a stalled source.
-FETCH_FAIL_TIMEOUT_S = 6
+# Ray's deadline for one RDT transfer. Ray counts it from when it queues
+# the receive, and an actor's receives run one at a time on its system
+# thread: 100 queued ones on a loaded two-core machine took 9-12 s, so the
+# module keeps a generous deadline ...
+FETCH_FAIL_TIMEOUT_S = 60
+# ... and the test of the deadline itself uses a short one, below rdt's own
+# 10 s handshake deadline, so that Ray's abort is what usually ends a
+# transfer from a stalled source.
+SHORT_FETCH_FAIL_TIMEOUT_S = 6
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def ray_env(transport=None):
+def ray_env(transport=None, deadline=FETCH_FAIL_TIMEOUT_S):
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                        "RAY_rdt_fetch_fail_timeout_milliseconds": str(FETCH_FAIL_TIMEOUT_S * 1000)}}
+                        "RAY_rdt_fetch_fail_timeout_milliseconds": str(deadline * 1000)}}
     return rdt.ray.runtime_env(env, transport=transport)
 
 
@@ -52,8 +56,11 @@ def session():
         ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS = saved
 
 
-def fresh(cls=Worker, transport=None):
-    a = cls.options(runtime_env=ray_env(transport)).remote() if transport else cls.remote()
+def fresh(cls=Worker, transport=None, deadline=FETCH_FAIL_TIMEOUT_S):
+    """A new actor; transport pins its rdt transport, deadline is Ray's
+    fetch deadline for the receives it waits on."""
+    custom = transport is not None or deadline != FETCH_FAIL_TIMEOUT_S
+    a = cls.options(runtime_env=ray_env(transport, deadline)).remote() if custom else cls.remote()
     ray.get(a.ready.remote() if cls is Worker else a.stats.remote(), timeout=120)
     return a
 
@@ -320,8 +327,21 @@ def test_receiver_dies_mid_transfer_and_the_source_lives_on(session):
     ray.kill(other)
 
 
-def test_rays_fetch_timeout_aborts_and_keeps_both_actors(session):
-    src, dst = fresh(), fresh()
+@pytest.fixture
+def short_fetch_deadline(session):
+    """Ray's fetch deadline at SHORT_FETCH_FAIL_TIMEOUT_S in the driver (its
+    monitor aborts transfers by it); receivers get it with fresh(deadline=)."""
+    from ray._private import ray_constants
+    saved = ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS
+    ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS = SHORT_FETCH_FAIL_TIMEOUT_S
+    try:
+        yield SHORT_FETCH_FAIL_TIMEOUT_S
+    finally:
+        ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS = saved
+
+
+def test_rays_fetch_timeout_aborts_and_keeps_both_actors(short_fetch_deadline):
+    src, dst = fresh(), fresh(deadline=short_fetch_deadline)
     pid = ray.get(src.pid.remote())
     ref = src.make.remote("small")
     ray.get(src.ready.remote())
@@ -334,7 +354,7 @@ def test_rays_fetch_timeout_aborts_and_keeps_both_actors(session):
         with pytest.raises(ray.exceptions.RayError,
                            match="abort|not found in RDT object store|no runtime reachable"):
             ray.get(dst.consume.remote(ref), timeout=120)
-        assert time.monotonic() - start >= FETCH_FAIL_TIMEOUT_S - 1
+        assert time.monotonic() - start >= short_fetch_deadline - 1
     finally:
         os.kill(pid, signal.SIGCONT)
     # Neither actor was killed, and the object can still be read.

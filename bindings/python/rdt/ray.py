@@ -21,12 +21,14 @@ from the one ``rdt.init`` makes.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -48,11 +50,17 @@ __all__ = ["register", "setup", "runtime_env", "runtime", "RdtTensorTransport", 
 # cluster token.
 _CONFIG_ENV = "RDT_RAY_TRANSPORT"
 _TOKEN_ENV = "RDT_RAY_AUTH_TOKEN"
+# How many bytes of dropped receive buffers a process keeps for reuse.
+_CACHE_ENV = "RDT_RAY_RECEIVE_CACHE_BYTES"
+_DEFAULT_CACHE_BYTES = 1 << 30
 _SETUP_HOOK = "rdt.ray.setup"
 
 # Host receive buffers at least this large are mapped and advised for huge
-# pages: faulting in 4 KiB pages costs more than moving the bytes.
+# pages: faulting in 4 KiB pages costs more than moving the bytes. Their
+# mappings are kept for reuse once dropped (_ReceiveCache), in whole huge
+# pages.
 _HUGE_PAGE_MIN = 4 << 20
+_HUGE_PAGE = 2 << 20
 
 # fetch_multiple_tensors starts a fetch without blocking Ray's thread: the
 # first contact with a source's runtime (a handshake) is given this long,
@@ -180,7 +188,8 @@ def setup() -> None:
 
 def runtime_env(env: Optional[Dict[str, Any]] = None, *, name: str = "RDT",
                 devices: Sequence[str] = ("cpu", "cuda"), data_type: Any = None,
-                token: Optional[str] = None, transport: Optional[str] = None) -> Dict[str, Any]:
+                token: Optional[str] = None, transport: Optional[str] = None,
+                receive_cache: Optional[int] = None) -> Dict[str, Any]:
     """A Ray ``runtime_env`` (``env`` plus rdt's part) that registers rdt in
     every worker (:func:`setup` as ``worker_process_setup_hook``) and gives
     every worker the cluster's token. Pass it to ``ray.init`` (or a job's,
@@ -195,8 +204,15 @@ def runtime_env(env: Optional[Dict[str, Any]] = None, *, name: str = "RDT",
 
     ``transport`` pins the rdt transport that moves the objects these
     processes make ("cma", "shm", "tcp", ...); None lets each transfer
-    take the best one. A runtime_env given to one actor may pin another."""
+    take the best one. A runtime_env given to one actor may pin another.
+
+    ``receive_cache`` bounds the bytes of dropped CPU receive buffers (of
+    4 MiB and more) each process keeps to receive into again; None keeps
+    1 GiB (or ``$RDT_RAY_RECEIVE_CACHE_BYTES``), 0 keeps none."""
     framework = _framework_of(data_type)
+    cache = None
+    if receive_cache is not None:
+        cache = str(_cache_limit(str(receive_cache), "receive_cache"))
     config = _encode_config(name, _devices_of(devices), framework, transport)
     out = dict(env or {})
     hook = out.get("worker_process_setup_hook")
@@ -211,6 +227,8 @@ def runtime_env(env: Optional[Dict[str, Any]] = None, *, name: str = "RDT",
     env_vars = dict(out.get("env_vars") or {})
     env_vars[_CONFIG_ENV] = config
     env_vars[_TOKEN_ENV] = tok
+    if cache is not None:
+        env_vars[_CACHE_ENV] = cache
     out["env_vars"] = env_vars
     return out
 
@@ -228,6 +246,19 @@ class _Process:
         self._session: Any = None  # the Ray connection _node was read from
         self._config: Optional[Tuple[str, Any]] = None
         self._token: Optional[str] = None
+        self._cache: Optional[_ReceiveCache] = None
+
+    def receive_cache(self) -> "_ReceiveCache":
+        """The cache of dropped receive buffers, sized on first use."""
+        cache = self._cache
+        if cache is None:
+            with self._lock:
+                if self._cache is None:
+                    raw = os.environ.get(_CACHE_ENV)
+                    limit = _DEFAULT_CACHE_BYTES if raw is None else _cache_limit(raw, "$" + _CACHE_ENV)
+                    self._cache = _ReceiveCache(limit)
+                cache = self._cache
+        return cache
 
     def config(self) -> Tuple[str, Tuple[str, ...], str, Optional[str]]:
         """The registration runtime_env() described, parsed once per value."""
@@ -304,19 +335,78 @@ def runtime() -> rdt.Runtime:
 
 # ---- receive buffers -------------------------------------------------------------------
 
+def _cache_limit(text: str, what: str) -> int:
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        raise rdt.InvalidArgumentError(f"rdt.ray: {what} must be a whole number of bytes, 0 or more; got {text!r}")
+    return limit
+
+
+class _ReceiveCache:
+    """Receive buffers of 4 MiB and more, mapped for huge pages, and kept for
+    the next receive of the same size once the tensor over them is dropped,
+    up to ``limit`` bytes (oldest dropped first). A fresh mapping costs a
+    page fault and the zeroing of every page on the first write, which is
+    as much again as moving the bytes; a receiver that takes the same
+    shapes every step (weights, activations) pays it once.
+
+    A buffer comes back only when the last tensor or view over its memory
+    is gone (a finalizer on the ctypes array every view keeps alive), and
+    rdt keeps the targets of an aborted fetch alive until nothing writes
+    into them, so a buffer is never handed out while in use."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._free: List[Tuple[int, mmap.mmap]] = []  # (mapped bytes, mapping), oldest first
+        self._bytes = 0
+
+    def buffer(self, nbytes: int) -> Any:
+        """A writable buffer of nbytes (uninitialized, like torch.empty)."""
+        mapped = -(-nbytes // _HUGE_PAGE) * _HUGE_PAGE
+        m = None
+        with self._lock:
+            for i in range(len(self._free) - 1, -1, -1):
+                if self._free[i][0] == mapped:
+                    m = self._free.pop(i)[1]
+                    self._bytes -= mapped
+                    break
+        if m is None:
+            m = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            advice = getattr(mmap, "MADV_HUGEPAGE", None)
+            if advice is not None:
+                try:
+                    m.madvise(advice)
+                except OSError:
+                    pass  # kernels without transparent huge pages: 4 KiB pages then
+        view = (ctypes.c_char * nbytes).from_buffer(m)
+        if self.limit >= mapped:
+            done = weakref.finalize(view, self._give_back, mapped, m)
+            done.atexit = False
+        return view
+
+    def _give_back(self, mapped: int, m: mmap.mmap) -> None:
+        with self._lock:
+            self._free.append((mapped, m))
+            self._bytes += mapped
+            while self._bytes > self.limit:
+                self._bytes -= self._free.pop(0)[0]  # unmapped once its last view is gone
+
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+
 def _host_buffer(nbytes: int) -> Any:
-    """Writable memory for a received tensor: large ones mapped and advised
-    for huge pages, so that the receive is not paced by page faults."""
+    """Writable memory for a received tensor: large ones from this process's
+    cache of huge-page mappings, so that the receive is not paced by page
+    faults."""
     if nbytes < _HUGE_PAGE_MIN:
         return bytearray(nbytes)
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None:
-        try:
-            m.madvise(advice)
-        except OSError:
-            pass  # kernels without transparent huge pages: 4 KiB pages then
-    return m
+    return _PROCESS.receive_cache().buffer(nbytes)
 
 
 def _empty(framework: str, shape: Any, dtype: Any, device: str) -> Any:

@@ -1,7 +1,11 @@
 /* rdtbench: moves tensors between two processes through the C ABI.
  *
  *   rdtbench demo                 every transport, a 256 MiB tensor and a
- *                                 batch of small ones, verified, one table
+ *                                 batch of small ones, verified, one table;
+ *                                 exits 1 when a row did not happen as shown
+ *                                 (bytes wrong, another transport than the
+ *                                 one asked for) or, with RDT_REQUIRE_GPU=1,
+ *                                 when there are no GPU rows
  *   rdtbench bench [RESULTS.md]   transports against the machine's own
  *                                 limits (memcpy, process_vm_readv, TCP)
  *
@@ -495,6 +499,19 @@ static uint64_t transport_uses(rdt_runtime *rt, const char *name) {
   return 0;
 }
 
+/* Each named transport's completed transfers so far, into uses. */
+static void count_uses(rdt_runtime *rt, const char *const *names, int n, uint64_t *uses) {
+  for (int j = 0; j < n; j++) uses[j] = transport_uses(rt, names[j]);
+}
+
+/* Which of the named transports completed a transfer since before, or "?". */
+static const char *moved_by(rdt_runtime *rt, const char *const *names, int n, const uint64_t *before) {
+  const char *by = "?";
+  for (int j = 0; j < n; j++)
+    if (transport_uses(rt, names[j]) > before[j]) by = names[j];
+  return by;
+}
+
 static const char *human(uint64_t n) {
   static char buf[4][32];
   static int k;
@@ -526,9 +543,29 @@ static const char *const bench_transports[] = {"cma", "shm", "tcp", "nixl"};
 /* demo                                                                     */
 /* ------------------------------------------------------------------------ */
 
+/* Whether a row of the demo happened as its line says: the bytes arrived
+ * intact, over the transport asked for, or (asked "auto") over one that
+ * counted the transfer. Says why not under the row. */
+static int demo_row_holds(const char *asked, const char *by, int intact) {
+  if (!intact) {
+    printf("  FAILED: the bytes above came back wrong\n");
+    return 0;
+  }
+  if (strcmp(by, "?") == 0) {
+    printf("  FAILED: no transport counted the transfer above\n");
+    return 0;
+  }
+  if (strcmp(asked, "auto") != 0 && strcmp(asked, by) != 0) {
+    printf("  FAILED: asked for %s, but %s moved the bytes\n", asked, by);
+    return 0;
+  }
+  return 1;
+}
+
 /* The GPU rows of the demo: a tensor in the source's GPU 0 fetched into
  * this process's GPU 0 (device to device, no host copy), or why not.
- * Returns the number of transfers that came back wrong. */
+ * Returns the number of failed checks; no GPU is one only under
+ * RDT_REQUIRE_GPU=1, as in the GPU tests. */
 static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
   static const char *const gpu_transports[] = {"cuda_ipc", "nixl"};
   const char *why = cuda_setup();
@@ -536,6 +573,11 @@ static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
     why = "the CUDA driver loads, but librdt lists no cuda_ipc transport";
   if (why) {
     printf("%-8s (no GPU rows: %s)\n", "cuda", why);
+    const char *require = getenv("RDT_REQUIRE_GPU");
+    if (require && strcmp(require, "1") == 0) {
+      printf("  FAILED: RDT_REQUIRE_GPU=1 asks for the GPU rows\n");
+      return 1;
+    }
     return 0;
   }
   char gpu[256] = "?";
@@ -550,7 +592,7 @@ static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
       continue;
     }
     uint64_t before[2];
-    for (int j = 0; j < 2; j++) before[j] = transport_uses(rt, gpu_transports[j]);
+    count_uses(rt, gpu_transports, 2, before);
     uint64_t seed = 300 + (uint64_t)k;
     rdt_ref *ref;
     put_remote_gpu(rt, src, name, size, seed, &ref);
@@ -565,12 +607,10 @@ static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
     check(rdt_get(rt, &ref, 1, &t, 1, &fo, 120000), "get");
     double dt = now() - t0;
     int ok = device_verify(dst, size, seed);
-    const char *by = "?";
-    for (int j = 0; j < 2; j++)
-      if (transport_uses(rt, gpu_transports[j]) > before[j]) by = gpu_transports[j];
+    const char *by = moved_by(rt, gpu_transports, 2, before);
     printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor, GPU 0", human(size), by,
            dt * 1e3, (double)size / dt / 1e9, ok ? "verified" : "CORRUPT");
-    failures += !ok;
+    failures += !demo_row_holds(name, by, ok);
     drop_remote(src, &ref, 1);
     cu_check(cu.MemFree(dst), "cuMemFree");
   }
@@ -601,21 +641,21 @@ static int demo_main(void) {
       continue;
     }
     uint64_t before[NUM_TRANSPORTS];
-    for (int j = 0; j < NUM_TRANSPORTS; j++) before[j] = transport_uses(rt, host_transports[j]);
+    count_uses(rt, host_transports, NUM_TRANSPORTS, before);
     rdt_ref *refs[MAX_REFS];
     put_remote(rt, &src, name, big, 1, 100 + (uint64_t)k, refs);
     double dt = get_timed(rt, refs, 1, &bigbuf, big, NULL);
     int ok = verify(bigbuf, big, 100 + (uint64_t)k);
-    const char *by = "?";
-    for (int j = 0; j < NUM_TRANSPORTS; j++)
-      if (transport_uses(rt, host_transports[j]) > before[j]) by = host_transports[j];
+    const char *by = moved_by(rt, host_transports, NUM_TRANSPORTS, before);
     printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor", human(big), by,
            dt * 1e3, (double)big / dt / 1e9, ok ? "verified" : "CORRUPT");
-    failures += !ok;
+    failures += !demo_row_holds(name, by, ok);
     drop_remote(&src, refs, 1);
 
+    count_uses(rt, host_transports, NUM_TRANSPORTS, before);
     put_remote(rt, &src, name, small, nsmall, 200 + (uint64_t)k, refs);
     dt = get_timed(rt, refs, (size_t)nsmall, smallbufs, small, NULL);
+    by = moved_by(rt, host_transports, NUM_TRANSPORTS, before);
     ok = 1;
     for (int i = 0; i < nsmall; i++) ok &= verify(smallbufs[i], small, 200 + (uint64_t)k + (uint64_t)i);
     char what[32];
@@ -623,7 +663,7 @@ static int demo_main(void) {
     printf("%-8s %-18s %-10s %-8s %9.3f ms %6.2f GB/s %s\n", name, what,
            human(small * (uint64_t)nsmall), by, dt * 1e3, (double)(small * nsmall) / dt / 1e9,
            ok ? "verified" : "CORRUPT");
-    failures += !ok;
+    failures += !demo_row_holds(name, by, ok);
     drop_remote(&src, refs, (size_t)nsmall);
   }
   failures += demo_gpu(rt, &src, big);
@@ -635,7 +675,7 @@ static int demo_main(void) {
   printf("\n\"auto\" lets rdt choose per fetch. Every object was freed in the source "
          "once this side released it.\n");
   if (failures) {
-    printf("%d transfers came back wrong\n", failures);
+    printf("The demo failed: %d of its checks (marked FAILED above) did not hold.\n", failures);
     return 1;
   }
   return 0;

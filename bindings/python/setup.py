@@ -5,8 +5,8 @@ py3-none-<platform>: one wheel for every Python 3 on the platform, which
 installs without Go.
 
 * ``pip install ./bindings/python`` / ``pip wheel ./bindings/python`` and
-  ``python -m build --wheel`` build from the repository: Go runs in the
-  repository root exactly as the top-level Makefile runs it.
+  ``python -m build --wheel`` build from the repository: the library is
+  built by tools/build-lib.sh, the recipe the Makefile and CMake run too.
 * ``python -m build`` (sdist, then a wheel from it) works too: the sdist
   carries the Go sources in ``_gosrc/``.
 * ``RDT_PREBUILT_LIBRARY=/path/librdt.so`` skips the Go build; ``GO`` names
@@ -30,20 +30,21 @@ except ImportError:  # pragma: no cover
 
 HERE = Path(__file__).resolve().parent
 GO_DIRS = ("capi", "core", "transports")
-GO_FILES = ("go.mod", "go.sum", "include/rdt.h")
+BUILD_SCRIPT = "tools/build-lib.sh"
+GO_FILES = ("go.mod", "go.sum", "include/rdt.h", BUILD_SCRIPT)
 
 
 def go_root() -> Path:
-    """Where go.mod and capi/ are: the repository, or the sdist's copy."""
+    """Where go.mod, capi/ and the build script are: the repository, or the sdist's copy."""
     for p in [HERE / "_gosrc", *HERE.parents]:
-        if (p / "go.mod").exists() and (p / "capi").is_dir():
+        if (p / "go.mod").exists() and (p / "capi").is_dir() and (p / BUILD_SCRIPT).is_file():
             return p
     raise SystemExit("rdt: the Go sources (go.mod, capi/) are neither above bindings/python nor in _gosrc/; "
                      "build from a checkout of the repository or an sdist, or set RDT_PREBUILT_LIBRARY")
 
 
 def go_sources(root: Path):
-    """The files `go build ./capi` needs (no tests, no test data)."""
+    """The files the build script needs (no tests, no test data)."""
     for name in GO_FILES:
         yield Path(name)
     for d in GO_DIRS:
@@ -69,15 +70,9 @@ class BuildWithGo(build_py):
         if go is None:
             raise SystemExit("rdt: building librdt.so needs Go 1.26 on PATH (or GO=/path/to/go); a built wheel "
                              "installs without it")
-        # The same command as the top-level Makefile's build/librdt.so rule.
-        cmd = [go, "build", "-buildmode=c-shared", "-trimpath",
-               f"-ldflags=-extldflags=-Wl,--version-script={root / 'capi' / 'exports.map'},-soname,librdt.so",
-               "-o", str(dest), "./capi"]
-        env = dict(os.environ, CGO_ENABLED="1")
-        subprocess.run(cmd, cwd=root, check=True, env=env)
-        header = dest.with_name("librdt.h")  # cgo's generated header is not the interface
-        if header.exists():
-            header.unlink()
+        # The one build recipe, which the Makefile and CMake run too.
+        env = dict(os.environ, GO=go)
+        subprocess.run(["sh", str(root / BUILD_SCRIPT), str(dest)], cwd=root, check=True, env=env)
 
 
 class SdistWithGo(sdist):

@@ -75,7 +75,8 @@ def test_sdist_carries_the_go_sources_and_builds_a_wheel(tmp_path):
         names = tf.getnames()
         tf.extractall(tmp_path / "src")
     top = os.path.commonprefix(names).split("/")[0]
-    for need in ("_gosrc/go.mod", "_gosrc/capi/exports.map", "_gosrc/include/rdt.h", "rdt/py.typed"):
+    for need in ("_gosrc/go.mod", "_gosrc/capi/exports.map", "_gosrc/include/rdt.h", "_gosrc/tools/build-lib.sh",
+                 "rdt/py.typed"):
         assert f"{top}/{need}" in names, need
     assert not [n for n in names if n.endswith("_test.go") or "/testdata/" in n]
     # Build the wheel from the unpacked sdist alone (no repository above it).

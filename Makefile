@@ -40,7 +40,13 @@ $(NIXL_DIR)/.ready: tests/requirements-nixl.txt
 		|| echo "nixl wheel not installed: the nixl transport's tests will skip"
 	@mkdir -p $(NIXL_DIR) && touch $@
 
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak abi-check
+
+# librdt.so's interface against the committed baseline abi/librdt.abi
+# (docs/abi.md, "Keeping the ABI stable").
+.PHONY: abi-check
+abi-check: $(BUILD)/librdt.so
+	tools/abi-check.sh $(BUILD)/librdt.so
 
 go-test: $(NIXL_READY)
 	RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)} $(GO) test -race -count=1 ./...

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-ray gpu-test gpu-bench
+.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-ray gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -74,7 +74,10 @@ $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
 
 # ---- test suites ----------------------------------------------------------
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak ## Build everything and run every suite below
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak abi-check ## Build everything and run every suite below
+
+abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed baseline abi/librdt.abi (docs/abi.md)
+	tools/abi-check.sh $(BUILD)/librdt.so
 
 go-test: $(NIXL_READY) ## Go tests of every package, with the race detector
 	$(NIXL_ENV) $(GO) test -race -count=1 ./...

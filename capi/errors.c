@@ -51,23 +51,11 @@ uint32_t rdt_abi_version(void) { return RDT_ABI_VERSION; }
 
 const char *rdt_status_string(rdt_status status) {
   switch (status) {
-    case RDT_OK: return "RDT_OK";
-    case RDT_ERR_INVALID_ARGUMENT: return "RDT_ERR_INVALID_ARGUMENT";
-    case RDT_ERR_NOT_FOUND: return "RDT_ERR_NOT_FOUND";
-    case RDT_ERR_ALREADY_EXISTS: return "RDT_ERR_ALREADY_EXISTS";
-    case RDT_ERR_TIMEOUT: return "RDT_ERR_TIMEOUT";
-    case RDT_ERR_ABORTED: return "RDT_ERR_ABORTED";
-    case RDT_ERR_PEER_UNAVAILABLE: return "RDT_ERR_PEER_UNAVAILABLE";
-    case RDT_ERR_CORRUPT: return "RDT_ERR_CORRUPT";
-    case RDT_ERR_UNSUPPORTED: return "RDT_ERR_UNSUPPORTED";
-    case RDT_ERR_PERMISSION_DENIED: return "RDT_ERR_PERMISSION_DENIED";
-    case RDT_ERR_TRANSPORT: return "RDT_ERR_TRANSPORT";
-    case RDT_ERR_NO_MEMORY: return "RDT_ERR_NO_MEMORY";
-    case RDT_ERR_ABI_MISMATCH: return "RDT_ERR_ABI_MISMATCH";
-    case RDT_ERR_FORKED: return "RDT_ERR_FORKED";
-    case RDT_ERR_CLOSED: return "RDT_ERR_CLOSED";
-    case RDT_ERR_INTERNAL: return "RDT_ERR_INTERNAL";
-    case RDT_ERR_USER: return "RDT_ERR_USER";
+#define RDT_STATUS_NAME_(name, value) \
+  case name:                          \
+    return #name;
+    RDT_STATUS_LIST(RDT_STATUS_NAME_)
+#undef RDT_STATUS_NAME_
   }
   return (int)status < (int)RDT_ERR_USER ? "RDT_ERR_USER" : "RDT_ERR_UNKNOWN";
 }

@@ -71,26 +71,33 @@ RDT_API uint32_t rdt_abi_version(void);
 /* Status codes and errors                                                   */
 /* ------------------------------------------------------------------------- */
 
-typedef enum rdt_status {
-  RDT_OK = 0,
-  RDT_ERR_INVALID_ARGUMENT = -1, /* NULL/bogus handle or pointer, bad value  */
-  RDT_ERR_NOT_FOUND = -2,        /* unknown transport, object already freed  */
-  RDT_ERR_ALREADY_EXISTS = -3,   /* a transport of that name is registered   */
-  RDT_ERR_TIMEOUT = -4,          /* the deadline passed; see each function   */
-  RDT_ERR_ABORTED = -5,          /* the operation was aborted                */
-  RDT_ERR_PEER_UNAVAILABLE = -6, /* the other runtime is gone or unreachable */
-  RDT_ERR_CORRUPT = -7,          /* malformed bytes: a ref or a message      */
-  RDT_ERR_UNSUPPORTED = -8,      /* not possible here (device, library, ...) */
-  RDT_ERR_PERMISSION_DENIED = -9,/* refused by the OS or by authentication   */
-  RDT_ERR_TRANSPORT = -10,       /* a transport failed to move the bytes     */
-  RDT_ERR_NO_MEMORY = -11,       /* an allocation failed, or a limit per peer*/
-  RDT_ERR_ABI_MISMATCH = -12,    /* header and library disagree              */
-  RDT_ERR_FORKED = -13,          /* called in a child forked after loading   */
-  RDT_ERR_CLOSED = -14,          /* the runtime was destroyed                */
-  RDT_ERR_INTERNAL = -50,        /* a bug in rdt; the message says where     */
-  RDT_ERR_USER = -100            /* a transport callback failed; any code at
-                                    or below this is a callback's own        */
-} rdt_status;
+/* Every status code, written once: X(name, value) per code. The rdt_status
+ * enum below is generated from this list, and so is rdt_status_string(); the
+ * library's build and the test suite check the Go core and the bindings
+ * against it. Names and values never change: they are ABI. */
+#define RDT_STATUS_LIST(X) \
+  X(RDT_OK, 0)                     /* success                                 */ \
+  X(RDT_ERR_INVALID_ARGUMENT, -1)  /* NULL/bogus handle or pointer, bad value */ \
+  X(RDT_ERR_NOT_FOUND, -2)         /* unknown transport, object already freed */ \
+  X(RDT_ERR_ALREADY_EXISTS, -3)    /* a transport of that name is registered  */ \
+  X(RDT_ERR_TIMEOUT, -4)           /* the deadline passed; see each function  */ \
+  X(RDT_ERR_ABORTED, -5)           /* the operation was aborted               */ \
+  X(RDT_ERR_PEER_UNAVAILABLE, -6)  /* the other runtime is gone, unreachable  */ \
+  X(RDT_ERR_CORRUPT, -7)           /* malformed bytes: a ref or a message     */ \
+  X(RDT_ERR_UNSUPPORTED, -8)       /* not possible here (device, library...)  */ \
+  X(RDT_ERR_PERMISSION_DENIED, -9) /* refused by the OS or by authentication  */ \
+  X(RDT_ERR_TRANSPORT, -10)        /* a transport failed to move the bytes    */ \
+  X(RDT_ERR_NO_MEMORY, -11)        /* an allocation failed, a limit per peer  */ \
+  X(RDT_ERR_ABI_MISMATCH, -12)     /* header and library disagree             */ \
+  X(RDT_ERR_FORKED, -13)           /* called in a child forked after loading  */ \
+  X(RDT_ERR_CLOSED, -14)   /* the runtime was destroyed               */ \
+  X(RDT_ERR_INTERNAL, -50)         /* a bug in rdt; the message says where    */ \
+  X(RDT_ERR_USER, -100)            /* a transport callback failed; any code   */ \
+                                   /* at or below it is a callback's own      */
+
+#define RDT_STATUS_ENUMERATOR_(name, value) name = value,
+typedef enum rdt_status { RDT_STATUS_LIST(RDT_STATUS_ENUMERATOR_) } rdt_status;
+#undef RDT_STATUS_ENUMERATOR_
 
 /* A short constant name for a status, such as "RDT_ERR_TIMEOUT". Unknown
  * codes give "RDT_ERR_UNKNOWN" (codes <= RDT_ERR_USER give "RDT_ERR_USER").

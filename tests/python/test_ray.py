@@ -399,6 +399,51 @@ def test_set_target_for_ref(sources):
         ray.get(wrong)
 
 
+def test_a_dropped_receive_buffer_takes_the_next_receive_of_its_size(sources, receiver):
+    src = sources()
+    kind = f"bytes:{8 << 20}"
+    first, at = ray.get(receiver.consume_at.remote(src.make.remote(kind, 1)))
+    second, again = ray.get(receiver.consume_at.remote(src.make.remote(kind, 2)))
+    assert first == summary(make_value(kind, 1))
+    assert second == summary(make_value(kind, 2))  # the new bytes, not the old ones
+    assert again == at, "the second receive did not reuse the first one's memory"
+
+
+def test_receive_cache_hands_memory_out_again_only_once_every_view_is_gone():
+    cache = rdt.ray._ReceiveCache(limit=8 << 20)
+    t = torch.frombuffer(cache.buffer(5 << 20), dtype=torch.uint8)  # whole huge pages: 6 MiB
+    at = t.data_ptr()
+    view = t[4096:]
+    del t
+    assert cache.cached_bytes() == 0, "a view still uses the memory"
+    del view
+    assert cache.cached_bytes() == 6 << 20
+    again = torch.frombuffer(cache.buffer(5 << 20), dtype=torch.uint8)
+    assert again.data_ptr() == at and cache.cached_bytes() == 0
+    arr = np.frombuffer(cache.buffer(4 << 20), dtype=np.float32)  # another size: another mapping
+    assert arr.ctypes.data != at
+    del again, arr
+    # 6 + 4 MiB exceed the 8 MiB bound: the older (6 MiB) mapping went.
+    assert cache.cached_bytes() == 4 << 20
+
+    off = rdt.ray._ReceiveCache(limit=0)
+    t = torch.frombuffer(off.buffer(4 << 20), dtype=torch.uint8)
+    t.fill_(7)
+    del t
+    assert off.cached_bytes() == 0
+
+
+def test_receive_cache_bound_is_checked(monkeypatch):
+    with pytest.raises(rdt.InvalidArgumentError, match="receive_cache"):
+        rdt.ray.runtime_env(receive_cache=-1)
+    assert rdt.ray.runtime_env(receive_cache=0)["env_vars"]["RDT_RAY_RECEIVE_CACHE_BYTES"] == "0"
+    monkeypatch.setenv("RDT_RAY_RECEIVE_CACHE_BYTES", "lots")
+    with pytest.raises(rdt.InvalidArgumentError, match=r"\$RDT_RAY_RECEIVE_CACHE_BYTES.*'lots'"):
+        rdt.ray._Process().receive_cache()
+    monkeypatch.setenv("RDT_RAY_RECEIVE_CACHE_BYTES", str(3 << 20))
+    assert rdt.ray._Process().receive_cache().limit == 3 << 20
+
+
 # ---- 12. asyncio actors ---------------------------------------------------------------------------------------------
 
 def test_async_actor(sources):

@@ -38,7 +38,12 @@ MODES = {
     "nixl": ("nixl", "torch"),
     "rdt-torch": ("RDT", "torch"),
     "rdt-numpy": ("RDT", "numpy"),
+    # The least any Ray tensor transport can cost: a transport that carries
+    # the bytes inside its metadata, so its receive contacts no one. Small
+    # sizes only (FLOOR_MAX).
+    "floor": ("FLOOR", "torch"),
 }
+FLOOR_MAX = 1000 * 1000
 MODE_TITLES = {
     "store-numpy": "Ray object store, numpy",
     "store-torch": "Ray object store, torch",
@@ -46,6 +51,7 @@ MODE_TITLES = {
     "nixl": "Ray NIXL, CPU",
     "rdt-torch": "rdt, torch",
     "rdt-numpy": "rdt, numpy",
+    "floor": "floor: Ray's tensor-transport path, bytes in the metadata",
 }
 # Each rdt mode against the Ray modes that move the same data type.
 RATIOS = [
@@ -53,6 +59,8 @@ RATIOS = [
     ("rdt-torch", "gloo"),
     ("rdt-torch", "nixl"),
     ("rdt-numpy", "store-numpy"),
+    ("floor", "store-torch"),
+    ("rdt-torch", "floor"),
 ]
 OBJECT_STORE_BYTES = 4 * GIB
 CALL_TIMEOUT_S = 180
@@ -72,6 +80,69 @@ def reps_for(size: int, quick: bool) -> tuple:
     return (2, 5) if quick else (3, 30)
 
 
+# ---------------------------------------------------------------- the floor
+
+def _floor_transport():
+    """A Ray tensor transport that moves nothing of its own: the tensors'
+    bytes ride in the metadata, so its receive contacts no other process.
+    Whatever it costs is what Ray's tensor-transport path costs any
+    transport."""
+    import torch
+    from dataclasses import dataclass
+    from ray.experimental.rdt.tensor_transport_manager import (CommunicatorMetadata, TensorTransportManager,
+                                                               TensorTransportMetadata)
+
+    @dataclass
+    class FloorMetadata(TensorTransportMetadata):
+        payload: tuple = ()
+
+    class FloorTransport(TensorTransportManager):
+        def tensor_transport_backend(self):
+            return "FLOOR"
+
+        @staticmethod
+        def is_one_sided():
+            return True
+
+        @staticmethod
+        def can_abort_transport():
+            return True
+
+        def actor_has_tensor_transport(self, actor):
+            return True
+
+        def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
+            return CommunicatorMetadata()
+
+        def extract_tensor_transport_metadata(self, obj_id, rdt_object):
+            return FloorMetadata(tensor_meta=[(t.shape, t.dtype) for t in rdt_object], tensor_device="cpu",
+                                 payload=tuple(t.contiguous().view(torch.uint8).numpy().tobytes()
+                                               for t in rdt_object))
+
+        def recv_multiple_tensors(self, obj_id, meta, communicator_metadata, target_buffers=None):
+            return [torch.frombuffer(bytearray(b), dtype=torch.uint8).view(dtype).reshape(shape)
+                    for b, (shape, dtype) in zip(meta.payload, meta.tensor_meta)]
+
+        def send_multiple_tensors(self, tensors, meta, communicator_metadata):
+            raise NotImplementedError("one-sided")
+
+        def garbage_collect(self, obj_id, meta, tensors):
+            pass
+
+        def abort_transport(self, obj_id, communicator_metadata):
+            pass
+
+    return FloorTransport
+
+
+def register_floor() -> None:
+    """Registers the floor transport (in the driver, and in every worker as
+    its setup hook)."""
+    import torch
+    import ray.experimental
+    ray.experimental.register_tensor_transport("FLOOR", ["cpu"], _floor_transport(), torch.Tensor)
+
+
 # ---------------------------------------------------------------- one mode
 
 def run_mode(mode: str, quick: bool, sizes: list) -> dict:
@@ -89,6 +160,8 @@ def run_mode(mode: str, quick: bool, sizes: list) -> dict:
             return {"unavailable": f"cannot import rdt.ray: {e}"}
         kwargs = {"data_type": np.ndarray} if data == "numpy" else {}
         runtime_env = rdt_ray.runtime_env(**kwargs)
+    if transport == "FLOOR":
+        runtime_env = {"worker_process_setup_hook": register_floor}
     if transport == "nixl":
         try:
             import nixl._api  # noqa: F401  (Ray imports it in its workers)
@@ -111,6 +184,8 @@ def run_mode(mode: str, quick: bool, sizes: list) -> dict:
             with warnings.catch_warnings():  # the numpy caveat: known, and measured here
                 warnings.simplefilter("ignore", UserWarning)
                 rdt_ray.register(**kwargs)
+        if transport == "FLOOR":
+            register_floor()
         return measure(mode, transport, data, quick, sizes)
     finally:
         ray.shutdown()
@@ -166,6 +241,8 @@ def measure(mode: str, transport, data: str, quick: bool, sizes: list) -> dict:
 
     results = {}
     for size in sizes:
+        if transport == "FLOOR" and size > FLOOR_MAX:
+            continue
         ray.get(src.prepare.remote(size), timeout=CALL_TIMEOUT_S)
         want = {"one": 1.0, "all": float(size // 4)}
         warm, reps = reps_for(size, quick)
@@ -275,7 +352,9 @@ def report(results: dict, limits: dict, quick: bool, elapsed: float) -> str:
         "transport (a `torch_gloo` collective group and `@ray.method(tensor_transport=\"gloo\")`), "
         "Ray's NIXL transport on CPU (`tensor_transport=\"nixl\"`, UCX over shared memory), and "
         "rdt as a Ray tensor transport (`rdt.ray`, `tensor_transport=\"RDT\"`) with torch tensors "
-        "and with numpy arrays. Data is float32. Actor to actor: the driver calls "
+        "and with numpy arrays. The floor is what Ray's tensor-transport path costs any transport: a "
+        "transport that carries the bytes inside its metadata, so its receive asks no one (up to "
+        "1 MB). Data is float32. Actor to actor: the driver calls "
         "`sink.consume.remote(source.produce.remote(...))` and waits for the result; actor to "
         "driver: the driver calls `ray.get` on the source's ref and reads the value itself (gloo "
         "is two-sided and cannot serve the driver). A preallocated source returns the same tensor "

@@ -16,36 +16,135 @@ PACKAGE = os.path.dirname(rdt.__file__)
 
 # Each module may import only those before it (docs/python.md, "Package layout").
 ORDER = ["_errors", "_lib", "_tensors", "_transport", "_handle", "_store", "_process", "_ref", "_fetch", "_get",
-         "_adapter", "_runtime", "__init__", "ray"]
+         "_adapter", "_runtime", "_default", "__init__", "ray"]
 
 
-def _relative_imports(tree):
-    """(module imported, whether at module level) for every `from . import`,
-    skipping `if TYPE_CHECKING:` blocks (they never run)."""
+def _package_module(dotted):
+    """The module of this package that an absolute name means, or None."""
+    parts = dotted.split(".")
+    if parts[0] != "rdt":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _package_imports(tree):
+    """(module of this package imported, whether at module level, line) for
+    every import statement and every importlib.import_module/__import__
+    call with a literal name, inside functions too, skipping
+    `if TYPE_CHECKING:` blocks (they never run)."""
     found = []
+
+    def add(module, names, level, top, line):
+        if level == 1 and module:
+            found.append((module.split(".")[0], top, line))
+        elif level == 1:
+            found.extend((n, top, line) for n in names)
+        elif level == 0 and module and _package_module(module) is not None:
+            base = _package_module(module)
+            # `from rdt import _get` imports a module; `from rdt import get`, the package.
+            found.extend((n if base == "__init__" and n in ORDER else base, top, line) for n in names)
+        elif level > 1:
+            found.append(("..", top, line))  # out of the package: never expected
 
     def visit(node, top):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and getattr(child.test, "id", "") == "TYPE_CHECKING":
                 continue
-            if isinstance(child, ast.ImportFrom) and child.level == 1:
-                names = [child.module] if child.module else [a.name for a in child.names]
-                found.extend((n, top) for n in names)
-            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.ImportFrom):
+                add(child.module, [a.name for a in child.names], child.level, top, child.lineno)
+            elif isinstance(child, ast.Import):
+                for a in child.names:
+                    m = _package_module(a.name)
+                    if m is not None:
+                        found.append((m, top, child.lineno))
+            elif isinstance(child, ast.Call) and child.args and isinstance(child.args[0], ast.Constant):
+                fn = child.func
+                fname = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                arg = child.args[0].value
+                if fname in ("import_module", "__import__") and isinstance(arg, str):
+                    if arg.startswith("."):
+                        found.append((arg.lstrip(".").split(".")[0] or "__init__", top, child.lineno))
+                    elif _package_module(arg) is not None:
+                        found.append((_package_module(arg), top, child.lineno))
+            inner = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
             visit(child, top and not inner)
     visit(tree, True)
     return found
+
+
+def _parse(name):
+    with open(os.path.join(PACKAGE, name + ".py")) as f:
+        return ast.parse(f.read())
 
 
 def test_modules_import_in_one_direction_and_only_at_module_level():
     modules = sorted(f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py"))
     assert sorted(ORDER) == modules, "a module was added or renamed: place it in ORDER and in docs/python.md"
     for name in modules:
-        with open(os.path.join(PACKAGE, name + ".py")) as f:
-            tree = ast.parse(f.read())
-        for imported, top in _relative_imports(tree):
-            assert top, f"{name} imports {imported} inside a function"
-            assert ORDER.index(imported) < ORDER.index(name), f"{name} imports {imported}, which comes later"
+        for imported, top, line in _package_imports(_parse(name)):
+            where = f"{name}.py:{line}"
+            assert imported in ORDER, f"{where} imports {imported}, which is not a module of the package"
+            assert ORDER.index(imported) < ORDER.index(name), f"{where} imports {imported}, which is not below it"
+            assert top, f"{where} imports {imported} inside a function or class: import it at the top"
+
+
+def test_the_import_check_sees_lazy_and_absolute_imports():
+    # The check above must not miss the ways a module can reach back up.
+    source = """
+import numpy
+from . import _lib, _tensors as t
+from ._ref import ObjectRef
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+def f():
+    import torch
+    from ._runtime import Runtime
+    import rdt._default
+    from rdt import _get, get
+    importlib.import_module("rdt._fetch")
+    return __import__("rdt")
+class C:
+    from ._adapter import register
+"""
+    got = _package_imports(ast.parse(source))
+    assert got == [("_lib", True, 3), ("_tensors", True, 3), ("_ref", True, 4), ("_runtime", False, 9),
+                   ("_default", False, 10), ("_get", False, 11), ("__init__", False, 11), ("_fetch", False, 12),
+                   ("__init__", False, 13), ("_adapter", False, 15)]
+
+
+def test_no_module_sets_attributes_of_what_it_imported():
+    # A module above filling in a hook of a module below (say, the class a
+    # lower module should make its default runtime from) is an import in
+    # disguise: the lower module then depends on the upper one.
+    for name in ORDER:
+        tree = _parse(name)
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("rdt")):
+                imported.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("rdt"))
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                root = t
+                while isinstance(root, (ast.Attribute, ast.Subscript)):
+                    root = root.value
+                assert not (t is not root and isinstance(root, ast.Name) and root.id in imported), \
+                    f"{name}.py:{node.lineno} sets an attribute of {root.id}, which it imported"
+
+
+def test_a_pickled_ref_names_the_module_that_makes_the_default_runtime():
+    with rdt.Runtime("p") as a:
+        ref = a.put(np.arange(3.0))
+        blob = pickle.dumps(ref)
+        assert b"rdt._default" in blob and b"_unpickle_ref" in blob
+        back = pickle.loads(blob)  # a borrow in this process's default runtime, made if needed
+        assert back.runtime is rdt.default_runtime() and back.id == ref.id
+        assert np.array_equal(rdt.get(back), np.arange(3.0))
+        back.close()
+        ref.release(revoke_leases=True)
 
 
 def test_each_runtime_keeps_its_own_store():

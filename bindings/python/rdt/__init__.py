@@ -12,13 +12,13 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       ForkedError, GetTimeoutError, InternalError, InvalidArgumentError, NoMemoryError,
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
+from ._default import (create_collective_group, default_runtime, destroy_collective_group, fetch, get, get_async,
+                       init, put, register_tensor_transport, wait_tensor_freed)
 from ._fetch import Fetch
-from ._get import fetch, get, get_async
 from ._lib import decode as _decode
 from ._lib import lib as _native
 from ._ref import ObjectRef
-from ._runtime import (Runtime, create_collective_group, default_runtime, destroy_collective_group, init, put,
-                       register_tensor_transport, wait_tensor_freed)
+from ._runtime import Runtime
 from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 

@@ -1,6 +1,5 @@
-"""get, fetch and get_async: what a runtime moves for them into what, and
-the waits. Runtime's methods of those names forward here; the module
-functions find the runtime the refs belong to."""
+"""get, fetch and get_async in one runtime: what it moves for them into
+what, and the waits. Runtime's methods of those names forward here."""
 
 from __future__ import annotations
 
@@ -127,39 +126,4 @@ async def get_async_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]
     """Runtime.get_async."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing
     return await await_fetch(fetch_in(rt, refs, out=out, transport=transport), deadline)
-
-
-# ---- in the runtime the refs belong to --------------------------------------------
-
-def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
-        transport: Optional[str] = None, out: Any = None) -> Any:
-    """Fetches refs in the runtime they belong to; see Runtime.get."""
-    return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out)
-
-
-def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
-    """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
-    return fetch_in(runtime_of(refs), refs, out=out, transport=transport)
-
-
-async def get_async(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
-                    transport: Optional[str] = None, out: Any = None) -> Any:
-    """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
-    the refs belong to. The event loop keeps running while the bytes move,
-    and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
-    TimeoutError) and aborts the fetch; so does cancelling the awaiting task
-    (``asyncio.wait_for`` included). With ``out=``, either returns once
-    nothing writes into those buffers any more."""
-    deadline = deadline_of(timeout)  # a bad timeout starts nothing
-    return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport), deadline)
-
-
-def runtime_of(refs: Any) -> "Runtime":
-    """The runtime refs belong to (the default one for anything else, whose
-    get then says what is wrong)."""
-    if isinstance(refs, ObjectRef):
-        return refs._runtime
-    if isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
-        return refs[0]._runtime
-    return PROCESS.default_runtime()
 

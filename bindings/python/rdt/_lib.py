@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32, c_int64, c_size_t, c_uint8,
                     c_uint16, c_uint32, c_uint64, c_void_p)
@@ -306,7 +307,6 @@ def _find_in_sys_path(env: str, patterns: "tuple[str, ...]") -> None:
     library reads these variables once, when it first creates a runtime."""
     if os.environ.get(env):
         return
-    import sys
     for entry in sys.path:
         for pattern in patterns:
             try:

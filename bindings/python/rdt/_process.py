@@ -1,6 +1,7 @@
-"""What the process shares across its runtimes: the default runtime, the
-set of live runtimes, the transports registered for every runtime, and
-whether the interpreter is shutting down."""
+"""What the process shares across its runtimes: the set of live runtimes,
+the transports registered for every runtime, and whether the interpreter
+is shutting down. Every Runtime joins it when made; the default runtime
+is kept above, in _default."""
 
 from __future__ import annotations
 
@@ -8,23 +9,19 @@ import atexit
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ._errors import AlreadyExistsError, InvalidArgumentError
+from ._errors import AlreadyExistsError
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
 
 class Process:
-    """The process's runtimes. ``new_runtime`` makes a Runtime; the module
-    that defines Runtime sets it."""
+    """The process's runtimes and the transports each of them gets."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.default_lock = threading.Lock()  # held while the default runtime is made
-        self.new_runtime: Optional[Callable[..., "Runtime"]] = None
-        self.default: Optional["Runtime"] = None
         self.runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
         # Transports registered with rdt.register_tensor_transport: every
         # runtime of the process gets them, also those created later.
@@ -43,24 +40,6 @@ class Process:
     def live(self) -> List["Runtime"]:
         with self.lock:
             return [rt for rt in self.runtimes if not rt.closed]
-
-    def init(self, options: Dict[str, Any]) -> "Runtime":
-        assert self.new_runtime is not None
-        with self.default_lock:
-            if self.default is not None and not self.default.closed:
-                raise InvalidArgumentError("rdt.init: the default runtime already exists")
-            self.default = self.new_runtime(**options)
-            return self.default
-
-    def default_runtime(self) -> "Runtime":
-        rt = self.default
-        if rt is not None and rt._ptr is not None:
-            return rt
-        assert self.new_runtime is not None
-        with self.default_lock:
-            if self.default is None or self.default.closed:
-                self.default = self.new_runtime()
-            return self.default
 
     def holder_of(self, data: int) -> Optional["Runtime"]:
         """A live runtime holding an object with a tensor at this address."""

@@ -10,7 +10,6 @@ from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
 from ._handle import Handle, _close_lock
-from ._process import PROCESS
 from ._store import Entry
 
 if TYPE_CHECKING:
@@ -277,14 +276,15 @@ class ObjectRef(Handle):
     def __deepcopy__(self, memo: Any) -> "ObjectRef":
         return self.clone()
 
-    def __reduce__(self) -> Any:
-        # The C bytes, plus what they lack: the structure around the tensors,
-        # their frameworks, and (to spare the receiver two calls) the
-        # descriptions and id. rdt checks targets against its own bytes.
+    def _pickle_args(self) -> Tuple[bytes, Any, Tuple[str, ...], Any, str]:
+        """What a pickled ref carries (rdt._default pickles refs with it):
+        the C bytes, plus what they lack: the structure around the tensors,
+        their frameworks, and (to spare the receiver two calls) the
+        descriptions and id. rdt checks targets against its own bytes."""
         data = self.serialize()
         descs = tuple(tuple(d) for d in self._descs) if self._descs is not None else None
         oid = self._oid or (self._info_cache[0] if self._info_cache else "")
-        return (_unpickle_ref, (data, self._skeleton, self._frameworks, descs, oid))
+        return (data, self._skeleton, self._frameworks, descs, oid)
 
     def __repr__(self) -> str:
         if self.closed:
@@ -295,7 +295,3 @@ class ObjectRef(Handle):
         except Exception as e:  # the runtime may be gone
             return f"ObjectRef(<{type(e).__name__}: {e}>)"
 
-
-def _unpickle_ref(data: bytes, skeleton: Any, frameworks: Tuple[str, ...], descs: Any = None,
-                 oid: str = "") -> ObjectRef:
-    return PROCESS.default_runtime().deserialize(data, _skeleton=skeleton, _frameworks=frameworks, _descs=descs, _oid=oid)

@@ -1,4 +1,4 @@
-"""Runtimes, put, and the process's default runtime."""
+"""Runtimes and put."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _get, _lib
 from . import _tensors as _t
-from ._adapter import register, validate
+from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._fetch import Fetch
 from ._fetch import deadline_of as _deadline
@@ -365,66 +365,3 @@ class Runtime(Handle):
         _lib.check(_lib.lib().rdt_runtime_stats(self._handle(), ctypes.byref(s)))
         return {name: int(getattr(s, name)) for name in _lib.STATS_FIELDS}
 
-
-# ---- the default runtime -------------------------------------------------------
-
-PROCESS.new_runtime = Runtime
-
-
-def init(**options: Any) -> Runtime:
-    """Creates the process's default runtime with options (see Runtime).
-    Call it before anything else uses the default runtime."""
-    return PROCESS.init(options)
-
-
-def default_runtime() -> Runtime:
-    """The process's default runtime, created on first use."""
-    return PROCESS.default_runtime()
-
-
-def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
-    """Puts value into the default runtime; see Runtime.put."""
-    return PROCESS.default_runtime().put(value, transport)
-
-
-def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:
-    """Blocks until no object of this process holds ``tensor``; see
-    Runtime.wait_tensor_freed."""
-    it = _t.item_of(tensor)
-    rt = PROCESS.holder_of(it.data) if it.data else None
-    if rt is None or rt.closed:
-        return  # nothing holds it (its release callback already ran)
-    rt.wait_tensor_freed(tensor, timeout)
-
-
-def create_collective_group(world_size: int, rank: int, rank0_address: Optional[str] = None, *,
-                            backend: str = "nccl", name: str = "default", device: Union[int, str] = 0,
-                            timeout: Optional[float] = 300.0) -> None:
-    """Makes the default runtime a rank of a collective group; see
-    Runtime.create_collective_group. Rank 0 shares ``rdt.default_runtime().address``."""
-    default_runtime().create_collective_group(world_size, rank, rank0_address, backend=backend, name=name,
-                                              device=device, timeout=timeout)
-
-
-def destroy_collective_group(name: str = "default") -> None:
-    """Destroys the default runtime's rank of a group; see
-    Runtime.destroy_collective_group."""
-    default_runtime().destroy_collective_group(name)
-
-
-def register_tensor_transport(name: str, devices: Union[str, Sequence[str]], cls: Any,
-                              data_type: Optional[Type[Any]] = None) -> None:
-    """Registers a ``TensorTransportManager`` class under ``name`` for the
-    whole process: with every runtime that exists and every one created
-    later (each gets its own instance). Call it in every process that puts
-    or gets with the transport. Raises AlreadyExistsError (a ValueError) if
-    the name is taken."""
-    validate(name, devices, cls)
-    PROCESS.add_transport(name, (name, devices, cls, data_type))
-    try:
-        default_runtime()
-        for rt in PROCESS.live():
-            rt._register(name, devices, cls, data_type, skip_existing=True)
-    except BaseException:
-        PROCESS.remove_transport(name)
-        raise

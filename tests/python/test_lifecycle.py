@@ -257,3 +257,34 @@ def test_interpreter_exit_with_live_runtimes_transports_and_fetches():
     assert out.stdout.strip() == "exiting"
     assert "Traceback" not in out.stderr and "panic" not in out.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_exit_waits_for_the_release_thread_to_finish_dropping_tensors(tmp_path):
+    # A released object's tensors are dropped on rdt's release thread. If
+    # the interpreter finalized while that thread was still inside a drop,
+    # the thread would be killed where it stood (inside a torch tensor's C++
+    # destructor that aborts the process). The finalizer below runs on the
+    # release thread and is slow: its marker shows that it ran to the end.
+    marker = tmp_path / "dropped"
+    code = textwrap.dedent("""
+        import sys, threading, time, weakref, numpy as np, rdt
+        started = threading.Event()
+        def slow_drop():
+            started.set()
+            time.sleep(0.5)  # the GIL goes; exit proceeds on the main thread
+            open(%r, "w").write(threading.current_thread().name)
+        rt = rdt.Runtime("owner")
+        data = np.ones(1000)
+        weakref.finalize(data, slow_drop)
+        ref = rt.put(data)
+        del data
+        ref.release()  # the object is freed; the release thread drops its tensors
+        if not started.wait(30):
+            sys.exit("the release thread never dropped the tensors")
+        print("exiting")
+    """ % str(marker))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "exiting"
+    assert marker.exists(), "the interpreter finalized while the release thread was still dropping tensors"
+    assert marker.read_text().startswith("rdt-release")

@@ -257,7 +257,7 @@ class Fetch:
         # stopped yet): let a thread free the fetch, and them, afterwards.
         mine, buf, objs = self._mine, self._buf, self._plan.objs
         self._mine, self._buf, self._fd = [], None, None
-        threading.Thread(target=_drain, args=(ptr, buf, objs, self._store, mine), name="rdt-drain", daemon=True).start()
+        self._store.start_thread(_drain, (ptr, buf, objs, self._store, mine), "rdt-drain")
 
     def __enter__(self) -> "Fetch":
         return self

@@ -21,6 +21,10 @@ from ._process import PROCESS
 from ._ref import SINGLE, ObjectRef, encode_skeleton, flatten
 from ._store import NO_RELEASE, Entry, Store
 
+# How long closing a runtime waits for its threads still running Python
+# code (the release thread, drains of aborted fetches).
+_THREAD_JOIN_S = 10.0
+
 
 def _redact_address(address: str) -> str:
     """The address with the keys of its TCP parts hidden, for display."""
@@ -104,11 +108,15 @@ class Runtime(Handle):
     def _free(self, ptr: int) -> None:
         # garbage_collect and free_user_data run inside destroy, on rdt's
         # threads; ctypes released the GIL for them. Destroy frees every put
-        # object and stops the release thread; their entries go here.
+        # object and stops the release thread; their entries go here. Then
+        # wait for the release thread and drains still dropping tensors: a
+        # thread the interpreter kills at exit inside a tensor's C++
+        # destructor aborts the process.
         try:
             _lib.lib().rdt_runtime_destroy(ptr)
         finally:
             self._store.clear()
+            self._store.join_threads(_THREAD_JOIN_S)
 
     def __repr__(self) -> str:
         if self.closed:

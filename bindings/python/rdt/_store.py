@@ -18,7 +18,7 @@ import ctypes
 import itertools
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import _lib
 
@@ -67,6 +67,10 @@ class Store:
         # Kept only while Python transports are registered (python_transports > 0).
         self.receiving: Dict[int, Any] = {}
         self.python_transports = 0
+        # rdt's own threads that run Python code for this store (the release
+        # thread, drains of aborted fetches): joined when the runtime goes,
+        # so that none runs Python while the interpreter finalizes.
+        self._threads: Set[threading.Thread] = set()
 
     # ---- put objects ---------------------------------------------------------------
 
@@ -101,11 +105,12 @@ class Store:
         return any(t[0] == data for e in entries for t in e.keep)
 
     def clear(self) -> None:
-        """Forgets every entry (the runtime is destroyed)."""
+        """Forgets every entry (the runtime is destroyed). The entries go
+        after the lock is let go: their tensors' finalizers may call back."""
         with self.lock:
-            self.entries.clear()
-            self.by_id.clear()
-            self.putting.clear()
+            gone = (self.entries, self.by_id, self.putting)
+            self.entries, self.by_id, self.putting = {}, {}, {}
+        del gone
 
     # ---- Python transports and their receive buffers -------------------------------
 
@@ -141,10 +146,34 @@ class Store:
 
     # ---- the release thread --------------------------------------------------------
 
-    def start_releaser(self, handle: int, name: str) -> threading.Thread:
-        t = threading.Thread(target=self._take_released, args=(handle,), name=f"rdt-release-{name}", daemon=True)
+    def start_thread(self, target: Callable[..., None], args: Tuple[Any, ...], name: str) -> threading.Thread:
+        """Runs target(*args) on a daemon thread that join_threads waits for."""
+        t = threading.Thread(target=self._run, args=(target, args), name=name, daemon=True)
+        with self.lock:
+            self._threads.add(t)
         t.start()
         return t
+
+    def _run(self, target: Callable[..., None], args: Tuple[Any, ...]) -> None:
+        try:
+            target(*args)
+        finally:
+            del args  # what the thread held goes before it counts as done
+            with self.lock:
+                self._threads.discard(threading.current_thread())
+
+    def join_threads(self, timeout: float) -> None:
+        """Waits up to timeout seconds for this store's threads (but the
+        calling one) to finish."""
+        deadline = time.monotonic() + timeout
+        me = threading.current_thread()
+        with self.lock:
+            threads = [t for t in self._threads if t is not me]
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def start_releaser(self, handle: int, name: str) -> threading.Thread:
+        return self.start_thread(self._take_released, (handle,), f"rdt-release-{name}")
 
     def _take_released(self, handle: int) -> None:
         take = _lib.lib().rdt_runtime_take_released

@@ -11,11 +11,12 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get.
 func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transport *C.char) (*core.Runtime, []*core.Ref, []core.Tensor, core.FetchOptions, error) {
+	ntargets C.size_t, transportName *C.char) (*core.Runtime, []*core.Ref, []transport.Tensor, core.FetchOptions, error) {
 	var opts core.FetchOptions
 	rt, err := runtimeOf(h)
 	if err != nil {
@@ -41,18 +42,18 @@ func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 	if err != nil {
 		return nil, nil, nil, opts, err
 	}
-	opts.Transport = goString(transport)
+	opts.Transport = goString(transportName)
 	return rt, rs, ts, opts, nil
 }
 
 //export rdtgo_fetch_start
 func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transport *C.char, out *C.uintptr_t) C.int {
+	ntargets C.size_t, transportName *C.char, out *C.uintptr_t) C.int {
 	return guard("rdt_fetch_start", func() error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transport)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transportName)
 		if err != nil {
 			return err
 		}
@@ -122,9 +123,9 @@ func rdtgo_fetch_free(h C.uintptr_t) C.int {
 
 //export rdtgo_get
 func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transport *C.char, ms C.int64_t) C.int {
+	ntargets C.size_t, transportName *C.char, ms C.int64_t) C.int {
 	return guard("rdt_get", func() error {
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transport)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transportName)
 		if err != nil {
 			return err
 		}

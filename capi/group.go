@@ -8,7 +8,7 @@ import "C"
 import (
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 //export rdtgo_group_create
@@ -21,7 +21,7 @@ func rdtgo_group_create(h C.uintptr_t, name *C.char, worldSize, rank C.int32_t, 
 		if name == nil {
 			return invalid("name is NULL")
 		}
-		spec := core.GroupSpec{
+		spec := transport.GroupSpec{
 			Name: C.GoString(name), WorldSize: int(worldSize), Rank: int(rank),
 			Rank0: goString(rank0), Device: int(device), Backend: goString(backend),
 		}

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // guard runs one export: it recovers panics (no Go panic may cross the C
@@ -36,22 +37,22 @@ func guard(fn string, body func() error) (status C.int) {
 
 func panicError(r any) error {
 	if re, ok := r.(runtime.Error); ok && strings.Contains(re.Error(), "fault") {
-		return core.Errorf(core.ErrInvalidArgument, "a pointer argument points to memory that cannot be read or written (%v)", re)
+		return transport.Errorf(transport.ErrInvalidArgument, "a pointer argument points to memory that cannot be read or written (%v)", re)
 	}
 	stack := debug.Stack()
 	fmt.Fprintf(os.Stderr, "rdt: internal error: %v\n%s\n", r, stack)
-	return core.Errorf(core.ErrInternal, "internal error: %v (please report; the stack was printed to stderr)", r)
+	return transport.Errorf(transport.ErrInternal, "internal error: %v (please report; the stack was printed to stderr)", r)
 }
 
 func fail(fn string, err error) C.int {
-	st := core.StatusOf(err)
+	st := transport.StatusOf(err)
 	msg := fn + ": " + err.Error()
 	C.rdtc_set_last_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
 	return C.int(st)
 }
 
 func invalid(format string, args ...any) error {
-	return core.Errorf(core.ErrInvalidArgument, format, args...)
+	return transport.Errorf(transport.ErrInvalidArgument, format, args...)
 }
 
 // runtimeHandle is what an rdt_runtime handle holds.

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	cudaipc "github.com/rdt-project/rdt/transports/cuda_ipc"
 	"github.com/rdt-project/rdt/transports/nccl"
@@ -28,7 +29,7 @@ func networkFor(flags uint32) core.Network {
 // library or hardware is missing here (cuda_ipc without libcuda, nixl
 // without libnixl_capi.so, nccl without libnccl) reports ErrUnsupported and
 // the runtime simply does not list it.
-var builtinTransports = []core.TransportFactory{
+var builtinTransports = []transport.TransportFactory{
 	cma.Factory(),
 	shm.Factory(),
 	tcp.Factory(),

@@ -10,10 +10,11 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 //export rdtgo_put
-func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.char,
+func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *C.char,
 	release C.rdt_release_fn, userData C.uintptr_t, out *C.uintptr_t) C.int {
 	return guard("rdt_put", func() error {
 		rh, err := lookup[*runtimeHandle](h, "rt")
@@ -36,7 +37,7 @@ func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transport *C.ch
 		case release != nil:
 			onFree = func() { C.rdtc_call_release(release, userData) }
 		}
-		ref, err := rh.rt.Put(ts, goString(transport), onFree)
+		ref, err := rh.rt.Put(ts, goString(transportName), onFree)
 		if err != nil {
 			return err
 		}
@@ -109,7 +110,7 @@ func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.siz
 		}
 		p := C.malloc(C.size_t(len(b)))
 		if p == nil {
-			return core.Errorf(core.ErrNoMemory, "out of memory for %d bytes", len(b))
+			return transport.Errorf(transport.ErrNoMemory, "out of memory for %d bytes", len(b))
 		}
 		copy(unsafe.Slice((*byte)(p), len(b)), b)
 		*outBytes = p
@@ -132,7 +133,7 @@ func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, m
 			return invalid("bytes is NULL")
 		}
 		if size > core.MaxRefSize {
-			return core.Errorf(core.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
+			return transport.Errorf(transport.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
 		}
 		b := C.GoBytes(bytes, C.int(size))
 		ref, err := rt.DeserializeWithin(b, deserializeTimeout(ms))

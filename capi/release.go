@@ -10,7 +10,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // releaseQueue holds the user data of freed objects of a runtime created
@@ -70,7 +70,7 @@ func (q *releaseQueue) take(out []uintptr, timeout time.Duration) (int, error) {
 		case <-expired:
 			return 0, nil
 		case <-q.closed:
-			return 0, core.Errorf(core.ErrClosed, "the runtime was destroyed")
+			return 0, transport.Errorf(transport.ErrClosed, "the runtime was destroyed")
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 //export rdtgo_runtime_create
@@ -21,7 +22,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 		}
 		o := core.Options{
 			Name:          goString(opts.name),
-			LogLevel:      core.LogLevel(opts.log_level),
+			LogLevel:      transport.LogLevel(opts.log_level),
 			Lease:         time.Duration(opts.lease_ms) * time.Millisecond,
 			PeerTimeout:   time.Duration(opts.peer_timeout_ms) * time.Millisecond,
 			ListenTCP:     envDefault(goString(opts.listen_tcp), "RDT_LISTEN"),
@@ -31,7 +32,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			HostID:        goString(opts.host_id),
 			Builtins:      builtinTransports,
 		}
-		if o.LogLevel < core.LogDefault || o.LogLevel > core.LogDebug {
+		if o.LogLevel < transport.LogDefault || o.LogLevel > transport.LogDebug {
 			return invalid("log_level %d is not an RDT_LOG_* value", o.LogLevel)
 		}
 		if opts.lease_ms < 0 || opts.peer_timeout_ms < 0 {

@@ -10,7 +10,7 @@ enum { rdtc_status_count = 0 RDT_STATUS_LIST(RDTC_COUNT_STATUS_) };
 */
 import "C"
 
-import "github.com/rdt-project/rdt/core"
+import "github.com/rdt-project/rdt/core/transport"
 
 // The core's status constants are written in Go, rdt.h's in C; these checks
 // make the library fail to build when the two drift apart. Indexing a
@@ -20,23 +20,23 @@ import "github.com/rdt-project/rdt/core"
 var sameValue [1]struct{}
 
 var goStatusesMatchRDTH = [...]struct{}{
-	sameValue[core.OK-C.RDT_OK],
-	sameValue[core.ErrInvalidArgument-C.RDT_ERR_INVALID_ARGUMENT],
-	sameValue[core.ErrNotFound-C.RDT_ERR_NOT_FOUND],
-	sameValue[core.ErrAlreadyExists-C.RDT_ERR_ALREADY_EXISTS],
-	sameValue[core.ErrTimeout-C.RDT_ERR_TIMEOUT],
-	sameValue[core.ErrAborted-C.RDT_ERR_ABORTED],
-	sameValue[core.ErrPeerUnavailable-C.RDT_ERR_PEER_UNAVAILABLE],
-	sameValue[core.ErrCorrupt-C.RDT_ERR_CORRUPT],
-	sameValue[core.ErrUnsupported-C.RDT_ERR_UNSUPPORTED],
-	sameValue[core.ErrPermissionDenied-C.RDT_ERR_PERMISSION_DENIED],
-	sameValue[core.ErrTransport-C.RDT_ERR_TRANSPORT],
-	sameValue[core.ErrNoMemory-C.RDT_ERR_NO_MEMORY],
-	sameValue[core.ErrABIMismatch-C.RDT_ERR_ABI_MISMATCH],
-	sameValue[core.ErrForked-C.RDT_ERR_FORKED],
-	sameValue[core.ErrClosed-C.RDT_ERR_CLOSED],
-	sameValue[core.ErrInternal-C.RDT_ERR_INTERNAL],
-	sameValue[core.ErrUser-C.RDT_ERR_USER],
+	sameValue[transport.OK-C.RDT_OK],
+	sameValue[transport.ErrInvalidArgument-C.RDT_ERR_INVALID_ARGUMENT],
+	sameValue[transport.ErrNotFound-C.RDT_ERR_NOT_FOUND],
+	sameValue[transport.ErrAlreadyExists-C.RDT_ERR_ALREADY_EXISTS],
+	sameValue[transport.ErrTimeout-C.RDT_ERR_TIMEOUT],
+	sameValue[transport.ErrAborted-C.RDT_ERR_ABORTED],
+	sameValue[transport.ErrPeerUnavailable-C.RDT_ERR_PEER_UNAVAILABLE],
+	sameValue[transport.ErrCorrupt-C.RDT_ERR_CORRUPT],
+	sameValue[transport.ErrUnsupported-C.RDT_ERR_UNSUPPORTED],
+	sameValue[transport.ErrPermissionDenied-C.RDT_ERR_PERMISSION_DENIED],
+	sameValue[transport.ErrTransport-C.RDT_ERR_TRANSPORT],
+	sameValue[transport.ErrNoMemory-C.RDT_ERR_NO_MEMORY],
+	sameValue[transport.ErrABIMismatch-C.RDT_ERR_ABI_MISMATCH],
+	sameValue[transport.ErrForked-C.RDT_ERR_FORKED],
+	sameValue[transport.ErrClosed-C.RDT_ERR_CLOSED],
+	sameValue[transport.ErrInternal-C.RDT_ERR_INTERNAL],
+	sameValue[transport.ErrUser-C.RDT_ERR_USER],
 }
 
 var _ = sameValue[C.rdtc_status_count-len(goStatusesMatchRDTH)]

@@ -8,65 +8,65 @@ import "C"
 import (
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // tensorsFromC reads and validates an rdt_tensor array. Shapes are copied;
 // the data pointers are kept as addresses.
-func tensorsFromC(p *C.rdt_tensor, n C.size_t, what string) ([]core.Tensor, error) {
+func tensorsFromC(p *C.rdt_tensor, n C.size_t, what string) ([]transport.Tensor, error) {
 	if n == 0 {
 		return nil, nil
 	}
 	if p == nil {
 		return nil, invalid("%s is NULL but the count is %d", what, n)
 	}
-	if n > core.MaxTensors {
-		return nil, invalid("%d %s is over the limit of %d", n, what, core.MaxTensors)
+	if n > transport.MaxTensors {
+		return nil, invalid("%d %s is over the limit of %d", n, what, transport.MaxTensors)
 	}
 	arr := unsafe.Slice(p, int(n))
-	out := make([]core.Tensor, len(arr))
+	out := make([]transport.Tensor, len(arr))
 	for i := range arr {
 		t, err := tensorFromC(&arr[i])
 		if err != nil {
-			return nil, core.Wrap(err, "%s[%d]", what, i)
+			return nil, transport.Wrap(err, "%s[%d]", what, i)
 		}
 		out[i] = t
 	}
 	return out, nil
 }
 
-func tensorFromC(ct *C.rdt_tensor) (core.Tensor, error) {
+func tensorFromC(ct *C.rdt_tensor) (transport.Tensor, error) {
 	ndim := int(ct.ndim)
-	if ndim < 0 || ndim > core.MaxNDim {
-		return core.Tensor{}, invalid("ndim %d is outside 0..%d", ndim, core.MaxNDim)
+	if ndim < 0 || ndim > transport.MaxNDim {
+		return transport.Tensor{}, invalid("ndim %d is outside 0..%d", ndim, transport.MaxNDim)
 	}
 	var shape []int64
 	if ndim > 0 {
 		if ct.shape == nil {
-			return core.Tensor{}, invalid("shape is NULL for %d dimensions", ndim)
+			return transport.Tensor{}, invalid("shape is NULL for %d dimensions", ndim)
 		}
 		shape = unsafe.Slice((*int64)(unsafe.Pointer(ct.shape)), ndim)
 	}
 	if ct.strides != nil && ndim > 0 {
 		strides := unsafe.Slice((*int64)(unsafe.Pointer(ct.strides)), ndim)
-		if err := core.CheckContiguous(shape, strides); err != nil {
-			return core.Tensor{}, err
+		if err := transport.CheckContiguous(shape, strides); err != nil {
+			return transport.Tensor{}, err
 		}
 	}
-	dev := core.Device{Type: core.DeviceType(ct.device.device_type), ID: int32(ct.device.device_id)}
+	dev := transport.Device{Type: transport.DeviceType(ct.device.device_type), ID: int32(ct.device.device_id)}
 	if dev.Type <= 0 {
-		return core.Tensor{}, invalid("device type %d is not a DLPack device type", dev.Type)
+		return transport.Tensor{}, invalid("device type %d is not a DLPack device type", dev.Type)
 	}
-	dt := core.DType{Code: uint8(ct.dtype.code), Bits: uint8(ct.dtype.bits), Lanes: uint16(ct.dtype.lanes)}
-	desc, err := core.NewTensorDesc(dev, dt, shape)
+	dt := transport.DType{Code: uint8(ct.dtype.code), Bits: uint8(ct.dtype.bits), Lanes: uint16(ct.dtype.lanes)}
+	desc, err := transport.NewTensorDesc(dev, dt, shape)
 	if err != nil {
-		return core.Tensor{}, err
+		return transport.Tensor{}, err
 	}
 	orig := dataAddr(ct)
 	if orig == 0 && desc.Nbytes > 0 {
-		return core.Tensor{}, invalid("data is NULL for a tensor of %d bytes", desc.Nbytes)
+		return transport.Tensor{}, invalid("data is NULL for a tensor of %d bytes", desc.Nbytes)
 	}
-	return core.Tensor{TensorDesc: desc, Data: orig + uintptr(ct.byte_offset), Orig: orig}, nil
+	return transport.Tensor{TensorDesc: desc, Data: orig + uintptr(ct.byte_offset), Orig: orig}, nil
 }
 
 // dataAddr and setDataAddr access a tensor's data address as the integer
@@ -83,7 +83,7 @@ type cTensors struct {
 	n   C.size_t
 }
 
-func newCTensors(ts []core.Tensor) *cTensors {
+func newCTensors(ts []transport.Tensor) *cTensors {
 	if len(ts) == 0 {
 		return &cTensors{}
 	}

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 //export rdtgo_register_transport
@@ -42,12 +43,12 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		if ndev > C.RDT_MAX_DEVICES {
 			return invalid("transport %q lists %d device types, over the limit of %d", canon, ndev, C.RDT_MAX_DEVICES)
 		}
-		var devs []core.DeviceType
+		var devs []transport.DeviceType
 		for _, d := range unsafe.Slice(devices, int(ndev)) {
 			if d <= 0 {
 				return invalid("device type %d is not a DLPack device type", d)
 			}
-			devs = append(devs, core.DeviceType(d))
+			devs = append(devs, transport.DeviceType(d))
 		}
 		flags := uint32(vt.flags)
 		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT) != 0 {
@@ -125,19 +126,19 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 }
 
 // foreign is a transport implemented by the application through a C
-// vtable. It is a core.Transport like any built-in one.
+// vtable. It is a transport.Transport like any built-in one.
 type foreign struct {
 	name               string
-	devices            []core.DeviceType
+	devices            []transport.DeviceType
 	oneSided, canAbort bool
 	vt                 *C.rdt_transport_vtable // C memory, freed at Close
 	closeOnce          sync.Once
 }
 
-func (f *foreign) Name() string               { return f.name }
-func (f *foreign) Devices() []core.DeviceType { return f.devices }
-func (f *foreign) OneSided() bool             { return f.oneSided }
-func (f *foreign) CanAbort() bool             { return f.canAbort }
+func (f *foreign) Name() string                    { return f.name }
+func (f *foreign) Devices() []transport.DeviceType { return f.devices }
+func (f *foreign) OneSided() bool                  { return f.oneSided }
+func (f *foreign) CanAbort() bool                  { return f.canAbort }
 
 // callbackError turns a callback's status and message into an error.
 func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) error {
@@ -149,11 +150,11 @@ func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) e
 		text = C.GoString(msg)
 		C.free(unsafe.Pointer(msg))
 	}
-	code := core.Status(st)
-	if code > 0 || (code > core.ErrUser && !code.Known()) {
-		code = core.ErrUser // not an rdt status: the callback's own code
+	code := transport.Status(st)
+	if code > 0 || (code > transport.ErrUser && !code.Known()) {
+		code = transport.ErrUser // not an rdt status: the callback's own code
 	}
-	return core.Errorf(code, "%s failed (%s): %s", callback, code, text) // the core prefixes the transport name
+	return transport.Errorf(code, "%s failed (%s): %s", callback, code, text) // the core prefixes the transport name
 }
 
 // cTransfer is a transfer description for callbacks, in C memory with its
@@ -163,7 +164,7 @@ type cTransfer struct {
 	strings []*C.char
 }
 
-func newCTransfer(x *core.Transfer) *cTransfer {
+func newCTransfer(x *transport.Transfer) *cTransfer {
 	c := &cTransfer{x: (*C.rdt_transfer)(C.calloc(1, C.size_t(unsafe.Sizeof(C.rdt_transfer{}))))}
 	if c.x == nil {
 		panic("rdt: out of memory")
@@ -213,7 +214,7 @@ func takeBuffer(buf *C.struct_rdt_buffer) []byte {
 	return b
 }
 
-func (f *foreign) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (f *foreign) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	if f.vt.extract_metadata == nil {
 		return []byte{}, nil
 	}
@@ -232,7 +233,7 @@ func (f *foreign) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]b
 	return out, nil
 }
 
-func (f *foreign) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+func (f *foreign) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
 	if f.vt.communicator_metadata == nil {
 		return []byte{}, nil
 	}
@@ -249,7 +250,7 @@ func (f *foreign) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
 	return out, nil
 }
 
-func (f *foreign) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
+func (f *foreign) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
 	cx := newCTransfer(x)
 	defer cx.free()
 	ts := newCTensors(tensors)
@@ -270,14 +271,14 @@ type foreignRequest struct {
 	targets *cTensors
 	tmeta   []byte // kept reachable: C borrows them during recv
 	cmeta   []byte
-	req     C.uintptr_t  // the transport's opaque request (fetch/wait): any bits, so never a Go pointer type
-	recv    core.Request // the goroutine running recv
+	req     C.uintptr_t       // the transport's opaque request (fetch/wait): any bits, so never a Go pointer type
+	recv    transport.Request // the goroutine running recv
 }
 
-func (f *foreign) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (f *foreign) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	r := &foreignRequest{f: f, x: newCTransfer(x), targets: newCTensors(targets), tmeta: tmeta, cmeta: cmeta}
 	if f.vt.fetch == nil {
-		r.recv = core.RecvFunc(func() error {
+		r.recv = transport.RecvFunc(func() error {
 			tm, tms := bytesArg(r.tmeta)
 			cm, cms := bytesArg(r.cmeta)
 			var msg *C.char
@@ -318,7 +319,7 @@ func (r *foreignRequest) Release() {
 	r.targets.free()
 }
 
-func (f *foreign) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+func (f *foreign) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
 	if f.vt.garbage_collect == nil {
 		return
 	}
@@ -330,7 +331,7 @@ func (f *foreign) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta
 	C.rdtc_cb_gc(f.vt, oid, ts.arr, ts.n, tm, tms)
 }
 
-func (f *foreign) Abort(x *core.Transfer, req core.Request) {
+func (f *foreign) Abort(x *transport.Transfer, req transport.Request) {
 	if f.vt.abort == nil {
 		return
 	}
@@ -345,7 +346,7 @@ func (f *foreign) Abort(x *core.Transfer, req core.Request) {
 	}
 	var msg *C.char
 	if err := f.callbackError("abort", C.rdtc_cb_abort(f.vt, cx, creq, &msg), msg); err != nil {
-		core.NewLogger(f.name, core.LogDefault).Warnf("%v", err)
+		transport.NewLogger(f.name, transport.LogDefault).Warnf("%v", err)
 	}
 }
 

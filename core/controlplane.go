@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // This file is the seam between the runtime and the control plane: the
@@ -12,49 +14,9 @@ import (
 // carries the same calls as framed messages. The runtime neither knows nor
 // cares which one it talks through.
 
-// TransportAdvert is what a runtime tells peers about one of its transports.
-type TransportAdvert struct {
-	Name     string
-	Devices  []DeviceType
-	OneSided bool
-}
-
-// PeerInfo identifies a runtime to its peers.
-type PeerInfo struct {
-	RuntimeID  RuntimeID
-	Name       string
-	Address    string
-	HostID     string
-	Pid        int
-	Transports []TransportAdvert
-}
-
-// SameHost reports whether two runtimes share a host (same boot, same
-// process and mount namespaces), so that host-local transports apply.
-func (p PeerInfo) SameHost(q PeerInfo) bool { return p.HostID != "" && p.HostID == q.HostID }
-
-// Advert finds the peer's advertisement of a transport.
-func (p PeerInfo) Advert(name string) (TransportAdvert, bool) {
-	for _, a := range p.Transports {
-		if a.Name == name {
-			return a, true
-		}
-	}
-	return TransportAdvert{}, false
-}
-
-// String names the peer for messages, without the secret its address may
-// carry.
-func (p PeerInfo) String() string {
-	if p.Name != "" {
-		return p.Name + "@" + RedactAddress(p.Address)
-	}
-	return RedactAddress(p.Address)
-}
-
 // SendRequest asks a source runtime to run a two-sided transport's send.
 type SendRequest struct {
-	Object     ObjectID
+	Object     transport.ObjectID
 	TransferID uint64
 	Transport  string
 	CMeta      []byte
@@ -64,46 +26,46 @@ type SendRequest struct {
 // on behalf of an authenticated remote runtime, `from`.
 type PeerService interface {
 	// Identity describes this runtime now (transports may be added later).
-	Identity() PeerInfo
+	Identity() transport.PeerInfo
 	// Borrow registers one borrow of obj by `from`, consuming the
 	// serialized ref's lease token if it is still held.
-	Borrow(from PeerInfo, obj ObjectID, token uint64) error
+	Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error
 	// Unborrow returns n borrows of obj by `from`.
-	Unborrow(from RuntimeID, obj ObjectID, n uint64)
+	Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64)
 	// Lease makes a token that keeps obj alive while a ref serialized by
 	// `from` (a borrower) is in transit.
-	Lease(from RuntimeID, obj ObjectID) (uint64, error)
+	Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error)
 	// Metadata returns (extracting on first demand) a transport's metadata
 	// for obj.
-	Metadata(from RuntimeID, obj ObjectID, transport string) ([]byte, error)
+	Metadata(from transport.RuntimeID, obj transport.ObjectID, transportName string) ([]byte, error)
 	// Send runs a two-sided send to `from` and returns when it is done.
 	// Cancelling ctx aborts it.
-	Send(ctx context.Context, from PeerInfo, req SendRequest) error
+	Send(ctx context.Context, from transport.PeerInfo, req SendRequest) error
 	// JoinGroup registers `from` as a rank of a group this runtime is rank 0
 	// of, and returns the encoded roster once every rank joined (ErrNotFound
 	// while the group is not created here yet). Cancelling ctx withdraws.
-	JoinGroup(ctx context.Context, from PeerInfo, req GroupJoin) ([]byte, error)
+	JoinGroup(ctx context.Context, from transport.PeerInfo, req GroupJoin) ([]byte, error)
 	// PeerGone tells the runtime that a peer disconnected or died: its
 	// borrows are returned and transports drop what they keep for it.
-	PeerGone(peer PeerInfo)
+	PeerGone(peer transport.PeerInfo)
 }
 
 // Peer is a connection to another runtime, as seen by the caller.
 type Peer interface {
 	// Info is the peer's identity as of the handshake or the last Refresh.
-	Info() PeerInfo
+	Info() transport.PeerInfo
 	// Refresh asks the peer for its identity again.
-	Refresh(ctx context.Context) (PeerInfo, error)
-	Borrow(ctx context.Context, obj ObjectID, token uint64) error
+	Refresh(ctx context.Context) (transport.PeerInfo, error)
+	Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error
 	// BorrowAsync sends the same request without waiting for the answer and
 	// calls done with it (on the connection's goroutine, or at once when the
 	// connection is gone). Requests on one connection are served in order,
 	// so a later Unborrow or fetch request reaches the owner after it.
-	BorrowAsync(obj ObjectID, token uint64, done func(error))
+	BorrowAsync(obj transport.ObjectID, token uint64, done func(error))
 	// Unborrow is fire-and-forget; a lost peer has dropped our borrows.
-	Unborrow(obj ObjectID, n uint64)
-	Lease(ctx context.Context, obj ObjectID) (uint64, error)
-	Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error)
+	Unborrow(obj transport.ObjectID, n uint64)
+	Lease(ctx context.Context, obj transport.ObjectID) (uint64, error)
+	Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error)
 	// Send asks the peer to send; cancelling ctx aborts the send there.
 	Send(ctx context.Context, req SendRequest) error
 	// JoinGroup joins a group the peer is rank 0 of; see PeerService.
@@ -115,7 +77,7 @@ type Peer interface {
 // ListenConfig is what a network needs to make a runtime reachable.
 type ListenConfig struct {
 	Service       PeerService
-	Log           *Logger
+	Log           *transport.Logger
 	SocketDir     string             // private directory for Unix sockets
 	ListenTCP     string             // "host:port" for peers on other hosts, or ""
 	AuthToken     string             // shared secret TCP peers must prove ("": none configured)

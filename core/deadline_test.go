@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // margin is how late a deadline may be kept on a loaded machine.
@@ -70,7 +72,7 @@ func TestDeserializeKeepsItsDeadlineWithASilentOwner(t *testing.T) {
 		_, err = borrower.DeserializeContext(ctx, b)
 		elapsed := time.Since(start)
 		cancel()
-		assert.Equal(t, ErrTimeout, StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 		assert.Less(t, elapsed, 300*time.Millisecond+margin, "the deadline is kept while the handshake hangs")
 	}
 	// The second call waited for the first call's dial, still under way,
@@ -81,7 +83,7 @@ func TestDeserializeKeepsItsDeadlineWithASilentOwner(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	_, err = borrower.DeserializeContext(ctx, b)
-	assert.Equal(t, ErrAborted, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 
 	s := borrower.Stats()
 	assert.Equal(t, uint64(0), s.Refs, "nothing is kept by a deserialize that gave up")
@@ -121,18 +123,18 @@ type stallPeer struct {
 	release chan struct{}
 }
 
-func (p stallPeer) Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error) {
+func (p stallPeer) Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error) {
 	select {
 	case <-p.release:
-		return p.Peer.Metadata(ctx, obj, transport)
+		return p.Peer.Metadata(ctx, obj, transportName)
 	case <-ctx.Done():
-		return nil, ContextError(ctx, "metadata request")
+		return nil, transport.ContextError(ctx, "metadata request")
 	}
 }
 
 // stalledPair is an owner whose object is fetched with a transport whose
 // metadata is not in the ref, by a borrower whose metadata requests stall.
-func stalledPair(t *testing.T) (borrower *Runtime, ref *Ref, target Tensor, release chan struct{}) {
+func stalledPair(t *testing.T) (borrower *Runtime, ref *Ref, target transport.Tensor, release chan struct{}) {
 	release = make(chan struct{})
 	owner := newRuntime(t, "owner")
 	borrower = newRuntime(t, "borrower", func(o *Options) { o.Network = stallNetwork{InProcess{}, release} })
@@ -153,20 +155,20 @@ func stalledPair(t *testing.T) (borrower *Runtime, ref *Ref, target Tensor, rele
 func TestStartFetchWaitsForNothingAndAbortEndsTheStartPhase(t *testing.T) {
 	borrower, ref, target, _ := stalledPair(t)
 	start := time.Now()
-	f, err := borrower.StartFetch([]*Ref{ref}, []Tensor{target}, FetchOptions{Transport: "other"})
+	f, err := borrower.StartFetch([]*Ref{ref}, []transport.Tensor{target}, FetchOptions{Transport: "other"})
 	require.NoError(t, err)
 	assert.Less(t, time.Since(start), margin, "start does not wait for the owner")
 
 	start = time.Now()
 	err = f.Wait(300 * time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Less(t, time.Since(start), 300*time.Millisecond+margin)
-	assert.Equal(t, ErrTimeout, StatusOf(f.Wait(0)), "the fetch stays valid after a timeout")
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(0)), "the fetch stays valid after a timeout")
 
 	start = time.Now()
 	f.Abort()
 	err = f.Wait(-1)
-	assert.Equal(t, ErrAborted, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 	f.Free()
 	assert.Less(t, time.Since(start), margin, "abort ends the wait for the owner's metadata")
 	assert.Equal(t, uint64(0), borrower.Stats().FetchesActive)
@@ -175,13 +177,13 @@ func TestStartFetchWaitsForNothingAndAbortEndsTheStartPhase(t *testing.T) {
 func TestGetKeepsItsDeadlineInTheStartPhase(t *testing.T) {
 	borrower, ref, target, release := stalledPair(t)
 	start := time.Now()
-	err := borrower.Get([]*Ref{ref}, []Tensor{target}, FetchOptions{Transport: "other"}, 300*time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(err), "%v", err)
+	err := borrower.Get([]*Ref{ref}, []transport.Tensor{target}, FetchOptions{Transport: "other"}, 300*time.Millisecond)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Less(t, time.Since(start), 300*time.Millisecond+margin)
 	assert.Equal(t, uint64(0), borrower.Stats().FetchesActive)
 
 	// Freeing a fetch stuck in its start phase is prompt too.
-	f, err := borrower.StartFetch([]*Ref{ref}, []Tensor{target}, FetchOptions{Transport: "other"})
+	f, err := borrower.StartFetch([]*Ref{ref}, []transport.Tensor{target}, FetchOptions{Transport: "other"})
 	require.NoError(t, err)
 	start = time.Now()
 	f.Free()
@@ -189,5 +191,5 @@ func TestGetKeepsItsDeadlineInTheStartPhase(t *testing.T) {
 
 	// Once the owner answers, the same ref is fetched.
 	close(release)
-	require.NoError(t, borrower.Get([]*Ref{ref}, []Tensor{target}, FetchOptions{Transport: "other"}, 5*time.Second))
+	require.NoError(t, borrower.Get([]*Ref{ref}, []transport.Tensor{target}, FetchOptions{Transport: "other"}, 5*time.Second))
 }

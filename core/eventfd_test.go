@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // readable polls fd for up to timeout and reports whether it is readable.
@@ -56,7 +58,7 @@ func TestFetchEventFDBecomesReadableAtCompletion(t *testing.T) {
 	f.Free()
 	assert.False(t, isEventFD(fd), "Free closes the eventfd")
 	_, err = f.EventFD()
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err), "no eventfd for a freed fetch")
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "no eventfd for a freed fetch")
 }
 
 func TestFetchEventFDAfterCompletionAndAbort(t *testing.T) {
@@ -68,7 +70,7 @@ func TestFetchEventFDAfterCompletionAndAbort(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, func() bool { return p.dst.fetched.Load() == 1 }, "the transfer started")
 	f.Abort()
-	assert.Equal(t, ErrAborted, StatusOf(f.Wait(5*time.Second)))
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(5*time.Second)))
 	// Asked for only after the fetch ended: readable at once.
 	fd, err := f.EventFD()
 	require.NoError(t, err)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // FetchOptions adjust one fetch.
@@ -52,7 +54,7 @@ type transfer struct {
 	f       *Fetch
 	index   int
 	ref     *Ref // the fetch's own handle, released when the transfer ends
-	targets []Tensor
+	targets []transport.Tensor
 
 	local bool // the fetching runtime owns the object
 	empty bool // nothing to move
@@ -60,8 +62,8 @@ type transfer struct {
 	// Remote transfers.
 	peer       Peer
 	entry      *registered
-	x          *Transfer
-	req        Request
+	x          *transport.Transfer
+	req        transport.Request
 	sendDone   chan error
 	sendCancel context.CancelFunc
 	aborted    bool
@@ -84,9 +86,9 @@ type transfer struct {
 // Causes, made once: formatting them per fetch would cost more than a
 // small fetch itself.
 var (
-	errGetDeadline = Errorf(ErrTimeout, "the get's deadline passed")
-	errOwnerSilent = Errorf(ErrTimeout, "the owner did not answer within %v", rpcTimeout)
-	errWouldBlock  = Errorf(ErrAborted, "the start would wait on the network")
+	errGetDeadline = transport.Errorf(transport.ErrTimeout, "the get's deadline passed")
+	errOwnerSilent = transport.Errorf(transport.ErrTimeout, "the owner did not answer within %v", rpcTimeout)
+	errWouldBlock  = transport.Errorf(transport.ErrAborted, "the start would wait on the network")
 	// wouldBlock is a context that has ended, with errWouldBlock.
 	wouldBlock = func() context.Context {
 		ctx, cancel := context.WithCancelCause(context.Background())
@@ -100,7 +102,7 @@ var (
 // and the transfers themselves run in the background, bounded by the
 // fetch's own life (Abort, Free) and waited on with Wait. Errors of those
 // phases are the fetch's result. See rdt_fetch_start.
-func (rt *Runtime) StartFetch(refs []*Ref, targets []Tensor, opts FetchOptions) (*Fetch, error) {
+func (rt *Runtime) StartFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Fetch, error) {
 	ctx, cancel := context.WithCancel(rt.ctx)
 	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
 	if err != nil {
@@ -151,7 +153,7 @@ func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
 // a fetch that completes at once needs no other goroutine), and what is left
 // when it passes is aborted before Get returns. A negative timeout waits
 // forever.
-func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout time.Duration) error {
+func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOptions, timeout time.Duration) error {
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if timeout >= 0 {
@@ -183,31 +185,31 @@ func (rt *Runtime) Get(refs []*Ref, targets []Tensor, opts FetchOptions, timeout
 		<-f.done
 		return f.result()
 	}
-	return Errorf(ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
+	return transport.Errorf(transport.ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
 }
 
 // newFetch checks the arguments, takes the fetch's own handles on the
 // objects and registers the fetch with the runtime. Nothing runs yet. The
 // fetch takes ctx and cancels it when aborted or freed.
-func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
+func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
 	total := 0
 	for i, r := range refs {
 		if err := r.check(); err != nil {
-			return nil, Wrap(err, "ref %d", i)
+			return nil, transport.Wrap(err, "ref %d", i)
 		}
 		if r.rt != rt {
-			return nil, Errorf(ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
 		}
 		total += len(r.desc.Tensors)
 	}
 	if total != len(targets) {
-		return nil, Errorf(ErrInvalidArgument, "%d targets given for %d source tensors", len(targets), total)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d targets given for %d source tensors", len(targets), total)
 	}
 	off := 0
 	for i, r := range refs {
 		for j, td := range r.desc.Tensors {
 			if err := td.Matches(targets[off].TensorDesc); err != nil {
-				return nil, Wrap(err, "target for ref %d tensor %d", i, j)
+				return nil, transport.Wrap(err, "target for ref %d tensor %d", i, j)
 			}
 			off++
 		}
@@ -229,7 +231,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ct
 			for _, tr := range f.transfers {
 				tr.ref.Release()
 			}
-			return nil, Wrap(err, "ref %d", i)
+			return nil, transport.Wrap(err, "ref %d", i)
 		}
 		n := len(r.desc.Tensors)
 		f.transfers = append(f.transfers, &transfer{f: f, index: i, ref: c, targets: targets[off : off+n]})
@@ -241,7 +243,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []Tensor, opts FetchOptions, ct
 		for _, tr := range f.transfers {
 			tr.ref.Release()
 		}
-		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	rt.fetches[f] = struct{}{}
 	rt.mu.Unlock()
@@ -373,14 +375,14 @@ func (f *Fetch) EventFD() (int, error) {
 	f.eventMu.Lock()
 	defer f.eventMu.Unlock()
 	if f.freed {
-		return -1, Errorf(ErrInvalidArgument, "the fetch was freed")
+		return -1, transport.Errorf(transport.ErrInvalidArgument, "the fetch was freed")
 	}
 	if f.eventFD >= 0 {
 		return f.eventFD, nil
 	}
 	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		return -1, Errorf(ErrNoMemory, "eventfd: %v", err)
+		return -1, transport.Errorf(transport.ErrNoMemory, "eventfd: %v", err)
 	}
 	f.eventFD = fd
 	select {
@@ -419,10 +421,10 @@ func (tr *transfer) begin() error {
 	// context is enough; a cached connection needs none.
 	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
 	if err != nil {
-		return Wrap(err, "owner %s", desc.Owner.Address)
+		return transport.Wrap(err, "owner %s", desc.Owner.Address)
 	}
 	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return Errorf(ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
 	}
 	tr.peer = peer
 	if err := rt.borrowRefused(desc.ID); err != nil {
@@ -446,26 +448,26 @@ func (tr *transfer) begin() error {
 		if err == nil {
 			return nil
 		}
-		st := StatusOf(err)
-		if auto && (st == ErrUnsupported || st == ErrPermissionDenied || st == ErrNotFound) {
+		st := transport.StatusOf(err)
+		if auto && (st == transport.ErrUnsupported || st == transport.ErrPermissionDenied || st == transport.ErrNotFound) {
 			reasons = append(reasons, err.Error())
 			continue
 		}
 		return err
 	}
 	if len(candidates) == 0 {
-		return Errorf(ErrUnsupported, "no transport moves %s memory", desc.Tensors[0].Device.Type)
+		return transport.Errorf(transport.ErrUnsupported, "no transport moves %s memory", desc.Tensors[0].Device.Type)
 	}
-	return Errorf(ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
 }
 
 // autoCandidates orders the built-in transports for an object put without
 // one: same-host ones first, by device.
-func autoCandidates(desc *ObjectDesc, local, peer PeerInfo) []string {
+func autoCandidates(desc *ObjectDesc, local, peer transport.PeerInfo) []string {
 	host, cuda := true, false
 	for _, t := range desc.Tensors {
 		host = host && t.Device.Type.HostAccessible()
-		cuda = cuda || t.Device.Type == DeviceCUDA
+		cuda = cuda || t.Device.Type == transport.DeviceCUDA
 	}
 	same := local.SameHost(peer)
 	switch {
@@ -489,7 +491,7 @@ func (tr *transfer) beginWith(name string) error {
 		return err
 	}
 	t := e.t
-	if c, ok := t.(FreedObjectChecker); ok && c.ChecksFreedObjects() {
+	if c, ok := t.(transport.FreedObjectChecker); ok && c.ChecksFreedObjects() {
 		tr.unconfirmed = true
 	} else if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
 		// The transport may read the source's memory as described in the
@@ -499,7 +501,7 @@ func (tr *transfer) beginWith(name string) error {
 	}
 	for i, tg := range tr.targets {
 		if !supportsDevice(t, tg.Device.Type) {
-			return Errorf(ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
+			return transport.Errorf(transport.ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
 		}
 	}
 	peerInfo := tr.peer.Info()
@@ -507,7 +509,7 @@ func (tr *transfer) beginWith(name string) error {
 		// The peer may have registered it since we connected.
 		ctx := tr.ownerCtx()
 		if ctx.Err() != nil {
-			return ContextError(ctx, "asking %s for its transports", peerInfo)
+			return transport.ContextError(ctx, "asking %s for its transports", peerInfo)
 		}
 		if peerInfo, err = tr.peer.Refresh(ctx); err != nil {
 			return err
@@ -517,33 +519,33 @@ func (tr *transfer) beginWith(name string) error {
 			for i, a := range peerInfo.Transports {
 				have[i] = a.Name
 			}
-			return Errorf(ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
+			return transport.Errorf(transport.ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
 		}
 	}
-	if pc, ok := t.(PeerChecker); ok {
+	if pc, ok := t.(transport.PeerChecker); ok {
 		if err := pc.CheckPeer(rt.Identity(), peerInfo); err != nil {
-			return Wrap(err, "%s", name)
+			return transport.Wrap(err, "%s", name)
 		}
 	}
 	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
 	if err != nil {
-		return Wrap(err, "%s metadata", name)
+		return transport.Wrap(err, "%s metadata", name)
 	}
 	select {
 	case <-tr.f.abortCh:
 		// Aborted while we asked the owner: start nothing. (A deadline
 		// alone does not stop it: a transfer that completes inside the
 		// transport's fetch still makes a get with timeout 0 succeed.)
-		return Errorf(ErrAborted, "fetch aborted")
+		return transport.Errorf(transport.ErrAborted, "fetch aborted")
 	default:
 	}
-	x := &Transfer{
-		Object: desc.ID, TransferID: randomUint64(), Transport: name, Role: RoleDestination,
+	x := &transport.Transfer{
+		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
 		Source: peerInfo, Destination: rt.Identity(),
 	}
 	cmeta, err := t.CommunicatorMetadata(x)
 	if err != nil {
-		return Wrap(err, "transport %s communicator metadata", name)
+		return transport.Wrap(err, "transport %s communicator metadata", name)
 	}
 	if !t.OneSided() {
 		sctx, cancel := context.WithCancel(rt.ctx)
@@ -558,7 +560,7 @@ func (tr *transfer) beginWith(name string) error {
 			tr.sendCancel() // the source's send is aborted; no need to wait for it
 			tr.sendCancel, tr.sendDone = nil, nil
 		}
-		return Wrap(err, "transport %s", name)
+		return transport.Wrap(err, "transport %s", name)
 	}
 	tr.entry, tr.x, tr.req = e, x, req
 	return nil
@@ -581,7 +583,7 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer Peer, desc *Objec
 	rt.mu.Unlock()
 	wctx := ctx()
 	if wctx.Err() != nil {
-		return nil, ContextError(wctx, "asking the owner")
+		return nil, transport.ContextError(wctx, "asking the owner")
 	}
 	m, err := peer.Metadata(wctx, desc.ID, name)
 	if err != nil {
@@ -633,26 +635,26 @@ func (tr *transfer) run() error {
 				return nil
 			}
 			if cause == nil {
-				cause = Wrap(err, "transport %s", t.Name())
+				cause = transport.Wrap(err, "transport %s", t.Name())
 			}
 		case err := <-sendDone:
 			sendDone = nil
 			if err != nil {
 				if cause == nil {
-					cause = Wrap(err, "the source failed to send")
+					cause = transport.Wrap(err, "the source failed to send")
 				}
 				tr.abort()
 			}
 		case <-abortCh:
 			abortCh = nil
 			if cause == nil {
-				cause = Errorf(ErrAborted, "fetch aborted")
+				cause = transport.Errorf(transport.ErrAborted, "fetch aborted")
 			}
 			tr.abort()
 		case <-peerDone:
 			peerDone = nil
 			if cause == nil {
-				cause = Errorf(ErrPeerUnavailable, "the owner %s went away during the transfer", tr.peer.Info())
+				cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer", tr.peer.Info())
 			}
 			tr.abort()
 		}
@@ -662,8 +664,8 @@ func (tr *transfer) run() error {
 	}
 	select {
 	case <-tr.peer.Done():
-		if st := StatusOf(cause); st != ErrAborted && st != ErrPeerUnavailable {
-			cause = Errorf(ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
+		if st := transport.StatusOf(cause); st != transport.ErrAborted && st != transport.ErrPeerUnavailable {
+			cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
 		}
 	default:
 	}
@@ -679,7 +681,7 @@ func (tr *transfer) completed() bool {
 	if tr.req == nil || tr.sendDone != nil {
 		return false
 	}
-	c, ok := tr.req.(CompletedRequest)
+	c, ok := tr.req.(transport.CompletedRequest)
 	return ok && c.Completed()
 }
 
@@ -728,11 +730,11 @@ func (tr *transfer) finish(err error) {
 			tr.entry.stats.TransfersFailed.Add(1)
 		}
 		level := rt.log.Warnf
-		if st := StatusOf(err); st == ErrAborted || (st == ErrTimeout && tr.f.ctx.Err() != nil) {
+		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
 			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
 		}
 		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
-		err = Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
+		err = transport.Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
 	}
 	tr.ref.Release()
 	tr.f.record(err)
@@ -746,7 +748,7 @@ const ownerAnswerWait = 2 * time.Second
 // awaitsOwner reports whether a failure may be explained by the owner's
 // answer to our borrow, which can take a round trip (see ownerRefusal).
 func (tr *transfer) awaitsOwner(err error) bool {
-	return tr.unconfirmed && StatusOf(err) == ErrPeerUnavailable
+	return tr.unconfirmed && transport.StatusOf(err) == transport.ErrPeerUnavailable
 }
 
 // ownerRefusal is the owner's refusal of our borrow when a transfer started
@@ -768,30 +770,30 @@ func (tr *transfer) ownerRefusal(err error) error {
 	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
 	defer cancel()
 	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
-	if StatusOf(refused) != ErrNotFound {
+	if transport.StatusOf(refused) != transport.ErrNotFound {
 		return nil
 	}
 	return refused
 }
 
 // checkLocalCopy makes sure a runtime's own object can be copied directly.
-func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []Tensor) error {
+func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor) error {
 	for i, t := range desc.Tensors {
 		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
 			continue
 		}
 		if rt.localCopier(t.Device.Type) == nil {
-			return Errorf(ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
+			return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
 		}
 	}
 	return nil
 }
 
-func (rt *Runtime) localCopier(d DeviceType) LocalCopier {
+func (rt *Runtime) localCopier(d transport.DeviceType) transport.LocalCopier {
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	for _, e := range rt.reg.m {
-		if lc, ok := e.t.(LocalCopier); ok && supportsDevice(e.t, d) {
+		if lc, ok := e.t.(transport.LocalCopier); ok && supportsDevice(e.t, d) {
 			return lc
 		}
 	}
@@ -807,21 +809,21 @@ func (tr *transfer) copyLocal() error {
 	o, ok := rt.objects[tr.ref.desc.ID]
 	rt.mu.Unlock()
 	if !ok {
-		return Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	for i, src := range o.tensors {
 		dst := tr.targets[i]
 		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			if err := rt.localCopier(src.Device.Type).CopyLocal([]Tensor{dst}, []Tensor{src}); err != nil {
+			if err := rt.localCopier(src.Device.Type).CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
 				return err
 			}
 			continue
 		}
-		s, d := Bytes(src.Data, src.Nbytes), Bytes(dst.Data, dst.Nbytes)
+		s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data, dst.Nbytes)
 		for off := 0; off < len(s); off += localChunk {
 			select {
 			case <-tr.f.abortCh:
-				return Errorf(ErrAborted, "fetch aborted")
+				return transport.Errorf(transport.ErrAborted, "fetch aborted")
 			default:
 			}
 			copy(d[off:], s[off:min(off+localChunk, len(s))])
@@ -864,7 +866,7 @@ func (f *Fetch) Wait(timeout time.Duration) error {
 		case <-f.done:
 			return f.result()
 		default:
-			return Errorf(ErrTimeout, "fetch has not completed")
+			return transport.Errorf(transport.ErrTimeout, "fetch has not completed")
 		}
 	}
 	timer := time.NewTimer(timeout)
@@ -873,7 +875,7 @@ func (f *Fetch) Wait(timeout time.Duration) error {
 	case <-f.done:
 		return f.result()
 	case <-timer.C:
-		return Errorf(ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
+		return transport.Errorf(transport.ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // pair is an owner and a borrower runtime with the same test transport.
@@ -34,13 +36,13 @@ func newPair(t *testing.T, configure func(*memTransport)) *pair {
 
 // share puts n buffers of size bytes in the owner and returns the borrowed
 // refs and the source buffers.
-func (p *pair) share(t *testing.T, n, size int, transport string) ([]*Ref, []*hostBuf) {
+func (p *pair) share(t *testing.T, n, size int, transportName string) ([]*Ref, []*hostBuf) {
 	refs := make([]*Ref, n)
 	bufs := make([]*hostBuf, n)
 	for i := range refs {
 		bufs[i] = newHostBuf(t, size)
 		bufs[i].fill(byte(i + 1))
-		ref, err := p.owner.Put([]Tensor{tensorOf(t, bufs[i])}, transport, nil)
+		ref, err := p.owner.Put([]transport.Tensor{tensorOf(t, bufs[i])}, transportName, nil)
 		require.NoError(t, err)
 		b, err := ref.Serialize()
 		require.NoError(t, err)
@@ -52,9 +54,9 @@ func (p *pair) share(t *testing.T, n, size int, transport string) ([]*Ref, []*ho
 	return refs, bufs
 }
 
-func targetsFor(t *testing.T, bufs []*hostBuf) ([]Tensor, []*hostBuf) {
+func targetsFor(t *testing.T, bufs []*hostBuf) ([]transport.Tensor, []*hostBuf) {
 	out := make([]*hostBuf, len(bufs))
-	ts := make([]Tensor, len(bufs))
+	ts := make([]transport.Tensor, len(bufs))
 	for i, b := range bufs {
 		out[i] = newHostBuf(t, len(b.b))
 		ts[i] = tensorOf(t, out[i])
@@ -110,10 +112,10 @@ func TestFetchOneDeadlineForAll(t *testing.T) {
 	start := time.Now()
 	err = f.Wait(150 * time.Millisecond)
 	elapsed := time.Since(start)
-	assert.Equal(t, ErrTimeout, StatusOf(err))
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
 	// Three blocked transfers share the one deadline: not three times it.
 	assert.Less(t, elapsed, 400*time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(f.Wait(0)), "still running after a timeout")
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(0)), "still running after a timeout")
 	close(gate)
 	require.NoError(t, f.Wait(5*time.Second))
 	require.NoError(t, f.Wait(0), "the result stays")
@@ -131,9 +133,9 @@ func TestFetchFirstErrorAbortsAndReleasesOthers(t *testing.T) {
 	// abort only at its next chunk, until we let them go.
 	blocker := make(chan struct{})
 	var failed atomic.Bool
-	p.dst.waitErr = func(x *Transfer) error {
+	p.dst.waitErr = func(x *transport.Transfer) error {
 		if failed.CompareAndSwap(false, true) {
-			return Errorf(ErrTransport, "link down")
+			return transport.Errorf(transport.ErrTransport, "link down")
 		}
 		<-blocker
 		return nil
@@ -141,10 +143,10 @@ func TestFetchFirstErrorAbortsAndReleasesOthers(t *testing.T) {
 	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
 	require.NoError(t, err)
 	eventually(t, func() bool { return p.dst.aborts.Load() == 3 }, "the other three are aborted")
-	assert.Equal(t, ErrTimeout, StatusOf(f.Wait(0)), "does not return while transfers may still write")
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(0)), "does not return while transfers may still write")
 	close(blocker)
 	err = f.Wait(5 * time.Second)
-	assert.Equal(t, ErrTransport, StatusOf(err))
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "link down")
 	assert.Equal(t, int64(4), p.dst.released.Load(), "every request released")
 	f.Free()
@@ -159,7 +161,7 @@ func TestFetchStartFailureCleansUp(t *testing.T) {
 	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
 	require.NoError(t, err, "starting waits for nothing; a failure to start is the fetch's result")
 	err = f.Wait(5 * time.Second)
-	assert.Equal(t, ErrTransport, StatusOf(err))
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "fetch 3 refused")
 	assert.Regexp(t, `ref \d`, err.Error())
 	f.Free()
@@ -185,7 +187,7 @@ func TestFetchAbort(t *testing.T) {
 	eventually(t, func() bool { return p.dst.fetched.Load() == 2 }, "both transfers started")
 	f.Abort()
 	err = f.Wait(5 * time.Second)
-	assert.Equal(t, ErrAborted, StatusOf(err))
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 	assert.Equal(t, int64(2), p.dst.released.Load())
 	assert.Equal(t, int64(2), p.dst.aborts.Load())
 	f.Free()
@@ -236,7 +238,7 @@ func TestFetchOwnerGoneMidTransfer(t *testing.T) {
 	require.NoError(t, err)
 	go p.owner.Destroy()
 	err = f.Wait(5 * time.Second)
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	f.Free()
 }
 
@@ -246,35 +248,35 @@ func TestFetchValidatesTargets(t *testing.T) {
 	targets, _ := targetsFor(t, src)
 
 	_, err := p.borrower.StartFetch(refs, targets[:1], FetchOptions{})
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 
-	bad := append([]Tensor(nil), targets...)
+	bad := append([]transport.Tensor(nil), targets...)
 	bad[1].Shape = []int64{7}
 	_, err = p.borrower.StartFetch(refs, bad, FetchOptions{})
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "shape")
 
-	bad = append([]Tensor(nil), targets...)
-	bad[0].DType = DType{Code: 0, Bits: 32, Lanes: 1}
+	bad = append([]transport.Tensor(nil), targets...)
+	bad[0].DType = transport.DType{Code: 0, Bits: 32, Lanes: 1}
 	_, err = p.borrower.StartFetch(refs, bad, FetchOptions{})
 	assert.Contains(t, err.Error(), "dtype")
 
-	bad = append([]Tensor(nil), targets...)
-	bad[0].Device = Device{Type: DeviceCUDA}
+	bad = append([]transport.Tensor(nil), targets...)
+	bad[0].Device = transport.Device{Type: transport.DeviceCUDA}
 	_, err = p.borrower.StartFetch(refs, bad, FetchOptions{})
 	assert.Contains(t, err.Error(), "device")
 
 	_, err = p.borrower.StartFetch(refs, targets, FetchOptions{Transport: "nope"})
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 
 	// A ref of another runtime.
 	other := newRuntime(t, "other")
 	buf := newHostBuf(t, 4096)
-	oref, err := other.Put([]Tensor{tensorOf(t, buf)}, "", nil)
+	oref, err := other.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 	require.NoError(t, err)
 	defer oref.Release()
 	_, err = p.borrower.StartFetch([]*Ref{oref}, targets[:1], FetchOptions{})
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	assert.Equal(t, int64(0), p.dst.fetched.Load(), "nothing started")
 }
 
@@ -285,18 +287,18 @@ func TestFetchPeerLacksTransport(t *testing.T) {
 	require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
 	require.NoError(t, borrower.RegisterTransport(newMemTransport("only_here")))
 	buf := newHostBuf(t, 64)
-	ref, err := owner.Put([]Tensor{tensorOf(t, buf)}, "mem", nil)
+	ref, err := owner.Put([]transport.Tensor{tensorOf(t, buf)}, "mem", nil)
 	require.NoError(t, err)
 	b, _ := ref.Serialize()
 	bref, err := borrower.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, 64)
-	err = borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{Transport: "only_here"}, time.Second)
-	assert.Equal(t, ErrUnsupported, StatusOf(err))
+	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Transport: "only_here"}, time.Second)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "has no transport")
 	// Registered on the owner later: the borrower notices.
 	require.NoError(t, owner.RegisterTransport(newMemTransport("only_here")))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{Transport: "only_here"}, time.Second))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Transport: "only_here"}, time.Second))
 	assert.Equal(t, buf.b, out.b)
 }
 
@@ -306,11 +308,11 @@ func TestFetchOwnObjectCopiesWithoutTransport(t *testing.T) {
 	require.NoError(t, rt.RegisterTransport(mt))
 	buf := newHostBuf(t, 3*localChunk+8)
 	buf.fill(9)
-	ref, err := rt.Put([]Tensor{tensorOf(t, buf)}, "mem", nil)
+	ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, "mem", nil)
 	require.NoError(t, err)
 	defer ref.Release()
 	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, rt.Get([]*Ref{ref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second))
+	require.NoError(t, rt.Get([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second))
 	assert.True(t, bytes.Equal(buf.b, out.b))
 	assert.Equal(t, int64(0), mt.fetched.Load())
 	assert.Equal(t, uint64(1), rt.Stats().LocalCopies)
@@ -320,27 +322,27 @@ func TestFetchAutoWithoutBuiltinsExplains(t *testing.T) {
 	owner := newRuntime(t, "owner")
 	borrower := newRuntime(t, "borrower")
 	buf := newHostBuf(t, 64)
-	ref, err := owner.Put([]Tensor{tensorOf(t, buf)}, "", nil)
+	ref, err := owner.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 	require.NoError(t, err)
 	b, _ := ref.Serialize()
 	bref, err := borrower.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, 64)
-	err = borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
-	assert.Equal(t, ErrUnsupported, StatusOf(err))
+	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "cma")
 }
 
 func TestFetchEmptyObjectsNeedNoTransport(t *testing.T) {
 	p := newPair(t, nil)
-	d, err := NewTensorDesc(Device{Type: DeviceCPU}, DType{Code: 2, Bits: 32, Lanes: 1}, []int64{0, 5})
+	d, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 2, Bits: 32, Lanes: 1}, []int64{0, 5})
 	require.NoError(t, err)
-	ref, err := p.owner.Put([]Tensor{{TensorDesc: d}}, "mem", nil)
+	ref, err := p.owner.Put([]transport.Tensor{{TensorDesc: d}}, "mem", nil)
 	require.NoError(t, err)
 	b, _ := ref.Serialize()
 	bref, err := p.borrower.Deserialize(b)
 	require.NoError(t, err)
-	require.NoError(t, p.borrower.Get([]*Ref{bref}, []Tensor{{TensorDesc: d}}, FetchOptions{}, time.Second))
+	require.NoError(t, p.borrower.Get([]*Ref{bref}, []transport.Tensor{{TensorDesc: d}}, FetchOptions{}, time.Second))
 	assert.Equal(t, int64(0), p.dst.fetched.Load())
 }
 
@@ -352,7 +354,7 @@ func TestManyConcurrentFetches(t *testing.T) {
 		go func() {
 			i := g % len(refs)
 			out := newHostBuf(t, 1024)
-			err := p.borrower.Get(refs[i:i+1], []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+			err := p.borrower.Get(refs[i:i+1], []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
 			if err == nil && !bytes.Equal(out.b, src[i].b) {
 				err = fmt.Errorf("goroutine %d: contents differ", g)
 			}

@@ -1,5 +1,9 @@
 package core
 
+import (
+	"github.com/rdt-project/rdt/core/transport"
+)
+
 // freedRecordSize bounds how many freed object ids a runtime remembers.
 const freedRecordSize = 1024
 
@@ -9,14 +13,14 @@ const freedRecordSize = 1024
 // Remembering every freed id would grow without bound in a long-lived
 // process; the oldest ids are forgotten first. Guarded by Runtime.mu.
 type freedRecord struct {
-	ring []ObjectID // up to freedRecordSize ids; ring[next] is the oldest once full
+	ring []transport.ObjectID // up to freedRecordSize ids; ring[next] is the oldest once full
 	next int
-	ids  map[ObjectID]struct{}
+	ids  map[transport.ObjectID]struct{}
 }
 
-func (r *freedRecord) add(id ObjectID) {
+func (r *freedRecord) add(id transport.ObjectID) {
 	if r.ids == nil {
-		r.ids = map[ObjectID]struct{}{}
+		r.ids = map[transport.ObjectID]struct{}{}
 	}
 	if len(r.ring) < freedRecordSize {
 		r.ring = append(r.ring, id)
@@ -28,7 +32,7 @@ func (r *freedRecord) add(id ObjectID) {
 	r.ids[id] = struct{}{}
 }
 
-func (r *freedRecord) has(id ObjectID) bool {
+func (r *freedRecord) has(id transport.ObjectID) bool {
 	_, ok := r.ids[id]
 	return ok
 }

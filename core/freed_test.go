@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // putAndFree puts an object, frees it, and returns its serialized bytes.
@@ -28,7 +30,7 @@ func withOtherID(t *testing.T, b []byte) []byte {
 	t.Helper()
 	desc, token, err := DecodeRef(b)
 	require.NoError(t, err)
-	desc.ID = randomID()
+	desc.ID = transport.RandomID()
 	return EncodeRef(desc, nil, token)
 }
 
@@ -38,11 +40,11 @@ func TestOwnerTellsFreedObjectsFromUnknownOnes(t *testing.T) {
 	never := withOtherID(t, freed)
 
 	_, err := owner.Deserialize(freed)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "was already freed by its owner owner")
 
 	_, err = owner.Deserialize(never)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "is unknown to its owner owner: it was never put there")
 	assert.NotContains(t, err.Error(), "already freed")
 
@@ -55,8 +57,8 @@ func TestOwnerTellsFreedObjectsFromUnknownOnes(t *testing.T) {
 		ref, err := borrower.Deserialize(c.bytes)
 		require.NoError(t, err)
 		out := newHostBuf(t, 4096)
-		err = borrower.Get([]*Ref{ref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
-		assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+		err = borrower.Get([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+		assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), "refused the borrow")
 		assert.Contains(t, err.Error(), c.want)
 		require.NoError(t, ref.Release())
@@ -74,7 +76,7 @@ func TestOwnerRemembersABoundedNumberOfFreedObjects(t *testing.T) {
 
 	putAndFree(t, owner) // pushes the first out
 	_, err = owner.Deserialize(first)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "is unknown to its owner owner: it was never put there, or was freed long ago")
 	owner.mu.Lock()
 	defer owner.mu.Unlock()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // rosterBackend is a transport that forms groups without a communicator:
@@ -19,34 +21,40 @@ import (
 type rosterBackend struct {
 	name string
 	mu   sync.Mutex
-	got  map[string]*GroupRoster
+	got  map[string]*transport.GroupRoster
 	dead []string
 	fail error
 }
 
 func newRosterBackend() *rosterBackend {
-	return &rosterBackend{name: "grp", got: map[string]*GroupRoster{}}
+	return &rosterBackend{name: "grp", got: map[string]*transport.GroupRoster{}}
 }
 
-func (b *rosterBackend) Name() string                                       { return b.name }
-func (b *rosterBackend) Devices() []DeviceType                              { return []DeviceType{DeviceCUDA} }
-func (b *rosterBackend) OneSided() bool                                     { return false }
-func (b *rosterBackend) CanAbort() bool                                     { return false }
-func (b *rosterBackend) ExtractMetadata(ObjectID, []Tensor) ([]byte, error) { return nil, nil }
-func (b *rosterBackend) CommunicatorMetadata(*Transfer) ([]byte, error)     { return nil, nil }
-func (b *rosterBackend) Send(*Transfer, []Tensor, []byte, []byte) error     { return nil }
-func (b *rosterBackend) Fetch(*Transfer, []Tensor, []byte, []byte) (Request, error) {
-	return nil, Errorf(ErrUnsupported, "no")
+func (b *rosterBackend) Name() string { return b.name }
+func (b *rosterBackend) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCUDA}
 }
-func (b *rosterBackend) GarbageCollect(ObjectID, []Tensor, []byte) {}
-func (b *rosterBackend) Abort(*Transfer, Request)                  {}
-func (b *rosterBackend) Close() error                              { return nil }
+func (b *rosterBackend) OneSided() bool { return false }
+func (b *rosterBackend) CanAbort() bool { return false }
+func (b *rosterBackend) ExtractMetadata(transport.ObjectID, []transport.Tensor) ([]byte, error) {
+	return nil, nil
+}
+func (b *rosterBackend) CommunicatorMetadata(*transport.Transfer) ([]byte, error) { return nil, nil }
+func (b *rosterBackend) Send(*transport.Transfer, []transport.Tensor, []byte, []byte) error {
+	return nil
+}
+func (b *rosterBackend) Fetch(*transport.Transfer, []transport.Tensor, []byte, []byte) (transport.Request, error) {
+	return nil, transport.Errorf(transport.ErrUnsupported, "no")
+}
+func (b *rosterBackend) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
+func (b *rosterBackend) Abort(*transport.Transfer, transport.Request)                  {}
+func (b *rosterBackend) Close() error                                                  { return nil }
 
-func (b *rosterBackend) NewGroupBootstrap(spec GroupSpec) ([]byte, error) {
-	return []byte(fmt.Sprintf("boot-%s-%d", spec.Name, randomUint64())), nil
+func (b *rosterBackend) NewGroupBootstrap(spec transport.GroupSpec) ([]byte, error) {
+	return []byte(fmt.Sprintf("boot-%s-%d", spec.Name, transport.RandomUint64())), nil
 }
 
-func (b *rosterBackend) InitGroup(ctx context.Context, r *GroupRoster, spec GroupSpec) error {
+func (b *rosterBackend) InitGroup(ctx context.Context, r *transport.GroupRoster, spec transport.GroupSpec) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.fail != nil {
@@ -64,7 +72,7 @@ func (b *rosterBackend) DestroyGroup(name string) error {
 	return nil
 }
 
-func (b *rosterBackend) roster(name string) *GroupRoster {
+func (b *rosterBackend) roster(name string) *transport.GroupRoster {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.got[name]
@@ -81,14 +89,14 @@ func groupRuntimes(t *testing.T, n int, sockets bool) ([]*Runtime, []*rosterBack
 			if sockets {
 				o.Network, o.SocketDir = Sockets{}, dir
 			}
-			o.Builtins = []TransportFactory{{Name: "grp", New: func(Host) (Transport, error) { return b, nil }}}
+			o.Builtins = []transport.TransportFactory{{Name: "grp", New: func(transport.Host) (transport.Transport, error) { return b, nil }}}
 		})
 	}
 	return rts, bs
 }
 
-func spec(name string, world, rank int, rank0 *Runtime) GroupSpec {
-	s := GroupSpec{Name: name, WorldSize: world, Rank: rank, Backend: "grp"}
+func spec(name string, world, rank int, rank0 *Runtime) transport.GroupSpec {
+	s := transport.GroupSpec{Name: name, WorldSize: world, Rank: rank, Backend: "grp"}
 	if rank0 != nil {
 		s.Rank0 = rank0.Address()
 	}
@@ -136,13 +144,13 @@ func testGroupForms(t *testing.T, sockets bool) {
 
 	// A second create of the same name is refused; destroy frees the name.
 	err := rts[1].CreateGroup(spec("g1", 3, 1, rts[0]), time.Second)
-	assert.Equal(t, ErrAlreadyExists, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAlreadyExists, transport.StatusOf(err), "%v", err)
 	for i, rt := range rts {
 		require.NoError(t, rt.DestroyGroup("g1"), "rank %d", i)
 		assert.Equal(t, []string{"g1"}, bs[i].dead)
 	}
 	err = rts[0].DestroyGroup("g1")
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), `no group "g1"`)
 	for i, err := range formGroup(t, rts, "g1", 10*time.Second) {
 		require.NoError(t, err, "re-created, rank %d", i)
@@ -163,40 +171,40 @@ func TestGroupArgumentErrors(t *testing.T) {
 	rts, _ := groupRuntimes(t, 1, false)
 	rt := rts[0]
 	for _, c := range []struct {
-		spec    GroupSpec
+		spec    transport.GroupSpec
 		timeout time.Duration
-		st      Status
+		st      transport.Status
 		text    string
 	}{
-		{spec("g", 0, 0, nil), time.Second, ErrInvalidArgument, "world size 0"},
-		{spec("g", -3, 0, nil), time.Second, ErrInvalidArgument, "world size -3"},
-		{spec("g", MaxGroupSize+1, 0, nil), time.Second, ErrInvalidArgument, "world size"},
-		{spec("g", 2, 2, nil), time.Second, ErrInvalidArgument, "rank 2 is outside 0..1"},
-		{spec("g", 2, -1, nil), time.Second, ErrInvalidArgument, "rank -1"},
-		{spec("g", 2, 1, nil), time.Second, ErrInvalidArgument, "address of rank 0"},
-		{spec("", 1, 0, nil), time.Second, ErrInvalidArgument, "group name"},
-		{spec("bad name", 1, 0, nil), time.Second, ErrInvalidArgument, "group name"},
-		{spec("g", 1, 0, nil), 0, ErrInvalidArgument, "timeout of 0"},
-		{GroupSpec{Name: "g", WorldSize: 1, Device: -1, Backend: "grp"}, time.Second, ErrInvalidArgument, "device -1"},
-		{GroupSpec{Name: "g", WorldSize: 1, Backend: "nccl"}, time.Second, ErrUnsupported, "libnccl.so.2"},
-		{GroupSpec{Name: "g", WorldSize: 1, Backend: "bad name"}, time.Second, ErrInvalidArgument, "transport name"},
+		{spec("g", 0, 0, nil), time.Second, transport.ErrInvalidArgument, "world size 0"},
+		{spec("g", -3, 0, nil), time.Second, transport.ErrInvalidArgument, "world size -3"},
+		{spec("g", transport.MaxGroupSize+1, 0, nil), time.Second, transport.ErrInvalidArgument, "world size"},
+		{spec("g", 2, 2, nil), time.Second, transport.ErrInvalidArgument, "rank 2 is outside 0..1"},
+		{spec("g", 2, -1, nil), time.Second, transport.ErrInvalidArgument, "rank -1"},
+		{spec("g", 2, 1, nil), time.Second, transport.ErrInvalidArgument, "address of rank 0"},
+		{spec("", 1, 0, nil), time.Second, transport.ErrInvalidArgument, "group name"},
+		{spec("bad name", 1, 0, nil), time.Second, transport.ErrInvalidArgument, "group name"},
+		{spec("g", 1, 0, nil), 0, transport.ErrInvalidArgument, "timeout of 0"},
+		{transport.GroupSpec{Name: "g", WorldSize: 1, Device: -1, Backend: "grp"}, time.Second, transport.ErrInvalidArgument, "device -1"},
+		{transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "nccl"}, time.Second, transport.ErrUnsupported, "libnccl.so.2"},
+		{transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "bad name"}, time.Second, transport.ErrInvalidArgument, "transport name"},
 	} {
 		err := rt.CreateGroup(c.spec, c.timeout)
 		require.Error(t, err, "%+v", c.spec)
-		assert.Equal(t, c.st, StatusOf(err), "%+v: %v", c.spec, err)
+		assert.Equal(t, c.st, transport.StatusOf(err), "%+v: %v", c.spec, err)
 		assert.Contains(t, err.Error(), c.text)
 	}
 	assert.Empty(t, rt.GroupNames())
-	assert.Equal(t, ErrInvalidArgument, StatusOf(rt.DestroyGroup("")))
-	assert.Equal(t, ErrNotFound, StatusOf(rt.DestroyGroup("nope")))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(rt.DestroyGroup("")))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(rt.DestroyGroup("nope")))
 }
 
 func TestGroupWithoutBackendSupport(t *testing.T) {
 	rt := newRuntime(t, "r", func(o *Options) {
-		o.Builtins = []TransportFactory{{Name: "mem", New: func(Host) (Transport, error) { return newMemTransport("mem"), nil }}}
+		o.Builtins = []transport.TransportFactory{{Name: "mem", New: func(transport.Host) (transport.Transport, error) { return newMemTransport("mem"), nil }}}
 	})
-	err := rt.CreateGroup(GroupSpec{Name: "g", WorldSize: 1, Backend: "mem"}, time.Second)
-	assert.Equal(t, ErrUnsupported, StatusOf(err))
+	err := rt.CreateGroup(transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "mem"}, time.Second)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "does not form groups")
 }
 
@@ -206,7 +214,7 @@ func TestGroupMismatchAndTakenRank(t *testing.T) {
 	go func() { done <- rts[0].CreateGroup(spec("g", 3, 0, nil), 5*time.Second) }()
 
 	err := rts[1].CreateGroup(spec("g", 4, 1, rts[0]), 5*time.Second)
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "world size 3 on rank 0, not 4")
 
 	joined := make(chan error, 1)
@@ -217,7 +225,7 @@ func TestGroupMismatchAndTakenRank(t *testing.T) {
 		return rts[0].grp.m["g"].joined == 2
 	}, 5*time.Second, time.Millisecond)
 	err = rts[2].CreateGroup(spec("g", 3, 1, rts[0]), 5*time.Second)
-	assert.Equal(t, ErrAlreadyExists, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAlreadyExists, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "rank 1 was already taken by r1")
 
 	require.NoError(t, rts[2].CreateGroup(spec("g", 3, 2, rts[0]), 5*time.Second))
@@ -229,14 +237,14 @@ func TestGroupTimeouts(t *testing.T) {
 	rts, _ := groupRuntimes(t, 2, true)
 	start := time.Now()
 	err := rts[0].CreateGroup(spec("g", 3, 0, nil), 200*time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "ranks [1 2] of 3 did not join")
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.Empty(t, rts[0].GroupNames())
 
 	// No rank 0 at all: the joiner retries until its deadline.
 	err = rts[1].CreateGroup(spec("h", 2, 1, rts[0]), 200*time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "did not accept rank 1")
 
 	// A joiner that gave up frees its rank: a later one takes it.
@@ -249,7 +257,7 @@ func TestGroupTimeouts(t *testing.T) {
 
 func TestGroupBackendFailure(t *testing.T) {
 	rts, bs := groupRuntimes(t, 2, false)
-	bs[1].fail = Errorf(ErrTransport, "init exploded")
+	bs[1].fail = transport.Errorf(transport.ErrTransport, "init exploded")
 	errs := formGroup(t, rts, "g", 5*time.Second)
 	require.NoError(t, errs[0])
 	require.Error(t, errs[1])
@@ -259,31 +267,31 @@ func TestGroupBackendFailure(t *testing.T) {
 }
 
 func TestRosterCodec(t *testing.T) {
-	r := &GroupRoster{Name: "g:1", Backend: "nccl", Instance: 42, Bootstrap: bytes.Repeat([]byte{7}, 128),
-		Members: []GroupMember{{Runtime: ID{1}, Name: "a", Address: "unix:///a"}, {Runtime: ID{2}, Name: "b", Address: "tcp://h:1"}}}
+	r := &transport.GroupRoster{Name: "g:1", Backend: "nccl", Instance: 42, Bootstrap: bytes.Repeat([]byte{7}, 128),
+		Members: []transport.GroupMember{{Runtime: transport.ID{1}, Name: "a", Address: "unix:///a"}, {Runtime: transport.ID{2}, Name: "b", Address: "tcp://h:1"}}}
 	got, err := decodeRoster(encodeRoster(r))
 	require.NoError(t, err)
 	assert.Equal(t, r, got)
 	b := encodeRoster(r)
 	for i := 0; i < len(b); i++ {
 		_, err := decodeRoster(b[:i])
-		assert.Equal(t, ErrCorrupt, StatusOf(err), "truncated at %d", i)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "truncated at %d", i)
 	}
 	dup := *r
-	dup.Members = []GroupMember{r.Members[0], r.Members[0]}
+	dup.Members = []transport.GroupMember{r.Members[0], r.Members[0]}
 	_, err = decodeRoster(encodeRoster(&dup))
-	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 }
 
 func FuzzDecodeRoster(f *testing.F) {
-	f.Add(encodeRoster(&GroupRoster{Name: "g", Backend: "nccl", Instance: 1, Bootstrap: make([]byte, 128),
-		Members: []GroupMember{{Runtime: ID{1}, Name: "a", Address: "unix:///a"}}}))
+	f.Add(encodeRoster(&transport.GroupRoster{Name: "g", Backend: "nccl", Instance: 1, Bootstrap: make([]byte, 128),
+		Members: []transport.GroupMember{{Runtime: transport.ID{1}, Name: "a", Address: "unix:///a"}}}))
 	f.Add([]byte{1, 'g', 4, 'n', 'c', 'c', 'l'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRoster(b)
 		if err != nil {
-			if StatusOf(err) != ErrCorrupt {
-				t.Fatalf("status %v: %v", StatusOf(err), err)
+			if transport.StatusOf(err) != transport.ErrCorrupt {
+				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
 			}
 			return
 		}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // hostBuf is host memory outside the Go heap (as C or Python memory is), so
@@ -43,16 +45,16 @@ func (h *hostBuf) fill(seed byte) {
 }
 
 // tensorOf describes a float32 vector over buf.
-func tensorOf(t testing.TB, buf *hostBuf) Tensor {
+func tensorOf(t testing.TB, buf *hostBuf) transport.Tensor {
 	t.Helper()
-	d, err := NewTensorDesc(Device{Type: DeviceCPU}, DType{Code: 2, Bits: 32, Lanes: 1}, []int64{int64(len(buf.b) / 4)})
+	d, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 2, Bits: 32, Lanes: 1}, []int64{int64(len(buf.b) / 4)})
 	require.NoError(t, err)
-	return Tensor{TensorDesc: d, Data: buf.addr(), Orig: buf.addr()}
+	return transport.Tensor{TensorDesc: d, Data: buf.addr(), Orig: buf.addr()}
 }
 
 func newRuntime(t testing.TB, name string, opts ...func(*Options)) *Runtime {
 	t.Helper()
-	o := Options{Name: name, LogLevel: LogOff}
+	o := Options{Name: name, LogLevel: transport.LogOff}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -79,7 +81,7 @@ type memTransport struct {
 	aborts       atomic.Int64
 	sends        atomic.Int64
 	failFetchIdx int // fail the Nth Fetch call at start (1-based; 0 never)
-	waitErr      func(x *Transfer) error
+	waitErr      func(x *transport.Transfer) error
 	gate         chan struct{} // when set, transfers wait for it (or abort)
 	mailbox      *sync.Map     // transfer id -> chan []byte (two-sided), shared by a pair
 }
@@ -100,13 +102,15 @@ func (m *memTransport) Events() []string {
 	return append([]string(nil), m.events...)
 }
 
-func (m *memTransport) Name() string          { return m.name }
-func (m *memTransport) Devices() []DeviceType { return []DeviceType{DeviceCPU} }
-func (m *memTransport) OneSided() bool        { return m.oneSided }
-func (m *memTransport) CanAbort() bool        { return m.canAbort }
-func (m *memTransport) Close() error          { return nil }
+func (m *memTransport) Name() string { return m.name }
+func (m *memTransport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCPU}
+}
+func (m *memTransport) OneSided() bool { return m.oneSided }
+func (m *memTransport) CanAbort() bool { return m.canAbort }
+func (m *memTransport) Close() error   { return nil }
 
-func (m *memTransport) ExtractMetadata(obj ObjectID, ts []Tensor) ([]byte, error) {
+func (m *memTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
 	var b []byte
 	for _, t := range ts {
 		b = binary.LittleEndian.AppendUint64(b, uint64(t.Data))
@@ -115,29 +119,29 @@ func (m *memTransport) ExtractMetadata(obj ObjectID, ts []Tensor) ([]byte, error
 	return b, nil
 }
 
-func (m *memTransport) CommunicatorMetadata(x *Transfer) ([]byte, error) {
+func (m *memTransport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
 	return []byte("comm"), nil
 }
 
-func (m *memTransport) GarbageCollect(obj ObjectID, ts []Tensor, tmeta []byte) {
+func (m *memTransport) GarbageCollect(obj transport.ObjectID, ts []transport.Tensor, tmeta []byte) {
 	m.gcCount.Add(1)
 	m.log("gc")
 }
 
 type memRequest struct {
 	m       *memTransport
-	x       *Transfer
-	targets []Tensor
+	x       *transport.Transfer
+	targets []transport.Tensor
 	tmeta   []byte
 	abort   chan struct{}
 	once    sync.Once
 }
 
-func (m *memTransport) Fetch(x *Transfer, targets []Tensor, tmeta, cmeta []byte) (Request, error) {
+func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	n := m.fetched.Add(1)
 	m.log("fetch")
 	if int(n) == m.failFetchIdx {
-		return nil, Errorf(ErrTransport, "fetch %d refused", n)
+		return nil, transport.Errorf(transport.ErrTransport, "fetch %d refused", n)
 	}
 	if string(cmeta) != "comm" {
 		return nil, errors.New("communicator metadata did not arrive")
@@ -151,7 +155,7 @@ func (r *memRequest) Wait() error {
 		select {
 		case <-r.m.gate:
 		case <-r.abort:
-			return Errorf(ErrAborted, "aborted")
+			return transport.Errorf(transport.ErrAborted, "aborted")
 		}
 	}
 	if r.m.waitErr != nil {
@@ -165,17 +169,17 @@ func (r *memRequest) Wait() error {
 		case data := <-ch:
 			off := 0
 			for _, t := range r.targets {
-				copy(Bytes(t.Data, t.Nbytes), data[off:off+int(t.Nbytes)])
+				copy(transport.Bytes(t.Data, t.Nbytes), data[off:off+int(t.Nbytes)])
 				off += int(t.Nbytes)
 			}
 			return nil
 		case <-r.abort:
-			return Errorf(ErrAborted, "aborted")
+			return transport.Errorf(transport.ErrAborted, "aborted")
 		}
 	}
 	for i, t := range r.targets {
 		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*i:]))
-		copy(Bytes(t.Data, t.Nbytes), Bytes(src, t.Nbytes))
+		copy(transport.Bytes(t.Data, t.Nbytes), transport.Bytes(src, t.Nbytes))
 	}
 	return nil
 }
@@ -185,7 +189,7 @@ func (r *memRequest) Release() {
 	r.m.log("release")
 }
 
-func (m *memTransport) Abort(x *Transfer, req Request) {
+func (m *memTransport) Abort(x *transport.Transfer, req transport.Request) {
 	m.aborts.Add(1)
 	if r, ok := req.(*memRequest); ok {
 		r.once.Do(func() { close(r.abort) })
@@ -197,12 +201,12 @@ func (m *memTransport) box(id uint64) chan []byte {
 	return ch.(chan []byte)
 }
 
-func (m *memTransport) Send(x *Transfer, ts []Tensor, tmeta, cmeta []byte) error {
+func (m *memTransport) Send(x *transport.Transfer, ts []transport.Tensor, tmeta, cmeta []byte) error {
 	m.sends.Add(1)
 	m.log("send")
 	var data []byte
 	for _, t := range ts {
-		data = append(data, Bytes(t.Data, t.Nbytes)...)
+		data = append(data, transport.Bytes(t.Data, t.Nbytes)...)
 	}
 	m.box(x.TransferID) <- data
 	return nil

@@ -1,14 +1,14 @@
 package core
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // resolveHosts settles where TCP listeners bind and what peers dial, and
@@ -19,7 +19,7 @@ func (rt *Runtime) resolveHosts() error {
 		// Transports' data listeners follow the control plane's TCP host.
 		host, _, err := net.SplitHostPort(o.ListenTCP)
 		if err != nil {
-			return Errorf(ErrInvalidArgument, "listen address %q: want host:port", o.ListenTCP)
+			return transport.Errorf(transport.ErrInvalidArgument, "listen address %q: want host:port", o.ListenTCP)
 		}
 		if host == "" {
 			host = "0.0.0.0"
@@ -31,14 +31,14 @@ func (rt *Runtime) resolveHosts() error {
 		o.BindHost = "127.0.0.1"
 	}
 	if o.AuthToken == "" && !isLoopback(o.BindHost) {
-		return Errorf(ErrPermissionDenied, "binding TCP to %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt binds loopback only", o.BindHost)
+		return transport.Errorf(transport.ErrPermissionDenied, "binding TCP to %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt binds loopback only", o.BindHost)
 	}
 	if o.AdvertiseHost == "" {
 		o.AdvertiseHost = o.BindHost
 		if ip := net.ParseIP(o.BindHost); ip != nil && ip.IsUnspecified() {
 			h, err := os.Hostname()
 			if err != nil {
-				return Errorf(ErrInvalidArgument, "cannot name this host for peers (set advertise_host): %v", err)
+				return transport.Errorf(transport.ErrInvalidArgument, "cannot name this host for peers (set advertise_host): %v", err)
 			}
 			o.AdvertiseHost = h
 		}
@@ -78,19 +78,19 @@ func DefaultSocketDir() (string, error) {
 // a directory owned by this user that nobody else can enter.
 func EnsurePrivateDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Errorf(ErrPermissionDenied, "socket directory %s: %v", dir, err)
+		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s: %v", dir, err)
 	}
 	fi, err := os.Lstat(dir)
 	if err != nil {
-		return Errorf(ErrPermissionDenied, "socket directory %s: %v", dir, err)
+		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s: %v", dir, err)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !fi.IsDir() || !ok || int(st.Uid) != os.Getuid() {
-		return Errorf(ErrPermissionDenied, "socket directory %s is not a directory owned by uid %d", dir, os.Getuid())
+		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s is not a directory owned by uid %d", dir, os.Getuid())
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
 		if err := os.Chmod(dir, 0o700); err != nil {
-			return Errorf(ErrPermissionDenied, "socket directory %s is open to other users and cannot be fixed: %v", dir, err)
+			return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s is open to other users and cannot be fixed: %v", dir, err)
 		}
 	}
 	return nil
@@ -113,26 +113,3 @@ func (rt *Runtime) SocketDir() string { return rt.opts.SocketDir }
 
 // PeerTimeout implements Host.
 func (rt *Runtime) PeerTimeout() time.Duration { return rt.opts.PeerTimeout }
-
-// AuthProof is the response to a challenge: HMAC-SHA256 keyed with the
-// shared token over a purpose label and the challenger's nonce. Both ends of
-// a TCP endpoint (control plane or data plane) prove the token this way
-// without sending it.
-func AuthProof(token, purpose string, nonce []byte) []byte {
-	m := hmac.New(sha256.New, []byte(token))
-	m.Write([]byte(purpose))
-	m.Write([]byte{0})
-	m.Write(nonce)
-	return m.Sum(nil)
-}
-
-// CheckAuthProof compares a proof in constant time.
-func CheckAuthProof(token, purpose string, nonce, proof []byte) bool {
-	return hmac.Equal(AuthProof(token, purpose, nonce), proof)
-}
-
-// NewNonce returns 32 random bytes for a challenge.
-func NewNonce() []byte {
-	a, b := randomID(), randomID()
-	return append(a[:], b[:]...)
-}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // TestHostilePeerChild is the hostile peer process of hostile_test.go; it
@@ -109,7 +111,7 @@ func TestHostilePeerChild(t *testing.T) {
 		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 		written := 0
 		for i := 1; i <= requests; i++ {
-			m := &message{kind: kindMetadata, id: uint64(i), object: randomID(), transport: "shm"}
+			m := &message{kind: kindMetadata, id: uint64(i), object: transport.RandomID(), transport: "shm"}
 			if _, err := c.Write(m.encode()); err != nil {
 				break // the runtime stopped reading: it is busy with what we sent
 			}
@@ -119,7 +121,7 @@ func TestHostilePeerChild(t *testing.T) {
 		io.Copy(io.Discard, os.Stdin)
 	case "leases":
 		c, rd := hostileConnect(t, unixPath)
-		obj, err := ParseID(os.Getenv("RDT_HOSTILE_OBJECT"))
+		obj, err := transport.ParseID(os.Getenv("RDT_HOSTILE_OBJECT"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,10 +137,10 @@ func TestHostilePeerChild(t *testing.T) {
 		for i := 0; i < n; i++ {
 			m := hostileResponse(t, rd)
 			switch m.status {
-			case OK:
+			case transport.OK:
 				granted++
 				tokens = append(tokens, m.token)
-			case ErrNoMemory:
+			case transport.ErrNoMemory:
 				refused++
 				why = m.text
 			default:
@@ -160,7 +162,7 @@ func TestHostilePeerChild(t *testing.T) {
 			w.Flush()
 		}()
 		for range tokens {
-			if m := hostileResponse(t, rd); m.status != OK {
+			if m := hostileResponse(t, rd); m.status != transport.OK {
 				t.Fatalf("borrow refused: %s", m.text)
 			}
 		}
@@ -169,27 +171,27 @@ func TestHostilePeerChild(t *testing.T) {
 		io.Copy(io.Discard, os.Stdin)
 	case "crossuid":
 		report("UID %d", os.Getuid())
-		owner, err := ParseID(os.Getenv("RDT_HOSTILE_OWNER"))
+		owner, err := transport.ParseID(os.Getenv("RDT_HOSTILE_OWNER"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		obj, err := ParseID(os.Getenv("RDT_HOSTILE_OBJECT"))
+		obj, err := transport.ParseID(os.Getenv("RDT_HOSTILE_OBJECT"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		// What another user can learn is the port; it makes up the rest.
-		td, err := NewTensorDesc(Device{Type: DeviceCPU}, DType{Code: 2, Bits: 32, Lanes: 1}, []int64{1024})
+		td, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 2, Bits: 32, Lanes: 1}, []int64{1024})
 		if err != nil {
 			t.Fatal(err)
 		}
-		desc := newObjectDesc(obj, OwnerInfo{RuntimeID: owner, Address: tcpScheme + tcpAddr}, "", []TensorDesc{td}, nil)
-		rt, err := NewRuntime(Options{Name: "other-user", LogLevel: LogOff, Network: Sockets{}, SocketDir: t.TempDir()})
+		desc := newObjectDesc(obj, OwnerInfo{RuntimeID: owner, Address: tcpScheme + tcpAddr}, "", []transport.TensorDesc{td}, nil)
+		rt, err := NewRuntime(Options{Name: "other-user", LogLevel: transport.LogOff, Network: Sockets{}, SocketDir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rt.Destroy()
 		_, err = rt.Deserialize(EncodeRef(desc, nil, 0))
-		report("BORROW %s %v", StatusOf(err), err)
+		report("BORROW %s %v", transport.StatusOf(err), err)
 		c, err := net.Dial("tcp", tcpAddr)
 		if err != nil {
 			t.Fatal(err)
@@ -198,11 +200,11 @@ func TestHostilePeerChild(t *testing.T) {
 		if err == nil {
 			c.Write((&message{kind: kindMetadata, id: 1, object: obj, transport: "mem"}).encode())
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if m := hostileResponse(t, rd); m.status != OK {
-				err = &Error{Status: m.status, Msg: m.text}
+			if m := hostileResponse(t, rd); m.status != transport.OK {
+				err = &transport.Error{Status: m.status, Msg: m.text}
 			}
 		}
-		report("METADATA %s %v", StatusOf(err), err)
+		report("METADATA %s %v", transport.StatusOf(err), err)
 		io.Copy(io.Discard, os.Stdin)
 	default:
 		t.Fatalf("unknown mode %q", mode)

@@ -23,6 +23,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Hostile peers are real processes: the test binary run again with
@@ -138,7 +140,7 @@ func endpoints(t *testing.T, rt *Runtime) (unixPath, tcpHostPort, key string) {
 		case strings.HasPrefix(part, unixScheme):
 			unixPath = strings.TrimPrefix(part, unixScheme)
 		case strings.HasPrefix(part, tcpScheme):
-			key, tcpHostPort = splitTCPKey(strings.TrimPrefix(part, tcpScheme))
+			key, tcpHostPort = transport.SplitTCPKey(strings.TrimPrefix(part, tcpScheme))
 		}
 	}
 	require.NotEmpty(t, unixPath)
@@ -309,13 +311,13 @@ func TestPeerLeasesExpireFromTheCount(t *testing.T) {
 	var released atomic.Int64
 	ref, _ := putOne(t, rt, "", &released)
 	defer ref.Release()
-	greedy, modest := randomID(), randomID()
+	greedy, modest := transport.RandomID(), transport.RandomID()
 	for i := 0; i < MaxLeasesPerPeer; i++ {
 		_, err := rt.Lease(greedy, ref.Desc().ID)
 		require.NoError(t, err)
 	}
 	_, err := rt.Lease(greedy, ref.Desc().ID)
-	assert.Equal(t, ErrNoMemory, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "%v", err)
 	_, err = rt.Lease(modest, ref.Desc().ID)
 	assert.NoError(t, err, "the cap is per peer")
 	eventually(t, func() bool { return rt.Stats().RefsInTransit == 0 }, "the leases expire")
@@ -347,7 +349,7 @@ func (l *lockedBuffer) String() string {
 func TestWrongTokenFloodLogsAFewLines(t *testing.T) {
 	var logged lockedBuffer
 	rt := socketRuntime(t, "guarded", func(o *Options) {
-		o.ListenTCP, o.AuthToken, o.LogLevel, o.LogOutput = "127.0.0.1:0", "right", LogWarn, &logged
+		o.ListenTCP, o.AuthToken, o.LogLevel, o.LogOutput = "127.0.0.1:0", "right", transport.LogWarn, &logged
 	})
 	_, tcpAddr, _ := endpoints(t, rt)
 	const attempts = 1000
@@ -355,7 +357,7 @@ func TestWrongTokenFloodLogsAFewLines(t *testing.T) {
 		c, err := net.Dial("tcp", tcpAddr)
 		require.NoError(t, err)
 		_, err = rawHandshake(c, newRawPeer(), "wrong")
-		require.Equal(t, ErrPermissionDenied, StatusOf(err), "attempt %d: %v", i, err)
+		require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "attempt %d: %v", i, err)
 		c.Close()
 	}
 	rt.Destroy() // writes what the log still holds
@@ -404,7 +406,7 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	impostor := newRawPeer()
 	impostor.info.RuntimeID = borrower.ID()
 	_, err = rawHandshake(dial(), impostor, "")
-	require.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "does not match the runtime id")
 
 	// Claiming it with the borrower's public key, which is no secret, but
@@ -413,17 +415,17 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	impostor.info.RuntimeID = borrower.ID()
 	c := dial()
 	_, err = func() (*bufio.Reader, error) {
-		nonce := NewNonce()
+		nonce := transport.NewNonce()
 		c.Write((&message{kind: kindHello, nonce: nonce}).encode())
 		rd := bufio.NewReader(c)
 		ch, err := expect(rd, kindChallenge)
 		require.NoError(t, err)
-		c.Write((&message{kind: kindAuth, proof: AuthProof("", proofClient, ch.nonce), peer: impostor.info,
+		c.Write((&message{kind: kindAuth, proof: transport.AuthProof("", proofClient, ch.nonce), peer: impostor.info,
 			key: borrower.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(impostor.key, identityTranscript(signClient, nonce, ch.nonce, ch.key))}).encode())
 		_, err = expect(rd, kindWelcome)
 		return rd, err
 	}()
-	require.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "did not prove")
 
 	// As itself it gets in, but returning the borrower's borrow counts
@@ -445,7 +447,7 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	liar.info.HostID = owner.Identity().HostID
 	liar.info.Pid = os.Getpid() + 1
 	_, err = rawHandshake(dial(), liar, "")
-	require.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("claims pid %d", os.Getpid()+1))
 	honest := newRawPeer()
 	honest.info.HostID = owner.Identity().HostID
@@ -483,8 +485,8 @@ func TestSocketsServerIdentityIsChecked(t *testing.T) {
 		if err != nil {
 			return
 		}
-		nonce := NewNonce()
-		c.Write((&message{kind: kindChallenge, nonce: nonce, proof: AuthProof("", proofServer, hello.nonce),
+		nonce := transport.NewNonce()
+		c.Write((&message{kind: kindChallenge, nonce: nonce, proof: transport.AuthProof("", proofServer, hello.nonce),
 			key: fake.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(fake.key, identityTranscript(signServer, hello.nonce, nonce, nil))}).encode())
 		if _, err := expect(rd, kindAuth); err != nil {
 			return
@@ -497,7 +499,7 @@ func TestSocketsServerIdentityIsChecked(t *testing.T) {
 	desc.Owner.Address = unixScheme + path
 	borrower := socketRuntime(t, "borrower")
 	_, err = borrower.Deserialize(EncodeRef(desc, desc.Meta, token))
-	require.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "holds the key of")
 	assert.Zero(t, owner.Stats().Borrows)
 }
@@ -505,7 +507,7 @@ func TestSocketsServerIdentityIsChecked(t *testing.T) {
 func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 	var ownerLog lockedBuffer
 	owner := socketRuntime(t, "owner", func(o *Options) {
-		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", LogDebug, &ownerLog
+		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", transport.LogDebug, &ownerLog
 	})
 	_, tcpAddr, key := endpoints(t, owner)
 	require.Equal(t, owner.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
@@ -524,12 +526,12 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 	desc.Owner.Address = tcpScheme + tcpAddr
 	stranger := socketRuntime(t, "stranger")
 	_, err = stranger.Deserialize(EncodeRef(desc, desc.Meta, token))
-	require.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	c, err := net.Dial("tcp", tcpAddr)
 	require.NoError(t, err)
 	_, err = rawHandshake(c, newRawPeer(), "")
 	c.Close()
-	assert.Equal(t, ErrPermissionDenied, StatusOf(err), "the empty token is refused: %v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the empty token is refused: %v", err)
 
 	// With the address from the ref it works.
 	desc.Owner.Address = withKey
@@ -538,7 +540,7 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 	r, err := friend.Deserialize(EncodeRef(desc, desc.Meta, token))
 	require.NoError(t, err)
 	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, friend.Get([]*Ref{r}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	require.NoError(t, friend.Get([]*Ref{r}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
 	assert.Equal(t, buf.b, out.b)
 	require.NoError(t, r.Release())
 	eventually(t, func() bool { return owner.Stats().Borrows == 0 }, "the borrow came and went")
@@ -587,9 +589,9 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	uid := other.expectLine(t, "UID", 30*time.Second)
 	require.Equal(t, "65534", uid[0], "the peer runs as another user")
 	borrow := other.expectLine(t, "BORROW", 60*time.Second)
-	assert.Equal(t, ErrPermissionDenied.String(), borrow[0], "borrow over the control TCP port: %s", strings.Join(borrow, " "))
+	assert.Equal(t, transport.ErrPermissionDenied.String(), borrow[0], "borrow over the control TCP port: %s", strings.Join(borrow, " "))
 	meta := other.expectLine(t, "METADATA", 60*time.Second)
-	assert.Equal(t, ErrPermissionDenied.String(), meta[0], "metadata over the control TCP port: %s", strings.Join(meta, " "))
+	assert.Equal(t, transport.ErrPermissionDenied.String(), meta[0], "metadata over the control TCP port: %s", strings.Join(meta, " "))
 	assert.Zero(t, owner.Stats().Borrows)
 	assert.Zero(t, owner.Stats().Peers)
 }
@@ -650,7 +652,7 @@ type slowMetaTransport struct {
 	gate chan struct{}
 }
 
-func (s slowMetaTransport) ExtractMetadata(obj ObjectID, ts []Tensor) ([]byte, error) {
+func (s slowMetaTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
 	<-s.gate
 	return s.memTransport.ExtractMetadata(obj, ts)
 }
@@ -686,25 +688,25 @@ func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
 	resp, err := expect(rd, kindResponse)
 	require.NoError(t, err, "the lease is answered while every handler is busy")
 	assert.Equal(t, uint64(asks+1), resp.id)
-	assert.Equal(t, OK, resp.status)
+	assert.Equal(t, transport.OK, resp.status)
 
 	open.Do(func() { close(slow.gate) })
 	answered := map[uint64]bool{}
 	for len(answered) < asks {
 		resp, err := expect(rd, kindResponse)
 		require.NoError(t, err, "after %d metadata answers", len(answered))
-		assert.Equal(t, OK, resp.status, "%s", resp.text)
+		assert.Equal(t, transport.OK, resp.status, "%s", resp.text)
 		answered[resp.id] = true
 	}
 }
 
 func TestAddressKeysAreHiddenAndStripped(t *testing.T) {
 	const keyed = "unix:///run/user@host/rt-1.sock,tcp://s3cret@127.0.0.1:5000"
-	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", RedactAddress(keyed))
-	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000", stripAddressKeys(keyed))
+	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", transport.RedactAddress(keyed))
+	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000", transport.StripAddressKeys(keyed))
 	// A TCP part without a key stays as it is, even where another part has an '@'.
 	const keyless = "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000"
-	assert.Equal(t, keyless, RedactAddress(keyless))
-	assert.Equal(t, keyless, stripAddressKeys(keyless))
-	assert.NotContains(t, Errorf(ErrTimeout, "connecting to %s", keyed).Error(), "s3cret")
+	assert.Equal(t, keyless, transport.RedactAddress(keyless))
+	assert.Equal(t, keyless, transport.StripAddressKeys(keyless))
+	assert.NotContains(t, transport.Errorf(transport.ErrTimeout, "connecting to %s", keyed).Error(), "s3cret")
 }

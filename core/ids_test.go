@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Object ids act as capabilities on the tcp data port: knowing one must
@@ -15,10 +17,10 @@ func TestObjectIDsAreNotGuessableFromOneAnother(t *testing.T) {
 	rt := newRuntime(t, "ids")
 	buf := newHostBuf(t, 16)
 	const n = 256
-	ids := make([]ID, n)
-	seen := map[ID]bool{}
+	ids := make([]transport.ID, n)
+	seen := map[transport.ID]bool{}
 	for i := range ids {
-		ref, err := rt.Put([]Tensor{tensorOf(t, buf)}, "", nil)
+		ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 		require.NoError(t, err)
 		ids[i] = ref.Desc().ID
 		require.NoError(t, ref.Release())
@@ -46,7 +48,7 @@ func TestObjectIDsAreNotGuessableFromOneAnother(t *testing.T) {
 func BenchmarkPut(b *testing.B) {
 	rt := newRuntime(b, "bench")
 	buf := newHostBuf(b, 64)
-	tensors := []Tensor{tensorOf(b, buf)}
+	tensors := []transport.Tensor{tensorOf(b, buf)}
 	b.ReportAllocs()
 	for b.Loop() {
 		ref, err := rt.Put(tensors, "", nil)
@@ -59,6 +61,6 @@ func BenchmarkPut(b *testing.B) {
 
 func BenchmarkNewObjectID(b *testing.B) {
 	for b.Loop() {
-		_ = randomID()
+		_ = transport.RandomID()
 	}
 }

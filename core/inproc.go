@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"sync"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // InProcess is the control plane between runtimes of one process: calls go
@@ -21,13 +23,13 @@ var inprocEndpoints = struct {
 
 type inprocEndpoint struct {
 	svc     PeerService
-	id      RuntimeID
+	id      transport.RuntimeID
 	address string
 	closed  chan struct{}
 
 	mu     sync.Mutex
 	isDown bool
-	peers  map[RuntimeID]*inprocEndpoint // connected either way
+	peers  map[transport.RuntimeID]*inprocEndpoint // connected either way
 	cache  map[string]*inprocPeer
 }
 
@@ -38,12 +40,12 @@ func (InProcess) Listen(cfg ListenConfig) (Endpoint, error) {
 	ep := &inprocEndpoint{
 		svc: svc, id: id, address: inprocScheme + id.String(),
 		closed: make(chan struct{}),
-		peers:  map[RuntimeID]*inprocEndpoint{}, cache: map[string]*inprocPeer{},
+		peers:  map[transport.RuntimeID]*inprocEndpoint{}, cache: map[string]*inprocPeer{},
 	}
 	inprocEndpoints.Lock()
 	defer inprocEndpoints.Unlock()
 	if _, dup := inprocEndpoints.m[ep.address]; dup {
-		return nil, Errorf(ErrAlreadyExists, "runtime %s is already listening", id)
+		return nil, transport.Errorf(transport.ErrAlreadyExists, "runtime %s is already listening", id)
 	}
 	inprocEndpoints.m[ep.address] = ep
 	return ep, nil
@@ -59,12 +61,12 @@ func (e *inprocEndpoint) NumPeers() int {
 
 func (e *inprocEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
 	if !strings.HasPrefix(address, inprocScheme) {
-		return nil, Errorf(ErrUnsupported, "address %q is not reachable from an in-process runtime", address)
+		return nil, transport.Errorf(transport.ErrUnsupported, "address %q is not reachable from an in-process runtime", address)
 	}
 	e.mu.Lock()
 	if e.isDown {
 		e.mu.Unlock()
-		return nil, Errorf(ErrClosed, "runtime is destroyed")
+		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	}
 	if p, ok := e.cache[address]; ok {
 		e.mu.Unlock()
@@ -76,16 +78,16 @@ func (e *inprocEndpoint) Connect(ctx context.Context, address string) (Peer, err
 	remote, ok := inprocEndpoints.m[address]
 	inprocEndpoints.Unlock()
 	if !ok {
-		return nil, Errorf(ErrPeerUnavailable, "no runtime at %s (destroyed, or in another process)", address)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime at %s (destroyed, or in another process)", address)
 	}
 	if !remote.link(e) {
-		return nil, Errorf(ErrPeerUnavailable, "runtime at %s is shutting down", address)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "runtime at %s is shutting down", address)
 	}
 	p := &inprocPeer{local: e, remote: remote, info: remote.svc.Identity()}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.isDown {
-		return nil, Errorf(ErrClosed, "runtime is destroyed")
+		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	}
 	if cached, ok := e.cache[address]; ok {
 		return cached, nil
@@ -108,7 +110,7 @@ func (e *inprocEndpoint) link(other *inprocEndpoint) bool {
 	return true
 }
 
-func (e *inprocEndpoint) unlink(id RuntimeID) {
+func (e *inprocEndpoint) unlink(id transport.RuntimeID) {
 	e.mu.Lock()
 	delete(e.peers, id)
 	for addr, p := range e.cache {
@@ -132,7 +134,7 @@ func (e *inprocEndpoint) Close() error {
 	e.isDown = true
 	close(e.closed)
 	peers := e.peers
-	e.peers = map[RuntimeID]*inprocEndpoint{}
+	e.peers = map[transport.RuntimeID]*inprocEndpoint{}
 	e.cache = map[string]*inprocPeer{}
 	e.mu.Unlock()
 
@@ -150,10 +152,10 @@ func (e *inprocEndpoint) Close() error {
 type inprocPeer struct {
 	local, remote *inprocEndpoint
 	mu            sync.Mutex
-	info          PeerInfo
+	info          transport.PeerInfo
 }
 
-func (p *inprocPeer) Info() PeerInfo {
+func (p *inprocPeer) Info() transport.PeerInfo {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.info
@@ -163,22 +165,22 @@ func (p *inprocPeer) Info() PeerInfo {
 func (p *inprocPeer) check() error {
 	select {
 	case <-p.remote.closed:
-		return Errorf(ErrPeerUnavailable, "runtime at %s is gone", p.remote.address)
+		return transport.Errorf(transport.ErrPeerUnavailable, "runtime at %s is gone", p.remote.address)
 	default:
 	}
 	select {
 	case <-p.local.closed:
-		return Errorf(ErrClosed, "runtime is destroyed")
+		return transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	default:
 	}
 	return nil
 }
 
-func (p *inprocPeer) from() PeerInfo { return p.local.svc.Identity() }
+func (p *inprocPeer) from() transport.PeerInfo { return p.local.svc.Identity() }
 
-func (p *inprocPeer) Refresh(ctx context.Context) (PeerInfo, error) {
+func (p *inprocPeer) Refresh(ctx context.Context) (transport.PeerInfo, error) {
 	if err := p.check(); err != nil {
-		return PeerInfo{}, err
+		return transport.PeerInfo{}, err
 	}
 	info := p.remote.svc.Identity()
 	p.mu.Lock()
@@ -187,35 +189,35 @@ func (p *inprocPeer) Refresh(ctx context.Context) (PeerInfo, error) {
 	return info, nil
 }
 
-func (p *inprocPeer) Borrow(ctx context.Context, obj ObjectID, token uint64) error {
+func (p *inprocPeer) Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error {
 	if err := p.check(); err != nil {
 		return err
 	}
 	return p.remote.svc.Borrow(p.from(), obj, token)
 }
 
-func (p *inprocPeer) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
+func (p *inprocPeer) BorrowAsync(obj transport.ObjectID, token uint64, done func(error)) {
 	done(p.Borrow(context.Background(), obj, token))
 }
 
-func (p *inprocPeer) Unborrow(obj ObjectID, n uint64) {
+func (p *inprocPeer) Unborrow(obj transport.ObjectID, n uint64) {
 	if p.check() == nil {
 		p.remote.svc.Unborrow(p.local.id, obj, n)
 	}
 }
 
-func (p *inprocPeer) Lease(ctx context.Context, obj ObjectID) (uint64, error) {
+func (p *inprocPeer) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {
 	if err := p.check(); err != nil {
 		return 0, err
 	}
 	return p.remote.svc.Lease(p.local.id, obj)
 }
 
-func (p *inprocPeer) Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error) {
+func (p *inprocPeer) Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.remote.svc.Metadata(p.local.id, obj, transport)
+	return p.remote.svc.Metadata(p.local.id, obj, transportName)
 }
 
 func (p *inprocPeer) Send(ctx context.Context, req SendRequest) error {

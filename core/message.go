@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"io"
 	"slices"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Control-plane frames on a Unix or TCP connection:
@@ -79,18 +81,18 @@ func (k kind) String() string {
 type message struct {
 	kind  kind
 	id    uint64
-	nonce []byte   // hello, challenge
-	proof []byte   // challenge, auth: the token proof
-	key   []byte   // challenge, auth: the sender's public identity key
-	sig   []byte   // challenge, auth: its signature of the handshake transcript
-	peer  PeerInfo // auth, welcome; identity responses
+	nonce []byte             // hello, challenge
+	proof []byte             // challenge, auth: the token proof
+	key   []byte             // challenge, auth: the sender's public identity key
+	sig   []byte             // challenge, auth: its signature of the handshake transcript
+	peer  transport.PeerInfo // auth, welcome; identity responses
 	// Response and refusal.
-	status Status
+	status transport.Status
 	text   string
 	data   []byte // response payload (metadata)
 	token  uint64 // borrow, lease response
 	// Requests.
-	object     ObjectID
+	object     transport.ObjectID
 	count      uint64 // unborrow
 	transport  string
 	transferID uint64
@@ -98,127 +100,127 @@ type message struct {
 	group      GroupJoin
 }
 
-func (w *writer) peerInfo(p PeerInfo) {
-	w.raw(p.RuntimeID[:])
-	w.str16(p.Name)
-	w.str16(p.Address)
-	w.str16(p.HostID)
-	w.u32(uint32(p.Pid))
-	w.u32(uint32(len(p.Transports)))
+func writePeerInfo(w *transport.WireWriter, p transport.PeerInfo) {
+	w.Raw(p.RuntimeID[:])
+	w.Str16(p.Name)
+	w.Str16(p.Address)
+	w.Str16(p.HostID)
+	w.U32(uint32(p.Pid))
+	w.U32(uint32(len(p.Transports)))
 	for _, a := range p.Transports {
-		w.str8(a.Name)
+		w.Str8(a.Name)
 		if a.OneSided {
-			w.u8(1)
+			w.U8(1)
 		} else {
-			w.u8(0)
+			w.U8(0)
 		}
-		w.u8(uint8(len(a.Devices)))
+		w.U8(uint8(len(a.Devices)))
 		for _, d := range a.Devices {
-			w.i32(int32(d))
+			w.I32(int32(d))
 		}
 	}
 }
 
-func (r *reader) peerInfo() PeerInfo {
-	var p PeerInfo
-	p.RuntimeID = r.id()
-	p.Name = r.str16("peer name", maxNameLen)
-	p.Address = r.str16("peer address", maxAddressLen)
-	p.HostID = r.str16("peer host id", maxHostIDLen)
-	p.Pid = int(r.u32())
-	n := r.count("transport advert", maxAdverts, 3)
-	for i := 0; i < n && r.err == nil; i++ {
-		var a TransportAdvert
-		a.Name = r.str8("transport name", 63)
-		if canon, err := CanonicalName(a.Name); r.err == nil && (err != nil || canon != a.Name) {
-			r.fail("advertised transport %q is not a canonical name", a.Name)
+func readPeerInfo(r *transport.WireReader) transport.PeerInfo {
+	var p transport.PeerInfo
+	p.RuntimeID = r.ID()
+	p.Name = r.Str16("peer name", maxNameLen)
+	p.Address = r.Str16("peer address", maxAddressLen)
+	p.HostID = r.Str16("peer host id", maxHostIDLen)
+	p.Pid = int(r.U32())
+	n := r.Count("transport advert", maxAdverts, 3)
+	for i := 0; i < n && r.Err() == nil; i++ {
+		var a transport.TransportAdvert
+		a.Name = r.Str8("transport name", 63)
+		if canon, err := CanonicalName(a.Name); r.Err() == nil && (err != nil || canon != a.Name) {
+			r.Fail("advertised transport %q is not a canonical name", a.Name)
 		}
-		switch r.u8() {
+		switch r.U8() {
 		case 0:
 		case 1:
 			a.OneSided = true
 		default:
-			r.fail("bad one-sided flag")
+			r.Fail("bad one-sided flag")
 		}
-		nd := int(r.u8())
+		nd := int(r.U8())
 		if nd > maxAdvertDevs {
-			r.fail("transport %q advertises %d device types, over %d", a.Name, nd, maxAdvertDevs)
+			r.Fail("transport %q advertises %d device types, over %d", a.Name, nd, maxAdvertDevs)
 		}
-		for j := 0; j < nd && r.err == nil; j++ {
-			a.Devices = append(a.Devices, DeviceType(r.i32()))
+		for j := 0; j < nd && r.Err() == nil; j++ {
+			a.Devices = append(a.Devices, transport.DeviceType(r.I32()))
 		}
 		p.Transports = append(p.Transports, a)
 	}
-	if r.err == nil && p.RuntimeID.IsZero() {
-		r.fail("zero runtime id")
+	if r.Err() == nil && p.RuntimeID.IsZero() {
+		r.Fail("zero runtime id")
 	}
 	return p
 }
 
 // encode makes the frame for m, length prefix included.
 func (m *message) encode() []byte {
-	w := &writer{b: make([]byte, frameHeader, 64+len(m.data))}
+	w := transport.NewWireWriter(make([]byte, frameHeader, 64+len(m.data)))
 	switch m.kind {
 	case kindHello:
-		w.raw([]byte(controlMagic))
-		w.u16(controlVersion)
-		w.raw(m.nonce)
+		w.Raw([]byte(controlMagic))
+		w.U16(controlVersion)
+		w.Raw(m.nonce)
 	case kindChallenge:
-		w.raw(m.nonce)
-		w.raw(m.proof)
-		w.raw(m.key)
-		w.raw(m.sig)
+		w.Raw(m.nonce)
+		w.Raw(m.proof)
+		w.Raw(m.key)
+		w.Raw(m.sig)
 	case kindAuth:
-		w.raw(m.proof)
-		w.raw(m.key)
-		w.raw(m.sig)
-		w.peerInfo(m.peer)
+		w.Raw(m.proof)
+		w.Raw(m.key)
+		w.Raw(m.sig)
+		writePeerInfo(w, m.peer)
 	case kindWelcome:
-		w.peerInfo(m.peer)
+		writePeerInfo(w, m.peer)
 	case kindRefused:
-		w.i32(int32(m.status))
+		w.I32(int32(m.status))
 		text := m.text
 		if len(text) > maxRefusalText {
 			text = text[:maxRefusalText]
 		}
-		w.bytes32([]byte(text))
+		w.Bytes32([]byte(text))
 	case kindResponse:
-		w.i32(int32(m.status))
-		w.bytes32([]byte(m.text))
-		w.u64(m.token)
-		w.bytes32(m.data)
+		w.I32(int32(m.status))
+		w.Bytes32([]byte(m.text))
+		w.U64(m.token)
+		w.Bytes32(m.data)
 		if m.peer.RuntimeID.IsZero() {
-			w.u8(0)
+			w.U8(0)
 		} else {
-			w.u8(1)
-			w.peerInfo(m.peer)
+			w.U8(1)
+			writePeerInfo(w, m.peer)
 		}
 	case kindIdentity, kindPing, kindPong:
 	case kindBorrow:
-		w.raw(m.object[:])
-		w.u64(m.token)
+		w.Raw(m.object[:])
+		w.U64(m.token)
 	case kindUnborrow:
-		w.raw(m.object[:])
-		w.u64(m.count)
+		w.Raw(m.object[:])
+		w.U64(m.count)
 	case kindLease:
-		w.raw(m.object[:])
+		w.Raw(m.object[:])
 	case kindMetadata:
-		w.raw(m.object[:])
-		w.str8(m.transport)
+		w.Raw(m.object[:])
+		w.Str8(m.transport)
 	case kindSend:
-		w.raw(m.object[:])
-		w.u64(m.transferID)
-		w.str8(m.transport)
-		w.bytes32(m.data)
+		w.Raw(m.object[:])
+		w.U64(m.transferID)
+		w.Str8(m.transport)
+		w.Bytes32(m.data)
 	case kindCancel:
-		w.u64(m.target)
+		w.U64(m.target)
 	case kindGroupJoin:
-		w.str8(m.group.Name)
-		w.str8(m.group.Backend)
-		w.u32(uint32(m.group.WorldSize))
-		w.u32(uint32(m.group.Rank))
+		w.Str8(m.group.Name)
+		w.Str8(m.group.Backend)
+		w.U32(uint32(m.group.WorldSize))
+		w.U32(uint32(m.group.Rank))
 	}
-	b := w.b
+	b := w.Bytes()
 	binary.LittleEndian.PutUint32(b[0:4], uint32(len(b)-4))
 	b[4] = byte(m.kind)
 	binary.LittleEndian.PutUint64(b[5:13], m.id)
@@ -230,92 +232,92 @@ const proofSize = 32
 
 // decodeMessage parses one frame body (everything after the length).
 func decodeMessage(b []byte) (*message, error) {
-	r := &reader{b: b, what: "control message"}
-	m := &message{kind: kind(r.u8()), id: r.u64()}
-	if r.err != nil {
-		return nil, r.err
+	r := transport.NewWireReader("control message", b)
+	m := &message{kind: kind(r.U8()), id: r.U64()}
+	if r.Err() != nil {
+		return nil, r.Err()
 	}
 	switch m.kind {
 	case kindHello:
-		if string(r.take(4)) != controlMagic && r.err == nil {
-			r.fail("bad magic: not an rdt peer")
+		if string(r.Take(4)) != controlMagic && r.Err() == nil {
+			r.Fail("bad magic: not an rdt peer")
 		}
-		if v := r.u16(); r.err == nil && v != controlVersion {
-			r.fail("protocol version %d is not supported (this runtime speaks %d)", v, controlVersion)
+		if v := r.U16(); r.Err() == nil && v != controlVersion {
+			r.Fail("protocol version %d is not supported (this runtime speaks %d)", v, controlVersion)
 		}
-		m.nonce = append([]byte(nil), r.take(nonceSize)...)
+		m.nonce = append([]byte(nil), r.Take(nonceSize)...)
 	case kindChallenge:
-		m.nonce = append([]byte(nil), r.take(nonceSize)...)
-		m.proof = append([]byte(nil), r.take(proofSize)...)
-		m.key = append([]byte(nil), r.take(ed25519.PublicKeySize)...)
-		m.sig = append([]byte(nil), r.take(ed25519.SignatureSize)...)
+		m.nonce = append([]byte(nil), r.Take(nonceSize)...)
+		m.proof = append([]byte(nil), r.Take(proofSize)...)
+		m.key = append([]byte(nil), r.Take(ed25519.PublicKeySize)...)
+		m.sig = append([]byte(nil), r.Take(ed25519.SignatureSize)...)
 	case kindAuth:
-		m.proof = append([]byte(nil), r.take(proofSize)...)
-		m.key = append([]byte(nil), r.take(ed25519.PublicKeySize)...)
-		m.sig = append([]byte(nil), r.take(ed25519.SignatureSize)...)
-		m.peer = r.peerInfo()
+		m.proof = append([]byte(nil), r.Take(proofSize)...)
+		m.key = append([]byte(nil), r.Take(ed25519.PublicKeySize)...)
+		m.sig = append([]byte(nil), r.Take(ed25519.SignatureSize)...)
+		m.peer = readPeerInfo(r)
 	case kindWelcome:
-		m.peer = r.peerInfo()
+		m.peer = readPeerInfo(r)
 	case kindRefused:
-		m.status = Status(r.i32())
-		m.text = string(r.bytes32("message", maxRefusalText))
+		m.status = transport.Status(r.I32())
+		m.text = string(r.Bytes32("message", maxRefusalText))
 	case kindResponse:
-		m.status = Status(r.i32())
-		m.text = string(r.bytes32("message", maxMessageText))
-		m.token = r.u64()
-		m.data = r.bytes32("payload", maxMetadataBytes)
-		switch r.u8() {
+		m.status = transport.Status(r.I32())
+		m.text = string(r.Bytes32("message", maxMessageText))
+		m.token = r.U64()
+		m.data = r.Bytes32("payload", maxMetadataBytes)
+		switch r.U8() {
 		case 0:
 		case 1:
-			m.peer = r.peerInfo()
+			m.peer = readPeerInfo(r)
 		default:
-			r.fail("bad identity flag")
+			r.Fail("bad identity flag")
 		}
 	case kindIdentity, kindPing, kindPong:
 	case kindBorrow:
-		m.object = r.id()
-		m.token = r.u64()
+		m.object = r.ID()
+		m.token = r.U64()
 	case kindUnborrow:
-		m.object = r.id()
-		m.count = r.u64()
+		m.object = r.ID()
+		m.count = r.U64()
 	case kindLease:
-		m.object = r.id()
+		m.object = r.ID()
 	case kindMetadata:
-		m.object = r.id()
-		m.transport = r.str8("transport", 63)
+		m.object = r.ID()
+		m.transport = r.Str8("transport", 63)
 	case kindSend:
-		m.object = r.id()
-		m.transferID = r.u64()
-		m.transport = r.str8("transport", 63)
-		m.data = r.bytes32("communicator metadata", maxMetadataBytes)
+		m.object = r.ID()
+		m.transferID = r.U64()
+		m.transport = r.Str8("transport", 63)
+		m.data = r.Bytes32("communicator metadata", maxMetadataBytes)
 	case kindCancel:
-		m.target = r.u64()
+		m.target = r.U64()
 	case kindGroupJoin:
-		m.group.Name = r.str8("group name", 127)
-		m.group.Backend = r.str8("group backend", 63)
-		m.group.WorldSize = int(r.u32())
-		m.group.Rank = int(r.u32())
-		if r.err == nil {
-			if err := CheckGroupName(m.group.Name); err != nil {
-				r.fail("%v", err)
+		m.group.Name = r.Str8("group name", 127)
+		m.group.Backend = r.Str8("group backend", 63)
+		m.group.WorldSize = int(r.U32())
+		m.group.Rank = int(r.U32())
+		if r.Err() == nil {
+			if err := transport.CheckGroupName(m.group.Name); err != nil {
+				r.Fail("%v", err)
 			} else if canon, err := CanonicalName(m.group.Backend); err != nil || canon != m.group.Backend {
-				r.fail("group backend %q is not a canonical transport name", m.group.Backend)
-			} else if m.group.WorldSize < 1 || m.group.WorldSize > MaxGroupSize || m.group.Rank >= m.group.WorldSize {
-				r.fail("group rank %d of %d is out of range", m.group.Rank, m.group.WorldSize)
+				r.Fail("group backend %q is not a canonical transport name", m.group.Backend)
+			} else if m.group.WorldSize < 1 || m.group.WorldSize > transport.MaxGroupSize || m.group.Rank >= m.group.WorldSize {
+				r.Fail("group rank %d of %d is out of range", m.group.Rank, m.group.WorldSize)
 			}
 		}
 	default:
-		r.fail("unknown message kind %d", m.kind)
+		r.Fail("unknown message kind %d", m.kind)
 	}
-	if err := r.done(); err != nil {
+	if err := r.Done(); err != nil {
 		return nil, err
 	}
 	if ((m.kind >= kindIdentity && m.kind <= kindSend && m.kind != kindUnborrow) || m.kind == kindGroupJoin) && m.id == 0 {
-		return nil, Errorf(ErrCorrupt, "control message: %s request without an id", m.kind)
+		return nil, transport.Errorf(transport.ErrCorrupt, "control message: %s request without an id", m.kind)
 	}
 	if m.transport != "" {
 		if canon, err := CanonicalName(m.transport); err != nil || canon != m.transport {
-			return nil, Errorf(ErrCorrupt, "control message: transport %q is not a canonical name", m.transport)
+			return nil, transport.Errorf(transport.ErrCorrupt, "control message: transport %q is not a canonical name", m.transport)
 		}
 	}
 	return m, nil
@@ -335,7 +337,7 @@ func readFrame(rd io.Reader, buf []byte, limit uint32) ([]byte, error) {
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
 	if n < frameHeader-4 || n > limit {
-		return nil, Errorf(ErrCorrupt, "control message: frame of %d bytes is outside %d..%d", n, frameHeader-4, limit)
+		return nil, transport.Errorf(transport.ErrCorrupt, "control message: frame of %d bytes is outside %d..%d", n, frameHeader-4, limit)
 	}
 	want := int(n)
 	if cap(buf) >= want {

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Ref is one counted handle to an object, owned by one runtime.
@@ -26,7 +28,7 @@ func (r *Ref) IsOwner() bool { return r.owned }
 
 func (r *Ref) check() error {
 	if r == nil || r.released.Load() {
-		return Errorf(ErrInvalidArgument, "ref was released")
+		return transport.Errorf(transport.ErrInvalidArgument, "ref was released")
 	}
 	return nil
 }
@@ -40,18 +42,18 @@ func (r *Ref) Clone() (*Ref, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.closed {
-		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	if r.owned {
 		o, ok := rt.objects[r.desc.ID]
 		if !ok {
-			return nil, Errorf(ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
+			return nil, transport.Errorf(transport.ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
 		}
 		o.local++
 	} else {
 		e, ok := rt.borrowed[r.desc.ID]
 		if !ok {
-			return nil, Errorf(ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
+			return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
 		}
 		e.handles++
 	}
@@ -77,7 +79,7 @@ func (r *Ref) ReleaseRevokingLeases() error {
 		return err
 	}
 	if !r.owned {
-		return Errorf(ErrInvalidArgument, "ref to object %s is borrowed: only its owner %s can revoke the object's leases; release it without revoking",
+		return transport.Errorf(transport.ErrInvalidArgument, "ref to object %s is borrowed: only its owner %s can revoke the object's leases; release it without revoking",
 			r.desc.ID, r.desc.Owner.Address)
 	}
 	return r.release(true)
@@ -85,7 +87,7 @@ func (r *Ref) ReleaseRevokingLeases() error {
 
 func (r *Ref) release(revokeLeases bool) error {
 	if r == nil || !r.released.CompareAndSwap(false, true) {
-		return Errorf(ErrInvalidArgument, "ref was already released")
+		return transport.Errorf(transport.ErrInvalidArgument, "ref was already released")
 	}
 	rt := r.rt
 	rt.c.refs.Add(-1)
@@ -131,7 +133,7 @@ func (rt *Runtime) borrowAnswered(e *borrowEntry, desc *ObjectDesc, err error) {
 	if err != nil {
 		e.registered-- // the owner did not count it
 		if e.refused == nil {
-			e.refused = Wrap(err, "owner %s refused the borrow of object %s", desc.Owner.Address, desc.ID)
+			e.refused = transport.Wrap(err, "owner %s refused the borrow of object %s", desc.Owner.Address, desc.ID)
 		}
 		rt.log.Debugf("borrow of object %s refused by %s: %v", desc.ID, desc.Owner.Address, err)
 	}
@@ -142,7 +144,7 @@ func (rt *Runtime) borrowAnswered(e *borrowEntry, desc *ObjectDesc, err error) {
 }
 
 // borrowRefused is the owner's refusal of a borrow of obj, if one arrived.
-func (rt *Runtime) borrowRefused(obj ObjectID) error {
+func (rt *Runtime) borrowRefused(obj transport.ObjectID) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if e := rt.borrowed[obj]; e != nil {
@@ -153,7 +155,7 @@ func (rt *Runtime) borrowRefused(obj ObjectID) error {
 
 // borrowConfirmed waits, under ctx(), until the owner has answered every
 // borrow request of obj and returns the first refusal.
-func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj ObjectID) error {
+func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj transport.ObjectID) error {
 	rt.mu.Lock()
 	e := rt.borrowed[obj]
 	if e == nil {
@@ -170,7 +172,7 @@ func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj ObjectID) err
 	select {
 	case <-ch:
 	case <-wctx.Done():
-		return ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
+		return transport.ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
 	}
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -187,14 +189,14 @@ func (r *Ref) Serialize() ([]byte, error) {
 		rt.mu.Lock()
 		if rt.closed {
 			rt.mu.Unlock()
-			return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 		}
 		o, ok := rt.objects[r.desc.ID]
 		if !ok {
 			rt.mu.Unlock()
-			return nil, Errorf(ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
+			return nil, transport.Errorf(transport.ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
 		}
-		token := rt.newLeaseLocked(o, RuntimeID{})
+		token := rt.newLeaseLocked(o, transport.RuntimeID{})
 		rt.mu.Unlock()
 		o.metaMu.Lock()
 		b := EncodeRef(o.desc, o.meta, token)
@@ -206,16 +208,16 @@ func (r *Ref) Serialize() ([]byte, error) {
 	closed := rt.closed
 	rt.mu.Unlock()
 	if closed {
-		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	if !ok {
-		return nil, Errorf(ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
+		return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
 	}
 	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
 	defer cancel()
 	token, err := e.peer.Lease(ctx, r.desc.ID)
 	if err != nil {
-		return nil, Wrap(err, "owner %s of object %s", r.desc.Owner.Address, r.desc.ID)
+		return nil, transport.Wrap(err, "owner %s of object %s", r.desc.Owner.Address, r.desc.ID)
 	}
 	return EncodeRef(r.desc, r.desc.Meta, token), nil
 }
@@ -224,13 +226,13 @@ func (r *Ref) Serialize() ([]byte, error) {
 // deserialized or expires.
 type lease struct {
 	timer *time.Timer
-	peer  RuntimeID // the peer that asked for it (counted in peerLeases); zero: this runtime
+	peer  transport.RuntimeID // the peer that asked for it (counted in peerLeases); zero: this runtime
 }
 
 // newLeaseLocked adds a lease token to o, for peer (zero: this runtime).
 // Caller holds rt.mu.
-func (rt *Runtime) newLeaseLocked(o *object, peer RuntimeID) uint64 {
-	token := randomUint64() | 1 // never 0, which means "no token"
+func (rt *Runtime) newLeaseLocked(o *object, peer transport.RuntimeID) uint64 {
+	token := transport.RandomUint64() | 1 // never 0, which means "no token"
 	o.transit[token] = lease{timer: time.AfterFunc(rt.lease, func() { rt.expireLease(o, token) }), peer: peer}
 	return token
 }
@@ -286,7 +288,7 @@ func (rt *Runtime) Deserialize(b []byte) (*Ref, error) {
 	return rt.DeserializeWithin(b, DefaultDeserializeTimeout)
 }
 
-var errDeserializeDeadline = Errorf(ErrTimeout, "the owner did not answer within the deserialize timeout")
+var errDeserializeDeadline = transport.Errorf(transport.ErrTimeout, "the owner did not answer within the deserialize timeout")
 
 // DeserializeWithin is Deserialize waiting for the owner at most d
 // (negative: as long as the runtime lives).
@@ -328,14 +330,14 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	// The runtime's end also ends the wait.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(rt.ctx, func() { cancel(Errorf(ErrClosed, "runtime %s was destroyed", rt.name)) })
+	stop := context.AfterFunc(rt.ctx, func() { cancel(transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)) })
 	defer stop()
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
-		return nil, Wrap(err, "owner of object %s", desc.ID)
+		return nil, transport.Wrap(err, "owner of object %s", desc.ID)
 	}
 	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return nil, Errorf(ErrPeerUnavailable, "the runtime at %s is not the owner of object %s (the owner is gone)", desc.Owner.Address, desc.ID)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is not the owner of object %s (the owner is gone)", desc.Owner.Address, desc.ID)
 	}
 	// The borrow is registered without waiting for the owner's answer: the
 	// lease in the bytes keeps the object alive until the request arrives,
@@ -345,7 +347,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	rt.mu.Lock()
 	if rt.closed {
 		rt.mu.Unlock()
-		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	e := rt.borrowed[desc.ID]
 	if e == nil {
@@ -371,13 +373,13 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 		mu.Unlock()
 	})
 	mu.Lock()
-	lost := answered && StatusOf(answer) == ErrPeerUnavailable
+	lost := answered && transport.StatusOf(answer) == transport.ErrPeerUnavailable
 	mu.Unlock()
 	if lost {
 		// The connection failed under the request (the owner died since
 		// we last heard from it): say so now rather than at the fetch.
 		ref.Release()
-		return nil, Wrap(answer, "owner %s of object %s", desc.Owner.Address, desc.ID)
+		return nil, transport.Wrap(answer, "owner %s of object %s", desc.Owner.Address, desc.ID)
 	}
 	return ref, nil
 }

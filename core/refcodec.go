@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"sort"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The serialized form of a reference:
@@ -33,7 +35,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // OwnerInfo locates the runtime that owns an object.
 type OwnerInfo struct {
-	RuntimeID RuntimeID
+	RuntimeID transport.RuntimeID
 	Address   string
 	HostID    string
 }
@@ -41,17 +43,17 @@ type OwnerInfo struct {
 // ObjectDesc is everything a reference says about its object. It is
 // immutable once made and shared by the references that carry it.
 type ObjectDesc struct {
-	ID        ObjectID
+	ID        transport.ObjectID
 	Owner     OwnerInfo
 	Transport string
-	Tensors   []TensorDesc
+	Tensors   []transport.TensorDesc
 	Nbytes    uint64
 	// Meta holds transport metadata carried by the ref, by transport name.
 	Meta map[string][]byte
 }
 
-func newObjectDesc(id ObjectID, owner OwnerInfo, transport string, tensors []TensorDesc, meta map[string][]byte) *ObjectDesc {
-	d := &ObjectDesc{ID: id, Owner: owner, Transport: transport, Tensors: tensors, Meta: meta}
+func newObjectDesc(id transport.ObjectID, owner OwnerInfo, transportName string, tensors []transport.TensorDesc, meta map[string][]byte) *ObjectDesc {
+	d := &ObjectDesc{ID: id, Owner: owner, Transport: transportName, Tensors: tensors, Meta: meta}
 	for _, t := range tensors {
 		d.Nbytes += t.Nbytes
 	}
@@ -60,28 +62,28 @@ func newObjectDesc(id ObjectID, owner OwnerInfo, transport string, tensors []Ten
 
 // EncodeRef serializes a description and a lease token.
 func EncodeRef(d *ObjectDesc, meta map[string][]byte, token uint64) []byte {
-	w := &writer{b: make([]byte, refHeader, 256)}
-	w.raw(d.ID[:])
-	w.raw(d.Owner.RuntimeID[:])
-	w.u64(token)
-	w.str16(d.Owner.Address)
-	w.str16(d.Owner.HostID)
-	w.str8(d.Transport)
-	w.u32(uint32(len(d.Tensors)))
+	w := transport.NewWireWriter(make([]byte, refHeader, 256))
+	w.Raw(d.ID[:])
+	w.Raw(d.Owner.RuntimeID[:])
+	w.U64(token)
+	w.Str16(d.Owner.Address)
+	w.Str16(d.Owner.HostID)
+	w.Str8(d.Transport)
+	w.U32(uint32(len(d.Tensors)))
 	for _, t := range d.Tensors {
-		w.tensorDesc(t)
+		w.TensorDesc(t)
 	}
 	names := make([]string, 0, len(meta))
 	for n := range meta {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	w.u32(uint32(len(names)))
+	w.U32(uint32(len(names)))
 	for _, n := range names {
-		w.str8(n)
-		w.bytes32(meta[n])
+		w.Str8(n)
+		w.Bytes32(meta[n])
 	}
-	b := w.b
+	b := w.Bytes()
 	copy(b[0:4], refMagic)
 	binary.LittleEndian.PutUint16(b[4:6], refVersion)
 	binary.LittleEndian.PutUint16(b[6:8], 0)
@@ -92,7 +94,7 @@ func EncodeRef(d *ObjectDesc, meta map[string][]byte, token uint64) []byte {
 // DecodeRef parses serialized bytes. Anything malformed is ErrCorrupt.
 func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 	corrupt := func(format string, args ...any) (*ObjectDesc, uint64, error) {
-		return nil, 0, Errorf(ErrCorrupt, "serialized ref: "+format, args...)
+		return nil, 0, transport.Errorf(transport.ErrCorrupt, "serialized ref: "+format, args...)
 	}
 	if len(b) < refHeader+refTrailer {
 		return corrupt("%d bytes is too short to be a ref", len(b))
@@ -118,38 +120,38 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 		return corrupt("checksum mismatch (bytes damaged in transit)")
 	}
 
-	r := &reader{b: b[refHeader : len(b)-refTrailer], what: "serialized ref"}
-	id := r.id()
+	r := transport.NewWireReader("serialized ref", b[refHeader:len(b)-refTrailer])
+	id := r.ID()
 	var owner OwnerInfo
-	owner.RuntimeID = r.id()
-	token := r.u64()
-	owner.Address = r.str16("owner address", maxAddressLen)
-	owner.HostID = r.str16("host id", maxHostIDLen)
-	transport := r.str8("transport", 63)
-	n := r.count("tensor", MaxTensors, minTensorDescSize)
-	tensors := make([]TensorDesc, 0, n)
-	for i := 0; i < n && r.err == nil; i++ {
-		tensors = append(tensors, r.tensorDesc())
+	owner.RuntimeID = r.ID()
+	token := r.U64()
+	owner.Address = r.Str16("owner address", maxAddressLen)
+	owner.HostID = r.Str16("host id", maxHostIDLen)
+	transportName := r.Str8("transport", 63)
+	n := r.Count("tensor", transport.MaxTensors, transport.MinTensorDescSize)
+	tensors := make([]transport.TensorDesc, 0, n)
+	for i := 0; i < n && r.Err() == nil; i++ {
+		tensors = append(tensors, r.TensorDesc())
 	}
-	nmeta := r.count("metadata", maxMetaEntries, 5)
+	nmeta := r.Count("metadata", maxMetaEntries, 5)
 	meta := make(map[string][]byte, nmeta)
-	for i := 0; i < nmeta && r.err == nil; i++ {
-		name := r.str8("metadata name", 63)
-		data := r.bytes32("metadata", maxMetadataBytes)
-		if r.err != nil {
+	for i := 0; i < nmeta && r.Err() == nil; i++ {
+		name := r.Str8("metadata name", 63)
+		data := r.Bytes32("metadata", maxMetadataBytes)
+		if r.Err() != nil {
 			break
 		}
 		if _, err := CanonicalName(name); err != nil || name != lower(name) {
-			r.fail("metadata name %q is not a canonical transport name", name)
+			r.Fail("metadata name %q is not a canonical transport name", name)
 			break
 		}
 		if _, dup := meta[name]; dup {
-			r.fail("metadata for %q appears twice", name)
+			r.Fail("metadata for %q appears twice", name)
 			break
 		}
 		meta[name] = data
 	}
-	if err := r.done(); err != nil {
+	if err := r.Done(); err != nil {
 		return nil, 0, err
 	}
 	if id.IsZero() || owner.RuntimeID.IsZero() {
@@ -158,13 +160,13 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 	if owner.Address == "" {
 		return corrupt("empty owner address")
 	}
-	if transport != "" {
-		canon, err := CanonicalName(transport)
-		if err != nil || canon != transport {
-			return corrupt("transport %q is not a canonical name", transport)
+	if transportName != "" {
+		canon, err := CanonicalName(transportName)
+		if err != nil || canon != transportName {
+			return corrupt("transport %q is not a canonical name", transportName)
 		}
 	}
-	return newObjectDesc(id, owner, transport, tensors, meta), token, nil
+	return newObjectDesc(id, owner, transportName, tensors, meta), token, nil
 }
 
 func lower(s string) string {

@@ -7,15 +7,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 func sampleDesc(t testing.TB) *ObjectDesc {
-	a, err := NewTensorDesc(Device{Type: DeviceCPU}, DType{Code: 2, Bits: 32, Lanes: 1}, []int64{2, 3})
+	a, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 2, Bits: 32, Lanes: 1}, []int64{2, 3})
 	require.NoError(t, err)
-	b, err := NewTensorDesc(Device{Type: DeviceCUDA, ID: 1}, DType{Code: 4, Bits: 16, Lanes: 1}, []int64{})
+	b, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCUDA, ID: 1}, transport.DType{Code: 4, Bits: 16, Lanes: 1}, []int64{})
 	require.NoError(t, err)
-	owner := OwnerInfo{RuntimeID: ID{1, 2, 3}, Address: "unix:///run/rdt/x.sock", HostID: "boot/pid/mnt"}
-	return newObjectDesc(ID{9, 9}, owner, "cma", []TensorDesc{a, b}, nil)
+	owner := OwnerInfo{RuntimeID: transport.ID{1, 2, 3}, Address: "unix:///run/rdt/x.sock", HostID: "boot/pid/mnt"}
+	return newObjectDesc(transport.ID{9, 9}, owner, "cma", []transport.TensorDesc{a, b}, nil)
 }
 
 func TestRefRoundTrip(t *testing.T) {
@@ -41,7 +43,7 @@ func TestRefDecodeRejectsDamage(t *testing.T) {
 	// Every truncation is corrupt.
 	for n := 0; n < len(good); n++ {
 		_, _, err := DecodeRef(good[:n])
-		require.Equal(t, ErrCorrupt, StatusOf(err), "truncated to %d", n)
+		require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "truncated to %d", n)
 	}
 	// Every single-bit flip is caught (checksum or header check).
 	for i := 0; i < len(good); i++ {
@@ -49,12 +51,12 @@ func TestRefDecodeRejectsDamage(t *testing.T) {
 			bad := append([]byte(nil), good...)
 			bad[i] ^= 1 << bit
 			_, _, err := DecodeRef(bad)
-			require.Equal(t, ErrCorrupt, StatusOf(err), "flip byte %d bit %d", i, bit)
+			require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "flip byte %d bit %d", i, bit)
 		}
 	}
 	// Trailing garbage.
 	_, _, err := DecodeRef(append(append([]byte(nil), good...), 0))
-	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 }
 
 // reseal fixes the length and checksum of a hand-edited ref, so that tests
@@ -69,7 +71,7 @@ func reseal(b []byte) []byte {
 func TestRefDecodeValidatesBody(t *testing.T) {
 	d := sampleDesc(t)
 	cases := map[string]func(*ObjectDesc) *ObjectDesc{
-		"zero id":         func(d *ObjectDesc) *ObjectDesc { d.ID = ID{}; return d },
+		"zero id":         func(d *ObjectDesc) *ObjectDesc { d.ID = transport.ID{}; return d },
 		"empty address":   func(d *ObjectDesc) *ObjectDesc { d.Owner.Address = ""; return d },
 		"bad transport":   func(d *ObjectDesc) *ObjectDesc { d.Transport = "Not Canonical"; return d },
 		"negative dim":    func(d *ObjectDesc) *ObjectDesc { d.Tensors[0].Shape = []int64{-1}; return d },
@@ -78,11 +80,11 @@ func TestRefDecodeValidatesBody(t *testing.T) {
 	}
 	for name, edit := range cases {
 		c := *d
-		c.Tensors = append([]TensorDesc(nil), d.Tensors...)
+		c.Tensors = append([]transport.TensorDesc(nil), d.Tensors...)
 		c.Tensors[0].Shape = append([]int64(nil), d.Tensors[0].Shape...)
 		b := EncodeRef(edit(&c), nil, 1)
 		_, _, err := DecodeRef(b)
-		assert.Equal(t, ErrCorrupt, StatusOf(err), name)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), name)
 	}
 
 	// A count claiming more tensors than the bytes can hold is refused
@@ -91,7 +93,7 @@ func TestRefDecodeValidatesBody(t *testing.T) {
 	off := refHeader + 16 + 16 + 8 + 2 + len(d.Owner.Address) + 2 + len(d.Owner.HostID) + 1 + len(d.Transport)
 	binary.LittleEndian.PutUint32(b[off:], 1<<16)
 	_, _, err := DecodeRef(reseal(b))
-	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "cannot fit")
 
 	binary.LittleEndian.PutUint16(b[4:6], 2)
@@ -102,14 +104,14 @@ func TestRefDecodeValidatesBody(t *testing.T) {
 func FuzzDecodeRef(f *testing.F) {
 	d := sampleDesc(f)
 	f.Add(EncodeRef(d, map[string][]byte{"cma": {1, 2, 3, 4}}, 7))
-	f.Add(EncodeRef(newObjectDesc(ID{1}, OwnerInfo{RuntimeID: ID{2}, Address: "inproc://x"}, "", nil, nil), nil, 0))
+	f.Add(EncodeRef(newObjectDesc(transport.ID{1}, OwnerInfo{RuntimeID: transport.ID{2}, Address: "inproc://x"}, "", nil, nil), nil, 0))
 	f.Add([]byte("RDTR"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		desc, token, err := DecodeRef(b)
 		if err != nil {
-			if StatusOf(err) != ErrCorrupt {
-				t.Fatalf("error with status %v: %v", StatusOf(err), err)
+			if transport.StatusOf(err) != transport.ErrCorrupt {
+				t.Fatalf("error with status %v: %v", transport.StatusOf(err), err)
 			}
 			return
 		}

@@ -8,13 +8,15 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
-func putOne(t *testing.T, rt *Runtime, transport string, released *atomic.Int64) (*Ref, *hostBuf) {
+func putOne(t *testing.T, rt *Runtime, transportName string, released *atomic.Int64) (*Ref, *hostBuf) {
 	t.Helper()
 	buf := newHostBuf(t, 4096)
 	buf.fill(3)
-	ref, err := rt.Put([]Tensor{tensorOf(t, buf)}, transport, func() { released.Add(1) })
+	ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, transportName, func() { released.Add(1) })
 	require.NoError(t, err)
 	return ref, buf
 }
@@ -63,11 +65,11 @@ func TestDoubleReleaseIsAnError(t *testing.T) {
 	ref, _ := putOne(t, rt, "", &released)
 	require.NoError(t, ref.Release())
 	err := ref.Release()
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	_, err = ref.Clone()
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	_, err = ref.Serialize()
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	eventually(t, func() bool { return released.Load() == 1 }, "freed once")
 }
 
@@ -134,8 +136,8 @@ func assertFreedWhenFetched(t *testing.T, rt *Runtime, b []byte) {
 	late, err := rt.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, 4096) // the shape putOne puts
-	err = rt.Get([]*Ref{late}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
-	assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+	err = rt.Get([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refused the borrow")
 	require.NoError(t, late.Release())
 	assert.Equal(t, uint64(0), rt.Stats().BorrowedObjects)
@@ -223,13 +225,13 @@ func TestOwnerDestroyedFreesAndFailsBorrowers(t *testing.T) {
 	assert.Equal(t, int64(1), released.Load(), "destroy runs release callbacks before returning")
 	assert.Equal(t, int64(1), mt.gcCount.Load())
 	out := newHostBuf(t, len(buf.b))
-	err = borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(err), "%v", err)
+	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	_, err = borrower.Deserialize(b)
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	// The owner's own handle now reports the closed runtime.
 	_, err = ref.Clone()
-	assert.Equal(t, ErrClosed, StatusOf(err))
+	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
 	assert.NoError(t, ref.Release())
 	assert.NoError(t, bref.Release())
 }
@@ -246,7 +248,7 @@ func TestWaitTensorFreed(t *testing.T) {
 	require.NoError(t, err)
 
 	err = owner.WaitTensorFreed(buf.addr(), 20*time.Millisecond)
-	assert.Equal(t, ErrTimeout, StatusOf(err))
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "1 borrows")
 
 	done := make(chan error, 1)

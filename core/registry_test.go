@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 func TestRegistryCaseInsensitiveAndDuplicates(t *testing.T) {
@@ -15,15 +17,15 @@ func TestRegistryCaseInsensitiveAndDuplicates(t *testing.T) {
 	assert.Equal(t, "my_t", got.Name())
 
 	err = rt.RegisterTransport(newMemTransport("my_t"))
-	assert.Equal(t, ErrAlreadyExists, StatusOf(err))
+	assert.Equal(t, transport.ErrAlreadyExists, transport.StatusOf(err))
 
 	_, err = rt.Registry().Get("nope")
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "my_t", "the error lists what is registered")
 
 	for _, bad := range []string{"", "has space", "slash/", string(make([]byte, 64))} {
 		_, err := CanonicalName(bad)
-		assert.Equal(t, ErrInvalidArgument, StatusOf(err), "%q", bad)
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%q", bad)
 	}
 	n, err := CanonicalName("NiXl.v2-x_y")
 	require.NoError(t, err)
@@ -43,7 +45,7 @@ func TestRegistryListAndAdverts(t *testing.T) {
 	assert.False(t, list[0].OneSided)
 	assert.False(t, list[0].CanAbort)
 	assert.True(t, list[1].OneSided)
-	assert.Equal(t, []DeviceType{DeviceCPU}, list[1].Devices)
+	assert.Equal(t, []transport.DeviceType{transport.DeviceCPU}, list[1].Devices)
 	ad, ok := rt.Identity().Advert("b_one")
 	require.True(t, ok)
 	assert.True(t, ad.OneSided)
@@ -52,21 +54,23 @@ func TestRegistryListAndAdverts(t *testing.T) {
 func TestRegistryRefusesNonCanonicalTransport(t *testing.T) {
 	rt := newRuntime(t, "a")
 	err := rt.RegisterTransport(newMemTransport("Upper"))
-	assert.Equal(t, ErrInternal, StatusOf(err))
+	assert.Equal(t, transport.ErrInternal, transport.StatusOf(err))
 }
 
 func TestPutValidatesTransport(t *testing.T) {
 	rt := newRuntime(t, "a")
 	buf := newHostBuf(t, 64)
-	_, err := rt.Put([]Tensor{tensorOf(t, buf)}, "missing", nil)
-	assert.Equal(t, ErrNotFound, StatusOf(err))
+	_, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, "missing", nil)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	gpuOnly := &deviceTransport{memTransport: newMemTransport("gpu_only")}
 	require.NoError(t, rt.RegisterTransport(gpuOnly))
-	_, err = rt.Put([]Tensor{tensorOf(t, buf)}, "gpu_only", nil)
-	assert.Equal(t, ErrUnsupported, StatusOf(err))
+	_, err = rt.Put([]transport.Tensor{tensorOf(t, buf)}, "gpu_only", nil)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Equal(t, uint64(0), rt.Stats().Objects)
 }
 
 type deviceTransport struct{ *memTransport }
 
-func (deviceTransport) Devices() []DeviceType { return []DeviceType{DeviceCUDA} }
+func (deviceTransport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCUDA}
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The default lease is two minutes: every wait below is far shorter, so an
@@ -38,12 +40,12 @@ func TestReleaseRevokingLeasesFreesAtOnce(t *testing.T) {
 	assert.Zero(t, s.RefsInTransit)
 	assert.Zero(t, s.Refs)
 	assert.Zero(t, s.LeasesExpired, "revoked, not expired")
-	assert.Equal(t, ErrInvalidArgument, StatusOf(ref.Release()), "the handle is released")
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(ref.Release()), "the handle is released")
 
 	for _, b := range sent {
 		assertFreedWhenFetched(t, other, b)
 		_, err := owner.Deserialize(b)
-		assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), "already freed")
 	}
 }
@@ -83,7 +85,7 @@ func TestReleaseRevokingLeasesKeepsCountedBorrows(t *testing.T) {
 	// The borrower still fetches, and its release frees the object: the
 	// bytes nobody deserialized no longer hold it.
 	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
 	assert.Equal(t, buf.b, out.b)
 	require.NoError(t, bref.Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed with the last borrow")
@@ -104,7 +106,7 @@ func TestReleaseRevokingLeasesOfBorrowedRefIsRefused(t *testing.T) {
 	require.NoError(t, err)
 
 	err = bref.ReleaseRevokingLeases()
-	assert.Equal(t, ErrInvalidArgument, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "only its owner")
 	c, err := bref.Clone()
 	require.NoError(t, err, "the refused handle is still valid")
@@ -113,7 +115,7 @@ func TestReleaseRevokingLeasesOfBorrowedRefIsRefused(t *testing.T) {
 
 	// A released owner handle is refused like any released handle.
 	require.NoError(t, ref.Release())
-	assert.Equal(t, ErrInvalidArgument, StatusOf(ref.ReleaseRevokingLeases()))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(ref.ReleaseRevokingLeases()))
 	eventually(t, func() bool { return released.Load() == 1 }, "freed")
 }
 
@@ -131,7 +133,7 @@ func TestReleaseRevokingLeasesOtherLocalHandlesKeepObject(t *testing.T) {
 	require.NoError(t, keep.Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed with the last handle, not held by the bytes")
 	_, err = rt.Deserialize(b)
-	assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "already freed")
 }
 
@@ -199,13 +201,13 @@ func TestRevokeRacesBorrow(t *testing.T) {
 			}
 			require.NoError(t, r.err, "the answer is not awaited")
 			out := newHostBuf(t, len(buf.b))
-			err = borrower.Get([]*Ref{r.ref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+			err = borrower.Get([]*Ref{r.ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
 			if keptAlive {
 				require.NoError(t, err)
 				assert.Equal(t, buf.b, out.b)
 				assert.Equal(t, uint64(2), owner.Stats().Borrows, "the late borrow is counted")
 			} else {
-				assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+				assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 				assert.Contains(t, err.Error(), "refused the borrow")
 				assert.Contains(t, err.Error(), "already freed")
 			}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // DefaultLease is how long a serialized ref keeps its object alive.
@@ -19,58 +21,13 @@ const DefaultLease = 2 * time.Minute
 // rpcTimeout bounds one control-plane call.
 const rpcTimeout = 30 * time.Second
 
-// Host is what a built-in transport may ask of the runtime it belongs to.
-type Host interface {
-	// Identity describes the runtime (complete once creation returned).
-	Identity() PeerInfo
-	// Log is the runtime's logger.
-	Log() *Logger
-	// Context is cancelled when the runtime is being destroyed.
-	Context() context.Context
-	// PinObject returns the tensors of a live object this runtime owns and
-	// keeps the object from being freed until unpin is called.
-	PinObject(id ObjectID) (tensors []Tensor, unpin func(), err error)
-	// AuthToken is the shared secret TCP endpoints require of their peers
-	// ("" when none is configured; such endpoints bind loopback only).
-	AuthToken() string
-	// RuntimeSecret is a random secret made when the runtime is created
-	// (32 bytes, hexadecimal). With no token configured, TCP endpoints
-	// require it instead, and it reaches peers only inside refs.
-	RuntimeSecret() string
-	// BindHost is the address TCP listeners bind: the control plane's TCP
-	// host when a token is set, else "127.0.0.1".
-	BindHost() string
-	// AdvertiseHost is the host name or IP peers dial to reach BindHost.
-	AdvertiseHost() string
-	// SocketDir is a directory only this user can enter, for Unix sockets.
-	SocketDir() string
-	// PeerTimeout is how long a silent peer counts as alive; a transport
-	// serving a peer that makes no progress for as long gives up on it.
-	PeerTimeout() time.Duration
-}
-
-// TransportFactory makes a built-in transport for a new runtime. A factory
-// returning an ErrUnsupported error (say, a library that is not installed)
-// is skipped with a log line.
-type TransportFactory struct {
-	Name string
-	New  func(h Host) (Transport, error)
-}
-
-// EagerMetadata is implemented by transports whose metadata is cheap to make.
-// For objects put without a transport the core extracts it at put, so that
-// the first fetch needs no extra round trip to the owner.
-type EagerMetadata interface {
-	EagerMetadata() bool
-}
-
 // Options configure a runtime.
 type Options struct {
 	Name     string
-	LogLevel LogLevel
+	LogLevel transport.LogLevel
 	Lease    time.Duration // 0: DefaultLease
 	Network  Network       // nil: InProcess
-	Builtins []TransportFactory
+	Builtins []transport.TransportFactory
 	HostID   string // "": detected from the kernel
 	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
 	// only).
@@ -94,17 +51,14 @@ type Options struct {
 	LogOutput io.Writer
 }
 
-// DefaultPeerTimeout bounds how long a vanished peer goes unnoticed.
-const DefaultPeerTimeout = 5 * time.Second
-
 // Runtime owns an object store, a transport registry and a control-plane
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
 	opts    Options
-	id      RuntimeID          // derived from key's public half
-	key     ed25519.PrivateKey // proves id to peers (identity.go)
+	id      transport.RuntimeID // derived from key's public half
+	key     ed25519.PrivateKey  // proves id to peers (identity.go)
 	name    string
-	log     *Logger
+	log     *transport.Logger
 	lease   time.Duration
 	hostID  string
 	pid     int
@@ -117,13 +71,13 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	closed   bool
-	objects  map[ObjectID]*object
+	objects  map[transport.ObjectID]*object
 	byData   map[uintptr]map[*object]struct{}
-	borrowed map[ObjectID]*borrowEntry
+	borrowed map[transport.ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
 	// leases granted to each peer and not yet consumed or expired, for
 	// MaxLeasesPerPeer
-	peerLeases map[RuntimeID]int
+	peerLeases map[transport.RuntimeID]int
 	freed      freedRecord // ids of recently freed objects, for error messages
 
 	grp groups // collective groups (group.go)
@@ -142,13 +96,13 @@ type counters struct {
 // object is the owner's record of something put.
 type object struct {
 	desc    *ObjectDesc
-	tensors []Tensor
+	tensors []transport.Tensor
 	release func()
 
 	// Guarded by Runtime.mu.
-	local       int64                // ref handles in this runtime
-	transit     map[uint64]lease     // lease tokens of serialized refs
-	borrows     map[RuntimeID]uint64 // borrows by other runtimes
+	local       int64                          // ref handles in this runtime
+	transit     map[uint64]lease               // lease tokens of serialized refs
+	borrows     map[transport.RuntimeID]uint64 // borrows by other runtimes
 	borrowTotal uint64
 	pins        int64 // sends and serving in progress
 	freeing     bool
@@ -183,13 +137,13 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		hostID:   opts.HostID,
 		pid:      os.Getpid(),
 		reg:      newRegistry(),
-		secret:   randomID().String() + randomID().String(),
-		objects:  map[ObjectID]*object{},
+		secret:   transport.RandomID().String() + transport.RandomID().String(),
+		objects:  map[transport.ObjectID]*object{},
 		byData:   map[uintptr]map[*object]struct{}{},
-		borrowed: map[ObjectID]*borrowEntry{},
+		borrowed: map[transport.ObjectID]*borrowEntry{},
 		fetches:  map[*Fetch]struct{}{},
 
-		peerLeases: map[RuntimeID]int{},
+		peerLeases: map[transport.RuntimeID]int{},
 	}
 	if rt.name == "" {
 		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
@@ -200,7 +154,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if rt.hostID == "" {
 		rt.hostID = hostIdentity()
 	}
-	rt.log = NewLoggerTo(rt.name, opts.LogLevel, opts.LogOutput)
+	rt.log = transport.NewLoggerTo(rt.name, opts.LogLevel, opts.LogOutput)
 	if err := rt.resolveHosts(); err != nil {
 		return nil, err
 	}
@@ -211,7 +165,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		network = InProcess{}
 	}
 	if opts.PeerTimeout <= 0 {
-		rt.opts.PeerTimeout = DefaultPeerTimeout
+		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
 	ep, err := network.Listen(ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
@@ -219,7 +173,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	})
 	if err != nil {
 		rt.cancel()
-		return nil, Wrap(err, "control plane")
+		return nil, transport.Wrap(err, "control plane")
 	}
 	rt.ep = ep
 	address := ep.Address()
@@ -228,12 +182,12 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	for _, f := range opts.Builtins {
 		t, err := f.New(rt)
 		if err != nil {
-			if StatusOf(err) == ErrUnsupported {
+			if transport.StatusOf(err) == transport.ErrUnsupported {
 				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
 				continue
 			}
 			rt.Destroy()
-			return nil, Wrap(err, "transport %s", f.Name)
+			return nil, transport.Wrap(err, "transport %s", f.Name)
 		}
 		if err := rt.reg.Register(t, true); err != nil {
 			t.Close()
@@ -259,7 +213,7 @@ func hostIdentity() string {
 }
 
 // ID is the runtime's identity.
-func (rt *Runtime) ID() RuntimeID { return rt.id }
+func (rt *Runtime) ID() transport.RuntimeID { return rt.id }
 
 // Name is the runtime's name for logs.
 func (rt *Runtime) Name() string { return rt.name }
@@ -273,7 +227,7 @@ func (rt *Runtime) Address() string {
 }
 
 // Log is the runtime's logger.
-func (rt *Runtime) Log() *Logger { return rt.log }
+func (rt *Runtime) Log() *transport.Logger { return rt.log }
 
 // Context is cancelled when the runtime is destroyed.
 func (rt *Runtime) Context() context.Context { return rt.ctx }
@@ -282,7 +236,7 @@ func (rt *Runtime) Context() context.Context { return rt.ctx }
 func (rt *Runtime) Registry() *Registry { return rt.reg }
 
 // RegisterTransport adds a (foreign) transport.
-func (rt *Runtime) RegisterTransport(t Transport) error {
+func (rt *Runtime) RegisterTransport(t transport.Transport) error {
 	if err := rt.checkOpen(); err != nil {
 		return err
 	}
@@ -290,8 +244,8 @@ func (rt *Runtime) RegisterTransport(t Transport) error {
 }
 
 // Identity describes the runtime to peers.
-func (rt *Runtime) Identity() PeerInfo {
-	return PeerInfo{
+func (rt *Runtime) Identity() transport.PeerInfo {
+	return transport.PeerInfo{
 		RuntimeID: rt.id, Name: rt.name, Address: rt.Address(), HostID: rt.hostID,
 		Pid: rt.pid, Transports: rt.reg.Adverts(),
 	}
@@ -301,7 +255,7 @@ func (rt *Runtime) checkOpen() error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.closed {
-		return Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	return nil
 }
@@ -319,7 +273,7 @@ func (rt *Runtime) Destroy() {
 		fetches = append(fetches, f)
 	}
 	borrowed := rt.borrowed
-	rt.borrowed = map[ObjectID]*borrowEntry{}
+	rt.borrowed = map[transport.ObjectID]*borrowEntry{}
 	rt.mu.Unlock()
 
 	// Stop our fetches and sends, and whatever transports serve.
@@ -348,7 +302,7 @@ func (rt *Runtime) Destroy() {
 		o.freeing = true
 		objs = append(objs, o)
 	}
-	rt.objects = map[ObjectID]*object{}
+	rt.objects = map[transport.ObjectID]*object{}
 	rt.mu.Unlock()
 	for _, o := range objs {
 		rt.finalize(o)
@@ -384,30 +338,30 @@ func (rt *Runtime) waitUnpinned() {
 
 // Put stores tensors as a new object owned by this runtime and returns its
 // first reference. See rdt_put.
-func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref, error) {
-	if len(tensors) > MaxTensors {
-		return nil, Errorf(ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), MaxTensors)
+func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release func()) (*Ref, error) {
+	if len(tensors) > transport.MaxTensors {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), transport.MaxTensors)
 	}
 	if err := rt.checkOpen(); err != nil {
 		return nil, err
 	}
-	id := randomID()
+	id := transport.RandomID()
 	meta := map[string][]byte{}
 	canon := ""
-	if transport != "" {
-		e, err := rt.reg.lookup(transport)
+	if transportName != "" {
+		e, err := rt.reg.lookup(transportName)
 		if err != nil {
 			return nil, err
 		}
 		canon = e.t.Name()
 		for i, t := range tensors {
 			if !supportsDevice(e.t, t.Device.Type) {
-				return nil, Errorf(ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.t.Devices())
+				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.t.Devices())
 			}
 		}
 		m, err := e.t.ExtractMetadata(id, tensors)
 		if err != nil {
-			return nil, Wrap(err, "transport %s could not extract metadata", canon)
+			return nil, transport.Wrap(err, "transport %s could not extract metadata", canon)
 		}
 		meta[canon] = m
 	} else {
@@ -420,17 +374,17 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 			meta[e.t.Name()] = m
 		}
 	}
-	descs := make([]TensorDesc, len(tensors))
+	descs := make([]transport.TensorDesc, len(tensors))
 	for i, t := range tensors {
 		descs[i] = t.TensorDesc
 	}
 	o := &object{
 		desc:    newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
-		tensors: append([]Tensor(nil), tensors...),
+		tensors: append([]transport.Tensor(nil), tensors...),
 		release: release,
 		local:   1,
 		transit: map[uint64]lease{},
-		borrows: map[RuntimeID]uint64{},
+		borrows: map[transport.RuntimeID]uint64{},
 		freed:   make(chan struct{}),
 		meta:    meta,
 	}
@@ -438,7 +392,7 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 	if rt.closed {
 		rt.mu.Unlock()
 		rt.collectMeta(o) // the caller keeps the tensors: no release callback
-		return nil, Errorf(ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	rt.objects[id] = o
 	for _, t := range o.tensors {
@@ -455,12 +409,12 @@ func (rt *Runtime) Put(tensors []Tensor, transport string, release func()) (*Ref
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
 }
 
-func (rt *Runtime) eagerTransports(tensors []Tensor) []*registered {
+func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	var out []*registered
 	for _, e := range rt.reg.m {
-		eager, ok := e.t.(EagerMetadata)
+		eager, ok := e.t.(transport.EagerMetadata)
 		if !ok || !eager.EagerMetadata() {
 			continue
 		}
@@ -535,7 +489,7 @@ func (rt *Runtime) collectMeta(o *object) {
 
 // objectMeta returns transport e's metadata for o, extracting it on first
 // demand (for objects put without a transport).
-func (rt *Runtime) objectMeta(o *object, t Transport) ([]byte, error) {
+func (rt *Runtime) objectMeta(o *object, t transport.Transport) ([]byte, error) {
 	name := t.Name()
 	o.metaMu.Lock()
 	m, ok := o.meta[name]
@@ -553,16 +507,16 @@ func (rt *Runtime) objectMeta(o *object, t Transport) ([]byte, error) {
 		return m, nil
 	}
 	if freed {
-		return nil, Errorf(ErrNotFound, "object %s was freed", o.desc.ID)
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
 	}
 	for i, tn := range o.tensors {
 		if !supportsDevice(t, tn.Device.Type) {
-			return nil, Errorf(ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
 		}
 	}
 	m, err := t.ExtractMetadata(o.desc.ID, o.tensors)
 	if err != nil {
-		return nil, Wrap(err, "transport %s could not extract metadata", name)
+		return nil, transport.Wrap(err, "transport %s could not extract metadata", name)
 	}
 	o.metaMu.Lock()
 	o.meta[name] = m
@@ -571,12 +525,12 @@ func (rt *Runtime) objectMeta(o *object, t Transport) ([]byte, error) {
 }
 
 // PinObject implements Host.
-func (rt *Runtime) PinObject(id ObjectID) ([]Tensor, func(), error) {
+func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	o, ok := rt.objects[id]
 	if !ok || o.freeing || rt.closed {
-		return nil, nil, Errorf(ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
+		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
 	}
 	o.pins++
 	return o.tensors, sync.OnceFunc(func() { rt.unpin(o) }), nil
@@ -593,18 +547,18 @@ func (rt *Runtime) unpin(o *object) {
 
 // liveObject finds an object this runtime owns that is not being freed.
 // Caller holds rt.mu.
-func (rt *Runtime) liveObjectLocked(id ObjectID) (*object, error) {
+func (rt *Runtime) liveObjectLocked(id transport.ObjectID) (*object, error) {
 	if rt.closed {
-		return nil, Errorf(ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
 	}
 	o, ok := rt.objects[id]
 	switch {
 	case ok && !o.freeing:
 		return o, nil
 	case ok || rt.freed.has(id):
-		return nil, Errorf(ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
 	default:
-		return nil, Errorf(ErrNotFound, "object %s is unknown to its owner %s: it was never put there, or was freed long ago", id, rt.name)
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s is unknown to its owner %s: it was never put there, or was freed long ago", id, rt.name)
 	}
 }
 
@@ -649,7 +603,7 @@ func (rt *Runtime) stillHeld(data uintptr, holders []*object) error {
 		}
 		parts = append(parts, fmt.Sprintf("object %s (%d local refs, %d borrows, %d refs in transit)", o.desc.ID, o.local, o.borrowTotal, len(o.transit)))
 	}
-	return Errorf(ErrTimeout, "tensor at %#x is still held: %s", data, strings.Join(parts, "; "))
+	return transport.Errorf(transport.ErrTimeout, "tensor at %#x is still held: %s", data, strings.Join(parts, "; "))
 }
 
 // Stats is a snapshot of a runtime's counters.

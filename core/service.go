@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The Runtime's side of the control plane: what peers may ask of it.
@@ -10,7 +12,7 @@ import (
 var _ PeerService = (*Runtime)(nil)
 
 // Borrow implements PeerService.
-func (rt *Runtime) Borrow(from PeerInfo, obj ObjectID, token uint64) error {
+func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	o, err := rt.liveObjectLocked(obj)
@@ -24,7 +26,7 @@ func (rt *Runtime) Borrow(from PeerInfo, obj ObjectID, token uint64) error {
 }
 
 // Unborrow implements PeerService.
-func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
+func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	o, ok := rt.objects[obj]
@@ -52,7 +54,7 @@ func (rt *Runtime) Unborrow(from RuntimeID, obj ObjectID, n uint64) {
 const MaxLeasesPerPeer = 4096
 
 // Lease implements PeerService.
-func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
+func (rt *Runtime) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	o, err := rt.liveObjectLocked(obj)
@@ -60,15 +62,15 @@ func (rt *Runtime) Lease(from RuntimeID, obj ObjectID) (uint64, error) {
 		return 0, err
 	}
 	if n := rt.peerLeases[from]; n >= MaxLeasesPerPeer {
-		return 0, Errorf(ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, n, rt.lease)
+		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, n, rt.lease)
 	}
 	rt.peerLeases[from]++
 	return rt.newLeaseLocked(o, from), nil
 }
 
 // Metadata implements PeerService.
-func (rt *Runtime) Metadata(from RuntimeID, obj ObjectID, transport string) ([]byte, error) {
-	t, err := rt.reg.Get(transport)
+func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, transportName string) ([]byte, error) {
+	t, err := rt.reg.Get(transportName)
 	if err != nil {
 		return nil, err
 	}
@@ -87,14 +89,14 @@ func (rt *Runtime) Metadata(from RuntimeID, obj ObjectID, transport string) ([]b
 
 // Send implements PeerService: the source runtime (not the application)
 // runs a two-sided transport's send on its own goroutine.
-func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) error {
+func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRequest) error {
 	e, err := rt.reg.lookup(req.Transport)
 	if err != nil {
 		return err
 	}
 	t := e.t
 	if t.OneSided() {
-		return Errorf(ErrInvalidArgument, "transport %s is one-sided: the source does not send", t.Name())
+		return transport.Errorf(transport.ErrInvalidArgument, "transport %s is one-sided: the source does not send", t.Name())
 	}
 	rt.mu.Lock()
 	o, err := rt.liveObjectLocked(req.Object)
@@ -110,8 +112,8 @@ func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) err
 		rt.unpin(o)
 		return err
 	}
-	x := &Transfer{
-		Object: req.Object, TransferID: req.TransferID, Transport: t.Name(), Role: RoleSource,
+	x := &transport.Transfer{
+		Object: req.Object, TransferID: req.TransferID, Transport: t.Name(), Role: transport.RoleSource,
 		Source: rt.Identity(), Destination: from,
 	}
 	done := make(chan error, 1)
@@ -142,23 +144,23 @@ func (rt *Runtime) Send(ctx context.Context, from PeerInfo, req SendRequest) err
 		t.Abort(x, nil)
 		<-done
 	}
-	return Errorf(ErrAborted, "send of object %s over %s was aborted", req.Object, t.Name())
+	return transport.Errorf(transport.ErrAborted, "send of object %s over %s was aborted", req.Object, t.Name())
 }
 
 // PeerGone implements PeerService: a lost peer's borrows are returned, and
 // transports that keep per-peer state (descriptors, pooled connections)
 // are told to drop it, so a long-lived runtime fed by short-lived peers
 // does not grow.
-func (rt *Runtime) PeerGone(peer PeerInfo) {
+func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
 	rt.peerBorrowsGone(peer.RuntimeID)
 	for _, t := range rt.reg.all() {
-		if w, ok := t.(PeerWatcher); ok {
+		if w, ok := t.(transport.PeerWatcher); ok {
 			w.PeerGone(peer)
 		}
 	}
 }
 
-func (rt *Runtime) peerBorrowsGone(id RuntimeID) {
+func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if rt.closed {

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Sockets is the control plane between processes: a Unix socket in a
@@ -65,20 +65,20 @@ var refusalLogInterval = 10 * time.Second
 
 type sockEndpoint struct {
 	cfg      ListenConfig
-	id       RuntimeID
+	id       transport.RuntimeID
 	pub      ed25519.PublicKey // id is derived from it
 	tcpToken string            // what TCP peers prove: the token, else our secret
 	unixPath string
 	unixLn   net.Listener
 	tcpLn    net.Listener
 	address  string
-	refusals *FloodLog
+	refusals *transport.FloodLog
 
 	mu      sync.Mutex
 	closed  bool
 	conns   map[*sconn]struct{}
 	byAddr  map[string]*sconn
-	perPeer map[RuntimeID]int
+	perPeer map[transport.RuntimeID]int
 	dialing map[string]*dialCall
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -95,15 +95,15 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 	ep := &sockEndpoint{
 		cfg: cfg, id: cfg.Service.Identity().RuntimeID,
 		conns: map[*sconn]struct{}{}, byAddr: map[string]*sconn{},
-		perPeer: map[RuntimeID]int{}, dialing: map[string]*dialCall{},
+		perPeer: map[transport.RuntimeID]int{}, dialing: map[string]*dialCall{},
 		stop:     make(chan struct{}),
-		refusals: NewFloodLog(cfg.Log, LogWarn, refusalLogInterval, "control plane: refused a connection", "control plane: refused %d more connections since %s"),
+		refusals: transport.NewFloodLog(cfg.Log, transport.LogWarn, refusalLogInterval, "control plane: refused a connection", "control plane: refused %d more connections since %s"),
 	}
 	if ep.cfg.PeerTimeout <= 0 {
-		ep.cfg.PeerTimeout = DefaultPeerTimeout
+		ep.cfg.PeerTimeout = transport.DefaultPeerTimeout
 	}
 	if len(cfg.Key) != ed25519.PrivateKeySize || runtimeIDOf(cfg.Key.Public().(ed25519.PublicKey)) != ep.id {
-		return nil, Errorf(ErrInvalidArgument, "the control plane needs the runtime's identity key")
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the control plane needs the runtime's identity key")
 	}
 	ep.pub = cfg.Key.Public().(ed25519.PublicKey)
 	// Without a shared token, TCP peers prove the runtime's own secret,
@@ -113,19 +113,19 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 		ep.tcpToken = cfg.Secret
 	}
 	if cfg.ListenTCP != "" && ep.tcpToken == "" {
-		return nil, Errorf(ErrInvalidArgument, "listening on TCP needs an auth token or the runtime's secret")
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "listening on TCP needs an auth token or the runtime's secret")
 	}
 	if err := EnsurePrivateDir(cfg.SocketDir); err != nil {
 		return nil, err
 	}
 	ep.unixPath = filepath.Join(cfg.SocketDir, socketName(ep.id))
 	if len(ep.unixPath) > maxUnixPath {
-		return nil, Errorf(ErrInvalidArgument, "socket path %s is longer than the %d bytes Unix sockets allow; choose a shorter socket_dir", ep.unixPath, maxUnixPath)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "socket path %s is longer than the %d bytes Unix sockets allow; choose a shorter socket_dir", ep.unixPath, maxUnixPath)
 	}
 	os.Remove(ep.unixPath)
 	ln, err := net.Listen("unix", ep.unixPath)
 	if err != nil {
-		return nil, Errorf(ErrPermissionDenied, "listening on %s: %v", ep.unixPath, err)
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "listening on %s: %v", ep.unixPath, err)
 	}
 	os.Chmod(ep.unixPath, 0o600)
 	ep.unixLn = ln
@@ -134,16 +134,16 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 		host, _, err := net.SplitHostPort(cfg.ListenTCP)
 		if err != nil {
 			ln.Close()
-			return nil, Errorf(ErrInvalidArgument, "listen address %q: want host:port", cfg.ListenTCP)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "listen address %q: want host:port", cfg.ListenTCP)
 		}
 		if cfg.AuthToken == "" && !isLoopback(host) {
 			ln.Close()
-			return nil, Errorf(ErrPermissionDenied, "listening on %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt listens on loopback only", cfg.ListenTCP)
+			return nil, transport.Errorf(transport.ErrPermissionDenied, "listening on %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt listens on loopback only", cfg.ListenTCP)
 		}
 		tl, err := net.Listen("tcp", cfg.ListenTCP)
 		if err != nil {
 			ln.Close()
-			return nil, Errorf(ErrPermissionDenied, "listening on %s: %v", cfg.ListenTCP, err)
+			return nil, transport.Errorf(transport.ErrPermissionDenied, "listening on %s: %v", cfg.ListenTCP, err)
 		}
 		ep.tcpLn = tl
 		advertise := host
@@ -297,7 +297,7 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 // on TCP, its process on a Unix socket.
 func remoteName(c net.Conn) string {
 	if _, ok := c.(*net.UnixConn); ok {
-		if pid, err := UnixPeerPid(c); err == nil {
+		if pid, err := transport.UnixPeerPid(c); err == nil {
 			return fmt.Sprintf("pid %d on the Unix socket", pid)
 		}
 		return "the Unix socket"
@@ -318,10 +318,10 @@ func (ep *sockEndpoint) token(isTCP bool) string {
 // address goes without its secret: a peer that dialed us knows it already,
 // and one we dialed (its address came in a ref, maybe a crafted one) must
 // not learn it.
-func (ep *sockEndpoint) identity(isTCP bool) PeerInfo {
+func (ep *sockEndpoint) identity(isTCP bool) transport.PeerInfo {
 	p := ep.cfg.Service.Identity()
 	if isTCP {
-		p.Address = stripAddressKeys(p.Address)
+		p.Address = transport.StripAddressKeys(p.Address)
 	}
 	return p
 }
@@ -348,8 +348,8 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 		return err
 	}
 	token := ep.token(isTCP)
-	nonce := NewNonce()
-	ch := &message{kind: kindChallenge, nonce: nonce, proof: AuthProof(token, proofServer, hello.nonce),
+	nonce := transport.NewNonce()
+	ch := &message{kind: kindChallenge, nonce: nonce, proof: transport.AuthProof(token, proofServer, hello.nonce),
 		key: ep.pub, sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signServer, hello.nonce, nonce, nil))}
 	if _, err := c.Write(ch.encode()); err != nil {
 		return err
@@ -359,15 +359,15 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 		return err
 	}
 	refuse := func(text string, err error) error {
-		c.Write((&message{kind: kindRefused, status: StatusOf(err), text: text}).encode())
+		c.Write((&message{kind: kindRefused, status: transport.StatusOf(err), text: text}).encode())
 		return err
 	}
-	if !CheckAuthProof(token, proofClient, nonce, auth.proof) {
+	if !transport.CheckAuthProof(token, proofClient, nonce, auth.proof) {
 		return refuse("wrong auth token: the runtime at "+c.LocalAddr().String()+" requires the shared token (RDT_AUTH_TOKEN), or without one the key in its address",
-			Errorf(ErrPermissionDenied, "a peer calling itself %s failed to prove the auth token", auth.peer))
+			transport.Errorf(transport.ErrPermissionDenied, "a peer calling itself %s failed to prove the auth token", auth.peer))
 	}
 	if err := checkIdentity(auth.peer.RuntimeID, auth.key, auth.sig, identityTranscript(signClient, hello.nonce, nonce, ep.pub)); err != nil {
-		return refuse(err.Error(), Wrap(err, "peer %s", auth.peer))
+		return refuse(err.Error(), transport.Wrap(err, "peer %s", auth.peer))
 	}
 	if !isTCP {
 		if err := ep.checkPeerPid(c, auth.peer); err != nil {
@@ -381,7 +381,7 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	c.SetDeadline(time.Time{})
 	sc := ep.newConn(c, rd, auth.peer, isTCP)
 	if sc == nil {
-		return Errorf(ErrClosed, "runtime is shutting down")
+		return transport.Errorf(transport.ErrClosed, "runtime is shutting down")
 	}
 	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.peer)
 	return nil
@@ -392,42 +392,18 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 // the process the kernel puts at the other end of the socket: host-local
 // transports act on that pid. A peer in another pid namespace claims
 // another host, and its pid is used by nothing.
-func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed PeerInfo) error {
+func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed transport.PeerInfo) error {
 	if !claimed.SameHost(ep.cfg.Service.Identity()) {
 		return nil
 	}
-	pid, err := UnixPeerPid(c)
+	pid, err := transport.UnixPeerPid(c)
 	if err != nil {
-		return Errorf(ErrPermissionDenied, "cannot read the credentials of the peer claiming pid %d: %v", claimed.Pid, err)
+		return transport.Errorf(transport.ErrPermissionDenied, "cannot read the credentials of the peer claiming pid %d: %v", claimed.Pid, err)
 	}
 	if pid != claimed.Pid {
-		return Errorf(ErrPermissionDenied, "peer %s claims pid %d, but the Unix socket's other end is pid %d", claimed, claimed.Pid, pid)
+		return transport.Errorf(transport.ErrPermissionDenied, "peer %s claims pid %d, but the Unix socket's other end is pid %d", claimed, claimed.Pid, pid)
 	}
 	return nil
-}
-
-// UnixPeerPid is the pid of the process at the other end of a Unix socket,
-// as the kernel recorded it at connect (or listen) time (SO_PEERCRED).
-func UnixPeerPid(c net.Conn) (int, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return 0, Errorf(ErrUnsupported, "not a Unix socket")
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return int(cred.Pid), nil
 }
 
 // expect reads one handshake frame of the given kind.
@@ -441,10 +417,10 @@ func expect(rd *bufio.Reader, k kind) (*message, error) {
 		return nil, err
 	}
 	if m.kind == kindRefused {
-		return nil, Errorf(m.status, "peer refused the connection: %s", m.text)
+		return nil, transport.Errorf(m.status, "peer refused the connection: %s", m.text)
 	}
 	if m.kind != k {
-		return nil, Errorf(ErrCorrupt, "control plane: expected %s, got %s", k, m.kind)
+		return nil, transport.Errorf(transport.ErrCorrupt, "control plane: expected %s, got %s", k, m.kind)
 	}
 	return m, nil
 }
@@ -457,12 +433,12 @@ func expect(rd *bufio.Reader, k kind) (*message, error) {
 // only as long as its ctx allows: a caller with a short deadline neither
 // waits past it nor cuts the dial short for the others.
 func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
-	cacheKey := stripAddressKeys(address)
+	cacheKey := transport.StripAddressKeys(address)
 	for {
 		ep.mu.Lock()
 		if ep.closed {
 			ep.mu.Unlock()
-			return nil, Errorf(ErrClosed, "runtime is destroyed")
+			return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 		}
 		if sc := ep.byAddr[cacheKey]; sc != nil && !sc.isClosed() {
 			ep.mu.Unlock()
@@ -478,7 +454,7 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 		select {
 		case <-d.done:
 		case <-ctx.Done():
-			return nil, ContextError(ctx, "connecting to %s", address)
+			return nil, transport.ContextError(ctx, "connecting to %s", address)
 		}
 		if d.err != nil {
 			return nil, d.err
@@ -501,7 +477,7 @@ func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 	}()
 	d.sc, d.err = ep.dial(ctx, address)
 	cancel()
-	cacheKey := stripAddressKeys(address)
+	cacheKey := transport.StripAddressKeys(address)
 	ep.mu.Lock()
 	delete(ep.dialing, address)
 	if d.sc != nil && ep.byAddr[cacheKey] == nil {
@@ -528,7 +504,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 			}
 		case strings.HasPrefix(part, tcpScheme):
 			network, isTCP = "tcp", true
-			token, target = splitTCPKey(strings.TrimPrefix(part, tcpScheme))
+			token, target = transport.SplitTCPKey(strings.TrimPrefix(part, tcpScheme))
 			if token == "" {
 				token = ep.cfg.AuthToken
 			}
@@ -536,7 +512,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", part))
 			continue
 		default:
-			return nil, Errorf(ErrInvalidArgument, "address %q has an unknown scheme", part)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "address %q has an unknown scheme", part)
 		}
 		dctx, cancel := context.WithTimeout(ctx, ep.handshakeTimeout())
 		c, err := (&net.Dialer{}).DialContext(dctx, network, target)
@@ -548,15 +524,15 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		sc, err := ep.clientHandshake(c, isTCP, token)
 		if err != nil {
 			c.Close()
-			if st := StatusOf(err); st == ErrPermissionDenied || st == ErrCorrupt {
-				return nil, Wrap(err, "%s", part)
+			if st := transport.StatusOf(err); st == transport.ErrPermissionDenied || st == transport.ErrCorrupt {
+				return nil, transport.Wrap(err, "%s", part)
 			}
 			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
 			continue
 		}
 		return sc, nil
 	}
-	return nil, Errorf(ErrPeerUnavailable, "no runtime reachable at %s (%s)", address, strings.Join(errs, "; "))
+	return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime reachable at %s (%s)", address, strings.Join(errs, "; "))
 }
 
 // clientHandshake is the dialing side of the handshake (see
@@ -566,7 +542,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	nonce := NewNonce()
+	nonce := transport.NewNonce()
 	hello := &message{kind: kindHello, nonce: nonce}
 	if _, err := c.Write(hello.encode()); err != nil {
 		return nil, err
@@ -576,15 +552,15 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	if err != nil {
 		return nil, err
 	}
-	if !CheckAuthProof(token, proofServer, nonce, ch.proof) {
-		return nil, Errorf(ErrPermissionDenied, "the peer at %s does not hold the token we expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
+	if !transport.CheckAuthProof(token, proofServer, nonce, ch.proof) {
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s does not hold the token we expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
 	}
 	if len(ch.key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.key), identityTranscript(signServer, nonce, ch.nonce, nil), ch.sig) {
-		return nil, Errorf(ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
 	}
 	// Only now, talking to a server that proved the token, do we name
 	// ourselves; the signature covers its key, so it cannot pass it on.
-	auth := &message{kind: kindAuth, proof: AuthProof(token, proofClient, ch.nonce), key: ep.pub,
+	auth := &message{kind: kindAuth, proof: transport.AuthProof(token, proofClient, ch.nonce), key: ep.pub,
 		sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signClient, nonce, ch.nonce, ch.key)), peer: ep.identity(isTCP)}
 	if _, err := c.Write(auth.encode()); err != nil {
 		return nil, err
@@ -594,7 +570,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		return nil, err
 	}
 	if proven := runtimeIDOf(ch.key); welcome.peer.RuntimeID != proven {
-		return nil, Errorf(ErrPermissionDenied, "the peer at %s claims runtime id %s but holds the key of %s", c.RemoteAddr(), welcome.peer.RuntimeID, proven)
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s claims runtime id %s but holds the key of %s", c.RemoteAddr(), welcome.peer.RuntimeID, proven)
 	}
 	if !isTCP {
 		if err := ep.checkPeerPid(c, welcome.peer); err != nil {
@@ -604,21 +580,21 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	c.SetDeadline(time.Time{})
 	sc := ep.newConn(c, rd, welcome.peer, isTCP)
 	if sc == nil {
-		return nil, Errorf(ErrClosed, "runtime is destroyed")
+		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	}
 	return sc, nil
 }
 
 // socketName is the file name of a runtime's Unix socket: it names the
 // runtime, so an address can be checked against a proven identity.
-func socketName(id RuntimeID) string { return "rt-" + id.String() + ".sock" }
+func socketName(id transport.RuntimeID) string { return "rt-" + id.String() + ".sock" }
 
 // addressNames reports whether an address a peer claims is bound to the
 // runtime id it proved: its Unix socket is named after that id. Only such
 // addresses are cached for a connection the peer made, so a peer cannot
 // take the place of another runtime by claiming its address (a peer that
 // has none, or names only TCP, is reached by dialing it).
-func addressNames(address string, id RuntimeID) bool {
+func addressNames(address string, id transport.RuntimeID) bool {
 	for _, part := range strings.Split(address, ",") {
 		if path, ok := strings.CutPrefix(part, unixScheme); ok {
 			return filepath.Base(path) == socketName(id)
@@ -628,7 +604,7 @@ func addressNames(address string, id RuntimeID) bool {
 }
 
 // newConn registers an authenticated connection and starts reading it.
-func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, isTCP bool) *sconn {
+func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.PeerInfo, isTCP bool) *sconn {
 	sc := &sconn{
 		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
 		pending: map[uint64]chan *message{}, replies: map[uint64]func(*message){},
@@ -644,7 +620,7 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote PeerInfo, i
 	}
 	ep.conns[sc] = struct{}{}
 	ep.perPeer[remote.RuntimeID]++
-	if key := stripAddressKeys(remote.Address); addressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
+	if key := transport.StripAddressKeys(remote.Address); addressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
 		ep.byAddr[key] = sc
 	}
 	ep.mu.Unlock()
@@ -704,7 +680,7 @@ func (ep *sockEndpoint) heartbeat() {
 		for _, sc := range conns {
 			silent := now.Sub(time.Unix(0, sc.lastSeen.Load()))
 			if silent > ep.cfg.PeerTimeout {
-				sc.close(Errorf(ErrPeerUnavailable, "peer %s was silent for %v", sc.remote, silent.Round(time.Millisecond)))
+				sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s was silent for %v", sc.remote, silent.Round(time.Millisecond)))
 				continue
 			}
 			sc.sendOnce(&sc.pinging, kindPing)
@@ -731,7 +707,7 @@ func (ep *sockEndpoint) Close() error {
 		ep.tcpLn.Close()
 	}
 	for _, sc := range conns {
-		sc.close(Errorf(ErrPeerUnavailable, "runtime shut down"))
+		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "runtime shut down"))
 	}
 	ep.wg.Wait()
 	ep.refusals.Close()
@@ -754,7 +730,7 @@ type sconn struct {
 	pinging, ponging atomic.Bool
 
 	mu       sync.Mutex
-	remote   PeerInfo
+	remote   transport.PeerInfo
 	pending  map[uint64]chan *message
 	replies  map[uint64]func(*message) // asynchronous requests; nil: connection closed
 	handlers map[uint64]context.CancelFunc
@@ -813,7 +789,7 @@ func (sc *sconn) send(m *message) error {
 	}
 	sc.c.SetWriteDeadline(time.Now().Add(sc.ep.cfg.PeerTimeout))
 	if _, err := sc.c.Write(b); err != nil {
-		sc.close(Errorf(ErrPeerUnavailable, "writing to %s: %v", sc.remote, err))
+		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.remote, err))
 		return sc.gone()
 	}
 	return nil
@@ -855,7 +831,7 @@ func (sc *sconn) serve(m *message, run func()) {
 	default:
 		waiting := len(sc.queued)
 		sc.mu.Unlock()
-		sc.respond(m.id, nil, Errorf(ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", maxHandlers, waiting, m.kind))
+		sc.respond(m.id, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", maxHandlers, waiting, m.kind))
 	}
 }
 
@@ -883,7 +859,7 @@ func (sc *sconn) handle(run func()) {
 func (sc *sconn) gone() error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	return Errorf(ErrPeerUnavailable, "peer %s is gone: %v", sc.remote, sc.closeErr)
+	return transport.Errorf(transport.ErrPeerUnavailable, "peer %s is gone: %v", sc.remote, sc.closeErr)
 }
 
 // call sends a request and waits for its response.
@@ -905,8 +881,8 @@ func (sc *sconn) call(ctx context.Context, m *message) (*message, error) {
 		if !ok {
 			return nil, sc.gone()
 		}
-		if resp.status != OK {
-			return nil, &Error{Status: resp.status, Msg: resp.text}
+		if resp.status != transport.OK {
+			return nil, &transport.Error{Status: resp.status, Msg: resp.text}
 		}
 		return resp, nil
 	case <-ctx.Done():
@@ -917,9 +893,9 @@ func (sc *sconn) call(ctx context.Context, m *message) (*message, error) {
 			sc.send(&message{kind: kindCancel, target: m.id})
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, Errorf(ErrTimeout, "%s request to %s timed out", m.kind, sc.remote)
+			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.kind, sc.remote)
 		}
-		return nil, Errorf(ErrAborted, "%s request to %s was cancelled", m.kind, sc.remote)
+		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.kind, sc.remote)
 	}
 }
 
@@ -929,9 +905,9 @@ func (sc *sconn) respond(id uint64, resp *message, err error) {
 	}
 	resp.kind, resp.id = kindResponse, id
 	if err != nil {
-		resp.status = StatusOf(err)
-		if resp.status == OK {
-			resp.status = ErrInternal
+		resp.status = transport.StatusOf(err)
+		if resp.status == transport.OK {
+			resp.status = transport.ErrInternal
 		}
 		resp.text = err.Error()
 		if len(resp.text) > maxMessageText {
@@ -947,10 +923,10 @@ func (sc *sconn) readLoop() {
 	for {
 		b, err := readFrame(sc.rd, buf, maxFrame)
 		if err != nil {
-			if StatusOf(err) == ErrCorrupt {
+			if transport.StatusOf(err) == transport.ErrCorrupt {
 				sc.ep.cfg.Log.Warnf("control plane: peer %s sent a malformed frame, closing the connection: %v", sc.remote, err)
 			}
-			sc.close(Errorf(ErrPeerUnavailable, "reading from %s: %v", sc.remote, err))
+			sc.close(transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", sc.remote, err))
 			return
 		}
 		buf = b
@@ -1032,7 +1008,7 @@ func (sc *sconn) readLoop() {
 			}
 		default:
 			sc.ep.cfg.Log.Warnf("control plane: peer %s sent an unexpected %s message, closing the connection", sc.remote, m.kind)
-			sc.close(Errorf(ErrCorrupt, "unexpected %s message", m.kind))
+			sc.close(transport.Errorf(transport.ErrCorrupt, "unexpected %s message", m.kind))
 			return
 		}
 	}
@@ -1040,20 +1016,20 @@ func (sc *sconn) readLoop() {
 
 // Peer implementation.
 
-func (sc *sconn) Info() PeerInfo {
+func (sc *sconn) Info() transport.PeerInfo {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.remote
 }
 
-func (sc *sconn) Refresh(ctx context.Context) (PeerInfo, error) {
+func (sc *sconn) Refresh(ctx context.Context) (transport.PeerInfo, error) {
 	resp, err := sc.call(ctx, &message{kind: kindIdentity})
 	if err != nil {
-		return PeerInfo{}, err
+		return transport.PeerInfo{}, err
 	}
 	// The id and the pid were proven at the handshake; they cannot change.
 	if old := sc.Info(); resp.peer.RuntimeID != old.RuntimeID || resp.peer.Pid != old.Pid {
-		return PeerInfo{}, Errorf(ErrCorrupt, "peer %s changed its identity", old)
+		return transport.PeerInfo{}, transport.Errorf(transport.ErrCorrupt, "peer %s changed its identity", old)
 	}
 	sc.mu.Lock()
 	sc.remote = resp.peer
@@ -1061,12 +1037,12 @@ func (sc *sconn) Refresh(ctx context.Context) (PeerInfo, error) {
 	return resp.peer, nil
 }
 
-func (sc *sconn) Borrow(ctx context.Context, obj ObjectID, token uint64) error {
+func (sc *sconn) Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error {
 	_, err := sc.call(ctx, &message{kind: kindBorrow, object: obj, token: token})
 	return err
 }
 
-func (sc *sconn) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
+func (sc *sconn) BorrowAsync(obj transport.ObjectID, token uint64, done func(error)) {
 	m := &message{kind: kindBorrow, object: obj, token: token, id: sc.nextID.Add(1)}
 	sc.mu.Lock()
 	if sc.isClosed() {
@@ -1078,8 +1054,8 @@ func (sc *sconn) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
 		switch {
 		case resp == nil:
 			done(sc.gone())
-		case resp.status != OK:
-			done(&Error{Status: resp.status, Msg: resp.text})
+		case resp.status != transport.OK:
+			done(&transport.Error{Status: resp.status, Msg: resp.text})
 		default:
 			done(nil)
 		}
@@ -1089,11 +1065,11 @@ func (sc *sconn) BorrowAsync(obj ObjectID, token uint64, done func(error)) {
 	sc.send(m)
 }
 
-func (sc *sconn) Unborrow(obj ObjectID, n uint64) {
+func (sc *sconn) Unborrow(obj transport.ObjectID, n uint64) {
 	sc.send(&message{kind: kindUnborrow, object: obj, count: n})
 }
 
-func (sc *sconn) Lease(ctx context.Context, obj ObjectID) (uint64, error) {
+func (sc *sconn) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {
 	resp, err := sc.call(ctx, &message{kind: kindLease, object: obj})
 	if err != nil {
 		return 0, err
@@ -1101,8 +1077,8 @@ func (sc *sconn) Lease(ctx context.Context, obj ObjectID) (uint64, error) {
 	return resp.token, nil
 }
 
-func (sc *sconn) Metadata(ctx context.Context, obj ObjectID, transport string) ([]byte, error) {
-	resp, err := sc.call(ctx, &message{kind: kindMetadata, object: obj, transport: transport})
+func (sc *sconn) Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error) {
+	resp, err := sc.call(ctx, &message{kind: kindMetadata, object: obj, transport: transportName})
 	if err != nil {
 		return nil, err
 	}

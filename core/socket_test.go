@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
@@ -45,7 +47,7 @@ func TestSocketsBorrowFetchAndRelease(t *testing.T) {
 	assert.Equal(t, uint64(1), owner.Stats().Peers)
 
 	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
 	assert.Equal(t, buf.b, out.b)
 
 	// Re-serialized by the borrower: the owner grants the lease over the wire.
@@ -75,18 +77,18 @@ func TestSocketsTwoSidedSend(t *testing.T) {
 	bref, err := borrower.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
 	assert.Equal(t, buf.b, out.b)
 	assert.Equal(t, int64(1), src.sends.Load())
 
 	// A send that blocks is cancelled over the wire when the fetch aborts.
 	gate := make(chan struct{})
 	dst.gate = gate
-	f, err := borrower.StartFetch([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{})
+	f, err := borrower.StartFetch([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
 	require.NoError(t, err)
 	eventually(t, func() bool { return src.sends.Load() == 2 }, "the source is sending") // start runs in the background
 	f.Abort()
-	assert.Equal(t, ErrAborted, StatusOf(f.Wait(5*time.Second)))
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(5*time.Second)))
 	f.Free()
 	close(gate)
 	require.NoError(t, bref.Release())
@@ -122,15 +124,15 @@ func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {
 	bref, err := borrower.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, len(buf.b))
-	f, err := borrower.StartFetch([]*Ref{bref}, []Tensor{tensorOf(t, out)}, FetchOptions{})
+	f, err := borrower.StartFetch([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
 	require.NoError(t, err)
 	owner.Destroy()
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(f.Wait(5*time.Second)))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(f.Wait(5*time.Second)))
 	f.Free()
 	_, err = bref.Serialize()
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	_, err = borrower.Deserialize(b)
-	assert.Equal(t, ErrPeerUnavailable, StatusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 }
 
 func TestSocketsTCPTokens(t *testing.T) {
@@ -156,15 +158,15 @@ func TestSocketsTCPTokens(t *testing.T) {
 
 	bad := socketRuntime(t, "bad", withTCP("guess"))
 	_, err = bad.Deserialize(b)
-	assert.Equal(t, ErrPermissionDenied, StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "token")
 	none := socketRuntime(t, "none")
 	_, err = none.Deserialize(b)
-	assert.Equal(t, ErrPermissionDenied, StatusOf(err))
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 
 	// Non-loopback TCP without a token is refused at creation.
-	_, err = NewRuntime(Options{Network: Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: LogOff})
-	assert.Equal(t, ErrPermissionDenied, StatusOf(err))
+	_, err = NewRuntime(Options{Network: Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: transport.LogOff})
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 }
 
 // rawConn speaks the handshake by hand, as a hostile or broken peer would
@@ -183,12 +185,12 @@ func rawConn(t *testing.T, rt *Runtime) (net.Conn, *bufio.Reader) {
 // claims in its handshake (by default, what it can prove).
 type rawPeer struct {
 	key  ed25519.PrivateKey
-	info PeerInfo
+	info transport.PeerInfo
 }
 
 func newRawPeer() *rawPeer {
 	key, id := newIdentityKey()
-	return &rawPeer{key: key, info: PeerInfo{RuntimeID: id, Name: "raw", Address: "unix:///nonexistent", Pid: os.Getpid()}}
+	return &rawPeer{key: key, info: transport.PeerInfo{RuntimeID: id, Name: "raw", Address: "unix:///nonexistent", Pid: os.Getpid()}}
 }
 
 // rawHandshake is the client side of the handshake, proving token and
@@ -197,7 +199,7 @@ func newRawPeer() *rawPeer {
 func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetDeadline(time.Time{})
-	nonce := NewNonce()
+	nonce := transport.NewNonce()
 	if _, err := c.Write((&message{kind: kindHello, nonce: nonce}).encode()); err != nil {
 		return nil, err
 	}
@@ -206,7 +208,7 @@ func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	auth := &message{kind: kindAuth, proof: AuthProof(token, proofClient, ch.nonce), peer: p.info,
+	auth := &message{kind: kindAuth, proof: transport.AuthProof(token, proofClient, ch.nonce), peer: p.info,
 		key: p.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(p.key, identityTranscript(signClient, nonce, ch.nonce, ch.key))}
 	if _, err := c.Write(auth.encode()); err != nil {
 		return nil, err
@@ -227,11 +229,11 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 		"tiny frame":      binary.LittleEndian.AppendUint32(nil, 2),
 		"unknown kind":    append(binary.LittleEndian.AppendUint32(nil, 9), append([]byte{200}, make([]byte, 8)...)...),
 		"truncated borrow": func() []byte {
-			f := (&message{kind: kindBorrow, id: 1, object: ID{1}}).encode()
+			f := (&message{kind: kindBorrow, id: 1, object: transport.ID{1}}).encode()
 			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
 			return f[:len(f)-3]
 		}(),
-		"handshake again": (&message{kind: kindHello, nonce: NewNonce()}).encode(),
+		"handshake again": (&message{kind: kindHello, nonce: transport.NewNonce()}).encode(),
 	}
 	for name, frame := range cases {
 		c, rd := rawConn(t, rt)
@@ -247,14 +249,14 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 	require.NoError(t, err)
 	resp, err := expect(rd, kindResponse)
 	require.NoError(t, err)
-	assert.Equal(t, OK, resp.status)
+	assert.Equal(t, transport.OK, resp.status)
 	assert.Equal(t, uint64(7), resp.id)
 	// And a request for an unknown object gets an error reply, not a hang.
-	_, err = c.Write((&message{kind: kindBorrow, id: 8, object: ID{9, 9}}).encode())
+	_, err = c.Write((&message{kind: kindBorrow, id: 8, object: transport.ID{9, 9}}).encode())
 	require.NoError(t, err)
 	resp, err = expect(rd, kindResponse)
 	require.NoError(t, err)
-	assert.Equal(t, ErrNotFound, resp.status)
+	assert.Equal(t, transport.ErrNotFound, resp.status)
 }
 
 func TestSocketsSilentPeerTimesOut(t *testing.T) {
@@ -276,19 +278,19 @@ func TestSocketsSilentPeerTimesOut(t *testing.T) {
 }
 
 func FuzzDecodeMessage(f *testing.F) {
-	peer := PeerInfo{RuntimeID: ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
-		Transports: []TransportAdvert{{Name: "cma", Devices: []DeviceType{DeviceCPU}, OneSided: true}}}
+	peer := transport.PeerInfo{RuntimeID: transport.ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
+		Transports: []transport.TransportAdvert{{Name: "cma", Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: true}}}
 	for _, m := range []*message{
 		{kind: kindHello, nonce: make([]byte, nonceSize)},
 		{kind: kindChallenge, nonce: make([]byte, nonceSize), proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize)},
 		{kind: kindAuth, proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize), peer: peer},
 		{kind: kindWelcome, peer: peer},
-		{kind: kindRefused, status: ErrPermissionDenied, text: "no"},
-		{kind: kindResponse, id: 3, status: ErrNotFound, text: "gone", data: []byte{1, 2}, peer: peer},
-		{kind: kindBorrow, id: 4, object: ID{5}, token: 6},
-		{kind: kindUnborrow, object: ID{5}, count: 2},
-		{kind: kindSend, id: 9, object: ID{5}, transferID: 11, transport: "nccl", data: []byte("c")},
-		{kind: kindMetadata, id: 10, object: ID{5}, transport: "shm"},
+		{kind: kindRefused, status: transport.ErrPermissionDenied, text: "no"},
+		{kind: kindResponse, id: 3, status: transport.ErrNotFound, text: "gone", data: []byte{1, 2}, peer: peer},
+		{kind: kindBorrow, id: 4, object: transport.ID{5}, token: 6},
+		{kind: kindUnborrow, object: transport.ID{5}, count: 2},
+		{kind: kindSend, id: 9, object: transport.ID{5}, transferID: 11, transport: "nccl", data: []byte("c")},
+		{kind: kindMetadata, id: 10, object: transport.ID{5}, transport: "shm"},
 		{kind: kindCancel, target: 9},
 		{kind: kindPing},
 		{kind: kindGroupJoin, id: 12, group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
@@ -298,8 +300,8 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMessage(b)
 		if err != nil {
-			if StatusOf(err) != ErrCorrupt {
-				t.Fatalf("status %v: %v", StatusOf(err), err)
+			if transport.StatusOf(err) != transport.ErrCorrupt {
+				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
 			}
 			return
 		}
@@ -315,13 +317,13 @@ func FuzzDecodeMessage(f *testing.F) {
 
 func TestReadFrameBounds(t *testing.T) {
 	_, err := readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxFrame+1)), nil, maxFrame)
-	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil, maxFrame)
-	assert.Equal(t, ErrCorrupt, StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil, maxFrame)
 	assert.Error(t, err, "a frame cut short is an error")
 	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxPreAuthFrame+1)), nil, maxPreAuthFrame)
-	assert.Equal(t, ErrCorrupt, StatusOf(err), "the handshake's own bound")
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "the handshake's own bound")
 }
 
 // Over sockets the owner answers a borrow after Deserialize returned: bytes
@@ -345,8 +347,8 @@ func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
 	late, err := borrower.Deserialize(b)
 	require.NoError(t, err)
 	out := newHostBuf(t, 4096)
-	err = borrower.Get([]*Ref{late}, []Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
-	assert.Equal(t, ErrNotFound, StatusOf(err), "%v", err)
+	err = borrower.Get([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refused the borrow")
 	assert.NotContains(t, strings.Join(dst.Events(), " "), "fetch", "the transport was never asked")
 	require.NoError(t, late.Release())

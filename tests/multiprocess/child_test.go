@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // childMain serves the parent's requests on stdin/stdout until stdin
@@ -51,7 +52,7 @@ type childState struct {
 }
 
 func fail(err error) reply {
-	return reply{Status: int32(core.StatusOf(err)), Error: err.Error()}
+	return reply{Status: int32(transport.StatusOf(err)), Error: err.Error()}
 }
 
 func (s *childState) keep(r *core.Ref) {
@@ -83,7 +84,7 @@ func (s *childState) handle(req request) reply {
 	case "hello":
 		return reply{Address: s.rt.Address(), Pid: os.Getpid()}
 	case "put":
-		tensors := make([]core.Tensor, len(req.Sizes))
+		tensors := make([]transport.Tensor, len(req.Sizes))
 		bufs := make([][]byte, len(req.Sizes))
 		for i, n := range req.Sizes {
 			bufs[i] = hostMem(n)
@@ -154,7 +155,7 @@ func (s *childState) handle(req request) reply {
 	case "exit":
 		return reply{}
 	}
-	return reply{Status: int32(core.ErrInvalidArgument), Error: "unknown op " + req.Op}
+	return reply{Status: int32(transport.ErrInvalidArgument), Error: "unknown op " + req.Op}
 }
 
 // get deserializes refs and fetches them, all in one fetch or each in its
@@ -171,7 +172,7 @@ func (s *childState) get(req request) error {
 	}
 	opts := core.FetchOptions{Transport: req.Override}
 	fetchOne := func(group []*core.Ref) error {
-		var targets []core.Tensor
+		var targets []transport.Tensor
 		var all [][]byte
 		for _, r := range group {
 			ts, bufs := targetsFor(r.Desc())

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
@@ -66,13 +67,13 @@ func (c *child) resume() { syscall.Kill(c.pid, syscall.SIGCONT) }
 // receiver is a parent runtime that would wait long for a silent peer on its
 // own (a peer timeout far above the deadlines under test), so that only the
 // caller's deadline can end a wait.
-func receiver(t *testing.T, builtins ...core.TransportFactory) *core.Runtime {
+func receiver(t *testing.T, builtins ...transport.TransportFactory) *core.Runtime {
 	t.Helper()
 	if builtins == nil {
-		builtins = []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
+		builtins = []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
 	}
 	rt, err := core.NewRuntime(core.Options{
-		Name: "receiver", LogLevel: core.LogOff, Network: core.Sockets{}, Builtins: builtins,
+		Name: "receiver", LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins,
 		SocketDir: sharedSocketDir(t), PeerTimeout: 30 * time.Second,
 	})
 	require.NoError(t, err)
@@ -120,7 +121,7 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 			owner.stop(t)
 
 			err, took := timed(func() error { return rt.Get([]*core.Ref{ref}, targets, opts, deadline) })
-			assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 			assert.Less(t, took, deadline+margin, "get returned %v after its deadline", took-deadline)
 
 			// The same with the fetch's own calls: start waits for nothing,
@@ -131,11 +132,11 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 			require.NoError(t, err)
 			assert.Less(t, took, margin, "start waited for the owner")
 			err, took = timed(func() error { return f.Wait(deadline) })
-			assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 			assert.Less(t, took, deadline+margin)
-			assert.Equal(t, core.ErrTimeout, core.StatusOf(f.Wait(0)), "still valid after a timeout")
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(0)), "still valid after a timeout")
 			err, took = timed(func() error { f.Abort(); return f.Wait(margin) })
-			assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+			assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 			_, took2 := timed(func() error { f.Free(); return nil })
 			assert.Less(t, took+took2, margin, "abort and free end the fetch at once")
 			assert.Equal(t, uint64(0), rt.Stats().FetchesActive)
@@ -167,7 +168,7 @@ func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		err, took := timed(func() error { _, err := receivers[i].DeserializeContext(ctx, refs[i]); return err })
 		cancel()
-		assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%s: %v", name, err)
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%s: %v", name, err)
 		assert.Less(t, took, deadline+margin, "%s: deserialize returned %v after its deadline", name, took-deadline)
 		assert.Equal(t, uint64(0), receivers[i].Stats().Refs, "%s: nothing kept", name)
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/nixl"
 	"github.com/rdt-project/rdt/transports/shm"
@@ -36,9 +37,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func builtins() []core.TransportFactory {
+func builtins() []transport.TransportFactory {
 	// nixl is skipped by the runtime where libnixl_capi.so is not found.
-	return []core.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), nixl.Factory(), twoSidedFactory()}
+	return []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), nixl.Factory(), twoSidedFactory()}
 }
 
 // runtimeConfig is how a process's runtime is set up; children get theirs
@@ -70,7 +71,7 @@ func configFromEnv() runtimeConfig {
 
 func newRuntime(c runtimeConfig) (*core.Runtime, error) {
 	return core.NewRuntime(core.Options{
-		Name: c.Name, LogLevel: core.LogOff, Network: core.Sockets{}, Builtins: builtins(),
+		Name: c.Name, LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins(),
 		HostID: c.HostID, ListenTCP: c.ListenTCP, AuthToken: c.Token,
 		Lease: time.Duration(c.LeaseMS) * time.Millisecond, SocketDir: c.SocketDir,
 	})
@@ -198,9 +199,9 @@ func (c *child) kill() {
 }
 
 // put asks the child to put one object per size list entry... see childMain.
-func (c *child) put(transport string, seed int, sizes ...int) []byte {
+func (c *child) put(transportName string, seed int, sizes ...int) []byte {
 	c.t.Helper()
-	r := c.call(request{Op: "put", Transport: transport, Seed: seed, Sizes: sizes})
+	r := c.call(request{Op: "put", Transport: transportName, Seed: seed, Sizes: sizes})
 	require.Empty(c.t, r.Error)
 	require.Len(c.t, r.Refs, 1)
 	b, err := base64.StdEncoding.DecodeString(r.Refs[0])
@@ -239,8 +240,8 @@ func freeMem(b []byte) {
 	}
 }
 
-func tensorOver(b []byte) core.Tensor {
-	d, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(len(b))})
+func tensorOver(b []byte) transport.Tensor {
+	d, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(len(b))})
 	if err != nil {
 		panic(err)
 	}
@@ -248,12 +249,12 @@ func tensorOver(b []byte) core.Tensor {
 	if len(b) > 0 {
 		addr = addrOf(b)
 	}
-	return core.Tensor{TensorDesc: d, Data: addr, Orig: addr}
+	return transport.Tensor{TensorDesc: d, Data: addr, Orig: addr}
 }
 
 // targetsFor allocates receive buffers for an object's tensors.
-func targetsFor(desc *core.ObjectDesc) ([]core.Tensor, [][]byte) {
-	ts := make([]core.Tensor, len(desc.Tensors))
+func targetsFor(desc *core.ObjectDesc) ([]transport.Tensor, [][]byte) {
+	ts := make([]transport.Tensor, len(desc.Tensors))
 	bufs := make([][]byte, len(desc.Tensors))
 	for i, td := range desc.Tensors {
 		bufs[i] = hostMem(int(td.Nbytes))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
 
@@ -79,15 +80,15 @@ func TestThreeProcessesPassARefAlong(t *testing.T) {
 	parent := parentRuntime(t, runtimeConfig{Name: "third"})
 	owner := startChild(t, runtimeConfig{Name: "owner"})
 	middle := startChild(t, runtimeConfig{Name: "middle"})
-	for i, transport := range []string{"cma", "shm", "tcp", "stream2"} {
+	for i, transportName := range []string{"cma", "shm", "tcp", "stream2"} {
 		seed := 10 + i
-		b := owner.put(transport, seed, 64<<10, 123)
+		b := owner.put(transportName, seed, 64<<10, 123)
 		owner.call(request{Op: "release_all"})
 		// The middle process borrows, re-serializes and lets go of its copy.
 		r := middle.call(request{Op: "reserialize", Refs: []string{enc(b)}})
 		require.Empty(t, r.Error)
 		r2 := middle.call(request{Op: "get", Refs: []string{enc(b)}, Seed: seed})
-		assert.Empty(t, r2.Error, "the middle process fetches too (%s)", transport)
+		assert.Empty(t, r2.Error, "the middle process fetches too (%s)", transportName)
 		fetchAndCheck(t, parent, dec(r.Refs[0]), seed, "")
 		waitFreed(t, owner, i+1)
 	}
@@ -98,7 +99,7 @@ func TestBorrowerKilledReturnsItsBorrows(t *testing.T) {
 	var released atomic.Int64
 	buf := hostMem(4096)
 	defer freeMem(buf)
-	ref, err := owner.Put([]core.Tensor{tensorOver(buf)}, "", func() { released.Add(1) })
+	ref, err := owner.Put([]transport.Tensor{tensorOver(buf)}, "", func() { released.Add(1) })
 	require.NoError(t, err)
 	b, err := ref.Serialize()
 	require.NoError(t, err)
@@ -119,15 +120,15 @@ func TestBorrowerKilledReturnsItsBorrows(t *testing.T) {
 
 func TestSourceKilledDuringLargeFetch(t *testing.T) {
 	const big = 1 << 30
-	for _, transport := range []string{"tcp", "cma"} {
-		t.Run(transport, func(t *testing.T) {
+	for _, transportName := range []string{"tcp", "cma"} {
+		t.Run(transportName, func(t *testing.T) {
 			parent := parentRuntime(t, runtimeConfig{Name: "receiver"})
 			doomed := startChild(t, runtimeConfig{Name: "doomed"})
 			healthy := startChild(t, runtimeConfig{Name: "healthy"})
-			bigRef, err := parent.Deserialize(doomed.put(transport, 5, big))
+			bigRef, err := parent.Deserialize(doomed.put(transportName, 5, big))
 			require.NoError(t, err)
 			defer bigRef.Release()
-			okRef, err := parent.Deserialize(healthy.put(transport, 6, 32<<20))
+			okRef, err := parent.Deserialize(healthy.put(transportName, 6, 32<<20))
 			require.NoError(t, err)
 			defer okRef.Release()
 			bigTargets, bigBufs := targetsFor(bigRef.Desc())
@@ -150,11 +151,11 @@ func TestSourceKilledDuringLargeFetch(t *testing.T) {
 			elapsed := time.Since(killed)
 			f.Free()
 			if err == nil {
-				t.Skipf("the 1 GiB %s fetch finished within 5 ms, before the kill: this machine is too fast to catch it mid-transfer", transport)
+				t.Skipf("the 1 GiB %s fetch finished within 5 ms, before the kill: this machine is too fast to catch it mid-transfer", transportName)
 			}
-			assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
-			assert.Less(t, elapsed, core.DefaultPeerTimeout+2*time.Second, "failed within the bound")
-			t.Logf("%s: source killed mid-transfer, fetch failed after %v: %v", transport, elapsed.Round(time.Millisecond), err)
+			assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+			assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
+			t.Logf("%s: source killed mid-transfer, fetch failed after %v: %v", transportName, elapsed.Round(time.Millisecond), err)
 			require.NoError(t, other.Wait(30*time.Second), "the other fetch is unaffected")
 			other.Free()
 			require.NoError(t, checkPattern(okBufs, 6))
@@ -188,7 +189,7 @@ func TestWrongTokenIsPermissionDenied(t *testing.T) {
 	b := tcpOnly(t, src.put("tcp", 1, 4096))
 	wrong := parentRuntime(t, runtimeConfig{Name: "intruder", Token: "wrong"})
 	_, err := wrong.Deserialize(b)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	// The same bytes work with the right token.
 	right := parentRuntime(t, runtimeConfig{Name: "friend", Token: "right"})
 	fetchAndCheck(t, right, b, 1, "")
@@ -254,7 +255,7 @@ func TestOtherHostUsesTCP(t *testing.T) {
 	targets, bufs := targetsFor(ref.Desc())
 	defer freeMem(bufs[0])
 	err = parent.Get([]*core.Ref{ref}, targets, core.FetchOptions{}, 10*time.Second)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "same host")
 }
 
@@ -272,10 +273,10 @@ func TestTCPRangeOutsideAnObjectIsRefusedAndTheSourceStaysUp(t *testing.T) {
 		off, length uint64
 	}{{0, 4000, 200}, {0, 4097, 0}, {1, 0, 1}, {0, 1 << 62, 1 << 20}} {
 		_, err := tcp.RequestRange(ctx, "secret", meta, r.tensor, r.off, r.length)
-		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%+v: %v", r, err)
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%+v: %v", r, err)
 	}
 	_, err = tcp.RequestRange(ctx, "not the token", meta, 0, 0, 16)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	// The source is still up and serves what it holds.
 	got, err := tcp.RequestRange(ctx, "secret", meta, 0, 100, 16)
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/nixl"
 )
 
@@ -63,7 +64,7 @@ func TestNIXLTimeoutThenAbort(t *testing.T) {
 	f, err := parent.StartFetch([]*core.Ref{ref}, targets, core.FetchOptions{})
 	require.NoError(t, err)
 	if err := f.Wait(time.Microsecond); err != nil {
-		assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	}
 	require.NoError(t, f.Wait(30*time.Second))
 	f.Free()
@@ -77,7 +78,7 @@ func TestNIXLTimeoutThenAbort(t *testing.T) {
 	start := time.Now()
 	err = f.Wait(30 * time.Second)
 	if err != nil {
-		assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 	}
 	f.Free()
 	t.Logf("abort: wait and free returned after %v (err %v)", time.Since(start).Round(time.Microsecond), err)
@@ -111,8 +112,8 @@ func TestNIXLSourceKilledDuringFetch(t *testing.T) {
 	if err == nil {
 		t.Skip("the 512 MiB nixl fetch finished before the kill: this machine is too fast to catch it mid-transfer")
 	}
-	assert.Contains(t, []core.Status{core.ErrPeerUnavailable, core.ErrTransport}, core.StatusOf(err), "%v", err)
-	assert.Less(t, elapsed, core.DefaultPeerTimeout+2*time.Second, "failed within the bound")
+	assert.Contains(t, []transport.Status{transport.ErrPeerUnavailable, transport.ErrTransport}, transport.StatusOf(err), "%v", err)
+	assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
 	t.Logf("nixl: source killed mid-transfer, fetch failed after %v: %v", elapsed.Round(time.Millisecond), err)
 
 	// The receiver's agent still works with other sources.

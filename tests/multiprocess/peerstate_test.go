@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // openFDs counts this process's open descriptors.
@@ -27,8 +28,8 @@ func openFDs(t *testing.T) int {
 func shortLivedSource(t *testing.T, parent *core.Runtime, seed int, kill bool, transports ...string) {
 	t.Helper()
 	src := startChild(t, runtimeConfig{Name: "short-lived"})
-	for i, transport := range transports {
-		fetchAndCheck(t, parent, src.put(transport, seed+i, 4096, 300<<10), seed+i, "")
+	for i, transportName := range transports {
+		fetchAndCheck(t, parent, src.put(transportName, seed+i, 4096, 300<<10), seed+i, "")
 	}
 	if kill {
 		src.kill()
@@ -145,7 +146,7 @@ func TestCraftedCMARefsAreRefused(t *testing.T) {
 	t.Run("another process", func(t *testing.T) {
 		got, err := fetchCrafted(t, parent, craftCMA(t, victim, cmaMeta(t, elsewhere)))
 		require.Error(t, err)
-		assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), desc.ID.String())
 		assert.Contains(t, err.Error(), "another process")
 		assert.True(t, untouched(got), "no byte of the other process reached the target")
@@ -157,13 +158,13 @@ func TestCraftedCMARefsAreRefused(t *testing.T) {
 		copy(meta[37:45], cmaMeta(t, secret)[37:45])
 		got, err := fetchCrafted(t, parent, craftCMA(t, victim, meta))
 		require.Error(t, err)
-		assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), desc.ID.String())
 		assert.True(t, untouched(got), "no byte of the other object reached the target")
 	})
 	t.Run("whole metadata of another object", func(t *testing.T) {
 		got, err := fetchCrafted(t, parent, craftCMA(t, victim, cmaMeta(t, secret)))
-		assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 		assert.True(t, untouched(got))
 	})
 	// The genuine ref still reads the object.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // readChars is how many bytes process pid has read with read(2) and the
@@ -42,7 +43,7 @@ func TestStoppedReceiverDoesNotPinATCPObject(t *testing.T) {
 	const size = 512 << 20
 	const peerTimeout = 2 * time.Second
 	owner, err := core.NewRuntime(core.Options{
-		Name: "owner", LogLevel: core.LogOff, Network: core.Sockets{}, Builtins: builtins(),
+		Name: "owner", LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins(),
 		SocketDir: sharedSocketDir(t), PeerTimeout: peerTimeout,
 	})
 	require.NoError(t, err)
@@ -53,7 +54,7 @@ func TestStoppedReceiverDoesNotPinATCPObject(t *testing.T) {
 		buf[i] = patternByte(7, 0, i)
 	}
 	var released atomic.Bool
-	ref, err := owner.Put([]core.Tensor{tensorOver(buf)}, "tcp", func() { released.Store(true) })
+	ref, err := owner.Put([]transport.Tensor{tensorOver(buf)}, "tcp", func() { released.Store(true) })
 	require.NoError(t, err)
 	b, err := ref.Serialize()
 	require.NoError(t, err)
@@ -142,7 +143,7 @@ func TestAutoPutsFetchedOnThisHostOpenNoTCPPort(t *testing.T) {
 		for j := range buf {
 			buf[j] = patternByte(20+i, 0, j)
 		}
-		ref, err := owner.Put([]core.Tensor{tensorOver(buf)}, "", nil)
+		ref, err := owner.Put([]transport.Tensor{tensorOver(buf)}, "", nil)
 		require.NoError(t, err)
 		defer ref.Release()
 		b, err := ref.Serialize()
@@ -160,7 +161,7 @@ func TestAutoPutsFetchedOnThisHostOpenNoTCPPort(t *testing.T) {
 	// The check sees a listener when there is one.
 	buf := hostMem(4096)
 	defer freeMem(buf)
-	ref, err := owner.Put([]core.Tensor{tensorOver(buf)}, "tcp", nil)
+	ref, err := owner.Put([]transport.Tensor{tensorOver(buf)}, "tcp", nil)
 	require.NoError(t, err)
 	defer ref.Release()
 	assert.Equal(t, baseline+1, listeningTCP(t), "a put naming tcp starts the data listener")

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // streamTransport is a two-sided transport for the tests: the destination
@@ -20,30 +20,32 @@ type streamTransport struct {
 	lns map[uint64]net.Listener
 }
 
-func twoSidedFactory() core.TransportFactory {
-	return core.TransportFactory{Name: "stream2", New: func(h core.Host) (core.Transport, error) {
+func twoSidedFactory() transport.TransportFactory {
+	return transport.TransportFactory{Name: "stream2", New: func(h transport.Host) (transport.Transport, error) {
 		return &streamTransport{dir: h.SocketDir(), lns: map[uint64]net.Listener{}}, nil
 	}}
 }
 
-func (s *streamTransport) Name() string               { return "stream2" }
-func (s *streamTransport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCPU} }
-func (s *streamTransport) OneSided() bool             { return false }
-func (s *streamTransport) CanAbort() bool             { return true }
-func (s *streamTransport) Close() error               { return nil }
-func (s *streamTransport) ExtractMetadata(core.ObjectID, []core.Tensor) ([]byte, error) {
+func (s *streamTransport) Name() string { return "stream2" }
+func (s *streamTransport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCPU}
+}
+func (s *streamTransport) OneSided() bool { return false }
+func (s *streamTransport) CanAbort() bool { return true }
+func (s *streamTransport) Close() error   { return nil }
+func (s *streamTransport) ExtractMetadata(transport.ObjectID, []transport.Tensor) ([]byte, error) {
 	return nil, nil
 }
-func (s *streamTransport) GarbageCollect(core.ObjectID, []core.Tensor, []byte) {}
+func (s *streamTransport) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
 
 // CommunicatorMetadata runs on the destination: open the socket the source
 // will write to.
-func (s *streamTransport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+func (s *streamTransport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
 	path := filepath.Join(s.dir, "s2-"+x.Object.String()[:8]+"-"+itoa(x.TransferID)+".sock")
 	os.Remove(path)
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return nil, core.Errorf(core.ErrTransport, "stream2: %v", err)
+		return nil, transport.Errorf(transport.ErrTransport, "stream2: %v", err)
 	}
 	s.mu.Lock()
 	s.lns[x.TransferID] = ln
@@ -61,15 +63,15 @@ func itoa(v uint64) string {
 	return string(b[:])
 }
 
-func (s *streamTransport) Send(x *core.Transfer, tensors []core.Tensor, _, cmeta []byte) error {
+func (s *streamTransport) Send(x *transport.Transfer, tensors []transport.Tensor, _, cmeta []byte) error {
 	c, err := net.Dial("unix", string(cmeta))
 	if err != nil {
-		return core.Errorf(core.ErrTransport, "stream2: %v", err)
+		return transport.Errorf(transport.ErrTransport, "stream2: %v", err)
 	}
 	defer c.Close()
 	for _, t := range tensors {
-		if _, err := c.Write(core.Bytes(t.Data, t.Nbytes)); err != nil {
-			return core.Errorf(core.ErrTransport, "stream2: %v", err)
+		if _, err := c.Write(transport.Bytes(t.Data, t.Nbytes)); err != nil {
+			return transport.Errorf(transport.ErrTransport, "stream2: %v", err)
 		}
 	}
 	return nil
@@ -82,25 +84,25 @@ type streamRequest struct {
 func (r *streamRequest) Wait() error { return <-r.done }
 func (r *streamRequest) Release()    {}
 
-func (s *streamTransport) Fetch(x *core.Transfer, targets []core.Tensor, _, _ []byte) (core.Request, error) {
+func (s *streamTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, _ []byte) (transport.Request, error) {
 	s.mu.Lock()
 	ln := s.lns[x.TransferID]
 	s.mu.Unlock()
 	if ln == nil {
-		return nil, core.Errorf(core.ErrInternal, "stream2: no listener for transfer %d", x.TransferID)
+		return nil, transport.Errorf(transport.ErrInternal, "stream2: no listener for transfer %d", x.TransferID)
 	}
 	r := &streamRequest{done: make(chan error, 1)}
 	go func() {
 		defer s.forget(x.TransferID)
 		c, err := ln.Accept()
 		if err != nil {
-			r.done <- core.Errorf(core.ErrAborted, "stream2: %v", err)
+			r.done <- transport.Errorf(transport.ErrAborted, "stream2: %v", err)
 			return
 		}
 		defer c.Close()
 		for _, t := range targets {
-			if _, err := io.ReadFull(c, core.Bytes(t.Data, t.Nbytes)); err != nil {
-				r.done <- core.Errorf(core.ErrTransport, "stream2: %v", err)
+			if _, err := io.ReadFull(c, transport.Bytes(t.Data, t.Nbytes)); err != nil {
+				r.done <- transport.Errorf(transport.ErrTransport, "stream2: %v", err)
 				return
 			}
 		}
@@ -120,8 +122,8 @@ func (s *streamTransport) forget(id uint64) {
 	}
 }
 
-func (s *streamTransport) Abort(x *core.Transfer, _ core.Request) {
-	if x.Role == core.RoleDestination {
+func (s *streamTransport) Abort(x *transport.Transfer, _ transport.Request) {
+	if x.Role == transport.RoleDestination {
 		s.forget(x.TransferID)
 	}
 }

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Name is the canonical transport name.
@@ -39,13 +39,13 @@ const (
 )
 
 // Factory makes the transport for a new runtime.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 // Transport is the cma transport of one runtime.
 type Transport struct {
-	h         core.Host
+	h         transport.Host
 	pid       int
 	startTime uint64
 	workers   int
@@ -75,7 +75,7 @@ type guardTable struct {
 	mu     sync.Mutex
 	chunks [][]byte
 	free   []*guardSlot
-	byObj  map[core.ObjectID]*guardSlot
+	byObj  map[transport.ObjectID]*guardSlot
 }
 
 const (
@@ -94,7 +94,7 @@ type guardSlot struct {
 }
 
 // metaDigest binds metadata to the object it was made for.
-func metaDigest(obj core.ObjectID, meta []byte) [sha256.Size]byte {
+func metaDigest(obj transport.ObjectID, meta []byte) [sha256.Size]byte {
 	h := sha256.New()
 	h.Write([]byte(guardName))
 	h.Write(obj[:])
@@ -108,17 +108,17 @@ func metaDigest(obj core.ObjectID, meta []byte) [sha256.Size]byte {
 // encode makes from the slot's address and the token. The digest is
 // written before the token, both under the lock: a receiver that sees the
 // token sees the digest that goes with it.
-func (g *guardTable) take(obj core.ObjectID, encode func(guard, token uint64) []byte) ([]byte, error) {
+func (g *guardTable) take(obj transport.ObjectID, encode func(guard, token uint64) []byte) ([]byte, error) {
 	var tb [8]byte
 	if _, err := rand.Read(tb[:]); err != nil {
-		return nil, core.Errorf(core.ErrInternal, "cma: %v", err)
+		return nil, transport.Errorf(transport.ErrInternal, "cma: %v", err)
 	}
 	token := binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	// The core extracts an object's metadata once per transport.
 	if _, ok := g.byObj[obj]; ok {
-		return nil, core.Errorf(core.ErrInternal, "cma: object %s already has metadata", obj)
+		return nil, transport.Errorf(transport.ErrInternal, "cma: object %s already has metadata", obj)
 	}
 	if len(g.free) == 0 {
 		chunk, err := newGuardChunk()
@@ -133,7 +133,7 @@ func (g *guardTable) take(obj core.ObjectID, encode func(guard, token uint64) []
 	w := g.free[len(g.free)-1]
 	g.free = g.free[:len(g.free)-1]
 	if g.byObj == nil {
-		g.byObj = map[core.ObjectID]*guardSlot{}
+		g.byObj = map[transport.ObjectID]*guardSlot{}
 	}
 	g.byObj[obj] = w
 	b := encode(uint64(uintptr(unsafe.Pointer(w))), token)
@@ -147,21 +147,21 @@ func (g *guardTable) take(obj core.ObjectID, encode func(guard, token uint64) []
 func newGuardChunk() ([]byte, error) {
 	fd, err := unix.MemfdCreate(guardName, unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, core.Errorf(core.ErrNoMemory, "cma: memfd_create for guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "cma: memfd_create for guard words: %v", err)
 	}
 	defer unix.Close(fd) // the mapping keeps the memory
 	if err := unix.Ftruncate(fd, guardChunk); err != nil {
-		return nil, core.Errorf(core.ErrNoMemory, "cma: guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "cma: guard words: %v", err)
 	}
 	chunk, err := unix.Mmap(fd, 0, guardChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, core.Errorf(core.ErrNoMemory, "cma: guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "cma: guard words: %v", err)
 	}
 	return chunk, nil
 }
 
 // release clears the object's slot before its memory goes back.
-func (g *guardTable) release(obj core.ObjectID) {
+func (g *guardTable) release(obj transport.ObjectID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w, ok := g.byObj[obj]; ok {
@@ -233,7 +233,7 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 			return p, nil
 		}
 		t.forgetLocked(k)
-		return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
 	}
 	// A new source: drop the sources that exited meanwhile, should their
 	// runtime's end not have been reported (see PeerGone).
@@ -245,7 +245,7 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
-			return nil, core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
 		}
 		// Kernels before 5.3 lack pidfds: fall back to the start time alone.
 		if err := checkAlive(pid, startTime); err != nil {
@@ -291,7 +291,7 @@ func (t *Transport) forgetLocked(k procKey) {
 // PeerGone drops the pidfd of a runtime that is gone: a receiver fed by
 // many short-lived sources keeps no descriptor per source. Another runtime
 // of the same process, if any, opens it again on its next fetch.
-func (t *Transport) PeerGone(peer core.PeerInfo) {
+func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k := range t.procs {
@@ -313,10 +313,10 @@ func (t *Transport) openSources() int {
 // one, which is what classic ptrace permissions allow anyway; set
 // RDT_CMA_SET_PTRACER=0 to keep the restriction (cma then fails with a
 // message that names shm).
-func New(h core.Host) (core.Transport, error) {
+func New(h transport.Host) (transport.Transport, error) {
 	st, err := processStartTime(os.Getpid())
 	if err != nil {
-		return nil, core.Errorf(core.ErrUnsupported, "cma: cannot read this process's start time from /proc: %v", err)
+		return nil, transport.Errorf(transport.ErrUnsupported, "cma: cannot read this process's start time from /proc: %v", err)
 	}
 	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workerCount()}
 	if yamaScope() == 1 && os.Getenv("RDT_CMA_SET_PTRACER") != "0" {
@@ -340,8 +340,8 @@ func workerCount() int {
 }
 
 func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []core.DeviceType {
-	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+func (t *Transport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
 }
 func (t *Transport) OneSided() bool { return true }
 func (t *Transport) CanAbort() bool { return true }
@@ -354,19 +354,19 @@ func (t *Transport) EagerMetadata() bool { return true }
 
 // CheckPeer refuses peers on other hosts (or in another pid namespace,
 // which the host identity covers).
-func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
 	if !local.SameHost(peer) {
-		return core.Errorf(core.ErrUnsupported, "cma reads memory only between processes on the same host; %q is on another host", peer.Name)
+		return transport.Errorf(transport.ErrUnsupported, "cma reads memory only between processes on the same host; %q is on another host", peer.Name)
 	}
 	return nil
 }
 
 // ExtractMetadata records where the tensors live in this process.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	m := metadata{Pid: uint32(t.pid), StartTime: t.startTime}
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, core.Errorf(core.ErrUnsupported, "cma moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "cma moves host memory; tensor on %s", x.Device)
 		}
 		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
 	}
@@ -376,15 +376,15 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 	})
 }
 
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
-	return core.Errorf(core.ErrInternal, "cma is one-sided: send is never called on it")
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
+	return transport.Errorf(transport.ErrInternal, "cma is one-sided: send is never called on it")
 }
 
 // GarbageCollect retires the object's guard slot, so that receivers still
 // reading the memory find out.
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
 	t.guards.release(obj)
 }
 
@@ -400,7 +400,7 @@ func (t *Transport) Close() error {
 
 // Fetch checks the metadata against the targets and the source's guard
 // slot, and starts reading.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -408,17 +408,17 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	// Ref bytes are checksummed, not signed: read no process but the owner
 	// the control plane identified.
 	if int(m.Pid) != x.Source.Pid {
-		return nil, core.Errorf(core.ErrCorrupt,
+		return nil, transport.Errorf(transport.ErrCorrupt,
 			"cma: the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
 			x.Object, m.Pid, x.Source, x.Source.Pid)
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, core.Errorf(core.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	var total uint64
 	for i, r := range m.Regions {
 		if r.Size != targets[i].Nbytes {
-			return nil, core.Errorf(core.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 		total += r.Size
 	}
@@ -445,7 +445,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 }
 
 // Abort makes the workers stop at their next chunk.
-func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	if req, ok := r.(*request); ok {
 		req.aborted.Store(true)
 	}
@@ -485,13 +485,13 @@ type span struct {
 
 // copyChecked copies, then makes sure the source lived through the copy:
 // bytes read after it exited could come from a process that reused its pid.
-func (r *request) copyChecked(regions []region, targets []core.Tensor, workers int) error {
+func (r *request) copyChecked(regions []region, targets []transport.Tensor, workers int) error {
 	err := r.copyAll(regions, targets, workers)
 	if err != nil {
 		return err
 	}
 	if r.src.exited() {
-		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
 	}
 	return r.checkGuard()
 }
@@ -500,16 +500,16 @@ func (r *request) copyChecked(regions []region, targets []core.Tensor, workers i
 // of the source's guard mappings and hold the metadata's token and digest,
 // which only the owner's own extraction of this object wrote there. Addresses
 // in ref bytes are thus never read unless the owner put them.
-func (r *request) checkSlot(obj core.ObjectID, tmeta []byte) error {
+func (r *request) checkSlot(obj transport.ObjectID, tmeta []byte) error {
 	ok, err := r.src.isGuard(r.pid, r.guard)
 	if err != nil {
 		if alive := checkAlive(r.pid, r.startTime); alive != nil {
 			return alive
 		}
-		return core.Errorf(core.ErrPermissionDenied, "cma: cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
+		return transport.Errorf(transport.ErrPermissionDenied, "cma: cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
 	}
 	if !ok {
-		return core.Errorf(core.ErrCorrupt,
+		return transport.Errorf(transport.ErrCorrupt,
 			"cma: the metadata of object %s names no guard slot of its owner (process %d): refusing to read addresses the owner did not put", obj, r.pid)
 	}
 	var b [slotRead]byte
@@ -517,10 +517,10 @@ func (r *request) checkSlot(obj core.ObjectID, tmeta []byte) error {
 		return err
 	}
 	if binary.LittleEndian.Uint64(b[:8]) != r.token {
-		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
 	}
 	if want := metaDigest(obj, tmeta); !bytes.Equal(b[8:], want[:]) {
-		return core.Errorf(core.ErrCorrupt,
+		return transport.Errorf(transport.ErrCorrupt,
 			"cma: the metadata of object %s is not what its owner (process %d) made for it: refusing to read addresses the owner did not put", obj, r.pid)
 	}
 	return nil
@@ -618,17 +618,17 @@ func (r *request) checkGuard() error {
 		if alive := checkAlive(r.pid, r.startTime); alive != nil {
 			return alive
 		}
-		return core.Errorf(core.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
 	}
 	if binary.LittleEndian.Uint64(b[:]) != r.token {
-		return core.Errorf(core.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
 	}
 	return nil
 }
 
 // copyAll reads every region into its target. Large tensors are cut into
 // spans shared by up to `workers` goroutines.
-func (r *request) copyAll(regions []region, targets []core.Tensor, workers int) error {
+func (r *request) copyAll(regions []region, targets []transport.Tensor, workers int) error {
 	var spans []span
 	for i, reg := range regions {
 		if reg.Size == 0 {
@@ -687,7 +687,7 @@ func (r *request) copyAll(regions []region, targets []core.Tensor, workers int) 
 func (r *request) read(s span) error {
 	for done := uint64(0); done < s.n; {
 		if r.aborted.Load() {
-			return core.Errorf(core.ErrAborted, "cma: transfer aborted")
+			return transport.Errorf(transport.ErrAborted, "cma: transfer aborted")
 		}
 		n := min(uint64(chunkSize), s.n-done)
 		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(s.local + uintptr(done)))}}
@@ -714,28 +714,28 @@ func (r *request) read(s span) error {
 func (r *request) explain(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM):
-		return core.Errorf(core.ErrPermissionDenied,
+		return transport.Errorf(transport.ErrPermissionDenied,
 			"cma: process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
 			r.pid, yamaDescription())
 	case errors.Is(err, unix.ENOSYS):
-		return core.Errorf(core.ErrUnsupported, "cma: process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
+		return transport.Errorf(transport.ErrUnsupported, "cma: process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
 	case errors.Is(err, unix.ESRCH):
-		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", r.pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", r.pid)
 	}
 	if alive := checkAlive(r.pid, r.startTime); alive != nil {
 		return alive
 	}
-	return core.Errorf(core.ErrInternal, "cma: reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
+	return transport.Errorf(transport.ErrInternal, "cma: reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
 }
 
 // checkAlive guards against a dead source and a recycled pid.
 func checkAlive(pid int, startTime uint64) error {
 	st, err := processStartTime(pid)
 	if err != nil {
-		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
 	}
 	if st != startTime {
-		return core.Errorf(core.ErrPeerUnavailable, "cma: source process %d is gone (its pid now belongs to another process)", pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone (its pid now belongs to another process)", pid)
 	}
 	return nil
 }
@@ -825,7 +825,7 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrCorrupt, "cma: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "cma: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < headerLen {
 		return nil, bad("too short")
@@ -834,7 +834,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if b[4] != metaVersion {
-		return nil, core.Errorf(core.ErrUnsupported, "cma: metadata version %d, this build reads version %d", b[4], metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "cma: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
 	m := &metadata{
 		Pid:       binary.LittleEndian.Uint32(b[5:]),

@@ -17,44 +17,44 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for.
 type testHost struct{}
 
-func (testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
-func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
-func (testHost) Context() context.Context { return context.Background() }
-func (testHost) AuthToken() string        { return "" }
-func (testHost) RuntimeSecret() string    { return "test-secret" }
-func (testHost) BindHost() string         { return "127.0.0.1" }
-func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
-func (testHost) SocketDir() string        { return os.TempDir() }
+func (testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
+func (testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
+func (testHost) Context() context.Context     { return context.Background() }
+func (testHost) AuthToken() string            { return "" }
+func (testHost) RuntimeSecret() string        { return "test-secret" }
+func (testHost) BindHost() string             { return "127.0.0.1" }
+func (testHost) AdvertiseHost() string        { return "127.0.0.1" }
+func (testHost) SocketDir() string            { return os.TempDir() }
 
-// PeerTimeout implements core.Host.
-func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+// PeerTimeout implements transport.Host.
+func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
 
-func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
-	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
 }
 
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
 	t.Helper()
 	size := max(n, 1)
 	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(b) })
 	b = b[:n]
-	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	require.NoError(t, err)
 	addr := uintptr(0)
 	if n > 0 {
 		addr = uintptr(unsafePointer(b))
 	}
-	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
 }
 
 func fill(b []byte, seed byte) {
@@ -71,16 +71,16 @@ func newTransport(t testing.TB) *Transport {
 
 // from is a transfer of obj from the runtime in process pid, as the core
 // describes it to the transport.
-func from(obj core.ObjectID, pid int) *core.Transfer {
-	return &core.Transfer{Object: obj, Transport: Name, Role: core.RoleDestination, Source: core.PeerInfo{Name: "source", Pid: pid}}
+func from(obj transport.ObjectID, pid int) *transport.Transfer {
+	return &transport.Transfer{Object: obj, Transport: Name, Role: transport.RoleDestination, Source: transport.PeerInfo{Name: "source", Pid: pid}}
 }
 
 // fetch fetches obj, put by this process.
-func fetch(t testing.TB, tr *Transport, obj core.ObjectID, meta []byte, targets []core.Tensor) error {
+func fetch(t testing.TB, tr *Transport, obj transport.ObjectID, meta []byte, targets []transport.Tensor) error {
 	return fetchFrom(t, tr, from(obj, os.Getpid()), meta, targets)
 }
 
-func fetchFrom(t testing.TB, tr *Transport, x *core.Transfer, meta []byte, targets []core.Tensor) error {
+func fetchFrom(t testing.TB, tr *Transport, x *transport.Transfer, meta []byte, targets []transport.Tensor) error {
 	req, err := tr.Fetch(x, targets, meta, nil)
 	if err != nil {
 		return err
@@ -89,8 +89,8 @@ func fetchFrom(t testing.TB, tr *Transport, x *core.Transfer, meta []byte, targe
 	return req.Wait()
 }
 
-func statusOf(err error) core.Status {
-	var e *core.Error
+func statusOf(err error) transport.Status {
+	var e *transport.Error
 	if errors.As(err, &e) {
 		return e.Status
 	}
@@ -100,7 +100,7 @@ func statusOf(err error) core.Status {
 func TestRoundTripInProcess(t *testing.T) {
 	tr := newTransport(t)
 	sizes := []int{0, 1, 4096, 300 << 10, 64 << 20}
-	var srcs, dsts []core.Tensor
+	var srcs, dsts []transport.Tensor
 	var want, got [][]byte
 	for i, n := range sizes {
 		sb, st := buffer(t, n)
@@ -109,9 +109,9 @@ func TestRoundTripInProcess(t *testing.T) {
 		srcs, dsts = append(srcs, st), append(dsts, dt)
 		want, got = append(want, sb), append(got, db)
 	}
-	meta, err := tr.ExtractMetadata(core.ObjectID{1}, srcs)
+	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, srcs)
 	require.NoError(t, err)
-	require.NoError(t, fetch(t, tr, core.ObjectID{1}, meta, dsts))
+	require.NoError(t, fetch(t, tr, transport.ObjectID{1}, meta, dsts))
 	for i := range sizes {
 		assert.Equal(t, want[i], got[i], "tensor %d", i)
 	}
@@ -121,27 +121,27 @@ func TestSizeMismatchAndCountMismatch(t *testing.T) {
 	tr := newTransport(t)
 	_, src := buffer(t, 100)
 	_, dst := buffer(t, 99)
-	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
 	require.NoError(t, err)
-	err = fetch(t, tr, core.ObjectID{1}, meta, []core.Tensor{dst})
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
-	err = fetch(t, tr, core.ObjectID{1}, meta, nil)
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+	err = fetch(t, tr, transport.ObjectID{1}, meta, []transport.Tensor{dst})
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
+	err = fetch(t, tr, transport.ObjectID{1}, meta, nil)
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
 }
 
 func TestUnmappedSourceIsAClearError(t *testing.T) {
 	tr := newTransport(t)
 	b, src := buffer(t, 4096)
-	meta, err := tr.ExtractMetadata(core.ObjectID{9}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{9}, []transport.Tensor{src})
 	require.NoError(t, err)
 	_, dst := buffer(t, 4096)
 	// The memory is gone as far as readers go (unmapping it here would let
 	// another mapping take its place before the test's cleanup unmaps it).
 	require.NoError(t, unix.Mprotect(b[:cap(b)], unix.PROT_NONE))
 	t.Cleanup(func() { _ = unix.Mprotect(b[:cap(b)], unix.PROT_READ|unix.PROT_WRITE) })
-	err = fetch(t, tr, core.ObjectID{9}, meta, []core.Tensor{dst})
+	err = fetch(t, tr, transport.ObjectID{9}, meta, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, core.ErrInternal, statusOf(err))
+	assert.Equal(t, transport.ErrInternal, statusOf(err))
 	assert.Contains(t, err.Error(), "no longer mapped")
 }
 
@@ -151,8 +151,8 @@ func TestRecycledPidIsPeerUnavailable(t *testing.T) {
 	_, dst := buffer(t, 64)
 	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Guard: slotSize, Token: 1,
 		Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
-	err := fetch(t, tr, core.ObjectID{1}, m.encode(), []core.Tensor{dst})
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	err := fetch(t, tr, transport.ObjectID{1}, m.encode(), []transport.Tensor{dst})
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "another process")
 }
 
@@ -161,14 +161,14 @@ func TestAbortStopsALargeRead(t *testing.T) {
 	const n = 512 << 20
 	_, src := buffer(t, n)
 	_, dst := buffer(t, n)
-	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
 	require.NoError(t, err)
-	req, err := tr.Fetch(from(core.ObjectID{1}, os.Getpid()), []core.Tensor{dst}, meta, nil)
+	req, err := tr.Fetch(from(transport.ObjectID{1}, os.Getpid()), []transport.Tensor{dst}, meta, nil)
 	require.NoError(t, err)
-	tr.Abort(&core.Transfer{}, req)
+	tr.Abort(&transport.Transfer{}, req)
 	err = req.Wait()
 	req.Release()
-	assert.Equal(t, core.ErrAborted, statusOf(err))
+	assert.Equal(t, transport.ErrAborted, statusOf(err))
 }
 
 func TestAFreedObjectIsNeverReported(t *testing.T) {
@@ -176,29 +176,29 @@ func TestAFreedObjectIsNeverReported(t *testing.T) {
 	sb, src := buffer(t, 8192)
 	fill(sb, 3)
 	got, dst := buffer(t, 8192)
-	meta, err := tr.ExtractMetadata(core.ObjectID{4}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{4}, []transport.Tensor{src})
 	require.NoError(t, err)
-	require.NoError(t, fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst}))
+	require.NoError(t, fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst}))
 	assert.Equal(t, sb, got)
 	// The owner frees the object (its runtime is destroyed, say) while a
 	// borrower still holds the metadata: the memory is still mapped, but the
 	// read must not be reported as the object's bytes.
-	tr.GarbageCollect(core.ObjectID{4}, []core.Tensor{src}, meta)
-	err = fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst})
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	tr.GarbageCollect(transport.ObjectID{4}, []transport.Tensor{src}, meta)
+	err = fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst})
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "freed")
 	// A new object reusing the guard word gets another token.
-	meta2, err := tr.ExtractMetadata(core.ObjectID{5}, []core.Tensor{src})
+	meta2, err := tr.ExtractMetadata(transport.ObjectID{5}, []transport.Tensor{src})
 	require.NoError(t, err)
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(fetch(t, tr, core.ObjectID{4}, meta, []core.Tensor{dst})))
-	require.NoError(t, fetch(t, tr, core.ObjectID{5}, meta2, []core.Tensor{dst}))
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst})))
+	require.NoError(t, fetch(t, tr, transport.ObjectID{5}, meta2, []transport.Tensor{dst}))
 }
 
 func TestCheckPeerRefusesOtherHosts(t *testing.T) {
 	tr := newTransport(t)
-	err := tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b", Name: "far"})
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
-	assert.NoError(t, tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "a"}))
+	err := tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b", Name: "far"})
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.NoError(t, tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "a"}))
 }
 
 // ---- another process --------------------------------------------------------
@@ -214,7 +214,7 @@ func TestMain(m *testing.M) {
 }
 
 // childObject is the id of the object a child puts.
-var childObject = core.ObjectID{7}
+var childObject = transport.ObjectID{7}
 
 // childMain maps n bytes, fills them, prints its metadata as hex and
 // waits to be killed.
@@ -231,7 +231,7 @@ func childMain(size string) {
 		fmt.Println("ERR", err)
 		os.Exit(1)
 	}
-	meta, _ := tr.ExtractMetadata(childObject, []core.Tensor{{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
+	meta, _ := tr.ExtractMetadata(childObject, []transport.Tensor{{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
 	fmt.Printf("META %x\n", meta)
 	time.Sleep(time.Minute)
 	os.Exit(0)
@@ -260,7 +260,7 @@ func TestReadFromAnotherProcess(t *testing.T) {
 	cmd, meta := startChild(t, n)
 	tr := newTransport(t)
 	got, dst := buffer(t, n)
-	require.NoError(t, fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []transport.Tensor{dst}))
 	want := make([]byte, n)
 	fill(want, 5)
 	assert.True(t, string(want) == string(got), "contents differ")
@@ -272,8 +272,8 @@ func TestKilledSourceIsPeerUnavailable(t *testing.T) {
 	_ = cmd.Wait()
 	tr := newTransport(t)
 	_, dst := buffer(t, 4096)
-	err := fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []core.Tensor{dst})
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	err := fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []transport.Tensor{dst})
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 }
 
 // ---- metadata ---------------------------------------------------------------
@@ -299,7 +299,7 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 	v2 := append([]byte{}, good...)
 	v2[4] = 1
 	_, err = decodeMetadata(v2)
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
 }
 
 func FuzzDecodeMetadata(f *testing.F) {

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Ref bytes carry a checksum, not a signature: anyone who hands a process
@@ -42,14 +42,14 @@ func TestMetadataOfAnotherProcessIsRefused(t *testing.T) {
 	got, dst := buffer(t, n)
 	// The object is ours (the owner is this process), the metadata the
 	// other process's.
-	err := fetchFrom(t, tr, from(childObject, os.Getpid()), otherMeta, []core.Tensor{dst})
+	err := fetchFrom(t, tr, from(childObject, os.Getpid()), otherMeta, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refusing to read another process's memory")
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
 	assert.Equal(t, 0, tr.openSources(), "the other process was not even opened")
 	// The same metadata is fine when that process is the owner.
-	require.NoError(t, fetchFrom(t, tr, from(childObject, other.Process.Pid), otherMeta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, other.Process.Pid), otherMeta, []transport.Tensor{dst}))
 	assert.False(t, allZero(got))
 }
 
@@ -61,7 +61,7 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	fill(sb, 1)
 	secret, _ := buffer(t, 4096)
 	fill(secret, 0xAA)
-	meta, err := tr.ExtractMetadata(core.ObjectID{1}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
 	require.NoError(t, err)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
@@ -69,9 +69,9 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	crafted := *m
 	crafted.Regions = []region{{Addr: uint64(uintptr(unsafePointer(secret))), Size: 4096}}
 	got, dst := buffer(t, 4096)
-	err = fetch(t, tr, core.ObjectID{1}, crafted.encode(), []core.Tensor{dst})
+	err = fetch(t, tr, transport.ObjectID{1}, crafted.encode(), []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "is not what its owner")
 	assert.True(t, allZero(got), "no byte of the other buffer reached the target")
 
@@ -79,14 +79,14 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	grown := *m
 	grown.Regions = []region{{Addr: m.Regions[0].Addr, Size: 8192}}
 	_, big := buffer(t, 8192)
-	assert.Equal(t, core.ErrCorrupt, statusOf(fetch(t, tr, core.ObjectID{1}, grown.encode(), []core.Tensor{big})))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(fetch(t, tr, transport.ObjectID{1}, grown.encode(), []transport.Tensor{big})))
 
 	// The owner's real metadata, but for another object.
-	assert.Equal(t, core.ErrCorrupt, statusOf(fetch(t, tr, core.ObjectID{2}, meta, []core.Tensor{dst})))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(fetch(t, tr, transport.ObjectID{2}, meta, []transport.Tensor{dst})))
 	assert.True(t, allZero(got))
 
 	// The untouched metadata reads the object.
-	require.NoError(t, fetch(t, tr, core.ObjectID{1}, meta, []core.Tensor{dst}))
+	require.NoError(t, fetch(t, tr, transport.ObjectID{1}, meta, []transport.Tensor{dst}))
 	assert.Equal(t, sb, got)
 }
 
@@ -101,13 +101,13 @@ func TestForgedSlotOutsideTheGuardMappingsIsRefused(t *testing.T) {
 		Guard: uint64(uintptr(unsafePointer(planted))), Token: 12345,
 		Regions: []region{{Addr: uint64(uintptr(unsafePointer(secret))), Size: 4096}}}
 	b := m.encode()
-	digest := metaDigest(core.ObjectID{3}, b)
+	digest := metaDigest(transport.ObjectID{3}, b)
 	binary.LittleEndian.PutUint64(planted, m.Token)
 	copy(planted[8:], digest[:])
 	got, dst := buffer(t, 4096)
-	err := fetch(t, tr, core.ObjectID{3}, b, []core.Tensor{dst})
+	err := fetch(t, tr, transport.ObjectID{3}, b, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "names no guard slot")
 	assert.True(t, allZero(got))
 }
@@ -115,8 +115,8 @@ func TestForgedSlotOutsideTheGuardMappingsIsRefused(t *testing.T) {
 func TestSlotHoldsTokenAndDigest(t *testing.T) {
 	tr := newTransport(t)
 	_, src := buffer(t, 64)
-	obj := core.ObjectID{6}
-	meta, err := tr.ExtractMetadata(obj, []core.Tensor{src})
+	obj := transport.ObjectID{6}
+	meta, err := tr.ExtractMetadata(obj, []transport.Tensor{src})
 	require.NoError(t, err)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
@@ -147,18 +147,18 @@ func TestPeerGoneClosesTheSourcesPidfd(t *testing.T) {
 	base := openFDs(t)
 	_, dst := buffer(t, 4096)
 	for _, s := range sources {
-		require.NoError(t, fetchFrom(t, tr, from(childObject, s.pid), s.meta, []core.Tensor{dst}))
+		require.NoError(t, fetchFrom(t, tr, from(childObject, s.pid), s.meta, []transport.Tensor{dst}))
 	}
 	assert.Equal(t, 3, tr.openSources())
 	assert.Equal(t, base+3, openFDs(t), "a pidfd per source")
 	for _, s := range sources {
-		tr.PeerGone(core.PeerInfo{Pid: s.pid})
+		tr.PeerGone(transport.PeerInfo{Pid: s.pid})
 	}
 	assert.Equal(t, 0, tr.openSources())
 	assert.Equal(t, base, openFDs(t), "every pidfd is closed")
 	// A source that is still there (another runtime of its process) is
 	// opened again on the next fetch.
-	require.NoError(t, fetchFrom(t, tr, from(childObject, sources[0].pid), sources[0].meta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, sources[0].pid), sources[0].meta, []transport.Tensor{dst}))
 	assert.Equal(t, 1, tr.openSources())
 }
 
@@ -169,10 +169,10 @@ func TestExitedSourcesAreDroppedWhenANewOneOpens(t *testing.T) {
 	first, firstMeta := startChild(t, 4096)
 	second, secondMeta := startChild(t, 4096)
 	_, dst := buffer(t, 4096)
-	require.NoError(t, fetchFrom(t, tr, from(childObject, first.Process.Pid), firstMeta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, first.Process.Pid), firstMeta, []transport.Tensor{dst}))
 	require.NoError(t, first.Process.Kill())
 	_, _ = first.Process.Wait()
-	require.NoError(t, fetchFrom(t, tr, from(childObject, second.Process.Pid), secondMeta, []core.Tensor{dst}))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, second.Process.Pid), secondMeta, []transport.Tensor{dst}))
 	assert.Equal(t, 1, tr.openSources())
 }
 
@@ -185,12 +185,12 @@ func TestPeerGoneDuringAReadLetsItFinish(t *testing.T) {
 	sb, src := buffer(t, n)
 	fill(sb, 9)
 	got, dst := buffer(t, n)
-	meta, err := tr.ExtractMetadata(core.ObjectID{8}, []core.Tensor{src})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{8}, []transport.Tensor{src})
 	require.NoError(t, err)
 	base := openFDs(t)
-	req, err := tr.Fetch(from(core.ObjectID{8}, os.Getpid()), []core.Tensor{dst}, meta, nil)
+	req, err := tr.Fetch(from(transport.ObjectID{8}, os.Getpid()), []transport.Tensor{dst}, meta, nil)
 	require.NoError(t, err)
-	tr.PeerGone(core.PeerInfo{Pid: os.Getpid()})
+	tr.PeerGone(transport.PeerInfo{Pid: os.Getpid()})
 	assert.Equal(t, 0, tr.openSources())
 	require.NoError(t, req.Wait())
 	req.Release()

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -44,7 +44,7 @@ const (
 )
 
 type cacheKey struct {
-	source core.RuntimeID
+	source transport.RuntimeID
 	handle cuda.IPCHandle
 }
 
@@ -172,7 +172,7 @@ func (c *handleCache) evictLocked() {
 // dropSource closes the entries of a source runtime that is gone (those in
 // use, once released). Another runtime of this process that still reads
 // from it opens them again.
-func (c *handleCache) dropSource(source core.RuntimeID) {
+func (c *handleCache) dropSource(source transport.RuntimeID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for el := c.lru.Front(); el != nil; {

@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -30,8 +30,8 @@ const Name = "cuda_ipc"
 const streamsPerDevice = 4
 
 // Factory makes the transport for a new runtime.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 var (
@@ -47,7 +47,7 @@ var (
 	cache     *handleCache
 )
 
-func sharedCache(log *core.Logger) *handleCache {
+func sharedCache(log *transport.Logger) *handleCache {
 	cacheOnce.Do(func() {
 		limit := defaultCacheLimit
 		if s := os.Getenv("RDT_CUDA_IPC_CACHE"); s != "" {
@@ -63,7 +63,7 @@ func sharedCache(log *core.Logger) *handleCache {
 
 // Transport is the cuda_ipc transport of one runtime.
 type Transport struct {
-	h     core.Host
+	h     transport.Host
 	pid   int
 	cache *handleCache
 
@@ -79,13 +79,13 @@ type streamSet struct {
 }
 
 // New makes the transport: ErrUnsupported without a CUDA driver or device.
-func New(h core.Host) (core.Transport, error) {
+func New(h transport.Host) (transport.Transport, error) {
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+		return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 	}
 	if n == 0 {
-		return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: the CUDA driver sees no device")
+		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the CUDA driver sees no device")
 	}
 	t := &Transport{h: h, pid: os.Getpid(), cache: sharedCache(h.Log()),
 		streams: map[int]*streamSet{}, events: map[int][]*cuda.Event{}}
@@ -93,16 +93,18 @@ func New(h core.Host) (core.Transport, error) {
 	return t, nil
 }
 
-func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCUDA} }
-func (t *Transport) OneSided() bool             { return true }
-func (t *Transport) CanAbort() bool             { return true }
+func (t *Transport) Name() string { return Name }
+func (t *Transport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCUDA}
+}
+func (t *Transport) OneSided() bool { return true }
+func (t *Transport) CanAbort() bool { return true }
 
 // CheckPeer refuses peers on other hosts: CUDA IPC handles only open on the
 // machine that made them.
-func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
 	if !local.SameHost(peer) {
-		return core.Errorf(core.ErrUnsupported, "cuda_ipc works only between processes on the same host; %q is on another host", peer.Name)
+		return transport.Errorf(transport.ErrUnsupported, "cuda_ipc works only between processes on the same host; %q is on another host", peer.Name)
 	}
 	return nil
 }
@@ -111,29 +113,29 @@ func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
 // no device for. The driver would only say CUDA_ERROR_INVALID_DEVICE from
 // whichever call met the ordinal first, which core reads as "unsupported"
 // and would try another transport.
-func checkDevice(what string, i int, d core.Device) error {
+func checkDevice(what string, i int, d transport.Device) error {
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return core.Wrap(cuda.CoreError(err), "cuda_ipc")
+		return transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 	}
 	if d.ID < 0 || int(d.ID) >= n {
 		vis := ""
 		if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
 			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", v)
 		}
-		return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: %s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
+		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
 	}
 	return nil
 }
 
 // ExtractMetadata exports an IPC handle of every allocation holding the
 // tensors and records where in it each tensor lies.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	m := metadata{Pid: uint32(t.pid), Token: procToken}
 	byBuffer := map[uint64]uint32{}
 	for i, x := range tensors {
-		if x.Device.Type != core.DeviceCUDA {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		if x.Device.Type != transport.DeviceCUDA {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc moves CUDA device memory; tensor %d is on %s", i, x.Device)
 		}
 		if x.Nbytes == 0 {
 			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
@@ -145,33 +147,33 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 		dev := int(x.Device.ID)
 		info, err := cuda.GetPointerInfo(dev, cuda.Ptr(x.Data))
 		if err != nil {
-			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
 		}
 		if info.Managed {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
 		}
 		if info.MemoryType != cuda.MemoryDevice {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
 		}
 		if info.Device != dev {
-			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
 		}
 		if !info.LegacyIPC {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
 		}
 		off := uint64(x.Data) - info.Base
 		if uint64(x.Data) < info.Base || off > info.Size || x.Nbytes > info.Size-off {
-			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
 		}
 		idx, ok := byBuffer[info.BufferID]
 		if !ok {
 			h, err := cuda.IPCGetMemHandle(dev, info.Base)
 			if err != nil {
-				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d", i)
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d", i)
 			}
 			u, err := cuda.DeviceUUID(dev)
 			if err != nil {
-				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 			}
 			idx = uint32(len(m.Allocs))
 			byBuffer[info.BufferID] = idx
@@ -182,15 +184,16 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 	return m.encode(), nil
 }
 
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
-	return core.Errorf(core.ErrInternal, "cuda_ipc is one-sided: send is never called on it")
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
+	return transport.Errorf(transport.ErrInternal, "cuda_ipc is one-sided: send is never called on it")
 }
 
 // GarbageCollect has nothing to undo: an exported handle holds no resource
 // in the source, and receivers' mappings are closed by their caches.
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
+}
 
 // Close frees the streams and events; the last transport of the process
 // also closes the cached mappings.
@@ -228,7 +231,7 @@ func (t *Transport) Close() error {
 
 // PeerGone closes the mappings opened from a runtime that is gone, without
 // waiting for the sweep to notice its process exited.
-func (t *Transport) PeerGone(peer core.PeerInfo) {
+func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	t.cache.dropSource(peer.RuntimeID)
 }
 
@@ -239,7 +242,7 @@ func (t *Transport) checkOpen() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return core.Errorf(core.ErrClosed, "cuda_ipc: the transport is closed")
+		return transport.Errorf(transport.ErrClosed, "cuda_ipc: the transport is closed")
 	}
 	return nil
 }
@@ -249,7 +252,7 @@ func (t *Transport) stream(dev int) (*cuda.Stream, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, core.Errorf(core.ErrClosed, "cuda_ipc: the transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "cuda_ipc: the transport is closed")
 	}
 	ss := t.streams[dev]
 	if ss == nil {
@@ -299,7 +302,7 @@ type devicePair struct{ dst, src int }
 
 // Fetch checks the metadata against the targets, maps the source
 // allocations (or finds them in the cache) and enqueues the copies.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	if err := t.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -308,14 +311,14 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		return nil, err
 	}
 	if len(m.Tensors) != len(targets) {
-		return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
 	}
 	for i, tr := range m.Tensors {
 		if tr.Nbytes != targets[i].Nbytes {
-			return nil, core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
 		}
-		if targets[i].Device.Type != core.DeviceCUDA && tr.Nbytes > 0 {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
 		}
 		if tr.Nbytes > 0 {
 			if err := checkDevice("target", i, targets[i].Device); err != nil {
@@ -347,10 +350,10 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		}
 		dev, found, err := cuda.DeviceByUUID(a.Device)
 		if err != nil {
-			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 		}
 		if !found {
-			return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
 		}
 		srcDev[i] = dev
 		if sameProcess {
@@ -358,14 +361,14 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			continue
 		}
 		if !processAlive(int(m.Pid)) {
-			return nil, core.Errorf(core.ErrPeerUnavailable, "cuda_ipc: source process %d is gone", m.Pid)
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone", m.Pid)
 		}
 		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
 		if err != nil {
 			if !processAlive(int(m.Pid)) {
-				return nil, core.Errorf(core.ErrPeerUnavailable, "cuda_ipc: source process %d is gone (%v)", m.Pid, err)
+				return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone (%v)", m.Pid, err)
 			}
-			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: opening the source's allocation on cuda:%d (%s)", dev, a.Device)
 		}
 		req.entries = append(req.entries, e)
 		srcBase[i] = e.ptr
@@ -382,10 +385,10 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 		if p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
 			if err != nil {
-				return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc")
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 			}
 			if !can {
-				return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+				return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
 					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
 			}
 		}
@@ -415,7 +418,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			if terr := checkTargets(targets, groupTargets[p]); terr != nil {
 				return nil, terr
 			}
-			return nil, core.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
 		}
 		req.events = append(req.events, ev)
 	}
@@ -428,27 +431,27 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 // described as CUDA), or memory of another device. It asks only after a
 // failure, so that fetches pay nothing for it; nil when the targets look
 // right.
-func checkTargets(targets []core.Tensor, idx []int) error {
+func checkTargets(targets []transport.Tensor, idx []int) error {
 	for _, i := range idx {
 		x := targets[i]
-		if x.Device.Type != core.DeviceCUDA || x.Nbytes == 0 {
+		if x.Device.Type != transport.DeviceCUDA || x.Nbytes == 0 {
 			continue
 		}
 		info, err := cuda.GetPointerInfo(int(x.Device.ID), cuda.Ptr(x.Data))
 		switch {
 		case err != nil:
-			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
 		case info.MemoryType != cuda.MemoryDevice:
-			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
 		case info.Device != int(x.Device.ID):
-			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
 		}
 	}
 	return nil
 }
 
-func describeTargets(targets []core.Tensor) string {
-	seen := map[core.Device]bool{}
+func describeTargets(targets []transport.Tensor) string {
+	seen := map[transport.Device]bool{}
 	s := ""
 	for _, x := range targets {
 		if seen[x.Device] {
@@ -459,7 +462,7 @@ func describeTargets(targets []core.Tensor) string {
 			s += ", "
 		}
 		s += x.Device.String()
-		if x.Device.Type == core.DeviceCUDA {
+		if x.Device.Type == transport.DeviceCUDA {
 			if u, err := cuda.DeviceUUID(int(x.Device.ID)); err == nil {
 				s += " (" + u.String() + ")"
 			}
@@ -471,7 +474,7 @@ func describeTargets(targets []core.Tensor) string {
 // Abort makes Wait return ErrAborted at once. Copies already enqueued on a
 // stream cannot be cancelled: Release waits for them, so nothing writes
 // into the targets once the engine has released the request.
-func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	if req, ok := r.(*request); ok {
 		req.abort()
 	}
@@ -479,24 +482,24 @@ func (t *Transport) Abort(x *core.Transfer, r core.Request) {
 
 // CopyLocal copies tensors within this process (a runtime fetching its own
 // CUDA object), synchronously.
-func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
+func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 	if len(dst) != len(src) {
-		return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: %d targets for %d tensors", len(dst), len(src))
+		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %d targets for %d tensors", len(dst), len(src))
 	}
 	req := &request{t: t, aborted: make(chan struct{})}
 	defer req.Release()
 	for i := range src {
 		if src[i].Nbytes != dst[i].Nbytes {
-			return core.Errorf(core.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
 		}
 		if src[i].Nbytes == 0 {
 			continue
 		}
 		for _, side := range []struct {
 			what string
-			x    core.Tensor
+			x    transport.Tensor
 		}{{"tensor", src[i]}, {"target", dst[i]}} {
-			if side.x.Device.Type == core.DeviceCUDA {
+			if side.x.Device.Type == transport.DeviceCUDA {
 				if err := checkDevice(side.what, i, side.x.Device); err != nil {
 					return err
 				}
@@ -506,9 +509,9 @@ func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
 		// memory on one side goes through cuMemcpyAsync's unified addressing.
 		dev, from := int(dst[i].Device.ID), int(src[i].Device.ID)
 		switch {
-		case dst[i].Device.Type != core.DeviceCUDA:
+		case dst[i].Device.Type != transport.DeviceCUDA:
 			dev, from = from, -1
-		case src[i].Device.Type != core.DeviceCUDA:
+		case src[i].Device.Type != transport.DeviceCUDA:
 			from = -1
 		case dev != from:
 			can, err := cuda.CanAccessPeer(dev, from)
@@ -536,7 +539,7 @@ func (t *Transport) CopyLocal(dst, src []core.Tensor) error {
 			if terr := checkTargets(dst, []int{i}); terr != nil {
 				return terr
 			}
-			return core.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
+			return transport.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
 		}
 		req.events = append(req.events, ev)
 	}
@@ -635,7 +638,7 @@ func waitEvents(evs []event, aborted <-chan struct{}) error {
 		}
 		select {
 		case <-aborted:
-			return core.Errorf(core.ErrAborted, "cuda_ipc: transfer aborted (the copy already enqueued finishes before the targets are released)")
+			return transport.Errorf(transport.ErrAborted, "cuda_ipc: transfer aborted (the copy already enqueued finishes before the targets are released)")
 		default:
 		}
 		if i < 64 {

@@ -16,25 +16,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
 type testHost struct{}
 
-func (testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
-func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
-func (testHost) Context() context.Context { return context.Background() }
-func (testHost) AuthToken() string        { return "" }
-func (testHost) RuntimeSecret() string    { return "test-secret" }
-func (testHost) BindHost() string         { return "127.0.0.1" }
-func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
-func (testHost) SocketDir() string        { return os.TempDir() }
+func (testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
+func (testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
+func (testHost) Context() context.Context     { return context.Background() }
+func (testHost) AuthToken() string            { return "" }
+func (testHost) RuntimeSecret() string        { return "test-secret" }
+func (testHost) BindHost() string             { return "127.0.0.1" }
+func (testHost) AdvertiseHost() string        { return "127.0.0.1" }
+func (testHost) SocketDir() string            { return os.TempDir() }
 
-// PeerTimeout implements core.Host.
-func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+// PeerTimeout implements transport.Host.
+func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
 
-func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
-	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
 }
 
 // cudaMissing reports why this machine has no CUDA ("" when it has).
@@ -55,12 +56,12 @@ func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
 	}
 	_, err := New(testHost{})
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "cuda_ipc")
 	assert.Contains(t, err.Error(), cuda.Library())
 
 	// A runtime with the factory starts, without the transport.
-	rt, err := core.NewRuntime(core.Options{Name: "nocuda", Builtins: []core.TransportFactory{Factory()}})
+	rt, err := core.NewRuntime(core.Options{Name: "nocuda", Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err)
 	defer rt.Destroy()
 	assert.NotContains(t, rt.Registry().Names(), Name)
@@ -115,12 +116,12 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, err := decodeMetadata(b)
 			require.Error(t, err)
-			assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+			assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 		})
 	}
 	v := mutate(func(b []byte) []byte { b[4] = 9; return b })
 	_, err := decodeMetadata(v)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
@@ -128,7 +129,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
-			if st := core.StatusOf(err); st != core.ErrCorrupt && st != core.ErrUnsupported {
+			if st := transport.StatusOf(err); st != transport.ErrCorrupt && st != transport.ErrUnsupported {
 				t.Fatalf("status %v for %v", st, err)
 			}
 			return
@@ -268,7 +269,7 @@ func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
 	c.release(again)
 }
 
-var _ core.PeerWatcher = (*Transport)(nil)
+var _ transport.PeerWatcher = (*Transport)(nil)
 
 // A source runtime reported gone loses its mappings at once (one in use
 // once released); other sources keep theirs.
@@ -353,7 +354,7 @@ func TestAbortEndsTheWaitPromptly(t *testing.T) {
 	go func() { time.Sleep(20 * time.Millisecond); close(aborted) }()
 	start := time.Now()
 	err := waitEvents([]event{never}, aborted)
-	assert.Equal(t, core.ErrAborted, core.StatusOf(err))
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 	assert.Less(t, time.Since(start), time.Second)
 }
 
@@ -361,7 +362,7 @@ func TestEventErrorsNameTheCall(t *testing.T) {
 	bad := &fakeEvent{err: &cuda.Error{Op: "cuEventQuery", Code: 700}}
 	err := waitEvents([]event{bad}, nil)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrTransport, core.StatusOf(err))
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS")
 	var ce *cuda.Error
 	assert.False(t, errors.As(err, &ce), "converted to a core error")
@@ -369,9 +370,9 @@ func TestEventErrorsNameTheCall(t *testing.T) {
 
 func TestCheckPeerRefusesOtherHosts(t *testing.T) {
 	tr := &Transport{}
-	require.NoError(t, tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "a"}))
-	err := tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b", Name: "far"})
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	require.NoError(t, tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "a"}))
+	err := tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b", Name: "far"})
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "same host")
 }
 

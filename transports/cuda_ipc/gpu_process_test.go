@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -47,7 +48,7 @@ var layout = []struct {
 
 var allocSizes = []uint64{3 << 20, 64 << 10}
 
-func devTensor(dev int, p cuda.Ptr, n uint64) core.Tensor {
+func devTensor(dev int, p cuda.Ptr, n uint64) transport.Tensor {
 	x := deviceTensor(p, int(n))
 	x.Device.ID = int32(dev)
 	return x
@@ -81,7 +82,7 @@ func serveMain() {
 		}
 	}
 	printMeta := func() {
-		ts := make([]core.Tensor, len(layout))
+		ts := make([]transport.Tensor, len(layout))
 		for i, l := range layout {
 			if l.alloc < 0 {
 				ts[i] = devTensor(0, 0, 0)
@@ -89,7 +90,7 @@ func serveMain() {
 				ts[i] = devTensor(0, ptrs[l.alloc]+l.off, l.n)
 			}
 		}
-		meta, err := tr.ExtractMetadata(core.ObjectID{}, ts)
+		meta, err := tr.ExtractMetadata(transport.ObjectID{}, ts)
 		if err != nil {
 			fail(err)
 		}
@@ -177,8 +178,8 @@ func (s *sourceProc) kill(t *testing.T, reap bool) {
 }
 
 // layoutTargets allocates a target on dev for every tensor of the layout.
-func layoutTargets(t *testing.T, dev int) ([]core.Tensor, []cuda.Ptr) {
-	ts := make([]core.Tensor, len(layout))
+func layoutTargets(t *testing.T, dev int) ([]transport.Tensor, []cuda.Ptr) {
+	ts := make([]transport.Tensor, len(layout))
 	ps := make([]cuda.Ptr, len(layout))
 	for i, l := range layout {
 		if l.n == 0 {
@@ -213,8 +214,8 @@ func checkLayout(t *testing.T, ps []cuda.Ptr, dev int, bump byte) {
 	}
 }
 
-func transfer(source byte) *core.Transfer {
-	x := &core.Transfer{Transport: Name}
+func transfer(source byte) *transport.Transfer {
+	x := &transport.Transfer{Transport: Name}
 	x.Source.RuntimeID[0] = source
 	return x
 }
@@ -374,7 +375,7 @@ func TestGPUSourceExitClosesItsMappings(t *testing.T) {
 				assert.Equal(t, 0, n, "mappings of the dead source")
 			}
 			err := fetchWith(tr, x, src.meta, targets)
-			assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+			assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 		})
 	}
 }
@@ -400,7 +401,7 @@ func TestGPUAbortWhileCopying(t *testing.T) {
 	}
 	tr.Abort(x, req)
 	err = req.Wait()
-	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 	if testDouble() {
 		assert.False(t, req.(*request).Completed(), "Wait returned without waiting for the copies")
 	}
@@ -418,7 +419,7 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 		return
 	}
 	opts := func(name string) core.Options {
-		return core.Options{Name: name, LogLevel: core.LogOff, Builtins: []core.TransportFactory{Factory()}}
+		return core.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
 	}
 	a, err := core.NewRuntime(opts("a"))
 	require.NoError(t, err)
@@ -428,7 +429,7 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 	defer b.Destroy()
 	const n = 1 << 20
 	p := deviceBuffer(t, n, 21)
-	ref, err := a.Put([]core.Tensor{deviceTensor(p, n)}, Name, nil)
+	ref, err := a.Put([]transport.Tensor{deviceTensor(p, n)}, Name, nil)
 	require.NoError(t, err)
 	wire, err := ref.Serialize()
 	require.NoError(t, err)
@@ -438,13 +439,13 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 	dst := deviceBuffer(t, n, 0)
 
 	start := time.Now()
-	err = b.Get([]*core.Ref{borrowed}, []core.Tensor{deviceTensor(dst, n)}, core.FetchOptions{}, 50*time.Millisecond)
+	err = b.Get([]*core.Ref{borrowed}, []transport.Tensor{deviceTensor(dst, n)}, core.FetchOptions{}, 50*time.Millisecond)
 	took := time.Since(start)
 	if err == nil {
 		require.False(t, testDouble(), "the copy is delayed: it cannot be done within the deadline")
 		t.Skip("the copy ended within the deadline")
 	}
-	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	if testDouble() {
 		assert.GreaterOrEqual(t, took, 250*time.Millisecond, "Get returned while the copy still ran")
 	}
@@ -482,7 +483,7 @@ func TestGPUSourceKilledWhileCopying(t *testing.T) {
 	if err == nil {
 		checkLayout(t, ps, 0, 0)
 	} else {
-		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	}
 	if n := mappedFrom(t, src.pid); n >= 0 {
 		assert.Equal(t, 0, n, "mappings of the dead source after the release")
@@ -519,8 +520,8 @@ func TestGPUTensorOnAnotherDeviceThanItSays(t *testing.T) {
 	requireDevices(t, 2)
 	tr := gpuTransport(t)
 	p := deviceBuffer(t, 4096, 1) // on cuda:0
-	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{devTensor(1, p, 4096)})
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	_, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{devTensor(1, p, 4096)})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.ErrorContains(t, err, "described as cuda:1 but its memory is on cuda:0")
 }
 
@@ -546,7 +547,7 @@ func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 		require.NoError(t, err)
 		checkLayout(t, ps, 0, 0)
 	} else {
-		assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 		assert.ErrorContains(t, err, "cuda:1")
 		assert.ErrorContains(t, err, "cuda:0")
 	}
@@ -565,7 +566,7 @@ func TestGPUSourceDeviceNotVisible(t *testing.T) {
 	tr := gpuTransport(t)
 	targets, _ := layoutTargets(t, 0)
 	err := fetchWith(tr, transfer(17), src.meta, targets)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.ErrorContains(t, err, "is not visible in this process")
 }
 
@@ -576,7 +577,7 @@ func TestGPUTargetIsNotWhatItSays(t *testing.T) {
 	requireGPU(t)
 	tr := gpuTransport(t)
 	p := deviceBuffer(t, 4096, 1)
-	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(p, 4096)})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(p, 4096)})
 	require.NoError(t, err)
 	check := func(err error, want string) {
 		t.Helper()
@@ -584,15 +585,15 @@ func TestGPUTargetIsNotWhatItSays(t *testing.T) {
 			require.False(t, testDouble(), "the copy was refused by the test double")
 			return
 		}
-		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 		assert.ErrorContains(t, err, want)
 	}
 	host := deviceTensor(hostAddr(hostBuffer(t, 4096)), 4096)
-	check(fetchWith(tr, transfer(0), meta, []core.Tensor{host}), "target 0 at")
-	check(tr.CopyLocal([]core.Tensor{host}, []core.Tensor{deviceTensor(p, 4096)}), "is not CUDA memory this process knows")
+	check(fetchWith(tr, transfer(0), meta, []transport.Tensor{host}), "target 0 at")
+	check(tr.CopyLocal([]transport.Tensor{host}, []transport.Tensor{deviceTensor(p, 4096)}), "is not CUDA memory this process knows")
 	if n, _ := cuda.DeviceCount(); n > 1 {
 		q := deviceBuffer(t, 4096, 0) // on cuda:0
-		check(fetchWith(tr, transfer(0), meta, []core.Tensor{devTensor(1, q, 4096)}),
+		check(fetchWith(tr, transfer(0), meta, []transport.Tensor{devTensor(1, q, 4096)}),
 			"target 0 is described as cuda:1 but its memory is on cuda:0")
 	}
 }
@@ -626,6 +627,6 @@ func TestGPUFetchOnAClosedTransport(t *testing.T) {
 	require.NoError(t, tr.Close())
 	targets, _ := layoutTargets(t, 0)
 	_, err := tr.Fetch(transfer(19), targets, src.meta, nil)
-	assert.Equal(t, core.ErrClosed, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err), "%v", err)
 	assert.Empty(t, entriesOf(tr.cache, src.pid), "mappings opened for a closed transport")
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -67,12 +67,12 @@ func fill(b []byte, seed byte) {
 	}
 }
 
-func deviceTensor(p cuda.Ptr, n int) core.Tensor {
-	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCUDA, ID: 0}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+func deviceTensor(p cuda.Ptr, n int) transport.Tensor {
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCUDA, ID: 0}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	if err != nil {
 		panic(err)
 	}
-	return core.Tensor{TensorDesc: desc, Data: uintptr(p), Orig: uintptr(p)}
+	return transport.Tensor{TensorDesc: desc, Data: uintptr(p), Orig: uintptr(p)}
 }
 
 // deviceBuffer allocates n bytes on device 0 (with room before and after,
@@ -100,7 +100,7 @@ func gpuTransport(t testing.TB) *Transport {
 	return tr.(*Transport)
 }
 
-func fetchWith(tr *Transport, x *core.Transfer, meta []byte, targets []core.Tensor) error {
+func fetchWith(tr *Transport, x *transport.Transfer, meta []byte, targets []transport.Tensor) error {
 	req, err := tr.Fetch(x, targets, meta, nil)
 	if err != nil {
 		return err
@@ -115,7 +115,7 @@ func TestGPUSameProcess(t *testing.T) {
 	const n = 1 << 20
 	src := deviceBuffer(t, 2*n, 3)
 	// Two tensors in one allocation: one handle in the metadata.
-	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, n), deviceTensor(src+n, n)})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(src, n), deviceTensor(src+n, n)})
 	require.NoError(t, err)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
@@ -124,14 +124,14 @@ func TestGPUSameProcess(t *testing.T) {
 	assert.EqualValues(t, 4096+n, m.Tensors[1].Offset)
 
 	dst := deviceBuffer(t, 2*n, 0)
-	require.NoError(t, fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{deviceTensor(dst, n), deviceTensor(dst+n, n)}))
+	require.NoError(t, fetchWith(tr, &transport.Transfer{Transport: Name}, meta, []transport.Tensor{deviceTensor(dst, n), deviceTensor(dst+n, n)}))
 	want := hostBuffer(t, 2*n)
 	fill(want, 3)
 	assert.True(t, bytes.Equal(want, readBack(t, dst, 2*n)))
 
 	// Local copy (a runtime fetching its own object).
 	dst2 := deviceBuffer(t, n, 0)
-	require.NoError(t, tr.CopyLocal([]core.Tensor{deviceTensor(dst2, n)}, []core.Tensor{deviceTensor(src, n)}))
+	require.NoError(t, tr.CopyLocal([]transport.Tensor{deviceTensor(dst2, n)}, []transport.Tensor{deviceTensor(src, n)}))
 	assert.True(t, bytes.Equal(want[:n], readBack(t, dst2, n)))
 }
 
@@ -139,7 +139,7 @@ func TestGPUHostMemoryIsRefused(t *testing.T) {
 	requireGPU(t)
 	tr := gpuTransport(t)
 	h := hostBuffer(t, 4096)
-	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(hostAddr(h), 4096)})
+	_, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(hostAddr(h), 4096)})
 	require.Error(t, err)
 	t.Log(err)
 }
@@ -151,21 +151,21 @@ func TestGPUWrongDeviceOrdinal(t *testing.T) {
 	src := deviceBuffer(t, 4096, 1)
 	x := deviceTensor(src, 4096)
 	x.Device.ID = int32(n) // no such device
-	_, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{x})
+	_, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{x})
 	require.Error(t, err)
 	t.Log(err)
 	// Invalid, not unsupported: core would try another transport.
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	assert.ErrorContains(t, err, fmt.Sprintf("tensor 0 is on cuda:%d, but this process sees %d CUDA device(s)", n, n))
 
 	// A target on no device, in a fetch and in a local copy.
-	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, 4096)})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(src, 4096)})
 	require.NoError(t, err)
-	err = fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{x})
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	err = fetchWith(tr, &transport.Transfer{Transport: Name}, meta, []transport.Tensor{x})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.ErrorContains(t, err, fmt.Sprintf("target 0 is on cuda:%d", n))
-	err = tr.CopyLocal([]core.Tensor{x}, []core.Tensor{deviceTensor(src, 4096)})
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	err = tr.CopyLocal([]transport.Tensor{x}, []transport.Tensor{deviceTensor(src, 4096)})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.ErrorContains(t, err, fmt.Sprintf("target 0 is on cuda:%d", n))
 }
 
@@ -176,14 +176,14 @@ func TestGPUTwoDevices(t *testing.T) {
 	}
 	tr := gpuTransport(t)
 	src := deviceBuffer(t, 4096, 1)
-	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(src, 4096)})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(src, 4096)})
 	require.NoError(t, err)
 	p, err := cuda.Alloc(1, 4096)
 	require.NoError(t, err)
 	defer cuda.Free(1, p)
 	dst := deviceTensor(p, 4096)
 	dst.Device.ID = 1
-	err = fetchWith(tr, &core.Transfer{Transport: Name}, meta, []core.Tensor{dst})
+	err = fetchWith(tr, &transport.Transfer{Transport: Name}, meta, []transport.Tensor{dst})
 	if can, _ := cuda.CanAccessPeer(1, 0); can {
 		require.NoError(t, err)
 	} else {
@@ -211,7 +211,7 @@ func childMain(size string) {
 	if err != nil {
 		fail(err)
 	}
-	meta, err := tr.ExtractMetadata(core.ObjectID{}, []core.Tensor{deviceTensor(p, n)})
+	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(p, n)})
 	if err != nil {
 		fail(err)
 	}
@@ -243,26 +243,26 @@ func TestGPUAnotherProcess(t *testing.T) {
 	const n = 64 << 20
 	_, meta := startChild(t, n)
 	tr := gpuTransport(t)
-	x := &core.Transfer{Transport: Name}
+	x := &transport.Transfer{Transport: Name}
 	x.Source.RuntimeID[0] = 1
 	dst := deviceBuffer(t, n, 0)
-	require.NoError(t, fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst, n)}))
+	require.NoError(t, fetchWith(tr, x, meta, []transport.Tensor{deviceTensor(dst, n)}))
 	want := hostBuffer(t, n)
 	fill(want, 5)
 	assert.True(t, bytes.Equal(want, readBack(t, dst, n)))
 	assert.Equal(t, 1, tr.cache.len(), "the mapping stays cached")
 	// Again: from the cache.
 	dst2 := deviceBuffer(t, n, 0)
-	require.NoError(t, fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst2, n)}))
+	require.NoError(t, fetchWith(tr, x, meta, []transport.Tensor{deviceTensor(dst2, n)}))
 	assert.True(t, bytes.Equal(want, readBack(t, dst2, n)))
 
 	// Abort: Wait returns promptly; Release waits for the copy.
-	req, err := tr.Fetch(x, []core.Tensor{deviceTensor(dst, n)}, meta, nil)
+	req, err := tr.Fetch(x, []transport.Tensor{deviceTensor(dst, n)}, meta, nil)
 	require.NoError(t, err)
 	tr.Abort(x, req)
 	err = req.Wait()
 	if err != nil {
-		assert.Equal(t, core.ErrAborted, core.StatusOf(err))
+		assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 	}
 	req.Release()
 	assert.True(t, req.(*request).Completed())
@@ -274,9 +274,9 @@ func TestGPUKilledSourceIsPeerUnavailable(t *testing.T) {
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	tr := gpuTransport(t)
-	x := &core.Transfer{Transport: Name}
+	x := &transport.Transfer{Transport: Name}
 	x.Source.RuntimeID[0] = 2
 	dst := deviceBuffer(t, 4096, 0)
-	err := fetchWith(tr, x, meta, []core.Tensor{deviceTensor(dst, 4096)})
-	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	err := fetchWith(tr, x, meta, []transport.Tensor{deviceTensor(dst, 4096)})
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 }

@@ -3,7 +3,7 @@ package cudaipc
 import (
 	"encoding/binary"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -71,7 +71,7 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrCorrupt, "cuda_ipc: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "cuda_ipc: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < headerLen {
 		return nil, bad("too short")
@@ -80,12 +80,12 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if b[4] != metaVersion {
-		return nil, core.Errorf(core.ErrUnsupported, "cuda_ipc: metadata version %d, this build reads version %d", b[4], metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
 	m := &metadata{Pid: binary.LittleEndian.Uint32(b[5:]), Token: binary.LittleEndian.Uint64(b[9:])}
 	na := binary.LittleEndian.Uint32(b[17:])
 	nt := binary.LittleEndian.Uint32(b[21:])
-	if na > core.MaxTensors || nt > core.MaxTensors {
+	if na > transport.MaxTensors || nt > transport.MaxTensors {
 		return nil, bad("too many tensors")
 	}
 	if na > nt {

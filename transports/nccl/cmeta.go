@@ -3,7 +3,7 @@ package nccl
 import (
 	"encoding/binary"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // cmeta is the communicator metadata of one transfer, made by the
@@ -31,7 +31,7 @@ func (m *cmeta) encode() []byte {
 
 func decodeCMeta(b []byte) (*cmeta, error) {
 	bad := func(why string) (*cmeta, error) {
-		return nil, core.Errorf(core.ErrCorrupt, "nccl communicator metadata: %s", why)
+		return nil, transport.Errorf(transport.ErrCorrupt, "nccl communicator metadata: %s", why)
 	}
 	if len(b) < 2 {
 		return bad("truncated")
@@ -44,14 +44,14 @@ func decodeCMeta(b []byte) (*cmeta, error) {
 		return bad("wrong length")
 	}
 	m := &cmeta{Group: string(b[2 : 2+n])}
-	if err := core.CheckGroupName(m.Group); err != nil {
+	if err := transport.CheckGroupName(m.Group); err != nil {
 		return bad(err.Error())
 	}
 	b = b[2+n:]
 	m.Instance = binary.LittleEndian.Uint64(b)
 	src, dst := binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:])
 	m.Seq = binary.LittleEndian.Uint64(b[16:])
-	if src >= core.MaxGroupSize || dst >= core.MaxGroupSize || src == dst {
+	if src >= transport.MaxGroupSize || dst >= transport.MaxGroupSize || src == dst {
 		return bad("ranks out of range")
 	}
 	m.Src, m.Dst = int(src), int(dst)

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -78,8 +79,8 @@ func devRead(dev int, p cuda.Ptr, n int) ([]byte, error) {
 }
 
 func sockRuntime(name, dir string) (*core.Runtime, error) {
-	return core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff, Network: core.Sockets{}, SocketDir: dir,
-		Builtins: []core.TransportFactory{Factory()}})
+	return core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: core.Sockets{}, SocketDir: dir,
+		Builtins: []transport.TransportFactory{Factory()}})
 }
 
 func transportOf(rt *core.Runtime) *Transport {
@@ -139,7 +140,7 @@ func inFlight(rt *core.Runtime) int {
 func childMain(dir string) {
 	rt, err := sockRuntime("child", dir)
 	if err != nil {
-		fmt.Println("ERR", int(core.StatusOf(err)), err)
+		fmt.Println("ERR", int(transport.StatusOf(err)), err)
 		os.Exit(1)
 	}
 	fmt.Println("OK", rt.Address())
@@ -153,7 +154,7 @@ func childMain(dir string) {
 		}
 		out, err := childCommand(rt, f, &keep)
 		if err != nil {
-			fmt.Println("ERR", int(core.StatusOf(err)), strings.ReplaceAll(err.Error(), "\n", " "))
+			fmt.Println("ERR", int(transport.StatusOf(err)), strings.ReplaceAll(err.Error(), "\n", " "))
 		} else {
 			fmt.Println("OK", out)
 		}
@@ -176,7 +177,7 @@ func sizes(args []string) (ns []int, seeds []byte) {
 func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, error) {
 	switch f[0] {
 	case "group":
-		spec := core.GroupSpec{Name: f[1], WorldSize: atoi(f[2]), Rank: atoi(f[3]), Rank0: f[4], Device: atoi(f[5])}
+		spec := transport.GroupSpec{Name: f[1], WorldSize: atoi(f[2]), Rank: atoi(f[3]), Rank0: f[4], Device: atoi(f[5])}
 		return "", rt.CreateGroup(spec, time.Duration(atoi(f[6]))*time.Millisecond)
 	case "destroy":
 		return "", rt.DestroyGroup(f[1])
@@ -185,7 +186,7 @@ func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, erro
 	case "put":
 		dev := atoi(f[1])
 		ns, seeds := sizes(f[2:])
-		var ts []core.Tensor
+		var ts []transport.Tensor
 		for i, n := range ns {
 			p, err := devFill(dev, n, seeds[i])
 			if err != nil {
@@ -212,7 +213,7 @@ func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, erro
 		}
 		defer ref.Release()
 		ns, seeds := sizes(f[3:])
-		var ts []core.Tensor
+		var ts []transport.Tensor
 		var ps []cuda.Ptr
 		for _, n := range ns {
 			p, err := cuda.Alloc(dev, uint64(max(n, 1)))
@@ -299,7 +300,7 @@ func (c *child) answer() (string, error) {
 	}
 	if rest, ok := strings.CutPrefix(line, "ERR "); ok {
 		code, msg, _ := strings.Cut(rest, " ")
-		return "", core.Errorf(core.Status(atoi(code)), "child: %s", msg)
+		return "", transport.Errorf(transport.Status(atoi(code)), "child: %s", msg)
 	}
 	return line, nil
 }
@@ -326,13 +327,13 @@ func pairWithChild(t *testing.T, rt *core.Runtime, c *child, name string) {
 		_, err := c.do("group", name, 2, 1, rt.Address(), 1, 60000)
 		errc <- err
 	}()
-	require.NoError(t, rt.CreateGroup(core.GroupSpec{Name: name, WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, rt.CreateGroup(transport.GroupSpec{Name: name, WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, <-errc)
 }
 
 func putHere(t *testing.T, rt *core.Runtime, dev int, ns []int, seed byte) (*core.Ref, string) {
 	t.Helper()
-	var ts []core.Tensor
+	var ts []transport.Tensor
 	var args []string
 	for i, n := range ns {
 		p, err := devFill(dev, n, seed+byte(i))
@@ -357,7 +358,7 @@ func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, see
 	ref, err := rt.Deserialize(b)
 	require.NoError(t, err)
 	defer ref.Release()
-	var ts []core.Tensor
+	var ts []transport.Tensor
 	var ps []cuda.Ptr
 	for _, n := range ns {
 		p, err := cuda.Alloc(dev, uint64(max(n, 1)))
@@ -455,7 +456,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 		wires, sz = append(wires, out), append(sz, n)
 	}
 	var refs []*core.Ref
-	var targets []core.Tensor
+	var targets []transport.Tensor
 	var ptrs []cuda.Ptr
 	for i, w := range wires {
 		b, err := hex.DecodeString(w)
@@ -480,7 +481,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 	require.NoError(t, err)
 	err = getHere(t, other, 0, out, []int{5 << 20, 17}, 40, 10*time.Second)
 	other.Destroy()
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, fmt.Sprint(err), "not ranks of one nccl group")
 
 	// Destroyed on both ranks, formed again, and used again.
@@ -535,7 +536,7 @@ func TestGPUSourceDiesMidTransfer(t *testing.T) {
 		t.Fatal("the fetch from a dead source did not end")
 	}
 	require.Error(t, err)
-	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	require.True(t, waitFor(10*time.Second, func() bool { return groupState(rt, "pair") != "" }))
 	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
 }
@@ -571,19 +572,19 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	ref, wire := childObject(t, rt, c, ns, 3)
 	p, p2 := devBuffer(t, ns[0]), devBuffer(t, ns[0])
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
 	// A second transfer behind it, which the abort ends too: its NCCL work
 	// stops early, and that is not a success.
-	f2, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p2, ns[0])}, core.FetchOptions{})
+	f2, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p2, ns[0])}, core.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 1 }))
 	time.Sleep(100 * time.Millisecond)
 	f.Abort()
 	err = f.Wait(30 * time.Second)
 	f.Free()
-	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, groupState(rt, "pair"), `group "pair" was destroyed after`)
 	err = f2.Wait(30 * time.Second)
 	f2.Free()
@@ -626,10 +627,10 @@ func TestGPUSourceFailsBeforeSending(t *testing.T) {
 	// The source's error, or (when NCCL reports the source's abort first)
 	// the destination's group destroyed by it.
 	require.Error(t, err)
-	if core.StatusOf(err) == core.ErrInvalidArgument {
+	if transport.StatusOf(err) == transport.ErrInvalidArgument {
 		assert.Contains(t, err.Error(), "tensor 0 is on cuda:0, but this rank of group \"pair\" uses cuda:1")
 	} else {
-		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
 	}
 	s, err := c.do("state", "pair")
@@ -648,7 +649,7 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
 	destroyed := make(chan error, 1)
@@ -682,16 +683,16 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []core.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
 	destroyed := make(chan error, 1)
 	go func() { destroyed <- rt.DestroyGroup("pair") }()
-	assert.Equal(t, core.ErrTimeout, core.StatusOf(f.Wait(200*time.Millisecond)), "the fetch ended by itself")
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(200*time.Millisecond)), "the fetch ended by itself")
 	f.Abort()
 	ferr := f.Wait(30 * time.Second)
 	f.Free()
-	assert.Equal(t, core.ErrAborted, core.StatusOf(ferr), "%v", ferr)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(ferr), "%v", ferr)
 	select {
 	case err = <-destroyed:
 		require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -43,8 +44,8 @@ func requireNCCL(t *testing.T) {
 }
 
 func gpuRuntime(t *testing.T, name string, dir string) *core.Runtime {
-	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff, Network: core.Sockets{}, SocketDir: dir,
-		Builtins: []core.TransportFactory{Factory()}})
+	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: core.Sockets{}, SocketDir: dir,
+		Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
 	require.Contains(t, rt.Registry().Names(), Name)
@@ -56,27 +57,27 @@ func gpuRuntime(t *testing.T, name string, dir string) *core.Runtime {
 func TestGPUOneRankGroup(t *testing.T) {
 	requireNCCL(t)
 	rt := gpuRuntime(t, "solo", t.TempDir())
-	spec := core.GroupSpec{Name: "solo", WorldSize: 1, Rank: 0, Device: 0}
+	spec := transport.GroupSpec{Name: "solo", WorldSize: 1, Rank: 0, Device: 0}
 	require.NoError(t, rt.CreateGroup(spec, 60*time.Second))
 	assert.Equal(t, []string{"solo"}, rt.GroupNames())
 	err := rt.CreateGroup(spec, time.Second)
-	assert.Equal(t, core.ErrAlreadyExists, core.StatusOf(err))
+	assert.Equal(t, transport.ErrAlreadyExists, transport.StatusOf(err))
 	require.NoError(t, rt.DestroyGroup("solo"))
 	assert.Empty(t, rt.GroupNames())
 	require.NoError(t, rt.CreateGroup(spec, 60*time.Second), "re-created after destroy")
 
-	bad := core.GroupSpec{Name: "far", WorldSize: 1, Device: 4096}
+	bad := transport.GroupSpec{Name: "far", WorldSize: 1, Device: 4096}
 	err = rt.CreateGroup(bad, time.Second)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "device 4096 does not exist")
 }
 
-func devTensor(dev int, p cuda.Ptr, n int) core.Tensor {
-	d, err := core.NewTensorDesc(core.Device{Type: core.DeviceCUDA, ID: int32(dev)}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+func devTensor(dev int, p cuda.Ptr, n int) transport.Tensor {
+	d, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCUDA, ID: int32(dev)}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	if err != nil {
 		panic(err)
 	}
-	return core.Tensor{TensorDesc: d, Data: uintptr(p), Orig: uintptr(p)}
+	return transport.Tensor{TensorDesc: d, Data: uintptr(p), Orig: uintptr(p)}
 }
 
 func hostBuf(t *testing.T, n int) []byte {
@@ -97,9 +98,9 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
 	errs := make(chan error, 2)
 	go func() {
-		errs <- b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
+		errs <- b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
 	}()
-	require.NoError(t, a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, <-errs)
 
 	const n = 8 << 20
@@ -115,7 +116,7 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	}
 	require.NoError(t, cuda.Memcpy(0, src, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), n))
 
-	ref, err := a.Put([]core.Tensor{devTensor(0, src, n)}, Name, nil)
+	ref, err := a.Put([]transport.Tensor{devTensor(0, src, n)}, Name, nil)
 	require.NoError(t, err)
 	defer ref.Release()
 	wire, err := ref.Serialize()
@@ -123,19 +124,19 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	bref, err := b.Deserialize(wire)
 	require.NoError(t, err)
 	defer bref.Release()
-	require.NoError(t, b.Get([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, time.Minute))
+	require.NoError(t, b.Get([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, time.Minute))
 	got := hostBuf(t, n)
 	require.NoError(t, cuda.Memcpy(1, cuda.Ptr(uintptr(unsafe.Pointer(&got[0]))), dst, n))
 	assert.Equal(t, h, got)
 
 	// Abort a transfer that cannot complete: the destination's group is
 	// destroyed, and the next transfer says why.
-	f, err := b.StartFetch([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{})
+	f, err := b.StartFetch([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{})
 	require.NoError(t, err)
 	f.Abort()
 	f.Wait(-1)
 	f.Free()
-	err = b.Get([]*core.Ref{bref}, []core.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, 10*time.Second)
+	err = b.Get([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, 10*time.Second)
 	if err != nil {
 		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
 	}
@@ -152,32 +153,32 @@ func TestGPUGroupTimeouts(t *testing.T) {
 	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
 
 	start := time.Now()
-	err := a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, 300*time.Millisecond)
-	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	err := a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, 300*time.Millisecond)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, fmt.Sprint(err), "ranks [1] of 2 did not join rank 0 in time")
 	assert.Less(t, time.Since(start), 10*time.Second)
 	assert.Empty(t, a.GroupNames())
 
-	err = b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, 300*time.Millisecond)
-	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	err = b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, 300*time.Millisecond)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, fmt.Sprint(err), "did not accept rank 1 in time")
 	assert.Empty(t, b.GroupNames())
 
 	// The name is free again after a timeout.
-	require.NoError(t, a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 1, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 1, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, a.DestroyGroup("pair"))
 
 	// ncclCommInitRank of rank 0 waits for a rank 1 that is late.
 	tr := transportOf(a)
-	spec := core.GroupSpec{Name: "late", WorldSize: 2, Rank: 0, Device: 0, Backend: Name}
+	spec := transport.GroupSpec{Name: "late", WorldSize: 2, Rank: 0, Device: 0, Backend: Name}
 	boot, err := tr.NewGroupBootstrap(spec)
 	require.NoError(t, err)
-	roster := &core.GroupRoster{Name: "late", Backend: Name, Instance: 7, Bootstrap: boot,
-		Members: []core.GroupMember{{Runtime: core.RuntimeID{1}}, {Runtime: core.RuntimeID{2}}}}
+	roster := &transport.GroupRoster{Name: "late", Backend: Name, Instance: 7, Bootstrap: boot,
+		Members: []transport.GroupMember{{Runtime: transport.RuntimeID{1}}, {Runtime: transport.RuntimeID{2}}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err = tr.InitGroup(ctx, roster, spec)
-	assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, fmt.Sprint(err), "ncclCommInitRank did not complete in time")
 	assert.Equal(t, "none", groupState(a, "late"))
 	if n, _ := cuda.DeviceCount(); n >= 2 {
@@ -209,7 +210,7 @@ func TestGPUGroupTimeouts(t *testing.T) {
 			mute = append(mute, c)
 		}
 		err = <-errc
-		assert.Equal(t, core.ErrTimeout, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, fmt.Sprint(err), "NCCL did not connect the 2 ranks in time")
 		assert.Equal(t, "none", groupState(a, "mute"))
 		for _, c := range mute {
@@ -226,10 +227,10 @@ func TestGPUTwoRanksOnOneDevice(t *testing.T) {
 	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
 	errs := make(chan error, 1)
 	go func() {
-		errs <- b.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, time.Minute)
+		errs <- b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 0}, time.Minute)
 	}()
-	for _, err := range []error{a.CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute), <-errs} {
-		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	for _, err := range []error{a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute), <-errs} {
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, fmt.Sprint(err), "Duplicate GPU")
 	}
 	assert.Empty(t, a.GroupNames())
@@ -248,9 +249,9 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 	rts := []*core.Runtime{gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)}
 	errs := make(chan error, 1)
 	go func() {
-		errs <- rts[1].CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: rts[0].Address(), Device: 1}, time.Minute)
+		errs <- rts[1].CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: rts[0].Address(), Device: 1}, time.Minute)
 	}()
-	require.NoError(t, rts[0].CreateGroup(core.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, rts[0].CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, <-errs)
 	for _, n := range []int{1000, 4 << 20} {
 		wires := make([][]byte, 2)
@@ -258,7 +259,7 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 			p, err := devFill(r, n, byte(r+1))
 			require.NoError(t, err)
 			defer cuda.Free(r, p)
-			ref, err := rt.Put([]core.Tensor{devTensor(r, p, n)}, Name, nil)
+			ref, err := rt.Put([]transport.Tensor{devTensor(r, p, n)}, Name, nil)
 			require.NoError(t, err)
 			defer ref.Release()
 			wires[r], err = ref.Serialize()
@@ -281,7 +282,7 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 						return
 					}
 					defer ref.Release()
-					res <- rts[dst].Get([]*core.Ref{ref}, []core.Tensor{devTensor(dst, targets[dst], n)}, core.FetchOptions{}, 30*time.Second)
+					res <- rts[dst].Get([]*core.Ref{ref}, []transport.Tensor{devTensor(dst, targets[dst], n)}, core.FetchOptions{}, 30*time.Second)
 				}()
 			}
 			require.NoError(t, <-res, "%d bytes, round %d", n, round)
@@ -313,7 +314,7 @@ func TestGPUThreeRanks(t *testing.T) {
 		p, err := devFill(r, n, byte(r*50))
 		require.NoError(t, err)
 		defer cuda.Free(r, p)
-		ref, err := rt.Put([]core.Tensor{devTensor(r, p, n)}, Name, nil)
+		ref, err := rt.Put([]transport.Tensor{devTensor(r, p, n)}, Name, nil)
 		require.NoError(t, err)
 		defer ref.Release()
 		wires[r], err = ref.Serialize()
@@ -323,10 +324,10 @@ func TestGPUThreeRanks(t *testing.T) {
 		errs := make(chan error, 2)
 		for r := 1; r < 3; r++ {
 			go func() {
-				errs <- rts[r].CreateGroup(core.GroupSpec{Name: "trio", WorldSize: 3, Rank: r, Rank0: rts[0].Address(), Device: r}, time.Minute)
+				errs <- rts[r].CreateGroup(transport.GroupSpec{Name: "trio", WorldSize: 3, Rank: r, Rank0: rts[0].Address(), Device: r}, time.Minute)
 			}()
 		}
-		require.NoError(t, rts[0].CreateGroup(core.GroupSpec{Name: "trio", WorldSize: 3, Rank: 0, Device: 0}, time.Minute))
+		require.NoError(t, rts[0].CreateGroup(transport.GroupSpec{Name: "trio", WorldSize: 3, Rank: 0, Device: 0}, time.Minute))
 		require.NoError(t, <-errs)
 		require.NoError(t, <-errs)
 		allToAll(t, rts, wires)
@@ -359,7 +360,7 @@ func allToAll(t *testing.T, rts []*core.Runtime, wires [][]byte) {
 							return err
 						}
 						defer cuda.Free(dst, p)
-						if err := rts[dst].Get([]*core.Ref{ref}, []core.Tensor{devTensor(dst, p, n)}, core.FetchOptions{}, 20*time.Second); err != nil {
+						if err := rts[dst].Get([]*core.Ref{ref}, []transport.Tensor{devTensor(dst, p, n)}, core.FetchOptions{}, 20*time.Second); err != nil {
 							return err
 						}
 						got, err := devRead(dst, p, n)

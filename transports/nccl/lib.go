@@ -14,7 +14,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -81,22 +81,22 @@ func (e *Error) Error() string {
 }
 
 // Status maps the error to an rdt status.
-func (e *Error) Status() core.Status {
+func (e *Error) Status() transport.Status {
 	switch e.Code {
 	case InvalidArgument, InvalidUsage:
-		return core.ErrInvalidArgument
+		return transport.ErrInvalidArgument
 	case RemoteError:
-		return core.ErrPeerUnavailable
+		return transport.ErrPeerUnavailable
 	case Timeout:
-		return core.ErrTimeout
+		return transport.ErrTimeout
 	}
-	return core.ErrTransport
+	return transport.ErrTransport
 }
 
 // coreError turns an NCCL or CUDA error into a core error with its status.
 func coreError(err error) error {
 	if e, ok := err.(*Error); ok {
-		return core.Errorf(e.Status(), "%s", e.Error())
+		return transport.Errorf(e.Status(), "%s", e.Error())
 	}
 	return cuda.CoreError(err)
 }
@@ -131,7 +131,7 @@ var (
 
 // Load opens the NCCL library once per process; later calls return the
 // first result. A missing library, or one without the needed symbols, is a
-// core.ErrUnsupported error that names the library (and the symbol).
+// transport.ErrUnsupported error that names the library (and the symbol).
 func Load() error {
 	loadMu.Lock()
 	defer loadMu.Unlock()
@@ -147,11 +147,11 @@ func load(path string) error {
 	defer C.free(unsafe.Pointer(cpath))
 	var buf [512]C.char
 	if C.rdt_nccl_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
-		return core.Errorf(core.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %s", path, C.GoString(&buf[0]))
+		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %s", path, C.GoString(&buf[0]))
 	}
 	var v C.int
 	if err := check("ncclGetVersion", C.rdt_nccl_version(&v), nil); err != nil {
-		return core.Errorf(core.ErrUnsupported, "NCCL library %s: %v", path, err)
+		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s: %v", path, err)
 	}
 	version = int(v)
 	return nil

@@ -28,7 +28,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -36,8 +36,8 @@ import (
 const Name = "nccl"
 
 // Factory makes the transport for a new runtime.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 // Available reports why the transport cannot work here ("" if it can).
@@ -47,17 +47,17 @@ func Available() error {
 	}
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return core.Wrap(cuda.CoreError(err), "NCCL %s is installed, but CUDA is not usable", VersionString())
+		return transport.Wrap(cuda.CoreError(err), "NCCL %s is installed, but CUDA is not usable", VersionString())
 	}
 	if n == 0 {
-		return core.Errorf(core.ErrUnsupported, "NCCL %s is installed, but the CUDA driver sees no device", VersionString())
+		return transport.Errorf(transport.ErrUnsupported, "NCCL %s is installed, but the CUDA driver sees no device", VersionString())
 	}
 	return nil
 }
 
 // Transport is the nccl transport of one runtime.
 type Transport struct {
-	h core.Host
+	h transport.Host
 
 	mu      sync.Mutex
 	groups  map[string]*group
@@ -67,30 +67,32 @@ type Transport struct {
 }
 
 // New makes the transport: ErrUnsupported without NCCL, CUDA or a device.
-func New(h core.Host) (core.Transport, error) {
+func New(h transport.Host) (transport.Transport, error) {
 	if err := Available(); err != nil {
-		return nil, core.Wrap(err, "nccl")
+		return nil, transport.Wrap(err, "nccl")
 	}
 	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{}}, nil
 }
 
-func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return []core.DeviceType{core.DeviceCUDA} }
-func (t *Transport) OneSided() bool             { return false }
-func (t *Transport) CanAbort() bool             { return true }
+func (t *Transport) Name() string { return Name }
+func (t *Transport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCUDA}
+}
+func (t *Transport) OneSided() bool { return false }
+func (t *Transport) CanAbort() bool { return true }
 
 // ExtractMetadata checks that the tensors are device memory; NCCL needs
 // nothing from the source beforehand.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for i, x := range tensors {
-		if x.Device.Type != core.DeviceCUDA {
-			return nil, core.Errorf(core.ErrUnsupported, "nccl moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		if x.Device.Type != transport.DeviceCUDA {
+			return nil, transport.Errorf(transport.ErrUnsupported, "nccl moves CUDA device memory; tensor %d is on %s", i, x.Device)
 		}
 	}
 	return nil, nil
 }
 
-func (t *Transport) GarbageCollect(core.ObjectID, []core.Tensor, []byte) {}
+func (t *Transport) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
 
 // lane is one of a group's two communicators, with its stream. NCCL runs
 // the operations of a communicator one after another, and a receive holds
@@ -112,7 +114,7 @@ const numLanes = 2
 // group is this rank's part of one group.
 type group struct {
 	t      *Transport
-	roster *core.GroupRoster
+	roster *transport.GroupRoster
 	name   string
 	rank   int
 	dev    int
@@ -138,9 +140,9 @@ func (g *group) laneOf(src, dst int) *lane {
 	return g.lanes[1]
 }
 
-// NewGroupBootstrap implements core.GroupBackend on rank 0: an
+// NewGroupBootstrap implements transport.GroupBackend on rank 0: an
 // ncclGetUniqueId for each lane.
-func (t *Transport) NewGroupBootstrap(spec core.GroupSpec) ([]byte, error) {
+func (t *Transport) NewGroupBootstrap(spec transport.GroupSpec) ([]byte, error) {
 	if err := checkDevice(spec.Device); err != nil {
 		return nil, err
 	}
@@ -161,18 +163,18 @@ func checkDevice(dev int) error {
 		return cuda.CoreError(err)
 	}
 	if dev >= n {
-		return core.Errorf(core.ErrInvalidArgument, "nccl: device %d does not exist (this process sees %d CUDA devices)", dev, n)
+		return transport.Errorf(transport.ErrInvalidArgument, "nccl: device %d does not exist (this process sees %d CUDA devices)", dev, n)
 	}
 	return nil
 }
 
-// InitGroup implements core.GroupBackend: ncclCommInitRank of each lane on
+// InitGroup implements transport.GroupBackend: ncclCommInitRank of each lane on
 // the rank's device, then the connection of every pair of ranks, bounded by
 // ctx. If ctx ends during ncclCommInitRank, the communicators NCCL may
 // still form are destroyed when they do.
-func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec core.GroupSpec) error {
+func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spec transport.GroupSpec) error {
 	if len(r.Bootstrap) != numLanes*UniqueIDSize {
-		return core.Errorf(core.ErrCorrupt, "nccl: rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
+		return transport.Errorf(transport.ErrCorrupt, "nccl: rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
 	}
 	if err := checkDevice(spec.Device); err != nil {
 		return err
@@ -207,7 +209,7 @@ func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec cor
 				c.Destroy()
 			}
 		}()
-		return core.Errorf(core.ErrTimeout, "ncclCommInitRank did not complete in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
+		return transport.Errorf(transport.ErrTimeout, "ncclCommInitRank did not complete in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
 	}
 	g := &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device,
 		deadCh: make(chan struct{}), changed: make(chan struct{}),
@@ -238,14 +240,14 @@ func (t *Transport) InitGroup(ctx context.Context, r *core.GroupRoster, spec cor
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		g.destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
-		return core.Errorf(core.ErrClosed, "the runtime was destroyed")
+		g.destroy(transport.Errorf(transport.ErrClosed, "the runtime was destroyed"), false)
+		return transport.Errorf(transport.ErrClosed, "the runtime was destroyed")
 	}
 	old := t.groups[r.Name]
 	t.groups[r.Name] = g
 	t.mu.Unlock()
 	if old != nil { // a group destroyed after a failure, replaced
-		old.destroy(core.Errorf(core.ErrClosed, "it was replaced"), false)
+		old.destroy(transport.Errorf(transport.ErrClosed, "it was replaced"), false)
 	}
 	t.h.Log().Debugf("nccl: group %q: rank %d of %d on cuda:%d (NCCL %s)", r.Name, spec.Rank, r.WorldSize(), spec.Device, VersionString())
 	return nil
@@ -314,7 +316,7 @@ func (g *group) connect(ctx context.Context) error {
 // to release an enqueue that outlives ctx).
 func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintptr, ev *cuda.Event, abort func()) error {
 	n := g.roster.WorldSize()
-	timeout := core.Errorf(core.ErrTimeout, "NCCL did not connect the %d ranks in time (every rank joined the group; is a rank's process gone?)", n)
+	timeout := transport.Errorf(transport.ErrTimeout, "NCCL did not connect the %d ranks in time (every rank joined the group; is a rank's process gone?)", n)
 	enq := make(chan error, 1)
 	go func() {
 		err := l.comm.Connect(g.rank, n, up, scratch, l.stream)
@@ -354,7 +356,7 @@ func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintp
 	}
 }
 
-// DestroyGroup implements core.GroupBackend: ncclCommDestroy (or nothing
+// DestroyGroup implements transport.GroupBackend: ncclCommDestroy (or nothing
 // more if a failure already aborted it).
 func (t *Transport) DestroyGroup(name string) error {
 	t.mu.Lock()
@@ -362,9 +364,9 @@ func (t *Transport) DestroyGroup(name string) error {
 	delete(t.groups, name)
 	t.mu.Unlock()
 	if g == nil {
-		return core.Errorf(core.ErrNotFound, "nccl has no communicator for group %q", name)
+		return transport.Errorf(transport.ErrNotFound, "nccl has no communicator for group %q", name)
 	}
-	return g.destroy(core.Errorf(core.ErrClosed, "rdt_group_destroy was called"), false)
+	return g.destroy(transport.Errorf(transport.ErrClosed, "rdt_group_destroy was called"), false)
 }
 
 // destroy ends the group: with abort (ncclCommAbort, after a failure) or
@@ -376,9 +378,9 @@ func (g *group) destroy(cause error, abort bool) error {
 	g.mu.Lock()
 	first := g.dead == nil
 	if first {
-		g.dead = core.Errorf(core.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
-		if core.StatusOf(cause) == core.ErrClosed {
-			g.dead = core.Errorf(core.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
+		g.dead = transport.Errorf(transport.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
+		if transport.StatusOf(cause) == transport.ErrClosed {
+			g.dead = transport.Errorf(transport.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
 		}
 		close(g.deadCh)
 	}
@@ -453,7 +455,7 @@ func (g *group) deadErr() error {
 
 // groupWith finds this runtime's group that also holds peer, with both
 // ranks. Live groups first, then by name.
-func (t *Transport) groupWith(peer core.RuntimeID) (*group, int, error) {
+func (t *Transport) groupWith(peer transport.RuntimeID) (*group, int, error) {
 	t.mu.Lock()
 	var live, dead []*group
 	for _, g := range t.groups {
@@ -476,7 +478,7 @@ func (t *Transport) groupWith(peer core.RuntimeID) (*group, int, error) {
 	if len(dead) > 0 {
 		return nil, 0, dead[0].deadErr()
 	}
-	return nil, 0, core.Errorf(core.ErrUnsupported, "nccl: this runtime and the source runtime are not ranks of one nccl group; create one on both with rdt_group_create (Python: create_collective_group), or fetch with another transport (cuda_ipc on the same host, nixl, or tcp for host memory)")
+	return nil, 0, transport.Errorf(transport.ErrUnsupported, "nccl: this runtime and the source runtime are not ranks of one nccl group; create one on both with rdt_group_create (Python: create_collective_group), or fetch with another transport (cuda_ipc on the same host, nixl, or tcp for host memory)")
 }
 
 func (t *Transport) lookup(m *cmeta) (*group, error) {
@@ -484,13 +486,13 @@ func (t *Transport) lookup(m *cmeta) (*group, error) {
 	g := t.groups[m.Group]
 	t.mu.Unlock()
 	if g == nil {
-		return nil, core.Errorf(core.ErrNotFound, "nccl: no group %q in this runtime (destroyed?)", m.Group)
+		return nil, transport.Errorf(transport.ErrNotFound, "nccl: no group %q in this runtime (destroyed?)", m.Group)
 	}
 	if g.roster.Instance != m.Instance {
-		return nil, core.Errorf(core.ErrNotFound, "nccl: group %q was re-created since the transfer was planned", m.Group)
+		return nil, transport.Errorf(transport.ErrNotFound, "nccl: group %q was re-created since the transfer was planned", m.Group)
 	}
 	if m.Src >= g.roster.WorldSize() || m.Dst >= g.roster.WorldSize() {
-		return nil, core.Errorf(core.ErrCorrupt, "nccl: ranks %d and %d are outside group %q of %d", m.Src, m.Dst, m.Group, g.roster.WorldSize())
+		return nil, transport.Errorf(transport.ErrCorrupt, "nccl: ranks %d and %d are outside group %q of %d", m.Src, m.Dst, m.Group, g.roster.WorldSize())
 	}
 	if err := g.deadErr(); err != nil {
 		return nil, err
@@ -500,7 +502,7 @@ func (t *Transport) lookup(m *cmeta) (*group, error) {
 
 // CommunicatorMetadata runs on the destination: which group, which ranks,
 // and the transfer's place in the order from that source.
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) {
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
 	g, src, err := t.groupWith(x.Source.RuntimeID)
 	if err != nil {
 		return nil, err
@@ -540,11 +542,11 @@ func (t *Transport) unregister(id uint64) {
 }
 
 // buffers checks that tensors live on the group's device.
-func (g *group) buffers(tensors []core.Tensor, what string) ([]Buffer, error) {
+func (g *group) buffers(tensors []transport.Tensor, what string) ([]Buffer, error) {
 	bufs := make([]Buffer, len(tensors))
 	for i, x := range tensors {
-		if x.Device.Type != core.DeviceCUDA || int(x.Device.ID) != g.dev {
-			return nil, core.Errorf(core.ErrInvalidArgument, "%s %d is on %s, but this rank of group %q uses cuda:%d", what, i, x.Device, g.name, g.dev)
+		if x.Device.Type != transport.DeviceCUDA || int(x.Device.ID) != g.dev {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "%s %d is on %s, but this rank of group %q uses cuda:%d", what, i, x.Device, g.name, g.dev)
 		}
 		bufs[i] = Buffer{Ptr: x.Data, Nbytes: x.Nbytes}
 	}
@@ -556,9 +558,9 @@ func (g *group) buffers(tensors []core.Tensor, what string) ([]Buffer, error) {
 // the group: the other side may already have enqueued its half.
 func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
 	err := g.transfer(o, send, peer, seq, bufs, what)
-	if err != nil && core.StatusOf(err) != core.ErrClosed {
+	if err != nil && transport.StatusOf(err) != transport.ErrClosed {
 		if g.deadErr() == nil {
-			g.destroy(core.Errorf(core.StatusOf(err), "%s failed: %v", what, err), true)
+			g.destroy(transport.Errorf(transport.StatusOf(err), "%s failed: %v", what, err), true)
 		}
 		if dead := g.deadErr(); dead != nil {
 			return dead
@@ -585,12 +587,12 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 			break
 		}
 		if at > seq {
-			return core.Errorf(core.ErrInternal, "transfer %d from rank %d came after transfer %d", seq, peer, at)
+			return transport.Errorf(transport.ErrInternal, "transfer %d from rank %d came after transfer %d", seq, peer, at)
 		}
 		select {
 		case <-ch:
 		case <-o.abort:
-			return core.Errorf(core.ErrAborted, "aborted before it started")
+			return transport.Errorf(transport.ErrAborted, "aborted before it started")
 		case <-g.deadCh:
 		}
 	}
@@ -607,7 +609,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	go func() {
 		select {
 		case <-o.abort:
-			g.destroy(core.Errorf(core.ErrAborted, "%s was aborted while NCCL enqueued it", what), true)
+			g.destroy(transport.Errorf(transport.ErrAborted, "%s was aborted while NCCL enqueued it", what), true)
 		case <-enqueued:
 		}
 	}()
@@ -632,7 +634,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 			// Enqueued, but there is nothing to watch it with: stop it,
 			// and wait for the stream instead.
 			cerr := cuda.CoreError(rerr)
-			g.destroy(core.Errorf(core.StatusOf(cerr), "%s failed: %v", what, cerr), true)
+			g.destroy(transport.Errorf(transport.StatusOf(cerr), "%s failed: %v", what, cerr), true)
 			l.stream.Synchronize()
 			err = rerr
 		}
@@ -678,7 +680,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		}
 		select {
 		case <-o.abort:
-			return g.fail(ev, core.Errorf(core.ErrAborted, "aborted"), what)
+			return g.fail(ev, transport.Errorf(transport.ErrAborted, "aborted"), what)
 		case <-deadCh:
 			deadCh = nil // destroyed or aborted: the next poll tells which
 		case <-time.After(delay):
@@ -690,7 +692,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 // aborted, which ends the work, and fail returns once NCCL no longer reads
 // or writes the transfer's tensors.
 func (g *group) fail(ev *cuda.Event, err error, what string) error {
-	g.destroy(core.Errorf(core.StatusOf(err), "%s failed: %v", what, err), true)
+	g.destroy(transport.Errorf(transport.StatusOf(err), "%s failed: %v", what, err), true)
 	g.settle(ev)
 	return err
 }
@@ -707,7 +709,7 @@ func (g *group) settle(ev *cuda.Event) {
 }
 
 // Send runs on the source: ncclSend of every tensor to the destination rank.
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, _, cm []byte) error {
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, cm []byte) error {
 	o := t.register(x.TransferID)
 	defer t.unregister(x.TransferID)
 	m, err := decodeCMeta(cm)
@@ -720,14 +722,14 @@ func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, _, cm []byte) 
 	}
 	what := fmt.Sprintf("the send of object %s to rank %d", x.Object, m.Dst)
 	if m.Src != g.rank || g.roster.Members[m.Dst].Runtime != x.Destination.RuntimeID {
-		err := core.Errorf(core.ErrInvalidArgument, "nccl: the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
+		err := transport.Errorf(transport.ErrInvalidArgument, "nccl: the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
 			m.Src, m.Dst, m.Group, g.rank, g.roster.RankOf(x.Destination.RuntimeID))
-		g.destroy(core.Wrap(err, "%s", what), true)
+		g.destroy(transport.Wrap(err, "%s", what), true)
 		return g.deadErr()
 	}
 	bufs, err := g.buffers(tensors, "tensor")
 	if err != nil {
-		g.destroy(core.Wrap(err, "%s", what), true)
+		g.destroy(transport.Wrap(err, "%s", what), true)
 		return g.deadErr()
 	}
 	return g.run(o, true, m.Dst, m.Seq, bufs, what)
@@ -745,7 +747,7 @@ func (r *request) Release()    {}
 
 // Fetch runs on the destination: ncclRecv into every target from the
 // source rank, on its own goroutine.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, _, cm []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, cm []byte) (transport.Request, error) {
 	m, err := decodeCMeta(cm)
 	if err != nil {
 		return nil, err
@@ -757,7 +759,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, _, cm []byte)
 	what := fmt.Sprintf("the receive of object %s from rank %d", x.Object, m.Src)
 	bufs, err := g.buffers(targets, "target")
 	if err != nil {
-		g.destroy(core.Wrap(err, "%s", what), true)
+		g.destroy(transport.Wrap(err, "%s", what), true)
 		return nil, g.deadErr()
 	}
 	r := &request{o: t.register(x.TransferID), done: make(chan struct{})}
@@ -770,7 +772,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, _, cm []byte)
 }
 
 // Abort stops a transfer; one that had started destroys its group.
-func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
 	if r, ok := req.(*request); ok {
 		r.o.stop()
 		return
@@ -804,9 +806,9 @@ func (t *Transport) Close() error {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		gs[name].destroy(core.Errorf(core.ErrClosed, "the runtime was destroyed"), false)
+		gs[name].destroy(transport.Errorf(transport.ErrClosed, "the runtime was destroyed"), false)
 	}
 	return nil
 }
 
-var _ core.GroupBackend = (*Transport)(nil)
+var _ transport.GroupBackend = (*Transport)(nil)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // libc is a library that exists everywhere and is not NCCL.
@@ -36,7 +37,7 @@ func TestLoadMissingLibrary(t *testing.T) {
 	t.Setenv("RDT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
 	err := load(Library())
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "NCCL library /nonexistent/libnccl.so.2 could not be loaded")
 	assert.Contains(t, err.Error(), "RDT_NCCL_LIBRARY")
 }
@@ -45,7 +46,7 @@ func TestLoadWrongLibraryNamesTheSymbol(t *testing.T) {
 	t.Setenv("RDT_NCCL_LIBRARY", libc(t))
 	err := load(Library())
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "has no symbol ncclGetVersion")
 	assert.Contains(t, err.Error(), "not the NCCL library")
 }
@@ -58,10 +59,10 @@ func TestUnavailableHere(t *testing.T) {
 	}
 	_, err := New(nil)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "nccl")
 
-	rt, err := core.NewRuntime(core.Options{LogLevel: core.LogOff, Builtins: []core.TransportFactory{Factory()}})
+	rt, err := core.NewRuntime(core.Options{LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err, "a missing library must not stop a runtime")
 	defer rt.Destroy()
 	assert.NotContains(t, rt.Registry().Names(), Name)
@@ -70,11 +71,11 @@ func TestUnavailableHere(t *testing.T) {
 func TestErrorText(t *testing.T) {
 	e := &Error{Op: "ncclCommInitRank", Code: RemoteError}
 	assert.Contains(t, e.Error(), "ncclCommInitRank: ncclRemoteError")
-	assert.Equal(t, core.ErrPeerUnavailable, e.Status())
-	assert.Equal(t, core.ErrInvalidArgument, (&Error{Code: InvalidUsage}).Status())
+	assert.Equal(t, transport.ErrPeerUnavailable, e.Status())
+	assert.Equal(t, transport.ErrInvalidArgument, (&Error{Code: InvalidUsage}).Status())
 	assert.Equal(t, "ncclResult_t(99)", Result(99).String())
 	assert.Equal(t, "ncclTimeout", Timeout.String())
-	assert.Equal(t, core.ErrTimeout, (&Error{Code: Timeout}).Status())
+	assert.Equal(t, transport.ErrTimeout, (&Error{Code: Timeout}).Status())
 }
 
 func TestCMetaCodec(t *testing.T) {
@@ -85,11 +86,11 @@ func TestCMetaCodec(t *testing.T) {
 	b := m.encode()
 	for i := 0; i < len(b); i++ {
 		_, err := decodeCMeta(b[:i])
-		assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "truncated at %d", i)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "truncated at %d", i)
 	}
 	same := cmeta{Group: "g", Src: 1, Dst: 1}
 	_, err = decodeCMeta(same.encode())
-	assert.Equal(t, core.ErrCorrupt, core.StatusOf(err))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 }
 
 func FuzzDecodeCommunicatorMetadata(f *testing.F) {
@@ -99,8 +100,8 @@ func FuzzDecodeCommunicatorMetadata(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeCMeta(b)
 		if err != nil {
-			if core.StatusOf(err) != core.ErrCorrupt {
-				t.Fatalf("status %v: %v", core.StatusOf(err), err)
+			if transport.StatusOf(err) != transport.ErrCorrupt {
+				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
 			}
 			return
 		}

@@ -3,7 +3,7 @@ package nixl
 import (
 	"encoding/binary"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 const (
@@ -89,15 +89,15 @@ func validName(s string) bool {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrCorrupt, "nixl: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "nixl: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < 5 || string(b[:4]) != metaMagic {
 		return nil, bad("bad magic")
 	}
 	if b[4] != metaVersion {
-		return nil, core.Errorf(core.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", b[4], metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
-	r := core.NewWireReader("nixl metadata", b[5:])
+	r := transport.NewWireReader("nixl metadata", b[5:])
 	m := &metadata{Epoch: r.U64()}
 	m.Agent = string(r.Take(int(r.U8())))
 	if r.Err() != nil {

@@ -26,7 +26,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -39,15 +39,15 @@ const Name = "nixl"
 const maxRemotes = 64
 
 // Factory makes the transport for a new runtime. Without NIXL's C API
-// library it returns core.ErrUnsupported and the runtime goes on without it.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+// library it returns transport.ErrUnsupported and the runtime goes on without it.
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 // Transport is the nixl transport of one runtime: one NIXL agent (named
 // after the runtime id) with a UCX backend, created on first use.
 type Transport struct {
-	h    core.Host
+	h    transport.Host
 	name string
 
 	agentMu  sync.Mutex
@@ -64,11 +64,11 @@ type Transport struct {
 	// addresses been registered again): it reloads the agent.
 	epoch atomic.Uint64
 
-	devices []core.DeviceType // cuda only where the CUDA driver sees a GPU
+	devices []transport.DeviceType // cuda only where the CUDA driver sees a GPU
 
 	mu   sync.Mutex
 	regs map[regKey]*registration
-	objs map[core.ObjectID][]regKey
+	objs map[transport.ObjectID][]regKey
 
 	remMu   sync.Mutex
 	remotes map[string]*remote
@@ -103,18 +103,18 @@ type remote struct {
 
 // New loads NIXL (once per process) and makes the transport. The agent
 // and its UCX backend are created when the transport is first used.
-func New(h core.Host) (core.Transport, error) {
+func New(h transport.Host) (transport.Transport, error) {
 	if err := Load(); err != nil {
 		return nil, err
 	}
 	if tls, _ := cgetenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
 		h.Log().Warnf("nixl: UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
 	}
-	devices := []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+	devices := []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
 	if n, err := cuda.DeviceCount(); err == nil && n > 0 {
 		// VRAM only where a GPU is: elsewhere the automatic choice for
 		// CUDA memory must not pick nixl and fail inside UCX.
-		devices = append(devices, core.DeviceCUDA)
+		devices = append(devices, transport.DeviceCUDA)
 	} else {
 		h.Log().Debugf("nixl: host memory only: %v", cudaAbsence(n, err))
 	}
@@ -123,13 +123,13 @@ func New(h core.Host) (core.Transport, error) {
 		devices: devices,
 		name:    h.Identity().RuntimeID.String(),
 		regs:    map[regKey]*registration{},
-		objs:    map[core.ObjectID][]regKey{},
+		objs:    map[transport.ObjectID][]regKey{},
 		remotes: map[string]*remote{},
 	}, nil
 }
 
-func (t *Transport) Name() string               { return Name }
-func (t *Transport) Devices() []core.DeviceType { return t.devices }
+func (t *Transport) Name() string                    { return Name }
+func (t *Transport) Devices() []transport.DeviceType { return t.devices }
 
 // ofMemory is the regions of one memory type: NIXL takes one descriptor
 // list per type.
@@ -160,7 +160,7 @@ func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
 	t.agentMu.Lock()
 	defer t.agentMu.Unlock()
 	if t.closed {
-		return nil, core.Errorf(core.ErrClosed, "nixl: the transport was closed")
+		return nil, transport.Errorf(transport.ErrClosed, "nixl: the transport was closed")
 	}
 	if t.agent != nil || t.agentErr != nil {
 		return t.agent, t.agentErr
@@ -170,14 +170,14 @@ func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
 	var agent, backend unsafe.Pointer
 	var call *C.char
 	if st := C.rdtnx_agent_new(cname, &agent, &backend, &call); st != C.RDTNX_SUCCESS {
-		t.agentErr = callError(core.ErrUnsupported, "creating the agent and its UCX backend", call, st)
+		t.agentErr = callError(transport.ErrUnsupported, "creating the agent and its UCX backend", call, st)
 		return nil, t.agentErr
 	}
 	var data unsafe.Pointer
 	var n C.size_t
 	if st := C.rdtnx_partial_md(agent, nil, &data, &n, &call); st != C.RDTNX_SUCCESS {
 		C.rdtnx_agent_free(agent, backend, &call)
-		t.agentErr = callError(core.ErrTransport, "connection metadata", call, st)
+		t.agentErr = callError(transport.ErrTransport, "connection metadata", call, st)
 		return nil, t.agentErr
 	}
 	t.conn = C.GoBytes(data, C.int(n))
@@ -188,17 +188,17 @@ func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
 }
 
 // memOf maps a device to NIXL's memory type and device id.
-func memOf(d core.Device) (uint8, uint32, error) {
+func memOf(d transport.Device) (uint8, uint32, error) {
 	switch {
 	case d.Type.HostAccessible():
 		return memDRAM, 0, nil
-	case d.Type == core.DeviceCUDA:
+	case d.Type == transport.DeviceCUDA:
 		if d.ID < 0 {
-			return 0, 0, core.Errorf(core.ErrInvalidArgument, "nixl: negative CUDA device id %d", d.ID)
+			return 0, 0, transport.Errorf(transport.ErrInvalidArgument, "nixl: negative CUDA device id %d", d.ID)
 		}
 		return memVRAM, uint32(d.ID), nil
 	}
-	return 0, 0, core.Errorf(core.ErrUnsupported, "nixl moves host and CUDA memory; tensor on %s", d)
+	return 0, 0, transport.Errorf(transport.ErrUnsupported, "nixl moves host and CUDA memory; tensor on %s", d)
 }
 
 // cArrays holds the C copies of a descriptor list's fields.
@@ -239,7 +239,7 @@ func dlist(keys []regKey) (unsafe.Pointer, error) {
 	var d unsafe.Pointer
 	var call *C.char
 	if st := C.rdtnx_dlist_new(C.int(keys[0].mem), a.addr, a.n, a.dev, a.count, &d, &call); st != C.RDTNX_SUCCESS {
-		return nil, callError(core.ErrTransport, "descriptor list", call, st)
+		return nil, callError(transport.ErrTransport, "descriptor list", call, st)
 	}
 	return d, nil
 }
@@ -247,7 +247,7 @@ func dlist(keys []regKey) (unsafe.Pointer, error) {
 // ExtractMetadata registers the tensors' memory with the agent (once per
 // region, shared between objects that put the same region) and describes
 // it for receivers.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	agent, err := t.ensureAgent()
 	if err != nil {
 		return nil, err
@@ -293,18 +293,18 @@ func partialMD(agent unsafe.Pointer, keys []regKey) ([]byte, error) {
 	var n C.size_t
 	var call *C.char
 	if st := C.rdtnx_partial_md(agent, d, &data, &n, &call); st != C.RDTNX_SUCCESS {
-		return nil, callError(core.ErrTransport, "metadata of registered memory", call, st)
+		return nil, callError(transport.ErrTransport, "metadata of registered memory", call, st)
 	}
 	defer C.rdtnx_free(data)
 	if n == 0 || n > maxBlob {
-		return nil, core.Errorf(core.ErrTransport, "nixl: the agent's metadata is %d bytes (want 1 to %d)", int(n), maxBlob)
+		return nil, transport.Errorf(transport.ErrTransport, "nixl: the agent's metadata is %d bytes (want 1 to %d)", int(n), maxBlob)
 	}
 	return C.GoBytes(data, C.int(n)), nil
 }
 
 // register registers the regions not yet registered and counts the
 // object's use of each.
-func (t *Transport) register(agent unsafe.Pointer, obj core.ObjectID, keys []regKey) error {
+func (t *Transport) register(agent unsafe.Pointer, obj transport.ObjectID, keys []regKey) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	done := 0
@@ -319,7 +319,7 @@ func (t *Transport) register(agent unsafe.Pointer, obj core.ObjectID, keys []reg
 			var call *C.char
 			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
 				C.rdtnx_dlist_free(d)
-				err = callError(core.ErrTransport, "registering memory", call, st)
+				err = callError(transport.ErrTransport, "registering memory", call, st)
 			}
 		}
 		if err != nil {
@@ -345,21 +345,21 @@ func (t *Transport) unregisterLocked(agent unsafe.Pointer, keys []regKey) {
 		delete(t.regs, k)
 		var call *C.char
 		if st := C.rdtnx_deregister(agent, r.dlist, &call); st != C.RDTNX_SUCCESS {
-			t.h.Log().Warnf("%v", callError(core.ErrTransport, "deregistering memory", call, st))
+			t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering memory", call, st))
 		}
 		C.rdtnx_dlist_free(r.dlist)
 	}
 }
 
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
-	return core.Errorf(core.ErrInternal, "nixl is one-sided: send is never called on it")
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
+	return transport.Errorf(transport.ErrInternal, "nixl is one-sided: send is never called on it")
 }
 
 // GarbageCollect deregisters the object's memory (regions other live
 // objects also put stay registered).
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
 	t.agentMu.Lock()
 	agent := t.agent
 	t.agentMu.Unlock()
@@ -390,7 +390,7 @@ func (t *Transport) Close() error {
 		C.rdtnx_dlist_free(r.dlist)
 		delete(t.regs, k)
 	}
-	t.objs = map[core.ObjectID][]regKey{}
+	t.objs = map[transport.ObjectID][]regKey{}
 	t.mu.Unlock()
 	t.remMu.Lock()
 	t.remotes = map[string]*remote{}
@@ -399,7 +399,7 @@ func (t *Transport) Close() error {
 	st := C.rdtnx_agent_free(t.agent, t.backend, &call)
 	t.agent, t.backend = nil, nil
 	if st != C.RDTNX_SUCCESS {
-		return callError(core.ErrTransport, "destroying the agent", call, st)
+		return callError(transport.ErrTransport, "destroying the agent", call, st)
 	}
 	return nil
 }
@@ -451,7 +451,7 @@ func (t *Transport) evictLocked(agent unsafe.Pointer, r *remote) bool {
 // PeerGone forgets the agent of a runtime that is gone: its cache entry
 // and the metadata loaded for it. An entry a transfer is using is left to
 // the least-recently-used eviction.
-func (t *Transport) PeerGone(peer core.PeerInfo) {
+func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	t.agentMu.Lock() // the agent stays while it is used here
 	defer t.agentMu.Unlock()
 	if t.agent == nil {
@@ -471,7 +471,7 @@ func (t *Transport) invalidate(agent unsafe.Pointer, name string) {
 	var call *C.char
 	// NOT_FOUND: NIXL already forgot it (it does so when a peer disconnects).
 	if st := C.rdtnx_invalidate(agent, cname, &call); st != C.RDTNX_SUCCESS && st != -6 {
-		t.h.Log().Debugf("%v", callError(core.ErrTransport, "forgetting agent "+name, call, st))
+		t.h.Log().Debugf("%v", callError(transport.ErrTransport, "forgetting agent "+name, call, st))
 	}
 }
 
@@ -482,12 +482,12 @@ func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
 	var call *C.char
 	st := C.rdtnx_load_md(agent, p, C.size_t(len(blob)), &name, &call)
 	if st != C.RDTNX_SUCCESS {
-		return callError(core.ErrTransport, "loading the source agent's metadata", call, st)
+		return callError(transport.ErrTransport, "loading the source agent's metadata", call, st)
 	}
 	got := C.GoString(name)
 	C.rdtnx_free(unsafe.Pointer(name))
 	if got != want {
-		return core.Errorf(core.ErrCorrupt, "nixl: the metadata names agent %q, expected %q", got, want)
+		return transport.Errorf(transport.ErrCorrupt, "nixl: the metadata names agent %q, expected %q", got, want)
 	}
 	return nil
 }
@@ -536,7 +536,7 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 		r.mu.Unlock()
 	}
 	if lastErr == nil {
-		lastErr = core.Errorf(core.ErrTransport, "nixl: the source agent's metadata kept changing")
+		lastErr = transport.Errorf(transport.ErrTransport, "nixl: the source agent's metadata kept changing")
 	}
 	return nil, lastErr
 }
@@ -564,7 +564,7 @@ type chunk struct {
 }
 
 // plan cuts the non-empty tensors into chunks.
-func plan(m *metadata, targets []core.Tensor) ([]chunk, []regKey, uint64, error) {
+func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, error) {
 	var chunks []chunk
 	var local []regKey
 	var total uint64
@@ -572,7 +572,7 @@ func plan(m *metadata, targets []core.Tensor) ([]chunk, []regKey, uint64, error)
 	var curBytes uint64
 	for i, g := range m.Regions {
 		if g.Size != targets[i].Nbytes {
-			return nil, nil, 0, core.Errorf(core.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
+			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
 		}
 		mem, dev, err := memOf(targets[i].Device)
 		if err != nil {
@@ -600,13 +600,13 @@ func plan(m *metadata, targets []core.Tensor) ([]chunk, []regKey, uint64, error)
 
 // Fetch registers the targets and posts READs from the source agent:
 // small transfers at once, larger ones chunk by chunk on a goroutine.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, core.Errorf(core.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	chunks, local, total, err := plan(m, targets)
 	if err != nil {
@@ -637,7 +637,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 			var call *C.char
 			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
 				C.rdtnx_dlist_free(d)
-				err = callError(core.ErrTransport, "registering the targets", call, st)
+				err = callError(transport.ErrTransport, "registering the targets", call, st)
 			}
 		}
 		if err != nil {
@@ -662,7 +662,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 
 // Abort makes Wait return ErrAborted at its next poll. The I/O itself
 // cannot be cancelled: Release waits for it.
-func (t *Transport) Abort(x *core.Transfer, r core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	if req, ok := r.(*request); ok {
 		req.aborted.Store(true)
 	}
@@ -716,7 +716,7 @@ func (r *request) post() {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
-			r.postErr = callError(core.ErrTransport, "reading from agent "+r.remoteName, call, st)
+			r.postErr = callError(transport.ErrTransport, "reading from agent "+r.remoteName, call, st)
 			return
 		}
 		r.mu.Lock()
@@ -756,7 +756,7 @@ func (r *request) poll() (bool, error) {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
-			return true, core.Errorf(core.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
+			return true, transport.Errorf(transport.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
 		}
 	}
 	return all, nil
@@ -773,7 +773,7 @@ func (r *request) Completed() bool {
 func (r *request) Wait() error {
 	for i := 0; ; i++ {
 		if r.aborted.Load() {
-			return core.Errorf(core.ErrAborted, "nixl: transfer aborted")
+			return transport.Errorf(transport.ErrAborted, "nixl: transfer aborted")
 		}
 		done, err := r.poll()
 		if err != nil {
@@ -822,13 +822,13 @@ func (r *request) cleanup() {
 			pause(i)
 		}
 		if st := C.rdtnx_release(r.agent, x.q, &call); st != C.RDTNX_SUCCESS {
-			r.t.h.Log().Warnf("%v", callError(core.ErrTransport, "releasing a request", call, st))
+			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "releasing a request", call, st))
 		}
 	}
 	r.xfers = nil
 	for _, d := range r.locals {
 		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
-			r.t.h.Log().Warnf("%v", callError(core.ErrTransport, "deregistering the targets", call, st))
+			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the targets", call, st))
 		}
 		C.rdtnx_dlist_free(d)
 	}

@@ -15,11 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for.
-type testHost struct{ id core.RuntimeID }
+type testHost struct{ id transport.RuntimeID }
 
 func newHost() testHost {
 	var h testHost
@@ -27,10 +27,10 @@ func newHost() testHost {
 	return h
 }
 
-func (h testHost) Identity() core.PeerInfo {
-	return core.PeerInfo{RuntimeID: h.id, Name: "test", HostID: "h"}
+func (h testHost) Identity() transport.PeerInfo {
+	return transport.PeerInfo{RuntimeID: h.id, Name: "test", HostID: "h"}
 }
-func (testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
+func (testHost) Log() *transport.Logger   { return transport.NewLogger("test", transport.LogOff) }
 func (testHost) Context() context.Context { return context.Background() }
 func (testHost) AuthToken() string        { return "" }
 func (testHost) RuntimeSecret() string    { return "test-secret" }
@@ -38,15 +38,15 @@ func (testHost) BindHost() string         { return "127.0.0.1" }
 func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (testHost) SocketDir() string        { return os.TempDir() }
 
-// PeerTimeout implements core.Host.
-func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+// PeerTimeout implements transport.Host.
+func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
 
-func (testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
-	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
 }
 
-func statusOf(err error) core.Status {
-	var e *core.Error
+func statusOf(err error) transport.Status {
+	var e *transport.Error
 	if errors.As(err, &e) {
 		return e.Status
 	}
@@ -63,19 +63,19 @@ func requireNIXL(t testing.TB) {
 
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(b) })
 	b = b[:n]
-	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	require.NoError(t, err)
 	addr := uintptr(0)
 	if n > 0 {
 		addr = uintptr(unsafe.Pointer(&b[0]))
 	}
-	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
 }
 
 func fill(b []byte, seed byte) {
@@ -93,8 +93,8 @@ func newTransport(t testing.TB) *Transport {
 	return tr.(*Transport)
 }
 
-func fetch(tr *Transport, meta []byte, targets []core.Tensor) error {
-	req, err := tr.Fetch(&core.Transfer{Transport: Name}, targets, meta, nil)
+func fetch(tr *Transport, meta []byte, targets []transport.Tensor) error {
+	req, err := tr.Fetch(&transport.Transfer{Transport: Name}, targets, meta, nil)
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func TestMissingLibraryIsUnsupportedAndNamesIt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "libnixl_capi.so")
 	err := open(path, true)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), LibraryEnv)
 }
@@ -116,7 +116,7 @@ func TestMissingLibraryIsUnsupportedAndNamesIt(t *testing.T) {
 func TestLibraryWithoutTheSymbolsNamesTheSymbol(t *testing.T) {
 	err := open("libc.so.6", true)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
 	assert.Contains(t, err.Error(), "nixl_capi_create_configured_agent")
 	assert.Contains(t, err.Error(), "libc.so.6")
 }
@@ -127,7 +127,7 @@ func TestFactoryWithoutNIXLIsUnsupported(t *testing.T) {
 	}
 	t.Setenv(LibraryEnv, filepath.Join(t.TempDir(), "absent.so"))
 	_, err := Factory().New(newHost())
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
 	assert.Contains(t, err.Error(), "absent.so")
 }
 
@@ -145,7 +145,7 @@ func TestUCXErrorHandlingIsLeftToGo(t *testing.T) {
 func TestReadBetweenTwoAgents(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	sizes := []int{0, 1, 4096, 300 << 10, 8 << 20}
-	var srcs, dsts []core.Tensor
+	var srcs, dsts []transport.Tensor
 	var want, got [][]byte
 	for i, n := range sizes {
 		sb, st := buffer(t, n)
@@ -154,7 +154,7 @@ func TestReadBetweenTwoAgents(t *testing.T) {
 		srcs, dsts = append(srcs, st), append(dsts, dt)
 		want, got = append(want, sb), append(got, db)
 	}
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, srcs)
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, srcs)
 	require.NoError(t, err)
 	require.NoError(t, fetch(dst, meta, dsts))
 	for i := range sizes {
@@ -164,7 +164,7 @@ func TestReadBetweenTwoAgents(t *testing.T) {
 	fill(want[2], 99)
 	require.NoError(t, fetch(dst, meta, dsts))
 	assert.Equal(t, want[2], got[2])
-	src.GarbageCollect(core.ObjectID{1}, srcs, meta)
+	src.GarbageCollect(transport.ObjectID{1}, srcs, meta)
 	assert.Empty(t, src.regs)
 }
 
@@ -181,21 +181,21 @@ func TestPeerGoneForgetsTheSourceAgent(t *testing.T) {
 	sb, st := buffer(t, 4096)
 	fill(sb, 4)
 	db, dt := buffer(t, 4096)
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{st})
 	require.NoError(t, err)
-	require.NoError(t, fetch(dst, meta, []core.Tensor{dt}))
+	require.NoError(t, fetch(dst, meta, []transport.Tensor{dt}))
 	remotes := func() int {
 		dst.remMu.Lock()
 		defer dst.remMu.Unlock()
 		return len(dst.remotes)
 	}
 	assert.Equal(t, 1, remotes())
-	dst.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{1}})
+	dst.PeerGone(transport.PeerInfo{RuntimeID: transport.RuntimeID{1}})
 	assert.Equal(t, 1, remotes(), "another runtime's end changes nothing")
-	dst.PeerGone(core.PeerInfo{RuntimeID: host.id})
+	dst.PeerGone(transport.PeerInfo{RuntimeID: host.id})
 	assert.Equal(t, 0, remotes())
 	fill(sb, 5)
-	require.NoError(t, fetch(dst, meta, []core.Tensor{dt}))
+	require.NoError(t, fetch(dst, meta, []transport.Tensor{dt}))
 	assert.Equal(t, sb, db)
 }
 
@@ -205,12 +205,12 @@ func TestReusedAddressAfterGarbageCollect(t *testing.T) {
 	db, dt := buffer(t, 1<<20)
 	for round := 0; round < 3; round++ {
 		fill(sb, byte(round))
-		id := core.ObjectID{byte(round + 1)}
-		meta, err := src.ExtractMetadata(id, []core.Tensor{st})
+		id := transport.ObjectID{byte(round + 1)}
+		meta, err := src.ExtractMetadata(id, []transport.Tensor{st})
 		require.NoError(t, err)
-		require.NoError(t, fetch(dst, meta, []core.Tensor{dt}), "round %d", round)
+		require.NoError(t, fetch(dst, meta, []transport.Tensor{dt}), "round %d", round)
 		require.Equal(t, sb, db, "round %d", round)
-		src.GarbageCollect(id, []core.Tensor{st}, meta)
+		src.GarbageCollect(id, []transport.Tensor{st}, meta)
 	}
 }
 
@@ -218,15 +218,15 @@ func TestSameRegionInTwoObjects(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	sb, st := buffer(t, 64<<10)
 	fill(sb, 3)
-	m1, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	m1, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{st})
 	require.NoError(t, err)
-	m2, err := src.ExtractMetadata(core.ObjectID{2}, []core.Tensor{st})
+	m2, err := src.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{st})
 	require.NoError(t, err)
-	src.GarbageCollect(core.ObjectID{1}, nil, m1)
+	src.GarbageCollect(transport.ObjectID{1}, nil, m1)
 	db, dt := buffer(t, 64<<10)
-	require.NoError(t, fetch(dst, m2, []core.Tensor{dt}))
+	require.NoError(t, fetch(dst, m2, []transport.Tensor{dt}))
 	assert.Equal(t, sb, db)
-	src.GarbageCollect(core.ObjectID{2}, nil, m2)
+	src.GarbageCollect(transport.ObjectID{2}, nil, m2)
 	assert.Empty(t, src.regs)
 }
 
@@ -234,10 +234,10 @@ func TestSizeAndCountMismatch(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	_, st := buffer(t, 100)
 	_, dt := buffer(t, 99)
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{st})
 	require.NoError(t, err)
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(fetch(dst, meta, []core.Tensor{dt})))
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(fetch(dst, meta, nil)))
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(fetch(dst, meta, []transport.Tensor{dt})))
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(fetch(dst, meta, nil)))
 }
 
 func TestAbortReturnsPromptlyAndReleaseWaits(t *testing.T) {
@@ -245,15 +245,15 @@ func TestAbortReturnsPromptlyAndReleaseWaits(t *testing.T) {
 	sb, st := buffer(t, 64<<20)
 	fill(sb, 5)
 	_, dt := buffer(t, 64<<20)
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{st})
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{st})
 	require.NoError(t, err)
-	req, err := dst.Fetch(&core.Transfer{Transport: Name}, []core.Tensor{dt}, meta, nil)
+	req, err := dst.Fetch(&transport.Transfer{Transport: Name}, []transport.Tensor{dt}, meta, nil)
 	require.NoError(t, err)
 	dst.Abort(nil, req)
 	start := time.Now()
 	err = req.Wait()
 	if err != nil { // the read may have finished at post
-		assert.Equal(t, core.ErrAborted, statusOf(err))
+		assert.Equal(t, transport.ErrAborted, statusOf(err))
 	}
 	assert.Less(t, time.Since(start), time.Second)
 	req.Release()
@@ -283,7 +283,7 @@ func TestMetadataCorruption(t *testing.T) {
 	for i := 0; i < len(good); i++ {
 		_, err := decodeMetadata(good[:i])
 		require.Error(t, err, "prefix %d", i)
-		assert.Contains(t, []core.Status{core.ErrCorrupt, core.ErrUnsupported}, statusOf(err))
+		assert.Contains(t, []transport.Status{transport.ErrCorrupt, transport.ErrUnsupported}, statusOf(err))
 	}
 	bad := func(mut func(m *metadata)) error {
 		m := sampleMeta()
@@ -291,17 +291,17 @@ func TestMetadataCorruption(t *testing.T) {
 		_, err := decodeMetadata(m.encode())
 		return err
 	}
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "" })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "a b" })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Conn = nil })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = nil })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Mem = 9 })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Addr = ^uint64(0) })))
-	assert.Equal(t, core.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = append(m.Blobs, []byte("x")) })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "" })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "a b" })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Conn = nil })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = nil })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Mem = 9 })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Addr = ^uint64(0) })))
+	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = append(m.Blobs, []byte("x")) })))
 	v := append([]byte(nil), good...)
 	v[4] = 9
 	_, err := decodeMetadata(v)
-	assert.Equal(t, core.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
 	assert.True(t, strings.Contains(err.Error(), "version"))
 }
 
@@ -310,7 +310,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
-			if s := statusOf(err); s != core.ErrCorrupt && s != core.ErrUnsupported {
+			if s := statusOf(err); s != transport.ErrCorrupt && s != transport.ErrUnsupported {
 				t.Fatalf("status %v for %v", s, err)
 			}
 			return
@@ -333,12 +333,12 @@ func BenchmarkFetch64MiB(b *testing.B) {
 	for i := range db {
 		db[i] = 1
 	}
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{s})
 	require.NoError(b, err)
 	b.SetBytes(n)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := fetch(dst, meta, []core.Tensor{d}); err != nil {
+		if err := fetch(dst, meta, []transport.Tensor{d}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The test runs in child processes, since it exhausts a process's own
@@ -136,12 +136,12 @@ func outOfDescriptors(t *testing.T) {
 
 	outOfFDs := func(err error, where string) {
 		t.Helper()
-		assert.Equal(t, core.ErrTransport, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrTransport, transport.StatusOf(err), "%v", err)
 		assert.ErrorContains(t, err, where)
 		assert.ErrorContains(t, err, "out of file descriptors")
 	}
 	exhaust()
-	_, err := local.ExtractMetadata(core.ObjectID{2}, []core.Tensor{x})
+	_, err := local.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{x})
 	outOfFDs(err, "memfd_create: this process")
 	exhaust()
 	_, err = fetch(t, viaKept, localMeta, 4096)
@@ -155,7 +155,7 @@ func outOfDescriptors(t *testing.T) {
 
 	freeAll()
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &limit))
-	_, err = local.ExtractMetadata(core.ObjectID{2}, []core.Tensor{x})
+	_, err = local.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{x})
 	require.NoError(t, err)
 	for _, tr := range []*Transport{viaKept, fresh} {
 		got, err := fetchFrom(t, tr, remoteMeta, remotePid, 4096)

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 const childEnv = "RDT_SHM_TEST_CHILD"
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 }
 
 // childObject is what a child stages: object 9, 4096 bytes filled with 9.
-var childObject = core.ObjectID{9}
+var childObject = transport.ObjectID{9}
 
 // childMain stages childObject with its segment server in dir, prints the
 // metadata as hex and waits to be killed.
@@ -45,8 +45,8 @@ func childMain(dir string) {
 		os.Exit(1)
 	}
 	fill(b, 9)
-	desc, _ := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{4096})
-	meta, err := tr.ExtractMetadata(childObject, []core.Tensor{{TensorDesc: desc, Data: uintptrOf(b)}})
+	desc, _ := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{4096})
+	meta, err := tr.ExtractMetadata(childObject, []transport.Tensor{{TensorDesc: desc, Data: uintptrOf(b)}})
 	if err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(1)
@@ -90,9 +90,9 @@ func allZero(b []byte) bool {
 	return true
 }
 
-func fetchWith(t *testing.T, tr *Transport, x *core.Transfer, meta []byte, n int) ([]byte, error) {
+func fetchWith(t *testing.T, tr *Transport, x *transport.Transfer, meta []byte, n int) ([]byte, error) {
 	got, target := buffer(t, n)
-	req, err := tr.Fetch(x, []core.Tensor{target}, meta, nil)
+	req, err := tr.Fetch(x, []transport.Tensor{target}, meta, nil)
 	if err != nil {
 		return got, err
 	}
@@ -109,9 +109,9 @@ func TestPeerGoneClosesKeptConnections(t *testing.T) {
 	_, err := fetch(t, dst, meta, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, 1, dst.keptCount())
-	dst.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{0x77}, Pid: os.Getpid()})
+	dst.PeerGone(transport.PeerInfo{RuntimeID: transport.RuntimeID{0x77}, Pid: os.Getpid()})
 	assert.Equal(t, 1, dst.keptCount(), "another runtime going away changes nothing")
-	dst.PeerGone(core.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()})
+	dst.PeerGone(transport.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()})
 	assert.Equal(t, 0, dst.keptCount())
 	// Both ends are in this process: the server closes its end on EOF.
 	require.Eventually(t, func() bool { return openFDs(t) <= base }, 5*time.Second, 5*time.Millisecond,
@@ -127,7 +127,7 @@ func TestPeerGoneClosesKeptConnections(t *testing.T) {
 // gone is closed, not kept.
 func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 	dst := newTransport(t)
-	peer := core.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()}
+	peer := transport.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()}
 	kept, err := dst.source(peer)
 	require.NoError(t, err)
 	dst.PeerGone(peer)
@@ -146,12 +146,12 @@ func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 // back to a dropped record is closed.
 func TestRecordsThatKeepNothingAreDropped(t *testing.T) {
 	dst := newTransport(t)
-	first, err := dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{1}})
+	first, err := dst.source(transport.PeerInfo{RuntimeID: transport.RuntimeID{1}})
 	require.NoError(t, err)
-	_, err = dst.source(core.PeerInfo{RuntimeID: core.RuntimeID{2}})
+	_, err = dst.source(transport.PeerInfo{RuntimeID: transport.RuntimeID{2}})
 	require.NoError(t, err)
 	dst.idleMu.Lock()
-	_, kept := dst.idle[core.RuntimeID{1}]
+	_, kept := dst.idle[transport.RuntimeID{1}]
 	records := len(dst.idle)
 	dst.idleMu.Unlock()
 	assert.False(t, kept)
@@ -189,10 +189,10 @@ func TestMetadataOfAnotherObjectIsRefused(t *testing.T) {
 	secret, _ := stageObject(t, src, 1, 4096)
 	_, _ = stageObject(t, src, 2, 4096)
 	x := transferOf(t, secret)
-	x.Object = core.ObjectID{2}
+	x.Object = transport.ObjectID{2}
 	got, err := fetchWith(t, dst, x, secret, 4096)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "names object")
 	assert.True(t, allZero(got), "no byte of the other object reached the target")
 }
@@ -205,7 +205,7 @@ func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
 	x := transferOf(t, meta) // the owner is this process, by the control plane
 	got, err := fetchWith(t, dst, x, meta, 4096)
 	require.Error(t, err)
-	assert.Equal(t, core.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("is process %d, but the owner", other))
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
 	assert.Equal(t, 0, dst.keptCount(), "the connection was not kept")

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Name is the canonical transport name.
@@ -42,8 +42,8 @@ const (
 )
 
 // Factory makes the transport for a new runtime.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 // segment is one staged object.
@@ -54,10 +54,10 @@ type segment struct {
 
 // Transport is the shm transport of one runtime.
 type Transport struct {
-	h core.Host
+	h transport.Host
 
 	mu      sync.Mutex
-	segs    map[core.ObjectID]*segment
+	segs    map[transport.ObjectID]*segment
 	ln      *net.UnixListener
 	path    string
 	serving sync.WaitGroup
@@ -65,7 +65,7 @@ type Transport struct {
 	closed  bool
 
 	idleMu sync.Mutex
-	idle   map[core.RuntimeID]*keptConns // by source runtime; nil once closed
+	idle   map[transport.RuntimeID]*keptConns // by source runtime; nil once closed
 }
 
 // keptConns are a receiver's idle connections to one source runtime's
@@ -73,19 +73,19 @@ type Transport struct {
 // is gone (PeerGone). A connection that comes back to a record no longer
 // in Transport.idle is closed.
 type keptConns struct {
-	peer   core.RuntimeID
+	peer   transport.RuntimeID
 	byPath map[string][]*net.UnixConn
 }
 
 // New makes the transport; its socket appears with the first staged object.
-func New(h core.Host) (core.Transport, error) {
-	return &Transport{h: h, segs: map[core.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[core.RuntimeID]*keptConns{}}, nil
+func New(h transport.Host) (transport.Transport, error) {
+	return &Transport{h: h, segs: map[transport.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
+		idle: map[transport.RuntimeID]*keptConns{}}, nil
 }
 
 func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []core.DeviceType {
-	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+func (t *Transport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
 }
 func (t *Transport) OneSided() bool { return true }
 func (t *Transport) CanAbort() bool { return true }
@@ -98,21 +98,21 @@ func (t *Transport) ChecksFreedObjects() bool { return true }
 func (t *Transport) EagerMetadata() bool { return false }
 
 // CheckPeer refuses peers on other hosts.
-func (t *Transport) CheckPeer(local, peer core.PeerInfo) error {
+func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
 	if !local.SameHost(peer) {
-		return core.Errorf(core.ErrUnsupported, "shm moves bytes only between processes on the same host; %q is on another host", peer.Name)
+		return transport.Errorf(transport.ErrUnsupported, "shm moves bytes only between processes on the same host; %q is on another host", peer.Name)
 	}
 	return nil
 }
 
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
-	return core.Errorf(core.ErrInternal, "shm is one-sided: send is never called on it")
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
+	return transport.Errorf(transport.ErrInternal, "shm is one-sided: send is never called on it")
 }
 
 // layout places tensors in a segment, each aligned.
-func layout(tensors []core.Tensor) ([]region, uint64) {
+func layout(tensors []transport.Tensor) ([]region, uint64) {
 	regions := make([]region, len(tensors))
 	var off uint64
 	for i, x := range tensors {
@@ -124,10 +124,10 @@ func layout(tensors []core.Tensor) ([]region, uint64) {
 }
 
 // ExtractMetadata stages the object into a sealed memfd.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, core.Errorf(core.ErrUnsupported, "shm moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "shm moves host memory; tensor on %s", x.Device)
 		}
 	}
 	regions, size := layout(tensors)
@@ -150,7 +150,7 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 	defer t.mu.Unlock()
 	if t.closed {
 		unix.Close(fd)
-		return nil, core.Errorf(core.ErrClosed, "shm transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "shm transport is closed")
 	}
 	if _, ok := t.segs[obj]; ok { // staged meanwhile by another caller
 		unix.Close(fd)
@@ -162,21 +162,21 @@ func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([
 
 // stage copies the tensors into a new memfd and seals it against any
 // change, so receivers can trust what they map.
-func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint64) (int, error) {
+func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region, size uint64) (int, error) {
 	fd, err := unix.MemfdCreate("rdt-"+obj.String(), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		if exhausted := outOfResources("memfd_create", "this process", err); exhausted != nil {
 			return -1, exhausted
 		}
-		return -1, core.Errorf(core.ErrUnsupported, "shm: memfd_create: %v", err)
+		return -1, transport.Errorf(transport.ErrUnsupported, "shm: memfd_create: %v", err)
 	}
 	fail := func(what string, err error) (int, error) {
 		unix.Close(fd)
-		st := core.ErrTransport
+		st := transport.ErrTransport
 		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
-			st = core.ErrNoMemory
+			st = transport.ErrNoMemory
 		}
-		return -1, core.Errorf(st, "shm: %s of a %d-byte segment: %v", what, size, err)
+		return -1, transport.Errorf(st, "shm: %s of a %d-byte segment: %v", what, size, err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return fail("ftruncate", err)
@@ -188,7 +188,7 @@ func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint
 		}
 		for i, x := range tensors {
 			r := regions[i]
-			parallelCopy(mem[r.Offset:r.Offset+r.Size], core.Bytes(x.Data, x.Nbytes), nil)
+			parallelCopy(mem[r.Offset:r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes), nil)
 		}
 		// F_SEAL_WRITE needs every writable mapping gone.
 		if err := unix.Munmap(mem); err != nil {
@@ -210,18 +210,18 @@ func stage(obj core.ObjectID, tensors []core.Tensor, regions []region, size uint
 func outOfResources(what, who string, err error) error {
 	switch {
 	case errors.Is(err, unix.EMFILE):
-		return core.Errorf(core.ErrTransport, "shm: %s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
+		return transport.Errorf(transport.ErrTransport, "shm: %s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
 	case errors.Is(err, unix.ENFILE):
-		return core.Errorf(core.ErrTransport, "shm: %s: the system is out of file descriptors (%v)", what, err)
+		return transport.Errorf(transport.ErrTransport, "shm: %s: the system is out of file descriptors (%v)", what, err)
 	case errors.Is(err, unix.ENOMEM):
-		return core.Errorf(core.ErrNoMemory, "shm: %s: %s is out of memory (%v)", what, who, err)
+		return transport.Errorf(transport.ErrNoMemory, "shm: %s: %s is out of memory (%v)", what, who, err)
 	}
 	return nil
 }
 
 // GarbageCollect drops the object's segment. Receivers that still map it
 // keep their mapping; the kernel frees the memory after the last one.
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
 	t.mu.Lock()
 	s, ok := t.segs[obj]
 	delete(t.segs, obj)
@@ -259,7 +259,7 @@ func (t *Transport) Close() error {
 
 // PeerGone closes the connections kept to a source runtime that is gone:
 // a receiver fed by many short-lived sources keeps no socket per source.
-func (t *Transport) PeerGone(peer core.PeerInfo) {
+func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
 	if k := t.idle[peer.RuntimeID]; k != nil {
@@ -297,23 +297,23 @@ func (t *Transport) listen() (string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return "", core.Errorf(core.ErrClosed, "shm transport is closed")
+		return "", transport.Errorf(transport.ErrClosed, "shm transport is closed")
 	}
 	if t.ln != nil {
 		return t.path, nil
 	}
 	var rnd [6]byte
 	if _, err := io.ReadFull(randReader{}, rnd[:]); err != nil {
-		return "", core.Errorf(core.ErrInternal, "shm: %v", err)
+		return "", transport.Errorf(transport.ErrInternal, "shm: %v", err)
 	}
 	path := filepath.Join(t.h.SocketDir(), fmt.Sprintf("shm-%d-%x.sock", os.Getpid(), rnd))
 	if len(path) >= 108 {
-		return "", core.Errorf(core.ErrInvalidArgument, "shm: socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
+		return "", transport.Errorf(transport.ErrInvalidArgument, "shm: socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
 	}
 	removeStaleSockets(t.h.SocketDir())
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return "", core.Errorf(core.ErrTransport, "shm: cannot listen on %s: %v", path, err)
+		return "", transport.Errorf(transport.ErrTransport, "shm: cannot listen on %s: %v", path, err)
 	}
 	t.ln, t.path = ln, path
 	t.serving.Add(1)
@@ -375,7 +375,7 @@ func (t *Transport) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if err := checkSameUser(c); err != nil {
 		t.h.Log().Warnf("%v", err)
-		c.Write(encodeReply(core.ErrPermissionDenied, err.Error(), 0))
+		c.Write(encodeReply(transport.ErrPermissionDenied, err.Error(), 0))
 		return
 	}
 	buf := make([]byte, requestLen)
@@ -396,7 +396,7 @@ func (t *Transport) serve(c *net.UnixConn) {
 func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
 	obj, err := decodeRequest(req)
 	if err != nil {
-		c.Write(encodeReply(core.StatusOf(err), err.Error(), 0))
+		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0))
 		return false
 	}
 	t.mu.Lock()
@@ -408,19 +408,19 @@ func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
 	}
 	t.mu.Unlock()
 	if !ok {
-		_, err := c.Write(encodeReply(core.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		_, err := c.Write(encodeReply(transport.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
 		return err == nil
 	}
 	if err != nil {
 		reply := outOfResources("handing out the segment", "the owner", err)
 		if reply == nil {
-			reply = core.Errorf(core.ErrTransport, "shm: dup: %v", err)
+			reply = transport.Errorf(transport.ErrTransport, "shm: dup: %v", err)
 		}
-		_, err := c.Write(encodeReply(core.StatusOf(reply), reply.Error(), 0))
+		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0))
 		return err == nil
 	}
 	defer unix.Close(fd)
-	_, _, err = c.WriteMsgUnix(encodeReply(core.OK, "", s.size), unix.UnixRights(fd), nil)
+	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size), unix.UnixRights(fd), nil)
 	return err == nil
 }
 
@@ -437,10 +437,10 @@ func checkSameUser(c *net.UnixConn) error {
 		return err
 	}
 	if cerr != nil {
-		return core.Errorf(core.ErrPermissionDenied, "shm: cannot identify the peer: %v", cerr)
+		return transport.Errorf(transport.ErrPermissionDenied, "shm: cannot identify the peer: %v", cerr)
 	}
 	if int(cred.Uid) != os.Getuid() {
-		return core.Errorf(core.ErrPermissionDenied, "shm: refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
+		return transport.Errorf(transport.ErrPermissionDenied, "shm: refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
 	}
 	return nil
 }
@@ -466,7 +466,7 @@ func (r *request) Completed() bool {
 }
 
 // Abort makes the copy stop at its next chunk.
-func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
 	if r, ok := req.(*request); ok {
 		r.aborted.Store(true)
 	}
@@ -474,7 +474,7 @@ func (t *Transport) Abort(x *core.Transfer, req core.Request) {
 
 // Fetch checks the metadata against the transfer and the targets, and
 // starts copying.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -483,14 +483,14 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	// object fetched (its segment holds nothing else), and the segment
 	// server must be its owner's process (checked at connect).
 	if m.Object != x.Object {
-		return nil, core.Errorf(core.ErrCorrupt, "shm: the metadata of object %s names object %s: refusing it", x.Object, m.Object)
+		return nil, transport.Errorf(transport.ErrCorrupt, "shm: the metadata of object %s names object %s: refusing it", x.Object, m.Object)
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, core.Errorf(core.ErrInvalidArgument, "shm: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	for i, r := range m.Regions {
 		if r.Size != targets[i].Nbytes {
-			return nil, core.Errorf(core.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 	}
 	src, err := t.source(x.Source)
@@ -508,11 +508,11 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 }
 
 // source is the record of the connections kept to a source runtime.
-func (t *Transport) source(peer core.PeerInfo) (*keptConns, error) {
+func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
 	if t.idle == nil {
-		return nil, core.Errorf(core.ErrClosed, "shm transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "shm transport is closed")
 	}
 	k := t.idle[peer.RuntimeID]
 	if k == nil {
@@ -538,27 +538,27 @@ func (k *keptConns) empty() bool {
 	return true
 }
 
-func (r *request) receive(src *keptConns, owner int, m *metadata, targets []core.Tensor) error {
+func (r *request) receive(src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
 	fd, size, err := r.t.getSegment(src, owner, m)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	if size != m.Size {
-		return core.Errorf(core.ErrCorrupt, "shm: the source's segment holds %d bytes, its metadata says %d", size, m.Size)
+		return transport.Errorf(transport.ErrCorrupt, "shm: the source's segment holds %d bytes, its metadata says %d", size, m.Size)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
-		return core.Errorf(core.ErrCorrupt, "shm: the received segment is %d bytes, %d expected", st.Size, size)
+		return transport.Errorf(transport.ErrCorrupt, "shm: the received segment is %d bytes, %d expected", st.Size, size)
 	}
 	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 || seals&unix.F_SEAL_SHRINK == 0 {
-		return core.Errorf(core.ErrPermissionDenied, "shm: the received segment is not sealed against writes; refusing to read it")
+		return transport.Errorf(transport.ErrPermissionDenied, "shm: the received segment is not sealed against writes; refusing to read it")
 	}
 	for i, reg := range m.Regions {
 		if reg.Size == 0 {
 			continue
 		}
-		if err := readSegment(fd, core.Bytes(targets[i].Data, reg.Size), reg.Offset, &r.aborted); err != nil {
+		if err := readSegment(fd, transport.Bytes(targets[i].Data, reg.Size), reg.Offset, &r.aborted); err != nil {
 			return err
 		}
 	}
@@ -573,7 +573,7 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 	one := func(d []byte, at uint64) error {
 		for done := 0; done < len(d); {
 			if abort.Load() {
-				return core.Errorf(core.ErrAborted, "shm: transfer aborted")
+				return transport.Errorf(transport.ErrAborted, "shm: transfer aborted")
 			}
 			end := min(done+chunk, len(d))
 			n, err := unix.Pread(fd, d[done:end], int64(at)+int64(done))
@@ -581,10 +581,10 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 				continue
 			}
 			if err != nil {
-				return core.Errorf(core.ErrTransport, "shm: reading the segment: %v", err)
+				return transport.Errorf(transport.ErrTransport, "shm: reading the segment: %v", err)
 			}
 			if n == 0 {
-				return core.Errorf(core.ErrCorrupt, "shm: the segment ended early")
+				return transport.Errorf(transport.ErrCorrupt, "shm: the segment ended early")
 			}
 			done += n
 		}
@@ -624,15 +624,15 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
 			return -1, 0, exhausted
 		}
-		return -1, 0, core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c := nc.(*net.UnixConn)
-	if pid, err := core.UnixPeerPid(c); err != nil || pid != owner {
+	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
-			return -1, 0, core.Errorf(core.ErrPermissionDenied, "shm: cannot identify the segment server at %s: %v", m.Path, err)
+			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "shm: cannot identify the segment server at %s: %v", m.Path, err)
 		}
-		return -1, 0, core.Errorf(core.ErrCorrupt,
+		return -1, 0, transport.Errorf(transport.ErrCorrupt,
 			"shm: the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
 	}
 	fd, size, err, _ := t.askSegment(src, c, m)
@@ -643,7 +643,7 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 // closes it. usable is false when c failed before any answer arrived.
 func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
 	gone := func(err error) error {
-		return core.Errorf(core.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
@@ -677,13 +677,13 @@ func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd
 		return -1, 0, err, true
 	}
 	t.keepIdle(src, m.Path, c)
-	if st != core.OK {
+	if st != transport.OK {
 		closeAll()
-		return -1, 0, core.Errorf(st, "%s", msg), true
+		return -1, 0, transport.Errorf(st, "%s", msg), true
 	}
 	if len(fds) != 1 {
 		closeAll()
-		return -1, 0, core.Errorf(core.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds)), true
+		return -1, 0, transport.Errorf(transport.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds)), true
 	}
 	return fds[0], size, nil, true
 }
@@ -767,21 +767,21 @@ const (
 	maxPath      = 107
 )
 
-func encodeRequest(obj core.ObjectID) []byte {
+func encodeRequest(obj transport.ObjectID) []byte {
 	return append([]byte(requestMagic), obj[:]...)
 }
 
-func decodeRequest(b []byte) (core.ObjectID, error) {
-	var id core.ObjectID
+func decodeRequest(b []byte) (transport.ObjectID, error) {
+	var id transport.ObjectID
 	if len(b) != requestLen || string(b[:4]) != requestMagic {
-		return id, core.Errorf(core.ErrCorrupt, "shm: malformed segment request")
+		return id, transport.Errorf(transport.ErrCorrupt, "shm: malformed segment request")
 	}
 	copy(id[:], b[4:])
 	return id, nil
 }
 
 // A reply: status i32, size u64, message length u32, message.
-func encodeReply(st core.Status, msg string, size uint64) []byte {
+func encodeReply(st transport.Status, msg string, size uint64) []byte {
 	if len(msg) > maxMessage {
 		msg = msg[:maxMessage]
 	}
@@ -791,15 +791,15 @@ func encodeReply(st core.Status, msg string, size uint64) []byte {
 	return append(b, msg...)
 }
 
-func decodeReply(b []byte) (core.Status, string, uint64, error) {
+func decodeReply(b []byte) (transport.Status, string, uint64, error) {
 	if len(b) < replyLen {
-		return 0, "", 0, core.Errorf(core.ErrCorrupt, "shm: short reply from the source")
+		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "shm: short reply from the source")
 	}
-	st := core.Status(int32(binary.LittleEndian.Uint32(b)))
+	st := transport.Status(int32(binary.LittleEndian.Uint32(b)))
 	size := binary.LittleEndian.Uint64(b[4:])
 	n := binary.LittleEndian.Uint32(b[12:])
 	if uint64(n) != uint64(len(b)-replyLen) {
-		return 0, "", 0, core.Errorf(core.ErrCorrupt, "shm: malformed reply from the source")
+		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "shm: malformed reply from the source")
 	}
 	return st, string(b[replyLen:]), size, nil
 }
@@ -810,7 +810,7 @@ type region struct{ Offset, Size uint64 }
 // segment size u64, count u32, count × (offset u64, size u64).
 type metadata struct {
 	Path    string
-	Object  core.ObjectID
+	Object  transport.ObjectID
 	Size    uint64
 	Regions []region
 }
@@ -831,13 +831,13 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrCorrupt, "shm: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "shm: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < 7 || string(b[:4]) != metaMagic {
 		return nil, bad("bad header")
 	}
 	if b[4] != metaVersion {
-		return nil, core.Errorf(core.ErrUnsupported, "shm: metadata version %d, this build reads version %d", b[4], metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "shm: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
 	pl := int(binary.LittleEndian.Uint16(b[5:]))
 	if pl == 0 || pl > maxPath || len(b) < 7+pl+16+8+4 {

@@ -15,26 +15,26 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for.
 type testHost struct{ dir string }
 
-func (h testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", HostID: "h"} }
-func (h testHost) Log() *core.Logger        { return core.NewLogger("test", core.LogOff) }
-func (h testHost) Context() context.Context { return context.Background() }
-func (h testHost) AuthToken() string        { return "" }
-func (h testHost) RuntimeSecret() string    { return "test-secret" }
-func (h testHost) BindHost() string         { return "127.0.0.1" }
-func (h testHost) AdvertiseHost() string    { return "127.0.0.1" }
-func (h testHost) SocketDir() string        { return h.dir }
+func (h testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
+func (h testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
+func (h testHost) Context() context.Context     { return context.Background() }
+func (h testHost) AuthToken() string            { return "" }
+func (h testHost) RuntimeSecret() string        { return "test-secret" }
+func (h testHost) BindHost() string             { return "127.0.0.1" }
+func (h testHost) AdvertiseHost() string        { return "127.0.0.1" }
+func (h testHost) SocketDir() string            { return h.dir }
 
-// PeerTimeout implements core.Host.
-func (testHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
+// PeerTimeout implements transport.Host.
+func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
 
-func (h testHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
-	return nil, nil, core.Errorf(core.ErrNotFound, "no objects")
+func (h testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
 }
 
 func socketDir(t testing.TB) string {
@@ -55,16 +55,16 @@ func newTransport(t testing.TB) *Transport {
 
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(b) })
 	addr := uintptr(unsafe.Pointer(&b[0]))
 	b = b[:n]
-	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	require.NoError(t, err)
-	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
 }
 
 func fill(b []byte, seed byte) {
@@ -74,7 +74,7 @@ func fill(b []byte, seed byte) {
 }
 
 func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, [][]byte) {
-	var tensors []core.Tensor
+	var tensors []transport.Tensor
 	var want [][]byte
 	for i, n := range sizes {
 		b, x := buffer(t, n)
@@ -82,7 +82,7 @@ func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, []
 		tensors = append(tensors, x)
 		want = append(want, b)
 	}
-	meta, err := tr.ExtractMetadata(core.ObjectID{id}, tensors)
+	meta, err := tr.ExtractMetadata(transport.ObjectID{id}, tensors)
 	require.NoError(t, err)
 	// Staging copied the bytes: changing the source afterwards changes
 	// nothing a receiver sees.
@@ -99,7 +99,7 @@ func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, er
 
 // fetchFrom fetches an object that the process pid owns.
 func fetchFrom(t *testing.T, tr *Transport, meta []byte, pid int, sizes ...int) ([][]byte, error) {
-	var targets []core.Tensor
+	var targets []transport.Tensor
 	var got [][]byte
 	for _, n := range sizes {
 		b, x := buffer(t, n)
@@ -117,19 +117,19 @@ func fetchFrom(t *testing.T, tr *Transport, meta []byte, pid int, sizes ...int) 
 }
 
 // sourceRuntime stands for the runtime that owns the test's objects.
-var sourceRuntime = core.RuntimeID{0x5e}
+var sourceRuntime = transport.RuntimeID{0x5e}
 
 // transferOf is the transfer the core would describe for the object meta
 // names, put by a runtime of this process.
-func transferOf(t testing.TB, meta []byte) *core.Transfer {
+func transferOf(t testing.TB, meta []byte) *transport.Transfer {
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	return &core.Transfer{Object: m.Object, Transport: Name, Role: core.RoleDestination,
-		Source: core.PeerInfo{RuntimeID: sourceRuntime, Name: "source", Pid: os.Getpid()}}
+	return &transport.Transfer{Object: m.Object, Transport: Name, Role: transport.RoleDestination,
+		Source: transport.PeerInfo{RuntimeID: sourceRuntime, Name: "source", Pid: os.Getpid()}}
 }
 
-func statusOf(err error) core.Status {
-	var e *core.Error
+func statusOf(err error) transport.Status {
+	var e *transport.Error
 	if errors.As(err, &e) {
 		return e.Status
 	}
@@ -169,9 +169,9 @@ func TestRoundTrip(t *testing.T) {
 func TestFreedObjectIsNotFound(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, _ := stageObject(t, src, 2, 100)
-	src.GarbageCollect(core.ObjectID{2}, nil, meta)
+	src.GarbageCollect(transport.ObjectID{2}, nil, meta)
 	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, core.ErrNotFound, statusOf(err))
+	assert.Equal(t, transport.ErrNotFound, statusOf(err))
 }
 
 func TestSegmentIsSealed(t *testing.T) {
@@ -180,7 +180,7 @@ func TestSegmentIsSealed(t *testing.T) {
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
 	dst := newTransport(t)
-	kept, err := dst.source(core.PeerInfo{RuntimeID: sourceRuntime})
+	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
 	fd, size, err := dst.getSegment(kept, os.Getpid(), m)
 	require.NoError(t, err)
@@ -217,7 +217,7 @@ func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 
 	require.NoError(t, src.Close())
 	_, err = fetch(t, dst, meta, 4096)
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err), "%v", err)
 }
 
 func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
@@ -225,7 +225,7 @@ func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
 	meta, _ := stageObject(t, src, 4, 100)
 	require.NoError(t, src.Close())
 	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, core.ErrPeerUnavailable, statusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 	m, _ := decodeMetadata(meta)
 	_, err = os.Stat(m.Path)
 	assert.True(t, os.IsNotExist(err), "the socket file is removed at close")
@@ -236,26 +236,26 @@ func TestAbort(t *testing.T) {
 	const n = 256 << 20
 	meta, _ := stageObject(t, src, 5, n)
 	_, x := buffer(t, n)
-	req, err := dst.Fetch(transferOf(t, meta), []core.Tensor{x}, meta, nil)
+	req, err := dst.Fetch(transferOf(t, meta), []transport.Tensor{x}, meta, nil)
 	require.NoError(t, err)
 	dst.Abort(transferOf(t, meta), req)
 	err = req.Wait()
 	req.Release()
-	assert.Equal(t, core.ErrAborted, statusOf(err))
+	assert.Equal(t, transport.ErrAborted, statusOf(err))
 }
 
 func TestMismatchedTargets(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, _ := stageObject(t, src, 6, 100, 200)
 	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
 	_, err = fetch(t, dst, meta, 100, 201)
-	assert.Equal(t, core.ErrInvalidArgument, statusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
 }
 
 func TestCheckPeerRefusesOtherHosts(t *testing.T) {
 	tr := newTransport(t)
-	assert.Equal(t, core.ErrUnsupported, statusOf(tr.CheckPeer(core.PeerInfo{HostID: "a"}, core.PeerInfo{HostID: "b"})))
+	assert.Equal(t, transport.ErrUnsupported, statusOf(tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b"})))
 }
 
 func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
@@ -268,7 +268,7 @@ func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
 	require.NoError(t, err)
 	defer tr.Close()
 	_, x := buffer(t, 8)
-	_, err = tr.ExtractMetadata(core.ObjectID{7}, []core.Tensor{x})
+	_, err = tr.ExtractMetadata(transport.ObjectID{7}, []transport.Tensor{x})
 	require.NoError(t, err)
 	_, err = os.Stat(stale)
 	assert.True(t, os.IsNotExist(err))
@@ -277,7 +277,7 @@ func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
 }
 
 func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Path: "/run/x.sock", Object: core.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode()
+	good := (&metadata{Path: "/run/x.sock", Object: transport.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode()
 	_, err := decodeMetadata(good)
 	require.NoError(t, err)
 	for name, b := range map[string][]byte{
@@ -289,12 +289,12 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		"wrap":      (&metadata{Path: "/x", Size: 10, Regions: []region{{^uint64(0), 2}}}).encode(),
 	} {
 		_, err := decodeMetadata(b)
-		assert.Equal(t, core.ErrCorrupt, statusOf(err), name)
+		assert.Equal(t, transport.ErrCorrupt, statusOf(err), name)
 	}
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Path: "/run/x.sock", Object: core.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode())
+	f.Add((&metadata{Path: "/run/x.sock", Object: transport.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
@@ -321,13 +321,13 @@ func benchFetch(b *testing.B, n int) {
 	defer dst.Close()
 	_, s := buffer(b, n)
 	_, d := buffer(b, n)
-	meta, err := src.ExtractMetadata(core.ObjectID{1}, []core.Tensor{s})
+	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{s})
 	require.NoError(b, err)
 	x := transferOf(b, meta)
 	b.SetBytes(int64(n))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req, err := dst.Fetch(x, []core.Tensor{d}, meta, nil)
+		req, err := dst.Fetch(x, []transport.Tensor{d}, meta, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

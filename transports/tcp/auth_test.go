@@ -16,19 +16,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // runtimeObject puts a tcp object of n patterned bytes in a real runtime
 // configured with token and returns its tcp metadata, as a ref carries it.
 func runtimeObject(t *testing.T, token string, n int) (*core.Runtime, []byte, []byte) {
 	t.Helper()
-	rt, err := core.NewRuntime(core.Options{Name: "owner", LogLevel: core.LogOff, AuthToken: token,
-		Builtins: []core.TransportFactory{Factory()}, SocketDir: t.TempDir()})
+	rt, err := core.NewRuntime(core.Options{Name: "owner", LogLevel: transport.LogOff, AuthToken: token,
+		Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
 	b, x := buffer(t, n)
 	fill(b, 42)
-	ref, err := rt.Put([]core.Tensor{x}, "tcp", nil)
+	ref, err := rt.Put([]transport.Tensor{x}, "tcp", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { ref.Release() })
 	bytes, err := ref.Serialize()
@@ -65,14 +66,14 @@ func TestNoTokenRequiresTheKeyFromTheMetadata(t *testing.T) {
 	// wrong key are refused, whatever the caller knows about the object.
 	_, err = RequestRange(ctx, "", withoutKey(t, tmeta), 0, 0, 4096)
 	require.Error(t, err, "the metadata without its key is refused")
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "takes only the key inside its refs")
 	wrong := *m
 	wrong.Key = strings.Repeat("0", 64)
 	_, err = RequestRange(ctx, "", wrong.encode(), 0, 0, 4096)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	_, err = RequestRange(ctx, rt.RuntimeSecret(), withoutKey(t, tmeta), 0, 0, 4096)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "the runtime's secret itself is not the data key: %v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the runtime's secret itself is not the data key: %v", err)
 }
 
 func TestWithATokenTheMetadataCarriesNoKey(t *testing.T) {
@@ -86,13 +87,13 @@ func TestWithATokenTheMetadataCarriesNoKey(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
 	_, err = RequestRange(ctx, "", tmeta, 0, 0, 100)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 }
 
 // A flood of wrong keys writes a line a second, not a line a connection.
 func TestWrongKeyFloodLogsAFewLines(t *testing.T) {
 	p := newPair(t, "", "")
-	p.host.log = core.LogWarn
+	p.host.log = transport.LogWarn
 	meta, _ := p.put(t, 40, 64)
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
@@ -105,7 +106,7 @@ func TestWrongKeyFloodLogsAFewLines(t *testing.T) {
 	start := time.Now()
 	for i := 0; i < tries; i++ {
 		_, err := RequestRange(context.Background(), "", withoutKey(t, meta), 0, 0, 64)
-		if core.StatusOf(err) != core.ErrPermissionDenied {
+		if transport.StatusOf(err) != transport.ErrPermissionDenied {
 			os.Stderr = stderr
 			t.Fatalf("try %d: %v", i, err)
 		}
@@ -136,7 +137,7 @@ func TestCrossUserProbe(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	got, err := RequestRange(ctx, "", tmeta, 0, 0, 16)
-	fmt.Printf("PROBE uid=%d status=%s bytes=%x\n", os.Getuid(), core.StatusOf(err), got)
+	fmt.Printf("PROBE uid=%d status=%s bytes=%x\n", os.Getuid(), transport.StatusOf(err), got)
 }
 
 // TestAnotherUserCannotReadTheDataPort: a process of another user that

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // piece is one request's worth of a target: a byte range of one tensor,
@@ -35,7 +35,7 @@ type stream struct {
 	done   int // pieces fully received
 	hdr    [responseLen]byte
 	hdrGot int
-	st     core.Status
+	st     transport.Status
 	msg    []byte // a refusal's message
 	msgGot int
 	got    int // bytes of pieces[done] received
@@ -86,8 +86,8 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 			if err == nil && s.hdrGot == responseLen {
 				var mlen int
 				s.st, mlen, err = decodeResponseHeader(s.hdr[:])
-				if err == nil && s.st == core.OK && mlen != 0 {
-					err = core.Errorf(core.ErrCorrupt, "tcp: %s answered OK with a message", s.r.meta.Endpoint)
+				if err == nil && s.st == transport.OK && mlen != 0 {
+					err = transport.Errorf(transport.ErrCorrupt, "tcp: %s answered OK with a message", s.r.meta.Endpoint)
 				}
 				if err != nil {
 					return err
@@ -97,8 +97,8 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 		case s.msgGot < len(s.msg):
 			n, err = read(s.msg[s.msgGot:])
 			s.msgGot += n
-		case s.st != core.OK:
-			return core.Errorf(s.st, "tcp: the source %s refused tensor %d bytes [%d, +%d): %s",
+		case s.st != transport.OK:
+			return transport.Errorf(s.st, "tcp: the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
 		case s.got < len(p.dst):
 			n, err = read(p.dst[s.got:])
@@ -194,13 +194,13 @@ type fetchRequest struct {
 }
 
 // Fetch starts pulling every tensor of the object into targets.
-func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta []byte) (core.Request, error) {
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
 	if int(m.Tensors) != len(targets) {
-		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: the source describes %d tensors, %d targets given", m.Tensors, len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: the source describes %d tensors, %d targets given", m.Tensors, len(targets))
 	}
 	small, shares, err := plan(targets, t.streams)
 	if err != nil {
@@ -216,7 +216,7 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 	t.pmu.Lock()
 	if t.closed {
 		t.pmu.Unlock()
-		return nil, core.Errorf(core.ErrClosed, "tcp transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "tcp transport is closed")
 	}
 	t.active[r] = struct{}{}
 	t.pmu.Unlock()
@@ -251,15 +251,15 @@ func (t *Transport) Fetch(x *core.Transfer, targets []core.Tensor, tmeta, cmeta 
 // plan cuts targets into pieces: tensors under streamMin all go on one
 // stream; a larger one is split into one share per stream (page-aligned),
 // each share into pieces of at most maxChunk.
-func plan(targets []core.Tensor, streams int) (small []piece, shares [][]piece, err error) {
+func plan(targets []transport.Tensor, streams int) (small []piece, shares [][]piece, err error) {
 	for i, tg := range targets {
 		if !tg.Device.Type.HostAccessible() {
-			return nil, nil, core.Errorf(core.ErrUnsupported, "tcp: target %d is in %s memory; tcp writes host memory", i, tg.Device)
+			return nil, nil, transport.Errorf(transport.ErrUnsupported, "tcp: target %d is in %s memory; tcp writes host memory", i, tg.Device)
 		}
 		if tg.Nbytes == 0 {
 			continue
 		}
-		dst := core.Bytes(tg.Data, tg.Nbytes)
+		dst := transport.Bytes(tg.Data, tg.Nbytes)
 		if tg.Nbytes < streamMin {
 			small = append(small, piece{tensor: uint32(i), dst: dst})
 			continue
@@ -325,7 +325,7 @@ func (r *fetchRequest) finishConn(s *stream, err error) {
 	r.mu.Unlock()
 	if err != nil {
 		s.c.Close()
-		if core.StatusOf(err) == core.ErrPeerUnavailable {
+		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
 			r.t.dropIdle(r.pool)
 		}
 		return
@@ -454,25 +454,25 @@ func (r *fetchRequest) abort() {
 	}
 }
 
-func abortedErr() error { return core.Errorf(core.ErrAborted, "tcp: transfer aborted") }
+func abortedErr() error { return transport.Errorf(transport.ErrAborted, "tcp: transfer aborted") }
 
 // ioError names what a failed read or write on a data connection means.
 func (r *fetchRequest) ioError(err error) error {
 	if r.aborted.Load() {
 		return abortedErr()
 	}
-	var e *core.Error
+	var e *transport.Error
 	if errors.As(err, &e) {
 		return err
 	}
 	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
-		return core.Errorf(core.ErrPeerUnavailable, "tcp: the source %s went away during the transfer", r.meta.Endpoint)
+		return transport.Errorf(transport.ErrPeerUnavailable, "tcp: the source %s went away during the transfer", r.meta.Endpoint)
 	}
-	return core.Errorf(core.ErrPeerUnavailable, "tcp: transfer from %s failed: %v", r.meta.Endpoint, err)
+	return transport.Errorf(transport.ErrPeerUnavailable, "tcp: transfer from %s failed: %v", r.meta.Endpoint, err)
 }
 
 // Abort stops a transfer in progress; Wait then returns ErrAborted.
-func (t *Transport) Abort(x *core.Transfer, req core.Request) {
+func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
 	if r, ok := req.(*fetchRequest); ok {
 		r.abort()
 	}
@@ -489,7 +489,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 		return nil, err
 	}
 	if length > maxChunk {
-		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: at most %d bytes per request", maxChunk)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: at most %d bytes per request", maxChunk)
 	}
 	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
 	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
@@ -517,16 +517,16 @@ type probeHost struct {
 	ctx   context.Context
 }
 
-func (p probeHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "tcp-probe"} }
-func (p probeHost) Log() *core.Logger        { return core.NewLogger("tcp-probe", core.LogOff) }
-func (p probeHost) Context() context.Context { return p.ctx }
-func (p probeHost) AuthToken() string        { return p.token }
-func (p probeHost) RuntimeSecret() string    { return "" }
-func (p probeHost) BindHost() string         { return "127.0.0.1" }
-func (p probeHost) AdvertiseHost() string    { return "127.0.0.1" }
-func (p probeHost) SocketDir() string        { return "" }
+func (p probeHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "tcp-probe"} }
+func (p probeHost) Log() *transport.Logger       { return transport.NewLogger("tcp-probe", transport.LogOff) }
+func (p probeHost) Context() context.Context     { return p.ctx }
+func (p probeHost) AuthToken() string            { return p.token }
+func (p probeHost) RuntimeSecret() string        { return "" }
+func (p probeHost) BindHost() string             { return "127.0.0.1" }
+func (p probeHost) AdvertiseHost() string        { return "127.0.0.1" }
+func (p probeHost) SocketDir() string            { return "" }
 
-func (p probeHost) PeerTimeout() time.Duration { return core.DefaultPeerTimeout }
-func (p probeHost) PinObject(core.ObjectID) ([]core.Tensor, func(), error) {
-	return nil, nil, core.Errorf(core.ErrNotFound, "a probe holds no objects")
+func (p probeHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
+func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
 }

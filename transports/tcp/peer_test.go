@@ -12,12 +12,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // client is a second destination transport that claims runtime id id.
 func (p *pair) client(t *testing.T, id byte) *Transport {
 	h := newHost("")
-	h.id = core.RuntimeID{0xc1, id}
+	h.id = transport.RuntimeID{0xc1, id}
 	d, err := New(h)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
@@ -27,7 +28,7 @@ func (p *pair) client(t *testing.T, id byte) *Transport {
 // stall asks for a whole chunk over c and never reads it: the server's
 // write blocks once the socket buffers are full.
 func stall(t *testing.T, c net.Conn, obj byte) {
-	_, err := c.Write((&request{Object: core.ObjectID{obj}, Length: maxChunk}).encode(nil))
+	_, err := c.Write((&request{Object: transport.ObjectID{obj}, Length: maxChunk}).encode(nil))
 	require.NoError(t, err)
 }
 
@@ -74,11 +75,11 @@ func TestSlowReaderIsNotCut(t *testing.T) {
 	const n = 32 << 20
 	_, want := p.put(t, 31, n)
 	c := rawConn(t, p)
-	_, err := c.Write((&request{Object: core.ObjectID{31}, Length: n}).encode(nil))
+	_, err := c.Write((&request{Object: transport.ObjectID{31}, Length: n}).encode(nil))
 	require.NoError(t, err)
 	st, _, err := readResponse(c)
 	require.NoError(t, err)
-	require.Equal(t, core.OK, st)
+	require.Equal(t, transport.OK, st)
 	got := make([]byte, n)
 	for off := 0; off < n; off += 1 << 20 {
 		time.Sleep(100 * time.Millisecond)
@@ -105,8 +106,8 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 	stall(t, cg, 32)
 	require.Eventually(t, func() bool { return p.host.pinned() == 1 }, 5*time.Second, time.Millisecond)
 
-	p.src.PeerGone(core.PeerInfo{RuntimeID: core.RuntimeID{0xc1, 9}}) // a peer we never served
-	p.src.PeerGone(core.PeerInfo{})                                   // no id: nothing to match
+	p.src.PeerGone(transport.PeerInfo{RuntimeID: transport.RuntimeID{0xc1, 9}}) // a peer we never served
+	p.src.PeerGone(transport.PeerInfo{})                                        // no id: nothing to match
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, 1, p.host.pinned())
 	assert.Equal(t, 2, p.serving())
@@ -115,11 +116,11 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 	require.Eventually(t, func() bool { return p.host.pinned() == 0 }, 2*time.Second, time.Millisecond, "the pin goes with the connection")
 	require.Eventually(t, func() bool { return p.serving() == 1 }, 2*time.Second, time.Millisecond)
 	// The other client is still served.
-	_, err = cs.Write((&request{Object: core.ObjectID{32}, Offset: 5, Length: 100}).encode(nil))
+	_, err = cs.Write((&request{Object: transport.ObjectID{32}, Offset: 5, Length: 100}).encode(nil))
 	require.NoError(t, err)
 	st, _, err := readResponse(cs)
 	require.NoError(t, err)
-	require.Equal(t, core.OK, st)
+	require.Equal(t, transport.OK, st)
 	got := make([]byte, 100)
 	_, err = io.ReadFull(cs, got)
 	require.NoError(t, err)
@@ -127,18 +128,18 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 }
 
 // fetchFrom fetches as if the object belonged to runtime source.
-func (p *pair) fetchFrom(t *testing.T, source core.RuntimeID, meta []byte, sizes ...int) {
-	var targets []core.Tensor
+func (p *pair) fetchFrom(t *testing.T, source transport.RuntimeID, meta []byte, sizes ...int) {
+	var targets []transport.Tensor
 	for _, n := range sizes {
 		_, x := buffer(t, n)
 		targets = append(targets, x)
 	}
-	req, err := p.dst.Fetch(&core.Transfer{Source: core.PeerInfo{RuntimeID: source}}, targets, meta, nil)
+	req, err := p.dst.Fetch(&transport.Transfer{Source: transport.PeerInfo{RuntimeID: source}}, targets, meta, nil)
 	require.NoError(t, err)
 	require.NoError(t, wait(req))
 }
 
-func (p *pair) pooledFor(source core.RuntimeID) int {
+func (p *pair) pooledFor(source transport.RuntimeID) int {
 	k := p.srcKey()
 	k.source = source
 	p.dst.pmu.Lock()
@@ -151,7 +152,7 @@ func TestPeerGoneDropsPooledConnections(t *testing.T) {
 	p := newPair(t, "", "")
 	sizes := []int{4096, 9 << 20}
 	meta, _ := p.put(t, 33, sizes...)
-	gone, stays := core.RuntimeID{0x50, 1}, core.RuntimeID{0x50, 2}
+	gone, stays := transport.RuntimeID{0x50, 1}, transport.RuntimeID{0x50, 2}
 	p.fetchFrom(t, gone, meta, sizes...)
 	p.fetchFrom(t, stays, meta, sizes...)
 	require.Greater(t, p.pooledFor(gone), 1)
@@ -159,7 +160,7 @@ func TestPeerGoneDropsPooledConnections(t *testing.T) {
 	require.Greater(t, kept, 1)
 	require.Eventually(t, func() bool { return p.serving() == p.pooledFor(gone)+kept }, 5*time.Second, time.Millisecond)
 
-	p.dst.PeerGone(core.PeerInfo{RuntimeID: gone})
+	p.dst.PeerGone(transport.PeerInfo{RuntimeID: gone})
 	assert.Zero(t, p.pooledFor(gone))
 	assert.Equal(t, kept, p.pooledFor(stays), "only that peer's connections go")
 	require.Eventually(t, func() bool { return p.serving() == kept }, 5*time.Second, time.Millisecond,
@@ -193,8 +194,8 @@ func TestIdlePooledConnectionsAreClosed(t *testing.T) {
 // without a transport carry tcp metadata only once it runs.
 func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	newRT := func(name string) *core.Runtime {
-		rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: core.LogOff,
-			Builtins: []core.TransportFactory{Factory()}, SocketDir: t.TempDir()})
+		rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff,
+			Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 		require.NoError(t, err)
 		t.Cleanup(rt.Destroy)
 		return rt
@@ -211,7 +212,7 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	b, x := buffer(t, 5000)
 	fill(b, 35)
 	autoPut := func() []byte {
-		ref, err := owner.Put([]core.Tensor{x}, "", nil)
+		ref, err := owner.Put([]transport.Tensor{x}, "", nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { ref.Release() })
 		data, err := ref.Serialize()
@@ -229,7 +230,7 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	require.NoError(t, err)
 	defer ref.Release()
 	got, dst := buffer(t, 5000)
-	require.NoError(t, receiver.Get([]*core.Ref{ref}, []core.Tensor{dst}, core.FetchOptions{}, 30*time.Second))
+	require.NoError(t, receiver.Get([]*core.Ref{ref}, []transport.Tensor{dst}, core.FetchOptions{}, 30*time.Second))
 	assert.Equal(t, b, got)
 	assert.True(t, listening())
 	desc, _, err = core.DecodeRef(autoPut())

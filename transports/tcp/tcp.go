@@ -23,7 +23,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Name is the canonical transport name.
@@ -67,13 +67,13 @@ var (
 )
 
 // Factory makes the transport for a new runtime.
-func Factory() core.TransportFactory {
-	return core.TransportFactory{Name: Name, New: New}
+func Factory() transport.TransportFactory {
+	return transport.TransportFactory{Name: Name, New: New}
 }
 
 // Transport is the tcp transport of one runtime.
 type Transport struct {
-	h       core.Host
+	h       transport.Host
 	streams int
 	// key is what clients of our data listener must prove; metaKey is
 	// handed to receivers in the metadata ("" when a token is configured:
@@ -86,9 +86,9 @@ type Transport struct {
 	ln       net.Listener // nil until an object needs it
 	endpoint string
 	serving  sync.WaitGroup
-	sconns   map[net.Conn]core.RuntimeID // serving connections, by the runtime id the client claimed
-	lclosed  bool                        // the server side's closed, under lmu
-	refused  *core.FloodLog              // wrong keys; made with the listener
+	sconns   map[net.Conn]transport.RuntimeID // serving connections, by the runtime id the client claimed
+	lclosed  bool                             // the server side's closed, under lmu
+	refused  *transport.FloodLog              // wrong keys; made with the listener
 
 	pmu    sync.Mutex
 	idle   map[poolKey][]pooled // pooled client connections
@@ -101,7 +101,7 @@ type Transport struct {
 // same endpoint of the same source runtime, authenticated with the same key.
 type poolKey struct {
 	endpoint string
-	source   core.RuntimeID // zero for a client without a runtime
+	source   transport.RuntimeID // zero for a client without a runtime
 	key      string
 }
 
@@ -112,16 +112,16 @@ type pooled struct {
 
 // New makes the transport; the data listener starts when an object first
 // needs it.
-func New(h core.Host) (core.Transport, error) {
+func New(h transport.Host) (transport.Transport, error) {
 	streams := 4
 	if s := os.Getenv("RDT_TCP_STREAMS"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 1 || v > 16 {
-			return nil, core.Errorf(core.ErrInvalidArgument, "RDT_TCP_STREAMS=%q: want 1 to 16", s)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "RDT_TCP_STREAMS=%q: want 1 to 16", s)
 		}
 		streams = v
 	}
-	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]core.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
+	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
 		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}
 	t.key = h.AuthToken()
 	if t.key == "" {
@@ -130,14 +130,14 @@ func New(h core.Host) (core.Transport, error) {
 		// secret (never the secret itself, which guards other ports).
 		secret := h.RuntimeSecret()
 		if secret == "" {
-			secret = hex.EncodeToString(core.NewNonce())
+			secret = hex.EncodeToString(transport.NewNonce())
 		}
-		t.key = hex.EncodeToString(core.AuthProof(secret, keyPurpose, nil))
+		t.key = hex.EncodeToString(transport.AuthProof(secret, keyPurpose, nil))
 		t.metaKey = t.key
 	}
 	t.writeTimeout = h.PeerTimeout()
 	if t.writeTimeout <= 0 {
-		t.writeTimeout = core.DefaultPeerTimeout
+		t.writeTimeout = transport.DefaultPeerTimeout
 	}
 	return t, nil
 }
@@ -145,8 +145,8 @@ func New(h core.Host) (core.Transport, error) {
 func (t *Transport) Name() string { return Name }
 
 // Devices: memory the CPU can address (pinned CUDA host memory included).
-func (t *Transport) Devices() []core.DeviceType {
-	return []core.DeviceType{core.DeviceCPU, core.DeviceCUDAHost}
+func (t *Transport) Devices() []transport.DeviceType {
+	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
 }
 func (t *Transport) OneSided() bool { return true }
 func (t *Transport) CanAbort() bool { return true }
@@ -164,25 +164,26 @@ func (t *Transport) EagerMetadata() bool {
 	return t.ln != nil
 }
 
-func (t *Transport) CommunicatorMetadata(x *core.Transfer) ([]byte, error) { return nil, nil }
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-func (t *Transport) Send(x *core.Transfer, tensors []core.Tensor, tmeta, cmeta []byte) error {
-	return core.Errorf(core.ErrInternal, "tcp is one-sided: send is never called on it")
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
+	return transport.Errorf(transport.ErrInternal, "tcp is one-sided: send is never called on it")
 }
 
 // GarbageCollect has nothing to free: the source serves live objects only,
 // through PinObject, so a freed object is simply no longer found.
-func (t *Transport) GarbageCollect(obj core.ObjectID, tensors []core.Tensor, tmeta []byte) {}
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
+}
 
 // ExtractMetadata names this runtime's data endpoint and the object.
-func (t *Transport) ExtractMetadata(obj core.ObjectID, tensors []core.Tensor) ([]byte, error) {
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, core.Errorf(core.ErrUnsupported, "tcp moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tcp moves host memory; tensor on %s", x.Device)
 		}
 	}
-	if len(tensors) > core.MaxTensors {
-		return nil, core.Errorf(core.ErrInvalidArgument, "tcp: %d tensors exceed the limit of %d", len(tensors), core.MaxTensors)
+	if len(tensors) > transport.MaxTensors {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: %d tensors exceed the limit of %d", len(tensors), transport.MaxTensors)
 	}
 	ep, err := t.listen()
 	if err != nil {
@@ -198,7 +199,7 @@ func (t *Transport) listen() (string, error) {
 	t.lmu.Lock()
 	defer t.lmu.Unlock()
 	if t.lclosed {
-		return "", core.Errorf(core.ErrClosed, "tcp transport is closed")
+		return "", transport.Errorf(transport.ErrClosed, "tcp transport is closed")
 	}
 	if t.ln != nil {
 		return t.endpoint, nil
@@ -206,13 +207,13 @@ func (t *Transport) listen() (string, error) {
 	// Without a token the core keeps BindHost on loopback.
 	ln, err := net.Listen("tcp", net.JoinHostPort(t.h.BindHost(), "0"))
 	if err != nil {
-		return "", core.Errorf(core.ErrTransport, "tcp: cannot listen on %s: %v", t.h.BindHost(), err)
+		return "", transport.Errorf(transport.ErrTransport, "tcp: cannot listen on %s: %v", t.h.BindHost(), err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	t.ln = ln
 	t.endpoint = net.JoinHostPort(t.h.AdvertiseHost(), strconv.Itoa(port))
 	// A flood of wrong keys writes a few lines, not one a connection.
-	t.refused = core.NewFloodLog(t.h.Log(), core.LogWarn, time.Second,
+	t.refused = transport.NewFloodLog(t.h.Log(), transport.LogWarn, time.Second,
 		"tcp: refused a data connection", "tcp: refused %d more data connections since %s")
 	t.serving.Add(1)
 	go t.accept(ln)
@@ -241,7 +242,7 @@ func (t *Transport) accept(ln net.Listener) {
 			<-t.slots
 			return
 		}
-		t.sconns[c] = core.RuntimeID{}
+		t.sconns[c] = transport.RuntimeID{}
 		t.serving.Add(1)
 		t.lmu.Unlock()
 		go t.serve(c)
@@ -274,7 +275,7 @@ func (t *Transport) serve(c net.Conn) {
 		if err != nil {
 			t.h.Log().Warnf("tcp: closing data connection from %s: %v", c.RemoteAddr(), err)
 			c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-			c.Write(encodeResponse(hdr[:0], core.StatusOf(err), err.Error()))
+			c.Write(encodeResponse(hdr[:0], transport.StatusOf(err), err.Error()))
 			return
 		}
 		if err := t.answer(c, req, hdr[:0]); err != nil {
@@ -288,7 +289,7 @@ func (t *Transport) serve(c net.Conn) {
 func (t *Transport) handshake(c net.Conn) bool {
 	defer func() { <-t.slots }()
 	tune(c)
-	nonce := core.NewNonce()
+	nonce := transport.NewNonce()
 	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
 	// A client that does not finish the handshake in time is dropped.
 	c.SetDeadline(time.Now().Add(authTimeout))
@@ -299,17 +300,17 @@ func (t *Transport) handshake(c net.Conn) bool {
 	if _, err := io.ReadFull(c, answer); err != nil {
 		return false
 	}
-	if !core.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
+	if !transport.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
 		t.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
-		c.Write(encodeResponse(nil, core.ErrPermissionDenied, t.refusal()))
+		c.Write(encodeResponse(nil, transport.ErrPermissionDenied, t.refusal()))
 		return false
 	}
 	// The client's runtime id is not proven: it is used only to close
 	// this connection when that runtime is gone (PeerGone).
 	t.lmu.Lock()
-	t.sconns[c] = core.RuntimeID(answer[proofLen:])
+	t.sconns[c] = transport.RuntimeID(answer[proofLen:])
 	t.lmu.Unlock()
-	if _, err := c.Write(encodeResponse(nil, core.OK, "")); err != nil {
+	if _, err := c.Write(encodeResponse(nil, transport.OK, "")); err != nil {
 		return false
 	}
 	c.SetDeadline(time.Time{})
@@ -328,22 +329,22 @@ func (t *Transport) refusal() string {
 // connection. Every write has a deadline, so a client that stops reading
 // releases the object's pin after writeTimeout.
 func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
-	refuse := func(st core.Status, msg string) error {
+	refuse := func(st transport.Status, msg string) error {
 		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 		_, err := c.Write(encodeResponse(hdr, st, msg))
 		return err
 	}
 	tensors, unpin, err := t.h.PinObject(req.Object)
 	if err != nil {
-		return refuse(core.StatusOf(err), err.Error())
+		return refuse(transport.StatusOf(err), err.Error())
 	}
 	defer unpin()
 	src, st, msg := checkRange(req, tensors)
-	if st != core.OK {
+	if st != transport.OK {
 		t.h.Log().Warnf("tcp: refused a request from %s: %s", c.RemoteAddr(), msg)
 		return refuse(st, msg)
 	}
-	hdr = encodeResponse(hdr, core.OK, "")
+	hdr = encodeResponse(hdr, transport.OK, "")
 	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 	if req.Length == 0 {
 		_, err = c.Write(hdr)
@@ -353,7 +354,7 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 	// tensor's memory (the pin keeps it alive meanwhile): one segment for a
 	// small answer, no copy for a large one. Each further chunk gets a
 	// fresh deadline: the bound is on a stall, not on the whole answer.
-	data := core.Bytes(src.Data+uintptr(req.Offset), req.Length)
+	data := transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
 	first := min(len(data), writeChunk)
 	bufs := net.Buffers{hdr, data[:first]}
 	if _, err := bufs.WriteTo(c); err != nil {
@@ -372,7 +373,7 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 // the connections it is served on (a write blocked on a receiver that
 // vanished would hold its object until the write timeout) and the pooled
 // connections to its data endpoint.
-func (t *Transport) PeerGone(peer core.PeerInfo) {
+func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	if peer.RuntimeID.IsZero() {
 		return
 	}
@@ -399,26 +400,26 @@ func (t *Transport) PeerGone(peer core.PeerInfo) {
 
 // checkRange finds the tensor a request reads and checks that the range
 // lies inside it, or says why not.
-func checkRange(req request, tensors []core.Tensor) (core.Tensor, core.Status, string) {
+func checkRange(req request, tensors []transport.Tensor) (transport.Tensor, transport.Status, string) {
 	if uint64(req.Tensor) >= uint64(len(tensors)) {
-		return core.Tensor{}, core.ErrInvalidArgument, "tcp: object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
 			" tensors; tensor " + strconv.FormatUint(uint64(req.Tensor), 10) + " was asked for"
 	}
 	if req.Length > maxChunk {
-		return core.Tensor{}, core.ErrInvalidArgument, "tcp: request for " + strconv.FormatUint(req.Length, 10) +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: request for " + strconv.FormatUint(req.Length, 10) +
 			" bytes exceeds the " + strconv.Itoa(maxChunk) + "-byte limit"
 	}
 	src := tensors[req.Tensor]
 	// Written so that neither side can overflow.
 	if req.Offset > src.Nbytes || req.Length > src.Nbytes-req.Offset {
-		return core.Tensor{}, core.ErrInvalidArgument, "tcp: range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
 			strconv.FormatUint(req.Length, 10) + ") is outside tensor " + strconv.FormatUint(uint64(req.Tensor), 10) +
 			" (" + strconv.FormatUint(src.Nbytes, 10) + " bytes)"
 	}
 	if !src.Device.Type.HostAccessible() {
-		return core.Tensor{}, core.ErrUnsupported, "tcp: the object is in " + src.Device.Type.String() + " memory"
+		return transport.Tensor{}, transport.ErrUnsupported, "tcp: the object is in " + src.Device.Type.String() + " memory"
 	}
-	return src, core.OK, ""
+	return src, transport.OK, ""
 }
 
 // Close stops serving, closes every connection and waits for the serving
@@ -494,7 +495,7 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	closed := t.closed
 	t.pmu.Unlock()
 	if closed {
-		return nil, core.Errorf(core.ErrClosed, "tcp transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "tcp transport is closed")
 	}
 	if c := t.idleConn(k); c != nil {
 		return c, nil
@@ -504,9 +505,9 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", ep)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, core.Errorf(core.ErrAborted, "tcp: dialing %s was cancelled", ep)
+			return nil, transport.Errorf(transport.ErrAborted, "tcp: dialing %s was cancelled", ep)
 		}
-		return nil, core.Errorf(core.ErrPeerUnavailable, "tcp: cannot reach the source's data endpoint %s: %v", ep, err)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "tcp: cannot reach the source's data endpoint %s: %v", ep, err)
 	}
 	tune(c)
 	// Cancelling ctx (an abort) also cuts a handshake with a source that
@@ -515,7 +516,7 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	err = t.authenticate(c, ep, k.key)
 	if !stop() {
 		c.Close()
-		return nil, core.Errorf(core.ErrAborted, "tcp: the handshake with %s was cancelled", ep)
+		return nil, transport.Errorf(transport.ErrAborted, "tcp: the handshake with %s was cancelled", ep)
 	}
 	if err != nil {
 		c.Close()
@@ -539,41 +540,41 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	hello := make([]byte, helloLen)
 	n, err := io.ReadFull(c, hello)
 	if m := min(n, len(helloMagic)); string(hello[:m]) != helloMagic[:m] {
-		return core.Errorf(core.ErrCorrupt, "tcp data connection to %s: not an rdt data endpoint", ep)
+		return transport.Errorf(transport.ErrCorrupt, "tcp data connection to %s: not an rdt data endpoint", ep)
 	}
 	if err != nil {
-		return core.Errorf(core.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
 	}
 	if v := hello[len(helloMagic)]; v != protoVersion {
-		return core.Errorf(core.ErrUnsupported, "tcp data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
+		return transport.Errorf(transport.ErrUnsupported, "tcp data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
 	}
 	id := t.h.Identity().RuntimeID
-	answer := append(core.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
+	answer := append(transport.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
 	if _, err := c.Write(answer); err != nil {
-		return core.Errorf(core.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
 	}
 	st, msg, err := readResponse(c)
 	if err != nil {
 		// A server that refuses the key says so (below); a connection
 		// that ends without an answer means the peer went away, say
 		// killed while we connected.
-		if core.StatusOf(err) == core.ErrPeerUnavailable {
-			return core.Errorf(core.ErrPeerUnavailable, "tcp data connection to %s: the peer closed the connection during authentication: %v", ep, err)
+		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
+			return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: the peer closed the connection during authentication: %v", ep, err)
 		}
 		return err
 	}
-	if st == core.OK {
+	if st == transport.OK {
 		return nil
 	}
-	return core.Errorf(st, "tcp data connection to %s: %s", ep, msg)
+	return transport.Errorf(st, "tcp data connection to %s: %s", ep, msg)
 }
 
 // readResponse reads one response header and its message (handshake only;
 // pulls read theirs in stream.advance).
-func readResponse(c net.Conn) (core.Status, string, error) {
+func readResponse(c net.Conn) (transport.Status, string, error) {
 	var hdr [responseLen]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return 0, "", core.Errorf(core.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
 	}
 	st, n, err := decodeResponseHeader(hdr[:])
 	if err != nil {
@@ -584,7 +585,7 @@ func readResponse(c net.Conn) (core.Status, string, error) {
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return 0, "", core.Errorf(core.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
 	}
 	return st, string(msg), nil
 }

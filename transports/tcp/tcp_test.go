@@ -20,28 +20,30 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for, with a
 // table of objects for PinObject.
 type testHost struct {
 	token   string
-	id      core.RuntimeID
+	id      transport.RuntimeID
 	timeout time.Duration // PeerTimeout
-	log     core.LogLevel
+	log     transport.LogLevel
 	mu      sync.Mutex
-	objs    map[core.ObjectID][]core.Tensor
+	objs    map[transport.ObjectID][]transport.Tensor
 	pins    int
 }
 
 func newHost(token string) *testHost {
-	return &testHost{token: token, id: core.RuntimeID{0x7e, 1}, timeout: core.DefaultPeerTimeout, log: core.LogOff,
-		objs: map[core.ObjectID][]core.Tensor{}}
+	return &testHost{token: token, id: transport.RuntimeID{0x7e, 1}, timeout: transport.DefaultPeerTimeout, log: transport.LogOff,
+		objs: map[transport.ObjectID][]transport.Tensor{}}
 }
 
-func (h *testHost) Identity() core.PeerInfo  { return core.PeerInfo{Name: "test", RuntimeID: h.id} }
-func (h *testHost) Log() *core.Logger        { return core.NewLogger("test", h.log) }
+func (h *testHost) Identity() transport.PeerInfo {
+	return transport.PeerInfo{Name: "test", RuntimeID: h.id}
+}
+func (h *testHost) Log() *transport.Logger   { return transport.NewLogger("test", h.log) }
 func (h *testHost) Context() context.Context { return context.Background() }
 func (h *testHost) AuthToken() string        { return h.token }
 func (h *testHost) RuntimeSecret() string    { return "test-secret" }
@@ -51,12 +53,12 @@ func (h *testHost) SocketDir() string        { return os.TempDir() }
 
 func (h *testHost) PeerTimeout() time.Duration { return h.timeout }
 
-func (h *testHost) PinObject(id core.ObjectID) ([]core.Tensor, func(), error) {
+func (h *testHost) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t, ok := h.objs[id]
 	if !ok {
-		return nil, nil, core.Errorf(core.ErrNotFound, "object %s is not held here", id)
+		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held here", id)
 	}
 	h.pins++
 	return t, func() { h.mu.Lock(); h.pins--; h.mu.Unlock() }, nil
@@ -70,16 +72,16 @@ func (h *testHost) pinned() int {
 
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, core.Tensor) {
+func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unix.Munmap(b) })
 	addr := uintptr(unsafe.Pointer(&b[0]))
 	b = b[:n]
-	desc, err := core.NewTensorDesc(core.Device{Type: core.DeviceCPU}, core.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
 	require.NoError(t, err)
-	return b, core.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
 }
 
 func fill(b []byte, seed byte) {
@@ -106,7 +108,7 @@ func newPair(t *testing.T, srcToken, dstToken string) *pair {
 // put registers an object of the given sizes with the source and returns
 // its metadata and contents.
 func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
-	var tensors []core.Tensor
+	var tensors []transport.Tensor
 	var contents [][]byte
 	for i, n := range sizes {
 		b, x := buffer(t, n)
@@ -114,7 +116,7 @@ func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
 		tensors = append(tensors, x)
 		contents = append(contents, b)
 	}
-	obj := core.ObjectID{id}
+	obj := transport.ObjectID{id}
 	p.host.mu.Lock()
 	p.host.objs[obj] = tensors
 	p.host.mu.Unlock()
@@ -124,8 +126,8 @@ func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
 }
 
 // wait finishes a request the way the engine does: ask Completed first.
-func wait(req core.Request) error {
-	if c, ok := req.(core.CompletedRequest); ok {
+func wait(req transport.Request) error {
+	if c, ok := req.(transport.CompletedRequest); ok {
 		c.Completed()
 	}
 	err := req.Wait()
@@ -134,14 +136,14 @@ func wait(req core.Request) error {
 }
 
 func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) {
-	var targets []core.Tensor
+	var targets []transport.Tensor
 	var got [][]byte
 	for _, n := range sizes {
 		b, x := buffer(t, n)
 		targets = append(targets, x)
 		got = append(got, b)
 	}
-	req, err := p.dst.Fetch(&core.Transfer{}, targets, meta, nil)
+	req, err := p.dst.Fetch(&transport.Transfer{}, targets, meta, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -181,9 +183,9 @@ func TestZeroSizeObject(t *testing.T) {
 	meta, _ := p.put(t, 2, 0, 0)
 	_, a := buffer(t, 0)
 	_, b := buffer(t, 0)
-	req, err := p.dst.Fetch(&core.Transfer{}, []core.Tensor{a, b}, meta, nil)
+	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{a, b}, meta, nil)
 	require.NoError(t, err)
-	assert.True(t, req.(core.CompletedRequest).Completed(), "nothing to move: complete at once")
+	assert.True(t, req.(transport.CompletedRequest).Completed(), "nothing to move: complete at once")
 	require.NoError(t, wait(req))
 }
 
@@ -214,7 +216,7 @@ func TestSmallFetchCompletesInline(t *testing.T) {
 	require.NoError(t, err)
 	b0, x0 := buffer(t, 4096)
 	b1, x1 := buffer(t, 300)
-	req, err := p.dst.Fetch(&core.Transfer{}, []core.Tensor{x0, x1}, meta, nil)
+	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x0, x1}, meta, nil)
 	require.NoError(t, err)
 	r := req.(*fetchRequest)
 	require.NotNil(t, r.inline, "a pooled connection was at hand")
@@ -243,7 +245,7 @@ func TestMultiStreamOverride(t *testing.T) {
 	for _, bad := range []string{"0", "17", "four"} {
 		t.Setenv("RDT_TCP_STREAMS", bad)
 		_, err := New(newHost(""))
-		assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), bad)
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), bad)
 	}
 }
 
@@ -254,11 +256,11 @@ func TestPlan(t *testing.T) {
 	require.NoError(t, err)
 	defer unix.Munmap(mem)
 	addr := uintptr(unsafe.Pointer(&mem[0]))
-	cpu := core.Device{Type: core.DeviceCPU}
-	tensor := func(off, size uint64) core.Tensor {
-		return core.Tensor{TensorDesc: core.TensorDesc{Device: cpu, Nbytes: size}, Data: addr + uintptr(off)}
+	cpu := transport.Device{Type: transport.DeviceCPU}
+	tensor := func(off, size uint64) transport.Tensor {
+		return transport.Tensor{TensorDesc: transport.TensorDesc{Device: cpu, Nbytes: size}, Data: addr + uintptr(off)}
 	}
-	targets := []core.Tensor{tensor(0, 0), tensor(0, 100), tensor(100, streamMin-1), tensor(streamMin+99, n-streamMin-99)}
+	targets := []transport.Tensor{tensor(0, 0), tensor(0, 100), tensor(100, streamMin-1), tensor(streamMin+99, n-streamMin-99)}
 	for _, streams := range []int{1, 4, 7, 16} {
 		small, shares, err := plan(targets, streams)
 		require.NoError(t, err)
@@ -277,9 +279,9 @@ func TestPlan(t *testing.T) {
 		}
 		assert.Equal(t, uint64(n-streamMin-99), next)
 	}
-	gpu := core.Tensor{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCUDA}, Nbytes: 4}, Data: addr}
-	_, _, err = plan([]core.Tensor{gpu}, 4)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	gpu := transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCUDA}, Nbytes: 4}, Data: addr}
+	_, _, err = plan([]transport.Tensor{gpu}, 4)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 }
 
 func TestUnknownObjectIsNotFound(t *testing.T) {
@@ -288,11 +290,11 @@ func TestUnknownObjectIsNotFound(t *testing.T) {
 	_, err := p.fetch(t, meta, 64, 9<<20)
 	require.NoError(t, err)
 	p.host.mu.Lock()
-	delete(p.host.objs, core.ObjectID{6}) // freed at the source
+	delete(p.host.objs, transport.ObjectID{6}) // freed at the source
 	p.host.mu.Unlock()
 	for round := 0; round < 2; round++ {
 		_, err := p.fetch(t, meta, 64, 9<<20)
-		assert.Equal(t, core.ErrNotFound, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	}
 	// The source still serves other objects, on pooled and new connections.
 	meta2, want2 := p.put(t, 7, 100)
@@ -314,13 +316,13 @@ func TestOutOfRangeRequestIsRefusedAndTheServerStaysUp(t *testing.T) {
 	meta, want := p.put(t, 8, 1000)
 	c := rawConn(t, p)
 	bad := []request{
-		{Object: core.ObjectID{8}, Tensor: 0, Offset: 999, Length: 2},
-		{Object: core.ObjectID{8}, Tensor: 0, Offset: 1001, Length: 0},
-		{Object: core.ObjectID{8}, Tensor: 1, Offset: 0, Length: 1},
-		{Object: core.ObjectID{8}, Tensor: 0xffffffff, Offset: 0, Length: 1},
-		{Object: core.ObjectID{8}, Tensor: 0, Offset: 1 << 62, Length: 1 << 20},
-		{Object: core.ObjectID{8}, Tensor: 0, Offset: ^uint64(0) - 10, Length: 20},
-		{Object: core.ObjectID{8}, Tensor: 0, Offset: 0, Length: maxChunk + 1},
+		{Object: transport.ObjectID{8}, Tensor: 0, Offset: 999, Length: 2},
+		{Object: transport.ObjectID{8}, Tensor: 0, Offset: 1001, Length: 0},
+		{Object: transport.ObjectID{8}, Tensor: 1, Offset: 0, Length: 1},
+		{Object: transport.ObjectID{8}, Tensor: 0xffffffff, Offset: 0, Length: 1},
+		{Object: transport.ObjectID{8}, Tensor: 0, Offset: 1 << 62, Length: 1 << 20},
+		{Object: transport.ObjectID{8}, Tensor: 0, Offset: ^uint64(0) - 10, Length: 20},
+		{Object: transport.ObjectID{8}, Tensor: 0, Offset: 0, Length: maxChunk + 1},
 	}
 	// All at once, pipelined, and a good one at the end: the answers come
 	// back in order.
@@ -328,18 +330,18 @@ func TestOutOfRangeRequestIsRefusedAndTheServerStaysUp(t *testing.T) {
 	for _, req := range bad {
 		frames = req.encode(frames)
 	}
-	frames = (&request{Object: core.ObjectID{8}, Offset: 10, Length: 990}).encode(frames)
+	frames = (&request{Object: transport.ObjectID{8}, Offset: 10, Length: 990}).encode(frames)
 	_, err := c.Write(frames)
 	require.NoError(t, err)
 	for _, req := range bad {
 		st, msg, err := readResponse(c)
 		require.NoError(t, err)
-		assert.Equal(t, core.ErrInvalidArgument, st, "%+v", req)
+		assert.Equal(t, transport.ErrInvalidArgument, st, "%+v", req)
 		assert.Regexp(t, "outside tensor|tensors; tensor|byte limit", msg)
 	}
 	st, _, err := readResponse(c)
 	require.NoError(t, err)
-	require.Equal(t, core.OK, st)
+	require.Equal(t, transport.OK, st)
 	got := make([]byte, 990)
 	_, err = io.ReadFull(c, got)
 	require.NoError(t, err)
@@ -347,7 +349,7 @@ func TestOutOfRangeRequestIsRefusedAndTheServerStaysUp(t *testing.T) {
 	// Through the client API the refusal is a clear InvalidArgument, and
 	// new connections are served too.
 	_, err = RequestRange(context.Background(), "", meta, 0, 999, 2)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "outside tensor 0 (1000 bytes)")
 	g, err := p.fetch(t, meta, 1000)
 	require.NoError(t, err)
@@ -360,9 +362,9 @@ func TestTargetLargerThanSourceIsRefused(t *testing.T) {
 	p := newPair(t, "", "")
 	meta, _ := p.put(t, 9, 100, 9<<20)
 	_, err := p.fetch(t, meta, 101, 9<<20)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	_, err = p.fetch(t, meta, 100, 9<<20+1)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 }
 
 func TestMalformedFrameClosesOnlyThatConnection(t *testing.T) {
@@ -375,7 +377,7 @@ func TestMalformedFrameClosesOnlyThatConnection(t *testing.T) {
 	require.NoError(t, err)
 	st, _, err := readResponse(c)
 	require.NoError(t, err)
-	assert.Equal(t, core.ErrInvalidArgument, st)
+	assert.Equal(t, transport.ErrInvalidArgument, st)
 	_, err = c.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "the server hung up")
 	got, err := p.fetch(t, meta, 128)
@@ -387,12 +389,12 @@ func TestWrongTokenIsPermissionDenied(t *testing.T) {
 	p := newPair(t, "right", "wrong")
 	meta, _ := p.put(t, 11, 64)
 	_, err := p.fetch(t, meta, 64)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err))
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "tcp data connection to 127.0.0.1:")
 	assert.Contains(t, err.Error(), "the peer refused our auth token")
 	// No token against a token, too.
 	_, err = RequestRange(context.Background(), "", meta, 0, 0, 1)
-	assert.Equal(t, core.ErrPermissionDenied, core.StatusOf(err))
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 	// With the right token it works.
 	got, err := RequestRange(context.Background(), "right", meta, 0, 0, 64)
 	require.NoError(t, err)
@@ -406,14 +408,14 @@ func TestAbortStopsALargeTransfer(t *testing.T) {
 	const n = 512 << 20
 	meta, _ := p.put(t, 12, n)
 	_, x := buffer(t, n)
-	req, err := p.dst.Fetch(&core.Transfer{}, []core.Tensor{x}, meta, nil)
+	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x}, meta, nil)
 	require.NoError(t, err)
 	time.Sleep(5 * time.Millisecond)
 	start := time.Now()
-	p.dst.Abort(&core.Transfer{}, req)
+	p.dst.Abort(&transport.Transfer{}, req)
 	err = req.Wait()
 	req.Release()
-	assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	// The source is fine afterwards.
 	meta2, want := p.put(t, 13, 4096)
@@ -455,13 +457,13 @@ func fakeSource(t *testing.T, token string, serve func(c net.Conn)) string {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				nonce := core.NewNonce()
+				nonce := transport.NewNonce()
 				c.Write(append(append([]byte(helloMagic), protoVersion), nonce...))
 				answer := make([]byte, clientLen)
-				if _, err := io.ReadFull(c, answer); err != nil || !core.CheckAuthProof(token, authPurpose, nonce, answer[:proofLen]) {
+				if _, err := io.ReadFull(c, answer); err != nil || !transport.CheckAuthProof(token, authPurpose, nonce, answer[:proofLen]) {
 					return
 				}
-				c.Write(encodeResponse(nil, core.OK, ""))
+				c.Write(encodeResponse(nil, transport.OK, ""))
 				serve(c)
 			}()
 		}
@@ -470,7 +472,7 @@ func fakeSource(t *testing.T, token string, serve func(c net.Conn)) string {
 }
 
 func fakeMeta(ep string, tensors uint32) []byte {
-	return (&metadata{Endpoint: ep, Object: core.ObjectID{0xfa}, Tensors: tensors}).encode()
+	return (&metadata{Endpoint: ep, Object: transport.ObjectID{0xfa}, Tensors: tensors}).encode()
 }
 
 // silent reads requests and never answers.
@@ -486,13 +488,13 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 	_, large := buffer(t, 16<<20)
 
 	// A dialled stream and parallel streams, blocked in reads.
-	req, err := dst.Fetch(&core.Transfer{}, []core.Tensor{small, large}, fakeMeta(ep, 2), nil)
+	req, err := dst.Fetch(&transport.Transfer{}, []transport.Tensor{small, large}, fakeMeta(ep, 2), nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
-	assert.False(t, req.(core.CompletedRequest).Completed())
+	assert.False(t, req.(transport.CompletedRequest).Completed())
 	start := time.Now()
-	dst.Abort(&core.Transfer{}, req)
-	assert.Equal(t, core.ErrAborted, core.StatusOf(wait(req)))
+	dst.Abort(&transport.Transfer{}, req)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
 	assert.Less(t, time.Since(start), 2*time.Second)
 
 	// An inline stream, blocked in Wait, and one blocked in Completed's
@@ -502,25 +504,25 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 		c, err := dst.conn(context.Background(), k)
 		require.NoError(t, err)
 		dst.put(k, c)
-		req, err = dst.Fetch(&core.Transfer{}, []core.Tensor{small}, fakeMeta(ep, 1), nil)
+		req, err = dst.Fetch(&transport.Transfer{}, []transport.Tensor{small}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		require.NotNil(t, req.(*fetchRequest).inline)
 		old := inlineBudget
 		inlineBudget = time.Minute
-		go func(req core.Request) {
+		go func(req transport.Request) {
 			time.Sleep(50 * time.Millisecond)
-			dst.Abort(&core.Transfer{}, req)
+			dst.Abort(&transport.Transfer{}, req)
 		}(req)
 		start = time.Now()
 		if inCompleted {
 			// Abort wakes the ppoll; the request is then over.
-			assert.True(t, req.(core.CompletedRequest).Completed())
+			assert.True(t, req.(transport.CompletedRequest).Completed())
 			assert.Less(t, time.Since(start), 5*time.Second)
 		}
 		err = req.Wait()
 		inlineBudget = old
 		req.Release()
-		assert.Equal(t, core.ErrAborted, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 		assert.Less(t, time.Since(start), 5*time.Second)
 	}
 }
@@ -543,12 +545,12 @@ func TestAbortDuringTheHandshake(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	_, x := buffer(t, 10)
-	req, err := d.Fetch(&core.Transfer{}, []core.Tensor{x}, fakeMeta(ln.Addr().String(), 1), nil)
+	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ln.Addr().String(), 1), nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 	start := time.Now()
-	d.Abort(&core.Transfer{}, req)
-	assert.Equal(t, core.ErrAborted, core.StatusOf(wait(req)))
+	d.Abort(&transport.Transfer{}, req)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
 	assert.Less(t, time.Since(start), authTimeout/2)
 }
 
@@ -557,13 +559,13 @@ func TestCloseStopsFetchesInFlight(t *testing.T) {
 	d, err := New(newHost(""))
 	require.NoError(t, err)
 	_, x := buffer(t, 16<<20)
-	req, err := d.Fetch(&core.Transfer{}, []core.Tensor{x}, fakeMeta(ep, 1), nil)
+	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 	require.NoError(t, d.Close())
-	assert.Equal(t, core.ErrAborted, core.StatusOf(wait(req)))
-	_, err = d.Fetch(&core.Transfer{}, []core.Tensor{x}, fakeMeta(ep, 1), nil)
-	assert.Equal(t, core.ErrClosed, core.StatusOf(err))
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
+	_, err = d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
+	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
 }
 
 func TestSourceClosedIsPeerUnavailable(t *testing.T) {
@@ -574,7 +576,7 @@ func TestSourceClosedIsPeerUnavailable(t *testing.T) {
 	p.src.Close()
 	for round := 0; round < 2; round++ { // stale pooled connections, then dials
 		_, err = p.fetch(t, meta, 64, 9<<20)
-		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), p.src.endpoint)
 	}
 }
@@ -587,7 +589,7 @@ func TestSourceDiesMidTransfer(t *testing.T) {
 			return
 		}
 		req, _ := decodeRequest(frame)
-		c.Write(encodeResponse(nil, core.OK, ""))
+		c.Write(encodeResponse(nil, transport.OK, ""))
 		c.Write(make([]byte, req.Length/2))
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // a reset, as from a killed process
@@ -598,10 +600,10 @@ func TestSourceDiesMidTransfer(t *testing.T) {
 	defer d.Close()
 	for _, n := range []int{4096, 16 << 20} {
 		_, x := buffer(t, n)
-		req, err := d.Fetch(&core.Transfer{}, []core.Tensor{x}, fakeMeta(ep, 1), nil)
+		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		err = wait(req)
-		assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 		assert.Contains(t, err.Error(), ep)
 	}
 }
@@ -615,10 +617,10 @@ func TestUnreachableSourceIsPeerUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	_, x := buffer(t, 10)
-	req, err := d.Fetch(&core.Transfer{}, []core.Tensor{x}, fakeMeta(ep, 1), nil)
+	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	err = wait(req)
-	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), ep)
 }
 
@@ -634,24 +636,24 @@ func TestNotAnRDTEndpoint(t *testing.T) {
 		}
 	}()
 	_, err = RequestRange(context.Background(), "", fakeMeta(ln.Addr().String(), 1), 0, 0, 1)
-	assert.Equal(t, core.ErrCorrupt, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 }
 
 func TestTargetCountMismatch(t *testing.T) {
 	p := newPair(t, "", "")
 	meta, _ := p.put(t, 15, 64, 64)
 	_, err := p.fetch(t, meta, 64)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 }
 
 func TestDeviceMemoryIsRefused(t *testing.T) {
 	p := newPair(t, "", "")
-	gpu := core.Tensor{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCUDA}, Nbytes: 4}, Data: 1}
-	_, err := p.src.ExtractMetadata(core.ObjectID{16}, []core.Tensor{gpu})
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	gpu := transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCUDA}, Nbytes: 4}, Data: 1}
+	_, err := p.src.ExtractMetadata(transport.ObjectID{16}, []transport.Tensor{gpu})
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	meta, _ := p.put(t, 16, 4)
-	_, err = p.dst.Fetch(&core.Transfer{}, []core.Tensor{gpu}, meta, nil)
-	assert.Equal(t, core.ErrUnsupported, core.StatusOf(err))
+	_, err = p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{gpu}, meta, nil)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 }
 
 func TestConcurrentFetches(t *testing.T) {
@@ -689,12 +691,12 @@ func TestConcurrentFetches(t *testing.T) {
 
 func TestMetadataRejectsCorruption(t *testing.T) {
 	key := strings.Repeat("k", maxKey)
-	good := (&metadata{Endpoint: "127.0.0.1:5", Object: core.ObjectID{1}, Tensors: 2, Key: key}).encode()
+	good := (&metadata{Endpoint: "127.0.0.1:5", Object: transport.ObjectID{1}, Tensors: 2, Key: key}).encode()
 	m, err := decodeMetadata(good)
 	require.NoError(t, err)
 	assert.Equal(t, "127.0.0.1:5", m.Endpoint)
 	assert.Equal(t, key, m.Key)
-	noKey := (&metadata{Endpoint: "127.0.0.1:5", Object: core.ObjectID{1}, Tensors: 2}).encode()
+	noKey := (&metadata{Endpoint: "127.0.0.1:5", Object: transport.ObjectID{1}, Tensors: 2}).encode()
 	m, err = decodeMetadata(noKey)
 	require.NoError(t, err)
 	assert.Empty(t, m.Key)
@@ -718,19 +720,19 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		"key past the end": append(noKey[:len(noKey)-1], 5, 'a', 'b'),
 	} {
 		_, err := decodeMetadata(b)
-		st := core.StatusOf(err)
-		assert.True(t, st == core.ErrCorrupt || (strings.HasPrefix(name, "version") && st == core.ErrUnsupported), "%s: %v", name, err)
+		st := transport.StatusOf(err)
+		assert.True(t, st == transport.ErrCorrupt || (strings.HasPrefix(name, "version") && st == transport.ErrUnsupported), "%s: %v", name, err)
 	}
 	// Through Fetch: an error, not a panic.
 	d, err := New(newHost(""))
 	require.NoError(t, err)
 	defer d.Close()
-	_, err = d.Fetch(&core.Transfer{}, nil, []byte("garbage"), nil)
-	assert.Equal(t, core.ErrCorrupt, core.StatusOf(err))
+	_, err = d.Fetch(&transport.Transfer{}, nil, []byte("garbage"), nil)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 }
 
 func TestRequestFrameRoundTrip(t *testing.T) {
-	r := request{Object: core.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk}
+	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk}
 	b := r.encode(nil)
 	require.Len(t, b, requestLen)
 	got, err := decodeRequest(b)
@@ -740,9 +742,9 @@ func TestRequestFrameRoundTrip(t *testing.T) {
 	// frame that is not one closes it.
 	b[24] = 1
 	_, err = decodeRequest(b)
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	_, err = decodeRequest(b[:requestLen-1])
-	assert.Equal(t, core.ErrInvalidArgument, core.StatusOf(err))
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 }
 
 func TestOtherMethods(t *testing.T) {
@@ -753,34 +755,34 @@ func TestOtherMethods(t *testing.T) {
 	assert.Equal(t, "tcp", tr.Name())
 	assert.True(t, tr.OneSided())
 	assert.True(t, tr.CanAbort())
-	assert.False(t, tr.(core.EagerMetadata).EagerMetadata(), "no listener yet: objects without a transport do not start one")
-	_, isChecker := tr.(core.PeerChecker)
+	assert.False(t, tr.(transport.EagerMetadata).EagerMetadata(), "no listener yet: objects without a transport do not start one")
+	_, isChecker := tr.(transport.PeerChecker)
 	assert.False(t, isChecker, "tcp reaches other hosts")
-	cm, err := tr.CommunicatorMetadata(&core.Transfer{})
+	cm, err := tr.CommunicatorMetadata(&transport.Transfer{})
 	assert.NoError(t, err)
 	assert.Nil(t, cm)
-	assert.Equal(t, core.ErrInternal, core.StatusOf(tr.Send(&core.Transfer{}, nil, nil, nil)))
+	assert.Equal(t, transport.ErrInternal, transport.StatusOf(tr.Send(&transport.Transfer{}, nil, nil, nil)))
 	require.NoError(t, tr.Close())
-	_, err = tr.ExtractMetadata(core.ObjectID{1}, nil)
-	assert.Equal(t, core.ErrClosed, core.StatusOf(err))
+	_, err = tr.ExtractMetadata(transport.ObjectID{1}, nil)
+	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
 }
 
 // FuzzDecodeRequest runs the server's handling of a request frame, short
 // of the memory: decode, then the range check against a two-tensor object.
 // Whatever it accepts must lie inside the tensor.
 func FuzzDecodeRequest(f *testing.F) {
-	f.Add((&request{Object: core.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4}).encode(nil))
-	f.Add((&request{Object: core.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0}).encode(nil))
 	f.Add(make([]byte, requestLen))
-	tensors := []core.Tensor{
-		{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: 1000}},
-		{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: 0}},
-		{TensorDesc: core.TensorDesc{Device: core.Device{Type: core.DeviceCPU}, Nbytes: 1 << 62}},
+	tensors := []transport.Tensor{
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1000}},
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 0}},
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1 << 62}},
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRequest(b)
 		if err != nil {
-			if core.StatusOf(err) != core.ErrInvalidArgument {
+			if transport.StatusOf(err) != transport.ErrInvalidArgument {
 				t.Fatalf("unexpected status for %v", err)
 			}
 			return
@@ -789,8 +791,8 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("re-encoding differs")
 		}
 		src, st, msg := checkRange(r, tensors)
-		if st != core.OK {
-			if msg == "" || st != core.ErrInvalidArgument {
+		if st != transport.OK {
+			if msg == "" || st != transport.ErrInvalidArgument {
 				t.Fatalf("refusal %v without a clear message: %q", st, msg)
 			}
 			return
@@ -803,8 +805,8 @@ func FuzzDecodeRequest(f *testing.F) {
 }
 
 func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Endpoint: "host:1", Object: core.ObjectID{1}, Tensors: 1}).encode())
-	f.Add((&metadata{Endpoint: "host:1", Object: core.ObjectID{1}, Tensors: 1, Key: strings.Repeat("0f", 32)}).encode())
+	f.Add((&metadata{Endpoint: "host:1", Object: transport.ObjectID{1}, Tensors: 1}).encode())
+	f.Add((&metadata{Endpoint: "host:1", Object: transport.ObjectID{1}, Tensors: 1, Key: strings.Repeat("0f", 32)}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
@@ -836,7 +838,7 @@ func benchFetch(b *testing.B, n int) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		req, err := d.Fetch(&core.Transfer{}, []core.Tensor{dst}, meta, nil)
+		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{dst}, meta, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -923,7 +925,7 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 		server.Close()
 	}()
 	err = tr.(*Transport).authenticate(client, "a dying source", "token")
-	assert.Equal(t, core.ErrPeerUnavailable, core.StatusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "closed the connection during authentication")
 }
 

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The data protocol. After the handshake a connection carries requests:
@@ -31,7 +31,7 @@ const (
 	nonceLen     = 32
 	proofLen     = 32
 	helloLen     = len(helloMagic) + 1 + nonceLen
-	clientLen    = proofLen + len(core.RuntimeID{}) // the client's handshake answer
+	clientLen    = proofLen + len(transport.RuntimeID{}) // the client's handshake answer
 	requestMagic = "RTQ1"
 	requestLen   = 4 + 16 + 4 + 4 + 8 + 8
 	responseLen  = 4 + 4
@@ -46,7 +46,7 @@ const (
 
 // request asks for a byte range of one tensor of an object.
 type request struct {
-	Object         core.ObjectID
+	Object         transport.ObjectID
 	Tensor         uint32
 	Offset, Length uint64
 }
@@ -68,22 +68,22 @@ func (r *request) encode(b []byte) []byte {
 func decodeRequest(b []byte) (request, error) {
 	var r request
 	if len(b) != requestLen {
-		return r, core.Errorf(core.ErrInvalidArgument, "tcp: request frame is %d bytes, want %d", len(b), requestLen)
+		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: request frame is %d bytes, want %d", len(b), requestLen)
 	}
 	if string(b[:4]) != requestMagic {
-		return r, core.Errorf(core.ErrInvalidArgument, "tcp: bad request magic %q", b[:4])
+		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: bad request magic %q", b[:4])
 	}
 	copy(r.Object[:], b[4:20])
 	r.Tensor = binary.LittleEndian.Uint32(b[20:])
 	if binary.LittleEndian.Uint32(b[24:]) != 0 {
-		return r, core.Errorf(core.ErrInvalidArgument, "tcp: reserved request field is not zero")
+		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: reserved request field is not zero")
 	}
 	r.Offset = binary.LittleEndian.Uint64(b[28:])
 	r.Length = binary.LittleEndian.Uint64(b[36:])
 	return r, nil
 }
 
-func encodeResponse(b []byte, st core.Status, msg string) []byte {
+func encodeResponse(b []byte, st transport.Status, msg string) []byte {
 	if len(msg) > maxMessage {
 		msg = msg[:maxMessage]
 	}
@@ -94,14 +94,14 @@ func encodeResponse(b []byte, st core.Status, msg string) []byte {
 
 // decodeResponseHeader returns the status and the length of the message
 // that follows.
-func decodeResponseHeader(b []byte) (core.Status, int, error) {
-	st := core.Status(int32(binary.LittleEndian.Uint32(b)))
+func decodeResponseHeader(b []byte) (transport.Status, int, error) {
+	st := transport.Status(int32(binary.LittleEndian.Uint32(b)))
 	n := binary.LittleEndian.Uint32(b[4:])
 	if n > maxMessage {
-		return 0, 0, core.Errorf(core.ErrCorrupt, "tcp: response message of %d bytes exceeds the limit", n)
+		return 0, 0, transport.Errorf(transport.ErrCorrupt, "tcp: response message of %d bytes exceeds the limit", n)
 	}
-	if st != core.OK && (st > 0 || st < core.ErrUser) {
-		return 0, 0, core.Errorf(core.ErrCorrupt, "tcp: response carries unknown status %d", st)
+	if st != transport.OK && (st > 0 || st < transport.ErrUser) {
+		return 0, 0, transport.Errorf(transport.ErrCorrupt, "tcp: response carries unknown status %d", st)
 	}
 	return st, int(n), nil
 }
@@ -121,7 +121,7 @@ const (
 // object [16], tensor count u32, key length u8, key (printable ASCII).
 type metadata struct {
 	Endpoint string
-	Object   core.ObjectID
+	Object   transport.ObjectID
 	Tensors  uint32
 	Key      string // "": use the receiver's configured token
 }
@@ -140,7 +140,7 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return core.Errorf(core.ErrCorrupt, "tcp: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "tcp: corrupt transport metadata (%s)", why)
 	}
 	if len(b) < 7 {
 		return nil, bad("too short")
@@ -149,7 +149,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if b[4] != metaVersion {
-		return nil, core.Errorf(core.ErrUnsupported, "tcp: metadata version %d, this build reads version %d", b[4], metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "tcp: metadata version %d, this build reads version %d", b[4], metaVersion)
 	}
 	n := int(binary.LittleEndian.Uint16(b[5:]))
 	if n == 0 || n > maxEndpoint {

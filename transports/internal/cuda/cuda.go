@@ -1,6 +1,6 @@
 // Package cuda is the small part of the CUDA driver API that rdt's GPU
 // transports use, loaded at run time with dlopen("libcuda.so.1"): rdt builds
-// and runs on machines without CUDA, where Load reports core.ErrUnsupported.
+// and runs on machines without CUDA, where Load reports transport.ErrUnsupported.
 //
 // Calls that need a CUDA context take a device ordinal. The context used is
 // that device's primary context (the one the CUDA runtime, PyTorch and CuPy
@@ -29,7 +29,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // DefaultLibrary is the driver library's soname; RDT_CUDA_LIBRARY overrides it.
@@ -59,17 +59,17 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s (%s)", e.Op, e.Code.Name(), e.Code.Description())
 }
 
-// Status maps the error to an rdt status (see core.StatusOf).
-func (e *Error) Status() core.Status {
+// Status maps the error to an rdt status (see transport.StatusOf).
+func (e *Error) Status() transport.Status {
 	switch e.Code {
 	case 2: // CUDA_ERROR_OUT_OF_MEMORY
-		return core.ErrNoMemory
+		return transport.ErrNoMemory
 	case 100, 101, 217, 801: // no device, invalid device, peer access unsupported, not supported
-		return core.ErrUnsupported
+		return transport.ErrUnsupported
 	case 1, 400: // invalid value, invalid handle
-		return core.ErrInvalidArgument
+		return transport.ErrInvalidArgument
 	}
-	return core.ErrTransport
+	return transport.ErrTransport
 }
 
 // Name is the CUresult's name (CUDA_ERROR_...), from the driver when it is
@@ -135,7 +135,7 @@ var resultText = map[Result]string{
 func CoreError(err error) error {
 	var e *Error
 	if errors.As(err, &e) {
-		return core.Errorf(e.Status(), "%s", err.Error())
+		return transport.Errorf(e.Status(), "%s", err.Error())
 	}
 	return err
 }
@@ -165,7 +165,7 @@ func Library() string {
 
 // Load opens the driver library and calls cuInit(0), once per process; later
 // calls return the first result. A missing library, one without the needed
-// symbols, or a driver that finds no device is a core.ErrUnsupported error
+// symbols, or a driver that finds no device is a transport.ErrUnsupported error
 // that says which.
 func Load() error {
 	loadOnce.Do(func() { loadErr = load(Library()) })
@@ -177,11 +177,11 @@ func load(path string) error {
 	defer C.free(unsafe.Pointer(cpath))
 	var buf [512]C.char
 	if C.rdtcu_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
-		return core.Errorf(core.ErrUnsupported, "CUDA driver library %s could not be loaded: %s", path, C.GoString(&buf[0]))
+		return transport.Errorf(transport.ErrUnsupported, "CUDA driver library %s could not be loaded: %s", path, C.GoString(&buf[0]))
 	}
 	isLoaded.Store(true)
 	if r := C.rdtcu_init(); r != 0 {
-		return core.Errorf(core.ErrUnsupported, "CUDA driver %s: %v", path, &Error{Op: "cuInit", Code: Result(r)})
+		return transport.Errorf(transport.ErrUnsupported, "CUDA driver %s: %v", path, &Error{Op: "cuInit", Code: Result(r)})
 	}
 	return nil
 }

@@ -15,15 +15,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
-func status(err error) core.Status { return core.StatusOf(err) }
+func status(err error) transport.Status { return transport.StatusOf(err) }
 
 func TestMissingLibraryIsUnsupported(t *testing.T) {
 	err := load("/nonexistent/libcuda-for-rdt-tests.so.1")
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, status(err))
+	assert.Equal(t, transport.ErrUnsupported, status(err))
 	assert.Contains(t, err.Error(), "/nonexistent/libcuda-for-rdt-tests.so.1")
 	assert.Contains(t, err.Error(), "could not be loaded")
 }
@@ -31,7 +31,7 @@ func TestMissingLibraryIsUnsupported(t *testing.T) {
 func TestLibraryWithoutSymbols(t *testing.T) {
 	err := load("libc.so.6")
 	require.Error(t, err)
-	assert.Equal(t, core.ErrUnsupported, status(err))
+	assert.Equal(t, transport.ErrUnsupported, status(err))
 	assert.Contains(t, err.Error(), "libc.so.6 has no symbol cuInit")
 }
 
@@ -47,7 +47,7 @@ func TestLibraryFromEnvironment(t *testing.T) {
 func TestLoadOnceFromEnvironment(t *testing.T) {
 	if os.Getenv("RDT_CUDA_CHILD") == "load" {
 		err := Load()
-		if err == nil || status(err) != core.ErrUnsupported || !strings.Contains(err.Error(), "libc.so.6 has no symbol") {
+		if err == nil || status(err) != transport.ErrUnsupported || !strings.Contains(err.Error(), "libc.so.6 has no symbol") {
 			t.Fatalf("Load: %v", err)
 		}
 		if err2 := Load(); err2 != err {
@@ -74,9 +74,9 @@ func TestErrorNames(t *testing.T) {
 	assert.Equal(t, "CUresult(123456)", Result(123456).Name())
 	assert.Equal(t, "RDT_CUDA_NOT_LOADED", Result(-1).Name())
 
-	assert.Equal(t, core.ErrNoMemory, status(CoreError(&Error{Op: "cuMemAlloc", Code: 2})))
-	assert.Equal(t, core.ErrInvalidArgument, status(CoreError(e)))
-	assert.Equal(t, core.ErrTransport, status(CoreError(&Error{Op: "cuMemcpy", Code: 700})))
+	assert.Equal(t, transport.ErrNoMemory, status(CoreError(&Error{Op: "cuMemAlloc", Code: 2})))
+	assert.Equal(t, transport.ErrInvalidArgument, status(CoreError(e)))
+	assert.Equal(t, transport.ErrTransport, status(CoreError(&Error{Op: "cuMemcpy", Code: 700})))
 	ce := CoreError(e)
 	assert.Contains(t, ce.Error(), "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (invalid argument)")
 	plain := errors.New("x")

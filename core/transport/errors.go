@@ -1,7 +1,4 @@
-// Package core is the transport-independent heart of rdt: runtimes, the
-// object store, references and distributed reference counting, the transport
-// registry, the fetch engine and the control-plane interfaces.
-package core
+package transport
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package core
+package transport
 
 import (
 	"crypto/rand"
@@ -33,12 +33,12 @@ func ParseID(s string) (ID, error) {
 	return id, nil
 }
 
-// randomID is 128 bits from crypto/rand: runtime and object ids. An object
+// RandomID is 128 bits from crypto/rand: runtime and object ids. An object
 // id is what a peer names to read an object over the tcp data port, so no
 // id may be derivable from another (a prefix and a counter would let anyone
 // who saw one ref guess its neighbours). Reading the kernel's randomness
 // costs a put tens of nanoseconds (see BenchmarkPut).
-func randomID() ID {
+func RandomID() ID {
 	var id ID
 	if _, err := rand.Read(id[:]); err != nil {
 		panic("rdt: no randomness: " + err.Error())
@@ -46,7 +46,8 @@ func randomID() ID {
 	return id
 }
 
-func randomUint64() uint64 {
+// RandomUint64 is 64 bits from crypto/rand: tokens and transfer ids.
+func RandomUint64() uint64 {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("rdt: no randomness: " + err.Error())

@@ -1,0 +1,100 @@
+package transport_test
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/rdt-project/rdt/"
+
+// goImport is one import of the project's own packages, by the directory
+// of the importing file (relative to the module root).
+type goImport struct {
+	file, dir, path string
+	test            bool
+}
+
+func projectImports(t *testing.T) []goImport {
+	root, err := filepath.Abs("../..")
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(root, "go.mod"))
+	require.NoError(t, err, "the module root is two levels up")
+	var out []goImport
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "build" || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if strings.HasPrefix(p, module) {
+				out = append(out, goImport{file: rel, dir: filepath.ToSlash(filepath.Dir(rel)),
+					path: strings.TrimPrefix(p, module), test: strings.HasSuffix(path, "_test.go")})
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.NotEmpty(t, out, "the walk found the project's imports")
+	return out
+}
+
+// The dependency rule of docs/design.md ("Layout and dependency rule"):
+// imports run one way, bindings → capi → core → core/transport ←
+// transports/*, and no transport imports another.
+func TestImportsFollowTheDependencyRule(t *testing.T) {
+	for _, imp := range projectImports(t) {
+		switch {
+		case imp.dir == "core/transport":
+			t.Errorf("%s imports %s: core/transport is the leaf and imports no project package", imp.file, imp.path)
+		case imp.dir == "core" || strings.HasPrefix(imp.dir, "core/"):
+			if imp.path != "core/transport" && !(imp.test && strings.HasPrefix(imp.path, "core/internal/")) {
+				t.Errorf("%s imports %s: the core imports only core/transport", imp.file, imp.path)
+			}
+		case strings.HasPrefix(imp.dir, "transports/internal/"):
+			if imp.path != "core/transport" && !strings.HasPrefix(imp.path, "transports/internal/") {
+				t.Errorf("%s imports %s: shared transport code imports only core/transport", imp.file, imp.path)
+			}
+		case strings.HasPrefix(imp.dir, "transports/"):
+			allowed := imp.path == "core/transport" || strings.HasPrefix(imp.path, "transports/internal/") ||
+				// A transport's own tests may drive it through a whole runtime.
+				(imp.test && imp.path == "core")
+			if !allowed {
+				t.Errorf("%s imports %s: a transport imports only core/transport and transports/internal (its tests also core), never another transport", imp.file, imp.path)
+			}
+		}
+	}
+}
+
+// The rule's test must notice a violation: the walk sees the imports it
+// polices.
+func TestImportWalkSeesTransportsAndCore(t *testing.T) {
+	seen := map[string]bool{}
+	for _, imp := range projectImports(t) {
+		seen[imp.dir+" -> "+imp.path] = true
+	}
+	require.True(t, seen["core -> core/transport"], "core's import of the leaf is seen")
+	require.True(t, seen["transports/tcp -> core/transport"], "a transport's import of the leaf is seen")
+	require.True(t, seen["capi -> core"], "capi's import of the core is seen")
+}

@@ -135,10 +135,12 @@ type foreign struct {
 	closeOnce          sync.Once
 }
 
-func (f *foreign) Name() string                    { return f.name }
-func (f *foreign) Devices() []transport.DeviceType { return f.devices }
-func (f *foreign) OneSided() bool                  { return f.oneSided }
-func (f *foreign) CanAbort() bool                  { return f.canAbort }
+// Describe is read from the vtable's flags at registration. A foreign
+// transport is only used when named (no automatic rank, no group backend),
+// and the engine checks nothing for it that the C ABI cannot express.
+func (f *foreign) Describe() transport.Descriptor {
+	return transport.Descriptor{Name: f.name, Devices: f.devices, OneSided: f.oneSided, CanAbort: f.canAbort}
+}
 
 // callbackError turns a callback's status and message into an error.
 func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) error {

@@ -220,7 +220,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		if err != nil {
 			return nil, err
 		}
-		override = e.t.Name()
+		override = e.desc.Name
 	}
 
 	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
@@ -440,7 +440,7 @@ func (tr *transfer) begin() error {
 		candidates = []string{desc.Transport}
 	default:
 		auto = true
-		candidates = autoCandidates(desc, rt.Identity(), peer.Info())
+		candidates = rt.autoCandidates(desc, peer.Info())
 	}
 	var reasons []string
 	for _, name := range candidates {
@@ -456,31 +456,26 @@ func (tr *transfer) begin() error {
 		return err
 	}
 	if len(candidates) == 0 {
-		return transport.Errorf(transport.ErrUnsupported, "no transport moves %s memory", desc.Tensors[0].Device.Type)
+		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime is chosen automatically for %s memory from %s (have: %s; name one to use it)%s",
+			desc.Tensors[0].Device.Type, peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
 	}
 	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
 }
 
-// autoCandidates orders the built-in transports for an object put without
-// one: same-host ones first, by device.
-func autoCandidates(desc *ObjectDesc, local, peer transport.PeerInfo) []string {
+// autoCandidates orders the registered transports for an object put
+// without one, from their descriptors (see transport.AutoRank): host data
+// when every tensor is host-accessible, else CUDA data when a tensor is in
+// CUDA memory; same-host-only transports only for a peer on this host.
+func (rt *Runtime) autoCandidates(desc *ObjectDesc, peer transport.PeerInfo) []string {
 	host, cuda := true, false
 	for _, t := range desc.Tensors {
 		host = host && t.Device.Type.HostAccessible()
 		cuda = cuda || t.Device.Type == transport.DeviceCUDA
 	}
-	same := local.SameHost(peer)
-	switch {
-	case host && same:
-		return []string{"cma", "shm", "tcp"}
-	case host:
-		return []string{"tcp"}
-	case cuda && same:
-		return []string{"cuda_ipc", "nixl", "nccl"}
-	case cuda:
-		return []string{"nixl", "nccl"}
+	if !host && !cuda {
+		return nil
 	}
-	return nil
+	return rt.reg.autoOrder(!host, rt.Identity().SameHost(peer))
 }
 
 func (tr *transfer) beginWith(name string) error {
@@ -491,7 +486,7 @@ func (tr *transfer) beginWith(name string) error {
 		return err
 	}
 	t := e.t
-	if c, ok := t.(transport.FreedObjectChecker); ok && c.ChecksFreedObjects() {
+	if e.desc.DetectsFreedObjects {
 		tr.unconfirmed = true
 	} else if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
 		// The transport may read the source's memory as described in the
@@ -500,7 +495,7 @@ func (tr *transfer) beginWith(name string) error {
 		return err
 	}
 	for i, tg := range tr.targets {
-		if !supportsDevice(t, tg.Device.Type) {
+		if !e.desc.Moves(tg.Device.Type) {
 			return transport.Errorf(transport.ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
 		}
 	}
@@ -522,10 +517,8 @@ func (tr *transfer) beginWith(name string) error {
 			return transport.Errorf(transport.ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
 		}
 	}
-	if pc, ok := t.(transport.PeerChecker); ok {
-		if err := pc.CheckPeer(rt.Identity(), peerInfo); err != nil {
-			return transport.Wrap(err, "%s", name)
-		}
+	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
+		return transport.Errorf(transport.ErrUnsupported, "%s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
 	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
 	if err != nil {
@@ -547,7 +540,7 @@ func (tr *transfer) beginWith(name string) error {
 	if err != nil {
 		return transport.Wrap(err, "transport %s communicator metadata", name)
 	}
-	if !t.OneSided() {
+	if e.sender != nil {
 		sctx, cancel := context.WithCancel(rt.ctx)
 		tr.sendCancel = cancel
 		tr.sendDone = make(chan error, 1)
@@ -612,7 +605,6 @@ func (tr *transfer) run() error {
 		return tr.copyLocal()
 	}
 	defer tr.req.Release()
-	t := tr.entry.t
 	waitc := make(chan error, 1)
 	if tr.sendDone == nil && tr.completed() {
 		waitc <- tr.req.Wait() // finished already: no goroutine needed
@@ -635,7 +627,7 @@ func (tr *transfer) run() error {
 				return nil
 			}
 			if cause == nil {
-				cause = transport.Wrap(err, "transport %s", t.Name())
+				cause = transport.Wrap(err, "transport %s", tr.entry.desc.Name)
 			}
 		case err := <-sendDone:
 			sendDone = nil
@@ -695,7 +687,7 @@ func (tr *transfer) abort() {
 	if tr.sendCancel != nil {
 		tr.sendCancel()
 	}
-	if tr.entry.t.CanAbort() {
+	if tr.entry.desc.CanAbort {
 		tr.entry.t.Abort(tr.x, tr.req)
 	}
 }
@@ -709,7 +701,7 @@ func (tr *transfer) finish(err error) {
 	tname := "local copy"
 	switch {
 	case tr.entry != nil:
-		tname = tr.entry.t.Name()
+		tname = tr.entry.desc.Name
 	case !tr.local:
 		tname = "no transport yet"
 	}
@@ -793,7 +785,7 @@ func (rt *Runtime) localCopier(d transport.DeviceType) transport.LocalCopier {
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	for _, e := range rt.reg.m {
-		if lc, ok := e.t.(transport.LocalCopier); ok && supportsDevice(e.t, d) {
+		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
 			return lc
 		}
 	}

@@ -13,10 +13,10 @@ import (
 
 // Groups: a named set of runtimes, each with a rank, formed over the
 // control plane for transports that move bytes within a communicator
-// (nccl). Rank 0 hosts the rendezvous: the other ranks connect to it and
+// (transport.GroupBackend). Rank 0 hosts the rendezvous: the other ranks connect to it and
 // join; once every rank has joined, rank 0 answers each of them with the
 // roster (who has which rank, and the backend's bootstrap bytes that rank 0
-// made, such as an ncclUniqueId), and every rank then initializes the
+// made), and every rank then initializes the
 // backend's communicator.
 
 const maxBootstrap = 4096
@@ -72,7 +72,11 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 		return transport.Errorf(transport.ErrInvalidArgument, "group %q: a timeout of 0 cannot work: forming a group waits for the other ranks (negative: wait forever)", spec.Name)
 	}
 	if spec.Backend == "" {
-		spec.Backend = "nccl"
+		spec.Backend = rt.reg.groupBackend()
+		if spec.Backend == "" {
+			return transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
+				spec.Name, strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
+		}
 	}
 	canon, err := CanonicalName(spec.Backend)
 	if err != nil {
@@ -83,7 +87,7 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	if err != nil {
 		if transport.StatusOf(err) == transport.ErrNotFound {
 			return transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
-				spec.Name, canon, strings.Join(rt.reg.Names(), ", "), unavailableHint(canon))
+				spec.Name, canon, strings.Join(rt.reg.Names(), ", "), rt.reg.whyUnavailable(canon))
 		}
 		return err
 	}
@@ -151,13 +155,6 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	}
 	rt.log.Infof("group %q formed: rank %d of %d on device %d over %s", spec.Name, spec.Rank, spec.WorldSize, spec.Device, canon)
 	return nil
-}
-
-func unavailableHint(name string) string {
-	if name == "nccl" {
-		return "; it needs the NCCL library (libnccl.so.2, or RDT_NCCL_LIBRARY) and a CUDA driver with a device"
-	}
-	return ""
 }
 
 // rendezvous waits until every rank joined and returns the roster.

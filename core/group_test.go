@@ -24,18 +24,17 @@ type rosterBackend struct {
 	got  map[string]*transport.GroupRoster
 	dead []string
 	fail error
+	// isDefault describes it as the backend of groups that name none.
+	isDefault bool
 }
 
 func newRosterBackend() *rosterBackend {
 	return &rosterBackend{name: "grp", got: map[string]*transport.GroupRoster{}}
 }
 
-func (b *rosterBackend) Name() string { return b.name }
-func (b *rosterBackend) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCUDA}
+func (b *rosterBackend) Describe() transport.Descriptor {
+	return transport.Descriptor{Name: b.name, Devices: []transport.DeviceType{transport.DeviceCUDA}, GroupBackend: b.isDefault}
 }
-func (b *rosterBackend) OneSided() bool { return false }
-func (b *rosterBackend) CanAbort() bool { return false }
 func (b *rosterBackend) ExtractMetadata(transport.ObjectID, []transport.Tensor) ([]byte, error) {
 	return nil, nil
 }
@@ -186,7 +185,8 @@ func TestGroupArgumentErrors(t *testing.T) {
 		{spec("bad name", 1, 0, nil), time.Second, transport.ErrInvalidArgument, "group name"},
 		{spec("g", 1, 0, nil), 0, transport.ErrInvalidArgument, "timeout of 0"},
 		{transport.GroupSpec{Name: "g", WorldSize: 1, Device: -1, Backend: "grp"}, time.Second, transport.ErrInvalidArgument, "device -1"},
-		{transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "nccl"}, time.Second, transport.ErrUnsupported, "libnccl.so.2"},
+		{transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "nccl"}, time.Second, transport.ErrUnsupported, "transport nccl is not available"},
+		{transport.GroupSpec{Name: "g", WorldSize: 1}, time.Second, transport.ErrUnsupported, "no transport in this runtime forms groups"},
 		{transport.GroupSpec{Name: "g", WorldSize: 1, Backend: "bad name"}, time.Second, transport.ErrInvalidArgument, "transport name"},
 	} {
 		err := rt.CreateGroup(c.spec, c.timeout)

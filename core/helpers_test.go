@@ -82,8 +82,9 @@ type memTransport struct {
 	sends        atomic.Int64
 	failFetchIdx int // fail the Nth Fetch call at start (1-based; 0 never)
 	waitErr      func(x *transport.Transfer) error
-	gate         chan struct{} // when set, transfers wait for it (or abort)
-	mailbox      *sync.Map     // transfer id -> chan []byte (two-sided), shared by a pair
+	gate         chan struct{}                 // when set, transfers wait for it (or abort)
+	mailbox      *sync.Map                     // transfer id -> chan []byte (two-sided), shared by a pair
+	describe     func(d *transport.Descriptor) // when set, adjusts the descriptor
 }
 
 func newMemTransport(name string) *memTransport {
@@ -102,13 +103,14 @@ func (m *memTransport) Events() []string {
 	return append([]string(nil), m.events...)
 }
 
-func (m *memTransport) Name() string { return m.name }
-func (m *memTransport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCPU}
+func (m *memTransport) Describe() transport.Descriptor {
+	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort}
+	if m.describe != nil {
+		m.describe(&d)
+	}
+	return d
 }
-func (m *memTransport) OneSided() bool { return m.oneSided }
-func (m *memTransport) CanAbort() bool { return m.canAbort }
-func (m *memTransport) Close() error   { return nil }
+func (m *memTransport) Close() error { return nil }
 
 func (m *memTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
 	var b []byte

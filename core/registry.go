@@ -1,6 +1,7 @@
 package core
 
 import (
+	"fmt"
 	"regexp"
 	"sort"
 	"strings"
@@ -21,6 +22,8 @@ type TransportStats struct {
 
 type registered struct {
 	t       transport.Transport
+	desc    transport.Descriptor // read once, at registration
+	sender  transport.Sender     // nil for one-sided transports
 	builtin bool
 	stats   TransportStats
 }
@@ -30,9 +33,14 @@ type Registry struct {
 	mu      sync.RWMutex
 	m       map[string]*registered
 	adverts []transport.TransportAdvert // rebuilt on every registration
+	// unavailable holds why built-in transports are missing here (their
+	// factory reported ErrUnsupported), by name, for error messages.
+	unavailable map[string]error
 }
 
-func newRegistry() *Registry { return &Registry{m: map[string]*registered{}} }
+func newRegistry() *Registry {
+	return &Registry{m: map[string]*registered{}, unavailable: map[string]error{}}
+}
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,63}$`)
 
@@ -44,30 +52,133 @@ func CanonicalName(name string) (string, error) {
 	return strings.ToLower(name), nil
 }
 
-// Register adds t; a name already present is ErrAlreadyExists.
+// Register adds t, reading its descriptor once; a name already present is
+// ErrAlreadyExists.
 func (r *Registry) Register(t transport.Transport, builtin bool) error {
-	name, err := CanonicalName(t.Name())
+	desc := t.Describe()
+	desc.Devices = append([]transport.DeviceType(nil), desc.Devices...)
+	name, err := CanonicalName(desc.Name)
 	if err != nil {
 		return err
 	}
-	if name != t.Name() {
-		return transport.Errorf(transport.ErrInternal, "transport %q must report its canonical name %q", t.Name(), name)
+	if name != desc.Name {
+		return transport.Errorf(transport.ErrInternal, "transport %q must report its canonical name %q", desc.Name, name)
 	}
-	if len(t.Devices()) == 0 {
+	if len(desc.Devices) == 0 {
 		return transport.Errorf(transport.ErrInvalidArgument, "transport %q lists no device types", name)
+	}
+	if desc.Auto.Host < 0 || desc.Auto.CUDA < 0 {
+		return transport.Errorf(transport.ErrInternal, "transport %q: automatic ranks are positive, or 0 for none", name)
+	}
+	sender, _ := t.(transport.Sender)
+	if !desc.OneSided && sender == nil {
+		return transport.Errorf(transport.ErrInternal, "transport %q is two-sided but has no Send", name)
+	}
+	if _, ok := t.(transport.GroupBackend); desc.GroupBackend && !ok {
+		return transport.Errorf(transport.ErrInternal, "transport %q is described as a group backend but does not form groups", name)
+	}
+	if desc.OneSided {
+		sender = nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.m[name]; ok {
 		return transport.Errorf(transport.ErrAlreadyExists, "a transport named %q is already registered", name)
 	}
-	r.m[name] = &registered{t: t, builtin: builtin}
+	r.m[name] = &registered{t: t, desc: desc, sender: sender, builtin: builtin}
+	delete(r.unavailable, name)
 	r.adverts = nil
 	for _, n := range sortedNames(r.m) {
 		e := r.m[n]
-		r.adverts = append(r.adverts, transport.TransportAdvert{Name: n, Devices: e.t.Devices(), OneSided: e.t.OneSided()})
+		r.adverts = append(r.adverts, transport.TransportAdvert{Name: n, Devices: e.desc.Devices, OneSided: e.desc.OneSided})
 	}
 	return nil
+}
+
+// markUnavailable records why a built-in transport is missing.
+func (r *Registry) markUnavailable(name string, why error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[name]; !ok {
+		r.unavailable[name] = why
+	}
+}
+
+// whyUnavailable explains a missing transport ("" when nothing is known),
+// as text to append to a message.
+func (r *Registry) whyUnavailable(name string) string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if why, ok := r.unavailable[name]; ok {
+		return "; " + why.Error()
+	}
+	return ""
+}
+
+// whyAllUnavailable explains every missing built-in transport, in name
+// order ("" when none is missing).
+func (r *Registry) whyAllUnavailable() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.unavailable))
+	for n := range r.unavailable {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "; %s is not available here: %v", n, r.unavailable[n])
+	}
+	return b.String()
+}
+
+// autoOrder lists the registered transports the automatic choice tries for
+// data of one kind (cuda: a tensor in CUDA memory, else all host memory),
+// best first: by their descriptors' ranks, then by name. Same-host-only
+// transports are left out for a peer on another host.
+func (r *Registry) autoOrder(cuda, sameHost bool) []string {
+	type ranked struct {
+		name string
+		rank int
+	}
+	r.mu.RLock()
+	var out []ranked
+	for name, e := range r.m {
+		rank := e.desc.Auto.Host
+		if cuda {
+			rank = e.desc.Auto.CUDA
+		}
+		if rank == 0 || (e.desc.SameHostOnly && !sameHost) {
+			continue
+		}
+		out = append(out, ranked{name, rank})
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].rank != out[j].rank {
+			return out[i].rank < out[j].rank
+		}
+		return out[i].name < out[j].name
+	})
+	names := make([]string, len(out))
+	for i, x := range out {
+		names[i] = x.name
+	}
+	return names
+}
+
+// groupBackend is the name of the registered transport whose descriptor
+// makes it the default group backend (the first by name if several do),
+// or "" when none does.
+func (r *Registry) groupBackend() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, n := range sortedNames(r.m) {
+		if r.m[n].desc.GroupBackend {
+			return n
+		}
+	}
+	return ""
 }
 
 func sortedNames(m map[string]*registered) []string {
@@ -130,7 +241,7 @@ func (r *Registry) List() []TransportInfo {
 	out := make([]TransportInfo, 0, len(r.m))
 	for name, e := range r.m {
 		out = append(out, TransportInfo{
-			Name: name, Devices: e.t.Devices(), OneSided: e.t.OneSided(), CanAbort: e.t.CanAbort(),
+			Name: name, Devices: e.desc.Devices, OneSided: e.desc.OneSided, CanAbort: e.desc.CanAbort,
 			Builtin:            e.builtin,
 			TransfersCompleted: e.stats.TransfersCompleted.Load(),
 			TransfersFailed:    e.stats.TransfersFailed.Load(),
@@ -152,12 +263,12 @@ func (r *Registry) Adverts() []transport.TransportAdvert {
 }
 
 // all returns the registered transports, in name order.
-func (r *Registry) all() []transport.Transport {
+func (r *Registry) all() []*registered {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	out := make([]transport.Transport, 0, len(r.m))
+	out := make([]*registered, 0, len(r.m))
 	for _, n := range sortedNames(r.m) {
-		out = append(out, r.m[n].t)
+		out = append(out, r.m[n])
 	}
 	return out
 }
@@ -174,13 +285,4 @@ func (r *Registry) closeAll(log *transport.Logger) {
 			log.Warnf("closing transport %s: %v", name, err)
 		}
 	}
-}
-
-func supportsDevice(t transport.Transport, d transport.DeviceType) bool {
-	for _, x := range t.Devices() {
-		if x == d {
-			return true
-		}
-	}
-	return false
 }

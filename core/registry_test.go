@@ -14,7 +14,7 @@ func TestRegistryCaseInsensitiveAndDuplicates(t *testing.T) {
 	require.NoError(t, rt.RegisterTransport(newMemTransport("my_t")))
 	got, err := rt.Registry().Get("MY_T")
 	require.NoError(t, err)
-	assert.Equal(t, "my_t", got.Name())
+	assert.Equal(t, "my_t", got.Describe().Name)
 
 	err = rt.RegisterTransport(newMemTransport("my_t"))
 	assert.Equal(t, transport.ErrAlreadyExists, transport.StatusOf(err))
@@ -71,6 +71,8 @@ func TestPutValidatesTransport(t *testing.T) {
 
 type deviceTransport struct{ *memTransport }
 
-func (deviceTransport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCUDA}
+func (d deviceTransport) Describe() transport.Descriptor {
+	desc := d.memTransport.Describe()
+	desc.Devices = []transport.DeviceType{transport.DeviceCUDA}
+	return desc
 }

@@ -183,6 +183,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		t, err := f.New(rt)
 		if err != nil {
 			if transport.StatusOf(err) == transport.ErrUnsupported {
+				rt.reg.markUnavailable(f.Name, err)
 				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
 				continue
 			}
@@ -353,10 +354,10 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		if err != nil {
 			return nil, err
 		}
-		canon = e.t.Name()
+		canon = e.desc.Name
 		for i, t := range tensors {
-			if !supportsDevice(e.t, t.Device.Type) {
-				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.t.Devices())
+			if !e.desc.Moves(t.Device.Type) {
+				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.desc.Devices)
 			}
 		}
 		m, err := e.t.ExtractMetadata(id, tensors)
@@ -368,10 +369,10 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		for _, e := range rt.eagerTransports(tensors) {
 			m, err := e.t.ExtractMetadata(id, tensors)
 			if err != nil {
-				rt.log.Debugf("transport %s skipped for object %s: %v", e.t.Name(), id, err)
+				rt.log.Debugf("transport %s skipped for object %s: %v", e.desc.Name, id, err)
 				continue
 			}
-			meta[e.t.Name()] = m
+			meta[e.desc.Name] = m
 		}
 	}
 	descs := make([]transport.TensorDesc, len(tensors))
@@ -414,13 +415,12 @@ func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
 	defer rt.reg.mu.RUnlock()
 	var out []*registered
 	for _, e := range rt.reg.m {
-		eager, ok := e.t.(transport.EagerMetadata)
-		if !ok || !eager.EagerMetadata() {
+		if !e.desc.Eager() {
 			continue
 		}
 		all := true
 		for _, t := range tensors {
-			all = all && supportsDevice(e.t, t.Device.Type)
+			all = all && e.desc.Moves(t.Device.Type)
 		}
 		if all {
 			out = append(out, e)
@@ -481,16 +481,16 @@ func (rt *Runtime) collectMeta(o *object) {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		if t, err := rt.reg.Get(name); err == nil {
-			t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
+		if e, err := rt.reg.lookup(name); err == nil {
+			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
 		}
 	}
 }
 
 // objectMeta returns transport e's metadata for o, extracting it on first
 // demand (for objects put without a transport).
-func (rt *Runtime) objectMeta(o *object, t transport.Transport) ([]byte, error) {
-	name := t.Name()
+func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
+	name := e.desc.Name
 	o.metaMu.Lock()
 	m, ok := o.meta[name]
 	o.metaMu.Unlock()
@@ -510,11 +510,11 @@ func (rt *Runtime) objectMeta(o *object, t transport.Transport) ([]byte, error) 
 		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
 	}
 	for i, tn := range o.tensors {
-		if !supportsDevice(t, tn.Device.Type) {
+		if !e.desc.Moves(tn.Device.Type) {
 			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
 		}
 	}
-	m, err := t.ExtractMetadata(o.desc.ID, o.tensors)
+	m, err := e.t.ExtractMetadata(o.desc.ID, o.tensors)
 	if err != nil {
 		return nil, transport.Wrap(err, "transport %s could not extract metadata", name)
 	}

@@ -70,7 +70,7 @@ func (rt *Runtime) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint
 
 // Metadata implements PeerService.
 func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, transportName string) ([]byte, error) {
-	t, err := rt.reg.Get(transportName)
+	e, err := rt.reg.lookup(transportName)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, tr
 		return nil, err
 	}
 	defer rt.unpin(o)
-	return rt.objectMeta(o, t)
+	return rt.objectMeta(o, e)
 }
 
 // Send implements PeerService: the source runtime (not the application)
@@ -94,9 +94,9 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRe
 	if err != nil {
 		return err
 	}
-	t := e.t
-	if t.OneSided() {
-		return transport.Errorf(transport.ErrInvalidArgument, "transport %s is one-sided: the source does not send", t.Name())
+	t, name := e.t, e.desc.Name
+	if e.sender == nil {
+		return transport.Errorf(transport.ErrInvalidArgument, "transport %s is one-sided: the source does not send", name)
 	}
 	rt.mu.Lock()
 	o, err := rt.liveObjectLocked(req.Object)
@@ -107,13 +107,13 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRe
 	if err != nil {
 		return err
 	}
-	tmeta, err := rt.objectMeta(o, t)
+	tmeta, err := rt.objectMeta(o, e)
 	if err != nil {
 		rt.unpin(o)
 		return err
 	}
 	x := &transport.Transfer{
-		Object: req.Object, TransferID: req.TransferID, Transport: t.Name(), Role: transport.RoleSource,
+		Object: req.Object, TransferID: req.TransferID, Transport: name, Role: transport.RoleSource,
 		Source: rt.Identity(), Destination: from,
 	}
 	done := make(chan error, 1)
@@ -122,15 +122,15 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRe
 		defer rt.bg.Done()
 		defer rt.unpin(o) // the memory is read until Send returns
 		start := time.Now()
-		err := t.Send(x, o.tensors, tmeta, req.CMeta)
+		err := e.sender.Send(x, o.tensors, tmeta, req.CMeta)
 		if err == nil {
 			e.stats.SendsCompleted.Add(1)
 			e.stats.BytesSent.Add(o.desc.Nbytes)
 			rt.c.sendsCompleted.Add(1)
 			rt.c.bytesSent.Add(o.desc.Nbytes)
-			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, t.Name(), o.desc.Nbytes, time.Since(start))
+			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, o.desc.Nbytes, time.Since(start))
 		} else {
-			rt.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, t.Name(), err)
+			rt.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, name, err)
 		}
 		done <- err
 	}()
@@ -140,11 +140,11 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRe
 	case <-ctx.Done():
 	case <-rt.ctx.Done():
 	}
-	if t.CanAbort() {
+	if e.desc.CanAbort {
 		t.Abort(x, nil)
 		<-done
 	}
-	return transport.Errorf(transport.ErrAborted, "send of object %s over %s was aborted", req.Object, t.Name())
+	return transport.Errorf(transport.ErrAborted, "send of object %s over %s was aborted", req.Object, name)
 }
 
 // PeerGone implements PeerService: a lost peer's borrows are returned, and
@@ -153,8 +153,8 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRe
 // does not grow.
 func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
 	rt.peerBorrowsGone(peer.RuntimeID)
-	for _, t := range rt.reg.all() {
-		if w, ok := t.(transport.PeerWatcher); ok {
+	for _, e := range rt.reg.all() {
+		if w, ok := e.t.(transport.PeerWatcher); ok {
 			w.PeerGone(peer)
 		}
 	}

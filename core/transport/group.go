@@ -47,7 +47,8 @@ type GroupSpec struct {
 	Rank0 string
 	// Device is the ordinal of the device the rank's communicator uses.
 	Device int
-	// Backend names the transport ("" is "nccl").
+	// Backend names the transport ("": the registered transport whose
+	// descriptor sets GroupBackend).
 	Backend string
 }
 

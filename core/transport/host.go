@@ -48,13 +48,6 @@ type TransportFactory struct {
 	New  func(h Host) (Transport, error)
 }
 
-// EagerMetadata is implemented by transports whose metadata is cheap to make.
-// For objects put without a transport the core extracts it at put, so that
-// the first fetch needs no extra round trip to the owner.
-type EagerMetadata interface {
-	EagerMetadata() bool
-}
-
 // DefaultPeerTimeout bounds how long a vanished peer goes unnoticed.
 const DefaultPeerTimeout = 5 * time.Second
 

@@ -27,34 +27,101 @@ type Transfer struct {
 // Every method may be called from several goroutines at once. The core
 // never holds one of its locks while calling a transport.
 type Transport interface {
-	// Name is the canonical (lower-case) name.
-	Name() string
-	// Devices lists the device types the transport moves.
-	Devices() []DeviceType
-	// OneSided transports are driven by the receiver alone; the core never
-	// calls Send on them.
-	OneSided() bool
-	// CanAbort transports stop an in-progress transfer when Abort is called.
-	CanAbort() bool
+	// Describe says what the transport is and can do. The engine calls it
+	// once, when the transport is registered, and decides from the answer
+	// (see Descriptor).
+	Describe() Descriptor
 
 	// ExtractMetadata runs on the source, at put (or on first demand for an
 	// object put without a transport), and returns what receivers need.
 	ExtractMetadata(obj ObjectID, tensors []Tensor) ([]byte, error)
 	// CommunicatorMetadata runs on the destination once per transfer.
 	CommunicatorMetadata(x *Transfer) ([]byte, error)
-	// Send runs on the source of a two-sided transport, on the source
-	// runtime's goroutine, and returns when the tensors are sent.
-	Send(x *Transfer, tensors []Tensor, tmeta, cmeta []byte) error
 	// Fetch starts receiving into targets on the destination and returns
 	// without waiting for the bytes.
 	Fetch(x *Transfer, targets []Tensor, tmeta, cmeta []byte) (Request, error)
 	// GarbageCollect runs on the source once the object is freed.
 	GarbageCollect(obj ObjectID, tensors []Tensor, tmeta []byte)
 	// Abort stops a transfer: on the destination req is its request; on the
-	// source (a two-sided send) req is nil.
+	// source (a two-sided send) req is nil. The engine calls it only on
+	// transports whose descriptor sets CanAbort.
 	Abort(x *Transfer, req Request)
 	// Close releases the transport when its runtime is destroyed.
 	Close() error
+}
+
+// Sender is the source's half of a two-sided transport (one whose
+// descriptor leaves OneSided false): the engine refuses to register a
+// two-sided transport without it, and never asks a one-sided one to send.
+type Sender interface {
+	// Send runs on the source runtime's goroutine and returns when the
+	// tensors are sent.
+	Send(x *Transfer, tensors []Tensor, tmeta, cmeta []byte) error
+}
+
+// Descriptor is everything the engine decides from about a transport. It
+// is read once, at registration: a transport whose answers could change
+// while it runs says so through EagerWhile, the one question the engine
+// asks again.
+type Descriptor struct {
+	// Name is the canonical (lower-case) name.
+	Name string
+	// Devices lists the device types the transport moves.
+	Devices []DeviceType
+	// OneSided transports are driven by the receiver alone; the others
+	// implement Sender and the engine runs the source's Send.
+	OneSided bool
+	// CanAbort transports stop an in-progress transfer when Abort is called.
+	CanAbort bool
+	// SameHostOnly transports only reach runtimes on their own host (same
+	// boot, process and mount namespaces, see PeerInfo.SameHost): the engine
+	// refuses them for other peers and leaves them out of the automatic
+	// choice there.
+	SameHostOnly bool
+	// DetectsFreedObjects transports fail a fetch of an object the source
+	// has freed rather than returning freed memory (cma reads a guard word
+	// the source clears, shm and tcp ask the source runtime). The engine
+	// starts those at once on a ref whose borrow the owner has not answered
+	// yet; for any other transport it waits for the answer.
+	DetectsFreedObjects bool
+	// EagerMetadata transports make their metadata cheaply: for objects put
+	// without a transport the engine extracts it at put, so that the first
+	// fetch needs no extra round trip to the owner.
+	EagerMetadata bool
+	// EagerWhile, when set, narrows EagerMetadata to the puts at which it
+	// returns true (tcp: while its listener runs).
+	EagerWhile func() bool
+	// Auto places the transport in the automatic choice for objects put
+	// without one.
+	Auto AutoRank
+	// GroupBackend marks the transport that forms groups when a group names
+	// no backend (it must implement GroupBackend).
+	GroupBackend bool
+}
+
+// AutoRank is a transport's place in the automatic choice, per kind of
+// data: transports are tried in increasing rank, and 0 leaves the transport
+// out for that kind. Host data is an object whose tensors are all in
+// host-accessible memory; CUDA data one with a tensor in CUDA device memory.
+type AutoRank struct {
+	Host int
+	CUDA int
+}
+
+// Moves reports whether the transport moves memory of device type d.
+func (d *Descriptor) Moves(t DeviceType) bool {
+	for _, x := range d.Devices {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// Eager reports whether the engine extracts the transport's metadata at a
+// put without a transport, now.
+func (d *Descriptor) Eager() bool {
+	return d.EagerMetadata && (d.EagerWhile == nil || d.EagerWhile())
 }
 
 // Request is an in-progress fetch.
@@ -72,22 +139,6 @@ type Request interface {
 // hand-off costs more than a small transfer.
 type CompletedRequest interface {
 	Completed() bool
-}
-
-// PeerChecker is implemented by transports that only reach some peers (for
-// example same-host transports). The engine asks before using the transport
-// and the error explains why not.
-type PeerChecker interface {
-	CheckPeer(local, peer PeerInfo) error
-}
-
-// FreedObjectChecker is implemented by transports whose fetch of an object
-// the source has freed fails rather than returning freed memory (cma reads a
-// guard word the source clears, shm and tcp ask the source runtime). The
-// engine starts those at once on a ref whose borrow the owner has not
-// answered yet; for any other transport it waits for the answer.
-type FreedObjectChecker interface {
-	ChecksFreedObjects() bool
 }
 
 // PeerWatcher is implemented by transports that keep state per peer
@@ -108,26 +159,44 @@ type LocalCopier interface {
 // RecvFunc adapts a synchronous receive into a Request: the function runs on
 // its own goroutine and Wait waits for it.
 func RecvFunc(recv func() error) Request {
-	r := &funcRequest{done: make(chan struct{})}
-	go func() {
-		r.err = recv()
-		close(r.done)
-	}()
+	r := NewCompletion()
+	go func() { r.Finish(recv()) }()
 	return r
 }
 
-type funcRequest struct {
+// Completion is a Request that finishes when Finish is called: the request
+// of a transport whose fetch runs on a goroutine. Embed it (made by
+// NewCompletion) in a request that carries more, and override Release
+// where finishing needs cleanup.
+type Completion struct {
 	done chan struct{}
 	err  error
 }
 
-func (r *funcRequest) Wait() error { <-r.done; return r.err }
-func (r *funcRequest) Completed() bool {
+// NewCompletion makes a request that is not finished yet.
+func NewCompletion() *Completion { return &Completion{done: make(chan struct{})} }
+
+// Finish records the outcome and wakes Wait; call it exactly once.
+func (c *Completion) Finish(err error) {
+	c.err = err
+	close(c.done)
+}
+
+// Done is closed once Finish was called.
+func (c *Completion) Done() <-chan struct{} { return c.done }
+
+// Wait blocks until Finish was called and returns its error.
+func (c *Completion) Wait() error { <-c.done; return c.err }
+
+// Completed reports, without blocking, whether Finish was called.
+func (c *Completion) Completed() bool {
 	select {
-	case <-r.done:
+	case <-c.done:
 		return true
 	default:
 		return false
 	}
 }
-func (r *funcRequest) Release() {}
+
+// Release frees nothing: a finished completion holds no resource.
+func (c *Completion) Release() {}

@@ -26,13 +26,10 @@ func twoSidedFactory() transport.TransportFactory {
 	}}
 }
 
-func (s *streamTransport) Name() string { return "stream2" }
-func (s *streamTransport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCPU}
+func (s *streamTransport) Describe() transport.Descriptor {
+	return transport.Descriptor{Name: "stream2", Devices: []transport.DeviceType{transport.DeviceCPU}, CanAbort: true}
 }
-func (s *streamTransport) OneSided() bool { return false }
-func (s *streamTransport) CanAbort() bool { return true }
-func (s *streamTransport) Close() error   { return nil }
+func (s *streamTransport) Close() error { return nil }
 func (s *streamTransport) ExtractMetadata(transport.ObjectID, []transport.Tensor) ([]byte, error) {
 	return nil, nil
 }

@@ -339,26 +339,21 @@ func workerCount() int {
 	return n
 }
 
-func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
-}
-func (t *Transport) OneSided() bool { return true }
-func (t *Transport) CanAbort() bool { return true }
-
-// ChecksFreedObjects: the guard word the source clears at free is read after every copy.
-func (t *Transport) ChecksFreedObjects() bool { return true }
-
-// EagerMetadata: addresses are free to describe, so every put carries them.
-func (t *Transport) EagerMetadata() bool { return true }
-
-// CheckPeer refuses peers on other hosts (or in another pid namespace,
-// which the host identity covers).
-func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
-	if !local.SameHost(peer) {
-		return transport.Errorf(transport.ErrUnsupported, "cma reads memory only between processes on the same host; %q is on another host", peer.Name)
+// Describe: cma reads another process's memory, so only on the same host
+// (the host identity covers the pid namespace); the guard word the source
+// clears at free is read after every copy; addresses are free to describe,
+// so every put carries them; for host data it is the first choice.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:                Name,
+		Devices:             []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost},
+		OneSided:            true,
+		CanAbort:            true,
+		SameHostOnly:        true,
+		DetectsFreedObjects: true,
+		EagerMetadata:       true,
+		Auto:                transport.AutoRank{Host: 10},
 	}
-	return nil
 }
 
 // ExtractMetadata records where the tensors live in this process.
@@ -377,10 +372,6 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 }
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
-
-func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
-	return transport.Errorf(transport.ErrInternal, "cma is one-sided: send is never called on it")
-}
 
 // GarbageCollect retires the object's guard slot, so that receivers still
 // reading the memory find out.
@@ -426,20 +417,17 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token,
-		done: make(chan struct{})}
+	req := &request{Completion: transport.NewCompletion(), t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token}
 	if err := req.checkSlot(x.Object, tmeta); err != nil {
 		req.Release()
 		return nil, err
 	}
 	if total <= syncLimit {
-		req.err = req.copyChecked(m.Regions, targets, 1)
-		close(req.done)
+		req.Finish(req.copyChecked(m.Regions, targets, 1))
 		return req, nil
 	}
 	go func() {
-		req.err = req.copyChecked(m.Regions, targets, t.workers)
-		close(req.done)
+		req.Finish(req.copyChecked(m.Regions, targets, t.workers))
 	}()
 	return req, nil
 }
@@ -451,7 +439,10 @@ func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	}
 }
 
+// request is a fetch in progress: it completes when the copy ends
+// (Completed lets the engine skip a goroutine for copies done in Fetch).
 type request struct {
+	*transport.Completion
 	t         *Transport
 	pid       int
 	startTime uint64
@@ -459,23 +450,11 @@ type request struct {
 	guard     uint64 // address of the object's guard slot in the source
 	token     uint64
 	aborted   atomic.Bool
-	done      chan struct{}
-	err       error
 	released  sync.Once
 }
 
-func (r *request) Wait() error { <-r.done; return r.err }
-func (r *request) Release()    { r.released.Do(func() { r.t.done(r.src) }) }
-
-// Completed lets the engine skip a goroutine for copies done in Fetch.
-func (r *request) Completed() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
-}
+// Release lets go of the source's process descriptor.
+func (r *request) Release() { r.released.Do(func() { r.t.done(r.src) }) }
 
 // span is one piece of work: a byte range of one tensor.
 type span struct {

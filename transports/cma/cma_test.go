@@ -194,11 +194,14 @@ func TestAFreedObjectIsNeverReported(t *testing.T) {
 	require.NoError(t, fetch(t, tr, transport.ObjectID{5}, meta2, []transport.Tensor{dst}))
 }
 
-func TestCheckPeerRefusesOtherHosts(t *testing.T) {
-	tr := newTransport(t)
-	err := tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b", Name: "far"})
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
-	assert.NoError(t, tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "a"}))
+// The descriptor keeps cma to its host, notices freed objects, and puts its
+// metadata in every ref.
+func TestDescribe(t *testing.T) {
+	d := newTransport(t).Describe()
+	assert.Equal(t, Name, d.Name)
+	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly && d.DetectsFreedObjects && d.Eager())
+	assert.Equal(t, transport.AutoRank{Host: 10}, d.Auto)
+	assert.False(t, d.GroupBackend)
 }
 
 // ---- another process --------------------------------------------------------

@@ -93,20 +93,18 @@ func New(h transport.Host) (transport.Transport, error) {
 	return t, nil
 }
 
-func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCUDA}
-}
-func (t *Transport) OneSided() bool { return true }
-func (t *Transport) CanAbort() bool { return true }
-
-// CheckPeer refuses peers on other hosts: CUDA IPC handles only open on the
-// machine that made them.
-func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
-	if !local.SameHost(peer) {
-		return transport.Errorf(transport.ErrUnsupported, "cuda_ipc works only between processes on the same host; %q is on another host", peer.Name)
+// Describe: CUDA IPC handles only open on the machine that made them, so
+// cuda_ipc works on the same host only, where it is the first choice for
+// CUDA data.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:         Name,
+		Devices:      []transport.DeviceType{transport.DeviceCUDA},
+		OneSided:     true,
+		CanAbort:     true,
+		SameHostOnly: true,
+		Auto:         transport.AutoRank{CUDA: 10},
 	}
-	return nil
 }
 
 // checkDevice refuses a CUDA tensor whose device ordinal this process has
@@ -185,10 +183,6 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 }
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
-
-func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
-	return transport.Errorf(transport.ErrInternal, "cuda_ipc is one-sided: send is never called on it")
-}
 
 // GarbageCollect has nothing to undo: an exported handle holds no resource
 // in the source, and receivers' mappings are closed by their caches.

@@ -368,12 +368,15 @@ func TestEventErrorsNameTheCall(t *testing.T) {
 	assert.False(t, errors.As(err, &ce), "converted to a core error")
 }
 
-func TestCheckPeerRefusesOtherHosts(t *testing.T) {
-	tr := &Transport{}
-	require.NoError(t, tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "a"}))
-	err := tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b", Name: "far"})
-	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
-	assert.Contains(t, err.Error(), "same host")
+// The descriptor keeps cuda_ipc to its host, where it is the first choice
+// for CUDA data.
+func TestDescribe(t *testing.T) {
+	d := (&Transport{}).Describe()
+	assert.Equal(t, Name, d.Name)
+	assert.Equal(t, []transport.DeviceType{transport.DeviceCUDA}, d.Devices)
+	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly)
+	assert.False(t, d.DetectsFreedObjects || d.Eager() || d.GroupBackend)
+	assert.Equal(t, transport.AutoRank{CUDA: 10}, d.Auto)
 }
 
 // A process that has exited is not alive, even before its parent waits for

@@ -69,17 +69,23 @@ type Transport struct {
 // New makes the transport: ErrUnsupported without NCCL, CUDA or a device.
 func New(h transport.Host) (transport.Transport, error) {
 	if err := Available(); err != nil {
-		return nil, transport.Wrap(err, "nccl")
+		return nil, transport.Wrap(err, "nccl needs the NCCL library (libnccl.so.2, or RDT_NCCL_LIBRARY) and a CUDA driver with a device")
 	}
 	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{}}, nil
 }
 
-func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCUDA}
+// Describe: nccl is two-sided (the source's Send runs ncclSend), reaches
+// any host, is the last automatic choice for CUDA data, and forms the
+// groups that name no backend.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:         Name,
+		Devices:      []transport.DeviceType{transport.DeviceCUDA},
+		CanAbort:     true,
+		Auto:         transport.AutoRank{CUDA: 30},
+		GroupBackend: true,
+	}
 }
-func (t *Transport) OneSided() bool { return false }
-func (t *Transport) CanAbort() bool { return true }
 
 // ExtractMetadata checks that the tensors are device memory; NCCL needs
 // nothing from the source beforehand.
@@ -737,13 +743,9 @@ func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, c
 
 // request is a destination's receive in progress.
 type request struct {
-	o    *op
-	done chan struct{}
-	err  error
+	*transport.Completion
+	o *op
 }
-
-func (r *request) Wait() error { <-r.done; return r.err }
-func (r *request) Release()    {}
 
 // Fetch runs on the destination: ncclRecv into every target from the
 // source rank, on its own goroutine.
@@ -762,11 +764,10 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, 
 		g.destroy(transport.Wrap(err, "%s", what), true)
 		return nil, g.deadErr()
 	}
-	r := &request{o: t.register(x.TransferID), done: make(chan struct{})}
+	r := &request{Completion: transport.NewCompletion(), o: t.register(x.TransferID)}
 	go func() {
 		defer t.unregister(x.TransferID)
-		r.err = g.run(r.o, false, m.Src, m.Seq, bufs, what)
-		close(r.done)
+		r.Finish(g.run(r.o, false, m.Src, m.Seq, bufs, what))
 	}()
 	return r, nil
 }

@@ -111,3 +111,17 @@ func FuzzDecodeCommunicatorMetadata(f *testing.F) {
 		}
 	})
 }
+
+// The descriptor: two-sided (the engine runs the source's Send), the last
+// automatic choice for CUDA data, and the backend of groups that name none.
+func TestDescribe(t *testing.T) {
+	tr := &Transport{}
+	d := tr.Describe()
+	assert.Equal(t, Name, d.Name)
+	assert.Equal(t, []transport.DeviceType{transport.DeviceCUDA}, d.Devices)
+	assert.False(t, d.OneSided || d.SameHostOnly || d.Eager())
+	assert.True(t, d.CanAbort && d.GroupBackend)
+	assert.Equal(t, transport.AutoRank{CUDA: 30}, d.Auto)
+	var _ transport.Sender = tr
+	var _ transport.GroupBackend = tr
+}

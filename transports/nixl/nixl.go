@@ -128,8 +128,20 @@ func New(h transport.Host) (transport.Transport, error) {
 	}, nil
 }
 
-func (t *Transport) Name() string                    { return Name }
-func (t *Transport) Devices() []transport.DeviceType { return t.devices }
+// Describe: nixl reads remote memory over UCX (one-sided, any host), CUDA
+// memory only where the CUDA driver saw a GPU at creation; for CUDA data it
+// comes after cuda_ipc and before nccl. Abort returns control at once (the
+// engine needs that for deadlines), though NIXL finishes the I/O before
+// Release returns.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:     Name,
+		Devices:  t.devices,
+		OneSided: true,
+		CanAbort: true,
+		Auto:     transport.AutoRank{CUDA: 20},
+	}
+}
 
 // ofMemory is the regions of one memory type: NIXL takes one descriptor
 // list per type.
@@ -149,11 +161,6 @@ func cudaAbsence(n int, err error) string {
 	}
 	return fmt.Sprintf("the CUDA driver sees %d devices", n)
 }
-func (t *Transport) OneSided() bool { return true }
-
-// CanAbort: Abort returns control at once (the engine needs that for
-// deadlines), though NIXL finishes the I/O before Release returns.
-func (t *Transport) CanAbort() bool { return true }
 
 // ensureAgent creates the agent and its UCX backend on first use.
 func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
@@ -352,10 +359,6 @@ func (t *Transport) unregisterLocked(agent unsafe.Pointer, keys []regKey) {
 }
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
-
-func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
-	return transport.Errorf(transport.ErrInternal, "nixl is one-sided: send is never called on it")
-}
 
 // GarbageCollect deregisters the object's memory (regions other live
 // objects also put stay registered).

@@ -343,3 +343,16 @@ func BenchmarkFetch64MiB(b *testing.B) {
 		}
 	}
 }
+
+// The descriptor: one-sided, any host, the devices found at creation, and
+// for CUDA data the choice after cuda_ipc and before nccl (never for host
+// data).
+func TestDescribe(t *testing.T) {
+	devices := []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost, transport.DeviceCUDA}
+	d := (&Transport{devices: devices}).Describe()
+	assert.Equal(t, Name, d.Name)
+	assert.Equal(t, devices, d.Devices)
+	assert.True(t, d.OneSided && d.CanAbort)
+	assert.False(t, d.SameHostOnly || d.Eager() || d.GroupBackend)
+	assert.Equal(t, transport.AutoRank{CUDA: 20}, d.Auto)
+}

@@ -83,33 +83,23 @@ func New(h transport.Host) (transport.Transport, error) {
 		idle: map[transport.RuntimeID]*keptConns{}}, nil
 }
 
-func (t *Transport) Name() string { return Name }
-func (t *Transport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
-}
-func (t *Transport) OneSided() bool { return true }
-func (t *Transport) CanAbort() bool { return true }
-
-// ChecksFreedObjects: a freed object's segment is no longer handed out.
-func (t *Transport) ChecksFreedObjects() bool { return true }
-
-// EagerMetadata is false: staging costs a copy, so objects put without a
-// transport are staged only when a fetch asks for shm.
-func (t *Transport) EagerMetadata() bool { return false }
-
-// CheckPeer refuses peers on other hosts.
-func (t *Transport) CheckPeer(local, peer transport.PeerInfo) error {
-	if !local.SameHost(peer) {
-		return transport.Errorf(transport.ErrUnsupported, "shm moves bytes only between processes on the same host; %q is on another host", peer.Name)
+// Describe: shm shares memory segments, so only on the same host; a freed
+// object's segment is no longer handed out; staging costs a copy, so
+// objects put without a transport are staged only when a fetch asks for
+// shm (no eager metadata); for host data it comes after cma.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:                Name,
+		Devices:             []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost},
+		OneSided:            true,
+		CanAbort:            true,
+		SameHostOnly:        true,
+		DetectsFreedObjects: true,
+		Auto:                transport.AutoRank{Host: 20},
 	}
-	return nil
 }
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
-
-func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
-	return transport.Errorf(transport.ErrInternal, "shm is one-sided: send is never called on it")
-}
 
 // layout places tensors in a segment, each aligned.
 func layout(tensors []transport.Tensor) ([]region, uint64) {
@@ -447,22 +437,11 @@ func checkSameUser(c *net.UnixConn) error {
 
 // ---- receiving --------------------------------------------------------------
 
+// request is a fetch in progress: it completes when the copy ends.
 type request struct {
+	*transport.Completion
 	t       *Transport
 	aborted atomic.Bool
-	done    chan struct{}
-	err     error
-}
-
-func (r *request) Wait() error { <-r.done; return r.err }
-func (r *request) Release()    {}
-func (r *request) Completed() bool {
-	select {
-	case <-r.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // Abort makes the copy stop at its next chunk.
@@ -497,12 +476,11 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	r := &request{t: t, done: make(chan struct{})}
+	r := &request{Completion: transport.NewCompletion(), t: t}
 	// Even small copies run on their own goroutine, so that a fetch of many
 	// refs overlaps their socket round trips.
 	go func() {
-		r.err = r.receive(src, x.Source.Pid, m, targets)
-		close(r.done)
+		r.Finish(r.receive(src, x.Source.Pid, m, targets))
 	}()
 	return r, nil
 }

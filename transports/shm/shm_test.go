@@ -253,9 +253,14 @@ func TestMismatchedTargets(t *testing.T) {
 	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
 }
 
-func TestCheckPeerRefusesOtherHosts(t *testing.T) {
-	tr := newTransport(t)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(tr.CheckPeer(transport.PeerInfo{HostID: "a"}, transport.PeerInfo{HostID: "b"})))
+// The descriptor keeps shm to its host and stages nothing at put (no eager
+// metadata: staging costs a copy).
+func TestDescribe(t *testing.T) {
+	d := newTransport(t).Describe()
+	assert.Equal(t, Name, d.Name)
+	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly && d.DetectsFreedObjects)
+	assert.False(t, d.Eager(), "staging costs a copy: only on demand")
+	assert.Equal(t, transport.AutoRank{Host: 20}, d.Auto)
 }
 
 func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {

@@ -142,33 +142,34 @@ func New(h transport.Host) (transport.Transport, error) {
 	return t, nil
 }
 
-func (t *Transport) Name() string { return Name }
-
-// Devices: memory the CPU can address (pinned CUDA host memory included).
-func (t *Transport) Devices() []transport.DeviceType {
-	return []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
+// Describe: tcp moves memory the CPU can address (pinned CUDA host memory
+// included) to any host, the last automatic choice for host data; the
+// source serves only objects it holds, so a freed one is noticed.
+// Once the listener runs, the metadata costs nothing, so objects put
+// without a transport carry it. Before, they do not: a runtime whose
+// objects never travel over tcp never opens a TCP port, and a peer that
+// wants tcp asks the owner for the metadata, which starts it.
+func (t *Transport) Describe() transport.Descriptor {
+	return transport.Descriptor{
+		Name:                Name,
+		Devices:             []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost},
+		OneSided:            true,
+		CanAbort:            true,
+		DetectsFreedObjects: true,
+		EagerMetadata:       true,
+		EagerWhile:          t.listening,
+		Auto:                transport.AutoRank{Host: 30},
+	}
 }
-func (t *Transport) OneSided() bool { return true }
-func (t *Transport) CanAbort() bool { return true }
 
-// ChecksFreedObjects: the source serves only objects it holds.
-func (t *Transport) ChecksFreedObjects() bool { return true }
-
-// EagerMetadata: once the listener runs, the metadata costs nothing, so
-// objects put without a transport carry it. Before, they do not: a
-// runtime whose objects never travel over tcp never opens a TCP port, and
-// a peer that wants tcp asks the owner for the metadata, which starts it.
-func (t *Transport) EagerMetadata() bool {
+// listening reports whether the listener runs.
+func (t *Transport) listening() bool {
 	t.lmu.Lock()
 	defer t.lmu.Unlock()
 	return t.ln != nil
 }
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
-
-func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) error {
-	return transport.Errorf(transport.ErrInternal, "tcp is one-sided: send is never called on it")
-}
 
 // GarbageCollect has nothing to free: the source serves live objects only,
 // through PinObject, so a freed object is simply no longer found.

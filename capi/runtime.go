@@ -46,15 +46,12 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			o.Builtins = nil
 		}
 		o.Network = networkFor(flags)
+		o.QueueReleases = flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0
 		rt, err := core.NewRuntime(o)
 		if err != nil {
 			return err
 		}
-		rh := &runtimeHandle{rt: rt, address: C.CString(rt.Address())}
-		if flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0 {
-			rh.releases = newReleaseQueue()
-		}
-		*out = newHandle(rh)
+		*out = newHandle(&runtimeHandle{rt: rt, address: C.CString(rt.Address())})
 		return nil
 	})
 }
@@ -68,9 +65,6 @@ func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
 		}
 		deleteHandle(h)
 		rh.rt.Destroy()
-		if rh.releases != nil {
-			rh.releases.close()
-		}
 		C.free(unsafe.Pointer(rh.address))
 		return nil
 	})

@@ -49,6 +49,10 @@ type Options struct {
 	PeerTimeout time.Duration
 	// LogOutput receives the runtime's log lines (nil: stderr).
 	LogOutput io.Writer
+	// QueueReleases queues the user data of freed objects for TakeReleased
+	// (see ReleaseToQueue) instead of calling release functions on the
+	// runtime's threads.
+	QueueReleases bool
 }
 
 // Runtime owns an object store, a transport registry and a control-plane
@@ -81,6 +85,8 @@ type Runtime struct {
 	freed      freedRecord // ids of recently freed objects, for error messages
 
 	grp groups // collective groups (group.go)
+
+	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
 
 	bg sync.WaitGroup // finalizers and sends
 	c  counters
@@ -144,6 +150,9 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		fetches:  map[*Fetch]struct{}{},
 
 		peerLeases: map[transport.RuntimeID]int{},
+	}
+	if opts.QueueReleases {
+		rt.releases = newReleaseQueue()
 	}
 	if rt.name == "" {
 		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
@@ -309,6 +318,9 @@ func (rt *Runtime) Destroy() {
 	}
 	rt.bg.Wait()
 	rt.reg.closeAll(rt.log)
+	if rt.releases != nil {
+		rt.releases.close() // wakes takers with ErrClosed
+	}
 	rt.log.Debugf("runtime destroyed")
 }
 

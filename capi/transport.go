@@ -16,15 +16,9 @@ import (
 //export rdtgo_register_transport
 func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, ndev C.size_t,
 	vt *C.rdt_transport_vtable) C.int {
-	// vt is the library's own copy; until registration succeeds, this
-	// function owns it and the user data.
-	registered := false
-	defer func() {
-		if !registered {
-			C.rdtc_call_free_user_data(vt)
-			C.free(unsafe.Pointer(vt))
-		}
-	}()
+	// vt is the library's own copy. Only a success hands it (and the user
+	// data) to the runtime; on failure rdt_register_transport in abi.c frees
+	// both, so no failure path here may keep or free them.
 	return guard("rdt_register_transport", func() error {
 		rt, err := runtimeOf(h)
 		if err != nil {
@@ -72,11 +66,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		case t.canAbort && vt.abort == nil:
 			return invalid("transport %q sets RDT_TRANSPORT_CAN_ABORT but has no abort", canon)
 		}
-		if err := rt.RegisterTransport(t); err != nil {
-			return err
-		}
-		registered = true
-		return nil
+		return rt.RegisterTransport(t)
 	})
 }
 

@@ -48,7 +48,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT) != 0 {
 			return invalid("unknown transport flags %#x", flags)
 		}
-		t := &foreign{name: canon, devices: devs, vt: vt,
+		t := &foreign{name: canon, devices: devs, vt: vt, log: rt.Log(),
 			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0}
 		asyncCount := 0
 		for _, p := range []unsafe.Pointer{unsafe.Pointer(vt.fetch), unsafe.Pointer(vt.wait), unsafe.Pointer(vt.release_request)} {
@@ -122,6 +122,7 @@ type foreign struct {
 	devices            []transport.DeviceType
 	oneSided, canAbort bool
 	vt                 *C.rdt_transport_vtable // C memory, freed at Close
+	log                *transport.Logger       // the runtime's, at its RDT_LOG level
 	closeOnce          sync.Once
 }
 
@@ -336,7 +337,7 @@ func (f *foreign) Abort(x *transport.Transfer, req transport.Request) {
 	}
 	var msg *C.char
 	if err := f.callbackError("abort", C.rdtc_cb_abort(f.vt, cx, creq, &msg), msg); err != nil {
-		transport.NewLogger(f.name, transport.LogDefault).Warnf("%v", err)
+		f.log.Warnf("%v", err)
 	}
 }
 

@@ -49,6 +49,9 @@ type Options struct {
 	PeerTimeout time.Duration
 	// LogOutput receives the runtime's log lines (nil: stderr).
 	LogOutput io.Writer
+	// EnvironmentDefaults makes an empty ListenTCP and AuthToken fall back
+	// to RDT_LISTEN and RDT_AUTH_TOKEN, as the C API promises.
+	EnvironmentDefaults bool
 	// QueueReleases queues the user data of freed objects for TakeReleased
 	// (see ReleaseToQueue) instead of calling release functions on the
 	// runtime's threads.
@@ -59,6 +62,7 @@ type Options struct {
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
 	opts    Options
+	env     Environment         // read from the process environment at creation
 	id      transport.RuntimeID // derived from key's public half
 	key     ed25519.PrivateKey  // proves id to peers (identity.go)
 	name    string
@@ -133,9 +137,26 @@ type borrowEntry struct {
 
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
+	env, err := readProcessEnvironment()
+	if err != nil {
+		return nil, err
+	}
+	listenFromEnv := false
+	if opts.EnvironmentDefaults {
+		if opts.ListenTCP == "" && env.Listen != "" {
+			opts.ListenTCP, listenFromEnv = env.Listen, true
+		}
+		if opts.AuthToken == "" {
+			opts.AuthToken = env.AuthToken
+		}
+	}
+	if opts.LogLevel == transport.LogDefault {
+		opts.LogLevel = env.LogLevel
+	}
 	key, id := newIdentityKey()
 	rt := &Runtime{
 		opts:     opts,
+		env:      env,
 		id:       id,
 		key:      key,
 		name:     opts.Name,
@@ -163,8 +184,11 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if rt.hostID == "" {
 		rt.hostID = hostIdentity()
 	}
-	rt.log = transport.NewLoggerTo(rt.name, opts.LogLevel, opts.LogOutput)
+	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
 	if err := rt.resolveHosts(); err != nil {
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+		}
 		return nil, err
 	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
@@ -182,6 +206,9 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	})
 	if err != nil {
 		rt.cancel()
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
+		}
 		return nil, transport.Wrap(err, "control plane")
 	}
 	rt.ep = ep

@@ -28,7 +28,14 @@ func newReleaseQueue() *releaseQueue {
 	return &releaseQueue{ready: make(chan struct{}, 1), closed: make(chan struct{})}
 }
 
+// push queues userData, unless the queue was closed: what the runtime's
+// destroy frees is never reported.
 func (q *releaseQueue) push(userData uintptr) {
+	select {
+	case <-q.closed:
+		return
+	default:
+	}
 	q.mu.Lock()
 	q.items = append(q.items, userData)
 	q.mu.Unlock()
@@ -50,7 +57,7 @@ func (q *releaseQueue) take(out []uintptr, timeout time.Duration) (int, error) {
 	var expired <-chan time.Time
 	for {
 		select {
-		case <-q.closed: // what the runtime's destroy freed is not reported
+		case <-q.closed:
 			return 0, transport.Errorf(transport.ErrClosed, "the runtime was destroyed")
 		default:
 		}

@@ -312,6 +312,11 @@ func (rt *Runtime) Destroy() {
 	rt.borrowed = map[transport.ObjectID]*borrowEntry{}
 	rt.mu.Unlock()
 
+	if rt.releases != nil {
+		// Wakes takers with ErrClosed; the objects destroy frees below are
+		// not queued.
+		rt.releases.close()
+	}
 	// Stop our fetches and sends, and whatever transports serve.
 	rt.cancel()
 	for _, f := range fetches {
@@ -345,9 +350,6 @@ func (rt *Runtime) Destroy() {
 	}
 	rt.bg.Wait()
 	rt.reg.closeAll(rt.log)
-	if rt.releases != nil {
-		rt.releases.close() // wakes takers with ErrClosed
-	}
 	rt.log.Debugf("runtime destroyed")
 }
 

@@ -291,38 +291,50 @@ rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
 
 /* ---- transports ----------------------------------------------------- */
 
-rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
-                                  const int32_t *devices, size_t num_devices,
-                                  const rdt_transport_vtable *vtable) {
-  if (forked_child && vtable != NULL &&
-      vtable->struct_size >= offsetof(rdt_transport_vtable, free_user_data) +
-                                 sizeof vtable->free_user_data &&
-      vtable->free_user_data != NULL)
-    vtable->free_user_data(vtable->user_data); /* as on every other failure */
+/* Whether a caller's vtable is large enough to hold free_user_data. */
+static int holds_free_user_data(const rdt_transport_vtable *vtable) {
+  return vtable->struct_size >= offsetof(rdt_transport_vtable, free_user_data) +
+                                    sizeof vtable->free_user_data;
+}
+
+static rdt_status register_transport(rdt_runtime *rt, const char *name,
+                                     const int32_t *devices, size_t num_devices,
+                                     const rdt_transport_vtable *vtable) {
   FORK_GUARD("rdt_register_transport");
   if (vtable == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_register_transport: vtable is NULL");
-  /* The runtime keeps its own copy for as long as the transport lives. */
-  rdt_transport_vtable *copy = malloc(sizeof *copy);
-  if (copy == NULL) {
-    if (vtable->free_user_data) vtable->free_user_data(vtable->user_data);
-    return fail(RDT_ERR_NO_MEMORY, "rdt_register_transport: out of memory");
-  }
-  rdt_transport_vtable_init(copy);
-  if (vtable->struct_size < offsetof(rdt_transport_vtable, extract_metadata)) {
-    free(copy); /* too small to hold free_user_data: nothing to call */
+  if (!holds_free_user_data(vtable))
     return fail(RDT_ERR_INVALID_ARGUMENT,
                 "rdt_register_transport: vtable struct_size %u is too small; "
                 "initialize it with rdt_transport_vtable_init()",
                 (unsigned)vtable->struct_size);
-  }
+  /* The runtime keeps its own copy for as long as the transport lives. */
+  rdt_transport_vtable *copy = malloc(sizeof *copy);
+  if (copy == NULL)
+    return fail(RDT_ERR_NO_MEMORY, "rdt_register_transport: out of memory");
+  rdt_transport_vtable_init(copy);
   memcpy(copy, vtable, vtable->struct_size < sizeof *copy ? vtable->struct_size
                                                           : sizeof *copy);
   copy->struct_size = sizeof *copy;
-  /* From here on Go owns `copy` (and the user data): it frees both. */
-  return (rdt_status)rdtgo_register_transport((uintptr_t)rt, (char *)name,
-                                              (int32_t *)devices, num_devices,
-                                              copy);
+  /* On success the runtime owns `copy` and frees it with the user data
+   * when the transport closes; on failure Go has kept neither. */
+  rdt_status st = (rdt_status)rdtgo_register_transport(
+      (uintptr_t)rt, (char *)name, (int32_t *)devices, num_devices, copy);
+  if (st != RDT_OK) free(copy);
+  return st;
+}
+
+/* The one place a refused registration hands the user data back, as rdt.h
+ * promises: on every failure, unless the vtable is NULL or too small to
+ * hold free_user_data. */
+rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
+                                  const int32_t *devices, size_t num_devices,
+                                  const rdt_transport_vtable *vtable) {
+  rdt_status st = register_transport(rt, name, devices, num_devices, vtable);
+  if (st != RDT_OK && vtable != NULL && holds_free_user_data(vtable) &&
+      vtable->free_user_data != NULL)
+    vtable->free_user_data(vtable->user_data);
+  return st;
 }
 
 rdt_status rdt_transport_list(rdt_runtime *rt, rdt_transport_info *infos,

@@ -57,9 +57,8 @@ func invalid(format string, args ...any) error {
 
 // runtimeHandle is what an rdt_runtime handle holds.
 type runtimeHandle struct {
-	rt       *core.Runtime
-	address  *C.char       // owned; freed at destroy
-	releases *releaseQueue // with RDT_RUNTIME_QUEUE_RELEASES, else nil
+	rt      *core.Runtime
+	address *C.char // owned; freed at destroy
 }
 
 // refHandle is what an rdt_ref handle holds.

@@ -29,11 +29,11 @@ func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *
 			return err
 		}
 		var onFree func()
-		switch q := rh.releases; {
-		case q != nil && release != nil:
+		switch queued := rh.rt.QueuesReleases(); {
+		case queued && release != nil:
 			return invalid("runtime %s queues releases (RDT_RUNTIME_QUEUE_RELEASES): pass release = NULL and take the user data with rdt_runtime_take_released()", rh.rt.Name())
-		case q != nil && userData != 0:
-			onFree = func() { q.push(uintptr(userData)) }
+		case queued && userData != 0:
+			onFree = rh.rt.ReleaseToQueue(uintptr(userData))
 		case release != nil:
 			onFree = func() { C.rdtc_call_release(release, userData) }
 		}

@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"os"
 	"time"
 	"unsafe"
 
@@ -25,12 +24,14 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			LogLevel:      transport.LogLevel(opts.log_level),
 			Lease:         time.Duration(opts.lease_ms) * time.Millisecond,
 			PeerTimeout:   time.Duration(opts.peer_timeout_ms) * time.Millisecond,
-			ListenTCP:     envDefault(goString(opts.listen_tcp), "RDT_LISTEN"),
-			AuthToken:     envDefault(goString(opts.auth_token), "RDT_AUTH_TOKEN"),
+			ListenTCP:     goString(opts.listen_tcp),
+			AuthToken:     goString(opts.auth_token),
 			AdvertiseHost: goString(opts.advertise_host),
 			SocketDir:     goString(opts.socket_dir),
 			HostID:        goString(opts.host_id),
 			Builtins:      builtinTransports,
+			// RDT_LISTEN and RDT_AUTH_TOKEN stand in for NULL strings.
+			EnvironmentDefaults: true,
 		}
 		if o.LogLevel < transport.LogDefault || o.LogLevel > transport.LogDebug {
 			return invalid("log_level %d is not an RDT_LOG_* value", o.LogLevel)
@@ -46,15 +47,12 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			o.Builtins = nil
 		}
 		o.Network = networkFor(flags)
+		o.QueueReleases = flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0
 		rt, err := core.NewRuntime(o)
 		if err != nil {
 			return err
 		}
-		rh := &runtimeHandle{rt: rt, address: C.CString(rt.Address())}
-		if flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0 {
-			rh.releases = newReleaseQueue()
-		}
-		*out = newHandle(rh)
+		*out = newHandle(&runtimeHandle{rt: rt, address: C.CString(rt.Address())})
 		return nil
 	})
 }
@@ -68,9 +66,6 @@ func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
 		}
 		deleteHandle(h)
 		rh.rt.Destroy()
-		if rh.releases != nil {
-			rh.releases.close()
-		}
 		C.free(unsafe.Pointer(rh.address))
 		return nil
 	})
@@ -116,12 +111,4 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.peers = C.uint64_t(s.Peers)
 		return nil
 	})
-}
-
-// envDefault is value, or the environment variable when value is empty.
-func envDefault(value, env string) string {
-	if value != "" {
-		return value
-	}
-	return os.Getenv(env)
 }

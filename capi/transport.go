@@ -16,15 +16,9 @@ import (
 //export rdtgo_register_transport
 func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, ndev C.size_t,
 	vt *C.rdt_transport_vtable) C.int {
-	// vt is the library's own copy; until registration succeeds, this
-	// function owns it and the user data.
-	registered := false
-	defer func() {
-		if !registered {
-			C.rdtc_call_free_user_data(vt)
-			C.free(unsafe.Pointer(vt))
-		}
-	}()
+	// vt is the library's own copy. Only a success hands it (and the user
+	// data) to the runtime; on failure rdt_register_transport in abi.c frees
+	// both, so no failure path here may keep or free them.
 	return guard("rdt_register_transport", func() error {
 		rt, err := runtimeOf(h)
 		if err != nil {
@@ -54,7 +48,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT) != 0 {
 			return invalid("unknown transport flags %#x", flags)
 		}
-		t := &foreign{name: canon, devices: devs, vt: vt,
+		t := &foreign{name: canon, devices: devs, vt: vt, log: rt.Log(),
 			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0}
 		asyncCount := 0
 		for _, p := range []unsafe.Pointer{unsafe.Pointer(vt.fetch), unsafe.Pointer(vt.wait), unsafe.Pointer(vt.release_request)} {
@@ -72,11 +66,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		case t.canAbort && vt.abort == nil:
 			return invalid("transport %q sets RDT_TRANSPORT_CAN_ABORT but has no abort", canon)
 		}
-		if err := rt.RegisterTransport(t); err != nil {
-			return err
-		}
-		registered = true
-		return nil
+		return rt.RegisterTransport(t)
 	})
 }
 
@@ -132,6 +122,7 @@ type foreign struct {
 	devices            []transport.DeviceType
 	oneSided, canAbort bool
 	vt                 *C.rdt_transport_vtable // C memory, freed at Close
+	log                *transport.Logger       // the runtime's, at its RDT_LOG level
 	closeOnce          sync.Once
 }
 
@@ -348,7 +339,7 @@ func (f *foreign) Abort(x *transport.Transfer, req transport.Request) {
 	}
 	var msg *C.char
 	if err := f.callbackError("abort", C.rdtc_cb_abort(f.vt, cx, creq, &msg), msg); err != nil {
-		transport.NewLogger(f.name, transport.LogDefault).Warnf("%v", err)
+		f.log.Warnf("%v", err)
 	}
 }
 

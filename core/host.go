@@ -44,7 +44,7 @@ func (rt *Runtime) resolveHosts() error {
 		}
 	}
 	if o.SocketDir == "" {
-		dir, err := DefaultSocketDir()
+		dir, err := defaultSocketDir(rt.env.RuntimeDir)
 		if err != nil {
 			return err
 		}
@@ -61,10 +61,10 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// DefaultSocketDir is $XDG_RUNTIME_DIR/rdt, or <tmp>/rdt-<uid>, created
-// with mode 0700 and checked to belong to this user.
-func DefaultSocketDir() (string, error) {
-	base := os.Getenv("XDG_RUNTIME_DIR")
+// defaultSocketDir is <runtimeDir>/rdt ($XDG_RUNTIME_DIR), or
+// <tmp>/rdt-<uid> without one, created with mode 0700 and checked to
+// belong to this user.
+func defaultSocketDir(base string) (string, error) {
 	var dir string
 	if base != "" {
 		dir = filepath.Join(base, "rdt")
@@ -113,3 +113,7 @@ func (rt *Runtime) SocketDir() string { return rt.opts.SocketDir }
 
 // PeerTimeout implements Host.
 func (rt *Runtime) PeerTimeout() time.Duration { return rt.opts.PeerTimeout }
+
+// Settings are the transports' tunables read from the environment when
+// the runtime was created.
+func (rt *Runtime) Settings() transport.Settings { return rt.env.Settings }

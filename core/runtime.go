@@ -49,12 +49,20 @@ type Options struct {
 	PeerTimeout time.Duration
 	// LogOutput receives the runtime's log lines (nil: stderr).
 	LogOutput io.Writer
+	// EnvironmentDefaults makes an empty ListenTCP and AuthToken fall back
+	// to RDT_LISTEN and RDT_AUTH_TOKEN, as the C API promises.
+	EnvironmentDefaults bool
+	// QueueReleases queues the user data of freed objects for TakeReleased
+	// (see ReleaseToQueue) instead of calling release functions on the
+	// runtime's threads.
+	QueueReleases bool
 }
 
 // Runtime owns an object store, a transport registry and a control-plane
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
 	opts    Options
+	env     Environment         // read from the process environment at creation
 	id      transport.RuntimeID // derived from key's public half
 	key     ed25519.PrivateKey  // proves id to peers (identity.go)
 	name    string
@@ -81,6 +89,8 @@ type Runtime struct {
 	freed      freedRecord // ids of recently freed objects, for error messages
 
 	grp groups // collective groups (group.go)
+
+	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
 
 	bg sync.WaitGroup // finalizers and sends
 	c  counters
@@ -127,9 +137,26 @@ type borrowEntry struct {
 
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
+	env, err := readProcessEnvironment()
+	if err != nil {
+		return nil, err
+	}
+	listenFromEnv := false
+	if opts.EnvironmentDefaults {
+		if opts.ListenTCP == "" && env.Listen != "" {
+			opts.ListenTCP, listenFromEnv = env.Listen, true
+		}
+		if opts.AuthToken == "" {
+			opts.AuthToken = env.AuthToken
+		}
+	}
+	if opts.LogLevel == transport.LogDefault {
+		opts.LogLevel = env.LogLevel
+	}
 	key, id := newIdentityKey()
 	rt := &Runtime{
 		opts:     opts,
+		env:      env,
 		id:       id,
 		key:      key,
 		name:     opts.Name,
@@ -145,6 +172,9 @@ func NewRuntime(opts Options) (*Runtime, error) {
 
 		peerLeases: map[transport.RuntimeID]int{},
 	}
+	if opts.QueueReleases {
+		rt.releases = newReleaseQueue()
+	}
 	if rt.name == "" {
 		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
 	}
@@ -154,8 +184,11 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if rt.hostID == "" {
 		rt.hostID = hostIdentity()
 	}
-	rt.log = transport.NewLoggerTo(rt.name, opts.LogLevel, opts.LogOutput)
+	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
 	if err := rt.resolveHosts(); err != nil {
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+		}
 		return nil, err
 	}
 	rt.ctx, rt.cancel = context.WithCancel(context.Background())
@@ -173,6 +206,9 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	})
 	if err != nil {
 		rt.cancel()
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
+		}
 		return nil, transport.Wrap(err, "control plane")
 	}
 	rt.ep = ep
@@ -277,6 +313,11 @@ func (rt *Runtime) Destroy() {
 	rt.borrowed = map[transport.ObjectID]*borrowEntry{}
 	rt.mu.Unlock()
 
+	if rt.releases != nil {
+		// Wakes takers with ErrClosed; the objects destroy frees below are
+		// not queued.
+		rt.releases.close()
+	}
 	// Stop our fetches and sends, and whatever transports serve.
 	rt.cancel()
 	for _, f := range fetches {

@@ -247,7 +247,9 @@ static inline void rdt_runtime_options_init(rdt_runtime_options *opts) {
 /* Creates a runtime. `opts` may be NULL for defaults; it is only read during
  * the call. On success *out is a new runtime that the caller destroys with
  * rdt_runtime_destroy(). Errors: INVALID_ARGUMENT (out NULL, struct_size too
- * small), ABI_MISMATCH (opts built against another RDT_ABI_VERSION). */
+ * small, an RDT_* environment variable out of bounds: the message names it;
+ * docs/configuration.md lists them), ABI_MISMATCH (opts built against
+ * another RDT_ABI_VERSION). */
 RDT_API rdt_status rdt_runtime_create(const rdt_runtime_options *opts,
                                       rdt_runtime **out);
 

@@ -38,6 +38,9 @@ type Host interface {
 	// PeerTimeout is how long a silent peer counts as alive; a transport
 	// serving a peer that makes no progress for as long gives up on it.
 	PeerTimeout() time.Duration
+	// Settings are the tunables the runtime read from the environment
+	// when it was created; transports never read it themselves.
+	Settings() Settings
 }
 
 // TransportFactory makes a built-in transport for a new runtime. A factory

@@ -40,14 +40,6 @@ func ParseLogLevel(s string) (LogLevel, bool) {
 	return LogDefault, false
 }
 
-// envLogLevel is RDT_LOG, or warn when unset or unreadable.
-func envLogLevel() LogLevel {
-	if l, ok := ParseLogLevel(os.Getenv("RDT_LOG")); ok {
-		return l
-	}
-	return LogWarn
-}
-
 // Logger writes leveled lines to stderr, prefixed with the runtime name.
 type Logger struct {
 	name  string
@@ -57,7 +49,8 @@ type Logger struct {
 
 var stderrMu sync.Mutex // one line at a time, whichever logger writes it
 
-// NewLogger makes a logger; LogDefault means RDT_LOG or warn.
+// NewLogger makes a logger; LogDefault means warn (a runtime resolves
+// RDT_LOG before it makes its logger).
 func NewLogger(name string, level LogLevel) *Logger {
 	return NewLoggerTo(name, level, nil)
 }
@@ -65,7 +58,7 @@ func NewLogger(name string, level LogLevel) *Logger {
 // NewLoggerTo makes a logger that writes to out (nil: stderr).
 func NewLoggerTo(name string, level LogLevel, out io.Writer) *Logger {
 	if level == LogDefault {
-		level = envLogLevel()
+		level = LogWarn
 	}
 	return &Logger{name: name, level: level, out: out}
 }

@@ -266,40 +266,79 @@ static void test_bad_bytes(void) {
   CHECK_OK(rdt_ref_release(ref));
 }
 
+/* Each refused registration frees the user data exactly once, whichever
+ * check refused it (rdt.h), and a registration that succeeds frees it only
+ * when the runtime is destroyed. */
+#define CHECK_REFUSED(expr, want)                                          \
+  do {                                                                     \
+    int before_ = t.freed_user_data;                                       \
+    CHECK_STATUS(expr, want);                                              \
+    CHECK(t.freed_user_data == before_ + 1);                               \
+  } while (0)
+
 static void test_bad_registration(void) {
   test_transport t;
   test_transport_init(&t);
   rdt_transport_vtable vt = memcopy_vtable(&t);
-  int32_t cpu = RDT_DEVICE_CPU, zero = 0;
-  CHECK_STATUS(rdt_register_transport(a, NULL, &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
-  CHECK(t.freed_user_data == 1); /* ownership passed: freed on failure */
-  CHECK_STATUS(rdt_register_transport(a, "has space", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_register_transport(a, "ok", NULL, 0, &vt), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_register_transport(a, "ok", &zero, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_register_transport(a, "MEMCOPY", &cpu, 1, &vt), RDT_ERR_ALREADY_EXISTS);
+  int32_t cpu = RDT_DEVICE_CPU, zero = 0, many[RDT_MAX_DEVICES + 1];
+  for (int i = 0; i <= RDT_MAX_DEVICES; i++) many[i] = RDT_DEVICE_CPU;
+  CHECK_REFUSED(rdt_register_transport(a, NULL, &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "has space", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", NULL, 0, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 0, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &zero, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", many, RDT_MAX_DEVICES + 1, &vt),
+                RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "MEMCOPY", &cpu, 1, &vt), RDT_ERR_ALREADY_EXISTS);
   CHECK_MSG("memcopy");
-  CHECK(t.freed_user_data == 5);
-  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(NULL, "ok", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport((rdt_runtime *)&t, "ok", &cpu, 1, &vt),
+                RDT_ERR_INVALID_ARGUMENT); /* not a runtime handle */
+  rdt_transport_vtable unknown_flags = vt;
+  unknown_flags.flags |= 1u << 30;
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &unknown_flags), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("flags");
   rdt_transport_vtable no_recv = vt;
   no_recv.recv = NULL;
-  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, &no_recv), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &no_recv), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("neither recv");
   rdt_transport_vtable two_sided = vt;
   two_sided.flags = 0;
-  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, &two_sided), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &two_sided), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("no send");
   rdt_transport_vtable abortable = vt;
   abortable.flags |= RDT_TRANSPORT_CAN_ABORT;
-  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, &abortable), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &abortable), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("no abort");
   rdt_transport_vtable partial = async_vtable(&t);
   partial.wait = NULL;
-  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, &partial), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &partial), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("together");
+  /* Just large enough to hold free_user_data: refused (no recv), freed. */
+  rdt_transport_vtable header_only = vt;
+  header_only.struct_size = (uint32_t)offsetof(rdt_transport_vtable, extract_metadata);
+  CHECK_REFUSED(rdt_register_transport(a, "ok", &cpu, 1, &header_only), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("neither recv");
+  /* A runtime destroyed while its handle is still known refuses too. */
+  rdt_runtime *gone = new_runtime("gone");
+  CHECK_OK(rdt_runtime_destroy(gone));
+  CHECK_REFUSED(rdt_register_transport(gone, "ok", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+
+  /* Nothing to call: a NULL vtable, or one too small to hold the field. */
+  int before = t.freed_user_data;
+  CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, NULL), RDT_ERR_INVALID_ARGUMENT);
   rdt_transport_vtable small = vt;
-  small.struct_size = 4;
+  small.struct_size = (uint32_t)offsetof(rdt_transport_vtable, free_user_data);
   CHECK_STATUS(rdt_register_transport(a, "ok", &cpu, 1, &small), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("struct_size");
+  CHECK(t.freed_user_data == before);
+
+  /* Success: owned by the runtime, freed once at its destroy. */
+  rdt_runtime *owner = new_runtime("owner");
+  CHECK_OK(rdt_register_transport(owner, "ok", &cpu, 1, &vt));
+  CHECK(t.freed_user_data == before);
+  CHECK_OK(rdt_runtime_destroy(owner));
+  CHECK(t.freed_user_data == before + 1);
 }
 
 /* Three refs; the second transfer fails with a message; the others block

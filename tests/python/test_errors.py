@@ -1,6 +1,9 @@
 """Bad input gets a clear error of the right class, never a crash."""
 
+import os
 import pickle
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -63,6 +66,24 @@ def test_bad_arguments():
             other.get(other.borrow(ref), transport="no-such-transport")
     with pytest.raises(rdt.InvalidArgumentError, match="log_level"):
         rdt.Runtime(log_level="loud")
+
+
+@pytest.mark.parametrize("name,value", [("RDT_CMA_WORKERS", "0"), ("RDT_CMA_WORKERS", "abc"),
+                                        ("RDT_TCP_STREAMS", "17"), ("RDT_LOG", "loud")])
+def test_a_bad_environment_variable_fails_runtime_creation_by_name(name, value):
+    # The library reads its environment as it was when it loaded: a child
+    # process gets the value from the start.
+    probe = (
+        "import rdt\n"
+        "try:\n"
+        "    rdt.Runtime('env')\n"
+        "except rdt.InvalidArgumentError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, **{name: value}),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f'{name}="{value}"' in out.stdout, out.stdout
 
 
 def test_corrupt_and_foreign_bytes():

@@ -35,7 +35,7 @@ const (
 	syncLimit = 256 << 10
 	// parallelMin: tensors at least this large are read by several workers.
 	parallelMin = 32 << 20
-	maxWorkers  = 4
+	maxWorkers  = transport.MaxCMAWorkers
 )
 
 // Factory makes the transport for a new runtime.
@@ -318,8 +318,12 @@ func New(h transport.Host) (transport.Transport, error) {
 	if err != nil {
 		return nil, transport.Errorf(transport.ErrUnsupported, "cma: cannot read this process's start time from /proc: %v", err)
 	}
-	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workerCount()}
-	if yamaScope() == 1 && os.Getenv("RDT_CMA_SET_PTRACER") != "0" {
+	workers := h.Settings().CMAWorkers // RDT_CMA_WORKERS, checked by the runtime
+	if workers < 1 || workers > maxWorkers {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d workers: want 1 to %d", workers, maxWorkers)
+	}
+	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workers}
+	if yamaScope() == 1 && h.Settings().CMASetPtracer {
 		if err := unix.Prctl(unix.PR_SET_PTRACER, unix.PR_SET_PTRACER_ANY, 0, 0, 0); err != nil {
 			h.Log().Warnf("cma: Yama ptrace_scope is 1 and PR_SET_PTRACER failed (%v): peers will fall back to shm", err)
 		} else {
@@ -327,16 +331,6 @@ func New(h transport.Host) (transport.Transport, error) {
 		}
 	}
 	return t, nil
-}
-
-func workerCount() int {
-	n := 2
-	if s := os.Getenv("RDT_CMA_WORKERS"); s != "" {
-		if v, err := strconv.Atoi(s); err == nil && v >= 1 && v <= maxWorkers {
-			n = v
-		}
-	}
-	return n
 }
 
 // Describe: cma reads another process's memory, so only on the same host

@@ -38,9 +38,8 @@ import (
 // handle must not be opened twice in one context.
 
 const (
-	defaultCacheLimit = 64
-	idleTimeout       = 30 * time.Second
-	sweepEvery        = time.Second
+	idleTimeout = 30 * time.Second
+	sweepEvery  = time.Second
 )
 
 type cacheKey struct {

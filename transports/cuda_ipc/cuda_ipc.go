@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,16 +46,12 @@ var (
 	cache     *handleCache
 )
 
-func sharedCache(log *transport.Logger) *handleCache {
+// sharedCache is the process's cache, sized by the first runtime's
+// RDT_CUDA_IPC_CACHE.
+func sharedCache(h transport.Host) *handleCache {
 	cacheOnce.Do(func() {
-		limit := defaultCacheLimit
-		if s := os.Getenv("RDT_CUDA_IPC_CACHE"); s != "" {
-			if v, err := strconv.Atoi(s); err == nil && v >= 0 {
-				limit = v
-			}
-		}
-		cache = newHandleCache(limit)
-		cache.warn = log.Warnf
+		cache = newHandleCache(h.Settings().CUDAIPCCache)
+		cache.warn = h.Log().Warnf
 	})
 	return cache
 }
@@ -87,7 +82,7 @@ func New(h transport.Host) (transport.Transport, error) {
 	if n == 0 {
 		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the CUDA driver sees no device")
 	}
-	t := &Transport{h: h, pid: os.Getpid(), cache: sharedCache(h.Log()),
+	t := &Transport{h: h, pid: os.Getpid(), cache: sharedCache(h),
 		streams: map[int]*streamSet{}, events: map[int][]*cuda.Event{}}
 	t.cache.addUser()
 	return t, nil
@@ -111,15 +106,15 @@ func (t *Transport) Describe() transport.Descriptor {
 // no device for. The driver would only say CUDA_ERROR_INVALID_DEVICE from
 // whichever call met the ordinal first, which core reads as "unsupported"
 // and would try another transport.
-func checkDevice(what string, i int, d transport.Device) error {
+func (t *Transport) checkDevice(what string, i int, d transport.Device) error {
 	n, err := cuda.DeviceCount()
 	if err != nil {
 		return transport.Wrap(cuda.CoreError(err), "cuda_ipc")
 	}
 	if d.ID < 0 || int(d.ID) >= n {
 		vis := ""
-		if v, ok := os.LookupEnv("CUDA_VISIBLE_DEVICES"); ok {
-			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", v)
+		if s := t.h.Settings(); s.CUDAVisibleDevicesSet {
+			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", s.CUDAVisibleDevices)
 		}
 		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
 	}
@@ -139,7 +134,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
 			continue
 		}
-		if err := checkDevice("tensor", i, x.Device); err != nil {
+		if err := t.checkDevice("tensor", i, x.Device); err != nil {
 			return nil, err
 		}
 		dev := int(x.Device.ID)
@@ -315,7 +310,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
 		}
 		if tr.Nbytes > 0 {
-			if err := checkDevice("target", i, targets[i].Device); err != nil {
+			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
 				return nil, err
 			}
 		}
@@ -494,7 +489,7 @@ func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 			x    transport.Tensor
 		}{{"tensor", src[i]}, {"target", dst[i]}} {
 			if side.x.Device.Type == transport.DeviceCUDA {
-				if err := checkDevice(side.what, i, side.x.Device); err != nil {
+				if err := t.checkDevice(side.what, i, side.x.Device); err != nil {
 					return err
 				}
 			}

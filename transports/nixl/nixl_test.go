@@ -39,7 +39,8 @@ func (testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (testHost) SocketDir() string        { return os.TempDir() }
 
 // PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
+func (testHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
+func (testHost) Settings() transport.Settings { return transport.DefaultSettings() }
 
 func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")

@@ -31,7 +31,8 @@ func (h testHost) AdvertiseHost() string        { return "127.0.0.1" }
 func (h testHost) SocketDir() string            { return h.dir }
 
 // PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
+func (testHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
+func (testHost) Settings() transport.Settings { return transport.DefaultSettings() }
 
 func (h testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")

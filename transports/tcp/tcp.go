@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -113,13 +112,9 @@ type pooled struct {
 // New makes the transport; the data listener starts when an object first
 // needs it.
 func New(h transport.Host) (transport.Transport, error) {
-	streams := 4
-	if s := os.Getenv("RDT_TCP_STREAMS"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 || v > 16 {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "RDT_TCP_STREAMS=%q: want 1 to 16", s)
-		}
-		streams = v
+	streams := h.Settings().TCPStreams // RDT_TCP_STREAMS, checked by the runtime
+	if streams < 1 || streams > transport.MaxTCPStreams {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, transport.MaxTCPStreams)
 	}
 	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
 		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}

@@ -33,11 +33,13 @@ type testHost struct {
 	mu      sync.Mutex
 	objs    map[transport.ObjectID][]transport.Tensor
 	pins    int
+	// settings are what a runtime would have read from the environment
+	settings transport.Settings
 }
 
 func newHost(token string) *testHost {
 	return &testHost{token: token, id: transport.RuntimeID{0x7e, 1}, timeout: transport.DefaultPeerTimeout, log: transport.LogOff,
-		objs: map[transport.ObjectID][]transport.Tensor{}}
+		objs: map[transport.ObjectID][]transport.Tensor{}, settings: transport.DefaultSettings()}
 }
 
 func (h *testHost) Identity() transport.PeerInfo {
@@ -51,7 +53,8 @@ func (h *testHost) BindHost() string         { return "127.0.0.1" }
 func (h *testHost) AdvertiseHost() string    { return "127.0.0.1" }
 func (h *testHost) SocketDir() string        { return os.TempDir() }
 
-func (h *testHost) PeerTimeout() time.Duration { return h.timeout }
+func (h *testHost) PeerTimeout() time.Duration   { return h.timeout }
+func (h *testHost) Settings() transport.Settings { return h.settings }
 
 func (h *testHost) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
 	h.mu.Lock()
@@ -229,8 +232,14 @@ func TestSmallFetchCompletesInline(t *testing.T) {
 }
 
 func TestMultiStreamOverride(t *testing.T) {
-	t.Setenv("RDT_TCP_STREAMS", "7")
-	p := newPair(t, "", "")
+	srcHost, dstHost := newHost(""), newHost("")
+	dstHost.settings.TCPStreams = 7 // RDT_TCP_STREAMS=7
+	s, err := New(srcHost)
+	require.NoError(t, err)
+	d, err := New(dstHost)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close(); d.Close() })
+	p := &pair{src: s.(*Transport), dst: d.(*Transport), host: srcHost}
 	require.Equal(t, 7, p.dst.streams)
 	const n = 24<<20 + 12345 // not a multiple of anything
 	meta, want := p.put(t, 5, n)
@@ -242,9 +251,12 @@ func TestMultiStreamOverride(t *testing.T) {
 	assert.GreaterOrEqual(t, p.pooled(), 2)
 	assert.LessOrEqual(t, p.pooled(), 7)
 
-	for _, bad := range []string{"0", "17", "four"} {
-		t.Setenv("RDT_TCP_STREAMS", bad)
-		_, err := New(newHost(""))
+	// The runtime refuses bad values of RDT_TCP_STREAMS (core's
+	// environment table); a host handing out of range ones is refused too.
+	for _, bad := range []int{0, 17} {
+		h := newHost("")
+		h.settings.TCPStreams = bad
+		_, err := New(h)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), bad)
 	}
 }

@@ -32,8 +32,18 @@ func (testHost) AdvertiseHost() string        { return "127.0.0.1" }
 func (testHost) SocketDir() string            { return os.TempDir() }
 
 // PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
-func (testHost) Settings() transport.Settings { return transport.DefaultSettings() }
+func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
+
+// Settings reads the tunables from this process's environment through the
+// engine's table, as a runtime does: tests rerun with RDT_CUDA_IPC_CACHE or
+// CUDA_VISIBLE_DEVICES see them.
+func (testHost) Settings() transport.Settings {
+	env, err := core.ReadEnvironment(os.LookupEnv)
+	if err != nil {
+		panic(err)
+	}
+	return env.Settings
+}
 
 func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")

@@ -65,7 +65,7 @@ type Runtime struct {
 	opts    Options
 	env     Environment         // read from the process environment at creation
 	id      transport.RuntimeID // derived from key's public half
-	key     ed25519.PrivateKey  // proves id to peers (identity.go)
+	key     ed25519.PrivateKey  // proves id to peers (core/control/identity.go)
 	name    string
 	log     *transport.Logger
 	lease   time.Duration

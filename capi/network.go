@@ -6,7 +6,7 @@ package main
 import "C"
 
 import (
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	cudaipc "github.com/rdt-project/rdt/transports/cuda_ipc"
@@ -18,11 +18,11 @@ import (
 
 // networkFor picks the control plane for a runtime's flags: sockets
 // between processes unless the runtime is kept in-process.
-func networkFor(flags uint32) core.Network {
+func networkFor(flags uint32) control.Network {
 	if flags&C.RDT_RUNTIME_IN_PROCESS != 0 {
-		return core.InProcess{}
+		return control.InProcess{}
 	}
-	return core.Sockets{}
+	return control.Sockets{}
 }
 
 // builtinTransports are created in every new runtime. A factory whose

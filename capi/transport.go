@@ -9,7 +9,6 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -27,7 +26,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 		if name == nil {
 			return invalid("name is NULL")
 		}
-		canon, err := core.CanonicalName(C.GoString(name))
+		canon, err := transport.CanonicalName(C.GoString(name))
 		if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -43,7 +44,7 @@ func silentOwner(t *testing.T) (address string, accepted *atomic.Int64) {
 		}
 	}()
 	t.Cleanup(func() { ln.Close() })
-	return unixScheme + path, accepted
+	return control.UnixScheme + path, accepted
 }
 
 // refOwnedAt is b with the owner's address replaced by address.
@@ -93,11 +94,11 @@ func TestDeserializeKeepsItsDeadlineWithASilentOwner(t *testing.T) {
 // unanswered until release is closed (or their context ends), as with an
 // owner that stopped after this runtime connected to it.
 type stallNetwork struct {
-	Network
+	control.Network
 	release chan struct{}
 }
 
-func (n stallNetwork) Listen(cfg ListenConfig) (Endpoint, error) {
+func (n stallNetwork) Listen(cfg control.ListenConfig) (control.Endpoint, error) {
 	ep, err := n.Network.Listen(cfg)
 	if err != nil {
 		return nil, err
@@ -106,11 +107,11 @@ func (n stallNetwork) Listen(cfg ListenConfig) (Endpoint, error) {
 }
 
 type stallEndpoint struct {
-	Endpoint
+	control.Endpoint
 	release chan struct{}
 }
 
-func (e stallEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
+func (e stallEndpoint) Connect(ctx context.Context, address string) (control.Peer, error) {
 	p, err := e.Endpoint.Connect(ctx, address)
 	if err != nil {
 		return nil, err
@@ -119,7 +120,7 @@ func (e stallEndpoint) Connect(ctx context.Context, address string) (Peer, error
 }
 
 type stallPeer struct {
-	Peer
+	control.Peer
 	release chan struct{}
 }
 
@@ -137,7 +138,7 @@ func (p stallPeer) Metadata(ctx context.Context, obj transport.ObjectID, transpo
 func stalledPair(t *testing.T) (borrower *Runtime, ref *Ref, target transport.Tensor, release chan struct{}) {
 	release = make(chan struct{})
 	owner := newRuntime(t, "owner")
-	borrower = newRuntime(t, "borrower", func(o *Options) { o.Network = stallNetwork{InProcess{}, release} })
+	borrower = newRuntime(t, "borrower", func(o *Options) { o.Network = stallNetwork{control.InProcess{}, release} })
 	for _, rt := range []*Runtime{owner, borrower} {
 		require.NoError(t, rt.RegisterTransport(newMemTransport("mem")))
 		require.NoError(t, rt.RegisterTransport(newMemTransport("other")))

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -60,7 +61,7 @@ type transfer struct {
 	empty bool // nothing to move
 
 	// Remote transfers.
-	peer       Peer
+	peer       control.Peer
 	entry      *registered
 	x          *transport.Transfer
 	req        transport.Request
@@ -544,7 +545,7 @@ func (tr *transfer) beginWith(name string) error {
 		sctx, cancel := context.WithCancel(rt.ctx)
 		tr.sendCancel = cancel
 		tr.sendDone = make(chan error, 1)
-		req := SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
+		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
 	req, err := t.Fetch(x, tr.targets, tmeta, cmeta)
@@ -562,7 +563,7 @@ func (tr *transfer) beginWith(name string) error {
 // remoteMeta is the transport metadata of a borrowed object: from the ref,
 // from our cache, or asked of the owner (which extracts it on demand) under
 // ctx().
-func (rt *Runtime) remoteMeta(ctx func() context.Context, peer Peer, desc *ObjectDesc, name string) ([]byte, error) {
+func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, desc *ObjectDesc, name string) ([]byte, error) {
 	if m, ok := desc.Meta[name]; ok {
 		return m, nil
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -20,14 +21,6 @@ import (
 // backend's communicator.
 
 const maxBootstrap = 4096
-
-// GroupJoin is what a rank sends rank 0 to join a group.
-type GroupJoin struct {
-	Name      string
-	Backend   string
-	WorldSize int
-	Rank      int
-}
 
 type groupState struct {
 	spec transport.GroupSpec
@@ -78,7 +71,7 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 				spec.Name, strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
 		}
 	}
-	canon, err := CanonicalName(spec.Backend)
+	canon, err := transport.CanonicalName(spec.Backend)
 	if err != nil {
 		return err
 	}
@@ -187,7 +180,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 		}
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: ranks [%s] of %d did not join rank 0 in time", spec.Name, strings.Join(missing, " "), spec.WorldSize)
 	}
-	req := GroupJoin{Name: spec.Name, Backend: spec.Backend, WorldSize: spec.WorldSize, Rank: spec.Rank}
+	req := control.GroupJoin{Name: spec.Name, Backend: spec.Backend, WorldSize: spec.WorldSize, Rank: spec.Rank}
 	var last error
 	for delay := 10 * time.Millisecond; ; delay = min(delay*2, 250*time.Millisecond) {
 		peer, err := rt.ep.Connect(ctx, spec.Rank0)
@@ -223,7 +216,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 	}
 }
 
-func checkRoster(g *transport.GroupRoster, req GroupJoin, self, rank0 transport.RuntimeID) error {
+func checkRoster(g *transport.GroupRoster, req control.GroupJoin, self, rank0 transport.RuntimeID) error {
 	switch {
 	case g.Name != req.Name || g.Backend != req.Backend:
 		return transport.Errorf(transport.ErrCorrupt, "group %q: rank 0 answered for group %q over %s", req.Name, g.Name, g.Backend)
@@ -239,7 +232,7 @@ func checkRoster(g *transport.GroupRoster, req GroupJoin, self, rank0 transport.
 
 // JoinGroup implements PeerService on rank 0: register `from` as a rank
 // and answer with the roster once every rank has joined.
-func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req GroupJoin) ([]byte, error) {
+func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {
 	rt.grp.mu.Lock()
 	g := rt.grp.m[req.Name]
 	if g == nil || g.roster == nil {
@@ -374,7 +367,7 @@ func decodeRoster(b []byte) (*transport.GroupRoster, error) {
 	for i := 0; i < n && r.Err() == nil; i++ {
 		var m transport.GroupMember
 		m.Runtime = r.ID()
-		m.Name = r.Str16("member name", maxNameLen)
+		m.Name = r.Str16("member name", control.MaxNameLen)
 		m.Address = r.Str16("member address", maxAddressLen)
 		g.Members = append(g.Members, m)
 	}
@@ -384,7 +377,7 @@ func decodeRoster(b []byte) (*transport.GroupRoster, error) {
 	if err := transport.CheckGroupName(g.Name); err != nil {
 		return nil, transport.Errorf(transport.ErrCorrupt, "group roster: %v", err)
 	}
-	if canon, err := CanonicalName(g.Backend); err != nil || canon != g.Backend {
+	if canon, err := transport.CanonicalName(g.Backend); err != nil || canon != g.Backend {
 		return nil, transport.Errorf(transport.ErrCorrupt, "group roster: backend %q is not a canonical transport name", g.Backend)
 	}
 	if n == 0 {

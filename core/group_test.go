@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -86,7 +87,7 @@ func groupRuntimes(t *testing.T, n int, sockets bool) ([]*Runtime, []*rosterBack
 		b := bs[i]
 		rts[i] = newRuntime(t, fmt.Sprintf("r%d", i), func(o *Options) {
 			if sockets {
-				o.Network, o.SocketDir = Sockets{}, dir
+				o.Network, o.SocketDir = control.Sockets{}, dir
 			}
 			o.Builtins = []transport.TransportFactory{{Name: "grp", New: func(transport.Host) (transport.Transport, error) { return b, nil }}}
 		})

@@ -5,9 +5,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -30,7 +30,7 @@ func (rt *Runtime) resolveHosts() error {
 		// Without a TCP control plane no other host can reach us anyway.
 		o.BindHost = "127.0.0.1"
 	}
-	if o.AuthToken == "" && !isLoopback(o.BindHost) {
+	if o.AuthToken == "" && !control.IsLoopback(o.BindHost) {
 		return transport.Errorf(transport.ErrPermissionDenied, "binding TCP to %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt binds loopback only", o.BindHost)
 	}
 	if o.AdvertiseHost == "" {
@@ -53,14 +53,6 @@ func (rt *Runtime) resolveHosts() error {
 	return nil
 }
 
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // defaultSocketDir is <runtimeDir>/rdt ($XDG_RUNTIME_DIR), or
 // <tmp>/rdt-<uid> without one, created with mode 0700 and checked to
 // belong to this user.
@@ -71,29 +63,7 @@ func defaultSocketDir(base string) (string, error) {
 	} else {
 		dir = filepath.Join(os.TempDir(), fmt.Sprintf("rdt-%d", os.Getuid()))
 	}
-	return dir, EnsurePrivateDir(dir)
-}
-
-// EnsurePrivateDir makes dir (mode 0700) or checks that an existing one is
-// a directory owned by this user that nobody else can enter.
-func EnsurePrivateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s: %v", dir, err)
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s: %v", dir, err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !fi.IsDir() || !ok || int(st.Uid) != os.Getuid() {
-		return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s is not a directory owned by uid %d", dir, os.Getuid())
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return transport.Errorf(transport.ErrPermissionDenied, "socket directory %s is open to other users and cannot be fixed: %v", dir, err)
-		}
-	}
-	return nil
+	return dir, control.EnsurePrivateDir(dir)
 }
 
 // AuthToken implements Host.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -31,7 +32,7 @@ func TestHostilePeerChild(t *testing.T) {
 		length, _ := strconv.Atoi(os.Getenv("RDT_HOSTILE_LEN"))
 		bodySize, _ := strconv.Atoi(os.Getenv("RDT_HOSTILE_BODY"))
 		prefix := binary.LittleEndian.AppendUint32(nil, uint32(length))
-		prefix = append(prefix, byte(kindHello))
+		prefix = append(prefix, byte(control.KindHello))
 		body := make([]byte, bodySize)
 		var conns []net.Conn
 		var wg sync.WaitGroup
@@ -93,7 +94,7 @@ func TestHostilePeerChild(t *testing.T) {
 	case "flood":
 		c, _ := hostileConnect(t, unixPath)
 		pings, _ := strconv.Atoi(os.Getenv("RDT_HOSTILE_PINGS"))
-		ping := (&message{kind: kindPing}).encode()
+		ping := (&control.Message{Kind: control.KindPing}).Encode()
 		batch := make([]byte, 0, 10000*len(ping))
 		sent := 0
 		for sent < pings {
@@ -111,8 +112,8 @@ func TestHostilePeerChild(t *testing.T) {
 		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 		written := 0
 		for i := 1; i <= requests; i++ {
-			m := &message{kind: kindMetadata, id: uint64(i), object: transport.RandomID(), transport: "shm"}
-			if _, err := c.Write(m.encode()); err != nil {
+			m := &control.Message{Kind: control.KindMetadata, ID: uint64(i), Object: transport.RandomID(), Transport: "shm"}
+			if _, err := c.Write(m.Encode()); err != nil {
 				break // the runtime stopped reading: it is busy with what we sent
 			}
 			written++
@@ -128,7 +129,7 @@ func TestHostilePeerChild(t *testing.T) {
 		go func() {
 			w := bufio.NewWriter(c)
 			for i := 1; i <= n; i++ {
-				w.Write((&message{kind: kindLease, id: uint64(i), object: obj}).encode())
+				w.Write((&control.Message{Kind: control.KindLease, ID: uint64(i), Object: obj}).Encode())
 			}
 			w.Flush()
 		}()
@@ -136,16 +137,16 @@ func TestHostilePeerChild(t *testing.T) {
 		var tokens []uint64
 		for i := 0; i < n; i++ {
 			m := hostileResponse(t, rd)
-			switch m.status {
+			switch m.Status {
 			case transport.OK:
 				granted++
-				tokens = append(tokens, m.token)
+				tokens = append(tokens, m.Token)
 			case transport.ErrNoMemory:
 				refused++
-				why = m.text
+				why = m.Text
 			default:
 				other++
-				why = m.text
+				why = m.Text
 			}
 		}
 		report("LEASES %d %d %d %s", granted, refused, other, why)
@@ -157,16 +158,16 @@ func TestHostilePeerChild(t *testing.T) {
 		go func() {
 			w := bufio.NewWriter(c)
 			for i, token := range tokens {
-				w.Write((&message{kind: kindBorrow, id: uint64(n + 1 + i), object: obj, token: token}).encode())
+				w.Write((&control.Message{Kind: control.KindBorrow, ID: uint64(n + 1 + i), Object: obj, Token: token}).Encode())
 			}
 			w.Flush()
 		}()
 		for range tokens {
-			if m := hostileResponse(t, rd); m.status != transport.OK {
-				t.Fatalf("borrow refused: %s", m.text)
+			if m := hostileResponse(t, rd); m.Status != transport.OK {
+				t.Fatalf("borrow refused: %s", m.Text)
 			}
 		}
-		c.Write((&message{kind: kindUnborrow, object: obj, count: uint64(len(tokens))}).encode())
+		c.Write((&control.Message{Kind: control.KindUnborrow, Object: obj, Count: uint64(len(tokens))}).Encode())
 		report("CONSUMED %d", len(tokens))
 		io.Copy(io.Discard, os.Stdin)
 	case "crossuid":
@@ -184,8 +185,8 @@ func TestHostilePeerChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		desc := newObjectDesc(obj, OwnerInfo{RuntimeID: owner, Address: tcpScheme + tcpAddr}, "", []transport.TensorDesc{td}, nil)
-		rt, err := NewRuntime(Options{Name: "other-user", LogLevel: transport.LogOff, Network: Sockets{}, SocketDir: t.TempDir()})
+		desc := newObjectDesc(obj, OwnerInfo{RuntimeID: owner, Address: control.TCPScheme + tcpAddr}, "", []transport.TensorDesc{td}, nil)
+		rt, err := NewRuntime(Options{Name: "other-user", LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: t.TempDir()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,10 +199,10 @@ func TestHostilePeerChild(t *testing.T) {
 		}
 		rd, err := rawHandshake(c, newRawPeer(), "")
 		if err == nil {
-			c.Write((&message{kind: kindMetadata, id: 1, object: obj, transport: "mem"}).encode())
+			c.Write((&control.Message{Kind: control.KindMetadata, ID: 1, Object: obj, Transport: "mem"}).Encode())
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			if m := hostileResponse(t, rd); m.status != transport.OK {
-				err = &transport.Error{Status: m.status, Msg: m.text}
+			if m := hostileResponse(t, rd); m.Status != transport.OK {
+				err = &transport.Error{Status: m.Status, Msg: m.Text}
 			}
 		}
 		report("METADATA %s %v", transport.StatusOf(err), err)
@@ -228,17 +229,17 @@ func hostileConnect(t *testing.T, path string) (net.Conn, *bufio.Reader) {
 }
 
 // hostileResponse reads up to the next response, past the runtime's pings.
-func hostileResponse(t *testing.T, rd *bufio.Reader) *message {
+func hostileResponse(t *testing.T, rd *bufio.Reader) *control.Message {
 	for {
-		b, err := readFrame(rd, nil, maxFrame)
+		b, err := control.ReadFrame(rd, nil, control.MaxFrame)
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := decodeMessage(b)
+		m, err := control.DecodeMessage(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.kind == kindResponse {
+		if m.Kind == control.KindResponse {
 			return m
 		}
 	}

@@ -2,9 +2,7 @@ package core
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/ed25519"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -18,12 +16,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -137,10 +135,10 @@ func settledRSS(t *testing.T) int64 {
 func endpoints(t *testing.T, rt *Runtime) (unixPath, tcpHostPort, key string) {
 	for _, part := range strings.Split(rt.Address(), ",") {
 		switch {
-		case strings.HasPrefix(part, unixScheme):
-			unixPath = strings.TrimPrefix(part, unixScheme)
-		case strings.HasPrefix(part, tcpScheme):
-			key, tcpHostPort = transport.SplitTCPKey(strings.TrimPrefix(part, tcpScheme))
+		case strings.HasPrefix(part, control.UnixScheme):
+			unixPath = strings.TrimPrefix(part, control.UnixScheme)
+		case strings.HasPrefix(part, control.TCPScheme):
+			key, tcpHostPort = transport.SplitTCPKey(strings.TrimPrefix(part, control.TCPScheme))
 		}
 	}
 	require.NotEmpty(t, unixPath)
@@ -158,7 +156,7 @@ func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 	// 1 MiB of it: the runtime must neither allocate nor read it.
 	flood := startHostile(t, "preauth", map[string]string{
 		"RDT_HOSTILE_UNIX": unixPath, "RDT_HOSTILE_TCP": tcpAddr, "RDT_HOSTILE_N": "100",
-		"RDT_HOSTILE_LEN": strconv.Itoa(maxFrame), "RDT_HOSTILE_BODY": strconv.Itoa(1 << 20),
+		"RDT_HOSTILE_LEN": strconv.Itoa(control.MaxFrame), "RDT_HOSTILE_BODY": strconv.Itoa(1 << 20),
 	})
 	sent := flood.expectLine(t, "SENT", 60*time.Second)
 	grown := rssBytes(t, os.Getpid()) - before
@@ -181,7 +179,7 @@ func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 	}
 	held := runtime.NumGoroutine() - goroutines
 	t.Logf("goroutines while 200 idle connections wait: +%d", held)
-	assert.LessOrEqual(t, held, 2*maxAuthenticating+16, "handshakes held at once, both listeners")
+	assert.LessOrEqual(t, held, 2*control.MaxAuthenticating+16, "handshakes held at once, both listeners")
 	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
 
 	// An honest peer arriving meanwhile waits for a slot rather than being
@@ -224,7 +222,7 @@ func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "a real peer connects over the Unix socket after the flood")
 	desc, token, err := DecodeRef(b)
 	require.NoError(t, err)
-	desc.Owner.Address = rt.Address()[strings.Index(rt.Address(), tcpScheme):]
+	desc.Owner.Address = rt.Address()[strings.Index(rt.Address(), control.TCPScheme):]
 	remote := socketRuntime(t, "remote")
 	require.Eventually(t, func() bool {
 		r, err := remote.Deserialize(EncodeRef(desc, desc.Meta, token))
@@ -266,7 +264,7 @@ func TestPingFloodKeepsGoroutinesBounded(t *testing.T) {
 	grown := rssBytes(t, os.Getpid()) - before
 	t.Logf("sent %s pings and %s requests; goroutines %d -> peak %d; RSS grew by %d KiB", pings[0], requests[0], baseGoroutines, peak.Load(), grown>>10)
 	assert.Equal(t, "200000", pings[0], "every ping was read")
-	assert.Less(t, peak.Load()-int64(baseGoroutines), int64(maxHandlers+64), "goroutines under a ping and request flood")
+	assert.Less(t, peak.Load()-int64(baseGoroutines), int64(control.MaxHandlers+64), "goroutines under a ping and request flood")
 	assert.Less(t, grown, int64(memoryBound))
 	flood.stop()
 	require.Eventually(t, func() bool { return rt.Stats().Peers == 0 }, 10*time.Second, 10*time.Millisecond, "the flooder is dropped")
@@ -416,13 +414,13 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	c := dial()
 	_, err = func() (*bufio.Reader, error) {
 		nonce := transport.NewNonce()
-		c.Write((&message{kind: kindHello, nonce: nonce}).encode())
+		c.Write((&control.Message{Kind: control.KindHello, Nonce: nonce}).Encode())
 		rd := bufio.NewReader(c)
-		ch, err := expect(rd, kindChallenge)
+		ch, err := control.Expect(rd, control.KindChallenge)
 		require.NoError(t, err)
-		c.Write((&message{kind: kindAuth, proof: transport.AuthProof("", proofClient, ch.nonce), peer: impostor.info,
-			key: borrower.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(impostor.key, identityTranscript(signClient, nonce, ch.nonce, ch.key))}).encode())
-		_, err = expect(rd, kindWelcome)
+		c.Write((&control.Message{Kind: control.KindAuth, Proof: transport.AuthProof("", control.ProofClient, ch.Nonce), Peer: impostor.info,
+			Key: borrower.key.Public().(ed25519.PublicKey), Sig: ed25519.Sign(impostor.key, control.IdentityTranscript(control.SignClient, nonce, ch.Nonce, ch.Key))}).Encode())
+		_, err = control.Expect(rd, control.KindWelcome)
 		return rd, err
 	}()
 	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
@@ -433,11 +431,11 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	c = dial()
 	rd, err := rawHandshake(c, newRawPeer(), "")
 	require.NoError(t, err)
-	_, err = c.Write((&message{kind: kindUnborrow, object: ref.Desc().ID, count: 1}).encode())
+	_, err = c.Write((&control.Message{Kind: control.KindUnborrow, Object: ref.Desc().ID, Count: 1}).Encode())
 	require.NoError(t, err)
-	_, err = c.Write((&message{kind: kindLease, id: 1, object: ref.Desc().ID}).encode())
+	_, err = c.Write((&control.Message{Kind: control.KindLease, ID: 1, Object: ref.Desc().ID}).Encode())
 	require.NoError(t, err)
-	_, err = expect(rd, kindResponse) // requests are served in order: the unborrow was seen
+	_, err = control.Expect(rd, control.KindResponse) // requests are served in order: the unborrow was seen
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), owner.Stats().Borrows, "the borrower's borrow stands")
 	assert.Zero(t, released.Load())
@@ -481,22 +479,22 @@ func TestSocketsServerIdentityIsChecked(t *testing.T) {
 		}
 		defer c.Close()
 		rd := bufio.NewReader(c)
-		hello, err := expect(rd, kindHello)
+		hello, err := control.Expect(rd, control.KindHello)
 		if err != nil {
 			return
 		}
 		nonce := transport.NewNonce()
-		c.Write((&message{kind: kindChallenge, nonce: nonce, proof: transport.AuthProof("", proofServer, hello.nonce),
-			key: fake.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(fake.key, identityTranscript(signServer, hello.nonce, nonce, nil))}).encode())
-		if _, err := expect(rd, kindAuth); err != nil {
+		c.Write((&control.Message{Kind: control.KindChallenge, Nonce: nonce, Proof: transport.AuthProof("", control.ProofServer, hello.Nonce),
+			Key: fake.key.Public().(ed25519.PublicKey), Sig: ed25519.Sign(fake.key, control.IdentityTranscript(control.SignServer, hello.Nonce, nonce, nil))}).Encode())
+		if _, err := control.Expect(rd, control.KindAuth); err != nil {
 			return
 		}
 		claimed := owner.Identity()
 		claimed.Pid = os.Getpid()
-		c.Write((&message{kind: kindWelcome, peer: claimed}).encode())
+		c.Write((&control.Message{Kind: control.KindWelcome, Peer: claimed}).Encode())
 		io.Copy(io.Discard, c)
 	}()
-	desc.Owner.Address = unixScheme + path
+	desc.Owner.Address = control.UnixScheme + path
 	borrower := socketRuntime(t, "borrower")
 	_, err = borrower.Deserialize(EncodeRef(desc, desc.Meta, token))
 	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
@@ -520,10 +518,10 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 	require.NoError(t, err)
 	desc, token, err := DecodeRef(b)
 	require.NoError(t, err)
-	withKey := tcpScheme + key + "@" + tcpAddr
+	withKey := control.TCPScheme + key + "@" + tcpAddr
 
 	// Without the key (what any local user can learn: the port) it is refused.
-	desc.Owner.Address = tcpScheme + tcpAddr
+	desc.Owner.Address = control.TCPScheme + tcpAddr
 	stranger := socketRuntime(t, "stranger")
 	_, err = stranger.Deserialize(EncodeRef(desc, desc.Meta, token))
 	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
@@ -547,7 +545,7 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 
 	// The secret shows in no message: not in errors quoting the address,
 	// not in the peer's name, not in the log.
-	desc.Owner.Address = tcpScheme + key + "@127.0.0.1:1"
+	desc.Owner.Address = control.TCPScheme + key + "@127.0.0.1:1"
 	_, err = stranger.Deserialize(EncodeRef(desc, desc.Meta, token))
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), key)
@@ -596,28 +594,6 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	assert.Zero(t, owner.Stats().Peers)
 }
 
-func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
-	// A length prefix alone costs a chunk, not the length.
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	before := ms.TotalAlloc
-	frame := append(binary.LittleEndian.AppendUint32(nil, maxFrame), make([]byte, 100)...)
-	_, err := readFrame(bufio.NewReader(strings.NewReader(string(frame))), nil, maxFrame)
-	require.Error(t, err, "cut short")
-	runtime.ReadMemStats(&ms)
-	assert.Less(t, ms.TotalAlloc-before, uint64(1<<20), "bytes allocated for a 17 MiB prefix and 100 bytes")
-
-	// A real large frame still arrives whole, however it is cut.
-	body := make([]byte, 1<<20+17)
-	for i := range body {
-		body[i] = byte(i * 31)
-	}
-	frame = append(binary.LittleEndian.AppendUint32(nil, uint32(len(body))), body...)
-	got, err := readFrame(iotest.OneByteReader(bytes.NewReader(frame)), nil, maxFrame)
-	require.NoError(t, err)
-	assert.Equal(t, body, got)
-}
-
 // A peer that claims another runtime's address in its handshake is not
 // taken for that runtime: the borrower still reaches the real owner there.
 func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
@@ -642,8 +618,8 @@ func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
 	require.NoError(t, err, "the owner's address reaches the owner, not the peer that claimed it")
 	defer bref.Release()
 	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow reaches the owner")
-	assert.True(t, addressNames(owner.Address(), owner.ID()))
-	assert.False(t, addressNames(owner.Address(), impostor.info.RuntimeID))
+	assert.True(t, control.AddressNames(owner.Address(), owner.ID()))
+	assert.False(t, control.AddressNames(owner.Address(), impostor.info.RuntimeID))
 }
 
 // slowMetaTransport makes metadata only when its gate opens.
@@ -677,26 +653,26 @@ func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
 	rd, err := rawHandshake(c, newRawPeer(), "")
 	require.NoError(t, err)
 
-	const asks = maxHandlers + 100
+	const asks = control.MaxHandlers + 100
 	for i := 1; i <= asks; i++ {
-		_, err := c.Write((&message{kind: kindMetadata, id: uint64(i), object: ref.Desc().ID, transport: "slowmeta"}).encode())
+		_, err := c.Write((&control.Message{Kind: control.KindMetadata, ID: uint64(i), Object: ref.Desc().ID, Transport: "slowmeta"}).Encode())
 		require.NoError(t, err)
 	}
-	_, err = c.Write((&message{kind: kindLease, id: asks + 1, object: ref.Desc().ID}).encode())
+	_, err = c.Write((&control.Message{Kind: control.KindLease, ID: asks + 1, Object: ref.Desc().ID}).Encode())
 	require.NoError(t, err)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := expect(rd, kindResponse)
+	resp, err := control.Expect(rd, control.KindResponse)
 	require.NoError(t, err, "the lease is answered while every handler is busy")
-	assert.Equal(t, uint64(asks+1), resp.id)
-	assert.Equal(t, transport.OK, resp.status)
+	assert.Equal(t, uint64(asks+1), resp.ID)
+	assert.Equal(t, transport.OK, resp.Status)
 
 	open.Do(func() { close(slow.gate) })
 	answered := map[uint64]bool{}
 	for len(answered) < asks {
-		resp, err := expect(rd, kindResponse)
+		resp, err := control.Expect(rd, control.KindResponse)
 		require.NoError(t, err, "after %d metadata answers", len(answered))
-		assert.Equal(t, transport.OK, resp.status, "%s", resp.text)
-		answered[resp.id] = true
+		assert.Equal(t, transport.OK, resp.Status, "%s", resp.Text)
+		answered[resp.ID] = true
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"sort"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -25,10 +26,10 @@ const (
 
 	// MaxRefSize bounds a serialized reference.
 	MaxRefSize       = 64 << 20
-	maxAddressLen    = 1024
-	maxHostIDLen     = 1024
+	maxAddressLen    = control.MaxAddressLen
+	maxHostIDLen     = control.MaxHostIDLen
 	maxMetaEntries   = 32
-	maxMetadataBytes = 16 << 20
+	maxMetadataBytes = control.MaxMetadataBytes
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -141,7 +142,7 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 		if r.Err() != nil {
 			break
 		}
-		if _, err := CanonicalName(name); err != nil || name != lower(name) {
+		if _, err := transport.CanonicalName(name); err != nil || name != lower(name) {
 			r.Fail("metadata name %q is not a canonical transport name", name)
 			break
 		}
@@ -161,7 +162,7 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 		return corrupt("empty owner address")
 	}
 	if transportName != "" {
-		canon, err := CanonicalName(transportName)
+		canon, err := transport.CanonicalName(transportName)
 		if err != nil || canon != transportName {
 			return corrupt("transport %q is not a canonical name", transportName)
 		}

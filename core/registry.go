@@ -2,7 +2,6 @@ package core
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -42,22 +41,12 @@ func newRegistry() *Registry {
 	return &Registry{m: map[string]*registered{}, unavailable: map[string]error{}}
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,63}$`)
-
-// CanonicalName validates a transport name and lower-cases it.
-func CanonicalName(name string) (string, error) {
-	if !nameRE.MatchString(name) {
-		return "", transport.Errorf(transport.ErrInvalidArgument, "transport name %q: want 1 to 63 letters, digits, '_', '-' or '.'", name)
-	}
-	return strings.ToLower(name), nil
-}
-
 // Register adds t, reading its descriptor once; a name already present is
 // ErrAlreadyExists.
 func (r *Registry) Register(t transport.Transport, builtin bool) error {
 	desc := t.Describe()
 	desc.Devices = append([]transport.DeviceType(nil), desc.Devices...)
-	name, err := CanonicalName(desc.Name)
+	name, err := transport.CanonicalName(desc.Name)
 	if err != nil {
 		return err
 	}
@@ -192,7 +181,7 @@ func sortedNames(m map[string]*registered) []string {
 
 // lookup finds a transport by any-case name.
 func (r *Registry) lookup(name string) (*registered, error) {
-	canon, err := CanonicalName(name)
+	canon, err := transport.CanonicalName(name)
 	if err != nil {
 		return nil, err
 	}

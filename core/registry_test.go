@@ -24,10 +24,10 @@ func TestRegistryCaseInsensitiveAndDuplicates(t *testing.T) {
 	assert.Contains(t, err.Error(), "my_t", "the error lists what is registered")
 
 	for _, bad := range []string{"", "has space", "slash/", string(make([]byte, 64))} {
-		_, err := CanonicalName(bad)
+		_, err := transport.CanonicalName(bad)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%q", bad)
 	}
-	n, err := CanonicalName("NiXl.v2-x_y")
+	n, err := transport.CanonicalName("NiXl.v2-x_y")
 	require.NoError(t, err)
 	assert.Equal(t, "nixl.v2-x_y", n)
 }

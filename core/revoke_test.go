@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -173,9 +174,8 @@ func TestRevokeRacesBorrow(t *testing.T) {
 			defer cancel()
 			peer, err := borrower.ep.Connect(ctx, owner.Address())
 			require.NoError(t, err)
-			sc, ok := peer.(*sconn)
+			resume, ok := control.HoldWrites(peer)
 			require.True(t, ok, "a socket connection, got %T", peer)
-			sc.wmu.Lock()
 			type result struct {
 				ref *Ref
 				err error
@@ -191,7 +191,7 @@ func TestRevokeRacesBorrow(t *testing.T) {
 			if !keptAlive {
 				eventually(t, func() bool { return released.Load() == 1 }, "freed by the revocation")
 			}
-			sc.wmu.Unlock()
+			resume()
 
 			var r result
 			select {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -25,8 +26,8 @@ const rpcTimeout = 30 * time.Second
 type Options struct {
 	Name     string
 	LogLevel transport.LogLevel
-	Lease    time.Duration // 0: DefaultLease
-	Network  Network       // nil: InProcess
+	Lease    time.Duration   // 0: DefaultLease
+	Network  control.Network // nil: control.InProcess
 	Builtins []transport.TransportFactory
 	HostID   string // "": detected from the kernel
 	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
@@ -64,7 +65,7 @@ type Runtime struct {
 	opts    Options
 	env     Environment         // read from the process environment at creation
 	id      transport.RuntimeID // derived from key's public half
-	key     ed25519.PrivateKey  // proves id to peers (identity.go)
+	key     ed25519.PrivateKey  // proves id to peers (core/control/identity.go)
 	name    string
 	log     *transport.Logger
 	lease   time.Duration
@@ -72,7 +73,7 @@ type Runtime struct {
 	pid     int
 	reg     *Registry
 	secret  string // see Host.RuntimeSecret
-	ep      Endpoint
+	ep      control.Endpoint
 	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -125,7 +126,7 @@ type object struct {
 
 // borrowEntry is a borrower's record of another runtime's object.
 type borrowEntry struct {
-	peer       Peer
+	peer       control.Peer
 	handles    int64
 	registered uint64 // borrows registered with the owner, not yet returned
 	meta       map[string][]byte
@@ -153,7 +154,7 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if opts.LogLevel == transport.LogDefault {
 		opts.LogLevel = env.LogLevel
 	}
-	key, id := newIdentityKey()
+	key, id := control.NewIdentityKey()
 	rt := &Runtime{
 		opts:     opts,
 		env:      env,
@@ -195,12 +196,12 @@ func NewRuntime(opts Options) (*Runtime, error) {
 
 	network := opts.Network
 	if network == nil {
-		network = InProcess{}
+		network = control.InProcess{}
 	}
 	if opts.PeerTimeout <= 0 {
 		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
-	ep, err := network.Listen(ListenConfig{
+	ep, err := network.Listen(control.ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
 		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})

@@ -4,12 +4,13 @@ import (
 	"context"
 	"time"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
 // The Runtime's side of the control plane: what peers may ask of it.
 
-var _ PeerService = (*Runtime)(nil)
+var _ control.PeerService = (*Runtime)(nil)
 
 // Borrow implements PeerService.
 func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
@@ -89,7 +90,7 @@ func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, tr
 
 // Send implements PeerService: the source runtime (not the application)
 // runs a two-sided transport's send on its own goroutine.
-func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req SendRequest) error {
+func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req control.SendRequest) error {
 	e, err := rt.reg.lookup(req.Transport)
 	if err != nil {
 		return err

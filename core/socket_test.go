@@ -2,7 +2,6 @@ package core
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/ed25519"
 	"encoding/binary"
 	"net"
@@ -15,13 +14,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
 func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
 	dir := t.TempDir()
 	return newRuntime(t, name, append([]func(*Options){func(o *Options) {
-		o.Network = Sockets{}
+		o.Network = control.Sockets{}
 		o.SocketDir = dir
 	}}, opts...)...)
 }
@@ -165,7 +165,7 @@ func TestSocketsTCPTokens(t *testing.T) {
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 
 	// Non-loopback TCP without a token is refused at creation.
-	_, err = NewRuntime(Options{Network: Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: transport.LogOff})
+	_, err = NewRuntime(Options{Network: control.Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: transport.LogOff})
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 }
 
@@ -189,7 +189,7 @@ type rawPeer struct {
 }
 
 func newRawPeer() *rawPeer {
-	key, id := newIdentityKey()
+	key, id := control.NewIdentityKey()
 	return &rawPeer{key: key, info: transport.PeerInfo{RuntimeID: id, Name: "raw", Address: "unix:///nonexistent", Pid: os.Getpid()}}
 }
 
@@ -200,20 +200,20 @@ func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetDeadline(time.Time{})
 	nonce := transport.NewNonce()
-	if _, err := c.Write((&message{kind: kindHello, nonce: nonce}).encode()); err != nil {
+	if _, err := c.Write((&control.Message{Kind: control.KindHello, Nonce: nonce}).Encode()); err != nil {
 		return nil, err
 	}
 	rd := bufio.NewReader(c)
-	ch, err := expect(rd, kindChallenge)
+	ch, err := control.Expect(rd, control.KindChallenge)
 	if err != nil {
 		return nil, err
 	}
-	auth := &message{kind: kindAuth, proof: transport.AuthProof(token, proofClient, ch.nonce), peer: p.info,
-		key: p.key.Public().(ed25519.PublicKey), sig: ed25519.Sign(p.key, identityTranscript(signClient, nonce, ch.nonce, ch.key))}
-	if _, err := c.Write(auth.encode()); err != nil {
+	auth := &control.Message{Kind: control.KindAuth, Proof: transport.AuthProof(token, control.ProofClient, ch.Nonce), Peer: p.info,
+		Key: p.key.Public().(ed25519.PublicKey), Sig: ed25519.Sign(p.key, control.IdentityTranscript(control.SignClient, nonce, ch.Nonce, ch.Key))}
+	if _, err := c.Write(auth.Encode()); err != nil {
 		return nil, err
 	}
-	if _, err := expect(rd, kindWelcome); err != nil {
+	if _, err := control.Expect(rd, control.KindWelcome); err != nil {
 		return nil, err
 	}
 	return rd, nil
@@ -225,38 +225,38 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 	ref, _ := putOne(t, rt, "", &released)
 	defer ref.Release()
 	cases := map[string][]byte{
-		"oversized frame": binary.LittleEndian.AppendUint32(nil, maxFrame+1),
+		"oversized frame": binary.LittleEndian.AppendUint32(nil, control.MaxFrame+1),
 		"tiny frame":      binary.LittleEndian.AppendUint32(nil, 2),
 		"unknown kind":    append(binary.LittleEndian.AppendUint32(nil, 9), append([]byte{200}, make([]byte, 8)...)...),
 		"truncated borrow": func() []byte {
-			f := (&message{kind: kindBorrow, id: 1, object: transport.ID{1}}).encode()
+			f := (&control.Message{Kind: control.KindBorrow, ID: 1, Object: transport.ID{1}}).Encode()
 			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
 			return f[:len(f)-3]
 		}(),
-		"handshake again": (&message{kind: kindHello, nonce: transport.NewNonce()}).encode(),
+		"handshake again": (&control.Message{Kind: control.KindHello, Nonce: transport.NewNonce()}).Encode(),
 	}
 	for name, frame := range cases {
 		c, rd := rawConn(t, rt)
 		_, err := c.Write(frame)
 		require.NoError(t, err, name)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = readFrame(rd, nil, maxFrame)
+		_, err = control.ReadFrame(rd, nil, control.MaxFrame)
 		assert.Error(t, err, "%s: the runtime closes the connection", name)
 	}
 	// Still serving: a well-behaved request on a fresh connection works.
 	c, rd := rawConn(t, rt)
-	_, err := c.Write((&message{kind: kindLease, id: 7, object: ref.Desc().ID}).encode())
+	_, err := c.Write((&control.Message{Kind: control.KindLease, ID: 7, Object: ref.Desc().ID}).Encode())
 	require.NoError(t, err)
-	resp, err := expect(rd, kindResponse)
+	resp, err := control.Expect(rd, control.KindResponse)
 	require.NoError(t, err)
-	assert.Equal(t, transport.OK, resp.status)
-	assert.Equal(t, uint64(7), resp.id)
+	assert.Equal(t, transport.OK, resp.Status)
+	assert.Equal(t, uint64(7), resp.ID)
 	// And a request for an unknown object gets an error reply, not a hang.
-	_, err = c.Write((&message{kind: kindBorrow, id: 8, object: transport.ID{9, 9}}).encode())
+	_, err = c.Write((&control.Message{Kind: control.KindBorrow, ID: 8, Object: transport.ID{9, 9}}).Encode())
 	require.NoError(t, err)
-	resp, err = expect(rd, kindResponse)
+	resp, err = control.Expect(rd, control.KindResponse)
 	require.NoError(t, err)
-	assert.Equal(t, transport.ErrNotFound, resp.status)
+	assert.Equal(t, transport.ErrNotFound, resp.Status)
 }
 
 func TestSocketsSilentPeerTimesOut(t *testing.T) {
@@ -267,63 +267,14 @@ func TestSocketsSilentPeerTimesOut(t *testing.T) {
 	desc, token, _ := DecodeRef(b)
 	require.NoError(t, ref.Release())
 	c, rd := rawConn(t, rt)
-	_, err := c.Write((&message{kind: kindBorrow, id: 1, object: desc.ID, token: token}).encode())
+	_, err := c.Write((&control.Message{Kind: control.KindBorrow, ID: 1, Object: desc.ID, Token: token}).Encode())
 	require.NoError(t, err)
-	_, err = expect(rd, kindResponse)
+	_, err = control.Expect(rd, control.KindResponse)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), rt.Stats().Borrows)
 	// The raw peer never answers pings: it is declared gone, and its borrow
 	// with it.
 	eventually(t, func() bool { return released.Load() == 1 }, "silent borrower dropped")
-}
-
-func FuzzDecodeMessage(f *testing.F) {
-	peer := transport.PeerInfo{RuntimeID: transport.ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
-		Transports: []transport.TransportAdvert{{Name: "cma", Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: true}}}
-	for _, m := range []*message{
-		{kind: kindHello, nonce: make([]byte, nonceSize)},
-		{kind: kindChallenge, nonce: make([]byte, nonceSize), proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize)},
-		{kind: kindAuth, proof: make([]byte, proofSize), key: make([]byte, ed25519.PublicKeySize), sig: make([]byte, ed25519.SignatureSize), peer: peer},
-		{kind: kindWelcome, peer: peer},
-		{kind: kindRefused, status: transport.ErrPermissionDenied, text: "no"},
-		{kind: kindResponse, id: 3, status: transport.ErrNotFound, text: "gone", data: []byte{1, 2}, peer: peer},
-		{kind: kindBorrow, id: 4, object: transport.ID{5}, token: 6},
-		{kind: kindUnborrow, object: transport.ID{5}, count: 2},
-		{kind: kindSend, id: 9, object: transport.ID{5}, transferID: 11, transport: "nccl", data: []byte("c")},
-		{kind: kindMetadata, id: 10, object: transport.ID{5}, transport: "shm"},
-		{kind: kindCancel, target: 9},
-		{kind: kindPing},
-		{kind: kindGroupJoin, id: 12, group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
-	} {
-		f.Add(m.encode()[4:])
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMessage(b)
-		if err != nil {
-			if transport.StatusOf(err) != transport.ErrCorrupt {
-				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
-			}
-			return
-		}
-		again, err := decodeMessage(m.encode()[4:])
-		if err != nil {
-			t.Fatalf("re-encoding a decoded %s failed: %v", m.kind, err)
-		}
-		if again.kind != m.kind || again.id != m.id || !bytes.Equal(again.data, m.data) {
-			t.Fatalf("round trip changed the %s message", m.kind)
-		}
-	})
-}
-
-func TestReadFrameBounds(t *testing.T) {
-	_, err := readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxFrame+1)), nil, maxFrame)
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
-	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil, maxFrame)
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
-	_, err = readFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil, maxFrame)
-	assert.Error(t, err, "a frame cut short is an error")
-	_, err = readFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, maxPreAuthFrame+1)), nil, maxPreAuthFrame)
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "the handshake's own bound")
 }
 
 // Over sockets the owner answers a borrow after Deserialize returned: bytes

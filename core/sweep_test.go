@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -100,7 +101,7 @@ func TestSweepRemovesStaleSocketsWithoutWarningLiveRuntimes(t *testing.T) {
 // runExistingRuntime is the live runtime: it prints its address and runs
 // until its stdin closes.
 func runExistingRuntime(t *testing.T, dir string) {
-	rt, err := NewRuntime(Options{Name: "existing", LogLevel: transport.LogDefault, Network: Sockets{}, SocketDir: dir})
+	rt, err := NewRuntime(Options{Name: "existing", LogLevel: transport.LogDefault, Network: control.Sockets{}, SocketDir: dir})
 	require.NoError(t, err)
 	defer rt.Destroy()
 	os.Stdout.WriteString("ADDRESS " + rt.Address() + "\n")

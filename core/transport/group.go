@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"regexp"
+	"strings"
 )
 
 // MaxGroupSize bounds the world size of a group.
@@ -72,4 +73,14 @@ func CheckGroupName(name string) error {
 		return Errorf(ErrInvalidArgument, "group name %q: want 1 to 127 letters, digits, '_', '-', '.' or ':'", name)
 	}
 	return nil
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,63}$`)
+
+// CanonicalName validates a transport name and lower-cases it.
+func CanonicalName(name string) (string, error) {
+	if !nameRE.MatchString(name) {
+		return "", Errorf(ErrInvalidArgument, "transport name %q: want 1 to 63 letters, digits, '_', '-' or '.'", name)
+	}
+	return strings.ToLower(name), nil
 }

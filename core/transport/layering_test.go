@@ -61,16 +61,20 @@ func projectImports(t *testing.T) []goImport {
 }
 
 // The dependency rule of docs/design.md ("Layout and dependency rule"):
-// imports run one way, bindings → capi → core → core/transport ←
-// transports/*, and no transport imports another.
+// imports run one way, bindings → capi → core → core/control →
+// core/transport ← transports/*, and no transport imports another.
 func TestImportsFollowTheDependencyRule(t *testing.T) {
 	for _, imp := range projectImports(t) {
 		switch {
 		case imp.dir == "core/transport":
 			t.Errorf("%s imports %s: core/transport is the leaf and imports no project package", imp.file, imp.path)
+		case imp.dir == "core/control" || strings.HasPrefix(imp.dir, "core/control/"):
+			if imp.path != "core/transport" {
+				t.Errorf("%s imports %s: the control plane imports only core/transport", imp.file, imp.path)
+			}
 		case imp.dir == "core" || strings.HasPrefix(imp.dir, "core/"):
-			if imp.path != "core/transport" && !(imp.test && strings.HasPrefix(imp.path, "core/internal/")) {
-				t.Errorf("%s imports %s: the core imports only core/transport", imp.file, imp.path)
+			if imp.path != "core/transport" && imp.path != "core/control" && !(imp.test && strings.HasPrefix(imp.path, "core/internal/")) {
+				t.Errorf("%s imports %s: the engine imports only core/control and core/transport", imp.file, imp.path)
 			}
 		case strings.HasPrefix(imp.dir, "transports/internal/"):
 			if imp.path != "core/transport" && !strings.HasPrefix(imp.path, "transports/internal/") {
@@ -79,9 +83,9 @@ func TestImportsFollowTheDependencyRule(t *testing.T) {
 		case strings.HasPrefix(imp.dir, "transports/"):
 			allowed := imp.path == "core/transport" || strings.HasPrefix(imp.path, "transports/internal/") ||
 				// A transport's own tests may drive it through a whole runtime.
-				(imp.test && imp.path == "core")
+				(imp.test && (imp.path == "core" || imp.path == "core/control"))
 			if !allowed {
-				t.Errorf("%s imports %s: a transport imports only core/transport and transports/internal (its tests also core), never another transport", imp.file, imp.path)
+				t.Errorf("%s imports %s: a transport imports only core/transport and transports/internal (its tests also core and core/control), never another transport", imp.file, imp.path)
 			}
 		}
 	}
@@ -95,6 +99,8 @@ func TestImportWalkSeesTransportsAndCore(t *testing.T) {
 		seen[imp.dir+" -> "+imp.path] = true
 	}
 	require.True(t, seen["core -> core/transport"], "core's import of the leaf is seen")
+	require.True(t, seen["core -> core/control"], "the engine's import of the control plane is seen")
+	require.True(t, seen["core/control -> core/transport"], "the control plane's import of the leaf is seen")
 	require.True(t, seen["transports/tcp -> core/transport"], "a transport's import of the leaf is seen")
 	require.True(t, seen["capi -> core"], "capi's import of the core is seen")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/shm"
@@ -73,7 +74,7 @@ func receiver(t *testing.T, builtins ...transport.TransportFactory) *core.Runtim
 		builtins = []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
 	}
 	rt, err := core.NewRuntime(core.Options{
-		Name: "receiver", LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins,
+		Name: "receiver", LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins,
 		SocketDir: sharedSocketDir(t), PeerTimeout: 30 * time.Second,
 	})
 	require.NoError(t, err)

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/nixl"
@@ -71,7 +72,7 @@ func configFromEnv() runtimeConfig {
 
 func newRuntime(c runtimeConfig) (*core.Runtime, error) {
 	return core.NewRuntime(core.Options{
-		Name: c.Name, LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins(),
+		Name: c.Name, LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins(),
 		HostID: c.HostID, ListenTCP: c.ListenTCP, AuthToken: c.Token,
 		Lease: time.Duration(c.LeaseMS) * time.Millisecond, SocketDir: c.SocketDir,
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -43,7 +44,7 @@ func TestStoppedReceiverDoesNotPinATCPObject(t *testing.T) {
 	const size = 512 << 20
 	const peerTimeout = 2 * time.Second
 	owner, err := core.NewRuntime(core.Options{
-		Name: "owner", LogLevel: transport.LogOff, Network: core.Sockets{}, Builtins: builtins(),
+		Name: "owner", LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins(),
 		SocketDir: sharedSocketDir(t), PeerTimeout: peerTimeout,
 	})
 	require.NoError(t, err)

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
@@ -79,7 +80,7 @@ func devRead(dev int, p cuda.Ptr, n int) ([]byte, error) {
 }
 
 func sockRuntime(name, dir string) (*core.Runtime, error) {
-	return core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: core.Sockets{}, SocketDir: dir,
+	return core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
 		Builtins: []transport.TransportFactory{Factory()}})
 }
 

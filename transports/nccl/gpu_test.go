@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
@@ -44,7 +45,7 @@ func requireNCCL(t *testing.T) {
 }
 
 func gpuRuntime(t *testing.T, name string, dir string) *core.Runtime {
-	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: core.Sockets{}, SocketDir: dir,
+	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
 		Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)

@@ -1,4 +1,4 @@
-package core
+package control
 
 import (
 	"crypto/ed25519"
@@ -17,12 +17,12 @@ import (
 const (
 	// Labels of the identity signatures, one per direction, so a signature
 	// made as a server cannot be replayed as a client's.
-	signServer = "rdt-control-server-identity"
-	signClient = "rdt-control-client-identity"
+	SignServer = "rdt-control-server-identity"
+	SignClient = "rdt-control-client-identity"
 )
 
-// newIdentityKey makes a runtime's key pair and the id derived from it.
-func newIdentityKey() (ed25519.PrivateKey, transport.RuntimeID) {
+// NewIdentityKey makes a runtime's key pair and the id derived from it.
+func NewIdentityKey() (ed25519.PrivateKey, transport.RuntimeID) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		panic("rdt: no randomness: " + err.Error())
@@ -38,12 +38,12 @@ func runtimeIDOf(pub []byte) transport.RuntimeID {
 	return id
 }
 
-// identityTranscript is what one side of a handshake signs: the direction's
+// IdentityTranscript is what one side of a handshake signs: the direction's
 // label, both nonces (fresh on both sides, so a signature is good for one
 // connection only) and, for the client, the server's public key (so a
 // server cannot relay a client's signature to a third runtime and act as
 // that client there).
-func identityTranscript(label string, clientNonce, serverNonce, serverKey []byte) []byte {
+func IdentityTranscript(label string, clientNonce, serverNonce, serverKey []byte) []byte {
 	b := make([]byte, 0, len(label)+1+len(clientNonce)+len(serverNonce)+len(serverKey))
 	b = append(b, label...)
 	b = append(b, 0)

@@ -1,4 +1,4 @@
-package core
+package control
 
 import (
 	"context"
@@ -20,6 +20,14 @@ type SendRequest struct {
 	TransferID uint64
 	Transport  string
 	CMeta      []byte
+}
+
+// GroupJoin is what a rank sends rank 0 to join a group.
+type GroupJoin struct {
+	Name      string
+	Backend   string
+	WorldSize int
+	Rank      int
 }
 
 // PeerService is what a runtime offers to its peers. The network calls it

@@ -1,4 +1,4 @@
-package core
+package control
 
 import (
 	"bufio"
@@ -30,28 +30,29 @@ import (
 type Sockets struct{}
 
 const (
-	unixScheme = "unix://"
-	tcpScheme  = "tcp://"
+	// The schemes of the two kinds of address a socket endpoint has.
+	UnixScheme = "unix://"
+	TCPScheme  = "tcp://"
 	// Labels that keep a proof for one direction from being replayed in the
 	// other.
-	proofServer = "rdt-control-server"
-	proofClient = "rdt-control-client"
+	ProofServer = "rdt-control-server"
+	ProofClient = "rdt-control-client"
 	maxUnixPath = 107
 
-	// maxAuthenticating bounds the connections of one listener still in
+	// MaxAuthenticating bounds the connections of one listener still in
 	// their handshake: each holds a goroutine and a read buffer before the
 	// peer proved anything. Past it, the listener stops accepting until one
 	// finishes (within the handshake timeout): further connections wait in
 	// the kernel's backlog, costing us nothing, and a burst of honest peers
 	// is slowed down rather than refused.
-	maxAuthenticating = 64
-	// maxHandlers bounds the requests of one connection served on their
+	MaxAuthenticating = 64
+	// MaxHandlers bounds the requests of one connection served on their
 	// own goroutines (metadata, sends, group joins). Past it requests wait
 	// in a queue of at most maxQueued requests (maxQueuedBytes of payload)
 	// and are refused with NO_MEMORY beyond that: the connection's reader
 	// never waits for a handler, so heartbeats, cancels and answers to our
 	// own requests keep flowing while a peer keeps us busy.
-	maxHandlers    = 256
+	MaxHandlers    = 256
 	maxQueued      = 4096
 	maxQueuedBytes = 16 << 20
 	// keepFrameBuffer is the largest read buffer a connection keeps between
@@ -129,14 +130,14 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 	}
 	os.Chmod(ep.unixPath, 0o600)
 	ep.unixLn = ln
-	ep.address = unixScheme + ep.unixPath
+	ep.address = UnixScheme + ep.unixPath
 	if cfg.ListenTCP != "" {
 		host, _, err := net.SplitHostPort(cfg.ListenTCP)
 		if err != nil {
 			ln.Close()
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "listen address %q: want host:port", cfg.ListenTCP)
 		}
-		if cfg.AuthToken == "" && !isLoopback(host) {
+		if cfg.AuthToken == "" && !IsLoopback(host) {
 			ln.Close()
 			return nil, transport.Errorf(transport.ErrPermissionDenied, "listening on %s needs an auth token (RDT_AUTH_TOKEN or the auth_token option); without one rdt listens on loopback only", cfg.ListenTCP)
 		}
@@ -155,7 +156,7 @@ func (Sockets) Listen(cfg ListenConfig) (Endpoint, error) {
 		if cfg.AuthToken == "" {
 			key = cfg.Secret + "@"
 		}
-		ep.address += "," + tcpScheme + key + net.JoinHostPort(advertise, fmt.Sprint(port))
+		ep.address += "," + TCPScheme + key + net.JoinHostPort(advertise, fmt.Sprint(port))
 	}
 	ep.wg.Add(2)
 	go ep.acceptLoop(ep.unixLn, false)
@@ -247,7 +248,7 @@ func (ep *sockEndpoint) handshakeTimeout() time.Duration {
 
 func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 	defer ep.wg.Done()
-	slots := make(chan struct{}, maxAuthenticating)
+	slots := make(chan struct{}, MaxAuthenticating)
 	for {
 		select {
 		case slots <- struct{}{}:
@@ -326,7 +327,7 @@ func (ep *sockEndpoint) identity(isTCP bool) transport.PeerInfo {
 	return p
 }
 
-// The handshake, in lock-step, every frame bounded by maxPreAuthFrame:
+// The handshake, in lock-step, every frame bounded by MaxPreAuthFrame:
 //
 //	client -> server  hello:     magic, version, client nonce
 //	server -> client  challenge: server nonce, token proof over the client
@@ -343,47 +344,47 @@ func (ep *sockEndpoint) identity(isTCP bool) transport.PeerInfo {
 func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	c.SetDeadline(time.Now().Add(ep.handshakeTimeout()))
 	rd := bufio.NewReaderSize(c, 64<<10)
-	hello, err := expect(rd, kindHello)
+	hello, err := Expect(rd, KindHello)
 	if err != nil {
 		return err
 	}
 	token := ep.token(isTCP)
 	nonce := transport.NewNonce()
-	ch := &message{kind: kindChallenge, nonce: nonce, proof: transport.AuthProof(token, proofServer, hello.nonce),
-		key: ep.pub, sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signServer, hello.nonce, nonce, nil))}
-	if _, err := c.Write(ch.encode()); err != nil {
+	ch := &Message{Kind: KindChallenge, Nonce: nonce, Proof: transport.AuthProof(token, ProofServer, hello.Nonce),
+		Key: ep.pub, Sig: ed25519.Sign(ep.cfg.Key, IdentityTranscript(SignServer, hello.Nonce, nonce, nil))}
+	if _, err := c.Write(ch.Encode()); err != nil {
 		return err
 	}
-	auth, err := expect(rd, kindAuth)
+	auth, err := Expect(rd, KindAuth)
 	if err != nil {
 		return err
 	}
 	refuse := func(text string, err error) error {
-		c.Write((&message{kind: kindRefused, status: transport.StatusOf(err), text: text}).encode())
+		c.Write((&Message{Kind: KindRefused, Status: transport.StatusOf(err), Text: text}).Encode())
 		return err
 	}
-	if !transport.CheckAuthProof(token, proofClient, nonce, auth.proof) {
+	if !transport.CheckAuthProof(token, ProofClient, nonce, auth.Proof) {
 		return refuse("wrong auth token: the runtime at "+c.LocalAddr().String()+" requires the shared token (RDT_AUTH_TOKEN), or without one the key in its address",
-			transport.Errorf(transport.ErrPermissionDenied, "a peer calling itself %s failed to prove the auth token", auth.peer))
+			transport.Errorf(transport.ErrPermissionDenied, "a peer calling itself %s failed to prove the auth token", auth.Peer))
 	}
-	if err := checkIdentity(auth.peer.RuntimeID, auth.key, auth.sig, identityTranscript(signClient, hello.nonce, nonce, ep.pub)); err != nil {
-		return refuse(err.Error(), transport.Wrap(err, "peer %s", auth.peer))
+	if err := checkIdentity(auth.Peer.RuntimeID, auth.Key, auth.Sig, IdentityTranscript(SignClient, hello.Nonce, nonce, ep.pub)); err != nil {
+		return refuse(err.Error(), transport.Wrap(err, "peer %s", auth.Peer))
 	}
 	if !isTCP {
-		if err := ep.checkPeerPid(c, auth.peer); err != nil {
+		if err := ep.checkPeerPid(c, auth.Peer); err != nil {
 			return refuse(err.Error(), err)
 		}
 	}
-	welcome := &message{kind: kindWelcome, peer: ep.identity(isTCP)}
-	if _, err := c.Write(welcome.encode()); err != nil {
+	welcome := &Message{Kind: KindWelcome, Peer: ep.identity(isTCP)}
+	if _, err := c.Write(welcome.Encode()); err != nil {
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, auth.peer, isTCP)
+	sc := ep.newConn(c, rd, auth.Peer, isTCP)
 	if sc == nil {
 		return transport.Errorf(transport.ErrClosed, "runtime is shutting down")
 	}
-	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.peer)
+	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.Peer)
 	return nil
 }
 
@@ -406,21 +407,21 @@ func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed transport.PeerInfo) err
 	return nil
 }
 
-// expect reads one handshake frame of the given kind.
-func expect(rd *bufio.Reader, k kind) (*message, error) {
-	b, err := readFrame(rd, nil, maxPreAuthFrame)
+// Expect reads one handshake frame of the given kind.
+func Expect(rd *bufio.Reader, k Kind) (*Message, error) {
+	b, err := ReadFrame(rd, nil, MaxPreAuthFrame)
 	if err != nil {
 		return nil, err
 	}
-	m, err := decodeMessage(b)
+	m, err := DecodeMessage(b)
 	if err != nil {
 		return nil, err
 	}
-	if m.kind == kindRefused {
-		return nil, transport.Errorf(m.status, "peer refused the connection: %s", m.text)
+	if m.Kind == KindRefused {
+		return nil, transport.Errorf(m.Status, "peer refused the connection: %s", m.Text)
 	}
-	if m.kind != k {
-		return nil, transport.Errorf(transport.ErrCorrupt, "control plane: expected %s, got %s", k, m.kind)
+	if m.Kind != k {
+		return nil, transport.Errorf(transport.ErrCorrupt, "control plane: expected %s, got %s", k, m.Kind)
 	}
 	return m, nil
 }
@@ -496,15 +497,15 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		var network, target, token string
 		var isTCP bool
 		switch {
-		case strings.HasPrefix(part, unixScheme):
-			network, target = "unix", strings.TrimPrefix(part, unixScheme)
+		case strings.HasPrefix(part, UnixScheme):
+			network, target = "unix", strings.TrimPrefix(part, UnixScheme)
 			if _, err := os.Stat(target); err != nil {
 				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", part))
 				continue
 			}
-		case strings.HasPrefix(part, tcpScheme):
+		case strings.HasPrefix(part, TCPScheme):
 			network, isTCP = "tcp", true
-			token, target = transport.SplitTCPKey(strings.TrimPrefix(part, tcpScheme))
+			token, target = transport.SplitTCPKey(strings.TrimPrefix(part, TCPScheme))
 			if token == "" {
 				token = ep.cfg.AuthToken
 			}
@@ -543,42 +544,42 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		tc.SetNoDelay(true)
 	}
 	nonce := transport.NewNonce()
-	hello := &message{kind: kindHello, nonce: nonce}
-	if _, err := c.Write(hello.encode()); err != nil {
+	hello := &Message{Kind: KindHello, Nonce: nonce}
+	if _, err := c.Write(hello.Encode()); err != nil {
 		return nil, err
 	}
 	rd := bufio.NewReaderSize(c, 64<<10)
-	ch, err := expect(rd, kindChallenge)
+	ch, err := Expect(rd, KindChallenge)
 	if err != nil {
 		return nil, err
 	}
-	if !transport.CheckAuthProof(token, proofServer, nonce, ch.proof) {
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s does not hold the token we expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
+	if !transport.CheckAuthProof(token, ProofServer, nonce, ch.Proof) {
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s does not hold the token we Expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
 	}
-	if len(ch.key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.key), identityTranscript(signServer, nonce, ch.nonce, nil), ch.sig) {
+	if len(ch.Key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.Key), IdentityTranscript(SignServer, nonce, ch.Nonce, nil), ch.Sig) {
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
 	}
 	// Only now, talking to a server that proved the token, do we name
 	// ourselves; the signature covers its key, so it cannot pass it on.
-	auth := &message{kind: kindAuth, proof: transport.AuthProof(token, proofClient, ch.nonce), key: ep.pub,
-		sig: ed25519.Sign(ep.cfg.Key, identityTranscript(signClient, nonce, ch.nonce, ch.key)), peer: ep.identity(isTCP)}
-	if _, err := c.Write(auth.encode()); err != nil {
+	auth := &Message{Kind: KindAuth, Proof: transport.AuthProof(token, ProofClient, ch.Nonce), Key: ep.pub,
+		Sig: ed25519.Sign(ep.cfg.Key, IdentityTranscript(SignClient, nonce, ch.Nonce, ch.Key)), Peer: ep.identity(isTCP)}
+	if _, err := c.Write(auth.Encode()); err != nil {
 		return nil, err
 	}
-	welcome, err := expect(rd, kindWelcome)
+	welcome, err := Expect(rd, KindWelcome)
 	if err != nil {
 		return nil, err
 	}
-	if proven := runtimeIDOf(ch.key); welcome.peer.RuntimeID != proven {
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s claims runtime id %s but holds the key of %s", c.RemoteAddr(), welcome.peer.RuntimeID, proven)
+	if proven := runtimeIDOf(ch.Key); welcome.Peer.RuntimeID != proven {
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s claims runtime id %s but holds the key of %s", c.RemoteAddr(), welcome.Peer.RuntimeID, proven)
 	}
 	if !isTCP {
-		if err := ep.checkPeerPid(c, welcome.peer); err != nil {
+		if err := ep.checkPeerPid(c, welcome.Peer); err != nil {
 			return nil, err
 		}
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, welcome.peer, isTCP)
+	sc := ep.newConn(c, rd, welcome.Peer, isTCP)
 	if sc == nil {
 		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	}
@@ -589,14 +590,14 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 // runtime, so an address can be checked against a proven identity.
 func socketName(id transport.RuntimeID) string { return "rt-" + id.String() + ".sock" }
 
-// addressNames reports whether an address a peer claims is bound to the
+// AddressNames reports whether an address a peer claims is bound to the
 // runtime id it proved: its Unix socket is named after that id. Only such
 // addresses are cached for a connection the peer made, so a peer cannot
 // take the place of another runtime by claiming its address (a peer that
 // has none, or names only TCP, is reached by dialing it).
-func addressNames(address string, id transport.RuntimeID) bool {
+func AddressNames(address string, id transport.RuntimeID) bool {
 	for _, part := range strings.Split(address, ",") {
-		if path, ok := strings.CutPrefix(part, unixScheme); ok {
+		if path, ok := strings.CutPrefix(part, UnixScheme); ok {
 			return filepath.Base(path) == socketName(id)
 		}
 	}
@@ -607,7 +608,7 @@ func addressNames(address string, id transport.RuntimeID) bool {
 func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.PeerInfo, isTCP bool) *sconn {
 	sc := &sconn{
 		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
-		pending: map[uint64]chan *message{}, replies: map[uint64]func(*message){},
+		pending: map[uint64]chan *Message{}, replies: map[uint64]func(*Message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
@@ -620,7 +621,7 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.P
 	}
 	ep.conns[sc] = struct{}{}
 	ep.perPeer[remote.RuntimeID]++
-	if key := transport.StripAddressKeys(remote.Address); addressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
+	if key := transport.StripAddressKeys(remote.Address); AddressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
 		ep.byAddr[key] = sc
 	}
 	ep.mu.Unlock()
@@ -683,7 +684,7 @@ func (ep *sockEndpoint) heartbeat() {
 				sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s was silent for %v", sc.remote, silent.Round(time.Millisecond)))
 				continue
 			}
-			sc.sendOnce(&sc.pinging, kindPing)
+			sc.sendOnce(&sc.pinging, KindPing)
 		}
 	}
 }
@@ -731,12 +732,12 @@ type sconn struct {
 
 	mu       sync.Mutex
 	remote   transport.PeerInfo
-	pending  map[uint64]chan *message
-	replies  map[uint64]func(*message) // asynchronous requests; nil: connection closed
+	pending  map[uint64]chan *Message
+	replies  map[uint64]func(*Message) // asynchronous requests; nil: connection closed
 	handlers map[uint64]context.CancelFunc
 	closeErr error
 	// Requests served on their own goroutines: how many run, and those
-	// waiting for one of them to finish (see maxHandlers).
+	// waiting for one of them to finish (see MaxHandlers).
 	running     int
 	queued      []queuedRequest
 	queuedBytes int
@@ -762,7 +763,7 @@ func (sc *sconn) close(err error) {
 		sc.mu.Lock()
 		sc.closeErr = err
 		pending, replies := sc.pending, sc.replies
-		sc.pending, sc.replies = map[uint64]chan *message{}, map[uint64]func(*message){}
+		sc.pending, sc.replies = map[uint64]chan *Message{}, map[uint64]func(*Message){}
 		sc.mu.Unlock()
 		sc.c.Close()
 		sc.cancel()
@@ -780,8 +781,8 @@ func (sc *sconn) close(err error) {
 
 // send writes one frame; a write that cannot complete within the peer
 // timeout means the peer is gone.
-func (sc *sconn) send(m *message) error {
-	b := m.encode()
+func (sc *sconn) send(m *Message) error {
+	b := m.Encode()
 	sc.wmu.Lock()
 	defer sc.wmu.Unlock()
 	if sc.isClosed() {
@@ -798,13 +799,13 @@ func (sc *sconn) send(m *message) error {
 // sendOnce writes a ping or pong on its own goroutine unless one is still
 // being written: liveness needs only one, and a peer that pings without
 // reading must not cost a goroutine per ping.
-func (sc *sconn) sendOnce(pending *atomic.Bool, k kind) {
+func (sc *sconn) sendOnce(pending *atomic.Bool, k Kind) {
 	if !pending.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		defer pending.Store(false)
-		sc.send(&message{kind: k})
+		sc.send(&Message{Kind: k})
 	}()
 }
 
@@ -815,12 +816,12 @@ type queuedRequest struct {
 }
 
 // serve runs a request's handler on its own goroutine, or queues it while
-// maxHandlers run (see there). It never blocks the reader.
-func (sc *sconn) serve(m *message, run func()) {
-	size := len(m.data) + 64
+// MaxHandlers run (see there). It never blocks the reader.
+func (sc *sconn) serve(m *Message, run func()) {
+	size := len(m.Data) + 64
 	sc.mu.Lock()
 	switch {
-	case sc.running < maxHandlers:
+	case sc.running < MaxHandlers:
 		sc.running++
 		sc.mu.Unlock()
 		go sc.handle(run)
@@ -831,7 +832,7 @@ func (sc *sconn) serve(m *message, run func()) {
 	default:
 		waiting := len(sc.queued)
 		sc.mu.Unlock()
-		sc.respond(m.id, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", maxHandlers, waiting, m.kind))
+		sc.respond(m.ID, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", MaxHandlers, waiting, m.Kind))
 	}
 }
 
@@ -863,15 +864,15 @@ func (sc *sconn) gone() error {
 }
 
 // call sends a request and waits for its response.
-func (sc *sconn) call(ctx context.Context, m *message) (*message, error) {
-	m.id = sc.nextID.Add(1)
-	ch := make(chan *message, 1)
+func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
+	m.ID = sc.nextID.Add(1)
+	ch := make(chan *Message, 1)
 	sc.mu.Lock()
 	if sc.isClosed() {
 		sc.mu.Unlock()
 		return nil, sc.gone()
 	}
-	sc.pending[m.id] = ch
+	sc.pending[m.ID] = ch
 	sc.mu.Unlock()
 	if err := sc.send(m); err != nil {
 		return nil, err
@@ -881,37 +882,37 @@ func (sc *sconn) call(ctx context.Context, m *message) (*message, error) {
 		if !ok {
 			return nil, sc.gone()
 		}
-		if resp.status != transport.OK {
-			return nil, &transport.Error{Status: resp.status, Msg: resp.text}
+		if resp.Status != transport.OK {
+			return nil, &transport.Error{Status: resp.Status, Msg: resp.Text}
 		}
 		return resp, nil
 	case <-ctx.Done():
 		sc.mu.Lock()
-		delete(sc.pending, m.id)
+		delete(sc.pending, m.ID)
 		sc.mu.Unlock()
-		if m.kind == kindSend || m.kind == kindGroupJoin {
-			sc.send(&message{kind: kindCancel, target: m.id})
+		if m.Kind == KindSend || m.Kind == KindGroupJoin {
+			sc.send(&Message{Kind: KindCancel, Target: m.ID})
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.kind, sc.remote)
+			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.remote)
 		}
-		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.kind, sc.remote)
+		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.Kind, sc.remote)
 	}
 }
 
-func (sc *sconn) respond(id uint64, resp *message, err error) {
+func (sc *sconn) respond(id uint64, resp *Message, err error) {
 	if resp == nil {
-		resp = &message{}
+		resp = &Message{}
 	}
-	resp.kind, resp.id = kindResponse, id
+	resp.Kind, resp.ID = KindResponse, id
 	if err != nil {
-		resp.status = transport.StatusOf(err)
-		if resp.status == transport.OK {
-			resp.status = transport.ErrInternal
+		resp.Status = transport.StatusOf(err)
+		if resp.Status == transport.OK {
+			resp.Status = transport.ErrInternal
 		}
-		resp.text = err.Error()
-		if len(resp.text) > maxMessageText {
-			resp.text = resp.text[:maxMessageText]
+		resp.Text = err.Error()
+		if len(resp.Text) > maxMessageText {
+			resp.Text = resp.Text[:maxMessageText]
 		}
 	}
 	sc.send(resp)
@@ -921,7 +922,7 @@ func (sc *sconn) readLoop() {
 	var buf []byte
 	svc := sc.ep.cfg.Service
 	for {
-		b, err := readFrame(sc.rd, buf, maxFrame)
+		b, err := ReadFrame(sc.rd, buf, MaxFrame)
 		if err != nil {
 			if transport.StatusOf(err) == transport.ErrCorrupt {
 				sc.ep.cfg.Log.Warnf("control plane: peer %s sent a malformed frame, closing the connection: %v", sc.remote, err)
@@ -931,84 +932,84 @@ func (sc *sconn) readLoop() {
 		}
 		buf = b
 		if cap(buf) > keepFrameBuffer {
-			buf = nil // decodeMessage copies what it keeps
+			buf = nil // DecodeMessage copies what it keeps
 		}
-		m, err := decodeMessage(b)
+		m, err := DecodeMessage(b)
 		if err != nil {
-			sc.ep.cfg.Log.Warnf("control plane: peer %s sent a corrupt message, closing the connection: %v", sc.remote, err)
+			sc.ep.cfg.Log.Warnf("control plane: peer %s sent a corrupt Message, closing the connection: %v", sc.remote, err)
 			sc.close(err)
 			return
 		}
 		sc.lastSeen.Store(time.Now().UnixNano())
 		from := sc.Info()
-		switch m.kind {
-		case kindResponse:
+		switch m.Kind {
+		case KindResponse:
 			sc.mu.Lock()
-			ch := sc.pending[m.id]
-			delete(sc.pending, m.id)
-			reply := sc.replies[m.id]
-			delete(sc.replies, m.id)
+			ch := sc.pending[m.ID]
+			delete(sc.pending, m.ID)
+			reply := sc.replies[m.ID]
+			delete(sc.replies, m.ID)
 			sc.mu.Unlock()
 			if ch != nil {
 				ch <- m
 			} else if reply != nil {
 				reply(m)
 			}
-		case kindPing:
-			sc.sendOnce(&sc.ponging, kindPong)
-		case kindPong:
-		case kindIdentity:
-			sc.respond(m.id, &message{peer: sc.ep.identity(sc.isTCP)}, nil)
-		case kindBorrow:
-			sc.respond(m.id, nil, svc.Borrow(from, m.object, m.token))
-		case kindUnborrow:
-			svc.Unborrow(from.RuntimeID, m.object, m.count)
-		case kindLease:
-			token, err := svc.Lease(from.RuntimeID, m.object)
-			sc.respond(m.id, &message{token: token}, err)
-		case kindMetadata:
+		case KindPing:
+			sc.sendOnce(&sc.ponging, KindPong)
+		case KindPong:
+		case KindIdentity:
+			sc.respond(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil)
+		case KindBorrow:
+			sc.respond(m.ID, nil, svc.Borrow(from, m.Object, m.Token))
+		case KindUnborrow:
+			svc.Unborrow(from.RuntimeID, m.Object, m.Count)
+		case KindLease:
+			token, err := svc.Lease(from.RuntimeID, m.Object)
+			sc.respond(m.ID, &Message{Token: token}, err)
+		case KindMetadata:
 			sc.serve(m, func() {
-				data, err := svc.Metadata(from.RuntimeID, m.object, m.transport)
-				sc.respond(m.id, &message{data: data}, err)
+				data, err := svc.Metadata(from.RuntimeID, m.Object, m.Transport)
+				sc.respond(m.ID, &Message{Data: data}, err)
 			})
-		case kindSend:
+		case KindSend:
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
-			sc.handlers[m.id] = cancel
+			sc.handlers[m.ID] = cancel
 			sc.mu.Unlock()
 			sc.serve(m, func() {
-				err := svc.Send(ctx, from, SendRequest{Object: m.object, TransferID: m.transferID, Transport: m.transport, CMeta: m.data})
+				err := svc.Send(ctx, from, SendRequest{Object: m.Object, TransferID: m.TransferID, Transport: m.Transport, CMeta: m.Data})
 				sc.mu.Lock()
-				delete(sc.handlers, m.id)
+				delete(sc.handlers, m.ID)
 				sc.mu.Unlock()
 				cancel()
-				sc.respond(m.id, nil, err)
+				sc.respond(m.ID, nil, err)
 			})
-		case kindGroupJoin:
+		case KindGroupJoin:
 			// Rank 0 answers once every rank joined: a long wait, on its own
 			// goroutine, cancelled like a send.
 			ctx, cancel := context.WithCancel(sc.ctx)
 			sc.mu.Lock()
-			sc.handlers[m.id] = cancel
+			sc.handlers[m.ID] = cancel
 			sc.mu.Unlock()
 			sc.serve(m, func() {
-				data, err := svc.JoinGroup(ctx, from, m.group)
+				data, err := svc.JoinGroup(ctx, from, m.Group)
 				sc.mu.Lock()
-				delete(sc.handlers, m.id)
+				delete(sc.handlers, m.ID)
 				sc.mu.Unlock()
 				cancel()
-				sc.respond(m.id, &message{data: data}, err)
+				sc.respond(m.ID, &Message{Data: data}, err)
 			})
-		case kindCancel:
+		case KindCancel:
 			sc.mu.Lock()
-			cancel := sc.handlers[m.target]
+			cancel := sc.handlers[m.Target]
 			sc.mu.Unlock()
 			if cancel != nil {
 				cancel()
 			}
 		default:
-			sc.ep.cfg.Log.Warnf("control plane: peer %s sent an unexpected %s message, closing the connection", sc.remote, m.kind)
-			sc.close(transport.Errorf(transport.ErrCorrupt, "unexpected %s message", m.kind))
+			sc.ep.cfg.Log.Warnf("control plane: peer %s sent an unexpected %s Message, closing the connection", sc.remote, m.Kind)
+			sc.close(transport.Errorf(transport.ErrCorrupt, "unexpected %s message", m.Kind))
 			return
 		}
 	}
@@ -1023,39 +1024,39 @@ func (sc *sconn) Info() transport.PeerInfo {
 }
 
 func (sc *sconn) Refresh(ctx context.Context) (transport.PeerInfo, error) {
-	resp, err := sc.call(ctx, &message{kind: kindIdentity})
+	resp, err := sc.call(ctx, &Message{Kind: KindIdentity})
 	if err != nil {
 		return transport.PeerInfo{}, err
 	}
 	// The id and the pid were proven at the handshake; they cannot change.
-	if old := sc.Info(); resp.peer.RuntimeID != old.RuntimeID || resp.peer.Pid != old.Pid {
+	if old := sc.Info(); resp.Peer.RuntimeID != old.RuntimeID || resp.Peer.Pid != old.Pid {
 		return transport.PeerInfo{}, transport.Errorf(transport.ErrCorrupt, "peer %s changed its identity", old)
 	}
 	sc.mu.Lock()
-	sc.remote = resp.peer
+	sc.remote = resp.Peer
 	sc.mu.Unlock()
-	return resp.peer, nil
+	return resp.Peer, nil
 }
 
 func (sc *sconn) Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error {
-	_, err := sc.call(ctx, &message{kind: kindBorrow, object: obj, token: token})
+	_, err := sc.call(ctx, &Message{Kind: KindBorrow, Object: obj, Token: token})
 	return err
 }
 
 func (sc *sconn) BorrowAsync(obj transport.ObjectID, token uint64, done func(error)) {
-	m := &message{kind: kindBorrow, object: obj, token: token, id: sc.nextID.Add(1)}
+	m := &Message{Kind: KindBorrow, Object: obj, Token: token, ID: sc.nextID.Add(1)}
 	sc.mu.Lock()
 	if sc.isClosed() {
 		sc.mu.Unlock()
 		done(sc.gone())
 		return
 	}
-	sc.replies[m.id] = func(resp *message) {
+	sc.replies[m.ID] = func(resp *Message) {
 		switch {
 		case resp == nil:
 			done(sc.gone())
-		case resp.status != transport.OK:
-			done(&transport.Error{Status: resp.status, Msg: resp.text})
+		case resp.Status != transport.OK:
+			done(&transport.Error{Status: resp.Status, Msg: resp.Text})
 		default:
 			done(nil)
 		}
@@ -1066,36 +1067,58 @@ func (sc *sconn) BorrowAsync(obj transport.ObjectID, token uint64, done func(err
 }
 
 func (sc *sconn) Unborrow(obj transport.ObjectID, n uint64) {
-	sc.send(&message{kind: kindUnborrow, object: obj, count: n})
+	sc.send(&Message{Kind: KindUnborrow, Object: obj, Count: n})
 }
 
 func (sc *sconn) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {
-	resp, err := sc.call(ctx, &message{kind: kindLease, object: obj})
+	resp, err := sc.call(ctx, &Message{Kind: KindLease, Object: obj})
 	if err != nil {
 		return 0, err
 	}
-	return resp.token, nil
+	return resp.Token, nil
 }
 
 func (sc *sconn) Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error) {
-	resp, err := sc.call(ctx, &message{kind: kindMetadata, object: obj, transport: transportName})
+	resp, err := sc.call(ctx, &Message{Kind: KindMetadata, Object: obj, Transport: transportName})
 	if err != nil {
 		return nil, err
 	}
-	return resp.data, nil
+	return resp.Data, nil
 }
 
 func (sc *sconn) Send(ctx context.Context, req SendRequest) error {
-	_, err := sc.call(ctx, &message{kind: kindSend, object: req.Object, transferID: req.TransferID, transport: req.Transport, data: req.CMeta})
+	_, err := sc.call(ctx, &Message{Kind: KindSend, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport, Data: req.CMeta})
 	return err
 }
 
 func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
-	resp, err := sc.call(ctx, &message{kind: kindGroupJoin, group: req})
+	resp, err := sc.call(ctx, &Message{Kind: KindGroupJoin, Group: req})
 	if err != nil {
 		return nil, err
 	}
-	return resp.data, nil
+	return resp.Data, nil
 }
 
 func (sc *sconn) Done() <-chan struct{} { return sc.done }
+
+// HoldWrites stops every write to a socket peer until resume is called, so
+// that a test can have a request made but not yet sent; ok is false for a
+// peer of another network.
+func HoldWrites(p Peer) (resume func(), ok bool) {
+	sc, ok := p.(*sconn)
+	if !ok {
+		return nil, false
+	}
+	sc.wmu.Lock()
+	return sc.wmu.Unlock, true
+}
+
+// IsLoopback tells whether host names this machine only, the one place
+// TCP may listen without an auth token.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,88 @@
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ed25519"
+	"encoding/binary"
+	"runtime"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+func FuzzDecodeMessage(f *testing.F) {
+	peer := transport.PeerInfo{RuntimeID: transport.ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
+		Transports: []transport.TransportAdvert{{Name: "cma", Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: true}}}
+	for _, m := range []*Message{
+		{Kind: KindHello, Nonce: make([]byte, NonceSize)},
+		{Kind: KindChallenge, Nonce: make([]byte, NonceSize), Proof: make([]byte, ProofSize), Key: make([]byte, ed25519.PublicKeySize), Sig: make([]byte, ed25519.SignatureSize)},
+		{Kind: KindAuth, Proof: make([]byte, ProofSize), Key: make([]byte, ed25519.PublicKeySize), Sig: make([]byte, ed25519.SignatureSize), Peer: peer},
+		{Kind: KindWelcome, Peer: peer},
+		{Kind: KindRefused, Status: transport.ErrPermissionDenied, Text: "no"},
+		{Kind: KindResponse, ID: 3, Status: transport.ErrNotFound, Text: "gone", Data: []byte{1, 2}, Peer: peer},
+		{Kind: KindBorrow, ID: 4, Object: transport.ID{5}, Token: 6},
+		{Kind: KindUnborrow, Object: transport.ID{5}, Count: 2},
+		{Kind: KindSend, ID: 9, Object: transport.ID{5}, TransferID: 11, Transport: "nccl", Data: []byte("c")},
+		{Kind: KindMetadata, ID: 10, Object: transport.ID{5}, Transport: "shm"},
+		{Kind: KindCancel, Target: 9},
+		{Kind: KindPing},
+		{Kind: KindGroupJoin, ID: 12, Group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
+	} {
+		f.Add(m.Encode()[4:])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeMessage(b)
+		if err != nil {
+			if transport.StatusOf(err) != transport.ErrCorrupt {
+				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
+			}
+			return
+		}
+		again, err := DecodeMessage(m.Encode()[4:])
+		if err != nil {
+			t.Fatalf("re-encoding a decoded %s failed: %v", m.Kind, err)
+		}
+		if again.Kind != m.Kind || again.ID != m.ID || !bytes.Equal(again.Data, m.Data) {
+			t.Fatalf("round trip changed the %s message", m.Kind)
+		}
+	})
+}
+
+func TestReadFrameBounds(t *testing.T) {
+	_, err := ReadFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, MaxFrame+1)), nil, MaxFrame)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
+	_, err = ReadFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, 3)), nil, MaxFrame)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
+	_, err = ReadFrame(bytes.NewReader(append(binary.LittleEndian.AppendUint32(nil, 100), 1, 2)), nil, MaxFrame)
+	assert.Error(t, err, "a frame cut short is an error")
+	_, err = ReadFrame(bytes.NewReader(binary.LittleEndian.AppendUint32(nil, MaxPreAuthFrame+1)), nil, MaxPreAuthFrame)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "the handshake's own bound")
+}
+
+func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
+	// A length prefix alone costs a chunk, not the length.
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.TotalAlloc
+	frame := append(binary.LittleEndian.AppendUint32(nil, MaxFrame), make([]byte, 100)...)
+	_, err := ReadFrame(bufio.NewReader(strings.NewReader(string(frame))), nil, MaxFrame)
+	require.Error(t, err, "cut short")
+	runtime.ReadMemStats(&ms)
+	assert.Less(t, ms.TotalAlloc-before, uint64(1<<20), "bytes allocated for a 17 MiB prefix and 100 bytes")
+
+	// A real large frame still arrives whole, however it is cut.
+	body := make([]byte, 1<<20+17)
+	for i := range body {
+		body[i] = byte(i * 31)
+	}
+	frame = append(binary.LittleEndian.AppendUint32(nil, uint32(len(body))), body...)
+	got, err := ReadFrame(iotest.OneByteReader(bytes.NewReader(frame)), nil, MaxFrame)
+	require.NoError(t, err)
+	assert.Equal(t, body, got)
+}

@@ -279,6 +279,4 @@ func TestKilledSourceIsPeerUnavailable(t *testing.T) {
 	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 }
 
-// ---- metadata ---------------------------------------------------------------
-
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

@@ -89,3 +89,21 @@ func TestMetadataEncodingIsPinned(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, m, got)
 }
+
+func sampleMeta() *metadata {
+	m := &metadata{Pid: 4242, Token: 0x1234567890abcdef}
+	for i := 0; i < 2; i++ {
+		var a allocation
+		for j := range a.Handle {
+			a.Handle[j] = byte(i*64 + j)
+		}
+		a.BufferID = uint64(100 + i)
+		a.Base = 0x7f0000000000 + uint64(i)<<32
+		a.Size = 2 << 20
+		a.Device = cuda.UUID{byte(i), 1, 2, 3}
+		m.Allocs = append(m.Allocs, a)
+	}
+	m.Tensors = []tensorRef{{Alloc: 0, Offset: 0, Nbytes: 1 << 20}, {Alloc: 0, Offset: 1 << 20, Nbytes: 1 << 20},
+		{Alloc: noAlloc}, {Alloc: 1, Offset: 512, Nbytes: 4096}}
+	return m
+}

@@ -77,3 +77,11 @@ func TestMetadataEncodingIsPinned(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, m, got)
 }
+
+func sampleMeta() *metadata {
+	return &metadata{
+		Epoch: 7, Agent: "0123abcd", Conn: []byte("conn"),
+		Blobs:   [][]byte{[]byte("dram-md"), []byte("vram-md")},
+		Regions: []region{{Addr: 4096, Size: 100, Mem: memDRAM}, {Addr: 1 << 40, Size: 8, Dev: 1, Mem: memVRAM}},
+	}
+}

@@ -260,16 +260,6 @@ func TestAbortReturnsPromptlyAndReleaseWaits(t *testing.T) {
 	require.NoError(t, dst.Close())
 }
 
-// ---- metadata codec ---------------------------------------------------------
-
-func sampleMeta() *metadata {
-	return &metadata{
-		Epoch: 7, Agent: "0123abcd", Conn: []byte("conn"),
-		Blobs:   [][]byte{[]byte("dram-md"), []byte("vram-md")},
-		Regions: []region{{Addr: 4096, Size: 100, Mem: memDRAM}, {Addr: 1 << 40, Size: 8, Dev: 1, Mem: memVRAM}},
-	}
-}
-
 func BenchmarkFetch64MiB(b *testing.B) {
 	src, dst := newTransport(b), newTransport(b)
 	const n = 64 << 20

@@ -13,11 +13,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-
-	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for.
@@ -278,47 +277,6 @@ func TestKilledSourceIsPeerUnavailable(t *testing.T) {
 	_, dst := buffer(t, 4096)
 	err := fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []transport.Tensor{dst})
 	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
-}
-
-// ---- metadata ---------------------------------------------------------------
-
-func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Pid: 7, StartTime: 9, Guard: slotSize, Token: 5, Regions: []region{{1, 2}}}).encode()
-	m, err := decodeMetadata(good)
-	require.NoError(t, err)
-	assert.Equal(t, uint32(7), m.Pid)
-	for name, b := range map[string][]byte{
-		"empty":     nil,
-		"truncated": good[:len(good)-1],
-		"magic":     append([]byte("XCMA"), good[4:]...),
-		"trailing":  append(append([]byte{}, good...), 0),
-		"wrap":      (&metadata{Pid: 7, Guard: slotSize, Token: 5, Regions: []region{{^uint64(0), 2}}}).encode(),
-		"pid zero":  (&metadata{Pid: 0, Guard: slotSize, Token: 5}).encode(),
-		"no guard":  (&metadata{Pid: 7, StartTime: 9}).encode(),
-		"odd guard": (&metadata{Pid: 7, Guard: 8, Token: 5}).encode(),
-	} {
-		_, err := decodeMetadata(b)
-		assert.Error(t, err, name)
-	}
-	v2 := append([]byte{}, good...)
-	v2[4] = 1
-	_, err = decodeMetadata(v2)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
-}
-
-func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Pid: 7, StartTime: 9, Guard: slotSize, Token: 5, Regions: []region{{1, 2}, {3, 4}}}).encode())
-	f.Add([]byte("RCMA"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMetadata(b)
-		if err != nil {
-			return
-		}
-		// Whatever decodes re-encodes to the same bytes.
-		if string(m.encode()) != string(b) {
-			t.Fatalf("re-encoding differs")
-		}
-	})
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

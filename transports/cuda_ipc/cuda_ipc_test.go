@@ -1,9 +1,7 @@
 package cudaipc
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -12,12 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 type testHost struct{}
@@ -76,88 +73,6 @@ func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
 	require.NoError(t, err)
 	defer rt.Destroy()
 	assert.NotContains(t, rt.Registry().Names(), Name)
-}
-
-func sampleMeta() *metadata {
-	m := &metadata{Pid: 4242, Token: 0x1234567890abcdef}
-	for i := 0; i < 2; i++ {
-		var a allocation
-		for j := range a.Handle {
-			a.Handle[j] = byte(i*64 + j)
-		}
-		a.BufferID = uint64(100 + i)
-		a.Base = 0x7f0000000000 + uint64(i)<<32
-		a.Size = 2 << 20
-		a.Device = cuda.UUID{byte(i), 1, 2, 3}
-		m.Allocs = append(m.Allocs, a)
-	}
-	m.Tensors = []tensorRef{{Alloc: 0, Offset: 0, Nbytes: 1 << 20}, {Alloc: 0, Offset: 1 << 20, Nbytes: 1 << 20},
-		{Alloc: noAlloc}, {Alloc: 1, Offset: 512, Nbytes: 4096}}
-	return m
-}
-
-func TestMetadataRoundTrip(t *testing.T) {
-	m := sampleMeta()
-	got, err := decodeMetadata(m.encode())
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
-}
-
-func TestMetadataRejectsCorruption(t *testing.T) {
-	good := sampleMeta().encode()
-	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
-	tensorAt := func(i int) int { return headerLen + 2*allocLen + i*tensorLen }
-	cases := map[string][]byte{
-		"empty":       {},
-		"short":       good[:headerLen-1],
-		"magic":       mutate(func(b []byte) []byte { b[0] = 'X'; return b }),
-		"truncated":   good[:len(good)-1],
-		"trailing":    append(append([]byte(nil), good...), 0),
-		"huge count":  mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[21:], 1<<31); return b }),
-		"no pid":      mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[5:], 0); return b }),
-		"bad index":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[tensorAt(3):], 2); return b }),
-		"past end":    mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(1)+4:], 1<<20+1); return b }),
-		"wrapping":    mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(1)+4:], ^uint64(0)); return b }),
-		"empty ref":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[tensorAt(2)+12:], 1); return b }),
-		"zero size":   mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[headerLen+64+16:], 0); return b }),
-		"wrap alloc":  mutate(func(b []byte) []byte { binary.LittleEndian.PutUint64(b[headerLen+64+16:], ^uint64(0)); return b }),
-		"more allocs": mutate(func(b []byte) []byte { binary.LittleEndian.PutUint32(b[21:], 1); return b }),
-	}
-	for name, b := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := decodeMetadata(b)
-			require.Error(t, err)
-			assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
-		})
-	}
-	v := mutate(func(b []byte) []byte { b[4] = 9; return b })
-	_, err := decodeMetadata(v)
-	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
-}
-
-func FuzzDecodeMetadata(f *testing.F) {
-	f.Add(sampleMeta().encode())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMetadata(b)
-		if err != nil {
-			if st := transport.StatusOf(err); st != transport.ErrCorrupt && st != transport.ErrUnsupported {
-				t.Fatalf("status %v for %v", st, err)
-			}
-			return
-		}
-		for _, tr := range m.Tensors {
-			if tr.Alloc == noAlloc {
-				continue
-			}
-			a := m.Allocs[tr.Alloc]
-			if tr.Offset+tr.Nbytes > a.Size || tr.Offset+tr.Nbytes < tr.Offset {
-				t.Fatalf("tensor outside its allocation accepted: %+v in %+v", tr, a)
-			}
-		}
-		if !bytes.Equal(m.encode(), b) {
-			t.Fatalf("decode/encode is not the identity")
-		}
-	})
 }
 
 // ---- the handle cache, with the driver calls replaced --------------------

@@ -1,8 +1,6 @@
 package cudaipc
 
 import (
-	"encoding/binary"
-
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
@@ -47,79 +45,70 @@ type metadata struct {
 }
 
 func (m *metadata) encode() []byte {
-	b := make([]byte, 0, headerLen+allocLen*len(m.Allocs)+tensorLen*len(m.Tensors))
-	b = append(b, metaMagic...)
-	b = append(b, metaVersion)
-	b = binary.LittleEndian.AppendUint32(b, m.Pid)
-	b = binary.LittleEndian.AppendUint64(b, m.Token)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Allocs)))
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Tensors)))
+	w := transport.NewWireWriter(make([]byte, 0, headerLen+allocLen*len(m.Allocs)+tensorLen*len(m.Tensors)))
+	w.Raw([]byte(metaMagic))
+	w.U8(metaVersion)
+	w.U32(m.Pid)
+	w.U64(m.Token)
+	w.U32(uint32(len(m.Allocs)))
+	w.U32(uint32(len(m.Tensors)))
 	for _, a := range m.Allocs {
-		b = append(b, a.Handle[:]...)
-		b = binary.LittleEndian.AppendUint64(b, a.BufferID)
-		b = binary.LittleEndian.AppendUint64(b, a.Base)
-		b = binary.LittleEndian.AppendUint64(b, a.Size)
-		b = append(b, a.Device[:]...)
+		w.Raw(a.Handle[:])
+		w.U64(a.BufferID)
+		w.U64(a.Base)
+		w.U64(a.Size)
+		w.Raw(a.Device[:])
 	}
 	for _, t := range m.Tensors {
-		b = binary.LittleEndian.AppendUint32(b, t.Alloc)
-		b = binary.LittleEndian.AppendUint64(b, t.Offset)
-		b = binary.LittleEndian.AppendUint64(b, t.Nbytes)
+		w.U32(t.Alloc)
+		w.U64(t.Offset)
+		w.U64(t.Nbytes)
 	}
-	return b
+	return w.Bytes()
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
 		return transport.Errorf(transport.ErrCorrupt, "cuda_ipc: corrupt transport metadata (%s)", why)
 	}
-	if len(b) < headerLen {
+	r := transport.NewWireReader("cuda_ipc metadata", b)
+	magic, version := r.Take(len(metaMagic)), r.U8()
+	m := &metadata{Pid: r.U32(), Token: r.U64()}
+	na, nt := r.U32(), r.U32()
+	if r.Err() != nil {
 		return nil, bad("too short")
 	}
-	if string(b[:4]) != metaMagic {
+	if string(magic) != metaMagic {
 		return nil, bad("bad magic")
 	}
-	if b[4] != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: metadata version %d, this build reads version %d", b[4], metaVersion)
+	if version != metaVersion {
+		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: metadata version %d, this build reads version %d", version, metaVersion)
 	}
-	m := &metadata{Pid: binary.LittleEndian.Uint32(b[5:]), Token: binary.LittleEndian.Uint64(b[9:])}
-	na := binary.LittleEndian.Uint32(b[17:])
-	nt := binary.LittleEndian.Uint32(b[21:])
 	if na > transport.MaxTensors || nt > transport.MaxTensors {
 		return nil, bad("too many tensors")
 	}
 	if na > nt {
 		return nil, bad("more allocations than tensors")
 	}
-	if uint64(len(b)-headerLen) != uint64(na)*allocLen+uint64(nt)*tensorLen {
+	if uint64(r.Len()) != uint64(na)*allocLen+uint64(nt)*tensorLen {
 		return nil, bad("length does not match the counts")
 	}
 	if m.Pid == 0 {
 		return nil, bad("no process id")
 	}
-	p := b[headerLen:]
 	m.Allocs = make([]allocation, na)
 	for i := range m.Allocs {
 		a := &m.Allocs[i]
-		copy(a.Handle[:], p)
-		q := p[cuda.IPCHandleSize:]
-		a.BufferID = binary.LittleEndian.Uint64(q)
-		a.Base = binary.LittleEndian.Uint64(q[8:])
-		a.Size = binary.LittleEndian.Uint64(q[16:])
-		copy(a.Device[:], q[24:40])
+		copy(a.Handle[:], r.Take(len(a.Handle)))
+		a.BufferID, a.Base, a.Size = r.U64(), r.U64(), r.U64()
+		copy(a.Device[:], r.Take(len(a.Device)))
 		if a.Size == 0 || a.Base == 0 || a.Base+a.Size < a.Base {
 			return nil, bad("allocation out of range")
 		}
-		p = p[allocLen:]
 	}
 	m.Tensors = make([]tensorRef, nt)
 	for i := range m.Tensors {
-		t := tensorRef{
-			Alloc:  binary.LittleEndian.Uint32(p),
-			Offset: binary.LittleEndian.Uint64(p[4:]),
-			Nbytes: binary.LittleEndian.Uint64(p[12:]),
-		}
-		p = p[tensorLen:]
+		t := tensorRef{Alloc: r.U32(), Offset: r.U64(), Nbytes: r.U64()}
 		if t.Alloc == noAlloc {
 			if t.Nbytes != 0 || t.Offset != 0 {
 				return nil, bad("a tensor outside every allocation")
@@ -135,5 +124,5 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		}
 		m.Tensors[i] = t
 	}
-	return m, nil
+	return m, r.Done()
 }

@@ -5,11 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // libc is a library that exists everywhere and is not NCCL.
@@ -76,40 +75,6 @@ func TestErrorText(t *testing.T) {
 	assert.Equal(t, "ncclResult_t(99)", Result(99).String())
 	assert.Equal(t, "ncclTimeout", Timeout.String())
 	assert.Equal(t, transport.ErrTimeout, (&Error{Code: Timeout}).Status())
-}
-
-func TestCMetaCodec(t *testing.T) {
-	m := cmeta{Group: "workers:1", Instance: 1<<63 + 5, Src: 3, Dst: 0, Seq: 17}
-	got, err := decodeCMeta(m.encode())
-	require.NoError(t, err)
-	assert.Equal(t, m, *got)
-	b := m.encode()
-	for i := 0; i < len(b); i++ {
-		_, err := decodeCMeta(b[:i])
-		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "truncated at %d", i)
-	}
-	same := cmeta{Group: "g", Src: 1, Dst: 1}
-	_, err = decodeCMeta(same.encode())
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
-}
-
-func FuzzDecodeCommunicatorMetadata(f *testing.F) {
-	f.Add((&cmeta{Group: "g", Instance: 9, Src: 0, Dst: 1, Seq: 2}).encode())
-	f.Add((&cmeta{Group: "pairs:a-b", Instance: 1, Src: 65535, Dst: 0, Seq: 1 << 40}).encode())
-	f.Add([]byte{1, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeCMeta(b)
-		if err != nil {
-			if transport.StatusOf(err) != transport.ErrCorrupt {
-				t.Fatalf("status %v: %v", transport.StatusOf(err), err)
-			}
-			return
-		}
-		again, err := decodeCMeta(m.encode())
-		if err != nil || *again != *m {
-			t.Fatalf("re-encoding %+v: %+v, %v", m, again, err)
-		}
-	})
 }
 
 // The descriptor: two-sided (the engine runs the source's Send), the last

@@ -11,11 +11,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-
-	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for.
@@ -280,41 +279,6 @@ func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
 	assert.True(t, os.IsNotExist(err))
 	_, err = os.Stat(live)
 	assert.NoError(t, err)
-}
-
-func TestMetadataRejectsCorruption(t *testing.T) {
-	good := (&metadata{Path: "/run/x.sock", Object: transport.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode()
-	_, err := decodeMetadata(good)
-	require.NoError(t, err)
-	for name, b := range map[string][]byte{
-		"empty":     nil,
-		"truncated": good[:len(good)-1],
-		"trailing":  append(append([]byte{}, good...), 0),
-		"relative":  (&metadata{Path: "x.sock"}).encode(),
-		"outside":   (&metadata{Path: "/x", Size: 10, Regions: []region{{8, 4}}}).encode(),
-		"wrap":      (&metadata{Path: "/x", Size: 10, Regions: []region{{^uint64(0), 2}}}).encode(),
-	} {
-		_, err := decodeMetadata(b)
-		assert.Equal(t, transport.ErrCorrupt, statusOf(err), name)
-	}
-}
-
-func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Path: "/run/x.sock", Object: transport.ObjectID{1}, Size: 128, Regions: []region{{0, 64}, {64, 64}}}).encode())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMetadata(b)
-		if err != nil {
-			return
-		}
-		for _, r := range m.Regions {
-			if r.Offset+r.Size > m.Size || r.Offset+r.Size < r.Offset {
-				t.Fatalf("accepted a region outside the segment")
-			}
-		}
-		if string(m.encode()) != string(b) {
-			t.Fatalf("re-encoding differs")
-		}
-	})
 }
 
 func BenchmarkFetch4KiB(b *testing.B)  { benchFetch(b, 4<<10) }

@@ -10,9 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rdt-project/rdt/core/transport"
+	"golang.org/x/sys/unix"
 )
 
 // piece is one request's worth of a target: a byte range of one tensor,
@@ -530,4 +529,184 @@ func (p probeHost) PeerTimeout() time.Duration   { return transport.DefaultPeerT
 func (p probeHost) Settings() transport.Settings { return transport.DefaultSettings() }
 func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
+}
+
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
+
+// idleConn takes a pooled connection, or returns nil. The most recently
+// used goes first, so connections beyond what is needed age out.
+func (t *Transport) idleConn(k poolKey) net.Conn {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	l := t.idle[k]
+	if len(l) == 0 {
+		return nil
+	}
+	p := l[len(l)-1]
+	if len(l) == 1 {
+		delete(t.idle, k)
+	} else {
+		t.idle[k] = l[:len(l)-1]
+	}
+	return p.c
+}
+
+// conn takes a pooled connection or dials and authenticates one.
+func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
+	t.pmu.Lock()
+	closed := t.closed
+	t.pmu.Unlock()
+	if closed {
+		return nil, transport.Errorf(transport.ErrClosed, "tcp transport is closed")
+	}
+	if c := t.idleConn(k); c != nil {
+		return c, nil
+	}
+	ep := k.endpoint
+	d := net.Dialer{Timeout: dialTimeout}
+	c, err := d.DialContext(ctx, "tcp", ep)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, transport.Errorf(transport.ErrAborted, "tcp: dialing %s was cancelled", ep)
+		}
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "tcp: cannot reach the source's data endpoint %s: %v", ep, err)
+	}
+	tune(c)
+	// Cancelling ctx (an abort) also cuts a handshake with a source that
+	// accepted but does not answer.
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	err = t.authenticate(c, ep, k.key)
+	if !stop() {
+		c.Close()
+		return nil, transport.Errorf(transport.ErrAborted, "tcp: the handshake with %s was cancelled", ep)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// clientKey is the key to prove to the source of m: the one in its
+// metadata, else our configured token.
+func (t *Transport) clientKey(m *metadata) string {
+	if m.Key != "" {
+		return m.Key
+	}
+	return t.h.AuthToken()
+}
+
+func (t *Transport) authenticate(c net.Conn, ep, key string) error {
+	c.SetDeadline(time.Now().Add(authTimeout))
+	defer c.SetDeadline(time.Time{})
+	hello := make([]byte, helloLen)
+	n, err := io.ReadFull(c, hello)
+	if m := min(n, len(helloMagic)); string(hello[:m]) != helloMagic[:m] {
+		return transport.Errorf(transport.ErrCorrupt, "tcp data connection to %s: not an rdt data endpoint", ep)
+	}
+	if err != nil {
+		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+	}
+	if v := hello[len(helloMagic)]; v != protoVersion {
+		return transport.Errorf(transport.ErrUnsupported, "tcp data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
+	}
+	id := t.h.Identity().RuntimeID
+	answer := append(transport.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
+	if _, err := c.Write(answer); err != nil {
+		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+	}
+	st, msg, err := readResponse(c)
+	if err != nil {
+		// A server that refuses the key says so (below); a connection
+		// that ends without an answer means the peer went away, say
+		// killed while we connected.
+		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
+			return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: the peer closed the connection during authentication: %v", ep, err)
+		}
+		return err
+	}
+	if st == transport.OK {
+		return nil
+	}
+	return transport.Errorf(st, "tcp data connection to %s: %s", ep, msg)
+}
+
+// readResponse reads one response header and its message (handshake only;
+// pulls read theirs in stream.advance).
+func readResponse(c net.Conn) (transport.Status, string, error) {
+	var hdr [responseLen]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+	}
+	st, n, err := decodeResponseHeader(hdr[:])
+	if err != nil {
+		return 0, "", err
+	}
+	if n == 0 {
+		return st, "", nil
+	}
+	msg := make([]byte, n)
+	if _, err := io.ReadFull(c, msg); err != nil {
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+	}
+	return st, string(msg), nil
+}
+
+// put returns a healthy connection to the pool.
+func (t *Transport) put(k poolKey, c net.Conn) {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	if t.closed || len(t.idle[k]) >= maxIdle {
+		c.Close()
+		return
+	}
+	t.idle[k] = append(t.idle[k], pooled{c: c, since: time.Now()})
+	if t.reaper == nil {
+		t.reaper = time.AfterFunc(idleTimeout, t.reapIdle)
+	}
+}
+
+// reapIdle closes pooled connections unused for idleTimeout, and runs
+// again while any are left.
+func (t *Transport) reapIdle() {
+	now := time.Now()
+	var drop []pooled
+	t.pmu.Lock()
+	next := idleTimeout
+	for k, l := range t.idle {
+		keep := l[:0]
+		for _, p := range l {
+			if age := now.Sub(p.since); age >= idleTimeout {
+				drop = append(drop, p)
+			} else {
+				keep = append(keep, p)
+				next = min(next, idleTimeout-age)
+			}
+		}
+		clear(l[len(keep):])
+		if len(keep) == 0 {
+			delete(t.idle, k)
+		} else {
+			t.idle[k] = keep
+		}
+	}
+	t.reaper = nil
+	if len(t.idle) > 0 && !t.closed {
+		t.reaper = time.AfterFunc(next, t.reapIdle)
+	}
+	t.pmu.Unlock()
+	for _, p := range drop {
+		p.c.Close()
+	}
+}
+
+// dropIdle closes the pooled connections to a source that went away.
+func (t *Transport) dropIdle(k poolKey) {
+	t.pmu.Lock()
+	l := t.idle[k]
+	delete(t.idle, k)
+	t.pmu.Unlock()
+	for _, p := range l {
+		p.c.Close()
+	}
 }

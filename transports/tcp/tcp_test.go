@@ -6,21 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/bits"
 	"net"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
+	"github.com/rdt-project/rdt/core/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-
-	"github.com/rdt-project/rdt/core/transport"
 )
 
 // testHost is the little of a runtime the transport asks for, with a
@@ -701,64 +698,6 @@ func TestConcurrentFetches(t *testing.T) {
 	assert.LessOrEqual(t, p.pooled(), maxIdle)
 }
 
-func TestMetadataRejectsCorruption(t *testing.T) {
-	key := strings.Repeat("k", maxKey)
-	good := (&metadata{Endpoint: "127.0.0.1:5", Object: transport.ObjectID{1}, Tensors: 2, Key: key}).encode()
-	m, err := decodeMetadata(good)
-	require.NoError(t, err)
-	assert.Equal(t, "127.0.0.1:5", m.Endpoint)
-	assert.Equal(t, key, m.Key)
-	noKey := (&metadata{Endpoint: "127.0.0.1:5", Object: transport.ObjectID{1}, Tensors: 2}).encode()
-	m, err = decodeMetadata(noKey)
-	require.NoError(t, err)
-	assert.Empty(t, m.Key)
-	newVersion := append([]byte{}, good...)
-	newVersion[4] = 9
-	oldVersion := append([]byte{}, noKey[:len(noKey)-1]...) // version 1 had no key
-	oldVersion[4] = 1
-	for name, b := range map[string][]byte{
-		"empty":            nil,
-		"truncated":        good[:len(good)-1],
-		"trailing":         append(append([]byte{}, good...), 0),
-		"magic":            append([]byte("XTCP"), good[4:]...),
-		"no host":          (&metadata{}).encode(),
-		"binary":           (&metadata{Endpoint: "a\x00b:1"}).encode(),
-		"long":             append(append([]byte("RTCP\x02"), 0xff, 0xff), make([]byte, 70000)...),
-		"version":          newVersion,
-		"version 1":        oldVersion,
-		"no key length":    noKey[:len(noKey)-1],
-		"long key":         (&metadata{Endpoint: "h:1", Key: key + "k"}).encode(),
-		"binary key":       (&metadata{Endpoint: "h:1", Key: "a\nb"}).encode(),
-		"key past the end": append(noKey[:len(noKey)-1], 5, 'a', 'b'),
-	} {
-		_, err := decodeMetadata(b)
-		st := transport.StatusOf(err)
-		assert.True(t, st == transport.ErrCorrupt || (strings.HasPrefix(name, "version") && st == transport.ErrUnsupported), "%s: %v", name, err)
-	}
-	// Through Fetch: an error, not a panic.
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	defer d.Close()
-	_, err = d.Fetch(&transport.Transfer{}, nil, []byte("garbage"), nil)
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
-}
-
-func TestRequestFrameRoundTrip(t *testing.T) {
-	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk}
-	b := r.encode(nil)
-	require.Len(t, b, requestLen)
-	got, err := decodeRequest(b)
-	require.NoError(t, err)
-	assert.Equal(t, r, got)
-	// Ranges are the server's to check (the connection stays usable); a
-	// frame that is not one closes it.
-	b[24] = 1
-	_, err = decodeRequest(b)
-	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
-	_, err = decodeRequest(b[:requestLen-1])
-	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
-}
-
 func TestOtherMethods(t *testing.T) {
 	tr, err := Factory().New(newHost(""))
 	require.NoError(t, err)
@@ -781,57 +720,6 @@ func TestOtherMethods(t *testing.T) {
 	require.NoError(t, tr.Close())
 	_, err = tr.ExtractMetadata(transport.ObjectID{1}, nil)
 	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
-}
-
-// FuzzDecodeRequest runs the server's handling of a request frame, short
-// of the memory: decode, then the range check against a two-tensor object.
-// Whatever it accepts must lie inside the tensor.
-func FuzzDecodeRequest(f *testing.F) {
-	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4}).encode(nil))
-	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0}).encode(nil))
-	f.Add(make([]byte, requestLen))
-	tensors := []transport.Tensor{
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1000}},
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 0}},
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1 << 62}},
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeRequest(b)
-		if err != nil {
-			if transport.StatusOf(err) != transport.ErrInvalidArgument {
-				t.Fatalf("unexpected status for %v", err)
-			}
-			return
-		}
-		if !bytes.Equal(r.encode(nil), b) {
-			t.Fatalf("re-encoding differs")
-		}
-		src, st, msg := checkRange(r, tensors)
-		if st != transport.OK {
-			if msg == "" || st != transport.ErrInvalidArgument {
-				t.Fatalf("refusal %v without a clear message: %q", st, msg)
-			}
-			return
-		}
-		end, carry := bits.Add64(r.Offset, r.Length, 0)
-		if carry != 0 || end > src.Nbytes || r.Length > maxChunk {
-			t.Fatalf("accepted %+v outside a %d-byte tensor", r, src.Nbytes)
-		}
-	})
-}
-
-func FuzzDecodeMetadata(f *testing.F) {
-	f.Add((&metadata{Endpoint: "host:1", Object: transport.ObjectID{1}, Tensors: 1}).encode())
-	f.Add((&metadata{Endpoint: "host:1", Object: transport.ObjectID{1}, Tensors: 1, Key: strings.Repeat("0f", 32)}).encode())
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := decodeMetadata(b)
-		if err != nil {
-			return
-		}
-		if !bytes.Equal(m.encode(), b) {
-			t.Fatalf("re-encoding differs")
-		}
-	})
 }
 
 // ---- benchmarks ------------------------------------------------------------

@@ -1,10 +1,6 @@
 package nixl
 
-import (
-	"encoding/binary"
-
-	"github.com/rdt-project/rdt/core/transport"
-)
+import "github.com/rdt-project/rdt/core/transport"
 
 const (
 	metaMagic   = "RNXL"
@@ -51,27 +47,24 @@ func (m *metadata) encode() []byte {
 	for _, b := range m.Blobs {
 		n += 4 + len(b)
 	}
-	b := make([]byte, 0, n)
-	b = append(b, metaMagic...)
-	b = append(b, metaVersion)
-	b = binary.LittleEndian.AppendUint64(b, m.Epoch)
-	b = append(b, byte(len(m.Agent)))
-	b = append(b, m.Agent...)
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Conn)))
-	b = append(b, m.Conn...)
-	b = append(b, byte(len(m.Blobs)))
+	w := transport.NewWireWriter(make([]byte, 0, n))
+	w.Raw([]byte(metaMagic))
+	w.U8(metaVersion)
+	w.U64(m.Epoch)
+	w.Str8(m.Agent)
+	w.Bytes32(m.Conn)
+	w.U8(uint8(len(m.Blobs)))
 	for _, x := range m.Blobs {
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(x)))
-		b = append(b, x...)
+		w.Bytes32(x)
 	}
-	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Regions)))
+	w.U32(uint32(len(m.Regions)))
 	for _, r := range m.Regions {
-		b = binary.LittleEndian.AppendUint64(b, r.Addr)
-		b = binary.LittleEndian.AppendUint64(b, r.Size)
-		b = binary.LittleEndian.AppendUint32(b, r.Dev)
-		b = append(b, r.Mem)
+		w.U64(r.Addr)
+		w.U64(r.Size)
+		w.U32(r.Dev)
+		w.U8(r.Mem)
 	}
-	return b
+	return w.Bytes()
 }
 
 func validName(s string) bool {
@@ -91,13 +84,14 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
 		return transport.Errorf(transport.ErrCorrupt, "nixl: corrupt transport metadata (%s)", why)
 	}
-	if len(b) < 5 || string(b[:4]) != metaMagic {
+	r := transport.NewWireReader("nixl metadata", b)
+	magic, version := r.Take(len(metaMagic)), r.U8()
+	if r.Err() != nil || string(magic) != metaMagic {
 		return nil, bad("bad magic")
 	}
-	if b[4] != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", b[4], metaVersion)
+	if version != metaVersion {
+		return nil, transport.Errorf(transport.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", version, metaVersion)
 	}
-	r := transport.NewWireReader("nixl metadata", b[5:])
 	m := &metadata{Epoch: r.U64()}
 	m.Agent = string(r.Take(int(r.U8())))
 	if r.Err() != nil {
@@ -146,5 +140,5 @@ func decodeMetadata(b []byte) (*metadata, error) {
 	if cnt > 0 && len(m.Blobs) == 0 {
 		return nil, bad("tensors without registration metadata")
 	}
-	return m, nil
+	return m, r.Done()
 }

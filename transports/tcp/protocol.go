@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/rdt-project/rdt/core/transport"
 )
@@ -104,86 +103,4 @@ func decodeResponseHeader(b []byte) (transport.Status, int, error) {
 		return 0, 0, transport.Errorf(transport.ErrCorrupt, "tcp: response carries unknown status %d", st)
 	}
 	return st, int(n), nil
-}
-
-// ---- metadata ---------------------------------------------------------------
-
-const (
-	metaMagic   = "RTCP"
-	metaVersion = 2
-	maxEndpoint = 300
-	maxKey      = 64
-)
-
-// metadata tells a receiver where to pull an object from and, when the
-// source has no configured token, the key its data endpoint requires.
-// Layout: "RTCP", version u8, endpoint length u16, endpoint ("host:port"),
-// object [16], tensor count u32, key length u8, key (printable ASCII).
-type metadata struct {
-	Endpoint string
-	Object   transport.ObjectID
-	Tensors  uint32
-	Key      string // "": use the receiver's configured token
-}
-
-func (m *metadata) encode() []byte {
-	b := make([]byte, 0, 4+1+2+len(m.Endpoint)+16+4+1+len(m.Key))
-	b = append(b, metaMagic...)
-	b = append(b, metaVersion)
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Endpoint)))
-	b = append(b, m.Endpoint...)
-	b = append(b, m.Object[:]...)
-	b = binary.LittleEndian.AppendUint32(b, m.Tensors)
-	b = append(b, byte(len(m.Key)))
-	return append(b, m.Key...)
-}
-
-func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "tcp: corrupt transport metadata (%s)", why)
-	}
-	if len(b) < 7 {
-		return nil, bad("too short")
-	}
-	if string(b[:4]) != metaMagic {
-		return nil, bad("bad magic")
-	}
-	if b[4] != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "tcp: metadata version %d, this build reads version %d", b[4], metaVersion)
-	}
-	n := int(binary.LittleEndian.Uint16(b[5:]))
-	if n == 0 || n > maxEndpoint {
-		return nil, bad(fmt.Sprintf("endpoint length %d", n))
-	}
-	keyAt := 7 + n + 16 + 4
-	if len(b) < keyAt+1 {
-		return nil, bad("too short")
-	}
-	k := int(b[keyAt])
-	if k > maxKey {
-		return nil, bad(fmt.Sprintf("key length %d", k))
-	}
-	if len(b) != keyAt+1+k {
-		return nil, bad("length does not match")
-	}
-	m := &metadata{Endpoint: string(b[7 : 7+n])}
-	copy(m.Object[:], b[7+n:])
-	m.Tensors = binary.LittleEndian.Uint32(b[7+n+16:])
-	m.Key = string(b[keyAt+1:])
-	if !printable(m.Endpoint) {
-		return nil, bad("endpoint is not printable")
-	}
-	if !printable(m.Key) {
-		return nil, bad("key is not printable")
-	}
-	return m, nil
-}
-
-func printable(s string) bool {
-	for _, c := range []byte(s) {
-		if c <= ' ' || c >= 0x7f {
-			return false
-		}
-	}
-	return true
 }

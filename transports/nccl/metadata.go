@@ -1,10 +1,6 @@
 package nccl
 
-import (
-	"encoding/binary"
-
-	"github.com/rdt-project/rdt/core/transport"
-)
+import "github.com/rdt-project/rdt/core/transport"
 
 // cmeta is the communicator metadata of one transfer, made by the
 // destination: the group, both ranks, and the transfer's place in the order
@@ -20,40 +16,44 @@ type cmeta struct {
 const cmetaVersion = 1
 
 func (m *cmeta) encode() []byte {
-	b := make([]byte, 0, 2+len(m.Group)+8+4+4+8)
-	b = append(b, cmetaVersion, byte(len(m.Group)))
-	b = append(b, m.Group...)
-	b = binary.LittleEndian.AppendUint64(b, m.Instance)
-	b = binary.LittleEndian.AppendUint32(b, uint32(m.Src))
-	b = binary.LittleEndian.AppendUint32(b, uint32(m.Dst))
-	return binary.LittleEndian.AppendUint64(b, m.Seq)
+	w := transport.NewWireWriter(make([]byte, 0, 2+len(m.Group)+8+4+4+8))
+	w.U8(cmetaVersion)
+	w.Str8(m.Group)
+	w.U64(m.Instance)
+	w.U32(uint32(m.Src))
+	w.U32(uint32(m.Dst))
+	w.U64(m.Seq)
+	return w.Bytes()
 }
 
 func decodeCMeta(b []byte) (*cmeta, error) {
 	bad := func(why string) (*cmeta, error) {
 		return nil, transport.Errorf(transport.ErrCorrupt, "nccl communicator metadata: %s", why)
 	}
-	if len(b) < 2 {
+	r := transport.NewWireReader("nccl communicator metadata", b)
+	version, n := r.U8(), int(r.U8())
+	if r.Err() != nil {
 		return bad("truncated")
 	}
-	if b[0] != cmetaVersion {
+	if version != cmetaVersion {
 		return bad("unknown version")
 	}
-	n := int(b[1])
-	if len(b) != 2+n+8+4+4+8 {
+	if r.Len() != n+8+4+4+8 {
 		return bad("wrong length")
 	}
-	m := &cmeta{Group: string(b[2 : 2+n])}
+	m := &cmeta{Group: string(r.Take(n))}
 	if err := transport.CheckGroupName(m.Group); err != nil {
 		return bad(err.Error())
 	}
-	b = b[2+n:]
-	m.Instance = binary.LittleEndian.Uint64(b)
-	src, dst := binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:])
-	m.Seq = binary.LittleEndian.Uint64(b[16:])
+	m.Instance = r.U64()
+	src, dst := r.U32(), r.U32()
+	m.Seq = r.U64()
 	if src >= transport.MaxGroupSize || dst >= transport.MaxGroupSize || src == dst {
 		return bad("ranks out of range")
 	}
 	m.Src, m.Dst = int(src), int(dst)
+	if err := r.Done(); err != nil {
+		return nil, err
+	}
 	return m, nil
 }

@@ -1,0 +1,472 @@
+package cma
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"golang.org/x/sys/unix"
+)
+
+type procKey struct {
+	pid       int
+	startTime uint64
+}
+
+// proc pins the identity of a source process with a pidfd: once it is
+// readable the process has exited, and whatever its pid now names is
+// someone else. Requests hold it (users) while they read; a proc dropped
+// from the table (its peer is gone) closes its pidfd once the last of them
+// is done.
+// The pidfd is an *os.File so that closing it while a request still polls
+// it is safe: the poll then fails, which counts as exited.
+type proc struct {
+	pidfd *os.File
+
+	users   int  // under Transport.mu
+	dropped bool // under Transport.mu: out of the table, close when unused
+
+	guardMu sync.Mutex
+	guards  []addrRange // the process's guard mappings seen so far
+}
+
+type addrRange struct{ start, end uint64 }
+
+// exited reports whether the process is gone, without blocking.
+func (p *proc) exited() bool {
+	if p.pidfd == nil {
+		return false // no pidfd on this kernel: the start time check stands alone
+	}
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := true
+	err = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, 0)
+			if err == unix.EINTR {
+				continue
+			}
+			gone = err != nil || n > 0
+			return
+		}
+	})
+	return err != nil || gone
+}
+
+// source finds or opens the pidfd of a source process, checking that the
+// pid still belongs to the process the metadata describes. The caller
+// must hand the proc back with done.
+func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
+	k := procKey{pid, startTime}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.procs[k]; ok {
+		if !p.exited() {
+			p.users++
+			return p, nil
+		}
+		t.forgetLocked(k)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+	}
+	// A new source: drop the sources that exited meanwhile, should their
+	// runtime's end not have been reported (see PeerGone).
+	for k, p := range t.procs {
+		if p.exited() {
+			t.forgetLocked(k)
+		}
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		}
+		// Kernels before 5.3 lack pidfds: fall back to the start time alone.
+		if err := checkAlive(pid, startTime); err != nil {
+			return nil, err
+		}
+		return &proc{users: 1, dropped: true}, nil
+	}
+	// The pidfd names whoever holds the pid now; make sure it is our source.
+	if err := checkAlive(pid, startTime); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	p := &proc{pidfd: os.NewFile(uintptr(fd), "pidfd"), users: 1}
+	if t.procs == nil {
+		t.procs = map[procKey]*proc{}
+	}
+	t.procs[k] = p
+	return p, nil
+}
+
+// done hands back a proc taken by source.
+func (t *Transport) done(p *proc) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p.users--
+	if p.dropped && p.users == 0 && p.pidfd != nil {
+		p.pidfd.Close()
+	}
+}
+
+func (t *Transport) forgetLocked(k procKey) {
+	p, ok := t.procs[k]
+	if !ok {
+		return
+	}
+	delete(t.procs, k)
+	p.dropped = true
+	if p.users == 0 && p.pidfd != nil {
+		p.pidfd.Close()
+	}
+}
+
+// openSources is the number of source processes with a pidfd held.
+func (t *Transport) openSources() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.procs)
+}
+
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
+
+// Fetch checks the metadata against the targets and the source's guard
+// slot, and starts reading.
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	// Ref bytes are checksummed, not signed: read no process but the owner
+	// the control plane identified.
+	if int(m.Pid) != x.Source.Pid {
+		return nil, transport.Errorf(transport.ErrCorrupt,
+			"cma: the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
+			x.Object, m.Pid, x.Source, x.Source.Pid)
+	}
+	if len(m.Regions) != len(targets) {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	var total uint64
+	for i, r := range m.Regions {
+		if r.Size != targets[i].Nbytes {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+		}
+		total += r.Size
+	}
+	src, err := t.source(int(m.Pid), m.StartTime)
+	if err != nil {
+		return nil, err
+	}
+	req := &request{Completion: transport.NewCompletion(), t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token}
+	if err := req.checkSlot(x.Object, tmeta); err != nil {
+		req.Release()
+		return nil, err
+	}
+	if total <= syncLimit {
+		req.Finish(req.copyChecked(m.Regions, targets, 1))
+		return req, nil
+	}
+	go func() {
+		req.Finish(req.copyChecked(m.Regions, targets, t.workers))
+	}()
+	return req, nil
+}
+
+// Abort makes the workers stop at their next chunk.
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
+	if req, ok := r.(*request); ok {
+		req.aborted.Store(true)
+	}
+}
+
+// request is a fetch in progress: it completes when the copy ends
+// (Completed lets the engine skip a goroutine for copies done in Fetch).
+type request struct {
+	*transport.Completion
+	t         *Transport
+	pid       int
+	startTime uint64
+	src       *proc
+	guard     uint64 // address of the object's guard slot in the source
+	token     uint64
+	aborted   atomic.Bool
+	released  sync.Once
+}
+
+// Release lets go of the source's process descriptor.
+func (r *request) Release() { r.released.Do(func() { r.t.done(r.src) }) }
+
+// span is one piece of work: a byte range of one tensor.
+type span struct {
+	remote, local uintptr
+	n             uint64
+}
+
+// copyChecked copies, then makes sure the source lived through the copy:
+// bytes read after it exited could come from a process that reused its pid.
+func (r *request) copyChecked(regions []region, targets []transport.Tensor, workers int) error {
+	err := r.copyAll(regions, targets, workers)
+	if err != nil {
+		return err
+	}
+	if r.src.exited() {
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
+	}
+	return r.checkGuard()
+}
+
+// checkSlot runs before the copy: the metadata's guard slot must lie in one
+// of the source's guard mappings and hold the metadata's token and digest,
+// which only the owner's own extraction of this object wrote there. Addresses
+// in ref bytes are thus never read unless the owner put them.
+func (r *request) checkSlot(obj transport.ObjectID, tmeta []byte) error {
+	ok, err := r.src.isGuard(r.pid, r.guard)
+	if err != nil {
+		if alive := checkAlive(r.pid, r.startTime); alive != nil {
+			return alive
+		}
+		return transport.Errorf(transport.ErrPermissionDenied, "cma: cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
+	}
+	if !ok {
+		return transport.Errorf(transport.ErrCorrupt,
+			"cma: the metadata of object %s names no guard slot of its owner (process %d): refusing to read addresses the owner did not put", obj, r.pid)
+	}
+	var b [slotRead]byte
+	if err := r.readRemote(b[:], r.guard); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint64(b[:8]) != r.token {
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
+	}
+	if want := metaDigest(obj, tmeta); !bytes.Equal(b[8:], want[:]) {
+		return transport.Errorf(transport.ErrCorrupt,
+			"cma: the metadata of object %s is not what its owner (process %d) made for it: refusing to read addresses the owner did not put", obj, r.pid)
+	}
+	return nil
+}
+
+// readRemote reads len(b) bytes at addr in the source.
+func (r *request) readRemote(b []byte, addr uint64) error {
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(len(b))
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+	for {
+		n, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return r.explain(err)
+		}
+		if n != len(b) {
+			return r.explain(unix.EFAULT)
+		}
+		return nil
+	}
+}
+
+// isGuard reports whether the slot at addr lies in one of the process's
+// guard mappings. The mappings seen are kept; an address outside them
+// reads /proc/<pid>/maps again (a new chunk of slots).
+func (p *proc) isGuard(pid int, addr uint64) (bool, error) {
+	p.guardMu.Lock()
+	defer p.guardMu.Unlock()
+	inside := func() bool {
+		for _, g := range p.guards {
+			if addr >= g.start && addr+slotSize <= g.end {
+				return true
+			}
+		}
+		return false
+	}
+	if inside() {
+		return true, nil
+	}
+	guards, err := guardMappings(pid)
+	if err != nil {
+		return false, err
+	}
+	p.guards = guards
+	return inside(), nil
+}
+
+// maxGuardMappings bounds what is kept of one process's map: 64 Mi objects.
+const maxGuardMappings = 1 << 16
+
+// guardMappings lists the guard mappings in /proc/<pid>/maps, whose lines
+// read "start-end perms offset dev inode path"; a memfd's path is
+// "/memfd:<name> (deleted)".
+func guardMappings(pid int) ([]addrRange, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/maps")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	const suffix = " /memfd:" + guardName + " (deleted)"
+	var out []addrRange
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() && len(out) < maxGuardMappings {
+		line := sc.Text()
+		if !strings.HasSuffix(line, suffix) {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 6 || !strings.HasPrefix(fields[1], "rw") {
+			continue
+		}
+		lo, hi, ok := strings.Cut(fields[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 == nil && err2 == nil && start < end {
+			out = append(out, addrRange{start, end})
+		}
+	}
+	return out, sc.Err()
+}
+
+// checkGuard reads the object's guard word after the copy: if it no longer
+// holds the token, the source freed the object (its runtime was destroyed)
+// and the bytes may be someone else's.
+func (r *request) checkGuard() error {
+	var b [8]byte
+	if err := r.readRemote(b[:], r.guard); err != nil {
+		if alive := checkAlive(r.pid, r.startTime); alive != nil {
+			return alive
+		}
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
+	}
+	if binary.LittleEndian.Uint64(b[:]) != r.token {
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
+	}
+	return nil
+}
+
+// copyAll reads every region into its target. Large tensors are cut into
+// spans shared by up to `workers` goroutines.
+func (r *request) copyAll(regions []region, targets []transport.Tensor, workers int) error {
+	var spans []span
+	for i, reg := range regions {
+		if reg.Size == 0 {
+			continue
+		}
+		parts := uint64(1)
+		if reg.Size >= parallelMin && workers > 1 {
+			parts = uint64(workers)
+		}
+		per := (reg.Size + parts - 1) / parts
+		per = (per + 4095) &^ 4095 // page-aligned pieces
+		for off := uint64(0); off < reg.Size; off += per {
+			n := min(per, reg.Size-off)
+			spans = append(spans, span{remote: uintptr(reg.Addr + off), local: targets[i].Data + uintptr(off), n: n})
+		}
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	if workers <= 1 || len(spans) == 1 {
+		for _, s := range spans {
+			if err := r.read(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var (
+		next     atomic.Int64
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for w := 0; w < min(workers, len(spans)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(spans) {
+					return
+				}
+				if err := r.read(spans[i]); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					r.aborted.Store(true) // stop the other workers
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// read copies one span in chunks, checking for an abort between them.
+func (r *request) read(s span) error {
+	for done := uint64(0); done < s.n; {
+		if r.aborted.Load() {
+			return transport.Errorf(transport.ErrAborted, "cma: transfer aborted")
+		}
+		n := min(uint64(chunkSize), s.n-done)
+		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(s.local + uintptr(done)))}}
+		local[0].SetLen(int(n))
+		remote := []unix.RemoteIovec{{Base: s.remote + uintptr(done), Len: int(n)}}
+		got, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return r.explain(err)
+		}
+		if got <= 0 {
+			// The source's mapping ended early: it is exiting or unmapped.
+			return r.explain(unix.EFAULT)
+		}
+		done += uint64(got)
+	}
+	return nil
+}
+
+// explain turns an errno into an error that says what happened and what to
+// do about it.
+func (r *request) explain(err error) error {
+	switch {
+	case errors.Is(err, unix.EPERM):
+		return transport.Errorf(transport.ErrPermissionDenied,
+			"cma: process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
+			r.pid, yamaDescription())
+	case errors.Is(err, unix.ENOSYS):
+		return transport.Errorf(transport.ErrUnsupported, "cma: process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
+	case errors.Is(err, unix.ESRCH):
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", r.pid)
+	}
+	if alive := checkAlive(r.pid, r.startTime); alive != nil {
+		return alive
+	}
+	return transport.Errorf(transport.ErrInternal, "cma: reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
+}
+
+// checkAlive guards against a dead source and a recycled pid.
+func checkAlive(pid int, startTime uint64) error {
+	st, err := processStartTime(pid)
+	if err != nil {
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+	}
+	if st != startTime {
+		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone (its pid now belongs to another process)", pid)
+	}
+	return nil
+}

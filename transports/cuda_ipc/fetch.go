@@ -1,0 +1,416 @@
+package cudaipc
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
+
+// stream picks one of dev's streams, creating them on first use.
+func (t *Transport) stream(dev int) (*cuda.Stream, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, transport.Errorf(transport.ErrClosed, "cuda_ipc: the transport is closed")
+	}
+	ss := t.streams[dev]
+	if ss == nil {
+		ss = &streamSet{}
+		for i := 0; i < streamsPerDevice; i++ {
+			s, err := cuda.NewStream(dev)
+			if err != nil {
+				for _, s := range ss.s {
+					_ = s.Destroy()
+				}
+				return nil, cuda.CoreError(err)
+			}
+			ss.s = append(ss.s, s)
+		}
+		t.streams[dev] = ss
+	}
+	return ss.s[int(ss.next.Add(1))%len(ss.s)], nil
+}
+
+func (t *Transport) event(dev int) (*cuda.Event, error) {
+	t.mu.Lock()
+	if evs := t.events[dev]; len(evs) > 0 {
+		e := evs[len(evs)-1]
+		t.events[dev] = evs[:len(evs)-1]
+		t.mu.Unlock()
+		return e, nil
+	}
+	t.mu.Unlock()
+	e, err := cuda.NewEvent(dev)
+	return e, cuda.CoreError(err)
+}
+
+func (t *Transport) putEvent(dev int, e *cuda.Event) {
+	t.mu.Lock()
+	if !t.closed && len(t.events[dev]) < 64 {
+		t.events[dev] = append(t.events[dev], e)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	_ = e.Destroy()
+}
+
+// devicePair groups the copies that go from one source device to one
+// target device: one enqueue, one event.
+type devicePair struct{ dst, src int }
+
+// Fetch checks the metadata against the targets, maps the source
+// allocations (or finds them in the cache) and enqueues the copies.
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	if err := t.checkOpen(); err != nil {
+		return nil, err
+	}
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Tensors) != len(targets) {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+	}
+	for i, tr := range m.Tensors {
+		if tr.Nbytes != targets[i].Nbytes {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+		}
+		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+		}
+		if tr.Nbytes > 0 {
+			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
+				return nil, err
+			}
+		}
+	}
+	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
+	req := &request{t: t, aborted: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			req.drain()
+		}
+	}()
+
+	// Where each source allocation is readable in this process.
+	srcDev := make([]int, len(m.Allocs))
+	srcBase := make([]cuda.Ptr, len(m.Allocs))
+	used := make([]bool, len(m.Allocs))
+	for _, tr := range m.Tensors {
+		if tr.Alloc != noAlloc {
+			used[tr.Alloc] = true
+		}
+	}
+	for i, a := range m.Allocs {
+		if !used[i] {
+			continue
+		}
+		dev, found, err := cuda.DeviceByUUID(a.Device)
+		if err != nil {
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+		}
+		if !found {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+		}
+		srcDev[i] = dev
+		if sameProcess {
+			srcBase[i] = a.Base // the source's addresses are ours
+			continue
+		}
+		if !processAlive(int(m.Pid)) {
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone", m.Pid)
+		}
+		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
+		if err != nil {
+			if !processAlive(int(m.Pid)) {
+				return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone (%v)", m.Pid, err)
+			}
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+		}
+		req.entries = append(req.entries, e)
+		srcBase[i] = e.ptr
+	}
+
+	groups := map[devicePair][]cuda.Copy{}
+	groupTargets := map[devicePair][]int{}
+	var order []devicePair
+	for i, tr := range m.Tensors {
+		if tr.Nbytes == 0 {
+			continue
+		}
+		p := devicePair{dst: int(targets[i].Device.ID), src: srcDev[tr.Alloc]}
+		if p.dst != p.src {
+			can, err := cuda.CanAccessPeer(p.dst, p.src)
+			if err != nil {
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+			}
+			if !can {
+				return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
+			}
+		}
+		if _, ok := groups[p]; !ok {
+			order = append(order, p)
+		}
+		groups[p] = append(groups[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: srcBase[tr.Alloc] + tr.Offset, N: tr.Nbytes})
+		groupTargets[p] = append(groupTargets[p], i)
+	}
+	for _, p := range order {
+		s, err := t.stream(p.dst)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := t.event(p.dst)
+		if err != nil {
+			return nil, err
+		}
+		n, err := cuda.CopyAsync(p.dst, p.src, s, groups[p], ev)
+		if err != nil {
+			if n > 0 {
+				// Some copies were enqueued: let them finish before the
+				// targets are handed back.
+				_ = s.Synchronize()
+			}
+			t.putEvent(p.dst, ev)
+			if terr := checkTargets(targets, groupTargets[p]); terr != nil {
+				return nil, terr
+			}
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
+		}
+		req.events = append(req.events, ev)
+	}
+	ok = true
+	return req, nil
+}
+
+// checkTargets explains a copy the driver refused when one of the CUDA
+// targets idx is not what it says: memory CUDA does not know (host memory
+// described as CUDA), or memory of another device. It asks only after a
+// failure, so that fetches pay nothing for it; nil when the targets look
+// right.
+func checkTargets(targets []transport.Tensor, idx []int) error {
+	for _, i := range idx {
+		x := targets[i]
+		if x.Device.Type != transport.DeviceCUDA || x.Nbytes == 0 {
+			continue
+		}
+		info, err := cuda.GetPointerInfo(int(x.Device.ID), cuda.Ptr(x.Data))
+		switch {
+		case err != nil:
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
+		case info.MemoryType != cuda.MemoryDevice:
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
+		case info.Device != int(x.Device.ID):
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+		}
+	}
+	return nil
+}
+
+func describeTargets(targets []transport.Tensor) string {
+	seen := map[transport.Device]bool{}
+	s := ""
+	for _, x := range targets {
+		if seen[x.Device] {
+			continue
+		}
+		seen[x.Device] = true
+		if s != "" {
+			s += ", "
+		}
+		s += x.Device.String()
+		if x.Device.Type == transport.DeviceCUDA {
+			if u, err := cuda.DeviceUUID(int(x.Device.ID)); err == nil {
+				s += " (" + u.String() + ")"
+			}
+		}
+	}
+	return s
+}
+
+// Abort makes Wait return ErrAborted at once. Copies already enqueued on a
+// stream cannot be cancelled: Release waits for them, so nothing writes
+// into the targets once the engine has released the request.
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
+	if req, ok := r.(*request); ok {
+		req.abort()
+	}
+}
+
+// CopyLocal copies tensors within this process (a runtime fetching its own
+// CUDA object), synchronously.
+func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
+	if len(dst) != len(src) {
+		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %d targets for %d tensors", len(dst), len(src))
+	}
+	req := &request{t: t, aborted: make(chan struct{})}
+	defer req.Release()
+	for i := range src {
+		if src[i].Nbytes != dst[i].Nbytes {
+			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
+		}
+		if src[i].Nbytes == 0 {
+			continue
+		}
+		for _, side := range []struct {
+			what string
+			x    transport.Tensor
+		}{{"tensor", src[i]}, {"target", dst[i]}} {
+			if side.x.Device.Type == transport.DeviceCUDA {
+				if err := t.checkDevice(side.what, i, side.x.Device); err != nil {
+					return err
+				}
+			}
+		}
+		// Device to device on one device or between two; anything with host
+		// memory on one side goes through cuMemcpyAsync's unified addressing.
+		dev, from := int(dst[i].Device.ID), int(src[i].Device.ID)
+		switch {
+		case dst[i].Device.Type != transport.DeviceCUDA:
+			dev, from = from, -1
+		case src[i].Device.Type != transport.DeviceCUDA:
+			from = -1
+		case dev != from:
+			can, err := cuda.CanAccessPeer(dev, from)
+			if err != nil {
+				return cuda.CoreError(err)
+			}
+			if !can {
+				from = -1 // unified addressing stages the copy itself
+			}
+		}
+		s, err := t.stream(dev)
+		if err != nil {
+			return err
+		}
+		ev, err := t.event(dev)
+		if err != nil {
+			return err
+		}
+		n, err := cuda.CopyAsync(dev, from, s, []cuda.Copy{{Dst: cuda.Ptr(dst[i].Data), Src: cuda.Ptr(src[i].Data), N: src[i].Nbytes}}, ev)
+		if err != nil {
+			if n > 0 {
+				_ = s.Synchronize()
+			}
+			t.putEvent(dev, ev)
+			if terr := checkTargets(dst, []int{i}); terr != nil {
+				return terr
+			}
+			return transport.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
+		}
+		req.events = append(req.events, ev)
+	}
+	return req.Wait()
+}
+
+// event is what a request polls; *cuda.Event in production.
+type event interface {
+	Query() (bool, error)
+}
+
+// request is one fetch in flight: an event per device pair, recorded after
+// the copies, and the cache entries the copies read from.
+type request struct {
+	t       *Transport
+	events  []*cuda.Event
+	entries []*entry
+
+	abortOnce sync.Once
+	aborted   chan struct{}
+	released  bool
+}
+
+func (r *request) abort() { r.abortOnce.Do(func() { close(r.aborted) }) }
+
+func (r *request) evs() []event {
+	out := make([]event, len(r.events))
+	for i, e := range r.events {
+		out[i] = e
+	}
+	return out
+}
+
+// Completed reports, without blocking, whether every copy is done.
+func (r *request) Completed() bool {
+	done, err := allDone(r.evs())
+	return done || err != nil
+}
+
+// Wait polls the events until the copies are done, an error occurs, or the
+// request is aborted.
+func (r *request) Wait() error {
+	return waitEvents(r.evs(), r.aborted)
+}
+
+// Release waits until the copies can no longer write into the targets (an
+// aborted request's copies run to the end), then returns the events and the
+// cached mappings.
+func (r *request) Release() {
+	if r.released {
+		return
+	}
+	r.released = true
+	r.drain()
+}
+
+func (r *request) drain() {
+	if err := waitEvents(r.evs(), nil); err != nil {
+		r.t.h.Log().Warnf("cuda_ipc: waiting for a copy to end: %v", err)
+	}
+	for _, e := range r.events {
+		r.t.putEvent(e.Device(), e)
+	}
+	r.events = nil
+	for _, e := range r.entries {
+		r.t.cache.release(e)
+	}
+	r.entries = nil
+}
+
+func allDone(evs []event) (bool, error) {
+	for _, e := range evs {
+		done, err := e.Query()
+		if err != nil {
+			return false, err
+		}
+		if !done {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// waitEvents polls: a few quick checks for small copies that finish in
+// microseconds, then sleeps that grow to a millisecond. A closed abort
+// channel ends the wait with ErrAborted.
+func waitEvents(evs []event, aborted <-chan struct{}) error {
+	sleep := 10 * time.Microsecond
+	for i := 0; ; i++ {
+		done, err := allDone(evs)
+		if err != nil {
+			return cuda.CoreError(fmt.Errorf("cuda_ipc: %w", err))
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-aborted:
+			return transport.Errorf(transport.ErrAborted, "cuda_ipc: transfer aborted (the copy already enqueued finishes before the targets are released)")
+		default:
+		}
+		if i < 64 {
+			runtime.Gosched()
+			continue
+		}
+		time.Sleep(sleep)
+		sleep = min(2*sleep, time.Millisecond)
+	}
+}

@@ -1,0 +1,67 @@
+package cudaipc
+
+import (
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
+)
+
+// ExtractMetadata exports an IPC handle of every allocation holding the
+// tensors and records where in it each tensor lies.
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	m := metadata{Pid: uint32(t.pid), Token: procToken}
+	byBuffer := map[uint64]uint32{}
+	for i, x := range tensors {
+		if x.Device.Type != transport.DeviceCUDA {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		}
+		if x.Nbytes == 0 {
+			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
+			continue
+		}
+		if err := t.checkDevice("tensor", i, x.Device); err != nil {
+			return nil, err
+		}
+		dev := int(x.Device.ID)
+		info, err := cuda.GetPointerInfo(dev, cuda.Ptr(x.Data))
+		if err != nil {
+			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
+		}
+		if info.Managed {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
+		}
+		if info.MemoryType != cuda.MemoryDevice {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
+		}
+		if info.Device != dev {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+		}
+		if !info.LegacyIPC {
+			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
+		}
+		off := uint64(x.Data) - info.Base
+		if uint64(x.Data) < info.Base || off > info.Size || x.Nbytes > info.Size-off {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
+		}
+		idx, ok := byBuffer[info.BufferID]
+		if !ok {
+			h, err := cuda.IPCGetMemHandle(dev, info.Base)
+			if err != nil {
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d", i)
+			}
+			u, err := cuda.DeviceUUID(dev)
+			if err != nil {
+				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+			}
+			idx = uint32(len(m.Allocs))
+			byBuffer[info.BufferID] = idx
+			m.Allocs = append(m.Allocs, allocation{Handle: h, BufferID: info.BufferID, Base: info.Base, Size: info.Size, Device: u})
+		}
+		m.Tensors = append(m.Tensors, tensorRef{Alloc: idx, Offset: off, Nbytes: x.Nbytes})
+	}
+	return m.encode(), nil
+}
+
+// GarbageCollect has nothing to undo: an exported handle holds no resource
+// in the source, and receivers' mappings are closed by their caches.
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
+}

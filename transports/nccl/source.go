@@ -1,0 +1,47 @@
+package nccl
+
+import (
+	"fmt"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// ExtractMetadata checks that the tensors are device memory; NCCL needs
+// nothing from the source beforehand.
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	for i, x := range tensors {
+		if x.Device.Type != transport.DeviceCUDA {
+			return nil, transport.Errorf(transport.ErrUnsupported, "nccl moves CUDA device memory; tensor %d is on %s", i, x.Device)
+		}
+	}
+	return nil, nil
+}
+
+func (t *Transport) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
+
+// Send runs on the source: ncclSend of every tensor to the destination rank.
+func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, cm []byte) error {
+	o := t.register(x.TransferID)
+	defer t.unregister(x.TransferID)
+	m, err := decodeCMeta(cm)
+	if err != nil {
+		return err
+	}
+	g, err := t.lookup(m)
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("the send of object %s to rank %d", x.Object, m.Dst)
+	if m.Src != g.rank || g.roster.Members[m.Dst].Runtime != x.Destination.RuntimeID {
+		err := transport.Errorf(transport.ErrInvalidArgument, "nccl: the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
+			m.Src, m.Dst, m.Group, g.rank, g.roster.RankOf(x.Destination.RuntimeID))
+		g.destroy(transport.Wrap(err, "%s", what), true)
+		return g.deadErr()
+	}
+	bufs, err := g.buffers(tensors, "tensor")
+	if err != nil {
+		g.destroy(transport.Wrap(err, "%s", what), true)
+		return g.deadErr()
+	}
+	return g.run(o, true, m.Dst, m.Seq, bufs, what)
+}

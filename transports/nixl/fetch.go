@@ -1,0 +1,438 @@
+package nixl
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
+
+// remoteEntry finds or adds the cache entry of a source agent, evicting the
+// least recently used idle one beyond maxRemotes.
+func (t *Transport) remoteEntry(agent unsafe.Pointer, name string) *remote {
+	t.remMu.Lock()
+	defer t.remMu.Unlock()
+	t.useTick++
+	if r, ok := t.remotes[name]; ok {
+		r.lastUse = t.useTick
+		return r
+	}
+	r := &remote{name: name, lastUse: t.useTick}
+	t.remotes[name] = r
+	for len(t.remotes) > maxRemotes {
+		var old *remote
+		for _, c := range t.remotes {
+			if c != r && (old == nil || c.lastUse < old.lastUse) {
+				old = c
+			}
+		}
+		if old == nil || !t.evictLocked(agent, old) {
+			break // in use: try again on the next new agent
+		}
+	}
+	return r
+}
+
+// evictLocked forgets the cache entry r and the metadata loaded for it,
+// unless a transfer is using it (then it returns false). The caller holds
+// remMu.
+func (t *Transport) evictLocked(agent unsafe.Pointer, r *remote) bool {
+	if !r.mu.TryLock() {
+		return false
+	}
+	if r.valid {
+		t.invalidate(agent, r.name)
+	}
+	r.valid, r.evicted = false, true
+	delete(t.remotes, r.name)
+	r.mu.Unlock()
+	return true
+}
+
+func (t *Transport) invalidate(agent unsafe.Pointer, name string) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var call *C.char
+	// NOT_FOUND: NIXL already forgot it (it does so when a peer disconnects).
+	if st := C.rdtnx_invalidate(agent, cname, &call); st != C.RDTNX_SUCCESS && st != -6 {
+		t.h.Log().Debugf("%v", callError(transport.ErrTransport, "forgetting agent "+name, call, st))
+	}
+}
+
+func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
+	p := C.CBytes(blob)
+	defer C.free(p)
+	var name *C.char
+	var call *C.char
+	st := C.rdtnx_load_md(agent, p, C.size_t(len(blob)), &name, &call)
+	if st != C.RDTNX_SUCCESS {
+		return callError(transport.ErrTransport, "loading the source agent's metadata", call, st)
+	}
+	got := C.GoString(name)
+	C.rdtnx_free(unsafe.Pointer(name))
+	if got != want {
+		return transport.Errorf(transport.ErrCorrupt, "nixl: the metadata names agent %q, expected %q", got, want)
+	}
+	return nil
+}
+
+// acquire makes the source agent's memory of m addressable and returns its
+// entry held shared (release with mu.RUnlock once the transfer is over).
+func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) {
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		r := t.remoteEntry(agent, m.Agent)
+		r.mu.RLock()
+		if r.valid && !r.stale.Load() && r.epoch >= m.Epoch {
+			var err error
+			for _, b := range m.Blobs {
+				if err = loadMD(agent, b, m.Agent); err != nil {
+					break
+				}
+			}
+			if err == nil {
+				return r, nil
+			}
+			// Refused descriptors mean our view of the agent is out of date.
+			lastErr = err
+			r.stale.Store(true)
+			r.mu.RUnlock()
+			continue
+		}
+		r.mu.RUnlock()
+		r.mu.Lock()
+		if r.evicted {
+			r.mu.Unlock()
+			continue
+		}
+		if !(r.valid && !r.stale.Load() && r.epoch >= m.Epoch) {
+			if r.valid {
+				t.invalidate(agent, r.name)
+				r.valid = false
+			}
+			if err := loadMD(agent, m.Conn, m.Agent); err != nil {
+				r.mu.Unlock()
+				return nil, err
+			}
+			r.valid, r.epoch = true, m.Epoch
+			r.stale.Store(false)
+		}
+		r.mu.Unlock()
+	}
+	if lastErr == nil {
+		lastErr = transport.Errorf(transport.ErrTransport, "nixl: the source agent's metadata kept changing")
+	}
+	return nil, lastErr
+}
+
+// piece is a byte range of one tensor, read with one descriptor.
+type piece struct {
+	laddr, raddr, n uint64
+	ldev, rdev      uint32
+}
+
+// chunk is what one NIXL READ request moves: pieces of one pair of memory
+// types, chunkSize bytes at most (or one piece).
+type chunk struct {
+	local, remote uint8
+	pieces        []piece
+}
+
+// plan cuts the non-empty tensors into chunks.
+func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, error) {
+	var chunks []chunk
+	var local []regKey
+	var total uint64
+	var cur *chunk
+	var curBytes uint64
+	for i, g := range m.Regions {
+		if g.Size != targets[i].Nbytes {
+			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
+		}
+		mem, dev, err := memOf(targets[i].Device)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if g.Size == 0 {
+			continue
+		}
+		laddr := uint64(targets[i].Data)
+		local = append(local, regKey{mem: mem, addr: laddr, size: g.Size, dev: dev})
+		total += g.Size
+		for off := uint64(0); off < g.Size; {
+			n := min(g.Size-off, chunkSize)
+			if cur == nil || cur.local != mem || cur.remote != g.Mem || curBytes+n > chunkSize {
+				chunks = append(chunks, chunk{local: mem, remote: g.Mem})
+				cur, curBytes = &chunks[len(chunks)-1], 0
+			}
+			cur.pieces = append(cur.pieces, piece{laddr: laddr + off, raddr: g.Addr + off, n: n, ldev: dev, rdev: g.Dev})
+			curBytes += n
+			off += n
+		}
+	}
+	return chunks, local, total, nil
+}
+
+// Fetch registers the targets and posts READs from the source agent:
+// small transfers at once, larger ones chunk by chunk on a goroutine.
+func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Regions) != len(targets) {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	chunks, local, total, err := plan(m, targets)
+	if err != nil {
+		return nil, err
+	}
+	agent, err := t.ensureAgent()
+	if err != nil {
+		return nil, err
+	}
+	req := &request{t: t, agent: agent, started: time.Now(), chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	if len(chunks) == 0 {
+		close(req.postDone)
+		return req, nil
+	}
+	rem, err := t.acquire(agent, m)
+	if err != nil {
+		return nil, err
+	}
+	req.rem = rem
+	// Register the targets for this transfer, one list per memory type.
+	for _, mem := range []uint8{memDRAM, memVRAM} {
+		these := ofMemory(local, mem)
+		if len(these) == 0 {
+			continue
+		}
+		d, err := dlist(these)
+		if err == nil {
+			var call *C.char
+			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
+				C.rdtnx_dlist_free(d)
+				err = callError(transport.ErrTransport, "registering the targets", call, st)
+			}
+		}
+		if err != nil {
+			close(req.postDone)
+			req.Release()
+			return nil, err
+		}
+		req.locals = append(req.locals, d)
+	}
+	if total <= syncLimit {
+		req.post()
+		if req.postErr != nil {
+			err := req.postErr
+			req.Release()
+			return nil, err
+		}
+		return req, nil
+	}
+	go req.post()
+	return req, nil
+}
+
+// Abort makes Wait return ErrAborted at its next poll. The I/O itself
+// cannot be cancelled: Release waits for it.
+func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
+	if req, ok := r.(*request); ok {
+		req.aborted.Store(true)
+	}
+}
+
+type xfer struct {
+	q    unsafe.Pointer
+	done bool // the status left in-progress
+	st   C.int
+}
+
+type request struct {
+	t          *Transport
+	agent      unsafe.Pointer
+	rem        *remote
+	remoteName string
+	locals     []unsafe.Pointer // target registrations
+	chunks     []chunk
+	aborted    atomic.Bool
+	started    time.Time
+	once       sync.Once
+
+	mu       sync.Mutex
+	xfers    []*xfer // posted so far
+	postDone chan struct{}
+	postErr  error // set before postDone is closed
+	failed   bool
+}
+
+// post makes and posts one READ per chunk, stopping at an abort or an
+// error. It closes postDone when it stops.
+func (r *request) post() {
+	defer close(r.postDone)
+	cname := C.CString(r.remoteName)
+	defer C.free(unsafe.Pointer(cname))
+	for _, c := range r.chunks {
+		if r.aborted.Load() {
+			return
+		}
+		la, ra := newArrays(len(c.pieces)), newArrays(len(c.pieces))
+		for j, p := range c.pieces {
+			la.set(j, p.laddr, p.n, p.ldev)
+			ra.set(j, p.raddr, p.n, p.rdev)
+		}
+		var q unsafe.Pointer
+		var call *C.char
+		st := C.rdtnx_read(r.agent, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		la.free()
+		ra.free()
+		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			r.postErr = callError(transport.ErrTransport, "reading from agent "+r.remoteName, call, st)
+			return
+		}
+		r.mu.Lock()
+		r.xfers = append(r.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
+		r.mu.Unlock()
+	}
+}
+
+// poll checks every posted, unfinished NIXL request once, and reports
+// whether everything is done.
+func (r *request) poll() (bool, error) {
+	posted := false
+	select {
+	case <-r.postDone:
+		posted = true
+		if r.postErr != nil {
+			return true, r.postErr
+		}
+	default:
+	}
+	r.mu.Lock()
+	xs := r.xfers
+	r.mu.Unlock()
+	all := posted
+	for _, x := range xs {
+		if x.done {
+			continue
+		}
+		st := C.rdtnx_status(r.agent, x.q)
+		switch {
+		case st == C.RDTNX_IN_PROG:
+			all = false
+		case st == C.RDTNX_SUCCESS:
+			x.done = true
+		default:
+			x.done, x.st = true, st
+			r.mu.Lock()
+			r.failed = true
+			r.mu.Unlock()
+			return true, transport.Errorf(transport.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
+		}
+	}
+	return all, nil
+}
+
+// Completed lets the engine skip a goroutine for transfers done in Fetch.
+func (r *request) Completed() bool {
+	done, err := r.poll()
+	return done || err != nil
+}
+
+// Wait polls until every chunk was read, one failed, or the request was
+// aborted. It spins briefly, then sleeps with a growing interval.
+func (r *request) Wait() error {
+	for i := 0; ; i++ {
+		if r.aborted.Load() {
+			return transport.Errorf(transport.ErrAborted, "nixl: transfer aborted")
+		}
+		done, err := r.poll()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		pause(i)
+	}
+}
+
+func pause(i int) {
+	switch {
+	case i < 64:
+		runtime.Gosched()
+	case i < 256:
+		time.Sleep(20 * time.Microsecond)
+	default:
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// Release waits until NIXL no longer works on any read (an aborted one
+// included), then releases the requests and the target registrations.
+func (r *request) Release() { r.once.Do(r.cleanup) }
+
+func (r *request) cleanup() {
+	<-r.postDone // the poster may be inside a synchronous post
+	var call *C.char
+	for _, x := range r.xfers {
+		warned := false
+		for i := 0; !x.done; i++ {
+			st := C.rdtnx_status(r.agent, x.q)
+			if st != C.RDTNX_IN_PROG {
+				x.done, x.st = true, st
+				if st < 0 {
+					r.failed = true
+				}
+				break
+			}
+			if !warned && i > 0 && i%5000 == 0 {
+				warned = true
+				r.t.h.Log().Warnf("nixl: a read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.remoteName, time.Since(r.started).Round(time.Millisecond))
+			}
+			pause(i)
+		}
+		if st := C.rdtnx_release(r.agent, x.q, &call); st != C.RDTNX_SUCCESS {
+			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "releasing a request", call, st))
+		}
+	}
+	r.xfers = nil
+	for _, d := range r.locals {
+		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
+			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the targets", call, st))
+		}
+		C.rdtnx_dlist_free(d)
+	}
+	r.locals = nil
+	if r.rem != nil {
+		if r.failed {
+			r.rem.stale.Store(true) // NIXL may have dropped the agent
+		}
+		r.rem.mu.RUnlock()
+		r.rem = nil
+	}
+}
+
+const (
+	// chunkSize bounds one NIXL request. UCX's shared-memory transports
+	// copy inside the post call, so a request is only as abortable as it
+	// is small; between chunks the poster checks for an abort.
+	chunkSize = 16 << 20
+	// syncLimit: transfers up to this size are posted inside Fetch.
+	syncLimit = 256 << 10
+)

@@ -1,0 +1,291 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"golang.org/x/sys/unix"
+)
+
+// layout places tensors in a segment, each aligned.
+func layout(tensors []transport.Tensor) ([]region, uint64) {
+	regions := make([]region, len(tensors))
+	var off uint64
+	for i, x := range tensors {
+		off = (off + align - 1) &^ (align - 1)
+		regions[i] = region{Offset: off, Size: x.Nbytes}
+		off += x.Nbytes
+	}
+	return regions, off
+}
+
+// ExtractMetadata stages the object into a sealed memfd.
+func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	for _, x := range tensors {
+		if !x.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "shm moves host memory; tensor on %s", x.Device)
+		}
+	}
+	regions, size := layout(tensors)
+	path, err := t.listen()
+	if err != nil {
+		return nil, err
+	}
+	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
+	t.mu.Lock()
+	_, staged := t.segs[obj]
+	t.mu.Unlock()
+	if staged {
+		return m.encode(), nil
+	}
+	fd, err := stage(obj, tensors, regions, size)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		unix.Close(fd)
+		return nil, transport.Errorf(transport.ErrClosed, "shm transport is closed")
+	}
+	if _, ok := t.segs[obj]; ok { // staged meanwhile by another caller
+		unix.Close(fd)
+	} else {
+		t.segs[obj] = &segment{fd: fd, size: size}
+	}
+	return m.encode(), nil
+}
+
+// stage copies the tensors into a new memfd and seals it against any
+// change, so receivers can trust what they map.
+func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region, size uint64) (int, error) {
+	fd, err := unix.MemfdCreate("rdt-"+obj.String(), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		if exhausted := outOfResources("memfd_create", "this process", err); exhausted != nil {
+			return -1, exhausted
+		}
+		return -1, transport.Errorf(transport.ErrUnsupported, "shm: memfd_create: %v", err)
+	}
+	fail := func(what string, err error) (int, error) {
+		unix.Close(fd)
+		st := transport.ErrTransport
+		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
+			st = transport.ErrNoMemory
+		}
+		return -1, transport.Errorf(st, "shm: %s of a %d-byte segment: %v", what, size, err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail("ftruncate", err)
+	}
+	if size > 0 {
+		mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return fail("mmap", err)
+		}
+		for i, x := range tensors {
+			r := regions[i]
+			parallelCopy(mem[r.Offset:r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes), nil)
+		}
+		// F_SEAL_WRITE needs every writable mapping gone.
+		if err := unix.Munmap(mem); err != nil {
+			return fail("munmap", err)
+		}
+	}
+	seals := unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE | unix.F_SEAL_SEAL
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
+		return fail("sealing", err)
+	}
+	return fd, nil
+}
+
+// outOfResources names a failure of `who` ("this process", "the owner")
+// for lack of descriptors or memory, or is nil. Such a failure is a
+// process's state, not a sign that shm does not work here: it must reach
+// the caller as such, never as UNSUPPORTED (which would let an automatic
+// choice of transport move on without a word).
+func outOfResources(what, who string, err error) error {
+	switch {
+	case errors.Is(err, unix.EMFILE):
+		return transport.Errorf(transport.ErrTransport, "shm: %s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
+	case errors.Is(err, unix.ENFILE):
+		return transport.Errorf(transport.ErrTransport, "shm: %s: the system is out of file descriptors (%v)", what, err)
+	case errors.Is(err, unix.ENOMEM):
+		return transport.Errorf(transport.ErrNoMemory, "shm: %s: %s is out of memory (%v)", what, who, err)
+	}
+	return nil
+}
+
+// GarbageCollect drops the object's segment. Receivers that still map it
+// keep their mapping; the kernel frees the memory after the last one.
+func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {
+	t.mu.Lock()
+	s, ok := t.segs[obj]
+	delete(t.segs, obj)
+	t.mu.Unlock()
+	if ok {
+		unix.Close(s.fd)
+	}
+}
+
+func (t *Transport) listen() (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return "", transport.Errorf(transport.ErrClosed, "shm transport is closed")
+	}
+	if t.ln != nil {
+		return t.path, nil
+	}
+	var rnd [6]byte
+	if _, err := io.ReadFull(randReader{}, rnd[:]); err != nil {
+		return "", transport.Errorf(transport.ErrInternal, "shm: %v", err)
+	}
+	path := filepath.Join(t.h.SocketDir(), fmt.Sprintf("shm-%d-%x.sock", os.Getpid(), rnd))
+	if len(path) >= 108 {
+		return "", transport.Errorf(transport.ErrInvalidArgument, "shm: socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
+	}
+	removeStaleSockets(t.h.SocketDir())
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return "", transport.Errorf(transport.ErrTransport, "shm: cannot listen on %s: %v", path, err)
+	}
+	t.ln, t.path = ln, path
+	t.serving.Add(1)
+	go t.accept(ln)
+	return path, nil
+}
+
+// removeStaleSockets deletes the sockets of processes that died without
+// closing their transport (killed, say). The pid is in the name.
+func removeStaleSockets(dir string) {
+	names, _ := filepath.Glob(filepath.Join(dir, "shm-*-*.sock"))
+	for _, name := range names {
+		var pid int
+		var rest string
+		if n, _ := fmt.Sscanf(filepath.Base(name), "shm-%d-%s", &pid, &rest); n != 2 || pid <= 0 {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			os.Remove(name)
+		}
+	}
+}
+
+func (t *Transport) accept(ln *net.UnixListener) {
+	defer t.serving.Done()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.h.Log().Warnf("shm: accept: %v", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			continue
+		}
+		t.conns[c] = struct{}{}
+		t.serving.Add(1)
+		t.mu.Unlock()
+		go func() {
+			defer t.serving.Done()
+			t.serve(c)
+			t.mu.Lock()
+			delete(t.conns, c)
+			t.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+// serve answers a connection's requests for segment descriptors, one
+// after the other, until the receiver closes it or leaves it idle.
+func (t *Transport) serve(c *net.UnixConn) {
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	if err := checkSameUser(c); err != nil {
+		t.h.Log().Warnf("%v", err)
+		c.Write(encodeReply(transport.ErrPermissionDenied, err.Error(), 0))
+		return
+	}
+	buf := make([]byte, requestLen)
+	for {
+		c.SetDeadline(time.Now().Add(idleTimeout))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return
+		}
+		c.SetDeadline(time.Now().Add(ioTimeout))
+		if !t.answer(c, buf) {
+			return
+		}
+	}
+}
+
+// answer replies to one request; false ends the connection (a request it
+// cannot parse, or a failed write).
+func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
+	obj, err := decodeRequest(req)
+	if err != nil {
+		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0))
+		return false
+	}
+	t.mu.Lock()
+	s, ok := t.segs[obj]
+	fd := -1
+	if ok {
+		// A duplicate: GarbageCollect may close the original meanwhile.
+		fd, err = unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+	}
+	t.mu.Unlock()
+	if !ok {
+		_, err := c.Write(encodeReply(transport.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		return err == nil
+	}
+	if err != nil {
+		reply := outOfResources("handing out the segment", "the owner", err)
+		if reply == nil {
+			reply = transport.Errorf(transport.ErrTransport, "shm: dup: %v", err)
+		}
+		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0))
+		return err == nil
+	}
+	defer unix.Close(fd)
+	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size), unix.UnixRights(fd), nil)
+	return err == nil
+}
+
+func checkSameUser(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return transport.Errorf(transport.ErrPermissionDenied, "shm: cannot identify the peer: %v", cerr)
+	}
+	if int(cred.Uid) != os.Getuid() {
+		return transport.Errorf(transport.ErrPermissionDenied, "shm: refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
+	}
+	return nil
+}
+
+// randReader reads the kernel's random bytes.
+type randReader struct{}
+
+func (randReader) Read(b []byte) (int, error) { return unix.Getrandom(b, 0) }

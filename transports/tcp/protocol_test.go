@@ -1,0 +1,64 @@
+package tcp
+
+import (
+	"bytes"
+	"math/bits"
+	"testing"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRequestFrameRoundTrip(t *testing.T) {
+	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk}
+	b := r.encode(nil)
+	require.Len(t, b, requestLen)
+	got, err := decodeRequest(b)
+	require.NoError(t, err)
+	assert.Equal(t, r, got)
+	// Ranges are the server's to check (the connection stays usable); a
+	// frame that is not one closes it.
+	b[24] = 1
+	_, err = decodeRequest(b)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
+	_, err = decodeRequest(b[:requestLen-1])
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
+}
+
+// FuzzDecodeRequest runs the server's handling of a request frame, short
+// of the memory: decode, then the range check against a two-tensor object.
+// Whatever it accepts must lie inside the tensor.
+func FuzzDecodeRequest(f *testing.F) {
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0}).encode(nil))
+	f.Add(make([]byte, requestLen))
+	tensors := []transport.Tensor{
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1000}},
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 0}},
+		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1 << 62}},
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := decodeRequest(b)
+		if err != nil {
+			if transport.StatusOf(err) != transport.ErrInvalidArgument {
+				t.Fatalf("unexpected status for %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(r.encode(nil), b) {
+			t.Fatalf("re-encoding differs")
+		}
+		src, st, msg := checkRange(r, tensors)
+		if st != transport.OK {
+			if msg == "" || st != transport.ErrInvalidArgument {
+				t.Fatalf("refusal %v without a clear message: %q", st, msg)
+			}
+			return
+		}
+		end, carry := bits.Add64(r.Offset, r.Length, 0)
+		if carry != 0 || end > src.Nbytes || r.Length > maxChunk {
+			t.Fatalf("accepted %+v outside a %d-byte tensor", r, src.Nbytes)
+		}
+	})
+}

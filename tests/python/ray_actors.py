@@ -220,6 +220,14 @@ class AsyncWorker:
         await asyncio.sleep(delay)
         return summary(value)
 
+    async def consume_later(self, refs, delay=0.0):
+        """Waits, then reads the RDT ref it was handed inside a list, with
+        ray.get on the event loop's executor."""
+        import asyncio
+        await asyncio.sleep(delay)
+        value = await asyncio.get_running_loop().run_in_executor(None, ray.get, refs[0])
+        return summary(value)
+
     async def await_ref(self, refs):
         return summary(await refs[0])
 

@@ -451,9 +451,15 @@ def test_async_actor(sources):
     a = fresh(AsyncWorker)
     ref = src.make.remote("500x500", 4)
     assert ray.get(a.consume.remote(ref)) == summary(make_value("500x500", 4))
+    # 100 tasks in flight at once, each reading its object after a random
+    # delay, so out of order. The refs travel inside a list: many RDT
+    # *arguments* in flight on one async actor can stall for Ray's fetch
+    # timeout in Ray 2.60 whatever the transport (a transport that carries
+    # the bytes in its metadata stalls too; docs/ray.md, "Differences").
     refs = [src.make.remote("small", i) for i in range(100)]
+    ray.wait(refs, num_returns=len(refs), timeout=60, fetch_local=False)  # a ref is borrowed once made
     rng = np.random.default_rng(0)
-    outs = [a.consume.remote(r, float(rng.uniform(0, 0.05))) for r in refs]
+    outs = [a.consume_later.remote([r], float(rng.uniform(0, 0.05))) for r in refs]
     assert ray.get(outs, timeout=120) == [summary(make_value("small", i)) for i in range(100)]
     del refs, outs
     # A ref the actor holds: ray.get on the loop's executor works ...

@@ -82,11 +82,14 @@ def test_small_get_into_out_times_out_and_recovers(child):
     c.stop()
 
 
-def test_timeout_with_a_transport_that_cannot_abort(child):
+def test_timeout_with_a_transport_that_cannot_abort(child, request):
     # Without out=, get returns at the deadline and the transfer finishes
     # in the background into buffers nobody sees; with out=, get returns
     # only once nothing writes into the caller's buffers.
     rdt.register_tensor_transport("slow", ["cpu"], tt.Slow)
+    # Runtimes that later tests make must not inherit it (they register
+    # their own "slow").
+    request.addfinalizer(lambda: rdt._process.PROCESS.remove_transport("slow"))
     c = child(workers.serve, ["slow"], "small", [("slow", "transports_for_tests", "Slow")])
     (ref,) = pickle.loads(c.recv()["slow"])
     rt = rdt.default_runtime()

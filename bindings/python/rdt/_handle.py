@@ -30,7 +30,7 @@ class Handle:
     def _handle(self) -> int:
         p = self._ptr
         if p is None:
-            raise ClosedError(f"{type(self).__name__} is closed", -14)
+            raise ClosedError(f"{type(self).__name__} is closed", ClosedError.status)
         return p
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ class Process:
         key = name.lower()
         with self.lock:
             if key in self.transports:
-                raise AlreadyExistsError(f"a transport named {name!r} is already registered in this process", -3)
+                raise AlreadyExistsError(f"a transport named {name!r} is already registered in this process", AlreadyExistsError.status)
             self.transports[key] = entry
 
     def remove_transport(self, name: str) -> None:

@@ -124,7 +124,9 @@ def _floor_transport():
                     for b, (shape, dtype) in zip(meta.payload, meta.tensor_meta)]
 
         def send_multiple_tensors(self, tensors, meta, communicator_metadata):
-            raise NotImplementedError("one-sided")
+            # Ray's interface requires it; Ray calls it only for two-sided
+            # transports, and this one is one-sided.
+            raise NotImplementedError("the floor transport is one-sided: Ray never calls send")
 
         def garbage_collect(self, obj_id, meta, tensors):
             pass

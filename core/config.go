@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,7 +24,9 @@ type Variable struct {
 	// C environment that the libraries themselves read).
 	Where string
 	// apply checks a set, non-empty value (or any set value, with
-	// keepEmpty) and stores it; nil for variables read by a loader.
+	// keepEmpty) and stores it; its error says what is wanted, and
+	// ReadEnvironment names the variable. nil for variables read by a
+	// loader.
 	apply     func(value string, env *Environment) error
 	keepEmpty bool
 }
@@ -45,7 +48,7 @@ var Variables = []Variable{
 		apply: func(v string, env *Environment) error {
 			l, ok := transport.ParseLogLevel(v)
 			if !ok {
-				return badValue("RDT_LOG", v, "want off, error, warn, info or debug")
+				return errors.New("want off, error, warn, info or debug")
 			}
 			env.LogLevel = l
 			return nil
@@ -63,7 +66,7 @@ var Variables = []Variable{
 		Bounds:  "an absolute path",
 		apply: func(v string, env *Environment) error {
 			if !filepath.IsAbs(v) {
-				return badValue("XDG_RUNTIME_DIR", v, "want an absolute path")
+				return errors.New("want an absolute path")
 			}
 			env.RuntimeDir = v
 			return nil
@@ -72,14 +75,14 @@ var Variables = []Variable{
 		Meaning: "connections one large tcp fetch is split over",
 		Bounds:  "1 to " + strconv.Itoa(transport.MaxTCPStreams),
 		apply: func(v string, env *Environment) (err error) {
-			env.Settings.TCPStreams, err = intIn("RDT_TCP_STREAMS", v, 1, transport.MaxTCPStreams)
+			env.Settings.TCPStreams, err = intIn(v, 1, transport.MaxTCPStreams)
 			return err
 		}},
 	{Name: "RDT_CMA_WORKERS", Type: "integer", Default: strconv.Itoa(transport.DefaultCMAWorkers), Where: "runtime",
 		Meaning: "threads one cma fetch copies with",
 		Bounds:  "1 to " + strconv.Itoa(transport.MaxCMAWorkers),
 		apply: func(v string, env *Environment) (err error) {
-			env.Settings.CMAWorkers, err = intIn("RDT_CMA_WORKERS", v, 1, transport.MaxCMAWorkers)
+			env.Settings.CMAWorkers, err = intIn(v, 1, transport.MaxCMAWorkers)
 			return err
 		}},
 	{Name: "RDT_CMA_SET_PTRACER", Type: "0 or 1", Default: "1", Where: "runtime",
@@ -92,7 +95,7 @@ var Variables = []Variable{
 			case "1":
 				env.Settings.CMASetPtracer = true
 			default:
-				return badValue("RDT_CMA_SET_PTRACER", v, "want 0 or 1")
+				return errors.New("want 0 or 1")
 			}
 			return nil
 		}},
@@ -100,7 +103,7 @@ var Variables = []Variable{
 		Meaning: "opened CUDA IPC handles cuda_ipc keeps per process",
 		Bounds:  "0 to " + strconv.Itoa(transport.MaxCUDAIPCCache),
 		apply: func(v string, env *Environment) (err error) {
-			env.Settings.CUDAIPCCache, err = intIn("RDT_CUDA_IPC_CACHE", v, 0, transport.MaxCUDAIPCCache)
+			env.Settings.CUDAIPCCache, err = intIn(v, 0, transport.MaxCUDAIPCCache)
 			return err
 		}},
 	{Name: "CUDA_VISIBLE_DEVICES", Type: "device list", Default: "unset (every device)", Where: "runtime",
@@ -134,7 +137,8 @@ func ReadEnvironment(lookup func(name string) (string, bool)) (Environment, erro
 			continue
 		}
 		if err := v.apply(value, &env); err != nil {
-			return Environment{}, err
+			return Environment{}, transport.Errorf(transport.ErrInvalidArgument,
+				"environment variable %s=%q: %v", v.Name, value, err)
 		}
 	}
 	return env, nil
@@ -142,14 +146,10 @@ func ReadEnvironment(lookup func(name string) (string, bool)) (Environment, erro
 
 func readProcessEnvironment() (Environment, error) { return ReadEnvironment(os.LookupEnv) }
 
-func badValue(name, value, want string) error {
-	return transport.Errorf(transport.ErrInvalidArgument, "environment variable %s=%q: %s", name, value, want)
-}
-
-func intIn(name, value string, lo, hi int) (int, error) {
+func intIn(value string, lo, hi int) (int, error) {
 	n, err := strconv.Atoi(value)
 	if err != nil || n < lo || n > hi {
-		return 0, badValue(name, value, "want an integer from "+strconv.Itoa(lo)+" to "+strconv.Itoa(hi))
+		return 0, errors.New("want an integer from " + strconv.Itoa(lo) + " to " + strconv.Itoa(hi))
 	}
 	return n, nil
 }

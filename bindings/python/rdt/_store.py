@@ -148,23 +148,17 @@ class Store:
 
     def start_thread(self, target: Callable[..., None], args: Tuple[Any, ...], name: str) -> threading.Thread:
         """Runs target(*args) on a daemon thread that join_threads waits for."""
-        t = threading.Thread(target=self._run, args=(target, args), name=name, daemon=True)
-        with self.lock:
+        t = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self.lock:  # started under the lock, so that no prune sees it not yet alive
+            self._threads = {x for x in self._threads if x.is_alive()}
             self._threads.add(t)
-        t.start()
+            t.start()
         return t
-
-    def _run(self, target: Callable[..., None], args: Tuple[Any, ...]) -> None:
-        try:
-            target(*args)
-        finally:
-            del args  # what the thread held goes before it counts as done
-            with self.lock:
-                self._threads.discard(threading.current_thread())
 
     def join_threads(self, timeout: float) -> None:
         """Waits up to timeout seconds for this store's threads (but the
-        calling one) to finish."""
+        calling one) to end; a thread ends only after it let go of what its
+        target and arguments held."""
         deadline = time.monotonic() + timeout
         me = threading.current_thread()
         with self.lock:

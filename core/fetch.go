@@ -497,7 +497,7 @@ func (tr *transfer) beginWith(name string) error {
 	}
 	for i, tg := range tr.targets {
 		if !e.desc.Moves(tg.Device.Type) {
-			return transport.Errorf(transport.ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
+			return transport.Errorf(transport.ErrUnsupported, "transport %s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
 		}
 	}
 	peerInfo := tr.peer.Info()
@@ -515,15 +515,15 @@ func (tr *transfer) beginWith(name string) error {
 			for i, a := range peerInfo.Transports {
 				have[i] = a.Name
 			}
-			return transport.Errorf(transport.ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
+			return transport.Errorf(transport.ErrUnsupported, "transport %s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
 		}
 	}
 	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
-		return transport.Errorf(transport.ErrUnsupported, "%s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
+		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
 	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
 	if err != nil {
-		return transport.Wrap(err, "%s metadata", name)
+		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
 	}
 	select {
 	case <-tr.f.abortCh:
@@ -539,7 +539,7 @@ func (tr *transfer) beginWith(name string) error {
 	}
 	cmeta, err := t.CommunicatorMetadata(x)
 	if err != nil {
-		return transport.Wrap(err, "transport %s communicator metadata", name)
+		return transportError(name, transport.Wrap(err, "communicator metadata"))
 	}
 	if e.sender != nil {
 		sctx, cancel := context.WithCancel(rt.ctx)
@@ -554,7 +554,7 @@ func (tr *transfer) beginWith(name string) error {
 			tr.sendCancel() // the source's send is aborted; no need to wait for it
 			tr.sendCancel, tr.sendDone = nil, nil
 		}
-		return transport.Wrap(err, "transport %s", name)
+		return transportError(name, err)
 	}
 	tr.entry, tr.x, tr.req = e, x, req
 	return nil
@@ -628,13 +628,13 @@ func (tr *transfer) run() error {
 				return nil
 			}
 			if cause == nil {
-				cause = transport.Wrap(err, "transport %s", tr.entry.desc.Name)
+				cause = transportError(tr.entry.desc.Name, err)
 			}
 		case err := <-sendDone:
 			sendDone = nil
 			if err != nil {
 				if cause == nil {
-					cause = transport.Wrap(err, "the source failed to send")
+					cause = transportError(tr.entry.desc.Name, transport.Wrap(err, "the source failed to send"))
 				}
 				tr.abort()
 			}
@@ -775,22 +775,24 @@ func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor) 
 		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
 			continue
 		}
-		if rt.localCopier(t.Device.Type) == nil {
+		if _, name := rt.localCopier(t.Device.Type); name == "" {
 			return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
 		}
 	}
 	return nil
 }
 
-func (rt *Runtime) localCopier(d transport.DeviceType) transport.LocalCopier {
+// localCopier is a transport that copies d memory within a process, and
+// its name ("" when none is registered).
+func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	for _, e := range rt.reg.m {
 		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
-			return lc
+			return lc, e.desc.Name
 		}
 	}
-	return nil
+	return nil, ""
 }
 
 // localChunk is how much is copied between checks for an abort.
@@ -807,8 +809,9 @@ func (tr *transfer) copyLocal() error {
 	for i, src := range o.tensors {
 		dst := tr.targets[i]
 		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			if err := rt.localCopier(src.Device.Type).CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
-				return err
+			copier, name := rt.localCopier(src.Device.Type)
+			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
+				return transportError(name, err)
 			}
 			continue
 		}

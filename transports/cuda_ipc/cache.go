@@ -152,7 +152,7 @@ func (c *handleCache) removeLocked(e *entry) {
 
 func (c *handleCache) closeEntry(e *entry) {
 	if err := c.close(e.dev, e.ptr); err != nil {
-		c.warn("cuda_ipc: closing an IPC mapping: %v", err)
+		c.warn("closing an IPC mapping: %v", err)
 	}
 }
 

@@ -194,6 +194,8 @@ func (c *handleCache) sweep() {
 		e := el.Value.(*entry)
 		dead, checked := gone[e.pid]
 		if !checked {
+			// Kept beside PeerGone: a source whose forked child holds its control
+			// socket is reported only after the peer timeout, its mapping meanwhile.
 			dead = !c.alive(e.pid)
 			gone[e.pid] = dead
 		}

@@ -32,8 +32,9 @@ import (
 const Name = "nixl"
 
 // maxRemotes bounds the source agents whose metadata a receiver keeps
-// loaded. The core does not tell transports when a peer goes away, so the
-// least recently used agent is invalidated when a new one would exceed it.
+// loaded: a bound on memory for many live sources (gone ones are dropped at
+// PeerGone), so the least recently used agent is invalidated when a new one
+// would exceed it.
 const maxRemotes = 64
 
 // Factory makes the transport for a new runtime. Without NIXL's C API

@@ -479,51 +479,33 @@ func (rt *Runtime) autoCandidates(desc *ObjectDesc, peer transport.PeerInfo) []s
 	return rt.reg.autoOrder(!host, rt.Identity().SameHost(peer))
 }
 
+// beginWith starts the transfer over transport name: it checks that the
+// transport applies, gets the object's metadata and asks the transport to
+// fetch.
 func (tr *transfer) beginWith(name string) error {
 	rt := tr.f.rt
-	desc := tr.ref.desc
 	e, err := rt.reg.lookup(name)
 	if err != nil {
 		return err
 	}
-	t := e.t
-	if e.desc.DetectsFreedObjects {
-		tr.unconfirmed = true
-	} else if err := rt.borrowConfirmed(tr.ownerCtx, desc.ID); err != nil {
-		// The transport may read the source's memory as described in the
-		// ref: only once the owner has counted our borrow is it sure to be
-		// there.
+	if err := tr.awaitBorrow(e); err != nil {
 		return err
 	}
 	for i, tg := range tr.targets {
 		if !e.desc.Moves(tg.Device.Type) {
-			return transport.Errorf(transport.ErrUnsupported, "%s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
+			return transport.Errorf(transport.ErrUnsupported, "transport %s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
 		}
 	}
-	peerInfo := tr.peer.Info()
-	if _, ok := peerInfo.Advert(name); !ok {
-		// The peer may have registered it since we connected.
-		ctx := tr.ownerCtx()
-		if ctx.Err() != nil {
-			return transport.ContextError(ctx, "asking %s for its transports", peerInfo)
-		}
-		if peerInfo, err = tr.peer.Refresh(ctx); err != nil {
-			return err
-		}
-		if _, ok := peerInfo.Advert(name); !ok {
-			have := make([]string, len(peerInfo.Transports))
-			for i, a := range peerInfo.Transports {
-				have[i] = a.Name
-			}
-			return transport.Errorf(transport.ErrUnsupported, "%s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
-		}
+	peerInfo, err := tr.peerOffering(name)
+	if err != nil {
+		return err
 	}
 	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
-		return transport.Errorf(transport.ErrUnsupported, "%s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
+		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
-	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
+	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, tr.ref.desc, name)
 	if err != nil {
-		return transport.Wrap(err, "%s metadata", name)
+		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
 	}
 	select {
 	case <-tr.f.abortCh:
@@ -533,13 +515,57 @@ func (tr *transfer) beginWith(name string) error {
 		return transport.Errorf(transport.ErrAborted, "fetch aborted")
 	default:
 	}
+	return tr.startTransport(e, peerInfo, tmeta)
+}
+
+// awaitBorrow waits until the owner counted our borrow, unless transport e
+// notices a freed object itself: it may read the source's memory as the
+// ref describes it, which is sure to be there only once the borrow counts.
+func (tr *transfer) awaitBorrow(e *registered) error {
+	if e.desc.DetectsFreedObjects {
+		tr.unconfirmed = true
+		return nil
+	}
+	return tr.f.rt.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
+}
+
+// peerOffering is the owner's identity, asked again when it does not
+// advertise transport name (it may have registered it since we connected);
+// an owner without it is ErrUnsupported.
+func (tr *transfer) peerOffering(name string) (transport.PeerInfo, error) {
+	peerInfo := tr.peer.Info()
+	if _, ok := peerInfo.Advert(name); ok {
+		return peerInfo, nil
+	}
+	ctx := tr.ownerCtx()
+	if ctx.Err() != nil {
+		return peerInfo, transport.ContextError(ctx, "asking %s for its transports", peerInfo)
+	}
+	peerInfo, err := tr.peer.Refresh(ctx)
+	if err != nil {
+		return peerInfo, err
+	}
+	if _, ok := peerInfo.Advert(name); !ok {
+		have := make([]string, len(peerInfo.Transports))
+		for i, a := range peerInfo.Transports {
+			have[i] = a.Name
+		}
+		return peerInfo, transport.Errorf(transport.ErrUnsupported, "transport %s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
+	}
+	return peerInfo, nil
+}
+
+// startTransport asks transport e to fetch (and a two-sided one's source
+// to send) and keeps the request.
+func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, tmeta []byte) error {
+	rt, name, desc := tr.f.rt, e.desc.Name, tr.ref.desc
 	x := &transport.Transfer{
 		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
 		Source: peerInfo, Destination: rt.Identity(),
 	}
-	cmeta, err := t.CommunicatorMetadata(x)
+	cmeta, err := e.t.CommunicatorMetadata(x)
 	if err != nil {
-		return transport.Wrap(err, "transport %s communicator metadata", name)
+		return transportError(name, transport.Wrap(err, "communicator metadata"))
 	}
 	if e.sender != nil {
 		sctx, cancel := context.WithCancel(rt.ctx)
@@ -548,13 +574,13 @@ func (tr *transfer) beginWith(name string) error {
 		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
-	req, err := t.Fetch(x, tr.targets, tmeta, cmeta)
+	req, err := e.t.Fetch(x, tr.targets, tmeta, cmeta)
 	if err != nil {
 		if tr.sendCancel != nil {
 			tr.sendCancel() // the source's send is aborted; no need to wait for it
 			tr.sendCancel, tr.sendDone = nil, nil
 		}
-		return transport.Wrap(err, "transport %s", name)
+		return transportError(name, err)
 	}
 	tr.entry, tr.x, tr.req = e, x, req
 	return nil
@@ -628,13 +654,13 @@ func (tr *transfer) run() error {
 				return nil
 			}
 			if cause == nil {
-				cause = transport.Wrap(err, "transport %s", tr.entry.desc.Name)
+				cause = transportError(tr.entry.desc.Name, err)
 			}
 		case err := <-sendDone:
 			sendDone = nil
 			if err != nil {
 				if cause == nil {
-					cause = transport.Wrap(err, "the source failed to send")
+					cause = transportError(tr.entry.desc.Name, transport.Wrap(err, "the source failed to send"))
 				}
 				tr.abort()
 			}
@@ -775,22 +801,24 @@ func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor) 
 		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
 			continue
 		}
-		if rt.localCopier(t.Device.Type) == nil {
+		if _, name := rt.localCopier(t.Device.Type); name == "" {
 			return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
 		}
 	}
 	return nil
 }
 
-func (rt *Runtime) localCopier(d transport.DeviceType) transport.LocalCopier {
+// localCopier is a transport that copies d memory within a process, and
+// its name ("" when none is registered).
+func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	for _, e := range rt.reg.m {
 		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
-			return lc
+			return lc, e.desc.Name
 		}
 	}
-	return nil
+	return nil, ""
 }
 
 // localChunk is how much is copied between checks for an abort.
@@ -807,8 +835,9 @@ func (tr *transfer) copyLocal() error {
 	for i, src := range o.tensors {
 		dst := tr.targets[i]
 		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			if err := rt.localCopier(src.Device.Type).CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
-				return err
+			copier, name := rt.localCopier(src.Device.Type)
+			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
+				return transportError(name, err)
 			}
 			continue
 		}

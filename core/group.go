@@ -46,6 +46,35 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	if err := rt.checkOpen(); err != nil {
 		return err
 	}
+	if err := checkGroupSpec(spec, timeout); err != nil {
+		return err
+	}
+	spec, backend, err := rt.groupBackendFor(spec)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := rt.ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(rt.ctx, timeout)
+	}
+	defer cancel()
+
+	g, err := rt.newGroupState(spec, backend)
+	if err != nil {
+		return err
+	}
+	if err := rt.claimGroupName(g); err != nil {
+		return err
+	}
+	if err := rt.formGroup(ctx, g, backend); err != nil {
+		return err
+	}
+	rt.log.Infof("group %q formed: rank %d of %d on device %d over %s", spec.Name, spec.Rank, spec.WorldSize, spec.Device, spec.Backend)
+	return nil
+}
+
+// checkGroupSpec refuses a spec no backend could form.
+func checkGroupSpec(spec transport.GroupSpec, timeout time.Duration) error {
 	if err := transport.CheckGroupName(spec.Name); err != nil {
 		return err
 	}
@@ -64,62 +93,75 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	if timeout == 0 {
 		return transport.Errorf(transport.ErrInvalidArgument, "group %q: a timeout of 0 cannot work: forming a group waits for the other ranks (negative: wait forever)", spec.Name)
 	}
+	return nil
+}
+
+// groupBackendFor finds the transport that forms the group: the one the
+// spec names, else the registry's default. The spec it returns names it
+// canonically.
+func (rt *Runtime) groupBackendFor(spec transport.GroupSpec) (transport.GroupSpec, transport.GroupBackend, error) {
 	if spec.Backend == "" {
 		spec.Backend = rt.reg.groupBackend()
 		if spec.Backend == "" {
-			return transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
+			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
 				spec.Name, strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
 		}
 	}
 	canon, err := transport.CanonicalName(spec.Backend)
 	if err != nil {
-		return err
+		return spec, nil, err
 	}
 	spec.Backend = canon
 	t, err := rt.reg.Get(canon)
 	if err != nil {
 		if transport.StatusOf(err) == transport.ErrNotFound {
-			return transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
+			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
 				spec.Name, canon, strings.Join(rt.reg.Names(), ", "), rt.reg.whyUnavailable(canon))
 		}
-		return err
+		return spec, nil, err
 	}
 	backend, ok := t.(transport.GroupBackend)
 	if !ok {
-		return transport.Errorf(transport.ErrUnsupported, "group %q: transport %s does not form groups", spec.Name, canon)
+		return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s does not form groups", spec.Name, canon)
 	}
+	return spec, backend, nil
+}
 
-	ctx, cancel := rt.ctx, context.CancelFunc(func() {})
-	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(rt.ctx, timeout)
-	}
-	defer cancel()
-
+// newGroupState is this rank's record of a forming group; rank 0's holds
+// the roster, with the backend's bootstrap bytes and itself as rank 0.
+func (rt *Runtime) newGroupState(spec transport.GroupSpec, backend transport.GroupBackend) (*groupState, error) {
 	g := &groupState{spec: spec}
-	if spec.Rank == 0 {
-		boot, err := backend.NewGroupBootstrap(spec)
-		if err != nil {
-			return transport.Wrap(err, "group %q", spec.Name)
-		}
-		if len(boot) > maxBootstrap {
-			return transport.Errorf(transport.ErrInternal, "group %q: %s made %d bootstrap bytes, over %d", spec.Name, canon, len(boot), maxBootstrap)
-		}
-		id := rt.Identity()
-		g.roster = &transport.GroupRoster{Name: spec.Name, Backend: canon, Instance: transport.RandomUint64() | 1, Bootstrap: boot,
-			Members: make([]transport.GroupMember, spec.WorldSize)}
-		g.roster.Members[0] = transport.GroupMember{Runtime: id.RuntimeID, Name: id.Name, Address: id.Address}
-		g.joined = 1
-		g.formed, g.failed = make(chan struct{}), make(chan struct{})
-		if spec.WorldSize == 1 {
-			close(g.formed)
-		}
+	if spec.Rank != 0 {
+		return g, nil
 	}
+	boot, err := backend.NewGroupBootstrap(spec)
+	if err != nil {
+		return nil, transport.Wrap(transportError(spec.Backend, err), "group %q", spec.Name)
+	}
+	if len(boot) > maxBootstrap {
+		return nil, transport.Errorf(transport.ErrInternal, "group %q: transport %s made %d bootstrap bytes, over %d", spec.Name, spec.Backend, len(boot), maxBootstrap)
+	}
+	id := rt.Identity()
+	g.roster = &transport.GroupRoster{Name: spec.Name, Backend: spec.Backend, Instance: transport.RandomUint64() | 1, Bootstrap: boot,
+		Members: make([]transport.GroupMember, spec.WorldSize)}
+	g.roster.Members[0] = transport.GroupMember{Runtime: id.RuntimeID, Name: id.Name, Address: id.Address}
+	g.joined = 1
+	g.formed, g.failed = make(chan struct{}), make(chan struct{})
+	if spec.WorldSize == 1 {
+		close(g.formed)
+	}
+	return g, nil
+}
+
+// claimGroupName records g under its name, refusing a name in use.
+func (rt *Runtime) claimGroupName(g *groupState) error {
+	spec := g.spec
 	rt.grp.mu.Lock()
+	defer rt.grp.mu.Unlock()
 	if rt.grp.m == nil {
 		rt.grp.m = map[string]*groupState{}
 	}
 	if old := rt.grp.m[spec.Name]; old != nil {
-		rt.grp.mu.Unlock()
 		what := "is being formed"
 		if old.ready {
 			what = "exists"
@@ -127,26 +169,28 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 		return transport.Errorf(transport.ErrAlreadyExists, "group %q already %s in this runtime (rank %d of %d); destroy it first", spec.Name, what, old.spec.Rank, old.spec.WorldSize)
 	}
 	rt.grp.m[spec.Name] = g
-	rt.grp.mu.Unlock()
+	return nil
+}
 
+// formGroup waits for every rank, then has the backend form its
+// communicator; the group is ready after, or its name is released.
+func (rt *Runtime) formGroup(ctx context.Context, g *groupState, backend transport.GroupBackend) error {
+	spec := g.spec
 	roster, err := rt.rendezvous(ctx, g)
 	if err == nil {
 		err = backend.InitGroup(ctx, roster, spec)
 		if err != nil {
-			err = transport.Wrap(err, "group %q: %s communicator (rank %d of %d, device %d)", spec.Name, canon, spec.Rank, spec.WorldSize, spec.Device)
+			err = transportError(spec.Backend, transport.Wrap(err, "communicator (rank %d of %d, device %d)", spec.Rank, spec.WorldSize, spec.Device))
+			err = transport.Wrap(err, "group %q", spec.Name)
 		}
 	}
 	rt.grp.mu.Lock()
+	defer rt.grp.mu.Unlock()
 	if err != nil {
 		delete(rt.grp.m, spec.Name)
-	} else {
-		g.ready = true
-	}
-	rt.grp.mu.Unlock()
-	if err != nil {
 		return err
 	}
-	rt.log.Infof("group %q formed: rank %d of %d on device %d over %s", spec.Name, spec.Rank, spec.WorldSize, spec.Device, canon)
+	g.ready = true
 	return nil
 }
 
@@ -319,7 +363,7 @@ func (rt *Runtime) DestroyGroup(name string) error {
 		return err
 	}
 	if err := t.(transport.GroupBackend).DestroyGroup(name); err != nil {
-		return transport.Wrap(err, "group %q", name)
+		return transport.Wrap(transportError(g.spec.Backend, err), "group %q", name)
 	}
 	rt.log.Infof("group %q destroyed", name)
 	return nil

@@ -142,7 +142,33 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	listenFromEnv := false
+	listenFromEnv := applyEnvironment(&opts, env)
+	rt := newRuntimeState(opts, env)
+	if err := rt.resolveHosts(); err != nil {
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+		}
+		return nil, err
+	}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+	if err := rt.listen(); err != nil {
+		rt.cancel()
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
+		}
+		return nil, transport.Wrap(err, "control plane")
+	}
+	if err := rt.startBuiltins(); err != nil {
+		rt.Destroy()
+		return nil, err
+	}
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
+	return rt, nil
+}
+
+// applyEnvironment fills the options the environment may supply and
+// reports whether the control plane's TCP address came from RDT_LISTEN.
+func applyEnvironment(opts *Options, env Environment) (listenFromEnv bool) {
 	if opts.EnvironmentDefaults {
 		if opts.ListenTCP == "" && env.Listen != "" {
 			opts.ListenTCP, listenFromEnv = env.Listen, true
@@ -154,6 +180,12 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if opts.LogLevel == transport.LogDefault {
 		opts.LogLevel = env.LogLevel
 	}
+	return listenFromEnv
+}
+
+// newRuntimeState makes the runtime's identity, empty tables and logger;
+// nothing is listening yet.
+func newRuntimeState(opts Options, env Environment) *Runtime {
 	key, id := control.NewIdentityKey()
 	rt := &Runtime{
 		opts:     opts,
@@ -185,56 +217,71 @@ func NewRuntime(opts Options) (*Runtime, error) {
 	if rt.hostID == "" {
 		rt.hostID = hostIdentity()
 	}
-	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
-	if err := rt.resolveHosts(); err != nil {
-		if listenFromEnv {
-			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
-		}
-		return nil, err
+	if rt.opts.PeerTimeout <= 0 {
+		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
-	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
+	return rt
+}
 
-	network := opts.Network
+// listen opens the control-plane endpoint peers reach the runtime at.
+func (rt *Runtime) listen() error {
+	network := rt.opts.Network
 	if network == nil {
 		network = control.InProcess{}
-	}
-	if opts.PeerTimeout <= 0 {
-		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
 	ep, err := network.Listen(control.ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
 		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {
-		rt.cancel()
-		if listenFromEnv {
-			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
-		}
-		return nil, transport.Wrap(err, "control plane")
+		return err
 	}
 	rt.ep = ep
 	address := ep.Address()
 	rt.address.Store(&address)
+	return nil
+}
 
-	for _, f := range opts.Builtins {
-		t, err := f.New(rt)
+// startBuiltins makes and registers the built-in transports; one that is
+// unsupported here is recorded as unavailable and skipped.
+func (rt *Runtime) startBuiltins() error {
+	for _, f := range rt.opts.Builtins {
+		t, err := f.New(rt.hostFor(f.Name))
 		if err != nil {
 			if transport.StatusOf(err) == transport.ErrUnsupported {
 				rt.reg.markUnavailable(f.Name, err)
 				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
 				continue
 			}
-			rt.Destroy()
-			return nil, transport.Wrap(err, "transport %s", f.Name)
+			return transportError(f.Name, err)
 		}
 		if err := rt.reg.Register(t, true); err != nil {
 			t.Close()
-			rt.Destroy()
-			return nil, err
+			return err
 		}
 	}
-	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, address, strings.Join(rt.reg.Names(), ", "))
-	return rt, nil
+	return nil
+}
+
+// transportHost is the Host a built-in transport gets: the runtime, with a
+// logger that names the transport, so transports never name themselves.
+type transportHost struct {
+	*Runtime
+	log *transport.Logger
+}
+
+func (h transportHost) Log() *transport.Logger { return h.log }
+
+func (rt *Runtime) hostFor(name string) transport.Host {
+	return transportHost{Runtime: rt, log: rt.log.Named("transport " + name)}
+}
+
+// transportError names the transport an error left: the engine does it,
+// once, wherever a transport's error reaches it; transports never name
+// themselves. The error's status is kept.
+func transportError(name string, err error) error {
+	return transport.Wrap(err, "transport %s", name)
 }
 
 // hostIdentity names the kernel instance and the namespaces that decide
@@ -404,7 +451,7 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		}
 		m, err := e.t.ExtractMetadata(id, tensors)
 		if err != nil {
-			return nil, transport.Wrap(err, "transport %s could not extract metadata", canon)
+			return nil, transportError(canon, transport.Wrap(err, "could not extract metadata"))
 		}
 		meta[canon] = m
 	} else {
@@ -558,7 +605,8 @@ func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
 	}
 	m, err := e.t.ExtractMetadata(o.desc.ID, o.tensors)
 	if err != nil {
-		return nil, transport.Wrap(err, "transport %s could not extract metadata", name)
+		// Asked by a peer, which names the transport it asked for.
+		return nil, transport.Wrap(err, "could not extract metadata")
 	}
 	o.metaMu.Lock()
 	o.meta[name] = m

@@ -918,101 +918,127 @@ func (sc *sconn) respond(id uint64, resp *Message, err error) {
 	sc.send(resp)
 }
 
+// readLoop reads the peer's messages until the connection fails or the
+// peer breaks the protocol, and closes the connection then.
 func (sc *sconn) readLoop() {
 	var buf []byte
-	svc := sc.ep.cfg.Service
 	for {
-		b, err := ReadFrame(sc.rd, buf, MaxFrame)
-		if err != nil {
-			if transport.StatusOf(err) == transport.ErrCorrupt {
-				sc.ep.cfg.Log.Warnf("control plane: peer %s sent a malformed frame, closing the connection: %v", sc.remote, err)
-			}
-			sc.close(transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", sc.remote, err))
-			return
-		}
-		buf = b
-		if cap(buf) > keepFrameBuffer {
-			buf = nil // DecodeMessage copies what it keeps
-		}
-		m, err := DecodeMessage(b)
-		if err != nil {
-			sc.ep.cfg.Log.Warnf("control plane: peer %s sent a corrupt Message, closing the connection: %v", sc.remote, err)
-			sc.close(err)
+		m, ok := sc.readMessage(&buf)
+		if !ok {
 			return
 		}
 		sc.lastSeen.Store(time.Now().UnixNano())
-		from := sc.Info()
-		switch m.Kind {
-		case KindResponse:
-			sc.mu.Lock()
-			ch := sc.pending[m.ID]
-			delete(sc.pending, m.ID)
-			reply := sc.replies[m.ID]
-			delete(sc.replies, m.ID)
-			sc.mu.Unlock()
-			if ch != nil {
-				ch <- m
-			} else if reply != nil {
-				reply(m)
-			}
-		case KindPing:
-			sc.sendOnce(&sc.ponging, KindPong)
-		case KindPong:
-		case KindIdentity:
-			sc.respond(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil)
-		case KindBorrow:
-			sc.respond(m.ID, nil, svc.Borrow(from, m.Object, m.Token))
-		case KindUnborrow:
-			svc.Unborrow(from.RuntimeID, m.Object, m.Count)
-		case KindLease:
-			token, err := svc.Lease(from.RuntimeID, m.Object)
-			sc.respond(m.ID, &Message{Token: token}, err)
-		case KindMetadata:
-			sc.serve(m, func() {
-				data, err := svc.Metadata(from.RuntimeID, m.Object, m.Transport)
-				sc.respond(m.ID, &Message{Data: data}, err)
-			})
-		case KindSend:
-			ctx, cancel := context.WithCancel(sc.ctx)
-			sc.mu.Lock()
-			sc.handlers[m.ID] = cancel
-			sc.mu.Unlock()
-			sc.serve(m, func() {
-				err := svc.Send(ctx, from, SendRequest{Object: m.Object, TransferID: m.TransferID, Transport: m.Transport, CMeta: m.Data})
-				sc.mu.Lock()
-				delete(sc.handlers, m.ID)
-				sc.mu.Unlock()
-				cancel()
-				sc.respond(m.ID, nil, err)
-			})
-		case KindGroupJoin:
-			// Rank 0 answers once every rank joined: a long wait, on its own
-			// goroutine, cancelled like a send.
-			ctx, cancel := context.WithCancel(sc.ctx)
-			sc.mu.Lock()
-			sc.handlers[m.ID] = cancel
-			sc.mu.Unlock()
-			sc.serve(m, func() {
-				data, err := svc.JoinGroup(ctx, from, m.Group)
-				sc.mu.Lock()
-				delete(sc.handlers, m.ID)
-				sc.mu.Unlock()
-				cancel()
-				sc.respond(m.ID, &Message{Data: data}, err)
-			})
-		case KindCancel:
-			sc.mu.Lock()
-			cancel := sc.handlers[m.Target]
-			sc.mu.Unlock()
-			if cancel != nil {
-				cancel()
-			}
-		default:
-			sc.ep.cfg.Log.Warnf("control plane: peer %s sent an unexpected %s Message, closing the connection", sc.remote, m.Kind)
-			sc.close(transport.Errorf(transport.ErrCorrupt, "unexpected %s message", m.Kind))
+		if !sc.dispatch(m) {
 			return
 		}
 	}
+}
+
+// readMessage reads and decodes one frame, reusing *buf; on failure it
+// closes the connection and reports false.
+func (sc *sconn) readMessage(buf *[]byte) (*Message, bool) {
+	b, err := ReadFrame(sc.rd, *buf, MaxFrame)
+	if err != nil {
+		if transport.StatusOf(err) == transport.ErrCorrupt {
+			sc.ep.cfg.Log.Warnf("control plane: peer %s sent a malformed frame, closing the connection: %v", sc.remote, err)
+		}
+		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", sc.remote, err))
+		return nil, false
+	}
+	*buf = b
+	if cap(b) > keepFrameBuffer {
+		*buf = nil // DecodeMessage copies what it keeps
+	}
+	m, err := DecodeMessage(b)
+	if err != nil {
+		sc.ep.cfg.Log.Warnf("control plane: peer %s sent a corrupt Message, closing the connection: %v", sc.remote, err)
+		sc.close(err)
+		return nil, false
+	}
+	return m, true
+}
+
+// dispatch handles one message: answers a request (the long ones on their
+// own goroutines) or delivers a response. An unexpected kind closes the
+// connection and reports false.
+func (sc *sconn) dispatch(m *Message) bool {
+	svc := sc.ep.cfg.Service
+	from := sc.Info()
+	switch m.Kind {
+	case KindResponse:
+		sc.deliverResponse(m)
+	case KindPing:
+		sc.sendOnce(&sc.ponging, KindPong)
+	case KindPong:
+	case KindIdentity:
+		sc.respond(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil)
+	case KindBorrow:
+		sc.respond(m.ID, nil, svc.Borrow(from, m.Object, m.Token))
+	case KindUnborrow:
+		svc.Unborrow(from.RuntimeID, m.Object, m.Count)
+	case KindLease:
+		token, err := svc.Lease(from.RuntimeID, m.Object)
+		sc.respond(m.ID, &Message{Token: token}, err)
+	case KindMetadata:
+		sc.serve(m, func() {
+			data, err := svc.Metadata(from.RuntimeID, m.Object, m.Transport)
+			sc.respond(m.ID, &Message{Data: data}, err)
+		})
+	case KindSend:
+		sc.serveCancellable(m, func(ctx context.Context) (*Message, error) {
+			return nil, svc.Send(ctx, from, SendRequest{Object: m.Object, TransferID: m.TransferID, Transport: m.Transport, CMeta: m.Data})
+		})
+	case KindGroupJoin:
+		// Rank 0 answers once every rank joined: a long wait.
+		sc.serveCancellable(m, func(ctx context.Context) (*Message, error) {
+			data, err := svc.JoinGroup(ctx, from, m.Group)
+			return &Message{Data: data}, err
+		})
+	case KindCancel:
+		sc.mu.Lock()
+		cancel := sc.handlers[m.Target]
+		sc.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+	default:
+		sc.ep.cfg.Log.Warnf("control plane: peer %s sent an unexpected %s Message, closing the connection", sc.remote, m.Kind)
+		sc.close(transport.Errorf(transport.ErrCorrupt, "unexpected %s message", m.Kind))
+		return false
+	}
+	return true
+}
+
+// deliverResponse hands a response to the call or callback waiting for it.
+func (sc *sconn) deliverResponse(m *Message) {
+	sc.mu.Lock()
+	ch := sc.pending[m.ID]
+	delete(sc.pending, m.ID)
+	reply := sc.replies[m.ID]
+	delete(sc.replies, m.ID)
+	sc.mu.Unlock()
+	if ch != nil {
+		ch <- m
+	} else if reply != nil {
+		reply(m)
+	}
+}
+
+// serveCancellable answers a long request on its own goroutine under a
+// context the peer's KindCancel (or the connection's end) cancels.
+func (sc *sconn) serveCancellable(m *Message, run func(ctx context.Context) (*Message, error)) {
+	ctx, cancel := context.WithCancel(sc.ctx)
+	sc.mu.Lock()
+	sc.handlers[m.ID] = cancel
+	sc.mu.Unlock()
+	sc.serve(m, func() {
+		resp, err := run(ctx)
+		sc.mu.Lock()
+		delete(sc.handlers, m.ID)
+		sc.mu.Unlock()
+		cancel()
+		sc.respond(m.ID, resp, err)
+	})
 }
 
 // Peer implementation.

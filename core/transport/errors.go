@@ -77,6 +77,18 @@ type Error struct {
 func (e *Error) Error() string { return e.Msg }
 func (e *Error) Unwrap() error { return e.cause }
 
+// RDTStatus implements StatusCarrier.
+func (e *Error) RDTStatus() Status { return e.Status }
+
+// StatusCarrier is an error that knows its rdt status: *Error, or a
+// transport's own error type (a driver's failed call, say). StatusOf honours
+// the outermost one in a chain, so a transport returns such errors as they
+// are, with no converter of its own.
+type StatusCarrier interface {
+	error
+	RDTStatus() Status
+}
+
 // Errorf makes an *Error with a formatted message. A %w verb keeps the
 // wrapped error reachable with errors.Is/As. Address keys (runtime secrets)
 // quoted in the message are hidden.
@@ -85,15 +97,16 @@ func Errorf(s Status, format string, args ...any) error {
 	return &Error{Status: s, Msg: redactSecrets(err.Error()), cause: errors.Unwrap(err)}
 }
 
-// StatusOf maps any error to a status: the status of the outermost *Error it
-// wraps, ErrTimeout/ErrAborted for context errors, else ErrInternal.
+// StatusOf maps any error to a status: the status of the outermost
+// StatusCarrier it wraps, ErrTimeout/ErrAborted for context errors, else
+// ErrInternal.
 func StatusOf(err error) Status {
 	if err == nil {
 		return OK
 	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Status
+	var c StatusCarrier
+	if errors.As(err, &c) {
+		return c.RDTStatus()
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -113,13 +126,13 @@ func Wrap(err error, format string, args ...any) error {
 	return &Error{Status: StatusOf(err), Msg: redactSecrets(prefix + ": " + err.Error()), cause: err}
 }
 
-// ContextError is the error of a wait that ctx ended: the *Error ctx was
-// cancelled with (context.WithCancelCause), else ErrTimeout when its
+// ContextError is the error of a wait that ctx ended: the status-carrying
+// error ctx was cancelled with (context.WithCancelCause), else ErrTimeout when its
 // deadline passed and ErrAborted when it was cancelled.
 func ContextError(ctx context.Context, format string, args ...any) error {
 	what := fmt.Sprintf(format, args...)
-	var e *Error
-	if cause := context.Cause(ctx); errors.As(cause, &e) {
+	var c StatusCarrier
+	if cause := context.Cause(ctx); errors.As(cause, &c) {
 		return Wrap(cause, "%s", what)
 	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -42,9 +42,10 @@ func ParseLogLevel(s string) (LogLevel, bool) {
 
 // Logger writes leveled lines to stderr, prefixed with the runtime name.
 type Logger struct {
-	name  string
-	level LogLevel
-	out   io.Writer // nil: stderr
+	name   string
+	level  LogLevel
+	out    io.Writer // nil: stderr
+	prefix string    // starts every message ("transport shm: ")
 }
 
 var stderrMu sync.Mutex // one line at a time, whichever logger writes it
@@ -63,6 +64,18 @@ func NewLoggerTo(name string, level LogLevel, out io.Writer) *Logger {
 	return &Logger{name: name, level: level, out: out}
 }
 
+// Named is a logger that writes like l, every message after "what: ". The
+// engine gives each transport one naming it ("transport shm"), so that a
+// transport's lines name it once without the transport naming itself.
+func (l *Logger) Named(what string) *Logger {
+	if l == nil {
+		return nil
+	}
+	named := *l
+	named.prefix = l.prefix + what + ": "
+	return &named
+}
+
 // Enabled reports whether messages at level l are written.
 func (l *Logger) Enabled(level LogLevel) bool {
 	return l != nil && level != LogOff && level <= l.level
@@ -73,7 +86,7 @@ func (l *Logger) logf(level LogLevel, format string, args ...any) {
 		return
 	}
 	// Addresses may carry a runtime's secret: it never reaches a log.
-	msg := redactSecrets(fmt.Sprintf(format, args...))
+	msg := redactSecrets(l.prefix + fmt.Sprintf(format, args...))
 	line := fmt.Sprintf("%s rdt[%s] %s: %s\n", time.Now().Format("15:04:05.000000"), l.name, levelNames[level], msg)
 	stderrMu.Lock()
 	if l.out != nil {

@@ -53,6 +53,7 @@ def test_a_raising_receive_surfaces_its_message(child):
     with pytest.raises(rdt.RdtError, match="RuntimeError: the disk is on fire") as e:
         rdt.get(ref, timeout=30)
     assert "recv_multiple_tensors" in str(e.value)  # where it was raised
+    assert str(e.value).count("transport failing:") == 1, str(e.value)  # named once, by the engine
     assert rdt.default_runtime().stats()["fetches_active"] == 0
     c.stop()
 
@@ -61,8 +62,9 @@ def test_a_raising_send_on_the_source_surfaces_at_the_destination(child):
     ensure("failsend", tt.FailingSend)
     c = child(workers.serve, ["failsend"], "small", [("failsend", "transports_for_tests", "FailingSend")])
     (ref,) = pickle.loads(c.recv()["failsend"])
-    with pytest.raises(rdt.RdtError, match="the cable was cut"):
+    with pytest.raises(rdt.RdtError, match="the cable was cut") as e:
         rdt.get(ref, timeout=30)
+    assert str(e.value).count("transport failsend: the source failed to send") == 1, str(e.value)
     c.stop()
 
 

@@ -69,7 +69,7 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 func New(h transport.Host) (transport.Transport, error) {
 	st, err := processStartTime(os.Getpid())
 	if err != nil {
-		return nil, transport.Errorf(transport.ErrUnsupported, "cma: cannot read this process's start time from /proc: %v", err)
+		return nil, transport.Errorf(transport.ErrUnsupported, "cannot read this process's start time from /proc: %v", err)
 	}
 	workers := h.Settings().CMAWorkers // RDT_CMA_WORKERS, checked by the runtime
 	if workers < 1 || workers > maxWorkers {
@@ -78,9 +78,9 @@ func New(h transport.Host) (transport.Transport, error) {
 	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workers}
 	if yamaScope() == 1 && h.Settings().CMASetPtracer {
 		if err := unix.Prctl(unix.PR_SET_PTRACER, unix.PR_SET_PTRACER_ANY, 0, 0, 0); err != nil {
-			h.Log().Warnf("cma: Yama ptrace_scope is 1 and PR_SET_PTRACER failed (%v): peers will fall back to shm", err)
+			h.Log().Warnf("Yama ptrace_scope is 1 and PR_SET_PTRACER failed (%v): peers will fall back to shm", err)
 		} else {
-			h.Log().Infof("cma: Yama ptrace_scope is 1: allowed same-user processes to read this one")
+			h.Log().Infof("Yama ptrace_scope is 1: allowed same-user processes to read this one")
 		}
 	}
 	return t, nil

@@ -77,7 +77,7 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 			return p, nil
 		}
 		t.forgetLocked(k)
-		return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", pid)
 	}
 	// A new source: drop the sources that exited meanwhile, should their
 	// runtime's end not have been reported (see PeerGone).
@@ -89,7 +89,7 @@ func (t *Transport) source(pid int, startTime uint64) (*proc, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
-			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", pid)
 		}
 		// Kernels before 5.3 lack pidfds: fall back to the start time alone.
 		if err := checkAlive(pid, startTime); err != nil {
@@ -152,16 +152,16 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	// the control plane identified.
 	if int(m.Pid) != x.Source.Pid {
 		return nil, transport.Errorf(transport.ErrCorrupt,
-			"cma: the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
+			"the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
 			x.Object, m.Pid, x.Source, x.Source.Pid)
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	var total uint64
 	for i, r := range m.Regions {
 		if r.Size != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 		total += r.Size
 	}
@@ -222,7 +222,7 @@ func (r *request) copyChecked(regions []region, targets []transport.Tensor, work
 		return err
 	}
 	if r.src.exited() {
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d exited during the transfer", r.pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "source process %d exited during the transfer", r.pid)
 	}
 	return r.checkGuard()
 }
@@ -237,22 +237,22 @@ func (r *request) checkSlot(obj transport.ObjectID, tmeta []byte) error {
 		if alive := checkAlive(r.pid, r.startTime); alive != nil {
 			return alive
 		}
-		return transport.Errorf(transport.ErrPermissionDenied, "cma: cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
+		return transport.Errorf(transport.ErrPermissionDenied, "cannot read the memory map of source process %d: %v; use the shm transport instead", r.pid, err)
 	}
 	if !ok {
 		return transport.Errorf(transport.ErrCorrupt,
-			"cma: the metadata of object %s names no guard slot of its owner (process %d): refusing to read addresses the owner did not put", obj, r.pid)
+			"the metadata of object %s names no guard slot of its owner (process %d): refusing to read addresses the owner did not put", obj, r.pid)
 	}
 	var b [slotRead]byte
 	if err := r.readRemote(b[:], r.guard); err != nil {
 		return err
 	}
 	if binary.LittleEndian.Uint64(b[:8]) != r.token {
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
+		return transport.Errorf(transport.ErrPeerUnavailable, "the source freed object %s (its runtime was destroyed, or the ref is stale)", obj)
 	}
 	if want := metaDigest(obj, tmeta); !bytes.Equal(b[8:], want[:]) {
 		return transport.Errorf(transport.ErrCorrupt,
-			"cma: the metadata of object %s is not what its owner (process %d) made for it: refusing to read addresses the owner did not put", obj, r.pid)
+			"the metadata of object %s is not what its owner (process %d) made for it: refusing to read addresses the owner did not put", obj, r.pid)
 	}
 	return nil
 }
@@ -349,10 +349,10 @@ func (r *request) checkGuard() error {
 		if alive := checkAlive(r.pid, r.startTime); alive != nil {
 			return alive
 		}
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source's object is gone (its runtime was destroyed)")
+		return transport.Errorf(transport.ErrPeerUnavailable, "the source's object is gone (its runtime was destroyed)")
 	}
 	if binary.LittleEndian.Uint64(b[:]) != r.token {
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
+		return transport.Errorf(transport.ErrPeerUnavailable, "the source freed the object while it was being read (its runtime was destroyed); the bytes are not used")
 	}
 	return nil
 }
@@ -418,7 +418,7 @@ func (r *request) copyAll(regions []region, targets []transport.Tensor, workers 
 func (r *request) read(s span) error {
 	for done := uint64(0); done < s.n; {
 		if r.aborted.Load() {
-			return transport.Errorf(transport.ErrAborted, "cma: transfer aborted")
+			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
 		n := min(uint64(chunkSize), s.n-done)
 		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(s.local + uintptr(done)))}}
@@ -446,27 +446,27 @@ func (r *request) explain(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM):
 		return transport.Errorf(transport.ErrPermissionDenied,
-			"cma: process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
+			"process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
 			r.pid, yamaDescription())
 	case errors.Is(err, unix.ENOSYS):
-		return transport.Errorf(transport.ErrUnsupported, "cma: process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
+		return transport.Errorf(transport.ErrUnsupported, "process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
 	case errors.Is(err, unix.ESRCH):
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", r.pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", r.pid)
 	}
 	if alive := checkAlive(r.pid, r.startTime); alive != nil {
 		return alive
 	}
-	return transport.Errorf(transport.ErrInternal, "cma: reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
+	return transport.Errorf(transport.ErrInternal, "reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
 }
 
 // checkAlive guards against a dead source and a recycled pid.
 func checkAlive(pid int, startTime uint64) error {
 	st, err := processStartTime(pid)
 	if err != nil {
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone", pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", pid)
 	}
 	if st != startTime {
-		return transport.Errorf(transport.ErrPeerUnavailable, "cma: source process %d is gone (its pid now belongs to another process)", pid)
+		return transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (its pid now belongs to another process)", pid)
 	}
 	return nil
 }

@@ -42,9 +42,9 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "cma: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
 	}
-	r := transport.NewWireReader("cma metadata", b)
+	r := transport.NewWireReader("transport metadata", b)
 	magic, version := r.Take(len(metaMagic)), r.U8()
 	m := &metadata{Pid: r.U32(), StartTime: r.U64(), Guard: r.U64(), Token: r.U64()}
 	n := r.U32()
@@ -55,7 +55,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "cma: metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
 	}
 	if n > maxRegions {
 		return nil, bad("too many tensors")

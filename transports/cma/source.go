@@ -67,14 +67,14 @@ func metaDigest(obj transport.ObjectID, meta []byte) [sha256.Size]byte {
 func (g *guardTable) take(obj transport.ObjectID, encode func(guard, token uint64) []byte) ([]byte, error) {
 	var tb [8]byte
 	if _, err := rand.Read(tb[:]); err != nil {
-		return nil, transport.Errorf(transport.ErrInternal, "cma: %v", err)
+		return nil, transport.Errorf(transport.ErrInternal, "%v", err)
 	}
 	token := binary.LittleEndian.Uint64(tb[:]) | 1 // never zero
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	// The core extracts an object's metadata once per transport.
 	if _, ok := g.byObj[obj]; ok {
-		return nil, transport.Errorf(transport.ErrInternal, "cma: object %s already has metadata", obj)
+		return nil, transport.Errorf(transport.ErrInternal, "object %s already has metadata", obj)
 	}
 	if len(g.free) == 0 {
 		chunk, err := newGuardChunk()
@@ -103,15 +103,15 @@ func (g *guardTable) take(obj transport.ObjectID, encode func(guard, token uint6
 func newGuardChunk() ([]byte, error) {
 	fd, err := unix.MemfdCreate(guardName, unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, transport.Errorf(transport.ErrNoMemory, "cma: memfd_create for guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "memfd_create for guard words: %v", err)
 	}
 	defer unix.Close(fd) // the mapping keeps the memory
 	if err := unix.Ftruncate(fd, guardChunk); err != nil {
-		return nil, transport.Errorf(transport.ErrNoMemory, "cma: guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "guard words: %v", err)
 	}
 	chunk, err := unix.Mmap(fd, 0, guardChunk, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, transport.Errorf(transport.ErrNoMemory, "cma: guard words: %v", err)
+		return nil, transport.Errorf(transport.ErrNoMemory, "guard words: %v", err)
 	}
 	return chunk, nil
 }
@@ -133,7 +133,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 	m := metadata{Pid: uint32(t.pid), StartTime: t.startTime}
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cma moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
 		}
 		m.Regions = append(m.Regions, region{Addr: uint64(x.Data), Size: x.Nbytes})
 	}

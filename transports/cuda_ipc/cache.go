@@ -152,7 +152,7 @@ func (c *handleCache) removeLocked(e *entry) {
 
 func (c *handleCache) closeEntry(e *entry) {
 	if err := c.close(e.dev, e.ptr); err != nil {
-		c.warn("cuda_ipc: closing an IPC mapping: %v", err)
+		c.warn("closing an IPC mapping: %v", err)
 	}
 }
 
@@ -194,6 +194,8 @@ func (c *handleCache) sweep() {
 		e := el.Value.(*entry)
 		dead, checked := gone[e.pid]
 		if !checked {
+			// Kept beside PeerGone: a source whose forked child holds its control
+			// socket is reported only after the peer timeout, its mapping meanwhile.
 			dead = !c.alive(e.pid)
 			gone[e.pid] = dead
 		}

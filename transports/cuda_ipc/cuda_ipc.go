@@ -75,10 +75,10 @@ type streamSet struct {
 func New(h transport.Host) (transport.Transport, error) {
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+		return nil, err
 	}
 	if n == 0 {
-		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the CUDA driver sees no device")
+		return nil, transport.Errorf(transport.ErrUnsupported, "the CUDA driver sees no device")
 	}
 	t := &Transport{h: h, pid: os.Getpid(), cache: sharedCache(h),
 		streams: map[int]*streamSet{}, events: map[int][]*cuda.Event{}}
@@ -107,14 +107,14 @@ func (t *Transport) Describe() transport.Descriptor {
 func (t *Transport) checkDevice(what string, i int, d transport.Device) error {
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+		return err
 	}
 	if d.ID < 0 || int(d.ID) >= n {
 		vis := ""
 		if s := t.h.Settings(); s.CUDAVisibleDevicesSet {
 			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", s.CUDAVisibleDevices)
 		}
-		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
+		return transport.Errorf(transport.ErrInvalidArgument, "%s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (t *Transport) Close() error {
 		}
 	}
 	t.cache.dropUser()
-	return cuda.CoreError(first)
+	return first
 }
 
 // PeerGone closes the mappings opened from a runtime that is gone, without
@@ -166,7 +166,7 @@ func (t *Transport) checkOpen() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return transport.Errorf(transport.ErrClosed, "cuda_ipc: the transport is closed")
+		return transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package cudaipc
 
 import (
-	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -17,7 +16,7 @@ func (t *Transport) stream(dev int) (*cuda.Stream, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, transport.Errorf(transport.ErrClosed, "cuda_ipc: the transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	ss := t.streams[dev]
 	if ss == nil {
@@ -28,7 +27,7 @@ func (t *Transport) stream(dev int) (*cuda.Stream, error) {
 				for _, s := range ss.s {
 					_ = s.Destroy()
 				}
-				return nil, cuda.CoreError(err)
+				return nil, err
 			}
 			ss.s = append(ss.s, s)
 		}
@@ -47,7 +46,7 @@ func (t *Transport) event(dev int) (*cuda.Event, error) {
 	}
 	t.mu.Unlock()
 	e, err := cuda.NewEvent(dev)
-	return e, cuda.CoreError(err)
+	return e, err
 }
 
 func (t *Transport) putEvent(dev int, e *cuda.Event) {
@@ -76,14 +75,14 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	if len(m.Tensors) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
 	}
 	for i, tr := range m.Tensors {
 		if tr.Nbytes != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
 		}
 		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
 		}
 		if tr.Nbytes > 0 {
 			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
@@ -115,10 +114,10 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		}
 		dev, found, err := cuda.DeviceByUUID(a.Device)
 		if err != nil {
-			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+			return nil, err
 		}
 		if !found {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+			return nil, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
 		}
 		srcDev[i] = dev
 		if sameProcess {
@@ -126,14 +125,14 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			continue
 		}
 		if !processAlive(int(m.Pid)) {
-			return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone", m.Pid)
+			return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
 		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
 		if err != nil {
 			if !processAlive(int(m.Pid)) {
-				return nil, transport.Errorf(transport.ErrPeerUnavailable, "cuda_ipc: source process %d is gone (%v)", m.Pid, err)
+				return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
 			}
-			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+			return nil, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s)", dev, a.Device)
 		}
 		req.entries = append(req.entries, e)
 		srcBase[i] = e.ptr
@@ -150,10 +149,10 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		if p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
 			if err != nil {
-				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+				return nil, err
 			}
 			if !can {
-				return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
 					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
 			}
 		}
@@ -183,7 +182,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			if terr := checkTargets(targets, groupTargets[p]); terr != nil {
 				return nil, terr
 			}
-			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: copying from cuda:%d to cuda:%d", p.src, p.dst)
+			return nil, transport.Wrap(err, "copying from cuda:%d to cuda:%d", p.src, p.dst)
 		}
 		req.events = append(req.events, ev)
 	}
@@ -205,11 +204,11 @@ func checkTargets(targets []transport.Tensor, idx []int) error {
 		info, err := cuda.GetPointerInfo(int(x.Device.ID), cuda.Ptr(x.Data))
 		switch {
 		case err != nil:
-			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
+			return transport.Errorf(transport.ErrInvalidArgument, "target %d at %#x, described as %s, is not CUDA memory this process knows (%v)", i, x.Data, x.Device, err)
 		case info.MemoryType != cuda.MemoryDevice:
-			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
+			return transport.Errorf(transport.ErrInvalidArgument, "target %d at %#x, described as %s, is not device memory (CUDA memory type %d)", i, x.Data, x.Device, info.MemoryType)
 		case info.Device != int(x.Device.ID):
-			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+			return transport.Errorf(transport.ErrInvalidArgument, "target %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
 		}
 	}
 	return nil
@@ -249,13 +248,13 @@ func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 // CUDA object), synchronously.
 func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 	if len(dst) != len(src) {
-		return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: %d targets for %d tensors", len(dst), len(src))
+		return transport.Errorf(transport.ErrInvalidArgument, "%d targets for %d tensors", len(dst), len(src))
 	}
 	req := &request{t: t, aborted: make(chan struct{})}
 	defer req.Release()
 	for i := range src {
 		if src[i].Nbytes != dst[i].Nbytes {
-			return transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
+			return transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes, the target holds %d", i, src[i].Nbytes, dst[i].Nbytes)
 		}
 		if src[i].Nbytes == 0 {
 			continue
@@ -281,7 +280,7 @@ func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 		case dev != from:
 			can, err := cuda.CanAccessPeer(dev, from)
 			if err != nil {
-				return cuda.CoreError(err)
+				return err
 			}
 			if !can {
 				from = -1 // unified addressing stages the copy itself
@@ -304,7 +303,7 @@ func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 			if terr := checkTargets(dst, []int{i}); terr != nil {
 				return terr
 			}
-			return transport.Wrap(cuda.CoreError(err), "cuda_ipc: local copy of tensor %d", i)
+			return transport.Wrap(err, "local copy of tensor %d", i)
 		}
 		req.events = append(req.events, ev)
 	}
@@ -363,7 +362,7 @@ func (r *request) Release() {
 
 func (r *request) drain() {
 	if err := waitEvents(r.evs(), nil); err != nil {
-		r.t.h.Log().Warnf("cuda_ipc: waiting for a copy to end: %v", err)
+		r.t.h.Log().Warnf("waiting for a copy to end: %v", err)
 	}
 	for _, e := range r.events {
 		r.t.putEvent(e.Device(), e)
@@ -396,14 +395,14 @@ func waitEvents(evs []event, aborted <-chan struct{}) error {
 	for i := 0; ; i++ {
 		done, err := allDone(evs)
 		if err != nil {
-			return cuda.CoreError(fmt.Errorf("cuda_ipc: %w", err))
+			return err
 		}
 		if done {
 			return nil
 		}
 		select {
 		case <-aborted:
-			return transport.Errorf(transport.ErrAborted, "cuda_ipc: transfer aborted (the copy already enqueued finishes before the targets are released)")
+			return transport.Errorf(transport.ErrAborted, "transfer aborted (the copy already enqueued finishes before the targets are released)")
 		default:
 		}
 		if i < 64 {

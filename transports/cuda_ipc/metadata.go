@@ -69,9 +69,9 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "cuda_ipc: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
 	}
-	r := transport.NewWireReader("cuda_ipc metadata", b)
+	r := transport.NewWireReader("transport metadata", b)
 	magic, version := r.Take(len(metaMagic)), r.U8()
 	m := &metadata{Pid: r.U32(), Token: r.U64()}
 	na, nt := r.U32(), r.U32()
@@ -82,7 +82,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
 	}
 	if na > transport.MaxTensors || nt > transport.MaxTensors {
 		return nil, bad("too many tensors")

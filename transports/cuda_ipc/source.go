@@ -12,7 +12,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 	byBuffer := map[uint64]uint32{}
 	for i, x := range tensors {
 		if x.Device.Type != transport.DeviceCUDA {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc moves CUDA device memory; tensor %d is on %s", i, x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it moves CUDA device memory; tensor %d is on %s", i, x.Device)
 		}
 		if x.Nbytes == 0 {
 			m.Tensors = append(m.Tensors, tensorRef{Alloc: noAlloc})
@@ -24,33 +24,33 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		dev := int(x.Device.ID)
 		info, err := cuda.GetPointerInfo(dev, cuda.Ptr(x.Data))
 		if err != nil {
-			return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
+			return nil, transport.Wrap(err, "tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
 		}
 		if info.Managed {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
 		}
 		if info.MemoryType != cuda.MemoryDevice {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
 		}
 		if info.Device != dev {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
 		}
 		if !info.LegacyIPC {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cuda_ipc: tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
 		}
 		off := uint64(x.Data) - info.Base
 		if uint64(x.Data) < info.Base || off > info.Size || x.Nbytes > info.Size-off {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "cuda_ipc: tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d (%d bytes at %#x) runs past its allocation (%d bytes at %#x)", i, x.Nbytes, x.Data, info.Size, info.Base)
 		}
 		idx, ok := byBuffer[info.BufferID]
 		if !ok {
 			h, err := cuda.IPCGetMemHandle(dev, info.Base)
 			if err != nil {
-				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc: tensor %d", i)
+				return nil, transport.Wrap(err, "tensor %d", i)
 			}
 			u, err := cuda.DeviceUUID(dev)
 			if err != nil {
-				return nil, transport.Wrap(cuda.CoreError(err), "cuda_ipc")
+				return nil, err
 			}
 			idx = uint32(len(m.Allocs))
 			byBuffer[info.BufferID] = idx

@@ -66,7 +66,7 @@ func (t *Transport) NewGroupBootstrap(spec transport.GroupSpec) ([]byte, error) 
 	for range numLanes {
 		id, err := NewUniqueID()
 		if err != nil {
-			return nil, coreError(err)
+			return nil, err
 		}
 		boot = append(boot, id[:]...)
 	}
@@ -76,10 +76,10 @@ func (t *Transport) NewGroupBootstrap(spec transport.GroupSpec) ([]byte, error) 
 func checkDevice(dev int) error {
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return cuda.CoreError(err)
+		return err
 	}
 	if dev >= n {
-		return transport.Errorf(transport.ErrInvalidArgument, "nccl: device %d does not exist (this process sees %d CUDA devices)", dev, n)
+		return transport.Errorf(transport.ErrInvalidArgument, "device %d does not exist (this process sees %d CUDA devices)", dev, n)
 	}
 	return nil
 }
@@ -90,7 +90,7 @@ func checkDevice(dev int) error {
 // still form are destroyed when they do.
 func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spec transport.GroupSpec) error {
 	if len(r.Bootstrap) != numLanes*UniqueIDSize {
-		return transport.Errorf(transport.ErrCorrupt, "nccl: rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
+		return transport.Errorf(transport.ErrCorrupt, "rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
 	}
 	if err := checkDevice(spec.Device); err != nil {
 		return err
@@ -136,7 +136,7 @@ func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spe
 		if err == nil {
 			var serr error
 			g.lanes[i].stream, serr = cuda.NewStream(spec.Device)
-			err = cuda.CoreError(serr)
+			err = serr
 		}
 	}
 	if err != nil {
@@ -148,7 +148,7 @@ func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spe
 				}
 			}
 		}
-		return coreError(err)
+		return err
 	}
 	if err := g.connect(ctx); err != nil {
 		return err
@@ -165,7 +165,7 @@ func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spe
 	if old != nil { // a group destroyed after a failure, replaced
 		old.destroy(transport.Errorf(transport.ErrClosed, "it was replaced"), false)
 	}
-	t.h.Log().Debugf("nccl: group %q: rank %d of %d on cuda:%d (NCCL %s)", r.Name, spec.Rank, r.WorldSize(), spec.Device, VersionString())
+	t.h.Log().Debugf("group %q: rank %d of %d on cuda:%d (NCCL %s)", r.Name, spec.Rank, r.WorldSize(), spec.Device, VersionString())
 	return nil
 }
 
@@ -205,12 +205,12 @@ func (g *group) connect(ctx context.Context) error {
 	}
 	scratch, err := cuda.Alloc(g.dev, uint64(n)+1)
 	if err != nil {
-		return fail(cuda.CoreError(err))
+		return fail(err)
 	}
 	ev, err := cuda.NewEvent(g.dev)
 	if err != nil {
 		cuda.Free(g.dev, scratch)
-		return fail(cuda.CoreError(err))
+		return fail(err)
 	}
 	defer ev.Destroy()
 	for i, l := range g.lanes {
@@ -238,7 +238,7 @@ func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintp
 		err := l.comm.Connect(g.rank, n, up, scratch, l.stream)
 		if err == nil {
 			if rerr := ev.Record(l.stream); rerr != nil {
-				err = cuda.CoreError(rerr)
+				err = rerr
 			}
 		}
 		enq <- err
@@ -246,7 +246,7 @@ func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintp
 	select {
 	case err := <-enq:
 		if err != nil {
-			return coreError(err)
+			return err
 		}
 	case <-ctx.Done():
 		abort() // releases the enqueue; wait for it to come out
@@ -259,7 +259,7 @@ func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintp
 			err = l.comm.AsyncError()
 		}
 		if err != nil {
-			return coreError(err)
+			return err
 		}
 		if done {
 			return nil
@@ -280,7 +280,7 @@ func (t *Transport) DestroyGroup(name string) error {
 	delete(t.groups, name)
 	t.mu.Unlock()
 	if g == nil {
-		return transport.Errorf(transport.ErrNotFound, "nccl has no communicator for group %q", name)
+		return transport.Errorf(transport.ErrNotFound, "no communicator for group %q", name)
 	}
 	return g.destroy(transport.Errorf(transport.ErrClosed, "rdt_group_destroy was called"), false)
 }
@@ -294,16 +294,16 @@ func (g *group) destroy(cause error, abort bool) error {
 	g.mu.Lock()
 	first := g.dead == nil
 	if first {
-		g.dead = transport.Errorf(transport.StatusOf(cause), "nccl: group %q was destroyed after %v", g.name, cause)
+		g.dead = transport.Errorf(transport.StatusOf(cause), "group %q was destroyed after %v", g.name, cause)
 		if transport.StatusOf(cause) == transport.ErrClosed {
-			g.dead = transport.Errorf(transport.ErrClosed, "nccl: group %q was destroyed: %v", g.name, cause)
+			g.dead = transport.Errorf(transport.ErrClosed, "group %q was destroyed: %v", g.name, cause)
 		}
 		close(g.deadCh)
 	}
 	if abort && !g.aborted && !g.freed {
 		g.aborted = true
 		g.mu.Unlock()
-		g.t.h.Log().Warnf("nccl: group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
+		g.t.h.Log().Warnf("group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
 		return g.abortComm()
 	}
 	g.mu.Unlock()
@@ -328,7 +328,7 @@ func (g *group) destroy(cause error, abort bool) error {
 		l.enq.Unlock()
 	}
 	if err != nil {
-		return coreError(err)
+		return err
 	}
 	return nil
 }
@@ -358,7 +358,7 @@ func (g *group) abortComm() error {
 		}
 	}
 	if err != nil {
-		return coreError(err)
+		return err
 	}
 	return nil
 }
@@ -394,7 +394,7 @@ func (t *Transport) groupWith(peer transport.RuntimeID) (*group, int, error) {
 	if len(dead) > 0 {
 		return nil, 0, dead[0].deadErr()
 	}
-	return nil, 0, transport.Errorf(transport.ErrUnsupported, "nccl: this runtime and the source runtime are not ranks of one nccl group; create one on both with rdt_group_create (Python: create_collective_group), or fetch with another transport (cuda_ipc on the same host, nixl, or tcp for host memory)")
+	return nil, 0, transport.Errorf(transport.ErrUnsupported, "this runtime and the source runtime are not ranks of one nccl group; create one on both with rdt_group_create (Python: create_collective_group), or fetch with another transport (cuda_ipc on the same host, nixl, or tcp for host memory)")
 }
 
 func (t *Transport) lookup(m *cmeta) (*group, error) {
@@ -402,13 +402,13 @@ func (t *Transport) lookup(m *cmeta) (*group, error) {
 	g := t.groups[m.Group]
 	t.mu.Unlock()
 	if g == nil {
-		return nil, transport.Errorf(transport.ErrNotFound, "nccl: no group %q in this runtime (destroyed?)", m.Group)
+		return nil, transport.Errorf(transport.ErrNotFound, "no group %q in this runtime (destroyed?)", m.Group)
 	}
 	if g.roster.Instance != m.Instance {
-		return nil, transport.Errorf(transport.ErrNotFound, "nccl: group %q was re-created since the transfer was planned", m.Group)
+		return nil, transport.Errorf(transport.ErrNotFound, "group %q was re-created since the transfer was planned", m.Group)
 	}
 	if m.Src >= g.roster.WorldSize() || m.Dst >= g.roster.WorldSize() {
-		return nil, transport.Errorf(transport.ErrCorrupt, "nccl: ranks %d and %d are outside group %q of %d", m.Src, m.Dst, m.Group, g.roster.WorldSize())
+		return nil, transport.Errorf(transport.ErrCorrupt, "ranks %d and %d are outside group %q of %d", m.Src, m.Dst, m.Group, g.roster.WorldSize())
 	}
 	if err := g.deadErr(); err != nil {
 		return nil, err
@@ -499,7 +499,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	}
 	ev, err := cuda.NewEvent(g.dev)
 	if err != nil {
-		return cuda.CoreError(err)
+		return err
 	}
 	defer ev.Destroy()
 	// The enqueue can wait: for another transfer's enqueue, and inside NCCL,
@@ -534,7 +534,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		if rerr := ev.Record(l.stream); rerr != nil {
 			// Enqueued, but there is nothing to watch it with: stop it,
 			// and wait for the stream instead.
-			cerr := cuda.CoreError(rerr)
+			cerr := rerr
 			g.destroy(transport.Errorf(transport.StatusOf(cerr), "%s failed: %v", what, cerr), true)
 			l.stream.Synchronize()
 			err = rerr
@@ -548,7 +548,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	g.changed = make(chan struct{})
 	g.mu.Unlock()
 	if err != nil {
-		return coreError(err)
+		return err
 	}
 	// Poll: the event says the bytes moved; the communicator's async error
 	// says NCCL failed (a peer died, a network error). Only a completion
@@ -573,9 +573,9 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 			g.settle(ev)
 			return g.deadErr()
 		case qerr != nil:
-			return g.fail(ev, cuda.CoreError(qerr), what)
+			return g.fail(ev, qerr, what)
 		case aerr != nil:
-			return g.fail(ev, coreError(aerr), what)
+			return g.fail(ev, aerr, what)
 		case done:
 			return nil
 		}

@@ -80,8 +80,8 @@ func (e *Error) Error() string {
 	return msg
 }
 
-// Status maps the error to an rdt status.
-func (e *Error) Status() transport.Status {
+// RDTStatus maps the error to an rdt status (transport.StatusCarrier).
+func (e *Error) RDTStatus() transport.Status {
 	switch e.Code {
 	case InvalidArgument, InvalidUsage:
 		return transport.ErrInvalidArgument
@@ -91,14 +91,6 @@ func (e *Error) Status() transport.Status {
 		return transport.ErrTimeout
 	}
 	return transport.ErrTransport
-}
-
-// coreError turns an NCCL or CUDA error into a core error with its status.
-func coreError(err error) error {
-	if e, ok := err.(*Error); ok {
-		return transport.Errorf(e.Status(), "%s", e.Error())
-	}
-	return cuda.CoreError(err)
 }
 
 func check(op string, r C.rdt_nccl_result, comm C.rdt_nccl_comm) error {

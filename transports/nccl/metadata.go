@@ -28,9 +28,9 @@ func (m *cmeta) encode() []byte {
 
 func decodeCMeta(b []byte) (*cmeta, error) {
 	bad := func(why string) (*cmeta, error) {
-		return nil, transport.Errorf(transport.ErrCorrupt, "nccl communicator metadata: %s", why)
+		return nil, transport.Errorf(transport.ErrCorrupt, "communicator metadata: %s", why)
 	}
-	r := transport.NewWireReader("nccl communicator metadata", b)
+	r := transport.NewWireReader("communicator metadata", b)
 	version, n := r.U8(), int(r.U8())
 	if r.Err() != nil {
 		return bad("truncated")

@@ -44,7 +44,7 @@ func Available() error {
 	}
 	n, err := cuda.DeviceCount()
 	if err != nil {
-		return transport.Wrap(cuda.CoreError(err), "NCCL %s is installed, but CUDA is not usable", VersionString())
+		return transport.Wrap(err, "NCCL %s is installed, but CUDA is not usable", VersionString())
 	}
 	if n == 0 {
 		return transport.Errorf(transport.ErrUnsupported, "NCCL %s is installed, but the CUDA driver sees no device", VersionString())
@@ -66,7 +66,7 @@ type Transport struct {
 // New makes the transport: ErrUnsupported without NCCL, CUDA or a device.
 func New(h transport.Host) (transport.Transport, error) {
 	if err := Available(); err != nil {
-		return nil, transport.Wrap(err, "nccl needs the NCCL library (libnccl.so.2, or RDT_NCCL_LIBRARY) and a CUDA driver with a device")
+		return nil, transport.Wrap(err, "it needs the NCCL library (libnccl.so.2, or RDT_NCCL_LIBRARY) and a CUDA driver with a device")
 	}
 	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{}}, nil
 }

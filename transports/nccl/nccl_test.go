@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -70,11 +71,11 @@ func TestUnavailableHere(t *testing.T) {
 func TestErrorText(t *testing.T) {
 	e := &Error{Op: "ncclCommInitRank", Code: RemoteError}
 	assert.Contains(t, e.Error(), "ncclCommInitRank: ncclRemoteError")
-	assert.Equal(t, transport.ErrPeerUnavailable, e.Status())
-	assert.Equal(t, transport.ErrInvalidArgument, (&Error{Code: InvalidUsage}).Status())
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(fmt.Errorf("forming: %w", e)))
+	assert.Equal(t, transport.ErrInvalidArgument, (&Error{Code: InvalidUsage}).RDTStatus())
 	assert.Equal(t, "ncclResult_t(99)", Result(99).String())
 	assert.Equal(t, "ncclTimeout", Timeout.String())
-	assert.Equal(t, transport.ErrTimeout, (&Error{Code: Timeout}).Status())
+	assert.Equal(t, transport.ErrTimeout, (&Error{Code: Timeout}).RDTStatus())
 }
 
 // The descriptor: two-sided (the engine runs the source's Send), the last

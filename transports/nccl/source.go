@@ -11,7 +11,7 @@ import (
 func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for i, x := range tensors {
 		if x.Device.Type != transport.DeviceCUDA {
-			return nil, transport.Errorf(transport.ErrUnsupported, "nccl moves CUDA device memory; tensor %d is on %s", i, x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it moves CUDA device memory; tensor %d is on %s", i, x.Device)
 		}
 	}
 	return nil, nil
@@ -33,7 +33,7 @@ func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, c
 	}
 	what := fmt.Sprintf("the send of object %s to rank %d", x.Object, m.Dst)
 	if m.Src != g.rank || g.roster.Members[m.Dst].Runtime != x.Destination.RuntimeID {
-		err := transport.Errorf(transport.ErrInvalidArgument, "nccl: the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
+		err := transport.Errorf(transport.ErrInvalidArgument, "the transfer names ranks %d→%d of group %q, but this runtime is rank %d and the destination is rank %d",
 			m.Src, m.Dst, m.Group, g.rank, g.roster.RankOf(x.Destination.RuntimeID))
 		g.destroy(transport.Wrap(err, "%s", what), true)
 		return g.deadErr()

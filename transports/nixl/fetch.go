@@ -82,7 +82,7 @@ func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
 	got := C.GoString(name)
 	C.rdtnx_free(unsafe.Pointer(name))
 	if got != want {
-		return transport.Errorf(transport.ErrCorrupt, "nixl: the metadata names agent %q, expected %q", got, want)
+		return transport.Errorf(transport.ErrCorrupt, "the metadata names agent %q, expected %q", got, want)
 	}
 	return nil
 }
@@ -131,7 +131,7 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 		r.mu.Unlock()
 	}
 	if lastErr == nil {
-		lastErr = transport.Errorf(transport.ErrTransport, "nixl: the source agent's metadata kept changing")
+		lastErr = transport.Errorf(transport.ErrTransport, "the source agent's metadata kept changing")
 	}
 	return nil, lastErr
 }
@@ -158,7 +158,7 @@ func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, e
 	var curBytes uint64
 	for i, g := range m.Regions {
 		if g.Size != targets[i].Nbytes {
-			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "nixl: tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
+			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
 		}
 		mem, dev, err := memOf(targets[i].Device)
 		if err != nil {
@@ -192,7 +192,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "nixl: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	chunks, local, total, err := plan(m, targets)
 	if err != nil {
@@ -342,7 +342,7 @@ func (r *request) poll() (bool, error) {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
-			return true, transport.Errorf(transport.ErrTransport, "nixl: the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
+			return true, transport.Errorf(transport.ErrTransport, "the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
 		}
 	}
 	return all, nil
@@ -359,7 +359,7 @@ func (r *request) Completed() bool {
 func (r *request) Wait() error {
 	for i := 0; ; i++ {
 		if r.aborted.Load() {
-			return transport.Errorf(transport.ErrAborted, "nixl: transfer aborted")
+			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
 		done, err := r.poll()
 		if err != nil {
@@ -403,7 +403,7 @@ func (r *request) cleanup() {
 			}
 			if !warned && i > 0 && i%5000 == 0 {
 				warned = true
-				r.t.h.Log().Warnf("nixl: a read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.remoteName, time.Since(r.started).Round(time.Millisecond))
+				r.t.h.Log().Warnf("a read from agent %s is still in flight after %v; NIXL cannot cancel it, waiting", r.remoteName, time.Since(r.started).Round(time.Millisecond))
 			}
 			pause(i)
 		}

@@ -71,7 +71,7 @@ func Load() error {
 	defer loadMu.Unlock()
 	if loaded != "" {
 		if loaded != path {
-			return transport.Errorf(transport.ErrUnsupported, "nixl: %s is already loaded in this process; cannot also load %s", loaded, path)
+			return transport.Errorf(transport.ErrUnsupported, "%s is already loaded in this process; cannot also load %s", loaded, path)
 		}
 		return nil
 	}
@@ -104,13 +104,13 @@ func open(path string, probe bool) error {
 	case 0:
 		return nil
 	case 1:
-		err = transport.Errorf(transport.ErrUnsupported, "nixl: cannot load NIXL's C API library %s (set %s to its path, e.g. the libnixl_capi.so of the nixl wheel): %s",
+		err = transport.Errorf(transport.ErrUnsupported, "cannot load NIXL's C API library %s (set %s to its path, e.g. the libnixl_capi.so of the nixl wheel): %s",
 			path, LibraryEnv, strings.TrimSpace(C.GoString(what)))
 	case 3:
-		err = transport.Errorf(transport.ErrUnsupported, "nixl: %s is NIXL's reworked C API (version %s), whose agent configuration and buffer ownership differ from the C API of nixl 1.5.1 that rdt speaks; point %s at the libnixl_capi.so of the nixl-cu12 1.5.1 wheel",
+		err = transport.Errorf(transport.ErrUnsupported, "%s is NIXL's reworked C API (version %s), whose agent configuration and buffer ownership differ from the C API of nixl 1.5.1 that rdt speaks; point %s at the libnixl_capi.so of the nixl-cu12 1.5.1 wheel",
 			path, C.GoString(what), LibraryEnv)
 	default:
-		err = transport.Errorf(transport.ErrUnsupported, "nixl: %s lacks the symbol %s (not NIXL's C API library, or an incompatible release)", path, C.GoString(what))
+		err = transport.Errorf(transport.ErrUnsupported, "%s lacks the symbol %s (not NIXL's C API library, or an incompatible release)", path, C.GoString(what))
 	}
 	C.free(unsafe.Pointer(what))
 	return err
@@ -145,5 +145,5 @@ func callError(code transport.Status, what string, call *C.char, st C.int) error
 	if call != nil {
 		name = C.GoString(call)
 	}
-	return transport.Errorf(code, "nixl: %s: %s failed with status %d (%s)", what, name, int(st), statusName(st))
+	return transport.Errorf(code, "%s: %s failed with status %d (%s)", what, name, int(st), statusName(st))
 }

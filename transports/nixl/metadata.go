@@ -82,15 +82,15 @@ func validName(s string) bool {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "nixl: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
 	}
-	r := transport.NewWireReader("nixl metadata", b)
+	r := transport.NewWireReader("transport metadata", b)
 	magic, version := r.Take(len(metaMagic)), r.U8()
 	if r.Err() != nil || string(magic) != metaMagic {
 		return nil, bad("bad magic")
 	}
 	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "nixl: metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
 	}
 	m := &metadata{Epoch: r.U64()}
 	m.Agent = string(r.Take(int(r.U8())))

@@ -32,8 +32,9 @@ import (
 const Name = "nixl"
 
 // maxRemotes bounds the source agents whose metadata a receiver keeps
-// loaded. The core does not tell transports when a peer goes away, so the
-// least recently used agent is invalidated when a new one would exceed it.
+// loaded: a bound on memory for many live sources (gone ones are dropped at
+// PeerGone), so the least recently used agent is invalidated when a new one
+// would exceed it.
 const maxRemotes = 64
 
 // Factory makes the transport for a new runtime. Without NIXL's C API
@@ -106,7 +107,7 @@ func New(h transport.Host) (transport.Transport, error) {
 		return nil, err
 	}
 	if tls, _ := cgetenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
-		h.Log().Warnf("nixl: UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
+		h.Log().Warnf("UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
 	}
 	devices := []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost}
 	if n, err := cuda.DeviceCount(); err == nil && n > 0 {
@@ -114,7 +115,7 @@ func New(h transport.Host) (transport.Transport, error) {
 		// CUDA memory must not pick nixl and fail inside UCX.
 		devices = append(devices, transport.DeviceCUDA)
 	} else {
-		h.Log().Debugf("nixl: host memory only: %v", cudaAbsence(n, err))
+		h.Log().Debugf("host memory only: %v", cudaAbsence(n, err))
 	}
 	return &Transport{
 		h:       h,
@@ -165,7 +166,7 @@ func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
 	t.agentMu.Lock()
 	defer t.agentMu.Unlock()
 	if t.closed {
-		return nil, transport.Errorf(transport.ErrClosed, "nixl: the transport was closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport was closed")
 	}
 	if t.agent != nil || t.agentErr != nil {
 		return t.agent, t.agentErr
@@ -188,7 +189,7 @@ func (t *Transport) ensureAgent() (unsafe.Pointer, error) {
 	t.conn = C.GoBytes(data, C.int(n))
 	C.rdtnx_free(data)
 	t.agent, t.backend = agent, backend
-	t.h.Log().Debugf("nixl: agent %s created (%d bytes of connection metadata)", t.name, len(t.conn))
+	t.h.Log().Debugf("agent %s created (%d bytes of connection metadata)", t.name, len(t.conn))
 	return agent, nil
 }
 
@@ -199,11 +200,11 @@ func memOf(d transport.Device) (uint8, uint32, error) {
 		return memDRAM, 0, nil
 	case d.Type == transport.DeviceCUDA:
 		if d.ID < 0 {
-			return 0, 0, transport.Errorf(transport.ErrInvalidArgument, "nixl: negative CUDA device id %d", d.ID)
+			return 0, 0, transport.Errorf(transport.ErrInvalidArgument, "negative CUDA device id %d", d.ID)
 		}
 		return memVRAM, uint32(d.ID), nil
 	}
-	return 0, 0, transport.Errorf(transport.ErrUnsupported, "nixl moves host and CUDA memory; tensor on %s", d)
+	return 0, 0, transport.Errorf(transport.ErrUnsupported, "it moves host and CUDA memory; tensor on %s", d)
 }
 
 // cArrays holds the C copies of a descriptor list's fields.

@@ -65,7 +65,7 @@ func partialMD(agent unsafe.Pointer, keys []regKey) ([]byte, error) {
 	}
 	defer C.rdtnx_free(data)
 	if n == 0 || n > maxBlob {
-		return nil, transport.Errorf(transport.ErrTransport, "nixl: the agent's metadata is %d bytes (want 1 to %d)", int(n), maxBlob)
+		return nil, transport.Errorf(transport.ErrTransport, "the agent's metadata is %d bytes (want 1 to %d)", int(n), maxBlob)
 	}
 	return C.GoBytes(data, C.int(n)), nil
 }

@@ -38,14 +38,14 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	// object fetched (its segment holds nothing else), and the segment
 	// server must be its owner's process (checked at connect).
 	if m.Object != x.Object {
-		return nil, transport.Errorf(transport.ErrCorrupt, "shm: the metadata of object %s names object %s: refusing it", x.Object, m.Object)
+		return nil, transport.Errorf(transport.ErrCorrupt, "the metadata of object %s names object %s: refusing it", x.Object, m.Object)
 	}
 	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
 	}
 	for i, r := range m.Regions {
 		if r.Size != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 	}
 	src, err := t.source(x.Source)
@@ -66,7 +66,7 @@ func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
 	if t.idle == nil {
-		return nil, transport.Errorf(transport.ErrClosed, "shm transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	k := t.idle[peer.RuntimeID]
 	if k == nil {
@@ -99,14 +99,14 @@ func (r *request) receive(src *keptConns, owner int, m *metadata, targets []tran
 	}
 	defer unix.Close(fd)
 	if size != m.Size {
-		return transport.Errorf(transport.ErrCorrupt, "shm: the source's segment holds %d bytes, its metadata says %d", size, m.Size)
+		return transport.Errorf(transport.ErrCorrupt, "the source's segment holds %d bytes, its metadata says %d", size, m.Size)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
-		return transport.Errorf(transport.ErrCorrupt, "shm: the received segment is %d bytes, %d expected", st.Size, size)
+		return transport.Errorf(transport.ErrCorrupt, "the received segment is %d bytes, %d expected", st.Size, size)
 	}
 	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 || seals&unix.F_SEAL_SHRINK == 0 {
-		return transport.Errorf(transport.ErrPermissionDenied, "shm: the received segment is not sealed against writes; refusing to read it")
+		return transport.Errorf(transport.ErrPermissionDenied, "the received segment is not sealed against writes; refusing to read it")
 	}
 	for i, reg := range m.Regions {
 		if reg.Size == 0 {
@@ -127,7 +127,7 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 	one := func(d []byte, at uint64) error {
 		for done := 0; done < len(d); {
 			if abort.Load() {
-				return transport.Errorf(transport.ErrAborted, "shm: transfer aborted")
+				return transport.Errorf(transport.ErrAborted, "transfer aborted")
 			}
 			end := min(done+chunk, len(d))
 			n, err := unix.Pread(fd, d[done:end], int64(at)+int64(done))
@@ -135,10 +135,10 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 				continue
 			}
 			if err != nil {
-				return transport.Errorf(transport.ErrTransport, "shm: reading the segment: %v", err)
+				return transport.Errorf(transport.ErrTransport, "reading the segment: %v", err)
 			}
 			if n == 0 {
-				return transport.Errorf(transport.ErrCorrupt, "shm: the segment ended early")
+				return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
 			}
 			done += n
 		}
@@ -178,16 +178,16 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
 			return -1, 0, exhausted
 		}
-		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c := nc.(*net.UnixConn)
 	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
-			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "shm: cannot identify the segment server at %s: %v", m.Path, err)
+			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
 		}
 		return -1, 0, transport.Errorf(transport.ErrCorrupt,
-			"shm: the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
+			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
 	}
 	fd, size, err, _ := t.askSegment(src, c, m)
 	return fd, size, err
@@ -197,7 +197,7 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 // closes it. usable is false when c failed before any answer arrived.
 func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
 	gone := func(err error) error {
-		return transport.Errorf(transport.ErrPeerUnavailable, "shm: the owner's segment server at %s is gone: %v", m.Path, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
@@ -237,7 +237,7 @@ func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd
 	}
 	if len(fds) != 1 {
 		closeAll()
-		return -1, 0, transport.Errorf(transport.ErrCorrupt, "shm: the source sent %d descriptors, want 1", len(fds)), true
+		return -1, 0, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds)), true
 	}
 	return fds[0], size, nil, true
 }

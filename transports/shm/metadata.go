@@ -41,15 +41,15 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "shm: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
 	}
-	r := transport.NewWireReader("shm metadata", b)
+	r := transport.NewWireReader("transport metadata", b)
 	magic, version, pl := r.Take(len(metaMagic)), r.U8(), int(r.U16())
 	if r.Err() != nil || string(magic) != metaMagic {
 		return nil, bad("bad header")
 	}
 	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "shm: metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
 	}
 	if pl == 0 || pl > maxPath || r.Len() < pl+16+8+4 {
 		return nil, bad("socket path")

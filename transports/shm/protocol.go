@@ -22,7 +22,7 @@ func encodeRequest(obj transport.ObjectID) []byte {
 func decodeRequest(b []byte) (transport.ObjectID, error) {
 	var id transport.ObjectID
 	if len(b) != requestLen || string(b[:4]) != requestMagic {
-		return id, transport.Errorf(transport.ErrCorrupt, "shm: malformed segment request")
+		return id, transport.Errorf(transport.ErrCorrupt, "malformed segment request")
 	}
 	copy(id[:], b[4:])
 	return id, nil
@@ -41,13 +41,13 @@ func encodeReply(st transport.Status, msg string, size uint64) []byte {
 
 func decodeReply(b []byte) (transport.Status, string, uint64, error) {
 	if len(b) < replyLen {
-		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "shm: short reply from the source")
+		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "short reply from the source")
 	}
 	st := transport.Status(int32(binary.LittleEndian.Uint32(b)))
 	size := binary.LittleEndian.Uint64(b[4:])
 	n := binary.LittleEndian.Uint32(b[12:])
 	if uint64(n) != uint64(len(b)-replyLen) {
-		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "shm: malformed reply from the source")
+		return 0, "", 0, transport.Errorf(transport.ErrCorrupt, "malformed reply from the source")
 	}
 	return st, string(b[replyLen:]), size, nil
 }

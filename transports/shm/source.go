@@ -29,7 +29,7 @@ func layout(tensors []transport.Tensor) ([]region, uint64) {
 func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "shm moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
 		}
 	}
 	regions, size := layout(tensors)
@@ -52,7 +52,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 	defer t.mu.Unlock()
 	if t.closed {
 		unix.Close(fd)
-		return nil, transport.Errorf(transport.ErrClosed, "shm transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	if _, ok := t.segs[obj]; ok { // staged meanwhile by another caller
 		unix.Close(fd)
@@ -70,7 +70,7 @@ func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region,
 		if exhausted := outOfResources("memfd_create", "this process", err); exhausted != nil {
 			return -1, exhausted
 		}
-		return -1, transport.Errorf(transport.ErrUnsupported, "shm: memfd_create: %v", err)
+		return -1, transport.Errorf(transport.ErrUnsupported, "memfd_create: %v", err)
 	}
 	fail := func(what string, err error) (int, error) {
 		unix.Close(fd)
@@ -78,7 +78,7 @@ func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region,
 		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOSPC) {
 			st = transport.ErrNoMemory
 		}
-		return -1, transport.Errorf(st, "shm: %s of a %d-byte segment: %v", what, size, err)
+		return -1, transport.Errorf(st, "%s of a %d-byte segment: %v", what, size, err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return fail("ftruncate", err)
@@ -112,11 +112,11 @@ func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region,
 func outOfResources(what, who string, err error) error {
 	switch {
 	case errors.Is(err, unix.EMFILE):
-		return transport.Errorf(transport.ErrTransport, "shm: %s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
+		return transport.Errorf(transport.ErrTransport, "%s: %s is out of file descriptors (%v); raise its limit (ulimit -n) or hold fewer objects", what, who, err)
 	case errors.Is(err, unix.ENFILE):
-		return transport.Errorf(transport.ErrTransport, "shm: %s: the system is out of file descriptors (%v)", what, err)
+		return transport.Errorf(transport.ErrTransport, "%s: the system is out of file descriptors (%v)", what, err)
 	case errors.Is(err, unix.ENOMEM):
-		return transport.Errorf(transport.ErrNoMemory, "shm: %s: %s is out of memory (%v)", what, who, err)
+		return transport.Errorf(transport.ErrNoMemory, "%s: %s is out of memory (%v)", what, who, err)
 	}
 	return nil
 }
@@ -137,23 +137,23 @@ func (t *Transport) listen() (string, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return "", transport.Errorf(transport.ErrClosed, "shm transport is closed")
+		return "", transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	if t.ln != nil {
 		return t.path, nil
 	}
 	var rnd [6]byte
 	if _, err := io.ReadFull(randReader{}, rnd[:]); err != nil {
-		return "", transport.Errorf(transport.ErrInternal, "shm: %v", err)
+		return "", transport.Errorf(transport.ErrInternal, "%v", err)
 	}
 	path := filepath.Join(t.h.SocketDir(), fmt.Sprintf("shm-%d-%x.sock", os.Getpid(), rnd))
 	if len(path) >= 108 {
-		return "", transport.Errorf(transport.ErrInvalidArgument, "shm: socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
+		return "", transport.Errorf(transport.ErrInvalidArgument, "socket path %s is too long for a Unix socket (choose a shorter socket_dir)", path)
 	}
 	removeStaleSockets(t.h.SocketDir())
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
-		return "", transport.Errorf(transport.ErrTransport, "shm: cannot listen on %s: %v", path, err)
+		return "", transport.Errorf(transport.ErrTransport, "cannot listen on %s: %v", path, err)
 	}
 	t.ln, t.path = ln, path
 	t.serving.Add(1)
@@ -185,7 +185,7 @@ func (t *Transport) accept(ln *net.UnixListener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			t.h.Log().Warnf("shm: accept: %v", err)
+			t.h.Log().Warnf("accept: %v", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -248,13 +248,13 @@ func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
 	}
 	t.mu.Unlock()
 	if !ok {
-		_, err := c.Write(encodeReply(transport.ErrNotFound, "shm: object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		_, err := c.Write(encodeReply(transport.ErrNotFound, "object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
 		return err == nil
 	}
 	if err != nil {
 		reply := outOfResources("handing out the segment", "the owner", err)
 		if reply == nil {
-			reply = transport.Errorf(transport.ErrTransport, "shm: dup: %v", err)
+			reply = transport.Errorf(transport.ErrTransport, "dup: %v", err)
 		}
 		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0))
 		return err == nil
@@ -277,10 +277,10 @@ func checkSameUser(c *net.UnixConn) error {
 		return err
 	}
 	if cerr != nil {
-		return transport.Errorf(transport.ErrPermissionDenied, "shm: cannot identify the peer: %v", cerr)
+		return transport.Errorf(transport.ErrPermissionDenied, "cannot identify the peer: %v", cerr)
 	}
 	if int(cred.Uid) != os.Getuid() {
-		return transport.Errorf(transport.ErrPermissionDenied, "shm: refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
+		return transport.Errorf(transport.ErrPermissionDenied, "refused a segment request from uid %d (pid %d): only uid %d may map this runtime's memory", cred.Uid, cred.Pid, os.Getuid())
 	}
 	return nil
 }

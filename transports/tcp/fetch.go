@@ -66,7 +66,7 @@ func (s *stream) sendMore() error {
 }
 
 // errBudget: the inline reader ran out of time; the stream is intact.
-var errBudget = errors.New("tcp: inline budget spent")
+var errBudget = errors.New("inline budget spent")
 
 // advance receives until every piece is in. read returns at least one byte
 // or an error. Errors other than errBudget come back as rdt errors.
@@ -86,7 +86,7 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 				var mlen int
 				s.st, mlen, err = decodeResponseHeader(s.hdr[:])
 				if err == nil && s.st == transport.OK && mlen != 0 {
-					err = transport.Errorf(transport.ErrCorrupt, "tcp: %s answered OK with a message", s.r.meta.Endpoint)
+					err = transport.Errorf(transport.ErrCorrupt, "%s answered OK with a message", s.r.meta.Endpoint)
 				}
 				if err != nil {
 					return err
@@ -97,7 +97,7 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 			n, err = read(s.msg[s.msgGot:])
 			s.msgGot += n
 		case s.st != transport.OK:
-			return transport.Errorf(s.st, "tcp: the source %s refused tensor %d bytes [%d, +%d): %s",
+			return transport.Errorf(s.st, "the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
 		case s.got < len(p.dst):
 			n, err = read(p.dst[s.got:])
@@ -199,7 +199,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	if int(m.Tensors) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: the source describes %d tensors, %d targets given", m.Tensors, len(targets))
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", m.Tensors, len(targets))
 	}
 	small, shares, err := plan(targets, t.streams)
 	if err != nil {
@@ -215,7 +215,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	t.pmu.Lock()
 	if t.closed {
 		t.pmu.Unlock()
-		return nil, transport.Errorf(transport.ErrClosed, "tcp transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	t.active[r] = struct{}{}
 	t.pmu.Unlock()
@@ -253,7 +253,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 func plan(targets []transport.Tensor, streams int) (small []piece, shares [][]piece, err error) {
 	for i, tg := range targets {
 		if !tg.Device.Type.HostAccessible() {
-			return nil, nil, transport.Errorf(transport.ErrUnsupported, "tcp: target %d is in %s memory; tcp writes host memory", i, tg.Device)
+			return nil, nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; tcp writes host memory", i, tg.Device)
 		}
 		if tg.Nbytes == 0 {
 			continue
@@ -453,21 +453,21 @@ func (r *fetchRequest) abort() {
 	}
 }
 
-func abortedErr() error { return transport.Errorf(transport.ErrAborted, "tcp: transfer aborted") }
+func abortedErr() error { return transport.Errorf(transport.ErrAborted, "transfer aborted") }
 
 // ioError names what a failed read or write on a data connection means.
 func (r *fetchRequest) ioError(err error) error {
 	if r.aborted.Load() {
 		return abortedErr()
 	}
-	var e *transport.Error
-	if errors.As(err, &e) {
+	var carrier transport.StatusCarrier
+	if errors.As(err, &carrier) {
 		return err
 	}
 	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
-		return transport.Errorf(transport.ErrPeerUnavailable, "tcp: the source %s went away during the transfer", r.meta.Endpoint)
+		return transport.Errorf(transport.ErrPeerUnavailable, "the source %s went away during the transfer", r.meta.Endpoint)
 	}
-	return transport.Errorf(transport.ErrPeerUnavailable, "tcp: transfer from %s failed: %v", r.meta.Endpoint, err)
+	return transport.Errorf(transport.ErrPeerUnavailable, "transfer from %s failed: %v", r.meta.Endpoint, err)
 }
 
 // Abort stops a transfer in progress; Wait then returns ErrAborted.
@@ -488,7 +488,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 		return nil, err
 	}
 	if length > maxChunk {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: at most %d bytes per request", maxChunk)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "at most %d bytes per request", maxChunk)
 	}
 	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
 	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
@@ -557,7 +557,7 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	closed := t.closed
 	t.pmu.Unlock()
 	if closed {
-		return nil, transport.Errorf(transport.ErrClosed, "tcp transport is closed")
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	if c := t.idleConn(k); c != nil {
 		return c, nil
@@ -567,9 +567,9 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	c, err := d.DialContext(ctx, "tcp", ep)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, transport.Errorf(transport.ErrAborted, "tcp: dialing %s was cancelled", ep)
+			return nil, transport.Errorf(transport.ErrAborted, "dialing %s was cancelled", ep)
 		}
-		return nil, transport.Errorf(transport.ErrPeerUnavailable, "tcp: cannot reach the source's data endpoint %s: %v", ep, err)
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "cannot reach the source's data endpoint %s: %v", ep, err)
 	}
 	tune(c)
 	// Cancelling ctx (an abort) also cuts a handshake with a source that
@@ -578,7 +578,7 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	err = t.authenticate(c, ep, k.key)
 	if !stop() {
 		c.Close()
-		return nil, transport.Errorf(transport.ErrAborted, "tcp: the handshake with %s was cancelled", ep)
+		return nil, transport.Errorf(transport.ErrAborted, "the handshake with %s was cancelled", ep)
 	}
 	if err != nil {
 		c.Close()
@@ -602,18 +602,18 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	hello := make([]byte, helloLen)
 	n, err := io.ReadFull(c, hello)
 	if m := min(n, len(helloMagic)); string(hello[:m]) != helloMagic[:m] {
-		return transport.Errorf(transport.ErrCorrupt, "tcp data connection to %s: not an rdt data endpoint", ep)
+		return transport.Errorf(transport.ErrCorrupt, "data connection to %s: not an rdt data endpoint", ep)
 	}
 	if err != nil {
-		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "data connection to %s: handshake failed: %v", ep, err)
 	}
 	if v := hello[len(helloMagic)]; v != protoVersion {
-		return transport.Errorf(transport.ErrUnsupported, "tcp data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
+		return transport.Errorf(transport.ErrUnsupported, "data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
 	}
 	id := t.h.Identity().RuntimeID
 	answer := append(transport.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
 	if _, err := c.Write(answer); err != nil {
-		return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: handshake failed: %v", ep, err)
+		return transport.Errorf(transport.ErrPeerUnavailable, "data connection to %s: handshake failed: %v", ep, err)
 	}
 	st, msg, err := readResponse(c)
 	if err != nil {
@@ -621,14 +621,14 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 		// that ends without an answer means the peer went away, say
 		// killed while we connected.
 		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
-			return transport.Errorf(transport.ErrPeerUnavailable, "tcp data connection to %s: the peer closed the connection during authentication: %v", ep, err)
+			return transport.Errorf(transport.ErrPeerUnavailable, "data connection to %s: the peer closed the connection during authentication: %v", ep, err)
 		}
 		return err
 	}
 	if st == transport.OK {
 		return nil
 	}
-	return transport.Errorf(st, "tcp data connection to %s: %s", ep, msg)
+	return transport.Errorf(st, "data connection to %s: %s", ep, msg)
 }
 
 // readResponse reads one response header and its message (handshake only;
@@ -636,7 +636,7 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 func readResponse(c net.Conn) (transport.Status, string, error) {
 	var hdr [responseLen]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
 	st, n, err := decodeResponseHeader(hdr[:])
 	if err != nil {
@@ -647,7 +647,7 @@ func readResponse(c net.Conn) (transport.Status, string, error) {
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "tcp: reading from %s: %v", c.RemoteAddr(), err)
+		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
 	return st, string(msg), nil
 }

@@ -37,9 +37,9 @@ func (m *metadata) encode() []byte {
 
 func decodeMetadata(b []byte) (*metadata, error) {
 	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "tcp: corrupt transport metadata (%s)", why)
+		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
 	}
-	r := transport.NewWireReader("tcp metadata", b)
+	r := transport.NewWireReader("transport metadata", b)
 	magic, version, n := r.Take(len(metaMagic)), r.U8(), int(r.U16())
 	if r.Err() != nil {
 		return nil, bad("too short")
@@ -48,7 +48,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, bad("bad magic")
 	}
 	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "tcp: metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
 	}
 	if n == 0 || n > maxEndpoint {
 		return nil, bad(fmt.Sprintf("endpoint length %d", n))

@@ -67,15 +67,15 @@ func (r *request) encode(b []byte) []byte {
 func decodeRequest(b []byte) (request, error) {
 	var r request
 	if len(b) != requestLen {
-		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: request frame is %d bytes, want %d", len(b), requestLen)
+		return r, transport.Errorf(transport.ErrInvalidArgument, "request frame is %d bytes, want %d", len(b), requestLen)
 	}
 	if string(b[:4]) != requestMagic {
-		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: bad request magic %q", b[:4])
+		return r, transport.Errorf(transport.ErrInvalidArgument, "bad request magic %q", b[:4])
 	}
 	copy(r.Object[:], b[4:20])
 	r.Tensor = binary.LittleEndian.Uint32(b[20:])
 	if binary.LittleEndian.Uint32(b[24:]) != 0 {
-		return r, transport.Errorf(transport.ErrInvalidArgument, "tcp: reserved request field is not zero")
+		return r, transport.Errorf(transport.ErrInvalidArgument, "reserved request field is not zero")
 	}
 	r.Offset = binary.LittleEndian.Uint64(b[28:])
 	r.Length = binary.LittleEndian.Uint64(b[36:])
@@ -97,10 +97,10 @@ func decodeResponseHeader(b []byte) (transport.Status, int, error) {
 	st := transport.Status(int32(binary.LittleEndian.Uint32(b)))
 	n := binary.LittleEndian.Uint32(b[4:])
 	if n > maxMessage {
-		return 0, 0, transport.Errorf(transport.ErrCorrupt, "tcp: response message of %d bytes exceeds the limit", n)
+		return 0, 0, transport.Errorf(transport.ErrCorrupt, "response message of %d bytes exceeds the limit", n)
 	}
 	if st != transport.OK && (st > 0 || st < transport.ErrUser) {
-		return 0, 0, transport.Errorf(transport.ErrCorrupt, "tcp: response carries unknown status %d", st)
+		return 0, 0, transport.Errorf(transport.ErrCorrupt, "response carries unknown status %d", st)
 	}
 	return st, int(n), nil
 }

@@ -21,11 +21,11 @@ func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.T
 func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tcp moves host memory; tensor on %s", x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
 		}
 	}
 	if len(tensors) > transport.MaxTensors {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "tcp: %d tensors exceed the limit of %d", len(tensors), transport.MaxTensors)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors exceed the limit of %d", len(tensors), transport.MaxTensors)
 	}
 	ep, err := t.listen()
 	if err != nil {
@@ -39,7 +39,7 @@ func (t *Transport) listen() (string, error) {
 	t.lmu.Lock()
 	defer t.lmu.Unlock()
 	if t.lclosed {
-		return "", transport.Errorf(transport.ErrClosed, "tcp transport is closed")
+		return "", transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
 	if t.ln != nil {
 		return t.endpoint, nil
@@ -47,17 +47,17 @@ func (t *Transport) listen() (string, error) {
 	// Without a token the core keeps BindHost on loopback.
 	ln, err := net.Listen("tcp", net.JoinHostPort(t.h.BindHost(), "0"))
 	if err != nil {
-		return "", transport.Errorf(transport.ErrTransport, "tcp: cannot listen on %s: %v", t.h.BindHost(), err)
+		return "", transport.Errorf(transport.ErrTransport, "cannot listen on %s: %v", t.h.BindHost(), err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	t.ln = ln
 	t.endpoint = net.JoinHostPort(t.h.AdvertiseHost(), strconv.Itoa(port))
 	// A flood of wrong keys writes a few lines, not one a connection.
 	t.refused = transport.NewFloodLog(t.h.Log(), transport.LogWarn, time.Second,
-		"tcp: refused a data connection", "tcp: refused %d more data connections since %s")
+		"refused a data connection", "refused %d more data connections since %s")
 	t.serving.Add(1)
 	go t.accept(ln)
-	t.h.Log().Debugf("tcp: serving data on %s (advertised as %s)", ln.Addr(), t.endpoint)
+	t.h.Log().Debugf("serving data on %s (advertised as %s)", ln.Addr(), t.endpoint)
 	return t.endpoint, nil
 }
 
@@ -71,7 +71,7 @@ func (t *Transport) accept(ln net.Listener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			t.h.Log().Warnf("tcp: accept: %v", err)
+			t.h.Log().Warnf("accept: %v", err)
 			time.Sleep(10 * time.Millisecond) // say, out of descriptors: do not spin
 			continue
 		}
@@ -113,7 +113,7 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		req, err := decodeRequest(frame)
 		if err != nil {
-			t.h.Log().Warnf("tcp: closing data connection from %s: %v", c.RemoteAddr(), err)
+			t.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
 			c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 			c.Write(encodeResponse(hdr[:0], transport.StatusOf(err), err.Error()))
 			return
@@ -181,7 +181,7 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 	defer unpin()
 	src, st, msg := checkRange(req, tensors)
 	if st != transport.OK {
-		t.h.Log().Warnf("tcp: refused a request from %s: %s", c.RemoteAddr(), msg)
+		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		return refuse(st, msg)
 	}
 	hdr = encodeResponse(hdr, transport.OK, "")
@@ -213,22 +213,22 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 // lies inside it, or says why not.
 func checkRange(req request, tensors []transport.Tensor) (transport.Tensor, transport.Status, string) {
 	if uint64(req.Tensor) >= uint64(len(tensors)) {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
 			" tensors; tensor " + strconv.FormatUint(uint64(req.Tensor), 10) + " was asked for"
 	}
 	if req.Length > maxChunk {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: request for " + strconv.FormatUint(req.Length, 10) +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "request for " + strconv.FormatUint(req.Length, 10) +
 			" bytes exceeds the " + strconv.Itoa(maxChunk) + "-byte limit"
 	}
 	src := tensors[req.Tensor]
 	// Written so that neither side can overflow.
 	if req.Offset > src.Nbytes || req.Length > src.Nbytes-req.Offset {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "tcp: range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
+		return transport.Tensor{}, transport.ErrInvalidArgument, "range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
 			strconv.FormatUint(req.Length, 10) + ") is outside tensor " + strconv.FormatUint(uint64(req.Tensor), 10) +
 			" (" + strconv.FormatUint(src.Nbytes, 10) + " bytes)"
 	}
 	if !src.Device.Type.HostAccessible() {
-		return transport.Tensor{}, transport.ErrUnsupported, "tcp: the object is in " + src.Device.Type.String() + " memory"
+		return transport.Tensor{}, transport.ErrUnsupported, "the object is in " + src.Device.Type.String() + " memory"
 	}
 	return src, transport.OK, ""
 }

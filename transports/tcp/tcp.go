@@ -55,7 +55,8 @@ const (
 
 var (
 	inlineBudget = time.Millisecond // a variable for tests on slow machines
-	// idleTimeout closes pooled connections nobody used for this long.
+	// idleTimeout closes pooled connections nobody used for this long: a
+	// bound on descriptors held for live sources (PeerGone drops gone ones).
 	idleTimeout = time.Minute
 )
 

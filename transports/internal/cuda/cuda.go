@@ -22,7 +22,6 @@ package cuda
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -59,8 +58,9 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s (%s)", e.Op, e.Code.Name(), e.Code.Description())
 }
 
-// Status maps the error to an rdt status (see transport.StatusOf).
-func (e *Error) Status() transport.Status {
+// RDTStatus maps the error to an rdt status: transport.StatusOf honours it
+// wherever the error is wrapped (transport.StatusCarrier).
+func (e *Error) RDTStatus() transport.Status {
 	switch e.Code {
 	case 2: // CUDA_ERROR_OUT_OF_MEMORY
 		return transport.ErrNoMemory
@@ -128,16 +128,6 @@ var resultText = map[Result]string{
 	217: "peer access is not supported between these two devices", 400: "invalid resource handle",
 	600: "device not ready", 700: "an illegal memory access was encountered",
 	704: "peer access is already enabled", 801: "operation not supported", 999: "unknown error",
-}
-
-// CoreError turns an *Error into a core error with a matching status and
-// the same message; other errors are returned as they are.
-func CoreError(err error) error {
-	var e *Error
-	if errors.As(err, &e) {
-		return transport.Errorf(e.Status(), "%s", err.Error())
-	}
-	return err
 }
 
 func check(op string, r C.rdtcu_result) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -74,13 +75,13 @@ func TestErrorNames(t *testing.T) {
 	assert.Equal(t, "CUresult(123456)", Result(123456).Name())
 	assert.Equal(t, "RDT_CUDA_NOT_LOADED", Result(-1).Name())
 
-	assert.Equal(t, transport.ErrNoMemory, status(CoreError(&Error{Op: "cuMemAlloc", Code: 2})))
-	assert.Equal(t, transport.ErrInvalidArgument, status(CoreError(e)))
-	assert.Equal(t, transport.ErrTransport, status(CoreError(&Error{Op: "cuMemcpy", Code: 700})))
-	ce := CoreError(e)
-	assert.Contains(t, ce.Error(), "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (invalid argument)")
-	plain := errors.New("x")
-	assert.Equal(t, plain, CoreError(plain))
+	// The status travels with the error itself, however it is wrapped.
+	assert.Equal(t, transport.ErrNoMemory, status(&Error{Op: "cuMemAlloc", Code: 2}))
+	assert.Equal(t, transport.ErrInvalidArgument, status(fmt.Errorf("opening: %w", e)))
+	wrapped := transport.Wrap(&Error{Op: "cuMemcpy", Code: 700}, "copying tensor %d", 0)
+	assert.Equal(t, transport.ErrTransport, status(wrapped))
+	assert.Contains(t, wrapped.Error(), "copying tensor 0: cuMemcpy: ")
+	assert.Equal(t, transport.ErrInternal, status(errors.New("x")))
 }
 
 func TestUUIDString(t *testing.T) {

@@ -4,6 +4,7 @@ runtime keeps its own store."""
 import ast
 import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -168,6 +169,28 @@ def test_each_runtime_keeps_its_own_store():
         ref.release(revoke_leases=True)  # the serialized bytes above were never read
         assert wait_until(lambda: not a._store.entries and not a._store.by_id)
         a.wait_tensor_freed(x, timeout=10)
+
+
+def test_a_stores_finalizer_paths_may_run_inside_its_lock():
+    # A fetch dropped while it runs forgets its receive buffers and starts a
+    # drain thread from its __del__, which garbage collection may run inside
+    # any section of the store that allocates, on the thread holding the lock.
+    store = rdt._store.Store()
+    buf = bytearray(8)
+    ran = threading.Event()
+    done = threading.Event()
+
+    def finalizer_inside_the_lock():
+        with store.lock:
+            store.receiving[1] = buf
+            store.forget([(1, buf)])
+            store.start_thread(ran.set, (), "rdt-test")
+        done.set()
+
+    threading.Thread(target=finalizer_inside_the_lock, daemon=True).start()
+    assert done.wait(30), "the store's lock is not re-entrant"
+    assert ran.wait(30) and 1 not in store.receiving
+    store.join_threads(30)
 
 
 def test_closing_a_runtime_empties_its_store_only():

@@ -3,10 +3,13 @@
 failures. The scenarios follow Ray's own RDT test suites. Two Ray nodes
 are in test_ray_cluster.py."""
 
+import gc
 import os
 import signal
+import threading
 import time
 import warnings
+import weakref
 
 import pytest
 
@@ -63,6 +66,23 @@ def fresh(cls=Worker, transport=None, deadline=FETCH_FAIL_TIMEOUT_S):
     a = cls.options(runtime_env=ray_env(transport, deadline)).remote() if custom else cls.remote()
     ray.get(a.ready.remote() if cls is Worker else a.stats.remote(), timeout=120)
     return a
+
+
+def get_explained(refs, receivers):
+    """ray.get(refs), and when it fails, what rdt did in each receiver: a
+    fetch that started and never ended, or no fetch at all (Ray never
+    asked), tells an rdt hang from a Ray stall."""
+    try:
+        return ray.get(refs)
+    except Exception as e:
+        seen = []
+        for w in receivers:
+            try:
+                st = ray.get(w.stats.remote(), timeout=30)
+                seen.append({k: st[k] for k in ("fetches_active", "transfers_completed", "transfers_failed")})
+            except Exception as why:  # noqa: BLE001 - a report, the failure is raised below
+                seen.append(repr(why))
+        raise AssertionError(f"{e}\nrdt in each receiver: {seen}") from e
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +170,7 @@ def test_one_ref_many_ways(sources, receiver):
     a, b, _ = ray.get(receiver.consume_two.remote(ref, ref))
     assert a == want and b == want
     assert ray.get([receiver.consume.remote(ref), receiver.consume.remote(ref)]) == [want, want]
-    assert ray.get([w.consume.remote(ref) for w in [receiver] + others]) == [want] * 3
+    assert get_explained([w.consume.remote(ref) for w in [receiver] + others], [receiver] + others) == [want] * 3
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Back to its own actor: the very tensor, no copy; Ray warns once
@@ -431,6 +451,38 @@ def test_receive_cache_hands_memory_out_again_only_once_every_view_is_gone():
     t.fill_(7)
     del t
     assert off.cached_bytes() == 0
+
+
+def test_finalizers_run_by_garbage_collection_never_wait_for_a_lock_their_thread_holds():
+    # Garbage collection starts on any allocation, so a finalizer can run
+    # inside a critical section of the very thread that holds its lock. A
+    # dropped fetch request forgets itself under the transport's lock and a
+    # dropped receive buffer returns to the cache under the cache's: both
+    # must go through, where a plain lock waits forever.
+    transport = rdt.ray.RdtTensorTransport()
+    cache = rdt.ray._ReceiveCache(limit=8 << 20)
+    gc.disable()  # nothing is collected before the locks are held
+    try:
+        req = rdt.ray.RdtFetchRequest("obj", [])
+        req.owner = transport  # as after its fetch completed: __del__ still forgets it
+        req.cycle = req  # only a collection frees it
+        collected = weakref.ref(req)
+        box = [cache.buffer(4 << 20)]
+        box.append(box)
+        del req, box
+
+        def collect_inside_both_locks():
+            with transport._lock, cache._lock:
+                gc.collect()
+
+        t = threading.Thread(target=collect_inside_both_locks, daemon=True)
+        t.start()
+        t.join(30)
+    finally:
+        gc.enable()
+    assert not t.is_alive(), "a finalizer waits for a lock its own thread holds"
+    assert collected() is None, "the collection ran the request's __del__"
+    assert cache.cached_bytes() == 4 << 20, "the dropped buffer came back to the cache"
 
 
 def test_receive_cache_bound_is_checked(monkeypatch):

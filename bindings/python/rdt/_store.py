@@ -55,7 +55,10 @@ class Store:
     """One runtime's put objects, puts in progress and receive buffers."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # Re-entrant: finalizers take it (a dropped fetch forgets its
+        # receive buffers or starts its drain), and garbage collection may
+        # run them inside any section that allocates.
+        self.lock = threading.RLock()
         self._keys = itertools.count(1)
         self.entries: Dict[int, Entry] = {}   # release-callback key -> entry
         self.by_id: Dict[str, Entry] = {}     # object id -> entry (objects whose id is known)
@@ -150,7 +153,10 @@ class Store:
         """Runs target(*args) on a daemon thread that join_threads waits for."""
         t = threading.Thread(target=target, args=args, name=name, daemon=True)
         with self.lock:  # started under the lock, so that no prune sees it not yet alive
-            self._threads = {x for x in self._threads if x.is_alive()}
+            # Pruned in place: a finalizer that starts a thread while the
+            # list below is made keeps it in the set.
+            for gone in [x for x in self._threads if not x.is_alive()]:
+                self._threads.discard(gone)
             self._threads.add(t)
             t.start()
         return t

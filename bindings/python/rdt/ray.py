@@ -360,7 +360,9 @@ class _ReceiveCache:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._lock = threading.Lock()
+        # Re-entrant: a view's finalizer runs under garbage collection,
+        # which any allocation may start, also inside this lock.
+        self._lock = threading.RLock()
         self._free: List[Tuple[int, mmap.mmap]] = []  # (mapped bytes, mapping), oldest first
         self._bytes = 0
 
@@ -389,8 +391,9 @@ class _ReceiveCache:
         return view
 
     def _give_back(self, mapped: int, m: mmap.mmap) -> None:
+        entry = (mapped, m)  # made before the lock: making it may start a collection
         with self._lock:
-            self._free.append((mapped, m))
+            self._free.append(entry)
             self._bytes += mapped
             while self._bytes > self.limit:
                 self._bytes -= self._free.pop(0)[0]  # unmapped once its last view is gone
@@ -493,7 +496,9 @@ class RdtTensorTransport(TensorTransportManager):
     and asynchronous. Register it with :func:`register`."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a dropped request's __del__ (see RdtFetchRequest.close)
+        # takes it, and garbage collection may run that inside it.
+        self._lock = threading.RLock()
         self._held: Dict[str, _Held] = {}  # Ray object id -> what this process put
         self._fetching: Dict[str, List[RdtFetchRequest]] = {}  # Ray object id -> fetches in flight here
 

@@ -8,12 +8,11 @@ import (
 )
 
 var conformance = transporttest.Config{
-	New:    New,
-	Decode: func(b []byte) error { _, err := decodeMetadata(b); return err },
+	New:         New,
+	Decode:      func(b []byte) error { _, err := decodeMetadata(b); return err },
+	FreedStatus: transport.ErrPeerUnavailable,
 }
 
 func TestMain(m *testing.M) { transporttest.Main(m, conformance) }
 
 func TestConformance(t *testing.T) { transporttest.Run(t, conformance) }
-
-var _ transport.Host = (*transporttest.Host)(nil)

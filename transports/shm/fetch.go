@@ -47,6 +47,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		if r.Size != targets[i].Nbytes {
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
+		if !targets[i].Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "shm: target %d is in %s memory; shm writes host memory", i, targets[i].Device)
+		}
 	}
 	src, err := t.source(x.Source)
 	if err != nil {

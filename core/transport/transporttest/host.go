@@ -47,13 +47,13 @@ type Host struct {
 // directory that is removed when the test ends.
 func NewHost(t testing.TB) *Host {
 	t.Helper()
-	h := newHost()
-	h.Dir = SocketDir(t)
-	return h
+	return NewHostIn(SocketDir(t))
 }
 
-func newHost() *Host {
-	h := &Host{Timeout: transport.DefaultPeerTimeout, LogLevel: transport.LogOff,
+// NewHostIn returns a host with a fresh runtime id whose socket directory
+// is dir ("" for the system's temporary directory).
+func NewHostIn(dir string) *Host {
+	h := &Host{Dir: dir, Timeout: transport.DefaultPeerTimeout, LogLevel: transport.LogOff,
 		Config: transport.DefaultSettings(), Ctx: context.Background(), objs: map[transport.ObjectID][]transport.Tensor{}}
 	_, _ = rand.Read(h.ID[:])
 	return h

@@ -45,8 +45,7 @@ func Main(m *testing.M, conf Config) {
 func serveSource(conf Config, sizes, dir string) int {
 	fail := func(err error) int { fmt.Println("ERR", err); return 1 }
 	mem := conf.memory()
-	h := newHost()
-	h.Dir = dir
+	h := NewHostIn(dir)
 	tr, err := conf.New(h)
 	if err != nil {
 		return fail(err)

@@ -32,6 +32,9 @@ type Config struct {
 	// testdata/fuzz/FuzzDecodeMetadata when empty; a missing folder is no
 	// seeds).
 	Corpus string
+	// FreedStatus is the status a fetch of a freed object fails with (when
+	// zero: ErrNotFound or ErrPeerUnavailable).
+	FreedStatus transport.Status
 	// LargeBytes is the size of the object the abort and source-killed
 	// cases move: large enough to be in flight when they act (256 MiB when
 	// zero).
@@ -368,7 +371,11 @@ func (s *suite) freedObject(t *testing.T) {
 	}
 	src.host.Drop(x.Object)
 	src.tr.GarbageCollect(x.Object, tensors, meta)
-	wantStatus(t, fetch(t, dst, x, s.targets(t, tensors), meta), "a freed object", transport.ErrNotFound, transport.ErrPeerUnavailable)
+	want := []transport.Status{transport.ErrNotFound, transport.ErrPeerUnavailable}
+	if s.conf.FreedStatus != 0 {
+		want = []transport.Status{s.conf.FreedStatus}
+	}
+	wantStatus(t, fetch(t, dst, x, s.targets(t, tensors), meta), "a freed object", want...)
 }
 
 // A same-host transport reads only from the process the transfer names as

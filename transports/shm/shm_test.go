@@ -153,7 +153,7 @@ func TestSegmentIsSealed(t *testing.T) {
 	dst := newTransport(t)
 	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	fd, size, err := dst.getSegment(kept, os.Getpid(), m)
+	fd, size, err := dst.getSegment(nil, kept, os.Getpid(), m)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)

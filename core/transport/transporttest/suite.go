@@ -338,9 +338,11 @@ func (s *suite) abort(t *testing.T) {
 	wantStatus(t, finish(t, req, 30*time.Second), "an aborted fetch", transport.ErrAborted)
 }
 
-// A source that is alive but answers nothing (stopped) holds no fetch past
-// the host's peer timeout: it finishes (a one-sided read needs nothing of
-// the source's threads) or fails with a status saying the source is gone.
+// A source that is alive but answers nothing (stopped) holds no fetch
+// past its deadline: the fetch finishes (a one-sided read needs nothing of
+// the source's threads) or fails saying the source is gone; once the
+// deadline passes, the engine's Abort ends it at once on a transport that
+// can abort, and any other gives up within the host's peer timeout.
 func (s *suite) deadline(t *testing.T) {
 	const timeout = time.Second
 	dst := s.newEnd(t, func(h *Host) { h.Timeout = timeout })
@@ -348,9 +350,26 @@ func (s *suite) deadline(t *testing.T) {
 	src.Stop()
 	defer src.Continue()
 	target := s.tensor(t, Uint8, 4096, 0)
-	req, err := start(dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{target}, src.Meta)
+	x := transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity())
+	req, err := start(dst, x, []transport.Tensor{target}, src.Meta)
 	if err == nil {
-		err = finish(t, req, timeout+Margin)
+		done := make(chan error, 1)
+		go func() { done <- req.Wait() }()
+		select {
+		case err = <-done:
+		case <-time.After(timeout):
+			within := timeout + Margin
+			if dst.desc.CanAbort {
+				dst.tr.Abort(x, req)
+				within = Margin
+			}
+			select {
+			case err = <-done:
+			case <-time.After(within):
+				t.Fatalf("the fetch did not end within %v of its deadline", within)
+			}
+		}
+		req.Release()
 	}
 	if err == nil {
 		if !bytes.Equal(s.read(t, target), src.Want[0]) {
@@ -358,7 +377,7 @@ func (s *suite) deadline(t *testing.T) {
 		}
 		return
 	}
-	wantStatus(t, err, "a stopped source", transport.ErrPeerUnavailable, transport.ErrTimeout)
+	wantStatus(t, err, "a stopped source", transport.ErrAborted, transport.ErrPeerUnavailable, transport.ErrTimeout)
 }
 
 func (s *suite) freedObject(t *testing.T) {

@@ -38,6 +38,10 @@ type Config struct {
 	// SourceGoneStatus is the status a fetch from a killed source fails
 	// with (ErrPeerUnavailable when zero).
 	SourceGoneStatus transport.Status
+	// TrustsSourceProcess, when set, is why the transport does not check
+	// that its metadata comes from the process the transfer names: the
+	// other-host case is skipped with it.
+	TrustsSourceProcess string
 	// SizelessMetadata says the metadata carries no tensor sizes, so that a
 	// target smaller than the source's tensor is not noticed by the
 	// transport (the engine compares shapes before it fetches); a larger
@@ -430,6 +434,9 @@ func (s *suite) otherHost(t *testing.T) {
 	dst := s.newEnd(t)
 	if !dst.desc.SameHostOnly {
 		t.Skip("the descriptor says the transport reaches other hosts")
+	}
+	if s.conf.TrustsSourceProcess != "" {
+		t.Skip(s.conf.TrustsSourceProcess)
 	}
 	src := StartSource(t, 4096)
 	other := transport.PeerInfo{Name: "elsewhere", HostID: "another-host", Pid: os.Getpid()}

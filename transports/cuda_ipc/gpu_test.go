@@ -213,4 +213,3 @@ func TestGPUAnotherProcess(t *testing.T) {
 	req.Release()
 	assert.True(t, req.(*request).Completed())
 }
-

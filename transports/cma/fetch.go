@@ -164,7 +164,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "cma: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 		if !targets[i].Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "cma: target %d is in %s memory; cma writes host memory", i, targets[i].Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is read into", i, targets[i].Device)
 		}
 		total += r.Size
 	}

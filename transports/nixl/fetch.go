@@ -197,7 +197,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	}
 	for i, x := range targets {
 		if !x.Device.Type.HostAccessible() && !slices.Contains(t.devices, x.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "nixl: target %d is in %s memory, which this process's nixl does not move", i, x.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory, which this transport does not move in this process", i, x.Device)
 		}
 	}
 	chunks, local, total, err := plan(m, targets)

@@ -72,7 +72,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "shm: tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
 		if !targets[i].Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "shm: target %d is in %s memory; shm writes host memory", i, targets[i].Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is written", i, targets[i].Device)
 		}
 	}
 	src, err := t.source(x.Source)
@@ -123,7 +123,7 @@ func (r *request) receive(src *keptConns, owner int, m *metadata, targets []tran
 	fd, size, err := r.t.getSegment(r, src, owner, m)
 	if err != nil {
 		if r.aborted.Load() {
-			return transport.Errorf(transport.ErrAborted, "shm: transfer aborted while the owner's segment server was asked: %v", err)
+			return transport.Errorf(transport.ErrAborted, "transfer aborted while the owner's segment server was asked: %v", err)
 		}
 		return err
 	}

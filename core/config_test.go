@@ -157,6 +157,12 @@ func TestOnlyTheTableReadsTheEnvironment(t *testing.T) {
 		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
+		// Test-support packages (named like httptest: core/transport/
+		// transporttest) are never built into the library; the variables
+		// they read start their own child processes, not a runtime.
+		if strings.HasSuffix(filepath.Base(filepath.Dir(path)), "test") {
+			return nil
+		}
 		rel, _ := filepath.Rel(root, path)
 		rel = filepath.ToSlash(rel)
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)

@@ -68,6 +68,10 @@ func TestImportsFollowTheDependencyRule(t *testing.T) {
 		switch {
 		case imp.dir == "core/transport":
 			t.Errorf("%s imports %s: core/transport is the leaf and imports no project package", imp.file, imp.path)
+		case imp.dir == "core/transport/transporttest":
+			if imp.path != "core/transport" {
+				t.Errorf("%s imports %s: the conformance suite imports only core/transport, so transports may use it", imp.file, imp.path)
+			}
 		case imp.dir == "core/control" || strings.HasPrefix(imp.dir, "core/control/"):
 			if imp.path != "core/transport" {
 				t.Errorf("%s imports %s: the control plane imports only core/transport", imp.file, imp.path)
@@ -82,6 +86,8 @@ func TestImportsFollowTheDependencyRule(t *testing.T) {
 			}
 		case strings.HasPrefix(imp.dir, "transports/"):
 			allowed := imp.path == "core/transport" || strings.HasPrefix(imp.path, "transports/internal/") ||
+				// Its tests run the conformance suite.
+				(imp.test && imp.path == "core/transport/transporttest") ||
 				// A transport's own tests may drive it through a whole runtime.
 				(imp.test && (imp.path == "core" || imp.path == "core/control"))
 			if !allowed {
@@ -103,4 +109,6 @@ func TestImportWalkSeesTransportsAndCore(t *testing.T) {
 	require.True(t, seen["core/control -> core/transport"], "the control plane's import of the leaf is seen")
 	require.True(t, seen["transports/tcp -> core/transport"], "a transport's import of the leaf is seen")
 	require.True(t, seen["capi -> core"], "capi's import of the core is seen")
+	require.True(t, seen["core/transport/transporttest -> core/transport"], "the conformance suite's import of the leaf is seen")
+	require.True(t, seen["transports/tcp -> core/transport/transporttest"], "a transport test's import of the suite is seen")
 }

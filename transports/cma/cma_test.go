@@ -1,43 +1,18 @@
 package cma
 
 import (
-	"bufio"
-	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-// testHost is the little of a runtime the transport asks for.
-type testHost struct{}
-
-func (testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
-func (testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
-func (testHost) Context() context.Context     { return context.Background() }
-func (testHost) AuthToken() string            { return "" }
-func (testHost) RuntimeSecret() string        { return "test-secret" }
-func (testHost) BindHost() string             { return "127.0.0.1" }
-func (testHost) AdvertiseHost() string        { return "127.0.0.1" }
-func (testHost) SocketDir() string            { return os.TempDir() }
-
-// PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
-func (testHost) Settings() transport.Settings { return transport.DefaultSettings() }
-
-func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
-	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
-}
 
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
@@ -64,7 +39,7 @@ func fill(b []byte, seed byte) {
 }
 
 func newTransport(t testing.TB) *Transport {
-	tr, err := New(testHost{})
+	tr, err := New(transporttest.NewHost(t))
 	require.NoError(t, err)
 	return tr.(*Transport)
 }
@@ -97,38 +72,6 @@ func statusOf(err error) transport.Status {
 	return 0
 }
 
-func TestRoundTripInProcess(t *testing.T) {
-	tr := newTransport(t)
-	sizes := []int{0, 1, 4096, 300 << 10, 64 << 20}
-	var srcs, dsts []transport.Tensor
-	var want, got [][]byte
-	for i, n := range sizes {
-		sb, st := buffer(t, n)
-		fill(sb, byte(i))
-		db, dt := buffer(t, n)
-		srcs, dsts = append(srcs, st), append(dsts, dt)
-		want, got = append(want, sb), append(got, db)
-	}
-	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, srcs)
-	require.NoError(t, err)
-	require.NoError(t, fetch(t, tr, transport.ObjectID{1}, meta, dsts))
-	for i := range sizes {
-		assert.Equal(t, want[i], got[i], "tensor %d", i)
-	}
-}
-
-func TestSizeMismatchAndCountMismatch(t *testing.T) {
-	tr := newTransport(t)
-	_, src := buffer(t, 100)
-	_, dst := buffer(t, 99)
-	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
-	require.NoError(t, err)
-	err = fetch(t, tr, transport.ObjectID{1}, meta, []transport.Tensor{dst})
-	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
-	err = fetch(t, tr, transport.ObjectID{1}, meta, nil)
-	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
-}
-
 func TestUnmappedSourceIsAClearError(t *testing.T) {
 	tr := newTransport(t)
 	b, src := buffer(t, 4096)
@@ -154,21 +97,6 @@ func TestRecycledPidIsPeerUnavailable(t *testing.T) {
 	err := fetch(t, tr, transport.ObjectID{1}, m.encode(), []transport.Tensor{dst})
 	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
 	assert.Contains(t, err.Error(), "another process")
-}
-
-func TestAbortStopsALargeRead(t *testing.T) {
-	tr := newTransport(t)
-	const n = 512 << 20
-	_, src := buffer(t, n)
-	_, dst := buffer(t, n)
-	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
-	require.NoError(t, err)
-	req, err := tr.Fetch(from(transport.ObjectID{1}, os.Getpid()), []transport.Tensor{dst}, meta, nil)
-	require.NoError(t, err)
-	tr.Abort(&transport.Transfer{}, req)
-	err = req.Wait()
-	req.Release()
-	assert.Equal(t, transport.ErrAborted, statusOf(err))
 }
 
 func TestAFreedObjectIsNeverReported(t *testing.T) {
@@ -206,77 +134,23 @@ func TestDescribe(t *testing.T) {
 
 // ---- another process --------------------------------------------------------
 
-const childEnv = "RDT_CMA_TEST_CHILD"
+// childObject is the id of the object a source process puts.
+var childObject = transporttest.SourceObject
 
-func TestMain(m *testing.M) {
-	if n := os.Getenv(childEnv); n != "" {
-		childMain(n)
-		return
-	}
-	os.Exit(m.Run())
-}
-
-// childObject is the id of the object a child puts.
-var childObject = transport.ObjectID{7}
-
-// childMain maps n bytes, fills them, prints its metadata as hex and
-// waits to be killed.
-func childMain(size string) {
-	n, _ := strconv.Atoi(size)
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	fill(b, 5)
-	tr, err := New(testHost{})
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	meta, _ := tr.ExtractMetadata(childObject, []transport.Tensor{{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: uint64(n)}, Data: uintptr(unsafePointer(b))}})
-	fmt.Printf("META %x\n", meta)
-	time.Sleep(time.Minute)
-	os.Exit(0)
-}
-
+// startChild runs a source process putting n bytes and returns it with
+// the object's metadata.
 func startChild(t *testing.T, n int) (*exec.Cmd, []byte) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(n))
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
-	require.True(t, ok, "child said %q", line)
-	var meta []byte
-	_, err = fmt.Sscanf(hex, "%x", &meta)
-	require.NoError(t, err)
-	return cmd, meta
+	s := transporttest.StartSource(t, n)
+	return s.Cmd, s.Meta
 }
 
 func TestReadFromAnotherProcess(t *testing.T) {
 	const n = 40 << 20 // above parallelMin: several workers
-	cmd, meta := startChild(t, n)
+	src := transporttest.StartSource(t, n)
 	tr := newTransport(t)
 	got, dst := buffer(t, n)
-	require.NoError(t, fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []transport.Tensor{dst}))
-	want := make([]byte, n)
-	fill(want, 5)
-	assert.True(t, string(want) == string(got), "contents differ")
-}
-
-func TestKilledSourceIsPeerUnavailable(t *testing.T) {
-	cmd, meta := startChild(t, 4096)
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	tr := newTransport(t)
-	_, dst := buffer(t, 4096)
-	err := fetchFrom(t, tr, from(childObject, cmd.Process.Pid), meta, []transport.Tensor{dst})
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
+	require.NoError(t, fetchFrom(t, tr, from(childObject, src.Cmd.Process.Pid), src.Meta, []transport.Tensor{dst}))
+	assert.True(t, string(src.Want[0]) == string(got), "contents differ")
 }
 
 func unsafePointer(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

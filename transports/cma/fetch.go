@@ -163,6 +163,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		if r.Size != targets[i].Nbytes {
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
 		}
+		if !targets[i].Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is read into", i, targets[i].Device)
+		}
 		total += r.Size
 	}
 	src, err := t.source(int(m.Pid), m.StartTime)

@@ -1,7 +1,6 @@
 package cudaipc
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -12,38 +11,23 @@ import (
 
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-type testHost struct{}
-
-func (testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
-func (testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
-func (testHost) Context() context.Context     { return context.Background() }
-func (testHost) AuthToken() string            { return "" }
-func (testHost) RuntimeSecret() string        { return "test-secret" }
-func (testHost) BindHost() string             { return "127.0.0.1" }
-func (testHost) AdvertiseHost() string        { return "127.0.0.1" }
-func (testHost) SocketDir() string            { return os.TempDir() }
-
-// PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration { return transport.DefaultPeerTimeout }
-
-// Settings reads the tunables from this process's environment through the
-// engine's table, as a runtime does: tests rerun with RDT_CUDA_IPC_CACHE or
-// CUDA_VISIBLE_DEVICES see them.
-func (testHost) Settings() transport.Settings {
+// newHost is a test host whose settings come from this process's
+// environment through the engine's table, as a runtime's do: tests rerun
+// with RDT_CUDA_IPC_CACHE or CUDA_VISIBLE_DEVICES see them.
+func newHost() *transporttest.Host {
 	env, err := core.ReadEnvironment(os.LookupEnv)
 	if err != nil {
 		panic(err)
 	}
-	return env.Settings
-}
-
-func (testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
-	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
+	h := transporttest.NewHostIn("")
+	h.Config = env.Settings
+	return h
 }
 
 // cudaMissing reports why this machine has no CUDA ("" when it has).
@@ -62,7 +46,7 @@ func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
 	if cudaMissing() == "" {
 		t.Skip("this machine has CUDA")
 	}
-	_, err := New(testHost{})
+	_, err := New(newHost())
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.NotContains(t, err.Error(), "cuda_ipc", "the engine names the transport, not the transport itself")

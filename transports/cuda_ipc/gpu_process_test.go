@@ -60,7 +60,7 @@ func devTensor(dev int, p cuda.Ptr, n uint64) transport.Tensor {
 // other contents and prints the new metadata. It exits when stdin closes.
 func serveMain() {
 	fail := func(err error) { fmt.Println("ERR", err); os.Exit(1) }
-	tr, err := New(testHost{})
+	tr, err := New(newHost())
 	if err != nil {
 		fail(err)
 	}

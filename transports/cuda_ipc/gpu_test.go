@@ -4,15 +4,10 @@ package cudaipc
 // elsewhere. `make gpu-test` runs them.
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -20,22 +15,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
 const childEnv = "RDT_CUDA_IPC_CHILD"
 
 func TestMain(m *testing.M) {
-	switch n := os.Getenv(childEnv); n {
-	case "":
-	case serveChild:
+	if os.Getenv(childEnv) == serveChild {
 		serveMain()
 		return
-	default:
-		childMain(n)
-		return
 	}
-	os.Exit(m.Run())
+	transporttest.Main(m, conformance)
 }
 
 func requireGPU(t testing.TB) {
@@ -94,7 +85,7 @@ func readBack(t testing.TB, p cuda.Ptr, n int) []byte {
 }
 
 func gpuTransport(t testing.TB) *Transport {
-	tr, err := New(testHost{})
+	tr, err := New(newHost())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tr.Close() })
 	return tr.(*Transport)
@@ -193,62 +184,17 @@ func TestGPUTwoDevices(t *testing.T) {
 	}
 }
 
-// childMain allocates n bytes on device 0, fills them, prints the metadata
-// and waits to be killed.
-func childMain(size string) {
-	n, _ := strconv.Atoi(size)
-	fail := func(err error) { fmt.Println("ERR", err); os.Exit(1) }
-	p, err := cuda.Alloc(0, uint64(n))
-	if err != nil {
-		fail(err)
-	}
-	h := hostBuffer(nil, n)
-	fill(h, 5)
-	if err := cuda.Memcpy(0, p, hostAddr(h), uint64(n)); err != nil {
-		fail(err)
-	}
-	tr, err := New(testHost{})
-	if err != nil {
-		fail(err)
-	}
-	meta, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(p, n)})
-	if err != nil {
-		fail(err)
-	}
-	fmt.Printf("META %x\n", meta)
-	time.Sleep(time.Minute)
-	os.Exit(0)
-}
-
-func startChild(t *testing.T, n int) (*exec.Cmd, []byte) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(n))
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
-	require.True(t, ok, "child said %q", line)
-	var meta []byte
-	_, err = fmt.Sscanf(hex, "%x", &meta)
-	require.NoError(t, err)
-	return cmd, meta
-}
-
 func TestGPUAnotherProcess(t *testing.T) {
 	requireGPU(t)
 	const n = 64 << 20
-	_, meta := startChild(t, n)
+	src := transporttest.StartSource(t, n)
+	meta := src.Meta
 	tr := gpuTransport(t)
 	x := &transport.Transfer{Transport: Name}
 	x.Source.RuntimeID[0] = 1
 	dst := deviceBuffer(t, n, 0)
 	require.NoError(t, fetchWith(tr, x, meta, []transport.Tensor{deviceTensor(dst, n)}))
-	want := hostBuffer(t, n)
-	fill(want, 5)
+	want := src.Want[0]
 	assert.True(t, bytes.Equal(want, readBack(t, dst, n)))
 	assert.Equal(t, 1, tr.cache.len(), "the mapping stays cached")
 	// Again: from the cache.
@@ -266,17 +212,4 @@ func TestGPUAnotherProcess(t *testing.T) {
 	}
 	req.Release()
 	assert.True(t, req.(*request).Completed())
-}
-
-func TestGPUKilledSourceIsPeerUnavailable(t *testing.T) {
-	requireGPU(t)
-	cmd, meta := startChild(t, 4096)
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	tr := gpuTransport(t)
-	x := &transport.Transfer{Transport: Name}
-	x.Source.RuntimeID[0] = 2
-	dst := deviceBuffer(t, 4096, 0)
-	err := fetchWith(tr, x, meta, []transport.Tensor{deviceTensor(dst, 4096)})
-	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 }

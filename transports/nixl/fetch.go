@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,6 +194,11 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	}
 	if len(m.Regions) != len(targets) {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	}
+	for i, x := range targets {
+		if !x.Device.Type.HostAccessible() && !slices.Contains(t.devices, x.Device.Type) {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory, which this transport does not move in this process", i, x.Device)
+		}
 	}
 	chunks, local, total, err := plan(m, targets)
 	if err != nil {

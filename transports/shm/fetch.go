@@ -18,12 +18,36 @@ type request struct {
 	*transport.Completion
 	t       *Transport
 	aborted atomic.Bool
+	// asking is the connection waiting for the segment server's answer,
+	// which a stopped source would hold for ioTimeout: Abort cuts it short.
+	mu     sync.Mutex
+	asking *net.UnixConn
 }
 
-// Abort makes the copy stop at its next chunk.
+// Abort makes the copy stop at its next chunk, and a wait for the segment
+// server's answer stop now.
 func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
 	if r, ok := req.(*request); ok {
 		r.aborted.Store(true)
+		r.mu.Lock()
+		if r.asking != nil {
+			r.asking.SetDeadline(time.Now())
+		}
+		r.mu.Unlock()
+	}
+}
+
+// ask records c as the connection the request waits on (nil: none); a
+// request already aborted finds c's deadline passed.
+func (r *request) ask(c *net.UnixConn) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asking = c
+	if c != nil && r.aborted.Load() {
+		c.SetDeadline(time.Now())
 	}
 }
 
@@ -46,6 +70,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	for i, r := range m.Regions {
 		if r.Size != targets[i].Nbytes {
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+		}
+		if !targets[i].Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is written", i, targets[i].Device)
 		}
 	}
 	src, err := t.source(x.Source)
@@ -93,8 +120,11 @@ func (k *keptConns) empty() bool {
 }
 
 func (r *request) receive(src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
-	fd, size, err := r.t.getSegment(src, owner, m)
+	fd, size, err := r.t.getSegment(r, src, owner, m)
 	if err != nil {
+		if r.aborted.Load() {
+			return transport.Errorf(transport.ErrAborted, "transfer aborted while the owner's segment server was asked: %v", err)
+		}
 		return err
 	}
 	defer unix.Close(fd)
@@ -163,9 +193,9 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 // getSegment asks the source's segment server for the object's
 // descriptor, over a kept connection when there is one. The server must be
 // the owner's process: a ref could name any socket.
-func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uint64, error) {
+func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata) (int, uint64, error) {
 	if c := t.takeIdle(src, m.Path); c != nil {
-		fd, size, err, usable := t.askSegment(src, c, m)
+		fd, size, err, usable := t.askSegment(r, src, c, m)
 		if usable {
 			return fd, size, err
 		}
@@ -189,17 +219,19 @@ func (t *Transport) getSegment(src *keptConns, owner int, m *metadata) (int, uin
 		return -1, 0, transport.Errorf(transport.ErrCorrupt,
 			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
 	}
-	fd, size, err, _ := t.askSegment(src, c, m)
+	fd, size, err, _ := t.askSegment(r, src, c, m)
 	return fd, size, err
 }
 
 // askSegment does one request on c, then keeps c for the next request or
 // closes it. usable is false when c failed before any answer arrived.
-func (t *Transport) askSegment(src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
+func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
 	gone := func(err error) error {
 		return transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
+	r.ask(c)
+	defer r.ask(nil)
 	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
 		c.Close()
 		return -1, 0, gone(err), false

@@ -1,12 +1,9 @@
 package shm
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -16,63 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
-
-const childEnv = "RDT_SHM_TEST_CHILD"
-
-func TestMain(m *testing.M) {
-	if dir := os.Getenv(childEnv); dir != "" {
-		childMain(dir)
-		return
-	}
-	os.Exit(m.Run())
-}
-
-// childObject is what a child stages: object 9, 4096 bytes filled with 9.
-var childObject = transport.ObjectID{9}
-
-// childMain stages childObject with its segment server in dir, prints the
-// metadata as hex and waits to be killed.
-func childMain(dir string) {
-	tr, err := New(testHost{dir: dir})
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	b, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	fill(b, 9)
-	desc, _ := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{4096})
-	meta, err := tr.ExtractMetadata(childObject, []transport.Tensor{{TensorDesc: desc, Data: uintptrOf(b)}})
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	fmt.Printf("META %x\n", meta)
-	time.Sleep(time.Minute)
-	os.Exit(0)
-}
-
-func startChild(t *testing.T) (int, []byte) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+socketDir(t))
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	hex, ok := strings.CutPrefix(strings.TrimSpace(line), "META ")
-	require.True(t, ok, "child said %q", line)
-	var meta []byte
-	_, err = fmt.Sscanf(hex, "%x", &meta)
-	require.NoError(t, err)
-	return cmd.Process.Pid, meta
-}
 
 func openFDs(t *testing.T) int {
 	t.Helper()
@@ -200,7 +142,8 @@ func TestMetadataOfAnotherObjectIsRefused(t *testing.T) {
 // A segment server that is not the owner's process (a ref pointing at
 // another runtime's socket) is refused, and nothing of it is read.
 func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
-	other, meta := startChild(t)
+	src := transporttest.StartSource(t, 4096)
+	other, meta := src.Cmd.Process.Pid, src.Meta
 	dst := newTransport(t)
 	x := transferOf(t, meta) // the owner is this process, by the control plane
 	got, err := fetchWith(t, dst, x, meta, 4096)
@@ -213,9 +156,7 @@ func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
 	x.Source.Pid = other
 	got, err = fetchWith(t, dst, x, meta, 4096)
 	require.NoError(t, err)
-	want := make([]byte, 4096)
-	fill(want, 9)
-	assert.Equal(t, want, got)
+	assert.Equal(t, src.Want[0], got)
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

@@ -1,41 +1,20 @@
 package shm
 
 import (
-	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-// testHost is the little of a runtime the transport asks for.
-type testHost struct{ dir string }
-
-func (h testHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "test", HostID: "h"} }
-func (h testHost) Log() *transport.Logger       { return transport.NewLogger("test", transport.LogOff) }
-func (h testHost) Context() context.Context     { return context.Background() }
-func (h testHost) AuthToken() string            { return "" }
-func (h testHost) RuntimeSecret() string        { return "test-secret" }
-func (h testHost) BindHost() string             { return "127.0.0.1" }
-func (h testHost) AdvertiseHost() string        { return "127.0.0.1" }
-func (h testHost) SocketDir() string            { return h.dir }
-
-// PeerTimeout implements transport.Host.
-func (testHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
-func (testHost) Settings() transport.Settings { return transport.DefaultSettings() }
-
-func (h testHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
-	return nil, nil, transport.Errorf(transport.ErrNotFound, "no objects")
-}
 
 func socketDir(t testing.TB) string {
 	// t.TempDir paths can exceed the Unix socket path limit.
@@ -47,7 +26,7 @@ func socketDir(t testing.TB) string {
 }
 
 func newTransport(t testing.TB) *Transport {
-	tr, err := New(testHost{dir: socketDir(t)})
+	tr, err := New(transporttest.NewHostIn(socketDir(t)))
 	require.NoError(t, err)
 	t.Cleanup(func() { tr.Close() })
 	return tr.(*Transport)
@@ -166,14 +145,6 @@ func TestRoundTrip(t *testing.T) {
 	assert.Equal(t, before, devShm(t), "nothing was created in /dev/shm")
 }
 
-func TestFreedObjectIsNotFound(t *testing.T) {
-	src, dst := newTransport(t), newTransport(t)
-	meta, _ := stageObject(t, src, 2, 100)
-	src.GarbageCollect(transport.ObjectID{2}, nil, meta)
-	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, transport.ErrNotFound, statusOf(err))
-}
-
 func TestSegmentIsSealed(t *testing.T) {
 	src := newTransport(t)
 	meta, _ := stageObject(t, src, 3, 8192)
@@ -182,7 +153,7 @@ func TestSegmentIsSealed(t *testing.T) {
 	dst := newTransport(t)
 	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	fd, size, err := dst.getSegment(kept, os.Getpid(), m)
+	fd, size, err := dst.getSegment(nil, kept, os.Getpid(), m)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)
@@ -231,28 +202,6 @@ func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "the socket file is removed at close")
 }
 
-func TestAbort(t *testing.T) {
-	src, dst := newTransport(t), newTransport(t)
-	const n = 256 << 20
-	meta, _ := stageObject(t, src, 5, n)
-	_, x := buffer(t, n)
-	req, err := dst.Fetch(transferOf(t, meta), []transport.Tensor{x}, meta, nil)
-	require.NoError(t, err)
-	dst.Abort(transferOf(t, meta), req)
-	err = req.Wait()
-	req.Release()
-	assert.Equal(t, transport.ErrAborted, statusOf(err))
-}
-
-func TestMismatchedTargets(t *testing.T) {
-	src, dst := newTransport(t), newTransport(t)
-	meta, _ := stageObject(t, src, 6, 100, 200)
-	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
-	_, err = fetch(t, dst, meta, 100, 201)
-	assert.Equal(t, transport.ErrInvalidArgument, statusOf(err))
-}
-
 // The descriptor keeps shm to its host and stages nothing at put (no eager
 // metadata: staging costs a copy).
 func TestDescribe(t *testing.T) {
@@ -269,7 +218,7 @@ func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
 	require.NoError(t, os.WriteFile(stale, nil, 0o600))
 	live := filepath.Join(dir, "shm-1-abcdef.sock") // pid 1 always exists
 	require.NoError(t, os.WriteFile(live, nil, 0o600))
-	tr, err := New(testHost{dir: dir})
+	tr, err := New(transporttest.NewHostIn(dir))
 	require.NoError(t, err)
 	defer tr.Close()
 	_, x := buffer(t, 8)
@@ -285,8 +234,8 @@ func BenchmarkFetch4KiB(b *testing.B)  { benchFetch(b, 4<<10) }
 func BenchmarkFetch64MiB(b *testing.B) { benchFetch(b, 64<<20) }
 
 func benchFetch(b *testing.B, n int) {
-	src, _ := New(testHost{dir: socketDir(b)})
-	dst, _ := New(testHost{dir: socketDir(b)})
+	src, _ := New(transporttest.NewHostIn(socketDir(b)))
+	dst, _ := New(transporttest.NewHostIn(socketDir(b)))
 	defer src.Close()
 	defer dst.Close()
 	_, s := buffer(b, n)

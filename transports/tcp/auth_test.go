@@ -93,7 +93,7 @@ func TestWithATokenTheMetadataCarriesNoKey(t *testing.T) {
 // A flood of wrong keys writes a line a second, not a line a connection.
 func TestWrongKeyFloodLogsAFewLines(t *testing.T) {
 	p := newPair(t, "", "")
-	p.host.log = transport.LogWarn
+	p.host.LogLevel = transport.LogWarn
 	meta, _ := p.put(t, 40, 64)
 	r, w, err := os.Pipe()
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 // client is a second destination transport that claims runtime id id.
 func (p *pair) client(t *testing.T, id byte) *Transport {
 	h := newHost("")
-	h.id = transport.RuntimeID{0xc1, id}
+	h.ID = transport.RuntimeID{0xc1, id}
 	d, err := New(h)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
@@ -42,7 +42,7 @@ func (p *pair) serving() int {
 // has made no progress for the peer timeout.
 func TestStalledReceiverReleasesThePin(t *testing.T) {
 	h := newHost("")
-	h.timeout = 300 * time.Millisecond // the runtime's peer timeout
+	h.Timeout = 300 * time.Millisecond // the runtime's peer timeout
 	s, err := New(h)
 	require.NoError(t, err)
 	d, err := New(newHost(""))
@@ -52,9 +52,9 @@ func TestStalledReceiverReleasesThePin(t *testing.T) {
 	p.put(t, 30, maxChunk)
 	c := rawConn(t, p)
 	stall(t, c, 30)
-	require.Eventually(t, func() bool { return p.host.pinned() == 1 }, 5*time.Second, time.Millisecond, "the server is writing")
+	require.Eventually(t, func() bool { return p.host.Pinned() == 1 }, 5*time.Second, time.Millisecond, "the server is writing")
 	start := time.Now()
-	require.Eventually(t, func() bool { return p.host.pinned() == 0 }, p.host.timeout+2*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return p.host.Pinned() == 0 }, p.host.Timeout+2*time.Second, time.Millisecond,
 		"the pin is released after the write timeout")
 	t.Logf("pin released %v after the write began", time.Since(start).Round(time.Millisecond))
 	// The server gave up on the connection: what was sent ends early.
@@ -104,16 +104,16 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 	require.NoError(t, err)
 	defer cs.Close()
 	stall(t, cg, 32)
-	require.Eventually(t, func() bool { return p.host.pinned() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.host.Pinned() == 1 }, 5*time.Second, time.Millisecond)
 
 	p.src.PeerGone(transport.PeerInfo{RuntimeID: transport.RuntimeID{0xc1, 9}}) // a peer we never served
 	p.src.PeerGone(transport.PeerInfo{})                                        // no id: nothing to match
 	time.Sleep(50 * time.Millisecond)
-	assert.Equal(t, 1, p.host.pinned())
+	assert.Equal(t, 1, p.host.Pinned())
 	assert.Equal(t, 2, p.serving())
 
 	p.src.PeerGone(gone.h.Identity())
-	require.Eventually(t, func() bool { return p.host.pinned() == 0 }, 2*time.Second, time.Millisecond, "the pin goes with the connection")
+	require.Eventually(t, func() bool { return p.host.Pinned() == 0 }, 2*time.Second, time.Millisecond, "the pin goes with the connection")
 	require.Eventually(t, func() bool { return p.serving() == 1 }, 2*time.Second, time.Millisecond)
 	// The other client is still served.
 	_, err = cs.Write((&request{Object: transport.ObjectID{32}, Offset: 5, Length: 100}).encode(nil))

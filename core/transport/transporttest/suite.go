@@ -1,0 +1,611 @@
+package transporttest
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// Config is what the suite needs to know of the transport under test.
+type Config struct {
+	// New makes the transport on a host.
+	New func(h transport.Host) (transport.Transport, error)
+	// Unavailable, when it returns a reason, skips every case that needs the
+	// transport working here (a library or device that is missing).
+	Unavailable func() string
+	// Memory is where tensors live (HostMemory when zero).
+	Memory Memory
+	// Decode is the package's metadata decoder, for the fuzz case.
+	Decode func([]byte) error
+	// Corpus is the folder of fuzz seeds for Decode (the package's
+	// testdata/fuzz/FuzzDecodeMetadata when empty; a missing folder is no
+	// seeds).
+	Corpus string
+	// FreedStatus is the status a fetch of a freed object fails with (when
+	// zero: ErrNotFound or ErrPeerUnavailable).
+	FreedStatus transport.Status
+	// SourceGoneStatus is the status a fetch from a killed source fails
+	// with (ErrPeerUnavailable when zero).
+	SourceGoneStatus transport.Status
+	// TrustsSourceProcess, when set, is why the transport does not check
+	// that its metadata comes from the process the transfer names: the
+	// other-host case is skipped with it.
+	TrustsSourceProcess string
+	// SizelessMetadata says the metadata carries no tensor sizes, so that a
+	// target smaller than the source's tensor is not noticed by the
+	// transport (the engine compares shapes before it fetches); a larger
+	// one must still be refused.
+	SizelessMetadata bool
+	// LargeBytes is the size of the object the abort and source-killed
+	// cases move: large enough to be in flight when they act (256 MiB when
+	// zero).
+	LargeBytes int
+}
+
+func (c Config) memory() Memory {
+	if c.Memory.Alloc == nil {
+		return HostMemory()
+	}
+	return c.Memory
+}
+
+// Margin is the slack every bounded wait gets beyond the time it is due
+// (CI machines are small and loaded).
+const Margin = 1500 * time.Millisecond
+
+// Cases are the names of the suite's cases, in the order Run runs them.
+// The C ABI's conformance program uses the same names.
+var Cases = []string{"round_trip", "count_mismatch", "size_mismatch", "dtype_mismatch", "device_mismatch",
+	"abort", "deadline", "freed_object", "other_host_refusal", "source_killed", "metadata_fuzz"}
+
+// Run runs the conformance cases as subtests of t.
+func Run(t *testing.T, conf Config) {
+	s := &suite{conf: conf, mem: conf.memory()}
+	cases := map[string]func(*testing.T){
+		"round_trip": s.roundTrip, "count_mismatch": s.countMismatch, "size_mismatch": s.sizeMismatch,
+		"dtype_mismatch": s.dtypeMismatch, "device_mismatch": s.deviceMismatch, "abort": s.abort,
+		"deadline": s.deadline, "freed_object": s.freedObject, "other_host_refusal": s.otherHost,
+		"source_killed": s.sourceKilled, "metadata_fuzz": s.metadataFuzz,
+	}
+	for _, name := range Cases {
+		t.Run(name, cases[name])
+	}
+}
+
+type suite struct {
+	conf Config
+	mem  Memory
+}
+
+// end is one transport on its own host.
+type end struct {
+	host *Host
+	tr   transport.Transport
+	desc transport.Descriptor
+}
+
+func (s *suite) available(t *testing.T) {
+	t.Helper()
+	if s.conf.Unavailable != nil {
+		if why := s.conf.Unavailable(); why != "" {
+			t.Skip(why)
+		}
+	}
+}
+
+func (s *suite) newEnd(t *testing.T, tune ...func(*Host)) *end {
+	t.Helper()
+	s.available(t)
+	h := NewHost(t)
+	for _, f := range tune {
+		f(h)
+	}
+	tr, err := s.conf.New(h)
+	if err != nil {
+		t.Fatalf("making the transport: %v", err)
+	}
+	t.Cleanup(func() { _ = tr.Close() })
+	return &end{host: h, tr: tr, desc: tr.Describe()}
+}
+
+// tensor allocates n bytes of dt in the suite's memory, filled with the
+// pattern of seed.
+func (s *suite) tensor(t *testing.T, dt transport.DType, n int, seed byte) transport.Tensor {
+	t.Helper()
+	addr, free, err := s.mem.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(free)
+	if err := s.mem.Write(addr, Pattern(n, seed)); err != nil {
+		t.Fatal(err)
+	}
+	return Describe(s.mem.Device, dt, addr, n)
+}
+
+func (s *suite) read(t *testing.T, x transport.Tensor) []byte {
+	t.Helper()
+	b := make([]byte, x.Nbytes)
+	if err := s.mem.Read(x.Data, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// put makes an object of the given dtypes and sizes on src.
+func (s *suite) put(t *testing.T, src *end, obj transport.ObjectID, dts []transport.DType, sizes []int) ([]byte, []transport.Tensor) {
+	t.Helper()
+	var tensors []transport.Tensor
+	for i, n := range sizes {
+		tensors = append(tensors, s.tensor(t, dts[i%len(dts)], n, obj[0]+byte(i)))
+	}
+	src.host.Hold(obj, tensors)
+	meta, err := src.tr.ExtractMetadata(obj, tensors)
+	if err != nil {
+		t.Fatalf("extracting metadata: %v", err)
+	}
+	return meta, tensors
+}
+
+// targets allocates empty tensors like the given ones.
+func (s *suite) targets(t *testing.T, like []transport.Tensor) []transport.Tensor {
+	var out []transport.Tensor
+	for i, x := range like {
+		out = append(out, s.tensor(t, x.DType, int(x.Nbytes), 0xa0+byte(i)))
+	}
+	return out
+}
+
+func transfer(obj transport.ObjectID, name string, src, dst transport.PeerInfo) *transport.Transfer {
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	return &transport.Transfer{Object: obj, TransferID: uint64(id[0]) | uint64(id[1])<<8 | uint64(id[2])<<16 | uint64(id[3])<<24,
+		Transport: name, Role: transport.RoleDestination, Source: src, Destination: dst}
+}
+
+// start begins a fetch the way the engine does: communicator metadata
+// first, then Fetch.
+func start(dst *end, x *transport.Transfer, targets []transport.Tensor, meta []byte) (transport.Request, error) {
+	cmeta, err := dst.tr.CommunicatorMetadata(x)
+	if err != nil {
+		return nil, err
+	}
+	return dst.tr.Fetch(x, targets, meta, cmeta)
+}
+
+// finish waits for req at most within and releases it.
+func finish(t *testing.T, req transport.Request, within time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- req.Wait() }()
+	select {
+	case err := <-done:
+		req.Release()
+		return err
+	case <-time.After(within):
+		t.Fatalf("the fetch did not finish within %v", within)
+		return nil
+	}
+}
+
+// release releases req, within 30 seconds.
+func release(t *testing.T, req transport.Request) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { req.Release(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("releasing the request took over 30 s")
+	}
+}
+
+// fetch fetches and waits, within a minute.
+func fetch(t *testing.T, dst *end, x *transport.Transfer, targets []transport.Tensor, meta []byte) error {
+	t.Helper()
+	req, err := start(dst, x, targets, meta)
+	if err != nil {
+		return err
+	}
+	return finish(t, req, time.Minute)
+}
+
+func wantStatus(t *testing.T, err error, what string, want ...transport.Status) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: the fetch succeeded, want one of %v", what, want)
+	}
+	got := transport.StatusOf(err)
+	for _, w := range want {
+		if got == w {
+			return
+		}
+	}
+	t.Fatalf("%s: status %v (%v), want one of %v", what, got, err, want)
+}
+
+// pair is a source and a destination in this process, and an object put
+// on the source.
+func (s *suite) pair(t *testing.T, obj transport.ObjectID, dts []transport.DType, sizes []int) (src, dst *end, meta []byte, tensors []transport.Tensor, x *transport.Transfer) {
+	src, dst = s.newEnd(t), s.newEnd(t)
+	meta, tensors = s.put(t, src, obj, dts, sizes)
+	return src, dst, meta, tensors, transfer(obj, src.desc.Name, src.host.Identity(), dst.host.Identity())
+}
+
+func (s *suite) roundTrip(t *testing.T) {
+	t.Run("in_process", func(t *testing.T) {
+		dts := []transport.DType{Uint8, Float32, Int64, Float64, Uint8}
+		sizes := []int{0, 1 << 10, 4 << 10, 300<<10 + 8, 5<<20 + 1}
+		_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{1}, dts, sizes)
+		for round := 0; round < 2; round++ { // a second fetch of the same object reads it again
+			targets := s.targets(t, tensors)
+			if err := fetch(t, dst, x, targets, meta); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			for i := range targets {
+				if !bytes.Equal(s.read(t, targets[i]), s.read(t, tensors[i])) {
+					t.Fatalf("round %d: tensor %d (%s, %d bytes) differs", round, i, tensors[i].DType, tensors[i].Nbytes)
+				}
+			}
+		}
+	})
+	t.Run("source_process", func(t *testing.T) {
+		dst := s.newEnd(t)
+		src := StartSource(t, 4096, 3<<20, 0)
+		var targets []transport.Tensor
+		for _, w := range src.Want {
+			targets = append(targets, s.tensor(t, Uint8, len(w), 0xee))
+		}
+		if err := fetch(t, dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), targets, src.Meta); err != nil {
+			t.Fatal(err)
+		}
+		for i := range targets {
+			if !bytes.Equal(s.read(t, targets[i]), src.Want[i]) {
+				t.Fatalf("tensor %d differs", i)
+			}
+		}
+	})
+}
+
+func (s *suite) countMismatch(t *testing.T) {
+	_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{2}, []transport.DType{Uint8}, []int{100, 200})
+	targets := s.targets(t, tensors)
+	wantStatus(t, fetch(t, dst, x, targets[:1], meta), "fewer targets", transport.ErrInvalidArgument)
+	more := append(targets, s.tensor(t, Uint8, 100, 3))
+	wantStatus(t, fetch(t, dst, x, more, meta), "more targets", transport.ErrInvalidArgument)
+	wantStatus(t, fetch(t, dst, x, nil, meta), "no targets", transport.ErrInvalidArgument)
+}
+
+func (s *suite) sizeMismatch(t *testing.T) {
+	_, dst, meta, _, x := s.pair(t, transport.ObjectID{3}, []transport.DType{Uint8}, []int{100, 4096})
+	for _, n := range []int{4095, 4097} {
+		if n < 4096 && s.conf.SizelessMetadata {
+			continue
+		}
+		targets := []transport.Tensor{s.tensor(t, Uint8, 100, 1), s.tensor(t, Uint8, n, 2)}
+		wantStatus(t, fetch(t, dst, x, targets, meta), fmt.Sprintf("a %d-byte target for 4096 bytes", n), transport.ErrInvalidArgument)
+	}
+}
+
+// Transports see bytes, not dtypes (the engine compares dtypes against
+// the ref): a target of as many elements of a wider dtype is a size the
+// source does not have.
+func (s *suite) dtypeMismatch(t *testing.T) {
+	_, dst, meta, _, x := s.pair(t, transport.ObjectID{4}, []transport.DType{Float32}, []int{1024})
+	targets := []transport.Tensor{s.tensor(t, Float64, 2048, 1)}
+	wantStatus(t, fetch(t, dst, x, targets, meta), "float64[256] for float32[256]", transport.ErrInvalidArgument)
+}
+
+// A target on a device type the descriptor does not list is refused, not
+// written.
+func (s *suite) deviceMismatch(t *testing.T) {
+	_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{5}, []transport.DType{Uint8}, []int{4096})
+	other := transport.DeviceROCM
+	for _, d := range []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDA} {
+		if !dst.desc.Moves(d) {
+			other = d
+			break
+		}
+	}
+	b, host := Buffer(t, int(tensors[0].Nbytes))
+	Fill(b, 0x33)
+	target := Describe(transport.Device{Type: other}, Uint8, host.Data, len(b))
+	wantStatus(t, fetch(t, dst, x, []transport.Tensor{target}, meta), "a "+other.String()+" target",
+		transport.ErrInvalidArgument, transport.ErrUnsupported)
+	if !bytes.Equal(b, Pattern(len(b), 0x33)) {
+		t.Fatal("the refused target was written")
+	}
+}
+
+func (s *suite) large() int {
+	if s.conf.LargeBytes > 0 {
+		return s.conf.LargeBytes
+	}
+	return 256 << 20
+}
+
+func (s *suite) largeTensor(t *testing.T) transport.Tensor {
+	addr, free, err := s.mem.Alloc(s.large())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(free)
+	return Describe(s.mem.Device, Uint8, addr, s.large())
+}
+
+func (s *suite) abort(t *testing.T) {
+	src, dst := s.newEnd(t), s.newEnd(t)
+	if !dst.desc.CanAbort {
+		t.Skip("the descriptor says the transport cannot abort (the engine never calls Abort)")
+	}
+	obj := transport.ObjectID{6}
+	source := s.largeTensor(t)
+	src.host.Hold(obj, []transport.Tensor{source})
+	meta, err := src.tr.ExtractMetadata(obj, []transport.Tensor{source})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := transfer(obj, dst.desc.Name, src.host.Identity(), dst.host.Identity())
+	req, err := start(dst, x, []transport.Tensor{s.largeTensor(t)}, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst.tr.Abort(x, req)
+	wantStatus(t, finish(t, req, 30*time.Second), "an aborted fetch", transport.ErrAborted)
+}
+
+// A source that is alive but answers nothing (stopped) holds no fetch
+// past its deadline: the fetch finishes (a one-sided read needs nothing of
+// the source's threads) or fails saying the source is gone; once the
+// deadline passes, the engine's Abort ends it at once on a transport that
+// can abort, and any other gives up within the host's peer timeout.
+func (s *suite) deadline(t *testing.T) {
+	const timeout = time.Second
+	dst := s.newEnd(t, func(h *Host) { h.Timeout = timeout })
+	src := StartSource(t, 4096)
+	src.Stop()
+	defer src.Continue()
+	target := s.tensor(t, Uint8, 4096, 0)
+	x := transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity())
+	req, err := start(dst, x, []transport.Tensor{target}, src.Meta)
+	if err == nil {
+		done := make(chan error, 1)
+		go func() { done <- req.Wait() }()
+		select {
+		case err = <-done:
+		case <-time.After(timeout):
+			within := timeout + Margin
+			if dst.desc.CanAbort {
+				dst.tr.Abort(x, req)
+				within = Margin
+			}
+			select {
+			case err = <-done:
+			case <-time.After(within):
+				t.Fatalf("the fetch did not end within %v of its deadline", within)
+			}
+		}
+		// Release may wait for I/O the transport cannot cancel (nixl's):
+		// the source resumes first.
+		src.Continue()
+		release(t, req)
+	}
+	if err == nil {
+		if !bytes.Equal(s.read(t, target), src.Want[0]) {
+			t.Fatal("the fetch succeeded with the wrong bytes")
+		}
+		return
+	}
+	wantStatus(t, err, "a stopped source", transport.ErrAborted, transport.ErrPeerUnavailable, transport.ErrTimeout)
+}
+
+func (s *suite) freedObject(t *testing.T) {
+	src, dst, meta, tensors, x := s.pair(t, transport.ObjectID{7}, []transport.DType{Uint8}, []int{8192})
+	if !dst.desc.DetectsFreedObjects {
+		t.Skip("the descriptor says the transport cannot detect a freed object (the engine waits for the owner's answer instead)")
+	}
+	if err := fetch(t, dst, x, s.targets(t, tensors), meta); err != nil {
+		t.Fatal(err)
+	}
+	src.host.Drop(x.Object)
+	src.tr.GarbageCollect(x.Object, tensors, meta)
+	want := []transport.Status{transport.ErrNotFound, transport.ErrPeerUnavailable}
+	if s.conf.FreedStatus != 0 {
+		want = []transport.Status{s.conf.FreedStatus}
+	}
+	wantStatus(t, fetch(t, dst, x, s.targets(t, tensors), meta), "a freed object", want...)
+}
+
+// A same-host transport reads only from the process the transfer names as
+// the source: metadata made by another process (as one on another host
+// would be) is refused, never read.
+func (s *suite) otherHost(t *testing.T) {
+	dst := s.newEnd(t)
+	if !dst.desc.SameHostOnly {
+		t.Skip("the descriptor says the transport reaches other hosts")
+	}
+	if s.conf.TrustsSourceProcess != "" {
+		t.Skip(s.conf.TrustsSourceProcess)
+	}
+	src := StartSource(t, 4096)
+	other := transport.PeerInfo{Name: "elsewhere", HostID: "another-host", Pid: os.Getpid()}
+	_, _ = rand.Read(other.RuntimeID[:])
+	target := s.tensor(t, Uint8, 4096, 0)
+	wantStatus(t, fetch(t, dst, transfer(SourceObject, dst.desc.Name, other, dst.host.Identity()), []transport.Tensor{target}, src.Meta),
+		"metadata of a process the transfer does not name", transport.ErrCorrupt, transport.ErrPermissionDenied, transport.ErrPeerUnavailable, transport.ErrInvalidArgument)
+}
+
+func (s *suite) sourceKilled(t *testing.T) {
+	t.Run("before", func(t *testing.T) {
+		dst := s.newEnd(t)
+		src := StartSource(t, 4096)
+		src.Kill()
+		target := s.tensor(t, Uint8, 4096, 0)
+		wantStatus(t, fetch(t, dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{target}, src.Meta),
+			"a killed source", s.conf.sourceGone())
+	})
+	t.Run("mid_transfer", func(t *testing.T) {
+		dst := s.newEnd(t, func(h *Host) { h.Timeout = time.Second })
+		src := StartSource(t, s.large())
+		req, err := start(dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{s.largeTensor(t)}, src.Meta)
+		if err == nil {
+			time.Sleep(time.Millisecond)
+			src.Kill()
+			err = finish(t, req, 30*time.Second)
+		}
+		if err != nil { // it may have finished before the kill
+			wantStatus(t, err, "a source killed mid-transfer", s.conf.sourceGone())
+		}
+	})
+}
+
+// The metadata fuzz feeds the package's decoder its seed corpus, valid
+// metadata, every truncation of it, mutations and garbage: it must never
+// panic or allocate without bound, and truncated metadata is an error,
+// from the decoder and from Fetch.
+func (s *suite) metadataFuzz(t *testing.T) {
+	seeds := readCorpus(t, s.conf.corpus())
+	var valid [][]byte
+	var dst *end
+	if s.conf.Unavailable == nil || s.conf.Unavailable() == "" {
+		src, d, meta, _, _ := s.pair(t, transport.ObjectID{8}, []transport.DType{Uint8}, []int{4096, 100})
+		_ = src
+		dst, valid = d, [][]byte{meta}
+	}
+	if s.conf.Decode == nil && dst == nil {
+		t.Skip("no decoder given and the transport is unavailable here")
+	}
+	decode := func(b []byte) error {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		err := callDecode(s.conf.Decode, b)
+		runtime.ReadMemStats(&after)
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Fatalf("decoding %d bytes allocated %d bytes", len(b), grew)
+		}
+		return err
+	}
+	rng := mrand.New(mrand.NewSource(14))
+	inputs := append(append([][]byte{}, seeds...), valid...)
+	for _, seed := range inputs {
+		if s.conf.Decode != nil {
+			_ = decode(seed)
+			for i := 0; i < 64; i++ {
+				_ = decode(mutate(rng, seed))
+			}
+		}
+	}
+	for i := 0; i < 64; i++ {
+		g := make([]byte, rng.Intn(512))
+		_, _ = rng.Read(g)
+		if s.conf.Decode != nil {
+			_ = decode(g)
+		}
+	}
+	for _, meta := range valid {
+		if s.conf.Decode != nil {
+			if err := decode(meta); err != nil {
+				t.Fatalf("the decoder refuses valid metadata: %v", err)
+			}
+		}
+		step := max(1, len(meta)/128)
+		for n := 0; n < len(meta); n += step {
+			cut := meta[:n]
+			if s.conf.Decode != nil {
+				if err := decode(cut); err == nil {
+					t.Fatalf("metadata cut to %d of %d bytes decoded", n, len(meta))
+				}
+			}
+			targets := []transport.Tensor{s.tensor(t, Uint8, 4096, 0), s.tensor(t, Uint8, 100, 0)}
+			x := transfer(transport.ObjectID{8}, dst.desc.Name, dst.host.Identity(), dst.host.Identity())
+			if err := fetch(t, dst, x, targets, cut); err == nil {
+				t.Fatalf("a fetch with metadata cut to %d of %d bytes succeeded", n, len(meta))
+			}
+		}
+	}
+}
+
+func (c Config) sourceGone() transport.Status {
+	if c.SourceGoneStatus != 0 {
+		return c.SourceGoneStatus
+	}
+	return transport.ErrPeerUnavailable
+}
+
+func (c Config) corpus() string {
+	if c.Corpus != "" {
+		return c.Corpus
+	}
+	return filepath.Join("testdata", "fuzz", "FuzzDecodeMetadata")
+}
+
+// callDecode turns a decoder's panic into a test failure naming the input.
+func callDecode(decode func([]byte) error, b []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			panic(fmt.Sprintf("the decoder panicked on %x: %v", b, r))
+		}
+	}()
+	return decode(b)
+}
+
+func mutate(rng *mrand.Rand, b []byte) []byte {
+	out := append([]byte(nil), b...)
+	for n := 1 + rng.Intn(4); n > 0; n-- {
+		switch op := rng.Intn(4); {
+		case op == 0 && len(out) > 0:
+			out[rng.Intn(len(out))] ^= byte(1 << rng.Intn(8))
+		case op == 1 && len(out) > 0:
+			out[rng.Intn(len(out))] = 0xff
+		case op == 2:
+			i := rng.Intn(len(out) + 1)
+			out = append(out[:i], append([]byte{byte(rng.Intn(256))}, out[i:]...)...)
+		case len(out) > 0:
+			out = out[:rng.Intn(len(out))]
+		}
+	}
+	return out
+}
+
+// readCorpus reads the []byte values of Go fuzz corpus files
+// ("go test fuzz v1" then one []byte("...") line).
+func readCorpus(t *testing.T, dir string) [][]byte {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			lit, ok := strings.CutPrefix(strings.TrimSpace(line), "[]byte(")
+			if !ok {
+				continue
+			}
+			v, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+			if err != nil {
+				t.Fatalf("corpus file %s: %v", e.Name(), err)
+			}
+			out = append(out, []byte(v))
+		}
+	}
+	return out
+}

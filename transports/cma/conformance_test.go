@@ -1,0 +1,18 @@
+package cma
+
+import (
+	"testing"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
+)
+
+var conformance = transporttest.Config{
+	New:         New,
+	Decode:      func(b []byte) error { _, err := decodeMetadata(b); return err },
+	FreedStatus: transport.ErrPeerUnavailable,
+}
+
+func TestMain(m *testing.M) { transporttest.Main(m, conformance) }
+
+func TestConformance(t *testing.T) { transporttest.Run(t, conformance) }

@@ -1,0 +1,20 @@
+package tcp
+
+import (
+	"testing"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
+)
+
+var conformance = transporttest.Config{
+	New:         New,
+	Decode:      func(b []byte) error { _, err := decodeMetadata(b); return err },
+	FreedStatus: transport.ErrNotFound,
+	// The metadata says how many tensors, not their sizes.
+	SizelessMetadata: true,
+}
+
+func TestMain(m *testing.M) { transporttest.Main(m, conformance) }
+
+func TestConformance(t *testing.T) { transporttest.Run(t, conformance) }

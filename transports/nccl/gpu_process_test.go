@@ -26,6 +26,7 @@ import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
 
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 		childMain(dir)
 		return
 	}
-	os.Exit(m.Run())
+	transporttest.Main(m, conformance)
 }
 
 func pattern(n int, seed byte) []byte {

@@ -41,10 +41,14 @@ func Main(m *testing.M, conf Config) {
 
 // serveSource puts SourceObject with tensors of the given sizes, prints
 // "SOURCE <runtime id> <metadata>" in hexadecimal and serves until stdin
-// closes (its parent ended or let it go).
+// closes (its parent ended or let it go); a grouped transport's source
+// takes its parent's requests from stdin meanwhile (serveGroup).
 func serveSource(conf Config, sizes, dir string) int {
 	fail := func(err error) int { fmt.Println("ERR", err); return 1 }
 	mem := conf.memory()
+	if conf.Ranks != nil {
+		mem = conf.Ranks(1)
+	}
 	h := NewHostIn(dir)
 	tr, err := conf.New(h)
 	if err != nil {
@@ -73,7 +77,11 @@ func serveSource(conf Config, sizes, dir string) int {
 		return fail(err)
 	}
 	fmt.Printf("SOURCE %x %x\n", h.ID[:], meta)
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	if conf.Ranks != nil {
+		serveGroup(conf, h, tr, tensors, os.Stdin)
+	} else {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+	}
 	_ = tr.Close()
 	return 0
 }
@@ -89,6 +97,8 @@ type Source struct {
 	Meta []byte
 	// Want are the contents of its tensors (nil above 64 MiB, left zero).
 	Want [][]byte
+
+	in io.Writer // its stdin: the suite's requests to a grouped source
 }
 
 // StartSource runs the test binary as a source process putting tensors of
@@ -121,7 +131,7 @@ func StartSource(t testing.TB, sizes ...int) *Source {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s.Cmd = cmd
+	s.Cmd, s.in = cmd, stdin
 	t.Cleanup(func() { _ = stdin.Close(); s.Kill() })
 	lines := make(chan string, 1)
 	go func() {
@@ -136,6 +146,9 @@ func StartSource(t testing.TB, sizes ...int) *Source {
 		t.Fatal("the source process printed no metadata within a minute")
 	}
 	f := strings.Fields(line)
+	if len(f) == 2 { // empty metadata
+		f = append(f, "")
+	}
 	if len(f) != 3 || f[0] != "SOURCE" {
 		t.Fatalf("the source process said %q", line)
 	}

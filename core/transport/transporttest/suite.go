@@ -51,6 +51,14 @@ type Config struct {
 	// cases move: large enough to be in flight when they act (256 MiB when
 	// zero).
 	LargeBytes int
+	// Ranks, for a two-sided transport that moves bytes only between the
+	// ranks of a group (its descriptor sets GroupBackend), is where the
+	// tensors of each rank of a group of two live, on a device of its own:
+	// the suite forms the group through the transport's GroupBackend with
+	// the destination as rank 0 and the source (in this process or a source
+	// process) as rank 1, and runs the source's Send once the destination's
+	// Fetch has started. Memory is unused then.
+	Ranks func(rank int) Memory
 }
 
 func (c Config) memory() Memory {
@@ -93,6 +101,10 @@ type end struct {
 	host *Host
 	tr   transport.Transport
 	desc transport.Descriptor
+	mem  Memory
+	// send, for a grouped transport, runs the source's Send of a transfer
+	// the end fetches.
+	send func(x *transport.Transfer, cmeta []byte)
 }
 
 func (s *suite) available(t *testing.T) {
@@ -104,7 +116,9 @@ func (s *suite) available(t *testing.T) {
 	}
 }
 
-func (s *suite) newEnd(t *testing.T, tune ...func(*Host)) *end {
+// newEnd makes a transport; rank is its rank in a group (0 for a
+// destination, 1 for a source), which says where its tensors live.
+func (s *suite) newEnd(t *testing.T, rank int, tune ...func(*Host)) *end {
 	t.Helper()
 	s.available(t)
 	h := NewHost(t)
@@ -116,28 +130,28 @@ func (s *suite) newEnd(t *testing.T, tune ...func(*Host)) *end {
 		t.Fatalf("making the transport: %v", err)
 	}
 	t.Cleanup(func() { _ = tr.Close() })
-	return &end{host: h, tr: tr, desc: tr.Describe()}
+	return &end{host: h, tr: tr, desc: tr.Describe(), mem: s.memOf(rank)}
 }
 
-// tensor allocates n bytes of dt in the suite's memory, filled with the
-// pattern of seed.
-func (s *suite) tensor(t *testing.T, dt transport.DType, n int, seed byte) transport.Tensor {
+// tensor allocates n bytes of dt in e's memory, filled with the pattern of
+// seed.
+func (s *suite) tensor(t *testing.T, e *end, dt transport.DType, n int, seed byte) transport.Tensor {
 	t.Helper()
-	addr, free, err := s.mem.Alloc(n)
+	addr, free, err := e.mem.Alloc(n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(free)
-	if err := s.mem.Write(addr, Pattern(n, seed)); err != nil {
+	if err := e.mem.Write(addr, Pattern(n, seed)); err != nil {
 		t.Fatal(err)
 	}
-	return Describe(s.mem.Device, dt, addr, n)
+	return Describe(e.mem.Device, dt, addr, n)
 }
 
-func (s *suite) read(t *testing.T, x transport.Tensor) []byte {
+func (s *suite) read(t *testing.T, e *end, x transport.Tensor) []byte {
 	t.Helper()
 	b := make([]byte, x.Nbytes)
-	if err := s.mem.Read(x.Data, b); err != nil {
+	if err := e.mem.Read(x.Data, b); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -148,7 +162,7 @@ func (s *suite) put(t *testing.T, src *end, obj transport.ObjectID, dts []transp
 	t.Helper()
 	var tensors []transport.Tensor
 	for i, n := range sizes {
-		tensors = append(tensors, s.tensor(t, dts[i%len(dts)], n, obj[0]+byte(i)))
+		tensors = append(tensors, s.tensor(t, src, dts[i%len(dts)], n, obj[0]+byte(i)))
 	}
 	src.host.Hold(obj, tensors)
 	meta, err := src.tr.ExtractMetadata(obj, tensors)
@@ -158,11 +172,11 @@ func (s *suite) put(t *testing.T, src *end, obj transport.ObjectID, dts []transp
 	return meta, tensors
 }
 
-// targets allocates empty tensors like the given ones.
-func (s *suite) targets(t *testing.T, like []transport.Tensor) []transport.Tensor {
+// targets allocates tensors like the given ones on dst.
+func (s *suite) targets(t *testing.T, dst *end, like []transport.Tensor) []transport.Tensor {
 	var out []transport.Tensor
 	for i, x := range like {
-		out = append(out, s.tensor(t, x.DType, int(x.Nbytes), 0xa0+byte(i)))
+		out = append(out, s.tensor(t, dst, x.DType, int(x.Nbytes), 0xa0+byte(i)))
 	}
 	return out
 }
@@ -175,13 +189,17 @@ func transfer(obj transport.ObjectID, name string, src, dst transport.PeerInfo) 
 }
 
 // start begins a fetch the way the engine does: communicator metadata
-// first, then Fetch.
+// first, then Fetch (and, for a grouped transport, the source's Send).
 func start(dst *end, x *transport.Transfer, targets []transport.Tensor, meta []byte) (transport.Request, error) {
 	cmeta, err := dst.tr.CommunicatorMetadata(x)
 	if err != nil {
 		return nil, err
 	}
-	return dst.tr.Fetch(x, targets, meta, cmeta)
+	req, err := dst.tr.Fetch(x, targets, meta, cmeta)
+	if err == nil && dst.send != nil {
+		dst.send(x, cmeta)
+	}
+	return req, err
 }
 
 // finish waits for req at most within and releases it.
@@ -238,7 +256,10 @@ func wantStatus(t *testing.T, err error, what string, want ...transport.Status) 
 // pair is a source and a destination in this process, and an object put
 // on the source.
 func (s *suite) pair(t *testing.T, obj transport.ObjectID, dts []transport.DType, sizes []int) (src, dst *end, meta []byte, tensors []transport.Tensor, x *transport.Transfer) {
-	src, dst = s.newEnd(t), s.newEnd(t)
+	src, dst = s.newEnd(t, 1), s.newEnd(t, 0)
+	if s.grouped() {
+		s.groupPair(t, src, dst)
+	}
 	meta, tensors = s.put(t, src, obj, dts, sizes)
 	return src, dst, meta, tensors, transfer(obj, src.desc.Name, src.host.Identity(), dst.host.Identity())
 }
@@ -247,31 +268,31 @@ func (s *suite) roundTrip(t *testing.T) {
 	t.Run("in_process", func(t *testing.T) {
 		dts := []transport.DType{Uint8, Float32, Int64, Float64, Uint8}
 		sizes := []int{0, 1 << 10, 4 << 10, 300<<10 + 8, 5<<20 + 1}
-		_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{1}, dts, sizes)
+		src, dst, meta, tensors, x := s.pair(t, transport.ObjectID{1}, dts, sizes)
 		for round := 0; round < 2; round++ { // a second fetch of the same object reads it again
-			targets := s.targets(t, tensors)
+			targets := s.targets(t, dst, tensors)
 			if err := fetch(t, dst, x, targets, meta); err != nil {
 				t.Fatalf("round %d: %v", round, err)
 			}
 			for i := range targets {
-				if !bytes.Equal(s.read(t, targets[i]), s.read(t, tensors[i])) {
+				if !bytes.Equal(s.read(t, dst, targets[i]), s.read(t, src, tensors[i])) {
 					t.Fatalf("round %d: tensor %d (%s, %d bytes) differs", round, i, tensors[i].DType, tensors[i].Nbytes)
 				}
 			}
 		}
 	})
 	t.Run("source_process", func(t *testing.T) {
-		dst := s.newEnd(t)
-		src := StartSource(t, 4096, 3<<20, 0)
+		dst := s.newEnd(t, 0)
+		src := s.source(t, dst, 4096, 3<<20, 0)
 		var targets []transport.Tensor
 		for _, w := range src.Want {
-			targets = append(targets, s.tensor(t, Uint8, len(w), 0xee))
+			targets = append(targets, s.tensor(t, dst, Uint8, len(w), 0xee))
 		}
 		if err := fetch(t, dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), targets, src.Meta); err != nil {
 			t.Fatal(err)
 		}
 		for i := range targets {
-			if !bytes.Equal(s.read(t, targets[i]), src.Want[i]) {
+			if !bytes.Equal(s.read(t, dst, targets[i]), src.Want[i]) {
 				t.Fatalf("tensor %d differs", i)
 			}
 		}
@@ -280,20 +301,22 @@ func (s *suite) roundTrip(t *testing.T) {
 
 func (s *suite) countMismatch(t *testing.T) {
 	_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{2}, []transport.DType{Uint8}, []int{100, 200})
-	targets := s.targets(t, tensors)
+	skipDescribesNothing(t, meta)
+	targets := s.targets(t, dst, tensors)
 	wantStatus(t, fetch(t, dst, x, targets[:1], meta), "fewer targets", transport.ErrInvalidArgument)
-	more := append(targets, s.tensor(t, Uint8, 100, 3))
+	more := append(targets, s.tensor(t, dst, Uint8, 100, 3))
 	wantStatus(t, fetch(t, dst, x, more, meta), "more targets", transport.ErrInvalidArgument)
 	wantStatus(t, fetch(t, dst, x, nil, meta), "no targets", transport.ErrInvalidArgument)
 }
 
 func (s *suite) sizeMismatch(t *testing.T) {
 	_, dst, meta, _, x := s.pair(t, transport.ObjectID{3}, []transport.DType{Uint8}, []int{100, 4096})
+	skipDescribesNothing(t, meta)
 	for _, n := range []int{4095, 4097} {
 		if n < 4096 && s.conf.SizelessMetadata {
 			continue
 		}
-		targets := []transport.Tensor{s.tensor(t, Uint8, 100, 1), s.tensor(t, Uint8, n, 2)}
+		targets := []transport.Tensor{s.tensor(t, dst, Uint8, 100, 1), s.tensor(t, dst, Uint8, n, 2)}
 		wantStatus(t, fetch(t, dst, x, targets, meta), fmt.Sprintf("a %d-byte target for 4096 bytes", n), transport.ErrInvalidArgument)
 	}
 }
@@ -303,7 +326,8 @@ func (s *suite) sizeMismatch(t *testing.T) {
 // source does not have.
 func (s *suite) dtypeMismatch(t *testing.T) {
 	_, dst, meta, _, x := s.pair(t, transport.ObjectID{4}, []transport.DType{Float32}, []int{1024})
-	targets := []transport.Tensor{s.tensor(t, Float64, 2048, 1)}
+	skipDescribesNothing(t, meta)
+	targets := []transport.Tensor{s.tensor(t, dst, Float64, 2048, 1)}
 	wantStatus(t, fetch(t, dst, x, targets, meta), "float64[256] for float32[256]", transport.ErrInvalidArgument)
 }
 
@@ -335,29 +359,32 @@ func (s *suite) large() int {
 	return 256 << 20
 }
 
-func (s *suite) largeTensor(t *testing.T) transport.Tensor {
-	addr, free, err := s.mem.Alloc(s.large())
+func (s *suite) largeTensor(t *testing.T, e *end) transport.Tensor {
+	addr, free, err := e.mem.Alloc(s.large())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(free)
-	return Describe(s.mem.Device, Uint8, addr, s.large())
+	return Describe(e.mem.Device, Uint8, addr, s.large())
 }
 
 func (s *suite) abort(t *testing.T) {
-	src, dst := s.newEnd(t), s.newEnd(t)
+	src, dst := s.newEnd(t, 1), s.newEnd(t, 0)
 	if !dst.desc.CanAbort {
 		t.Skip("the descriptor says the transport cannot abort (the engine never calls Abort)")
 	}
+	if s.grouped() {
+		s.groupPair(t, src, dst)
+	}
 	obj := transport.ObjectID{6}
-	source := s.largeTensor(t)
+	source := s.largeTensor(t, src)
 	src.host.Hold(obj, []transport.Tensor{source})
 	meta, err := src.tr.ExtractMetadata(obj, []transport.Tensor{source})
 	if err != nil {
 		t.Fatal(err)
 	}
 	x := transfer(obj, dst.desc.Name, src.host.Identity(), dst.host.Identity())
-	req, err := start(dst, x, []transport.Tensor{s.largeTensor(t)}, meta)
+	req, err := start(dst, x, []transport.Tensor{s.largeTensor(t, dst)}, meta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,11 +399,11 @@ func (s *suite) abort(t *testing.T) {
 // can abort, and any other gives up within the host's peer timeout.
 func (s *suite) deadline(t *testing.T) {
 	const timeout = time.Second
-	dst := s.newEnd(t, func(h *Host) { h.Timeout = timeout })
-	src := StartSource(t, 4096)
+	dst := s.newEnd(t, 0, func(h *Host) { h.Timeout = timeout })
+	src := s.source(t, dst, 4096)
 	src.Stop()
 	defer src.Continue()
-	target := s.tensor(t, Uint8, 4096, 0)
+	target := s.tensor(t, dst, Uint8, 4096, 0)
 	x := transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity())
 	req, err := start(dst, x, []transport.Tensor{target}, src.Meta)
 	if err == nil {
@@ -402,7 +429,7 @@ func (s *suite) deadline(t *testing.T) {
 		release(t, req)
 	}
 	if err == nil {
-		if !bytes.Equal(s.read(t, target), src.Want[0]) {
+		if !bytes.Equal(s.read(t, dst, target), src.Want[0]) {
 			t.Fatal("the fetch succeeded with the wrong bytes")
 		}
 		return
@@ -415,7 +442,7 @@ func (s *suite) freedObject(t *testing.T) {
 	if !dst.desc.DetectsFreedObjects {
 		t.Skip("the descriptor says the transport cannot detect a freed object (the engine waits for the owner's answer instead)")
 	}
-	if err := fetch(t, dst, x, s.targets(t, tensors), meta); err != nil {
+	if err := fetch(t, dst, x, s.targets(t, dst, tensors), meta); err != nil {
 		t.Fatal(err)
 	}
 	src.host.Drop(x.Object)
@@ -424,14 +451,14 @@ func (s *suite) freedObject(t *testing.T) {
 	if s.conf.FreedStatus != 0 {
 		want = []transport.Status{s.conf.FreedStatus}
 	}
-	wantStatus(t, fetch(t, dst, x, s.targets(t, tensors), meta), "a freed object", want...)
+	wantStatus(t, fetch(t, dst, x, s.targets(t, dst, tensors), meta), "a freed object", want...)
 }
 
 // A same-host transport reads only from the process the transfer names as
 // the source: metadata made by another process (as one on another host
 // would be) is refused, never read.
 func (s *suite) otherHost(t *testing.T) {
-	dst := s.newEnd(t)
+	dst := s.newEnd(t, 0)
 	if !dst.desc.SameHostOnly {
 		t.Skip("the descriptor says the transport reaches other hosts")
 	}
@@ -441,24 +468,24 @@ func (s *suite) otherHost(t *testing.T) {
 	src := StartSource(t, 4096)
 	other := transport.PeerInfo{Name: "elsewhere", HostID: "another-host", Pid: os.Getpid()}
 	_, _ = rand.Read(other.RuntimeID[:])
-	target := s.tensor(t, Uint8, 4096, 0)
+	target := s.tensor(t, dst, Uint8, 4096, 0)
 	wantStatus(t, fetch(t, dst, transfer(SourceObject, dst.desc.Name, other, dst.host.Identity()), []transport.Tensor{target}, src.Meta),
 		"metadata of a process the transfer does not name", transport.ErrCorrupt, transport.ErrPermissionDenied, transport.ErrPeerUnavailable, transport.ErrInvalidArgument)
 }
 
 func (s *suite) sourceKilled(t *testing.T) {
 	t.Run("before", func(t *testing.T) {
-		dst := s.newEnd(t)
-		src := StartSource(t, 4096)
+		dst := s.newEnd(t, 0)
+		src := s.source(t, dst, 4096)
 		src.Kill()
-		target := s.tensor(t, Uint8, 4096, 0)
+		target := s.tensor(t, dst, Uint8, 4096, 0)
 		wantStatus(t, fetch(t, dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{target}, src.Meta),
 			"a killed source", s.conf.sourceGone())
 	})
 	t.Run("mid_transfer", func(t *testing.T) {
-		dst := s.newEnd(t, func(h *Host) { h.Timeout = time.Second })
-		src := StartSource(t, s.large())
-		req, err := start(dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{s.largeTensor(t)}, src.Meta)
+		dst := s.newEnd(t, 0, func(h *Host) { h.Timeout = time.Second })
+		src := s.source(t, dst, s.large())
+		req, err := start(dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{s.largeTensor(t, dst)}, src.Meta)
 		if err == nil {
 			time.Sleep(time.Millisecond)
 			src.Kill()
@@ -479,9 +506,11 @@ func (s *suite) metadataFuzz(t *testing.T) {
 	var valid [][]byte
 	var dst *end
 	if s.conf.Unavailable == nil || s.conf.Unavailable() == "" {
-		src, d, meta, _, _ := s.pair(t, transport.ObjectID{8}, []transport.DType{Uint8}, []int{4096, 100})
-		_ = src
-		dst, valid = d, [][]byte{meta}
+		_, d, meta, _, _ := s.pair(t, transport.ObjectID{8}, []transport.DType{Uint8}, []int{4096, 100})
+		dst = d
+		if len(meta) > 0 { // empty metadata has nothing to cut
+			valid = [][]byte{meta}
+		}
 	}
 	if s.conf.Decode == nil && dst == nil {
 		t.Skip("no decoder given and the transport is unavailable here")
@@ -527,12 +556,34 @@ func (s *suite) metadataFuzz(t *testing.T) {
 					t.Fatalf("metadata cut to %d of %d bytes decoded", n, len(meta))
 				}
 			}
-			targets := []transport.Tensor{s.tensor(t, Uint8, 4096, 0), s.tensor(t, Uint8, 100, 0)}
+			targets := []transport.Tensor{s.tensor(t, dst, Uint8, 4096, 0), s.tensor(t, dst, Uint8, 100, 0)}
 			x := transfer(transport.ObjectID{8}, dst.desc.Name, dst.host.Identity(), dst.host.Identity())
 			if err := fetch(t, dst, x, targets, cut); err == nil {
 				t.Fatalf("a fetch with metadata cut to %d of %d bytes succeeded", n, len(meta))
 			}
 		}
+	}
+}
+
+// source starts a source process putting tensors of the given sizes, and
+// forms the group of dst and the source for a grouped transport.
+func (s *suite) source(t *testing.T, dst *end, sizes ...int) *Source {
+	t.Helper()
+	src := StartSource(t, sizes...)
+	if s.grouped() {
+		s.groupSource(t, dst, src)
+	}
+	return src
+}
+
+// skipDescribesNothing skips a mismatch case for a transport whose
+// metadata describes no tensors: the engine compares the targets with the
+// ref's shapes before it fetches, and nothing is left for the transport to
+// check.
+func skipDescribesNothing(t *testing.T, meta []byte) {
+	t.Helper()
+	if len(meta) == 0 {
+		t.Skip("the transport's metadata is empty: the engine checks the targets against the ref's shapes before it fetches")
 	}
 }
 

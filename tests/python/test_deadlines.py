@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -137,6 +138,39 @@ def test_get_keeps_its_deadline_with_a_stopped_owner(child, case):
         assert np.array_equal(rt.get(ref, timeout=30, transport=spec["transport"]), EXPECTED)
         ref.close()
         assert rt.stats()["fetches_active"] == 0
+    finally:
+        rt.close()
+    c.stop()
+
+
+def test_a_slow_small_get_off_the_main_thread_is_moved_once(child):
+    # A get of one small array runs in one C call. The main thread gives it
+    # up after a slice to see Ctrl-C and starts again; a thread that never
+    # sees signals must wait it out, not abort the transfer and move it twice.
+    c, refs = _owner(child, ["tcp"])  # the owner serves the bytes
+    raw, _ = refs["tcp"]
+    rt = rdt.Runtime("receiver", peer_timeout=30)
+    try:
+        ref = rt.deserialize(raw)
+        out = np.zeros(1000)
+        ended = {}
+
+        def get():
+            try:
+                ended["value"] = rt.get(ref, timeout=30, out=out)
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                ended["error"] = e
+
+        getter = threading.Thread(target=get)
+        with Stopped(c.proc.pid):
+            getter.start()
+            time.sleep(0.5)  # five main-thread slices
+        getter.join(30)
+        assert not getter.is_alive() and "error" not in ended, ended
+        assert np.array_equal(out, EXPECTED)
+        st = rt.stats()
+        assert (st["transfers_completed"], st["transfers_failed"]) == (1, 0), st
+        ref.close()
     finally:
         rt.close()
     c.stop()

@@ -35,6 +35,13 @@ def deadline_of(timeout: Optional[float]) -> Optional[float]:
     return time.monotonic() + t
 
 
+def ms_until(deadline: Optional[float]) -> int:
+    """Milliseconds left before deadline, for a C wait (-1: no deadline)."""
+    if deadline is None:
+        return -1
+    return max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+
+
 def slice_ms(deadline: Optional[float]) -> int:
     if deadline is None:
         return SLICE_MS

@@ -4,6 +4,7 @@ what, and the waits. Runtime's methods of those names forward here."""
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
@@ -12,7 +13,7 @@ import numpy as np
 from . import _lib
 from . import _tensors as _t
 from ._errors import GetTimeoutError, InvalidArgumentError
-from ._fetch import Fetch, Plan, await_fetch, deadline_of, slice_ms
+from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms
 from ._process import PROCESS
 from ._ref import ObjectRef, decode_skeleton, flatten
 
@@ -36,12 +37,17 @@ def get_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: 
             if len(descs1) == 1:
                 data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
                 if data and not rt._store.python_transports:
-                    # One call does start, wait and free. It gives up
-                    # (aborting) after a slice, so that Ctrl-C is seen;
-                    # then the general path below starts again.
+                    # One call does start, wait and free. On the main
+                    # thread it gives up (aborting) after a slice, so that
+                    # Ctrl-C is seen, and the general path below starts
+                    # again. Other threads never see a signal: they wait
+                    # for the whole deadline, so that a slow get is not
+                    # aborted and moved twice.
                     buf, addr = _t.pack_one(data, descs1[0])
+                    wait_ms = slice_ms(deadline) if threading.current_thread() is threading.main_thread() \
+                        else ms_until(deadline)
                     st = _lib.lib().rdt_get(rt._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
-                                            addr, 1, None, slice_ms(deadline))
+                                            addr, 1, None, wait_ms)
                     if st == _lib.OK:
                         return decode_skeleton(r._skeleton, [out])
                     if st != _lib.ERR_TIMEOUT:

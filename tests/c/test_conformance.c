@@ -229,9 +229,22 @@ typedef struct tensor {
   rdt_tensor t;
 } tensor;
 
+/* Every tensor's memory, freed once the runtimes are gone: an object may
+ * outlive the case that put it until its owner frees it. */
+static void *tensor_memory[256];
+static size_t tensor_memory_used;
+
+static void free_tensor_memory(void) {
+  for (size_t i = 0; i < tensor_memory_used; i++) free(tensor_memory[i]);
+  tensor_memory_used = 0;
+}
+
 static void make_tensor(tensor *x, uint8_t code, uint8_t bits, int64_t n, int seed) {
   size_t bytes = (size_t)n * bits / 8;
+  CHECK(tensor_memory_used < sizeof tensor_memory / sizeof tensor_memory[0]);
   x->data = malloc(bytes ? bytes : 1);
+  CHECK(x->data != NULL);
+  tensor_memory[tensor_memory_used++] = x->data;
   for (size_t i = 0; i < bytes; i++) ((uint8_t *)x->data)[i] = (uint8_t)(i * 13 + seed);
   x->shape[0] = n;
   memset(&x->t, 0, sizeof x->t);
@@ -510,6 +523,7 @@ int main(int argc, char **argv) {
          "transport's metadata\n");
   CHECK_OK(rdt_runtime_destroy(dst_rt));
   CHECK_OK(rdt_runtime_destroy(src_rt));
+  free_tensor_memory();
   printf("test_conformance: ok\n");
   return 0;
 }

@@ -221,3 +221,38 @@ func (r *WireReader) TensorDesc() TensorDesc {
 	}
 	return td
 }
+
+// A transport's metadata starts with its 4-byte magic and a version byte,
+// so that a build reads only the layouts it knows.
+
+// NewMetadataWriter starts a transport's metadata with its header;
+// capacity is a hint for the whole encoding.
+func NewMetadataWriter(magic string, version uint8, capacity int) *WireWriter {
+	w := NewWireWriter(make([]byte, 0, max(capacity, len(magic)+1)))
+	w.Raw([]byte(magic))
+	w.U8(version)
+	return w
+}
+
+// OpenMetadata checks the header NewMetadataWriter wrote and returns a
+// reader of what follows: CORRUPT when b is too short or another format,
+// UNSUPPORTED when it is another version of this one.
+func OpenMetadata(b []byte, magic string, version uint8) (*WireReader, error) {
+	r := NewWireReader("transport metadata", b)
+	got, v := r.Take(len(magic)), r.U8()
+	if r.Err() != nil {
+		return nil, CorruptMetadata("too short")
+	}
+	if string(got) != magic {
+		return nil, CorruptMetadata("bad magic")
+	}
+	if v != version {
+		return nil, Errorf(ErrUnsupported, "metadata version %d, this build reads version %d", v, version)
+	}
+	return r, nil
+}
+
+// CorruptMetadata is the error for metadata that breaks its format's rules.
+func CorruptMetadata(why string) error {
+	return Errorf(ErrCorrupt, "corrupt transport metadata (%s)", why)
+}

@@ -1,7 +1,6 @@
 package cma
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"testing"
@@ -64,14 +63,6 @@ func fetchFrom(t testing.TB, tr *Transport, x *transport.Transfer, meta []byte, 
 	return req.Wait()
 }
 
-func statusOf(err error) transport.Status {
-	var e *transport.Error
-	if errors.As(err, &e) {
-		return e.Status
-	}
-	return 0
-}
-
 func TestUnmappedSourceIsAClearError(t *testing.T) {
 	tr := newTransport(t)
 	b, src := buffer(t, 4096)
@@ -84,7 +75,7 @@ func TestUnmappedSourceIsAClearError(t *testing.T) {
 	t.Cleanup(func() { _ = unix.Mprotect(b[:cap(b)], unix.PROT_READ|unix.PROT_WRITE) })
 	err = fetch(t, tr, transport.ObjectID{9}, meta, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrInternal, statusOf(err))
+	assert.Equal(t, transport.ErrInternal, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "no longer mapped")
 }
 
@@ -95,7 +86,7 @@ func TestRecycledPidIsPeerUnavailable(t *testing.T) {
 	m := metadata{Pid: uint32(os.Getpid()), StartTime: tr.startTime + 1, Guard: slotSize, Token: 1,
 		Regions: []region{{Addr: uint64(src.Data), Size: 64}}}
 	err := fetch(t, tr, transport.ObjectID{1}, m.encode(), []transport.Tensor{dst})
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "another process")
 }
 
@@ -113,12 +104,12 @@ func TestAFreedObjectIsNeverReported(t *testing.T) {
 	// read must not be reported as the object's bytes.
 	tr.GarbageCollect(transport.ObjectID{4}, []transport.Tensor{src}, meta)
 	err = fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst})
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "freed")
 	// A new object reusing the guard word gets another token.
 	meta2, err := tr.ExtractMetadata(transport.ObjectID{5}, []transport.Tensor{src})
 	require.NoError(t, err)
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst})))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(fetch(t, tr, transport.ObjectID{4}, meta, []transport.Tensor{dst})))
 	require.NoError(t, fetch(t, tr, transport.ObjectID{5}, meta2, []transport.Tensor{dst}))
 }
 

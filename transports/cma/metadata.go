@@ -25,9 +25,7 @@ type metadata struct {
 }
 
 func (m *metadata) encode() []byte {
-	w := transport.NewWireWriter(make([]byte, 0, headerLen+regionLen*len(m.Regions)))
-	w.Raw([]byte(metaMagic))
-	w.U8(metaVersion)
+	w := transport.NewMetadataWriter(metaMagic, metaVersion, headerLen+regionLen*len(m.Regions))
 	w.U32(m.Pid)
 	w.U64(m.StartTime)
 	w.U64(m.Guard)
@@ -41,39 +39,32 @@ func (m *metadata) encode() []byte {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
+	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	if err != nil {
+		return nil, err
 	}
-	r := transport.NewWireReader("transport metadata", b)
-	magic, version := r.Take(len(metaMagic)), r.U8()
 	m := &metadata{Pid: r.U32(), StartTime: r.U64(), Guard: r.U64(), Token: r.U64()}
 	n := r.U32()
 	if r.Err() != nil {
-		return nil, bad("too short")
-	}
-	if string(magic) != metaMagic {
-		return nil, bad("bad magic")
-	}
-	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.CorruptMetadata("too short")
 	}
 	if n > maxRegions {
-		return nil, bad("too many tensors")
+		return nil, transport.CorruptMetadata("too many tensors")
 	}
 	if uint64(r.Len()) != uint64(n)*regionLen {
-		return nil, bad("length does not match the tensor count")
+		return nil, transport.CorruptMetadata("length does not match the tensor count")
 	}
 	if m.Pid == 0 || m.Pid > 1<<22 {
-		return nil, bad("pid out of range")
+		return nil, transport.CorruptMetadata("pid out of range")
 	}
 	if m.Guard == 0 || m.Guard%slotSize != 0 || m.Token == 0 {
-		return nil, bad("no guard word")
+		return nil, transport.CorruptMetadata("no guard word")
 	}
 	m.Regions = make([]region, n)
 	for i := range m.Regions {
 		g := region{Addr: r.U64(), Size: r.U64()}
 		if g.Addr+g.Size < g.Addr {
-			return nil, bad("region wraps the address space")
+			return nil, transport.CorruptMetadata("region wraps the address space")
 		}
 		m.Regions[i] = g
 	}

@@ -30,7 +30,7 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 	v2 := append([]byte{}, good...)
 	v2[4] = 1
 	_, err = decodeMetadata(v2)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 }
 
 func FuzzDecodeMetadata(f *testing.F) {

@@ -44,7 +44,7 @@ func TestMetadataOfAnotherProcessIsRefused(t *testing.T) {
 	// other process's.
 	err := fetchFrom(t, tr, from(childObject, os.Getpid()), otherMeta, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refusing to read another process's memory")
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
 	assert.Equal(t, 0, tr.openSources(), "the other process was not even opened")
@@ -71,7 +71,7 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	got, dst := buffer(t, 4096)
 	err = fetch(t, tr, transport.ObjectID{1}, crafted.encode(), []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "is not what its owner")
 	assert.True(t, allZero(got), "no byte of the other buffer reached the target")
 
@@ -79,10 +79,10 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	grown := *m
 	grown.Regions = []region{{Addr: m.Regions[0].Addr, Size: 8192}}
 	_, big := buffer(t, 8192)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(fetch(t, tr, transport.ObjectID{1}, grown.encode(), []transport.Tensor{big})))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(fetch(t, tr, transport.ObjectID{1}, grown.encode(), []transport.Tensor{big})))
 
 	// The owner's real metadata, but for another object.
-	assert.Equal(t, transport.ErrCorrupt, statusOf(fetch(t, tr, transport.ObjectID{2}, meta, []transport.Tensor{dst})))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(fetch(t, tr, transport.ObjectID{2}, meta, []transport.Tensor{dst})))
 	assert.True(t, allZero(got))
 
 	// The untouched metadata reads the object.
@@ -107,7 +107,7 @@ func TestForgedSlotOutsideTheGuardMappingsIsRefused(t *testing.T) {
 	got, dst := buffer(t, 4096)
 	err := fetch(t, tr, transport.ObjectID{3}, b, []transport.Tensor{dst})
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "names no guard slot")
 	assert.True(t, allZero(got))
 }

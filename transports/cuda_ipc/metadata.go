@@ -45,9 +45,7 @@ type metadata struct {
 }
 
 func (m *metadata) encode() []byte {
-	w := transport.NewWireWriter(make([]byte, 0, headerLen+allocLen*len(m.Allocs)+tensorLen*len(m.Tensors)))
-	w.Raw([]byte(metaMagic))
-	w.U8(metaVersion)
+	w := transport.NewMetadataWriter(metaMagic, metaVersion, headerLen+allocLen*len(m.Allocs)+tensorLen*len(m.Tensors))
 	w.U32(m.Pid)
 	w.U64(m.Token)
 	w.U32(uint32(len(m.Allocs)))
@@ -68,33 +66,26 @@ func (m *metadata) encode() []byte {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
+	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	if err != nil {
+		return nil, err
 	}
-	r := transport.NewWireReader("transport metadata", b)
-	magic, version := r.Take(len(metaMagic)), r.U8()
 	m := &metadata{Pid: r.U32(), Token: r.U64()}
 	na, nt := r.U32(), r.U32()
 	if r.Err() != nil {
-		return nil, bad("too short")
-	}
-	if string(magic) != metaMagic {
-		return nil, bad("bad magic")
-	}
-	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
+		return nil, transport.CorruptMetadata("too short")
 	}
 	if na > transport.MaxTensors || nt > transport.MaxTensors {
-		return nil, bad("too many tensors")
+		return nil, transport.CorruptMetadata("too many tensors")
 	}
 	if na > nt {
-		return nil, bad("more allocations than tensors")
+		return nil, transport.CorruptMetadata("more allocations than tensors")
 	}
 	if uint64(r.Len()) != uint64(na)*allocLen+uint64(nt)*tensorLen {
-		return nil, bad("length does not match the counts")
+		return nil, transport.CorruptMetadata("length does not match the counts")
 	}
 	if m.Pid == 0 {
-		return nil, bad("no process id")
+		return nil, transport.CorruptMetadata("no process id")
 	}
 	m.Allocs = make([]allocation, na)
 	for i := range m.Allocs {
@@ -103,7 +94,7 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		a.BufferID, a.Base, a.Size = r.U64(), r.U64(), r.U64()
 		copy(a.Device[:], r.Take(len(a.Device)))
 		if a.Size == 0 || a.Base == 0 || a.Base+a.Size < a.Base {
-			return nil, bad("allocation out of range")
+			return nil, transport.CorruptMetadata("allocation out of range")
 		}
 	}
 	m.Tensors = make([]tensorRef, nt)
@@ -111,15 +102,15 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		t := tensorRef{Alloc: r.U32(), Offset: r.U64(), Nbytes: r.U64()}
 		if t.Alloc == noAlloc {
 			if t.Nbytes != 0 || t.Offset != 0 {
-				return nil, bad("a tensor outside every allocation")
+				return nil, transport.CorruptMetadata("a tensor outside every allocation")
 			}
 		} else {
 			if t.Alloc >= na {
-				return nil, bad("allocation index out of range")
+				return nil, transport.CorruptMetadata("allocation index out of range")
 			}
 			size := m.Allocs[t.Alloc].Size
 			if t.Offset > size || t.Nbytes > size-t.Offset {
-				return nil, bad("tensor outside its allocation")
+				return nil, transport.CorruptMetadata("tensor outside its allocation")
 			}
 		}
 		m.Tensors[i] = t

@@ -47,9 +47,7 @@ func (m *metadata) encode() []byte {
 	for _, b := range m.Blobs {
 		n += 4 + len(b)
 	}
-	w := transport.NewWireWriter(make([]byte, 0, n))
-	w.Raw([]byte(metaMagic))
-	w.U8(metaVersion)
+	w := transport.NewMetadataWriter(metaMagic, metaVersion, n)
 	w.U64(m.Epoch)
 	w.Str8(m.Agent)
 	w.Bytes32(m.Conn)
@@ -81,64 +79,57 @@ func validName(s string) bool {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
-	}
-	r := transport.NewWireReader("transport metadata", b)
-	magic, version := r.Take(len(metaMagic)), r.U8()
-	if r.Err() != nil || string(magic) != metaMagic {
-		return nil, bad("bad magic")
-	}
-	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
+	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	if err != nil {
+		return nil, err
 	}
 	m := &metadata{Epoch: r.U64()}
 	m.Agent = string(r.Take(int(r.U8())))
 	if r.Err() != nil {
-		return nil, bad("truncated header")
+		return nil, transport.CorruptMetadata("truncated header")
 	}
 	if !validName(m.Agent) {
-		return nil, bad("invalid agent name")
+		return nil, transport.CorruptMetadata("invalid agent name")
 	}
 	n := r.U32()
 	if n == 0 || n > maxBlob {
-		return nil, bad("connection blob size out of range")
+		return nil, transport.CorruptMetadata("connection blob size out of range")
 	}
 	m.Conn = r.Take(int(n))
 	nb := r.U8()
 	if nb > maxBlobs {
-		return nil, bad("too many metadata blobs")
+		return nil, transport.CorruptMetadata("too many metadata blobs")
 	}
 	for i := 0; i < int(nb) && r.Err() == nil; i++ {
 		n := r.U32()
 		if n == 0 || n > maxBlob {
-			return nil, bad("metadata blob size out of range")
+			return nil, transport.CorruptMetadata("metadata blob size out of range")
 		}
 		m.Blobs = append(m.Blobs, r.Take(int(n)))
 	}
 	cnt := r.U32()
 	if r.Err() != nil {
-		return nil, bad("truncated")
+		return nil, transport.CorruptMetadata("truncated")
 	}
 	if cnt > maxRegions {
-		return nil, bad("too many tensors")
+		return nil, transport.CorruptMetadata("too many tensors")
 	}
 	if uint64(r.Len()) != uint64(cnt)*regionLen {
-		return nil, bad("length does not match the tensor count")
+		return nil, transport.CorruptMetadata("length does not match the tensor count")
 	}
 	m.Regions = make([]region, cnt)
 	for i := range m.Regions {
 		g := region{Addr: r.U64(), Size: r.U64(), Dev: r.U32(), Mem: r.U8()}
 		if g.Mem != memDRAM && g.Mem != memVRAM {
-			return nil, bad("unknown memory type")
+			return nil, transport.CorruptMetadata("unknown memory type")
 		}
 		if g.Addr+g.Size < g.Addr {
-			return nil, bad("region wraps the address space")
+			return nil, transport.CorruptMetadata("region wraps the address space")
 		}
 		m.Regions[i] = g
 	}
 	if cnt > 0 && len(m.Blobs) == 0 {
-		return nil, bad("tensors without registration metadata")
+		return nil, transport.CorruptMetadata("tensors without registration metadata")
 	}
 	return m, r.Done()
 }

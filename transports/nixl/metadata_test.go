@@ -22,7 +22,7 @@ func TestMetadataCorruption(t *testing.T) {
 	for i := 0; i < len(good); i++ {
 		_, err := decodeMetadata(good[:i])
 		require.Error(t, err, "prefix %d", i)
-		assert.Contains(t, []transport.Status{transport.ErrCorrupt, transport.ErrUnsupported}, statusOf(err))
+		assert.Contains(t, []transport.Status{transport.ErrCorrupt, transport.ErrUnsupported}, transport.StatusOf(err))
 	}
 	bad := func(mut func(m *metadata)) error {
 		m := sampleMeta()
@@ -30,17 +30,17 @@ func TestMetadataCorruption(t *testing.T) {
 		_, err := decodeMetadata(m.encode())
 		return err
 	}
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "" })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Agent = "a b" })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Conn = nil })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = nil })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Mem = 9 })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Regions[0].Addr = ^uint64(0) })))
-	assert.Equal(t, transport.ErrCorrupt, statusOf(bad(func(m *metadata) { m.Blobs = append(m.Blobs, []byte("x")) })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Agent = "" })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Agent = "a b" })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Conn = nil })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Blobs = nil })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Regions[0].Mem = 9 })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Regions[0].Addr = ^uint64(0) })))
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(bad(func(m *metadata) { m.Blobs = append(m.Blobs, []byte("x")) })))
 	v := append([]byte(nil), good...)
 	v[4] = 9
 	_, err := decodeMetadata(v)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.True(t, strings.Contains(err.Error(), "version"))
 }
 
@@ -49,7 +49,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMetadata(b)
 		if err != nil {
-			if s := statusOf(err); s != transport.ErrCorrupt && s != transport.ErrUnsupported {
+			if s := transport.StatusOf(err); s != transport.ErrCorrupt && s != transport.ErrUnsupported {
 				t.Fatalf("status %v for %v", s, err)
 			}
 			return

@@ -1,7 +1,6 @@
 package nixl
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,14 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-func statusOf(err error) transport.Status {
-	var e *transport.Error
-	if errors.As(err, &e) {
-		return e.Status
-	}
-	return 0
-}
 
 // requireNIXL skips unless NIXL's C API library loads here.
 func requireNIXL(t testing.TB) {
@@ -78,7 +69,7 @@ func TestMissingLibraryIsUnsupportedAndNamesIt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "libnixl_capi.so")
 	err := open(path, true)
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), LibraryEnv)
 }
@@ -86,7 +77,7 @@ func TestMissingLibraryIsUnsupportedAndNamesIt(t *testing.T) {
 func TestLibraryWithoutTheSymbolsNamesTheSymbol(t *testing.T) {
 	err := open("libc.so.6", true)
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "nixl_capi_create_configured_agent")
 	assert.Contains(t, err.Error(), "libc.so.6")
 }
@@ -97,7 +88,7 @@ func TestFactoryWithoutNIXLIsUnsupported(t *testing.T) {
 	}
 	t.Setenv(LibraryEnv, filepath.Join(t.TempDir(), "absent.so"))
 	_, err := Factory().New(transporttest.NewHostIn(""))
-	assert.Equal(t, transport.ErrUnsupported, statusOf(err))
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "absent.so")
 }
 
@@ -213,7 +204,7 @@ func TestAbortReturnsPromptlyAndReleaseWaits(t *testing.T) {
 	start := time.Now()
 	err = req.Wait()
 	if err != nil { // the read may have finished at post
-		assert.Equal(t, transport.ErrAborted, statusOf(err))
+		assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 	}
 	assert.Less(t, time.Since(start), time.Second)
 	req.Release()

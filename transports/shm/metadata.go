@@ -25,9 +25,7 @@ type metadata struct {
 }
 
 func (m *metadata) encode() []byte {
-	w := transport.NewWireWriter(nil)
-	w.Raw([]byte(metaMagic))
-	w.U8(metaVersion)
+	w := transport.NewMetadataWriter(metaMagic, metaVersion, 0)
 	w.Str16(m.Path)
 	w.Raw(m.Object[:])
 	w.U64(m.Size)
@@ -40,35 +38,29 @@ func (m *metadata) encode() []byte {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
+	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	if err != nil {
+		return nil, err
 	}
-	r := transport.NewWireReader("transport metadata", b)
-	magic, version, pl := r.Take(len(metaMagic)), r.U8(), int(r.U16())
-	if r.Err() != nil || string(magic) != metaMagic {
-		return nil, bad("bad header")
-	}
-	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
-	}
+	pl := int(r.U16())
 	if pl == 0 || pl > maxPath || r.Len() < pl+16+8+4 {
-		return nil, bad("socket path")
+		return nil, transport.CorruptMetadata("socket path")
 	}
 	m := &metadata{Path: string(r.Take(pl))}
 	if !filepath.IsAbs(m.Path) {
-		return nil, bad("socket path is not absolute")
+		return nil, transport.CorruptMetadata("socket path is not absolute")
 	}
 	m.Object = r.ID()
 	m.Size = r.U64()
 	n := r.U32()
 	if n > maxRegions || uint64(r.Len()) != uint64(n)*16 {
-		return nil, bad("tensor count")
+		return nil, transport.CorruptMetadata("tensor count")
 	}
 	m.Regions = make([]region, n)
 	for i := range m.Regions {
 		g := region{Offset: r.U64(), Size: r.U64()}
 		if g.Offset > m.Size || g.Size > m.Size-g.Offset {
-			return nil, bad("a tensor lies outside the segment")
+			return nil, transport.CorruptMetadata("a tensor lies outside the segment")
 		}
 		m.Regions[i] = g
 	}

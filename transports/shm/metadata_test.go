@@ -22,7 +22,7 @@ func TestMetadataRejectsCorruption(t *testing.T) {
 		"wrap":      (&metadata{Path: "/x", Size: 10, Regions: []region{{^uint64(0), 2}}}).encode(),
 	} {
 		_, err := decodeMetadata(b)
-		assert.Equal(t, transport.ErrCorrupt, statusOf(err), name)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), name)
 	}
 }
 

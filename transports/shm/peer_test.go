@@ -134,7 +134,7 @@ func TestMetadataOfAnotherObjectIsRefused(t *testing.T) {
 	x.Object = transport.ObjectID{2}
 	got, err := fetchWith(t, dst, x, secret, 4096)
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "names object")
 	assert.True(t, allZero(got), "no byte of the other object reached the target")
 }
@@ -148,7 +148,7 @@ func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
 	x := transferOf(t, meta) // the owner is this process, by the control plane
 	got, err := fetchWith(t, dst, x, meta, 4096)
 	require.Error(t, err)
-	assert.Equal(t, transport.ErrCorrupt, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("is process %d, but the owner", other))
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
 	assert.Equal(t, 0, dst.keptCount(), "the connection was not kept")

@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"sort"
@@ -107,14 +106,6 @@ func transferOf(t testing.TB, meta []byte) *transport.Transfer {
 		Source: transport.PeerInfo{RuntimeID: sourceRuntime, Name: "source", Pid: os.Getpid()}}
 }
 
-func statusOf(err error) transport.Status {
-	var e *transport.Error
-	if errors.As(err, &e) {
-		return e.Status
-	}
-	return 0
-}
-
 // devShm lists what rdt could have left in /dev/shm. Other processes'
 // files (UCX's, say, from tests running beside these) are not ours to
 // judge.
@@ -188,7 +179,7 @@ func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 
 	require.NoError(t, src.Close())
 	_, err = fetch(t, dst, meta, 4096)
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err), "%v", err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 }
 
 func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
@@ -196,7 +187,7 @@ func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
 	meta, _ := stageObject(t, src, 4, 100)
 	require.NoError(t, src.Close())
 	_, err := fetch(t, dst, meta, 100)
-	assert.Equal(t, transport.ErrPeerUnavailable, statusOf(err))
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	m, _ := decodeMetadata(meta)
 	_, err = os.Stat(m.Path)
 	assert.True(t, os.IsNotExist(err), "the socket file is removed at close")

@@ -25,9 +25,7 @@ type metadata struct {
 }
 
 func (m *metadata) encode() []byte {
-	w := transport.NewWireWriter(make([]byte, 0, 4+1+2+len(m.Endpoint)+16+4+1+len(m.Key)))
-	w.Raw([]byte(metaMagic))
-	w.U8(metaVersion)
+	w := transport.NewMetadataWriter(metaMagic, metaVersion, 4+1+2+len(m.Endpoint)+16+4+1+len(m.Key))
 	w.Str16(m.Endpoint)
 	w.Raw(m.Object[:])
 	w.U32(m.Tensors)
@@ -36,40 +34,31 @@ func (m *metadata) encode() []byte {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	bad := func(why string) error {
-		return transport.Errorf(transport.ErrCorrupt, "corrupt transport metadata (%s)", why)
+	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	if err != nil {
+		return nil, err
 	}
-	r := transport.NewWireReader("transport metadata", b)
-	magic, version, n := r.Take(len(metaMagic)), r.U8(), int(r.U16())
-	if r.Err() != nil {
-		return nil, bad("too short")
-	}
-	if string(magic) != metaMagic {
-		return nil, bad("bad magic")
-	}
-	if version != metaVersion {
-		return nil, transport.Errorf(transport.ErrUnsupported, "metadata version %d, this build reads version %d", version, metaVersion)
-	}
+	n := int(r.U16())
 	if n == 0 || n > maxEndpoint {
-		return nil, bad(fmt.Sprintf("endpoint length %d", n))
+		return nil, transport.CorruptMetadata(fmt.Sprintf("endpoint length %d", n))
 	}
 	m := &metadata{Endpoint: string(r.Take(n)), Object: r.ID(), Tensors: r.U32()}
 	k := int(r.U8())
 	if r.Err() != nil {
-		return nil, bad("too short")
+		return nil, transport.CorruptMetadata("too short")
 	}
 	if k > maxKey {
-		return nil, bad(fmt.Sprintf("key length %d", k))
+		return nil, transport.CorruptMetadata(fmt.Sprintf("key length %d", k))
 	}
 	if r.Len() != k {
-		return nil, bad("length does not match")
+		return nil, transport.CorruptMetadata("length does not match")
 	}
 	m.Key = string(r.Take(k))
 	if !printable(m.Endpoint) {
-		return nil, bad("endpoint is not printable")
+		return nil, transport.CorruptMetadata("endpoint is not printable")
 	}
 	if !printable(m.Key) {
-		return nil, bad("key is not printable")
+		return nil, transport.CorruptMetadata("key is not printable")
 	}
 	return m, r.Done()
 }

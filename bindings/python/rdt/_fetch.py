@@ -43,9 +43,9 @@ def ms_until(deadline: Optional[float]) -> int:
 
 
 def slice_ms(deadline: Optional[float]) -> int:
-    if deadline is None:
-        return SLICE_MS
-    return max(0, min(SLICE_MS, int((deadline - time.monotonic()) * 1000 + 0.999)))
+    """The next slice of a wait: SLICE_MS, or less when the deadline is nearer."""
+    left = ms_until(deadline)
+    return SLICE_MS if left < 0 else min(SLICE_MS, left)
 
 
 class Plan:

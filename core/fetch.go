@@ -645,6 +645,9 @@ func (tr *transfer) run() error {
 		select {
 		case err := <-waitc:
 			waitc = nil
+			if err == nil && tr.readsUnguarded() && isClosed(tr.peer.Done()) {
+				err = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s shut down as the transfer ended: the bytes read may be of freed memory", tr.peer.Info())
+			}
 			if err == nil {
 				if sendDone != nil {
 					// The bytes are here; let the source's send finish, then
@@ -689,6 +692,24 @@ func (tr *transfer) run() error {
 	default:
 	}
 	return cause
+}
+
+// readsUnguarded reports whether the transport read the owner's memory
+// with nothing to tell it was freed: one-sided, without
+// DetectsFreedObjects. The owner frees only after its peers saw its
+// connection close (control.KindClosing), so such a read that completed
+// while the connection was still open read live memory.
+func (tr *transfer) readsUnguarded() bool {
+	return tr.entry.sender == nil && !tr.entry.desc.DetectsFreedObjects
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // completed reports whether the transfer needs no more waiting: nothing to

@@ -135,6 +135,35 @@ func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 }
 
+// A transport that cannot tell freed memory (one-sided, without
+// DetectsFreedObjects) relies on the owner keeping borrowed objects alive.
+// An owner destroyed while a borrower holds a ref frees them: destroy tells
+// its peers first and waits until they closed their ends, so a get right
+// after it fails, and never returns the bytes the memory holds next.
+func TestSocketsDestroyedOwnerIsSeenBeforeItFrees(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		owner := socketRuntime(t, "owner")
+		borrower := socketRuntime(t, "borrower")
+		require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
+		require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+		var released atomic.Int64
+		ref, buf := putOne(t, owner, "mem", &released)
+		b, err := ref.Serialize()
+		require.NoError(t, err)
+		bref, err := borrower.Deserialize(b)
+		require.NoError(t, err)
+		out := newHostBuf(t, len(buf.b))
+		require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+
+		owner.Destroy()
+		require.Equal(t, int64(1), released.Load(), "destroy frees the borrowed object")
+		buf.fill(0xee) // the memory is reused at once
+		err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+		require.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "round %d: %v", round, err)
+		require.NoError(t, bref.Release())
+	}
+}
+
 func TestSocketsTCPTokens(t *testing.T) {
 	withTCP := func(token string) func(*Options) {
 		return func(o *Options) { o.ListenTCP = "127.0.0.1:0"; o.AuthToken = token }

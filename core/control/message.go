@@ -79,11 +79,15 @@ const (
 	KindPing
 	KindPong
 	KindGroupJoin
+	// KindClosing is a runtime's notice that it is being destroyed: the
+	// receiver closes the connection, which the sender waits for before it
+	// frees its objects (see sockEndpoint.Close).
+	KindClosing
 	KindEnd // not a kind: the first invalid value
 )
 
 var KindNames = [...]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
-	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join"}
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing"}
 
 func (k Kind) String() string {
 	if k > 0 && k < KindEnd {
@@ -212,7 +216,7 @@ func (m *Message) Encode() []byte {
 			w.U8(1)
 			writePeerInfo(w, m.Peer)
 		}
-	case KindIdentity, KindPing, KindPong:
+	case KindIdentity, KindPing, KindPong, KindClosing:
 	case KindBorrow:
 		w.Raw(m.Object[:])
 		w.U64(m.Token)
@@ -293,7 +297,7 @@ func DecodeMessage(b []byte) (*Message, error) {
 		default:
 			r.Fail("bad identity flag")
 		}
-	case KindIdentity, KindPing, KindPong:
+	case KindIdentity, KindPing, KindPong, KindClosing:
 	case KindBorrow:
 		m.Object = r.ID()
 		m.Token = r.U64()

@@ -707,6 +707,7 @@ func (ep *sockEndpoint) Close() error {
 	if ep.tcpLn != nil {
 		ep.tcpLn.Close()
 	}
+	ep.tellClosing(conns)
 	for _, sc := range conns {
 		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "runtime shut down"))
 	}
@@ -714,6 +715,36 @@ func (ep *sockEndpoint) Close() error {
 	ep.refusals.Close()
 	os.Remove(ep.unixPath)
 	return nil
+}
+
+// closingWait bounds how long a closing runtime waits for its peers to
+// close their ends after its notice; a live peer does at once.
+const closingWait = time.Second
+
+// tellClosing sends every connection the closing notice and waits, within
+// closingWait, until each peer closed its end. The runtime frees its
+// objects after Close returns: a peer whose one-sided transfer from them
+// completes after that finds its connection closed and fails the transfer
+// (the engine checks), so it never returns bytes of freed memory. A peer
+// that does not answer in time (stopped, unreachable) is closed on anyway.
+func (ep *sockEndpoint) tellClosing(conns []*sconn) {
+	if len(conns) == 0 {
+		return
+	}
+	for _, sc := range conns {
+		// A write to a peer that does not read may block until the
+		// socket closes: each on its own goroutine, ended by the close.
+		go sc.send(&Message{Kind: KindClosing})
+	}
+	deadline := time.NewTimer(min(closingWait, ep.cfg.PeerTimeout))
+	defer deadline.Stop()
+	for _, sc := range conns {
+		select {
+		case <-sc.done:
+		case <-deadline.C:
+			return
+		}
+	}
 }
 
 // sconn is one authenticated connection to a peer runtime, usable in both
@@ -765,9 +796,13 @@ func (sc *sconn) close(err error) {
 		pending, replies := sc.pending, sc.replies
 		sc.pending, sc.replies = map[uint64]chan *Message{}, map[uint64]func(*Message){}
 		sc.mu.Unlock()
-		sc.c.Close()
-		sc.cancel()
+		// Done closes before the socket does: a runtime that told us it is
+		// closing frees its objects once it sees our end close, and by then
+		// every transfer that checks Done must see it closed (see
+		// KindClosing).
 		close(sc.done)
+		sc.cancel()
+		sc.c.Close()
 		for _, ch := range pending {
 			close(ch)
 		}
@@ -994,6 +1029,9 @@ func (sc *sconn) dispatch(m *Message) bool {
 			data, err := svc.JoinGroup(ctx, from, m.Group)
 			return &Message{Data: data}, err
 		})
+	case KindClosing:
+		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "runtime %s shut down", sc.remote))
+		return false
 	case KindCancel:
 		sc.mu.Lock()
 		cancel := sc.handlers[m.Target]

@@ -407,6 +407,8 @@ static void freed_object(void) {
   tensor out[3];
   make_targets(&o, out);
   rdt_status st = get_into(dst_rt, o.borrowed, out, 3, 10000);
+  if (st != RDT_ERR_PEER_UNAVAILABLE && st != RDT_ERR_NOT_FOUND)
+    fprintf(stderr, "freed_object: the get returned %s (%s)\n", rdt_status_string(st), rdt_last_error());
   CHECK(st == RDT_ERR_PEER_UNAVAILABLE || st == RDT_ERR_NOT_FOUND);
   drop_object(&o);
 }

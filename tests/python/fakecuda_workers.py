@@ -202,12 +202,18 @@ def while_copying():
     proc, conn, refs = start_source()
     try:
         ref = refs["cuda_ipc"]
+        # A first get opens the connection and the source's handles, so
+        # that the timed one starts its copies at once, well before its
+        # deadline, even on a loaded machine.
+        outs = targets(drv)
+        rdt.get(ref, out=outs, timeout=60)
+        check(outs)
         # The deadline passes while the copies run: get raises, and returns
         # only once nothing writes into the buffers (they hold every byte).
         outs = targets(drv)
         start = time.monotonic()
         try:
-            rdt.get(ref, out=outs, timeout=delay / 4)
+            rdt.get(ref, out=outs, timeout=delay / 2)
             raise AssertionError("a get of delayed copies met a deadline shorter than the delay")
         except rdt.GetTimeoutError:
             pass

@@ -232,7 +232,9 @@ def test_driver_gets(sources):
 
 
 def test_driver_get_timeout_on_a_stalled_source(session):
-    src = fresh()
+    # Over tcp the source's process must answer. (cma reads a stopped
+    # process's memory without its help: a get over it may well succeed.)
+    src = fresh(transport="tcp")
     pid = ray.get(src.pid.remote())
     ref = src.make.remote("small")
     ray.get(src.ready.remote())  # the object exists

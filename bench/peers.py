@@ -11,7 +11,9 @@ spawns its source), used as its own documentation recommends:
 
 - Mooncake Transfer Engine, tcp protocol, P2P handshake (no metadata
   server): both sides register their buffers once; a read is
-  transfer_sync_read, many tensors one batch_transfer_sync_read.
+  transfer_sync_read, many tensors one batch_transfer_sync_read (its queue
+  per peer raised with MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER: the default
+  refuses a batch of 4,096).
 - NIXL used directly through its Python API (UCX backend): buffers
   registered once, one transfer handle per shape made once and re-posted.
 - torch.distributed send/recv over gloo (CPU tensors): the receiver sends a
@@ -34,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -464,8 +467,11 @@ def measure_peer(name: str, shapes: list, python: str, env: dict) -> dict:
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return json.loads(lines[-1])
-    why = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return {"unavailable": f"exit status {proc.returncode}: " + (why[-1][:300] if why else "no output")}
+    # The Python exception's line says why; C++ peers log more after it.
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    why = (errors or lines or ["no output"])[-1]
+    return {"unavailable": f"exit status {proc.returncode}: {why[:300]}"}
 
 
 def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
@@ -525,7 +531,8 @@ def report(shapes: list, rows: dict) -> str:
       "is not timed. rdt's rows are `rdtbench row` (the C ABI, source in a second process; the "
       "transport that moved the bytes in brackets). The peers are driven from Python, each as its "
       "documentation recommends: Mooncake Transfer Engine over its tcp protocol with the P2P handshake, "
-      "buffers registered once, one `batch_transfer_sync_read` for many tensors; NIXL's Python API with "
+      "buffers registered once, one `batch_transfer_sync_read` for many tensors "
+      "(`MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=8192`, since its default queue refuses a batch of 4,096); NIXL's Python API with "
       "the UCX backend, buffers registered once, one transfer handle per shape re-posted; "
       "`torch.distributed` over gloo, a one-element request then `recv` (`batch_isend_irecv` for many "
       "tensors); `multiprocessing.shared_memory`, the source copying its arrays in with numpy on request "
@@ -628,6 +635,9 @@ def main() -> None:
         if name == "nixl":
             env["PYTHONPATH"] = os.path.abspath(args.nixl_dir) + os.pathsep + env.get("PYTHONPATH", "")
         if name == "mooncake":
+            # Its tcp transport queues at most a few thousand transfers per
+            # peer by default and fails a batch of 4,096; this is its knob.
+            env.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
             env["LD_LIBRARY_PATH"] = os.path.abspath(os.path.join(args.mooncake_libs, "lib")) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         if name == "gloo":
             python = args.torch_python

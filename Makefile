@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-ray gpu-test gpu-bench
+.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-peers bench-ray gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -121,6 +121,29 @@ bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY) ## Measure the transports 
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
 	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
 	printf '\nrdt inside Ray, against Ray'"'"'s own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).\n' >> bench/RESULTS.md
+	printf '\nrdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).\n' >> bench/RESULTS.md
+
+# rdt against the libraries users would pick instead (bench/peers.py),
+# each in a process pair of its own, in one run with rdt's own rows (about
+# 10 minutes on two cores). The target installs the peers itself: Mooncake
+# and numpy, pinned, into their own virtualenv BENCH_VENV; Debian's
+# libibverbs1, which Mooncake's engine.so links, unpacked under BENCH_LIBS
+# (nothing system-wide); NIXL is build/nixl, torch (gloo) the test
+# virtualenv's. A peer that cannot be installed or run gets a row saying why.
+BENCH_VENV := $(BUILD)/bench-venv
+BENCH_LIBS := $(BUILD)/bench-libs
+$(BENCH_VENV)/.ready: bench/requirements-peers.txt tools/venv.sh
+	PYTHON=$(PYTHON) tools/venv.sh $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -r bench/requirements-peers.txt || \
+		echo "bench-peers: the pinned peers did not install; their rows will say why" >&2
+	@touch $@
+$(BENCH_LIBS)/.ready: tools/bench-peers-libs.sh
+	tools/bench-peers-libs.sh $(BENCH_LIBS)
+
+bench-peers: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY) $(BENCH_VENV)/.ready $(BENCH_LIBS)/.ready ## rdt against Mooncake, NIXL, gloo, shared memory and pickle, into bench/PEERS.md
+	$(NIXL_ENV) $(BENCH_VENV)/bin/python bench/peers.py --rdtbench $(BUILD)/rdtbench \
+		--torch-python $(VENV)/bin/python --nixl-dir $(NIXL_DIR) --mooncake-libs $(BENCH_LIBS) \
+		--out bench/PEERS.md
 
 # Two actors on one host, each mode in a fresh Ray session (about 15
 # minutes on two cores; see bench/RAY_RESULTS.md for the method). Ray's NIXL

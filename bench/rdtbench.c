@@ -8,6 +8,15 @@
  *                                 when there are no GPU rows
  *   rdtbench bench [RESULTS.md]   transports against the machine's own
  *                                 limits (memcpy, process_vm_readv, TCP)
+ *   rdtbench row TRANSPORT SHAPE [RUNS]
+ *                                 one measurement, one line of key=value:
+ *                                 TRANSPORT is cma, shm, tcp, nixl or auto;
+ *                                 SHAPE is one tensor (4KiB, 1MiB, 64MiB,
+ *                                 1GiB) or one object of COUNTxSIZE tensors
+ *                                 (1024x4KiB, 4096x64KiB), measured against
+ *                                 one tensor of the same bytes. Writes no
+ *                                 file: for measuring a change without
+ *                                 rewriting bench/RESULTS.md
  *
  * The parent fetches; a child process (this program, exec'd again with the
  * hidden "source" mode) owns the tensors and serves them. They talk over the
@@ -227,14 +236,18 @@ static rdt_tensor device_tensor(cu_ptr d, int64_t *shape) {
 
 struct held {
   rdt_ref *ref;
-  void *data;
+  void *data;      /* ntensors tensors of size bytes, one after another */
   size_t size;
+  size_t ntensors;
   int on_gpu; /* data is a device pointer */
 };
 
 /* Commands, one per line on stdin:
  *   put <transport|auto> <bytes> <count> <seed>  -> refs <hex> ...
  *   gpuput <transport|auto> <bytes> <seed>  the same, one tensor on GPU 0
+ *   obj <transport|auto> <bytes> <count> <seed>  one object of count tensors
+ *                                                (tensor i filled with seed+i)
+ *                                                -> refs <hex>
  *   drop                                         -> dropped
  *   raw <bytes>   a plain buffer for the baselines -> raw <pid> <addr>
  *   tcp           a plain TCP server for the baseline -> tcp <port>
@@ -270,6 +283,7 @@ static int source_main(void) {
       if (why) die("source: %s", why);
       struct held *h = &held[nheld++];
       h->size = size;
+      h->ntensors = 1;
       h->on_gpu = 1;
       cu_ptr d = device_filled(size, seed);
       h->data = (void *)(uintptr_t)d;
@@ -287,6 +301,7 @@ static int source_main(void) {
       for (unsigned long long i = 0; i < count; i++) {
         struct held *h = &held[nheld++];
         h->size = size;
+        h->ntensors = 1;
         h->on_gpu = 0;
         h->data = map(size);
         fill(h->data, size, seed + i);
@@ -299,16 +314,40 @@ static int source_main(void) {
         print_ref(h->ref);
       }
       printf("\n");
+    } else if (sscanf(line, "obj %63s %llu %llu %llu", transport, &size, &count, &seed) == 4) {
+      if (nheld + 1 > MAX_REFS) die("source: too many objects");
+      if (count == 0 || count > 65536 || size > 64 * GiB / count) die("source: bad object shape");
+      struct held *h = &held[nheld++];
+      h->size = size;
+      h->ntensors = count;
+      h->on_gpu = 0;
+      h->data = map(size * count);
+      int64_t shape[1] = {(int64_t)size};
+      rdt_tensor *t = calloc(count, sizeof *t);
+      for (unsigned long long i = 0; i < count; i++) {
+        fill((char *)h->data + i * size, size, seed + i);
+        t[i] = byte_tensor((char *)h->data + i * size, shape);
+      }
+      check(rdt_put(rt, t, count, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
+            "put");
+      free(t);
+      printf("refs ");
+      print_ref(h->ref);
+      printf("\n");
     } else if (strncmp(line, "drop", 4) == 0) {
       /* Release our handles, then wait for the receiver's borrows to go:
        * only then may the memory be reused. */
       for (size_t i = 0; i < nheld; i++) check(rdt_ref_release(held[i].ref), "release");
       for (size_t i = 0; i < nheld; i++) {
-        check(rdt_wait_tensor_freed(rt, held[i].data, 30000), "wait_tensor_freed");
+        for (size_t j = 0; j < held[i].ntensors; j++)
+          check(rdt_wait_tensor_freed(rt, (char *)held[i].data + j * held[i].size, 30000),
+                "wait_tensor_freed");
         if (held[i].on_gpu)
           cu_check(cu.MemFree((cu_ptr)(uintptr_t)held[i].data), "cuMemFree");
-        else
-          munmap(held[i].data, held[i].size ? held[i].size : 1);
+        else {
+          size_t bytes = held[i].size * held[i].ntensors;
+          munmap(held[i].data, bytes ? bytes : 1);
+        }
       }
       nheld = 0;
       printf("dropped\n");
@@ -415,10 +454,13 @@ static size_t take_refs(rdt_runtime *rt, char *line, int count, rdt_ref **refs) 
   if (strncmp(line, "refs ", 5) != 0) die("source said: %s", line);
   char *tok = strtok(line + 5, " \n");
   size_t n = 0;
-  static uint8_t bytes[64 * 1024];
   while (tok && n < (size_t)count) {
-    size_t len = from_hex(tok, bytes, sizeof bytes);
+    /* A ref of thousands of tensors is hundreds of KiB. */
+    size_t cap = strlen(tok) / 2 + 1;
+    uint8_t *bytes = malloc(cap);
+    size_t len = from_hex(tok, bytes, cap);
     check(rdt_ref_deserialize(rt, bytes, len, &refs[n]), "deserialize");
+    free(bytes);
     n++;
     tok = strtok(NULL, " \n");
   }
@@ -437,6 +479,13 @@ static size_t put_remote(rdt_runtime *rt, struct source *s, const char *transpor
 static void put_remote_gpu(rdt_runtime *rt, struct source *s, const char *transport,
                            uint64_t size, uint64_t seed, rdt_ref **ref) {
   take_refs(rt, ask(s, "gpuput %s %" PRIu64 " %" PRIu64 "\n", transport, size, seed), 1, ref);
+}
+
+/* The same, one object of `count` tensors of `size` bytes. */
+static void put_remote_object(rdt_runtime *rt, struct source *s, const char *transport,
+                              uint64_t size, uint64_t count, uint64_t seed, rdt_ref **ref) {
+  take_refs(rt, ask(s, "obj %s %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", transport, size, count, seed),
+            1, ref);
 }
 
 static void drop_remote(struct source *s, rdt_ref **refs, size_t n) {
@@ -461,6 +510,21 @@ static double get_timed(rdt_runtime *rt, rdt_ref **refs, size_t n, void **bufs,
   return dt;
 }
 
+/* Fetches one object of `count` tensors of `size` bytes into one buffer,
+ * tensor i at offset i * size, with one rdt_get; returns seconds. */
+static double get_object_timed(rdt_runtime *rt, rdt_ref *ref, uint64_t count, char *buf,
+                               uint64_t size) {
+  rdt_tensor *t = calloc(count, sizeof *t);
+  int64_t shape[1] = {(int64_t)size};
+  for (uint64_t i = 0; i < count; i++) t[i] = byte_tensor(buf + i * size, shape);
+  double t0 = now();
+  rdt_status st = rdt_get(rt, &ref, 1, t, count, NULL, 120000);
+  double dt = now() - t0;
+  check(st, "get");
+  free(t);
+  return dt;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -472,7 +536,11 @@ static double percentile(double *v, int n, double p) {
   return v[i];
 }
 
+/* rdtbench row's RUNS argument, when given. */
+static int iterations_override;
+
 static int iterations_for(uint64_t size) {
+  if (iterations_override) return iterations_override;
   if (size <= 64 * KiB) return 3000;
   if (size <= 4 * MiB) return 200;
   if (size <= 64 * MiB) return 20;
@@ -862,6 +930,46 @@ static void measure_batch(rdt_runtime *rt, struct source *s, const char *transpo
   drop_remote(s, refs, 16);
 }
 
+/* One object of `count` tensors of `part` bytes against one tensor of the
+ * same total bytes, one get each, interleaved; medians in seconds. */
+static void measure_object(rdt_runtime *rt, struct source *s, const char *transport, uint64_t part,
+                           uint64_t count, int runs, double *t_many, double *t_one) {
+  const uint64_t total = part * count;
+  rdt_ref *many, *one;
+  put_remote_object(rt, s, transport, part, count, 70, &many);
+  put_remote(rt, s, transport, total, 1, 60, &one);
+  char *buf = map(total);
+  memset(buf, 0, total);
+  void *bufp = buf;
+  /* The first fetch of each also checks the bytes; it is not timed. */
+  get_object_timed(rt, many, count, buf, part);
+  for (uint64_t i = 0; i < count; i++)
+    if (!verify(buf + i * part, part, 70 + i))
+      die("%s %" PRIu64 " x %s: the bytes arrived corrupted", transport, count, human(part));
+  get_timed(rt, &one, 1, &bufp, total, NULL);
+  if (!verify(buf, total, 60)) die("%s %s: the bytes arrived corrupted", transport, human(total));
+  double *a = calloc((size_t)runs, sizeof *a), *b = calloc((size_t)runs, sizeof *b);
+  for (int i = 0; i < runs; i++) {
+    a[i] = get_object_timed(rt, many, count, buf, part);
+    b[i] = get_timed(rt, &one, 1, &bufp, total, NULL);
+  }
+  *t_many = percentile(a, runs, 0.5);
+  *t_one = percentile(b, runs, 0.5);
+  free(a);
+  free(b);
+  munmap(buf, total);
+  check(rdt_ref_release(one), "release");
+  drop_remote(s, &many, 1);
+}
+
+/* The two shapes of many tensors in one object the bench measures: KV-cache
+ * blocks by the thousand, small and mid-sized. */
+static const struct {
+  uint64_t count, part;
+  int runs;
+} object_shapes[] = {{1024, 4 * KiB, 40}, {4096, 64 * KiB, 5}};
+#define NUM_OBJECT_SHAPES 2
+
 static void machine_description(void) {
   struct utsname u;
   uname(&u);
@@ -955,6 +1063,25 @@ static int bench_main(const char *path) {
         batch_ratio[k]);
   }
 
+  out("\n## Many tensors in one object against one tensor of the same bytes\n\n");
+  out("| transport | 1,024 × 4 KiB | 1 × 4 MiB | ratio | 4,096 × 64 KiB | 1 × 256 MiB | ratio |\n"
+      "|---|---|---|---|---|---|---|\n");
+  double object_ratio[NUM_BENCH][NUM_OBJECT_SHAPES] = {{0}};
+  for (int k = 0; k < NUM_BENCH; k++) {
+    if (!transport_available(rt, bench_transports[k])) continue;
+    out("| %s", bench_transports[k]);
+    for (int j = 0; j < NUM_OBJECT_SHAPES; j++) {
+      double many, one;
+      measure_object(rt, &s, bench_transports[k], object_shapes[j].part, object_shapes[j].count,
+                     object_shapes[j].runs, &many, &one);
+      object_ratio[k][j] = many / one;
+      out(" | %.2f ms | %.2f ms | %.2f", many * 1e3, one * 1e3, object_ratio[k][j]);
+    }
+    out(" |\n");
+  }
+  out("\nOne `rdt_get` of the object (one ref, one target per tensor, all in one buffer) against "
+      "one `rdt_get` of one tensor of the same bytes; medians of interleaved runs.\n");
+
   out("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
 #define TARGET(desc, value, ok) out("| %s | %s | %s |\n", desc, value, (ok) ? "yes" : "**no**")
   char v[128];
@@ -973,6 +1100,15 @@ static int bench_main(const char *path) {
            batch_ratio[2]);
   TARGET("16 refs together <= 1.3x one ref of the same bytes", v,
          batch_ratio[0] <= 1.3 && batch_ratio[1] <= 1.3 && batch_ratio[2] <= 1.3);
+  snprintf(v, sizeof v, "%.2f, %.2f / %.2f, %.2f / %.2f, %.2f (cma/shm/tcp)", object_ratio[0][0],
+           object_ratio[0][1], object_ratio[1][0], object_ratio[1][1], object_ratio[2][0],
+           object_ratio[2][1]);
+  int objects_met = 1;
+  for (int k = 0; k < 3; k++)
+    for (int j = 0; j < NUM_OBJECT_SHAPES; j++)
+      objects_met &= object_ratio[k][j] > 0 && object_ratio[k][j] <= 1.5;
+  TARGET("1,024 x 4 KiB and 4,096 x 64 KiB in one object <= 1.5x one tensor of the same bytes",
+         v, objects_met);
   stop_source(&s);
   check(rdt_runtime_destroy(rt), "destroy");
   if (report) fclose(report);
@@ -1013,6 +1149,81 @@ static int compare_main(void) {
   return 0;
 }
 
+/* Parses "4KiB", "1MiB", "64MiB", "1GiB" (or a plain byte count) into *n. */
+static int parse_size(const char *s, uint64_t *n) {
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s) return 0;
+  uint64_t unit = strcmp(end, "KiB") == 0 ? KiB
+                  : strcmp(end, "MiB") == 0 ? MiB
+                  : strcmp(end, "GiB") == 0 ? GiB
+                  : *end == 0               ? 1
+                                            : 0;
+  if (unit == 0 || v == 0 || v > 64 * GiB / unit) return 0;
+  *n = v * unit;
+  return 1;
+}
+
+/* rdtbench row TRANSPORT SHAPE [RUNS]: one measurement as one line of
+ * key=value, for measuring without rewriting bench/RESULTS.md. */
+static int row_main(int argc, char **argv) {
+  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE [RUNS]\n"
+                      "  SIZE is 4KiB, 1MiB, 64MiB, 1GiB or bytes; COUNTxSIZE is one object of\n"
+                      "  COUNT tensors (1024x4KiB, 4096x64KiB) against one tensor of the same bytes\n";
+  if (argc < 4 || argc > 5) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  const char *transport = argv[2], *shape = argv[3];
+  uint64_t count = 1, size;
+  const char *x = strchr(shape, 'x');
+  char *end;
+  if (x) {
+    count = strtoull(shape, &end, 10);
+    if (end != x || count == 0 || count > 65536) {
+      fputs(usage, stderr);
+      return 2;
+    }
+    shape = x + 1;
+  }
+  if (!parse_size(shape, &size) || size > 64 * GiB / count) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  int runs = 0;
+  if (argc == 5 && ((runs = atoi(argv[4])) < 1 || runs > 100000)) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  rdt_runtime *rt = receiver_runtime();
+  if (strcmp(transport, "auto") != 0 && !transport_available(rt, transport)) {
+    printf("transport=%s shape=%s available=no\n", transport, argv[3]);
+    check(rdt_runtime_destroy(rt), "destroy");
+    return 3;
+  }
+  struct source s = spawn_source();
+  uint64_t before[NUM_TRANSPORTS];
+  count_uses(rt, host_transports, NUM_TRANSPORTS, before);
+  if (x) {
+    if (!runs) runs = count * size <= 4 * MiB ? 40 : 5;
+    double many, one;
+    measure_object(rt, &s, transport, size, count, runs, &many, &one);
+    printf("transport=%s by=%s shape=%" PRIu64 "x%s runs=%d many_ms=%.3f one_ms=%.3f ratio=%.2f "
+           "many_gbps=%.3f\n",
+           transport, moved_by(rt, host_transports, NUM_TRANSPORTS, before), count, shape, runs,
+           many * 1e3, one * 1e3, many / one, (double)(count * size) / many / 1e9);
+  } else {
+    if (runs) iterations_override = runs;
+    struct result r = measure(rt, &s, transport, size);
+    printf("transport=%s by=%s shape=%s runs=%d p50_us=%.2f p99_us=%.2f gbps=%.3f\n", transport,
+           moved_by(rt, host_transports, NUM_TRANSPORTS, before), shape, iterations_for(size),
+           r.p50_us, r.p99_us, r.gbps);
+  }
+  stop_source(&s);
+  check(rdt_runtime_destroy(rt), "destroy");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   self_path = "/proc/self/exe";
   signal(SIGPIPE, SIG_IGN);
@@ -1026,6 +1237,7 @@ int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "demo") == 0) return demo_main();
   if (argc >= 2 && strcmp(argv[1], "compare") == 0) return compare_main();
   if (argc >= 2 && strcmp(argv[1], "bench") == 0) return bench_main(argc >= 3 ? argv[2] : NULL);
-  fprintf(stderr, "usage: %s demo | bench [RESULTS.md]\n", argv[0]);
+  if (argc >= 2 && strcmp(argv[1], "row") == 0) return row_main(argc, argv);
+  fprintf(stderr, "usage: %s demo | bench [RESULTS.md] | row TRANSPORT SHAPE [RUNS]\n", argv[0]);
   return 2;
 }

@@ -1,0 +1,653 @@
+"""rdt against the libraries users would pick instead (`make bench-peers`).
+
+    python bench/peers.py --rdtbench build/rdtbench --out bench/PEERS.md
+    python bench/peers.py --rdtbench build/rdtbench --quick      # a smoke run
+
+Every system moves the same shapes from a source process to a receiving
+process on this host: one tensor of 4 KiB, 1 MiB, 64 MiB and 1 GiB, and one
+object of 1,024 x 4 KiB and of 4,096 x 64 KiB tensors. Each peer runs in a
+process pair of its own (this file, started again with --peer NAME, which
+spawns its source), used as its own documentation recommends:
+
+- Mooncake Transfer Engine, tcp protocol, P2P handshake (no metadata
+  server): both sides register their buffers once; a read is
+  transfer_sync_read, many tensors one batch_transfer_sync_read (its queue
+  per peer raised with MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER: the default
+  refuses a batch of 4,096).
+- NIXL used directly through its Python API (UCX backend): buffers
+  registered once, one transfer handle per shape made once and re-posted.
+- torch.distributed send/recv over gloo (CPU tensors): the receiver sends a
+  one-element request, the source answers with send (many tensors with
+  batch_isend_irecv).
+- multiprocessing.shared_memory: one segment per shape made once; per fetch
+  the source copies its arrays in with numpy and the receiver copies them
+  out.
+- pickle over a multiprocessing pipe: the source sends the array (or the
+  list of arrays), the receiver unpickles.
+
+rdt's rows come from `rdtbench row` (the C ABI, the source in a second
+process): rdt's automatic choice, and cma, shm and tcp by name. Every
+figure is the median time of one whole fetch into buffers the receiver has
+touched before; the first fetch of each shape checks the bytes and is not
+timed. A peer that cannot be installed or run gets a row saying why.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+# (count, bytes per tensor, timed runs)
+SHAPES = [(1, 4 * KIB, 300), (1, MIB, 40), (1, 64 * MIB, 8), (1, GIB, 3),
+          (1024, 4 * KIB, 10), (4096, 64 * KIB, 3)]
+QUICK_SHAPES = [(1, 4 * KIB, 3), (1, 64 * KIB, 3), (8, 4 * KIB, 3)]
+PEERS = ["mooncake", "nixl", "gloo", "shared_memory", "pickle"]
+PEER_TITLES = {
+    "mooncake": "Mooncake Transfer Engine, tcp",
+    "nixl": "NIXL (UCX), used directly",
+    "gloo": "torch.distributed gloo send/recv",
+    "shared_memory": "multiprocessing.shared_memory + numpy copies",
+    "pickle": "pickle over a multiprocessing pipe",
+}
+RDT_ROWS = ["auto", "cma", "shm", "tcp"]
+PEER_TIMEOUT_S = 600
+
+
+def human(n: int) -> str:
+    for unit, name in ((GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n} B"
+
+
+def shape_name(count: int, size: int) -> str:
+    """The name rdtbench row takes: 4KiB, or 1024x4KiB."""
+    one = human(size).replace(" ", "")
+    return one if count == 1 else f"{count}x{one}"
+
+
+def shape_title(count: int, size: int) -> str:
+    return human(size) if count == 1 else f"{count:,} × {human(size)}"
+
+
+def parse_shapes(text: str) -> list:
+    """'4KiB:300,1024x4KiB:10' -> [(1, 4096, 300), (1024, 4096, 10)]."""
+    shapes = []
+    for item in text.split(","):
+        name, _, runs = item.partition(":")
+        count, _, size = name.rpartition("x")
+        number = size.rstrip("KMGiB")
+        unit = {"": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB}[size[len(number):]]
+        shapes.append((int(count or 1), int(number) * unit, int(runs or 3)))
+    return shapes
+
+
+def format_shapes(shapes: list) -> str:
+    return ",".join(f"{shape_name(c, s)}:{r}" for c, s, r in shapes)
+
+
+# ------------------------------------------------------------- the peers
+#
+# Each peer is a source(conn) function, run in a spawned process, and a
+# receiver class with prepare(count, size, info) -> fetch callable. The
+# source answers "shape" messages with what the receiver needs and stops
+# at "quit". Tensor i of a shape holds the byte (i * 7 + 1) & 255.
+
+
+def pattern(i: int) -> int:
+    return (i * 7 + 1) & 255
+
+
+def source_arrays(count, size):
+    import numpy as np
+    block = np.empty(count * size, dtype=np.uint8)
+    for i in range(count):
+        block[i * size:(i + 1) * size] = pattern(i)
+    return block, [block[i * size:(i + 1) * size] for i in range(count)]
+
+
+def check_arrays(arrays) -> None:
+    for i, a in enumerate(arrays):
+        if not (a == pattern(i)).all():
+            raise RuntimeError(f"tensor {i} arrived corrupted")
+
+
+def receiver_arrays(count, size):
+    import numpy as np
+    block = np.empty(count * size, dtype=np.uint8)
+    block.fill(0)  # touched before, as the other rows' buffers are
+    return block, [block[i * size:(i + 1) * size] for i in range(count)]
+
+
+def mooncake_engine():
+    from mooncake.engine import TransferEngine
+    engine = TransferEngine()
+    if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+        raise RuntimeError("TransferEngine.initialize failed")
+    return engine
+
+
+def mooncake_source(conn) -> None:
+    engine = mooncake_engine()
+    target = f"127.0.0.1:{engine.get_rpc_port()}"
+    conn.send(("ready", None))
+    held = None
+    while True:
+        msg = conn.recv()
+        if msg[0] == "quit":
+            return
+        if held is not None:
+            engine.unregister_memory(held.ctypes.data)
+        count, size = msg[1], msg[2]
+        held, _ = source_arrays(count, size)
+        if engine.register_memory(held.ctypes.data, held.nbytes) != 0:
+            raise RuntimeError("register_memory failed")
+        conn.send((target, held.ctypes.data))
+
+
+class MooncakeReceiver:
+    def __init__(self):
+        self.engine = mooncake_engine()
+        self.registered = None
+
+    def prepare(self, count, size, info):
+        target, remote = info
+        if self.registered is not None:
+            self.engine.unregister_memory(self.registered.ctypes.data)
+        block, arrays = receiver_arrays(count, size)
+        self.registered = block
+        base = block.ctypes.data
+        if self.engine.register_memory(base, block.nbytes) != 0:
+            raise RuntimeError("register_memory failed")
+        engine = self.engine
+        if count == 1:
+            def fetch():
+                if engine.transfer_sync_read(target, base, remote, size) != 0:
+                    raise RuntimeError("transfer_sync_read failed")
+        else:
+            local = [base + i * size for i in range(count)]
+            remotes = [remote + i * size for i in range(count)]
+            lengths = [size] * count
+
+            def fetch():
+                if engine.batch_transfer_sync_read(target, local, remotes, lengths) != 0:
+                    raise RuntimeError("batch_transfer_sync_read failed")
+        return fetch, arrays
+
+
+def nixl_api():
+    import nixl_cu12._api as api  # the nixl-cu12 wheel unpacked in build/nixl
+    return api
+
+
+def nixl_source(conn) -> None:
+    api = nixl_api()
+    agent = api.nixl_agent("peers-source", api.nixl_agent_config(backends=["UCX"]))
+    conn.send(("ready", None))
+    held = reg = None
+    while True:
+        msg = conn.recv()
+        if msg[0] == "quit":
+            return
+        if reg is not None:
+            agent.deregister_memory(reg)
+        count, size = msg[1], msg[2]
+        held, _ = source_arrays(count, size)
+        base = held.ctypes.data
+        reg = agent.register_memory([(base, held.nbytes, 0, "")], "DRAM")
+        descs = agent.get_xfer_descs([(base + i * size, size, 0) for i in range(count)], "DRAM")
+        conn.send((agent.get_agent_metadata(), agent.get_serialized_descs(descs)))
+
+
+class NixlReceiver:
+    def __init__(self):
+        self.api = nixl_api()
+        self.agent = self.api.nixl_agent("peers-receiver", self.api.nixl_agent_config(backends=["UCX"]))
+        self.reg = self.handle = self.block = None
+
+    def prepare(self, count, size, info):
+        metadata, remote_descs = info
+        agent = self.agent
+        if self.handle is not None:
+            agent.release_xfer_handle(self.handle)
+        if self.reg is not None:
+            agent.deregister_memory(self.reg)
+        peer = agent.add_remote_agent(metadata)
+        self.block, arrays = receiver_arrays(count, size)
+        base = self.block.ctypes.data
+        self.reg = agent.register_memory([(base, self.block.nbytes, 0, "")], "DRAM")
+        local = agent.get_xfer_descs([(base + i * size, size, 0) for i in range(count)], "DRAM")
+        remote = agent.deserialize_descs(remote_descs)
+        self.handle = handle = agent.initialize_xfer("READ", local, remote, peer)
+
+        def fetch():
+            state = agent.transfer(handle)
+            while state != "DONE":
+                if state == "ERR":
+                    raise RuntimeError("NIXL transfer failed")
+                state = agent.check_xfer_state(handle)
+        return fetch, arrays
+
+
+def gloo_init(rank: int, port: int):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    return dist
+
+
+def gloo_source(conn) -> None:
+    import torch
+    port = conn.recv()
+    dist = gloo_init(0, port)
+    conn.send(("ready", None))
+    request = torch.zeros(1, dtype=torch.int64)
+    while True:
+        msg = conn.recv()
+        if msg[0] == "quit":
+            dist.destroy_process_group()
+            return
+        count, size = msg[1], msg[2]
+        _, arrays = source_arrays(count, size)
+        tensors = [torch.from_numpy(a) for a in arrays]
+        conn.send(None)
+        # One request per fetch until the receiver sends -1.
+        while True:
+            dist.recv(request, src=1)
+            if request.item() < 0:
+                break
+            if count == 1:
+                dist.send(tensors[0], dst=1)
+            else:
+                ops = [dist.P2POp(dist.isend, t, 1, tag=i) for i, t in enumerate(tensors)]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+
+
+class GlooReceiver:
+    def __init__(self, port: int):
+        import torch
+        self.torch = torch
+        self.dist = gloo_init(1, port)
+        self.active = False
+
+    def finish_shape(self):
+        if self.active:
+            self.dist.send(self.torch.tensor([-1], dtype=self.torch.int64), dst=0)
+            self.active = False
+
+    def prepare(self, count, size, info):
+        torch, dist = self.torch, self.dist
+        _, arrays = receiver_arrays(count, size)
+        tensors = [torch.from_numpy(a) for a in arrays]
+        request = torch.ones(1, dtype=torch.int64)
+        self.active = True
+        if count == 1:
+            def fetch():
+                dist.send(request, dst=0)
+                dist.recv(tensors[0], src=0)
+        else:
+            def fetch():
+                dist.send(request, dst=0)
+                ops = [dist.P2POp(dist.irecv, t, 0, tag=i) for i, t in enumerate(tensors)]
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+        return fetch, arrays
+
+
+def shared_memory_source(conn) -> None:
+    import numpy as np
+    from multiprocessing import shared_memory
+    conn.send(("ready", None))
+    segment = None
+    while True:
+        msg = conn.recv()
+        if msg[0] == "quit":
+            if segment is not None:
+                segment.close()
+                segment.unlink()
+            return
+        if msg[0] == "copy":
+            for dst, src in zip(views, arrays):
+                np.copyto(dst, src)
+            conn.send(None)
+            continue
+        count, size = msg[1], msg[2]
+        if segment is not None:
+            views = None
+            segment.close()
+            segment.unlink()
+        _, arrays = source_arrays(count, size)
+        segment = shared_memory.SharedMemory(create=True, size=count * size)
+        flat = np.ndarray(count * size, dtype=np.uint8, buffer=segment.buf)
+        views = [flat[i * size:(i + 1) * size] for i in range(count)]
+        conn.send(segment.name)
+
+
+class SharedMemoryReceiver:
+    def __init__(self, conn):
+        self.conn = conn
+        self.segment = None
+
+    def prepare(self, count, size, info):
+        import numpy as np
+        from multiprocessing import shared_memory
+        if self.segment is not None:
+            self.segment.close()
+        self.segment = shared_memory.SharedMemory(name=info)
+        flat = np.ndarray(count * size, dtype=np.uint8, buffer=self.segment.buf)
+        views = [flat[i * size:(i + 1) * size] for i in range(count)]
+        _, arrays = receiver_arrays(count, size)
+        conn = self.conn
+
+        def fetch():
+            conn.send(("copy",))
+            conn.recv()
+            for dst, src in zip(arrays, views):
+                np.copyto(dst, src)
+        return fetch, arrays
+
+
+def pickle_source(conn) -> None:
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "quit":
+            return
+        if msg[0] == "send":
+            conn.send(payload)
+            continue
+        count, size = msg[1], msg[2]
+        payload = None
+        _, arrays = source_arrays(count, size)
+        payload = arrays[0].copy() if count == 1 else [a.copy() for a in arrays]
+        conn.send(None)
+
+
+class PickleReceiver:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def prepare(self, count, size, info):
+        conn = self.conn
+        got = []
+
+        def fetch():
+            conn.send(("send",))
+            got[:] = [conn.recv()]
+        # Unpickling makes new arrays: the check reads what the last fetch got.
+        fetch.arrays = lambda: got[0] if count > 1 else [got[0]]
+        return fetch, None
+
+
+SOURCES = {"mooncake": mooncake_source, "nixl": nixl_source, "gloo": gloo_source,
+           "shared_memory": shared_memory_source, "pickle": pickle_source}
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_peer(name: str, shapes: list) -> dict:
+    """The receiving side of one peer: spawns the source, measures every
+    shape, returns {shape name: median seconds}."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    source = ctx.Process(target=SOURCES[name], args=(child,), daemon=True)
+    source.start()
+    receiver = None
+    try:
+        if name == "gloo":
+            port = free_port()
+            conn.send(port)
+            receiver = GlooReceiver(port)
+        conn.recv()  # the source is ready
+        if name == "mooncake":
+            receiver = MooncakeReceiver()
+        elif name == "nixl":
+            receiver = NixlReceiver()
+        elif name == "shared_memory":
+            receiver = SharedMemoryReceiver(conn)
+        elif name == "pickle":
+            receiver = PickleReceiver(conn)
+        results = {}
+        for count, size, runs in shapes:
+            conn.send(("shape", count, size))
+            fetch, arrays = receiver.prepare(count, size, conn.recv())
+            fetch()
+            check_arrays(arrays if arrays is not None else fetch.arrays())
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                fetch()
+                times.append(time.perf_counter() - t0)
+            if name == "gloo":
+                receiver.finish_shape()
+            results[shape_name(count, size)] = statistics.median(times)
+        results["version"] = peer_version(name)
+        conn.send(("quit",))
+        source.join(30)
+        return results
+    finally:
+        if source.is_alive():
+            source.kill()
+
+
+# ------------------------------------------------------------- the driver
+
+
+def peer_version(name: str) -> str:
+    """The measured library's version, as its process pair sees it."""
+    from importlib import metadata
+    if name == "gloo":
+        import torch
+        return f"torch {torch.__version__}"
+    dist = {"mooncake": "mooncake-transfer-engine-non-cuda", "nixl": "nixl-cu12"}.get(name, "numpy")
+    return f"{dist} {metadata.version(dist)}, Python {platform.python_version()}"
+
+
+def measure_peer(name: str, shapes: list, python: str, env: dict) -> dict:
+    """Runs one peer in a process pair of its own; {"unavailable": why} when
+    it cannot be imported or run."""
+    cmd = [python, os.path.abspath(__file__), "--peer", name, "--shapes", format_shapes(shapes)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PEER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"unavailable": f"did not finish in {PEER_TIMEOUT_S} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    # The Python exception's line says why; C++ peers log more after it.
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    why = (errors or lines or ["no output"])[-1]
+    return {"unavailable": f"exit status {proc.returncode}: {why[:300]}"}
+
+
+def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
+    """rdt's row through `rdtbench row` (C ABI): {shape: seconds, "by": ...}."""
+    results, by = {}, set()
+    for count, size, runs in shapes:
+        proc = subprocess.run([rdtbench, "row", transport, shape_name(count, size), str(runs)],
+                              capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+        fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+        if proc.returncode != 0 or ("p50_us" not in fields and "many_ms" not in fields):
+            if fields.get("available") == "no":
+                return {"unavailable": f"librdt lists no {transport} transport here"}
+            return {"unavailable": f"rdtbench row: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        by.add(fields.get("by", "?"))
+        if count == 1:
+            results[shape_name(count, size)] = float(fields["p50_us"]) * 1e-6
+        else:
+            results[shape_name(count, size)] = float(fields["many_ms"]) * 1e-3
+    results["by"] = ", ".join(sorted(by))
+    return results
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def machine_line() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) / (1024 * 1024)
+    except OSError:
+        mem = 0.0
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"Machine: {model}, {os.cpu_count()} cores, {mem:.1f} GiB, Linux {platform.release()} "
+            f"({platform.machine()}), Python {platform.python_version()}. {date}.")
+
+
+def report(shapes: list, rows: dict) -> str:
+    names = [shape_name(c, s) for c, s, _ in shapes]
+    sizes = {shape_name(c, s): c * s for c, s, _ in shapes}
+    lines = []
+    w = lines.append
+    w("# rdt against the libraries users would pick instead\n")
+    w("Written by `make bench-peers` (bench/peers.py).\n")
+    w(machine_line() + "\n")
+    w("Method: the source and the receiver are separate processes on this host, one process pair per "
+      "system. Every cell is the median time of one whole fetch (the receiver asks, the bytes land in "
+      "buffers it touched before), with GB/s beneath; the first fetch of each shape checks the bytes and "
+      "is not timed. rdt's rows are `rdtbench row` (the C ABI, source in a second process; the "
+      "transport that moved the bytes in brackets). The peers are driven from Python, each as its "
+      "documentation recommends: Mooncake Transfer Engine over its tcp protocol with the P2P handshake, "
+      "buffers registered once, one `batch_transfer_sync_read` for many tensors "
+      "(`MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=8192`, since its default queue refuses a batch of 4,096); NIXL's Python API with "
+      "the UCX backend, buffers registered once, one transfer handle per shape re-posted; "
+      "`torch.distributed` over gloo, a one-element request then `recv` (`batch_isend_irecv` for many "
+      "tensors); `multiprocessing.shared_memory`, the source copying its arrays in with numpy on request "
+      "and the receiver copying them out; pickle over a `multiprocessing` pipe. Runs per shape: "
+      + ", ".join(f"{shape_title(c, s)} {r}" for c, s, r in shapes) + ".\n")
+    w("## Time per fetch\n")
+    w("| system | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
+    w("|---|" + "---|" * len(shapes))
+    for title, res in rows.items():
+        if "unavailable" in res:
+            w(f"| {title} | not measured: {res['unavailable']} |" + " |" * (len(shapes) - 1))
+            continue
+        label = f"{title} ({res['by']})" if res.get("by") else f"{title} ({res['version']})"
+        w(f"| {label} | " + " | ".join(
+            f"{fmt_time(res[n])}<br>{sizes[n] / res[n] / 1e9:.2f} GB/s" if n in res else "" for n in names) + " |")
+    w("")
+    rdt_auto, rdt_tcp = rows.get("rdt, automatic choice", {}), rows.get("rdt, tcp", {})
+    w("## rdt's speed over each peer's (peer time / rdt time; above 1: rdt is faster)\n")
+    w("| peer | rdt | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
+    w("|---|---|" + "---|" * len(shapes))
+    peers = [t for t in rows if not t.startswith("rdt")]
+    for peer in peers:
+        for which, res in (("automatic", rdt_auto), ("tcp", rdt_tcp)):
+            cells = [f"{rows[peer][n] / res[n]:.2f}x" if n in rows[peer] and n in res else "–" for n in names]
+            w(f"| {peer} | {which} | " + " | ".join(cells) + " |")
+    w("")
+
+    def ratio(peer_title, rdt_res, n):
+        peer = rows.get(peer_title, {})
+        return peer[n] / rdt_res[n] if n in peer and n in rdt_res else None
+
+    def target(desc, values, want):
+        shown = " / ".join("–" if v is None else f"{v:.2f}x" for v in values)
+        met = all(v is not None and v >= want for v in values)
+        w(f"| {desc} | {shown} | {'yes' if met else '**no**'} |")
+
+    w("## Targets\n")
+    w("| target | measured | met |\n|---|---|---|")
+    big = [n for n in ("64MiB", "1GiB") if n in names]
+    if big:
+        mc, nx = PEER_TITLES["mooncake"], PEER_TITLES["nixl"]
+        target(f"rdt over tcp >= 1.5x Mooncake's tcp at {' and '.join(big)}",
+               [ratio(mc, rdt_tcp, n) for n in big], 1.5)
+        target(f"rdt's automatic choice >= 5x Mooncake's tcp at {' and '.join(big)}",
+               [ratio(mc, rdt_auto, n) for n in big], 5)
+        target(f"rdt's automatic choice >= 2x NIXL used directly at {' and '.join(big)}",
+               [ratio(nx, rdt_auto, n) for n in big], 2)
+    if "64MiB" in names:
+        target("rdt (automatic) >= 5x gloo at 64 MiB", [ratio(PEER_TITLES["gloo"], rdt_auto, "64MiB")], 5)
+        target("rdt (automatic) >= 2x the shared-memory copy at 64 MiB",
+               [ratio(PEER_TITLES["shared_memory"], rdt_auto, "64MiB")], 2)
+    if "4KiB" in names:
+        # At most half the latency is at least 2x the speed.
+        target("rdt tcp 4 KiB latency <= half of Mooncake's tcp latency",
+               [ratio(PEER_TITLES["mooncake"], rdt_tcp, "4KiB")], 2)
+    w("\nA peer's row that says \"not measured\" counts as not met.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rdtbench", default="build/rdtbench", help="the C benchmark, for rdt's rows")
+    ap.add_argument("--out", help="write the Markdown table here (default: stdout only)")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 3 runs each (a smoke run)")
+    ap.add_argument("--shapes", help="comma-separated SHAPE:RUNS, e.g. 4KiB:300,1024x4KiB:10")
+    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of " + ",".join(PEERS))
+    ap.add_argument("--rdt", default=",".join(RDT_ROWS), help="rdt's rows: comma-separated subset of "
+                    + ",".join(RDT_ROWS) + ", or none")
+    ap.add_argument("--torch-python", default=sys.executable,
+                    help="a Python with torch, for the gloo peer (default: this one)")
+    ap.add_argument("--nixl-dir", default="build/nixl", help="the unpacked nixl-cu12 wheel")
+    ap.add_argument("--mooncake-libs", default="build/bench-libs",
+                    help="where tools/bench-peers-libs.sh unpacked libibverbs (DIR/lib), or said why not (DIR/why)")
+    ap.add_argument("--peer", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    shapes = parse_shapes(args.shapes) if args.shapes else QUICK_SHAPES if args.quick else SHAPES
+    if args.peer:
+        print(json.dumps(run_peer(args.peer, shapes)))
+        return
+
+    why_not = {}
+    libs_why = os.path.join(args.mooncake_libs, "why")
+    if os.path.exists(libs_why):
+        with open(libs_why) as f:
+            why_not["mooncake"] = "Debian's libibverbs1, which its engine.so links, could not be unpacked: " + f.read().strip()
+    rows = {}
+    for transport in [t for t in args.rdt.split(",") if t and t != "none"]:
+        title = "rdt, automatic choice" if transport == "auto" else f"rdt, {transport}"
+        print(f"measuring {title}", file=sys.stderr, flush=True)
+        rows[title] = measure_rdt(args.rdtbench, transport, shapes)
+    base_env = dict(os.environ)
+    for name in [p for p in args.peers.split(",") if p]:
+        title = PEER_TITLES[name]
+        print(f"measuring {title}", file=sys.stderr, flush=True)
+        if name in why_not:
+            rows[title] = {"unavailable": why_not[name]}
+            continue
+        env, python = dict(base_env), sys.executable
+        if name == "nixl":
+            env["PYTHONPATH"] = os.path.abspath(args.nixl_dir) + os.pathsep + env.get("PYTHONPATH", "")
+        if name == "mooncake":
+            # Its tcp transport queues at most a few thousand transfers per
+            # peer by default and fails a batch of 4,096; this is its knob.
+            env.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
+            env["LD_LIBRARY_PATH"] = os.path.abspath(os.path.join(args.mooncake_libs, "lib")) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+        if name == "gloo":
+            python = args.torch_python
+        rows[title] = measure_peer(name, shapes, python, env)
+    text = report(shapes, rows)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,12 @@ const (
 	// maxIdle per source.
 	idleTimeout = 60 * time.Second
 	maxIdle     = 16
+	// inlineMax: objects up to this size travel inline on the kept
+	// connection instead of as a descriptor (see answer).
+	inlineMax = 64 << 10
+	// syncWait: how long Fetch waits for a small object's answer before
+	// it leaves the wait to a goroutine.
+	syncWait = 2 * time.Millisecond
 )
 
 // Factory makes the transport for a new runtime.
@@ -48,7 +54,7 @@ type segment struct {
 type Transport struct {
 	h transport.Host
 
-	mu      sync.Mutex
+	mu      sync.RWMutex // segs: readers serve, writers stage and free
 	segs    map[transport.ObjectID]*segment
 	ln      *net.UnixListener
 	path    string

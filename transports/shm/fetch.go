@@ -332,7 +332,7 @@ type pendingAnswer struct {
 // asks again on a new connection should a kept one turn out closed.
 func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, p *pendingAnswer) (int, uint64, error) {
 	fd, size, err, usable, _ := t.readReply(r, src, p.c, m, targets, p.limit, false)
-	if !usable && p.kept {
+	if !usable && p.kept && !r.aborted.Load() {
 		fd, size, err, _ = t.getSegment(r, src, owner, m, targets, false)
 	}
 	return fd, size, err

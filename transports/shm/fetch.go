@@ -370,9 +370,15 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		r.ask(c)
 		defer r.ask(nil)
 	}
-	var buf [replyLen + maxMessage]byte
+	var small [replyLen + maxMessage]byte
+	buf := small[:]
+	if limit > 0 { // room for the bytes too: one read takes the whole reply
+		bp := inlineBuffers.Get().(*[]byte)
+		defer inlineBuffers.Put(bp)
+		buf = (*bp)[:replyLen+maxMessage+int(limit)]
+	}
 	var oob [32]byte // room for one descriptor (unix.CmsgSpace(4) is 24)
-	n, oobn, flags, _, err := c.ReadMsgUnix(buf[:], oob[:])
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob[:])
 	if quick && n <= 0 && oobn == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 		return -1, 0, nil, true, &pendingAnswer{c: c, limit: limit}
 	}
@@ -455,13 +461,13 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 	return fds[0], h.size, nil, true, nil
 }
 
-// inlineBuffers hold an inline segment whose regions are not one target.
-var inlineBuffers = sync.Pool{New: func() any { b := make([]byte, inlineMax); return &b }}
+// inlineBuffers hold a reply with an inline segment.
+var inlineBuffers = sync.Pool{New: func() any { b := make([]byte, replyLen+maxMessage+inlineMax); return &b }}
 
 // readInline reads an inline segment (len(early) of its bytes already
-// read) from c into the targets: straight into a target that is the whole
-// segment, else through a buffer. Abort cuts the read short through c's
-// deadline (request.ask).
+// read, usually all) from c into the targets: the rest straight into a
+// target that is the whole segment, else through a buffer. Abort cuts the
+// read short through c's deadline (request.ask).
 func readInline(c *net.UnixConn, size uint64, regions []region, targets []transport.Tensor, early []byte) error {
 	if len(regions) == 1 && regions[0].Offset == 0 && regions[0].Size == size {
 		dst := transport.Bytes(targets[0].Data, regions[0].Size)
@@ -469,17 +475,20 @@ func readInline(c *net.UnixConn, size uint64, regions []region, targets []transp
 		_, err := io.ReadFull(c, dst[k:])
 		return err
 	}
-	bp := inlineBuffers.Get().(*[]byte)
-	defer inlineBuffers.Put(bp)
 	// size is the metadata's, at most inlineMax, and its regions lie
 	// within it.
-	buf := (*bp)[:size]
-	k := copy(buf, early)
-	if _, err := io.ReadFull(c, buf[k:]); err != nil {
-		return err
+	seg := early
+	if uint64(len(early)) < size {
+		bp := inlineBuffers.Get().(*[]byte)
+		defer inlineBuffers.Put(bp)
+		seg = (*bp)[:size]
+		k := copy(seg, early)
+		if _, err := io.ReadFull(c, seg[k:]); err != nil {
+			return err
+		}
 	}
 	for i, reg := range regions {
-		copy(transport.Bytes(targets[i].Data, reg.Size), buf[reg.Offset:reg.Offset+reg.Size])
+		copy(transport.Bytes(targets[i].Data, reg.Size), seg[reg.Offset:reg.Offset+reg.Size])
 	}
 	return nil
 }

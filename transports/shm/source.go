@@ -223,17 +223,23 @@ func (t *Transport) serve(c *net.UnixConn) {
 	var reply []byte // made at the first inline answer
 	for {
 		c.SetDeadline(time.Now().Add(idleTimeout))
-		if _, err := io.ReadFull(c, req[:4]); err != nil {
+		// One read takes a whole request, usually; the magic says how
+		// long it is (a version-1 request is shorter).
+		n, err := io.ReadAtLeast(c, req, 4)
+		if err != nil {
 			return
 		}
 		c.SetDeadline(time.Now().Add(ioTimeout))
 		if string(req[:4]) == requestMagicV1 {
-			if _, err := io.ReadFull(c, req[4:requestLenV1]); err == nil {
+			if n > requestLenV1 {
+				return // a version-1 receiver sends nothing more
+			}
+			if _, err := io.ReadFull(c, req[n:requestLenV1]); err == nil {
 				c.Write(encodeReplyV1(transport.ErrUnsupported, "this segment server speaks protocol version 2, the receiver version 1: use one build of rdt on both sides"))
 			}
 			return
 		}
-		if _, err := io.ReadFull(c, req[4:]); err != nil {
+		if _, err := io.ReadFull(c, req[n:]); err != nil {
 			return
 		}
 		if !t.answer(c, req, &reply) {

@@ -47,11 +47,14 @@ func TestOutOfDescriptorsIsATransportError(t *testing.T) {
 
 const fdTestSeed = 5
 
+// fdTestBytes: objects this large travel as descriptors, not inline.
+const fdTestBytes = inlineMax + 4096
+
 // serveOneObject stages an object, prints its metadata, and serves it until
 // its stdin closes.
 func serveOneObject(t *testing.T) {
 	src := newTransport(t)
-	meta, _ := stageObject(t, src, fdTestSeed, 4096)
+	meta, _ := stageObject(t, src, fdTestSeed, fdTestBytes)
 	os.Stdout.WriteString("META " + hex.EncodeToString(meta) + "\n")
 	io.Copy(io.Discard, os.Stdin)
 }
@@ -82,7 +85,7 @@ func startSource(t *testing.T) ([]byte, []byte, int) {
 		if h, ok := strings.CutPrefix(lines.Text(), "META "); ok {
 			meta, err := hex.DecodeString(h)
 			require.NoError(t, err)
-			want := make([]byte, 4096)
+			want := make([]byte, fdTestBytes)
 			fill(want, fdTestSeed)
 			return meta, want, cmd.Process.Pid
 		}
@@ -94,17 +97,17 @@ func startSource(t *testing.T) ([]byte, []byte, int) {
 func outOfDescriptors(t *testing.T) {
 	remoteMeta, remoteWant, remotePid := startSource(t)
 	local, viaKept, fresh := newTransport(t), newTransport(t), newTransport(t)
-	localMeta, localWant := stageObject(t, local, 1, 4096) // its segment server listens now
+	localMeta, localWant := stageObject(t, local, 1, fdTestBytes) // its segment server listens now
 	// viaKept keeps a connection to each segment server from here on.
 	for _, c := range []struct {
 		meta, want []byte
 		pid        int
 	}{{remoteMeta, remoteWant, remotePid}, {localMeta, localWant[0], os.Getpid()}} {
-		got, err := fetchFrom(t, viaKept, c.meta, c.pid, 4096)
+		got, err := fetchFrom(t, viaKept, c.meta, c.pid, fdTestBytes)
 		require.NoError(t, err)
 		require.Equal(t, [][]byte{c.want}, got)
 	}
-	_, x := buffer(t, 4096)
+	_, x := buffer(t, fdTestBytes)
 
 	var limit unix.Rlimit
 	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &limit))
@@ -144,13 +147,13 @@ func outOfDescriptors(t *testing.T) {
 	_, err := local.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{x})
 	outOfFDs(err, "memfd_create: this process")
 	exhaust()
-	_, err = fetch(t, viaKept, localMeta, 4096)
+	_, err = fetch(t, viaKept, localMeta, fdTestBytes)
 	outOfFDs(err, "handing out the segment: the owner")
 	exhaust()
-	_, err = fetchFrom(t, viaKept, remoteMeta, remotePid, 4096)
+	_, err = fetchFrom(t, viaKept, remoteMeta, remotePid, fdTestBytes)
 	outOfFDs(err, "receiving the segment: this process")
 	exhaust()
-	_, err = fetchFrom(t, fresh, remoteMeta, remotePid, 4096)
+	_, err = fetchFrom(t, fresh, remoteMeta, remotePid, fdTestBytes)
 	outOfFDs(err, "connecting to the owner's segment server: this process")
 
 	freeAll()
@@ -158,7 +161,7 @@ func outOfDescriptors(t *testing.T) {
 	_, err = local.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{x})
 	require.NoError(t, err)
 	for _, tr := range []*Transport{viaKept, fresh} {
-		got, err := fetchFrom(t, tr, remoteMeta, remotePid, 4096)
+		got, err := fetchFrom(t, tr, remoteMeta, remotePid, fdTestBytes)
 		require.NoError(t, err)
 		assert.Equal(t, [][]byte{remoteWant}, got)
 	}

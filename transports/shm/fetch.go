@@ -1,8 +1,10 @@
 package shm
 
 import (
+	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,10 +82,28 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	r := &request{Completion: transport.NewCompletion(), t: t}
-	// Even small copies run on their own goroutine, so that a fetch of many
-	// refs overlaps their socket round trips.
+	if m.Size <= inlineMax {
+		// A small object is asked for here and, when its answer comes
+		// within syncWait, finished on the caller's goroutine (the engine
+		// then needs no hand-off, which costs more than the copy). A
+		// slower answer is waited for on a goroutine, where Abort reaches
+		// it.
+		fd, size, err, pending := t.getSegment(r, src, x.Source.Pid, m, targets, true)
+		if pending == nil {
+			r.Finish(r.check(fd, size, err, m, targets))
+			return r, nil
+		}
+		go func() {
+			fd, size, err := t.resume(r, src, x.Source.Pid, m, targets, pending)
+			r.Finish(r.check(fd, size, err, m, targets))
+		}()
+		return r, nil
+	}
+	// Larger objects are read on a goroutine, so that a fetch of many refs
+	// overlaps their socket round trips and copies.
 	go func() {
-		r.Finish(r.receive(src, x.Source.Pid, m, targets))
+		fd, size, err, _ := t.getSegment(r, src, x.Source.Pid, m, targets, false)
+		r.Finish(r.check(fd, size, err, m, targets))
 	}()
 	return r, nil
 }
@@ -119,13 +139,18 @@ func (k *keptConns) empty() bool {
 	return true
 }
 
-func (r *request) receive(src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
-	fd, size, err := r.t.getSegment(r, src, owner, m)
+// check finishes a fetch once the segment server answered: nothing more
+// for an object that came inline (fd -1), else the received segment is
+// checked and read.
+func (r *request) check(fd int, size uint64, err error, m *metadata, targets []transport.Tensor) error {
 	if err != nil {
-		if r.aborted.Load() {
+		if r.aborted.Load() && transport.StatusOf(err) != transport.ErrAborted {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted while the owner's segment server was asked: %v", err)
 		}
 		return err
+	}
+	if fd < 0 { // it came inline, straight into the targets
+		return nil
 	}
 	defer unix.Close(fd)
 	if size != m.Size {
@@ -138,29 +163,97 @@ func (r *request) receive(src *keptConns, owner int, m *metadata, targets []tran
 	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 || seals&unix.F_SEAL_SHRINK == 0 {
 		return transport.Errorf(transport.ErrPermissionDenied, "the received segment is not sealed against writes; refusing to read it")
 	}
-	for i, reg := range m.Regions {
-		if reg.Size == 0 {
-			continue
-		}
-		if err := readSegment(fd, transport.Bytes(targets[i].Data, reg.Size), reg.Offset, &r.aborted); err != nil {
-			return err
-		}
-	}
-	return nil
+	return readRegions(fd, m.Regions, targets, &r.aborted)
 }
 
-// readSegment copies part of the segment into dst with pread: one copy by
-// the kernel and no mapping to set up and tear down, which for a fresh
-// mapping of a large segment costs more than the copy itself (measured).
-// Large reads are split between two workers.
-func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
-	one := func(d []byte, at uint64) error {
-		for done := 0; done < len(d); {
+const (
+	// maxGap: regions at most this far apart are read by one call, the
+	// bytes between them (alignment padding) into a scratch buffer.
+	maxGap = 4096
+	// maxIovecs per preadv call (the kernel's IOV_MAX is 1024).
+	maxIovecs = 1024
+)
+
+// run is one preadv: iovecs that are contiguous in the segment from off.
+type run struct {
+	off   uint64
+	iovs  [][]byte
+	bytes uint64
+}
+
+// planRuns groups the regions into runs of at most chunk bytes and
+// maxIovecs iovecs, so an object of many tensors costs one call per run,
+// not one per tensor. Regions the metadata lists out of order or far apart
+// start a new run.
+func planRuns(regions []region, targets []transport.Tensor, scratch []byte) []run {
+	var runs []run
+	var cur *run
+	for i, reg := range regions {
+		dst := transport.Bytes(targets[i].Data, reg.Size)
+		for done := uint64(0); done < reg.Size; {
+			at := reg.Offset + done
+			var gap uint64
+			if cur != nil && at >= cur.off+cur.bytes {
+				gap = at - (cur.off + cur.bytes)
+			}
+			if cur == nil || at < cur.off+cur.bytes || gap > maxGap || len(cur.iovs)+2 > maxIovecs || cur.bytes+gap >= chunk {
+				runs = append(runs, run{off: at})
+				cur = &runs[len(runs)-1]
+				gap = 0
+			}
+			if gap > 0 {
+				cur.iovs = append(cur.iovs, scratch[:gap])
+				cur.bytes += gap
+			}
+			n := min(reg.Size-done, chunk-cur.bytes)
+			cur.iovs = append(cur.iovs, dst[done:done+n])
+			cur.bytes += n
+			done += n
+		}
+	}
+	return runs
+}
+
+// readRegions copies the regions of the segment into the targets with
+// preadv: one copy by the kernel, no mapping to set up and tear down (for a
+// fresh mapping of a large segment that costs more than the copy itself,
+// measured), and one call per run of up to chunk bytes, checking for an
+// abort between them. Large objects are split between two workers.
+func readRegions(fd int, regions []region, targets []transport.Tensor, abort *atomic.Bool) error {
+	scratch := make([]byte, maxGap)
+	runs := planRuns(regions, targets, scratch)
+	var total uint64
+	for _, r := range runs {
+		total += r.bytes
+	}
+	if total < parallelMin {
+		return readRuns(fd, runs, abort)
+	}
+	half, sum := 0, uint64(0)
+	for half < len(runs) && sum < total/2 {
+		sum += runs[half].bytes
+		half++
+	}
+	var err1 error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); err1 = readRuns(fd, runs[half:], abort) }()
+	err0 := readRuns(fd, runs[:half], abort)
+	wg.Wait()
+	if err0 != nil {
+		return err0
+	}
+	return err1
+}
+
+func readRuns(fd int, runs []run, abort *atomic.Bool) error {
+	for _, r := range runs {
+		iovs, off := r.iovs, int64(r.off)
+		for len(iovs) > 0 {
 			if abort.Load() {
 				return transport.Errorf(transport.ErrAborted, "transfer aborted")
 			}
-			end := min(done+chunk, len(d))
-			n, err := unix.Pread(fd, d[done:end], int64(at)+int64(done))
+			n, err := unix.Preadv(fd, iovs, off)
 			if err == unix.EINTR {
 				continue
 			}
@@ -170,34 +263,38 @@ func readSegment(fd int, dst []byte, off uint64, abort *atomic.Bool) error {
 			if n == 0 {
 				return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
 			}
-			done += n
+			off += int64(n)
+			for n > 0 { // a short read: go on after what arrived
+				if n >= len(iovs[0]) {
+					n -= len(iovs[0])
+					iovs = iovs[1:]
+				} else {
+					iovs[0] = iovs[0][n:]
+					n = 0
+				}
+			}
+			for len(iovs) > 0 && len(iovs[0]) == 0 {
+				iovs = iovs[1:]
+			}
 		}
-		return nil
 	}
-	if len(dst) < parallelMin {
-		return one(dst, off)
-	}
-	half := (len(dst) / 2) &^ 4095
-	var err1 error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); err1 = one(dst[half:], off+uint64(half)) }()
-	err0 := one(dst[:half], off)
-	wg.Wait()
-	if err0 != nil {
-		return err0
-	}
-	return err1
+	return nil
 }
 
-// getSegment asks the source's segment server for the object's
-// descriptor, over a kept connection when there is one. The server must be
-// the owner's process: a ref could name any socket.
-func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata) (int, uint64, error) {
+// getSegment asks the source's segment server for the object, over a kept
+// connection when there is one. The server must be the owner's process: a
+// ref could name any socket. With targets, an object of at most inlineMax
+// bytes may come inline, read straight into them: then fd is -1. When
+// quick, an answer that has not begun within syncWait is left pending on
+// the returned connection, for resume.
+func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, quick bool) (int, uint64, error, *pendingAnswer) {
 	if c := t.takeIdle(src, m.Path); c != nil {
-		fd, size, err, usable := t.askSegment(r, src, c, m)
+		fd, size, err, usable, pending := t.askSegment(r, src, c, m, targets, quick)
+		if pending != nil {
+			pending.kept = true
+		}
 		if usable {
-			return fd, size, err
+			return fd, size, err, pending
 		}
 		// The kept connection was closed by the server (idle, or a new
 		// source at that path): ask once more on a new one.
@@ -206,72 +303,194 @@ func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadat
 	nc, err := d.Dial("unix", m.Path)
 	if err != nil {
 		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
-			return -1, 0, exhausted
+			return -1, 0, exhausted, nil
 		}
-		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
+		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err), nil
 	}
 	c := nc.(*net.UnixConn)
 	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
-			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
+			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err), nil
 		}
 		return -1, 0, transport.Errorf(transport.ErrCorrupt,
-			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
+			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner), nil
 	}
-	fd, size, err, _ := t.askSegment(r, src, c, m)
+	fd, size, err, _, pending := t.askSegment(r, src, c, m, targets, quick)
+	return fd, size, err, pending
+}
+
+// pendingAnswer is a request sent on c whose answer had not begun within
+// syncWait.
+type pendingAnswer struct {
+	c     *net.UnixConn
+	limit uint32
+	kept  bool // c was a kept connection (the server may have closed it)
+}
+
+// resume waits for a pending answer, with Abort able to cut it short, and
+// asks again on a new connection should a kept one turn out closed.
+func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, p *pendingAnswer) (int, uint64, error) {
+	fd, size, err, usable, _ := t.readReply(r, src, p.c, m, targets, p.limit, false)
+	if !usable && p.kept && !r.aborted.Load() {
+		fd, size, err, _ = t.getSegment(r, src, owner, m, targets, false)
+	}
 	return fd, size, err
 }
 
 // askSegment does one request on c, then keeps c for the next request or
 // closes it. usable is false when c failed before any answer arrived.
-func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata) (fd int, size uint64, err error, usable bool) {
-	gone := func(err error) error {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
+func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, quick bool) (fd int, size uint64, err error, usable bool, pending *pendingAnswer) {
+	var limit uint32 // the most bytes this receiver takes inline
+	if targets != nil && m.Size <= inlineMax {
+		limit = uint32(m.Size)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
-	r.ask(c)
-	defer r.ask(nil)
-	if _, err := c.Write(encodeRequest(m.Object)); err != nil {
+	if _, err := c.Write(encodeRequest(m.Object, limit)); err != nil {
 		c.Close()
-		return -1, 0, gone(err), false
+		return -1, 0, gone(m, err), false, nil
 	}
-	buf := make([]byte, replyLen+maxMessage)
-	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil || n == 0 {
+	return t.readReply(r, src, c, m, targets, limit, quick)
+}
+
+func gone(m *metadata, err error) error {
+	return transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
+}
+
+// readReply reads the answer to the request sent on c. When quick, an
+// answer that has not begun within syncWait is returned pending, and the
+// rest of one that has is given the peer timeout (its bytes come in the
+// same write as its header).
+func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32, quick bool) (fd int, size uint64, err error, usable bool, pending *pendingAnswer) {
+	gone := func(err error) error { return gone(m, err) }
+	if quick {
+		c.SetDeadline(time.Now().Add(syncWait))
+	} else {
+		c.SetDeadline(time.Now().Add(ioTimeout))
+		r.ask(c)
+		defer r.ask(nil)
+	}
+	var small [replyLen + maxMessage]byte
+	buf := small[:]
+	if limit > 0 { // room for the bytes too: one read takes the whole reply
+		bp := inlineBuffers.Get().(*[]byte)
+		defer inlineBuffers.Put(bp)
+		buf = (*bp)[:replyLen+maxMessage+int(limit)]
+	}
+	var oob [32]byte // room for one descriptor (unix.CmsgSpace(4) is 24)
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob[:])
+	if quick && n <= 0 && oobn == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		return -1, 0, nil, true, &pendingAnswer{c: c, limit: limit}
+	}
+	if quick {
+		c.SetDeadline(time.Now().Add(t.h.PeerTimeout()))
+	}
+	if err != nil || n <= 0 {
 		c.Close()
 		if err == nil {
 			err = io.EOF
 		}
-		return -1, 0, gone(err), false
+		return -1, 0, gone(err), false, nil
 	}
 	fds := receivedFDs(oob[:oobn])
-	if flags&unix.MSG_CTRUNC != 0 && len(fds) == 0 { // the kernel had no descriptor number to give
-		c.Close()
-		return -1, 0, outOfResources("receiving the segment", "this process", unix.EMFILE), true
-	}
-	closeAll := func() {
+	fail := func(err error) (int, uint64, error, bool, *pendingAnswer) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-	}
-	st, msg, size, err := decodeReply(buf[:n])
-	if err != nil {
-		closeAll()
 		c.Close() // out of step with the server
-		return -1, 0, err, true
+		return -1, 0, err, true, nil
+	}
+	if flags&unix.MSG_CTRUNC != 0 && len(fds) == 0 { // the kernel had no descriptor number to give
+		return fail(outOfResources("receiving the segment", "this process", unix.EMFILE))
+	}
+	if n >= len(replyMagic) && string(buf[:len(replyMagic)]) != replyMagic {
+		return fail(transport.Errorf(transport.ErrCorrupt, "the source's segment server speaks another protocol version (is it an older build of rdt?)"))
+	}
+	// A reply may arrive in pieces: complete its header and message.
+	if n < replyLen {
+		if _, err := io.ReadFull(c, buf[n:replyLen]); err != nil {
+			return fail(gone(err))
+		}
+		n = replyLen
+	}
+	h, err := decodeReplyHeader(buf[:replyLen])
+	if err != nil {
+		return fail(err)
+	}
+	msgEnd := replyLen + int(h.msgLen)
+	if n < msgEnd {
+		if _, err := io.ReadFull(c, buf[n:msgEnd]); err != nil {
+			return fail(gone(err))
+		}
+		n = msgEnd
+	}
+	early := buf[msgEnd:n] // inline bytes that came with the header
+	if h.flags&flagInline != 0 {
+		// Bounded by what this receiver announced and the metadata says,
+		// never by the source's word alone.
+		if limit == 0 || h.size != m.Size || uint64(len(early)) > h.size || len(fds) != 0 {
+			return fail(transport.Errorf(transport.ErrCorrupt, "the source sent %d bytes inline with %d descriptors; %d announced, the metadata says %d", h.size, len(fds), limit, m.Size))
+		}
+		if err := readInline(c, m.Size, m.Regions, targets, early); err != nil {
+			if r != nil && r.aborted.Load() {
+				err = transport.Errorf(transport.ErrAborted, "transfer aborted: %v", err)
+			} else {
+				err = gone(err)
+			}
+			return fail(err)
+		}
+		t.keepIdle(src, m.Path, c)
+		return -1, h.size, nil, true, nil
+	}
+	if len(early) != 0 {
+		return fail(transport.Errorf(transport.ErrCorrupt, "the source's reply is longer than it says"))
 	}
 	t.keepIdle(src, m.Path, c)
-	if st != transport.OK {
-		closeAll()
-		return -1, 0, transport.Errorf(st, "%s", msg), true
+	if h.status != transport.OK {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, 0, transport.Errorf(h.status, "%s", buf[replyLen:msgEnd]), true, nil
 	}
 	if len(fds) != 1 {
-		closeAll()
-		return -1, 0, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds)), true
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return -1, 0, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds)), true, nil
 	}
-	return fds[0], size, nil, true
+	return fds[0], h.size, nil, true, nil
+}
+
+// inlineBuffers hold a reply with an inline segment.
+var inlineBuffers = sync.Pool{New: func() any { b := make([]byte, replyLen+maxMessage+inlineMax); return &b }}
+
+// readInline reads an inline segment (len(early) of its bytes already
+// read, usually all) from c into the targets: the rest straight into a
+// target that is the whole segment, else through a buffer. Abort cuts the
+// read short through c's deadline (request.ask).
+func readInline(c *net.UnixConn, size uint64, regions []region, targets []transport.Tensor, early []byte) error {
+	if len(regions) == 1 && regions[0].Offset == 0 && regions[0].Size == size {
+		dst := transport.Bytes(targets[0].Data, regions[0].Size)
+		k := copy(dst, early)
+		_, err := io.ReadFull(c, dst[k:])
+		return err
+	}
+	// size is the metadata's, at most inlineMax, and its regions lie
+	// within it.
+	seg := early
+	if uint64(len(early)) < size {
+		bp := inlineBuffers.Get().(*[]byte)
+		defer inlineBuffers.Put(bp)
+		seg = (*bp)[:size]
+		k := copy(seg, early)
+		if _, err := io.ReadFull(c, seg[k:]); err != nil {
+			return err
+		}
+	}
+	for i, reg := range regions {
+		copy(transport.Bytes(targets[i].Data, reg.Size), seg[reg.Offset:reg.Offset+reg.Size])
+	}
+	return nil
 }
 
 func (t *Transport) takeIdle(src *keptConns, path string) *net.UnixConn {

@@ -144,7 +144,7 @@ func TestSegmentIsSealed(t *testing.T) {
 	dst := newTransport(t)
 	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	fd, size, err := dst.getSegment(nil, kept, os.Getpid(), m)
+	fd, size, err, _ := dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
 	require.NoError(t, err)
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)

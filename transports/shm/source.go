@@ -38,9 +38,9 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		return nil, err
 	}
 	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
-	t.mu.Lock()
+	t.mu.RLock()
 	_, staged := t.segs[obj]
-	t.mu.Unlock()
+	t.mu.RUnlock()
 	if staged {
 		return m.encode(), nil
 	}
@@ -209,46 +209,82 @@ func (t *Transport) accept(ln *net.UnixListener) {
 	}
 }
 
-// serve answers a connection's requests for segment descriptors, one
-// after the other, until the receiver closes it or leaves it idle.
+// serve answers a connection's requests, one after the other, until the
+// receiver closes it or leaves it idle. Its buffer holds one reply with a
+// segment inline.
 func (t *Transport) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if err := checkSameUser(c); err != nil {
 		t.h.Log().Warnf("%v", err)
-		c.Write(encodeReply(transport.ErrPermissionDenied, err.Error(), 0))
+		c.Write(encodeReply(transport.ErrPermissionDenied, err.Error(), 0, 0))
 		return
 	}
-	buf := make([]byte, requestLen)
+	req := make([]byte, requestLen)
+	var reply []byte // made at the first inline answer
 	for {
 		c.SetDeadline(time.Now().Add(idleTimeout))
-		if _, err := io.ReadFull(c, buf); err != nil {
+		// One read takes a whole request, usually; the magic says how
+		// long it is (a version-1 request is shorter).
+		n, err := io.ReadAtLeast(c, req, 4)
+		if err != nil {
 			return
 		}
 		c.SetDeadline(time.Now().Add(ioTimeout))
-		if !t.answer(c, buf) {
+		if string(req[:4]) == requestMagicV1 {
+			if n > requestLenV1 {
+				return // a version-1 receiver sends nothing more
+			}
+			if _, err := io.ReadFull(c, req[n:requestLenV1]); err == nil {
+				c.Write(encodeReplyV1(transport.ErrUnsupported, "this segment server speaks protocol version 2, the receiver version 1: use one build of rdt on both sides"))
+			}
+			return
+		}
+		if _, err := io.ReadFull(c, req[n:]); err != nil {
+			return
+		}
+		if !t.answer(c, req, &reply) {
 			return
 		}
 	}
 }
 
 // answer replies to one request; false ends the connection (a request it
-// cannot parse, or a failed write).
-func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
-	obj, err := decodeRequest(req)
+// cannot parse, or a failed write). A segment no larger than both the
+// receiver's limit and inlineMax goes inline: no descriptor to pass, map or
+// close, which costs more than the copy for small objects (measured).
+func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) bool {
+	obj, limit, err := decodeRequest(req)
 	if err != nil {
-		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0))
+		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 		return false
 	}
-	t.mu.Lock()
+	t.mu.RLock()
 	s, ok := t.segs[obj]
+	if ok && s.size <= uint64(min(limit, inlineMax)) {
+		if *reply == nil {
+			*reply = make([]byte, replyLen+inlineMax)
+		}
+		// Read under the lock: GarbageCollect cannot close the
+		// descriptor meanwhile.
+		out := append((*reply)[:0], encodeReply(transport.OK, "", s.size, flagInline)...)
+		out = out[:replyLen+int(s.size)]
+		err = preadFull(s.fd, out[replyLen:], 0)
+		t.mu.RUnlock()
+		if err != nil {
+			_, err := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
+			return err == nil
+		}
+		_, err = c.Write(out)
+		return err == nil
+	}
 	fd := -1
 	if ok {
 		// A duplicate: GarbageCollect may close the original meanwhile.
 		fd, err = unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
 	}
-	t.mu.Unlock()
+	t.mu.RUnlock()
 	if !ok {
-		_, err := c.Write(encodeReply(transport.ErrNotFound, "object "+obj.String()+" is not staged here (freed, or never put over shm)", 0))
+		_, err := c.Write(encodeReply(transport.ErrNotFound, "object "+obj.String()+" is not staged here (freed, or never put over shm)", 0, 0))
 		return err == nil
 	}
 	if err != nil {
@@ -256,12 +292,30 @@ func (t *Transport) answer(c *net.UnixConn, req []byte) bool {
 		if reply == nil {
 			reply = transport.Errorf(transport.ErrTransport, "dup: %v", err)
 		}
-		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0))
+		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0, 0))
 		return err == nil
 	}
 	defer unix.Close(fd)
-	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size), unix.UnixRights(fd), nil)
+	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size, 0), unix.UnixRights(fd), nil)
 	return err == nil
+}
+
+// preadFull reads len(b) bytes of fd at off.
+func preadFull(fd int, b []byte, off int64) error {
+	for done := 0; done < len(b); {
+		n, err := unix.Pread(fd, b[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return transport.Errorf(transport.ErrTransport, "reading the segment: %v", err)
+		}
+		if n == 0 {
+			return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
+		}
+		done += n
+	}
+	return nil
 }
 
 func checkSameUser(c *net.UnixConn) error {

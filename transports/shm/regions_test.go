@@ -1,0 +1,99 @@
+package shm
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// memfdWith is a memfd holding b.
+func memfdWith(t *testing.T, b []byte) int {
+	fd, err := unix.MemfdCreate("rdt-test", unix.MFD_CLOEXEC)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd) })
+	_, err = unix.Pwrite(fd, b, 0)
+	require.NoError(t, err)
+	return fd
+}
+
+// An object of many tensors is read with one call per run of up to chunk
+// bytes and maxIovecs tensors, not one per tensor.
+func TestManyTensorsAreReadInFewCalls(t *testing.T) {
+	sizes := make([]int, 1024)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	var tensors []transport.Tensor
+	for range sizes {
+		_, x := buffer(t, 4096)
+		tensors = append(tensors, x)
+	}
+	regions, size := layout(tensors)
+	runs := planRuns(regions, tensors, make([]byte, maxGap))
+	assert.Len(t, runs, 2, "4 MiB of 4 KiB tensors: two runs (one chunk, and the iovec limit)")
+	var total uint64
+	for _, r := range runs {
+		total += r.bytes
+		assert.LessOrEqual(t, len(r.iovs), maxIovecs)
+		assert.LessOrEqual(t, r.bytes, uint64(chunk))
+	}
+	assert.Equal(t, size, total)
+
+	// Odd sizes leave alignment padding between tensors: still one run.
+	tensors = tensors[:0]
+	for _, n := range []int{1, 63, 65, 100, 0, 7} {
+		_, x := buffer(t, n)
+		tensors = append(tensors, x)
+	}
+	regions, _ = layout(tensors)
+	assert.Len(t, planRuns(regions, tensors, make([]byte, maxGap)), 1)
+}
+
+// Regions in any order, far apart, overlapping or larger than a chunk
+// all arrive intact, from one worker or two.
+func TestRegionsInAnyOrderArriveIntact(t *testing.T) {
+	seg := make([]byte, 3*chunk+parallelMin)
+	fill(seg, 3)
+	fd := memfdWith(t, seg)
+	regions := []region{
+		{Offset: 10 * maxGap, Size: 100},            // far from the next
+		{Offset: 0, Size: 5},                        // before the previous
+		{Offset: 2, Size: 10},                       // overlapping it
+		{Offset: 20, Size: 0},                       // empty
+		{Offset: 4096, Size: 2*chunk + 17},          // more than a chunk
+		{Offset: 2*chunk + 4200, Size: parallelMin}, // enough for two workers
+	}
+	for _, regs := range [][]region{regions[:5], regions} {
+		var targets []transport.Tensor
+		var got [][]byte
+		for _, r := range regs {
+			b, x := buffer(t, int(r.Size))
+			targets = append(targets, x)
+			got = append(got, b)
+		}
+		var abort atomic.Bool
+		require.NoError(t, readRegions(fd, regs, targets, &abort))
+		for i, r := range regs {
+			assert.True(t, bytes.Equal(seg[r.Offset:r.Offset+r.Size], got[i]), "region %d", i)
+		}
+	}
+}
+
+// A segment shorter than its regions say is an error, never a hang or a
+// short copy reported as done; an abort stops the read.
+func TestShortSegmentAndAbort(t *testing.T) {
+	fd := memfdWith(t, make([]byte, 1000))
+	_, x := buffer(t, 2000)
+	var abort atomic.Bool
+	err := readRegions(fd, []region{{0, 2000}}, []transport.Tensor{x}, &abort)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+	abort.Store(true)
+	err = readRegions(fd, []region{{0, 1000}}, []transport.Tensor{x}, &abort)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
+}

@@ -19,9 +19,12 @@ import (
 const Name = "cma"
 
 const (
-	// chunkSize bounds one process_vm_readv call, so that an abort is seen
-	// promptly and a large tensor can be split between workers.
+	// chunkSize bounds the bytes of one process_vm_readv call, so that an
+	// abort is seen promptly and a large tensor can be split between workers.
 	chunkSize = 8 << 20
+	// maxIovecs is the most iovecs one process_vm_readv call takes (the
+	// kernel's IOV_MAX): small tensors are read up to this many at once.
+	maxIovecs = 1024
 	// syncLimit: transfers up to this size run inside Fetch. A goroutine
 	// hand-off costs more than the copy itself.
 	syncLimit = 256 << 10

@@ -1,0 +1,134 @@
+package cma
+
+import (
+	"os"
+	"testing"
+
+	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// Small tensors are read many to a call: at most maxIovecs spans and
+// chunkSize bytes a batch, every byte once, in order.
+func TestBatchesBoundCallsByIovecsAndBytes(t *testing.T) {
+	var spans []span
+	for i := 0; i < 2*maxIovecs+5; i++ {
+		spans = append(spans, span{remote: uintptr(i) << 20, local: uintptr(i) << 20, n: 4096})
+	}
+	spans = append(spans, span{remote: 1 << 40, local: 1 << 40, n: 2*chunkSize + 7})
+	batches := batch(spans)
+	var total, want uint64
+	for _, s := range spans {
+		want += s.n
+	}
+	var flat []span
+	for _, b := range batches {
+		require.LessOrEqual(t, len(b), maxIovecs)
+		var n uint64
+		for _, s := range b {
+			n += s.n
+		}
+		require.LessOrEqual(t, n, uint64(chunkSize))
+		total += n
+		flat = append(flat, b...)
+	}
+	assert.Equal(t, want, total)
+	assert.Len(t, batches[0], maxIovecs, "small tensors fill a call")
+	// The pieces of the large span follow each other.
+	last := flat[len(flat)-1]
+	assert.Equal(t, uintptr(1<<40)+uintptr(2*chunkSize+7), last.remote+uintptr(last.n))
+	assert.Equal(t, last.remote-uintptr(last.local), uintptr(0))
+}
+
+// 1,500 small tensors from another process arrive whole through vectored
+// reads (more than one call's worth of iovecs).
+func TestManySmallTensorsFromAnotherProcess(t *testing.T) {
+	sizes := make([]int, 1500)
+	for i := range sizes {
+		sizes[i] = 4096 + i%3*1000 // uneven sizes, no alignment to lean on
+	}
+	src := transporttest.StartSource(t, sizes...)
+	tr := newTransport(t)
+	var targets []transport.Tensor
+	var got [][]byte
+	for _, n := range sizes {
+		b, x := buffer(t, n)
+		targets, got = append(targets, x), append(got, b)
+	}
+	require.NoError(t, fetchFrom(t, tr, from(childObject, src.Cmd.Process.Pid), src.Meta, targets))
+	for i := range sizes {
+		require.Equal(t, src.Want[i], got[i], "tensor %d", i)
+	}
+	// The source is killed: the next fetch of the same object fails clearly.
+	src.Kill()
+	err := fetchFrom(t, tr, from(childObject, src.Cmd.Process.Pid), src.Meta, targets)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+}
+
+// A tensor in the middle of a vectored read that can no longer be read
+// stops the call short; the read is not taken as whole, and the error
+// says the memory is gone.
+func TestUnreadableTensorInABatchIsAClearError(t *testing.T) {
+	tr := newTransport(t)
+	var srcs, dsts []transport.Tensor
+	var bad []byte
+	for i := 0; i < 64; i++ {
+		b, s := buffer(t, 4096)
+		_, d := buffer(t, 4096)
+		if i == 40 {
+			bad = b
+		}
+		srcs, dsts = append(srcs, s), append(dsts, d)
+	}
+	obj := transport.ObjectID{12}
+	meta, err := tr.ExtractMetadata(obj, srcs)
+	require.NoError(t, err)
+	require.NoError(t, unix.Mprotect(bad[:cap(bad)], unix.PROT_NONE))
+	t.Cleanup(func() { _ = unix.Mprotect(bad[:cap(bad)], unix.PROT_READ|unix.PROT_WRITE) })
+	err = fetch(t, tr, obj, meta, dsts)
+	assert.Equal(t, transport.ErrInternal, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "no longer mapped")
+}
+
+// An object of many tensors that its owner freed is refused, not read.
+func TestFreedObjectOfManyTensors(t *testing.T) {
+	tr := newTransport(t)
+	var srcs, dsts []transport.Tensor
+	for i := 0; i < 2000; i++ {
+		_, s := buffer(t, 512)
+		_, d := buffer(t, 512)
+		srcs, dsts = append(srcs, s), append(dsts, d)
+	}
+	obj := transport.ObjectID{13}
+	meta, err := tr.ExtractMetadata(obj, srcs)
+	require.NoError(t, err)
+	require.NoError(t, fetch(t, tr, obj, meta, dsts))
+	tr.GarbageCollect(obj, srcs, meta)
+	err = fetch(t, tr, obj, meta, dsts)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
+	assert.Contains(t, err.Error(), "freed")
+}
+
+// An abort before the first batch stops a many-tensor read: no call is
+// made and Wait says aborted.
+func TestAbortStopsAManyTensorRead(t *testing.T) {
+	tr := newTransport(t)
+	var regions []region
+	var dsts []transport.Tensor
+	for i := 0; i < 3000; i++ {
+		_, s := buffer(t, 4096)
+		_, d := buffer(t, 4096)
+		regions = append(regions, region{Addr: uint64(s.Data), Size: 4096})
+		dsts = append(dsts, d)
+	}
+	src, err := tr.source(os.Getpid(), tr.startTime)
+	require.NoError(t, err)
+	req := &request{Completion: transport.NewCompletion(), t: tr, pid: os.Getpid(), startTime: tr.startTime, src: src}
+	defer req.Release()
+	req.aborted.Store(true)
+	err = req.copyAll(regions, dsts, 2)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
+}

@@ -39,6 +39,50 @@ type stream struct {
 	msgGot int
 	got    int // bytes of pieces[done] received
 	frames []byte
+	// Answers to small pieces are read through rbuf, many to a read; it
+	// holds only bytes of this stream's answers (the source sends nothing
+	// else), so it is empty when the last piece is in.
+	rbuf       *[]byte
+	rpos, rend int
+}
+
+// readBufSize is the stream's read buffer; pieces up to a quarter of it
+// are read through it, larger ones straight into their targets.
+const readBufSize = 256 << 10
+
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
+
+// readInto fills dst from the read buffer, from one read into the buffer
+// (a small dst, when more than one piece is to come), or straight from the
+// connection.
+func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
+	if s.rpos < s.rend {
+		n := copy(dst, (*s.rbuf)[s.rpos:s.rend])
+		s.rpos += n
+		return n, nil
+	}
+	if len(dst) > readBufSize/4 || len(s.pieces)-s.done <= 1 {
+		return read(dst)
+	}
+	if s.rbuf == nil {
+		s.rbuf = readBufs.Get().(*[]byte)
+	}
+	n, err := read(*s.rbuf)
+	s.rpos, s.rend = 0, n
+	if n <= 0 {
+		return n, err
+	}
+	m := copy(dst, (*s.rbuf)[:n])
+	s.rpos = m
+	return m, nil
+}
+
+// freeBuf gives the read buffer back once the stream is over.
+func (s *stream) freeBuf() {
+	if s.rbuf != nil {
+		readBufs.Put(s.rbuf)
+		s.rbuf, s.rpos, s.rend = nil, 0, 0
+	}
 }
 
 func (s *stream) bytesLeft() uint64 {
@@ -80,7 +124,7 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 		var err error
 		switch {
 		case s.hdrGot < responseLen:
-			n, err = read(s.hdr[s.hdrGot:])
+			n, err = s.readInto(read, s.hdr[s.hdrGot:])
 			s.hdrGot += n
 			if err == nil && s.hdrGot == responseLen {
 				var mlen int
@@ -94,13 +138,13 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 				s.msg, s.msgGot = make([]byte, mlen), 0
 			}
 		case s.msgGot < len(s.msg):
-			n, err = read(s.msg[s.msgGot:])
+			n, err = s.readInto(read, s.msg[s.msgGot:])
 			s.msgGot += n
 		case s.st != transport.OK:
 			return transport.Errorf(s.st, "the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
 		case s.got < len(p.dst):
-			n, err = read(p.dst[s.got:])
+			n, err = s.readInto(read, p.dst[s.got:])
 			s.got += n
 		default:
 			s.done++
@@ -112,6 +156,9 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 			}
 			return s.r.ioError(err)
 		}
+	}
+	if s.rpos != s.rend {
+		return transport.Errorf(transport.ErrCorrupt, "%s sent %d bytes nobody asked for", s.r.meta.Endpoint, s.rend-s.rpos)
 	}
 	return nil
 }
@@ -315,6 +362,7 @@ func (r *fetchRequest) pull(ps []piece) error {
 // finishConn pools a connection that ended cleanly and closes one that saw
 // any error (its stream position is unknown).
 func (r *fetchRequest) finishConn(s *stream, err error) {
+	s.freeBuf()
 	r.mu.Lock()
 	delete(r.conns, s.c)
 	if err == nil && r.aborted.Load() {

@@ -132,3 +132,21 @@ func TestAbortStopsAManyTensorRead(t *testing.T) {
 	err = req.copyAll(regions, dsts, 2)
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 }
+
+// A 1 MiB object is read inside Fetch, on the caller's thread: the
+// request is complete when Fetch returns, with no goroutine to wait for.
+func TestMidSizeFetchCompletesInsideFetch(t *testing.T) {
+	tr := newTransport(t)
+	sb, src := buffer(t, 1<<20)
+	fill(sb, 9)
+	got, dst := buffer(t, 1<<20)
+	obj := transport.ObjectID{14}
+	meta, err := tr.ExtractMetadata(obj, []transport.Tensor{src})
+	require.NoError(t, err)
+	req, err := tr.Fetch(from(obj, os.Getpid()), []transport.Tensor{dst}, meta, nil)
+	require.NoError(t, err)
+	defer req.Release()
+	assert.True(t, req.(transport.CompletedRequest).Completed(), "complete when Fetch returns")
+	require.NoError(t, req.Wait())
+	assert.Equal(t, sb, got)
+}

@@ -46,22 +46,27 @@ type stream struct {
 	rpos, rend int
 }
 
-// readBufSize is the stream's read buffer; pieces up to a quarter of it
-// are read through it, larger ones straight into their targets.
-const readBufSize = 256 << 10
+// readBufSize is the stream's read buffer. Pieces up to bufferedMax are
+// read through it (with their headers), larger ones and their headers
+// straight into their targets: a copy costs them more than the read it
+// saves.
+const (
+	readBufSize = 256 << 10
+	bufferedMax = 16 << 10
+)
 
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
-// readInto fills dst from the read buffer, from one read into the buffer
-// (a small dst, when more than one piece is to come), or straight from the
-// connection.
+// readInto fills dst, part of the answer to the current piece: from the
+// read buffer, from one read into the buffer (a small piece, when more are
+// to come), or straight from the connection.
 func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
 	if s.rpos < s.rend {
 		n := copy(dst, (*s.rbuf)[s.rpos:s.rend])
 		s.rpos += n
 		return n, nil
 	}
-	if len(dst) > readBufSize/4 || len(s.pieces)-s.done <= 1 {
+	if len(s.pieces[s.done].dst) > bufferedMax || len(s.pieces)-s.done <= 1 {
 		return read(dst)
 	}
 	if s.rbuf == nil {

@@ -98,3 +98,41 @@ func benchRawMany(b *testing.B, count, n int) {
 
 func BenchmarkRaw1024x4KiB(b *testing.B) { benchRawMany(b, 1024, 4<<10) }
 func BenchmarkRaw4MiB(b *testing.B)      { benchRaw(b, 4<<20) }
+
+// benchViews fetches count tensors of n bytes that are views of one
+// buffer on both sides, as blocks of a KV cache are.
+func benchViews(b *testing.B, count, n int) {
+	tr := newTransport(b)
+	sb, _ := buffer(b, count*n)
+	db, _ := buffer(b, count*n)
+	fill(sb, 1)
+	var srcs, dsts []transport.Tensor
+	for i := 0; i < count; i++ {
+		_, s := buffer(b, 0)
+		s.Data, s.Orig = uintptr(unsafePointer(sb[i*n:])), uintptr(unsafePointer(sb[i*n:]))
+		s.TensorDesc, _ = transport.NewTensorDesc(s.Device, s.DType, []int64{int64(n)})
+		d := s
+		d.Data, d.Orig = uintptr(unsafePointer(db[i*n:])), uintptr(unsafePointer(db[i*n:]))
+		srcs, dsts = append(srcs, s), append(dsts, d)
+	}
+	obj := transport.ObjectID{8}
+	meta, err := tr.ExtractMetadata(obj, srcs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	x := from(obj, os.Getpid())
+	b.SetBytes(int64(count * n))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, err := tr.Fetch(x, dsts, meta, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := req.Wait(); err != nil {
+			b.Fatal(err)
+		}
+		req.Release()
+	}
+}
+
+func BenchmarkFetch1024x4KiBViews(b *testing.B) { benchViews(b, 1024, 4<<10) }

@@ -454,6 +454,30 @@ type vectors struct {
 	remote []unix.RemoteIovec
 }
 
+// fill describes a batch to the kernel. Spans that follow each other in
+// memory (tensors that are views of one buffer, say) become one iovec on
+// that side: the kernel's cost is per iovec more than per byte, and the
+// two sides' lists need not match.
+func (v *vectors) fill(b []span) {
+	v.local, v.remote = v.local[:0], v.remote[:0]
+	var localEnd, remoteEnd uintptr
+	for _, s := range b {
+		if n := len(v.local); n > 0 && s.local == localEnd {
+			v.local[n-1].SetLen(int(v.local[n-1].Len) + int(s.n))
+		} else {
+			l := unix.Iovec{Base: (*byte)(unsafe.Pointer(s.local))}
+			l.SetLen(int(s.n))
+			v.local = append(v.local, l)
+		}
+		if n := len(v.remote); n > 0 && s.remote == remoteEnd {
+			v.remote[n-1].Len += int(s.n)
+		} else {
+			v.remote = append(v.remote, unix.RemoteIovec{Base: s.remote, Len: int(s.n)})
+		}
+		localEnd, remoteEnd = s.local+uintptr(s.n), s.remote+uintptr(s.n)
+	}
+}
+
 // read copies one batch with as few process_vm_readv calls as the kernel
 // allows: a call that stops short (a signal, a page it could not read)
 // is resumed where it stopped, and one that reads nothing is an error.
@@ -462,13 +486,7 @@ func (r *request) read(b []span, v *vectors) error {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
-		v.local, v.remote = v.local[:0], v.remote[:0]
-		for _, s := range b {
-			l := unix.Iovec{Base: (*byte)(unsafe.Pointer(s.local))}
-			l.SetLen(int(s.n))
-			v.local = append(v.local, l)
-			v.remote = append(v.remote, unix.RemoteIovec{Base: s.remote, Len: int(s.n)})
-		}
+		v.fill(b)
 		got, err := unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
 		if err == unix.EINTR {
 			continue

@@ -150,3 +150,56 @@ func TestMidSizeFetchCompletesInsideFetch(t *testing.T) {
 	require.NoError(t, req.Wait())
 	assert.Equal(t, sb, got)
 }
+
+// Spans that follow each other in memory become one iovec on that side,
+// each side on its own: the bytes still land in order.
+func TestAdjacentSpansShareAnIovec(t *testing.T) {
+	var v vectors
+	v.fill([]span{
+		{remote: 0x1000, local: 0x9000, n: 0x100},
+		{remote: 0x1100, local: 0xa000, n: 0x100}, // remote follows, local does not
+		{remote: 0x3000, local: 0xa100, n: 0x200}, // local follows, remote does not
+		{remote: 0x3200, local: 0xa300, n: 0x10},  // both follow
+	})
+	require.Len(t, v.remote, 2)
+	assert.Equal(t, unix.RemoteIovec{Base: 0x1000, Len: 0x200}, v.remote[0])
+	assert.Equal(t, unix.RemoteIovec{Base: 0x3000, Len: 0x210}, v.remote[1])
+	require.Len(t, v.local, 2)
+	assert.Equal(t, uint64(0x100), uint64(v.local[0].Len))
+	assert.Equal(t, uint64(0x310), uint64(v.local[1].Len))
+}
+
+// Tensors that are views of one buffer on one side and scattered on the
+// other arrive whole, in both directions.
+func TestViewsOfOneBufferRoundTrip(t *testing.T) {
+	const count, n = 300, 1000
+	tr := newTransport(t)
+	whole, _ := buffer(t, count*n)
+	fill(whole, 5)
+	var views, scattered []transport.Tensor
+	var scatteredBytes [][]byte
+	for i := 0; i < count; i++ {
+		_, x := buffer(t, n)
+		view := x
+		view.Data = uintptr(unsafePointer(whole[i*n:]))
+		view.Orig = view.Data
+		b, s := buffer(t, n)
+		views, scattered, scatteredBytes = append(views, view), append(scattered, s), append(scatteredBytes, b)
+	}
+	meta, err := tr.ExtractMetadata(transport.ObjectID{15}, views)
+	require.NoError(t, err)
+	require.NoError(t, fetch(t, tr, transport.ObjectID{15}, meta, scattered))
+	for i := range scatteredBytes {
+		require.Equal(t, whole[i*n:(i+1)*n], scatteredBytes[i], "tensor %d", i)
+	}
+	// Back again: scattered sources into views of one buffer.
+	back, _ := buffer(t, count*n)
+	for i := range views {
+		views[i].Data = uintptr(unsafePointer(back[i*n:]))
+		views[i].Orig = views[i].Data
+	}
+	meta, err = tr.ExtractMetadata(transport.ObjectID{16}, scattered)
+	require.NoError(t, err)
+	require.NoError(t, fetch(t, tr, transport.ObjectID{16}, meta, views))
+	assert.Equal(t, whole, back)
+}

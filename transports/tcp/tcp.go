@@ -50,13 +50,14 @@ const (
 	// on after the peer timeout while a slow one that keeps reading is not.
 	writeChunk = 1 << 20
 	// The source answers a run of pipelined requests for at most
-	// smallAnswer bytes each with one writev: up to batchFrames of them
-	// and about batchBytes, so that many small tensors cost a few system
-	// calls rather than one per tensor. A larger answer goes alone, in
-	// writeChunk pieces.
+	// smallAnswer bytes each with one writev: up to batchFrames of them,
+	// and no more than about writeChunk under one deadline (a run is
+	// closed once it holds batchBytes), so that many small tensors cost a
+	// few system calls rather than one per tensor. A larger answer goes
+	// alone, in writeChunk pieces.
 	smallAnswer = 256 << 10
 	batchFrames = 128
-	batchBytes  = 4 << 20
+	batchBytes  = writeChunk - smallAnswer
 	// keyPurpose labels the data key derived from the runtime's secret.
 	keyPurpose = "rdt-tcp-data-key"
 )

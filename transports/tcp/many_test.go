@@ -172,26 +172,3 @@ func TestUnaskedBytesAreCorrupt(t *testing.T) {
 	err = wait(req)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 }
-
-// After an answer the source waits for the next request on its own
-// thread for a while (hotWait): a request that comes within it and one
-// that comes after are both served, and Close is not held up by a
-// connection waiting that way.
-func TestHotWaitServesSoonAndLateRequests(t *testing.T) {
-	old := hotWait
-	hotWait = 200 * time.Millisecond
-	defer func() { hotWait = old }()
-	p := newPair(t, "", "")
-	meta, want := p.put(t, 23, 4096)
-	for _, pause := range []time.Duration{0, time.Millisecond, 300 * time.Millisecond} {
-		time.Sleep(pause)
-		got, err := p.fetch(t, meta, 4096)
-		require.NoError(t, err)
-		require.Equal(t, want[0], got[0], "after %v", pause)
-	}
-	_, err := p.fetch(t, meta, 4096) // the source is now waiting hot
-	require.NoError(t, err)
-	start := time.Now()
-	require.NoError(t, p.src.Close())
-	assert.Less(t, time.Since(start), hotWait+1500*time.Millisecond, "Close waits at most for one hot wait")
-}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
-	"golang.org/x/sys/unix"
 )
 
 // GarbageCollect has nothing to free: the source serves live objects only,
@@ -108,11 +107,7 @@ func (t *Transport) serve(c net.Conn) {
 	rd := bufio.NewReaderSize(c, batchFrames*requestLen)
 	frame := make([]byte, requestLen)
 	b := &answers{}
-	hot := hotWaiter(c, t.hotWait)
 	for {
-		if rd.Buffered() == 0 {
-			hot()
-		}
 		if _, err := io.ReadFull(rd, frame); err != nil {
 			return // the client hung up, or the transport is closing
 		}
@@ -149,30 +144,6 @@ func (t *Transport) serve(c net.Conn) {
 		if b.flush(t, c) != nil {
 			return
 		}
-	}
-}
-
-// hotWaiter returns a wait for the connection's next request on this
-// goroutine's own thread, in ppoll, for up to hotWait: a request that
-// comes soon (a client fetching in a loop) then wakes this thread
-// directly, where the netpoller would wake it through another one and
-// the scheduler. A request that comes later is waited for as usual.
-func hotWaiter(c net.Conn, wait time.Duration) func() {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return func() {}
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return func() {}
-	}
-	return func() {
-		rc.Read(func(fd uintptr) bool {
-			ts := unix.NsecToTimespec(wait.Nanoseconds())
-			fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			unix.Ppoll(fds[:], &ts, nil)
-			return true
-		})
 	}
 }
 

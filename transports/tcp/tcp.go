@@ -64,10 +64,6 @@ const (
 
 var (
 	inlineBudget = time.Millisecond // a variable for tests on slow machines
-	// hotWait is how long a serving connection waits for the next request
-	// on its own thread before it parks in the netpoller; it holds a
-	// thread, not a core, meanwhile.
-	hotWait = time.Millisecond
 	// idleTimeout closes pooled connections nobody used for this long: a
 	// bound on descriptors held for live sources (PeerGone drops gone ones).
 	idleTimeout = time.Minute
@@ -87,7 +83,6 @@ type Transport struct {
 	// receivers then use their own).
 	key, metaKey string
 	writeTimeout time.Duration // a serving write that makes no progress this long fails
-	hotWait      time.Duration // how long a serving connection waits for its next request in ppoll
 	slots        chan struct{} // one per data connection in its handshake
 
 	lmu      sync.Mutex
@@ -139,7 +134,6 @@ func New(h transport.Host) (transport.Transport, error) {
 		t.key = hex.EncodeToString(transport.AuthProof(secret, keyPurpose, nil))
 		t.metaKey = t.key
 	}
-	t.hotWait = hotWait
 	t.writeTimeout = h.PeerTimeout()
 	if t.writeTimeout <= 0 {
 		t.writeTimeout = transport.DefaultPeerTimeout

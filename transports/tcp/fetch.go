@@ -58,15 +58,16 @@ const (
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
 // readInto fills dst, part of the answer to the current piece: from the
-// read buffer, from one read into the buffer (a small piece, when more are
-// to come), or straight from the connection.
+// read buffer, from one read into the buffer (a small piece: its header
+// and bytes, and what follows, in one read), or straight from the
+// connection.
 func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
 	if s.rpos < s.rend {
 		n := copy(dst, (*s.rbuf)[s.rpos:s.rend])
 		s.rpos += n
 		return n, nil
 	}
-	if len(s.pieces[s.done].dst) > bufferedMax || len(s.pieces)-s.done <= 1 {
+	if len(s.pieces[s.done].dst) > bufferedMax {
 		return read(dst)
 	}
 	if s.rbuf == nil {

@@ -165,20 +165,22 @@ type answers struct {
 	unpins []func()
 	n      int
 	bytes  int
+	// The object pinned last in this run, kept until the flush: the
+	// requests of one fetch pin it once, not once per tensor.
+	pinned  transport.ObjectID
+	tensors []transport.Tensor
 }
 
 func (b *answers) add(t *Transport, c net.Conn, req request) {
 	start := len(b.hdrs)
 	var data []byte
-	tensors, unpin, err := t.h.PinObject(req.Object)
+	tensors, err := b.pin(t, req.Object)
 	if err != nil {
 		b.hdrs = encodeResponse(b.hdrs, transport.StatusOf(err), err.Error())
 	} else if src, st, msg := checkRange(req, tensors); st != transport.OK {
-		unpin()
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		b.hdrs = encodeResponse(b.hdrs, st, msg)
 	} else {
-		b.unpins = append(b.unpins, unpin)
 		b.hdrs = encodeResponse(b.hdrs, transport.OK, "")
 		if req.Length > 0 {
 			data = transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
@@ -188,6 +190,20 @@ func (b *answers) add(t *Transport, c net.Conn, req request) {
 	b.data = append(b.data, data)
 	b.n++
 	b.bytes += len(b.hdrs) - start + len(data)
+}
+
+// pin pins obj until the flush, or finds it pinned already in this run.
+func (b *answers) pin(t *Transport, obj transport.ObjectID) ([]transport.Tensor, error) {
+	if b.tensors != nil && b.pinned == obj {
+		return b.tensors, nil
+	}
+	tensors, unpin, err := t.h.PinObject(obj)
+	if err != nil {
+		return nil, err
+	}
+	b.unpins = append(b.unpins, unpin)
+	b.pinned, b.tensors = obj, tensors
+	return tensors, nil
 }
 
 // flush writes the run and lets go of its pins.
@@ -209,6 +225,7 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 	}
 	clear(b.unpins)
 	clear(b.data)
+	b.tensors = nil
 	b.hdrs, b.spans, b.data, b.unpins = b.hdrs[:0], b.spans[:0], b.data[:0], b.unpins[:0]
 	b.n, b.bytes = 0, 0
 	return err

@@ -42,20 +42,19 @@ type stream struct {
 	// Answers to small pieces are read through rbuf, many to a read; it
 	// holds only bytes of this stream's answers (the source sends nothing
 	// else), so it is empty when the last piece is in.
-	rbuf       *[]byte
+	rbuf       []byte
 	rpos, rend int
 }
 
-// readBufSize is the stream's read buffer. Pieces up to bufferedMax are
-// read through it (with their headers), larger ones and their headers
-// straight into their targets: a copy costs them more than the read it
-// saves.
+// Pieces up to bufferedMax are read through the stream's read buffer (with
+// their headers), larger ones and their headers straight into their
+// targets: a copy costs them more than the read it saves. The buffer
+// holds what the small pieces need, up to readBufSize: a single 4 KiB
+// answer allocates 8 KiB, not the whole buffer.
 const (
 	readBufSize = 256 << 10
 	bufferedMax = 16 << 10
 )
-
-var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
 // readInto fills dst, part of the answer to the current piece: from the
 // read buffer, from one read into the buffer (a small piece: its header
@@ -63,7 +62,7 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); retur
 // connection.
 func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
 	if s.rpos < s.rend {
-		n := copy(dst, (*s.rbuf)[s.rpos:s.rend])
+		n := copy(dst, s.rbuf[s.rpos:s.rend])
 		s.rpos += n
 		return n, nil
 	}
@@ -71,24 +70,27 @@ func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, erro
 		return read(dst)
 	}
 	if s.rbuf == nil {
-		s.rbuf = readBufs.Get().(*[]byte)
+		need := 0
+		for _, p := range s.pieces[s.done:] {
+			if len(p.dst) <= bufferedMax {
+				need += responseLen + len(p.dst)
+				if need >= readBufSize {
+					break
+				}
+			}
+		}
+		// Room for a refusal's message too, which also lets bytes sent
+		// beyond the answers show up (see advance).
+		s.rbuf = make([]byte, min(need+maxMessage, readBufSize))
 	}
-	n, err := read(*s.rbuf)
+	n, err := read(s.rbuf)
 	s.rpos, s.rend = 0, n
 	if n <= 0 {
 		return n, err
 	}
-	m := copy(dst, (*s.rbuf)[:n])
+	m := copy(dst, s.rbuf[:n])
 	s.rpos = m
 	return m, nil
-}
-
-// freeBuf gives the read buffer back once the stream is over.
-func (s *stream) freeBuf() {
-	if s.rbuf != nil {
-		readBufs.Put(s.rbuf)
-		s.rbuf, s.rpos, s.rend = nil, 0, 0
-	}
 }
 
 func (s *stream) bytesLeft() uint64 {
@@ -368,7 +370,6 @@ func (r *fetchRequest) pull(ps []piece) error {
 // finishConn pools a connection that ended cleanly and closes one that saw
 // any error (its stream position is unknown).
 func (r *fetchRequest) finishConn(s *stream, err error) {
-	s.freeBuf()
 	r.mu.Lock()
 	delete(r.conns, s.c)
 	if err == nil && r.aborted.Load() {

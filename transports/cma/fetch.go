@@ -361,7 +361,9 @@ func (r *request) checkGuard() error {
 }
 
 // copyAll reads every region into its target. Large tensors are cut into
-// spans shared by up to `workers` goroutines.
+// spans shared by up to `workers` goroutines; small ones are gathered into
+// batches that one process_vm_readv reads at once (one call per batch, not
+// one per tensor).
 func (r *request) copyAll(regions []region, targets []transport.Tensor, workers int) error {
 	var spans []span
 	for i, reg := range regions {
@@ -379,12 +381,14 @@ func (r *request) copyAll(regions []region, targets []transport.Tensor, workers 
 			spans = append(spans, span{remote: uintptr(reg.Addr + off), local: targets[i].Data + uintptr(off), n: n})
 		}
 	}
-	if len(spans) == 0 {
+	batches := batch(spans)
+	if len(batches) == 0 {
 		return nil
 	}
-	if workers <= 1 || len(spans) == 1 {
-		for _, s := range spans {
-			if err := r.read(s); err != nil {
+	if workers <= 1 || len(batches) == 1 {
+		var v vectors
+		for _, b := range batches {
+			if err := r.read(b, &v); err != nil {
 				return err
 			}
 		}
@@ -396,16 +400,17 @@ func (r *request) copyAll(regions []region, targets []transport.Tensor, workers 
 		errOnce  sync.Once
 		firstErr error
 	)
-	for w := 0; w < min(workers, len(spans)); w++ {
+	for w := 0; w < min(workers, len(batches)); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var v vectors
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= len(spans) {
+				if i >= len(batches) {
 					return
 				}
-				if err := r.read(spans[i]); err != nil {
+				if err := r.read(batches[i], &v); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					r.aborted.Store(true) // stop the other workers
 					return
@@ -417,17 +422,72 @@ func (r *request) copyAll(regions []region, targets []transport.Tensor, workers 
 	return firstErr
 }
 
-// read copies one span in chunks, checking for an abort between them.
-func (r *request) read(s span) error {
-	for done := uint64(0); done < s.n; {
+// batch groups spans into the work of single process_vm_readv calls: at
+// most maxIovecs spans and chunkSize bytes each, a span larger than that
+// alone in its batches, cut into chunks (so an abort is seen between them).
+func batch(spans []span) [][]span {
+	var out [][]span
+	var cur []span
+	var bytes uint64
+	for _, s := range spans {
+		for s.n > 0 {
+			if len(cur) == maxIovecs || bytes == chunkSize {
+				out, cur, bytes = append(out, cur), nil, 0
+			}
+			n := min(s.n, chunkSize-bytes)
+			cur = append(cur, span{remote: s.remote, local: s.local, n: n})
+			bytes += n
+			s.remote += uintptr(n)
+			s.local += uintptr(n)
+			s.n -= n
+		}
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// vectors are one reader's iovec arrays, reused from batch to batch.
+type vectors struct {
+	local  []unix.Iovec
+	remote []unix.RemoteIovec
+}
+
+// fill describes a batch to the kernel. Spans that follow each other in
+// memory (tensors that are views of one buffer, say) become one iovec on
+// that side: the kernel's cost is per iovec more than per byte, and the
+// two sides' lists need not match.
+func (v *vectors) fill(b []span) {
+	v.local, v.remote = v.local[:0], v.remote[:0]
+	var localEnd, remoteEnd uintptr
+	for _, s := range b {
+		if n := len(v.local); n > 0 && s.local == localEnd {
+			v.local[n-1].SetLen(int(v.local[n-1].Len) + int(s.n))
+		} else {
+			l := unix.Iovec{Base: (*byte)(unsafe.Pointer(s.local))}
+			l.SetLen(int(s.n))
+			v.local = append(v.local, l)
+		}
+		if n := len(v.remote); n > 0 && s.remote == remoteEnd {
+			v.remote[n-1].Len += int(s.n)
+		} else {
+			v.remote = append(v.remote, unix.RemoteIovec{Base: s.remote, Len: int(s.n)})
+		}
+		localEnd, remoteEnd = s.local+uintptr(s.n), s.remote+uintptr(s.n)
+	}
+}
+
+// read copies one batch with as few process_vm_readv calls as the kernel
+// allows: a call that stops short (a signal, a page it could not read)
+// is resumed where it stopped, and one that reads nothing is an error.
+func (r *request) read(b []span, v *vectors) error {
+	for len(b) > 0 {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
-		n := min(uint64(chunkSize), s.n-done)
-		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(s.local + uintptr(done)))}}
-		local[0].SetLen(int(n))
-		remote := []unix.RemoteIovec{{Base: s.remote + uintptr(done), Len: int(n)}}
-		got, err := unix.ProcessVMReadv(r.pid, local, remote, 0)
+		v.fill(b)
+		got, err := unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
 		if err == unix.EINTR {
 			continue
 		}
@@ -438,7 +498,18 @@ func (r *request) read(s span) error {
 			// The source's mapping ended early: it is exiting or unmapped.
 			return r.explain(unix.EFAULT)
 		}
-		done += uint64(got)
+		// Drop what arrived: whole spans, then the front of a partial one.
+		for got > 0 {
+			if uint64(got) >= b[0].n {
+				got -= int(b[0].n)
+				b = b[1:]
+				continue
+			}
+			b[0].remote += uintptr(got)
+			b[0].local += uintptr(got)
+			b[0].n -= uint64(got)
+			got = 0
+		}
 	}
 	return nil
 }

@@ -39,6 +39,58 @@ type stream struct {
 	msgGot int
 	got    int // bytes of pieces[done] received
 	frames []byte
+	// Answers to small pieces are read through rbuf, many to a read; it
+	// holds only bytes of this stream's answers (the source sends nothing
+	// else), so it is empty when the last piece is in.
+	rbuf       []byte
+	rpos, rend int
+}
+
+// Pieces up to bufferedMax are read through the stream's read buffer (with
+// their headers), larger ones and their headers straight into their
+// targets: a copy costs them more than the read it saves. The buffer
+// holds what the small pieces need, up to readBufSize: a single 4 KiB
+// answer allocates 8 KiB, not the whole buffer.
+const (
+	readBufSize = 256 << 10
+	bufferedMax = 16 << 10
+)
+
+// readInto fills dst, part of the answer to the current piece: from the
+// read buffer, from one read into the buffer (a small piece: its header
+// and bytes, and what follows, in one read), or straight from the
+// connection.
+func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
+	if s.rpos < s.rend {
+		n := copy(dst, s.rbuf[s.rpos:s.rend])
+		s.rpos += n
+		return n, nil
+	}
+	if len(s.pieces[s.done].dst) > bufferedMax {
+		return read(dst)
+	}
+	if s.rbuf == nil {
+		need := 0
+		for _, p := range s.pieces[s.done:] {
+			if len(p.dst) <= bufferedMax {
+				need += responseLen + len(p.dst)
+				if need >= readBufSize {
+					break
+				}
+			}
+		}
+		// Room for a refusal's message too, which also lets bytes sent
+		// beyond the answers show up (see advance).
+		s.rbuf = make([]byte, min(need+maxMessage, readBufSize))
+	}
+	n, err := read(s.rbuf)
+	s.rpos, s.rend = 0, n
+	if n <= 0 {
+		return n, err
+	}
+	m := copy(dst, s.rbuf[:n])
+	s.rpos = m
+	return m, nil
 }
 
 func (s *stream) bytesLeft() uint64 {
@@ -80,7 +132,7 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 		var err error
 		switch {
 		case s.hdrGot < responseLen:
-			n, err = read(s.hdr[s.hdrGot:])
+			n, err = s.readInto(read, s.hdr[s.hdrGot:])
 			s.hdrGot += n
 			if err == nil && s.hdrGot == responseLen {
 				var mlen int
@@ -94,13 +146,13 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 				s.msg, s.msgGot = make([]byte, mlen), 0
 			}
 		case s.msgGot < len(s.msg):
-			n, err = read(s.msg[s.msgGot:])
+			n, err = s.readInto(read, s.msg[s.msgGot:])
 			s.msgGot += n
 		case s.st != transport.OK:
 			return transport.Errorf(s.st, "the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
 		case s.got < len(p.dst):
-			n, err = read(p.dst[s.got:])
+			n, err = s.readInto(read, p.dst[s.got:])
 			s.got += n
 		default:
 			s.done++
@@ -112,6 +164,9 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 			}
 			return s.r.ioError(err)
 		}
+	}
+	if s.rpos != s.rend {
+		return transport.Errorf(transport.ErrCorrupt, "%s sent %d bytes nobody asked for", s.r.meta.Endpoint, s.rend-s.rpos)
 	}
 	return nil
 }

@@ -104,24 +104,131 @@ func (t *Transport) serve(c net.Conn) {
 		return
 	}
 	// Buffered: a pipelined batch of frames is one read, not one per frame.
-	rd := bufio.NewReaderSize(c, 64*requestLen)
+	rd := bufio.NewReaderSize(c, batchFrames*requestLen)
 	frame := make([]byte, requestLen)
-	hdr := make([]byte, 0, responseLen+maxMessage)
+	b := &answers{}
 	for {
 		if _, err := io.ReadFull(rd, frame); err != nil {
 			return // the client hung up, or the transport is closing
 		}
 		req, err := decodeRequest(frame)
 		if err != nil {
-			t.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
-			c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-			c.Write(encodeResponse(hdr[:0], transport.StatusOf(err), err.Error()))
+			t.malformed(c, err)
 			return
 		}
-		if err := t.answer(c, req, hdr[:0]); err != nil {
+		if req.Length > smallAnswer {
+			if err := t.answer(c, req, b.hdrs[:0]); err != nil {
+				return
+			}
+			continue
+		}
+		// Small answers to the frames already here go out together: one
+		// writev for a run of pipelined requests, not one per request.
+		b.add(t, c, req)
+		for b.n < batchFrames && b.bytes < batchBytes && rd.Buffered() >= requestLen {
+			io.ReadFull(rd, frame)
+			req, err := decodeRequest(frame)
+			if err != nil {
+				b.flush(t, c)
+				t.malformed(c, err)
+				return
+			}
+			if req.Length > smallAnswer {
+				if b.flush(t, c) != nil || t.answer(c, req, b.hdrs[:0]) != nil {
+					return
+				}
+				continue
+			}
+			b.add(t, c, req)
+		}
+		if b.flush(t, c) != nil {
 			return
 		}
 	}
+}
+
+// malformed answers a frame that breaks the framing, before the
+// connection is closed.
+func (t *Transport) malformed(c net.Conn, err error) {
+	t.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
+	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+	c.Write(encodeResponse(nil, transport.StatusOf(err), err.Error()))
+}
+
+// answers gathers the responses to a run of small requests, each header
+// followed by its bytes (straight from the tensor, pinned until written)
+// or by its refusal, to be written with one writev.
+type answers struct {
+	hdrs   []byte // every header and refusal message of the run
+	spans  [][2]int
+	data   [][]byte // per request: its bytes, or nil
+	unpins []func()
+	n      int
+	bytes  int
+	// The object pinned last in this run, kept until the flush: the
+	// requests of one fetch pin it once, not once per tensor.
+	pinned  transport.ObjectID
+	tensors []transport.Tensor
+}
+
+func (b *answers) add(t *Transport, c net.Conn, req request) {
+	start := len(b.hdrs)
+	var data []byte
+	tensors, err := b.pin(t, req.Object)
+	if err != nil {
+		b.hdrs = encodeResponse(b.hdrs, transport.StatusOf(err), err.Error())
+	} else if src, st, msg := checkRange(req, tensors); st != transport.OK {
+		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
+		b.hdrs = encodeResponse(b.hdrs, st, msg)
+	} else {
+		b.hdrs = encodeResponse(b.hdrs, transport.OK, "")
+		if req.Length > 0 {
+			data = transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
+		}
+	}
+	b.spans = append(b.spans, [2]int{start, len(b.hdrs)})
+	b.data = append(b.data, data)
+	b.n++
+	b.bytes += len(b.hdrs) - start + len(data)
+}
+
+// pin pins obj until the flush, or finds it pinned already in this run.
+func (b *answers) pin(t *Transport, obj transport.ObjectID) ([]transport.Tensor, error) {
+	if b.tensors != nil && b.pinned == obj {
+		return b.tensors, nil
+	}
+	tensors, unpin, err := t.h.PinObject(obj)
+	if err != nil {
+		return nil, err
+	}
+	b.unpins = append(b.unpins, unpin)
+	b.pinned, b.tensors = obj, tensors
+	return tensors, nil
+}
+
+// flush writes the run and lets go of its pins.
+func (b *answers) flush(t *Transport, c net.Conn) error {
+	if b.n == 0 {
+		return nil
+	}
+	bufs := make(net.Buffers, 0, 2*b.n)
+	for i, sp := range b.spans {
+		bufs = append(bufs, b.hdrs[sp[0]:sp[1]])
+		if b.data[i] != nil {
+			bufs = append(bufs, b.data[i])
+		}
+	}
+	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+	_, err := bufs.WriteTo(c)
+	for _, u := range b.unpins {
+		u()
+	}
+	clear(b.unpins)
+	clear(b.data)
+	b.tensors = nil
+	b.hdrs, b.spans, b.data, b.unpins = b.hdrs[:0], b.spans[:0], b.data[:0], b.unpins[:0]
+	b.n, b.bytes = 0, 0
+	return err
 }
 
 // handshake authenticates a client of the data listener within

@@ -27,9 +27,9 @@ const (
 	// connections at once; smaller ones share one connection.
 	streamMin = 8 << 20
 	// window is how many request frames a connection keeps in flight.
-	// Frames are 44 bytes, so a full window always fits the socket buffers
-	// and the client's writes never wait on the server's.
-	window      = 32
+	// Frames are 44 bytes, so a full window (11 KiB) always fits the socket
+	// buffers and the client's writes never wait on the server's.
+	window      = 256
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
 	// maxAuthenticating bounds the data connections in their handshake at
@@ -49,6 +49,15 @@ const (
 	// gets its own deadline, so a receiver that stops reading is given up
 	// on after the peer timeout while a slow one that keeps reading is not.
 	writeChunk = 1 << 20
+	// The source answers a run of pipelined requests for at most
+	// smallAnswer bytes each with one writev: up to batchFrames of them,
+	// and no more than about writeChunk under one deadline (a run is
+	// closed once it holds batchBytes), so that many small tensors cost a
+	// few system calls rather than one per tensor. A larger answer goes
+	// alone, in writeChunk pieces.
+	smallAnswer = 256 << 10
+	batchFrames = 128
+	batchBytes  = writeChunk - smallAnswer
 	// keyPurpose labels the data key derived from the runtime's secret.
 	keyPurpose = "rdt-tcp-data-key"
 )

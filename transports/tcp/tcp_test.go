@@ -147,9 +147,9 @@ func TestZeroSizeObject(t *testing.T) {
 
 func TestManySmallTensorsShareOneConnection(t *testing.T) {
 	p := newPair(t, "", "")
-	sizes := make([]int, 100) // over the window, so the frames go out in turns
+	sizes := make([]int, window+44) // over the window, so the frames go out in turns
 	for i := range sizes {
-		sizes[i] = 1 + i*517
+		sizes[i] = 1 + i*517%50000
 	}
 	meta, want := p.put(t, 3, sizes...)
 	for round := 0; round < 2; round++ { // a dialled stream, then an inline one
@@ -841,3 +841,43 @@ func TestConnectionsInTheirHandshakeAreBounded(t *testing.T) {
 		t.Fatal("the fetch did not finish after the idle connections went")
 	}
 }
+
+// benchMany fetches one object of count tensors of n bytes each.
+func benchMany(b *testing.B, count, n int) {
+	p := &pair{host: newHost("")}
+	s, _ := New(p.host)
+	d, _ := New(newHost(""))
+	p.src, p.dst = s.(*Transport), d.(*Transport)
+	defer s.Close()
+	defer d.Close()
+	sizes := make([]int, count)
+	for i := range sizes {
+		sizes[i] = n
+	}
+	meta, _ := p.put(b, 1, sizes...)
+	var targets []transport.Tensor
+	for range sizes {
+		_, x := buffer(b, n)
+		targets = append(targets, x)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.SetBytes(int64(count * n))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		req, err := d.Fetch(&transport.Transfer{}, targets, meta, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := wait(req); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	reportLatency(b, lat)
+}
+
+func BenchmarkFetch4MiB(b *testing.B)       { benchFetch(b, 4<<20) }
+func BenchmarkFetch1024x4KiB(b *testing.B)  { benchMany(b, 1024, 4<<10) }
+func BenchmarkFetch256MiB(b *testing.B)     { benchFetch(b, 256<<20) }
+func BenchmarkFetch4096x64KiB(b *testing.B) { benchMany(b, 4096, 64<<10) }

@@ -1,10 +1,7 @@
 package multiprocess
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +12,7 @@ import (
 	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
@@ -37,30 +35,8 @@ func (c *child) stop(t *testing.T) {
 	t.Helper()
 	require.NoError(t, syscall.Kill(c.pid, syscall.SIGSTOP))
 	t.Cleanup(c.resume)
-	require.Eventually(t, func() bool { return allThreadsStopped(c.pid) }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return transporttest.AllThreadsStopped(c.pid) }, 10*time.Second, time.Millisecond,
 		"process %d stops", c.pid)
-}
-
-// allThreadsStopped reports whether every thread of pid is stopped: state
-// T or t in /proc/<pid>/task/<tid>/stat.
-func allThreadsStopped(pid int) bool {
-	dir := fmt.Sprintf("/proc/%d/task", pid)
-	tids, err := os.ReadDir(dir)
-	if err != nil || len(tids) == 0 {
-		return false
-	}
-	for _, tid := range tids {
-		b, err := os.ReadFile(dir + "/" + tid.Name() + "/stat")
-		if err != nil {
-			continue // a thread that exited
-		}
-		// The state follows the command name, which is in parentheses.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
-			return false
-		}
-	}
-	return true
 }
 
 func (c *child) resume() { syscall.Kill(c.pid, syscall.SIGCONT) }

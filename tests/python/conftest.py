@@ -1,5 +1,6 @@
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -19,6 +20,26 @@ def wait_until(cond, timeout=10.0):
             return True
         time.sleep(0.02)
     return cond()
+
+
+def all_threads_stopped(pid):
+    """Whether every thread of process pid is stopped (state T or t)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            pass  # a thread that exited
+    return bool(states) and all(st in ("T", "t") for st in states)
+
+
+def stop_process(pid, timeout=10.0):
+    """SIGSTOPs pid and returns once every thread of it stopped: the signal
+    is delivered asynchronously, and a test that acts on a stopped process
+    must not race its last steps."""
+    os.kill(pid, signal.SIGSTOP)
+    assert wait_until(lambda: all_threads_stopped(pid), timeout), f"process {pid} did not stop"
 
 
 def _builtin_transports():

@@ -20,6 +20,7 @@ import pytest
 
 import rdt
 import workers
+from conftest import stop_process
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,17 +28,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 T = 1.0  # the deadline under test, seconds
 MARGIN = 1.5  # how late it may be kept on a loaded machine
 EXPECTED = np.arange(1000, dtype=np.float64)
-
-
-def _all_threads_stopped(pid):
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:
-            pass  # a thread that exited
-    return bool(states) and all(st in ("T", "t") for st in states)
 
 
 class Stopped:
@@ -48,11 +38,7 @@ class Stopped:
         self.pid = pid
 
     def __enter__(self):
-        os.kill(self.pid, signal.SIGSTOP)
-        end = time.monotonic() + 10
-        while not _all_threads_stopped(self.pid):
-            assert time.monotonic() < end, "the owner did not stop"
-            time.sleep(0.005)
+        stop_process(self.pid)
         return self
 
     def __exit__(self, *exc):

@@ -17,7 +17,7 @@ import pytest
 import rdt
 import transports_for_tests as tt
 import workers
-from conftest import wait_until
+from conftest import stop_process, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,17 +45,6 @@ def test_timeout_raises_and_leaks_nothing(child):
     c.stop()
 
 
-def _all_threads_stopped(pid):
-    states = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        except FileNotFoundError:
-            pass  # a thread that exited
-    return bool(states) and all(st in ("T", "t") for st in states)
-
-
 def test_small_get_into_out_times_out_and_recovers(child):
     # One small ref into one array takes a single-call path that gives up
     # after a slice and starts again; a stopped source exercises both the
@@ -66,8 +55,7 @@ def test_small_get_into_out_times_out_and_recovers(child):
     rdt.get(ref, out=out)
     assert out.tolist() == list(np.arange(10.0))
     out[:] = -1
-    os.kill(c.proc.pid, signal.SIGSTOP)
-    assert wait_until(lambda: _all_threads_stopped(c.proc.pid))  # SIGSTOP is not synchronous
+    stop_process(c.proc.pid)
     try:
         t0 = time.monotonic()
         with pytest.raises(rdt.GetTimeoutError):

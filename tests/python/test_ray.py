@@ -21,6 +21,7 @@ from ray._common.test_utils import wait_for_condition  # noqa: E402
 
 import rdt  # noqa: E402
 import rdt.ray  # noqa: E402
+from conftest import stop_process  # noqa: E402
 from conftest import BUILTINS  # noqa: E402
 from ray_actors import AsyncWorker, Worker, make_value, summary  # noqa: E402
 
@@ -238,7 +239,7 @@ def test_driver_get_timeout_on_a_stalled_source(session):
     pid = ray.get(src.pid.remote())
     ref = src.make.remote("small")
     ray.get(src.ready.remote())  # the object exists
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         start = time.monotonic()
         with pytest.raises(ray.exceptions.GetTimeoutError):
@@ -367,7 +368,7 @@ def test_rays_fetch_timeout_aborts_and_keeps_both_actors(short_fetch_deadline):
     pid = ray.get(src.pid.remote())
     ref = src.make.remote("small")
     ray.get(src.ready.remote())
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         start = time.monotonic()
         # Ray's wait for the object, Ray's abort and (on a loaded machine)
@@ -391,7 +392,7 @@ def test_abort_transport_stops_a_fetch_waiting_for_a_stalled_source(session):
     src, dst = fresh(), fresh()
     pid = ray.get(src.pid.remote())
     meta = ray.get(src.extract_for_probe.remote("500x500"))
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         outcome, elapsed = ray.get(dst.fetch_then_abort.remote(meta, 0.5), timeout=120)
     finally:

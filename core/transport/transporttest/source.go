@@ -173,7 +173,40 @@ func (s *Source) Kill() {
 }
 
 // Stop stops the process (SIGSTOP): it is alive but answers nothing.
-func (s *Source) Stop() { _ = s.Cmd.Process.Signal(syscall.SIGSTOP) }
+//
+// A signal is delivered when the process next runs, so Stop waits (up to
+// Margin) until the kernel reports it stopped: a case that acts on a
+// stopped source must not race the source's last steps.
+func (s *Source) Stop() {
+	_ = s.Cmd.Process.Signal(syscall.SIGSTOP)
+	deadline := time.Now().Add(Margin)
+	for time.Now().Before(deadline) && !AllThreadsStopped(s.Cmd.Process.Pid) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// AllThreadsStopped reports whether every thread of process pid is
+// stopped: state T or t in /proc/<pid>/task/<tid>/stat.
+func AllThreadsStopped(pid int) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tids, err := os.ReadDir(dir)
+	if err != nil || len(tids) == 0 {
+		return false
+	}
+	for _, tid := range tids {
+		b, err := os.ReadFile(dir + "/" + tid.Name() + "/stat")
+		if err != nil {
+			continue // a thread that exited
+		}
+		// The state follows the command name, which is in parentheses and
+		// may itself hold them.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+			return false
+		}
+	}
+	return true
+}
 
 // Continue resumes a stopped process.
 func (s *Source) Continue() { _ = s.Cmd.Process.Signal(syscall.SIGCONT) }

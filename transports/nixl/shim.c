@@ -140,6 +140,11 @@ int rdtnx_agent_new(const char *name, void **agent, void **backend, const char *
 	cfg.enable_listen_thread = false;
 	cfg.thread_sync = RDTNX_THREAD_SYNC_STRICT;
 	cfg.lthr_delay_us = 100000;
+	// The progress thread waits on the workers' event descriptors, waking at
+	// least this often; at 0 it never waits and takes a whole core from the
+	// moment the agent exists, which on a small machine is the core the
+	// copies need.
+	cfg.pthr_delay_us = 1000;
 	CHECK(api.create_configured_agent(name, &cfg, &a), "create_configured_agent");
 	CHECK(api.get_plugin_params(a, "UCX", &mems, &params), "get_plugin_params");
 	CHECK(api.create_backend(a, "UCX", params, &b), "create_backend");

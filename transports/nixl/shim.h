@@ -49,8 +49,9 @@ int rdtnx_probe(const char *path, char **what);
 // Composite calls. Each returns a nixl_capi_status_t and, on failure, sets
 // *call to the name of the NIXL function that failed.
 
-// rdtnx_agent_new creates an agent with a progress thread and strict
-// thread synchronisation, and a UCX backend with its default parameters.
+// rdtnx_agent_new creates an agent with a progress thread (which sleeps on
+// the workers' events when idle) and strict thread synchronisation, and a
+// UCX backend with its default parameters.
 int rdtnx_agent_new(const char *name, void **agent, void **backend, const char **call);
 int rdtnx_agent_free(void *agent, void *backend, const char **call);
 

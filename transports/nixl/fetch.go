@@ -208,7 +208,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, agent: agent, started: time.Now(), chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	req := &request{t: t, agent: agent, started: time.Now(), total: total, chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
 	if len(chunks) == 0 {
 		close(req.postDone)
 		return req, nil
@@ -261,6 +261,7 @@ type request struct {
 	chunks     []chunk
 	aborted    atomic.Bool
 	started    time.Time
+	total      uint64 // bytes to read
 	once       sync.Once
 
 	mu       sync.Mutex
@@ -349,6 +350,9 @@ func (r *request) Completed() bool {
 // Wait polls until every chunk was read, one failed, or the request was
 // aborted. It spins briefly, then sleeps with a growing interval.
 func (r *request) Wait() error {
+	// Until the copy should be about done, polls only yield; sleeping then
+	// would add a timer's wake-up to a transfer that is about to finish.
+	spinUntil := r.started.Add(min(time.Duration(r.total/copyBytesPerMicrosecond)*time.Microsecond, maxSpin))
 	for i := 0; ; i++ {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
@@ -359,6 +363,11 @@ func (r *request) Wait() error {
 		}
 		if done {
 			return nil
+		}
+		if time.Now().Before(spinUntil) {
+			i = 0
+			runtime.Gosched()
+			continue
 		}
 		pause(i)
 	}
@@ -422,4 +431,9 @@ const (
 	chunkSize = 16 << 20
 	// syncLimit: transfers up to this size are posted inside Fetch.
 	syncLimit = 256 << 10
+	// copyBytesPerMicrosecond is a fast single-threaded copy between
+	// processes (10 GB/s): Wait does not sleep before the transfer could
+	// be done at that speed, nor after maxSpin.
+	copyBytesPerMicrosecond = 10_000
+	maxSpin                 = 2 * time.Millisecond
 )

@@ -425,9 +425,9 @@ func (r *request) cleanup() {
 }
 
 const (
-	// chunkSize bounds one NIXL request. UCX's shared-memory transports
-	// copy inside the post call, so a request is only as abortable as it
-	// is small; between chunks the poster checks for an abort.
+	// chunkSize bounds one NIXL request; between chunks the poster checks
+	// for an abort. (UCX's cma transport copies during progress, in
+	// 512 KiB steps, not in the post call.)
 	chunkSize = 16 << 20
 	// syncLimit: transfers up to this size are posted inside Fetch.
 	syncLimit = 256 << 10

@@ -208,7 +208,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, agent: agent, started: time.Now(), chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	req := &request{t: t, agent: agent, started: time.Now(), total: total, chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
 	if len(chunks) == 0 {
 		close(req.postDone)
 		return req, nil
@@ -218,26 +218,12 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	req.rem = rem
-	// Register the targets for this transfer, one list per memory type.
-	for _, mem := range []uint8{memDRAM, memVRAM} {
-		these := ofMemory(local, mem)
-		if len(these) == 0 {
-			continue
-		}
-		d, err := dlist(these)
-		if err == nil {
-			var call *C.char
-			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
-				C.rdtnx_dlist_free(d)
-				err = callError(transport.ErrTransport, "registering the targets", call, st)
-			}
-		}
-		if err != nil {
-			close(req.postDone)
-			req.Release()
-			return nil, err
-		}
-		req.locals = append(req.locals, d)
+	// Register the targets: host memory through the cache, the rest for
+	// this transfer alone.
+	if req.targets, err = t.registerTargets(agent, local); err != nil {
+		close(req.postDone)
+		req.Release()
+		return nil, err
 	}
 	if total <= syncLimit {
 		req.post()
@@ -271,10 +257,11 @@ type request struct {
 	agent      unsafe.Pointer
 	rem        *remote
 	remoteName string
-	locals     []unsafe.Pointer // target registrations
+	targets    *lease // target registrations
 	chunks     []chunk
 	aborted    atomic.Bool
 	started    time.Time
+	total      uint64 // bytes to read
 	once       sync.Once
 
 	mu       sync.Mutex
@@ -363,6 +350,9 @@ func (r *request) Completed() bool {
 // Wait polls until every chunk was read, one failed, or the request was
 // aborted. It spins briefly, then sleeps with a growing interval.
 func (r *request) Wait() error {
+	// Until the copy should be about done, polls only yield; sleeping then
+	// would add a timer's wake-up to a transfer that is about to finish.
+	spinUntil := r.started.Add(min(time.Duration(r.total/copyBytesPerMicrosecond)*time.Microsecond, maxSpin))
 	for i := 0; ; i++ {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
@@ -373,6 +363,11 @@ func (r *request) Wait() error {
 		}
 		if done {
 			return nil
+		}
+		if time.Now().Before(spinUntil) {
+			i = 0
+			runtime.Gosched()
+			continue
 		}
 		pause(i)
 	}
@@ -418,13 +413,8 @@ func (r *request) cleanup() {
 		}
 	}
 	r.xfers = nil
-	for _, d := range r.locals {
-		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
-			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the targets", call, st))
-		}
-		C.rdtnx_dlist_free(d)
-	}
-	r.locals = nil
+	r.t.releaseLease(r.agent, r.targets)
+	r.targets = nil
 	if r.rem != nil {
 		if r.failed {
 			r.rem.stale.Store(true) // NIXL may have dropped the agent
@@ -435,10 +425,15 @@ func (r *request) cleanup() {
 }
 
 const (
-	// chunkSize bounds one NIXL request. UCX's shared-memory transports
-	// copy inside the post call, so a request is only as abortable as it
-	// is small; between chunks the poster checks for an abort.
+	// chunkSize bounds one NIXL request; between chunks the poster checks
+	// for an abort. (UCX's cma transport copies during progress, in
+	// 512 KiB steps, not in the post call.)
 	chunkSize = 16 << 20
 	// syncLimit: transfers up to this size are posted inside Fetch.
 	syncLimit = 256 << 10
+	// copyBytesPerMicrosecond is a fast single-threaded copy between
+	// processes (10 GB/s): Wait does not sleep before the transfer could
+	// be done at that speed, nor after maxSpin.
+	copyBytesPerMicrosecond = 10_000
+	maxSpin                 = 2 * time.Millisecond
 )

@@ -243,3 +243,20 @@ func TestDescribe(t *testing.T) {
 	assert.False(t, d.SameHostOnly || d.Eager() || d.GroupBackend)
 	assert.Equal(t, transport.AutoRank{CUDA: 20}, d.Auto)
 }
+
+// An agent with nothing to do leaves the CPU alone: its progress thread
+// waits on the workers' events instead of polling them in a loop (which
+// took a whole core per process, the core a small machine's copies need).
+func TestIdleAgentSleeps(t *testing.T) {
+	tr := newTransport(t)
+	_, err := tr.ensureAgent()
+	require.NoError(t, err)
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		require.NoError(t, unix.Getrusage(unix.RUSAGE_SELF, &ru))
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before := cpu()
+	time.Sleep(time.Second)
+	assert.Less(t, cpu()-before, 300*time.Millisecond, "CPU time of the process over one idle second")
+}

@@ -140,6 +140,11 @@ int rdtnx_agent_new(const char *name, void **agent, void **backend, const char *
 	cfg.enable_listen_thread = false;
 	cfg.thread_sync = RDTNX_THREAD_SYNC_STRICT;
 	cfg.lthr_delay_us = 100000;
+	// The progress thread waits on the workers' event descriptors, waking at
+	// least this often; at 0 it never waits and takes a whole core from the
+	// moment the agent exists, which on a small machine is the core the
+	// copies need.
+	cfg.pthr_delay_us = 1000;
 	CHECK(api.create_configured_agent(name, &cfg, &a), "create_configured_agent");
 	CHECK(api.get_plugin_params(a, "UCX", &mems, &params), "get_plugin_params");
 	CHECK(api.create_backend(a, "UCX", params, &b), "create_backend");
@@ -268,3 +273,115 @@ int rdtnx_release(void *agent, void *req, const char **call) {
 out:
 	return st;
 }
+
+// ---- registration cache invalidation ----
+
+#include <link.h>
+#include <sys/mman.h>
+
+#define UCM_EVENT_VM_UNMAPPED (1 << 17)
+
+static struct {
+	uintptr_t start, end;
+	int live;
+} slots[RDTNX_CACHE_SLOTS];
+// Bounds of every region ever set since the table was last empty: events
+// outside them (most of a process's frees) return at once.
+static uintptr_t slots_lo = UINTPTR_MAX, slots_hi;
+static int slots_used;
+static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
+
+// on_unmapped runs inside the hooked call, before the memory goes: no
+// allocation, no locks (it may run inside malloc).
+static void on_unmapped(int type, void *event, void *arg) {
+	(void)type;
+	(void)arg;
+	// ucm_event_t's vm_unmapped member: { void *address; size_t size; }.
+	uintptr_t a = (uintptr_t)((void **)event)[0];
+	size_t n = ((size_t *)event)[1];
+	uintptr_t end = a + n;
+	if (a >= __atomic_load_n(&slots_hi, __ATOMIC_ACQUIRE) || end <= __atomic_load_n(&slots_lo, __ATOMIC_ACQUIRE))
+		return;
+	for (int i = 0; i < RDTNX_CACHE_SLOTS; i++) {
+		if (!__atomic_load_n(&slots[i].live, __ATOMIC_ACQUIRE)) continue;
+		if (a < slots[i].end && end > slots[i].start) __atomic_store_n(&slots[i].live, 0, __ATOMIC_RELEASE);
+	}
+}
+
+static int find_ucm(struct dl_phdr_info *info, size_t size, void *data) {
+	(void)size;
+	const char *name = info->dlpi_name;
+	const char *base = name ? strrchr(name, '/') : NULL;
+	base = base ? base + 1 : name;
+	if (base && strncmp(base, "libucm", 6) == 0 && (base[6] == '.' || base[6] == '-')) {
+		*(const char **)data = name;
+		return 1;
+	}
+	return 0;
+}
+
+int rdtnx_hooks_init(const char **what) {
+	const char *path = NULL;
+	dl_iterate_phdr(find_ucm, &path);
+	if (!path) {
+		*what = "UCX's memory hook library (libucm) is not loaded";
+		return 1;
+	}
+	void *l = dlopen(path, RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+	if (!l) {
+		*what = "cannot open the loaded libucm";
+		return 1;
+	}
+	int (*set)(int, int, void (*)(int, void *, void *), void *);
+	void (*unset)(int, void (*)(int, void *, void *), void *);
+	int (*test)(int);
+	void *f = dlsym(l, "ucm_set_event_handler"), *g = dlsym(l, "ucm_unset_event_handler"), *t = dlsym(l, "ucm_test_events");
+	if (!f || !g || !t) {
+		*what = "libucm lacks ucm_set_event_handler, ucm_unset_event_handler or ucm_test_events";
+		return 1; // l stays open: it was loaded before and stays loaded
+	}
+	memcpy(&set, &f, sizeof f);
+	memcpy(&unset, &g, sizeof g);
+	memcpy(&test, &t, sizeof t);
+	if (set(UCM_EVENT_VM_UNMAPPED, 1000, on_unmapped, NULL) != 0) {
+		*what = "UCX's memory events are disabled (UCX_MEM_EVENTS=no?)";
+		return 1;
+	}
+	if (test(UCM_EVENT_VM_UNMAPPED) != 0) {
+		unset(UCM_EVENT_VM_UNMAPPED, on_unmapped, NULL);
+		*what = "UCX's memory hooks did not fire when tested";
+		return 1;
+	}
+	return 0;
+}
+
+void rdtnx_slot_set(int slot, uint64_t start, uint64_t len) {
+	pthread_mutex_lock(&slots_mu);
+	if (slots_used++ == 0) {
+		__atomic_store_n(&slots_lo, UINTPTR_MAX, __ATOMIC_RELEASE);
+		__atomic_store_n(&slots_hi, 0, __ATOMIC_RELEASE);
+	}
+	slots[slot].start = (uintptr_t)start;
+	slots[slot].end = (uintptr_t)(start + len);
+	if (slots[slot].start < slots_lo) __atomic_store_n(&slots_lo, slots[slot].start, __ATOMIC_RELEASE);
+	if (slots[slot].end > slots_hi) __atomic_store_n(&slots_hi, slots[slot].end, __ATOMIC_RELEASE);
+	__atomic_store_n(&slots[slot].live, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&slots_mu);
+}
+
+void rdtnx_slot_clear(int slot) {
+	pthread_mutex_lock(&slots_mu);
+	__atomic_store_n(&slots[slot].live, 0, __ATOMIC_RELEASE);
+	slots_used--;
+	pthread_mutex_unlock(&slots_mu);
+}
+
+int rdtnx_slot_live(int slot) { return __atomic_load_n(&slots[slot].live, __ATOMIC_ACQUIRE); }
+
+void *rdtnx_libc_map(size_t len, uint64_t at) {
+	int flags = MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0);
+	void *p = mmap((void *)(uintptr_t)at, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+int rdtnx_libc_unmap(void *p, size_t len) { return munmap(p, len); }

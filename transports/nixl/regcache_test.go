@@ -127,3 +127,53 @@ func TestCloseReleasesTheRegistrationCache(t *testing.T) {
 	assert.Zero(t, bytes)
 	assert.Equal(t, before, freeSlotCount())
 }
+
+// Targets that overlap cached ones: NIXL finds a local descriptor's
+// registration by its address, so a cached region overlapping a new target
+// would hide the target's own. Idle overlapping entries are dropped before
+// a target is registered: slices of a buffer, then the whole buffer, then
+// a slice again, all arrive.
+func TestRegistrationCacheDropsOverlappingEntries(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	requireCache(t, dst)
+	const n, parts = 4 << 20, 4
+	sb, st := buffer(t, n)
+	fill(sb, 3)
+	whole, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{st})
+	require.NoError(t, err)
+	part := func(i int) transport.Tensor {
+		x := st
+		x.TensorDesc, _ = transport.NewTensorDesc(st.Device, st.DType, []int64{n / parts})
+		x.Data, x.Orig = st.Data+uintptr(i*n/parts), st.Data+uintptr(i*n/parts)
+		return x
+	}
+	srcParts := []transport.Tensor{part(0), part(1), part(2), part(3)}
+	sliced, err := src.ExtractMetadata(transport.ObjectID{2}, srcParts)
+	require.NoError(t, err)
+
+	db, dt, free := libcTensor(t, n, 0)
+	defer free()
+	slices := func() []transport.Tensor {
+		out := make([]transport.Tensor, parts)
+		for i := range out {
+			out[i] = dt
+			out[i].TensorDesc = srcParts[i].TensorDesc
+			out[i].Data, out[i].Orig = dt.Data+uintptr(i*n/parts), dt.Data+uintptr(i*n/parts)
+		}
+		return out
+	}
+	require.NoError(t, fetch(dst, sliced, slices()))
+	require.Equal(t, sb, db)
+	clear(db)
+	require.NoError(t, fetch(dst, whole, []transport.Tensor{dt}))
+	require.Equal(t, sb, db)
+	entries, _, _, live := dst.cacheState(hostKey(dt))
+	assert.Equal(t, 1, entries, "the slices' entries were dropped for the whole buffer")
+	assert.True(t, live)
+	clear(db)
+	require.NoError(t, fetch(dst, sliced, slices()))
+	require.Equal(t, sb, db)
+	entries, _, _, live = dst.cacheState(hostKey(slices()[0]))
+	assert.Equal(t, parts, entries, "the whole buffer's entry was dropped for the slices")
+	assert.True(t, live)
+}

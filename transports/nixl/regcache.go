@@ -200,12 +200,6 @@ func (t *Transport) cacheGet(agent unsafe.Pointer, k regKey) (*cached, error) {
 		}
 		t.dropLocked(agent, e)
 	}
-	// NIXL finds a local descriptor's registration by its address: a
-	// cached region overlapping k could stand for k's and not cover it.
-	// Cached regions are kept disjoint; one in use leaves k uncached.
-	if !t.dropOverlapsLocked(agent, k) {
-		return nil, nil
-	}
 	if k.size > c.maxBytes {
 		return nil, nil
 	}
@@ -234,22 +228,6 @@ func (t *Transport) cacheGet(agent unsafe.Pointer, k regKey) (*cached, error) {
 	c.bytes += k.size
 	c.registered++
 	return e, nil
-}
-
-// dropOverlapsLocked drops the idle entries that overlap k; false when an
-// overlapping one is in use (it stays).
-func (t *Transport) dropOverlapsLocked(agent unsafe.Pointer, k regKey) bool {
-	free := true
-	for key, e := range t.cache.entries {
-		if key.addr < k.addr+k.size && k.addr < key.addr+key.size {
-			if e.refs > 0 {
-				free = false
-				continue
-			}
-			t.dropLocked(agent, e)
-		}
-	}
-	return free
 }
 
 // evictLocked1 drops the least recently used idle entry.

@@ -218,12 +218,26 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	req.rem = rem
-	// Register the targets: host memory through the cache, the rest for
-	// this transfer alone.
-	if req.targets, err = t.registerTargets(agent, local); err != nil {
-		close(req.postDone)
-		req.Release()
-		return nil, err
+	// Register the targets for this transfer, one list per memory type.
+	for _, mem := range []uint8{memDRAM, memVRAM} {
+		these := ofMemory(local, mem)
+		if len(these) == 0 {
+			continue
+		}
+		d, err := dlist(these)
+		if err == nil {
+			var call *C.char
+			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
+				C.rdtnx_dlist_free(d)
+				err = callError(transport.ErrTransport, "registering the targets", call, st)
+			}
+		}
+		if err != nil {
+			close(req.postDone)
+			req.Release()
+			return nil, err
+		}
+		req.locals = append(req.locals, d)
 	}
 	if total <= syncLimit {
 		req.post()
@@ -257,7 +271,7 @@ type request struct {
 	agent      unsafe.Pointer
 	rem        *remote
 	remoteName string
-	targets    *lease // target registrations
+	locals     []unsafe.Pointer // target registrations
 	chunks     []chunk
 	aborted    atomic.Bool
 	started    time.Time
@@ -413,8 +427,13 @@ func (r *request) cleanup() {
 		}
 	}
 	r.xfers = nil
-	r.t.releaseLease(r.agent, r.targets)
-	r.targets = nil
+	for _, d := range r.locals {
+		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
+			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the targets", call, st))
+		}
+		C.rdtnx_dlist_free(d)
+	}
+	r.locals = nil
 	if r.rem != nil {
 		if r.failed {
 			r.rem.stale.Store(true) // NIXL may have dropped the agent

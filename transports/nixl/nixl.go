@@ -72,8 +72,6 @@ type Transport struct {
 	remMu   sync.Mutex
 	remotes map[string]*remote
 	useTick uint64
-
-	cache regCache // receive registrations kept between fetches
 }
 
 type regKey struct {
@@ -126,7 +124,6 @@ func New(h transport.Host) (transport.Transport, error) {
 		regs:    map[regKey]*registration{},
 		objs:    map[transport.ObjectID][]regKey{},
 		remotes: map[string]*remote{},
-		cache:   regCache{maxRegions: maxCachedRegions, maxBytes: maxCachedBytes},
 	}, nil
 }
 
@@ -262,7 +259,6 @@ func (t *Transport) Close() error {
 	if t.agent == nil {
 		return nil
 	}
-	t.dropCache(t.agent)
 	t.mu.Lock()
 	for k, r := range t.regs {
 		var call *C.char

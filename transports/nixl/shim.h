@@ -81,25 +81,4 @@ int rdtnx_status(void *agent, void *req);
 // left RDTNX_IN_PROG.
 int rdtnx_release(void *agent, void *req, const char **call);
 
-// Receive-registration cache invalidation through UCX's memory hooks (UCM,
-// the library UCX itself uses to keep its registration cache correct). A
-// slot holds one cached region; a hooked munmap, mremap, shmdt, brk/sbrk
-// or madvise(DONTNEED) that touches it clears the slot before the memory
-// goes.
-#define RDTNX_CACHE_SLOTS 4096
-// rdtnx_hooks_init finds UCX's UCM library among the loaded objects (the
-// UCX backend loads it), installs the handler and checks that the hooks
-// fire. It returns 0, or nonzero with *what a static reason.
-int rdtnx_hooks_init(const char **what);
-void rdtnx_slot_set(int slot, uint64_t start, uint64_t len);
-void rdtnx_slot_clear(int slot);
-// rdtnx_slot_live reports whether the slot's region is still mapped as it
-// was when it was set.
-int rdtnx_slot_live(int slot);
-
-// libc's mmap and munmap: what applications call and what UCM hooks (the
-// tests free through them).
-void *rdtnx_libc_map(size_t len, uint64_t at);
-int rdtnx_libc_unmap(void *p, size_t len);
-
 #endif

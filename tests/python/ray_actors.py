@@ -165,6 +165,10 @@ class Worker:
     def stats(self):
         return rdt.ray.runtime().stats()
 
+    def receives(self):
+        from ray.experimental.rdt import util
+        return util.get_tensor_transport_manager("RDT").receives()
+
     def address(self):
         return rdt.ray.runtime().address
 
@@ -239,3 +243,7 @@ class AsyncWorker:
 
     def stats(self):
         return rdt.ray.runtime().stats()
+
+    def receives(self):
+        from ray.experimental.rdt import util
+        return util.get_tensor_transport_manager("RDT").receives()

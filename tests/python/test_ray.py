@@ -71,8 +71,14 @@ def fresh(cls=Worker, transport=None, deadline=FETCH_FAIL_TIMEOUT_S):
 
 def get_explained(refs, receivers):
     """ray.get(refs), and when it fails, what rdt did in each receiver: a
-    fetch that started and never ended, or no fetch at all (Ray never
-    asked), tells an rdt hang from a Ray stall."""
+    receive that started and never ended, or none at all (Ray never
+    asked), tells an rdt hang from a Ray stall.
+
+    Ray 2.60 sometimes leaves an RDT argument's receive unasked until its
+    fetch deadline (docs/ray.md, "Known problems"). When every receiver's
+    rdt shows it answered each receive Ray started, promptly and without
+    a failure, and none runs, the stall is Ray's: get_explained returns
+    None, and the caller asks for the receives once more."""
     try:
         return ray.get(refs)
     except Exception as e:
@@ -80,10 +86,19 @@ def get_explained(refs, receivers):
         for w in receivers:
             try:
                 st = ray.get(w.stats.remote(), timeout=30)
-                seen.append({k: st[k] for k in ("fetches_active", "transfers_completed", "transfers_failed")})
+                rc = ray.get(w.receives.remote(), timeout=30)
+                seen.append({**{k: st[k] for k in ("fetches_active", "transfers_completed", "transfers_failed")},
+                             **rc})
             except Exception as why:  # noqa: BLE001 - a report, the failure is raised below
                 seen.append(repr(why))
-        raise AssertionError(f"{e}\nrdt in each receiver: {seen}") from e
+        rays_stall = "not found in RDT object store" in str(e) and all(
+            isinstance(r, dict) and r["running"] == 0 and r["started"] == r["ended"]
+            and r["fetches_active"] == 0 and r["transfers_failed"] == 0 and r["slowest_s"] < 10
+            for r in seen)
+        if not rays_stall:
+            raise AssertionError(f"{e}\nrdt in each receiver: {seen}") from e
+        warnings.warn(f"Ray left a receive unasked until its deadline; rdt in each receiver: {seen}")
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +186,13 @@ def test_one_ref_many_ways(sources, receiver):
     a, b, _ = ray.get(receiver.consume_two.remote(ref, ref))
     assert a == want and b == want
     assert ray.get([receiver.consume.remote(ref), receiver.consume.remote(ref)]) == [want, want]
-    assert get_explained([w.consume.remote(ref) for w in [receiver] + others], [receiver] + others) == [want] * 3
+    receivers = [receiver] + others
+    got = get_explained([w.consume.remote(ref) for w in receivers], receivers)
+    if got is None:  # Ray's stall, explained: once more
+        got = ray.get([w.consume.remote(ref) for w in receivers])
+    assert got == [want] * 3
+    rc = ray.get(receiver.receives.remote())
+    assert rc["running"] == 0 and rc["started"] == rc["ended"] >= 1 and rc["awaiting_source"] == 0, rc
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Back to its own actor: the very tensor, no copy; Ray warns once

@@ -470,6 +470,7 @@ class RdtFetchRequest(FetchRequest):
         self.pending: Optional[Tuple[bytes, List[Any]]] = None  # (ref bytes, buffers) until then
         self.aborted = False
         self.owner: Optional["RdtTensorTransport"] = None
+        self.started = time.monotonic()
 
     def close(self) -> None:
         f, self.fetch = self.fetch, None
@@ -501,6 +502,11 @@ class RdtTensorTransport(TensorTransportManager):
         self._lock = threading.RLock()
         self._held: Dict[str, _Held] = {}  # Ray object id -> what this process put
         self._fetching: Dict[str, List[RdtFetchRequest]] = {}  # Ray object id -> fetches in flight here
+        # For receives(): fetches from other processes started and ended,
+        # and the longest one, start to end.
+        self._receives_started = 0
+        self._receives_ended = 0
+        self._slowest_receive_s = 0.0
 
     def tensor_transport_backend(self) -> str:
         return "RDT"
@@ -601,6 +607,7 @@ class RdtTensorTransport(TensorTransportManager):
         req.owner = self
         with self._lock:
             self._fetching.setdefault(obj_id, []).append(req)
+            self._receives_started += 1
         req.pending = (meta.ref, outs)
         try:
             self._start(req, _START_WAIT)
@@ -675,15 +682,36 @@ class RdtTensorTransport(TensorTransportManager):
                 f.abort()
 
     def _forget(self, req: RdtFetchRequest) -> None:
+        took = time.monotonic() - req.started
         with self._lock:
             reqs = self._fetching.get(req.obj_id)
             if reqs is not None:
                 try:
                     reqs.remove(req)
                 except ValueError:
-                    pass
+                    return  # forgotten already
+                self._receives_ended += 1
+                self._slowest_receive_s = max(self._slowest_receive_s, took)
                 if not reqs:
                     del self._fetching[req.obj_id]
+
+    def receives(self) -> Dict[str, Any]:
+        """What this process's receives from other processes did, to tell a
+        slow or stuck receive from one Ray never asked for: how many Ray
+        started and how many ended, how many run now and how many of those
+        still wait for the source's runtime to answer, the oldest running
+        one's age and the longest one's duration (seconds)."""
+        now = time.monotonic()
+        with self._lock:
+            running = [r for reqs in self._fetching.values() for r in reqs]
+            return {
+                "started": self._receives_started,
+                "ended": self._receives_ended,
+                "running": len(running),
+                "awaiting_source": sum(1 for r in running if r.pending is not None),
+                "oldest_running_s": max((now - r.started for r in running), default=0.0),
+                "slowest_s": self._slowest_receive_s,
+            }
 
 
 def _describe(tensors: List[Any]) -> Tuple[str, Optional[str]]:

@@ -684,12 +684,10 @@ func (tr *transfer) run() error {
 	if tr.sendCancel != nil {
 		tr.sendCancel()
 	}
-	select {
-	case <-tr.peer.Done():
+	if isClosed(tr.peer.Done()) {
 		if st := transport.StatusOf(cause); st != transport.ErrAborted && st != transport.ErrPeerUnavailable {
 			cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
 		}
-	default:
 	}
 	return cause
 }
@@ -802,10 +800,8 @@ func (tr *transfer) ownerRefusal(err error) error {
 	if !tr.awaitsOwner(err) {
 		return nil
 	}
-	select {
-	case <-tr.peer.Done():
+	if isClosed(tr.peer.Done()) {
 		return nil // the owner is gone indeed
-	default:
 	}
 	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
 	defer cancel()

@@ -378,6 +378,10 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		buf = (*bp)[:replyLen+maxMessage+int(limit)]
 	}
 	var oob [32]byte // room for one descriptor (unix.CmsgSpace(4) is 24)
+	if quick {
+		// On this thread, not parked on the poller: see WaitReadable.
+		transport.WaitReadable(c, syncWait)
+	}
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob[:])
 	if quick && n <= 0 && oobn == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
 		return -1, 0, nil, true, &pendingAnswer{c: c, limit: limit}

@@ -39,6 +39,10 @@ const (
 	// syncWait: how long Fetch waits for a small object's answer before
 	// it leaves the wait to a goroutine.
 	syncWait = 2 * time.Millisecond
+	// hotWait: how long a thread of the segment server waits for the next
+	// request on a connection it just answered, before it leaves the wait
+	// to the runtime's poller (and frees the thread).
+	hotWait = 5 * time.Millisecond
 )
 
 // Factory makes the transport for a new runtime.
@@ -109,7 +113,7 @@ func (t *Transport) Close() error {
 		delete(t.segs, id)
 	}
 	for c := range t.conns {
-		c.Close() // a served connection waiting for its next request
+		transport.CloseWaking(c) // a served connection waiting for its next request
 	}
 	t.mu.Unlock()
 	if ln != nil {

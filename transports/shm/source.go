@@ -221,7 +221,14 @@ func (t *Transport) serve(c *net.UnixConn) {
 	}
 	req := make([]byte, requestLen)
 	var reply []byte // made at the first inline answer
+	hot := false     // a request was answered: the next one may follow at once
 	for {
+		if hot {
+			// A thread waits for a prompt next request, which then
+			// needs no hand-off from the poller (see WaitReadable).
+			transport.WaitReadable(c, hotWait)
+		}
+		hot = true
 		c.SetDeadline(time.Now().Add(idleTimeout))
 		// One read takes a whole request, usually; the magic says how
 		// long it is (a version-1 request is shorter).

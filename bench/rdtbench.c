@@ -862,6 +862,47 @@ static double baseline_tcp(struct source *s, uint64_t size) {
   return (double)size / m / 1e9;
 }
 
+/* The round trip a small pull cannot beat: a 24-byte request and a 4 KiB
+ * answer between two processes that wait in blocking reads, over a Unix
+ * socket pair and over the raw loopback TCP connection. Medians, as for
+ * the transports' small-message latency. */
+static void baseline_round_trips(struct source *s, double *unix_us, double *tcp_us) {
+  enum { request = 24, answer = 4096 + 24, rounds = 3000 };
+  static char buf[answer];
+  double *t = calloc(rounds, sizeof *t);
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) die("socketpair: %s", strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) die("fork: %s", strerror(errno));
+  if (pid == 0) {
+    close(sv[0]);
+    char r[request];
+    while (recv(sv[1], r, request, MSG_WAITALL) == request)
+      if (send(sv[1], buf, answer, 0) != answer) break;
+    _exit(0);
+  }
+  close(sv[1]);
+  for (int i = 0; i < rounds; i++) {
+    double t0 = now();
+    if (send(sv[0], buf, request, 0) != request) die("send: %s", strerror(errno));
+    if (recv(sv[0], buf, answer, MSG_WAITALL) != answer) die("recv: %s", strerror(errno));
+    t[i] = now() - t0;
+  }
+  close(sv[0]);
+  waitpid(pid, NULL, 0);
+  *unix_us = percentile(t, rounds, 0.5) * 1e6;
+  baseline_tcp(s, 4 * KiB); /* connects */
+  for (int i = 0; i < rounds; i++) {
+    double t0 = now();
+    uint64_t want = 4 * KiB;
+    if (send(raw_tcp_fd, &want, sizeof want, 0) != sizeof want) die("send: %s", strerror(errno));
+    if (recv(raw_tcp_fd, buf, 4 * KiB, MSG_WAITALL) != 4 * KiB) die("recv: %s", strerror(errno));
+    t[i] = now() - t0;
+  }
+  *tcp_us = percentile(t, rounds, 0.5) * 1e6;
+  free(t);
+}
+
 static double baseline_pickle(void) {
   const char *py = getenv("PYTHON");
   char cmd[512];
@@ -1021,12 +1062,18 @@ static int bench_main(const char *path) {
     tcp[i] = baseline_tcp(&s, sizes[i]);
   }
   double pickle = baseline_pickle();
+  double unix_rtt, tcp_rtt;
+  baseline_round_trips(&s, &unix_rtt, &tcp_rtt);
   out("## Baselines, measured in this run (GB/s)\n\n");
   out("| size | memcpy (1 core) | raw process_vm_readv | raw loopback TCP |\n|---|---|---|---|\n");
   for (int i = 0; i < 4; i++)
     out("| %s | %.2f | %.2f | %.2f |\n", human(sizes[i]), mc[i], vm[i], tcp[i]);
   out("\nPickle of 64 MiB over a `multiprocessing` pipe (spawn): %.2f GB/s%s\n\n", pickle,
       pickle > 0 ? "" : " (python3 not available)");
+  out("Round trip of a 24-byte request and a 4 KiB answer between two processes waiting in "
+      "blocking reads (p50): %.1f µs over a Unix socket pair, %.1f µs over loopback TCP. A small "
+      "pull that does not busy-wait cannot beat these.\n\n",
+      unix_rtt, tcp_rtt);
 
   out("## Transports (GB/s; ratio to the baseline that bounds it)\n\n");
   out("| transport | 4 KiB p50 | 4 KiB p99 | 4 KiB | 1 MiB | 64 MiB | 1 GiB |\n"
@@ -1096,6 +1143,11 @@ static int bench_main(const char *path) {
   TARGET("shm >= 0.4x memcpy at 64 MiB", v, gb64[1] >= 0.4 * mc[2]);
   snprintf(v, sizeof v, "%.1f µs (cma)", p50[0]);
   TARGET("4 KiB fetch p50 <= 100 µs through the C ABI", v, p50[0] > 0 && p50[0] <= 100);
+  snprintf(v, sizeof v, "%.1f µs (%.2fx the Unix-socket round trip)", p50[1],
+           p50[1] / unix_rtt);
+  TARGET("shm 4 KiB p50 <= 15 µs", v, p50[1] > 0 && p50[1] <= 15);
+  snprintf(v, sizeof v, "%.1f µs (%.2fx the loopback TCP round trip)", p50[2], p50[2] / tcp_rtt);
+  TARGET("tcp 4 KiB p50 <= 25 µs", v, p50[2] > 0 && p50[2] <= 25);
   snprintf(v, sizeof v, "%.2f / %.2f / %.2f (cma/shm/tcp)", batch_ratio[0], batch_ratio[1],
            batch_ratio[2]);
   TARGET("16 refs together <= 1.3x one ref of the same bytes", v,

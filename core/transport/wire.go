@@ -238,18 +238,28 @@ func NewMetadataWriter(magic string, version uint8, capacity int) *WireWriter {
 // reader of what follows: CORRUPT when b is too short or another format,
 // UNSUPPORTED when it is another version of this one.
 func OpenMetadata(b []byte, magic string, version uint8) (*WireReader, error) {
+	r, _, err := OpenMetadataVersions(b, magic, version, version)
+	return r, err
+}
+
+// OpenMetadataVersions is OpenMetadata for a format that still reads
+// versions oldest to newest; it also returns the version found.
+func OpenMetadataVersions(b []byte, magic string, oldest, newest uint8) (*WireReader, uint8, error) {
 	r := NewWireReader("transport metadata", b)
 	got, v := r.Take(len(magic)), r.U8()
 	if r.Err() != nil {
-		return nil, CorruptMetadata("too short")
+		return nil, 0, CorruptMetadata("too short")
 	}
 	if string(got) != magic {
-		return nil, CorruptMetadata("bad magic")
+		return nil, 0, CorruptMetadata("bad magic")
 	}
-	if v != version {
-		return nil, Errorf(ErrUnsupported, "metadata version %d, this build reads version %d", v, version)
+	if v < oldest || v > newest {
+		if oldest == newest {
+			return nil, 0, Errorf(ErrUnsupported, "metadata version %d, this build reads version %d", v, newest)
+		}
+		return nil, 0, Errorf(ErrUnsupported, "metadata version %d, this build reads versions %d to %d", v, oldest, newest)
 	}
-	return r, nil
+	return r, v, nil
 }
 
 // CorruptMetadata is the error for metadata that breaks its format's rules.

@@ -7,6 +7,7 @@ package nixl
 import "C"
 
 import (
+	"cmp"
 	"runtime"
 	"slices"
 	"sync"
@@ -143,6 +144,11 @@ type piece struct {
 	ldev, rdev      uint32
 }
 
+// continuedBy is whether q starts where p ends, on both sides.
+func (p piece) continuedBy(q piece) bool {
+	return p.laddr+p.n == q.laddr && p.raddr+p.n == q.raddr && p.ldev == q.ldev && p.rdev == q.rdev
+}
+
 // chunk is what one NIXL READ request moves: pieces of one pair of memory
 // types, chunkSize bytes at most (or one piece).
 type chunk struct {
@@ -157,6 +163,7 @@ func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, e
 	var total uint64
 	var cur *chunk
 	var curBytes uint64
+	spans := m.Version >= 2
 	for i, g := range m.Regions {
 		if g.Size != targets[i].Nbytes {
 			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
@@ -177,12 +184,50 @@ func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, e
 				chunks = append(chunks, chunk{local: mem, remote: g.Mem})
 				cur, curBytes = &chunks[len(chunks)-1], 0
 			}
-			cur.pieces = append(cur.pieces, piece{laddr: laddr + off, raddr: g.Addr + off, n: n, ldev: dev, rdev: g.Dev})
+			p := piece{laddr: laddr + off, raddr: g.Addr + off, n: n, ldev: dev, rdev: g.Dev}
+			if last := len(cur.pieces) - 1; spans && last >= 0 && cur.pieces[last].continuedBy(p) {
+				// Both sides lie in one registration (coalesce, here and
+				// at a version-2 source): one descriptor reads both.
+				cur.pieces[last].n += n
+			} else {
+				cur.pieces = append(cur.pieces, p)
+			}
 			curBytes += n
 			off += n
 		}
 	}
-	return chunks, local, total, nil
+	return chunks, coalesce(local), total, nil
+}
+
+// coalesce merges regions of one memory and device that touch or overlap,
+// so that an object of many tensors fetched into one buffer is registered
+// as one region rather than one per tensor (registering is most of the
+// cost of a fetch of many small tensors). The merged regions cover exactly
+// the bytes of the given ones, and never overlap each other.
+func coalesce(keys []regKey) []regKey {
+	if len(keys) < 2 {
+		return keys
+	}
+	sorted := slices.Clone(keys)
+	slices.SortFunc(sorted, func(a, b regKey) int {
+		if a.mem != b.mem {
+			return cmp.Compare(a.mem, b.mem)
+		}
+		if a.dev != b.dev {
+			return cmp.Compare(a.dev, b.dev)
+		}
+		return cmp.Compare(a.addr, b.addr)
+	})
+	out := sorted[:1]
+	for _, k := range sorted[1:] {
+		last := &out[len(out)-1]
+		if k.mem == last.mem && k.dev == last.dev && k.addr <= last.addr+last.size {
+			last.size = max(last.size, k.addr+k.size-last.addr)
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
 }
 
 // Fetch registers the targets and posts READs from the source agent:

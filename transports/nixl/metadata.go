@@ -3,13 +3,17 @@ package nixl
 import "github.com/rdt-project/rdt/core/transport"
 
 const (
-	metaMagic   = "RNXL"
-	metaVersion = 1
-	maxRegions  = 1 << 16
-	maxBlob     = 16 << 20 // one NIXL metadata blob
-	maxBlobs    = 2        // one per memory type (DRAM, VRAM)
-	maxName     = 64
-	regionLen   = 8 + 8 + 4 + 1
+	metaMagic = "RNXL"
+	// Version 2 adds a promise, no field: the source registered touching
+	// regions of one memory type and device as one, so one read may span
+	// them. Version 1 (no such promise) is still read.
+	metaVersion       = 2
+	metaOldestVersion = 1
+	maxRegions        = 1 << 16
+	maxBlob           = 16 << 20 // one NIXL metadata blob
+	maxBlobs          = 2        // one per memory type (DRAM, VRAM)
+	maxName           = 64
+	regionLen         = 8 + 8 + 4 + 1
 )
 
 // memory types, as nixl_capi_mem_type_t.
@@ -30,11 +34,12 @@ type region struct {
 // memory (one blob per memory type), the registration epoch (see
 // Transport.epoch), and where each tensor lives.
 //
-// Layout (little endian): "RNXL", version u8, epoch u64, name length u8,
+// Layout (little endian): "RNXL", version u8 (see metaVersion), epoch u64, name length u8,
 // name, connection length u32, connection blob, blob count u8, blob count ×
 // (length u32, blob), region count u32, count × (addr u64, size u64,
 // device u32, memory type u8).
 type metadata struct {
+	Version uint8 // as decoded; encode writes metaVersion
 	Epoch   uint64
 	Agent   string
 	Conn    []byte
@@ -79,11 +84,11 @@ func validName(s string) bool {
 }
 
 func decodeMetadata(b []byte) (*metadata, error) {
-	r, err := transport.OpenMetadata(b, metaMagic, metaVersion)
+	r, version, err := transport.OpenMetadataVersions(b, metaMagic, metaOldestVersion, metaVersion)
 	if err != nil {
 		return nil, err
 	}
-	m := &metadata{Epoch: r.U64()}
+	m := &metadata{Version: version, Epoch: r.U64()}
 	m.Agent = string(r.Take(int(r.U8())))
 	if r.Err() != nil {
 		return nil, transport.CorruptMetadata("truncated header")

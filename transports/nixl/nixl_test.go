@@ -260,3 +260,106 @@ func TestIdleAgentSleeps(t *testing.T) {
 	time.Sleep(time.Second)
 	assert.Less(t, cpu()-before, 300*time.Millisecond, "CPU time of the process over one idle second")
 }
+
+// Regions that touch or overlap become one; others stay apart, by memory
+// and device, and the bytes covered are the same.
+func TestCoalesceMergesTouchingRegions(t *testing.T) {
+	got := coalesce([]regKey{
+		{mem: memDRAM, addr: 300, size: 100},
+		{mem: memDRAM, addr: 100, size: 100},
+		{mem: memDRAM, addr: 200, size: 100}, // touches both neighbours
+		{mem: memDRAM, addr: 350, size: 10},  // inside
+		{mem: memDRAM, addr: 500, size: 10},  // a gap before it
+		{mem: memVRAM, addr: 510, size: 10},  // another memory
+		{mem: memVRAM, addr: 520, size: 10, dev: 1},
+	})
+	assert.Equal(t, []regKey{
+		{mem: memDRAM, addr: 100, size: 300},
+		{mem: memDRAM, addr: 500, size: 10},
+		{mem: memVRAM, addr: 510, size: 10},
+		{mem: memVRAM, addr: 520, size: 10, dev: 1},
+	}, got)
+}
+
+// An object of many tensors fetched into one buffer, back to back, and
+// into scattered buffers: the bytes arrive either way.
+func TestManyTensorsIntoOneBufferAndScattered(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	const count, size = 256, 4096
+	sb, _ := buffer(t, count*size)
+	fill(sb, 3)
+	whole, _ := buffer(t, count*size)
+	var srcs, one, scattered []transport.Tensor
+	var pieces [][]byte
+	for i := 0; i < count; i++ {
+		srcs = append(srcs, sub(t, sb, i*size, size))
+		one = append(one, sub(t, whole, i*size, size))
+		b, bt := buffer(t, size)
+		pieces, scattered = append(pieces, b), append(scattered, bt)
+	}
+	meta, err := src.ExtractMetadata(transport.ObjectID{7}, srcs)
+	require.NoError(t, err)
+	require.NoError(t, fetch(dst, meta, one))
+	assert.Equal(t, sb, whole)
+	require.NoError(t, fetch(dst, meta, scattered))
+	for i, b := range pieces {
+		require.Equal(t, sb[i*size:(i+1)*size], b, "tensor %d", i)
+	}
+	src.GarbageCollect(transport.ObjectID{7}, srcs, meta)
+}
+
+// sub is the tensor of n bytes of b from off.
+func sub(t testing.TB, b []byte, off, n int) transport.Tensor {
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
+	require.NoError(t, err)
+	addr := uintptr(unsafe.Pointer(&b[off]))
+	return transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
+}
+
+// An object of touching tensors is registered as one region, and another
+// object that puts one of them alone registers that part again: both
+// fetch, and the part stays readable after the first object is freed.
+func TestOverlappingObjectsOfTouchingTensors(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	sb, _ := buffer(t, 2*4096)
+	fill(sb, 11)
+	a, b := sub(t, sb, 0, 4096), sub(t, sb, 4096, 4096)
+	both, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{a, b})
+	require.NoError(t, err)
+	one, err := src.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{a})
+	require.NoError(t, err)
+	assert.Len(t, src.regs, 2, "the pair as one region, and the single tensor")
+	db, _ := buffer(t, 2*4096)
+	require.NoError(t, fetch(dst, both, []transport.Tensor{sub(t, db, 0, 4096), sub(t, db, 4096, 4096)}))
+	assert.Equal(t, sb, db)
+	src.GarbageCollect(transport.ObjectID{1}, []transport.Tensor{a, b}, both)
+	clear(db)
+	require.NoError(t, fetch(dst, one, []transport.Tensor{sub(t, db, 0, 4096)}))
+	assert.Equal(t, sb[:4096], db[:4096])
+	src.GarbageCollect(transport.ObjectID{2}, []transport.Tensor{a}, one)
+	assert.Empty(t, src.regs)
+}
+
+// Touching tensors of a version-2 source, fetched into touching targets,
+// are read with one descriptor; a version-1 source's with one each.
+func TestPlanSpansTouchingTensorsOnlyWhenTheSourcePromises(t *testing.T) {
+	sb := make([]byte, 3*4096)
+	db := make([]byte, 3*4096)
+	var targets []transport.Tensor
+	m := &metadata{Version: metaVersion}
+	for i := 0; i < 3; i++ {
+		targets = append(targets, sub(t, db, i*4096, 4096))
+		m.Regions = append(m.Regions, region{Addr: uint64(uintptr(unsafe.Pointer(&sb[i*4096]))), Size: 4096, Mem: memDRAM})
+	}
+	chunks, local, total, err := plan(m, targets)
+	require.NoError(t, err)
+	require.Len(t, chunks, 1)
+	assert.Len(t, chunks[0].pieces, 1)
+	assert.Equal(t, uint64(3*4096), chunks[0].pieces[0].n)
+	assert.Len(t, local, 1)
+	assert.Equal(t, uint64(3*4096), total)
+	m.Version = 1
+	chunks, _, _, err = plan(m, targets)
+	require.NoError(t, err)
+	assert.Len(t, chunks[0].pieces, 3)
+}

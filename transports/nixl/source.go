@@ -32,6 +32,10 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 			keys = append(keys, regKey{mem: mem, addr: uint64(x.Data), size: x.Nbytes, dev: dev})
 		}
 	}
+	// Touching tensors are registered as one region (metadata version 2
+	// promises it), so that a receiver reads a run of them with one
+	// descriptor.
+	keys = coalesce(keys)
 	if err := t.register(agent, obj, keys); err != nil {
 		return nil, err
 	}

@@ -99,6 +99,13 @@ var Variables = []Variable{
 			}
 			return nil
 		}},
+	{Name: "RDT_SHM_ARENA_MIB", Type: "integer", Default: strconv.Itoa(transport.DefaultSHMArenaMiB), Where: "runtime",
+		Meaning: "MiB of the long-lived segment shm stages objects of up to 4 MiB in, which a receiver maps once and reads without asking the owner (0: every object gets a segment of its own); memory is taken as objects are staged",
+		Bounds:  "0 to " + strconv.Itoa(transport.MaxSHMArenaMiB),
+		apply: func(v string, env *Environment) (err error) {
+			env.Settings.SHMArenaMiB, err = intIn(v, 0, transport.MaxSHMArenaMiB)
+			return err
+		}},
 	{Name: "RDT_CUDA_IPC_CACHE", Type: "integer", Default: strconv.Itoa(transport.DefaultCUDAIPCCache), Where: "runtime (the first runtime with cuda_ipc sizes the process's cache)",
 		Meaning: "opened CUDA IPC handles cuda_ipc keeps per process",
 		Bounds:  "0 to " + strconv.Itoa(transport.MaxCUDAIPCCache),

@@ -32,18 +32,19 @@ func TestReadEnvironmentDefaultsWhenNothingIsSet(t *testing.T) {
 	require.Equal(t, 2, env.Settings.CMAWorkers)
 	require.True(t, env.Settings.CMASetPtracer)
 	require.Equal(t, 64, env.Settings.CUDAIPCCache)
+	require.Equal(t, 64, env.Settings.SHMArenaMiB)
 }
 
 func TestReadEnvironmentTakesGoodValues(t *testing.T) {
 	env, err := ReadEnvironment(lookupIn(map[string]string{
 		"RDT_LOG": "debug", "RDT_LISTEN": "0.0.0.0:0", "RDT_AUTH_TOKEN": "tok",
 		"XDG_RUNTIME_DIR": "/run/user/7", "RDT_TCP_STREAMS": "16", "RDT_CMA_WORKERS": "4",
-		"RDT_CMA_SET_PTRACER": "0", "RDT_CUDA_IPC_CACHE": "0", "CUDA_VISIBLE_DEVICES": "",
+		"RDT_CMA_SET_PTRACER": "0", "RDT_SHM_ARENA_MIB": "0", "RDT_CUDA_IPC_CACHE": "0", "CUDA_VISIBLE_DEVICES": "",
 	}))
 	require.NoError(t, err)
 	require.Equal(t, Environment{LogLevel: transport.LogDebug, Listen: "0.0.0.0:0", AuthToken: "tok",
 		RuntimeDir: "/run/user/7", Settings: transport.Settings{TCPStreams: 16, CMAWorkers: 4,
-			CMASetPtracer: false, CUDAIPCCache: 0, CUDAVisibleDevices: "", CUDAVisibleDevicesSet: true}}, env)
+			CMASetPtracer: false, SHMArenaMiB: 0, CUDAIPCCache: 0, CUDAVisibleDevices: "", CUDAVisibleDevicesSet: true}}, env)
 }
 
 func TestReadEnvironmentRejectsBadValuesByName(t *testing.T) {
@@ -53,6 +54,7 @@ func TestReadEnvironmentRejectsBadValuesByName(t *testing.T) {
 		{"RDT_CMA_WORKERS", "5"},
 		{"RDT_TCP_STREAMS", "17"},
 		{"RDT_TCP_STREAMS", "four"},
+		{"RDT_SHM_ARENA_MIB", "4097"},
 		{"RDT_CUDA_IPC_CACHE", "-1"},
 		{"RDT_CUDA_IPC_CACHE", "many"},
 		{"RDT_CMA_SET_PTRACER", "yes"},

@@ -14,6 +14,9 @@ type Settings struct {
 	// CMASetPtracer lets same-user processes read this one under Yama
 	// ptrace_scope 1 (RDT_CMA_SET_PTRACER).
 	CMASetPtracer bool
+	// SHMArenaMiB is the size of the segment shm stages small objects in,
+	// 0 for none (RDT_SHM_ARENA_MIB).
+	SHMArenaMiB int
 	// CUDAIPCCache is how many opened IPC handles cuda_ipc keeps per
 	// process (RDT_CUDA_IPC_CACHE).
 	CUDAIPCCache int
@@ -31,6 +34,8 @@ const (
 	MaxTCPStreams       = 16
 	DefaultCMAWorkers   = 2
 	MaxCMAWorkers       = 4
+	DefaultSHMArenaMiB  = 64
+	MaxSHMArenaMiB      = 4096
 	DefaultCUDAIPCCache = 64
 	MaxCUDAIPCCache     = 1 << 20
 )
@@ -38,5 +43,5 @@ const (
 // DefaultSettings are the settings of an environment that sets nothing.
 func DefaultSettings() Settings {
 	return Settings{TCPStreams: DefaultTCPStreams, CMAWorkers: DefaultCMAWorkers,
-		CMASetPtracer: true, CUDAIPCCache: DefaultCUDAIPCCache}
+		CMASetPtracer: true, SHMArenaMiB: DefaultSHMArenaMiB, CUDAIPCCache: DefaultCUDAIPCCache}
 }

@@ -53,7 +53,7 @@ const fdTestBytes = inlineMax + 4096
 // serveOneObject stages an object, prints its metadata, and serves it until
 // its stdin closes.
 func serveOneObject(t *testing.T) {
-	src := newTransport(t)
+	src := newSegmentTransport(t)
 	meta, _ := stageObject(t, src, fdTestSeed, fdTestBytes)
 	os.Stdout.WriteString("META " + hex.EncodeToString(meta) + "\n")
 	io.Copy(io.Discard, os.Stdin)
@@ -96,7 +96,7 @@ func startSource(t *testing.T) ([]byte, []byte, int) {
 
 func outOfDescriptors(t *testing.T) {
 	remoteMeta, remoteWant, remotePid := startSource(t)
-	local, viaKept, fresh := newTransport(t), newTransport(t), newTransport(t)
+	local, viaKept, fresh := newSegmentTransport(t), newTransport(t), newTransport(t)
 	localMeta, localWant := stageObject(t, local, 1, fdTestBytes) // its segment server listens now
 	// viaKept keeps a connection to each segment server from here on.
 	for _, c := range []struct {

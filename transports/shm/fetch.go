@@ -82,6 +82,19 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	r := &request{Completion: transport.NewCompletion(), t: t}
+	if m.inArena() {
+		// With the source's arena mapped, the object is read here and
+		// now, asking nothing; else the arena is asked for (once per
+		// source) on a goroutine, where Abort reaches the wait.
+		if v := t.mappedArena(src, m.Arena); v != nil {
+			if done, err := v.read(m, targets); done {
+				r.Finish(err)
+				return r, nil
+			}
+		}
+		go func() { r.Finish(t.fetchFromArena(r, src, x.Source.Pid, m, targets)) }()
+		return r, nil
+	}
 	if m.Size <= inlineMax {
 		// A small object is asked for here and, when its answer comes
 		// within syncWait, finished on the caller's goroutine (the engine
@@ -108,6 +121,67 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	return r, nil
 }
 
+// mappedArena is the arena id of the source, when this receiver mapped it.
+func (t *Transport) mappedArena(src *keptConns, id transport.ObjectID) *arenaView {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	return src.arenas[id]
+}
+
+// fetchFromArena maps the source's arena if need be and reads the object
+// from it. When the arena's slot does not hold the object, the segment
+// server says why: freed (NOT_FOUND), or metadata that is not this
+// object's (CORRUPT); a source that is gone is PEER_UNAVAILABLE.
+func (t *Transport) fetchFromArena(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
+	v, err := t.arenaFor(r, src, owner, m)
+	if err != nil {
+		return r.check(-1, 0, err, m, targets)
+	}
+	if done, err := v.read(m, targets); done {
+		return err
+	}
+	fd, _, err, _ := t.getSegment(r, src, owner, m, nil, false)
+	if err == nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		err = transport.Errorf(transport.ErrCorrupt, "the owner's segment server answered for object %s of its arena as if it had a segment of its own", m.Object)
+	}
+	return r.check(-1, 0, err, m, targets)
+}
+
+// arenaFor is the view of the arena m names: the one mapped, or one mapped
+// now after asking the source's segment server for it (which hands out
+// only its own).
+func (t *Transport) arenaFor(r *request, src *keptConns, owner int, m *metadata) (*arenaView, error) {
+	if v := t.mappedArena(src, m.Arena); v != nil {
+		return v, nil
+	}
+	fd, size, err, _ := t.getSegment(r, src, owner, &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	if fd < 0 {
+		return nil, transport.Errorf(transport.ErrCorrupt, "the owner's segment server sent no descriptor for its arena")
+	}
+	v, err := mapArena(m.Arena, fd, size, owner)
+	if err != nil {
+		return nil, err
+	}
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	if t.idle == nil || t.idle[src.peer] != src { // closed, or the source reported gone
+		v.unmap()
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the owner of object %s is gone", m.Object)
+	}
+	if mapped := src.arenas[m.Arena]; mapped != nil { // by another fetch meanwhile
+		v.unmap()
+		return mapped, nil
+	}
+	src.arenas[m.Arena] = v
+	return v, nil
+}
+
 // source is the record of the connections kept to a source runtime.
 func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 	t.idleMu.Lock()
@@ -124,13 +198,16 @@ func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 				delete(t.idle, id)
 			}
 		}
-		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}}
+		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}, arenas: map[transport.ObjectID]*arenaView{}}
 		t.idle[peer.RuntimeID] = k
 	}
 	return k, nil
 }
 
 func (k *keptConns) empty() bool {
+	if len(k.arenas) > 0 {
+		return false
+	}
 	for _, cs := range k.byPath {
 		if len(cs) > 0 {
 			return false
@@ -342,7 +419,10 @@ func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, t
 // closes it. usable is false when c failed before any answer arrived.
 func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, quick bool) (fd int, size uint64, err error, usable bool, pending *pendingAnswer) {
 	var limit uint32 // the most bytes this receiver takes inline
-	if targets != nil && m.Size <= inlineMax {
+	switch {
+	case m.askArena:
+		limit = arenaRequest
+	case targets != nil && m.Size <= inlineMax:
 		limit = uint32(m.Size)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
@@ -369,6 +449,9 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		c.SetDeadline(time.Now().Add(ioTimeout))
 		r.ask(c)
 		defer r.ask(nil)
+	}
+	if limit == arenaRequest {
+		limit = 0 // the arena comes as a descriptor, nothing inline
 	}
 	var small [replyLen + maxMessage]byte
 	buf := small[:]

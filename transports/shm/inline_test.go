@@ -23,7 +23,7 @@ import (
 // alignment padding between them; a caller without targets still gets the
 // descriptor.
 func TestSmallObjectsComeInline(t *testing.T) {
-	src, dst := newTransport(t), newTransport(t)
+	src, dst := newSegmentTransport(t), newTransport(t)
 	for i, sizes := range [][]int{{4096}, {1, 100, 0, 3000, 7}, {inlineMax}} {
 		meta, want := stageObject(t, src, byte(i+1), sizes...)
 		m, err := decodeMetadata(meta)

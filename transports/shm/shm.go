@@ -1,7 +1,9 @@
 // Package shm moves host memory between processes on one host through
-// shared memory: the source stages an object once into a sealed memfd, a
-// receiver gets the file descriptor over a Unix socket (SCM_RIGHTS), maps it
-// read-only and copies into its targets. Memfds have no name in any file
+// shared memory: the source stages an object once, into its arena (one
+// long-lived memfd for objects of up to 4 MiB, which a receiver maps once
+// and then reads without asking; see arena.go) or into a sealed memfd of
+// its own, whose descriptor a receiver gets over a Unix socket
+// (SCM_RIGHTS) and reads into its targets. Memfds have no name in any file
 // system, so nothing is ever left in /dev/shm, even after a crash.
 package shm
 
@@ -50,11 +52,19 @@ func Factory() transport.TransportFactory {
 	return transport.TransportFactory{Name: Name, New: New}
 }
 
-// segment is one staged object.
+// segment is one staged object: a sealed memfd of its own, or a range of
+// the arena (fd -1).
 type segment struct {
 	fd   int
 	size uint64
+	meta []byte // what ExtractMetadata said of it
+
+	// In the arena:
+	slot uint32
+	off  uint64
 }
+
+func (s *segment) inArena() bool { return s.fd < 0 }
 
 // Transport is the shm transport of one runtime.
 type Transport struct {
@@ -67,6 +77,10 @@ type Transport struct {
 	serving sync.WaitGroup
 	conns   map[*net.UnixConn]struct{} // served connections, closed by Close
 	closed  bool
+	// arena stages small objects (made at the first); arenaBytes is its
+	// size, 0 for none.
+	arena      *arena
+	arenaBytes uint64
 
 	idleMu sync.Mutex
 	idle   map[transport.RuntimeID]*keptConns // by source runtime; nil once closed
@@ -79,12 +93,15 @@ type Transport struct {
 type keptConns struct {
 	peer   transport.RuntimeID
 	byPath map[string][]*net.UnixConn
+	// arenas mapped, by id: the source runtime's one (only a segment
+	// server that has an arena hands it out, one per server).
+	arenas map[transport.ObjectID]*arenaView
 }
 
 // New makes the transport; its socket appears with the first staged object.
 func New(h transport.Host) (transport.Transport, error) {
 	return &Transport{h: h, segs: map[transport.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[transport.RuntimeID]*keptConns{}}, nil
+		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(h.Settings().SHMArenaMiB) << 20}, nil
 }
 
 // Describe: shm shares memory segments, so only on the same host; a freed
@@ -109,8 +126,14 @@ func (t *Transport) Close() error {
 	t.closed = true
 	ln := t.ln
 	for id, s := range t.segs {
-		unix.Close(s.fd)
+		if !s.inArena() {
+			unix.Close(s.fd)
+		}
 		delete(t.segs, id)
+	}
+	if t.arena != nil {
+		t.arena.close() // receivers still mapping it read nothing more from it
+		t.arena = nil
 	}
 	for c := range t.conns {
 		transport.CloseWaking(c) // a served connection waiting for its next request
@@ -140,8 +163,13 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	}
 }
 
-// closeLocked closes every kept connection; the caller holds idleMu.
+// closeLocked closes every kept connection and unmaps the source's
+// arena; the caller holds idleMu.
 func (k *keptConns) closeLocked() {
+	for id, v := range k.arenas {
+		v.unmap()
+		delete(k.arenas, id)
+	}
 	for path, cs := range k.byPath {
 		for _, c := range cs {
 			c.Close()

@@ -31,6 +31,14 @@ func newTransport(t testing.TB) *Transport {
 	return tr.(*Transport)
 }
 
+// newSegmentTransport has no arena: every object gets a segment of its own.
+func newSegmentTransport(t testing.TB) *Transport {
+	tr, err := New(noArena{transporttest.NewHostIn(socketDir(t))})
+	require.NoError(t, err)
+	t.Cleanup(func() { tr.Close() })
+	return tr.(*Transport)
+}
+
 // buffer maps n bytes outside the Go heap (the race detector's pointer
 // checks refuse Go memory addressed through uintptr).
 func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
@@ -137,7 +145,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestSegmentIsSealed(t *testing.T) {
-	src := newTransport(t)
+	src := newSegmentTransport(t)
 	meta, _ := stageObject(t, src, 3, 8192)
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)

@@ -25,7 +25,8 @@ func layout(tensors []transport.Tensor) ([]region, uint64) {
 	return regions, off
 }
 
-// ExtractMetadata stages the object into a sealed memfd.
+// ExtractMetadata stages the object: in the arena when it fits, else into
+// a sealed memfd of its own.
 func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
@@ -37,12 +38,15 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 	if err != nil {
 		return nil, err
 	}
-	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
 	t.mu.RLock()
-	_, staged := t.segs[obj]
+	s, staged := t.segs[obj]
 	t.mu.RUnlock()
 	if staged {
-		return m.encode(), nil
+		return s.meta, nil
+	}
+	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
+	if meta, ok, err := t.stageInArena(&m, tensors); ok || err != nil {
+		return meta, err
 	}
 	fd, err := stage(obj, tensors, regions, size)
 	if err != nil {
@@ -54,12 +58,67 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		unix.Close(fd)
 		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
-	if _, ok := t.segs[obj]; ok { // staged meanwhile by another caller
+	if s, ok := t.segs[obj]; ok { // staged meanwhile by another caller
 		unix.Close(fd)
-	} else {
-		t.segs[obj] = &segment{fd: fd, size: size}
+		return s.meta, nil
 	}
-	return m.encode(), nil
+	meta := m.encode()
+	t.segs[obj] = &segment{fd: fd, size: size, meta: meta}
+	return meta, nil
+}
+
+// stageInArena copies the object into the arena, when there is one and
+// room in it; ok is false when the object is to get a segment of its own.
+func (t *Transport) stageInArena(m *metadata, tensors []transport.Tensor) (meta []byte, ok bool, err error) {
+	if m.Size > arenaObjectMax || m.Size+arenaTable > t.arenaBytes {
+		return nil, false, nil
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, false, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	}
+	if t.arena == nil {
+		a, err := newArena(t.arenaBytes)
+		if err != nil {
+			// Objects get segments of their own, as with no arena.
+			t.h.Log().Warnf("shm: no arena (%v); every object gets a segment of its own", err)
+			t.arenaBytes = 0
+			t.mu.Unlock()
+			return nil, false, nil
+		}
+		t.arena = a
+	}
+	a := t.arena
+	slot, tag, off, ok := a.alloc(m.Size)
+	t.mu.Unlock()
+	if !ok {
+		return nil, false, nil // full
+	}
+	// The range is this call's alone; the read lock keeps Close from
+	// unmapping the arena meanwhile.
+	t.mu.RLock()
+	if t.arena == a {
+		for i, x := range tensors {
+			r := m.Regions[i]
+			copy(a.mem[off+r.Offset:off+r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes))
+		}
+	}
+	t.mu.RUnlock()
+	m.Arena, m.Slot, m.Tag, m.Base = a.id, slot, tag, off
+	meta = m.encode()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.arena != a { // closed meanwhile
+		return nil, false, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	}
+	if s, ok := t.segs[m.Object]; ok { // staged meanwhile by another caller
+		a.release(slot, off, m.Size)
+		return s.meta, true, nil
+	}
+	a.publish(slot, tag)
+	t.segs[m.Object] = &segment{fd: -1, size: m.Size, meta: meta, slot: slot, off: off}
+	return meta, true, nil
 }
 
 // stage copies the tensors into a new memfd and seals it against any
@@ -127,8 +186,11 @@ func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.T
 	t.mu.Lock()
 	s, ok := t.segs[obj]
 	delete(t.segs, obj)
+	if ok && s.inArena() && t.arena != nil {
+		t.arena.release(s.slot, s.off, s.size) // its slot first: see arena
+	}
 	t.mu.Unlock()
-	if ok {
+	if ok && !s.inArena() {
 		unix.Close(s.fd)
 	}
 }
@@ -265,6 +327,9 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) bool {
 		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 		return false
 	}
+	if limit == arenaRequest {
+		return t.answerArena(c, obj)
+	}
 	t.mu.RLock()
 	s, ok := t.segs[obj]
 	if ok && s.size <= uint64(min(limit, inlineMax)) {
@@ -272,16 +337,27 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) bool {
 			*reply = make([]byte, replyLen+inlineMax)
 		}
 		// Read under the lock: GarbageCollect cannot close the
-		// descriptor meanwhile.
+		// descriptor or free the range meanwhile.
 		out := append((*reply)[:0], encodeReply(transport.OK, "", s.size, flagInline)...)
 		out = out[:replyLen+int(s.size)]
-		err = preadFull(s.fd, out[replyLen:], 0)
+		if s.inArena() {
+			copy(out[replyLen:], t.arena.mem[s.off:s.off+s.size])
+		} else {
+			err = preadFull(s.fd, out[replyLen:], 0)
+		}
 		t.mu.RUnlock()
 		if err != nil {
 			_, err := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 			return err == nil
 		}
 		_, err = c.Write(out)
+		return err == nil
+	}
+	if ok && s.inArena() {
+		// A receiver asks for an object of the arena only when the
+		// arena's slot did not hold it: its metadata is not this object's.
+		t.mu.RUnlock()
+		_, err := c.Write(encodeReply(transport.ErrCorrupt, "object "+obj.String()+" is staged in the owner's arena, but not at the slot and tag the receiver's metadata names", 0, 0))
 		return err == nil
 	}
 	fd := -1
@@ -304,6 +380,31 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) bool {
 	}
 	defer unix.Close(fd)
 	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size, 0), unix.UnixRights(fd), nil)
+	return err == nil
+}
+
+// answerArena hands a receiver a read-only descriptor of the arena id.
+func (t *Transport) answerArena(c *net.UnixConn, id transport.ObjectID) bool {
+	t.mu.RLock()
+	a := t.arena
+	if a == nil || a.id != id {
+		t.mu.RUnlock()
+		_, err := c.Write(encodeReply(transport.ErrNotFound, "the owner has no arena "+id.String(), 0, 0))
+		return err == nil
+	}
+	fd, err := a.readOnlyFD()
+	size := uint64(len(a.mem))
+	t.mu.RUnlock()
+	if err != nil {
+		reply := outOfResources("handing out the arena", "the owner", err)
+		if reply == nil {
+			reply = transport.Errorf(transport.ErrTransport, "reopening the arena read-only: %v", err)
+		}
+		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0, 0))
+		return err == nil
+	}
+	defer unix.Close(fd)
+	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", size, 0), unix.UnixRights(fd), nil)
 	return err == nil
 }
 

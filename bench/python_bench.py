@@ -101,7 +101,7 @@ def main() -> None:
     print(f"\n## Python binding against C, same run (median of {RUNS} interleaved runs each)\n")
     print("| measurement | C | Python | difference | target | met |\n|---|---|---|---|---|---|")
     print(f"| 4 KiB put+get round trip (p50) | {c_rt:.1f} µs | {py_rt:.1f} µs | +{over:.1f} µs | "
-          f"≤ +30 µs | {'yes' if over <= 30 else '**no**'} |")
+          f"≤ +15 µs | {'yes' if over <= 15 else '**no**'} |")
     print(f"| 64 MiB get from another process | {c_gb:.2f} GB/s | {py_gb:.2f} GB/s | {ratio:.2f}x | "
           f"≥ 0.95x | {'yes' if ratio >= 0.95 else '**no**'} |")
 

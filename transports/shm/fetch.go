@@ -101,22 +101,22 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		// then needs no hand-off, which costs more than the copy). A
 		// slower answer is waited for on a goroutine, where Abort reaches
 		// it.
-		fd, size, err, pending := t.getSegment(r, src, x.Source.Pid, m, targets, true)
-		if pending == nil {
-			r.Finish(r.check(fd, size, err, m, targets))
+		a, err := t.getSegment(r, src, x.Source.Pid, m, targets, true)
+		if a.pending == nil {
+			r.Finish(r.check(a, err, m, targets))
 			return r, nil
 		}
 		go func() {
-			fd, size, err := t.resume(r, src, x.Source.Pid, m, targets, pending)
-			r.Finish(r.check(fd, size, err, m, targets))
+			a, err := t.resume(r, src, x.Source.Pid, m, targets, a.pending)
+			r.Finish(r.check(a, err, m, targets))
 		}()
 		return r, nil
 	}
 	// Larger objects are read on a goroutine, so that a fetch of many refs
 	// overlaps their socket round trips and copies.
 	go func() {
-		fd, size, err, _ := t.getSegment(r, src, x.Source.Pid, m, targets, false)
-		r.Finish(r.check(fd, size, err, m, targets))
+		a, err := t.getSegment(r, src, x.Source.Pid, m, targets, false)
+		r.Finish(r.check(a, err, m, targets))
 	}()
 	return r, nil
 }
@@ -135,19 +135,19 @@ func (t *Transport) mappedArena(src *keptConns, id transport.ObjectID) *arenaVie
 func (t *Transport) fetchFromArena(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
 	v, err := t.arenaFor(r, src, owner, m)
 	if err != nil {
-		return r.check(-1, 0, err, m, targets)
+		return r.check(answer{fd: -1}, err, m, targets)
 	}
 	if done, err := v.read(m, targets); done {
 		return err
 	}
-	fd, _, err, _ := t.getSegment(r, src, owner, m, nil, false)
+	a, err := t.getSegment(r, src, owner, m, nil, false)
 	if err == nil {
-		if fd >= 0 {
-			unix.Close(fd)
+		if a.fd >= 0 {
+			unix.Close(a.fd)
 		}
 		err = transport.Errorf(transport.ErrCorrupt, "the owner's segment server answered for object %s of its arena as if it had a segment of its own", m.Object)
 	}
-	return r.check(-1, 0, err, m, targets)
+	return r.check(answer{fd: -1}, err, m, targets)
 }
 
 // arenaFor is the view of the arena m names: the one mapped, or one mapped
@@ -157,14 +157,14 @@ func (t *Transport) arenaFor(r *request, src *keptConns, owner int, m *metadata)
 	if v := t.mappedArena(src, m.Arena); v != nil {
 		return v, nil
 	}
-	fd, size, err, _ := t.getSegment(r, src, owner, &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
+	a, err := t.getSegment(r, src, owner, &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
 	if err != nil {
 		return nil, err
 	}
-	if fd < 0 {
+	if a.fd < 0 {
 		return nil, transport.Errorf(transport.ErrCorrupt, "the owner's segment server sent no descriptor for its arena")
 	}
-	v, err := mapArena(m.Arena, fd, size, owner)
+	v, err := mapArena(m.Arena, a.fd, a.size, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -219,16 +219,17 @@ func (k *keptConns) empty() bool {
 // check finishes a fetch once the segment server answered: nothing more
 // for an object that came inline (fd -1), else the received segment is
 // checked and read.
-func (r *request) check(fd int, size uint64, err error, m *metadata, targets []transport.Tensor) error {
+func (r *request) check(a answer, err error, m *metadata, targets []transport.Tensor) error {
 	if err != nil {
 		if r.aborted.Load() && transport.StatusOf(err) != transport.ErrAborted {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted while the owner's segment server was asked: %v", err)
 		}
 		return err
 	}
-	if fd < 0 { // it came inline, straight into the targets
+	if a.fd < 0 { // it came inline, straight into the targets
 		return nil
 	}
+	fd, size := a.fd, a.size
 	defer unix.Close(fd)
 	if size != m.Size {
 		return transport.Errorf(transport.ErrCorrupt, "the source's segment holds %d bytes, its metadata says %d", size, m.Size)
@@ -358,20 +359,31 @@ func readRuns(fd int, runs []run, abort *atomic.Bool) error {
 	return nil
 }
 
+// answer is what the segment server answered: a segment's descriptor and
+// size; or fd -1, for an object that came inline (read straight into the
+// targets) or an answer still pending (asked quickly).
+type answer struct {
+	fd      int
+	size    uint64
+	pending *pendingAnswer
+	// usable (askSegment, readReply) is false when the connection failed
+	// before any answer arrived: a kept one the server closed meanwhile.
+	usable bool
+}
+
 // getSegment asks the source's segment server for the object, over a kept
 // connection when there is one. The server must be the owner's process: a
 // ref could name any socket. With targets, an object of at most inlineMax
-// bytes may come inline, read straight into them: then fd is -1. When
-// quick, an answer that has not begun within syncWait is left pending on
-// the returned connection, for resume.
-func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, quick bool) (int, uint64, error, *pendingAnswer) {
+// bytes may come inline. When quick, an answer that has not begun within
+// syncWait is left pending on its connection, for resume.
+func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, quick bool) (answer, error) {
 	if c := t.takeIdle(src, m.Path); c != nil {
-		fd, size, err, usable, pending := t.askSegment(r, src, c, m, targets, quick)
-		if pending != nil {
-			pending.kept = true
+		a, err := t.askSegment(r, src, c, m, targets, quick)
+		if a.pending != nil {
+			a.pending.kept = true
 		}
-		if usable {
-			return fd, size, err, pending
+		if a.usable {
+			return a, err
 		}
 		// The kept connection was closed by the server (idle, or a new
 		// source at that path): ask once more on a new one.
@@ -380,21 +392,20 @@ func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadat
 	nc, err := d.Dial("unix", m.Path)
 	if err != nil {
 		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
-			return -1, 0, exhausted, nil
+			return answer{fd: -1}, exhausted
 		}
-		return -1, 0, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err), nil
+		return answer{fd: -1}, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
 	}
 	c := nc.(*net.UnixConn)
 	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
-			return -1, 0, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err), nil
+			return answer{fd: -1}, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
 		}
-		return -1, 0, transport.Errorf(transport.ErrCorrupt,
-			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner), nil
+		return answer{fd: -1}, transport.Errorf(transport.ErrCorrupt,
+			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
 	}
-	fd, size, err, _, pending := t.askSegment(r, src, c, m, targets, quick)
-	return fd, size, err, pending
+	return t.askSegment(r, src, c, m, targets, quick)
 }
 
 // pendingAnswer is a request sent on c whose answer had not begun within
@@ -407,17 +418,17 @@ type pendingAnswer struct {
 
 // resume waits for a pending answer, with Abort able to cut it short, and
 // asks again on a new connection should a kept one turn out closed.
-func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, p *pendingAnswer) (int, uint64, error) {
-	fd, size, err, usable, _ := t.readReply(r, src, p.c, m, targets, p.limit, false)
-	if !usable && p.kept && !r.aborted.Load() {
-		fd, size, err, _ = t.getSegment(r, src, owner, m, targets, false)
+func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, p *pendingAnswer) (answer, error) {
+	a, err := t.readReply(r, src, p.c, m, targets, p.limit, false)
+	if !a.usable && p.kept && !r.aborted.Load() {
+		return t.getSegment(r, src, owner, m, targets, false)
 	}
-	return fd, size, err
+	return a, err
 }
 
 // askSegment does one request on c, then keeps c for the next request or
-// closes it. usable is false when c failed before any answer arrived.
-func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, quick bool) (fd int, size uint64, err error, usable bool, pending *pendingAnswer) {
+// closes it.
+func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, quick bool) (answer, error) {
 	var limit uint32 // the most bytes this receiver takes inline
 	switch {
 	case m.askArena:
@@ -428,7 +439,7 @@ func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *m
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	if _, err := c.Write(encodeRequest(m.Object, limit)); err != nil {
 		c.Close()
-		return -1, 0, gone(m, err), false, nil
+		return answer{fd: -1}, gone(m, err)
 	}
 	return t.readReply(r, src, c, m, targets, limit, quick)
 }
@@ -441,7 +452,7 @@ func gone(m *metadata, err error) error {
 // answer that has not begun within syncWait is returned pending, and the
 // rest of one that has is given the peer timeout (its bytes come in the
 // same write as its header).
-func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32, quick bool) (fd int, size uint64, err error, usable bool, pending *pendingAnswer) {
+func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32, quick bool) (answer, error) {
 	gone := func(err error) error { return gone(m, err) }
 	if quick {
 		c.SetDeadline(time.Now().Add(syncWait))
@@ -467,7 +478,7 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 	}
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob[:])
 	if quick && n <= 0 && oobn == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-		return -1, 0, nil, true, &pendingAnswer{c: c, limit: limit}
+		return answer{fd: -1, usable: true, pending: &pendingAnswer{c: c, limit: limit}}, nil
 	}
 	if quick {
 		c.SetDeadline(time.Now().Add(t.h.PeerTimeout()))
@@ -477,15 +488,15 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		if err == nil {
 			err = io.EOF
 		}
-		return -1, 0, gone(err), false, nil
+		return answer{fd: -1}, gone(err)
 	}
 	fds := receivedFDs(oob[:oobn])
-	fail := func(err error) (int, uint64, error, bool, *pendingAnswer) {
+	fail := func(err error) (answer, error) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 		c.Close() // out of step with the server
-		return -1, 0, err, true, nil
+		return answer{fd: -1, usable: true}, err
 	}
 	if flags&unix.MSG_CTRUNC != 0 && len(fds) == 0 { // the kernel had no descriptor number to give
 		return fail(outOfResources("receiving the segment", "this process", unix.EMFILE))
@@ -527,7 +538,7 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 			return fail(err)
 		}
 		t.keepIdle(src, m.Path, c)
-		return -1, h.size, nil, true, nil
+		return answer{fd: -1, size: h.size, usable: true}, nil
 	}
 	if len(early) != 0 {
 		return fail(transport.Errorf(transport.ErrCorrupt, "the source's reply is longer than it says"))
@@ -537,15 +548,15 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return -1, 0, transport.Errorf(h.status, "%s", buf[replyLen:msgEnd]), true, nil
+		return answer{fd: -1, usable: true}, transport.Errorf(h.status, "%s", buf[replyLen:msgEnd])
 	}
 	if len(fds) != 1 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		return -1, 0, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds)), true, nil
+		return answer{fd: -1, usable: true}, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds))
 	}
-	return fds[0], h.size, nil, true, nil
+	return answer{fd: fds[0], size: h.size, usable: true}, nil
 }
 
 // inlineBuffers hold a reply with an inline segment.

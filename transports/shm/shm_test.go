@@ -152,8 +152,9 @@ func TestSegmentIsSealed(t *testing.T) {
 	dst := newTransport(t)
 	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	fd, size, err, _ := dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
+	a, err := dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
 	require.NoError(t, err)
+	fd, size := a.fd, a.size
 	defer unix.Close(fd)
 	assert.Equal(t, uint64(8192), size)
 	_, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

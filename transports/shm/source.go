@@ -70,13 +70,17 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 // stageInArena copies the object into the arena, when there is one and
 // room in it; ok is false when the object is to get a segment of its own.
 func (t *Transport) stageInArena(m *metadata, tensors []transport.Tensor) (meta []byte, ok bool, err error) {
-	if m.Size > arenaObjectMax || m.Size+arenaTable > t.arenaBytes {
+	if m.Size > arenaObjectMax {
 		return nil, false, nil
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return nil, false, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	}
+	if m.Size+arenaTable > t.arenaBytes { // no arena, or too small for it
+		t.mu.Unlock()
+		return nil, false, nil
 	}
 	if t.arena == nil {
 		a, err := newArena(t.arenaBytes)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -245,4 +246,18 @@ func TestArenaOfAKilledSourceIsPeerUnavailable(t *testing.T) {
 	cmd.Wait()
 	_, err = fetchFrom(t, dst, meta, cmd.Process.Pid, 4096)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+}
+
+// A fetch whose source record was dropped while it ran (pruned as empty by
+// another source's first fetch, or the source reported gone) still gets
+// the object, and keeps no mapping in a record nobody will close.
+func TestArenaMappedForADroppedRecordIsNotKept(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, want := stageObject(t, src, 1, 4096)
+	dropped := &keptConns{peer: sourceRuntime, byPath: map[string][]*net.UnixConn{}, arenas: map[transport.ObjectID]*arenaView{}}
+	got, target := buffer(t, 4096)
+	r := &request{Completion: transport.NewCompletion(), t: dst}
+	require.NoError(t, dst.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))
+	assert.Equal(t, want[0], got)
+	assert.Empty(t, dropped.arenas)
 }

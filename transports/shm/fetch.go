@@ -133,9 +133,12 @@ func (t *Transport) mappedArena(src *keptConns, id transport.ObjectID) *arenaVie
 // server says why: freed (NOT_FOUND), or metadata that is not this
 // object's (CORRUPT); a source that is gone is PEER_UNAVAILABLE.
 func (t *Transport) fetchFromArena(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor) error {
-	v, err := t.arenaFor(r, src, owner, m)
+	v, kept, err := t.arenaFor(r, src, owner, m)
 	if err != nil {
 		return r.check(answer{fd: -1}, err, m, targets)
+	}
+	if !kept {
+		defer v.unmap()
 	}
 	if done, err := v.read(m, targets); done {
 		return err
@@ -152,34 +155,36 @@ func (t *Transport) fetchFromArena(r *request, src *keptConns, owner int, m *met
 
 // arenaFor is the view of the arena m names: the one mapped, or one mapped
 // now after asking the source's segment server for it (which hands out
-// only its own).
-func (t *Transport) arenaFor(r *request, src *keptConns, owner int, m *metadata) (*arenaView, error) {
+// only its own). kept is false for a view mapped for this fetch alone: the
+// source's record was dropped meanwhile (the source reported gone, or the
+// record pruned as empty), so nothing would unmap it later; the caller
+// unmaps it.
+func (t *Transport) arenaFor(r *request, src *keptConns, owner int, m *metadata) (v *arenaView, kept bool, err error) {
 	if v := t.mappedArena(src, m.Arena); v != nil {
-		return v, nil
+		return v, true, nil
 	}
 	a, err := t.getSegment(r, src, owner, &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if a.fd < 0 {
-		return nil, transport.Errorf(transport.ErrCorrupt, "the owner's segment server sent no descriptor for its arena")
+		return nil, false, transport.Errorf(transport.ErrCorrupt, "the owner's segment server sent no descriptor for its arena")
 	}
-	v, err := mapArena(m.Arena, a.fd, a.size, owner)
+	v, err = mapArena(m.Arena, a.fd, a.size, owner)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	if t.idle == nil || t.idle[src.peer] != src { // closed, or the source reported gone
-		v.unmap()
-		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the owner of object %s is gone", m.Object)
+	if t.idle == nil || t.idle[src.peer] != src {
+		return v, false, nil
 	}
 	if mapped := src.arenas[m.Arena]; mapped != nil { // by another fetch meanwhile
 		v.unmap()
-		return mapped, nil
+		return mapped, true, nil
 	}
 	src.arenas[m.Arena] = v
-	return v, nil
+	return v, true, nil
 }
 
 // source is the record of the connections kept to a source runtime.

@@ -143,10 +143,15 @@ func (a *arena) close() {
 
 func (a *arena) tag(slot uint32) *uint64 { return (*uint64)(unsafe.Pointer(&a.mem[slot*8])) }
 
-// readOnlyFD is a new descriptor of the arena that cannot map it for
-// writing, for a receiver.
-func (a *arena) readOnlyFD() (int, error) {
-	return unix.Open("/proc/self/fd/"+itoa(a.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// receiverFD is a new descriptor of the arena for a receiver: one that
+// cannot map it for writing, or, where /proc cannot reopen it read-only, a
+// duplicate (receivers map it read-only either way, and only processes of
+// the owner's user get it).
+func (a *arena) receiverFD() (int, error) {
+	if fd, err := unix.Open("/proc/self/fd/"+itoa(a.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		return fd, nil
+	}
+	return unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
 }
 
 func itoa(n int) string {

@@ -16,6 +16,7 @@ import (
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // stopServing closes the segment server (listener and served connections)
@@ -260,4 +261,25 @@ func TestArenaMappedForADroppedRecordIsNotKept(t *testing.T) {
 	require.NoError(t, dst.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))
 	assert.Equal(t, want[0], got)
 	assert.Empty(t, dropped.arenas)
+}
+
+// The arena's descriptor a receiver gets is read-only and sealed against
+// resizing: it can neither write the owner's objects nor make a mapping
+// fault.
+func TestArenaDescriptorIsReadOnlyAndSealed(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	meta, _ := stageObject(t, src, 1, 4096)
+	m := arenaOf(t, meta)
+	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+	require.NoError(t, err)
+	a, err := dst.getSegment(nil, kept, os.Getpid(), &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, a.fd, 0)
+	defer unix.Close(a.fd)
+	assert.Equal(t, src.arenaBytes, a.size)
+	_, err = unix.Mmap(a.fd, 0, int(a.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	assert.Error(t, err, "a writable shared mapping is refused")
+	assert.Error(t, unix.Ftruncate(a.fd, 1), "shrinking is refused")
+	_, err = unix.Pwrite(a.fd, []byte{1}, arenaTable)
+	assert.Error(t, err, "writing is refused")
 }

@@ -393,7 +393,7 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inli
 	return err == nil, false
 }
 
-// answerArena hands a receiver a read-only descriptor of the arena id.
+// answerArena hands a receiver a descriptor of the arena id.
 func (t *Transport) answerArena(c *net.UnixConn, id transport.ObjectID) bool {
 	t.mu.RLock()
 	a := t.arena
@@ -402,13 +402,13 @@ func (t *Transport) answerArena(c *net.UnixConn, id transport.ObjectID) bool {
 		_, err := c.Write(encodeReply(transport.ErrNotFound, "the owner has no arena "+id.String(), 0, 0))
 		return err == nil
 	}
-	fd, err := a.readOnlyFD()
+	fd, err := a.receiverFD()
 	size := uint64(len(a.mem))
 	t.mu.RUnlock()
 	if err != nil {
 		reply := outOfResources("handing out the arena", "the owner", err)
 		if reply == nil {
-			reply = transport.Errorf(transport.ErrTransport, "reopening the arena read-only: %v", err)
+			reply = transport.Errorf(transport.ErrTransport, "handing out the arena's descriptor: %v", err)
 		}
 		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0, 0))
 		return err == nil

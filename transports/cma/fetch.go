@@ -41,28 +41,7 @@ type proc struct {
 type addrRange struct{ start, end uint64 }
 
 // exited reports whether the process is gone, without blocking.
-func (p *proc) exited() bool {
-	if p.pidfd == nil {
-		return false // no pidfd on this kernel: the start time check stands alone
-	}
-	rc, err := p.pidfd.SyscallConn()
-	if err != nil {
-		return true
-	}
-	gone := true
-	err = rc.Control(func(fd uintptr) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, 0)
-			if err == unix.EINTR {
-				continue
-			}
-			gone = err != nil || n > 0
-			return
-		}
-	})
-	return err != nil || gone
-}
+func (p *proc) exited() bool { return transport.ProcessExited(p.pidfd) }
 
 // source finds or opens the pidfd of a source process, checking that the
 // pid still belongs to the process the metadata describes. The caller

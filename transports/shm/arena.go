@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -148,36 +150,23 @@ func (a *arena) tag(slot uint32) *uint64 { return (*uint64)(unsafe.Pointer(&a.me
 // duplicate (receivers map it read-only either way, and only processes of
 // the owner's user get it).
 func (a *arena) receiverFD() (int, error) {
-	if fd, err := unix.Open("/proc/self/fd/"+itoa(a.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+	if fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(a.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
 		return fd, nil
 	}
 	return unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
 }
 
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		if n /= 10; n == 0 {
-			return string(b[i:])
-		}
-	}
-}
-
 // arenaView is a receiver's read-only mapping of one source's arena.
 type arenaView struct {
-	id    transport.ObjectID
 	mu    sync.RWMutex // readers copy under RLock; unmap takes Lock
 	mem   []byte       // nil once unmapped
-	pidfd int          // the owner process, to see it end; -1: use kill(0)
+	pidfd *os.File     // the owner process, to see it end; nil: use kill(0)
 	pid   int
 }
 
 // mapArena checks and maps an arena descriptor the owner's segment server
 // sent; it takes fd.
-func mapArena(id transport.ObjectID, fd int, size uint64, owner int) (*arenaView, error) {
+func mapArena(fd int, size uint64, owner int) (*arenaView, error) {
 	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
@@ -197,11 +186,11 @@ func mapArena(id transport.ObjectID, fd int, size uint64, owner int) (*arenaView
 		}
 		return nil, transport.Errorf(transport.ErrTransport, "mapping the source's arena: %v", err)
 	}
-	pidfd, err := unix.PidfdOpen(owner, 0)
-	if err != nil {
-		pidfd = -1 // an old kernel: kill(pid, 0) then
+	v := &arenaView{mem: mem, pid: owner}
+	if pidfd, err := unix.PidfdOpen(owner, 0); err == nil { // else an old kernel: kill(pid, 0)
+		v.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
 	}
-	return &arenaView{id: id, mem: mem, pidfd: pidfd, pid: owner}, nil
+	return v, nil
 }
 
 // read copies an object staged in the arena into the targets. done is
@@ -252,12 +241,10 @@ func copyRuns(seg []byte, regions []region, targets []transport.Tensor) {
 // ownerEnded is whether the owner process is gone: its memory then holds
 // no object, whatever its tags say.
 func (v *arenaView) ownerEnded() bool {
-	if v.pidfd >= 0 {
-		fds := []unix.PollFd{{Fd: int32(v.pidfd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return err == nil && n > 0
+	if v.pidfd == nil {
+		return unix.Kill(v.pid, 0) == unix.ESRCH
 	}
-	return unix.Kill(v.pid, 0) == unix.ESRCH
+	return transport.ProcessExited(v.pidfd)
 }
 
 // unmap waits for readers to finish and lets the mapping go.
@@ -268,8 +255,8 @@ func (v *arenaView) unmap() {
 		unix.Munmap(v.mem)
 		v.mem = nil
 	}
-	if v.pidfd >= 0 {
-		unix.Close(v.pidfd)
-		v.pidfd = -1
+	if v.pidfd != nil {
+		v.pidfd.Close()
+		v.pidfd = nil
 	}
 }

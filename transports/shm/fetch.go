@@ -170,7 +170,7 @@ func (t *Transport) arenaFor(r *request, src *keptConns, owner int, m *metadata)
 	if a.fd < 0 {
 		return nil, false, transport.Errorf(transport.ErrCorrupt, "the owner's segment server sent no descriptor for its arena")
 	}
-	v, err = mapArena(m.Arena, a.fd, a.size, owner)
+	v, err = mapArena(a.fd, a.size, owner)
 	if err != nil {
 		return nil, false, err
 	}
@@ -471,7 +471,12 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 	}
 	var small [replyLen + maxMessage]byte
 	buf := small[:]
-	if limit > 0 { // room for the bytes too: one read takes the whole reply
+	// Room for an inline answer's bytes too: one read takes the whole
+	// reply, and the bytes go on to the targets only once the reply is
+	// checked, so a refused one writes nothing there. (Reading straight
+	// into the targets would save that copy of at most inlineMax bytes, but
+	// put an error's message or a hostile reply's bytes in them.)
+	if limit > 0 {
 		bp := inlineBuffers.Get().(*[]byte)
 		defer inlineBuffers.Put(bp)
 		buf = (*bp)[:replyLen+maxMessage+int(limit)]

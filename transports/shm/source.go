@@ -103,10 +103,7 @@ func (t *Transport) stageInArena(m *metadata, tensors []transport.Tensor) (meta 
 	// unmapping the arena meanwhile.
 	t.mu.RLock()
 	if t.arena == a {
-		for i, x := range tensors {
-			r := m.Regions[i]
-			copy(a.mem[off+r.Offset:off+r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes))
-		}
+		copyIn(a.mem[off:off+m.Size], m.Regions, tensors)
 	}
 	t.mu.RUnlock()
 	m.Arena, m.Slot, m.Tag, m.Base = a.id, slot, tag, off
@@ -151,10 +148,7 @@ func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region,
 		if err != nil {
 			return fail("mmap", err)
 		}
-		for i, x := range tensors {
-			r := regions[i]
-			parallelCopy(mem[r.Offset:r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes), nil)
-		}
+		copyIn(mem, regions, tensors)
 		// F_SEAL_WRITE needs every writable mapping gone.
 		if err := unix.Munmap(mem); err != nil {
 			return fail("munmap", err)
@@ -165,6 +159,14 @@ func stage(obj transport.ObjectID, tensors []transport.Tensor, regions []region,
 		return fail("sealing", err)
 	}
 	return fd, nil
+}
+
+// copyIn stages the tensors into seg at their regions.
+func copyIn(seg []byte, regions []region, tensors []transport.Tensor) {
+	for i, x := range tensors {
+		r := regions[i]
+		parallelCopy(seg[r.Offset:r.Offset+r.Size], transport.Bytes(x.Data, x.Nbytes), nil)
+	}
 }
 
 // outOfResources names a failure of `who` ("this process", "the owner")
@@ -342,19 +344,23 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inli
 	}
 	t.mu.RLock()
 	s, ok := t.segs[obj]
+	if ok && s.inArena() {
+		// A receiver asks for an object of the arena only when the
+		// arena's slot did not hold it: its metadata is not this object's.
+		t.mu.RUnlock()
+		_, err := c.Write(encodeReply(transport.ErrCorrupt, "object "+obj.String()+" is staged in the owner's arena, but not at the slot and tag the receiver's metadata names", 0, 0))
+		return err == nil, false
+	}
 	if ok && s.size <= uint64(min(limit, inlineMax)) {
 		if *reply == nil {
 			*reply = make([]byte, replyLen+inlineMax)
 		}
 		// Read under the lock: GarbageCollect cannot close the
-		// descriptor or free the range meanwhile.
+		// descriptor meanwhile. The lock is not held while writing, which
+		// a receiver that does not read could stall.
 		out := append((*reply)[:0], encodeReply(transport.OK, "", s.size, flagInline)...)
 		out = out[:replyLen+int(s.size)]
-		if s.inArena() {
-			copy(out[replyLen:], t.arena.mem[s.off:s.off+s.size])
-		} else {
-			err = preadFull(s.fd, out[replyLen:], 0)
-		}
+		err = preadFull(s.fd, out[replyLen:], 0)
 		t.mu.RUnlock()
 		if err != nil {
 			_, err := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
@@ -362,13 +368,6 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inli
 		}
 		_, err = c.Write(out)
 		return err == nil, true
-	}
-	if ok && s.inArena() {
-		// A receiver asks for an object of the arena only when the
-		// arena's slot did not hold it: its metadata is not this object's.
-		t.mu.RUnlock()
-		_, err := c.Write(encodeReply(transport.ErrCorrupt, "object "+obj.String()+" is staged in the owner's arena, but not at the slot and tag the receiver's metadata names", 0, 0))
-		return err == nil, false
 	}
 	fd := -1
 	if ok {

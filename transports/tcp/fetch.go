@@ -24,73 +24,101 @@ type piece struct {
 
 // stream pulls a list of pieces over one connection. It keeps up to window
 // request frames in flight and reads each answer straight into its piece's
-// target; it remembers partial progress, so a read that stops early (the
-// inline budget) can be resumed by another goroutine.
+// target: one readv takes the current field and, laid out behind it, the
+// headers and bytes of the answers requested after it, so a run of small
+// answers costs one system call and no copy. It remembers partial
+// progress, so a read that stops early (the inline budget) can be resumed
+// by another goroutine.
 type stream struct {
 	r      *fetchRequest
 	c      net.Conn
 	pieces []piece
 	sent   int // request frames written
 	done   int // pieces fully received
-	hdr    [responseLen]byte
-	hdrGot int
+	hdrGot int // of pieces[done]'s header
 	st     transport.Status
 	msg    []byte // a refusal's message
 	msgGot int
 	got    int // bytes of pieces[done] received
 	frames []byte
-	// Answers to small pieces are read through rbuf, many to a read; it
-	// holds only bytes of this stream's answers (the source sends nothing
-	// else), so it is empty when the last piece is in.
-	rbuf       []byte
-	rpos, rend int
+	// hdrs holds the headers of the current piece and of those read
+	// ahead, piece i's at i % ring.
+	hdrs [ring][responseLen]byte
+	// ahead bytes were already received into look, the fields after the
+	// one the last read was for, in the order the state machine asks for
+	// them (an answer assumed not refused: see advance).
+	ahead int
+	look  [][]byte
+	iovs  [][]byte
+	extra [1]byte // behind the last answer: bytes nobody asked for land here
 }
 
-// Pieces up to bufferedMax are read through the stream's read buffer (with
-// their headers), larger ones and their headers straight into their
-// targets: a copy costs them more than the read it saves. The buffer
-// holds what the small pieces need, up to readBufSize: a single 4 KiB
-// answer allocates 8 KiB, not the whole buffer.
 const (
-	readBufSize = 256 << 10
-	bufferedMax = 16 << 10
+	// lookAhead is how many answers one read may take beyond the current
+	// one (two iovecs each, within the kernel's IOV_MAX of 1024), and
+	// lookBytes about how many bytes: a read of larger answers gains
+	// nothing from more iovecs, which the kernel sets up at every call.
+	lookAhead = 255
+	lookBytes = 256 << 10
+	ring      = lookAhead + 1
 )
 
-// readInto fills dst, part of the answer to the current piece: from the
-// read buffer, from one read into the buffer (a small piece: its header
-// and bytes, and what follows, in one read), or straight from the
-// connection.
-func (s *stream) readInto(read func([]byte) (int, error), dst []byte) (int, error) {
-	if s.rpos < s.rend {
-		n := copy(dst, s.rbuf[s.rpos:s.rend])
-		s.rpos += n
+// field kinds of readInto.
+const (
+	fieldHeader = iota
+	fieldMessage
+	fieldData
+)
+
+// readInto reads into dst, the rest of the current piece's header, message
+// or bytes: from what an earlier read already put there, or with one
+// readv that also takes what follows (not after a message: a refusal ends
+// the stream). It returns how much of dst is filled.
+func (s *stream) readInto(read func([][]byte) (int, error), kind int, dst []byte) (int, error) {
+	if s.ahead > 0 {
+		// The bytes are in place: dst is look[0] (past empty targets).
+		s.look = skip(s.look, 0)
+		n := min(s.ahead, len(s.look[0]))
+		s.look = skip(s.look, n)
+		s.ahead -= n
 		return n, nil
 	}
-	if len(s.pieces[s.done].dst) > bufferedMax {
-		return read(dst)
-	}
-	if s.rbuf == nil {
-		need := 0
-		for _, p := range s.pieces[s.done:] {
-			if len(p.dst) <= bufferedMax {
-				need += responseLen + len(p.dst)
-				if need >= readBufSize {
-					break
-				}
-			}
+	s.iovs = append(s.iovs[:0], dst)
+	if kind != fieldMessage {
+		next, bytes := s.done+1, len(dst)
+		if kind == fieldHeader {
+			s.iovs = append(s.iovs, s.pieces[s.done].dst)
+			bytes += len(s.pieces[s.done].dst)
 		}
-		// Room for a refusal's message too, which also lets bytes sent
-		// beyond the answers show up (see advance).
-		s.rbuf = make([]byte, min(need+maxMessage, readBufSize))
+		for ; next < s.sent && next <= s.done+lookAhead && bytes < lookBytes; next++ {
+			s.iovs = append(s.iovs, s.hdrs[next%ring][:], s.pieces[next].dst)
+			bytes += responseLen + len(s.pieces[next].dst)
+		}
+		if next == len(s.pieces) && s.sent == len(s.pieces) {
+			s.iovs = append(s.iovs, s.extra[:])
+		}
 	}
-	n, err := read(s.rbuf)
-	s.rpos, s.rend = 0, n
-	if n <= 0 {
+	n, err := read(s.iovs)
+	if n <= len(dst) {
 		return n, err
 	}
-	m := copy(dst, s.rbuf[:n])
-	s.rpos = m
-	return m, nil
+	s.ahead = n - len(dst)
+	s.look = append(s.look[:0], s.iovs[1:]...)
+	return len(dst), nil
+}
+
+// skip drops the first n bytes of bufs, and the empty buffers then in
+// front.
+func skip(bufs [][]byte, n int) [][]byte {
+	for len(bufs) > 0 && (n > 0 || len(bufs[0]) == 0) {
+		k := min(n, len(bufs[0]))
+		bufs[0] = bufs[0][k:]
+		n -= k
+		if len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	return bufs
 }
 
 func (s *stream) bytesLeft() uint64 {
@@ -120,23 +148,25 @@ func (s *stream) sendMore() error {
 // errBudget: the inline reader ran out of time; the stream is intact.
 var errBudget = errors.New("inline budget spent")
 
-// advance receives until every piece is in. read returns at least one byte
-// or an error. Errors other than errBudget come back as rdt errors.
-func (s *stream) advance(read func([]byte) (int, error)) error {
+// advance receives until every piece is in. read fills the buffers in
+// order and returns at least one byte or an error. Errors other than
+// errBudget come back as rdt errors.
+func (s *stream) advance(read func([][]byte) (int, error)) error {
 	for s.done < len(s.pieces) {
 		if err := s.sendMore(); err != nil {
 			return s.r.ioError(err)
 		}
 		p := &s.pieces[s.done]
+		hdr := s.hdrs[s.done%ring][:]
 		var n int
 		var err error
 		switch {
 		case s.hdrGot < responseLen:
-			n, err = s.readInto(read, s.hdr[s.hdrGot:])
+			n, err = s.readInto(read, fieldHeader, hdr[s.hdrGot:])
 			s.hdrGot += n
 			if err == nil && s.hdrGot == responseLen {
 				var mlen int
-				s.st, mlen, err = decodeResponseHeader(s.hdr[:])
+				s.st, mlen, err = decodeResponseHeader(hdr)
 				if err == nil && s.st == transport.OK && mlen != 0 {
 					err = transport.Errorf(transport.ErrCorrupt, "%s answered OK with a message", s.r.meta.Endpoint)
 				}
@@ -144,15 +174,22 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 					return err
 				}
 				s.msg, s.msgGot = make([]byte, mlen), 0
+				if mlen > 0 && s.ahead > 0 {
+					// A refusal: its message was read ahead into the
+					// places meant for the bytes after it.
+					s.msgGot = min(s.ahead, mlen)
+					gather(s.msg[:s.msgGot], s.look)
+					s.ahead, s.look = 0, s.look[:0]
+				}
 			}
 		case s.msgGot < len(s.msg):
-			n, err = s.readInto(read, s.msg[s.msgGot:])
+			n, err = s.readInto(read, fieldMessage, s.msg[s.msgGot:])
 			s.msgGot += n
 		case s.st != transport.OK:
 			return transport.Errorf(s.st, "the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)
 		case s.got < len(p.dst):
-			n, err = s.readInto(read, p.dst[s.got:])
+			n, err = s.readInto(read, fieldData, p.dst[s.got:])
 			s.got += n
 		default:
 			s.done++
@@ -165,10 +202,20 @@ func (s *stream) advance(read func([]byte) (int, error)) error {
 			return s.r.ioError(err)
 		}
 	}
-	if s.rpos != s.rend {
-		return transport.Errorf(transport.ErrCorrupt, "%s sent %d bytes nobody asked for", s.r.meta.Endpoint, s.rend-s.rpos)
+	if s.ahead != 0 {
+		return transport.Errorf(transport.ErrCorrupt, "%s sent bytes nobody asked for", s.r.meta.Endpoint)
 	}
 	return nil
+}
+
+// gather fills dst from the front of bufs.
+func gather(dst []byte, bufs [][]byte) {
+	for _, b := range bufs {
+		if len(dst) == 0 {
+			return
+		}
+		dst = dst[copy(dst, b):]
+	}
 }
 
 // advanceInline drives the stream on the calling goroutine's own thread:
@@ -187,7 +234,7 @@ func (s *stream) advanceInline(budget time.Duration) error {
 	deadline := time.Now().Add(budget)
 	var aerr error
 	if err := rc.Read(func(fd uintptr) bool {
-		aerr = s.advance(func(b []byte) (int, error) { return pollRead(int(fd), b, deadline) })
+		aerr = s.advance(func(b [][]byte) (int, error) { return pollRead(int(fd), b, deadline) })
 		return true
 	}); err != nil {
 		return s.r.ioError(err)
@@ -197,9 +244,9 @@ func (s *stream) advanceInline(budget time.Duration) error {
 
 // pollRead reads what is there, waiting in ppoll until deadline for the
 // first byte. Abort shuts the socket down, which wakes the wait.
-func pollRead(fd int, b []byte, deadline time.Time) (int, error) {
+func pollRead(fd int, b [][]byte, deadline time.Time) (int, error) {
 	for {
-		n, err := unix.Read(fd, b)
+		n, err := unix.Readv(fd, b)
 		switch {
 		case n > 0:
 			return n, nil
@@ -219,6 +266,40 @@ func pollRead(fd int, b []byte, deadline time.Time) (int, error) {
 		if _, err := unix.Ppoll(fds[:], &ts, nil); err != nil && err != unix.EINTR {
 			return 0, err
 		}
+	}
+}
+
+// readv is c's vectored read, waiting for c to be readable (and for its
+// deadline) as c's own reads do.
+func readv(c net.Conn) func([][]byte) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return func(b [][]byte) (int, error) { return c.Read(b[0]) }
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return func([][]byte) (int, error) { return 0, err }
+	}
+	return func(b [][]byte) (int, error) {
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			for {
+				n, rerr = unix.Readv(int(fd), b)
+				if rerr != unix.EINTR {
+					return rerr != unix.EAGAIN
+				}
+			}
+		}); err != nil {
+			return 0, err
+		}
+		if rerr == nil && n == 0 {
+			return 0, io.EOF
+		}
+		if rerr != nil {
+			return 0, rerr
+		}
+		return n, nil
 	}
 }
 
@@ -362,7 +443,7 @@ func (r *fetchRequest) pull(ps []piece) error {
 		return abortedErr()
 	}
 	s := &stream{r: r, c: c, pieces: ps}
-	err = s.advance(c.Read)
+	err = s.advance(readv(c))
 	r.finishConn(s, err)
 	return err
 }
@@ -398,7 +479,7 @@ func (r *fetchRequest) driveInline(budget time.Duration) {
 			return
 		}
 	} else {
-		err = s.advance(s.c.Read)
+		err = s.advance(readv(s.c))
 	}
 	r.idone = true
 	r.finishConn(s, err)
@@ -558,7 +639,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 	r := &fetchRequest{t: t, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
 	buf := make([]byte, length)
 	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
-	if err := s.advance(c.Read); err != nil {
+	if err := s.advance(readv(c)); err != nil {
 		return nil, err
 	}
 	return buf, nil

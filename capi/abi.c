@@ -390,3 +390,41 @@ rdt_status rdt_group_destroy(rdt_runtime *rt, const char *name) {
   FORK_GUARD("rdt_group_destroy");
   return (rdt_status)rdtgo_group_destroy((uintptr_t)rt, (char *)name);
 }
+
+/* ---- log capture ------------------------------------------------------ */
+
+rdt_status rdt_log_capture(int enable) {
+  FORK_GUARD("rdt_log_capture");
+  return (rdt_status)rdtgo_log_capture(enable);
+}
+
+rdt_status rdt_log_set_level(int32_t level) {
+  FORK_GUARD("rdt_log_set_level");
+  return (rdt_status)rdtgo_log_set_level(level);
+}
+
+rdt_status rdt_log_take(rdt_log_record *records, size_t capacity,
+                        size_t *count, int64_t timeout_ms) {
+  FORK_GUARD("rdt_log_take");
+  if (count == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_log_take: count is NULL");
+  *count = 0;
+  if (capacity == 0)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_log_take: capacity is 0");
+  CHECK_OUT_STRUCT("rdt_log_take", rdt_log_record, records, level);
+  size_t stride = records->struct_size;
+  if (capacity > RDT_LOG_QUEUE_MAX) capacity = RDT_LOG_QUEUE_MAX;
+  rdt_log_record *full = calloc(capacity, sizeof *full);
+  if (full == NULL) return fail(RDT_ERR_NO_MEMORY, "rdt_log_take: out of memory");
+  rdt_status st = (rdt_status)rdtgo_log_take(full, capacity, count, timeout_ms);
+  if (st == RDT_OK) {
+    for (size_t i = 0; i < *count; i++) {
+      rdt_log_record *dst = (rdt_log_record *)((char *)records + i * stride);
+      dst->struct_size = (uint32_t)stride;
+      full[i].struct_size = sizeof *full;
+      VERSIONED_OUT(rdt_log_record, dst, full[i]);
+    }
+  }
+  free(full);
+  return st;
+}

@@ -847,6 +847,60 @@ static inline void rdt_stats_init(rdt_stats *stats) {
 /* Copies the runtime's counters into `out` (initialized with _init). */
 RDT_API rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out);
 
+/* ------------------------------------------------------------------------- */
+/* Log capture                                                               */
+/* ------------------------------------------------------------------------- */
+
+/* By default every runtime writes its log lines to stderr. A binding whose
+ * users read logs elsewhere (Python's logging) turns capture on and takes
+ * the lines from a queue on a thread of its own: rdt never calls into the
+ * binding to log. Capture and the level override are process-wide, for
+ * every runtime, existing and later. */
+
+/* Longest message a record holds, without the NUL (longer ones are cut,
+ * ending in "..."). */
+#define RDT_LOG_MESSAGE_MAX 1023
+/* Most log lines held while capture is on; when more arrive before they are
+ * taken, the oldest are dropped and the next take starts with a warning
+ * that says how many. */
+#define RDT_LOG_QUEUE_MAX 4096
+
+typedef struct rdt_log_record {
+  uint32_t struct_size;                     /* set by _init */
+  int32_t level;                            /* RDT_LOG_ERROR .. RDT_LOG_DEBUG */
+  int64_t unix_ns;                          /* when it was logged */
+  char runtime[RDT_NAME_MAX + 1];           /* the runtime's name, cut to fit */
+  char message[RDT_LOG_MESSAGE_MAX + 1];    /* the line, without the prefix */
+} rdt_log_record;
+
+static inline void rdt_log_record_init(rdt_log_record *record) {
+  memset(record, 0, sizeof *record);
+  record->struct_size = (uint32_t)sizeof *record;
+}
+
+/* enable != 0: from now on, log lines are held for rdt_log_take() instead of
+ * written to stderr. enable == 0: lines go to stderr again; held lines are
+ * dropped and waiting rdt_log_take() calls return RDT_ERR_CLOSED. Calling it
+ * twice with the same value does nothing. Never fails. */
+RDT_API rdt_status rdt_log_capture(int enable);
+
+/* Moves up to `capacity` held log lines, oldest first, into `records` and
+ * their number into *count. Waits up to `timeout_ms` (< 0: forever, 0: do
+ * not wait) until at least one is held; *count is 0 when the time ran out
+ * (not an error). The array's stride is records[0].struct_size, so
+ * initialize every element with rdt_log_record_init(). Errors:
+ * INVALID_ARGUMENT (NULL records or count, capacity 0, struct_size too
+ * small), CLOSED (capture is off, or was turned off while waiting). */
+RDT_API rdt_status rdt_log_take(rdt_log_record *records, size_t capacity,
+                                size_t *count, int64_t timeout_ms);
+
+/* Sets the log level of every runtime of the process, existing and later,
+ * to `level` (RDT_LOG_OFF .. RDT_LOG_DEBUG); RDT_LOG_DEFAULT gives each
+ * runtime back its own (rdt_runtime_options.log_level, else $RDT_LOG). A
+ * runtime whose own level is RDT_LOG_OFF (by its options or $RDT_LOG=off)
+ * stays silent. Errors: INVALID_ARGUMENT (level out of range). */
+RDT_API rdt_status rdt_log_set_level(int32_t level);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

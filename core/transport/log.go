@@ -40,7 +40,8 @@ func ParseLogLevel(s string) (LogLevel, bool) {
 	return LogDefault, false
 }
 
-// Logger writes leveled lines to stderr, prefixed with the runtime name.
+// Logger writes leveled lines to stderr, prefixed with the runtime name, or
+// holds them for a binding to take while capture is on (logcapture.go).
 type Logger struct {
 	name   string
 	level  LogLevel
@@ -76,9 +77,18 @@ func (l *Logger) Named(what string) *Logger {
 	return &named
 }
 
-// Enabled reports whether messages at level l are written.
+// Enabled reports whether messages at level l are written: up to the
+// process's override (SetLogLevelOverride) where one is set, else up to the
+// logger's own level.
 func (l *Logger) Enabled(level LogLevel) bool {
-	return l != nil && level != LogOff && level <= l.level
+	if l == nil || level == LogOff || l.level == LogOff {
+		return false
+	}
+	max := l.level
+	if o := LogLevel(levelOverride.Load()); o != LogDefault {
+		max = o
+	}
+	return level <= max
 }
 
 func (l *Logger) logf(level LogLevel, format string, args ...any) {
@@ -87,6 +97,9 @@ func (l *Logger) logf(level LogLevel, format string, args ...any) {
 	}
 	// Addresses may carry a runtime's secret: it never reaches a log.
 	msg := redactSecrets(l.prefix + fmt.Sprintf(format, args...))
+	if l.out == nil && captured.hold(LogRecord{Level: level, Time: time.Now(), Name: l.name, Message: msg}) {
+		return
+	}
 	line := fmt.Sprintf("%s rdt[%s] %s: %s\n", time.Now().Format("15:04:05.000000"), l.name, levelNames[level], msg)
 	stderrMu.Lock()
 	if l.out != nil {

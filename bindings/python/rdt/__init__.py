@@ -15,6 +15,7 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
 from ._default import (create_collective_group, default_runtime, destroy_collective_group, fetch, get, get_async,
                        init, put, register_tensor_transport, wait_tensor_freed)
 from ._fetch import Fetch
+from ._logs import set_log_level
 from ._lib import decode as _decode
 from ._lib import lib as _native
 from ._ref import ObjectRef
@@ -33,7 +34,7 @@ def library_version() -> str:
 __all__ = [
     "Runtime", "ObjectRef", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
     "wait_tensor_freed",
-    "register_tensor_transport", "library_version", "create_collective_group", "destroy_collective_group",
+    "register_tensor_transport", "library_version", "set_log_level", "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",
     "RdtError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "GetTimeoutError",
     "AbortedError", "PeerUnavailableError", "CorruptError", "UnsupportedError", "PermissionDeniedError",

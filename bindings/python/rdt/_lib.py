@@ -174,6 +174,14 @@ class Stats(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32)] + [(n, c_uint64) for n in STATS_FIELDS]
 
 
+LOG_MESSAGE_MAX = 1023
+
+
+class LogRecord(Structure):
+    _fields_ = [("struct_size", c_uint32), ("level", c_int32), ("unix_ns", c_int64),
+                ("runtime", c_char * (NAME_MAX + 1)), ("message", c_char * (LOG_MESSAGE_MAX + 1))]
+
+
 def init(struct: Any) -> Any:
     """Sets struct_size, as the header's static inline *_init functions do."""
     struct.struct_size = ctypes.sizeof(struct)
@@ -255,6 +263,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_group_create": (c_int32, [c_void_p, c_char_p, c_int32, c_int32, c_char_p, c_int32,
                                    POINTER(GroupOptions), c_int64]),
     "rdt_group_destroy": (c_int32, [c_void_p, c_char_p]),
+    "rdt_log_capture": (c_int32, [ctypes.c_int]),
+    "rdt_log_take": (c_int32, [c_void_p, c_size_t, POINTER(c_size_t), c_int64]),
+    "rdt_log_set_level": (c_int32, [c_int32]),
 }
 
 _lock = threading.Lock()

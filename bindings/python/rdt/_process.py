@@ -12,6 +12,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._errors import AlreadyExistsError
+from ._logs import FORWARDER
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -85,6 +86,8 @@ class Process:
                 rt.close()
             except Exception:
                 pass
+        # The lines logged while closing reach logging too; then stderr again.
+        FORWARDER.stop()
 
 
 PROCESS = Process()

@@ -17,6 +17,7 @@ from ._fetch import Fetch
 from ._fetch import deadline_of as _deadline
 from ._fetch import slice_ms as _slice_ms
 from ._handle import Handle
+from ._logs import FORWARDER
 from ._process import PROCESS
 from ._ref import SINGLE, ObjectRef, encode_skeleton, flatten
 from ._store import NO_RELEASE, Entry, Store
@@ -94,6 +95,7 @@ class Runtime(Handle):
         o.lease_ms = _seconds_ms(lease, "lease")
         o.peer_timeout_ms = _seconds_ms(peer_timeout, "peer_timeout")
         _deadline(deserialize_timeout)  # InvalidArgumentError for a bad value, before anything is made
+        FORWARDER.start(_lib.lib())  # only runtimes log: their lines go to logging from the first one
         out = ctypes.c_void_p()
         _lib.check(_lib.lib().rdt_runtime_create(ctypes.byref(o), ctypes.byref(out)))
         super().__init__(out.value or 0)

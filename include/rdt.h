@@ -891,7 +891,7 @@ static inline void rdt_fetch_histogram_init(rdt_fetch_histogram *h) {
  * each is read atomically but not all at one instant, so an entry copied
  * during fetches may count a fetch in buckets[] before sum_ns. Errors:
  * RDT_ERR_INVALID_ARGUMENT for a bad handle, a NULL `count`, a NULL `out`
- * with capacity > 0, or out[0].struct_size too small. */
+ * with capacity > 0, or out[0].struct_size too small; RDT_ERR_NO_MEMORY. */
 RDT_API rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt,
                                                 rdt_fetch_histogram *out,
                                                 size_t capacity,

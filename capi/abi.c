@@ -130,6 +130,46 @@ rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out) {
   return st;
 }
 
+rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt, rdt_fetch_histogram *out,
+                                        size_t capacity, size_t *count) {
+  FORK_GUARD("rdt_runtime_fetch_histograms");
+  if (count == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_runtime_fetch_histograms: count is NULL");
+  if (capacity > 0 && out == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT,
+                "rdt_runtime_fetch_histograms: out is NULL but capacity is %zu", capacity);
+  size_t stride = 0;
+  if (capacity > 0) {
+    CHECK_OUT_STRUCT("rdt_runtime_fetch_histograms", rdt_fetch_histogram, out, size_class);
+    stride = out->struct_size;
+  }
+  /* The staging array holds what there is, not the caller's capacity
+   * (which may be any size): sized by a first count, and again if entries
+   * appeared meanwhile. */
+  rdt_fetch_histogram *full = NULL;
+  size_t staged = 0;
+  rdt_status st = (rdt_status)rdtgo_runtime_fetch_histograms((uintptr_t)rt, NULL, 0, count);
+  while (st == RDT_OK && staged < capacity && staged < *count) {
+    staged = *count < capacity ? *count : capacity;
+    free(full);
+    full = calloc(staged, sizeof *full);
+    if (full == NULL)
+      return fail(RDT_ERR_NO_MEMORY, "rdt_runtime_fetch_histograms: out of memory");
+    st = (rdt_status)rdtgo_runtime_fetch_histograms((uintptr_t)rt, full, staged, count);
+  }
+  if (st == RDT_OK) {
+    size_t n = *count < staged ? *count : staged;
+    for (size_t i = 0; i < n; i++) {
+      rdt_fetch_histogram *dst = (rdt_fetch_histogram *)((char *)out + i * stride);
+      dst->struct_size = (uint32_t)stride;
+      full[i].struct_size = sizeof *full;
+      VERSIONED_OUT(rdt_fetch_histogram, dst, full[i]);
+    }
+  }
+  free(full);
+  return st;
+}
+
 /* ---- objects and refs ----------------------------------------------- */
 
 rdt_status rdt_put(rdt_runtime *rt, const rdt_tensor *tensors,

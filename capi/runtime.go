@@ -86,6 +86,35 @@ func rdtgo_runtime_address(h C.uintptr_t, out **C.char) C.int {
 	})
 }
 
+//export rdtgo_runtime_fetch_histograms
+func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, capacity C.size_t, count *C.size_t) C.int {
+	return guard("rdt_runtime_fetch_histograms", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		hs := rt.Registry().FetchHistograms()
+		*count = C.size_t(len(hs))
+		if capacity == 0 {
+			return nil
+		}
+		dst := unsafe.Slice(out, int(capacity))
+		for i, hg := range hs[:min(len(hs), len(dst))] {
+			o := &dst[i]
+			o.size_class = C.uint32_t(hg.SizeClass)
+			copyName(o.transport[:], hg.Transport)
+			o.count = C.uint64_t(hg.Count)
+			o.sum_ns = C.uint64_t(hg.SumNanos)
+			o.bytes = C.uint64_t(hg.Bytes)
+			o.failures = C.uint64_t(hg.Failures)
+			for b, n := range hg.Buckets {
+				o.buckets[b] = C.uint64_t(n)
+			}
+		}
+		return nil
+	})
+}
+
 //export rdtgo_runtime_stats
 func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 	return guard("rdt_runtime_stats", func() error {

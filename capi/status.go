@@ -10,7 +10,10 @@ enum { rdtc_status_count = 0 RDT_STATUS_LIST(RDTC_COUNT_STATUS_) };
 */
 import "C"
 
-import "github.com/rdt-project/rdt/core/transport"
+import (
+	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/transport"
+)
 
 // The core's status constants are written in Go, rdt.h's in C; these checks
 // make the library fail to build when the two drift apart. Indexing a
@@ -40,3 +43,9 @@ var goStatusesMatchRDTH = [...]struct{}{
 }
 
 var _ = sameValue[C.rdtc_status_count-len(goStatusesMatchRDTH)]
+
+// The fetch histograms' shape is fixed in rdt.h and in the core alike.
+var _ = [...]struct{}{
+	sameValue[core.FetchSizeClasses-C.RDT_FETCH_SIZE_CLASSES],
+	sameValue[core.FetchLatencyBuckets-C.RDT_FETCH_LATENCY_BUCKETS],
+}

@@ -27,7 +27,8 @@ type FetchOptions struct {
 type Fetch struct {
 	rt        *Runtime
 	transfers []*transfer
-	override  string // the transport every ref is fetched with ("": each its own)
+	override  string    // the transport every ref is fetched with ("": each its own)
+	start     time.Time // when the fetch was asked for: its transfers' latencies count from here
 	// ctx bounds the network phases of every transfer (connecting to the
 	// owner, the borrow, metadata): it ends when the fetch is aborted, and
 	// at the caller's deadline for Get.
@@ -224,7 +225,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		override = e.desc.Name
 	}
 
-	f := &Fetch{rt: rt, override: override, done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
+	f := &Fetch{rt: rt, override: override, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
 	off = 0
 	for i, r := range refs {
 		c, err := r.Clone()
@@ -757,6 +758,7 @@ func (tr *transfer) finish(err error) {
 		if tr.entry != nil {
 			tr.entry.stats.TransfersCompleted.Add(1)
 			tr.entry.stats.BytesReceived.Add(desc.Nbytes)
+			tr.entry.hist.recordFetch(desc.Nbytes, time.Since(tr.f.start))
 		}
 		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
 	} else {
@@ -766,6 +768,7 @@ func (tr *transfer) finish(err error) {
 		rt.c.transfersFailed.Add(1)
 		if tr.entry != nil {
 			tr.entry.stats.TransfersFailed.Add(1)
+			tr.entry.hist.recordFailure(desc.Nbytes)
 		}
 		level := rt.log.Warnf
 		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {

@@ -25,6 +25,7 @@ type registered struct {
 	sender  transport.Sender     // nil for one-sided transports
 	builtin bool
 	stats   TransportStats
+	hist    fetchHistograms // fetches as destination, by size class
 }
 
 // Registry maps canonical names to transports, per runtime.

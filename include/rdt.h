@@ -847,6 +847,55 @@ static inline void rdt_stats_init(rdt_stats *stats) {
 /* Copies the runtime's counters into `out` (initialized with _init). */
 RDT_API rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out);
 
+/* Fetch latency histograms. Every completed fetch of another runtime's
+ * object is counted under the transport that moved it and the size class
+ * of the object's total bytes: class c < RDT_FETCH_SIZE_CLASSES - 1 holds
+ * objects of at most RDT_FETCH_SIZE_CLASS_MAX_BYTES(c) bytes (4 KiB, 64 KiB,
+ * 1 MiB, 16 MiB, 256 MiB), the last class every larger object. Its
+ * latency, from rdt_fetch_start() (or rdt_get()) to the end of that
+ * object's transfer, is in bucket b < RDT_FETCH_LATENCY_BUCKETS - 1 when it
+ * is at most RDT_FETCH_LATENCY_BUCKET_MAX_US(b) microseconds (2^b) and over
+ * the bound of bucket b - 1; slower fetches are in the last bucket. Copies
+ * of a runtime's own objects (rdt_stats.local_copies) and empty objects
+ * move nothing over a transport and are not counted. */
+#define RDT_FETCH_SIZE_CLASSES 6
+#define RDT_FETCH_SIZE_CLASS_MAX_BYTES(c) ((uint64_t)4096 << (4 * (c)))
+#define RDT_FETCH_LATENCY_BUCKETS 25
+#define RDT_FETCH_LATENCY_BUCKET_MAX_US(b) ((uint64_t)1 << (b))
+
+typedef struct rdt_fetch_histogram {
+  uint32_t struct_size;              /* set by _init */
+  uint32_t size_class;               /* 0 .. RDT_FETCH_SIZE_CLASSES - 1 */
+  char transport[RDT_NAME_MAX + 1];  /* canonical lower-case name */
+  uint64_t count;    /* completed fetches: the sum of buckets[] */
+  uint64_t sum_ns;   /* their latencies added up, in nanoseconds */
+  uint64_t bytes;    /* their bytes added up */
+  uint64_t failures; /* failed fetches over this transport: in no bucket */
+  /* Fetches per latency bucket: NOT cumulative (Prometheus' le buckets
+   * are the running sums). */
+  uint64_t buckets[RDT_FETCH_LATENCY_BUCKETS];
+} rdt_fetch_histogram;
+
+static inline void rdt_fetch_histogram_init(rdt_fetch_histogram *h) {
+  memset(h, 0, sizeof *h);
+  h->struct_size = (uint32_t)sizeof *h;
+}
+
+/* Copies the fetch histograms of `rt` out, one entry per (transport, size
+ * class) with at least one fetch or failure, sorted by transport name and
+ * size class. *count gets the number of such entries; up to `capacity` are
+ * written to `out` (which may be NULL when capacity is 0; call with 0 to
+ * size the array, and again if *count grew meanwhile). The array's stride
+ * is out[0].struct_size, so initialize every element with
+ * rdt_fetch_histogram_init(). The caller owns `out`. Counters only grow, and
+ * each is read atomically but not all at one instant, so an entry copied
+ * during fetches may count a fetch in buckets[] before sum_ns. Errors:
+ * RDT_ERR_INVALID_ARGUMENT for a bad handle, a NULL `count`, a NULL `out`
+ * with capacity > 0, or out[0].struct_size too small; RDT_ERR_NO_MEMORY. */
+RDT_API rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt,
+                                                rdt_fetch_histogram *out,
+                                                size_t capacity,
+                                                size_t *count);
 /* ------------------------------------------------------------------------- */
 /* Log capture                                                               */
 /* ------------------------------------------------------------------------- */

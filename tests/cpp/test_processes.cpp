@@ -34,6 +34,46 @@ TEST_P(AcrossProcesses, PutInOneProcessGetInAnother) {
 INSTANTIATE_TEST_SUITE_P(Transports, AcrossProcesses, ::testing::ValuesIn(process_transports()),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
+// Runtime::fetch_histograms after known fetches from another process: one
+// entry per transport and size class, with exact counts and bytes.
+TEST(AcrossProcessesMetrics, FetchHistogramsCountEachFetch) {
+  rdt::Runtime rt(quiet("cpp-metrics"));
+  EXPECT_TRUE(rt.fetch_histograms().empty());
+  struct Batch {
+    const char *transport;
+    size_t words;
+    int objects;
+  };
+  for (Batch batch : {Batch{"shm", 256, 3}, Batch{"tcp", 25600, 2}}) {  // 1 KiB, 100 KiB
+    Child child({"source", batch.transport, std::to_string(batch.words), std::to_string(batch.objects)});
+    std::vector<uint32_t> got(batch.words);
+    for (int i = 0; i < batch.objects; i++) {
+      std::string hex = child.read_line();
+      ASSERT_FALSE(hex.empty()) << "the source process said nothing";
+      rdt::Ref ref = rt.deserialize(from_hex(hex));
+      rt.get(ref, {rdt::view(got)}, 30s);
+      EXPECT_EQ(got, pattern(batch.words, uint32_t(i)));
+    }
+  }
+  std::vector<rdt_fetch_histogram> hs = rt.fetch_histograms();
+  ASSERT_EQ(hs.size(), 2u);
+  EXPECT_STREQ(hs[0].transport, "shm");
+  EXPECT_EQ(hs[0].size_class, 0u);
+  EXPECT_EQ(hs[0].count, 3u);
+  EXPECT_EQ(hs[0].bytes, 3u * 1024);
+  EXPECT_STREQ(hs[1].transport, "tcp");
+  EXPECT_EQ(hs[1].size_class, 2u);
+  EXPECT_EQ(hs[1].count, 2u);
+  EXPECT_EQ(hs[1].bytes, 2u * 102400);
+  for (auto &h : hs) {
+    uint64_t in_buckets = 0;
+    for (uint64_t n : h.buckets) in_buckets += n;
+    EXPECT_EQ(in_buckets, h.count) << h.transport;
+    EXPECT_GT(h.sum_ns, 0u);
+    EXPECT_EQ(h.failures, 0u);
+  }
+}
+
 // The consumer's release frees the producer's object: distributed reference
 // counting through RAII on both sides.
 TEST(AcrossProcessesRefcount, TheLastReleaseFreesTheSource) {

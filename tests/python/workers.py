@@ -117,6 +117,19 @@ def serve_raw(conn, transports, n=1000):
         pass
 
 
+def serve_sized(conn, plan):
+    """For each (transport, nbytes, count) of plan, puts count uint8 arrays
+    of nbytes (the i-th filled with i), sends the C bytes of all their refs
+    in that order, then waits until told to stop."""
+    refs = [rdt.put(np.full(nbytes, i, dtype=np.uint8), transport=t)
+            for t, nbytes, count in plan for i in range(count)]
+    conn.send([r.serialize() for r in refs])
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
 def wait_until_interrupted(mode, raw_hex, transport=None):
     """Run as a script: waits on the owner of the ref in raw_hex, in `mode`
     ("get": a get of a ref deserialized first; "deserialize": deserializing

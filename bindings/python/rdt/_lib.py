@@ -163,6 +163,36 @@ class TransportInfo(Structure):
     ]
 
 
+# Fetch histograms (rdt.h "Observability"): size class c < FETCH_SIZE_CLASSES - 1
+# holds objects of at most 4096 << 4c bytes; bucket b < FETCH_LATENCY_BUCKETS - 1
+# fetches of at most 2^b microseconds.
+FETCH_SIZE_CLASSES = 6
+FETCH_LATENCY_BUCKETS = 25
+
+
+def fetch_size_class_max_bytes(c: int) -> Optional[int]:
+    """RDT_FETCH_SIZE_CLASS_MAX_BYTES(c); None for the last, unbounded class."""
+    return 4096 << (4 * c) if c < FETCH_SIZE_CLASSES - 1 else None
+
+
+def fetch_latency_bucket_max_us(b: int) -> Optional[int]:
+    """RDT_FETCH_LATENCY_BUCKET_MAX_US(b); None for the last, unbounded bucket."""
+    return 1 << b if b < FETCH_LATENCY_BUCKETS - 1 else None
+
+
+class FetchHistogram(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("size_class", c_uint32),
+        ("transport", c_char * (NAME_MAX + 1)),
+        ("count", c_uint64),
+        ("sum_ns", c_uint64),
+        ("bytes", c_uint64),
+        ("failures", c_uint64),
+        ("buckets", c_uint64 * FETCH_LATENCY_BUCKETS),
+    ]
+
+
 STATS_FIELDS = (
     "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
     "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
@@ -259,6 +289,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                          POINTER(TransportVTable)]),
     "rdt_transport_list": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
+    "rdt_runtime_fetch_histograms": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_take_released": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(c_size_t), c_int64]),
     "rdt_group_create": (c_int32, [c_void_p, c_char_p, c_int32, c_int32, c_char_p, c_int32,
                                    POINTER(GroupOptions), c_int64]),

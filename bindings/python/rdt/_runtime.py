@@ -369,6 +369,32 @@ class Runtime(Handle):
         ``builtin=True``, only the application's with False)."""
         return [t["name"] for t in self.transports() if builtin is None or t["builtin"] == builtin]
 
+    def fetch_histograms(self) -> List[Dict[str, Any]]:
+        """Fetch latency histograms, one dict per transport and object size
+        class that saw a fetch or a failure, sorted by transport and size
+        class: ``transport``, ``size_class`` (0-5), ``size_class_max_bytes``
+        (None for the last class), ``buckets`` (fetches per latency bucket,
+        not cumulative: bucket b holds fetches of at most 2**b microseconds,
+        the last one the slower ones), ``count``, ``sum_ns`` and ``bytes`` of
+        the completed fetches, and ``failures``. ``rdt.metrics`` turns them
+        into Prometheus histograms; docs/metrics.md describes them."""
+        L = _lib.lib()
+        n = ctypes.c_size_t()
+        while True:
+            _lib.check(L.rdt_runtime_fetch_histograms(self._handle(), None, 0, ctypes.byref(n)))
+            arr = (_lib.FetchHistogram * max(n.value, 1))()
+            for x in arr:
+                _lib.init(x)
+            now = ctypes.c_size_t()
+            _lib.check(L.rdt_runtime_fetch_histograms(self._handle(), ctypes.addressof(arr), len(arr),
+                                                       ctypes.byref(now)))
+            if now.value <= len(arr):  # else an entry appeared meanwhile: ask again
+                break
+        return [{"transport": x.transport.decode(), "size_class": x.size_class,
+                 "size_class_max_bytes": _lib.fetch_size_class_max_bytes(x.size_class),
+                 "buckets": list(x.buckets), "count": x.count, "sum_ns": x.sum_ns, "bytes": x.bytes,
+                 "failures": x.failures} for x in arr[:now.value]]
+
     def stats(self) -> Dict[str, int]:
         """The runtime's counters (objects, refs, borrows, transfers, bytes...)."""
         s = _lib.init(_lib.Stats())

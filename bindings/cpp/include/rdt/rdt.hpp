@@ -855,6 +855,24 @@ class Runtime {
       }
     }
   }
+  /// Fetch latency histograms, one per transport and object size class
+  /// that saw a fetch or a failure, sorted by transport and size class
+  /// (rdt_runtime_fetch_histograms: buckets[] are per bucket, not
+  /// cumulative).
+  std::vector<rdt_fetch_histogram> fetch_histograms() const {
+    size_t n = 0;
+    for (;;) {
+      check(rdt_runtime_fetch_histograms(rt_, nullptr, 0, &n));
+      std::vector<rdt_fetch_histogram> out(n);
+      for (auto &h : out) rdt_fetch_histogram_init(&h);
+      size_t now = 0;
+      check(rdt_runtime_fetch_histograms(rt_, out.data(), out.size(), &now));
+      if (now <= n) {  // else a transport or size class appeared meanwhile: ask again
+        out.resize(now);
+        return out;
+      }
+    }
+  }
   /// Whether a transport of that name (case-insensitive) is registered.
   bool has_transport(const std::string &name) const {
     std::string lower(name);

@@ -133,8 +133,11 @@ class PeerProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         for f in (self.proc.stdin, self.proc.stdout):
-            if f is not None:
-                f.close()
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:  # a request left unsent in the buffer of a dead peer's pipe
+                pass
         self._stderr.close()
 
     def __enter__(self) -> "PeerProcess":

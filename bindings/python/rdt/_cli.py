@@ -14,6 +14,10 @@ import platform
 import sys
 from typing import Any, Dict, List, Optional
 
+import rdt
+
+from . import _bench, _doctor, _lib
+
 
 def _names(text: str, known: "tuple[str, ...]", what: str) -> List[str]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
@@ -25,9 +29,8 @@ def _names(text: str, known: "tuple[str, ...]", what: str) -> List[str]:
 
 
 def _sizes(text: str) -> List[int]:
-    from ._bench import parse_size
     try:
-        sizes = [parse_size(x) for x in text.split(",") if x.strip()]
+        sizes = [_bench.parse_size(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if not sizes:
@@ -36,7 +39,6 @@ def _sizes(text: str) -> List[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import _bench, _doctor
     p = argparse.ArgumentParser(prog="rdt", description="rdt: direct tensor transport. Diagnose this host, "
                                 "show versions, or measure the transports.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,8 +70,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def info() -> Dict[str, Any]:
-    import rdt
-    from . import _lib
     out: Dict[str, Any] = {"version": rdt.__version__, "library_path": os.path.abspath(_lib.library_path()),
                            "abi_version_package": _lib.ABI_VERSION}
     try:
@@ -112,7 +112,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(d, indent=2) if args.json else _render_info(d))
         return 0 if "library_error" not in d else 1
     if args.command == "doctor":
-        from . import _doctor
         report = _doctor.run(timeout=args.timeout)
         failing = [n for n in args.require if report["transports"].get(n, {}).get("status") not in _doctor.WORKING]
         report["required"] = {"names": args.require, "not_working": failing}
@@ -120,7 +119,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         if failing and not args.json:
             print(f"required but not working: {', '.join(failing)}", file=sys.stderr)
         return 1 if failing else 0
-    from . import _bench
     report = _bench.run(args.transports, args.sizes, timeout=args.timeout)
     print(json.dumps(report, indent=2) if args.json else _bench.render(report))
     return 1 if report["errors"] else 0

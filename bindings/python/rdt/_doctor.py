@@ -17,6 +17,7 @@ import re
 import stat
 from typing import Any, Dict, List, Optional
 
+from . import _errors
 from ._peer import PeerError, PeerProcess, RequestError, pattern, quiet_runtime
 
 HOST_TRANSPORTS = ("cma", "shm", "tcp")
@@ -268,13 +269,12 @@ def check_tcp_listener() -> Dict[str, Any]:
 
 def run(timeout: float = 30.0) -> Dict[str, Any]:
     """Runs every check; the report is JSON-ready."""
-    import rdt
     facts = host_facts()
     report: Dict[str, Any] = {"host": facts, "transports": {}, "automatic": None, "socket_dir": None,
                               "tcp_listener": check_tcp_listener(), "peer": None}
     try:
         rt = quiet_runtime("rdt-doctor")
-    except rdt.RdtError as e:
+    except _errors.RdtError as e:
         report["runtime_error"] = str(e)
         for name in BUILTIN:
             report["transports"][name] = {"status": FAILED, "reason": f"no runtime: {e}", "fix": None}

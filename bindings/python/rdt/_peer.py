@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Dict, Optional
 
+import rdt
+
 # Longest answer line the peer may send (a serialized ref is a few KiB).
 MAX_LINE = 1 << 20
 
@@ -48,7 +50,6 @@ def quiet_runtime(name: str) -> Any:
     """The process's default runtime, logging errors only unless RDT_LOG
     says otherwise: a refused transport is an expected finding here, not a
     warning to repeat on stderr."""
-    import rdt
     return rdt.init(name=name, log_level=os.environ.get("RDT_LOG") or "error")
 
 

@@ -114,7 +114,7 @@ def test_doctor_with_cma_refused_by_seccomp_reports_the_reason_and_the_fallback(
 
     text = run(rdt_cmd, "doctor", prefix=prefix)
     assert text.returncode == 0, text.stderr
-    assert "host memory -> shm (fell back from cma:" in text.stdout
+    assert "host memory -> shm (fell back from cma, FAILED above)" in text.stdout
     assert any(line.split()[:2] == ["cma", "FAILED"] for line in text.stdout.splitlines())
     out = run(rdt_cmd, "doctor", "--require", "cma", prefix=prefix)
     assert out.returncode == 1 and "required but not working: cma" in out.stderr

@@ -107,6 +107,14 @@ def _render_info(d: Dict[str, Any]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)  # usage errors exit with status 2
+    try:
+        return _run(args)
+    except BrokenPipeError:  # the reader (| head) went away: say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "info":
         d = info()
         print(json.dumps(d, indent=2) if args.json else _render_info(d))

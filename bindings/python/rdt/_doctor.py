@@ -326,7 +326,7 @@ def render(report: Dict[str, Any]) -> str:
             line = f"  host memory -> {auto['picked']}"
             if auto["fell_back_from"]:
                 line += " (fell back from " + ", ".join(
-                    f"{n}: {why}" for n, why in auto["fell_back_from"].items()) + ")"
+                    f"{n}, {report['transports'][n]['status']} above" for n in auto["fell_back_from"]) + ")"
             lines.append(line)
         else:
             lines.append(f"  FAILED {auto.get('reason')}")

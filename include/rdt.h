@@ -752,10 +752,11 @@ typedef struct rdt_unavailable_transport {
   uint32_t struct_size;           /* set by _init */
   int32_t status;                 /* an rdt_status: the failure's kind */
   char name[RDT_NAME_MAX + 1];    /* canonical lower-case name */
-  char reason[RDT_REASON_MAX + 1]; /* e.g. "cannot load libcuda.so.1: ..." */
+  char reason[RDT_REASON_MAX + 1]; /* the transport's own words */
 } rdt_unavailable_transport;
 
-static inline void rdt_unavailable_transport_init(rdt_unavailable_transport *info) {
+static inline void rdt_unavailable_transport_init(
+    rdt_unavailable_transport *info) {
   memset(info, 0, sizeof *info);
   info->struct_size = (uint32_t)sizeof *info;
 }
@@ -772,8 +773,8 @@ RDT_API rdt_status rdt_transport_list_unavailable(rdt_runtime *rt,
 /* How the library was built, as lines of "key=value": go (the Go version),
  * os, arch, compiler, cc (the C compiler), buildmode, tags, cgo, goamd64 or
  * goarm64 (the instruction set level), vcs.revision, vcs.time and
- * vcs.modified (when built from a checkout that recorded them). Keys without a value are left out;
- * more keys may be added. Static storage; never NULL. */
+ * vcs.modified (when the build recorded them). Keys without a value are
+ * left out; more keys may be added. Static storage; never NULL. */
 RDT_API const char *rdt_build_info(void);
 
 /* ------------------------------------------------------------------------- */

@@ -410,6 +410,58 @@ rdt_status rdt_transport_list(rdt_runtime *rt, rdt_transport_info *infos,
   return st;
 }
 
+rdt_status rdt_transport_list_unavailable(rdt_runtime *rt,
+                                          rdt_unavailable_transport *infos,
+                                          size_t capacity, size_t *count) {
+  FORK_GUARD("rdt_transport_list_unavailable");
+  if (count == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT, "rdt_transport_list_unavailable: count is NULL");
+  if (capacity > 0 && infos == NULL)
+    return fail(RDT_ERR_INVALID_ARGUMENT,
+                "rdt_transport_list_unavailable: infos is NULL but capacity is %zu", capacity);
+  size_t stride = 0;
+  if (capacity > 0) {
+    CHECK_OUT_STRUCT("rdt_transport_list_unavailable", rdt_unavailable_transport, infos, name);
+    stride = infos->struct_size;
+  }
+  rdt_unavailable_transport *full = NULL;
+  if (capacity > 0) {
+    full = calloc(capacity, sizeof *full);
+    if (full == NULL)
+      return fail(RDT_ERR_NO_MEMORY, "rdt_transport_list_unavailable: out of memory");
+  }
+  rdt_status st = (rdt_status)rdtgo_transport_list_unavailable((uintptr_t)rt, full,
+                                                               capacity, count);
+  if (st == RDT_OK) {
+    size_t n = *count < capacity ? *count : capacity;
+    for (size_t i = 0; i < n; i++) {
+      rdt_unavailable_transport *dst =
+          (rdt_unavailable_transport *)((char *)infos + i * stride);
+      dst->struct_size = (uint32_t)stride;
+      full[i].struct_size = sizeof *full;
+      VERSIONED_OUT(rdt_unavailable_transport, dst, full[i]);
+    }
+  }
+  free(full);
+  return st;
+}
+
+/* Made once by Go and kept for the life of the process. A child forked
+ * after the library was loaded gets the text made before the fork, or a
+ * note: it must not call into Go. */
+static const char *build_info;
+static pthread_once_t build_info_once = PTHREAD_ONCE_INIT;
+
+static void make_build_info(void) { build_info = rdtgo_build_info(); }
+
+const char *rdt_build_info(void) {
+  if (forked_child)
+    return build_info ? build_info
+                      : "error=unknown: this process was forked after librdt was loaded";
+  pthread_once(&build_info_once, make_build_info);
+  return build_info ? build_info : "";
+}
+
 /* ---- groups --------------------------------------------------------- */
 
 rdt_status rdt_group_create(rdt_runtime *rt, const char *name,
@@ -467,4 +519,13 @@ rdt_status rdt_log_take(rdt_log_record *records, size_t capacity,
   }
   free(full);
   return st;
+}
+
+/* The C compiler that built this file (and the rest of the library's C). */
+const char *rdtc_cc_version(void) {
+#if defined(__clang__) || !defined(__GNUC__)
+  return __VERSION__;
+#else
+  return "gcc " __VERSION__;
+#endif
 }

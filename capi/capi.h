@@ -13,6 +13,9 @@ struct rdt_buffer {
   size_t size;
 };
 
+/* The C compiler the library was built with, e.g. "gcc 12.2.0". */
+const char *rdtc_cc_version(void);
+
 /* Thread-local last error, set by the Go layer before it returns. */
 void rdtc_set_last_error(const char *msg, size_t len);
 

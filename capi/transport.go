@@ -114,6 +114,31 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 	})
 }
 
+//export rdtgo_transport_list_unavailable
+func rdtgo_transport_list_unavailable(h C.uintptr_t, infos *C.rdt_unavailable_transport, capacity C.size_t, count *C.size_t) C.int {
+	return guard("rdt_transport_list_unavailable", func() error {
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		list := rt.Registry().Unavailable()
+		*count = C.size_t(len(list))
+		if capacity == 0 {
+			return nil
+		}
+		out := unsafe.Slice(infos, int(capacity))
+		for i, u := range list {
+			if i >= len(out) {
+				break
+			}
+			out[i].status = C.int32_t(transport.StatusOf(u.Reason))
+			copyName(out[i].name[:], u.Name)
+			copyName(out[i].reason[:], u.Reason.Error())
+		}
+		return nil
+	})
+}
+
 // foreign is a transport implemented by the application through a C
 // vtable. It is a transport.Transport like any built-in one.
 type foreign struct {

@@ -94,6 +94,24 @@ func (r *Registry) markUnavailable(name string, why error) {
 	}
 }
 
+// Unavailable is a built-in transport this runtime could not make, and why.
+type Unavailable struct {
+	Name   string
+	Reason error // its status says what kind of failure (transport.StatusOf)
+}
+
+// Unavailable lists the built-in transports missing here, sorted by name.
+func (r *Registry) Unavailable() []Unavailable {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Unavailable, 0, len(r.unavailable))
+	for n, why := range r.unavailable {
+		out = append(out, Unavailable{Name: n, Reason: why})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
 // whyUnavailable explains a missing transport ("" when nothing is known),
 // as text to append to a message.
 func (r *Registry) whyUnavailable(name string) string {

@@ -76,3 +76,31 @@ func (d deviceTransport) Describe() transport.Descriptor {
 	desc.Devices = []transport.DeviceType{transport.DeviceCUDA}
 	return desc
 }
+
+// A built-in transport that cannot be made here is listed with its reason
+// and status, until a transport of that name is registered.
+func TestUnavailableListsWhyBuiltinsAreMissing(t *testing.T) {
+	unsupported := func(why string) func(transport.Host) (transport.Transport, error) {
+		return func(transport.Host) (transport.Transport, error) {
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s", why)
+		}
+	}
+	rt := newRuntime(t, "a", func(o *Options) {
+		o.Builtins = []transport.TransportFactory{
+			{Name: "zeta", New: unsupported("needs libzeta.so")},
+			{Name: "mem", New: func(transport.Host) (transport.Transport, error) { return newMemTransport("mem"), nil }},
+			{Name: "alpha", New: unsupported("no device")},
+		}
+	})
+	got := rt.Registry().Unavailable()
+	require.Len(t, got, 2)
+	assert.Equal(t, "alpha", got[0].Name)
+	assert.Equal(t, "zeta", got[1].Name)
+	assert.Contains(t, got[1].Reason.Error(), "needs libzeta.so")
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(got[1].Reason))
+
+	require.NoError(t, rt.RegisterTransport(newMemTransport("alpha")))
+	got = rt.Registry().Unavailable()
+	require.Len(t, got, 1)
+	assert.Equal(t, "zeta", got[0].Name)
+}

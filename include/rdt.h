@@ -744,6 +744,39 @@ RDT_API rdt_status rdt_transport_list(rdt_runtime *rt,
                                       rdt_transport_info *infos,
                                       size_t capacity, size_t *count);
 
+/* Longest reason an rdt_unavailable_transport holds; a longer one is cut. */
+#define RDT_REASON_MAX 511
+
+/* A built-in transport that `rt` could not make on this host, and why. */
+typedef struct rdt_unavailable_transport {
+  uint32_t struct_size;           /* set by _init */
+  int32_t status;                 /* an rdt_status: the failure's kind */
+  char name[RDT_NAME_MAX + 1];    /* canonical lower-case name */
+  char reason[RDT_REASON_MAX + 1]; /* the transport's own words */
+} rdt_unavailable_transport;
+
+static inline void rdt_unavailable_transport_init(
+    rdt_unavailable_transport *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = (uint32_t)sizeof *info;
+}
+
+/* Lists the built-in transports missing from `rt` (their library, device or
+ * kernel feature is absent here), sorted by name, with the reason each gave
+ * when the runtime was created; a transport registered later under that
+ * name leaves the list. Counts, capacity and stride as rdt_transport_list();
+ * initialize every element with rdt_unavailable_transport_init(). */
+RDT_API rdt_status rdt_transport_list_unavailable(rdt_runtime *rt,
+                                                  rdt_unavailable_transport *infos,
+                                                  size_t capacity, size_t *count);
+
+/* How the library was built, as lines of "key=value": go (the Go version),
+ * os, arch, compiler, cc (the C compiler), buildmode, tags, cgo, goamd64 or
+ * goarm64 (the instruction set level), vcs.revision, vcs.time and
+ * vcs.modified (when the build recorded them). Keys without a value are
+ * left out; more keys may be added. Static storage; never NULL. */
+RDT_API const char *rdt_build_info(void);
+
 /* ------------------------------------------------------------------------- */
 /* Collective groups (for two-sided transports such as nccl)                 */
 /* ------------------------------------------------------------------------- */

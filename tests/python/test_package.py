@@ -17,7 +17,8 @@ PACKAGE = os.path.dirname(rdt.__file__)
 
 # Each module may import only those before it (docs/python.md, "Package layout").
 ORDER = ["_errors", "_lib", "_logs", "_tensors", "_transport", "_handle", "_store", "_process", "_ref", "_fetch", "_get",
-         "_adapter", "_runtime", "_default", "__init__", "metrics", "ray"]
+         "_adapter", "_runtime", "_default", "__init__", "metrics", "_peer", "_doctor", "_bench", "_cli", "__main__",
+         "ray"]
 
 
 def _package_module(dotted):

@@ -31,10 +31,18 @@ def library_version() -> str:
     return _decode(_native().rdt_version())
 
 
+def build_info() -> "dict[str, str]":
+    """How the loaded librdt.so was built: go, os, arch, compiler, cc,
+    buildmode, tags, cgo, and the vcs revision where the build recorded it."""
+    text = _decode(_native().rdt_build_info())
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
 __all__ = [
     "Runtime", "ObjectRef", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
     "wait_tensor_freed",
-    "register_tensor_transport", "library_version", "set_log_level", "create_collective_group", "destroy_collective_group",
+    "register_tensor_transport", "library_version", "build_info", "set_log_level",
+    "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",
     "RdtError", "InvalidArgumentError", "NotFoundError", "AlreadyExistsError", "GetTimeoutError",
     "AbortedError", "PeerUnavailableError", "CorruptError", "UnsupportedError", "PermissionDeniedError",

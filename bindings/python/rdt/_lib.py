@@ -24,6 +24,7 @@ from ._errors import ForkedError, RdtError, error_for
 ABI_VERSION = 1
 OBJECT_ID_LEN = 32
 NAME_MAX = 63
+REASON_MAX = 511
 MAX_NDIM = 64
 MAX_DEVICES = 8
 
@@ -193,6 +194,15 @@ class FetchHistogram(Structure):
     ]
 
 
+class UnavailableTransport(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("status", c_int32),
+        ("name", c_char * (NAME_MAX + 1)),
+        ("reason", c_char * (REASON_MAX + 1)),
+    ]
+
+
 STATS_FIELDS = (
     "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
     "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
@@ -288,6 +298,8 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_register_transport": (c_int32, [c_void_p, c_char_p, POINTER(c_int32), c_size_t,
                                          POINTER(TransportVTable)]),
     "rdt_transport_list": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "rdt_transport_list_unavailable": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "rdt_build_info": (c_char_p, []),
     "rdt_runtime_stats": (c_int32, [c_void_p, POINTER(Stats)]),
     "rdt_runtime_fetch_histograms": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_size_t)]),
     "rdt_runtime_take_released": (c_int32, [c_void_p, POINTER(c_void_p), c_size_t, POINTER(c_size_t), c_int64]),

@@ -364,6 +364,19 @@ class Runtime(Handle):
                  "bytes_received": x.bytes_received, "sends_completed": x.sends_completed,
                  "bytes_sent": x.bytes_sent} for x in arr[:min(n.value, len(arr))]]
 
+    def unavailable_transports(self) -> Dict[str, str]:
+        """The built-in transports missing here, by name, with the reason
+        each gave (a library, device or kernel feature it lacks)."""
+        L = _lib.lib()
+        n = ctypes.c_size_t()
+        _lib.check(L.rdt_transport_list_unavailable(self._handle(), None, 0, ctypes.byref(n)))
+        arr = (_lib.UnavailableTransport * max(n.value, 1))()
+        for x in arr:
+            _lib.init(x)
+        _lib.check(L.rdt_transport_list_unavailable(self._handle(), ctypes.addressof(arr), len(arr),
+                                                    ctypes.byref(n)))
+        return {x.name.decode(): _lib.decode(x.reason) for x in arr[:min(n.value, len(arr))]}
+
     def transport_names(self, builtin: Optional[bool] = None) -> List[str]:
         """Names of the registered transports (only built-in ones with
         ``builtin=True``, only the application's with False)."""

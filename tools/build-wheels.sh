@@ -41,12 +41,16 @@ check_library() { # lib
     echo "build-wheels: $1 needs libgcc_s" >&2
     exit 1
   fi
+  # A symbol that no needed library provides fails dlopen(RTLD_NOW), which
+  # ctypes uses (cgosymbolizer's _Unwind_* calls, hence -lunwind below).
+  unbound=$(readelf --dyn-syms -W "$1" | awk '$7 == "UND" && $8 != "" && $8 !~ /@/ && $5 != "WEAK" { print $8 }')
+  [ -z "$unbound" ] || { echo "build-wheels: $1 leaves symbols no library provides:" $unbound >&2; exit 1; }
   newest=$(readelf -V -W "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n 1)
   if [ "$(printf '%s\n%s\n' "$newest" "$GLIBC" | sort -V | tail -n 1)" != "$GLIBC" ]; then
     echo "build-wheels: $1 needs GLIBC_$newest, newer than the wheels' glibc $GLIBC" >&2
     exit 1
   fi
-  echo "build-wheels: $1: soname librdt.so, no libgcc_s, newest glibc symbol GLIBC_$newest"
+  echo "build-wheels: $1: soname librdt.so, no libgcc_s, no unbound symbol, newest glibc symbol GLIBC_$newest"
 }
 
 # Runs a command with its output in LOG, shown only if it fails.
@@ -65,7 +69,9 @@ for arch in $ARCHES; do
   aarch64) goarch=arm64 ;;
   esac
   lib=$root/build/wheels/$arch/librdt.so
-  CC="$root/tools/zig-cc.sh $arch-linux-gnu.$GLIBC" GOARCH=$goarch GOOS=linux \
+  # zig links no unwinder by itself: its static libunwind, hidden by the
+  # version script, serves the traceback instead of libgcc_s.
+  CC="$root/tools/zig-cc.sh $arch-linux-gnu.$GLIBC" CGO_LDFLAGS="${CGO_LDFLAGS:-} -lunwind" GOARCH=$goarch GOOS=linux \
     tools/build-lib.sh "$lib"
   check_library "$lib"
   rm -rf bindings/python/build

@@ -66,6 +66,9 @@ class BuildWithGo(build_py):
         super().run()
         dest = Path(self.build_lib).resolve() / "rdt" / "librdt.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        # A library left by an earlier build (another architecture, a packed
+        # prebuilt file) would make go build refuse to write over it.
+        dest.unlink(missing_ok=True)
         prebuilt = os.environ.get("RDT_PREBUILT_LIBRARY")
         if prebuilt:
             shutil.copyfile(prebuilt, dest)

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean demo bench bench-peers bench-ray gpu-test gpu-bench
+.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -73,8 +73,13 @@ BENCH_CFLAGS := -O2 -g -std=c11 -Wall -Wextra -Iinclude
 $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
 	$(CC) $(BENCH_CFLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
 
+# The manylinux wheels (x86_64, aarch64) and the sdist, into dist/: zig from
+# PyPI is cgo's C compiler (docs/packaging.md).
+wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into dist/
+	GO=$(GO) PYTHON=$(PYTHON) tools/build-wheels.sh dist
+
 # ---- test suites ----------------------------------------------------------
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak abi-check ## Build everything and run every suite below
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test wheel-test soak abi-check ## Build everything and run every suite below
 
 abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed baseline abi/librdt.abi (docs/abi.md)
 	tools/abi-check.sh $(BUILD)/librdt.so
@@ -101,6 +106,9 @@ consumer-test: all ## Install into a temporary prefix; build and run the example
 
 python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) ## Build the wheel, install it, run pytest over tests/python
 	$(NIXL_ENV) VENV=$(VENV) WHEEL_DIR=$(WHEEL_DIR) FAKECUDA=$(FAKECUDA) tests/python/run.sh
+
+wheel-test: wheels ## auditwheel on both wheels; each installed without Go and smoke-tested (aarch64 under qemu-user)
+	GO=$(GO) PYTHON=$(PYTHON) tests/wheels/run.sh dist
 
 # The soak test bounds its own time (docs/python.md, "Soak test"); timeout
 # is a backstop.

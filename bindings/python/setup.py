@@ -11,9 +11,14 @@ installs without Go.
   carries the Go sources in ``_gosrc/``.
 * ``RDT_PREBUILT_LIBRARY=/path/librdt.so`` skips the Go build; ``GO`` names
   the go binary (default: ``go`` on PATH).
+* ``RDT_WHEEL_PLATFORM`` sets the wheel's platform tag, e.g.
+  ``manylinux_2_17_x86_64.manylinux2014_x86_64`` for the manylinux wheels
+  that ``make wheels`` builds (docs/packaging.md); unset, it is this
+  machine's platform.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -61,6 +66,9 @@ class BuildWithGo(build_py):
         super().run()
         dest = Path(self.build_lib).resolve() / "rdt" / "librdt.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        # A library left by an earlier build (another architecture, a packed
+        # prebuilt file) would make go build refuse to write over it.
+        dest.unlink(missing_ok=True)
         prebuilt = os.environ.get("RDT_PREBUILT_LIBRARY")
         if prebuilt:
             shutil.copyfile(prebuilt, dest)
@@ -91,9 +99,16 @@ cmdclass = {"build_py": BuildWithGo, "sdist": SdistWithGo}
 
 if bdist_wheel is not None:
     class PlatformWheel(bdist_wheel):
-        """py3-none-<platform>: any Python 3, this OS and architecture."""
+        """py3-none-<platform>: any Python 3, this OS and architecture (or RDT_WHEEL_PLATFORM)."""
 
         def get_tag(self):
+            plat = os.environ.get("RDT_WHEEL_PLATFORM")
+            if plat:
+                # One platform tag or a compressed set (tag.tag), as in wheel file names.
+                if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", plat):
+                    raise SystemExit(f"rdt: RDT_WHEEL_PLATFORM={plat!r} is not a platform tag such as "
+                                     "manylinux_2_17_x86_64")
+                return "py3", "none", plat
             plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
             return "py3", "none", plat
 

@@ -124,3 +124,30 @@ def test_gpu_libraries_of_installed_wheels_are_found(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["/opt/nccl/libnccl.so.2", str(nixl)]
+
+
+def test_wheel_platform_tag_comes_from_rdt_wheel_platform(tmp_path):
+    # make wheels packs a zig-built library under a manylinux tag this way
+    # (docs/packaging.md); the packed file's content does not matter here.
+    prebuilt = tmp_path / "librdt.so"
+    prebuilt.write_bytes(b"stands in for librdt.so")
+    # A copy, so no build/ with the stand-in is left in the repository.
+    pkg = tmp_path / "pkg"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "librdt.so"))
+    env = dict(os.environ, RDT_PREBUILT_LIBRARY=str(prebuilt),
+               RDT_WHEEL_PLATFORM="manylinux_2_17_x86_64.manylinux2014_x86_64")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "out"), str(pkg)],
+                   check=True, env=env)
+    (whl,) = glob.glob(str(tmp_path / "out" / "rdt-*.whl"))
+    assert os.path.basename(whl).endswith("-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+    import zipfile
+    with zipfile.ZipFile(whl) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/WHEEL"))).decode()
+        assert zf.read("rdt/librdt.so") == prebuilt.read_bytes()
+    assert "Tag: py3-none-manylinux_2_17_x86_64" in meta and "Tag: py3-none-manylinux2014_x86_64" in meta
+
+    env["RDT_WHEEL_PLATFORM"] = "manylinux 2.17"
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "bad"), str(pkg)],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "is not a platform tag" in out.stdout + out.stderr

@@ -3,7 +3,8 @@
 # The wheel test (docs/packaging.md, "Testing the wheels"):
 #  1. auditwheel show reports, for each wheel, the manylinux tag it carries;
 #  2. the x86_64 wheel installs into a fresh virtualenv with no Go on PATH and
-#     passes tests/wheels/smoke.py (two processes, cma, shm and tcp);
+#     passes tests/wheels/smoke.py (two processes, cma, shm and tcp), and its
+#     console script runs `rdt info` and `rdt doctor --require cma,shm,tcp`;
 #  3. the aarch64 wheel passes the same smoke test under qemu-user, with
 #     Debian bookworm's qemu-aarch64-static and an arm64 sysroot unpacked
 #     from pinned Debian packages (no root, no binfmt);
@@ -87,6 +88,9 @@ no_go pip install -q --no-index --find-links "$pypi_x86_64" -c "$constraints" "$
   fail "pip install $(basename "$wheel_x86_64") into a fresh virtualenv"
 # From / so that nothing of the repository can be imported instead.
 (cd / && no_go timeout -k 10 300 python "$smoke") || fail "the x86_64 smoke test"
+# The console script came with the wheel, and the host's transports work.
+(cd / && no_go timeout -k 10 120 rdt info) || fail "rdt info from the installed wheel"
+(cd / && no_go timeout -k 10 300 rdt doctor --require cma,shm,tcp) || fail "rdt doctor --require cma,shm,tcp from the installed wheel"
 
 # ---- 3. aarch64 under qemu-user ---------------------------------------------
 # Debian bookworm packages, pinned: path in the mirror, sha256. The sysroot is
@@ -142,6 +146,8 @@ no_go pip install -q --no-index --find-links "$pypi_aarch64" -c "$constraints" "
   "$wheel_aarch64" numpy || fail "pip install --target of $(basename "$wheel_aarch64")"
 (cd / && no_go PYTHONPATH="$target" PYTHONNOUSERSITE=1 RDT_SMOKE_EXEC="$qemu -L $sysroot" \
   timeout -k 10 300 "$qemu" -L "$sysroot" "$guest_python" "$smoke" --qemu) || fail "the aarch64 smoke test under qemu-user"
+(cd / && no_go PYTHONPATH="$target" PYTHONNOUSERSITE=1 timeout -k 10 300 "$qemu" -L "$sysroot" "$guest_python" -m rdt info) ||
+  fail "python -m rdt info under qemu-user"
 
 # ---- 4. the sdist builds a wheel wherever Go is ------------------------------
 sdists=("$dist"/rdt-*.tar.gz)

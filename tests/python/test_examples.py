@@ -1,6 +1,7 @@
 """The examples in examples/python run and print what they promise."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -44,3 +45,16 @@ def test_nccl_example_runs_or_says_what_is_missing():
     assert out.returncode == 0, out.stderr
     assert ("rank 1 received [0.0, 1.0, 2.0, 3.0]" in out.stdout or "needs torch" in out.stdout
             or "needs two GPUs" in out.stdout or "NCCL is not usable here" in out.stdout), out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_observe_example():
+    pytest.importorskip("prometheus_client", reason="prometheus_client is not installed (tests/python/requirements.txt pins it)")
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, "observe.py")], capture_output=True, text=True,
+                         timeout=100)
+    assert out.returncode == 0, out.stderr
+    # The warning reached logging (the example sends it to stdout), the
+    # endpoint served the three fetches.
+    assert "WARNING rdt rdt-" in out.stdout and "the owner is gone: PeerUnavailableError" in out.stdout, out.stdout
+    assert re.search(r'^rdt_fetch_seconds_count\{size_class="4KiB",transport="\w+"\} 2\.0$', out.stdout, re.M), out.stdout
+    assert re.search(r'^rdt_fetch_seconds_count\{size_class="1MiB",transport="\w+"\} 1\.0$', out.stdout, re.M), out.stdout

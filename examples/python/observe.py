@@ -7,7 +7,6 @@ metrics on a Prometheus endpoint.
 
 import logging
 import multiprocessing as mp
-import sys
 import pickle
 import urllib.request
 
@@ -26,7 +25,7 @@ def producer(conn):
 
 def main():
     # rdt logs to the logger "rdt": it goes wherever the application's logs go.
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s", stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")  # to stderr
     rdt.set_log_level("info")
 
     # Serve the default runtime's metrics next to the application's own.

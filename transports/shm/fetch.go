@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"golang.org/x/sys/unix"
@@ -257,6 +258,10 @@ const (
 	maxIovecs = 1024
 )
 
+// mappedCopyMin: a run at least this large whose targets are misaligned
+// with its bytes in the segment is copied from a mapping (see misaligned).
+const mappedCopyMin = 256 << 10
+
 // run is one preadv: iovecs that are contiguous in the segment from off.
 type run struct {
 	off   uint64
@@ -301,7 +306,9 @@ func planRuns(regions []region, targets []transport.Tensor, scratch []byte) []ru
 // preadv: one copy by the kernel, no mapping to set up and tear down (for a
 // fresh mapping of a large segment that costs more than the copy itself,
 // measured), and one call per run of up to chunk bytes, checking for an
-// abort between them. Large objects are split between two workers.
+// abort between them; runs whose targets are misaligned with the segment
+// are copied from a mapping instead (see run.misaligned). Large objects are
+// split between two workers.
 func readRegions(fd int, regions []region, targets []transport.Tensor, abort *atomic.Bool) error {
 	scratch := make([]byte, maxGap)
 	runs := planRuns(regions, targets, scratch)
@@ -331,6 +338,15 @@ func readRegions(fd int, regions []region, targets []transport.Tensor, abort *at
 
 func readRuns(fd int, runs []run, abort *atomic.Bool) error {
 	for _, r := range runs {
+		if r.bytes >= mappedCopyMin && r.misaligned() {
+			if abort.Load() {
+				return transport.Errorf(transport.ErrAborted, "transfer aborted")
+			}
+			if err := copyMapped(fd, r); err != nil {
+				return err
+			}
+			continue
+		}
 		iovs, off := r.iovs, int64(r.off)
 		for len(iovs) > 0 {
 			if abort.Load() {
@@ -660,4 +676,40 @@ func parallelCopy(dst, src []byte, abort *atomic.Bool) bool {
 	ok[0] = one(dst[:half], src[:half])
 	wg.Wait()
 	return ok[0] && ok[1]
+}
+
+// misaligned reports whether a target of the run starts at another address
+// modulo align than its bytes in the segment. The kernel's copy behind
+// preadv runs about 3x slower on such buffers (measured: numpy's arrays are
+// 16-byte aligned, tensors sit 64-byte aligned in a segment), a user-space
+// copy from a mapping does not.
+func (r run) misaligned() bool {
+	off := r.off
+	for _, iov := range r.iovs {
+		if len(iov) > 0 && (uintptr(unsafe.Pointer(&iov[0]))-uintptr(off))%align != 0 {
+			return true
+		}
+		off += uint64(len(iov))
+	}
+	return false
+}
+
+// copyMapped copies the run from a read-only mapping of its pages. The
+// segment is sealed against shrinking (checked before), so no page of the
+// mapping can vanish under the copy.
+func copyMapped(fd int, r run) error {
+	page := uint64(os.Getpagesize())
+	start := r.off &^ (page - 1)
+	mem, err := unix.Mmap(fd, int64(start), int(r.off+r.bytes-start), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return transport.Errorf(transport.ErrTransport, "mapping the segment: %v", err)
+	}
+	src := mem[r.off-start:]
+	for _, iov := range r.iovs {
+		src = src[copy(iov, src):]
+	}
+	if err := unix.Munmap(mem); err != nil {
+		return transport.Errorf(transport.ErrTransport, "unmapping the segment: %v", err)
+	}
+	return nil
 }

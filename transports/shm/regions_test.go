@@ -97,3 +97,46 @@ func TestShortSegmentAndAbort(t *testing.T) {
 	err = readRegions(fd, []region{{0, 1000}}, []transport.Tensor{x}, &abort)
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
 }
+
+// Targets at another address modulo align than their bytes in the segment
+// (numpy's 16-byte-aligned arrays) are copied from a mapping; the bytes
+// arrive the same, gaps, page-unaligned offsets and two workers included,
+// and an abort still stops the read.
+func TestMisalignedTargetsAreCopiedFromAMapping(t *testing.T) {
+	seg := make([]byte, parallelMin+3*chunk)
+	fill(seg, 9)
+	fd := memfdWith(t, seg)
+	regions := []region{
+		{Offset: 64, Size: mappedCopyMin + 100},          // page-unaligned start
+		{Offset: mappedCopyMin + 192, Size: 2*chunk + 1}, // after a gap, over a chunk
+		{Offset: 3 * chunk, Size: parallelMin - 5},       // enough for two workers
+	}
+	var targets []transport.Tensor
+	var got [][]byte
+	for _, r := range regions {
+		b, x := buffer(t, int(r.Size)+16)
+		x.Data += 16 // 16 bytes off the segment's 64-byte alignment
+		x.Orig = x.Data
+		targets = append(targets, x)
+		got = append(got, b[16:])
+	}
+	runs := planRuns(regions, targets, make([]byte, maxGap))
+	for _, r := range runs {
+		assert.True(t, r.misaligned(), "run at %d", r.off)
+	}
+	var abort atomic.Bool
+	require.NoError(t, readRegions(fd, regions, targets, &abort))
+	for i, r := range regions {
+		assert.True(t, bytes.Equal(seg[r.Offset:r.Offset+r.Size], got[i]), "region %d", i)
+	}
+
+	// Aligned targets keep the kernel's copy.
+	_, x := buffer(t, int(regions[0].Size))
+	for _, r := range planRuns(regions[:1], []transport.Tensor{x}, make([]byte, maxGap)) {
+		assert.False(t, r.misaligned())
+	}
+
+	abort.Store(true)
+	err := readRegions(fd, regions, targets, &abort)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
+}

@@ -12,9 +12,6 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// The queue the core holds is the one rdt.h promises.
-const _ = -uint(transport.MaxCapturedLogs - C.RDT_LOG_QUEUE_MAX) // compiles only while equal
-
 //export rdtgo_log_capture
 func rdtgo_log_capture(enable C.int) C.int {
 	return guard("rdt_log_capture", func() error {

@@ -44,8 +44,10 @@ var goStatusesMatchRDTH = [...]struct{}{
 
 var _ = sameValue[C.rdtc_status_count-len(goStatusesMatchRDTH)]
 
-// The fetch histograms' shape is fixed in rdt.h and in the core alike.
+// The fetch histograms' shape and the log queue's bound are fixed in rdt.h
+// and in the core alike.
 var _ = [...]struct{}{
 	sameValue[core.FetchSizeClasses-C.RDT_FETCH_SIZE_CLASSES],
 	sameValue[core.FetchLatencyBuckets-C.RDT_FETCH_LATENCY_BUCKETS],
+	sameValue[transport.MaxCapturedLogs-C.RDT_LOG_QUEUE_MAX],
 }

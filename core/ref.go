@@ -354,6 +354,10 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 		e = &borrowEntry{peer: peer}
 		rt.borrowed[desc.ID] = e
 	}
+	// The borrow goes where the entry's unborrow will: on one connection
+	// they arrive in order, while an unborrow on another could overtake it
+	// and be refused by the owner as returning more than was counted.
+	peer = e.peer
 	e.handles++
 	e.registered++
 	if e.unconfirmed == 0 {
@@ -366,18 +370,23 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	var mu sync.Mutex
 	var answered bool
 	var answer error
-	peer.BorrowAsync(desc.ID, token, func(err error) {
+	peer.BorrowAsync(ctx, desc.ID, token, func(err error) {
 		rt.borrowAnswered(e, desc, err)
 		mu.Lock()
 		answered, answer = true, err
 		mu.Unlock()
 	})
 	mu.Lock()
-	lost := answered && transport.StatusOf(answer) == transport.ErrPeerUnavailable
+	// An owner answers a borrow with OK, NOT_FOUND or PEER_UNAVAILABLE; a
+	// deadline, an abort or a close is ours, before the request went out.
+	status := transport.StatusOf(answer)
+	lost := answered && status == transport.ErrPeerUnavailable
+	unsent := answered && (status == transport.ErrTimeout || status == transport.ErrAborted || status == transport.ErrClosed)
 	mu.Unlock()
-	if lost {
+	if lost || unsent {
 		// The connection failed under the request (the owner died since
-		// we last heard from it): say so now rather than at the fetch.
+		// we last heard from it), or ctx ended before the request could
+		// go out: say so now rather than at the fetch.
 		ref.Release()
 		return nil, transport.Wrap(answer, "owner %s of object %s", desc.Owner.Address, desc.ID)
 	}

@@ -701,6 +701,7 @@ type Stats struct {
 	Objects, ObjectsFreed, Refs, Borrows, BorrowedObjects, RefsInTransit uint64
 	LeasesExpired, FetchesActive, TransfersCompleted, TransfersFailed    uint64
 	BytesReceived, SendsCompleted, BytesSent, LocalCopies, Peers         uint64
+	PeersLost                                                            uint64
 }
 
 // Stats snapshots the runtime's counters.
@@ -727,6 +728,7 @@ func (rt *Runtime) Stats() Stats {
 	rt.mu.Unlock()
 	if rt.ep != nil {
 		s.Peers = uint64(rt.ep.NumPeers())
+		s.PeersLost = rt.ep.PeersLost()
 	}
 	return s
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -334,4 +335,112 @@ func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
 	require.NoError(t, late.Release())
 	assert.Equal(t, uint64(0), borrower.Stats().BorrowedObjects)
 	assert.Equal(t, uint64(0), owner.Stats().Borrows)
+}
+
+// A peer that keeps writing (pings) but never reads is not alive as far as
+// the control plane goes: its pings prove nothing about ours, which stay
+// unanswered. It is dropped within about the peer timeout and counted as
+// lost, with its borrow.
+func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
+	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 300 * time.Millisecond })
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	b, _ := ref.Serialize()
+	desc, token, _ := DecodeRef(b)
+	require.NoError(t, ref.Release())
+	c, rd := rawConn(t, rt)
+	_, err := c.Write((&control.Message{Kind: control.KindBorrow, ID: 1, Object: desc.ID, Token: token}).Encode())
+	require.NoError(t, err)
+	resp, err := control.Expect(rd, control.KindResponse)
+	require.NoError(t, err)
+	require.Equal(t, transport.OK, resp.Status)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		ping := (&control.Message{Kind: control.KindPing}).Encode()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := c.Write(ping); err != nil {
+				return
+			}
+		}
+	}()
+	eventually(t, func() bool { return released.Load() == 1 }, "the deaf borrower is dropped")
+	eventually(t, func() bool { s := rt.Stats(); return s.PeersLost == 1 && s.Peers == 0 }, "counted as lost")
+}
+
+// A peer that sends more requests than its window of MaxUnanswered without
+// reading the answers is closed; the runtime's memory does not follow the
+// flood.
+func TestSocketsPeerAskingPastItsWindowIsClosed(t *testing.T) {
+	rt := socketRuntime(t, "owner")
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	before := settledRSS(t)
+	c, _ := rawConn(t, rt)
+	const asks = 8 * control.MaxUnanswered
+	w := bufio.NewWriter(c)
+	written := 0
+	for i := 1; i <= asks; i++ {
+		m := &control.Message{Kind: control.KindIdentity, ID: uint64(i)}
+		if _, err := w.Write(m.Encode()); err != nil {
+			break
+		}
+		written++
+	}
+	w.Flush()
+	eventually(t, func() bool { s := rt.Stats(); return s.PeersLost == 1 && s.Peers == 0 }, "the peer is closed")
+	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+	t.Logf("wrote %d of %d requests before the runtime closed the connection", written, asks)
+}
+
+// Two runtimes that keep each other's readers busy in both directions stay
+// connected: neither reader waits on a write (the deadlock this once was is
+// in tests/multiprocess's two-way tests, under load).
+func TestSocketsTwoWayBorrowFlood(t *testing.T) {
+	a := socketRuntime(t, "a", func(o *Options) { o.PeerTimeout = time.Second })
+	b := socketRuntime(t, "b", func(o *Options) { o.PeerTimeout = time.Second })
+	var released atomic.Int64
+	refA, _ := putOne(t, a, "", &released)
+	defer refA.Release()
+	refB, _ := putOne(t, b, "", &released)
+	defer refB.Release()
+	bytesA, err := refA.Serialize()
+	require.NoError(t, err)
+	bytesB, err := refB.Serialize()
+	require.NoError(t, err)
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	loop := func(rt *Runtime, b []byte) {
+		defer wg.Done()
+		for time.Now().Before(stop) {
+			r, err := rt.Deserialize(b)
+			if err == nil {
+				err = r.Release()
+			}
+			if err != nil {
+				errs <- err
+				return
+			}
+		}
+	}
+	for i := 0; i < 2; i++ {
+		wg.Add(2)
+		go loop(a, bytesB)
+		go loop(b, bytesA)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Zero(t, a.Stats().PeersLost)
+	assert.Zero(t, b.Stats().PeersLost)
+	eventually(t, func() bool { return a.Stats().Borrows == 0 && b.Stats().Borrows == 0 }, "every borrow returned")
 }

@@ -67,9 +67,10 @@ type Peer interface {
 	Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error
 	// BorrowAsync sends the same request without waiting for the answer and
 	// calls done with it (on the connection's goroutine, or at once when the
-	// connection is gone). Requests on one connection are served in order,
-	// so a later Unborrow or fetch request reaches the owner after it.
-	BorrowAsync(obj transport.ObjectID, token uint64, done func(error))
+	// connection is gone or the request could not be sent before ctx
+	// ended). Requests on one connection are served in order, so a later
+	// Unborrow or fetch request reaches the owner after it.
+	BorrowAsync(ctx context.Context, obj transport.ObjectID, token uint64, done func(error))
 	// Unborrow is fire-and-forget; a lost peer has dropped our borrows.
 	Unborrow(obj transport.ObjectID, n uint64)
 	Lease(ctx context.Context, obj transport.ObjectID) (uint64, error)
@@ -110,6 +111,10 @@ type Endpoint interface {
 	Connect(ctx context.Context, address string) (Peer, error)
 	// NumPeers counts live connections.
 	NumPeers() int
+	// PeersLost counts connections that ended without the peer's closing
+	// notice: it died, fell silent past the peer timeout, stopped reading,
+	// or broke the protocol. A peer that is alive and well never adds to it.
+	PeersLost() uint64
 	// Close disconnects every peer (they see Done and PeerGone).
 	Close() error
 }

@@ -53,6 +53,9 @@ func (InProcess) Listen(cfg ListenConfig) (Endpoint, error) {
 
 func (e *inprocEndpoint) Address() string { return e.address }
 
+// PeersLost implements Endpoint: in-process peers only leave by closing.
+func (e *inprocEndpoint) PeersLost() uint64 { return 0 }
+
 func (e *inprocEndpoint) NumPeers() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -196,8 +199,8 @@ func (p *inprocPeer) Borrow(ctx context.Context, obj transport.ObjectID, token u
 	return p.remote.svc.Borrow(p.from(), obj, token)
 }
 
-func (p *inprocPeer) BorrowAsync(obj transport.ObjectID, token uint64, done func(error)) {
-	done(p.Borrow(context.Background(), obj, token))
+func (p *inprocPeer) BorrowAsync(ctx context.Context, obj transport.ObjectID, token uint64, done func(error)) {
+	done(p.Borrow(ctx, obj, token))
 }
 
 func (p *inprocPeer) Unborrow(obj transport.ObjectID, n uint64) {

@@ -81,6 +81,8 @@ type sockEndpoint struct {
 	byAddr  map[string]*sconn
 	perPeer map[transport.RuntimeID]int
 	dialing map[string]*dialCall
+	lost    atomic.Uint64 // see PeersLost
+	closing atomic.Bool   // Close began: connections end cleanly
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
@@ -241,6 +243,8 @@ func (ep *sockEndpoint) NumPeers() int {
 	defer ep.mu.Unlock()
 	return len(ep.perPeer)
 }
+
+func (ep *sockEndpoint) PeersLost() uint64 { return ep.lost.Load() }
 
 func (ep *sockEndpoint) handshakeTimeout() time.Duration {
 	return max(ep.cfg.PeerTimeout, 10*time.Second)
@@ -460,9 +464,9 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 		if d.err != nil {
 			return nil, d.err
 		}
-		if !d.sc.isClosed() {
-			return d.sc, nil
-		}
+		// Loop: the cached connection is the one to use, whether ours or
+		// one the peer made to us while we dialed, so that every caller
+		// gets the same connection (requests on one are served in order).
 	}
 }
 
@@ -481,7 +485,7 @@ func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 	cacheKey := transport.StripAddressKeys(address)
 	ep.mu.Lock()
 	delete(ep.dialing, address)
-	if d.sc != nil && ep.byAddr[cacheKey] == nil {
+	if cur := ep.byAddr[cacheKey]; d.sc != nil && (cur == nil || cur.isClosed()) {
 		ep.byAddr[cacheKey] = d.sc
 	}
 	ep.mu.Unlock()
@@ -610,6 +614,7 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.P
 		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
 		pending: map[uint64]chan *Message{}, replies: map[uint64]func(*Message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
+		out: newOutbox(), slots: make(chan struct{}, MaxUnanswered),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
@@ -625,10 +630,14 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.P
 		ep.byAddr[key] = sc
 	}
 	ep.mu.Unlock()
-	ep.wg.Add(1)
+	ep.wg.Add(2)
 	go func() {
 		defer ep.wg.Done()
 		sc.readLoop()
+	}()
+	go func() {
+		defer ep.wg.Done()
+		sc.writeLoop()
 	}()
 	return sc
 }
@@ -679,12 +688,7 @@ func (ep *sockEndpoint) heartbeat() {
 		ep.mu.Unlock()
 		now := time.Now()
 		for _, sc := range conns {
-			silent := now.Sub(time.Unix(0, sc.lastSeen.Load()))
-			if silent > ep.cfg.PeerTimeout {
-				sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s was silent for %v", sc.remote, silent.Round(time.Millisecond)))
-				continue
-			}
-			sc.sendOnce(&sc.pinging, KindPing)
+			sc.checkLiveness(now)
 		}
 	}
 }
@@ -697,6 +701,7 @@ func (ep *sockEndpoint) Close() error {
 		return nil
 	}
 	ep.closed = true
+	ep.closing.Store(true)
 	close(ep.stop)
 	conns := make([]*sconn, 0, len(ep.conns))
 	for sc := range ep.conns {
@@ -709,7 +714,7 @@ func (ep *sockEndpoint) Close() error {
 	}
 	ep.tellClosing(conns)
 	for _, sc := range conns {
-		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "runtime shut down"))
+		sc.closeClean(transport.Errorf(transport.ErrPeerUnavailable, "runtime shut down"))
 	}
 	ep.wg.Wait()
 	ep.refusals.Close()
@@ -732,9 +737,7 @@ func (ep *sockEndpoint) tellClosing(conns []*sconn) {
 		return
 	}
 	for _, sc := range conns {
-		// A write to a peer that does not read may block until the
-		// socket closes: each on its own goroutine, ended by the close.
-		go sc.send(&Message{Kind: KindClosing})
+		sc.postNow(&Message{Kind: KindClosing})
 	}
 	deadline := time.NewTimer(min(closingWait, ep.cfg.PeerTimeout))
 	defer deadline.Stop()
@@ -754,12 +757,21 @@ type sconn struct {
 	c      net.Conn
 	rd     *bufio.Reader
 	isTCP  bool
-	wmu    sync.Mutex
 	nextID atomic.Uint64
 
-	// A ping or pong being written: at most one of each per connection,
-	// whatever the peer sends and however long it does not read.
+	// What the writer goroutine writes (outbox.go); wmu is held around
+	// each write.
+	omu sync.Mutex
+	out outbox
+	wmu sync.Mutex
+	// One token per request of ours awaiting an answer (MaxUnanswered).
+	slots chan struct{}
+
+	// A ping or pong queued or being written: at most one of each per
+	// connection, whatever the peer sends and however long it does not
+	// read. pingSent is when our unanswered ping was queued (0: none).
 	pinging, ponging atomic.Bool
+	pingSent         atomic.Int64
 
 	mu       sync.Mutex
 	remote   transport.PeerInfo
@@ -776,6 +788,7 @@ type sconn struct {
 	lastSeen  atomic.Int64
 	done      chan struct{}
 	closeOnce sync.Once
+	clean     atomic.Bool     // closed by either side's shutdown, not lost
 	ctx       context.Context // cancelled when the connection closes
 	cancel    context.CancelFunc
 }
@@ -789,8 +802,18 @@ func (sc *sconn) isClosed() bool {
 	}
 }
 
+// closeClean closes a connection that ends because either runtime shuts
+// down: the peer was not lost.
+func (sc *sconn) closeClean(err error) {
+	sc.clean.Store(true)
+	sc.close(err)
+}
+
 func (sc *sconn) close(err error) {
 	sc.closeOnce.Do(func() {
+		if !sc.clean.Load() && !sc.ep.closing.Load() {
+			sc.ep.lost.Add(1)
+		}
 		sc.mu.Lock()
 		sc.closeErr = err
 		pending, replies := sc.pending, sc.replies
@@ -812,36 +835,6 @@ func (sc *sconn) close(err error) {
 		sc.ep.cfg.Log.Debugf("control plane: connection to %s closed: %v", sc.remote, err)
 		sc.ep.removeConn(sc)
 	})
-}
-
-// send writes one frame; a write that cannot complete within the peer
-// timeout means the peer is gone.
-func (sc *sconn) send(m *Message) error {
-	b := m.Encode()
-	sc.wmu.Lock()
-	defer sc.wmu.Unlock()
-	if sc.isClosed() {
-		return sc.gone()
-	}
-	sc.c.SetWriteDeadline(time.Now().Add(sc.ep.cfg.PeerTimeout))
-	if _, err := sc.c.Write(b); err != nil {
-		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.remote, err))
-		return sc.gone()
-	}
-	return nil
-}
-
-// sendOnce writes a ping or pong on its own goroutine unless one is still
-// being written: liveness needs only one, and a peer that pings without
-// reading must not cost a goroutine per ping.
-func (sc *sconn) sendOnce(pending *atomic.Bool, k Kind) {
-	if !pending.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer pending.Store(false)
-		sc.send(&Message{Kind: k})
-	}()
 }
 
 // queuedRequest is a request waiting for a handler goroutine.
@@ -867,7 +860,7 @@ func (sc *sconn) serve(m *Message, run func()) {
 	default:
 		waiting := len(sc.queued)
 		sc.mu.Unlock()
-		sc.respond(m.ID, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", MaxHandlers, waiting, m.Kind))
+		sc.answerInline(response(m.ID, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", MaxHandlers, waiting, m.Kind)))
 	}
 }
 
@@ -898,18 +891,25 @@ func (sc *sconn) gone() error {
 	return transport.Errorf(transport.ErrPeerUnavailable, "peer %s is gone: %v", sc.remote, sc.closeErr)
 }
 
-// call sends a request and waits for its response.
+// call sends a request and waits for its response. A call given up
+// (ctx ended) keeps its slot until the answer arrives: the slots bound
+// the answers in flight, which the peer counts on.
 func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
+	if err := sc.acquireSlot(ctx, m.Kind); err != nil {
+		return nil, err
+	}
 	m.ID = sc.nextID.Add(1)
 	ch := make(chan *Message, 1)
 	sc.mu.Lock()
 	if sc.isClosed() {
 		sc.mu.Unlock()
+		sc.releaseSlot()
 		return nil, sc.gone()
 	}
 	sc.pending[m.ID] = ch
 	sc.mu.Unlock()
-	if err := sc.send(m); err != nil {
+	if err := sc.post(ctx, m); err != nil {
+		sc.forget(m.ID)
 		return nil, err
 	}
 	select {
@@ -922,20 +922,33 @@ func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
 		}
 		return resp, nil
 	case <-ctx.Done():
-		sc.mu.Lock()
-		delete(sc.pending, m.ID)
-		sc.mu.Unlock()
+		// The answer still comes (its channel has room for it) and
+		// frees the slot; a long request is told to stop.
 		if m.Kind == KindSend || m.Kind == KindGroupJoin {
-			sc.send(&Message{Kind: KindCancel, Target: m.ID})
+			sc.postNow(&Message{Kind: KindCancel, Target: m.ID})
 		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.remote)
+			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.Info())
 		}
-		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.Kind, sc.remote)
+		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.Kind, sc.Info())
 	}
 }
 
-func (sc *sconn) respond(id uint64, resp *Message, err error) {
+// forget drops a request that was never sent, and its slot.
+func (sc *sconn) forget(id uint64) {
+	sc.mu.Lock()
+	_, isCall := sc.pending[id]
+	_, isAsync := sc.replies[id]
+	delete(sc.pending, id)
+	delete(sc.replies, id)
+	sc.mu.Unlock()
+	if isCall || isAsync {
+		sc.releaseSlot()
+	}
+}
+
+// response is the answer to request id: resp (nil: an empty one) or err.
+func response(id uint64, resp *Message, err error) *Message {
 	if resp == nil {
 		resp = &Message{}
 	}
@@ -950,7 +963,13 @@ func (sc *sconn) respond(id uint64, resp *Message, err error) {
 			resp.Text = resp.Text[:maxMessageText]
 		}
 	}
-	sc.send(resp)
+	return resp
+}
+
+// answerLater queues a handler goroutine's answer, waiting for room while
+// the connection lives.
+func (sc *sconn) answerLater(id uint64, resp *Message, err error) {
+	sc.post(sc.ctx, response(id, resp, err))
 }
 
 // readLoop reads the peer's messages until the connection fails or the
@@ -1003,21 +1022,22 @@ func (sc *sconn) dispatch(m *Message) bool {
 	case KindResponse:
 		sc.deliverResponse(m)
 	case KindPing:
-		sc.sendOnce(&sc.ponging, KindPong)
+		sc.postUrgent(&sc.ponging, KindPong)
 	case KindPong:
+		sc.pingSent.Store(0)
 	case KindIdentity:
-		sc.respond(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil)
+		sc.answerInline(response(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil))
 	case KindBorrow:
-		sc.respond(m.ID, nil, svc.Borrow(from, m.Object, m.Token))
+		sc.answerInline(response(m.ID, nil, svc.Borrow(from, m.Object, m.Token)))
 	case KindUnborrow:
 		svc.Unborrow(from.RuntimeID, m.Object, m.Count)
 	case KindLease:
 		token, err := svc.Lease(from.RuntimeID, m.Object)
-		sc.respond(m.ID, &Message{Token: token}, err)
+		sc.answerInline(response(m.ID, &Message{Token: token}, err))
 	case KindMetadata:
 		sc.serve(m, func() {
 			data, err := svc.Metadata(from.RuntimeID, m.Object, m.Transport)
-			sc.respond(m.ID, &Message{Data: data}, err)
+			sc.answerLater(m.ID, &Message{Data: data}, err)
 		})
 	case KindSend:
 		sc.serveCancellable(m, func(ctx context.Context) (*Message, error) {
@@ -1030,7 +1050,7 @@ func (sc *sconn) dispatch(m *Message) bool {
 			return &Message{Data: data}, err
 		})
 	case KindClosing:
-		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "runtime %s shut down", sc.remote))
+		sc.closeClean(transport.Errorf(transport.ErrPeerUnavailable, "runtime %s shut down", sc.remote))
 		return false
 	case KindCancel:
 		sc.mu.Lock()
@@ -1050,11 +1070,14 @@ func (sc *sconn) dispatch(m *Message) bool {
 // deliverResponse hands a response to the call or callback waiting for it.
 func (sc *sconn) deliverResponse(m *Message) {
 	sc.mu.Lock()
-	ch := sc.pending[m.ID]
+	ch, isCall := sc.pending[m.ID]
 	delete(sc.pending, m.ID)
-	reply := sc.replies[m.ID]
+	reply, isAsync := sc.replies[m.ID]
 	delete(sc.replies, m.ID)
 	sc.mu.Unlock()
+	if isCall || isAsync {
+		sc.releaseSlot()
+	}
 	if ch != nil {
 		ch <- m
 	} else if reply != nil {
@@ -1075,7 +1098,7 @@ func (sc *sconn) serveCancellable(m *Message, run func(ctx context.Context) (*Me
 		delete(sc.handlers, m.ID)
 		sc.mu.Unlock()
 		cancel()
-		sc.respond(m.ID, resp, err)
+		sc.answerLater(m.ID, resp, err)
 	})
 }
 
@@ -1107,11 +1130,16 @@ func (sc *sconn) Borrow(ctx context.Context, obj transport.ObjectID, token uint6
 	return err
 }
 
-func (sc *sconn) BorrowAsync(obj transport.ObjectID, token uint64, done func(error)) {
+func (sc *sconn) BorrowAsync(ctx context.Context, obj transport.ObjectID, token uint64, done func(error)) {
+	if err := sc.acquireSlot(ctx, KindBorrow); err != nil {
+		done(err)
+		return
+	}
 	m := &Message{Kind: KindBorrow, Object: obj, Token: token, ID: sc.nextID.Add(1)}
 	sc.mu.Lock()
 	if sc.isClosed() {
 		sc.mu.Unlock()
+		sc.releaseSlot()
 		done(sc.gone())
 		return
 	}
@@ -1126,12 +1154,16 @@ func (sc *sconn) BorrowAsync(obj transport.ObjectID, token uint64, done func(err
 		}
 	}
 	sc.mu.Unlock()
-	// A failed write closes the connection, which answers the reply.
-	sc.send(m)
+	if err := sc.post(ctx, m); err != nil {
+		sc.forget(m.ID)
+		done(err)
+	}
 }
 
+// Unborrow waits for room in the outbox while the connection lives: a
+// peer that stops reading is closed by the heartbeat, which ends the wait.
 func (sc *sconn) Unborrow(obj transport.ObjectID, n uint64) {
-	sc.send(&Message{Kind: KindUnborrow, Object: obj, Count: n})
+	sc.post(context.Background(), &Message{Kind: KindUnborrow, Object: obj, Count: n})
 }
 
 func (sc *sconn) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {

@@ -138,6 +138,7 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.bytes_sent = C.uint64_t(s.BytesSent)
 		out.local_copies = C.uint64_t(s.LocalCopies)
 		out.peers = C.uint64_t(s.Peers)
+		out.peers_lost = C.uint64_t(s.PeersLost)
 		return nil
 	})
 }

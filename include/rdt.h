@@ -210,9 +210,9 @@ typedef struct rdt_runtime_options {
   /* How long a serialized reference keeps its object alive while it has not
    * been deserialized. 0: 120000 (two minutes). */
   int64_t lease_ms;
-  /* How long a peer may stay silent or unreachable before it counts as
-   * gone: its borrows are dropped and fetches from it fail with
-   * RDT_ERR_PEER_UNAVAILABLE. A tcp receiver that stops reading for as long
+  /* How long a peer may stay silent, or leave a ping unanswered (it stopped
+   * reading), before it counts as gone: its borrows are dropped and fetches
+   * from it fail with RDT_ERR_PEER_UNAVAILABLE. A tcp receiver that stops reading for as long
    * is dropped too, so it pins the object no longer. 0: 5000. */
   int64_t peer_timeout_ms;
   /* Also listen for peers on TCP at "host:port" (port 0: any free port), so
@@ -870,6 +870,10 @@ typedef struct rdt_stats {
   uint64_t bytes_sent;
   uint64_t local_copies;     /* fetches of our own objects, copied directly */
   uint64_t peers;            /* runtimes we are connected to                */
+  /* Connections to peers that ended without the peer's closing notice: it
+   * died, fell silent or stopped reading for peer_timeout_ms, or broke the
+   * protocol. A peer that is alive and well never adds to it. */
+  uint64_t peers_lost;
 } rdt_stats;
 
 static inline void rdt_stats_init(rdt_stats *stats) {

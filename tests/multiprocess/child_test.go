@@ -49,6 +49,8 @@ type childState struct {
 	mu    sync.Mutex
 	refs  []*core.Ref
 	freed atomic.Int64
+	// releases free what put_exchange put.
+	releases []func()
 }
 
 func fail(err error) reply {
@@ -65,9 +67,14 @@ func (s *childState) releaseAll() {
 	s.mu.Lock()
 	refs := s.refs
 	s.refs = nil
+	releases := s.releases
+	s.releases = nil
 	s.mu.Unlock()
 	for _, r := range refs {
 		r.Release()
+	}
+	for _, release := range releases {
+		release()
 	}
 }
 
@@ -152,6 +159,23 @@ func (s *childState) handle(req request) reply {
 	case "stats":
 		st := s.rt.Stats()
 		return reply{Stats: &st, Freed: int(s.freed.Load()), Used: s.transportCounts()}
+	case "put_exchange":
+		refs, release, err := putObjects(s.rt, req.Seed)
+		if err != nil {
+			return fail(err)
+		}
+		s.mu.Lock()
+		s.releases = append(s.releases, release)
+		s.mu.Unlock()
+		return reply{Refs: encAll(refs)}
+	case "exchange":
+		refs := make([][]byte, len(req.Refs))
+		for i, r := range req.Refs {
+			refs[i] = dec(r)
+		}
+		res := exchange(s.rt, refs, req.Seed, time.Duration(req.Millis)*time.Millisecond, "child")
+		st := s.rt.Stats()
+		return reply{Exchange: &res, Stats: &st}
 	case "exit":
 		return reply{}
 	}

@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(roleEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(hogRoleEnv) != "" {
+		os.Exit(hogMain())
+	}
 	os.Exit(m.Run())
 }
 
@@ -52,13 +55,18 @@ type runtimeConfig struct {
 	Token     string
 	LeaseMS   int
 	SocketDir string
+	GOGC      int // the child's GOGC; 0: the default
 }
 
 func (c runtimeConfig) env() []string {
-	return []string{
+	env := []string{
 		"RDT_TEST_NAME=" + c.Name, "RDT_TEST_HOSTID=" + c.HostID, "RDT_TEST_LISTEN=" + c.ListenTCP,
 		"RDT_TEST_TOKEN=" + c.Token, "RDT_TEST_LEASE_MS=" + strconv.Itoa(c.LeaseMS), "RDT_TEST_SOCKETDIR=" + c.SocketDir,
 	}
+	if c.GOGC != 0 {
+		env = append(env, "GOGC="+strconv.Itoa(c.GOGC))
+	}
+	return env
 }
 
 func configFromEnv() runtimeConfig {
@@ -116,6 +124,7 @@ type request struct {
 	Refs      []string `json:"refs,omitempty"`
 	Override  string   `json:"override,omitempty"`
 	Parallel  bool     `json:"parallel,omitempty"`
+	Millis    int      `json:"millis,omitempty"`
 }
 
 type reply struct {
@@ -127,6 +136,8 @@ type reply struct {
 	Used    map[string]uint64 `json:"used,omitempty"`
 	Address string            `json:"address,omitempty"`
 	Pid     int               `json:"pid,omitempty"`
+	// What the child's side of a two-way exchange did.
+	Exchange *exchangeResult `json:"exchange,omitempty"`
 }
 
 // child is a running child process.
@@ -172,13 +183,26 @@ func startChild(t *testing.T, c runtimeConfig) *child {
 
 func (c *child) call(req request) reply {
 	c.t.Helper()
-	b, _ := json.Marshal(req)
-	_, err := c.in.Write(append(b, '\n'))
-	require.NoError(c.t, err, "child %d is gone", c.pid)
-	require.True(c.t, c.out.Scan(), "child %d exited without answering %s", c.pid, req.Op)
-	var r reply
-	require.NoError(c.t, json.Unmarshal(c.out.Bytes(), &r))
+	r, err := c.callNoFail(req)
+	require.NoError(c.t, err)
 	return r
+}
+
+// callNoFail is call for goroutines other than the test's: a failure to
+// talk to the child is returned, not raised.
+func (c *child) callNoFail(req request) (reply, error) {
+	b, _ := json.Marshal(req)
+	if _, err := c.in.Write(append(b, '\n')); err != nil {
+		return reply{}, fmt.Errorf("child %d is gone: %v", c.pid, err)
+	}
+	if !c.out.Scan() {
+		return reply{}, fmt.Errorf("child %d exited without answering %s", c.pid, req.Op)
+	}
+	var r reply
+	if err := json.Unmarshal(c.out.Bytes(), &r); err != nil {
+		return reply{}, err
+	}
+	return r, nil
 }
 
 // exit makes the child destroy its runtime and exit (its stdin closes),

@@ -206,7 +206,7 @@ class UnavailableTransport(Structure):
 STATS_FIELDS = (
     "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
     "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
-    "sends_completed", "bytes_sent", "local_copies", "peers",
+    "sends_completed", "bytes_sent", "local_copies", "peers", "peers_lost",
 )
 
 

@@ -21,7 +21,8 @@ Families (see docs/metrics.md):
 - The runtime's own: ``rdt_objects``, ``rdt_objects_freed_total``,
   ``rdt_refs``, ``rdt_borrows``, ``rdt_borrowed_objects``,
   ``rdt_refs_in_transit``, ``rdt_leases_expired_total``,
-  ``rdt_fetches_active``, ``rdt_local_copies_total``, ``rdt_peers``.
+  ``rdt_fetches_active``, ``rdt_local_copies_total``, ``rdt_peers``,
+  ``rdt_peers_lost_total``.
 
 ``prometheus_client`` is optional: it is imported when a collector is made.
 """
@@ -68,6 +69,7 @@ _RUNTIME_FAMILIES = (
     ("fetches_active", "rdt_fetches_active", True, "Fetches started and not yet freed."),
     ("local_copies", "rdt_local_copies", False, "Fetches of this runtime's own objects, copied directly."),
     ("peers", "rdt_peers", True, "Runtimes this runtime is connected to."),
+    ("peers_lost", "rdt_peers_lost", False, "Connections to peers that ended without their closing notice."),
 )
 
 

@@ -168,16 +168,11 @@ type arenaView struct {
 // sent; it takes fd.
 func mapArena(fd int, size uint64, owner int) (*arenaView, error) {
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
-		return nil, transport.Errorf(transport.ErrCorrupt, "the source's arena is %d bytes, it said %d", st.Size, size)
-	}
 	if size <= arenaTable || size > maxArenaBytes {
 		return nil, transport.Errorf(transport.ErrCorrupt, "the source's arena is %d bytes (want %d to %d)", size, arenaTable+1, uint64(maxArenaBytes))
 	}
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil || seals&unix.F_SEAL_SHRINK == 0 || seals&unix.F_SEAL_GROW == 0 {
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "the source's arena is not sealed against resizing; refusing to map it")
+	if err := checkSealedSize(fd, size, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW, "arena", "sealed against resizing; refusing to map it"); err != nil {
+		return nil, err
 	}
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {

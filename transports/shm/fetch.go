@@ -240,12 +240,8 @@ func (r *request) check(a answer, err error, m *metadata, targets []transport.Te
 	if size != m.Size {
 		return transport.Errorf(transport.ErrCorrupt, "the source's segment holds %d bytes, its metadata says %d", size, m.Size)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
-		return transport.Errorf(transport.ErrCorrupt, "the received segment is %d bytes, %d expected", st.Size, size)
-	}
-	if seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil || seals&unix.F_SEAL_WRITE == 0 || seals&unix.F_SEAL_SHRINK == 0 {
-		return transport.Errorf(transport.ErrPermissionDenied, "the received segment is not sealed against writes; refusing to read it")
+	if err := checkSealedSize(fd, size, unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK, "segment", "sealed against writes and shrinking; refusing to read it"); err != nil {
+		return err
 	}
 	return readRegions(fd, m.Regions, targets, &r.aborted)
 }
@@ -713,3 +709,27 @@ func copyMapped(fd int, r run) error {
 	}
 	return nil
 }
+
+// checkSealedSize checks that a memfd from a source carries the seals want
+// and is size bytes. The seals come first: until they are set the source
+// can still resize the file, so a size read before them proves nothing (a
+// file shrunk after its size was read, then sealed, passes both checks and
+// faults the receiver with SIGBUS on its first read of the mapping).
+func checkSealedSize(fd int, size uint64, want int, what, refusal string) error {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&want != want {
+		return transport.Errorf(transport.ErrPermissionDenied, "the source's %s is not %s", what, refusal)
+	}
+	if betweenSealsAndSize != nil {
+		betweenSealsAndSize(fd)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
+		return transport.Errorf(transport.ErrCorrupt, "the source's %s is %d bytes, it said %d", what, st.Size, size)
+	}
+	return nil
+}
+
+// betweenSealsAndSize, set by tests only, runs between the two checks of
+// checkSealedSize: where a hostile source would act.
+var betweenSealsAndSize func(fd int)

@@ -225,3 +225,63 @@ func TestVersion1RequestIsAnswered(t *testing.T) {
 	assert.Equal(t, transport.ErrUnsupported, transport.Status(int32(binary.LittleEndian.Uint32(reply))))
 	assert.Contains(t, string(reply[16:]), "protocol version 2")
 }
+
+// shrinkAndSeal is what a hostile source does to a memfd it handed out,
+// between a receiver's checks: shrink it to nothing, then seal it as the
+// receiver requires. A receiver that read the size first passed both
+// checks and died of SIGBUS on its first read of the mapping.
+func shrinkAndSeal(t *testing.T) (attacked func() bool) {
+	var did bool
+	betweenSealsAndSize = func(fd int) {
+		if unix.Ftruncate(fd, 0) == nil {
+			unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE)
+			did = true
+		}
+	}
+	t.Cleanup(func() { betweenSealsAndSize = nil })
+	return func() bool { return did }
+}
+
+// A segment that is unsealed when the receiver looks is refused before its
+// size is read, so a source resizing it in between gains nothing.
+func TestSegmentResizedBetweenChecksIsRefused(t *testing.T) {
+	attacked := shrinkAndSeal(t)
+	size := 2 * inlineMax
+	memfd := sealedMemfd(t, size, false)
+	path := fakeServer(t, func(c *net.UnixConn, _ []byte) {
+		c.WriteMsgUnix(encodeReply(transport.OK, "", uint64(size), 0), unix.UnixRights(memfd), nil)
+	})
+	meta := (&metadata{Path: path, Object: transport.ObjectID{1}, Size: uint64(size), Regions: []region{{0, uint64(size)}}}).encode()
+	got, err := fetchWith(t, newTransport(t), transferOf(t, meta), meta, size)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.True(t, allZero(got), "the target was not written")
+	assert.False(t, attacked(), "the size was never read of a file that could still change")
+}
+
+// The same for the arena: mapping an arena that could still shrink is
+// refused, and one sealed before the checks cannot be shrunk.
+func TestArenaResizedBetweenChecksIsRefused(t *testing.T) {
+	attacked := shrinkAndSeal(t)
+	size := uint64(arenaTable + 4096)
+	unsealed := sealedMemfd(t, int(size), false)
+	v, err := mapArena(dupFd(t, unsealed), size, os.Getpid())
+	if err == nil {
+		_, target := buffer(t, 16)
+		v.read(&metadata{Object: transport.ObjectID{1}, Base: arenaTable, Size: 16, Regions: []region{{0, 16}}}, []transport.Tensor{target})
+		v.unmap()
+	}
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.False(t, attacked())
+
+	sealed := sealedMemfd(t, int(size), true)
+	v, err = mapArena(dupFd(t, sealed), size, os.Getpid())
+	require.NoError(t, err)
+	v.unmap()
+	assert.False(t, attacked(), "a sealed arena cannot be shrunk")
+}
+
+func dupFd(t *testing.T, fd int) int {
+	d, err := unix.Dup(fd)
+	require.NoError(t, err)
+	return d
+}

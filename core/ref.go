@@ -97,14 +97,24 @@ func (r *Ref) release(revokeLeases bool) error {
 		return nil
 	}
 	if r.owned {
-		if o, ok := rt.objects[r.desc.ID]; ok {
+		o, ok := rt.objects[r.desc.ID]
+		freed := false
+		if ok {
 			if revokeLeases {
 				rt.revokeLeasesLocked(o)
 			}
 			o.local--
 			rt.maybeFreeLocked(o)
+			freed = o.freeing
 		}
 		rt.mu.Unlock()
+		if freed && revokeLeases {
+			// Freed at once means no transport serves it once we return:
+			// a fetch from bytes whose borrow the owner refuses would
+			// otherwise still read it until garbage_collect ran. The
+			// release callback runs afterwards, on the runtime's goroutine.
+			<-o.collected
+		}
 		return nil
 	}
 	e, ok := rt.borrowed[r.desc.ID]

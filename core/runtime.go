@@ -117,7 +117,8 @@ type object struct {
 	borrowTotal uint64
 	pins        int64 // sends and serving in progress
 	freeing     bool
-	freed       chan struct{}
+	collected   chan struct{} // closed once every transport collected it
+	freed       chan struct{} // closed once freed (after its release callback)
 
 	extractMu sync.Mutex // held while a transport extracts metadata
 	metaMu    sync.Mutex
@@ -469,14 +470,15 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		descs[i] = t.TensorDesc
 	}
 	o := &object{
-		desc:    newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
-		tensors: append([]transport.Tensor(nil), tensors...),
-		release: release,
-		local:   1,
-		transit: map[uint64]lease{},
-		borrows: map[transport.RuntimeID]uint64{},
-		freed:   make(chan struct{}),
-		meta:    meta,
+		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
+		tensors:   append([]transport.Tensor(nil), tensors...),
+		release:   release,
+		local:     1,
+		transit:   map[uint64]lease{},
+		borrows:   map[transport.RuntimeID]uint64{},
+		freed:     make(chan struct{}),
+		collected: make(chan struct{}),
+		meta:      meta,
 	}
 	rt.mu.Lock()
 	if rt.closed {
@@ -537,6 +539,7 @@ func (rt *Runtime) maybeFreeLocked(o *object) {
 // then the release callback, then wakes wait_tensor_freed.
 func (rt *Runtime) finalize(o *object) {
 	rt.collectMeta(o)
+	close(o.collected)
 	if o.release != nil {
 		o.release()
 	}

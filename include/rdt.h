@@ -346,7 +346,12 @@ RDT_API rdt_status rdt_ref_release(rdt_ref *ref);
  * deserialized (the owner's and those its borrowers serialized) stop holding
  * the object, so the owner frees it as soon as no reference of its own and
  * no borrow is left. For a host that knows those bytes will never be
- * deserialized and wants the memory back now, not after lease_ms.
+ * deserialized and wants the memory back now, not after lease_ms. When
+ * this call frees the object, every transport has dropped it (its
+ * garbage_collect ran) before the call returns, so no fetch that starts
+ * afterwards reads it; the release callback follows on a library thread.
+ * A transfer reading the object when the call is made keeps it until that
+ * transfer ends, and the object is freed then.
  * Afterwards, as with expired leases:
  *  - once the object is freed, its bytes fail as those of any freed object:
  *    NOT_FOUND ("already freed") in the owner; elsewhere a reference whose

@@ -251,9 +251,10 @@ class ObjectRef(Handle):
         ends every lease of the object now, as if it had expired: pickled or
         serialized copies that nobody has unpickled yet stop holding it, so
         the object is freed as soon as no handle and no borrow is left,
-        rather than after the owner's lease (two minutes by default). Once
-        it is freed, such bytes make a ref whose first get raises
-        :class:`NotFoundError`. Borrows already made are kept. For a host
+        rather than after the owner's lease (two minutes by default). When
+        this call frees it, no transport serves it any more once the call
+        returns. Once it is freed, such bytes make a ref whose first get
+        raises :class:`NotFoundError`. Borrows already made are kept. For a host
         that knows those bytes will never be unpickled. On a borrowed ref it
         raises :class:`InvalidArgumentError` and the handle stays open.
         """

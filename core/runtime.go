@@ -346,6 +346,10 @@ func (rt *Runtime) checkOpen() error {
 	return nil
 }
 
+// stderrFlushWait bounds how long Destroy waits for the log lines queued
+// for stderr to be written.
+const stderrFlushWait = 500 * time.Millisecond
+
 // Destroy shuts the runtime down; see rdt_runtime_destroy. It is idempotent.
 func (rt *Runtime) Destroy() {
 	rt.mu.Lock()
@@ -401,6 +405,9 @@ func (rt *Runtime) Destroy() {
 	rt.bg.Wait()
 	rt.reg.closeAll(rt.log)
 	rt.log.Debugf("runtime destroyed")
+	// Lines for stderr are written by a goroutine; a program that exits
+	// right after destroy still gets them, unless stderr is stuck.
+	transport.FlushStderrLogs(stderrFlushWait)
 }
 
 // waitUnpinned waits until no send or server reads an object's memory.

@@ -29,16 +29,13 @@ func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token
 // Unborrow implements PeerService.
 func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
 	o, ok := rt.objects[obj]
 	if !ok || rt.closed || o.freeing {
+		rt.mu.Unlock()
 		return // includes borrows we refused because the object was freed
 	}
-	have := o.borrows[from]
-	if n > have {
-		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, have)
-		n = have
-	}
+	have, asked := o.borrows[from], n
+	n = min(n, have)
 	if have-n == 0 {
 		delete(o.borrows, from)
 	} else {
@@ -46,6 +43,10 @@ func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n 
 	}
 	o.borrowTotal -= n
 	rt.maybeFreeLocked(o)
+	rt.mu.Unlock()
+	if asked > have { // logged after the lock: the control plane's reader calls this
+		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, asked, obj, have)
+	}
 }
 
 // MaxLeasesPerPeer bounds the leases one peer holds at a time: refs it
@@ -163,8 +164,8 @@ func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
 
 func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
 	rt.mu.Lock()
-	defer rt.mu.Unlock()
 	if rt.closed {
+		rt.mu.Unlock()
 		return // Destroy frees everything anyway
 	}
 	returned := uint64(0)
@@ -176,6 +177,7 @@ func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
 			rt.maybeFreeLocked(o)
 		}
 	}
+	rt.mu.Unlock()
 	if returned > 0 {
 		rt.log.Infof("peer %s is gone: dropped its %d borrows", id, returned)
 	}

@@ -3,7 +3,6 @@ package transport
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -40,8 +39,11 @@ func ParseLogLevel(s string) (LogLevel, bool) {
 	return LogDefault, false
 }
 
-// Logger writes leveled lines to stderr, prefixed with the runtime name, or
-// holds them for a binding to take while capture is on (logcapture.go).
+// Logger writes leveled lines to stderr (through a queue that never blocks
+// the caller, logstderr.go), prefixed with the runtime name, or holds them
+// for a binding to take while capture is on (logcapture.go). A logger with
+// an output of its own (NewLoggerTo, Go callers only) writes to it
+// directly, one line at a time.
 type Logger struct {
 	name   string
 	level  LogLevel
@@ -49,7 +51,7 @@ type Logger struct {
 	prefix string    // starts every message ("transport shm: ")
 }
 
-var stderrMu sync.Mutex // one line at a time, whichever logger writes it
+var outMu sync.Mutex // one line at a time to an output of a logger's own
 
 // NewLogger makes a logger; LogDefault means warn (a runtime resolves
 // RDT_LOG before it makes its logger).
@@ -101,13 +103,13 @@ func (l *Logger) logf(level LogLevel, format string, args ...any) {
 		return
 	}
 	line := fmt.Sprintf("%s rdt[%s] %s: %s\n", time.Now().Format("15:04:05.000000"), l.name, levelNames[level], msg)
-	stderrMu.Lock()
-	if l.out != nil {
-		io.WriteString(l.out, line)
-	} else {
-		os.Stderr.WriteString(line)
+	if l.out == nil {
+		toStderr.push(line) // never blocks (logstderr.go)
+		return
 	}
-	stderrMu.Unlock()
+	outMu.Lock()
+	io.WriteString(l.out, line)
+	outMu.Unlock()
 }
 
 func (l *Logger) Errorf(format string, args ...any) { l.logf(LogError, format, args...) }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -84,11 +85,13 @@ type memTransport struct {
 	waitErr      func(x *transport.Transfer) error
 	gate         chan struct{}                 // when set, transfers wait for it (or abort)
 	mailbox      *sync.Map                     // transfer id -> chan []byte (two-sided), shared by a pair
+	collected    *sync.Map                     // object ids garbage-collected at the source, shared by a pair
+	gcDelay      time.Duration                 // GarbageCollect takes this long before the object is gone
 	describe     func(d *transport.Descriptor) // when set, adjusts the descriptor
 }
 
 func newMemTransport(name string) *memTransport {
-	return &memTransport{name: name, oneSided: true, canAbort: true, mailbox: &sync.Map{}}
+	return &memTransport{name: name, oneSided: true, canAbort: true, mailbox: &sync.Map{}, collected: &sync.Map{}}
 }
 
 func (m *memTransport) log(ev string) {
@@ -126,7 +129,9 @@ func (m *memTransport) CommunicatorMetadata(x *transport.Transfer) ([]byte, erro
 }
 
 func (m *memTransport) GarbageCollect(obj transport.ObjectID, ts []transport.Tensor, tmeta []byte) {
+	time.Sleep(m.gcDelay)
 	m.gcCount.Add(1)
+	m.collected.Store(obj, true)
 	m.log("gc")
 }
 
@@ -178,6 +183,10 @@ func (r *memRequest) Wait() error {
 		case <-r.abort:
 			return transport.Errorf(transport.ErrAborted, "aborted")
 		}
+	}
+	if _, freed := r.m.collected.Load(r.x.Object); freed {
+		// What a transport with DetectsFreedObjects does.
+		return transport.Errorf(transport.ErrNotFound, "the source freed object %s", r.x.Object)
 	}
 	for i, t := range r.targets {
 		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*i:]))

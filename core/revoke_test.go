@@ -11,9 +11,6 @@ import (
 
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
-	"github.com/rdt-project/rdt/transports/cma"
-	"github.com/rdt-project/rdt/transports/shm"
-	"github.com/rdt-project/rdt/transports/tcp"
 )
 
 // The default lease is two minutes: every wait below is far shorter, so an
@@ -235,53 +232,54 @@ func TestRevokeRacesBorrow(t *testing.T) {
 // Revoking frees at once: when release(revoke) returns having freed the
 // object, no transport serves it any more. A receiver whose borrow has not
 // reached the owner (its writes are held here) fetches with the bytes in
-// the ref over cma, shm or tcp, which start without waiting for the
-// owner's answer; each must fail, never return the bytes. When the free
-// ran after revoke returned, such fetches read the object.
+// the ref over a transport that detects freed objects, as cma, shm and tcp
+// do, which starts without waiting for the owner's answer; the fetch must
+// fail, never return the bytes. When garbage_collect ran after revoke
+// returned, such fetches read the object.
 func TestRevokedObjectIsNotServedAfterRevokeReturns(t *testing.T) {
-	builtins := func(o *Options) {
-		o.Builtins = []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
-	}
-	owner := socketRuntime(t, "owner", builtins)
-	borrower := socketRuntime(t, "borrower", builtins)
-	for _, name := range []string{"cma", "shm", "tcp"} {
-		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			peer, err := borrower.ep.Connect(ctx, owner.Address())
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	dst.mailbox, dst.collected = src.mailbox, src.collected
+	detects := func(d *transport.Descriptor) { d.DetectsFreedObjects = true }
+	src.describe, dst.describe = detects, detects
+	src.gcDelay = 20 * time.Millisecond // the free takes a while, as unmapping does
+	require.NoError(t, owner.RegisterTransport(src))
+	require.NoError(t, borrower.RegisterTransport(dst))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	peer, err := borrower.ep.Connect(ctx, owner.Address())
+	require.NoError(t, err)
+	served := 0
+	for i := 0; i < 100; i++ {
+		var released atomic.Int64
+		ref, buf := putOne(t, owner, "mem", &released)
+		b, err := ref.Serialize()
+		require.NoError(t, err)
+		resume, ok := control.HoldWrites(peer)
+		require.True(t, ok)
+		late, err := borrower.Deserialize(b)
+		if err != nil {
+			resume()
 			require.NoError(t, err)
-			served := 0
-			for i := 0; i < 100; i++ {
-				var released atomic.Int64
-				ref, buf := putOne(t, owner, name, &released)
-				b, err := ref.Serialize()
-				require.NoError(t, err)
-				resume, ok := control.HoldWrites(peer)
-				require.True(t, ok)
-				late, err := borrower.Deserialize(b)
-				if err != nil {
-					resume()
-					require.NoError(t, err)
-				}
-				require.NoError(t, ref.ReleaseRevokingLeases())
-				out := newHostBuf(t, len(buf.b))
-				// The transfer starts before the borrow can reach the
-				// owner; its refusal arrives once writes resume.
-				f, err := borrower.StartFetch([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
-				resume()
-				if err == nil {
-					err = f.Wait(10 * time.Second)
-					f.Free()
-				}
-				if err == nil {
-					served++
-				} else {
-					assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
-				}
-				require.NoError(t, late.Release())
-				eventually(t, func() bool { return released.Load() == 1 }, "freed")
-			}
-			assert.Zero(t, served, "fetches of a revoked object that succeeded after revoke returned")
-		})
+		}
+		require.NoError(t, ref.ReleaseRevokingLeases())
+		out := newHostBuf(t, len(buf.b))
+		// The transfer starts before the borrow can reach the owner; its
+		// refusal arrives once writes resume.
+		f, err := borrower.StartFetch([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
+		resume()
+		if err == nil {
+			err = f.Wait(10 * time.Second)
+			f.Free()
+		}
+		if err == nil {
+			served++
+		} else {
+			assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
+		}
+		require.NoError(t, late.Release())
+		eventually(t, func() bool { return released.Load() == 1 }, "freed")
 	}
+	assert.Zero(t, served, "fetches of a revoked object that succeeded after revoke returned")
 }

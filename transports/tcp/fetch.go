@@ -20,6 +20,7 @@ type piece struct {
 	tensor uint32
 	offset uint64
 	dst    []byte
+	tag    uint64 // of its request, drawn when the request is sent
 }
 
 // stream pulls a list of pieces over one connection. It keeps up to window
@@ -137,7 +138,8 @@ func (s *stream) sendMore() error {
 	b := s.frames[:0]
 	for s.sent < len(s.pieces) && s.sent-s.done < window {
 		p := &s.pieces[s.sent]
-		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Offset: p.offset, Length: uint64(len(p.dst))}).encode(b)
+		p.tag = newTag()
+		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Offset: p.offset, Length: uint64(len(p.dst)), Tag: p.tag}).encode(b)
 		s.sent++
 	}
 	s.frames = b
@@ -166,7 +168,14 @@ func (s *stream) advance(read func([][]byte) (int, error)) error {
 			s.hdrGot += n
 			if err == nil && s.hdrGot == responseLen {
 				var mlen int
-				s.st, mlen, err = decodeResponseHeader(hdr)
+				var tag uint64
+				s.st, mlen, tag, err = decodeResponseHeader(hdr)
+				if err == nil && tag != p.tag {
+					// Bytes nobody asked for (left over from an earlier
+					// answer, or sent ahead), or answers out of order.
+					err = transport.Errorf(transport.ErrCorrupt, "%s answered with tag %#x where the answer to tensor %d bytes [%d, +%d) (tag %#x) was due",
+						s.r.meta.Endpoint, tag, p.tensor, p.offset, len(p.dst), p.tag)
+				}
 				if err == nil && s.st == transport.OK && mlen != 0 {
 					err = transport.Errorf(transport.ErrCorrupt, "%s answered OK with a message", s.r.meta.Endpoint)
 				}
@@ -670,21 +679,70 @@ func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), er
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
 // idleConn takes a pooled connection, or returns nil. The most recently
-// used goes first, so connections beyond what is needed age out.
+// used goes first, so connections beyond what is needed age out. A pooled
+// connection must hold nothing unread: one with bytes waiting (a source
+// that sent what nobody asked for) or an end of stream (a source that hung
+// up) is closed, and the next one tried.
 func (t *Transport) idleConn(k poolKey) net.Conn {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	l := t.idle[k]
-	if len(l) == 0 {
-		return nil
+	for {
+		t.pmu.Lock()
+		l := t.idle[k]
+		if len(l) == 0 {
+			t.pmu.Unlock()
+			return nil
+		}
+		p := l[len(l)-1]
+		l[len(l)-1] = pooled{}
+		if len(l) == 1 {
+			delete(t.idle, k)
+		} else {
+			t.idle[k] = l[:len(l)-1]
+		}
+		t.pmu.Unlock()
+		why := unread(p.c)
+		if why == "" {
+			return p.c
+		}
+		t.h.Log().Debugf("closing a pooled data connection to %s: %s", k.endpoint, why)
+		p.c.Close()
 	}
-	p := l[len(l)-1]
-	if len(l) == 1 {
-		delete(t.idle, k)
-	} else {
-		t.idle[k] = l[:len(l)-1]
+}
+
+// unread checks, without blocking, that nothing is waiting to be read on
+// an idle connection: it returns "" when the connection is clean, else
+// what is wrong with it.
+func unread(c net.Conn) string {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return ""
 	}
-	return p.c
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err.Error()
+	}
+	var n int
+	var rerr error
+	if err := rc.Control(func(fd uintptr) {
+		var b [1]byte
+		for {
+			n, _, rerr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			if rerr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return err.Error()
+	}
+	switch {
+	case rerr == unix.EAGAIN:
+		return ""
+	case rerr != nil:
+		return rerr.Error()
+	case n == 0:
+		return "the source closed it"
+	default:
+		return "the source sent bytes nobody asked for"
+	}
 }
 
 // conn takes a pooled connection or dials and authenticates one.
@@ -751,7 +809,10 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	if _, err := c.Write(answer); err != nil {
 		return transport.Errorf(transport.ErrPeerUnavailable, "data connection to %s: handshake failed: %v", ep, err)
 	}
-	st, msg, err := readResponse(c)
+	st, tag, msg, err := readResponse(c)
+	if err == nil && tag != 0 {
+		err = transport.Errorf(transport.ErrCorrupt, "data connection to %s: the handshake's answer carries tag %#x, not 0", ep, tag)
+	}
 	if err != nil {
 		// A server that refuses the key says so (below); a connection
 		// that ends without an answer means the peer went away, say
@@ -767,25 +828,26 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	return transport.Errorf(st, "data connection to %s: %s", ep, msg)
 }
 
-// readResponse reads one response header and its message (handshake only;
-// pulls read theirs in stream.advance).
-func readResponse(c net.Conn) (transport.Status, string, error) {
+// readResponse reads one response header and its message, and returns the
+// tag the header carries for the caller to check (handshake only; pulls
+// read theirs in stream.advance).
+func readResponse(c net.Conn) (transport.Status, uint64, string, error) {
 	var hdr [responseLen]byte
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
+		return 0, 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
-	st, n, err := decodeResponseHeader(hdr[:])
+	st, n, tag, err := decodeResponseHeader(hdr[:])
 	if err != nil {
-		return 0, "", err
+		return 0, 0, "", err
 	}
 	if n == 0 {
-		return st, "", nil
+		return st, tag, "", nil
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(c, msg); err != nil {
-		return 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
+		return 0, 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
-	return st, string(msg), nil
+	return st, tag, string(msg), nil
 }
 
 // put returns a healthy connection to the pool.

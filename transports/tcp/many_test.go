@@ -1,6 +1,8 @@
 package tcp
 
 import (
+	"bytes"
+	"context"
 	"io"
 	"net"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // Many tensors of mixed sizes in one object: small answers go out many to
@@ -154,7 +157,7 @@ func TestUnaskedBytesAreCorrupt(t *testing.T) {
 		}
 		var out []byte
 		for i := 0; i < 3; i++ {
-			out = encodeResponse(out, transport.OK, "")
+			out = encodeResponse(out, frameTag(frames[i*requestLen:(i+1)*requestLen]), transport.OK, "")
 			out = append(out, make([]byte, 100)...)
 		}
 		c.Write(append(out, "extra"...)) // one write: it arrives whole
@@ -172,4 +175,48 @@ func TestUnaskedBytesAreCorrupt(t *testing.T) {
 	require.NoError(t, err)
 	err = wait(req)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+}
+
+// setBuffer sets a socket buffer of c (the kernel rounds up to its minimum).
+func setBuffer(t *testing.T, c net.Conn, opt int) {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	var serr error
+	require.NoError(t, rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, 1) }))
+	require.NoError(t, serr)
+}
+
+// The receiver writes its requests on the goroutine that reads the
+// answers (stream.advance), and the source answers on the goroutine that
+// reads the requests (serve): neither reads while it writes. That cannot
+// deadlock because the request bytes the source has not read yet are
+// bounded by the window (window*requestLen, 13 KiB), which the socket
+// buffers always take, so the receiver's write never waits for the source.
+// Here the receiver's send buffer is the smallest the kernel allows, and
+// the source writes large answers all along: the fetch ends on that
+// connection (with a window of thousands of frames it would not: both
+// sides would block in their writes until the source's write timeout).
+func TestPipelinedRequestsWithTheSmallestSocketBuffers(t *testing.T) {
+	p := newPair(t, "", "")
+	p.src.writeTimeout = time.Minute
+	const count, n = window*4 + 7, 64 << 10
+	sizes := make([]int, count)
+	for i := range sizes {
+		sizes[i] = n
+	}
+	meta, want := p.put(t, 23, sizes...)
+	c, err := p.dst.conn(context.Background(), p.srcKey())
+	require.NoError(t, err)
+	setBuffer(t, c, unix.SO_SNDBUF)
+	p.dst.put(p.srcKey(), c)
+	got, err := p.fetch(t, meta, sizes...)
+	require.NoError(t, err)
+	for i := range sizes {
+		require.True(t, bytes.Equal(want[i], got[i]), "tensor %d", i)
+	}
+	p.dst.pmu.Lock()
+	defer p.dst.pmu.Unlock()
+	if l := p.dst.idle[p.srcKey()]; assert.Len(t, l, 1) {
+		assert.Equal(t, c, l[0].c, "the fetch ran on the connection with the small buffers")
+	}
 }

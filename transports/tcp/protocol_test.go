@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/bits"
 	"testing"
 
@@ -11,7 +12,7 @@ import (
 )
 
 func TestRequestFrameRoundTrip(t *testing.T) {
-	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk}
+	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk, Tag: 0x0123456789abcdef}
 	b := r.encode(nil)
 	require.Len(t, b, requestLen)
 	got, err := decodeRequest(b)
@@ -24,14 +25,35 @@ func TestRequestFrameRoundTrip(t *testing.T) {
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	_, err = decodeRequest(b[:requestLen-1])
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
+	assert.Equal(t, r.Tag, frameTag(b), "a malformed frame's tag is still echoed")
+}
+
+func TestResponseHeaderRoundTrip(t *testing.T) {
+	b := encodeResponse(nil, 0xfedcba9876543210, transport.ErrNotFound, "gone")
+	require.Len(t, b, responseLen+4)
+	st, n, tag, err := decodeResponseHeader(b[:responseLen])
+	require.NoError(t, err)
+	assert.Equal(t, transport.ErrNotFound, st)
+	assert.Equal(t, 4, n)
+	assert.Equal(t, uint64(0xfedcba9876543210), tag)
+	assert.Equal(t, "gone", string(b[responseLen:]))
+	// The message stays bounded, and so does what a header may announce.
+	long := encodeResponse(nil, 1, transport.ErrNotFound, string(make([]byte, 2*maxMessage)))
+	assert.Len(t, long, responseLen+maxMessage)
+	binary.LittleEndian.PutUint32(long[4:], maxMessage+1)
+	_, _, _, err = decodeResponseHeader(long)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
+	for range 1000 {
+		require.NotZero(t, newTag(), "0 is the handshake's tag")
+	}
 }
 
 // FuzzDecodeRequest runs the server's handling of a request frame, short
 // of the memory: decode, then the range check against a two-tensor object.
 // Whatever it accepts must lie inside the tensor.
 func FuzzDecodeRequest(f *testing.F) {
-	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4}).encode(nil))
-	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4, Tag: 1}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0, Tag: ^uint64(0)}).encode(nil))
 	f.Add(make([]byte, requestLen))
 	tensors := []transport.Tensor{
 		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1000}},

@@ -113,7 +113,7 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		req, err := decodeRequest(frame)
 		if err != nil {
-			t.malformed(c, err)
+			t.malformed(c, frameTag(frame), err)
 			return
 		}
 		if req.Length > smallAnswer {
@@ -130,7 +130,7 @@ func (t *Transport) serve(c net.Conn) {
 			req, err := decodeRequest(frame)
 			if err != nil {
 				b.flush(t, c)
-				t.malformed(c, err)
+				t.malformed(c, frameTag(frame), err)
 				return
 			}
 			if req.Length > smallAnswer {
@@ -148,11 +148,11 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 // malformed answers a frame that breaks the framing, before the
-// connection is closed.
-func (t *Transport) malformed(c net.Conn, err error) {
+// connection is closed; the answer echoes the frame's tag field.
+func (t *Transport) malformed(c net.Conn, tag uint64, err error) {
 	t.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
 	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-	c.Write(encodeResponse(nil, transport.StatusOf(err), err.Error()))
+	c.Write(encodeResponse(nil, tag, transport.StatusOf(err), err.Error()))
 }
 
 // answers gathers the responses to a run of small requests, each header
@@ -176,12 +176,12 @@ func (b *answers) add(t *Transport, c net.Conn, req request) {
 	var data []byte
 	tensors, err := b.pin(t, req.Object)
 	if err != nil {
-		b.hdrs = encodeResponse(b.hdrs, transport.StatusOf(err), err.Error())
+		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.StatusOf(err), err.Error())
 	} else if src, st, msg := checkRange(req, tensors); st != transport.OK {
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
-		b.hdrs = encodeResponse(b.hdrs, st, msg)
+		b.hdrs = encodeResponse(b.hdrs, req.Tag, st, msg)
 	} else {
-		b.hdrs = encodeResponse(b.hdrs, transport.OK, "")
+		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.OK, "")
 		if req.Length > 0 {
 			data = transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
 		}
@@ -249,7 +249,7 @@ func (t *Transport) handshake(c net.Conn) bool {
 	}
 	if !transport.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
 		t.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
-		c.Write(encodeResponse(nil, transport.ErrPermissionDenied, t.refusal()))
+		c.Write(encodeResponse(nil, 0, transport.ErrPermissionDenied, t.refusal()))
 		return false
 	}
 	// The client's runtime id is not proven: it is used only to close
@@ -257,7 +257,7 @@ func (t *Transport) handshake(c net.Conn) bool {
 	t.lmu.Lock()
 	t.sconns[c] = transport.RuntimeID(answer[proofLen:])
 	t.lmu.Unlock()
-	if _, err := c.Write(encodeResponse(nil, transport.OK, "")); err != nil {
+	if _, err := c.Write(encodeResponse(nil, 0, transport.OK, "")); err != nil {
 		return false
 	}
 	c.SetDeadline(time.Time{})
@@ -278,7 +278,7 @@ func (t *Transport) refusal() string {
 func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 	refuse := func(st transport.Status, msg string) error {
 		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-		_, err := c.Write(encodeResponse(hdr, st, msg))
+		_, err := c.Write(encodeResponse(hdr, req.Tag, st, msg))
 		return err
 	}
 	tensors, unpin, err := t.h.PinObject(req.Object)
@@ -291,7 +291,7 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		return refuse(st, msg)
 	}
-	hdr = encodeResponse(hdr, transport.OK, "")
+	hdr = encodeResponse(hdr, req.Tag, transport.OK, "")
 	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 	if req.Length == 0 {
 		_, err = c.Write(hdr)

@@ -27,8 +27,12 @@ const (
 	// connections at once; smaller ones share one connection.
 	streamMin = 8 << 20
 	// window is how many request frames a connection keeps in flight.
-	// Frames are 44 bytes, so a full window (11 KiB) always fits the socket
-	// buffers and the client's writes never wait on the server's.
+	// Frames are 52 bytes, so a full window (13 KiB) always fits the socket
+	// buffers and the client's writes never wait on the server's: the
+	// client writes its requests on the goroutine that reads the answers,
+	// and the server answers on the one that reads the requests, so a
+	// window past the buffers would deadlock both in their writes
+	// (TestPipelinedRequestsWithTheSmallestSocketBuffers).
 	window      = 256
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second

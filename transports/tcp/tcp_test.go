@@ -290,21 +290,24 @@ func TestOutOfRangeRequestIsRefusedAndTheServerStaysUp(t *testing.T) {
 	// All at once, pipelined, and a good one at the end: the answers come
 	// back in order.
 	var frames []byte
-	for _, req := range bad {
-		frames = req.encode(frames)
+	for i := range bad {
+		bad[i].Tag = uint64(100 + i)
+		frames = bad[i].encode(frames)
 	}
-	frames = (&request{Object: transport.ObjectID{8}, Offset: 10, Length: 990}).encode(frames)
+	frames = (&request{Object: transport.ObjectID{8}, Offset: 10, Length: 990, Tag: 99}).encode(frames)
 	_, err := c.Write(frames)
 	require.NoError(t, err)
 	for _, req := range bad {
-		st, msg, err := readResponse(c)
+		st, tag, msg, err := readResponse(c)
 		require.NoError(t, err)
 		assert.Equal(t, transport.ErrInvalidArgument, st, "%+v", req)
+		assert.Equal(t, req.Tag, tag, "a refusal echoes its request's tag")
 		assert.Regexp(t, "outside tensor|tensors; tensor|byte limit", msg)
 	}
-	st, _, err := readResponse(c)
+	st, tag, _, err := readResponse(c)
 	require.NoError(t, err)
 	require.Equal(t, transport.OK, st)
+	require.Equal(t, uint64(99), tag, "the answer echoes its request's tag")
 	got := make([]byte, 990)
 	_, err = io.ReadFull(c, got)
 	require.NoError(t, err)
@@ -336,11 +339,13 @@ func TestMalformedFrameClosesOnlyThatConnection(t *testing.T) {
 	c := rawConn(t, p)
 	bad := make([]byte, requestLen)
 	copy(bad, "JUNK")
+	bad[requestLen-1] = 0x5a // the tag field
 	_, err := c.Write(bad)
 	require.NoError(t, err)
-	st, _, err := readResponse(c)
+	st, tag, _, err := readResponse(c)
 	require.NoError(t, err)
 	assert.Equal(t, transport.ErrInvalidArgument, st)
+	assert.Equal(t, uint64(0x5a)<<56, tag, "the answer echoes the frame's tag field")
 	_, err = c.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "the server hung up")
 	got, err := p.fetch(t, meta, 128)
@@ -427,7 +432,7 @@ func fakeSource(t *testing.T, token string, serve func(c net.Conn)) string {
 				if _, err := io.ReadFull(c, answer); err != nil || !transport.CheckAuthProof(token, authPurpose, nonce, answer[:proofLen]) {
 					return
 				}
-				c.Write(encodeResponse(nil, transport.OK, ""))
+				c.Write(encodeResponse(nil, 0, transport.OK, ""))
 				serve(c)
 			}()
 		}
@@ -553,7 +558,7 @@ func TestSourceDiesMidTransfer(t *testing.T) {
 			return
 		}
 		req, _ := decodeRequest(frame)
-		c.Write(encodeResponse(nil, transport.OK, ""))
+		c.Write(encodeResponse(nil, req.Tag, transport.OK, ""))
 		c.Write(make([]byte, req.Length/2))
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0) // a reset, as from a killed process

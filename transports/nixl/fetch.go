@@ -91,11 +91,20 @@ func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
 
 // acquire makes the source agent's memory of m addressable and returns its
 // entry held shared (release with mu.RUnlock once the transfer is over).
-func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) {
+// With try set it never waits: ok is false when the entry is held
+// exclusively, or must be reloaded while transfers hold it shared. Fetch
+// tries; the request's poster waits (see Fetch).
+func (t *Transport) acquire(agent unsafe.Pointer, m *metadata, try bool) (r *remote, ok bool, err error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
 		r := t.remoteEntry(agent, m.Agent)
-		r.mu.RLock()
+		if try {
+			if !r.mu.TryRLock() {
+				return nil, false, nil
+			}
+		} else {
+			r.mu.RLock()
+		}
 		if r.valid && !r.stale.Load() && r.epoch >= m.Epoch {
 			var err error
 			for _, b := range m.Blobs {
@@ -104,7 +113,7 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 				}
 			}
 			if err == nil {
-				return r, nil
+				return r, true, nil
 			}
 			// Refused descriptors mean our view of the agent is out of date.
 			lastErr = err
@@ -113,7 +122,13 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 			continue
 		}
 		r.mu.RUnlock()
-		r.mu.Lock()
+		if try {
+			if !r.mu.TryLock() {
+				return nil, false, nil
+			}
+		} else {
+			r.mu.Lock()
+		}
 		if r.evicted {
 			r.mu.Unlock()
 			continue
@@ -125,7 +140,7 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 			}
 			if err := loadMD(agent, m.Conn, m.Agent); err != nil {
 				r.mu.Unlock()
-				return nil, err
+				return nil, false, err
 			}
 			r.valid, r.epoch = true, m.Epoch
 			r.stale.Store(false)
@@ -135,7 +150,7 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata) (*remote, error) 
 	if lastErr == nil {
 		lastErr = transport.Errorf(transport.ErrTransport, "the source agent's metadata kept changing")
 	}
-	return nil, lastErr
+	return nil, false, lastErr
 }
 
 // piece is a byte range of one tensor, read with one descriptor.
@@ -258,9 +273,15 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		close(req.postDone)
 		return req, nil
 	}
-	rem, err := t.acquire(agent, m)
+	// A fetch starts all its transfers before it releases any, so the
+	// agent may be held by this fetch's own transfers, and waiting for it
+	// here would never end: when it is busy, the poster waits for it.
+	rem, ok, err := t.acquire(agent, m, true)
 	if err != nil {
 		return nil, err
+	}
+	if !ok {
+		req.waitAgent = m
 	}
 	req.rem = rem
 	// Register the targets for this transfer, one list per memory type.
@@ -284,7 +305,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		}
 		req.locals = append(req.locals, d)
 	}
-	if total <= syncLimit {
+	if total <= syncLimit && req.waitAgent == nil {
 		req.post()
 		if req.postErr != nil {
 			err := req.postErr
@@ -322,6 +343,9 @@ type request struct {
 	started    time.Time
 	total      uint64 // bytes to read
 	once       sync.Once
+	// waitAgent: the source agent was busy at Fetch; the poster acquires
+	// it (setting rem) before it posts.
+	waitAgent *metadata
 
 	mu       sync.Mutex
 	xfers    []*xfer // posted so far
@@ -334,6 +358,17 @@ type request struct {
 // error. It closes postDone when it stops.
 func (r *request) post() {
 	defer close(r.postDone)
+	if r.waitAgent != nil {
+		rem, _, err := r.t.acquire(r.agent, r.waitAgent, false)
+		if err != nil {
+			r.postErr = err
+			return
+		}
+		r.rem = rem // read by cleanup only after postDone
+		if r.aborted.Load() {
+			return
+		}
+	}
 	cname := C.CString(r.remoteName)
 	defer C.free(unsafe.Pointer(cname))
 	for _, c := range r.chunks {

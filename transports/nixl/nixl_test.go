@@ -363,3 +363,56 @@ func TestPlanSpansTouchingTensorsOnlyWhenTheSourcePromises(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, chunks[0].pieces, 3)
 }
+
+// One fetch starts every transfer before it waits on or releases any. When
+// its refs were put on both sides of a garbage_collect at the source (two
+// registration epochs), the second transfer needs the source agent
+// reloaded while the first holds it: it must not wait for the first to be
+// released inside Fetch, which never happens before Fetch returns.
+func TestTransfersOfTwoEpochsInOneFetch(t *testing.T) {
+	src := newTransport(t)
+	oldBuf, oldT := buffer(t, 64<<10)
+	fill(oldBuf, 1)
+	oldMeta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{oldT})
+	require.NoError(t, err)
+	_, goneT := buffer(t, 4096)
+	goneMeta, err := src.ExtractMetadata(transport.ObjectID{2}, []transport.Tensor{goneT})
+	require.NoError(t, err)
+	src.GarbageCollect(transport.ObjectID{2}, []transport.Tensor{goneT}, goneMeta) // a new epoch
+	newBuf, newT := buffer(t, 64<<10)
+	fill(newBuf, 2)
+	newMeta, err := src.ExtractMetadata(transport.ObjectID{3}, []transport.Tensor{newT})
+	require.NoError(t, err)
+
+	for _, order := range [][2][]byte{{oldMeta, newMeta}, {newMeta, oldMeta}} {
+		dst := newTransport(t) // with no view of the source agent yet
+		gotOld, outOld := buffer(t, 64<<10)
+		gotNew, outNew := buffer(t, 64<<10)
+		targets := map[*byte]transport.Tensor{&oldMeta[0]: outOld, &newMeta[0]: outNew}
+		started := make(chan []transport.Request, 1)
+		go func() {
+			var reqs []transport.Request
+			for _, meta := range order {
+				req, err := dst.Fetch(&transport.Transfer{Transport: Name}, []transport.Tensor{targets[&meta[0]]}, meta, nil)
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				reqs = append(reqs, req)
+			}
+			started <- reqs
+		}()
+		var reqs []transport.Request
+		select {
+		case reqs = <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the second transfer's Fetch waits for the first to be released")
+		}
+		for _, req := range reqs {
+			assert.NoError(t, req.Wait())
+			req.Release()
+		}
+		assert.Equal(t, oldBuf, gotOld)
+		assert.Equal(t, newBuf, gotNew)
+	}
+}

@@ -320,17 +320,20 @@ func (g *group) destroy(cause error, abort bool) error {
 	g.mu.Unlock()
 	var err error
 	for _, l := range g.lanes {
+		// Taken out under the lane's lock, destroyed outside it:
+		// ncclCommDestroy waits for the other ranks, and a transfer that
+		// passed its turn meanwhile must get the lock, see the group dead
+		// and return, not wait that long where no abort reaches it.
 		l.enq.Lock()
-		if derr := l.comm.Destroy(); err == nil {
+		comm, stream := l.comm, l.stream
+		l.comm, l.stream = nil, nil
+		l.enq.Unlock()
+		if derr := comm.Destroy(); err == nil {
 			err = derr
 		}
-		l.stream.Destroy()
-		l.enq.Unlock()
+		stream.Destroy()
 	}
-	if err != nil {
-		return err
-	}
-	return nil
+	return err
 }
 
 // abortComm calls ncclCommAbort on every lane. An enqueue blocked inside

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -80,6 +80,12 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 
 # ---- test suites ----------------------------------------------------------
 test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test wheel-test soak abi-check ## Build everything and run every suite below
+
+# The same Go, C and Python suites with one busy process per core beside
+# them (tools/under-load.sh): they must pass on a loaded machine too. CI
+# runs the normal `make test`.
+test-under-load: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) $(CMAKE_DIR)/CMakeCache.txt ## make test's Go, C/C++ and Python suites with one busy process per core beside them
+	tools/under-load.sh $(MAKE) go-test c-test python-test
 
 abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed baseline abi/librdt.abi (docs/abi.md)
 	tools/abi-check.sh $(BUILD)/librdt.so

@@ -289,19 +289,28 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 	assert.Equal(t, transport.ErrNotFound, resp.Status)
 }
 
-func TestSocketsSilentPeerTimesOut(t *testing.T) {
-	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 200 * time.Millisecond })
-	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
+// rawBorrower puts an object in rt and has a raw peer borrow it, so that
+// the object lives only as long as rt counts that peer's borrow; released
+// counts its release.
+func rawBorrower(t *testing.T, rt *Runtime, released *atomic.Int64) net.Conn {
+	ref, _ := putOne(t, rt, "", released)
 	b, _ := ref.Serialize()
 	desc, token, _ := DecodeRef(b)
 	require.NoError(t, ref.Release())
 	c, rd := rawConn(t, rt)
 	_, err := c.Write((&control.Message{Kind: control.KindBorrow, ID: 1, Object: desc.ID, Token: token}).Encode())
 	require.NoError(t, err)
-	_, err = control.Expect(rd, control.KindResponse)
+	resp, err := control.Expect(rd, control.KindResponse)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1), rt.Stats().Borrows)
+	require.Equal(t, transport.OK, resp.Status)
+	require.Equal(t, uint64(1), rt.Stats().Borrows)
+	return c
+}
+
+func TestSocketsSilentPeerTimesOut(t *testing.T) {
+	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 200 * time.Millisecond })
+	var released atomic.Int64
+	rawBorrower(t, rt, &released)
 	// The raw peer never answers pings: it is declared gone, and its borrow
 	// with it.
 	eventually(t, func() bool { return released.Load() == 1 }, "silent borrower dropped")
@@ -344,16 +353,7 @@ func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
 func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
 	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 300 * time.Millisecond })
 	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	b, _ := ref.Serialize()
-	desc, token, _ := DecodeRef(b)
-	require.NoError(t, ref.Release())
-	c, rd := rawConn(t, rt)
-	_, err := c.Write((&control.Message{Kind: control.KindBorrow, ID: 1, Object: desc.ID, Token: token}).Encode())
-	require.NoError(t, err)
-	resp, err := control.Expect(rd, control.KindResponse)
-	require.NoError(t, err)
-	require.Equal(t, transport.OK, resp.Status)
+	c := rawBorrower(t, rt, &released)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {

@@ -177,22 +177,28 @@ func TestUnaskedBytesInAPooledConnection(t *testing.T) {
 				c.Write(stale(req.Tag, req.Length)) // a second write, right behind
 			}
 		})
-		d := newReceiver(t)
-		var ok, corrupt int
-		for i := 0; i < 30; i++ {
-			got, err := getOne(t, d, ep, n)
-			switch transport.StatusOf(err) {
-			case transport.OK:
-				require.True(t, bytes.Equal(want, got), "get %d succeeded with bytes the source was not asked for: % x...", i, head(got))
-				ok++
-			case transport.ErrCorrupt:
-				corrupt++
-			default:
-				t.Fatalf("get %d: %v", i, err)
-			}
-		}
-		t.Logf("%d gets right, %d ErrCorrupt", ok, corrupt)
+		neverWrongBytes(t, newReceiver(t), ep, want, 30)
 	})
+}
+
+// neverWrongBytes makes gets gets of want's bytes from ep: each must
+// return them or fail with ErrCorrupt, never succeed with other bytes.
+func neverWrongBytes(t *testing.T, d *Transport, ep string, want []byte, gets int) {
+	t.Helper()
+	var ok, corrupt int
+	for i := 0; i < gets; i++ {
+		got, err := getOne(t, d, ep, len(want))
+		switch transport.StatusOf(err) {
+		case transport.OK:
+			require.True(t, bytes.Equal(want, got), "get %d succeeded with bytes the source was not asked for: % x...", i, head(got))
+			ok++
+		case transport.ErrCorrupt:
+			corrupt++
+		default:
+			t.Fatalf("get %d: %v", i, err)
+		}
+	}
+	t.Logf("%d gets right, %d ErrCorrupt", ok, corrupt)
 }
 
 // (b) The unasked bytes come late: after the pool's check passed, while
@@ -266,21 +272,7 @@ func TestLateUnaskedBytesAreCorrupt(t *testing.T) {
 				}
 			}
 		})
-		d := newReceiver(t)
-		var ok, corrupt int
-		for i := 0; i < 10; i++ {
-			got, err := getOne(t, d, ep, n)
-			switch transport.StatusOf(err) {
-			case transport.OK:
-				require.True(t, bytes.Equal(want, got), "get %d succeeded with bytes the source was not asked for: % x...", i, head(got))
-				ok++
-			case transport.ErrCorrupt:
-				corrupt++
-			default:
-				t.Fatalf("get %d: %v", i, err)
-			}
-		}
-		t.Logf("%d gets right, %d ErrCorrupt", ok, corrupt)
+		neverWrongBytes(t, newReceiver(t), ep, want, 10)
 	})
 }
 

@@ -38,6 +38,8 @@ const (
 	// MaxUnanswered bounds the requests that await an answer on one
 	// connection, in each direction.
 	MaxUnanswered = 4096
+	// keepFrames bounds the frame arrays kept between batches.
+	keepFrames = 1024
 )
 
 // frame is one encoded message waiting in the outbox.
@@ -172,7 +174,7 @@ func (sc *sconn) writeLoop() {
 		sc.omu.Unlock()
 	}()
 	var batch []frame
-	var bufs net.Buffers
+	var iov [][]byte // kept between batches; WriteTo consumes a copy of it
 	for {
 		select {
 		case <-sc.out.wake:
@@ -184,10 +186,13 @@ func (sc *sconn) writeLoop() {
 		clear(sc.out.urgent)
 		clear(sc.out.queue)
 		sc.out.urgent, sc.out.queue = sc.out.urgent[:0], sc.out.queue[:0]
-		bufs = bufs[:0]
+		if cap(sc.out.queue) > keepFrames { // a burst's array is not kept for the connection's life
+			sc.out.queue = nil
+		}
+		iov = iov[:0]
 		size := 0
 		for _, f := range batch {
-			bufs = append(bufs, f.b)
+			iov = append(iov, f.b)
 			size += len(f.b)
 			if f.inline {
 				// Taken before it is written: the peer can see the
@@ -200,15 +205,20 @@ func (sc *sconn) writeLoop() {
 		if len(batch) == 0 {
 			continue
 		}
+		bufs := net.Buffers(iov)
 		sc.wmu.Lock()
 		_, err := bufs.WriteTo(sc.c)
 		sc.wmu.Unlock()
+		clear(iov)
 		for _, f := range batch {
 			if f.flag != nil {
 				f.flag.Store(false)
 			}
 		}
 		clear(batch)
+		if cap(batch) > keepFrames {
+			batch, iov = nil, nil
+		}
 		sc.omu.Lock()
 		sc.out.bytes -= size
 		close(sc.out.room)

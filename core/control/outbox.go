@@ -28,7 +28,8 @@ import (
 //     its answers, and the connection is closed;
 //   - at most one ping and one pong are queued at a time.
 //
-// Liveness is judged on whether the peer reads and answers: see heartbeat.
+// Liveness is judged on whether the peer reads and answers: see
+// checkLiveness.
 
 const (
 	// maxOutboxBytes bounds what callers may queue on one connection
@@ -105,8 +106,8 @@ func (sc *sconn) post(ctx context.Context, m *Message) error {
 	}
 }
 
-// postNow queues m without waiting for room: for the one closing notice
-// of a connection.
+// postNow queues m without waiting for room: for the closing notice, and
+// for cancels (one per request given up, so within the window).
 func (sc *sconn) postNow(m *Message) {
 	sc.omu.Lock()
 	defer sc.omu.Unlock()

@@ -6,7 +6,7 @@
 # newer glibc symbol and no libgcc_s; setup.py packs it (RDT_PREBUILT_LIBRARY)
 # under the manylinux tag (RDT_WHEEL_PLATFORM). The pinned tools
 # (tools/requirements-wheels.txt) live in build/wheel-tools, zig's cache in
-# build/zig-cache. See docs/packaging.md.
+# build/zig-cache (tools/zig-env.sh). See docs/packaging.md.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,18 +19,8 @@ dist=$(cd "$dist" && pwd)
 GLIBC=2.17
 ARCHES="x86_64 aarch64"
 
-tools=$root/build/wheel-tools
-reqs=$root/tools/requirements-wheels.txt
-stamp=$tools/.ready-$(sha256sum "$reqs" | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  rm -rf "$tools"
-  "${PYTHON:-python3}" -m venv "$tools"
-  "$tools/bin/pip" install -q -r "$reqs"
-  touch "$stamp"
-fi
-
-export ZIG_PYTHON="$tools/bin/python"
-export ZIG_GLOBAL_CACHE_DIR="$root/build/zig-cache" ZIG_LOCAL_CACHE_DIR="$root/build/zig-cache"
+. tools/zig-env.sh
+tools=$zig_tools
 
 # The built library against the manylinux rules auditwheel checks too: its
 # soname, no libgcc_s, no glibc symbol newer than $GLIBC.

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -197,6 +197,13 @@ gpu-test: all $(GPU_PY_READY) $(NIXL_READY) ## Every GPU test, on a machine with
 
 gpu-bench: all $(GPU_PY_READY) $(NIXL_READY) ## cuda_ipc and nixl against a device copy, on a machine with a GPU
 	$(GPU_ENV) $(GPU_PYTHON) bench/gpu_bench.py
+
+# The GPU checks for a GPU machine without network access or Go (docs/gpu.md):
+# `make gpu-pack` builds build/gpu-pack here, that machine runs
+# build/gpu-pack/run.sh OUT.
+GPU_PACK := $(BUILD)/gpu-pack
+gpu-pack: ## Build build/gpu-pack: every GPU check, for a GPU machine without network or Go (docs/gpu.md)
+	GO=$(GO) PYTHON=$(PYTHON) GPU_GO_TAGS='$(GPU_GO_TAGS)' tools/gpu-pack.sh $(GPU_PACK)
 
 install: $(CMAKE_DIR)/CMakeCache.txt ## Install library, headers, CMake package and rdt.pc into PREFIX
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)

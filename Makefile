@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -79,7 +79,7 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 	GO=$(GO) PYTHON=$(PYTHON) tools/build-wheels.sh dist
 
 # ---- test suites ----------------------------------------------------------
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test wheel-test soak abi-check ## Build everything and run every suite below
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
 
 # The same Go, C and Python suites with one busy process per core beside
 # them (tools/under-load.sh): they must pass on a loaded machine too. CI
@@ -200,10 +200,15 @@ gpu-bench: all $(GPU_PY_READY) $(NIXL_READY) ## cuda_ipc and nixl against a devi
 
 # The GPU checks for a GPU machine without network access or Go (docs/gpu.md):
 # `make gpu-pack` builds build/gpu-pack here, that machine runs
-# build/gpu-pack/run.sh OUT.
+# build/gpu-pack/run.sh OUT. gpu-pack-test runs the pack here, on the CUDA
+# and NCCL doubles and without CUDA, and checks what it reports.
 GPU_PACK := $(BUILD)/gpu-pack
 gpu-pack: ## Build build/gpu-pack: every GPU check, for a GPU machine without network or Go (docs/gpu.md)
 	GO=$(GO) PYTHON=$(PYTHON) GPU_GO_TAGS='$(GPU_GO_TAGS)' tools/gpu-pack.sh $(GPU_PACK)
+
+gpu-pack-test: gpu-pack $(FAKECUDA) $(FAKENCCL) $(VENV)/.ready ## The pack's run.sh on the CUDA and NCCL doubles and without CUDA; checks its summary
+	FAKECUDA=$(FAKECUDA) FAKENCCL=$(FAKENCCL) GPU_PYTHON=$(CURDIR)/$(VENV)/bin/python \
+		tests/gpu-pack/run.sh $(GPU_PACK) $(BUILD)/gpu-pack-test
 
 install: $(CMAKE_DIR)/CMakeCache.txt ## Install library, headers, CMake package and rdt.pc into PREFIX
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)

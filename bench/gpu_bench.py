@@ -6,8 +6,8 @@ tensors it allocated before on the same GPU. The baseline, measured in the
 same run, is torch's copy_ between two tensors of this process (one
 device-to-device copy on a stream, then a synchronize). Bandwidth is bytes
 over the best of several runs, for the fetch and the copy alike; the 4 KiB
-line is the median of many fetches (latency). Run by `make gpu-bench`; the
-output is Markdown for bench/RESULTS.md.
+line is the median of many fetches (latency). Run by `make gpu-bench` and by
+the GPU pack (docs/gpu.md); the output is Markdown for bench/RESULTS.md.
 """
 
 import multiprocessing as mp
@@ -20,7 +20,7 @@ SMALL, SMALL_RUNS = 4096, 2000
 TRANSPORTS = ["cuda_ipc", "nixl"]
 # Targets of the GPU transports: (transport, bandwidth ratio to the copy at 1 GiB).
 BANDWIDTH_TARGETS = {"cuda_ipc": 0.9, "nixl": 0.8}
-SMALL_TARGET_US = 150.0
+SMALL_TARGET_US = 30.0
 
 
 def fill_value(n):

@@ -54,7 +54,7 @@ fail() {
 
 stage=$root/build/gpu-pack-stage
 cache=$root/build/gpu-pack-cache
-rm -rf "$stage"
+rm -rf "$stage" "$pack/run.sh" "$pack/pack.json" "$pack/payload.tar.xz" # no stale pack if this build fails
 mkdir -p "$stage/python/tests" "$stage/python/bench" "$stage/go" "$cache"
 
 # ---- librdt.so inside the Python package, where the package looks first

@@ -773,10 +773,13 @@ type sconn struct {
 	pinging, ponging atomic.Bool
 	pingSent         atomic.Int64
 
-	mu       sync.Mutex
-	remote   transport.PeerInfo
+	mu     sync.Mutex
+	remote transport.PeerInfo
+	// Where the answers to our requests go: calls' channels, asynchronous
+	// requests' callbacks. Both nil once the connection closed (and close
+	// answered what they held).
 	pending  map[uint64]chan *Message
-	replies  map[uint64]func(*Message) // asynchronous requests; nil: connection closed
+	replies  map[uint64]func(*Message)
 	handlers map[uint64]context.CancelFunc
 	closeErr error
 	// Requests served on their own goroutines: how many run, and those
@@ -817,7 +820,7 @@ func (sc *sconn) close(err error) {
 		sc.mu.Lock()
 		sc.closeErr = err
 		pending, replies := sc.pending, sc.replies
-		sc.pending, sc.replies = map[uint64]chan *Message{}, map[uint64]func(*Message){}
+		sc.pending, sc.replies = nil, nil
 		sc.mu.Unlock()
 		// Done closes before the socket does: a runtime that told us it is
 		// closing frees its objects once it sees our end close, and by then
@@ -895,21 +898,8 @@ func (sc *sconn) gone() error {
 // (ctx ended) keeps its slot until the answer arrives: the slots bound
 // the answers in flight, which the peer counts on.
 func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
-	if err := sc.acquireSlot(ctx, m.Kind); err != nil {
-		return nil, err
-	}
-	m.ID = sc.nextID.Add(1)
 	ch := make(chan *Message, 1)
-	sc.mu.Lock()
-	if sc.isClosed() {
-		sc.mu.Unlock()
-		sc.releaseSlot()
-		return nil, sc.gone()
-	}
-	sc.pending[m.ID] = ch
-	sc.mu.Unlock()
-	if err := sc.post(ctx, m); err != nil {
-		sc.forget(m.ID)
+	if err := sc.start(ctx, m, ch, nil); err != nil {
 		return nil, err
 	}
 	select {
@@ -934,8 +924,38 @@ func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
 	}
 }
 
-// forget drops a request that was never sent, and its slot.
-func (sc *sconn) forget(id uint64) {
+// start takes a slot for request m, registers where its answer goes (ch
+// for a call, reply for an asynchronous request) and queues it. An error
+// means nothing was registered and nothing will answer; after nil exactly
+// one answer comes: the peer's, or nil (ch closed) when the connection
+// ends first.
+func (sc *sconn) start(ctx context.Context, m *Message, ch chan *Message, reply func(*Message)) error {
+	if err := sc.acquireSlot(ctx, m.Kind); err != nil {
+		return err
+	}
+	m.ID = sc.nextID.Add(1)
+	sc.mu.Lock()
+	if sc.pending == nil { // closed
+		sc.mu.Unlock()
+		sc.releaseSlot()
+		return sc.gone()
+	}
+	if ch != nil {
+		sc.pending[m.ID] = ch
+	} else {
+		sc.replies[m.ID] = reply
+	}
+	sc.mu.Unlock()
+	if err := sc.post(ctx, m); err != nil && sc.forget(m.ID) {
+		return err
+	}
+	// Queued, or the connection closed meanwhile and answered it.
+	return nil
+}
+
+// forget drops a request that was never sent, and its slot. False: the
+// connection closed first and answered it.
+func (sc *sconn) forget(id uint64) bool {
 	sc.mu.Lock()
 	_, isCall := sc.pending[id]
 	_, isAsync := sc.replies[id]
@@ -944,7 +964,9 @@ func (sc *sconn) forget(id uint64) {
 	sc.mu.Unlock()
 	if isCall || isAsync {
 		sc.releaseSlot()
+		return true
 	}
+	return false
 }
 
 // response is the answer to request id: resp (nil: an empty one) or err.
@@ -1131,19 +1153,8 @@ func (sc *sconn) Borrow(ctx context.Context, obj transport.ObjectID, token uint6
 }
 
 func (sc *sconn) BorrowAsync(ctx context.Context, obj transport.ObjectID, token uint64, done func(error)) {
-	if err := sc.acquireSlot(ctx, KindBorrow); err != nil {
-		done(err)
-		return
-	}
-	m := &Message{Kind: KindBorrow, Object: obj, Token: token, ID: sc.nextID.Add(1)}
-	sc.mu.Lock()
-	if sc.isClosed() {
-		sc.mu.Unlock()
-		sc.releaseSlot()
-		done(sc.gone())
-		return
-	}
-	sc.replies[m.ID] = func(resp *Message) {
+	m := &Message{Kind: KindBorrow, Object: obj, Token: token}
+	err := sc.start(ctx, m, nil, func(resp *Message) {
 		switch {
 		case resp == nil:
 			done(sc.gone())
@@ -1152,10 +1163,8 @@ func (sc *sconn) BorrowAsync(ctx context.Context, obj transport.ObjectID, token 
 		default:
 			done(nil)
 		}
-	}
-	sc.mu.Unlock()
-	if err := sc.post(ctx, m); err != nil {
-		sc.forget(m.ID)
+	})
+	if err != nil {
 		done(err)
 	}
 }

@@ -10,14 +10,14 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
 // fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get.
 func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transportName *C.char) (*core.Runtime, []*core.Ref, []transport.Tensor, core.FetchOptions, error) {
-	var opts core.FetchOptions
+	ntargets C.size_t, transportName *C.char) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
+	var opts engine.FetchOptions
 	rt, err := runtimeOf(h)
 	if err != nil {
 		return nil, nil, nil, opts, err
@@ -28,10 +28,10 @@ func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 	if nrefs > 1<<20 {
 		return nil, nil, nil, opts, invalid("num_refs %d is too large", nrefs)
 	}
-	var rs []*core.Ref
+	var rs []*engine.Ref
 	if nrefs > 0 {
 		hs := unsafe.Slice(refs, int(nrefs))
-		rs = make([]*core.Ref, len(hs))
+		rs = make([]*engine.Ref, len(hs))
 		for i, rh := range hs {
 			if rs[i], err = refOf(rh, fmt.Sprintf("refs[%d]", i)); err != nil {
 				return nil, nil, nil, opts, err

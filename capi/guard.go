@@ -14,7 +14,7 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -57,15 +57,15 @@ func invalid(format string, args ...any) error {
 
 // runtimeHandle is what an rdt_runtime handle holds.
 type runtimeHandle struct {
-	rt      *core.Runtime
+	rt      *engine.Runtime
 	address *C.char // owned; freed at destroy
 }
 
 // refHandle is what an rdt_ref handle holds.
-type refHandle struct{ ref *core.Ref }
+type refHandle struct{ ref *engine.Ref }
 
 // fetchHandle is what an rdt_fetch handle holds.
-type fetchHandle struct{ f *core.Fetch }
+type fetchHandle struct{ f *engine.Fetch }
 
 func newHandle(v any) C.uintptr_t { return C.uintptr_t(cgo.NewHandle(v)) }
 
@@ -93,7 +93,7 @@ func deleteHandle(h C.uintptr_t) {
 	cgo.Handle(h).Delete()
 }
 
-func runtimeOf(h C.uintptr_t) (*core.Runtime, error) {
+func runtimeOf(h C.uintptr_t) (*engine.Runtime, error) {
 	rh, err := lookup[*runtimeHandle](h, "rt")
 	if err != nil {
 		return nil, err
@@ -101,7 +101,7 @@ func runtimeOf(h C.uintptr_t) (*core.Runtime, error) {
 	return rh.rt, nil
 }
 
-func refOf(h C.uintptr_t, what string) (*core.Ref, error) {
+func refOf(h C.uintptr_t, what string) (*engine.Ref, error) {
 	rh, err := lookup[*refHandle](h, what)
 	if err != nil {
 		return nil, err

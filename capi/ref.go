@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -132,8 +132,8 @@ func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, m
 		if bytes == nil {
 			return invalid("bytes is NULL")
 		}
-		if size > core.MaxRefSize {
-			return transport.Errorf(transport.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, core.MaxRefSize)
+		if size > engine.MaxRefSize {
+			return transport.Errorf(transport.ErrCorrupt, "%d bytes is over the %d-byte limit of a serialized ref", size, engine.MaxRefSize)
 		}
 		b := C.GoBytes(bytes, C.int(size))
 		ref, err := rt.DeserializeWithin(b, deserializeTimeout(ms))
@@ -197,7 +197,7 @@ func deserializeTimeout(ms C.int64_t) time.Duration {
 	case ms < 0:
 		return -1
 	case ms == 0:
-		return core.DefaultDeserializeTimeout
+		return engine.DefaultDeserializeTimeout
 	}
 	return time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
 }

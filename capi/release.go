@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 )
 
 //export rdtgo_runtime_take_released
@@ -29,7 +29,7 @@ func rdtgo_runtime_take_released(h C.uintptr_t, userData *C.uintptr_t, capacity 
 		if !rt.QueuesReleases() {
 			return invalid("runtime %s was not created with RDT_RUNTIME_QUEUE_RELEASES: its release callbacks are called instead", rt.Name())
 		}
-		buf := make([]uintptr, min(capacity, core.MaxTakeReleased))
+		buf := make([]uintptr, min(capacity, engine.MaxTakeReleased))
 		timeout := time.Duration(timeoutMS) * time.Millisecond
 		if timeoutMS < 0 {
 			timeout = -1

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -19,7 +19,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		o := core.Options{
+		o := engine.Options{
 			Name:          goString(opts.name),
 			LogLevel:      transport.LogLevel(opts.log_level),
 			Lease:         time.Duration(opts.lease_ms) * time.Millisecond,
@@ -48,7 +48,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 		}
 		o.Network = networkFor(flags)
 		o.QueueReleases = flags&C.RDT_RUNTIME_QUEUE_RELEASES != 0
-		rt, err := core.NewRuntime(o)
+		rt, err := engine.NewRuntime(o)
 		if err != nil {
 			return err
 		}

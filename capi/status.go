@@ -11,7 +11,7 @@ enum { rdtc_status_count = 0 RDT_STATUS_LIST(RDTC_COUNT_STATUS_) };
 import "C"
 
 import (
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -47,7 +47,7 @@ var _ = sameValue[C.rdtc_status_count-len(goStatusesMatchRDTH)]
 // The fetch histograms' shape and the log queue's bound are fixed in rdt.h
 // and in the core alike.
 var _ = [...]struct{}{
-	sameValue[core.FetchSizeClasses-C.RDT_FETCH_SIZE_CLASSES],
-	sameValue[core.FetchLatencyBuckets-C.RDT_FETCH_LATENCY_BUCKETS],
+	sameValue[engine.FetchSizeClasses-C.RDT_FETCH_SIZE_CLASSES],
+	sameValue[engine.FetchLatencyBuckets-C.RDT_FETCH_LATENCY_BUCKETS],
 	sameValue[transport.MaxCapturedLogs-C.RDT_LOG_QUEUE_MAX],
 }

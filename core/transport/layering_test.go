@@ -61,7 +61,7 @@ func projectImports(t *testing.T) []goImport {
 }
 
 // The dependency rule of docs/design.md ("Layout and dependency rule"):
-// imports run one way, bindings → capi → core → core/control →
+// imports run one way, bindings → capi → core/engine → core/control →
 // core/transport ← transports/*, and no transport imports another.
 func TestImportsFollowTheDependencyRule(t *testing.T) {
 	for _, imp := range projectImports(t) {
@@ -76,10 +76,12 @@ func TestImportsFollowTheDependencyRule(t *testing.T) {
 			if imp.path != "core/transport" {
 				t.Errorf("%s imports %s: the control plane imports only core/transport", imp.file, imp.path)
 			}
-		case imp.dir == "core" || strings.HasPrefix(imp.dir, "core/"):
-			if imp.path != "core/transport" && imp.path != "core/control" && !(imp.test && strings.HasPrefix(imp.path, "core/internal/")) {
+		case imp.dir == "core/engine" || strings.HasPrefix(imp.dir, "core/engine/"):
+			if imp.path != "core/transport" && imp.path != "core/control" && !strings.HasPrefix(imp.path, "core/engine/") {
 				t.Errorf("%s imports %s: the engine imports only core/control and core/transport", imp.file, imp.path)
 			}
+		case imp.dir == "core" || strings.HasPrefix(imp.dir, "core/"):
+			t.Errorf("%s imports %s: core/ holds only its three layers (transport, control, engine)", imp.file, imp.path)
 		case strings.HasPrefix(imp.dir, "transports/internal/"):
 			if imp.path != "core/transport" && !strings.HasPrefix(imp.path, "transports/internal/") {
 				t.Errorf("%s imports %s: shared transport code imports only core/transport", imp.file, imp.path)
@@ -89,9 +91,9 @@ func TestImportsFollowTheDependencyRule(t *testing.T) {
 				// Its tests run the conformance suite.
 				(imp.test && imp.path == "core/transport/transporttest") ||
 				// A transport's own tests may drive it through a whole runtime.
-				(imp.test && (imp.path == "core" || imp.path == "core/control"))
+				(imp.test && (imp.path == "core/engine" || imp.path == "core/control"))
 			if !allowed {
-				t.Errorf("%s imports %s: a transport imports only core/transport and transports/internal (its tests also core and core/control), never another transport", imp.file, imp.path)
+				t.Errorf("%s imports %s: a transport imports only core/transport and transports/internal (its tests also core/engine and core/control), never another transport", imp.file, imp.path)
 			}
 		}
 	}
@@ -104,11 +106,24 @@ func TestImportWalkSeesTransportsAndCore(t *testing.T) {
 	for _, imp := range projectImports(t) {
 		seen[imp.dir+" -> "+imp.path] = true
 	}
-	require.True(t, seen["core -> core/transport"], "core's import of the leaf is seen")
-	require.True(t, seen["core -> core/control"], "the engine's import of the control plane is seen")
+	require.True(t, seen["core/engine -> core/transport"], "the engine's import of the leaf is seen")
+	require.True(t, seen["core/engine -> core/control"], "the engine's import of the control plane is seen")
 	require.True(t, seen["core/control -> core/transport"], "the control plane's import of the leaf is seen")
 	require.True(t, seen["transports/tcp -> core/transport"], "a transport's import of the leaf is seen")
-	require.True(t, seen["capi -> core"], "capi's import of the core is seen")
+	require.True(t, seen["capi -> core/engine"], "capi's import of the engine is seen")
 	require.True(t, seen["core/transport/transporttest -> core/transport"], "the conformance suite's import of the leaf is seen")
 	require.True(t, seen["transports/tcp -> core/transport/transporttest"], "a transport test's import of the suite is seen")
+}
+
+// core/ shows the floors: it holds the three layers as sibling folders and
+// no code of its own.
+func TestCoreHoldsOnlyItsLayers(t *testing.T) {
+	entries, err := os.ReadDir("..")
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.ElementsMatch(t, []string{"control", "engine", "transport"}, names,
+		"core/ holds transport (the leaf), control and engine, and nothing else")
 }

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -45,9 +45,9 @@ func childMain() int {
 }
 
 type childState struct {
-	rt    *core.Runtime
+	rt    *engine.Runtime
 	mu    sync.Mutex
-	refs  []*core.Ref
+	refs  []*engine.Ref
 	freed atomic.Int64
 	// releases free what put_exchange put.
 	releases []func()
@@ -57,7 +57,7 @@ func fail(err error) reply {
 	return reply{Status: int32(transport.StatusOf(err)), Error: err.Error()}
 }
 
-func (s *childState) keep(r *core.Ref) {
+func (s *childState) keep(r *engine.Ref) {
 	s.mu.Lock()
 	s.refs = append(s.refs, r)
 	s.mu.Unlock()
@@ -185,7 +185,7 @@ func (s *childState) handle(req request) reply {
 // get deserializes refs and fetches them, all in one fetch or each in its
 // own goroutine, verifying the pattern.
 func (s *childState) get(req request) error {
-	refs := make([]*core.Ref, len(req.Refs))
+	refs := make([]*engine.Ref, len(req.Refs))
 	for i, r := range req.Refs {
 		ref, err := s.rt.Deserialize(dec(r))
 		if err != nil {
@@ -194,8 +194,8 @@ func (s *childState) get(req request) error {
 		defer ref.Release()
 		refs[i] = ref
 	}
-	opts := core.FetchOptions{Transport: req.Override}
-	fetchOne := func(group []*core.Ref) error {
+	opts := engine.FetchOptions{Transport: req.Override}
+	fetchOne := func(group []*engine.Ref) error {
 		var targets []transport.Tensor
 		var all [][]byte
 		for _, r := range group {
@@ -226,7 +226,7 @@ func (s *childState) get(req request) error {
 	}
 	errs := make(chan error, len(refs))
 	for _, r := range refs {
-		go func() { errs <- fetchOne([]*core.Ref{r}) }()
+		go func() { errs <- fetchOne([]*engine.Ref{r}) }()
 	}
 	var first error
 	for range refs {

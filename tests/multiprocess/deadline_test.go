@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/cma"
@@ -44,12 +44,12 @@ func (c *child) resume() { syscall.Kill(c.pid, syscall.SIGCONT) }
 // receiver is a parent runtime that would wait long for a silent peer on its
 // own (a peer timeout far above the deadlines under test), so that only the
 // caller's deadline can end a wait.
-func receiver(t *testing.T, builtins ...transport.TransportFactory) *core.Runtime {
+func receiver(t *testing.T, builtins ...transport.TransportFactory) *engine.Runtime {
 	t.Helper()
 	if builtins == nil {
 		builtins = []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory()}
 	}
-	rt, err := core.NewRuntime(core.Options{
+	rt, err := engine.NewRuntime(engine.Options{
 		Name: "receiver", LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins,
 		SocketDir: sharedSocketDir(t), PeerTimeout: 30 * time.Second,
 	})
@@ -81,7 +81,7 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var rt *core.Runtime
+			var rt *engine.Runtime
 			if tc.noCMA {
 				rt = receiver(t, shm.Factory(), tcp.Factory())
 			} else {
@@ -94,18 +94,18 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 			defer ref.Release()
 			targets, bufs := targetsFor(ref.Desc())
 			defer freeMem(bufs[0])
-			opts := core.FetchOptions{Transport: tc.override}
+			opts := engine.FetchOptions{Transport: tc.override}
 			owner.stop(t)
 
-			err, took := timed(func() error { return rt.Get([]*core.Ref{ref}, targets, opts, deadline) })
+			err, took := timed(func() error { return rt.Get([]*engine.Ref{ref}, targets, opts, deadline) })
 			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 			assert.Less(t, took, deadline+margin, "get returned %v after its deadline", took-deadline)
 
 			// The same with the fetch's own calls: start waits for nothing,
 			// wait keeps its deadline and leaves the fetch valid, and an
 			// abort ends whatever phase it is in.
-			var f *core.Fetch
-			err, took = timed(func() (err error) { f, err = rt.StartFetch([]*core.Ref{ref}, targets, opts); return })
+			var f *engine.Fetch
+			err, took = timed(func() (err error) { f, err = rt.StartFetch([]*engine.Ref{ref}, targets, opts); return })
 			require.NoError(t, err)
 			assert.Less(t, took, margin, "start waited for the owner")
 			err, took = timed(func() error { return f.Wait(deadline) })
@@ -120,7 +120,7 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 
 			// Once the owner runs again the ref is fetched as usual.
 			owner.resume()
-			require.NoError(t, rt.Get([]*core.Ref{ref}, targets, opts, 30*time.Second))
+			require.NoError(t, rt.Get([]*engine.Ref{ref}, targets, opts, 30*time.Second))
 			require.NoError(t, checkPattern(bufs, seed))
 		})
 	}
@@ -136,7 +136,7 @@ func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 	owner.stop(t)
 	// Each receiver is new: it has no connection to the owner yet, and the
 	// owner's socket accepts but never answers the handshake.
-	receivers := make([]*core.Runtime, len(transports))
+	receivers := make([]*engine.Runtime, len(transports))
 	for i, name := range transports {
 		if name == "" {
 			name = "auto"
@@ -157,7 +157,7 @@ func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 		ref, err := receivers[i].Deserialize(refs[i])
 		require.NoError(t, err)
 		targets, bufs := targetsFor(ref.Desc())
-		require.NoError(t, receivers[i].Get([]*core.Ref{ref}, targets, core.FetchOptions{}, 30*time.Second))
+		require.NoError(t, receivers[i].Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 30*time.Second))
 		require.NoError(t, checkPattern(bufs, 90+i))
 		freeMem(bufs[0])
 		ref.Release()

@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/cma"
 	"github.com/rdt-project/rdt/transports/nixl"
@@ -78,15 +78,15 @@ func configFromEnv() runtimeConfig {
 	}
 }
 
-func newRuntime(c runtimeConfig) (*core.Runtime, error) {
-	return core.NewRuntime(core.Options{
+func newRuntime(c runtimeConfig) (*engine.Runtime, error) {
+	return engine.NewRuntime(engine.Options{
 		Name: c.Name, LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins(),
 		HostID: c.HostID, ListenTCP: c.ListenTCP, AuthToken: c.Token,
 		Lease: time.Duration(c.LeaseMS) * time.Millisecond, SocketDir: c.SocketDir,
 	})
 }
 
-func parentRuntime(t *testing.T, c runtimeConfig) *core.Runtime {
+func parentRuntime(t *testing.T, c runtimeConfig) *engine.Runtime {
 	t.Helper()
 	if c.SocketDir == "" {
 		c.SocketDir = sharedSocketDir(t)
@@ -131,7 +131,7 @@ type reply struct {
 	Refs    []string          `json:"refs,omitempty"`
 	Status  int32             `json:"status,omitempty"`
 	Error   string            `json:"error,omitempty"`
-	Stats   *core.Stats       `json:"stats,omitempty"`
+	Stats   *engine.Stats     `json:"stats,omitempty"`
 	Freed   int               `json:"freed,omitempty"`
 	Used    map[string]uint64 `json:"used,omitempty"`
 	Address string            `json:"address,omitempty"`
@@ -278,7 +278,7 @@ func tensorOver(b []byte) transport.Tensor {
 }
 
 // targetsFor allocates receive buffers for an object's tensors.
-func targetsFor(desc *core.ObjectDesc) ([]transport.Tensor, [][]byte) {
+func targetsFor(desc *engine.ObjectDesc) ([]transport.Tensor, [][]byte) {
 	ts := make([]transport.Tensor, len(desc.Tensors))
 	bufs := make([][]byte, len(desc.Tensors))
 	for i, td := range desc.Tensors {

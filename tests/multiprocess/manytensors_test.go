@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -41,7 +41,7 @@ func TestManySmallTensorsAcrossProcesses(t *testing.T) {
 				for _, b := range bufs {
 					clear(b)
 				}
-				require.NoError(t, parent.Get([]*core.Ref{ref}, targets, core.FetchOptions{Transport: name}, 30*time.Second))
+				require.NoError(t, parent.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{Transport: name}, 30*time.Second))
 				require.NoError(t, checkPattern(bufs, 41), "round %d", round)
 			}
 		})
@@ -63,14 +63,14 @@ func TestManyTensorsKeepTheDeadlineAndAbort(t *testing.T) {
 			freeMem(b)
 		}
 	}()
-	opts := core.FetchOptions{Transport: "tcp"}
-	require.NoError(t, parent.Get([]*core.Ref{ref}, targets, opts, 30*time.Second)) // connections pooled
+	opts := engine.FetchOptions{Transport: "tcp"}
+	require.NoError(t, parent.Get([]*engine.Ref{ref}, targets, opts, 30*time.Second)) // connections pooled
 	owner.stop(t)
-	err, took := timed(func() error { return parent.Get([]*core.Ref{ref}, targets, opts, deadline) })
+	err, took := timed(func() error { return parent.Get([]*engine.Ref{ref}, targets, opts, deadline) })
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Less(t, took, deadline+margin, "get returned %v after its deadline", took-deadline)
 
-	f, err := parent.StartFetch([]*core.Ref{ref}, targets, opts)
+	f, err := parent.StartFetch([]*engine.Ref{ref}, targets, opts)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 	err, took = timed(func() error { f.Abort(); return f.Wait(margin) })
@@ -79,7 +79,7 @@ func TestManyTensorsKeepTheDeadlineAndAbort(t *testing.T) {
 	f.Free()
 
 	owner.resume()
-	require.NoError(t, parent.Get([]*core.Ref{ref}, targets, opts, 30*time.Second))
+	require.NoError(t, parent.Get([]*engine.Ref{ref}, targets, opts, 30*time.Second))
 	require.NoError(t, checkPattern(bufs, 42))
 }
 
@@ -103,7 +103,7 @@ func TestOwnerKilledDuringAManyTensorGet(t *testing.T) {
 					freeMem(b)
 				}
 			}()
-			f, err := parent.StartFetch([]*core.Ref{ref}, targets, core.FetchOptions{Transport: name})
+			f, err := parent.StartFetch([]*engine.Ref{ref}, targets, engine.FetchOptions{Transport: name})
 			require.NoError(t, err)
 			time.Sleep(2 * time.Millisecond)
 			killed := time.Now()

@@ -13,12 +13,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
 
-func used(rt *core.Runtime) map[string]uint64 {
+func used(rt *engine.Runtime) map[string]uint64 {
 	out := map[string]uint64{}
 	for _, ti := range rt.Registry().List() {
 		out[ti.Name] = ti.TransfersCompleted
@@ -27,7 +27,7 @@ func used(rt *core.Runtime) map[string]uint64 {
 }
 
 // fetchAndCheck deserializes b in rt, fetches it and checks the pattern.
-func fetchAndCheck(t *testing.T, rt *core.Runtime, b []byte, seed int, override string) {
+func fetchAndCheck(t *testing.T, rt *engine.Runtime, b []byte, seed int, override string) {
 	t.Helper()
 	ref, err := rt.Deserialize(b)
 	require.NoError(t, err)
@@ -38,7 +38,7 @@ func fetchAndCheck(t *testing.T, rt *core.Runtime, b []byte, seed int, override 
 			freeMem(b)
 		}
 	}()
-	require.NoError(t, rt.Get([]*core.Ref{ref}, targets, core.FetchOptions{Transport: override}, 30*time.Second))
+	require.NoError(t, rt.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{Transport: override}, 30*time.Second))
 	require.NoError(t, checkPattern(bufs, seed))
 }
 
@@ -140,9 +140,9 @@ func TestSourceKilledDuringLargeFetch(t *testing.T) {
 				bigBufs[0][i] = 0
 			}
 
-			f, err := parent.StartFetch([]*core.Ref{bigRef}, bigTargets, core.FetchOptions{})
+			f, err := parent.StartFetch([]*engine.Ref{bigRef}, bigTargets, engine.FetchOptions{})
 			require.NoError(t, err)
-			other, err := parent.StartFetch([]*core.Ref{okRef}, okTargets, core.FetchOptions{})
+			other, err := parent.StartFetch([]*engine.Ref{okRef}, okTargets, engine.FetchOptions{})
 			require.NoError(t, err)
 			time.Sleep(5 * time.Millisecond)
 			killed := time.Now()
@@ -176,12 +176,12 @@ func TestLeaseExpiryAcrossProcesses(t *testing.T) {
 // tcpOnly rewrites a ref so that it names only the owner's TCP endpoint, as
 // a peer on another host sees it.
 func tcpOnly(t *testing.T, b []byte) []byte {
-	desc, token, err := core.DecodeRef(b)
+	desc, token, err := engine.DecodeRef(b)
 	require.NoError(t, err)
 	i := strings.Index(desc.Owner.Address, "tcp://")
 	require.GreaterOrEqual(t, i, 0, "owner listens on TCP")
 	desc.Owner.Address = desc.Owner.Address[i:]
-	return core.EncodeRef(desc, desc.Meta, token)
+	return engine.EncodeRef(desc, desc.Meta, token)
 }
 
 func TestWrongTokenIsPermissionDenied(t *testing.T) {
@@ -254,7 +254,7 @@ func TestOtherHostUsesTCP(t *testing.T) {
 	defer ref.Release()
 	targets, bufs := targetsFor(ref.Desc())
 	defer freeMem(bufs[0])
-	err = parent.Get([]*core.Ref{ref}, targets, core.FetchOptions{}, 10*time.Second)
+	err = parent.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 10*time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "same host")
 }
@@ -262,7 +262,7 @@ func TestOtherHostUsesTCP(t *testing.T) {
 func TestTCPRangeOutsideAnObjectIsRefusedAndTheSourceStaysUp(t *testing.T) {
 	src := startChild(t, runtimeConfig{Name: "source", ListenTCP: "127.0.0.1:0", Token: "secret"})
 	b := src.put("tcp", 6, 4096)
-	desc, _, err := core.DecodeRef(b)
+	desc, _, err := engine.DecodeRef(b)
 	require.NoError(t, err)
 	meta := desc.Meta["tcp"]
 	require.NotEmpty(t, meta)

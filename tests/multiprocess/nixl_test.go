@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/nixl"
 )
@@ -61,7 +61,7 @@ func TestNIXLTimeoutThenAbort(t *testing.T) {
 	defer freeMem(bufs[0])
 
 	// A deadline that passes leaves the fetch valid: wait again to finish.
-	f, err := parent.StartFetch([]*core.Ref{ref}, targets, core.FetchOptions{})
+	f, err := parent.StartFetch([]*engine.Ref{ref}, targets, engine.FetchOptions{})
 	require.NoError(t, err)
 	if err := f.Wait(time.Microsecond); err != nil {
 		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
@@ -72,7 +72,7 @@ func TestNIXLTimeoutThenAbort(t *testing.T) {
 
 	// An abort ends the wait at once; Free returns once NIXL is done with
 	// the targets.
-	f, err = parent.StartFetch([]*core.Ref{ref}, targets, core.FetchOptions{})
+	f, err = parent.StartFetch([]*engine.Ref{ref}, targets, engine.FetchOptions{})
 	require.NoError(t, err)
 	f.Abort()
 	start := time.Now()
@@ -101,7 +101,7 @@ func TestNIXLSourceKilledDuringFetch(t *testing.T) {
 	defer freeMem(bigBufs[0])
 	defer freeMem(okBufs[0])
 
-	f, err := parent.StartFetch([]*core.Ref{bigRef}, bigTargets, core.FetchOptions{})
+	f, err := parent.StartFetch([]*engine.Ref{bigRef}, bigTargets, engine.FetchOptions{})
 	require.NoError(t, err)
 	time.Sleep(2 * time.Millisecond)
 	killed := time.Now()
@@ -117,6 +117,6 @@ func TestNIXLSourceKilledDuringFetch(t *testing.T) {
 	t.Logf("nixl: source killed mid-transfer, fetch failed after %v: %v", elapsed.Round(time.Millisecond), err)
 
 	// The receiver's agent still works with other sources.
-	require.NoError(t, parent.Get([]*core.Ref{okRef}, okTargets, core.FetchOptions{}, 30*time.Second))
+	require.NoError(t, parent.Get([]*engine.Ref{okRef}, okTargets, engine.FetchOptions{}, 30*time.Second))
 	require.NoError(t, checkPattern(okBufs, 6))
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -25,7 +25,7 @@ func openFDs(t *testing.T) int {
 // the given transports ("" is the automatic choice), and makes it go away:
 // it exits cleanly, or is killed when kill is set. It returns once the
 // child has exited.
-func shortLivedSource(t *testing.T, parent *core.Runtime, seed int, kill bool, transports ...string) {
+func shortLivedSource(t *testing.T, parent *engine.Runtime, seed int, kill bool, transports ...string) {
 	t.Helper()
 	src := startChild(t, runtimeConfig{Name: "short-lived"})
 	for i, transportName := range transports {
@@ -89,33 +89,33 @@ func TestShortLivedSourcesLeaveNothingBehind(t *testing.T) {
 // other cma metadata.
 func craftCMA(t *testing.T, b []byte, meta []byte) []byte {
 	t.Helper()
-	desc, token, err := core.DecodeRef(b)
+	desc, token, err := engine.DecodeRef(b)
 	require.NoError(t, err)
 	m := map[string][]byte{}
 	for k, v := range desc.Meta {
 		m[k] = v
 	}
 	m["cma"] = meta
-	return core.EncodeRef(desc, m, token)
+	return engine.EncodeRef(desc, m, token)
 }
 
 func cmaMeta(t *testing.T, b []byte) []byte {
 	t.Helper()
-	desc, _, err := core.DecodeRef(b)
+	desc, _, err := engine.DecodeRef(b)
 	require.NoError(t, err)
 	require.NotEmpty(t, desc.Meta["cma"])
 	return desc.Meta["cma"]
 }
 
 // fetchCrafted fetches a crafted ref and returns the target and the error.
-func fetchCrafted(t *testing.T, rt *core.Runtime, b []byte) ([]byte, error) {
+func fetchCrafted(t *testing.T, rt *engine.Runtime, b []byte) ([]byte, error) {
 	t.Helper()
 	ref, err := rt.Deserialize(b)
 	require.NoError(t, err)
 	defer ref.Release()
 	targets, bufs := targetsFor(ref.Desc())
 	t.Cleanup(func() { freeMem(bufs[0]) })
-	err = rt.Get([]*core.Ref{ref}, targets, core.FetchOptions{}, 30*time.Second)
+	err = rt.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 30*time.Second)
 	return bufs[0], err
 }
 
@@ -140,7 +140,7 @@ func TestCraftedCMARefsAreRefused(t *testing.T) {
 	secret := owner.put("cma", 50, n) // another object of the owner's
 	victim := owner.put("cma", 51, n)
 	elsewhere := other.put("", 52, n) // auto: its ref carries cma metadata too
-	desc, _, err := core.DecodeRef(victim)
+	desc, _, err := engine.DecodeRef(victim)
 	require.NoError(t, err)
 
 	t.Run("another process", func(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -43,7 +43,7 @@ func readChars(t *testing.T, pid int) uint64 {
 func TestStoppedReceiverDoesNotPinATCPObject(t *testing.T) {
 	const size = 512 << 20
 	const peerTimeout = 2 * time.Second
-	owner, err := core.NewRuntime(core.Options{
+	owner, err := engine.NewRuntime(engine.Options{
 		Name: "owner", LogLevel: transport.LogOff, Network: control.Sockets{}, Builtins: builtins(),
 		SocketDir: sharedSocketDir(t), PeerTimeout: peerTimeout,
 	})

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -57,7 +57,7 @@ type exchangeResult struct {
 // and release both handles (unborrows); the other half borrow and release
 // in a tight loop, never waiting for the owner. The first few errors are
 // kept.
-func exchange(rt *core.Runtime, refs [][]byte, seed int, d time.Duration, name string) exchangeResult {
+func exchange(rt *engine.Runtime, refs [][]byte, seed int, d time.Duration, name string) exchangeResult {
 	var res exchangeResult
 	var mu sync.Mutex
 	var iterations, fetches atomic.Int64
@@ -100,7 +100,7 @@ func exchange(rt *core.Runtime, refs [][]byte, seed int, d time.Duration, name s
 	return res
 }
 
-func exchangeOnce(rt *core.Runtime, b []byte, seed int, override string) error {
+func exchangeOnce(rt *engine.Runtime, b []byte, seed int, override string) error {
 	first, err := rt.Deserialize(b)
 	if err != nil {
 		return fmt.Errorf("deserialize: %w", err)
@@ -121,7 +121,7 @@ func exchangeOnce(rt *core.Runtime, b []byte, seed int, override string) error {
 			freeMem(b)
 		}
 	}()
-	if err := rt.Get([]*core.Ref{second}, targets, core.FetchOptions{Transport: override}, 60*time.Second); err != nil {
+	if err := rt.Get([]*engine.Ref{second}, targets, engine.FetchOptions{Transport: override}, 60*time.Second); err != nil {
 		return fmt.Errorf("get over %q: %w", override, err)
 	}
 	return checkPattern(bufs, seed)
@@ -129,7 +129,7 @@ func exchangeOnce(rt *core.Runtime, b []byte, seed int, override string) error {
 
 // borrowOnce borrows and returns an object without waiting for its owner:
 // a borrow request and an unborrow notice, as fast as a thread can loop.
-func borrowOnce(rt *core.Runtime, b []byte) error {
+func borrowOnce(rt *engine.Runtime, b []byte) error {
 	r, err := rt.Deserialize(b)
 	if err != nil {
 		return fmt.Errorf("deserialize: %w", err)
@@ -171,8 +171,8 @@ func stallWatch(name string, iterations *atomic.Int64, done <-chan struct{}) {
 
 // putObjects puts twoWayObjects objects of a few small tensors with seeds
 // seed, seed+1, ... and returns their serialized refs; release frees them.
-func putObjects(rt *core.Runtime, seed int) (refs [][]byte, release func(), err error) {
-	var held []*core.Ref
+func putObjects(rt *engine.Runtime, seed int) (refs [][]byte, release func(), err error) {
+	var held []*engine.Ref
 	var mems [][]byte
 	release = func() {
 		for _, r := range held {
@@ -244,7 +244,7 @@ func frequentGC(t *testing.T) {
 	t.Cleanup(func() { debug.SetGCPercent(old) })
 }
 
-func checkExchange(t *testing.T, who string, res exchangeResult, rt *core.Runtime) {
+func checkExchange(t *testing.T, who string, res exchangeResult, rt *engine.Runtime) {
 	t.Helper()
 	assert.Empty(t, res.Errors, "%s's exchange failed", who)
 	assert.Positive(t, res.Fetches, "%s fetched nothing", who)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
@@ -21,7 +21,7 @@ import (
 // environment through the engine's table, as a runtime's do: tests rerun
 // with RDT_CUDA_IPC_CACHE or CUDA_VISIBLE_DEVICES see them.
 func newHost() *transporttest.Host {
-	env, err := core.ReadEnvironment(os.LookupEnv)
+	env, err := engine.ReadEnvironment(os.LookupEnv)
 	if err != nil {
 		panic(err)
 	}
@@ -53,7 +53,7 @@ func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
 	assert.Contains(t, err.Error(), cuda.Library())
 
 	// A runtime with the factory starts, without the transport.
-	rt, err := core.NewRuntime(core.Options{Name: "nocuda", Builtins: []transport.TransportFactory{Factory()}})
+	rt, err := engine.NewRuntime(engine.Options{Name: "nocuda", Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err)
 	defer rt.Destroy()
 	assert.NotContains(t, rt.Registry().Names(), Name)

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
@@ -418,13 +418,13 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 	if rerun(t, "RDT_FAKECUDA_COPY_DELAY_US=300000") {
 		return
 	}
-	opts := func(name string) core.Options {
-		return core.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
+	opts := func(name string) engine.Options {
+		return engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
 	}
-	a, err := core.NewRuntime(opts("a"))
+	a, err := engine.NewRuntime(opts("a"))
 	require.NoError(t, err)
 	defer a.Destroy()
-	b, err := core.NewRuntime(opts("b"))
+	b, err := engine.NewRuntime(opts("b"))
 	require.NoError(t, err)
 	defer b.Destroy()
 	const n = 1 << 20
@@ -439,7 +439,7 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 	dst := deviceBuffer(t, n, 0)
 
 	start := time.Now()
-	err = b.Get([]*core.Ref{borrowed}, []transport.Tensor{deviceTensor(dst, n)}, core.FetchOptions{}, 50*time.Millisecond)
+	err = b.Get([]*engine.Ref{borrowed}, []transport.Tensor{deviceTensor(dst, n)}, engine.FetchOptions{}, 50*time.Millisecond)
 	took := time.Since(start)
 	if err == nil {
 		require.False(t, testDouble(), "the copy is delayed: it cannot be done within the deadline")

@@ -23,8 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
@@ -80,12 +80,12 @@ func devRead(dev int, p cuda.Ptr, n int) ([]byte, error) {
 	return bytes.Clone(h), nil
 }
 
-func sockRuntime(name, dir string) (*core.Runtime, error) {
-	return core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
+func sockRuntime(name, dir string) (*engine.Runtime, error) {
+	return engine.NewRuntime(engine.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
 		Builtins: []transport.TransportFactory{Factory()}})
 }
 
-func transportOf(rt *core.Runtime) *Transport {
+func transportOf(rt *engine.Runtime) *Transport {
 	t, err := rt.Registry().Get(Name)
 	if err != nil {
 		panic(err)
@@ -94,7 +94,7 @@ func transportOf(rt *core.Runtime) *Transport {
 }
 
 // groupState is "" for a live group, the reason it is dead, or "none".
-func groupState(rt *core.Runtime, name string) string {
+func groupState(rt *engine.Runtime, name string) string {
 	t := transportOf(rt)
 	t.mu.Lock()
 	g := t.groups[name]
@@ -110,7 +110,7 @@ func groupState(rt *core.Runtime, name string) string {
 
 // received counts the receives from rank src that this runtime's group
 // has enqueued in NCCL.
-func received(rt *core.Runtime, name string, src int) uint64 {
+func received(rt *engine.Runtime, name string, src int) uint64 {
 	t := transportOf(rt)
 	t.mu.Lock()
 	g := t.groups[name]
@@ -124,7 +124,7 @@ func received(rt *core.Runtime, name string, src int) uint64 {
 }
 
 // inFlight counts this runtime's nccl sends and receives under way.
-func inFlight(rt *core.Runtime) int {
+func inFlight(rt *engine.Runtime) int {
 	t := transportOf(rt)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -146,7 +146,7 @@ func childMain(dir string) {
 		os.Exit(1)
 	}
 	fmt.Println("OK", rt.Address())
-	var keep []*core.Ref
+	var keep []*engine.Ref
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(nil, 1<<20)
 	for in.Scan() {
@@ -176,7 +176,7 @@ func sizes(args []string) (ns []int, seeds []byte) {
 	return ns, seeds
 }
 
-func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, error) {
+func childCommand(rt *engine.Runtime, f []string, keep *[]*engine.Ref) (string, error) {
 	switch f[0] {
 	case "group":
 		spec := transport.GroupSpec{Name: f[1], WorldSize: atoi(f[2]), Rank: atoi(f[3]), Rank0: f[4], Device: atoi(f[5])}
@@ -225,7 +225,7 @@ func childCommand(rt *core.Runtime, f []string, keep *[]*core.Ref) (string, erro
 			ps = append(ps, p)
 			ts = append(ts, devTensor(dev, p, n))
 		}
-		fetch, err := rt.StartFetch([]*core.Ref{ref}, ts, core.FetchOptions{})
+		fetch, err := rt.StartFetch([]*engine.Ref{ref}, ts, engine.FetchOptions{})
 		if err != nil {
 			return "", err
 		}
@@ -322,7 +322,7 @@ func requireTwoDevices(t *testing.T) {
 
 // pairWithChild forms group name: rank 0 here on device 0, rank 1 in the
 // child on device 1.
-func pairWithChild(t *testing.T, rt *core.Runtime, c *child, name string) {
+func pairWithChild(t *testing.T, rt *engine.Runtime, c *child, name string) {
 	t.Helper()
 	errc := make(chan error, 1)
 	go func() {
@@ -333,7 +333,7 @@ func pairWithChild(t *testing.T, rt *core.Runtime, c *child, name string) {
 	require.NoError(t, <-errc)
 }
 
-func putHere(t *testing.T, rt *core.Runtime, dev int, ns []int, seed byte) (*core.Ref, string) {
+func putHere(t *testing.T, rt *engine.Runtime, dev int, ns []int, seed byte) (*engine.Ref, string) {
 	t.Helper()
 	var ts []transport.Tensor
 	var args []string
@@ -354,7 +354,7 @@ func putHere(t *testing.T, rt *core.Runtime, dev int, ns []int, seed byte) (*cor
 
 // getHere fetches a ref the child put (wire in hex) into fresh device
 // memory and checks the bytes.
-func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, seed byte, timeout time.Duration) error {
+func getHere(t *testing.T, rt *engine.Runtime, dev int, wire string, ns []int, seed byte, timeout time.Duration) error {
 	b, err := hex.DecodeString(wire)
 	require.NoError(t, err)
 	ref, err := rt.Deserialize(b)
@@ -369,7 +369,7 @@ func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, see
 		ps = append(ps, p)
 		ts = append(ts, devTensor(dev, p, n))
 	}
-	if err := rt.Get([]*core.Ref{ref}, ts, core.FetchOptions{}, timeout); err != nil {
+	if err := rt.Get([]*engine.Ref{ref}, ts, engine.FetchOptions{}, timeout); err != nil {
 		return err
 	}
 	for i, n := range ns {
@@ -382,7 +382,7 @@ func getHere(t *testing.T, rt *core.Runtime, dev int, wire string, ns []int, see
 
 // pairedWithChild makes a runtime ("rank0", destroyed at cleanup) and a
 // child process (started with env), paired in the group "pair".
-func pairedWithChild(t *testing.T, env ...string) (*core.Runtime, *child) {
+func pairedWithChild(t *testing.T, env ...string) (*engine.Runtime, *child) {
 	t.Helper()
 	dir := t.TempDir()
 	rt, err := sockRuntime("rank0", dir)
@@ -396,7 +396,7 @@ func pairedWithChild(t *testing.T, env ...string) (*core.Runtime, *child) {
 // childObject has the child put one object of tensors of sizes ns (on
 // its cuda:1) and returns this runtime's ref to it (released at cleanup)
 // and the serialized ref.
-func childObject(t *testing.T, rt *core.Runtime, c *child, ns []int, seed byte) (*core.Ref, string) {
+func childObject(t *testing.T, rt *engine.Runtime, c *child, ns []int, seed byte) (*engine.Ref, string) {
 	t.Helper()
 	wire, err := c.do("put", 1, childArgs(ns, seed))
 	require.NoError(t, err)
@@ -457,7 +457,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 		require.NoError(t, err)
 		wires, sz = append(wires, out), append(sz, n)
 	}
-	var refs []*core.Ref
+	var refs []*engine.Ref
 	var targets []transport.Tensor
 	var ptrs []cuda.Ptr
 	for i, w := range wires {
@@ -471,7 +471,7 @@ func TestGPUTwoProcesses(t *testing.T) {
 		defer cuda.Free(0, p)
 		refs, targets, ptrs = append(refs, ref), append(targets, devTensor(0, p, sz[i][0])), append(ptrs, p)
 	}
-	require.NoError(t, rt.Get(refs, targets, core.FetchOptions{}, time.Minute))
+	require.NoError(t, rt.Get(refs, targets, engine.FetchOptions{}, time.Minute))
 	for i, p := range ptrs {
 		got, err := devRead(0, p, sz[i][0])
 		require.NoError(t, err)
@@ -574,12 +574,12 @@ func TestGPUAbortDestroysBothSides(t *testing.T) {
 	ref, wire := childObject(t, rt, c, ns, 3)
 	p, p2 := devBuffer(t, ns[0]), devBuffer(t, ns[0])
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, ns[0])}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, ns[0])}, engine.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 0 }))
 	// A second transfer behind it, which the abort ends too: its NCCL work
 	// stops early, and that is not a success.
-	f2, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p2, ns[0])}, core.FetchOptions{})
+	f2, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p2, ns[0])}, engine.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return inFlight(rt) > 1 }))
 	time.Sleep(100 * time.Millisecond)
@@ -651,7 +651,7 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, engine.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
 	destroyed := make(chan error, 1)
@@ -685,7 +685,7 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	ref, _ := childObject(t, rt, c, []int{n}, 3)
 	p := devBuffer(t, n)
 
-	f, err := rt.StartFetch([]*core.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, core.FetchOptions{})
+	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, engine.FetchOptions{})
 	require.NoError(t, err)
 	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
 	destroyed := make(chan error, 1)

@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core"
 	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 )
@@ -44,8 +44,8 @@ func requireNCCL(t *testing.T) {
 	}
 }
 
-func gpuRuntime(t *testing.T, name string, dir string) *core.Runtime {
-	rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
+func gpuRuntime(t *testing.T, name string, dir string) *engine.Runtime {
+	rt, err := engine.NewRuntime(engine.Options{Name: name, LogLevel: transport.LogOff, Network: control.Sockets{}, SocketDir: dir,
 		Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
@@ -125,19 +125,19 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	bref, err := b.Deserialize(wire)
 	require.NoError(t, err)
 	defer bref.Release()
-	require.NoError(t, b.Get([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, time.Minute))
+	require.NoError(t, b.Get([]*engine.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, engine.FetchOptions{}, time.Minute))
 	got := hostBuf(t, n)
 	require.NoError(t, cuda.Memcpy(1, cuda.Ptr(uintptr(unsafe.Pointer(&got[0]))), dst, n))
 	assert.Equal(t, h, got)
 
 	// Abort a transfer that cannot complete: the destination's group is
 	// destroyed, and the next transfer says why.
-	f, err := b.StartFetch([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{})
+	f, err := b.StartFetch([]*engine.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, engine.FetchOptions{})
 	require.NoError(t, err)
 	f.Abort()
 	f.Wait(-1)
 	f.Free()
-	err = b.Get([]*core.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, core.FetchOptions{}, 10*time.Second)
+	err = b.Get([]*engine.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, engine.FetchOptions{}, 10*time.Second)
 	if err != nil {
 		assert.Contains(t, err.Error(), `group "pair" was destroyed after`)
 	}
@@ -247,7 +247,7 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 		t.Skipf("NCCL needs two GPUs for one group (this machine has %d)", n)
 	}
 	dir := t.TempDir()
-	rts := []*core.Runtime{gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)}
+	rts := []*engine.Runtime{gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)}
 	errs := make(chan error, 1)
 	go func() {
 		errs <- rts[1].CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: rts[0].Address(), Device: 1}, time.Minute)
@@ -283,7 +283,7 @@ func TestGPUBothWaysAtOnce(t *testing.T) {
 						return
 					}
 					defer ref.Release()
-					res <- rts[dst].Get([]*core.Ref{ref}, []transport.Tensor{devTensor(dst, targets[dst], n)}, core.FetchOptions{}, 30*time.Second)
+					res <- rts[dst].Get([]*engine.Ref{ref}, []transport.Tensor{devTensor(dst, targets[dst], n)}, engine.FetchOptions{}, 30*time.Second)
 				}()
 			}
 			require.NoError(t, <-res, "%d bytes, round %d", n, round)
@@ -307,7 +307,7 @@ func TestGPUThreeRanks(t *testing.T) {
 		t.Skipf("three ranks need three GPUs (this machine has %d)", n)
 	}
 	dir := t.TempDir()
-	rts := []*core.Runtime{gpuRuntime(t, "r0", dir), gpuRuntime(t, "r1", dir), gpuRuntime(t, "r2", dir)}
+	rts := []*engine.Runtime{gpuRuntime(t, "r0", dir), gpuRuntime(t, "r1", dir), gpuRuntime(t, "r2", dir)}
 	// Each rank puts an object of its own size and contents.
 	wires := make([][]byte, 3)
 	for r, rt := range rts {
@@ -339,7 +339,7 @@ func TestGPUThreeRanks(t *testing.T) {
 }
 
 // allToAll has every rank fetch every other rank's object twice, all at once.
-func allToAll(t *testing.T, rts []*core.Runtime, wires [][]byte) {
+func allToAll(t *testing.T, rts []*engine.Runtime, wires [][]byte) {
 	t.Helper()
 	res := make(chan error, 12)
 	for dst := range rts {
@@ -361,7 +361,7 @@ func allToAll(t *testing.T, rts []*core.Runtime, wires [][]byte) {
 							return err
 						}
 						defer cuda.Free(dst, p)
-						if err := rts[dst].Get([]*core.Ref{ref}, []transport.Tensor{devTensor(dst, p, n)}, core.FetchOptions{}, 20*time.Second); err != nil {
+						if err := rts[dst].Get([]*engine.Ref{ref}, []transport.Tensor{devTensor(dst, p, n)}, engine.FetchOptions{}, 20*time.Second); err != nil {
 							return err
 						}
 						got, err := devRead(dst, p, n)

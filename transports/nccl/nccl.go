@@ -1,6 +1,6 @@
 // Package nccl is the nccl transport: two-sided transfers of CUDA device
 // memory between the ranks of a group, with NCCL's point-to-point send and
-// receive. Groups are formed over rdt's control plane (core/group.go): rank
+// receive. Groups are formed over rdt's control plane (core/engine/group.go): rank
 // 0 makes the ncclUniqueIds, every rank gets them in the roster and calls
 // ncclCommInitRank on its device. A group is two communicators, each with
 // its own stream: one carries the transfers from lower to higher ranks, the

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -62,7 +62,7 @@ func TestUnavailableHere(t *testing.T) {
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "nccl")
 
-	rt, err := core.NewRuntime(core.Options{LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}})
+	rt, err := engine.NewRuntime(engine.Options{LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}})
 	require.NoError(t, err, "a missing library must not stop a runtime")
 	defer rt.Destroy()
 	assert.NotContains(t, rt.Registry().Names(), Name)

@@ -15,15 +15,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
 // runtimeObject puts a tcp object of n patterned bytes in a real runtime
 // configured with token and returns its tcp metadata, as a ref carries it.
-func runtimeObject(t *testing.T, token string, n int) (*core.Runtime, []byte, []byte) {
+func runtimeObject(t *testing.T, token string, n int) (*engine.Runtime, []byte, []byte) {
 	t.Helper()
-	rt, err := core.NewRuntime(core.Options{Name: "owner", LogLevel: transport.LogOff, AuthToken: token,
+	rt, err := engine.NewRuntime(engine.Options{Name: "owner", LogLevel: transport.LogOff, AuthToken: token,
 		Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
@@ -34,7 +34,7 @@ func runtimeObject(t *testing.T, token string, n int) (*core.Runtime, []byte, []
 	t.Cleanup(func() { ref.Release() })
 	bytes, err := ref.Serialize()
 	require.NoError(t, err)
-	desc, _, err := core.DecodeRef(bytes)
+	desc, _, err := engine.DecodeRef(bytes)
 	require.NoError(t, err)
 	require.Contains(t, desc.Meta, "tcp")
 	return rt, desc.Meta["tcp"], b

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core"
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -195,8 +195,8 @@ func TestIdlePooledConnectionsAreClosed(t *testing.T) {
 // The data listener starts only when an object needs tcp, and objects put
 // without a transport carry tcp metadata only once it runs.
 func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
-	newRT := func(name string) *core.Runtime {
-		rt, err := core.NewRuntime(core.Options{Name: name, LogLevel: transport.LogOff,
+	newRT := func(name string) *engine.Runtime {
+		rt, err := engine.NewRuntime(engine.Options{Name: name, LogLevel: transport.LogOff,
 			Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 		require.NoError(t, err)
 		t.Cleanup(rt.Destroy)
@@ -222,7 +222,7 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 		return data
 	}
 	first := autoPut()
-	desc, _, err := core.DecodeRef(first)
+	desc, _, err := engine.DecodeRef(first)
 	require.NoError(t, err)
 	assert.NotContains(t, desc.Meta, Name, "no eager tcp metadata without a listener")
 	assert.False(t, listening(), "a put without a transport opens no port")
@@ -232,10 +232,10 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	require.NoError(t, err)
 	defer ref.Release()
 	got, dst := buffer(t, 5000)
-	require.NoError(t, receiver.Get([]*core.Ref{ref}, []transport.Tensor{dst}, core.FetchOptions{}, 30*time.Second))
+	require.NoError(t, receiver.Get([]*engine.Ref{ref}, []transport.Tensor{dst}, engine.FetchOptions{}, 30*time.Second))
 	assert.Equal(t, b, got)
 	assert.True(t, listening())
-	desc, _, err = core.DecodeRef(autoPut())
+	desc, _, err = engine.DecodeRef(autoPut())
 	require.NoError(t, err)
 	assert.Contains(t, desc.Meta, Name, "once it runs, the metadata is cheap and put eagerly")
 }

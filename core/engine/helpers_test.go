@@ -1,0 +1,224 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// hostBuf is host memory outside the Go heap (as C or Python memory is), so
+// that tensors may point at it under the race detector's pointer checks.
+type hostBuf struct {
+	b []byte
+}
+
+func newHostBuf(t testing.TB, n int) *hostBuf {
+	t.Helper()
+	size := n
+	if size == 0 {
+		size = 1
+	}
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Munmap(b) })
+	return &hostBuf{b: b[:n]}
+}
+
+func (h *hostBuf) addr() uintptr {
+	if cap(h.b) == 0 {
+		return 0
+	}
+	return uintptr(unsafePointer(h.b[:1]))
+}
+
+func (h *hostBuf) fill(seed byte) {
+	for i := range h.b {
+		h.b[i] = seed + byte(i*7)
+	}
+}
+
+// tensorOf describes a float32 vector over buf.
+func tensorOf(t testing.TB, buf *hostBuf) transport.Tensor {
+	t.Helper()
+	d, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 2, Bits: 32, Lanes: 1}, []int64{int64(len(buf.b) / 4)})
+	require.NoError(t, err)
+	return transport.Tensor{TensorDesc: d, Data: buf.addr(), Orig: buf.addr()}
+}
+
+func newRuntime(t testing.TB, name string, opts ...func(*Options)) *Runtime {
+	t.Helper()
+	o := Options{Name: name, LogLevel: transport.LogOff}
+	for _, f := range opts {
+		f(&o)
+	}
+	rt, err := NewRuntime(o)
+	require.NoError(t, err)
+	t.Cleanup(rt.Destroy)
+	return rt
+}
+
+// memTransport is a test transport for runtimes of one process: the source
+// publishes its tensors' addresses as metadata and the destination copies
+// from them. Hooks let tests block, fail and observe every call.
+type memTransport struct {
+	name     string
+	oneSided bool
+	canAbort bool
+
+	mu     sync.Mutex
+	events []string
+
+	gcCount      atomic.Int64
+	released     atomic.Int64
+	fetched      atomic.Int64
+	aborts       atomic.Int64
+	sends        atomic.Int64
+	failFetchIdx int // fail the Nth Fetch call at start (1-based; 0 never)
+	waitErr      func(x *transport.Transfer) error
+	gate         chan struct{}                 // when set, transfers wait for it (or abort)
+	mailbox      *sync.Map                     // transfer id -> chan []byte (two-sided), shared by a pair
+	collected    *sync.Map                     // object ids garbage-collected at the source, shared by a pair
+	gcDelay      time.Duration                 // GarbageCollect takes this long before the object is gone
+	describe     func(d *transport.Descriptor) // when set, adjusts the descriptor
+}
+
+func newMemTransport(name string) *memTransport {
+	return &memTransport{name: name, oneSided: true, canAbort: true, mailbox: &sync.Map{}, collected: &sync.Map{}}
+}
+
+func (m *memTransport) log(ev string) {
+	m.mu.Lock()
+	m.events = append(m.events, ev)
+	m.mu.Unlock()
+}
+
+func (m *memTransport) Events() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]string(nil), m.events...)
+}
+
+func (m *memTransport) Describe() transport.Descriptor {
+	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort}
+	if m.describe != nil {
+		m.describe(&d)
+	}
+	return d
+}
+func (m *memTransport) Close() error { return nil }
+
+func (m *memTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
+	var b []byte
+	for _, t := range ts {
+		b = binary.LittleEndian.AppendUint64(b, uint64(t.Data))
+		b = binary.LittleEndian.AppendUint64(b, t.Nbytes)
+	}
+	return b, nil
+}
+
+func (m *memTransport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
+	return []byte("comm"), nil
+}
+
+func (m *memTransport) GarbageCollect(obj transport.ObjectID, ts []transport.Tensor, tmeta []byte) {
+	time.Sleep(m.gcDelay)
+	m.gcCount.Add(1)
+	m.collected.Store(obj, true)
+	m.log("gc")
+}
+
+type memRequest struct {
+	m       *memTransport
+	x       *transport.Transfer
+	targets []transport.Tensor
+	tmeta   []byte
+	abort   chan struct{}
+	once    sync.Once
+}
+
+func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	n := m.fetched.Add(1)
+	m.log("fetch")
+	if int(n) == m.failFetchIdx {
+		return nil, transport.Errorf(transport.ErrTransport, "fetch %d refused", n)
+	}
+	if string(cmeta) != "comm" {
+		return nil, errors.New("communicator metadata did not arrive")
+	}
+	return &memRequest{m: m, x: x, targets: targets, tmeta: tmeta, abort: make(chan struct{})}, nil
+}
+
+func (r *memRequest) Wait() error {
+	r.m.log("wait")
+	if r.m.gate != nil {
+		select {
+		case <-r.m.gate:
+		case <-r.abort:
+			return transport.Errorf(transport.ErrAborted, "aborted")
+		}
+	}
+	if r.m.waitErr != nil {
+		if err := r.m.waitErr(r.x); err != nil {
+			return err
+		}
+	}
+	if !r.m.oneSided {
+		ch := r.m.box(r.x.TransferID)
+		select {
+		case data := <-ch:
+			off := 0
+			for _, t := range r.targets {
+				copy(transport.Bytes(t.Data, t.Nbytes), data[off:off+int(t.Nbytes)])
+				off += int(t.Nbytes)
+			}
+			return nil
+		case <-r.abort:
+			return transport.Errorf(transport.ErrAborted, "aborted")
+		}
+	}
+	if _, freed := r.m.collected.Load(r.x.Object); freed {
+		// What a transport with DetectsFreedObjects does.
+		return transport.Errorf(transport.ErrNotFound, "the source freed object %s", r.x.Object)
+	}
+	for i, t := range r.targets {
+		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*i:]))
+		copy(transport.Bytes(t.Data, t.Nbytes), transport.Bytes(src, t.Nbytes))
+	}
+	return nil
+}
+
+func (r *memRequest) Release() {
+	r.m.released.Add(1)
+	r.m.log("release")
+}
+
+func (m *memTransport) Abort(x *transport.Transfer, req transport.Request) {
+	m.aborts.Add(1)
+	if r, ok := req.(*memRequest); ok {
+		r.once.Do(func() { close(r.abort) })
+	}
+}
+
+func (m *memTransport) box(id uint64) chan []byte {
+	ch, _ := m.mailbox.LoadOrStore(id, make(chan []byte, 1))
+	return ch.(chan []byte)
+}
+
+func (m *memTransport) Send(x *transport.Transfer, ts []transport.Tensor, tmeta, cmeta []byte) error {
+	m.sends.Add(1)
+	m.log("send")
+	var data []byte
+	for _, t := range ts {
+		data = append(data, transport.Bytes(t.Data, t.Nbytes)...)
+	}
+	m.box(x.TransferID) <- data
+	return nil
+}

@@ -1,0 +1,688 @@
+package engine
+
+import (
+	"bufio"
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// Hostile peers are real processes: the test binary run again with
+// RDT_HOSTILE_MODE set, which makes TestHostilePeerChild act as one and
+// report on stdout, one "KEY value..." line per fact.
+
+const hostileModeEnv = "RDT_HOSTILE_MODE"
+
+// hostile is a running hostile child.
+type hostile struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+}
+
+// startHostile runs the child in mode with extra environment; prefix runs
+// it under another program (setpriv), with bin the binary to run.
+func startHostile(t *testing.T, mode string, env map[string]string, prefix ...string) *hostile {
+	t.Helper()
+	bin := os.Args[0]
+	if len(prefix) > 0 {
+		bin, prefix = prefix[len(prefix)-1], prefix[:len(prefix)-1]
+	}
+	args := append(append([]string{}, prefix...), bin, "-test.run=^TestHostilePeerChild$", "-test.count=1")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), hostileModeEnv+"="+mode)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	h := &hostile{cmd: cmd, stdin: stdin, lines: make(chan string, 64)}
+	go func() {
+		defer close(h.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			h.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(h.stop)
+	return h
+}
+
+// expectLine waits for the child's next line starting with key and returns
+// its fields after the key.
+func (h *hostile) expectLine(t *testing.T, key string, timeout time.Duration) []string {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case line, ok := <-h.lines:
+			require.True(t, ok, "the child exited before reporting %s", key)
+			if f := strings.Fields(line); len(f) > 0 && f[0] == key {
+				return f[1:]
+			}
+		case <-deadline:
+			t.Fatalf("the child did not report %s within %v", key, timeout)
+		}
+	}
+}
+
+// stop ends the child: closing stdin tells it to drop its connections and
+// exit; a child that does not is killed.
+func (h *hostile) stop() {
+	h.stdin.Close()
+	done := make(chan struct{})
+	go func() { h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		h.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func atoi(t *testing.T, s string) int {
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}
+
+// rssBytes is the resident memory of a process (VmRSS).
+func rssBytes(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// settledRSS is this process's RSS after returning free memory to the OS.
+func settledRSS(t *testing.T) int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	return rssBytes(t, os.Getpid())
+}
+
+// endpoints are the Unix socket path and TCP host:port of a runtime's
+// address, and the key its TCP part carries.
+func endpoints(t *testing.T, rt *Runtime) (unixPath, tcpHostPort, key string) {
+	for _, part := range strings.Split(rt.Address(), ",") {
+		switch {
+		case strings.HasPrefix(part, control.UnixScheme):
+			unixPath = strings.TrimPrefix(part, control.UnixScheme)
+		case strings.HasPrefix(part, control.TCPScheme):
+			key, tcpHostPort = transport.SplitTCPKey(strings.TrimPrefix(part, control.TCPScheme))
+		}
+	}
+	require.NotEmpty(t, unixPath)
+	return
+}
+
+const memoryBound = 64 << 20
+
+func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
+	rt := socketRuntime(t, "victim", func(o *Options) { o.ListenTCP = "127.0.0.1:0" })
+	unixPath, tcpAddr, _ := endpoints(t, rt)
+	before := settledRSS(t)
+
+	// 100 connections on each listener announce a 17 MiB hello and send
+	// 1 MiB of it: the runtime must neither allocate nor read it.
+	flood := startHostile(t, "preauth", map[string]string{
+		"RDT_HOSTILE_UNIX": unixPath, "RDT_HOSTILE_TCP": tcpAddr, "RDT_HOSTILE_N": "100",
+		"RDT_HOSTILE_LEN": strconv.Itoa(control.MaxFrame), "RDT_HOSTILE_BODY": strconv.Itoa(1 << 20),
+	})
+	sent := flood.expectLine(t, "SENT", 60*time.Second)
+	grown := rssBytes(t, os.Getpid()) - before
+	t.Logf("%s connections sent their prefix; RSS grew by %d KiB", sent[0], grown>>10)
+	assert.Less(t, grown, int64(memoryBound), "RSS growth under 200 pre-auth connections announcing 17 MiB")
+	flood.stop()
+
+	// Connections that send nothing: past 64 per listener the runtime stops
+	// accepting (they wait in the kernel's backlog), so it holds at most 64
+	// handshakes per listener, and closes none of them at once.
+	goroutines := runtime.NumGoroutine()
+	idle := startHostile(t, "idle", map[string]string{
+		"RDT_HOSTILE_UNIX": unixPath, "RDT_HOSTILE_TCP": tcpAddr, "RDT_HOSTILE_N": "100",
+	})
+	for _, listener := range []string{"unix", "tcp"} {
+		f := idle.expectLine(t, "IDLE_"+listener, 60*time.Second)
+		closed, open := atoi(t, f[0]), atoi(t, f[1])
+		t.Logf("%s: %d closed at once, %d left waiting", listener, closed, open)
+		assert.Zero(t, closed, "%s: connections past the cap wait instead of being closed", listener)
+	}
+	held := runtime.NumGoroutine() - goroutines
+	t.Logf("goroutines while 200 idle connections wait: +%d", held)
+	assert.LessOrEqual(t, held, 2*control.MaxAuthenticating+16, "handshakes held at once, both listeners")
+	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+
+	// An honest peer arriving meanwhile waits for a slot rather than being
+	// refused, and gets in once the idle connections go.
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	waiting := socketRuntime(t, "waiting")
+	got := make(chan error, 1)
+	go func() {
+		r, err := waiting.Deserialize(b)
+		if err == nil {
+			r.Release()
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("with every slot taken, a peer's connect ended at once: %v", err)
+	case <-time.After(time.Second):
+	}
+	idle.stop()
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiting peer gets in once the idle connections go")
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiting peer did not get in after the idle connections went")
+	}
+
+	// Once the flood is gone, real peers get in on both listeners.
+	peer := socketRuntime(t, "peer")
+	require.Eventually(t, func() bool {
+		r, err := peer.Deserialize(b)
+		if err == nil {
+			r.Release()
+		}
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "a real peer connects over the Unix socket after the flood")
+	desc, token, err := DecodeRef(b)
+	require.NoError(t, err)
+	desc.Owner.Address = rt.Address()[strings.Index(rt.Address(), control.TCPScheme):]
+	remote := socketRuntime(t, "remote")
+	require.Eventually(t, func() bool {
+		r, err := remote.Deserialize(EncodeRef(desc, desc.Meta, token))
+		if err == nil {
+			r.Release()
+		}
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "a real peer connects over TCP after the flood")
+}
+
+func TestPingFloodKeepsGoroutinesBounded(t *testing.T) {
+	rt := socketRuntime(t, "victim", func(o *Options) { o.PeerTimeout = 60 * time.Second })
+	unixPath, _, _ := endpoints(t, rt)
+	runtime.GC()
+	baseGoroutines := runtime.NumGoroutine()
+	before := settledRSS(t)
+
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			peak.Store(max(peak.Load(), int64(runtime.NumGoroutine())))
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	// 200k pings, then 20k metadata requests, never reading an answer.
+	flood := startHostile(t, "flood", map[string]string{"RDT_HOSTILE_UNIX": unixPath, "RDT_HOSTILE_PINGS": "200000", "RDT_HOSTILE_REQUESTS": "20000"})
+	pings := flood.expectLine(t, "PINGS", 60*time.Second)
+	requests := flood.expectLine(t, "REQUESTS", 60*time.Second)
+	time.Sleep(200 * time.Millisecond) // let the runtime catch up with what arrived
+	close(stop)
+	<-sampled
+	grown := rssBytes(t, os.Getpid()) - before
+	t.Logf("sent %s pings and %s requests; goroutines %d -> peak %d; RSS grew by %d KiB", pings[0], requests[0], baseGoroutines, peak.Load(), grown>>10)
+	assert.Equal(t, "200000", pings[0], "every ping was read")
+	assert.Less(t, peak.Load()-int64(baseGoroutines), int64(control.MaxHandlers+64), "goroutines under a ping and request flood")
+	assert.Less(t, grown, int64(memoryBound))
+	flood.stop()
+	require.Eventually(t, func() bool { return rt.Stats().Peers == 0 }, 10*time.Second, 10*time.Millisecond, "the flooder is dropped")
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= baseGoroutines+2 }, 10*time.Second, 10*time.Millisecond,
+		"goroutines back to %d (now %d)", baseGoroutines, runtime.NumGoroutine())
+}
+
+func TestLeaseFloodIsRefusedPastTheCap(t *testing.T) {
+	rt := socketRuntime(t, "owner")
+	unixPath, _, _ := endpoints(t, rt)
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	before := settledRSS(t)
+
+	const asks = 5 * MaxLeasesPerPeer
+	flood := startHostile(t, "leases", map[string]string{"RDT_HOSTILE_UNIX": unixPath,
+		"RDT_HOSTILE_OBJECT": ref.Desc().ID.String(), "RDT_HOSTILE_N": strconv.Itoa(asks)})
+	f := flood.expectLine(t, "LEASES", 120*time.Second)
+	granted, refused, other := atoi(t, f[0]), atoi(t, f[1]), atoi(t, f[2])
+	assert.Equal(t, MaxLeasesPerPeer, granted, "leases granted to one peer")
+	assert.Equal(t, asks-MaxLeasesPerPeer, refused, "refused with RDT_ERR_NO_MEMORY")
+	assert.Zero(t, other, "no other answers")
+	assert.Contains(t, strings.Join(f[3:], " "), "the limit", "the refusal says why")
+	assert.Equal(t, uint64(MaxLeasesPerPeer), rt.Stats().RefsInTransit)
+	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+
+	// The peer deserializes what it holds (borrows with each token, then
+	// returns the borrows): its count goes with its leases.
+	_, err := io.WriteString(flood.stdin, "consume\n")
+	require.NoError(t, err)
+	flood.expectLine(t, "CONSUMED", 60*time.Second)
+	eventually(t, func() bool { return rt.Stats().Borrows == 0 }, "the borrows are returned")
+	assert.Zero(t, rt.Stats().RefsInTransit)
+	rt.mu.Lock()
+	assert.Empty(t, rt.peerLeases, "nothing kept for the peer once its leases are gone")
+	rt.mu.Unlock()
+}
+
+func TestPeerLeasesExpireFromTheCount(t *testing.T) {
+	rt := newRuntime(t, "owner", func(o *Options) { o.Lease = 200 * time.Millisecond })
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	greedy, modest := transport.RandomID(), transport.RandomID()
+	for i := 0; i < MaxLeasesPerPeer; i++ {
+		_, err := rt.Lease(greedy, ref.Desc().ID)
+		require.NoError(t, err)
+	}
+	_, err := rt.Lease(greedy, ref.Desc().ID)
+	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "%v", err)
+	_, err = rt.Lease(modest, ref.Desc().ID)
+	assert.NoError(t, err, "the cap is per peer")
+	eventually(t, func() bool { return rt.Stats().RefsInTransit == 0 }, "the leases expire")
+	rt.mu.Lock()
+	assert.Empty(t, rt.peerLeases)
+	rt.mu.Unlock()
+	_, err = rt.Lease(greedy, ref.Desc().ID)
+	assert.NoError(t, err, "expired leases no longer count")
+}
+
+// lockedBuffer collects log lines written from any goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestWrongTokenFloodLogsAFewLines(t *testing.T) {
+	var logged lockedBuffer
+	rt := socketRuntime(t, "guarded", func(o *Options) {
+		o.ListenTCP, o.AuthToken, o.LogLevel, o.LogOutput = "127.0.0.1:0", "right", transport.LogWarn, &logged
+	})
+	_, tcpAddr, _ := endpoints(t, rt)
+	const attempts = 1000
+	for i := 0; i < attempts; i++ {
+		c, err := net.Dial("tcp", tcpAddr)
+		require.NoError(t, err)
+		_, err = rawHandshake(c, newRawPeer(), "wrong")
+		require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "attempt %d: %v", i, err)
+		c.Close()
+	}
+	rt.Destroy() // writes what the log still holds
+	lines := strings.Split(strings.TrimSpace(logged.String()), "\n")
+	t.Logf("%d lines:\n%s", len(lines), logged.String())
+	assert.LessOrEqual(t, len(lines), 3, "1000 refusals in a few lines")
+	total := 0
+	for _, line := range lines {
+		var n int
+		if strings.Contains(line, "refused a connection from") {
+			total++
+			assert.Contains(t, line, "failed to prove the auth token")
+		} else if i := strings.Index(line, "refused "); i >= 0 {
+			_, err := fmt.Sscanf(line[i:], "refused %d more connections since", &n)
+			require.NoError(t, err, "a summary line: %q", line)
+			assert.Contains(t, line, "failed to prove the auth token", "it names the last refusal")
+			total += n
+		} else {
+			t.Errorf("unexpected log line %q", line)
+		}
+	}
+	assert.Equal(t, attempts, total, "every refusal is counted")
+}
+
+func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "", &released)
+	defer ref.Release()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	bref, err := borrower.Deserialize(b)
+	require.NoError(t, err)
+	defer bref.Release()
+	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow arrives")
+	unixPath, _, _ := endpoints(t, owner)
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", unixPath)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	// Claiming the borrower's id with one's own key.
+	impostor := newRawPeer()
+	impostor.info.RuntimeID = borrower.ID()
+	_, err = rawHandshake(dial(), impostor, "")
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "does not match the runtime id")
+
+	// Claiming it with the borrower's public key, which is no secret, but
+	// without its private key.
+	impostor = newRawPeer()
+	impostor.info.RuntimeID = borrower.ID()
+	c := dial()
+	_, err = func() (*bufio.Reader, error) {
+		nonce := transport.NewNonce()
+		c.Write((&control.Message{Kind: control.KindHello, Nonce: nonce}).Encode())
+		rd := bufio.NewReader(c)
+		ch, err := control.Expect(rd, control.KindChallenge)
+		require.NoError(t, err)
+		c.Write((&control.Message{Kind: control.KindAuth, Proof: transport.AuthProof("", control.ProofClient, ch.Nonce), Peer: impostor.info,
+			Key: borrower.key.Public().(ed25519.PublicKey), Sig: ed25519.Sign(impostor.key, control.IdentityTranscript(control.SignClient, nonce, ch.Nonce, ch.Key))}).Encode())
+		_, err = control.Expect(rd, control.KindWelcome)
+		return rd, err
+	}()
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "did not prove")
+
+	// As itself it gets in, but returning the borrower's borrow counts
+	// against its own (none).
+	c = dial()
+	rd, err := rawHandshake(c, newRawPeer(), "")
+	require.NoError(t, err)
+	_, err = c.Write((&control.Message{Kind: control.KindUnborrow, Object: ref.Desc().ID, Count: 1}).Encode())
+	require.NoError(t, err)
+	_, err = c.Write((&control.Message{Kind: control.KindLease, ID: 1, Object: ref.Desc().ID}).Encode())
+	require.NoError(t, err)
+	_, err = control.Expect(rd, control.KindResponse) // requests are served in order: the unborrow was seen
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), owner.Stats().Borrows, "the borrower's borrow stands")
+	assert.Zero(t, released.Load())
+
+	// On the Unix socket the claimed pid must be the connecting process.
+	liar := newRawPeer()
+	liar.info.HostID = owner.Identity().HostID
+	liar.info.Pid = os.Getpid() + 1
+	_, err = rawHandshake(dial(), liar, "")
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("claims pid %d", os.Getpid()+1))
+	honest := newRawPeer()
+	honest.info.HostID = owner.Identity().HostID
+	_, err = rawHandshake(dial(), honest, "")
+	assert.NoError(t, err, "the true pid is accepted")
+}
+
+// A server that claims a runtime id it cannot prove is refused by the
+// dialing side too.
+func TestSocketsServerIdentityIsChecked(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "", &released)
+	defer ref.Release()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	desc, token, err := DecodeRef(b)
+	require.NoError(t, err)
+
+	// A fake owner on its own socket: it signs with its key and claims the
+	// real owner's id.
+	path := filepath.Join(t.TempDir(), "fake.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	defer ln.Close()
+	fake := newRawPeer()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		rd := bufio.NewReader(c)
+		hello, err := control.Expect(rd, control.KindHello)
+		if err != nil {
+			return
+		}
+		nonce := transport.NewNonce()
+		c.Write((&control.Message{Kind: control.KindChallenge, Nonce: nonce, Proof: transport.AuthProof("", control.ProofServer, hello.Nonce),
+			Key: fake.key.Public().(ed25519.PublicKey), Sig: ed25519.Sign(fake.key, control.IdentityTranscript(control.SignServer, hello.Nonce, nonce, nil))}).Encode())
+		if _, err := control.Expect(rd, control.KindAuth); err != nil {
+			return
+		}
+		claimed := owner.Identity()
+		claimed.Pid = os.Getpid()
+		c.Write((&control.Message{Kind: control.KindWelcome, Peer: claimed}).Encode())
+		io.Copy(io.Discard, c)
+	}()
+	desc.Owner.Address = control.UnixScheme + path
+	borrower := socketRuntime(t, "borrower")
+	_, err = borrower.Deserialize(EncodeRef(desc, desc.Meta, token))
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "holds the key of")
+	assert.Zero(t, owner.Stats().Borrows)
+}
+
+func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
+	var ownerLog lockedBuffer
+	owner := socketRuntime(t, "owner", func(o *Options) {
+		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", transport.LogDebug, &ownerLog
+	})
+	_, tcpAddr, key := endpoints(t, owner)
+	require.Equal(t, owner.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
+	src, dst := newMemTransport("mem"), newMemTransport("mem")
+	require.NoError(t, owner.RegisterTransport(src))
+	var released atomic.Int64
+	ref, buf := putOne(t, owner, "mem", &released)
+	defer ref.Release()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	desc, token, err := DecodeRef(b)
+	require.NoError(t, err)
+	withKey := control.TCPScheme + key + "@" + tcpAddr
+
+	// Without the key (what any local user can learn: the port) it is refused.
+	desc.Owner.Address = control.TCPScheme + tcpAddr
+	stranger := socketRuntime(t, "stranger")
+	_, err = stranger.Deserialize(EncodeRef(desc, desc.Meta, token))
+	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	c, err := net.Dial("tcp", tcpAddr)
+	require.NoError(t, err)
+	_, err = rawHandshake(c, newRawPeer(), "")
+	c.Close()
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the empty token is refused: %v", err)
+
+	// With the address from the ref it works.
+	desc.Owner.Address = withKey
+	friend := socketRuntime(t, "friend")
+	require.NoError(t, friend.RegisterTransport(dst))
+	r, err := friend.Deserialize(EncodeRef(desc, desc.Meta, token))
+	require.NoError(t, err)
+	out := newHostBuf(t, len(buf.b))
+	require.NoError(t, friend.Get([]*Ref{r}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+	assert.Equal(t, buf.b, out.b)
+	require.NoError(t, r.Release())
+	eventually(t, func() bool { return owner.Stats().Borrows == 0 }, "the borrow came and went")
+
+	// The secret shows in no message: not in errors quoting the address,
+	// not in the peer's name, not in the log.
+	desc.Owner.Address = control.TCPScheme + key + "@127.0.0.1:1"
+	_, err = stranger.Deserialize(EncodeRef(desc, desc.Meta, token))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), key)
+	assert.Contains(t, err.Error(), "tcp://****@127.0.0.1:1")
+	assert.NotContains(t, owner.Identity().String(), key)
+	assert.NotContains(t, ownerLog.String(), key)
+	assert.Contains(t, ownerLog.String(), "tcp://****@", "the log names the address, redacted")
+}
+
+func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a peer as another user (uid 65534)")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs setpriv (util-linux) to run a peer as another user")
+	}
+	owner := socketRuntime(t, "owner", func(o *Options) { o.ListenTCP = "127.0.0.1:0" })
+	_, tcpAddr, _ := endpoints(t, owner)
+	require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "mem", &released)
+	defer ref.Release()
+
+	// The other user runs a copy of this binary it may execute.
+	dir, err := os.MkdirTemp("", "rdt-crossuid-")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	bin := filepath.Join(dir, "peer.test")
+	self, err := os.ReadFile(os.Args[0])
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, self, 0o755))
+
+	other := startHostile(t, "crossuid", map[string]string{
+		"RDT_HOSTILE_TCP": tcpAddr, "RDT_HOSTILE_OBJECT": ref.Desc().ID.String(),
+		"RDT_HOSTILE_OWNER": owner.ID().String(), "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": "",
+	}, setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", bin)
+	uid := other.expectLine(t, "UID", 30*time.Second)
+	require.Equal(t, "65534", uid[0], "the peer runs as another user")
+	borrow := other.expectLine(t, "BORROW", 60*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied.String(), borrow[0], "borrow over the control TCP port: %s", strings.Join(borrow, " "))
+	meta := other.expectLine(t, "METADATA", 60*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied.String(), meta[0], "metadata over the control TCP port: %s", strings.Join(meta, " "))
+	assert.Zero(t, owner.Stats().Borrows)
+	assert.Zero(t, owner.Stats().Peers)
+}
+
+// A peer that claims another runtime's address in its handshake is not
+// taken for that runtime: the borrower still reaches the real owner there.
+func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
+	owner := socketRuntime(t, "owner")
+	borrower := socketRuntime(t, "borrower")
+	var released atomic.Int64
+	ref, _ := putOne(t, owner, "", &released)
+	defer ref.Release()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+
+	borrowerPath, _, _ := endpoints(t, borrower)
+	c, err := net.Dial("unix", borrowerPath)
+	require.NoError(t, err)
+	defer c.Close()
+	impostor := newRawPeer()
+	impostor.info.Address = owner.Address()
+	_, err = rawHandshake(c, impostor, "")
+	require.NoError(t, err, "a peer may connect as itself")
+
+	bref, err := borrower.Deserialize(b)
+	require.NoError(t, err, "the owner's address reaches the owner, not the peer that claimed it")
+	defer bref.Release()
+	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow reaches the owner")
+	assert.True(t, control.AddressNames(owner.Address(), owner.ID()))
+	assert.False(t, control.AddressNames(owner.Address(), impostor.info.RuntimeID))
+}
+
+// slowMetaTransport makes metadata only when its gate opens.
+type slowMetaTransport struct {
+	*memTransport
+	gate chan struct{}
+}
+
+func (s slowMetaTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
+	<-s.gate
+	return s.memTransport.ExtractMetadata(obj, ts)
+}
+
+// A peer that keeps every handler of a connection busy does not stop the
+// connection's reader: requests past the handlers wait, and what needs no
+// handler (a lease here; heartbeats, cancels and answers alike) is served
+// at once. Once the handlers finish, every waiting request is answered.
+func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
+	rt := socketRuntime(t, "owner")
+	slow := slowMetaTransport{newMemTransport("slowmeta"), make(chan struct{})}
+	var open sync.Once
+	defer open.Do(func() { close(slow.gate) }) // a failed check must not hang the runtime's end
+	require.NoError(t, rt.RegisterTransport(slow))
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+	unixPath, _, _ := endpoints(t, rt)
+	c, err := net.Dial("unix", unixPath)
+	require.NoError(t, err)
+	defer c.Close()
+	rd, err := rawHandshake(c, newRawPeer(), "")
+	require.NoError(t, err)
+
+	const asks = control.MaxHandlers + 100
+	for i := 1; i <= asks; i++ {
+		_, err := c.Write((&control.Message{Kind: control.KindMetadata, ID: uint64(i), Object: ref.Desc().ID, Transport: "slowmeta"}).Encode())
+		require.NoError(t, err)
+	}
+	_, err = c.Write((&control.Message{Kind: control.KindLease, ID: asks + 1, Object: ref.Desc().ID}).Encode())
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := control.Expect(rd, control.KindResponse)
+	require.NoError(t, err, "the lease is answered while every handler is busy")
+	assert.Equal(t, uint64(asks+1), resp.ID)
+	assert.Equal(t, transport.OK, resp.Status)
+
+	open.Do(func() { close(slow.gate) })
+	answered := map[uint64]bool{}
+	for len(answered) < asks {
+		resp, err := control.Expect(rd, control.KindResponse)
+		require.NoError(t, err, "after %d metadata answers", len(answered))
+		assert.Equal(t, transport.OK, resp.Status, "%s", resp.Text)
+		answered[resp.ID] = true
+	}
+}
+
+func TestAddressKeysAreHiddenAndStripped(t *testing.T) {
+	const keyed = "unix:///run/user@host/rt-1.sock,tcp://s3cret@127.0.0.1:5000"
+	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", transport.RedactAddress(keyed))
+	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000", transport.StripAddressKeys(keyed))
+	// A TCP part without a key stays as it is, even where another part has an '@'.
+	const keyless = "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000"
+	assert.Equal(t, keyless, transport.RedactAddress(keyless))
+	assert.Equal(t, keyless, transport.StripAddressKeys(keyless))
+	assert.NotContains(t, transport.Errorf(transport.ErrTimeout, "connecting to %s", keyed).Error(), "s3cret")
+}

@@ -1,0 +1,296 @@
+package engine
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// TransportStats are counters kept per registered transport.
+type TransportStats struct {
+	TransfersCompleted atomic.Uint64
+	TransfersFailed    atomic.Uint64
+	BytesReceived      atomic.Uint64
+	SendsCompleted     atomic.Uint64
+	BytesSent          atomic.Uint64
+}
+
+type registered struct {
+	t       transport.Transport
+	desc    transport.Descriptor // read once, at registration
+	sender  transport.Sender     // nil for one-sided transports
+	builtin bool
+	stats   TransportStats
+	hist    fetchHistograms // fetches as destination, by size class
+}
+
+// Registry maps canonical names to transports, per runtime.
+type Registry struct {
+	mu      sync.RWMutex
+	m       map[string]*registered
+	adverts []transport.TransportAdvert // rebuilt on every registration
+	// unavailable holds why built-in transports are missing here (their
+	// factory reported ErrUnsupported), by name, for error messages.
+	unavailable map[string]error
+}
+
+func newRegistry() *Registry {
+	return &Registry{m: map[string]*registered{}, unavailable: map[string]error{}}
+}
+
+// Register adds t, reading its descriptor once; a name already present is
+// ErrAlreadyExists.
+func (r *Registry) Register(t transport.Transport, builtin bool) error {
+	desc := t.Describe()
+	desc.Devices = append([]transport.DeviceType(nil), desc.Devices...)
+	name, err := transport.CanonicalName(desc.Name)
+	if err != nil {
+		return err
+	}
+	if name != desc.Name {
+		return transport.Errorf(transport.ErrInternal, "transport %q must report its canonical name %q", desc.Name, name)
+	}
+	if len(desc.Devices) == 0 {
+		return transport.Errorf(transport.ErrInvalidArgument, "transport %q lists no device types", name)
+	}
+	if desc.Auto.Host < 0 || desc.Auto.CUDA < 0 {
+		return transport.Errorf(transport.ErrInternal, "transport %q: automatic ranks are positive, or 0 for none", name)
+	}
+	sender, _ := t.(transport.Sender)
+	if !desc.OneSided && sender == nil {
+		return transport.Errorf(transport.ErrInternal, "transport %q is two-sided but has no Send", name)
+	}
+	if _, ok := t.(transport.GroupBackend); desc.GroupBackend && !ok {
+		return transport.Errorf(transport.ErrInternal, "transport %q is described as a group backend but does not form groups", name)
+	}
+	if desc.OneSided {
+		sender = nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[name]; ok {
+		return transport.Errorf(transport.ErrAlreadyExists, "a transport named %q is already registered", name)
+	}
+	r.m[name] = &registered{t: t, desc: desc, sender: sender, builtin: builtin}
+	delete(r.unavailable, name)
+	r.adverts = nil
+	for _, n := range sortedNames(r.m) {
+		e := r.m[n]
+		r.adverts = append(r.adverts, transport.TransportAdvert{Name: n, Devices: e.desc.Devices, OneSided: e.desc.OneSided})
+	}
+	return nil
+}
+
+// markUnavailable records why a built-in transport is missing.
+func (r *Registry) markUnavailable(name string, why error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.m[name]; !ok {
+		r.unavailable[name] = why
+	}
+}
+
+// Unavailable is a built-in transport this runtime could not make, and why.
+type Unavailable struct {
+	Name   string
+	Reason error // its status says what kind of failure (transport.StatusOf)
+}
+
+// Unavailable lists the built-in transports missing here, sorted by name.
+func (r *Registry) Unavailable() []Unavailable {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]Unavailable, 0, len(r.unavailable))
+	for n, why := range r.unavailable {
+		out = append(out, Unavailable{Name: n, Reason: why})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// whyUnavailable explains a missing transport ("" when nothing is known),
+// as text to append to a message.
+func (r *Registry) whyUnavailable(name string) string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if why, ok := r.unavailable[name]; ok {
+		return "; " + why.Error()
+	}
+	return ""
+}
+
+// whyAllUnavailable explains every missing built-in transport, in name
+// order ("" when none is missing).
+func (r *Registry) whyAllUnavailable() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.unavailable))
+	for n := range r.unavailable {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "; %s is not available here: %v", n, r.unavailable[n])
+	}
+	return b.String()
+}
+
+// autoOrder lists the registered transports the automatic choice tries for
+// data of one kind (cuda: a tensor in CUDA memory, else all host memory),
+// best first: by their descriptors' ranks, then by name. Same-host-only
+// transports are left out for a peer on another host.
+func (r *Registry) autoOrder(cuda, sameHost bool) []string {
+	type ranked struct {
+		name string
+		rank int
+	}
+	r.mu.RLock()
+	var out []ranked
+	for name, e := range r.m {
+		rank := e.desc.Auto.Host
+		if cuda {
+			rank = e.desc.Auto.CUDA
+		}
+		if rank == 0 || (e.desc.SameHostOnly && !sameHost) {
+			continue
+		}
+		out = append(out, ranked{name, rank})
+	}
+	r.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].rank != out[j].rank {
+			return out[i].rank < out[j].rank
+		}
+		return out[i].name < out[j].name
+	})
+	names := make([]string, len(out))
+	for i, x := range out {
+		names[i] = x.name
+	}
+	return names
+}
+
+// groupBackend is the name of the registered transport whose descriptor
+// makes it the default group backend (the first by name if several do),
+// or "" when none does.
+func (r *Registry) groupBackend() string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, n := range sortedNames(r.m) {
+		if r.m[n].desc.GroupBackend {
+			return n
+		}
+	}
+	return ""
+}
+
+func sortedNames(m map[string]*registered) []string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// lookup finds a transport by any-case name.
+func (r *Registry) lookup(name string) (*registered, error) {
+	canon, err := transport.CanonicalName(name)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.RLock()
+	e, ok := r.m[canon]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, transport.Errorf(transport.ErrNotFound, "no transport named %q is registered (have: %s)", canon, strings.Join(r.Names(), ", "))
+	}
+	return e, nil
+}
+
+// Get returns the transport registered under name.
+func (r *Registry) Get(name string) (transport.Transport, error) {
+	e, err := r.lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return e.t, nil
+}
+
+// Names lists the registered names, sorted.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return sortedNames(r.m)
+}
+
+// TransportInfo is a snapshot of one registered transport.
+type TransportInfo struct {
+	Name               string
+	Devices            []transport.DeviceType
+	OneSided, CanAbort bool
+	Builtin            bool
+	TransfersCompleted uint64
+	TransfersFailed    uint64
+	BytesReceived      uint64
+	SendsCompleted     uint64
+	BytesSent          uint64
+}
+
+// List snapshots every registered transport, sorted by name.
+func (r *Registry) List() []TransportInfo {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]TransportInfo, 0, len(r.m))
+	for name, e := range r.m {
+		out = append(out, TransportInfo{
+			Name: name, Devices: e.desc.Devices, OneSided: e.desc.OneSided, CanAbort: e.desc.CanAbort,
+			Builtin:            e.builtin,
+			TransfersCompleted: e.stats.TransfersCompleted.Load(),
+			TransfersFailed:    e.stats.TransfersFailed.Load(),
+			BytesReceived:      e.stats.BytesReceived.Load(),
+			SendsCompleted:     e.stats.SendsCompleted.Load(),
+			BytesSent:          e.stats.BytesSent.Load(),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Adverts describes the registered transports for peers. The slice is
+// shared: do not modify it.
+func (r *Registry) Adverts() []transport.TransportAdvert {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.adverts
+}
+
+// all returns the registered transports, in name order.
+func (r *Registry) all() []*registered {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]*registered, 0, len(r.m))
+	for _, n := range sortedNames(r.m) {
+		out = append(out, r.m[n])
+	}
+	return out
+}
+
+// closeAll closes every transport (at runtime destruction).
+func (r *Registry) closeAll(log *transport.Logger) {
+	r.mu.Lock()
+	entries := r.m
+	r.m = map[string]*registered{}
+	r.adverts = nil
+	r.mu.Unlock()
+	for name, e := range entries {
+		if err := e.t.Close(); err != nil {
+			log.Warnf("closing transport %s: %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,744 @@
+package engine
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// DefaultLease is how long a serialized ref keeps its object alive.
+const DefaultLease = 2 * time.Minute
+
+// rpcTimeout bounds one control-plane call.
+const rpcTimeout = 30 * time.Second
+
+// Options configure a runtime.
+type Options struct {
+	Name     string
+	LogLevel transport.LogLevel
+	Lease    time.Duration   // 0: DefaultLease
+	Network  control.Network // nil: control.InProcess
+	Builtins []transport.TransportFactory
+	HostID   string // "": detected from the kernel
+	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
+	// only).
+	AuthToken string
+	// BindHost is the host TCP listeners bind ("": the host of ListenTCP,
+	// else 127.0.0.1).
+	BindHost string
+	// AdvertiseHost is what peers dial ("": BindHost, or this host's name
+	// when BindHost is a wildcard).
+	AdvertiseHost string
+	// SocketDir holds Unix sockets ("": a private directory under
+	// $XDG_RUNTIME_DIR or the temporary directory).
+	SocketDir string
+	// ListenTCP also makes the control plane reachable over TCP at
+	// host:port ("": Unix socket only).
+	ListenTCP string
+	// PeerTimeout is how long a silent peer counts as alive (0:
+	// DefaultPeerTimeout).
+	PeerTimeout time.Duration
+	// LogOutput receives the runtime's log lines (nil: stderr).
+	LogOutput io.Writer
+	// EnvironmentDefaults makes an empty ListenTCP and AuthToken fall back
+	// to RDT_LISTEN and RDT_AUTH_TOKEN, as the C API promises.
+	EnvironmentDefaults bool
+	// QueueReleases queues the user data of freed objects for TakeReleased
+	// (see ReleaseToQueue) instead of calling release functions on the
+	// runtime's threads.
+	QueueReleases bool
+}
+
+// Runtime owns an object store, a transport registry and a control-plane
+// endpoint. All methods are safe for concurrent use.
+type Runtime struct {
+	opts    Options
+	env     Environment         // read from the process environment at creation
+	id      transport.RuntimeID // derived from key's public half
+	key     ed25519.PrivateKey  // proves id to peers (core/control/identity.go)
+	name    string
+	log     *transport.Logger
+	lease   time.Duration
+	hostID  string
+	pid     int
+	reg     *Registry
+	secret  string // see Host.RuntimeSecret
+	ep      control.Endpoint
+	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex
+	closed   bool
+	objects  map[transport.ObjectID]*object
+	byData   map[uintptr]map[*object]struct{}
+	borrowed map[transport.ObjectID]*borrowEntry
+	fetches  map[*Fetch]struct{}
+	// leases granted to each peer and not yet consumed or expired, for
+	// MaxLeasesPerPeer
+	peerLeases map[transport.RuntimeID]int
+	freed      freedRecord // ids of recently freed objects, for error messages
+
+	grp groups // collective groups (group.go)
+
+	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
+
+	bg sync.WaitGroup // finalizers and sends
+	c  counters
+}
+
+type counters struct {
+	refs, fetchesActive                                atomic.Int64
+	objectsFreed, leasesExpired                        atomic.Uint64
+	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
+	sendsCompleted, bytesSent, localCopies             atomic.Uint64
+}
+
+// object is the owner's record of something put.
+type object struct {
+	desc    *ObjectDesc
+	tensors []transport.Tensor
+	release func()
+
+	// Guarded by Runtime.mu.
+	local       int64                          // ref handles in this runtime
+	transit     map[uint64]lease               // lease tokens of serialized refs
+	borrows     map[transport.RuntimeID]uint64 // borrows by other runtimes
+	borrowTotal uint64
+	pins        int64 // sends and serving in progress
+	freeing     bool
+	collected   chan struct{} // closed once every transport collected it
+	freed       chan struct{} // closed once freed (after its release callback)
+
+	extractMu sync.Mutex // held while a transport extracts metadata
+	metaMu    sync.Mutex
+	meta      map[string][]byte // by transport name
+}
+
+// borrowEntry is a borrower's record of another runtime's object.
+type borrowEntry struct {
+	peer       control.Peer
+	handles    int64
+	registered uint64 // borrows registered with the owner, not yet returned
+	meta       map[string][]byte
+
+	unconfirmed int           // borrow requests the owner has not answered
+	confirmed   chan struct{} // closed when unconfirmed drops to 0
+	refused     error         // the owner's first refusal, returned by fetches
+}
+
+// NewRuntime creates a runtime and its built-in transports.
+func NewRuntime(opts Options) (*Runtime, error) {
+	env, err := readProcessEnvironment()
+	if err != nil {
+		return nil, err
+	}
+	listenFromEnv := applyEnvironment(&opts, env)
+	rt := newRuntimeState(opts, env)
+	if err := rt.resolveHosts(); err != nil {
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+		}
+		return nil, err
+	}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
+	if err := rt.listen(); err != nil {
+		rt.cancel()
+		if listenFromEnv {
+			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
+		}
+		return nil, transport.Wrap(err, "control plane")
+	}
+	if err := rt.startBuiltins(); err != nil {
+		rt.Destroy()
+		return nil, err
+	}
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
+	return rt, nil
+}
+
+// applyEnvironment fills the options the environment may supply and
+// reports whether the control plane's TCP address came from RDT_LISTEN.
+func applyEnvironment(opts *Options, env Environment) (listenFromEnv bool) {
+	if opts.EnvironmentDefaults {
+		if opts.ListenTCP == "" && env.Listen != "" {
+			opts.ListenTCP, listenFromEnv = env.Listen, true
+		}
+		if opts.AuthToken == "" {
+			opts.AuthToken = env.AuthToken
+		}
+	}
+	if opts.LogLevel == transport.LogDefault {
+		opts.LogLevel = env.LogLevel
+	}
+	return listenFromEnv
+}
+
+// newRuntimeState makes the runtime's identity, empty tables and logger;
+// nothing is listening yet.
+func newRuntimeState(opts Options, env Environment) *Runtime {
+	key, id := control.NewIdentityKey()
+	rt := &Runtime{
+		opts:     opts,
+		env:      env,
+		id:       id,
+		key:      key,
+		name:     opts.Name,
+		lease:    opts.Lease,
+		hostID:   opts.HostID,
+		pid:      os.Getpid(),
+		reg:      newRegistry(),
+		secret:   transport.RandomID().String() + transport.RandomID().String(),
+		objects:  map[transport.ObjectID]*object{},
+		byData:   map[uintptr]map[*object]struct{}{},
+		borrowed: map[transport.ObjectID]*borrowEntry{},
+		fetches:  map[*Fetch]struct{}{},
+
+		peerLeases: map[transport.RuntimeID]int{},
+	}
+	if opts.QueueReleases {
+		rt.releases = newReleaseQueue()
+	}
+	if rt.name == "" {
+		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
+	}
+	if rt.lease <= 0 {
+		rt.lease = DefaultLease
+	}
+	if rt.hostID == "" {
+		rt.hostID = hostIdentity()
+	}
+	if rt.opts.PeerTimeout <= 0 {
+		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
+	}
+	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
+	return rt
+}
+
+// listen opens the control-plane endpoint peers reach the runtime at.
+func (rt *Runtime) listen() error {
+	network := rt.opts.Network
+	if network == nil {
+		network = control.InProcess{}
+	}
+	ep, err := network.Listen(control.ListenConfig{
+		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
+		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	rt.ep = ep
+	address := ep.Address()
+	rt.address.Store(&address)
+	return nil
+}
+
+// startBuiltins makes and registers the built-in transports; one that is
+// unsupported here is recorded as unavailable and skipped.
+func (rt *Runtime) startBuiltins() error {
+	for _, f := range rt.opts.Builtins {
+		t, err := f.New(rt.hostFor(f.Name))
+		if err != nil {
+			if transport.StatusOf(err) == transport.ErrUnsupported {
+				rt.reg.markUnavailable(f.Name, err)
+				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
+				continue
+			}
+			return transportError(f.Name, err)
+		}
+		if err := rt.reg.Register(t, true); err != nil {
+			t.Close()
+			return err
+		}
+	}
+	return nil
+}
+
+// transportHost is the Host a built-in transport gets: the runtime, with a
+// logger that names the transport, so transports never name themselves.
+type transportHost struct {
+	*Runtime
+	log *transport.Logger
+}
+
+func (h transportHost) Log() *transport.Logger { return h.log }
+
+func (rt *Runtime) hostFor(name string) transport.Host {
+	return transportHost{Runtime: rt, log: rt.log.Named("transport " + name)}
+}
+
+// transportError names the transport an error left: the engine does it,
+// once, wherever a transport's error reaches it; transports never name
+// themselves. The error's status is kept.
+func transportError(name string, err error) error {
+	return transport.Wrap(err, "transport %s", name)
+}
+
+// hostIdentity names the kernel instance and the namespaces that decide
+// whether same-host transports apply: boot id, pid and mount namespaces.
+func hostIdentity() string {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		h, _ := os.Hostname()
+		return "host:" + h
+	}
+	pidNS, _ := os.Readlink("/proc/self/ns/pid")
+	mntNS, _ := os.Readlink("/proc/self/ns/mnt")
+	return strings.TrimSpace(string(boot)) + "/" + pidNS + "/" + mntNS
+}
+
+// ID is the runtime's identity.
+func (rt *Runtime) ID() transport.RuntimeID { return rt.id }
+
+// Name is the runtime's name for logs.
+func (rt *Runtime) Name() string { return rt.name }
+
+// Address is the control-plane address peers reach it at.
+func (rt *Runtime) Address() string {
+	if a := rt.address.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// Log is the runtime's logger.
+func (rt *Runtime) Log() *transport.Logger { return rt.log }
+
+// Context is cancelled when the runtime is destroyed.
+func (rt *Runtime) Context() context.Context { return rt.ctx }
+
+// Registry holds the runtime's transports.
+func (rt *Runtime) Registry() *Registry { return rt.reg }
+
+// RegisterTransport adds a (foreign) transport.
+func (rt *Runtime) RegisterTransport(t transport.Transport) error {
+	if err := rt.checkOpen(); err != nil {
+		return err
+	}
+	return rt.reg.Register(t, false)
+}
+
+// Identity describes the runtime to peers.
+func (rt *Runtime) Identity() transport.PeerInfo {
+	return transport.PeerInfo{
+		RuntimeID: rt.id, Name: rt.name, Address: rt.Address(), HostID: rt.hostID,
+		Pid: rt.pid, Transports: rt.reg.Adverts(),
+	}
+}
+
+func (rt *Runtime) checkOpen() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	return nil
+}
+
+// stderrFlushWait bounds how long Destroy waits for the log lines queued
+// for stderr to be written.
+const stderrFlushWait = 500 * time.Millisecond
+
+// Destroy shuts the runtime down; see rdt_runtime_destroy. It is idempotent.
+func (rt *Runtime) Destroy() {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return
+	}
+	rt.closed = true
+	fetches := make([]*Fetch, 0, len(rt.fetches))
+	for f := range rt.fetches {
+		fetches = append(fetches, f)
+	}
+	borrowed := rt.borrowed
+	rt.borrowed = map[transport.ObjectID]*borrowEntry{}
+	rt.mu.Unlock()
+
+	if rt.releases != nil {
+		// Wakes takers with ErrClosed; the objects destroy frees below are
+		// not queued.
+		rt.releases.close()
+	}
+	// Stop our fetches and sends, and whatever transports serve.
+	rt.cancel()
+	for _, f := range fetches {
+		f.Abort()
+		<-f.done
+	}
+	// Return the borrows we hold on other runtimes' objects.
+	for id, e := range borrowed {
+		if e.registered > 0 {
+			e.peer.Unborrow(id, e.registered)
+		}
+	}
+	if rt.ep != nil {
+		rt.ep.Close()
+	}
+	// Free every object we own, once nothing reads its memory any more.
+	rt.waitUnpinned()
+	rt.mu.Lock()
+	objs := make([]*object, 0, len(rt.objects))
+	for _, o := range rt.objects {
+		for _, l := range o.transit {
+			l.timer.Stop()
+		}
+		o.freeing = true
+		objs = append(objs, o)
+	}
+	rt.objects = map[transport.ObjectID]*object{}
+	rt.mu.Unlock()
+	for _, o := range objs {
+		rt.finalize(o)
+	}
+	rt.bg.Wait()
+	rt.reg.closeAll(rt.log)
+	rt.log.Debugf("runtime destroyed")
+	// Lines for stderr are written by a goroutine; a program that exits
+	// right after destroy still gets them, unless stderr is stuck.
+	transport.FlushStderrLogs(stderrFlushWait)
+}
+
+// waitUnpinned waits until no send or server reads an object's memory.
+func (rt *Runtime) waitUnpinned() {
+	start := time.Now()
+	warned := false
+	for {
+		rt.mu.Lock()
+		pinned := 0
+		for _, o := range rt.objects {
+			if o.pins > 0 {
+				pinned++
+			}
+		}
+		rt.mu.Unlock()
+		if pinned == 0 {
+			return
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			rt.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
+			warned = true
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Put stores tensors as a new object owned by this runtime and returns its
+// first reference. See rdt_put.
+func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release func()) (*Ref, error) {
+	if len(tensors) > transport.MaxTensors {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), transport.MaxTensors)
+	}
+	if err := rt.checkOpen(); err != nil {
+		return nil, err
+	}
+	id := transport.RandomID()
+	meta := map[string][]byte{}
+	canon := ""
+	if transportName != "" {
+		e, err := rt.reg.lookup(transportName)
+		if err != nil {
+			return nil, err
+		}
+		canon = e.desc.Name
+		for i, t := range tensors {
+			if !e.desc.Moves(t.Device.Type) {
+				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.desc.Devices)
+			}
+		}
+		m, err := e.t.ExtractMetadata(id, tensors)
+		if err != nil {
+			return nil, transportError(canon, transport.Wrap(err, "could not extract metadata"))
+		}
+		meta[canon] = m
+	} else {
+		for _, e := range rt.eagerTransports(tensors) {
+			m, err := e.t.ExtractMetadata(id, tensors)
+			if err != nil {
+				rt.log.Debugf("transport %s skipped for object %s: %v", e.desc.Name, id, err)
+				continue
+			}
+			meta[e.desc.Name] = m
+		}
+	}
+	descs := make([]transport.TensorDesc, len(tensors))
+	for i, t := range tensors {
+		descs[i] = t.TensorDesc
+	}
+	o := &object{
+		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
+		tensors:   append([]transport.Tensor(nil), tensors...),
+		release:   release,
+		local:     1,
+		transit:   map[uint64]lease{},
+		borrows:   map[transport.RuntimeID]uint64{},
+		freed:     make(chan struct{}),
+		collected: make(chan struct{}),
+		meta:      meta,
+	}
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		rt.collectMeta(o) // the caller keeps the tensors: no release callback
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	rt.objects[id] = o
+	for _, t := range o.tensors {
+		set := rt.byData[t.Orig]
+		if set == nil {
+			set = map[*object]struct{}{}
+			rt.byData[t.Orig] = set
+		}
+		set[o] = struct{}{}
+	}
+	rt.mu.Unlock()
+	rt.c.refs.Add(1)
+	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q", id, len(tensors), o.desc.Nbytes, canon)
+	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
+}
+
+func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
+	rt.reg.mu.RLock()
+	defer rt.reg.mu.RUnlock()
+	var out []*registered
+	for _, e := range rt.reg.m {
+		if !e.desc.Eager() {
+			continue
+		}
+		all := true
+		for _, t := range tensors {
+			all = all && e.desc.Moves(t.Device.Type)
+		}
+		if all {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// maybeFreeLocked frees o once nothing references it. Caller holds rt.mu.
+func (rt *Runtime) maybeFreeLocked(o *object) {
+	if o.freeing || o.local > 0 || len(o.transit) > 0 || o.borrowTotal > 0 || o.pins > 0 {
+		return
+	}
+	o.freeing = true
+	delete(rt.objects, o.desc.ID)
+	rt.freed.add(o.desc.ID)
+	rt.bg.Add(1)
+	go func() {
+		defer rt.bg.Done()
+		rt.finalize(o)
+	}()
+}
+
+// finalize runs garbage_collect on every transport that extracted metadata,
+// then the release callback, then wakes wait_tensor_freed.
+func (rt *Runtime) finalize(o *object) {
+	rt.collectMeta(o)
+	close(o.collected)
+	if o.release != nil {
+		o.release()
+	}
+	rt.mu.Lock()
+	for _, t := range o.tensors {
+		if set := rt.byData[t.Orig]; set != nil {
+			delete(set, o)
+			if len(set) == 0 {
+				delete(rt.byData, t.Orig)
+			}
+		}
+	}
+	rt.mu.Unlock()
+	rt.c.objectsFreed.Add(1)
+	close(o.freed)
+	rt.log.Debugf("freed object %s", o.desc.ID)
+}
+
+// collectMeta calls garbage_collect on each transport that extracted
+// metadata for o, in name order.
+func (rt *Runtime) collectMeta(o *object) {
+	o.extractMu.Lock() // let an in-progress extraction finish first
+	o.metaMu.Lock()
+	meta := o.meta
+	o.meta = nil
+	o.metaMu.Unlock()
+	o.extractMu.Unlock()
+	names := make([]string, 0, len(meta))
+	for name := range meta {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if e, err := rt.reg.lookup(name); err == nil {
+			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
+		}
+	}
+}
+
+// objectMeta returns transport e's metadata for o, extracting it on first
+// demand (for objects put without a transport).
+func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
+	name := e.desc.Name
+	o.metaMu.Lock()
+	m, ok := o.meta[name]
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	o.extractMu.Lock()
+	defer o.extractMu.Unlock()
+	o.metaMu.Lock()
+	m, ok = o.meta[name]
+	freed := o.meta == nil
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	if freed {
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
+	}
+	for i, tn := range o.tensors {
+		if !e.desc.Moves(tn.Device.Type) {
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
+		}
+	}
+	m, err := e.t.ExtractMetadata(o.desc.ID, o.tensors)
+	if err != nil {
+		// Asked by a peer, which names the transport it asked for.
+		return nil, transport.Wrap(err, "could not extract metadata")
+	}
+	o.metaMu.Lock()
+	o.meta[name] = m
+	o.metaMu.Unlock()
+	return m, nil
+}
+
+// PinObject implements Host.
+func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	o, ok := rt.objects[id]
+	if !ok || o.freeing || rt.closed {
+		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
+	}
+	o.pins++
+	return o.tensors, sync.OnceFunc(func() { rt.unpin(o) }), nil
+}
+
+func (rt *Runtime) unpin(o *object) {
+	rt.mu.Lock()
+	o.pins--
+	if !rt.closed {
+		rt.maybeFreeLocked(o)
+	}
+	rt.mu.Unlock()
+}
+
+// liveObject finds an object this runtime owns that is not being freed.
+// Caller holds rt.mu.
+func (rt *Runtime) liveObjectLocked(id transport.ObjectID) (*object, error) {
+	if rt.closed {
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
+	}
+	o, ok := rt.objects[id]
+	switch {
+	case ok && !o.freeing:
+		return o, nil
+	case ok || rt.freed.has(id):
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
+	default:
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s is unknown to its owner %s: it was never put there, or was freed long ago", id, rt.name)
+	}
+}
+
+// WaitTensorFreed waits until no object holds a tensor whose data pointer is
+// data. A negative timeout waits forever.
+func (rt *Runtime) WaitTensorFreed(data uintptr, timeout time.Duration) error {
+	var deadline <-chan time.Time
+	if timeout >= 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	for {
+		rt.mu.Lock()
+		var holders []*object
+		for o := range rt.byData[data] {
+			holders = append(holders, o)
+		}
+		rt.mu.Unlock()
+		if len(holders) == 0 {
+			return nil
+		}
+		for _, o := range holders {
+			select {
+			case <-o.freed:
+			case <-deadline:
+				return rt.stillHeld(data, holders)
+			}
+		}
+	}
+}
+
+func (rt *Runtime) stillHeld(data uintptr, holders []*object) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var parts []string
+	for _, o := range holders {
+		select {
+		case <-o.freed:
+			continue
+		default:
+		}
+		parts = append(parts, fmt.Sprintf("object %s (%d local refs, %d borrows, %d refs in transit)", o.desc.ID, o.local, o.borrowTotal, len(o.transit)))
+	}
+	return transport.Errorf(transport.ErrTimeout, "tensor at %#x is still held: %s", data, strings.Join(parts, "; "))
+}
+
+// Stats is a snapshot of a runtime's counters.
+type Stats struct {
+	Objects, ObjectsFreed, Refs, Borrows, BorrowedObjects, RefsInTransit uint64
+	LeasesExpired, FetchesActive, TransfersCompleted, TransfersFailed    uint64
+	BytesReceived, SendsCompleted, BytesSent, LocalCopies, Peers         uint64
+	PeersLost                                                            uint64
+}
+
+// Stats snapshots the runtime's counters.
+func (rt *Runtime) Stats() Stats {
+	s := Stats{
+		ObjectsFreed:       rt.c.objectsFreed.Load(),
+		Refs:               uint64(rt.c.refs.Load()),
+		LeasesExpired:      rt.c.leasesExpired.Load(),
+		FetchesActive:      uint64(rt.c.fetchesActive.Load()),
+		TransfersCompleted: rt.c.transfersCompleted.Load(),
+		TransfersFailed:    rt.c.transfersFailed.Load(),
+		BytesReceived:      rt.c.bytesReceived.Load(),
+		SendsCompleted:     rt.c.sendsCompleted.Load(),
+		BytesSent:          rt.c.bytesSent.Load(),
+		LocalCopies:        rt.c.localCopies.Load(),
+	}
+	rt.mu.Lock()
+	s.Objects = uint64(len(rt.objects))
+	for _, o := range rt.objects {
+		s.Borrows += o.borrowTotal
+		s.RefsInTransit += uint64(len(o.transit))
+	}
+	s.BorrowedObjects = uint64(len(rt.borrowed))
+	rt.mu.Unlock()
+	if rt.ep != nil {
+		s.Peers = uint64(rt.ep.NumPeers())
+		s.PeersLost = rt.ep.PeersLost()
+	}
+	return s
+}

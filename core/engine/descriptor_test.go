@@ -151,9 +151,7 @@ func TestEagerMetadataFollowsTheDescriptor(t *testing.T) {
 		ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 		require.NoError(t, err)
 		defer ref.Release()
-		rt.mu.Lock()
-		o := rt.objects[ref.desc.ID]
-		rt.mu.Unlock()
+		o := rt.store.object(ref.desc.ID)
 		o.metaMu.Lock()
 		defer o.metaMu.Unlock()
 		var names []string

@@ -239,16 +239,12 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		f.transfers = append(f.transfers, &transfer{f: f, index: i, ref: c, targets: targets[off : off+n]})
 		off += n
 	}
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
+	if err := rt.store.addFetch(f); err != nil {
 		for _, tr := range f.transfers {
 			tr.ref.Release()
 		}
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, err
 	}
-	rt.fetches[f] = struct{}{}
-	rt.mu.Unlock()
 	rt.c.fetchesActive.Add(1)
 	f.ctx, f.cancel = ctx, cancel
 	f.remaining.Store(int64(len(f.transfers)))
@@ -429,7 +425,7 @@ func (tr *transfer) begin() error {
 		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
 	}
 	tr.peer = peer
-	if err := rt.borrowRefused(desc.ID); err != nil {
+	if err := rt.store.borrowRefused(desc.ID); err != nil {
 		return err
 	}
 
@@ -594,14 +590,9 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, des
 	if m, ok := desc.Meta[name]; ok {
 		return m, nil
 	}
-	rt.mu.Lock()
-	if e := rt.borrowed[desc.ID]; e != nil {
-		if m, ok := e.meta[name]; ok {
-			rt.mu.Unlock()
-			return m, nil
-		}
+	if m, ok := rt.store.cachedMeta(desc.ID, name); ok {
+		return m, nil
 	}
-	rt.mu.Unlock()
 	wctx := ctx()
 	if wctx.Err() != nil {
 		return nil, transport.ContextError(wctx, "asking the owner")
@@ -610,14 +601,7 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, des
 	if err != nil {
 		return nil, err
 	}
-	rt.mu.Lock()
-	if e := rt.borrowed[desc.ID]; e != nil {
-		if e.meta == nil {
-			e.meta = map[string][]byte{}
-		}
-		e.meta[name] = m
-	}
-	rt.mu.Unlock()
+	rt.store.cacheMeta(desc.ID, name, m)
 	return m, nil
 }
 
@@ -846,10 +830,8 @@ const localChunk = 8 << 20
 
 func (tr *transfer) copyLocal() error {
 	rt := tr.f.rt
-	rt.mu.Lock()
-	o, ok := rt.objects[tr.ref.desc.ID]
-	rt.mu.Unlock()
-	if !ok {
+	o := rt.store.object(tr.ref.desc.ID)
+	if o == nil {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	for i, src := range o.tensors {
@@ -951,9 +933,7 @@ func (f *Fetch) Free() {
 	f.freeOnce.Do(func() {
 		f.cancel()
 		rt := f.rt
-		rt.mu.Lock()
-		delete(rt.fetches, f)
-		rt.mu.Unlock()
+		rt.store.removeFetch(f)
 		rt.c.fetchesActive.Add(-1)
 		f.eventMu.Lock()
 		f.freed = true

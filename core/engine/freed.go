@@ -11,7 +11,7 @@ const freedRecordSize = 1024
 // recently, so that a request for one of them can say "already freed" while
 // an id the runtime never put (or freed long ago) is reported as unknown.
 // Remembering every freed id would grow without bound in a long-lived
-// process; the oldest ids are forgotten first. Guarded by Runtime.mu.
+// process; the oldest ids are forgotten first. Guarded by store.mu.
 type freedRecord struct {
 	ring []transport.ObjectID // up to freedRecordSize ids; ring[next] is the oldest once full
 	next int

@@ -78,8 +78,8 @@ func TestOwnerRemembersABoundedNumberOfFreedObjects(t *testing.T) {
 	_, err = owner.Deserialize(first)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "is unknown to its owner owner: it was never put there, or was freed long ago")
-	owner.mu.Lock()
-	defer owner.mu.Unlock()
-	assert.Len(t, owner.freed.ids, freedRecordSize)
-	assert.Len(t, owner.freed.ring, freedRecordSize)
+	owner.store.mu.Lock()
+	defer owner.store.mu.Unlock()
+	assert.Len(t, owner.store.freed.ids, freedRecordSize)
+	assert.Len(t, owner.store.freed.ring, freedRecordSize)
 }

@@ -299,9 +299,9 @@ func TestLeaseFloodIsRefusedPastTheCap(t *testing.T) {
 	flood.expectLine(t, "CONSUMED", 60*time.Second)
 	eventually(t, func() bool { return rt.Stats().Borrows == 0 }, "the borrows are returned")
 	assert.Zero(t, rt.Stats().RefsInTransit)
-	rt.mu.Lock()
-	assert.Empty(t, rt.peerLeases, "nothing kept for the peer once its leases are gone")
-	rt.mu.Unlock()
+	rt.store.mu.Lock()
+	assert.Empty(t, rt.store.peerLeases, "nothing kept for the peer once its leases are gone")
+	rt.store.mu.Unlock()
 }
 
 func TestPeerLeasesExpireFromTheCount(t *testing.T) {
@@ -319,9 +319,9 @@ func TestPeerLeasesExpireFromTheCount(t *testing.T) {
 	_, err = rt.Lease(modest, ref.Desc().ID)
 	assert.NoError(t, err, "the cap is per peer")
 	eventually(t, func() bool { return rt.Stats().RefsInTransit == 0 }, "the leases expire")
-	rt.mu.Lock()
-	assert.Empty(t, rt.peerLeases)
-	rt.mu.Unlock()
+	rt.store.mu.Lock()
+	assert.Empty(t, rt.store.peerLeases)
+	rt.store.mu.Unlock()
 	_, err = rt.Lease(greedy, ref.Desc().ID)
 	assert.NoError(t, err, "expired leases no longer count")
 }

@@ -17,9 +17,6 @@ type Ref struct {
 	released atomic.Bool
 }
 
-// Runtime is the runtime the handle belongs to.
-func (r *Ref) Runtime() *Runtime { return r.rt }
-
 // Desc describes the object.
 func (r *Ref) Desc() *ObjectDesc { return r.desc }
 
@@ -39,23 +36,8 @@ func (r *Ref) Clone() (*Ref, error) {
 		return nil, err
 	}
 	rt := r.rt
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.closed {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
-	}
-	if r.owned {
-		o, ok := rt.objects[r.desc.ID]
-		if !ok {
-			return nil, transport.Errorf(transport.ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
-		}
-		o.local++
-	} else {
-		e, ok := rt.borrowed[r.desc.ID]
-		if !ok {
-			return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
-		}
-		e.handles++
+	if err := rt.store.clone(r.desc.ID, r.owned); err != nil {
+		return nil, err
 	}
 	rt.c.refs.Add(1)
 	return &Ref{rt: rt, desc: r.desc, owned: r.owned}, nil
@@ -91,23 +73,8 @@ func (r *Ref) release(revokeLeases bool) error {
 	}
 	rt := r.rt
 	rt.c.refs.Add(-1)
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
-		return nil
-	}
 	if r.owned {
-		o, ok := rt.objects[r.desc.ID]
-		freed := false
-		if ok {
-			if revokeLeases {
-				rt.revokeLeasesLocked(o)
-			}
-			o.local--
-			rt.maybeFreeLocked(o)
-			freed = o.freeing
-		}
-		rt.mu.Unlock()
+		o, freed := rt.store.releaseOwned(r.desc.ID, revokeLeases)
 		if freed && revokeLeases {
 			// Freed at once means no transport serves it once we return:
 			// a fetch from bytes whose borrow the owner refuses would
@@ -117,48 +84,8 @@ func (r *Ref) release(revokeLeases bool) error {
 		}
 		return nil
 	}
-	e, ok := rt.borrowed[r.desc.ID]
-	if !ok {
-		rt.mu.Unlock()
-		return nil
-	}
-	e.handles--
-	if e.handles > 0 {
-		rt.mu.Unlock()
-		return nil
-	}
-	delete(rt.borrowed, r.desc.ID)
-	n := e.registered
-	rt.mu.Unlock()
-	if n > 0 {
+	if e, n := rt.store.releaseBorrowed(r.desc.ID); n > 0 {
 		e.peer.Unborrow(r.desc.ID, n)
-	}
-	return nil
-}
-
-// borrowAnswered records the owner's answer to one borrow request.
-func (rt *Runtime) borrowAnswered(e *borrowEntry, desc *ObjectDesc, err error) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if err != nil {
-		e.registered-- // the owner did not count it
-		if e.refused == nil {
-			e.refused = transport.Wrap(err, "owner %s refused the borrow of object %s", desc.Owner.Address, desc.ID)
-		}
-		rt.log.Debugf("borrow of object %s refused by %s: %v", desc.ID, desc.Owner.Address, err)
-	}
-	e.unconfirmed--
-	if e.unconfirmed == 0 {
-		close(e.confirmed)
-	}
-}
-
-// borrowRefused is the owner's refusal of a borrow of obj, if one arrived.
-func (rt *Runtime) borrowRefused(obj transport.ObjectID) error {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if e := rt.borrowed[obj]; e != nil {
-		return e.refused
 	}
 	return nil
 }
@@ -166,16 +93,8 @@ func (rt *Runtime) borrowRefused(obj transport.ObjectID) error {
 // borrowConfirmed waits, under ctx(), until the owner has answered every
 // borrow request of obj and returns the first refusal.
 func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj transport.ObjectID) error {
-	rt.mu.Lock()
-	e := rt.borrowed[obj]
-	if e == nil {
-		rt.mu.Unlock()
-		return nil
-	}
-	ch, refused := e.confirmed, e.refused
-	pending := e.unconfirmed > 0
-	rt.mu.Unlock()
-	if refused != nil || !pending {
+	e, ch, refused := rt.store.borrowState(obj)
+	if refused != nil || ch == nil {
 		return refused
 	}
 	wctx := ctx()
@@ -184,9 +103,7 @@ func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj transport.Obj
 	case <-wctx.Done():
 		return transport.ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return e.refused
+	return rt.store.refusal(e)
 }
 
 // Serialize encodes the reference with a fresh lease token.
@@ -196,31 +113,20 @@ func (r *Ref) Serialize() ([]byte, error) {
 	}
 	rt := r.rt
 	if r.owned {
-		rt.mu.Lock()
-		if rt.closed {
-			rt.mu.Unlock()
-			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		o, token, err := rt.store.leaseOwned(r.desc.ID)
+		if err != nil {
+			return nil, err
 		}
-		o, ok := rt.objects[r.desc.ID]
-		if !ok {
-			rt.mu.Unlock()
-			return nil, transport.Errorf(transport.ErrInternal, "owned object %s is missing while a ref is held", r.desc.ID)
-		}
-		token := rt.newLeaseLocked(o, transport.RuntimeID{})
-		rt.mu.Unlock()
 		o.metaMu.Lock()
 		b := EncodeRef(o.desc, o.meta, token)
 		o.metaMu.Unlock()
 		return b, nil
 	}
-	rt.mu.Lock()
-	e, ok := rt.borrowed[r.desc.ID]
-	closed := rt.closed
-	rt.mu.Unlock()
+	e, closed := rt.store.borrowing(r.desc.ID)
 	if closed {
 		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
-	if !ok {
+	if e == nil {
 		return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
 	}
 	ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
@@ -230,61 +136,6 @@ func (r *Ref) Serialize() ([]byte, error) {
 		return nil, transport.Wrap(err, "owner %s of object %s", r.desc.Owner.Address, r.desc.ID)
 	}
 	return EncodeRef(r.desc, r.desc.Meta, token), nil
-}
-
-// lease keeps an object alive for a serialized ref until it is
-// deserialized or expires.
-type lease struct {
-	timer *time.Timer
-	peer  transport.RuntimeID // the peer that asked for it (counted in peerLeases); zero: this runtime
-}
-
-// newLeaseLocked adds a lease token to o, for peer (zero: this runtime).
-// Caller holds rt.mu.
-func (rt *Runtime) newLeaseLocked(o *object, peer transport.RuntimeID) uint64 {
-	token := transport.RandomUint64() | 1 // never 0, which means "no token"
-	o.transit[token] = lease{timer: time.AfterFunc(rt.lease, func() { rt.expireLease(o, token) }), peer: peer}
-	return token
-}
-
-// dropLeaseLocked ends a lease token of o, if o holds it: consumed,
-// expired or revoked. Caller holds rt.mu.
-func (rt *Runtime) dropLeaseLocked(o *object, token uint64) bool {
-	l, ok := o.transit[token]
-	if !ok {
-		return false
-	}
-	l.timer.Stop()
-	delete(o.transit, token)
-	if !l.peer.IsZero() {
-		if rt.peerLeases[l.peer]--; rt.peerLeases[l.peer] == 0 {
-			delete(rt.peerLeases, l.peer)
-		}
-	}
-	return true
-}
-
-func (rt *Runtime) expireLease(o *object, token uint64) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.closed || !rt.dropLeaseLocked(o, token) {
-		return
-	}
-	rt.c.leasesExpired.Add(1)
-	rt.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
-	rt.maybeFreeLocked(o)
-}
-
-// revokeLeasesLocked drops every lease token of o, as if each had expired
-// now. Caller holds rt.mu.
-func (rt *Runtime) revokeLeasesLocked(o *object) {
-	n := len(o.transit)
-	for token := range o.transit {
-		rt.dropLeaseLocked(o, token)
-	}
-	if n > 0 {
-		rt.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
-	}
 }
 
 // DefaultDeserializeTimeout bounds how long Deserialize waits for the owner
@@ -326,14 +177,10 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 		return nil, err
 	}
 	if desc.Owner.RuntimeID == rt.id {
-		rt.mu.Lock()
-		defer rt.mu.Unlock()
-		o, err := rt.liveObjectLocked(desc.ID)
+		o, err := rt.store.adopt(desc.ID, token)
 		if err != nil {
 			return nil, err
 		}
-		rt.dropLeaseLocked(o, token)
-		o.local++
 		rt.c.refs.Add(1)
 		return &Ref{rt: rt, desc: o.desc, owned: true}, nil
 	}
@@ -354,34 +201,20 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	// and requests on one connection are served in order, so a later fetch
 	// or release reaches the owner after it. A refusal (the object was
 	// freed meanwhile) is kept and returned by the next fetch.
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
-	}
-	e := rt.borrowed[desc.ID]
-	if e == nil {
-		e = &borrowEntry{peer: peer}
-		rt.borrowed[desc.ID] = e
-	}
 	// The borrow goes where the entry's unborrow will: on one connection
 	// they arrive in order, while an unborrow on another could overtake it
 	// and be refused by the owner as returning more than was counted.
-	peer = e.peer
-	e.handles++
-	e.registered++
-	if e.unconfirmed == 0 {
-		e.confirmed = make(chan struct{})
+	e, peer, err := rt.store.borrow(desc.ID, peer)
+	if err != nil {
+		return nil, err
 	}
-	e.unconfirmed++
-	rt.mu.Unlock()
 	rt.c.refs.Add(1)
 	ref := &Ref{rt: rt, desc: desc}
 	var mu sync.Mutex
 	var answered bool
 	var answer error
 	peer.BorrowAsync(ctx, desc.ID, token, func(err error) {
-		rt.borrowAnswered(e, desc, err)
+		rt.store.borrowAnswered(e, desc, err)
 		mu.Lock()
 		answered, answer = true, err
 		mu.Unlock()

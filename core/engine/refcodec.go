@@ -142,7 +142,7 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 		if r.Err() != nil {
 			break
 		}
-		if _, err := transport.CanonicalName(name); err != nil || name != lower(name) {
+		if canon, err := transport.CanonicalName(name); err != nil || canon != name {
 			r.Fail("metadata name %q is not a canonical transport name", name)
 			break
 		}
@@ -168,14 +168,4 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 		}
 	}
 	return newObjectDesc(id, owner, transportName, tensors, meta), token, nil
-}
-
-func lower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if 'A' <= c && c <= 'Z' {
-			b[i] = c + 'a' - 'A'
-		}
-	}
-	return string(b)
 }

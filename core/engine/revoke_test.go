@@ -78,9 +78,9 @@ func TestReleaseRevokingLeasesKeepsCountedBorrows(t *testing.T) {
 	assert.Equal(t, uint64(1), s.Objects, "the counted borrow keeps the object")
 	assert.Equal(t, uint64(1), s.Borrows)
 	assert.Zero(t, s.RefsInTransit, "every lease is revoked, the borrower's too")
-	owner.mu.Lock()
-	assert.Empty(t, owner.peerLeases, "the borrower's lease count went with its lease")
-	owner.mu.Unlock()
+	owner.store.mu.Lock()
+	assert.Empty(t, owner.store.peerLeases, "the borrower's lease count went with its lease")
+	owner.store.mu.Unlock()
 	assert.Zero(t, released.Load())
 
 	// The borrower still fetches, and its release frees the object: the

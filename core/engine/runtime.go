@@ -78,16 +78,7 @@ type Runtime struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	mu       sync.Mutex
-	closed   bool
-	objects  map[transport.ObjectID]*object
-	byData   map[uintptr]map[*object]struct{}
-	borrowed map[transport.ObjectID]*borrowEntry
-	fetches  map[*Fetch]struct{}
-	// leases granted to each peer and not yet consumed or expired, for
-	// MaxLeasesPerPeer
-	peerLeases map[transport.RuntimeID]int
-	freed      freedRecord // ids of recently freed objects, for error messages
+	store *store // objects, leases, borrows and fetches (store.go)
 
 	grp groups // collective groups (group.go)
 
@@ -102,39 +93,6 @@ type counters struct {
 	objectsFreed, leasesExpired                        atomic.Uint64
 	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
 	sendsCompleted, bytesSent, localCopies             atomic.Uint64
-}
-
-// object is the owner's record of something put.
-type object struct {
-	desc    *ObjectDesc
-	tensors []transport.Tensor
-	release func()
-
-	// Guarded by Runtime.mu.
-	local       int64                          // ref handles in this runtime
-	transit     map[uint64]lease               // lease tokens of serialized refs
-	borrows     map[transport.RuntimeID]uint64 // borrows by other runtimes
-	borrowTotal uint64
-	pins        int64 // sends and serving in progress
-	freeing     bool
-	collected   chan struct{} // closed once every transport collected it
-	freed       chan struct{} // closed once freed (after its release callback)
-
-	extractMu sync.Mutex // held while a transport extracts metadata
-	metaMu    sync.Mutex
-	meta      map[string][]byte // by transport name
-}
-
-// borrowEntry is a borrower's record of another runtime's object.
-type borrowEntry struct {
-	peer       control.Peer
-	handles    int64
-	registered uint64 // borrows registered with the owner, not yet returned
-	meta       map[string][]byte
-
-	unconfirmed int           // borrow requests the owner has not answered
-	confirmed   chan struct{} // closed when unconfirmed drops to 0
-	refused     error         // the owner's first refusal, returned by fetches
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -199,12 +157,6 @@ func newRuntimeState(opts Options, env Environment) *Runtime {
 		pid:      os.Getpid(),
 		reg:      newRegistry(),
 		secret:   transport.RandomID().String() + transport.RandomID().String(),
-		objects:  map[transport.ObjectID]*object{},
-		byData:   map[uintptr]map[*object]struct{}{},
-		borrowed: map[transport.ObjectID]*borrowEntry{},
-		fetches:  map[*Fetch]struct{}{},
-
-		peerLeases: map[transport.RuntimeID]int{},
 	}
 	if opts.QueueReleases {
 		rt.releases = newReleaseQueue()
@@ -222,6 +174,7 @@ func newRuntimeState(opts Options, env Environment) *Runtime {
 		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
 	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
+	rt.store = newStore(rt.name, rt.log, rt.lease, &rt.c, rt.freeLater)
 	return rt
 }
 
@@ -337,14 +290,7 @@ func (rt *Runtime) Identity() transport.PeerInfo {
 	}
 }
 
-func (rt *Runtime) checkOpen() error {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.closed {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
-	}
-	return nil
-}
+func (rt *Runtime) checkOpen() error { return rt.store.checkOpen() }
 
 // stderrFlushWait bounds how long Destroy waits for the log lines queued
 // for stderr to be written.
@@ -352,19 +298,10 @@ const stderrFlushWait = 500 * time.Millisecond
 
 // Destroy shuts the runtime down; see rdt_runtime_destroy. It is idempotent.
 func (rt *Runtime) Destroy() {
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
+	fetches, borrowed, first := rt.store.close()
+	if !first {
 		return
 	}
-	rt.closed = true
-	fetches := make([]*Fetch, 0, len(rt.fetches))
-	for f := range rt.fetches {
-		fetches = append(fetches, f)
-	}
-	borrowed := rt.borrowed
-	rt.borrowed = map[transport.ObjectID]*borrowEntry{}
-	rt.mu.Unlock()
 
 	if rt.releases != nil {
 		// Wakes takers with ErrClosed; the objects destroy frees below are
@@ -388,18 +325,7 @@ func (rt *Runtime) Destroy() {
 	}
 	// Free every object we own, once nothing reads its memory any more.
 	rt.waitUnpinned()
-	rt.mu.Lock()
-	objs := make([]*object, 0, len(rt.objects))
-	for _, o := range rt.objects {
-		for _, l := range o.transit {
-			l.timer.Stop()
-		}
-		o.freeing = true
-		objs = append(objs, o)
-	}
-	rt.objects = map[transport.ObjectID]*object{}
-	rt.mu.Unlock()
-	for _, o := range objs {
+	for _, o := range rt.store.drain() {
 		rt.finalize(o)
 	}
 	rt.bg.Wait()
@@ -415,14 +341,7 @@ func (rt *Runtime) waitUnpinned() {
 	start := time.Now()
 	warned := false
 	for {
-		rt.mu.Lock()
-		pinned := 0
-		for _, o := range rt.objects {
-			if o.pins > 0 {
-				pinned++
-			}
-		}
-		rt.mu.Unlock()
+		pinned := rt.store.pinned()
 		if pinned == 0 {
 			return
 		}
@@ -487,22 +406,10 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		collected: make(chan struct{}),
 		meta:      meta,
 	}
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
+	if err := rt.store.add(o); err != nil {
 		rt.collectMeta(o) // the caller keeps the tensors: no release callback
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, err
 	}
-	rt.objects[id] = o
-	for _, t := range o.tensors {
-		set := rt.byData[t.Orig]
-		if set == nil {
-			set = map[*object]struct{}{}
-			rt.byData[t.Orig] = set
-		}
-		set[o] = struct{}{}
-	}
-	rt.mu.Unlock()
 	rt.c.refs.Add(1)
 	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q", id, len(tensors), o.desc.Nbytes, canon)
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
@@ -527,14 +434,9 @@ func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
 	return out
 }
 
-// maybeFreeLocked frees o once nothing references it. Caller holds rt.mu.
-func (rt *Runtime) maybeFreeLocked(o *object) {
-	if o.freeing || o.local > 0 || len(o.transit) > 0 || o.borrowTotal > 0 || o.pins > 0 {
-		return
-	}
-	o.freeing = true
-	delete(rt.objects, o.desc.ID)
-	rt.freed.add(o.desc.ID)
+// freeLater finalizes o, which nothing references any more, on a goroutine
+// Destroy waits for. The store calls it with its lock held.
+func (rt *Runtime) freeLater(o *object) {
 	rt.bg.Add(1)
 	go func() {
 		defer rt.bg.Done()
@@ -550,16 +452,7 @@ func (rt *Runtime) finalize(o *object) {
 	if o.release != nil {
 		o.release()
 	}
-	rt.mu.Lock()
-	for _, t := range o.tensors {
-		if set := rt.byData[t.Orig]; set != nil {
-			delete(set, o)
-			if len(set) == 0 {
-				delete(rt.byData, t.Orig)
-			}
-		}
-	}
-	rt.mu.Unlock()
+	rt.store.forgetData(o)
 	rt.c.objectsFreed.Add(1)
 	close(o.freed)
 	rt.log.Debugf("freed object %s", o.desc.ID)
@@ -626,40 +519,11 @@ func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
 
 // PinObject implements Host.
 func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	o, ok := rt.objects[id]
-	if !ok || o.freeing || rt.closed {
+	o, err := rt.store.pin(id)
+	if err != nil {
 		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
 	}
-	o.pins++
-	return o.tensors, sync.OnceFunc(func() { rt.unpin(o) }), nil
-}
-
-func (rt *Runtime) unpin(o *object) {
-	rt.mu.Lock()
-	o.pins--
-	if !rt.closed {
-		rt.maybeFreeLocked(o)
-	}
-	rt.mu.Unlock()
-}
-
-// liveObject finds an object this runtime owns that is not being freed.
-// Caller holds rt.mu.
-func (rt *Runtime) liveObjectLocked(id transport.ObjectID) (*object, error) {
-	if rt.closed {
-		return nil, transport.Errorf(transport.ErrPeerUnavailable, "runtime %s is shutting down", rt.name)
-	}
-	o, ok := rt.objects[id]
-	switch {
-	case ok && !o.freeing:
-		return o, nil
-	case ok || rt.freed.has(id):
-		return nil, transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner %s", id, rt.name)
-	default:
-		return nil, transport.Errorf(transport.ErrNotFound, "object %s is unknown to its owner %s: it was never put there, or was freed long ago", id, rt.name)
-	}
+	return o.tensors, sync.OnceFunc(func() { rt.store.unpin(o) }), nil
 }
 
 // WaitTensorFreed waits until no object holds a tensor whose data pointer is
@@ -672,12 +536,7 @@ func (rt *Runtime) WaitTensorFreed(data uintptr, timeout time.Duration) error {
 		deadline = timer.C
 	}
 	for {
-		rt.mu.Lock()
-		var holders []*object
-		for o := range rt.byData[data] {
-			holders = append(holders, o)
-		}
-		rt.mu.Unlock()
+		holders := rt.store.holders(data)
 		if len(holders) == 0 {
 			return nil
 		}
@@ -685,25 +544,10 @@ func (rt *Runtime) WaitTensorFreed(data uintptr, timeout time.Duration) error {
 			select {
 			case <-o.freed:
 			case <-deadline:
-				return rt.stillHeld(data, holders)
+				return rt.store.stillHeld(data, holders)
 			}
 		}
 	}
-}
-
-func (rt *Runtime) stillHeld(data uintptr, holders []*object) error {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	var parts []string
-	for _, o := range holders {
-		select {
-		case <-o.freed:
-			continue
-		default:
-		}
-		parts = append(parts, fmt.Sprintf("object %s (%d local refs, %d borrows, %d refs in transit)", o.desc.ID, o.local, o.borrowTotal, len(o.transit)))
-	}
-	return transport.Errorf(transport.ErrTimeout, "tensor at %#x is still held: %s", data, strings.Join(parts, "; "))
 }
 
 // Stats is a snapshot of a runtime's counters.
@@ -728,14 +572,7 @@ func (rt *Runtime) Stats() Stats {
 		BytesSent:          rt.c.bytesSent.Load(),
 		LocalCopies:        rt.c.localCopies.Load(),
 	}
-	rt.mu.Lock()
-	s.Objects = uint64(len(rt.objects))
-	for _, o := range rt.objects {
-		s.Borrows += o.borrowTotal
-		s.RefsInTransit += uint64(len(o.transit))
-	}
-	s.BorrowedObjects = uint64(len(rt.borrowed))
-	rt.mu.Unlock()
+	rt.store.counts(&s)
 	if rt.ep != nil {
 		s.Peers = uint64(rt.ep.NumPeers())
 		s.PeersLost = rt.ep.PeersLost()

@@ -14,38 +14,15 @@ var _ control.PeerService = (*Runtime)(nil)
 
 // Borrow implements PeerService.
 func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	o, err := rt.liveObjectLocked(obj)
-	if err != nil {
-		return err
-	}
-	rt.dropLeaseLocked(o, token)
-	o.borrows[from.RuntimeID]++
-	o.borrowTotal++
-	return nil
+	return rt.store.lendTo(from.RuntimeID, obj, token)
 }
 
 // Unborrow implements PeerService.
 func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
-	rt.mu.Lock()
-	o, ok := rt.objects[obj]
-	if !ok || rt.closed || o.freeing {
-		rt.mu.Unlock()
-		return // includes borrows we refused because the object was freed
-	}
-	have, asked := o.borrows[from], n
-	n = min(n, have)
-	if have-n == 0 {
-		delete(o.borrows, from)
-	} else {
-		o.borrows[from] = have - n
-	}
-	o.borrowTotal -= n
-	rt.maybeFreeLocked(o)
-	rt.mu.Unlock()
-	if asked > have { // logged after the lock: the control plane's reader calls this
-		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, asked, obj, have)
+	// Borrows of an object already freed were refused, and are not
+	// counted.
+	if held := rt.store.returnedBy(from, obj, n); n > held {
+		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, held)
 	}
 }
 
@@ -57,17 +34,7 @@ const MaxLeasesPerPeer = 4096
 
 // Lease implements PeerService.
 func (rt *Runtime) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	o, err := rt.liveObjectLocked(obj)
-	if err != nil {
-		return 0, err
-	}
-	if n := rt.peerLeases[from]; n >= MaxLeasesPerPeer {
-		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", rt.name, from, n, rt.lease)
-	}
-	rt.peerLeases[from]++
-	return rt.newLeaseLocked(o, from), nil
+	return rt.store.leaseForPeer(from, obj)
 }
 
 // Metadata implements PeerService.
@@ -76,16 +43,11 @@ func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, tr
 	if err != nil {
 		return nil, err
 	}
-	rt.mu.Lock()
-	o, err := rt.liveObjectLocked(obj)
-	if err == nil {
-		o.pins++
-	}
-	rt.mu.Unlock()
+	o, err := rt.store.pin(obj)
 	if err != nil {
 		return nil, err
 	}
-	defer rt.unpin(o)
+	defer rt.store.unpin(o)
 	return rt.objectMeta(o, e)
 }
 
@@ -100,18 +62,13 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	if e.sender == nil {
 		return transport.Errorf(transport.ErrInvalidArgument, "transport %s is one-sided: the source does not send", name)
 	}
-	rt.mu.Lock()
-	o, err := rt.liveObjectLocked(req.Object)
-	if err == nil {
-		o.pins++
-	}
-	rt.mu.Unlock()
+	o, err := rt.store.pin(req.Object)
 	if err != nil {
 		return err
 	}
 	tmeta, err := rt.objectMeta(o, e)
 	if err != nil {
-		rt.unpin(o)
+		rt.store.unpin(o)
 		return err
 	}
 	x := &transport.Transfer{
@@ -122,7 +79,7 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	rt.bg.Add(1)
 	go func() {
 		defer rt.bg.Done()
-		defer rt.unpin(o) // the memory is read until Send returns
+		defer rt.store.unpin(o) // the memory is read until Send returns
 		start := time.Now()
 		err := e.sender.Send(x, o.tensors, tmeta, req.CMeta)
 		if err == nil {
@@ -163,22 +120,7 @@ func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
 }
 
 func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
-	rt.mu.Lock()
-	if rt.closed {
-		rt.mu.Unlock()
-		return // Destroy frees everything anyway
-	}
-	returned := uint64(0)
-	for _, o := range rt.objects {
-		if n := o.borrows[id]; n > 0 {
-			delete(o.borrows, id)
-			o.borrowTotal -= n
-			returned += n
-			rt.maybeFreeLocked(o)
-		}
-	}
-	rt.mu.Unlock()
-	if returned > 0 {
+	if returned := rt.store.peerGone(id); returned > 0 {
 		rt.log.Infof("peer %s is gone: dropped its %d borrows", id, returned)
 	}
 }

@@ -147,16 +147,16 @@ func applyEnvironment(opts *Options, env Environment) (listenFromEnv bool) {
 func newRuntimeState(opts Options, env Environment) *Runtime {
 	key, id := control.NewIdentityKey()
 	rt := &Runtime{
-		opts:     opts,
-		env:      env,
-		id:       id,
-		key:      key,
-		name:     opts.Name,
-		lease:    opts.Lease,
-		hostID:   opts.HostID,
-		pid:      os.Getpid(),
-		reg:      newRegistry(),
-		secret:   transport.RandomID().String() + transport.RandomID().String(),
+		opts:   opts,
+		env:    env,
+		id:     id,
+		key:    key,
+		name:   opts.Name,
+		lease:  opts.Lease,
+		hostID: opts.HostID,
+		pid:    os.Getpid(),
+		reg:    newRegistry(),
+		secret: transport.RandomID().String() + transport.RandomID().String(),
 	}
 	if opts.QueueReleases {
 		rt.releases = newReleaseQueue()

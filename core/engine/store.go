@@ -17,7 +17,7 @@ import (
 // the store's methods take it: callers never hold it, and methods named
 // ...Locked are the store's own steps, called with it held.
 type store struct {
-	name  string        // the runtime's, for errors
+	name  string // the runtime's, for errors
 	log   *transport.Logger
 	lease time.Duration // how long a serialized ref keeps its object alive
 	c     *counters

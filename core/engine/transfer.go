@@ -1,0 +1,538 @@
+package engine
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// transfer is one ref of a fetch on its way: the start phase (connect to
+// the owner, choose the transport, get the metadata, start the transport's
+// fetch and the source's send), the run to its end, and the copy of an
+// object this runtime owns.
+type transfer struct {
+	f       *Fetch
+	index   int
+	ref     *Ref // the fetch's own handle, released when the transfer ends
+	targets []transport.Tensor
+
+	local bool // the fetching runtime owns the object
+	empty bool // nothing to move
+
+	// Remote transfers.
+	peer       control.Peer
+	entry      *registered
+	x          *transport.Transfer
+	req        transport.Request
+	sendDone   chan error
+	sendCancel context.CancelFunc
+	aborted    bool
+	start      time.Time
+
+	// The start phase's waits for the owner, bounded by rpcTimeout; made
+	// on first use, as most starts never wait.
+	waitCtx    context.Context
+	waitCancel context.CancelFunc
+	// The start phase runs on the caller of StartFetch and must not wait
+	// on the network: every such wait ends at once with errWouldBlock.
+	inline bool
+	// Started without waiting for the owner's answer to our borrow (a
+	// transport that notices freed objects itself); see ownerRefusal.
+	unconfirmed bool
+	// A start that failed and waits for complete to end it (startInline).
+	failed error
+}
+
+// Causes, made once: formatting them per fetch would cost more than a
+// small fetch itself.
+var (
+	errGetDeadline = transport.Errorf(transport.ErrTimeout, "the get's deadline passed")
+	errOwnerSilent = transport.Errorf(transport.ErrTimeout, "the owner did not answer within %v", rpcTimeout)
+	errWouldBlock  = transport.Errorf(transport.ErrAborted, "the start would wait on the network")
+	// wouldBlock is a context that has ended, with errWouldBlock.
+	wouldBlock = func() context.Context {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cancel(errWouldBlock)
+		return ctx
+	}()
+)
+
+// ctx is the context of the start phase: the fetch's.
+func (tr *transfer) ctx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	return tr.f.ctx
+}
+
+// ownerCtx is the context of a wait for the owner in the start phase: the
+// fetch's, bounded by rpcTimeout.
+func (tr *transfer) ownerCtx() context.Context {
+	if tr.inline {
+		return wouldBlock
+	}
+	if tr.waitCtx == nil {
+		tr.waitCtx, tr.waitCancel = context.WithTimeoutCause(tr.f.ctx, rpcTimeout, errOwnerSilent)
+	}
+	return tr.waitCtx
+}
+
+// begin is the start phase of a transfer: connect to the owner, choose the
+// transport, get the metadata, and start the transport's fetch (and the
+// source's send). Every wait in it ends with the fetch's context.
+func (tr *transfer) begin() error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	tr.start = time.Now()
+	if desc.Nbytes == 0 {
+		tr.empty = true
+		return nil
+	}
+	if tr.ref.owned {
+		tr.local = true
+		return rt.checkLocalCopy(desc, tr.targets)
+	}
+	// A dial ends by itself (the handshake timeout), so the fetch's
+	// context is enough; a cached connection needs none.
+	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
+	if err != nil {
+		return transport.Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	tr.peer = peer
+	if err := rt.store.borrowRefused(desc.ID); err != nil {
+		return err
+	}
+
+	var candidates []string
+	auto := false
+	switch {
+	case tr.f.override != "":
+		candidates = []string{tr.f.override}
+	case desc.Transport != "":
+		candidates = []string{desc.Transport}
+	default:
+		auto = true
+		candidates = rt.autoCandidates(desc, peer.Info())
+	}
+	var reasons []string
+	for _, name := range candidates {
+		err := tr.beginWith(name)
+		if err == nil {
+			return nil
+		}
+		st := transport.StatusOf(err)
+		if auto && (st == transport.ErrUnsupported || st == transport.ErrPermissionDenied || st == transport.ErrNotFound) {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		return err
+	}
+	if len(candidates) == 0 {
+		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime is chosen automatically for %s memory from %s (have: %s; name one to use it)%s",
+			desc.Tensors[0].Device.Type, peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
+	}
+	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+}
+
+// autoCandidates orders the registered transports for an object put
+// without one, from their descriptors (see transport.AutoRank): host data
+// when every tensor is host-accessible, else CUDA data when a tensor is in
+// CUDA memory; same-host-only transports only for a peer on this host.
+func (rt *Runtime) autoCandidates(desc *ObjectDesc, peer transport.PeerInfo) []string {
+	host, cuda := true, false
+	for _, t := range desc.Tensors {
+		host = host && t.Device.Type.HostAccessible()
+		cuda = cuda || t.Device.Type == transport.DeviceCUDA
+	}
+	if !host && !cuda {
+		return nil
+	}
+	return rt.reg.autoOrder(!host, rt.Identity().SameHost(peer))
+}
+
+// beginWith starts the transfer over transport name: it checks that the
+// transport applies, gets the object's metadata and asks the transport to
+// fetch.
+func (tr *transfer) beginWith(name string) error {
+	rt := tr.f.rt
+	e, err := rt.reg.lookup(name)
+	if err != nil {
+		return err
+	}
+	if err := tr.awaitBorrow(e); err != nil {
+		return err
+	}
+	for i, tg := range tr.targets {
+		if !e.desc.Moves(tg.Device.Type) {
+			return transport.Errorf(transport.ErrUnsupported, "transport %s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
+		}
+	}
+	peerInfo, err := tr.peerOffering(name)
+	if err != nil {
+		return err
+	}
+	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
+	}
+	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, tr.ref.desc, name)
+	if err != nil {
+		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
+	}
+	select {
+	case <-tr.f.abortCh:
+		// Aborted while we asked the owner: start nothing. (A deadline
+		// alone does not stop it: a transfer that completes inside the
+		// transport's fetch still makes a get with timeout 0 succeed.)
+		return transport.Errorf(transport.ErrAborted, "fetch aborted")
+	default:
+	}
+	return tr.startTransport(e, peerInfo, tmeta)
+}
+
+// awaitBorrow waits until the owner counted our borrow, unless transport e
+// notices a freed object itself: it may read the source's memory as the
+// ref describes it, which is sure to be there only once the borrow counts.
+func (tr *transfer) awaitBorrow(e *registered) error {
+	if e.desc.DetectsFreedObjects {
+		tr.unconfirmed = true
+		return nil
+	}
+	return tr.f.rt.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
+}
+
+// peerOffering is the owner's identity, asked again when it does not
+// advertise transport name (it may have registered it since we connected);
+// an owner without it is ErrUnsupported.
+func (tr *transfer) peerOffering(name string) (transport.PeerInfo, error) {
+	peerInfo := tr.peer.Info()
+	if _, ok := peerInfo.Advert(name); ok {
+		return peerInfo, nil
+	}
+	ctx := tr.ownerCtx()
+	if ctx.Err() != nil {
+		return peerInfo, transport.ContextError(ctx, "asking %s for its transports", peerInfo)
+	}
+	peerInfo, err := tr.peer.Refresh(ctx)
+	if err != nil {
+		return peerInfo, err
+	}
+	if _, ok := peerInfo.Advert(name); !ok {
+		have := make([]string, len(peerInfo.Transports))
+		for i, a := range peerInfo.Transports {
+			have[i] = a.Name
+		}
+		return peerInfo, transport.Errorf(transport.ErrUnsupported, "transport %s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
+	}
+	return peerInfo, nil
+}
+
+// startTransport asks transport e to fetch (and a two-sided one's source
+// to send) and keeps the request.
+func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, tmeta []byte) error {
+	rt, name, desc := tr.f.rt, e.desc.Name, tr.ref.desc
+	x := &transport.Transfer{
+		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
+		Source: peerInfo, Destination: rt.Identity(),
+	}
+	cmeta, err := e.t.CommunicatorMetadata(x)
+	if err != nil {
+		return transportError(name, transport.Wrap(err, "communicator metadata"))
+	}
+	if e.sender != nil {
+		sctx, cancel := context.WithCancel(rt.ctx)
+		tr.sendCancel = cancel
+		tr.sendDone = make(chan error, 1)
+		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
+		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
+	}
+	req, err := e.t.Fetch(x, tr.targets, tmeta, cmeta)
+	if err != nil {
+		if tr.sendCancel != nil {
+			tr.sendCancel() // the source's send is aborted; no need to wait for it
+			tr.sendCancel, tr.sendDone = nil, nil
+		}
+		return transportError(name, err)
+	}
+	tr.entry, tr.x, tr.req = e, x, req
+	return nil
+}
+
+// remoteMeta is the transport metadata of a borrowed object: from the ref,
+// from our cache, or asked of the owner (which extracts it on demand) under
+// ctx().
+func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, desc *ObjectDesc, name string) ([]byte, error) {
+	if m, ok := desc.Meta[name]; ok {
+		return m, nil
+	}
+	if m, ok := rt.store.cachedMeta(desc.ID, name); ok {
+		return m, nil
+	}
+	wctx := ctx()
+	if wctx.Err() != nil {
+		return nil, transport.ContextError(wctx, "asking the owner")
+	}
+	m, err := peer.Metadata(wctx, desc.ID, name)
+	if err != nil {
+		return nil, err
+	}
+	rt.store.cacheMeta(desc.ID, name, m)
+	return m, nil
+}
+
+// run moves the bytes (or waits for the transport to) and returns the
+// transfer's outcome. When it returns, nothing writes into the targets.
+func (tr *transfer) run() error {
+	switch {
+	case tr.failed != nil:
+		return tr.failed
+	case tr.empty:
+		return nil
+	case tr.local:
+		return tr.copyLocal()
+	}
+	defer tr.req.Release()
+	waitc := make(chan error, 1)
+	if tr.sendDone == nil && tr.completed() {
+		waitc <- tr.req.Wait() // finished already: no goroutine needed
+	} else {
+		go func() { waitc <- tr.req.Wait() }()
+	}
+
+	var cause error
+	abortCh, peerDone, sendDone := tr.f.abortCh, tr.peer.Done(), tr.sendDone
+	for waitc != nil {
+		select {
+		case err := <-waitc:
+			waitc = nil
+			if err == nil && tr.readsUnguarded() && isClosed(tr.peer.Done()) {
+				err = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s shut down as the transfer ended: the bytes read may be of freed memory", tr.peer.Info())
+			}
+			if err == nil {
+				if sendDone != nil {
+					// The bytes are here; let the source's send finish, then
+					// release its context.
+					go func() { <-sendDone; tr.sendCancel() }()
+				}
+				return nil
+			}
+			if cause == nil {
+				cause = transportError(tr.entry.desc.Name, err)
+			}
+		case err := <-sendDone:
+			sendDone = nil
+			if err != nil {
+				if cause == nil {
+					cause = transportError(tr.entry.desc.Name, transport.Wrap(err, "the source failed to send"))
+				}
+				tr.abort()
+			}
+		case <-abortCh:
+			abortCh = nil
+			if cause == nil {
+				cause = transport.Errorf(transport.ErrAborted, "fetch aborted")
+			}
+			tr.abort()
+		case <-peerDone:
+			peerDone = nil
+			if cause == nil {
+				cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer", tr.peer.Info())
+			}
+			tr.abort()
+		}
+	}
+	if tr.sendCancel != nil {
+		tr.sendCancel()
+	}
+	if isClosed(tr.peer.Done()) {
+		if st := transport.StatusOf(cause); st != transport.ErrAborted && st != transport.ErrPeerUnavailable {
+			cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
+		}
+	}
+	return cause
+}
+
+// readsUnguarded reports whether the transport read the owner's memory
+// with nothing to tell it was freed: one-sided, without
+// DetectsFreedObjects. The owner frees only after its peers saw its
+// connection close (control.KindClosing), so such a read that completed
+// while the connection was still open read live memory.
+func (tr *transfer) readsUnguarded() bool {
+	return tr.entry.sender == nil && !tr.entry.desc.DetectsFreedObjects
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// completed reports whether the transfer needs no more waiting: nothing to
+// move, or a request that finished inside Fetch.
+func (tr *transfer) completed() bool {
+	if tr.empty || tr.failed != nil {
+		return true
+	}
+	if tr.req == nil || tr.sendDone != nil {
+		return false
+	}
+	c, ok := tr.req.(transport.CompletedRequest)
+	return ok && c.Completed()
+}
+
+// abort asks the transport to stop the transfer (once), and the source to
+// stop sending.
+func (tr *transfer) abort() {
+	if tr.aborted {
+		return
+	}
+	tr.aborted = true
+	if tr.sendCancel != nil {
+		tr.sendCancel()
+	}
+	if tr.entry.desc.CanAbort {
+		tr.entry.t.Abort(tr.x, tr.req)
+	}
+}
+
+// finish records the outcome and drops the transfer's handle on the object.
+// It may wait briefly for the owner (ownerRefusal): never call it on
+// StartFetch's caller for a failure that awaitsOwner.
+func (tr *transfer) finish(err error) {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	tname := "local copy"
+	switch {
+	case tr.entry != nil:
+		tname = tr.entry.desc.Name
+	case !tr.local:
+		tname = "no transport yet"
+	}
+	if err == nil {
+		rt.c.transfersCompleted.Add(1)
+		rt.c.bytesReceived.Add(desc.Nbytes)
+		if tr.entry != nil {
+			tr.entry.stats.TransfersCompleted.Add(1)
+			tr.entry.stats.BytesReceived.Add(desc.Nbytes)
+			tr.entry.hist.recordFetch(desc.Nbytes, time.Since(tr.f.start))
+		}
+		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
+	} else {
+		if refused := tr.ownerRefusal(err); refused != nil {
+			err = refused
+		}
+		rt.c.transfersFailed.Add(1)
+		if tr.entry != nil {
+			tr.entry.stats.TransfersFailed.Add(1)
+			tr.entry.hist.recordFailure(desc.Nbytes)
+		}
+		level := rt.log.Warnf
+		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
+			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
+		}
+		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
+		err = transport.Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
+	}
+	tr.ref.Release()
+	tr.f.record(err)
+	tr.f.remaining.Add(-1)
+}
+
+// ownerAnswerWait bounds how long a failed transfer waits for the owner's
+// answer to our borrow: on a live connection it comes at once.
+const ownerAnswerWait = 2 * time.Second
+
+// awaitsOwner reports whether a failure may be explained by the owner's
+// answer to our borrow, which can take a round trip (see ownerRefusal).
+func (tr *transfer) awaitsOwner(err error) bool {
+	return tr.unconfirmed && transport.StatusOf(err) == transport.ErrPeerUnavailable
+}
+
+// ownerRefusal is the owner's refusal of our borrow when a transfer started
+// before that answer failed with the source looking gone. A transport that
+// notices freed objects itself (cma reads a guard the owner clears) sees an
+// object freed before our borrow arrived (its lease expired or was revoked)
+// as vanished; the owner's answer says what happened: the object was freed
+// (NOT_FOUND). The answer is awaited within the fetch's deadline and
+// ownerAnswerWait; without one the transport's error stands.
+func (tr *transfer) ownerRefusal(err error) error {
+	if !tr.awaitsOwner(err) {
+		return nil
+	}
+	if isClosed(tr.peer.Done()) {
+		return nil // the owner is gone indeed
+	}
+	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
+	defer cancel()
+	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
+	if transport.StatusOf(refused) != transport.ErrNotFound {
+		return nil
+	}
+	return refused
+}
+
+// checkLocalCopy makes sure a runtime's own object can be copied directly.
+func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor) error {
+	for i, t := range desc.Tensors {
+		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
+			continue
+		}
+		if _, name := rt.localCopier(t.Device.Type); name == "" {
+			return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
+		}
+	}
+	return nil
+}
+
+// localCopier is a transport that copies d memory within a process, and
+// its name ("" when none is registered).
+func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
+	rt.reg.mu.RLock()
+	defer rt.reg.mu.RUnlock()
+	for _, e := range rt.reg.m {
+		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
+			return lc, e.desc.Name
+		}
+	}
+	return nil, ""
+}
+
+// localChunk is how much is copied between checks for an abort.
+const localChunk = 8 << 20
+
+func (tr *transfer) copyLocal() error {
+	rt := tr.f.rt
+	o := rt.store.object(tr.ref.desc.ID)
+	if o == nil {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	for i, src := range o.tensors {
+		dst := tr.targets[i]
+		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
+			copier, name := rt.localCopier(src.Device.Type)
+			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
+				return transportError(name, err)
+			}
+			continue
+		}
+		s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data, dst.Nbytes)
+		for off := 0; off < len(s); off += localChunk {
+			select {
+			case <-tr.f.abortCh:
+				return transport.Errorf(transport.ErrAborted, "fetch aborted")
+			default:
+			}
+			copy(d[off:], s[off:min(off+localChunk, len(s))])
+		}
+	}
+	rt.c.localCopies.Add(1)
+	return nil
+}

@@ -30,6 +30,8 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 			SocketDir:     goString(opts.socket_dir),
 			HostID:        goString(opts.host_id),
 			Builtins:      builtinTransports,
+			// Every built-in's variables are checked, made or not.
+			Settings: engine.SettingsOf(builtinTransports),
 			// RDT_LISTEN and RDT_AUTH_TOKEN stand in for NULL strings.
 			EnvironmentDefaults: true,
 		}

@@ -1,15 +1,7 @@
 package engine
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -24,73 +16,105 @@ func lookupIn(m map[string]string) func(string) (string, bool) {
 	}
 }
 
+// Settings a transport of these tests declares, as built-in transports
+// declare theirs (the library's own table is tested in capi).
+var (
+	probeCount = transport.IntSetting{Name: "RDT_PROBE_COUNT", Default: 3, Min: 1, Max: 8, Meaning: "probes"}
+	probeFlag  = transport.FlagSetting{Name: "RDT_PROBE_FLAG", Default: true, Meaning: "a flag"}
+	probeText  = transport.Setting{Name: "RDT_PROBE_TEXT", Type: "text", Where: transport.ReadAtRuntime, KeepEmpty: true,
+		Check: func(string) error { return nil }}
+	probeLoader = transport.Setting{Name: "RDT_PROBE_LIBRARY", Type: "path", Where: "a loader"}
+)
+
+func probeSettings() []transport.Setting {
+	return []transport.Setting{probeCount.Setting(), probeFlag.Setting(), probeText, probeLoader}
+}
+
 func TestReadEnvironmentDefaultsWhenNothingIsSet(t *testing.T) {
-	env, err := ReadEnvironment(lookupIn(map[string]string{"RDT_TCP_STREAMS": "", "RDT_CMA_WORKERS": ""}))
+	env, err := ReadEnvironment(lookupIn(map[string]string{"RDT_PROBE_COUNT": "", "RDT_LOG": ""}), probeSettings())
 	require.NoError(t, err, "an empty value counts as unset")
-	require.Equal(t, Environment{LogLevel: transport.LogWarn, Settings: transport.DefaultSettings()}, env)
-	require.Equal(t, 4, env.Settings.TCPStreams)
-	require.Equal(t, 2, env.Settings.CMAWorkers)
-	require.True(t, env.Settings.CMASetPtracer)
-	require.Equal(t, 64, env.Settings.CUDAIPCCache)
-	require.Equal(t, 64, env.Settings.SHMArenaMiB)
+	require.Equal(t, Environment{LogLevel: transport.LogWarn, Settings: transport.NewSettings(nil)}, env)
+	require.Equal(t, 3, probeCount.In(env.Settings))
+	require.True(t, probeFlag.In(env.Settings))
+	_, set := env.Settings.Lookup(probeText.Name)
+	require.False(t, set)
 }
 
 func TestReadEnvironmentTakesGoodValues(t *testing.T) {
 	env, err := ReadEnvironment(lookupIn(map[string]string{
 		"RDT_LOG": "debug", "RDT_LISTEN": "0.0.0.0:0", "RDT_AUTH_TOKEN": "tok",
-		"XDG_RUNTIME_DIR": "/run/user/7", "RDT_TCP_STREAMS": "16", "RDT_CMA_WORKERS": "4",
-		"RDT_CMA_SET_PTRACER": "0", "RDT_SHM_ARENA_MIB": "0", "RDT_CUDA_IPC_CACHE": "0", "CUDA_VISIBLE_DEVICES": "",
-	}))
+		"XDG_RUNTIME_DIR": "/run/user/7", "RDT_PROBE_COUNT": "8", "RDT_PROBE_FLAG": "0", "RDT_PROBE_TEXT": "",
+		"RDT_PROBE_LIBRARY": "/not/read/by/the/runtime.so",
+	}), probeSettings())
 	require.NoError(t, err)
-	require.Equal(t, Environment{LogLevel: transport.LogDebug, Listen: "0.0.0.0:0", AuthToken: "tok",
-		RuntimeDir: "/run/user/7", Settings: transport.Settings{TCPStreams: 16, CMAWorkers: 4,
-			CMASetPtracer: false, SHMArenaMiB: 0, CUDAIPCCache: 0, CUDAVisibleDevices: "", CUDAVisibleDevicesSet: true}}, env)
+	require.Equal(t, Environment{LogLevel: transport.LogDebug, Listen: "0.0.0.0:0", AuthToken: "tok", RuntimeDir: "/run/user/7",
+		Settings: transport.NewSettings(map[string]string{"RDT_LOG": "debug", "RDT_LISTEN": "0.0.0.0:0", "RDT_AUTH_TOKEN": "tok",
+			"XDG_RUNTIME_DIR": "/run/user/7", "RDT_PROBE_COUNT": "8", "RDT_PROBE_FLAG": "0", "RDT_PROBE_TEXT": ""})}, env,
+		"a loader's variable is not the runtime's to read")
+	require.Equal(t, 8, probeCount.In(env.Settings))
+	require.False(t, probeFlag.In(env.Settings))
+	text, set := env.Settings.Lookup(probeText.Name)
+	require.True(t, set, "KeepEmpty keeps an empty value")
+	require.Empty(t, text)
 }
 
 func TestReadEnvironmentRejectsBadValuesByName(t *testing.T) {
 	for _, c := range []struct{ name, value string }{
-		{"RDT_CMA_WORKERS", "0"},
-		{"RDT_CMA_WORKERS", "abc"},
-		{"RDT_CMA_WORKERS", "5"},
-		{"RDT_TCP_STREAMS", "17"},
-		{"RDT_TCP_STREAMS", "four"},
-		{"RDT_SHM_ARENA_MIB", "4097"},
-		{"RDT_CUDA_IPC_CACHE", "-1"},
-		{"RDT_CUDA_IPC_CACHE", "many"},
-		{"RDT_CMA_SET_PTRACER", "yes"},
+		{"RDT_PROBE_COUNT", "0"},
+		{"RDT_PROBE_COUNT", "abc"},
+		{"RDT_PROBE_COUNT", "9"},
+		{"RDT_PROBE_FLAG", "yes"},
 		{"RDT_LOG", "loud"},
 		{"XDG_RUNTIME_DIR", "relative/dir"},
 	} {
-		_, err := ReadEnvironment(lookupIn(map[string]string{c.name: c.value}))
+		_, err := ReadEnvironment(lookupIn(map[string]string{c.name: c.value}), probeSettings())
 		require.Error(t, err, "%s=%s", c.name, c.value)
 		require.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 		require.Contains(t, err.Error(), c.name+"="+strconv.Quote(c.value))
 	}
 }
 
+func TestTableListsTheEngineFirstAndEachNameOnce(t *testing.T) {
+	table := Table(append(probeSettings(), probeCount.Setting()))
+	var names []string
+	for _, v := range table {
+		names = append(names, v.Name)
+	}
+	require.Equal(t, []string{"RDT_LOG", "RDT_LISTEN", "RDT_AUTH_TOKEN", "XDG_RUNTIME_DIR",
+		"RDT_PROBE_COUNT", "RDT_PROBE_FLAG", "RDT_PROBE_TEXT", "RDT_PROBE_LIBRARY"}, names)
+	require.Equal(t, "1 to 8", table[4].Bounds)
+	require.Equal(t, "integer", table[4].Type)
+	require.Equal(t, "3", table[4].Default)
+}
+
 func TestNewRuntimeFailsOnABadVariable(t *testing.T) {
-	t.Setenv("RDT_CMA_WORKERS", "0")
-	_, err := NewRuntime(Options{Name: "bad", LogLevel: transport.LogOff})
+	t.Setenv("RDT_PROBE_COUNT", "0")
+	_, err := NewRuntime(Options{Name: "bad", LogLevel: transport.LogOff, Settings: probeSettings()})
 	require.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
-	require.Contains(t, err.Error(), `RDT_CMA_WORKERS="0"`)
+	require.Contains(t, err.Error(), `RDT_PROBE_COUNT="0"`, "checked though the runtime makes no transport")
+
+	_, err = NewRuntime(Options{Name: "bad", LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{{
+		Name: "probe", Settings: probeSettings(),
+		New: func(transport.Host) (transport.Transport, error) { panic("not made: its variable is bad") }}}})
+	require.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
+	require.Contains(t, err.Error(), `RDT_PROBE_COUNT="0"`, "a factory's settings are checked by default")
 }
 
 func TestRuntimeHandsTransportsTheSettingsItRead(t *testing.T) {
-	t.Setenv("RDT_CMA_WORKERS", "3")
-	t.Setenv("RDT_TCP_STREAMS", "9")
-	t.Setenv("CUDA_VISIBLE_DEVICES", "1")
+	t.Setenv("RDT_PROBE_COUNT", "5")
+	t.Setenv("RDT_PROBE_TEXT", "1")
 	var seen transport.Settings
 	rt := newRuntime(t, "settings", func(o *Options) {
-		o.Builtins = []transport.TransportFactory{{Name: "probe", New: func(h transport.Host) (transport.Transport, error) {
+		o.Builtins = []transport.TransportFactory{{Name: "probe", Settings: probeSettings(), New: func(h transport.Host) (transport.Transport, error) {
 			seen = h.Settings()
 			return nil, transport.Errorf(transport.ErrUnsupported, "only looks")
 		}}}
 	})
-	want := transport.DefaultSettings()
-	want.CMAWorkers, want.TCPStreams = 3, 9
-	want.CUDAVisibleDevices, want.CUDAVisibleDevicesSet = "1", true
-	require.Equal(t, want, seen)
-	require.Equal(t, want, rt.Settings())
+	require.Equal(t, 5, probeCount.In(seen))
+	require.True(t, probeFlag.In(seen))
+	text, _ := seen.Lookup(probeText.Name)
+	require.Equal(t, "1", text)
+	require.Equal(t, seen, rt.Settings())
 }
 
 func TestRDTLogSetsTheDefaultLevel(t *testing.T) {
@@ -113,155 +137,4 @@ func TestListenAndTokenComeFromTheEnvironmentOnlyWhenAsked(t *testing.T) {
 	rt = newRuntime(t, "env", func(o *Options) { o.EnvironmentDefaults = true })
 	require.Equal(t, "from-env", rt.AuthToken())
 	require.Equal(t, "127.0.0.1", rt.BindHost())
-}
-
-// environmentReads are the calls that read or change the process
-// environment.
-var environmentReads = map[string]map[string]bool{
-	"os":      {"Getenv": true, "LookupEnv": true, "Environ": true, "ExpandEnv": true, "Setenv": true, "Unsetenv": true, "Clearenv": true},
-	"syscall": {"Getenv": true, "Environ": true, "Setenv": true, "Unsetenv": true, "Clearenv": true},
-	"unix":    {"Getenv": true, "Environ": true, "Setenv": true, "Unsetenv": true, "Clearenv": true},
-	"C":       {"getenv": true, "secure_getenv": true, "setenv": true, "putenv": true, "unsetenv": true},
-}
-
-// loaderReads are the places outside the table allowed to touch the
-// environment: library loaders, once per process, for the variables the
-// table lists as theirs ("" is the argument of a helper that reads the C
-// environment for them).
-var loaderReads = map[string][]string{
-	"transports/internal/cuda/cuda.go": {"RDT_CUDA_LIBRARY"},
-	"transports/nccl/lib.go":           {"RDT_NCCL_LIBRARY"},
-	"transports/nixl/lib.go":           {"", "RDT_NIXL_LIBRARY", "UCX_HANDLE_ERRORS"},
-	"transports/nixl/nixl.go":          {"UCX_TLS"},
-}
-
-func TestOnlyTheTableReadsTheEnvironment(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	require.NoError(t, err)
-	_, err = os.Stat(filepath.Join(root, "go.mod"))
-	require.NoError(t, err, "the module root is two levels up")
-	table := map[string]Variable{}
-	for _, v := range Variables {
-		table[v.Name] = v
-	}
-	loaderSeen := map[string]bool{}
-	var bad []string
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "build" || name == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		// Test-support packages (named like httptest: core/transport/
-		// transporttest) are never built into the library; the variables
-		// they read start their own child processes, not a runtime.
-		if strings.HasSuffix(filepath.Base(filepath.Dir(path)), "test") {
-			return nil
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-		if err != nil {
-			return err
-		}
-		consts := stringConsts(t, filepath.Dir(path))
-		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok {
-				return true
-			}
-			if !touchesEnvironment(call.Fun) {
-				return true
-			}
-			name := ""
-			if len(call.Args) > 0 {
-				switch a := call.Args[0].(type) {
-				case *ast.BasicLit:
-					name, _ = strconv.Unquote(a.Value)
-				case *ast.Ident:
-					name = consts[a.Name]
-				}
-			}
-			switch {
-			case rel == "core/engine/config.go":
-			case contains(loaderReads[rel], name) && (name == "" || table[name].apply == nil && table[name].Name == name):
-				loaderSeen[name] = true
-			default:
-				bad = append(bad, rel+": "+name)
-			}
-			return true
-		})
-		return nil
-	})
-	require.NoError(t, err)
-	sort.Strings(bad)
-	require.Empty(t, bad, "read the environment through core's table (core/engine/config.go), not here")
-	for _, v := range Variables {
-		if v.apply == nil && v.Name != "CUDA_VISIBLE_DEVICES" {
-			require.True(t, loaderSeen[v.Name], "the table lists %s as a loader's, but no loader reads it", v.Name)
-		}
-	}
-}
-
-func touchesEnvironment(fun ast.Expr) bool {
-	switch f := fun.(type) {
-	case *ast.SelectorExpr:
-		pkg, ok := f.X.(*ast.Ident)
-		return ok && environmentReads[pkg.Name][f.Sel.Name]
-	case *ast.Ident:
-		return f.Name == "cgetenv"
-	}
-	return false
-}
-
-// stringConsts are the package-level string constants of the Go files in dir.
-func stringConsts(t *testing.T, dir string) map[string]string {
-	pkgs, err := parser.ParseDir(token.NewFileSet(), dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
-	require.NoError(t, err)
-	out := map[string]string{}
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			for _, d := range f.Decls {
-				g, ok := d.(*ast.GenDecl)
-				if !ok || g.Tok != token.CONST {
-					continue
-				}
-				for _, s := range g.Specs {
-					vs := s.(*ast.ValueSpec)
-					for i, n := range vs.Names {
-						if i < len(vs.Values) {
-							if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
-								out[n.Name], _ = strconv.Unquote(lit.Value)
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func TestConfigurationDocListsEveryVariable(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/configuration.md")
-	require.NoError(t, err)
-	for _, v := range Variables {
-		require.Contains(t, string(doc), "`"+v.Name+"`", "docs/configuration.md lists %s", v.Name)
-	}
 }

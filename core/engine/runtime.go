@@ -29,6 +29,10 @@ type Options struct {
 	Lease    time.Duration   // 0: DefaultLease
 	Network  control.Network // nil: control.InProcess
 	Builtins []transport.TransportFactory
+	// Settings are the transports' environment variables the runtime
+	// reads and checks at creation, whether or not it makes those
+	// transports (nil: the settings of Builtins).
+	Settings []transport.Setting
 	HostID   string // "": detected from the kernel
 	// AuthToken is the shared secret of TCP endpoints ("": none, loopback
 	// only).
@@ -97,7 +101,11 @@ type counters struct {
 
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
-	env, err := readProcessEnvironment()
+	settings := opts.Settings
+	if settings == nil {
+		settings = SettingsOf(opts.Builtins)
+	}
+	env, err := readProcessEnvironment(settings)
 	if err != nil {
 		return nil, err
 	}

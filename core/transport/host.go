@@ -49,6 +49,10 @@ type Host interface {
 type TransportFactory struct {
 	Name string
 	New  func(h Host) (Transport, error)
+	// Settings are the environment variables the transport reads (through
+	// Host.Settings) or its library loader does; the runtime reads and
+	// checks them at creation and lists them in its table.
+	Settings []Setting
 }
 
 // DefaultPeerTimeout bounds how long a vanished peer goes unnoticed.

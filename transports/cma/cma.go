@@ -33,12 +33,12 @@ const (
 	syncLimit = 2 << 20
 	// parallelMin: tensors at least this large are read by several workers.
 	parallelMin = 32 << 20
-	maxWorkers  = transport.MaxCMAWorkers
+	maxWorkers  = 4
 )
 
 // Factory makes the transport for a new runtime.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 // Transport is the cma transport of one runtime.
@@ -77,12 +77,12 @@ func New(h transport.Host) (transport.Transport, error) {
 	if err != nil {
 		return nil, transport.Errorf(transport.ErrUnsupported, "cannot read this process's start time from /proc: %v", err)
 	}
-	workers := h.Settings().CMAWorkers // RDT_CMA_WORKERS, checked by the runtime
+	workers := workersSetting.In(h.Settings()) // checked by the runtime
 	if workers < 1 || workers > maxWorkers {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d workers: want 1 to %d", workers, maxWorkers)
 	}
 	t := &Transport{h: h, pid: os.Getpid(), startTime: st, workers: workers}
-	if yamaScope() == 1 && h.Settings().CMASetPtracer {
+	if yamaScope() == 1 && setPtracerSetting.In(h.Settings()) {
 		if err := unix.Prctl(unix.PR_SET_PTRACER, unix.PR_SET_PTRACER_ANY, 0, 0, 0); err != nil {
 			h.Log().Warnf("Yama ptrace_scope is 1 and PR_SET_PTRACER failed (%v): peers will fall back to shm", err)
 		} else {

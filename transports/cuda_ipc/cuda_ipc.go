@@ -28,7 +28,7 @@ const streamsPerDevice = 4
 
 // Factory makes the transport for a new runtime.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 var (
@@ -48,7 +48,7 @@ var (
 // RDT_CUDA_IPC_CACHE.
 func sharedCache(h transport.Host) *handleCache {
 	cacheOnce.Do(func() {
-		cache = newHandleCache(h.Settings().CUDAIPCCache)
+		cache = newHandleCache(cacheSetting.In(h.Settings()))
 		cache.warn = h.Log().Warnf
 	})
 	return cache
@@ -111,8 +111,8 @@ func (t *Transport) checkDevice(what string, i int, d transport.Device) error {
 	}
 	if d.ID < 0 || int(d.ID) >= n {
 		vis := ""
-		if s := t.h.Settings(); s.CUDAVisibleDevicesSet {
-			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", s.CUDAVisibleDevices)
+		if mask, set := t.h.Settings().Lookup(visibleDevicesSetting.Name); set {
+			vis = fmt.Sprintf(" (CUDA_VISIBLE_DEVICES=%q)", mask)
 		}
 		return transport.Errorf(transport.ErrInvalidArgument, "%s %d is on %s, but this process sees %d CUDA device(s)%s", what, i, d, n, vis)
 	}

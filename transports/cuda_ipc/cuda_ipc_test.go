@@ -21,7 +21,7 @@ import (
 // environment through the engine's table, as a runtime's do: tests rerun
 // with RDT_CUDA_IPC_CACHE or CUDA_VISIBLE_DEVICES see them.
 func newHost() *transporttest.Host {
-	env, err := engine.ReadEnvironment(os.LookupEnv)
+	env, err := engine.ReadEnvironment(os.LookupEnv, Settings())
 	if err != nil {
 		panic(err)
 	}

@@ -34,7 +34,7 @@ const Name = "nccl"
 
 // Factory makes the transport for a new runtime.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 // Available reports why the transport cannot work here ("" if it can).

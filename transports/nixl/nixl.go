@@ -40,7 +40,7 @@ const maxRemotes = 64
 // Factory makes the transport for a new runtime. Without NIXL's C API
 // library it returns transport.ErrUnsupported and the runtime goes on without it.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 // Transport is the nixl transport of one runtime: one NIXL agent (named

@@ -31,7 +31,7 @@ const (
 	arenaAlign     = 64
 	arenaObjectMax = 4 << 20 // larger objects get a segment of their own
 	// maxArenaBytes bounds what a receiver maps of a source's word.
-	maxArenaBytes = transport.MaxSHMArenaMiB << 20
+	maxArenaBytes = maxArenaMiB << 20
 	// punchMin: freed ranges this large give their memory back at once.
 	punchMin = 256 << 10
 	// arenaRequest, as a request's inline limit, asks for the arena (the

@@ -132,9 +132,7 @@ func TestArenaMisplacedObjectIsCorrupt(t *testing.T) {
 type smallArena struct{ transport.Host }
 
 func (h smallArena) Settings() transport.Settings {
-	s := h.Host.Settings()
-	s.SHMArenaMiB = 1
-	return s
+	return transport.NewSettings(map[string]string{arenaSetting.Name: "1"})
 }
 
 // Objects that do not fit get segments of their own; freed room is used

@@ -39,7 +39,5 @@ func newForSuite(h transport.Host) (transport.Transport, error) {
 type noArena struct{ transport.Host }
 
 func (h noArena) Settings() transport.Settings {
-	s := h.Host.Settings()
-	s.SHMArenaMiB = 0
-	return s
+	return transport.NewSettings(map[string]string{arenaSetting.Name: "0"})
 }

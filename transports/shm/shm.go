@@ -49,7 +49,7 @@ const (
 
 // Factory makes the transport for a new runtime.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 // segment is one staged object: a sealed memfd of its own, or a range of
@@ -101,7 +101,7 @@ type keptConns struct {
 // New makes the transport; its socket appears with the first staged object.
 func New(h transport.Host) (transport.Transport, error) {
 	return &Transport{h: h, segs: map[transport.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(h.Settings().SHMArenaMiB) << 20}, nil
+		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(arenaSetting.In(h.Settings())) << 20}, nil
 }
 
 // Describe: shm shares memory segments, so only on the same host; a freed

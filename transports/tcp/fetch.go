@@ -671,7 +671,7 @@ func (p probeHost) AdvertiseHost() string        { return "127.0.0.1" }
 func (p probeHost) SocketDir() string            { return "" }
 
 func (p probeHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
-func (p probeHost) Settings() transport.Settings { return transport.DefaultSettings() }
+func (p probeHost) Settings() transport.Settings { return transport.Settings{} }
 func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
 }

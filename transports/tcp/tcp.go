@@ -75,7 +75,7 @@ var (
 
 // Factory makes the transport for a new runtime.
 func Factory() transport.TransportFactory {
-	return transport.TransportFactory{Name: Name, New: New}
+	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
 // Transport is the tcp transport of one runtime.
@@ -120,9 +120,9 @@ type pooled struct {
 // New makes the transport; the data listener starts when an object first
 // needs it.
 func New(h transport.Host) (transport.Transport, error) {
-	streams := h.Settings().TCPStreams // RDT_TCP_STREAMS, checked by the runtime
-	if streams < 1 || streams > transport.MaxTCPStreams {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, transport.MaxTCPStreams)
+	streams := streamsSetting.In(h.Settings()) // checked by the runtime
+	if streams < 1 || streams > maxStreams {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, maxStreams)
 	}
 	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
 		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}

@@ -186,7 +186,7 @@ func TestSmallFetchCompletesInline(t *testing.T) {
 
 func TestMultiStreamOverride(t *testing.T) {
 	srcHost, dstHost := newHost(""), newHost("")
-	dstHost.Config.TCPStreams = 7 // RDT_TCP_STREAMS=7
+	dstHost.Config = transport.NewSettings(map[string]string{"RDT_TCP_STREAMS": "7"})
 	s, err := New(srcHost)
 	require.NoError(t, err)
 	d, err := New(dstHost)
@@ -206,9 +206,9 @@ func TestMultiStreamOverride(t *testing.T) {
 
 	// The runtime refuses bad values of RDT_TCP_STREAMS (core's
 	// environment table); a host handing out of range ones is refused too.
-	for _, bad := range []int{0, 17} {
+	for _, bad := range []string{"0", "17"} {
 		h := newHost("")
-		h.Config.TCPStreams = bad
+		h.Config = transport.NewSettings(map[string]string{"RDT_TCP_STREAMS": bad})
 		_, err := New(h)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), bad)
 	}

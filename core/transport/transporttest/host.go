@@ -33,7 +33,8 @@ type Host struct {
 	Timeout time.Duration
 	// LogLevel is the level of the host's logger (off unless set).
 	LogLevel transport.LogLevel
-	// Config are the runtime's settings (transport.DefaultSettings unless set).
+	// Config are the runtime's settings (none set unless set: every
+	// setting reads as its default).
 	Config transport.Settings
 	// Ctx is Context (context.Background unless set).
 	Ctx context.Context
@@ -54,7 +55,7 @@ func NewHost(t testing.TB) *Host {
 // is dir ("" for the system's temporary directory).
 func NewHostIn(dir string) *Host {
 	h := &Host{Dir: dir, Timeout: transport.DefaultPeerTimeout, LogLevel: transport.LogOff,
-		Config: transport.DefaultSettings(), Ctx: context.Background(), objs: map[transport.ObjectID][]transport.Tensor{}}
+		Ctx: context.Background(), objs: map[transport.ObjectID][]transport.Tensor{}}
 	_, _ = rand.Read(h.ID[:])
 	return h
 }

@@ -98,6 +98,9 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			if ti.Builtin {
 				flags |= C.RDT_TRANSPORT_BUILTIN
 			}
+			if ti.SameHostOnly {
+				flags |= C.RDT_TRANSPORT_SAME_HOST_ONLY
+			}
 			o.flags = C.uint32_t(flags)
 			n := min(len(ti.Devices), C.RDT_MAX_DEVICES)
 			o.num_devices = C.uint32_t(n)
@@ -109,6 +112,8 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			o.bytes_received = C.uint64_t(ti.BytesReceived)
 			o.sends_completed = C.uint64_t(ti.SendsCompleted)
 			o.bytes_sent = C.uint64_t(ti.BytesSent)
+			o.auto_rank_host = C.uint32_t(max(ti.Auto.Host, 0))
+			o.auto_rank_cuda = C.uint32_t(max(ti.Auto.CUDA, 0))
 		}
 		return nil
 	})

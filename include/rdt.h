@@ -622,6 +622,8 @@ RDT_API void rdt_set_error(const char *message);
 #define RDT_TRANSPORT_ONE_SIDED (1u << 0) /* the receiver reads alone       */
 #define RDT_TRANSPORT_CAN_ABORT (1u << 1) /* abort() stops transfers safely */
 #define RDT_TRANSPORT_BUILTIN (1u << 2)   /* reported by rdt_transport_list */
+/* Reported by rdt_transport_list: reaches only runtimes on its own host. */
+#define RDT_TRANSPORT_SAME_HOST_ONLY (1u << 3)
 
 /* A transport implemented by the application, modelled on Ray's
  * TensorTransportManager. rdt calls these from its own threads, possibly
@@ -733,6 +735,13 @@ typedef struct rdt_transport_info {
   uint64_t bytes_received;
   uint64_t sends_completed;        /* as source, two-sided */
   uint64_t bytes_sent;             /* as source, two-sided */
+  /* The transport's place in the automatic choice (a fetch of a ref put
+   * without a transport): transports are tried in increasing rank, and 0
+   * leaves it out. For objects in host memory, and for objects with a
+   * tensor in CUDA memory; RDT_TRANSPORT_SAME_HOST_ONLY transports are
+   * left out for peers on another host. */
+  uint32_t auto_rank_host;
+  uint32_t auto_rank_cuda;
 } rdt_transport_info;
 
 static inline void rdt_transport_info_init(rdt_transport_info *info) {

@@ -235,6 +235,8 @@ type TransportInfo struct {
 	Devices            []transport.DeviceType
 	OneSided, CanAbort bool
 	Builtin            bool
+	SameHostOnly       bool
+	Auto               transport.AutoRank
 	TransfersCompleted uint64
 	TransfersFailed    uint64
 	BytesReceived      uint64
@@ -251,6 +253,8 @@ func (r *Registry) List() []TransportInfo {
 		out = append(out, TransportInfo{
 			Name: name, Devices: e.desc.Devices, OneSided: e.desc.OneSided, CanAbort: e.desc.CanAbort,
 			Builtin:            e.builtin,
+			SameHostOnly:       e.desc.SameHostOnly,
+			Auto:               e.desc.Auto,
 			TransfersCompleted: e.stats.TransfersCompleted.Load(),
 			TransfersFailed:    e.stats.TransfersFailed.Load(),
 			BytesReceived:      e.stats.BytesReceived.Load(),

@@ -74,11 +74,34 @@ static void destroyed_owner_is_never_read(void) {
   }
 }
 
+/* The automatic choice's order reaches the bindings through the list:
+ * host memory tries cma, then shm, then tcp; only tcp crosses hosts. */
+static void automatic_order_is_listed(rdt_runtime *rt) {
+  rdt_transport_info infos[16];
+  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
+  size_t n = 0;
+  CHECK_OK(rdt_transport_list(rt, infos, 16, &n));
+  uint32_t cma = 0, shm = 0, tcp = 0;
+  for (size_t i = 0; i < n && i < 16; i++) {
+    const rdt_transport_info *t = &infos[i];
+    CHECK(t->flags & RDT_TRANSPORT_BUILTIN);
+    if (strcmp(t->name, "cma") == 0) cma = t->auto_rank_host;
+    if (strcmp(t->name, "shm") == 0) shm = t->auto_rank_host;
+    if (strcmp(t->name, "tcp") == 0) tcp = t->auto_rank_host;
+    CHECK(!!(t->flags & RDT_TRANSPORT_SAME_HOST_ONLY) ==
+          (strcmp(t->name, "cma") == 0 || strcmp(t->name, "shm") == 0 || strcmp(t->name, "cuda_ipc") == 0));
+    if (strcmp(t->name, "cma") == 0 || strcmp(t->name, "shm") == 0 || strcmp(t->name, "tcp") == 0)
+      CHECK(t->auto_rank_cuda == 0);
+  }
+  CHECK(cma > 0 && cma < shm && shm < tcp);
+}
+
 int main(void) {
   rdt_runtime *a = socket_runtime("owner"), *b = socket_runtime("reader");
   size_t count = 0;
   CHECK_OK(rdt_transport_list(b, NULL, 0, &count));
   CHECK(count >= 3);
+  automatic_order_is_listed(b);
   move(a, b, "cma", NULL, "cma");
   move(a, b, "shm", NULL, "shm");
   move(a, b, "tcp", NULL, "tcp");

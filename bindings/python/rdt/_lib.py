@@ -51,6 +51,7 @@ RELEASE_REVOKE_LEASES = 1 << 0
 TRANSPORT_ONE_SIDED = 1 << 0
 TRANSPORT_CAN_ABORT = 1 << 1
 TRANSPORT_BUILTIN = 1 << 2
+TRANSPORT_SAME_HOST_ONLY = 1 << 3
 
 ROLE_SOURCE = 1
 ROLE_DESTINATION = 2
@@ -161,6 +162,8 @@ class TransportInfo(Structure):
         ("bytes_received", c_uint64),
         ("sends_completed", c_uint64),
         ("bytes_sent", c_uint64),
+        ("auto_rank_host", c_uint32),
+        ("auto_rank_cuda", c_uint32),
     ]
 
 

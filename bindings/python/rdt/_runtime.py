@@ -362,7 +362,10 @@ class Runtime(Handle):
                  "devices": [names.get(x.devices[i], str(x.devices[i])) for i in range(x.num_devices)],
                  "transfers_completed": x.transfers_completed, "transfers_failed": x.transfers_failed,
                  "bytes_received": x.bytes_received, "sends_completed": x.sends_completed,
-                 "bytes_sent": x.bytes_sent} for x in arr[:min(n.value, len(arr))]]
+                 "bytes_sent": x.bytes_sent,
+                 "same_host_only": bool(x.flags & _lib.TRANSPORT_SAME_HOST_ONLY),
+                 "auto_rank_host": x.auto_rank_host, "auto_rank_cuda": x.auto_rank_cuda}
+                for x in arr[:min(n.value, len(arr))]]
 
     def unavailable_transports(self) -> Dict[str, str]:
         """The built-in transports missing here, by name, with the reason

@@ -130,6 +130,61 @@ rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out) {
   return st;
 }
 
+/* Copies n library-sized structs (`size` bytes each) from `full` into the
+ * caller's array `out`, whose elements are `stride` bytes apart (the
+ * struct_size of its first element, checked by the caller): each element
+ * gets the fields both sizes hold and keeps the caller's struct_size, the
+ * first field of every versioned struct. */
+static void copy_out_array(void *out, size_t stride, const void *full, size_t size,
+                           size_t n) {
+  uint32_t keep = (uint32_t)stride;
+  for (size_t i = 0; i < n; i++) {
+    char *dst = (char *)out + i * stride;
+    memcpy(dst, (const char *)full + i * size, stride < size ? stride : size);
+    memcpy(dst, &keep, sizeof keep);
+  }
+}
+
+/* A Go export that lists into an array of library-sized structs. */
+typedef int (*go_lister)(uintptr_t h, void *staging, size_t capacity, size_t *count);
+
+/* Lists through a Go export into the caller's array of versioned structs.
+ * The staging array holds what there is, not the caller's capacity (which
+ * may be any size): sized by a first count, and again if entries appeared
+ * meanwhile. The caller checked count, out and its struct_size. */
+static rdt_status list_out(const char *fn, uintptr_t h, go_lister list, void *out,
+                           size_t capacity, size_t *count, size_t size) {
+  size_t stride = 0;
+  if (capacity > 0) {
+    uint32_t first_size;
+    memcpy(&first_size, out, sizeof first_size);
+    stride = first_size;
+  }
+  void *full = NULL;
+  size_t staged = 0;
+  rdt_status st = (rdt_status)list(h, NULL, 0, count);
+  while (st == RDT_OK && staged < capacity && staged < *count) {
+    staged = *count < capacity ? *count : capacity;
+    free(full);
+    full = calloc(staged, size);
+    if (full == NULL) return fail(RDT_ERR_NO_MEMORY, "%s: out of memory", fn);
+    st = (rdt_status)list(h, full, staged, count);
+  }
+  if (st == RDT_OK) copy_out_array(out, stride, full, size, *count < staged ? *count : staged);
+  free(full);
+  return st;
+}
+
+static int list_histograms(uintptr_t h, void *p, size_t c, size_t *n) {
+  return rdtgo_runtime_fetch_histograms(h, p, c, n);
+}
+static int list_transports(uintptr_t h, void *p, size_t c, size_t *n) {
+  return rdtgo_transport_list(h, p, c, n);
+}
+static int list_unavailable(uintptr_t h, void *p, size_t c, size_t *n) {
+  return rdtgo_transport_list_unavailable(h, p, c, n);
+}
+
 rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt, rdt_fetch_histogram *out,
                                         size_t capacity, size_t *count) {
   FORK_GUARD("rdt_runtime_fetch_histograms");
@@ -138,36 +193,10 @@ rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt, rdt_fetch_histogram *ou
   if (capacity > 0 && out == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT,
                 "rdt_runtime_fetch_histograms: out is NULL but capacity is %zu", capacity);
-  size_t stride = 0;
-  if (capacity > 0) {
+  if (capacity > 0)
     CHECK_OUT_STRUCT("rdt_runtime_fetch_histograms", rdt_fetch_histogram, out, size_class);
-    stride = out->struct_size;
-  }
-  /* The staging array holds what there is, not the caller's capacity
-   * (which may be any size): sized by a first count, and again if entries
-   * appeared meanwhile. */
-  rdt_fetch_histogram *full = NULL;
-  size_t staged = 0;
-  rdt_status st = (rdt_status)rdtgo_runtime_fetch_histograms((uintptr_t)rt, NULL, 0, count);
-  while (st == RDT_OK && staged < capacity && staged < *count) {
-    staged = *count < capacity ? *count : capacity;
-    free(full);
-    full = calloc(staged, sizeof *full);
-    if (full == NULL)
-      return fail(RDT_ERR_NO_MEMORY, "rdt_runtime_fetch_histograms: out of memory");
-    st = (rdt_status)rdtgo_runtime_fetch_histograms((uintptr_t)rt, full, staged, count);
-  }
-  if (st == RDT_OK) {
-    size_t n = *count < staged ? *count : staged;
-    for (size_t i = 0; i < n; i++) {
-      rdt_fetch_histogram *dst = (rdt_fetch_histogram *)((char *)out + i * stride);
-      dst->struct_size = (uint32_t)stride;
-      full[i].struct_size = sizeof *full;
-      VERSIONED_OUT(rdt_fetch_histogram, dst, full[i]);
-    }
-  }
-  free(full);
-  return st;
+  return list_out("rdt_runtime_fetch_histograms", (uintptr_t)rt, list_histograms, out, capacity,
+                  count, sizeof(rdt_fetch_histogram));
 }
 
 /* ---- objects and refs ----------------------------------------------- */
@@ -385,29 +414,9 @@ rdt_status rdt_transport_list(rdt_runtime *rt, rdt_transport_info *infos,
   if (capacity > 0 && infos == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT,
                 "rdt_transport_list: infos is NULL but capacity is %zu", capacity);
-  size_t stride = 0;
-  if (capacity > 0) {
-    CHECK_OUT_STRUCT("rdt_transport_list", rdt_transport_info, infos, flags);
-    stride = infos->struct_size;
-  }
-  rdt_transport_info *full = NULL;
-  if (capacity > 0) {
-    full = calloc(capacity, sizeof *full);
-    if (full == NULL) return fail(RDT_ERR_NO_MEMORY, "rdt_transport_list: out of memory");
-  }
-  rdt_status st =
-      (rdt_status)rdtgo_transport_list((uintptr_t)rt, full, capacity, count);
-  if (st == RDT_OK) {
-    size_t n = *count < capacity ? *count : capacity;
-    for (size_t i = 0; i < n; i++) {
-      rdt_transport_info *dst = (rdt_transport_info *)((char *)infos + i * stride);
-      dst->struct_size = (uint32_t)stride;
-      full[i].struct_size = sizeof *full;
-      VERSIONED_OUT(rdt_transport_info, dst, full[i]);
-    }
-  }
-  free(full);
-  return st;
+  if (capacity > 0) CHECK_OUT_STRUCT("rdt_transport_list", rdt_transport_info, infos, flags);
+  return list_out("rdt_transport_list", (uintptr_t)rt, list_transports, infos, capacity, count,
+                  sizeof(rdt_transport_info));
 }
 
 rdt_status rdt_transport_list_unavailable(rdt_runtime *rt,
@@ -419,31 +428,10 @@ rdt_status rdt_transport_list_unavailable(rdt_runtime *rt,
   if (capacity > 0 && infos == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT,
                 "rdt_transport_list_unavailable: infos is NULL but capacity is %zu", capacity);
-  size_t stride = 0;
-  if (capacity > 0) {
+  if (capacity > 0)
     CHECK_OUT_STRUCT("rdt_transport_list_unavailable", rdt_unavailable_transport, infos, name);
-    stride = infos->struct_size;
-  }
-  rdt_unavailable_transport *full = NULL;
-  if (capacity > 0) {
-    full = calloc(capacity, sizeof *full);
-    if (full == NULL)
-      return fail(RDT_ERR_NO_MEMORY, "rdt_transport_list_unavailable: out of memory");
-  }
-  rdt_status st = (rdt_status)rdtgo_transport_list_unavailable((uintptr_t)rt, full,
-                                                               capacity, count);
-  if (st == RDT_OK) {
-    size_t n = *count < capacity ? *count : capacity;
-    for (size_t i = 0; i < n; i++) {
-      rdt_unavailable_transport *dst =
-          (rdt_unavailable_transport *)((char *)infos + i * stride);
-      dst->struct_size = (uint32_t)stride;
-      full[i].struct_size = sizeof *full;
-      VERSIONED_OUT(rdt_unavailable_transport, dst, full[i]);
-    }
-  }
-  free(full);
-  return st;
+  return list_out("rdt_transport_list_unavailable", (uintptr_t)rt, list_unavailable, infos,
+                  capacity, count, sizeof(rdt_unavailable_transport));
 }
 
 /* Made once by Go and kept for the life of the process. A child forked
@@ -509,14 +497,7 @@ rdt_status rdt_log_take(rdt_log_record *records, size_t capacity,
   rdt_log_record *full = calloc(capacity, sizeof *full);
   if (full == NULL) return fail(RDT_ERR_NO_MEMORY, "rdt_log_take: out of memory");
   rdt_status st = (rdt_status)rdtgo_log_take(full, capacity, count, timeout_ms);
-  if (st == RDT_OK) {
-    for (size_t i = 0; i < *count; i++) {
-      rdt_log_record *dst = (rdt_log_record *)((char *)records + i * stride);
-      dst->struct_size = (uint32_t)stride;
-      full[i].struct_size = sizeof *full;
-      VERSIONED_OUT(rdt_log_record, dst, full[i]);
-    }
-  }
+  if (st == RDT_OK) copy_out_array(records, stride, full, sizeof *full, *count);
   free(full);
   return st;
 }

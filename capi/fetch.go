@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"fmt"
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -73,7 +72,7 @@ func rdtgo_fetch_wait(h C.uintptr_t, ms C.int64_t) C.int {
 		if err != nil {
 			return err
 		}
-		return fh.f.Wait(time.Duration(timeout(ms)))
+		return fh.f.Wait(duration(ms))
 	})
 }
 
@@ -129,7 +128,7 @@ func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 		if err != nil {
 			return err
 		}
-		return rt.Get(rs, ts, opts, time.Duration(timeout(ms)))
+		return rt.Get(rs, ts, opts, duration(ms))
 	})
 }
 
@@ -140,6 +139,6 @@ func rdtgo_wait_tensor_freed(h C.uintptr_t, data C.uintptr_t, ms C.int64_t) C.in
 		if err != nil {
 			return err
 		}
-		return rt.WaitTensorFreed(uintptr(data), time.Duration(timeout(ms)))
+		return rt.WaitTensorFreed(uintptr(data), duration(ms))
 	})
 }

@@ -6,8 +6,6 @@ package main
 import "C"
 
 import (
-	"time"
-
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -25,7 +23,7 @@ func rdtgo_group_create(h C.uintptr_t, name *C.char, worldSize, rank C.int32_t, 
 			Name: C.GoString(name), WorldSize: int(worldSize), Rank: int(rank),
 			Rank0: goString(rank0), Device: int(device), Backend: goString(backend),
 		}
-		return rt.CreateGroup(spec, time.Duration(timeout(timeoutMs)))
+		return rt.CreateGroup(spec, duration(timeoutMs))
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"runtime/cgo"
 	"runtime/debug"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -109,12 +110,15 @@ func refOf(h C.uintptr_t, what string) (*engine.Ref, error) {
 	return rh.ref, nil
 }
 
-// timeout converts milliseconds (negative: forever) to a Duration.
-func timeout(ms C.int64_t) (d int64) {
+// duration converts a C timeout in milliseconds to a Duration: negative is
+// -1 (no deadline: wait forever), and values too large for a Duration are
+// cut to about 146 years rather than wrapping round. Every *_ms argument
+// and field goes through it.
+func duration(ms C.int64_t) time.Duration {
 	if ms < 0 {
 		return -1
 	}
-	return int64(ms) * 1e6
+	return time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
 }
 
 // goString reads an optional C string; NULL is "".

@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -30,10 +29,7 @@ func rdtgo_log_set_level(level C.int32_t) C.int {
 //export rdtgo_log_take
 func rdtgo_log_take(records *C.rdt_log_record, capacity C.size_t, count *C.size_t, timeoutMS C.int64_t) C.int {
 	return guard("rdt_log_take", func() error {
-		timeout := time.Duration(timeoutMS) * time.Millisecond
-		if timeoutMS < 0 {
-			timeout = -1
-		}
+		timeout := duration(timeoutMS)
 		buf := make([]transport.LogRecord, min(capacity, transport.MaxCapturedLogs))
 		got, err := transport.TakeLogs(buf, timeout)
 		if err != nil {

@@ -199,5 +199,5 @@ func deserializeTimeout(ms C.int64_t) time.Duration {
 	case ms == 0:
 		return engine.DefaultDeserializeTimeout
 	}
-	return time.Duration(min(int64(ms), int64(time.Duration(1<<62)/time.Millisecond))) * time.Millisecond
+	return duration(ms)
 }

@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -30,10 +29,7 @@ func rdtgo_runtime_take_released(h C.uintptr_t, userData *C.uintptr_t, capacity 
 			return invalid("runtime %s was not created with RDT_RUNTIME_QUEUE_RELEASES: its release callbacks are called instead", rt.Name())
 		}
 		buf := make([]uintptr, min(capacity, engine.MaxTakeReleased))
-		timeout := time.Duration(timeoutMS) * time.Millisecond
-		if timeoutMS < 0 {
-			timeout = -1
-		}
+		timeout := duration(timeoutMS)
 		got, err := rt.TakeReleased(buf, timeout)
 		if err != nil {
 			return err

@@ -6,7 +6,6 @@ package main
 import "C"
 
 import (
-	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -22,8 +21,8 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 		o := engine.Options{
 			Name:          goString(opts.name),
 			LogLevel:      transport.LogLevel(opts.log_level),
-			Lease:         time.Duration(opts.lease_ms) * time.Millisecond,
-			PeerTimeout:   time.Duration(opts.peer_timeout_ms) * time.Millisecond,
+			Lease:         duration(opts.lease_ms),
+			PeerTimeout:   duration(opts.peer_timeout_ms),
 			ListenTCP:     goString(opts.listen_tcp),
 			AuthToken:     goString(opts.auth_token),
 			AdvertiseHost: goString(opts.advertise_host),

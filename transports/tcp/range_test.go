@@ -22,7 +22,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 	if length > maxChunk {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "at most %d bytes per request", maxChunk)
 	}
-	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
+	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1, pool: newPool()}
 	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
 	c, err := t.conn(ctx, k)
 	if err != nil {

@@ -200,26 +200,20 @@ func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 		// Records that keep nothing go, should a source's end have been
 		// reported before its first fetch started.
 		for id, other := range t.idle {
-			if other.empty() {
+			if t.keepsNothingLocked(other) {
 				delete(t.idle, id)
 			}
 		}
-		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}, arenas: map[transport.ObjectID]*arenaView{}}
+		k = &keptConns{peer: peer.RuntimeID, arenas: map[transport.ObjectID]*arenaView{}}
 		t.idle[peer.RuntimeID] = k
 	}
 	return k, nil
 }
 
-func (k *keptConns) empty() bool {
-	if len(k.arenas) > 0 {
-		return false
-	}
-	for _, cs := range k.byPath {
-		if len(cs) > 0 {
-			return false
-		}
-	}
-	return true
+// keepsNothingLocked reports whether a record holds no arena and no
+// connection; the caller holds idleMu.
+func (t *Transport) keepsNothingLocked(k *keptConns) bool {
+	return len(k.arenas) == 0 && t.kept.PeerLen(k.peer) == 0
 }
 
 // check finishes a fetch once the segment server answered: nothing more
@@ -658,26 +652,28 @@ func readInline(c *net.UnixConn, size uint64, regions []region, targets []transp
 	return nil
 }
 
+// takeIdle takes a connection kept for src's segment server at path (a
+// record dropped meanwhile has none).
 func (t *Transport) takeIdle(src *keptConns, path string) *net.UnixConn {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	cs := src.byPath[path]
-	if len(cs) == 0 {
+	if t.idle == nil || t.idle[src.peer] != src {
 		return nil
 	}
-	c := cs[len(cs)-1]
-	src.byPath[path] = cs[:len(cs)-1]
+	c, _ := t.kept.Take(keptKey{peer: src.peer, path: path})
 	return c
 }
 
+// keepIdle keeps c for the next request to the segment server at path,
+// unless src's record was dropped or keeps maxIdle for that path already.
 func (t *Transport) keepIdle(src *keptConns, path string, c *net.UnixConn) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	if t.idle == nil || t.idle[src.peer] != src || len(src.byPath[path]) >= maxIdle {
+	if t.idle == nil || t.idle[src.peer] != src {
 		c.Close()
 		return
 	}
-	src.byPath[path] = append(src.byPath[path], c)
+	t.kept.Put(keptKey{peer: src.peer, path: path}, c)
 }
 
 func receivedFDs(oob []byte) []int {

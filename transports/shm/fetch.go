@@ -499,7 +499,7 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		return fail(err)
 	}
 	if got.h.flags&flagInline != 0 {
-		if err := got.readInline(r, c, m, targets, limit); err != nil {
+		if err := got.takeInline(r, c, m, targets, limit); err != nil {
 			return fail(err)
 		}
 		t.keepIdle(src, m.Path, c)
@@ -583,10 +583,10 @@ func (p *reply) complete(c *net.UnixConn, m *metadata) error {
 // early is the inline bytes that came with the header.
 func (p *reply) early() []byte { return p.buf[p.msgEnd:p.n] }
 
-// readInline checks an inline answer against what this receiver announced
+// takeInline checks an inline answer against what this receiver announced
 // (limit) and the metadata says, never the source's word alone, and reads
 // its bytes into the targets.
-func (p *reply) readInline(r *request, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32) error {
+func (p *reply) takeInline(r *request, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32) error {
 	early := p.early()
 	if limit == 0 || p.h.size != m.Size || uint64(len(early)) > p.h.size || len(p.fds) != 0 {
 		return transport.Errorf(transport.ErrCorrupt, "the source sent %d bytes inline with %d descriptors; %d announced, the metadata says %d", p.h.size, len(p.fds), limit, m.Size)

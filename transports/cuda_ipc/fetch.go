@@ -74,23 +74,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	if len(m.Tensors) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+	if err := t.checkFetch(m, targets); err != nil {
+		return nil, err
 	}
-	for i, tr := range m.Tensors {
-		if tr.Nbytes != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
-		}
-		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
-			return nil, transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
-		}
-		if tr.Nbytes > 0 {
-			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
-				return nil, err
-			}
-		}
-	}
-	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
 	req := &request{t: t, aborted: make(chan struct{})}
 	ok := false
 	defer func() {
@@ -98,10 +84,59 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			req.drain()
 		}
 	}()
+	src, err := t.openSources(req, x, m, targets)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := planCopies(m, targets, src)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.enqueue(req, targets, plan); err != nil {
+		return nil, err
+	}
+	ok = true
+	return req, nil
+}
 
-	// Where each source allocation is readable in this process.
-	srcDev := make([]int, len(m.Allocs))
-	srcBase := make([]cuda.Ptr, len(m.Allocs))
+// checkFetch checks that the targets match the tensors the metadata
+// describes, and that every target that receives bytes is on a CUDA
+// device this transport may use.
+func (t *Transport) checkFetch(m *metadata, targets []transport.Tensor) error {
+	if len(m.Tensors) != len(targets) {
+		return transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+	}
+	for i, tr := range m.Tensors {
+		if tr.Nbytes != targets[i].Nbytes {
+			return transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+		}
+		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
+			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+		}
+		if tr.Nbytes > 0 {
+			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sources says where each source allocation is readable in this process:
+// on which device, from which address (zero for an allocation no tensor
+// uses).
+type sources struct {
+	dev  []int
+	base []cuda.Ptr
+}
+
+// openSources finds the device of every allocation a tensor uses and maps
+// it into this process (from the cache when it was mapped before; a
+// source in this very process needs no mapping). The mappings are added to
+// req's entries, so that req.drain hands them back.
+func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata, targets []transport.Tensor) (sources, error) {
+	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
+	src := sources{dev: make([]int, len(m.Allocs)), base: make([]cuda.Ptr, len(m.Allocs))}
 	used := make([]bool, len(m.Allocs))
 	for _, tr := range m.Tensors {
 		if tr.Alloc != noAlloc {
@@ -114,64 +149,82 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		}
 		dev, found, err := cuda.DeviceByUUID(a.Device)
 		if err != nil {
-			return nil, err
+			return src, err
 		}
 		if !found {
-			return nil, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+			return src, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
 		}
-		srcDev[i] = dev
+		src.dev[i] = dev
 		if sameProcess {
-			srcBase[i] = a.Base // the source's addresses are ours
+			src.base[i] = a.Base // the source's addresses are ours
 			continue
 		}
 		if !processAlive(int(m.Pid)) {
-			return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
+			return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
 		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
 		if err != nil {
 			if !processAlive(int(m.Pid)) {
-				return nil, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
+				return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
 			}
-			return nil, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+			return src, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s)", dev, a.Device)
 		}
 		req.entries = append(req.entries, e)
-		srcBase[i] = e.ptr
+		src.base[i] = e.ptr
 	}
+	return src, nil
+}
 
-	groups := map[devicePair][]cuda.Copy{}
-	groupTargets := map[devicePair][]int{}
-	var order []devicePair
+// copyPlan is a fetch's copies grouped by pair of devices, in the order
+// the pairs first appear among the tensors.
+type copyPlan struct {
+	order   []devicePair
+	copies  map[devicePair][]cuda.Copy
+	targets map[devicePair][]int // the targets each pair's copies write
+}
+
+// planCopies groups the copies of every non-empty tensor by pair of
+// devices, checking that devices that differ have peer access.
+func planCopies(m *metadata, targets []transport.Tensor, src sources) (copyPlan, error) {
+	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
 	for i, tr := range m.Tensors {
 		if tr.Nbytes == 0 {
 			continue
 		}
-		p := devicePair{dst: int(targets[i].Device.ID), src: srcDev[tr.Alloc]}
+		p := devicePair{dst: int(targets[i].Device.ID), src: src.dev[tr.Alloc]}
 		if p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
 			if err != nil {
-				return nil, err
+				return plan, err
 			}
 			if !can {
-				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+				return plan, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
 					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
 			}
 		}
-		if _, ok := groups[p]; !ok {
-			order = append(order, p)
+		if _, ok := plan.copies[p]; !ok {
+			plan.order = append(plan.order, p)
 		}
-		groups[p] = append(groups[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: srcBase[tr.Alloc] + tr.Offset, N: tr.Nbytes})
-		groupTargets[p] = append(groupTargets[p], i)
+		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: src.base[tr.Alloc] + tr.Offset, N: tr.Nbytes})
+		plan.targets[p] = append(plan.targets[p], i)
 	}
-	for _, p := range order {
+	return plan, nil
+}
+
+// enqueue enqueues each pair's copies on a stream of the target device,
+// followed by an event that req waits for. When an enqueue fails, the
+// copies it did enqueue finish before the error returns.
+func (t *Transport) enqueue(req *request, targets []transport.Tensor, plan copyPlan) error {
+	for _, p := range plan.order {
 		s, err := t.stream(p.dst)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		ev, err := t.event(p.dst)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		n, err := cuda.CopyAsync(p.dst, p.src, s, groups[p], ev)
+		n, err := cuda.CopyAsync(p.dst, p.src, s, plan.copies[p], ev)
 		if err != nil {
 			if n > 0 {
 				// Some copies were enqueued: let them finish before the
@@ -179,15 +232,14 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 				_ = s.Synchronize()
 			}
 			t.putEvent(p.dst, ev)
-			if terr := checkTargets(targets, groupTargets[p]); terr != nil {
-				return nil, terr
+			if terr := checkTargets(targets, plan.targets[p]); terr != nil {
+				return terr
 			}
-			return nil, transport.Wrap(err, "copying from cuda:%d to cuda:%d", p.src, p.dst)
+			return transport.Wrap(err, "copying from cuda:%d to cuda:%d", p.src, p.dst)
 		}
 		req.events = append(req.events, ev)
 	}
-	ok = true
-	return req, nil
+	return nil
 }
 
 // checkTargets explains a copy the driver refused when one of the CUDA

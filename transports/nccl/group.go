@@ -473,13 +473,37 @@ func (g *group) run(o *op, send bool, peer int, seq uint64, bufs []Buffer, what 
 	return err
 }
 
+// transfer moves bufs to or from peer as transfer seq between the two
+// ranks: it waits for that turn, enqueues the work, passes the turn on and
+// polls until the work is done.
 func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, what string) error {
 	next, l := g.recvNext, g.laneOf(peer, g.rank)
 	if send {
 		next, l = g.sendNext, g.laneOf(g.rank, peer)
 	}
-	// Wait for our turn: transfers between two ranks are enqueued on both
-	// sides in the order the destination assigned.
+	if err := g.awaitTurn(o, next, peer, seq); err != nil {
+		return err
+	}
+	ev, err := cuda.NewEvent(g.dev)
+	if err != nil {
+		return err
+	}
+	defer ev.Destroy()
+	started, err := g.enqueue(o, l, send, peer, bufs, ev, what)
+	if !started {
+		return err
+	}
+	defer g.active.Done()
+	g.passTurn(next, peer, seq)
+	if err != nil {
+		return err
+	}
+	return g.poll(o, l, ev, what)
+}
+
+// awaitTurn waits for our turn: transfers between two ranks are enqueued
+// on both sides in the order the destination assigned.
+func (g *group) awaitTurn(o *op, next map[int]uint64, peer int, seq uint64) error {
 	for {
 		g.mu.RLock()
 		dead, at, ch := g.dead, next[peer], g.changed
@@ -488,7 +512,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 			return dead
 		}
 		if at == seq {
-			break
+			return nil
 		}
 		if at > seq {
 			return transport.Errorf(transport.ErrInternal, "transfer %d from rank %d came after transfer %d", seq, peer, at)
@@ -500,11 +524,13 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		case <-g.deadCh:
 		}
 	}
-	ev, err := cuda.NewEvent(g.dev)
-	if err != nil {
-		return err
-	}
-	defer ev.Destroy()
+}
+
+// enqueue enqueues the work on the lane's stream, then records ev after
+// it. started is false when the group died before anything was enqueued;
+// otherwise the transfer counts as active (the caller calls
+// g.active.Done), and err says whether the enqueue or the record failed.
+func (g *group) enqueue(o *op, l *lane, send bool, peer int, bufs []Buffer, ev *cuda.Event, what string) (started bool, err error) {
 	// The enqueue can wait: for another transfer's enqueue, and inside NCCL,
 	// whose first send or receive between two ranks blocks until the peer
 	// connects. An abort meanwhile can only reach it by aborting the
@@ -527,9 +553,8 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	if dead != nil {
 		l.enq.Unlock()
 		close(enqueued)
-		return dead
+		return false, dead
 	}
-	defer g.active.Done()
 	// A failed P2P launched nothing (NCCL launches no part of a group that
 	// fails).
 	err = l.comm.P2P(send, peer, bufs, l.stream)
@@ -545,19 +570,25 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 	}
 	l.enq.Unlock()
 	close(enqueued)
+	return true, err
+}
+
+// passTurn lets the transfer after seq between the two ranks go ahead.
+func (g *group) passTurn(next map[int]uint64, peer int, seq uint64) {
 	g.mu.Lock()
 	next[peer] = seq + 1
 	close(g.changed)
 	g.changed = make(chan struct{})
 	g.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	// Poll: the event says the bytes moved; the communicator's async error
-	// says NCCL failed (a peer died, a network error). Only a completion
-	// seen before an abort counts: ncclCommAbort ends enqueued work early,
-	// and the event completes all the same. A graceful destroy waits for
-	// this transfer, and the communicator stays usable until it is over.
+}
+
+// poll waits for the enqueued work: the event says the bytes moved; the
+// communicator's async error says NCCL failed (a peer died, a network
+// error). Only a completion seen before an abort counts: ncclCommAbort
+// ends enqueued work early, and the event completes all the same. A
+// graceful destroy waits for this transfer, and the communicator stays
+// usable until it is over.
+func (g *group) poll(o *op, l *lane, ev *cuda.Event, what string) error {
 	deadCh := g.deadCh
 	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
 		g.mu.RLock()

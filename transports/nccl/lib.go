@@ -9,13 +9,15 @@ package nccl
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
-	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
+	"github.com/rdt-project/rdt/transports/internal/dynlib"
 )
 
 // DefaultLibrary is NCCL's soname; RDT_NCCL_LIBRARY overrides it.
@@ -108,52 +110,56 @@ func check(op string, r C.rdt_nccl_result, comm C.rdt_nccl_comm) error {
 
 // Library is the path Load opens: RDT_NCCL_LIBRARY, else libnccl.so.2.
 func Library() string {
-	if p := os.Getenv("RDT_NCCL_LIBRARY"); p != "" {
-		return p
-	}
-	return DefaultLibrary
+	return dynlib.Path(os.Getenv("RDT_NCCL_LIBRARY"), DefaultLibrary)
 }
 
 var (
-	loadMu  sync.Mutex
-	loadErr error
-	tried   bool
-	version int
+	loadOnce dynlib.Once
+	version  atomic.Int64
 )
 
 // Load opens the NCCL library once per process; later calls return the
 // first result. A missing library, or one without the needed symbols, is a
 // transport.ErrUnsupported error that names the library (and the symbol).
 func Load() error {
-	loadMu.Lock()
-	defer loadMu.Unlock()
-	if !tried {
-		tried = true
-		loadErr = load(Library())
-	}
-	return loadErr
+	return loadOnce.Do(func() error { return load(Library()) })
 }
 
 func load(path string) error {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var buf [512]C.char
-	if C.rdt_nccl_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
-		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %s", path, C.GoString(&buf[0]))
+	// The handle stays open for the life of the process.
+	_, fns, err := dynlib.OpenTable(symbols(), path)
+	if err != nil {
+		var missing *dynlib.MissingSymbolError
+		if errors.As(err, &missing) {
+			err = fmt.Errorf("%v: it is not the NCCL library, or an NCCL older than 2.7 (point-to-point send/recv)", missing)
+		}
+		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %v", path, err)
 	}
+	C.rdt_nccl_install(&fns[0])
 	var v C.int
 	if err := check("ncclGetVersion", C.rdt_nccl_version(&v), nil); err != nil {
 		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s: %v", path, err)
 	}
-	version = int(v)
+	version.Store(int64(v))
 	return nil
+}
+
+// symbols is the shim's table of NCCL functions, in its order.
+func symbols() []dynlib.Symbol {
+	var syms []dynlib.Symbol
+	for i := 0; ; i++ {
+		var optional C.int
+		name := C.rdt_nccl_symbol(C.size_t(i), &optional)
+		if name == nil {
+			return syms
+		}
+		syms = append(syms, dynlib.Symbol{Name: C.GoString(name), Optional: optional != 0})
+	}
 }
 
 // Version is NCCL's version code (e.g. 22105 for 2.21.5); 0 before Load.
 func Version() int {
-	loadMu.Lock()
-	defer loadMu.Unlock()
-	return version
+	return int(version.Load())
 }
 
 // VersionString formats Version as "2.21.5".

@@ -1,6 +1,5 @@
 #include "shim.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,54 +21,38 @@ static struct {
   rdt_nccl_result (*Recv)(void *, size_t, int, int, rdt_nccl_comm, void *);
   rdt_nccl_result (*GroupStart)(void);
   rdt_nccl_result (*GroupEnd)(void);
-} nc, staged;
+} nc;
 
 static const struct {
   const char *name;
   void **slot;
   int optional;
 } symbols[] = {
-    {"ncclGetVersion", (void **)&staged.GetVersion, 0},
-    {"ncclGetErrorString", (void **)&staged.GetErrorString, 0},
-    {"ncclGetLastError", (void **)&staged.GetLastError, 1},
-    {"ncclGetUniqueId", (void **)&staged.GetUniqueId, 0},
-    {"ncclCommInitRank", (void **)&staged.CommInitRank, 0},
-    {"ncclCommDestroy", (void **)&staged.CommDestroy, 0},
-    {"ncclCommAbort", (void **)&staged.CommAbort, 0},
-    {"ncclCommGetAsyncError", (void **)&staged.CommGetAsyncError, 0},
-    {"ncclSend", (void **)&staged.Send, 0},
-    {"ncclRecv", (void **)&staged.Recv, 0},
-    {"ncclGroupStart", (void **)&staged.GroupStart, 0},
-    {"ncclGroupEnd", (void **)&staged.GroupEnd, 0},
+    {"ncclGetVersion", (void **)&nc.GetVersion, 0},
+    {"ncclGetErrorString", (void **)&nc.GetErrorString, 0},
+    {"ncclGetLastError", (void **)&nc.GetLastError, 1},
+    {"ncclGetUniqueId", (void **)&nc.GetUniqueId, 0},
+    {"ncclCommInitRank", (void **)&nc.CommInitRank, 0},
+    {"ncclCommDestroy", (void **)&nc.CommDestroy, 0},
+    {"ncclCommAbort", (void **)&nc.CommAbort, 0},
+    {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError, 0},
+    {"ncclSend", (void **)&nc.Send, 0},
+    {"ncclRecv", (void **)&nc.Recv, 0},
+    {"ncclGroupStart", (void **)&nc.GroupStart, 0},
+    {"ncclGroupEnd", (void **)&nc.GroupEnd, 0},
 };
 
 static int loaded;
 
-int rdt_nccl_load(const char *path, char *err, size_t errlen) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-    return -1;
-  }
-  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-    dlerror();
-    void *f = dlsym(h, symbols[i].name);
-    if (!f && !symbols[i].optional) {
-      snprintf(err, errlen,
-               "%s has no symbol %s: it is not the NCCL library, or an NCCL older than 2.7 (point-to-point "
-               "send/recv)",
-               path, symbols[i].name);
-      dlclose(h);
-      return -1;
-    }
-    *symbols[i].slot = f;
-  }
-  /* Resolved into `staged` first so that a failed load never disturbs a table
-   * already in use. The handle stays open for the life of the process. */
-  nc = staged;
+const char *rdt_nccl_symbol(size_t i, int *optional) {
+  if (i >= sizeof symbols / sizeof symbols[0]) return NULL;
+  *optional = symbols[i].optional;
+  return symbols[i].name;
+}
+
+void rdt_nccl_install(void *const *fns) {
+  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) *symbols[i].slot = fns[i];
   loaded = 1;
-  return 0;
 }
 
 int rdt_nccl_loaded(void) { return loaded; }

@@ -19,8 +19,12 @@ typedef void *rdt_nccl_comm;  /* ncclComm_t */
 /* Results the shim makes itself (outside ncclResult_t's range). */
 #define RDT_NCCL_NOT_LOADED (-1)
 
-/* Loading: 0 on success; on failure, a message in err. */
-int rdt_nccl_load(const char *path, char *err, size_t errlen);
+/* Loading (the Go side opens the library and resolves the symbols):
+ * rdt_nccl_symbol names the i-th symbol of the table and says whether it
+ * is optional; NULL past the end. rdt_nccl_install takes the addresses
+ * found (NULL for a missing optional one), in that order, once. */
+const char *rdt_nccl_symbol(size_t i, int *optional);
+void rdt_nccl_install(void *const *fns);
 int rdt_nccl_loaded(void);
 
 rdt_nccl_result rdt_nccl_version(int *version);

@@ -9,12 +9,13 @@ package nixl
 import "C"
 
 import (
+	"errors"
 	"os"
 	"strings"
-	"sync"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/dynlib"
 )
 
 // LibraryEnv names the environment variable that points at libnixl_capi.so.
@@ -23,11 +24,8 @@ const LibraryEnv = "RDT_NIXL_LIBRARY"
 // defaultLibrary is found through the dynamic loader's search path.
 const defaultLibrary = "libnixl_capi.so"
 
-var (
-	loadMu   sync.Mutex
-	loaded   string // the path loaded, once it worked
-	loadErrs = map[string]error{}
-)
+// loader keeps the library loaded, or why each path tried failed.
+var loader dynlib.ByPath
 
 // cgetenv reads the C environment. A Go runtime in a shared library
 // copied the environment when it started; a host that set a variable
@@ -46,10 +44,8 @@ func cgetenv(name string) (string, bool) {
 // libraryPath is what Load opens: $RDT_NIXL_LIBRARY, else the loader's
 // search path.
 func libraryPath() string {
-	if p, _ := cgetenv(LibraryEnv); p != "" {
-		return p
-	}
-	return defaultLibrary
+	p, _ := cgetenv(LibraryEnv)
+	return dynlib.Path(p, defaultLibrary)
 }
 
 // prepareEnv sets what NIXL's bundled UCX needs to coexist with Go before
@@ -67,53 +63,56 @@ func prepareEnv() {
 // transport.ErrUnsupported with the path and the reason.
 func Load() error {
 	path := libraryPath()
-	loadMu.Lock()
-	defer loadMu.Unlock()
-	if loaded != "" {
-		if loaded != path {
-			return transport.Errorf(transport.ErrUnsupported, "%s is already loaded in this process; cannot also load %s", loaded, path)
-		}
-		return nil
-	}
-	if err, ok := loadErrs[path]; ok {
-		return err
-	}
-	prepareEnv()
-	err := open(path, false)
-	if err == nil {
-		loaded = path
-		return nil
-	}
-	loadErrs[path] = err
-	return err
+	return loader.Load(path, func() error {
+		prepareEnv()
+		return open(path, false)
+	})
 }
 
-// open loads (or, with probe, only checks) the library at path.
+// open loads (or, with probe, only checks) the library at path. A library
+// loaded stays open: NIXL's threads and UCX live as long as the process.
 func open(path string, probe bool) error {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var what *C.char
-	var rc C.int
+	syms := symbols()
+	lib, fns, err := dynlib.OpenTable(syms, path)
+	var missing *dynlib.MissingSymbolError
+	switch {
+	case errors.As(err, &missing):
+		return transport.Errorf(transport.ErrUnsupported, "%s lacks the symbol %s (not NIXL's C API library, or an incompatible release)", path, missing.Symbol)
+	case err != nil:
+		return transport.Errorf(transport.ErrUnsupported, "cannot load NIXL's C API library %s (set %s to its path, e.g. the libnixl_capi.so of the nixl wheel): %s",
+			path, LibraryEnv, strings.TrimSpace(err.Error()))
+	}
+	// NIXL's reworked C API (src/api/c/nixl_capi.h, newer than the pinned
+	// 1.5.1) exports nixl_capi_get_version and is not the one declared in
+	// shim.h (wrapper.h): its nixl_capi_agent_config_t has a 16-bit
+	// listen_port, which moves thread_sync and the fields after it, and the
+	// buffers it returns are freed with nixl_capi_mem_free. Refuse it rather
+	// than have it read thread_sync from where listen_port is.
+	if v := lib.Lookup("nixl_capi_get_version"); v != nil {
+		var major, minor, patch C.int
+		C.rdtnx_capi_version(v, &major, &minor, &patch)
+		lib.Close()
+		return transport.Errorf(transport.ErrUnsupported, "%s is NIXL's reworked C API (version %d.%d.%d), whose agent configuration and buffer ownership differ from the C API of nixl 1.5.1 that rdt speaks; point %s at the libnixl_capi.so of the nixl-cu12 1.5.1 wheel",
+			path, int(major), int(minor), int(patch), LibraryEnv)
+	}
 	if probe {
-		rc = C.rdtnx_probe(cpath, &what)
-	} else {
-		rc = C.rdtnx_load(cpath, &what)
-	}
-	var err error
-	switch rc {
-	case 0:
+		lib.Close()
 		return nil
-	case 1:
-		err = transport.Errorf(transport.ErrUnsupported, "cannot load NIXL's C API library %s (set %s to its path, e.g. the libnixl_capi.so of the nixl wheel): %s",
-			path, LibraryEnv, strings.TrimSpace(C.GoString(what)))
-	case 3:
-		err = transport.Errorf(transport.ErrUnsupported, "%s is NIXL's reworked C API (version %s), whose agent configuration and buffer ownership differ from the C API of nixl 1.5.1 that rdt speaks; point %s at the libnixl_capi.so of the nixl-cu12 1.5.1 wheel",
-			path, C.GoString(what), LibraryEnv)
-	default:
-		err = transport.Errorf(transport.ErrUnsupported, "%s lacks the symbol %s (not NIXL's C API library, or an incompatible release)", path, C.GoString(what))
 	}
-	C.free(unsafe.Pointer(what))
-	return err
+	C.rdtnx_install(&fns[0])
+	return nil
+}
+
+// symbols is the shim's table of NIXL functions, in its order.
+func symbols() []dynlib.Symbol {
+	var syms []dynlib.Symbol
+	for i := 0; ; i++ {
+		name := C.rdtnx_symbol(C.size_t(i))
+		if name == nil {
+			return syms
+		}
+		syms = append(syms, dynlib.Symbol{Name: C.GoString(name)})
+	}
 }
 
 // status names a nixl_capi_status_t.

@@ -1,8 +1,6 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,73 +50,20 @@ static const struct {
 #undef SYM
 };
 
-static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
-static void *lib;
-
-// open_checked dlopens path and resolves every symbol into out.
-static int open_checked(const char *path, void **handle, __typeof__(api) *out, char **what) {
-	dlerror();
-	void *l = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!l) {
-		const char *e = dlerror();
-		*what = strdup(e ? e : "dlopen failed");
-		return 1;
-	}
-	for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-		void *f = dlsym(l, symbols[i].name);
-		if (!f) {
-			*what = strdup(symbols[i].name);
-			dlclose(l);
-			return 2;
-		}
-		memcpy((char *)out + symbols[i].offset, &f, sizeof f);
-	}
-	// NIXL's reworked C API (src/api/c/nixl_capi.h, newer than the pinned
-	// 1.5.1) exports nixl_capi_get_version and is not the one declared here
-	// (wrapper.h): its nixl_capi_agent_config_t has a 16-bit listen_port,
-	// which moves thread_sync and the fields after it, and the buffers it
-	// returns are freed with nixl_capi_mem_free. Refuse it rather than have
-	// it read thread_sync from where listen_port is.
-	void *v = dlsym(l, "nixl_capi_get_version");
-	if (v) {
-		void (*version)(int *, int *, int *);
-		memcpy(&version, &v, sizeof v);
-		int major = -1, minor = -1, patch = -1;
-		version(&major, &minor, &patch);
-		char buf[64];
-		snprintf(buf, sizeof buf, "%d.%d.%d", major, minor, patch);
-		*what = strdup(buf);
-		dlclose(l);
-		return 3;
-	}
-	*handle = l;
-	return 0;
+const char *rdtnx_symbol(size_t i) {
+	return i < sizeof symbols / sizeof symbols[0] ? symbols[i].name : NULL;
 }
 
-int rdtnx_load(const char *path, char **what) {
-	*what = NULL;
-	pthread_mutex_lock(&load_mu);
-	int rc = 0;
-	if (!lib) {
-		__typeof__(api) fns;
-		void *l = NULL;
-		rc = open_checked(path, &l, &fns, what);
-		if (rc == 0) {
-			api = fns;
-			lib = l; // never closed: NIXL's threads and UCX live as long as the process
-		}
-	}
-	pthread_mutex_unlock(&load_mu);
-	return rc;
+void rdtnx_install(void *const *fns) {
+	for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++)
+		memcpy((char *)&api + symbols[i].offset, &fns[i], sizeof fns[i]);
 }
 
-int rdtnx_probe(const char *path, char **what) {
-	*what = NULL;
-	__typeof__(api) fns;
-	void *l = NULL;
-	int rc = open_checked(path, &l, &fns, what);
-	if (rc == 0) dlclose(l);
-	return rc;
+void rdtnx_capi_version(void *fn, int *major, int *minor, int *patch) {
+	void (*version)(int *, int *, int *);
+	memcpy(&version, &fn, sizeof fn);
+	*major = *minor = *patch = -1;
+	version(major, minor, patch);
 }
 
 #define CHECK(expr, name)             \

@@ -36,15 +36,14 @@ typedef struct {
 	bool capture_telemetry;
 } rdtnx_agent_config;
 
-// rdtnx_load opens the library at path (RTLD_NOW | RTLD_LOCAL) and resolves
-// every function this transport calls. It returns 0, or 1 when dlopen
-// failed, or 2 when a symbol is missing, or 3 when the library is NIXL's
-// later C API (it exports nixl_capi_get_version), whose types differ; *what
-// is then a malloc'd dlerror text, the symbol's name or the C API version
-// (the caller frees it). Loading twice is a no-op.
-int rdtnx_load(const char *path, char **what);
-// rdtnx_probe checks a library the way rdtnx_load does, without keeping it.
-int rdtnx_probe(const char *path, char **what);
+// Loading (the Go side opens the library and resolves the symbols):
+// rdtnx_symbol names the i-th function of the table, NULL past the end;
+// rdtnx_install takes the addresses found, in that order, once.
+const char *rdtnx_symbol(size_t i);
+void rdtnx_install(void *const *fns);
+// rdtnx_capi_version calls nixl_capi_get_version at fn (NIXL's reworked C
+// API exports it; the one declared here does not).
+void rdtnx_capi_version(void *fn, int *major, int *minor, int *patch);
 
 // Composite calls. Each returns a nixl_capi_status_t and, on failure, sets
 // *call to the name of the NIXL function that failed.

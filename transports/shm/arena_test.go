@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/hex"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -253,7 +252,7 @@ func TestArenaOfAKilledSourceIsPeerUnavailable(t *testing.T) {
 func TestArenaMappedForADroppedRecordIsNotKept(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 1, 4096)
-	dropped := &keptConns{peer: sourceRuntime, byPath: map[string][]*net.UnixConn{}, arenas: map[transport.ObjectID]*arenaView{}}
+	dropped := &keptConns{peer: sourceRuntime, arenas: map[transport.ObjectID]*arenaView{}}
 	got, target := buffer(t, 4096)
 	r := &request{Completion: transport.NewCompletion(), t: dst}
 	require.NoError(t, dst.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))

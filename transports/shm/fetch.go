@@ -200,26 +200,20 @@ func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 		// Records that keep nothing go, should a source's end have been
 		// reported before its first fetch started.
 		for id, other := range t.idle {
-			if other.empty() {
+			if t.keepsNothingLocked(other) {
 				delete(t.idle, id)
 			}
 		}
-		k = &keptConns{peer: peer.RuntimeID, byPath: map[string][]*net.UnixConn{}, arenas: map[transport.ObjectID]*arenaView{}}
+		k = &keptConns{peer: peer.RuntimeID, arenas: map[transport.ObjectID]*arenaView{}}
 		t.idle[peer.RuntimeID] = k
 	}
 	return k, nil
 }
 
-func (k *keptConns) empty() bool {
-	if len(k.arenas) > 0 {
-		return false
-	}
-	for _, cs := range k.byPath {
-		if len(cs) > 0 {
-			return false
-		}
-	}
-	return true
+// keepsNothingLocked reports whether a record holds no arena and no
+// connection; the caller holds idleMu.
+func (t *Transport) keepsNothingLocked(k *keptConns) bool {
+	return len(k.arenas) == 0 && t.kept.PeerLen(k.peer) == 0
 }
 
 // check finishes a fetch once the segment server answered: nothing more
@@ -470,7 +464,6 @@ func gone(m *metadata, err error) error {
 // rest of one that has is given the peer timeout (its bytes come in the
 // same write as its header).
 func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32, quick bool) (answer, error) {
-	gone := func(err error) error { return gone(m, err) }
 	if quick {
 		c.SetDeadline(time.Now().Add(syncWait))
 	} else {
@@ -493,6 +486,48 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		defer inlineBuffers.Put(bp)
 		buf = (*bp)[:replyLen+maxMessage+int(limit)]
 	}
+	got, a, ok, err := t.receive(c, m, buf, limit, quick)
+	if !ok {
+		return a, err
+	}
+	fail := func(err error) (answer, error) {
+		closeFDs(got.fds)
+		c.Close() // out of step with the server
+		return answer{fd: -1, usable: true}, err
+	}
+	if err := got.complete(c, m); err != nil {
+		return fail(err)
+	}
+	if got.h.flags&flagInline != 0 {
+		if err := got.takeInline(r, c, m, targets, limit); err != nil {
+			return fail(err)
+		}
+		t.keepIdle(src, m.Path, c)
+		return answer{fd: -1, size: got.h.size, usable: true}, nil
+	}
+	if len(got.early()) != 0 {
+		return fail(transport.Errorf(transport.ErrCorrupt, "the source's reply is longer than it says"))
+	}
+	t.keepIdle(src, m.Path, c)
+	return got.segment()
+}
+
+// reply is a segment server's answer as it is read: n bytes of buf, the
+// descriptors that came with them and the read's flags, then (complete)
+// the header and where its message ends.
+type reply struct {
+	buf    []byte
+	n      int
+	fds    []int
+	flags  int
+	h      replyHeader
+	msgEnd int
+}
+
+// receive makes the first read of a reply. ok is false when the read
+// settles the answer itself: pending (quick, and nothing came within
+// syncWait), or a server that is gone (c is then closed).
+func (t *Transport) receive(c *net.UnixConn, m *metadata, buf []byte, limit uint32, quick bool) (got reply, a answer, ok bool, err error) {
 	var oob [32]byte // room for one descriptor (unix.CmsgSpace(4) is 24)
 	if quick {
 		// On this thread, not parked on the poller: see WaitReadable.
@@ -500,7 +535,7 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 	}
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob[:])
 	if quick && n <= 0 && oobn == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-		return answer{fd: -1, usable: true, pending: &pendingAnswer{c: c, limit: limit}}, nil
+		return got, answer{fd: -1, usable: true, pending: &pendingAnswer{c: c, limit: limit}}, false, nil
 	}
 	if quick {
 		c.SetDeadline(time.Now().Add(t.h.PeerTimeout()))
@@ -510,75 +545,79 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		if err == nil {
 			err = io.EOF
 		}
-		return answer{fd: -1}, gone(err)
+		return got, answer{fd: -1}, false, gone(m, err)
 	}
-	fds := receivedFDs(oob[:oobn])
-	fail := func(err error) (answer, error) {
-		for _, fd := range fds {
-			unix.Close(fd)
+	return reply{buf: buf, n: n, fds: receivedFDs(oob[:oobn]), flags: flags}, answer{}, true, nil
+}
+
+// complete checks the start of the reply and reads the rest of its header
+// and message, should the reply have arrived in pieces.
+func (p *reply) complete(c *net.UnixConn, m *metadata) error {
+	if p.flags&unix.MSG_CTRUNC != 0 && len(p.fds) == 0 { // the kernel had no descriptor number to give
+		return outOfResources("receiving the segment", "this process", unix.EMFILE)
+	}
+	if p.n >= len(replyMagic) && string(p.buf[:len(replyMagic)]) != replyMagic {
+		return transport.Errorf(transport.ErrCorrupt, "the source's segment server speaks another protocol version (is it an older build of rdt?)")
+	}
+	if p.n < replyLen {
+		if _, err := io.ReadFull(c, p.buf[p.n:replyLen]); err != nil {
+			return gone(m, err)
 		}
-		c.Close() // out of step with the server
-		return answer{fd: -1, usable: true}, err
+		p.n = replyLen
 	}
-	if flags&unix.MSG_CTRUNC != 0 && len(fds) == 0 { // the kernel had no descriptor number to give
-		return fail(outOfResources("receiving the segment", "this process", unix.EMFILE))
-	}
-	if n >= len(replyMagic) && string(buf[:len(replyMagic)]) != replyMagic {
-		return fail(transport.Errorf(transport.ErrCorrupt, "the source's segment server speaks another protocol version (is it an older build of rdt?)"))
-	}
-	// A reply may arrive in pieces: complete its header and message.
-	if n < replyLen {
-		if _, err := io.ReadFull(c, buf[n:replyLen]); err != nil {
-			return fail(gone(err))
-		}
-		n = replyLen
-	}
-	h, err := decodeReplyHeader(buf[:replyLen])
+	h, err := decodeReplyHeader(p.buf[:replyLen])
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	msgEnd := replyLen + int(h.msgLen)
-	if n < msgEnd {
-		if _, err := io.ReadFull(c, buf[n:msgEnd]); err != nil {
-			return fail(gone(err))
+	p.h = h
+	p.msgEnd = replyLen + int(h.msgLen)
+	if p.n < p.msgEnd {
+		if _, err := io.ReadFull(c, p.buf[p.n:p.msgEnd]); err != nil {
+			return gone(m, err)
 		}
-		n = msgEnd
+		p.n = p.msgEnd
 	}
-	early := buf[msgEnd:n] // inline bytes that came with the header
-	if h.flags&flagInline != 0 {
-		// Bounded by what this receiver announced and the metadata says,
-		// never by the source's word alone.
-		if limit == 0 || h.size != m.Size || uint64(len(early)) > h.size || len(fds) != 0 {
-			return fail(transport.Errorf(transport.ErrCorrupt, "the source sent %d bytes inline with %d descriptors; %d announced, the metadata says %d", h.size, len(fds), limit, m.Size))
+	return nil
+}
+
+// early is the inline bytes that came with the header.
+func (p *reply) early() []byte { return p.buf[p.msgEnd:p.n] }
+
+// takeInline checks an inline answer against what this receiver announced
+// (limit) and the metadata says, never the source's word alone, and reads
+// its bytes into the targets.
+func (p *reply) takeInline(r *request, c *net.UnixConn, m *metadata, targets []transport.Tensor, limit uint32) error {
+	early := p.early()
+	if limit == 0 || p.h.size != m.Size || uint64(len(early)) > p.h.size || len(p.fds) != 0 {
+		return transport.Errorf(transport.ErrCorrupt, "the source sent %d bytes inline with %d descriptors; %d announced, the metadata says %d", p.h.size, len(p.fds), limit, m.Size)
+	}
+	if err := readInline(c, m.Size, m.Regions, targets, early); err != nil {
+		if r != nil && r.aborted.Load() {
+			return transport.Errorf(transport.ErrAborted, "transfer aborted: %v", err)
 		}
-		if err := readInline(c, m.Size, m.Regions, targets, early); err != nil {
-			if r != nil && r.aborted.Load() {
-				err = transport.Errorf(transport.ErrAborted, "transfer aborted: %v", err)
-			} else {
-				err = gone(err)
-			}
-			return fail(err)
-		}
-		t.keepIdle(src, m.Path, c)
-		return answer{fd: -1, size: h.size, usable: true}, nil
+		return gone(m, err)
 	}
-	if len(early) != 0 {
-		return fail(transport.Errorf(transport.ErrCorrupt, "the source's reply is longer than it says"))
+	return nil
+}
+
+// segment is the answer of a reply that carries no bytes inline: the
+// source's refusal, or the one descriptor of the segment.
+func (p *reply) segment() (answer, error) {
+	if p.h.status != transport.OK {
+		closeFDs(p.fds)
+		return answer{fd: -1, usable: true}, transport.Errorf(p.h.status, "%s", p.buf[replyLen:p.msgEnd])
 	}
-	t.keepIdle(src, m.Path, c)
-	if h.status != transport.OK {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return answer{fd: -1, usable: true}, transport.Errorf(h.status, "%s", buf[replyLen:msgEnd])
+	if len(p.fds) != 1 {
+		closeFDs(p.fds)
+		return answer{fd: -1, usable: true}, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(p.fds))
 	}
-	if len(fds) != 1 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return answer{fd: -1, usable: true}, transport.Errorf(transport.ErrCorrupt, "the source sent %d descriptors, want 1", len(fds))
+	return answer{fd: p.fds[0], size: p.h.size, usable: true}, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
-	return answer{fd: fds[0], size: h.size, usable: true}, nil
 }
 
 // inlineBuffers hold a reply with an inline segment.
@@ -613,26 +652,28 @@ func readInline(c *net.UnixConn, size uint64, regions []region, targets []transp
 	return nil
 }
 
+// takeIdle takes a connection kept for src's segment server at path (a
+// record dropped meanwhile has none).
 func (t *Transport) takeIdle(src *keptConns, path string) *net.UnixConn {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	cs := src.byPath[path]
-	if len(cs) == 0 {
+	if t.idle == nil || t.idle[src.peer] != src {
 		return nil
 	}
-	c := cs[len(cs)-1]
-	src.byPath[path] = cs[:len(cs)-1]
+	c, _ := t.kept.Take(keptKey{peer: src.peer, path: path})
 	return c
 }
 
+// keepIdle keeps c for the next request to the segment server at path,
+// unless src's record was dropped or keeps maxIdle for that path already.
 func (t *Transport) keepIdle(src *keptConns, path string, c *net.UnixConn) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	if t.idle == nil || t.idle[src.peer] != src || len(src.byPath[path]) >= maxIdle {
+	if t.idle == nil || t.idle[src.peer] != src {
 		c.Close()
 		return
 	}
-	src.byPath[path] = append(src.byPath[path], c)
+	t.kept.Put(keptKey{peer: src.peer, path: path}, c)
 }
 
 func receivedFDs(oob []byte) []int {

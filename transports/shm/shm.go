@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/peerpool"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ const (
 	ioTimeout   = 30 * time.Second
 	// A segment-server connection is kept for the next request; the
 	// server closes one idle this long, and a receiver keeps at most
-	// maxIdle per source.
+	// maxIdle per segment server of a source.
 	idleTimeout = 60 * time.Second
 	maxIdle     = 16
 	// inlineMax: objects up to this size travel inline on the kept
@@ -84,24 +85,39 @@ type Transport struct {
 
 	idleMu sync.Mutex
 	idle   map[transport.RuntimeID]*keptConns // by source runtime; nil once closed
+	// kept holds the idle connections of the records in idle, by source
+	// runtime and socket path (under idleMu, so that a record and its
+	// connections go together).
+	kept *peerpool.Pool[keptKey, *net.UnixConn]
 }
 
-// keptConns are a receiver's idle connections to one source runtime's
-// segment server, kept for the next request and closed when that runtime
-// is gone (PeerGone). A connection that comes back to a record no longer
-// in Transport.idle is closed.
+// keptConns is a receiver's record of one source runtime: its idle
+// connections to the runtime's segment server (in Transport.kept), kept
+// for the next request, and the arena mapped from it, all closed when
+// that runtime is gone (PeerGone). A connection that comes back to a
+// record no longer in Transport.idle is closed.
 type keptConns struct {
-	peer   transport.RuntimeID
-	byPath map[string][]*net.UnixConn
+	peer transport.RuntimeID
 	// arenas mapped, by id: the source runtime's one (only a segment
 	// server that has an arena hands it out, one per server).
 	arenas map[transport.ObjectID]*arenaView
 }
 
+// keptKey names the idle connections to one segment server of a source.
+type keptKey struct {
+	peer transport.RuntimeID
+	path string
+}
+
 // New makes the transport; its socket appears with the first staged object.
 func New(h transport.Host) (transport.Transport, error) {
 	return &Transport{h: h, segs: map[transport.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(arenaSetting.In(h.Settings())) << 20}, nil
+		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(arenaSetting.In(h.Settings())) << 20,
+		kept: peerpool.New(peerpool.Config[keptKey, *net.UnixConn]{
+			Max:   maxIdle,
+			Close: func(c *net.UnixConn) { c.Close() },
+			Peer:  func(k keptKey) transport.RuntimeID { return k.peer },
+		})}, nil
 }
 
 // Describe: shm shares memory segments, so only on the same host; a freed
@@ -145,9 +161,10 @@ func (t *Transport) Close() error {
 	t.serving.Wait()
 	t.idleMu.Lock()
 	for _, k := range t.idle {
-		k.closeLocked()
+		k.unmapLocked()
 	}
 	t.idle = nil // keepIdle closes what comes back later
+	t.kept.Close()
 	t.idleMu.Unlock()
 	return nil
 }
@@ -158,23 +175,17 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
 	if k := t.idle[peer.RuntimeID]; k != nil {
-		k.closeLocked()
+		k.unmapLocked()
 		delete(t.idle, peer.RuntimeID)
 	}
+	t.kept.DropPeer(peer.RuntimeID)
 }
 
-// closeLocked closes every kept connection and unmaps the source's
-// arena; the caller holds idleMu.
-func (k *keptConns) closeLocked() {
+// unmapLocked unmaps the source's arena; the caller holds idleMu.
+func (k *keptConns) unmapLocked() {
 	for id, v := range k.arenas {
 		v.unmap()
 		delete(k.arenas, id)
-	}
-	for path, cs := range k.byPath {
-		for _, c := range cs {
-			c.Close()
-		}
-		delete(k.byPath, path)
 	}
 }
 
@@ -182,11 +193,5 @@ func (k *keptConns) closeLocked() {
 func (t *Transport) keptCount() int {
 	t.idleMu.Lock()
 	defer t.idleMu.Unlock()
-	n := 0
-	for _, k := range t.idle {
-		for _, cs := range k.byPath {
-			n += len(cs)
-		}
-	}
-	return n
+	return t.kept.Count()
 }

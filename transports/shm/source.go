@@ -86,7 +86,7 @@ func (t *Transport) stageInArena(m *metadata, tensors []transport.Tensor) (meta 
 		a, err := newArena(t.arenaBytes)
 		if err != nil {
 			// Objects get segments of their own, as with no arena.
-			t.h.Log().Warnf("shm: no arena (%v); every object gets a segment of its own", err)
+			t.h.Log().Warnf("no arena (%v); every object gets a segment of its own", err)
 			t.arenaBytes = 0
 			t.mu.Unlock()
 			return nil, false, nil

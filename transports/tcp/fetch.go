@@ -373,7 +373,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			if err := s.sendMore(); err != nil {
 				r.untrack(c)
 				c.Close()
-				t.dropIdle(r.pool) // its siblings are most likely dead too
+				t.pool.Drop(r.pool) // its siblings are most likely dead too
 			} else {
 				r.inline = s
 				small = nil
@@ -470,11 +470,11 @@ func (r *fetchRequest) finishConn(s *stream, err error) {
 	if err != nil {
 		s.c.Close()
 		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
-			r.t.dropIdle(r.pool)
+			r.t.pool.Drop(r.pool)
 		}
 		return
 	}
-	r.t.put(r.pool, s.c)
+	r.t.pool.Put(r.pool, s.c)
 }
 
 // driveInline advances the inline stream (imu held): within budget when
@@ -622,60 +622,6 @@ func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
 	}
 }
 
-// RequestRange pulls one byte range of one tensor of an object from the
-// data endpoint named in tmeta (the object's tcp metadata), authenticating
-// with the key in tmeta, or with token when it carries none, and returns
-// the bytes or the source's refusal. It is a diagnostic client, independent
-// of any runtime: fetches go through Fetch.
-func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32, offset, length uint64) ([]byte, error) {
-	m, err := decodeMetadata(tmeta)
-	if err != nil {
-		return nil, err
-	}
-	if length > maxChunk {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "at most %d bytes per request", maxChunk)
-	}
-	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1}
-	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
-	c, err := t.conn(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	if d, ok := ctx.Deadline(); ok {
-		c.SetDeadline(d)
-	}
-	r := &fetchRequest{t: t, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
-	buf := make([]byte, length)
-	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
-	if err := s.advance(readv(c)); err != nil {
-		return nil, err
-	}
-	return buf, nil
-}
-
-// probeHost is the Host of a RequestRange client: it has a token and a
-// context and nothing to serve.
-type probeHost struct {
-	token string
-	ctx   context.Context
-}
-
-func (p probeHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "tcp-probe"} }
-func (p probeHost) Log() *transport.Logger       { return transport.NewLogger("tcp-probe", transport.LogOff) }
-func (p probeHost) Context() context.Context     { return p.ctx }
-func (p probeHost) AuthToken() string            { return p.token }
-func (p probeHost) RuntimeSecret() string        { return "" }
-func (p probeHost) BindHost() string             { return "127.0.0.1" }
-func (p probeHost) AdvertiseHost() string        { return "127.0.0.1" }
-func (p probeHost) SocketDir() string            { return "" }
-
-func (p probeHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
-func (p probeHost) Settings() transport.Settings { return transport.Settings{} }
-func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
-	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
-}
-
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
 // idleConn takes a pooled connection, or returns nil. The most recently
@@ -685,26 +631,16 @@ func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) 
 // up) is closed, and the next one tried.
 func (t *Transport) idleConn(k poolKey) net.Conn {
 	for {
-		t.pmu.Lock()
-		l := t.idle[k]
-		if len(l) == 0 {
-			t.pmu.Unlock()
+		c, ok := t.pool.Take(k)
+		if !ok {
 			return nil
 		}
-		p := l[len(l)-1]
-		l[len(l)-1] = pooled{}
-		if len(l) == 1 {
-			delete(t.idle, k)
-		} else {
-			t.idle[k] = l[:len(l)-1]
-		}
-		t.pmu.Unlock()
-		why := unread(p.c)
+		why := unread(c)
 		if why == "" {
-			return p.c
+			return c
 		}
 		t.h.Log().Debugf("closing a pooled data connection to %s: %s", k.endpoint, why)
-		p.c.Close()
+		c.Close()
 	}
 }
 
@@ -848,63 +784,4 @@ func readResponse(c net.Conn) (transport.Status, uint64, string, error) {
 		return 0, 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
 	return st, tag, string(msg), nil
-}
-
-// put returns a healthy connection to the pool.
-func (t *Transport) put(k poolKey, c net.Conn) {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	if t.closed || len(t.idle[k]) >= maxIdle {
-		c.Close()
-		return
-	}
-	t.idle[k] = append(t.idle[k], pooled{c: c, since: time.Now()})
-	if t.reaper == nil {
-		t.reaper = time.AfterFunc(idleTimeout, t.reapIdle)
-	}
-}
-
-// reapIdle closes pooled connections unused for idleTimeout, and runs
-// again while any are left.
-func (t *Transport) reapIdle() {
-	now := time.Now()
-	var drop []pooled
-	t.pmu.Lock()
-	next := idleTimeout
-	for k, l := range t.idle {
-		keep := l[:0]
-		for _, p := range l {
-			if age := now.Sub(p.since); age >= idleTimeout {
-				drop = append(drop, p)
-			} else {
-				keep = append(keep, p)
-				next = min(next, idleTimeout-age)
-			}
-		}
-		clear(l[len(keep):])
-		if len(keep) == 0 {
-			delete(t.idle, k)
-		} else {
-			t.idle[k] = keep
-		}
-	}
-	t.reaper = nil
-	if len(t.idle) > 0 && !t.closed {
-		t.reaper = time.AfterFunc(next, t.reapIdle)
-	}
-	t.pmu.Unlock()
-	for _, p := range drop {
-		p.c.Close()
-	}
-}
-
-// dropIdle closes the pooled connections to a source that went away.
-func (t *Transport) dropIdle(k poolKey) {
-	t.pmu.Lock()
-	l := t.idle[k]
-	delete(t.idle, k)
-	t.pmu.Unlock()
-	for _, p := range l {
-		p.c.Close()
-	}
 }

@@ -208,15 +208,13 @@ func TestPipelinedRequestsWithTheSmallestSocketBuffers(t *testing.T) {
 	c, err := p.dst.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	setBuffer(t, c, unix.SO_SNDBUF)
-	p.dst.put(p.srcKey(), c)
+	p.dst.pool.Put(p.srcKey(), c)
 	got, err := p.fetch(t, meta, sizes...)
 	require.NoError(t, err)
 	for i := range sizes {
 		require.True(t, bytes.Equal(want[i], got[i]), "tensor %d", i)
 	}
-	p.dst.pmu.Lock()
-	defer p.dst.pmu.Unlock()
-	if l := p.dst.idle[p.srcKey()]; assert.Len(t, l, 1) {
-		assert.Equal(t, c, l[0].c, "the fetch ran on the connection with the small buffers")
+	if l := p.dst.pool.Idle(p.srcKey()); assert.Len(t, l, 1) {
+		assert.Equal(t, c, l[0], "the fetch ran on the connection with the small buffers")
 	}
 }

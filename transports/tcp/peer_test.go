@@ -144,9 +144,7 @@ func (p *pair) fetchFrom(t *testing.T, source transport.RuntimeID, meta []byte, 
 func (p *pair) pooledFor(source transport.RuntimeID) int {
 	k := p.srcKey()
 	k.source = source
-	p.dst.pmu.Lock()
-	defer p.dst.pmu.Unlock()
-	return len(p.dst.idle[k])
+	return p.dst.pool.Len(k)
 }
 
 // A receiver drops its pooled connections to a source runtime that is gone.
@@ -183,9 +181,7 @@ func TestIdlePooledConnectionsAreClosed(t *testing.T) {
 	require.Greater(t, p.pooled(), 1)
 	require.Eventually(t, func() bool { return p.pooled() == 0 }, idleTimeout+3*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return p.serving() == 0 }, 5*time.Second, time.Millisecond, "and closed")
-	p.dst.pmu.Lock()
-	assert.Nil(t, p.dst.reaper, "nothing pooled, nothing scheduled")
-	p.dst.pmu.Unlock()
+	assert.False(t, p.dst.pool.Reaping(), "nothing pooled, nothing scheduled")
 	// The pool fills again on demand.
 	_, err = p.fetch(t, meta, sizes...)
 	require.NoError(t, err)

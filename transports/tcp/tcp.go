@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/peerpool"
 )
 
 // Name is the canonical transport name.
@@ -97,11 +98,21 @@ type Transport struct {
 	lclosed  bool                             // the server side's closed, under lmu
 	refused  *transport.FloodLog              // wrong keys; made with the listener
 
+	pool   *peerpool.Pool[poolKey, net.Conn] // pooled client connections
 	pmu    sync.Mutex
-	idle   map[poolKey][]pooled // pooled client connections
-	reaper *time.Timer          // closes connections idle too long; nil when none pooled
 	active map[*fetchRequest]struct{}
 	closed bool
+}
+
+// newPool makes the pool of a receiver's idle data connections: at most
+// maxIdle per key, closed after idleTimeout unused.
+func newPool() *peerpool.Pool[poolKey, net.Conn] {
+	return peerpool.New(peerpool.Config[poolKey, net.Conn]{
+		Max:         maxIdle,
+		Close:       func(c net.Conn) { c.Close() },
+		Peer:        func(k poolKey) transport.RuntimeID { return k.source },
+		IdleTimeout: idleTimeout,
+	})
 }
 
 // poolKey says which pooled connections a fetch may reuse: those to the
@@ -112,11 +123,6 @@ type poolKey struct {
 	key      string
 }
 
-type pooled struct {
-	c     net.Conn
-	since time.Time
-}
-
 // New makes the transport; the data listener starts when an object first
 // needs it.
 func New(h transport.Host) (transport.Transport, error) {
@@ -125,7 +131,7 @@ func New(h transport.Host) (transport.Transport, error) {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, maxStreams)
 	}
 	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
-		idle: map[poolKey][]pooled{}, active: map[*fetchRequest]struct{}{}}
+		pool: newPool(), active: map[*fetchRequest]struct{}{}}
 	t.key = h.AuthToken()
 	if t.key == "" {
 		// Without a token an HMAC would be keyed with nothing anyone
@@ -187,18 +193,7 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 		}
 	}
 	t.lmu.Unlock()
-	t.pmu.Lock()
-	var drop []pooled
-	for k, l := range t.idle {
-		if k.source == peer.RuntimeID {
-			drop = append(drop, l...)
-			delete(t.idle, k)
-		}
-	}
-	t.pmu.Unlock()
-	for _, p := range drop {
-		p.c.Close()
-	}
+	t.pool.DropPeer(peer.RuntimeID)
 }
 
 // Close stops serving, closes every connection and waits for the serving
@@ -220,19 +215,10 @@ func (t *Transport) Close() error {
 	}
 	t.pmu.Lock()
 	t.closed = true
-	for k, l := range t.idle {
-		for _, p := range l {
-			p.c.Close()
-		}
-		delete(t.idle, k)
-	}
-	if t.reaper != nil {
-		t.reaper.Stop()
-		t.reaper = nil
-	}
 	active := t.active
 	t.active = map[*fetchRequest]struct{}{}
 	t.pmu.Unlock()
+	t.pool.Close()
 	// Fetches still running stop reading into their targets.
 	for r := range active {
 		r.abort()

@@ -113,9 +113,7 @@ func (p *pair) srcKey() poolKey {
 }
 
 func (p *pair) pooled() int {
-	p.dst.pmu.Lock()
-	defer p.dst.pmu.Unlock()
-	return len(p.dst.idle[p.srcKey()])
+	return p.dst.pool.Len(p.srcKey())
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -472,7 +470,7 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 		k := poolKey{endpoint: ep}
 		c, err := dst.conn(context.Background(), k)
 		require.NoError(t, err)
-		dst.put(k, c)
+		dst.pool.Put(k, c)
 		req, err = dst.Fetch(&transport.Transfer{}, []transport.Tensor{small}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		require.NotNil(t, req.(*fetchRequest).inline)

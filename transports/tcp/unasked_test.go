@@ -78,13 +78,7 @@ func head(b []byte) []byte { return b[:min(len(b), 16)] }
 func wantBytes(n int) []byte { return fakeBytes(request{Length: uint64(n)}) }
 
 func (t *Transport) pooledTo(ep string) []net.Conn {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	var cs []net.Conn
-	for _, p := range t.idle[poolKey{endpoint: ep}] {
-		cs = append(cs, p.c)
-	}
-	return cs
+	return t.pool.Idle(poolKey{endpoint: ep})
 }
 
 // inQueue is how many bytes wait in c's receive queue.
@@ -323,7 +317,7 @@ func TestPoolSkipsConnectionsWithSomethingUnread(t *testing.T) {
 	d := newReceiver(t)
 	k := poolKey{endpoint: "somewhere"}
 	for _, c := range []net.Conn{clean, junk, gone} { // the last in goes out first
-		d.put(k, c)
+		d.pool.Put(k, c)
 	}
 	assert.Equal(t, clean, d.idleConn(k), "the two bad connections were skipped")
 	assert.Nil(t, d.idleConn(k))

@@ -22,6 +22,7 @@ package cuda
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/dynlib"
 )
 
 // DefaultLibrary is the driver library's soname; RDT_CUDA_LIBRARY overrides it.
@@ -138,8 +140,7 @@ func check(op string, r C.rdtcu_result) error {
 }
 
 var (
-	loadOnce sync.Once
-	loadErr  error
+	loadOnce dynlib.Once
 	isLoaded atomic.Bool // the symbols are resolved (cuInit may still have failed)
 )
 
@@ -147,10 +148,7 @@ func loaded() bool { return isLoaded.Load() }
 
 // Library is the path Load opens: RDT_CUDA_LIBRARY, else libcuda.so.1.
 func Library() string {
-	if p := os.Getenv("RDT_CUDA_LIBRARY"); p != "" {
-		return p
-	}
-	return DefaultLibrary
+	return dynlib.Path(os.Getenv("RDT_CUDA_LIBRARY"), DefaultLibrary)
 }
 
 // Load opens the driver library and calls cuInit(0), once per process; later
@@ -158,22 +156,42 @@ func Library() string {
 // symbols, or a driver that finds no device is a transport.ErrUnsupported error
 // that says which.
 func Load() error {
-	loadOnce.Do(func() { loadErr = load(Library()) })
-	return loadErr
+	return loadOnce.Do(func() error { return load(Library()) })
 }
 
 func load(path string) error {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var buf [512]C.char
-	if C.rdtcu_load(cpath, &buf[0], C.size_t(len(buf))) != 0 {
-		return transport.Errorf(transport.ErrUnsupported, "CUDA driver library %s could not be loaded: %s", path, C.GoString(&buf[0]))
+	// The handle stays open for the life of the process.
+	_, fns, err := dynlib.OpenTable(symbols(), path)
+	if err != nil {
+		var missing *dynlib.MissingSymbolError
+		if errors.As(err, &missing) {
+			err = fmt.Errorf("%v: it is not the CUDA driver library, or a driver older than CUDA 11", missing)
+		}
+		return transport.Errorf(transport.ErrUnsupported, "CUDA driver library %s could not be loaded: %v", path, err)
 	}
+	C.rdtcu_install(&fns[0])
 	isLoaded.Store(true)
 	if r := C.rdtcu_init(); r != 0 {
 		return transport.Errorf(transport.ErrUnsupported, "CUDA driver %s: %v", path, &Error{Op: "cuInit", Code: Result(r)})
 	}
 	return nil
+}
+
+// symbols is the shim's table of driver functions, in its order.
+func symbols() []dynlib.Symbol {
+	var syms []dynlib.Symbol
+	for i := 0; ; i++ {
+		var older *C.char
+		name := C.rdtcu_symbol(C.size_t(i), &older)
+		if name == nil {
+			return syms
+		}
+		s := dynlib.Symbol{Name: C.GoString(name)}
+		if older != nil {
+			s.Older = C.GoString(older)
+		}
+		syms = append(syms, s)
+	}
 }
 
 // DeviceCount is the number of devices this process sees.

@@ -1,6 +1,5 @@
 #include "shim.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,40 +57,40 @@ static struct {
   rdtcu_result (*EventDestroy)(rdtcu_event);
   rdtcu_result (*MemAlloc)(rdtcu_ptr *, size_t);
   rdtcu_result (*MemFree)(rdtcu_ptr);
-} cu, staged;
+} cu;
 
 /* Symbol names: the driver exports versioned entry points (_v2) for calls
  * whose ABI changed; cuda.h maps the plain names onto them. */
 static const struct { const char *name; void **slot; } symbols[] = {
-  {"cuInit", (void **)&staged.Init},
-  {"cuGetErrorName", (void **)&staged.GetErrorName},
-  {"cuGetErrorString", (void **)&staged.GetErrorString},
-  {"cuDeviceGet", (void **)&staged.DeviceGet},
-  {"cuDeviceGetCount", (void **)&staged.DeviceGetCount},
-  {"cuDeviceGetUuid_v2", (void **)&staged.DeviceGetUuid},
-  {"cuDeviceGetName", (void **)&staged.DeviceGetName},
-  {"cuDeviceCanAccessPeer", (void **)&staged.DeviceCanAccessPeer},
-  {"cuDevicePrimaryCtxRetain", (void **)&staged.DevicePrimaryCtxRetain},
-  {"cuCtxSetCurrent", (void **)&staged.CtxSetCurrent},
-  {"cuCtxGetCurrent", (void **)&staged.CtxGetCurrent},
-  {"cuIpcGetMemHandle", (void **)&staged.IpcGetMemHandle},
-  {"cuIpcOpenMemHandle_v2", (void **)&staged.IpcOpenMemHandle},
-  {"cuIpcCloseMemHandle", (void **)&staged.IpcCloseMemHandle},
-  {"cuMemGetAddressRange_v2", (void **)&staged.MemGetAddressRange},
-  {"cuPointerGetAttribute", (void **)&staged.PointerGetAttribute},
-  {"cuMemcpyAsync", (void **)&staged.MemcpyAsync},
-  {"cuMemcpyDtoDAsync_v2", (void **)&staged.MemcpyDtoDAsync},
-  {"cuMemcpyPeerAsync", (void **)&staged.MemcpyPeerAsync},
-  {"cuMemcpy", (void **)&staged.Memcpy},
-  {"cuStreamCreate", (void **)&staged.StreamCreate},
-  {"cuStreamDestroy_v2", (void **)&staged.StreamDestroy},
-  {"cuStreamSynchronize", (void **)&staged.StreamSynchronize},
-  {"cuEventCreate", (void **)&staged.EventCreate},
-  {"cuEventRecord", (void **)&staged.EventRecord},
-  {"cuEventQuery", (void **)&staged.EventQuery},
-  {"cuEventDestroy_v2", (void **)&staged.EventDestroy},
-  {"cuMemAlloc_v2", (void **)&staged.MemAlloc},
-  {"cuMemFree_v2", (void **)&staged.MemFree},
+  {"cuInit", (void **)&cu.Init},
+  {"cuGetErrorName", (void **)&cu.GetErrorName},
+  {"cuGetErrorString", (void **)&cu.GetErrorString},
+  {"cuDeviceGet", (void **)&cu.DeviceGet},
+  {"cuDeviceGetCount", (void **)&cu.DeviceGetCount},
+  {"cuDeviceGetUuid_v2", (void **)&cu.DeviceGetUuid},
+  {"cuDeviceGetName", (void **)&cu.DeviceGetName},
+  {"cuDeviceCanAccessPeer", (void **)&cu.DeviceCanAccessPeer},
+  {"cuDevicePrimaryCtxRetain", (void **)&cu.DevicePrimaryCtxRetain},
+  {"cuCtxSetCurrent", (void **)&cu.CtxSetCurrent},
+  {"cuCtxGetCurrent", (void **)&cu.CtxGetCurrent},
+  {"cuIpcGetMemHandle", (void **)&cu.IpcGetMemHandle},
+  {"cuIpcOpenMemHandle_v2", (void **)&cu.IpcOpenMemHandle},
+  {"cuIpcCloseMemHandle", (void **)&cu.IpcCloseMemHandle},
+  {"cuMemGetAddressRange_v2", (void **)&cu.MemGetAddressRange},
+  {"cuPointerGetAttribute", (void **)&cu.PointerGetAttribute},
+  {"cuMemcpyAsync", (void **)&cu.MemcpyAsync},
+  {"cuMemcpyDtoDAsync_v2", (void **)&cu.MemcpyDtoDAsync},
+  {"cuMemcpyPeerAsync", (void **)&cu.MemcpyPeerAsync},
+  {"cuMemcpy", (void **)&cu.Memcpy},
+  {"cuStreamCreate", (void **)&cu.StreamCreate},
+  {"cuStreamDestroy_v2", (void **)&cu.StreamDestroy},
+  {"cuStreamSynchronize", (void **)&cu.StreamSynchronize},
+  {"cuEventCreate", (void **)&cu.EventCreate},
+  {"cuEventRecord", (void **)&cu.EventRecord},
+  {"cuEventQuery", (void **)&cu.EventQuery},
+  {"cuEventDestroy_v2", (void **)&cu.EventDestroy},
+  {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
+  {"cuMemFree_v2", (void **)&cu.MemFree},
 };
 
 /* Older entry points, tried when the name in `symbols` is missing.
@@ -105,31 +104,17 @@ static const struct { const char *name, *older; } fallbacks[] = {
 
 static int loaded;
 
-int rdtcu_load(const char *path, char *err, size_t errlen) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-    return -1;
-  }
-  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-    dlerror();
-    void *f = dlsym(h, symbols[i].name);
-    for (size_t j = 0; !f && j < sizeof fallbacks / sizeof fallbacks[0]; j++)
-      if (strcmp(fallbacks[j].name, symbols[i].name) == 0) f = dlsym(h, fallbacks[j].older);
-    if (!f) {
-      snprintf(err, errlen, "%s has no symbol %s: it is not the CUDA driver library, or a driver older than CUDA 11",
-               path, symbols[i].name);
-      dlclose(h);
-      return -1;
-    }
-    *symbols[i].slot = f;
-  }
-  /* Resolved into `staged` first so that a failed load never disturbs a
-   * table already in use. The handle stays open for the life of the process. */
-  cu = staged;
+const char *rdtcu_symbol(size_t i, const char **older) {
+  if (i >= sizeof symbols / sizeof symbols[0]) return NULL;
+  *older = NULL;
+  for (size_t j = 0; j < sizeof fallbacks / sizeof fallbacks[0]; j++)
+    if (strcmp(fallbacks[j].name, symbols[i].name) == 0) *older = fallbacks[j].older;
+  return symbols[i].name;
+}
+
+void rdtcu_install(void *const *fns) {
+  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) *symbols[i].slot = fns[i];
   loaded = 1;
-  return 0;
 }
 
 rdtcu_result rdtcu_init(void) { return loaded ? cu.Init(0) : RDT_CU_NOT_LOADED; }

@@ -42,8 +42,12 @@ typedef struct {
   size_t n;
 } rdtcu_copy;
 
-/* Loading: 0 on success; on failure, a message in err. */
-int rdtcu_load(const char *path, char *err, size_t errlen);
+/* Loading (the Go side opens the library and resolves the symbols):
+ * rdtcu_symbol names the i-th symbol of the table, and in *older the
+ * older name to try when it is missing (NULL for none); NULL past the end.
+ * rdtcu_install takes the addresses found, in that order, once. */
+const char *rdtcu_symbol(size_t i, const char **older);
+void rdtcu_install(void *const *fns);
 
 rdtcu_result rdtcu_init(void);
 const char *rdtcu_error_name(rdtcu_result r);   /* NULL if unknown */

@@ -1,0 +1,64 @@
+package tcp
+
+import (
+	"context"
+	"net"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// RequestRange pulls one byte range of one tensor of an object from the
+// data endpoint named in tmeta (the object's tcp metadata), authenticating
+// with the key in tmeta, or with token when it carries none, and returns
+// the bytes or the source's refusal. It is the tests' client, independent of
+// any runtime, for asking what a fetch never would: fetches go through
+// Fetch.
+func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32, offset, length uint64) ([]byte, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if length > maxChunk {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "at most %d bytes per request", maxChunk)
+	}
+	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1, pool: newPool()}
+	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
+	c, err := t.conn(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		c.SetDeadline(d)
+	}
+	r := &fetchRequest{t: t, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
+	buf := make([]byte, length)
+	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
+	if err := s.advance(readv(c)); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// probeHost is the Host of a RequestRange client: it has a token and a
+// context and nothing to serve.
+type probeHost struct {
+	token string
+	ctx   context.Context
+}
+
+func (p probeHost) Identity() transport.PeerInfo { return transport.PeerInfo{Name: "tcp-probe"} }
+func (p probeHost) Log() *transport.Logger       { return transport.NewLogger("tcp-probe", transport.LogOff) }
+func (p probeHost) Context() context.Context     { return p.ctx }
+func (p probeHost) AuthToken() string            { return p.token }
+func (p probeHost) RuntimeSecret() string        { return "" }
+func (p probeHost) BindHost() string             { return "127.0.0.1" }
+func (p probeHost) AdvertiseHost() string        { return "127.0.0.1" }
+func (p probeHost) SocketDir() string            { return "" }
+
+func (p probeHost) PeerTimeout() time.Duration   { return transport.DefaultPeerTimeout }
+func (p probeHost) Settings() transport.Settings { return transport.Settings{} }
+func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
+}

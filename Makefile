@@ -134,12 +134,9 @@ fuzz: ## FUZZTIME (10s) of coverage-guided fuzzing for every fuzz target go test
 demo: $(BUILD)/demo $(NIXL_READY) ## Move tensors from a second process over every transport; fails if one did not
 	@$(NIXL_ENV) $(BUILD)/demo
 
+# bench/run.sh: the C benchmark, then the Python binding against the C ABI.
 bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY) ## Measure the transports against this machine's limits into bench/RESULTS.md
-	$(NIXL_ENV) PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
-	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
-	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
-	printf '\nrdt inside Ray, against Ray'"'"'s own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).\n' >> bench/RESULTS.md
-	printf '\nrdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).\n' >> bench/RESULTS.md
+	$(NIXL_ENV) bench/run.sh $(BUILD)/rdtbench $(VENV) bench/RESULTS.md
 
 # rdt against the libraries users would pick instead (bench/peers.py),
 # each in a process pair of its own, in one run with rdt's own rows (about

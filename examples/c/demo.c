@@ -312,8 +312,9 @@ static void put_in_source(struct source *s, rdt_runtime *rt, const char *transpo
   for (int i = 0; i < count; i++) {
     uint64_t len;
     if (!read_all(s->from, &len, sizeof len)) die("the source process stopped");
+    if (len == 0 || len > 16 * MiB) die("the source sent a ref of %" PRIu64 " bytes", len);
     void *bytes = alloc(len);
-    read_all(s->from, bytes, len);
+    if (!read_all(s->from, bytes, len)) die("the source process stopped");
     check(rdt_ref_deserialize(rt, bytes, len, &refs[i]), "rdt_ref_deserialize");
     free(bytes);
   }

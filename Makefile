@@ -67,11 +67,15 @@ $(FAKENCCL): tests/fakenccl/fake_nccl.c
 $(CMAKE_DIR)/CMakeCache.txt:
 	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=ON
 
-# The demo and the benchmark: one C program over the C ABI, with the source
-# in a second process it spawns.
-BENCH_CFLAGS := -O2 -g -std=c11 -Wall -Wextra -Iinclude
+# The demo (examples/c/demo.c) and the benchmark (bench/rdtbench.c): C
+# programs over the C ABI, each with the source in a second process it
+# spawns, linked against build/librdt.so beside them.
+C_PROGRAM_FLAGS := -O2 -g -std=c11 -Wall -Wextra -Iinclude
+DEMO_SOURCES := examples/c/demo.c examples/c/demo_cuda.c
+$(BUILD)/demo: $(DEMO_SOURCES) examples/c/demo_cuda.h include/rdt.h $(BUILD)/librdt.so
+	$(CC) $(C_PROGRAM_FLAGS) -o $@ $(DEMO_SOURCES) -L$(BUILD) -lrdt -ldl -Wl,-rpath,'$$ORIGIN'
 $(BUILD)/rdtbench: bench/rdtbench.c include/rdt.h $(BUILD)/librdt.so
-	$(CC) $(BENCH_CFLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
+	$(CC) $(C_PROGRAM_FLAGS) -o $@ $< -L$(BUILD) -lrdt -Wl,-rpath,'$$ORIGIN'
 
 # The manylinux wheels (x86_64, aarch64) and the sdist, into dist/: zig from
 # PyPI is cgo's C compiler (docs/packaging.md).
@@ -93,8 +97,8 @@ abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed bas
 go-test: $(NIXL_READY) ## Go tests of every package, with the race detector
 	$(NIXL_ENV) $(GO) test -race -count=1 ./...
 
-fake-gpu-test: $(FAKECUDA) $(BUILD)/rdtbench ## cuda_ipc and the demo's GPU rows on the CUDA driver double
-	GO=$(GO) FAKECUDA=$(FAKECUDA) RDTBENCH=$(BUILD)/rdtbench tests/fakecuda/run.sh
+fake-gpu-test: $(FAKECUDA) $(BUILD)/demo ## cuda_ipc and the demo's GPU rows on the CUDA driver double
+	GO=$(GO) FAKECUDA=$(FAKECUDA) DEMO=$(BUILD)/demo tests/fakecuda/run.sh
 
 fake-nccl-test: $(FAKECUDA) $(FAKENCCL) $(CMAKE_DIR)/CMakeCache.txt $(VENV)/.ready $(BUILD)/librdt.so ## nccl and groups (Go, C, C++, Python) on the NCCL double
 	GO=$(GO) CMAKE=$(CMAKE) FAKECUDA=$(FAKECUDA) FAKENCCL=$(FAKENCCL) CMAKE_DIR=$(CMAKE_DIR) VENV=$(VENV) \
@@ -127,15 +131,12 @@ fuzz: ## FUZZTIME (10s) of coverage-guided fuzzing for every fuzz target go test
 	GO=$(GO) tools/fuzz.sh $(FUZZTIME)
 
 # ---- demo, benchmarks, install ---------------------------------------------
-demo: $(BUILD)/rdtbench $(NIXL_READY) ## Move tensors from a second process over every transport; fails if one did not
-	@$(NIXL_ENV) $(BUILD)/rdtbench demo
+demo: $(BUILD)/demo $(NIXL_READY) ## Move tensors from a second process over every transport; fails if one did not
+	@$(NIXL_ENV) $(BUILD)/demo
 
+# bench/run.sh: the C benchmark, then the Python binding against the C ABI.
 bench: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY) ## Measure the transports against this machine's limits into bench/RESULTS.md
-	$(NIXL_ENV) PYTHON=$(VENV)/bin/python $(BUILD)/rdtbench bench bench/RESULTS.md
-	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./bindings/python
-	$(VENV)/bin/python bench/python_bench.py $(BUILD)/rdtbench >> bench/RESULTS.md
-	printf '\nrdt inside Ray, against Ray'"'"'s own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).\n' >> bench/RESULTS.md
-	printf '\nrdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).\n' >> bench/RESULTS.md
+	$(NIXL_ENV) bench/run.sh $(BUILD)/rdtbench $(VENV) bench/RESULTS.md
 
 # rdt against the libraries users would pick instead (bench/peers.py),
 # each in a process pair of its own, in one run with rdt's own rows (about

@@ -1,13 +1,10 @@
-/* rdtbench: moves tensors between two processes through the C ABI.
+/* rdtbench: measures moving tensors between two processes through the C
+ * ABI. (The demo, `make demo`, is examples/c/demo.c.)
  *
- *   rdtbench demo                 every transport, a 256 MiB tensor and a
- *                                 batch of small ones, verified, one table;
- *                                 exits 1 when a row did not happen as shown
- *                                 (bytes wrong, another transport than the
- *                                 one asked for) or, with RDT_REQUIRE_GPU=1,
- *                                 when there are no GPU rows
  *   rdtbench bench [RESULTS.md]   transports against the machine's own
- *                                 limits (memcpy, process_vm_readv, TCP)
+ *                                 limits (memcpy, process_vm_readv, TCP);
+ *                                 bench/run.sh (`make bench`) adds the
+ *                                 Python figures after it
  *   rdtbench row TRANSPORT SHAPE [RUNS]
  *                                 one measurement, one line of key=value:
  *                                 TRANSPORT is cma, shm, tcp, nixl or auto;
@@ -17,6 +14,7 @@
  *                                 one tensor of the same bytes. Writes no
  *                                 file: for measuring a change without
  *                                 rewriting bench/RESULTS.md
+ *   rdtbench compare              the C side of bench/python_bench.py
  *
  * The parent fetches; a child process (this program, exec'd again with the
  * hidden "source" mode) owns the tensors and serves them. They talk over the
@@ -25,7 +23,6 @@
 #include <rdt.h>
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -131,106 +128,6 @@ static size_t from_hex(const char *s, uint8_t *out, size_t cap) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* CUDA, for the demo's GPU rows                                            */
-/* ------------------------------------------------------------------------ */
-
-/* The few driver calls the demo needs to put and check device memory,
- * loaded at run time as librdt loads them, so the program builds and runs
- * without CUDA. RDT_CUDA_LIBRARY names another driver library. */
-typedef unsigned long long cu_ptr;
-static struct {
-  int (*Init)(unsigned);
-  int (*DeviceGetCount)(int *);
-  int (*DeviceGet)(int *, int);
-  int (*DevicePrimaryCtxRetain)(void **, int);
-  int (*CtxSetCurrent)(void *);
-  int (*DeviceGetName)(char *, int, int);
-  int (*MemAlloc)(cu_ptr *, size_t);
-  int (*MemFree)(cu_ptr);
-  int (*MemcpyHtoD)(cu_ptr, const void *, size_t);
-  int (*MemcpyDtoH)(void *, cu_ptr, size_t);
-} cu;
-
-/* Loads the driver and makes device 0's primary context current on this
- * thread. Returns NULL, or why there is no GPU to use. */
-static const char *cuda_setup(void) {
-  static char why[512];
-  static int done;
-  if (done) return why[0] ? why : NULL;
-  done = 1;
-  const char *path = getenv("RDT_CUDA_LIBRARY");
-  if (!path || !*path) path = "libcuda.so.1";
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(why, sizeof why, "the CUDA driver (%s) is not installed", path);
-    return why;
-  }
-  struct {
-    const char *name;
-    void **fn;
-  } syms[] = {
-      {"cuInit", (void **)&cu.Init},
-      {"cuDeviceGetCount", (void **)&cu.DeviceGetCount},
-      {"cuDeviceGet", (void **)&cu.DeviceGet},
-      {"cuDevicePrimaryCtxRetain", (void **)&cu.DevicePrimaryCtxRetain},
-      {"cuCtxSetCurrent", (void **)&cu.CtxSetCurrent},
-      {"cuDeviceGetName", (void **)&cu.DeviceGetName},
-      {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
-      {"cuMemFree_v2", (void **)&cu.MemFree},
-      {"cuMemcpyHtoD_v2", (void **)&cu.MemcpyHtoD},
-      {"cuMemcpyDtoH_v2", (void **)&cu.MemcpyDtoH},
-  };
-  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-    if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
-      snprintf(why, sizeof why, "%s lacks %s", path, syms[i].name);
-      return why;
-    }
-  }
-  int n = 0, dev, rc;
-  void *ctx;
-  if ((rc = cu.Init(0)) != 0 || (rc = cu.DeviceGetCount(&n)) != 0 || n == 0) {
-    snprintf(why, sizeof why, "the CUDA driver finds no device (CUresult %d)", rc);
-    return why;
-  }
-  if ((rc = cu.DeviceGet(&dev, 0)) != 0 || (rc = cu.DevicePrimaryCtxRetain(&ctx, dev)) != 0 ||
-      (rc = cu.CtxSetCurrent(ctx)) != 0) {
-    snprintf(why, sizeof why, "device 0's context cannot be made current (CUresult %d)", rc);
-    return why;
-  }
-  return NULL;
-}
-
-static void cu_check(int rc, const char *what) {
-  if (rc != 0) die("%s: CUresult %d", what, rc);
-}
-
-/* A device buffer of n bytes holding the pattern of seed. */
-static cu_ptr device_filled(size_t n, uint64_t seed) {
-  cu_ptr d;
-  cu_check(cu.MemAlloc(&d, n ? n : 1), "cuMemAlloc");
-  void *h = map(n);
-  fill(h, n, seed);
-  cu_check(cu.MemcpyHtoD(d, h, n), "cuMemcpyHtoD");
-  munmap(h, n ? n : 1);
-  return d;
-}
-
-static int device_verify(cu_ptr d, size_t n, uint64_t seed) {
-  void *h = map(n);
-  cu_check(cu.MemcpyDtoH(h, d, n), "cuMemcpyDtoH");
-  int ok = verify(h, n, seed);
-  munmap(h, n ? n : 1);
-  return ok;
-}
-
-static rdt_tensor device_tensor(cu_ptr d, int64_t *shape) {
-  rdt_tensor t = byte_tensor((void *)(uintptr_t)d, shape);
-  t.device.device_type = RDT_DEVICE_CUDA;
-  t.device.device_id = 0;
-  return t;
-}
-
-/* ------------------------------------------------------------------------ */
 /* The source process                                                       */
 /* ------------------------------------------------------------------------ */
 
@@ -239,12 +136,10 @@ struct held {
   void *data;      /* ntensors tensors of size bytes, one after another */
   size_t size;
   size_t ntensors;
-  int on_gpu; /* data is a device pointer */
 };
 
 /* Commands, one per line on stdin:
  *   put <transport|auto> <bytes> <count> <seed>  -> refs <hex> ...
- *   gpuput <transport|auto> <bytes> <seed>  the same, one tensor on GPU 0
  *   obj <transport|auto> <bytes> <count> <seed>  one object of count tensors
  *                                                (tensor i filled with seed+i)
  *                                                -> refs <hex>
@@ -277,24 +172,7 @@ static int source_main(void) {
   while (fgets(line, sizeof line, stdin)) {
     char transport[64];
     unsigned long long size, count, seed;
-    if (sscanf(line, "gpuput %63s %llu %llu", transport, &size, &seed) == 3) {
-      if (nheld + 1 > MAX_REFS) die("source: too many objects");
-      const char *why = cuda_setup();
-      if (why) die("source: %s", why);
-      struct held *h = &held[nheld++];
-      h->size = size;
-      h->ntensors = 1;
-      h->on_gpu = 1;
-      cu_ptr d = device_filled(size, seed);
-      h->data = (void *)(uintptr_t)d;
-      int64_t shape[1] = {(int64_t)size};
-      rdt_tensor t = device_tensor(d, shape);
-      check(rdt_put(rt, &t, 1, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
-            "put");
-      printf("refs ");
-      print_ref(h->ref);
-      printf("\n");
-    } else if (sscanf(line, "put %63s %llu %llu %llu", transport, &size, &count,
+    if (sscanf(line, "put %63s %llu %llu %llu", transport, &size, &count,
                &seed) == 4) {
       if (nheld + count > MAX_REFS) die("source: too many objects");
       printf("refs");
@@ -302,7 +180,6 @@ static int source_main(void) {
         struct held *h = &held[nheld++];
         h->size = size;
         h->ntensors = 1;
-        h->on_gpu = 0;
         h->data = map(size);
         fill(h->data, size, seed + i);
         int64_t shape[1] = {(int64_t)size};
@@ -320,7 +197,6 @@ static int source_main(void) {
       struct held *h = &held[nheld++];
       h->size = size;
       h->ntensors = count;
-      h->on_gpu = 0;
       h->data = map(size * count);
       int64_t shape[1] = {(int64_t)size};
       rdt_tensor *t = calloc(count, sizeof *t);
@@ -342,12 +218,8 @@ static int source_main(void) {
         for (size_t j = 0; j < held[i].ntensors; j++)
           check(rdt_wait_tensor_freed(rt, (char *)held[i].data + j * held[i].size, 30000),
                 "wait_tensor_freed");
-        if (held[i].on_gpu)
-          cu_check(cu.MemFree((cu_ptr)(uintptr_t)held[i].data), "cuMemFree");
-        else {
-          size_t bytes = held[i].size * held[i].ntensors;
-          munmap(held[i].data, bytes ? bytes : 1);
-        }
+        size_t bytes = held[i].size * held[i].ntensors;
+        munmap(held[i].data, bytes ? bytes : 1);
       }
       nheld = 0;
       printf("dropped\n");
@@ -475,12 +347,6 @@ static size_t put_remote(rdt_runtime *rt, struct source *s, const char *transpor
                    count, refs);
 }
 
-/* The same, one object in the source's GPU 0. */
-static void put_remote_gpu(rdt_runtime *rt, struct source *s, const char *transport,
-                           uint64_t size, uint64_t seed, rdt_ref **ref) {
-  take_refs(rt, ask(s, "gpuput %s %" PRIu64 " %" PRIu64 "\n", transport, size, seed), 1, ref);
-}
-
 /* The same, one object of `count` tensors of `size` bytes. */
 static void put_remote_object(rdt_runtime *rt, struct source *s, const char *transport,
                               uint64_t size, uint64_t count, uint64_t seed, rdt_ref **ref) {
@@ -600,154 +466,9 @@ static rdt_runtime *receiver_runtime(void) {
   return rt;
 }
 
+/* The host transports, nixl's DRAM path included where NIXL is installed. */
 static const char *const host_transports[] = {"cma", "shm", "tcp", "nixl"};
 #define NUM_TRANSPORTS 4
-/* The bench also measures nixl's DRAM path where NIXL is installed (it is
- * never an automatic choice, so the demo leaves it out). */
-static const char *const bench_transports[] = {"cma", "shm", "tcp", "nixl"};
-#define NUM_BENCH 4
-
-/* ------------------------------------------------------------------------ */
-/* demo                                                                     */
-/* ------------------------------------------------------------------------ */
-
-/* Whether a row of the demo happened as its line says: the bytes arrived
- * intact, over the transport asked for, or (asked "auto") over one that
- * counted the transfer. Says why not under the row. */
-static int demo_row_holds(const char *asked, const char *by, int intact) {
-  if (!intact) {
-    printf("  FAILED: the bytes above came back wrong\n");
-    return 0;
-  }
-  if (strcmp(by, "?") == 0) {
-    printf("  FAILED: no transport counted the transfer above\n");
-    return 0;
-  }
-  if (strcmp(asked, "auto") != 0 && strcmp(asked, by) != 0) {
-    printf("  FAILED: asked for %s, but %s moved the bytes\n", asked, by);
-    return 0;
-  }
-  return 1;
-}
-
-/* The GPU rows of the demo: a tensor in the source's GPU 0 fetched into
- * this process's GPU 0 (device to device, no host copy), or why not.
- * Returns the number of failed checks; no GPU is one only under
- * RDT_REQUIRE_GPU=1, as in the GPU tests. */
-static int demo_gpu(rdt_runtime *rt, struct source *src, uint64_t size) {
-  static const char *const gpu_transports[] = {"cuda_ipc", "nixl"};
-  const char *why = cuda_setup();
-  if (!why && !transport_available(rt, "cuda_ipc"))
-    why = "the CUDA driver loads, but librdt lists no cuda_ipc transport";
-  if (why) {
-    printf("%-8s (no GPU rows: %s)\n", "cuda", why);
-    const char *require = getenv("RDT_REQUIRE_GPU");
-    if (require && strcmp(require, "1") == 0) {
-      printf("  FAILED: RDT_REQUIRE_GPU=1 asks for the GPU rows\n");
-      return 1;
-    }
-    return 0;
-  }
-  char gpu[256] = "?";
-  cu.DeviceGetName(gpu, sizeof gpu, 0);
-  printf("GPU 0 of both processes: %s\n", gpu);
-  int failures = 0;
-  const char *names[] = {"auto", "cuda_ipc", "nixl"};
-  for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-    const char *name = names[k];
-    if (k > 0 && !transport_available(rt, name)) {
-      printf("%-8s (not available here)\n", name);
-      continue;
-    }
-    uint64_t before[2];
-    count_uses(rt, gpu_transports, 2, before);
-    uint64_t seed = 300 + (uint64_t)k;
-    rdt_ref *ref;
-    put_remote_gpu(rt, src, name, size, seed, &ref);
-    cu_ptr dst;
-    cu_check(cu.MemAlloc(&dst, size), "cuMemAlloc");
-    int64_t shape[1] = {(int64_t)size};
-    rdt_tensor t = device_tensor(dst, shape);
-    rdt_fetch_options fo;
-    rdt_fetch_options_init(&fo);
-    fo.transport = k > 0 ? name : NULL;
-    double t0 = now();
-    check(rdt_get(rt, &ref, 1, &t, 1, &fo, 120000), "get");
-    double dt = now() - t0;
-    int ok = device_verify(dst, size, seed);
-    const char *by = moved_by(rt, gpu_transports, 2, before);
-    printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor, GPU 0", human(size), by,
-           dt * 1e3, (double)size / dt / 1e9, ok ? "verified" : "CORRUPT");
-    failures += !demo_row_holds(name, by, ok);
-    drop_remote(src, &ref, 1);
-    cu_check(cu.MemFree(dst), "cuMemFree");
-  }
-  return failures;
-}
-
-static int demo_main(void) {
-  rdt_runtime *rt = receiver_runtime();
-  struct source src = spawn_source();
-  printf("rdt %s demo: this process (pid %d) fetches tensors that another "
-         "process (pid %d) put.\n\n",
-         rdt_version(), (int)getpid(), (int)src.pid);
-  printf("%-8s %-18s %-10s %-8s %12s %10s\n", "asked", "what", "bytes", "moved by",
-         "time", "speed");
-  const uint64_t big = 256 * MiB, small = 4 * KiB;
-  const int nsmall = 64;
-  void *bigbuf = map(big);
-  memset(bigbuf, 0, big);
-  void *smallbufs[MAX_REFS];
-  for (int i = 0; i < nsmall; i++) smallbufs[i] = map(small);
-  const char *names[NUM_TRANSPORTS + 1] = {"auto", "cma", "shm", "tcp", "nixl"};
-  int failures = 0;
-  for (int k = 0; k <= NUM_TRANSPORTS; k++) {
-    const char *name = names[k];
-    if (k > 0 && !transport_available(rt, name)) {
-      printf("%-8s (not available here%s)\n", name,
-             strcmp(name, "nixl") == 0 ? ": NIXL's libnixl_capi.so was not found; see docs/transports.md" : "");
-      continue;
-    }
-    uint64_t before[NUM_TRANSPORTS];
-    count_uses(rt, host_transports, NUM_TRANSPORTS, before);
-    rdt_ref *refs[MAX_REFS];
-    put_remote(rt, &src, name, big, 1, 100 + (uint64_t)k, refs);
-    double dt = get_timed(rt, refs, 1, &bigbuf, big, NULL);
-    int ok = verify(bigbuf, big, 100 + (uint64_t)k);
-    const char *by = moved_by(rt, host_transports, NUM_TRANSPORTS, before);
-    printf("%-8s %-18s %-10s %-8s %9.1f ms %6.2f GB/s %s\n", name, "1 tensor", human(big), by,
-           dt * 1e3, (double)big / dt / 1e9, ok ? "verified" : "CORRUPT");
-    failures += !demo_row_holds(name, by, ok);
-    drop_remote(&src, refs, 1);
-
-    count_uses(rt, host_transports, NUM_TRANSPORTS, before);
-    put_remote(rt, &src, name, small, nsmall, 200 + (uint64_t)k, refs);
-    dt = get_timed(rt, refs, (size_t)nsmall, smallbufs, small, NULL);
-    by = moved_by(rt, host_transports, NUM_TRANSPORTS, before);
-    ok = 1;
-    for (int i = 0; i < nsmall; i++) ok &= verify(smallbufs[i], small, 200 + (uint64_t)k + (uint64_t)i);
-    char what[32];
-    snprintf(what, sizeof what, "%d tensors, 1 get", nsmall);
-    printf("%-8s %-18s %-10s %-8s %9.3f ms %6.2f GB/s %s\n", name, what,
-           human(small * (uint64_t)nsmall), by, dt * 1e3, (double)(small * nsmall) / dt / 1e9,
-           ok ? "verified" : "CORRUPT");
-    failures += !demo_row_holds(name, by, ok);
-    drop_remote(&src, refs, (size_t)nsmall);
-  }
-  failures += demo_gpu(rt, &src, big);
-  stop_source(&src);
-  rdt_stats stats;
-  rdt_stats_init(&stats);
-  check(rdt_runtime_stats(rt, &stats), "stats");
-  check(rdt_runtime_destroy(rt), "destroy");
-  printf("\n\"auto\" lets rdt choose per fetch. Every object was freed in the source "
-         "once this side released it.\n");
-  if (failures) {
-    printf("The demo failed: %d of its checks (marked FAILED above) did not hold.\n", failures);
-    return 1;
-  }
-  return 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* bench                                                                    */
@@ -1078,9 +799,9 @@ static int bench_main(const char *path) {
   out("## Transports (GB/s; ratio to the baseline that bounds it)\n\n");
   out("| transport | 4 KiB p50 | 4 KiB p99 | 4 KiB | 1 MiB | 64 MiB | 1 GiB |\n"
       "|---|---|---|---|---|---|---|\n");
-  double gb64[NUM_BENCH] = {0}, gb1g[NUM_BENCH] = {0}, p50[NUM_BENCH] = {0};
-  for (int k = 0; k < NUM_BENCH; k++) {
-    const char *name = bench_transports[k];
+  double gb64[NUM_TRANSPORTS] = {0}, gb1g[NUM_TRANSPORTS] = {0}, p50[NUM_TRANSPORTS] = {0};
+  for (int k = 0; k < NUM_TRANSPORTS; k++) {
+    const char *name = host_transports[k];
     if (!transport_available(rt, name)) {
       out("| %s | not available | | | | | |\n", name);
       continue;
@@ -1100,26 +821,26 @@ static int bench_main(const char *path) {
 
   out("## 16 refs in one fetch against one ref of the same 64 MiB\n\n");
   out("| transport | 16 × 4 MiB | 1 × 64 MiB | ratio |\n|---|---|---|---|\n");
-  double batch_ratio[NUM_BENCH] = {0};
-  for (int k = 0; k < NUM_BENCH; k++) {
-    if (!transport_available(rt, bench_transports[k])) continue;
+  double batch_ratio[NUM_TRANSPORTS] = {0};
+  for (int k = 0; k < NUM_TRANSPORTS; k++) {
+    if (!transport_available(rt, host_transports[k])) continue;
     double many, one;
-    measure_batch(rt, &s, bench_transports[k], &many, &one);
+    measure_batch(rt, &s, host_transports[k], &many, &one);
     batch_ratio[k] = many / one;
-    out("| %s | %.2f ms | %.2f ms | %.2f |\n", bench_transports[k], many * 1e3, one * 1e3,
+    out("| %s | %.2f ms | %.2f ms | %.2f |\n", host_transports[k], many * 1e3, one * 1e3,
         batch_ratio[k]);
   }
 
   out("\n## Many tensors in one object against one tensor of the same bytes\n\n");
   out("| transport | 1,024 × 4 KiB | 1 × 4 MiB | ratio | 4,096 × 64 KiB | 1 × 256 MiB | ratio |\n"
       "|---|---|---|---|---|---|---|\n");
-  double object_ratio[NUM_BENCH][NUM_OBJECT_SHAPES] = {{0}};
-  for (int k = 0; k < NUM_BENCH; k++) {
-    if (!transport_available(rt, bench_transports[k])) continue;
-    out("| %s", bench_transports[k]);
+  double object_ratio[NUM_TRANSPORTS][NUM_OBJECT_SHAPES] = {{0}};
+  for (int k = 0; k < NUM_TRANSPORTS; k++) {
+    if (!transport_available(rt, host_transports[k])) continue;
+    out("| %s", host_transports[k]);
     for (int j = 0; j < NUM_OBJECT_SHAPES; j++) {
       double many, one;
-      measure_object(rt, &s, bench_transports[k], object_shapes[j].part, object_shapes[j].count,
+      measure_object(rt, &s, host_transports[k], object_shapes[j].part, object_shapes[j].count,
                      object_shapes[j].runs, &many, &one);
       object_ratio[k][j] = many / one;
       out(" | %.2f ms | %.2f ms | %.2f", many * 1e3, one * 1e3, object_ratio[k][j]);
@@ -1286,10 +1007,10 @@ int main(int argc, char **argv) {
     self_path = exe;
   }
   if (argc >= 2 && strcmp(argv[1], "source") == 0) return source_main();
-  if (argc >= 2 && strcmp(argv[1], "demo") == 0) return demo_main();
   if (argc >= 2 && strcmp(argv[1], "compare") == 0) return compare_main();
   if (argc >= 2 && strcmp(argv[1], "bench") == 0) return bench_main(argc >= 3 ? argv[2] : NULL);
   if (argc >= 2 && strcmp(argv[1], "row") == 0) return row_main(argc, argv);
-  fprintf(stderr, "usage: %s demo | bench [RESULTS.md] | row TRANSPORT SHAPE [RUNS]\n", argv[0]);
+  fprintf(stderr, "usage: %s bench [RESULTS.md] | row TRANSPORT SHAPE [RUNS] | compare\n"
+                  "(the demo is `make demo`: examples/c/demo.c)\n", argv[0]);
   return 2;
 }

@@ -30,6 +30,7 @@ echo "installed into a temporary prefix:"
 (cd "$prefix" && find . -type f | sort | sed 's/^/  /')
 pcdir=$(dirname "$(find "$prefix" -name rdt.pc | head -n1)")
 
+# The CMake project builds the demo too (examples/c/demo.c); make demo runs it.
 echo "== C example, CMake (find_package(rdt), rdt::rdt)"
 quiet cmake -S "$root/examples/c" -B "$tmp/c-cmake" -DCMAKE_PREFIX_PATH="$prefix"
 quiet cmake --build "$tmp/c-cmake"

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Usage: bench/run.sh RDTBENCH VENV RESULTS.md    (what `make bench` runs)
+# Measures the transports against this machine's own limits with the C
+# benchmark RDTBENCH (bench/rdtbench.c), then the Python binding against the
+# C ABI in the same run (bench/python_bench.py, with rdt installed from
+# bindings/python into the virtualenv VENV), and writes both, with links to
+# the other benchmarks' results, to RESULTS.md. The file is replaced only
+# when every step succeeded. RDT_NIXL_LIBRARY, when set, is passed on (the
+# nixl rows).
+set -euo pipefail
+[ $# -eq 3 ] || { echo "usage: $0 RDTBENCH VENV RESULTS.md" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+[ -x "$1" ] || { echo "bench: $1 is not the built benchmark (make build/rdtbench)" >&2; exit 2; }
+[ -x "$2/bin/python" ] || { echo "bench: $2 is not a virtualenv (make build/venv/.ready)" >&2; exit 2; }
+rdtbench=$(realpath "$1")
+venv=$(realpath "$2")
+out=$(realpath "$3")
+cd "$root" # rdtbench runs bench/pickle_pipe.py from here
+tmp=$(mktemp "$out.XXXXXX")
+trap 'rm -f "$tmp"' EXIT
+
+# The C benchmark; its pickle baseline runs in the virtualenv's Python.
+PYTHON=$venv/bin/python "$rdtbench" bench "$tmp"
+
+# The Python binding as it is in this tree, then its figures against the C
+# ABI's, measured in one run.
+"$venv/bin/pip" install -q --no-deps --force-reinstall ./bindings/python
+"$venv/bin/python" bench/python_bench.py "$rdtbench" >>"$tmp"
+
+cat >>"$tmp" <<'LINKS'
+
+rdt inside Ray, against Ray's own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).
+
+rdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).
+LINKS
+chmod 644 "$tmp"
+mv "$tmp" "$out"
+trap - EXIT

@@ -166,40 +166,6 @@ func TestSocketsDestroyedOwnerIsSeenBeforeItFrees(t *testing.T) {
 	}
 }
 
-func TestSocketsTCPTokens(t *testing.T) {
-	withTCP := func(token string) func(*Options) {
-		return func(o *Options) { o.ListenTCP = "127.0.0.1:0"; o.AuthToken = token }
-	}
-	owner := socketRuntime(t, "owner", withTCP("sesame"))
-	require.Contains(t, owner.Address(), ",tcp://127.0.0.1:")
-	tcpOnly := owner.Address()[strings.Index(owner.Address(), "tcp://"):]
-	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	defer ref.Release()
-	b, _ := ref.Serialize()
-	desc, token, err := DecodeRef(b)
-	require.NoError(t, err)
-	desc.Owner.Address = tcpOnly // as a peer on another host would reach it
-	b = EncodeRef(desc, desc.Meta, token)
-
-	good := socketRuntime(t, "good", withTCP("sesame"))
-	r, err := good.Deserialize(b)
-	require.NoError(t, err)
-	require.NoError(t, r.Release())
-
-	bad := socketRuntime(t, "bad", withTCP("guess"))
-	_, err = bad.Deserialize(b)
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	assert.Contains(t, err.Error(), "token")
-	none := socketRuntime(t, "none")
-	_, err = none.Deserialize(b)
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
-
-	// Non-loopback TCP without a token is refused at creation.
-	_, err = NewRuntime(Options{Network: control.Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: transport.LogOff})
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
-}
-
 // rawConn speaks the handshake by hand, as a hostile or broken peer would
 // after it, so tests can send anything.
 func rawConn(t *testing.T, rt *Runtime) (net.Conn, *bufio.Reader) {

@@ -463,60 +463,6 @@ func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
 	assert.False(t, control.AddressNames(owner.Address(), impostor.info.RuntimeID))
 }
 
-// slowMetaTransport makes metadata only when its gate opens.
-type slowMetaTransport struct {
-	*memTransport
-	gate chan struct{}
-}
-
-func (s slowMetaTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Tensor) ([]byte, error) {
-	<-s.gate
-	return s.memTransport.ExtractMetadata(obj, ts)
-}
-
-// A peer that keeps every handler of a connection busy does not stop the
-// connection's reader: requests past the handlers wait, and what needs no
-// handler (a lease here; heartbeats, cancels and answers alike) is served
-// at once. Once the handlers finish, every waiting request is answered.
-func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
-	rt := socketRuntime(t, "owner")
-	slow := slowMetaTransport{newMemTransport("slowmeta"), make(chan struct{})}
-	var open sync.Once
-	defer open.Do(func() { close(slow.gate) }) // a failed check must not hang the runtime's end
-	require.NoError(t, rt.RegisterTransport(slow))
-	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	defer ref.Release()
-	unixPath, _, _ := endpoints(t, rt)
-	c, err := net.Dial("unix", unixPath)
-	require.NoError(t, err)
-	defer c.Close()
-	rd, err := rawHandshake(c, newRawPeer(), "")
-	require.NoError(t, err)
-
-	const asks = control.MaxHandlers + 100
-	for i := 1; i <= asks; i++ {
-		_, err := c.Write((&control.Message{Kind: control.KindMetadata, ID: uint64(i), Object: ref.Desc().ID, Transport: "slowmeta"}).Encode())
-		require.NoError(t, err)
-	}
-	_, err = c.Write((&control.Message{Kind: control.KindLease, ID: asks + 1, Object: ref.Desc().ID}).Encode())
-	require.NoError(t, err)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := control.Expect(rd, control.KindResponse)
-	require.NoError(t, err, "the lease is answered while every handler is busy")
-	assert.Equal(t, uint64(asks+1), resp.ID)
-	assert.Equal(t, transport.OK, resp.Status)
-
-	open.Do(func() { close(slow.gate) })
-	answered := map[uint64]bool{}
-	for len(answered) < asks {
-		resp, err := control.Expect(rd, control.KindResponse)
-		require.NoError(t, err, "after %d metadata answers", len(answered))
-		assert.Equal(t, transport.OK, resp.Status, "%s", resp.Text)
-		answered[resp.ID] = true
-	}
-}
-
 func TestAddressKeysAreHiddenAndStripped(t *testing.T) {
 	const keyed = "unix:///run/user@host/rt-1.sock,tcp://s3cret@127.0.0.1:5000"
 	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", transport.RedactAddress(keyed))

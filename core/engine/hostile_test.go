@@ -435,34 +435,6 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	assert.Zero(t, owner.Stats().Peers)
 }
 
-// A peer that claims another runtime's address in its handshake is not
-// taken for that runtime: the borrower still reaches the real owner there.
-func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
-	owner := socketRuntime(t, "owner")
-	borrower := socketRuntime(t, "borrower")
-	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	defer ref.Release()
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-
-	borrowerPath, _, _ := endpoints(t, borrower)
-	c, err := net.Dial("unix", borrowerPath)
-	require.NoError(t, err)
-	defer c.Close()
-	impostor := newRawPeer()
-	impostor.info.Address = owner.Address()
-	_, err = rawHandshake(c, impostor, "")
-	require.NoError(t, err, "a peer may connect as itself")
-
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err, "the owner's address reaches the owner, not the peer that claimed it")
-	defer bref.Release()
-	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow reaches the owner")
-	assert.True(t, control.AddressNames(owner.Address(), owner.ID()))
-	assert.False(t, control.AddressNames(owner.Address(), impostor.info.RuntimeID))
-}
-
 func TestAddressKeysAreHiddenAndStripped(t *testing.T) {
 	const keyed = "unix:///run/user@host/rt-1.sock,tcp://s3cret@127.0.0.1:5000"
 	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", transport.RedactAddress(keyed))

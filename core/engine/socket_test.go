@@ -2,12 +2,10 @@ package engine
 
 import (
 	"bufio"
-	"context"
 	"crypto/ed25519"
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -231,48 +229,4 @@ func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
 	require.NoError(t, late.Release())
 	assert.Equal(t, uint64(0), borrower.Stats().BorrowedObjects)
 	assert.Equal(t, uint64(0), owner.Stats().Borrows)
-}
-
-// Every asynchronous borrow is answered exactly once, whatever the
-// connection does meanwhile: by the owner, by the connection's end, or by
-// the caller's deadline. (An answer twice would count a refused borrow
-// twice in the borrower's books.)
-func TestSocketsBorrowAnsweredOnce(t *testing.T) {
-	var twice, never atomic.Int64
-	for round := 0; round < 200; round++ {
-		owner := socketRuntime(t, "owner")
-		borrower := socketRuntime(t, "borrower")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		peer, err := borrower.ep.Connect(ctx, owner.Address())
-		require.NoError(t, err)
-		var wg sync.WaitGroup
-		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 300; i++ {
-					var calls atomic.Int32
-					answered := make(chan struct{})
-					peer.BorrowAsync(ctx, transport.RandomID(), 1, func(error) {
-						if calls.Add(1) == 1 {
-							close(answered)
-						} else {
-							twice.Add(1)
-						}
-					})
-					select {
-					case <-answered:
-					case <-time.After(10 * time.Second):
-						never.Add(1)
-					}
-				}
-			}()
-		}
-		time.Sleep(time.Duration(round%5) * time.Millisecond)
-		owner.Destroy()
-		wg.Wait()
-		cancel()
-	}
-	assert.Zero(t, twice.Load(), "borrows answered twice")
-	assert.Zero(t, never.Load(), "borrows never answered")
 }

@@ -2,13 +2,10 @@ package engine
 
 import (
 	"bufio"
-	"context"
 	"crypto/ed25519"
-	"encoding/binary"
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -166,52 +163,6 @@ func TestSocketsDestroyedOwnerIsSeenBeforeItFrees(t *testing.T) {
 	}
 }
 
-func TestSocketsTCPTokens(t *testing.T) {
-	withTCP := func(token string) func(*Options) {
-		return func(o *Options) { o.ListenTCP = "127.0.0.1:0"; o.AuthToken = token }
-	}
-	owner := socketRuntime(t, "owner", withTCP("sesame"))
-	require.Contains(t, owner.Address(), ",tcp://127.0.0.1:")
-	tcpOnly := owner.Address()[strings.Index(owner.Address(), "tcp://"):]
-	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	defer ref.Release()
-	b, _ := ref.Serialize()
-	desc, token, err := DecodeRef(b)
-	require.NoError(t, err)
-	desc.Owner.Address = tcpOnly // as a peer on another host would reach it
-	b = EncodeRef(desc, desc.Meta, token)
-
-	good := socketRuntime(t, "good", withTCP("sesame"))
-	r, err := good.Deserialize(b)
-	require.NoError(t, err)
-	require.NoError(t, r.Release())
-
-	bad := socketRuntime(t, "bad", withTCP("guess"))
-	_, err = bad.Deserialize(b)
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	assert.Contains(t, err.Error(), "token")
-	none := socketRuntime(t, "none")
-	_, err = none.Deserialize(b)
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
-
-	// Non-loopback TCP without a token is refused at creation.
-	_, err = NewRuntime(Options{Network: control.Sockets{}, SocketDir: t.TempDir(), ListenTCP: "0.0.0.0:0", LogLevel: transport.LogOff})
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
-}
-
-// rawConn speaks the handshake by hand, as a hostile or broken peer would
-// after it, so tests can send anything.
-func rawConn(t *testing.T, rt *Runtime) (net.Conn, *bufio.Reader) {
-	path := strings.TrimPrefix(strings.Split(rt.Address(), ",")[0], "unix://")
-	c, err := net.Dial("unix", path)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	rd, err := rawHandshake(c, newRawPeer(), "")
-	require.NoError(t, err)
-	return c, rd
-}
-
 // rawPeer is an identity a test speaks for by hand: a key and what it
 // claims in its handshake (by default, what it can prove).
 type rawPeer struct {
@@ -250,73 +201,6 @@ func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 	return rd, nil
 }
 
-func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
-	rt := socketRuntime(t, "victim")
-	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	defer ref.Release()
-	cases := map[string][]byte{
-		"oversized frame": binary.LittleEndian.AppendUint32(nil, control.MaxFrame+1),
-		"tiny frame":      binary.LittleEndian.AppendUint32(nil, 2),
-		"unknown kind":    append(binary.LittleEndian.AppendUint32(nil, 9), append([]byte{200}, make([]byte, 8)...)...),
-		"truncated borrow": func() []byte {
-			f := (&control.Message{Kind: control.KindBorrow, ID: 1, Object: transport.ID{1}}).Encode()
-			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
-			return f[:len(f)-3]
-		}(),
-		"handshake again": (&control.Message{Kind: control.KindHello, Nonce: transport.NewNonce()}).Encode(),
-	}
-	for name, frame := range cases {
-		c, rd := rawConn(t, rt)
-		_, err := c.Write(frame)
-		require.NoError(t, err, name)
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = control.ReadFrame(rd, nil, control.MaxFrame)
-		assert.Error(t, err, "%s: the runtime closes the connection", name)
-	}
-	// Still serving: a well-behaved request on a fresh connection works.
-	c, rd := rawConn(t, rt)
-	_, err := c.Write((&control.Message{Kind: control.KindLease, ID: 7, Object: ref.Desc().ID}).Encode())
-	require.NoError(t, err)
-	resp, err := control.Expect(rd, control.KindResponse)
-	require.NoError(t, err)
-	assert.Equal(t, transport.OK, resp.Status)
-	assert.Equal(t, uint64(7), resp.ID)
-	// And a request for an unknown object gets an error reply, not a hang.
-	_, err = c.Write((&control.Message{Kind: control.KindBorrow, ID: 8, Object: transport.ID{9, 9}}).Encode())
-	require.NoError(t, err)
-	resp, err = control.Expect(rd, control.KindResponse)
-	require.NoError(t, err)
-	assert.Equal(t, transport.ErrNotFound, resp.Status)
-}
-
-// rawBorrower puts an object in rt and has a raw peer borrow it, so that
-// the object lives only as long as rt counts that peer's borrow; released
-// counts its release.
-func rawBorrower(t *testing.T, rt *Runtime, released *atomic.Int64) net.Conn {
-	ref, _ := putOne(t, rt, "", released)
-	b, _ := ref.Serialize()
-	desc, token, _ := DecodeRef(b)
-	require.NoError(t, ref.Release())
-	c, rd := rawConn(t, rt)
-	_, err := c.Write((&control.Message{Kind: control.KindBorrow, ID: 1, Object: desc.ID, Token: token}).Encode())
-	require.NoError(t, err)
-	resp, err := control.Expect(rd, control.KindResponse)
-	require.NoError(t, err)
-	require.Equal(t, transport.OK, resp.Status)
-	require.Equal(t, uint64(1), rt.Stats().Borrows)
-	return c
-}
-
-func TestSocketsSilentPeerTimesOut(t *testing.T) {
-	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 200 * time.Millisecond })
-	var released atomic.Int64
-	rawBorrower(t, rt, &released)
-	// The raw peer never answers pings: it is declared gone, and its borrow
-	// with it.
-	eventually(t, func() bool { return released.Load() == 1 }, "silent borrower dropped")
-}
-
 // Over sockets the owner answers a borrow after Deserialize returned: bytes
 // of an object freed meanwhile make a ref whose fetch reports the refusal,
 // and whose release returns nothing (the owner counted nothing).
@@ -345,147 +229,4 @@ func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
 	require.NoError(t, late.Release())
 	assert.Equal(t, uint64(0), borrower.Stats().BorrowedObjects)
 	assert.Equal(t, uint64(0), owner.Stats().Borrows)
-}
-
-// A peer that keeps writing (pings) but never reads is not alive as far as
-// the control plane goes: its pings prove nothing about ours, which stay
-// unanswered. It is dropped within about the peer timeout and counted as
-// lost, with its borrow.
-func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
-	rt := socketRuntime(t, "watcher", func(o *Options) { o.PeerTimeout = 300 * time.Millisecond })
-	var released atomic.Int64
-	c := rawBorrower(t, rt, &released)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		ping := (&control.Message{Kind: control.KindPing}).Encode()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if _, err := c.Write(ping); err != nil {
-				return
-			}
-		}
-	}()
-	eventually(t, func() bool { return released.Load() == 1 }, "the deaf borrower is dropped")
-	eventually(t, func() bool { s := rt.Stats(); return s.PeersLost == 1 && s.Peers == 0 }, "counted as lost")
-}
-
-// A peer that sends more requests than its window of MaxUnanswered without
-// reading the answers is closed; the runtime's memory does not follow the
-// flood.
-func TestSocketsPeerAskingPastItsWindowIsClosed(t *testing.T) {
-	rt := socketRuntime(t, "owner")
-	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	defer ref.Release()
-	before := settledRSS(t)
-	c, _ := rawConn(t, rt)
-	const asks = 8 * control.MaxUnanswered
-	w := bufio.NewWriter(c)
-	written := 0
-	for i := 1; i <= asks; i++ {
-		m := &control.Message{Kind: control.KindIdentity, ID: uint64(i)}
-		if _, err := w.Write(m.Encode()); err != nil {
-			break
-		}
-		written++
-	}
-	w.Flush()
-	eventually(t, func() bool { s := rt.Stats(); return s.PeersLost == 1 && s.Peers == 0 }, "the peer is closed")
-	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
-	t.Logf("wrote %d of %d requests before the runtime closed the connection", written, asks)
-}
-
-// Two runtimes that keep each other's readers busy in both directions stay
-// connected: neither reader waits on a write (the deadlock this once was is
-// in tests/multiprocess's two-way tests, under load).
-func TestSocketsTwoWayBorrowFlood(t *testing.T) {
-	a := socketRuntime(t, "a", func(o *Options) { o.PeerTimeout = time.Second })
-	b := socketRuntime(t, "b", func(o *Options) { o.PeerTimeout = time.Second })
-	var released atomic.Int64
-	refA, _ := putOne(t, a, "", &released)
-	defer refA.Release()
-	refB, _ := putOne(t, b, "", &released)
-	defer refB.Release()
-	bytesA, err := refA.Serialize()
-	require.NoError(t, err)
-	bytesB, err := refB.Serialize()
-	require.NoError(t, err)
-	stop := time.Now().Add(3 * time.Second)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	loop := func(rt *Runtime, b []byte) {
-		defer wg.Done()
-		for time.Now().Before(stop) {
-			r, err := rt.Deserialize(b)
-			if err == nil {
-				err = r.Release()
-			}
-			if err != nil {
-				errs <- err
-				return
-			}
-		}
-	}
-	for i := 0; i < 2; i++ {
-		wg.Add(2)
-		go loop(a, bytesB)
-		go loop(b, bytesA)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	assert.Zero(t, a.Stats().PeersLost)
-	assert.Zero(t, b.Stats().PeersLost)
-	eventually(t, func() bool { return a.Stats().Borrows == 0 && b.Stats().Borrows == 0 }, "every borrow returned")
-}
-
-// Every asynchronous borrow is answered exactly once, whatever the
-// connection does meanwhile: by the owner, by the connection's end, or by
-// the caller's deadline. (An answer twice would count a refused borrow
-// twice in the borrower's books.)
-func TestSocketsBorrowAnsweredOnce(t *testing.T) {
-	var twice, never atomic.Int64
-	for round := 0; round < 200; round++ {
-		owner := socketRuntime(t, "owner")
-		borrower := socketRuntime(t, "borrower")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		peer, err := borrower.ep.Connect(ctx, owner.Address())
-		require.NoError(t, err)
-		var wg sync.WaitGroup
-		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; i < 300; i++ {
-					var calls atomic.Int32
-					answered := make(chan struct{})
-					peer.BorrowAsync(ctx, transport.RandomID(), 1, func(error) {
-						if calls.Add(1) == 1 {
-							close(answered)
-						} else {
-							twice.Add(1)
-						}
-					})
-					select {
-					case <-answered:
-					case <-time.After(10 * time.Second):
-						never.Add(1)
-					}
-				}
-			}()
-		}
-		time.Sleep(time.Duration(round%5) * time.Millisecond)
-		owner.Destroy()
-		wg.Wait()
-		cancel()
-	}
-	assert.Zero(t, twice.Load(), "borrows answered twice")
-	assert.Zero(t, never.Load(), "borrows never answered")
 }

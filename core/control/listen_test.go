@@ -1,4 +1,4 @@
-package engine
+package control
 
 import (
 	"bufio"
@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -45,7 +44,7 @@ func TestSweepRemovesStaleSocketsWithoutWarningLiveRuntimes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), sweepTestDir+"="+dir, "RDT_LOG=debug")
+	cmd.Env = append(os.Environ(), sweepTestDir+"="+dir)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
@@ -72,7 +71,7 @@ func TestSweepRemovesStaleSocketsWithoutWarningLiveRuntimes(t *testing.T) {
 	for _, p := range []string{stale, live} {
 		require.NoError(t, os.Chtimes(p, old, old))
 	}
-	socketRuntime(t, "newcomer", func(o *Options) { o.SocketDir = dir })
+	listenStub(t, "newcomer", func(c *ListenConfig) { c.SocketDir = dir })
 	eventually(t, func() bool { _, err := os.Stat(stale); return os.IsNotExist(err) }, "the stale socket is removed")
 	time.Sleep(300 * time.Millisecond) // time for a warning, were one coming
 	_, err = os.Stat(live)
@@ -101,9 +100,11 @@ func TestSweepRemovesStaleSocketsWithoutWarningLiveRuntimes(t *testing.T) {
 // runExistingRuntime is the live runtime: it prints its address and runs
 // until its stdin closes.
 func runExistingRuntime(t *testing.T, dir string) {
-	rt, err := NewRuntime(Options{Name: "existing", LogLevel: transport.LogDefault, Network: control.Sockets{}, SocketDir: dir})
-	require.NoError(t, err)
-	defer rt.Destroy()
-	os.Stdout.WriteString("ADDRESS " + rt.Address() + "\n")
+	_, ep := listenStub(t, "existing", func(c *ListenConfig) {
+		c.SocketDir, c.Log = dir, transport.NewLogger("existing", transport.LogDebug)
+	})
+	os.Stdout.WriteString("ADDRESS " + ep.Address() + "\n")
 	bufio.NewReader(os.Stdin).ReadString('\n')
+	ep.Close()
+	transport.FlushStderrLogs(time.Second)
 }

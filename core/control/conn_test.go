@@ -1,0 +1,239 @@
+package control
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// rssBytes is the resident memory of a process (VmRSS).
+func rssBytes(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// settledRSS is this process's RSS after returning free memory to the OS.
+func settledRSS(t *testing.T) int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	return rssBytes(t, os.Getpid())
+}
+
+const memoryBound = 64 << 20
+
+func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
+	svc, ep := listenStub(t, "victim")
+	obj := svc.put()
+	cases := map[string][]byte{
+		"oversized frame": binary.LittleEndian.AppendUint32(nil, MaxFrame+1),
+		"tiny frame":      binary.LittleEndian.AppendUint32(nil, 2),
+		"unknown kind":    append(binary.LittleEndian.AppendUint32(nil, 9), append([]byte{200}, make([]byte, 8)...)...),
+		"truncated borrow": func() []byte {
+			f := (&Message{Kind: KindBorrow, ID: 1, Object: transport.ID{1}}).Encode()
+			binary.LittleEndian.PutUint32(f, uint32(len(f)-4-3))
+			return f[:len(f)-3]
+		}(),
+		"handshake again": (&Message{Kind: KindHello, Nonce: transport.NewNonce()}).Encode(),
+	}
+	for name, frame := range cases {
+		c, rd := rawConn(t, ep)
+		_, err := c.Write(frame)
+		require.NoError(t, err, name)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = ReadFrame(rd, nil, MaxFrame)
+		assert.Error(t, err, "%s: the runtime closes the connection", name)
+	}
+	// Still serving: a well-behaved request on a fresh connection works.
+	c, rd := rawConn(t, ep)
+	_, err := c.Write((&Message{Kind: KindLease, ID: 7, Object: obj}).Encode())
+	require.NoError(t, err)
+	resp, err := Expect(rd, KindResponse)
+	require.NoError(t, err)
+	assert.Equal(t, transport.OK, resp.Status)
+	assert.Equal(t, uint64(7), resp.ID)
+	// And a request for an unknown object gets an error reply, not a hang.
+	_, err = c.Write((&Message{Kind: KindBorrow, ID: 8, Object: transport.ID{9, 9}}).Encode())
+	require.NoError(t, err)
+	resp, err = Expect(rd, KindResponse)
+	require.NoError(t, err)
+	assert.Equal(t, transport.ErrNotFound, resp.Status)
+}
+
+// rawBorrower puts an object in svc and has a raw peer borrow it, so that
+// svc counts one borrow, which goes when the control plane reports that
+// peer gone.
+func rawBorrower(t *testing.T, svc *stubService, ep Endpoint) net.Conn {
+	obj := svc.put()
+	c, rd := rawConn(t, ep)
+	_, err := c.Write((&Message{Kind: KindBorrow, ID: 1, Object: obj}).Encode())
+	require.NoError(t, err)
+	resp, err := Expect(rd, KindResponse)
+	require.NoError(t, err)
+	require.Equal(t, transport.OK, resp.Status)
+	require.Equal(t, uint64(1), svc.Borrows())
+	return c
+}
+
+func TestSocketsSilentPeerTimesOut(t *testing.T) {
+	svc, ep := listenStub(t, "watcher", func(c *ListenConfig) { c.PeerTimeout = 200 * time.Millisecond })
+	rawBorrower(t, svc, ep)
+	// The raw peer never answers pings: it is declared gone, and its borrow
+	// with it.
+	eventually(t, func() bool { return svc.Borrows() == 0 }, "silent borrower dropped")
+}
+
+// A peer that keeps writing (pings) but never reads is not alive as far as
+// the control plane goes: its pings prove nothing about ours, which stay
+// unanswered. It is dropped within about the peer timeout and counted as
+// lost, with its borrow.
+func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
+	svc, ep := listenStub(t, "watcher", func(c *ListenConfig) { c.PeerTimeout = 300 * time.Millisecond })
+	c := rawBorrower(t, svc, ep)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		ping := (&Message{Kind: KindPing}).Encode()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if _, err := c.Write(ping); err != nil {
+				return
+			}
+		}
+	}()
+	eventually(t, func() bool { return svc.Borrows() == 0 }, "the deaf borrower is dropped")
+	eventually(t, func() bool { return ep.PeersLost() == 1 && ep.NumPeers() == 0 }, "counted as lost")
+}
+
+// A peer that sends more requests than its window of MaxUnanswered without
+// reading the answers is closed; the runtime's memory does not follow the
+// flood.
+func TestSocketsPeerAskingPastItsWindowIsClosed(t *testing.T) {
+	svc, ep := listenStub(t, "owner")
+	svc.put()
+	before := settledRSS(t)
+	c, _ := rawConn(t, ep)
+	const asks = 8 * MaxUnanswered
+	w := bufio.NewWriter(c)
+	written := 0
+	for i := 1; i <= asks; i++ {
+		m := &Message{Kind: KindIdentity, ID: uint64(i)}
+		if _, err := w.Write(m.Encode()); err != nil {
+			break
+		}
+		written++
+	}
+	w.Flush()
+	eventually(t, func() bool { return ep.PeersLost() == 1 && ep.NumPeers() == 0 }, "the peer is closed")
+	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+	t.Logf("wrote %d of %d requests before the runtime closed the connection", written, asks)
+}
+
+// Two runtimes that keep each other's readers busy in both directions stay
+// connected: neither reader waits on a write (the deadlock this once was is
+// in tests/multiprocess's two-way tests, under load). Each borrows the
+// other's object and returns it, over and over, as deserializing a ref and
+// releasing it does; waiting for each borrow's answer paces the loops
+// about as a runtime's own work on each ref does.
+func TestSocketsTwoWayBorrowFlood(t *testing.T) {
+	second := func(c *ListenConfig) { c.PeerTimeout = time.Second }
+	a, epA := listenStub(t, "a", second)
+	b, epB := listenStub(t, "b", second)
+	objA, objB := a.put(), b.put()
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	loop := func(ep Endpoint, address string, obj transport.ObjectID) {
+		defer wg.Done()
+		for time.Now().Before(stop) {
+			peer, err := borrowAt(ep, address, obj)
+			if err != nil {
+				errs <- err
+				return
+			}
+			peer.Unborrow(obj, 1)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		wg.Add(2)
+		go loop(epA, epB.Address(), objB)
+		go loop(epB, epA.Address(), objA)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	assert.Zero(t, epA.PeersLost())
+	assert.Zero(t, epB.PeersLost())
+	eventually(t, func() bool { return a.Borrows() == 0 && b.Borrows() == 0 }, "every borrow returned")
+}
+
+// A peer that keeps every handler of a connection busy does not stop the
+// connection's reader: requests past the handlers wait, and what needs no
+// handler (a lease here; heartbeats, cancels and answers alike) is served
+// at once. Once the handlers finish, every waiting request is answered.
+func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
+	svc, ep := listenStub(t, "owner")
+	gate := make(chan struct{})
+	svc.mu.Lock()
+	svc.slowMeta = gate
+	svc.mu.Unlock()
+	var open sync.Once
+	defer open.Do(func() { close(gate) }) // a failed check must not hang the runtime's end
+	obj := svc.put()
+	unixPath, _, _ := endpoints(t, ep)
+	c, err := net.Dial("unix", unixPath)
+	require.NoError(t, err)
+	defer c.Close()
+	rd, err := rawHandshake(c, newRawPeer(), "")
+	require.NoError(t, err)
+
+	const asks = MaxHandlers + 100
+	for i := 1; i <= asks; i++ {
+		_, err := c.Write((&Message{Kind: KindMetadata, ID: uint64(i), Object: obj, Transport: "slowmeta"}).Encode())
+		require.NoError(t, err)
+	}
+	_, err = c.Write((&Message{Kind: KindLease, ID: asks + 1, Object: obj}).Encode())
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := Expect(rd, KindResponse)
+	require.NoError(t, err, "the lease is answered while every handler is busy")
+	assert.Equal(t, uint64(asks+1), resp.ID)
+	assert.Equal(t, transport.OK, resp.Status)
+
+	open.Do(func() { close(gate) })
+	answered := map[uint64]bool{}
+	for len(answered) < asks {
+		resp, err := Expect(rd, KindResponse)
+		require.NoError(t, err, "after %d metadata answers", len(answered))
+		assert.Equal(t, transport.OK, resp.Status, "%s", resp.Text)
+		answered[resp.ID] = true
+	}
+}

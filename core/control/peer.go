@@ -1,0 +1,89 @@
+package control
+
+import (
+	"context"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// Peer implementation.
+
+func (sc *sconn) Info() transport.PeerInfo {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.remote
+}
+
+func (sc *sconn) Refresh(ctx context.Context) (transport.PeerInfo, error) {
+	resp, err := sc.call(ctx, &Message{Kind: KindIdentity})
+	if err != nil {
+		return transport.PeerInfo{}, err
+	}
+	// The id and the pid were proven at the handshake; they cannot change.
+	if old := sc.Info(); resp.Peer.RuntimeID != old.RuntimeID || resp.Peer.Pid != old.Pid {
+		return transport.PeerInfo{}, transport.Errorf(transport.ErrCorrupt, "peer %s changed its identity", old)
+	}
+	sc.mu.Lock()
+	sc.remote = resp.Peer
+	sc.mu.Unlock()
+	return resp.Peer, nil
+}
+
+func (sc *sconn) Borrow(ctx context.Context, obj transport.ObjectID, token uint64) error {
+	_, err := sc.call(ctx, &Message{Kind: KindBorrow, Object: obj, Token: token})
+	return err
+}
+
+func (sc *sconn) BorrowAsync(ctx context.Context, obj transport.ObjectID, token uint64, done func(error)) {
+	m := &Message{Kind: KindBorrow, Object: obj, Token: token}
+	err := sc.start(ctx, m, nil, func(resp *Message) {
+		switch {
+		case resp == nil:
+			done(sc.gone())
+		case resp.Status != transport.OK:
+			done(&transport.Error{Status: resp.Status, Msg: resp.Text})
+		default:
+			done(nil)
+		}
+	})
+	if err != nil {
+		done(err)
+	}
+}
+
+// Unborrow waits for room in the outbox while the connection lives: a
+// peer that stops reading is closed by the heartbeat, which ends the wait.
+func (sc *sconn) Unborrow(obj transport.ObjectID, n uint64) {
+	sc.post(context.Background(), &Message{Kind: KindUnborrow, Object: obj, Count: n})
+}
+
+func (sc *sconn) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {
+	resp, err := sc.call(ctx, &Message{Kind: KindLease, Object: obj})
+	if err != nil {
+		return 0, err
+	}
+	return resp.Token, nil
+}
+
+func (sc *sconn) Metadata(ctx context.Context, obj transport.ObjectID, transportName string) ([]byte, error) {
+	resp, err := sc.call(ctx, &Message{Kind: KindMetadata, Object: obj, Transport: transportName})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, nil
+}
+
+func (sc *sconn) Send(ctx context.Context, req SendRequest) error {
+	_, err := sc.call(ctx, &Message{Kind: KindSend, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport, Data: req.CMeta})
+	return err
+}
+
+func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
+	resp, err := sc.call(ctx, &Message{Kind: KindGroupJoin, Group: req})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, nil
+}
+
+func (sc *sconn) Done() <-chan struct{} { return sc.done }

@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,15 +171,30 @@ func TestSocketsTwoWayBorrowFlood(t *testing.T) {
 	stop := time.Now().Add(3 * time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
+	var sent atomic.Int64
+	// As a runtime deserializing refs does: the borrow goes out without
+	// waiting for its answer, and the unborrow right behind it.
 	loop := func(ep Endpoint, address string, obj transport.ObjectID) {
 		defer wg.Done()
-		for time.Now().Before(stop) {
-			peer, err := borrowAt(ep, address, obj)
-			if err != nil {
-				errs <- err
-				return
-			}
+		peer, err := connectTo(ep, address)
+		if err != nil {
+			errs <- err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var failed atomic.Pointer[error]
+		for time.Now().Before(stop) && failed.Load() == nil {
+			peer.BorrowAsync(ctx, obj, 0, func(err error) {
+				if err != nil {
+					failed.CompareAndSwap(nil, &err)
+				}
+			})
 			peer.Unborrow(obj, 1)
+			sent.Add(1)
+		}
+		if err := failed.Load(); err != nil {
+			errs <- *err
 		}
 	}
 	for i := 0; i < 2; i++ {
@@ -190,6 +207,7 @@ func TestSocketsTwoWayBorrowFlood(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	t.Logf("%d borrows and unborrows sent", sent.Load())
 	assert.Zero(t, epA.PeersLost())
 	assert.Zero(t, epB.PeersLost())
 	eventually(t, func() bool { return a.Borrows() == 0 && b.Borrows() == 0 }, "every borrow returned")

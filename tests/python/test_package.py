@@ -114,6 +114,22 @@ class C:
                    ("__init__", False, 13), ("_adapter", False, 15)]
 
 
+# What _get may use of the objects it works on, beyond their public face:
+# the members made for it (see its docstring). Anything else private it
+# reads couples it to another class's insides.
+GET_SURFACE = {"_handle", "_store", "_receive_frameworks", "_value_of", "_own_entry", "_result_by"}
+
+
+def test_get_uses_only_its_surface_of_other_objects():
+    tree = _parse("_get")
+    modules = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for a in node.names if a.name.startswith("_")}
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_") and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in modules)}
+    assert used <= GET_SURFACE, f"_get reads {sorted(used - GET_SURFACE)} of other objects"
+
+
 def test_no_module_sets_attributes_of_what_it_imported():
     # A module above filling in a hook of a module below (say, the class a
     # lower module should make its default runtime from) is an import in

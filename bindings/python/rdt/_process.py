@@ -9,13 +9,11 @@ import atexit
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import AlreadyExistsError
 from ._logs import FORWARDER
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+from ._store import RuntimeLike
 
 
 class Process:
@@ -23,7 +21,7 @@ class Process:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+        self.runtimes: "weakref.WeakSet[RuntimeLike]" = weakref.WeakSet()
         # Transports registered with rdt.register_tensor_transport: every
         # runtime of the process gets them, also those created later.
         self.transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
@@ -32,17 +30,17 @@ class Process:
 
     # ---- runtimes ------------------------------------------------------------------
 
-    def add(self, rt: "Runtime") -> List[Tuple[str, Any, Any, Any]]:
+    def add(self, rt: RuntimeLike) -> List[Tuple[str, Any, Any, Any]]:
         """Counts a new runtime in; returns the process's transports it gets."""
         with self.lock:
             self.runtimes.add(rt)
             return list(self.transports.values())
 
-    def live(self) -> List["Runtime"]:
+    def live(self) -> List[RuntimeLike]:
         with self.lock:
             return [rt for rt in self.runtimes if not rt.closed]
 
-    def holder_of(self, data: int) -> Optional["Runtime"]:
+    def holder_of(self, data: int) -> Optional[RuntimeLike]:
         """A live runtime holding an object with a tensor at this address."""
         for rt in self.live():
             if rt._store.holds(data):

@@ -1,6 +1,6 @@
 """What the process shares across its runtimes: the set of live runtimes,
-the transports registered for every runtime, and whether the interpreter
-is shutting down. Every Runtime joins it when made; the default runtime
+the transports registered for every runtime, the cache of receive buffers,
+and whether the interpreter is shutting down. Every Runtime joins it when made; the default runtime
 is kept above, in _default."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import AlreadyExistsError
 from ._logs import FORWARDER
+from ._receive import DEFAULT_LIMIT, ReceiveCache
 from ._store import RuntimeLike
 
 
@@ -27,6 +28,19 @@ class Process:
         self.transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
         self.shutting_down = False
         self.warned_shared = False
+        self._receive_cache: Optional[ReceiveCache] = None
+
+    def receive_cache(self) -> ReceiveCache:
+        """The buffers large receives land in, shared by every runtime of
+        the process (and by rdt.ray, which may bound it otherwise); made on
+        first use, bounded to DEFAULT_LIMIT bytes of dropped buffers."""
+        cache = self._receive_cache
+        if cache is None:
+            with self.lock:
+                if self._receive_cache is None:
+                    self._receive_cache = ReceiveCache(DEFAULT_LIMIT)
+                cache = self._receive_cache
+        return cache
 
     # ---- runtimes ------------------------------------------------------------------
 

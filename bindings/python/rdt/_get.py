@@ -85,6 +85,7 @@ def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any)
     items: List[_t.Item] = []
     objs: List[Any] = []
     if out is None:
+        cache = PROCESS.receive_cache()
         for r, ds in zip(lst, descs):
             e = r._own_entry()
             if e is not None:
@@ -93,7 +94,7 @@ def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any)
                 tensors.append(list(e.tensors))
                 continue
             fws = r._receive_frameworks()
-            got = [_t.allocate(d, fw) for d, fw in zip(ds, fws)]
+            got = [_t.allocate(d, fw, cache) for d, fw in zip(ds, fws)]
             tensors.append(got)
             fetch_refs.append(r)
             objs.extend(got)

@@ -16,10 +16,12 @@ MIB = 1 << 20
 
 @pytest.fixture
 def cache():
-    """The process's cache, bounded for the test (Ray's tests may have
-    bounded it otherwise in this process) and emptied afterwards."""
+    """The process's cache, empty and bounded for the test (Ray's tests may
+    have bounded it otherwise in this process), emptied afterwards."""
     c = rdt._process.PROCESS.receive_cache()
     old = c.limit
+    gc.collect()  # buffers earlier tests dropped come back now, and go
+    c.set_limit(0)
     c.set_limit(256 * MIB)
     yield c
     c.set_limit(0)

@@ -2,6 +2,7 @@
 
     python bench/python_bench.py                  # Python numbers only
     python bench/python_bench.py build/rdtbench   # also the C side, same run
+    python bench/python_bench.py --new 64M,1G     # get into new tensors only
 
 Measures (1) a 4 KiB round trip between two runtimes: put, hand the ref to
 the other runtime (serialize + deserialize), get into a buffer, release both
@@ -9,6 +10,11 @@ handles; and (2) a 64 MiB get from another process (spawned), into a
 preallocated buffer. Prints µs and GB/s; with the C benchmark given, also
 the C ABI's numbers for the same two measurements (``rdtbench compare``)
 and the difference, as a Markdown section.
+
+``--new SIZES`` measures only plain ``rdt.get`` of one object of each size
+from another process (spawned), into the new arrays get makes, each one
+dropped before the next get: what a consumer that keeps no buffers of its
+own pays, receive memory included.
 """
 
 import multiprocessing as mp
@@ -72,12 +78,51 @@ def get_64m_gbps(rounds: int = 20) -> float:
     return 64 * MIB / statistics.median(times) / 1e9
 
 
+def _source_of(conn, nbytes: int) -> None:
+    x = np.arange(nbytes // 8, dtype=np.float64)
+    ref = rdt.put(x)
+    conn.send(pickle.dumps(ref))
+    conn.recv()
+
+
+def get_new_gbps(nbytes: int, rounds: int) -> float:
+    """GB/s of rdt.get into new arrays (the median of rounds gets)."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_source_of, args=(child, nbytes))
+    p.start()
+    ref = pickle.loads(parent.recv())
+    got = rdt.get(ref)  # warm up: connection
+    assert got[-1] == nbytes // 8 - 1
+    del got
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        got = rdt.get(ref)
+        times.append(time.perf_counter() - t0)
+        del got
+    ref.close()
+    parent.send("done")
+    p.join()
+    return nbytes / statistics.median(times) / 1e9
+
+
+def new_main(sizes: str) -> None:
+    for text in sizes.split(","):
+        n = int(text[:-1]) << {"M": 20, "G": 30}[text[-1]]
+        gbps = get_new_gbps(n, rounds=max(5, min(20, (1 << 30) * 5 // n)))
+        print(f"get_new {text} {gbps:.3f}", flush=True)
+
+
 def c_side(rdtbench: str) -> dict:
     out = subprocess.run([rdtbench, "compare"], capture_output=True, text=True, check=True).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
 
 
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--new":
+        new_main(sys.argv[2])
+        return
     rdtbench = sys.argv[1] if len(sys.argv) > 1 else None
     # On two cores the Go runtime's threads and the benchmark share the CPUs,
     # and this kind of machine drifts by tens of percent from one second to

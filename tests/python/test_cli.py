@@ -122,7 +122,7 @@ def test_doctor_with_cma_refused_by_seccomp_reports_the_reason_and_the_fallback(
 
 
 def test_a_hung_or_dead_peer_is_reported_within_the_timeout():
-    from rdt._peer import PeerError, PeerProcess
+    from rdt._cli._peer import PeerError, PeerProcess
     with PeerProcess() as peer:
         os.kill(peer.pid, signal.SIGSTOP)
         t0 = time.monotonic()

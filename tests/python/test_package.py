@@ -16,9 +16,10 @@ pytestmark = pytest.mark.timeout(120)
 PACKAGE = os.path.dirname(rdt.__file__)
 
 # Each module may import only those before it (docs/python.md, "Package layout").
-ORDER = ["_errors", "_lib", "_logs", "_tensors", "_transport", "_handle", "_store", "_process", "_ref", "_fetch", "_get",
-         "_adapter", "_runtime", "_default", "__init__", "metrics", "_peer", "_doctor", "_bench", "_cli", "__main__",
-         "ray"]
+# A subpackage (_cli, ray) counts as one module here: what its files import
+# from outside it; test_import_cycles.py checks the order inside it.
+ORDER = ["_errors", "_lib", "_logs", "_receive", "_tensors", "_transport", "_handle", "_store", "_process", "_ref",
+         "_fetch", "_get", "_adapter", "_runtime", "_default", "__init__", "metrics", "_cli", "__main__", "ray"]
 
 
 def _package_module(dotted):
@@ -29,14 +30,18 @@ def _package_module(dotted):
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _package_imports(tree):
+def _package_imports(tree, depth=0):
     """(module of this package imported, whether at module level, line) for
     every import statement and every importlib.import_module/__import__
     call with a literal name, inside functions too, skipping
-    `if TYPE_CHECKING:` blocks (they never run)."""
+    `if TYPE_CHECKING:` blocks (they never run). depth 1: tree is a file of
+    a subpackage, whose imports of its own modules are left out."""
     found = []
 
     def add(module, names, level, top, line):
+        if 0 < level <= depth:
+            return  # inside the subpackage
+        level -= depth
         if level == 1 and module:
             found.append((module.split(".")[0], top, line))
         elif level == 1:
@@ -74,20 +79,35 @@ def _package_imports(tree):
     return found
 
 
-def _parse(name):
-    with open(os.path.join(PACKAGE, name + ".py")) as f:
-        return ast.parse(f.read())
+def _sources(name):
+    """(path relative to the package, parsed tree, depth) of the module
+    name, or of every file of the subpackage name."""
+    if os.path.isdir(os.path.join(PACKAGE, name)):
+        rels = sorted(os.path.join(name, f) for f in os.listdir(os.path.join(PACKAGE, name)) if f.endswith(".py"))
+        depth = 1
+    else:
+        rels, depth = [name + ".py"], 0
+    out = []
+    for rel in rels:
+        with open(os.path.join(PACKAGE, rel)) as f:
+            out.append((rel, ast.parse(f.read()), depth))
+    return out
 
 
 def test_modules_import_in_one_direction_and_only_at_module_level():
-    modules = sorted(f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py"))
+    modules = sorted([f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py")] +
+                     [d for d in os.listdir(PACKAGE) if os.path.exists(os.path.join(PACKAGE, d, "__init__.py"))])
     assert sorted(ORDER) == modules, "a module was added or renamed: place it in ORDER and in docs/python.md"
     for name in modules:
-        for imported, top, line in _package_imports(_parse(name)):
-            where = f"{name}.py:{line}"
-            assert imported in ORDER, f"{where} imports {imported}, which is not a module of the package"
-            assert ORDER.index(imported) < ORDER.index(name), f"{where} imports {imported}, which is not below it"
-            assert top, f"{where} imports {imported} inside a function or class: import it at the top"
+        for rel, tree, depth in _sources(name):
+            for imported, top, line in _package_imports(tree, depth):
+                _check_import(name, f"{rel}:{line}", imported, top)
+
+
+def _check_import(name, where, imported, top):
+    assert imported in ORDER, f"{where} imports {imported}, which is not a module of the package"
+    assert ORDER.index(imported) < ORDER.index(name), f"{where} imports {imported}, which is not below it"
+    assert top, f"{where} imports {imported} inside a function or class: import it at the top"
 
 
 def test_the_import_check_sees_lazy_and_absolute_imports():
@@ -114,12 +134,28 @@ class C:
                    ("__init__", False, 13), ("_adapter", False, 15)]
 
 
+# What _get may use of the objects it works on, beyond their public face:
+# the members made for it (see its docstring). Anything else private it
+# reads couples it to another class's insides.
+GET_SURFACE = {"_handle", "_store", "_receive_frameworks", "_value_of", "_own_entry", "_result_by"}
+
+
+def test_get_uses_only_its_surface_of_other_objects():
+    tree = _sources("_get")[0][1]
+    modules = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for a in node.names if a.name.startswith("_")}
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_") and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in modules)}
+    assert used <= GET_SURFACE, f"_get reads {sorted(used - GET_SURFACE)} of other objects"
+
+
 def test_no_module_sets_attributes_of_what_it_imported():
     # A module above filling in a hook of a module below (say, the class a
     # lower module should make its default runtime from) is an import in
     # disguise: the lower module then depends on the upper one.
-    for name in ORDER:
-        tree = _parse(name)
+    for rel, tree, _ in [src for name in ORDER for src in _sources(name)]:
+        name = rel
         imported = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("rdt")):
@@ -134,7 +170,7 @@ def test_no_module_sets_attributes_of_what_it_imported():
                 while isinstance(root, (ast.Attribute, ast.Subscript)):
                     root = root.value
                 assert not (t is not root and isinstance(root, ast.Name) and root.id in imported), \
-                    f"{name}.py:{node.lineno} sets an attribute of {root.id}, which it imported"
+                    f"{name}:{node.lineno} sets an attribute of {root.id}, which it imported"
 
 
 def test_a_pickled_ref_names_the_module_that_makes_the_default_runtime():

@@ -18,18 +18,15 @@ import pickle
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError, RdtError
-from ._store import Store
+from ._store import RuntimeLike, Store
 from ._transport import Peer
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
 
 _REQUIRED = ("is_one_sided", "can_abort_transport", "extract_tensor_transport_metadata",
              "get_communicator_metadata", "garbage_collect", "abort_transport")
@@ -335,7 +332,7 @@ class Adapter:
         return self._guard(run)
 
 
-def register(rt: "Runtime", name: str, devices: Union[str, Sequence[str]], cls: Any, data_type: Any = None) -> None:
+def register(rt: RuntimeLike, name: str, devices: Union[str, Sequence[str]], cls: Any, data_type: Any = None) -> None:
     """Registers an instance of cls (or cls itself if it is an instance)
     with one runtime."""
     validate(name, devices, cls)

@@ -7,16 +7,14 @@ import asyncio
 import ctypes
 import threading
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from . import _lib
 from . import _tensors as _t
 from ._errors import AbortedError, GetTimeoutError, InvalidArgumentError
-from ._ref import ObjectRef, decode_skeleton
-from ._store import Store
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+from ._handle import Handle
+from ._ref import ObjectRef
+from ._store import RuntimeLike, Store
 
 # A blocking wait runs in slices of this many milliseconds, so that Python
 # can run signal handlers (Ctrl-C) between them.
@@ -61,7 +59,7 @@ class Plan:
         self.fetch_refs, self.items, self.objs, self.owned = fetch_refs, items, objs, owned
 
 
-class Fetch:
+class Fetch(Handle):
     """Refs being fetched, made by :meth:`Runtime.fetch`. Every transfer is
     running when you get it; nothing blocks until you wait.
 
@@ -77,9 +75,13 @@ class Fetch:
     frees the fetch; with ``out=`` it returns once nothing writes into those
     buffers any more. A fetch that completes frees its native resources by
     itself; one dropped while running is aborted, without blocking.
+
+    On :class:`Handle`'s pattern: the C fetch is its handle, swapped out
+    under the fetch's own lock (which also guards the result and the event
+    loop watching it), and freed by :meth:`_free`.
     """
 
-    def __init__(self, runtime: "Runtime", plan: Plan, transport: Optional[str]) -> None:
+    def __init__(self, runtime: RuntimeLike, plan: Plan, transport: Optional[str]) -> None:
         self._runtime = runtime
         self._store: Store = runtime._store
         self._plan = plan
@@ -148,7 +150,7 @@ class Fetch:
                 return
             ptr, self._ptr = self._ptr, None
         if ptr is not None:
-            self._free_now(ptr)
+            self._free(ptr)
 
     def _watched(self) -> bool:
         """Whether an event loop watches the descriptor, and so frees the
@@ -160,7 +162,7 @@ class Fetch:
             return False
         return loop is not None
 
-    def _free_now(self, ptr: int) -> None:
+    def _free(self, ptr: int) -> None:
         # Complete, or the caller accepts waiting: returns once nothing
         # writes into the targets.
         try:
@@ -199,6 +201,23 @@ class Fetch:
                                   f"within {timeout} s; the fetch is still running", _lib.ERR_TIMEOUT)
         return self._result_now()
 
+    def _result_by(self, deadline: Optional[float]) -> Any:
+        """get's wait: the result once complete. When the deadline passes
+        (GetTimeoutError), or Ctrl-C or an exit interrupts the wait, every
+        transfer is stopped first: buffers the caller gave are quiet before
+        the error is raised; the fetch's own may finish filling in the
+        background (a transport that cannot abort) and are dropped then."""
+        try:
+            if not self._wait_until(deadline):
+                n = len(self._plan.fetch_refs)
+                raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
+                                      f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
+                                      _lib.ERR_TIMEOUT)
+        except (GetTimeoutError, KeyboardInterrupt, SystemExit):
+            self.close()
+            raise
+        return self._result_now()
+
     def _result_now(self) -> Any:
         assert self._final is not None
         err = self._final[0]
@@ -206,7 +225,7 @@ class Fetch:
             raise err
         if not self._has_value:
             p = self._plan
-            results = [decode_skeleton(r._skeleton, ts) for r, ts in zip(p.refs, p.tensors)]
+            results = [r._value_of(ts) for r, ts in zip(p.refs, p.tensors)]
             self._value = results[0] if p.single else results
             self._has_value = True
         return self._value
@@ -258,7 +277,7 @@ class Fetch:
             return
         L.rdt_fetch_abort(ptr)
         if block or L.rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT:
-            self._free_now(ptr)
+            self._free(ptr)
             return
         # Only our own buffers can still be written (a transport that has not
         # stopped yet): let a thread free the fetch, and them, afterwards.
@@ -266,20 +285,10 @@ class Fetch:
         self._mine, self._buf, self._fd = [], None, None
         self._store.start_thread(_drain, (ptr, buf, objs, self._store, mine), "rdt-drain")
 
-    def __enter__(self) -> "Fetch":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            if self._ptr is not None:
-                # Never block here: a transfer still running is drained by a
-                # thread that keeps every target alive until then.
-                self._release(block=False)
-        except Exception:
-            pass  # during interpreter shutdown the library may be gone
+    def _collected(self) -> None:
+        # Never block here: a transfer still running is drained by a
+        # thread that keeps every target alive until then.
+        self._release(block=False)
 
     # ---- asyncio -------------------------------------------------------------------
 
@@ -364,7 +373,7 @@ class Fetch:
         with self._lock:
             ptr, self._ptr = self._ptr, None
         if ptr is not None:  # settled elsewhere while the loop watched
-            self._free_now(ptr)
+            self._free(ptr)
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)

@@ -1,12 +1,18 @@
 """get, fetch and get_async in one runtime: what it moves for them into
-what, and the waits. Runtime's methods of those names forward here."""
+what, and the waits. Runtime's methods of those names forward here.
+
+What this module uses of other objects is kept to a few members made for
+it (tests/python/test_package.py holds it to them): of the runtime (as
+RuntimeLike) its C handle and its store; of a ref its public face
+(``runtime``, ``tensor_descs()``), its C handle, ``_receive_frameworks()``,
+``_value_of()`` and ``_own_entry()``; of a fetch ``_result_by()``."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -15,25 +21,23 @@ from . import _tensors as _t
 from ._errors import GetTimeoutError, InvalidArgumentError
 from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms
 from ._process import PROCESS
-from ._ref import ObjectRef, decode_skeleton, flatten
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+from ._ref import ObjectRef, flatten
+from ._store import RuntimeLike
 
 # get of one ref into one array of at most this many bytes uses rdt_get (a
 # single call), restarting with the general path if a slice is not enough.
 _SMALL = 1 << 20
 
 
-def get_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+def get_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
            transport: Optional[str] = None, out: Any = None) -> Any:
     """Runtime.get."""
     deadline = deadline_of(timeout)
     if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
         # The common case, one ref into one array, in fewer steps.
         r: ObjectRef = refs
-        if r._runtime is rt:
-            descs1 = r._descs or r.tensor_descs()
+        if r.runtime is rt:
+            descs1 = r.tensor_descs()
             if len(descs1) == 1:
                 data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
                 if data and not rt._store.python_transports:
@@ -49,28 +53,15 @@ def get_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: 
                     st = _lib.lib().rdt_get(rt._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
                                             addr, 1, None, wait_ms)
                     if st == _lib.OK:
-                        return decode_skeleton(r._skeleton, [out])
+                        return r._value_of([out])
                     if st != _lib.ERR_TIMEOUT:
                         raise _lib.make_error(st)
                     if deadline is not None and time.monotonic() >= deadline:
                         raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
                                               "was aborted", _lib.ERR_TIMEOUT)
-    f = Fetch(rt, plan(rt, refs, out), transport)
-    try:
-        if not f._wait_until(deadline):
-            n = len(f._plan.fetch_refs)
-            raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
-                                  f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
-                                  _lib.ERR_TIMEOUT)
-    except (GetTimeoutError, KeyboardInterrupt, SystemExit):
-        # Stop every transfer. Buffers the caller gave must be quiet before
-        # we return; our own may finish filling in the background (a
-        # transport that cannot abort) and are dropped afterwards.
-        f.close()
-        raise
-    return f._result_now()
+    return Fetch(rt, plan(rt, refs, out), transport)._result_by(deadline)
 
-def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
+def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
     """Checks get's arguments and decides what to fetch into what."""
     rt._handle()  # ClosedError once the runtime is closed
     single = isinstance(refs, ObjectRef)
@@ -83,8 +74,8 @@ def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -
     for r in lst:
         if not isinstance(r, ObjectRef):
             raise InvalidArgumentError(f"get takes ObjectRefs, not {type(r).__name__}")
-        if r._runtime is not rt:
-            raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r._runtime!r}); get it there")
+        if r.runtime is not rt:
+            raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
         r._handle()  # ClosedError for a released ref
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
@@ -94,6 +85,7 @@ def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -
     items: List[_t.Item] = []
     objs: List[Any] = []
     if out is None:
+        cache = PROCESS.receive_cache()
         for r, ds in zip(lst, descs):
             e = r._own_entry()
             if e is not None:
@@ -101,8 +93,8 @@ def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -
                     PROCESS.warn_shared_once()
                 tensors.append(list(e.tensors))
                 continue
-            fws = r._frameworks or ("numpy",) * len(ds)
-            got = [_t.allocate(d, fw) for d, fw in zip(ds, fws)]
+            fws = r._receive_frameworks()
+            got = [_t.allocate(d, fw, cache) for d, fw in zip(ds, fws)]
             tensors.append(got)
             fetch_refs.append(r)
             objs.extend(got)
@@ -121,13 +113,13 @@ def plan(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -
         fetch_refs = lst
     return Plan(single, lst, tensors, fetch_refs, items, objs, owned=out is None)
 
-def fetch_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
+def fetch_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
              transport: Optional[str] = None) -> Fetch:
     """Runtime.fetch."""
     return Fetch(rt, plan(rt, refs, out), transport)
 
 
-async def get_async_in(rt: "Runtime", refs: Union[ObjectRef, Sequence[ObjectRef]],
+async def get_async_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]],
                        timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None) -> Any:
     """Runtime.get_async."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing

@@ -1,10 +1,11 @@
 """The managed-handle base: one C handle, closed exactly once, usable as a
-context manager."""
+context manager, and closed as a last resort by garbage collection.
+Runtime, ObjectRef and Fetch are built on it."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from ._errors import ClosedError
 
@@ -12,6 +13,8 @@ from ._errors import ClosedError
 # Closing swaps the handle out under one lock for all handles: a handle is
 # freed exactly once even if threads race to close it.
 _close_lock = threading.RLock()  # re-entrant: __del__ may run inside it
+
+_H = TypeVar("_H", bound="Handle")
 
 
 class Handle:
@@ -33,17 +36,27 @@ class Handle:
             raise ClosedError(f"{type(self).__name__} is closed", ClosedError.status)
         return p
 
-    def close(self) -> None:
-        """Frees the handle (idempotent; safe from several threads)."""
+    def _take(self) -> Optional[int]:
+        """Swaps the handle out: exactly one caller gets it, later ones None."""
         with _close_lock:
             p, self._ptr = self._ptr, None
+        return p
+
+    def close(self) -> None:
+        """Frees the handle (idempotent; safe from several threads)."""
+        p = self._take()
         if p is not None:
             self._free(p)
 
     def _free(self, ptr: int) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def __enter__(self) -> Any:
+    def _collected(self) -> None:
+        """What garbage collection does with a handle still held: close()
+        unless a subclass must not block there."""
+        self.close()
+
+    def __enter__(self: _H) -> _H:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -52,6 +65,6 @@ class Handle:
     def __del__(self) -> None:
         try:
             if self._ptr is not None:
-                self.close()
+                self._collected()
         except Exception:
             pass  # during interpreter shutdown the library may be gone

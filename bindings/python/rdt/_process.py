@@ -1,6 +1,6 @@
 """What the process shares across its runtimes: the set of live runtimes,
-the transports registered for every runtime, and whether the interpreter
-is shutting down. Every Runtime joins it when made; the default runtime
+the transports registered for every runtime, the cache of receive buffers,
+and whether the interpreter is shutting down. Every Runtime joins it when made; the default runtime
 is kept above, in _default."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ import atexit
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import AlreadyExistsError
 from ._logs import FORWARDER
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+from ._receive import DEFAULT_LIMIT, ReceiveCache
+from ._store import RuntimeLike
 
 
 class Process:
@@ -23,26 +22,39 @@ class Process:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.runtimes: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+        self.runtimes: "weakref.WeakSet[RuntimeLike]" = weakref.WeakSet()
         # Transports registered with rdt.register_tensor_transport: every
         # runtime of the process gets them, also those created later.
         self.transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
         self.shutting_down = False
         self.warned_shared = False
+        self._receive_cache: Optional[ReceiveCache] = None
+
+    def receive_cache(self) -> ReceiveCache:
+        """The buffers large receives land in, shared by every runtime of
+        the process (and by rdt.ray, which may bound it otherwise); made on
+        first use, bounded to DEFAULT_LIMIT bytes of dropped buffers."""
+        cache = self._receive_cache
+        if cache is None:
+            with self.lock:
+                if self._receive_cache is None:
+                    self._receive_cache = ReceiveCache(DEFAULT_LIMIT)
+                cache = self._receive_cache
+        return cache
 
     # ---- runtimes ------------------------------------------------------------------
 
-    def add(self, rt: "Runtime") -> List[Tuple[str, Any, Any, Any]]:
+    def add(self, rt: RuntimeLike) -> List[Tuple[str, Any, Any, Any]]:
         """Counts a new runtime in; returns the process's transports it gets."""
         with self.lock:
             self.runtimes.add(rt)
             return list(self.transports.values())
 
-    def live(self) -> List["Runtime"]:
+    def live(self) -> List[RuntimeLike]:
         with self.lock:
             return [rt for rt in self.runtimes if not rt.closed]
 
-    def holder_of(self, data: int) -> Optional["Runtime"]:
+    def holder_of(self, data: int) -> Optional[RuntimeLike]:
         """A live runtime holding an object with a tensor at this address."""
         for rt in self.live():
             if rt._store.holds(data):

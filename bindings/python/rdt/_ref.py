@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import pickle
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
-from ._handle import Handle, _close_lock
-from ._store import Entry
-
-if TYPE_CHECKING:
-    from ._runtime import Runtime
+from ._handle import Handle
+from ._store import Entry, RuntimeLike
 
 
 # ---- the structure around the tensors -----------------------------------------
@@ -118,7 +115,7 @@ class ObjectRef(Handle):
     leaving a ``with`` block, or garbage collection) releases this handle.
     """
 
-    def __init__(self, runtime: "Runtime", ptr: int, skeleton: Any, frameworks: Tuple[str, ...],
+    def __init__(self, runtime: RuntimeLike, ptr: int, skeleton: Any, frameworks: Tuple[str, ...],
                  descs: Optional[List[_t.Desc]] = None, entry: Optional[Entry] = None,
                  oid: str = "") -> None:
         self._ptr = ptr
@@ -148,7 +145,7 @@ class ObjectRef(Handle):
         return c
 
     @property
-    def runtime(self) -> "Runtime":
+    def runtime(self) -> RuntimeLike:
         """The runtime this handle belongs to."""
         return self._runtime
 
@@ -190,6 +187,15 @@ class ObjectRef(Handle):
                 d.append(_t.desc_of_info(ti))
             self._descs = d
         return d
+
+    def _receive_frameworks(self) -> Tuple[str, ...]:
+        """The framework to receive each tensor into: the producer's, where
+        the ref carries them (a pickled ref does), else numpy."""
+        return self._frameworks or ("numpy",) * len(self.tensor_descs())
+
+    def _value_of(self, tensors: Sequence[Any]) -> Any:
+        """The put structure around these tensors (in put order)."""
+        return decode_skeleton(self._skeleton, tensors)
 
     @property
     def shapes(self) -> List[Tuple[int, ...]]:
@@ -261,8 +267,7 @@ class ObjectRef(Handle):
         if not revoke_leases:
             self.close()
             return
-        with _close_lock:
-            p, self._ptr = self._ptr, None
+        p = self._take()
         if p is None:
             return
         status = _lib.lib().rdt_ref_release_ex(p, _lib.RELEASE_REVOKE_LEASES)

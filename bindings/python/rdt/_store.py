@@ -18,9 +18,24 @@ import ctypes
 import itertools
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 from . import _lib
+
+
+class RuntimeLike(Protocol):
+    """A runtime as the modules below rdt.Runtime see it: they may not
+    import _runtime, which imports them. What they use of it: its C handle,
+    its store, whether it is closed, and closing it."""
+
+    _store: "Store"
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _handle(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class Entry:

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _lib
 from ._errors import InvalidArgumentError, UnsupportedError
+from ._receive import HUGE_PAGE_MIN, ReceiveCache
 
 # DLPack dtype codes (rdt.h's RDT_DTYPE_*).
 INT, UINT, FLOAT, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 4, 5, 6
@@ -416,9 +417,11 @@ def _import_torch() -> Any:
     return t
 
 
-def allocate(desc: Desc, framework: str) -> Any:
+def allocate(desc: Desc, framework: str, cache: Optional[ReceiveCache] = None) -> Any:
     """A new tensor to receive into: of the producer's framework when it can
-    be imported here (torch stays torch), else numpy."""
+    be imported here (torch stays torch), else numpy. Host tensors of 4 MiB
+    and more come from ``cache`` when given (see _receive)."""
+    large = cache is not None and desc.nbytes >= HUGE_PAGE_MIN
     if framework == "torch" and desc.lanes == 1:
         t = _import_torch()
         name = _DL_TO_TORCH.get((desc.code, desc.bits))
@@ -426,6 +429,9 @@ def allocate(desc: Desc, framework: str) -> Any:
             device = "cpu" if desc.device_type in _HOST_DEVICES else None
             if desc.device_type == _lib.DEVICE_CUDA and _torch_has_cuda(t, desc.device_id):
                 device = f"cuda:{desc.device_id}"
+            if device == "cpu" and large:
+                assert cache is not None
+                return cache.torch_tensor(t, desc.shape, getattr(t, name))
             if device is not None:
                 return t.empty(desc.shape, dtype=getattr(t, name), device=device)
     if desc.device_type == _lib.DEVICE_CUDA:
@@ -439,6 +445,9 @@ def allocate(desc: Desc, framework: str) -> Any:
     if dt is None:
         raise UnsupportedError(f"no numpy dtype for {desc.dtype_name()} here: install torch (or ml_dtypes), "
                                "or pass out=")
+    if large:
+        assert cache is not None
+        return cache.numpy_array(desc.shape, dt)
     return np.empty(desc.shape, dtype=dt)
 
 

@@ -1,6 +1,6 @@
 """The second process of ``rdt doctor`` and ``rdt bench``.
 
-``python -m rdt._peer`` reads one JSON request a line on stdin and answers
+``python -m rdt._cli._peer`` reads one JSON request a line on stdin and answers
 each with one JSON line on stdout: it puts objects for the other process to
 fetch, serves raw loopback TCP for bench's baseline, and says what it has.
 :class:`PeerProcess` is the other end: it starts the peer with the same
@@ -54,12 +54,12 @@ def quiet_runtime(name: str) -> Any:
 
 
 class PeerProcess:
-    """A running peer (``python -m rdt._peer``), spoken to over pipes."""
+    """A running peer (``python -m rdt._cli._peer``), spoken to over pipes."""
 
     def __init__(self, env: Optional[Dict[str, str]] = None, start_timeout: float = 30.0) -> None:
         self._stderr = tempfile.TemporaryFile()
         self._buf = b""
-        self.proc = subprocess.Popen([sys.executable, "-m", "rdt._peer"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "rdt._cli._peer"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr, env=env, close_fds=True)
         self.hello = self.request("hello", start_timeout)
 

@@ -1,5 +1,5 @@
 """``rdt bench``: a quick table of each transport on this host, between this
-process and a peer process (:mod:`rdt._peer`), against this host's own
+process and a peer process (:mod:`rdt._cli._peer`), against this host's own
 limits measured in the same run: single-thread memcpy for the same-host
 copies, raw loopback TCP between the two processes for tcp."""
 

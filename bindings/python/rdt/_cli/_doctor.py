@@ -1,7 +1,7 @@
 """``rdt doctor``: which transports work on this host, and why not.
 
 Every built-in transport is tried between this process and a real peer
-process (:mod:`rdt._peer`): the peer puts an object, this process fetches it
+process (:mod:`rdt._cli._peer`): the peer puts an object, this process fetches it
 over that transport and checks the bytes. Where a transport is missing or
 fails, the core's reason is shown with the fix for this host's cause.
 """
@@ -17,7 +17,7 @@ import re
 import stat
 from typing import Any, Dict, List, Optional
 
-from . import _errors
+from .. import _errors
 from ._peer import PeerError, PeerProcess, RequestError, pattern, quiet_runtime
 
 HOST_TRANSPORTS = ("cma", "shm", "tcp")

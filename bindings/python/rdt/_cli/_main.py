@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional
 
 import rdt
 
-from . import _bench, _doctor, _lib
+from .. import _lib
+from . import _bench, _doctor
 
 
 def _names(text: str, known: "tuple[str, ...]", what: str) -> List[str]:

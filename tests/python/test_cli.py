@@ -180,3 +180,18 @@ def test_bench_with_tiny_sizes(rdt_cmd):
     assert [line.split()[:3] for line in body[2:-1]] == [["shm", "4", "KiB"]]
     assert run(rdt_cmd, "bench", "--sizes", "4X").returncode == 2
     assert run(rdt_cmd, "bench", "--transports", "carrier_pigeon").returncode == 2
+
+
+def test_the_command_takes_the_transports_and_their_order_from_the_library():
+    import rdt
+    from rdt._cli._peer import automatic_order, builtin_transports
+    with rdt.Runtime("lists", in_process=True, log_level="off") as rt:
+        listed = {t["name"]: t for t in rt.transports()}
+        assert listed["cma"]["same_host_only"] and listed["shm"]["same_host_only"]
+        assert not listed["tcp"]["same_host_only"]
+        assert automatic_order(rt, "host")[:3] == ["cma", "shm", "tcp"]
+        assert all(listed[n]["auto_rank_cuda"] == 0 for n in ("cma", "shm", "tcp"))
+        names = builtin_transports(rt)
+        assert {"cma", "shm", "tcp", "cuda_ipc", "nixl", "nccl"} <= set(names), names
+    with rdt.Runtime("bare", in_process=True, log_level="off", builtin_transports=False) as rt:
+        assert builtin_transports(rt) == [] and automatic_order(rt) == []

@@ -86,3 +86,27 @@ def test_out_and_own_objects_bypass_the_cache(cache):
         assert cache.cached_bytes() == before
         borrowed.close()
         ref.release()
+
+
+def _limit_in_child(value):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, RDT_RECEIVE_CACHE_MIB=value)
+    code = ("import rdt\n"
+            "try:\n"
+            "    print(rdt._process.PROCESS.receive_cache().limit)\n"
+            "except rdt.InvalidArgumentError as e:\n"
+            "    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_environment_bounds_the_cache():
+    assert _limit_in_child("") == str(1 << 30), "unset: 1 GiB"
+    assert _limit_in_child("0") == "0", "0 keeps nothing"
+    assert _limit_in_child("64") == str(64 * MIB)
+    for bad in ("-1", "lots", str((1 << 20) + 1)):
+        out = _limit_in_child(bad)
+        assert out.startswith("refused:") and f"RDT_RECEIVE_CACHE_MIB={bad!r}" in out, out

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._errors import AlreadyExistsError
 from ._logs import FORWARDER
-from ._receive import DEFAULT_LIMIT, ReceiveCache
+from ._receive import ReceiveCache, limit_from_environment
 from ._store import RuntimeLike
 
 
@@ -33,12 +33,13 @@ class Process:
     def receive_cache(self) -> ReceiveCache:
         """The buffers large receives land in, shared by every runtime of
         the process (and by rdt.ray, which may bound it otherwise); made on
-        first use, bounded to DEFAULT_LIMIT bytes of dropped buffers."""
+        first use, bounded by RDT_RECEIVE_CACHE_MIB (1 GiB of dropped
+        buffers when unset)."""
         cache = self._receive_cache
         if cache is None:
             with self.lock:
                 if self._receive_cache is None:
-                    self._receive_cache = ReceiveCache(DEFAULT_LIMIT)
+                    self._receive_cache = ReceiveCache(limit_from_environment())
                 cache = self._receive_cache
         return cache
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import threading
 import warnings
 import weakref
@@ -19,13 +20,35 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
+from ._errors import InvalidArgumentError
+
 # Host receive buffers at least this large are mapped and advised for huge
 # pages: faulting in 4 KiB pages costs more than moving the bytes. Their
 # mappings are kept for reuse once dropped, in whole huge pages.
 HUGE_PAGE_MIN = 4 << 20
 HUGE_PAGE = 2 << 20
-# How many bytes of dropped receive buffers a process keeps unless told.
+# How many bytes of dropped receive buffers a process keeps unless told
+# (RDT_RECEIVE_CACHE_MIB, or rdt.ray's runtime_env(receive_cache=...)).
 DEFAULT_LIMIT = 1 << 30
+LIMIT_VARIABLE = "RDT_RECEIVE_CACHE_MIB"
+MAX_LIMIT_MIB = 1 << 20
+
+
+def limit_from_environment() -> int:
+    """The cache's bound in bytes: RDT_RECEIVE_CACHE_MIB (0 keeps nothing),
+    else DEFAULT_LIMIT. A value that is not an integer from 0 to
+    MAX_LIMIT_MIB is an InvalidArgumentError naming the variable."""
+    value = os.environ.get(LIMIT_VARIABLE, "")
+    if value == "":
+        return DEFAULT_LIMIT
+    try:
+        mib = int(value)
+    except ValueError:
+        mib = -1
+    if not 0 <= mib <= MAX_LIMIT_MIB:
+        raise InvalidArgumentError(f"environment variable {LIMIT_VARIABLE}={value!r}: "
+                                   f"want an integer from 0 to {MAX_LIMIT_MIB}")
+    return mib << 20
 
 
 class ReceiveCache:

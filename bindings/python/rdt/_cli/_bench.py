@@ -14,12 +14,9 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
-from ._peer import PeerProcess, pattern, quiet_runtime
+from ._peer import PeerProcess, automatic_order, pattern, quiet_runtime
 
 DEFAULT_SIZES = (4 << 10, 1 << 20, 64 << 20)
-HOST_TRANSPORTS = ("cma", "shm", "tcp")
-GPU_TRANSPORTS = ("cuda_ipc",)
-BENCH_TRANSPORTS = HOST_TRANSPORTS + GPU_TRANSPORTS
 MAX_SIZE = 1 << 32  # 4 GiB: --sizes beyond are a usage error
 # Time spent measuring one (transport, size) row, and its iteration bounds.
 ROW_SECONDS = 0.6
@@ -119,9 +116,16 @@ def tcp_baseline(peer: PeerProcess, size: int, timeout: float) -> List[float]:
         return _timed(fetch)
 
 
+def device_of(rt: Any, name: str) -> str:
+    """Where bench puts the object a transport moves: host memory, unless
+    the transport moves CUDA memory only."""
+    devices = next((t["devices"] for t in rt.transports() if t["name"] == name), ["cpu"])
+    return "cpu" if "cpu" in devices else "cuda"
+
+
 def transport_times(rt: Any, peer: PeerProcess, name: str, size: int, timeout: float) -> List[float]:
     import numpy as np
-    device = "cuda" if name in GPU_TRANSPORTS else "cpu"
+    device = device_of(rt, name)
     reply = peer.request("put", timeout, nbytes=size, seed=7, transport=name, device=device)
     ref = pickle.loads(base64.b64decode(reply["ref"]))
     try:
@@ -148,14 +152,23 @@ def _row(name: str, size: int, times: Sequence[float], baseline: str, base_times
             "ratio": round(base_p50 / p50, 3)}
 
 
-def available_gpu(rt: Any) -> List[str]:
+def one_sided(rt: Any) -> List[str]:
+    return [t["name"] for t in rt.transports() if t["one_sided"]]
+
+
+def default_transports(rt: Any) -> List[str]:
+    """The one-sided transports of the automatic choice between two
+    processes of this host: for host memory, and for CUDA memory where a
+    GPU and torch are present (the library's order, not a list here)."""
+    ones = one_sided(rt)
+    out = [n for n in automatic_order(rt, "host") if n in ones]
     try:
         import torch
         if not torch.cuda.is_available():
-            return []
+            return out
     except ImportError:
-        return []
-    return [n for n in GPU_TRANSPORTS if n in rt.transport_names()]
+        return out
+    return out + [n for n in automatic_order(rt, "cuda") if n in ones and n not in out]
 
 
 def run(transports: Optional[Sequence[str]], sizes: Sequence[int], timeout: float = 30.0,
@@ -163,7 +176,7 @@ def run(transports: Optional[Sequence[str]], sizes: Sequence[int], timeout: floa
     rt = quiet_runtime("rdt-bench")
     here = rt.transport_names()
     if transports is None:
-        transports = [n for n in HOST_TRANSPORTS if n in here] + available_gpu(rt)
+        transports = default_transports(rt)
     report: Dict[str, Any] = {"sizes": list(sizes), "rows": [], "errors": {}}
     baselines: Dict[Any, List[float]] = {}
     progress = Progress(len(transports) * len(sizes), progress_stream)
@@ -176,7 +189,13 @@ def run(transports: Optional[Sequence[str]], sizes: Sequence[int], timeout: floa
                     continue
                 if name in report["errors"]:
                     continue
-                kind = "loopback tcp" if name == "tcp" else "cuda memcpy" if name in GPU_TRANSPORTS else "memcpy"
+                if name not in one_sided(rt):
+                    report["errors"][name] = ("two-sided: it moves data only within a group of processes "
+                                              "(rdt.create_collective_group), which bench does not form")
+                    continue
+                device = device_of(rt, name)
+                same_host = next(t["same_host_only"] for t in rt.transports() if t["name"] == name)
+                kind = "cuda memcpy" if device == "cuda" else "memcpy" if same_host else "loopback tcp"
                 try:
                     if (kind, size) not in baselines:
                         baselines[kind, size] = (tcp_baseline(peer, size, timeout) if kind == "loopback tcp"

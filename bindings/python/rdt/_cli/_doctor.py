@@ -18,14 +18,10 @@ import stat
 from typing import Any, Dict, List, Optional
 
 from .. import _errors
-from ._peer import PeerError, PeerProcess, RequestError, pattern, quiet_runtime
+from ._peer import PeerError, PeerProcess, RequestError, automatic_order, builtin_transports, pattern, quiet_runtime
 
-HOST_TRANSPORTS = ("cma", "shm", "tcp")
-GPU_TRANSPORTS = ("cuda_ipc", "nccl", "nixl")
-BUILTIN = HOST_TRANSPORTS + GPU_TRANSPORTS
-# The automatic choice's order for host memory on one host (the transports'
-# automatic ranks in the core: cma 10, shm 20, tcp 30).
-AUTO_HOST_ORDER = ("cma", "shm", "tcp")
+# Which transports there are, and the automatic choice's order, come from
+# the library (rdt_transport_list); the doctor knows only the fixes.
 
 OK, LOADED, MISSING, FAILED = "OK", "LOADED", "MISSING", "FAILED"
 # What --require accepts: the bytes moved, or (nccl) the transport loaded.
@@ -121,6 +117,17 @@ def gpu_fix(name: str, facts: Dict[str, Any]) -> str:
     return "; ".join(steps) or "see the reason"
 
 
+def fix_for(name: str, facts: Dict[str, Any]) -> str:
+    """What to do on this host about a transport that is missing or failed."""
+    if name == "cma":
+        return cma_fix(facts)
+    if name == "shm":
+        return SHM_FIX
+    if name == "tcp":
+        return TCP_FIX
+    return gpu_fix(name, facts)
+
+
 # ---- the checks ----------------------------------------------------------------
 
 def _fetch_and_check(peer: PeerProcess, rt: Any, transport: Optional[str], seed: int, timeout: float,
@@ -158,8 +165,7 @@ def check_transport(name: str, rt: Any, peer: Optional[PeerProcess], peer_error:
     gpu_name = name in ("cuda_ipc", "nccl")
     if name not in here:
         result.update(status=MISSING, reason=unavailable.get(name, "not registered in this runtime"),
-                      fix=cma_fix(facts) if name == "cma" else SHM_FIX if name == "shm"
-                      else gpu_fix(name, facts) if name in GPU_TRANSPORTS else TCP_FIX)
+                      fix=fix_for(name, facts))
         if gpu_name and not facts["nvidia_devices"]:
             result["reason"] = "no NVIDIA device on this host (/dev/nvidia* absent); " + result["reason"]
         return result
@@ -190,9 +196,7 @@ def check_transport(name: str, rt: Any, peer: Optional[PeerProcess], peer_error:
     except PeerError:
         raise
     except Exception as e:
-        fix = cma_fix(facts) if name == "cma" else SHM_FIX if name == "shm" else TCP_FIX if name == "tcp" \
-            else gpu_fix(name, facts)
-        result.update(status=FAILED, reason=str(e), fix=fix)
+        result.update(status=FAILED, reason=str(e), fix=fix_for(name, facts))
     return result
 
 
@@ -200,7 +204,8 @@ def check_automatic(rt: Any, peer: Optional[PeerProcess], transports: Dict[str, 
                     timeout: float) -> Dict[str, Any]:
     """Which transport a put without one is fetched with between the two
     processes, and what it fell back from."""
-    expected = next((n for n in AUTO_HOST_ORDER if n in rt.transport_names()), None)
+    order = automatic_order(rt, "host")
+    expected = order[0] if order else None
     out: Dict[str, Any] = {"status": OK, "picked": None, "first_choice": expected, "fell_back_from": {}}
     if peer is None:
         out.update(status=FAILED, reason="no peer process")
@@ -216,7 +221,7 @@ def check_automatic(rt: Any, peer: Optional[PeerProcess], transports: Dict[str, 
     after = _completed(rt)
     picked = [n for n in after if after[n] > before.get(n, 0)]
     out["picked"] = picked[0] if picked else None
-    for n in AUTO_HOST_ORDER:
+    for n in order:
         if n == out["picked"]:
             break
         t = transports.get(n)
@@ -276,8 +281,6 @@ def run(timeout: float = 30.0) -> Dict[str, Any]:
         rt = quiet_runtime("rdt-doctor")
     except _errors.RdtError as e:
         report["runtime_error"] = str(e)
-        for name in BUILTIN:
-            report["transports"][name] = {"status": FAILED, "reason": f"no runtime: {e}", "fix": None}
         return report
     report["socket_dir"] = check_socket_dir(rt)
     peer: Optional[PeerProcess] = None
@@ -289,7 +292,7 @@ def run(timeout: float = 30.0) -> Dict[str, Any]:
         peer_error = f"the peer process could not start: {e}"
         report["peer"] = {"status": FAILED, "reason": peer_error}
     try:
-        for seed, name in enumerate(BUILTIN, 1):
+        for seed, name in enumerate(builtin_transports(rt), 1):
             try:
                 report["transports"][name] = check_transport(name, rt, peer, peer_error, facts, seed, timeout)
             except PeerError as e:  # the peer hung or died: the rest cannot be tried

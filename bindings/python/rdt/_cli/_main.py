@@ -18,9 +18,20 @@ import rdt
 
 from .. import _lib
 from . import _bench, _doctor
+from ._peer import builtin_transports
 
 
-def _names(text: str, known: "tuple[str, ...]", what: str) -> List[str]:
+def _builtins() -> List[str]:
+    """The library's built-in transports, asked of a runtime of its own."""
+    with rdt.Runtime("rdt-args", log_level="off", in_process=True) as rt:
+        return builtin_transports(rt)
+
+
+def _transports(text: str) -> List[str]:
+    return _names(text, _builtins(), "transport")
+
+
+def _names(text: str, known: List[str], what: str) -> List[str]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -47,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="which transports work on this host between two processes, and why not",
                        description="Tries every built-in transport between this process and a peer process it "
                        "starts, and reports OK, LOADED, MISSING or FAILED with the reason and the fix.")
-    d.add_argument("--require", type=lambda s: _names(s, _doctor.BUILTIN, "transport"), default=[],
+    d.add_argument("--require", type=_transports, default=[],
                    metavar="NAMES", help="comma-separated transports that must work (exit status 1 otherwise), "
                    "e.g. cma,cuda_ipc")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -61,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--sizes", type=_sizes,
                    default=list(_bench.DEFAULT_SIZES), metavar="SIZES",
                    help="comma-separated object sizes (default 4K,1M,64M)")
-    b.add_argument("--transports", type=lambda s: _names(s, _bench.BENCH_TRANSPORTS, "transport"), default=None,
+    b.add_argument("--transports", type=_transports, default=None,
                    metavar="NAMES", help="comma-separated transports (default: cma, shm, tcp, and cuda_ipc "
                    "where a GPU and torch are present)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")

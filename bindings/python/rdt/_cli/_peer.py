@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import rdt
 
@@ -51,6 +51,22 @@ def quiet_runtime(name: str) -> Any:
     says otherwise: a refused transport is an expected finding here, not a
     warning to repeat on stderr."""
     return rdt.init(name=name, log_level=os.environ.get("RDT_LOG") or "error")
+
+
+def builtin_transports(rt: Any) -> List[str]:
+    """The library's built-in transports, by name: those rt made and those
+    it could not make on this host (the library says which, so the
+    command never restates the list)."""
+    made = {t["name"] for t in rt.transports() if t["builtin"]}
+    return sorted(made | set(rt.unavailable_transports()))
+
+
+def automatic_order(rt: Any, memory: str = "host") -> List[str]:
+    """The transports the automatic choice tries between two processes of
+    this host, best first, for "host" or "cuda" memory, as the library
+    ranks them."""
+    key = "auto_rank_host" if memory == "host" else "auto_rank_cuda"
+    return [t["name"] for t in sorted((t for t in rt.transports() if t[key] > 0), key=lambda t: (t[key], t["name"]))]
 
 
 class PeerProcess:

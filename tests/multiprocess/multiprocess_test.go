@@ -2,7 +2,6 @@ package multiprocess
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"net"
 	"strings"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
-	"github.com/rdt-project/rdt/transports/tcp"
 )
 
 func used(rt *engine.Runtime) map[string]uint64 {
@@ -257,32 +255,4 @@ func TestOtherHostUsesTCP(t *testing.T) {
 	err = parent.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 10*time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "same host")
-}
-
-func TestTCPRangeOutsideAnObjectIsRefusedAndTheSourceStaysUp(t *testing.T) {
-	src := startChild(t, runtimeConfig{Name: "source", ListenTCP: "127.0.0.1:0", Token: "secret"})
-	b := src.put("tcp", 6, 4096)
-	desc, _, err := engine.DecodeRef(b)
-	require.NoError(t, err)
-	meta := desc.Meta["tcp"]
-	require.NotEmpty(t, meta)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, r := range []struct {
-		tensor      uint32
-		off, length uint64
-	}{{0, 4000, 200}, {0, 4097, 0}, {1, 0, 1}, {0, 1 << 62, 1 << 20}} {
-		_, err := tcp.RequestRange(ctx, "secret", meta, r.tensor, r.off, r.length)
-		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%+v: %v", r, err)
-	}
-	_, err = tcp.RequestRange(ctx, "not the token", meta, 0, 0, 16)
-	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	// The source is still up and serves what it holds.
-	got, err := tcp.RequestRange(ctx, "secret", meta, 0, 100, 16)
-	require.NoError(t, err)
-	for i, v := range got {
-		require.Equal(t, patternByte(6, 0, 100+i), v)
-	}
-	parent := parentRuntime(t, runtimeConfig{Name: "reader", Token: "secret"})
-	fetchAndCheck(t, parent, b, 6, "tcp")
 }

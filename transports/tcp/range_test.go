@@ -3,9 +3,15 @@ package tcp
 import (
 	"context"
 	"net"
+	"strings"
+	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // RequestRange pulls one byte range of one tensor of an object from the
@@ -61,4 +67,28 @@ func (p probeHost) PeerTimeout() time.Duration   { return transport.DefaultPeerT
 func (p probeHost) Settings() transport.Settings { return transport.Settings{} }
 func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
+}
+
+// A source in another process refuses ranges outside its object, and a
+// request without its key, and stays up: it still serves what it holds.
+func TestRangeOutsideAnObjectIsRefusedAndTheSourceStaysUp(t *testing.T) {
+	src := transporttest.StartSource(t, 4096)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, r := range []struct {
+		tensor      uint32
+		off, length uint64
+	}{{0, 4000, 200}, {0, 4097, 0}, {1, 0, 1}, {0, 1 << 62, 1 << 20}} {
+		_, err := RequestRange(ctx, "", src.Meta, r.tensor, r.off, r.length)
+		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%+v: %v", r, err)
+	}
+	m, err := decodeMetadata(src.Meta)
+	require.NoError(t, err)
+	m.Key = strings.Repeat("0", len(m.Key))
+	_, err = RequestRange(ctx, "", m.encode(), 0, 0, 16)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	got, err := RequestRange(ctx, "", src.Meta, 0, 100, 16)
+	require.NoError(t, err, "the source still serves")
+	assert.Equal(t, src.Want[0][100:116], got)
+	assert.Nil(t, src.Cmd.ProcessState, "the source process is still running")
 }

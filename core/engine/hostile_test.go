@@ -435,13 +435,3 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	assert.Zero(t, owner.Stats().Peers)
 }
 
-func TestAddressKeysAreHiddenAndStripped(t *testing.T) {
-	const keyed = "unix:///run/user@host/rt-1.sock,tcp://s3cret@127.0.0.1:5000"
-	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://****@127.0.0.1:5000", transport.RedactAddress(keyed))
-	assert.Equal(t, "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000", transport.StripAddressKeys(keyed))
-	// A TCP part without a key stays as it is, even where another part has an '@'.
-	const keyless = "unix:///run/user@host/rt-1.sock,tcp://127.0.0.1:5000"
-	assert.Equal(t, keyless, transport.RedactAddress(keyless))
-	assert.Equal(t, keyless, transport.StripAddressKeys(keyless))
-	assert.NotContains(t, transport.Errorf(transport.ErrTimeout, "connecting to %s", keyed).Error(), "s3cret")
-}

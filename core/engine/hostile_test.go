@@ -434,4 +434,3 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	assert.Zero(t, owner.Stats().Borrows)
 	assert.Zero(t, owner.Stats().Peers)
 }
-

@@ -29,7 +29,8 @@ borrows, borrowed objects, refs in transit, active fetches) must reach zero,
 the binding must hold no put tensors any more, descriptors must be back
 within ``--fd-slack`` (connections between live workers, the transports'
 pools, are only held to the pools' bound) and VmRSS within
-``--rss-slack-mib``. The run fails (exit status 1, naming what did not
+``--rss-slack-mib`` (measured with the receive cache emptied: it keeps
+dropped buffers on purpose, and is held to its own bound). The run fails (exit status 1, naming what did not
 return) on any failed get, corrupt byte, dead process or missed deadline.
 Children are killed on every way out.
 """
@@ -644,9 +645,17 @@ class Worker:
         s = self.rt.stats()
         transports = {t["name"]: {k: t[k] for k in ("transfers_completed", "transfers_failed", "bytes_received")}
                       for t in self.rt.transports() if t["name"] in HOST_TRANSPORTS}
+        # The receive cache keeps dropped buffers on purpose, up to its
+        # bound: it is checked against that bound, then emptied for the
+        # measurement, so that VmRSS shows what nothing should keep.
+        cache = self.rdt._process.PROCESS.receive_cache()
+        cached, bound = cache.cached_bytes(), cache.limit
+        cache.set_limit(0)
+        gc.collect()
         memory = memory_kib()
+        cache.set_limit(bound)
         return {"state": self.end_state(), "stats": s, "fds": descriptors(), "rss_kib": memory["VmRSS"],
-                "memory": memory, "transports": transports}
+                "memory": memory, "transports": transports, "receive_cache": [cached, bound]}
 
     def start_threads(self) -> List[threading.Thread]:
         threads = [threading.Thread(target=self.produce, name="producer", daemon=True)]
@@ -890,6 +899,11 @@ class Coordinator:
                     problems.append(f"worker {i}, after {phase}: not back to zero within {cfg['settle_limit']:g} s: "
                                     + ", ".join(f"{k}={v}" for k, v in left.items()))
             problems += self.check_descriptors(i)
+            for phase, reps in (("warm-up", base), ("load", end)):
+                cached, bound = reps[i]["receive_cache"]
+                if cached > bound:
+                    problems.append(f"worker {i}, after {phase}: the receive cache held {cached} bytes, over its "
+                                    f"bound of {bound}")
             drss = (end[i]["rss_kib"] - base[i]["rss_kib"]) / 1024
             if drss > cfg["rss_slack_mib"]:
                 parts = ", ".join(f"{k} {(end[i]['memory'][k] - base[i]['memory'][k]) / 1024:+.0f}"

@@ -4,13 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"net"
 	"os"
-	"runtime"
-	"runtime/debug"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,29 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
-
-// rssBytes is the resident memory of a process (VmRSS).
-func rssBytes(t *testing.T, pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
-
-// settledRSS is this process's RSS after returning free memory to the OS.
-func settledRSS(t *testing.T) int64 {
-	runtime.GC()
-	debug.FreeOSMemory()
-	return rssBytes(t, os.Getpid())
-}
 
 const memoryBound = 64 << 20
 
@@ -139,7 +113,7 @@ func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
 func TestSocketsPeerAskingPastItsWindowIsClosed(t *testing.T) {
 	svc, ep := listenStub(t, "owner")
 	svc.put()
-	before := settledRSS(t)
+	before := transporttest.SettledResidentBytes(t)
 	c, _ := rawConn(t, ep)
 	const asks = 8 * MaxUnanswered
 	w := bufio.NewWriter(c)
@@ -153,7 +127,7 @@ func TestSocketsPeerAskingPastItsWindowIsClosed(t *testing.T) {
 	}
 	w.Flush()
 	eventually(t, func() bool { return ep.PeersLost() == 1 && ep.NumPeers() == 0 }, "the peer is closed")
-	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+	assert.Less(t, transporttest.ResidentBytes(t, os.Getpid())-before, int64(memoryBound))
 	t.Logf("wrote %d of %d requests before the runtime closed the connection", written, asks)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 func TestSocketsTCPTokens(t *testing.T) {
@@ -46,7 +47,7 @@ func TestSocketsTCPTokens(t *testing.T) {
 }
 
 func TestWrongTokenFloodLogsAFewLines(t *testing.T) {
-	var logged lockedBuffer
+	var logged transporttest.LogBuffer
 	_, ep := listenStub(t, "guarded", func(c *ListenConfig) {
 		c.ListenTCP, c.AuthToken, c.Log = "127.0.0.1:0", "right", transport.NewLoggerTo("guarded", transport.LogWarn, &logged)
 	})

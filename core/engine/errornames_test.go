@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -76,7 +77,7 @@ func TestPutNamesTheTransportThatFailedOnce(t *testing.T) {
 // A built-in transport logs through its Host without naming itself; the
 // line names it once, and the runtime's own lines are not prefixed.
 func TestTransportLogLinesNameTheTransportOnce(t *testing.T) {
-	var logged lockedBuffer
+	var logged transporttest.LogBuffer
 	factory := transport.TransportFactory{Name: quillName, New: func(h transport.Host) (transport.Transport, error) {
 		h.Log().Warnf("the listener stopped accepting: too many files")
 		return newMemTransport(quillName), nil

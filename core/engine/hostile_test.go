@@ -2,17 +2,14 @@ package engine
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // Hostile peers are real processes: the test binary run again with
@@ -107,28 +105,6 @@ func atoi(t *testing.T, s string) int {
 	return n
 }
 
-// rssBytes is the resident memory of a process (VmRSS).
-func rssBytes(t *testing.T, pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
-
-// settledRSS is this process's RSS after returning free memory to the OS.
-func settledRSS(t *testing.T) int64 {
-	runtime.GC()
-	debug.FreeOSMemory()
-	return rssBytes(t, os.Getpid())
-}
-
 // endpoints are the Unix socket path and TCP host:port of a runtime's
 // address, and the key its TCP part carries.
 func endpoints(t *testing.T, rt *Runtime) (unixPath, tcpHostPort, key string) {
@@ -149,7 +125,7 @@ const memoryBound = 64 << 20
 func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 	rt := socketRuntime(t, "victim", func(o *Options) { o.ListenTCP = "127.0.0.1:0" })
 	unixPath, tcpAddr, _ := endpoints(t, rt)
-	before := settledRSS(t)
+	before := transporttest.SettledResidentBytes(t)
 
 	// 100 connections on each listener announce a 17 MiB hello and send
 	// 1 MiB of it: the runtime must neither allocate nor read it.
@@ -158,7 +134,7 @@ func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 		"RDT_HOSTILE_LEN": strconv.Itoa(control.MaxFrame), "RDT_HOSTILE_BODY": strconv.Itoa(1 << 20),
 	})
 	sent := flood.expectLine(t, "SENT", 60*time.Second)
-	grown := rssBytes(t, os.Getpid()) - before
+	grown := transporttest.ResidentBytes(t, os.Getpid()) - before
 	t.Logf("%s connections sent their prefix; RSS grew by %d KiB", sent[0], grown>>10)
 	assert.Less(t, grown, int64(memoryBound), "RSS growth under 200 pre-auth connections announcing 17 MiB")
 	flood.stop()
@@ -179,7 +155,7 @@ func TestPreAuthFloodKeepsMemoryBounded(t *testing.T) {
 	held := runtime.NumGoroutine() - goroutines
 	t.Logf("goroutines while 200 idle connections wait: +%d", held)
 	assert.LessOrEqual(t, held, 2*control.MaxAuthenticating+16, "handshakes held at once, both listeners")
-	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+	assert.Less(t, transporttest.ResidentBytes(t, os.Getpid())-before, int64(memoryBound))
 
 	// An honest peer arriving meanwhile waits for a slot rather than being
 	// refused, and gets in once the idle connections go.
@@ -237,7 +213,7 @@ func TestPingFloodKeepsGoroutinesBounded(t *testing.T) {
 	unixPath, _, _ := endpoints(t, rt)
 	runtime.GC()
 	baseGoroutines := runtime.NumGoroutine()
-	before := settledRSS(t)
+	before := transporttest.SettledResidentBytes(t)
 
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -260,7 +236,7 @@ func TestPingFloodKeepsGoroutinesBounded(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // let the runtime catch up with what arrived
 	close(stop)
 	<-sampled
-	grown := rssBytes(t, os.Getpid()) - before
+	grown := transporttest.ResidentBytes(t, os.Getpid()) - before
 	t.Logf("sent %s pings and %s requests; goroutines %d -> peak %d; RSS grew by %d KiB", pings[0], requests[0], baseGoroutines, peak.Load(), grown>>10)
 	assert.Equal(t, "200000", pings[0], "every ping was read")
 	assert.Less(t, peak.Load()-int64(baseGoroutines), int64(control.MaxHandlers+64), "goroutines under a ping and request flood")
@@ -277,7 +253,7 @@ func TestLeaseFloodIsRefusedPastTheCap(t *testing.T) {
 	var released atomic.Int64
 	ref, _ := putOne(t, rt, "", &released)
 	defer ref.Release()
-	before := settledRSS(t)
+	before := transporttest.SettledResidentBytes(t)
 
 	const asks = 5 * MaxLeasesPerPeer
 	flood := startHostile(t, "leases", map[string]string{"RDT_HOSTILE_UNIX": unixPath,
@@ -289,7 +265,7 @@ func TestLeaseFloodIsRefusedPastTheCap(t *testing.T) {
 	assert.Zero(t, other, "no other answers")
 	assert.Contains(t, strings.Join(f[3:], " "), "the limit", "the refusal says why")
 	assert.Equal(t, uint64(MaxLeasesPerPeer), rt.Stats().RefsInTransit)
-	assert.Less(t, rssBytes(t, os.Getpid())-before, int64(memoryBound))
+	assert.Less(t, transporttest.ResidentBytes(t, os.Getpid())-before, int64(memoryBound))
 
 	// The peer deserializes what it holds (borrows with each token, then
 	// returns the borrows): its count goes with its leases.
@@ -325,26 +301,8 @@ func TestPeerLeasesExpireFromTheCount(t *testing.T) {
 	assert.NoError(t, err, "expired leases no longer count")
 }
 
-// lockedBuffer collects log lines written from any goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
-	var ownerLog lockedBuffer
+	var ownerLog transporttest.LogBuffer
 	owner := socketRuntime(t, "owner", func(o *Options) {
 		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", transport.LogDebug, &ownerLog
 	})

@@ -19,9 +19,7 @@ func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token
 
 // Unborrow implements PeerService.
 func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
-	// Borrows of an object already freed were refused, and are not
-	// counted.
-	if held := rt.store.returnedBy(from, obj, n); n > held {
+	if held, counted := rt.store.returnedBy(from, obj, n); counted && n > held {
 		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, held)
 	}
 }

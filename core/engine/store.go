@@ -458,13 +458,14 @@ func (s *store) lendTo(from transport.RuntimeID, id transport.ObjectID, token ui
 
 // returnedBy takes back n of a peer's borrows of an object and reports
 // how many it held (fewer than n is the peer's mistake, for a warning).
-// Borrows of an object being freed were refused and are not counted.
-func (s *store) returnedBy(from transport.RuntimeID, id transport.ObjectID, n uint64) (held uint64) {
+// counted is false for an object gone or being freed: its borrows were
+// refused, and none are counted.
+func (s *store) returnedBy(from transport.RuntimeID, id transport.ObjectID, n uint64) (held uint64, counted bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o, ok := s.objects[id]
 	if !ok || s.closed || o.freeing {
-		return n
+		return 0, false
 	}
 	held = o.borrows[from]
 	n = min(n, held)
@@ -475,7 +476,7 @@ func (s *store) returnedBy(from transport.RuntimeID, id transport.ObjectID, n ui
 	}
 	o.borrowTotal -= n
 	s.maybeFreeLocked(o)
-	return held
+	return held, true
 }
 
 // peerGone drops every borrow a lost peer held and reports how many.

@@ -116,16 +116,14 @@ def tcp_baseline(peer: PeerProcess, size: int, timeout: float) -> List[float]:
         return _timed(fetch)
 
 
-def device_of(rt: Any, name: str) -> str:
-    """Where bench puts the object a transport moves: host memory, unless
-    the transport moves CUDA memory only."""
-    devices = next((t["devices"] for t in rt.transports() if t["name"] == name), ["cpu"])
-    return "cpu" if "cpu" in devices else "cuda"
+def device_of(info: Dict[str, Any]) -> str:
+    """Where bench puts the object a transport (its rt.transports() entry)
+    moves: host memory, unless the transport moves CUDA memory only."""
+    return "cpu" if "cpu" in info["devices"] else "cuda"
 
 
-def transport_times(rt: Any, peer: PeerProcess, name: str, size: int, timeout: float) -> List[float]:
+def transport_times(rt: Any, peer: PeerProcess, name: str, size: int, timeout: float, device: str) -> List[float]:
     import numpy as np
-    device = device_of(rt, name)
     reply = peer.request("put", timeout, nbytes=size, seed=7, transport=name, device=device)
     ref = pickle.loads(base64.b64decode(reply["ref"]))
     try:
@@ -152,15 +150,11 @@ def _row(name: str, size: int, times: Sequence[float], baseline: str, base_times
             "ratio": round(base_p50 / p50, 3)}
 
 
-def one_sided(rt: Any) -> List[str]:
-    return [t["name"] for t in rt.transports() if t["one_sided"]]
-
-
 def default_transports(rt: Any) -> List[str]:
     """The one-sided transports of the automatic choice between two
     processes of this host: for host memory, and for CUDA memory where a
     GPU and torch are present (the library's order, not a list here)."""
-    ones = one_sided(rt)
+    ones = [t["name"] for t in rt.transports() if t["one_sided"]]
     out = [n for n in automatic_order(rt, "host") if n in ones]
     try:
         import torch
@@ -174,7 +168,7 @@ def default_transports(rt: Any) -> List[str]:
 def run(transports: Optional[Sequence[str]], sizes: Sequence[int], timeout: float = 30.0,
         progress_stream: TextIO = sys.stderr) -> Dict[str, Any]:
     rt = quiet_runtime("rdt-bench")
-    here = rt.transport_names()
+    here = {t["name"]: t for t in rt.transports()}
     if transports is None:
         transports = default_transports(rt)
     report: Dict[str, Any] = {"sizes": list(sizes), "rows": [], "errors": {}}
@@ -189,19 +183,19 @@ def run(transports: Optional[Sequence[str]], sizes: Sequence[int], timeout: floa
                     continue
                 if name in report["errors"]:
                     continue
-                if name not in one_sided(rt):
+                info = here[name]
+                if not info["one_sided"]:
                     report["errors"][name] = ("two-sided: it moves data only within a group of processes "
                                               "(rdt.create_collective_group), which bench does not form")
                     continue
-                device = device_of(rt, name)
-                same_host = next(t["same_host_only"] for t in rt.transports() if t["name"] == name)
-                kind = "cuda memcpy" if device == "cuda" else "memcpy" if same_host else "loopback tcp"
+                device = device_of(info)
+                kind = "cuda memcpy" if device == "cuda" else "memcpy" if info["same_host_only"] else "loopback tcp"
                 try:
                     if (kind, size) not in baselines:
                         baselines[kind, size] = (tcp_baseline(peer, size, timeout) if kind == "loopback tcp"
                                                  else cuda_memcpy_baseline(size) if kind == "cuda memcpy"
                                                  else memcpy_baseline(size))
-                    times = transport_times(rt, peer, name, size, timeout)
+                    times = transport_times(rt, peer, name, size, timeout, device)
                 except Exception as e:
                     report["errors"][name] = f"{type(e).__name__}: {e}"
                     continue

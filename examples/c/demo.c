@@ -540,16 +540,16 @@ static int print_row(const char *asked, const char *what, uint64_t bytes, const 
   return 1;
 }
 
-/* Host memory to host memory: one 256 MiB tensor, then 64 tensors of 4 KiB
+/* Host memory to host memory: one 256 MiB tensor, then 64 objects of one 4 KiB tensor
  * in one rdt_get. Returns the number of rows that failed. */
 static int host_rows(rdt_runtime *rt, struct source *src, const char *name, uint64_t seed) {
   char what[32];
   struct row one = fetch_row(rt, src, name, 1, big, 0, 5, seed);
   int failures = !print_row(name, "1 tensor", big, &one);
   struct row many = fetch_row(rt, src, name, nsmall, small, 0, 50, seed + 1000);
-  snprintf(what, sizeof what, "%d tensors, 1 get", nsmall);
+  snprintf(what, sizeof what, "%d refs, 1 get", nsmall);
   failures += !print_row(name, what, small * (uint64_t)nsmall, &many);
-  printf("%-8s first fetch: %s (1 tensor), %s (%d tensors): connecting, preparing memory\n", "",
+  printf("%-8s first fetch: %s (1 tensor), %s (%d refs): connecting, preparing memory\n", "",
          time_text(one.first), time_text(many.first), nsmall);
   return failures;
 }

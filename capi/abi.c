@@ -290,15 +290,16 @@ rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
 
 /* ---- fetching ------------------------------------------------------- */
 
-/* The transport override of possibly-NULL, possibly-older fetch options. */
-static rdt_status fetch_transport(const char *fn, const rdt_fetch_options *opts,
-                                  const char **transport) {
-  *transport = NULL;
+/* Possibly-NULL, possibly-older fetch options as the library's own: *full
+ * is set, and *use is full or NULL. */
+static rdt_status fetch_options(const char *fn, const rdt_fetch_options *opts,
+                                rdt_fetch_options *full,
+                                rdt_fetch_options **use) {
+  *use = NULL;
   if (opts == NULL) return RDT_OK;
-  rdt_fetch_options full;
-  rdt_fetch_options_init(&full);
-  VERSIONED_IN(fn, rdt_fetch_options, full, opts, reserved);
-  *transport = full.transport;
+  rdt_fetch_options_init(full);
+  VERSIONED_IN(fn, rdt_fetch_options, *full, opts, reserved);
+  *use = full;
   return RDT_OK;
 }
 
@@ -307,13 +308,13 @@ rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
                            size_t num_targets, const rdt_fetch_options *opts,
                            rdt_fetch **out) {
   FORK_GUARD("rdt_fetch_start");
-  const char *transport;
-  rdt_status st = fetch_transport("rdt_fetch_start", opts, &transport);
+  rdt_fetch_options full, *use;
+  rdt_status st = fetch_options("rdt_fetch_start", opts, &full, &use);
   if (st != RDT_OK) return st;
   uintptr_t h = 0;
-  st = (rdt_status)rdtgo_fetch_start(
-      (uintptr_t)rt, (uintptr_t *)refs, num_refs, (rdt_tensor *)targets,
-      num_targets, (char *)transport, out ? &h : NULL);
+  st = (rdt_status)rdtgo_fetch_start((uintptr_t)rt, (uintptr_t *)refs,
+                                     num_refs, (rdt_tensor *)targets,
+                                     num_targets, use, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_fetch *)h;
   return st;
 }
@@ -343,12 +344,12 @@ rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                    const rdt_tensor *targets, size_t num_targets,
                    const rdt_fetch_options *opts, int64_t timeout_ms) {
   FORK_GUARD("rdt_get");
-  const char *transport;
-  rdt_status st = fetch_transport("rdt_get", opts, &transport);
+  rdt_fetch_options full, *use;
+  rdt_status st = fetch_options("rdt_get", opts, &full, &use);
   if (st != RDT_OK) return st;
   return (rdt_status)rdtgo_get((uintptr_t)rt, (uintptr_t *)refs, num_refs,
-                               (rdt_tensor *)targets, num_targets,
-                               (char *)transport, timeout_ms);
+                               (rdt_tensor *)targets, num_targets, use,
+                               timeout_ms);
 }
 
 rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,

@@ -15,7 +15,7 @@ import (
 
 // fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get.
 func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transportName *C.char) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
+	ntargets C.size_t, copts *C.rdt_fetch_options) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
 	var opts engine.FetchOptions
 	rt, err := runtimeOf(h)
 	if err != nil {
@@ -41,18 +41,41 @@ func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 	if err != nil {
 		return nil, nil, nil, opts, err
 	}
-	opts.Transport = goString(transportName)
+	if copts != nil {
+		opts.Transport = goString(copts.transport)
+		if opts.Sources, err = sourcesFromC(copts.sources, copts.num_sources); err != nil {
+			return nil, nil, nil, opts, err
+		}
+	}
 	return rt, rs, ts, opts, nil
+}
+
+// sourcesFromC copies a partial fetch's sources (nil: a whole fetch).
+func sourcesFromC(p *C.rdt_source_range, n C.size_t) ([]engine.Source, error) {
+	if p == nil {
+		if n != 0 {
+			return nil, invalid("opts->sources is NULL but num_sources is %d", n)
+		}
+		return nil, nil
+	}
+	if n > transport.MaxTensors {
+		return nil, invalid("%d sources is over the limit of %d", n, transport.MaxTensors)
+	}
+	out := make([]engine.Source, n)
+	for i, s := range unsafe.Slice(p, int(n)) {
+		out[i] = engine.Source{Ref: int(s.ref), Piece: transport.Piece{Tensor: uint32(s.tensor), Offset: uint64(s.offset), Length: uint64(s.length)}}
+	}
+	return out, nil
 }
 
 //export rdtgo_fetch_start
 func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transportName *C.char, out *C.uintptr_t) C.int {
+	ntargets C.size_t, copts *C.rdt_fetch_options, out *C.uintptr_t) C.int {
 	return guard("rdt_fetch_start", func() error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transportName)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts)
 		if err != nil {
 			return err
 		}
@@ -122,9 +145,9 @@ func rdtgo_fetch_free(h C.uintptr_t) C.int {
 
 //export rdtgo_get
 func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, transportName *C.char, ms C.int64_t) C.int {
+	ntargets C.size_t, copts *C.rdt_fetch_options, ms C.int64_t) C.int {
 	return guard("rdt_get", func() error {
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, transportName)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts)
 		if err != nil {
 			return err
 		}

@@ -44,11 +44,12 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 			devs = append(devs, transport.DeviceType(d))
 		}
 		flags := uint32(vt.flags)
-		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT) != 0 {
+		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT|C.RDT_TRANSPORT_RANGES) != 0 {
 			return invalid("unknown transport flags %#x", flags)
 		}
 		t := &foreign{name: canon, devices: devs, vt: vt, log: rt.Log(),
-			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0}
+			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0,
+			ranges: flags&C.RDT_TRANSPORT_RANGES != 0}
 		asyncCount := 0
 		for _, p := range []unsafe.Pointer{unsafe.Pointer(vt.fetch), unsafe.Pointer(vt.wait), unsafe.Pointer(vt.release_request)} {
 			if p != nil {
@@ -101,6 +102,9 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			if ti.SameHostOnly {
 				flags |= C.RDT_TRANSPORT_SAME_HOST_ONLY
 			}
+			if ti.Ranges {
+				flags |= C.RDT_TRANSPORT_RANGES
+			}
 			o.flags = C.uint32_t(flags)
 			n := min(len(ti.Devices), C.RDT_MAX_DEVICES)
 			o.num_devices = C.uint32_t(n)
@@ -150,6 +154,7 @@ type foreign struct {
 	name               string
 	devices            []transport.DeviceType
 	oneSided, canAbort bool
+	ranges             bool
 	vt                 *C.rdt_transport_vtable // C memory, freed at Close
 	log                *transport.Logger       // the runtime's, at its RDT_LOG level
 	closeOnce          sync.Once
@@ -159,7 +164,7 @@ type foreign struct {
 // transport is only used when named (no automatic rank, no group backend),
 // and the engine checks nothing for it that the C ABI cannot express.
 func (f *foreign) Describe() transport.Descriptor {
-	return transport.Descriptor{Name: f.name, Devices: f.devices, OneSided: f.oneSided, CanAbort: f.canAbort}
+	return transport.Descriptor{Name: f.name, Devices: f.devices, OneSided: f.oneSided, CanAbort: f.canAbort, Ranges: f.ranges}
 }
 
 // callbackError turns a callback's status and message into an error.
@@ -184,6 +189,7 @@ func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) e
 type cTransfer struct {
 	x       *C.rdt_transfer
 	strings []*C.char
+	ranges  *C.rdt_source_range // a partial fetch's, in C memory
 }
 
 func newCTransfer(x *transport.Transfer) *cTransfer {
@@ -205,6 +211,17 @@ func newCTransfer(x *transport.Transfer) *cTransfer {
 	c.x.source_address = str(x.Source.Address)
 	c.x.destination_runtime = str(x.Destination.RuntimeID.String())
 	c.x.destination_address = str(x.Destination.Address)
+	if x.Pieces != nil {
+		c.ranges = (*C.rdt_source_range)(C.calloc(C.size_t(max(1, len(x.Pieces))), C.size_t(unsafe.Sizeof(C.rdt_source_range{}))))
+		if c.ranges == nil {
+			panic("rdt: out of memory")
+		}
+		for i, p := range x.Pieces {
+			r := (*C.rdt_source_range)(unsafe.Add(unsafe.Pointer(c.ranges), i*int(unsafe.Sizeof(*c.ranges))))
+			r.tensor, r.offset, r.length = C.uint32_t(p.Tensor), C.uint64_t(p.Offset), C.uint64_t(p.Length)
+		}
+		c.x.ranges, c.x.num_ranges = c.ranges, C.size_t(len(x.Pieces))
+	}
 	return c
 }
 
@@ -213,6 +230,8 @@ func (c *cTransfer) free() {
 		C.free(unsafe.Pointer(p))
 	}
 	c.strings = nil
+	C.free(unsafe.Pointer(c.ranges))
+	c.ranges = nil
 	C.free(unsafe.Pointer(c.x))
 	c.x = nil
 }

@@ -478,12 +478,37 @@ RDT_API rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
 /* Fetching                                                                  */
 /* ------------------------------------------------------------------------- */
 
+/* What one target of a partial fetch receives: `length` bytes from byte
+ * `offset` of tensor `tensor` of the object of refs[`ref`]. The offset and
+ * length are multiples of the tensor's element size (tensors of sub-byte
+ * dtypes are taken whole), and the length is the target's nbytes. Row
+ * ranges of a row-major tensor are byte ranges: rows [a, b) of a tensor of
+ * shape [R, ...] whose rows are r bytes each are offset a*r, length (b-a)*r. */
+typedef struct rdt_source_range {
+  uint32_t ref;    /* index into the fetch's refs (0 in a transport callback) */
+  uint32_t tensor; /* index of the tensor in that ref's object               */
+  uint64_t offset; /* first byte of the tensor that the target receives     */
+  uint64_t length; /* bytes; RDT_REST_OF_TENSOR: from offset to the end     */
+} rdt_source_range;
+
+/* rdt_source_range.length: the rest of the tensor from its offset. */
+#define RDT_REST_OF_TENSOR UINT64_MAX
+
 typedef struct rdt_fetch_options {
   uint32_t struct_size; /* set by _init */
   uint32_t reserved;
   /* Use this transport for every ref instead of the one each ref names
    * (case-insensitive). NULL: each ref's own, or the automatic choice. */
   const char *transport;
+  /* A partial fetch: target i receives sources[i], and
+   * num_sources equals num_targets. Any tensors of any of the refs, in any
+   * order, each whole or a byte range; a ref no source names is not
+   * fetched. Only transports that serve ranges (RDT_TRANSPORT_RANGES in
+   * rdt_transport_info.flags; every built-in one) take a partial fetch:
+   * naming another is UNSUPPORTED, and the automatic choice skips it.
+   * The array is copied. NULL: every tensor of every ref, whole. */
+  const rdt_source_range *sources;
+  size_t num_sources;
 } rdt_fetch_options;
 
 static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
@@ -503,7 +528,10 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  * `targets` holds one tensor per source tensor, ref after ref, in order
  * (ref 0's tensors, then ref 1's, ...): `num_targets` must equal the total.
  * Each target must match its source tensor's shape, dtype and device type
- * (the device id may differ) and be contiguous. The rdt_tensor array is
+ * (the device id may differ) and be contiguous. In a partial fetch
+ * (opts->sources) target i receives sources[i] instead: it must have the
+ * source tensor's dtype and device type and hold exactly the range's bytes,
+ * in any shape. Targets must not overlap. The rdt_tensor array is
  * copied; the memory it points to must stay valid until rdt_fetch_wait()
  * returned something other than RDT_ERR_TIMEOUT, or rdt_fetch_free()
  * returned. The refs are only read during the call (the fetch keeps its
@@ -514,7 +542,8 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  * transport. For a two-sided transport the source runtime is asked to send.
  *
  * `opts` may be NULL. Errors: INVALID_ARGUMENT (a target does not match,
- * count mismatch, a released ref), NOT_FOUND (unknown transport override),
+ * count mismatch, a released ref, a range outside its tensor or not on its
+ * elements, overlapping targets; the message names the numbers), NOT_FOUND (unknown transport override),
  * CLOSED (the runtime was destroyed). When an error is returned nothing is
  * left running and *out is not set. Errors of the later phases are the
  * fetch's result, from rdt_fetch_wait(): PEER_UNAVAILABLE, UNSUPPORTED (no
@@ -602,6 +631,14 @@ typedef struct rdt_transfer {
   const char *source_address;
   const char *destination_runtime;
   const char *destination_address;
+  /* For transports registered with RDT_TRANSPORT_RANGES: in a
+   * partial fetch, targets[i] (recv, fetch) receives ranges[i], whose ref
+   * is 0 and whose length is resolved; on a two-sided transport's source,
+   * send sends those bytes of `tensors`, in that order. NULL (num_ranges
+   * 0): every tensor, whole, targets[i] receiving tensor i. Checked against
+   * the object before the callback. */
+  const rdt_source_range *ranges;
+  size_t num_ranges;
 } rdt_transfer;
 
 /* An output buffer handed to a callback; fill it with rdt_buffer_set(). */
@@ -624,6 +661,9 @@ RDT_API void rdt_set_error(const char *message);
 #define RDT_TRANSPORT_BUILTIN (1u << 2)   /* reported by rdt_transport_list */
 /* Reported by rdt_transport_list: reaches only runtimes on its own host. */
 #define RDT_TRANSPORT_SAME_HOST_ONLY (1u << 3)
+/* Serves partial fetches (rdt_transfer.ranges), moving only the
+ * ranges' bytes. rdt refuses a partial fetch over a transport without it. */
+#define RDT_TRANSPORT_RANGES (1u << 4)
 
 /* A transport implemented by the application, modelled on Ray's
  * TensorTransportManager. rdt calls these from its own threads, possibly

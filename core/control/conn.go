@@ -425,7 +425,7 @@ func (sc *sconn) dispatch(m *Message) bool {
 		})
 	case KindSend:
 		sc.serveCancellable(m, func(ctx context.Context) (*Message, error) {
-			return nil, svc.Send(ctx, from, SendRequest{Object: m.Object, TransferID: m.TransferID, Transport: m.Transport, CMeta: m.Data})
+			return nil, svc.Send(ctx, from, SendRequest{Object: m.Object, TransferID: m.TransferID, Transport: m.Transport, CMeta: m.Data, Pieces: m.Pieces})
 		})
 	case KindGroupJoin:
 		// Rank 0 answers once every rank joined: a long wait.

@@ -20,6 +20,9 @@ type SendRequest struct {
 	TransferID uint64
 	Transport  string
 	CMeta      []byte
+	// Pieces are what the destination receives in a partial fetch (nil:
+	// every tensor, whole), checked against the object before Send runs.
+	Pieces []transport.Piece
 }
 
 // GroupJoin is what a rank sends rank 0 to join a group.

@@ -119,6 +119,7 @@ type Message struct {
 	TransferID uint64
 	Target     uint64 // cancel: the request id to cancel
 	Group      GroupJoin
+	Pieces     []transport.Piece // send: a partial fetch's (nil: whole)
 }
 
 func writePeerInfo(w *transport.WireWriter, p transport.PeerInfo) {
@@ -233,6 +234,16 @@ func (m *Message) Encode() []byte {
 		w.U64(m.TransferID)
 		w.Str8(m.Transport)
 		w.Bytes32(m.Data)
+		if m.Pieces != nil {
+			// A trailing section, absent from a whole fetch's request, so
+			// that those read the same in every version.
+			w.U32(uint32(len(m.Pieces)))
+			for _, p := range m.Pieces {
+				w.U32(p.Tensor)
+				w.U64(p.Offset)
+				w.U64(p.Length)
+			}
+		}
 	case KindCancel:
 		w.U64(m.Target)
 	case KindGroupJoin:
@@ -247,6 +258,9 @@ func (m *Message) Encode() []byte {
 	binary.LittleEndian.PutUint64(b[5:13], m.ID)
 	return b
 }
+
+// pieceSize is a piece's size on the wire.
+const pieceSize = 4 + 8 + 8
 
 // Sizes of a handshake's nonce and of a token proof.
 const (
@@ -314,6 +328,13 @@ func DecodeMessage(b []byte) (*Message, error) {
 		m.TransferID = r.U64()
 		m.Transport = r.Str8("transport", 63)
 		m.Data = r.Bytes32("communicator metadata", MaxMetadataBytes)
+		if r.Len() > 0 {
+			n := r.Count("piece", transport.MaxTensors, pieceSize)
+			m.Pieces = make([]transport.Piece, 0, n)
+			for i := 0; i < n && r.Err() == nil; i++ {
+				m.Pieces = append(m.Pieces, transport.Piece{Tensor: r.U32(), Offset: r.U64(), Length: r.U64()})
+			}
+		}
 	case KindCancel:
 		m.Target = r.U64()
 	case KindGroupJoin:

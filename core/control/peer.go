@@ -74,7 +74,7 @@ func (sc *sconn) Metadata(ctx context.Context, obj transport.ObjectID, transport
 }
 
 func (sc *sconn) Send(ctx context.Context, req SendRequest) error {
-	_, err := sc.call(ctx, &Message{Kind: KindSend, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport, Data: req.CMeta})
+	_, err := sc.call(ctx, &Message{Kind: KindSend, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport, Data: req.CMeta, Pieces: req.Pieces})
 	return err
 }
 

@@ -19,6 +19,9 @@ type FetchOptions struct {
 	// Transport overrides the transport of every ref ("" keeps each ref's
 	// own or the automatic choice).
 	Transport string
+	// Sources, when not nil, make the fetch partial: target i receives
+	// Sources[i], and a ref none of them names is not fetched.
+	Sources []Source
 }
 
 // Fetch is a set of concurrent transfers, one per ref, waited on together;
@@ -146,7 +149,6 @@ func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 // objects and registers the fetch with the runtime. Nothing runs yet. The
 // fetch takes ctx and cancels it when aborted or freed.
 func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
-	total := 0
 	for i, r := range refs {
 		if err := r.check(); err != nil {
 			return nil, transport.Wrap(err, "ref %d", i)
@@ -154,19 +156,10 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		if r.rt != rt {
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
 		}
-		total += len(r.desc.Tensors)
 	}
-	if total != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d targets given for %d source tensors", len(targets), total)
-	}
-	off := 0
-	for i, r := range refs {
-		for j, td := range r.desc.Tensors {
-			if err := td.Matches(targets[off].TensorDesc); err != nil {
-				return nil, transport.Wrap(err, "target for ref %d tensor %d", i, j)
-			}
-			off++
-		}
+	plans, err := planTargets(refs, targets, opts.Sources)
+	if err != nil {
+		return nil, err
 	}
 	override := ""
 	if opts.Transport != "" {
@@ -178,8 +171,11 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 	}
 
 	f := &Fetch{rt: rt, override: override, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
-	off = 0
 	for i, r := range refs {
+		p := plans[i]
+		if p == nil {
+			continue // the sources name none of its tensors
+		}
 		c, err := r.Clone()
 		if err != nil {
 			for _, tr := range f.transfers {
@@ -187,9 +183,11 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 			}
 			return nil, transport.Wrap(err, "ref %d", i)
 		}
-		n := len(r.desc.Tensors)
-		f.transfers = append(f.transfers, &transfer{f: f, index: i, ref: c, targets: targets[off : off+n]})
-		off += n
+		tr := &transfer{f: f, index: i, ref: c, targets: p.targets, pieces: p.pieces}
+		for _, t := range p.targets {
+			tr.nbytes += t.Nbytes
+		}
+		f.transfers = append(f.transfers, tr)
 	}
 	if err := rt.store.addFetch(f); err != nil {
 		for _, tr := range f.transfers {

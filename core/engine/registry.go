@@ -236,6 +236,7 @@ type TransportInfo struct {
 	OneSided, CanAbort bool
 	Builtin            bool
 	SameHostOnly       bool
+	Ranges             bool
 	Auto               transport.AutoRank
 	TransfersCompleted uint64
 	TransfersFailed    uint64
@@ -254,6 +255,7 @@ func (r *Registry) List() []TransportInfo {
 			Name: name, Devices: e.desc.Devices, OneSided: e.desc.OneSided, CanAbort: e.desc.CanAbort,
 			Builtin:            e.builtin,
 			SameHostOnly:       e.desc.SameHostOnly,
+			Ranges:             e.desc.Ranges,
 			Auto:               e.desc.Auto,
 			TransfersCompleted: e.stats.TransfersCompleted.Load(),
 			TransfersFailed:    e.stats.TransfersFailed.Load(),

@@ -71,7 +71,16 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	}
 	x := &transport.Transfer{
 		Object: req.Object, TransferID: req.TransferID, Transport: name, Role: transport.RoleSource,
-		Source: rt.Identity(), Destination: from,
+		Source: rt.Identity(), Destination: from, Pieces: req.Pieces,
+	}
+	nbytes := o.desc.Nbytes
+	if req.Pieces != nil {
+		// The destination's pieces are checked against what was put: a
+		// peer names ranges, never addresses.
+		if nbytes, err = checkSendPieces(e, o.tensors, req.Pieces); err != nil {
+			rt.store.unpin(o)
+			return err
+		}
 	}
 	done := make(chan error, 1)
 	rt.bg.Add(1)
@@ -82,10 +91,10 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 		err := e.sender.Send(x, o.tensors, tmeta, req.CMeta)
 		if err == nil {
 			e.stats.SendsCompleted.Add(1)
-			e.stats.BytesSent.Add(o.desc.Nbytes)
+			e.stats.BytesSent.Add(nbytes)
 			rt.c.sendsCompleted.Add(1)
-			rt.c.bytesSent.Add(o.desc.Nbytes)
-			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, o.desc.Nbytes, time.Since(start))
+			rt.c.bytesSent.Add(nbytes)
+			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, nbytes, time.Since(start))
 		} else {
 			rt.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, name, err)
 		}
@@ -121,4 +130,23 @@ func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
 	if returned := rt.store.peerGone(id); returned > 0 {
 		rt.log.Infof("peer %s is gone: dropped its %d borrows", id, returned)
 	}
+}
+
+// checkSendPieces checks a destination's pieces against the put tensors
+// and returns the bytes they take.
+func checkSendPieces(e *registered, tensors []transport.Tensor, pieces []transport.Piece) (uint64, error) {
+	if !e.desc.Ranges {
+		return 0, transport.Errorf(transport.ErrUnsupported, "transport %s cannot serve a partial fetch", e.desc.Name)
+	}
+	var total uint64
+	for i, p := range pieces {
+		if int64(p.Tensor) >= int64(len(tensors)) {
+			return 0, transport.Errorf(transport.ErrInvalidArgument, "piece %d names tensor %d of %d", i, p.Tensor, len(tensors))
+		}
+		if n := tensors[p.Tensor].Nbytes; !p.Within(n) {
+			return 0, transport.Errorf(transport.ErrInvalidArgument, "piece %d asks for bytes [%d, +%d) of tensor %d, which is %d bytes", i, p.Offset, p.Length, p.Tensor, n)
+		}
+		total += p.Length
+	}
+	return total, nil
 }

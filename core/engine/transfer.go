@@ -18,6 +18,8 @@ type transfer struct {
 	index   int
 	ref     *Ref // the fetch's own handle, released when the transfer ends
 	targets []transport.Tensor
+	pieces  []transport.Piece // a partial fetch's (nil: every tensor, whole)
+	nbytes  uint64            // what the targets receive
 
 	local bool // the fetching runtime owns the object
 	empty bool // nothing to move
@@ -87,13 +89,13 @@ func (tr *transfer) begin() error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tr.start = time.Now()
-	if desc.Nbytes == 0 {
+	if tr.nbytes == 0 {
 		tr.empty = true
 		return nil
 	}
 	if tr.ref.owned {
 		tr.local = true
-		return rt.checkLocalCopy(desc, tr.targets)
+		return rt.checkLocalCopy(desc, tr.targets, tr.pieces)
 	}
 	// A dial ends by itself (the handshake timeout), so the fetch's
 	// context is enough; a cached connection needs none.
@@ -164,6 +166,9 @@ func (tr *transfer) beginWith(name string) error {
 	e, err := rt.reg.lookup(name)
 	if err != nil {
 		return err
+	}
+	if tr.pieces != nil && !e.desc.Ranges {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot serve a partial fetch (a byte range or a subset of an object's tensors)", name)
 	}
 	if err := tr.awaitBorrow(e); err != nil {
 		return err
@@ -238,7 +243,7 @@ func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, t
 	rt, name, desc := tr.f.rt, e.desc.Name, tr.ref.desc
 	x := &transport.Transfer{
 		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
-		Source: peerInfo, Destination: rt.Identity(),
+		Source: peerInfo, Destination: rt.Identity(), Pieces: tr.pieces,
 	}
 	cmeta, err := e.t.CommunicatorMetadata(x)
 	if err != nil {
@@ -248,7 +253,7 @@ func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, t
 		sctx, cancel := context.WithCancel(rt.ctx)
 		tr.sendCancel = cancel
 		tr.sendDone = make(chan error, 1)
-		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta}
+		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta, Pieces: tr.pieces}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
 	req, err := e.t.Fetch(x, tr.targets, tmeta, cmeta)
@@ -418,13 +423,13 @@ func (tr *transfer) finish(err error) {
 	}
 	if err == nil {
 		rt.c.transfersCompleted.Add(1)
-		rt.c.bytesReceived.Add(desc.Nbytes)
+		rt.c.bytesReceived.Add(tr.nbytes)
 		if tr.entry != nil {
 			tr.entry.stats.TransfersCompleted.Add(1)
-			tr.entry.stats.BytesReceived.Add(desc.Nbytes)
-			tr.entry.hist.recordFetch(desc.Nbytes, time.Since(tr.f.start))
+			tr.entry.stats.BytesReceived.Add(tr.nbytes)
+			tr.entry.hist.recordFetch(tr.nbytes, time.Since(tr.f.start))
 		}
-		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, desc.Nbytes, desc.Owner.Address, tname, time.Since(tr.start))
+		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, tr.nbytes, desc.Owner.Address, tname, time.Since(tr.start))
 	} else {
 		if refused := tr.ownerRefusal(err); refused != nil {
 			err = refused
@@ -432,7 +437,7 @@ func (tr *transfer) finish(err error) {
 		rt.c.transfersFailed.Add(1)
 		if tr.entry != nil {
 			tr.entry.stats.TransfersFailed.Add(1)
-			tr.entry.hist.recordFailure(desc.Nbytes)
+			tr.entry.hist.recordFailure(tr.nbytes)
 		}
 		level := rt.log.Warnf
 		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
@@ -480,9 +485,13 @@ func (tr *transfer) ownerRefusal(err error) error {
 }
 
 // checkLocalCopy makes sure a runtime's own object can be copied directly.
-func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor) error {
-	for i, t := range desc.Tensors {
-		if t.Device.Type.HostAccessible() && targets[i].Device.Type.HostAccessible() {
+func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, pieces []transport.Piece) error {
+	for i, tg := range targets {
+		t := desc.Tensors[i]
+		if pieces != nil {
+			t = desc.Tensors[pieces[i].Tensor]
+		}
+		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
 			continue
 		}
 		if _, name := rt.localCopier(t.Device.Type); name == "" {
@@ -514,8 +523,12 @@ func (tr *transfer) copyLocal() error {
 	if o == nil {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
-	for i, src := range o.tensors {
-		dst := tr.targets[i]
+	x := transport.Transfer{Pieces: tr.pieces}
+	for i, dst := range tr.targets {
+		p := x.PieceOf(i, dst)
+		src := o.tensors[p.Tensor]
+		src.Data += uintptr(p.Offset)
+		src.Nbytes = p.Length
 		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
 			copier, name := rt.localCopier(src.Device.Type)
 			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {

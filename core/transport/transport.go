@@ -17,6 +17,12 @@ type Transfer struct {
 	Role        Role
 	Source      PeerInfo
 	Destination PeerInfo
+	// Pieces, in a partial fetch, is what each target receives: Pieces[i]
+	// for target i (see PieceOf). Nil: the whole object, target i
+	// receiving tensor i. Only transports whose descriptor sets Ranges
+	// are given pieces; on the source of a two-sided one, Send gets the
+	// destination's pieces and sends those bytes in that order.
+	Pieces []Piece
 }
 
 // Transport moves the bytes of objects between runtimes. It mirrors Ray's
@@ -84,6 +90,11 @@ type Descriptor struct {
 	// starts those at once on a ref whose borrow the owner has not answered
 	// yet; for any other transport it waits for the answer.
 	DetectsFreedObjects bool
+	// Ranges transports serve partial fetches (Transfer.Pieces): any
+	// tensors of an object, in any order, each whole or a byte range,
+	// moving only those bytes. The engine refuses a partial fetch over any
+	// other before anything moves.
+	Ranges bool
 	// EagerMetadata transports make their metadata cheaply: for objects put
 	// without a transport the engine extracts it at put, so that the first
 	// fetch needs no extra round trip to the owner.

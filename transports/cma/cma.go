@@ -104,6 +104,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		CanAbort:            true,
 		SameHostOnly:        true,
 		DetectsFreedObjects: true,
+		Ranges:              true,
 		EagerMetadata:       true,
 		Auto:                transport.AutoRank{Host: 10},
 	}

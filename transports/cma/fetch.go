@@ -134,18 +134,15 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			"the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
 			x.Object, m.Pid, x.Source, x.Source.Pid)
 	}
-	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+		return nil, err
 	}
 	var total uint64
-	for i, r := range m.Regions {
-		if r.Size != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+	for i, tg := range targets {
+		if !tg.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is read into", i, tg.Device)
 		}
-		if !targets[i].Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is read into", i, targets[i].Device)
-		}
-		total += r.Size
+		total += tg.Nbytes
 	}
 	src, err := t.source(int(m.Pid), m.StartTime)
 	if err != nil {
@@ -157,11 +154,11 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		return nil, err
 	}
 	if total <= syncLimit {
-		req.Finish(req.copyChecked(m.Regions, targets, 1))
+		req.Finish(req.copyChecked(x, m.Regions, targets, 1))
 		return req, nil
 	}
 	go func() {
-		req.Finish(req.copyChecked(m.Regions, targets, t.workers))
+		req.Finish(req.copyChecked(x, m.Regions, targets, t.workers))
 	}()
 	return req, nil
 }
@@ -198,8 +195,8 @@ type span struct {
 
 // copyChecked copies, then makes sure the source lived through the copy:
 // bytes read after it exited could come from a process that reused its pid.
-func (r *request) copyChecked(regions []region, targets []transport.Tensor, workers int) error {
-	err := r.copyAll(regions, targets, workers)
+func (r *request) copyChecked(x *transport.Transfer, regions []region, targets []transport.Tensor, workers int) error {
+	err := r.copyAll(x, regions, targets, workers)
 	if err != nil {
 		return err
 	}
@@ -339,25 +336,27 @@ func (r *request) checkGuard() error {
 	return nil
 }
 
-// copyAll reads every region into its target. Large tensors are cut into
-// spans shared by up to `workers` goroutines; small ones are gathered into
-// batches that one process_vm_readv reads at once (one call per batch, not
-// one per tensor).
-func (r *request) copyAll(regions []region, targets []transport.Tensor, workers int) error {
+// copyAll reads into each target its piece of the regions (the whole
+// region in a whole fetch). Large pieces are cut into spans shared by up to
+// `workers` goroutines; small ones are gathered into batches that one
+// process_vm_readv reads at once (one call per batch, not one per tensor).
+func (r *request) copyAll(x *transport.Transfer, regions []region, targets []transport.Tensor, workers int) error {
 	var spans []span
-	for i, reg := range regions {
-		if reg.Size == 0 {
+	for i, tg := range targets {
+		p := x.PieceOf(i, tg)
+		if p.Length == 0 {
 			continue
 		}
+		base := regions[p.Tensor].Addr + p.Offset
 		parts := uint64(1)
-		if reg.Size >= parallelMin && workers > 1 {
+		if p.Length >= parallelMin && workers > 1 {
 			parts = uint64(workers)
 		}
-		per := (reg.Size + parts - 1) / parts
+		per := (p.Length + parts - 1) / parts
 		per = (per + 4095) &^ 4095 // page-aligned pieces
-		for off := uint64(0); off < reg.Size; off += per {
-			n := min(per, reg.Size-off)
-			spans = append(spans, span{remote: uintptr(reg.Addr + off), local: targets[i].Data + uintptr(off), n: n})
+		for off := uint64(0); off < p.Length; off += per {
+			n := min(per, p.Length-off)
+			spans = append(spans, span{remote: uintptr(base + off), local: tg.Data + uintptr(off), n: n})
 		}
 	}
 	batches := batch(spans)

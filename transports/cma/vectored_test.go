@@ -129,7 +129,7 @@ func TestAbortStopsAManyTensorRead(t *testing.T) {
 	req := &request{Completion: transport.NewCompletion(), t: tr, pid: os.Getpid(), startTime: tr.startTime, src: src}
 	defer req.Release()
 	req.aborted.Store(true)
-	err = req.copyAll(regions, dsts, 2)
+	err = req.copyAll(&transport.Transfer{}, regions, dsts, 2)
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 }
 

@@ -75,7 +75,8 @@ const Margin = 1500 * time.Millisecond
 // Cases are the names of the suite's cases, in the order Run runs them.
 // The C ABI's conformance program uses the same names.
 var Cases = []string{"round_trip", "count_mismatch", "size_mismatch", "dtype_mismatch", "device_mismatch",
-	"abort", "deadline", "freed_object", "other_host_refusal", "source_killed", "metadata_fuzz"}
+	"abort", "deadline", "freed_object", "other_host_refusal", "source_killed", "metadata_fuzz",
+	"partial", "partial_refused", "partial_source_killed"}
 
 // Run runs the conformance cases as subtests of t.
 func Run(t *testing.T, conf Config) {
@@ -85,6 +86,7 @@ func Run(t *testing.T, conf Config) {
 		"dtype_mismatch": s.dtypeMismatch, "device_mismatch": s.deviceMismatch, "abort": s.abort,
 		"deadline": s.deadline, "freed_object": s.freedObject, "other_host_refusal": s.otherHost,
 		"source_killed": s.sourceKilled, "metadata_fuzz": s.metadataFuzz,
+		"partial": s.partial, "partial_refused": s.partialRefused, "partial_source_killed": s.partialSourceKilled,
 	}
 	for _, name := range Cases {
 		t.Run(name, cases[name])

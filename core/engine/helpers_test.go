@@ -72,6 +72,7 @@ type memTransport struct {
 	name     string
 	oneSided bool
 	canAbort bool
+	ranges   bool // serves partial fetches
 
 	mu     sync.Mutex
 	events []string
@@ -107,7 +108,7 @@ func (m *memTransport) Events() []string {
 }
 
 func (m *memTransport) Describe() transport.Descriptor {
-	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort}
+	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort, Ranges: m.ranges}
 	if m.describe != nil {
 		m.describe(&d)
 	}
@@ -174,7 +175,7 @@ func (r *memRequest) Wait() error {
 		ch := r.m.box(r.x.TransferID)
 		select {
 		case data := <-ch:
-			off := 0
+			off := 0 // the source sent the pieces (or tensors) in order
 			for _, t := range r.targets {
 				copy(transport.Bytes(t.Data, t.Nbytes), data[off:off+int(t.Nbytes)])
 				off += int(t.Nbytes)
@@ -189,8 +190,9 @@ func (r *memRequest) Wait() error {
 		return transport.Errorf(transport.ErrNotFound, "the source freed object %s", r.x.Object)
 	}
 	for i, t := range r.targets {
-		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*i:]))
-		copy(transport.Bytes(t.Data, t.Nbytes), transport.Bytes(src, t.Nbytes))
+		p := r.x.PieceOf(i, t)
+		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*p.Tensor:])) + uintptr(p.Offset)
+		copy(transport.Bytes(t.Data, t.Nbytes), transport.Bytes(src, p.Length))
 	}
 	return nil
 }
@@ -215,9 +217,15 @@ func (m *memTransport) box(id uint64) chan []byte {
 func (m *memTransport) Send(x *transport.Transfer, ts []transport.Tensor, tmeta, cmeta []byte) error {
 	m.sends.Add(1)
 	m.log("send")
+	pieces := x.Pieces
+	if pieces == nil {
+		for i, t := range ts {
+			pieces = append(pieces, transport.Piece{Tensor: uint32(i), Length: t.Nbytes})
+		}
+	}
 	var data []byte
-	for _, t := range ts {
-		data = append(data, transport.Bytes(t.Data, t.Nbytes)...)
+	for _, p := range pieces {
+		data = append(data, transport.Bytes(ts[p.Tensor].Data+uintptr(p.Offset), p.Length)...)
 	}
 	m.box(x.TransferID) <- data
 	return nil

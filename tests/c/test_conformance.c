@@ -120,8 +120,14 @@ static rdt_status cvm_fetch(void *ud, const rdt_transfer *x, const rdt_tensor *t
     rdt_set_error("corrupt metadata");
     return RDT_ERR_CORRUPT;
   }
-  if (m->count != n) {
+  /* A partial fetch names, per target, a range of one tensor. */
+  const rdt_source_range *ranges = x->struct_size >= offsetof(rdt_transfer, num_ranges) + sizeof(size_t) ? x->ranges : NULL;
+  if (ranges == NULL && m->count != n) {
     rdt_set_error("the source describes another number of tensors");
+    return RDT_ERR_INVALID_ARGUMENT;
+  }
+  if (n > CVM_MAX_TENSORS || (ranges != NULL && x->num_ranges != n)) {
+    rdt_set_error("bad number of targets");
     return RDT_ERR_INVALID_ARGUMENT;
   }
   cvm_request *r = calloc(1, sizeof *r);
@@ -130,14 +136,17 @@ static rdt_status cvm_fetch(void *ud, const rdt_transfer *x, const rdt_tensor *t
   r->pid = (pid_t)m->pid;
   r->n = n;
   for (size_t i = 0; i < n; i++) {
-    if (m->regions[i].size != nbytes_of(&targets[i])) {
+    rdt_source_range whole = {0, (uint32_t)i, 0, m->regions[i].size};
+    const rdt_source_range *p = ranges ? &ranges[i] : &whole;
+    if (p->tensor >= m->count || p->offset > m->regions[p->tensor].size ||
+        p->length > m->regions[p->tensor].size - p->offset || p->length != nbytes_of(&targets[i])) {
       free(r);
       rdt_set_error("a target's size differs from its source's");
       return RDT_ERR_INVALID_ARGUMENT;
     }
     r->parts[i].dst = targets[i].data;
-    r->parts[i].addr = m->regions[i].addr;
-    r->parts[i].size = m->regions[i].size;
+    r->parts[i].addr = m->regions[p->tensor].addr + p->offset;
+    r->parts[i].size = p->length;
   }
   pthread_create(&r->thread, NULL, cvm_read, r);
   *request = r;
@@ -211,13 +220,16 @@ static rdt_runtime *cvm_runtime(const char *name) {
   CHECK_OK(rdt_runtime_create(&opts, &rt));
   rdt_transport_vtable vt;
   rdt_transport_vtable_init(&vt);
-  vt.flags = RDT_TRANSPORT_ONE_SIDED | RDT_TRANSPORT_CAN_ABORT;
+  vt.flags = RDT_TRANSPORT_ONE_SIDED | RDT_TRANSPORT_CAN_ABORT | RDT_TRANSPORT_RANGES;
   vt.extract_metadata = cvm_extract;
   vt.fetch = cvm_fetch;
   vt.wait = cvm_wait;
   vt.release_request = cvm_release;
   vt.abort = cvm_abort;
   register_cpu(rt, "cvm", vt);
+  /* The same transport, not saying it serves ranges. */
+  vt.flags &= ~RDT_TRANSPORT_RANGES;
+  register_cpu(rt, "cvm_whole", vt);
   return rt;
 }
 
@@ -503,6 +515,59 @@ static void source_killed(const char *self) {
   CHECK_OK(rdt_ref_release(s.ref));
 }
 
+/* Pieces of the object in another order: the last 4 floats, bytes of the
+ * middle of the large tensor, the int64 tensor whole, one byte. */
+static void partial(void) {
+  object o;
+  put_object(&o, src_rt, dst_rt, 3 << 20);
+  tensor out[4];
+  make_tensor(&out[0], RDT_DTYPE_FLOAT, 32, 4, 90);
+  make_tensor(&out[1], RDT_DTYPE_UINT, 8, 1 << 20, 91);
+  make_tensor(&out[2], RDT_DTYPE_INT, 64, 5, 92);
+  make_tensor(&out[3], RDT_DTYPE_UINT, 8, 1, 93);
+  rdt_source_range sources[4] = {
+      {0, 0, 32, RDT_REST_OF_TENSOR}, {0, 2, (1 << 20) + 7, 1 << 20}, {0, 1, 0, 40}, {0, 2, (3 << 20) - 1, 1}};
+  rdt_tensor ts[4] = {out[0].t, out[1].t, out[2].t, out[3].t};
+  rdt_fetch_options opts;
+  rdt_fetch_options_init(&opts);
+  opts.sources = sources;
+  opts.num_sources = 4;
+  CHECK_OK(rdt_get(dst_rt, &o.borrowed, 1, ts, 4, &opts, 30000));
+  CHECK(memcmp(out[0].data, (char *)o.in[0].data + 32, 16) == 0);
+  CHECK(memcmp(out[1].data, (char *)o.in[2].data + (1 << 20) + 7, 1 << 20) == 0);
+  CHECK(memcmp(out[2].data, o.in[1].data, 40) == 0);
+  CHECK(memcmp(out[3].data, (char *)o.in[2].data + (3 << 20) - 1, 1) == 0);
+  drop_object(&o);
+}
+
+/* Ranges outside the object, and a transport that does not serve ranges,
+ * are refused before anything is written. */
+static void partial_refused(void) {
+  object o;
+  put_object(&o, src_rt, dst_rt, 100);
+  tensor out;
+  make_tensor(&out, RDT_DTYPE_UINT, 8, 16, 77);
+  uint8_t before[16];
+  memcpy(before, out.data, 16);
+  rdt_source_range outside = {0, 2, 90, 16};
+  rdt_fetch_options opts;
+  rdt_fetch_options_init(&opts);
+  opts.sources = &outside;
+  opts.num_sources = 1;
+  CHECK_STATUS(rdt_get(dst_rt, &o.borrowed, 1, &out.t, 1, &opts, 30000), RDT_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(rdt_last_error(), "outside the tensor's 100 bytes") != NULL);
+  rdt_source_range inside = {0, 2, 80, 16};
+  opts.sources = &inside;
+  opts.transport = "cvm_whole";
+  CHECK_STATUS(rdt_get(dst_rt, &o.borrowed, 1, &out.t, 1, &opts, 30000), RDT_ERR_UNSUPPORTED);
+  CHECK(strstr(rdt_last_error(), "cannot serve a partial fetch") != NULL);
+  CHECK(memcmp(out.data, before, 16) == 0);
+  opts.transport = NULL;
+  CHECK_OK(rdt_get(dst_rt, &o.borrowed, 1, &out.t, 1, &opts, 30000));
+  CHECK(memcmp(out.data, (char *)o.in[2].data + 80, 16) == 0);
+  drop_object(&o);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "source") == 0) return source_main();
   src_rt = cvm_runtime("source");
@@ -512,6 +577,7 @@ int main(int argc, char **argv) {
       {"size_mismatch", size_mismatch},   {"dtype_mismatch", dtype_mismatch},
       {"device_mismatch", device_mismatch}, {"abort", abort_case},
       {"deadline", deadline},             {"freed_object", freed_object},
+      {"partial", partial},               {"partial_refused", partial_refused},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     cases[i].run();

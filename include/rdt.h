@@ -315,8 +315,8 @@ typedef void (*rdt_release_fn)(void *user_data);
  * NULL, and a non-NULL `user_data` is queued for
  * rdt_runtime_take_released() when the object is freed.
  *
- * Errors: INVALID_ARGUMENT (bad tensor, non-contiguous strides, too many
- * tensors, a release callback in a runtime that queues releases), NOT_FOUND
+ * Errors: INVALID_ARGUMENT (bad tensor, non-contiguous strides, more than
+ * 1,048,576 tensors, a release callback in a runtime that queues releases), NOT_FOUND
  * (no such transport), UNSUPPORTED (the transport does not handle the
  * tensors' device), or a transport's error. On error nothing is kept and
  * `release` is not called (nor `user_data` queued). */

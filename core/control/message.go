@@ -30,7 +30,7 @@ const (
 	// MaxHostIDLen bounds a host identity.
 	MaxHostIDLen = 1024
 	// MaxMetadataBytes bounds one transport's metadata for one object.
-	MaxMetadataBytes = 16 << 20
+	MaxMetadataBytes = 32 << 20
 )
 
 const (

@@ -214,3 +214,49 @@ func TestOverlappingTargetsAreRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "targets overlap")
 }
+
+// An object of MaxTensors one-byte tensors is put, travels as a ref and is
+// fetched; one more tensor is refused at put, naming the limit.
+func TestObjectOfMaxTensors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves a ref of a million tensors")
+	}
+	p := rangedPair(t)
+	n := transport.MaxTensors
+	src := newHostBuf(t, n+1)
+	src.fill(5)
+	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, u8, []int64{1})
+	require.NoError(t, err)
+	tensors := make([]transport.Tensor, n+1)
+	for i := range tensors {
+		tensors[i] = transport.Tensor{TensorDesc: desc, Data: src.addr() + uintptr(i), Orig: src.addr() + uintptr(i)}
+	}
+	_, err = p.owner.Put(tensors, "mem", nil)
+	require.Error(t, err)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
+	assert.Contains(t, err.Error(), fmt.Sprintf("%d tensors is over the limit of %d per object", n+1, n))
+
+	ref, err := p.owner.Put(tensors[:n], "mem", nil)
+	require.NoError(t, err)
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	require.NoError(t, ref.Release())
+	borrowed, err := p.borrower.Deserialize(b)
+	require.NoError(t, err)
+	defer borrowed.Release()
+	require.Len(t, borrowed.Desc().Tensors, n)
+
+	dst := newHostBuf(t, n)
+	targets := make([]transport.Tensor, n)
+	for i := range targets {
+		targets[i] = transport.Tensor{TensorDesc: desc, Data: dst.addr() + uintptr(i), Orig: dst.addr() + uintptr(i)}
+	}
+	require.NoError(t, p.borrower.Get([]*Ref{borrowed}, targets, FetchOptions{}, time.Minute))
+	assert.True(t, bytes.Equal(src.b[:n], dst.b))
+
+	// The last byte alone, as a partial fetch of the last tensor.
+	one := newHostBuf(t, 1)
+	sources := []Source{{Piece: transport.Piece{Tensor: uint32(n - 1), Length: RestOfTensor}}}
+	require.NoError(t, p.borrower.Get([]*Ref{borrowed}, []transport.Tensor{{TensorDesc: desc, Data: one.addr()}}, FetchOptions{Sources: sources}, time.Minute))
+	assert.Equal(t, src.b[n-1], one.b[0])
+}

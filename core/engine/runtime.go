@@ -423,7 +423,17 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
 }
 
+// eagerMaxTensors bounds the objects whose metadata travels in their refs:
+// past it, each transport's metadata (some 16 bytes a tensor) is asked of
+// the owner once per receiver, and a ref handed around stays small.
+const eagerMaxTensors = 4096
+
+// eagerTransports are the transports whose metadata a put without a
+// transport extracts at once (see Descriptor.EagerMetadata).
 func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
+	if len(tensors) > eagerMaxTensors {
+		return nil
+	}
 	rt.reg.mu.RLock()
 	defer rt.reg.mu.RUnlock()
 	var out []*registered

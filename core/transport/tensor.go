@@ -63,10 +63,14 @@ func (t DType) String() string {
 	return s
 }
 
-// Limits on what a tensor description may hold.
+// Limits on what a tensor description may hold. MaxTensors bounds one
+// object: its ref takes some 21 bytes a tensor and a transport's metadata
+// some 16, so that an object at the limit still fits MaxRefSize and
+// MaxMetadataBytes. Counts read from outside are bounded further by the
+// bytes that carry them (WireReader.Count), never trusted to allocate.
 const (
 	MaxNDim       = 64
-	MaxTensors    = 1 << 16
+	MaxTensors    = 1 << 20
 	maxTensorSize = uint64(1) << 56 // 64 PiB: beyond any real tensor, far from overflow
 )
 

@@ -103,7 +103,7 @@ func (s *suite) groupSource(t *testing.T, dst *end, src *Source) {
 	}
 	t.Cleanup(func() { _ = dst.tr.(transport.GroupBackend).DestroyGroup(groupName) })
 	dst.send = func(x *transport.Transfer, cmeta []byte) {
-		fmt.Fprintf(src.in, "SEND %x %d %x %x\n", x.Object[:], x.TransferID, x.Destination.RuntimeID[:], cmeta)
+		fmt.Fprintf(src.in, "SEND %x %d %x %x %s\n", x.Object[:], x.TransferID, x.Destination.RuntimeID[:], cmeta, formatPieces(x.Pieces))
 	}
 }
 
@@ -154,7 +154,7 @@ func serveGroup(conf Config, h *Host, tr transport.Transport, tensors []transpor
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "source process: joining the group:", err)
 			}
-		case len(f) == 5 && f[0] == "SEND":
+		case len(f) == 6 && f[0] == "SEND":
 			x := &transport.Transfer{Transport: desc.Name, Role: transport.RoleSource, Source: h.Identity()}
 			obj, err := hex.DecodeString(f[1])
 			copy(x.Object[:], obj)
@@ -162,7 +162,9 @@ func serveGroup(conf Config, h *Host, tr transport.Transport, tensors []transpor
 			id, _ := hex.DecodeString(f[3])
 			copy(x.Destination.RuntimeID[:], id)
 			cmeta, err2 := hex.DecodeString(f[4])
-			if err != nil || err2 != nil {
+			pieces, err3 := parsePieces(f[5])
+			x.Pieces = pieces
+			if err != nil || err2 != nil || err3 != nil {
 				fmt.Fprintln(os.Stderr, "source process: bad SEND line")
 				continue
 			}

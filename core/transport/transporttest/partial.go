@@ -3,6 +3,7 @@ package transporttest
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,4 +183,39 @@ func (s *suite) partialSourceKilled(t *testing.T) {
 	if err != nil { // it may have finished before the kill
 		wantStatus(t, err, "a source killed mid-transfer", s.conf.sourceGone())
 	}
+}
+
+// formatPieces writes a transfer's pieces into a SEND line to a grouped
+// source process, whose Send must send those ranges: "-" for a whole
+// fetch, else "P" and ":tensor/offset/length" per piece.
+func formatPieces(pieces []transport.Piece) string {
+	if pieces == nil {
+		return "-"
+	}
+	var b strings.Builder
+	b.WriteString("P")
+	for _, p := range pieces {
+		fmt.Fprintf(&b, ":%d/%d/%d", p.Tensor, p.Offset, p.Length)
+	}
+	return b.String()
+}
+
+// parsePieces reads what formatPieces wrote.
+func parsePieces(s string) ([]transport.Piece, error) {
+	if s == "-" {
+		return nil, nil
+	}
+	rest, ok := strings.CutPrefix(s, "P")
+	if !ok {
+		return nil, fmt.Errorf("bad pieces %q", s)
+	}
+	pieces := []transport.Piece{}
+	for _, f := range strings.Split(rest, ":")[1:] {
+		var p transport.Piece
+		if _, err := fmt.Sscanf(f, "%d/%d/%d", &p.Tensor, &p.Offset, &p.Length); err != nil {
+			return nil, fmt.Errorf("bad piece %q: %v", f, err)
+		}
+		pieces = append(pieces, p)
+	}
+	return pieces, nil
 }

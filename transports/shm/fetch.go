@@ -67,16 +67,16 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if m.Object != x.Object {
 		return nil, transport.Errorf(transport.ErrCorrupt, "the metadata of object %s names object %s: refusing it", x.Object, m.Object)
 	}
-	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+		return nil, err
 	}
-	for i, r := range m.Regions {
-		if r.Size != targets[i].Nbytes {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, r.Size, targets[i].Nbytes)
+	for i, tg := range targets {
+		if !tg.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is written", i, tg.Device)
 		}
-		if !targets[i].Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is written", i, targets[i].Device)
-		}
+	}
+	if x.Pieces != nil {
+		m.takePieces(x.Pieces)
 	}
 	src, err := t.source(x.Source)
 	if err != nil {
@@ -385,8 +385,8 @@ type answer struct {
 // getSegment asks the source's segment server for the object, over a kept
 // connection when there is one. The server must be the owner's process: a
 // ref could name any socket. With targets, an object of at most inlineMax
-// bytes may come inline. When quick, an answer that has not begun within
-// syncWait is left pending on its connection, for resume.
+// bytes may come inline (in a whole fetch). When quick, an answer that has
+// not begun within syncWait is left pending on its connection, for resume.
 func (t *Transport) getSegment(r *request, src *keptConns, owner int, m *metadata, targets []transport.Tensor, quick bool) (answer, error) {
 	if c := t.takeIdle(src, m.Path); c != nil {
 		a, err := t.askSegment(r, src, c, m, targets, quick)
@@ -440,11 +440,14 @@ func (t *Transport) resume(r *request, src *keptConns, owner int, m *metadata, t
 // askSegment does one request on c, then keeps c for the next request or
 // closes it.
 func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *metadata, targets []transport.Tensor, quick bool) (answer, error) {
-	var limit uint32 // the most bytes this receiver takes inline
+	// The most bytes this receiver takes inline. A partial fetch takes
+	// none: inline, the whole object would cross the socket, not just
+	// the pieces that preadv or the mapping reads from the descriptor.
+	var limit uint32
 	switch {
 	case m.askArena:
 		limit = arenaRequest
-	case targets != nil && m.Size <= inlineMax:
+	case targets != nil && m.Size <= inlineMax && !m.partial:
 		limit = uint32(m.Size)
 	}
 	c.SetDeadline(time.Now().Add(ioTimeout))

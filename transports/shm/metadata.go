@@ -25,9 +25,12 @@ type region struct{ Offset, Size uint64 }
 // tag u64, base u64 (the object's offset in the arena; its regions'
 // offsets are from there).
 type metadata struct {
-	Path    string
-	Object  transport.ObjectID
-	Size    uint64
+	Path   string
+	Object transport.ObjectID
+	Size   uint64
+	// Regions are where the tensors lie in the segment, region i being
+	// what target i of a whole fetch receives; a partial fetch replaces
+	// them with its pieces' (takePieces).
 	Regions []region
 	Arena   transport.ObjectID
 	Slot    uint32
@@ -35,6 +38,19 @@ type metadata struct {
 	Base    uint64
 
 	askArena bool // not encoded: a request for the arena named Arena
+	partial  bool // not encoded: Regions are a partial fetch's pieces
+}
+
+// takePieces makes region i the bytes of the segment that target i of a
+// partial fetch receives, so that every copy, which reads region i into
+// target i, moves exactly the pieces. The pieces were checked against
+// the regions (Transfer.CheckPieces), so each lies inside its tensor's.
+func (m *metadata) takePieces(pieces []transport.Piece) {
+	regions := make([]region, len(pieces))
+	for i, p := range pieces {
+		regions[i] = region{Offset: m.Regions[p.Tensor].Offset + p.Offset, Size: p.Length}
+	}
+	m.Regions, m.partial = regions, true
 }
 
 // inArena is whether the object was staged in the source's arena.

@@ -121,7 +121,8 @@ func New(h transport.Host) (transport.Transport, error) {
 }
 
 // Describe: shm shares memory segments, so only on the same host; a freed
-// object's segment is no longer handed out; staging costs a copy, so
+// object's segment is no longer handed out; a partial fetch reads only its
+// pieces from the segment or arena; staging costs a copy, so
 // objects put without a transport are staged only when a fetch asks for
 // shm (no eager metadata); for host data it comes after cma.
 func (t *Transport) Describe() transport.Descriptor {
@@ -132,6 +133,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		CanAbort:            true,
 		SameHostOnly:        true,
 		DetectsFreedObjects: true,
+		Ranges:              true,
 		Auto:                transport.AutoRank{Host: 20},
 	}
 }

@@ -207,7 +207,7 @@ func TestOwnerClosedIsPeerUnavailable(t *testing.T) {
 func TestDescribe(t *testing.T) {
 	d := newTransport(t).Describe()
 	assert.Equal(t, Name, d.Name)
-	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly && d.DetectsFreedObjects)
+	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly && d.DetectsFreedObjects && d.Ranges)
 	assert.False(t, d.Eager(), "staging costs a copy: only on demand")
 	assert.Equal(t, transport.AutoRank{Host: 20}, d.Auto)
 }

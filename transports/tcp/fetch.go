@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -337,16 +338,27 @@ type fetchRequest struct {
 	idone  bool
 }
 
-// Fetch starts pulling every tensor of the object into targets.
+// Fetch starts pulling into each target its piece of the object: the
+// tensor of its index, whole, or in a partial fetch its piece's range.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
-	if int(m.Tensors) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", m.Tensors, len(targets))
+	// The metadata counts the tensors but has no sizes: the source checks
+	// every range it is asked for against its tensors (checkRange), so
+	// here a tensor's size is taken as its target's in a whole fetch and
+	// as unbounded in a partial one (which still catches a wrapping range).
+	size := func(i int) uint64 {
+		if x.Pieces == nil {
+			return targets[i].Nbytes
+		}
+		return math.MaxUint64
 	}
-	small, shares, err := plan(targets, t.streams)
+	if err := x.CheckPieces(targets, int(m.Tensors), size); err != nil {
+		return nil, err
+	}
+	small, shares, err := plan(x, targets, t.streams)
 	if err != nil {
 		return nil, err
 	}
@@ -392,30 +404,34 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	return r, nil
 }
 
-// plan cuts targets into pieces: tensors under streamMin all go on one
-// stream; a larger one is split into one share per stream (page-aligned),
-// each share into pieces of at most maxChunk.
-func plan(targets []transport.Tensor, streams int) (small []piece, shares [][]piece, err error) {
+// plan cuts what the targets receive (x.PieceOf: a whole tensor, or a
+// range of one) into requests: those under streamMin all go on one
+// stream, pipelined, their answers batched at the source; a larger one is
+// split into one share per stream (page-aligned), each share into requests
+// of at most maxChunk. A request asks for bytes of its target's range
+// alone, so nothing else crosses the wire.
+func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small []piece, shares [][]piece, err error) {
 	for i, tg := range targets {
 		if !tg.Device.Type.HostAccessible() {
 			return nil, nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; tcp writes host memory", i, tg.Device)
 		}
-		if tg.Nbytes == 0 {
+		p := x.PieceOf(i, tg)
+		if p.Length == 0 {
 			continue
 		}
-		dst := transport.Bytes(tg.Data, tg.Nbytes)
-		if tg.Nbytes < streamMin {
-			small = append(small, piece{tensor: uint32(i), dst: dst})
+		dst := transport.Bytes(tg.Data, p.Length)
+		if p.Length < streamMin {
+			small = append(small, piece{tensor: p.Tensor, offset: p.Offset, dst: dst})
 			continue
 		}
-		share := (tg.Nbytes + uint64(streams) - 1) / uint64(streams)
+		share := (p.Length + uint64(streams) - 1) / uint64(streams)
 		share = (share + 4095) &^ 4095
-		for off := uint64(0); off < tg.Nbytes; off += share {
-			end := min(off+share, tg.Nbytes)
+		for off := uint64(0); off < p.Length; off += share {
+			end := min(off+share, p.Length)
 			var ps []piece
 			for o := off; o < end; o += maxChunk {
 				e := min(o+maxChunk, end)
-				ps = append(ps, piece{tensor: uint32(i), offset: o, dst: dst[o:e]})
+				ps = append(ps, piece{tensor: p.Tensor, offset: p.Offset + o, dst: dst[o:e]})
 			}
 			shares = append(shares, ps)
 		}

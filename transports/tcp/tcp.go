@@ -153,7 +153,8 @@ func New(h transport.Host) (transport.Transport, error) {
 
 // Describe: tcp moves memory the CPU can address (pinned CUDA host memory
 // included) to any host, the last automatic choice for host data; the
-// source serves only objects it holds, so a freed one is noticed.
+// source serves only objects it holds, so a freed one is noticed; it
+// serves byte ranges, so a partial fetch asks for just its pieces.
 // Once the listener runs, the metadata costs nothing, so objects put
 // without a transport carry it. Before, they do not: a runtime whose
 // objects never travel over tcp never opens a TCP port, and a peer that
@@ -165,6 +166,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		OneSided:            true,
 		CanAbort:            true,
 		DetectsFreedObjects: true,
+		Ranges:              true,
 		EagerMetadata:       true,
 		EagerWhile:          t.listening,
 		Auto:                transport.AutoRank{Host: 30},

@@ -225,7 +225,7 @@ func TestPlan(t *testing.T) {
 	}
 	targets := []transport.Tensor{tensor(0, 0), tensor(0, 100), tensor(100, streamMin-1), tensor(streamMin+99, n-streamMin-99)}
 	for _, streams := range []int{1, 4, 7, 16} {
-		small, shares, err := plan(targets, streams)
+		small, shares, err := plan(&transport.Transfer{}, targets, streams)
 		require.NoError(t, err)
 		require.Len(t, small, 2, "the empty tensor moves nothing; the two small ones share a stream")
 		assert.Equal(t, []uint32{1, 2}, []uint32{small[0].tensor, small[1].tensor})
@@ -243,7 +243,7 @@ func TestPlan(t *testing.T) {
 		assert.Equal(t, uint64(n-streamMin-99), next)
 	}
 	gpu := transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCUDA}, Nbytes: 4}, Data: addr}
-	_, _, err = plan([]transport.Tensor{gpu}, 4)
+	_, _, err = plan(&transport.Transfer{}, []transport.Tensor{gpu}, 4)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
 }
 
@@ -656,7 +656,7 @@ func TestOtherMethods(t *testing.T) {
 	assert.Equal(t, "tcp", Factory().Name)
 	d := tr.Describe()
 	assert.Equal(t, "tcp", d.Name)
-	assert.True(t, d.OneSided && d.CanAbort && d.DetectsFreedObjects)
+	assert.True(t, d.OneSided && d.CanAbort && d.DetectsFreedObjects && d.Ranges)
 	assert.False(t, d.SameHostOnly, "tcp reaches other hosts")
 	assert.Equal(t, transport.AutoRank{Host: 30}, d.Auto)
 	assert.False(t, d.Eager(), "no listener yet: objects without a transport do not start one")

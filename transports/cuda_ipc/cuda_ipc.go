@@ -88,7 +88,8 @@ func New(h transport.Host) (transport.Transport, error) {
 
 // Describe: CUDA IPC handles only open on the machine that made them, so
 // cuda_ipc works on the same host only, where it is the first choice for
-// CUDA data.
+// CUDA data. A copy starts anywhere in an opened allocation, so partial
+// fetches copy only their pieces.
 func (t *Transport) Describe() transport.Descriptor {
 	return transport.Descriptor{
 		Name:         Name,
@@ -96,6 +97,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		OneSided:     true,
 		CanAbort:     true,
 		SameHostOnly: true,
+		Ranges:       true,
 		Auto:         transport.AutoRank{CUDA: 10},
 	}
 }

@@ -279,12 +279,12 @@ func TestEventErrorsNameTheCall(t *testing.T) {
 }
 
 // The descriptor keeps cuda_ipc to its host, where it is the first choice
-// for CUDA data.
+// for CUDA data, and serves partial fetches.
 func TestDescribe(t *testing.T) {
 	d := (&Transport{}).Describe()
 	assert.Equal(t, Name, d.Name)
 	assert.Equal(t, []transport.DeviceType{transport.DeviceCUDA}, d.Devices)
-	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly)
+	assert.True(t, d.OneSided && d.CanAbort && d.SameHostOnly && d.Ranges)
 	assert.False(t, d.DetectsFreedObjects || d.Eager() || d.GroupBackend)
 	assert.Equal(t, transport.AutoRank{CUDA: 10}, d.Auto)
 }

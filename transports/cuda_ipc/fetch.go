@@ -65,7 +65,8 @@ func (t *Transport) putEvent(dev int, e *cuda.Event) {
 type devicePair struct{ dst, src int }
 
 // Fetch checks the metadata against the targets, maps the source
-// allocations (or finds them in the cache) and enqueues the copies.
+// allocations the targets read from (or finds them in the cache) and
+// enqueues the copies: each target receives its piece, or its tensor whole.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	if err := t.checkOpen(); err != nil {
 		return nil, err
@@ -74,7 +75,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	if err := t.checkFetch(m, targets); err != nil {
+	if err := t.checkFetch(x, m, targets); err != nil {
 		return nil, err
 	}
 	req := &request{t: t, aborted: make(chan struct{})}
@@ -88,7 +89,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	plan, err := planCopies(m, targets, src)
+	plan, err := planCopies(x, m, targets, src)
 	if err != nil {
 		return nil, err
 	}
@@ -99,24 +100,22 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	return req, nil
 }
 
-// checkFetch checks that the targets match the tensors the metadata
-// describes, and that every target that receives bytes is on a CUDA
-// device this transport may use.
-func (t *Transport) checkFetch(m *metadata, targets []transport.Tensor) error {
-	if len(m.Tensors) != len(targets) {
-		return transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Tensors), len(targets))
+// checkFetch checks that the targets match what the metadata describes
+// (the tensors, or the pieces of them x names), and that every target that
+// receives bytes is on a CUDA device this transport may use.
+func (t *Transport) checkFetch(x *transport.Transfer, m *metadata, targets []transport.Tensor) error {
+	if err := x.CheckPieces(targets, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
+		return err
 	}
-	for i, tr := range m.Tensors {
-		if tr.Nbytes != targets[i].Nbytes {
-			return transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, tr.Nbytes, targets[i].Nbytes)
+	for i, tg := range targets {
+		if tg.Nbytes == 0 {
+			continue
 		}
-		if targets[i].Device.Type != transport.DeviceCUDA && tr.Nbytes > 0 {
-			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, targets[i].Device)
+		if tg.Device.Type != transport.DeviceCUDA {
+			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, tg.Device)
 		}
-		if tr.Nbytes > 0 {
-			if err := t.checkDevice("target", i, targets[i].Device); err != nil {
-				return err
-			}
+		if err := t.checkDevice("target", i, tg.Device); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -130,17 +129,19 @@ type sources struct {
 	base []cuda.Ptr
 }
 
-// openSources finds the device of every allocation a tensor uses and maps
-// it into this process (from the cache when it was mapped before; a
+// openSources finds the device of every allocation a target reads from and
+// maps it into this process (from the cache when it was mapped before; a
 // source in this very process needs no mapping). The mappings are added to
 // req's entries, so that req.drain hands them back.
 func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata, targets []transport.Tensor) (sources, error) {
 	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
 	src := sources{dev: make([]int, len(m.Allocs)), base: make([]cuda.Ptr, len(m.Allocs))}
 	used := make([]bool, len(m.Allocs))
-	for _, tr := range m.Tensors {
-		if tr.Alloc != noAlloc {
-			used[tr.Alloc] = true
+	for i, tg := range targets {
+		// A piece of bytes lies in an allocation (an empty tensor has none);
+		// a partial fetch leaves the allocations it reads nothing from shut.
+		if p := x.PieceOf(i, tg); p.Length > 0 {
+			used[m.Tensors[p.Tensor].Alloc] = true
 		}
 	}
 	for i, a := range m.Allocs {
@@ -183,29 +184,34 @@ type copyPlan struct {
 	targets map[devicePair][]int // the targets each pair's copies write
 }
 
-// planCopies groups the copies of every non-empty tensor by pair of
-// devices, checking that devices that differ have peer access.
-func planCopies(m *metadata, targets []transport.Tensor, src sources) (copyPlan, error) {
+// planCopies groups the copy into every target that receives bytes by
+// pair of devices, checking that devices that differ have peer access. A
+// target's bytes start at its piece's offset in its tensor, which lies at
+// the tensor's offset in its allocation.
+func planCopies(x *transport.Transfer, m *metadata, targets []transport.Tensor, src sources) (copyPlan, error) {
 	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
-	for i, tr := range m.Tensors {
-		if tr.Nbytes == 0 {
+	for i, tg := range targets {
+		pc := x.PieceOf(i, tg)
+		if pc.Length == 0 {
 			continue
 		}
-		p := devicePair{dst: int(targets[i].Device.ID), src: src.dev[tr.Alloc]}
+		tr := m.Tensors[pc.Tensor]
+		p := devicePair{dst: int(tg.Device.ID), src: src.dev[tr.Alloc]}
 		if p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
 			if err != nil {
 				return plan, err
 			}
 			if !can {
-				return plan, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and its target on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
-					i, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, p.dst, cuda.DeviceName(p.dst), p.src)
+				return plan, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and target %d on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+					pc.Tensor, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, i, p.dst, cuda.DeviceName(p.dst), p.src)
 			}
 		}
 		if _, ok := plan.copies[p]; !ok {
 			plan.order = append(plan.order, p)
 		}
-		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: cuda.Ptr(targets[i].Data), Src: src.base[tr.Alloc] + tr.Offset, N: tr.Nbytes})
+		from := src.base[tr.Alloc] + tr.Offset + pc.Offset
+		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: cuda.Ptr(tg.Data), Src: from, N: pc.Length})
 		plan.targets[p] = append(plan.targets[p], i)
 	}
 	return plan, nil

@@ -320,6 +320,48 @@ func TestGPUAnotherProcessOffsetsInAllocations(t *testing.T) {
 	}
 }
 
+// A partial fetch copies each piece from its allocation's mapping at the
+// tensor's offset plus the piece's, and maps only the allocations its
+// pieces read from.
+func TestGPUAnotherProcessPieces(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(12)
+	x.Pieces = []transport.Piece{
+		{Tensor: 1, Offset: 1000, Length: 5000},         // inside the second tensor of the first allocation
+		{Tensor: 0, Offset: 1<<20 - 16, Length: 16},     // the end of the first
+		{Tensor: 2, Offset: 64 << 10, Length: 0},        // empty, at the end of the other allocation
+		{Tensor: 1, Offset: 1<<20 - 512 - 1, Length: 1}, // its last byte
+		{Tensor: 3, Length: 0},                          // the empty tensor
+	}
+	var targets []transport.Tensor
+	var ps []cuda.Ptr
+	for _, pc := range x.Pieces {
+		if pc.Length == 0 {
+			targets, ps = append(targets, devTensor(0, 0, 0)), append(ps, 0)
+			continue
+		}
+		p, err := cuda.Alloc(0, pc.Length)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cuda.Free(0, p) })
+		targets, ps = append(targets, devTensor(0, p, pc.Length)), append(ps, p)
+	}
+	require.NoError(t, fetchWith(tr, x, src.meta, targets))
+	for i, pc := range x.Pieces {
+		if pc.Length == 0 {
+			continue
+		}
+		l := layout[pc.Tensor]
+		whole := hostBuffer(t, int(l.n))
+		fill(whole, l.seed)
+		got := hostBuffer(t, int(pc.Length))
+		require.NoError(t, cuda.Memcpy(0, hostAddr(got), ps[i], pc.Length))
+		assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], got), "piece %d", i)
+	}
+	assert.Len(t, entriesOf(tr.cache, src.pid), 1, "only the allocation the pieces read from is mapped")
+}
+
 // A source that frees an allocation and allocates again (at the same
 // address, often) exports a new handle: the receiver never reads the new
 // memory through the old mapping, and the old mapping closes once idle.

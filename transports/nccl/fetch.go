@@ -28,7 +28,10 @@ type request struct {
 }
 
 // Fetch runs on the destination: ncclRecv into every target from the
-// source rank, on its own goroutine.
+// source rank, on its own goroutine. In a partial fetch target i receives
+// piece i, which the source sends in the same place of its order (the
+// metadata carries no sizes: the engine checked the pieces against the
+// ref, and each target must be as long as its piece).
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, cm []byte) (transport.Request, error) {
 	m, err := decodeCMeta(cm)
 	if err != nil {
@@ -40,6 +43,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, 
 	}
 	what := fmt.Sprintf("the receive of object %s from rank %d", x.Object, m.Src)
 	bufs, err := g.buffers(targets, "target")
+	if err == nil {
+		err = matchPieces(x, targets)
+	}
 	if err != nil {
 		g.destroy(transport.Wrap(err, "%s", what), true)
 		return nil, g.deadErr()
@@ -50,6 +56,23 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, _, 
 		r.Finish(g.run(r.o, false, m.Src, m.Seq, bufs, what))
 	}()
 	return r, nil
+}
+
+// matchPieces checks that target i is as long as piece i of a partial
+// fetch: a receive of another length would not match the source's send.
+func matchPieces(x *transport.Transfer, targets []transport.Tensor) error {
+	if x.Pieces == nil {
+		return nil
+	}
+	if len(x.Pieces) != len(targets) {
+		return transport.Errorf(transport.ErrInvalidArgument, "%d pieces for %d targets", len(x.Pieces), len(targets))
+	}
+	for i, p := range x.Pieces {
+		if p.Length != targets[i].Nbytes {
+			return transport.Errorf(transport.ErrInvalidArgument, "target %d holds %d bytes for a piece of %d", i, targets[i].Nbytes, p.Length)
+		}
+	}
+	return nil
 }
 
 // Abort stops a transfer; one that had started destroys its group.

@@ -381,3 +381,83 @@ func allToAll(t *testing.T, rts []*engine.Runtime, wires [][]byte) {
 		require.NoError(t, <-res)
 	}
 }
+
+// A partial fetch through two runtimes: the destination receives the
+// pieces it names, in its order, from the source runtime's Send; a whole
+// fetch over the group afterwards still finds both sides in step.
+func TestGPUTwoRankPartialFetch(t *testing.T) {
+	requireNCCL(t)
+	if n, _ := cuda.DeviceCount(); n < 2 {
+		t.Skipf("NCCL needs two GPUs for one group (this machine has %d)", n)
+	}
+	dir := t.TempDir()
+	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+	errs := make(chan error, 1)
+	go func() {
+		errs <- b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
+	}()
+	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+	require.NoError(t, <-errs)
+
+	sizes := []int{1 << 20, 4096}
+	var tensors []transport.Tensor
+	var want [][]byte
+	for i, n := range sizes {
+		h := hostBuf(t, n)
+		for j := range h {
+			h[j] = byte(j*13 + i*101)
+		}
+		p, err := cuda.Alloc(0, uint64(n))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cuda.Free(0, p) })
+		require.NoError(t, cuda.Memcpy(0, p, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), uint64(n)))
+		tensors, want = append(tensors, devTensor(0, p, n)), append(want, h)
+	}
+	ref, err := a.Put(tensors, Name, nil)
+	require.NoError(t, err)
+	defer ref.Release()
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	bref, err := b.Deserialize(wire)
+	require.NoError(t, err)
+	defer bref.Release()
+
+	sources := []engine.Source{
+		{Piece: transport.Piece{Tensor: 1, Offset: 96, Length: 1000}},
+		{Piece: transport.Piece{Tensor: 0, Offset: 4096, Length: 0}},
+		{Piece: transport.Piece{Tensor: 0, Offset: 512 << 10, Length: 256 << 10}},
+	}
+	var targets []transport.Tensor
+	for _, s := range sources {
+		p := cuda.Ptr(0)
+		if s.Length > 0 {
+			p, err = cuda.Alloc(1, s.Length)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = cuda.Free(1, p) })
+		}
+		targets = append(targets, devTensor(1, p, int(s.Length)))
+	}
+	require.NoError(t, b.Get([]*engine.Ref{bref}, targets, engine.FetchOptions{Sources: sources}, time.Minute))
+	for i, s := range sources {
+		if s.Length == 0 {
+			continue
+		}
+		got := hostBuf(t, int(s.Length))
+		require.NoError(t, cuda.Memcpy(1, cuda.Ptr(uintptr(unsafe.Pointer(&got[0]))), cuda.Ptr(targets[i].Data), s.Length))
+		assert.True(t, bytes.Equal(want[s.Tensor][s.Offset:s.End()], got), "piece %d", i)
+	}
+
+	whole := make([]transport.Tensor, len(sizes))
+	for i, n := range sizes {
+		p, err := cuda.Alloc(1, uint64(n))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cuda.Free(1, p) })
+		whole[i] = devTensor(1, p, n)
+	}
+	require.NoError(t, b.Get([]*engine.Ref{bref}, whole, engine.FetchOptions{}, time.Minute))
+	for i, n := range sizes {
+		got := hostBuf(t, n)
+		require.NoError(t, cuda.Memcpy(1, cuda.Ptr(uintptr(unsafe.Pointer(&got[0]))), cuda.Ptr(whole[i].Data), uint64(n)))
+		assert.True(t, bytes.Equal(want[i], got), "tensor %d", i)
+	}
+}

@@ -449,12 +449,21 @@ func (t *Transport) unregister(id uint64) {
 func (g *group) buffers(tensors []transport.Tensor, what string) ([]Buffer, error) {
 	bufs := make([]Buffer, len(tensors))
 	for i, x := range tensors {
-		if x.Device.Type != transport.DeviceCUDA || int(x.Device.ID) != g.dev {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "%s %d is on %s, but this rank of group %q uses cuda:%d", what, i, x.Device, g.name, g.dev)
+		if err := g.onDevice(x, what, i); err != nil {
+			return nil, err
 		}
 		bufs[i] = Buffer{Ptr: x.Data, Nbytes: x.Nbytes}
 	}
 	return bufs, nil
+}
+
+// onDevice checks that tensor i (what names its kind) lives on the group's
+// device.
+func (g *group) onDevice(x transport.Tensor, what string, i int) error {
+	if x.Device.Type != transport.DeviceCUDA || int(x.Device.ID) != g.dev {
+		return transport.Errorf(transport.ErrInvalidArgument, "%s %d is on %s, but this rank of group %q uses cuda:%d", what, i, x.Device, g.name, g.dev)
+	}
+	return nil
 }
 
 // run waits for the transfer's turn in order, enqueues it, and polls it to

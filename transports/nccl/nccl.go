@@ -7,7 +7,8 @@
 // other those from higher to lower ranks (see lane). For a transfer, the
 // destination's communicator metadata names the group, both ranks and a
 // sequence number; the source runtime's send enqueues ncclSend of each
-// tensor, the destination's fetch enqueues ncclRecv into the targets, each
+// tensor (of each piece, in a partial fetch), the destination's fetch
+// enqueues ncclRecv into the targets, each
 // inside one ncclGroupStart/End on the stream of the transfer's
 // communicator, and completion is polled with a CUDA event and
 // ncclCommGetAsyncError.
@@ -73,12 +74,14 @@ func New(h transport.Host) (transport.Transport, error) {
 
 // Describe: nccl is two-sided (the source's Send runs ncclSend), reaches
 // any host, is the last automatic choice for CUDA data, and forms the
-// groups that name no backend.
+// groups that name no backend. A send or receive is any device range, so
+// partial fetches move only their pieces.
 func (t *Transport) Describe() transport.Descriptor {
 	return transport.Descriptor{
 		Name:         Name,
 		Devices:      []transport.DeviceType{transport.DeviceCUDA},
 		CanAbort:     true,
+		Ranges:       true,
 		Auto:         transport.AutoRank{CUDA: 30},
 		GroupBackend: true,
 	}

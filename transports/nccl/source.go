@@ -19,7 +19,8 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 
 func (t *Transport) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
 
-// Send runs on the source: ncclSend of every tensor to the destination rank.
+// Send runs on the source: ncclSend of every tensor, or in a partial fetch
+// of every piece, to the destination rank.
 func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, cm []byte) error {
 	o := t.register(x.TransferID)
 	defer t.unregister(x.TransferID)
@@ -38,10 +39,35 @@ func (t *Transport) Send(x *transport.Transfer, tensors []transport.Tensor, _, c
 		g.destroy(transport.Wrap(err, "%s", what), true)
 		return g.deadErr()
 	}
-	bufs, err := g.buffers(tensors, "tensor")
+	bufs, err := g.sendBuffers(x, tensors)
 	if err != nil {
 		g.destroy(transport.Wrap(err, "%s", what), true)
 		return g.deadErr()
 	}
 	return g.run(o, true, m.Dst, m.Seq, bufs, what)
+}
+
+// sendBuffers is what Send sends: the tensors whole, or the destination's
+// pieces in its order, so that its receives (one per target, in order)
+// match them one for one. Empty ones are skipped on both sides alike (see
+// Comm.P2P). Only the tensors sent from need be on the group's device.
+func (g *group) sendBuffers(x *transport.Transfer, tensors []transport.Tensor) ([]Buffer, error) {
+	if x.Pieces == nil {
+		return g.buffers(tensors, "tensor")
+	}
+	bufs := make([]Buffer, len(x.Pieces))
+	for i, p := range x.Pieces {
+		// The engine checked the pieces against the put tensors; a caller
+		// that did not must not make NCCL read outside them.
+		if int64(p.Tensor) >= int64(len(tensors)) || !p.Within(tensors[p.Tensor].Nbytes) {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "piece %d asks for bytes [%d, +%d) of tensor %d, which the object of %d tensors does not have",
+				i, p.Offset, p.Length, p.Tensor, len(tensors))
+		}
+		src := tensors[p.Tensor]
+		if err := g.onDevice(src, "tensor", int(p.Tensor)); err != nil {
+			return nil, err
+		}
+		bufs[i] = Buffer{Ptr: src.Data + uintptr(p.Offset), Nbytes: p.Length}
+	}
+	return bufs, nil
 }

@@ -153,63 +153,69 @@ func (t *Transport) acquire(agent unsafe.Pointer, m *metadata, try bool) (r *rem
 	return nil, false, lastErr
 }
 
-// piece is a byte range of one tensor, read with one descriptor.
-type piece struct {
+// span is a byte range read with one descriptor: local and remote
+// addresses, on their devices.
+type span struct {
 	laddr, raddr, n uint64
 	ldev, rdev      uint32
 }
 
-// continuedBy is whether q starts where p ends, on both sides.
-func (p piece) continuedBy(q piece) bool {
-	return p.laddr+p.n == q.laddr && p.raddr+p.n == q.raddr && p.ldev == q.ldev && p.rdev == q.rdev
+// continuedBy is whether q starts where s ends, on both sides.
+func (s span) continuedBy(q span) bool {
+	return s.laddr+s.n == q.laddr && s.raddr+s.n == q.raddr && s.ldev == q.ldev && s.rdev == q.rdev
 }
 
-// chunk is what one NIXL READ request moves: pieces of one pair of memory
-// types, chunkSize bytes at most (or one piece).
+// chunk is what one NIXL READ request moves: spans of one pair of memory
+// types, chunkSize bytes at most (or one span).
 type chunk struct {
 	local, remote uint8
-	pieces        []piece
+	spans         []span
 }
 
-// plan cuts the non-empty tensors into chunks.
-func plan(m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, error) {
+// plan cuts what the targets receive (x's pieces, or the tensors whole)
+// into chunks, merging runs that touch on both sides into one descriptor.
+// The pieces were checked against m (CheckPieces).
+func plan(x *transport.Transfer, m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, error) {
 	var chunks []chunk
 	var local []regKey
 	var total uint64
 	var cur *chunk
 	var curBytes uint64
-	spans := m.Version >= 2
-	for i, g := range m.Regions {
-		if g.Size != targets[i].Nbytes {
-			return nil, nil, 0, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is %d bytes at the source, the target holds %d", i, g.Size, targets[i].Nbytes)
-		}
-		mem, dev, err := memOf(targets[i].Device)
+	lastTensor := -1 // the source tensor the last span read
+	for i, tg := range targets {
+		mem, dev, err := memOf(tg.Device)
 		if err != nil {
 			return nil, nil, 0, err
 		}
-		if g.Size == 0 {
+		p := x.PieceOf(i, tg)
+		if p.Length == 0 {
 			continue
 		}
-		laddr := uint64(targets[i].Data)
-		local = append(local, regKey{mem: mem, addr: laddr, size: g.Size, dev: dev})
-		total += g.Size
-		for off := uint64(0); off < g.Size; {
-			n := min(g.Size-off, chunkSize)
+		g := m.Regions[p.Tensor]
+		laddr, raddr := uint64(tg.Data), g.Addr+p.Offset
+		local = append(local, regKey{mem: mem, addr: laddr, size: p.Length, dev: dev})
+		total += p.Length
+		// One descriptor must stay inside one registration on each side:
+		// touching targets are registered as one here (coalesce), and a
+		// version-2 source registered its touching tensors as one, so a
+		// descriptor may run from one tensor into the next only there.
+		joinable := m.Version >= 2 || int(p.Tensor) == lastTensor
+		for off := uint64(0); off < p.Length; {
+			n := min(p.Length-off, chunkSize)
 			if cur == nil || cur.local != mem || cur.remote != g.Mem || curBytes+n > chunkSize {
 				chunks = append(chunks, chunk{local: mem, remote: g.Mem})
 				cur, curBytes = &chunks[len(chunks)-1], 0
 			}
-			p := piece{laddr: laddr + off, raddr: g.Addr + off, n: n, ldev: dev, rdev: g.Dev}
-			if last := len(cur.pieces) - 1; spans && last >= 0 && cur.pieces[last].continuedBy(p) {
-				// Both sides lie in one registration (coalesce, here and
-				// at a version-2 source): one descriptor reads both.
-				cur.pieces[last].n += n
+			s := span{laddr: laddr + off, raddr: raddr + off, n: n, ldev: dev, rdev: g.Dev}
+			if last := len(cur.spans) - 1; joinable && last >= 0 && cur.spans[last].continuedBy(s) {
+				cur.spans[last].n += n
 			} else {
-				cur.pieces = append(cur.pieces, p)
+				cur.spans = append(cur.spans, s)
 			}
 			curBytes += n
 			off += n
 		}
+		lastTensor = int(p.Tensor)
 	}
 	return chunks, coalesce(local), total, nil
 }
@@ -245,22 +251,23 @@ func coalesce(keys []regKey) []regKey {
 	return out
 }
 
-// Fetch registers the targets and posts READs from the source agent:
-// small transfers at once, larger ones chunk by chunk on a goroutine.
+// Fetch registers the targets and posts READs of what each receives (its
+// piece, or its tensor whole) from the source agent: small transfers at
+// once, larger ones chunk by chunk on a goroutine.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
-	if len(m.Regions) != len(targets) {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "the source describes %d tensors, %d targets given", len(m.Regions), len(targets))
+	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+		return nil, err
 	}
-	for i, x := range targets {
-		if !x.Device.Type.HostAccessible() && !slices.Contains(t.devices, x.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory, which this transport does not move in this process", i, x.Device)
+	for i, tg := range targets {
+		if !tg.Device.Type.HostAccessible() && !slices.Contains(t.devices, tg.Device.Type) {
+			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory, which this transport does not move in this process", i, tg.Device)
 		}
 	}
-	chunks, local, total, err := plan(m, targets)
+	chunks, local, total, err := plan(x, m, targets)
 	if err != nil {
 		return nil, err
 	}
@@ -375,10 +382,10 @@ func (r *request) post() {
 		if r.aborted.Load() {
 			return
 		}
-		la, ra := newArrays(len(c.pieces)), newArrays(len(c.pieces))
-		for j, p := range c.pieces {
-			la.set(j, p.laddr, p.n, p.ldev)
-			ra.set(j, p.raddr, p.n, p.rdev)
+		la, ra := newArrays(len(c.spans)), newArrays(len(c.spans))
+		for j, s := range c.spans {
+			la.set(j, s.laddr, s.n, s.ldev)
+			ra.set(j, s.raddr, s.n, s.rdev)
 		}
 		var q unsafe.Pointer
 		var call *C.char

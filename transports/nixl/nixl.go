@@ -131,13 +131,15 @@ func New(h transport.Host) (transport.Transport, error) {
 // memory only where the CUDA driver saw a GPU at creation; for CUDA data it
 // comes after cuda_ipc and before nccl. Abort returns control at once (the
 // engine needs that for deadlines), though NIXL finishes the I/O before
-// Release returns.
+// Release returns. A read names any range of registered memory, so partial
+// fetches read only their pieces.
 func (t *Transport) Describe() transport.Descriptor {
 	return transport.Descriptor{
 		Name:     Name,
 		Devices:  t.devices,
 		OneSided: true,
 		CanAbort: true,
+		Ranges:   true,
 		Auto:     transport.AutoRank{CUDA: 20},
 	}
 }

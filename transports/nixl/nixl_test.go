@@ -231,15 +231,15 @@ func BenchmarkFetch64MiB(b *testing.B) {
 	}
 }
 
-// The descriptor: one-sided, any host, the devices found at creation, and
-// for CUDA data the choice after cuda_ipc and before nccl (never for host
-// data).
+// The descriptor: one-sided, any host, partial fetches, the devices found
+// at creation, and for CUDA data the choice after cuda_ipc and before nccl
+// (never for host data).
 func TestDescribe(t *testing.T) {
 	devices := []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost, transport.DeviceCUDA}
 	d := (&Transport{devices: devices}).Describe()
 	assert.Equal(t, Name, d.Name)
 	assert.Equal(t, devices, d.Devices)
-	assert.True(t, d.OneSided && d.CanAbort)
+	assert.True(t, d.OneSided && d.CanAbort && d.Ranges)
 	assert.False(t, d.SameHostOnly || d.Eager() || d.GroupBackend)
 	assert.Equal(t, transport.AutoRank{CUDA: 20}, d.Auto)
 }
@@ -351,17 +351,17 @@ func TestPlanSpansTouchingTensorsOnlyWhenTheSourcePromises(t *testing.T) {
 		targets = append(targets, sub(t, db, i*4096, 4096))
 		m.Regions = append(m.Regions, region{Addr: uint64(uintptr(unsafe.Pointer(&sb[i*4096]))), Size: 4096, Mem: memDRAM})
 	}
-	chunks, local, total, err := plan(m, targets)
+	chunks, local, total, err := plan(&transport.Transfer{}, m, targets)
 	require.NoError(t, err)
 	require.Len(t, chunks, 1)
-	assert.Len(t, chunks[0].pieces, 1)
-	assert.Equal(t, uint64(3*4096), chunks[0].pieces[0].n)
+	assert.Len(t, chunks[0].spans, 1)
+	assert.Equal(t, uint64(3*4096), chunks[0].spans[0].n)
 	assert.Len(t, local, 1)
 	assert.Equal(t, uint64(3*4096), total)
 	m.Version = 1
-	chunks, _, _, err = plan(m, targets)
+	chunks, _, _, err = plan(&transport.Transfer{}, m, targets)
 	require.NoError(t, err)
-	assert.Len(t, chunks[0].pieces, 3)
+	assert.Len(t, chunks[0].spans, 3)
 }
 
 // One fetch starts every transfer before it waits on or releases any. When
@@ -414,5 +414,46 @@ func TestTransfersOfTwoEpochsInOneFetch(t *testing.T) {
 		}
 		assert.Equal(t, oldBuf, gotOld)
 		assert.Equal(t, newBuf, gotNew)
+	}
+}
+
+// A partial fetch whose pieces run across touching tensors of one source
+// buffer into one target buffer (read with one descriptor), and one in the
+// other order (one each): the bytes arrive either way.
+func TestPartialFetchAcrossTouchingTensors(t *testing.T) {
+	src, dst := newTransport(t), newTransport(t)
+	const size = 4096
+	sb, _ := buffer(t, 4*size)
+	fill(sb, 5)
+	var srcs []transport.Tensor
+	for i := 0; i < 4; i++ {
+		srcs = append(srcs, sub(t, sb, i*size, size))
+	}
+	meta, err := src.ExtractMetadata(transport.ObjectID{9}, srcs)
+	require.NoError(t, err)
+	defer src.GarbageCollect(transport.ObjectID{9}, srcs, meta)
+	for _, pieces := range [][]transport.Piece{
+		{{Tensor: 0, Offset: 2048, Length: 2048}, {Tensor: 1, Length: size}, {Tensor: 2, Length: 1000}},
+		{{Tensor: 3, Offset: 10, Length: 1000}, {Tensor: 1, Length: size}, {Tensor: 0, Offset: 5, Length: 0}, {Tensor: 0, Length: 1}},
+	} {
+		var total int
+		for _, p := range pieces {
+			total += int(p.Length)
+		}
+		db, _ := buffer(t, total)
+		var targets []transport.Tensor
+		var want []byte
+		base, off := uint64(uintptr(unsafe.Pointer(&db[0]))), 0
+		for _, p := range pieces {
+			targets = append(targets, at(t, base+uint64(off), int(p.Length)))
+			from := int(p.Tensor)*size + int(p.Offset)
+			want = append(want, sb[from:from+int(p.Length)]...)
+			off += int(p.Length)
+		}
+		req, err := dst.Fetch(&transport.Transfer{Transport: Name, Pieces: pieces}, targets, meta, nil)
+		require.NoError(t, err)
+		require.NoError(t, req.Wait())
+		req.Release()
+		assert.Equal(t, want, db)
 	}
 }

@@ -262,8 +262,9 @@ func TestFetchValidatesTargets(t *testing.T) {
 	assert.Contains(t, err.Error(), "dtype")
 
 	bad = append([]transport.Tensor(nil), targets...)
-	bad[0].Device = transport.Device{Type: transport.DeviceCUDA}
+	bad[0].Device = transport.Device{Type: transport.DeviceROCM} // not between host and CUDA memory
 	_, err = p.borrower.StartFetch(refs, bad, FetchOptions{})
+	require.Error(t, err)
 	assert.Contains(t, err.Error(), "device")
 
 	_, err = p.borrower.StartFetch(refs, targets, FetchOptions{Transport: "nope"})

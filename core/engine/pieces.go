@@ -108,10 +108,7 @@ func checkSource(desc *ObjectDesc, s Source, target transport.Tensor) (transport
 	if target.Nbytes != p.Length {
 		return p, transport.Errorf(transport.ErrInvalidArgument, "the target holds %d bytes for a range of %d", target.Nbytes, p.Length)
 	}
-	if td.Device.Type != target.Device.Type {
-		return p, transport.Errorf(transport.ErrInvalidArgument, "device %s does not match the source device type %s", target.Device, td.Device.Type)
-	}
-	return p, nil
+	return p, transport.CanLand(td.Device.Type, target.Device)
 }
 
 // wholeInOrder reports whether pieces take every tensor of the object whole,

@@ -20,6 +20,7 @@ type transfer struct {
 	targets []transport.Tensor
 	pieces  []transport.Piece // a partial fetch's (nil: every tensor, whole)
 	nbytes  uint64            // what the targets receive
+	stage   *staging          // host buffers for targets the transport cannot land in
 
 	local bool // the fetching runtime owns the object
 	empty bool // nothing to move
@@ -173,10 +174,8 @@ func (tr *transfer) beginWith(name string) error {
 	if err := tr.awaitBorrow(e); err != nil {
 		return err
 	}
-	for i, tg := range tr.targets {
-		if !e.desc.Moves(tg.Device.Type) {
-			return transport.Errorf(transport.ErrUnsupported, "transport %s: tensor %d is in %s memory, which it does not move", name, i, tg.Device.Type)
-		}
+	if err := tr.planLanding(e); err != nil {
+		return err
 	}
 	peerInfo, err := tr.peerOffering(name)
 	if err != nil {
@@ -256,7 +255,7 @@ func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, t
 		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta, Pieces: tr.pieces}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
-	req, err := e.t.Fetch(x, tr.targets, tmeta, cmeta)
+	req, err := e.t.Fetch(x, tr.wire(), tmeta, cmeta)
 	if err != nil {
 		if tr.sendCancel != nil {
 			tr.sendCancel() // the source's send is aborted; no need to wait for it
@@ -290,9 +289,19 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, des
 	return m, nil
 }
 
-// run moves the bytes (or waits for the transport to) and returns the
-// transfer's outcome. When it returns, nothing writes into the targets.
+// run moves the bytes (or waits for the transport to), copies what was
+// staged into its targets, and returns the transfer's outcome. When it
+// returns, nothing writes into the targets.
 func (tr *transfer) run() error {
+	err := tr.receive()
+	if err == nil && tr.stage != nil {
+		err = tr.stage.unload(tr.f.abortCh)
+	}
+	return err
+}
+
+// receive is run's wait for the transport (or its local copy).
+func (tr *transfer) receive() error {
 	switch {
 	case tr.failed != nil:
 		return tr.failed
@@ -446,6 +455,9 @@ func (tr *transfer) finish(err error) {
 		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
 		err = transport.Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
 	}
+	if tr.stage != nil {
+		tr.stage.free()
+	}
 	tr.ref.Release()
 	tr.f.record(err)
 	tr.f.remaining.Add(-1)
@@ -494,8 +506,8 @@ func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, 
 		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
 			continue
 		}
-		if _, name := rt.localCopier(t.Device.Type); name == "" {
-			return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", t.Device.Type)
+		if _, name := rt.localCopier(deviceSide(t.Device.Type, tg.Device.Type)); name == "" {
+			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", t.Device.Type, tg.Device.Type)
 		}
 	}
 	return nil
@@ -514,6 +526,15 @@ func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, s
 	return nil, ""
 }
 
+// deviceSide is the device type of a copy that is not host memory, which
+// decides who can copy it: src unless it is host memory.
+func deviceSide(src, dst transport.DeviceType) transport.DeviceType {
+	if src.HostAccessible() {
+		return dst
+	}
+	return src
+}
+
 // localChunk is how much is copied between checks for an abort.
 const localChunk = 8 << 20
 
@@ -530,7 +551,7 @@ func (tr *transfer) copyLocal() error {
 		src.Data += uintptr(p.Offset)
 		src.Nbytes = p.Length
 		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			copier, name := rt.localCopier(src.Device.Type)
+			copier, name := rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
 			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
 				return transportError(name, err)
 			}

@@ -152,11 +152,12 @@ func CheckContiguous(shape, strides []int64) error {
 	return nil
 }
 
-// Matches checks that target can receive src: same shape, dtype and device
-// type (the device index may differ).
+// Matches checks that target can receive src: same shape and dtype, and a
+// device type that src's bytes can land in (see CanLand; the device index
+// may differ).
 func (src TensorDesc) Matches(target TensorDesc) error {
-	if src.Device.Type != target.Device.Type {
-		return Errorf(ErrInvalidArgument, "device %s does not match the source device type %s", target.Device, src.Device.Type)
+	if err := CanLand(src.Device.Type, target.Device); err != nil {
+		return err
 	}
 	if src.DType != target.DType {
 		return Errorf(ErrInvalidArgument, "dtype %s does not match the source dtype %s", target.DType, src.DType)
@@ -170,6 +171,18 @@ func (src TensorDesc) Matches(target TensorDesc) error {
 		}
 	}
 	return nil
+}
+
+// CanLand checks that bytes of src memory may be received into target
+// memory: the same device type, or across host and CUDA memory either way.
+func CanLand(src DeviceType, target Device) error {
+	if src == target.Type {
+		return nil
+	}
+	if (src == DeviceCUDA && target.Type.HostAccessible()) || (src.HostAccessible() && target.Type == DeviceCUDA) {
+		return nil
+	}
+	return Errorf(ErrInvalidArgument, "device %s does not match the source device type %s (a receive across device types goes between host and CUDA memory only)", target, src)
 }
 
 // Bytes views n bytes of host memory at addr. The memory must be host

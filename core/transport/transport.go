@@ -90,6 +90,12 @@ type Descriptor struct {
 	// starts those at once on a ref whose borrow the owner has not answered
 	// yet; for any other transport it waits for the answer.
 	DetectsFreedObjects bool
+	// CrossDevice lists the pairs of device types, source then target,
+	// that the transport moves directly besides those of Devices into the
+	// same type (nixl: host and CUDA memory either way; cuda_ipc: CUDA
+	// memory into host memory). The engine stages other host-to-CUDA
+	// receives through host memory and refuses the rest.
+	CrossDevice []DevicePair
 	// Ranges transports serve partial fetches (Transfer.Pieces): any
 	// tensors of an object, in any order, each whole or a byte range,
 	// moving only those bytes. The engine refuses a partial fetch over any
@@ -108,6 +114,24 @@ type Descriptor struct {
 	// GroupBackend marks the transport that forms groups when a group names
 	// no backend (it must implement GroupBackend).
 	GroupBackend bool
+}
+
+// DevicePair is a source device type and the target device type its bytes
+// land in.
+type DevicePair struct{ Source, Target DeviceType }
+
+// Lands reports whether the transport moves src memory into dst memory
+// directly: both in Devices and the same, or a CrossDevice pair.
+func (d *Descriptor) Lands(src, dst DeviceType) bool {
+	if src == dst {
+		return d.Moves(src)
+	}
+	for _, p := range d.CrossDevice {
+		if p.Source == src && p.Target == dst {
+			return true
+		}
+	}
+	return false
 }
 
 // AutoRank is a transport's place in the automatic choice, per kind of

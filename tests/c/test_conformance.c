@@ -365,7 +365,12 @@ static void device_mismatch(void) {
   tensor out[3];
   make_targets(&o, out);
   memset(out[2].data, 0x5a, 100);
+  /* CUDA memory: a receive from host memory that would be staged through
+   * host memory, which needs cuda_ipc to copy it to the device. */
   out[2].t.device.device_type = RDT_DEVICE_CUDA;
+  CHECK_STATUS(get_into(dst_rt, o.borrowed, out, 3, 30000), RDT_ERR_UNSUPPORTED);
+  /* ROCm memory: no receive crosses into it. */
+  out[2].t.device.device_type = RDT_DEVICE_ROCM;
   CHECK_STATUS(get_into(dst_rt, o.borrowed, out, 3, 30000), RDT_ERR_INVALID_ARGUMENT);
   for (int i = 0; i < 100; i++) CHECK(((uint8_t *)out[2].data)[i] == 0x5a);
   drop_object(&o);

@@ -182,7 +182,7 @@ static void test_bad_targets(void) {
   CHECK_STATUS(rdt_get(b, &borrowed, 1, &bad, 1, NULL, 100), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("dtype");
   bad = target;
-  bad.device.device_type = RDT_DEVICE_CUDA;
+  bad.device.device_type = RDT_DEVICE_ROCM; /* receives cross only host and CUDA memory */
   CHECK_STATUS(rdt_get(b, &borrowed, 1, &bad, 1, NULL, 100), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("device");
   bad = target;

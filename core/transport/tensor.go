@@ -174,12 +174,13 @@ func (src TensorDesc) Matches(target TensorDesc) error {
 }
 
 // CanLand checks that bytes of src memory may be received into target
-// memory: the same device type, or across host and CUDA memory either way.
+// memory: the same device type, or any two of host-accessible and CUDA
+// memory.
 func CanLand(src DeviceType, target Device) error {
 	if src == target.Type {
 		return nil
 	}
-	if (src == DeviceCUDA && target.Type.HostAccessible()) || (src.HostAccessible() && target.Type == DeviceCUDA) {
+	if (src == DeviceCUDA || src.HostAccessible()) && (target.Type == DeviceCUDA || target.Type.HostAccessible()) {
 		return nil
 	}
 	return Errorf(ErrInvalidArgument, "device %s does not match the source device type %s (a receive across device types goes between host and CUDA memory only)", target, src)

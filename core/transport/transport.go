@@ -121,10 +121,11 @@ type Descriptor struct {
 type DevicePair struct{ Source, Target DeviceType }
 
 // Lands reports whether the transport moves src memory into dst memory
-// directly: both in Devices and the same, or a CrossDevice pair.
+// directly: both in Devices and the same or both host-accessible, or a
+// CrossDevice pair.
 func (d *Descriptor) Lands(src, dst DeviceType) bool {
-	if src == dst {
-		return d.Moves(src)
+	if src == dst || (src.HostAccessible() && dst.HostAccessible()) {
+		return d.Moves(src) && d.Moves(dst) // host memory is all one to a transport
 	}
 	for _, p := range d.CrossDevice {
 		if p.Source == src && p.Target == dst {

@@ -5,7 +5,7 @@ import "github.com/rdt-project/rdt/core/transport"
 const (
 	metaMagic   = "RCMA"
 	metaVersion = 3
-	maxRegions  = 1 << 16
+	maxRegions  = transport.MaxTensors
 	headerLen   = 4 + 1 + 4 + 8 + 8 + 8 + 4
 	regionLen   = 16
 )

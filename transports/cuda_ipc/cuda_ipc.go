@@ -89,7 +89,8 @@ func New(h transport.Host) (transport.Transport, error) {
 // Describe: CUDA IPC handles only open on the machine that made them, so
 // cuda_ipc works on the same host only, where it is the first choice for
 // CUDA data. A copy starts anywhere in an opened allocation, so partial
-// fetches copy only their pieces.
+// fetches copy only their pieces, and lands in host memory as well as on a
+// device.
 func (t *Transport) Describe() transport.Descriptor {
 	return transport.Descriptor{
 		Name:         Name,
@@ -98,7 +99,11 @@ func (t *Transport) Describe() transport.Descriptor {
 		CanAbort:     true,
 		SameHostOnly: true,
 		Ranges:       true,
-		Auto:         transport.AutoRank{CUDA: 10},
+		CrossDevice: []transport.DevicePair{
+			{Source: transport.DeviceCUDA, Target: transport.DeviceCPU},
+			{Source: transport.DeviceCUDA, Target: transport.DeviceCUDAHost},
+		},
+		Auto: transport.AutoRank{CUDA: 10},
 	}
 }
 

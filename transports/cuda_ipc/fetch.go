@@ -111,8 +111,11 @@ func (t *Transport) checkFetch(x *transport.Transfer, m *metadata, targets []tra
 		if tg.Nbytes == 0 {
 			continue
 		}
+		if tg.Device.Type.HostAccessible() {
+			continue // copied from the device with unified addressing
+		}
 		if tg.Device.Type != transport.DeviceCUDA {
-			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device memory; target %d is on %s", i, tg.Device)
+			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device or host memory; target %d is on %s", i, tg.Device)
 		}
 		if err := t.checkDevice("target", i, tg.Device); err != nil {
 			return err
@@ -197,7 +200,12 @@ func planCopies(x *transport.Transfer, m *metadata, targets []transport.Tensor, 
 		}
 		tr := m.Tensors[pc.Tensor]
 		p := devicePair{dst: int(tg.Device.ID), src: src.dev[tr.Alloc]}
-		if p.dst != p.src {
+		if tg.Device.Type.HostAccessible() {
+			// Into host memory: on the source device's stream, with
+			// cuMemcpyAsync working out the kinds of memory.
+			p = devicePair{dst: src.dev[tr.Alloc], src: -1}
+		}
+		if p.src >= 0 && p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
 			if err != nil {
 				return plan, err
@@ -240,6 +248,9 @@ func (t *Transport) enqueue(req *request, targets []transport.Tensor, plan copyP
 			t.putEvent(p.dst, ev)
 			if terr := checkTargets(targets, plan.targets[p]); terr != nil {
 				return terr
+			}
+			if p.src < 0 {
+				return transport.Wrap(err, "copying from cuda:%d into host memory", p.dst)
 			}
 			return transport.Wrap(err, "copying from cuda:%d to cuda:%d", p.src, p.dst)
 		}

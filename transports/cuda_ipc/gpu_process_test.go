@@ -362,6 +362,35 @@ func TestGPUAnotherProcessPieces(t *testing.T) {
 	assert.Len(t, entriesOf(tr.cache, src.pid), 1, "only the allocation the pieces read from is mapped")
 }
 
+// A CUDA source lands in host memory too: whole tensors and pieces are
+// copied from the opened handle into the host targets.
+func TestGPUAnotherProcessIntoHostMemory(t *testing.T) {
+	requireGPU(t)
+	src := startSource(t)
+	tr := gpuTransport(t)
+	x := transfer(13)
+	x.Pieces = []transport.Piece{
+		{Tensor: 1, Offset: 1000, Length: 5000},
+		{Tensor: 0, Length: layout[0].n},
+		{Tensor: 2, Offset: 8, Length: 4096},
+	}
+	var targets []transport.Tensor
+	var bufs [][]byte
+	for _, pc := range x.Pieces {
+		b := hostBuffer(t, int(pc.Length))
+		tg := deviceTensor(hostAddr(b), int(pc.Length))
+		tg.Device = transport.Device{Type: transport.DeviceCPU}
+		targets, bufs = append(targets, tg), append(bufs, b)
+	}
+	require.NoError(t, fetchWith(tr, x, src.meta, targets))
+	for i, pc := range x.Pieces {
+		whole := hostBuffer(t, int(layout[pc.Tensor].n))
+		fill(whole, layout[pc.Tensor].seed)
+		assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], bufs[i]), "piece %d", i)
+	}
+	assert.Contains(t, tr.Describe().CrossDevice, transport.DevicePair{Source: transport.DeviceCUDA, Target: transport.DeviceCPU})
+}
+
 // A source that frees an allocation and allocates again (at the same
 // address, often) exports a new handle: the receiver never reads the new
 // memory through the old mapping, and the old mapping closes once idle.

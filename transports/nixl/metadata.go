@@ -9,7 +9,7 @@ const (
 	// them. Version 1 (no such promise) is still read.
 	metaVersion       = 2
 	metaOldestVersion = 1
-	maxRegions        = 1 << 16
+	maxRegions        = transport.MaxTensors
 	maxBlob           = 16 << 20 // one NIXL metadata blob
 	maxBlobs          = 2        // one per memory type (DRAM, VRAM)
 	maxName           = 64

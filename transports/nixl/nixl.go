@@ -19,6 +19,7 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -132,15 +133,25 @@ func New(h transport.Host) (transport.Transport, error) {
 // comes after cuda_ipc and before nccl. Abort returns control at once (the
 // engine needs that for deadlines), though NIXL finishes the I/O before
 // Release returns. A read names any range of registered memory, so partial
-// fetches read only their pieces.
+// fetches read only their pieces; its two sides may be of either memory
+// type, so it lands host memory on a device and device memory in host
+// memory where it moves CUDA memory at all.
 func (t *Transport) Describe() transport.Descriptor {
+	var cross []transport.DevicePair
+	if slices.Contains(t.devices, transport.DeviceCUDA) {
+		for _, host := range []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDAHost} {
+			cross = append(cross, transport.DevicePair{Source: host, Target: transport.DeviceCUDA},
+				transport.DevicePair{Source: transport.DeviceCUDA, Target: host})
+		}
+	}
 	return transport.Descriptor{
-		Name:     Name,
-		Devices:  t.devices,
-		OneSided: true,
-		CanAbort: true,
-		Ranges:   true,
-		Auto:     transport.AutoRank{CUDA: 20},
+		Name:        Name,
+		Devices:     t.devices,
+		OneSided:    true,
+		CanAbort:    true,
+		Ranges:      true,
+		CrossDevice: cross,
+		Auto:        transport.AutoRank{CUDA: 20},
 	}
 }
 

@@ -13,7 +13,7 @@ const (
 	// still read.
 	metaVersion       = 2
 	metaOldestVersion = 1
-	maxRegions        = 1 << 16
+	maxRegions        = transport.MaxTensors
 	maxPath           = 107
 )
 

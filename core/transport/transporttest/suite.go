@@ -333,13 +333,13 @@ func (s *suite) dtypeMismatch(t *testing.T) {
 	wantStatus(t, fetch(t, dst, x, targets, meta), "float64[256] for float32[256]", transport.ErrInvalidArgument)
 }
 
-// A target on a device type the descriptor does not list is refused, not
-// written.
+// A target on a device type the descriptor does not land the source's
+// memory in is refused, not written.
 func (s *suite) deviceMismatch(t *testing.T) {
 	_, dst, meta, tensors, x := s.pair(t, transport.ObjectID{5}, []transport.DType{Uint8}, []int{4096})
 	other := transport.DeviceROCM
 	for _, d := range []transport.DeviceType{transport.DeviceCPU, transport.DeviceCUDA} {
-		if !dst.desc.Moves(d) {
+		if !dst.desc.Lands(tensors[0].Device.Type, d) {
 			other = d
 			break
 		}

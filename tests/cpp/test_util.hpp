@@ -85,6 +85,7 @@ struct Probe {
   std::atomic<int> extracts{0}, comms{0}, recvs{0}, sends{0}, aborts{0}, gcs{0};
   std::atomic<int> finished{0};  // receives that completed their copy
   std::atomic<int> destroyed{0}, requests_made{0}, requests_freed{0};
+  std::atomic<int> ranged{0};  // recvs and sends that were handed ranges
 
   void set_open(bool o) {
     std::lock_guard<std::mutex> g(mu);
@@ -117,6 +118,7 @@ class MemTransport : public rdt::Transport {
     bool one_sided = true;
     bool can_abort = false;
     bool asynchronous = false;
+    bool ranges = false;  // serves partial fetches (Transfer::ranges)
   };
   MemTransport(std::shared_ptr<Probe> p, Config c) : p_(std::move(p)), c_(c) {}
   ~MemTransport() override { p_->destroyed++; }
@@ -124,6 +126,7 @@ class MemTransport : public rdt::Transport {
   bool one_sided() const override { return c_.one_sided; }
   bool can_abort() const override { return c_.can_abort; }
   bool asynchronous() const override { return c_.asynchronous; }
+  bool serves_ranges() const override { return c_.ranges; }
 
   std::vector<uint8_t> extract_metadata(const std::string &, rdt::Tensors ts) override {
     p_->extracts++;
@@ -148,9 +151,10 @@ class MemTransport : public rdt::Transport {
     p_->maybe_throw("send");
     check_cmeta(x, cmeta);
     std::vector<uint8_t> all;
-    for (auto &t : ts) {
-      auto *b = static_cast<const uint8_t *>(rdt::bytes_of(t));
-      all.insert(all.end(), b, b + rdt::nbytes(t));
+    if (!x.ranges().empty()) p_->ranged++;
+    for (auto &r : pieces(x, ts.size(), [&](size_t i) { return rdt::nbytes(ts[i]); })) {
+      auto *b = static_cast<const uint8_t *>(rdt::bytes_of(ts[r.tensor])) + r.offset;
+      all.insert(all.end(), b, b + r.length);
     }
     std::lock_guard<std::mutex> g(p_->mu);
     p_->mailbox[x.id()] = std::move(all);
@@ -227,6 +231,15 @@ class MemTransport : public rdt::Transport {
     std::exception_ptr err_;
   };
 
+  // What each target receives: the transfer's ranges, or tensor i whole.
+  template <class Size>
+  static std::vector<rdt_source_range> pieces(const rdt::Transfer &x, size_t n, Size size) {
+    if (!x.ranges().empty()) return x.ranges().to_vector();
+    std::vector<rdt_source_range> out;
+    for (size_t i = 0; i < n; i++) out.push_back(rdt_source_range{0, uint32_t(i), 0, size(i)});
+    return out;
+  }
+
   static void check_cmeta(const rdt::Transfer &x, rdt::Bytes cmeta) {
     uint64_t id = 0;
     if (cmeta.size() != sizeof id) throw std::runtime_error("communicator metadata did not arrive");
@@ -239,11 +252,15 @@ class MemTransport : public rdt::Transport {
     p_->gate();
     if (p_->delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(p_->delay_ms));
     if (c_.one_sided) {
-      if (tmeta.size() != targets.size() * sizeof(void *)) throw std::runtime_error("bad transport metadata");
-      for (size_t i = 0; i < targets.size(); i++) {
-        void *src;
-        std::memcpy(&src, &tmeta[i * sizeof src], sizeof src);
-        std::memcpy(rdt::bytes_of(targets[i]), src, rdt::nbytes(targets[i]));
+      if (!x.ranges().empty()) p_->ranged++;
+      size_t n = tmeta.size() / sizeof(void *);
+      if (x.ranges().empty() && n != targets.size()) throw std::runtime_error("bad transport metadata");
+      size_t i = 0;
+      for (auto &r : pieces(x, targets.size(), [&](size_t j) { return rdt::nbytes(targets[j]); })) {
+        if (r.tensor >= n) throw std::runtime_error("a range of a tensor the metadata lacks");
+        char *src;
+        std::memcpy(&src, &tmeta[r.tensor * sizeof src], sizeof src);
+        std::memcpy(rdt::bytes_of(targets[i++]), src + r.offset, r.length);
       }
     } else {
       std::vector<uint8_t> all;

@@ -4,6 +4,7 @@
     blob = pickle.dumps(ref)               # hand the ref to another process
     value = rdt.get(pickle.loads(blob))    # in the consumer: the bytes move now
     value = await rdt.get_async(ref)       # the same, in asyncio, without a thread
+    rows = rdt.get(ref["w"][0:512])        # only rows 0..511 of "w" move
 
 The native library (librdt.so) is loaded on first use, not at import.
 """
@@ -18,7 +19,7 @@ from ._fetch import Fetch
 from ._logs import set_log_level
 from ._lib import decode as _decode
 from ._lib import lib as _native
-from ._ref import ObjectRef
+from ._ref import ObjectRef, TensorSlice
 from ._runtime import Runtime
 from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
@@ -39,7 +40,7 @@ def build_info() -> "dict[str, str]":
 
 
 __all__ = [
-    "Runtime", "ObjectRef", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
+    "Runtime", "ObjectRef", "TensorSlice", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
     "wait_tensor_freed",
     "register_tensor_transport", "library_version", "build_info", "set_log_level",
     "create_collective_group", "destroy_collective_group",

@@ -13,9 +13,9 @@ from . import _tensors as _t
 from ._adapter import validate
 from ._errors import InvalidArgumentError
 from ._fetch import Fetch, await_fetch, deadline_of
-from ._get import fetch_in, get_in
+from ._get import Refs, fetch_in, get_in
 from ._process import PROCESS
-from ._ref import ObjectRef
+from ._ref import ObjectRef, TensorSlice
 from ._runtime import Runtime
 
 
@@ -82,27 +82,29 @@ def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
 
 
 def runtime_of(refs: Any) -> Runtime:
-    """The runtime refs belong to (the default one for anything else, whose
-    get then says what is wrong)."""
-    if isinstance(refs, ObjectRef):
-        return refs._runtime
-    if isinstance(refs, (list, tuple)) and refs and isinstance(refs[0], ObjectRef):
-        return refs[0]._runtime
+    """The runtime refs (or slices of them) belong to (the default one for
+    anything else, whose get then says what is wrong)."""
+    first = refs[0] if isinstance(refs, (list, tuple)) and refs else refs
+    if isinstance(first, TensorSlice):
+        first = first.ref
+    if isinstance(first, ObjectRef):
+        return first._runtime
     return DEFAULT.get()
 
 
-def get(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+def get(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
         transport: Optional[str] = None, out: Any = None) -> Any:
-    """Fetches refs in the runtime they belong to; see Runtime.get."""
+    """Fetches refs (or slices of them, ``ref[i][a:b]``) in the runtime they
+    belong to; see Runtime.get."""
     return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out)
 
 
-def fetch(refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None, transport: Optional[str] = None) -> Fetch:
+def fetch(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optional[str] = None) -> Fetch:
     """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
     return fetch_in(runtime_of(refs), refs, out=out, transport=transport)
 
 
-async def get_async(refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
                     transport: Optional[str] = None, out: Any = None) -> Any:
     """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
     the refs belong to. The event loop keeps running while the bytes move,

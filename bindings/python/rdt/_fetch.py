@@ -7,13 +7,13 @@ import asyncio
 import ctypes
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 from . import _lib
 from . import _tensors as _t
 from ._errors import AbortedError, GetTimeoutError, InvalidArgumentError
 from ._handle import Handle
-from ._ref import ObjectRef
+from ._ref import ObjectRef, TensorSlice
 from ._store import RuntimeLike, Store
 
 # A blocking wait runs in slices of this many milliseconds, so that Python
@@ -47,16 +47,20 @@ def slice_ms(deadline: Optional[float]) -> int:
 
 
 class Plan:
-    """What a fetch moves and what its result is made of: the refs asked
-    for, each one's tensors (new, given in out=, or the put tensors of an
-    object this runtime owns), and, of those, the ones to fetch."""
+    """What a fetch moves and what its result is made of: the refs and
+    slices asked for, each one's tensors (new, given in out=, or the put
+    tensors of an object this runtime owns), and, of those, the ones to
+    fetch. ``sources`` (a partial fetch's rdt_source_range array, else None)
+    says what each of those receives."""
 
-    __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned")
+    __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned", "sources")
 
-    def __init__(self, single: bool, refs: List[ObjectRef], tensors: List[List[Any]],
-                 fetch_refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], owned: bool) -> None:
+    def __init__(self, single: bool, refs: List[Union[ObjectRef, TensorSlice]], tensors: List[List[Any]],
+                 fetch_refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], owned: bool,
+                 sources: Optional[Any] = None) -> None:
         self.single, self.refs, self.tensors = single, refs, tensors
         self.fetch_refs, self.items, self.objs, self.owned = fetch_refs, items, objs, owned
+        self.sources = sources
 
 
 class Fetch(Handle):
@@ -106,9 +110,13 @@ class Fetch(Handle):
             handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         self._buf, addr = _t.pack(plan.items)
         opts = None
-        if transport:
+        if transport or plan.sources is not None:
             opts = _lib.init(_lib.FetchOptions())
-            opts.transport = transport.encode()
+            if transport:
+                opts.transport = transport.encode()
+            if plan.sources is not None:  # rdt copies the array during the call
+                opts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+                opts.num_sources = len(plan.sources)
         # Python transports receiving this fetch get these very objects.
         self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
         f = ctypes.c_void_p()

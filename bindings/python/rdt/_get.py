@@ -5,14 +5,15 @@ What this module uses of other objects is kept to a few members made for
 it (tests/python/test_package.py holds it to them): of the runtime (as
 RuntimeLike) its C handle and its store; of a ref its public face
 (``runtime``, ``tensor_descs()``), its C handle, ``_receive_frameworks()``,
-``_value_of()`` and ``_own_entry()``; of a fetch ``_result_by()``."""
+``_value_of()`` and ``_own_entry()``; of a slice its public face (``ref``,
+``index``, ``offset``, ``nbytes``, ``shape``); of a fetch ``_result_by()``."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
 import time
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -21,15 +22,18 @@ from . import _tensors as _t
 from ._errors import GetTimeoutError, InvalidArgumentError
 from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms
 from ._process import PROCESS
-from ._ref import ObjectRef, flatten
+from ._ref import ObjectRef, TensorSlice, flatten
 from ._store import RuntimeLike
+
+# What get, fetch and get_async take: a ref (all its tensors) or a slice.
+Refs = Union[ObjectRef, TensorSlice]
 
 # get of one ref into one array of at most this many bytes uses rdt_get (a
 # single call), restarting with the general path if a slice is not enough.
 _SMALL = 1 << 20
 
 
-def get_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
            transport: Optional[str] = None, out: Any = None) -> Any:
     """Runtime.get."""
     deadline = deadline_of(timeout)
@@ -61,32 +65,40 @@ def get_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout
                                               "was aborted", _lib.ERR_TIMEOUT)
     return Fetch(rt, plan(rt, refs, out), transport)._result_by(deadline)
 
-def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any) -> Plan:
+def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any) -> Plan:
     """Checks get's arguments and decides what to fetch into what."""
     rt._handle()  # ClosedError once the runtime is closed
-    single = isinstance(refs, ObjectRef)
+    single = isinstance(refs, (ObjectRef, TensorSlice))
     if single:
-        lst: List[ObjectRef] = [refs]  # type: ignore[list-item]
+        lst: List[Refs] = [refs]  # type: ignore[list-item]
     elif isinstance(refs, (list, tuple)):
         lst = list(refs)
     else:
-        raise InvalidArgumentError(f"get takes an ObjectRef or a list of them, not {type(refs).__name__}")
+        raise InvalidArgumentError(f"get takes an ObjectRef, a TensorSlice (ref[i]) or a list of them, "
+                                   f"not {type(refs).__name__}")
+    partial = False
     for r in lst:
-        if not isinstance(r, ObjectRef):
-            raise InvalidArgumentError(f"get takes ObjectRefs, not {type(r).__name__}")
+        if isinstance(r, TensorSlice):
+            partial = True
+            r = r.ref
+        elif not isinstance(r, ObjectRef):
+            raise InvalidArgumentError(f"get takes ObjectRefs and TensorSlices, not {type(r).__name__}")
         if r.runtime is not rt:
             raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
         r._handle()  # ClosedError for a released ref
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
-    descs = [r.tensor_descs() for r in lst]
+    if partial:
+        return partial_plan(single, lst, out)  # type: ignore[arg-type]
+    whole: List[ObjectRef] = lst  # type: ignore[assignment]
+    descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
     fetch_refs: List[ObjectRef] = []
     items: List[_t.Item] = []
     objs: List[Any] = []
     if out is None:
         cache = PROCESS.receive_cache()
-        for r, ds in zip(lst, descs):
+        for r, ds in zip(whole, descs):
             e = r._own_entry()
             if e is not None:
                 if e.sent:
@@ -100,9 +112,7 @@ def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any)
             objs.extend(got)
             items.extend(_t.item_of(x, writable=True) for x in got)
     else:
-        outs: List[Any] = [out] if type(out) is np.ndarray else []
-        if not outs:
-            flatten(out, outs)
+        outs = outs_of(out)
         flat = [d for ds in descs for d in ds]
         items = _t.check_out(outs, flat)
         objs = outs
@@ -110,16 +120,93 @@ def plan(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any)
         for ds in descs:
             tensors.append(outs[i:i + len(ds)])
             i += len(ds)
-        fetch_refs = lst
-    return Plan(single, lst, tensors, fetch_refs, items, objs, owned=out is None)
+        fetch_refs = whole
+    return Plan(single, whole, tensors, fetch_refs, items, objs, owned=out is None)  # type: ignore[arg-type]
 
-def fetch_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
+
+def outs_of(out: Any) -> List[Any]:
+    """The tensors of out=, in order."""
+    outs: List[Any] = [out] if type(out) is np.ndarray else []
+    if not outs:
+        flatten(out, outs)
+    return outs
+
+
+def partial_plan(single: bool, lst: List[Refs], out: Any) -> Plan:
+    """A partial fetch: each slice's target receives its bytes, each ref's
+    targets its tensors whole (rdt moves those as usual). Every ref is
+    fetched once, for all of its targets, however often the list names it.
+    The sources are one array, one row per target; rdt checks each against
+    the owner's description of the tensor (with out=, "source i" of its
+    messages is out[i])."""
+    known: Dict[int, Tuple[int, List[_t.Desc], Tuple[str, ...]]] = {}  # id of a ref -> place, descs, frameworks
+    fetch_refs: List[ObjectRef] = []
+    rows: List[Tuple[int, int, int, int]] = []
+    tensors: List[List[Any]] = []
+    items: List[_t.Item] = []
+    objs: List[Any] = []
+
+    def learn(r: ObjectRef) -> Tuple[int, List[_t.Desc], Tuple[str, ...]]:
+        k = known[id(r)] = (len(fetch_refs), r.tensor_descs(), r._receive_frameworks())
+        fetch_refs.append(r)
+        return k
+
+    if out is None:
+        cache = PROCESS.receive_cache()
+        allocate, item_of = _t.allocate, _t.item_of
+        for r in lst:
+            if type(r) is TensorSlice:
+                base = r.ref
+                p, ds, fws = known.get(id(base)) or learn(base)
+                d = ds[r.index]
+                x = allocate(_t.Desc(r.shape, d.code, d.bits, d.lanes, d.device_type, d.device_id), fws[r.index],
+                             cache)
+                rows.append((p, r.index, r.offset, r.nbytes))
+                tensors.append([x])
+                objs.append(x)
+                items.append(item_of(x, True))
+                continue
+            e = r._own_entry()
+            if e is not None:
+                if e.sent:
+                    PROCESS.warn_shared_once()
+                tensors.append(list(e.tensors))
+                continue
+            p, ds, fws = known.get(id(r)) or learn(r)
+            got = [allocate(d, fw, cache) for d, fw in zip(ds, fws)]
+            rows.extend((p, j, 0, d.nbytes) for j, d in enumerate(ds))
+            tensors.append(got)
+            objs.extend(got)
+            items.extend(item_of(x, True) for x in got)
+    else:
+        outs = objs = outs_of(out)
+        want = sum(1 if isinstance(r, TensorSlice) else len(r.tensor_descs()) for r in lst)
+        if len(outs) != want:
+            raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs and slices take {want}")
+        i = 0
+        for r in lst:
+            if type(r) is TensorSlice:
+                # Any shape: rdt checks the dtype, device and size itself.
+                items.append(_t.item_of(outs[i], True, (i,)))
+                rows.append(((known.get(id(r.ref)) or learn(r.ref))[0], r.index, r.offset, r.nbytes))
+                tensors.append(outs[i:i + 1])
+                i += 1
+                continue
+            p, ds, _ = known.get(id(r)) or learn(r)
+            items.extend(_t.check_out(outs[i:i + len(ds)], ds, first=i))
+            rows.extend((p, j, 0, d.nbytes) for j, d in enumerate(ds))
+            tensors.append(outs[i:i + len(ds)])
+            i += len(ds)
+    return Plan(single, lst, tensors, fetch_refs, items, objs, out is None, _t.sources(rows))
+
+
+def fetch_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any = None,
              transport: Optional[str] = None) -> Fetch:
     """Runtime.fetch."""
     return Fetch(rt, plan(rt, refs, out), transport)
 
 
-async def get_async_in(rt: RuntimeLike, refs: Union[ObjectRef, Sequence[ObjectRef]],
+async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]],
                        timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None) -> Any:
     """Runtime.get_async."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing

@@ -52,6 +52,7 @@ TRANSPORT_ONE_SIDED = 1 << 0
 TRANSPORT_CAN_ABORT = 1 << 1
 TRANSPORT_BUILTIN = 1 << 2
 TRANSPORT_SAME_HOST_ONLY = 1 << 3
+TRANSPORT_RANGES = 1 << 4
 
 ROLE_SOURCE = 1
 ROLE_DESTINATION = 2
@@ -98,8 +99,15 @@ class RuntimeOptions(Structure):
     ]
 
 
+class SourceRange(Structure):
+    """rdt_source_range: what one target of a partial fetch receives."""
+
+    _fields_ = [("ref", c_uint32), ("tensor", c_uint32), ("offset", c_uint64), ("length", c_uint64)]
+
+
 class FetchOptions(Structure):
-    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p)]
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p),
+                ("sources", POINTER(SourceRange)), ("num_sources", c_size_t)]
 
 
 class DeserializeOptions(Structure):
@@ -147,6 +155,8 @@ class Transfer(Structure):
         ("source_address", c_char_p),
         ("destination_runtime", c_char_p),
         ("destination_address", c_char_p),
+        ("ranges", POINTER(SourceRange)),
+        ("num_ranges", c_size_t),
     ]
 
 

@@ -1,10 +1,13 @@
-"""Object references, and the structure put around the tensors."""
+"""Object references, slices of their tensors, and the structure put around
+the tensors."""
 
 from __future__ import annotations
 
 import ctypes
+import math
+import operator
 import pickle
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensors as _t
@@ -105,6 +108,100 @@ def decode_skeleton(blob: Any, tensors: Sequence[Any]) -> Any:
     return unflatten(pickle.loads(blob), tensors)
 
 
+# ---- slices of one tensor ------------------------------------------------------
+
+class TensorSlice:
+    """One tensor of a ref, whole or a range of it, for a partial fetch:
+    ``ref[i]`` (the i-th tensor in put order) or ``ref["key"]`` (a tensor of
+    a dict that was put), then optionally ``[a:b]`` (rows a to b of the
+    first dimension, numpy's rules for negative and omitted bounds, step 1)
+    or ``[k]`` (row k), or ``.bytes(offset, length)``. ``get``, ``fetch``
+    and ``get_async`` take it wherever they take a ref, and receive only
+    those bytes: into a new tensor of ``shape`` in the producer's framework,
+    or into an ``out=`` buffer of the same dtype and ``nbytes`` (any shape).
+
+    Bounds are checked when it is fetched, against the owner's description:
+    rows past the end are refused then (InvalidArgumentError). A slice is
+    sliced once: index ``ref[i]`` again for other rows.
+    """
+
+    __slots__ = ("ref", "index", "offset", "nbytes", "shape", "_desc", "_sliced")
+
+    def __init__(self, ref: "ObjectRef", index: int, desc: _t.Desc, offset: int, nbytes: int,
+                 shape: Tuple[int, ...], sliced: bool) -> None:
+        self.ref = ref        # the ObjectRef the tensor belongs to
+        self.index = index    # the tensor's place in put order
+        self.offset = offset  # the first byte of the tensor received
+        self.nbytes = nbytes  # how many bytes are received
+        self.shape = shape    # of the tensor get allocates for it
+        self._desc = desc     # the whole source tensor
+        self._sliced = sliced
+
+    @property
+    def dtype(self) -> str:
+        """The source tensor's dtype, by name (as ``ObjectRef.dtypes``)."""
+        return self._desc.dtype_name()
+
+    def __getitem__(self, key: Union[int, slice]) -> "TensorSlice":
+        if self._sliced:
+            raise InvalidArgumentError(f"{self!r} is already a slice: index the ref again "
+                                       f"(ref[{self.index}][a:b]) for other rows")
+        d = self._desc
+        if not d.shape:
+            raise InvalidArgumentError(f"tensor {self.index} is a scalar (shape ()): it has no rows")
+        rows, rest = d.shape[0], tuple(d.shape[1:])
+        row_bytes = math.prod(rest) * ((d.bits * d.lanes + 7) // 8)
+        if isinstance(key, slice):
+            label = ":".join("" if v is None else str(v) for v in (key.start, key.stop, key.step)).rstrip(":")
+            if key.step is not None and operator.index(key.step) != 1:
+                raise InvalidArgumentError(f"rows [{label}] of tensor {self.index}: the step must be 1 (rdt moves "
+                                           "a contiguous range of rows); fetch the range and slice it locally")
+            a = self._row(key.start, 0, rows, label)
+            b = max(a, self._row(key.stop, rows, rows, label))  # numpy: b <= a is empty
+            return TensorSlice(self.ref, self.index, d, a * row_bytes, (b - a) * row_bytes, (b - a,) + rest, True)
+        if isinstance(key, bool) or not hasattr(key, "__index__"):
+            raise InvalidArgumentError(f"index the rows of tensor {self.index} with an int or a slice a:b, "
+                                       f"not {type(key).__name__}")
+        k = self._row(key, 0, rows, str(key))
+        return TensorSlice(self.ref, self.index, d, k * row_bytes, row_bytes, rest, True)
+
+    def _row(self, bound: Any, default: int, rows: int, label: str) -> int:
+        """A row bound with numpy's meaning of negatives. Rows past the end
+        are left for rdt to refuse at fetch (it checks against the owner's
+        description); rows before the first cannot be expressed at all."""
+        if bound is None:
+            return default
+        i = operator.index(bound)
+        if i < 0:
+            i += rows
+            if i < 0:
+                raise InvalidArgumentError(f"rows [{label}] of tensor {self.index}: row {bound} is before the "
+                                           f"first of its {rows} rows")
+        return i
+
+    def bytes(self, offset: int, length: Optional[int] = None) -> "TensorSlice":
+        """``length`` bytes (None: to the end) from byte ``offset`` of the
+        tensor, as a flat tensor of its dtype: both must fall on its
+        elements (rdt refuses them at fetch otherwise)."""
+        if self._sliced:
+            raise InvalidArgumentError(f"{self!r} is already a slice: take bytes of ref[{self.index}]")
+        d = self._desc
+        offset = operator.index(offset)
+        if offset < 0 or (length is not None and operator.index(length) < 0):
+            raise InvalidArgumentError(f"bytes({offset}, {length}): offset and length must not be negative")
+        n = max(0, d.nbytes - offset) if length is None else operator.index(length)
+        elem = (d.bits * d.lanes + 7) // 8
+        return TensorSlice(self.ref, self.index, d, offset, n, (n // elem,), True)
+
+    def _value_of(self, tensors: Sequence[Any]) -> Any:
+        """What get returns for it: its one tensor."""
+        return tensors[0]
+
+    def __repr__(self) -> str:
+        return (f"rdt.TensorSlice(tensor {self.index} of {self.ref!r}, bytes [{self.offset}, "
+                f"{self.offset + self.nbytes}), shape={self.shape}, dtype={self.dtype})")
+
+
 # ---- references ------------------------------------------------------------
 
 class ObjectRef(Handle):
@@ -126,6 +223,7 @@ class ObjectRef(Handle):
         self._entry = entry  # set when this process put the object (it owns it)
         self._oid = oid
         self._info_cache: Optional[Tuple[str, str, bool, int]] = None
+        self._tree: Any = None  # the put structure, read by ref[key]
 
     def _free(self, ptr: int) -> None:
         # Also after the runtime was destroyed: the handle answers CLOSED
@@ -196,6 +294,67 @@ class ObjectRef(Handle):
     def _value_of(self, tensors: Sequence[Any]) -> Any:
         """The put structure around these tensors (in put order)."""
         return decode_skeleton(self._skeleton, tensors)
+
+    # ---- one tensor of it ------------------------------------------------------
+
+    def __getitem__(self, key: Any) -> TensorSlice:
+        """The tensor ``key`` names, as a :class:`TensorSlice` to fetch alone
+        or slice. An int is a place in put order (negative from the end);
+        a tuple is a path through nested dicts (keys) and lists or tuples
+        (ints); anything else is a key of the dict that was put."""
+        if isinstance(key, tuple):
+            return self._tensor(self._path(key))
+        if isinstance(key, bool) or not hasattr(key, "__index__"):
+            return self._tensor(self._path((key,)))
+        descs = self.tensor_descs()
+        i = operator.index(key)
+        if not -len(descs) <= i < len(descs):
+            raise InvalidArgumentError(f"ref[{key}]: the object has {len(descs)} tensor"
+                                       f"{'s' if len(descs) != 1 else ''}")
+        return self._tensor(i % len(descs))
+
+    # Indexable but not a sequence: iterating a ref stays a TypeError.
+    __iter__ = None
+
+    def _tensor(self, i: int) -> TensorSlice:
+        d = self.tensor_descs()[i]
+        return TensorSlice(self, i, d, 0, d.nbytes, tuple(d.shape), False)
+
+    def _path(self, path: Tuple[Any, ...]) -> int:
+        """The put-order index of the tensor at path in the put structure."""
+        node = self._structure()
+        for depth, k in enumerate(path):
+            where = "ref" + "".join(f"[{p!r}]" for p in path[:depth])
+            if isinstance(node, dict):
+                if k not in node:
+                    keys = [repr(x) for x, _ in zip(node, range(8))]
+                    more = ", ..." if len(node) > len(keys) else ""
+                    raise InvalidArgumentError(f"{where} has no key {k!r} (keys: {', '.join(keys)}{more})")
+                node = node[k]
+            elif isinstance(node, (list, tuple)) and not isinstance(k, bool) and hasattr(k, "__index__"):
+                if not -len(node) <= operator.index(k) < len(node):
+                    raise InvalidArgumentError(f"{where}[{k!r}]: it holds {len(node)} items")
+                node = node[k]
+            else:
+                what = "a tensor" if isinstance(node, _Slot) else f"a {type(node).__name__}"
+                raise InvalidArgumentError(f"{where}[{k!r}]: {where} is {what}, which takes no key {k!r}")
+        if not isinstance(node, _Slot):
+            raise InvalidArgumentError(f"ref{''.join(f'[{p!r}]' for p in path)} is a {type(node).__name__}, "
+                                       f"not one tensor")
+        return node.index
+
+    def _structure(self) -> Any:
+        """The put structure with a _Slot for each tensor (read, never changed)."""
+        s = self._tree
+        if s is None:
+            blob = self._skeleton
+            if blob is SINGLE or isinstance(blob, int):  # as decode_skeleton reads them
+                n = len(self.tensor_descs())
+                s = _Slot(0) if blob is SINGLE and n == 1 else [_Slot(i) for i in range(n)]
+            else:
+                s = pickle.loads(blob)
+            self._tree = s
+        return s
 
     @property
     def shapes(self) -> List[Tuple[int, ...]]:

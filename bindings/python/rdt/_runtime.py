@@ -240,7 +240,7 @@ class Runtime(Handle):
 
     # ---- get ---------------------------------------------------------------------
 
-    def get(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+    def get(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
             transport: Optional[str] = None, out: Any = None) -> Any:
         """Fetches one ref, or a list of refs concurrently (one fetch), and
         returns the put structure(s) with new tensors of the producer's
@@ -256,10 +256,17 @@ class Runtime(Handle):
 
         A ref this runtime owns gives back the put tensors themselves (no
         copy), as Ray does, unless ``out=`` is given.
+
+        Wherever a ref goes, a :class:`TensorSlice` may go instead:
+        ``ref[i]`` or ``ref["key"]`` (one tensor), ``ref[i][a:b]`` (rows a
+        to b of it), ``ref[i].bytes(offset, length)``. Only those bytes
+        move, into a new tensor of the slice's shape, or into its place in
+        ``out=`` (the source's dtype and the slice's ``nbytes``, any shape).
+        A slice of an object this runtime owns is copied.
         """
         return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out)
 
-    def fetch(self, refs: Union[ObjectRef, Sequence[ObjectRef]], out: Any = None,
+    def fetch(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
               transport: Optional[str] = None) -> Fetch:
         """Starts fetching one ref or a list of refs (one fetch, every
         transfer concurrent) and returns at once with an :class:`rdt.Fetch`
@@ -269,7 +276,7 @@ class Runtime(Handle):
         until the fetch completed or was closed."""
         return _get.fetch_in(self, refs, out=out, transport=transport)
 
-    async def get_async(self, refs: Union[ObjectRef, Sequence[ObjectRef]], timeout: Optional[float] = None,
+    async def get_async(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
                         transport: Optional[str] = None, out: Any = None) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
         return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out)
@@ -347,7 +354,8 @@ class Runtime(Handle):
         register(self, name, devices, cls, data_type)
 
     def transports(self) -> List[Dict[str, Any]]:
-        """Every registered transport with its flags, devices and counters."""
+        """Every registered transport with its flags, devices and counters.
+        ``ranges``: it serves partial fetches (slices of a ref's tensors)."""
         L = _lib.lib()
         n = ctypes.c_size_t()
         _lib.check(L.rdt_transport_list(self._handle(), None, 0, ctypes.byref(n)))
@@ -364,6 +372,7 @@ class Runtime(Handle):
                  "bytes_received": x.bytes_received, "sends_completed": x.sends_completed,
                  "bytes_sent": x.bytes_sent,
                  "same_host_only": bool(x.flags & _lib.TRANSPORT_SAME_HOST_ONLY),
+                 "ranges": bool(x.flags & _lib.TRANSPORT_RANGES),
                  "auto_rank_host": x.auto_rank_host, "auto_rank_cuda": x.auto_rank_cuda}
                 for x in arr[:min(n.value, len(arr))]]
 

@@ -484,12 +484,13 @@ def _allocate_cuda(desc: Desc, framework: str) -> Any:
     return None
 
 
-def check_out(outs: List[Any], descs: List[Desc]) -> List[Item]:
-    """Describes the out= buffers, checking each against its source tensor."""
+def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
+    """Describes the out= buffers, checking each against its source tensor.
+    ``first``: the index in out= of outs[0], for the messages."""
     if len(outs) != len(descs):
         raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs hold {len(descs)}")
     items = []
-    for i, (o, d) in enumerate(zip(outs, descs)):
+    for i, (o, d) in enumerate(zip(outs, descs), first):
         it = item_of(o, True, (i,))
         od = it.desc
         if od.shape != d.shape and tuple(od.shape) != tuple(d.shape):
@@ -504,6 +505,20 @@ def check_out(outs: List[Any], descs: List[Desc]) -> List[Item]:
                                        f"{d.device_type}")
         items.append(it)
     return items
+
+
+# ---- partial fetches ----------------------------------------------------------
+
+# rdt_source_range as a numpy record: a partial fetch's sources are built as
+# one array (a column per field) and passed by address, not struct by struct.
+SOURCE = np.dtype([("ref", np.uint32), ("tensor", np.uint32), ("offset", np.uint64), ("length", np.uint64)])
+assert SOURCE.itemsize == ctypes.sizeof(_lib.SourceRange) and all(
+    SOURCE.fields[name][1] == getattr(_lib.SourceRange, name).offset for name in SOURCE.names)
+
+
+def sources(rows: Sequence[Tuple[int, int, int, int]]) -> np.ndarray:
+    """An rdt_source_range array of (ref, tensor, offset, length) rows."""
+    return np.array(rows, dtype=SOURCE)
 
 
 # ---- views over rdt_tensors handed to callbacks ------------------------------

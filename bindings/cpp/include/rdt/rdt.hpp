@@ -8,6 +8,7 @@
 //   ...
 //   rdt::Ref borrowed = rt.deserialize(bytes);
 //   rt.get(borrowed, {rdt::view(buffer)}, std::chrono::seconds(10));
+//   rt.get(borrowed, {rdt::view(rows)}, {rdt::rows(0, borrowed, 0, 128, 256)});  // rows 128..255 only
 //
 // Ownership: Runtime, Ref and Fetch own one C handle each and free it in
 // their destructors; there is no way to obtain an owning raw handle except
@@ -403,6 +404,57 @@ class RefList {
   std::vector<rdt_ref *> refs_;
 };
 
+// ---- partial fetches ------------------------------------------------------------
+
+/// What one target of a partial fetch receives (rdt_source_range): `length`
+/// bytes from byte `offset` of tensor `tensor` of the fetch's refs[`ref`];
+/// by default, that whole tensor. The target needs the source tensor's dtype
+/// and device type and exactly that many bytes, in any shape. rdt checks
+/// the range against the owner's description when the fetch starts.
+struct Source {
+  uint32_t ref = 0;                        // index into the fetch's refs
+  uint32_t tensor = 0;                     // index of the tensor in that ref's object
+  uint64_t offset = 0;                     // first byte of the tensor received
+  uint64_t length = RDT_REST_OF_TENSOR;    // bytes; RDT_REST_OF_TENSOR: to its end
+
+  rdt_source_range capi() const noexcept { return rdt_source_range{ref, tensor, offset, length}; }
+};
+
+/// Rows [begin, end) of tensor `tensor` of `ref`, which is refs[`ref_index`]
+/// of the fetch: a row is one index of the first dimension (the tensor is
+/// row-major). Asks `ref` for the tensor's shape once. Throws
+/// rdt::Error(RDT_ERR_INVALID_ARGUMENT) for a 0-d tensor or end < begin;
+/// rows past the last are refused by the fetch, which knows the owner's
+/// description.
+inline Source rows(uint32_t ref_index, const Ref &ref, uint32_t tensor, uint64_t begin, uint64_t end) {
+  rdt_tensor_info ti = ref.tensor_info(tensor);
+  if (ti.ndim == 0)
+    throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::rows: tensor " + std::to_string(tensor) + " is 0-d: it has no rows");
+  if (end < begin)
+    throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                              ") end before they begin");
+  uint64_t row = (uint64_t(ti.dtype.bits) * ti.dtype.lanes + 7) / 8;
+  for (int32_t i = 1; i < ti.ndim; i++) row *= uint64_t(ti.shape[i]);
+  return Source{ref_index, tensor, begin * row, (end - begin) * row};
+}
+
+namespace detail {
+// The fetch options of a fetch, pointing into `c` (which must outlive them).
+inline rdt_fetch_options fetch_options(const std::string &transport, const std::vector<Source> *sources,
+                                       std::vector<rdt_source_range> &c) {
+  rdt_fetch_options fo;
+  rdt_fetch_options_init(&fo);
+  fo.transport = opt(transport);
+  if (sources) {
+    c.reserve(sources->size());
+    for (auto &s : *sources) c.push_back(s.capi());
+    fo.sources = c.data();
+    fo.num_sources = c.size();
+  }
+  return fo;
+}
+}  // namespace detail
+
 // ---- fetches ------------------------------------------------------------------
 
 /// A fetch in progress, future-like and move-only. Destruction aborts what
@@ -471,6 +523,13 @@ class Transfer {
   std::string source_address() const { return str(c_->source_address); }
   std::string destination_runtime() const { return str(c_->destination_runtime); }
   std::string destination_address() const { return str(c_->destination_address); }
+  /// A partial fetch's ranges, for a transport that serves_ranges(): the
+  /// i-th target receives ranges()[i] (ref 0, length resolved); a two-sided
+  /// source sends those bytes of its tensors, in that order. Empty: every
+  /// tensor whole, target i receiving tensor i.
+  Span<const rdt_source_range> ranges() const noexcept {
+    return c_->ranges ? Span<const rdt_source_range>(c_->ranges, c_->num_ranges) : Span<const rdt_source_range>();
+  }
   const rdt_transfer *capi() const noexcept { return c_; }
 
  private:
@@ -509,6 +568,10 @@ class Transport {
   /// true: the destination receives through fetch() and Request::wait()
   /// instead of recv().
   virtual bool asynchronous() const { return false; }
+  /// true: it serves partial fetches, moving only Transfer::ranges()
+  /// (RDT_TRANSPORT_RANGES). rdt refuses a partial fetch over one that
+  /// does not.
+  virtual bool serves_ranges() const { return false; }
 
   /// Source, at put: metadata that travels in every serialized ref (for
   /// example registered-memory keys). Default: none.
@@ -787,24 +850,27 @@ class Runtime {
   /// `transport` overrides each ref's own for this fetch.
   Fetch fetch(const RefList &refs, const std::vector<TensorView> &targets,
               const std::string &transport = std::string()) {
-    std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    rdt_fetch_options fo;
-    rdt_fetch_options_init(&fo);
-    fo.transport = detail::opt(transport);
-    rdt_fetch *f = nullptr;
-    check(rdt_fetch_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
-    return Fetch(f);
+    return start(refs, targets, nullptr, transport);
+  }
+  /// A partial fetch: targets[i] receives sources[i] (see rdt::Source and
+  /// rdt::rows): any tensors of any of the refs, in any order, whole or a
+  /// byte range. A ref no source names is not fetched. Only transports that
+  /// serve ranges (RDT_TRANSPORT_RANGES) take it.
+  Fetch fetch(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> &sources,
+              const std::string &transport = std::string()) {
+    return start(refs, targets, &sources, transport);
   }
 
   /// fetch() and wait(timeout) in one call; throws rdt::Error, with
   /// RDT_ERR_TIMEOUT when the time ran out (the transfers were aborted).
   void get(const RefList &refs, const std::vector<TensorView> &targets, std::chrono::milliseconds timeout = forever,
            const std::string &transport = std::string()) {
-    std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    rdt_fetch_options fo;
-    rdt_fetch_options_init(&fo);
-    fo.transport = detail::opt(transport);
-    check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
+    get_impl(refs, targets, nullptr, timeout, transport);
+  }
+  /// The partial fetch() and wait(timeout) in one call.
+  void get(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> &sources,
+           std::chrono::milliseconds timeout = forever, const std::string &transport = std::string()) {
+    get_impl(refs, targets, &sources, timeout, transport);
   }
 
   /// Blocks until no object of this runtime holds a tensor whose data
@@ -884,6 +950,23 @@ class Runtime {
   }
 
  private:
+  Fetch start(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
+              const std::string &transport) {
+    std::vector<rdt_tensor> c = detail::c_tensors(targets);
+    std::vector<rdt_source_range> cs;
+    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    rdt_fetch *f = nullptr;
+    check(rdt_fetch_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
+    return Fetch(f);
+  }
+  void get_impl(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
+                std::chrono::milliseconds timeout, const std::string &transport) {
+    std::vector<rdt_tensor> c = detail::c_tensors(targets);
+    std::vector<rdt_source_range> cs;
+    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
+  }
+
   rdt_runtime *rt_ = nullptr;
 };
 
@@ -934,7 +1017,8 @@ inline void register_transport(Runtime &rt, const std::string &name, const std::
   rdt_transport_vtable vt;
   rdt_transport_vtable_init(&vt);
   vt.flags = (transport->one_sided() ? RDT_TRANSPORT_ONE_SIDED : 0u) |
-             (transport->can_abort() ? RDT_TRANSPORT_CAN_ABORT : 0u);
+             (transport->can_abort() ? RDT_TRANSPORT_CAN_ABORT : 0u) |
+             (transport->serves_ranges() ? RDT_TRANSPORT_RANGES : 0u);
   using T = detail::Trampolines;
   vt.free_user_data = &T::free_user_data;
   vt.extract_metadata = &T::extract_metadata;

@@ -3,6 +3,7 @@
     python bench/python_bench.py                  # Python numbers only
     python bench/python_bench.py build/rdtbench   # also the C side, same run
     python bench/python_bench.py --new 64M,1G     # get into new tensors only
+    python bench/python_bench.py --views          # many tensors only
 
 Measures (1) a 4 KiB round trip between two runtimes: put, hand the ref to
 the other runtime (serialize + deserialize), get into a buffer, release both
@@ -10,6 +11,11 @@ handles; and (2) a 64 MiB get from another process (spawned), into a
 preallocated buffer. Prints µs and GB/s; with the C benchmark given, also
 the C ABI's numbers for the same two measurements (``rdtbench compare``)
 and the difference, as a Markdown section.
+
+``--views`` measures only many tensors through Python: 1 GiB put as
+1,000 to 100,000 views and fetched into as many views of one buffer, per
+host transport, against one tensor; the put of those views; 1,024 x 4 KiB
+against one 4 MiB tensor. Without it the section follows the others.
 
 ``--new SIZES`` measures only plain ``rdt.get`` of one object of each size
 from another process (spawned), into the new arrays get makes, each one
@@ -114,6 +120,88 @@ def new_main(sizes: str) -> None:
         print(f"get_new {text} {gbps:.3f}", flush=True)
 
 
+# ---- many tensors through Python -------------------------------------------------
+
+VIEW_COUNTS = (1, 1000, 10000, 100000)
+GIB = 1 << 30
+
+
+def _views_source(conn, counts, small) -> None:
+    """Puts 1 GiB as N views for each N (and 1,024 x 4 KiB against 4 MiB),
+    sends the pickled refs and the put times, and serves until told."""
+    buf = np.arange(GIB // 8, dtype=np.float64)
+    refs, put_s = {}, {}
+    for n in counts:
+        part = GIB // n // 64 * 64
+        views = list(buf[: n * part // 8].reshape(n, part // 8))
+        t0 = time.perf_counter()
+        refs[n] = rdt.put(views)
+        put_s[n] = time.perf_counter() - t0
+    kv = np.arange(4 * MIB // 8, dtype=np.float64)
+    refs["4k"] = rdt.put(list(kv.reshape(small, -1)))
+    refs["4m"] = rdt.put(kv)
+    conn.send((pickle.dumps(refs), put_s))
+    conn.recv()
+
+
+def views_section(transports=("cma", "shm", "tcp"), runs: int = 3) -> None:
+    """1 GiB as N views fetched from another process through Python against
+    one tensor of the same bytes, per transport; Python put of the views;
+    1,024 x 4 KiB against one 4 MiB tensor."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_views_source, args=(child, VIEW_COUNTS, 1024))
+    p.start()
+    blob, put_s = parent.recv()
+    refs = pickle.loads(blob)
+    out = np.empty(GIB // 8, dtype=np.float64)
+    out.fill(0)
+    rows, small = {}, {}
+    for tr in transports:
+        times = {}
+        for n in VIEW_COUNTS:
+            part = GIB // n // 64 * 64
+            dst = list(out[: n * part // 8].reshape(n, part // 8))
+            got = rdt.get(refs[n], out=dst if n > 1 else dst[0], transport=tr)  # warm up, and check
+            assert out[n * part // 8 - 1] == n * part // 8 - 1, (tr, n)
+            del got
+            t = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                rdt.get(refs[n], out=dst if n > 1 else dst[0], transport=tr)
+                t.append(time.perf_counter() - t0)
+            times[n] = statistics.median(t)
+        rows[tr] = times
+        kv_out = out[: 4 * MIB // 8]
+        kv_views = list(kv_out.reshape(1024, -1))
+        pair = []
+        for key, target in (("4k", kv_views), ("4m", kv_out)):
+            rdt.get(refs[key], out=target, transport=tr)
+            t = []
+            for _ in range(40):
+                t0 = time.perf_counter()
+                rdt.get(refs[key], out=target, transport=tr)
+                t.append(time.perf_counter() - t0)
+            pair.append(statistics.median(t))
+        small[tr] = pair
+    for r in refs.values():
+        r.close()
+    parent.send("done")
+    p.join()
+    print("\n## Views of 1 GiB through Python\n")
+    print("One `rdt.get(ref, out=views)` of 1 GiB put as N numpy views, from another process, against "
+          f"one tensor of the same bytes; medians of {runs} runs.\n")
+    print("| transport | 1 tensor | 1,000 views | 10,000 views | 100,000 views |\n|---|---|---|---|---|")
+    for tr, t in rows.items():
+        print(f"| {tr} | {t[1] * 1e3:.0f} ms | " + " | ".join(f"{t[n] / t[1]:.2f}x" for n in VIEW_COUNTS[1:]) + " |")
+    print("\n| Python put of N views (one `rdt.put` of a list) | " + " | ".join(f"{n:,}" for n in VIEW_COUNTS[1:])
+          + " |\n|---|---|---|---|")
+    print("| time | " + " | ".join(f"{put_s[n] * 1e3:.1f} ms" for n in VIEW_COUNTS[1:]) + " |")
+    print("\n| transport | 1,024 x 4 KiB | 1 x 4 MiB | ratio |\n|---|---|---|---|")
+    for tr, (many, one) in small.items():
+        print(f"| {tr} | {many * 1e3:.2f} ms | {one * 1e3:.2f} ms | {many / one:.2f} |")
+
+
 def c_side(rdtbench: str) -> dict:
     out = subprocess.run([rdtbench, "compare"], capture_output=True, text=True, check=True).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
@@ -122,6 +210,9 @@ def c_side(rdtbench: str) -> dict:
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--new":
         new_main(sys.argv[2])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--views":
+        views_section()
         return
     rdtbench = sys.argv[1] if len(sys.argv) > 1 else None
     # On two cores the Go runtime's threads and the benchmark share the CPUs,
@@ -149,6 +240,7 @@ def main() -> None:
           f"≤ +15 µs | {'yes' if over <= 15 else '**no**'} |")
     print(f"| 64 MiB get from another process | {c_gb:.2f} GB/s | {py_gb:.2f} GB/s | {ratio:.2f}x | "
           f"≥ 0.95x | {'yes' if ratio >= 0.95 else '**no**'} |")
+    views_section()
 
 
 if __name__ == "__main__":

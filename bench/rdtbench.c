@@ -10,8 +10,11 @@
  *                                 TRANSPORT is cma, shm, tcp, nixl or auto;
  *                                 SHAPE is one tensor (4KiB, 1MiB, 64MiB,
  *                                 1GiB) or one object of COUNTxSIZE tensors
- *                                 (1024x4KiB, 4096x64KiB), measured against
- *                                 one tensor of the same bytes. Writes no
+ *                                 (1024x4KiB, 4096x64KiB, 100000x10688),
+ *                                 measured against one tensor of the same
+ *                                 bytes, or "reshard": two receivers each
+ *                                 pulling half the rows of a 1 GiB state
+ *                                 dict against one pulling it whole. Writes no
  *                                 file: for measuring a change without
  *                                 rewriting bench/RESULTS.md
  *   rdtbench compare              the C side of bench/python_bench.py
@@ -27,6 +30,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -131,6 +135,20 @@ static size_t from_hex(const char *s, uint8_t *out, size_t cap) {
 /* The source process                                                       */
 /* ------------------------------------------------------------------------ */
 
+/* The resharding shape: a state dict of SD_MATRICES float32 matrices of
+ * SD_ROWS x SD_COLS (4 MiB each, 1 GiB in all) and SD_VECTORS float32
+ * vectors of SD_COLS (biases and norms), one buffer, tensor after tensor. */
+enum { SD_MATRICES = 256, SD_VECTORS = 32, SD_TENSORS = SD_MATRICES + SD_VECTORS, SD_ROWS = 1024,
+       SD_COLS = 1024 };
+#define SD_MATRIX_BYTES ((uint64_t)SD_ROWS * SD_COLS * 4)
+#define SD_VECTOR_BYTES ((uint64_t)SD_COLS * 4)
+#define SD_BYTES (SD_MATRICES * SD_MATRIX_BYTES + SD_VECTORS * SD_VECTOR_BYTES)
+
+static uint64_t sd_offset(int i) {
+  return i < SD_MATRICES ? (uint64_t)i * SD_MATRIX_BYTES
+                         : SD_MATRICES * SD_MATRIX_BYTES + (uint64_t)(i - SD_MATRICES) * SD_VECTOR_BYTES;
+}
+
 struct held {
   rdt_ref *ref;
   void *data;      /* ntensors tensors of size bytes, one after another */
@@ -193,7 +211,7 @@ static int source_main(void) {
       printf("\n");
     } else if (sscanf(line, "obj %63s %llu %llu %llu", transport, &size, &count, &seed) == 4) {
       if (nheld + 1 > MAX_REFS) die("source: too many objects");
-      if (count == 0 || count > 65536 || size > 64 * GiB / count) die("source: bad object shape");
+      if (count == 0 || count > (1u << 20) || size > 64 * GiB / count) die("source: bad object shape");
       struct held *h = &held[nheld++];
       h->size = size;
       h->ntensors = count;
@@ -207,6 +225,27 @@ static int source_main(void) {
       check(rdt_put(rt, t, count, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
             "put");
       free(t);
+      printf("refs ");
+      print_ref(h->ref);
+      printf("\n");
+    } else if (sscanf(line, "sd %63s %llu", transport, &seed) == 2) {
+      /* The resharding shape (see state_dict below), one object. */
+      if (nheld + 1 > MAX_REFS) die("source: too many objects");
+      struct held *h = &held[nheld++];
+      h->size = SD_BYTES;
+      h->ntensors = 1; /* freed as one buffer: drop waits on its first tensor */
+      h->data = map(SD_BYTES);
+      fill(h->data, SD_BYTES, seed);
+      rdt_tensor t[SD_TENSORS];
+      int64_t mat[2] = {SD_ROWS, SD_COLS}, vec[1] = {SD_COLS};
+      for (int i = 0; i < SD_TENSORS; i++) {
+        t[i] = byte_tensor((char *)h->data + sd_offset(i), i < SD_MATRICES ? mat : vec);
+        t[i].ndim = i < SD_MATRICES ? 2 : 1;
+        t[i].dtype.code = RDT_DTYPE_FLOAT;
+        t[i].dtype.bits = 32;
+      }
+      check(rdt_put(rt, t, SD_TENSORS, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
+            "put");
       printf("refs ");
       print_ref(h->ref);
       printf("\n");
@@ -761,6 +800,111 @@ static void machine_description(void) {
       rdt_version(), date);
 }
 
+/* One receiver of the resharding shape: rank `rank` of `ranks` takes its
+ * rows of every matrix and every vector whole (ranks 1: the whole object),
+ * into one buffer of its own. */
+struct shard {
+  rdt_runtime *rt;
+  rdt_ref *ref;
+  int rank, ranks;
+  char *buf;
+  double seconds;
+  uint64_t bytes; /* what its runtime received, from its statistics */
+};
+
+static uint64_t bytes_received(rdt_runtime *rt) {
+  rdt_stats st;
+  rdt_stats_init(&st);
+  check(rdt_runtime_stats(rt, &st), "stats");
+  return st.bytes_received;
+}
+
+static uint64_t shard_bytes(int ranks) {
+  return SD_MATRICES * (SD_MATRIX_BYTES / ranks) + SD_VECTORS * SD_VECTOR_BYTES;
+}
+
+static void *pull_shard(void *arg) {
+  struct shard *sh = arg;
+  rdt_source_range src[SD_TENSORS];
+  rdt_tensor t[SD_TENSORS];
+  int64_t shape[SD_TENSORS][1];
+  const uint64_t rows = SD_ROWS / sh->ranks, part = rows * SD_COLS * 4;
+  uint64_t off = 0;
+  for (int i = 0; i < SD_TENSORS; i++) {
+    uint64_t n = i < SD_MATRICES ? part : SD_VECTOR_BYTES;
+    src[i] = (rdt_source_range){0, (uint32_t)i, i < SD_MATRICES ? sh->rank * part : 0, n};
+    shape[i][0] = (int64_t)(n / 4);
+    t[i] = byte_tensor(sh->buf + off, shape[i]);
+    t[i].dtype.code = RDT_DTYPE_FLOAT;
+    t[i].dtype.bits = 32;
+    off += n;
+  }
+  rdt_fetch_options fo;
+  rdt_fetch_options_init(&fo);
+  fo.sources = src;
+  fo.num_sources = SD_TENSORS;
+  uint64_t before = bytes_received(sh->rt);
+  double t0 = now();
+  check(rdt_get(sh->rt, &sh->ref, 1, t, SD_TENSORS, &fo, 120000), "get (shard)");
+  sh->seconds = now() - t0;
+  sh->bytes = bytes_received(sh->rt) - before;
+  return NULL;
+}
+
+/* The resharding row: one receiver pulling the whole state dict against two
+ * receivers (runtimes of their own, pulling at once) each pulling half the
+ * rows of every matrix. Medians of interleaved runs: the whole pull, and
+ * the time until both halves are in. */
+static void measure_reshard(struct source *s, const char *transport, int runs, double *t_whole,
+                            double *t_halves, uint64_t *half_bytes) {
+  rdt_runtime *rts[3] = {receiver_runtime(), receiver_runtime(), receiver_runtime()};
+  struct shard sh[3];
+  char *line = ask(s, "sd %s 80\n", transport);
+  for (int i = 0; i < 3; i++) {
+    sh[i] = (struct shard){.rt = rts[i], .rank = i == 0 ? 0 : i - 1, .ranks = i == 0 ? 1 : 2,
+                           .buf = map(shard_bytes(i == 0 ? 1 : 2))};
+    char *copy = strdup(line);
+    take_refs(rts[i], copy, 1, &sh[i].ref);
+    free(copy);
+  }
+  double *a = calloc((size_t)runs + 1, sizeof *a), *b = calloc((size_t)runs + 1, sizeof *b);
+  for (int r = 0; r <= runs; r++) { /* run 0 warms up, unmeasured */
+    pull_shard(&sh[0]);
+    pthread_t th[2];
+    double t0 = now();
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, pull_shard, &sh[1 + i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    if (r > 0) {
+      a[r - 1] = sh[0].seconds;
+      b[r - 1] = now() - t0;
+    }
+  }
+  *t_whole = percentile(a, runs, 0.5);
+  *t_halves = percentile(b, runs, 0.5);
+  half_bytes[0] = sh[1].bytes;
+  half_bytes[1] = sh[2].bytes;
+  if (sh[0].bytes != shard_bytes(1) || sh[1].bytes != shard_bytes(2) || sh[2].bytes != shard_bytes(2))
+    die("resharding over %s: the receivers moved %" PRIu64 ", %" PRIu64 " and %" PRIu64 " bytes", transport,
+        sh[0].bytes, sh[1].bytes, sh[2].bytes);
+  free(a);
+  free(b);
+  for (int i = 0; i < 3; i++) {
+    check(rdt_ref_release(sh[i].ref), "release");
+    munmap(sh[i].buf, shard_bytes(i == 0 ? 1 : 2));
+  }
+  line = ask(s, "drop\n");
+  if (strncmp(line, "dropped", 7) != 0) die("source said: %s", line);
+  for (int i = 0; i < 3; i++) check(rdt_runtime_destroy(rts[i]), "destroy");
+}
+
+/* Views of one GiB: one object of `count` tensors of 1 GiB / count bytes
+ * (rounded down to 64 bytes) against one tensor of the same bytes. */
+static const struct {
+  uint64_t count;
+  int runs;
+} view_counts[] = {{1000, 3}, {10000, 3}, {100000, 3}};
+#define NUM_VIEW_COUNTS 3
+
 static int bench_main(const char *path) {
   report = path ? fopen(path, "w") : NULL;
   if (path && !report) die("cannot write %s: %s", path, strerror(errno));
@@ -850,6 +994,43 @@ static int bench_main(const char *path) {
   out("\nOne `rdt_get` of the object (one ref, one target per tensor, all in one buffer) against "
       "one `rdt_get` of one tensor of the same bytes; medians of interleaved runs.\n");
 
+  out("\n## Views of 1 GiB: one object of N tensors against one tensor of the same bytes\n\n");
+  out("| transport | 1 tensor | 1,000 views | 10,000 views | 100,000 views |\n|---|---|---|---|---|\n");
+  double view_ratio[NUM_TRANSPORTS][NUM_VIEW_COUNTS] = {{0}};
+  for (int k = 0; k < 3; k++) {
+    if (!transport_available(rt, host_transports[k])) continue;
+    double ones[NUM_VIEW_COUNTS], many[NUM_VIEW_COUNTS];
+    for (int j = 0; j < NUM_VIEW_COUNTS; j++) {
+      uint64_t part = GiB / view_counts[j].count / 64 * 64;
+      measure_object(rt, &s, host_transports[k], part, view_counts[j].count, view_counts[j].runs, &many[j],
+                     &ones[j]);
+      view_ratio[k][j] = many[j] / ones[j];
+    }
+    out("| %s | %.0f ms | %.2fx | %.2fx | %.2fx |\n", host_transports[k], ones[0] * 1e3, view_ratio[k][0],
+        view_ratio[k][1], view_ratio[k][2]);
+  }
+  out("\nOne `rdt_get` of the object (one target per view, all in one buffer) against one "
+      "`rdt_get` of one tensor of the same bytes, each ratio against the tensor measured beside it; "
+      "medians of 3 interleaved runs. The same table through Python is in the Python section below.\n");
+
+  out("\n## Resharding: two receivers each pulling half the rows of every matrix\n\n");
+  out("A state dict of %d float32 matrices of %d x %d and %d vectors (%s in all). One receiver pulls it "
+      "whole; two receivers (runtimes of their own, at once) each pull rows [r*%d, (r+1)*%d) of every "
+      "matrix and every vector whole.\n\n",
+      SD_MATRICES, SD_ROWS, SD_COLS, SD_VECTORS, human(SD_BYTES), SD_ROWS / 2, SD_ROWS / 2);
+  out("| transport | one whole receiver | two half receivers | ratio | bytes each half moved |\n"
+      "|---|---|---|---|---|\n");
+  double reshard_ratio[NUM_TRANSPORTS] = {0};
+  for (int k = 0; k < 3; k++) {
+    if (!transport_available(rt, host_transports[k])) continue;
+    double whole, halves;
+    uint64_t hb[2];
+    measure_reshard(&s, host_transports[k], 3, &whole, &halves, hb);
+    reshard_ratio[k] = halves / whole;
+    out("| %s | %.1f ms | %.1f ms | %.2f | %s, %s (%.3f of the object each) |\n", host_transports[k],
+        whole * 1e3, halves * 1e3, reshard_ratio[k], human(hb[0]), human(hb[1]), (double)hb[0] / SD_BYTES);
+  }
+
   out("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
 #define TARGET(desc, value, ok) out("| %s | %s | %s |\n", desc, value, (ok) ? "yes" : "**no**")
   char v[128];
@@ -882,6 +1063,18 @@ static int bench_main(const char *path) {
       objects_met &= object_ratio[k][j] > 0 && object_ratio[k][j] <= 1.5;
   TARGET("1,024 x 4 KiB and 4,096 x 64 KiB in one object <= 1.5x one tensor of the same bytes",
          v, objects_met);
+  snprintf(v, sizeof v, "%.2f / %.2f / %.2f (cma/shm/tcp)", view_ratio[0][2], view_ratio[1][2],
+           view_ratio[2][2]);
+  TARGET("100,000 views of 1 GiB <= 1.5x one tensor (cma, shm), <= 2x (tcp), through C", v,
+         view_ratio[0][2] > 0 && view_ratio[0][2] <= 1.5 && view_ratio[1][2] <= 1.5 && view_ratio[2][2] <= 2);
+  snprintf(v, sizeof v, "%.2f / %.2f / %.2f (cma/shm/tcp)", view_ratio[0][1], view_ratio[1][1],
+           view_ratio[2][1]);
+  TARGET("10,000 views of 1 GiB <= 1.2x one tensor, through C", v,
+         view_ratio[0][1] > 0 && view_ratio[0][1] <= 1.2 && view_ratio[1][1] <= 1.2 && view_ratio[2][1] <= 1.2);
+  snprintf(v, sizeof v, "%.2f / %.2f / %.2f (cma/shm/tcp)", reshard_ratio[0], reshard_ratio[1],
+           reshard_ratio[2]);
+  TARGET("two half-row receivers together <= 1.1x one whole receiver", v,
+         reshard_ratio[0] > 0 && reshard_ratio[0] <= 1.1 && reshard_ratio[1] <= 1.1 && reshard_ratio[2] <= 1.1);
   stop_source(&s);
   check(rdt_runtime_destroy(rt), "destroy");
   if (report) fclose(report);
@@ -940,20 +1133,37 @@ static int parse_size(const char *s, uint64_t *n) {
 /* rdtbench row TRANSPORT SHAPE [RUNS]: one measurement as one line of
  * key=value, for measuring without rewriting bench/RESULTS.md. */
 static int row_main(int argc, char **argv) {
-  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE [RUNS]\n"
+  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE|reshard [RUNS]\n"
                       "  SIZE is 4KiB, 1MiB, 64MiB, 1GiB or bytes; COUNTxSIZE is one object of\n"
-                      "  COUNT tensors (1024x4KiB, 4096x64KiB) against one tensor of the same bytes\n";
+                      "  COUNT tensors (1024x4KiB, 4096x64KiB, up to 1048576) against one tensor of\n"
+                      "  the same bytes; reshard is two half-row receivers against one whole one\n";
   if (argc < 4 || argc > 5) {
     fputs(usage, stderr);
     return 2;
   }
   const char *transport = argv[2], *shape = argv[3];
+  if (strcmp(shape, "reshard") == 0) {
+    int runs = argc == 5 ? atoi(argv[4]) : 3;
+    if (runs < 1 || runs > 1000) {
+      fputs(usage, stderr);
+      return 2;
+    }
+    struct source s = spawn_source();
+    double whole, halves;
+    uint64_t hb[2];
+    measure_reshard(&s, transport, runs, &whole, &halves, hb);
+    printf("transport=%s shape=reshard runs=%d whole_ms=%.3f halves_ms=%.3f ratio=%.2f half_bytes=%" PRIu64
+           ",%" PRIu64 " object_bytes=%" PRIu64 "\n",
+           transport, runs, whole * 1e3, halves * 1e3, halves / whole, hb[0], hb[1], (uint64_t)SD_BYTES);
+    stop_source(&s);
+    return 0;
+  }
   uint64_t count = 1, size;
   const char *x = strchr(shape, 'x');
   char *end;
   if (x) {
     count = strtoull(shape, &end, 10);
-    if (end != x || count == 0 || count > 65536) {
+    if (end != x || count == 0 || count > (1u << 20)) {
       fputs(usage, stderr);
       return 2;
     }

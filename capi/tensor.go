@@ -25,8 +25,16 @@ func tensorsFromC(p *C.rdt_tensor, n C.size_t, what string) ([]transport.Tensor,
 	}
 	arr := unsafe.Slice(p, int(n))
 	out := make([]transport.Tensor, len(arr))
+	// Every shape is copied into one block, sized from the counts first.
+	dims := 0
 	for i := range arr {
-		t, err := tensorFromC(&arr[i])
+		if nd := int(arr[i].ndim); nd > 0 && nd <= transport.MaxNDim {
+			dims += nd
+		}
+	}
+	shapes := make([]int64, dims)
+	for i := range arr {
+		t, err := tensorFromC(&arr[i], &shapes)
 		if err != nil {
 			return nil, transport.Wrap(err, "%s[%d]", what, i)
 		}
@@ -35,7 +43,9 @@ func tensorsFromC(p *C.rdt_tensor, n C.size_t, what string) ([]transport.Tensor,
 	return out, nil
 }
 
-func tensorFromC(ct *C.rdt_tensor) (transport.Tensor, error) {
+// tensorFromC reads one rdt_tensor, copying its shape to the front of
+// *shapes (then past it).
+func tensorFromC(ct *C.rdt_tensor, shapes *[]int64) (transport.Tensor, error) {
 	ndim := int(ct.ndim)
 	if ndim < 0 || ndim > transport.MaxNDim {
 		return transport.Tensor{}, invalid("ndim %d is outside 0..%d", ndim, transport.MaxNDim)
@@ -58,7 +68,13 @@ func tensorFromC(ct *C.rdt_tensor) (transport.Tensor, error) {
 		return transport.Tensor{}, invalid("device type %d is not a DLPack device type", dev.Type)
 	}
 	dt := transport.DType{Code: uint8(ct.dtype.code), Bits: uint8(ct.dtype.bits), Lanes: uint16(ct.dtype.lanes)}
-	desc, err := transport.NewTensorDesc(dev, dt, shape)
+	if len(*shapes) < ndim {
+		return transport.Tensor{}, invalid("the tensor array changed during the call")
+	}
+	own := (*shapes)[:ndim:ndim]
+	copy(own, shape)
+	*shapes = (*shapes)[ndim:]
+	desc, err := transport.DescribeTensor(dev, dt, own)
 	if err != nil {
 		return transport.Tensor{}, err
 	}

@@ -28,7 +28,7 @@ type store struct {
 	mu       sync.Mutex
 	closed   bool
 	objects  map[transport.ObjectID]*object
-	byData   map[uintptr]map[*object]struct{}
+	byData   map[uintptr]holderSet
 	borrowed map[transport.ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
 	// leases granted to each peer and not yet consumed or expired, for
@@ -81,7 +81,7 @@ func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *cou
 	return &store{
 		name: name, log: log, lease: leaseFor, c: c, free: free,
 		objects:    map[transport.ObjectID]*object{},
-		byData:     map[uintptr]map[*object]struct{}{},
+		byData:     map[uintptr]holderSet{},
 		borrowed:   map[transport.ObjectID]*borrowEntry{},
 		fetches:    map[*Fetch]struct{}{},
 		peerLeases: map[transport.RuntimeID]int{},
@@ -164,13 +164,58 @@ func (s *store) add(o *object) error {
 	s.objects[o.desc.ID] = o
 	for _, t := range o.tensors {
 		set := s.byData[t.Orig]
-		if set == nil {
-			set = map[*object]struct{}{}
+		if set.add(o) {
 			s.byData[t.Orig] = set
 		}
-		set[o] = struct{}{}
 	}
 	return nil
+}
+
+// holderSet is the objects holding one data pointer: almost always one,
+// kept in the map's value without an allocation of its own.
+type holderSet struct {
+	one  *object
+	more map[*object]struct{}
+}
+
+// add adds o and reports whether the value must be stored back.
+func (h *holderSet) add(o *object) bool {
+	switch {
+	case h.one == nil && h.more == nil:
+		h.one = o
+		return true
+	case h.one == o:
+		return false
+	case h.more == nil:
+		h.more = map[*object]struct{}{h.one: {}, o: {}}
+		h.one = nil
+		return true
+	default:
+		h.more[o] = struct{}{}
+		return false
+	}
+}
+
+// remove removes o and reports whether the set is empty.
+func (h *holderSet) remove(o *object) bool {
+	if h.more == nil {
+		if h.one == o {
+			h.one = nil
+		}
+		return h.one == nil
+	}
+	delete(h.more, o)
+	return len(h.more) == 0
+}
+
+// each calls f for every object in the set.
+func (h holderSet) each(f func(*object)) {
+	if h.one != nil {
+		f(h.one)
+	}
+	for o := range h.more {
+		f(o)
+	}
 }
 
 // forgetData drops a finalized object from the index by data pointer.
@@ -178,11 +223,14 @@ func (s *store) forgetData(o *object) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, t := range o.tensors {
-		if set := s.byData[t.Orig]; set != nil {
-			delete(set, o)
-			if len(set) == 0 {
-				delete(s.byData, t.Orig)
-			}
+		set, ok := s.byData[t.Orig]
+		if !ok {
+			continue
+		}
+		if set.remove(o) {
+			delete(s.byData, t.Orig)
+		} else {
+			s.byData[t.Orig] = set
 		}
 	}
 }
@@ -257,9 +305,7 @@ func (s *store) holders(data uintptr) []*object {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*object
-	for o := range s.byData[data] {
-		out = append(out, o)
-	}
+	s.byData[data].each(func(o *object) { out = append(out, o) })
 	return out
 }
 

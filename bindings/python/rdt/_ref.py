@@ -456,7 +456,10 @@ class ObjectRef(Handle):
             return "ObjectRef(<released>)"
         try:
             oid, tr, _, _ = self._info()
-            return f"ObjectRef(id={oid}, transport={tr or 'auto'}, shapes={self.shapes})"
+            shapes = self.shapes
+            # An object may hold a million tensors: name a few.
+            shown = repr(shapes) if len(shapes) <= 8 else f"[{', '.join(map(str, shapes[:4]))}, ... {len(shapes)} tensors]"
+            return f"ObjectRef(id={oid}, transport={tr or 'auto'}, shapes={shown})"
         except Exception as e:  # the runtime may be gone
             return f"ObjectRef(<{type(e).__name__}: {e}>)"
 

@@ -126,9 +126,12 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any) -> Plan:
 
 def outs_of(out: Any) -> List[Any]:
     """The tensors of out=, in order."""
-    outs: List[Any] = [out] if type(out) is np.ndarray else []
-    if not outs:
-        flatten(out, outs)
+    if type(out) is np.ndarray:
+        return [out]
+    if type(out) is list and all(type(x) is np.ndarray for x in out):
+        return out  # a plain list of arrays: nothing to walk
+    outs: List[Any] = []
+    flatten(out, outs)
     return outs
 
 

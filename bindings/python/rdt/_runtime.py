@@ -150,10 +150,23 @@ class Runtime(Handle):
             items = [_t.item_of(value)]
             blob = SINGLE
             frameworks: Tuple[str, ...] = _NUMPY1
+        elif type(value) is list and value and all(type(x) is np.ndarray for x in value):
+            # A plain list of arrays (a state dict's values, views of one
+            # buffer): its skeleton is its length, no walk needed.
+            found = value[:]
+            items = _t.items_of(found)
+            blob = len(found)
+            frameworks = _NUMPY1 * len(found) if all(it.framework == "numpy" for it in items) \
+                else tuple([it.framework for it in items])
+        elif type(value) is list and value and _t.is_torch_list(value):
+            found = value[:]
+            items = _t.torch_items_of(found)
+            blob = len(found)
+            frameworks = tuple([it.framework for it in items])
         else:
             found = []
             skeleton = flatten(value, found)
-            items = [_t.item_of(x, False, i if len(found) > 1 else "tensor") for i, x in enumerate(found)]
+            items = _t.items_of(found, what=lambda i: i if len(found) > 1 else "tensor")
             blob = encode_skeleton(skeleton, len(found))
             frameworks = tuple([it.framework for it in items])
         n = len(items)

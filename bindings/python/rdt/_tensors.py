@@ -9,10 +9,12 @@ torch tensors) over the same memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import struct
 import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -302,6 +304,101 @@ def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
     return Item(data, desc, (obj, cap), "dlpack")
 
 
+_new_tuple = tuple.__new__
+
+# Describing this many tensors at once pauses the cycle collector: the
+# hundreds of thousands of small tuples made would trigger full collections
+# over every object alive, doubling the cost, and none of them is cyclic.
+_PAUSE_GC_FROM = 1024
+
+
+@contextlib.contextmanager
+def _collector_paused(n: int) -> Iterator[None]:
+    if n < _PAUSE_GC_FROM or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def items_of(objs: Sequence[Any], writable: bool = False, first: int = 0,
+             what: Callable[[int], Any] = lambda i: i) -> List[Item]:
+    """item_of over many tensors: numpy arrays in a lean loop (the per-tensor
+    cost decides how fast an object of 100,000 tensors is put and fetched),
+    anything else through item_of. ``what(i)`` names tensor i in messages;
+    ``first`` is the index of objs[0]."""
+    with _collector_paused(len(objs)):
+        return _numpy_items(objs, writable, first, what)
+
+
+def _numpy_items(objs: Sequence[Any], writable: bool, first: int, what: Callable[[int], Any]) -> List[Item]:
+    out: List[Item] = []
+    append = out.append
+    ndarray, cpu = np.ndarray, _lib.DEVICE_CPU
+    last_dt: Any = None
+    code = bits = 0
+    for i, a in enumerate(objs, first):
+        if type(a) is ndarray and a.flags.c_contiguous:
+            dt = a.dtype
+            if dt is not last_dt:
+                dl = _NP_TO_DL.get(dt)
+                if dl is None:
+                    append(item_of(a, writable, what(i)))
+                    continue
+                last_dt, (code, bits) = dt, dl
+            try:
+                data = _addressof(_from_buffer(a))  # type: ignore[arg-type]  # writable, non-empty only
+            except (TypeError, ValueError, BufferError):
+                append(item_of(a, writable, what(i)))  # read-only or empty: the full checks
+                continue
+            append(_new_tuple(Item, (data, _new_tuple(Desc, (a.shape, code, bits, 1, cpu, 0)), a, "numpy")))
+        else:
+            append(item_of(a, writable, what(i)))
+    return out
+
+
+def is_torch_list(objs: Sequence[Any]) -> bool:
+    """Whether objs are all torch tensors (torch already imported)."""
+    t = _torch()
+    if t is None:
+        return False
+    tensor_type = t.Tensor
+    return all(type(x) is tensor_type for x in objs)
+
+
+def torch_items_of(objs: Sequence[Any], first: int = 0) -> List[Item]:
+    """items_of for a list of torch tensors in host memory: data_ptr() is
+    cheap where numpy's address is not. Anything else goes through item_of."""
+    with _collector_paused(len(objs)):
+        return _torch_items(objs, first)
+
+
+def _torch_items(objs: Sequence[Any], first: int) -> List[Item]:
+    t = _torch()
+    out: List[Item] = []
+    append = out.append
+    tensor_type, cpu = t.Tensor, _lib.DEVICE_CPU
+    last_dt: Any = None
+    code = bits = 0
+    for i, x in enumerate(objs, first):
+        if type(x) is tensor_type and x.device.type == "cpu" and x.is_contiguous():
+            dt = x.dtype
+            if dt is not last_dt:
+                dl = _TORCH_DL.get(str(dt)[6:])  # "torch.float32"
+                if dl is None:
+                    append(item_of(x, False, i))
+                    continue
+                last_dt, (code, bits) = dt, dl
+            append(_new_tuple(Item, (x.data_ptr() if x.numel() else 0,
+                                     _new_tuple(Desc, (tuple(x.shape), code, bits, 1, cpu, 0)), x, "torch")))
+        else:
+            append(item_of(x, False, i))
+    return out
+
+
 def item_of(obj: Any, writable: bool = False, what: Any = "tensor") -> Item:
     """Describes a tensor-like object's memory. Raises for what rdt cannot
     move without a copy (non-contiguous) or at all (unknown types, dtypes)."""
@@ -370,6 +467,45 @@ def matching_out(a: np.ndarray, d: Desc) -> int:
     return 0
 
 
+# rdt_tensor as a numpy record, for packing many tensors a column at a time.
+_TENSOR_RECORD = np.dtype([("data", np.uint64), ("device_type", np.int32), ("device_id", np.int32),
+                           ("ndim", np.int32), ("code", np.uint8), ("bits", np.uint8), ("lanes", np.uint16),
+                           ("shape", np.uint64), ("strides", np.uint64), ("byte_offset", np.uint64)])
+assert _TENSOR_RECORD.itemsize == TENSOR_SIZE
+
+# Past this many tensors, pack fills columns rather than one struct at a time.
+_COLUMNS_FROM = 64
+
+
+def _pack_columns(items: Sequence[Item]) -> Optional[Tuple[Any, int]]:
+    """pack for many tensors of one dtype, device and number of dimensions
+    (the shape of a model's layers, or of views of one buffer); None for
+    any other mix."""
+    d0 = items[0].desc
+    nd = len(d0.shape)
+    key = (d0.code, d0.bits, d0.lanes, d0.device_type, d0.device_id)
+    descs = [it.desc for it in items]
+    for d in descs:
+        if len(d.shape) != nd or (d.code, d.bits, d.lanes, d.device_type, d.device_id) != key:
+            return None
+    n = len(items)
+    block = np.zeros(TENSOR_SIZE * n + 8 * nd * n or 1, dtype=np.uint8)
+    base = block.ctypes.data
+    rec = block[:TENSOR_SIZE * n].view(_TENSOR_RECORD)
+    rec["data"] = [it.data for it in items]
+    rec["device_type"], rec["device_id"], rec["ndim"] = d0.device_type, d0.device_id, nd
+    rec["code"], rec["bits"], rec["lanes"] = d0.code, d0.bits, d0.lanes
+    if nd:
+        shapes = block[TENSOR_SIZE * n:].view(np.int64).reshape(n, nd)
+        first = d0.shape
+        if all(d.shape == first for d in descs):  # views of one shape
+            shapes[:] = first
+        else:
+            shapes[:] = [d.shape for d in descs]
+        rec["shape"] = base + TENSOR_SIZE * n + np.arange(n, dtype=np.uint64) * (8 * nd)
+    return block, base
+
+
 def pack(items: Sequence[Item]) -> Tuple[Any, int]:
     """An rdt_tensor array (with the shapes after it) in one buffer, and its
     address. Keep the buffer alive while the address is in use."""
@@ -377,6 +513,10 @@ def pack(items: Sequence[Item]) -> Tuple[Any, int]:
     if n == 1:  # the common case, in one pack_into
         it = items[0]
         return pack_one(it.data, it.desc)
+    if n >= _COLUMNS_FROM:
+        packed = _pack_columns(items)
+        if packed is not None:
+            return packed
     ndims = 0
     for it in items:
         ndims += len(it.desc.shape)
@@ -489,9 +629,8 @@ def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
     ``first``: the index in out= of outs[0], for the messages."""
     if len(outs) != len(descs):
         raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs hold {len(descs)}")
-    items = []
-    for i, (o, d) in enumerate(zip(outs, descs), first):
-        it = item_of(o, True, (i,))
+    items = items_of(outs, True, first, lambda i: (i,))
+    for i, (it, d) in enumerate(zip(items, descs), first):
         od = it.desc
         if od.shape != d.shape and tuple(od.shape) != tuple(d.shape):
             raise InvalidArgumentError(f"out[{i}] has shape {tuple(od.shape)}, the source tensor has shape "
@@ -503,7 +642,6 @@ def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
                                                     d.device_type in _HOST_DEVICES):
             raise InvalidArgumentError(f"out[{i}] is on device type {od.device_type}, the source tensor on "
                                        f"{d.device_type}")
-        items.append(it)
     return items
 
 

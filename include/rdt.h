@@ -527,8 +527,10 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  *
  * `targets` holds one tensor per source tensor, ref after ref, in order
  * (ref 0's tensors, then ref 1's, ...): `num_targets` must equal the total.
- * Each target must match its source tensor's shape, dtype and device type
- * (the device id may differ) and be contiguous. In a partial fetch
+ * Each target must match its source tensor's shape and dtype and be
+ * contiguous; its device type is the source's, or crosses between host and
+ * CUDA memory (docs/abi.md, "Receiving across host and CUDA memory"; the
+ * device id may differ). In a partial fetch
  * (opts->sources) target i receives sources[i] instead: it must have the
  * source tensor's dtype and device type and hold exactly the range's bytes,
  * in any shape. Targets must not overlap. The rdt_tensor array is

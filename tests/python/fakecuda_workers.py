@@ -178,6 +178,38 @@ def across_processes():
     print("across_processes: ok")
 
 
+def across_devices():
+    """CUDA memory lands in numpy arrays (cuda_ipc copies from the opened
+    handle into host memory), whole and as rows; host memory lands in
+    CUDA memory (staged through host memory, then copied to the device)."""
+    drv = Driver()
+    want = expected()
+    proc, conn, refs = start_source()
+    try:
+        ref = refs["cuda_ipc"]
+        outs = [np.full(want[k].shape, -1, dtype=want[k].dtype) for k in ("a", "b", "empty")]
+        got = rdt.get(ref, out=outs, timeout=30)
+        assert got["a"] is outs[0]
+        for k, o in zip(("a", "b", "empty"), outs):
+            assert np.array_equal(o, want[k]), k
+        rows = rdt.get(ref["a"][100:110], out=np.zeros((10, 512), np.float32), timeout=30)
+        assert np.array_equal(rows, want["a"][100:110])
+        rows = rdt.get(refs[None]["b"][-4:], out=np.zeros(4, np.int64), timeout=30)  # the automatic choice
+        assert np.array_equal(rows, want["b"][-4:])
+    finally:
+        proc.kill()
+        proc.join(30)
+    with rdt.Runtime("host") as a, rdt.Runtime("device") as b:
+        ref = a.put({k: want[k] for k in ("a", "b", "empty")})
+        outs = targets(drv)
+        b.get(b.borrow(ref), out=outs, timeout=30)
+        check(outs)
+        half = DeviceArray(drv, (256, 512), np.float32)
+        b.get(b.borrow(ref)["a"][256:], out=half, timeout=30)
+        assert np.array_equal(half.download(), want["a"][256:])
+    print("across_devices: ok")
+
+
 def in_one_process():
     drv = Driver()
     block, arrays = make_arrays(drv)

@@ -30,6 +30,10 @@ def test_cuda_array_interface_across_processes():
     run("across_processes")
 
 
+def test_receives_across_host_and_cuda_memory():
+    run("across_devices")
+
+
 def test_cuda_array_interface_in_one_process():
     run("in_one_process")
 

@@ -52,6 +52,8 @@ _DL_TO_TORCH = {v: k for k, v in _TORCH_DL.items()}
 DEVICE_NAMES = {"cpu": _lib.DEVICE_CPU, "cuda": _lib.DEVICE_CUDA, "cuda_host": _lib.DEVICE_CUDA_HOST,
                 "rocm": _lib.DEVICE_ROCM, "cuda_managed": _lib.DEVICE_CUDA_MANAGED}
 _HOST_DEVICES = (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST, _lib.DEVICE_CUDA_MANAGED)
+# Device types a receive may cross between (rdt lands one in another).
+_LANDS = _HOST_DEVICES + (_lib.DEVICE_CUDA,)
 
 
 def device_code(name: str) -> int:
@@ -638,10 +640,10 @@ def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
         if od.code != d.code or od.bits != d.bits or od.lanes != d.lanes:
             raise InvalidArgumentError(f"out[{i}] has dtype {od.dtype_name()}, the source tensor has dtype "
                                        f"{d.dtype_name()}")
-        if od.device_type != d.device_type and not (od.device_type in _HOST_DEVICES and
-                                                    d.device_type in _HOST_DEVICES):
+        if od.device_type != d.device_type and not (od.device_type in _LANDS and d.device_type in _LANDS):
             raise InvalidArgumentError(f"out[{i}] is on device type {od.device_type}, the source tensor on "
-                                       f"{d.device_type}")
+                                       f"{d.device_type} (a receive across device types goes between host and "
+                                       "CUDA memory only)")
     return items
 
 

@@ -196,6 +196,11 @@ def across_devices():
         assert np.array_equal(rows, want["a"][100:110])
         rows = rdt.get(refs[None]["b"][-4:], out=np.zeros(4, np.int64), timeout=30)  # the automatic choice
         assert np.array_equal(rows, want["b"][-4:])
+        # device="cpu": new numpy arrays for a CUDA object, no out= needed.
+        got = rdt.get(ref, device="cpu", timeout=30)
+        for k in ("a", "b", "empty"):
+            assert type(got[k]) is np.ndarray and np.array_equal(got[k], want[k]), k
+        assert np.array_equal(rdt.get(ref["a"][5:7], device="cpu", timeout=30), want["a"][5:7])
     finally:
         proc.kill()
         proc.join(30)

@@ -48,5 +48,34 @@ def test_cuda_tensors_over_nixl_between_processes(child):
     out = {"x": torch.empty(1 << 20, dtype=torch.float32), "y": torch.empty(64, 64, dtype=torch.int64)}
     rdt.get(ref, transport="nixl", out=out, timeout=60)
     assert torch.equal(out["x"], torch.arange(1 << 20, dtype=torch.float32))
+    # Rows of the CUDA matrix, into host memory and onto the device.
+    rows = rdt.get(ref["y"][10:20], transport="nixl", out=torch.empty(10, 64, dtype=torch.int64), timeout=60)
+    assert torch.equal(rows, (torch.arange(4096, dtype=torch.int64) * 3).reshape(64, 64)[10:20])
+    rows = rdt.get(ref["y"][-3:], transport="nixl", timeout=60)
+    assert rows.is_cuda and torch.equal(rows.cpu(), (torch.arange(4096, dtype=torch.int64) * 3).reshape(64, 64)[-3:])
+    ref.close()
+    c.stop()
+
+
+def serve_host(conn):
+    """Puts host tensors over nixl and keeps them until told to stop."""
+    import torch
+    ref = rdt.put({"w": torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)}, transport="nixl")
+    conn.send(pickle.dumps(ref))
+    conn.recv()
+    ref.close()
+
+
+def test_host_tensors_land_on_the_device_over_nixl(child):
+    torch = _cuda_torch()
+    c = child(serve_host)
+    ref = pickle.loads(c.recv(timeout=120))
+    want = torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)
+    out = {"w": torch.empty(256, 256, dtype=torch.float32, device="cuda:0")}
+    rdt.get(ref, transport="nixl", out=out, timeout=60)  # DRAM at the source, VRAM here
+    assert torch.equal(out["w"].cpu(), want)
+    half = torch.empty(128, 256, dtype=torch.float32, device="cuda:0")
+    rdt.get(ref["w"][128:], transport="nixl", out=half, timeout=60)
+    assert torch.equal(half.cpu(), want[128:])
     ref.close()
     c.stop()

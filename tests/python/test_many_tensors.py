@@ -80,3 +80,20 @@ def test_torch_lists_take_the_lean_path_and_round_trip():
         with a.put(objs) as ref, b.borrow(ref) as borrowed:
             got = b.get(borrowed)
             assert all(torch.equal(g, o) for g, o in zip(got, objs))
+
+
+def test_device_argument_makes_new_tensors_there():
+    src = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+    with rdt.Runtime("dev-a") as a, rdt.Runtime("dev-b") as b:
+        with a.put(src) as ref, b.borrow(ref) as borrowed:
+            got = b.get(borrowed, device="cpu")
+            np.testing.assert_array_equal(got["w"], src["w"])
+            own = a.get(ref, device="cpu")  # our own object: a copy, not the put array
+            assert own["w"] is not src["w"]
+            np.testing.assert_array_equal(own["w"], src["w"])
+            with pytest.raises(rdt.InvalidArgumentError, match="out= or device="):
+                b.get(borrowed, out=[np.empty((3, 4), np.float32)], device="cpu")
+            with pytest.raises(rdt.InvalidArgumentError, match="'cpu', 'cuda' or 'cuda:N'"):
+                b.get(borrowed, device="rocm")
+            with pytest.raises(rdt.InvalidArgumentError, match="'cpu', 'cuda' or 'cuda:N'"):
+                b.get(borrowed, device="cuda:x")

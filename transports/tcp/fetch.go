@@ -436,7 +436,45 @@ func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small
 			shares = append(shares, ps)
 		}
 	}
-	return small, shares, nil
+	small, more := spread(small, streams)
+	return small, append(shares, more...), nil
+}
+
+// spreadMin is the average piece from which a run of small pieces is
+// spread over the streams: below it a fetch costs per request more than
+// per byte, which one pipelined stream batches best (measured: 10,000
+// pieces of 105 KiB went from 1.29x to 1.0x one tensor of the same bytes
+// when spread, 100,000 of 10 KiB gained nothing).
+const spreadMin = 96 << 10
+
+// spread cuts a run of small pieces that together is large and made of
+// mid-sized pieces (views of one buffer, the tensors of a state dict) into
+// up to `streams` runs of about equal bytes, kept in order, so that it
+// moves over as many connections as one large tensor of the same bytes:
+// the first run stays the inline one, the others become shares.
+func spread(small []piece, streams int) ([]piece, [][]piece) {
+	var total uint64
+	for _, p := range small {
+		total += uint64(len(p.dst))
+	}
+	k := min(uint64(streams), total/streamMin)
+	if k < 2 || total < spreadMin*uint64(len(small)) {
+		return small, nil
+	}
+	per := (total + k - 1) / k
+	var runs [][]piece
+	start, acc := 0, uint64(0)
+	for i, p := range small {
+		acc += uint64(len(p.dst))
+		if acc >= per && len(runs) < int(k)-1 {
+			runs = append(runs, small[start:i+1])
+			start, acc = i+1, 0
+		}
+	}
+	if start < len(small) {
+		runs = append(runs, small[start:])
+	}
+	return runs[0], runs[1:]
 }
 
 func (r *fetchRequest) spawn(ps []piece) {

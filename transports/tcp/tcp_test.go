@@ -242,6 +242,41 @@ func TestPlan(t *testing.T) {
 		}
 		assert.Equal(t, uint64(n-streamMin-99), next)
 	}
+	// 1,000 tensors of 1 MiB: small each, large together, so they spread
+	// over the streams in order, in runs of about equal bytes.
+	var views []transport.Tensor
+	for i := uint64(0); i < 1000; i++ {
+		views = append(views, tensor(i<<20, 1<<20))
+	}
+	for _, streams := range []int{1, 4, 7} {
+		small, shares, err := plan(&transport.Transfer{}, views, streams)
+		require.NoError(t, err)
+		runs := append([][]piece{small}, shares...)
+		require.Len(t, runs, streams)
+		next := uint32(0)
+		for _, run := range runs {
+			assert.InDelta(t, 1000/streams, len(run), 1, "runs of about equal bytes")
+			for _, p := range run {
+				assert.Equal(t, next, p.tensor, "in order, each once")
+				next++
+			}
+		}
+		assert.Equal(t, uint32(1000), next)
+	}
+	// Small pieces that stay small together keep to one stream, and so do
+	// many tiny ones, whose cost is per request.
+	small, shares, err := plan(&transport.Transfer{}, views[:10], 4)
+	require.NoError(t, err)
+	assert.Len(t, small, 10)
+	assert.Empty(t, shares)
+	var tiny []transport.Tensor
+	for i := uint64(0); i < 10000; i++ {
+		tiny = append(tiny, tensor(i<<12, 4<<10))
+	}
+	small, shares, err = plan(&transport.Transfer{}, tiny, 4)
+	require.NoError(t, err)
+	assert.Len(t, small, 10000)
+	assert.Empty(t, shares)
 	gpu := transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCUDA}, Nbytes: 4}, Data: addr}
 	_, _, err = plan(&transport.Transfer{}, []transport.Tensor{gpu}, 4)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))

@@ -93,19 +93,20 @@ def runtime_of(refs: Any) -> Runtime:
 
 
 def get(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
-        transport: Optional[str] = None, out: Any = None) -> Any:
+        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """Fetches refs (or slices of them, ``ref[i][a:b]``) in the runtime they
     belong to; see Runtime.get."""
-    return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out)
+    return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out, device=device)
 
 
-def fetch(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optional[str] = None) -> Fetch:
+def fetch(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optional[str] = None,
+          device: Optional[str] = None) -> Fetch:
     """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
-    return fetch_in(runtime_of(refs), refs, out=out, transport=transport)
+    return fetch_in(runtime_of(refs), refs, out=out, transport=transport, device=device)
 
 
 async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
-                    transport: Optional[str] = None, out: Any = None) -> Any:
+                    transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
     the refs belong to. The event loop keeps running while the bytes move,
     and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
@@ -113,7 +114,7 @@ async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] 
     (``asyncio.wait_for`` included). With ``out=``, either returns once
     nothing writes into those buffers any more."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing
-    return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport), deadline)
+    return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport, device=device), deadline)
 
 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:

@@ -34,9 +34,10 @@ _SMALL = 1 << 20
 
 
 def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
-           transport: Optional[str] = None, out: Any = None) -> Any:
+           transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """Runtime.get."""
     deadline = deadline_of(timeout)
+    device_of(device, out)  # a bad device= starts nothing
     if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
         # The common case, one ref into one array, in fewer steps.
         r: ObjectRef = refs
@@ -63,10 +64,31 @@ def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional
                     if deadline is not None and time.monotonic() >= deadline:
                         raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
                                               "was aborted", _lib.ERR_TIMEOUT)
-    return Fetch(rt, plan(rt, refs, out), transport)._result_by(deadline)
+    return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline)
 
-def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any) -> Plan:
+
+def device_of(device: Optional[str], out: Any) -> Optional[Tuple[int, int]]:
+    """get's device= as a DLPack (type, id): where new tensors are made."""
+    if device is None:
+        return None
+    if out is not None:
+        raise InvalidArgumentError("give out= or device=, not both: out= says where every tensor lands")
+    kind, _, index = str(device).lower().partition(":")
+    code = _t.DEVICE_NAMES.get(kind)
+    if code not in (_lib.DEVICE_CPU, _lib.DEVICE_CUDA) or (index and not index.isdigit()) or \
+            (code == _lib.DEVICE_CPU and index not in ("", "0")):
+        raise InvalidArgumentError(f"device={device!r}: name 'cpu', 'cuda' or 'cuda:N'")
+    return code, int(index or 0)
+
+
+def _on(d: _t.Desc, dev: Optional[Tuple[int, int]]) -> _t.Desc:
+    """d on dev (None: where it is)."""
+    return d if dev is None else _t.Desc(d.shape, d.code, d.bits, d.lanes, dev[0], dev[1])
+
+
+def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: Optional[str] = None) -> Plan:
     """Checks get's arguments and decides what to fetch into what."""
+    dev = device_of(device, out)
     rt._handle()  # ClosedError once the runtime is closed
     single = isinstance(refs, (ObjectRef, TensorSlice))
     if single:
@@ -89,7 +111,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any) -> Plan:
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
     if partial:
-        return partial_plan(single, lst, out)  # type: ignore[arg-type]
+        return partial_plan(single, lst, out, dev)  # type: ignore[arg-type]
     whole: List[ObjectRef] = lst  # type: ignore[assignment]
     descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
@@ -99,14 +121,14 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any) -> Plan:
     if out is None:
         cache = PROCESS.receive_cache()
         for r, ds in zip(whole, descs):
-            e = r._own_entry()
+            e = r._own_entry() if dev is None else None  # device=: a copy there, even of our own
             if e is not None:
                 if e.sent:
                     PROCESS.warn_shared_once()
                 tensors.append(list(e.tensors))
                 continue
             fws = r._receive_frameworks()
-            got = [_t.allocate(d, fw, cache) for d, fw in zip(ds, fws)]
+            got = [_t.allocate(_on(d, dev), fw, cache) for d, fw in zip(ds, fws)]
             tensors.append(got)
             fetch_refs.append(r)
             objs.extend(got)
@@ -135,7 +157,7 @@ def outs_of(out: Any) -> List[Any]:
     return outs
 
 
-def partial_plan(single: bool, lst: List[Refs], out: Any) -> Plan:
+def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[int, int]] = None) -> Plan:
     """A partial fetch: each slice's target receives its bytes, each ref's
     targets its tensors whole (rdt moves those as usual). Every ref is
     fetched once, for all of its targets, however often the list names it.
@@ -162,21 +184,21 @@ def partial_plan(single: bool, lst: List[Refs], out: Any) -> Plan:
                 base = r.ref
                 p, ds, fws = known.get(id(base)) or learn(base)
                 d = ds[r.index]
-                x = allocate(_t.Desc(r.shape, d.code, d.bits, d.lanes, d.device_type, d.device_id), fws[r.index],
-                             cache)
+                x = allocate(_on(_t.Desc(r.shape, d.code, d.bits, d.lanes, d.device_type, d.device_id), dev),
+                             fws[r.index], cache)
                 rows.append((p, r.index, r.offset, r.nbytes))
                 tensors.append([x])
                 objs.append(x)
                 items.append(item_of(x, True))
                 continue
-            e = r._own_entry()
+            e = r._own_entry() if dev is None else None
             if e is not None:
                 if e.sent:
                     PROCESS.warn_shared_once()
                 tensors.append(list(e.tensors))
                 continue
             p, ds, fws = known.get(id(r)) or learn(r)
-            got = [allocate(d, fw, cache) for d, fw in zip(ds, fws)]
+            got = [allocate(_on(d, dev), fw, cache) for d, fw in zip(ds, fws)]
             rows.extend((p, j, 0, d.nbytes) for j, d in enumerate(ds))
             tensors.append(got)
             objs.extend(got)
@@ -204,14 +226,15 @@ def partial_plan(single: bool, lst: List[Refs], out: Any) -> Plan:
 
 
 def fetch_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any = None,
-             transport: Optional[str] = None) -> Fetch:
+             transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
     """Runtime.fetch."""
-    return Fetch(rt, plan(rt, refs, out), transport)
+    return Fetch(rt, plan(rt, refs, out, device), transport)
 
 
 async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]],
-                       timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None) -> Any:
+                       timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None,
+                       device: Optional[str] = None) -> Any:
     """Runtime.get_async."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing
-    return await await_fetch(fetch_in(rt, refs, out=out, transport=transport), deadline)
+    return await await_fetch(fetch_in(rt, refs, out=out, transport=transport, device=device), deadline)
 

@@ -254,7 +254,7 @@ class Runtime(Handle):
     # ---- get ---------------------------------------------------------------------
 
     def get(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
-            transport: Optional[str] = None, out: Any = None) -> Any:
+            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
         """Fetches one ref, or a list of refs concurrently (one fetch), and
         returns the put structure(s) with new tensors of the producer's
         framework, or with the tensors given in ``out=`` (a tensor, or a
@@ -276,23 +276,29 @@ class Runtime(Handle):
         move, into a new tensor of the slice's shape, or into its place in
         ``out=`` (the source's dtype and the slice's ``nbytes``, any shape).
         A slice of an object this runtime owns is copied.
+
+        ``device`` ("cpu", "cuda" or "cuda:N"), without ``out=``, makes the
+        new tensors there rather than on each source tensor's device: a GPU
+        object lands in host memory, host tensors on a GPU (between host
+        and CUDA memory; see docs/python.md, "Device tensors"). Objects this
+        runtime owns are copied then too.
         """
-        return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out)
+        return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
 
     def fetch(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
-              transport: Optional[str] = None) -> Fetch:
+              transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
         """Starts fetching one ref or a list of refs (one fetch, every
         transfer concurrent) and returns at once with an :class:`rdt.Fetch`
         to wait on, poll, abort or ``await``. Its ``result()`` is what
         :meth:`get` returns for the same arguments; ``out=`` and
-        ``transport`` mean the same. Keep buffers given in ``out=`` untouched
-        until the fetch completed or was closed."""
-        return _get.fetch_in(self, refs, out=out, transport=transport)
+        ``transport`` and ``device`` mean the same. Keep buffers given in
+        ``out=`` untouched until the fetch completed or was closed."""
+        return _get.fetch_in(self, refs, out=out, transport=transport, device=device)
 
     async def get_async(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
-                        transport: Optional[str] = None, out: Any = None) -> Any:
+                        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
-        return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out)
+        return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
 
     # ---- the source side -------------------------------------------------------
 

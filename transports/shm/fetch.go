@@ -259,6 +259,21 @@ type run struct {
 	bytes uint64
 }
 
+// extend adds b to the run's iovecs, as part of the last one when it
+// follows it in memory (targets that are views of one buffer, say: the
+// kernel's cost is per iovec more than per byte) and nothing lies between
+// them in the segment (joinable).
+func (r *run) extend(b []byte, joinable bool) {
+	if n := len(r.iovs); n > 0 && joinable && len(b) > 0 {
+		last := r.iovs[n-1]
+		if len(last) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(last)))+uintptr(len(last)) == uintptr(unsafe.Pointer(unsafe.SliceData(b))) {
+			r.iovs[n-1] = unsafe.Slice(unsafe.SliceData(last), len(last)+len(b))
+			return
+		}
+	}
+	r.iovs = append(r.iovs, b)
+}
+
 // planRuns groups the regions into runs of at most chunk bytes and
 // maxIovecs iovecs, so an object of many tensors costs one call per run,
 // not one per tensor. Regions the metadata lists out of order or far apart
@@ -284,7 +299,7 @@ func planRuns(regions []region, targets []transport.Tensor, scratch []byte) []ru
 				cur.bytes += gap
 			}
 			n := min(reg.Size-done, chunk-cur.bytes)
-			cur.iovs = append(cur.iovs, dst[done:done+n])
+			cur.extend(dst[done:done+n], gap == 0)
 			cur.bytes += n
 			done += n
 		}

@@ -55,6 +55,39 @@ func TestManyTensorsAreReadInFewCalls(t *testing.T) {
 	assert.Len(t, planRuns(regions, tensors, make([]byte, maxGap)), 1)
 }
 
+// Targets that are views of one buffer, read from regions that follow
+// each other in the segment, become one iovec per run: the kernel's cost
+// is per iovec. The bytes still land in every view.
+func TestTouchingTargetsCollapseIntoOneIovec(t *testing.T) {
+	const n, size = 4096, 256 // 1 MiB of 256-byte views
+	mem, whole := buffer(t, n*size)
+	var views []transport.Tensor
+	for i := 0; i < n; i++ {
+		x := whole
+		x.Data += uintptr(i * size)
+		x.Orig = x.Data
+		x.Nbytes, x.Shape = size, []int64{size}
+		views = append(views, x)
+	}
+	regions, total := layout(views)
+	require.Equal(t, uint64(n*size), total, "views of 256 bytes need no padding between them")
+	runs := planRuns(regions, views, make([]byte, maxGap))
+	require.Len(t, runs, 1)
+	assert.Len(t, runs[0].iovs, 1, "4,096 touching targets, one iovec")
+	assert.Equal(t, uint64(n*size), runs[0].bytes)
+
+	src := make([]byte, n*size)
+	fill(src, 9)
+	fd := memfdWith(t, src)
+	var aborted atomic.Bool
+	require.NoError(t, readRegions(fd, regions, views, &aborted))
+	assert.True(t, bytes.Equal(src, mem))
+
+	// A gap in the targets keeps their iovecs apart.
+	views[7].Data += 1
+	assert.Len(t, planRuns(regions, views, make([]byte, maxGap))[0].iovs, 3)
+}
+
 // Regions in any order, far apart, overlapping or larger than a chunk
 // all arrive intact, from one worker or two.
 func TestRegionsInAnyOrderArriveIntact(t *testing.T) {

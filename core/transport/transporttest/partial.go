@@ -40,6 +40,17 @@ func (s *suite) partialTarget(t *testing.T, e *end, dt transport.DType, n int) p
 	return partialTarget{t: Describe(e.mem.Device, dt, addr+guard, n), base: addr, n: n}
 }
 
+// partialTargets makes a guarded target for each piece.
+func (s *suite) partialTargets(t *testing.T, e *end, pieces []transport.Piece) ([]partialTarget, []transport.Tensor) {
+	var pts []partialTarget
+	var targets []transport.Tensor
+	for _, p := range pieces {
+		pt := s.partialTarget(t, e, Uint8, int(p.Length))
+		pts, targets = append(pts, pt), append(targets, pt.t)
+	}
+	return pts, targets
+}
+
 // check reads the target and its guards: the target holds want (nil: left
 // as it was) and the guards are untouched.
 func (s *suite) check(t *testing.T, e *end, pt partialTarget, want []byte, what string) {
@@ -94,13 +105,7 @@ func (s *suite) partial(t *testing.T) {
 		s.rangesOnly(t, dst)
 		pieces := partialPieces()
 		x.Pieces = pieces
-		var pts []partialTarget
-		var targets []transport.Tensor
-		for _, p := range pieces {
-			pt := s.partialTarget(t, dst, Uint8, int(p.Length))
-			pts = append(pts, pt)
-			targets = append(targets, pt.t)
-		}
+		pts, targets := s.partialTargets(t, dst, pieces)
 		if err := fetch(t, dst, x, targets, meta); err != nil {
 			t.Fatal(err)
 		}
@@ -116,13 +121,7 @@ func (s *suite) partial(t *testing.T) {
 		pieces := partialPieces()
 		x := transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity())
 		x.Pieces = pieces
-		var pts []partialTarget
-		var targets []transport.Tensor
-		for _, p := range pieces {
-			pt := s.partialTarget(t, dst, Uint8, int(p.Length))
-			pts = append(pts, pt)
-			targets = append(targets, pt.t)
-		}
+		pts, targets := s.partialTargets(t, dst, pieces)
 		if err := fetch(t, dst, x, targets, src.Meta); err != nil {
 			t.Fatal(err)
 		}

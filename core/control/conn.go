@@ -28,15 +28,17 @@ const (
 )
 
 // newConn registers an authenticated connection and starts reading it.
-func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.PeerInfo, isTCP bool) *sconn {
+func (ep *sockEndpoint) newConn(watch *socketWatch, rd *bufio.Reader, remote transport.PeerInfo, isTCP bool) *sconn {
+	c := watch.Conn
 	sc := &sconn{
-		ep: ep, c: c, rd: rd, remote: remote, isTCP: isTCP,
+		ep: ep, c: c, watch: watch, rd: rd, remote: remote, peerID: remote.RuntimeID, isTCP: isTCP,
 		pending: map[uint64]chan *Message{}, replies: map[uint64]func(*Message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
 		out: newOutbox(), slots: make(chan struct{}, MaxUnanswered),
 	}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
+	sc.progress.Store(time.Now().UnixNano())
 	ep.mu.Lock()
 	if ep.closed {
 		ep.mu.Unlock()
@@ -62,8 +64,11 @@ func (ep *sockEndpoint) newConn(c net.Conn, rd *bufio.Reader, remote transport.P
 }
 
 // removeConn forgets a closed connection; the peer is gone once its last
-// connection is.
-func (ep *sockEndpoint) removeConn(sc *sconn) {
+// connection is. A lost connection takes the peer's others with it:
+// notices it carried (unborrows) may be lost with it, and borrows are
+// counted per runtime, so keeping the peer on another connection would
+// keep borrows nobody returns.
+func (ep *sockEndpoint) removeConn(sc *sconn, lost bool) {
 	remote := sc.Info()
 	ep.mu.Lock()
 	if _, ok := ep.conns[sc]; !ok {
@@ -71,6 +76,14 @@ func (ep *sockEndpoint) removeConn(sc *sconn) {
 		return
 	}
 	delete(ep.conns, sc)
+	var others []*sconn
+	if lost {
+		for c := range ep.conns {
+			if c.peerID == remote.RuntimeID {
+				others = append(others, c)
+			}
+		}
+	}
 	for addr, c := range ep.byAddr {
 		if c == sc {
 			delete(ep.byAddr, addr)
@@ -84,6 +97,9 @@ func (ep *sockEndpoint) removeConn(sc *sconn) {
 	}
 	closed := ep.closed
 	ep.mu.Unlock()
+	for _, c := range others {
+		c.close(transport.Errorf(transport.ErrPeerUnavailable, "another connection to %s was lost", remote))
+	}
 	if gone && !closed {
 		ep.cfg.Service.PeerGone(remote)
 	}
@@ -131,10 +147,20 @@ type sconn struct {
 
 	// A ping or pong queued or being written: at most one of each per
 	// connection, whatever the peer sends and however long it does not
-	// read. pingSent is when our unanswered ping was queued (0: none).
+	// read.
 	pinging, ponging atomic.Bool
-	pingSent         atomic.Int64
+	// Liveness (liveness.go): bytes of frames our writer wrote and our
+	// reader read; what the peer last reported reading of ours, and when
+	// that last showed progress; when the heartbeat last saw our reader
+	// behind (only the heartbeat uses behindAt).
+	watch     *socketWatch
+	written   atomic.Uint64
+	readBytes atomic.Uint64
+	peerRead  atomic.Uint64
+	progress  atomic.Int64
+	behindAt  int64
 
+	peerID transport.RuntimeID // proven at the handshake: never changes
 	mu     sync.Mutex
 	remote transport.PeerInfo
 	// Where the answers to our requests go: calls' channels, asynchronous
@@ -176,7 +202,8 @@ func (sc *sconn) closeClean(err error) {
 
 func (sc *sconn) close(err error) {
 	sc.closeOnce.Do(func() {
-		if !sc.clean.Load() && !sc.ep.closing.Load() {
+		lost := !sc.clean.Load() && !sc.ep.closing.Load()
+		if lost {
 			sc.ep.lost.Add(1)
 		}
 		sc.mu.Lock()
@@ -198,7 +225,7 @@ func (sc *sconn) close(err error) {
 			reply(nil)
 		}
 		sc.ep.cfg.Log.Debugf("control plane: connection to %s closed: %v", sc.remote, err)
-		sc.ep.removeConn(sc)
+		sc.ep.removeConn(sc, lost)
 	})
 }
 
@@ -383,6 +410,7 @@ func (sc *sconn) readMessage(buf *[]byte) (*Message, bool) {
 		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", sc.remote, err))
 		return nil, false
 	}
+	sc.readBytes.Add(uint64(4 + len(b)))
 	*buf = b
 	if cap(b) > keepFrameBuffer {
 		*buf = nil // DecodeMessage copies what it keeps
@@ -406,9 +434,10 @@ func (sc *sconn) dispatch(m *Message) bool {
 	case KindResponse:
 		sc.deliverResponse(m)
 	case KindPing:
+		sc.peerReports(m.Count)
 		sc.postUrgent(&sc.ponging, KindPong)
 	case KindPong:
-		sc.pingSent.Store(0)
+		sc.peerReports(m.Count)
 	case KindIdentity:
 		sc.answerInline(response(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil))
 	case KindBorrow:

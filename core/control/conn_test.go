@@ -107,6 +107,86 @@ func TestSocketsPeerThatPingsButNeverReadsIsDropped(t *testing.T) {
 	eventually(t, func() bool { return ep.PeersLost() == 1 && ep.NumPeers() == 0 }, "counted as lost")
 }
 
+// A peer that reads slowly, far behind what it asked for, is alive: it
+// reports what it read in its pings, and it stays connected however long
+// a round trip behind its backlog would take. (Judged by round trips, a
+// ping waiting behind the answers below was "unanswered" after the peer
+// timeout, and a live peer was dropped.)
+func TestSocketsSlowReaderFarBehindStays(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	svc, ep := listenStub(t, "owner", func(c *ListenConfig) { c.PeerTimeout = timeout })
+	svc.put()
+	c, _ := rawConn(t, ep)
+	// Requests first, the answers read afterwards at a trickle; each
+	// answer names the owner, so they are some hundreds of KiB together.
+	const asks = MaxUnanswered
+	var batch []byte
+	for i := 1; i <= asks; i++ {
+		batch = append(batch, (&Message{Kind: KindIdentity, ID: uint64(i)}).Encode()...)
+	}
+	_, err := c.Write(batch)
+	require.NoError(t, err)
+	slow := bufio.NewReaderSize(&trickle{c: c, chunk: 4096, every: 10 * time.Millisecond}, 4096)
+	var read uint64
+	start := time.Now()
+	answers := 0
+	lastPing := time.Now()
+	var buf []byte
+	for answers < asks {
+		b, err := ReadFrame(slow, buf, MaxFrame)
+		require.NoError(t, err, "after %d answers", answers)
+		buf = b
+		read += uint64(4 + len(b))
+		m, err := DecodeMessage(b)
+		require.NoError(t, err)
+		if m.Kind == KindResponse {
+			answers++
+		}
+		if time.Since(lastPing) > timeout/4 {
+			_, err := c.Write((&Message{Kind: KindPing, Count: read}).Encode())
+			require.NoError(t, err)
+			lastPing = time.Now()
+		}
+	}
+	took := time.Since(start)
+	t.Logf("read %d answers (%d bytes) in %v with a peer timeout of %v", answers, read, took.Round(time.Millisecond), timeout)
+	require.Greater(t, took, 3*timeout, "the answers must take several peer timeouts to read for the test to mean anything")
+	assert.Zero(t, ep.PeersLost())
+	assert.Equal(t, 1, ep.NumPeers())
+}
+
+// trickle reads at most chunk bytes every so often: a reader far behind.
+type trickle struct {
+	c     net.Conn
+	chunk int
+	every time.Duration
+}
+
+func (r *trickle) Read(p []byte) (int, error) {
+	time.Sleep(r.every)
+	return r.c.Read(p[:min(len(p), r.chunk)])
+}
+
+// A connection lost takes the peer with it, even while another connection
+// to it lives: what the lost one carried (unborrows here) may be gone with
+// it, and a peer kept on the other would keep borrows nobody returns.
+func TestSocketsLostConnectionTakesThePeer(t *testing.T) {
+	a, epA := listenStub(t, "a")
+	_, epB := listenStub(t, "b")
+	obj := a.put()
+	_, err := borrowAt(epB, epA.Address(), obj)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	second, err := epB.(*sockEndpoint).dial(ctx, epA.Address())
+	require.NoError(t, err)
+	eventually(t, func() bool { return epA.(*sockEndpoint).numConns() == 2 }, "two connections from b to a")
+	require.Equal(t, uint64(1), a.Borrows())
+	second.c.Close() // lost, as a broken link is: no closing notice
+	eventually(t, func() bool { return a.Borrows() == 0 }, "b's borrow dropped with it")
+	eventually(t, func() bool { return epA.NumPeers() == 0 && epB.NumPeers() == 0 }, "both connections closed")
+}
+
 // A peer that sends more requests than its window of MaxUnanswered without
 // reading the answers is closed; the runtime's memory does not follow the
 // flood.

@@ -57,7 +57,8 @@ func (ep *sockEndpoint) identity(isTCP bool) transport.PeerInfo {
 // the other end of the socket.
 func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	c.SetDeadline(time.Now().Add(ep.handshakeTimeout()))
-	rd := bufio.NewReaderSize(c, 64<<10)
+	watch := newSocketWatch(c)
+	rd := bufio.NewReaderSize(watch, 64<<10)
 	hello, err := Expect(rd, KindHello)
 	if err != nil {
 		return err
@@ -94,7 +95,7 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, auth.Peer, isTCP)
+	sc := ep.newConn(watch, rd, auth.Peer, isTCP)
 	if sc == nil {
 		return transport.Errorf(transport.ErrClosed, "runtime is shutting down")
 	}
@@ -152,7 +153,8 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	if _, err := c.Write(hello.Encode()); err != nil {
 		return nil, err
 	}
-	rd := bufio.NewReaderSize(c, 64<<10)
+	watch := newSocketWatch(c)
+	rd := bufio.NewReaderSize(watch, 64<<10)
 	ch, err := Expect(rd, KindChallenge)
 	if err != nil {
 		return nil, err
@@ -183,7 +185,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		}
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(c, rd, welcome.Peer, isTCP)
+	sc := ep.newConn(watch, rd, welcome.Peer, isTCP)
 	if sc == nil {
 		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
 	}

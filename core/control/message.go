@@ -35,7 +35,7 @@ const (
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 2
+	controlVersion = 3
 	// MaxFrame bounds every frame after the handshake (length excluded).
 	MaxFrame       = MaxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8
@@ -114,7 +114,7 @@ type Message struct {
 	Token  uint64 // borrow, lease response
 	// Requests.
 	Object     transport.ObjectID
-	Count      uint64 // unborrow
+	Count      uint64 // unborrow; ping, pong: the bytes of frames the sender has read
 	Transport  string
 	TransferID uint64
 	Target     uint64 // cancel: the request id to cancel
@@ -217,7 +217,9 @@ func (m *Message) Encode() []byte {
 			w.U8(1)
 			writePeerInfo(w, m.Peer)
 		}
-	case KindIdentity, KindPing, KindPong, KindClosing:
+	case KindIdentity, KindClosing:
+	case KindPing, KindPong:
+		w.U64(m.Count)
 	case KindBorrow:
 		w.Raw(m.Object[:])
 		w.U64(m.Token)
@@ -311,7 +313,9 @@ func DecodeMessage(b []byte) (*Message, error) {
 		default:
 			r.Fail("bad identity flag")
 		}
-	case KindIdentity, KindPing, KindPong, KindClosing:
+	case KindIdentity, KindClosing:
+	case KindPing, KindPong:
+		m.Count = r.U64()
 	case KindBorrow:
 		m.Object = r.ID()
 		m.Token = r.U64()

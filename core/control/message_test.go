@@ -31,7 +31,8 @@ func FuzzDecodeMessage(f *testing.F) {
 		{Kind: KindSend, ID: 9, Object: transport.ID{5}, TransferID: 11, Transport: "nccl", Data: []byte("c")},
 		{Kind: KindMetadata, ID: 10, Object: transport.ID{5}, Transport: "shm"},
 		{Kind: KindCancel, Target: 9},
-		{Kind: KindPing},
+		{Kind: KindPing, Count: 1 << 40},
+		{Kind: KindPong, Count: 7},
 		{Kind: KindGroupJoin, ID: 12, Group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
 	} {
 		f.Add(m.Encode()[4:])

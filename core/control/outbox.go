@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
 )
@@ -28,8 +27,8 @@ import (
 //     its answers, and the connection is closed;
 //   - at most one ping and one pong are queued at a time.
 //
-// Liveness is judged on whether the peer reads and answers: see
-// checkLiveness.
+// Liveness is judged on whether the peer reads and writes: see
+// liveness.go.
 
 const (
 	// maxOutboxBytes bounds what callers may queue on one connection
@@ -146,12 +145,13 @@ func (sc *sconn) answerInline(m *Message) {
 
 // postUrgent queues a ping or pong ahead of the queue unless one is
 // queued or being written already: liveness needs only one, and a peer
-// that pings without reading must not grow the outbox.
+// that pings without reading must not grow the outbox. Either tells the
+// peer how much we have read of what it sent (see liveness.go).
 func (sc *sconn) postUrgent(flag *atomic.Bool, k Kind) {
 	if !flag.CompareAndSwap(false, true) {
 		return
 	}
-	b := (&Message{Kind: k}).Encode()
+	b := (&Message{Kind: k, Count: sc.readBytes.Load()}).Encode()
 	sc.omu.Lock()
 	defer sc.omu.Unlock()
 	if sc.out.stopped {
@@ -164,8 +164,9 @@ func (sc *sconn) postUrgent(flag *atomic.Bool, k Kind) {
 
 // writeLoop writes the outbox until the connection closes; a failed write
 // closes it. Frames queued together go out in one system call. Writes
-// have no deadline: a peer that stops reading stops answering pings, and
-// the heartbeat closes the connection, which ends a blocked write.
+// have no deadline: a peer that stops reading stops reporting that it
+// reads, and the heartbeat closes the connection, which ends a blocked
+// write.
 func (sc *sconn) writeLoop() {
 	defer func() {
 		sc.omu.Lock()
@@ -220,6 +221,9 @@ func (sc *sconn) writeLoop() {
 		if cap(batch) > keepFrames {
 			batch, iov = nil, nil
 		}
+		if err == nil {
+			sc.written.Add(uint64(size))
+		}
 		sc.omu.Lock()
 		sc.out.bytes -= size
 		close(sc.out.room)
@@ -251,24 +255,3 @@ func (sc *sconn) acquireSlot(ctx context.Context, k Kind) error {
 }
 
 func (sc *sconn) releaseSlot() { <-sc.slots }
-
-// checkLiveness closes the connection when the peer stopped reading or
-// writing: nothing arrived for the peer timeout, or the ping sent that
-// long ago was not answered. It reports whether the connection lives on.
-func (sc *sconn) checkLiveness(now time.Time) bool {
-	timeout := sc.ep.cfg.PeerTimeout
-	if silent := now.Sub(time.Unix(0, sc.lastSeen.Load())); silent > timeout {
-		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s was silent for %v", sc.Info(), silent.Round(time.Millisecond)))
-		return false
-	}
-	if sent := sc.pingSent.Load(); sent != 0 {
-		if waited := now.Sub(time.Unix(0, sent)); waited > timeout {
-			sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s did not answer a ping for %v: it stopped reading", sc.Info(), waited.Round(time.Millisecond)))
-			return false
-		}
-		return true // still waiting for its pong
-	}
-	sc.pingSent.Store(now.UnixNano())
-	sc.postUrgent(&sc.pinging, KindPing)
-	return true
-}

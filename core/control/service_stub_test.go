@@ -265,3 +265,10 @@ func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 	}
 	return rd, nil
 }
+
+// numConns counts ep's open connections, to every peer.
+func (ep *sockEndpoint) numConns() int {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return len(ep.conns)
+}

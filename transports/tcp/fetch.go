@@ -10,18 +10,22 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"golang.org/x/sys/unix"
 )
 
-// piece is one request's worth of a target: a byte range of one tensor,
-// at most maxChunk long, and the memory it lands in.
+// piece is one request's worth of targets: a byte range of one tensor, or
+// a run of whole tensors (tensors of them, their sizes digesting to
+// sizes), at most maxChunk long, and the memory it lands in.
 type piece struct {
-	tensor uint32
-	offset uint64
-	dst    []byte
-	tag    uint64 // of its request, drawn when the request is sent
+	tensor  uint32
+	tensors uint32
+	offset  uint64
+	dst     []byte
+	tag     uint64 // of its request, drawn when the request is sent
+	sizes   uint64
 }
 
 // stream pulls a list of pieces over one connection. It keeps up to window
@@ -140,7 +144,7 @@ func (s *stream) sendMore() error {
 	for s.sent < len(s.pieces) && s.sent-s.done < window {
 		p := &s.pieces[s.sent]
 		p.tag = newTag()
-		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Offset: p.offset, Length: uint64(len(p.dst)), Tag: p.tag}).encode(b)
+		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Tensors: p.tensors, Offset: p.offset, Length: uint64(len(p.dst)), Tag: p.tag, Sizes: p.sizes}).encode(b)
 		s.sent++
 	}
 	s.frames = b
@@ -409,21 +413,39 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 // stream, pipelined, their answers batched at the source; a larger one is
 // split into one share per stream (page-aligned), each share into requests
 // of at most maxChunk. A request asks for bytes of its target's range
-// alone, so nothing else crosses the wire.
+// alone, so nothing else crosses the wire. Small pieces that follow each
+// other both at the source and in the targets' memory become one request
+// (see the protocol), of up to streamMin bytes and maxRunTensors tensors.
 func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small []piece, shares [][]piece, err error) {
+	var runLast uint32 // the tensor the last small piece ends in
+	var runEnd uint64  // and the byte it ends before
+	joinable := false  // nothing moved between the last small piece and this one
 	for i, tg := range targets {
 		if !tg.Device.Type.HostAccessible() {
 			return nil, nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; tcp writes host memory", i, tg.Device)
 		}
 		p := x.PieceOf(i, tg)
 		if p.Length == 0 {
-			continue
+			continue // a run goes on through an empty tensor
 		}
 		dst := transport.Bytes(tg.Data, p.Length)
 		if p.Length < streamMin {
-			small = append(small, piece{tensor: p.Tensor, offset: p.Offset, dst: dst})
+			if last := lastOf(small); joinable && follows(x, p, runLast, runEnd) && tg.Data == end(last.dst) &&
+				len(last.dst)+len(dst) <= streamMin && p.Tensor-last.tensor < maxRunTensors {
+				last.dst = transport.Bytes(start(last.dst), uint64(len(last.dst)+len(dst)))
+				if x.Pieces == nil { // a run of whole tensors, the empty ones between included
+					for j := runLast + 1; j <= p.Tensor; j++ {
+						last.sizes = sizeDigest(last.sizes, targets[j].Nbytes)
+					}
+					last.tensors = p.Tensor - last.tensor + 1
+				}
+			} else {
+				small = append(small, piece{tensor: p.Tensor, offset: p.Offset, dst: dst, tensors: 1, sizes: sizeDigest(sizeDigestStart, p.Length)})
+			}
+			runLast, runEnd, joinable = p.Tensor, p.End(), true
 			continue
 		}
+		joinable = false
 		share := (p.Length + uint64(streams) - 1) / uint64(streams)
 		share = (share + 4095) &^ 4095
 		for off := uint64(0); off < p.Length; off += share {
@@ -439,6 +461,26 @@ func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small
 	small, more := spread(small, streams)
 	return small, append(shares, more...), nil
 }
+
+// follows reports whether p starts where the run that ends before byte
+// runEnd of tensor runLast ends, at the source. In a whole fetch pieces
+// are whole tensors in order, so each follows the one before (empty ones
+// between take no bytes), and the source checks the run's sizes; in a
+// partial fetch only pieces of one tensor are known to touch, the
+// metadata having no sizes.
+func follows(x *transport.Transfer, p transport.Piece, runLast uint32, runEnd uint64) bool {
+	return x.Pieces == nil || p.Tensor == runLast && p.Offset == runEnd
+}
+
+func lastOf(ps []piece) *piece {
+	if len(ps) == 0 {
+		return nil
+	}
+	return &ps[len(ps)-1]
+}
+
+func start(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+func end(b []byte) uintptr   { return start(b) + uintptr(len(b)) }
 
 // spreadMin is the average piece from which a run of small pieces is
 // spread over the streams: below it a fetch costs per request more than

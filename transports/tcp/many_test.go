@@ -218,3 +218,99 @@ func TestPipelinedRequestsWithTheSmallestSocketBuffers(t *testing.T) {
 		assert.Equal(t, c, l[0], "the fetch ran on the connection with the small buffers")
 	}
 }
+
+// views cuts one buffer into tensors of the given sizes, laid end to end.
+func views(t testing.TB, sizes ...int) ([]byte, []transport.Tensor) {
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	b, whole := buffer(t, total)
+	var ts []transport.Tensor
+	off := 0
+	for _, n := range sizes {
+		desc, err := transport.NewTensorDesc(whole.Device, whole.DType, []int64{int64(n)})
+		require.NoError(t, err)
+		ts = append(ts, transport.Tensor{TensorDesc: desc, Data: whole.Data + uintptr(off), Orig: whole.Orig})
+		off += n
+	}
+	return b, ts
+}
+
+// Views of one buffer fetched into views of another travel as runs of
+// whole tensors, one request each, empty tensors among them, and every
+// byte lands where it belongs; a tensor too large for a run is pulled
+// on its own.
+func TestRunsOfTouchingTensors(t *testing.T) {
+	p := newPair(t, "", "")
+	var sizes []int
+	for i := 0; i < 5000; i++ {
+		sizes = append(sizes, []int{4096, 0, 1, 3000, 777}[i%5])
+	}
+	sizes[2500] = streamMin + 5 // pulled over the streams, between two runs
+	src, tensors := views(t, sizes...)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	obj := transport.ObjectID{40}
+	p.host.Hold(obj, tensors)
+	meta, err := p.src.ExtractMetadata(obj, tensors)
+	require.NoError(t, err)
+	for round := 0; round < 2; round++ {
+		dst, targets := views(t, sizes...)
+		req, err := p.dst.Fetch(&transport.Transfer{}, targets, meta, nil)
+		require.NoError(t, err)
+		require.NoError(t, wait(req))
+		require.True(t, bytes.Equal(src, dst), "round %d: the runs landed shifted or short", round)
+	}
+}
+
+// The source checks a run as it checks a range: a run whose tensors do
+// not split where the targets do (one target a byte larger, the next a
+// byte smaller, the same bytes in all) is refused, naming the run, and
+// nothing lands shifted.
+func TestRunSplitOtherwiseIsRefused(t *testing.T) {
+	p := newPair(t, "", "")
+	sizes := []int{1000, 1000, 1000, 1000}
+	_, tensors := views(t, sizes...)
+	obj := transport.ObjectID{41}
+	p.host.Hold(obj, tensors)
+	meta, err := p.src.ExtractMetadata(obj, tensors)
+	require.NoError(t, err)
+	_, targets := views(t, 1000, 1001, 999, 1000)
+	req, err := p.dst.Fetch(&transport.Transfer{}, targets, meta, nil)
+	require.NoError(t, err)
+	err = wait(req)
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "tensors 0..3 are 4000 bytes at the source, split other than")
+	// Runs that leave the object, cross too many tensors or do not start
+	// a tensor are refused on a connection that stays usable.
+	c := rawConn(t, p)
+	for _, r := range []request{
+		{Object: obj, Tensor: 2, Tensors: 3, Length: 3000},
+		{Object: obj, Tensor: 0, Tensors: maxRunTensors + 1, Length: 4000},
+		{Object: obj, Tensor: 0, Tensors: 2, Offset: 1, Length: 1999},
+	} {
+		r.Tag = newTag()
+		_, err := c.Write(r.encode(nil))
+		require.NoError(t, err)
+		st, tag, msg, err := readResponse(c)
+		require.NoError(t, err)
+		assert.Equal(t, r.Tag, tag)
+		assert.Equal(t, transport.ErrInvalidArgument, st, "%+v", r)
+		assert.Contains(t, string(msg), "is not whole tensors of this object of 4")
+	}
+	digest := uint64(sizeDigestStart)
+	for range 2 {
+		digest = sizeDigest(digest, 1000)
+	}
+	ok := request{Object: obj, Tensor: 1, Tensors: 2, Length: 2000, Tag: newTag(), Sizes: digest}
+	_, err = c.Write(ok.encode(nil))
+	require.NoError(t, err)
+	st, tag, _, err := readResponse(c)
+	require.NoError(t, err)
+	require.Equal(t, transport.OK, st)
+	require.Equal(t, ok.Tag, tag)
+	_, err = io.ReadFull(c, make([]byte, 2000))
+	require.NoError(t, err)
+}

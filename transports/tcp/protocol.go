@@ -18,9 +18,20 @@ import (
 //	                            runtime id [16] (the client's, zero if none)
 //	           server → client: response header with tag 0
 //	                            (OK or PERMISSION_DENIED + message)
-//	request    "RTQ1", object [16], tensor u32, reserved u32, offset u64,
-//	           length u64, tag u64
+//	request    "RTQ1", object [16], tensor u32, tensors u32, offset u64,
+//	           length u64, tag u64, sizes u64
 //	response   status i32, message length u32, tag u64, message, then the bytes
+//
+// A request asks for a byte range of one tensor (tensors 0 or 1), or for a
+// run of whole tensors, `tensors` of them from `tensor` on (offset 0),
+// their bytes laid end to end: views of one buffer fetched into views of
+// another are one request and one answer, not one per tensor. `sizes` is
+// the receiver's digest of the run's tensor sizes (sizeDigest), which the
+// source checks against its own, so that a run whose tensors do not split
+// where the receiver's targets do is refused, as a range outside its
+// tensor is, rather than landing shifted. A run crosses at most
+// maxRunTensors tensors, so that what one request costs the source stays
+// bounded.
 //
 // The tag binds an answer to its request: the client draws a fresh random
 // non-zero tag for every request, the server echoes it in the answer's
@@ -41,31 +52,51 @@ import (
 
 const (
 	helloMagic   = "RTCPDATA"
-	protoVersion = 3 // 3: requests carry a tag that answers echo
+	protoVersion = 4 // 3: requests carry a tag that answers echo; 4: a request may ask for a run of tensors
 	nonceLen     = 32
 	proofLen     = 32
 	helloLen     = len(helloMagic) + 1 + nonceLen
 	clientLen    = proofLen + len(transport.RuntimeID{}) // the client's handshake answer
 	requestMagic = "RTQ1"
-	requestLen   = 4 + 16 + 4 + 4 + 8 + 8 + 8
+	requestLen   = 4 + 16 + 4 + 4 + 8 + 8 + 8 + 8
 	responseLen  = 4 + 4 + 8
 	// maxChunk bounds the bytes one request may ask for; clients cut
 	// tensors into pieces no larger (and pipeline them, so the size costs
 	// no round trips).
 	maxChunk = 64 << 20
+	// maxRunTensors bounds the tensors one request's range may cross.
+	maxRunTensors = 4096
 	// maxMessage bounds an error message on the wire.
 	maxMessage  = 4096
 	authPurpose = "rdt-tcp-data"
 )
 
-// request asks for a byte range of one tensor of an object. Tag is the
+// request asks for a byte range of one tensor of an object, or for a run
+// of Tensors whole tensors whose sizes digest to Sizes. Tag is the
 // client's: the answer echoes it.
 type request struct {
 	Object         transport.ObjectID
 	Tensor         uint32
+	Tensors        uint32
 	Offset, Length uint64
 	Tag            uint64
+	Sizes          uint64
 }
+
+// sizeDigest folds the size of the next tensor of a run into a digest
+// (FNV-1a over its 8 bytes, starting from sizeDigestStart). It catches a
+// mismatch, not an attacker: the source's bytes are the receiver's to
+// read anyway.
+func sizeDigest(h, size uint64) uint64 {
+	for i := 0; i < 8; i++ {
+		h ^= size & 0xff
+		h *= 1099511628211
+		size >>= 8
+	}
+	return h
+}
+
+const sizeDigestStart = 14695981039346656037
 
 // newTag draws a request tag: random, so that a header written before the
 // source read the request (bytes left over from an earlier answer, or sent
@@ -86,10 +117,11 @@ func (r *request) encode(b []byte) []byte {
 	b = append(b, requestMagic...)
 	b = append(b, r.Object[:]...)
 	b = binary.LittleEndian.AppendUint32(b, r.Tensor)
-	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, r.Tensors)
 	b = binary.LittleEndian.AppendUint64(b, r.Offset)
 	b = binary.LittleEndian.AppendUint64(b, r.Length)
 	b = binary.LittleEndian.AppendUint64(b, r.Tag)
+	b = binary.LittleEndian.AppendUint64(b, r.Sizes)
 	return b
 }
 
@@ -107,12 +139,11 @@ func decodeRequest(b []byte) (request, error) {
 	}
 	copy(r.Object[:], b[4:20])
 	r.Tensor = binary.LittleEndian.Uint32(b[20:])
-	if binary.LittleEndian.Uint32(b[24:]) != 0 {
-		return r, transport.Errorf(transport.ErrInvalidArgument, "reserved request field is not zero")
-	}
+	r.Tensors = binary.LittleEndian.Uint32(b[24:])
 	r.Offset = binary.LittleEndian.Uint64(b[28:])
 	r.Length = binary.LittleEndian.Uint64(b[36:])
 	r.Tag = binary.LittleEndian.Uint64(b[44:])
+	r.Sizes = binary.LittleEndian.Uint64(b[52:])
 	return r, nil
 }
 

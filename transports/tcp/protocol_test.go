@@ -12,7 +12,7 @@ import (
 )
 
 func TestRequestFrameRoundTrip(t *testing.T) {
-	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Offset: 1 << 40, Length: maxChunk, Tag: 0x0123456789abcdef}
+	r := request{Object: transport.ObjectID{1, 2, 3}, Tensor: 7, Tensors: 3, Offset: 1 << 40, Length: maxChunk, Tag: 0x0123456789abcdef, Sizes: 42}
 	b := r.encode(nil)
 	require.Len(t, b, requestLen)
 	got, err := decodeRequest(b)
@@ -20,7 +20,7 @@ func TestRequestFrameRoundTrip(t *testing.T) {
 	assert.Equal(t, r, got)
 	// Ranges are the server's to check (the connection stays usable); a
 	// frame that is not one closes it.
-	b[24] = 1
+	b[0] = 'X'
 	_, err = decodeRequest(b)
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	_, err = decodeRequest(b[:requestLen-1])
@@ -49,17 +49,18 @@ func TestResponseHeaderRoundTrip(t *testing.T) {
 }
 
 // FuzzDecodeRequest runs the server's handling of a request frame, short
-// of the memory: decode, then the range check against a two-tensor object.
-// Whatever it accepts must lie inside the tensor.
+// of the memory: decode, then the range check against a small object.
+// Whatever it accepts must be segments inside their tensors, in order,
+// crossing at most maxRunTensors, adding up to the request's length.
 func FuzzDecodeRequest(f *testing.F) {
 	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 3, Length: 4, Tag: 1}).encode(nil))
 	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 1, Offset: 0, Length: 0, Tag: ^uint64(0)}).encode(nil))
+	f.Add((&request{Object: transport.ObjectID{1}, Tensor: 0, Offset: 990, Length: 20, Tag: 2}).encode(nil))
 	f.Add(make([]byte, requestLen))
-	tensors := []transport.Tensor{
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1000}},
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 0}},
-		{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: 1 << 62}},
+	cpu := func(n uint64) transport.Tensor {
+		return transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: n}}
 	}
+	tensors := []transport.Tensor{cpu(1000), cpu(0), cpu(16), cpu(1 << 62)}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRequest(b)
 		if err != nil {
@@ -71,16 +72,31 @@ func FuzzDecodeRequest(f *testing.F) {
 		if !bytes.Equal(r.encode(nil), b) {
 			t.Fatalf("re-encoding differs")
 		}
-		src, st, msg := checkRange(r, tensors)
+		segs, st, msg := checkRun(r, tensors, nil)
 		if st != transport.OK {
 			if msg == "" || st != transport.ErrInvalidArgument {
 				t.Fatalf("refusal %v without a clear message: %q", st, msg)
 			}
 			return
 		}
-		end, carry := bits.Add64(r.Offset, r.Length, 0)
-		if carry != 0 || end > src.Nbytes || r.Length > maxChunk {
-			t.Fatalf("accepted %+v outside a %d-byte tensor", r, src.Nbytes)
+		// The first segment is where the range starts, or (the range
+		// starting at its tensor's end) the start of a later tensor.
+		first := len(segs) > 0 && (segs[0].tensor == int(r.Tensor) && segs[0].offset == r.Offset ||
+			segs[0].tensor > int(r.Tensor) && segs[0].offset == 0 && r.Offset == tensors[r.Tensor].Nbytes)
+		if r.Length > maxChunk || !first {
+			t.Fatalf("accepted %+v as %+v", r, segs)
+		}
+		var total uint64
+		for i, sg := range segs {
+			end, carry := bits.Add64(sg.offset, sg.length, 0)
+			if carry != 0 || end > tensors[sg.tensor].Nbytes || (i > 0 && (sg.offset != 0 || sg.tensor <= segs[i-1].tensor)) ||
+				sg.tensor-int(r.Tensor) >= maxRunTensors {
+				t.Fatalf("accepted %+v as %+v: segment %d is outside its tensor or out of order", r, segs, i)
+			}
+			total += sg.length
+		}
+		if total != r.Length {
+			t.Fatalf("accepted %+v as %d bytes", r, total)
 		}
 	})
 }

@@ -156,12 +156,13 @@ func (t *Transport) malformed(c net.Conn, tag uint64, err error) {
 }
 
 // answers gathers the responses to a run of small requests, each header
-// followed by its bytes (straight from the tensor, pinned until written)
+// followed by its bytes (straight from the tensors, pinned until written)
 // or by its refusal, to be written with one writev.
 type answers struct {
-	hdrs   []byte // every header and refusal message of the run
-	spans  [][2]int
-	data   [][]byte // per request: its bytes, or nil
+	hdrs   []byte   // every header and refusal message of the run
+	parts  [][3]int // per answer: its header's span in hdrs, then its end in data
+	data   [][]byte // the answers' bytes, one span or more each
+	segs   []segment
 	unpins []func()
 	n      int
 	bytes  int
@@ -172,24 +173,23 @@ type answers struct {
 }
 
 func (b *answers) add(t *Transport, c net.Conn, req request) {
-	start := len(b.hdrs)
-	var data []byte
+	start, size := len(b.hdrs), 0
 	tensors, err := b.pin(t, req.Object)
 	if err != nil {
 		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.StatusOf(err), err.Error())
-	} else if src, st, msg := checkRange(req, tensors); st != transport.OK {
+	} else if segs, st, msg := checkRun(req, tensors, b.segs[:0]); st != transport.OK {
+		b.segs = segs
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		b.hdrs = encodeResponse(b.hdrs, req.Tag, st, msg)
 	} else {
+		b.segs = segs
 		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.OK, "")
-		if req.Length > 0 {
-			data = transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
-		}
+		b.data = spansOf(segs, tensors, b.data)
+		size = int(req.Length)
 	}
-	b.spans = append(b.spans, [2]int{start, len(b.hdrs)})
-	b.data = append(b.data, data)
+	b.parts = append(b.parts, [3]int{start, len(b.hdrs), len(b.data)})
 	b.n++
-	b.bytes += len(b.hdrs) - start + len(data)
+	b.bytes += len(b.hdrs) - start + size
 }
 
 // pin pins obj until the flush, or finds it pinned already in this run.
@@ -211,12 +211,12 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 	if b.n == 0 {
 		return nil
 	}
-	bufs := make(net.Buffers, 0, 2*b.n)
-	for i, sp := range b.spans {
-		bufs = append(bufs, b.hdrs[sp[0]:sp[1]])
-		if b.data[i] != nil {
-			bufs = append(bufs, b.data[i])
-		}
+	bufs := make(net.Buffers, 0, b.n+len(b.data))
+	d := 0
+	for _, p := range b.parts {
+		bufs = append(bufs, b.hdrs[p[0]:p[1]])
+		bufs = append(bufs, b.data[d:p[2]]...)
+		d = p[2]
 	}
 	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 	_, err := bufs.WriteTo(c)
@@ -226,7 +226,7 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 	clear(b.unpins)
 	clear(b.data)
 	b.tensors = nil
-	b.hdrs, b.spans, b.data, b.unpins = b.hdrs[:0], b.spans[:0], b.data[:0], b.unpins[:0]
+	b.hdrs, b.parts, b.data, b.unpins = b.hdrs[:0], b.parts[:0], b.data[:0], b.unpins[:0]
 	b.n, b.bytes = 0, 0
 	return err
 }
@@ -286,56 +286,121 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 		return refuse(transport.StatusOf(err), err.Error())
 	}
 	defer unpin()
-	src, st, msg := checkRange(req, tensors)
+	segs, st, msg := checkRun(req, tensors, nil)
 	if st != transport.OK {
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		return refuse(st, msg)
 	}
-	hdr = encodeResponse(hdr, req.Tag, transport.OK, "")
-	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-	if req.Length == 0 {
-		_, err = c.Write(hdr)
-		return err
-	}
-	// Header and first chunk in one writev, the bytes straight from the
-	// tensor's memory (the pin keeps it alive meanwhile): one segment for a
-	// small answer, no copy for a large one. Each further chunk gets a
-	// fresh deadline: the bound is on a stall, not on the whole answer.
-	data := transport.Bytes(src.Data+uintptr(req.Offset), req.Length)
-	first := min(len(data), writeChunk)
-	bufs := net.Buffers{hdr, data[:first]}
-	if _, err := bufs.WriteTo(c); err != nil {
-		return err
-	}
-	for off := first; off < len(data); off += writeChunk {
-		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-		if _, err := c.Write(data[off:min(off+writeChunk, len(data))]); err != nil {
-			return err
+	// The header and the bytes, straight from the tensors' memory (the pin
+	// keeps it alive meanwhile), in writes of about writeChunk: one
+	// segment for a small answer, no copy for a large one. Each write gets
+	// a fresh deadline: the bound is on a stall, not on the whole answer.
+	bufs := net.Buffers{encodeResponse(hdr, req.Tag, transport.OK, "")}
+	left := writeChunk
+	for _, span := range spansOf(segs, tensors, nil) {
+		for len(span) > 0 {
+			n := min(len(span), left)
+			bufs = append(bufs, span[:n])
+			span, left = span[n:], left-n
+			if left == 0 {
+				if err := t.write(c, &bufs); err != nil {
+					return err
+				}
+				left = writeChunk
+			}
 		}
 	}
-	return nil
+	return t.write(c, &bufs)
 }
 
-// checkRange finds the tensor a request reads and checks that the range
-// lies inside it, or says why not.
-func checkRange(req request, tensors []transport.Tensor) (transport.Tensor, transport.Status, string) {
+// write writes bufs under a fresh deadline and empties it.
+func (t *Transport) write(c net.Conn, bufs *net.Buffers) error {
+	if len(*bufs) == 0 {
+		return nil
+	}
+	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+	_, err := bufs.WriteTo(c)
+	*bufs = (*bufs)[:0]
+	return err
+}
+
+// segment is the part of one tensor a request reads.
+type segment struct {
+	tensor         int
+	offset, length uint64
+}
+
+// checkRun finds what a request reads and checks it, or says why not: a
+// range inside one tensor, or a run of whole tensors (see the protocol)
+// whose sizes add up to its length and digest to its Sizes. It appends a
+// segment per tensor read to segs.
+func checkRun(req request, tensors []transport.Tensor, segs []segment) ([]segment, transport.Status, string) {
+	tensor := strconv.FormatUint(uint64(req.Tensor), 10)
 	if uint64(req.Tensor) >= uint64(len(tensors)) {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
-			" tensors; tensor " + strconv.FormatUint(uint64(req.Tensor), 10) + " was asked for"
+		return segs, transport.ErrInvalidArgument, "object " + req.Object.String() + " has " + strconv.Itoa(len(tensors)) +
+			" tensors; tensor " + tensor + " was asked for"
 	}
 	if req.Length > maxChunk {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "request for " + strconv.FormatUint(req.Length, 10) +
+		return segs, transport.ErrInvalidArgument, "request for " + strconv.FormatUint(req.Length, 10) +
 			" bytes exceeds the " + strconv.Itoa(maxChunk) + "-byte limit"
 	}
-	src := tensors[req.Tensor]
-	// Written so that neither side can overflow.
-	if req.Offset > src.Nbytes || req.Length > src.Nbytes-req.Offset {
-		return transport.Tensor{}, transport.ErrInvalidArgument, "range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
-			strconv.FormatUint(req.Length, 10) + ") is outside tensor " + strconv.FormatUint(uint64(req.Tensor), 10) +
-			" (" + strconv.FormatUint(src.Nbytes, 10) + " bytes)"
+	if req.Tensors <= 1 {
+		src := tensors[req.Tensor]
+		// Written so that neither side can overflow.
+		if req.Offset > src.Nbytes || req.Length > src.Nbytes-req.Offset {
+			return segs, transport.ErrInvalidArgument, "range [" + strconv.FormatUint(req.Offset, 10) + ", +" +
+				strconv.FormatUint(req.Length, 10) + ") is outside tensor " + tensor + " (" + strconv.FormatUint(src.Nbytes, 10) + " bytes)"
+		}
+		if !src.Device.Type.HostAccessible() {
+			return segs, transport.ErrUnsupported, "the object is in " + src.Device.Type.String() + " memory"
+		}
+		return append(segs, segment{tensor: int(req.Tensor), offset: req.Offset, length: req.Length}), transport.OK, ""
 	}
-	if !src.Device.Type.HostAccessible() {
-		return transport.Tensor{}, transport.ErrUnsupported, "the object is in " + src.Device.Type.String() + " memory"
+	last := uint64(req.Tensor) + uint64(req.Tensors) - 1
+	run := "tensors " + tensor + ".." + strconv.FormatUint(last, 10)
+	if req.Tensors > maxRunTensors || last >= uint64(len(tensors)) || req.Offset != 0 {
+		return segs, transport.ErrInvalidArgument, "a run of " + run + " from offset " + strconv.FormatUint(req.Offset, 10) +
+			" is not whole tensors of this object of " + strconv.Itoa(len(tensors)) + " (at most " + strconv.Itoa(maxRunTensors) + " a run)"
 	}
-	return src, transport.OK, ""
+	var total uint64
+	digest := uint64(sizeDigestStart)
+	start := len(segs)
+	for i := int(req.Tensor); i <= int(last); i++ {
+		src := tensors[i]
+		if !src.Device.Type.HostAccessible() {
+			return segs[:start], transport.ErrUnsupported, "tensor " + strconv.Itoa(i) + " is in " + src.Device.Type.String() + " memory"
+		}
+		total += src.Nbytes // at most maxRunTensors sizes of what fits in memory: no overflow
+		digest = sizeDigest(digest, src.Nbytes)
+		segs = append(segs, segment{tensor: i, length: src.Nbytes})
+	}
+	if total != req.Length || digest != req.Sizes {
+		return segs[:start], transport.ErrInvalidArgument, run + " are " + strconv.FormatUint(total, 10) +
+			" bytes at the source, split other than the " + strconv.FormatUint(req.Length, 10) + " bytes of the targets asked for"
+	}
+	return segs, transport.OK, ""
+}
+
+// spansOf appends the memory of segs to spans, as few spans as the
+// tensors' memory allows: views of one buffer are one span.
+func spansOf(segs []segment, tensors []transport.Tensor, spans [][]byte) [][]byte {
+	var start, end uintptr
+	for _, sg := range segs {
+		if sg.length == 0 {
+			continue
+		}
+		a := tensors[sg.tensor].Data + uintptr(sg.offset)
+		if end != 0 && a == end {
+			end += uintptr(sg.length)
+			continue
+		}
+		if end != 0 {
+			spans = append(spans, transport.Bytes(start, uint64(end-start)))
+		}
+		start, end = a, a+uintptr(sg.length)
+	}
+	if end != 0 {
+		spans = append(spans, transport.Bytes(start, uint64(end-start)))
+	}
+	return spans
 }

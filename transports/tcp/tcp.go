@@ -28,7 +28,7 @@ const (
 	// connections at once; smaller ones share one connection.
 	streamMin = 8 << 20
 	// window is how many request frames a connection keeps in flight.
-	// Frames are 52 bytes, so a full window (13 KiB) always fits the socket
+	// Frames are 60 bytes, so a full window (15 KiB) always fits the socket
 	// buffers and the client's writes never wait on the server's: the
 	// client writes its requests on the goroutine that reads the answers,
 	// and the server answers on the one that reads the requests, so a

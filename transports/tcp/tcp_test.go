@@ -242,11 +242,12 @@ func TestPlan(t *testing.T) {
 		}
 		assert.Equal(t, uint64(n-streamMin-99), next)
 	}
-	// 1,000 tensors of 1 MiB: small each, large together, so they spread
-	// over the streams in order, in runs of about equal bytes.
+	// 1,000 tensors of 1 MiB, apart in memory: small each, large together,
+	// so they spread over the streams in order, in runs of about equal
+	// bytes. (Pieces are not printed: their memory is not readable.)
 	var views []transport.Tensor
 	for i := uint64(0); i < 1000; i++ {
-		views = append(views, tensor(i<<20, 1<<20))
+		views = append(views, tensor(i<<20, 1<<20-64))
 	}
 	for _, streams := range []int{1, 4, 7} {
 		small, shares, err := plan(&transport.Transfer{}, views, streams)
@@ -257,7 +258,7 @@ func TestPlan(t *testing.T) {
 		for _, run := range runs {
 			assert.InDelta(t, 1000/streams, len(run), 1, "runs of about equal bytes")
 			for _, p := range run {
-				assert.Equal(t, next, p.tensor, "in order, each once")
+				require.True(t, p.tensor == next && p.tensors == 1, "in order, each once, alone")
 				next++
 			}
 		}
@@ -271,12 +272,55 @@ func TestPlan(t *testing.T) {
 	assert.Empty(t, shares)
 	var tiny []transport.Tensor
 	for i := uint64(0); i < 10000; i++ {
-		tiny = append(tiny, tensor(i<<12, 4<<10))
+		tiny = append(tiny, tensor(i<<13, 4<<10))
 	}
 	small, shares, err = plan(&transport.Transfer{}, tiny, 4)
 	require.NoError(t, err)
 	assert.Len(t, small, 10000)
 	assert.Empty(t, shares)
+	// Views of one buffer into views of one buffer: whole tensors that
+	// touch in the targets become runs of up to streamMin bytes, each one
+	// request, and the runs spread like a large tensor. An empty tensor
+	// inside a run is part of it.
+	var touching []transport.Tensor
+	for i := uint64(0); i < 10000; i++ {
+		size := uint64(4 << 10)
+		if i == 5 {
+			size = 0
+		}
+		touching = append(touching, tensor(i<<12-min(i, 6)<<12+min(i, 5)<<12, size))
+	}
+	small, shares, err = plan(&transport.Transfer{}, touching, 4)
+	require.NoError(t, err)
+	next, bytes := uint32(0), 0
+	for _, run := range append([][]piece{small}, shares...) {
+		for _, p := range run {
+			require.Equal(t, next, p.tensor, "runs in order")
+			require.LessOrEqual(t, len(p.dst), streamMin)
+			digest := uint64(sizeDigestStart)
+			for k := p.tensor; k < p.tensor+p.tensors; k++ {
+				digest = sizeDigest(digest, touching[k].Nbytes)
+			}
+			require.Equal(t, digest, p.sizes, "the run's sizes digest")
+			next += p.tensors
+			bytes += len(p.dst)
+		}
+	}
+	assert.Equal(t, uint32(10000), next, "every tensor in one run")
+	assert.Equal(t, (10000-1)*4<<10, bytes)
+	pieces := len(small)
+	for _, ps := range shares {
+		pieces += len(ps)
+	}
+	assert.Equal(t, 5, pieces, "40 MiB in runs of 8 MiB")
+	assert.GreaterOrEqual(t, len(shares), 2, "spread over the streams")
+	// In a partial fetch pieces of one tensor that touch become one range.
+	rows := &transport.Transfer{Pieces: []transport.Piece{{Tensor: 0, Offset: 0, Length: 100}, {Tensor: 0, Offset: 100, Length: 50}, {Tensor: 1, Offset: 0, Length: 10}}}
+	small, _, err = plan(rows, []transport.Tensor{tensor(0, 100), tensor(100, 50), tensor(150, 10)}, 4)
+	require.NoError(t, err)
+	require.Equal(t, 2, len(small), "tensor 1 follows in memory, but its size at the source is not known")
+	assert.Equal(t, []uint64{150, 10}, []uint64{uint64(len(small[0].dst)), uint64(len(small[1].dst))})
+	assert.Equal(t, uint32(1), small[0].tensors)
 	gpu := transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCUDA}, Nbytes: 4}, Data: addr}
 	_, _, err = plan(&transport.Transfer{}, []transport.Tensor{gpu}, 4)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
@@ -372,7 +416,7 @@ func TestMalformedFrameClosesOnlyThatConnection(t *testing.T) {
 	c := rawConn(t, p)
 	bad := make([]byte, requestLen)
 	copy(bad, "JUNK")
-	bad[requestLen-1] = 0x5a // the tag field
+	bad[44+7] = 0x5a // the tag field
 	_, err := c.Write(bad)
 	require.NoError(t, err)
 	st, tag, _, err := readResponse(c)

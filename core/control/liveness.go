@@ -79,8 +79,8 @@ func (w *socketWatch) behind() bool {
 func (sc *sconn) peerReports(read uint64) {
 	// A report may run ahead of written: the peer can read a frame before
 	// our writer has counted it.
-	if read > sc.peerRead.Load() || read >= sc.written.Load() {
-		sc.peerRead.Store(max(read, sc.peerRead.Load()))
+	if seen := sc.peerRead.Load(); read > seen || read >= sc.written.Load() {
+		sc.peerRead.Store(max(read, seen))
 		sc.progress.Store(time.Now().UnixNano())
 	}
 }

@@ -202,3 +202,13 @@ func Bytes(addr uintptr, n uint64) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(addr)), n)
 }
+
+// Join views a and b as one slice when b starts where a ends in memory
+// (views of one buffer), so that a transport moves them as one span; ok
+// is false otherwise, and when either is empty.
+func Join(a, b []byte) (joined []byte, ok bool) {
+	if len(a) == 0 || len(b) == 0 || uintptr(unsafe.Pointer(&a[0]))+uintptr(len(a)) != uintptr(unsafe.Pointer(&b[0])) {
+		return nil, false
+	}
+	return unsafe.Slice(&a[0], len(a)+len(b)), true
+}

@@ -264,10 +264,9 @@ type run struct {
 // kernel's cost is per iovec more than per byte) and nothing lies between
 // them in the segment (joinable).
 func (r *run) extend(b []byte, joinable bool) {
-	if n := len(r.iovs); n > 0 && joinable && len(b) > 0 {
-		last := r.iovs[n-1]
-		if len(last) > 0 && uintptr(unsafe.Pointer(unsafe.SliceData(last)))+uintptr(len(last)) == uintptr(unsafe.Pointer(unsafe.SliceData(b))) {
-			r.iovs[n-1] = unsafe.Slice(unsafe.SliceData(last), len(last)+len(b))
+	if n := len(r.iovs); n > 0 && joinable {
+		if joined, ok := transport.Join(r.iovs[n-1], b); ok {
+			r.iovs[n-1] = joined
 			return
 		}
 	}

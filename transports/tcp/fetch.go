@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"golang.org/x/sys/unix"
@@ -430,16 +429,7 @@ func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small
 		}
 		dst := transport.Bytes(tg.Data, p.Length)
 		if p.Length < streamMin {
-			if last := lastOf(small); joinable && follows(x, p, runLast, runEnd) && tg.Data == end(last.dst) &&
-				len(last.dst)+len(dst) <= streamMin && p.Tensor-last.tensor < maxRunTensors {
-				last.dst = transport.Bytes(start(last.dst), uint64(len(last.dst)+len(dst)))
-				if x.Pieces == nil { // a run of whole tensors, the empty ones between included
-					for j := runLast + 1; j <= p.Tensor; j++ {
-						last.sizes = sizeDigest(last.sizes, targets[j].Nbytes)
-					}
-					last.tensors = p.Tensor - last.tensor + 1
-				}
-			} else {
+			if !joinable || !joinRun(x, targets, &small[len(small)-1], p, dst, runLast, runEnd) {
 				small = append(small, piece{tensor: p.Tensor, offset: p.Offset, dst: dst, tensors: 1, sizes: sizeDigest(sizeDigestStart, p.Length)})
 			}
 			runLast, runEnd, joinable = p.Tensor, p.End(), true
@@ -462,25 +452,31 @@ func plan(x *transport.Transfer, targets []transport.Tensor, streams int) (small
 	return small, append(shares, more...), nil
 }
 
-// follows reports whether p starts where the run that ends before byte
-// runEnd of tensor runLast ends, at the source. In a whole fetch pieces
-// are whole tensors in order, so each follows the one before (empty ones
-// between take no bytes), and the source checks the run's sizes; in a
-// partial fetch only pieces of one tensor are known to touch, the
-// metadata having no sizes.
-func follows(x *transport.Transfer, p transport.Piece, runLast uint32, runEnd uint64) bool {
-	return x.Pieces == nil || p.Tensor == runLast && p.Offset == runEnd
-}
-
-func lastOf(ps []piece) *piece {
-	if len(ps) == 0 {
-		return nil
+// joinRun adds p, landing in dst, to the run last, which ends before
+// byte runEnd of tensor runLast, when p follows it both at the source and
+// in memory and the run stays within its bounds; it reports whether it
+// did. At the source, in a whole fetch pieces are whole tensors in order,
+// so each follows the one before (empty ones between take no bytes, and
+// the source checks the run's sizes); in a partial fetch only pieces of
+// one tensor are known to touch, the metadata having no sizes.
+func joinRun(x *transport.Transfer, targets []transport.Tensor, last *piece, p transport.Piece, dst []byte, runLast uint32, runEnd uint64) bool {
+	follows := x.Pieces == nil || p.Tensor == runLast && p.Offset == runEnd
+	if !follows || len(last.dst)+len(dst) > streamMin || p.Tensor-last.tensor >= maxRunTensors {
+		return false
 	}
-	return &ps[len(ps)-1]
+	joined, ok := transport.Join(last.dst, dst)
+	if !ok {
+		return false
+	}
+	last.dst = joined
+	if x.Pieces == nil { // a run of whole tensors, the empty ones between included
+		for j := runLast + 1; j <= p.Tensor; j++ {
+			last.sizes = sizeDigest(last.sizes, targets[j].Nbytes)
+		}
+		last.tensors = p.Tensor - last.tensor + 1
+	}
+	return true
 }
-
-func start(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
-func end(b []byte) uintptr   { return start(b) + uintptr(len(b)) }
 
 // spreadMin is the average piece from which a run of small pieces is
 // spread over the streams: below it a fetch costs per request more than

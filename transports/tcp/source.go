@@ -175,16 +175,15 @@ type answers struct {
 func (b *answers) add(t *Transport, c net.Conn, req request) {
 	start, size := len(b.hdrs), 0
 	tensors, err := b.pin(t, req.Object)
+	st, msg := transport.StatusOf(err), ""
 	if err != nil {
-		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.StatusOf(err), err.Error())
-	} else if segs, st, msg := checkRun(req, tensors, b.segs[:0]); st != transport.OK {
-		b.segs = segs
+		msg = err.Error()
+	} else if b.segs, st, msg = checkRun(req, tensors, b.segs[:0]); st != transport.OK {
 		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
-		b.hdrs = encodeResponse(b.hdrs, req.Tag, st, msg)
-	} else {
-		b.segs = segs
-		b.hdrs = encodeResponse(b.hdrs, req.Tag, transport.OK, "")
-		b.data = spansOf(segs, tensors, b.data)
+	}
+	b.hdrs = encodeResponse(b.hdrs, req.Tag, st, msg)
+	if err == nil && st == transport.OK {
+		b.data = spansOf(b.segs, tensors, b.data)
 		size = int(req.Length)
 	}
 	b.parts = append(b.parts, [3]int{start, len(b.hdrs), len(b.data)})
@@ -318,9 +317,11 @@ func (t *Transport) write(c net.Conn, bufs *net.Buffers) error {
 	if len(*bufs) == 0 {
 		return nil
 	}
+	all := *bufs // WriteTo consumes the slice: keep its array for the next write
 	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
 	_, err := bufs.WriteTo(c)
-	*bufs = (*bufs)[:0]
+	clear(all)
+	*bufs = all[:0]
 	return err
 }
 

@@ -37,8 +37,7 @@ def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional
            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """Runtime.get."""
     deadline = deadline_of(timeout)
-    device_of(device, out)  # a bad device= starts nothing
-    if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None:
+    if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None and device is None:
         # The common case, one ref into one array, in fewer steps.
         r: ObjectRef = refs
         if r.runtime is rt:

@@ -462,6 +462,15 @@ func (sc *sconn) dispatch(m *Message) bool {
 			data, err := svc.JoinGroup(ctx, from, m.Group)
 			return &Message{Data: data}, err
 		})
+	case KindWriteOpen:
+		sc.answerInline(response(m.ID, nil, svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
+			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces})))
+	case KindWriteDone:
+		status := m.Status
+		if status > 0 {
+			status = transport.ErrTransport // a writer's failure is never success
+		}
+		svc.WriteDone(from.RuntimeID, m.Object, m.TransferID, status, m.Text)
 	case KindClosing:
 		sc.closeClean(transport.Errorf(transport.ErrPeerUnavailable, "runtime %s shut down", sc.remote))
 		return false

@@ -309,3 +309,35 @@ func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
 		answered[resp.ID] = true
 	}
 }
+
+func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
+	owner, _ := listenStub(t, "owner")
+	_, writerEP := listenStub(t, "writer")
+	obj := owner.put()
+	peer, err := connectTo(writerEP, owner.Identity().Address)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	pieces := []transport.Piece{{Tensor: 2, Offset: 64, Length: 128}}
+	wrong := WriteOpen{Object: obj, TransferID: 1, Transport: "cma", Key: [16]byte{'x'}, Tag: 9}
+	err = peer.OpenWrite(ctx, wrong)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the owner's refusal comes back")
+	req := WriteOpen{Object: obj, TransferID: 2, Transport: "cma", Key: stubWriteKey, Tag: 9, Pieces: pieces}
+	require.NoError(t, peer.OpenWrite(ctx, req))
+	peer.WriteDone(obj, 2, transport.Errorf(transport.ErrAborted, "stopped"))
+
+	eventually(t, func() bool {
+		owner.mu.Lock()
+		defer owner.mu.Unlock()
+		_, done := owner.writesDone[2]
+		return done
+	}, "the done notice arrives")
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	got := owner.writes[2]
+	assert.Equal(t, uint64(9), got.Tag)
+	assert.Equal(t, pieces, got.Pieces)
+	assert.Equal(t, transport.ErrAborted, owner.writesDone[2])
+	assert.NotContains(t, owner.writes, uint64(1), "a refused write is not recorded")
+}

@@ -56,9 +56,27 @@ type PeerService interface {
 	// of, and returns the encoded roster once every rank joined (ErrNotFound
 	// while the group is not created here yet). Cancelling ctx withdraws.
 	JoinGroup(ctx context.Context, from transport.PeerInfo, req GroupJoin) ([]byte, error)
+	// OpenWrite admits a write by `from` into an object this runtime
+	// exposed for writing, or refuses it (a wrong key, a revoked object,
+	// ranges outside it). A write admitted is open until WriteDone, or
+	// until `from` is gone, which tears it.
+	OpenWrite(from transport.PeerInfo, req WriteOpen) error
+	// WriteDone ends a write OpenWrite admitted: status OK when every byte
+	// landed, else why it failed.
+	WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string)
 	// PeerGone tells the runtime that a peer disconnected or died: its
 	// borrows are returned and transports drop what they keep for it.
 	PeerGone(peer transport.PeerInfo)
+}
+
+// WriteOpen is a writer's request to write into an exposed object.
+type WriteOpen struct {
+	Object     transport.ObjectID
+	TransferID uint64 // the writer's, unique among its writes
+	Transport  string
+	Key        [16]byte // the writable ref's capability
+	Tag        uint64   // the writer's, handed to the owner's notice
+	Pieces     []transport.Piece
 }
 
 // Peer is a connection to another runtime, as seen by the caller.
@@ -82,6 +100,12 @@ type Peer interface {
 	Send(ctx context.Context, req SendRequest) error
 	// JoinGroup joins a group the peer is rank 0 of; see PeerService.
 	JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error)
+	// OpenWrite asks the peer to admit a write; see PeerService.
+	OpenWrite(ctx context.Context, req WriteOpen) error
+	// WriteDone is one-way: it tells the peer a write it admitted ended
+	// (err nil: every byte landed). Send it only once the bytes are in
+	// place or no more can land.
+	WriteDone(obj transport.ObjectID, transferID uint64, err error)
 	// Done is closed when the peer is gone (destroyed, died, disconnected).
 	Done() <-chan struct{}
 }

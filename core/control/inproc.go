@@ -257,3 +257,21 @@ func (p *inprocPeer) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, erro
 }
 
 func (p *inprocPeer) Done() <-chan struct{} { return p.remote.closed }
+
+func (p *inprocPeer) OpenWrite(ctx context.Context, req WriteOpen) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	return p.remote.svc.OpenWrite(p.from(), req)
+}
+
+func (p *inprocPeer) WriteDone(obj transport.ObjectID, transferID uint64, err error) {
+	if p.check() != nil {
+		return
+	}
+	status, text := transport.OK, ""
+	if err != nil {
+		status, text = transport.StatusOf(err), err.Error()
+	}
+	p.remote.svc.WriteDone(p.local.id, obj, transferID, status, text)
+}

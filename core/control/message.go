@@ -35,7 +35,7 @@ const (
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 3
+	controlVersion = 4
 	// MaxFrame bounds every frame after the handshake (length excluded).
 	MaxFrame       = MaxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8
@@ -83,11 +83,15 @@ const (
 	// receiver closes the connection, which the sender waits for before it
 	// frees its objects (see sockEndpoint.Close).
 	KindClosing
+	// KindWriteOpen asks an exposed object's owner to admit a write;
+	// KindWriteDone (one-way) follows the write's bytes with its outcome.
+	KindWriteOpen
+	KindWriteDone
 	KindEnd // not a kind: the first invalid value
 )
 
 var KindNames = [...]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
-	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing"}
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing", "write open", "write done"}
 
 func (k Kind) String() string {
 	if k > 0 && k < KindEnd {
@@ -119,7 +123,8 @@ type Message struct {
 	TransferID uint64
 	Target     uint64 // cancel: the request id to cancel
 	Group      GroupJoin
-	Pieces     []transport.Piece // send: a partial fetch's (nil: whole)
+	Pieces     []transport.Piece // send: a partial fetch's; write open: where the write lands (nil: whole)
+	WriteKey   [16]byte          // write open: the writable ref's capability
 }
 
 func writePeerInfo(w *transport.WireWriter, p transport.PeerInfo) {
@@ -246,6 +251,18 @@ func (m *Message) Encode() []byte {
 				w.U64(p.Length)
 			}
 		}
+	case KindWriteOpen:
+		w.Raw(m.Object[:])
+		w.U64(m.TransferID)
+		w.Str8(m.Transport)
+		w.Raw(m.WriteKey[:])
+		w.U64(m.Token)
+		writePieces(w, m.Pieces)
+	case KindWriteDone:
+		w.Raw(m.Object[:])
+		w.U64(m.TransferID)
+		w.I32(int32(m.Status))
+		w.Bytes32([]byte(m.Text))
 	case KindCancel:
 		w.U64(m.Target)
 	case KindGroupJoin:
@@ -259,6 +276,34 @@ func (m *Message) Encode() []byte {
 	b[4] = byte(m.Kind)
 	binary.LittleEndian.PutUint64(b[5:13], m.ID)
 	return b
+}
+
+// writePieces writes a trailing section of pieces, absent when there are
+// none (a whole object), so that whole requests read the same in every
+// version.
+func writePieces(w *transport.WireWriter, pieces []transport.Piece) {
+	if pieces == nil {
+		return
+	}
+	w.U32(uint32(len(pieces)))
+	for _, p := range pieces {
+		w.U32(p.Tensor)
+		w.U64(p.Offset)
+		w.U64(p.Length)
+	}
+}
+
+// readPieces reads writePieces' section, if present.
+func readPieces(r *transport.WireReader) []transport.Piece {
+	if r.Len() == 0 {
+		return nil
+	}
+	n := r.Count("piece", transport.MaxTensors, pieceSize)
+	pieces := make([]transport.Piece, 0, n)
+	for i := 0; i < n && r.Err() == nil; i++ {
+		pieces = append(pieces, transport.Piece{Tensor: r.U32(), Offset: r.U64(), Length: r.U64()})
+	}
+	return pieces
 }
 
 // pieceSize is a piece's size on the wire.
@@ -332,13 +377,19 @@ func DecodeMessage(b []byte) (*Message, error) {
 		m.TransferID = r.U64()
 		m.Transport = r.Str8("transport", 63)
 		m.Data = r.Bytes32("communicator metadata", MaxMetadataBytes)
-		if r.Len() > 0 {
-			n := r.Count("piece", transport.MaxTensors, pieceSize)
-			m.Pieces = make([]transport.Piece, 0, n)
-			for i := 0; i < n && r.Err() == nil; i++ {
-				m.Pieces = append(m.Pieces, transport.Piece{Tensor: r.U32(), Offset: r.U64(), Length: r.U64()})
-			}
-		}
+		m.Pieces = readPieces(r)
+	case KindWriteOpen:
+		m.Object = r.ID()
+		m.TransferID = r.U64()
+		m.Transport = r.Str8("transport", 63)
+		copy(m.WriteKey[:], r.Take(len(m.WriteKey)))
+		m.Token = r.U64()
+		m.Pieces = readPieces(r)
+	case KindWriteDone:
+		m.Object = r.ID()
+		m.TransferID = r.U64()
+		m.Status = transport.Status(r.I32())
+		m.Text = string(r.Bytes32("message", maxMessageText))
 	case KindCancel:
 		m.Target = r.U64()
 	case KindGroupJoin:
@@ -361,7 +412,7 @@ func DecodeMessage(b []byte) (*Message, error) {
 	if err := r.Done(); err != nil {
 		return nil, err
 	}
-	if ((m.Kind >= KindIdentity && m.Kind <= KindSend && m.Kind != KindUnborrow) || m.Kind == KindGroupJoin) && m.ID == 0 {
+	if ((m.Kind >= KindIdentity && m.Kind <= KindSend && m.Kind != KindUnborrow) || m.Kind == KindGroupJoin || m.Kind == KindWriteOpen) && m.ID == 0 {
 		return nil, transport.Errorf(transport.ErrCorrupt, "control Message: %s request without an id", m.Kind)
 	}
 	if m.Transport != "" {

@@ -34,6 +34,9 @@ func FuzzDecodeMessage(f *testing.F) {
 		{Kind: KindPing, Count: 1 << 40},
 		{Kind: KindPong, Count: 7},
 		{Kind: KindGroupJoin, ID: 12, Group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
+		{Kind: KindWriteOpen, ID: 13, Object: transport.ID{5}, TransferID: 14, Transport: "cma", WriteKey: [16]byte{1}, Token: 15,
+			Pieces: []transport.Piece{{Tensor: 1, Offset: 8, Length: 16}}},
+		{Kind: KindWriteDone, Object: transport.ID{5}, TransferID: 14, Status: transport.ErrAborted, Text: "aborted"},
 	} {
 		f.Add(m.Encode()[4:])
 	}

@@ -87,3 +87,22 @@ func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
 }
 
 func (sc *sconn) Done() <-chan struct{} { return sc.done }
+
+func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) error {
+	_, err := sc.call(ctx, &Message{Kind: KindWriteOpen, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport,
+		WriteKey: req.Key, Token: req.Tag, Pieces: req.Pieces})
+	return err
+}
+
+// WriteDone waits for room in the outbox while the connection lives, like
+// Unborrow.
+func (sc *sconn) WriteDone(obj transport.ObjectID, transferID uint64, err error) {
+	m := &Message{Kind: KindWriteDone, Object: obj, TransferID: transferID}
+	if err != nil {
+		m.Status, m.Text = transport.StatusOf(err), err.Error()
+		if len(m.Text) > maxRefusalText {
+			m.Text = m.Text[:maxRefusalText]
+		}
+	}
+	sc.post(context.Background(), m)
+}

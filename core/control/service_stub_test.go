@@ -30,6 +30,10 @@ type stubService struct {
 	borrows   map[transport.RuntimeID]map[transport.ObjectID]uint64
 	nextToken uint64
 	gone      int
+	// writes admitted, and the outcome each WriteDone reported, by
+	// transfer id
+	writes     map[uint64]WriteOpen
+	writesDone map[uint64]transport.Status
 	// slowMeta, when set, holds every metadata request for the transport
 	// "slowmeta" until it is closed.
 	slowMeta chan struct{}
@@ -45,10 +49,12 @@ const stubHost = "stub-host"
 func stubConfig(t *testing.T, name string, opts ...func(*ListenConfig)) (*stubService, ListenConfig) {
 	key, id := NewIdentityKey()
 	svc := &stubService{
-		key:     key,
-		info:    transport.PeerInfo{RuntimeID: id, Name: name, HostID: stubHost, Pid: os.Getpid()},
-		objects: map[transport.ObjectID]bool{},
-		borrows: map[transport.RuntimeID]map[transport.ObjectID]uint64{},
+		key:        key,
+		info:       transport.PeerInfo{RuntimeID: id, Name: name, HostID: stubHost, Pid: os.Getpid()},
+		objects:    map[transport.ObjectID]bool{},
+		borrows:    map[transport.RuntimeID]map[transport.ObjectID]uint64{},
+		writes:     map[uint64]WriteOpen{},
+		writesDone: map[uint64]transport.Status{},
 	}
 	cfg := ListenConfig{
 		Service: svc, Log: transport.NewLogger(name, transport.LogOff), SocketDir: t.TempDir(),
@@ -167,6 +173,30 @@ func (s *stubService) Send(ctx context.Context, from transport.PeerInfo, req Sen
 
 func (s *stubService) JoinGroup(ctx context.Context, from transport.PeerInfo, req GroupJoin) ([]byte, error) {
 	return nil, transport.Errorf(transport.ErrNotFound, "the stub has no groups")
+}
+
+// stubWriteKey is the only key the stub admits writes with.
+var stubWriteKey = [16]byte{'s', 't', 'u', 'b'}
+
+func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) error {
+	if err := s.known(req.Object); err != nil {
+		return err
+	}
+	if req.Key != stubWriteKey {
+		return transport.Errorf(transport.ErrPermissionDenied, "wrong write key")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes[req.TransferID] = req
+	return nil
+}
+
+func (s *stubService) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.writes[transferID]; ok {
+		s.writesDone[transferID] = status
+	}
 }
 
 func (s *stubService) PeerGone(peer transport.PeerInfo) {

@@ -22,6 +22,8 @@ type FetchOptions struct {
 	// Sources, when not nil, make the fetch partial: target i receives
 	// Sources[i], and a ref none of them names is not fetched.
 	Sources []Source
+
+	write *writeMode // set by StartWrite and Write: the fetch writes (write.go)
 }
 
 // Fetch is a set of concurrent transfers, one per ref, waited on together;
@@ -29,8 +31,9 @@ type FetchOptions struct {
 type Fetch struct {
 	rt        *Runtime
 	transfers []*transfer
-	override  string    // the transport every ref is fetched with ("": each its own)
-	start     time.Time // when the fetch was asked for: its transfers' latencies count from here
+	override  string     // the transport every ref is fetched with ("": each its own)
+	write     *writeMode // a write into exposed objects; nil for a fetch
+	start     time.Time  // when the fetch was asked for: its transfers' latencies count from here
 	// ctx bounds the network phases of every transfer (connecting to the
 	// owner, the borrow, metadata): it ends when the fetch is aborted, and
 	// at the caller's deadline for Get.
@@ -157,7 +160,11 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
 		}
 	}
-	plans, err := planTargets(refs, targets, opts.Sources)
+	if err := checkDirection(refs, opts.write != nil); err != nil {
+		return nil, err
+	}
+	// A write's sources are only read: they may overlap.
+	plans, err := planTargets(refs, targets, opts.Sources, opts.write == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +177,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		override = e.desc.Name
 	}
 
-	f := &Fetch{rt: rt, override: override, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
+	f := &Fetch{rt: rt, override: override, write: opts.write, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
 	for i, r := range refs {
 		p := plans[i]
 		if p == nil {

@@ -73,6 +73,7 @@ type memTransport struct {
 	oneSided bool
 	canAbort bool
 	ranges   bool // serves partial fetches
+	writes   bool // writes into exposed objects
 
 	mu     sync.Mutex
 	events []string
@@ -108,7 +109,7 @@ func (m *memTransport) Events() []string {
 }
 
 func (m *memTransport) Describe() transport.Descriptor {
-	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort, Ranges: m.ranges}
+	d := transport.Descriptor{Name: m.name, Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: m.oneSided, CanAbort: m.canAbort, Ranges: m.ranges, Writes: m.writes}
 	if m.describe != nil {
 		m.describe(&d)
 	}
@@ -143,6 +144,7 @@ type memRequest struct {
 	tmeta   []byte
 	abort   chan struct{}
 	once    sync.Once
+	write   bool // targets are a write's sources, copied into the object
 }
 
 func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
@@ -155,6 +157,14 @@ func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, 
 		return nil, errors.New("communicator metadata did not arrive")
 	}
 	return &memRequest{m: m, x: x, targets: targets, tmeta: tmeta, abort: make(chan struct{})}, nil
+}
+
+func (m *memTransport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	m.log("write")
+	if string(cmeta) != "comm" {
+		return nil, errors.New("communicator metadata did not arrive")
+	}
+	return &memRequest{m: m, x: x, targets: sources, tmeta: tmeta, abort: make(chan struct{}), write: true}, nil
 }
 
 func (r *memRequest) Wait() error {
@@ -192,6 +202,10 @@ func (r *memRequest) Wait() error {
 	for i, t := range r.targets {
 		p := r.x.PieceOf(i, t)
 		src := uintptr(binary.LittleEndian.Uint64(r.tmeta[16*p.Tensor:])) + uintptr(p.Offset)
+		if r.write {
+			copy(transport.Bytes(src, p.Length), transport.Bytes(t.Data, t.Nbytes))
+			continue
+		}
 		copy(transport.Bytes(t.Data, t.Nbytes), transport.Bytes(src, p.Length))
 	}
 	return nil

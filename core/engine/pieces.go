@@ -26,8 +26,14 @@ type refTargets struct {
 // planTargets checks the targets against the refs' tensors and splits them
 // by ref: without sources one target per source tensor, ref after ref; with
 // them, targets[i] receives sources[i]. Refs that no source names are left
-// out (nil). Nothing is written by a fetch these checks refuse.
-func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source) ([]*refTargets, error) {
+// out (nil). With disjoint, targets must not overlap (a write's sources,
+// which are only read, may). Nothing is written by a fetch these checks
+// refuse.
+func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source, disjoint bool) ([]*refTargets, error) {
+	overlap := checkOverlap
+	if !disjoint {
+		overlap = func([]transport.Tensor) error { return nil }
+	}
 	plans := make([]*refTargets, len(refs))
 	if sources == nil {
 		total := 0
@@ -48,7 +54,7 @@ func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source) ([]*
 			n := len(r.desc.Tensors)
 			plans[i] = &refTargets{targets: targets[off-n : off]}
 		}
-		return plans, checkOverlap(targets)
+		return plans, overlap(targets)
 	}
 	if len(sources) != len(targets) {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d sources given for %d targets", len(sources), len(targets))
@@ -74,7 +80,7 @@ func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source) ([]*
 			rt.pieces = nil // any transport moves a whole object
 		}
 	}
-	return plans, checkOverlap(targets)
+	return plans, overlap(targets)
 }
 
 // checkSource checks one source against the owner's description of the

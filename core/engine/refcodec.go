@@ -14,15 +14,21 @@ import (
 //	magic "RDTR" | version u16 | flags u16 | body length u32 | body | crc32c u32
 //
 // The checksum (Castagnoli) covers everything before it. The body holds the
-// object id, the owner's runtime id, address and host identity, the lease
-// token, the transport name ("" = chosen per fetch), the tensor descriptions
-// and each transport's metadata. Every length and count is bounded.
+// object id, the owner's runtime id, the lease token, the write key (only
+// with flagWritable), the owner's address and host identity, the transport
+// name ("" = chosen per fetch), the tensor descriptions and each
+// transport's metadata. Every length and count is bounded.
 
 const (
 	refMagic   = "RDTR"
 	refVersion = 1
 	refHeader  = 12
 	refTrailer = 4
+
+	// flagWritable marks a writable ref: its body carries the write key,
+	// the capability its holders present to write (see Runtime.Expose).
+	// Readers older than writable refs refuse the flag as unknown.
+	flagWritable = 1
 
 	// MaxRefSize bounds a serialized reference.
 	MaxRefSize       = 64 << 20
@@ -51,7 +57,15 @@ type ObjectDesc struct {
 	Nbytes    uint64
 	// Meta holds transport metadata carried by the ref, by transport name.
 	Meta map[string][]byte
+	// Writable objects were exposed for writing: their refs carry WriteKey,
+	// which the owner checks on every write, and they are never fetched.
+	Writable bool
+	WriteKey WriteKey
 }
+
+// WriteKey is the capability of a writable ref: a random secret the owner
+// made at Expose and compares on every write.
+type WriteKey [16]byte
 
 func newObjectDesc(id transport.ObjectID, owner OwnerInfo, transportName string, tensors []transport.TensorDesc, meta map[string][]byte) *ObjectDesc {
 	d := &ObjectDesc{ID: id, Owner: owner, Transport: transportName, Tensors: tensors, Meta: meta}
@@ -67,6 +81,11 @@ func EncodeRef(d *ObjectDesc, meta map[string][]byte, token uint64) []byte {
 	w.Raw(d.ID[:])
 	w.Raw(d.Owner.RuntimeID[:])
 	w.U64(token)
+	flags := uint16(0)
+	if d.Writable {
+		flags |= flagWritable
+		w.Raw(d.WriteKey[:])
+	}
 	w.Str16(d.Owner.Address)
 	w.Str16(d.Owner.HostID)
 	w.Str8(d.Transport)
@@ -87,7 +106,7 @@ func EncodeRef(d *ObjectDesc, meta map[string][]byte, token uint64) []byte {
 	b := w.Bytes()
 	copy(b[0:4], refMagic)
 	binary.LittleEndian.PutUint16(b[4:6], refVersion)
-	binary.LittleEndian.PutUint16(b[6:8], 0)
+	binary.LittleEndian.PutUint16(b[6:8], flags)
 	binary.LittleEndian.PutUint32(b[8:12], uint32(len(b)-refHeader))
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
@@ -109,8 +128,9 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 	if v := binary.LittleEndian.Uint16(b[4:6]); v != refVersion {
 		return corrupt("format version %d is not supported (this library reads version %d)", v, refVersion)
 	}
-	if f := binary.LittleEndian.Uint16(b[6:8]); f != 0 {
-		return corrupt("unknown flags %#x", f)
+	flags := binary.LittleEndian.Uint16(b[6:8])
+	if flags&^flagWritable != 0 {
+		return corrupt("unknown flags %#x", flags)
 	}
 	body := int(binary.LittleEndian.Uint32(b[8:12]))
 	if body != len(b)-refHeader-refTrailer {
@@ -126,6 +146,10 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 	var owner OwnerInfo
 	owner.RuntimeID = r.ID()
 	token := r.U64()
+	var key WriteKey
+	if flags&flagWritable != 0 {
+		copy(key[:], r.Take(len(key)))
+	}
 	owner.Address = r.Str16("owner address", maxAddressLen)
 	owner.HostID = r.Str16("host id", maxHostIDLen)
 	transportName := r.Str8("transport", 63)
@@ -167,5 +191,12 @@ func DecodeRef(b []byte) (*ObjectDesc, uint64, error) {
 			return corrupt("transport %q is not a canonical name", transportName)
 		}
 	}
-	return newObjectDesc(id, owner, transportName, tensors, meta), token, nil
+	d := newObjectDesc(id, owner, transportName, tensors, meta)
+	if flags&flagWritable != 0 {
+		if key == (WriteKey{}) {
+			return corrupt("writable ref with a zero write key")
+		}
+		d.Writable, d.WriteKey = true, key
+	}
+	return d, token, nil
 }

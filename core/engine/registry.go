@@ -23,6 +23,7 @@ type registered struct {
 	t       transport.Transport
 	desc    transport.Descriptor // read once, at registration
 	sender  transport.Sender     // nil for one-sided transports
+	writer  transport.Writer     // nil unless the descriptor sets Writes
 	builtin bool
 	stats   TransportStats
 	hist    fetchHistograms // fetches as destination, by size class
@@ -70,12 +71,19 @@ func (r *Registry) Register(t transport.Transport, builtin bool) error {
 	if desc.OneSided {
 		sender = nil
 	}
+	writer, _ := t.(transport.Writer)
+	if desc.Writes && writer == nil {
+		return transport.Errorf(transport.ErrInternal, "transport %q is described as writing but has no Write", name)
+	}
+	if !desc.Writes {
+		writer = nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.m[name]; ok {
 		return transport.Errorf(transport.ErrAlreadyExists, "a transport named %q is already registered", name)
 	}
-	r.m[name] = &registered{t: t, desc: desc, sender: sender, builtin: builtin}
+	r.m[name] = &registered{t: t, desc: desc, sender: sender, writer: writer, builtin: builtin}
 	delete(r.unavailable, name)
 	r.adverts = nil
 	for _, n := range sortedNames(r.m) {

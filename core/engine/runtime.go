@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -97,6 +98,7 @@ type counters struct {
 	objectsFreed, leasesExpired                        atomic.Uint64
 	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
 	sendsCompleted, bytesSent, localCopies             atomic.Uint64
+	writesCompleted, writesFailed, bytesWritten        atomic.Uint64
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -364,6 +366,11 @@ func (rt *Runtime) waitUnpinned() {
 // Put stores tensors as a new object owned by this runtime and returns its
 // first reference. See rdt_put.
 func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release func()) (*Ref, error) {
+	return rt.put(tensors, transportName, release, false)
+}
+
+// put stores a new object: one to fetch, or one exposed for writing.
+func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release func(), writable bool) (*Ref, error) {
 	if len(tensors) > transport.MaxTensors {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), transport.MaxTensors)
 	}
@@ -379,6 +386,9 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 			return nil, err
 		}
 		canon = e.desc.Name
+		if writable && !e.desc.Writes {
+			return nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write into another runtime's memory", canon)
+		}
 		for i, t := range tensors {
 			if !e.desc.Moves(t.Device.Type) {
 				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.desc.Devices)
@@ -391,6 +401,9 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		meta[canon] = m
 	} else {
 		for _, e := range rt.eagerTransports(tensors) {
+			if writable && !e.desc.Writes {
+				continue
+			}
 			m, err := e.t.ExtractMetadata(id, tensors)
 			if err != nil {
 				rt.log.Debugf("transport %s skipped for object %s: %v", e.desc.Name, id, err)
@@ -414,12 +427,20 @@ func (rt *Runtime) Put(tensors []transport.Tensor, transportName string, release
 		collected: make(chan struct{}),
 		meta:      meta,
 	}
+	if writable {
+		o.desc.Writable = true
+		if _, err := rand.Read(o.desc.WriteKey[:]); err != nil {
+			rt.collectMeta(o)
+			return nil, transport.Errorf(transport.ErrInternal, "making a write key: %v", err)
+		}
+		o.write = newExposure()
+	}
 	if err := rt.store.add(o); err != nil {
 		rt.collectMeta(o) // the caller keeps the tensors: no release callback
 		return nil, err
 	}
 	rt.c.refs.Add(1)
-	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q", id, len(tensors), o.desc.Nbytes, canon)
+	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q, writable %v", id, len(tensors), o.desc.Nbytes, canon, writable)
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
 }
 
@@ -471,6 +492,9 @@ func (rt *Runtime) finalize(o *object) {
 		o.release()
 	}
 	rt.store.forgetData(o)
+	if o.write != nil {
+		o.write.close()
+	}
 	rt.c.objectsFreed.Add(1)
 	close(o.freed)
 	rt.log.Debugf("freed object %s", o.desc.ID)
@@ -574,6 +598,7 @@ type Stats struct {
 	LeasesExpired, FetchesActive, TransfersCompleted, TransfersFailed    uint64
 	BytesReceived, SendsCompleted, BytesSent, LocalCopies, Peers         uint64
 	PeersLost                                                            uint64
+	WritesCompleted, WritesFailed, BytesWritten                          uint64
 }
 
 // Stats snapshots the runtime's counters.
@@ -589,6 +614,9 @@ func (rt *Runtime) Stats() Stats {
 		SendsCompleted:     rt.c.sendsCompleted.Load(),
 		BytesSent:          rt.c.bytesSent.Load(),
 		LocalCopies:        rt.c.localCopies.Load(),
+		WritesCompleted:    rt.c.writesCompleted.Load(),
+		WritesFailed:       rt.c.writesFailed.Load(),
+		BytesWritten:       rt.c.bytesWritten.Load(),
 	}
 	rt.store.counts(&s)
 	if rt.ep != nil {

@@ -28,6 +28,7 @@ type store struct {
 	mu       sync.Mutex
 	closed   bool
 	objects  map[transport.ObjectID]*object
+	exposed  map[*object]struct{} // the objects of objects exposed for writing
 	byData   map[uintptr]holderSet
 	borrowed map[transport.ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
@@ -52,6 +53,8 @@ type object struct {
 	freeing     bool
 	collected   chan struct{} // closed once every transport collected it
 	freed       chan struct{} // closed once freed (after its release callback)
+
+	write *exposure // objects exposed for writing (write.go), else nil
 
 	extractMu sync.Mutex // held while a transport extracts metadata
 	metaMu    sync.Mutex
@@ -81,6 +84,7 @@ func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *cou
 	return &store{
 		name: name, log: log, lease: leaseFor, c: c, free: free,
 		objects:    map[transport.ObjectID]*object{},
+		exposed:    map[*object]struct{}{},
 		byData:     map[uintptr]holderSet{},
 		borrowed:   map[transport.ObjectID]*borrowEntry{},
 		fetches:    map[*Fetch]struct{}{},
@@ -149,7 +153,19 @@ func (s *store) drain() []*object {
 		objs = append(objs, o)
 	}
 	s.objects = map[transport.ObjectID]*object{}
+	s.exposed = map[*object]struct{}{}
 	return objs
+}
+
+// exposedObjects are the live objects exposed for writing.
+func (s *store) exposedObjects() []*object {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*object, 0, len(s.exposed))
+	for o := range s.exposed {
+		out = append(out, o)
+	}
+	return out
 }
 
 // ---- owned objects ----
@@ -162,6 +178,9 @@ func (s *store) add(o *object) error {
 		return s.errClosed()
 	}
 	s.objects[o.desc.ID] = o
+	if o.write != nil {
+		s.exposed[o] = struct{}{}
+	}
 	for _, t := range o.tensors {
 		set := s.byData[t.Orig]
 		if set.add(o) {
@@ -242,6 +261,7 @@ func (s *store) maybeFreeLocked(o *object) {
 	}
 	o.freeing = true
 	delete(s.objects, o.desc.ID)
+	delete(s.exposed, o)
 	s.freed.add(o.desc.ID)
 	s.free(o)
 }
@@ -470,6 +490,18 @@ func (s *store) expireLease(o *object, token uint64) {
 	}
 	s.c.leasesExpired.Add(1)
 	s.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
+	s.maybeFreeLocked(o)
+}
+
+// revokeLeases drops every lease token of o, then frees it if nothing
+// else holds it.
+func (s *store) revokeLeases(o *object) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || o.freeing {
+		return
+	}
+	s.revokeLeasesLocked(o)
 	s.maybeFreeLocked(o)
 }
 

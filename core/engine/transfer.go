@@ -47,6 +47,8 @@ type transfer struct {
 	unconfirmed bool
 	// A start that failed and waits for complete to end it (startInline).
 	failed error
+	// A write the owner admitted: it is owed the write's outcome.
+	opened bool
 }
 
 // Causes, made once: formatting them per fetch would cost more than a
@@ -93,6 +95,9 @@ func (tr *transfer) begin() error {
 	if tr.nbytes == 0 {
 		tr.empty = true
 		return nil
+	}
+	if tr.f.write != nil {
+		return tr.beginWrite()
 	}
 	if tr.ref.owned {
 		tr.local = true
@@ -307,6 +312,8 @@ func (tr *transfer) receive() error {
 		return tr.failed
 	case tr.empty:
 		return nil
+	case tr.local && tr.f.write != nil:
+		return tr.writeLocal()
 	case tr.local:
 		return tr.copyLocal()
 	}
@@ -421,6 +428,10 @@ func (tr *transfer) abort() {
 // It may wait briefly for the owner (ownerRefusal): never call it on
 // StartFetch's caller for a failure that awaitsOwner.
 func (tr *transfer) finish(err error) {
+	if tr.f.write != nil {
+		tr.finishWrite(err)
+		return
+	}
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tname := "local copy"

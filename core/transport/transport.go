@@ -65,6 +65,20 @@ type Sender interface {
 	Send(x *Transfer, tensors []Tensor, tmeta, cmeta []byte) error
 }
 
+// Writer is the writing half of a transport whose descriptor sets Writes.
+// A write is a transfer whose Source is the writing runtime (Role
+// RoleSource) and whose Destination owns the exposed object; tmeta is the
+// metadata the owner extracted for the exposed tensors, and Pieces say where
+// each source lands (nil: source i into tensor i, whole). The engine has
+// checked the pieces against the object and the owner has admitted the
+// write before Write is called.
+type Writer interface {
+	// Write starts writing sources into the exposed object and returns
+	// without waiting for the bytes. When its request finishes every byte
+	// is in place, or (after an error or Abort) no byte is written any more.
+	Write(x *Transfer, sources []Tensor, tmeta, cmeta []byte) (Request, error)
+}
+
 // Descriptor is everything the engine decides from about a transport. It
 // is read once, at registration: a transport whose answers could change
 // while it runs says so through EagerWhile, the one question the engine
@@ -114,6 +128,10 @@ type Descriptor struct {
 	// GroupBackend marks the transport that forms groups when a group names
 	// no backend (it must implement GroupBackend).
 	GroupBackend bool
+	// Writes transports write into objects another runtime exposed for
+	// writing (they implement Writer); the engine refuses a write over any
+	// other before anything moves.
+	Writes bool
 }
 
 // DevicePair is a source device type and the target device type its bytes

@@ -92,7 +92,8 @@ func New(h transport.Host) (transport.Transport, error) {
 	return t, nil
 }
 
-// Describe: cma reads another process's memory, so only on the same host
+// Describe: cma reads (and, for writes, writes) another process's memory,
+// so only on the same host
 // (the host identity covers the pid namespace); the guard word the source
 // clears at free is read after every copy; addresses are free to describe,
 // so every put carries them; for host data it is the first choice.
@@ -106,6 +107,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		DetectsFreedObjects: true,
 		Ranges:              true,
 		EagerMetadata:       true,
+		Writes:              true,
 		Auto:                transport.AutoRank{Host: 10},
 	}
 }

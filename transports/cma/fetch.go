@@ -123,24 +123,38 @@ func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) 
 // Fetch checks the metadata against the targets and the source's guard
 // slot, and starts reading.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	return t.start(x, x.Source, targets, tmeta, false)
+}
+
+// Write checks the metadata against the sources and the owner's guard
+// slot, and starts writing into the owner's exposed memory with
+// process_vm_writev: the same spans as a fetch, the other way.
+func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	return t.start(x, x.Destination, sources, tmeta, true)
+}
+
+// start checks the metadata of the owner's object against the local
+// tensors (targets of a fetch, sources of a write) and the owner's guard
+// slot, and starts the copy.
+func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local []transport.Tensor, tmeta []byte, write bool) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
-	// Ref bytes are checksummed, not signed: read no process but the owner
+	// Ref bytes are checksummed, not signed: touch no process but the owner
 	// the control plane identified.
-	if int(m.Pid) != x.Source.Pid {
+	if int(m.Pid) != owner.Pid {
 		return nil, transport.Errorf(transport.ErrCorrupt,
-			"the metadata of object %s names process %d, but its owner %s is process %d: refusing to read another process's memory",
-			x.Object, m.Pid, x.Source, x.Source.Pid)
+			"the metadata of object %s names process %d, but its owner %s is process %d: refusing to touch another process's memory",
+			x.Object, m.Pid, owner, owner.Pid)
 	}
-	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+	if err := x.CheckPieces(local, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
 		return nil, err
 	}
 	var total uint64
-	for i, tg := range targets {
+	for i, tg := range local {
 		if !tg.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is read into", i, tg.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory; cma moves host memory only", i, tg.Device)
 		}
 		total += tg.Nbytes
 	}
@@ -148,17 +162,17 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	req := &request{Completion: transport.NewCompletion(), t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token}
+	req := &request{Completion: transport.NewCompletion(), t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token, write: write}
 	if err := req.checkSlot(x.Object, tmeta); err != nil {
 		req.Release()
 		return nil, err
 	}
 	if total <= syncLimit {
-		req.Finish(req.copyChecked(x, m.Regions, targets, 1))
+		req.Finish(req.copyChecked(x, m.Regions, local, 1))
 		return req, nil
 	}
 	go func() {
-		req.Finish(req.copyChecked(x, m.Regions, targets, t.workers))
+		req.Finish(req.copyChecked(x, m.Regions, local, t.workers))
 	}()
 	return req, nil
 }
@@ -180,6 +194,7 @@ type request struct {
 	src       *proc
 	guard     uint64 // address of the object's guard slot in the source
 	token     uint64
+	write     bool // process_vm_writev into the owner, not a read from it
 	aborted   atomic.Bool
 	released  sync.Once
 }
@@ -456,16 +471,23 @@ func (v *vectors) fill(b []span) {
 	}
 }
 
-// read copies one batch with as few process_vm_readv calls as the kernel
-// allows: a call that stops short (a signal, a page it could not read)
-// is resumed where it stopped, and one that reads nothing is an error.
+// read copies one batch with as few process_vm_readv (process_vm_writev,
+// for a write) calls as the kernel allows: a call that stops short (a
+// signal, a page it could not reach) is resumed where it stopped, and one
+// that moves nothing is an error.
 func (r *request) read(b []span, v *vectors) error {
 	for len(b) > 0 {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
 		v.fill(b)
-		got, err := unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
+		var got int
+		var err error
+		if r.write {
+			got, err = unix.ProcessVMWritev(r.pid, v.local, v.remote, 0)
+		} else {
+			got, err = unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
+		}
 		if err == unix.EINTR {
 			continue
 		}
@@ -498,17 +520,24 @@ func (r *request) explain(err error) error {
 	switch {
 	case errors.Is(err, unix.EPERM):
 		return transport.Errorf(transport.ErrPermissionDenied,
-			"process_vm_readv of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
-			r.pid, yamaDescription())
+			"%s of pid %d was refused (ptrace permission: Yama ptrace_scope %s, seccomp or a different user); use the shm transport instead",
+			r.syscall(), r.pid, yamaDescription())
 	case errors.Is(err, unix.ENOSYS):
-		return transport.Errorf(transport.ErrUnsupported, "process_vm_readv is not available here (seccomp or an old kernel); use the shm transport instead")
+		return transport.Errorf(transport.ErrUnsupported, "%s is not available here (seccomp or an old kernel); use the shm transport instead", r.syscall())
 	case errors.Is(err, unix.ESRCH):
 		return transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", r.pid)
 	}
 	if alive := checkAlive(r.pid, r.startTime); alive != nil {
 		return alive
 	}
-	return transport.Errorf(transport.ErrInternal, "reading pid %d: %v (the source's memory is no longer mapped)", r.pid, err)
+	return transport.Errorf(transport.ErrInternal, "%s of pid %d: %v (the owner's memory is no longer mapped)", r.syscall(), r.pid, err)
+}
+
+func (r *request) syscall() string {
+	if r.write {
+		return "process_vm_writev"
+	}
+	return "process_vm_readv"
 }
 
 // checkAlive guards against a dead source and a recycled pid.

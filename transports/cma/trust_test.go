@@ -45,7 +45,7 @@ func TestMetadataOfAnotherProcessIsRefused(t *testing.T) {
 	err := fetchFrom(t, tr, from(childObject, os.Getpid()), otherMeta, []transport.Tensor{dst})
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
-	assert.Contains(t, err.Error(), "refusing to read another process's memory")
+	assert.Contains(t, err.Error(), "refusing to touch another process's memory")
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
 	assert.Equal(t, 0, tr.openSources(), "the other process was not even opened")
 	// The same metadata is fine when that process is the owner.
@@ -196,4 +196,46 @@ func TestPeerGoneDuringAReadLetsItFinish(t *testing.T) {
 	req.Release()
 	assert.True(t, string(sb) == string(got), "contents differ")
 	assert.Equal(t, base, openFDs(t), "the pidfd closed once the read ended")
+}
+
+// A write goes only where the owner exposed memory: metadata whose
+// addresses were changed to another buffer of the owner's, or that names
+// another process, is refused before a byte is written.
+func TestWriteOnlyWhereTheOwnerExposed(t *testing.T) {
+	tr := newTransport(t)
+	_, exposed := buffer(t, 4096)
+	secret, _ := buffer(t, 4096)
+	fill(secret, 0xAA)
+	want := append([]byte(nil), secret...)
+	meta, err := tr.ExtractMetadata(transport.ObjectID{7}, []transport.Tensor{exposed})
+	require.NoError(t, err)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	crafted := *m
+	crafted.Regions = []region{{Addr: uint64(uintptr(unsafePointer(secret))), Size: 4096}}
+	src, srcT := buffer(t, 4096)
+	fill(src, 1)
+
+	write := func(x *transport.Transfer, meta []byte) error {
+		req, err := tr.Write(x, []transport.Tensor{srcT}, meta, nil)
+		if err != nil {
+			return err
+		}
+		defer req.Release()
+		return req.Wait()
+	}
+	to := func(pid int) *transport.Transfer {
+		return &transport.Transfer{Object: transport.ObjectID{7}, Transport: Name, Role: transport.RoleSource, Destination: transport.PeerInfo{Name: "owner", Pid: pid}}
+	}
+	err = write(to(os.Getpid()), crafted.encode())
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+	assert.Equal(t, want, secret, "no byte landed outside what the owner exposed")
+	err = write(to(os.Getpid()+1), meta)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+
+	require.NoError(t, write(to(os.Getpid()), meta))
+	assert.Equal(t, want, secret)
+	tr.GarbageCollect(transport.ObjectID{7}, nil, meta)
+	err = write(to(os.Getpid()), meta)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "a retired object is not written: %v", err)
 }

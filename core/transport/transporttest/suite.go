@@ -91,6 +91,10 @@ func Run(t *testing.T, conf Config) {
 	for _, name := range Cases {
 		t.Run(name, cases[name])
 	}
+	writes := s.writeCases()
+	for _, name := range WriteCases {
+		t.Run(name, writes[name])
+	}
 }
 
 type suite struct {

@@ -1,0 +1,673 @@
+package engine
+
+import (
+	"crypto/subtle"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// Writes into exposed objects. The owner exposes tensors (Expose); the
+// writable ref it hands out carries a random write key, the capability. A
+// holder's write is a fetch the other way (StartWrite): it asks the owner
+// to admit it (control.KindWriteOpen, carrying the key, the ranges and the
+// writer's tag), moves the bytes with a transport's Write, then tells the
+// owner the outcome (KindWriteDone, one-way, sent only once no byte of the
+// write can land any more). The owner turns every admitted write into one
+// notice: success when the writer says every byte landed, failure when it
+// says otherwise or is gone with the write still open (a torn write). An
+// admitted write pins the object, so its memory outlives every write.
+
+// WriteNotice is the owner's record of one ended write.
+type WriteNotice struct {
+	Tag    uint64              // the writer's
+	Writer transport.RuntimeID // the writing runtime
+	Bytes  uint64              // what the write covered
+	// Err is nil when every byte of the write landed; otherwise the bytes
+	// it covered may hold any mix of old and new values (torn).
+	Err error
+}
+
+// Limits of one exposed object: writes admitted and not ended, plus
+// notices not taken yet. A write is refused (ErrNoMemory) rather than
+// queued past it, so an owner that takes no notices slows its writers.
+const maxPendingNotices = 4096
+
+// exposure is the owner's record of an object exposed for writing.
+type exposure struct {
+	mu      sync.Mutex
+	revoked bool
+	closed  bool // the object was freed
+	open    map[openKey]openWrite
+	notices []WriteNotice
+	// changed is closed and replaced whenever a notice is queued, a write
+	// ends or the exposure closes: what waiters wait on.
+	changed chan struct{}
+	// eventFD is readable while notices are queued (see NoticeFD); -1 until
+	// asked for.
+	eventFD int
+}
+
+type openKey struct {
+	writer transport.RuntimeID
+	id     uint64
+}
+
+type openWrite struct {
+	tag, nbytes uint64
+	o           *object // pinned while the write is open
+}
+
+func newExposure() *exposure {
+	return &exposure{open: map[openKey]openWrite{}, changed: make(chan struct{}), eventFD: -1}
+}
+
+// wakeLocked wakes every waiter.
+func (ex *exposure) wakeLocked() {
+	close(ex.changed)
+	ex.changed = make(chan struct{})
+}
+
+// admit records an open write, within the limits.
+func (ex *exposure) admit(k openKey, w openWrite, id transport.ObjectID) error {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	switch {
+	case ex.closed:
+		return transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner", id)
+	case ex.revoked:
+		return transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", id)
+	case len(ex.open)+len(ex.notices) >= maxPendingNotices:
+		return transport.Errorf(transport.ErrNoMemory, "object %s has %d writes open and %d notices not taken, the limit: its owner must take notices (rdt_write_notice_wait) before more writes are admitted", id, len(ex.open), len(ex.notices))
+	}
+	if _, dup := ex.open[k]; dup {
+		return transport.Errorf(transport.ErrInvalidArgument, "write %d of runtime %s into object %s is already open", k.id, k.writer, id)
+	}
+	ex.open[k] = w
+	return nil
+}
+
+// end closes an open write with its notice; ok is false for a write not
+// open (never admitted, or torn already).
+func (ex *exposure) end(k openKey, err error) (openWrite, bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	w, ok := ex.open[k]
+	if !ok {
+		return w, false
+	}
+	delete(ex.open, k)
+	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: err})
+	return w, true
+}
+
+// tear ends every open write of a writer that is gone, each with a
+// failure notice, and returns them for unpinning.
+func (ex *exposure) tear(writer transport.RuntimeID, cause error) []openWrite {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	var out []openWrite
+	for k, w := range ex.open {
+		if k.writer != writer {
+			continue
+		}
+		delete(ex.open, k)
+		ex.pushLocked(WriteNotice{Tag: w.tag, Writer: writer, Bytes: w.nbytes, Err: cause})
+		out = append(out, w)
+	}
+	return out
+}
+
+func (ex *exposure) pushLocked(n WriteNotice) {
+	if !ex.closed {
+		ex.notices = append(ex.notices, n)
+		if len(ex.notices) == 1 && ex.eventFD >= 0 {
+			signalEventFD(ex.eventFD)
+		}
+	}
+	ex.wakeLocked()
+}
+
+// take removes the oldest notice, if any.
+func (ex *exposure) take() (WriteNotice, bool, <-chan struct{}, bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if len(ex.notices) == 0 {
+		return WriteNotice{}, false, ex.changed, ex.closed
+	}
+	n := ex.notices[0]
+	ex.notices[0] = WriteNotice{}
+	ex.notices = ex.notices[1:]
+	if len(ex.notices) == 0 {
+		ex.notices = nil // let the backing array go
+		if ex.eventFD >= 0 {
+			drainEventFD(ex.eventFD)
+		}
+	}
+	return n, true, nil, ex.closed
+}
+
+// close ends the exposure when its object is freed: waiters wake, the
+// event descriptor closes.
+func (ex *exposure) close() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.closed = true
+	ex.notices = nil
+	if ex.eventFD >= 0 {
+		unix.Close(ex.eventFD)
+		ex.eventFD = -1
+	}
+	ex.wakeLocked()
+}
+
+func drainEventFD(fd int) {
+	var b [8]byte
+	_, _ = unix.Read(fd, b[:])
+}
+
+// ---- the owner's side ----
+
+// Expose stores tensors as a new object that holders of its refs write
+// into (see rdt_expose): like Put, but its refs are writable and it is
+// never fetched. Every write into it ends in one notice (WaitWriteNotice).
+func (rt *Runtime) Expose(tensors []transport.Tensor, transportName string, release func()) (*Ref, error) {
+	return rt.put(tensors, transportName, release, true)
+}
+
+// exposureOf is the exposure of an object r's runtime owns.
+func (r *Ref) exposureOf() (*object, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	if !r.owned {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref to object %s is a writer's: only its owner %s takes notices and revokes", r.desc.ID, r.desc.Owner.Address)
+	}
+	if !r.desc.Writable {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "object %s was put, not exposed for writing", r.desc.ID)
+	}
+	return r.rt.store.owned(r.desc.ID)
+}
+
+// WaitWriteNotice takes the oldest notice of a write into the exposed
+// object, waiting up to timeout (negative: forever) for one: ErrTimeout
+// when none came.
+func (r *Ref) WaitWriteNotice(timeout time.Duration) (WriteNotice, error) {
+	o, err := r.exposureOf()
+	if err != nil {
+		return WriteNotice{}, err
+	}
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	for {
+		n, ok, changed, closed := o.write.take()
+		switch {
+		case ok:
+			return n, nil
+		case closed:
+			return n, transport.Errorf(transport.ErrNotFound, "object %s was freed", r.desc.ID)
+		case timeout == 0:
+			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s", r.desc.ID)
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s within %v", r.desc.ID, timeout)
+		case <-r.rt.ctx.Done():
+			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.name)
+		}
+	}
+}
+
+// WriteNoticeFD returns a descriptor that is readable while notices of the
+// exposed object wait to be taken. Made on the first call; it belongs to
+// the object and closes when the object is freed.
+func (r *Ref) WriteNoticeFD() (int, error) {
+	o, err := r.exposureOf()
+	if err != nil {
+		return -1, err
+	}
+	ex := o.write
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.eventFD >= 0 {
+		return ex.eventFD, nil
+	}
+	if ex.closed {
+		return -1, transport.Errorf(transport.ErrNotFound, "object %s was freed", r.desc.ID)
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, transport.Errorf(transport.ErrNoMemory, "eventfd: %v", err)
+	}
+	ex.eventFD = fd
+	if len(ex.notices) > 0 {
+		signalEventFD(fd)
+	}
+	return fd, nil
+}
+
+// RevokeWrites stops admitting writes into the exposed object and ends
+// the leases of its serialized refs, then waits up to timeout (negative:
+// forever) until no admitted write is open: from then on nothing writes
+// into its memory. ErrTimeout leaves the revocation in place; call again to
+// wait more. Writers still holding refs keep the object (not its memory's
+// use) until they release them.
+func (r *Ref) RevokeWrites(timeout time.Duration) error {
+	o, err := r.exposureOf()
+	if err != nil {
+		return err
+	}
+	ex := o.write
+	ex.mu.Lock()
+	first := !ex.revoked
+	ex.revoked = true
+	ex.mu.Unlock()
+	if first {
+		r.rt.store.revokeLeases(o)
+		r.rt.log.Debugf("revoked writes into object %s", r.desc.ID)
+	}
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
+	for {
+		ex.mu.Lock()
+		open, changed := len(ex.open), ex.changed
+		ex.mu.Unlock()
+		if open == 0 {
+			return nil
+		}
+		if timeout == 0 {
+			return transport.Errorf(transport.ErrTimeout, "%d writes into object %s are still open", open, r.desc.ID)
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return transport.Errorf(transport.ErrTimeout, "%d writes into object %s are still open after %v", open, r.desc.ID, timeout)
+		}
+	}
+}
+
+// OpenWrite implements PeerService.
+func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) error {
+	return rt.admitWrite(from.RuntimeID, req)
+}
+
+// admitWrite checks a write against the object it writes into and records
+// it open, pinning the object.
+func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) error {
+	e, err := rt.reg.lookup(req.Transport)
+	if err != nil {
+		return err
+	}
+	if e.writer == nil {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
+	}
+	o, err := rt.store.pin(req.Object)
+	if err != nil {
+		return err
+	}
+	admitted := false
+	defer func() {
+		if !admitted {
+			rt.store.unpin(o)
+		}
+	}()
+	if o.write == nil {
+		return transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
+	}
+	if subtle.ConstantTimeCompare(req.Key[:], o.desc.WriteKey[:]) != 1 {
+		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer)
+		return transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
+	}
+	nbytes := o.desc.Nbytes
+	if req.Pieces != nil {
+		if nbytes, err = checkSendPieces(e, o.tensors, req.Pieces); err != nil {
+			return err
+		}
+	}
+	if err := o.write.admit(openKey{writer, req.TransferID}, openWrite{tag: req.Tag, nbytes: nbytes, o: o}, req.Object); err != nil {
+		return err
+	}
+	admitted = true
+	return nil
+}
+
+// WriteDone implements PeerService.
+func (rt *Runtime) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {
+	var err error
+	if status != transport.OK {
+		err = &transport.Error{Status: status, Msg: "the writer reported: " + text}
+	}
+	rt.endWrite(from, obj, transferID, err)
+}
+
+// endWrite closes an open write with its notice and unpins the object.
+func (rt *Runtime) endWrite(writer transport.RuntimeID, obj transport.ObjectID, id uint64, err error) {
+	o := rt.store.object(obj)
+	if o == nil || o.write == nil {
+		return // destroyed meanwhile, or never ours: nothing is open
+	}
+	w, ok := o.write.end(openKey{writer, id}, err)
+	if !ok {
+		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, id, obj)
+		return
+	}
+	rt.store.unpin(w.o)
+}
+
+// writersGone tears every write a lost peer had open.
+func (rt *Runtime) writersGone(peer transport.PeerInfo) {
+	cause := transport.Errorf(transport.ErrPeerUnavailable, "the writer %s went away with the write open: the bytes it covers may be torn", peer)
+	for _, o := range rt.store.exposedObjects() {
+		torn := o.write.tear(peer.RuntimeID, cause)
+		for _, w := range torn {
+			rt.store.unpin(w.o)
+		}
+		if len(torn) > 0 {
+			rt.log.Warnf("writer %s is gone with %d writes into object %s open: notices say they are torn", peer, len(torn), o.desc.ID)
+		}
+	}
+}
+
+// ---- the writer's side ----
+
+// WriteOptions adjust one write.
+type WriteOptions struct {
+	// Transport overrides the transport of every ref ("" keeps each ref's
+	// own or the automatic choice).
+	Transport string
+	// Destinations, when not nil, place source i at Destinations[i]: a
+	// byte range of one tensor of one of the refs (as a partial fetch's
+	// Sources name them). Nil: one source per tensor, ref after ref, whole.
+	Destinations []Source
+	// Tag is handed to the owner with each write's notice (a version, say).
+	Tag uint64
+}
+
+// writeMode marks a Fetch that writes.
+type writeMode struct{ tag uint64 }
+
+// StartWrite starts writing sources into the objects of writable refs and
+// returns at once, like StartFetch: the write is waited on, aborted and
+// freed as a fetch is. See rdt_write_start.
+func (rt *Runtime) StartWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Fetch, error) {
+	return rt.StartFetch(refs, sources, opts.fetchOptions())
+}
+
+// Write is StartWrite, Wait and Free in one call, under one deadline, like
+// Get.
+func (rt *Runtime) Write(refs []*Ref, sources []transport.Tensor, opts WriteOptions, timeout time.Duration) error {
+	return rt.Get(refs, sources, opts.fetchOptions(), timeout)
+}
+
+func (o WriteOptions) fetchOptions() FetchOptions {
+	return FetchOptions{Transport: o.Transport, Sources: o.Destinations, write: &writeMode{tag: o.Tag}}
+}
+
+// checkDirection refuses refs the operation cannot use: a fetch reads
+// objects that were put, a write writes objects exposed for writing.
+func checkDirection(refs []*Ref, write bool) error {
+	for i, r := range refs {
+		switch {
+		case write && !r.desc.Writable:
+			return transport.Errorf(transport.ErrInvalidArgument, "ref %d (object %s) is not writable: only refs of exposed objects are written into", i, r.desc.ID)
+		case !write && r.desc.Writable:
+			return transport.Errorf(transport.ErrInvalidArgument, "ref %d (object %s) was exposed for writing: it is written into, never fetched", i, r.desc.ID)
+		}
+	}
+	return nil
+}
+
+// checkWriteDevices refuses a write between device types a transport would
+// have to convert: writes move host memory into host memory, or between
+// memory of one device type.
+func (tr *transfer) checkWriteDevices() error {
+	desc := tr.ref.desc
+	for i, src := range tr.targets {
+		dst := desc.Tensors[i]
+		if tr.pieces != nil {
+			dst = desc.Tensors[tr.pieces[i].Tensor]
+		}
+		if src.Device.Type != dst.Device.Type && !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
+			return transport.Errorf(transport.ErrUnsupported, "source %d is in %s memory and its destination in %s memory: writes do not cross device types", i, src.Device.Type, dst.Device.Type)
+		}
+	}
+	return nil
+}
+
+// beginWrite is the start phase of a write: connect to the owner, choose a
+// transport that writes, have the owner admit the write, and start it.
+func (tr *transfer) beginWrite() error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	if err := tr.checkWriteDevices(); err != nil {
+		return err
+	}
+	tr.x = &transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Role: transport.RoleSource, Source: rt.Identity(), Pieces: tr.pieces}
+	if tr.ref.owned {
+		tr.local = true
+		tr.x.Transport = "local copy"
+		return rt.admitWriteLocal(tr)
+	}
+	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
+	if err != nil {
+		return transport.Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	tr.peer = peer
+	if err := rt.store.borrowRefused(desc.ID); err != nil {
+		return err
+	}
+	var candidates []string
+	switch {
+	case tr.f.override != "":
+		candidates = []string{tr.f.override}
+	case desc.Transport != "":
+		candidates = []string{desc.Transport}
+	default:
+		candidates = rt.writeCandidates(desc, peer.Info())
+		if len(candidates) == 0 {
+			return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime writes %s memory into %s (have: %v)", desc.Tensors[0].Device.Type, peer.Info(), rt.reg.Names())
+		}
+	}
+	var firstErr error
+	for _, name := range candidates {
+		err := tr.beginWriteWith(name)
+		if err == nil {
+			return nil
+		}
+		if st := transport.StatusOf(err); len(candidates) == 1 || (st != transport.ErrUnsupported && st != transport.ErrPermissionDenied) {
+			return err
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// writeCandidates are the transports that write, in the automatic order
+// for the object's memory and the owner's place.
+func (rt *Runtime) writeCandidates(desc *ObjectDesc, peer transport.PeerInfo) []string {
+	var out []string
+	for _, name := range rt.autoCandidates(desc, peer) {
+		if e, err := rt.reg.lookup(name); err == nil && e.writer != nil {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// beginWriteWith has the owner admit the write over transport name, then
+// starts the transport's write.
+func (tr *transfer) beginWriteWith(name string) error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	e, err := rt.reg.lookup(name)
+	if err != nil {
+		return err
+	}
+	if e.writer == nil {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write into another runtime's memory", name)
+	}
+	if tr.pieces != nil && !e.desc.Ranges {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges or a subset of an object's tensors", name)
+	}
+	peerInfo, err := tr.peerOffering(name)
+	if err != nil {
+		return err
+	}
+	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
+	}
+	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
+	if err != nil {
+		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
+	}
+	x := tr.x
+	x.Transport, x.Destination = name, peerInfo
+	cmeta, err := e.t.CommunicatorMetadata(x)
+	if err != nil {
+		return transportError(name, transport.Wrap(err, "communicator metadata"))
+	}
+	ctx := tr.ownerCtx()
+	if ctx.Err() != nil {
+		return transport.ContextError(ctx, "asking the owner to admit the write")
+	}
+	open := control.WriteOpen{Object: desc.ID, TransferID: x.TransferID, Transport: name, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
+	if err := tr.peer.OpenWrite(ctx, open); err != nil {
+		return transport.Wrap(err, "owner %s refused the write", desc.Owner.Address)
+	}
+	tr.opened = true
+	select {
+	case <-tr.f.abortCh:
+		return transport.Errorf(transport.ErrAborted, "write aborted")
+	default:
+	}
+	req, err := e.writer.Write(x, tr.targets, tmeta, cmeta)
+	if err != nil {
+		return transportError(name, err)
+	}
+	tr.entry, tr.req = e, req
+	return nil
+}
+
+// admitWriteLocal admits a runtime's write into an object it exposed
+// itself, as a peer's would be.
+func (rt *Runtime) admitWriteLocal(tr *transfer) error {
+	desc := tr.ref.desc
+	o := rt.store.object(desc.ID)
+	if o == nil {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	open := control.WriteOpen{Object: desc.ID, TransferID: tr.x.TransferID, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
+	// Any registered writer admits it: the copy needs none.
+	for _, e := range rt.reg.all() {
+		if e.writer != nil {
+			open.Transport = e.desc.Name
+			break
+		}
+	}
+	if open.Transport == "" {
+		return transport.Errorf(transport.ErrUnsupported, "no transport in runtime %s writes", rt.name)
+	}
+	if err := rt.admitWrite(rt.id, open); err != nil {
+		return err
+	}
+	tr.opened = true
+	return nil
+}
+
+// writeLocal copies the sources into an object this runtime exposed.
+func (tr *transfer) writeLocal() error {
+	rt := tr.f.rt
+	o := rt.store.object(tr.ref.desc.ID)
+	if o == nil {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	for i, src := range tr.targets {
+		p := tr.x.PieceOf(i, src)
+		dst := o.tensors[p.Tensor]
+		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
+			dst.Data += uintptr(p.Offset)
+			dst.Nbytes = p.Length
+			copier, name := rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
+			if copier == nil {
+				return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", dst.Device.Type)
+			}
+			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
+				return transportError(name, err)
+			}
+			continue
+		}
+		s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data+uintptr(p.Offset), p.Length)
+		for off := 0; off < len(s); off += localChunk {
+			select {
+			case <-tr.f.abortCh:
+				return transport.Errorf(transport.ErrAborted, "write aborted")
+			default:
+			}
+			copy(d[off:], s[off:min(off+localChunk, len(s))])
+		}
+	}
+	return nil
+}
+
+// endWrite tells the owner how an admitted write ended, once no byte of it
+// can land any more.
+func (tr *transfer) endWrite(err error) {
+	if !tr.opened {
+		return
+	}
+	tr.opened = false
+	if tr.local {
+		tr.f.rt.endWrite(tr.f.rt.id, tr.ref.desc.ID, tr.x.TransferID, err)
+		return
+	}
+	tr.peer.WriteDone(tr.ref.desc.ID, tr.x.TransferID, err)
+}
+
+// finishWrite records a write's outcome, tells the owner, and drops the
+// transfer's handle on the object.
+func (tr *transfer) finishWrite(err error) {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	tr.endWrite(err)
+	tname := "no transport yet"
+	switch {
+	case tr.local:
+		tname = "local copy"
+	case tr.entry != nil:
+		tname = tr.entry.desc.Name
+	}
+	if err == nil {
+		rt.c.writesCompleted.Add(1)
+		rt.c.bytesWritten.Add(tr.nbytes)
+		rt.log.Debugf("wrote %d bytes into object %s of %s over %s in %v", tr.nbytes, desc.ID, desc.Owner.Address, tname, time.Since(tr.start))
+	} else {
+		rt.c.writesFailed.Add(1)
+		level := rt.log.Warnf
+		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
+			level = rt.log.Debugf
+		}
+		level("write into object %s of %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
+		err = transport.Wrap(err, "write into ref %d (object %s of %s)", tr.index, desc.ID, desc.Owner.Address)
+	}
+	tr.ref.Release()
+	tr.f.record(err)
+	tr.f.remaining.Add(-1)
+}

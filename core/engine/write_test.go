@@ -1,0 +1,361 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+func writablePair(t *testing.T) *pair {
+	return newPair(t, func(m *memTransport) { m.ranges, m.writes = true, true })
+}
+
+// expose exposes a float32 matrix of 64 rows of 16 elements and 100 bytes
+// in the owner, and returns the owner's ref, the writer's ref and the
+// exposed buffers (zeroed).
+func (p *pair) expose(t *testing.T) (owned, writable *Ref, bufs []*hostBuf) {
+	bufs = []*hostBuf{newHostBuf(t, 64*16*4), newHostBuf(t, 100)}
+	owned, err := p.owner.Expose([]transport.Tensor{shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100)}, "mem", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { owned.Release() })
+	b, err := owned.Serialize()
+	require.NoError(t, err)
+	writable, err = p.borrower.Deserialize(b)
+	require.NoError(t, err)
+	t.Cleanup(func() { writable.Release() })
+	require.True(t, writable.Desc().Writable)
+	return owned, writable, bufs
+}
+
+func TestWriteLandsThenNotifies(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	src[0].fill(3)
+	src[1].fill(9)
+	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 41}, 10*time.Second))
+	n, err := owned.WaitWriteNotice(10 * time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
+	assert.Equal(t, uint64(41), n.Tag)
+	assert.Equal(t, p.borrower.ID(), n.Writer)
+	assert.Equal(t, uint64(64*16*4+100), n.Bytes)
+	assert.Equal(t, src[0].b, bufs[0].b)
+	assert.Equal(t, src[1].b, bufs[1].b)
+	assert.Contains(t, p.dst.Events(), "write")
+
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "one write, one notice")
+	st := p.borrower.Stats()
+	assert.Equal(t, uint64(1), st.WritesCompleted)
+	assert.Equal(t, uint64(64*16*4+100), st.BytesWritten)
+	assert.Zero(t, st.TransfersCompleted, "a write is not counted as a fetch")
+}
+
+func TestPartialWriteTouchesOnlyItsRanges(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	bufs[0].fill(0x55)
+	before := append([]byte(nil), bufs[0].b...)
+	row := 16 * 4
+	rows := newHostBuf(t, 4*row) // rows 10..13
+	rows.fill(0xA0)
+	tail := newHostBuf(t, 10) // bytes 90..99 of the second tensor
+	tail.fill(0x01)
+	dests := []Source{
+		{Ref: 0, Piece: transport.Piece{Tensor: 0, Offset: uint64(10 * row), Length: uint64(4 * row)}},
+		{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 90, Length: RestOfTensor}},
+	}
+	sources := []transport.Tensor{shaped(t, rows, f32, 4, 16), shaped(t, tail, u8, 10)}
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 2, Destinations: dests}, 10*time.Second))
+	n, err := owned.WaitWriteNotice(10 * time.Second)
+	require.NoError(t, err)
+	require.NoError(t, n.Err)
+	assert.Equal(t, uint64(4*row+10), n.Bytes)
+
+	want := append([]byte(nil), before...)
+	copy(want[10*row:], rows.b)
+	assert.True(t, bytes.Equal(want, bufs[0].b), "only rows 10..13 changed")
+	assert.Equal(t, make([]byte, 90), bufs[1].b[:90])
+	assert.Equal(t, tail.b, bufs[1].b[90:])
+}
+
+func TestWriteRefusalsMoveNothing(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	src[0].fill(1)
+	src[1].fill(2)
+	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+	status := func(err error) transport.Status { return transport.StatusOf(err) }
+
+	// Read refs are not written into, writable refs are not fetched.
+	put, err := p.owner.Put([]transport.Tensor{shaped(t, src[1], u8, 100)}, "mem", nil)
+	require.NoError(t, err)
+	defer put.Release()
+	assert.Equal(t, transport.ErrInvalidArgument, status(p.owner.Write([]*Ref{put}, sources[1:], WriteOptions{}, time.Second)))
+	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Get([]*Ref{w}, sources, FetchOptions{}, time.Second)))
+
+	// Outside the exposed bytes, the wrong dtype, the wrong size.
+	out := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 95, Length: 10}}}
+	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, newHostBuf(t, 10), u8, 10)}, WriteOptions{Destinations: out}, time.Second)))
+	wrongType := []transport.Tensor{shaped(t, src[0], u8, 64*16*4), sources[1]}
+	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Write([]*Ref{w}, wrongType, WriteOptions{}, time.Second)))
+	short := []transport.Tensor{sources[0], shaped(t, newHostBuf(t, 99), u8, 99)}
+	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Write([]*Ref{w}, short, WriteOptions{}, time.Second)))
+
+	// A forged ref: the right object, a guessed key, a valid checksum.
+	b, err := owned.Serialize()
+	require.NoError(t, err)
+	forged := forgeWriteKey(t, b)
+	fw, err := p.borrower.Deserialize(forged)
+	require.NoError(t, err)
+	defer fw.Release()
+	err = p.borrower.Write([]*Ref{fw}, sources, WriteOptions{}, 5*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied, status(err), "%v", err)
+
+	// A transport that does not write.
+	plain := newMemTransport("plain")
+	require.NoError(t, p.borrower.RegisterTransport(plain))
+	require.NoError(t, p.owner.RegisterTransport(newMemTransport("plain")))
+	err = p.borrower.Write([]*Ref{w}, sources, WriteOptions{Transport: "plain"}, 5*time.Second)
+	assert.Equal(t, transport.ErrUnsupported, status(err), "%v", err)
+
+	assert.Equal(t, make([]byte, len(bufs[0].b)), bufs[0].b, "nothing was written")
+	assert.Equal(t, make([]byte, len(bufs[1].b)), bufs[1].b, "nothing was written")
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, status(err), "refused writes make no notice")
+}
+
+// forgeWriteKey changes the write key of serialized writable ref bytes and
+// fixes their checksum, as an attacker who read a ref's layout would.
+func forgeWriteKey(t *testing.T, b []byte) []byte {
+	f := append([]byte(nil), b...)
+	require.Equal(t, uint16(flagWritable), binary.LittleEndian.Uint16(f[6:8]))
+	keyAt := refHeader + 16 + 16 + 8 // object id, owner id, token
+	for i := 0; i < 16; i++ {
+		f[keyAt+i] ^= 0x5A
+	}
+	binary.LittleEndian.PutUint32(f[len(f)-4:], crc32.Checksum(f[:len(f)-4], castagnoli))
+	return f
+}
+
+func TestAbortedWriteGivesAFailureNotice(t *testing.T) {
+	p := writablePair(t)
+	p.dst.gate = make(chan struct{}) // the write blocks until aborted
+	owned, w, bufs := p.expose(t)
+	sources := []transport.Tensor{shaped(t, newHostBuf(t, len(bufs[0].b)), f32, 64, 16), shaped(t, newHostBuf(t, 100), u8, 100)}
+
+	f, err := p.borrower.StartWrite([]*Ref{w}, sources, WriteOptions{Tag: 5})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return p.owner.store.pinned() == 1 }, 10*time.Second, time.Millisecond, "the owner admitted the write")
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(20*time.Millisecond)))
+	f.Abort()
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(-1)))
+	f.Free()
+
+	n, err := owned.WaitWriteNotice(10 * time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(5), n.Tag)
+	require.Error(t, n.Err, "an aborted write is never a success")
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(n.Err))
+	assert.Zero(t, p.owner.store.pinned(), "an ended write unpins")
+	assert.Equal(t, uint64(1), p.borrower.Stats().WritesFailed)
+}
+
+func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
+	p := writablePair(t)
+	owned, _, _ := p.expose(t)
+	writer := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "writer"}
+	other := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "other"}
+	open := func(who transport.PeerInfo, id, tag uint64) {
+		require.NoError(t, p.owner.OpenWrite(who, control.WriteOpen{Object: owned.Desc().ID, TransferID: id, Transport: "mem", Key: owned.Desc().WriteKey, Tag: tag}))
+	}
+	open(writer, 1, 10)
+	open(writer, 2, 11)
+	open(other, 1, 12)
+	assert.Equal(t, 1, p.owner.store.pinned())
+
+	p.owner.PeerGone(writer)
+	tags := map[uint64]transport.Status{}
+	for i := 0; i < 2; i++ {
+		n, err := owned.WaitWriteNotice(time.Second)
+		require.NoError(t, err)
+		require.Error(t, n.Err)
+		tags[n.Tag] = transport.StatusOf(n.Err)
+		assert.Equal(t, writer.RuntimeID, n.Writer)
+	}
+	assert.Equal(t, map[uint64]transport.Status{10: transport.ErrPeerUnavailable, 11: transport.ErrPeerUnavailable}, tags)
+	_, err := owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the other writer's write is still open")
+	assert.Equal(t, 1, p.owner.store.pinned(), "still pinned by the other writer")
+
+	// A done for a torn write, or one never opened, changes nothing.
+	p.owner.WriteDone(writer.RuntimeID, owned.Desc().ID, 1, transport.OK, "")
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
+	p.owner.WriteDone(other.RuntimeID, owned.Desc().ID, 1, transport.OK, "")
+	n, err := owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
+	assert.Equal(t, uint64(12), n.Tag)
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+func TestRevokeWaitsForOpenWritesThenRefuses(t *testing.T) {
+	p := writablePair(t)
+	p.dst.gate = make(chan struct{})
+	owned, w, bufs := p.expose(t)
+	sources := []transport.Tensor{shaped(t, newHostBuf(t, len(bufs[0].b)), f32, 64, 16), shaped(t, newHostBuf(t, 100), u8, 100)}
+	f, err := p.borrower.StartWrite([]*Ref{w}, sources, WriteOptions{Tag: 1})
+	require.NoError(t, err)
+	defer f.Free()
+	require.Eventually(t, func() bool { return p.owner.store.pinned() == 1 }, 10*time.Second, time.Millisecond)
+
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(owned.RevokeWrites(20*time.Millisecond)), "a write is open")
+	close(p.dst.gate)
+	require.NoError(t, f.Wait(10*time.Second), "the open write finishes")
+	require.NoError(t, owned.RevokeWrites(10*time.Second))
+	n, err := owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
+
+	err = p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 2}, 5*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "revoked")
+	_, err = owned.Serialize()
+	require.NoError(t, err, "a revoked object's ref still serializes (for the owner's bookkeeping)")
+}
+
+func TestNoticesAreBoundedAndOnAnEventFD(t *testing.T) {
+	p := writablePair(t)
+	owned, _, _ := p.expose(t)
+	fd, err := owned.WriteNoticeFD()
+	require.NoError(t, err)
+	readable := func() bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		require.NoError(t, err)
+		return n == 1
+	}
+	assert.False(t, readable())
+
+	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
+	req := control.WriteOpen{Object: owned.Desc().ID, Transport: "mem", Key: owned.Desc().WriteKey}
+	for i := 0; i < maxPendingNotices; i++ {
+		req.TransferID, req.Tag = uint64(i+1), uint64(i)
+		require.NoError(t, p.owner.OpenWrite(writer, req))
+		if i%2 == 0 {
+			p.owner.WriteDone(writer.RuntimeID, req.Object, req.TransferID, transport.OK, "")
+		}
+	}
+	req.TransferID++
+	err = p.owner.OpenWrite(writer, req)
+	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "open writes and untaken notices are bounded")
+	assert.True(t, readable())
+	n, err := owned.WaitWriteNotice(0)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0), n.Tag, "oldest first")
+	require.NoError(t, p.owner.OpenWrite(writer, req), "taking a notice makes room")
+
+	p.owner.PeerGone(writer) // tears the open ones
+	for {
+		if _, err := owned.WaitWriteNotice(0); err != nil {
+			break
+		}
+	}
+	assert.False(t, readable(), "no notice left")
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+func TestOwnerWritesItsOwnExposedObject(t *testing.T) {
+	p := writablePair(t)
+	owned, _, bufs := p.expose(t)
+	src := newHostBuf(t, 100)
+	src.fill(7)
+	dests := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Length: RestOfTensor}}}
+	require.NoError(t, p.owner.Write([]*Ref{owned}, []transport.Tensor{shaped(t, src, u8, 100)}, WriteOptions{Tag: 3, Destinations: dests}, 5*time.Second))
+	assert.Equal(t, src.b, bufs[1].b)
+	n, err := owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
+	assert.Equal(t, uint64(3), n.Tag)
+	assert.Equal(t, p.owner.ID(), n.Writer)
+}
+
+func TestOverlappingWritersEachLandInTheirRanges(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	third := newRuntime(t, "third")
+	m := newMemTransport("mem")
+	m.ranges, m.writes = true, true
+	require.NoError(t, third.RegisterTransport(m))
+	b, err := owned.Serialize()
+	require.NoError(t, err)
+	w2, err := third.Deserialize(b)
+	require.NoError(t, err)
+	defer w2.Release()
+
+	a, c := newHostBuf(t, 60), newHostBuf(t, 60)
+	a.fill(0x11)
+	c.fill(0x77)
+	da := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 0, Length: 60}}}
+	dc := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 30, Length: 60}}}
+	errs := make(chan error, 2)
+	go func() {
+		errs <- p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, a, u8, 60)}, WriteOptions{Tag: 1, Destinations: da}, 10*time.Second)
+	}()
+	go func() {
+		errs <- third.Write([]*Ref{w2}, []transport.Tensor{shaped(t, c, u8, 60)}, WriteOptions{Tag: 2, Destinations: dc}, 10*time.Second)
+	}()
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+	for i := 0; i < 2; i++ {
+		n, err := owned.WaitWriteNotice(time.Second)
+		require.NoError(t, err)
+		assert.NoError(t, n.Err)
+	}
+	got := bufs[1].b
+	assert.Equal(t, a.b[:30], got[:30], "only the first writer's range")
+	assert.Equal(t, c.b[30:], got[60:90], "only the second writer's range")
+	for i := 30; i < 60; i++ {
+		assert.True(t, got[i] == a.b[i] || got[i] == c.b[i-30], "byte %d of the overlap is one of the writers'", i)
+	}
+	assert.Equal(t, make([]byte, 10), got[90:], "nothing past the ranges changed")
+}
+
+func TestWritableRefRoundTripsItsKey(t *testing.T) {
+	p := writablePair(t)
+	owned, w, _ := p.expose(t)
+	assert.Equal(t, owned.Desc().WriteKey, w.Desc().WriteKey)
+	assert.NotEqual(t, WriteKey{}, w.Desc().WriteKey)
+	b, err := owned.Serialize()
+	require.NoError(t, err)
+	d, _, err := DecodeRef(b)
+	require.NoError(t, err)
+	assert.True(t, d.Writable)
+
+	// Unknown flags and a zero key are corrupt.
+	bad := append([]byte(nil), b...)
+	binary.LittleEndian.PutUint16(bad[6:8], 3)
+	binary.LittleEndian.PutUint32(bad[len(bad)-4:], crc32.Checksum(bad[:len(bad)-4], castagnoli))
+	_, _, err = DecodeRef(bad)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
+	zero := append([]byte(nil), b...)
+	keyAt := refHeader + 16 + 16 + 8
+	copy(zero[keyAt:keyAt+16], make([]byte, 16))
+	binary.LittleEndian.PutUint32(zero[len(zero)-4:], crc32.Checksum(zero[:len(zero)-4], castagnoli))
+	_, _, err = DecodeRef(zero)
+	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
+}

@@ -352,6 +352,82 @@ rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                                timeout_ms);
 }
 
+/* ---- writing into exposed objects ----------------------------------- */
+
+rdt_status rdt_expose(rdt_runtime *rt, const rdt_tensor *tensors,
+                      size_t num_tensors, const char *transport,
+                      rdt_release_fn release, void *user_data, rdt_ref **out) {
+  FORK_GUARD("rdt_expose");
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_expose(
+      (uintptr_t)rt, (rdt_tensor *)tensors, num_tensors, (char *)transport,
+      release, (uintptr_t)user_data, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_ref *)h;
+  return st;
+}
+
+/* Possibly-NULL, possibly-older write options as the library's own. */
+static rdt_status write_options(const char *fn, const rdt_write_options *opts,
+                                rdt_write_options *full,
+                                rdt_write_options **use) {
+  *use = NULL;
+  if (opts == NULL) return RDT_OK;
+  rdt_write_options_init(full);
+  VERSIONED_IN(fn, rdt_write_options, *full, opts, reserved);
+  *use = full;
+  return RDT_OK;
+}
+
+rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,
+                           size_t num_refs, const rdt_tensor *sources,
+                           size_t num_sources, const rdt_write_options *opts,
+                           rdt_fetch **out) {
+  FORK_GUARD("rdt_write_start");
+  rdt_write_options full, *use;
+  rdt_status st = write_options("rdt_write_start", opts, &full, &use);
+  if (st != RDT_OK) return st;
+  uintptr_t h = 0;
+  st = (rdt_status)rdtgo_write_start((uintptr_t)rt, (uintptr_t *)refs,
+                                     num_refs, (rdt_tensor *)sources,
+                                     num_sources, use, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_fetch *)h;
+  return st;
+}
+
+rdt_status rdt_write(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
+                     const rdt_tensor *sources, size_t num_sources,
+                     const rdt_write_options *opts, int64_t timeout_ms) {
+  FORK_GUARD("rdt_write");
+  rdt_write_options full, *use;
+  rdt_status st = write_options("rdt_write", opts, &full, &use);
+  if (st != RDT_OK) return st;
+  return (rdt_status)rdtgo_write((uintptr_t)rt, (uintptr_t *)refs, num_refs,
+                                 (rdt_tensor *)sources, num_sources, use,
+                                 timeout_ms);
+}
+
+rdt_status rdt_write_notice_wait(rdt_ref *exposed, int64_t timeout_ms,
+                                 rdt_write_notice *out) {
+  FORK_GUARD("rdt_write_notice_wait");
+  CHECK_OUT_STRUCT("rdt_write_notice_wait", rdt_write_notice, out, status);
+  rdt_write_notice full;
+  rdt_write_notice_init(&full);
+  rdt_status st = (rdt_status)rdtgo_write_notice_wait((uintptr_t)exposed,
+                                                      timeout_ms, &full);
+  if (st == RDT_OK) VERSIONED_OUT(rdt_write_notice, out, full);
+  return st;
+}
+
+rdt_status rdt_write_notice_event_fd(rdt_ref *exposed, int *fd_out) {
+  FORK_GUARD("rdt_write_notice_event_fd");
+  return (rdt_status)rdtgo_write_notice_event_fd((uintptr_t)exposed, fd_out);
+}
+
+rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms) {
+  FORK_GUARD("rdt_ref_revoke_writes");
+  return (rdt_status)rdtgo_ref_revoke_writes((uintptr_t)exposed, timeout_ms);
+}
+
 rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
                                  int64_t timeout_ms) {
   FORK_GUARD("rdt_wait_tensor_freed");

@@ -13,9 +13,10 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get.
+// fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get
+// (and, without options, rdt_write_start's, whose tensors are named what).
 func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, copts *C.rdt_fetch_options) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
+	ntargets C.size_t, copts *C.rdt_fetch_options, what string) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
 	var opts engine.FetchOptions
 	rt, err := runtimeOf(h)
 	if err != nil {
@@ -37,7 +38,7 @@ func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 			}
 		}
 	}
-	ts, err := tensorsFromC(targets, ntargets, "targets")
+	ts, err := tensorsFromC(targets, ntargets, what)
 	if err != nil {
 		return nil, nil, nil, opts, err
 	}
@@ -75,7 +76,7 @@ func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
 			return err
 		}
@@ -147,7 +148,7 @@ func rdtgo_fetch_free(h C.uintptr_t) C.int {
 func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_fetch_options, ms C.int64_t) C.int {
 	return guard("rdt_get", func() error {
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts)
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
 			return err
 		}

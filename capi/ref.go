@@ -17,33 +17,48 @@ import (
 func rdtgo_put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *C.char,
 	release C.rdt_release_fn, userData C.uintptr_t, out *C.uintptr_t) C.int {
 	return guard("rdt_put", func() error {
-		rh, err := lookup[*runtimeHandle](h, "rt")
-		if err != nil {
-			return err
-		}
-		if out == nil {
-			return invalid("out is NULL")
-		}
-		ts, err := tensorsFromC(tensors, n, "tensors")
-		if err != nil {
-			return err
-		}
-		var onFree func()
-		switch queued := rh.rt.QueuesReleases(); {
-		case queued && release != nil:
-			return invalid("runtime %s queues releases (RDT_RUNTIME_QUEUE_RELEASES): pass release = NULL and take the user data with rdt_runtime_take_released()", rh.rt.Name())
-		case queued && userData != 0:
-			onFree = rh.rt.ReleaseToQueue(uintptr(userData))
-		case release != nil:
-			onFree = func() { C.rdtc_call_release(release, userData) }
-		}
-		ref, err := rh.rt.Put(ts, goString(transportName), onFree)
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&refHandle{ref: ref})
-		return nil
+		return put(h, tensors, n, transportName, release, userData, out, (*engine.Runtime).Put)
 	})
+}
+
+//export rdtgo_expose
+func rdtgo_expose(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *C.char,
+	release C.rdt_release_fn, userData C.uintptr_t, out *C.uintptr_t) C.int {
+	return guard("rdt_expose", func() error {
+		return put(h, tensors, n, transportName, release, userData, out, (*engine.Runtime).Expose)
+	})
+}
+
+// put converts rdt_put's and rdt_expose's arguments and makes the object
+// with make.
+func put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *C.char, release C.rdt_release_fn,
+	userData C.uintptr_t, out *C.uintptr_t, make func(*engine.Runtime, []transport.Tensor, string, func()) (*engine.Ref, error)) error {
+	rh, err := lookup[*runtimeHandle](h, "rt")
+	if err != nil {
+		return err
+	}
+	if out == nil {
+		return invalid("out is NULL")
+	}
+	ts, err := tensorsFromC(tensors, n, "tensors")
+	if err != nil {
+		return err
+	}
+	var onFree func()
+	switch queued := rh.rt.QueuesReleases(); {
+	case queued && release != nil:
+		return invalid("runtime %s queues releases (RDT_RUNTIME_QUEUE_RELEASES): pass release = NULL and take the user data with rdt_runtime_take_released()", rh.rt.Name())
+	case queued && userData != 0:
+		onFree = rh.rt.ReleaseToQueue(uintptr(userData))
+	case release != nil:
+		onFree = func() { C.rdtc_call_release(release, userData) }
+	}
+	ref, err := make(rh.rt, ts, goString(transportName), onFree)
+	if err != nil {
+		return err
+	}
+	*out = newHandle(&refHandle{ref: ref})
+	return nil
 }
 
 //export rdtgo_ref_clone
@@ -158,6 +173,9 @@ func rdtgo_ref_info(h C.uintptr_t, out *C.rdt_object_info) C.int {
 		copyName(out.transport[:], d.Transport)
 		if ref.IsOwner() {
 			out.is_owner = 1
+		}
+		if d.Writable {
+			out.is_writable = 1
 		}
 		out.nbytes = C.uint64_t(d.Nbytes)
 		return nil

@@ -140,6 +140,9 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.local_copies = C.uint64_t(s.LocalCopies)
 		out.peers = C.uint64_t(s.Peers)
 		out.peers_lost = C.uint64_t(s.PeersLost)
+		out.writes_completed = C.uint64_t(s.WritesCompleted)
+		out.writes_failed = C.uint64_t(s.WritesFailed)
+		out.bytes_written = C.uint64_t(s.BytesWritten)
 		return nil
 	})
 }

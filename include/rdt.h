@@ -444,6 +444,7 @@ typedef struct rdt_object_info {
   char transport[RDT_NAME_MAX + 1];      /* "" when chosen per fetch */
   int32_t is_owner;       /* 1 if the ref's runtime owns the object */
   uint64_t nbytes;        /* sum over the tensors */
+  int32_t is_writable;    /* 1 for a writable ref (rdt_expose())     */
 } rdt_object_info;
 
 static inline void rdt_object_info_init(rdt_object_info *info) {
@@ -612,6 +613,138 @@ RDT_API rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs,
  * RDT_OK at once if none does. RDT_ERR_TIMEOUT if the deadline passes. */
 RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
                                          int64_t timeout_ms);
+
+/* ------------------------------------------------------------------------- */
+/* Writing into exposed objects (push)                                       */
+/* ------------------------------------------------------------------------- */
+
+/* Exposes `num_tensors` tensors of `rt` for other runtimes to write into and
+ * returns the first reference to the new object in *out: a writable ref.
+ * Arguments, ownership, the release callback and errors are those of
+ * rdt_put(); `transport` must be one that writes (cma, or NULL for the
+ * automatic choice), else UNSUPPORTED.
+ *
+ * A writable ref is a capability: its serialized bytes carry a random write
+ * key, and the owner admits a write only from a holder that presents it.
+ * Hand the bytes only to the processes that may write. Writes land only
+ * inside the exposed bytes. A writable object is never fetched (a fetch of
+ * it is INVALID_ARGUMENT); read the memory in this process.
+ *
+ * Every write the owner admitted ends in exactly one notice, taken with
+ * rdt_write_notice_wait(). While writes are open the memory may change at
+ * any time; a notice with status RDT_OK means every byte of that write
+ * landed. Writers hold the object like borrowers of a put object:
+ * wait_tensor_freed and the release callback say when every writer is
+ * done with it. */
+RDT_API rdt_status rdt_expose(rdt_runtime *rt, const rdt_tensor *tensors,
+                              size_t num_tensors, const char *transport,
+                              rdt_release_fn release, void *user_data,
+                              rdt_ref **out);
+
+typedef struct rdt_write_options {
+  uint32_t struct_size; /* set by _init */
+  uint32_t reserved;
+  /* Use this transport for every ref (case-insensitive). NULL: each ref's
+   * own, or the automatic choice among the transports that write. */
+  const char *transport;
+  /* A partial write: source i lands at destinations[i], a byte range of a
+   * tensor of refs[destinations[i].ref] (the addressing of a partial
+   * fetch), and num_destinations equals num_sources. The array is copied.
+   * NULL: every tensor of every ref, whole. */
+  const rdt_source_range *destinations;
+  size_t num_destinations;
+  /* Handed to the owner with the notice of each ref's write (a version or
+   * step number, say). */
+  uint64_t tag;
+} rdt_write_options;
+
+static inline void rdt_write_options_init(rdt_write_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+}
+
+/* Starts writing local `sources` into the objects of writable refs and
+ * returns at once with *out, waited on, aborted and freed like a fetch
+ * (rdt_fetch_wait(), rdt_fetch_abort(), rdt_fetch_event_fd(),
+ * rdt_fetch_free()). The sources are matched to the refs' tensors as
+ * rdt_fetch_start() matches targets (one per tensor, ref after ref, or one
+ * per destination range); they are only read and may overlap. Their memory
+ * must stay valid until the wait returned something other than
+ * RDT_ERR_TIMEOUT, or rdt_fetch_free() returned.
+ *
+ * For each ref the owner is asked to admit the write (the key, the ranges,
+ * the tag), the bytes move, and then the owner is told the outcome, which
+ * becomes its notice. When the wait returns an error, no byte of the write
+ * lands any more, and the owner's notice for it says it failed.
+ *
+ * Errors at start: INVALID_ARGUMENT (a ref that is not writable, a source
+ * that does not match, a range outside its tensor; nothing is written),
+ * NOT_FOUND (unknown transport). Errors of the wait: PERMISSION_DENIED (a
+ * wrong write key, a revoked object), NO_MEMORY (the owner holds too many
+ * notices not taken), UNSUPPORTED (no transport writes between these
+ * runtimes), PEER_UNAVAILABLE, TIMEOUT, ABORTED, or a transport's error. */
+RDT_API rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,
+                                   size_t num_refs, const rdt_tensor *sources,
+                                   size_t num_sources,
+                                   const rdt_write_options *opts,
+                                   rdt_fetch **out);
+
+/* rdt_write_start(), rdt_fetch_wait(timeout_ms) and rdt_fetch_free() in one
+ * call, under one deadline, like rdt_get(). */
+RDT_API rdt_status rdt_write(rdt_runtime *rt, rdt_ref *const *refs,
+                             size_t num_refs, const rdt_tensor *sources,
+                             size_t num_sources, const rdt_write_options *opts,
+                             int64_t timeout_ms);
+
+/* Longest message a notice keeps, in bytes. */
+#define RDT_NOTICE_MESSAGE_MAX 255
+
+/* How one write into an exposed object ended. */
+typedef struct rdt_write_notice {
+  uint32_t struct_size; /* set by _init */
+  /* RDT_OK: every byte of the write landed. Anything else: the write
+   * failed, was aborted, or its writer went away with it open; the bytes it
+   * covers may hold any mix of old and new values (a torn write). */
+  rdt_status status;
+  uint64_t tag;    /* the writer's rdt_write_options.tag */
+  uint64_t nbytes; /* the bytes the write covered */
+  char writer[RDT_OBJECT_ID_LEN + 1]; /* the writing runtime's id, hex */
+  char message[RDT_NOTICE_MESSAGE_MAX + 1]; /* why it failed; "" on RDT_OK */
+} rdt_write_notice;
+
+static inline void rdt_write_notice_init(rdt_write_notice *notice) {
+  memset(notice, 0, sizeof *notice);
+  notice->struct_size = (uint32_t)sizeof *notice;
+}
+
+/* Takes the oldest notice of a write into an object this runtime exposed
+ * (`exposed` is the owner's ref), waiting up to `timeout_ms` (<0 forever, 0
+ * poll) for one. Notices come in the order writes ended. RDT_OK fills
+ * `out` (initialized with _init). TIMEOUT: none came. NOT_FOUND: the object
+ * was freed. INVALID_ARGUMENT: a ref that is not the owner's of an exposed
+ * object.
+ *
+ * The owner keeps at most 4,096 writes open and notices not taken per
+ * object; past that, writes are refused (the writer's wait returns
+ * NO_MEMORY), so an owner that stops taking notices slows its writers
+ * instead of losing notices. */
+RDT_API rdt_status rdt_write_notice_wait(rdt_ref *exposed, int64_t timeout_ms,
+                                         rdt_write_notice *out);
+
+/* Gives a descriptor that is readable while notices of the exposed object
+ * wait to be taken (an eventfd; poll it, then take notices with
+ * rdt_write_notice_wait(exposed, 0) until TIMEOUT). It belongs to the
+ * object: made on the first call, closed when the object is freed; never
+ * close, read or write it. */
+RDT_API rdt_status rdt_write_notice_event_fd(rdt_ref *exposed, int *fd_out);
+
+/* Revokes every writable ref of an object this runtime exposed: no write is
+ * admitted any more (PERMISSION_DENIED), serialized refs not yet
+ * deserialized stop holding it, and this waits up to `timeout_ms` (<0
+ * forever, 0 poll) until no admitted write is open. RDT_OK: nothing writes
+ * into the memory any more. TIMEOUT: writes are still open (their notices
+ * will come); the revocation stays, call again to wait more. */
+RDT_API rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------------- */
 /* Transports                                                                */
@@ -930,6 +1063,9 @@ typedef struct rdt_stats {
    * died, fell silent or stopped reading for peer_timeout_ms, or broke the
    * protocol. A peer that is alive and well never adds to it. */
   uint64_t peers_lost;
+  uint64_t writes_completed; /* writes into other runtimes' exposed objects */
+  uint64_t writes_failed;
+  uint64_t bytes_written;
 } rdt_stats;
 
 static inline void rdt_stats_init(rdt_stats *stats) {

@@ -143,6 +143,7 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.writes_completed = C.uint64_t(s.WritesCompleted)
 		out.writes_failed = C.uint64_t(s.WritesFailed)
 		out.bytes_written = C.uint64_t(s.BytesWritten)
+		out.writes_open = C.uint64_t(s.WritesOpen)
 		return nil
 	})
 }

@@ -1066,6 +1066,7 @@ typedef struct rdt_stats {
   uint64_t writes_completed; /* writes into other runtimes' exposed objects */
   uint64_t writes_failed;
   uint64_t bytes_written;
+  uint64_t writes_open;      /* writes into our exposed objects, admitted and not ended */
 } rdt_stats;
 
 static inline void rdt_stats_init(rdt_stats *stats) {

@@ -206,6 +206,20 @@ func TestHostilePeerChild(t *testing.T) {
 			}
 		}
 		report("METADATA %s %v", transport.StatusOf(err), err)
+		// A write into the object, even with its key, needs a connection.
+		c2, err := net.Dial("tcp", tcpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd2, err := rawHandshake(c2, newRawPeer(), "")
+		if err == nil {
+			c2.Write((&control.Message{Kind: control.KindWriteOpen, ID: 2, Object: obj, Transport: "mem"}).Encode())
+			c2.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if m := hostileResponse(t, rd2); m.Status != transport.OK {
+				err = &transport.Error{Status: m.Status, Msg: m.Text}
+			}
+		}
+		report("WRITE %s %v", transport.StatusOf(err), err)
 		io.Copy(io.Discard, os.Stdin)
 	default:
 		t.Fatalf("unknown mode %q", mode)

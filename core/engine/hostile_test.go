@@ -389,6 +389,8 @@ func TestCrossUIDPeerIsRefusedOnControlTCP(t *testing.T) {
 	assert.Equal(t, transport.ErrPermissionDenied.String(), borrow[0], "borrow over the control TCP port: %s", strings.Join(borrow, " "))
 	meta := other.expectLine(t, "METADATA", 60*time.Second)
 	assert.Equal(t, transport.ErrPermissionDenied.String(), meta[0], "metadata over the control TCP port: %s", strings.Join(meta, " "))
+	write := other.expectLine(t, "WRITE", 60*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied.String(), write[0], "a write over the control TCP port: %s", strings.Join(write, " "))
 	assert.Zero(t, owner.Stats().Borrows)
 	assert.Zero(t, owner.Stats().Peers)
 }

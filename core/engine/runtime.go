@@ -599,6 +599,7 @@ type Stats struct {
 	BytesReceived, SendsCompleted, BytesSent, LocalCopies, Peers         uint64
 	PeersLost                                                            uint64
 	WritesCompleted, WritesFailed, BytesWritten                          uint64
+	WritesOpen                                                           uint64 // into our exposed objects
 }
 
 // Stats snapshots the runtime's counters.
@@ -619,6 +620,9 @@ func (rt *Runtime) Stats() Stats {
 		BytesWritten:       rt.c.bytesWritten.Load(),
 	}
 	rt.store.counts(&s)
+	for _, o := range rt.store.exposedObjects() {
+		s.WritesOpen += uint64(o.write.numOpen())
+	}
 	if rt.ep != nil {
 		s.Peers = uint64(rt.ep.NumPeers())
 		s.PeersLost = rt.ep.PeersLost()

@@ -132,6 +132,13 @@ func (ex *exposure) pushLocked(n WriteNotice) {
 	ex.wakeLocked()
 }
 
+// numOpen counts the writes admitted and not ended.
+func (ex *exposure) numOpen() int {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return len(ex.open)
+}
+
 // take removes the oldest notice, if any.
 func (ex *exposure) take() (WriteNotice, bool, <-chan struct{}, bool) {
 	ex.mu.Lock()
@@ -653,6 +660,8 @@ func (tr *transfer) finishWrite(err error) {
 		tname = "local copy"
 	case tr.entry != nil:
 		tname = tr.entry.desc.Name
+	case tr.x != nil && tr.x.Transport != "":
+		tname = tr.x.Transport // refused before the transport started
 	}
 	if err == nil {
 		rt.c.writesCompleted.Add(1)

@@ -176,6 +176,29 @@ func (s *childState) handle(req request) reply {
 		res := exchange(s.rt, refs, req.Seed, time.Duration(req.Millis)*time.Millisecond, "child")
 		st := s.rt.Stats()
 		return reply{Exchange: &res, Stats: &st}
+	case "expose":
+		tensors := make([]transport.Tensor, len(req.Sizes))
+		for i, n := range req.Sizes {
+			tensors[i] = tensorOver(hostMem(n))
+		}
+		ref, err := s.rt.Expose(tensors, req.Transport, nil)
+		if err != nil {
+			return fail(err)
+		}
+		b, err := ref.Serialize()
+		if err != nil {
+			return fail(err)
+		}
+		s.keep(ref)
+		return reply{Refs: []string{enc(b)}}
+	case "write_loop":
+		ref, err := s.rt.Deserialize(dec(req.Refs[0]))
+		if err != nil {
+			return fail(err)
+		}
+		s.keep(ref)
+		go s.writeLoop(ref, req)
+		return reply{}
 	case "exit":
 		return reply{}
 	}
@@ -235,4 +258,27 @@ func (s *childState) get(req request) error {
 		}
 	}
 	return first
+}
+
+// writeLoop writes into a writable ref, version after version (tag k holds
+// the pattern of seed plus k), req.Count times (0: until the process
+// ends).
+func (s *childState) writeLoop(ref *engine.Ref, req request) {
+	bufs := make([][]byte, len(req.Sizes))
+	tensors := make([]transport.Tensor, len(req.Sizes))
+	for i, n := range req.Sizes {
+		bufs[i] = hostMem(n)
+		tensors[i] = tensorOver(bufs[i])
+	}
+	for tag := 1; req.Count == 0 || tag <= req.Count; tag++ {
+		for i, b := range bufs {
+			for j := range b {
+				b[j] = patternByte(req.Seed, i, j) + byte(tag)
+			}
+		}
+		if err := s.rt.Write([]*engine.Ref{ref}, tensors, engine.WriteOptions{Tag: uint64(tag)}, -1); err != nil {
+			fmt.Fprintln(os.Stderr, "child: write:", err)
+			return
+		}
+	}
 }

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 
 func builtins() []transport.TransportFactory {
 	// nixl is skipped by the runtime where libnixl_capi.so is not found.
-	return []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), nixl.Factory(), twoSidedFactory()}
+	return []transport.TransportFactory{cma.Factory(), shm.Factory(), tcp.Factory(), nixl.Factory(), twoSidedFactory(), stallWriteFactory()}
 }
 
 // runtimeConfig is how a process's runtime is set up; children get theirs

@@ -13,14 +13,15 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       ForkedError, GetTimeoutError, InternalError, InvalidArgumentError, NoMemoryError,
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
-from ._default import (create_collective_group, default_runtime, destroy_collective_group, fetch, get, get_async,
-                       init, put, register_tensor_transport, wait_tensor_freed)
+from ._default import (create_collective_group, default_runtime, destroy_collective_group, expose, fetch, get,
+                       get_async, init, put, register_tensor_transport, wait_tensor_freed, write, write_async)
 from ._fetch import Fetch
 from ._logs import set_log_level
 from ._lib import decode as _decode
 from ._lib import lib as _native
-from ._ref import ObjectRef, TensorSlice
+from ._ref import ObjectRef, TensorSlice, WriteNotice
 from ._runtime import Runtime
+from ._write import Write
 from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
 
@@ -40,8 +41,8 @@ def build_info() -> "dict[str, str]":
 
 
 __all__ = [
-    "Runtime", "ObjectRef", "TensorSlice", "Fetch", "init", "default_runtime", "put", "get", "fetch", "get_async",
-    "wait_tensor_freed",
+    "Runtime", "ObjectRef", "TensorSlice", "Fetch", "Write", "WriteNotice", "init", "default_runtime", "put", "get", "fetch", "get_async",
+    "wait_tensor_freed", "expose", "write", "write_async",
     "register_tensor_transport", "library_version", "build_info", "set_log_level",
     "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",

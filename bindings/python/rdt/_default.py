@@ -81,6 +81,25 @@ def put(value: Any, transport: Optional[str] = None) -> ObjectRef:
     return DEFAULT.get().put(value, transport)
 
 
+def expose(value: Any, transport: Optional[str] = None) -> ObjectRef:
+    """Exposes value's tensors in the default runtime for other processes to
+    write into; see Runtime.expose."""
+    return DEFAULT.get().expose(value, transport)
+
+
+def write(refs: Any, value: Any, *, tag: int = 0, timeout: Optional[float] = None,
+          transport: Optional[str] = None) -> None:
+    """Writes value into writable refs (or slices of them), in the runtime
+    they belong to; see Runtime.write."""
+    runtime_of(refs).write(refs, value, tag=tag, timeout=timeout, transport=transport)
+
+
+async def write_async(refs: Any, value: Any, *, tag: int = 0, timeout: Optional[float] = None,
+                      transport: Optional[str] = None) -> None:
+    """``await rdt.write_async(ref, value)``: rdt.write for asyncio."""
+    await runtime_of(refs).write_async(refs, value, tag=tag, timeout=timeout, transport=transport)
+
+
 def runtime_of(refs: Any) -> Runtime:
     """The runtime refs (or slices of them) belong to (the default one for
     anything else, whose get then says what is wrong)."""

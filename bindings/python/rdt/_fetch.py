@@ -217,14 +217,16 @@ class Fetch(Handle):
         background (a transport that cannot abort) and are dropped then."""
         try:
             if not self._wait_until(deadline):
-                n = len(self._plan.fetch_refs)
-                raise GetTimeoutError(f"rdt.get: the deadline passed before {n} "
-                                      f"object{'s' if n != 1 else ''} arrived; the fetch was aborted",
-                                      _lib.ERR_TIMEOUT)
+                raise GetTimeoutError(self._late("rdt.get"), _lib.ERR_TIMEOUT)
         except (GetTimeoutError, KeyboardInterrupt, SystemExit):
             self.close()
             raise
         return self._result_now()
+
+    def _late(self, call: str) -> str:
+        """The message of a deadline that passed in ``call``."""
+        n = len(self._plan.fetch_refs)
+        return f"{call}: the deadline passed before {n} object{'s' if n != 1 else ''} arrived; the fetch was aborted"
 
     def _result_now(self) -> Any:
         assert self._final is not None
@@ -405,6 +407,4 @@ async def await_fetch(f: Fetch, deadline: Optional[float]) -> Any:
     try:
         return await asyncio.wait_for(f.wait_async(), max(0.0, deadline - time.monotonic()))
     except asyncio.TimeoutError:
-        n = len(f._plan.fetch_refs)
-        raise GetTimeoutError(f"rdt.get_async: the deadline passed before {n} object{'s' if n != 1 else ''} "
-                              f"arrived; the fetch was aborted", _lib.ERR_TIMEOUT) from None
+        raise GetTimeoutError(f._late("rdt.get_async"), _lib.ERR_TIMEOUT) from None

@@ -130,7 +130,21 @@ class ObjectInfo(Structure):
         ("transport", c_char * (NAME_MAX + 1)),
         ("is_owner", c_int32),
         ("nbytes", c_uint64),
+        ("is_writable", c_int32),
     ]
+
+
+class WriteOptions(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p),
+                ("destinations", POINTER(SourceRange)), ("num_destinations", c_size_t), ("tag", c_uint64)]
+
+
+NOTICE_MESSAGE_MAX = 255
+
+
+class WriteNotice(Structure):
+    _fields_ = [("struct_size", c_uint32), ("status", c_int32), ("tag", c_uint64), ("nbytes", c_uint64),
+                ("writer", c_char * (OBJECT_ID_LEN + 1)), ("message", c_char * (NOTICE_MESSAGE_MAX + 1))]
 
 
 class TensorInfo(Structure):
@@ -220,6 +234,7 @@ STATS_FIELDS = (
     "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
     "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
     "sends_completed", "bytes_sent", "local_copies", "peers", "peers_lost",
+    "writes_completed", "writes_failed", "bytes_written", "writes_open",
 )
 
 
@@ -306,6 +321,13 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_fetch_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
     "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions), c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
+    "rdt_expose": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, POINTER(c_void_p)]),
+    "rdt_write_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions),
+                                  POINTER(c_void_p)]),
+    "rdt_write": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions), c_int64]),
+    "rdt_write_notice_wait": (c_int32, [c_void_p, c_int64, POINTER(WriteNotice)]),
+    "rdt_write_notice_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
+    "rdt_ref_revoke_writes": (c_int32, [c_void_p, c_int64]),
     "rdt_buffer_set": (c_int32, [c_void_p, c_char_p, c_size_t]),
     "rdt_set_error": (None, [c_char_p]),
     "rdt_register_transport": (c_int32, [c_void_p, c_char_p, POINTER(c_int32), c_size_t,

@@ -3,15 +3,17 @@ the tensors."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import math
 import operator
 import pickle
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from . import _tensors as _t
-from ._errors import InvalidArgumentError
+from ._errors import GetTimeoutError, InvalidArgumentError, RdtError, error_for
 from ._handle import Handle
 from ._store import Entry, RuntimeLike
 
@@ -106,6 +108,32 @@ def decode_skeleton(blob: Any, tensors: Sequence[Any]) -> Any:
     if isinstance(blob, int):
         return list(tensors)
     return unflatten(pickle.loads(blob), tensors)
+
+
+# ---- notices of writes into exposed objects ------------------------------------
+
+class WriteNotice(NamedTuple):
+    """How one write into an exposed object ended, as its owner learns it
+    (:meth:`ObjectRef.wait_notice`). ``error`` is None when every byte of
+    the write landed; otherwise the bytes it covers may hold any mix of old
+    and new values (a torn write) and ``error`` says why."""
+
+    tag: int       # the writer's tag (write(..., tag=))
+    nbytes: int    # the bytes the write covered
+    writer: str    # the writing runtime's id
+    error: Optional[RdtError]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every byte of the write landed."""
+        return self.error is None
+
+
+def _notice_of(n: Any) -> WriteNotice:
+    err = None
+    if n.status != _lib.OK:
+        err = error_for(n.status, n.message.decode(errors="replace"))
+    return WriteNotice(int(n.tag), int(n.nbytes), n.writer.decode(), err)
 
 
 # ---- slices of one tensor ------------------------------------------------------
@@ -266,6 +294,88 @@ class ObjectRef(Handle):
     def nbytes(self) -> int:
         """Bytes over all the object's tensors."""
         return self._info()[3]
+
+    @property
+    def writable(self) -> bool:
+        """Whether this is a writable ref (made by ``Runtime.expose``): its
+        holders write into the object instead of fetching it."""
+        info = _lib.init(_lib.ObjectInfo())
+        _lib.check(_lib.lib().rdt_ref_info(self._handle(), ctypes.byref(info)))
+        return bool(info.is_writable)
+
+    # ---- the owner's side of an exposed object ---------------------------------
+
+    def wait_notice(self, timeout: Optional[float] = None) -> WriteNotice:
+        """Takes the oldest notice of a write into this exposed object (the
+        owner's ref), waiting up to ``timeout`` seconds (None: no limit;
+        0: only look) for one: GetTimeoutError (a TimeoutError) when none
+        came. Every write the owner admitted ends in exactly one notice, in
+        the order writes ended. Ctrl-C interrupts the wait."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        n = _lib.init(_lib.WriteNotice())
+        L = _lib.lib()
+        while True:
+            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+            st = L.rdt_write_notice_wait(self._handle(), 100 if left < 0 else min(100, left), ctypes.byref(n))
+            if st == _lib.OK:
+                return _notice_of(n)
+            if st != _lib.ERR_TIMEOUT:
+                raise _lib.make_error(st)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"wait_notice: no write notice within {timeout} s", _lib.ERR_TIMEOUT)
+
+    def notice_fd(self) -> int:
+        """A descriptor that is readable while notices of this exposed
+        object wait to be taken (poll it, then ``wait_notice(0)``). It
+        belongs to the object and closes when the object is freed."""
+        fd = ctypes.c_int32(-1)
+        _lib.check(_lib.lib().rdt_write_notice_event_fd(self._handle(), ctypes.byref(fd)))
+        return fd.value
+
+    async def wait_notice_async(self, timeout: Optional[float] = None) -> WriteNotice:
+        """:meth:`wait_notice` for asyncio: the event loop watches
+        :meth:`notice_fd`, no thread waits."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + max(0.0, float(timeout))
+        n = _lib.init(_lib.WriteNotice())
+        L = _lib.lib()
+        while True:
+            st = L.rdt_write_notice_wait(self._handle(), 0, ctypes.byref(n))
+            if st == _lib.OK:
+                return _notice_of(n)
+            if st != _lib.ERR_TIMEOUT:
+                raise _lib.make_error(st)
+            fd = self.notice_fd()
+            fut = loop.create_future()
+            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                await asyncio.wait_for(fut, left)
+            except asyncio.TimeoutError:
+                raise GetTimeoutError(f"wait_notice_async: no write notice within {timeout} s",
+                                      _lib.ERR_TIMEOUT) from None
+            finally:
+                loop.remove_reader(fd)
+
+    def revoke_writes(self, timeout: Optional[float] = None) -> None:
+        """Revokes every writable ref of this exposed object (the owner's
+        ref): no write is admitted any more (PermissionDeniedError for the
+        writer), serialized copies not yet deserialized stop holding it, and
+        this waits up to ``timeout`` seconds until no admitted write is open
+        (GetTimeoutError when they still are; the revocation stays). Once it
+        returns nothing writes into the memory any more."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        L = _lib.lib()
+        while True:
+            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+            st = L.rdt_ref_revoke_writes(self._handle(), 100 if left < 0 else min(100, left))
+            if st == _lib.OK:
+                return
+            if st != _lib.ERR_TIMEOUT:
+                raise _lib.make_error(st)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError(f"revoke_writes: writes are still open after {timeout} s; the "
+                                      "revocation stays", _lib.ERR_TIMEOUT)
 
     def tensor_descs(self) -> List[_t.Desc]:
         """Shape, dtype and device of each tensor, in put order."""

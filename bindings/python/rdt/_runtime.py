@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
-from . import _get, _lib
+from . import _get, _lib, _write
 from . import _tensors as _t
 from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
@@ -145,6 +145,21 @@ class Runtime(Handle):
         the reference. Keep the tensors unmodified until the object is freed
         (see :meth:`wait_tensor_freed`). ``transport`` names the transport
         receivers use; None lets each fetch choose."""
+        return self._put(value, transport, False)
+
+    def expose(self, value: Any, transport: Optional[str] = None) -> ObjectRef:
+        """Exposes the tensors in ``value`` (a structure as :meth:`put`
+        takes) for other processes to write into, and returns a writable
+        ref: a capability, which only its holders may use, and hand on by
+        pickling. They write with :meth:`write`; every write ends in one
+        notice here (``ref.wait_notice()``), which says whether all of its
+        bytes landed. The memory may change whenever a write is open; read
+        it once its notice says so. A writable object is never fetched.
+        ``ref.revoke_writes()`` stops every writer. ``transport``: one that
+        writes (cma), or None to choose per write."""
+        return self._put(value, transport, True)
+
+    def _put(self, value: Any, transport: Optional[str], expose: bool) -> ObjectRef:
         if type(value) is np.ndarray:  # the common case, quickly
             found: List[Any] = [value]
             items = [_t.item_of(value)]
@@ -186,7 +201,8 @@ class Runtime(Handle):
             self._store.putting[ptrs] = entry
         out = ctypes.c_void_p()
         try:
-            st = _lib.lib().rdt_put(self._handle(), addr, n, tname, NO_RELEASE, key, ctypes.byref(out))
+            make = _lib.lib().rdt_expose if expose else _lib.lib().rdt_put
+            st = make(self._handle(), addr, n, tname, NO_RELEASE, key, ctypes.byref(out))
         finally:
             if ptrs is not None:
                 self._store.putting.pop(ptrs, None)
@@ -299,6 +315,39 @@ class Runtime(Handle):
                         transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
         return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
+
+    # ---- writes into exposed objects -------------------------------------------
+
+    def write(self, refs: Union[_write.Dests, Sequence[_write.Dests]], value: Any, *, tag: int = 0,
+              timeout: Optional[float] = None, transport: Optional[str] = None) -> None:
+        """Writes ``value`` into the object of a writable ref (made by
+        another process's :meth:`expose`) and returns once every byte
+        landed. A ref takes a value of its structure (its tensors in put
+        order, each of the exposed tensor's shape and dtype); a slice,
+        ``ref[i]``, ``ref[i][a:b]`` or ``ref[i].bytes(offset, n)``, takes
+        one tensor of its dtype and nbytes, and only those bytes change.
+        A list of refs and slices takes a list of values.
+
+        The owner gets one notice for each ref written, carrying ``tag``
+        (a version, say). ``timeout`` (seconds, None: no limit) aborts the
+        write when it passes (GetTimeoutError); after any error nothing of
+        it lands any more and the owner's notice says it failed.
+        PermissionDeniedError: the owner revoked the ref, or the ref is not
+        a real one."""
+        _write.write_in(self, refs, value, tag=tag, timeout=timeout, transport=transport)
+
+    def write_start(self, refs: Union[_write.Dests, Sequence[_write.Dests]], value: Any, *, tag: int = 0,
+                    transport: Optional[str] = None) -> "_write.Write":
+        """Starts :meth:`write` and returns at once with an :class:`rdt.Write`
+        to wait on, abort or ``await``. Keep the value's tensors unmodified
+        until it completed or was closed."""
+        return _write.write_start_in(self, refs, value, tag=tag, transport=transport)
+
+    async def write_async(self, refs: Union[_write.Dests, Sequence[_write.Dests]], value: Any, *, tag: int = 0,
+                          timeout: Optional[float] = None, transport: Optional[str] = None) -> None:
+        """:meth:`write` for asyncio: the event loop watches the write's
+        completion descriptor, no thread waits. Cancelling aborts it."""
+        await _write.write_async_in(self, refs, value, tag=tag, timeout=timeout, transport=transport)
 
     # ---- the source side -------------------------------------------------------
 

@@ -70,6 +70,10 @@ _RUNTIME_FAMILIES = (
     ("local_copies", "rdt_local_copies", False, "Fetches of this runtime's own objects, copied directly."),
     ("peers", "rdt_peers", True, "Runtimes this runtime is connected to."),
     ("peers_lost", "rdt_peers_lost", False, "Connections to peers that ended without their closing notice."),
+    ("writes_completed", "rdt_writes_completed", False, "Writes into other runtimes' exposed objects that landed."),
+    ("writes_failed", "rdt_writes_failed", False, "Writes into other runtimes' exposed objects that failed."),
+    ("bytes_written", "rdt_bytes_written", False, "Bytes written into other runtimes' exposed objects."),
+    ("writes_open", "rdt_writes_open", True, "Writes into this runtime's exposed objects admitted and not ended."),
 )
 
 

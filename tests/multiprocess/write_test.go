@@ -1,0 +1,163 @@
+package multiprocess
+
+import (
+	"bytes"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/engine"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// stallWriteFactory makes "stallwrite": a transport whose writes never end
+// until aborted, so that a test can kill a writer with its write surely
+// open.
+func stallWriteFactory() transport.TransportFactory {
+	return transport.TransportFactory{Name: "stallwrite", New: func(h transport.Host) (transport.Transport, error) {
+		return stallWrite{}, nil
+	}}
+}
+
+type stallWrite struct{}
+
+func (stallWrite) Describe() transport.Descriptor {
+	return transport.Descriptor{Name: "stallwrite", Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: true, CanAbort: true, Writes: true}
+}
+func (stallWrite) Close() error { return nil }
+func (stallWrite) ExtractMetadata(transport.ObjectID, []transport.Tensor) ([]byte, error) {
+	return []byte("stall"), nil
+}
+func (stallWrite) CommunicatorMetadata(*transport.Transfer) ([]byte, error)      { return nil, nil }
+func (stallWrite) GarbageCollect(transport.ObjectID, []transport.Tensor, []byte) {}
+func (stallWrite) Fetch(*transport.Transfer, []transport.Tensor, []byte, []byte) (transport.Request, error) {
+	return nil, transport.Errorf(transport.ErrUnsupported, "stallwrite only writes")
+}
+func (stallWrite) Write(*transport.Transfer, []transport.Tensor, []byte, []byte) (transport.Request, error) {
+	return transport.NewCompletion(), nil // finished by Abort only
+}
+func (stallWrite) Abort(x *transport.Transfer, req transport.Request) {
+	if c, ok := req.(*transport.Completion); ok && !c.Completed() {
+		c.Finish(transport.Errorf(transport.ErrAborted, "stallwrite aborted"))
+	}
+}
+
+// exposeIn exposes one zeroed buffer of n bytes in rt over transportName.
+func exposeIn(t *testing.T, rt *engine.Runtime, n int, transportName string) (*engine.Ref, []byte) {
+	t.Helper()
+	buf := hostMem(n)
+	t.Cleanup(func() { freeMem(buf) })
+	ref, err := rt.Expose([]transport.Tensor{tensorOver(buf)}, transportName, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ref.Release() })
+	return ref, buf
+}
+
+func waitOpenWrites(t *testing.T, rt *engine.Runtime, want uint64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return rt.Stats().WritesOpen == want }, 60*time.Second, time.Millisecond,
+		"the owner has %d writes open", want)
+}
+
+// A writer killed with its write open leaves the owner a failure notice
+// for that write (its tag, PEER_UNAVAILABLE), never a success, and the
+// object unpinned.
+func TestWriterKilledWithItsWriteOpenTearsIt(t *testing.T) {
+	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
+	exposed, _ := exposeIn(t, owner, 4096, "stallwrite")
+	b, err := exposed.Serialize()
+	require.NoError(t, err)
+	w := startChild(t, runtimeConfig{Name: "writer"})
+	r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{4096}, Seed: 1, Count: 1})
+	require.Empty(t, r.Error)
+	waitOpenWrites(t, owner, 1)
+	_, err = exposed.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no notice while the write is open")
+
+	w.kill()
+	n, err := exposed.WaitWriteNotice(60 * time.Second)
+	require.NoError(t, err)
+	require.Error(t, n.Err, "a writer killed mid-write is never a success")
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)
+	assert.Contains(t, n.Err.Error(), "torn")
+	assert.Equal(t, uint64(1), n.Tag)
+	assert.Zero(t, owner.Stats().WritesOpen)
+}
+
+// Real cma writes, one after another, until the writer is killed: every
+// notice before the last is a success; a failure can only be the last,
+// for the write after the last success; and nothing stays open.
+func TestWriterKilledAmidCmaWrites(t *testing.T) {
+	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
+	const size = 32 << 20
+	exposed, buf := exposeIn(t, owner, size, "cma")
+	b, err := exposed.Serialize()
+	require.NoError(t, err)
+	w := startChild(t, runtimeConfig{Name: "writer"})
+	r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{size}, Seed: 5})
+	require.Empty(t, r.Error)
+
+	first, err := exposed.WaitWriteNotice(60 * time.Second)
+	require.NoError(t, err)
+	require.NoError(t, first.Err)
+	assert.Equal(t, uint64(1), first.Tag)
+	waitOpenWrites(t, owner, 1) // the next write is under way
+	w.kill()
+	waitOpenWrites(t, owner, 0) // the killed writer's write is closed
+
+	last := first
+	for {
+		n, err := exposed.WaitWriteNotice(0)
+		if transport.StatusOf(err) == transport.ErrTimeout {
+			break
+		}
+		require.NoError(t, err)
+		require.NoError(t, last.Err, "a failure notice is the last one")
+		assert.Equal(t, last.Tag+1, n.Tag, "notices come in the order of the writes")
+		if n.Err != nil {
+			assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)
+		}
+		last = n
+	}
+	if last.Err == nil {
+		// Killed between two writes: the last notice's version is whole.
+		want := make([]byte, size)
+		for j := range want {
+			want[j] = patternByte(5, 0, j) + byte(last.Tag)
+		}
+		assert.True(t, bytes.Equal(want, buf), "the buffer holds version %d exactly", last.Tag)
+	}
+}
+
+// An owner killed while a large write lands in it fails the write
+// (PEER_UNAVAILABLE), promptly, and later writes fail the same way.
+func TestOwnerKilledWhileBeingWritten(t *testing.T) {
+	writer := parentRuntime(t, runtimeConfig{Name: "writer"})
+	o := startChild(t, runtimeConfig{Name: "owner"})
+	const size = 256 << 20
+	r := o.call(request{Op: "expose", Sizes: []int{size}, Transport: "cma"})
+	require.Empty(t, r.Error)
+	ref, err := writer.Deserialize(dec(r.Refs[0]))
+	require.NoError(t, err)
+	defer ref.Release()
+	src := hostMem(size)
+	defer freeMem(src)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	require.NoError(t, writer.Write([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: 1}, time.Minute))
+
+	f, err := writer.StartWrite([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: 2})
+	require.NoError(t, err)
+	defer f.Free()
+	o.cmd.Process.Signal(syscall.SIGKILL)
+	<-o.done
+	if err := f.Wait(time.Minute); err != nil { // it may have finished before the kill
+		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+	}
+	err = writer.Write([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: 3}, time.Minute)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+}

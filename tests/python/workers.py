@@ -214,3 +214,37 @@ def fetch_each_in_child(conn, blobs, transport=None):
         except Exception as e:
             out.append(("error", f"{type(e).__name__}: {e}"))
     conn.send(out)
+
+
+def version_of(tag):
+    """The state dict a writer writes as version ``tag``."""
+    return {"w": np.full((64, 16), float(tag), np.float32) + np.arange(16, dtype=np.float32),
+            "b": np.full(100, tag % 251, np.uint8)}
+
+
+def writer(conn, blob, transport=None):
+    """Unpickles a writable ref and writes what it is told: ("whole", tag)
+    the whole version, ("rows", tag) rows 8..15 of "w" only, ("loop", tag)
+    versions from tag on (every byte tag % 251) until killed. Answers "ok" or the error."""
+    ref = pickle.loads(blob)
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            return
+        kind, tag = msg
+        try:
+            if kind == "whole":
+                v = version_of(tag)
+                rdt.write(ref, v, tag=tag, timeout=30, transport=transport)
+            elif kind == "rows":
+                rdt.write(ref["w"][8:16], version_of(tag)["w"][8:16], tag=tag, timeout=30, transport=transport)
+            elif kind == "loop":
+                conn.send("looping")
+                while True:
+                    v = [np.full(shape, tag % 251, np.dtype(dt)) for shape, dt in zip(ref.shapes, ref.dtypes)]
+                    rdt.write(ref, v, tag=tag, transport=transport)
+                    tag += 1
+            conn.send("ok")
+        except Exception as e:
+            conn.send(f"{type(e).__name__}: {e}")

@@ -68,7 +68,7 @@ def plan(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any) -> P
         descs = r.tensor_descs()
         ts = _tensors_of(v)
         if len(ts) != len(descs):
-            raise InvalidArgumentError(f"value {k} holds {len(ts)} tensors, the ref {len(descs)}")
+            raise InvalidArgumentError(f"value {k} holds {len(ts)} tensors; the exposed object has {len(descs)}")
         for j, (x, want) in enumerate(zip(ts, descs)):
             it = _t.item_of(x, False, f"value {k} tensor {j}")
             if tuple(it.desc.shape) != tuple(want.shape) or (it.desc.code, it.desc.bits, it.desc.lanes) != \

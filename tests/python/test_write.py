@@ -1,0 +1,153 @@
+"""Writes into exposed objects: another process writes versions into
+buffers this one exposed, and every write ends in one notice here."""
+
+import asyncio
+import pickle
+import select
+
+import numpy as np
+import pytest
+
+import rdt
+import workers
+from conftest import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def exposed_buffers():
+    return {"w": np.zeros((64, 16), np.float32), "b": np.zeros(100, np.uint8)}
+
+
+def same(a, b):
+    return all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_another_process_writes_versions_and_each_notice_follows_its_bytes(child):
+    with rdt.Runtime("owner") as rt:
+        bufs = exposed_buffers()
+        ref = rt.expose(bufs)
+        assert ref.writable and ref.is_owner
+        c = child(workers.writer, pickle.dumps(ref))
+        assert c.recv() == "ready"
+        for tag in (1, 2, 3):
+            c.send(("whole", tag))
+            assert c.recv() == "ok"
+            n = ref.wait_notice(timeout=30)
+            assert n.ok and n.error is None and n.tag == tag
+            assert n.nbytes == bufs["w"].nbytes + bufs["b"].nbytes
+            assert same(bufs, workers.version_of(tag)), f"version {tag} landed whole"
+        with pytest.raises(rdt.GetTimeoutError):
+            ref.wait_notice(timeout=0)  # one notice per write
+
+        # Rows 8..15 of "w": nothing else changes.
+        c.send(("rows", 9))
+        assert c.recv() == "ok"
+        n = ref.wait_notice(timeout=30)
+        assert n.ok and n.tag == 9 and n.nbytes == 8 * 16 * 4
+        want = workers.version_of(3)
+        want["w"][8:16] = workers.version_of(9)["w"][8:16]
+        assert same(bufs, want)
+        c.stop()
+
+
+def test_notice_descriptor_and_asyncio(child):
+    with rdt.Runtime("owner") as rt, rdt.Runtime("local-writer") as other:
+        bufs = exposed_buffers()
+        ref = rt.expose(bufs)
+        fd = ref.notice_fd()
+        assert select.select([fd], [], [], 0)[0] == []
+        w = other.borrow(ref)
+
+        async def main():
+            waiting = asyncio.ensure_future(ref.wait_notice_async(timeout=30))
+            await asyncio.sleep(0)
+            await other.write_async(w, workers.version_of(4), tag=4, timeout=30)
+            return await waiting
+
+        n = asyncio.run(main())
+        assert n.ok and n.tag == 4
+        assert same(bufs, workers.version_of(4))
+        assert select.select([fd], [], [], 0)[0] == [], "no notice left"
+
+        # A write started and awaited like a fetch.
+        op = other.write_start(w, workers.version_of(5), tag=5)
+        assert op.wait(30) and op.result() is None
+        assert select.select([fd], [], [], 30)[0] == [fd]
+        assert ref.wait_notice(0).tag == 5
+        with pytest.raises(rdt.GetTimeoutError):
+            asyncio.run(ref.wait_notice_async(timeout=0.05))
+        w.close()
+
+
+def test_refusals_write_nothing(child):
+    with rdt.Runtime("owner") as rt, rdt.Runtime("writer") as other:
+        bufs = exposed_buffers()
+        ref = rt.expose(bufs)
+        w = other.borrow(ref)
+        with pytest.raises(rdt.InvalidArgumentError, match="never fetched"):
+            other.get(w)
+        with pytest.raises(rdt.InvalidArgumentError, match="exposed object has 2"):
+            other.write(w, [bufs["w"]])
+        with pytest.raises(rdt.InvalidArgumentError, match="exposed tensor"):
+            other.write(w, {"w": np.zeros((64, 16), np.float64), "b": bufs["b"]})
+        with pytest.raises(rdt.InvalidArgumentError):
+            other.write(w["b"].bytes(90, 20), np.zeros(20, np.uint8))  # past the end
+        put = other.borrow(rt.put(np.zeros(4)))
+        with pytest.raises(rdt.InvalidArgumentError, match="not writable"):
+            other.write(put, np.ones(4))
+        with pytest.raises(rdt.InvalidArgumentError, match="owner"):
+            w.wait_notice(0)  # a writer's ref takes no notices
+        assert same(bufs, exposed_buffers())
+        with pytest.raises(rdt.GetTimeoutError):
+            ref.wait_notice(0)
+
+        # Revoked: later writes are refused, in another process too.
+        ref.revoke_writes(timeout=30)
+        with pytest.raises(rdt.PermissionDeniedError, match="revoked"):
+            other.write(w, workers.version_of(1), timeout=30)
+        c = child(workers.writer, pickle.dumps(w))
+        assert c.recv() == "ready"
+        c.send(("whole", 2))
+        assert c.recv().startswith("PermissionDeniedError")
+        c.stop()
+        assert same(bufs, exposed_buffers())
+
+
+def test_a_writer_killed_mid_loop_never_leaves_a_false_success(child):
+    with rdt.Runtime("owner") as rt:
+        bufs = {"w": np.zeros((4096, 1024), np.float32), "b": np.zeros(100, np.uint8)}
+        ref = rt.expose(bufs)
+        c = child(workers.writer, pickle.dumps(ref))
+        assert c.recv() == "ready"
+
+        c.send(("loop", 1))
+        assert c.recv() == "looping"
+        first = ref.wait_notice(timeout=60)
+        assert first.ok and first.tag == 1
+        assert wait_until(lambda: rt.stats()["writes_open"] == 1, 60)
+        c.kill()
+        assert wait_until(lambda: rt.stats()["writes_open"] == 0, 60)
+        notices = [first]
+        while True:
+            try:
+                notices.append(ref.wait_notice(0))
+            except rdt.GetTimeoutError:
+                break
+        assert [n.tag for n in notices] == list(range(1, len(notices) + 1))
+        assert all(n.ok for n in notices[:-1]), "only the last write can have failed"
+        last = notices[-1]
+        if last.ok:  # killed between writes: that version is whole
+            assert (bufs["w"] == last.tag % 251).all() and (bufs["b"] == last.tag % 251).all()
+        else:
+            assert isinstance(last.error, rdt.PeerUnavailableError), last.error
+
+
+def test_writable_refs_pickle_with_their_structure():
+    with rdt.Runtime("owner") as rt:
+        ref = rt.expose(exposed_buffers())
+        back = pickle.loads(pickle.dumps(ref))
+        assert back.writable and back.shapes == [(64, 16), (100,)]
+        assert rt.stats()["writes_open"] == 0
+        assert "writes_completed" in rt.stats()
+        del back

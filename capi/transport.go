@@ -105,6 +105,9 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			if ti.Ranges {
 				flags |= C.RDT_TRANSPORT_RANGES
 			}
+			if ti.Writes {
+				flags |= C.RDT_TRANSPORT_WRITES
+			}
 			o.flags = C.uint32_t(flags)
 			n := min(len(ti.Devices), C.RDT_MAX_DEVICES)
 			o.num_devices = C.uint32_t(n)

@@ -799,6 +799,9 @@ RDT_API void rdt_set_error(const char *message);
 /* Serves partial fetches (rdt_transfer.ranges), moving only the
  * ranges' bytes. rdt refuses a partial fetch over a transport without it. */
 #define RDT_TRANSPORT_RANGES (1u << 4)
+/* Reported by rdt_transport_list: writes into exposed objects
+ * (rdt_write_start). */
+#define RDT_TRANSPORT_WRITES (1u << 5)
 
 /* A transport implemented by the application, modelled on Ray's
  * TensorTransportManager. rdt calls these from its own threads, possibly

@@ -245,6 +245,7 @@ type TransportInfo struct {
 	Builtin            bool
 	SameHostOnly       bool
 	Ranges             bool
+	Writes             bool // writes into exposed objects
 	Auto               transport.AutoRank
 	TransfersCompleted uint64
 	TransfersFailed    uint64
@@ -264,6 +265,7 @@ func (r *Registry) List() []TransportInfo {
 			Builtin:            e.builtin,
 			SameHostOnly:       e.desc.SameHostOnly,
 			Ranges:             e.desc.Ranges,
+			Writes:             e.writer != nil,
 			Auto:               e.desc.Auto,
 			TransfersCompleted: e.stats.TransfersCompleted.Load(),
 			TransfersFailed:    e.stats.TransfersFailed.Load(),

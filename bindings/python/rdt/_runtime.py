@@ -441,6 +441,7 @@ class Runtime(Handle):
                  "bytes_sent": x.bytes_sent,
                  "same_host_only": bool(x.flags & _lib.TRANSPORT_SAME_HOST_ONLY),
                  "ranges": bool(x.flags & _lib.TRANSPORT_RANGES),
+                 "writes": bool(x.flags & _lib.TRANSPORT_WRITES),
                  "auto_rank_host": x.auto_rank_host, "auto_rank_cuda": x.auto_rank_cuda}
                 for x in arr[:min(n.value, len(arr))]]
 

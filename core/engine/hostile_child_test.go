@@ -126,17 +126,23 @@ func TestHostilePeerChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// As many requests in flight as a peer may have (a peer past its
+		// window is closed, rightly): the flood is of leases, not of
+		// unanswered requests.
+		window := make(chan struct{}, control.MaxUnanswered)
 		go func() {
-			w := bufio.NewWriter(c)
 			for i := 1; i <= n; i++ {
-				w.Write((&control.Message{Kind: control.KindLease, ID: uint64(i), Object: obj}).Encode())
+				window <- struct{}{}
+				if _, err := c.Write((&control.Message{Kind: control.KindLease, ID: uint64(i), Object: obj}).Encode()); err != nil {
+					return
+				}
 			}
-			w.Flush()
 		}()
 		granted, refused, other, why := 0, 0, 0, ""
 		var tokens []uint64
 		for i := 0; i < n; i++ {
 			m := hostileResponse(t, rd)
+			<-window
 			switch m.Status {
 			case transport.OK:
 				granted++

@@ -72,10 +72,12 @@ func startHostile(t *testing.T, mode string, env map[string]string, prefix ...st
 func (h *hostile) expectLine(t *testing.T, key string, timeout time.Duration) []string {
 	t.Helper()
 	deadline := time.After(timeout)
+	var seen []string // what it printed instead, for the failure message
 	for {
 		select {
 		case line, ok := <-h.lines:
-			require.True(t, ok, "the child exited before reporting %s", key)
+			require.True(t, ok, "the child exited before reporting %s; it printed:\n%s", key, strings.Join(seen, "\n"))
+			seen = append(seen, line)
 			if f := strings.Fields(line); len(f) > 0 && f[0] == key {
 				return f[1:]
 			}

@@ -565,6 +565,10 @@ func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(),
 	if err != nil {
 		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
 	}
+	if o.write != nil {
+		rt.store.unpin(o)
+		return nil, nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: it is not served", id)
+	}
 	return o.tensors, sync.OnceFunc(func() { rt.store.unpin(o) }), nil
 }
 

@@ -42,7 +42,7 @@ type exposure struct {
 	mu      sync.Mutex
 	revoked bool
 	closed  bool // the object was freed
-	open    map[openKey]openWrite
+	open    map[openKey]*openWrite
 	notices []WriteNotice
 	// changed is closed and replaced whenever a notice is queued, a write
 	// ends or the exposure closes: what waiters wait on.
@@ -57,13 +57,20 @@ type openKey struct {
 	id     uint64
 }
 
+// openWrite is an admitted write. A server landing its bytes (WriteInto)
+// makes it busy; a write ended while busy is finished (its notice, the
+// unpin) by the last server to let go.
 type openWrite struct {
 	tag, nbytes uint64
-	o           *object // pinned while the write is open
+	pieces      []transport.Piece // what it may touch; nil: every tensor, whole
+	o           *object           // pinned while the write is open
+	busy        int
+	ended       bool
+	endErr      error
 }
 
 func newExposure() *exposure {
-	return &exposure{open: map[openKey]openWrite{}, changed: make(chan struct{}), eventFD: -1}
+	return &exposure{open: map[openKey]*openWrite{}, changed: make(chan struct{}), eventFD: -1}
 }
 
 // wakeLocked wakes every waiter.
@@ -73,7 +80,7 @@ func (ex *exposure) wakeLocked() {
 }
 
 // admit records an open write, within the limits.
-func (ex *exposure) admit(k openKey, w openWrite, id transport.ObjectID) error {
+func (ex *exposure) admit(k openKey, w *openWrite, id transport.ObjectID) error {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	switch {
@@ -91,35 +98,76 @@ func (ex *exposure) admit(k openKey, w openWrite, id transport.ObjectID) error {
 	return nil
 }
 
-// end closes an open write with its notice; ok is false for a write not
-// open (never admitted, or torn already).
-func (ex *exposure) end(k openKey, err error) (openWrite, bool) {
+// end ends an open write with err (nil: every byte landed). It returns the
+// write when it is finished now (its notice queued; the caller unpins),
+// nil when a server still lands its bytes (the last one finishes it) or it
+// was not open (never admitted, or ended already).
+func (ex *exposure) end(k openKey, err error) (w *openWrite, known bool) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	w, ok := ex.open[k]
-	if !ok {
-		return w, false
+	if !ok || w.ended {
+		return nil, false
 	}
-	delete(ex.open, k)
-	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: err})
+	w.ended, w.endErr = true, err
+	if w.busy > 0 {
+		return nil, true
+	}
+	ex.finishLocked(k, w)
 	return w, true
 }
 
-// tear ends every open write of a writer that is gone, each with a
-// failure notice, and returns them for unpinning.
-func (ex *exposure) tear(writer transport.RuntimeID, cause error) []openWrite {
+// finishLocked closes an ended write that no server lands bytes of: its
+// notice is queued.
+func (ex *exposure) finishLocked(k openKey, w *openWrite) {
+	delete(ex.open, k)
+	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: w.endErr})
+}
+
+// tear ends every open write of a writer that is gone with cause and
+// returns those finished now, for unpinning.
+func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	var out []openWrite
+	var out []*openWrite
 	for k, w := range ex.open {
-		if k.writer != writer {
+		if k.writer != writer || w.ended {
 			continue
 		}
-		delete(ex.open, k)
-		ex.pushLocked(WriteNotice{Tag: w.tag, Writer: writer, Bytes: w.nbytes, Err: cause})
-		out = append(out, w)
+		w.ended, w.endErr = true, cause
+		if w.busy == 0 {
+			ex.finishLocked(k, w)
+			out = append(out, w)
+		}
 	}
 	return out
+}
+
+// into makes the open write id busy for a server landing its bytes; done
+// lets go, and returns the write if that finished it (for unpinning).
+func (ex *exposure) into(id uint64) (*openWrite, func() *openWrite, error) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	for k, w := range ex.open {
+		if k.id != id {
+			continue
+		}
+		if w.ended {
+			break
+		}
+		w.busy++
+		return w, func() *openWrite {
+			ex.mu.Lock()
+			defer ex.mu.Unlock()
+			w.busy--
+			if w.ended && w.busy == 0 {
+				ex.finishLocked(k, w)
+				return w
+			}
+			return nil
+		}, nil
+	}
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "write %d is not open (it was never admitted, or ended)", id)
 }
 
 func (ex *exposure) pushLocked(n WriteNotice) {
@@ -344,7 +392,8 @@ func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen)
 			return err
 		}
 	}
-	if err := o.write.admit(openKey{writer, req.TransferID}, openWrite{tag: req.Tag, nbytes: nbytes, o: o}, req.Object); err != nil {
+	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: req.Pieces, o: o}
+	if err := o.write.admit(openKey{writer, req.TransferID}, w, req.Object); err != nil {
 		return err
 	}
 	admitted = true
@@ -366,12 +415,32 @@ func (rt *Runtime) endWrite(writer transport.RuntimeID, obj transport.ObjectID, 
 	if o == nil || o.write == nil {
 		return // destroyed meanwhile, or never ours: nothing is open
 	}
-	w, ok := o.write.end(openKey{writer, id}, err)
-	if !ok {
+	w, known := o.write.end(openKey{writer, id}, err)
+	if !known {
 		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, id, obj)
 		return
 	}
-	rt.store.unpin(w.o)
+	if w != nil {
+		rt.store.unpin(w.o)
+	}
+}
+
+// WriteInto implements transport.Host.
+func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
+	o := rt.store.object(obj)
+	if o == nil || o.write == nil {
+		return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not exposed for writing here", obj)
+	}
+	w, release, err := o.write.into(writeID)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	done := sync.OnceFunc(func() {
+		if finished := release(); finished != nil {
+			rt.store.unpin(finished.o)
+		}
+	})
+	return o.tensors, w.pieces, done, nil
 }
 
 // writersGone tears every write a lost peer had open.

@@ -359,3 +359,53 @@ func TestWritableRefRoundTripsItsKey(t *testing.T) {
 	_, _, err = DecodeRef(zero)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err))
 }
+
+// A server landing a write's bytes (WriteInto) holds its notice and its
+// pin: a write ended or torn meanwhile is finished when the server lets go,
+// so nothing lands after the notice.
+func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
+	p := writablePair(t)
+	owned, _, _ := p.expose(t)
+	id := owned.Desc().ID
+	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
+	pieces := []transport.Piece{{Tensor: 1, Offset: 10, Length: 20}}
+	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces}))
+
+	tensors, got, done, err := p.owner.WriteInto(id, 7)
+	require.NoError(t, err)
+	assert.Len(t, tensors, 2)
+	assert.Equal(t, pieces, got)
+	_, _, _, err = p.owner.WriteInto(id, 8)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "only open writes land")
+
+	p.owner.WriteDone(writer.RuntimeID, id, 7, transport.OK, "")
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the server still lands bytes")
+	_, _, _, err = p.owner.WriteInto(id, 7)
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "an ended write takes no more bytes")
+	assert.Equal(t, uint64(1), p.owner.Stats().WritesOpen)
+	done()
+	done() // once only
+	n, err := owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
+	assert.Equal(t, uint64(70), n.Tag)
+	assert.Zero(t, p.owner.store.pinned())
+
+	// Torn while a server lands bytes: the failure notice waits too.
+	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90}))
+	_, _, done, err = p.owner.WriteInto(id, 9)
+	require.NoError(t, err)
+	p.owner.PeerGone(writer)
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
+	done()
+	n, err = owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err))
+	assert.Zero(t, p.owner.store.pinned())
+
+	// Exposed objects are never served for reading.
+	_, _, err = p.owner.PinObject(id)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
+}

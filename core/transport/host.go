@@ -19,8 +19,17 @@ type Host interface {
 	// Context is cancelled when the runtime is being destroyed.
 	Context() context.Context
 	// PinObject returns the tensors of a live object this runtime owns and
-	// keeps the object from being freed until unpin is called.
+	// keeps the object from being freed until unpin is called. Objects
+	// exposed for writing are never served: ErrPermissionDenied.
 	PinObject(id ObjectID) (tensors []Tensor, unpin func(), err error)
+	// WriteInto lets a transport's server land bytes of a write the owner
+	// admitted: writeID names a write open into obj (the writer's
+	// Transfer.TransferID). It returns the object's tensors and the pieces
+	// the write covers (nil: every tensor, whole), and done, which the
+	// server calls once it writes no more for this request: until then the
+	// object stays pinned and the write's notice waits. A write that is
+	// not open (never admitted, ended, its writer gone) is ErrNotFound.
+	WriteInto(obj ObjectID, writeID uint64) (tensors []Tensor, pieces []Piece, done func(), err error)
 	// AuthToken is the shared secret TCP endpoints require of their peers
 	// ("" when none is configured; such endpoints bind loopback only).
 	AuthToken() string

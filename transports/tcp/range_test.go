@@ -68,6 +68,9 @@ func (p probeHost) Settings() transport.Settings { return transport.Settings{} }
 func (p probeHost) PinObject(transport.ObjectID) ([]transport.Tensor, func(), error) {
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
 }
+func (p probeHost) WriteInto(transport.ObjectID, uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
+	return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "a probe holds no objects")
+}
 
 // A source in another process refuses ranges outside its object, and a
 // request without its key, and stays up: it still serves what it holds.

@@ -39,6 +39,11 @@ type Host struct {
 	// Ctx is Context (context.Background unless set).
 	Ctx context.Context
 
+	// Writes, when set, are the write ids WriteInto admits and the pieces
+	// each covers (nil: whole); unset, it admits any write into a held
+	// object (the engine admits writes; the transport only lands them).
+	Writes map[uint64][]transport.Piece
+
 	mu   sync.Mutex
 	objs map[transport.ObjectID][]transport.Tensor
 	pins int
@@ -132,6 +137,27 @@ func (h *Host) PinObject(obj transport.ObjectID) ([]transport.Tensor, func(), er
 	return tensors, func() {
 		once.Do(func() { h.mu.Lock(); h.pins--; h.mu.Unlock() })
 	}, nil
+}
+
+// WriteInto admits a write into a held object (see Writes), pinned until
+// done.
+func (h *Host) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
+	var pieces []transport.Piece
+	h.mu.Lock()
+	if h.Writes != nil {
+		p, ok := h.Writes[writeID]
+		if !ok {
+			h.mu.Unlock()
+			return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "write %d is not open", writeID)
+		}
+		pieces = p
+	}
+	h.mu.Unlock()
+	tensors, unpin, err := h.PinObject(obj)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return tensors, pieces, unpin, nil
 }
 
 // Pinned is the number of pins not released yet.

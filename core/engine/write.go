@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"crypto/subtle"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,6 +23,22 @@ import (
 // notice: success when the writer says every byte landed, failure when it
 // says otherwise or is gone with the write still open (a torn write). An
 // admitted write pins the object, so its memory outlives every write.
+
+// sortedPieces is a copy of pieces in tensor and offset order, which
+// servers search (nil stays nil: every tensor, whole).
+func sortedPieces(pieces []transport.Piece) []transport.Piece {
+	if pieces == nil {
+		return nil
+	}
+	out := slices.Clone(pieces)
+	slices.SortFunc(out, func(a, b transport.Piece) int {
+		if a.Tensor != b.Tensor {
+			return cmp.Compare(a.Tensor, b.Tensor)
+		}
+		return cmp.Compare(a.Offset, b.Offset)
+	})
+	return out
+}
 
 // WriteNotice is the owner's record of one ended write.
 type WriteNotice struct {
@@ -392,7 +410,7 @@ func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen)
 			return err
 		}
 	}
-	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: req.Pieces, o: o}
+	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o}
 	if err := o.write.admit(openKey{writer, req.TransferID}, w, req.Object); err != nil {
 		return err
 	}

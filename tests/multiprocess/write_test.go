@@ -87,13 +87,19 @@ func TestWriterKilledWithItsWriteOpenTearsIt(t *testing.T) {
 	assert.Zero(t, owner.Stats().WritesOpen)
 }
 
-// Real cma writes, one after another, until the writer is killed: every
+// Real writes (cma, tcp), one after another, until the writer is killed: every
 // notice before the last is a success; a failure can only be the last,
 // for the write after the last success; and nothing stays open.
-func TestWriterKilledAmidCmaWrites(t *testing.T) {
+func TestWriterKilledAmidWrites(t *testing.T) {
+	for _, name := range []string{"cma", "tcp"} {
+		t.Run(name, func(t *testing.T) { writerKilledAmidWrites(t, name) })
+	}
+}
+
+func writerKilledAmidWrites(t *testing.T, transportName string) {
 	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
 	const size = 32 << 20
-	exposed, buf := exposeIn(t, owner, size, "cma")
+	exposed, buf := exposeIn(t, owner, size, transportName)
 	b, err := exposed.Serialize()
 	require.NoError(t, err)
 	w := startChild(t, runtimeConfig{Name: "writer"})
@@ -135,10 +141,16 @@ func TestWriterKilledAmidCmaWrites(t *testing.T) {
 // An owner killed while a large write lands in it fails the write
 // (PEER_UNAVAILABLE), promptly, and later writes fail the same way.
 func TestOwnerKilledWhileBeingWritten(t *testing.T) {
+	for _, name := range []string{"cma", "tcp"} {
+		t.Run(name, func(t *testing.T) { ownerKilledWhileBeingWritten(t, name) })
+	}
+}
+
+func ownerKilledWhileBeingWritten(t *testing.T, transportName string) {
 	writer := parentRuntime(t, runtimeConfig{Name: "writer"})
 	o := startChild(t, runtimeConfig{Name: "owner"})
 	const size = 256 << 20
-	r := o.call(request{Op: "expose", Sizes: []int{size}, Transport: "cma"})
+	r := o.call(request{Op: "expose", Sizes: []int{size}, Transport: transportName})
 	require.Empty(t, r.Error)
 	ref, err := writer.Deserialize(dec(r.Refs[0]))
 	require.NoError(t, err)

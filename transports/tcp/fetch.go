@@ -327,6 +327,8 @@ type fetchRequest struct {
 	ctx     context.Context // cancels dials; nil when no goroutine runs
 	cancel  context.CancelFunc
 
+	write bool // a write into the owner (write.go), not a pull from it
+
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // connections in use, closed by abort
 	err   error                 // the first error
@@ -516,15 +518,7 @@ func spread(small []piece, streams int) ([]piece, [][]piece) {
 }
 
 func (r *fetchRequest) spawn(ps []piece) {
-	r.wg.Add(1)
-	r.pending.Add(1)
-	go func() {
-		defer r.wg.Done()
-		if err := r.pull(ps); err != nil {
-			r.fail(err)
-		}
-		r.pending.Add(-1)
-	}()
+	r.run(func() error { return r.pull(ps) })
 }
 
 // pull runs pieces on one connection, pooled or new.
@@ -701,10 +695,14 @@ func (r *fetchRequest) ioError(err error) error {
 	if errors.As(err, &carrier) {
 		return err
 	}
-	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the source %s went away during the transfer", r.meta.Endpoint)
+	peer := "source"
+	if r.write {
+		peer = "owner"
 	}
-	return transport.Errorf(transport.ErrPeerUnavailable, "transfer from %s failed: %v", r.meta.Endpoint, err)
+	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
+		return transport.Errorf(transport.ErrPeerUnavailable, "the %s %s went away during the transfer", peer, r.meta.Endpoint)
+	}
+	return transport.Errorf(transport.ErrPeerUnavailable, "transfer with the %s %s failed: %v", peer, r.meta.Endpoint, err)
 }
 
 // Abort stops a transfer in progress; Wait then returns ErrAborted.

@@ -20,7 +20,18 @@ import (
 //	                            (OK or PERMISSION_DENIED + message)
 //	request    "RTQ1", object [16], tensor u32, tensors u32, offset u64,
 //	           length u64, tag u64, sizes u64
+//	write      "RTW1", object [16], tensor u32, 0 u32, offset u64,
+//	           length u64, tag u64, write id u64, then the length bytes
 //	response   status i32, message length u32, tag u64, message, then the bytes
+//	           (none for a write: its answer comes once its bytes are in place)
+//
+// A write lands bytes in a range of one tensor of an object its owner
+// exposed for writing, on behalf of a write the owner admitted over the
+// control plane (with the writable ref's key): the write id is the
+// writer's transfer id of that write, and the server takes the bytes only
+// while that write is open and only inside the ranges it was admitted for
+// (Host.WriteInto). A refused write's bytes are read and dropped, so the
+// connection stays framed. A write frame asks for at most maxWrite bytes.
 //
 // A request asks for a byte range of one tensor (tensors 0 or 1), or for a
 // run of whole tensors, `tensors` of them from `tensor` on (offset 0),
@@ -52,18 +63,22 @@ import (
 
 const (
 	helloMagic   = "RTCPDATA"
-	protoVersion = 4 // 3: requests carry a tag that answers echo; 4: a request may ask for a run of tensors
+	protoVersion = 5 // 3: requests carry a tag that answers echo; 4: a request may ask for a run of tensors; 5: writes
 	nonceLen     = 32
 	proofLen     = 32
 	helloLen     = len(helloMagic) + 1 + nonceLen
 	clientLen    = proofLen + len(transport.RuntimeID{}) // the client's handshake answer
 	requestMagic = "RTQ1"
+	writeMagic   = "RTW1"
 	requestLen   = 4 + 16 + 4 + 4 + 8 + 8 + 8 + 8
 	responseLen  = 4 + 4 + 8
 	// maxChunk bounds the bytes one request may ask for; clients cut
 	// tensors into pieces no larger (and pipeline them, so the size costs
 	// no round trips).
 	maxChunk = 64 << 20
+	// maxWrite bounds the bytes one write frame carries: the server holds
+	// the write busy while it reads them, and drops them when it refuses.
+	maxWrite = 8 << 20
 	// maxRunTensors bounds the tensors one request's range may cross.
 	maxRunTensors = 4096
 	// maxMessage bounds an error message on the wire.
@@ -80,7 +95,8 @@ type request struct {
 	Tensors        uint32
 	Offset, Length uint64
 	Tag            uint64
-	Sizes          uint64
+	Sizes          uint64 // a read's; a write carries its write id here
+	Write          bool   // a write frame: Length bytes follow it
 }
 
 // sizeDigest folds the size of the next tensor of a run into a digest
@@ -114,7 +130,11 @@ func newTag() uint64 {
 }
 
 func (r *request) encode(b []byte) []byte {
-	b = append(b, requestMagic...)
+	if r.Write {
+		b = append(b, writeMagic...)
+	} else {
+		b = append(b, requestMagic...)
+	}
 	b = append(b, r.Object[:]...)
 	b = binary.LittleEndian.AppendUint32(b, r.Tensor)
 	b = binary.LittleEndian.AppendUint32(b, r.Tensors)
@@ -134,7 +154,11 @@ func decodeRequest(b []byte) (request, error) {
 	if len(b) != requestLen {
 		return r, transport.Errorf(transport.ErrInvalidArgument, "request frame is %d bytes, want %d", len(b), requestLen)
 	}
-	if string(b[:4]) != requestMagic {
+	switch string(b[:4]) {
+	case requestMagic:
+	case writeMagic:
+		r.Write = true
+	default:
 		return r, transport.Errorf(transport.ErrInvalidArgument, "bad request magic %q", b[:4])
 	}
 	copy(r.Object[:], b[4:20])
@@ -144,6 +168,10 @@ func decodeRequest(b []byte) (request, error) {
 	r.Length = binary.LittleEndian.Uint64(b[36:])
 	r.Tag = binary.LittleEndian.Uint64(b[44:])
 	r.Sizes = binary.LittleEndian.Uint64(b[52:])
+	if r.Write && (r.Tensors > 1 || r.Length > maxWrite) {
+		// The bytes that follow cannot be skipped safely: not framed.
+		return r, transport.Errorf(transport.ErrInvalidArgument, "a write frame of %d bytes into %d tensors (at most %d bytes, one tensor)", r.Length, r.Tensors, maxWrite)
+	}
 	return r, nil
 }
 

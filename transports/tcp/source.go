@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sort"
 	"strconv"
 	"time"
 
@@ -116,6 +117,12 @@ func (t *Transport) serve(c net.Conn) {
 			t.malformed(c, frameTag(frame), err)
 			return
 		}
+		if req.Write {
+			if t.receive(c, rd, req) != nil {
+				return
+			}
+			continue
+		}
 		if req.Length > smallAnswer {
 			if err := t.answer(c, req, b.hdrs[:0]); err != nil {
 				return
@@ -132,6 +139,12 @@ func (t *Transport) serve(c net.Conn) {
 				b.flush(t, c)
 				t.malformed(c, frameTag(frame), err)
 				return
+			}
+			if req.Write {
+				if b.flush(t, c) != nil || t.receive(c, rd, req) != nil {
+					return
+				}
+				continue
 			}
 			if req.Length > smallAnswer {
 				if b.flush(t, c) != nil || t.answer(c, req, b.hdrs[:0]) != nil {
@@ -323,6 +336,77 @@ func (t *Transport) write(c net.Conn, bufs *net.Buffers) error {
 	clear(all)
 	*bufs = all[:0]
 	return err
+}
+
+// receive lands the bytes of one write frame, which follow it, in the
+// exposed object's memory, and answers once they are in place. A write
+// that is not open, or a range outside what it was admitted for, is
+// refused; its bytes are read and dropped. Only a failed read or write is
+// returned: it ends the connection. Every read of the bytes has a
+// deadline, so a writer that stops sending mid-frame lets go of the write
+// after writeTimeout.
+func (t *Transport) receive(c net.Conn, rd *bufio.Reader, req request) error {
+	defer c.SetReadDeadline(time.Time{})
+	reply := func(st transport.Status, msg string) error {
+		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+		_, err := c.Write(encodeResponse(nil, req.Tag, st, msg))
+		return err
+	}
+	refuse := func(st transport.Status, msg string) error {
+		t.h.Log().Warnf("refused a write from %s: %s", c.RemoteAddr(), msg)
+		for left := int64(req.Length); left > 0; {
+			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+			n, err := io.CopyN(io.Discard, rd, min(left, writeChunk))
+			if err != nil {
+				return err
+			}
+			left -= n
+		}
+		return reply(st, msg)
+	}
+	tensors, pieces, done, err := t.h.WriteInto(req.Object, req.Sizes)
+	if err != nil {
+		return refuse(transport.StatusOf(err), err.Error())
+	}
+	defer done()
+	segs, st, msg := checkRun(req, tensors, nil)
+	if st != transport.OK {
+		return refuse(st, msg)
+	}
+	if !covered(pieces, req) {
+		return refuse(transport.ErrInvalidArgument, "bytes ["+strconv.FormatUint(req.Offset, 10)+", +"+strconv.FormatUint(req.Length, 10)+
+			") of tensor "+strconv.FormatUint(uint64(req.Tensor), 10)+" are outside the ranges the write was admitted for")
+	}
+	for _, span := range spansOf(segs, tensors, nil) {
+		for len(span) > 0 {
+			n := min(len(span), writeChunk)
+			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+			if _, err := io.ReadFull(rd, span[:n]); err != nil {
+				return err
+			}
+			span = span[n:]
+		}
+	}
+	return reply(transport.OK, "")
+}
+
+// covered reports whether a write frame's range lies inside one of the
+// pieces its write was admitted for (sorted by tensor and offset; nil:
+// every tensor, whole, which checkRun has checked).
+func covered(pieces []transport.Piece, req request) bool {
+	if pieces == nil {
+		return true
+	}
+	// The last piece starting at or before the range.
+	i := sort.Search(len(pieces), func(i int) bool {
+		p := pieces[i]
+		return p.Tensor > req.Tensor || (p.Tensor == req.Tensor && p.Offset > req.Offset)
+	}) - 1
+	if i < 0 {
+		return false
+	}
+	p := pieces[i]
+	return p.Tensor == req.Tensor && req.Length <= p.End()-req.Offset
 }
 
 // segment is the part of one tensor a request reads.

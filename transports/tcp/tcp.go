@@ -155,7 +155,8 @@ func New(h transport.Host) (transport.Transport, error) {
 // included) to any host, the last automatic choice for host data; the
 // source serves only objects it holds, so a freed one is noticed; it
 // serves byte ranges, so a partial fetch asks for just its pieces.
-// Once the listener runs, the metadata costs nothing, so objects put
+// It writes into exposed objects, pushing the bytes to the owner's data
+// port (write.go). Once the listener runs, the metadata costs nothing, so objects put
 // without a transport carry it. Before, they do not: a runtime whose
 // objects never travel over tcp never opens a TCP port, and a peer that
 // wants tcp asks the owner for the metadata, which starts it.
@@ -169,6 +170,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		Ranges:              true,
 		EagerMetadata:       true,
 		EagerWhile:          t.listening,
+		Writes:              true,
 		Auto:                transport.AutoRank{Host: 30},
 	}
 }

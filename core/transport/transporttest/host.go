@@ -144,7 +144,7 @@ func (h *Host) PinObject(obj transport.ObjectID) ([]transport.Tensor, func(), er
 func (h *Host) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
 	var pieces []transport.Piece
 	h.mu.Lock()
-	if h.Writes != nil {
+	if h.Writes != nil { // read under the lock: EndWrite changes it
 		p, ok := h.Writes[writeID]
 		if !ok {
 			h.mu.Unlock()
@@ -158,6 +158,15 @@ func (h *Host) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Te
 		return nil, nil, nil, err
 	}
 	return tensors, pieces, unpin, nil
+}
+
+// EndWrite ends an admitted write, as the engine does when its writer
+// reports the outcome: WriteInto refuses it from then on. Writes must be
+// set.
+func (h *Host) EndWrite(writeID uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.Writes, writeID)
 }
 
 // Pinned is the number of pins not released yet.

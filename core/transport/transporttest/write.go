@@ -140,6 +140,12 @@ func (s *suite) writeRefused(t *testing.T) {
 		{"a source of another length", &transport.Piece{Tensor: 0, Offset: 0, Length: 32}, 16},
 		{"a whole write of another size", nil, 4097},
 	} {
+		if c.piece == nil && s.conf.SizelessMetadata {
+			// Each tensor's range is checked where it lands: the other
+			// tensor would be written (the engine compares the sources
+			// with the ref's shapes before any write starts).
+			continue
+		}
 		x := writeTransfer(transport.ObjectID{21}, writer.desc.Name, writer.host.Identity(), owner.host.Identity())
 		sources := []transport.Tensor{s.tensor(t, writer, Uint8, c.n, 0x77)}
 		if c.piece != nil {

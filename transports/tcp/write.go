@@ -1,0 +1,194 @@
+package tcp
+
+import (
+	"context"
+	"math"
+	"net"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// writeWindow is how many write frames a connection keeps unanswered. A
+// frame carries its bytes, so a few keep the link busy; the answers they
+// owe (a header, or a refusal of a few hundred bytes) always fit the
+// socket buffers while the writer is still sending.
+const writeWindow = 16
+
+// wchunk is one write frame: bytes of a source for a range of one tensor.
+type wchunk struct {
+	tensor uint32
+	offset uint64
+	data   []byte
+}
+
+// Write pushes each source into its piece of the exposed object over the
+// owner's data port: frames of at most maxWrite bytes, on several
+// connections when there is much to move, each answered once its bytes are
+// in place. The owner's server takes them only for the write its runtime
+// admitted (x.TransferID) and only inside the admitted ranges.
+func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	// As for a fetch, the metadata has no sizes: the owner checks every
+	// range against its tensors.
+	size := func(i int) uint64 {
+		if x.Pieces == nil {
+			return sources[i].Nbytes
+		}
+		return math.MaxUint64
+	}
+	if err := x.CheckPieces(sources, int(m.Tensors), size); err != nil {
+		return nil, err
+	}
+	for i, s := range sources {
+		if !s.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "source %d is in %s memory; tcp moves host memory", i, s.Device)
+		}
+	}
+	shares := planWrite(x, sources, t.streams)
+	r := &fetchRequest{t: t, meta: m, write: true, conns: map[net.Conn]struct{}{},
+		pool: poolKey{endpoint: m.Endpoint, source: x.Destination.RuntimeID, key: t.clientKey(m)}}
+	if len(shares) == 0 {
+		return r, nil
+	}
+	t.pmu.Lock()
+	if t.closed {
+		t.pmu.Unlock()
+		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	}
+	t.active[r] = struct{}{}
+	t.pmu.Unlock()
+	r.ctx, r.cancel = context.WithCancel(t.h.Context())
+	for _, share := range shares {
+		r.run(func() error { return r.push(x.TransferID, share) })
+	}
+	return r, nil
+}
+
+// planWrite cuts the sources into frames and deals them to the streams:
+// one stream unless there is at least streamMin to move.
+func planWrite(x *transport.Transfer, sources []transport.Tensor, streams int) [][]wchunk {
+	var all []wchunk
+	var total uint64
+	for i, s := range sources {
+		p := x.PieceOf(i, s)
+		data := transport.Bytes(s.Data, s.Nbytes)
+		for off := uint64(0); off < p.Length; off += maxWrite {
+			n := min(p.Length-off, maxWrite)
+			all = append(all, wchunk{tensor: p.Tensor, offset: p.Offset + off, data: data[off : off+n]})
+		}
+		total += p.Length
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	n := 1
+	if total >= streamMin {
+		n = min(streams, len(all))
+	}
+	shares := make([][]wchunk, n)
+	for i, c := range all {
+		shares[i%n] = append(shares[i%n], c)
+	}
+	return shares
+}
+
+// run runs f on a goroutine of the request; its error fails the request.
+func (r *fetchRequest) run(f func() error) {
+	r.wg.Add(1)
+	r.pending.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := f(); err != nil {
+			r.fail(err)
+		}
+		r.pending.Add(-1)
+	}()
+}
+
+// push sends the frames of one share on one connection, pooled or new,
+// keeping writeWindow of them unanswered, and checks every answer.
+func (r *fetchRequest) push(writeID uint64, share []wchunk) error {
+	if r.aborted.Load() {
+		return abortedErr()
+	}
+	c, err := r.t.conn(r.ctx, r.pool)
+	if err != nil {
+		if r.aborted.Load() {
+			return abortedErr()
+		}
+		return err
+	}
+	if !r.track(c) {
+		c.Close()
+		return abortedErr()
+	}
+	err = r.pushOn(c, writeID, share)
+	r.finishWrite(c, err)
+	return err
+}
+
+func (r *fetchRequest) pushOn(c net.Conn, writeID uint64, share []wchunk) error {
+	var tags []uint64 // of the frames not answered yet, in order
+	hdr := make([]byte, 0, requestLen)
+	for _, ch := range share {
+		if r.aborted.Load() {
+			return abortedErr()
+		}
+		tag := newTag()
+		req := request{Object: r.meta.Object, Tensor: ch.tensor, Offset: ch.offset, Length: uint64(len(ch.data)), Tag: tag, Sizes: writeID, Write: true}
+		bufs := net.Buffers{req.encode(hdr[:0]), ch.data}
+		if _, err := bufs.WriteTo(c); err != nil {
+			return r.ioError(err)
+		}
+		tags = append(tags, tag)
+		if len(tags) == writeWindow {
+			if err := r.answered(c, tags[0]); err != nil {
+				return err
+			}
+			tags = tags[1:]
+		}
+	}
+	for _, tag := range tags {
+		if err := r.answered(c, tag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answered reads the answer to the frame tagged tag.
+func (r *fetchRequest) answered(c net.Conn, tag uint64) error {
+	st, got, msg, err := readResponse(c)
+	if err != nil {
+		return r.ioError(err)
+	}
+	if got != tag {
+		return transport.Errorf(transport.ErrCorrupt, "the owner's data endpoint %s answered tag %#x, expected %#x", r.meta.Endpoint, got, tag)
+	}
+	if st != transport.OK {
+		return transport.Errorf(st, "the owner refused a write: %s", msg)
+	}
+	return nil
+}
+
+// finishWrite pools a connection whose frames were all answered and
+// closes one that saw any error.
+func (r *fetchRequest) finishWrite(c net.Conn, err error) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	if err == nil && r.aborted.Load() {
+		err = abortedErr()
+	}
+	r.mu.Unlock()
+	if err != nil {
+		c.Close()
+		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
+			r.t.pool.Drop(r.pool)
+		}
+		return
+	}
+	r.t.pool.Put(r.pool, c)
+}

@@ -674,8 +674,10 @@ static inline void rdt_write_options_init(rdt_write_options *opts) {
  *
  * For each ref the owner is asked to admit the write (the key, the ranges,
  * the tag), the bytes move, and then the owner is told the outcome, which
- * becomes its notice. When the wait returns an error, no byte of the write
- * lands any more, and the owner's notice for it says it failed.
+ * becomes its notice. When the wait returns an error the sources are no
+ * longer read; bytes already on their way may still land on the owner's
+ * side, always before the owner's notice for the write, which says it
+ * failed.
  *
  * Errors at start: INVALID_ARGUMENT (a ref that is not writable, a source
  * that does not match, a range outside its tensor; nothing is written),

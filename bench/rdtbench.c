@@ -14,9 +14,11 @@
  *                                 measured against one tensor of the same
  *                                 bytes, or "reshard": two receivers each
  *                                 pulling half the rows of a 1 GiB state
- *                                 dict against one pulling it whole. Writes no
- *                                 file: for measuring a change without
- *                                 rewriting bench/RESULTS.md
+ *                                 dict against one pulling it whole, or
+ *                                 "write:SIZE": writes into an exposed
+ *                                 buffer against fetches of the same size.
+ *                                 Writes no file: for measuring a change
+ *                                 without rewriting bench/RESULTS.md
  *   rdtbench compare              the C side of bench/python_bench.py
  *
  * The parent fetches; a child process (this program, exec'd again with the
@@ -162,6 +164,11 @@ struct held {
  *                                                (tensor i filled with seed+i)
  *                                                -> refs <hex>
  *   drop                                         -> dropped
+ *   expose <transport|auto> <bytes>              a zeroed buffer others write
+ *                                                into -> refs <hex>
+ *   notices <n> <seed>  takes n notices of writes into the last exposed
+ *                 buffer; all must be successes and it must hold the
+ *                 pattern of seed -> notices ok | notices bad <why>
  *   raw <bytes>   a plain buffer for the baselines -> raw <pid> <addr>
  *   tcp           a plain TCP server for the baseline -> tcp <port>
  */
@@ -249,6 +256,32 @@ static int source_main(void) {
       printf("refs ");
       print_ref(h->ref);
       printf("\n");
+    } else if (sscanf(line, "expose %63s %llu", transport, &size) == 2) {
+      if (nheld + 1 > MAX_REFS) die("source: too many objects");
+      struct held *h = &held[nheld++];
+      h->size = size;
+      h->ntensors = 1;
+      h->data = map(size);
+      memset(h->data, 0, size);
+      int64_t shape[1] = {(int64_t)size};
+      rdt_tensor t = byte_tensor(h->data, shape);
+      check(rdt_expose(rt, &t, 1, strcmp(transport, "auto") ? transport : NULL, NULL, NULL, &h->ref),
+            "expose");
+      printf("refs ");
+      print_ref(h->ref);
+      printf("\n");
+    } else if (sscanf(line, "notices %llu %llu", &count, &seed) == 2) {
+      if (nheld == 0) die("source: nothing exposed");
+      struct held *h = &held[nheld - 1];
+      const char *bad = NULL;
+      for (unsigned long long i = 0; i < count && !bad; i++) {
+        rdt_write_notice note;
+        rdt_write_notice_init(&note);
+        check(rdt_write_notice_wait(h->ref, 60000, &note), "write_notice_wait");
+        if (note.status != RDT_OK) bad = "a write failed";
+      }
+      if (!bad && !verify(h->data, h->size, seed)) bad = "the buffer does not hold the last write";
+      printf(bad ? "notices bad %s\n" : "notices ok\n", bad);
     } else if (strncmp(line, "drop", 4) == 0) {
       /* Release our handles, then wait for the receiver's borrows to go:
        * only then may the memory be reused. */
@@ -587,6 +620,39 @@ static double baseline_vm_readv(struct source *s, uint64_t size) {
   return (double)size / m / 1e9;
 }
 
+/* The same into another process's buffer with process_vm_writev: what a
+ * hand-written cross-memory write achieves. */
+static double baseline_vm_writev(struct source *s, uint64_t size) {
+  char *line = ask(s, "raw %" PRIu64 "\n", size);
+  int pid;
+  uintptr_t addr;
+  if (sscanf(line, "raw %d %" SCNuPTR, &pid, &addr) != 2) die("source said: %s", line);
+  char *src = map(size);
+  memset(src, 3, size);
+  int n = iterations_for(size);
+  double *t = calloc((size_t)n, sizeof *t);
+  const size_t chunks[] = {256 * KiB, 1 * MiB, 4 * MiB};
+  double m = 1e30;
+  for (int c = 0; c < 3; c++) {
+    for (int i = 0; i < n; i++) {
+      double t0 = now();
+      for (uint64_t off = 0; off < size;) {
+        size_t len = size - off < chunks[c] ? size - off : chunks[c];
+        struct iovec l = {src + off, len}, r = {(void *)(addr + off), len};
+        ssize_t got = process_vm_writev(pid, &l, 1, &r, 1, 0);
+        if (got <= 0) die("process_vm_writev: %s", strerror(errno));
+        off += (uint64_t)got;
+      }
+      t[i] = now() - t0;
+    }
+    double b = best(t, n);
+    m = b < m ? b : m;
+  }
+  free(t);
+  munmap(src, size);
+  return (double)size / m / 1e9;
+}
+
 static int raw_tcp_fd = -1;
 
 static double baseline_tcp(struct source *s, uint64_t size) {
@@ -696,6 +762,44 @@ static struct result measure(rdt_runtime *rt, struct source *s, const char *tran
   r.p99_us = percentile(t, n, 0.99) * 1e6;
   r.gbps = (double)size / (r.p50_us * 1e-6) / 1e9;
   free(t);
+  munmap(buf, size);
+  drop_remote(s, &ref, 1);
+  return r;
+}
+
+/* Writes of `size` bytes into a buffer the source exposed, with rdt_write
+ * (which returns once every byte landed); the first is checked at the
+ * source, the rest timed, and every notice is taken there and checked. */
+static struct result measure_write(rdt_runtime *rt, struct source *s, const char *transport,
+                                   uint64_t size) {
+  rdt_ref *ref;
+  take_refs(rt, ask(s, "expose %s %" PRIu64 "\n", transport, size), 1, &ref);
+  void *buf = map(size);
+  fill(buf, size, 11);
+  int64_t shape[1] = {(int64_t)size};
+  rdt_tensor t = byte_tensor(buf, shape);
+  rdt_write_options wo;
+  rdt_write_options_init(&wo);
+  wo.transport = strcmp(transport, "auto") ? transport : NULL;
+  check(rdt_write(rt, &ref, 1, &t, 1, &wo, 120000), "write");
+  char *line = ask(s, "notices 1 11\n");
+  if (strncmp(line, "notices ok", 10) != 0) die("%s write of %s: %s", transport, human(size), line);
+  int n = iterations_for(size);
+  double *times = calloc((size_t)n, sizeof *times);
+  for (int i = 0; i < n; i++) {
+    wo.tag = (uint64_t)i + 2;
+    double t0 = now();
+    rdt_status st = rdt_write(rt, &ref, 1, &t, 1, &wo, 120000);
+    times[i] = now() - t0;
+    check(st, "write");
+  }
+  line = ask(s, "notices %d 11\n", n);
+  if (strncmp(line, "notices ok", 10) != 0) die("%s writes of %s: %s", transport, human(size), line);
+  struct result r;
+  r.p50_us = percentile(times, n, 0.5) * 1e6;
+  r.p99_us = percentile(times, n, 0.99) * 1e6;
+  r.gbps = (double)size / (r.p50_us * 1e-6) / 1e9;
+  free(times);
   munmap(buf, size);
   drop_remote(s, &ref, 1);
   return r;
@@ -920,19 +1024,21 @@ static int bench_main(const char *path) {
   struct source s = spawn_source();
 
   const uint64_t sizes[] = {4 * KiB, 1 * MiB, 64 * MiB, 1 * GiB};
-  double mc[4], vm[4], tcp[4];
+  double mc[4], vm[4], tcp[4], vmw[4];
   for (int i = 0; i < 4; i++) {
     mc[i] = baseline_memcpy(sizes[i] < MiB ? MiB : sizes[i]);
     vm[i] = baseline_vm_readv(&s, sizes[i]);
+    vmw[i] = baseline_vm_writev(&s, sizes[i]);
     tcp[i] = baseline_tcp(&s, sizes[i]);
   }
   double pickle = baseline_pickle();
   double unix_rtt, tcp_rtt;
   baseline_round_trips(&s, &unix_rtt, &tcp_rtt);
   out("## Baselines, measured in this run (GB/s)\n\n");
-  out("| size | memcpy (1 core) | raw process_vm_readv | raw loopback TCP |\n|---|---|---|---|\n");
+  out("| size | memcpy (1 core) | raw process_vm_readv | raw process_vm_writev | raw loopback TCP |\n"
+      "|---|---|---|---|---|\n");
   for (int i = 0; i < 4; i++)
-    out("| %s | %.2f | %.2f | %.2f |\n", human(sizes[i]), mc[i], vm[i], tcp[i]);
+    out("| %s | %.2f | %.2f | %.2f | %.2f |\n", human(sizes[i]), mc[i], vm[i], vmw[i], tcp[i]);
   out("\nPickle of 64 MiB over a `multiprocessing` pipe (spawn): %.2f GB/s%s\n\n", pickle,
       pickle > 0 ? "" : " (python3 not available)");
   out("Round trip of a 24-byte request and a 4 KiB answer between two processes waiting in "
@@ -1031,6 +1137,29 @@ static int bench_main(const char *path) {
         whole * 1e3, halves * 1e3, reshard_ratio[k], human(hb[0]), human(hb[1]), (double)hb[0] / SD_BYTES);
   }
 
+  out("\n## Writes into an exposed buffer against fetches of the same bytes, same run\n\n");
+  out("The source process exposes a buffer (`rdt_expose`); this process writes into it with "
+      "`rdt_write`, which returns once every byte landed, and the source takes and checks every "
+      "notice. Ratios: to the same transport's fetch above, and to the raw copy in that direction "
+      "(process_vm_writev for cma, loopback TCP for tcp).\n\n");
+  out("| transport | 4 KiB p50 | 4 KiB p99 | 64 MiB | 1 GiB | 64 MiB / fetch | 1 GiB / fetch |\n"
+      "|---|---|---|---|---|---|---|\n");
+  const int writers[] = {0, 2}; /* cma, tcp */
+  double w64[NUM_TRANSPORTS] = {0}, w1g[NUM_TRANSPORTS] = {0};
+  for (int j = 0; j < 2; j++) {
+    int k = writers[j];
+    const char *name = host_transports[k];
+    if (!transport_available(rt, name)) continue;
+    struct result r4 = measure_write(rt, &s, name, 4 * KiB), r64 = measure_write(rt, &s, name, 64 * MiB),
+                  r1g = measure_write(rt, &s, name, GiB);
+    w64[k] = r64.gbps;
+    w1g[k] = r1g.gbps;
+    const double *limit = k == 2 ? tcp : vmw;
+    out("| %s | %.1f µs | %.1f µs | %.2f (%.2fx raw) | %.2f (%.2fx raw) | %.2fx | %.2fx |\n", name, r4.p50_us,
+        r4.p99_us, r64.gbps, r64.gbps / limit[2], r1g.gbps, r1g.gbps / limit[3], gb64[k] > 0 ? r64.gbps / gb64[k] : 0,
+        gb1g[k] > 0 ? r1g.gbps / gb1g[k] : 0);
+  }
+
   out("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
 #define TARGET(desc, value, ok) out("| %s | %s | %s |\n", desc, value, (ok) ? "yes" : "**no**")
   char v[128];
@@ -1075,6 +1204,10 @@ static int bench_main(const char *path) {
            reshard_ratio[2]);
   TARGET("two half-row receivers together <= 1.1x one whole receiver", v,
          reshard_ratio[0] > 0 && reshard_ratio[0] <= 1.1 && reshard_ratio[1] <= 1.1 && reshard_ratio[2] <= 1.1);
+  snprintf(v, sizeof v, "%.2fx / %.2fx (cma), %.2fx / %.2fx (tcp)", gb64[0] > 0 ? w64[0] / gb64[0] : 0,
+           gb1g[0] > 0 ? w1g[0] / gb1g[0] : 0, gb64[2] > 0 ? w64[2] / gb64[2] : 0, gb1g[2] > 0 ? w1g[2] / gb1g[2] : 0);
+  TARGET("writes >= 0.9x the same transport's fetch at 64 MiB and 1 GiB", v,
+         w64[0] >= 0.9 * gb64[0] && w1g[0] >= 0.9 * gb1g[0] && w64[2] >= 0.9 * gb64[2] && w1g[2] >= 0.9 * gb1g[2]);
   stop_source(&s);
   check(rdt_runtime_destroy(rt), "destroy");
   if (report) fclose(report);
@@ -1133,10 +1266,11 @@ static int parse_size(const char *s, uint64_t *n) {
 /* rdtbench row TRANSPORT SHAPE [RUNS]: one measurement as one line of
  * key=value, for measuring without rewriting bench/RESULTS.md. */
 static int row_main(int argc, char **argv) {
-  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE|reshard [RUNS]\n"
+  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE|reshard|write:SIZE [RUNS]\n"
                       "  SIZE is 4KiB, 1MiB, 64MiB, 1GiB or bytes; COUNTxSIZE is one object of\n"
                       "  COUNT tensors (1024x4KiB, 4096x64KiB, up to 1048576) against one tensor of\n"
-                      "  the same bytes; reshard is two half-row receivers against one whole one\n";
+                      "  the same bytes; reshard is two half-row receivers against one whole one;\n"
+                      "  write:SIZE writes into an exposed buffer against fetches of SIZE\n";
   if (argc < 4 || argc > 5) {
     fputs(usage, stderr);
     return 2;
@@ -1156,6 +1290,24 @@ static int row_main(int argc, char **argv) {
            ",%" PRIu64 " object_bytes=%" PRIu64 "\n",
            transport, runs, whole * 1e3, halves * 1e3, halves / whole, hb[0], hb[1], (uint64_t)SD_BYTES);
     stop_source(&s);
+    return 0;
+  }
+  if (strncmp(shape, "write:", 6) == 0) {
+    uint64_t size;
+    int runs = argc == 5 ? atoi(argv[4]) : 0;
+    if (!parse_size(shape + 6, &size) || (argc == 5 && (runs < 1 || runs > 4000))) {
+      fputs(usage, stderr);
+      return 2;
+    }
+    if (runs) iterations_override = runs;
+    rdt_runtime *rt = receiver_runtime();
+    struct source s = spawn_source();
+    struct result w = measure_write(rt, &s, transport, size), f = measure(rt, &s, transport, size);
+    printf("transport=%s shape=write:%s runs=%d write_p50_us=%.2f write_p99_us=%.2f write_gbps=%.3f "
+           "fetch_p50_us=%.2f fetch_gbps=%.3f ratio=%.2f\n",
+           transport, shape + 6, iterations_for(size), w.p50_us, w.p99_us, w.gbps, f.p50_us, f.gbps, w.gbps / f.gbps);
+    stop_source(&s);
+    check(rdt_runtime_destroy(rt), "destroy");
     return 0;
   }
   uint64_t count = 1, size;

@@ -333,6 +333,9 @@ func (rt *Runtime) Destroy() {
 	if rt.ep != nil {
 		rt.ep.Close()
 	}
+	// Writes into our exposed objects cannot end any more (their writers'
+	// outcomes would come over the connections just closed): they are torn.
+	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.name), "destroying")
 	// Free every object we own, once nothing reads its memory any more.
 	rt.waitUnpinned()
 	for _, o := range rt.store.drain() {

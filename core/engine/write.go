@@ -142,14 +142,14 @@ func (ex *exposure) finishLocked(k openKey, w *openWrite) {
 	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: w.endErr})
 }
 
-// tear ends every open write of a writer that is gone with cause and
-// returns those finished now, for unpinning.
+// tear ends with cause every open write of writer (zero: of every writer)
+// and returns those finished now, for unpinning.
 func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	var out []*openWrite
 	for k, w := range ex.open {
-		if k.writer != writer || w.ended {
+		if (!writer.IsZero() && k.writer != writer) || w.ended {
 			continue
 		}
 		w.ended, w.endErr = true, cause
@@ -464,13 +464,19 @@ func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transpor
 // writersGone tears every write a lost peer had open.
 func (rt *Runtime) writersGone(peer transport.PeerInfo) {
 	cause := transport.Errorf(transport.ErrPeerUnavailable, "the writer %s went away with the write open: the bytes it covers may be torn", peer)
+	rt.tearWrites(peer.RuntimeID, cause, "writer "+peer.String()+" is gone")
+}
+
+// tearWrites ends with cause the open writes of writer (zero: every one)
+// into every object exposed here.
+func (rt *Runtime) tearWrites(writer transport.RuntimeID, cause error, why string) {
 	for _, o := range rt.store.exposedObjects() {
-		torn := o.write.tear(peer.RuntimeID, cause)
+		torn := o.write.tear(writer, cause)
 		for _, w := range torn {
 			rt.store.unpin(w.o)
 		}
 		if len(torn) > 0 {
-			rt.log.Warnf("writer %s is gone with %d writes into object %s open: notices say they are torn", peer, len(torn), o.desc.ID)
+			rt.log.Warnf("%s with %d writes into object %s open: notices say they are torn", why, len(torn), o.desc.ID)
 		}
 	}
 }

@@ -409,3 +409,21 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	_, _, err = p.owner.PinObject(id)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 }
+
+// An owner destroyed with writes open (their outcomes can no longer come)
+// tears them and does not wait for them.
+func TestDestroyTearsOpenWrites(t *testing.T) {
+	p := writablePair(t)
+	owned, _, _ := p.expose(t)
+	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
+	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: owned.Desc().ID, TransferID: 1, Transport: "mem", Key: owned.Desc().WriteKey}))
+	done := make(chan struct{})
+	go func() { p.owner.Destroy(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("destroy waited for a write that cannot end")
+	}
+	_, err := owned.WaitWriteNotice(0)
+	assert.Error(t, err, "the object is gone with its notices")
+}

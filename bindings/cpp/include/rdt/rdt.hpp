@@ -343,6 +343,34 @@ class [[nodiscard]] Ref {
     check(rdt_ref_info(ref_, &i));
     return i;
   }
+
+  // ---- the owner's side of an exposed object (Runtime::expose) ----
+
+  /// Takes the oldest notice of a write into this exposed object (the
+  /// owner's Ref), waiting up to `timeout`; false when none came. Every
+  /// write the owner admitted ends in exactly one notice: `status` RDT_OK
+  /// when every byte landed, else why not (the bytes it covers may be torn).
+  bool wait_notice(rdt_write_notice &out, std::chrono::milliseconds timeout = forever) {
+    rdt_write_notice_init(&out);
+    rdt_status st = rdt_write_notice_wait(ref_, detail::millis(timeout), &out);
+    if (st == RDT_ERR_TIMEOUT) return false;
+    check(st);
+    return true;
+  }
+  /// A descriptor readable while notices wait (owned by the object).
+  int notice_fd() const {
+    int fd = -1;
+    check(rdt_write_notice_event_fd(ref_, &fd));
+    return fd;
+  }
+  /// Refuses every later write and waits up to `timeout` until no write is
+  /// open; false when writes are still open (the revocation stays).
+  bool revoke_writes(std::chrono::milliseconds timeout = forever) {
+    rdt_status st = rdt_ref_revoke_writes(ref_, detail::millis(timeout));
+    if (st == RDT_ERR_TIMEOUT) return false;
+    check(st);
+    return true;
+  }
   /// The object id (32 hexadecimal characters).
   std::string id() const { return info().object_id; }
   /// The transport named at put, or "" when chosen per fetch.
@@ -452,6 +480,21 @@ inline rdt_fetch_options fetch_options(const std::string &transport, const std::
     fo.num_sources = c.size();
   }
   return fo;
+}
+// The write options of a write, pointing into `c` (which must outlive them).
+inline rdt_write_options write_options(const std::string &transport, uint64_t tag,
+                                       const std::vector<Source> *destinations, std::vector<rdt_source_range> &c) {
+  rdt_write_options wo;
+  rdt_write_options_init(&wo);
+  wo.transport = opt(transport);
+  wo.tag = tag;
+  if (destinations) {
+    c.reserve(destinations->size());
+    for (auto &d : *destinations) c.push_back(d.capi());
+    wo.destinations = c.data();
+    wo.num_destinations = c.size();
+  }
+  return wo;
 }
 }  // namespace detail
 
@@ -823,6 +866,46 @@ class Runtime {
                   cb.get(), &r));
     cb.release();  // rdt calls on_free_trampoline exactly once, which deletes it
     return Ref(r);
+  }
+
+  /// Exposes tensors for other runtimes to write into and returns the
+  /// first (writable) reference: arguments and lifetime as put(). Hand its
+  /// serialized bytes only to writers; take the notices of their writes
+  /// with Ref::wait_notice().
+  Ref expose(const std::vector<TensorView> &tensors, const std::string &transport = std::string(),
+             std::function<void()> on_free = nullptr) {
+    std::vector<rdt_tensor> c = detail::c_tensors(tensors);
+    std::unique_ptr<std::function<void()>> cb;
+    if (on_free) cb = std::make_unique<std::function<void()>>(std::move(on_free));
+    rdt_ref *r = nullptr;
+    check(rdt_expose(rt_, c.data(), c.size(), detail::opt(transport), cb ? &detail::on_free_trampoline : nullptr,
+                     cb.get(), &r));
+    cb.release();  // rdt calls on_free_trampoline exactly once, which deletes it
+    return Ref(r);
+  }
+
+  /// Starts writing `sources` (one per tensor of each writable ref, ref
+  /// after ref; or, with `destinations`, source i into destinations[i])
+  /// into the refs' objects and returns a Fetch to wait on: true once every
+  /// byte landed. The owner's notice of each ref's write carries `tag`.
+  Fetch write_start(const RefList &refs, const std::vector<TensorView> &sources, uint64_t tag = 0,
+                    const std::vector<Source> *destinations = nullptr, const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(sources);
+    std::vector<rdt_source_range> cd;
+    rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
+    rdt_fetch *f = nullptr;
+    check(rdt_write_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &f));
+    return Fetch(f);
+  }
+  /// write_start() and wait(timeout) in one call; throws rdt::Error, with
+  /// RDT_ERR_TIMEOUT when the time ran out (the write was aborted).
+  void write(const RefList &refs, const std::vector<TensorView> &sources, uint64_t tag = 0,
+             std::chrono::milliseconds timeout = forever, const std::vector<Source> *destinations = nullptr,
+             const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(sources);
+    std::vector<rdt_source_range> cd;
+    rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
+    check(rdt_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, detail::millis(timeout)));
   }
 
   /// A reference of this runtime from serialized bytes (a borrow the owner

@@ -586,16 +586,16 @@ static double baseline_memcpy(uint64_t size) {
   return (double)size / m / 1e9;
 }
 
-/* One thread reads another process's buffer with process_vm_readv: what a
- * hand-written cross-memory copy achieves. The best of 256 KiB, 1 MiB and
- * 4 MiB calls. */
-static double baseline_vm_readv(struct source *s, uint64_t size) {
+/* One thread reads another process's buffer with process_vm_readv (or
+ * writes it with process_vm_writev): what a hand-written cross-memory copy
+ * achieves. The best of 256 KiB, 1 MiB and 4 MiB calls. */
+static double baseline_vm(struct source *s, uint64_t size, int write) {
   char *line = ask(s, "raw %" PRIu64 "\n", size);
   int pid;
   uintptr_t addr;
   if (sscanf(line, "raw %d %" SCNuPTR, &pid, &addr) != 2) die("source said: %s", line);
-  char *dst = map(size);
-  memset(dst, 0, size);
+  char *local = map(size);
+  memset(local, 3, size);
   int n = iterations_for(size);
   double *t = calloc((size_t)n, sizeof *t);
   const size_t chunks[] = {256 * KiB, 1 * MiB, 4 * MiB};
@@ -605,9 +605,9 @@ static double baseline_vm_readv(struct source *s, uint64_t size) {
       double t0 = now();
       for (uint64_t off = 0; off < size;) {
         size_t len = size - off < chunks[c] ? size - off : chunks[c];
-        struct iovec l = {dst + off, len}, r = {(void *)(addr + off), len};
-        ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (got <= 0) die("process_vm_readv: %s", strerror(errno));
+        struct iovec l = {local + off, len}, r = {(void *)(addr + off), len};
+        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (got <= 0) die("%s: %s", write ? "process_vm_writev" : "process_vm_readv", strerror(errno));
         off += (uint64_t)got;
       }
       t[i] = now() - t0;
@@ -616,40 +616,7 @@ static double baseline_vm_readv(struct source *s, uint64_t size) {
     m = b < m ? b : m;
   }
   free(t);
-  munmap(dst, size);
-  return (double)size / m / 1e9;
-}
-
-/* The same into another process's buffer with process_vm_writev: what a
- * hand-written cross-memory write achieves. */
-static double baseline_vm_writev(struct source *s, uint64_t size) {
-  char *line = ask(s, "raw %" PRIu64 "\n", size);
-  int pid;
-  uintptr_t addr;
-  if (sscanf(line, "raw %d %" SCNuPTR, &pid, &addr) != 2) die("source said: %s", line);
-  char *src = map(size);
-  memset(src, 3, size);
-  int n = iterations_for(size);
-  double *t = calloc((size_t)n, sizeof *t);
-  const size_t chunks[] = {256 * KiB, 1 * MiB, 4 * MiB};
-  double m = 1e30;
-  for (int c = 0; c < 3; c++) {
-    for (int i = 0; i < n; i++) {
-      double t0 = now();
-      for (uint64_t off = 0; off < size;) {
-        size_t len = size - off < chunks[c] ? size - off : chunks[c];
-        struct iovec l = {src + off, len}, r = {(void *)(addr + off), len};
-        ssize_t got = process_vm_writev(pid, &l, 1, &r, 1, 0);
-        if (got <= 0) die("process_vm_writev: %s", strerror(errno));
-        off += (uint64_t)got;
-      }
-      t[i] = now() - t0;
-    }
-    double b = best(t, n);
-    m = b < m ? b : m;
-  }
-  free(t);
-  munmap(src, size);
+  munmap(local, size);
   return (double)size / m / 1e9;
 }
 
@@ -1027,8 +994,8 @@ static int bench_main(const char *path) {
   double mc[4], vm[4], tcp[4], vmw[4];
   for (int i = 0; i < 4; i++) {
     mc[i] = baseline_memcpy(sizes[i] < MiB ? MiB : sizes[i]);
-    vm[i] = baseline_vm_readv(&s, sizes[i]);
-    vmw[i] = baseline_vm_writev(&s, sizes[i]);
+    vm[i] = baseline_vm(&s, sizes[i], 0);
+    vmw[i] = baseline_vm(&s, sizes[i], 1);
     tcp[i] = baseline_tcp(&s, sizes[i]);
   }
   double pickle = baseline_pickle();

@@ -103,19 +103,10 @@ func (tr *transfer) begin() error {
 		tr.local = true
 		return rt.checkLocalCopy(desc, tr.targets, tr.pieces)
 	}
-	// A dial ends by itself (the handshake timeout), so the fetch's
-	// context is enough; a cached connection needs none.
-	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
-	if err != nil {
-		return transport.Wrap(err, "owner %s", desc.Owner.Address)
-	}
-	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
-	}
-	tr.peer = peer
-	if err := rt.store.borrowRefused(desc.ID); err != nil {
+	if err := tr.connectOwner(); err != nil {
 		return err
 	}
+	peer := tr.peer
 
 	var candidates []string
 	auto := false
@@ -146,6 +137,25 @@ func (tr *transfer) begin() error {
 			desc.Tensors[0].Device.Type, peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
 	}
 	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+}
+
+// connectOwner connects to the object's owner (tr.peer), checks that it
+// is still the owner, and returns the owner's refusal of our borrow if one
+// came already.
+func (tr *transfer) connectOwner() error {
+	rt := tr.f.rt
+	desc := tr.ref.desc
+	// A dial ends by itself (the handshake timeout), so the fetch's
+	// context is enough; a cached connection needs none.
+	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
+	if err != nil {
+		return transport.Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	tr.peer = peer
+	return rt.store.borrowRefused(desc.ID)
 }
 
 // autoCandidates orders the registered transports for an object put

@@ -274,12 +274,8 @@ func (r *Ref) WaitWriteNotice(timeout time.Duration) (WriteNotice, error) {
 	if err != nil {
 		return WriteNotice{}, err
 	}
-	var deadline <-chan time.Time
-	if timeout > 0 {
-		timer := time.NewTimer(timeout)
-		defer timer.Stop()
-		deadline = timer.C
-	}
+	deadline, stop := timerFor(timeout)
+	defer stop()
 	for {
 		n, ok, changed, closed := o.write.take()
 		switch {
@@ -348,12 +344,8 @@ func (r *Ref) RevokeWrites(timeout time.Duration) error {
 		r.rt.store.revokeLeases(o)
 		r.rt.log.Debugf("revoked writes into object %s", r.desc.ID)
 	}
-	var deadline <-chan time.Time
-	if timeout > 0 {
-		timer := time.NewTimer(timeout)
-		defer timer.Stop()
-		deadline = timer.C
-	}
+	deadline, stop := timerFor(timeout)
+	defer stop()
 	for {
 		ex.mu.Lock()
 		open, changed := len(ex.open), ex.changed
@@ -370,6 +362,16 @@ func (r *Ref) RevokeWrites(timeout time.Duration) error {
 			return transport.Errorf(transport.ErrTimeout, "%d writes into object %s are still open after %v", open, r.desc.ID, timeout)
 		}
 	}
+}
+
+// timerFor is the channel a wait of timeout selects on: nil (never) unless
+// timeout is positive; stop releases the timer.
+func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
+	if timeout <= 0 {
+		return nil, func() bool { return false }
+	}
+	timer := time.NewTimer(timeout)
+	return timer.C, timer.Stop
 }
 
 // OpenWrite implements PeerService.
@@ -561,17 +563,10 @@ func (tr *transfer) beginWrite() error {
 		tr.x.Transport = "local copy"
 		return rt.admitWriteLocal(tr)
 	}
-	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
-	if err != nil {
-		return transport.Wrap(err, "owner %s", desc.Owner.Address)
-	}
-	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
-	}
-	tr.peer = peer
-	if err := rt.store.borrowRefused(desc.ID); err != nil {
+	if err := tr.connectOwner(); err != nil {
 		return err
 	}
+	peer := tr.peer
 	var candidates []string
 	switch {
 	case tr.f.override != "":

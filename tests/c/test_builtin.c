@@ -3,15 +3,6 @@
  * and a fetch override picks another transport than the ref names. */
 #include "test_util.h"
 
-static rdt_runtime *socket_runtime(const char *name) {
-  rdt_runtime_options opts;
-  rdt_runtime_options_init(&opts);
-  opts.name = name;
-  rdt_runtime *rt = NULL;
-  CHECK_OK(rdt_runtime_create(&opts, &rt));
-  return rt;
-}
-
 static uint64_t completed(rdt_runtime *rt, const char *name) {
   rdt_transport_info infos[16];
   for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);

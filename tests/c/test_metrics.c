@@ -5,15 +5,6 @@
 
 #include "test_util.h"
 
-static rdt_runtime *socket_runtime(const char *name) {
-  rdt_runtime_options opts;
-  rdt_runtime_options_init(&opts);
-  opts.name = name;
-  rdt_runtime *rt = NULL;
-  CHECK_OK(rdt_runtime_create(&opts, &rt));
-  return rt;
-}
-
 /* Puts `times` objects of `floats` float32 each on `a` with transport
  * `name` and fetches each once from `b`. */
 static void fetch_n(rdt_runtime *a, rdt_runtime *b, const char *name, int floats,

@@ -68,6 +68,25 @@ static inline rdt_tensor f32_tensor(float *data, int64_t *shape) {
   return t;
 }
 
+/* A uint8 vector tensor over `data`. `shape` must outlive the tensor. */
+static inline rdt_tensor u8_tensor(uint8_t *data, int64_t *shape) {
+  rdt_tensor t = f32_tensor(NULL, shape);
+  t.data = data;
+  t.dtype.code = RDT_DTYPE_UINT;
+  t.dtype.bits = 8;
+  return t;
+}
+
+/* A runtime with the socket control plane and the built-in transports. */
+static inline rdt_runtime *socket_runtime(const char *name) {
+  rdt_runtime_options opts;
+  rdt_runtime_options_init(&opts);
+  opts.name = name;
+  rdt_runtime *rt = NULL;
+  CHECK_OK(rdt_runtime_create(&opts, &rt));
+  return rt;
+}
+
 static inline rdt_runtime *new_runtime(const char *name) {
   rdt_runtime_options opts;
   rdt_runtime_options_init(&opts);

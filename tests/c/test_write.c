@@ -6,28 +6,6 @@
 
 #include "test_util.h"
 
-static rdt_runtime *socket_runtime(const char *name) {
-  rdt_runtime_options opts;
-  rdt_runtime_options_init(&opts);
-  opts.name = name;
-  rdt_runtime *rt = NULL;
-  CHECK_OK(rdt_runtime_create(&opts, &rt));
-  return rt;
-}
-
-static rdt_tensor u8_tensor(uint8_t *data, int64_t *shape) {
-  rdt_tensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = RDT_DEVICE_CPU;
-  t.ndim = 1;
-  t.dtype.code = RDT_DTYPE_UINT;
-  t.dtype.bits = 8;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
-
 /* Whether fd becomes readable within ms. */
 static int readable_within(int fd, int ms) {
   struct pollfd p = {.fd = fd, .events = POLLIN};

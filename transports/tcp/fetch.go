@@ -346,21 +346,8 @@ type fetchRequest struct {
 // Fetch starts pulling into each target its piece of the object: the
 // tensor of its index, whole, or in a partial fetch its piece's range.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := decodeMetadata(tmeta)
+	m, err := t.checkRequest(x, targets, tmeta)
 	if err != nil {
-		return nil, err
-	}
-	// The metadata counts the tensors but has no sizes: the source checks
-	// every range it is asked for against its tensors (checkRange), so
-	// here a tensor's size is taken as its target's in a whole fetch and
-	// as unbounded in a partial one (which still catches a wrapping range).
-	size := func(i int) uint64 {
-		if x.Pieces == nil {
-			return targets[i].Nbytes
-		}
-		return math.MaxUint64
-	}
-	if err := x.CheckPieces(targets, int(m.Tensors), size); err != nil {
 		return nil, err
 	}
 	small, shares, err := plan(x, targets, t.streams)
@@ -374,13 +361,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if len(small) == 0 && len(shares) == 0 {
 		return r, nil // nothing to move
 	}
-	t.pmu.Lock()
-	if t.closed {
-		t.pmu.Unlock()
-		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	if err := t.activate(r); err != nil {
+		return nil, err
 	}
-	t.active[r] = struct{}{}
-	t.pmu.Unlock()
 	if len(small) > 0 {
 		// With a pooled connection the requests go out now and the answers
 		// are read by Completed or Wait, with no goroutine of ours.
@@ -407,6 +390,40 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		r.spawn(ps)
 	}
 	return r, nil
+}
+
+// checkRequest decodes the metadata of the object a request moves and
+// checks the local tensors (a fetch's targets, a write's sources) against
+// it. The metadata counts the tensors but has no sizes: the source checks
+// every range it is asked for against its tensors (checkRun), so here a
+// tensor's size is taken as its local tensor's in a whole transfer and as
+// unbounded in a partial one (which still catches a wrapping range).
+func (t *Transport) checkRequest(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*metadata, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	size := func(i int) uint64 {
+		if x.Pieces == nil {
+			return local[i].Nbytes
+		}
+		return math.MaxUint64
+	}
+	if err := x.CheckPieces(local, int(m.Tensors), size); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// activate records a request that moves bytes, for Close to abort.
+func (t *Transport) activate(r *fetchRequest) error {
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
+	if t.closed {
+		return transport.Errorf(transport.ErrClosed, "the transport is closed")
+	}
+	t.active[r] = struct{}{}
+	return nil
 }
 
 // plan cuts what the targets receive (x.PieceOf: a whole tensor, or a

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"math"
 	"net"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -27,19 +26,8 @@ type wchunk struct {
 // in place. The owner's server takes them only for the write its runtime
 // admitted (x.TransferID) and only inside the admitted ranges.
 func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := decodeMetadata(tmeta)
+	m, err := t.checkRequest(x, sources, tmeta)
 	if err != nil {
-		return nil, err
-	}
-	// As for a fetch, the metadata has no sizes: the owner checks every
-	// range against its tensors.
-	size := func(i int) uint64 {
-		if x.Pieces == nil {
-			return sources[i].Nbytes
-		}
-		return math.MaxUint64
-	}
-	if err := x.CheckPieces(sources, int(m.Tensors), size); err != nil {
 		return nil, err
 	}
 	for i, s := range sources {
@@ -53,13 +41,9 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 	if len(shares) == 0 {
 		return r, nil
 	}
-	t.pmu.Lock()
-	if t.closed {
-		t.pmu.Unlock()
-		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
+	if err := t.activate(r); err != nil {
+		return nil, err
 	}
-	t.active[r] = struct{}{}
-	t.pmu.Unlock()
 	r.ctx, r.cancel = context.WithCancel(t.h.Context())
 	for _, share := range shares {
 		r.run(func() error { return r.push(x.TransferID, share) })

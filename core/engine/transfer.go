@@ -571,23 +571,36 @@ func (tr *transfer) copyLocal() error {
 		src := o.tensors[p.Tensor]
 		src.Data += uintptr(p.Offset)
 		src.Nbytes = p.Length
-		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			copier, name := rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
-			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
-				return transportError(name, err)
-			}
-			continue
-		}
-		s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data, dst.Nbytes)
-		for off := 0; off < len(s); off += localChunk {
-			select {
-			case <-tr.f.abortCh:
-				return transport.Errorf(transport.ErrAborted, "fetch aborted")
-			default:
-			}
-			copy(d[off:], s[off:min(off+localChunk, len(s))])
+		if err := tr.copyOne(dst, src); err != nil {
+			return err
 		}
 	}
 	rt.c.localCopies.Add(1)
+	return nil
+}
+
+// copyOne copies src into dst within this process: host memory in chunks,
+// stopping at an abort between them; other memory with a transport that
+// copies it.
+func (tr *transfer) copyOne(dst, src transport.Tensor) error {
+	if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
+		copier, name := tr.f.rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
+		if copier == nil {
+			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", src.Device.Type, dst.Device.Type)
+		}
+		if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
+			return transportError(name, err)
+		}
+		return nil
+	}
+	s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data, dst.Nbytes)
+	for off := 0; off < len(s); off += localChunk {
+		select {
+		case <-tr.f.abortCh:
+			return transport.Errorf(transport.ErrAborted, "aborted")
+		default:
+		}
+		copy(d[off:], s[off:min(off+localChunk, len(s))])
+	}
 	return nil
 }

@@ -697,26 +697,10 @@ func (tr *transfer) writeLocal() error {
 	for i, src := range tr.targets {
 		p := tr.x.PieceOf(i, src)
 		dst := o.tensors[p.Tensor]
-		if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-			dst.Data += uintptr(p.Offset)
-			dst.Nbytes = p.Length
-			copier, name := rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
-			if copier == nil {
-				return transport.Errorf(transport.ErrUnsupported, "copying %s memory within a process needs a transport that can (none is registered)", dst.Device.Type)
-			}
-			if err := copier.CopyLocal([]transport.Tensor{dst}, []transport.Tensor{src}); err != nil {
-				return transportError(name, err)
-			}
-			continue
-		}
-		s, d := transport.Bytes(src.Data, src.Nbytes), transport.Bytes(dst.Data+uintptr(p.Offset), p.Length)
-		for off := 0; off < len(s); off += localChunk {
-			select {
-			case <-tr.f.abortCh:
-				return transport.Errorf(transport.ErrAborted, "write aborted")
-			default:
-			}
-			copy(d[off:], s[off:min(off+localChunk, len(s))])
+		dst.Data += uintptr(p.Offset)
+		dst.Nbytes = p.Length
+		if err := tr.copyOne(dst, src); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -540,44 +540,53 @@ func (r *fetchRequest) spawn(ps []piece) {
 
 // pull runs pieces on one connection, pooled or new.
 func (r *fetchRequest) pull(ps []piece) error {
+	c, err := r.takeConn()
+	if err != nil {
+		return err
+	}
+	s := &stream{r: r, c: c, pieces: ps}
+	err = s.advance(readv(c))
+	r.finishConn(c, err)
+	return err
+}
+
+// takeConn takes a pooled connection or dials one, tracked for abort.
+func (r *fetchRequest) takeConn() (net.Conn, error) {
 	if r.aborted.Load() {
-		return abortedErr()
+		return nil, abortedErr()
 	}
 	c, err := r.t.conn(r.ctx, r.pool)
 	if err != nil {
 		if r.aborted.Load() {
-			return abortedErr()
+			return nil, abortedErr()
 		}
-		return err
+		return nil, err
 	}
 	if !r.track(c) {
 		c.Close()
-		return abortedErr()
+		return nil, abortedErr()
 	}
-	s := &stream{r: r, c: c, pieces: ps}
-	err = s.advance(readv(c))
-	r.finishConn(s, err)
-	return err
+	return c, nil
 }
 
 // finishConn pools a connection that ended cleanly and closes one that saw
 // any error (its stream position is unknown).
-func (r *fetchRequest) finishConn(s *stream, err error) {
+func (r *fetchRequest) finishConn(c net.Conn, err error) {
 	r.mu.Lock()
-	delete(r.conns, s.c)
+	delete(r.conns, c)
 	if err == nil && r.aborted.Load() {
 		// abort may have closed it already: never pool a closed conn.
 		err = abortedErr()
 	}
 	r.mu.Unlock()
 	if err != nil {
-		s.c.Close()
+		c.Close()
 		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
 			r.t.pool.Drop(r.pool)
 		}
 		return
 	}
-	r.t.pool.Put(r.pool, s.c)
+	r.t.pool.Put(r.pool, c)
 }
 
 // driveInline advances the inline stream (imu held): within budget when
@@ -594,7 +603,7 @@ func (r *fetchRequest) driveInline(budget time.Duration) {
 		err = s.advance(readv(s.c))
 	}
 	r.idone = true
-	r.finishConn(s, err)
+	r.finishConn(s.c, err)
 	if err != nil {
 		r.fail(err)
 	}

@@ -95,22 +95,12 @@ func (r *fetchRequest) run(f func() error) {
 // push sends the frames of one share on one connection, pooled or new,
 // keeping writeWindow of them unanswered, and checks every answer.
 func (r *fetchRequest) push(writeID uint64, share []wchunk) error {
-	if r.aborted.Load() {
-		return abortedErr()
-	}
-	c, err := r.t.conn(r.ctx, r.pool)
+	c, err := r.takeConn()
 	if err != nil {
-		if r.aborted.Load() {
-			return abortedErr()
-		}
 		return err
 	}
-	if !r.track(c) {
-		c.Close()
-		return abortedErr()
-	}
 	err = r.pushOn(c, writeID, share)
-	r.finishWrite(c, err)
+	r.finishConn(c, err)
 	return err
 }
 
@@ -156,23 +146,4 @@ func (r *fetchRequest) answered(c net.Conn, tag uint64) error {
 		return transport.Errorf(st, "the owner refused a write: %s", msg)
 	}
 	return nil
-}
-
-// finishWrite pools a connection whose frames were all answered and
-// closes one that saw any error.
-func (r *fetchRequest) finishWrite(c net.Conn, err error) {
-	r.mu.Lock()
-	delete(r.conns, c)
-	if err == nil && r.aborted.Load() {
-		err = abortedErr()
-	}
-	r.mu.Unlock()
-	if err != nil {
-		c.Close()
-		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
-			r.t.pool.Drop(r.pool)
-		}
-		return
-	}
-	r.t.pool.Put(r.pool, c)
 }

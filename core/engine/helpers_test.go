@@ -83,7 +83,8 @@ type memTransport struct {
 	fetched      atomic.Int64
 	aborts       atomic.Int64
 	sends        atomic.Int64
-	failFetchIdx int // fail the Nth Fetch call at start (1-based; 0 never)
+	failFetchIdx int   // fail the Nth Fetch call at start (1-based; 0 never)
+	failWrite    error // when set, Write fails with it at start
 	waitErr      func(x *transport.Transfer) error
 	gate         chan struct{}                 // when set, transfers wait for it (or abort)
 	mailbox      *sync.Map                     // transfer id -> chan []byte (two-sided), shared by a pair
@@ -161,6 +162,9 @@ func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, 
 
 func (m *memTransport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m.log("write")
+	if m.failWrite != nil {
+		return nil, m.failWrite
+	}
 	if string(cmeta) != "comm" {
 		return nil, errors.New("communicator metadata did not arrive")
 	}

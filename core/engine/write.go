@@ -585,7 +585,9 @@ func (tr *transfer) beginWrite() error {
 		if err == nil {
 			return nil
 		}
-		if st := transport.StatusOf(err); len(candidates) == 1 || (st != transport.ErrUnsupported && st != transport.ErrPermissionDenied) {
+		// Once the owner admitted the write, its notice will say how this
+		// one ended: no other transport tries it again.
+		if st := transport.StatusOf(err); tr.opened || len(candidates) == 1 || (st != transport.ErrUnsupported && st != transport.ErrPermissionDenied) {
 			return err
 		}
 		if firstErr == nil {

@@ -427,3 +427,39 @@ func TestDestroyTearsOpenWrites(t *testing.T) {
 	_, err := owned.WaitWriteNotice(0)
 	assert.Error(t, err, "the object is gone with its notices")
 }
+
+// A write the owner admitted that its transport then fails is not tried
+// again over the next transport of the automatic choice: the owner's one
+// notice for it says it failed, and nothing stays open.
+func TestAdmittedWriteIsNotRetriedElsewhere(t *testing.T) {
+	auto := func(rank int) func(*transport.Descriptor) {
+		return func(d *transport.Descriptor) { d.Auto = transport.AutoRank{Host: rank} }
+	}
+	p := newPair(t, func(m *memTransport) { m.ranges, m.writes, m.describe = true, true, auto(1) })
+	p.dst.failWrite = transport.Errorf(transport.ErrUnsupported, "this write cannot go this way")
+	second := newMemTransport("mem2")
+	second.writes, second.describe = true, auto(2)
+	require.NoError(t, p.borrower.RegisterTransport(second))
+	other := newMemTransport("mem2")
+	other.writes, other.describe = true, auto(2)
+	require.NoError(t, p.owner.RegisterTransport(other))
+
+	buf := newHostBuf(t, 64)
+	owned, err := p.owner.Expose([]transport.Tensor{shaped(t, buf, u8, 64)}, "", nil)
+	require.NoError(t, err)
+	defer owned.Release()
+	b, err := owned.Serialize()
+	require.NoError(t, err)
+	w, err := p.borrower.Deserialize(b)
+	require.NoError(t, err)
+	defer w.Release()
+
+	err = p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, newHostBuf(t, 64), u8, 64)}, WriteOptions{Tag: 4}, 10*time.Second)
+	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+	n, err := owned.WaitWriteNotice(10 * time.Second)
+	require.NoError(t, err)
+	assert.Error(t, n.Err)
+	assert.Equal(t, uint64(4), n.Tag)
+	assert.NotContains(t, second.Events(), "write", "not tried over the next transport")
+	assert.Zero(t, p.owner.Stats().WritesOpen)
+}

@@ -151,3 +151,22 @@ def test_writable_refs_pickle_with_their_structure():
         assert rt.stats()["writes_open"] == 0
         assert "writes_completed" in rt.stats()
         del back
+
+
+def test_one_write_into_two_objects_by_slices_and_whole():
+    with rdt.Runtime("owner") as rt, rdt.Runtime("writer") as other:
+        a, b = exposed_buffers(), {"v": np.zeros(32, np.int64)}
+        ra, rb = rt.expose(a), rt.expose(b)
+        wa, wb = other.borrow(ra), other.borrow(rb)
+        rows = np.full((4, 16), 7.0, np.float32)
+        v = np.arange(32, dtype=np.int64)
+        other.write([wa["w"][60:64], wb], [rows, {"v": v}], tag=11, timeout=30)
+        na, nb = ra.wait_notice(30), rb.wait_notice(30)
+        assert (na.tag, na.nbytes, nb.tag, nb.nbytes) == (11, rows.nbytes, 11, v.nbytes)
+        assert na.ok and nb.ok
+        assert (a["w"][60:64] == 7.0).all() and (a["w"][:60] == 0).all() and (a["b"] == 0).all()
+        assert np.array_equal(b["v"], v)
+        with pytest.raises(rdt.InvalidArgumentError, match="list of as many values"):
+            other.write([wa, wb], [workers.version_of(1)])
+        wa.close()
+        wb.close()

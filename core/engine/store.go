@@ -54,7 +54,7 @@ type object struct {
 	collected   chan struct{} // closed once every transport collected it
 	freed       chan struct{} // closed once freed (after its release callback)
 
-	write *exposure // objects exposed for writing (write.go), else nil
+	write *exposure // objects exposed for writing (exposure.go), else nil
 
 	extractMu sync.Mutex // held while a transport extracts metadata
 	metaMu    sync.Mutex

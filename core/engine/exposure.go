@@ -1,0 +1,485 @@
+package engine
+
+import (
+	"cmp"
+	"crypto/subtle"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// Writes into exposed objects. The owner exposes tensors (Expose); the
+// writable ref it hands out carries a random write key, the capability. A
+// holder's write is a fetch the other way (StartWrite): it asks the owner
+// to admit it (control.KindWriteOpen, carrying the key, the ranges and the
+// writer's tag), moves the bytes with a transport's Write, then tells the
+// owner the outcome (KindWriteDone, one-way, sent only once no byte of the
+// write can land any more). The owner turns every admitted write into one
+// notice: success when the writer says every byte landed, failure when it
+// says otherwise or is gone with the write still open (a torn write). An
+// admitted write pins the object, so its memory outlives every write.
+
+// This file is the owner's side: exposing, admitting, notices, revoking.
+// The writer's side is in write.go.
+
+// sortedPieces is a copy of pieces in tensor and offset order, which
+// servers search (nil stays nil: every tensor, whole).
+func sortedPieces(pieces []transport.Piece) []transport.Piece {
+	if pieces == nil {
+		return nil
+	}
+	out := slices.Clone(pieces)
+	slices.SortFunc(out, func(a, b transport.Piece) int {
+		if a.Tensor != b.Tensor {
+			return cmp.Compare(a.Tensor, b.Tensor)
+		}
+		return cmp.Compare(a.Offset, b.Offset)
+	})
+	return out
+}
+
+// WriteNotice is the owner's record of one ended write.
+type WriteNotice struct {
+	Tag    uint64              // the writer's
+	Writer transport.RuntimeID // the writing runtime
+	Bytes  uint64              // what the write covered
+	// Err is nil when every byte of the write landed; otherwise the bytes
+	// it covered may hold any mix of old and new values (torn).
+	Err error
+}
+
+// Limits of one exposed object: writes admitted and not ended, plus
+// notices not taken yet. A write is refused (ErrNoMemory) rather than
+// queued past it, so an owner that takes no notices slows its writers.
+const maxPendingNotices = 4096
+
+// exposure is the owner's record of an object exposed for writing.
+type exposure struct {
+	mu      sync.Mutex
+	revoked bool
+	closed  bool // the object was freed
+	open    map[openKey]*openWrite
+	notices []WriteNotice
+	// changed is closed and replaced whenever a notice is queued, a write
+	// ends or the exposure closes: what waiters wait on.
+	changed chan struct{}
+	// eventFD is readable while notices are queued (see NoticeFD); -1 until
+	// asked for.
+	eventFD int
+}
+
+type openKey struct {
+	writer transport.RuntimeID
+	id     uint64
+}
+
+// openWrite is an admitted write. A server landing its bytes (WriteInto)
+// makes it busy; a write ended while busy is finished (its notice, the
+// unpin) by the last server to let go.
+type openWrite struct {
+	tag, nbytes uint64
+	pieces      []transport.Piece // what it may touch; nil: every tensor, whole
+	o           *object           // pinned while the write is open
+	busy        int
+	ended       bool
+	endErr      error
+}
+
+func newExposure() *exposure {
+	return &exposure{open: map[openKey]*openWrite{}, changed: make(chan struct{}), eventFD: -1}
+}
+
+// wakeLocked wakes every waiter.
+func (ex *exposure) wakeLocked() {
+	close(ex.changed)
+	ex.changed = make(chan struct{})
+}
+
+// admit records an open write, within the limits.
+func (ex *exposure) admit(k openKey, w *openWrite, id transport.ObjectID) error {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	switch {
+	case ex.closed:
+		return transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner", id)
+	case ex.revoked:
+		return transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", id)
+	case len(ex.open)+len(ex.notices) >= maxPendingNotices:
+		return transport.Errorf(transport.ErrNoMemory, "object %s has %d writes open and %d notices not taken, the limit: its owner must take notices (rdt_write_notice_wait) before more writes are admitted", id, len(ex.open), len(ex.notices))
+	}
+	if _, dup := ex.open[k]; dup {
+		return transport.Errorf(transport.ErrInvalidArgument, "write %d of runtime %s into object %s is already open", k.id, k.writer, id)
+	}
+	ex.open[k] = w
+	return nil
+}
+
+// end ends an open write with err (nil: every byte landed). It returns the
+// write when it is finished now (its notice queued; the caller unpins),
+// nil when a server still lands its bytes (the last one finishes it) or it
+// was not open (never admitted, or ended already).
+func (ex *exposure) end(k openKey, err error) (w *openWrite, known bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	w, ok := ex.open[k]
+	if !ok || w.ended {
+		return nil, false
+	}
+	w.ended, w.endErr = true, err
+	if w.busy > 0 {
+		return nil, true
+	}
+	ex.finishLocked(k, w)
+	return w, true
+}
+
+// finishLocked closes an ended write that no server lands bytes of: its
+// notice is queued.
+func (ex *exposure) finishLocked(k openKey, w *openWrite) {
+	delete(ex.open, k)
+	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: w.endErr})
+}
+
+// tear ends with cause every open write of writer (zero: of every writer)
+// and returns those finished now, for unpinning.
+func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	var out []*openWrite
+	for k, w := range ex.open {
+		if (!writer.IsZero() && k.writer != writer) || w.ended {
+			continue
+		}
+		w.ended, w.endErr = true, cause
+		if w.busy == 0 {
+			ex.finishLocked(k, w)
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// into makes the open write id busy for a server landing its bytes; done
+// lets go, and returns the write if that finished it (for unpinning).
+func (ex *exposure) into(id uint64) (*openWrite, func() *openWrite, error) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	for k, w := range ex.open {
+		if k.id != id {
+			continue
+		}
+		if w.ended {
+			break
+		}
+		w.busy++
+		return w, func() *openWrite {
+			ex.mu.Lock()
+			defer ex.mu.Unlock()
+			w.busy--
+			if w.ended && w.busy == 0 {
+				ex.finishLocked(k, w)
+				return w
+			}
+			return nil
+		}, nil
+	}
+	return nil, nil, transport.Errorf(transport.ErrNotFound, "write %d is not open (it was never admitted, or ended)", id)
+}
+
+func (ex *exposure) pushLocked(n WriteNotice) {
+	if !ex.closed {
+		ex.notices = append(ex.notices, n)
+		if len(ex.notices) == 1 && ex.eventFD >= 0 {
+			signalEventFD(ex.eventFD)
+		}
+	}
+	ex.wakeLocked()
+}
+
+// numOpen counts the writes admitted and not ended.
+func (ex *exposure) numOpen() int {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return len(ex.open)
+}
+
+// take removes the oldest notice, if any.
+func (ex *exposure) take() (WriteNotice, bool, <-chan struct{}, bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if len(ex.notices) == 0 {
+		return WriteNotice{}, false, ex.changed, ex.closed
+	}
+	n := ex.notices[0]
+	ex.notices[0] = WriteNotice{}
+	ex.notices = ex.notices[1:]
+	if len(ex.notices) == 0 {
+		ex.notices = nil // let the backing array go
+		if ex.eventFD >= 0 {
+			drainEventFD(ex.eventFD)
+		}
+	}
+	return n, true, nil, ex.closed
+}
+
+// close ends the exposure when its object is freed: waiters wake, the
+// event descriptor closes.
+func (ex *exposure) close() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.closed = true
+	ex.notices = nil
+	if ex.eventFD >= 0 {
+		unix.Close(ex.eventFD)
+		ex.eventFD = -1
+	}
+	ex.wakeLocked()
+}
+
+func drainEventFD(fd int) {
+	var b [8]byte
+	_, _ = unix.Read(fd, b[:])
+}
+
+// Expose stores tensors as a new object that holders of its refs write
+// into (see rdt_expose): like Put, but its refs are writable and it is
+// never fetched. Every write into it ends in one notice (WaitWriteNotice).
+func (rt *Runtime) Expose(tensors []transport.Tensor, transportName string, release func()) (*Ref, error) {
+	return rt.put(tensors, transportName, release, true)
+}
+
+// exposureOf is the exposure of an object r's runtime owns.
+func (r *Ref) exposureOf() (*object, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	if !r.owned {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref to object %s is a writer's: only its owner %s takes notices and revokes", r.desc.ID, r.desc.Owner.Address)
+	}
+	if !r.desc.Writable {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "object %s was put, not exposed for writing", r.desc.ID)
+	}
+	return r.rt.store.owned(r.desc.ID)
+}
+
+// WaitWriteNotice takes the oldest notice of a write into the exposed
+// object, waiting up to timeout (negative: forever) for one: ErrTimeout
+// when none came.
+func (r *Ref) WaitWriteNotice(timeout time.Duration) (WriteNotice, error) {
+	o, err := r.exposureOf()
+	if err != nil {
+		return WriteNotice{}, err
+	}
+	deadline, stop := timerFor(timeout)
+	defer stop()
+	for {
+		n, ok, changed, closed := o.write.take()
+		switch {
+		case ok:
+			return n, nil
+		case closed:
+			return n, transport.Errorf(transport.ErrNotFound, "object %s was freed", r.desc.ID)
+		case timeout == 0:
+			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s", r.desc.ID)
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s within %v", r.desc.ID, timeout)
+		case <-r.rt.ctx.Done():
+			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.name)
+		}
+	}
+}
+
+// WriteNoticeFD returns a descriptor that is readable while notices of the
+// exposed object wait to be taken. Made on the first call; it belongs to
+// the object and closes when the object is freed.
+func (r *Ref) WriteNoticeFD() (int, error) {
+	o, err := r.exposureOf()
+	if err != nil {
+		return -1, err
+	}
+	ex := o.write
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.eventFD >= 0 {
+		return ex.eventFD, nil
+	}
+	if ex.closed {
+		return -1, transport.Errorf(transport.ErrNotFound, "object %s was freed", r.desc.ID)
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, transport.Errorf(transport.ErrNoMemory, "eventfd: %v", err)
+	}
+	ex.eventFD = fd
+	if len(ex.notices) > 0 {
+		signalEventFD(fd)
+	}
+	return fd, nil
+}
+
+// RevokeWrites stops admitting writes into the exposed object and ends
+// the leases of its serialized refs, then waits up to timeout (negative:
+// forever) until no admitted write is open: from then on nothing writes
+// into its memory. ErrTimeout leaves the revocation in place; call again to
+// wait more. Writers still holding refs keep the object (not its memory's
+// use) until they release them.
+func (r *Ref) RevokeWrites(timeout time.Duration) error {
+	o, err := r.exposureOf()
+	if err != nil {
+		return err
+	}
+	ex := o.write
+	ex.mu.Lock()
+	first := !ex.revoked
+	ex.revoked = true
+	ex.mu.Unlock()
+	if first {
+		r.rt.store.revokeLeases(o)
+		r.rt.log.Debugf("revoked writes into object %s", r.desc.ID)
+	}
+	deadline, stop := timerFor(timeout)
+	defer stop()
+	for {
+		ex.mu.Lock()
+		open, changed := len(ex.open), ex.changed
+		ex.mu.Unlock()
+		if open == 0 {
+			return nil
+		}
+		if timeout == 0 {
+			return transport.Errorf(transport.ErrTimeout, "%d writes into object %s are still open", open, r.desc.ID)
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return transport.Errorf(transport.ErrTimeout, "%d writes into object %s are still open after %v", open, r.desc.ID, timeout)
+		}
+	}
+}
+
+// timerFor is the channel a wait of timeout selects on: nil (never) unless
+// timeout is positive; stop releases the timer.
+func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
+	if timeout <= 0 {
+		return nil, func() bool { return false }
+	}
+	timer := time.NewTimer(timeout)
+	return timer.C, timer.Stop
+}
+
+// OpenWrite implements PeerService.
+func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) error {
+	return rt.admitWrite(from.RuntimeID, req)
+}
+
+// admitWrite checks a write against the object it writes into and records
+// it open, pinning the object.
+func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) error {
+	e, err := rt.reg.lookup(req.Transport)
+	if err != nil {
+		return err
+	}
+	if e.writer == nil {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
+	}
+	o, err := rt.store.pin(req.Object)
+	if err != nil {
+		return err
+	}
+	admitted := false
+	defer func() {
+		if !admitted {
+			rt.store.unpin(o)
+		}
+	}()
+	if o.write == nil {
+		return transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
+	}
+	if subtle.ConstantTimeCompare(req.Key[:], o.desc.WriteKey[:]) != 1 {
+		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer)
+		return transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
+	}
+	nbytes := o.desc.Nbytes
+	if req.Pieces != nil {
+		if nbytes, err = checkSendPieces(e, o.tensors, req.Pieces); err != nil {
+			return err
+		}
+	}
+	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o}
+	if err := o.write.admit(openKey{writer, req.TransferID}, w, req.Object); err != nil {
+		return err
+	}
+	admitted = true
+	return nil
+}
+
+// WriteDone implements PeerService.
+func (rt *Runtime) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {
+	var err error
+	if status != transport.OK {
+		err = &transport.Error{Status: status, Msg: "the writer reported: " + text}
+	}
+	rt.endWrite(from, obj, transferID, err)
+}
+
+// endWrite closes an open write with its notice and unpins the object.
+func (rt *Runtime) endWrite(writer transport.RuntimeID, obj transport.ObjectID, id uint64, err error) {
+	o := rt.store.object(obj)
+	if o == nil || o.write == nil {
+		return // destroyed meanwhile, or never ours: nothing is open
+	}
+	w, known := o.write.end(openKey{writer, id}, err)
+	if !known {
+		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, id, obj)
+		return
+	}
+	if w != nil {
+		rt.store.unpin(w.o)
+	}
+}
+
+// WriteInto implements transport.Host.
+func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
+	o := rt.store.object(obj)
+	if o == nil || o.write == nil {
+		return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not exposed for writing here", obj)
+	}
+	w, release, err := o.write.into(writeID)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	done := sync.OnceFunc(func() {
+		if finished := release(); finished != nil {
+			rt.store.unpin(finished.o)
+		}
+	})
+	return o.tensors, w.pieces, done, nil
+}
+
+// writersGone tears every write a lost peer had open.
+func (rt *Runtime) writersGone(peer transport.PeerInfo) {
+	cause := transport.Errorf(transport.ErrPeerUnavailable, "the writer %s went away with the write open: the bytes it covers may be torn", peer)
+	rt.tearWrites(peer.RuntimeID, cause, "writer "+peer.String()+" is gone")
+}
+
+// tearWrites ends with cause the open writes of writer (zero: every one)
+// into every object exposed here.
+func (rt *Runtime) tearWrites(writer transport.RuntimeID, cause error, why string) {
+	for _, o := range rt.store.exposedObjects() {
+		torn := o.write.tear(writer, cause)
+		for _, w := range torn {
+			rt.store.unpin(w.o)
+		}
+		if len(torn) > 0 {
+			rt.log.Warnf("%s with %d writes into object %s open: notices say they are torn", why, len(torn), o.desc.ID)
+		}
+	}
+}

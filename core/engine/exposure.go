@@ -380,8 +380,8 @@ func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) err
 	return rt.admitWrite(from.RuntimeID, req)
 }
 
-// admitWrite checks a write against the object it writes into and records
-// it open, pinning the object.
+// admitWrite admits a peer's write over a transport of this runtime that
+// writes (and, for ranges, serves them).
 func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) error {
 	e, err := rt.reg.lookup(req.Transport)
 	if err != nil {
@@ -390,6 +390,16 @@ func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen)
 	if e.writer == nil {
 		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
 	}
+	if req.Pieces != nil && !e.desc.Ranges {
+		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
+	}
+	return rt.admit(writer, req)
+}
+
+// admit checks a write against the object it writes into (exposed, the
+// key, not revoked, the ranges inside it) and records it open, pinning
+// the object.
+func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen) error {
 	o, err := rt.store.pin(req.Object)
 	if err != nil {
 		return err
@@ -409,7 +419,7 @@ func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen)
 	}
 	nbytes := o.desc.Nbytes
 	if req.Pieces != nil {
-		if nbytes, err = checkSendPieces(e, o.tensors, req.Pieces); err != nil {
+		if nbytes, err = checkPieces(o.tensors, req.Pieces); err != nil {
 			return err
 		}
 	}

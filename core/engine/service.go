@@ -139,6 +139,12 @@ func checkSendPieces(e *registered, tensors []transport.Tensor, pieces []transpo
 	if !e.desc.Ranges {
 		return 0, transport.Errorf(transport.ErrUnsupported, "transport %s cannot serve a partial fetch", e.desc.Name)
 	}
+	return checkPieces(tensors, pieces)
+}
+
+// checkPieces checks pieces a peer named against an object's tensors and
+// returns the bytes they take.
+func checkPieces(tensors []transport.Tensor, pieces []transport.Piece) (uint64, error) {
 	var total uint64
 	for i, p := range pieces {
 		if int64(p.Tensor) >= int64(len(tensors)) {

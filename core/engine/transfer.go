@@ -107,18 +107,7 @@ func (tr *transfer) begin() error {
 		return err
 	}
 	peer := tr.peer
-
-	var candidates []string
-	auto := false
-	switch {
-	case tr.f.override != "":
-		candidates = []string{tr.f.override}
-	case desc.Transport != "":
-		candidates = []string{desc.Transport}
-	default:
-		auto = true
-		candidates = rt.autoCandidates(desc, peer.Info())
-	}
+	candidates, auto := tr.candidates(rt.autoCandidates)
 	var reasons []string
 	for _, name := range candidates {
 		err := tr.beginWith(name)
@@ -137,6 +126,20 @@ func (tr *transfer) begin() error {
 			desc.Tensors[0].Device.Type, peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
 	}
 	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+}
+
+// candidates are the transports a transfer tries, in order: the fetch's
+// override, else the one the ref names, else (auto) those ordered for the
+// object and the owner.
+func (tr *transfer) candidates(ordered func(*ObjectDesc, transport.PeerInfo) []string) (names []string, auto bool) {
+	switch desc := tr.ref.desc; {
+	case tr.f.override != "":
+		return []string{tr.f.override}, false
+	case desc.Transport != "":
+		return []string{desc.Transport}, false
+	default:
+		return ordered(desc, tr.peer.Info()), true
+	}
 }
 
 // connectOwner connects to the object's owner (tr.peer), checks that it

@@ -93,18 +93,9 @@ func (tr *transfer) beginWrite() error {
 	if err := tr.connectOwner(); err != nil {
 		return err
 	}
-	peer := tr.peer
-	var candidates []string
-	switch {
-	case tr.f.override != "":
-		candidates = []string{tr.f.override}
-	case desc.Transport != "":
-		candidates = []string{desc.Transport}
-	default:
-		candidates = rt.writeCandidates(desc, peer.Info())
-		if len(candidates) == 0 {
-			return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime writes %s memory into %s (have: %v)", desc.Tensors[0].Device.Type, peer.Info(), rt.reg.Names())
-		}
+	candidates, auto := tr.candidates(rt.writeCandidates)
+	if auto && len(candidates) == 0 {
+		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime writes %s memory into %s (have: %v)", desc.Tensors[0].Device.Type, tr.peer.Info(), rt.reg.Names())
 	}
 	var firstErr error
 	for _, name := range candidates {
@@ -191,25 +182,11 @@ func (tr *transfer) beginWriteWith(name string) error {
 }
 
 // admitWriteLocal admits a runtime's write into an object it exposed
-// itself, as a peer's would be.
+// itself, as a peer's would be; the copy needs no transport.
 func (rt *Runtime) admitWriteLocal(tr *transfer) error {
 	desc := tr.ref.desc
-	o := rt.store.object(desc.ID)
-	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
-	}
 	open := control.WriteOpen{Object: desc.ID, TransferID: tr.x.TransferID, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
-	// Any registered writer admits it: the copy needs none.
-	for _, e := range rt.reg.all() {
-		if e.writer != nil {
-			open.Transport = e.desc.Name
-			break
-		}
-	}
-	if open.Transport == "" {
-		return transport.Errorf(transport.ErrUnsupported, "no transport in runtime %s writes", rt.name)
-	}
-	if err := rt.admitWrite(rt.id, open); err != nil {
+	if err := rt.admit(rt.id, open); err != nil {
 		return err
 	}
 	tr.opened = true

@@ -129,6 +129,22 @@ class WriteNotice(NamedTuple):
         return self.error is None
 
 
+def _wait_in_slices(call: Any, timeout: Optional[float], late: str) -> None:
+    """Calls call(ms), a C wait that returns OK or TIMEOUT, in slices of at
+    most 100 ms (so that Ctrl-C is seen between them) until OK, or raises
+    GetTimeoutError(late) once timeout seconds (None: no limit) passed."""
+    deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+    while True:
+        left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+        st = call(100 if left < 0 else min(100, left))
+        if st == _lib.OK:
+            return
+        if st != _lib.ERR_TIMEOUT:
+            raise _lib.make_error(st)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise GetTimeoutError(late, _lib.ERR_TIMEOUT)
+
+
 def _notice_of(n: Any) -> WriteNotice:
     err = None
     if n.status != _lib.OK:
@@ -311,18 +327,11 @@ class ObjectRef(Handle):
         0: only look) for one: GetTimeoutError (a TimeoutError) when none
         came. Every write the owner admitted ends in exactly one notice, in
         the order writes ended. Ctrl-C interrupts the wait."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
         n = _lib.init(_lib.WriteNotice())
         L = _lib.lib()
-        while True:
-            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
-            st = L.rdt_write_notice_wait(self._handle(), 100 if left < 0 else min(100, left), ctypes.byref(n))
-            if st == _lib.OK:
-                return _notice_of(n)
-            if st != _lib.ERR_TIMEOUT:
-                raise _lib.make_error(st)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise GetTimeoutError(f"wait_notice: no write notice within {timeout} s", _lib.ERR_TIMEOUT)
+        _wait_in_slices(lambda ms: L.rdt_write_notice_wait(self._handle(), ms, ctypes.byref(n)), timeout,
+                        f"wait_notice: no write notice within {timeout} s")
+        return _notice_of(n)
 
     def notice_fd(self) -> int:
         """A descriptor that is readable while notices of this exposed
@@ -364,18 +373,9 @@ class ObjectRef(Handle):
         this waits up to ``timeout`` seconds until no admitted write is open
         (GetTimeoutError when they still are; the revocation stays). Once it
         returns nothing writes into the memory any more."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
         L = _lib.lib()
-        while True:
-            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
-            st = L.rdt_ref_revoke_writes(self._handle(), 100 if left < 0 else min(100, left))
-            if st == _lib.OK:
-                return
-            if st != _lib.ERR_TIMEOUT:
-                raise _lib.make_error(st)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise GetTimeoutError(f"revoke_writes: writes are still open after {timeout} s; the "
-                                      "revocation stays", _lib.ERR_TIMEOUT)
+        _wait_in_slices(lambda ms: L.rdt_ref_revoke_writes(self._handle(), ms), timeout,
+                        f"revoke_writes: writes are still open after {timeout} s; the revocation stays")
 
     def tensor_descs(self) -> List[_t.Desc]:
         """Shape, dtype and device of each tensor, in put order."""

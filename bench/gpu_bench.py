@@ -11,8 +11,11 @@ the GPU pack (docs/gpu.md); the output is Markdown for bench/RESULTS.md.
 """
 
 import multiprocessing as mp
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 SIZES = [("1 MiB", 1 << 20, 30), ("64 MiB", 64 << 20, 15), ("1 GiB", 1 << 30, 8)]
@@ -21,6 +24,8 @@ TRANSPORTS = ["cuda_ipc", "nixl"]
 # Targets of the GPU transports: (transport, bandwidth ratio to the copy at 1 GiB).
 BANDWIDTH_TARGETS = {"cuda_ipc": 0.9, "nixl": 0.8}
 SMALL_TARGET_US = 30.0
+# Where the benchmark leaves logs beside its table (the GPU pack's output).
+LOGS_ENV = "RDT_GPU_BENCH_LOGS"
 
 
 def fill_value(n):
@@ -35,6 +40,9 @@ def source(conn, transports):
         for _, n, _ in SIZES + [("4 KiB", SMALL, 0)]:
             x = torch.full((n,), fill_value(n), dtype=torch.uint8, device="cuda:0")
             refs[name, n] = rdt.put(x, transport=name)
+    # A host tensor of the same size: the runtime's and Python's share of a
+    # fetch, over the host transport the automatic choice takes.
+    refs["host", SMALL] = rdt.put(torch.full((SMALL,), fill_value(SMALL), dtype=torch.uint8))
     torch.cuda.synchronize()
     conn.send({k: r.serialize() for k, r in refs.items()})
     conn.recv()  # until told to stop
@@ -68,6 +76,9 @@ def main():
         blobs = conn.recv()
         refs = {k: rt.deserialize(b) for k, b in blobs.items()}
         run(torch, rdt, transports, missing, refs)
+        breakdown(torch, rdt, refs)
+        if "nixl" in transports and os.environ.get(LOGS_ENV):
+            ucx_protocols(refs["nixl", 64 << 20].serialize(), os.environ[LOGS_ENV])
         for r in refs.values():
             r.close()
     finally:
@@ -148,5 +159,71 @@ def run(torch, rdt, transports, missing, refs):
           f"{'yes' if got <= SMALL_TARGET_US else 'no'} |")
 
 
+def p50_us(fn, runs=SMALL_RUNS):
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def breakdown(torch, rdt, refs):
+    """The parts of a 4 KiB cuda_ipc fetch that can be timed from Python,
+    beside the whole; the transport's own time is the go-cuda_ipc step's
+    BenchmarkGPUFetch."""
+    dev = torch.empty(SMALL, dtype=torch.uint8, device="cuda:0")
+    host = torch.empty(SMALL, dtype=torch.uint8)
+    rows = [
+        ("rdt.get over cuda_ipc into device memory", lambda: rdt.get(refs["cuda_ipc", SMALL], out=[dev])),
+        ("rdt.get over cuda_ipc into host memory", lambda: rdt.get(refs["cuda_ipc", SMALL], out=[host])),
+        ("rdt.get of a host tensor into host memory (automatic choice)", lambda: rdt.get(refs["host", SMALL],
+                                                                                        out=[host])),
+        ("torch.cuda.current_stream().synchronize(), idle", lambda: torch.cuda.current_stream().synchronize()),
+    ]
+    print()
+    print("| 4 KiB, where the time goes | p50 |")
+    print("|---|---|")
+    for label, fn in rows:
+        fn()
+        print(f"| {label} | {p50_us(fn):.1f} µs |")
+
+
+def ucx_protocols(blob, logs):
+    """Fetches a 64 MiB nixl object once from a fresh process with
+    UCX_PROTO_INFO=y, keeping UCX's protocol tables (which UCX transport
+    moves device memory) in LOGS/nixl-ucx-protocols.log."""
+    with tempfile.NamedTemporaryFile(suffix=".ref", delete=False) as f:
+        f.write(blob)
+    path = os.path.join(logs, "nixl-ucx-protocols.log")
+    try:
+        with open(path, "w") as log:
+            r = subprocess.run([sys.executable, __file__, "--fetch-once", f.name], stdout=log, stderr=log,
+                               env={**os.environ, "UCX_PROTO_INFO": "y"}, timeout=60)
+        print(f"\nnixl, 64 MiB from a fresh process with UCX_PROTO_INFO=y: exit {r.returncode}, "
+              f"UCX's protocols in {os.path.basename(path)}")
+    except subprocess.TimeoutExpired:
+        print(f"\nnixl, 64 MiB from a fresh process with UCX_PROTO_INFO=y: timed out; see {os.path.basename(path)}")
+    finally:
+        os.unlink(f.name)
+
+
+def fetch_once(path):
+    import torch
+    import rdt
+    with open(path, "rb") as f:
+        ref = rdt.default_runtime().deserialize(f.read())
+    out = torch.empty(64 << 20, dtype=torch.uint8, device="cuda:0")
+    t0 = time.perf_counter()
+    rdt.get(ref, out=[out], transport="nixl")
+    t = time.perf_counter() - t0
+    print(f"fetched 64 MiB over nixl in {t * 1e3:.2f} ms ({(64 << 20) / t / 1e9:.2f} GB/s), "
+          f"bytes right: {bool((out == fill_value(64 << 20)).all())}", flush=True)
+    ref.close()
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--fetch-once":
+        fetch_once(sys.argv[2])
+    else:
+        main()

@@ -83,11 +83,13 @@ def _torch_cuda():
 @pytest.mark.gpu
 def test_torch_cuda_across_processes(child):
     torch = _torch_cuda()
-    for transport in [None, "cuda_ipc"]:
-        c = child(workers.serve, [transport], "cuda_torch")
+    # The automatic choice moves a CPU tensor beside the CUDA ones; cuda_ipc,
+    # named, moves device memory only (see test_cuda_ipc_refuses_host_tensors).
+    for transport, what in [(None, "cuda_torch"), ("cuda_ipc", "cuda_torch_device_only")]:
+        c = child(workers.serve, [transport], what)
         (ref,) = pickle.loads(c.recv()[transport])
         v = rdt.get(ref)
-        assert v["f32"].device == torch.device("cuda:0") and v["cpu"].device.type == "cpu"
+        assert v["f32"].device == torch.device("cuda:0")
         assert torch.equal(v["f32"], torch.arange(1 << 20, dtype=torch.float32, device="cuda:0").reshape(1024, 1024))
         assert torch.equal(torch.cat(v["pair"]), torch.arange(2048, dtype=torch.int64, device="cuda:0"))
         assert v["bf16"].dtype == torch.bfloat16 and v["empty"].shape == (0, 3)
@@ -95,11 +97,27 @@ def test_torch_cuda_across_processes(child):
         out = [torch.empty(1024, 1024, device="cuda:0"), torch.empty(1024, dtype=torch.int64, device="cuda:0"),
                torch.empty(1024, dtype=torch.int64, device="cuda:0"), torch.empty(6, dtype=torch.bfloat16,
                                                                                    device="cuda:0"),
-               torch.empty((0, 3), device="cuda:0"), torch.empty(3, dtype=torch.int64)]
+               torch.empty((0, 3), device="cuda:0")]
+        if "cpu" in v:
+            assert v["cpu"].device.type == "cpu" and torch.equal(v["cpu"], torch.arange(3))
+            out.append(torch.empty(3, dtype=torch.int64))
         rdt.get(ref, out=out)
         assert torch.equal(out[0], v["f32"]) and torch.equal(out[2], v["pair"][1])
         ref.close()
         c.stop()
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_refuses_host_tensors():
+    torch = _torch_cuda()
+    with rdt.Runtime("a") as a:
+        value = {"gpu": torch.arange(4, device="cuda:0"), "cpu": torch.arange(3)}
+        with pytest.raises(rdt.UnsupportedError, match="tensor 1 is in cpu memory.*cuda_ipc"):
+            a.put(value, transport="cuda_ipc")
+        ref = a.put(value)  # the automatic choice moves both
+        got = a.get(ref, out=[torch.empty(4, dtype=torch.int64, device="cuda:0"), torch.empty(3, dtype=torch.int64)])
+        assert got["gpu"].device == torch.device("cuda:0") and torch.equal(got["gpu"].cpu(), torch.arange(4))
+        assert torch.equal(got["cpu"], torch.arange(3))
 
 
 @pytest.mark.gpu

@@ -54,13 +54,16 @@ def make_values(what):
         return [{"f32": torch.arange(12, dtype=torch.float32).reshape(3, 4),
                  "bf16": torch.arange(6, dtype=torch.bfloat16), "i64": torch.tensor(7),
                  "np": np.arange(3)}]
-    if what == "cuda_torch":
+    if what in ("cuda_torch", "cuda_torch_device_only"):
         import torch
-        return [{"f32": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0").reshape(1024, 1024),
+        value = {"f32": torch.arange(1 << 20, dtype=torch.float32, device="cuda:0").reshape(1024, 1024),
                  # two tensors in one caching-allocator block, at an offset
                  "pair": list(torch.arange(2048, dtype=torch.int64, device="cuda:0").split(1024)),
                  "bf16": torch.arange(6, dtype=torch.bfloat16, device="cuda:0"),
-                 "empty": torch.empty((0, 3), device="cuda:0"), "cpu": torch.arange(3)}]
+                 "empty": torch.empty((0, 3), device="cuda:0"), "cpu": torch.arange(3)}
+        if what == "cuda_torch_device_only":  # for a transport that moves device memory only
+            del value["cpu"]
+        return [value]
     if what == "cuda_big":
         import torch
         return [torch.arange(64 << 20, dtype=torch.int32, device="cuda:0")]  # 256 MiB

@@ -236,7 +236,7 @@ export PYTHONPATH=$work/python${PYTHONPATH:+:$PYTHONPATH} RDT_LIBRARY=$work/pyth
 # ---- the steps --------------------------------------------------------------------
 MACHINE_WHAT="the machine: GPU, driver, CUDA, torch, CuPy, NCCL, rdt's transports"
 CUDA_WHAT="the CUDA driver loader: devices, pointers, copies, IPC handles, events"
-CUDA_IPC_WHAT="cuda_ipc: conformance suite and GPU tests, in one and two processes"
+CUDA_IPC_WHAT="cuda_ipc: conformance suite and GPU tests, in one and two processes; the transport's own fetch time"
 NCCL_WHAT="nccl: groups and transfers (more than one rank needs a GPU each)"
 DOCTOR_WHAT="rdt doctor: every transport between two processes"
 PY_WHAT="tests/python GPU tests: torch and CuPy CUDA tensors through the Python API over cuda_ipc, nccl and nixl"
@@ -253,7 +253,7 @@ go_test() { # NAME LIMIT WHAT SKIP_RE FAIL_RE BINARY [ENV-ARGUMENTS...]
   local left=$((deadline - SECONDS - KILL_GRACE)) limit=$2
   [ "$limit" -gt $left ] && limit=$left
   STEP_DIR=$work/go run_step "$1" "$limit" "$3" "$4" "$5" env "${@:7}" \
-    "$work/go/$6" -test.v -test.count=1 -test.timeout=$((limit > 20 ? limit - 10 : limit))s
+    "$work/go/$6" -test.v -test.count=1 -test.timeout=$((limit > 20 ? limit - 10 : limit))s ${GO_TEST_FLAGS:-}
 }
 py_import() { # MODULES: why python3 cannot import them, or nothing
   local why
@@ -276,7 +276,10 @@ checks() {
   fi
 
   go_test go-cuda 60 "$CUDA_WHAT" "$NO_CUDA_GO" "" cuda.test
-  go_test go-cuda_ipc 120 "$CUDA_IPC_WHAT" "$NO_CUDA_GO" "" cuda_ipc.test
+  # Its benchmark times the transport alone, to tell its share of a fetch
+  # from the runtime's and Python's (bench below).
+  GO_TEST_FLAGS="-test.bench=GPUFetch -test.benchtime=2000x" \
+    go_test go-cuda_ipc 120 "$CUDA_IPC_WHAT" "$NO_CUDA_GO" "" cuda_ipc.test
   go_test go-nccl 120 "$NCCL_WHAT" "$NO_NCCL_GO" "" nccl.test
 
   # rdt's Python package needs numpy; the tests, pytest; the benchmark, torch.
@@ -309,7 +312,7 @@ checks() {
       skip bench "$BENCH_WHAT" "$missing"
     else
       STEP_DIR=$work/python run_step bench 150 "$BENCH_WHAT" "" "" \
-        bash -c 'set -o pipefail; "$0" bench/gpu_bench.py | tee "$1"' "$python" "$out/gpu_bench.md"
+        env RDT_GPU_BENCH_LOGS="$out" bash -c 'set -o pipefail; "$0" bench/gpu_bench.py | tee "$1"' "$python" "$out/gpu_bench.md"
     fi
   fi
 

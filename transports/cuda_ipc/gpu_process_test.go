@@ -123,7 +123,7 @@ type sourceProc struct {
 }
 
 // startSource starts serveMain in a child process, with env added.
-func startSource(t *testing.T, env ...string) *sourceProc {
+func startSource(t testing.TB, env ...string) *sourceProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"="+serveChild), env...)
@@ -139,7 +139,7 @@ func startSource(t *testing.T, env ...string) *sourceProc {
 	return s
 }
 
-func (s *sourceProc) readMeta(t *testing.T) []byte {
+func (s *sourceProc) readMeta(t testing.TB) []byte {
 	t.Helper()
 	line, err := s.out.ReadString('\n')
 	require.NoError(t, err)
@@ -700,4 +700,32 @@ func TestGPUFetchOnAClosedTransport(t *testing.T) {
 	_, err := tr.Fetch(transfer(19), targets, src.meta, nil)
 	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err), "%v", err)
 	assert.Empty(t, entriesOf(tr.cache, src.pid), "mappings opened for a closed transport")
+}
+
+// BenchmarkGPUFetch times the transport alone (no runtime, no Python):
+// fetches from a source process into device memory of this one, its
+// mapping cached after the first. The GPU pack runs it to tell the
+// transport's share of a fetch from the runtime's and the binding's.
+func BenchmarkGPUFetch(b *testing.B) {
+	requireGPU(b)
+	src := startSource(b)
+	tr := gpuTransport(b)
+	for _, n := range []uint64{4 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
+			x := transfer(16)
+			x.Pieces = []transport.Piece{{Tensor: 0, Length: n}}
+			p, err := cuda.Alloc(0, n)
+			require.NoError(b, err)
+			b.Cleanup(func() { _ = cuda.Free(0, p) })
+			targets := []transport.Tensor{devTensor(0, p, n)}
+			require.NoError(b, fetchWith(tr, x, src.meta, targets))
+			b.SetBytes(int64(n))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := fetchWith(tr, x, src.meta, targets); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -463,8 +463,9 @@ func (sc *sconn) dispatch(m *Message) bool {
 			return &Message{Data: data}, err
 		})
 	case KindWriteOpen:
-		sc.answerInline(response(m.ID, nil, svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
-			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces})))
+		meta, err := svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
+			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces})
+		sc.answerInline(response(m.ID, &Message{Data: meta}, err))
 	case KindWriteDone:
 		status := m.Status
 		if status > 0 {

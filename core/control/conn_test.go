@@ -321,10 +321,13 @@ func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
 
 	pieces := []transport.Piece{{Tensor: 2, Offset: 64, Length: 128}}
 	wrong := WriteOpen{Object: obj, TransferID: 1, Transport: "cma", Key: [16]byte{'x'}, Tag: 9}
-	err = peer.OpenWrite(ctx, wrong)
+	meta, err := peer.OpenWrite(ctx, wrong)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the owner's refusal comes back")
+	assert.Nil(t, meta, "a refused write gets no metadata")
 	req := WriteOpen{Object: obj, TransferID: 2, Transport: "cma", Key: stubWriteKey, Tag: 9, Pieces: pieces}
-	require.NoError(t, peer.OpenWrite(ctx, req))
+	meta, err = peer.OpenWrite(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, "meta of cma", string(meta), "the admission carries the object's metadata")
 	peer.WriteDone(obj, 2, transport.Errorf(transport.ErrAborted, "stopped"))
 
 	eventually(t, func() bool {

@@ -59,8 +59,10 @@ type PeerService interface {
 	// OpenWrite admits a write by `from` into an object this runtime
 	// exposed for writing, or refuses it (a wrong key, a revoked object,
 	// ranges outside it). A write admitted is open until WriteDone, or
-	// until `from` is gone, which tears it.
-	OpenWrite(from transport.PeerInfo, req WriteOpen) error
+	// until `from` is gone, which tears it. An admitted write gets the
+	// object's metadata for req.Transport: an exposed object's metadata
+	// (its addresses, a NIXL registration) goes only with the key.
+	OpenWrite(from transport.PeerInfo, req WriteOpen) ([]byte, error)
 	// WriteDone ends a write OpenWrite admitted: status OK when every byte
 	// landed, else why it failed.
 	WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string)
@@ -101,7 +103,7 @@ type Peer interface {
 	// JoinGroup joins a group the peer is rank 0 of; see PeerService.
 	JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error)
 	// OpenWrite asks the peer to admit a write; see PeerService.
-	OpenWrite(ctx context.Context, req WriteOpen) error
+	OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error)
 	// WriteDone is one-way: it tells the peer a write it admitted ended
 	// (err nil: every byte landed). Send it only once the bytes are in
 	// place or no more can land.

@@ -258,9 +258,9 @@ func (p *inprocPeer) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, erro
 
 func (p *inprocPeer) Done() <-chan struct{} { return p.remote.closed }
 
-func (p *inprocPeer) OpenWrite(ctx context.Context, req WriteOpen) error {
+func (p *inprocPeer) OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error) {
 	if err := p.check(); err != nil {
-		return err
+		return nil, err
 	}
 	return p.remote.svc.OpenWrite(p.from(), req)
 }

@@ -35,7 +35,7 @@ const (
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 4
+	controlVersion = 5
 	// MaxFrame bounds every frame after the handshake (length excluded).
 	MaxFrame       = MaxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8

@@ -88,10 +88,13 @@ func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
 
 func (sc *sconn) Done() <-chan struct{} { return sc.done }
 
-func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) error {
-	_, err := sc.call(ctx, &Message{Kind: KindWriteOpen, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport,
+func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error) {
+	resp, err := sc.call(ctx, &Message{Kind: KindWriteOpen, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport,
 		WriteKey: req.Key, Token: req.Tag, Pieces: req.Pieces})
-	return err
+	if err != nil {
+		return nil, err
+	}
+	return resp.Data, nil
 }
 
 // WriteDone waits for room in the outbox while the connection lives, like

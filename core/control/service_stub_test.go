@@ -178,17 +178,17 @@ func (s *stubService) JoinGroup(ctx context.Context, from transport.PeerInfo, re
 // stubWriteKey is the only key the stub admits writes with.
 var stubWriteKey = [16]byte{'s', 't', 'u', 'b'}
 
-func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) error {
+func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) ([]byte, error) {
 	if err := s.known(req.Object); err != nil {
-		return err
+		return nil, err
 	}
 	if req.Key != stubWriteKey {
-		return transport.Errorf(transport.ErrPermissionDenied, "wrong write key")
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "wrong write key")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes[req.TransferID] = req
-	return nil
+	return []byte("meta of " + req.Transport), nil
 }
 
 func (s *stubService) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {

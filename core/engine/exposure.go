@@ -376,33 +376,36 @@ func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
 }
 
 // OpenWrite implements PeerService.
-func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) error {
+func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) ([]byte, error) {
 	return rt.admitWrite(from.RuntimeID, req)
 }
 
 // admitWrite admits a peer's write over a transport of this runtime that
-// writes (and, for ranges, serves them).
-func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) error {
+// writes (and, for ranges, serves them), and returns the object's metadata
+// for that transport.
+func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) ([]byte, error) {
 	e, err := rt.reg.lookup(req.Transport)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if e.writer == nil {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
+		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
 	}
 	if req.Pieces != nil && !e.desc.Ranges {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
+		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
 	}
-	return rt.admit(writer, req)
+	return rt.admit(writer, req, e)
 }
 
 // admit checks a write against the object it writes into (exposed, the
 // key, not revoked, the ranges inside it) and records it open, pinning
-// the object.
-func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen) error {
+// the object. With a transport e, it returns the object's metadata for e,
+// which is handed out only here: only a holder of the key learns where an
+// exposed object lies.
+func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen, e *registered) (meta []byte, err error) {
 	o, err := rt.store.pin(req.Object)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	admitted := false
 	defer func() {
@@ -411,24 +414,29 @@ func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen) erro
 		}
 	}()
 	if o.write == nil {
-		return transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
 	}
 	if subtle.ConstantTimeCompare(req.Key[:], o.desc.WriteKey[:]) != 1 {
 		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer)
-		return transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
 	}
 	nbytes := o.desc.Nbytes
 	if req.Pieces != nil {
 		if nbytes, err = checkPieces(o.tensors, req.Pieces); err != nil {
-			return err
+			return nil, err
+		}
+	}
+	if e != nil {
+		if meta, err = rt.objectMeta(o, e); err != nil {
+			return nil, err
 		}
 	}
 	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o}
 	if err := o.write.admit(openKey{writer, req.TransferID}, w, req.Object); err != nil {
-		return err
+		return nil, err
 	}
 	admitted = true
-	return nil
+	return meta, nil
 }
 
 // WriteDone implements PeerService.

@@ -46,6 +46,11 @@ func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, tr
 		return nil, err
 	}
 	defer rt.store.unpin(o)
+	if o.write != nil {
+		// Its metadata says where it lies (for some transports, lets a peer
+		// write there): it goes only with an admitted write (OpenWrite).
+		return nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: its metadata is given only to a write its key admits", obj)
+	}
 	return rt.objectMeta(o, e)
 }
 

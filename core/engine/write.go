@@ -149,10 +149,6 @@ func (tr *transfer) beginWriteWith(name string) error {
 	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
 		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
-	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, desc, name)
-	if err != nil {
-		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
-	}
 	x := tr.x
 	x.Transport, x.Destination = name, peerInfo
 	cmeta, err := e.t.CommunicatorMetadata(x)
@@ -164,7 +160,10 @@ func (tr *transfer) beginWriteWith(name string) error {
 		return transport.ContextError(ctx, "asking the owner to admit the write")
 	}
 	open := control.WriteOpen{Object: desc.ID, TransferID: x.TransferID, Transport: name, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
-	if err := tr.peer.OpenWrite(ctx, open); err != nil {
+	// The owner answers an admitted write with the object's metadata:
+	// where an exposed object lies goes only to holders of its key.
+	tmeta, err := tr.peer.OpenWrite(ctx, open)
+	if err != nil {
 		return transport.Wrap(err, "owner %s refused the write", desc.Owner.Address)
 	}
 	tr.opened = true
@@ -186,7 +185,7 @@ func (tr *transfer) beginWriteWith(name string) error {
 func (rt *Runtime) admitWriteLocal(tr *transfer) error {
 	desc := tr.ref.desc
 	open := control.WriteOpen{Object: desc.ID, TransferID: tr.x.TransferID, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
-	if err := rt.admit(rt.id, open); err != nil {
+	if _, err := rt.admit(rt.id, open, nil); err != nil {
 		return err
 	}
 	tr.opened = true

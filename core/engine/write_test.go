@@ -180,7 +180,7 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "writer"}
 	other := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "other"}
 	open := func(who transport.PeerInfo, id, tag uint64) {
-		require.NoError(t, p.owner.OpenWrite(who, control.WriteOpen{Object: owned.Desc().ID, TransferID: id, Transport: "mem", Key: owned.Desc().WriteKey, Tag: tag}))
+		require.NoError(t, openErr(p.owner.OpenWrite(who, control.WriteOpen{Object: owned.Desc().ID, TransferID: id, Transport: "mem", Key: owned.Desc().WriteKey, Tag: tag})))
 	}
 	open(writer, 1, 10)
 	open(writer, 2, 11)
@@ -255,19 +255,19 @@ func TestNoticesAreBoundedAndOnAnEventFD(t *testing.T) {
 	req := control.WriteOpen{Object: owned.Desc().ID, Transport: "mem", Key: owned.Desc().WriteKey}
 	for i := 0; i < maxPendingNotices; i++ {
 		req.TransferID, req.Tag = uint64(i+1), uint64(i)
-		require.NoError(t, p.owner.OpenWrite(writer, req))
+		require.NoError(t, openErr(p.owner.OpenWrite(writer, req)))
 		if i%2 == 0 {
 			p.owner.WriteDone(writer.RuntimeID, req.Object, req.TransferID, transport.OK, "")
 		}
 	}
 	req.TransferID++
-	err = p.owner.OpenWrite(writer, req)
+	err = openErr(p.owner.OpenWrite(writer, req))
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "open writes and untaken notices are bounded")
 	assert.True(t, readable())
 	n, err := owned.WaitWriteNotice(0)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(0), n.Tag, "oldest first")
-	require.NoError(t, p.owner.OpenWrite(writer, req), "taking a notice makes room")
+	require.NoError(t, openErr(p.owner.OpenWrite(writer, req)), "taking a notice makes room")
 
 	p.owner.PeerGone(writer) // tears the open ones
 	for {
@@ -369,7 +369,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	id := owned.Desc().ID
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
 	pieces := []transport.Piece{{Tensor: 1, Offset: 10, Length: 20}}
-	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces}))
+	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces})))
 
 	tensors, got, done, err := p.owner.WriteInto(id, 7)
 	require.NoError(t, err)
@@ -393,7 +393,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	assert.Zero(t, p.owner.store.pinned())
 
 	// Torn while a server lands bytes: the failure notice waits too.
-	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90}))
+	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90})))
 	_, _, done, err = p.owner.WriteInto(id, 9)
 	require.NoError(t, err)
 	p.owner.PeerGone(writer)
@@ -416,7 +416,7 @@ func TestDestroyTearsOpenWrites(t *testing.T) {
 	p := writablePair(t)
 	owned, _, _ := p.expose(t)
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
-	require.NoError(t, p.owner.OpenWrite(writer, control.WriteOpen{Object: owned.Desc().ID, TransferID: 1, Transport: "mem", Key: owned.Desc().WriteKey}))
+	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: owned.Desc().ID, TransferID: 1, Transport: "mem", Key: owned.Desc().WriteKey})))
 	done := make(chan struct{})
 	go func() { p.owner.Destroy(); close(done) }()
 	select {
@@ -462,4 +462,35 @@ func TestAdmittedWriteIsNotRetriedElsewhere(t *testing.T) {
 	assert.Equal(t, uint64(4), n.Tag)
 	assert.NotContains(t, second.Events(), "write", "not tried over the next transport")
 	assert.Zero(t, p.owner.Stats().WritesOpen)
+}
+
+// openErr is OpenWrite's error alone, for the tests that do not look at
+// the metadata it answers with.
+func openErr(_ []byte, err error) error { return err }
+
+// Where an exposed object lies (its transport metadata) is told only to a
+// write its key admits: never to a metadata request, nor to a wrong key.
+func TestExposedMetadataGoesOnlyWithTheKey(t *testing.T) {
+	p := writablePair(t)
+	owned, _, _ := p.expose(t)
+	id := owned.Desc().ID
+	writer := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "writer"}
+
+	meta, err := p.owner.Metadata(writer.RuntimeID, id, "mem")
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Nil(t, meta)
+
+	wrong := control.WriteOpen{Object: id, TransferID: 1, Transport: "mem", Key: [16]byte{1}}
+	meta, err = p.owner.OpenWrite(writer, wrong)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Nil(t, meta)
+
+	right := control.WriteOpen{Object: id, TransferID: 2, Transport: "mem", Key: owned.Desc().WriteKey}
+	meta, err = p.owner.OpenWrite(writer, right)
+	require.NoError(t, err)
+	assert.NotEmpty(t, meta, "the admitted write gets the object's metadata")
+	p.owner.WriteDone(writer.RuntimeID, id, 2, transport.OK, "")
+	n, err := owned.WaitWriteNotice(time.Second)
+	require.NoError(t, err)
+	assert.NoError(t, n.Err)
 }

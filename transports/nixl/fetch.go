@@ -255,19 +255,36 @@ func coalesce(keys []regKey) []regKey {
 // piece, or its tensor whole) from the source agent: small transfers at
 // once, larger ones chunk by chunk on a goroutine.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	return t.start(x, targets, tmeta, C.RDTNX_XFER_READ)
+}
+
+// Write registers the sources and posts WRITEs of each (its piece, or its
+// tensor whole) into the exposed object's registered memory, as Fetch
+// reads. The owner handed its metadata to this write alone (it admitted it).
+func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	return t.start(x, sources, tmeta, C.RDTNX_XFER_WRITE)
+}
+
+// start is Fetch and Write: op moves between local (the targets of a read,
+// the sources of a write) and the remote object tmeta describes.
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (transport.Request, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
 	}
-	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+	if err := x.CheckPieces(local, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
 		return nil, err
 	}
-	for i, tg := range targets {
+	what := "target"
+	if op == C.RDTNX_XFER_WRITE {
+		what = "source"
+	}
+	for i, tg := range local {
 		if !tg.Device.Type.HostAccessible() && !slices.Contains(t.devices, tg.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory, which this transport does not move in this process", i, tg.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", what, i, tg.Device)
 		}
 	}
-	chunks, local, total, err := plan(x, m, targets)
+	chunks, regions, total, err := plan(x, m, local)
 	if err != nil {
 		return nil, err
 	}
@@ -275,7 +292,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, agent: agent, started: time.Now(), total: total, chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	req := &request{t: t, agent: agent, op: op, started: time.Now(), total: total, chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
 	if len(chunks) == 0 {
 		close(req.postDone)
 		return req, nil
@@ -291,9 +308,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		req.waitAgent = m
 	}
 	req.rem = rem
-	// Register the targets for this transfer, one list per memory type.
+	// Register the local tensors for this transfer, one list per memory type.
 	for _, mem := range []uint8{memDRAM, memVRAM} {
-		these := ofMemory(local, mem)
+		these := ofMemory(regions, mem)
 		if len(these) == 0 {
 			continue
 		}
@@ -302,7 +319,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 			var call *C.char
 			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
 				C.rdtnx_dlist_free(d)
-				err = callError(transport.ErrTransport, "registering the targets", call, st)
+				err = callError(transport.ErrTransport, "registering the "+what+"s", call, st)
 			}
 		}
 		if err != nil {
@@ -342,6 +359,7 @@ type xfer struct {
 type request struct {
 	t          *Transport
 	agent      unsafe.Pointer
+	op         C.int // RDTNX_XFER_READ or RDTNX_XFER_WRITE
 	rem        *remote
 	remoteName string
 	locals     []unsafe.Pointer // target registrations
@@ -389,20 +407,28 @@ func (r *request) post() {
 		}
 		var q unsafe.Pointer
 		var call *C.char
-		st := C.rdtnx_read(r.agent, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		st := C.rdtnx_xfer(r.agent, r.op, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
 		la.free()
 		ra.free()
 		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
-			r.postErr = callError(transport.ErrTransport, "reading from agent "+r.remoteName, call, st)
+			r.postErr = callError(transport.ErrTransport, r.verb()+" agent "+r.remoteName, call, st)
 			return
 		}
 		r.mu.Lock()
 		r.xfers = append(r.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
 		r.mu.Unlock()
 	}
+}
+
+// verb says what the request does, for errors.
+func (r *request) verb() string {
+	if r.op == C.RDTNX_XFER_WRITE {
+		return "writing into"
+	}
+	return "reading from"
 }
 
 // poll checks every posted, unfinished NIXL request once, and reports
@@ -436,7 +462,7 @@ func (r *request) poll() (bool, error) {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
-			return true, transport.Errorf(transport.ErrTransport, "the read from agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.remoteName, int(st), statusName(st))
+			return true, transport.Errorf(transport.ErrTransport, "%s agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.verb(), r.remoteName, int(st), statusName(st))
 		}
 	}
 	return all, nil

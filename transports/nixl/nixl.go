@@ -150,6 +150,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		OneSided:    true,
 		CanAbort:    true,
 		Ranges:      true,
+		Writes:      true,
 		CrossDevice: cross,
 		Auto:        transport.AutoRank{CUDA: 20},
 	}

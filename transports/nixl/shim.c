@@ -181,7 +181,7 @@ out:
 	return st;
 }
 
-int rdtnx_read(void *agent, int local_mem, const uint64_t *laddr, const uint64_t *ldev,
+int rdtnx_xfer(void *agent, int op, int local_mem, const uint64_t *laddr, const uint64_t *ldev,
                int remote_mem, const uint64_t *raddr, const uint64_t *rdev,
                const uint64_t *len, size_t n, const char *remote, void **req, const char **call) {
 	int st = RDTNX_SUCCESS;
@@ -193,7 +193,7 @@ int rdtnx_read(void *agent, int local_mem, const uint64_t *laddr, const uint64_t
 		CHECK(api.xfer_dlist_add_desc(l, (uintptr_t)laddr[i], (size_t)len[i], ldev[i]), "xfer_dlist_add_desc");
 		CHECK(api.xfer_dlist_add_desc(r, (uintptr_t)raddr[i], (size_t)len[i], rdev[i]), "xfer_dlist_add_desc");
 	}
-	CHECK(api.create_xfer_req(agent, RDTNX_XFER_READ, l, r, remote, &q, NULL), "create_xfer_req");
+	CHECK(api.create_xfer_req(agent, op, l, r, remote, &q, NULL), "create_xfer_req");
 	st = api.post_xfer_req(agent, q, NULL);
 	if (st != RDTNX_SUCCESS && st != RDTNX_IN_PROG) {
 		*call = "nixl_capi_post_xfer_req";

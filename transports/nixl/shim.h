@@ -20,6 +20,7 @@
 
 // nixl_capi_xfer_op_t
 #define RDTNX_XFER_READ 0
+#define RDTNX_XFER_WRITE 1
 
 // nixl_capi_thread_sync_t
 #define RDTNX_THREAD_SYNC_STRICT 1
@@ -69,10 +70,12 @@ void rdtnx_free(void *p);
 int rdtnx_load_md(void *agent, const void *data, size_t len, char **name, const char **call);
 int rdtnx_invalidate(void *agent, const char *name, const char **call);
 
-// rdtnx_read makes and posts one READ request of n regions from the remote
-// agent into local memory. On success *req is set (posting may already have
-// completed the transfer: the return value is then RDTNX_SUCCESS).
-int rdtnx_read(void *agent, int local_mem, const uint64_t *laddr, const uint64_t *ldev,
+// rdtnx_xfer makes and posts one request of n regions: op RDTNX_XFER_READ
+// from the remote agent into local memory, RDTNX_XFER_WRITE from local
+// memory into the remote agent's. On success *req is set (posting may
+// already have completed the transfer: the return value is then
+// RDTNX_SUCCESS).
+int rdtnx_xfer(void *agent, int op, int local_mem, const uint64_t *laddr, const uint64_t *ldev,
                int remote_mem, const uint64_t *raddr, const uint64_t *rdev,
                const uint64_t *len, size_t n, const char *remote, void **req, const char **call);
 int rdtnx_status(void *agent, void *req);

@@ -7,10 +7,15 @@ using namespace rdt_test;
 
 namespace {
 
+// The built-in transports that write host memory (cuda_ipc writes device
+// memory only).
 std::vector<std::string> writing_transports(rdt::Runtime &rt) {
   std::vector<std::string> out;
-  for (auto &t : rt.transports())
-    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & RDT_TRANSPORT_WRITES)) out.push_back(t.name);
+  for (auto &t : rt.transports()) {
+    bool host = false;
+    for (uint32_t i = 0; i < t.num_devices; i++) host = host || t.devices[i] == RDT_DEVICE_CPU;
+    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & RDT_TRANSPORT_WRITES) && host) out.push_back(t.name);
+  }
   return out;
 }
 

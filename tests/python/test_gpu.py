@@ -121,6 +121,31 @@ def test_cuda_ipc_refuses_host_tensors():
 
 
 @pytest.mark.gpu
+def test_cuda_ipc_writes_into_exposed_device_memory():
+    torch = _torch_cuda()
+    with rdt.Runtime("owner") as a, rdt.Runtime("writer") as b:
+        slots = {"w": torch.zeros(256, 64, device="cuda:0"), "b": torch.zeros(64, dtype=torch.int64, device="cuda:0")}
+        ref = a.expose(slots, transport="cuda_ipc")
+        theirs = b.borrow(ref)
+        new = {"w": torch.randn(256, 64, device="cuda:0"), "b": torch.arange(64, device="cuda:0")}
+        b.write(theirs, new, tag=7)
+        n = ref.wait_notice(timeout=30)
+        assert n.ok and n.tag == 7 and n.nbytes == 256 * 64 * 4 + 64 * 8
+        assert torch.equal(slots["w"], new["w"]) and torch.equal(slots["b"], new["b"])
+        # Rows 8..15 only: nothing else changes.
+        rows = torch.full((8, 64), 5.0, device="cuda:0")
+        b.write(theirs[0][8:16], rows, tag=8)
+        assert ref.wait_notice(timeout=30).tag == 8
+        want = new["w"].clone()
+        want[8:16] = 5.0
+        assert torch.equal(slots["w"], want)
+        # A host source is refused before anything moves.
+        with pytest.raises(rdt.UnsupportedError, match="from CUDA device memory"):
+            b.write(theirs, {"w": torch.zeros(256, 64), "b": torch.zeros(64, dtype=torch.int64)}, transport="cuda_ipc")
+        assert torch.equal(slots["w"], want)
+
+
+@pytest.mark.gpu
 def test_torch_cuda_in_one_process():
     torch = _torch_cuda()
     with rdt.Runtime("a") as a, rdt.Runtime("b") as b:

@@ -127,3 +127,6 @@ func fetchRepeatedly(b *testing.B, tr *Transport, obj transport.ObjectID, srcs, 
 		req.Release()
 	}
 }
+
+func BenchmarkFetch4KiB(b *testing.B) { benchMany(b, 1, 4<<10) }
+func BenchmarkRaw4KiB(b *testing.B)   { benchRaw(b, 4<<10) }

@@ -99,6 +99,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		CanAbort:     true,
 		SameHostOnly: true,
 		Ranges:       true,
+		Writes:       true,
 		CrossDevice: []transport.DevicePair{
 			{Source: transport.DeviceCUDA, Target: transport.DeviceCPU},
 			{Source: transport.DeviceCUDA, Target: transport.DeviceCUDAHost},

@@ -100,6 +100,86 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	return req, nil
 }
 
+// Write copies the sources into the exposed object's allocations, opened
+// in this process as a fetch opens them to read: the same checks, the same
+// cache, the copies the other way. Device sources only: a host source has
+// no stream to order it (fetch into host memory is the supported cross).
+func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	if err := t.checkOpen(); err != nil {
+		return nil, err
+	}
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if err := x.CheckPieces(sources, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
+		return nil, err
+	}
+	for i, s := range sources {
+		if s.Nbytes == 0 {
+			continue
+		}
+		if s.Device.Type != transport.DeviceCUDA {
+			return nil, transport.Errorf(transport.ErrUnsupported, "it writes from CUDA device memory; source %d is on %s", i, s.Device)
+		}
+		if err := t.checkDevice("source", i, s.Device); err != nil {
+			return nil, err
+		}
+	}
+	req := &request{t: t, aborted: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			req.drain()
+		}
+	}()
+	dst, err := t.openSources(req, x, m, sources)
+	if err != nil {
+		return nil, err
+	}
+	plan, err := planWrites(x, m, sources, dst)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.enqueue(req, sources, plan); err != nil {
+		return nil, err
+	}
+	ok = true
+	return req, nil
+}
+
+// planWrites groups the copy of every source that carries bytes by pair of
+// devices, like planCopies with the sides swapped: each copy goes to its
+// piece of the exposed allocation, on a stream of that allocation's device.
+func planWrites(x *transport.Transfer, m *metadata, sources []transport.Tensor, dst sources) (copyPlan, error) {
+	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
+	for i, s := range sources {
+		pc := x.PieceOf(i, s)
+		if pc.Length == 0 {
+			continue
+		}
+		tr := m.Tensors[pc.Tensor]
+		p := devicePair{dst: dst.dev[tr.Alloc], src: int(s.Device.ID)}
+		if p.dst != p.src {
+			can, err := cuda.CanAccessPeer(p.dst, p.src)
+			if err != nil {
+				return plan, err
+			}
+			if !can {
+				return plan, transport.Errorf(transport.ErrUnsupported, "source %d is on cuda:%d (%s) and tensor %d of the exposed object on cuda:%d (%s, %s), and these devices have no peer access; write from a tensor on cuda:%d",
+					i, p.src, cuda.DeviceName(p.src), pc.Tensor, p.dst, cuda.DeviceName(p.dst), m.Allocs[tr.Alloc].Device, p.dst)
+			}
+		}
+		if _, ok := plan.copies[p]; !ok {
+			plan.order = append(plan.order, p)
+		}
+		to := dst.base[tr.Alloc] + tr.Offset + pc.Offset
+		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: to, Src: cuda.Ptr(s.Data), N: pc.Length})
+		plan.targets[p] = append(plan.targets[p], i)
+	}
+	return plan, nil
+}
+
 // checkFetch checks that the targets match what the metadata describes
 // (the tensors, or the pieces of them x names), and that every target that
 // receives bytes is on a CUDA device this transport may use.

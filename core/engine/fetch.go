@@ -89,8 +89,13 @@ func (rt *Runtime) StartFetch(refs []*Ref, targets []transport.Tensor, opts Fetc
 // here, unless its end may wait for the owner (awaitsOwner) and mayWait is
 // false: then it is returned as started, with its error, for complete.
 func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
+	// A caller that waits anyway (Get, Write) starts its one transfer here
+	// even when that waits on the owner (a write's admission, metadata):
+	// handing it to a goroutine would only add hand-offs. Several transfers
+	// start concurrently, so their waits overlap.
+	inline := !mayWait || len(f.transfers) > 1
 	for _, tr := range f.transfers {
-		tr.inline = true
+		tr.inline = inline
 		err := tr.begin()
 		tr.inline = false
 		switch {

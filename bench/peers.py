@@ -57,6 +57,13 @@ PEER_TITLES = {
     "pickle": "pickle over a multiprocessing pipe",
 }
 RDT_ROWS = ["auto", "cma", "shm", "tcp"]
+# Writes (push): one tensor from the receiver's buffer into the source's
+# registered or exposed one. The peers that write used directly, and rdt's
+# transports that write on host memory.
+WRITE_SHAPES = [(1, 4 * KIB, 300), (1, 64 * MIB, 8), (1, GIB, 3)]
+QUICK_WRITE_SHAPES = [(1, 4 * KIB, 3), (1, 64 * KIB, 3)]
+WRITE_PEERS = ["mooncake", "nixl"]
+RDT_WRITE_ROWS = ["cma", "tcp", "nixl"]
 PEER_TIMEOUT_S = 600
 
 
@@ -138,15 +145,19 @@ def mooncake_source(conn) -> None:
     engine = mooncake_engine()
     target = f"127.0.0.1:{engine.get_rpc_port()}"
     conn.send(("ready", None))
-    held = None
+    held = arrays = None
     while True:
         msg = conn.recv()
         if msg[0] == "quit":
             return
+        if msg[0] == "check":  # after the first write: did its bytes land?
+            check_arrays(arrays)
+            conn.send("ok")
+            continue
         if held is not None:
             engine.unregister_memory(held.ctypes.data)
-        count, size = msg[1], msg[2]
-        held, _ = source_arrays(count, size)
+        count, size, write = msg[1], msg[2], msg[3]
+        held, arrays = (receiver_arrays if write else source_arrays)(count, size)
         if engine.register_memory(held.ctypes.data, held.nbytes) != 0:
             raise RuntimeError("register_memory failed")
         conn.send((target, held.ctypes.data))
@@ -157,16 +168,21 @@ class MooncakeReceiver:
         self.engine = mooncake_engine()
         self.registered = None
 
-    def prepare(self, count, size, info):
+    def prepare(self, count, size, info, write=False):
         target, remote = info
         if self.registered is not None:
             self.engine.unregister_memory(self.registered.ctypes.data)
-        block, arrays = receiver_arrays(count, size)
+        block, arrays = (source_arrays if write else receiver_arrays)(count, size)
         self.registered = block
         base = block.ctypes.data
         if self.engine.register_memory(base, block.nbytes) != 0:
             raise RuntimeError("register_memory failed")
         engine = self.engine
+        if write:
+            def push():
+                if engine.transfer_sync_write(target, base, remote, size) != 0:
+                    raise RuntimeError("transfer_sync_write failed")
+            return push, arrays
         if count == 1:
             def fetch():
                 if engine.transfer_sync_read(target, base, remote, size) != 0:
@@ -191,15 +207,19 @@ def nixl_source(conn) -> None:
     api = nixl_api()
     agent = api.nixl_agent("peers-source", api.nixl_agent_config(backends=["UCX"]))
     conn.send(("ready", None))
-    held = reg = None
+    held = reg = arrays = None
     while True:
         msg = conn.recv()
         if msg[0] == "quit":
             return
+        if msg[0] == "check":  # after the first write: did its bytes land?
+            check_arrays(arrays)
+            conn.send("ok")
+            continue
         if reg is not None:
             agent.deregister_memory(reg)
-        count, size = msg[1], msg[2]
-        held, _ = source_arrays(count, size)
+        count, size, write = msg[1], msg[2], msg[3]
+        held, arrays = (receiver_arrays if write else source_arrays)(count, size)
         base = held.ctypes.data
         reg = agent.register_memory([(base, held.nbytes, 0, "")], "DRAM")
         descs = agent.get_xfer_descs([(base + i * size, size, 0) for i in range(count)], "DRAM")
@@ -212,7 +232,7 @@ class NixlReceiver:
         self.agent = self.api.nixl_agent("peers-receiver", self.api.nixl_agent_config(backends=["UCX"]))
         self.reg = self.handle = self.block = None
 
-    def prepare(self, count, size, info):
+    def prepare(self, count, size, info, write=False):
         metadata, remote_descs = info
         agent = self.agent
         if self.handle is not None:
@@ -220,12 +240,12 @@ class NixlReceiver:
         if self.reg is not None:
             agent.deregister_memory(self.reg)
         peer = agent.add_remote_agent(metadata)
-        self.block, arrays = receiver_arrays(count, size)
+        self.block, arrays = (source_arrays if write else receiver_arrays)(count, size)
         base = self.block.ctypes.data
         self.reg = agent.register_memory([(base, self.block.nbytes, 0, "")], "DRAM")
         local = agent.get_xfer_descs([(base + i * size, size, 0) for i in range(count)], "DRAM")
         remote = agent.deserialize_descs(remote_descs)
-        self.handle = handle = agent.initialize_xfer("READ", local, remote, peer)
+        self.handle = handle = agent.initialize_xfer("WRITE" if write else "READ", local, remote, peer)
 
         def fetch():
             state = agent.transfer(handle)
@@ -397,9 +417,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_peer(name: str, shapes: list) -> dict:
+def run_peer(name: str, shapes: list, write: bool = False) -> dict:
     """The receiving side of one peer: spawns the source, measures every
-    shape, returns {shape name: median seconds}."""
+    shape, returns {shape name: median seconds}. With write, the receiver
+    pushes its arrays into the source's (Mooncake and NIXL), and the source
+    checks the bytes of the first push."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
@@ -422,10 +444,17 @@ def run_peer(name: str, shapes: list) -> dict:
             receiver = PickleReceiver(conn)
         results = {}
         for count, size, runs in shapes:
-            conn.send(("shape", count, size))
-            fetch, arrays = receiver.prepare(count, size, conn.recv())
-            fetch()
-            check_arrays(arrays if arrays is not None else fetch.arrays())
+            conn.send(("shape", count, size, write))
+            if write:
+                fetch, _ = receiver.prepare(count, size, conn.recv(), write=True)
+                fetch()
+                conn.send(("check",))
+                if conn.recv() != "ok":
+                    raise RuntimeError("the source did not confirm the written bytes")
+            else:
+                fetch, arrays = receiver.prepare(count, size, conn.recv())
+                fetch()
+                check_arrays(arrays if arrays is not None else fetch.arrays())
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -456,10 +485,10 @@ def peer_version(name: str) -> str:
     return f"{dist} {metadata.version(dist)}, Python {platform.python_version()}"
 
 
-def measure_peer(name: str, shapes: list, python: str, env: dict) -> dict:
+def measure_peer(name: str, shapes: list, python: str, env: dict, write: bool = False) -> dict:
     """Runs one peer in a process pair of its own; {"unavailable": why} when
     it cannot be imported or run."""
-    cmd = [python, os.path.abspath(__file__), "--peer", name, "--shapes", format_shapes(shapes)]
+    cmd = [python, os.path.abspath(__file__), "--peer", name, "--shapes", format_shapes(shapes)] + (["--write"] if write else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=PEER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -491,6 +520,23 @@ def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
         else:
             results[shape_name(count, size)] = float(fields["many_ms"]) * 1e-3
     results["by"] = ", ".join(sorted(by))
+    return results
+
+
+def measure_rdt_write(rdtbench: str, transport: str, shapes: list) -> dict:
+    """rdt's write row through `rdtbench row T write:SIZE` (C ABI, the owner
+    in a second process checking every notice): {shape: seconds}."""
+    results = {}
+    for count, size, runs in shapes:
+        proc = subprocess.run([rdtbench, "row", transport, "write:" + shape_name(count, size), str(runs)],
+                              capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+        fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+        if proc.returncode != 0 or "write_p50_us" not in fields:
+            if fields.get("available") == "no":
+                return {"unavailable": f"librdt lists no {transport} transport here"}
+            return {"unavailable": f"rdtbench row: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        results[shape_name(count, size)] = float(fields["write_p50_us"]) * 1e-6
+    results["by"] = transport
     return results
 
 
@@ -592,6 +638,56 @@ def report(shapes: list, rows: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def peer_env(name: str, base_env: dict, args) -> dict:
+    """The environment peer name's process pair runs in."""
+    env = dict(base_env)
+    if name == "nixl":
+        env["PYTHONPATH"] = os.path.abspath(args.nixl_dir) + os.pathsep + env.get("PYTHONPATH", "")
+    if name == "mooncake":
+        # Its tcp transport queues at most a few thousand transfers per
+        # peer by default and fails a batch of 4,096; this is its knob.
+        env.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
+        env["LD_LIBRARY_PATH"] = os.path.abspath(os.path.join(args.mooncake_libs, "lib")) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+    return env
+
+
+def write_report(shapes: list, rows: dict) -> str:
+    """The writes section: a table of times, then each peer against rdt's
+    transports."""
+    if not shapes:
+        return ""
+    names = [shape_name(c, s) for c, s, _ in shapes]
+    sizes = {shape_name(c, s): c * s for c, s, _ in shapes}
+    lines = []
+    w = lines.append
+    w("\n## Writes (push)\n")
+    w("One tensor from the writer's buffer into the owner's, which registered (Mooncake, NIXL) or exposed "
+      "(rdt) it once. rdt's rows are `rdtbench row T write:SIZE`: `rdt_write` returns once every byte "
+      "landed, and the owner, a second process, takes and checks each write's notice and the bytes of the "
+      "last. The peers' rows are `transfer_sync_write` (Mooncake, tcp) and a re-posted NIXL WRITE handle, "
+      "driven from Python, the owner checking the bytes of the first write. Median of "
+      + ", ".join(f"{shape_title(c, s)} {r}" for c, s, r in shapes) + " writes.\n")
+    w("| system | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
+    w("|---|" + "---|" * len(shapes))
+    for title, res in rows.items():
+        if "unavailable" in res:
+            w(f"| {title} | not measured: {res['unavailable']} |" + " |" * (len(shapes) - 1))
+            continue
+        label = title if res.get("by") else f"{title} ({res['version']})"
+        w(f"| {label} | " + " | ".join(
+            f"{fmt_time(res[n])}<br>{sizes[n] / res[n] / 1e9:.2f} GB/s" if n in res else "" for n in names) + " |")
+    w("")
+    w("Peer time over rdt time (above 1: rdt is faster):\n")
+    w("| peer | rdt | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
+    w("|---|---|" + "---|" * len(shapes))
+    for peer in [t for t in rows if not t.startswith("rdt")]:
+        for rdt_title in [t for t in rows if t.startswith("rdt")]:
+            res = rows[rdt_title]
+            cells = [f"{rows[peer][n] / res[n]:.2f}x" if n in rows[peer] and n in res else "–" for n in names]
+            w(f"| {peer} | {rdt_title[5:]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rdtbench", default="build/rdtbench", help="the C benchmark, for rdt's rows")
@@ -606,13 +702,20 @@ def main() -> None:
     ap.add_argument("--nixl-dir", default="build/nixl", help="the unpacked nixl-cu12 wheel")
     ap.add_argument("--mooncake-libs", default="build/bench-libs",
                     help="where tools/bench-peers-libs.sh unpacked libibverbs (DIR/lib), or said why not (DIR/why)")
+    ap.add_argument("--write-shapes", help="the write rows' shapes, SIZE:RUNS (one tensor each), or none")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
+    ap.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     shapes = parse_shapes(args.shapes) if args.shapes else QUICK_SHAPES if args.quick else SHAPES
     if args.peer:
-        print(json.dumps(run_peer(args.peer, shapes)))
+        print(json.dumps(run_peer(args.peer, shapes, args.write)))
         return
+    if args.write_shapes == "none":
+        write_shapes = []
+    else:
+        write_shapes = (parse_shapes(args.write_shapes) if args.write_shapes
+                        else QUICK_WRITE_SHAPES if args.quick else WRITE_SHAPES)
 
     why_not = {}
     libs_why = os.path.join(args.mooncake_libs, "why")
@@ -631,18 +734,20 @@ def main() -> None:
         if name in why_not:
             rows[title] = {"unavailable": why_not[name]}
             continue
-        env, python = dict(base_env), sys.executable
-        if name == "nixl":
-            env["PYTHONPATH"] = os.path.abspath(args.nixl_dir) + os.pathsep + env.get("PYTHONPATH", "")
-        if name == "mooncake":
-            # Its tcp transport queues at most a few thousand transfers per
-            # peer by default and fails a batch of 4,096; this is its knob.
-            env.setdefault("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "8192")
-            env["LD_LIBRARY_PATH"] = os.path.abspath(os.path.join(args.mooncake_libs, "lib")) + os.pathsep + env.get("LD_LIBRARY_PATH", "")
-        if name == "gloo":
-            python = args.torch_python
-        rows[title] = measure_peer(name, shapes, python, env)
-    text = report(shapes, rows)
+        python = args.torch_python if name == "gloo" else sys.executable
+        rows[title] = measure_peer(name, shapes, python, peer_env(name, base_env, args))
+    write_rows = {}
+    for transport in RDT_WRITE_ROWS if write_shapes else []:
+        print(f"measuring rdt's writes over {transport}", file=sys.stderr, flush=True)
+        write_rows[f"rdt, {transport}"] = measure_rdt_write(args.rdtbench, transport, write_shapes)
+    for name in [p for p in args.peers.split(",") if p in WRITE_PEERS] if write_shapes else []:
+        title = PEER_TITLES[name]
+        print(f"measuring {title}'s writes", file=sys.stderr, flush=True)
+        if name in why_not:
+            write_rows[title] = {"unavailable": why_not[name]}
+            continue
+        write_rows[title] = measure_peer(name, write_shapes, sys.executable, peer_env(name, base_env, args), write=True)
+    text = report(shapes, rows) + write_report(write_shapes, write_rows)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

@@ -352,6 +352,36 @@ rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                                timeout_ms);
 }
 
+/* ---- prepared transfers ---------------------------------------------- */
+
+rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                             size_t num_refs, const rdt_tensor *targets,
+                             size_t num_targets, const rdt_fetch_options *opts,
+                             rdt_prepared **out) {
+  FORK_GUARD("rdt_fetch_prepare");
+  rdt_fetch_options full, *use;
+  rdt_status st = fetch_options("rdt_fetch_prepare", opts, &full, &use);
+  if (st != RDT_OK) return st;
+  uintptr_t h = 0;
+  st = (rdt_status)rdtgo_fetch_prepare((uintptr_t)rt, (uintptr_t *)refs,
+                                       num_refs, (rdt_tensor *)targets,
+                                       num_targets, use, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_prepared *)h;
+  return st;
+}
+
+rdt_status rdt_prepared_run(rdt_prepared *prepared, uint64_t tag,
+                            int64_t timeout_ms) {
+  FORK_GUARD("rdt_prepared_run");
+  return (rdt_status)rdtgo_prepared_run((uintptr_t)prepared, tag, timeout_ms);
+}
+
+rdt_status rdt_prepared_free(rdt_prepared *prepared) {
+  FORK_GUARD("rdt_prepared_free");
+  if (prepared == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_prepared_free((uintptr_t)prepared);
+}
+
 /* ---- writing into exposed objects ----------------------------------- */
 
 rdt_status rdt_expose(rdt_runtime *rt, const rdt_tensor *tensors,
@@ -404,6 +434,22 @@ rdt_status rdt_write(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
   return (rdt_status)rdtgo_write((uintptr_t)rt, (uintptr_t *)refs, num_refs,
                                  (rdt_tensor *)sources, num_sources, use,
                                  timeout_ms);
+}
+
+rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                             size_t num_refs, const rdt_tensor *sources,
+                             size_t num_sources, const rdt_write_options *opts,
+                             rdt_prepared **out) {
+  FORK_GUARD("rdt_write_prepare");
+  rdt_write_options full, *use;
+  rdt_status st = write_options("rdt_write_prepare", opts, &full, &use);
+  if (st != RDT_OK) return st;
+  uintptr_t h = 0;
+  st = (rdt_status)rdtgo_write_prepare((uintptr_t)rt, (uintptr_t *)refs,
+                                       num_refs, (rdt_tensor *)sources,
+                                       num_sources, use, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_prepared *)h;
+  return st;
 }
 
 rdt_status rdt_write_notice_wait(rdt_ref *exposed, int64_t timeout_ms,

@@ -750,6 +750,58 @@ RDT_API rdt_status rdt_write_notice_event_fd(rdt_ref *exposed, int *fd_out);
 RDT_API rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------------- */
+/* Prepared transfers                                                        */
+/* ------------------------------------------------------------------------- */
+
+/* A fetch or a write resolved once and run many times with the same refs,
+ * tensors and options: weight sync every step, KV blocks between the same
+ * two processes. Its first run is an ordinary rdt_get() or rdt_write(),
+ * which connects to the owners, chooses the transports and gets the
+ * metadata; later runs only start the transports and wait (a write is still
+ * admitted by its owner on every run, with that run's tag, and makes one
+ * notice per run). A run whose owner is gone fails with
+ * RDT_ERR_PEER_UNAVAILABLE before anything moves; every run has the
+ * deadline, abort-on-deadline and "nothing moves after an error returns"
+ * guarantees of rdt_get(). Transfers that cannot be kept (an object of `rt`
+ * itself, a two-sided transport, targets staged through host memory) run
+ * the ordinary way each time. See docs/abi.md, "Prepared transfers". */
+typedef struct rdt_prepared rdt_prepared;
+
+/* Prepares a fetch of `refs` into `targets`; arguments as rdt_get(), checked
+ * here. Nothing moves until rdt_prepared_run(). The prepared transfer takes
+ * its own handles on the refs (the caller may free its own: the objects
+ * stay borrowed until rdt_prepared_free()) and copies the rdt_tensor array;
+ * the memory the targets point to must stay valid until
+ * rdt_prepared_free(). On success *out is the caller's, to free with
+ * rdt_prepared_free(); on error *out is untouched. */
+RDT_API rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                                     size_t num_refs, const rdt_tensor *targets,
+                                     size_t num_targets,
+                                     const rdt_fetch_options *opts,
+                                     rdt_prepared **out);
+
+/* Prepares a write of `sources` into writable refs; arguments as
+ * rdt_write() (opts->tag is not used: each run gives its tag), ownership as
+ * rdt_fetch_prepare(). */
+RDT_API rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                                     size_t num_refs, const rdt_tensor *sources,
+                                     size_t num_sources,
+                                     const rdt_write_options *opts,
+                                     rdt_prepared **out);
+
+/* Runs the prepared transfer once and returns when it ended, or after
+ * `timeout_ms` (negative: no limit) with RDT_ERR_TIMEOUT, the run aborted
+ * and stopped. `tag` is a write's notice tag; a fetch ignores it. Runs of
+ * one prepared transfer are serialized. RDT_ERR_CLOSED once its runtime was
+ * destroyed; otherwise the errors of rdt_get() and rdt_write(). */
+RDT_API rdt_status rdt_prepared_run(rdt_prepared *prepared, uint64_t tag,
+                                    int64_t timeout_ms);
+
+/* Frees a prepared transfer, after a run in progress ended, and releases its
+ * handles on the refs. NULL is ignored. */
+RDT_API rdt_status rdt_prepared_free(rdt_prepared *prepared);
+
+/* ------------------------------------------------------------------------- */
 /* Transports                                                                */
 /* ------------------------------------------------------------------------- */
 

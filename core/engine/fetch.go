@@ -119,6 +119,12 @@ func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
 // when it passes is aborted before Get returns. A negative timeout waits
 // forever.
 func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOptions, timeout time.Duration) error {
+	return rt.get(refs, targets, opts, timeout, nil)
+}
+
+// get is Get; ended, when not nil, sees the fetch once it succeeded, before
+// it is freed (a Prepared keeps what its transfers resolved).
+func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOptions, timeout time.Duration, ended func(*Fetch)) error {
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if timeout >= 0 {
@@ -134,21 +140,28 @@ func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 	defer f.Free()
 	started, later := f.startInline(true)
 	f.complete(append(started, f.startAll(later)...), false, true)
+	result := func() error {
+		err := f.result()
+		if err == nil && ended != nil {
+			ended(f)
+		}
+		return err
+	}
 	// The context's deadline is the wait's: no second timer.
 	select {
 	case <-f.done:
-		return f.result()
+		return result()
 	case <-ctx.Done():
 	}
 	select {
 	case <-f.done:
-		return f.result()
+		return result()
 	default:
 	}
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Not the deadline but the runtime's end, which ends the fetch.
 		<-f.done
-		return f.result()
+		return result()
 	}
 	return transport.Errorf(transport.ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
 }

@@ -29,6 +29,8 @@ type transfer struct {
 	peer       control.Peer
 	entry      *registered
 	x          *transport.Transfer
+	tmeta      []byte // what the transport started with: a Prepared keeps them
+	cmeta      []byte
 	req        transport.Request
 	sendDone   chan error
 	sendCancel context.CancelFunc
@@ -273,6 +275,7 @@ func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, t
 		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta, Pieces: tr.pieces}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
+	tr.tmeta, tr.cmeta = tmeta, cmeta
 	req, err := e.t.Fetch(x, tr.wire(), tmeta, cmeta)
 	if err != nil {
 		if tr.sendCancel != nil {

@@ -172,6 +172,7 @@ func (tr *transfer) beginWriteWith(name string) error {
 		return transport.Errorf(transport.ErrAborted, "write aborted")
 	default:
 	}
+	tr.tmeta, tr.cmeta = tmeta, cmeta
 	req, err := e.writer.Write(x, tr.targets, tmeta, cmeta)
 	if err != nil {
 		return transportError(name, err)

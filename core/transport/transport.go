@@ -79,6 +79,23 @@ type Writer interface {
 	Write(x *Transfer, sources []Tensor, tmeta, cmeta []byte) (Request, error)
 }
 
+// Preparer is an optional half of a one-sided transport: the checks of a
+// fetch or a write (Write says which) done once, for a transfer the engine
+// starts again and again with the same tensors and metadata (a prepared
+// transfer). Without it, the engine calls Fetch or Write each time.
+type Preparer interface {
+	Prepare(x *Transfer, local []Tensor, tmeta, cmeta []byte, write bool) (Prepared, error)
+}
+
+// Prepared starts the transfer it was made for: Start is Fetch (or Write)
+// with the prepared tensors and metadata, for x, which differs from the
+// prepared Transfer in its TransferID only. Close lets go of what Prepare
+// held, once no request of it is running.
+type Prepared interface {
+	Start(x *Transfer) (Request, error)
+	Close()
+}
+
 // Descriptor is everything the engine decides from about a transport. It
 // is read once, at registration: a transport whose answers could change
 // while it runs says so through EagerWhile, the one question the engine

@@ -137,6 +137,39 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 // tensors (targets of a fetch, sources of a write) and the owner's guard
 // slot, and starts the copy.
 func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local []transport.Tensor, tmeta []byte, write bool) (transport.Request, error) {
+	p, err := t.prepare(x, owner, local, tmeta, write)
+	if err != nil {
+		return nil, err
+	}
+	p.oneShot = true // the request lets go of the source when released
+	return p.Start(x)
+}
+
+// Prepare implements transport.Preparer: start's checks (the metadata
+// against the local tensors, the owner's process and the guard slot) once,
+// for a transfer started again and again. Each start still checks, after
+// the copy, that the owner lived through it and that the object's guard
+// holds its token, as every transfer does.
+func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Prepared, error) {
+	owner := x.Source
+	if write {
+		owner = x.Destination
+	}
+	return t.prepare(x, owner, local, tmeta, write)
+}
+
+// prepared is a checked transfer: Start copies.
+type prepared struct {
+	t       *Transport
+	m       *metadata
+	src     *proc
+	local   []transport.Tensor
+	total   uint64
+	write   bool
+	oneShot bool // made by Fetch or Write for one request, which owns src
+}
+
+func (t *Transport) prepare(x *transport.Transfer, owner transport.PeerInfo, local []transport.Tensor, tmeta []byte, write bool) (*prepared, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -162,20 +195,35 @@ func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local
 	if err != nil {
 		return nil, err
 	}
-	req := &request{Completion: transport.NewCompletion(), t: t, pid: int(m.Pid), startTime: m.StartTime, src: src, guard: m.Guard, token: m.Token, write: write}
-	if err := req.checkSlot(x.Object, tmeta); err != nil {
-		req.Release()
+	p := &prepared{t: t, m: m, src: src, local: local, total: total, write: write}
+	if err := p.request().checkSlot(x.Object, tmeta); err != nil {
+		t.done(src)
 		return nil, err
 	}
-	if total <= syncLimit {
-		req.Finish(req.copyChecked(x, m.Regions, local, 1))
+	return p, nil
+}
+
+func (p *prepared) request() *request {
+	m := p.m
+	return &request{Completion: transport.NewCompletion(), t: p.t, pid: int(m.Pid), startTime: m.StartTime, src: p.src,
+		guard: m.Guard, token: m.Token, write: p.write, ownsSrc: p.oneShot}
+}
+
+// Start copies (small copies at once, larger ones on a goroutine).
+func (p *prepared) Start(x *transport.Transfer) (transport.Request, error) {
+	req := p.request()
+	if p.total <= syncLimit {
+		req.Finish(req.copyChecked(x, p.m.Regions, p.local, 1))
 		return req, nil
 	}
 	go func() {
-		req.Finish(req.copyChecked(x, m.Regions, local, t.workers))
+		req.Finish(req.copyChecked(x, p.m.Regions, p.local, p.t.workers))
 	}()
 	return req, nil
 }
+
+// Close lets go of the owner's process descriptor.
+func (p *prepared) Close() { p.t.done(p.src) }
 
 // Abort makes the workers stop at their next chunk.
 func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
@@ -195,12 +243,20 @@ type request struct {
 	guard     uint64 // address of the object's guard slot in the source
 	token     uint64
 	write     bool // process_vm_writev into the owner, not a read from it
+	ownsSrc   bool // a prepared transfer's requests leave src to it
 	aborted   atomic.Bool
 	released  sync.Once
 }
 
-// Release lets go of the source's process descriptor.
-func (r *request) Release() { r.released.Do(func() { r.t.done(r.src) }) }
+// Release lets go of the source's process descriptor (unless a prepared
+// transfer holds it).
+func (r *request) Release() {
+	r.released.Do(func() {
+		if r.ownsSrc {
+			r.t.done(r.src)
+		}
+	})
+}
 
 // span is one piece of work: a byte range of one tensor.
 type span struct {

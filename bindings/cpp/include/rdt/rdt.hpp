@@ -548,6 +548,43 @@ class [[nodiscard]] Fetch {
   rdt_fetch *f_ = nullptr;
 };
 
+/// A fetch or a write resolved once and run many times (RAII over
+/// rdt_fetch_prepare / rdt_write_prepare / rdt_prepared_free), move-only.
+/// The first run() is an ordinary get or write; later runs only start the
+/// transports. It holds its own handles on the refs; the tensors' memory
+/// must outlive it. Destruction waits for a run in progress.
+class [[nodiscard]] Prepared {
+ public:
+  Prepared() noexcept = default;
+  /// Takes ownership of a C prepared transfer.
+  explicit Prepared(rdt_prepared *adopt) noexcept : p_(adopt) {}
+  Prepared(const Prepared &) = delete;
+  Prepared &operator=(const Prepared &) = delete;
+  Prepared(Prepared &&o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  Prepared &operator=(Prepared &&o) noexcept {
+    if (this != &o) {
+      rdt_prepared_free(p_);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~Prepared() { rdt_prepared_free(p_); }
+
+  /// Runs it once (a write's notice carries `tag`; a fetch ignores it) and
+  /// returns when it ended; throws rdt::Error, with RDT_ERR_TIMEOUT when
+  /// `timeout` passed (the run was aborted and stopped).
+  void run(uint64_t tag = 0, std::chrono::milliseconds timeout = forever) {
+    check(rdt_prepared_run(p_, tag, detail::millis(timeout)));
+  }
+
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// The C handle, still owned by this Prepared.
+  rdt_prepared *capi() const noexcept { return p_; }
+
+ private:
+  rdt_prepared *p_ = nullptr;
+};
+
 // ---- transports ---------------------------------------------------------------
 
 /// One transfer as a transport's callbacks see it. Only valid during the
@@ -906,6 +943,30 @@ class Runtime {
     std::vector<rdt_source_range> cd;
     rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
     check(rdt_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, detail::millis(timeout)));
+  }
+
+  /// A get of `refs` into `targets` prepared to run many times (see
+  /// rdt::Prepared and rdt_fetch_prepare); `sources` as fetch()'s partial form.
+  Prepared prepare_get(const RefList &refs, const std::vector<TensorView> &targets,
+                       const std::vector<Source> *sources = nullptr, const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(targets);
+    std::vector<rdt_source_range> cs;
+    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    rdt_prepared *p = nullptr;
+    check(rdt_fetch_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &p));
+    return Prepared(p);
+  }
+  /// A write of `sources` into writable refs prepared to run many times;
+  /// each run gives its tag.
+  Prepared prepare_write(const RefList &refs, const std::vector<TensorView> &sources,
+                         const std::vector<Source> *destinations = nullptr,
+                         const std::string &transport = std::string()) {
+    std::vector<rdt_tensor> c = detail::c_tensors(sources);
+    std::vector<rdt_source_range> cd;
+    rdt_write_options wo = detail::write_options(transport, 0, destinations, cd);
+    rdt_prepared *p = nullptr;
+    check(rdt_write_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
+    return Prepared(p);
   }
 
   /// A reference of this runtime from serialized bytes (a borrow the owner

@@ -1,0 +1,77 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"github.com/rdt-project/rdt/core/engine"
+)
+
+// preparedHandle is what an rdt_prepared* names.
+type preparedHandle struct{ p *engine.Prepared }
+
+//export rdtgo_fetch_prepare
+func rdtgo_fetch_prepare(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, copts *C.rdt_fetch_options, out *C.uintptr_t) C.int {
+	return guard("rdt_fetch_prepare", func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
+		if err != nil {
+			return err
+		}
+		p, err := rt.PrepareFetch(rs, ts, opts)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&preparedHandle{p: p})
+		return nil
+	})
+}
+
+//export rdtgo_write_prepare
+func rdtgo_write_prepare(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
+	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
+	return guard("rdt_write_prepare", func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
+		if err != nil {
+			return err
+		}
+		p, err := rt.PrepareWrite(rs, ts, opts)
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&preparedHandle{p: p})
+		return nil
+	})
+}
+
+//export rdtgo_prepared_run
+func rdtgo_prepared_run(h C.uintptr_t, tag C.uint64_t, ms C.int64_t) C.int {
+	return guard("rdt_prepared_run", func() error {
+		ph, err := lookup[*preparedHandle](h, "prepared")
+		if err != nil {
+			return err
+		}
+		return ph.p.Run(uint64(tag), duration(ms))
+	})
+}
+
+//export rdtgo_prepared_free
+func rdtgo_prepared_free(h C.uintptr_t) C.int {
+	return guard("rdt_prepared_free", func() error {
+		ph, err := lookup[*preparedHandle](h, "prepared")
+		if err != nil {
+			return err
+		}
+		deleteHandle(h)
+		ph.p.Close()
+		return nil
+	})
+}

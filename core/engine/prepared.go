@@ -1,0 +1,339 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/rdt-project/rdt/core/control"
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// A prepared transfer is a fetch or a write run again and again with the
+// same refs, tensors and options: weight sync every step, KV blocks between
+// the same two engines. Its first run is an ordinary Get (or Write), which
+// connects to the owners, chooses the transports and gets the metadata;
+// the Prepared keeps what each transfer resolved, and later runs only start
+// the transports (through their Preparer when they have one) and wait.
+//
+// What stays checked on every run: the owner's connection (a peer gone
+// fails the run with PEER_UNAVAILABLE before anything starts), the
+// runtime's life, and whatever the transport checks per start (cma: that
+// the owner process lived through the copy and the object's guard still
+// holds its token). A write is still admitted by the owner each run, with
+// that run's tag, so each run gets its own notice. The Prepared holds its
+// own handles on the refs, so the objects it reads stay borrowed (the
+// owner cannot free them) until Close.
+//
+// Transfers that cannot be kept are run the ordinary way every time: a
+// runtime's own objects (a local copy), two-sided transports (a send is
+// asked of the source each time) and targets staged through host memory.
+
+// Prepared is a fetch or a write resolved once and run many times. Runs
+// are serialized; Close ends it.
+type Prepared struct {
+	rt      *Runtime
+	refs    []*Ref // the Prepared's own handles
+	tensors []transport.Tensor
+	opts    FetchOptions
+
+	mu     sync.Mutex
+	closed bool
+	runs   uint64
+	parts  []*preparedPart // nil until a first run kept them (or when it cannot)
+	// kept says the first run's transfers are kept: later runs take the
+	// fast path.
+	kept bool
+}
+
+// preparedPart is one ref's transfer as the first run resolved it.
+type preparedPart struct {
+	ref     *Ref
+	peer    control.Peer
+	e       *registered
+	x       transport.Transfer // the template: each run takes a new TransferID
+	local   []transport.Tensor // what the transport moves into or from
+	tmeta   []byte
+	cmeta   []byte
+	nbytes  uint64
+	started transport.Prepared // from the transport's Preparer, or nil
+}
+
+// PrepareFetch prepares a fetch of refs into targets (see Get for the
+// arguments). Nothing moves until Run.
+func (rt *Runtime) PrepareFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Prepared, error) {
+	return rt.prepare(refs, targets, opts)
+}
+
+// PrepareWrite prepares a write of sources into writable refs (see Write).
+// The tag of each run is given to Run.
+func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Prepared, error) {
+	return rt.prepare(refs, sources, opts.fetchOptions())
+}
+
+func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOptions) (*Prepared, error) {
+	if rt.ctx.Err() != nil {
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+	}
+	for i, r := range refs {
+		if err := r.check(); err != nil {
+			return nil, transport.Wrap(err, "ref %d", i)
+		}
+		if r.rt != rt {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
+		}
+	}
+	if err := checkDirection(refs, opts.write != nil); err != nil {
+		return nil, err
+	}
+	if _, err := planTargets(refs, tensors, opts.Sources, opts.write == nil); err != nil {
+		return nil, err
+	}
+	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), tensors...), opts: opts}
+	if opts.Sources != nil {
+		p.opts.Sources = append([]Source(nil), opts.Sources...)
+	}
+	for i, r := range refs {
+		c, err := r.Clone()
+		if err != nil {
+			p.releaseRefs()
+			return nil, transport.Wrap(err, "ref %d", i)
+		}
+		p.refs = append(p.refs, c)
+	}
+	return p, nil
+}
+
+// Write reports whether the Prepared writes (else it fetches).
+func (p *Prepared) Write() bool { return p.opts.write != nil }
+
+// Run runs the transfer once, under timeout (negative: none), and returns
+// its outcome as Get or Write would. tag is the write's tag (ignored by a
+// fetch). After an error nothing moves any more, as after Get.
+func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return transport.Errorf(transport.ErrClosed, "the prepared transfer was closed")
+	}
+	if p.rt.ctx.Err() != nil {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+	}
+	p.runs++
+	if !p.kept {
+		return p.runFull(tag, timeout)
+	}
+	return p.runKept(tag, timeout)
+}
+
+// runFull is an ordinary Get or Write; the first one that succeeds keeps
+// its transfers when all of them can be kept.
+func (p *Prepared) runFull(tag uint64, timeout time.Duration) error {
+	opts := p.opts
+	if opts.write != nil {
+		opts.write = &writeMode{tag: tag}
+	}
+	var ended func(*Fetch)
+	if p.parts == nil { // no run succeeded yet: the first that does is kept
+		ended = p.keep
+	}
+	return p.rt.get(p.refs, p.tensors, opts, timeout, ended)
+}
+
+// keep takes the transfers of a successful run, if every one of them can
+// be started again without its start phase.
+func (p *Prepared) keep(f *Fetch) {
+	var parts []*preparedPart
+	for _, tr := range f.transfers {
+		if tr.empty {
+			continue
+		}
+		if tr.local || tr.stage != nil || tr.entry == nil || tr.x == nil || tr.entry.sender != nil || tr.peer == nil {
+			p.parts = []*preparedPart{} // runs the ordinary way from now on
+			return
+		}
+		parts = append(parts, &preparedPart{ref: p.refs[tr.index], peer: tr.peer, e: tr.entry, x: *tr.x,
+			local: tr.wire(), tmeta: tr.tmeta, cmeta: tr.cmeta, nbytes: tr.nbytes})
+	}
+	write := p.opts.write != nil
+	for _, part := range parts {
+		if pr, ok := part.e.t.(transport.Preparer); ok {
+			started, err := pr.Prepare(&part.x, part.local, part.tmeta, part.cmeta, write)
+			if err != nil {
+				// The transport's own start will say the same, each run.
+				p.rt.log.Debugf("transport %s could not prepare a transfer of object %s: %v", part.e.desc.Name, part.x.Object, err)
+				continue
+			}
+			part.started = started
+		}
+	}
+	p.parts, p.kept = parts, true
+}
+
+// runKept starts every kept transfer (a write admitted first, with its
+// tag), waits for them under the deadline, and ends each.
+func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
+	rt := p.rt
+	ctx, cancel := rt.ctx, context.CancelFunc(func() {})
+	if timeout >= 0 {
+		ctx, cancel = context.WithDeadlineCause(rt.ctx, time.Now().Add(timeout), errGetDeadline)
+	}
+	defer cancel()
+	write := p.opts.write != nil
+	start := time.Now()
+	type running struct {
+		part   *preparedPart
+		x      *transport.Transfer
+		req    transport.Request
+		opened bool
+	}
+	runs := make([]running, 0, len(p.parts))
+	var firstErr error
+	fail := func(i int, err error) {
+		if firstErr == nil {
+			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", map[bool]string{true: "write into", false: "fetch"}[write], i, p.parts[i].x.Object, p.parts[i].ref.desc.Owner.Address)
+		}
+	}
+	for i, part := range p.parts {
+		if isClosed(part.peer.Done()) {
+			fail(i, transport.Errorf(transport.ErrPeerUnavailable, "the owner %s is gone", part.peer.Info()))
+			break
+		}
+		x := part.x
+		x.TransferID = transport.RandomUint64()
+		r := running{part: part, x: &x}
+		if write {
+			open := control.WriteOpen{Object: x.Object, TransferID: x.TransferID, Transport: part.e.desc.Name,
+				Key: part.ref.desc.WriteKey, Tag: tag, Pieces: x.Pieces}
+			if _, err := part.peer.OpenWrite(ctx, open); err != nil {
+				p.account(part, err, 0)
+				fail(i, transport.Wrap(err, "owner %s refused the write", part.ref.desc.Owner.Address))
+				break
+			}
+			r.opened = true
+		}
+		var err error
+		if part.started != nil {
+			r.req, err = part.started.Start(r.x)
+		} else if write {
+			r.req, err = part.e.writer.Write(r.x, part.local, part.tmeta, part.cmeta)
+		} else {
+			r.req, err = part.e.t.Fetch(r.x, part.local, part.tmeta, part.cmeta)
+		}
+		if err != nil {
+			if r.opened {
+				part.peer.WriteDone(x.Object, x.TransferID, err)
+			}
+			p.account(part, err, 0)
+			fail(i, err)
+			break
+		}
+		runs = append(runs, r)
+	}
+	// Wait for every started request (those started before a failure
+	// too: nothing may move once Run returns), then end each.
+	for _, r := range runs {
+		err := p.wait(ctx, r.part, r.x, r.req)
+		r.req.Release()
+		if r.opened {
+			r.part.peer.WriteDone(r.x.Object, r.x.TransferID, err)
+		}
+		p.account(r.part, err, time.Since(start))
+		if err != nil {
+			fail(p.indexOf(r.part), err)
+		}
+	}
+	return firstErr
+}
+
+// wait waits for req under ctx; at the deadline it aborts the request and
+// waits until it has stopped.
+func (p *Prepared) wait(ctx context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
+	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
+		return req.Wait()
+	}
+	done := make(chan error, 1)
+	go func() { done <- req.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	if part.e.desc.CanAbort {
+		part.e.t.Abort(x, req)
+	}
+	err := <-done
+	if errors.Is(context.Cause(ctx), errGetDeadline) {
+		return transport.Errorf(transport.ErrTimeout, "the prepared transfer did not complete within its deadline")
+	}
+	if err == nil {
+		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+	}
+	return err
+}
+
+// account counts a kept transfer's outcome as an ordinary one is counted.
+func (p *Prepared) account(part *preparedPart, err error, took time.Duration) {
+	c := &p.rt.c
+	switch {
+	case p.opts.write != nil && err == nil:
+		c.writesCompleted.Add(1)
+		c.bytesWritten.Add(part.nbytes)
+	case p.opts.write != nil:
+		c.writesFailed.Add(1)
+	case err == nil:
+		c.transfersCompleted.Add(1)
+		c.bytesReceived.Add(part.nbytes)
+		part.e.stats.TransfersCompleted.Add(1)
+		part.e.stats.BytesReceived.Add(part.nbytes)
+		part.e.hist.recordFetch(part.nbytes, took)
+	default:
+		c.transfersFailed.Add(1)
+		part.e.stats.TransfersFailed.Add(1)
+		part.e.hist.recordFailure(part.nbytes)
+	}
+}
+
+func (p *Prepared) indexOf(part *preparedPart) int {
+	for i, q := range p.parts {
+		if q == part {
+			return i
+		}
+	}
+	return -1
+}
+
+// Kept reports whether runs after the first take the fast path (every
+// transfer kept), for tests and stats.
+func (p *Prepared) Kept() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.kept
+}
+
+// Close ends the Prepared: it waits for a run in progress, closes what the
+// transports prepared and releases its handles on the refs. Later runs
+// fail with CLOSED.
+func (p *Prepared) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, part := range p.parts {
+		if part.started != nil {
+			part.started.Close()
+		}
+	}
+	p.parts = nil
+	p.releaseRefs()
+}
+
+func (p *Prepared) releaseRefs() {
+	for _, r := range p.refs {
+		_ = r.Release()
+	}
+	p.refs = nil
+}

@@ -1,0 +1,173 @@
+package engine
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// A prepared fetch runs like Get each time, and after the first run it
+// starts the kept transfers without a start phase: the owner is not asked
+// again, and the bytes of each run are the source's at that run.
+func TestPreparedFetchRunsAgainWithoutAStartPhase(t *testing.T) {
+	p := newPair(t, nil)
+	refs, src := p.share(t, 3, 4096, "mem")
+	targets, dst := targetsFor(t, src)
+	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
+	require.NoError(t, err)
+	defer pf.Close()
+	assert.False(t, pf.Kept(), "nothing is kept before the first run")
+	for run := 0; run < 5; run++ {
+		for i := range src {
+			src[i].fill(byte(10*run + i))
+		}
+		require.NoError(t, pf.Run(0, 5*time.Second))
+		for i := range src {
+			assert.True(t, bytes.Equal(src[i].b, dst[i].b), "run %d, tensor %d", run, i)
+		}
+		assert.True(t, pf.Kept())
+	}
+	assert.Equal(t, int64(15), p.dst.fetched.Load(), "one fetch per ref per run")
+	assert.Equal(t, int64(15), p.dst.released.Load(), "every request released")
+	s := p.borrower.Stats()
+	assert.Equal(t, uint64(15), s.TransfersCompleted)
+	assert.Equal(t, uint64(15*4096), s.BytesReceived)
+}
+
+// The prepared holds its own handles: the caller may release its refs, and
+// the objects stay borrowed (the owner keeps them) until Close.
+func TestPreparedFetchHoldsItsRefsUntilClose(t *testing.T) {
+	p := newPair(t, nil)
+	refs, src := p.share(t, 1, 4096, "mem")
+	targets, dst := targetsFor(t, src)
+	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
+	require.NoError(t, err)
+	require.NoError(t, refs[0].Release())
+	require.NoError(t, pf.Run(0, 5*time.Second))
+	require.NoError(t, pf.Run(0, 5*time.Second))
+	assert.True(t, bytes.Equal(src[0].b, dst[0].b))
+	assert.Zero(t, p.owner.Stats().ObjectsFreed, "still borrowed")
+	pf.Close()
+	require.Eventually(t, func() bool { return p.owner.Stats().ObjectsFreed == 1 }, 10*time.Second, time.Millisecond,
+		"the owner frees the object once the prepared fetch let go")
+	err = pf.Run(0, time.Second)
+	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err), "%v", err)
+	pf.Close() // twice is harmless
+}
+
+// A kept transfer that fails fails the run, and the next run starts it
+// again (the failure is not sticky); a deadline aborts a run that waits.
+func TestPreparedFetchFailuresAndDeadline(t *testing.T) {
+	gate := make(chan struct{})
+	p := newPair(t, nil)
+	refs, src := p.share(t, 1, 4096, "mem")
+	targets, _ := targetsFor(t, src)
+	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
+	require.NoError(t, err)
+	defer pf.Close()
+	require.NoError(t, pf.Run(0, 5*time.Second))
+
+	p.dst.failFetchIdx = int(p.dst.fetched.Load()) + 1
+	err = pf.Run(0, 5*time.Second)
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err), "%v", err)
+	require.NoError(t, pf.Run(0, 5*time.Second), "the next run starts afresh")
+
+	p.dst.gate = gate
+	released := p.dst.released.Load()
+	start := time.Now()
+	err = pf.Run(0, 50*time.Millisecond)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	assert.Equal(t, released+1, p.dst.released.Load(), "the aborted request was released before Run returned")
+	assert.Equal(t, int64(1), p.dst.aborts.Load())
+	p.dst.gate = nil
+	require.NoError(t, pf.Run(0, 5*time.Second))
+	assert.Equal(t, uint64(2), p.borrower.Stats().TransfersFailed, "the failure and the timeout are counted")
+}
+
+// A kept transfer whose owner is gone fails at once with PEER_UNAVAILABLE.
+func TestPreparedFetchOwnerGone(t *testing.T) {
+	p := newPair(t, nil)
+	refs, src := p.share(t, 1, 4096, "mem")
+	targets, _ := targetsFor(t, src)
+	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
+	require.NoError(t, err)
+	defer pf.Close()
+	require.NoError(t, pf.Run(0, 5*time.Second))
+	fetched := p.dst.fetched.Load()
+	p.owner.Destroy()
+	require.Eventually(t, func() bool {
+		return transport.StatusOf(pf.Run(0, time.Second)) == transport.ErrPeerUnavailable
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.LessOrEqual(t, p.dst.fetched.Load()-fetched, int64(1), "nothing starts once the owner is known gone")
+}
+
+// The runtime's own object is copied the ordinary way each run.
+func TestPreparedFetchOfOwnObjectIsNotKept(t *testing.T) {
+	p := newPair(t, nil)
+	buf := newHostBuf(t, 4096)
+	buf.fill(7)
+	ref, err := p.owner.Put([]transport.Tensor{tensorOf(t, buf)}, "mem", nil)
+	require.NoError(t, err)
+	defer ref.Release()
+	out := newHostBuf(t, 4096)
+	pf, err := p.owner.PrepareFetch([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
+	require.NoError(t, err)
+	defer pf.Close()
+	for run := 0; run < 3; run++ {
+		buf.fill(byte(run))
+		require.NoError(t, pf.Run(0, 5*time.Second))
+		assert.True(t, bytes.Equal(buf.b, out.b))
+	}
+	assert.False(t, pf.Kept())
+}
+
+// Bad arguments are refused at Prepare, as Get refuses them.
+func TestPrepareRefusesWhatGetRefuses(t *testing.T) {
+	p := newPair(t, nil)
+	refs, src := p.share(t, 1, 4096, "mem")
+	small := newHostBuf(t, 100)
+	_, err := p.borrower.PrepareFetch(refs, []transport.Tensor{tensorOf(t, small)}, FetchOptions{})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
+	targets, _ := targetsFor(t, src)
+	_, err = p.borrower.PrepareWrite(refs, targets, WriteOptions{})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "a put object is not written: %v", err)
+	_, err = p.owner.PrepareFetch(refs, targets, FetchOptions{})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "another runtime's ref: %v", err)
+}
+
+// A prepared write is admitted each run with that run's tag: each run
+// lands and makes its own notice, and a revoked object refuses the next.
+func TestPreparedWriteNoticesEachRun(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+	pw, err := p.borrower.PrepareWrite([]*Ref{w}, sources, WriteOptions{})
+	require.NoError(t, err)
+	defer pw.Close()
+	for tag := uint64(1); tag <= 4; tag++ {
+		src[0].fill(byte(tag))
+		src[1].fill(byte(tag + 100))
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		n, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+		assert.NoError(t, n.Err)
+		assert.Equal(t, tag, n.Tag)
+		assert.True(t, bytes.Equal(src[0].b, bufs[0].b) && bytes.Equal(src[1].b, bufs[1].b), "run %d landed", tag)
+		assert.True(t, pw.Kept(), "the first run that succeeds is kept")
+	}
+	assert.Equal(t, uint64(4), p.borrower.Stats().WritesCompleted)
+	require.NoError(t, owned.RevokeWrites(5*time.Second))
+	err = pw.Run(5, 5*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Equal(t, uint64(1), p.borrower.Stats().WritesFailed)
+	_, err = owned.WaitWriteNotice(0)
+	assert.Error(t, err, "a refused write makes no notice")
+	assert.Zero(t, p.owner.store.pinned(), "no write is left open")
+}

@@ -495,6 +495,17 @@ static int transport_available(rdt_runtime *rt, const char *name) {
   return 0;
 }
 
+/* Whether transport `name` writes into exposed objects. */
+static int transport_writes(rdt_runtime *rt, const char *name) {
+  rdt_transport_info infos[32];
+  for (int i = 0; i < 32; i++) rdt_transport_info_init(&infos[i]);
+  size_t n = 0;
+  check(rdt_transport_list(rt, infos, 32, &n), "transport_list");
+  for (size_t i = 0; i < n && i < 32; i++)
+    if (strcmp(infos[i].name, name) == 0) return (infos[i].flags & RDT_TRANSPORT_WRITES) != 0;
+  return 0;
+}
+
 static uint64_t transport_uses(rdt_runtime *rt, const char *name) {
   rdt_transport_info infos[32];
   for (int i = 0; i < 32; i++) rdt_transport_info_init(&infos[i]);
@@ -767,6 +778,63 @@ static struct result measure_write(rdt_runtime *rt, struct source *s, const char
   r.p99_us = percentile(times, n, 0.99) * 1e6;
   r.gbps = (double)size / (r.p50_us * 1e-6) / 1e9;
   free(times);
+  munmap(buf, size);
+  drop_remote(s, &ref, 1);
+  return r;
+}
+
+/* Prepared transfers of `size` bytes: a fetch of a put object (write 0) or
+ * a write into an exposed one (write 1), prepared once and run again and
+ * again; the first run checks the bytes and is not timed, and for writes
+ * the source takes and checks every notice. */
+static struct result measure_prepared(rdt_runtime *rt, struct source *s, const char *transport,
+                                      uint64_t size, int write) {
+  rdt_ref *ref;
+  if (write)
+    take_refs(rt, ask(s, "expose %s %" PRIu64 "\n", transport, size), 1, &ref);
+  else
+    put_remote(rt, s, transport, size, 1, 9, &ref);
+  void *buf = map(size);
+  if (write)
+    fill(buf, size, 11);
+  else
+    memset(buf, 0, size);
+  int64_t shape[1] = {(int64_t)size};
+  rdt_tensor t = byte_tensor(buf, shape);
+  rdt_prepared *p = NULL;
+  if (write) {
+    rdt_write_options wo;
+    rdt_write_options_init(&wo);
+    wo.transport = strcmp(transport, "auto") ? transport : NULL;
+    check(rdt_write_prepare(rt, &ref, 1, &t, 1, &wo, &p), "write_prepare");
+  } else {
+    check(rdt_fetch_prepare(rt, &ref, 1, &t, 1, NULL, &p), "fetch_prepare");
+  }
+  check(rdt_prepared_run(p, 1, 120000), "prepared_run");
+  if (write) {
+    char *line = ask(s, "notices 1 11\n");
+    if (strncmp(line, "notices ok", 10) != 0) die("%s prepared write of %s: %s", transport, human(size), line);
+  } else if (!verify(buf, size, 9)) {
+    die("%s prepared %s: the bytes arrived corrupted", transport, human(size));
+  }
+  int n = iterations_for(size);
+  double *times = calloc((size_t)n, sizeof *times);
+  for (int i = 0; i < n; i++) {
+    double t0 = now();
+    rdt_status st = rdt_prepared_run(p, (uint64_t)i + 2, 120000);
+    times[i] = now() - t0;
+    check(st, "prepared_run");
+  }
+  if (write) {
+    char *line = ask(s, "notices %d 11\n", n);
+    if (strncmp(line, "notices ok", 10) != 0) die("%s prepared writes of %s: %s", transport, human(size), line);
+  }
+  struct result r;
+  r.p50_us = percentile(times, n, 0.5) * 1e6;
+  r.p99_us = percentile(times, n, 0.99) * 1e6;
+  r.gbps = (double)size / (r.p50_us * 1e-6) / 1e9;
+  free(times);
+  check(rdt_prepared_free(p), "prepared_free");
   munmap(buf, size);
   drop_remote(s, &ref, 1);
   return r;
@@ -1127,6 +1195,27 @@ static int bench_main(const char *path) {
         gb1g[k] > 0 ? r1g.gbps / gb1g[k] : 0);
   }
 
+  out("\n## Prepared transfers against ordinary ones, same run\n\n");
+  out("`rdt_fetch_prepare` / `rdt_write_prepare` once, then `rdt_prepared_run` again and again, against "
+      "`rdt_get` / `rdt_write` of the same 4 KiB (p50; for writes the source takes and checks every "
+      "notice).\n\n");
+  out("| transport | get | prepared get | ratio | write | prepared write | ratio |\n|---|---|---|---|---|---|---|\n");
+  double prep_fetch[NUM_TRANSPORTS] = {0}, prep_write[NUM_TRANSPORTS] = {0};
+  for (int k = 0; k < 3; k++) {
+    const char *name = host_transports[k];
+    if (!transport_available(rt, name)) continue;
+    struct result f = measure(rt, &s, name, 4 * KiB), pf = measure_prepared(rt, &s, name, 4 * KiB, 0);
+    prep_fetch[k] = pf.p50_us / f.p50_us;
+    if (transport_writes(rt, name)) {
+      struct result w = measure_write(rt, &s, name, 4 * KiB), pw = measure_prepared(rt, &s, name, 4 * KiB, 1);
+      prep_write[k] = pw.p50_us / w.p50_us;
+      out("| %s | %.1f µs | %.1f µs | %.2fx | %.1f µs | %.1f µs | %.2fx |\n", name, f.p50_us, pf.p50_us,
+          prep_fetch[k], w.p50_us, pw.p50_us, prep_write[k]);
+    } else {
+      out("| %s | %.1f µs | %.1f µs | %.2fx | – | – | – |\n", name, f.p50_us, pf.p50_us, prep_fetch[k]);
+    }
+  }
+
   out("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
 #define TARGET(desc, value, ok) out("| %s | %s | %s |\n", desc, value, (ok) ? "yes" : "**no**")
   char v[128];
@@ -1175,6 +1264,11 @@ static int bench_main(const char *path) {
            gb1g[0] > 0 ? w1g[0] / gb1g[0] : 0, gb64[2] > 0 ? w64[2] / gb64[2] : 0, gb1g[2] > 0 ? w1g[2] / gb1g[2] : 0);
   TARGET("writes >= 0.9x the same transport's fetch at 64 MiB and 1 GiB", v,
          w64[0] >= 0.9 * gb64[0] && w1g[0] >= 0.9 * gb1g[0] && w64[2] >= 0.9 * gb64[2] && w1g[2] >= 0.9 * gb1g[2]);
+  snprintf(v, sizeof v, "%.2fx / %.2fx / %.2fx get (cma/shm/tcp), %.2fx / %.2fx write (cma/tcp)", prep_fetch[0],
+           prep_fetch[1], prep_fetch[2], prep_write[0], prep_write[2]);
+  TARGET("prepared 4 KiB get and write <= 0.5x the ordinary ones, through C", v,
+         prep_fetch[0] > 0 && prep_fetch[0] <= 0.5 && prep_fetch[1] <= 0.5 && prep_fetch[2] <= 0.5 &&
+             prep_write[0] > 0 && prep_write[0] <= 0.5 && prep_write[2] <= 0.5);
   stop_source(&s);
   check(rdt_runtime_destroy(rt), "destroy");
   if (report) fclose(report);
@@ -1233,11 +1327,12 @@ static int parse_size(const char *s, uint64_t *n) {
 /* rdtbench row TRANSPORT SHAPE [RUNS]: one measurement as one line of
  * key=value, for measuring without rewriting bench/RESULTS.md. */
 static int row_main(int argc, char **argv) {
-  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE|reshard|write:SIZE [RUNS]\n"
+  const char *usage = "usage: rdtbench row cma|shm|tcp|nixl|auto SIZE|COUNTxSIZE|reshard|write:SIZE|prepared:SIZE [RUNS]\n"
                       "  SIZE is 4KiB, 1MiB, 64MiB, 1GiB or bytes; COUNTxSIZE is one object of\n"
                       "  COUNT tensors (1024x4KiB, 4096x64KiB, up to 1048576) against one tensor of\n"
                       "  the same bytes; reshard is two half-row receivers against one whole one;\n"
-                      "  write:SIZE writes into an exposed buffer against fetches of SIZE\n";
+                      "  write:SIZE writes into an exposed buffer against fetches of SIZE;\n"
+                      "  prepared:SIZE prepared fetches and writes against unprepared ones\n";
   if (argc < 4 || argc > 5) {
     fputs(usage, stderr);
     return 2;
@@ -1257,6 +1352,32 @@ static int row_main(int argc, char **argv) {
            ",%" PRIu64 " object_bytes=%" PRIu64 "\n",
            transport, runs, whole * 1e3, halves * 1e3, halves / whole, hb[0], hb[1], (uint64_t)SD_BYTES);
     stop_source(&s);
+    return 0;
+  }
+  if (strncmp(shape, "prepared:", 9) == 0) {
+    uint64_t size;
+    int runs = argc == 5 ? atoi(argv[4]) : 0;
+    if (!parse_size(shape + 9, &size) || (argc == 5 && (runs < 1 || runs > 4000))) {
+      fputs(usage, stderr);
+      return 2;
+    }
+    if (runs) iterations_override = runs;
+    rdt_runtime *rt = receiver_runtime();
+    struct source s = spawn_source();
+    struct result f = measure(rt, &s, transport, size), pf = measure_prepared(rt, &s, transport, size, 0);
+    int writes = transport_writes(rt, transport);
+    struct result w = {0}, pw = {0};
+    if (writes) {
+      w = measure_write(rt, &s, transport, size);
+      pw = measure_prepared(rt, &s, transport, size, 1);
+    }
+    printf("transport=%s shape=prepared:%s runs=%d fetch_p50_us=%.2f prepared_fetch_p50_us=%.2f fetch_ratio=%.2f",
+           transport, shape + 9, iterations_for(size), f.p50_us, pf.p50_us, pf.p50_us / f.p50_us);
+    if (writes)
+      printf(" write_p50_us=%.2f prepared_write_p50_us=%.2f write_ratio=%.2f", w.p50_us, pw.p50_us, pw.p50_us / w.p50_us);
+    printf("\n");
+    stop_source(&s);
+    check(rdt_runtime_destroy(rt), "destroy");
     return 0;
   }
   if (strncmp(shape, "write:", 6) == 0) {

@@ -41,6 +41,7 @@ type Prepared struct {
 	mu     sync.Mutex
 	closed bool
 	runs   uint64
+	nextID uint64 // the kept transfers' ids: random, then counting
 	parts  []*preparedPart // nil until a first run kept them (or when it cannot)
 	// kept says the first run's transfers are kept: later runs take the
 	// fast path.
@@ -169,19 +170,29 @@ func (p *Prepared) keep(f *Fetch) {
 		}
 	}
 	p.parts, p.kept = parts, true
+	p.nextID = transport.RandomUint64()
 }
 
 // runKept starts every kept transfer (a write admitted first, with its
 // tag), waits for them under the deadline, and ends each.
 func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	rt := p.rt
-	ctx, cancel := rt.ctx, context.CancelFunc(func() {})
-	if timeout >= 0 {
-		ctx, cancel = context.WithDeadlineCause(rt.ctx, time.Now().Add(timeout), errGetDeadline)
-	}
-	defer cancel()
-	write := p.opts.write != nil
 	start := time.Now()
+	// The deadline's context (and its timer) is made only when something
+	// waits on it: a small copy done at its start needs none.
+	var ctx context.Context
+	cancel := func() {}
+	runCtx := func() context.Context {
+		if ctx == nil {
+			ctx = rt.ctx
+			if timeout >= 0 {
+				ctx, cancel = context.WithDeadlineCause(rt.ctx, start.Add(timeout), errGetDeadline)
+			}
+		}
+		return ctx
+	}
+	defer func() { cancel() }()
+	write := p.opts.write != nil
 	type running struct {
 		part   *preparedPart
 		x      *transport.Transfer
@@ -201,12 +212,13 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			break
 		}
 		x := part.x
-		x.TransferID = transport.RandomUint64()
+		p.nextID++
+		x.TransferID = p.nextID
 		r := running{part: part, x: &x}
 		if write {
 			open := control.WriteOpen{Object: x.Object, TransferID: x.TransferID, Transport: part.e.desc.Name,
 				Key: part.ref.desc.WriteKey, Tag: tag, Pieces: x.Pieces}
-			if _, err := part.peer.OpenWrite(ctx, open); err != nil {
+			if _, err := part.peer.OpenWrite(runCtx(), open); err != nil {
 				p.account(part, err, 0)
 				fail(i, transport.Wrap(err, "owner %s refused the write", part.ref.desc.Owner.Address))
 				break
@@ -234,7 +246,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	// Wait for every started request (those started before a failure
 	// too: nothing may move once Run returns), then end each.
 	for _, r := range runs {
-		err := p.wait(ctx, r.part, r.x, r.req)
+		err := p.wait(runCtx, r.part, r.x, r.req)
 		r.req.Release()
 		if r.opened {
 			r.part.peer.WriteDone(r.x.Object, r.x.TransferID, err)
@@ -249,10 +261,11 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 
 // wait waits for req under ctx; at the deadline it aborts the request and
 // waits until it has stopped.
-func (p *Prepared) wait(ctx context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
+func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
 	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
 		return req.Wait()
 	}
+	ctx := runCtx()
 	done := make(chan error, 1)
 	go func() { done <- req.Wait() }()
 	select {

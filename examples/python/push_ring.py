@@ -3,7 +3,8 @@
 The receiver (an inference engine, say) exposes two slots shaped like its
 state dict and hands the writable refs to the trainer. Every step the
 trainer writes the new state dict into the next free slot, tagged with the
-step. The receiver applies a version only once its notice says every byte
+step, with a write prepared once per slot (rdt.prepare_write). The receiver
+applies a version only once its notice says every byte
 landed, then gives the slot back (a credit): a slow receiver slows the
 trainer down instead of being overwritten.
 
@@ -32,12 +33,20 @@ def state_at(step):
 
 
 def trainer(slots, credits, transport):
-    """Writes each step's state dict into a free slot, tagged with the step."""
+    """Writes each step's state dict into a free slot, tagged with the step.
+    The writes are prepared once per slot: each step only refills the
+    trainer's own state in place and runs the write."""
+    state = state_at(0)
+    pushes = [rdt.prepare_write(slot, state, transport=transport) for slot in slots]
     for step in range(1, STEPS + 1):
         k = credits.recv()  # blocks while both slots hold versions not yet applied
-        rdt.write(slots[k], state_at(step), tag=step, timeout=60, transport=transport)
+        for name, value in state_at(step).items():
+            state[name][...] = value  # in place: the prepared writes hold these arrays
+        pushes[k].run(tag=step, timeout=60)
     while credits.recv() != "done":  # the credits of the last versions
         pass
+    for push in pushes:
+        push.close()
 
 
 def run(transport):

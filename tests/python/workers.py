@@ -251,3 +251,53 @@ def writer(conn, blob, transport=None):
             conn.send("ok")
         except Exception as e:
             conn.send(f"{type(e).__name__}: {e}")
+
+
+def mutable_source(conn, transport):
+    """Puts a 4 KiB float32 array with `transport` and sends the pickled
+    ref; ("set", v) fills the array with v in place and answers "ok"."""
+    x = np.zeros(1024, np.float32)
+    ref = rdt.put(x, transport=transport)
+    conn.send(pickle.dumps(ref))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg == "stop":
+            return
+        x[:] = msg[1]
+        conn.send("ok")
+
+
+def prepared_writer(conn, blob, transport=None):
+    """Prepares a write of version_of(tag) into a writable ref and runs it
+    when told ("run", tag); ("loop", tag) runs versions from tag on until
+    killed. Answers "ok" or the error."""
+    ref = pickle.loads(blob)
+    v = version_of(0)
+    p = rdt.prepare_write(ref, v, transport=transport)
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            p.close()
+            return
+        kind, tag = msg
+        try:
+            if kind == "run":
+                new = version_of(tag)
+                for k in v:
+                    v[k][...] = new[k]  # in place: the prepared write holds these buffers
+                p.run(tag, timeout=30)
+            elif kind == "loop":
+                conn.send("looping")
+                while True:
+                    new = version_of(tag)
+                    for k in v:
+                        v[k][...] = new[k]
+                    p.run(tag)
+                    tag += 1
+            conn.send("ok")
+        except Exception as e:
+            conn.send(f"{type(e).__name__}: {e}")

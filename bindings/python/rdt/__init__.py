@@ -14,13 +14,15 @@ from ._errors import (ABIMismatchError, AbortedError, AlreadyExistsError, Closed
                       NotFoundError, PeerUnavailableError, PermissionDeniedError, RdtError, TransportError,
                       UnsupportedError, UserError)
 from ._default import (create_collective_group, default_runtime, destroy_collective_group, expose, fetch, get,
-                       get_async, init, put, register_tensor_transport, wait_tensor_freed, write, write_async)
+                       get_async, init, prepare_get, prepare_write, put, register_tensor_transport,
+                       wait_tensor_freed, write, write_async)
 from ._fetch import Fetch
 from ._logs import set_log_level
 from ._lib import decode as _decode
 from ._lib import lib as _native
 from ._ref import ObjectRef, TensorSlice, WriteNotice
 from ._runtime import Runtime
+from ._prepared import Prepared
 from ._write import Write
 from ._transport import (CommunicatorMetadata, FetchRequest, Peer, TensorTransportManager,
                         TensorTransportMetadata)
@@ -42,7 +44,7 @@ def build_info() -> "dict[str, str]":
 
 __all__ = [
     "Runtime", "ObjectRef", "TensorSlice", "Fetch", "Write", "WriteNotice", "init", "default_runtime", "put", "get", "fetch", "get_async",
-    "wait_tensor_freed", "expose", "write", "write_async",
+    "wait_tensor_freed", "expose", "write", "write_async", "Prepared", "prepare_get", "prepare_write",
     "register_tensor_transport", "library_version", "build_info", "set_log_level",
     "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",

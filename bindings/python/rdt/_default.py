@@ -14,6 +14,7 @@ from ._adapter import validate
 from ._errors import InvalidArgumentError
 from ._fetch import Fetch, await_fetch, deadline_of
 from ._get import Refs, fetch_in, get_in
+from ._prepared import Prepared
 from ._process import PROCESS
 from ._ref import ObjectRef, TensorSlice
 from ._runtime import Runtime
@@ -98,6 +99,19 @@ async def write_async(refs: Any, value: Any, *, tag: int = 0, timeout: Optional[
                       transport: Optional[str] = None) -> None:
     """``await rdt.write_async(ref, value)``: rdt.write for asyncio."""
     await runtime_of(refs).write_async(refs, value, tag=tag, timeout=timeout, transport=transport)
+
+
+def prepare_get(refs: Any, out: Any = None, transport: Optional[str] = None,
+                device: Optional[str] = None) -> "Prepared":
+    """A get prepared to run many times, in the runtime the refs belong to;
+    see Runtime.prepare_get."""
+    return runtime_of(refs).prepare_get(refs, out=out, transport=transport, device=device)
+
+
+def prepare_write(refs: Any, value: Any, *, transport: Optional[str] = None) -> "Prepared":
+    """A write prepared to run many times, in the runtime the refs belong to;
+    see Runtime.prepare_write."""
+    return runtime_of(refs).prepare_write(refs, value, transport=transport)
 
 
 def runtime_of(refs: Any) -> Runtime:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
-from . import _get, _lib, _write
+from . import _get, _lib, _prepared, _write
 from . import _tensors as _t
 from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
@@ -348,6 +348,21 @@ class Runtime(Handle):
         """:meth:`write` for asyncio: the event loop watches the write's
         completion descriptor, no thread waits. Cancelling aborts it."""
         await _write.write_async_in(self, refs, value, tag=tag, timeout=timeout, transport=transport)
+
+    def prepare_get(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
+                    transport: Optional[str] = None, device: Optional[str] = None) -> "_prepared.Prepared":
+        """A :meth:`get` of the same refs into the same tensors, prepared to
+        run many times: an :class:`rdt.Prepared` whose ``run()`` returns what
+        ``get`` returns. Arguments as :meth:`get`'s; without ``out=`` the
+        tensors are allocated here, once, and every run fills them again."""
+        return _prepared.prepare_get_in(self, refs, out=out, transport=transport, device=device)
+
+    def prepare_write(self, refs: Union[_write.Dests, Sequence[_write.Dests]], value: Any, *,
+                      transport: Optional[str] = None) -> "_prepared.Prepared":
+        """A :meth:`write` of ``value``'s tensors into the same writable refs
+        or slices, prepared to run many times: each ``run(tag)`` writes what
+        the tensors hold then and makes one notice with ``tag``."""
+        return _prepared.prepare_write_in(self, refs, value, transport=transport)
 
     # ---- the source side -------------------------------------------------------
 

@@ -1,0 +1,132 @@
+"""Prepared transfers: rdt.Prepared, a get or a write resolved once and run
+many times (Runtime.prepare_get and prepare_write forward here)."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import threading
+from typing import Any, Optional, Sequence, Union
+
+from . import _get
+from . import _lib
+from . import _tensors as _t
+from . import _write
+from ._fetch import Plan, deadline_of, ms_until
+from ._handle import Handle
+from ._store import RuntimeLike
+
+
+class Prepared(Handle):
+    """A get or a write resolved once and run again and again with the same
+    refs and tensors, made by :meth:`Runtime.prepare_get` and
+    :meth:`Runtime.prepare_write`. The first :meth:`run` is an ordinary get
+    or write, which connects to the owners, chooses the transports and gets
+    the metadata; later runs only start the transports and wait.
+
+    ``run(timeout=None)`` of a prepared get returns what :meth:`Runtime.get`
+    returns, with the same tensors every run (those of ``out=``, or the ones
+    allocated at prepare): copy a result you keep past the next run.
+    ``run(tag, timeout=None)`` of a prepared write returns None once every
+    byte landed; each run makes one notice with its ``tag``. A run that
+    fails raises as get and write do, and the next run starts again. The
+    Prepared holds its own handles on the refs (the objects stay borrowed
+    until it is closed) and keeps its tensors alive; keep them unmodified
+    while a run goes on. ``close()`` (or leaving a ``with`` block) frees it
+    after a run in progress; runs are serialized.
+
+    A run on the main thread without a timeout is not interrupted by Ctrl-C
+    until it ends: give long runs a timeout.
+    """
+
+    def __init__(self, runtime: RuntimeLike, plan: Plan, transport: Optional[str], write: bool) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+        self._runtime = runtime
+        self._store = runtime._store
+        self._plan = plan
+        self._write = write
+        self._lock = threading.Lock()
+        refs = plan.fetch_refs
+        self._value: Any = None
+        if not refs:  # only objects this runtime owns (a get returns them): nothing to run
+            self._ptr = None
+            self._empty = True
+            return
+        self._empty = False
+        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        self._buf, addr = _t.pack(plan.items)  # kept: the C side holds the tensors' addresses
+        L = _lib.lib()
+        p = ctypes.c_void_p()
+        if write:
+            opts = _lib.init(_lib.WriteOptions())
+            if transport:
+                opts.transport = transport.encode()
+            if plan.sources is not None:
+                opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+                opts.num_destinations = len(plan.sources)
+            st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),
+                                     ctypes.byref(opts), ctypes.byref(p))
+            self._mine: Any = []
+        else:
+            fopts = None
+            if transport or plan.sources is not None:
+                fopts = _lib.init(_lib.FetchOptions())
+                if transport:
+                    fopts.transport = transport.encode()
+                if plan.sources is not None:
+                    fopts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+                    fopts.num_sources = len(plan.sources)
+            # Python transports receiving a run get these very objects.
+            self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
+            st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),
+                                     ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
+        if st != _lib.OK:
+            self._store.forget(self._mine)
+            raise _lib.make_error(st)
+        self._ptr = p.value
+
+    def __repr__(self) -> str:
+        what = "write into" if self._write else "get of"
+        n = len(self._plan.fetch_refs)
+        state = "closed" if self._ptr is None and not self._empty else "ready"
+        return f"<rdt.Prepared {what} {n} ref{'s' if n != 1 else ''}, {state}>"
+
+    def run(self, tag: int = 0, timeout: Optional[float] = None) -> Any:
+        """Runs it once; see the class. ``tag`` is a write's notice tag (a
+        get ignores it); ``timeout`` in seconds (None: no limit)."""
+        deadline = deadline_of(timeout)
+        if not self._empty:
+            with self._lock:
+                st = _lib.lib().rdt_prepared_run(self._handle(), int(tag) & 0xFFFFFFFFFFFFFFFF, ms_until(deadline))
+            if st != _lib.OK:
+                raise _lib.make_error(st)
+        if self._write:
+            return None
+        if self._value is None:
+            p = self._plan
+            results = [r._value_of(ts) for r, ts in zip(p.refs, p.tensors)]
+            self._value = results[0] if p.single else results
+        return self._value
+
+    async def run_async(self, tag: int = 0, timeout: Optional[float] = None) -> Any:
+        """:meth:`run` on a worker thread, for asyncio (the event loop goes
+        on; cancelling the task does not stop the run, which ends within
+        its timeout)."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.run, tag, timeout)
+
+    def _free(self, ptr: int) -> None:
+        with self._lock:  # after a run in progress
+            _lib.lib().rdt_prepared_free(ptr)
+        self._store.forget(self._mine)
+
+
+def prepare_get_in(rt: RuntimeLike, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
+                   transport: Optional[str] = None, device: Optional[str] = None) -> Prepared:
+    """Runtime.prepare_get."""
+    return Prepared(rt, _get.plan(rt, refs, out, device), transport, write=False)
+
+
+def prepare_write_in(rt: RuntimeLike, dests: Union[_write.Dests, Sequence[_write.Dests]], value: Any,
+                     transport: Optional[str] = None) -> Prepared:
+    """Runtime.prepare_write."""
+    return Prepared(rt, _write.plan(rt, dests, value), transport, write=True)

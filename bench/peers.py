@@ -737,7 +737,9 @@ def main() -> None:
         python = args.torch_python if name == "gloo" else sys.executable
         rows[title] = measure_peer(name, shapes, python, peer_env(name, base_env, args))
     write_rows = {}
-    for transport in RDT_WRITE_ROWS if write_shapes else []:
+    # --rdt none leaves out rdt's write rows too.
+    rdt_writes = RDT_WRITE_ROWS if write_shapes and args.rdt.split(",") != ["none"] else []
+    for transport in rdt_writes:
         print(f"measuring rdt's writes over {transport}", file=sys.stderr, flush=True)
         write_rows[f"rdt, {transport}"] = measure_rdt_write(args.rdtbench, transport, write_shapes)
     for name in [p for p in args.peers.split(",") if p in WRITE_PEERS] if write_shapes else []:

@@ -503,17 +503,26 @@ def measure_peer(name: str, shapes: list, python: str, env: dict, write: bool = 
     return {"unavailable": f"exit status {proc.returncode}: {why[:300]}"}
 
 
+def rdtbench_row(rdtbench: str, transport: str, shape: str, runs: int, want: tuple):
+    """One `rdtbench row` line as its fields, or why it gave none of want
+    (a string)."""
+    proc = subprocess.run([rdtbench, "row", transport, shape, str(runs)],
+                          capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+    fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
+    if proc.returncode == 0 and any(k in fields for k in want):
+        return fields
+    if fields.get("available") == "no":
+        return f"librdt lists no {transport} transport here"
+    return f"rdtbench row: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"
+
+
 def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
     """rdt's row through `rdtbench row` (C ABI): {shape: seconds, "by": ...}."""
     results, by = {}, set()
     for count, size, runs in shapes:
-        proc = subprocess.run([rdtbench, "row", transport, shape_name(count, size), str(runs)],
-                              capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
-        fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
-        if proc.returncode != 0 or ("p50_us" not in fields and "many_ms" not in fields):
-            if fields.get("available") == "no":
-                return {"unavailable": f"librdt lists no {transport} transport here"}
-            return {"unavailable": f"rdtbench row: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        fields = rdtbench_row(rdtbench, transport, shape_name(count, size), runs, ("p50_us", "many_ms"))
+        if isinstance(fields, str):
+            return {"unavailable": fields}
         by.add(fields.get("by", "?"))
         if count == 1:
             results[shape_name(count, size)] = float(fields["p50_us"]) * 1e-6
@@ -528,13 +537,9 @@ def measure_rdt_write(rdtbench: str, transport: str, shapes: list) -> dict:
     in a second process checking every notice): {shape: seconds}."""
     results = {}
     for count, size, runs in shapes:
-        proc = subprocess.run([rdtbench, "row", transport, "write:" + shape_name(count, size), str(runs)],
-                              capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
-        fields = dict(kv.split("=", 1) for kv in proc.stdout.split() if "=" in kv)
-        if proc.returncode != 0 or "write_p50_us" not in fields:
-            if fields.get("available") == "no":
-                return {"unavailable": f"librdt lists no {transport} transport here"}
-            return {"unavailable": f"rdtbench row: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        fields = rdtbench_row(rdtbench, transport, "write:" + shape_name(count, size), runs, ("write_p50_us",))
+        if isinstance(fields, str):
+            return {"unavailable": fields}
         results[shape_name(count, size)] = float(fields["write_p50_us"]) * 1e-6
     results["by"] = transport
     return results
@@ -563,9 +568,24 @@ def machine_line() -> str:
             f"({platform.machine()}), Python {platform.python_version()}. {date}.")
 
 
-def report(shapes: list, rows: dict) -> str:
+def times_table(w, shapes: list, rows: dict, label) -> None:
+    """Writes (through w) a table of each system's time and GB/s per shape;
+    label(title, result) names a row."""
     names = [shape_name(c, s) for c, s, _ in shapes]
     sizes = {shape_name(c, s): c * s for c, s, _ in shapes}
+    w("| system | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
+    w("|---|" + "---|" * len(shapes))
+    for title, res in rows.items():
+        if "unavailable" in res:
+            w(f"| {title} | not measured: {res['unavailable']} |" + " |" * (len(shapes) - 1))
+            continue
+        w(f"| {label(title, res)} | " + " | ".join(
+            f"{fmt_time(res[n])}<br>{sizes[n] / res[n] / 1e9:.2f} GB/s" if n in res else "" for n in names) + " |")
+    w("")
+
+
+def report(shapes: list, rows: dict) -> str:
+    names = [shape_name(c, s) for c, s, _ in shapes]
     lines = []
     w = lines.append
     w("# rdt against the libraries users would pick instead\n")
@@ -585,16 +605,8 @@ def report(shapes: list, rows: dict) -> str:
       "and the receiver copying them out; pickle over a `multiprocessing` pipe. Runs per shape: "
       + ", ".join(f"{shape_title(c, s)} {r}" for c, s, r in shapes) + ".\n")
     w("## Time per fetch\n")
-    w("| system | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
-    w("|---|" + "---|" * len(shapes))
-    for title, res in rows.items():
-        if "unavailable" in res:
-            w(f"| {title} | not measured: {res['unavailable']} |" + " |" * (len(shapes) - 1))
-            continue
-        label = f"{title} ({res['by']})" if res.get("by") else f"{title} ({res['version']})"
-        w(f"| {label} | " + " | ".join(
-            f"{fmt_time(res[n])}<br>{sizes[n] / res[n] / 1e9:.2f} GB/s" if n in res else "" for n in names) + " |")
-    w("")
+    times_table(w, shapes, rows, lambda title, res: f"{title} ({res['by']})" if res.get("by")
+                else f"{title} ({res['version']})")
     rdt_auto, rdt_tcp = rows.get("rdt, automatic choice", {}), rows.get("rdt, tcp", {})
     w("## rdt's speed over each peer's (peer time / rdt time; above 1: rdt is faster)\n")
     w("| peer | rdt | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
@@ -657,7 +669,6 @@ def write_report(shapes: list, rows: dict) -> str:
     if not shapes:
         return ""
     names = [shape_name(c, s) for c, s, _ in shapes]
-    sizes = {shape_name(c, s): c * s for c, s, _ in shapes}
     lines = []
     w = lines.append
     w("\n## Writes (push)\n")
@@ -667,16 +678,7 @@ def write_report(shapes: list, rows: dict) -> str:
       "last. The peers' rows are `transfer_sync_write` (Mooncake, tcp) and a re-posted NIXL WRITE handle, "
       "driven from Python, the owner checking the bytes of the first write. Median of "
       + ", ".join(f"{shape_title(c, s)} {r}" for c, s, r in shapes) + " writes.\n")
-    w("| system | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
-    w("|---|" + "---|" * len(shapes))
-    for title, res in rows.items():
-        if "unavailable" in res:
-            w(f"| {title} | not measured: {res['unavailable']} |" + " |" * (len(shapes) - 1))
-            continue
-        label = title if res.get("by") else f"{title} ({res['version']})"
-        w(f"| {label} | " + " | ".join(
-            f"{fmt_time(res[n])}<br>{sizes[n] / res[n] / 1e9:.2f} GB/s" if n in res else "" for n in names) + " |")
-    w("")
+    times_table(w, shapes, rows, lambda title, res: title if res.get("by") else f"{title} ({res['version']})")
     w("Peer time over rdt time (above 1: rdt is faster):\n")
     w("| peer | rdt | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
     w("|---|---|" + "---|" * len(shapes))

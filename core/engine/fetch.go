@@ -166,10 +166,9 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 	return transport.Errorf(transport.ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
 }
 
-// newFetch checks the arguments, takes the fetch's own handles on the
-// objects and registers the fetch with the runtime. Nothing runs yet. The
-// fetch takes ctx and cancels it when aborted or freed.
-func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
+// checkFetchArgs checks a fetch's (or a write's) refs and tensors and plans
+// what each ref's transfer moves.
+func (rt *Runtime) checkFetchArgs(refs []*Ref, targets []transport.Tensor, opts FetchOptions) ([]*refTargets, error) {
 	for i, r := range refs {
 		if err := r.check(); err != nil {
 			return nil, transport.Wrap(err, "ref %d", i)
@@ -182,7 +181,14 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		return nil, err
 	}
 	// A write's sources are only read: they may overlap.
-	plans, err := planTargets(refs, targets, opts.Sources, opts.write == nil)
+	return planTargets(refs, targets, opts.Sources, opts.write == nil)
+}
+
+// newFetch checks the arguments, takes the fetch's own handles on the
+// objects and registers the fetch with the runtime. Nothing runs yet. The
+// fetch takes ctx and cancels it when aborted or freed.
+func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
+	plans, err := rt.checkFetchArgs(refs, targets, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -40,8 +40,7 @@ type Prepared struct {
 
 	mu     sync.Mutex
 	closed bool
-	runs   uint64
-	nextID uint64 // the kept transfers' ids: random, then counting
+	nextID uint64          // the kept transfers' ids: random, then counting
 	parts  []*preparedPart // nil until a first run kept them (or when it cannot)
 	// kept says the first run's transfers are kept: later runs take the
 	// fast path.
@@ -77,18 +76,7 @@ func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOp
 	if rt.ctx.Err() != nil {
 		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
-	for i, r := range refs {
-		if err := r.check(); err != nil {
-			return nil, transport.Wrap(err, "ref %d", i)
-		}
-		if r.rt != rt {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
-		}
-	}
-	if err := checkDirection(refs, opts.write != nil); err != nil {
-		return nil, err
-	}
-	if _, err := planTargets(refs, tensors, opts.Sources, opts.write == nil); err != nil {
+	if _, err := rt.checkFetchArgs(refs, tensors, opts); err != nil {
 		return nil, err
 	}
 	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), tensors...), opts: opts}
@@ -121,7 +109,6 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 	if p.rt.ctx.Err() != nil {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
 	}
-	p.runs++
 	if !p.kept {
 		return p.runFull(tag, timeout)
 	}
@@ -201,9 +188,13 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	}
 	runs := make([]running, 0, len(p.parts))
 	var firstErr error
+	what := "fetch"
+	if write {
+		what = "write into"
+	}
 	fail := func(i int, err error) {
 		if firstErr == nil {
-			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", map[bool]string{true: "write into", false: "fetch"}[write], i, p.parts[i].x.Object, p.parts[i].ref.desc.Owner.Address)
+			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", what, i, p.parts[i].x.Object, p.parts[i].ref.desc.Owner.Address)
 		}
 	}
 	for i, part := range p.parts {

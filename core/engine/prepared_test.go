@@ -11,15 +11,23 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// prepareShared shares n buffers of the owner with the borrower and
+// prepares their fetch into new targets; the test closes it.
+func prepareShared(t *testing.T, p *pair, n int) (pf *Prepared, refs []*Ref, src, dst []*hostBuf) {
+	t.Helper()
+	refs, src = p.share(t, n, 4096, "mem")
+	targets, dst := targetsFor(t, src)
+	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
+	require.NoError(t, err)
+	return pf, refs, src, dst
+}
+
 // A prepared fetch runs like Get each time, and after the first run it
 // starts the kept transfers without a start phase: the owner is not asked
 // again, and the bytes of each run are the source's at that run.
 func TestPreparedFetchRunsAgainWithoutAStartPhase(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 3, 4096, "mem")
-	targets, dst := targetsFor(t, src)
-	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	pf, _, src, dst := prepareShared(t, p, 3)
 	defer pf.Close()
 	assert.False(t, pf.Kept(), "nothing is kept before the first run")
 	for run := 0; run < 5; run++ {
@@ -43,10 +51,7 @@ func TestPreparedFetchRunsAgainWithoutAStartPhase(t *testing.T) {
 // the objects stay borrowed (the owner keeps them) until Close.
 func TestPreparedFetchHoldsItsRefsUntilClose(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, dst := targetsFor(t, src)
-	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	pf, refs, src, dst := prepareShared(t, p, 1)
 	require.NoError(t, refs[0].Release())
 	require.NoError(t, pf.Run(0, 5*time.Second))
 	require.NoError(t, pf.Run(0, 5*time.Second))
@@ -55,7 +60,7 @@ func TestPreparedFetchHoldsItsRefsUntilClose(t *testing.T) {
 	pf.Close()
 	require.Eventually(t, func() bool { return p.owner.Stats().ObjectsFreed == 1 }, 10*time.Second, time.Millisecond,
 		"the owner frees the object once the prepared fetch let go")
-	err = pf.Run(0, time.Second)
+	err := pf.Run(0, time.Second)
 	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err), "%v", err)
 	pf.Close() // twice is harmless
 }
@@ -65,15 +70,12 @@ func TestPreparedFetchHoldsItsRefsUntilClose(t *testing.T) {
 func TestPreparedFetchFailuresAndDeadline(t *testing.T) {
 	gate := make(chan struct{})
 	p := newPair(t, nil)
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, _ := targetsFor(t, src)
-	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	pf, _, _, _ := prepareShared(t, p, 1)
 	defer pf.Close()
 	require.NoError(t, pf.Run(0, 5*time.Second))
 
 	p.dst.failFetchIdx = int(p.dst.fetched.Load()) + 1
-	err = pf.Run(0, 5*time.Second)
+	err := pf.Run(0, 5*time.Second)
 	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err), "%v", err)
 	require.NoError(t, pf.Run(0, 5*time.Second), "the next run starts afresh")
 
@@ -93,10 +95,7 @@ func TestPreparedFetchFailuresAndDeadline(t *testing.T) {
 // A kept transfer whose owner is gone fails at once with PEER_UNAVAILABLE.
 func TestPreparedFetchOwnerGone(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, _ := targetsFor(t, src)
-	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	pf, _, _, _ := prepareShared(t, p, 1)
 	defer pf.Close()
 	require.NoError(t, pf.Run(0, 5*time.Second))
 	fetched := p.dst.fetched.Load()

@@ -22,6 +22,28 @@ def wait_until(cond, timeout=10.0):
     return cond()
 
 
+def check_notices_after_writer_killed(ref, first, whole):
+    """Takes the notices of an exposed ref whose writer was killed in a loop
+    of writes (first: the first notice, taken already) and checks that they
+    came in the order of the writes, that only the last may have failed
+    (torn: PEER_UNAVAILABLE), and that a last success left its version
+    whole (whole(tag) says so)."""
+    import rdt
+    notices = [first]
+    while True:
+        try:
+            notices.append(ref.wait_notice(0))
+        except rdt.GetTimeoutError:
+            break
+    assert [n.tag for n in notices] == list(range(first.tag, first.tag + len(notices)))
+    assert all(n.ok for n in notices[:-1]), "only the last write can have failed"
+    last = notices[-1]
+    if last.ok:  # killed between writes: that version is whole
+        assert whole(last.tag), f"version {last.tag} is whole"
+    else:
+        assert isinstance(last.error, rdt.PeerUnavailableError), last.error
+
+
 def all_threads_stopped(pid):
     """Whether every thread of process pid is stopped (state T or t)."""
     states = []

@@ -11,17 +11,9 @@ import pytest
 
 import rdt
 import workers
+from conftest import check_notices_after_writer_killed, wait_until
 
 HOST = ["cma", "shm", "tcp"]
-
-
-def wait_until(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 @pytest.mark.parametrize("transport", HOST)
@@ -111,20 +103,8 @@ def test_prepared_writer_killed_mid_loop_never_leaves_a_false_success(child):
         assert first.ok and first.tag == 1
         c.kill()
         assert wait_until(lambda: rt.stats()["writes_open"] == 0, 60)
-        notices = [first]
-        while True:
-            try:
-                notices.append(ref.wait_notice(0))
-            except rdt.GetTimeoutError:
-                break
-        assert [n.tag for n in notices] == list(range(1, len(notices) + 1))
-        assert all(n.ok for n in notices[:-1]), "only the last write can have failed"
-        last = notices[-1]
-        if last.ok:
-            want = workers.version_of(last.tag)
-            assert all(np.array_equal(bufs[k], want[k]) for k in bufs)
-        else:
-            assert isinstance(last.error, rdt.PeerUnavailableError), last.error
+        check_notices_after_writer_killed(
+            ref, first, lambda tag: all(np.array_equal(bufs[k], workers.version_of(tag)[k]) for k in bufs))
 
 
 def test_prepare_refuses_bad_arguments_and_dropped_ones_free_themselves():

@@ -10,7 +10,7 @@ import pytest
 
 import rdt
 import workers
-from conftest import wait_until
+from conftest import check_notices_after_writer_killed, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,19 +128,8 @@ def test_a_writer_killed_mid_loop_never_leaves_a_false_success(child):
         assert wait_until(lambda: rt.stats()["writes_open"] == 1, 60)
         c.kill()
         assert wait_until(lambda: rt.stats()["writes_open"] == 0, 60)
-        notices = [first]
-        while True:
-            try:
-                notices.append(ref.wait_notice(0))
-            except rdt.GetTimeoutError:
-                break
-        assert [n.tag for n in notices] == list(range(1, len(notices) + 1))
-        assert all(n.ok for n in notices[:-1]), "only the last write can have failed"
-        last = notices[-1]
-        if last.ok:  # killed between writes: that version is whole
-            assert (bufs["w"] == last.tag % 251).all() and (bufs["b"] == last.tag % 251).all()
-        else:
-            assert isinstance(last.error, rdt.PeerUnavailableError), last.error
+        check_notices_after_writer_killed(
+            ref, first, lambda tag: (bufs["w"] == tag % 251).all() and (bufs["b"] == tag % 251).all())
 
 
 def test_writable_refs_pickle_with_their_structure():

@@ -68,36 +68,7 @@ type devicePair struct{ dst, src int }
 // allocations the targets read from (or finds them in the cache) and
 // enqueues the copies: each target receives its piece, or its tensor whole.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	if err := t.checkOpen(); err != nil {
-		return nil, err
-	}
-	m, err := decodeMetadata(tmeta)
-	if err != nil {
-		return nil, err
-	}
-	if err := t.checkFetch(x, m, targets); err != nil {
-		return nil, err
-	}
-	req := &request{t: t, aborted: make(chan struct{})}
-	ok := false
-	defer func() {
-		if !ok {
-			req.drain()
-		}
-	}()
-	src, err := t.openSources(req, x, m, targets)
-	if err != nil {
-		return nil, err
-	}
-	plan, err := planCopies(x, m, targets, src)
-	if err != nil {
-		return nil, err
-	}
-	if err := t.enqueue(req, targets, plan); err != nil {
-		return nil, err
-	}
-	ok = true
-	return req, nil
+	return t.start(x, targets, tmeta, false)
 }
 
 // Write copies the sources into the exposed object's allocations, opened
@@ -105,6 +76,12 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 // cache, the copies the other way. Device sources only: a host source has
 // no stream to order it (fetch into host memory is the supported cross).
 func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	return t.start(x, sources, tmeta, true)
+}
+
+// start is Fetch and Write: local are the targets of a fetch, the sources
+// of a write.
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, write bool) (transport.Request, error) {
 	if err := t.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -112,19 +89,8 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	if err := x.CheckPieces(sources, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
+	if err := t.checkLocal(x, m, local, write); err != nil {
 		return nil, err
-	}
-	for i, s := range sources {
-		if s.Nbytes == 0 {
-			continue
-		}
-		if s.Device.Type != transport.DeviceCUDA {
-			return nil, transport.Errorf(transport.ErrUnsupported, "it writes from CUDA device memory; source %d is on %s", i, s.Device)
-		}
-		if err := t.checkDevice("source", i, s.Device); err != nil {
-			return nil, err
-		}
 	}
 	req := &request{t: t, aborted: make(chan struct{})}
 	ok := false
@@ -133,72 +99,47 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 			req.drain()
 		}
 	}()
-	dst, err := t.openSources(req, x, m, sources)
+	remote, err := t.openSources(req, x, m, local)
 	if err != nil {
 		return nil, err
 	}
-	plan, err := planWrites(x, m, sources, dst)
+	plan, err := planCopies(x, m, local, remote, write)
 	if err != nil {
 		return nil, err
 	}
-	if err := t.enqueue(req, sources, plan); err != nil {
+	if err := t.enqueue(req, local, plan); err != nil {
 		return nil, err
 	}
 	ok = true
 	return req, nil
 }
 
-// planWrites groups the copy of every source that carries bytes by pair of
-// devices, like planCopies with the sides swapped: each copy goes to its
-// piece of the exposed allocation, on a stream of that allocation's device.
-func planWrites(x *transport.Transfer, m *metadata, sources []transport.Tensor, dst sources) (copyPlan, error) {
-	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
-	for i, s := range sources {
-		pc := x.PieceOf(i, s)
-		if pc.Length == 0 {
-			continue
-		}
-		tr := m.Tensors[pc.Tensor]
-		p := devicePair{dst: dst.dev[tr.Alloc], src: int(s.Device.ID)}
-		if p.dst != p.src {
-			can, err := cuda.CanAccessPeer(p.dst, p.src)
-			if err != nil {
-				return plan, err
-			}
-			if !can {
-				return plan, transport.Errorf(transport.ErrUnsupported, "source %d is on cuda:%d (%s) and tensor %d of the exposed object on cuda:%d (%s, %s), and these devices have no peer access; write from a tensor on cuda:%d",
-					i, p.src, cuda.DeviceName(p.src), pc.Tensor, p.dst, cuda.DeviceName(p.dst), m.Allocs[tr.Alloc].Device, p.dst)
-			}
-		}
-		if _, ok := plan.copies[p]; !ok {
-			plan.order = append(plan.order, p)
-		}
-		to := dst.base[tr.Alloc] + tr.Offset + pc.Offset
-		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: to, Src: cuda.Ptr(s.Data), N: pc.Length})
-		plan.targets[p] = append(plan.targets[p], i)
-	}
-	return plan, nil
-}
-
-// checkFetch checks that the targets match what the metadata describes
-// (the tensors, or the pieces of them x names), and that every target that
-// receives bytes is on a CUDA device this transport may use.
-func (t *Transport) checkFetch(x *transport.Transfer, m *metadata, targets []transport.Tensor) error {
-	if err := x.CheckPieces(targets, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
+// checkLocal checks that the local tensors match what the metadata
+// describes (the tensors, or the pieces of them x names), and that every
+// one that moves bytes is on a CUDA device this transport may use; a
+// fetch's targets may also be host memory.
+func (t *Transport) checkLocal(x *transport.Transfer, m *metadata, local []transport.Tensor, write bool) error {
+	if err := x.CheckPieces(local, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
 		return err
 	}
-	for i, tg := range targets {
-		if tg.Nbytes == 0 {
+	for i, tg := range local {
+		switch {
+		case tg.Nbytes == 0:
 			continue
-		}
-		if tg.Device.Type.HostAccessible() {
+		case write && tg.Device.Type != transport.DeviceCUDA:
+			return transport.Errorf(transport.ErrUnsupported, "it writes from CUDA device memory; source %d is on %s", i, tg.Device)
+		case write:
+			if err := t.checkDevice("source", i, tg.Device); err != nil {
+				return err
+			}
+		case tg.Device.Type.HostAccessible():
 			continue // copied from the device with unified addressing
-		}
-		if tg.Device.Type != transport.DeviceCUDA {
+		case tg.Device.Type != transport.DeviceCUDA:
 			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device or host memory; target %d is on %s", i, tg.Device)
-		}
-		if err := t.checkDevice("target", i, tg.Device); err != nil {
-			return err
+		default:
+			if err := t.checkDevice("target", i, tg.Device); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -259,31 +200,39 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 	return src, nil
 }
 
-// copyPlan is a fetch's copies grouped by pair of devices, in the order
+// copyPlan is a transfer's copies grouped by pair of devices, in the order
 // the pairs first appear among the tensors.
 type copyPlan struct {
 	order   []devicePair
 	copies  map[devicePair][]cuda.Copy
-	targets map[devicePair][]int // the targets each pair's copies write
+	targets map[devicePair][]int // the local tensors each pair's copies move
 }
 
-// planCopies groups the copy into every target that receives bytes by
-// pair of devices, checking that devices that differ have peer access. A
-// target's bytes start at its piece's offset in its tensor, which lies at
-// the tensor's offset in its allocation.
-func planCopies(x *transport.Transfer, m *metadata, targets []transport.Tensor, src sources) (copyPlan, error) {
+// planCopies groups the copy of every local tensor that moves bytes by pair
+// of devices, checking that devices that differ have peer access: into a
+// fetch's target from its piece of the source allocation, or from a write's
+// source into its piece of the exposed allocation (on a stream of that
+// allocation's device). A piece starts at its offset in its tensor, which
+// lies at the tensor's offset in its allocation.
+func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, remote sources, write bool) (copyPlan, error) {
 	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
-	for i, tg := range targets {
+	for i, tg := range local {
 		pc := x.PieceOf(i, tg)
 		if pc.Length == 0 {
 			continue
 		}
 		tr := m.Tensors[pc.Tensor]
-		p := devicePair{dst: int(tg.Device.ID), src: src.dev[tr.Alloc]}
-		if tg.Device.Type.HostAccessible() {
+		there := remote.base[tr.Alloc] + tr.Offset + pc.Offset
+		c := cuda.Copy{Dst: cuda.Ptr(tg.Data), Src: there, N: pc.Length}
+		p := devicePair{dst: int(tg.Device.ID), src: remote.dev[tr.Alloc]}
+		switch {
+		case write:
+			c.Dst, c.Src = there, cuda.Ptr(tg.Data)
+			p = devicePair{dst: remote.dev[tr.Alloc], src: int(tg.Device.ID)}
+		case tg.Device.Type.HostAccessible():
 			// Into host memory: on the source device's stream, with
 			// cuMemcpyAsync working out the kinds of memory.
-			p = devicePair{dst: src.dev[tr.Alloc], src: -1}
+			p = devicePair{dst: remote.dev[tr.Alloc], src: -1}
 		}
 		if p.src >= 0 && p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
@@ -291,18 +240,27 @@ func planCopies(x *transport.Transfer, m *metadata, targets []transport.Tensor, 
 				return plan, err
 			}
 			if !can {
-				return plan, transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and target %d on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
-					pc.Tensor, p.src, cuda.DeviceName(p.src), m.Allocs[tr.Alloc].Device, i, p.dst, cuda.DeviceName(p.dst), p.src)
+				return plan, noPeerAccess(m, tr.Alloc, pc.Tensor, i, p, write)
 			}
 		}
 		if _, ok := plan.copies[p]; !ok {
 			plan.order = append(plan.order, p)
 		}
-		from := src.base[tr.Alloc] + tr.Offset + pc.Offset
-		plan.copies[p] = append(plan.copies[p], cuda.Copy{Dst: cuda.Ptr(tg.Data), Src: from, N: pc.Length})
+		plan.copies[p] = append(plan.copies[p], c)
 		plan.targets[p] = append(plan.targets[p], i)
 	}
 	return plan, nil
+}
+
+// noPeerAccess explains a copy between two devices without peer access,
+// naming the device the local tensor should be on.
+func noPeerAccess(m *metadata, alloc, tensor uint32, i int, p devicePair, write bool) error {
+	if write {
+		return transport.Errorf(transport.ErrUnsupported, "source %d is on cuda:%d (%s) and tensor %d of the exposed object on cuda:%d (%s, %s), and these devices have no peer access; write from a tensor on cuda:%d",
+			i, p.src, cuda.DeviceName(p.src), tensor, p.dst, cuda.DeviceName(p.dst), m.Allocs[alloc].Device, p.dst)
+	}
+	return transport.Errorf(transport.ErrUnsupported, "tensor %d is on the source's cuda:%d (%s, %s) and target %d on cuda:%d (%s), and these devices have no peer access; fetch into a tensor on cuda:%d",
+		tensor, p.src, cuda.DeviceName(p.src), m.Allocs[alloc].Device, i, p.dst, cuda.DeviceName(p.dst), p.src)
 }
 
 // enqueue enqueues each pair's copies on a stream of the target device,

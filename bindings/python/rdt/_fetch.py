@@ -63,6 +63,20 @@ class Plan:
         self.sources = sources
 
 
+def fetch_options(transport: Optional[str], plan: Plan) -> Any:
+    """A fetch's rdt_fetch_options, or None when it needs none. The sources
+    array stays plan's (rdt copies it during the call)."""
+    if not transport and plan.sources is None:
+        return None
+    opts = _lib.init(_lib.FetchOptions())
+    if transport:
+        opts.transport = transport.encode()
+    if plan.sources is not None:
+        opts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+        opts.num_sources = len(plan.sources)
+    return opts
+
+
 class Fetch(Handle):
     """Refs being fetched, made by :meth:`Runtime.fetch`. Every transfer is
     running when you get it; nothing blocks until you wait.
@@ -109,14 +123,7 @@ class Fetch(Handle):
         else:
             handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         self._buf, addr = _t.pack(plan.items)
-        opts = None
-        if transport or plan.sources is not None:
-            opts = _lib.init(_lib.FetchOptions())
-            if transport:
-                opts.transport = transport.encode()
-            if plan.sources is not None:  # rdt copies the array during the call
-                opts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
-                opts.num_sources = len(plan.sources)
+        opts = fetch_options(transport, plan)
         # Python transports receiving this fetch get these very objects.
         self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
         f = ctypes.c_void_p()

@@ -12,7 +12,7 @@ from . import _get
 from . import _lib
 from . import _tensors as _t
 from . import _write
-from ._fetch import Plan, deadline_of, ms_until
+from ._fetch import Plan, deadline_of, fetch_options, ms_until
 from ._handle import Handle
 from ._store import RuntimeLike
 
@@ -58,24 +58,11 @@ class Prepared(Handle):
         L = _lib.lib()
         p = ctypes.c_void_p()
         if write:
-            opts = _lib.init(_lib.WriteOptions())
-            if transport:
-                opts.transport = transport.encode()
-            if plan.sources is not None:
-                opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
-                opts.num_destinations = len(plan.sources)
             st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),
-                                     ctypes.byref(opts), ctypes.byref(p))
+                                     ctypes.byref(_write.write_options(transport, plan)), ctypes.byref(p))
             self._mine: Any = []
         else:
-            fopts = None
-            if transport or plan.sources is not None:
-                fopts = _lib.init(_lib.FetchOptions())
-                if transport:
-                    fopts.transport = transport.encode()
-                if plan.sources is not None:
-                    fopts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
-                    fopts.num_sources = len(plan.sources)
+            fopts = fetch_options(transport, plan)
             # Python transports receiving a run get these very objects.
             self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
             st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),

@@ -81,6 +81,19 @@ def plan(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any) -> P
     return Plan(True, [], [], refs, items, objs, False, _t.sources(rows) if partial else None)
 
 
+def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
+    """A write's rdt_write_options. The destinations array stays plan's
+    (rdt copies it during the call)."""
+    opts = _lib.init(_lib.WriteOptions())
+    opts.tag = int(tag) & 0xFFFFFFFFFFFFFFFF
+    if transport:
+        opts.transport = transport.encode()
+    if plan.sources is not None:
+        opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+        opts.num_destinations = len(plan.sources)
+    return opts
+
+
 class Write(Fetch):
     """A write in flight, made by :meth:`Runtime.write_start`: waited on,
     polled, aborted, closed and awaited as an :class:`rdt.Fetch` is; its
@@ -99,13 +112,7 @@ class Write(Fetch):
         else:
             handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         self._buf, addr = _t.pack(plan.items)
-        opts = _lib.init(_lib.WriteOptions())
-        opts.tag = int(tag) & 0xFFFFFFFFFFFFFFFF
-        if transport:
-            opts.transport = transport.encode()
-        if plan.sources is not None:  # rdt copies the array during the call
-            opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
-            opts.num_destinations = len(plan.sources)
+        opts = write_options(transport, plan, tag)
         f = ctypes.c_void_p()
         _lib.check(_lib.lib().rdt_write_start(runtime._handle(), handles, len(refs), addr, len(plan.items),
                                               ctypes.byref(opts), ctypes.byref(f)))

@@ -138,8 +138,14 @@ def test_wait_tensor_freed_until_a_borrower_releases(child):
 def test_wait_tensor_freed_when_the_borrower_is_killed(child):
     x = np.arange(1000.0)
     ref = rdt.put(x)
+    stats = rdt.default_runtime().stats
+    before = stats()["borrows"]
     c = child(workers.hold, pickle.dumps(ref))
     assert c.recv() == "holding"
+    # Unpickling sends the borrow without waiting for the owner's answer:
+    # a borrower killed before its borrow lands leaves only the lease,
+    # which holds the object for two minutes. Kill it once it is counted.
+    assert wait_until(lambda: stats()["borrows"] == before + 1)
     ref.close()
     c.kill()
     t0 = time.monotonic()

@@ -50,6 +50,14 @@ rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, uintptr_t req,
 void rdtc_cb_release_request(const rdt_transport_vtable *vt, uintptr_t req);
 void rdtc_cb_gc(const rdt_transport_vtable *vt, const char *oid,
                 const rdt_tensor *ts, size_t n, const void *tm, size_t tms);
+rdt_status rdtc_cb_write(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tms, const void *cm, size_t cms, char **err);
+rdt_status rdtc_cb_write_start(const rdt_transport_vtable *vt,
+                               const rdt_transfer *x, const rdt_tensor *ts,
+                               size_t n, const void *tm, size_t tms,
+                               const void *cm, size_t cms, uintptr_t *req,
+                               char **err);
 rdt_status rdtc_cb_abort(const rdt_transport_vtable *vt, const rdt_transfer *x,
                          uintptr_t req, char **err);
 

@@ -151,6 +151,26 @@ rdt_status rdtc_cb_fetch(const rdt_transport_vtable *vt, const rdt_transfer *x,
   return cb_end(st, err);
 }
 
+rdt_status rdtc_cb_write(const rdt_transport_vtable *vt, const rdt_transfer *x,
+                         const rdt_tensor *ts, size_t n, const void *tm,
+                         size_t tms, const void *cm, size_t cms, char **err) {
+  cb_begin();
+  return cb_end(vt->write(vt->user_data, x, ts, n, tm, tms, cm, cms), err);
+}
+
+rdt_status rdtc_cb_write_start(const rdt_transport_vtable *vt,
+                               const rdt_transfer *x, const rdt_tensor *ts,
+                               size_t n, const void *tm, size_t tms,
+                               const void *cm, size_t cms, uintptr_t *req,
+                               char **err) {
+  void *request = NULL;
+  cb_begin();
+  rdt_status st =
+      vt->write_start(vt->user_data, x, ts, n, tm, tms, cm, cms, &request);
+  *req = (uintptr_t)request;
+  return cb_end(st, err);
+}
+
 rdt_status rdtc_cb_wait(const rdt_transport_vtable *vt, uintptr_t req,
                         int64_t timeout_ms, char **err) {
   cb_begin();

@@ -44,30 +44,46 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 			devs = append(devs, transport.DeviceType(d))
 		}
 		flags := uint32(vt.flags)
-		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT|C.RDT_TRANSPORT_RANGES) != 0 {
+		if flags&^uint32(C.RDT_TRANSPORT_ONE_SIDED|C.RDT_TRANSPORT_CAN_ABORT|C.RDT_TRANSPORT_RANGES|C.RDT_TRANSPORT_WRITES) != 0 {
 			return invalid("unknown transport flags %#x", flags)
 		}
 		t := &foreign{name: canon, devices: devs, vt: vt, log: rt.Log(),
 			oneSided: flags&C.RDT_TRANSPORT_ONE_SIDED != 0, canAbort: flags&C.RDT_TRANSPORT_CAN_ABORT != 0,
-			ranges: flags&C.RDT_TRANSPORT_RANGES != 0}
-		asyncCount := 0
-		for _, p := range []unsafe.Pointer{unsafe.Pointer(vt.fetch), unsafe.Pointer(vt.wait), unsafe.Pointer(vt.release_request)} {
-			if p != nil {
-				asyncCount++
-			}
-		}
-		switch {
-		case asyncCount != 0 && asyncCount != 3:
-			return invalid("transport %q: fetch, wait and release_request must be given together", canon)
-		case asyncCount == 0 && vt.recv == nil:
-			return invalid("transport %q has neither recv nor fetch/wait/release_request", canon)
-		case !t.oneSided && vt.send == nil:
-			return invalid("transport %q is two-sided but has no send", canon)
-		case t.canAbort && vt.abort == nil:
-			return invalid("transport %q sets RDT_TRANSPORT_CAN_ABORT but has no abort", canon)
+			ranges: flags&C.RDT_TRANSPORT_RANGES != 0, writes: flags&C.RDT_TRANSPORT_WRITES != 0}
+		if err := checkVTable(canon, t, vt); err != nil {
+			return err
 		}
 		return rt.RegisterTransport(t)
 	})
+}
+
+// checkVTable refuses a vtable whose callbacks do not match its flags.
+func checkVTable(canon string, t *foreign, vt *C.rdt_transport_vtable) error {
+	given := func(p unsafe.Pointer) bool { return p != nil }
+	fetch, write, writeStart := given(unsafe.Pointer(vt.fetch)), given(unsafe.Pointer(vt.write)), given(unsafe.Pointer(vt.write_start))
+	wait, release := given(unsafe.Pointer(vt.wait)), given(unsafe.Pointer(vt.release_request))
+	switch {
+	case fetch && !(wait && release):
+		return invalid("transport %q: fetch, wait and release_request must be given together", canon)
+	case writeStart && !(wait && release):
+		return invalid("transport %q: write_start, wait and release_request must be given together", canon)
+	case (wait || release) && !fetch && !writeStart:
+		return invalid("transport %q: wait and release_request serve the requests of fetch or write_start, and it has neither", canon)
+	case !fetch && vt.recv == nil:
+		return invalid("transport %q has neither recv nor fetch/wait/release_request", canon)
+	case !t.oneSided && vt.send == nil:
+		return invalid("transport %q is two-sided but has no send", canon)
+	case t.canAbort && vt.abort == nil:
+		return invalid("transport %q sets RDT_TRANSPORT_CAN_ABORT but has no abort", canon)
+	case t.writes && !t.oneSided:
+		return invalid("transport %q sets RDT_TRANSPORT_WRITES without RDT_TRANSPORT_ONE_SIDED: "+
+			"a write is one-sided (the owner runs none of the transport's callbacks during it)", canon)
+	case t.writes && !write && !writeStart:
+		return invalid("transport %q sets RDT_TRANSPORT_WRITES but has neither write nor write_start", canon)
+	case !t.writes && (write || writeStart):
+		return invalid("transport %q gives write or write_start without setting RDT_TRANSPORT_WRITES", canon)
+	}
+	return nil
 }
 
 //export rdtgo_transport_list
@@ -157,7 +173,7 @@ type foreign struct {
 	name               string
 	devices            []transport.DeviceType
 	oneSided, canAbort bool
-	ranges             bool
+	ranges, writes     bool
 	vt                 *C.rdt_transport_vtable // C memory, freed at Close
 	log                *transport.Logger       // the runtime's, at its RDT_LOG level
 	closeOnce          sync.Once
@@ -165,9 +181,11 @@ type foreign struct {
 
 // Describe is read from the vtable's flags at registration. A foreign
 // transport is only used when named (no automatic rank, no group backend),
-// and the engine checks nothing for it that the C ABI cannot express.
+// and the engine checks nothing for it that the C ABI cannot express. It
+// implements transport.Writer; the engine uses that only when Writes is set.
 func (f *foreign) Describe() transport.Descriptor {
-	return transport.Descriptor{Name: f.name, Devices: f.devices, OneSided: f.oneSided, CanAbort: f.canAbort, Ranges: f.ranges}
+	return transport.Descriptor{Name: f.name, Devices: f.devices, OneSided: f.oneSided, CanAbort: f.canAbort,
+		Ranges: f.ranges, Writes: f.writes}
 }
 
 // callbackError turns a callback's status and message into an error.
@@ -306,27 +324,51 @@ func (f *foreign) Send(x *transport.Transfer, tensors []transport.Tensor, tmeta,
 	return f.callbackError("send", st, msg)
 }
 
-// foreignRequest is an in-progress receive of a foreign transport: either
-// its own fetch/wait request or a recv running on a goroutine. The C copies
-// of the transfer and targets live until Release.
+// foreignRequest is an in-progress receive or write of a foreign
+// transport: either its own request (fetch or write_start, then wait) or a
+// synchronous recv or write running on a goroutine. The C copies of the
+// transfer and tensors live until Release.
 type foreignRequest struct {
 	f       *foreign
 	x       *cTransfer
-	targets *cTensors
-	tmeta   []byte // kept reachable: C borrows them during recv
+	tensors *cTensors // the targets of a receive, the sources of a write
+	tmeta   []byte    // kept reachable: C borrows them during recv and write
 	cmeta   []byte
-	req     C.uintptr_t       // the transport's opaque request (fetch/wait): any bits, so never a Go pointer type
-	recv    transport.Request // the goroutine running recv
+	req     C.uintptr_t       // the transport's opaque request: any bits, so never a Go pointer type
+	sync    transport.Request // the goroutine running recv or write
 }
 
 func (f *foreign) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	r := &foreignRequest{f: f, x: newCTransfer(x), targets: newCTensors(targets), tmeta: tmeta, cmeta: cmeta}
-	if f.vt.fetch == nil {
-		r.recv = transport.RecvFunc(func() error {
+	return f.start(x, targets, tmeta, cmeta, false)
+}
+
+// Write implements transport.Writer: write_start's request, or write run
+// on a goroutine.
+func (f *foreign) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
+	if !f.writes {
+		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s was registered without RDT_TRANSPORT_WRITES", f.name)
+	}
+	return f.start(x, sources, tmeta, cmeta, true)
+}
+
+// start begins a receive (fetch, else recv) or a write (write_start, else
+// write) of tensors.
+func (f *foreign) start(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Request, error) {
+	r := &foreignRequest{f: f, x: newCTransfer(x), tensors: newCTensors(tensors), tmeta: tmeta, cmeta: cmeta}
+	async := f.vt.fetch != nil
+	if write {
+		async = f.vt.write_start != nil
+	}
+	if !async {
+		r.sync = transport.RecvFunc(func() error {
 			tm, tms := bytesArg(r.tmeta)
 			cm, cms := bytesArg(r.cmeta)
 			var msg *C.char
-			st := C.rdtc_cb_recv(f.vt, r.x.x, r.targets.arr, r.targets.n, tm, tms, cm, cms, &msg)
+			if write {
+				st := C.rdtc_cb_write(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
+				return f.callbackError("write", st, msg)
+			}
+			st := C.rdtc_cb_recv(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
 			return f.callbackError("recv", st, msg)
 		})
 		return r, nil
@@ -334,12 +376,24 @@ func (f *foreign) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta
 	tm, tms := bytesArg(tmeta)
 	cm, cms := bytesArg(cmeta)
 	reqSlot := (*C.uintptr_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
+	if reqSlot == nil {
+		r.x.free()
+		r.tensors.free()
+		return nil, transport.Errorf(transport.ErrNoMemory, "out of memory")
+	}
 	defer C.free(unsafe.Pointer(reqSlot))
 	var msg *C.char
-	st := C.rdtc_cb_fetch(f.vt, r.x.x, r.targets.arr, r.targets.n, tm, tms, cm, cms, reqSlot, &msg)
-	if err := f.callbackError("fetch", st, msg); err != nil {
+	var err error
+	if write {
+		st := C.rdtc_cb_write_start(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, reqSlot, &msg)
+		err = f.callbackError("write_start", st, msg)
+	} else {
+		st := C.rdtc_cb_fetch(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, reqSlot, &msg)
+		err = f.callbackError("fetch", st, msg)
+	}
+	if err != nil {
 		r.x.free()
-		r.targets.free()
+		r.tensors.free()
 		return nil, err
 	}
 	r.req = *reqSlot
@@ -347,8 +401,8 @@ func (f *foreign) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta
 }
 
 func (r *foreignRequest) Wait() error {
-	if r.recv != nil {
-		return r.recv.Wait()
+	if r.sync != nil {
+		return r.sync.Wait()
 	}
 	var msg *C.char
 	st := C.rdtc_cb_wait(r.f.vt, r.req, -1, &msg)
@@ -356,11 +410,11 @@ func (r *foreignRequest) Wait() error {
 }
 
 func (r *foreignRequest) Release() {
-	if r.recv == nil {
+	if r.sync == nil {
 		C.rdtc_cb_release_request(r.f.vt, r.req)
 	}
 	r.x.free()
-	r.targets.free()
+	r.tensors.free()
 }
 
 func (f *foreign) GarbageCollect(obj transport.ObjectID, tensors []transport.Tensor, tmeta []byte) {

@@ -622,8 +622,8 @@ RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
  * returns the first reference to the new object in *out: a writable ref.
  * Arguments, ownership, the release callback and errors are those of
  * rdt_put(); `transport` must be one that writes (RDT_TRANSPORT_WRITES:
- * cma, tcp, nixl, cuda_ipc), or NULL for the automatic choice per write, else
- * UNSUPPORTED.
+ * cma, tcp, nixl, cuda_ipc, or one registered with the flag), or NULL for
+ * the automatic choice per write, else UNSUPPORTED.
  *
  * A writable ref is a capability: its serialized bytes carry a random write
  * key, and the owner admits a write only from a holder that presents it.
@@ -854,8 +854,10 @@ RDT_API void rdt_set_error(const char *message);
 /* Serves partial fetches (rdt_transfer.ranges), moving only the
  * ranges' bytes. rdt refuses a partial fetch over a transport without it. */
 #define RDT_TRANSPORT_RANGES (1u << 4)
-/* Reported by rdt_transport_list: writes into exposed objects
- * (rdt_write_start). */
+/* Writes into exposed objects (rdt_write_start). Reported by
+ * rdt_transport_list; a transport the application registers sets it in
+ * vtable->flags together with RDT_TRANSPORT_ONE_SIDED (the owner runs none
+ * of its callbacks during a write) and gives write or write_start. */
 #define RDT_TRANSPORT_WRITES (1u << 5)
 
 /* A transport implemented by the application, modelled on Ray's
@@ -870,7 +872,9 @@ RDT_API void rdt_set_error(const char *message);
  * the destination) are borrowed bytes, valid during the callback. */
 typedef struct rdt_transport_vtable {
   uint32_t struct_size; /* set by _init */
-  uint32_t flags;       /* RDT_TRANSPORT_ONE_SIDED, RDT_TRANSPORT_CAN_ABORT */
+  /* RDT_TRANSPORT_ONE_SIDED, RDT_TRANSPORT_CAN_ABORT, RDT_TRANSPORT_RANGES,
+   * RDT_TRANSPORT_WRITES; any other bit is INVALID_ARGUMENT. */
+  uint32_t flags;
   void *user_data;      /* passed to every callback; opaque to rdt */
   /* Optional. Called once when the runtime is destroyed, after the last
    * callback; also when registration fails. */
@@ -885,7 +889,9 @@ typedef struct rdt_transport_vtable {
 
   /* Optional. Destination, once per transfer before anything moves: the
    * communicator metadata (for example a rank pair or a channel id), passed
-   * to recv/fetch here and, for two-sided transports, to send on the source. */
+   * to recv/fetch here and, for two-sided transports, to send on the source.
+   * For a write it runs on the writer (role RDT_ROLE_SOURCE) and its result
+   * goes to write/write_start. */
   rdt_status (*communicator_metadata)(void *user_data,
                                       const rdt_transfer *transfer,
                                       rdt_buffer *out);
@@ -913,7 +919,9 @@ typedef struct rdt_transport_vtable {
    * blocks until it completes (rdt passes timeout_ms -1 and uses abort to
    * interrupt it; return RDT_ERR_TIMEOUT if a finite timeout passes);
    * release_request frees the request. rdt calls release_request exactly
-   * once for every request fetch returned, after the last wait or abort. */
+   * once for every request fetch returned, after the last wait or abort.
+   * wait and release_request also serve write_start's requests (below):
+   * give them whenever fetch or write_start is given, and only then. */
   rdt_status (*fetch)(void *user_data, const rdt_transfer *transfer,
                       const rdt_tensor *targets, size_t num_targets,
                       const void *tmeta, size_t tmeta_size, const void *cmeta,
@@ -928,11 +936,59 @@ typedef struct rdt_transport_vtable {
                           const void *tmeta, size_t tmeta_size);
 
   /* Required with RDT_TRANSPORT_CAN_ABORT. Either side: stop the transfer so
-   * that the pending recv/wait/send returns soon and nothing more is written
-   * into the targets. `request` is the fetch request, or NULL for recv and
-   * send. May be called while recv, wait or send runs on another thread. */
+   * that the pending recv/wait/send/write returns soon and nothing more is
+   * written into the targets (for a write: into the owner's memory).
+   * `request` is the fetch or write_start request, or NULL for recv, send
+   * and write. May be called while recv, wait, send or write runs on
+   * another thread. */
   rdt_status (*abort)(void *user_data, const rdt_transfer *transfer,
                       void *request);
+
+  /* Writes. Appended after abort: a vtable whose struct_size ends before
+   * them (built against an older rdt.h) reads them as NULL and registers a
+   * transport that does not write.
+   * With RDT_TRANSPORT_WRITES, write or write_start is required (if both
+   * are given rdt uses write_start); without the flag setting either is
+   * INVALID_ARGUMENT.
+   *
+   * Writer: write `sources` into an object another runtime exposed with
+   * this transport (rdt_expose), on the writer's own, without the owner
+   * running any callback. `transfer->role` is RDT_ROLE_SOURCE (the writer)
+   * and `transfer->destination_*` name the owner. `tmeta` is what
+   * extract_metadata made for the exposed tensors on the owner (where they
+   * lie, say); the owner hands it only to writers it admitted, after
+   * checking their write key. `cmeta` is communicator_metadata's, made on
+   * the writer. Without `transfer->ranges`, sources[i] lands in exposed
+   * tensor i, whole (shapes, dtypes and sizes already checked); with
+   * RDT_TRANSPORT_RANGES a partial write gives `ranges`, and sources[i]
+   * lands in ranges[i] (ref 0, length resolved, checked against the object
+   * by both runtimes; check it against your own metadata too) and must touch
+   * no byte outside it. Sources are only read, and are borrowed: `sources`
+   * and the memory they describe are valid until write returns, or for
+   * write_start until release_request.
+   *
+   * write: synchronous, run on one of rdt's threads, concurrently with the
+   * other transfers of the same write. Return when every byte is in place
+   * (RDT_OK), or with an error (rdt_set_error() for a message) once no byte
+   * of this write can land any more; after abort(transfer, NULL), return
+   * soon. The error reaches the writer's rdt_fetch_wait() and the owner's
+   * notice for the write says it failed.
+   *
+   * write_start: asynchronous: start the write and return at once with an
+   * opaque *request, which rdt waits on with `wait`, interrupts with
+   * abort(transfer, request) and frees with `release_request` (given, with
+   * write_start, under the rules above). When wait returns RDT_OK every
+   * byte is in place; when it returns an error, no byte lands any more.
+   * An error from write_start itself means nothing was written. */
+  rdt_status (*write)(void *user_data, const rdt_transfer *transfer,
+                      const rdt_tensor *sources, size_t num_sources,
+                      const void *tmeta, size_t tmeta_size, const void *cmeta,
+                      size_t cmeta_size);
+  rdt_status (*write_start)(void *user_data, const rdt_transfer *transfer,
+                            const rdt_tensor *sources, size_t num_sources,
+                            const void *tmeta, size_t tmeta_size,
+                            const void *cmeta, size_t cmeta_size,
+                            void **request);
 } rdt_transport_vtable;
 
 static inline void rdt_transport_vtable_init(rdt_transport_vtable *vt) {
@@ -947,8 +1003,9 @@ static inline void rdt_transport_vtable_init(rdt_transport_vtable *vt) {
  * free_user_data when destroyed; on any failure free_user_data is called
  * before returning (unless `vtable` is NULL or its struct_size is too small
  * to hold the field). Register the transport under the same name in every runtime
- * that uses it. Errors: INVALID_ARGUMENT (bad name, no devices, a required
- * callback missing), ALREADY_EXISTS. */
+ * that uses it. Errors: INVALID_ARGUMENT (bad name, no devices, an unknown
+ * flag, a required callback missing, RDT_TRANSPORT_WRITES without
+ * RDT_TRANSPORT_ONE_SIDED), ALREADY_EXISTS. */
 RDT_API rdt_status rdt_register_transport(rdt_runtime *rt, const char *name,
                                           const int32_t *devices,
                                           size_t num_devices,

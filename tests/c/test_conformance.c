@@ -2,9 +2,12 @@
  * suite") for a transport written in C against the vtable, through the
  * public ABI, under the names the Go suite uses. The transport, "cvm",
  * reads the source process's memory with process_vm_readv on a thread of
- * its own (one-sided, asynchronous, abortable), so it also works across
- * processes: this program re-runs itself as the source process
- * ("test_conformance source") for the source_killed case. */
+ * its own (one-sided, asynchronous, abortable), and writes into an exposed
+ * object's memory with process_vm_writev (write_start), so it also works
+ * across processes: this program re-runs itself as the source process
+ * ("test_conformance source") for the source_killed case, and as the
+ * owner of an exposed object ("test_conformance owner") for the
+ * write_other_process case. */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,11 +38,12 @@ typedef struct cvm_request {
   pthread_mutex_t mu;
   pthread_cond_t cond;
   int done, aborted;
+  int write; /* local -> remote (process_vm_writev), else remote -> local */
   rdt_status status;
   char error[200];
   pid_t pid;
   size_t n;
-  struct { void *dst; uint64_t addr, size; } parts[CVM_MAX_TENSORS];
+  struct { void *local; uint64_t addr, size; } parts[CVM_MAX_TENSORS];
 } cvm_request;
 
 static uint64_t nbytes_of(const rdt_tensor *t) {
@@ -76,7 +80,9 @@ static int is_aborted(cvm_request *r) {
   return a;
 }
 
-static void *cvm_read(void *arg) {
+/* Runs a request's copies, chunk by chunk, stopping at an abort: after
+ * that no byte moves any more. */
+static void *cvm_copy(void *arg) {
   cvm_request *r = arg;
   rdt_status st = RDT_OK;
   pthread_mutex_lock(&gate_mu);
@@ -92,13 +98,14 @@ static void *cvm_read(void *arg) {
         break;
       }
       size_t len = r->parts[i].size - off < CHUNK ? r->parts[i].size - off : CHUNK;
-      struct iovec local = {(char *)r->parts[i].dst + off, len};
+      struct iovec local = {(char *)r->parts[i].local + off, len};
       struct iovec remote = {(void *)(uintptr_t)(r->parts[i].addr + off), len};
-      ssize_t got = process_vm_readv(r->pid, &local, 1, &remote, 1, 0);
+      ssize_t got = r->write ? process_vm_writev(r->pid, &local, 1, &remote, 1, 0)
+                             : process_vm_readv(r->pid, &local, 1, &remote, 1, 0);
       if (got != (ssize_t)len) {
         st = errno == ESRCH ? RDT_ERR_PEER_UNAVAILABLE : RDT_ERR_TRANSPORT;
-        snprintf(r->error, sizeof r->error, "reading process %d: %s", (int)r->pid,
-                 got < 0 ? strerror(errno) : "short read");
+        snprintf(r->error, sizeof r->error, "%s process %d: %s", r->write ? "writing" : "reading",
+                 (int)r->pid, got < 0 ? strerror(errno) : "short copy");
       }
     }
   }
@@ -110,17 +117,19 @@ static void *cvm_read(void *arg) {
   return NULL;
 }
 
-static rdt_status cvm_fetch(void *ud, const rdt_transfer *x, const rdt_tensor *targets,
-                            size_t n, const void *tmeta, size_t tmeta_size,
-                            const void *cmeta, size_t cmeta_size, void **request) {
-  (void)ud, (void)x, (void)cmeta, (void)cmeta_size;
+/* Starts copying between `local` (a fetch's targets, a write's sources)
+ * and the regions of the process `tmeta` describes: on the source of a
+ * fetch, on the owner of a write. */
+static rdt_status cvm_start(const rdt_transfer *x, const rdt_tensor *local, size_t n,
+                            const void *tmeta, size_t tmeta_size, int write, void **request) {
   const cvm_meta *m = tmeta;
   if (tmeta_size < sizeof *m || m->magic != CVM_MAGIC || m->count > CVM_MAX_TENSORS ||
       tmeta_size != sizeof *m + (size_t)m->count * 16) {
     rdt_set_error("corrupt metadata");
     return RDT_ERR_CORRUPT;
   }
-  /* A partial fetch names, per target, a range of one tensor. */
+  /* A partial fetch names, per target, a range of one tensor; a partial
+   * write, per source. */
   const rdt_source_range *ranges = x->struct_size >= offsetof(rdt_transfer, num_ranges) + sizeof(size_t) ? x->ranges : NULL;
   if (ranges == NULL && m->count != n) {
     rdt_set_error("the source describes another number of tensors");
@@ -139,18 +148,39 @@ static rdt_status cvm_fetch(void *ud, const rdt_transfer *x, const rdt_tensor *t
     rdt_source_range whole = {0, (uint32_t)i, 0, m->regions[i].size};
     const rdt_source_range *p = ranges ? &ranges[i] : &whole;
     if (p->tensor >= m->count || p->offset > m->regions[p->tensor].size ||
-        p->length > m->regions[p->tensor].size - p->offset || p->length != nbytes_of(&targets[i])) {
+        p->length > m->regions[p->tensor].size - p->offset || p->length != nbytes_of(&local[i])) {
       free(r);
       rdt_set_error("a target's size differs from its source's");
       return RDT_ERR_INVALID_ARGUMENT;
     }
-    r->parts[i].dst = targets[i].data;
+    r->parts[i].local = local[i].data;
     r->parts[i].addr = m->regions[p->tensor].addr + p->offset;
     r->parts[i].size = p->length;
   }
-  pthread_create(&r->thread, NULL, cvm_read, r);
+  r->write = write;
+  pthread_create(&r->thread, NULL, cvm_copy, r);
   *request = r;
   return RDT_OK;
+}
+
+static rdt_status cvm_fetch(void *ud, const rdt_transfer *x, const rdt_tensor *targets,
+                            size_t n, const void *tmeta, size_t tmeta_size,
+                            const void *cmeta, size_t cmeta_size, void **request) {
+  (void)ud, (void)cmeta, (void)cmeta_size;
+  return cvm_start(x, targets, n, tmeta, tmeta_size, 0, request);
+}
+
+/* A write: tmeta is the owner's, made by cvm_extract when it exposed the
+ * object, so the regions are the owner's memory. */
+static rdt_status cvm_write_start(void *ud, const rdt_transfer *x, const rdt_tensor *sources,
+                                  size_t n, const void *tmeta, size_t tmeta_size,
+                                  const void *cmeta, size_t cmeta_size, void **request) {
+  (void)ud, (void)cmeta, (void)cmeta_size;
+  if (x->role != RDT_ROLE_SOURCE) {
+    rdt_set_error("a write runs on the writer, the transfer's source");
+    return RDT_ERR_INTERNAL;
+  }
+  return cvm_start(x, sources, n, tmeta, tmeta_size, 1, request);
 }
 
 static rdt_status cvm_wait(void *ud, void *request, int64_t timeout_ms) {
@@ -220,9 +250,11 @@ static rdt_runtime *cvm_runtime(const char *name) {
   CHECK_OK(rdt_runtime_create(&opts, &rt));
   rdt_transport_vtable vt;
   rdt_transport_vtable_init(&vt);
-  vt.flags = RDT_TRANSPORT_ONE_SIDED | RDT_TRANSPORT_CAN_ABORT | RDT_TRANSPORT_RANGES;
+  vt.flags = RDT_TRANSPORT_ONE_SIDED | RDT_TRANSPORT_CAN_ABORT | RDT_TRANSPORT_RANGES |
+             RDT_TRANSPORT_WRITES;
   vt.extract_metadata = cvm_extract;
   vt.fetch = cvm_fetch;
+  vt.write_start = cvm_write_start;
   vt.wait = cvm_wait;
   vt.release_request = cvm_release;
   vt.abort = cvm_abort;
@@ -430,20 +462,121 @@ static void freed_object(void) {
   drop_object(&o);
 }
 
+/* ---- writes ------------------------------------------------------------- */
+
+/* An object of two tensors exposed on `owner` under cvm, and a writable
+ * ref to it in `writer`. */
+typedef struct slot {
+  tensor in[2];
+  rdt_ref *owned, *writable;
+} slot;
+
+static void expose_slot(slot *s, rdt_runtime *owner, rdt_runtime *writer, int64_t big) {
+  make_tensor(&s->in[0], RDT_DTYPE_FLOAT, 32, 12, 1);
+  make_tensor(&s->in[1], RDT_DTYPE_UINT, 8, big, 3);
+  rdt_tensor ts[2] = {s->in[0].t, s->in[1].t};
+  CHECK_OK(rdt_expose(owner, ts, 2, "cvm", NULL, NULL, &s->owned));
+  s->writable = pass_ref(s->owned, writer);
+}
+
+static void drop_slot(slot *s) {
+  CHECK_OK(rdt_ref_release(s->writable));
+  CHECK_OK(rdt_ref_release(s->owned));
+}
+
+static rdt_write_notice notice_of(rdt_ref *exposed) {
+  rdt_write_notice n;
+  rdt_write_notice_init(&n);
+  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  return n;
+}
+
+static rdt_status write_tagged(rdt_runtime *rt, rdt_ref *ref, const rdt_tensor *sources, size_t n,
+                               const rdt_source_range *dests, uint64_t tag) {
+  rdt_write_options wo;
+  rdt_write_options_init(&wo);
+  wo.tag = tag;
+  wo.destinations = dests;
+  wo.num_destinations = dests ? n : 0;
+  return rdt_write(rt, &ref, 1, sources, n, &wo, 30000);
+}
+
+static void write_round_trip(void) {
+  slot s;
+  expose_slot(&s, src_rt, dst_rt, 3 << 20);
+  tensor from[2];
+  make_tensor(&from[0], RDT_DTYPE_FLOAT, 32, 12, 50);
+  make_tensor(&from[1], RDT_DTYPE_UINT, 8, 3 << 20, 51);
+  rdt_tensor ts[2] = {from[0].t, from[1].t};
+  CHECK_OK(write_tagged(dst_rt, s.writable, ts, 2, NULL, 21));
+  rdt_write_notice n = notice_of(s.owned);
+  CHECK(n.status == RDT_OK && n.tag == 21 && n.nbytes == 48 + (3 << 20));
+  for (int i = 0; i < 2; i++) CHECK(memcmp(s.in[i].data, from[i].data, bytes_of(&from[i])) == 0);
+  drop_slot(&s);
+}
+
+/* Byte ranges of both tensors, in another order: only they change. */
+static void write_partial(void) {
+  slot s;
+  expose_slot(&s, src_rt, dst_rt, 4096);
+  uint8_t before0[48], before1[4096];
+  memcpy(before0, s.in[0].data, 48);
+  memcpy(before1, s.in[1].data, 4096);
+  tensor from[2];
+  make_tensor(&from[0], RDT_DTYPE_UINT, 8, 100, 60);
+  make_tensor(&from[1], RDT_DTYPE_FLOAT, 32, 4, 61);
+  rdt_tensor ts[2] = {from[0].t, from[1].t};
+  rdt_source_range dests[2] = {{0, 1, 1000, 100}, {0, 0, 16, 16}};
+  CHECK_OK(write_tagged(dst_rt, s.writable, ts, 2, dests, 22));
+  rdt_write_notice n = notice_of(s.owned);
+  CHECK(n.status == RDT_OK && n.tag == 22 && n.nbytes == 116);
+  const uint8_t *w0 = s.in[0].data, *w1 = s.in[1].data;
+  for (int i = 0; i < 48; i++)
+    CHECK(w0[i] == (i >= 16 && i < 32 ? ((uint8_t *)from[1].data)[i - 16] : before0[i]));
+  for (int i = 0; i < 4096; i++)
+    CHECK(w1[i] == (i >= 1000 && i < 1100 ? ((uint8_t *)from[0].data)[i - 1000] : before1[i]));
+  drop_slot(&s);
+}
+
+/* Aborted before its copy starts: abort reaches the request, the writer's
+ * wait says ABORTED, the owner's notice says it failed, no byte landed. */
+static void write_abort(void) {
+  slot s;
+  expose_slot(&s, src_rt, dst_rt, 4096);
+  uint8_t before[4096];
+  memcpy(before, s.in[1].data, 4096);
+  tensor from[2];
+  make_tensor(&from[0], RDT_DTYPE_FLOAT, 32, 12, 70);
+  make_tensor(&from[1], RDT_DTYPE_UINT, 8, 4096, 71);
+  rdt_tensor ts[2] = {from[0].t, from[1].t};
+  rdt_write_options wo;
+  rdt_write_options_init(&wo);
+  wo.tag = 23;
+  set_gate(1);
+  rdt_fetch *f = NULL;
+  CHECK_OK(rdt_write_start(dst_rt, &s.writable, 1, ts, 2, &wo, &f));
+  await_gate();
+  CHECK_OK(rdt_fetch_abort(f));
+  CHECK_STATUS(rdt_fetch_wait(f, 30000), RDT_ERR_ABORTED);
+  CHECK(aborts_seen() == 1);
+  CHECK_OK(rdt_fetch_free(f));
+  set_gate(0);
+  rdt_write_notice n = notice_of(s.owned);
+  CHECK(n.status != RDT_OK && n.tag == 23);
+  CHECK(memcmp(s.in[1].data, before, 4096) == 0);
+  drop_slot(&s);
+}
+
 /* ---- a source process --------------------------------------------------- */
 
 typedef struct source {
   pid_t pid;
   int to_child;
+  FILE *from_child;
   rdt_ref *ref;
 } source;
 
-static int source_main(void) {
-  rdt_runtime *rt = cvm_runtime("source");
-  tensor x;
-  make_tensor(&x, RDT_DTYPE_UINT, 8, 4096, 7);
-  rdt_ref *ref;
-  CHECK_OK(rdt_put(rt, &x.t, 1, "cvm", NULL, NULL, &ref));
+static void print_ref(const rdt_ref *ref) {
   void *bytes;
   size_t size;
   CHECK_OK(rdt_ref_serialize(ref, &bytes, &size));
@@ -451,13 +584,53 @@ static int source_main(void) {
   for (size_t i = 0; i < size; i++) printf("%02x", ((uint8_t *)bytes)[i]);
   printf("\n");
   fflush(stdout);
+  rdt_bytes_free(bytes);
+}
+
+static int source_main(void) {
+  rdt_runtime *rt = cvm_runtime("source");
+  tensor x;
+  make_tensor(&x, RDT_DTYPE_UINT, 8, 4096, 7);
+  rdt_ref *ref;
+  CHECK_OK(rdt_put(rt, &x.t, 1, "cvm", NULL, NULL, &ref));
+  print_ref(ref);
   char c;
   while (read(0, &c, 1) > 0) {
   } /* serve until the parent lets go */
   return 0;
 }
 
-static source start_source(const char *self) {
+/* The byte the other-process write puts at offset i. */
+static uint8_t written_byte(size_t i) { return (uint8_t)(i * 5 + 1); }
+
+/* Exposes 1 MiB under cvm, hands out the writable ref, and reports the
+ * first notice and whether the written bytes are all there. The writing
+ * process moves them with process_vm_writev: nothing here runs for it. */
+static int owner_main(void) {
+  rdt_runtime *rt = cvm_runtime("owner");
+  tensor x;
+  make_tensor(&x, RDT_DTYPE_UINT, 8, 1 << 20, 7);
+  rdt_ref *ref;
+  CHECK_OK(rdt_expose(rt, &x.t, 1, "cvm", NULL, NULL, &ref));
+  print_ref(ref);
+  rdt_write_notice n;
+  rdt_write_notice_init(&n);
+  CHECK_OK(rdt_write_notice_wait(ref, 60000, &n));
+  int landed = 1;
+  for (size_t i = 0; i < (1u << 20); i++) landed &= ((uint8_t *)x.data)[i] == written_byte(i);
+  printf("notice %d %llu %d\n", (int)n.status, (unsigned long long)n.tag, landed);
+  fflush(stdout);
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  CHECK_OK(rdt_ref_release(ref));
+  CHECK_OK(rdt_runtime_destroy(rt));
+  return 0;
+}
+
+/* Runs this program as `mode` ("source" or "owner") and takes the ref it
+ * prints into dst_rt. */
+static source start_process(const char *self, const char *mode) {
   int in[2], out[2];
   CHECK(pipe(in) == 0 && pipe(out) == 0);
   source s;
@@ -468,7 +641,7 @@ static source start_source(const char *self) {
     dup2(out[1], 1);
     close(in[1]);
     close(out[0]);
-    execl(self, self, "source", (char *)NULL);
+    execl(self, self, mode, (char *)NULL);
     _exit(127);
   }
   close(in[0]);
@@ -483,16 +656,39 @@ static source start_source(const char *self) {
     CHECK(fscanf(f, "%2x", &v) == 1);
     bytes[i] = (uint8_t)v;
   }
-  fclose(f);
+  s.from_child = f;
   CHECK_OK(rdt_ref_deserialize(dst_rt, bytes, size, &s.ref));
   free(bytes);
   return s;
 }
 
+static source start_source(const char *self) { return start_process(self, "source"); }
+
 static void kill_source(source *s) {
   kill(s->pid, SIGKILL);
   waitpid(s->pid, NULL, 0);
   close(s->to_child);
+  fclose(s->from_child);
+}
+
+/* A write into an object another process exposed: the bytes land there,
+ * and its notice carries the tag. */
+static void write_other_process(const char *self) {
+  source s = start_process(self, "owner");
+  tensor from;
+  make_tensor(&from, RDT_DTYPE_UINT, 8, 1 << 20, 0);
+  for (size_t i = 0; i < (1u << 20); i++) ((uint8_t *)from.data)[i] = written_byte(i);
+  CHECK_OK(write_tagged(dst_rt, s.ref, &from.t, 1, NULL, 24));
+  int status = 0, landed = 0;
+  unsigned long long tag = 0;
+  CHECK(fscanf(s.from_child, " notice %d %llu %d", &status, &tag, &landed) == 3);
+  CHECK(status == RDT_OK && tag == 24 && landed == 1);
+  CHECK_OK(rdt_ref_release(s.ref));
+  close(s.to_child); /* the owner lets go and exits */
+  int exit_status = 0;
+  CHECK(waitpid(s.pid, &exit_status, 0) == s.pid);
+  CHECK(WIFEXITED(exit_status) && WEXITSTATUS(exit_status) == 0);
+  fclose(s.from_child);
 }
 
 static void source_killed(const char *self) {
@@ -575,6 +771,7 @@ static void partial_refused(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "source") == 0) return source_main();
+  if (argc > 1 && strcmp(argv[1], "owner") == 0) return owner_main();
   src_rt = cvm_runtime("source");
   dst_rt = cvm_runtime("destination");
   struct { const char *name; void (*run)(void); } cases[] = {
@@ -583,6 +780,8 @@ int main(int argc, char **argv) {
       {"device_mismatch", device_mismatch}, {"abort", abort_case},
       {"deadline", deadline},             {"freed_object", freed_object},
       {"partial", partial},               {"partial_refused", partial_refused},
+      {"write_round_trip", write_round_trip}, {"write_partial", write_partial},
+      {"write_abort", write_abort},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     cases[i].run();
@@ -592,6 +791,8 @@ int main(int argc, char **argv) {
          "is not same-host-only\n");
   source_killed(argv[0]);
   printf("test_conformance: source_killed ok\n");
+  write_other_process(argv[0]);
+  printf("test_conformance: write_other_process ok\n");
   printf("test_conformance: metadata_fuzz skipped: the engine never decodes a foreign "
          "transport's metadata\n");
   CHECK_OK(rdt_runtime_destroy(dst_rt));

@@ -89,6 +89,18 @@ static void copy_from_addresses(const rdt_tensor *targets, size_t n,
     memcpy(targets[i].data, (const void *)addrs[i], nbytes_of(&targets[i]));
 }
 
+/* Where target (or source) i of a transfer lies at the source's (or the
+ * owner's) addresses: tensor i, or ranges[i] of a partial transfer. NULL
+ * when the range does not fit the published tensors. */
+static char *address_of(const rdt_transfer *x, size_t i, const uintptr_t *addrs,
+                        size_t num_addrs, uint64_t nbytes) {
+  if (x->ranges == NULL) return i < num_addrs ? (char *)addrs[i] : NULL;
+  if (i >= x->num_ranges) return NULL;
+  const rdt_source_range *r = &x->ranges[i];
+  if (r->tensor >= num_addrs || r->length != nbytes) return NULL;
+  return (char *)addrs[r->tensor] + r->offset;
+}
+
 /* ---- memcopy: synchronous recv --------------------------------------- */
 
 static rdt_status memcopy_recv(void *ud, const rdt_transfer *x,
@@ -101,7 +113,7 @@ static rdt_status memcopy_recv(void *ud, const rdt_transfer *x,
     rdt_set_error("communicator metadata did not arrive");
     return RDT_ERR_TRANSPORT;
   }
-  if (tms != n * sizeof(uintptr_t)) {
+  if (x->ranges == NULL ? tms != n * sizeof(uintptr_t) : tms % sizeof(uintptr_t) != 0) {
     rdt_set_error("transport metadata has the wrong size");
     return RDT_ERR_TRANSPORT;
   }
@@ -111,7 +123,18 @@ static rdt_status memcopy_recv(void *ud, const rdt_transfer *x,
   if (st == RDT_OK) st = gate_locked(t, &never);
   pthread_mutex_unlock(&t->mu);
   if (st != RDT_OK) return st;
-  copy_from_addresses(targets, n, tm);
+  if (x->ranges == NULL) {
+    copy_from_addresses(targets, n, tm);
+    return RDT_OK;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const char *from = address_of(x, i, tm, tms / sizeof(uintptr_t), nbytes_of(&targets[i]));
+    if (from == NULL) {
+      rdt_set_error("a range does not fit the source's tensors");
+      return RDT_ERR_INVALID_ARGUMENT;
+    }
+    memcpy(targets[i].data, from, nbytes_of(&targets[i]));
+  }
   return RDT_OK;
 }
 
@@ -125,6 +148,66 @@ rdt_transport_vtable memcopy_vtable(test_transport *t) {
   vt.communicator_metadata = comm_meta;
   vt.recv = memcopy_recv;
   vt.garbage_collect = gc_count;
+  return vt;
+}
+
+/* ---- memcopy that writes ----------------------------------------------- */
+
+static rdt_status memcopy_write(void *ud, const rdt_transfer *x,
+                                const rdt_tensor *sources, size_t n,
+                                const void *tm, size_t tms, const void *cm,
+                                size_t cms) {
+  test_transport *t = ud;
+  if (x->role != RDT_ROLE_SOURCE) {
+    rdt_set_error("a write runs on the writer, the transfer's source");
+    return RDT_ERR_INTERNAL;
+  }
+  if (cms != sizeof x->transfer_id || memcmp(cm, &x->transfer_id, cms) != 0) {
+    rdt_set_error("communicator metadata did not arrive");
+    return RDT_ERR_TRANSPORT;
+  }
+  if (tms == 0 || tms % sizeof(uintptr_t) != 0) {
+    rdt_set_error("the owner's metadata has the wrong size");
+    return RDT_ERR_TRANSPORT;
+  }
+  pthread_mutex_lock(&t->mu);
+  int nth = ++t->writes;
+  rdt_status st = maybe_fail_locked(t, nth);
+  if (st == RDT_OK && t->gated) {
+    log_event(t, 'W');
+    pthread_cond_broadcast(&t->cond);
+    st = gate_locked(t, &t->write_aborted);
+    if (st != RDT_OK) rdt_set_error("write aborted before any byte moved");
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (st != RDT_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    char *to = address_of(x, i, tm, tms / sizeof(uintptr_t), nbytes_of(&sources[i]));
+    if (to == NULL) {
+      rdt_set_error("a source does not fit the owner's tensors");
+      return RDT_ERR_INVALID_ARGUMENT;
+    }
+    memcpy(to, sources[i].data, nbytes_of(&sources[i]));
+  }
+  return RDT_OK;
+}
+
+static rdt_status memcopy_write_abort(void *ud, const rdt_transfer *x, void *request) {
+  test_transport *t = ud;
+  (void)x, (void)request;
+  pthread_mutex_lock(&t->mu);
+  t->aborts++;
+  t->write_aborted = 1;
+  pthread_cond_broadcast(&t->cond);
+  pthread_mutex_unlock(&t->mu);
+  return RDT_OK;
+}
+
+rdt_transport_vtable memcopy_write_vtable(test_transport *t) {
+  rdt_transport_vtable vt = memcopy_vtable(t);
+  vt.flags |= RDT_TRANSPORT_WRITES | RDT_TRANSPORT_RANGES | RDT_TRANSPORT_CAN_ABORT;
+  vt.write = memcopy_write;
+  vt.abort = memcopy_write_abort;
   return vt;
 }
 

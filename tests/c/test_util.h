@@ -103,14 +103,19 @@ typedef struct test_transport {
   pthread_mutex_t mu;
   pthread_cond_t cond;
   int extracts, gcs, recvs, sends, fetches, waits, releases, aborts, comms;
+  int writes;
   int freed_user_data;
-  /* Fail the Nth recv/wait (1-based) with this status and message. */
+  /* Fail the Nth recv/wait or the Nth write (1-based) with this status and
+   * message. */
   int fail_at;
   rdt_status fail_status;
   const char *fail_message;
   /* When set, transfers block until `open` or an abort. */
   int gated, open;
-  /* Event log: 'f' fetch, 'w' wait, for ordering checks. */
+  /* Set by the writing transport's abort; wakes a gated write. */
+  int write_aborted;
+  /* Event log: 'f' fetch, 'w' wait, 'W' a write at the gate, for ordering
+   * checks. */
   char events[256];
   int nevents;
   /* Thread that ran the last send. */
@@ -123,6 +128,11 @@ void test_transport_open(test_transport *t);
 /* One-sided, synchronous recv copying from the source's address (the
  * runtimes share the process). */
 rdt_transport_vtable memcopy_vtable(test_transport *t);
+/* memcopy that also writes into exposed objects (RDT_TRANSPORT_WRITES) and
+ * serves ranges: a synchronous write callback copies the sources to the
+ * addresses the owner's extract_metadata published. Abortable: abort wakes
+ * a gated write, which then fails with RDT_ERR_ABORTED. */
+rdt_transport_vtable memcopy_write_vtable(test_transport *t);
 /* One-sided, asynchronous fetch/wait/release_request, abortable. */
 rdt_transport_vtable async_vtable(test_transport *t);
 /* Two-sided: send posts the bytes to a process-wide mailbox keyed by the

@@ -1,7 +1,9 @@
 /* Writing into exposed objects through the C ABI: two runtimes with the
  * socket control plane; the owner exposes buffers, the writer writes into
  * them (whole, then a byte range) over cma, and every write ends in one
- * notice that carries the writer's tag. Refusals write nothing. */
+ * notice that carries the writer's tag. Refusals write nothing. Then the
+ * same through a transport the application registers (a write callback),
+ * with a failing and an aborted write, and the registrations rdt refuses. */
 #include <poll.h>
 
 #include "test_util.h"
@@ -15,6 +17,162 @@ static int readable_within(int fd, int ms) {
 }
 
 static int readable(int fd) { return readable_within(fd, 0); }
+
+/* Whether the runtime lists `name` with RDT_TRANSPORT_WRITES. */
+static int lists_writes(rdt_runtime *rt, const char *name) {
+  rdt_transport_info infos[16];
+  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
+  size_t count = 0;
+  CHECK_OK(rdt_transport_list(rt, infos, 16, &count));
+  for (size_t i = 0; i < count && i < 16; i++)
+    if (strcmp(infos[i].name, name) == 0) return (infos[i].flags & RDT_TRANSPORT_WRITES) != 0;
+  CHECK(!"transport not listed");
+  return 0;
+}
+
+static rdt_write_notice take_notice(rdt_ref *exposed) {
+  rdt_write_notice n;
+  rdt_write_notice_init(&n);
+  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  return n;
+}
+
+/* A transport registered through the vtable writes: memcopy_write_vtable's
+ * write callback copies into the addresses its extract_metadata published
+ * on the owner. */
+static void custom_transport_writes(void) {
+  test_transport t;
+  test_transport_init(&t);
+  rdt_runtime *owner = new_runtime("custom-owner"), *writer = new_runtime("custom-writer");
+  register_cpu(owner, "memwrite", memcopy_write_vtable(&t));
+  register_cpu(writer, "memwrite", memcopy_write_vtable(&t));
+  CHECK(lists_writes(writer, "memwrite"));
+  enum { N = 256 };
+  uint8_t *slot = calloc(N, 1), *src = malloc(N);
+  for (int i = 0; i < N; i++) src[i] = (uint8_t)(i * 3 + 1);
+  int64_t shape[1] = {N};
+  rdt_tensor slot_t = u8_tensor(slot, shape), src_t = u8_tensor(src, shape);
+  rdt_ref *exposed = NULL;
+  CHECK_OK(rdt_expose(owner, &slot_t, 1, "memwrite", NULL, NULL, &exposed));
+  rdt_ref *w = pass_ref(exposed, writer);
+
+  /* Whole, tagged: every byte lands, the notice carries the tag. */
+  rdt_write_options wo;
+  rdt_write_options_init(&wo);
+  wo.tag = 11;
+  CHECK_OK(rdt_write(writer, &w, 1, &src_t, 1, &wo, 30000));
+  rdt_write_notice n = take_notice(exposed);
+  CHECK(n.status == RDT_OK && n.tag == 11 && n.nbytes == N);
+  CHECK(memcmp(slot, src, N) == 0);
+  CHECK(t.writes == 1 && t.comms >= 1);
+
+  /* A byte range: only bytes [100, 116) change. */
+  memset(slot, 0, N);
+  uint8_t patch[16];
+  memset(patch, 0xAB, sizeof patch);
+  int64_t shape_p[1] = {16};
+  rdt_tensor patch_t = u8_tensor(patch, shape_p);
+  rdt_source_range dest = {.ref = 0, .tensor = 0, .offset = 100, .length = 16};
+  wo.tag = 12;
+  wo.destinations = &dest;
+  wo.num_destinations = 1;
+  CHECK_OK(rdt_write(writer, &w, 1, &patch_t, 1, &wo, 30000));
+  n = take_notice(exposed);
+  CHECK(n.status == RDT_OK && n.tag == 12 && n.nbytes == 16);
+  for (int i = 0; i < N; i++) CHECK(slot[i] == ((i >= 100 && i < 116) ? 0xAB : 0));
+  wo.destinations = NULL;
+  wo.num_destinations = 0;
+
+  /* The third write's callback fails: the writer gets its status and
+   * message, the owner a failure notice with the writer's tag. */
+  t.fail_at = 3;
+  t.fail_status = RDT_ERR_TRANSPORT;
+  t.fail_message = "the link went down";
+  wo.tag = 13;
+  CHECK_STATUS(rdt_write(writer, &w, 1, &src_t, 1, &wo, 30000), RDT_ERR_TRANSPORT);
+  CHECK_MSG("the link went down");
+  CHECK_MSG("memwrite");
+  n = take_notice(exposed);
+  CHECK(n.status == RDT_ERR_TRANSPORT && n.tag == 13);
+  CHECK(strstr(n.message, "the link went down") != NULL);
+  t.fail_at = 0;
+
+  /* Aborted while the callback waits: abort reaches it, the wait says
+   * ABORTED, the notice says the write failed. */
+  pthread_mutex_lock(&t.mu);
+  t.gated = 1;
+  t.nevents = 0;
+  pthread_mutex_unlock(&t.mu);
+  wo.tag = 14;
+  rdt_fetch *op = NULL;
+  CHECK_OK(rdt_write_start(writer, &w, 1, &src_t, 1, &wo, &op));
+  pthread_mutex_lock(&t.mu);
+  while (t.nevents == 0) pthread_cond_wait(&t.cond, &t.mu); /* the callback is at the gate */
+  pthread_mutex_unlock(&t.mu);
+  CHECK_OK(rdt_fetch_abort(op));
+  CHECK_STATUS(rdt_fetch_wait(op, 30000), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_fetch_free(op));
+  CHECK(t.aborts == 1);
+  n = take_notice(exposed);
+  CHECK(n.status != RDT_OK && n.tag == 14);
+  pthread_mutex_lock(&t.mu);
+  t.gated = 0;
+  t.write_aborted = 0;
+  pthread_mutex_unlock(&t.mu);
+
+  rdt_stats st = stats_of(writer);
+  CHECK(st.writes_completed == 2 && st.writes_failed == 2);
+  CHECK_OK(rdt_ref_release(w));
+  CHECK_OK(rdt_ref_release(exposed));
+  CHECK_OK(rdt_wait_tensor_freed(owner, slot, 30000));
+  CHECK_OK(rdt_runtime_destroy(writer));
+  CHECK_OK(rdt_runtime_destroy(owner));
+  free(slot);
+  free(src);
+}
+
+/* What rdt refuses at registration, and a vtable from an older header. */
+static void custom_write_refusals(void) {
+  test_transport t;
+  test_transport_init(&t);
+  rdt_runtime *rt = new_runtime("refusals");
+  int32_t cpu = RDT_DEVICE_CPU;
+  rdt_transport_vtable vt = memcopy_write_vtable(&t);
+  vt.flags &= ~RDT_TRANSPORT_ONE_SIDED;
+  vt.send = memcopy_vtable(&t).recv; /* any send: two-sided is what is refused */
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("RDT_TRANSPORT_WRITES without RDT_TRANSPORT_ONE_SIDED");
+  vt = memcopy_write_vtable(&t);
+  vt.write = NULL;
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("neither write nor write_start");
+  vt = memcopy_write_vtable(&t);
+  vt.flags &= ~RDT_TRANSPORT_WRITES;
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("without setting RDT_TRANSPORT_WRITES");
+  vt = memcopy_write_vtable(&t);
+  vt.write = NULL;
+  vt.write_start = async_vtable(&t).fetch; /* any write_start, but no wait */
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("together");
+  CHECK(t.freed_user_data == 4); /* every refusal handed the user data back */
+
+  /* Built against a header without the write fields: registers, does not
+   * write, and exposing with it is refused. */
+  vt = memcopy_vtable(&t);
+  vt.struct_size = (uint32_t)offsetof(rdt_transport_vtable, write);
+  CHECK_OK(rdt_register_transport(rt, "older", &cpu, 1, &vt));
+  CHECK(!lists_writes(rt, "older"));
+  uint8_t b[4] = {0};
+  int64_t shape[1] = {4};
+  rdt_tensor bt = u8_tensor(b, shape);
+  rdt_ref *r = NULL;
+  CHECK_STATUS(rdt_expose(rt, &bt, 1, "older", NULL, NULL, &r), RDT_ERR_UNSUPPORTED);
+  CHECK_OK(rdt_put(rt, &bt, 1, "older", NULL, NULL, &r)); /* it still moves puts */
+  CHECK_OK(rdt_ref_release(r));
+  CHECK_OK(rdt_runtime_destroy(rt));
+  CHECK(t.freed_user_data == 5);
+}
 
 int main(void) {
   rdt_runtime *owner = socket_runtime("owner"), *writer = socket_runtime("writer");
@@ -112,6 +270,8 @@ int main(void) {
   free(bias);
   free(src_w);
   free(src_b);
+  custom_transport_writes();
+  custom_write_refusals();
   printf("test_write: ok\n");
   return 0;
 }

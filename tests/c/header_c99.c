@@ -18,7 +18,8 @@ int main(void) {
   rdt_transport_info_init(&tr);
   rdt_stats_init(&stats);
   return (opts.abi_version == RDT_ABI_VERSION && opts.struct_size == sizeof opts &&
-          vt.struct_size == sizeof vt && stats.struct_size == sizeof stats &&
+          vt.struct_size == sizeof vt && vt.write == NULL && vt.write_start == NULL &&
+          stats.struct_size == sizeof stats &&
           fopts.transport == NULL && info.struct_size && tinfo.struct_size &&
           tr.struct_size)
              ? 0

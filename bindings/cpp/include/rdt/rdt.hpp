@@ -605,8 +605,9 @@ class Transfer {
   std::string destination_address() const { return str(c_->destination_address); }
   /// A partial fetch's ranges, for a transport that serves_ranges(): the
   /// i-th target receives ranges()[i] (ref 0, length resolved); a two-sided
-  /// source sends those bytes of its tensors, in that order. Empty: every
-  /// tensor whole, target i receiving tensor i.
+  /// source sends those bytes of its tensors, in that order; in a partial
+  /// write, source i lands in ranges()[i] of the owner's object. Empty:
+  /// every tensor whole, target (or source) i being tensor i.
   Span<const rdt_source_range> ranges() const noexcept {
     return c_->ranges ? Span<const rdt_source_range>(c_->ranges, c_->num_ranges) : Span<const rdt_source_range>();
   }
@@ -626,13 +627,15 @@ class Transfer {
 /// keeps its own status), reported to the caller of get()/wait().
 class Transport {
  public:
-  /// An asynchronous receive started by fetch(); see asynchronous().
+  /// An asynchronous receive started by fetch(), or write started by
+  /// write_start(); see asynchronous().
   class Request {
    public:
     virtual ~Request() = default;
-    /// Blocks until the receive completed (return true) or `timeout` passed
-    /// (return false; rdt normally passes rdt::forever and interrupts with
-    /// Transport::abort). Throws if the receive failed.
+    /// Blocks until the receive or write completed (return true) or
+    /// `timeout` passed (return false; rdt normally passes rdt::forever and
+    /// interrupts with Transport::abort). Throws if it failed; a write that
+    /// throws lands no byte any more.
     virtual bool wait(std::chrono::milliseconds timeout) = 0;
   };
 
@@ -646,12 +649,18 @@ class Transport {
   /// finish before it frees a fetch.
   virtual bool can_abort() const { return false; }
   /// true: the destination receives through fetch() and Request::wait()
-  /// instead of recv().
+  /// instead of recv(), and a transport that writes() writes through
+  /// write_start() and Request::wait() instead of write().
   virtual bool asynchronous() const { return false; }
   /// true: it serves partial fetches, moving only Transfer::ranges()
   /// (RDT_TRANSPORT_RANGES). rdt refuses a partial fetch over one that
   /// does not.
   virtual bool serves_ranges() const { return false; }
+  /// true: it writes into objects other runtimes exposed with it
+  /// (RDT_TRANSPORT_WRITES): override write() (or write_start() when
+  /// asynchronous()). Requires one_sided(): the owner runs none of its
+  /// methods during a write.
+  virtual bool writes() const { return false; }
 
   /// Source, at put: metadata that travels in every serialized ref (for
   /// example registered-memory keys). Default: none.
@@ -683,13 +692,35 @@ class Transport {
     (void)transfer, (void)targets, (void)tmeta, (void)cmeta;
     throw std::logic_error("this transport does not implement fetch()");
   }
+  /// Writer, when writes(): write `sources` into the object the owner
+  /// exposed, alone (transfer.is_source(); destination_* name the owner).
+  /// `tmeta` is what extract_metadata made for the exposed tensors on the
+  /// owner, `cmeta` what communicator_metadata made here. Source i lands in
+  /// exposed tensor i, whole, or, in a partial write (serves_ranges()), in
+  /// transfer.ranges()[i] and nowhere else. Return when every byte is in
+  /// place; throw once no byte of the write can land any more (the owner's
+  /// notice then says it failed). After abort(transfer, nullptr), return
+  /// soon. Required when writes() and not asynchronous().
+  virtual void write(const Transfer &transfer, Tensors sources, Bytes tmeta, Bytes cmeta) {
+    (void)transfer, (void)sources, (void)tmeta, (void)cmeta;
+    throw std::logic_error("this transport does not implement write()");
+  }
+  /// Writer, when writes() and asynchronous(): start the write and return
+  /// at once. The transfer and sources stay valid until the request is
+  /// destroyed; when its wait() returns true every byte is in place.
+  virtual std::unique_ptr<Request> write_start(const Transfer &transfer, Tensors sources, Bytes tmeta,
+                                               Bytes cmeta) {
+    (void)transfer, (void)sources, (void)tmeta, (void)cmeta;
+    throw std::logic_error("this transport does not implement write_start()");
+  }
   /// Source: the object was freed; undo what extract_metadata set up.
   /// Exceptions are reported on stderr (there is no caller to fail).
   virtual void garbage_collect(const std::string &object_id, Tensors tensors, Bytes tmeta) {
     (void)object_id, (void)tensors, (void)tmeta;
   }
-  /// Either side: make the pending recv/send (request == nullptr) or the
-  /// request's wait return soon. May run while they run on other threads.
+  /// Either side: make the pending recv/send/write (request == nullptr) or
+  /// the request's wait return soon. May run while they run on other
+  /// threads.
   virtual void abort(const Transfer &transfer, Request *request) { (void)transfer, (void)request; }
 };
 
@@ -777,6 +808,23 @@ struct Trampolines {
     return guard([&] {
       std::unique_ptr<Transport::Request> r = self(ud).fetch(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
       if (!r) throw std::logic_error("fetch() returned no request");
+      *request = r.release();
+      return RDT_OK;
+    });
+  }
+  static rdt_status write(void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm,
+                          size_t tn, const void *cm, size_t cn) noexcept {
+    return guard([&] {
+      self(ud).write(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
+      return RDT_OK;
+    });
+  }
+  static rdt_status write_start(void *ud, const rdt_transfer *x, const rdt_tensor *ts, size_t n, const void *tm,
+                                size_t tn, const void *cm, size_t cn, void **request) noexcept {
+    return guard([&] {
+      std::unique_ptr<Transport::Request> r =
+          self(ud).write_start(Transfer(x), Tensors(ts, n), bytes(tm, tn), bytes(cm, cn));
+      if (!r) throw std::logic_error("write_start() returned no request");
       *request = r.release();
       return RDT_OK;
     });
@@ -1162,7 +1210,8 @@ inline void register_transport(Runtime &rt, const std::string &name, const std::
   rdt_transport_vtable_init(&vt);
   vt.flags = (transport->one_sided() ? RDT_TRANSPORT_ONE_SIDED : 0u) |
              (transport->can_abort() ? RDT_TRANSPORT_CAN_ABORT : 0u) |
-             (transport->serves_ranges() ? RDT_TRANSPORT_RANGES : 0u);
+             (transport->serves_ranges() ? RDT_TRANSPORT_RANGES : 0u) |
+             (transport->writes() ? RDT_TRANSPORT_WRITES : 0u);
   using T = detail::Trampolines;
   vt.free_user_data = &T::free_user_data;
   vt.extract_metadata = &T::extract_metadata;
@@ -1174,6 +1223,13 @@ inline void register_transport(Runtime &rt, const std::string &name, const std::
     vt.release_request = &T::release_request;
   } else {
     vt.recv = &T::recv;
+  }
+  if (transport->writes()) {
+    if (transport->asynchronous()) {
+      vt.write_start = &T::write_start;
+    } else {
+      vt.write = &T::write;
+    }
   }
   vt.garbage_collect = &T::garbage_collect;
   vt.abort = &T::abort;

@@ -463,15 +463,14 @@ func (sc *sconn) dispatch(m *Message) bool {
 			return &Message{Data: data}, err
 		})
 	case KindWriteOpen:
-		meta, err := svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
-			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces})
-		sc.answerInline(response(m.ID, &Message{Data: meta}, err))
+		adm, err := svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
+			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces, Standing: m.Flags&WriteStanding != 0})
+		sc.answerInline(response(m.ID, &Message{Data: adm.Meta, Token: adm.Runs}, err))
 	case KindWriteDone:
-		status := m.Status
-		if status > 0 {
-			status = transport.ErrTransport // a writer's failure is never success
-		}
-		svc.WriteDone(from.RuntimeID, m.Object, m.TransferID, status, m.Text)
+		svc.WriteDone(from.RuntimeID, WriteEnd{Object: m.Object, TransferID: m.TransferID, Err: peerError(m, "the writer reported: "),
+			Tag: m.Token, Keep: m.Flags&WriteKeep != 0, Close: m.Flags&WriteClose != 0})
+	case KindWriteWithdrawn:
+		svc.WriteWithdrawn(from.RuntimeID, m.Object, m.TransferID, peerError(m, "the owner withdrew the admission: "))
 	case KindClosing:
 		sc.closeClean(transport.Errorf(transport.ErrPeerUnavailable, "runtime %s shut down", sc.remote))
 		return false
@@ -535,4 +534,17 @@ func HoldWrites(p Peer) (resume func(), ok bool) {
 	}
 	sc.wmu.Lock()
 	return sc.wmu.Unlock, true
+}
+
+// peerError is the error a one-way message reports (nil for OK): a peer's
+// status other than an error's is never taken for success.
+func peerError(m *Message, prefix string) error {
+	if m.Status == transport.OK {
+		return nil
+	}
+	status := m.Status
+	if status > 0 {
+		status = transport.ErrTransport
+	}
+	return &transport.Error{Status: status, Msg: prefix + m.Text}
 }

@@ -321,14 +321,15 @@ func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
 
 	pieces := []transport.Piece{{Tensor: 2, Offset: 64, Length: 128}}
 	wrong := WriteOpen{Object: obj, TransferID: 1, Transport: "cma", Key: [16]byte{'x'}, Tag: 9}
-	meta, err := peer.OpenWrite(ctx, wrong)
+	adm, err := peer.OpenWrite(ctx, wrong)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the owner's refusal comes back")
-	assert.Nil(t, meta, "a refused write gets no metadata")
+	assert.Nil(t, adm.Meta, "a refused write gets no metadata")
 	req := WriteOpen{Object: obj, TransferID: 2, Transport: "cma", Key: stubWriteKey, Tag: 9, Pieces: pieces}
-	meta, err = peer.OpenWrite(ctx, req)
+	adm, err = peer.OpenWrite(ctx, req)
 	require.NoError(t, err)
-	assert.Equal(t, "meta of cma", string(meta), "the admission carries the object's metadata")
-	peer.WriteDone(obj, 2, transport.Errorf(transport.ErrAborted, "stopped"))
+	assert.Equal(t, "meta of cma", string(adm.Meta), "the admission carries the object's metadata")
+	assert.Zero(t, adm.Runs, "a write admitted on its own covers itself only")
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 2, Err: transport.Errorf(transport.ErrAborted, "stopped")})
 
 	eventually(t, func() bool {
 		owner.mu.Lock()
@@ -343,4 +344,50 @@ func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
 	assert.Equal(t, pieces, got.Pieces)
 	assert.Equal(t, transport.ErrAborted, owner.writesDone[2])
 	assert.NotContains(t, owner.writes, uint64(1), "a refused write is not recorded")
+}
+
+func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
+	owner, ownerEP := listenStub(t, "owner")
+	writer, writerEP := listenStub(t, "writer")
+	obj := owner.put()
+	peer, err := connectTo(writerEP, owner.Identity().Address)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	adm, err := peer.OpenWrite(ctx, WriteOpen{Object: obj, TransferID: 3, Transport: "cma", Key: stubWriteKey, Standing: true})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(7), adm.Runs, "a standing admission says how many runs it covers")
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true})
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 42, Err: transport.Errorf(transport.ErrTimeout, "late")})
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Close: true})
+	eventually(t, func() bool {
+		owner.mu.Lock()
+		defer owner.mu.Unlock()
+		return len(owner.writeEnds) == 3
+	}, "every end arrives, in order")
+	owner.mu.Lock()
+	assert.True(t, owner.writes[3].Standing, "the admission was asked to stand")
+	ends := owner.writeEnds
+	owner.mu.Unlock()
+	assert.Equal(t, WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true}, ends[0])
+	assert.Equal(t, uint64(42), ends[1].Tag)
+	assert.False(t, ends[1].Keep)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(ends[1].Err), "a failed run's status travels")
+	assert.Contains(t, ends[1].Err.Error(), "the writer reported: late")
+	assert.True(t, ends[2].Close)
+
+	// The owner reaches the writer over the connection the writer made.
+	back, err := connectTo(ownerEP, writer.Identity().Address)
+	require.NoError(t, err)
+	back.WithdrawWrite(obj, 3, transport.Errorf(transport.ErrPermissionDenied, "revoked"))
+	eventually(t, func() bool {
+		writer.mu.Lock()
+		defer writer.mu.Unlock()
+		_, ok := writer.withdrawn[3]
+		return ok
+	}, "the withdrawal reaches the writer")
+	writer.mu.Lock()
+	defer writer.mu.Unlock()
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(writer.withdrawn[3]))
 }

@@ -62,10 +62,14 @@ type PeerService interface {
 	// until `from` is gone, which tears it. An admitted write gets the
 	// object's metadata for req.Transport: an exposed object's metadata
 	// (its addresses, a NIXL registration) goes only with the key.
-	OpenWrite(from transport.PeerInfo, req WriteOpen) ([]byte, error)
-	// WriteDone ends a write OpenWrite admitted: status OK when every byte
-	// landed, else why it failed.
-	WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string)
+	OpenWrite(from transport.PeerInfo, req WriteOpen) (Admission, error)
+	// WriteDone ends a write OpenWrite admitted (or one run of a standing
+	// admission): end.Err nil when every byte landed, else why it failed.
+	WriteDone(from transport.RuntimeID, end WriteEnd)
+	// WriteWithdrawn tells a writer that the owner `from` withdrew its
+	// standing admission end.TransferID (why: err); the writer closes it
+	// once no run of it is in progress.
+	WriteWithdrawn(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, err error)
 	// PeerGone tells the runtime that a peer disconnected or died: its
 	// borrows are returned and transports drop what they keep for it.
 	PeerGone(peer transport.PeerInfo)
@@ -79,6 +83,37 @@ type WriteOpen struct {
 	Key        [16]byte // the writable ref's capability
 	Tag        uint64   // the writer's, handed to the owner's notice
 	Pieces     []transport.Piece
+	// Standing asks for an admission that stays open across runs of a
+	// prepared write: each run ends with a WriteEnd carrying its tag and
+	// Keep, and the owner withdraws it (WriteWithdrawn) to stop them.
+	Standing bool
+}
+
+// Admission is an owner's answer to an admitted write.
+type Admission struct {
+	// Meta is the object's metadata for the write's transport: where an
+	// exposed object lies goes only with its key.
+	Meta []byte
+	// Runs, for a standing admission, is how many runs it covers: each
+	// has a notice reserved in the owner's bounded queue. The last one
+	// ends without Keep, and the next asks again.
+	Runs uint64
+}
+
+// WriteEnd is a writer's word that an admitted write, or one run of a
+// standing admission, ended.
+type WriteEnd struct {
+	Object     transport.ObjectID
+	TransferID uint64
+	// Err is nil when every byte landed. Sent only once no byte of the
+	// write can land any more.
+	Err error
+	// For a standing admission: Tag is the run's, Keep leaves the
+	// admission open for the next run, Close ends it without a run (and
+	// without a notice).
+	Tag   uint64
+	Keep  bool
+	Close bool
 }
 
 // Peer is a connection to another runtime, as seen by the caller.
@@ -103,11 +138,13 @@ type Peer interface {
 	// JoinGroup joins a group the peer is rank 0 of; see PeerService.
 	JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error)
 	// OpenWrite asks the peer to admit a write; see PeerService.
-	OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error)
-	// WriteDone is one-way: it tells the peer a write it admitted ended
-	// (err nil: every byte landed). Send it only once the bytes are in
-	// place or no more can land.
-	WriteDone(obj transport.ObjectID, transferID uint64, err error)
+	OpenWrite(ctx context.Context, req WriteOpen) (Admission, error)
+	// WriteDone is one-way: it tells the peer a write it admitted ended.
+	// Send it only once the bytes are in place or no more can land.
+	WriteDone(end WriteEnd)
+	// WithdrawWrite is one-way: it withdraws a standing admission the
+	// peer holds on an object this runtime exposed (see WriteWithdrawn).
+	WithdrawWrite(obj transport.ObjectID, transferID uint64, err error)
 	// Done is closed when the peer is gone (destroyed, died, disconnected).
 	Done() <-chan struct{}
 }

@@ -258,20 +258,29 @@ func (p *inprocPeer) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, erro
 
 func (p *inprocPeer) Done() <-chan struct{} { return p.remote.closed }
 
-func (p *inprocPeer) OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error) {
+func (p *inprocPeer) OpenWrite(ctx context.Context, req WriteOpen) (Admission, error) {
 	if err := p.check(); err != nil {
-		return nil, err
+		return Admission{}, err
 	}
 	return p.remote.svc.OpenWrite(p.from(), req)
 }
 
-func (p *inprocPeer) WriteDone(obj transport.ObjectID, transferID uint64, err error) {
+func (p *inprocPeer) WriteDone(end WriteEnd) {
 	if p.check() != nil {
 		return
 	}
-	status, text := transport.OK, ""
-	if err != nil {
-		status, text = transport.StatusOf(err), err.Error()
+	if end.Err != nil {
+		end.Err = &transport.Error{Status: transport.StatusOf(end.Err), Msg: "the writer reported: " + end.Err.Error()}
 	}
-	p.remote.svc.WriteDone(p.local.id, obj, transferID, status, text)
+	p.remote.svc.WriteDone(p.local.id, end)
+}
+
+func (p *inprocPeer) WithdrawWrite(obj transport.ObjectID, transferID uint64, err error) {
+	if p.check() != nil {
+		return
+	}
+	if err != nil {
+		err = &transport.Error{Status: transport.StatusOf(err), Msg: "the owner withdrew the admission: " + err.Error()}
+	}
+	p.remote.svc.WriteWithdrawn(p.local.id, obj, transferID, err)
 }

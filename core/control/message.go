@@ -35,7 +35,7 @@ const (
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 5
+	controlVersion = 6
 	// MaxFrame bounds every frame after the handshake (length excluded).
 	MaxFrame       = MaxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8
@@ -87,11 +87,14 @@ const (
 	// KindWriteDone (one-way) follows the write's bytes with its outcome.
 	KindWriteOpen
 	KindWriteDone
+	// KindWriteWithdrawn (one-way, owner to writer) withdraws a standing
+	// admission: the writer closes it once no run of it is in progress.
+	KindWriteWithdrawn
 	KindEnd // not a kind: the first invalid value
 )
 
 var KindNames = [...]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
-	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing", "write open", "write done"}
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing", "write open", "write done", "write withdrawn"}
 
 func (k Kind) String() string {
 	if k > 0 && k < KindEnd {
@@ -125,7 +128,21 @@ type Message struct {
 	Group      GroupJoin
 	Pieces     []transport.Piece // send: a partial fetch's; write open: where the write lands (nil: whole)
 	WriteKey   [16]byte          // write open: the writable ref's capability
+	Flags      uint8             // write open: WriteStanding; write done: WriteKeep, WriteClose
 }
+
+// Flags of the write messages.
+const (
+	// WriteStanding (write open) asks for a standing admission: open
+	// across runs, each run ended by a write done with its own tag.
+	WriteStanding uint8 = 1 << 0
+	// WriteKeep (write done) ends one run of a standing admission and
+	// keeps the admission open for the next.
+	WriteKeep uint8 = 1 << 1
+	// WriteClose (write done) closes a standing admission without a run:
+	// no notice.
+	WriteClose uint8 = 1 << 2
+)
 
 func writePeerInfo(w *transport.WireWriter, p transport.PeerInfo) {
 	w.Raw(p.RuntimeID[:])
@@ -257,8 +274,16 @@ func (m *Message) Encode() []byte {
 		w.Str8(m.Transport)
 		w.Raw(m.WriteKey[:])
 		w.U64(m.Token)
+		w.U8(m.Flags)
 		writePieces(w, m.Pieces)
 	case KindWriteDone:
+		w.Raw(m.Object[:])
+		w.U64(m.TransferID)
+		w.I32(int32(m.Status))
+		w.Bytes32([]byte(m.Text))
+		w.U64(m.Token)
+		w.U8(m.Flags)
+	case KindWriteWithdrawn:
 		w.Raw(m.Object[:])
 		w.U64(m.TransferID)
 		w.I32(int32(m.Status))
@@ -384,8 +409,22 @@ func DecodeMessage(b []byte) (*Message, error) {
 		m.Transport = r.Str8("transport", 63)
 		copy(m.WriteKey[:], r.Take(len(m.WriteKey)))
 		m.Token = r.U64()
+		m.Flags = r.U8()
+		if m.Flags&^WriteStanding != 0 && r.Err() == nil {
+			r.Fail("bad write open flags %#x", m.Flags)
+		}
 		m.Pieces = readPieces(r)
 	case KindWriteDone:
+		m.Object = r.ID()
+		m.TransferID = r.U64()
+		m.Status = transport.Status(r.I32())
+		m.Text = string(r.Bytes32("message", maxMessageText))
+		m.Token = r.U64()
+		m.Flags = r.U8()
+		if (m.Flags&^(WriteKeep|WriteClose) != 0 || m.Flags == WriteKeep|WriteClose) && r.Err() == nil {
+			r.Fail("bad write done flags %#x", m.Flags)
+		}
+	case KindWriteWithdrawn:
 		m.Object = r.ID()
 		m.TransferID = r.U64()
 		m.Status = transport.Status(r.I32())

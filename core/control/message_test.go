@@ -37,6 +37,9 @@ func FuzzDecodeMessage(f *testing.F) {
 		{Kind: KindWriteOpen, ID: 13, Object: transport.ID{5}, TransferID: 14, Transport: "cma", WriteKey: [16]byte{1}, Token: 15,
 			Pieces: []transport.Piece{{Tensor: 1, Offset: 8, Length: 16}}},
 		{Kind: KindWriteDone, Object: transport.ID{5}, TransferID: 14, Status: transport.ErrAborted, Text: "aborted"},
+		{Kind: KindWriteOpen, ID: 16, Object: transport.ID{5}, TransferID: 17, Transport: "tcp", Token: 18, Flags: WriteStanding},
+		{Kind: KindWriteDone, Object: transport.ID{5}, TransferID: 17, Token: 19, Flags: WriteKeep},
+		{Kind: KindWriteWithdrawn, Object: transport.ID{5}, TransferID: 17, Status: transport.ErrPermissionDenied, Text: "revoked"},
 	} {
 		f.Add(m.Encode()[4:])
 	}
@@ -89,4 +92,19 @@ func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
 	got, err := ReadFrame(iotest.OneByteReader(bytes.NewReader(frame)), nil, MaxFrame)
 	require.NoError(t, err)
 	assert.Equal(t, body, got)
+}
+
+func TestWriteFlagsAreChecked(t *testing.T) {
+	for _, m := range []*Message{
+		{Kind: KindWriteOpen, ID: 1, Transport: "cma", Flags: WriteKeep},
+		{Kind: KindWriteDone, Flags: WriteKeep | WriteClose},
+		{Kind: KindWriteDone, Flags: 1 << 7},
+	} {
+		_, err := DecodeMessage(m.Encode()[4:])
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%s with flags %#x", m.Kind, m.Flags)
+	}
+	m, err := DecodeMessage((&Message{Kind: KindWriteDone, Token: 5, Flags: WriteClose}).Encode()[4:])
+	require.NoError(t, err)
+	assert.Equal(t, WriteClose, m.Flags)
+	assert.Equal(t, uint64(5), m.Token)
 }

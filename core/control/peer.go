@@ -88,24 +88,50 @@ func (sc *sconn) JoinGroup(ctx context.Context, req GroupJoin) ([]byte, error) {
 
 func (sc *sconn) Done() <-chan struct{} { return sc.done }
 
-func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) ([]byte, error) {
-	resp, err := sc.call(ctx, &Message{Kind: KindWriteOpen, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport,
-		WriteKey: req.Key, Token: req.Tag, Pieces: req.Pieces})
-	if err != nil {
-		return nil, err
+func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) (Admission, error) {
+	m := &Message{Kind: KindWriteOpen, Object: req.Object, TransferID: req.TransferID, Transport: req.Transport,
+		WriteKey: req.Key, Token: req.Tag, Pieces: req.Pieces}
+	if req.Standing {
+		m.Flags = WriteStanding
 	}
-	return resp.Data, nil
+	resp, err := sc.call(ctx, m)
+	if err != nil {
+		return Admission{}, err
+	}
+	return Admission{Meta: resp.Data, Runs: resp.Token}, nil
 }
 
 // WriteDone waits for room in the outbox while the connection lives, like
 // Unborrow.
-func (sc *sconn) WriteDone(obj transport.ObjectID, transferID uint64, err error) {
-	m := &Message{Kind: KindWriteDone, Object: obj, TransferID: transferID}
-	if err != nil {
-		m.Status, m.Text = transport.StatusOf(err), err.Error()
-		if len(m.Text) > maxRefusalText {
-			m.Text = m.Text[:maxRefusalText]
-		}
+func (sc *sconn) WriteDone(end WriteEnd) {
+	m := &Message{Kind: KindWriteDone, Object: end.Object, TransferID: end.TransferID, Token: end.Tag}
+	m.Status, m.Text = statusText(end.Err)
+	switch {
+	case end.Close:
+		m.Flags = WriteClose
+	case end.Keep:
+		m.Flags = WriteKeep
 	}
 	sc.post(context.Background(), m)
+}
+
+// WithdrawWrite waits for room in the outbox while the connection lives,
+// like Unborrow.
+func (sc *sconn) WithdrawWrite(obj transport.ObjectID, transferID uint64, err error) {
+	m := &Message{Kind: KindWriteWithdrawn, Object: obj, TransferID: transferID}
+	m.Status, m.Text = statusText(err)
+	sc.post(context.Background(), m)
+}
+
+// statusText is how an error travels in a one-way message: its status and
+// a bounded text (OK and "" for nil).
+func statusText(err error) (transport.Status, string) {
+	if err == nil {
+		return transport.OK, ""
+	}
+	text := err.Error()
+	if len(text) > maxRefusalText {
+		text = text[:maxRefusalText]
+	}
+	return transport.StatusOf(err), text
 }

@@ -34,6 +34,9 @@ type stubService struct {
 	// transfer id
 	writes     map[uint64]WriteOpen
 	writesDone map[uint64]transport.Status
+	writeEnds  []WriteEnd // every WriteDone of an admitted write, in order
+	// withdrawn admissions this runtime was told of, by transfer id
+	withdrawn map[uint64]error
 	// slowMeta, when set, holds every metadata request for the transport
 	// "slowmeta" until it is closed.
 	slowMeta chan struct{}
@@ -55,6 +58,7 @@ func stubConfig(t *testing.T, name string, opts ...func(*ListenConfig)) (*stubSe
 		borrows:    map[transport.RuntimeID]map[transport.ObjectID]uint64{},
 		writes:     map[uint64]WriteOpen{},
 		writesDone: map[uint64]transport.Status{},
+		withdrawn:  map[uint64]error{},
 	}
 	cfg := ListenConfig{
 		Service: svc, Log: transport.NewLogger(name, transport.LogOff), SocketDir: t.TempDir(),
@@ -178,25 +182,36 @@ func (s *stubService) JoinGroup(ctx context.Context, from transport.PeerInfo, re
 // stubWriteKey is the only key the stub admits writes with.
 var stubWriteKey = [16]byte{'s', 't', 'u', 'b'}
 
-func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) ([]byte, error) {
+func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) (Admission, error) {
 	if err := s.known(req.Object); err != nil {
-		return nil, err
+		return Admission{}, err
 	}
 	if req.Key != stubWriteKey {
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "wrong write key")
+		return Admission{}, transport.Errorf(transport.ErrPermissionDenied, "wrong write key")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes[req.TransferID] = req
-	return []byte("meta of " + req.Transport), nil
+	adm := Admission{Meta: []byte("meta of " + req.Transport)}
+	if req.Standing {
+		adm.Runs = 7
+	}
+	return adm, nil
 }
 
-func (s *stubService) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {
+func (s *stubService) WriteDone(from transport.RuntimeID, end WriteEnd) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.writes[transferID]; ok {
-		s.writesDone[transferID] = status
+	if _, ok := s.writes[end.TransferID]; ok {
+		s.writesDone[end.TransferID] = transport.StatusOf(end.Err)
+		s.writeEnds = append(s.writeEnds, end)
 	}
+}
+
+func (s *stubService) WriteWithdrawn(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.withdrawn[transferID] = err
 }
 
 func (s *stubService) PeerGone(peer transport.PeerInfo) {

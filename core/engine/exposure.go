@@ -2,6 +2,7 @@ package engine
 
 import (
 	"cmp"
+	"context"
 	"crypto/subtle"
 	"slices"
 	"sync"
@@ -23,6 +24,18 @@ import (
 // notice: success when the writer says every byte landed, failure when it
 // says otherwise or is gone with the write still open (a torn write). An
 // admitted write pins the object, so its memory outlives every write.
+//
+// A prepared write asks once for a standing admission (WriteOpen.Standing)
+// and then runs without asking: each run ends with a write done carrying
+// its tag and Keep, which the owner turns into that run's notice while the
+// admission stays open. An admission covers a number of runs, each with a
+// notice reserved in the bounded queue; its last run ends it, and the next
+// asks again, so a writer whose notices are not taken is refused as any
+// other. Revoking withdraws standing admissions (KindWriteWithdrawn): the
+// writer closes each (WriteEnd.Close) once no run of it is in progress,
+// and only then does the revocation end. A writer gone with a standing admission
+// open may have been mid-run: that tears it like an open write, with tag 0,
+// since the owner cannot know which run, if any, was under way.
 
 // This file is the owner's side: exposing, admitting, notices, revoking.
 // The writer's side is in write.go.
@@ -58,6 +71,12 @@ type WriteNotice struct {
 // queued past it, so an owner that takes no notices slows its writers.
 const maxPendingNotices = 4096
 
+// standingRuns is the most runs one standing admission covers: a writer
+// asks again after this many, so it waits for the owner once per
+// standingRuns runs, and one admission reserves at most this much of the
+// queue.
+const standingRuns = 256
+
 // exposure is the owner's record of an object exposed for writing.
 type exposure struct {
 	mu      sync.Mutex
@@ -65,6 +84,10 @@ type exposure struct {
 	closed  bool // the object was freed
 	open    map[openKey]*openWrite
 	notices []WriteNotice
+	// reserved counts the notices standing admissions may still queue
+	// (their runs left): admissions keep open+notices+reserved within
+	// maxPendingNotices.
+	reserved int
 	// changed is closed and replaced whenever a notice is queued, a write
 	// ends or the exposure closes: what waiters wait on.
 	changed chan struct{}
@@ -88,6 +111,14 @@ type openWrite struct {
 	busy        int
 	ended       bool
 	endErr      error
+	// standing admissions (see the top of this file): runs end without
+	// ending it until its last; withdrawn once the writer was told to
+	// close it; silent when it closes without a run, so without a notice.
+	standing  bool
+	runs      int // runs left, each with a notice reserved
+	writer    transport.PeerInfo
+	withdrawn bool
+	silent    bool
 }
 
 func newExposure() *exposure {
@@ -109,28 +140,52 @@ func (ex *exposure) admit(k openKey, w *openWrite, id transport.ObjectID) error 
 		return transport.Errorf(transport.ErrNotFound, "object %s was already freed by its owner", id)
 	case ex.revoked:
 		return transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", id)
-	case len(ex.open)+len(ex.notices) >= maxPendingNotices:
+	case len(ex.open)+len(ex.notices)+ex.reserved >= maxPendingNotices:
 		return transport.Errorf(transport.ErrNoMemory, "object %s has %d writes open and %d notices not taken, the limit: its owner must take notices (rdt_write_notice_wait) before more writes are admitted", id, len(ex.open), len(ex.notices))
 	}
 	if _, dup := ex.open[k]; dup {
 		return transport.Errorf(transport.ErrInvalidArgument, "write %d of runtime %s into object %s is already open", k.id, k.writer, id)
 	}
+	if w.standing {
+		// Its own slot (the open write) covers its last run.
+		w.runs = min(standingRuns, maxPendingNotices-len(ex.open)-len(ex.notices)-ex.reserved)
+		ex.reserved += w.runs - 1
+	}
 	ex.open[k] = w
 	return nil
 }
 
-// end ends an open write with err (nil: every byte landed). It returns the
-// write when it is finished now (its notice queued; the caller unpins),
-// nil when a server still lands its bytes (the last one finishes it) or it
-// was not open (never admitted, or ended already).
-func (ex *exposure) end(k openKey, err error) (w *openWrite, known bool) {
+// end records what a writer said of an open write (see control.WriteEnd).
+// It returns the write when it is finished now (its notice queued; the
+// caller unpins), nil when a server still lands its bytes (the last one
+// finishes it), it stays open (a run of a standing admission) or it was
+// not open (never admitted, or ended already: known false).
+func (ex *exposure) end(k openKey, end control.WriteEnd) (w *openWrite, known bool) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	w, ok := ex.open[k]
 	if !ok || w.ended {
 		return nil, false
 	}
-	w.ended, w.endErr = true, err
+	if !w.standing {
+		end.Keep, end.Close, end.Tag = false, false, w.tag // flags of standing admissions only
+	}
+	switch {
+	case end.Close:
+		w.silent = true
+	case end.Keep && end.Err == nil && w.runs > 1:
+		// A run's notice takes one of the slots the admission reserved.
+		w.runs--
+		ex.reserved--
+		ex.pushLocked(WriteNotice{Tag: end.Tag, Writer: k.writer, Bytes: w.nbytes})
+		return nil, true
+	case end.Keep && end.Err == nil:
+		// Its last run kept it open: it ends here, and this run's notice
+		// (in the admission's own slot) is a success.
+	}
+	ex.reserved -= max(w.runs-1, 0)
+	w.runs = 0
+	w.ended, w.endErr, w.tag = true, end.Err, end.Tag
 	if w.busy > 0 {
 		return nil, true
 	}
@@ -139,10 +194,35 @@ func (ex *exposure) end(k openKey, err error) (w *openWrite, known bool) {
 }
 
 // finishLocked closes an ended write that no server lands bytes of: its
-// notice is queued.
+// notice is queued (none for a standing admission closed without a run).
 func (ex *exposure) finishLocked(k openKey, w *openWrite) {
 	delete(ex.open, k)
+	if w.silent {
+		ex.wakeLocked()
+		return
+	}
 	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: w.endErr})
+}
+
+// withdrawStanding withdraws every standing admission still open and not
+// withdrawn yet, and returns their writers and ids, to be told.
+func (ex *exposure) withdrawStanding() []withdrawal {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	var out []withdrawal
+	for k, w := range ex.open {
+		if w.standing && !w.ended && !w.withdrawn {
+			w.withdrawn = true
+			out = append(out, withdrawal{writer: w.writer, id: k.id})
+		}
+	}
+	return out
+}
+
+// withdrawal is a standing admission its writer is to be told to close.
+type withdrawal struct {
+	writer transport.PeerInfo
+	id     uint64
 }
 
 // tear ends with cause every open write of writer (zero: of every writer)
@@ -155,6 +235,8 @@ func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
 		if (!writer.IsZero() && k.writer != writer) || w.ended {
 			continue
 		}
+		ex.reserved -= max(w.runs-1, 0)
+		w.runs = 0
 		w.ended, w.endErr = true, cause
 		if w.busy == 0 {
 			ex.finishLocked(k, w)
@@ -345,6 +427,8 @@ func (r *Ref) RevokeWrites(timeout time.Duration) error {
 		r.rt.store.revokeLeases(o)
 		r.rt.log.Debugf("revoked writes into object %s", r.desc.ID)
 	}
+	// Standing admissions end when their writers close them, between runs.
+	r.rt.withdraw(o, o.write.withdrawStanding(), transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", r.desc.ID))
 	deadline, stop := timerFor(timeout)
 	defer stop()
 	for {
@@ -376,23 +460,44 @@ func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
 }
 
 // OpenWrite implements PeerService.
-func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) ([]byte, error) {
-	return rt.admitWrite(from.RuntimeID, req)
+func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
+	return rt.admitWrite(from, req)
+}
+
+// withdraw tells the writers of standing admissions into o to close them,
+// each on its own goroutine: a writer is reached over the connection it
+// made, and one that is gone is torn by PeerGone instead.
+func (rt *Runtime) withdraw(o *object, ws []withdrawal, why error) {
+	for _, w := range ws {
+		rt.log.Debugf("withdrawing the standing admission %d of %s into object %s: %v", w.id, w.writer, o.desc.ID, why)
+		rt.bg.Add(1)
+		go func() {
+			defer rt.bg.Done()
+			ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
+			defer cancel()
+			peer, err := rt.ep.Connect(ctx, w.writer.Address)
+			if err != nil {
+				rt.log.Debugf("could not reach writer %s to withdraw its admission: %v", w.writer, err)
+				return
+			}
+			peer.WithdrawWrite(o.desc.ID, w.id, why)
+		}()
+	}
 }
 
 // admitWrite admits a peer's write over a transport of this runtime that
 // writes (and, for ranges, serves them), and returns the object's metadata
 // for that transport.
-func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen) ([]byte, error) {
+func (rt *Runtime) admitWrite(writer transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
 	e, err := rt.reg.lookup(req.Transport)
 	if err != nil {
-		return nil, err
+		return control.Admission{}, err
 	}
 	if e.writer == nil {
-		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
+		return control.Admission{}, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
 	}
 	if req.Pieces != nil && !e.desc.Ranges {
-		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
+		return control.Admission{}, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
 	}
 	return rt.admit(writer, req, e)
 }
@@ -402,10 +507,10 @@ func (rt *Runtime) admitWrite(writer transport.RuntimeID, req control.WriteOpen)
 // the object. With a transport e, it returns the object's metadata for e,
 // which is handed out only here: only a holder of the key learns where an
 // exposed object lies.
-func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen, e *registered) (meta []byte, err error) {
+func (rt *Runtime) admit(writer transport.PeerInfo, req control.WriteOpen, e *registered) (adm control.Admission, err error) {
 	o, err := rt.store.pin(req.Object)
 	if err != nil {
-		return nil, err
+		return adm, err
 	}
 	admitted := false
 	defer func() {
@@ -414,49 +519,53 @@ func (rt *Runtime) admit(writer transport.RuntimeID, req control.WriteOpen, e *r
 		}
 	}()
 	if o.write == nil {
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
+		return adm, transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
 	}
 	if subtle.ConstantTimeCompare(req.Key[:], o.desc.WriteKey[:]) != 1 {
-		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer)
-		return nil, transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
+		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer.RuntimeID)
+		return adm, transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
 	}
 	nbytes := o.desc.Nbytes
 	if req.Pieces != nil {
 		if nbytes, err = checkPieces(o.tensors, req.Pieces); err != nil {
-			return nil, err
+			return adm, err
 		}
 	}
 	if e != nil {
-		if meta, err = rt.objectMeta(o, e); err != nil {
-			return nil, err
+		if adm.Meta, err = rt.objectMeta(o, e); err != nil {
+			return adm, err
 		}
 	}
-	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o}
-	if err := o.write.admit(openKey{writer, req.TransferID}, w, req.Object); err != nil {
-		return nil, err
+	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o, standing: req.Standing && e != nil, writer: writer}
+	if w.standing {
+		w.tag = 0 // each run names its own; a torn admission names none
+	}
+	if err := o.write.admit(openKey{writer.RuntimeID, req.TransferID}, w, req.Object); err != nil {
+		return adm, err
 	}
 	admitted = true
-	return meta, nil
+	if w.standing {
+		adm.Runs = uint64(w.runs)
+	}
+	return adm, nil
 }
 
 // WriteDone implements PeerService.
-func (rt *Runtime) WriteDone(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, status transport.Status, text string) {
-	var err error
-	if status != transport.OK {
-		err = &transport.Error{Status: status, Msg: "the writer reported: " + text}
-	}
-	rt.endWrite(from, obj, transferID, err)
+func (rt *Runtime) WriteDone(from transport.RuntimeID, end control.WriteEnd) {
+	rt.endWrite(from, end)
 }
 
-// endWrite closes an open write with its notice and unpins the object.
-func (rt *Runtime) endWrite(writer transport.RuntimeID, obj transport.ObjectID, id uint64, err error) {
-	o := rt.store.object(obj)
+// endWrite records a writer's end of an open write (or of one run of a
+// standing admission): its notice, the unpin of a closed one, the
+// withdrawal of one whose notices filled the queue.
+func (rt *Runtime) endWrite(writer transport.RuntimeID, end control.WriteEnd) {
+	o := rt.store.object(end.Object)
 	if o == nil || o.write == nil {
 		return // destroyed meanwhile, or never ours: nothing is open
 	}
-	w, known := o.write.end(openKey{writer, id}, err)
+	w, known := o.write.end(openKey{writer, end.TransferID}, end)
 	if !known {
-		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, id, obj)
+		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, end.TransferID, end.Object)
 		return
 	}
 	if w != nil {

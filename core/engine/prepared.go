@@ -21,8 +21,9 @@ import (
 // fails the run with PEER_UNAVAILABLE before anything starts), the
 // runtime's life, and whatever the transport checks per start (cma: that
 // the owner process lived through the copy and the object's guard still
-// holds its token). A write is still admitted by the owner each run, with
-// that run's tag, so each run gets its own notice. The Prepared holds its
+// holds its token). A write's kept runs share one standing admission
+// (standing.go): each run ends with its own tag, so each gets its own
+// notice, without a round trip to the owner. The Prepared holds its
 // own handles on the refs, so the objects it reads stay borrowed (the
 // owner cannot free them) until Close.
 //
@@ -58,6 +59,7 @@ type preparedPart struct {
 	cmeta   []byte
 	nbytes  uint64
 	started transport.Prepared // from the transport's Preparer, or nil
+	adm     *standing          // a write's standing admission, once a kept run asked
 }
 
 // PrepareFetch prepares a fetch of refs into targets (see Get for the
@@ -160,8 +162,8 @@ func (p *Prepared) keep(f *Fetch) {
 	p.nextID = transport.RandomUint64()
 }
 
-// runKept starts every kept transfer (a write admitted first, with its
-// tag), waits for them under the deadline, and ends each.
+// runKept starts every kept transfer (a write under its standing
+// admission), waits for them under the deadline, and ends each.
 func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	rt := p.rt
 	start := time.Now()
@@ -181,10 +183,10 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	defer func() { cancel() }()
 	write := p.opts.write != nil
 	type running struct {
-		part   *preparedPart
-		x      *transport.Transfer
-		req    transport.Request
-		opened bool
+		part *preparedPart
+		x    *transport.Transfer
+		req  transport.Request
+		adm  *standing // a write's admission, ended with the run
 	}
 	runs := make([]running, 0, len(p.parts))
 	var firstErr error
@@ -207,14 +209,14 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		x.TransferID = p.nextID
 		r := running{part: part, x: &x}
 		if write {
-			open := control.WriteOpen{Object: x.Object, TransferID: x.TransferID, Transport: part.e.desc.Name,
-				Key: part.ref.desc.WriteKey, Tag: tag, Pieces: x.Pieces}
-			if _, err := part.peer.OpenWrite(runCtx(), open); err != nil {
+			adm, err := p.beginRun(runCtx(), part, tag)
+			if err != nil {
 				p.account(part, err, 0)
-				fail(i, transport.Wrap(err, "owner %s refused the write", part.ref.desc.Owner.Address))
+				fail(i, err)
 				break
 			}
-			r.opened = true
+			// The owner's servers (tcp's) find the write by its admission.
+			r.adm, x.TransferID = adm, adm.key.id
 		}
 		var err error
 		if part.started != nil {
@@ -225,8 +227,8 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			r.req, err = part.e.t.Fetch(r.x, part.local, part.tmeta, part.cmeta)
 		}
 		if err != nil {
-			if r.opened {
-				part.peer.WriteDone(x.Object, x.TransferID, err)
+			if r.adm != nil {
+				p.endRun(r.adm, tag, err)
 			}
 			p.account(part, err, 0)
 			fail(i, err)
@@ -239,8 +241,8 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	for _, r := range runs {
 		err := p.wait(runCtx, r.part, r.x, r.req)
 		r.req.Release()
-		if r.opened {
-			r.part.peer.WriteDone(r.x.Object, r.x.TransferID, err)
+		if r.adm != nil {
+			p.endRun(r.adm, tag, err)
 		}
 		p.account(r.part, err, time.Since(start))
 		if err != nil {
@@ -329,6 +331,9 @@ func (p *Prepared) Close() {
 	for _, part := range p.parts {
 		if part.started != nil {
 			part.started.Close()
+		}
+		if part.adm != nil {
+			p.rt.adm.closeIfIdle(part.adm, false)
 		}
 	}
 	p.parts = nil

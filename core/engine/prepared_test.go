@@ -170,3 +170,160 @@ func TestPreparedWriteNoticesEachRun(t *testing.T) {
 	assert.Error(t, err, "a refused write makes no notice")
 	assert.Zero(t, p.owner.store.pinned(), "no write is left open")
 }
+
+// preparedWriter exposes the pair's buffers and prepares a write of new
+// sources into them; the test closes it.
+func preparedWriter(t *testing.T, p *pair) (owned *Ref, pw *Prepared, src []*hostBuf) {
+	t.Helper()
+	owned, w, bufs := p.expose(t)
+	src = []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+	pw, err := p.borrower.PrepareWrite([]*Ref{w}, sources, WriteOptions{})
+	require.NoError(t, err)
+	return owned, pw, src
+}
+
+// standingKeys are the writes open into owned's object.
+func standingKeys(t *testing.T, owned *Ref) []openKey {
+	t.Helper()
+	o, err := owned.exposureOf()
+	require.NoError(t, err)
+	o.write.mu.Lock()
+	defer o.write.mu.Unlock()
+	var keys []openKey
+	for k, w := range o.write.open {
+		assert.True(t, w.standing, "a kept run's write is a standing admission")
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Kept runs of a prepared write share one standing admission: the owner
+// admits once, each run still gets its own notice with its tag, and
+// closing the Prepared closes the admission without a notice.
+func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, pw, src := preparedWriter(t, p)
+	require.NoError(t, pw.Run(1, 5*time.Second)) // an ordinary write, kept
+	n, err := owned.WaitWriteNotice(5 * time.Second)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), n.Tag)
+	assert.Empty(t, standingKeys(t, owned), "the first run was admitted on its own")
+
+	var first []openKey
+	for tag := uint64(2); tag <= 6; tag++ {
+		src[1].fill(byte(tag))
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		keys := standingKeys(t, owned)
+		require.Len(t, keys, 1, "one admission stays open between runs")
+		if first == nil {
+			first = keys
+		}
+		assert.Equal(t, first, keys, "run %d asked for no new admission", tag)
+		n, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+		assert.NoError(t, n.Err)
+		assert.Equal(t, tag, n.Tag)
+		assert.Equal(t, uint64(64*16*4+100), n.Bytes)
+	}
+	assert.Equal(t, uint64(1), p.owner.Stats().WritesOpen)
+	assert.Equal(t, 1, p.owner.store.pinned(), "the standing admission pins the object")
+
+	pw.Close()
+	assert.Empty(t, standingKeys(t, owned), "closing the Prepared closes its admission")
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "a close between runs makes no notice")
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+// Revoking withdraws an idle standing admission: the writer closes it, the
+// revocation returns, no notice is made, and the next run is refused.
+func TestRevokeWithdrawsAStandingAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, pw, _ := preparedWriter(t, p)
+	defer pw.Close()
+	for tag := uint64(1); tag <= 2; tag++ {
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		_, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+	}
+	require.Len(t, standingKeys(t, owned), 1)
+	require.NoError(t, owned.RevokeWrites(5*time.Second), "the writer closes its admission when told")
+	assert.Empty(t, standingKeys(t, owned))
+	_, err := owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "an admission closed between runs makes no notice")
+	err = pw.Run(3, 5*time.Second)
+	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+// A standing admission covers the runs whose notices the owner reserved:
+// an owner that takes no notices refuses the run after the queue is full,
+// every run that succeeded has its notice, in order, and taking a notice
+// lets the next run in.
+func TestStandingAdmissionsKeepNoticesBounded(t *testing.T) {
+	p := writablePair(t)
+	owned, pw, _ := preparedWriter(t, p)
+	defer pw.Close()
+	var err error
+	runs := 0
+	for ; runs <= maxPendingNotices; runs++ {
+		if err = pw.Run(uint64(runs+1), 5*time.Second); err != nil {
+			break
+		}
+	}
+	assert.Equal(t, maxPendingNotices, runs, "every slot of the queue takes a run")
+	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "the run after is refused: %v", err)
+	for i := 0; i < runs; i++ {
+		n, err := owned.WaitWriteNotice(0)
+		require.NoError(t, err, "notice %d", i)
+		require.NoError(t, n.Err, "notice %d", i)
+		require.Equal(t, uint64(i+1), n.Tag, "notices come in the order of the runs")
+	}
+	_, err = owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no other notice")
+	for tag := uint64(10001); tag <= 10003; tag++ {
+		require.NoError(t, pw.Run(tag, 5*time.Second), "room again: the next run is admitted")
+		n, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, tag, n.Tag)
+	}
+}
+
+// A writer runtime destroyed between runs closes its standing admissions:
+// the owner makes no torn notice for them.
+func TestDestroyedWriterClosesItsStandingAdmissions(t *testing.T) {
+	p := writablePair(t)
+	owned, pw, _ := preparedWriter(t, p)
+	for tag := uint64(1); tag <= 2; tag++ {
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		_, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+	}
+	require.Len(t, standingKeys(t, owned), 1)
+	p.borrower.Destroy()
+	assert.Empty(t, standingKeys(t, owned))
+	_, err := owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no torn notice for an idle admission")
+	pw.Close()
+}
+
+// A writer gone with a standing admission open tears it: a failure notice
+// with tag 0, since the owner cannot know which run was under way.
+func TestWriterGoneTearsItsStandingAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, pw, _ := preparedWriter(t, p)
+	defer pw.Close()
+	for tag := uint64(1); tag <= 2; tag++ {
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		_, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+	}
+	p.owner.PeerGone(p.borrower.Identity())
+	n, err := owned.WaitWriteNotice(5 * time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)
+	assert.Zero(t, n.Tag)
+	assert.Empty(t, standingKeys(t, owned))
+	assert.Zero(t, p.owner.store.pinned())
+}

@@ -86,6 +86,9 @@ type Runtime struct {
 	store *store // objects, leases, borrows and fetches (store.go)
 
 	grp groups // collective groups (group.go)
+	// adm holds the standing admissions of this runtime's prepared writes
+	// (standing.go).
+	adm admissions
 
 	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
 
@@ -324,6 +327,9 @@ func (rt *Runtime) Destroy() {
 		f.Abort()
 		<-f.done
 	}
+	// Close the standing admissions no run uses: their owners need not
+	// tear them (a run in progress was aborted above and ended its own).
+	rt.adm.closeIdle()
 	// Return the borrows we hold on other runtimes' objects.
 	for id, e := range borrowed {
 		if e.registered > 0 {

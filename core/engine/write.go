@@ -162,7 +162,7 @@ func (tr *transfer) beginWriteWith(name string) error {
 	open := control.WriteOpen{Object: desc.ID, TransferID: x.TransferID, Transport: name, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
 	// The owner answers an admitted write with the object's metadata:
 	// where an exposed object lies goes only to holders of its key.
-	tmeta, err := tr.peer.OpenWrite(ctx, open)
+	adm, err := tr.peer.OpenWrite(ctx, open)
 	if err != nil {
 		return transport.Wrap(err, "owner %s refused the write", desc.Owner.Address)
 	}
@@ -172,8 +172,8 @@ func (tr *transfer) beginWriteWith(name string) error {
 		return transport.Errorf(transport.ErrAborted, "write aborted")
 	default:
 	}
-	tr.tmeta, tr.cmeta = tmeta, cmeta
-	req, err := e.writer.Write(x, tr.targets, tmeta, cmeta)
+	tr.tmeta, tr.cmeta = adm.Meta, cmeta
+	req, err := e.writer.Write(x, tr.targets, adm.Meta, cmeta)
 	if err != nil {
 		return transportError(name, err)
 	}
@@ -186,7 +186,7 @@ func (tr *transfer) beginWriteWith(name string) error {
 func (rt *Runtime) admitWriteLocal(tr *transfer) error {
 	desc := tr.ref.desc
 	open := control.WriteOpen{Object: desc.ID, TransferID: tr.x.TransferID, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
-	if _, err := rt.admit(rt.id, open, nil); err != nil {
+	if _, err := rt.admit(rt.Identity(), open, nil); err != nil {
 		return err
 	}
 	tr.opened = true
@@ -219,11 +219,12 @@ func (tr *transfer) endWrite(err error) {
 		return
 	}
 	tr.opened = false
+	end := control.WriteEnd{Object: tr.ref.desc.ID, TransferID: tr.x.TransferID, Err: err}
 	if tr.local {
-		tr.f.rt.endWrite(tr.f.rt.id, tr.ref.desc.ID, tr.x.TransferID, err)
+		tr.f.rt.endWrite(tr.f.rt.id, end)
 		return
 	}
-	tr.peer.WriteDone(tr.ref.desc.ID, tr.x.TransferID, err)
+	tr.peer.WriteDone(end)
 }
 
 // finishWrite records a write's outcome, tells the owner, and drops the

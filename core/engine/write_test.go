@@ -202,10 +202,10 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 	assert.Equal(t, 1, p.owner.store.pinned(), "still pinned by the other writer")
 
 	// A done for a torn write, or one never opened, changes nothing.
-	p.owner.WriteDone(writer.RuntimeID, owned.Desc().ID, 1, transport.OK, "")
+	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
-	p.owner.WriteDone(other.RuntimeID, owned.Desc().ID, 1, transport.OK, "")
+	p.owner.WriteDone(other.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
 	n, err := owned.WaitWriteNotice(time.Second)
 	require.NoError(t, err)
 	assert.NoError(t, n.Err)
@@ -257,7 +257,7 @@ func TestNoticesAreBoundedAndOnAnEventFD(t *testing.T) {
 		req.TransferID, req.Tag = uint64(i+1), uint64(i)
 		require.NoError(t, openErr(p.owner.OpenWrite(writer, req)))
 		if i%2 == 0 {
-			p.owner.WriteDone(writer.RuntimeID, req.Object, req.TransferID, transport.OK, "")
+			p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: req.Object, TransferID: req.TransferID})
 		}
 	}
 	req.TransferID++
@@ -378,7 +378,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	_, _, _, err = p.owner.WriteInto(id, 8)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "only open writes land")
 
-	p.owner.WriteDone(writer.RuntimeID, id, 7, transport.OK, "")
+	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 7})
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the server still lands bytes")
 	_, _, _, err = p.owner.WriteInto(id, 7)
@@ -466,7 +466,7 @@ func TestAdmittedWriteIsNotRetriedElsewhere(t *testing.T) {
 
 // openErr is OpenWrite's error alone, for the tests that do not look at
 // the metadata it answers with.
-func openErr(_ []byte, err error) error { return err }
+func openErr(_ control.Admission, err error) error { return err }
 
 // Where an exposed object lies (its transport metadata) is told only to a
 // write its key admits: never to a metadata request, nor to a wrong key.
@@ -481,15 +481,15 @@ func TestExposedMetadataGoesOnlyWithTheKey(t *testing.T) {
 	assert.Nil(t, meta)
 
 	wrong := control.WriteOpen{Object: id, TransferID: 1, Transport: "mem", Key: [16]byte{1}}
-	meta, err = p.owner.OpenWrite(writer, wrong)
+	adm, err := p.owner.OpenWrite(writer, wrong)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	assert.Nil(t, meta)
+	assert.Nil(t, adm.Meta)
 
 	right := control.WriteOpen{Object: id, TransferID: 2, Transport: "mem", Key: owned.Desc().WriteKey}
-	meta, err = p.owner.OpenWrite(writer, right)
+	adm, err = p.owner.OpenWrite(writer, right)
 	require.NoError(t, err)
-	assert.NotEmpty(t, meta, "the admitted write gets the object's metadata")
-	p.owner.WriteDone(writer.RuntimeID, id, 2, transport.OK, "")
+	assert.NotEmpty(t, adm.Meta, "the admitted write gets the object's metadata")
+	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 2})
 	n, err := owned.WaitWriteNotice(time.Second)
 	require.NoError(t, err)
 	assert.NoError(t, n.Err)

@@ -97,10 +97,17 @@ class Adapter:
             use_fetch = True
         if not one_sided and not hasattr(manager, "send_multiple_tensors"):
             raise TypeError(f"{type(manager).__name__} is two-sided but has no send_multiple_tensors")
+        # rdt's addition to the interface: Ray's transports do not write.
+        can_write = getattr(manager, "can_write_transport", None)
+        writes = bool(can_write()) if callable(can_write) else False
+        if writes and not _overrides(manager, "write_multiple_tensors"):
+            raise TypeError(f"{type(manager).__name__}.can_write_transport() is True but it does not define "
+                            "write_multiple_tensors")
 
         vt = _lib.init(_lib.TransportVTable())
         vt.flags = ((_lib.TRANSPORT_ONE_SIDED if one_sided else 0) |
-                    (_lib.TRANSPORT_CAN_ABORT if can_abort else 0))
+                    (_lib.TRANSPORT_CAN_ABORT if can_abort else 0) |
+                    (_lib.TRANSPORT_WRITES if writes else 0))
         vt.user_data = self.key
         cbs: List[Any] = []
 
@@ -121,6 +128,8 @@ class Adapter:
             setcb("release_request", _lib.ReleaseRequestFn, self._release_request)
         else:
             setcb("recv", _lib.RecvFn, self._recv)
+        if writes:
+            setcb("write", _lib.WriteFn, self._write)
         if can_abort:
             setcb("abort", _lib.AbortFn, self._abort)
         self.callbacks = cbs  # ctypes callbacks must outlive every call into them
@@ -244,7 +253,8 @@ class Adapter:
 
     @contextlib.contextmanager
     def _in_flight(self, transfer_id: int, cm: Any) -> Iterator[None]:
-        """Keeps a send's or recv's communicator metadata where abort finds it."""
+        """Keeps a send's, recv's or write's communicator metadata where
+        abort finds it."""
         with self.lock:
             self.cmeta[transfer_id] = cm
         try:
@@ -273,6 +283,16 @@ class Adapter:
                 got = self.manager.recv_multiple_tensors(_lib.decode(t.object_id), self._load(tmeta, tsize), cm,
                                                          bufs)
                 self._copy_into(got, bufs)
+        return self._guard(run)
+
+    def _write(self, _ud: Any, x: Any, sources: Any, n: int, tmeta: int, tsize: int, cmeta: int,
+               csize: int) -> int:
+        def run() -> None:
+            t = x.contents
+            cm = self._load(cmeta, csize)
+            with self._in_flight(t.transfer_id, cm):
+                self.manager.write_multiple_tensors(_lib.decode(t.object_id), self._load(tmeta, tsize), cm,
+                                                    self._views(sources, n))
         return self._guard(run)
 
     def _fetch(self, _ud: Any, x: Any, targets: Any, n: int, tmeta: int, tsize: int, cmeta: int, csize: int,

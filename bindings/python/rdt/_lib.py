@@ -272,6 +272,10 @@ WaitFn = CFUNCTYPE(c_int32, c_void_p, c_void_p, c_int64)
 ReleaseRequestFn = CFUNCTYPE(None, c_void_p, c_void_p)
 GarbageCollectFn = CFUNCTYPE(None, c_void_p, c_char_p, POINTER(Tensor), c_size_t, c_void_p, c_size_t)
 AbortFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), c_void_p)
+WriteFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
+                    c_void_p, c_size_t, c_void_p, c_size_t)
+WriteStartFn = CFUNCTYPE(c_int32, c_void_p, POINTER(Transfer), POINTER(Tensor), c_size_t,
+                         c_void_p, c_size_t, c_void_p, c_size_t, POINTER(c_void_p))
 
 
 class TransportVTable(Structure):
@@ -289,6 +293,8 @@ class TransportVTable(Structure):
         ("release_request", ReleaseRequestFn),
         ("garbage_collect", GarbageCollectFn),
         ("abort", AbortFn),
+        ("write", WriteFn),
+        ("write_start", WriteStartFn),
     ]
 
 

@@ -16,7 +16,16 @@ send_multiple_tensors                 send (source, two-sided only)
 garbage_collect                       garbage_collect (source, object freed)
 abort_transport                       abort (either side)
 is_one_sided / can_abort_transport    the vtable's flags
+can_write_transport                   RDT_TRANSPORT_WRITES (rdt's addition)
+write_multiple_tensors                write (writer, on an rdt thread; rdt's
+                                      addition)
 ====================================  ======================================
+
+Ray's interface has no writes. rdt adds two methods, both optional: a
+one-sided transport whose ``can_write_transport()`` returns True writes into
+objects other processes exposed with it (``rdt.expose``) through
+``write_multiple_tensors``. A class written for Ray, which has neither,
+registers as a transport that does not write.
 """
 
 from __future__ import annotations
@@ -125,6 +134,29 @@ class TensorTransportManager(ABC):
         at once if not ready. Raise ``TimeoutError`` when it passes. By
         default the request already holds the tensors."""
         return fetch_request.tensors
+
+    @staticmethod
+    def can_write_transport() -> bool:
+        """rdt's addition (Ray's interface has no writes): True if
+        ``write_multiple_tensors`` writes into objects that other processes
+        exposed with this transport. Requires ``is_one_sided()``: the owner
+        runs nothing of the transport during a write. Default: False."""
+        return False
+
+    def write_multiple_tensors(self, obj_id: str, tensor_transport_metadata: TensorTransportMetadata,
+                               communicator_metadata: CommunicatorMetadata, tensors: List[Any]) -> None:
+        """rdt's addition, called when ``can_write_transport()``: on the
+        writer, write ``tensors`` (host views, only to be read) into the
+        object ``obj_id`` that its owner exposed, tensor i into exposed
+        tensor i (shapes and dtypes already checked).
+        ``tensor_transport_metadata`` is what
+        ``extract_tensor_transport_metadata`` made for the exposed tensors
+        on the owner; ``communicator_metadata`` what
+        ``get_communicator_metadata`` made here. Return when every byte is in
+        place. Raise once no byte of the write can land any more: the writer
+        gets the error, and the owner's notice says the write failed. After
+        ``abort_transport`` (when ``can_abort_transport()``), return soon."""
+        raise NotImplementedError(f"{type(self).__name__} does not write")
 
     @abstractmethod
     def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: TensorTransportMetadata,

@@ -159,3 +159,57 @@ def test_one_write_into_two_objects_by_slices_and_whole():
             other.write([wa, wb], [workers.version_of(1)])
         wa.close()
         wb.close()
+
+
+# Transports written against the TensorTransportManager interface write too
+# (can_write_transport and write_multiple_tensors, rdt's additions). PyVm
+# writes with process_vm_writev into the addresses the owner's
+# extract_tensor_transport_metadata published: the owner runs nothing.
+PYVM = [("pyvm", "transports_for_tests", "PyVm"), ("pyvm-fail", "transports_for_tests", "FailingWrite")]
+
+
+def test_a_python_transport_writes_into_another_process(child):
+    import transports_for_tests as tt
+    with rdt.Runtime("py-writer") as rt:
+        for name, _, cls in PYVM:
+            rt.register_tensor_transport(name, ["cpu"], getattr(tt, cls))
+        info = {t["name"]: t for t in rt.transports()}
+        assert info["pyvm"]["writes"] and info["pyvm"]["one_sided"]
+        c = child(workers.exposer, [name for name, _, _ in PYVM], PYVM)
+        blobs = c.recv()
+        w = rt.deserialize(blobs["pyvm"])
+        assert w.writable and not w.is_owner and w.transport == "pyvm"
+
+        v = (np.arange(4096) * 7 % 251).astype(np.uint8)
+        rt.write(w, v, tag=41, timeout=30)
+        c.send(("notice", "pyvm"))
+        ok, tag, error, landed = c.recv()
+        assert ok and tag == 41 and error is None
+        assert np.array_equal(landed, v)
+
+        # A write that raises: the writer gets the exception's message, the
+        # owner a failure notice with the writer's tag.
+        wf = rt.deserialize(blobs["pyvm-fail"])
+        with pytest.raises(rdt.RdtError, match="the link went down") as e:
+            rt.write(wf, v, tag=42, timeout=30)
+        assert "pyvm-fail" in str(e.value) and "RuntimeError" in str(e.value)
+        c.send(("notice", "pyvm-fail"))
+        ok, tag, error, landed = c.recv()
+        assert not ok and tag == 42 and "the link went down" in error
+        w.close()
+        wf.close()
+        c.stop()
+
+
+def test_a_python_transport_that_writes_must_be_one_sided_and_define_the_write():
+    import transports_for_tests as tt
+    with rdt.Runtime("py-refusals") as rt:
+        with pytest.raises(rdt.InvalidArgumentError, match="RDT_TRANSPORT_ONE_SIDED"):
+            rt.register_tensor_transport("twosided-write", ["cpu"], tt.TwoSidedWrite)
+        with pytest.raises(TypeError, match="write_multiple_tensors"):
+            rt.register_tensor_transport("no-write", ["cpu"], tt.SaysWritesWithoutWrite)
+        # A transport written for Ray (no can_write_transport) does not write.
+        rt.register_tensor_transport("reads-only", ["cpu"], tt.PyShm)
+        assert not {t["name"]: t for t in rt.transports()}["reads-only"]["writes"]
+        with pytest.raises(rdt.UnsupportedError):
+            rt.expose(np.zeros(4, np.uint8), transport="reads-only")

@@ -2,6 +2,8 @@
 odd tensor producers, used by the tests (also from spawned processes, so
 everything here is importable by name)."""
 
+import ctypes
+import os
 import socket
 import threading
 import time
@@ -114,6 +116,113 @@ class PyShm(rdt.TensorTransportManager):
 
     def abort_transport(self, obj_id, communicator_metadata):
         pass
+
+
+# ---- a one-sided transport that writes: process_vm_readv/writev ------------
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+for _fn in ("process_vm_readv", "process_vm_writev"):
+    getattr(_libc, _fn).argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                                    ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+    getattr(_libc, _fn).restype = ctypes.c_ssize_t
+
+
+def _address(t):
+    return _bytes(t).__array_interface__["data"][0]
+
+
+@dataclass
+class VmMeta(rdt.TensorTransportMetadata):
+    pid: int = 0
+    regions: Optional[List[Any]] = None  # (address, nbytes) per tensor
+
+
+class PyVm(rdt.TensorTransportManager):
+    """One-sided, and it writes (rdt's addition to the interface): the
+    source (or the owner of an exposed object) publishes its pid and the
+    tensors' addresses; a receiver reads them with process_vm_readv, a
+    writer writes them with process_vm_writev, and the other process runs
+    nothing."""
+
+    def tensor_transport_backend(self):
+        return "pyvm"
+
+    @staticmethod
+    def is_one_sided():
+        return True
+
+    @staticmethod
+    def can_abort_transport():
+        return False
+
+    @staticmethod
+    def can_write_transport():
+        return True
+
+    def actor_has_tensor_transport(self, actor):
+        return True
+
+    def extract_tensor_transport_metadata(self, obj_id, gpu_object):
+        return VmMeta(tensor_meta=[(tuple(t.shape), t.dtype) for t in gpu_object], tensor_device="cpu",
+                      pid=os.getpid(), regions=[(_address(t), _bytes(t).nbytes) for t in gpu_object])
+
+    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
+        return rdt.CommunicatorMetadata()
+
+    @staticmethod
+    def _move(fn, pid, local, regions):
+        if len(local) != len(regions):
+            raise ValueError(f"{len(local)} tensors for {len(regions)} regions")
+        for t, (addr, size) in zip(local, regions):
+            b = _bytes(t)
+            if b.nbytes != size:
+                raise ValueError(f"a tensor of {b.nbytes} bytes for a region of {size}")
+            if size == 0:
+                continue
+            liov, riov = _IoVec(_address(t), size), _IoVec(addr, size)
+            n = fn(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
+            if n != size:
+                err = ctypes.get_errno()
+                raise OSError(err, f"process {pid}: {os.strerror(err) if n < 0 else 'short copy'}")
+
+    def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
+        m = tensor_transport_metadata
+        self._move(_libc.process_vm_readv, m.pid, target_buffers, m.regions)
+        return target_buffers
+
+    def write_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, tensors):
+        m = tensor_transport_metadata
+        self._move(_libc.process_vm_writev, m.pid, tensors, m.regions)
+
+    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
+        raise NotImplementedError("one-sided")
+
+    def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
+        pass
+
+    def abort_transport(self, obj_id, communicator_metadata):
+        pass
+
+
+class FailingWrite(PyVm):
+    def write_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, tensors):
+        raise RuntimeError("the link went down")
+
+
+class TwoSidedWrite(PyVm):
+    @staticmethod
+    def is_one_sided():
+        return False
+
+
+class SaysWritesWithoutWrite(PyShm):
+    @staticmethod
+    def can_write_transport():
+        return True
 
 
 # ---- a two-sided transport: a socket per transfer ----------------------------

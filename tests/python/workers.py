@@ -253,6 +253,23 @@ def writer(conn, blob, transport=None):
             conn.send(f"{type(e).__name__}: {e}")
 
 
+def exposer(conn, transports, register):
+    """Exposes one np.zeros(4096, uint8) per transport, sends {transport:
+    the writable ref's C bytes}, then answers ("notice", transport) with the
+    next notice of that object and a copy of its bytes."""
+    _register(register)
+    bufs = {t: np.zeros(4096, np.uint8) for t in transports}
+    refs = {t: rdt.expose(bufs[t], transport=t) for t in transports}
+    conn.send({t: r.serialize() for t, r in refs.items()})
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            return
+        _, t = msg
+        n = refs[t].wait_notice(timeout=30)
+        conn.send((n.ok, n.tag, None if n.error is None else str(n.error), bufs[t].copy()))
+
+
 def mutable_source(conn, transport):
     """Puts a 4 KiB float32 array with `transport` and sends the pickled
     ref; ("set", v) fills the array with v in place and answers "ok"."""

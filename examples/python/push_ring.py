@@ -65,7 +65,7 @@ def run(transport):
             k = (step - 1) % 2
             notice = slots[k].wait_notice(timeout=60)
             if not notice.ok:  # a torn version (the trainer died mid-write): never applied
-                raise SystemExit(f"version {notice.tag} is torn: {notice.error}")
+                raise SystemExit(f"slot {k} is torn after version {applied}: {notice.error}")
             assert notice.tag == step, (notice.tag, step)
             want = state_at(step)
             for name in SHAPES:  # every byte of the version

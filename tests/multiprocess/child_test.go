@@ -51,6 +51,8 @@ type childState struct {
 	freed atomic.Int64
 	// releases free what put_exchange put.
 	releases []func()
+	// prepared writes kept open after their loop
+	prepared []*engine.Prepared
 }
 
 func fail(err error) reply {
@@ -270,13 +272,27 @@ func (s *childState) writeLoop(ref *engine.Ref, req request) {
 		bufs[i] = hostMem(n)
 		tensors[i] = tensorOver(bufs[i])
 	}
+	write := func(tag int) error {
+		return s.rt.Write([]*engine.Ref{ref}, tensors, engine.WriteOptions{Tag: uint64(tag)}, -1)
+	}
+	if req.Prepared {
+		pw, err := s.rt.PrepareWrite([]*engine.Ref{ref}, tensors, engine.WriteOptions{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child: prepare write:", err)
+			return
+		}
+		s.mu.Lock()
+		s.prepared = append(s.prepared, pw)
+		s.mu.Unlock()
+		write = func(tag int) error { return pw.Run(uint64(tag), -1) }
+	}
 	for tag := 1; req.Count == 0 || tag <= req.Count; tag++ {
 		for i, b := range bufs {
 			for j := range b {
 				b[j] = patternByte(req.Seed, i, j) + byte(tag)
 			}
 		}
-		if err := s.rt.Write([]*engine.Ref{ref}, tensors, engine.WriteOptions{Tag: uint64(tag)}, -1); err != nil {
+		if err := write(tag); err != nil {
 			fmt.Fprintln(os.Stderr, "child: write:", err)
 			return
 		}

@@ -125,6 +125,9 @@ type request struct {
 	Override  string   `json:"override,omitempty"`
 	Parallel  bool     `json:"parallel,omitempty"`
 	Millis    int      `json:"millis,omitempty"`
+	// Prepared: write_loop runs one prepared write (and keeps it open
+	// after Count runs).
+	Prepared bool `json:"prepared,omitempty"`
 }
 
 type reply struct {

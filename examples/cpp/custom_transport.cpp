@@ -1,7 +1,9 @@
 // A transport written in C++: "copy", one-sided, for runtimes in one
-// process (the metadata carries the source's addresses). Register it under
-// the same name in every runtime that uses it; the runtime owns it. An
-// exception thrown in any of its methods reaches the caller of get() as
+// process (the metadata carries the source's addresses). It also writes into
+// objects another runtime exposed: the owner's metadata says where they lie,
+// and the writer copies there alone. Register it under the same name in
+// every runtime that uses it; the runtime owns it. An exception thrown in
+// any of its methods reaches the caller of get() or write() as
 // rdt::Error(RDT_ERR_USER) with the exception's message.
 #include <rdt/rdt.hpp>
 
@@ -11,8 +13,9 @@
 class CopyTransport : public rdt::Transport {
  public:
   bool one_sided() const override { return true; }
+  bool writes() const override { return true; }
 
-  // Source, at put: where the tensors are.
+  // Source, at put (owner, at expose): where the tensors are.
   std::vector<uint8_t> extract_metadata(const std::string &, rdt::Tensors tensors) override {
     std::vector<uint8_t> m(tensors.size() * sizeof(void *));
     for (size_t i = 0; i < tensors.size(); i++) {
@@ -29,6 +32,17 @@ class CopyTransport : public rdt::Transport {
       void *src;
       std::memcpy(&src, &tmeta[i * sizeof src], sizeof src);
       std::memcpy(rdt::bytes_of(targets[i]), src, rdt::nbytes(targets[i]));
+    }
+  }
+
+  // Writer: copy the sources to where the owner's tensors are (shapes and
+  // dtypes already checked). The owner learns of it from its notice.
+  void write(const rdt::Transfer &, rdt::Tensors sources, rdt::Bytes tmeta, rdt::Bytes) override {
+    if (tmeta.size() != sources.size() * sizeof(void *)) throw std::runtime_error("metadata does not match");
+    for (size_t i = 0; i < sources.size(); i++) {
+      void *dst;
+      std::memcpy(&dst, &tmeta[i * sizeof dst], sizeof dst);
+      std::memcpy(dst, rdt::bytes_of(sources[i]), rdt::nbytes(sources[i]));
     }
   }
 };
@@ -66,5 +80,15 @@ int main() {
     std::printf("over 'broken': %s\n", e.what());
     if (e.status() != RDT_ERR_USER) return 1;
   }
-  return dst == src ? 0 : 1;
+
+  // b writes into a buffer a exposed; a's notice carries b's tag.
+  std::vector<int64_t> slot(6, 0);
+  rdt::Ref exposed = a.expose({rdt::view(slot)}, "copy");
+  rdt::Ref writable = b.deserialize(exposed.serialize());
+  b.write(writable, {rdt::view(src)}, /*tag=*/7, std::chrono::seconds(5));
+  rdt_write_notice note;
+  if (!exposed.wait_notice(note, std::chrono::seconds(5)) || note.status != RDT_OK) return 1;
+  std::printf("written over 'copy' with tag %llu: %lld ... %lld\n", (unsigned long long)note.tag,
+              (long long)slot[0], (long long)slot[5]);
+  return dst == src && slot == src ? 0 : 1;
 }

@@ -268,6 +268,27 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 // start is Fetch and Write: op moves between local (the targets of a read,
 // the sources of a write) and the remote object tmeta describes.
 func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (transport.Request, error) {
+	pl, err := t.plan(x, local, tmeta, op)
+	if err != nil {
+		return nil, err
+	}
+	return t.launch(pl, nil)
+}
+
+// planned is a transfer checked and cut into chunks, with the agent that
+// runs it.
+type planned struct {
+	agent   unsafe.Pointer
+	op      C.int
+	m       *metadata
+	chunks  []chunk
+	regions []regKey // the local memory to register
+	total   uint64
+}
+
+// plan checks a transfer against the metadata and the local tensors and
+// cuts it into chunks.
+func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (*planned, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -275,13 +296,9 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err := x.CheckPieces(local, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
 		return nil, err
 	}
-	what := "target"
-	if op == C.RDTNX_XFER_WRITE {
-		what = "source"
-	}
 	for i, tg := range local {
 		if !tg.Device.Type.HostAccessible() && !slices.Contains(t.devices, tg.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", what, i, tg.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", localName(op), i, tg.Device)
 		}
 	}
 	chunks, regions, total, err := plan(x, m, local)
@@ -292,15 +309,67 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err != nil {
 		return nil, err
 	}
-	req := &request{t: t, agent: agent, op: op, started: time.Now(), total: total, chunks: chunks, remoteName: m.Agent, postDone: make(chan struct{})}
-	if len(chunks) == 0 {
+	return &planned{agent: agent, op: op, m: m, chunks: chunks, regions: regions, total: total}, nil
+}
+
+// localName is what the local tensors of op are, for errors.
+func localName(op C.int) string {
+	if op == C.RDTNX_XFER_WRITE {
+		return "source"
+	}
+	return "target"
+}
+
+// registerLocal registers the local memory of pl with its agent, one list per
+// memory type; the caller deregisters them (deregister).
+func (t *Transport) registerLocal(pl *planned) ([]unsafe.Pointer, error) {
+	var locals []unsafe.Pointer
+	for _, mem := range []uint8{memDRAM, memVRAM} {
+		these := ofMemory(pl.regions, mem)
+		if len(these) == 0 {
+			continue
+		}
+		d, err := dlist(these)
+		if err == nil {
+			var call *C.char
+			if st := C.rdtnx_register(pl.agent, d, &call); st != C.RDTNX_SUCCESS {
+				C.rdtnx_dlist_free(d)
+				err = callError(transport.ErrTransport, "registering the "+localName(pl.op)+"s", call, st)
+			}
+		}
+		if err != nil {
+			t.deregister(pl.agent, locals)
+			return nil, err
+		}
+		locals = append(locals, d)
+	}
+	return locals, nil
+}
+
+// deregister ends and frees registrations register made.
+func (t *Transport) deregister(agent unsafe.Pointer, locals []unsafe.Pointer) {
+	var call *C.char
+	for _, d := range locals {
+		if st := C.rdtnx_deregister(agent, d, &call); st != C.RDTNX_SUCCESS {
+			t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the local tensors", call, st))
+		}
+		C.rdtnx_dlist_free(d)
+	}
+}
+
+// launch starts pl: with kept registrations (a prepared transfer's), or
+// registering its local memory for this request alone (kept nil).
+func (t *Transport) launch(pl *planned, kept []unsafe.Pointer) (transport.Request, error) {
+	m := pl.m
+	req := &request{t: t, agent: pl.agent, op: pl.op, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	if len(pl.chunks) == 0 {
 		close(req.postDone)
 		return req, nil
 	}
 	// A fetch starts all its transfers before it releases any, so the
 	// agent may be held by this fetch's own transfers, and waiting for it
 	// here would never end: when it is busy, the poster waits for it.
-	rem, ok, err := t.acquire(agent, m, true)
+	rem, ok, err := t.acquire(pl.agent, m, true)
 	if err != nil {
 		return nil, err
 	}
@@ -308,28 +377,16 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 		req.waitAgent = m
 	}
 	req.rem = rem
-	// Register the local tensors for this transfer, one list per memory type.
-	for _, mem := range []uint8{memDRAM, memVRAM} {
-		these := ofMemory(regions, mem)
-		if len(these) == 0 {
-			continue
-		}
-		d, err := dlist(these)
-		if err == nil {
-			var call *C.char
-			if st := C.rdtnx_register(agent, d, &call); st != C.RDTNX_SUCCESS {
-				C.rdtnx_dlist_free(d)
-				err = callError(transport.ErrTransport, "registering the "+what+"s", call, st)
-			}
-		}
+	if kept == nil {
+		locals, err := t.registerLocal(pl)
 		if err != nil {
 			close(req.postDone)
 			req.Release()
 			return nil, err
 		}
-		req.locals = append(req.locals, d)
+		req.locals = locals
 	}
-	if total <= syncLimit && req.waitAgent == nil {
+	if pl.total <= syncLimit && req.waitAgent == nil {
 		req.post()
 		if req.postErr != nil {
 			err := req.postErr
@@ -362,7 +419,7 @@ type request struct {
 	op         C.int // RDTNX_XFER_READ or RDTNX_XFER_WRITE
 	rem        *remote
 	remoteName string
-	locals     []unsafe.Pointer // target registrations
+	locals     []unsafe.Pointer // this request's own registrations (none with a prepared's)
 	chunks     []chunk
 	aborted    atomic.Bool
 	started    time.Time
@@ -540,12 +597,7 @@ func (r *request) cleanup() {
 		}
 	}
 	r.xfers = nil
-	for _, d := range r.locals {
-		if st := C.rdtnx_deregister(r.agent, d, &call); st != C.RDTNX_SUCCESS {
-			r.t.h.Log().Warnf("%v", callError(transport.ErrTransport, "deregistering the targets", call, st))
-		}
-		C.rdtnx_dlist_free(d)
-	}
+	r.t.deregister(r.agent, r.locals)
 	r.locals = nil
 	if r.rem != nil {
 		if r.failed {
@@ -569,3 +621,40 @@ const (
 	copyBytesPerMicrosecond = 10_000
 	maxSpin                 = 2 * time.Millisecond
 )
+
+// Prepare implements transport.Preparer: the checks, the plan and the
+// registration of the local tensors are done once, so that each Start
+// only creates and posts the NIXL requests (registering memory costs more
+// than moving a small transfer). The remote agent is still acquired per
+// Start, so that a peer gone in between is invalidated as for any fetch.
+func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Prepared, error) {
+	op := C.int(C.RDTNX_XFER_READ)
+	if write {
+		op = C.RDTNX_XFER_WRITE
+	}
+	pl, err := t.plan(x, local, tmeta, op)
+	if err != nil {
+		return nil, err
+	}
+	locals, err := t.registerLocal(pl)
+	if err != nil {
+		return nil, err
+	}
+	return &prepared{t: t, pl: pl, locals: locals}, nil
+}
+
+// prepared is a transfer Prepare planned and registered.
+type prepared struct {
+	t      *Transport
+	pl     *planned
+	locals []unsafe.Pointer
+}
+
+func (p *prepared) Start(x *transport.Transfer) (transport.Request, error) {
+	return p.t.launch(p.pl, p.locals)
+}
+
+func (p *prepared) Close() {
+	p.t.deregister(p.pl.agent, p.locals)
+	p.locals = nil
+}

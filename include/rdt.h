@@ -824,9 +824,11 @@ typedef struct rdt_transfer {
   /* For transports registered with RDT_TRANSPORT_RANGES: in a
    * partial fetch, targets[i] (recv, fetch) receives ranges[i], whose ref
    * is 0 and whose length is resolved; on a two-sided transport's source,
-   * send sends those bytes of `tensors`, in that order. NULL (num_ranges
-   * 0): every tensor, whole, targets[i] receiving tensor i. Checked against
-   * the object before the callback. */
+   * send sends those bytes of `tensors`, in that order; in a partial write,
+   * sources[i] (write, write_start) lands in ranges[i] of the owner's
+   * object. NULL (num_ranges 0): every tensor, whole, targets[i] (or
+   * sources[i]) being tensor i. Checked against the object before the
+   * callback. */
   const rdt_source_range *ranges;
   size_t num_ranges;
 } rdt_transfer;

@@ -4,6 +4,7 @@
     python bench/python_bench.py build/rdtbench   # also the C side, same run
     python bench/python_bench.py --new 64M,1G     # get into new tensors only
     python bench/python_bench.py --views          # many tensors only
+    python bench/python_bench.py --prepared [build/rdtbench]   # prepared 4 KiB
 
 Measures (1) a 4 KiB round trip between two runtimes: put, hand the ref to
 the other runtime (serialize + deserialize), get into a buffer, release both
@@ -17,6 +18,12 @@ and the difference, as a Markdown section.
 host transport, against one tensor; the put of those views; 1,024 x 4 KiB
 against one 4 MiB tensor. Without it the section follows the others.
 
+``--prepared`` measures only 4 KiB gets and writes from another process
+(spawned) through Python, ordinary and prepared (``rdt.prepare_get``,
+``rdt.prepare_write``, ``run()``), over every host transport that moves
+them; with the C benchmark given, against ``rdtbench row T prepared:4KiB``
+in the same run. Without it the section follows the others.
+
 ``--new SIZES`` measures only plain ``rdt.get`` of one object of each size
 from another process (spawned), into the new arrays get makes, each one
 dropped before the next get: what a consumer that keeps no buffers of its
@@ -29,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -202,6 +210,108 @@ def views_section(transports=("cma", "shm", "tcp"), runs: int = 3) -> None:
         print(f"| {tr} | {many * 1e3:.2f} ms | {one * 1e3:.2f} ms | {many / one:.2f} |")
 
 
+# ---- prepared transfers through Python ------------------------------------------
+
+PREPARED_RUNS = 3000
+
+
+def _prepared_owner(conn, transport: str) -> None:
+    """Puts a 4 KiB array and exposes a 4 KiB buffer over transport, sends
+    both refs, and takes the buffer's notices until told to stop."""
+    import threading
+
+    src = np.arange(4096, dtype=np.uint8)
+    buf = np.zeros(4096, dtype=np.uint8)
+    put, slot = rdt.put(src, transport=transport), rdt.expose(buf, transport=transport)
+    conn.send((pickle.dumps(put), pickle.dumps(slot)))
+    stop = threading.Event()
+    bad = []
+
+    def take() -> None:
+        while not stop.is_set():
+            try:
+                n = slot.wait_notice(timeout=0.1)
+            except rdt.GetTimeoutError:
+                continue
+            if not n.ok:
+                bad.append(n)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    conn.recv()
+    stop.set()
+    taker.join()
+    conn.send(len(bad))
+
+
+def _p50_us(fn, n: int) -> float:
+    for _ in range(100):
+        fn()  # warm up
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def prepared_python(transport: str, writes: bool) -> dict:
+    """p50 µs of 4 KiB gets and writes from another process, ordinary and
+    prepared, through Python."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_prepared_owner, args=(child, transport))
+    p.start()
+    put_b, slot_b = parent.recv()
+    ref, slot = pickle.loads(put_b), pickle.loads(slot_b)
+    out = np.empty(4096, dtype=np.uint8)
+    r = {"get": _p50_us(lambda: rdt.get(ref, out=out, transport=transport), PREPARED_RUNS)}
+    with rdt.prepare_get(ref, out=out, transport=transport) as pg:
+        r["prepared_get"] = _p50_us(pg.run, PREPARED_RUNS)
+    assert np.array_equal(out, np.arange(4096, dtype=np.uint8))
+    if writes:
+        src = np.full(4096, 7, dtype=np.uint8)
+        tag = iter(range(1, 1 << 62))
+        r["write"] = _p50_us(lambda: rdt.write(slot, src, tag=next(tag), transport=transport), PREPARED_RUNS)
+        with rdt.prepare_write(slot, src, transport=transport) as pw:
+            r["prepared_write"] = _p50_us(lambda: pw.run(next(tag)), PREPARED_RUNS)
+    ref.close()
+    slot.close()
+    parent.send("stop")
+    failed = parent.recv()
+    p.join()
+    assert failed == 0, f"{failed} failed write notices over {transport}"
+    return r
+
+
+def prepared_c(rdtbench: str, transport: str) -> dict:
+    out = subprocess.run([rdtbench, "row", transport, "prepared:4KiB", str(PREPARED_RUNS)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return {k: float(v) for k, v in (f.split("=") for f in out if f.endswith(tuple("0123456789")) and "=" in f)
+            if k.endswith("_us")}
+
+
+def prepared_section(rdtbench: Optional[str]) -> None:
+    have = {t["name"]: t for t in rdt.default_runtime().transports()}
+    names = [n for n in ("cma", "shm", "tcp", "nixl") if n in have]
+    print("\n## Prepared 4 KiB transfers through Python\n")
+    print(f"p50 of {PREPARED_RUNS:,} 4 KiB gets and writes from another process (spawned); "
+          "`rdt.get` / `rdt.write` against `run()` of `rdt.prepare_get` / `rdt.prepare_write`"
+          + (", and the C ABI's prepared runs (`rdtbench row T prepared:4KiB`) in the same run." if rdtbench else "."))
+    print("\n| transport | get | prepared get | C prepared get | Python − C | write | prepared write | C prepared write | Python − C |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in names:
+        writes = have[name]["writes"]
+        py = prepared_python(name, writes)
+        c = prepared_c(rdtbench, name) if rdtbench else {}
+        cell = lambda v: f"{v:.1f} µs" if v is not None else "–"
+        diff = lambda a, b: f"{a - b:+.1f} µs" if a is not None and b is not None else "–"
+        pg, cg = py["prepared_get"], c.get("prepared_fetch_p50_us")
+        pw, cw = py.get("prepared_write"), c.get("prepared_write_p50_us")
+        print(f"| {name} | {cell(py['get'])} | {cell(pg)} | {cell(cg)} | {diff(pg, cg)} | "
+              f"{cell(py.get('write'))} | {cell(pw)} | {cell(cw)} | {diff(pw, cw)} |", flush=True)
+
+
 def c_side(rdtbench: str) -> dict:
     out = subprocess.run([rdtbench, "compare"], capture_output=True, text=True, check=True).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
@@ -213,6 +323,9 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--views":
         views_section()
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--prepared":
+        prepared_section(sys.argv[2] if len(sys.argv) > 2 else None)
         return
     rdtbench = sys.argv[1] if len(sys.argv) > 1 else None
     # On two cores the Go runtime's threads and the benchmark share the CPUs,
@@ -241,6 +354,7 @@ def main() -> None:
     print(f"| 64 MiB get from another process | {c_gb:.2f} GB/s | {py_gb:.2f} GB/s | {ratio:.2f}x | "
           f"≥ 0.95x | {'yes' if ratio >= 0.95 else '**no**'} |")
     views_section()
+    prepared_section(rdtbench)
 
 
 if __name__ == "__main__":

@@ -532,15 +532,19 @@ def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
     return results
 
 
-def measure_rdt_write(rdtbench: str, transport: str, shapes: list) -> dict:
+def measure_rdt_write(rdtbench: str, transport: str, shapes: list, prepared: bool = False) -> dict:
     """rdt's write row through `rdtbench row T write:SIZE` (C ABI, the owner
-    in a second process checking every notice): {shape: seconds}."""
+    in a second process checking every notice), or with prepared its
+    prepared writes (`rdtbench row T prepared:SIZE`: `rdt_write_prepare`
+    once, then `rdt_prepared_run`, as a re-posted NIXL handle is used):
+    {shape: seconds}."""
+    kind, field = ("prepared:", "prepared_write_p50_us") if prepared else ("write:", "write_p50_us")
     results = {}
     for count, size, runs in shapes:
-        fields = rdtbench_row(rdtbench, transport, "write:" + shape_name(count, size), runs, ("write_p50_us",))
+        fields = rdtbench_row(rdtbench, transport, kind + shape_name(count, size), runs, (field,))
         if isinstance(fields, str):
             return {"unavailable": fields}
-        results[shape_name(count, size)] = float(fields["write_p50_us"]) * 1e-6
+        results[shape_name(count, size)] = float(fields[field]) * 1e-6
     results["by"] = transport
     return results
 
@@ -675,7 +679,8 @@ def write_report(shapes: list, rows: dict) -> str:
     w("One tensor from the writer's buffer into the owner's, which registered (Mooncake, NIXL) or exposed "
       "(rdt) it once. rdt's rows are `rdtbench row T write:SIZE`: `rdt_write` returns once every byte "
       "landed, and the owner, a second process, takes and checks each write's notice and the bytes of the "
-      "last. The peers' rows are `transfer_sync_write` (Mooncake, tcp) and a re-posted NIXL WRITE handle, "
+      "last; its *prepared* rows (`rdtbench row T prepared:SIZE`) prepare the write once and run it again "
+      "and again (`rdt_prepared_run`), as the peers re-post theirs. The peers' rows are `transfer_sync_write` (Mooncake, tcp) and a re-posted NIXL WRITE handle, "
       "driven from Python, the owner checking the bytes of the first write. Median of "
       + ", ".join(f"{shape_title(c, s)} {r}" for c, s, r in shapes) + " writes.\n")
     times_table(w, shapes, rows, lambda title, res: title if res.get("by") else f"{title} ({res['version']})")
@@ -744,6 +749,7 @@ def main() -> None:
     for transport in rdt_writes:
         print(f"measuring rdt's writes over {transport}", file=sys.stderr, flush=True)
         write_rows[f"rdt, {transport}"] = measure_rdt_write(args.rdtbench, transport, write_shapes)
+        write_rows[f"rdt, {transport}, prepared"] = measure_rdt_write(args.rdtbench, transport, write_shapes, prepared=True)
     for name in [p for p in args.peers.split(",") if p in WRITE_PEERS] if write_shapes else []:
         title = PEER_TITLES[name]
         print(f"measuring {title}'s writes", file=sys.stderr, flush=True)

@@ -403,7 +403,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 				return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move (it moves %v)", i, t.Device.Type, canon, e.desc.Devices)
 			}
 		}
-		m, err := e.t.ExtractMetadata(id, tensors)
+		m, err := extractMetadata(e, id, tensors, writable)
 		if err != nil {
 			return nil, transportError(canon, transport.Wrap(err, "could not extract metadata"))
 		}
@@ -413,7 +413,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 			if writable && !e.desc.Writes {
 				continue
 			}
-			m, err := e.t.ExtractMetadata(id, tensors)
+			m, err := extractMetadata(e, id, tensors, writable)
 			if err != nil {
 				rt.log.Debugf("transport %s skipped for object %s: %v", e.desc.Name, id, err)
 				continue
@@ -557,7 +557,7 @@ func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
 			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
 		}
 	}
-	m, err := e.t.ExtractMetadata(o.desc.ID, o.tensors)
+	m, err := extractMetadata(e, o.desc.ID, o.tensors, o.write != nil)
 	if err != nil {
 		// Asked by a peer, which names the transport it asked for.
 		return nil, transport.Wrap(err, "could not extract metadata")
@@ -566,6 +566,16 @@ func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
 	o.meta[name] = m
 	o.metaMu.Unlock()
 	return m, nil
+}
+
+// extractMetadata is e's metadata of an object: of one exposed for
+// writing where the transport makes that differently (see
+// transport.ExposedMetadata).
+func extractMetadata(e *registered, id transport.ObjectID, tensors []transport.Tensor, exposed bool) ([]byte, error) {
+	if x, ok := e.t.(transport.ExposedMetadata); ok && exposed {
+		return x.ExtractExposedMetadata(id, tensors)
+	}
+	return e.t.ExtractMetadata(id, tensors)
 }
 
 // PinObject implements Host.

@@ -79,6 +79,17 @@ type Writer interface {
 	Write(x *Transfer, sources []Tensor, tmeta, cmeta []byte) (Request, error)
 }
 
+// ExposedMetadata is an optional half of a transport that writes: the
+// metadata of an object exposed for writing, where it differs from a put
+// object's. shm stages a put object's bytes into shared memory for
+// fetches; an exposed object is written in place, so staging it would
+// copy it (and hold its size again) for nothing. The engine calls it
+// instead of ExtractMetadata for exposed objects, and GarbageCollect with
+// its answer as with ExtractMetadata's.
+type ExposedMetadata interface {
+	ExtractExposedMetadata(obj ObjectID, tensors []Tensor) ([]byte, error)
+}
+
 // Preparer is an optional half of a one-sided transport: the checks of a
 // fetch or a write (Write says which) done once, for a transfer the engine
 // starts again and again with the same tensors and metadata (a prepared

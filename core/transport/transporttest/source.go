@@ -20,6 +20,10 @@ import (
 const (
 	sourceSizesEnv = "RDT_TRANSPORTTEST_SOURCE"
 	sourceDirEnv   = "RDT_TRANSPORTTEST_DIR"
+	// sourceExposeEnv set to 1 makes the source expose its object for
+	// writing: its metadata is the transport's for exposed objects (see
+	// transport.ExposedMetadata).
+	sourceExposeEnv = "RDT_TRANSPORTTEST_EXPOSE"
 )
 
 // SourceObject is the id of the object a source process puts.
@@ -72,7 +76,7 @@ func serveSource(conf Config, sizes, dir string) int {
 		tensors = append(tensors, Describe(mem.Device, Uint8, addr, n))
 	}
 	h.Hold(SourceObject, tensors)
-	meta, err := tr.ExtractMetadata(SourceObject, tensors)
+	meta, err := extractMetadata(tr, SourceObject, tensors, os.Getenv(sourceExposeEnv) == "1")
 	if err != nil {
 		return fail(err)
 	}
@@ -80,10 +84,41 @@ func serveSource(conf Config, sizes, dir string) int {
 	if conf.Ranks != nil {
 		serveGroup(conf, h, tr, tensors, os.Stdin)
 	} else {
-		_, _ = io.Copy(io.Discard, os.Stdin)
+		serveReads(mem, tensors, os.Stdin)
 	}
 	_ = tr.Close()
 	return 0
+}
+
+// extractMetadata is what the engine extracts: for an exposed object, the
+// transport's metadata for writing when it makes that differently.
+func extractMetadata(tr transport.Transport, obj transport.ObjectID, tensors []transport.Tensor, exposed bool) ([]byte, error) {
+	if x, ok := tr.(transport.ExposedMetadata); ok && exposed {
+		return x.ExtractExposedMetadata(obj, tensors)
+	}
+	return tr.ExtractMetadata(obj, tensors)
+}
+
+// serveReads answers each "READ" line of its parent with the contents of
+// the tensors ("TENSORS" and each in hexadecimal), until stdin closes.
+func serveReads(mem Memory, tensors []transport.Tensor, in io.Reader) {
+	lines := bufio.NewScanner(in)
+	for lines.Scan() {
+		if lines.Text() != "READ" {
+			continue
+		}
+		out := bufio.NewWriter(os.Stdout)
+		out.WriteString("TENSORS")
+		for _, x := range tensors {
+			b := make([]byte, x.Nbytes)
+			if err := mem.Read(x.Data, b); err != nil {
+				fmt.Fprintln(os.Stderr, "source process: reading a tensor:", err)
+			}
+			fmt.Fprintf(out, " x%x", b) // x: an empty tensor is a field too
+		}
+		out.WriteString("\n")
+		out.Flush()
+	}
 }
 
 func seedOf(i int) byte { return byte(0x51 + i) }
@@ -98,7 +133,8 @@ type Source struct {
 	// Want are the contents of its tensors (nil above 64 MiB, left zero).
 	Want [][]byte
 
-	in io.Writer // its stdin: the suite's requests to a grouped source
+	in    io.Writer   // its stdin: the suite's requests to a grouped source
+	lines chan string // its stdout's lines after the first
 }
 
 // StartSource runs the test binary as a source process putting tensors of
@@ -106,6 +142,18 @@ type Source struct {
 // The process is killed when the test ends. The package's TestMain must
 // call Main.
 func StartSource(t testing.TB, sizes ...int) *Source {
+	t.Helper()
+	return startSource(t, false, sizes...)
+}
+
+// StartExposedSource is StartSource for an object exposed for writing: its
+// Meta is the transport's metadata for writes.
+func StartExposedSource(t testing.TB, sizes ...int) *Source {
+	t.Helper()
+	return startSource(t, true, sizes...)
+}
+
+func startSource(t testing.TB, exposed bool, sizes ...int) *Source {
 	t.Helper()
 	var list []string
 	s := &Source{}
@@ -119,6 +167,9 @@ func StartSource(t testing.TB, sizes ...int) *Source {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), sourceSizesEnv+"="+strings.Join(list, ","), sourceDirEnv+"="+SocketDir(t))
+	if exposed {
+		cmd.Env = append(cmd.Env, sourceExposeEnv+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -134,10 +185,19 @@ func StartSource(t testing.TB, sizes ...int) *Source {
 	s.Cmd, s.in = cmd, stdin
 	t.Cleanup(func() { _ = stdin.Close(); s.Kill() })
 	lines := make(chan string, 1)
+	s.lines = make(chan string, 1)
 	go func() {
-		line, _ := bufio.NewReader(out).ReadString('\n')
+		rd := bufio.NewReader(out)
+		line, _ := rd.ReadString('\n')
 		lines <- line
-		_, _ = io.Copy(io.Discard, out)
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				close(s.lines)
+				return
+			}
+			s.lines <- line
+		}
 	}()
 	var line string
 	select {
@@ -161,6 +221,38 @@ func StartSource(t testing.TB, sizes ...int) *Source {
 	copy(s.Peer.RuntimeID[:], id)
 	s.Meta = meta
 	return s
+}
+
+// Contents reads the tensors of the process's object as they are now,
+// within a minute.
+func (s *Source) Contents(t testing.TB) [][]byte {
+	t.Helper()
+	if _, err := io.WriteString(s.in, "READ\n"); err != nil {
+		t.Fatalf("asking the source process for its tensors: %v", err)
+	}
+	var line string
+	select {
+	case l, ok := <-s.lines:
+		if !ok {
+			t.Fatal("the source process ended before it sent its tensors")
+		}
+		line = l
+	case <-time.After(time.Minute):
+		t.Fatal("the source process sent no tensors within a minute")
+	}
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != "TENSORS" || len(f)-1 != len(s.Want) {
+		t.Fatalf("the source process said %.100q", line)
+	}
+	out := make([][]byte, len(f)-1)
+	for i, h := range f[1:] {
+		b, err := hex.DecodeString(strings.TrimPrefix(h, "x"))
+		if err != nil {
+			t.Fatalf("tensor %d from the source process: %v", i, err)
+		}
+		out[i] = b
+	}
+	return out
 }
 
 // Kill kills the process and reaps it (again: no-op).

@@ -95,6 +95,9 @@ func Run(t *testing.T, conf Config) {
 	for _, name := range WriteCases {
 		t.Run(name, writes[name])
 	}
+	for _, name := range PreparedCases {
+		t.Run(name, map[string]func(*testing.T){"prepared": s.prepared}[name])
+	}
 }
 
 type suite struct {
@@ -166,12 +169,18 @@ func (s *suite) read(t *testing.T, e *end, x transport.Tensor) []byte {
 // put makes an object of the given dtypes and sizes on src.
 func (s *suite) put(t *testing.T, src *end, obj transport.ObjectID, dts []transport.DType, sizes []int) ([]byte, []transport.Tensor) {
 	t.Helper()
+	return s.putOrExpose(t, src, obj, dts, sizes, false)
+}
+
+// putOrExpose is put, or with exposed an object exposed for writing.
+func (s *suite) putOrExpose(t *testing.T, src *end, obj transport.ObjectID, dts []transport.DType, sizes []int, exposed bool) ([]byte, []transport.Tensor) {
+	t.Helper()
 	var tensors []transport.Tensor
 	for i, n := range sizes {
 		tensors = append(tensors, s.tensor(t, src, dts[i%len(dts)], n, obj[0]+byte(i)))
 	}
 	src.host.Hold(obj, tensors)
-	meta, err := src.tr.ExtractMetadata(obj, tensors)
+	meta, err := extractMetadata(src.tr, obj, tensors, exposed)
 	if err != nil {
 		t.Fatalf("extracting metadata: %v", err)
 	}
@@ -262,11 +271,20 @@ func wantStatus(t *testing.T, err error, what string, want ...transport.Status) 
 // pair is a source and a destination in this process, and an object put
 // on the source.
 func (s *suite) pair(t *testing.T, obj transport.ObjectID, dts []transport.DType, sizes []int) (src, dst *end, meta []byte, tensors []transport.Tensor, x *transport.Transfer) {
+	return s.pairOf(t, obj, dts, sizes, false)
+}
+
+// exposedPair is pair with the object exposed for writing.
+func (s *suite) exposedPair(t *testing.T, obj transport.ObjectID, dts []transport.DType, sizes []int) (src, dst *end, meta []byte, tensors []transport.Tensor, x *transport.Transfer) {
+	return s.pairOf(t, obj, dts, sizes, true)
+}
+
+func (s *suite) pairOf(t *testing.T, obj transport.ObjectID, dts []transport.DType, sizes []int, exposed bool) (src, dst *end, meta []byte, tensors []transport.Tensor, x *transport.Transfer) {
 	src, dst = s.newEnd(t, 1), s.newEnd(t, 0)
 	if s.grouped() {
 		s.groupPair(t, src, dst)
 	}
-	meta, tensors = s.put(t, src, obj, dts, sizes)
+	meta, tensors = s.putOrExpose(t, src, obj, dts, sizes, exposed)
 	return src, dst, meta, tensors, transfer(obj, src.desc.Name, src.host.Identity(), dst.host.Identity())
 }
 
@@ -575,7 +593,18 @@ func (s *suite) metadataFuzz(t *testing.T) {
 // forms the group of dst and the source for a grouped transport.
 func (s *suite) source(t *testing.T, dst *end, sizes ...int) *Source {
 	t.Helper()
-	src := StartSource(t, sizes...)
+	return s.sourceOf(t, dst, false, sizes...)
+}
+
+// exposedSource is source with the object exposed for writing.
+func (s *suite) exposedSource(t *testing.T, dst *end, sizes ...int) *Source {
+	t.Helper()
+	return s.sourceOf(t, dst, true, sizes...)
+}
+
+func (s *suite) sourceOf(t *testing.T, dst *end, exposed bool, sizes ...int) *Source {
+	t.Helper()
+	src := startSource(t, exposed, sizes...)
 	if s.grouped() {
 		s.groupSource(t, dst, src)
 	}

@@ -58,7 +58,7 @@ func write(t *testing.T, e *end, x *transport.Transfer, sources []transport.Tens
 func (s *suite) write(t *testing.T) {
 	t.Run("in_process", func(t *testing.T) {
 		dts := []transport.DType{Float32, Int64, Uint8, Uint8}
-		owner, writer, meta, tensors, _ := s.pair(t, transport.ObjectID{20}, dts, partialSizes)
+		owner, writer, meta, tensors, _ := s.exposedPair(t, transport.ObjectID{20}, dts, partialSizes)
 		s.writesOnly(t, writer)
 		before := make([][]byte, len(tensors))
 		for i, x := range tensors {
@@ -99,7 +99,7 @@ func (s *suite) write(t *testing.T) {
 	t.Run("source_process", func(t *testing.T) {
 		writer := s.newEnd(t, 0)
 		s.writesOnly(t, writer)
-		owner := s.source(t, writer, 4096, 3<<20)
+		owner := s.exposedSource(t, writer, 4096, 3<<20)
 		x := writeTransfer(SourceObject, writer.desc.Name, writer.host.Identity(), owner.Peer)
 		x.Pieces = []transport.Piece{{Tensor: 1, Offset: 1 << 20, Length: 1 << 20}, {Tensor: 0, Offset: 8, Length: 16}}
 		sources := []transport.Tensor{s.tensor(t, writer, Uint8, 1<<20, 0x61), s.tensor(t, writer, Uint8, 16, 0x62)}
@@ -109,12 +109,8 @@ func (s *suite) write(t *testing.T) {
 		want := [][]byte{append([]byte(nil), owner.Want[0]...), append([]byte(nil), owner.Want[1]...)}
 		copy(want[1][1<<20:], s.read(t, writer, sources[0]))
 		copy(want[0][8:], s.read(t, writer, sources[1]))
-		targets := []transport.Tensor{s.tensor(t, writer, Uint8, 4096, 0), s.tensor(t, writer, Uint8, 3<<20, 0)}
-		if err := fetch(t, writer, transfer(SourceObject, writer.desc.Name, owner.Peer, writer.host.Identity()), targets, owner.Meta); err != nil {
-			t.Fatalf("reading the object back: %v", err)
-		}
-		for i := range targets {
-			if !bytes.Equal(s.read(t, writer, targets[i]), want[i]) {
+		for i, got := range owner.Contents(t) {
+			if !bytes.Equal(got, want[i]) {
 				t.Fatalf("tensor %d of the owner process does not hold exactly what was written", i)
 			}
 		}
@@ -124,7 +120,7 @@ func (s *suite) write(t *testing.T) {
 // writeRefused: pieces outside what the owner's metadata describes, and
 // sources of another size, fail with ErrInvalidArgument and write nothing.
 func (s *suite) writeRefused(t *testing.T) {
-	owner, writer, meta, tensors, _ := s.pair(t, transport.ObjectID{21}, []transport.DType{Uint8}, []int{4096, 100})
+	owner, writer, meta, tensors, _ := s.exposedPair(t, transport.ObjectID{21}, []transport.DType{Uint8}, []int{4096, 100})
 	s.writesOnly(t, writer)
 	skipDescribesNothing(t, meta)
 	before := [][]byte{s.read(t, owner, tensors[0]), s.read(t, owner, tensors[1])}
@@ -168,7 +164,7 @@ func (s *suite) writeRefused(t *testing.T) {
 func (s *suite) writeOwnerKilled(t *testing.T) {
 	writer := s.newEnd(t, 0, func(h *Host) { h.Timeout = time.Second })
 	s.writesOnly(t, writer)
-	owner := s.source(t, writer, s.large())
+	owner := s.exposedSource(t, writer, s.large())
 	x := writeTransfer(SourceObject, writer.desc.Name, writer.host.Identity(), owner.Peer)
 	w := writer.tr.(transport.Writer)
 	cmeta, err := writer.tr.CommunicatorMetadata(x)

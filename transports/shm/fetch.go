@@ -30,6 +30,10 @@ type request struct {
 // Abort makes the copy stop at its next chunk, and a wait for the segment
 // server's answer stop now.
 func (t *Transport) Abort(x *transport.Transfer, req transport.Request) {
+	if r, ok := req.(*writeRequest); ok {
+		r.abort()
+		return
+	}
 	if r, ok := req.(*request); ok {
 		r.aborted.Store(true)
 		r.mu.Lock()
@@ -213,7 +217,7 @@ func (t *Transport) source(peer transport.PeerInfo) (*keptConns, error) {
 // keepsNothingLocked reports whether a record holds no arena and no
 // connection; the caller holds idleMu.
 func (t *Transport) keepsNothingLocked(k *keptConns) bool {
-	return len(k.arenas) == 0 && t.kept.PeerLen(k.peer) == 0
+	return len(k.arenas) == 0 && t.kept.PeerLen(k.peer) == 0 && t.wkept.PeerLen(k.peer) == 0
 }
 
 // check finishes a fetch once the segment server answered: nothing more

@@ -89,6 +89,9 @@ type Transport struct {
 	// runtime and socket path (under idleMu, so that a record and its
 	// connections go together).
 	kept *peerpool.Pool[keptKey, *net.UnixConn]
+	// wkept holds the idle connections writes moved on, with their
+	// staging areas mapped, like kept (see write.go).
+	wkept *peerpool.Pool[keptKey, *wconn]
 }
 
 // keptConns is a receiver's record of one source runtime: its idle
@@ -117,6 +120,14 @@ func New(h transport.Host) (transport.Transport, error) {
 			Max:   maxIdle,
 			Close: func(c *net.UnixConn) { c.Close() },
 			Peer:  func(k keptKey) transport.RuntimeID { return k.peer },
+		}),
+		wkept: peerpool.New(peerpool.Config[keptKey, *wconn]{
+			Max:   maxIdle,
+			Close: func(w *wconn) { w.close() },
+			Peer:  func(k keptKey) transport.RuntimeID { return k.peer },
+			// Before the server closes it: its staging area is unmapped
+			// on this side too.
+			IdleTimeout: idleTimeout - 10*time.Second,
 		})}, nil
 }
 
@@ -135,6 +146,7 @@ func (t *Transport) Describe() transport.Descriptor {
 		DetectsFreedObjects: true,
 		Ranges:              true,
 		Auto:                transport.AutoRank{Host: 20},
+		Writes:              true,
 	}
 }
 
@@ -167,6 +179,7 @@ func (t *Transport) Close() error {
 	}
 	t.idle = nil // keepIdle closes what comes back later
 	t.kept.Close()
+	t.wkept.Close()
 	t.idleMu.Unlock()
 	return nil
 }
@@ -181,6 +194,7 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 		delete(t.idle, peer.RuntimeID)
 	}
 	t.kept.DropPeer(peer.RuntimeID)
+	t.wkept.DropPeer(peer.RuntimeID)
 }
 
 // unmapLocked unmaps the source's arena; the caller holds idleMu.

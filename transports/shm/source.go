@@ -289,7 +289,9 @@ func (t *Transport) serve(c *net.UnixConn) {
 	}
 	req := make([]byte, requestLen)
 	var reply []byte // made at the first inline answer
-	hot := false     // a small object was answered inline: the next request may follow at once
+	var w landing    // the connection's writes: its staging area
+	defer w.close()
+	hot := false // a small object was answered inline: the next request may follow at once
 	for {
 		if hot {
 			// A thread waits for a prompt next request, which then
@@ -316,6 +318,14 @@ func (t *Transport) serve(c *net.UnixConn) {
 				c.Write(encodeReplyV1(transport.ErrUnsupported, "this segment server speaks protocol version 2, the receiver version 1: use one build of rdt on both sides"))
 			}
 			return
+		}
+		if string(req[:4]) == writeMagic {
+			ok, small := t.land(c, req[:n], &w)
+			if !ok {
+				return
+			}
+			hot = small
+			continue
 		}
 		if _, err := io.ReadFull(c, req[n:]); err != nil {
 			return

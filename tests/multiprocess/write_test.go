@@ -87,12 +87,12 @@ func TestWriterKilledWithItsWriteOpenTearsIt(t *testing.T) {
 	assert.Zero(t, owner.Stats().WritesOpen)
 }
 
-// Real writes (cma, tcp), one after another, until the writer is killed: every
+// Real writes (cma, shm, tcp), one after another, until the writer is killed: every
 // notice before the last is a success; a failure can only be the last,
 // for the write after the last success; and nothing stays open.
 // writingTransports are the transports these tests write over: nixl's
 // subtests skip, saying why, where NIXL does not load.
-var writingTransports = []string{"cma", "tcp", "nixl"}
+var writingTransports = []string{"cma", "shm", "tcp", "nixl"}
 
 func requireWriter(t *testing.T, name string) {
 	if name == "nixl" {

@@ -69,7 +69,7 @@ def test_prepared_get_owner_killed(child):
     ref.close()
 
 
-@pytest.mark.parametrize("transport", ["cma", "tcp"])
+@pytest.mark.parametrize("transport", ["cma", "shm", "tcp"])
 def test_prepared_write_notice_per_run(child, transport):
     with rdt.Runtime("owner") as rt:
         bufs = {"w": np.zeros((64, 16), np.float32), "b": np.zeros(100, np.uint8)}

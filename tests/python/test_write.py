@@ -23,12 +23,13 @@ def same(a, b):
     return all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_another_process_writes_versions_and_each_notice_follows_its_bytes(child):
+@pytest.mark.parametrize("transport", [None, "shm"])
+def test_another_process_writes_versions_and_each_notice_follows_its_bytes(child, transport):
     with rdt.Runtime("owner") as rt:
         bufs = exposed_buffers()
-        ref = rt.expose(bufs)
+        ref = rt.expose(bufs, transport=transport)
         assert ref.writable and ref.is_owner
-        c = child(workers.writer, pickle.dumps(ref))
+        c = child(workers.writer, pickle.dumps(ref), transport)
         assert c.recv() == "ready"
         for tag in (1, 2, 3):
             c.send(("whole", tag))

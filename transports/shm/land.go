@@ -17,10 +17,11 @@ import (
 // protocol.go for the messages and write.go for the writer's side.
 
 const (
-	// wchunk is the largest slot of a staging area: a write moves through
+	// wchunk is the largest slot of a staging area (measured: 16 MiB moved
+	// 1 GiB faster than 8 or 2 MiB on two cores): a write moves through
 	// two slots of at most this size, the writer filling one while the
 	// owner drains the other.
-	wchunk = 8 << 20
+	wchunk = 16 << 20
 	// stagingHeader is the page before the slots; its first word is the
 	// id of a write its writer aborted.
 	stagingHeader = 4096

@@ -156,7 +156,7 @@ class Runtime(Handle):
         bytes landed. The memory may change whenever a write is open; read
         it once its notice says so. A writable object is never fetched.
         ``ref.revoke_writes()`` stops every writer. ``transport``: one that
-        writes (cma, tcp, nixl, cuda_ipc), or None to choose per write."""
+        writes (cma, shm, tcp, nixl, cuda_ipc), or None to choose per write."""
         return self._put(value, transport, True)
 
     def _put(self, value: Any, transport: Optional[str], expose: bool) -> ObjectRef:

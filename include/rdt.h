@@ -622,8 +622,8 @@ RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
  * returns the first reference to the new object in *out: a writable ref.
  * Arguments, ownership, the release callback and errors are those of
  * rdt_put(); `transport` must be one that writes (RDT_TRANSPORT_WRITES:
- * cma, tcp, nixl, cuda_ipc, or one registered with the flag), or NULL for
- * the automatic choice per write, else UNSUPPORTED.
+ * cma, shm, tcp, nixl, cuda_ipc, or one registered with the flag), or NULL
+ * for the automatic choice per write, else UNSUPPORTED.
  *
  * A writable ref is a capability: its serialized bytes carry a random write
  * key, and the owner admits a write only from a holder that presents it.

@@ -709,7 +709,10 @@ typedef struct rdt_write_notice {
    * failed, was aborted, or its writer went away with it open; the bytes it
    * covers may hold any mix of old and new values (a torn write). */
   rdt_status status;
-  uint64_t tag;    /* the writer's rdt_write_options.tag */
+  /* The writer's rdt_write_options.tag, or the tag of its rdt_prepared_run;
+   * 0 in the failure notice of a prepared write whose writer went away
+   * between or during runs (which run, if any, was under way is unknown). */
+  uint64_t tag;
   uint64_t nbytes; /* the bytes the write covered */
   char writer[RDT_OBJECT_ID_LEN + 1]; /* the writing runtime's id, hex */
   char message[RDT_NOTICE_MESSAGE_MAX + 1]; /* why it failed; "" on RDT_OK */

@@ -26,13 +26,18 @@ spawns its source), used as its own documentation recommends:
   list of arrays), the receiver unpickles.
 
 rdt's rows come from `rdtbench row` (the C ABI, the source in a second
-process): rdt's automatic choice, and cma, shm and tcp by name. Every
+process): rdt's automatic choice, and cma, shm and tcp by name. rdt is
+measured from Python too, the way the Python peers are: the source puts each
+shape as one object and hands its pickled ref over the pipe, the receiver
+gets it into its arrays with `rdt.get(ref, out=...)`, or runs a get it
+prepared once (`rdt.prepare_get`), as NIXL's handle is re-posted. Every
 figure is the median time of one whole fetch into buffers the receiver has
 touched before; the first fetch of each shape checks the bytes and is not
 timed. A peer that cannot be installed or run gets a row saying why.
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -48,8 +53,13 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SHAPES = [(1, 4 * KIB, 300), (1, MIB, 40), (1, 64 * MIB, 8), (1, GIB, 3),
           (1024, 4 * KIB, 10), (4096, 64 * KIB, 3)]
 QUICK_SHAPES = [(1, 4 * KIB, 3), (1, 64 * KIB, 3), (8, 4 * KIB, 3)]
-PEERS = ["mooncake", "nixl", "gloo", "shared_memory", "pickle"]
+# rdt from Python: (transport or None for the automatic choice, prepared).
+RDT_PY_PEERS = {"rdt-py-auto": (None, False), "rdt-py-tcp": ("tcp", False), "rdt-py-prepared": (None, True)}
+PEERS = ["mooncake", "nixl", "gloo", "shared_memory", "pickle"] + list(RDT_PY_PEERS)
 PEER_TITLES = {
+    "rdt-py-auto": "rdt from Python, automatic choice",
+    "rdt-py-tcp": "rdt from Python, tcp",
+    "rdt-py-prepared": "rdt from Python, automatic choice, prepared",
     "mooncake": "Mooncake Transfer Engine, tcp",
     "nixl": "NIXL (UCX), used directly",
     "gloo": "torch.distributed gloo send/recv",
@@ -406,8 +416,50 @@ class PickleReceiver:
         return fetch, None
 
 
+def rdt_source(conn, transport) -> None:
+    import pickle
+
+    import rdt
+    conn.send(("ready", None))
+    ref = None
+    while True:
+        msg = conn.recv()
+        if ref is not None:
+            ref.close()  # the receiver's borrow, if it still holds one, keeps the object
+            ref = None
+        if msg[0] == "quit":
+            return
+        count, size = msg[1], msg[2]
+        _, arrays = source_arrays(count, size)
+        ref = rdt.put(arrays[0] if count == 1 else arrays, transport=transport)
+        conn.send(pickle.dumps(ref))
+
+
+class RdtReceiver:
+    def __init__(self, transport, prepared):
+        import rdt
+        self.rdt, self.transport, self.prepared = rdt, transport, prepared
+        self.held = []
+
+    def prepare(self, count, size, info):
+        import pickle
+        for h in self.held:
+            h.close()
+        ref = pickle.loads(info)
+        _, arrays = receiver_arrays(count, size)
+        out = arrays[0] if count == 1 else arrays
+        self.held = [ref]
+        if self.prepared:
+            p = self.rdt.prepare_get(ref, out=out, transport=self.transport)
+            self.held.insert(0, p)
+            return p.run, arrays
+        get, transport = self.rdt.get, self.transport
+        return (lambda: get(ref, out=out, transport=transport)), arrays
+
+
 SOURCES = {"mooncake": mooncake_source, "nixl": nixl_source, "gloo": gloo_source,
            "shared_memory": shared_memory_source, "pickle": pickle_source}
+SOURCES.update({name: functools.partial(rdt_source, transport=t) for name, (t, _) in RDT_PY_PEERS.items()})
 
 
 def free_port() -> int:
@@ -442,6 +494,8 @@ def run_peer(name: str, shapes: list, write: bool = False) -> dict:
             receiver = SharedMemoryReceiver(conn)
         elif name == "pickle":
             receiver = PickleReceiver(conn)
+        elif name in RDT_PY_PEERS:
+            receiver = RdtReceiver(*RDT_PY_PEERS[name])
         results = {}
         for count, size, runs in shapes:
             conn.send(("shape", count, size, write))
@@ -481,6 +535,8 @@ def peer_version(name: str) -> str:
     if name == "gloo":
         import torch
         return f"torch {torch.__version__}"
+    if name in RDT_PY_PEERS:
+        return f"rdt {metadata.version('rdt')}, Python {platform.python_version()}"
     dist = {"mooncake": "mooncake-transfer-engine-non-cuda", "nixl": "nixl-cu12"}.get(name, "numpy")
     return f"{dist} {metadata.version(dist)}, Python {platform.python_version()}"
 
@@ -612,12 +668,17 @@ def report(shapes: list, rows: dict) -> str:
     times_table(w, shapes, rows, lambda title, res: f"{title} ({res['by']})" if res.get("by")
                 else f"{title} ({res['version']})")
     rdt_auto, rdt_tcp = rows.get("rdt, automatic choice", {}), rows.get("rdt, tcp", {})
+    py = {which: rows.get(PEER_TITLES[name], {}) for which, name in (
+        ("automatic, from Python", "rdt-py-auto"), ("tcp, from Python", "rdt-py-tcp"),
+        ("automatic, prepared, from Python", "rdt-py-prepared"))}
     w("## rdt's speed over each peer's (peer time / rdt time; above 1: rdt is faster)\n")
+    w("rdt through the C ABI, and from Python as the peers are driven.\n")
     w("| peer | rdt | " + " | ".join(shape_title(c, s) for c, s, _ in shapes) + " |")
     w("|---|---|" + "---|" * len(shapes))
     peers = [t for t in rows if not t.startswith("rdt")]
     for peer in peers:
-        for which, res in (("automatic", rdt_auto), ("tcp", rdt_tcp)):
+        measured = [(which, res) for which, res in py.items() if res and "unavailable" not in res]
+        for which, res in (("automatic", rdt_auto), ("tcp", rdt_tcp), *measured):
             cells = [f"{rows[peer][n] / res[n]:.2f}x" if n in rows[peer] and n in res else "–" for n in names]
             w(f"| {peer} | {which} | " + " | ".join(cells) + " |")
     w("")
@@ -741,7 +802,7 @@ def main() -> None:
         if name in why_not:
             rows[title] = {"unavailable": why_not[name]}
             continue
-        python = args.torch_python if name == "gloo" else sys.executable
+        python = args.torch_python if name == "gloo" or name in RDT_PY_PEERS else sys.executable
         rows[title] = measure_peer(name, shapes, python, peer_env(name, base_env, args))
     write_rows = {}
     # --rdt none leaves out rdt's write rows too.

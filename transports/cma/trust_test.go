@@ -16,11 +16,21 @@ import (
 // Ref bytes carry a checksum, not a signature: anyone who hands a process
 // a ref can write any metadata into it. These tests play that part.
 
-func openFDs(t *testing.T) int {
+// openPidfds counts this process's open pidfds: the descriptors the
+// transport keeps per source. Other descriptors come and go with whatever
+// else the test binary does (earlier tests' children, the runtime's
+// poller), so they are not counted.
+func openPidfds(t *testing.T) int {
 	t.Helper()
 	entries, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
-	return len(entries)
+	n := 0
+	for _, e := range entries {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == "anon_inode:[pidfd]" {
+			n++
+		}
+	}
+	return n
 }
 
 func allZero(b []byte) bool {
@@ -144,18 +154,18 @@ func TestPeerGoneClosesTheSourcesPidfd(t *testing.T) {
 		cmd, meta := startChild(t, 4096)
 		sources = append(sources, source{cmd.Process.Pid, meta})
 	}
-	base := openFDs(t)
+	base := openPidfds(t)
 	_, dst := buffer(t, 4096)
 	for _, s := range sources {
 		require.NoError(t, fetchFrom(t, tr, from(childObject, s.pid), s.meta, []transport.Tensor{dst}))
 	}
 	assert.Equal(t, 3, tr.openSources())
-	assert.Equal(t, base+3, openFDs(t), "a pidfd per source")
+	assert.Equal(t, base+3, openPidfds(t), "a pidfd per source")
 	for _, s := range sources {
 		tr.PeerGone(transport.PeerInfo{Pid: s.pid})
 	}
 	assert.Equal(t, 0, tr.openSources())
-	assert.Equal(t, base, openFDs(t), "every pidfd is closed")
+	assert.Equal(t, base, openPidfds(t), "every pidfd is closed")
 	// A source that is still there (another runtime of its process) is
 	// opened again on the next fetch.
 	require.NoError(t, fetchFrom(t, tr, from(childObject, sources[0].pid), sources[0].meta, []transport.Tensor{dst}))
@@ -187,7 +197,7 @@ func TestPeerGoneDuringAReadLetsItFinish(t *testing.T) {
 	got, dst := buffer(t, n)
 	meta, err := tr.ExtractMetadata(transport.ObjectID{8}, []transport.Tensor{src})
 	require.NoError(t, err)
-	base := openFDs(t)
+	base := openPidfds(t)
 	req, err := tr.Fetch(from(transport.ObjectID{8}, os.Getpid()), []transport.Tensor{dst}, meta, nil)
 	require.NoError(t, err)
 	tr.PeerGone(transport.PeerInfo{Pid: os.Getpid()})
@@ -195,7 +205,7 @@ func TestPeerGoneDuringAReadLetsItFinish(t *testing.T) {
 	require.NoError(t, req.Wait())
 	req.Release()
 	assert.True(t, string(sb) == string(got), "contents differ")
-	assert.Equal(t, base, openFDs(t), "the pidfd closed once the read ended")
+	assert.Equal(t, base, openPidfds(t), "the pidfd closed once the read ended")
 }
 
 // A write goes only where the owner exposed memory: metadata whose

@@ -5,6 +5,7 @@
     python bench/python_bench.py --new 64M,1G     # get into new tensors only
     python bench/python_bench.py --views          # many tensors only
     python bench/python_bench.py --prepared [build/rdtbench]   # prepared 4 KiB
+    python bench/python_bench.py --calls [build/rdtbench]      # per-call costs
 
 Measures (1) a 4 KiB round trip between two runtimes: put, hand the ref to
 the other runtime (serialize + deserialize), get into a buffer, release both
@@ -23,6 +24,17 @@ against one 4 MiB tensor. Without it the section follows the others.
 ``rdt.prepare_write``, ``run()``), over every host transport that moves
 them; with the C benchmark given, against ``rdtbench row T prepared:4KiB``
 in the same run. Without it the section follows the others.
+
+``--calls`` measures only what one call costs through Python, p50 of a few
+thousand each: a 4 KiB ``rdt.get`` from another process (spawned) into
+``out=`` over cma, shm and tcp; ``rdt.put`` of 4 KiB, ``pickle.dumps`` of
+the ref, ``pickle.loads`` (a borrow in another runtime) and ``close()`` of
+the borrow and the ref; and one object of 1,024 x 4 KiB against one 4 MiB
+tensor. With the C benchmark given, against the C figures of the same run
+(``rdtbench row T 4KiB`` and ``row T 1024x4KiB``); put, serialize,
+deserialize and release in C are timed here, as bare calls of the C ABI
+(ctypes, arguments made beforehand). Prints a Markdown table against the
+targets. Without it the section follows the others.
 
 ``--new SIZES`` measures only plain ``rdt.get`` of one object of each size
 from another process (spawned), into the new arrays get makes, each one
@@ -312,6 +324,173 @@ def prepared_section(rdtbench: Optional[str]) -> None:
               f"{cell(py.get('write'))} | {cell(pw)} | {cell(cw)} | {diff(pw, cw)} |", flush=True)
 
 
+# ---- per-call costs through Python ---------------------------------------------
+
+CALL_RUNS = 3000
+CALL_TRANSPORTS = ("cma", "shm", "tcp")
+
+
+def _calls_source(conn) -> None:
+    """Puts, per transport, 4 KiB, 1,024 x 4 KiB and 4 MiB (named at put,
+    as rdtbench's source does), sends the pickled refs, serves until told."""
+    x = np.arange(4096, dtype=np.uint8)
+    kv = np.arange(4 * MIB // 8, dtype=np.float64)
+    views = list(kv.reshape(1024, -1))
+    refs = {}
+    have = {t["name"] for t in rdt.default_runtime().transports()}
+    for tr in CALL_TRANSPORTS:
+        if tr in have:
+            refs[tr] = (rdt.put(x, transport=tr), rdt.put(views, transport=tr), rdt.put(kv, transport=tr))
+    conn.send(pickle.dumps(refs))
+    conn.recv()
+
+
+def _p50_pairs(setup, fn, n: int) -> float:
+    """p50 µs of fn(setup()), only fn timed."""
+    times = []
+    for i in range(n + 100):
+        arg = setup()
+        t0 = time.perf_counter_ns()
+        fn(arg)
+        t1 = time.perf_counter_ns()
+        if i >= 100:
+            times.append(t1 - t0)
+    return statistics.median(times) / 1e3
+
+
+def calls_python_gets(runs: int = CALL_RUNS) -> dict:
+    """p50 µs of a 4 KiB get from another process per transport, and the
+    median ms of 1,024 x 4 KiB and of 4 MiB, all into out=."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_calls_source, args=(child,))
+    p.start()
+    refs = pickle.loads(parent.recv())
+    out = np.empty(4096, dtype=np.uint8)
+    big = np.empty(4 * MIB // 8, dtype=np.float64)
+    big.fill(0)
+    views = list(big.reshape(1024, -1))
+    r = {}
+    for tr, (small, many, one) in refs.items():
+        rdt.get(small, out=out, transport=tr)
+        assert out[4095] == 4095 % 256, tr
+        r[tr] = _p50_us(lambda: rdt.get(small, out=out, transport=tr), runs)
+        pair = []
+        for ref, target in ((many, views), (one, big)):
+            rdt.get(ref, out=target, transport=tr)
+            assert big[-1] == 4 * MIB // 8 - 1, tr
+            t = []
+            for _ in range(40):
+                t0 = time.perf_counter()
+                rdt.get(ref, out=target, transport=tr)
+                t.append(time.perf_counter() - t0)
+            pair.append(statistics.median(t) * 1e3)
+        r[tr + "_objects"] = tuple(pair)
+    for trio in refs.values():
+        for ref in trio:
+            ref.close()
+    parent.send("done")
+    p.join()
+    return r
+
+
+def calls_python_refs(runs: int = CALL_RUNS) -> dict:
+    """p50 µs of put, pickle.dumps, pickle.loads and close through Python
+    (an owner runtime and the default one borrowing, as rdtbench compare
+    does with two runtimes), and of the same C calls made bare."""
+    import ctypes
+
+    from rdt import _lib, _tensors
+    from rdt._store import NO_RELEASE
+
+    owner, borrower = rdt.Runtime("py-calls"), rdt.default_runtime()
+    x = np.zeros(4096, dtype=np.uint8)
+    r = {}
+    refs, blobs, pairs = [], [], []
+    r["put"] = _p50_pairs(lambda: None, lambda _: refs.append(owner.put(x)), runs)
+    r["serialize"] = _p50_pairs(refs.pop, lambda ref: blobs.append((ref, pickle.dumps(ref))), runs)
+    r["deserialize"] = _p50_pairs(blobs.pop, lambda rb: pairs.append((rb[0], pickle.loads(rb[1]))), runs)
+
+    def close(pair) -> None:
+        pair[1].close()
+        pair[0].close()
+    r["release"] = _p50_pairs(pairs.pop, close, runs)
+
+    # The C ABI's calls alone: arguments made before the timer starts.
+    L = _lib.lib()
+    buf, addr = _tensors.pack([_tensors.item_of(x)])
+    a, b = owner._handle(), borrower._handle()
+    put, ser, free, des, rel = L.rdt_put, L.rdt_ref_serialize, L.rdt_bytes_free, L.rdt_ref_deserialize, \
+        L.rdt_ref_release
+    cells = [(ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()) for _ in range(runs + 100)]
+    it = iter(cells)
+    r["c_put"] = _p50_pairs(lambda: next(it), lambda c: put(a, addr, 1, None, NO_RELEASE, None, ctypes.byref(c[0])),
+                            runs)
+    it = iter(cells)
+    r["c_serialize"] = _p50_pairs(lambda: next(it), lambda c: ser(c[0], ctypes.byref(c[1]), ctypes.byref(c[2])),
+                                  runs)
+    data = []
+    for c in cells:
+        data.append(ctypes.string_at(c[1], c[2].value))
+        free(c[1])
+    it = iter(zip(cells, data))
+    r["c_deserialize"] = _p50_pairs(lambda: next(it), lambda cd: des(b, cd[1], len(cd[1]), ctypes.byref(cd[0][1])),
+                                    runs)
+    it = iter(cells)
+    r["c_release"] = _p50_pairs(lambda: next(it), lambda c: (rel(c[1]), rel(c[0])), runs)
+    owner.close()
+    return r
+
+
+def _row(rdtbench: str, transport: str, shape: str, runs: int) -> dict:
+    out = subprocess.run([rdtbench, "row", transport, shape, str(runs)], capture_output=True, text=True).stdout
+    return {k: v for k, v in (f.split("=", 1) for f in out.split() if "=" in f)}
+
+
+def calls_section(rdtbench: Optional[str]) -> None:
+    gets = calls_python_gets()
+    refs = calls_python_refs()
+    c = {}
+    if rdtbench:
+        for tr in CALL_TRANSPORTS:
+            if tr in gets:
+                one = _row(rdtbench, tr, "4KiB", CALL_RUNS)
+                obj = _row(rdtbench, tr, "1024x4KiB", 40)
+                c[tr] = float(one["p50_us"]) if "p50_us" in one else None
+                c[tr + "_objects"] = (float(obj["many_ms"]), float(obj["one_ms"])) if "many_ms" in obj else None
+    print("\n## Per-call costs through Python\n")
+    print(f"p50 of {CALL_RUNS:,} each. Gets: 4 KiB from another process (spawned) into `out=`, the transport "
+          "named at put and at get. put, `pickle.dumps` of the ref, `pickle.loads` (a borrow in another runtime "
+          "of this process) and `close()` of the borrow and the ref, 4 KiB; their C figures are the bare C "
+          "calls (rdt_put; rdt_ref_serialize; rdt_ref_deserialize; two rdt_ref_release) timed here"
+          + ("; the gets' C figures are `rdtbench row T 4KiB` and `row T 1024x4KiB` of the same run." if rdtbench
+             else "."))
+    print("\n| measurement | Python | C | Python against C | target | met |\n|---|---|---|---|---|---|")
+    yes = lambda ok: "yes" if ok else "**no**"
+    for tr in CALL_TRANSPORTS:
+        if tr not in gets:
+            continue
+        py, cv = gets[tr], c.get(tr)
+        limit = 10 if tr == "tcp" else 5
+        if cv is None:
+            print(f"| 4 KiB get, {tr} | {py:.1f} µs | – | – | ≤ C + {limit} µs | – |")
+        else:
+            print(f"| 4 KiB get, {tr} | {py:.1f} µs | {cv:.1f} µs | {py - cv:+.1f} µs | ≤ C + {limit} µs | "
+                  f"{yes(py - cv <= limit)} |")
+    for key, name in (("put", "put"), ("serialize", "serialize (pickle.dumps)"),
+                      ("deserialize", "deserialize (pickle.loads)"), ("release", "release (close ref and borrow)")):
+        py, cv = refs[key], refs["c_" + key]
+        print(f"| {name} | {py:.1f} µs | {cv:.1f} µs | {py / cv:.2f}x | ≤ 2x | {yes(py <= 2 * cv)} |")
+    for tr in CALL_TRANSPORTS:
+        if tr not in gets:
+            continue
+        many, one = gets[tr + "_objects"]
+        co = c.get(tr + "_objects")
+        cell = f"{co[0]:.2f} / {co[1]:.2f} ms = {co[0] / co[1]:.2f}x" if co else "–"
+        print(f"| 1,024 x 4 KiB / 4 MiB, {tr} | {many:.2f} / {one:.2f} ms = {many / one:.2f}x | {cell} | "
+              f"{many / one:.2f}x | ≤ 1.5x | {yes(many / one <= 1.5)} |")
+
+
 def c_side(rdtbench: str) -> dict:
     out = subprocess.run([rdtbench, "compare"], capture_output=True, text=True, check=True).stdout
     return {k: float(v) for k, v in (line.split() for line in out.splitlines())}
@@ -326,6 +505,9 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--prepared":
         prepared_section(sys.argv[2] if len(sys.argv) > 2 else None)
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--calls":
+        calls_section(sys.argv[2] if len(sys.argv) > 2 else None)
         return
     rdtbench = sys.argv[1] if len(sys.argv) > 1 else None
     # On two cores the Go runtime's threads and the benchmark share the CPUs,
@@ -355,6 +537,7 @@ def main() -> None:
           f"≥ 0.95x | {'yes' if ratio >= 0.95 else '**no**'} |")
     views_section()
     prepared_section(rdtbench)
+    calls_section(rdtbench)
 
 
 if __name__ == "__main__":

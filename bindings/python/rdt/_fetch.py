@@ -53,14 +53,30 @@ class Plan:
     fetch. ``sources`` (a partial fetch's rdt_source_range array, else None)
     says what each of those receives."""
 
-    __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned", "sources")
+    __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned", "sources", "packed")
 
     def __init__(self, single: bool, refs: List[Union[ObjectRef, TensorSlice]], tensors: List[List[Any]],
                  fetch_refs: List[ObjectRef], items: List[_t.Item], objs: List[Any], owned: bool,
-                 sources: Optional[Any] = None) -> None:
+                 sources: Optional[Any] = None, packed: Optional[Tuple[Any, int, List[int]]] = None) -> None:
         self.single, self.refs, self.tensors = single, refs, tensors
         self.fetch_refs, self.items, self.objs, self.owned = fetch_refs, items, objs, owned
         self.sources = sources
+        # Targets packed already (_t.pack_out): the array, its address and
+        # each target's address; items is empty then.
+        self.packed = packed
+
+    def pack(self) -> Tuple[Any, int, int]:
+        """The targets' rdt_tensor array (keep it alive while in use), its
+        address and length."""
+        if self.packed is not None:
+            return self.packed[0], self.packed[1], len(self.packed[2])
+        buf, addr = _t.pack(self.items)
+        return buf, addr, len(self.items)
+
+    def targets(self) -> Any:
+        """(data address, target object) of every target."""
+        datas = self.packed[2] if self.packed is not None else [it.data for it in self.items]
+        return zip(datas, self.objs)
 
 
 def fetch_options(transport: Optional[str], plan: Plan) -> Any:
@@ -122,13 +138,12 @@ class Fetch(Handle):
             handles: Any = ctypes.byref(ctypes.c_void_p(refs[0]._handle()))
         else:
             handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
-        self._buf, addr = _t.pack(plan.items)
+        self._buf, addr, n = plan.pack()
         opts = fetch_options(transport, plan)
         # Python transports receiving this fetch get these very objects.
-        self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
+        self._mine = self._store.receive_into(plan.targets())
         f = ctypes.c_void_p()
-        st = L.rdt_fetch_start(runtime._handle(), handles, len(refs), addr, len(plan.items), opts,
-                               ctypes.byref(f))
+        st = L.rdt_fetch_start(runtime._handle(), handles, len(refs), addr, n, opts, ctypes.byref(f))
         if st != _lib.OK:
             self._store.forget(self._mine)
             raise _lib.make_error(st)

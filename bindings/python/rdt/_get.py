@@ -11,6 +11,7 @@ RuntimeLike) its C handle and its store; of a ref its public face
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -25,6 +26,10 @@ from ._process import PROCESS
 from ._ref import ObjectRef, TensorSlice, flatten
 from ._store import RuntimeLike
 
+_ARRAYS = {np.ndarray}
+_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
 # What get, fetch and get_async take: a ref (all its tensors) or a slice.
 Refs = Union[ObjectRef, TensorSlice]
 
@@ -32,38 +37,97 @@ Refs = Union[ObjectRef, TensorSlice]
 # single call), restarting with the general path if a slice is not enough.
 _SMALL = 1 << 20
 
+# Why the one-call path gave way to the general one.
+_SLOW: Any = object()
+
+# rdt_fetch_options naming one transport, by name: made once per name, never
+# changed afterwards (rdt only reads them), so every thread may pass them.
+_OPTIONS: Dict[str, Tuple[Any, int, bytes]] = {}
+_OPTIONS_KEPT = 64
+
+# The rdt_tensor and shape of one target, after the ref's handle, by number
+# of dimensions (see _one).
+_ONE: Dict[int, struct.Struct] = {}
+_ONE_MAX_NDIM = 32
+
+
+def _options(transport: str) -> int:
+    """The address of an rdt_fetch_options naming transport."""
+    o = _OPTIONS.get(transport)
+    if o is None:
+        name = transport.encode()
+        opts = _lib.init(_lib.FetchOptions())
+        opts.transport = name
+        o = (opts, ctypes.addressof(opts), name)
+        if len(_OPTIONS) < _OPTIONS_KEPT:
+            o = _OPTIONS.setdefault(transport, o)
+    return o[1]
+
 
 def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """Runtime.get."""
     deadline = deadline_of(timeout)
-    if type(refs) is ObjectRef and type(out) is np.ndarray and transport is None and device is None:
-        # The common case, one ref into one array, in fewer steps.
-        r: ObjectRef = refs
-        if r.runtime is rt:
-            descs1 = r.tensor_descs()
-            if len(descs1) == 1:
-                data = _t.matching_out(out, descs1[0]) if out.nbytes <= _SMALL else 0
-                if data and not rt._store.python_transports:
-                    # One call does start, wait and free. On the main
-                    # thread it gives up (aborting) after a slice, so that
-                    # Ctrl-C is seen, and the general path below starts
-                    # again. Other threads never see a signal: they wait
-                    # for the whole deadline, so that a slow get is not
-                    # aborted and moved twice.
-                    buf, addr = _t.pack_one(data, descs1[0])
-                    wait_ms = slice_ms(deadline) if threading.current_thread() is threading.main_thread() \
-                        else ms_until(deadline)
-                    st = _lib.lib().rdt_get(rt._handle(), ctypes.byref(ctypes.c_void_p(r._handle())), 1,
-                                            addr, 1, None, wait_ms)
-                    if st == _lib.OK:
-                        return r._value_of([out])
-                    if st != _lib.ERR_TIMEOUT:
-                        raise _lib.make_error(st)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
-                                              "was aborted", _lib.ERR_TIMEOUT)
+    if type(out) is np.ndarray and type(refs) is ObjectRef and device is None:
+        got = _one(rt, refs, out, transport, deadline)
+        if got is not _SLOW:
+            return got
     return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline)
+
+
+def _one(rt: RuntimeLike, r: ObjectRef, out: np.ndarray, transport: Optional[str], deadline: Optional[float]) -> Any:
+    """The common case, one ref of one tensor into one array that matches
+    it, in one call, with the ref's handle, the target and the options
+    packed into a scratch block; _SLOW where the general path must run
+    (any other shape, a Python transport, a large array on the main
+    thread whose slice ran out)."""
+    if r.runtime is not rt:
+        return _SLOW
+    descs = r.tensor_descs()
+    if len(descs) != 1 or rt._store.python_transports:
+        return _SLOW
+    d = descs[0]
+    nd = len(d.shape)
+    if out.shape != d.shape or d.lanes != 1 or d.device_type not in _t.HOST_DEVICES or nd > _ONE_MAX_NDIM or \
+            _t.NP_TO_DL.get(out.dtype) != (d.code, d.bits):
+        return _SLOW
+    try:
+        data = _addressof(_from_buffer(out))  # type: ignore[arg-type]  # contiguous, writable, not empty
+    except (TypeError, ValueError, BufferError):
+        return _SLOW
+    # On the main thread it gives up (aborting) after a slice, so that
+    # Ctrl-C is seen, and the general path starts again. Other threads
+    # never see a signal: they wait for the whole deadline, so that a slow
+    # get is not aborted and moved twice. A large get on the main thread
+    # takes the general path at once rather than risk moving twice.
+    main = threading.get_ident() == threading.main_thread().ident
+    if main and out.nbytes > _SMALL:
+        return _SLOW
+    opts = _options(transport) if transport else None
+    h = rt._handle()
+    st = _ONE.get(nd)
+    if st is None:
+        st = _ONE.setdefault(nd, struct.Struct(f"=Q QiiiBBHQQQ{nd}q"))
+    s = _lib.scratch()
+    try:
+        base = s.base
+        st.pack_into(s.buf, 0, r._handle(), data, d.device_type, d.device_id, nd, d.code, d.bits, 1,
+                     base + 56 if nd else 0, 0, 0, *d.shape)
+        status = _rdt_get()(h, base, 1, base + 8, 1, opts, slice_ms(deadline) if main else ms_until(deadline))
+    finally:
+        _lib.give_back(s)
+    if status == _lib.OK:
+        return r._value_of([out])
+    if status != _lib.ERR_TIMEOUT:
+        raise _lib.make_error(status)
+    if deadline is not None and time.monotonic() >= deadline:
+        raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
+                              "was aborted", _lib.ERR_TIMEOUT)
+    return _SLOW
+
+
+def _rdt_get() -> Any:
+    return _lib.lib().rdt_get
 
 
 def device_of(device: Optional[str], out: Any) -> Optional[Tuple[int, int]]:
@@ -134,14 +198,16 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
             items.extend(_t.item_of(x, writable=True) for x in got)
     else:
         outs = outs_of(out)
-        flat = [d for ds in descs for d in ds]
-        items = _t.check_out(outs, flat)
+        flat = descs[0] if len(descs) == 1 else [d for ds in descs for d in ds]
+        packed = _t.pack_out(outs, flat) if not rt._store.python_transports else None
+        items = _t.check_out(outs, flat) if packed is None else []
         objs = outs
         i = 0
         for ds in descs:
             tensors.append(outs[i:i + len(ds)])
             i += len(ds)
         fetch_refs = whole
+        return Plan(single, whole, tensors, fetch_refs, items, objs, False, None, packed)  # type: ignore[arg-type]
     return Plan(single, whole, tensors, fetch_refs, items, objs, owned=out is None)  # type: ignore[arg-type]
 
 
@@ -149,7 +215,7 @@ def outs_of(out: Any) -> List[Any]:
     """The tensors of out=, in order."""
     if type(out) is np.ndarray:
         return [out]
-    if type(out) is list and all(type(x) is np.ndarray for x in out):
+    if type(out) is list and set(map(type, out)) <= _ARRAYS:
         return out  # a plain list of arrays: nothing to walk
     outs: List[Any] = []
     flatten(out, outs)

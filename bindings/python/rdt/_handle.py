@@ -4,15 +4,10 @@ Runtime, ObjectRef and Fetch are built on it."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, TypeVar
 
 from ._errors import ClosedError
 
-
-# Closing swaps the handle out under one lock for all handles: a handle is
-# freed exactly once even if threads race to close it.
-_close_lock = threading.RLock()  # re-entrant: __del__ may run inside it
 
 _H = TypeVar("_H", bound="Handle")
 
@@ -37,10 +32,11 @@ class Handle:
         return p
 
     def _take(self) -> Optional[int]:
-        """Swaps the handle out: exactly one caller gets it, later ones None."""
-        with _close_lock:
-            p, self._ptr = self._ptr, None
-        return p
+        """Swaps the handle out: exactly one caller gets it, later ones None.
+        Popping it off the instance's dict is one atomic step (the class
+        attribute, None, shows through afterwards), so a handle is freed
+        exactly once even if threads race to close it, without a lock."""
+        return self.__dict__.pop("_ptr", None)
 
     def close(self) -> None:
         """Frees the handle (idempotent; safe from several threads)."""

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import sys
 import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32, c_int64, c_size_t, c_uint8,
                     c_uint16, c_uint32, c_uint64, c_void_p)
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ._errors import ForkedError, RdtError, error_for
 
@@ -251,6 +252,76 @@ class LogRecord(Structure):
                 ("runtime", c_char * (NAME_MAX + 1)), ("message", c_char * (LOG_MESSAGE_MAX + 1))]
 
 
+class Scratch:
+    """A small block of native memory for one call's arguments and results:
+    an rdt_tensor with its shape, handles, out-parameters. ``base`` is its
+    address; ``word(i)`` reads the i-th 8-byte word. Taken with
+    :func:`scratch` and given back with :func:`give_back` once the call
+    returned (rdt copies what it reads during the call)."""
+
+    __slots__ = ("buf", "base", "words")
+
+    SIZE = 512  # 64 words: a tensor of up to 48 dimensions with its handle
+
+    def __init__(self) -> None:
+        self.buf = ctypes.create_string_buffer(self.SIZE)
+        self.base = ctypes.addressof(self.buf)
+        self.words = (c_uint64 * (self.SIZE // 8)).from_buffer(self.buf)
+
+
+# Free blocks. Each block is used by one call at a time: it is popped off
+# this list for the call and appended back afterwards (both atomic), so
+# that threads, and a signal handler that calls rdt on the thread it
+# interrupted, never share one.
+_scratch: List[Scratch] = []
+_SCRATCH_KEPT = 32
+
+
+def scratch() -> Scratch:
+    try:
+        return _scratch.pop()
+    except IndexError:
+        return Scratch()
+
+
+def give_back(s: Scratch) -> None:
+    if len(_scratch) < _SCRATCH_KEPT:
+        _scratch.append(s)
+
+
+# rdt_object_info read with struct from a Scratch block: struct_size,
+# num_tensors, object_id, transport, is_owner, nbytes, is_writable.
+_INFO = struct.Struct("=II33s64s3xiQi4x")
+assert _INFO.size == ctypes.sizeof(ObjectInfo) and ObjectInfo.is_owner.offset == 108 and \
+    ObjectInfo.nbytes.offset == 112 and ObjectInfo.is_writable.offset == 120
+
+
+class RefInfo(NamedTuple):
+    """rdt_ref_info's answer."""
+
+    object_id: str
+    transport: str
+    is_owner: bool
+    nbytes: int
+    num_tensors: int
+    is_writable: bool
+
+
+def ref_info(handle: int) -> RefInfo:
+    """rdt_ref_info of a ref handle (raises for a failed call)."""
+    s = scratch()
+    try:
+        _INFO.pack_into(s.buf, 0, _INFO.size, 0, b"", b"", 0, 0, 0)
+        st = lib().rdt_ref_info(handle, s.base)
+        if st != OK:
+            raise make_error(st)
+        _, n, oid, tr, owner, nbytes, writable = _INFO.unpack_from(s.buf, 0)
+    finally:
+        give_back(s)
+    return RefInfo(oid.split(b"\0", 1)[0].decode(), tr.split(b"\0", 1)[0].decode(), bool(owner), nbytes, n,
+                   bool(writable))
+
+
 def init(struct: Any) -> Any:
     """Sets struct_size, as the header's static inline *_init functions do."""
     struct.struct_size = ctypes.sizeof(struct)
@@ -301,6 +372,9 @@ class TransportVTable(Structure):
 # Every function rdt.h declares (the static inline *_init helpers are done
 # by init() above). Tensor arrays are passed as raw addresses (c_void_p):
 # the binding packs them itself, which is much cheaper than ctypes structs.
+# So are the out-parameters and options of the calls made once per put,
+# get, pickle and unpickle: those calls pass addresses in a Scratch block
+# (below) rather than new ctypes objects.
 SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_version": (c_char_p, []),
     "rdt_abi_version": (c_uint32, []),
@@ -309,16 +383,15 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_runtime_create": (c_int32, [POINTER(RuntimeOptions), POINTER(c_void_p)]),
     "rdt_runtime_destroy": (c_int32, [c_void_p]),
     "rdt_runtime_address": (c_int32, [c_void_p, POINTER(c_char_p)]),
-    "rdt_put": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, POINTER(c_void_p)]),
+    "rdt_put": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, c_void_p]),
     "rdt_ref_clone": (c_int32, [c_void_p, POINTER(c_void_p)]),
     "rdt_ref_release": (c_int32, [c_void_p]),
     "rdt_ref_release_ex": (c_int32, [c_void_p, c_uint32]),
-    "rdt_ref_serialize": (c_int32, [c_void_p, POINTER(c_void_p), POINTER(c_size_t)]),
+    "rdt_ref_serialize": (c_int32, [c_void_p, c_void_p, c_void_p]),
     "rdt_bytes_free": (None, [c_void_p]),
     "rdt_ref_deserialize": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(c_void_p)]),
-    "rdt_ref_deserialize_ex": (c_int32, [c_void_p, c_char_p, c_size_t, POINTER(DeserializeOptions),
-                                         POINTER(c_void_p)]),
-    "rdt_ref_info": (c_int32, [c_void_p, POINTER(ObjectInfo)]),
+    "rdt_ref_deserialize_ex": (c_int32, [c_void_p, c_char_p, c_size_t, c_void_p, c_void_p]),
+    "rdt_ref_info": (c_int32, [c_void_p, c_void_p]),
     "rdt_ref_tensor_info": (c_int32, [c_void_p, c_uint32, POINTER(TensorInfo)]),
     "rdt_fetch_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions),
                                   POINTER(c_void_p)]),
@@ -326,9 +399,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_fetch_abort": (c_int32, [c_void_p]),
     "rdt_fetch_free": (c_int32, [c_void_p]),
     "rdt_fetch_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
-    "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions), c_int64]),
+    "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
-    "rdt_expose": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, POINTER(c_void_p)]),
+    "rdt_expose": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, c_void_p]),
     "rdt_write_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions),
                                   POINTER(c_void_p)]),
     "rdt_write": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions), c_int64]),

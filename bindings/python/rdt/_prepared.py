@@ -10,7 +10,6 @@ from typing import Any, Optional, Sequence, Union
 
 from . import _get
 from . import _lib
-from . import _tensors as _t
 from . import _write
 from ._fetch import Plan, deadline_of, fetch_options, ms_until
 from ._handle import Handle
@@ -54,18 +53,18 @@ class Prepared(Handle):
             return
         self._empty = False
         handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
-        self._buf, addr = _t.pack(plan.items)  # kept: the C side holds the tensors' addresses
+        self._buf, addr, n = plan.pack()  # kept: the C side holds the tensors' addresses
         L = _lib.lib()
         p = ctypes.c_void_p()
         if write:
-            st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),
+            st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(_write.write_options(transport, plan)), ctypes.byref(p))
             self._mine: Any = []
         else:
             fopts = fetch_options(transport, plan)
             # Python transports receiving a run get these very objects.
-            self._mine = self._store.receive_into((it.data, obj) for it, obj in zip(plan.items, plan.objs))
-            st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, len(plan.items),
+            self._mine = self._store.receive_into(plan.targets())
+            st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
         if st != _lib.OK:
             self._store.forget(self._mine)

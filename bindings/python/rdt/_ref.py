@@ -17,6 +17,8 @@ from ._errors import GetTimeoutError, InvalidArgumentError, RdtError, error_for
 from ._handle import Handle
 from ._store import Entry, RuntimeLike
 
+_string_at = ctypes.string_at
+
 
 # ---- the structure around the tensors -----------------------------------------
 
@@ -276,15 +278,19 @@ class ObjectRef(Handle):
         self._entry = None  # the put tensors are rdt's to keep or drop now
         _lib.lib().rdt_ref_release(ptr)
 
+    def close(self) -> None:
+        """Releases this handle (idempotent; safe from several threads)."""
+        p = self._take()
+        if p is not None:
+            self._entry = None
+            _lib.lib().rdt_ref_release(p)
+
     # ---- what it points to -------------------------------------------------
 
     def _info(self) -> Tuple[str, str, bool, int]:
         c = self._info_cache
         if c is None:
-            info = _lib.init(_lib.ObjectInfo())
-            _lib.check(_lib.lib().rdt_ref_info(self._handle(), ctypes.byref(info)))
-            c = (info.object_id.decode(), info.transport.decode(), bool(info.is_owner), int(info.nbytes))
-            self._info_cache = c
+            c = self._info_cache = _lib.ref_info(self._handle())[:4]
         return c
 
     @property
@@ -316,9 +322,7 @@ class ObjectRef(Handle):
     def writable(self) -> bool:
         """Whether this is a writable ref (made by ``Runtime.expose``): its
         holders write into the object instead of fetching it."""
-        info = _lib.init(_lib.ObjectInfo())
-        _lib.check(_lib.lib().rdt_ref_info(self._handle(), ctypes.byref(info)))
-        return bool(info.is_writable)
+        return _lib.ref_info(self._handle()).is_writable
 
     # ---- the owner's side of an exposed object ---------------------------------
 
@@ -384,11 +388,9 @@ class ObjectRef(Handle):
         if d is None:
             L = _lib.lib()
             h = self._handle()
-            info = _lib.init(_lib.ObjectInfo())
-            _lib.check(L.rdt_ref_info(h, ctypes.byref(info)))
+            info = _lib.ref_info(h)
             if self._info_cache is None:
-                self._info_cache = (info.object_id.decode(), info.transport.decode(), bool(info.is_owner),
-                                    int(info.nbytes))
+                self._info_cache = info[:4]
             d = []
             ti = _lib.init(_lib.TensorInfo())
             for i in range(info.num_tensors):
@@ -482,14 +484,21 @@ class ObjectRef(Handle):
         The bytes keep the object alive for the owner's lease or until they
         are deserialized. The structure around the tensors is not in them:
         pickle the ObjectRef to carry it too."""
-        data = ctypes.c_void_p()
-        size = ctypes.c_size_t()
         L = _lib.lib()
-        _lib.check(L.rdt_ref_serialize(self._handle(), ctypes.byref(data), ctypes.byref(size)))
+        h = self._handle()
+        s = _lib.scratch()
         try:
-            out = ctypes.string_at(data, size.value)
+            st = L.rdt_ref_serialize(h, s.base, s.base + 8)
+            if st != _lib.OK:
+                raise _lib.make_error(st)
+            words = s.words
+            data = words[0]
+            try:
+                out = _string_at(data, words[1])
+            finally:
+                L.rdt_bytes_free(data)
         finally:
-            L.rdt_bytes_free(data)
+            _lib.give_back(s)
         e = self._entry
         if e is not None:
             # The ref may come back: index the object by id so that its

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
@@ -52,6 +53,11 @@ def _seconds_ms(value: Optional[float], what: str) -> int:
 
 
 _NUMPY1 = ("numpy",)
+
+# rdt_deserialize_options, packed into a scratch block.
+_DESERIALIZE = struct.Struct("=IIq")
+assert _DESERIALIZE.size == ctypes.sizeof(_lib.DeserializeOptions)
+_Desc = _t.Desc
 
 
 class Runtime(Handle):
@@ -185,7 +191,6 @@ class Runtime(Handle):
             blob = encode_skeleton(skeleton, len(found))
             frameworks = tuple([it.framework for it in items])
         n = len(items)
-        buf, addr = _t.pack(items)
         if self._releaser is None:
             with self._lock:
                 if self._releaser is None:
@@ -199,17 +204,26 @@ class Runtime(Handle):
             # one see these very tensors.
             ptrs = tuple(it.data for it in items)
             self._store.putting[ptrs] = entry
-        out = ctypes.c_void_p()
+        L = _lib.lib()
+        make = L.rdt_expose if expose else L.rdt_put
+        s = _lib.scratch()
         try:
-            make = _lib.lib().rdt_expose if expose else _lib.lib().rdt_put
-            st = make(self._handle(), addr, n, tname, NO_RELEASE, key, ctypes.byref(out))
+            # One tensor goes in the scratch block beside the result; more
+            # in a block of their own.
+            if n == 1 and _t.pack_one_at(s, 8, items[0].data, items[0].desc):
+                addr = s.base + 8
+            else:
+                buf, addr = _t.pack(items)
+            st = make(self._handle(), addr, n, tname, NO_RELEASE, key, s.base)
+            ptr = s.words[0]
         finally:
+            _lib.give_back(s)
             if ptrs is not None:
                 self._store.putting.pop(ptrs, None)
         if st != _lib.OK:
             self._store.drop(key)  # on error rdt keeps nothing and never calls release
             raise _lib.make_error(st)
-        return ObjectRef(self, out.value or 0, blob, frameworks, [it.desc for it in items], entry)
+        return ObjectRef(self, ptr, blob, frameworks, [it.desc for it in items], entry)
 
     # ---- references --------------------------------------------------------------
 
@@ -230,8 +244,8 @@ class Runtime(Handle):
             raise InvalidArgumentError(f"deserialize takes bytes, not {type(data).__name__}")
         if timeout is _RUNTIME_DEFAULT:
             timeout = self.deserialize_timeout
-        h = self._deserialize(bytes(data), timeout)
-        descs = [_t.Desc(*d) for d in _descs] if _descs is not None else None
+        h = self._deserialize(data if type(data) is bytes else bytes(data), timeout)
+        descs = [_Desc._make(d) for d in _descs] if _descs is not None else None
         return ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid)
 
     def _deserialize(self, data: bytes, timeout: Optional[float]) -> int:
@@ -239,20 +253,24 @@ class Runtime(Handle):
         owner in slices so that signal handlers run between them (a slice
         that ends joins the connection attempt the previous one began)."""
         deadline = _deadline(timeout)
-        L = _lib.lib()
+        f = _lib.lib().rdt_ref_deserialize_ex
         h = self._handle()
-        opts = _lib.init(_lib.DeserializeOptions())
-        out = ctypes.c_void_p()
-        while True:
-            opts.timeout_ms = max(1, _slice_ms(deadline))
-            st = L.rdt_ref_deserialize_ex(h, data, len(data), ctypes.byref(opts), ctypes.byref(out))
-            if st == _lib.OK:
-                return out.value or 0
-            if st != _lib.ERR_TIMEOUT:
-                raise _lib.make_error(st)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise GetTimeoutError(f"rdt.deserialize: the owner did not answer within {timeout} s "
-                                      f"({_lib.last_error()})", _lib.ERR_TIMEOUT)
+        s = _lib.scratch()
+        try:
+            base = s.base
+            # rdt_deserialize_options (struct_size, reserved, timeout_ms), then the handle made.
+            while True:
+                _DESERIALIZE.pack_into(s.buf, 0, _DESERIALIZE.size, 0, max(1, _slice_ms(deadline)))
+                st = f(h, data, len(data), base, base + _DESERIALIZE.size)
+                if st == _lib.OK:
+                    return s.words[_DESERIALIZE.size // 8] or 0
+                if st != _lib.ERR_TIMEOUT:
+                    raise _lib.make_error(st)
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise GetTimeoutError(f"rdt.deserialize: the owner did not answer within {timeout} s "
+                                          f"({_lib.last_error()})", _lib.ERR_TIMEOUT)
+        finally:
+            _lib.give_back(s)
 
     def borrow(self, ref: ObjectRef) -> ObjectRef:
         """A handle in this runtime to the object ``ref`` (of another runtime)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import operator
 import struct
 import sys
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -52,6 +53,9 @@ _DL_TO_TORCH = {v: k for k, v in _TORCH_DL.items()}
 DEVICE_NAMES = {"cpu": _lib.DEVICE_CPU, "cuda": _lib.DEVICE_CUDA, "cuda_host": _lib.DEVICE_CUDA_HOST,
                 "rocm": _lib.DEVICE_ROCM, "cuda_managed": _lib.DEVICE_CUDA_MANAGED}
 _HOST_DEVICES = (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST, _lib.DEVICE_CUDA_MANAGED)
+# For the fast paths of other modules: the dtype table and the host devices.
+NP_TO_DL = _NP_TO_DL
+HOST_DEVICES = _HOST_DEVICES
 # Device types a receive may cross between (rdt lands one in another).
 _LANDS = _HOST_DEVICES + (_lib.DEVICE_CUDA,)
 
@@ -448,12 +452,27 @@ def pack_one(data: int, d: Desc) -> Tuple[Any, int]:
     nd = len(d.shape)
     st = _ONE.get(nd)
     if st is None:
-        st = _ONE[nd] = struct.Struct(f"=QiiiBBHQQQ{nd}q")
+        st = _ONE.setdefault(nd, struct.Struct(f"=QiiiBBHQQQ{nd}q"))
     buf = ctypes.create_string_buffer(st.size)
     base = _addressof(buf)
     st.pack_into(buf, 0, data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
                  base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
     return buf, base
+
+
+def pack_one_at(s: Any, offset: int, data: int, d: Desc) -> bool:
+    """pack_one into a scratch block (_lib.Scratch) at offset; False when
+    the tensor has too many dimensions to fit there."""
+    nd = len(d.shape)
+    st = _ONE.get(nd)
+    if st is None:
+        st = _ONE.setdefault(nd, struct.Struct(f"=QiiiBBHQQQ{nd}q"))
+    if offset + st.size > s.SIZE:
+        return False
+    base = s.base + offset
+    st.pack_into(s.buf, offset, data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
+                 base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
+    return True
 
 
 def matching_out(a: np.ndarray, d: Desc) -> int:
@@ -506,6 +525,55 @@ def _pack_columns(items: Sequence[Item]) -> Optional[Tuple[Any, int]]:
             shapes[:] = [d.shape for d in descs]
         rec["shape"] = base + TENSOR_SIZE * n + np.arange(n, dtype=np.uint64) * (8 * nd)
     return block, base
+
+
+_desc_shape = operator.itemgetter(0)
+_desc_kind = operator.itemgetter(1, 2, 3, 4, 5)
+_shape_attr = operator.attrgetter("shape")
+_dtype_attr = operator.attrgetter("dtype")
+
+
+def pack_out(outs: List[Any], descs: List[Desc]) -> Optional[Tuple[Any, int, List[int]]]:
+    """check_out and pack at once for the common case of many targets: numpy
+    arrays, C-contiguous, writable, not empty, each of its source tensor's
+    shape, all of one dtype, from host tensors of one dtype. Each step runs
+    over all of them at C speed (map), with no description made per
+    tensor. The packed array, its address, and the targets' addresses; None
+    for anything else (check_out then says what is wrong)."""
+    n = len(outs)
+    if n < 2 or n != len(descs):
+        return None
+    kinds = set(map(_desc_kind, descs))
+    if len(kinds) != 1:
+        return None
+    code, bits, lanes, device_type, _ = kinds.pop()
+    if lanes != 1 or device_type not in _HOST_DEVICES:
+        return None
+    if set(map(type, outs)) != {np.ndarray}:
+        return None
+    dtypes = set(map(_dtype_attr, outs))
+    if len(dtypes) != 1 or _NP_TO_DL.get(dtypes.pop()) != (code, bits):
+        return None
+    shapes = list(map(_shape_attr, outs))
+    if shapes != list(map(_desc_shape, descs)):
+        return None
+    try:
+        datas = list(map(_addressof, map(_from_buffer, outs)))  # contiguous, writable, not empty
+    except (TypeError, ValueError, BufferError):
+        return None
+    nd = len(shapes[0])
+    if any(len(sh) != nd for sh in set(shapes)):
+        return None
+    block = np.zeros(TENSOR_SIZE * n + 8 * nd * n, dtype=np.uint8)
+    base = block.ctypes.data
+    rec = block[:TENSOR_SIZE * n].view(_TENSOR_RECORD)
+    rec["data"] = datas
+    rec["device_type"], rec["device_id"], rec["ndim"] = _lib.DEVICE_CPU, 0, nd
+    rec["code"], rec["bits"], rec["lanes"] = code, bits, 1
+    if nd:
+        block[TENSOR_SIZE * n:].view(np.int64).reshape(n, nd)[:] = shapes
+        rec["shape"] = base + TENSOR_SIZE * n + np.arange(n, dtype=np.uint64) * (8 * nd)
+    return block, base, datas
 
 
 def pack(items: Sequence[Item]) -> Tuple[Any, int]:

@@ -22,6 +22,14 @@ _string_at = ctypes.string_at
 
 # ---- the structure around the tensors -----------------------------------------
 
+def _oid_of(data: bytes) -> str:
+    """The object id of a serialized ref of version 1, read from its bytes
+    (the body starts with it: docs/design.md), or "" for any other form."""
+    if data[:6] == b"RDTR\x01\x00" and len(data) >= 28:
+        return data[12:28].hex()
+    return ""
+
+
 class _Slot:
     """Stands for the n-th tensor of an object inside its pickled skeleton."""
 
@@ -505,7 +513,7 @@ class ObjectRef(Handle):
             # own tensors are found then (see _own_entry).
             e.sent = True
             if not e.oid:
-                self._oid = self._info()[0]
+                self._oid = _oid_of(out) or self._info()[0]
                 self._runtime._store.index(e, self._oid)
         return out
 

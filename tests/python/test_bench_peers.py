@@ -74,3 +74,29 @@ def test_quick_run_measures_two_peers_and_says_why_one_is_missing(tmp_path):
         assert row.count("GB/s") == 3, row
     assert ("| Mooncake Transfer Engine, tcp | not measured: Debian's libibverbs1, which its engine.so "
             "links, could not be unpacked: cannot download libibverbs1_44.0-2_amd64.deb |") in text
+
+
+def test_rdt_from_python_runs_as_the_peers_do_and_gets_ratios(tmp_path, peers):
+    # End to end on tiny shapes: rdt's rows from Python move (and check)
+    # every shape, the prepared get as well.
+    out = tmp_path / "PEERS.md"
+    proc = subprocess.run(
+        [sys.executable, PEERS_PY, "--quick", "--rdt", "none", "--peers", "pickle,rdt-py-auto,rdt-py-prepared",
+         "--write-shapes", "none", "--torch-python", sys.executable, "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    for name in ("rdt-py-auto", "rdt-py-prepared"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {peers.PEER_TITLES[name]} (rdt "))
+        assert row.count("GB/s") == 3, row
+    # The peers' ratios against those rows, beside the C ones.
+    t = peers.PEER_TITLES
+    rows = {
+        "rdt, automatic choice": {"4KiB": 10e-6, "by": "cma"},
+        t["rdt-py-auto"]: {"4KiB": 20e-6, "version": "rdt 0"},
+        t["nixl"]: {"4KiB": 5e-6, "version": "n 1"},
+    }
+    text = peers.report([(1, 4096, 3)], rows)
+    assert f"| {t['nixl']} | automatic | 0.50x |" in text
+    assert f"| {t['nixl']} | automatic, from Python | 0.25x |" in text
+    assert "prepared, from Python" not in text  # not measured: no row

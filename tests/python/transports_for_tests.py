@@ -55,16 +55,10 @@ class ShmMeta(rdt.TensorTransportMetadata):
     offsets: Optional[List[int]] = None
 
 
-class PyShm(rdt.TensorTransportManager):
-    """One-sided: the source copies an object into a named shared-memory
-    segment at put; receivers attach and copy out; GC unlinks it."""
-
-    def __init__(self):
-        self.segments = {}
-        self.lock = threading.Lock()
-
-    def tensor_transport_backend(self):
-        return "pyshm"
+class OneSided(rdt.TensorTransportManager):
+    """What the one-sided test transports share: the receiver (or the
+    writer) moves the bytes alone, so the source never sends, and nothing
+    needs aborting or per-transfer metadata."""
 
     @staticmethod
     def is_one_sided():
@@ -76,6 +70,27 @@ class PyShm(rdt.TensorTransportManager):
 
     def actor_has_tensor_transport(self, actor):
         return True
+
+    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
+        return rdt.CommunicatorMetadata()
+
+    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
+        raise rdt.UnsupportedError(f"{self.tensor_transport_backend()} is one-sided: its sources never send")
+
+    def abort_transport(self, obj_id, communicator_metadata):
+        pass
+
+
+class PyShm(OneSided):
+    """One-sided: the source copies an object into a named shared-memory
+    segment at put; receivers attach and copy out; GC unlinks it."""
+
+    def __init__(self):
+        self.segments = {}
+        self.lock = threading.Lock()
+
+    def tensor_transport_backend(self):
+        return "pyshm"
 
     def extract_tensor_transport_metadata(self, obj_id, gpu_object):
         total = sum(_bytes(t).nbytes for t in gpu_object)
@@ -91,9 +106,6 @@ class PyShm(rdt.TensorTransportManager):
         return ShmMeta(tensor_meta=[(tuple(t.shape), t.dtype) for t in gpu_object], tensor_device="cpu",
                        segment=seg.name, offsets=offsets)
 
-    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
-        return rdt.CommunicatorMetadata()
-
     def recv_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, target_buffers=None):
         seg = shared_memory.SharedMemory(name=tensor_transport_metadata.segment)
         try:
@@ -104,18 +116,12 @@ class PyShm(rdt.TensorTransportManager):
             seg.close()
         return target_buffers
 
-    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
-        raise NotImplementedError("one-sided")
-
     def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
         with self.lock:
             seg = self.segments.pop(obj_id, None)
         if seg is not None:
             seg.close()
             seg.unlink()
-
-    def abort_transport(self, obj_id, communicator_metadata):
-        pass
 
 
 # ---- a one-sided transport that writes: process_vm_readv/writev ------------
@@ -141,7 +147,7 @@ class VmMeta(rdt.TensorTransportMetadata):
     regions: Optional[List[Any]] = None  # (address, nbytes) per tensor
 
 
-class PyVm(rdt.TensorTransportManager):
+class PyVm(OneSided):
     """One-sided, and it writes (rdt's addition to the interface): the
     source (or the owner of an exposed object) publishes its pid and the
     tensors' addresses; a receiver reads them with process_vm_readv, a
@@ -152,26 +158,12 @@ class PyVm(rdt.TensorTransportManager):
         return "pyvm"
 
     @staticmethod
-    def is_one_sided():
-        return True
-
-    @staticmethod
-    def can_abort_transport():
-        return False
-
-    @staticmethod
     def can_write_transport():
-        return True
-
-    def actor_has_tensor_transport(self, actor):
         return True
 
     def extract_tensor_transport_metadata(self, obj_id, gpu_object):
         return VmMeta(tensor_meta=[(tuple(t.shape), t.dtype) for t in gpu_object], tensor_device="cpu",
                       pid=os.getpid(), regions=[(_address(t), _bytes(t).nbytes) for t in gpu_object])
-
-    def get_communicator_metadata(self, src_actor, dst_actor, backend=None):
-        return rdt.CommunicatorMetadata()
 
     @staticmethod
     def _move(fn, pid, local, regions):
@@ -198,13 +190,7 @@ class PyVm(rdt.TensorTransportManager):
         m = tensor_transport_metadata
         self._move(_libc.process_vm_writev, m.pid, tensors, m.regions)
 
-    def send_multiple_tensors(self, tensors, tensor_transport_metadata, communicator_metadata):
-        raise NotImplementedError("one-sided")
-
     def garbage_collect(self, obj_id, tensor_transport_meta, tensors):
-        pass
-
-    def abort_transport(self, obj_id, communicator_metadata):
         pass
 
 

@@ -34,6 +34,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
+from ._errors import UnsupportedError
+
 
 @dataclass
 class CommunicatorMetadata:
@@ -155,8 +157,10 @@ class TensorTransportManager(ABC):
         ``get_communicator_metadata`` made here. Return when every byte is in
         place. Raise once no byte of the write can land any more: the writer
         gets the error, and the owner's notice says the write failed. After
-        ``abort_transport`` (when ``can_abort_transport()``), return soon."""
-        raise NotImplementedError(f"{type(self).__name__} does not write")
+        ``abort_transport`` (when ``can_abort_transport()``), return soon.
+        The default, for transports that do not write, refuses: rdt never
+        calls it for them."""
+        raise UnsupportedError(f"{type(self).__name__} does not write: its can_write_transport() is False")
 
     @abstractmethod
     def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: TensorTransportMetadata,

@@ -61,23 +61,9 @@ func (r *request) ask(c *net.UnixConn) {
 // Fetch checks the metadata against the transfer and the targets, and
 // starts copying.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := decodeMetadata(tmeta)
+	m, err := checkTransfer(x, targets, tmeta, "target")
 	if err != nil {
 		return nil, err
-	}
-	// Ref bytes are checksummed, not signed: the metadata must name the
-	// object fetched (its segment holds nothing else), and the segment
-	// server must be its owner's process (checked at connect).
-	if m.Object != x.Object {
-		return nil, transport.Errorf(transport.ErrCorrupt, "the metadata of object %s names object %s: refusing it", x.Object, m.Object)
-	}
-	if err := x.CheckPieces(targets, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
-		return nil, err
-	}
-	for i, tg := range targets {
-		if !tg.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "target %d is in %s memory; only host memory is written", i, tg.Device)
-		}
 	}
 	if x.Pieces != nil {
 		m.takePieces(x.Pieces)
@@ -124,6 +110,31 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		r.Finish(r.check(a, err, m, targets))
 	}()
 	return r, nil
+}
+
+// checkTransfer is what a fetch and a write check before anything moves:
+// the metadata decodes and names the object of the transfer, and the local
+// tensors (targets, or a write's sources: what) fit it and lie in host
+// memory. Ref bytes are checksummed, not signed: the metadata must name the
+// object (its segment holds nothing else), and the segment server must be
+// its owner's process (checked at connect).
+func checkTransfer(x *transport.Transfer, local []transport.Tensor, tmeta []byte, what string) (*metadata, error) {
+	m, err := decodeMetadata(tmeta)
+	if err != nil {
+		return nil, err
+	}
+	if m.Object != x.Object {
+		return nil, transport.Errorf(transport.ErrCorrupt, "the metadata of object %s names object %s: refusing it", x.Object, m.Object)
+	}
+	if err := x.CheckPieces(local, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
+		return nil, err
+	}
+	for i, tg := range local {
+		if !tg.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory; shm moves host memory", what, i, tg.Device)
+		}
+	}
+	return m, nil
 }
 
 // mappedArena is the arena id of the source, when this receiver mapped it.

@@ -106,22 +106,13 @@ func (r *writeRequest) abortedErr(err error) error {
 // Write checks the sources against the exposed object's metadata and
 // starts the write on a goroutine.
 func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := decodeMetadata(tmeta)
+	m, err := checkTransfer(x, sources, tmeta, "source")
 	if err != nil {
-		return nil, err
-	}
-	if m.Object != x.Object {
-		return nil, transport.Errorf(transport.ErrCorrupt, "the metadata of object %s names object %s: refusing it", x.Object, m.Object)
-	}
-	if err := x.CheckPieces(sources, len(m.Regions), func(i int) uint64 { return m.Regions[i].Size }); err != nil {
 		return nil, err
 	}
 	pieces := make([]transport.Piece, len(sources))
 	var total uint64
 	for i, s := range sources {
-		if !s.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "source %d is in %s memory; shm moves host memory", i, s.Device)
-		}
 		pieces[i] = x.PieceOf(i, s)
 		total += pieces[i].Length
 	}

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -108,6 +109,47 @@ struct Probe {
   }
 };
 
+// A request whose work runs on a thread of its own: wait() waits for it
+// and rethrows what it threw. Subclasses that count call join() first in
+// their destructors.
+class ThreadRequest : public rdt::Transport::Request {
+ public:
+  explicit ThreadRequest(std::function<void()> work)
+      : th_([this, work = std::move(work)] {
+          try {
+            work();
+          } catch (...) {
+            err_ = std::current_exception();
+          }
+          std::lock_guard<std::mutex> g(mu_);
+          done_ = true;
+          cv_.notify_all();
+        }) {}
+  ~ThreadRequest() override { join(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> l(mu_);
+    auto done = [&] { return done_; };
+    if (timeout.count() < 0)
+      cv_.wait(l, done);
+    else if (!cv_.wait_for(l, timeout, done))
+      return false;
+    if (err_) std::rethrow_exception(err_);
+    return true;
+  }
+
+ protected:
+  void join() {
+    if (th_.joinable()) th_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr err_;
+  std::thread th_;  // last: it starts once the members above exist
+};
+
 // A transport for runtimes of one process. One-sided: the metadata holds the
 // source tensors' addresses and recv copies from them. Two-sided: send puts
 // the bytes in the probe's mailbox and recv takes them. Optionally
@@ -185,50 +227,30 @@ class MemTransport : public rdt::Transport {
   }
 
  private:
-  // An asynchronous receive running on its own thread.
-  class Req : public Request {
+  // An asynchronous receive running on its own thread; the transfer and
+  // the targets stay valid until this request is freed.
+  class Req : public ThreadRequest {
    public:
     Req(MemTransport *t, const rdt::Transfer &x, rdt::Tensors targets, std::vector<uint8_t> tmeta,
         std::vector<uint8_t> cmeta)
-        : t_(t), x_(x) {
+        : ThreadRequest([t, x, targets, tmeta = std::move(tmeta), cmeta = std::move(cmeta)] {
+            t->receive(x, targets, rdt::Bytes(tmeta.data(), tmeta.size()), rdt::Bytes(cmeta.data(), cmeta.size()));
+          }),
+          t_(t) {
       t_->p_->requests_made++;
-      // The transfer and the targets stay valid until this request is freed.
-      th_ = std::thread([this, targets, tmeta = std::move(tmeta), cmeta = std::move(cmeta)] {
-        try {
-          t_->receive(x_, targets, rdt::Bytes(tmeta.data(), tmeta.size()), rdt::Bytes(cmeta.data(), cmeta.size()));
-        } catch (...) {
-          err_ = std::current_exception();
-        }
-        std::lock_guard<std::mutex> g(mu_);
-        done_ = true;
-        cv_.notify_all();
-      });
     }
     ~Req() override {
-      th_.join();
+      join();
       t_->p_->requests_freed++;
     }
     bool wait(std::chrono::milliseconds timeout) override {
       t_->p_->recvs++;
       t_->p_->maybe_throw("wait");
-      std::unique_lock<std::mutex> l(mu_);
-      auto done = [&] { return done_; };
-      if (timeout.count() < 0)
-        cv_.wait(l, done);
-      else if (!cv_.wait_for(l, timeout, done))
-        return false;
-      if (err_) std::rethrow_exception(err_);
-      return true;
+      return ThreadRequest::wait(timeout);
     }
 
    private:
     MemTransport *t_;
-    rdt::Transfer x_;
-    std::thread th_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::exception_ptr err_;
   };
 
   // What each target receives: the transfer's ranges, or tensor i whole.

@@ -109,37 +109,12 @@ class WritingTransport : public rdt::Transport {
  private:
   // A write running on its own thread; the transfer and the sources stay
   // valid until the request is destroyed.
-  class Req : public Request {
+  class Req : public ThreadRequest {
    public:
     Req(WritingTransport *t, const rdt::Transfer &x, rdt::Tensors sources, std::vector<uint8_t> tmeta)
-        : th_([this, t, x, sources, tmeta = std::move(tmeta)] {
-            try {
-              t->copy(x, sources, rdt::Bytes(tmeta.data(), tmeta.size()));
-            } catch (...) {
-              err_ = std::current_exception();
-            }
-            std::lock_guard<std::mutex> g(mu_);
-            done_ = true;
-            cv_.notify_all();
+        : ThreadRequest([t, x, sources, tmeta = std::move(tmeta)] {
+            t->copy(x, sources, rdt::Bytes(tmeta.data(), tmeta.size()));
           }) {}
-    ~Req() override { th_.join(); }
-    bool wait(std::chrono::milliseconds timeout) override {
-      std::unique_lock<std::mutex> l(mu_);
-      auto done = [&] { return done_; };
-      if (timeout.count() < 0)
-        cv_.wait(l, done);
-      else if (!cv_.wait_for(l, timeout, done))
-        return false;
-      if (err_) std::rethrow_exception(err_);
-      return true;
-    }
-
-   private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::exception_ptr err_;
-    std::thread th_;  // last: it starts once the members above exist
   };
 
   void copy(const rdt::Transfer &x, rdt::Tensors sources, rdt::Bytes tmeta) {

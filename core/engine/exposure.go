@@ -179,10 +179,10 @@ func (ex *exposure) end(k openKey, end control.WriteEnd) (w *openWrite, known bo
 		ex.reserved--
 		ex.pushLocked(WriteNotice{Tag: end.Tag, Writer: k.writer, Bytes: w.nbytes})
 		return nil, true
-	case end.Keep && end.Err == nil:
-		// Its last run kept it open: it ends here, and this run's notice
-		// (in the admission's own slot) is a success.
 	}
+	// Anything else ends it, its notice in the write's own slot: a write
+	// admitted on its own, a run that failed or did not keep the
+	// admission, and a Keep on its last covered run.
 	ex.reserved -= max(w.runs-1, 0)
 	w.runs = 0
 	w.ended, w.endErr, w.tag = true, end.Err, end.Tag

@@ -333,7 +333,7 @@ func (p *Prepared) Close() {
 			part.started.Close()
 		}
 		if part.adm != nil {
-			p.rt.adm.closeIfIdle(part.adm, false)
+			p.rt.adm.closeIfIdle(part.adm)
 		}
 	}
 	p.parts = nil

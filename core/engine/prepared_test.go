@@ -183,6 +183,20 @@ func preparedWriter(t *testing.T, p *pair) (owned *Ref, pw *Prepared, src []*hos
 	return owned, pw, src
 }
 
+// standingWriter is preparedWriter after two runs, its notices taken:
+// the second run's standing admission is open, and no run is.
+func standingWriter(t *testing.T, p *pair) (owned *Ref, pw *Prepared) {
+	t.Helper()
+	owned, pw, _ = preparedWriter(t, p)
+	for tag := uint64(1); tag <= 2; tag++ {
+		require.NoError(t, pw.Run(tag, 5*time.Second))
+		_, err := owned.WaitWriteNotice(5 * time.Second)
+		require.NoError(t, err)
+	}
+	require.Len(t, standingKeys(t, owned), 1)
+	return owned, pw
+}
+
 // standingKeys are the writes open into owned's object.
 func standingKeys(t *testing.T, owned *Ref) []openKey {
 	t.Helper()
@@ -240,14 +254,8 @@ func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
 // revocation returns, no notice is made, and the next run is refused.
 func TestRevokeWithdrawsAStandingAdmission(t *testing.T) {
 	p := writablePair(t)
-	owned, pw, _ := preparedWriter(t, p)
+	owned, pw := standingWriter(t, p)
 	defer pw.Close()
-	for tag := uint64(1); tag <= 2; tag++ {
-		require.NoError(t, pw.Run(tag, 5*time.Second))
-		_, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
-	}
-	require.Len(t, standingKeys(t, owned), 1)
 	require.NoError(t, owned.RevokeWrites(5*time.Second), "the writer closes its admission when told")
 	assert.Empty(t, standingKeys(t, owned))
 	_, err := owned.WaitWriteNotice(0)
@@ -294,13 +302,7 @@ func TestStandingAdmissionsKeepNoticesBounded(t *testing.T) {
 // the owner makes no torn notice for them.
 func TestDestroyedWriterClosesItsStandingAdmissions(t *testing.T) {
 	p := writablePair(t)
-	owned, pw, _ := preparedWriter(t, p)
-	for tag := uint64(1); tag <= 2; tag++ {
-		require.NoError(t, pw.Run(tag, 5*time.Second))
-		_, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
-	}
-	require.Len(t, standingKeys(t, owned), 1)
+	owned, pw := standingWriter(t, p)
 	p.borrower.Destroy()
 	assert.Empty(t, standingKeys(t, owned))
 	_, err := owned.WaitWriteNotice(0)
@@ -312,13 +314,8 @@ func TestDestroyedWriterClosesItsStandingAdmissions(t *testing.T) {
 // with tag 0, since the owner cannot know which run was under way.
 func TestWriterGoneTearsItsStandingAdmission(t *testing.T) {
 	p := writablePair(t)
-	owned, pw, _ := preparedWriter(t, p)
+	owned, pw := standingWriter(t, p)
 	defer pw.Close()
-	for tag := uint64(1); tag <= 2; tag++ {
-		require.NoError(t, pw.Run(tag, 5*time.Second))
-		_, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
-	}
 	p.owner.PeerGone(p.borrower.Identity())
 	n, err := owned.WaitWriteNotice(5 * time.Second)
 	require.NoError(t, err)

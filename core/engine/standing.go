@@ -77,15 +77,14 @@ func (a *admissions) closeIdle() {
 	}
 	a.mu.Unlock()
 	for _, s := range all {
-		a.closeIfIdle(s, false)
+		a.closeIfIdle(s)
 	}
 }
 
 // closeIfIdle closes s unless a run of it is in progress (whose end closes
-// it when withdrawn); withdrawn marks it withdrawn first.
-func (a *admissions) closeIfIdle(s *standing, withdrawn bool) {
+// it when withdrawn).
+func (a *admissions) closeIfIdle(s *standing) {
 	s.mu.Lock()
-	s.withdrawn = s.withdrawn || withdrawn
 	idle := s.open && !s.running
 	if idle {
 		s.open = false
@@ -159,6 +158,6 @@ func (rt *Runtime) WriteWithdrawn(from transport.RuntimeID, obj transport.Object
 	rt.bg.Add(1)
 	go func() {
 		defer rt.bg.Done()
-		rt.adm.closeIfIdle(s, true)
+		rt.adm.closeIfIdle(s)
 	}()
 }

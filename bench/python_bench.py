@@ -105,9 +105,9 @@ def get_64m_gbps(rounds: int = 20) -> float:
     return 64 * MIB / statistics.median(times) / 1e9
 
 
-def _source_of(conn, nbytes: int) -> None:
+def _source_of(conn, nbytes: int, transport: Optional[str] = None) -> None:
     x = np.arange(nbytes // 8, dtype=np.float64)
-    ref = rdt.put(x)
+    ref = rdt.put(x, transport=transport)
     conn.send(pickle.dumps(ref))
     conn.recv()
 
@@ -298,9 +298,7 @@ def prepared_python(transport: str, writes: bool) -> dict:
 
 
 def prepared_c(rdtbench: str, transport: str) -> dict:
-    out = subprocess.run([rdtbench, "row", transport, "prepared:4KiB", str(PREPARED_RUNS)],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return {k: float(v) for k, v in (f.split("=") for f in out if f.endswith(tuple("0123456789")) and "=" in f)
+    return {k: float(v) for k, v in _row(rdtbench, transport, "prepared:4KiB", PREPARED_RUNS).items()
             if k.endswith("_us")}
 
 
@@ -443,8 +441,11 @@ def calls_python_refs(runs: int = CALL_RUNS) -> dict:
     return r
 
 
-def _row(rdtbench: str, transport: str, shape: str, runs: int) -> dict:
-    out = subprocess.run([rdtbench, "row", transport, shape, str(runs)], capture_output=True, text=True).stdout
+def _row(rdtbench: str, transport: str, shape: str, runs: int, preexec_fn=None) -> dict:
+    """The fields of one `rdtbench row` line (preexec_fn: run in its
+    process before it starts)."""
+    out = subprocess.run([rdtbench, "row", transport, shape, str(runs)], capture_output=True, text=True,
+                         preexec_fn=preexec_fn).stdout
     return {k: v for k, v in (f.split("=", 1) for f in out.split() if "=" in f)}
 
 
@@ -452,22 +453,16 @@ def tcp_get_python(runs: int = CALL_RUNS) -> float:
     """p50 µs of a 4 KiB tcp get from another process (spawned) into out=."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    p = ctx.Process(target=_source_of_tcp, args=(child,))
+    p = ctx.Process(target=_source_of, args=(child, 4096, "tcp"))
     p.start()
     ref = pickle.loads(parent.recv())
-    out = np.empty(4096, dtype=np.uint8)
+    out = np.empty(512, dtype=np.float64)
     us = _p50_us(lambda: rdt.get(ref, out=out, transport="tcp"), runs)
-    assert out[4095] == 4095 % 256
+    assert out[-1] == 511
     ref.close()
     parent.send("done")
     p.join()
     return us
-
-
-def _source_of_tcp(conn) -> None:
-    ref = rdt.put(np.arange(4096, dtype=np.uint8), transport="tcp")
-    conn.send(pickle.dumps(ref))
-    conn.recv()
 
 
 def tcp_on_one_cpu(rdtbench: Optional[str]) -> tuple:
@@ -479,13 +474,8 @@ def tcp_on_one_cpu(rdtbench: Optional[str]) -> tuple:
     pin = lambda: os.sched_setaffinity(0, {cpu})  # noqa: E731 (inherited by children)
     py = subprocess.run([sys.executable, os.path.abspath(__file__), "--tcp-get"], capture_output=True,
                         text=True, check=True, preexec_fn=pin).stdout.split()[-1]
-    cv = None
-    if rdtbench:
-        out = subprocess.run([rdtbench, "row", "tcp", "4KiB", str(CALL_RUNS)], capture_output=True, text=True,
-                             preexec_fn=pin).stdout
-        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
-        cv = float(fields["p50_us"]) if "p50_us" in fields else None
-    return float(py), cv
+    fields = _row(rdtbench, "tcp", "4KiB", CALL_RUNS, preexec_fn=pin) if rdtbench else {}
+    return float(py), float(fields["p50_us"]) if "p50_us" in fields else None
 
 
 def calls_section(rdtbench: Optional[str]) -> None:

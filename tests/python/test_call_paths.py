@@ -91,6 +91,19 @@ def test_many_out_arrays_pack_as_check_out_does():
     assert _t.pack_out(outs[:-1] + [np.zeros(16, np.float32)[::2]], descs) is None
     assert _t.pack_out(outs[:-1] + [[0.0] * 8], descs) is None
     assert _t.pack_out(outs[:1], descs[:1]) is None
+    # Equal descriptions that are distinct objects pack alike.
+    fresh = [_t.Desc((8,), _t.FLOAT, 32, 1, _lib.DEVICE_CPU, 0) for _ in range(64)]
+    again = _t.pack_out(outs, fresh)[0]
+    for field in ("data", "device_type", "device_id", "ndim", "code", "bits", "lanes"):
+        np.testing.assert_array_equal(again[:_t.TENSOR_SIZE * 64].view(_t._TENSOR_RECORD)[field], rec[field])
+    assert bytes(again[_t.TENSOR_SIZE * 64:]) == bytes(block[_t.TENSOR_SIZE * 64:])
+    # Descriptions that differ in shape: compared one by one.
+    mixed = [_t.Desc((8 if i % 2 else 4,), _t.FLOAT, 32, 1, _lib.DEVICE_CPU, 0) for i in range(64)]
+    targets = [np.zeros(d.shape, np.float32) for d in mixed]
+    packed, _, _ = _t.pack_out(targets, mixed)
+    assert list(packed[_t.TENSOR_SIZE * 64:].view(np.int64)) == [8 if i % 2 else 4 for i in range(64)]
+    assert _t.pack_out(targets[::-1], mixed) is None  # every target the other shape
+    assert _t.pack_out(targets[:-1] + [np.zeros((2, 4), np.float32)], mixed) is None  # another rank
 
 
 def test_many_out_arrays_round_trip_and_refuse_as_before(pair):

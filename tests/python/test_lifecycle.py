@@ -285,3 +285,24 @@ def test_exit_waits_for_the_release_thread_to_finish_dropping_tensors(tmp_path):
     assert out.stdout.strip() == "exiting"
     assert marker.exists(), "the interpreter finalized while the release thread was still dropping tensors"
     assert marker.read_text().startswith("rdt-release")
+
+
+def test_the_store_indexes_an_entry_only_while_it_lives():
+    """index runs without the store's lock, on every first pickling of a
+    ref: whichever order it and drop run in, a dropped entry is never left
+    findable by its id."""
+    from rdt._store import Entry, Store
+
+    s = Store()
+    live, dropped, late = Entry([], [], None), Entry([], [], None), Entry([], [], None)
+    for e in (live, dropped, late):
+        s.add(e)
+    s.index(live, "aa")
+    s.index(dropped, "bb")
+    s.drop(dropped.key)  # indexed, then dropped
+    s.drop(late.key)
+    s.index(late, "cc")  # dropped, then indexed
+    assert s.own("aa") is live and s.own("bb") is None and s.own("cc") is None
+    assert set(s.by_id) == {"aa"}
+    s.drop(live.key)
+    assert s.own("aa") is None and not s.by_id and not s.entries

@@ -267,6 +267,14 @@ class ObjectRef(Handle):
     leaving a ``with`` block, or garbage collection) releases this handle.
     """
 
+    # Defaults read through the class: a put or an unpickle, which make a
+    # ref every time, set only what they know.
+    _descs: Optional[List[_t.Desc]] = None
+    _entry: Optional[Entry] = None  # set when this process put the object (it owns it)
+    _oid = ""
+    _info_cache: Optional[Tuple[str, str, bool, int]] = None
+    _tree: Any = None  # the put structure, read by ref[key]
+
     def __init__(self, runtime: RuntimeLike, ptr: int, skeleton: Any, frameworks: Tuple[str, ...],
                  descs: Optional[List[_t.Desc]] = None, entry: Optional[Entry] = None,
                  oid: str = "") -> None:
@@ -274,11 +282,12 @@ class ObjectRef(Handle):
         self._runtime = runtime
         self._skeleton = skeleton
         self._frameworks = frameworks
-        self._descs = descs
-        self._entry = entry  # set when this process put the object (it owns it)
-        self._oid = oid
-        self._info_cache: Optional[Tuple[str, str, bool, int]] = None
-        self._tree: Any = None  # the put structure, read by ref[key]
+        if descs is not None:
+            self._descs = descs
+        if entry is not None:
+            self._entry = entry
+        if oid:
+            self._oid = oid
 
     def _free(self, ptr: int) -> None:
         # Also after the runtime was destroyed: the handle answers CLOSED
@@ -575,7 +584,7 @@ class ObjectRef(Handle):
         their frameworks, and (to spare the receiver two calls) the
         descriptions and id. rdt checks targets against its own bytes."""
         data = self.serialize()
-        descs = tuple(tuple(d) for d in self._descs) if self._descs is not None else None
+        descs = tuple(map(tuple, self._descs)) if self._descs is not None else None
         oid = self._oid or (self._info_cache[0] if self._info_cache else "")
         return (data, self._skeleton, self._frameworks, descs, oid)
 

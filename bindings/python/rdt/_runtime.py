@@ -223,7 +223,8 @@ class Runtime(Handle):
         if st != _lib.OK:
             self._store.drop(key)  # on error rdt keeps nothing and never calls release
             raise _lib.make_error(st)
-        return ObjectRef(self, ptr, blob, frameworks, [it.desc for it in items], entry)
+        descs = [items[0].desc] if n == 1 else [it.desc for it in items]
+        return ObjectRef(self, ptr, blob, frameworks, descs, entry)
 
     # ---- references --------------------------------------------------------------
 

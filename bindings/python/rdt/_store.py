@@ -93,24 +93,33 @@ class Store:
     # ---- put objects ---------------------------------------------------------------
 
     def add(self, entry: Entry) -> int:
-        with self.lock:
-            key = next(self._keys)
-            entry.key = key
-            self.entries[key] = entry
+        # Without the lock: taking the next key and storing into the dict
+        # are each atomic, and nothing reads the entry under its new key
+        # before rdt_put returns the object's release to it.
+        key = entry.key = next(self._keys)
+        self.entries[key] = entry
         return key
 
     def drop(self, key: int) -> None:
         with self.lock:
             e = self.entries.pop(key, None)
-            if e is not None and e.oid and self.by_id.get(e.oid) is e:
-                del self.by_id[e.oid]
+            if e is not None and e.oid:
+                self._unindex(e)
 
     def index(self, entry: Entry, oid: str) -> None:
-        """Finds entry by oid from now on, unless it was dropped already."""
-        with self.lock:
-            entry.oid = oid
-            if self.entries.get(entry.key) is entry:
-                self.by_id[oid] = entry
+        """Finds entry by oid from now on, unless it was dropped already.
+        Without the lock (it runs on every first pickling of a ref): index
+        first, then look whether drop took the entry meanwhile. drop takes
+        the entry before it unindexes, so one of the two always unindexes
+        an entry that went."""
+        entry.oid = oid
+        self.by_id[oid] = entry
+        if self.entries.get(entry.key) is not entry:
+            self._unindex(entry)
+
+    def _unindex(self, e: Entry) -> None:
+        if self.by_id.get(e.oid) is e:
+            self.by_id.pop(e.oid, None)  # pop: index and drop may both get here
 
     def own(self, oid: str) -> Optional[Entry]:
         """The entry of an object of this runtime with that id, if it is known."""

@@ -151,6 +151,7 @@ def is_tensor(obj: Any) -> bool:
 
 _from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level constructor
 
 
 def _name(what: Any) -> str:
@@ -184,7 +185,9 @@ def _numpy_item(a: np.ndarray, keep: Any, framework: str, writable: bool, what: 
         data = _addressof(_from_buffer(a))  # type: ignore[arg-type]  # fast; writable, non-empty only
     except (TypeError, ValueError, BufferError):
         data = a.__array_interface__["data"][0] if a.size else 0
-    return Item(data, Desc(a.shape, dl[0], dl[1], 1, _lib.DEVICE_CPU, 0), keep, framework)
+    # tuple.__new__: a NamedTuple's own constructor is a Python call.
+    return _new_tuple(Item, (data, _new_tuple(Desc, (a.shape, dl[0], dl[1], 1, _lib.DEVICE_CPU, 0)), keep,
+                             framework))
 
 
 def _torch_item(x: Any, writable: bool, what: Any) -> Item:
@@ -309,8 +312,6 @@ def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
     data = (dl.data or 0) + dl.byte_offset if desc.nbytes else 0
     return Item(data, desc, (obj, cap), "dlpack")
 
-
-_new_tuple = tuple.__new__
 
 # Describing this many tensors at once pauses the cycle collector: the
 # hundreds of thousands of small tuples made would trigger full collections
@@ -463,15 +464,15 @@ def pack_one(data: int, d: Desc) -> Tuple[Any, int]:
 def pack_one_at(s: Any, offset: int, data: int, d: Desc) -> bool:
     """pack_one into a scratch block (_lib.Scratch) at offset; False when
     the tensor has too many dimensions to fit there."""
-    nd = len(d.shape)
+    shape, code, bits, lanes, device_type, device_id = d  # one unpacking: this runs on every put
+    nd = len(shape)
     st = _ONE.get(nd)
     if st is None:
         st = _ONE.setdefault(nd, struct.Struct(f"=QiiiBBHQQQ{nd}q"))
     if offset + st.size > s.SIZE:
         return False
-    base = s.base + offset
-    st.pack_into(s.buf, offset, data, d.device_type, d.device_id, nd, d.code, d.bits, d.lanes,
-                 base + TENSOR_SIZE if nd else 0, 0, 0, *d.shape)
+    st.pack_into(s.buf, offset, data, device_type, device_id, nd, code, bits, lanes,
+                 s.base + offset + TENSOR_SIZE if nd else 0, 0, 0, *shape)
     return True
 
 
@@ -543,10 +544,17 @@ def pack_out(outs: List[Any], descs: List[Desc]) -> Optional[Tuple[Any, int, Lis
     n = len(outs)
     if n < 2 or n != len(descs):
         return None
-    kinds = set(map(_desc_kind, descs))
-    if len(kinds) != 1:
-        return None
-    code, bits, lanes, device_type, _ = kinds.pop()
+    # Descriptions all alike (views of one buffer, a model's equal layers):
+    # one comparison each at C speed, often only an identity check.
+    first = descs[0]
+    same = descs.count(first) == n
+    if same:
+        code, bits, lanes, device_type, _ = _desc_kind(first)
+    else:
+        kinds = set(map(_desc_kind, descs))
+        if len(kinds) != 1:
+            return None
+        code, bits, lanes, device_type, _ = kinds.pop()
     if lanes != 1 or device_type not in _HOST_DEVICES:
         return None
     if set(map(type, outs)) != {np.ndarray}:
@@ -555,14 +563,17 @@ def pack_out(outs: List[Any], descs: List[Desc]) -> Optional[Tuple[Any, int, Lis
     if len(dtypes) != 1 or _NP_TO_DL.get(dtypes.pop()) != (code, bits):
         return None
     shapes = list(map(_shape_attr, outs))
-    if shapes != list(map(_desc_shape, descs)):
+    if same:
+        if shapes.count(first.shape) != n:
+            return None
+    elif shapes != list(map(_desc_shape, descs)):
         return None
     try:
         datas = list(map(_addressof, map(_from_buffer, outs)))  # contiguous, writable, not empty
     except (TypeError, ValueError, BufferError):
         return None
     nd = len(shapes[0])
-    if any(len(sh) != nd for sh in set(shapes)):
+    if not same and any(len(sh) != nd for sh in set(shapes)):
         return None
     block = np.zeros(TENSOR_SIZE * n + 8 * nd * n, dtype=np.uint8)
     base = block.ctypes.data
@@ -571,7 +582,7 @@ def pack_out(outs: List[Any], descs: List[Desc]) -> Optional[Tuple[Any, int, Lis
     rec["device_type"], rec["device_id"], rec["ndim"] = _lib.DEVICE_CPU, 0, nd
     rec["code"], rec["bits"], rec["lanes"] = code, bits, 1
     if nd:
-        block[TENSOR_SIZE * n:].view(np.int64).reshape(n, nd)[:] = shapes
+        block[TENSOR_SIZE * n:].view(np.int64).reshape(n, nd)[:] = first.shape if same else shapes
         rec["shape"] = base + TENSOR_SIZE * n + np.arange(n, dtype=np.uint64) * (8 * nd)
     return block, base, datas
 

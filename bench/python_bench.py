@@ -344,17 +344,13 @@ def _calls_source(conn) -> None:
     conn.recv()
 
 
-def _p50_pairs(setup, fn, n: int) -> float:
-    """p50 µs of fn(setup()), only fn timed."""
-    times = []
-    for i in range(n + 100):
-        arg = setup()
-        t0 = time.perf_counter_ns()
-        fn(arg)
-        t1 = time.perf_counter_ns()
-        if i >= 100:
-            times.append(t1 - t0)
-    return statistics.median(times) / 1e3
+def _median_ms(fn, n: int = 40) -> float:
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return statistics.median(t) * 1e3
 
 
 def calls_python_gets(runs: int = CALL_RUNS) -> dict:
@@ -374,17 +370,19 @@ def calls_python_gets(runs: int = CALL_RUNS) -> dict:
         rdt.get(small, out=out, transport=tr)
         assert out[4095] == 4095 % 256, tr
         r[tr] = _p50_us(lambda: rdt.get(small, out=out, transport=tr), runs)
-        pair = []
+        pair, prepared = [], []
         for ref, target in ((many, views), (one, big)):
+            big.fill(0)
             rdt.get(ref, out=target, transport=tr)
             assert big[-1] == 4 * MIB // 8 - 1, tr
-            t = []
-            for _ in range(40):
-                t0 = time.perf_counter()
-                rdt.get(ref, out=target, transport=tr)
-                t.append(time.perf_counter() - t0)
-            pair.append(statistics.median(t) * 1e3)
+            pair.append(_median_ms(lambda: rdt.get(ref, out=target, transport=tr)))
+            with rdt.prepare_get(ref, out=target, transport=tr) as prep:
+                big.fill(0)
+                prep.run()
+                assert big[-1] == 4 * MIB // 8 - 1, tr
+                prepared.append(_median_ms(prep.run))
         r[tr + "_objects"] = tuple(pair)
+        r[tr + "_prepared_objects"] = tuple(prepared)
     for trio in refs.values():
         for ref in trio:
             ref.close()
@@ -393,10 +391,29 @@ def calls_python_gets(runs: int = CALL_RUNS) -> dict:
     return r
 
 
+def _p50_interleaved(py_args, py_fn, c_args, c_fn) -> tuple:
+    """p50 µs of py_fn(a) over py_args and of c_fn(b) over c_args, the two
+    timed in turn (one Python call, one C call, ...): the machine's drift
+    from one second to the next then moves both alike. The first 100 of
+    each are not counted."""
+    pc = time.perf_counter_ns
+    tp, tc = [], []
+    for a, b in zip(py_args, c_args):
+        t0 = pc()
+        py_fn(a)
+        t1 = pc()
+        c_fn(b)
+        t2 = pc()
+        tp.append(t1 - t0)
+        tc.append(t2 - t1)
+    return statistics.median(tp[100:]) / 1e3, statistics.median(tc[100:]) / 1e3
+
+
 def calls_python_refs(runs: int = CALL_RUNS) -> dict:
     """p50 µs of put, pickle.dumps, pickle.loads and close through Python
     (an owner runtime and the default one borrowing, as rdtbench compare
-    does with two runtimes), and of the same C calls made bare."""
+    does with two runtimes), each timed in turn with the same C call made
+    bare through ctypes."""
     import ctypes
 
     from rdt import _lib, _tensors
@@ -404,39 +421,39 @@ def calls_python_refs(runs: int = CALL_RUNS) -> dict:
 
     owner, borrower = rdt.Runtime("py-calls"), rdt.default_runtime()
     x = np.zeros(4096, dtype=np.uint8)
-    r = {}
-    refs, blobs, pairs = [], [], []
-    r["put"] = _p50_pairs(lambda: None, lambda _: refs.append(owner.put(x)), runs)
-    r["serialize"] = _p50_pairs(refs.pop, lambda ref: blobs.append((ref, pickle.dumps(ref))), runs)
-    r["deserialize"] = _p50_pairs(blobs.pop, lambda rb: pairs.append((rb[0], pickle.loads(rb[1]))), runs)
-
-    def close(pair) -> None:
-        pair[1].close()
-        pair[0].close()
-    r["release"] = _p50_pairs(pairs.pop, close, runs)
-
-    # The C ABI's calls alone: arguments made before the timer starts.
     L = _lib.lib()
     buf, addr = _tensors.pack([_tensors.item_of(x)])
     a, b = owner._handle(), borrower._handle()
     put, ser, free, des, rel = L.rdt_put, L.rdt_ref_serialize, L.rdt_bytes_free, L.rdt_ref_deserialize, \
         L.rdt_ref_release
-    cells = [(ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()) for _ in range(runs + 100)]
-    it = iter(cells)
-    r["c_put"] = _p50_pairs(lambda: next(it), lambda c: put(a, addr, 1, None, NO_RELEASE, None, ctypes.byref(c[0])),
-                            runs)
-    it = iter(cells)
-    r["c_serialize"] = _p50_pairs(lambda: next(it), lambda c: ser(c[0], ctypes.byref(c[1]), ctypes.byref(c[2])),
-                                  runs)
-    data = []
+    n = runs + 100
+    cells = [(ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()) for _ in range(n)]
+    refs, blobs, pairs, data = [], [], [], []
+    r = {}
+
+    def c_put(c) -> None:
+        put(a, addr, 1, None, NO_RELEASE, None, ctypes.byref(c[0]))
+
+    r["put"], r["c_put"] = _p50_interleaved(range(n), lambda _: refs.append(owner.put(x)), cells, c_put)
+
+    r["serialize"], r["c_serialize"] = _p50_interleaved(
+        list(refs), lambda ref: blobs.append((ref, pickle.dumps(ref))), cells,
+        lambda c: ser(c[0], ctypes.byref(c[1]), ctypes.byref(c[2])))
     for c in cells:
         data.append(ctypes.string_at(c[1], c[2].value))
         free(c[1])
-    it = iter(zip(cells, data))
-    r["c_deserialize"] = _p50_pairs(lambda: next(it), lambda cd: des(b, cd[1], len(cd[1]), ctypes.byref(cd[0][1])),
-                                    runs)
-    it = iter(cells)
-    r["c_release"] = _p50_pairs(lambda: next(it), lambda c: (rel(c[1]), rel(c[0])), runs)
+
+    def c_deserialize(cd) -> None:
+        des(b, cd[1], len(cd[1]), ctypes.byref(cd[0][1]))
+
+    r["deserialize"], r["c_deserialize"] = _p50_interleaved(
+        list(blobs), lambda rb: pairs.append((rb[0], pickle.loads(rb[1]))), list(zip(cells, data)), c_deserialize)
+
+    def close(pair) -> None:
+        pair[1].close()
+        pair[0].close()
+
+    r["release"], r["c_release"] = _p50_interleaved(list(pairs), close, cells, lambda c: (rel(c[1]), rel(c[0])))
     owner.close()
     return r
 
@@ -490,6 +507,8 @@ def calls_section(rdtbench: Optional[str]) -> None:
                 obj = _row(rdtbench, tr, "1024x4KiB", 40)
                 c[tr] = float(one["p50_us"]) if "p50_us" in one else None
                 c[tr + "_objects"] = (float(obj["many_ms"]), float(obj["one_ms"])) if "many_ms" in obj else None
+                c[tr + "_prepared_objects"] = (float(obj["prepared_many_ms"]), float(obj["prepared_one_ms"])) \
+                    if "prepared_many_ms" in obj else None
     print("\n## Per-call costs through Python\n")
     print(f"p50 of {CALL_RUNS:,} each. Gets: 4 KiB from another process (spawned) into `out=`, the transport "
           "named at put and at get. put, `pickle.dumps` of the ref, `pickle.loads` (a borrow in another runtime "
@@ -524,14 +543,15 @@ def calls_section(rdtbench: Optional[str]) -> None:
                       ("deserialize", "deserialize (pickle.loads)"), ("release", "release (close ref and borrow)")):
         py, cv = refs[key], refs["c_" + key]
         print(f"| {name} | {py:.1f} µs | {cv:.1f} µs | {py / cv:.2f}x | ≤ 2x | {yes(py <= 2 * cv)} |")
-    for tr in CALL_TRANSPORTS:
-        if tr not in gets:
-            continue
-        many, one = gets[tr + "_objects"]
-        co = c.get(tr + "_objects")
-        cell = f"{co[0]:.2f} / {co[1]:.2f} ms = {co[0] / co[1]:.2f}x" if co else "–"
-        print(f"| 1,024 x 4 KiB / 4 MiB, {tr} | {many:.2f} / {one:.2f} ms = {many / one:.2f}x | {cell} | "
-              f"{many / one:.2f}x | ≤ 1.5x | {yes(many / one <= 1.5)} |")
+    for kind, label in (("_objects", ""), ("_prepared_objects", " prepared")):
+        for tr in CALL_TRANSPORTS:
+            if tr not in gets:
+                continue
+            many, one = gets[tr + kind]
+            co = c.get(tr + kind)
+            cell = f"{co[0]:.2f} / {co[1]:.2f} ms = {co[0] / co[1]:.2f}x" if co else "–"
+            print(f"| 1,024 x 4 KiB / 4 MiB{label}, {tr} | {many:.2f} / {one:.2f} ms = {many / one:.2f}x | {cell} | "
+                  f"{many / one:.2f}x | ≤ 1.5x | {yes(many / one <= 1.5)} |")
 
 
 def c_side(rdtbench: str) -> dict:

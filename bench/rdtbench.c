@@ -870,10 +870,48 @@ static void measure_batch(rdt_runtime *rt, struct source *s, const char *transpo
   drop_remote(s, refs, 16);
 }
 
+static double run_timed(rdt_prepared *p, uint64_t tag) {
+  double t0 = now();
+  check(rdt_prepared_run(p, tag, 120000), "prepared_run");
+  return now() - t0;
+}
+
+/* measure_object's gets again as prepared gets, which do the per-tensor
+ * work once (a and b: `runs` doubles each for the times). */
+static void measure_object_prepared(rdt_runtime *rt, const char *transport, rdt_ref *many, rdt_ref *one,
+                                    char *buf, uint64_t part, uint64_t count, int runs, double *a, double *b,
+                                    double *t_pmany, double *t_pone) {
+  const uint64_t total = part * count;
+  rdt_tensor *t = calloc(count, sizeof *t);
+  int64_t part_shape[1] = {(int64_t)part}, total_shape[1] = {(int64_t)total};
+  for (uint64_t i = 0; i < count; i++) t[i] = byte_tensor(buf + i * part, part_shape);
+  rdt_tensor whole = byte_tensor(buf, total_shape);
+  rdt_prepared *pmany, *pone;
+  check(rdt_fetch_prepare(rt, &many, 1, t, count, NULL, &pmany), "fetch_prepare");
+  check(rdt_fetch_prepare(rt, &one, 1, &whole, 1, NULL, &pone), "fetch_prepare");
+  memset(buf, 0, total);
+  run_timed(pmany, 1);
+  for (uint64_t i = 0; i < count; i++)
+    if (!verify(buf + i * part, part, 70 + i))
+      die("%s %" PRIu64 " x %s prepared: the bytes arrived corrupted", transport, count, human(part));
+  run_timed(pone, 1);
+  for (int i = 0; i < runs; i++) {
+    a[i] = run_timed(pmany, (uint64_t)i + 2);
+    b[i] = run_timed(pone, (uint64_t)i + 2);
+  }
+  *t_pmany = percentile(a, runs, 0.5);
+  *t_pone = percentile(b, runs, 0.5);
+  check(rdt_prepared_free(pmany), "prepared_free");
+  check(rdt_prepared_free(pone), "prepared_free");
+  free(t);
+}
+
 /* One object of `count` tensors of `part` bytes against one tensor of the
- * same total bytes, one get each, interleaved; medians in seconds. */
+ * same total bytes, one get each, interleaved; medians in seconds. With
+ * t_pmany, also both as prepared gets (t_pmany, t_pone). */
 static void measure_object(rdt_runtime *rt, struct source *s, const char *transport, uint64_t part,
-                           uint64_t count, int runs, double *t_many, double *t_one) {
+                           uint64_t count, int runs, double *t_many, double *t_one, double *t_pmany,
+                           double *t_pone) {
   const uint64_t total = part * count;
   rdt_ref *many, *one;
   put_remote_object(rt, s, transport, part, count, 70, &many);
@@ -895,6 +933,7 @@ static void measure_object(rdt_runtime *rt, struct source *s, const char *transp
   }
   *t_many = percentile(a, runs, 0.5);
   *t_one = percentile(b, runs, 0.5);
+  if (t_pmany) measure_object_prepared(rt, transport, many, one, buf, part, count, runs, a, b, t_pmany, t_pone);
   free(a);
   free(b);
   munmap(buf, total);
@@ -1117,23 +1156,25 @@ static int bench_main(const char *path) {
   }
 
   out("\n## Many tensors in one object against one tensor of the same bytes\n\n");
-  out("| transport | 1,024 × 4 KiB | 1 × 4 MiB | ratio | 4,096 × 64 KiB | 1 × 256 MiB | ratio |\n"
-      "|---|---|---|---|---|---|---|\n");
+  out("| transport | 1,024 × 4 KiB | 1 × 4 MiB | ratio | prepared ratio | 4,096 × 64 KiB | 1 × 256 MiB | ratio "
+      "| prepared ratio |\n|---|---|---|---|---|---|---|---|---|\n");
   double object_ratio[NUM_TRANSPORTS][NUM_OBJECT_SHAPES] = {{0}};
   for (int k = 0; k < NUM_TRANSPORTS; k++) {
     if (!transport_available(rt, host_transports[k])) continue;
     out("| %s", host_transports[k]);
     for (int j = 0; j < NUM_OBJECT_SHAPES; j++) {
-      double many, one;
+      double many, one, pmany, pone;
       measure_object(rt, &s, host_transports[k], object_shapes[j].part, object_shapes[j].count,
-                     object_shapes[j].runs, &many, &one);
+                     object_shapes[j].runs, &many, &one, &pmany, &pone);
       object_ratio[k][j] = many / one;
-      out(" | %.2f ms | %.2f ms | %.2f", many * 1e3, one * 1e3, object_ratio[k][j]);
+      out(" | %.2f ms | %.2f ms | %.2f | %.2f", many * 1e3, one * 1e3, object_ratio[k][j], pmany / pone);
     }
     out(" |\n");
   }
   out("\nOne `rdt_get` of the object (one ref, one target per tensor, all in one buffer) against "
-      "one `rdt_get` of one tensor of the same bytes; medians of interleaved runs.\n");
+      "one `rdt_get` of one tensor of the same bytes; medians of interleaved runs. Prepared ratio: the "
+      "same two as runs of prepared gets (`rdt_fetch_prepare`), which check and describe the targets "
+      "once.\n");
 
   out("\n## Views of 1 GiB: one object of N tensors against one tensor of the same bytes\n\n");
   out("| transport | 1 tensor | 1,000 views | 10,000 views | 100,000 views |\n|---|---|---|---|---|\n");
@@ -1144,7 +1185,7 @@ static int bench_main(const char *path) {
     for (int j = 0; j < NUM_VIEW_COUNTS; j++) {
       uint64_t part = GiB / view_counts[j].count / 64 * 64;
       measure_object(rt, &s, host_transports[k], part, view_counts[j].count, view_counts[j].runs, &many[j],
-                     &ones[j]);
+                     &ones[j], NULL, NULL);
       view_ratio[k][j] = many[j] / ones[j];
     }
     out("| %s | %.0f ms | %.2fx | %.2fx | %.2fx |\n", host_transports[k], ones[0] * 1e3, view_ratio[k][0],
@@ -1427,12 +1468,13 @@ static int row_main(int argc, char **argv) {
   count_uses(rt, host_transports, NUM_TRANSPORTS, before);
   if (x) {
     if (!runs) runs = count * size <= 4 * MiB ? 40 : 5;
-    double many, one;
-    measure_object(rt, &s, transport, size, count, runs, &many, &one);
+    double many, one, pmany, pone;
+    measure_object(rt, &s, transport, size, count, runs, &many, &one, &pmany, &pone);
     printf("transport=%s by=%s shape=%" PRIu64 "x%s runs=%d many_ms=%.3f one_ms=%.3f ratio=%.2f "
-           "many_gbps=%.3f\n",
+           "many_gbps=%.3f prepared_many_ms=%.3f prepared_one_ms=%.3f prepared_ratio=%.2f\n",
            transport, moved_by(rt, host_transports, NUM_TRANSPORTS, before), count, shape, runs,
-           many * 1e3, one * 1e3, many / one, (double)(count * size) / many / 1e9);
+           many * 1e3, one * 1e3, many / one, (double)(count * size) / many / 1e9, pmany * 1e3,
+           pone * 1e3, pmany / pone);
   } else {
     if (runs) iterations_override = runs;
     struct result r = measure(rt, &s, transport, size);

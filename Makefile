@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -83,7 +83,7 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 	GO=$(GO) PYTHON=$(PYTHON) tools/build-wheels.sh dist
 
 # ---- test suites ----------------------------------------------------------
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
+test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
 
 # The same Go, C and Python suites with one busy process per core beside
 # them (tools/under-load.sh): they must pass on a loaded machine too. CI
@@ -116,6 +116,14 @@ consumer-test: all ## Install into a temporary prefix; build and run the example
 
 python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) ## Build the wheel, install it, run pytest over tests/python
 	$(NIXL_ENV) VENV=$(VENV) WHEEL_DIR=$(WHEEL_DIR) FAKECUDA=$(FAKECUDA) tests/python/run.sh
+
+# Several hosts as network, mount and pid namespaces on this machine
+# (tests/hosts/bed.py): faults between hosts over real links. Needs root;
+# elsewhere every test skips and says why. Runs the tree's binding and
+# library, not the installed wheel.
+hosts-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) ## The multi-host test bed (root): cut, slowed and healed links between runtimes on separate network stacks
+	$(NIXL_ENV) PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		$(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/hosts
 
 wheel-test: wheels ## auditwheel on both wheels; each installed without Go and smoke-tested (aarch64 under qemu-user)
 	GO=$(GO) PYTHON=$(PYTHON) tests/wheels/run.sh dist

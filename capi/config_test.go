@@ -111,8 +111,9 @@ var environmentReads = map[string]map[string]bool{
 var loaderReads = map[string][]string{
 	"transports/internal/cuda/cuda.go": {"RDT_CUDA_LIBRARY"},
 	"transports/nccl/lib.go":           {"RDT_NCCL_LIBRARY"},
-	"transports/nixl/lib.go":           {"", "RDT_NIXL_LIBRARY", "UCX_HANDLE_ERRORS"},
-	"transports/nixl/nixl.go":          {"UCX_TLS"},
+	"transports/nixl/lib.go": {"", "RDT_NIXL_LIBRARY", "UCX_HANDLE_ERRORS", "UCX_TCP_USER_TIMEOUT", "UCX_TCP_KEEPIDLE",
+		"UCX_TCP_KEEPINTVL", "UCX_TCP_KEEPCNT"},
+	"transports/nixl/nixl.go": {"UCX_TLS"},
 }
 
 func TestOnlyTheTableReadsTheEnvironment(t *testing.T) {

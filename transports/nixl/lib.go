@@ -10,8 +10,11 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -56,6 +59,46 @@ func prepareEnv() {
 	if _, ok := cgetenv("UCX_HANDLE_ERRORS"); !ok {
 		os.Setenv("UCX_HANDLE_ERRORS", "none") // with cgo this sets the C environment too
 	}
+}
+
+// tcpTimeoutsOnce: UCX reads its settings from the C environment, which
+// the whole process shares; the first runtime's peer timeout sets them.
+var tcpTimeoutsOnce sync.Once
+
+// setTCPTimeouts makes UCX's tcp connections fail as rdt's peer timeout
+// does, for the settings the user left unset: without them a link that
+// goes silent under a read is noticed only after the kernel's own
+// timeouts (18 s measured, and longer with data in flight).
+func setTCPTimeouts(peerTimeout time.Duration) {
+	tcpTimeoutsOnce.Do(func() {
+		user, idle, interval, count := tcpTimeouts(peerTimeout)
+		// Each by its name: the configuration test holds loaders to the
+		// variables they name (capi/config_test.go).
+		if _, ok := cgetenv("UCX_TCP_USER_TIMEOUT"); !ok {
+			os.Setenv("UCX_TCP_USER_TIMEOUT", user) // with cgo this sets the C environment too
+		}
+		if _, ok := cgetenv("UCX_TCP_KEEPIDLE"); !ok {
+			os.Setenv("UCX_TCP_KEEPIDLE", idle)
+		}
+		if _, ok := cgetenv("UCX_TCP_KEEPINTVL"); !ok {
+			os.Setenv("UCX_TCP_KEEPINTVL", interval)
+		}
+		if _, ok := cgetenv("UCX_TCP_KEEPCNT"); !ok {
+			os.Setenv("UCX_TCP_KEEPCNT", count)
+		}
+	})
+}
+
+// tcpTimeouts are UCX's values for a peer timeout: unacknowledged data
+// gives up after the timeout; a connection that receives nothing is probed
+// after half of it and given up after the rest (the kernel counts
+// keepalive in whole seconds, 1 s at least).
+func tcpTimeouts(peerTimeout time.Duration) (user, idle, interval, count string) {
+	secs := max(1, int(peerTimeout/time.Second))
+	i := max(1, secs/2)
+	n := max(1, secs/4)
+	return fmt.Sprintf("%dms", peerTimeout.Milliseconds()), fmt.Sprintf("%ds", i), fmt.Sprintf("%ds", n),
+		fmt.Sprint(max(1, (secs-i)/n))
 }
 
 // Load opens NIXL's C API library (once per process) and resolves the

@@ -107,6 +107,7 @@ func New(h transport.Host) (transport.Transport, error) {
 	if err := Load(); err != nil {
 		return nil, err
 	}
+	setTCPTimeouts(h.PeerTimeout())
 	if tls, _ := cgetenv("UCX_TLS"); tls != "" && !strings.HasPrefix(tls, "^") && !strings.Contains(tls, "sm") && !strings.Contains(tls, "all") {
 		h.Log().Warnf("UCX_TLS=%s has no shared-memory transport: host transfers on one machine will go over the network stack (add sm)", tls)
 	}

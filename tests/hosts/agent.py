@@ -1,0 +1,206 @@
+"""A process on a bed host that a test drives: one JSON command per line on
+stdin, one JSON answer per line on stdout (events, such as a get having
+started, are lines too). It keeps named refs and buffers between commands.
+
+Commands (every answer has "ok"; a failed one "error", the exception's
+class name, and "message"):
+
+- init: runtime with tcp on the host's address (peer_timeout, lease)
+- put NAME nbytes seed [transport] [keep_own]: an object of one uint8
+  tensor filled from seed; answers "ref", the pickled ref in hex. Unless
+  keep_own, the owner's own ref is released: the object lives only while
+  others hold it.
+- expose NAME nbytes: a writable object of zeros; answers "ref"
+- take NAME ref: unpickles a ref (a borrow) and keeps it
+- drop NAME: closes a ref
+- alloc NAME nbytes: a buffer of zeros to get into
+- get REF BUF deadline [transport]: answers "started" first, then the
+  result with "seconds"
+- write REF nbytes seed deadline [transport]: writes a value made from
+  seed; "started" first too
+- notice NAME deadline: the oldest write notice of an exposed object
+- check BUF seed: whether BUF holds the bytes made from seed
+- digest BUF: a hash of BUF (to see that nothing changed it)
+- stats: the runtime's counters
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import selectors
+import sys
+import time
+import traceback
+from typing import Any, Dict
+
+import numpy as np
+
+import rdt
+
+
+def pattern(nbytes: int, seed: int) -> np.ndarray:
+    """nbytes bytes that differ for every seed and every offset's word."""
+    words = (nbytes + 7) // 8
+    a = (np.arange(words, dtype=np.uint64) * np.uint64(2654435761) + np.uint64(seed * 97 + 1))
+    return a.view(np.uint8)[:nbytes]
+
+
+class Agent:
+    def __init__(self) -> None:
+        self.rt: rdt.Runtime = None  # type: ignore[assignment]
+        self.refs = {}
+        self.bufs = {}
+        self.owned = {}
+
+    def say(self, **fields) -> None:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+    def init(self, address: str, token: str, peer_timeout: float = 2.0, lease: float = 30.0) -> dict:
+        # The default runtime: unpickled refs become its borrows.
+        self.rt = rdt.init(name="bed-" + address, listen_tcp=f"{address}:0", auth_token=token,
+                           peer_timeout=peer_timeout, lease=lease)
+        return {"address": self.rt.address, "transports": self.rt.transport_names()}
+
+    def put(self, name: str, nbytes: int, seed: int, transport: str = "tcp", keep_own: bool = False) -> dict:
+        data = pattern(nbytes, seed).copy()
+        ref = self.rt.put(data, transport=transport)
+        blob = pickle.dumps(ref).hex()
+        self.owned[name] = data
+        if keep_own:
+            self.refs[name] = ref
+        else:
+            ref.close()
+        return {"ref": blob}
+
+    def expose(self, name: str, nbytes: int, transport: str = "tcp") -> dict:
+        data = np.zeros(nbytes, dtype=np.uint8)
+        ref = self.rt.expose(data, transport=transport)
+        self.owned[name] = data
+        self.refs[name] = ref
+        return {"ref": pickle.dumps(ref).hex()}
+
+    def take(self, name: str, ref: str) -> dict:
+        self.refs[name] = pickle.loads(bytes.fromhex(ref))
+        return {}
+
+    def drop(self, name: str) -> dict:
+        self.refs.pop(name).close()
+        return {}
+
+    def alloc(self, name: str, nbytes: int) -> dict:
+        self.bufs[name] = np.zeros(nbytes, dtype=np.uint8)
+        return {}
+
+    def get(self, ref: str, buf: str, deadline: float, transport: str = "tcp") -> dict:
+        self.say(event="started")
+        t0 = time.monotonic()
+        try:
+            self.rt.get(self.refs[ref], out=self.bufs[buf], timeout=deadline, transport=transport)
+        except rdt.RdtError as e:
+            return {"ok": False, "error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+        return {"seconds": time.monotonic() - t0}
+
+    def write(self, ref: str, nbytes: int, seed: int, deadline: float, transport: str = "tcp") -> dict:
+        value = pattern(nbytes, seed).copy()
+        self.say(event="started")
+        t0 = time.monotonic()
+        try:
+            self.rt.write(self.refs[ref], value, timeout=deadline, transport=transport)
+        except rdt.RdtError as e:
+            return {"ok": False, "error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+        return {"seconds": time.monotonic() - t0}
+
+    def notice(self, name: str, deadline: float) -> dict:
+        n = self.refs[name].wait_notice(deadline)
+        return {"failed": n.error is not None, "message": str(n.error or ""), "nbytes": n.nbytes}
+
+    def check(self, buf: str, seed: int) -> dict:
+        b = self.bufs[buf] if buf in self.bufs else self.owned[buf]
+        return {"same": bool(np.array_equal(b, pattern(b.size, seed)))}
+
+    def digest(self, buf: str) -> dict:
+        b = self.bufs[buf] if buf in self.bufs else self.owned[buf]
+        return {"digest": hashlib.sha256(b.tobytes()).hexdigest()}
+
+    def stats(self) -> dict:
+        return {"stats": self.rt.stats()}
+
+
+class Remote:
+    """The test's side: an agent started on a bed host, and calls to it."""
+
+    def __init__(self, host: Any, token: str, **init: Any) -> None:
+        self.host = host
+        self.process = host.spawn([sys.executable, os.path.abspath(__file__)])
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.process.stdout, selectors.EVENT_READ)
+        started = self.call("init", address=host.address, token=token, **init)
+        self.address, self.transports = started["address"], started["transports"]
+
+    def send(self, op: str, **args: Any) -> None:
+        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.process.stdin.flush()
+
+    def read(self, timeout: float = 120) -> Dict[str, Any]:
+        """The next line the agent writes, within timeout seconds."""
+        if not self._sel.select(timeout):
+            raise TimeoutError(f"the agent on {self.host.name} said nothing for {timeout} s")
+        line = self.process.stdout.readline()
+        if not line:
+            raise EOFError(f"the agent on {self.host.name} ended (exit {self.process.wait(10)})")
+        return json.loads(line)
+
+    def ask(self, op: str, timeout: float = 120, **args: Any) -> Dict[str, Any]:
+        """Runs op and returns its answer, failed or not (events before it
+        skipped)."""
+        self.send(op, **args)
+        while True:
+            answer = self.read(timeout)
+            if "event" not in answer:
+                return answer
+
+    def call(self, op: str, timeout: float = 120, **args: Any) -> Dict[str, Any]:
+        """Runs op; raises unless it worked."""
+        answer = self.ask(op, timeout, **args)
+        if not answer["ok"]:
+            raise RuntimeError(f"{op} on {self.host.name}: {answer['error']}: {answer['message']}\n"
+                               f"{answer.get('trace', '')}")
+        return answer
+
+    def start(self, op: str, **args: Any) -> None:
+        """Sends op and returns once the agent says it started."""
+        self.send(op, **args)
+        event = self.read()
+        assert event.get("event") == "started", event
+
+    def close(self) -> None:
+        if self.process.proc.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(20)
+            except Exception:
+                self.process.kill()
+
+
+def main() -> None:
+    agent = Agent()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        try:
+            answer = getattr(agent, op)(**cmd)
+        except Exception as e:  # the test reads what went wrong
+            answer = {"ok": False, "error": type(e).__name__, "message": str(e),
+                      "trace": traceback.format_exc()}
+        answer.setdefault("ok", True)
+        agent.say(**answer)
+
+
+if __name__ == "__main__":
+    main()

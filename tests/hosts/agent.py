@@ -34,7 +34,7 @@ import selectors
 import sys
 import time
 import traceback
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -130,16 +130,15 @@ class Agent:
         return {"stats": self.rt.stats()}
 
 
-class Remote:
-    """The test's side: an agent started on a bed host, and calls to it."""
+class Lines:
+    """The test's side of a process on a bed host that answers JSON lines
+    (this agent, tests/hosts/ray_driver.py): calls to it, with deadlines."""
 
-    def __init__(self, host: Any, token: str, **init: Any) -> None:
+    def __init__(self, host: Any, args: list, env: Optional[Dict[str, str]] = None) -> None:
         self.host = host
-        self.process = host.spawn([sys.executable, os.path.abspath(__file__)])
+        self.process = host.spawn(args, env=env)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.process.stdout, selectors.EVENT_READ)
-        started = self.call("init", address=host.address, token=token, **init)
-        self.address, self.transports = started["address"], started["transports"]
 
     def send(self, op: str, **args: Any) -> None:
         self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
@@ -184,6 +183,16 @@ class Remote:
                 self.process.wait(20)
             except Exception:
                 self.process.kill()
+
+
+class Remote(Lines):
+    """An agent started on a bed host, its runtime listening on the host's
+    address with the token that all agents of the test share."""
+
+    def __init__(self, host: Any, token: str, **init: Any) -> None:
+        super().__init__(host, [sys.executable, os.path.abspath(__file__)])
+        started = self.call("init", address=host.address, token=token, **init)
+        self.address, self.transports = started["address"], started["transports"]
 
 
 def main() -> None:

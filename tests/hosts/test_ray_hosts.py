@@ -5,8 +5,6 @@ hosts rdt moves the bytes over tcp with the cluster's token; within a host,
 over cma or shm. Then the failures: a link cut during a transfer, a worker
 node killed, a slow link under Ray's fetch timeout."""
 
-import os
-import sys
 import time
 
 import pytest
@@ -14,11 +12,8 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed (tests/python/requirements.txt pins it)")
 pytest.importorskip("torch", reason="rdt.ray moves torch tensors by default; torch is not installed")
 
-from agent import Lines  # noqa: E402
-from bed import Bed  # noqa: E402
+from raycluster import RayCluster  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 MIB = 1 << 20
 # rdt.ray's runtimes keep the default peer timeout (5 s); Ray marks a node
 # dead only after several missed health checks (about 15 s and more), so a
@@ -28,38 +23,12 @@ RDT_PEER_TIMEOUT = 5.0
 pytestmark = pytest.mark.timeout(600)
 
 
-class RayCluster:
-    """A Ray cluster on a bed: node i on host i, with the custom resource
-    "h<i>" to place actors by host; env reaches every node and the driver."""
-
-    def __init__(self, bed: Bed, env=None) -> None:
-        self.bed = bed
-        # Each host's HOME is its private /tmp: no ~/.ray of this machine's
-        # user (an auth token file) joins the nodes.
-        self.env = {"HOME": "/tmp", **(env or {})}
-        head = bed.hosts[0]
-        for i, h in enumerate(bed.hosts):
-            where = ["--head", "--port", "6379", "--include-dashboard", "false"] if i == 0 else \
-                ["--address", f"{head.address}:6379"]
-            h.run([RAY, "start", *where, "--node-ip-address", h.address, "--num-cpus", "1",
-                   "--object-store-memory", str(200 * MIB), "--resources", f'{{"h{i}": 10}}',
-                   "--disable-usage-stats"], env=self.env, timeout=180)
-        self.driver = Lines(head, [sys.executable, os.path.join(HERE, "ray_driver.py")], env=self.env)
-        ready = self.driver.read(180)
-        assert ready.get("ok"), ready
-
-    def call(self, op, **args):
-        return self.driver.call(op, **args)
-
-    def ask(self, op, **args):
-        return self.driver.ask(op, **args)
-
-
 @pytest.fixture
 def ray_bed(make_bed):
     def make(rate=None, env=None) -> RayCluster:
-        bed = make_bed(3, rate=rate)
-        return RayCluster(bed, env)
+        c = RayCluster(make_bed(3, rate=rate), env)
+        c.start_driver()
+        return c
     return make
 
 

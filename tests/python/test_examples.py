@@ -32,6 +32,7 @@ def test_example(name, expect):
 @pytest.mark.parametrize("name,expect", [
     ("ray_actor_to_actor.py", "trainer holds 0 objects"),
     ("ray_put_and_target.py", "first elements [0.0, 4096.0, 8192.0"),
+    ("weight_sync.py", "weight_sync: 4 versions reached every rank of 3 replicas"),
 ])
 def test_ray_example(name, expect):
     pytest.importorskip("ray", reason="Ray is not installed (tests/python/requirements.txt pins it)")

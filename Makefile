@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-sync bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -172,6 +172,20 @@ bench-peers: $(BUILD)/rdtbench $(VENV)/.ready $(NIXL_READY) $(BENCH_VENV)/.ready
 # minutes on two cores; see bench/RAY_RESULTS.md for the method). Ray's NIXL
 # mode uses the nixl wheel in build/nixl and reports itself unavailable
 # without it.
+# The weight-sync job on four hosts of the test bed (tests/hosts/bed.py,
+# root), rdt against Ray's object store and gloo, and one host's fan-out
+# (about 20 minutes on two cores); bench/SYNC.md, and bench/sync.png drawn
+# by matplotlib from its own pinned virtualenv.
+PLOT_VENV := $(BUILD)/plot-venv
+$(PLOT_VENV)/.ready: bench/requirements-plot.txt tools/venv.sh
+	PYTHON=$(PYTHON) tools/venv.sh $(PLOT_VENV) bench/requirements-plot.txt
+	@touch $@
+
+bench-sync: $(VENV)/.ready $(BUILD)/librdt.so $(PLOT_VENV)/.ready ## Weight sync across four bed hosts (root): rdt against Ray's object store and gloo, into bench/SYNC.md and bench/sync.png
+	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
+		$(VENV)/bin/python bench/sync_bench.py --out bench/SYNC.md --json $(BUILD)/sync.json
+	$(PLOT_VENV)/bin/python bench/sync_plot.py $(BUILD)/sync.json bench/sync.png
+
 bench-ray: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) ## rdt as a Ray tensor transport against Ray's own, into bench/RAY_RESULTS.md
 	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
 		$(VENV)/bin/python bench/ray_bench.py --nixl-dir $(NIXL_DIR) --out bench/RAY_RESULTS.md

@@ -17,7 +17,7 @@ class RayCluster:
     """A Ray cluster on a bed: node i on host i, with the custom resource
     "h<i>" to place actors by host; env reaches every node and the driver."""
 
-    def __init__(self, bed: Bed, env=None) -> None:
+    def __init__(self, bed: Bed, env=None, object_store: int = 200 * MIB) -> None:
         self.bed = bed
         # Each host's HOME is its private /tmp: no ~/.ray of this machine's
         # user (an auth token file) joins the nodes.
@@ -27,7 +27,7 @@ class RayCluster:
             where = ["--head", "--port", "6379", "--include-dashboard", "false"] if i == 0 else \
                 ["--address", f"{head.address}:6379"]
             h.run([RAY, "start", *where, "--node-ip-address", h.address, "--num-cpus", "1",
-                   "--object-store-memory", str(200 * MIB), "--resources", f'{{"h{i}": 10}}',
+                   "--object-store-memory", str(object_store), "--resources", f'{{"h{i}": 10}}',
                    "--disable-usage-stats"], env=self.env, timeout=180)
         self.driver = None
 

@@ -85,11 +85,11 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 # ---- test suites ----------------------------------------------------------
 test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
 
-# The same Go, C and Python suites with one busy process per core beside
+# The same Go, C, Python and host-bed suites with one busy process per core beside
 # them (tools/under-load.sh): they must pass on a loaded machine too. CI
 # runs the normal `make test`.
-test-under-load: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) $(CMAKE_DIR)/CMakeCache.txt ## make test's Go, C/C++ and Python suites with one busy process per core beside them
-	tools/under-load.sh $(MAKE) go-test c-test python-test
+test-under-load: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) $(CMAKE_DIR)/CMakeCache.txt ## make test's Go, C/C++, Python and host-bed suites with one busy process per core beside them
+	tools/under-load.sh $(MAKE) go-test c-test python-test hosts-test
 
 abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed baseline abi/librdt.abi (docs/abi.md)
 	tools/abi-check.sh $(BUILD)/librdt.so

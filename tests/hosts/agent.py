@@ -48,16 +48,26 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
     return a.view(np.uint8)[:nbytes]
 
 
+def protocol_channel():
+    """The answers' own stream: the process's stdout as it started, while
+    descriptor 1 becomes stderr, so that whatever a library prints to
+    stdout (UCX's errors, Ray's worker logs) cannot break a line."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    return channel
+
+
 class Agent:
-    def __init__(self) -> None:
+    def __init__(self, channel) -> None:
+        self.channel = channel
         self.rt: rdt.Runtime = None  # type: ignore[assignment]
         self.refs = {}
         self.bufs = {}
         self.owned = {}
 
     def say(self, **fields) -> None:
-        sys.stdout.write(json.dumps(fields) + "\n")
-        sys.stdout.flush()
+        self.channel.write(json.dumps(fields) + "\n")
+        self.channel.flush()
 
     def init(self, address: str, token: str, peer_timeout: float = 2.0, lease: float = 30.0) -> dict:
         # The default runtime: unpickled refs become its borrows.
@@ -196,7 +206,7 @@ class Remote(Lines):
 
 
 def main() -> None:
-    agent = Agent()
+    agent = Agent(protocol_channel())
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -278,6 +278,24 @@ class Bed:
                 _run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "1mb",
                      "latency", "50ms")
 
+    def link_bytes(self, host: Host, towards: bool = True) -> int:
+        """Bytes host's link has carried so far towards the host (or from
+        it): a way to see that a transfer is under way."""
+        counter = "tx_bytes" if towards else "rx_bytes"  # as the bridge's end counts them
+        with open(f"/sys/class/net/{host.link}/statistics/{counter}") as f:
+            return int(f.read())
+
+    def wait_traffic(self, host: Host, nbytes: int, towards: bool = True, timeout: float = 120) -> None:
+        """Returns once host's link has carried nbytes more towards the
+        host (or from it), so that a cut lands inside a transfer however
+        slowly the machine got it started."""
+        start = self.link_bytes(host, towards)
+        deadline = time.monotonic() + timeout
+        while self.link_bytes(host, towards) - start < nbytes:
+            if time.monotonic() > deadline:
+                raise BedError(f"{host.name}'s link carried under {nbytes} bytes in {timeout} s")
+            time.sleep(0.01)
+
     def link_down(self, host: Host) -> None:
         """Cuts host off: its link drops every packet, no reset is sent."""
         _run("ip", "link", "set", host.link, "down")

@@ -19,15 +19,22 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # ray_actors
+sys.path.insert(0, HERE)  # agent
 
 import ray  # noqa: E402
 
 import rdt.ray  # noqa: E402
 
 
+from agent import protocol_channel  # noqa: E402
+
+# Ray prints its workers' logs to the driver's stdout: answers go apart.
+CHANNEL = protocol_channel()
+
+
 def say(**fields) -> None:
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
+    CHANNEL.write(json.dumps(fields) + "\n")
+    CHANNEL.flush()
 
 
 class Driver:

@@ -83,7 +83,7 @@ def test_a_fetch_cut_mid_way_fails_within_the_peer_timeout_and_the_pair_heals(ma
     assert owner_objects(owner) == 1  # alive through the reader's borrow only
 
     reader.start("get", transport=transport, ref="x", buf="buf", deadline=60)
-    time.sleep(0.5)
+    bed.wait_traffic(bed.hosts[1], 4 << 20)  # the bytes are on their way
     bed.link_down(bed.hosts[1])
     cut = time.monotonic()
     result = reader.read(60)
@@ -109,7 +109,7 @@ def test_a_write_cut_mid_way_fails_on_both_sides_and_the_pair_heals(make_bed, ag
     writer.call("take", name="w", ref=owner.call("expose", transport=transport, name="w", nbytes=SIZE)["ref"])
 
     writer.start("write", transport=transport, ref="w", nbytes=SIZE, seed=3, deadline=60)
-    time.sleep(0.5)
+    bed.wait_traffic(bed.hosts[1], 4 << 20, towards=False)  # the bytes are on their way to the owner
     bed.link_down(bed.hosts[1])
     cut = time.monotonic()
     result = writer.read(60)
@@ -199,7 +199,7 @@ def test_a_partition_shorter_than_the_peer_timeout_heals_under_the_fetch(make_be
     reader.call("take", name="x", ref=owner.call("put", transport=transport, name="x", nbytes=SIZE, seed=10)["ref"])
     reader.call("alloc", name="buf", nbytes=SIZE)
     reader.start("get", transport=transport, ref="x", buf="buf", deadline=60)
-    time.sleep(0.5)
+    bed.wait_traffic(bed.hosts[1], 4 << 20)
     bed.link_down(bed.hosts[1])
     time.sleep(1.0)
     bed.link_up(bed.hosts[1])

@@ -61,7 +61,7 @@ def test_a_link_cut_during_a_transfer_fails_it_and_both_actors_live_on(ray_bed):
     c.call("make", name="x", actor="src", kind=f"bytes:{64 * MIB}", seed=4)  # 2.7 s over the link
 
     c.driver.start("consume", actor="far", ref="x")
-    time.sleep(0.5)
+    c.bed.wait_traffic(c.bed.hosts[2], 8 << 20)  # rdt's bytes are on their way
     c.bed.link_down(c.bed.hosts[2])
     time.sleep(RDT_PEER_TIMEOUT + 3)
     c.bed.link_up(c.bed.hosts[2])

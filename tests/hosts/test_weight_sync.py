@@ -51,7 +51,7 @@ def test_a_pull_cut_off_leaves_its_replica_on_the_last_version(make_bed):
         lines.append(line)
         if line.startswith("step 1:"):
             break
-    time.sleep(0.7)                     # into step 2's pull
+    bed.wait_traffic(bed.hosts[2], 4 << 20)  # step 2's pull is on its way to replica 1
     bed.link_down(bed.hosts[2])
     time.sleep(7.0)                     # past the runtimes' 5 s peer timeout
     bed.link_up(bed.hosts[2])

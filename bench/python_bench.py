@@ -257,9 +257,9 @@ def _prepared_owner(conn, transport: str) -> None:
     conn.send(len(bad))
 
 
-def _p50_us(fn, n: int) -> float:
-    for _ in range(100):
-        fn()  # warm up
+def _p50_us(fn, n: int, warmup: int = 100) -> float:
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -344,15 +344,6 @@ def _calls_source(conn) -> None:
     conn.recv()
 
 
-def _median_ms(fn, n: int = 40) -> float:
-    t = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - t0)
-    return statistics.median(t) * 1e3
-
-
 def calls_python_gets(runs: int = CALL_RUNS) -> dict:
     """p50 µs of a 4 KiB get from another process per transport, and the
     median ms of 1,024 x 4 KiB and of 4 MiB, all into out=."""
@@ -375,12 +366,12 @@ def calls_python_gets(runs: int = CALL_RUNS) -> dict:
             big.fill(0)
             rdt.get(ref, out=target, transport=tr)
             assert big[-1] == 4 * MIB // 8 - 1, tr
-            pair.append(_median_ms(lambda: rdt.get(ref, out=target, transport=tr)))
+            pair.append(_p50_us(lambda: rdt.get(ref, out=target, transport=tr), 40, warmup=0) / 1e3)
             with rdt.prepare_get(ref, out=target, transport=tr) as prep:
                 big.fill(0)
                 prep.run()
                 assert big[-1] == 4 * MIB // 8 - 1, tr
-                prepared.append(_median_ms(prep.run))
+                prepared.append(_p50_us(prep.run, 40, warmup=0) / 1e3)
         r[tr + "_objects"] = tuple(pair)
         r[tr + "_prepared_objects"] = tuple(prepared)
     for trio in refs.values():

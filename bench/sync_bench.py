@@ -46,7 +46,6 @@ import secrets
 import statistics
 import sys
 import time
-import traceback
 
 import numpy as np
 
@@ -125,15 +124,12 @@ class RdtTrainer(Role):
 
 
 class RdtReader(Role):
-    def init(self, address, token, nbytes, refs, name="reader"):
-        import numpy as np
+    def init(self, address, token, refs, name="reader"):
         import rdt
         rdt.init(name=name, listen_tcp=f"{address}:0", advertise_host=address, auth_token=token)
-        shapes = shapes_of(nbytes)
         self.refs = [pickle.loads(bytes.fromhex(r)) for r in refs]
         # One array per tensor, in the refs' order: every tensor of each ref.
-        self.out = [np.zeros(shapes[i], np.float32) for k in range(len(self.refs))
-                    for i in (half(shapes, k) if len(self.refs) == TRAINERS else range(len(shapes)))]
+        self.out = [np.zeros(shape, np.float32) for ref in self.refs for shape in ref.shapes]
         return {}
 
     def pull(self):
@@ -305,18 +301,10 @@ ROLES = {"rdt-trainer": RdtTrainer, "rdt-reader": RdtReader, "rdt-relay": RdtRel
          "gloo": Gloo, "tcp-pump": TcpPump}
 
 
-def serve(role: str) -> None:
-    obj = ROLES[role]()
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        try:
-            answer = getattr(obj, op)(**cmd)
-        except Exception as e:
-            answer = {"ok": False, "error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
-        answer.setdefault("ok", True)
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+def serve_role(role: str) -> None:
+    from agent import serve, speaker
+    say = speaker()
+    serve(ROLES[role](), say)
 
 
 # ---- Ray's object store, run as a driver on the head host ---------------------------
@@ -384,59 +372,62 @@ def role(host, name, env=None):
     return Lines(host, [sys.executable, os.path.abspath(__file__), "--role", name], env=env)
 
 
-def bench_rdt(bed, nbytes, runs):
-    token = secrets.token_hex(16)
+def start_trainers(bed, token, nbytes):
+    """The trainer ranks on h0, each holding its half put; their refs."""
     h0 = bed.hosts[0]
     trainers = [role(h0, "rdt-trainer") for _ in range(TRAINERS)]
     refs = [t.call("init", address=h0.address, token=token, rank=r, nbytes=nbytes, timeout=600)["ref"]
             for r, t in enumerate(trainers)]
-    readers = [role(h, "rdt-reader") for h in bed.hosts[1:1 + READERS]]
-    for r in readers:
-        r.call("init", address=r.host.address, token=token, nbytes=nbytes, refs=refs, timeout=600)
+    return trainers, refs
+
+
+def timed_rounds(procs, runs, op, **args):
+    """runs + 1 rounds of op sent to every process at once, each round
+    timed until the last answered; the first (connecting) is not kept.
+    The processes' check then says that each one holds every tensor."""
     times = []
     for i in range(runs + 1):
         t0 = time.monotonic()
-        for r in readers:
-            r.send("pull")
-        for r in readers:
-            a = r.read(900)
+        for x in procs:
+            x.send(op, **{k: (v(i) if callable(v) else v) for k, v in args.items()})
+        for x in procs:
+            a = x.read(900)
             assert a["ok"], a
         if i:
             times.append(time.monotonic() - t0)
-    for r in readers:
-        c = r.call("check")
+    for x in procs:
+        c = x.call("check")
         assert not c["bad"] and c["tensors"] == TENSORS, c
-    for x in readers + trainers:
-        x.close()
+    return times
+
+
+def close_all(*groups):
+    for group in groups:
+        for x in group:
+            x.close()
+
+
+def bench_rdt(bed, nbytes, runs):
+    token = secrets.token_hex(16)
+    trainers, refs = start_trainers(bed, token, nbytes)
+    readers = [role(h, "rdt-reader") for h in bed.hosts[1:1 + READERS]]
+    for r in readers:
+        r.call("init", address=r.host.address, token=token, refs=refs, timeout=600)
+    times = timed_rounds(readers, runs, "pull")
+    close_all(readers, trainers)
     return times
 
 
 def bench_relay(bed, nbytes, runs, chunks=8):
     token = secrets.token_hex(16)
-    h0 = bed.hosts[0]
-    trainers = [role(h0, "rdt-trainer") for _ in range(TRAINERS)]
-    refs = [t.call("init", address=h0.address, token=token, rank=r, nbytes=nbytes, timeout=600)["ref"]
-            for r, t in enumerate(trainers)]
+    trainers, refs = start_trainers(bed, token, nbytes)
     readers = [role(h, "rdt-relay") for h in bed.hosts[1:1 + READERS]]
     exposed = [r.call("init", address=r.host.address, token=token, nbytes=nbytes, refs=refs, index=k,
                       readers=READERS, chunks=chunks, timeout=600)["ref"] for k, r in enumerate(readers)]
     for r in readers:
         r.call("peers", refs=exposed, timeout=600)
-    times = []
-    for i in range(runs + 1):
-        t0 = time.monotonic()
-        for r in readers:
-            r.send("sync", version=i + 1)
-        for r in readers:
-            a = r.read(900)
-            assert a["ok"], a
-        if i:
-            times.append(time.monotonic() - t0)
-    for r in readers:
-        c = r.call("check")
-        assert not c["bad"] and c["tensors"] == TENSORS, c
-    for x in readers + trainers:
-        x.close()
+    times = timed_rounds(readers, runs, "sync", version=lambda i: i + 1)
+    close_all(readers, trainers)
     return times
 
 
@@ -510,22 +501,9 @@ def bench_fanout(bed, nbytes, readers, runs):
     ref = owner.call("init", nbytes=nbytes, timeout=600)["ref"]
     rs = [role(h, "rdt-reader") for _ in range(readers)]
     for i, r in enumerate(rs):
-        r.call("init", address=h.address, token=token, nbytes=nbytes, refs=[ref], name=f"reader{i}", timeout=600)
-    times = []
-    for i in range(runs + 1):
-        t0 = time.monotonic()
-        for r in rs:
-            r.send("pull")
-        for r in rs:
-            a = r.read(900)
-            assert a["ok"], a
-        if i:
-            times.append(time.monotonic() - t0)
-    for r in rs:
-        c = r.call("check")
-        assert not c["bad"] and c["tensors"] == TENSORS, c
-    for x in rs + [owner]:
-        x.close()
+        r.call("init", address=h.address, token=token, refs=[ref], name=f"reader{i}", timeout=600)
+    times = timed_rounds(rs, runs, "pull")
+    close_all(rs, [owner])
     return times
 
 
@@ -542,7 +520,7 @@ def main() -> None:
     p.add_argument("--json", default=os.path.join(ROOT, "build", "sync.json"), help="the numbers, for sync_plot.py")
     a = p.parse_args()
     if a.role:
-        serve(a.role)
+        serve_role(a.role)
         return
     if a.from_json:
         with open(a.from_json) as f:

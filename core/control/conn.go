@@ -203,9 +203,6 @@ func (sc *sconn) closeClean(err error) {
 func (sc *sconn) close(err error) {
 	sc.closeOnce.Do(func() {
 		lost := !sc.clean.Load() && !sc.ep.closing.Load()
-		if lost {
-			sc.ep.lost.Add(1)
-		}
 		sc.mu.Lock()
 		sc.closeErr = err
 		pending, replies := sc.pending, sc.replies
@@ -216,6 +213,11 @@ func (sc *sconn) close(err error) {
 		// every transfer that checks Done must see it closed (see
 		// KindClosing).
 		close(sc.done)
+		// Counted once done is closed: whoever sees the count sees a
+		// closed connection, and Connect dials anew.
+		if lost {
+			sc.ep.lost.Add(1)
+		}
 		sc.cancel()
 		sc.c.Close()
 		for _, ch := range pending {

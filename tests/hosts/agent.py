@@ -34,7 +34,7 @@ import selectors
 import sys
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -48,26 +48,48 @@ def pattern(nbytes: int, seed: int) -> np.ndarray:
     return a.view(np.uint8)[:nbytes]
 
 
-def protocol_channel():
-    """The answers' own stream: the process's stdout as it started, while
-    descriptor 1 becomes stderr, so that whatever a library prints to
-    stdout (UCX's errors, Ray's worker logs) cannot break a line."""
+def speaker() -> Callable[..., None]:
+    """say(**fields) writes one JSON line on the answers' own stream: the
+    process's stdout as it started, while descriptor 1 becomes stderr, so
+    that whatever a library prints to stdout (UCX's errors, Ray's worker
+    logs) cannot break a line."""
     channel = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    return channel
+
+    def say(**fields: Any) -> None:
+        channel.write(json.dumps(fields) + "\n")
+        channel.flush()
+    return say
+
+
+def failure(e: BaseException) -> Dict[str, Any]:
+    """The answer to a command that raised: the test reads what went wrong."""
+    return {"ok": False, "error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
+
+
+def serve(obj: Any, say: Callable[..., None]) -> None:
+    """Runs obj's methods as the commands on stdin ({"op": name, ...args},
+    a line each) and says each one's answer, "ok" added."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        try:
+            answer = getattr(obj, op)(**cmd)
+        except Exception as e:
+            answer = failure(e)
+        answer.setdefault("ok", True)
+        say(**answer)
 
 
 class Agent:
-    def __init__(self, channel) -> None:
-        self.channel = channel
+    def __init__(self, say: Callable[..., None]) -> None:
+        self.say = say
         self.rt: rdt.Runtime = None  # type: ignore[assignment]
         self.refs = {}
         self.bufs = {}
         self.owned = {}
-
-    def say(self, **fields) -> None:
-        self.channel.write(json.dumps(fields) + "\n")
-        self.channel.flush()
 
     def init(self, address: str, token: str, peer_timeout: float = 2.0, lease: float = 30.0) -> dict:
         # The default runtime: unpickled refs become its borrows.
@@ -128,13 +150,16 @@ class Agent:
         n = self.refs[name].wait_notice(deadline)
         return {"failed": n.error is not None, "message": str(n.error or ""), "nbytes": n.nbytes}
 
+    def _array(self, name: str) -> np.ndarray:
+        """A buffer got into, or an owned object's array."""
+        return self.bufs[name] if name in self.bufs else self.owned[name]
+
     def check(self, buf: str, seed: int) -> dict:
-        b = self.bufs[buf] if buf in self.bufs else self.owned[buf]
+        b = self._array(buf)
         return {"same": bool(np.array_equal(b, pattern(b.size, seed)))}
 
     def digest(self, buf: str) -> dict:
-        b = self.bufs[buf] if buf in self.bufs else self.owned[buf]
-        return {"digest": hashlib.sha256(b.tobytes()).hexdigest()}
+        return {"digest": hashlib.sha256(self._array(buf)).hexdigest()}
 
     def stats(self) -> dict:
         return {"stats": self.rt.stats()}
@@ -206,19 +231,8 @@ class Remote(Lines):
 
 
 def main() -> None:
-    agent = Agent(protocol_channel())
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        try:
-            answer = getattr(agent, op)(**cmd)
-        except Exception as e:  # the test reads what went wrong
-            answer = {"ok": False, "error": type(e).__name__, "message": str(e),
-                      "trace": traceback.format_exc()}
-        answer.setdefault("ok", True)
-        agent.say(**answer)
+    say = speaker()
+    serve(Agent(say), say)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,9 @@ node ACTOR; address ACTOR; drop NAME; alive ACTOR.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # ray_actors
@@ -26,19 +24,12 @@ import ray  # noqa: E402
 import rdt.ray  # noqa: E402
 
 
-from agent import protocol_channel  # noqa: E402
-
-# Ray prints its workers' logs to the driver's stdout: answers go apart.
-CHANNEL = protocol_channel()
-
-
-def say(**fields) -> None:
-    CHANNEL.write(json.dumps(fields) + "\n")
-    CHANNEL.flush()
+from agent import failure, serve, speaker  # noqa: E402
 
 
 class Driver:
-    def __init__(self) -> None:
+    def __init__(self, say) -> None:
+        self.say = say
         path = os.pathsep.join(p for p in (os.path.join(os.path.dirname(HERE), "python"),
                                            os.environ.get("PYTHONPATH", "")) if p)
         env = {"env_vars": {"PYTHONPATH": path}}
@@ -64,7 +55,7 @@ class Driver:
     def consume(self, actor: str, ref: str, deadline: float = 120) -> dict:
         kind, seed = self.made[ref]
         call = self.actors[actor].consume.remote(self.refs[ref])
-        say(event="started")
+        self.say(event="started")
         t0 = time.monotonic()
         try:
             got = ray.get(call, timeout=deadline)
@@ -99,23 +90,14 @@ class Driver:
 
 
 def main() -> None:
+    say = speaker()  # Ray prints its workers' logs to the driver's stdout
     try:
-        driver = Driver()
+        driver = Driver(say)
     except Exception as e:
-        say(ok=False, error=type(e).__name__, message=str(e), trace=traceback.format_exc())
+        say(**failure(e))
         return
     say(ok=True, event="ready")
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        cmd = json.loads(line)
-        op = cmd.pop("op")
-        try:
-            answer = getattr(driver, op)(**cmd)
-        except Exception as e:
-            answer = {"ok": False, "error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
-        answer.setdefault("ok", True)
-        say(**answer)
+    serve(driver, say)
 
 
 if __name__ == "__main__":

@@ -159,6 +159,7 @@ def test_get_when_the_owner_is_gone(child, how):
     c = child(workers.serve, [None], "small")
     blob = c.recv()[None]
     (ref,) = pickle.loads(blob)  # a borrow, made while the owner lives
+    lost = rdt.default_runtime().stats()["peers_lost"]
     if how == "exits":
         c.send("exit_now")
         c.proc.join(30)
@@ -169,18 +170,14 @@ def test_get_when_the_owner_is_gone(child, how):
         rdt.get(ref, timeout=30)
     assert isinstance(e.value, ConnectionError)
     assert time.monotonic() - t0 < 15
-    # Unpickling makes a borrow, which needs the owner. It is sent without
-    # waiting for the answer (rdt.h, rdt_ref_deserialize): when the get
-    # failed on the transport before this runtime's connection to the owner
-    # saw the end (a loaded machine), the borrow goes out on that connection
-    # and its first fetch fails instead.
-    try:
-        again = pickle.loads(blob)
-    except rdt.PeerUnavailableError:
-        pass
-    else:
-        with again, pytest.raises(rdt.PeerUnavailableError):
-            rdt.get(again, timeout=30)
+    # Unpickling makes a borrow, which needs the owner. A borrow goes out on
+    # the connection already open without waiting for the answer (rdt.h,
+    # rdt_ref_deserialize), and the get above may have failed on the
+    # transport before this runtime read the connection's end (a loaded
+    # machine): once it has, unpickling fails at once.
+    assert wait_until(lambda: rdt.default_runtime().stats()["peers_lost"] > lost)
+    with pytest.raises(rdt.PeerUnavailableError):
+        pickle.loads(blob)
     ref.close()
 
 

@@ -352,6 +352,43 @@ rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                                timeout_ms);
 }
 
+/* ---- views -------------------------------------------------------------- */
+
+rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
+                         const rdt_view_options *opts, int64_t timeout_ms,
+                         rdt_view **out) {
+  FORK_GUARD("rdt_view_open");
+  rdt_view_options full, *use = NULL;
+  if (opts != NULL) {
+    rdt_view_options_init(&full);
+    VERSIONED_IN("rdt_view_open", rdt_view_options, full, opts, flags);
+    use = &full;
+  }
+  uintptr_t h = 0;
+  rdt_status st = (rdt_status)rdtgo_view_open((uintptr_t)rt, (uintptr_t)ref,
+                                              use, timeout_ms,
+                                              out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_view *)h;
+  return st;
+}
+
+rdt_status rdt_view_data(const rdt_view *view, uint32_t index, void **data_out,
+                         int *out_mapped) {
+  FORK_GUARD("rdt_view_data");
+  uintptr_t data = 0;
+  rdt_status st = (rdt_status)rdtgo_view_data((uintptr_t)view, index,
+                                              data_out ? &data : NULL,
+                                              out_mapped);
+  if (st == RDT_OK) *data_out = (void *)data;
+  return st;
+}
+
+rdt_status rdt_view_release(rdt_view *view) {
+  FORK_GUARD("rdt_view_release");
+  if (view == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_view_release((uintptr_t)view);
+}
+
 /* ---- prepared transfers ---------------------------------------------- */
 
 rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,

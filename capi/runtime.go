@@ -144,6 +144,8 @@ func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
 		out.writes_failed = C.uint64_t(s.WritesFailed)
 		out.bytes_written = C.uint64_t(s.BytesWritten)
 		out.writes_open = C.uint64_t(s.WritesOpen)
+		out.views_open = C.uint64_t(s.ViewsOpen)
+		out.bytes_viewed = C.uint64_t(s.BytesViewed)
 		return nil
 	})
 }

@@ -805,6 +805,69 @@ RDT_API rdt_status rdt_prepared_run(rdt_prepared *prepared, uint64_t tag,
 RDT_API rdt_status rdt_prepared_free(rdt_prepared *prepared);
 
 /* ------------------------------------------------------------------------- */
+/* Views: one copy for every reader on a host                                */
+/* ------------------------------------------------------------------------- */
+
+/* A view is an object's tensors read where they lie instead of copied into
+ * each reader: for an object of another runtime on this host, the owner's
+ * staged copy (shm's sealed segment) mapped into this process; for an
+ * object of `rt` itself, its put tensors. N readers on a host then share one
+ * copy. A mapping is read-only (writing it faults), or with
+ * RDT_VIEW_PRIVATE copy-on-write (writes land in pages of this process
+ * alone). Its bytes are the object's as staged and never change: the owner
+ * cannot write, shrink or reuse them, and they stay readable after the
+ * owner freed the object, died or was destroyed, until the view is
+ * released. A view holds its own handle on the object (a borrow the owner
+ * counts, as a ref's), so the owner frees it only after the view and every
+ * ref are released. See docs/abi.md, "Views". */
+typedef struct rdt_view rdt_view;
+
+/* rdt_view_options.flags: map copy-on-write, so that the view may be
+ * written and what is written stays in this process. */
+#define RDT_VIEW_PRIVATE (1u << 0)
+
+typedef struct rdt_view_options {
+  uint32_t struct_size; /* set by _init */
+  uint32_t flags;       /* RDT_VIEW_* */
+  /* The transport that maps the owner's bytes (case-insensitive). NULL:
+   * the first registered one that can (shm). */
+  const char *transport;
+} rdt_view_options;
+
+static inline void rdt_view_options_init(rdt_view_options *opts) {
+  memset(opts, 0, sizeof *opts);
+  opts->struct_size = (uint32_t)sizeof *opts;
+}
+
+/* Makes a view of `ref`'s object within `timeout_ms` (negative: no limit),
+ * which bounds connecting to the owner, the borrow and the mapping. `ref`
+ * is only read (the view takes its own handle: release the ref whenever).
+ * `opts` may be NULL. On success *out is the caller's, to release with
+ * rdt_view_release(); on error *out is untouched and nothing is held.
+ * Errors: INVALID_ARGUMENT (a released ref, a ref of another runtime, a
+ * writable ref), UNSUPPORTED (a tensor outside host memory, an owner on
+ * another host, a transport that cannot map: fetch a copy instead),
+ * NOT_FOUND (the object was freed; an unknown transport), PEER_UNAVAILABLE
+ * (the owner is gone), TIMEOUT, PERMISSION_DENIED (the owner's segment is
+ * not sealed), CLOSED. */
+RDT_API rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
+                                 const rdt_view_options *opts,
+                                 int64_t timeout_ms, rdt_view **out);
+
+/* Where tensor `index` of the viewed object starts in this process: valid
+ * until rdt_view_release(). Its shape and dtype are the ref's
+ * (rdt_ref_tensor_info()); a tensor of no bytes may have any address.
+ * *out_mapped (may be NULL) is 1 for a mapping of another process's
+ * object, 0 for a runtime's own tensors. INVALID_ARGUMENT for an index out
+ * of range or a released view. */
+RDT_API rdt_status rdt_view_data(const rdt_view *view, uint32_t index,
+                                 void **data_out, int *out_mapped);
+
+/* Unmaps the view and releases its handle on the object. NULL is ignored;
+ * a view released twice is INVALID_ARGUMENT. */
+RDT_API rdt_status rdt_view_release(rdt_view *view);
+
+/* ------------------------------------------------------------------------- */
 /* Transports                                                                */
 /* ------------------------------------------------------------------------- */
 
@@ -1187,6 +1250,8 @@ typedef struct rdt_stats {
   uint64_t writes_failed;
   uint64_t bytes_written;
   uint64_t writes_open;      /* writes into our exposed objects, admitted and not ended */
+  uint64_t views_open;       /* views mapping other runtimes' objects, not released */
+  uint64_t bytes_viewed;     /* the bytes those views map */
 } rdt_stats;
 
 static inline void rdt_stats_init(rdt_stats *stats) {

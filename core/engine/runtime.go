@@ -102,6 +102,7 @@ type counters struct {
 	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
 	sendsCompleted, bytesSent, localCopies             atomic.Uint64
 	writesCompleted, writesFailed, bytesWritten        atomic.Uint64
+	viewsOpen, bytesViewed                             atomic.Int64 // mapped views held
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -623,6 +624,7 @@ type Stats struct {
 	PeersLost                                                            uint64
 	WritesCompleted, WritesFailed, BytesWritten                          uint64
 	WritesOpen                                                           uint64 // into our exposed objects
+	ViewsOpen, BytesViewed                                               uint64 // views mapping others' objects, held
 }
 
 // Stats snapshots the runtime's counters.
@@ -641,6 +643,8 @@ func (rt *Runtime) Stats() Stats {
 		WritesCompleted:    rt.c.writesCompleted.Load(),
 		WritesFailed:       rt.c.writesFailed.Load(),
 		BytesWritten:       rt.c.bytesWritten.Load(),
+		ViewsOpen:          uint64(rt.c.viewsOpen.Load()),
+		BytesViewed:        uint64(rt.c.bytesViewed.Load()),
 	}
 	rt.store.counts(&s)
 	for _, o := range rt.store.exposedObjects() {

@@ -234,15 +234,21 @@ func (tr *transfer) awaitBorrow(e *registered) error {
 // advertise transport name (it may have registered it since we connected);
 // an owner without it is ErrUnsupported.
 func (tr *transfer) peerOffering(name string) (transport.PeerInfo, error) {
-	peerInfo := tr.peer.Info()
+	return peerOffering(tr.ownerCtx, tr.peer, name)
+}
+
+// peerOffering is transfer.peerOffering for any wait on the owner: ctx
+// bounds the question, asked only when needed.
+func peerOffering(ctx func() context.Context, peer control.Peer, name string) (transport.PeerInfo, error) {
+	peerInfo := peer.Info()
 	if _, ok := peerInfo.Advert(name); ok {
 		return peerInfo, nil
 	}
-	ctx := tr.ownerCtx()
-	if ctx.Err() != nil {
-		return peerInfo, transport.ContextError(ctx, "asking %s for its transports", peerInfo)
+	wctx := ctx()
+	if wctx.Err() != nil {
+		return peerInfo, transport.ContextError(wctx, "asking %s for its transports", peerInfo)
 	}
-	peerInfo, err := tr.peer.Refresh(ctx)
+	peerInfo, err := peer.Refresh(wctx)
 	if err != nil {
 		return peerInfo, err
 	}

@@ -1,5 +1,7 @@
 package transport
 
+import "time"
+
 // Role says on which side of a transfer a transport call runs.
 type Role uint32
 
@@ -105,6 +107,23 @@ type Preparer interface {
 type Prepared interface {
 	Start(x *Transfer) (Request, error)
 	Close()
+}
+
+// Viewer is an optional half of a same-host transport of host memory
+// (shm): rather than copying an object into targets, it maps the source's
+// staged bytes into this process, so that many readers on a host share
+// one copy. The mapping must be read-only (private: copy-on-write, writes
+// stay in this process), must not change while mapped, whatever the
+// source does, and must outlive the source. It ends at the deadline.
+type Viewer interface {
+	View(x *Transfer, tmeta []byte, private bool, deadline time.Time) (Mapping, error)
+}
+
+// Mapping is an object's bytes mapped by a Viewer: Data()[i] is where
+// tensor i starts in this process. Close unmaps them.
+type Mapping interface {
+	Data() []uintptr
+	Close() error
 }
 
 // Descriptor is everything the engine decides from about a transport. It

@@ -476,6 +476,8 @@ func (t *Transport) askSegment(r *request, src *keptConns, c *net.UnixConn, m *m
 	switch {
 	case m.askArena:
 		limit = arenaRequest
+	case m.askView:
+		limit = viewRequest
 	case targets != nil && m.Size <= inlineMax && !m.partial:
 		limit = uint32(m.Size)
 	}
@@ -503,8 +505,8 @@ func (t *Transport) readReply(r *request, src *keptConns, c *net.UnixConn, m *me
 		r.ask(c)
 		defer r.ask(nil)
 	}
-	if limit == arenaRequest {
-		limit = 0 // the arena comes as a descriptor, nothing inline
+	if limit == arenaRequest || limit == viewRequest {
+		limit = 0 // the arena, or a view's segment, comes as a descriptor, nothing inline
 	}
 	var small [replyLen + maxMessage]byte
 	buf := small[:]

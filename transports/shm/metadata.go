@@ -38,6 +38,7 @@ type metadata struct {
 	Base    uint64
 
 	askArena bool // not encoded: a request for the arena named Arena
+	askView  bool // not encoded: a request for the segment a view maps
 	partial  bool // not encoded: Regions are a partial fetch's pieces
 }
 

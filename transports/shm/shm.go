@@ -63,6 +63,7 @@ type segment struct {
 	// In the arena:
 	slot uint32
 	off  uint64
+	view int // a sealed copy of the range for views (view.go); -1: none yet
 }
 
 func (s *segment) inArena() bool { return s.fd < 0 }
@@ -158,6 +159,9 @@ func (t *Transport) Close() error {
 	for id, s := range t.segs {
 		if !s.inArena() {
 			unix.Close(s.fd)
+		}
+		if s.view >= 0 {
+			unix.Close(s.view)
 		}
 		delete(t.segs, id)
 	}

@@ -63,7 +63,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		return s.meta, nil
 	}
 	meta := m.encode()
-	t.segs[obj] = &segment{fd: fd, size: size, meta: meta}
+	t.segs[obj] = &segment{fd: fd, size: size, meta: meta, view: -1}
 	return meta, nil
 }
 
@@ -118,7 +118,7 @@ func (t *Transport) stageInArena(m *metadata, tensors []transport.Tensor) (meta 
 		return s.meta, true, nil
 	}
 	a.publish(slot, tag)
-	t.segs[m.Object] = &segment{fd: -1, size: m.Size, meta: meta, slot: slot, off: off}
+	t.segs[m.Object] = &segment{fd: -1, size: m.Size, meta: meta, slot: slot, off: off, view: -1}
 	return meta, true, nil
 }
 
@@ -198,6 +198,9 @@ func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.T
 	t.mu.Unlock()
 	if ok && !s.inArena() {
 		unix.Close(s.fd)
+	}
+	if ok && s.view >= 0 {
+		unix.Close(s.view)
 	}
 }
 
@@ -349,8 +352,11 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inli
 		c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 		return false, false
 	}
-	if limit == arenaRequest {
+	switch limit {
+	case arenaRequest:
 		return t.answerArena(c, obj), false
+	case viewRequest:
+		return t.answerView(c, obj), false
 	}
 	t.mu.RLock()
 	s, ok := t.segs[obj]

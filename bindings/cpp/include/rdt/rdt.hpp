@@ -585,6 +585,57 @@ class [[nodiscard]] Prepared {
   rdt_prepared *p_ = nullptr;
 };
 
+/// An object's tensors read where they lie (RAII over rdt_view_open /
+/// rdt_view_release), move-only: for an object of another runtime on this
+/// host, the owner's staged copy mapped read-only (or, private,
+/// copy-on-write) and shared by every reader; for the runtime's own object,
+/// its put tensors. It holds its own handle on the object until destroyed,
+/// and its bytes never change, even after the owner is gone.
+class [[nodiscard]] ObjectView {
+ public:
+  ObjectView() noexcept = default;
+  /// Takes ownership of a C view; `ref` describes its tensors.
+  ObjectView(rdt_view *adopt, const Ref &ref) : v_(adopt) {
+    tensors_ = ref.tensors();
+    for (uint32_t i = 0; i < tensors_.size(); i++) {
+      void *data = nullptr;
+      int mapped = 0;
+      check(rdt_view_data(v_, i, &data, &mapped));
+      tensors_[i].data = data;
+      if (mapped) tensors_[i].device = cpu;
+      mapped_ = mapped != 0;
+    }
+  }
+  ObjectView(const ObjectView &) = delete;
+  ObjectView &operator=(const ObjectView &) = delete;
+  ObjectView(ObjectView &&o) noexcept
+      : v_(std::exchange(o.v_, nullptr)), tensors_(std::move(o.tensors_)), mapped_(o.mapped_) {}
+  ObjectView &operator=(ObjectView &&o) noexcept {
+    if (this != &o) {
+      rdt_view_release(v_);
+      v_ = std::exchange(o.v_, nullptr);
+      tensors_ = std::move(o.tensors_);
+      mapped_ = o.mapped_;
+    }
+    return *this;
+  }
+  ~ObjectView() { rdt_view_release(v_); }
+
+  /// The object's tensors in this process, valid while the view lives.
+  const std::vector<TensorView> &tensors() const noexcept { return tensors_; }
+  /// Whether the view maps another process's object (false: own tensors).
+  bool mapped() const noexcept { return mapped_; }
+
+  explicit operator bool() const noexcept { return v_ != nullptr; }
+  /// The C handle, still owned by this ObjectView.
+  rdt_view *capi() const noexcept { return v_; }
+
+ private:
+  rdt_view *v_ = nullptr;
+  std::vector<TensorView> tensors_;
+  bool mapped_ = false;
+};
+
 // ---- transports ---------------------------------------------------------------
 
 /// One transfer as a transport's callbacks see it. Only valid during the
@@ -1015,6 +1066,26 @@ class Runtime {
     rdt_prepared *p = nullptr;
     check(rdt_write_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
     return Prepared(p);
+  }
+
+  /// A view of `ref`'s object (see rdt::ObjectView and rdt_view_open): no
+  /// copy per reader. `private_writes` maps copy-on-write. Throws rdt::Error,
+  /// RDT_ERR_UNSUPPORTED where only a copy can do (another host, device
+  /// memory).
+  ObjectView view(const Ref &ref, bool private_writes = false, std::chrono::milliseconds timeout = forever,
+                  const std::string &transport = std::string()) {
+    rdt_view_options vo;
+    rdt_view_options_init(&vo);
+    vo.flags = private_writes ? RDT_VIEW_PRIVATE : 0;
+    vo.transport = transport.empty() ? nullptr : transport.c_str();
+    rdt_view *v = nullptr;
+    check(rdt_view_open(rt_, ref.capi(), &vo, detail::millis(timeout), &v));
+    try {
+      return ObjectView(v, ref);
+    } catch (...) {
+      rdt_view_release(v);
+      throw;
+    }
   }
 
   /// A reference of this runtime from serialized bytes (a borrow the owner

@@ -1,0 +1,81 @@
+package main
+
+/*
+#include "capi.h"
+*/
+import "C"
+
+import (
+	"github.com/rdt-project/rdt/core/engine"
+)
+
+// viewHandle is what an rdt_view* names.
+type viewHandle struct{ v *engine.View }
+
+//export rdtgo_view_open
+func rdtgo_view_open(h C.uintptr_t, ref C.uintptr_t, copts *C.rdt_view_options, ms C.int64_t, out *C.uintptr_t) C.int {
+	return guard("rdt_view_open", func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		rt, err := runtimeOf(h)
+		if err != nil {
+			return err
+		}
+		r, err := refOf(ref, "ref")
+		if err != nil {
+			return err
+		}
+		var opts engine.ViewOptions
+		if copts != nil {
+			if copts.flags&^C.RDT_VIEW_PRIVATE != 0 {
+				return invalid("unknown view flags %#x", uint32(copts.flags&^C.RDT_VIEW_PRIVATE))
+			}
+			opts.Private = copts.flags&C.RDT_VIEW_PRIVATE != 0
+			opts.Transport = goString(copts.transport)
+		}
+		v, err := rt.View(r, opts, duration(ms))
+		if err != nil {
+			return err
+		}
+		*out = newHandle(&viewHandle{v: v})
+		return nil
+	})
+}
+
+//export rdtgo_view_data
+func rdtgo_view_data(h C.uintptr_t, index C.uint32_t, data *C.uintptr_t, mapped *C.int) C.int {
+	return guard("rdt_view_data", func() error {
+		if data == nil {
+			return invalid("data_out is NULL")
+		}
+		vh, err := lookup[*viewHandle](h, "view")
+		if err != nil {
+			return err
+		}
+		ts := vh.v.Tensors()
+		if int(index) >= len(ts) {
+			return invalid("tensor index %d out of range (the object has %d)", index, len(ts))
+		}
+		*data = C.uintptr_t(ts[index].Data)
+		if mapped != nil {
+			*mapped = 0
+			if vh.v.Mapped() {
+				*mapped = 1
+			}
+		}
+		return nil
+	})
+}
+
+//export rdtgo_view_release
+func rdtgo_view_release(h C.uintptr_t) C.int {
+	return guard("rdt_view_release", func() error {
+		vh, err := lookup[*viewHandle](h, "view")
+		if err != nil {
+			return err
+		}
+		deleteHandle(h)
+		return vh.v.Release()
+	})
+}

@@ -1,0 +1,214 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// ViewOptions adjust one view.
+type ViewOptions struct {
+	// Transport names the transport that maps the owner's bytes ("": the
+	// first registered one that can, shm among the built-in ones).
+	Transport string
+	// Private maps copy-on-write: the view may be written, and what is
+	// written stays in this process.
+	Private bool
+}
+
+// View is an object's tensors readable where they lie, with no copy per
+// reader: a runtime's own object's put tensors, or a same-host owner's
+// staged bytes mapped into this process (transport.Viewer), read-only or
+// copy-on-write. It holds its own handle on the object (for a borrowed
+// object, a borrow the owner counts) until Release. A mapping outlives the
+// owner and never changes: a reader never sees freed or reused memory.
+type View struct {
+	rt       *Runtime
+	ref      *Ref
+	tensors  []transport.Tensor
+	m        transport.Mapping // nil for a runtime's own object
+	released atomic.Bool
+}
+
+// Tensors are the object's tensors as this process reads them.
+func (v *View) Tensors() []transport.Tensor { return v.tensors }
+
+// nbytes is what the view's tensors hold.
+func (v *View) nbytes() uint64 {
+	var n uint64
+	for _, t := range v.ref.desc.Tensors {
+		n += t.Nbytes
+	}
+	return n
+}
+
+// Mapped reports whether the view maps another process's bytes (false: a
+// runtime's own object's tensors).
+func (v *View) Mapped() bool { return v.m != nil }
+
+// Release unmaps the view and drops its handle on the object. Releasing
+// twice is ErrInvalidArgument.
+func (v *View) Release() error {
+	if v == nil || !v.released.CompareAndSwap(false, true) {
+		return transport.Errorf(transport.ErrInvalidArgument, "view was already released")
+	}
+	var err error
+	if v.m != nil {
+		err = v.m.Close()
+		v.rt.c.viewsOpen.Add(-1)
+		v.rt.c.bytesViewed.Add(-int64(v.nbytes()))
+	}
+	if rerr := v.ref.Release(); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// View makes a view of r's object within timeout (negative: no limit).
+// The owner must be this runtime or on this host, and every tensor in host
+// memory: anything else is ErrUnsupported, and a copy (a fetch) is the
+// way. See rdt_view_open.
+func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View, error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	if r.rt != rt {
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.name, rt.name)
+	}
+	if err := checkDirection([]*Ref{r}, false); err != nil {
+		return nil, err
+	}
+	desc := r.desc
+	for i, t := range desc.Tensors {
+		if !t.Device.Type.HostAccessible() {
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d of object %s is in %s memory: a view maps host memory (fetch it instead)", i, desc.ID, t.Device)
+		}
+	}
+	if opts.Transport != "" { // named: it must be one that maps, whoever owns the object
+		if _, _, err := rt.viewer(opts.Transport); err != nil {
+			return nil, err
+		}
+	}
+	own, err := r.Clone()
+	if err != nil {
+		return nil, err
+	}
+	v := &View{rt: rt, ref: own}
+	if r.owned {
+		err = v.ofOwn()
+	} else {
+		err = v.mapFromOwner(opts, timeout)
+	}
+	if err != nil {
+		own.Release()
+		return nil, err
+	}
+	return v, nil
+}
+
+// ofOwn views a runtime's own object: its put tensors.
+func (v *View) ofOwn() error {
+	o := v.rt.store.object(v.ref.desc.ID)
+	if o == nil {
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", v.rt.name)
+	}
+	v.tensors = append([]transport.Tensor(nil), o.tensors...)
+	return nil
+}
+
+// mapFromOwner maps a borrowed object: connect to its owner, wait until it
+// counted the borrow, get the viewing transport's metadata, and map.
+func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
+	rt, desc := v.rt, v.ref.desc
+	var deadline time.Time
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if timeout >= 0 {
+		deadline = time.Now().Add(timeout)
+		ctx, cancel = context.WithDeadlineCause(rt.ctx, deadline, errViewDeadline)
+	} else {
+		ctx, cancel = context.WithCancel(rt.ctx)
+	}
+	defer cancel()
+	waitOwner := func() context.Context { return ctx }
+	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	if err != nil {
+		return transport.Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	if !rt.Identity().SameHost(peer.Info()) {
+		return transport.Errorf(transport.ErrUnsupported, "a view maps the owner's memory, and the owner of object %s (%s) is on another host: fetch it instead", desc.ID, peer.Info().Name)
+	}
+	if err := rt.borrowConfirmed(waitOwner, desc.ID); err != nil {
+		return err
+	}
+	e, viewer, err := rt.viewer(opts.Transport)
+	if err != nil {
+		return err
+	}
+	name := e.desc.Name
+	peerInfo, err := peerOffering(waitOwner, peer, name)
+	if err != nil {
+		return err
+	}
+	tmeta, err := rt.remoteMeta(waitOwner, peer, desc, name)
+	if err != nil {
+		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
+	}
+	x := &transport.Transfer{
+		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
+		Source: peerInfo, Destination: rt.Identity(),
+	}
+	m, err := viewer.View(x, tmeta, opts.Private, deadline)
+	if err != nil {
+		return transportError(name, err)
+	}
+	data := m.Data()
+	if len(data) != len(desc.Tensors) {
+		m.Close()
+		return transportError(name, transport.Errorf(transport.ErrCorrupt, "the view maps %d tensors, object %s has %d", len(data), desc.ID, len(desc.Tensors)))
+	}
+	v.tensors = make([]transport.Tensor, len(desc.Tensors))
+	for i, t := range desc.Tensors {
+		t.Device = transport.Device{Type: transport.DeviceCPU}
+		v.tensors[i] = transport.Tensor{TensorDesc: t, Data: data[i], Orig: data[i]}
+	}
+	v.m = m
+	rt.c.viewsOpen.Add(1)
+	rt.c.bytesViewed.Add(int64(v.nbytes()))
+	return nil
+}
+
+var errViewDeadline = transport.Errorf(transport.ErrTimeout, "the view's deadline passed")
+
+// viewer is the transport named (or, for "", the first registered one
+// that maps) and its Viewer.
+func (rt *Runtime) viewer(name string) (*registered, transport.Viewer, error) {
+	if name != "" {
+		e, err := rt.reg.lookup(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		vw, ok := e.t.(transport.Viewer)
+		if !ok {
+			return nil, nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot map an object (views need one that can, such as shm)", e.desc.Name)
+		}
+		return e, vw, nil
+	}
+	rt.reg.mu.RLock()
+	defer rt.reg.mu.RUnlock()
+	var best *registered
+	for _, e := range rt.reg.m {
+		if _, ok := e.t.(transport.Viewer); ok && (best == nil || e.desc.Name < best.desc.Name) {
+			best = e
+		}
+	}
+	if best == nil {
+		return nil, nil, transport.Errorf(transport.ErrUnsupported, "no transport in this runtime can map an object (views need shm)%s", rt.reg.whyAllUnavailable())
+	}
+	return best, best.t.(transport.Viewer), nil
+}

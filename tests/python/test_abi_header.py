@@ -304,8 +304,8 @@ def test_the_parser_sees_the_whole_header():
     # Counted by hand; a parser that misses declarations would let mismatches through.
     assert len(h.statuses) == len(re.findall(r"^\s*X\(RDT_", header_text(), flags=re.M)) == 17
     assert len(h.functions) == header_text().count("RDT_API ") - 1  # minus the #define RDT_API
-    assert len(h.structs) == len(re.findall(r"^typedef struct \w+ \{", header_text(), flags=re.M)) == 19
-    assert set(h.opaque) == {"rdt_runtime", "rdt_ref", "rdt_fetch", "rdt_buffer", "rdt_prepared"}
+    assert len(h.structs) == len(re.findall(r"^typedef struct \w+ \{", header_text(), flags=re.M)) == 20
+    assert set(h.opaque) == {"rdt_runtime", "rdt_ref", "rdt_fetch", "rdt_buffer", "rdt_prepared", "rdt_view"}
     assert h.structs["rdt_tensor"][4] == Decl("shape", "int64_t*")
     assert h.structs["rdt_object_info"][2] == Decl("object_id", "char[33]")
     assert h.functions["rdt_fetch_start"][1][1] == "rdt_ref**"

@@ -17,6 +17,7 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "pyth
     ("custom_transport.py", "over pyshm : [0 1 2 3 4 5 6 7 8 9]"),
     ("async_fetch.py", "gathered [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]"),
     ("reshard.py", "reshard: 2 receivers pulled their rows of 20 matrices from 2 trainers"),
+    ("shared_view.py", "shared_view: 4 readers viewed the 64 MiB model"),
     ("push_ring.py", ("push_ring over shm: 6 versions applied, every byte checked",
                       "push_ring over tcp: 6 versions applied, every byte checked")),
 ])

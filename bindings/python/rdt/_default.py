@@ -126,9 +126,12 @@ def runtime_of(refs: Any) -> Runtime:
 
 
 def get(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
-        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
+        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
+        copy: Optional[bool] = True) -> Any:
     """Fetches refs (or slices of them, ``ref[i][a:b]``) in the runtime they
-    belong to; see Runtime.get."""
+    belong to, or with ``copy=False`` views them; see Runtime.get."""
+    if copy is not True:
+        return runtime_of(refs).get(refs, timeout, transport, out, device, copy)
     return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out, device=device)
 
 
@@ -139,13 +142,16 @@ def fetch(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optiona
 
 
 async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
-                    transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
+                    transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
+                    copy: Optional[bool] = True) -> Any:
     """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
     the refs belong to. The event loop keeps running while the bytes move,
     and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
     TimeoutError) and aborts the fetch; so does cancelling the awaiting task
     (``asyncio.wait_for`` included). With ``out=``, either returns once
     nothing writes into those buffers any more."""
+    if copy is not True:
+        return await runtime_of(refs).get_async(refs, timeout, transport, out, device, copy)
     deadline = deadline_of(timeout)  # a bad timeout starts nothing
     return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport, device=device), deadline)
 

@@ -112,6 +112,14 @@ class FetchOptions(Structure):
                 ("sources", POINTER(SourceRange)), ("num_sources", c_size_t)]
 
 
+class ViewOptions(Structure):
+    _fields_ = [("struct_size", c_uint32), ("flags", c_uint32), ("transport", c_char_p)]
+
+
+# rdt_view_options.flags: map copy-on-write.
+VIEW_PRIVATE = 1
+
+
 class DeserializeOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("timeout_ms", c_int64)]
 
@@ -236,7 +244,7 @@ STATS_FIELDS = (
     "objects", "objects_freed", "refs", "borrows", "borrowed_objects", "refs_in_transit",
     "leases_expired", "fetches_active", "transfers_completed", "transfers_failed", "bytes_received",
     "sends_completed", "bytes_sent", "local_copies", "peers", "peers_lost",
-    "writes_completed", "writes_failed", "bytes_written", "writes_open",
+    "writes_completed", "writes_failed", "bytes_written", "writes_open", "views_open", "bytes_viewed",
 )
 
 
@@ -414,6 +422,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                     POINTER(c_void_p)]),
     "rdt_prepared_run": (c_int32, [c_void_p, c_uint64, c_int64]),
     "rdt_prepared_free": (c_int32, [c_void_p]),
+    "rdt_view_open": (c_int32, [c_void_p, c_void_p, POINTER(ViewOptions), c_int64, POINTER(c_void_p)]),
+    "rdt_view_data": (c_int32, [c_void_p, c_uint32, POINTER(c_void_p), POINTER(c_int32)]),
+    "rdt_view_release": (c_int32, [c_void_p]),
     "rdt_buffer_set": (c_int32, [c_void_p, c_char_p, c_size_t]),
     "rdt_set_error": (None, [c_char_p]),
     "rdt_register_transport": (c_int32, [c_void_p, c_char_p, POINTER(c_int32), c_size_t,

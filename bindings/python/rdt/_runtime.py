@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
-from . import _get, _lib, _prepared, _write
+from . import _get, _lib, _prepared, _view, _write
 from . import _tensors as _t
 from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
@@ -289,7 +289,8 @@ class Runtime(Handle):
     # ---- get ---------------------------------------------------------------------
 
     def get(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
-            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
+            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
+            copy: Optional[bool] = True) -> Any:
         """Fetches one ref, or a list of refs concurrently (one fetch), and
         returns the put structure(s) with new tensors of the producer's
         framework, or with the tensors given in ``out=`` (a tensor, or a
@@ -317,7 +318,18 @@ class Runtime(Handle):
         object lands in host memory, host tensors on a GPU (between host
         and CUDA memory; see docs/python.md, "Device tensors"). Objects this
         runtime owns are copied then too.
+
+        ``copy=False`` copies nothing: each tensor is a view of the owner's
+        staged copy, mapped into this process and shared by every reader on
+        the host (read-only numpy arrays; torch tensors copy-on-write, their
+        writes private to this process). The owner must be on this host and
+        the tensors in host memory, else UnsupportedError; ``copy=None``
+        then copies instead. A view holds a borrow until its last array is
+        garbage collected, and its bytes never change, even after the owner
+        is gone. See docs/python.md, "One copy for many readers".
         """
+        if copy is not True:
+            return _view.get_in(self, refs, timeout, transport, out, device, copy)
         return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
 
     def fetch(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
@@ -331,8 +343,11 @@ class Runtime(Handle):
         return _get.fetch_in(self, refs, out=out, transport=transport, device=device)
 
     async def get_async(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
-                        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
+                        transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
+                        copy: Optional[bool] = True) -> Any:
         """:meth:`get` for asyncio; see :func:`rdt.get_async`."""
+        if copy is not True:
+            return await _view.get_async_in(self, refs, timeout, transport, out, device, copy)
         return await _get.get_async_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
 
     # ---- writes into exposed objects -------------------------------------------

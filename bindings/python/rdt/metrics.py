@@ -74,6 +74,8 @@ _RUNTIME_FAMILIES = (
     ("writes_failed", "rdt_writes_failed", False, "Writes into other runtimes' exposed objects that failed."),
     ("bytes_written", "rdt_bytes_written", False, "Bytes written into other runtimes' exposed objects."),
     ("writes_open", "rdt_writes_open", True, "Writes into this runtime's exposed objects admitted and not ended."),
+    ("views_open", "rdt_views_open", True, "Views mapping other runtimes' objects, not released."),
+    ("bytes_viewed", "rdt_bytes_viewed", True, "Bytes the open views map."),
 )
 
 

@@ -1,0 +1,165 @@
+"""get(copy=False): views of objects instead of copies. A view maps a
+same-host owner's staged copy into this process (rdt_view_open), so that
+every reader on a host shares one copy. numpy arrays over it are
+read-only; torch has no read-only tensors, so an object received as torch
+is mapped copy-on-write: writing a tensor copies the pages written into
+this process alone, and the shared copy never changes.
+
+Each array keeps its view alive (through the buffer it was made from); the
+view, and the borrow it holds on the object, is released when the last of
+them is garbage collected, or by :func:`release_view`."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _lib
+from . import _tensors as _t
+from ._errors import InvalidArgumentError, UnsupportedError
+from ._fetch import deadline_of, ms_until
+from ._get import get_async_in as copy_async
+from ._get import get_in as copy_in
+from ._handle import Handle
+from ._ref import ObjectRef, TensorSlice
+from ._store import RuntimeLike
+
+Refs = Union[ObjectRef, TensorSlice]
+
+
+class _View(Handle):
+    """An rdt_view: the mapping and its borrow, released with the last
+    array over it (each holds it through its buffer)."""
+
+    def _free(self, ptr: int) -> None:
+        _lib.lib().rdt_view_release(ptr)
+
+
+def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str],
+          deadline: Optional[float]) -> Tuple[_View, List[int], bool]:
+    """Opens a view of r's object: the view, each tensor's address, and
+    whether it maps another process's memory."""
+    L = _lib.lib()
+    opts = _lib.init(_lib.ViewOptions())
+    opts.flags = _lib.VIEW_PRIVATE if private else 0
+    opts.transport = transport.encode() if transport else None
+    out = ctypes.c_void_p()
+    _lib.check(L.rdt_view_open(rt._handle(), r._handle(), ctypes.byref(opts), ms_until(deadline),
+                               ctypes.byref(out)))
+    v = _View(out.value or 0)
+    data = ctypes.c_void_p()
+    mapped = ctypes.c_int32()
+    addrs = []
+    for i in range(len(r.tensor_descs())):
+        _lib.check(L.rdt_view_data(v._handle(), i, ctypes.byref(data), ctypes.byref(mapped)))
+        addrs.append(data.value or 0)
+    return v, addrs, bool(mapped.value)
+
+
+def _bytes_of(v: _View, addr: int, n: int, writable: bool) -> np.ndarray:
+    """The n bytes at addr as a flat uint8 array that holds v (read-only
+    unless writable: numpy then refuses to make it writable again)."""
+    if n == 0:
+        b = np.empty(0, dtype=np.uint8)
+    else:
+        raw = (ctypes.c_char * n).from_address(addr)
+        raw._rdt_view = v  # type: ignore[attr-defined]  # the array's buffer keeps the view
+        b = np.frombuffer(raw if writable else memoryview(raw).toreadonly(), dtype=np.uint8)  # type: ignore[call-overload]
+    if not writable:
+        b.flags.writeable = False
+    return b
+
+
+def _tensor(flat: np.ndarray, d: _t.Desc, shape: Sequence[int], fw: str) -> Any:
+    """A tensor of d's dtype and shape over flat bytes, of framework fw."""
+    if fw == "torch":
+        import torch
+        name = _t._DL_TO_TORCH.get((d.code, d.bits))
+        if name is None or d.lanes != 1:
+            raise UnsupportedError(f"no torch dtype for {d.dtype_name()}")
+        if flat.size == 0:
+            return torch.empty(tuple(shape), dtype=getattr(torch, name))
+        return torch.from_numpy(flat).view(getattr(torch, name)).reshape(tuple(shape))
+    dt = d.numpy_dtype
+    a = flat if dt is None else flat.view(dt).reshape(tuple(shape))  # a dtype numpy lacks: its bytes
+    a.flags.writeable = False  # even over a copy-on-write mapping made for torch tensors beside it
+    return a
+
+
+def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float],
+            transport: Optional[str]) -> Any:
+    """Runtime.get(copy=False): get's structure, each tensor a view."""
+    deadline = deadline_of(timeout)
+    rt._handle()
+    single = isinstance(refs, (ObjectRef, TensorSlice))
+    if single:
+        lst: List[Refs] = [refs]  # type: ignore[list-item]
+    elif isinstance(refs, (list, tuple)):
+        lst = list(refs)
+    else:
+        raise InvalidArgumentError(f"get takes an ObjectRef, a TensorSlice (ref[i]) or a list of them, "
+                                   f"not {type(refs).__name__}")
+    opened: Dict[int, Tuple[ObjectRef, List[np.ndarray]]] = {}  # id of a ref -> its tensors' bytes
+
+    def flats(r: ObjectRef) -> List[np.ndarray]:
+        got = opened.get(id(r))
+        if got is None:
+            fws = r._receive_frameworks()
+            private = "torch" in fws
+            v, addrs, _ = _open(rt, r, private, transport, deadline)
+            got = (r, [_bytes_of(v, a, d.nbytes, private) for a, d in zip(addrs, r.tensor_descs())])
+            opened[id(r)] = got
+        return got[1]
+
+    values: List[Any] = []
+    for x in lst:
+        r = x.ref if isinstance(x, TensorSlice) else x
+        if not isinstance(r, ObjectRef):
+            raise InvalidArgumentError(f"get takes ObjectRefs and TensorSlices, not {type(x).__name__}")
+        if r.runtime is not rt:
+            raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
+        e = r._own_entry()
+        if e is not None and not isinstance(x, TensorSlice):
+            values.append(r._value_of(list(e.tensors)))  # our own: the put tensors, as get gives them
+            continue
+        fs, ds, fws = flats(r), r.tensor_descs(), r._receive_frameworks()
+        if isinstance(x, TensorSlice):
+            d = ds[x.index]
+            part = fs[x.index][x.offset:x.offset + x.nbytes]
+            values.append(x._value_of([_tensor(part, d, x.shape, fws[x.index])]))
+        else:
+            values.append(r._value_of([_tensor(f, d, d.shape, fw) for f, d, fw in zip(fs, ds, fws)]))
+    return values[0] if single else values
+
+
+def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float], transport: Optional[str],
+           out: Any, device: Optional[str], copy: Optional[bool]) -> Any:
+    """Runtime.get with copy other than True: False views (or raises),
+    None views where it can and copies elsewhere."""
+    if copy is not None and copy is not False:
+        raise InvalidArgumentError(f"copy must be True, False or None, not {copy!r}")
+    if out is not None or device is not None:
+        if copy is None:
+            return copy_in(rt, refs, timeout=timeout, transport=transport, out=out, device=device)
+        raise InvalidArgumentError("copy=False returns views of the owner's memory; out= and device= ask for a "
+                                   "copy: leave them out, or use copy=True")
+    if copy is False:
+        return view_in(rt, refs, timeout, transport)
+    try:
+        return view_in(rt, refs, timeout, None)
+    except UnsupportedError:  # another host, device memory: a copy it is
+        return copy_in(rt, refs, timeout=timeout, transport=transport, out=None, device=None)
+
+
+async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float],
+                       transport: Optional[str], out: Any, device: Optional[str], copy: Optional[bool]) -> Any:
+    """Runtime.get_async with copy other than True: get_in on a thread (a
+    view waits only for the owner's answers); a copy into out= or onto a
+    device as get_async makes it."""
+    if copy is None and (out is not None or device is not None):
+        return await copy_async(rt, refs, timeout=timeout, transport=transport, out=out, device=device)
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: get_in(rt, refs, timeout, transport, out, device, copy))

@@ -208,6 +208,41 @@ class FanOwner(Role):
         return {"ref": pickle.dumps(self.ref).hex()}
 
 
+class FanViewer(Role):
+    """A reader on the owner's host that views the model (get(copy=False))
+    rather than copying it; with touch it then reads one element of every
+    page, so that the page tables are filled as a reader's first pass
+    would."""
+
+    def init(self, address, token, refs, name="viewer"):
+        import rdt
+        rdt.init(name=name, listen_tcp=f"{address}:0", advertise_host=address, auth_token=token)
+        self.refs = [pickle.loads(bytes.fromhex(r)) for r in refs]
+        self.got = None
+        return {}
+
+    def drop(self):
+        """Lets the last round's views go (untimed, before a round)."""
+        import gc
+        self.got = None
+        gc.collect()
+        return {}
+
+    def view(self, touch=False):
+        import rdt
+        t0 = time.monotonic()
+        self.got = [a for value in rdt.get(self.refs, timeout=600, copy=False) for a in value]
+        if touch:
+            for a in self.got:
+                float(a.reshape(-1)[::1024].sum())  # one float32 of each 4 KiB page
+        return {"seconds": time.monotonic() - t0}
+
+    def check(self):
+        bad = [i for i, a in enumerate(self.got)
+               if a.flags.writeable or not (a.reshape(-1)[0] == a.reshape(-1)[-1] == 1000 + i)]
+        return {"bad": bad, "tensors": len(self.got)}
+
+
 class Gloo(Role):
     """A rank of one gloo group: 0 and 1 the trainers, the rest readers."""
 
@@ -298,7 +333,7 @@ class TcpPump(Role):
 
 
 ROLES = {"rdt-trainer": RdtTrainer, "rdt-reader": RdtReader, "rdt-relay": RdtRelay, "fan-owner": FanOwner,
-         "gloo": Gloo, "tcp-pump": TcpPump}
+         "fan-viewer": FanViewer, "gloo": Gloo, "tcp-pump": TcpPump}
 
 
 def serve_role(role: str) -> None:
@@ -381,12 +416,16 @@ def start_trainers(bed, token, nbytes):
     return trainers, refs
 
 
-def timed_rounds(procs, runs, op, **args):
+def timed_rounds(procs, runs, op, before=None, **args):
     """runs + 1 rounds of op sent to every process at once, each round
     timed until the last answered; the first (connecting) is not kept.
-    The processes' check then says that each one holds every tensor."""
+    Before each round every process runs op before, untimed. The
+    processes' check then says that each one holds every tensor."""
     times = []
     for i in range(runs + 1):
+        if before:
+            for x in procs:
+                x.call(before)
         t0 = time.monotonic()
         for x in procs:
             x.send(op, **{k: (v(i) if callable(v) else v) for k, v in args.items()})
@@ -494,15 +533,21 @@ def bench_ray(bed, nbytes, runs):
     return json.loads([x for x in out.splitlines() if x.startswith("TIMES ")][-1][len("TIMES "):])
 
 
-def bench_fanout(bed, nbytes, readers, runs):
+def bench_fanout(bed, nbytes, readers, runs, how="copy"):
+    """N readers on the owner's host: each copies the model into arrays of
+    its own (cma), or views it (view), or views it and reads every page
+    (touch)."""
     token = secrets.token_hex(16)
     h = bed.hosts[1]
     owner = role(h, "fan-owner")
     ref = owner.call("init", nbytes=nbytes, timeout=600)["ref"]
-    rs = [role(h, "rdt-reader") for _ in range(readers)]
+    rs = [role(h, "rdt-reader" if how == "copy" else "fan-viewer") for _ in range(readers)]
     for i, r in enumerate(rs):
         r.call("init", address=h.address, token=token, refs=[ref], name=f"reader{i}", timeout=600)
-    times = timed_rounds(rs, runs, "pull")
+    if how == "copy":
+        times = timed_rounds(rs, runs, "pull")
+    else:
+        times = timed_rounds(rs, runs, "view", before="drop", touch=how == "touch")
     close_all(rs, [owner])
     return times
 
@@ -534,7 +579,7 @@ def main() -> None:
     methods = a.methods.split(",")
     bps = rate_bps(a.rate)
     results = {"rate": a.rate, "sizes": sizes, "runs": a.runs, "fanout_size": a.fanout_size, "methods": {},
-               "fanout": {}}
+               "fanout": {}, "fanout_view": {}, "fanout_touch": {}}
     for gb in sizes:
         nbytes = int(gb * GIB) // 256 * 256
         for m in ("tcp", "rdt", "relay", "ray", "gloo"):
@@ -549,10 +594,11 @@ def main() -> None:
     if "fanout" in methods:
         nbytes = int(a.fanout_size * GIB) // 256 * 256
         for n in FANOUT:
-            with Bed(2, keep=[ROOT]) as bed:
-                t = bench_fanout(bed, nbytes, n, a.runs)
-            results["fanout"][str(n)] = t
-            print(f"fan-out {n} readers: {', '.join(f'{x:.2f}' for x in t)} s", flush=True)
+            for how, key in (("copy", "fanout"), ("view", "fanout_view"), ("touch", "fanout_touch")):
+                with Bed(2, keep=[ROOT]) as bed:
+                    t = bench_fanout(bed, nbytes, n, a.runs, how)
+                results[key][str(n)] = t
+                print(f"fan-out {n} readers, {how}: {', '.join(f'{x:.3f}' for x in t)} s", flush=True)
     write(results, a, bps)
 
 
@@ -590,14 +636,26 @@ def write(results, a, bps) -> None:
                      f"{cell('ray')} | {cell('gloo')} | {over('rdt', lim3)} | {over('relay', lim1)} | "
                      f"{ratio('relay', 'tcp')} | {ratio('ray', 'relay')} | {ratio('gloo', 'relay')} |")
     if results["fanout"]:
-        one = med(results["fanout"]["1"]) if "1" in results["fanout"] else None
+        def column(key):
+            got = results.get(key) or {}
+            one = med(got["1"]) if "1" in got else None
+            return lambda n: (f"{med(got[n]):.3f} s | " + (f"{med(got[n]) / one:.2f}x" if one else "–")
+                              if n in got else "– | –")
+        copy, view, touch = column("fanout"), column("fanout_view"), column("fanout_touch")
         lines += ["", f"## One host, many readers ({results.get('fanout_size', a.fanout_size)} GB model)", "",
-                  "An owner on h1 holds the model; N readers on h1 each get all of it into arrays of their own, "
-                  "at once (cma). The shared read-only view, one copy for every reader, is not built yet: its "
-                  "column waits for it.", "",
-                  "| readers | copying, all done | against one reader | shared view |", "|---|---|---|---|"]
-        for n, v in results["fanout"].items():
-            lines.append(f"| {n} | {med(v):.2f} s | " + (f"{med(v) / one:.2f}x" if one else "–") + " | – |")
+                  "An owner on h1 holds the model; N readers on h1 at once each need all of it. *Copying*: "
+                  "each gets it into arrays of its own (cma), N copies. *Shared view*: each calls "
+                  "`rdt.get(refs, copy=False)` and maps the owner's one staged copy read-only (shm's sealed "
+                  "segment, staged at the first view, which is not timed), no copy per reader; before each "
+                  "round, untimed, the readers drop the last round's views. *View, every page read*: the same, then one element "
+                  "of every 4 KiB page is read, filling the reader's page tables as a first pass over the "
+                  "weights would. Each time is until the last reader answered. A view's work is per tensor "
+                  "(about 3 µs each) and per page on the first read (page tables, not bytes), so it does not "
+                  "grow with the bytes a copy moves; readers beyond the machine's cores wait for one.", "",
+                  "| readers | copying | against one reader | shared view | against one reader | "
+                  "view, every page read | against one reader |", "|---|---|---|---|---|---|---|"]
+        for n in results["fanout"]:
+            lines.append(f"| {n} | {copy(n)} | {view(n)} | {touch(n)} |")
     lines += ["", "bench/sync.png plots the sync time against the model size for each method, and the links' "
               "limit.", ""]
     with open(a.out, "w") as f:

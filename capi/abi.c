@@ -372,15 +372,15 @@ rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
   return st;
 }
 
-rdt_status rdt_view_data(const rdt_view *view, uint32_t index, void **data_out,
+_Static_assert(sizeof(void *) == sizeof(uintptr_t), "rdt_view_data fills void* slots as uintptr_t");
+
+rdt_status rdt_view_data(const rdt_view *view, void **data_out, size_t count,
                          int *out_mapped) {
   FORK_GUARD("rdt_view_data");
-  uintptr_t data = 0;
-  rdt_status st = (rdt_status)rdtgo_view_data((uintptr_t)view, index,
-                                              data_out ? &data : NULL,
-                                              out_mapped);
-  if (st == RDT_OK) *data_out = (void *)data;
-  return st;
+  /* void* and uintptr_t have one size and representation here: Go fills
+   * the array as integers (see capi.h). */
+  return (rdt_status)rdtgo_view_data((uintptr_t)view, (uintptr_t *)data_out,
+                                     count, out_mapped);
 }
 
 rdt_status rdt_view_release(rdt_view *view) {

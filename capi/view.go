@@ -6,6 +6,8 @@ package main
 import "C"
 
 import (
+	"unsafe"
+
 	"github.com/rdt-project/rdt/core/engine"
 )
 
@@ -44,20 +46,25 @@ func rdtgo_view_open(h C.uintptr_t, ref C.uintptr_t, copts *C.rdt_view_options, 
 }
 
 //export rdtgo_view_data
-func rdtgo_view_data(h C.uintptr_t, index C.uint32_t, data *C.uintptr_t, mapped *C.int) C.int {
+func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C.int) C.int {
 	return guard("rdt_view_data", func() error {
-		if data == nil {
-			return invalid("data_out is NULL")
-		}
 		vh, err := lookup[*viewHandle](h, "view")
 		if err != nil {
 			return err
 		}
 		ts := vh.v.Tensors()
-		if int(index) >= len(ts) {
-			return invalid("tensor index %d out of range (the object has %d)", index, len(ts))
+		if uint64(count) != uint64(len(ts)) {
+			return invalid("count is %d; the object has %d tensors", uint64(count), len(ts))
 		}
-		*data = C.uintptr_t(ts[index].Data)
+		if data == nil && count > 0 {
+			return invalid("data_out is NULL")
+		}
+		if count > 0 {
+			out := unsafe.Slice(data, int(count))
+			for i, t := range ts {
+				out[i] = C.uintptr_t(t.Data)
+			}
+		}
 		if mapped != nil {
 			*mapped = 0
 			if vh.v.Mapped() {

@@ -854,14 +854,16 @@ RDT_API rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
                                  const rdt_view_options *opts,
                                  int64_t timeout_ms, rdt_view **out);
 
-/* Where tensor `index` of the viewed object starts in this process: valid
- * until rdt_view_release(). Its shape and dtype are the ref's
- * (rdt_ref_tensor_info()); a tensor of no bytes may have any address.
- * *out_mapped (may be NULL) is 1 for a mapping of another process's
- * object, 0 for a runtime's own tensors. INVALID_ARGUMENT for an index out
- * of range or a released view. */
-RDT_API rdt_status rdt_view_data(const rdt_view *view, uint32_t index,
-                                 void **data_out, int *out_mapped);
+/* Where each tensor of the viewed object starts in this process: data_out
+ * (an array of `count` pointers, the caller's) gets tensor i's address at
+ * [i]; `count` must be the object's tensor count (rdt_ref_info()). The
+ * addresses are valid until rdt_view_release(); each tensor's shape and
+ * dtype are the ref's (rdt_ref_tensor_info()); a tensor of no bytes may have
+ * any address. *out_mapped (may be NULL) is 1 for a mapping of another
+ * process's object, 0 for a runtime's own tensors. INVALID_ARGUMENT for
+ * another count, a NULL array or a released view. */
+RDT_API rdt_status rdt_view_data(const rdt_view *view, void **data_out,
+                                 size_t count, int *out_mapped);
 
 /* Unmaps the view and releases its handle on the object. NULL is ignored;
  * a view released twice is INVALID_ARGUMENT. */

@@ -50,9 +50,9 @@ int main(void) {
   CHECK_OK(rdt_ref_release(theirs)); /* the views hold their own */
   void *pa = NULL, *pb = NULL;
   int mapped = 0;
-  CHECK_OK(rdt_view_data(a, 0, &pa, &mapped));
+  CHECK_OK(rdt_view_data(a, &pa, 1, &mapped));
   CHECK(mapped == 1 && pa != (void *)src);
-  CHECK_OK(rdt_view_data(b, 0, &pb, NULL));
+  CHECK_OK(rdt_view_data(b, &pb, 1, NULL));
   CHECK(memcmp(pa, src, N * sizeof(float)) == 0);
   src[7] = -1; /* the put's buffer changes: a view holds the staged bytes */
   CHECK(((float *)pa)[7] == 7.0f);
@@ -69,12 +69,14 @@ int main(void) {
   CHECK(stats_of(owner).objects_freed == 0);
   CHECK_OK(rdt_view_release(b));
   CHECK_STATUS(rdt_view_release(b), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_view_data(b, 0, &pb, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_view_data(b, &pb, 1, NULL), RDT_ERR_INVALID_ARGUMENT);
 
   /* The owner's runtime destroyed: the view reads what it read. */
   CHECK_OK(rdt_runtime_destroy(owner));
   for (int i = 0; i < N; i += 4096) CHECK(((float *)pa)[i] == (float)i);
-  CHECK_STATUS(rdt_view_data(a, 1, &pa, NULL), RDT_ERR_INVALID_ARGUMENT); /* one tensor */
+  void *two[2];
+  CHECK_STATUS(rdt_view_data(a, two, 2, NULL), RDT_ERR_INVALID_ARGUMENT); /* it has one tensor */
+  CHECK_STATUS(rdt_view_data(a, NULL, 1, NULL), RDT_ERR_INVALID_ARGUMENT);
   CHECK_OK(rdt_view_release(a));
   CHECK(stats_of(reader).views_open == 0 && stats_of(reader).bytes_viewed == 0);
   CHECK_OK(rdt_view_release(NULL));
@@ -84,7 +86,7 @@ int main(void) {
   CHECK_OK(rdt_put(reader, &t, 1, NULL, NULL, NULL, &mine));
   rdt_view *own = NULL;
   CHECK_OK(rdt_view_open(reader, mine, NULL, 1000, &own));
-  CHECK_OK(rdt_view_data(own, 0, &pa, &mapped));
+  CHECK_OK(rdt_view_data(own, &pa, 1, &mapped));
   CHECK(pa == (void *)src && mapped == 0);
   CHECK_OK(rdt_view_release(own));
 

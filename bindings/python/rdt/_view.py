@@ -39,9 +39,9 @@ class _View(Handle):
 
 
 def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str],
-          deadline: Optional[float]) -> Tuple[_View, List[int], bool]:
-    """Opens a view of r's object: the view, each tensor's address, and
-    whether it maps another process's memory."""
+          deadline: Optional[float]) -> List[np.ndarray]:
+    """Opens a view of r's object: each tensor's bytes, as a flat uint8
+    array that holds the view (read-only unless private)."""
     L = _lib.lib()
     opts = _lib.init(_lib.ViewOptions())
     opts.flags = _lib.VIEW_PRIVATE if private else 0
@@ -50,13 +50,20 @@ def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str]
     _lib.check(L.rdt_view_open(rt._handle(), r._handle(), ctypes.byref(opts), ms_until(deadline),
                                ctypes.byref(out)))
     v = _View(out.value or 0)
-    data = ctypes.c_void_p()
+    descs = r.tensor_descs()
+    addrs = np.zeros(len(descs), np.uint64)
     mapped = ctypes.c_int32()
-    addrs = []
-    for i in range(len(r.tensor_descs())):
-        _lib.check(L.rdt_view_data(v._handle(), i, ctypes.byref(data), ctypes.byref(mapped)))
-        addrs.append(data.value or 0)
-    return v, addrs, bool(mapped.value)
+    _lib.check(L.rdt_view_data(v._handle(), addrs.ctypes.data, len(descs), ctypes.byref(mapped)))
+    sizes = [d.nbytes for d in descs]
+    if not mapped.value or not any(sizes):
+        return [_bytes_of(v, int(a), n, private) for a, n in zip(addrs, sizes)]
+    # One mapping holds them all: one buffer over it, a slice per tensor
+    # (tens of thousands of tensors make the per-tensor way slow).
+    lo = min(int(a) for a, n in zip(addrs, sizes) if n)
+    hi = max(int(a) + n for a, n in zip(addrs, sizes) if n)
+    whole = _bytes_of(v, lo, hi - lo, private)
+    empty = whole[:0]
+    return [whole[a - lo:a - lo + n] if n else empty for a, n in zip(addrs.tolist(), sizes)]
 
 
 def _bytes_of(v: _View, addr: int, n: int, writable: bool) -> np.ndarray:
@@ -109,8 +116,7 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
         if got is None:
             fws = r._receive_frameworks()
             private = "torch" in fws
-            v, addrs, _ = _open(rt, r, private, transport, deadline)
-            got = (r, [_bytes_of(v, a, d.nbytes, private) for a, d in zip(addrs, r.tensor_descs())])
+            got = (r, _open(rt, r, private, transport, deadline))
             opened[id(r)] = got
         return got[1]
 

@@ -597,13 +597,13 @@ class [[nodiscard]] ObjectView {
   /// Takes ownership of a C view; `ref` describes its tensors.
   ObjectView(rdt_view *adopt, const Ref &ref) : v_(adopt) {
     tensors_ = ref.tensors();
-    for (uint32_t i = 0; i < tensors_.size(); i++) {
-      void *data = nullptr;
-      int mapped = 0;
-      check(rdt_view_data(v_, i, &data, &mapped));
-      tensors_[i].data = data;
-      if (mapped) tensors_[i].device = cpu;
-      mapped_ = mapped != 0;
+    std::vector<void *> data(tensors_.size());
+    int mapped = 0;
+    check(rdt_view_data(v_, data.data(), data.size(), &mapped));
+    mapped_ = mapped != 0;
+    for (std::size_t i = 0; i < tensors_.size(); i++) {
+      tensors_[i].data = data[i];
+      if (mapped_) tensors_[i].device = cpu;
     }
   }
   ObjectView(const ObjectView &) = delete;

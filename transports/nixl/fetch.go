@@ -361,7 +361,8 @@ func (t *Transport) deregister(agent unsafe.Pointer, locals []unsafe.Pointer) {
 // registering its local memory for this request alone (kept nil).
 func (t *Transport) launch(pl *planned, kept []unsafe.Pointer) (transport.Request, error) {
 	m := pl.m
-	req := &request{t: t, agent: pl.agent, op: pl.op, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent, postDone: make(chan struct{})}
+	req := &request{t: t, agent: pl.agent, op: pl.op, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent,
+		postDone: make(chan struct{}), progress: make(chan struct{}, 1)}
 	if len(pl.chunks) == 0 {
 		close(req.postDone)
 		return req, nil
@@ -411,6 +412,7 @@ type xfer struct {
 	q    unsafe.Pointer
 	done bool // the status left in-progress
 	st   C.int
+	n    uint64 // the bytes it moves
 }
 
 type request struct {
@@ -428,6 +430,12 @@ type request struct {
 	// waitAgent: the source agent was busy at Fetch; the poster acquires
 	// it (setting rem) before it posts.
 	waitAgent *metadata
+
+	// landed counts the bytes of requests polled done; each poll that
+	// finds one done sends on progress, which a poster waiting for room in
+	// its window reads (see window).
+	landed   atomic.Uint64
+	progress chan struct{}
 
 	mu       sync.Mutex
 	xfers    []*xfer // posted so far
@@ -453,9 +461,11 @@ func (r *request) post() {
 	}
 	cname := C.CString(r.remoteName)
 	defer C.free(unsafe.Pointer(cname))
+	var posted uint64
 	for _, c := range r.chunks {
-		if r.aborted.Load() {
-			return
+		n := c.bytes()
+		if !r.roomFor(posted, n) {
+			return // aborted
 		}
 		la, ra := newArrays(len(c.spans)), newArrays(len(c.spans))
 		for j, s := range c.spans {
@@ -474,10 +484,56 @@ func (r *request) post() {
 			r.postErr = callError(transport.ErrTransport, r.verb()+" agent "+r.remoteName, call, st)
 			return
 		}
+		posted += n
+		if st == C.RDTNX_SUCCESS {
+			r.landed.Add(n)
+		}
 		r.mu.Lock()
-		r.xfers = append(r.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS})
+		r.xfers = append(r.xfers, &xfer{q: q, done: st == C.RDTNX_SUCCESS, n: n})
 		r.mu.Unlock()
 	}
+}
+
+// roomFor waits until a chunk of n bytes fits the window beside what is
+// posted and not landed (a first chunk always does), and reports false
+// if the request was aborted meanwhile. NIXL cannot cancel a posted
+// request: the window bounds what an abort still waits for.
+func (r *request) roomFor(posted, n uint64) bool {
+	for {
+		if r.aborted.Load() {
+			return false
+		}
+		inFlight := posted - r.landed.Load()
+		if inFlight == 0 || inFlight+n <= r.window() {
+			return true
+		}
+		select { // Wait's polls signal progress; the timer rechecks an abort
+		case <-r.progress:
+		case <-time.After(windowRecheck):
+		}
+	}
+}
+
+// window is how many bytes may be in flight: what the rate measured so
+// far moves in windowTime, between one chunk and maxWindow; before any
+// request landed, two chunks.
+func (r *request) window() uint64 {
+	landed := r.landed.Load()
+	elapsed := time.Since(r.started)
+	if landed == 0 || elapsed <= 0 {
+		return 2 * chunkSize
+	}
+	w := uint64(float64(landed) / elapsed.Seconds() * windowTime.Seconds())
+	return min(max(w, chunkSize), maxWindow)
+}
+
+// bytes is what the chunk moves.
+func (c *chunk) bytes() uint64 {
+	var n uint64
+	for _, s := range c.spans {
+		n += s.n
+	}
+	return n
 }
 
 // verb says what the request does, for errors.
@@ -504,6 +560,15 @@ func (r *request) poll() (bool, error) {
 	xs := r.xfers
 	r.mu.Unlock()
 	all := posted
+	landed := false
+	defer func() {
+		if landed {
+			select {
+			case r.progress <- struct{}{}:
+			default:
+			}
+		}
+	}()
 	for _, x := range xs {
 		if x.done {
 			continue
@@ -513,7 +578,8 @@ func (r *request) poll() (bool, error) {
 		case st == C.RDTNX_IN_PROG:
 			all = false
 		case st == C.RDTNX_SUCCESS:
-			x.done = true
+			x.done, landed = true, true
+			r.landed.Add(x.n)
 		default:
 			x.done, x.st = true, st
 			r.mu.Lock()
@@ -613,6 +679,14 @@ const (
 	// for an abort. (UCX's cma transport copies during progress, in
 	// 512 KiB steps, not in the post call.)
 	chunkSize = 16 << 20
+	// At most maxWindow bytes, or what windowTime moves at the rate seen
+	// so far (at least a chunk), are posted and not landed: a request
+	// aborted at its deadline ends when those land (about windowTime
+	// later, or one chunk's time on a slow link), not when everything it
+	// would have posted at once would have.
+	windowTime    = 100 * time.Millisecond
+	maxWindow     = 8 * chunkSize
+	windowRecheck = 5 * time.Millisecond
 	// syncLimit: transfers up to this size are posted inside Fetch.
 	syncLimit = 256 << 10
 	// copyBytesPerMicrosecond is a fast single-threaded copy between

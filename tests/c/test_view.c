@@ -90,6 +90,23 @@ int main(void) {
   CHECK(pa == (void *)src && mapped == 0);
   CHECK_OK(rdt_view_release(own));
 
+  /* The reader's runtime destroyed under an open view: the mapping stays
+   * readable until the view is released, and releasing it is safe. */
+  rdt_runtime *owner2 = socket_runtime("owner2"), *reader2 = socket_runtime("reader2");
+  rdt_ref *r2 = NULL;
+  for (int i = 0; i < N; i++) src[i] = (float)(2 * i);
+  CHECK_OK(rdt_put(owner2, &t, 1, "shm", NULL, NULL, &r2));
+  rdt_ref *t2 = pass_ref(r2, reader2);
+  rdt_view *v2 = NULL;
+  CHECK_OK(rdt_view_open(reader2, t2, NULL, 30000, &v2));
+  CHECK_OK(rdt_view_data(v2, &pa, 1, NULL));
+  CHECK_OK(rdt_ref_release(t2));
+  CHECK_OK(rdt_runtime_destroy(reader2));
+  CHECK(((float *)pa)[N - 1] == (float)(2 * (N - 1)));
+  CHECK_OK(rdt_view_release(v2));
+  CHECK_OK(rdt_ref_release(r2));
+  CHECK_OK(rdt_runtime_destroy(owner2));
+
   /* Refusals. */
   rdt_view *none = NULL;
   CHECK_STATUS(rdt_view_open(reader, mine, NULL, 1000, NULL), RDT_ERR_INVALID_ARGUMENT);

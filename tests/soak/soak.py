@@ -60,7 +60,7 @@ import numpy as np
 HOST_TRANSPORTS = ("cma", "shm", "tcp")
 DTYPES = ("uint8", "int16", "int32", "int64", "float32", "float64", "complex64")
 # Counters of a runtime that must be zero once everything is released.
-END_STATE = ("objects", "refs", "borrows", "borrowed_objects", "refs_in_transit", "fetches_active")
+END_STATE = ("objects", "refs", "borrows", "borrowed_objects", "refs_in_transit", "fetches_active", "views_open")
 GET_TIMEOUT = 30.0  # seconds; a get that takes this long counts as failed
 MASK64 = (1 << 64) - 1
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -425,9 +425,18 @@ class Worker:
         specs = [m["spec"] for m in msgs]
         override = rng.choice(self.choices)
         label = override or "auto"
-        use_out = rng.random() < 0.4
+        mode = rng.random()
+        use_out = mode < 0.4
+        view = not use_out and mode < 0.55  # copy=False: a view of the owner's staged copy, moving nothing
+        if view:
+            override, label = None, "view"
         try:
-            if use_out:
+            if view:
+                value = self.rdt.get(refs if len(refs) > 1 else refs[0], timeout=GET_TIMEOUT, copy=False)
+                values = value if len(refs) > 1 else [value]
+                per_ref = [flat_result(v) for v in values]
+                result = value
+            elif use_out:
                 outs = [np.empty(shape, dtype) for s in specs for dtype, shape, _ in s["tensors"]]
                 for o in outs:
                     o.view(np.uint8).fill(0xA5)  # bytes nobody wrote stay visible
@@ -458,10 +467,10 @@ class Worker:
             local = owner == self.index
             self.tally.add(gets_verified=1, bytes_verified=v.bytes, corrupt_bytes=v.corrupt,
                            **{f"get_{label}": 1, "gets_own_object" if local else "gets_remote": 1,
-                              "gets_out" if use_out else "gets_alloc": 1})
+                              "gets_out" if use_out else "gets_view" if view else "gets_alloc": 1})
             if owner == self.cfg["workers"] and self.visitor is None:
                 self.tally.add(gets_of_visitor_objects=1)
-            if not local:  # the transport rdt must have used: the override, the put's, else its choice
+            if not local and not view:  # the transport rdt must have used: the override, the put's, else its choice
                 chosen = override or (m["put"] if m["put"] != "auto" else self.auto_transport)
                 self.tally.add(**{f"moved_{chosen}": 1})
             if v.corrupt:
@@ -917,6 +926,8 @@ class Coordinator:
         total = sum(r["counts"].get("gets_verified", 0) for r in end.values())
         if total == 0:
             problems.append("no get was verified during the load phase")
+        if not sum(r["counts"].get("gets_view", 0) for r in end.values()):
+            problems.append("no view (get with copy=False) was verified during the load phase")
         for t, (ours, theirs) in self.transport_counts().items():
             if ours != theirs["transfers_completed"] or theirs["transfers_failed"]:
                 problems.append(f"{t}: {ours} gets from another worker went over it, by the override, the put's "
@@ -986,7 +997,7 @@ class Coordinator:
         if len(end) != self.cfg["workers"] or len(base) != self.cfg["workers"]:
             return ""
         lines = []
-        labels = ["auto", *HOST_TRANSPORTS]
+        labels = ["auto", *HOST_TRANSPORTS, "view"]
         head = (f"{'worker':>6} {'puts':>6} {'gets ok':>8} {'GiB ok':>7} {'corrupt':>7} {'failed':>6} "
                 + " ".join(f"{'get ' + t:>8}" for t in labels)
                 + f" {'fwd':>5} {'unread':>6} {'fds':>8} {'pooled':>8} {'RSS MiB':>10}")
@@ -1014,7 +1025,8 @@ class Coordinator:
                      + f" {tot['forwarded'] + tot['forwarded_raw']:>5}"
                      f" {tot['released_unfetched'] + tot['dropped_unread']:>6}")
         lines.append(f"gets: {tot['gets_remote']} from another worker, {tot['gets_own_object']} of the worker's own "
-                     f"object, {tot['gets_out']} into out=, {tot['multi_ref_gets']} of several refs at once; "
+                     f"object, {tot['gets_out']} into out=, {tot['gets_view']} as views (copy=False), "
+                     f"{tot['multi_ref_gets']} of several refs at once; "
                      f"{tot['refs_sent']} refs sent, {tot['forwarded']} forwarded after deserializing, "
                      f"{tot['forwarded_raw']} as bytes, {tot['released_unfetched']} released unfetched, "
                      f"{tot['dropped_unread']} never deserialized, {tot['double_deserialize']} deserialized twice")

@@ -155,9 +155,12 @@ func TestPeerGoneDropsPooledConnections(t *testing.T) {
 	gone, stays := transport.RuntimeID{0x50, 1}, transport.RuntimeID{0x50, 2}
 	p.fetchFrom(t, gone, meta, sizes...)
 	p.fetchFrom(t, stays, meta, sizes...)
-	require.Greater(t, p.pooledFor(gone), 1)
+	// Each fetch's streams pool a connection each, unless a stream ended
+	// and pooled its own before a later one started (a loaded machine) and
+	// that one reused it: at least one, then.
+	require.GreaterOrEqual(t, p.pooledFor(gone), 1)
 	kept := p.pooledFor(stays)
-	require.Greater(t, kept, 1)
+	require.GreaterOrEqual(t, kept, 1)
 	require.Eventually(t, func() bool { return p.serving() == p.pooledFor(gone)+kept }, 5*time.Second, time.Millisecond)
 
 	p.dst.PeerGone(transport.PeerInfo{RuntimeID: gone})

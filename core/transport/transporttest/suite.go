@@ -98,6 +98,9 @@ func Run(t *testing.T, conf Config) {
 	for _, name := range PreparedCases {
 		t.Run(name, map[string]func(*testing.T){"prepared": s.prepared}[name])
 	}
+	for _, name := range ViewCases {
+		t.Run(name, map[string]func(*testing.T){"view": s.view}[name])
+	}
 }
 
 type suite struct {

@@ -7,7 +7,8 @@ this process alone, and the shared copy never changes.
 
 Each array keeps its view alive (through the buffer it was made from); the
 view, and the borrow it holds on the object, is released when the last of
-them is garbage collected, or by :func:`release_view`."""
+them is garbage collected (at once, with CPython, when the last reference
+goes)."""
 
 from __future__ import annotations
 

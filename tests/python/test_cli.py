@@ -53,6 +53,7 @@ def test_doctor_finds_every_host_transport_working(rdt_cmd):
         assert report["transports"][name]["status"] == "OK", report["transports"][name]
     assert set(report["transports"]) == {"cma", "shm", "tcp", "cuda_ipc", "nccl", "nixl"}
     assert report["automatic"]["picked"] == "cma" and report["automatic"]["fell_back_from"] == {}
+    assert report["views"]["status"] == "OK", report["views"]
     assert report["peer"]["status"] == "OK" and report["peer"]["pid"] != os.getpid()
     sd = report["socket_dir"]
     assert sd["status"] == "OK" and sd["mode"] == "0o700" and sd["owner_uid"] == os.getuid()
@@ -70,6 +71,7 @@ def test_doctor_finds_every_host_transport_working(rdt_cmd):
     for name in ("cma", "shm", "tcp"):
         assert any(line.split()[:2] == [name, "OK"] for line in lines), text.stdout
     assert "host memory -> cma" in text.stdout
+    assert "shared views" in text.stdout
     if NO_GPU:
         assert any(line.split()[:2] == ["cuda_ipc", "MISSING"] for line in lines), text.stdout
 

@@ -230,6 +230,36 @@ def check_automatic(rt: Any, peer: Optional[PeerProcess], transports: Dict[str, 
     return out
 
 
+def check_views(rt: Any, peer: Optional[PeerProcess], timeout: float) -> Dict[str, Any]:
+    """Whether this process can view the peer's object (get(copy=False)):
+    the peer's shm segment mapped read-only here, every byte the put's."""
+    import numpy as np
+    if peer is None:
+        return {"status": FAILED, "reason": "no peer process"}
+    reply = peer.request("put", timeout, nbytes=PROBE_BYTES, seed=98, transport=None, device="cpu")
+    try:
+        ref = pickle.loads(base64.b64decode(reply["ref"]))
+        try:
+            got = rt.get(ref, timeout=timeout, copy=False)["x"]
+            if got.flags.writeable:
+                return {"status": FAILED, "reason": "the view came back writable"}
+            if not np.array_equal(np.asarray(got), pattern(PROBE_BYTES, 98)):
+                return {"status": FAILED, "reason": "the viewed bytes differ from the ones put"}
+            del got
+        finally:
+            ref.release()
+    except PeerError:
+        raise
+    except Exception as e:
+        return {"status": FAILED, "reason": str(e)}
+    finally:
+        try:
+            peer.request("release", timeout, key=reply["key"])
+        except RequestError:
+            pass
+    return {"status": OK, "reason": "one copy shared by every reader on this host (shm, read-only)"}
+
+
 def check_socket_dir(rt: Any) -> Dict[str, Any]:
     m = re.search(r"unix://(/[^,\s]+)", rt.address)
     if not m:
@@ -275,7 +305,7 @@ def check_tcp_listener() -> Dict[str, Any]:
 def run(timeout: float = 30.0) -> Dict[str, Any]:
     """Runs every check; the report is JSON-ready."""
     facts = host_facts()
-    report: Dict[str, Any] = {"host": facts, "transports": {}, "automatic": None, "socket_dir": None,
+    report: Dict[str, Any] = {"host": facts, "transports": {}, "automatic": None, "views": None, "socket_dir": None,
                               "tcp_listener": check_tcp_listener(), "peer": None}
     try:
         rt = quiet_runtime("rdt-doctor")
@@ -306,6 +336,12 @@ def run(timeout: float = 30.0) -> Dict[str, Any]:
             report["peer"] = {"status": FAILED, "reason": str(e)}
             report["automatic"] = {"status": FAILED, "reason": str(e)}
             peer = None
+        try:
+            report["views"] = check_views(rt, peer, timeout)
+        except PeerError as e:
+            report["peer"] = {"status": FAILED, "reason": str(e)}
+            report["views"] = {"status": FAILED, "reason": str(e)}
+            peer = None
     finally:
         if peer is not None:
             peer.close()
@@ -333,6 +369,10 @@ def render(report: Dict[str, Any]) -> str:
             lines.append(line)
         else:
             lines.append(f"  FAILED {auto.get('reason')}")
+    views = report.get("views")
+    if views:
+        lines.append("shared views (get(copy=False), of the other process's object):")
+        lines.append(f"  {views['status']:<7} {views.get('reason') or ''}".rstrip())
     sd = report.get("socket_dir")
     if sd:
         lines.append("socket directory:")

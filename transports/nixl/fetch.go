@@ -436,6 +436,9 @@ type request struct {
 	// its window reads (see window).
 	landed   atomic.Uint64
 	progress chan struct{}
+	// stopped: a posted request failed, so the transfer has; the poster
+	// posts nothing more (Release waits for it to stop).
+	stopped atomic.Bool
 
 	mu       sync.Mutex
 	xfers    []*xfer // posted so far
@@ -496,11 +499,12 @@ func (r *request) post() {
 
 // roomFor waits until a chunk of n bytes fits the window beside what is
 // posted and not landed (a first chunk always does), and reports false
-// if the request was aborted meanwhile. NIXL cannot cancel a posted
-// request: the window bounds what an abort still waits for.
+// if the request was aborted, or a posted request failed, meanwhile. NIXL
+// cannot cancel a posted request: the window bounds what an abort still
+// waits for.
 func (r *request) roomFor(posted, n uint64) bool {
 	for {
-		if r.aborted.Load() {
+		if r.aborted.Load() || r.stopped.Load() {
 			return false
 		}
 		inFlight := posted - r.landed.Load()
@@ -585,6 +589,8 @@ func (r *request) poll() (bool, error) {
 			r.mu.Lock()
 			r.failed = true
 			r.mu.Unlock()
+			r.stopped.Store(true) // the poster posts nothing more
+			landed = true         // wakes a poster waiting for room, to see it
 			return true, transport.Errorf(transport.ErrTransport, "%s agent %s failed: nixl_capi_get_xfer_status returned %d (%s)", r.verb(), r.remoteName, int(st), statusName(st))
 		}
 	}

@@ -58,3 +58,24 @@ func TestRoomForWaitsForLandedBytes(t *testing.T) {
 		t.Fatal("an abort did not end the wait")
 	}
 }
+
+// A posted request that failed (poll says so) stops a poster waiting for
+// room: the transfer has failed, and Release waits for the poster.
+func TestRoomForStopsWhenARequestFailed(t *testing.T) {
+	r := &request{started: time.Now(), progress: make(chan struct{}, 1)}
+	got := make(chan bool, 1)
+	go func() { got <- r.roomFor(maxWindow, chunkSize) }() // a full window in flight
+	select {
+	case <-got:
+		t.Fatal("a chunk was let through with a full window in flight")
+	case <-time.After(20 * time.Millisecond):
+	}
+	r.stopped.Store(true) // as poll does when a request fails
+	r.progress <- struct{}{}
+	select {
+	case ok := <-got:
+		assert.False(t, ok)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a failed request did not stop the poster")
+	}
+}

@@ -39,10 +39,26 @@ class _View(Handle):
         _lib.lib().rdt_view_release(ptr)
 
 
+class _Opened:
+    """A view's bytes: one flat uint8 array over the mapping (whole) and
+    where each tensor starts in it, or (a runtime's own tensors, which
+    need not be in one mapping) a flat array per tensor."""
+
+    def __init__(self, whole: Optional[np.ndarray], offsets: List[int], sizes: List[int],
+                 flats: Optional[List[np.ndarray]] = None) -> None:
+        self.whole, self.offsets, self.sizes, self._flats = whole, offsets, sizes, flats
+
+    def flat(self, i: int) -> np.ndarray:
+        if self._flats is not None:
+            return self._flats[i]
+        o = self.offsets[i]
+        return self.whole[o:o + self.sizes[i]]  # type: ignore[index]
+
+
 def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str],
-          deadline: Optional[float]) -> List[np.ndarray]:
-    """Opens a view of r's object: each tensor's bytes, as a flat uint8
-    array that holds the view (read-only unless private)."""
+          deadline: Optional[float]) -> _Opened:
+    """Opens a view of r's object: its bytes, in arrays that hold the view
+    (read-only unless private)."""
     L = _lib.lib()
     opts = _lib.init(_lib.ViewOptions())
     opts.flags = _lib.VIEW_PRIVATE if private else 0
@@ -57,14 +73,13 @@ def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str]
     _lib.check(L.rdt_view_data(v._handle(), addrs.ctypes.data, len(descs), ctypes.byref(mapped)))
     sizes = [d.nbytes for d in descs]
     if not mapped.value or not any(sizes):
-        return [_bytes_of(v, int(a), n, private) for a, n in zip(addrs, sizes)]
-    # One mapping holds them all: one buffer over it, a slice per tensor
-    # (tens of thousands of tensors make the per-tensor way slow).
+        return _Opened(None, [], sizes, [_bytes_of(v, int(a), n, private) for a, n in zip(addrs, sizes)])
+    # One mapping holds them all: one buffer over it, each tensor at its
+    # offset (tens of thousands of tensors make a buffer each slow).
     lo = min(int(a) for a, n in zip(addrs, sizes) if n)
     hi = max(int(a) + n for a, n in zip(addrs, sizes) if n)
-    whole = _bytes_of(v, lo, hi - lo, private)
-    empty = whole[:0]
-    return [whole[a - lo:a - lo + n] if n else empty for a, n in zip(addrs.tolist(), sizes)]
+    return _Opened(_bytes_of(v, lo, hi - lo, private), [a - lo if n else 0 for a, n in zip(addrs.tolist(), sizes)],
+                   sizes)
 
 
 def _bytes_of(v: _View, addr: int, n: int, writable: bool) -> np.ndarray:
@@ -97,6 +112,24 @@ def _tensor(flat: np.ndarray, d: _t.Desc, shape: Sequence[int], fw: str) -> Any:
     return a
 
 
+def _arrays(o: _Opened, ds: List[_t.Desc]) -> List[np.ndarray]:
+    """Read-only numpy arrays over a view's one buffer, each made in one
+    call; a dtype numpy lacks comes as its bytes."""
+    out = []
+    whole, offsets, empty = o.whole, o.offsets, np.ndarray
+    for d, off in zip(ds, offsets):
+        dt = d.numpy_dtype
+        if dt is None:
+            out.append(whole[off:off + d.nbytes])  # type: ignore[index]
+        elif d.nbytes:
+            out.append(empty(d.shape, dt, whole, off))
+        else:
+            a = np.empty(d.shape, dt)
+            a.flags.writeable = False
+            out.append(a)
+    return out
+
+
 def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float],
             transport: Optional[str]) -> Any:
     """Runtime.get(copy=False): get's structure, each tensor a view."""
@@ -110,14 +143,12 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
     else:
         raise InvalidArgumentError(f"get takes an ObjectRef, a TensorSlice (ref[i]) or a list of them, "
                                    f"not {type(refs).__name__}")
-    opened: Dict[int, Tuple[ObjectRef, List[np.ndarray]]] = {}  # id of a ref -> its tensors' bytes
+    opened: Dict[int, Tuple[ObjectRef, _Opened]] = {}  # id of a ref -> its view's bytes
 
-    def flats(r: ObjectRef) -> List[np.ndarray]:
+    def open_once(r: ObjectRef) -> _Opened:
         got = opened.get(id(r))
         if got is None:
-            fws = r._receive_frameworks()
-            private = "torch" in fws
-            got = (r, _open(rt, r, private, transport, deadline))
+            got = (r, _open(rt, r, "torch" in r._receive_frameworks(), transport, deadline))
             opened[id(r)] = got
         return got[1]
 
@@ -132,13 +163,15 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
         if e is not None and not isinstance(x, TensorSlice):
             values.append(r._value_of(list(e.tensors)))  # our own: the put tensors, as get gives them
             continue
-        fs, ds, fws = flats(r), r.tensor_descs(), r._receive_frameworks()
+        o, ds, fws = open_once(r), r.tensor_descs(), r._receive_frameworks()
         if isinstance(x, TensorSlice):
             d = ds[x.index]
-            part = fs[x.index][x.offset:x.offset + x.nbytes]
+            part = o.flat(x.index)[x.offset:x.offset + x.nbytes]
             values.append(x._value_of([_tensor(part, d, x.shape, fws[x.index])]))
+        elif o.whole is not None and not o.whole.flags.writeable:
+            values.append(r._value_of(_arrays(o, ds)))  # numpy alone: read-only, the quick way
         else:
-            values.append(r._value_of([_tensor(f, d, d.shape, fw) for f, d, fw in zip(fs, ds, fws)]))
+            values.append(r._value_of([_tensor(o.flat(i), d, d.shape, fw) for i, (d, fw) in enumerate(zip(ds, fws))]))
     return values[0] if single else values
 
 

@@ -650,7 +650,7 @@ def write(results, a, bps) -> None:
                   "round, untimed, the readers drop the last round's views. *View, every page read*: the same, then one element "
                   "of every 4 KiB page is read, filling the reader's page tables as a first pass over the "
                   "weights would. Each time is until the last reader answered. A view's work is per tensor "
-                  "(about 3 µs each) and per page on the first read (page tables, not bytes), so it does not "
+                  "(a few µs each) and per page on the first read (page tables, not bytes), so it does not "
                   "grow with the bytes a copy moves; readers beyond the machine's cores wait for one.", "",
                   "| readers | copying | against one reader | shared view | against one reader | "
                   "view, every page read | against one reader |", "|---|---|---|---|---|---|---|"]

@@ -149,18 +149,27 @@ func (tr *transfer) candidates(ordered func(*ObjectDesc, transport.PeerInfo) []s
 // came already.
 func (tr *transfer) connectOwner() error {
 	rt := tr.f.rt
-	desc := tr.ref.desc
 	// A dial ends by itself (the handshake timeout), so the fetch's
 	// context is enough; a cached connection needs none.
-	peer, err := rt.ep.Connect(tr.ctx(), desc.Owner.Address)
+	peer, err := rt.connectOwner(tr.ctx(), tr.ref.desc)
 	if err != nil {
-		return transport.Wrap(err, "owner %s", desc.Owner.Address)
-	}
-	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+		return err
 	}
 	tr.peer = peer
-	return rt.store.borrowRefused(desc.ID)
+	return rt.store.borrowRefused(tr.ref.desc.ID)
+}
+
+// connectOwner connects to the owner of the object desc describes and
+// checks that the runtime there still is that owner.
+func (rt *Runtime) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
+	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	if err != nil {
+		return nil, transport.Wrap(err, "owner %s", desc.Owner.Address)
+	}
+	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
+		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+	}
+	return peer, nil
 }
 
 // autoCandidates orders the registered transports for an object put

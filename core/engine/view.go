@@ -133,12 +133,9 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	}
 	defer cancel()
 	waitOwner := func() context.Context { return ctx }
-	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+	peer, err := rt.connectOwner(ctx, desc)
 	if err != nil {
-		return transport.Wrap(err, "owner %s", desc.Owner.Address)
-	}
-	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
+		return err
 	}
 	if !rt.Identity().SameHost(peer.Info()) {
 		return transport.Errorf(transport.ErrUnsupported, "a view maps the owner's memory, and the owner of object %s (%s) is on another host: fetch it instead", desc.ID, peer.Info().Name)

@@ -392,20 +392,40 @@ func (t *Transport) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inli
 	}
 	t.mu.RUnlock()
 	if !ok {
-		_, err := c.Write(encodeReply(transport.ErrNotFound, "object "+obj.String()+" is not staged here (freed, or never put over shm)", 0, 0))
-		return err == nil, false
+		return refuse(c, notStaged(obj)), false
 	}
 	if err != nil {
-		reply := outOfResources("handing out the segment", "the owner", err)
-		if reply == nil {
-			reply = transport.Errorf(transport.ErrTransport, "dup: %v", err)
-		}
-		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0, 0))
-		return err == nil, false
+		return refuse(c, handOutError("the segment", err)), false
 	}
+	return sendFD(c, fd, s.size), false
+}
+
+// notStaged is the answer for an object the segment server does not hold.
+func notStaged(obj transport.ObjectID) error {
+	return transport.Errorf(transport.ErrNotFound, "object %s is not staged here (freed, or never put over shm)", obj)
+}
+
+// handOutError is why a descriptor of what could not be made for a
+// receiver: the owner out of descriptors or memory, or the call's error.
+func handOutError(what string, err error) error {
+	if exhausted := outOfResources("handing out "+what, "the owner", err); exhausted != nil {
+		return exhausted
+	}
+	return transport.Errorf(transport.ErrTransport, "handing out %s: %v", what, err)
+}
+
+// refuse answers a request with why it failed; false: the answer could
+// not be written.
+func refuse(c *net.UnixConn, why error) bool {
+	_, err := c.Write(encodeReply(transport.StatusOf(why), why.Error(), 0, 0))
+	return err == nil
+}
+
+// sendFD answers a request with fd (size bytes) attached, and closes it.
+func sendFD(c *net.UnixConn, fd int, size uint64) bool {
 	defer unix.Close(fd)
-	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", s.size, 0), unix.UnixRights(fd), nil)
-	return err == nil, false
+	_, _, err := c.WriteMsgUnix(encodeReply(transport.OK, "", size, 0), unix.UnixRights(fd), nil)
+	return err == nil
 }
 
 // answerArena hands a receiver a descriptor of the arena id.
@@ -421,16 +441,9 @@ func (t *Transport) answerArena(c *net.UnixConn, id transport.ObjectID) bool {
 	size := uint64(len(a.mem))
 	t.mu.RUnlock()
 	if err != nil {
-		reply := outOfResources("handing out the arena", "the owner", err)
-		if reply == nil {
-			reply = transport.Errorf(transport.ErrTransport, "handing out the arena's descriptor: %v", err)
-		}
-		_, err := c.Write(encodeReply(transport.StatusOf(reply), reply.Error(), 0, 0))
-		return err == nil
+		return refuse(c, handOutError("the arena", err))
 	}
-	defer unix.Close(fd)
-	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", size, 0), unix.UnixRights(fd), nil)
-	return err == nil
+	return sendFD(c, fd, size)
 }
 
 // preadFull reads len(b) bytes of fd at off.

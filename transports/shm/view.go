@@ -112,12 +112,9 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 func (t *Transport) answerView(c *net.UnixConn, obj transport.ObjectID) bool {
 	fd, size, err := t.viewFD(obj)
 	if err != nil {
-		_, err := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
-		return err == nil
+		return refuse(c, err)
 	}
-	defer unix.Close(fd)
-	_, _, err = c.WriteMsgUnix(encodeReply(transport.OK, "", size, 0), unix.UnixRights(fd), nil)
-	return err == nil
+	return sendFD(c, fd, size)
 }
 
 // viewFD is a duplicate of the sealed segment a view of obj maps: the
@@ -128,7 +125,7 @@ func (t *Transport) viewFD(obj transport.ObjectID) (int, uint64, error) {
 	s, ok := t.segs[obj]
 	if !ok {
 		t.mu.RUnlock()
-		return -1, 0, transport.Errorf(transport.ErrNotFound, "object %s is not staged here (freed, or never put over shm)", obj)
+		return -1, 0, notStaged(obj)
 	}
 	if s.inArena() && s.view < 0 {
 		// The copy is made under the read lock: GarbageCollect, which
@@ -164,10 +161,7 @@ func (t *Transport) viewFD(obj transport.ObjectID) (int, uint64, error) {
 	size := s.size
 	t.mu.RUnlock()
 	if err != nil {
-		if exhausted := outOfResources("handing out the segment", "the owner", err); exhausted != nil {
-			return -1, 0, exhausted
-		}
-		return -1, 0, transport.Errorf(transport.ErrTransport, "dup: %v", err)
+		return -1, 0, handOutError("the segment", err)
 	}
 	return fd, size, nil
 }

@@ -148,3 +148,19 @@ def child():
     for c in made:
         if c.proc.is_alive():
             c.stop(expect_ok=False)
+
+
+@pytest.fixture(scope="module")
+def served_values():
+    """One child that put partial_workers' values (torch's too where torch
+    is installed); {name: their refs}, unpickled here."""
+    import importlib.util
+    import pickle
+
+    import partial_workers
+    c = Child(partial_workers.serve, importlib.util.find_spec("torch") is not None)
+    refs = {k: pickle.loads(v) for k, v in c.recv().items()}
+    yield refs
+    for r in refs.values():
+        r.close()
+    c.stop()

@@ -3,7 +3,6 @@ ref[i][a:b], .bytes) fetched from another process, into new tensors and
 into out= buffers, over every host transport that serves ranges."""
 
 import asyncio
-import pickle
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import pytest
 import partial_workers as pw
 import rdt
 import transports_for_tests as tt
-from conftest import Child
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,17 +29,6 @@ def _ranges_transports():
 RANGES = _ranges_transports()
 over_ranges = pytest.mark.parametrize("transport", RANGES or [pytest.param(None, marks=pytest.mark.skip(
     reason="no built-in host transport serves ranges here"))])
-
-
-@pytest.fixture(scope="module")
-def source():
-    """One child that put pw's values; their refs, unpickled here."""
-    c = Child(pw.serve, torch is not None)
-    refs = {k: pickle.loads(v) for k, v in c.recv().items()}
-    yield refs
-    for r in refs.values():
-        r.close()
-    c.stop()
 
 
 def received(transport=None):
@@ -67,8 +54,8 @@ def test_transports_say_whether_they_serve_ranges():
         assert listed["cma"]["ranges"]
 
 
-def test_a_slice_describes_what_it_takes(source):
-    ref = source["state"]
+def test_a_slice_describes_what_it_takes(served_values):
+    ref = served_values["state"]
     want = pw.state()
     w = ref["w"]
     assert isinstance(w, rdt.TensorSlice) and w.ref is ref and w.index == 1
@@ -84,8 +71,8 @@ def test_a_slice_describes_what_it_takes(source):
 
 
 @over_ranges
-def test_rows_arrive_and_only_their_bytes_move(source, transport):
-    ref = source["state"]
+def test_rows_arrive_and_only_their_bytes_move(served_values, transport):
+    ref = served_values["state"]
     want = pw.state()
     cases = [("emb", slice(0, 1)), ("emb", slice(31, 33)), ("emb", slice(-1, None)), ("w", slice(None, 5)),
              ("w", slice(10, 33)), ("w", slice(-20, -10)), ("cube", slice(2, 5)), ("b", slice(3, 9))]
@@ -101,8 +88,8 @@ def test_rows_arrive_and_only_their_bytes_move(source, transport):
 
 
 @over_ranges
-def test_one_row_one_element_and_whole_tensors(source, transport):
-    ref = source["state"]
+def test_one_row_one_element_and_whole_tensors(served_values, transport):
+    ref = served_values["state"]
     want = pw.state()
     got = rdt.get([ref["b"][7], ref["emb"][63], ref["w"], ref["scalar"], ref[-1]], transport=transport)
     assert got[0].shape == () and got[0] == want["b"][7]
@@ -113,8 +100,8 @@ def test_one_row_one_element_and_whole_tensors(source, transport):
 
 
 @over_ranges
-def test_empty_ranges_move_nothing(source, transport):
-    ref = source["state"]
+def test_empty_ranges_move_nothing(served_values, transport):
+    ref = served_values["state"]
     before = received(transport)
     got = rdt.get([ref["emb"][5:5], ref["w"][20:3], ref["emb"][64:], ref["empty"], ref["empty"][0:0]],
                   transport=transport)
@@ -123,8 +110,8 @@ def test_empty_ranges_move_nothing(source, transport):
 
 
 @over_ranges
-def test_a_subset_in_another_order_into_buffers_of_any_shape(source, transport):
-    ref = source["state"]
+def test_a_subset_in_another_order_into_buffers_of_any_shape(served_values, transport):
+    ref = served_values["state"]
     want = pw.state()
     a = np.full(70, -1.0)                      # rows 10..19 of w, flat
     b = np.full((2, 5), -1, np.int32)          # all of b, reshaped
@@ -140,10 +127,10 @@ def test_a_subset_in_another_order_into_buffers_of_any_shape(source, transport):
 
 
 @over_ranges
-def test_rows_into_views_of_one_buffer(source, transport):
+def test_rows_into_views_of_one_buffer(served_values, transport):
     # The resharding pattern: many ranges of several refs straight into
     # adjacent parts of one preallocated array.
-    ref = source["state"]
+    ref = served_values["state"]
     want = pw.state()
     buf = np.zeros((64 + 33, 16), np.float32)
     slices = [ref["emb"][r:r + 1] for r in range(63, -1, -1)]          # rows reversed
@@ -157,8 +144,8 @@ def test_rows_into_views_of_one_buffer(source, transport):
 
 
 @over_ranges
-def test_refs_and_slices_mixed(source, transport):
-    ref, small = source["state"], source["small"]
+def test_refs_and_slices_mixed(served_values, transport):
+    ref, small = served_values["state"], served_values["small"]
     want = pw.state()
     got = rdt.get([small, ref["emb"][3:5], ref], transport=transport)
     assert isinstance(got[0], list) and got[0][0].tolist() == [0, 1, 2]
@@ -175,8 +162,8 @@ def test_refs_and_slices_mixed(source, transport):
     assert s.tolist() == [0, 1, 2]
 
 
-def test_keys_and_paths(source):
-    ref = source["nested"]
+def test_keys_and_paths(served_values):
+    ref = served_values["nested"]
     got = rdt.get([ref["layers", 2, "w"][1:3], ref["head"][-1], ref[0]])
     np.testing.assert_array_equal(got[0], np.full((2, 3), 2.0, np.float32))
     assert got[1].tolist() == [10, 11]
@@ -188,7 +175,7 @@ def test_keys_and_paths(source):
         with pytest.raises(rdt.InvalidArgumentError, match=message):
             ref[key]
     with pytest.raises(rdt.InvalidArgumentError, match="ref is a list, which takes no key 'x'"):
-        source["small"]["x"]
+        served_values["small"]["x"]
     with pytest.raises(TypeError):
         iter(ref)  # indexable, not a sequence
 
@@ -197,8 +184,8 @@ def _sentinel_outs():
     return np.full((3, 16), 7.0, np.float32), np.full(8, 7.0, np.float32)
 
 
-def test_refusals_raise_and_leave_out_untouched(source):
-    ref = source["state"]
+def test_refusals_raise_and_leave_out_untouched(served_values):
+    ref = served_values["state"]
     emb = ref["emb"]
     a, b = _sentinel_outs()
     refused = [
@@ -272,8 +259,8 @@ def test_slices_of_an_object_this_runtime_owns_are_copies():
         ref.close()
 
 
-def test_fetch_and_get_async_take_slices(source):
-    ref = source["state"]
+def test_fetch_and_get_async_take_slices(served_values):
+    ref = served_values["state"]
     want = pw.state()
     f = rdt.fetch([ref["emb"][7:9], ref["b"][1]])
     rows, one = f.result(timeout=30)
@@ -286,8 +273,8 @@ def test_fetch_and_get_async_take_slices(source):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-def test_torch_sources_give_torch_tensors_and_fill_either_kind_of_out(source):
-    ref = source["torch"]
+def test_torch_sources_give_torch_tensors_and_fill_either_kind_of_out(served_values):
+    ref = served_values["torch"]
     want = pw.torch_state()
     got = rdt.get([ref["w"][5:9], ref["h"][3:7]])
     assert all(isinstance(g, torch.Tensor) for g in got)
@@ -302,5 +289,5 @@ def test_torch_sources_give_torch_tensors_and_fill_either_kind_of_out(source):
         rdt.get(ref["w"][0:2], out=torch.zeros(16, dtype=torch.float64))
     # numpy state into torch buffers too.
     e = torch.full((2, 16), -1.0)
-    rdt.get(source["state"]["emb"][1:3], out=e)
+    rdt.get(served_values["state"]["emb"][1:3], out=e)
     assert torch.equal(e, torch.from_numpy(pw.state()["emb"][1:3]))

@@ -23,21 +23,10 @@ except ImportError:
     torch = None
 
 
-@pytest.fixture(scope="module")
-def source():
-    """One child that put pw's values; their refs, unpickled here."""
-    c = Child(pw.serve, torch is not None)
-    refs = {k: pickle.loads(v) for k, v in c.recv().items()}
-    yield refs
-    for r in refs.values():
-        r.close()
-    c.stop()
-
-
-def test_views_are_the_values_and_read_only(source):
+def test_views_are_the_values_and_read_only(served_values):
     rt = rdt.default_runtime()
     before = rt.stats()
-    got = rdt.get(source["state"], copy=False)
+    got = rdt.get(served_values["state"], copy=False)
     want = pw.state()
     assert got["step"] == 7
     for k, w in want.items():
@@ -57,8 +46,8 @@ def test_views_are_the_values_and_read_only(source):
     assert rt.stats()["views_open"] == before["views_open"], "collected, the view is released"
 
 
-def test_slices_and_lists_of_views(source):
-    emb, head, small = rdt.get([source["state"]["emb"][8:16], source["nested"]["head"], source["small"]], copy=False)
+def test_slices_and_lists_of_views(served_values):
+    emb, head, small = rdt.get([served_values["state"]["emb"][8:16], served_values["nested"]["head"], served_values["small"]], copy=False)
     np.testing.assert_array_equal(emb, pw.state()["emb"][8:16])
     np.testing.assert_array_equal(head, pw.nested()["head"])
     np.testing.assert_array_equal(small[0], np.arange(3, dtype=np.int8))
@@ -66,36 +55,36 @@ def test_slices_and_lists_of_views(source):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-def test_torch_views_are_copy_on_write(source):
-    a = rdt.get(source["torch"], copy=False)
-    b = rdt.get(source["torch"], copy=False)
+def test_torch_views_are_copy_on_write(served_values):
+    a = rdt.get(served_values["torch"], copy=False)
+    b = rdt.get(served_values["torch"], copy=False)
     want = pw.torch_state()
     assert torch.equal(a["w"], want["w"]) and torch.equal(a["h"], want["h"])
     a["w"][0, 0] = -1  # lands in a page of this view alone
     assert a["w"][0, 0].item() == -1
     assert torch.equal(b["w"], want["w"]), "the other view still reads the put's bytes"
-    c = rdt.get(source["torch"], copy=False)
+    c = rdt.get(served_values["torch"], copy=False)
     assert torch.equal(c["w"], want["w"]), "as does a later one"
 
 
-def test_async_and_copy_none(source):
-    got = asyncio.run(rdt.get_async(source["nested"], copy=False))
+def test_async_and_copy_none(served_values):
+    got = asyncio.run(rdt.get_async(served_values["nested"], copy=False))
     np.testing.assert_array_equal(got["head"], pw.nested()["head"])
     assert not got["head"].flags.writeable
-    viewed = rdt.get(source["nested"], copy=None)  # on this host: a view
+    viewed = rdt.get(served_values["nested"], copy=None)  # on this host: a view
     assert not viewed["head"].flags.writeable
     out = np.zeros((6, 2), np.int64)
-    rdt.get(source["nested"]["head"], out=out, copy=None)  # out= is a copy
+    rdt.get(served_values["nested"]["head"], out=out, copy=None)  # out= is a copy
     np.testing.assert_array_equal(out, pw.nested()["head"])
 
 
-def test_bad_arguments(source):
+def test_bad_arguments(served_values):
     with pytest.raises(rdt.InvalidArgumentError, match="out="):
-        rdt.get(source["small"], out=[np.zeros(3, np.int8)], copy=False)
+        rdt.get(served_values["small"], out=[np.zeros(3, np.int8)], copy=False)
     with pytest.raises(rdt.InvalidArgumentError, match="copy must be"):
-        rdt.get(source["small"], copy="no")
+        rdt.get(served_values["small"], copy="no")
     with pytest.raises(rdt.UnsupportedError, match="cannot map"):
-        rdt.get(source["small"], copy=False, transport="tcp")
+        rdt.get(served_values["small"], copy=False, transport="tcp")
     mine = np.arange(5.0)
     with rdt.put(mine) as ref:
         assert rdt.get(ref, copy=False) is mine, "our own object: the put array, as get gives it"

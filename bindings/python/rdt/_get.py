@@ -149,9 +149,9 @@ def _on(d: _t.Desc, dev: Optional[Tuple[int, int]]) -> _t.Desc:
     return d if dev is None else _t.Desc(d.shape, d.code, d.bits, d.lanes, dev[0], dev[1])
 
 
-def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: Optional[str] = None) -> Plan:
-    """Checks get's arguments and decides what to fetch into what."""
-    dev = device_of(device, out)
+def check_refs(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]]) -> Tuple[bool, List[Refs], bool]:
+    """get's refs checked: whether one was given (not a list), them as a
+    list, and whether a slice is among them."""
     rt._handle()  # ClosedError once the runtime is closed
     single = isinstance(refs, (ObjectRef, TensorSlice))
     if single:
@@ -171,6 +171,13 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
         if r.runtime is not rt:
             raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
         r._handle()  # ClosedError for a released ref
+    return single, lst, partial
+
+
+def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: Optional[str] = None) -> Plan:
+    """Checks get's arguments and decides what to fetch into what."""
+    dev = device_of(device, out)
+    single, lst, partial = check_refs(rt, refs)
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
     if partial:

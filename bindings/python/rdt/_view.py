@@ -22,13 +22,12 @@ from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError, UnsupportedError
 from ._fetch import deadline_of, ms_until
+from ._get import Refs, check_refs
 from ._get import get_async_in as copy_async
 from ._get import get_in as copy_in
 from ._handle import Handle
 from ._ref import ObjectRef, TensorSlice
 from ._store import RuntimeLike
-
-Refs = Union[ObjectRef, TensorSlice]
 
 
 class _View(Handle):
@@ -134,15 +133,7 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
             transport: Optional[str]) -> Any:
     """Runtime.get(copy=False): get's structure, each tensor a view."""
     deadline = deadline_of(timeout)
-    rt._handle()
-    single = isinstance(refs, (ObjectRef, TensorSlice))
-    if single:
-        lst: List[Refs] = [refs]  # type: ignore[list-item]
-    elif isinstance(refs, (list, tuple)):
-        lst = list(refs)
-    else:
-        raise InvalidArgumentError(f"get takes an ObjectRef, a TensorSlice (ref[i]) or a list of them, "
-                                   f"not {type(refs).__name__}")
+    single, lst, _ = check_refs(rt, refs)
     opened: Dict[int, Tuple[ObjectRef, _Opened]] = {}  # id of a ref -> its view's bytes
 
     def open_once(r: ObjectRef) -> _Opened:
@@ -155,10 +146,6 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
     values: List[Any] = []
     for x in lst:
         r = x.ref if isinstance(x, TensorSlice) else x
-        if not isinstance(r, ObjectRef):
-            raise InvalidArgumentError(f"get takes ObjectRefs and TensorSlices, not {type(x).__name__}")
-        if r.runtime is not rt:
-            raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
         e = r._own_entry()
         if e is not None and not isinstance(x, TensorSlice):
             values.append(r._value_of(list(e.tensors)))  # our own: the put tensors, as get gives them

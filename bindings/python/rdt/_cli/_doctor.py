@@ -131,19 +131,22 @@ def fix_for(name: str, facts: Dict[str, Any]) -> str:
 # ---- the checks ----------------------------------------------------------------
 
 def _fetch_and_check(peer: PeerProcess, rt: Any, transport: Optional[str], seed: int, timeout: float,
-                     device: str = "cpu") -> None:
+                     device: str = "cpu", copy: bool = True) -> None:
     """The peer puts PROBE_BYTES (put with `transport`, or for automatic
-    choice with None); this process fetches them and checks every byte."""
+    choice with None); this process fetches them (or with copy False views
+    them, read-only) and checks every byte."""
     import numpy as np
     reply = peer.request("put", timeout, nbytes=PROBE_BYTES, seed=seed, transport=transport, device=device)
     try:
         ref = pickle.loads(base64.b64decode(reply["ref"]))
         try:
-            got = rt.get(ref, timeout=timeout)["x"]
+            got = rt.get(ref, timeout=timeout, copy=copy)["x"]
         finally:
             ref.release()
         if device == "cuda":
             got = got.cpu().numpy()
+        if not copy and got.flags.writeable:
+            raise RuntimeError("the view came back writable")
         if not np.array_equal(np.asarray(got), pattern(PROBE_BYTES, seed)):
             raise RuntimeError("the fetched bytes differ from the ones put")
     finally:
@@ -233,30 +236,14 @@ def check_automatic(rt: Any, peer: Optional[PeerProcess], transports: Dict[str, 
 def check_views(rt: Any, peer: Optional[PeerProcess], timeout: float) -> Dict[str, Any]:
     """Whether this process can view the peer's object (get(copy=False)):
     the peer's shm segment mapped read-only here, every byte the put's."""
-    import numpy as np
     if peer is None:
         return {"status": FAILED, "reason": "no peer process"}
-    reply = peer.request("put", timeout, nbytes=PROBE_BYTES, seed=98, transport=None, device="cpu")
     try:
-        ref = pickle.loads(base64.b64decode(reply["ref"]))
-        try:
-            got = rt.get(ref, timeout=timeout, copy=False)["x"]
-            if got.flags.writeable:
-                return {"status": FAILED, "reason": "the view came back writable"}
-            if not np.array_equal(np.asarray(got), pattern(PROBE_BYTES, 98)):
-                return {"status": FAILED, "reason": "the viewed bytes differ from the ones put"}
-            del got
-        finally:
-            ref.release()
+        _fetch_and_check(peer, rt, None, 98, timeout, copy=False)
     except PeerError:
         raise
     except Exception as e:
         return {"status": FAILED, "reason": str(e)}
-    finally:
-        try:
-            peer.request("release", timeout, key=reply["key"])
-        except RequestError:
-            pass
     return {"status": OK, "reason": "one copy shared by every reader on this host (shm, read-only)"}
 
 

@@ -240,6 +240,7 @@ type queuedRequest struct {
 // serve runs a request's handler on its own goroutine, or queues it while
 // MaxHandlers run (see there). It never blocks the reader.
 func (sc *sconn) serve(m *Message, run func()) {
+	run = sc.protect(m, run)
 	size := len(m.Data) + 64
 	sc.mu.Lock()
 	switch {
@@ -395,7 +396,7 @@ func (sc *sconn) readLoop() {
 			return
 		}
 		sc.lastSeen.Store(time.Now().UnixNano())
-		if !sc.dispatch(m) {
+		if !sc.dispatchProtected(m) {
 			return
 		}
 	}
@@ -424,6 +425,35 @@ func (sc *sconn) readMessage(buf *[]byte) (*Message, bool) {
 		return nil, false
 	}
 	return m, true
+}
+
+// dispatchProtected is dispatch; a panic in the handler of a request is
+// answered as an internal error and the connection lives on (a peer must
+// not be able to end this process, nor a bug leave a caller waiting).
+func (sc *sconn) dispatchProtected(m *Message) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := transport.Panicked(sc.ep.cfg.Log, "handling a "+m.Kind.String()+" message of "+sc.remote.String(), r)
+			if m.ID != 0 && m.Kind != KindResponse {
+				sc.answerInline(response(m.ID, nil, err))
+			}
+			ok = true
+		}
+	}()
+	return sc.dispatch(m)
+}
+
+// protect wraps the handler of request m run on a goroutine of its own: a
+// panic in it is answered as an internal error.
+func (sc *sconn) protect(m *Message, run func()) func() {
+	return func() {
+		defer func() {
+			if r := recover(); r != nil {
+				sc.answerLater(m.ID, nil, transport.Panicked(sc.ep.cfg.Log, "answering a "+m.Kind.String()+" request of "+sc.remote.String(), r))
+			}
+		}()
+		run()
+	}
 }
 
 // dispatch handles one message: answers a request (the long ones on their
@@ -517,11 +547,17 @@ func (sc *sconn) serveCancellable(m *Message, run func(ctx context.Context) (*Me
 	sc.handlers[m.ID] = cancel
 	sc.mu.Unlock()
 	sc.serve(m, func() {
-		resp, err := run(ctx)
-		sc.mu.Lock()
-		delete(sc.handlers, m.ID)
-		sc.mu.Unlock()
-		cancel()
+		var resp *Message
+		var err error
+		func() {
+			defer func() { // also when run panics
+				sc.mu.Lock()
+				delete(sc.handlers, m.ID)
+				sc.mu.Unlock()
+				cancel()
+			}()
+			resp, err = run(ctx)
+		}()
 		sc.answerLater(m.ID, resp, err)
 	})
 }

@@ -391,3 +391,35 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 	defer writer.mu.Unlock()
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(writer.withdrawn[3]))
 }
+
+func TestPanicInAnswerIsInternal(t *testing.T) {
+	svc, ep := listenStub(t, "owner")
+	obj := svc.put()
+	unixPath, _, _ := endpoints(t, ep)
+	c, err := net.Dial("unix", unixPath)
+	require.NoError(t, err)
+	defer c.Close()
+	rd, err := rawHandshake(c, newRawPeer(), "")
+	require.NoError(t, err)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	ask := func(m *Message) *Message {
+		t.Helper()
+		_, err := c.Write(m.Encode())
+		require.NoError(t, err)
+		resp, err := Expect(rd, KindResponse)
+		require.NoError(t, err, "%s is answered", m.Kind)
+		assert.Equal(t, m.ID, resp.ID)
+		return resp
+	}
+	// Answered inline by the reader, and on a handler's goroutine.
+	for i, m := range []*Message{
+		{Kind: KindBorrow, ID: 1, Object: obj, Token: panicToken},
+		{Kind: KindMetadata, ID: 2, Object: obj, Transport: "panics"},
+	} {
+		resp := ask(m)
+		assert.Equal(t, transport.ErrInternal, resp.Status, "request %d: %s", i, resp.Text)
+		assert.Contains(t, resp.Text, "panicked")
+	}
+	resp := ask(&Message{Kind: KindLease, ID: 3, Object: obj})
+	assert.Equal(t, transport.OK, resp.Status, "the connection serves on: %s", resp.Text)
+}

@@ -126,7 +126,15 @@ func (s *stubService) known(obj transport.ObjectID) error {
 	return nil
 }
 
+// panicToken, as a borrow's token, makes the stub's Borrow panic; the
+// transport name "panics" its Metadata: how a test finds out what a panic
+// in a runtime's answer does to the control plane.
+const panicToken = 0xdead
+
 func (s *stubService) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
+	if token == panicToken {
+		panic("the stub's Borrow panicked")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.known(obj); err != nil {
@@ -167,6 +175,9 @@ func (s *stubService) Metadata(from transport.RuntimeID, obj transport.ObjectID,
 	}
 	if transportName == "slowmeta" && slow != nil {
 		<-slow
+	}
+	if transportName == "panics" {
+		panic("the stub's Metadata panicked")
 	}
 	return []byte(transportName), nil
 }

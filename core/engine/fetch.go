@@ -48,6 +48,11 @@ type Fetch struct {
 
 	mu  sync.Mutex
 	err error // the first error
+	// sealed is set once every transfer ended: the outcome (err) is final.
+	// Until then a caller giving up at its deadline (giveUp) makes it a
+	// timeout, so that what the caller returns and what a write's owners
+	// are told (endWrites) are one outcome.
+	sealed bool
 
 	// The completion eventfd (see EventFD): made on first request, written
 	// once when done closes, closed by Free. eventMu orders those three, so
@@ -96,7 +101,7 @@ func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
 	inline := !mayWait || len(f.transfers) > 1
 	for _, tr := range f.transfers {
 		tr.inline = inline
-		err := tr.begin()
+		err := tr.protectedBegin()
 		tr.inline = false
 		switch {
 		case err == nil:
@@ -107,7 +112,7 @@ func (f *Fetch) startInline(mayWait bool) (started, later []*transfer) {
 			tr.failed = err
 			started = append(started, tr)
 		default:
-			tr.finish(err)
+			tr.end(err)
 		}
 	}
 	return started, later
@@ -163,7 +168,33 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 		<-f.done
 		return result()
 	}
-	return transport.Errorf(transport.ErrTimeout, "fetch did not complete within %v (%d of %d transfers still running)", timeout, f.remaining.Load(), len(f.transfers))
+	what := "fetch"
+	if f.write != nil {
+		what = "write"
+	}
+	timedOut := transport.Errorf(transport.ErrTimeout, "%s did not complete within %v (%d of %d transfers still running)", what, timeout, f.remaining.Load(), len(f.transfers))
+	if !f.giveUp(timedOut) {
+		<-f.done // it ended as the deadline passed: its outcome stands
+		return result()
+	}
+	return timedOut
+}
+
+// giveUp makes err the outcome of a fetch whose caller stops waiting for
+// it, unless every transfer ended already (false: the outcome stands),
+// and aborts what still runs.
+func (f *Fetch) giveUp(err error) bool {
+	f.mu.Lock()
+	if f.sealed {
+		f.mu.Unlock()
+		return false
+	}
+	if f.err == nil {
+		f.err = err
+	}
+	f.mu.Unlock()
+	f.Abort()
+	return true
 }
 
 // checkFetchArgs checks a fetch's (or a write's) refs and tensors and plans
@@ -262,12 +293,12 @@ func (f *Fetch) startAll(trs []*transfer) []*transfer {
 }
 
 func (f *Fetch) startOne(tr *transfer) bool {
-	err := tr.begin()
+	err := tr.protectedBegin()
 	if tr.waitCancel != nil {
 		tr.waitCancel()
 	}
 	if err != nil {
-		tr.finish(err)
+		tr.end(err)
 		return false
 	}
 	return true
@@ -286,8 +317,8 @@ func (f *Fetch) complete(started []*transfer, block, mayWait bool) {
 	for _, tr := range started {
 		var err error
 		if tr.completed() {
-			if err = tr.run(); mayWait || !tr.awaitsOwner(err) {
-				tr.finish(err)
+			if err = tr.protectedRun(); mayWait || !tr.awaitsOwner(err) {
+				tr.end(err)
 				continue
 			}
 		}
@@ -296,9 +327,9 @@ func (f *Fetch) complete(started []*transfer, block, mayWait bool) {
 		go func() {
 			defer wg.Done()
 			if err == nil {
-				err = tr.run()
+				err = tr.protectedRun()
 			}
-			tr.finish(err)
+			tr.end(err)
 		}()
 	}
 	switch {
@@ -315,9 +346,14 @@ func (f *Fetch) complete(started []*transfer, block, mayWait bool) {
 	}
 }
 
-// markDone closes f.done and signals the completion eventfd, if one was
+// markDone seals the fetch's outcome, tells the owners of a write how it
+// ended, closes f.done and signals the completion eventfd, if one was
 // asked for.
 func (f *Fetch) markDone() {
+	f.mu.Lock()
+	f.sealed = true
+	f.mu.Unlock()
+	f.endWrites()
 	f.eventMu.Lock()
 	defer f.eventMu.Unlock()
 	close(f.done)

@@ -91,6 +91,14 @@ type memTransport struct {
 	collected    *sync.Map                     // object ids garbage-collected at the source, shared by a pair
 	gcDelay      time.Duration                 // GarbageCollect takes this long before the object is gone
 	describe     func(d *transport.Descriptor) // when set, adjusts the descriptor
+	panicIn      string                        // a call that panics: "communicator metadata", "fetch", "write", "wait" or "release"
+}
+
+// mayPanic panics when call is the one the test made panic.
+func (m *memTransport) mayPanic(call string) {
+	if m.panicIn == call {
+		panic("transport " + m.name + " panicked in " + call)
+	}
 }
 
 func newMemTransport(name string) *memTransport {
@@ -128,6 +136,7 @@ func (m *memTransport) ExtractMetadata(obj transport.ObjectID, ts []transport.Te
 }
 
 func (m *memTransport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) {
+	m.mayPanic("communicator metadata")
 	return []byte("comm"), nil
 }
 
@@ -151,6 +160,7 @@ type memRequest struct {
 func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	n := m.fetched.Add(1)
 	m.log("fetch")
+	m.mayPanic("fetch")
 	if int(n) == m.failFetchIdx {
 		return nil, transport.Errorf(transport.ErrTransport, "fetch %d refused", n)
 	}
@@ -162,6 +172,7 @@ func (m *memTransport) Fetch(x *transport.Transfer, targets []transport.Tensor, 
 
 func (m *memTransport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	m.log("write")
+	m.mayPanic("write")
 	if m.failWrite != nil {
 		return nil, m.failWrite
 	}
@@ -173,6 +184,7 @@ func (m *memTransport) Write(x *transport.Transfer, sources []transport.Tensor, 
 
 func (r *memRequest) Wait() error {
 	r.m.log("wait")
+	r.m.mayPanic("wait")
 	if r.m.gate != nil {
 		select {
 		case <-r.m.gate:
@@ -218,6 +230,7 @@ func (r *memRequest) Wait() error {
 func (r *memRequest) Release() {
 	r.m.released.Add(1)
 	r.m.log("release")
+	r.m.mayPanic("release")
 }
 
 func (m *memTransport) Abort(x *transport.Transfer, req transport.Request) {

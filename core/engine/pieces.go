@@ -190,3 +190,13 @@ func less(a, b span) bool {
 	}
 	return a.start < b.start
 }
+
+// pieceTensor is the object's tensor that target (or write source) i of a
+// transfer pairs with: its piece's tensor in a partial transfer, else
+// tensor i. Several targets may pair with one tensor (rows of it).
+func pieceTensor(pieces []transport.Piece, i int) uint32 {
+	if pieces != nil {
+		return pieces[i].Tensor
+	}
+	return uint32(i)
+}

@@ -218,14 +218,17 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			// The owner's servers (tcp's) find the write by its admission.
 			r.adm, x.TransferID = adm, adm.key.id
 		}
-		var err error
-		if part.started != nil {
-			r.req, err = part.started.Start(r.x)
-		} else if write {
-			r.req, err = part.e.writer.Write(r.x, part.local, part.tmeta, part.cmeta)
-		} else {
-			r.req, err = part.e.t.Fetch(r.x, part.local, part.tmeta, part.cmeta)
-		}
+		err := transport.Protect(rt.log, "starting a prepared transfer over "+part.e.desc.Name, func() (err error) {
+			switch {
+			case part.started != nil:
+				r.req, err = part.started.Start(r.x)
+			case write:
+				r.req, err = part.e.writer.Write(r.x, part.local, part.tmeta, part.cmeta)
+			default:
+				r.req, err = part.e.t.Fetch(r.x, part.local, part.tmeta, part.cmeta)
+			}
+			return err
+		})
 		if err != nil {
 			if r.adm != nil {
 				p.endRun(r.adm, tag, err)
@@ -237,17 +240,33 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		runs = append(runs, r)
 	}
 	// Wait for every started request (those started before a failure
-	// too: nothing may move once Run returns), then end each.
-	for _, r := range runs {
-		err := p.wait(runCtx, r.part, r.x, r.req)
-		r.req.Release()
+	// too: nothing may move once Run returns).
+	errs := make([]error, len(runs))
+	for k, r := range runs {
+		errs[k] = p.wait(runCtx, r.part, r.x, r.req)
+		released := transport.Protect(rt.log, "releasing a request of transport "+r.part.e.desc.Name, func() error {
+			r.req.Release()
+			return nil
+		})
+		if errs[k] == nil {
+			errs[k] = released
+		}
+		if errs[k] != nil {
+			fail(p.indexOf(r.part), errs[k])
+		}
+	}
+	// Then end each: a run whose bytes landed is reported failed to its
+	// owner when the run as a whole failed, so that every owner's notice
+	// says what Run returns.
+	for k, r := range runs {
+		err := errs[k]
+		if err == nil && firstErr != nil {
+			err = transport.Wrap(firstErr, "the write of which this part landed failed")
+		}
 		if r.adm != nil {
 			p.endRun(r.adm, tag, err)
 		}
 		p.account(r.part, err, time.Since(start))
-		if err != nil {
-			fail(p.indexOf(r.part), err)
-		}
 	}
 	return firstErr
 }
@@ -255,12 +274,15 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 // wait waits for req under ctx; at the deadline it aborts the request and
 // waits until it has stopped.
 func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
+	wait := func() error {
+		return transport.Protect(p.rt.log, "waiting for transport "+part.e.desc.Name, req.Wait)
+	}
 	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
-		return req.Wait()
+		return wait()
 	}
 	ctx := runCtx()
 	done := make(chan error, 1)
-	go func() { done <- req.Wait() }()
+	go func() { done <- wait() }()
 	select {
 	case err := <-done:
 		return err

@@ -94,6 +94,18 @@ type Runtime struct {
 
 	bg sync.WaitGroup // finalizers and sends
 	c  counters
+
+	// panicAt, set by tests only (before the runtime is used), is called
+	// at each stage of a transfer named in atStage: a test makes it panic
+	// there to check that the transfer still ends.
+	panicAt func(stage string)
+}
+
+// atStage calls the tests' panicAt hook, if any.
+func (rt *Runtime) atStage(stage string) {
+	if rt.panicAt != nil {
+		rt.panicAt(stage)
+	}
 }
 
 type counters struct {

@@ -64,11 +64,7 @@ func (tr *transfer) planLanding(e *registered) error {
 
 // sourceType is the device type of what target i receives.
 func (tr *transfer) sourceType(i int) transport.DeviceType {
-	ts := tr.ref.desc.Tensors
-	if tr.pieces != nil {
-		return ts[tr.pieces[i].Tensor].Device.Type
-	}
-	return ts[i].Device.Type
+	return tr.ref.desc.Tensors[pieceTensor(tr.pieces, i)].Device.Type
 }
 
 // wire is what the transport receives into: the targets, or their staged

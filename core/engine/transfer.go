@@ -51,6 +51,61 @@ type transfer struct {
 	failed error
 	// A write the owner admitted: it is owed the write's outcome.
 	opened bool
+	// A write's own outcome, kept for the end of the whole write
+	// (Fetch.endWrites).
+	endErr error
+	// settled: the transfer was counted out of its fetch (settle).
+	settled bool
+}
+
+// Each phase of a transfer runs protected: a panic in the engine or in a
+// transport fails the transfer with ErrInternal, and the transfer still
+// ends (its ref released, the fetch counted out), so that the caller's
+// wait returns within its deadline instead of hanging, and the process
+// lives on.
+
+func (tr *transfer) protectedBegin() error {
+	return transport.Protect(tr.f.rt.log, "starting a transfer", func() error {
+		tr.f.rt.atStage("begin")
+		return tr.begin()
+	})
+}
+
+func (tr *transfer) protectedRun() error {
+	return transport.Protect(tr.f.rt.log, "running a transfer", func() error {
+		tr.f.rt.atStage("run")
+		return tr.run()
+	})
+}
+
+// end is finish, protected: after a panic in it the transfer is settled
+// with the panic's error.
+func (tr *transfer) end(err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			tr.settle(transport.Panicked(tr.f.rt.log, "ending a transfer", r))
+		}
+	}()
+	tr.f.rt.atStage("finish")
+	tr.finish(err)
+}
+
+// settle is what ending a transfer must do whatever failed before it,
+// once: record the outcome, drop the fetch's handle on the object (a
+// write's is dropped with its notice, in endWrites) and count the transfer
+// out, which lets the fetch end.
+func (tr *transfer) settle(err error) {
+	if tr.settled {
+		return
+	}
+	tr.settled = true
+	if tr.f.write != nil {
+		tr.endErr = err
+	} else {
+		tr.ref.Release()
+	}
+	tr.f.record(err)
+	tr.f.remaining.Add(-1)
 }
 
 // Causes, made once: formatting them per fetch would cost more than a
@@ -337,7 +392,7 @@ func (tr *transfer) run() error {
 }
 
 // receive is run's wait for the transport (or its local copy).
-func (tr *transfer) receive() error {
+func (tr *transfer) receive() (err error) {
 	switch {
 	case tr.failed != nil:
 		return tr.failed
@@ -348,12 +403,16 @@ func (tr *transfer) receive() error {
 	case tr.local:
 		return tr.copyLocal()
 	}
-	defer tr.req.Release()
+	defer func() {
+		if rerr := tr.releaseRequest(); err == nil {
+			err = rerr
+		}
+	}()
 	waitc := make(chan error, 1)
 	if tr.sendDone == nil && tr.completed() {
-		waitc <- tr.req.Wait() // finished already: no goroutine needed
+		waitc <- tr.waitRequest() // finished already: no goroutine needed
 	} else {
-		go func() { waitc <- tr.req.Wait() }()
+		go func() { waitc <- tr.waitRequest() }()
 	}
 
 	var cause error
@@ -407,6 +466,19 @@ func (tr *transfer) receive() error {
 		}
 	}
 	return cause
+}
+
+// waitRequest waits for the transport's request, protected.
+func (tr *transfer) waitRequest() error {
+	return transport.Protect(tr.f.rt.log, "waiting for transport "+tr.entry.desc.Name, tr.req.Wait)
+}
+
+// releaseRequest releases the transport's request, protected.
+func (tr *transfer) releaseRequest() error {
+	return transport.Protect(tr.f.rt.log, "releasing a request of transport "+tr.entry.desc.Name, func() error {
+		tr.req.Release()
+		return nil
+	})
 }
 
 // readsUnguarded reports whether the transport read the owner's memory
@@ -500,9 +572,7 @@ func (tr *transfer) finish(err error) {
 	if tr.stage != nil {
 		tr.stage.free()
 	}
-	tr.ref.Release()
-	tr.f.record(err)
-	tr.f.remaining.Add(-1)
+	tr.settle(err)
 }
 
 // ownerAnswerWait bounds how long a failed transfer waits for the owner's
@@ -541,10 +611,7 @@ func (tr *transfer) ownerRefusal(err error) error {
 // checkLocalCopy makes sure a runtime's own object can be copied directly.
 func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, pieces []transport.Piece) error {
 	for i, tg := range targets {
-		t := desc.Tensors[i]
-		if pieces != nil {
-			t = desc.Tensors[pieces[i].Tensor]
-		}
+		t := desc.Tensors[pieceTensor(pieces, i)]
 		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
 			continue
 		}

@@ -65,10 +65,7 @@ func checkDirection(refs []*Ref, write bool) error {
 func (tr *transfer) checkWriteDevices() error {
 	desc := tr.ref.desc
 	for i, src := range tr.targets {
-		dst := desc.Tensors[i]
-		if tr.pieces != nil {
-			dst = desc.Tensors[tr.pieces[i].Tensor]
-		}
+		dst := desc.Tensors[pieceTensor(tr.pieces, i)]
 		if src.Device.Type != dst.Device.Type && !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
 			return transport.Errorf(transport.ErrUnsupported, "source %d is in %s memory and its destination in %s memory: writes do not cross device types", i, src.Device.Type, dst.Device.Type)
 		}
@@ -227,9 +224,54 @@ func (tr *transfer) endWrite(err error) {
 	tr.peer.WriteDone(end)
 }
 
-// finishWrite records a write's outcome, tells the owner, and drops the
-// transfer's handle on the object.
+// errWriteAbandoned is a write part's outcome when its bytes landed after
+// the write was aborted (by the caller, its deadline or another part's
+// failure): the call does not report success, so no owner may either.
+var errWriteAbandoned = transport.Errorf(transport.ErrAborted, "the write was aborted before all of it landed")
+
+// finishWrite ends one part of a write. Its owner is told how it ended
+// only once every part has (endWrites), so that each notice says what the
+// writer's call returns.
 func (tr *transfer) finishWrite(err error) {
+	if err == nil && isClosed(tr.f.abortCh) && tr.f.result() == nil {
+		// Aborted by its caller, yet landed by a transport that could not
+		// stop. (Aborted by another part's failure or the deadline, the
+		// whole write's outcome is that failure: see endWrites.)
+		err = errWriteAbandoned
+	}
+	if err != nil {
+		desc := tr.ref.desc
+		err = transport.Wrap(err, "write into ref %d (object %s of %s)", tr.index, desc.ID, desc.Owner.Address)
+	}
+	tr.settle(err)
+}
+
+// endWrites tells the owner of each part of a write how it ended, once
+// every part has: a part whose bytes all landed is reported failed when
+// the write as a whole failed (another part, the deadline, an abort), so
+// that no owner applies a version its writer was told did not land.
+func (f *Fetch) endWrites() {
+	if f.write == nil {
+		return
+	}
+	whole := f.result()
+	for _, tr := range f.transfers {
+		err := tr.endErr
+		if err == nil && whole != nil {
+			err = transport.Wrap(whole, "the write of which this part landed failed")
+		}
+		transport.Protect(f.rt.log, "ending a write", func() error {
+			f.rt.atStage("notice")
+			tr.reportWrite(err)
+			return nil
+		})
+	}
+}
+
+// reportWrite tells the owner how a part of a write ended, counts it and
+// drops the part's handle on the object.
+func (tr *transfer) reportWrite(err error) {
+	defer tr.ref.Release()
 	rt := tr.f.rt
 	desc := tr.ref.desc
 	tr.endWrite(err)
@@ -246,16 +288,12 @@ func (tr *transfer) finishWrite(err error) {
 		rt.c.writesCompleted.Add(1)
 		rt.c.bytesWritten.Add(tr.nbytes)
 		rt.log.Debugf("wrote %d bytes into object %s of %s over %s in %v", tr.nbytes, desc.ID, desc.Owner.Address, tname, time.Since(tr.start))
-	} else {
-		rt.c.writesFailed.Add(1)
-		level := rt.log.Warnf
-		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
-			level = rt.log.Debugf
-		}
-		level("write into object %s of %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
-		err = transport.Wrap(err, "write into ref %d (object %s of %s)", tr.index, desc.ID, desc.Owner.Address)
+		return
 	}
-	tr.ref.Release()
-	tr.f.record(err)
-	tr.f.remaining.Add(-1)
+	rt.c.writesFailed.Add(1)
+	level := rt.log.Warnf
+	if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
+		level = rt.log.Debugf
+	}
+	level("write into object %s of %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
 }

@@ -258,10 +258,10 @@ type LocalCopier interface {
 }
 
 // RecvFunc adapts a synchronous receive into a Request: the function runs on
-// its own goroutine and Wait waits for it.
+// its own goroutine and Wait waits for it (a panic in it is its error).
 func RecvFunc(recv func() error) Request {
 	r := NewCompletion()
-	go func() { r.Finish(recv()) }()
+	go func() { r.Finish(Protect(nil, "receiving", recv)) }()
 	return r
 }
 

@@ -383,6 +383,12 @@ rdt_status rdt_view_data(const rdt_view *view, void **data_out, size_t count,
                                      count, out_mapped);
 }
 
+rdt_status rdt_view_sizes(const rdt_view *view, uint64_t *nbytes_out,
+                          size_t count) {
+  FORK_GUARD("rdt_view_sizes");
+  return (rdt_status)rdtgo_view_sizes((uintptr_t)view, nbytes_out, count);
+}
+
 rdt_status rdt_view_release(rdt_view *view) {
   FORK_GUARD("rdt_view_release");
   if (view == NULL) return RDT_OK;

@@ -75,6 +75,30 @@ func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C
 	})
 }
 
+//export rdtgo_view_sizes
+func rdtgo_view_sizes(h C.uintptr_t, nbytes *C.uint64_t, count C.size_t) C.int {
+	return guard("rdt_view_sizes", func() error {
+		vh, err := lookup[*viewHandle](h, "view")
+		if err != nil {
+			return err
+		}
+		ts := vh.v.Tensors()
+		if uint64(count) != uint64(len(ts)) {
+			return invalid("count is %d; the object has %d tensors", uint64(count), len(ts))
+		}
+		if nbytes == nil && count > 0 {
+			return invalid("nbytes_out is NULL")
+		}
+		if count > 0 {
+			out := unsafe.Slice(nbytes, int(count))
+			for i, t := range ts {
+				out[i] = C.uint64_t(t.Nbytes)
+			}
+		}
+		return nil
+	})
+}
+
 //export rdtgo_view_release
 func rdtgo_view_release(h C.uintptr_t) C.int {
 	return guard("rdt_view_release", func() error {

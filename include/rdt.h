@@ -849,7 +849,8 @@ static inline void rdt_view_options_init(rdt_view_options *opts) {
  * another host, a transport that cannot map: fetch a copy instead),
  * NOT_FOUND (the object was freed; an unknown transport), PEER_UNAVAILABLE
  * (the owner is gone), TIMEOUT, PERMISSION_DENIED (the owner's segment is
- * not sealed), CLOSED. */
+ * not sealed), CORRUPT (the ref's tensor count or sizes disagree with the
+ * owner's metadata: a ref rewritten since the owner made it), CLOSED. */
 RDT_API rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
                                  const rdt_view_options *opts,
                                  int64_t timeout_ms, rdt_view **out);
@@ -857,13 +858,24 @@ RDT_API rdt_status rdt_view_open(rdt_runtime *rt, const rdt_ref *ref,
 /* Where each tensor of the viewed object starts in this process: data_out
  * (an array of `count` pointers, the caller's) gets tensor i's address at
  * [i]; `count` must be the object's tensor count (rdt_ref_info()). The
- * addresses are valid until rdt_view_release(); each tensor's shape and
- * dtype are the ref's (rdt_ref_tensor_info()); a tensor of no bytes may have
- * any address. *out_mapped (may be NULL) is 1 for a mapping of another
+ * addresses are valid until rdt_view_release(); how many bytes each holds
+ * is rdt_view_sizes()'s, which the ref's shapes and dtypes
+ * (rdt_ref_tensor_info()) agree with; a tensor of no bytes may have any
+ * address. *out_mapped (may be NULL) is 1 for a mapping of another
  * process's object, 0 for a runtime's own tensors. INVALID_ARGUMENT for
  * another count, a NULL array or a released view. */
 RDT_API rdt_status rdt_view_data(const rdt_view *view, void **data_out,
                                  size_t count, int *out_mapped);
+
+/* How many bytes of each tensor of the viewed object lie at its address
+ * (rdt_view_data()): nbytes_out (an array of `count`, the caller's) gets
+ * tensor i's at [i]. They are the owner's, checked at rdt_view_open()
+ * against the mapping and against the ref (a ref whose tensors disagree
+ * with the owner's metadata is refused there with CORRUPT), so reading
+ * [data, data + nbytes) never leaves the mapping. INVALID_ARGUMENT for
+ * another count, a NULL array or a released view. */
+RDT_API rdt_status rdt_view_sizes(const rdt_view *view, uint64_t *nbytes_out,
+                                  size_t count);
 
 /* Unmaps the view and releases its handle on the object. NULL is ignored;
  * a view released twice is INVALID_ARGUMENT. */

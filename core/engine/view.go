@@ -165,9 +165,9 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 		return transportError(name, err)
 	}
 	data := m.Data()
-	if len(data) != len(desc.Tensors) {
+	if err := checkMapped(desc, data, m.Sizes()); err != nil {
 		m.Close()
-		return transportError(name, transport.Errorf(transport.ErrCorrupt, "the view maps %d tensors, object %s has %d", len(data), desc.ID, len(desc.Tensors)))
+		return transportError(name, err)
 	}
 	v.tensors = make([]transport.Tensor, len(desc.Tensors))
 	for i, t := range desc.Tensors {
@@ -177,6 +177,24 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	v.m = m
 	rt.c.viewsOpen.Add(1)
 	rt.c.bytesViewed.Add(int64(v.nbytes()))
+	return nil
+}
+
+// checkMapped refuses a view whose ref disagrees with the owner's
+// metadata: a tensor count or size other than what is mapped. A ref's
+// shapes can be rewritten by whoever holds its bytes (its checksum guards
+// against accidents, not against that); a reader that trusted them would
+// read past the mapping, as a fetch that trusted them would write past its
+// targets, which it refuses the same way.
+func checkMapped(desc *ObjectDesc, data []uintptr, sizes []uint64) error {
+	if len(data) != len(desc.Tensors) || len(sizes) != len(desc.Tensors) {
+		return transport.Errorf(transport.ErrCorrupt, "the owner's metadata describes %d tensors (%d mapped), the ref of object %s %d: refusing the ref", len(sizes), len(data), desc.ID, len(desc.Tensors))
+	}
+	for i, t := range desc.Tensors {
+		if sizes[i] != t.Nbytes {
+			return transport.Errorf(transport.ErrCorrupt, "tensor %d of object %s is %d bytes in the owner's metadata, %d in the ref (shape %v, %s): refusing the ref", i, desc.ID, sizes[i], t.Nbytes, t.Shape, t.DType)
+		}
+	}
 	return nil
 }
 

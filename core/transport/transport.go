@@ -120,9 +120,13 @@ type Viewer interface {
 }
 
 // Mapping is an object's bytes mapped by a Viewer: Data()[i] is where
-// tensor i starts in this process. Close unmaps them.
+// tensor i starts in this process and Sizes()[i] how many bytes of it the
+// mapping holds there, as the source's metadata says (each region inside
+// the mapping: the Viewer checks it). The engine refuses a ref whose
+// tensors disagree with Sizes. Close unmaps them.
 type Mapping interface {
 	Data() []uintptr
+	Sizes() []uint64
 	Close() error
 }
 

@@ -53,6 +53,12 @@ int main(void) {
   CHECK_OK(rdt_view_data(a, &pa, 1, &mapped));
   CHECK(mapped == 1 && pa != (void *)src);
   CHECK_OK(rdt_view_data(b, &pb, 1, NULL));
+  uint64_t held = 0;
+  CHECK_OK(rdt_view_sizes(a, &held, 1));
+  CHECK(held == N * sizeof(float));
+  CHECK_STATUS(rdt_view_sizes(a, NULL, 1), RDT_ERR_INVALID_ARGUMENT);
+  uint64_t two_sizes[2];
+  CHECK_STATUS(rdt_view_sizes(a, two_sizes, 2), RDT_ERR_INVALID_ARGUMENT);
   CHECK(memcmp(pa, src, N * sizeof(float)) == 0);
   src[7] = -1; /* the put's buffer changes: a view holds the staged bytes */
   CHECK(((float *)pa)[7] == 7.0f);
@@ -70,6 +76,7 @@ int main(void) {
   CHECK_OK(rdt_view_release(b));
   CHECK_STATUS(rdt_view_release(b), RDT_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(rdt_view_data(b, &pb, 1, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_view_sizes(b, &held, 1), RDT_ERR_INVALID_ARGUMENT);
 
   /* The owner's runtime destroyed: the view reads what it read. */
   CHECK_OK(rdt_runtime_destroy(owner));

@@ -1,6 +1,7 @@
 package multiprocess
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -98,4 +99,61 @@ func TestViewOfOwnObjectAndRefusals(t *testing.T) {
 	defer exposed.Release()
 	_, err = rt.View(exposed, engine.ViewOptions{}, time.Second)
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "an exposed object is written, not viewed: %v", err)
+}
+
+// A ref whose shapes were rewritten (its checksum recomputed: no key is
+// needed for that) is refused by a view as by a fetch: a reader never
+// maps a size the owner's metadata does not give, so it cannot read past
+// the mapping.
+func TestViewRefusesARefThatDisagreesWithTheOwner(t *testing.T) {
+	rt := parentRuntime(t, runtimeConfig{Name: "reader"})
+	owner := startChild(t, runtimeConfig{Name: "owner"})
+	blob := owner.put("shm", 7, 4096, 100)
+	desc, token, err := engine.DecodeRef(blob)
+	require.NoError(t, err)
+	forge := func(change func(ts []transport.TensorDesc) []transport.TensorDesc) *engine.Ref {
+		d := *desc
+		d.Tensors = change(append([]transport.TensorDesc(nil), desc.Tensors...))
+		ref, err := rt.Deserialize(engine.EncodeRef(&d, d.Meta, token))
+		require.NoError(t, err, "a rewritten ref is well formed")
+		t.Cleanup(func() { ref.Release() })
+		return ref
+	}
+	reshape := func(i int, shape ...int64) func([]transport.TensorDesc) []transport.TensorDesc {
+		return func(ts []transport.TensorDesc) []transport.TensorDesc {
+			td, err := transport.NewTensorDesc(ts[i].Device, ts[i].DType, shape)
+			require.NoError(t, err)
+			ts[i] = td
+			return ts
+		}
+	}
+	for name, ref := range map[string]*engine.Ref{
+		"tensor 0 enlarged to 64 MiB": forge(reshape(0, 64<<20)),
+		"tensor 1 enlarged by a byte": forge(reshape(1, 101)),
+		"tensor 0 shrunk":             forge(reshape(0, 16)),
+		"a tensor dropped":            forge(func(ts []transport.TensorDesc) []transport.TensorDesc { return ts[:1] }),
+		"a tensor added":              forge(func(ts []transport.TensorDesc) []transport.TensorDesc { return append(ts, ts[1]) }),
+	} {
+		_, err := rt.View(ref, engine.ViewOptions{}, 30*time.Second)
+		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%s: %v", name, err)
+		assert.Contains(t, fmt.Sprint(err), "refusing the ref", name)
+		targets := make([]transport.Tensor, len(ref.Desc().Tensors))
+		bufs := make([][]byte, len(targets))
+		for i, td := range ref.Desc().Tensors {
+			bufs[i] = hostMem(int(td.Nbytes))
+			defer freeMem(bufs[i])
+			targets[i] = transport.Tensor{TensorDesc: td, Data: addrOf(bufs[i]), Orig: addrOf(bufs[i])}
+		}
+		assert.Error(t, rt.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{Transport: "shm"}, 30*time.Second), "%s: a fetch refuses it too", name)
+	}
+	assert.Zero(t, rt.Stats().ViewsOpen)
+
+	// The ref as the owner made it is viewed.
+	ref, err := rt.Deserialize(blob)
+	require.NoError(t, err)
+	defer ref.Release()
+	v, err := rt.View(ref, engine.ViewOptions{}, 30*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, checkPattern(viewedBytes(v), 7))
+	require.NoError(t, v.Release())
 }

@@ -6,6 +6,7 @@ arrays are collected, outlives its owner and costs a reader no copy."""
 import asyncio
 import gc
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -135,3 +136,44 @@ def test_a_view_costs_a_reader_no_copy(child, copy):
         for r in readers:
             r.send("stop")
             r.stop()
+
+
+def _crc32c(data: bytes) -> int:
+    """CRC-32C (Castagnoli), the checksum a serialized ref ends with."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _rewrite_dim(blob: bytes, old: int, new: int) -> bytes:
+    """The ref's bytes with one dimension (found by its value) changed and
+    the checksum recomputed: what anyone holding a ref can do."""
+    body = blob[:-4]
+    at = body.index(struct.pack("<q", old))
+    body = body[:at] + struct.pack("<q", new) + body[at + 8:]
+    return body + struct.pack("<I", _crc32c(body))
+
+
+@pytest.mark.parametrize("new", [4097, 64 << 20])
+def test_a_rewritten_ref_is_refused_not_read_past_its_mapping(child, new):
+    """A ref whose shape was enlarged (by a byte, or to 64 MiB) is refused
+    by a view as by a copy: the reader gets CorruptError, never another
+    mapping's bytes or a crash."""
+    a = np.arange(4099, dtype=np.uint8)
+    with rdt.put(a, transport="shm") as ref:
+        blob = ref.serialize()
+        assert rdt.default_runtime().deserialize(blob).tensor_descs()[0].shape == (4099,)
+        reader = child(vw.view_rewritten, _rewrite_dim(blob, 4099, new))
+        (view_kind, view_msg), (copy_kind, _) = reader.recv()
+        assert view_kind == "CorruptError" and "refusing the ref" in view_msg, view_msg
+        assert copy_kind in ("InvalidArgumentError", "CorruptError")
+        reader.send("stop")
+        reader.stop()
+        # The ref as it was made is viewed by the same reader code.
+        reader = child(vw.view_rewritten, blob)
+        assert reader.recv() == [None, None]
+        reader.send("stop")
+        reader.stop()

@@ -39,3 +39,18 @@ def view_and_hold(conn, blob):
     gc.collect()
     conn.send(rdt.default_runtime().stats()["views_open"])
     conn.recv()
+
+
+def view_rewritten(conn, blob):
+    """Deserializes a ref's bytes and tries to view it, then to copy it;
+    sends back what each raised (or None)."""
+    ref = rdt.default_runtime().deserialize(blob)
+    out = []
+    for copy in (False, True):
+        try:
+            rdt.get(ref, timeout=60, copy=copy)
+            out.append(None)
+        except rdt.RdtError as e:
+            out.append((type(e).__name__, str(e)))
+    conn.send(out)
+    conn.recv()

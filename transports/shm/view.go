@@ -21,11 +21,13 @@ const viewSeals = unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK
 
 // mapping is an object's segment mapped into this process.
 type mapping struct {
-	mem  []byte // nil for an object of no bytes
-	data []uintptr
+	mem   []byte // nil for an object of no bytes
+	data  []uintptr
+	sizes []uint64
 }
 
 func (v *mapping) Data() []uintptr { return v.data }
+func (v *mapping) Sizes() []uint64 { return v.sizes }
 
 func (v *mapping) Close() error {
 	if v.mem == nil {
@@ -85,7 +87,10 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 	if err := checkSealedSize(a.fd, a.size, viewSeals, "segment", "sealed against writes and shrinking; refusing to map it"); err != nil {
 		return nil, err
 	}
-	v := &mapping{data: make([]uintptr, len(m.Regions))}
+	v := &mapping{data: make([]uintptr, len(m.Regions)), sizes: make([]uint64, len(m.Regions))}
+	for i, g := range m.Regions {
+		v.sizes[i] = g.Size
+	}
 	if m.Size == 0 {
 		return v, nil
 	}
@@ -102,7 +107,14 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 	}
 	v.mem = mem
 	base := uintptr(unsafe.Pointer(&mem[0]))
-	for i, g := range m.Regions { // inside the segment: decodeMetadata checked
+	for i, g := range m.Regions {
+		// decodeMetadata checked each region against the metadata's size,
+		// which is the segment's and the mapping's: checked again here, as
+		// a reader faults on anything past the mapping.
+		if g.Offset > uint64(len(mem)) || g.Size > uint64(len(mem))-g.Offset {
+			v.Close()
+			return nil, transport.Errorf(transport.ErrCorrupt, "tensor %d, bytes [%d, +%d), lies outside the %d-byte segment", i, g.Offset, g.Size, len(mem))
+		}
 		v.data[i] = base + uintptr(g.Offset)
 	}
 	return v, nil

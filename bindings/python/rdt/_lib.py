@@ -424,6 +424,7 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_prepared_free": (c_int32, [c_void_p]),
     "rdt_view_open": (c_int32, [c_void_p, c_void_p, POINTER(ViewOptions), c_int64, POINTER(c_void_p)]),
     "rdt_view_data": (c_int32, [c_void_p, c_void_p, c_size_t, POINTER(c_int32)]),
+    "rdt_view_sizes": (c_int32, [c_void_p, c_void_p, c_size_t]),
     "rdt_view_release": (c_int32, [c_void_p]),
     "rdt_buffer_set": (c_int32, [c_void_p, c_char_p, c_size_t]),
     "rdt_set_error": (None, [c_char_p]),

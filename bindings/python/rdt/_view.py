@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _lib
 from . import _tensors as _t
-from ._errors import InvalidArgumentError, UnsupportedError
+from ._errors import CorruptError, InvalidArgumentError, UnsupportedError
 from ._fetch import deadline_of, ms_until
 from ._get import Refs, check_refs
 from ._get import get_async_in as copy_async
@@ -68,9 +68,17 @@ def _open(rt: RuntimeLike, r: ObjectRef, private: bool, transport: Optional[str]
     v = _View(out.value or 0)
     descs = r.tensor_descs()
     addrs = np.zeros(len(descs), np.uint64)
+    held = np.zeros(len(descs), np.uint64)
     mapped = ctypes.c_int32()
     _lib.check(L.rdt_view_data(v._handle(), addrs.ctypes.data, len(descs), ctypes.byref(mapped)))
-    sizes = [d.nbytes for d in descs]
+    # What each tensor's address holds is the view's (the owner's, checked
+    # against the mapping), never what the ref says: arrays are sized by it.
+    _lib.check(L.rdt_view_sizes(v._handle(), held.ctypes.data, len(descs)))
+    sizes = held.tolist()
+    if sizes != [d.nbytes for d in descs]:
+        i = next(i for i, (d, n) in enumerate(zip(descs, sizes)) if d.nbytes != n)
+        raise CorruptError(f"tensor {i} of the view holds {sizes[i]} bytes; the ref describes "
+                           f"{descs[i].nbytes} ({descs[i].dtype_name()} {tuple(descs[i].shape)}): refusing the ref")
     if not mapped.value or not any(sizes):
         return _Opened(None, [], sizes, [_bytes_of(v, int(a), n, private) for a, n in zip(addrs, sizes)])
     # One mapping holds them all: one buffer over it, each tensor at its

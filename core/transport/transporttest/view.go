@@ -36,9 +36,14 @@ func (s *suite) view(t *testing.T) {
 	if err != nil {
 		t.Fatalf("view: %v", err)
 	}
-	data := m.Data()
-	if len(data) != len(sizes) {
-		t.Fatalf("the view has %d tensors, the object %d", len(data), len(sizes))
+	data, mapped := m.Data(), m.Sizes()
+	if len(data) != len(sizes) || len(mapped) != len(sizes) {
+		t.Fatalf("the view has %d tensors (%d sizes), the object %d", len(data), len(mapped), len(sizes))
+	}
+	for i, n := range sizes {
+		if mapped[i] != uint64(n) {
+			t.Fatalf("the view says tensor %d holds %d bytes; it was put with %d", i, mapped[i], n)
+		}
 	}
 	check := func(when string) {
 		for i, n := range sizes {

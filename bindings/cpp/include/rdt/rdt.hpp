@@ -598,10 +598,19 @@ class [[nodiscard]] ObjectView {
   ObjectView(rdt_view *adopt, const Ref &ref) : v_(adopt) {
     tensors_ = ref.tensors();
     std::vector<void *> data(tensors_.size());
+    std::vector<uint64_t> held(tensors_.size());
     int mapped = 0;
     check(rdt_view_data(v_, data.data(), data.size(), &mapped));
+    check(rdt_view_sizes(v_, held.data(), held.size()));
     mapped_ = mapped != 0;
     for (std::size_t i = 0; i < tensors_.size(); i++) {
+      // The view's sizes are the owner's; a ref that disagrees was refused
+      // at rdt_view_open, so this holds unless the ref changed since.
+      if (held[i] != tensors_[i].nbytes()) {
+        rdt_view_release(std::exchange(v_, nullptr));
+        throw Error(RDT_ERR_CORRUPT, "tensor " + std::to_string(i) + " of the view holds " + std::to_string(held[i]) +
+                                         " bytes, the ref describes " + std::to_string(tensors_[i].nbytes()));
+      }
       tensors_[i].data = data[i];
       if (mapped_) tensors_[i].device = cpu;
     }

@@ -44,6 +44,22 @@ static rdt_status fail(rdt_status st, const char *fmt, ...) {
                   fn);                                                       \
   } while (0)
 
+/* Whether struct_size is one a version of rdt.h gave `type`: every
+ * version's size is a multiple of the struct's alignment (a struct is
+ * padded to it), so any other size ends inside a field, half a pointer
+ * say, which copied would be a wild value; it is refused instead. */
+#define STRUCT_SIZE_WHOLE(type, size) ((size) % _Alignof(type) == 0)
+
+#define REFUSE_PARTIAL_FIELD(fn, type, size)                                 \
+  do {                                                                       \
+    if (!STRUCT_SIZE_WHOLE(type, size))                                      \
+      return fail(RDT_ERR_INVALID_ARGUMENT,                                   \
+                  "%s: " #type " struct_size %u ends inside a field (no "    \
+                  "version of rdt.h has that size); initialize it with its " \
+                  "_init function",                                          \
+                  fn, (unsigned)(size));                                     \
+  } while (0)
+
 /* Copies a caller's versioned struct into a zeroed, library-sized one. */
 #define VERSIONED_IN(fn, type, dst, src, first_field)                        \
   do {                                                                       \
@@ -52,6 +68,7 @@ static rdt_status fail(rdt_status st, const char *fmt, ...) {
                   "%s: " #type " struct_size %u is too small; initialize it " \
                   "with its _init function",                                 \
                   fn, (unsigned)(src)->struct_size);                         \
+    REFUSE_PARTIAL_FIELD(fn, type, (src)->struct_size);                      \
     size_t n_ = (src)->struct_size < sizeof(type) ? (src)->struct_size        \
                                                  : sizeof(type);             \
     memcpy(&(dst), (src), n_);                                               \
@@ -76,6 +93,7 @@ static rdt_status fail(rdt_status st, const char *fmt, ...) {
                   "%s: " #type " struct_size %u is too small; initialize it " \
                   "with its _init function",                                 \
                   fn, (unsigned)(p)->struct_size);                           \
+    REFUSE_PARTIAL_FIELD(fn, type, (p)->struct_size);                        \
   } while (0)
 
 /* ---- runtimes ------------------------------------------------------- */
@@ -543,6 +561,9 @@ static rdt_status register_transport(rdt_runtime *rt, const char *name,
                 "rdt_register_transport: vtable struct_size %u is too small; "
                 "initialize it with rdt_transport_vtable_init()",
                 (unsigned)vtable->struct_size);
+  /* A size ending inside a callback would copy half a pointer: a transport
+   * that registers and crashes at the first call of it. */
+  REFUSE_PARTIAL_FIELD("rdt_register_transport", rdt_transport_vtable, vtable->struct_size);
   /* The runtime keeps its own copy for as long as the transport lives. */
   rdt_transport_vtable *copy = malloc(sizeof *copy);
   if (copy == NULL)

@@ -257,6 +257,11 @@ static void test_bad_bytes(void) {
   dopts.struct_size = 4;
   CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, size, &dopts, &out), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("struct_size");
+  /* A size no header gave it, ending inside timeout_ms: refused, not half
+   * read. */
+  dopts.struct_size = (uint32_t)(offsetof(rdt_deserialize_options, timeout_ms) + 4);
+  CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, size, &dopts, &out), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("ends inside a field");
   rdt_deserialize_options_init(&dopts);
   CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, 3, &dopts, &out), RDT_ERR_CORRUPT);
   CHECK_STATUS(rdt_ref_deserialize_ex(b, bytes, size, &dopts, NULL), RDT_ERR_INVALID_ARGUMENT);

@@ -157,6 +157,18 @@ static void custom_write_refusals(void) {
   CHECK_MSG("together");
   CHECK(t.freed_user_data == 4); /* every refusal handed the user data back */
 
+  /* A struct_size that ends inside the write pointer (no header ever had
+   * it) would copy half a pointer and crash at the first write: refused,
+   * the user data handed back. Likewise inside write_start. */
+  vt = memcopy_write_vtable(&t);
+  vt.struct_size = (uint32_t)(offsetof(rdt_transport_vtable, write) + sizeof(void *) / 2);
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("ends inside a field");
+  vt.struct_size = (uint32_t)(offsetof(rdt_transport_vtable, write_start) + 1);
+  CHECK_STATUS(rdt_register_transport(rt, "w", &cpu, 1, &vt), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_MSG("ends inside a field");
+  CHECK(t.freed_user_data == 6);
+
   /* Built against a header without the write fields: registers, does not
    * write, and exposing with it is refused. */
   vt = memcopy_vtable(&t);
@@ -171,7 +183,7 @@ static void custom_write_refusals(void) {
   CHECK_OK(rdt_put(rt, &bt, 1, "older", NULL, NULL, &r)); /* it still moves puts */
   CHECK_OK(rdt_ref_release(r));
   CHECK_OK(rdt_runtime_destroy(rt));
-  CHECK(t.freed_user_data == 5);
+  CHECK(t.freed_user_data == 7);
 }
 
 int main(void) {

@@ -27,7 +27,13 @@
  *    or different handles, concurrently. A handle must not be used after (or
  *    while) it is being freed or released by another thread; doing so returns
  *    RDT_ERR_INVALID_ARGUMENT at worst.
- *  - Timeouts are in milliseconds: a negative value waits forever, 0 polls.
+ *  - Timeouts are in milliseconds: a negative value waits forever, 0 never
+ *    waits. With 0, a wait for something under way (rdt_fetch_wait,
+ *    rdt_write_notice_wait, rdt_wait_tensor_freed) polls it, and a call that
+ *    would start a transfer with another runtime (rdt_get, rdt_write,
+ *    rdt_prepared_run, rdt_view_open) returns RDT_ERR_TIMEOUT without
+ *    starting anything, on every transport; on the runtime's own objects
+ *    those complete. See docs/abi.md, "Timeouts".
  *  - fork(): the library runs a Go runtime, which does not survive fork() in
  *    the child. In a child forked after the library was loaded, every call
  *    returns RDT_ERR_FORKED. Create processes with fork+exec or spawn.

@@ -130,6 +130,15 @@ func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 // get is Get; ended, when not nil, sees the fetch once it succeeded, before
 // it is freed (a Prepared keeps what its transfers resolved).
 func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOptions, timeout time.Duration, ended func(*Fetch)) error {
+	if timeout == 0 {
+		if _, err := rt.checkFetchArgs(refs, targets, opts); err != nil {
+			return err
+		}
+		if err := noTimeForPeers(refs, opts.write != nil); err != nil {
+			return err
+		}
+		timeout = -1 // this runtime's own objects: copies that wait for no one
+	}
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if timeout >= 0 {
@@ -178,6 +187,24 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 		return result()
 	}
 	return timedOut
+}
+
+// noTimeForPeers is the outcome of a get, write, prepared run or view
+// given timeout 0 (docs/abi.md, "Timeouts"): no time to involve another
+// runtime, so one that would is refused with ErrTimeout before anything
+// starts, on every transport alike; only a runtime's own objects, which
+// need no other process, are fetched, written or viewed.
+func noTimeForPeers(refs []*Ref, write bool) error {
+	what := "fetched"
+	if write {
+		what = "written"
+	}
+	for i, r := range refs {
+		if !r.owned {
+			return transport.Errorf(transport.ErrTimeout, "timeout 0 leaves no time to reach the owner of ref %d (object %s at %s): nothing was %s", i, r.desc.ID, r.desc.Owner.Address, what)
+		}
+	}
+	return nil
 }
 
 // giveUp makes err the outcome of a fetch whose caller stops waiting for

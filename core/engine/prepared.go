@@ -111,6 +111,12 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 	if p.rt.ctx.Err() != nil {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
 	}
+	if timeout == 0 {
+		if err := noTimeForPeers(p.refs, p.opts.write != nil); err != nil {
+			return err
+		}
+		timeout = -1 // this runtime's own objects: copies that wait for no one
+	}
 	if !p.kept {
 		return p.runFull(tag, timeout)
 	}

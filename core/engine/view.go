@@ -91,6 +91,9 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 			return nil, err
 		}
 	}
+	if timeout == 0 && !r.owned {
+		return nil, transport.Errorf(transport.ErrTimeout, "timeout 0 leaves no time to reach the owner of object %s at %s: nothing was mapped", desc.ID, desc.Owner.Address)
+	}
 	own, err := r.Clone()
 	if err != nil {
 		return nil, err

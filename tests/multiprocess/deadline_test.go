@@ -14,6 +14,7 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/cma"
+	"github.com/rdt-project/rdt/transports/nixl"
 	"github.com/rdt-project/rdt/transports/shm"
 	"github.com/rdt-project/rdt/transports/tcp"
 )
@@ -162,4 +163,84 @@ func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 		freeMem(bufs[0])
 		ref.Release()
 	}
+}
+
+// Timeout 0 is one thing on every transport (docs/abi.md, "Timeouts"): no
+// time to involve another runtime, so a get, write, prepared run or view
+// of another process's object returns TIMEOUT at once and moves nothing,
+// the owner running or stopped; a runtime's own object needs no other
+// process and is fetched.
+func TestTimeoutZeroIsTheSameOnEveryTransport(t *testing.T) {
+	names := []string{"cma", "shm", "tcp"}
+	if nixl.Load() == nil {
+		names = append(names, "nixl")
+	}
+	rt := parentRuntime(t, runtimeConfig{Name: "receiver"})
+	owner := startChild(t, runtimeConfig{Name: "owner"})
+	target := hostMem(4096)
+	defer freeMem(target)
+	for _, stopped := range []bool{false, true} {
+		refs := map[string]*engine.Ref{}
+		exposed := map[string]*engine.Ref{}
+		for _, name := range names {
+			r, err := rt.Deserialize(owner.put(name, 3, 4096))
+			require.NoError(t, err)
+			defer r.Release()
+			refs[name] = r
+			if name != "nixl" { // nixl does not write
+				e := owner.call(request{Op: "expose", Sizes: []int{4096}, Transport: name})
+				require.Empty(t, e.Error)
+				w, err := rt.Deserialize(dec(e.Refs[0]))
+				require.NoError(t, err)
+				defer w.Release()
+				exposed[name] = w
+			}
+		}
+		if stopped {
+			owner.stop(t)
+		}
+		for _, name := range names {
+			what := name
+			if stopped {
+				what += ", owner stopped"
+			}
+			clear(target)
+			before := rt.Stats()
+			tg := []transport.Tensor{tensorOver(target)}
+			err := rt.Get([]*engine.Ref{refs[name]}, tg, engine.FetchOptions{Transport: name}, 0)
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "get, %s: %v", what, err)
+			assert.Equal(t, make([]byte, len(target)), target, "get, %s: nothing moved", what)
+			p, err := rt.PrepareFetch([]*engine.Ref{refs[name]}, tg, engine.FetchOptions{Transport: name})
+			require.NoError(t, err)
+			err = p.Run(0, 0)
+			p.Close()
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "prepared run, %s: %v", what, err)
+			_, err = rt.View(refs[name], engine.ViewOptions{}, 0)
+			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "view, %s: %v", what, err)
+			if w := exposed[name]; w != nil {
+				err = rt.Write([]*engine.Ref{w}, tg, engine.WriteOptions{Transport: name, Tag: 1}, 0)
+				assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "write, %s: %v", what, err)
+			}
+			after := rt.Stats()
+			assert.Equal(t, before.TransfersCompleted+before.TransfersFailed, after.TransfersCompleted+after.TransfersFailed, "%s: no transfer started", what)
+			assert.Equal(t, before.WritesCompleted+before.WritesFailed, after.WritesCompleted+after.WritesFailed, "%s: no write started", what)
+			assert.Zero(t, after.FetchesActive)
+		}
+		if stopped {
+			owner.resume()
+		}
+	}
+	// With time, the objects move over each; an own object needs none.
+	for _, name := range names {
+		fetchAndCheck(t, rt, owner.put(name, 3, 4096), 3, name)
+	}
+	own := hostMem(4096)
+	defer freeMem(own)
+	own[7] = 42
+	mine, err := rt.Put([]transport.Tensor{tensorOver(own)}, "", nil)
+	require.NoError(t, err)
+	defer mine.Release()
+	clear(target)
+	require.NoError(t, rt.Get([]*engine.Ref{mine}, []transport.Tensor{tensorOver(target)}, engine.FetchOptions{}, 0))
+	assert.Equal(t, byte(42), target[7])
 }

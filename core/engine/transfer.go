@@ -460,7 +460,10 @@ func (tr *transfer) receive() (err error) {
 	if tr.sendCancel != nil {
 		tr.sendCancel()
 	}
-	if isClosed(tr.peer.Done()) {
+	// The owner's death may fail the transport before the control plane
+	// has read its connection's end (on a loaded machine, a while): on this
+	// host its process says so at once.
+	if isClosed(tr.peer.Done()) || tr.ownerProcessGone() {
 		if st := transport.StatusOf(cause); st != transport.ErrAborted && st != transport.ErrPeerUnavailable {
 			cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
 		}
@@ -479,6 +482,13 @@ func (tr *transfer) releaseRequest() error {
 		tr.req.Release()
 		return nil
 	})
+}
+
+// ownerProcessGone reports whether the owner runs on this host and its
+// process has exited.
+func (tr *transfer) ownerProcessGone() bool {
+	info := tr.peer.Info()
+	return info.Pid > 0 && tr.f.rt.Identity().SameHost(info) && !transport.ProcessAlive(info.Pid)
 }
 
 // readsUnguarded reports whether the transport read the owner's memory

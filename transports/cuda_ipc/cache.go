@@ -1,16 +1,9 @@
 package cudaipc
 
 import (
-	"bytes"
 	"container/list"
-	"errors"
-	"io/fs"
-	"os"
-	"strconv"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
@@ -76,31 +69,10 @@ type handleCache struct {
 
 func newHandleCache(limit int) *handleCache {
 	return &handleCache{
-		open: cuda.IPCOpenMemHandle, close: cuda.IPCCloseMemHandle, alive: processAlive,
+		open: cuda.IPCOpenMemHandle, close: cuda.IPCCloseMemHandle, alive: transport.ProcessAlive,
 		now: time.Now, warn: func(string, ...any) {},
 		limit: limit, m: map[cacheKey]*entry{},
 	}
-}
-
-// processAlive reports whether process pid still runs. A process that has
-// exited but that its parent has not yet waited for (a zombie) still
-// answers kill(pid, 0), but its memory, CUDA allocations included, is
-// gone: /proc says which it is.
-func processAlive(pid int) bool {
-	if errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return !errors.Is(err, fs.ErrNotExist) // reaped since; or no /proc to ask
-	}
-	// "pid (comm) state ...": comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return true
-	}
-	state := b[i+2]
-	return state != 'Z' && state != 'X'
 }
 
 // acquire returns the open mapping for key, opening it in dev's context on

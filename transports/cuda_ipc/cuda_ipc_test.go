@@ -292,14 +292,14 @@ func TestDescribe(t *testing.T) {
 // A process that has exited is not alive, even before its parent waits for
 // it (a zombie still answers kill(pid, 0)).
 func TestProcessAliveSeesZombies(t *testing.T) {
-	assert.True(t, processAlive(os.Getpid()))
+	assert.True(t, transport.ProcessAlive(os.Getpid()))
 	cmd := exec.Command("sleep", "60")
 	require.NoError(t, cmd.Start())
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	assert.True(t, processAlive(cmd.Process.Pid))
+	assert.True(t, transport.ProcessAlive(cmd.Process.Pid))
 	require.NoError(t, cmd.Process.Kill())
-	require.Eventually(t, func() bool { return !processAlive(cmd.Process.Pid) }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return !transport.ProcessAlive(cmd.Process.Pid) }, 10*time.Second, 5*time.Millisecond,
 		"a killed child, not yet waited for, still counts as alive")
 	_ = cmd.Wait()
-	assert.False(t, processAlive(cmd.Process.Pid))
+	assert.False(t, transport.ProcessAlive(cmd.Process.Pid))
 }

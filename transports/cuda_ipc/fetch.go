@@ -184,12 +184,12 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 			src.base[i] = a.Base // the source's addresses are ours
 			continue
 		}
-		if !processAlive(int(m.Pid)) {
+		if !transport.ProcessAlive(int(m.Pid)) {
 			return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
 		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
 		if err != nil {
-			if !processAlive(int(m.Pid)) {
+			if !transport.ProcessAlive(int(m.Pid)) {
 				return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
 			}
 			return src, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s)", dev, a.Device)

@@ -202,6 +202,33 @@ def test_a_python_transport_writes_into_another_process(child):
         c.stop()
 
 
+SLOW = [("slow", "transports_for_tests", "SlowWrite"), ("slow-abort", "transports_for_tests", "SlowAbortableWrite")]
+
+
+def test_a_write_past_its_deadline_fails_for_the_writer_and_the_owner_alike(child):
+    """Application transports with and without abort land the bytes and
+    return after the writer's deadline: the writer gets GetTimeoutError, and
+    the owner's notice says the write failed (one outcome for both)."""
+    import transports_for_tests as tt
+    with rdt.Runtime("slow-writer") as rt:
+        for name, _, cls in SLOW:
+            rt.register_tensor_transport(name, ["cpu"], getattr(tt, cls))
+        c = child(workers.exposer, [name for name, _, _ in SLOW], SLOW)
+        blobs = c.recv()
+        v = np.full(4096, 7, np.uint8)
+        for name, _, _ in SLOW:
+            w = rt.deserialize(blobs[name])
+            with pytest.raises(rdt.GetTimeoutError):
+                rt.write(w, v, tag=51, timeout=0.5)
+            c.send(("notice", name))
+            ok, tag, error, landed = c.recv()
+            assert not ok and tag == 51, f"{name}: the owner was told the write landed"
+            assert "within" in error or "abort" in error, error
+            assert np.array_equal(landed, v), f"{name}: the bytes did land (the notice says not to trust them)"
+            w.close()
+        c.stop()
+
+
 def test_a_python_transport_that_writes_must_be_one_sided_and_define_the_write():
     import transports_for_tests as tt
     with rdt.Runtime("py-refusals") as rt:

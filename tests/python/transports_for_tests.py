@@ -199,6 +199,34 @@ class FailingWrite(PyVm):
         raise RuntimeError("the link went down")
 
 
+class SlowWrite(PyVm):
+    """Lands its bytes, then takes 2 s to return, and cannot abort: a
+    write that outlives a shorter deadline."""
+
+    def write_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, tensors):
+        super().write_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata, tensors)
+        time.sleep(2)
+
+
+class SlowAbortableWrite(PyVm):
+    """Lands its bytes, then returns once aborted (or after 2 s)."""
+
+    def __init__(self):
+        super().__init__()
+        self.aborted = threading.Event()
+
+    @staticmethod
+    def can_abort_transport():
+        return True
+
+    def write_multiple_tensors(self, obj_id, tensor_transport_metadata, communicator_metadata, tensors):
+        super().write_multiple_tensors(obj_id, tensor_transport_metadata, communicator_metadata, tensors)
+        self.aborted.wait(2)
+
+    def abort_transport(self, obj_id, communicator_metadata):
+        self.aborted.set()
+
+
 class TwoSidedWrite(PyVm):
     @staticmethod
     def is_one_sided():

@@ -306,14 +306,20 @@ func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
 	case <-ctx.Done():
 		// The answer still comes (its channel has room for it) and
 		// frees the slot; a long request is told to stop.
-		if m.Kind == KindSend || m.Kind == KindGroupJoin {
-			sc.postNow(&Message{Kind: KindCancel, Target: m.ID})
-		}
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.Info())
-		}
-		return nil, transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.Kind, sc.Info())
+		return nil, callEnded(ctx, m, sc)
 	}
+}
+
+// callEnded is the error of a call given up when ctx ended; a long
+// request is told to stop.
+func callEnded(ctx context.Context, m *Message, sc *sconn) error {
+	if m.Kind == KindSend || m.Kind == KindGroupJoin {
+		sc.postNow(&Message{Kind: KindCancel, Target: m.ID})
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.Info())
+	}
+	return transport.Errorf(transport.ErrAborted, "%s request to %s was cancelled", m.Kind, sc.Info())
 }
 
 // start takes a slot for request m, registers where its answer goes (ch

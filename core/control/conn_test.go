@@ -423,3 +423,42 @@ func TestPanicInAnswerIsInternal(t *testing.T) {
 	resp := ask(&Message{Kind: KindLease, ID: 3, Object: obj})
 	assert.Equal(t, transport.OK, resp.Status, "the connection serves on: %s", resp.Text)
 }
+
+// A writer that stops waiting for its admission may be admitted all the
+// same: the admission is ended as soon as it arrives, so the owner does
+// not hold it open (and its object pinned) for as long as the connection
+// lives. A standing admission is closed the same way.
+func TestAnAdmissionNobodyWaitsForIsEnded(t *testing.T) {
+	owner, _ := listenStub(t, "owner")
+	_, writerEP := listenStub(t, "writer")
+	obj := owner.put()
+	peer, err := connectTo(writerEP, owner.Identity().Address)
+	require.NoError(t, err)
+	gate := make(chan struct{})
+	owner.mu.Lock()
+	owner.slowOpen = gate
+	owner.mu.Unlock()
+	for i, standing := range []bool{false, true} {
+		id := uint64(10 + i)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err := peer.OpenWrite(ctx, WriteOpen{Object: obj, TransferID: id, Transport: "cma", Key: stubWriteKey, Tag: 5, Standing: standing})
+		cancel()
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
+	}
+	close(gate) // the owner admits both now
+	eventually(t, func() bool {
+		owner.mu.Lock()
+		defer owner.mu.Unlock()
+		return len(owner.writeEnds) == 2
+	}, "both admissions are ended")
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	for _, end := range owner.writeEnds {
+		if end.TransferID == 10 {
+			assert.Equal(t, transport.ErrAborted, transport.StatusOf(end.Err), "the write ends failed: nothing was written")
+			assert.False(t, end.Close)
+		} else {
+			assert.True(t, end.Close, "the standing admission is closed without a run")
+		}
+	}
+}

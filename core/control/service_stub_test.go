@@ -40,6 +40,8 @@ type stubService struct {
 	// slowMeta, when set, holds every metadata request for the transport
 	// "slowmeta" until it is closed.
 	slowMeta chan struct{}
+	// slowOpen, when set, holds every write admission until it is closed.
+	slowOpen chan struct{}
 }
 
 // stubHost is the host identity of every stub: they share this process,
@@ -194,6 +196,12 @@ func (s *stubService) JoinGroup(ctx context.Context, from transport.PeerInfo, re
 var stubWriteKey = [16]byte{'s', 't', 'u', 'b'}
 
 func (s *stubService) OpenWrite(from transport.PeerInfo, req WriteOpen) (Admission, error) {
+	s.mu.Lock()
+	slow := s.slowOpen
+	s.mu.Unlock()
+	if slow != nil {
+		<-slow
+	}
 	if err := s.known(req.Object); err != nil {
 		return Admission{}, err
 	}

@@ -183,3 +183,63 @@ func ownerKilledWhileBeingWritten(t *testing.T, transportName string) {
 	err = writer.Write([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: 3}, time.Minute)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 }
+
+// Writes under deadlines from far too short to ample, over each built-in
+// transport that writes: whatever each ended in, the writer's result and
+// the owner's notice say the same (a write never admitted has no notice,
+// and one that succeeded always has one).
+func TestWriteOutcomeAgreesAtEveryDeadline(t *testing.T) {
+	for _, name := range writingTransports {
+		t.Run(name, func(t *testing.T) { requireWriter(t, name); writeOutcomeAgrees(t, name) })
+	}
+}
+
+func writeOutcomeAgrees(t *testing.T, transportName string) {
+	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
+	writer := parentRuntime(t, runtimeConfig{Name: "writer"})
+	const size = 64 << 20
+	dst, src := hostMem(size), hostMem(size)
+	defer freeMem(dst)
+	defer freeMem(src)
+	exposed, err := owner.Expose([]transport.Tensor{tensorOver(dst)}, transportName, nil)
+	require.NoError(t, err)
+	defer exposed.Release()
+	b, err := exposed.Serialize()
+	require.NoError(t, err)
+	ref, err := writer.Deserialize(b)
+	require.NoError(t, err)
+	defer ref.Release()
+
+	deadlines := []time.Duration{200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond, 2 * time.Millisecond,
+		3 * time.Millisecond, 5 * time.Millisecond, 8 * time.Millisecond, 13 * time.Millisecond, 21 * time.Millisecond, time.Minute}
+	results := map[uint64]error{}
+	for i, d := range deadlines {
+		tag := uint64(i + 1)
+		results[tag] = writer.Write([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: tag}, d)
+	}
+	require.NoError(t, results[uint64(len(deadlines))], "the write with time enough succeeds")
+	if !assert.Eventually(t, func() bool { return owner.Stats().WritesOpen == 0 }, 30*time.Second, time.Millisecond) {
+		for tag, e := range results {
+			t.Logf("tag %d: %v", tag, e)
+		}
+		t.Logf("writer %+v owner %+v", writer.Stats(), owner.Stats())
+	}
+	noticed := map[uint64]bool{}
+	for {
+		n, err := exposed.WaitWriteNotice(time.Second)
+		if transport.StatusOf(err) == transport.ErrTimeout {
+			break
+		}
+		require.NoError(t, err)
+		require.False(t, noticed[n.Tag], "one notice per write (tag %d)", n.Tag)
+		noticed[n.Tag] = true
+		werr, ok := results[n.Tag]
+		require.True(t, ok, "a notice for tag %d, which no write had", n.Tag)
+		assert.Equal(t, werr == nil, n.Err == nil, "tag %d: the writer got %v, the owner's notice %v", n.Tag, werr, n.Err)
+	}
+	for tag, werr := range results {
+		if werr == nil {
+			assert.True(t, noticed[tag], "tag %d succeeded without a notice", tag)
+		}
+	}
+}

@@ -35,3 +35,18 @@ func TestAdmittedPiecesAreMergedForTheServers(t *testing.T) {
 	assert.NotNil(t, none, "no pieces are no bytes, not every tensor")
 	assert.False(t, transport.Covered(none, transport.Piece{Tensor: 0, Length: 1}))
 }
+
+// Pieces may name the same bytes again and again, so their total is not
+// bounded by the object: one past 2^64 is refused, not wrapped into the
+// small number a notice would report.
+func TestPiecesWhoseTotalWrapsAreRefused(t *testing.T) {
+	huge := []transport.Tensor{{TensorDesc: transport.TensorDesc{Nbytes: 1 << 63}}}
+	whole := transport.Piece{Length: 1 << 63}
+	total, err := checkPieces(huge, []transport.Piece{whole, {Length: 1 << 62}})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1<<63+1<<62), total)
+	_, err = checkPieces(huge, []transport.Piece{whole, whole})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
+	_, err = checkPieces(huge, []transport.Piece{whole, {Offset: 1 << 62, Length: 1 << 62}, {Length: 1 << 62}})
+	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
+}

@@ -136,3 +136,128 @@ func TestRandomWritesLandOnlyInAdmittedBytes(t *testing.T) {
 		o.host.EndWrite(id)
 	}
 }
+
+// FuzzDecodeWriteRequest decodes what a writer sends before its bytes:
+// a request that decodes re-encodes to the same bytes, names at most
+// maxRegions pieces, none of which wraps, and their total is their sum;
+// anything else is corrupt.
+func FuzzDecodeWriteRequest(f *testing.F) {
+	obj := transport.ObjectID{34}
+	f.Add(encodeWriteRequest(obj, 7, []transport.Piece{{Offset: 4096, Length: 16}}))
+	f.Add(encodeWriteRequest(obj, 7, []transport.Piece{{Offset: 65536, Length: 65536}, {Tensor: 1, Offset: 8, Length: 16}}))
+	f.Add(encodeWriteRequest(obj, 7, []transport.Piece{{Offset: 8, Length: ^uint64(0) - 4}}))
+	f.Add(encodeWriteRequest(obj, 7, []transport.Piece{{Length: 1 << 63}, {Length: 1 << 63}}))
+	f.Add(encodeWriteRequest(obj, 7, nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) < writeHeaderLen {
+			return
+		}
+		h, err := decodeWriteHeader(b[:writeHeaderLen])
+		if err != nil {
+			require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+			return
+		}
+		require.LessOrEqual(t, h.count, uint32(maxRegions))
+		raw := b[writeHeaderLen:]
+		if uint64(len(raw)) < uint64(h.count)*pieceLen {
+			return
+		}
+		raw = raw[:int(h.count)*pieceLen]
+		pieces, total, err := decodePieces(raw)
+		if err != nil {
+			require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+			return
+		}
+		var sum uint64
+		for _, p := range pieces {
+			_, carry := bits.Add64(p.Offset, p.Length, 0)
+			var over uint64
+			sum, over = bits.Add64(sum, p.Length, 0)
+			require.Zero(t, carry|over, "piece %+v wraps, or the total does", p)
+		}
+		require.Equal(t, sum, total)
+		require.Equal(t, b[:writeHeaderLen+len(raw)], encodeWriteRequest(h.obj, h.writeID, pieces), "re-encoding differs")
+	})
+}
+
+// FuzzCheckWritePieces runs the segment server's check of a write's
+// pieces (as decoded from a request) against a small object and the
+// pieces its write was admitted for, merged as the engine hands them out,
+// and compares it with AdmittedMask: a write whose pieces all have bytes
+// is accepted exactly when every one of those bytes is admitted, and none
+// with a byte outside is ever accepted.
+func FuzzCheckWritePieces(f *testing.F) {
+	wire := func(pieces ...transport.Piece) []byte {
+		return encodeWriteRequest(transport.ObjectID{}, 0, pieces)[writeHeaderLen:]
+	}
+	admitted := func(pieces ...transport.Piece) []byte { return append([]byte{1}, wire(pieces...)...) }
+	first := transport.Piece{Tensor: 3, Length: 16}
+	f.Add(wire(first), admitted(first))
+	f.Add(wire(transport.Piece{Tensor: 3, Offset: 1024, Length: 16}), admitted(first))
+	f.Add(wire(transport.Piece{Tensor: 3, Offset: 2048, Length: 2048}, first), admitted(first))
+	f.Add(wire(transport.Piece{Tensor: 0, Offset: 100, Length: 50}), admitted(transport.Piece{Offset: 40, Length: 30}, transport.Piece{Offset: 60, Length: 100}))
+	f.Add(wire(transport.Piece{Tensor: 0, Offset: ^uint64(0) - 8, Length: 8}), []byte{})
+	sizes := []int{1000, 0, 16, 4096}
+	var tensors []transport.Tensor
+	for _, n := range sizes {
+		tensors = append(tensors, transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: uint64(n)}})
+	}
+	f.Fuzz(func(t *testing.T, rawPieces, rawAdmitted []byte) {
+		pieces, _, err := decodePieces(rawPieces[:len(rawPieces)/pieceLen*pieceLen])
+		if err != nil {
+			return // FuzzDecodeWriteRequest covers the decoding
+		}
+		// What the engine admits: nil (every byte) for no raw bytes, else
+		// the pieces after the first byte that lie inside the tensors.
+		var admitted []transport.Piece
+		if len(rawAdmitted) > 0 {
+			admitted = []transport.Piece{}
+			named, _, _ := decodePieces(rawAdmitted[1 : 1+(len(rawAdmitted)-1)/pieceLen*pieceLen])
+			for _, p := range named {
+				if int(p.Tensor) < len(tensors) && p.Within(tensors[p.Tensor].Nbytes) {
+					admitted = append(admitted, p)
+				}
+			}
+		}
+		mask := transporttest.NewAdmittedMask(sizes, admitted)
+		admits, empty := true, false
+		for _, p := range pieces {
+			admits = admits && mask.Admits(p)
+			empty = empty || p.Length == 0
+		}
+		err = checkPieces(tensors, transport.MergePieces(admitted), pieces)
+		if err == nil && !admits {
+			t.Fatalf("a write admitted for %v accepted pieces %v", admitted, pieces)
+		}
+		if err != nil && admits && !empty {
+			t.Fatalf("a write admitted for %v refused pieces %v: %v", admitted, pieces, err)
+		}
+	})
+}
+
+// FuzzDecodeWriteReplies decodes what an owner answers a writer (a reply)
+// and what a writer tells an owner of each chunk: whatever decodes
+// re-encodes to the same bytes.
+func FuzzDecodeWriteReplies(f *testing.F) {
+	f.Add(encodeReply(transport.OK, "", 4096+2*(16<<20), flagStaging))
+	f.Add(encodeReply(transport.ErrInvalidArgument, "bytes outside the ranges the write was admitted for", 0, 0))
+	f.Add(encodeReply(transport.OK, "", 65536, 0))
+	f.Add(encodeChunk(1, 16<<20))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if h, err := decodeWriteReply(b); err == nil {
+			require.LessOrEqual(t, h.msgLen, uint32(maxMessage))
+			want := encodeReply(h.status, string(make([]byte, h.msgLen)), h.size, h.flags)[:replyLen]
+			require.Equal(t, want, b[:replyLen], "re-encoding the reply differs")
+		} else {
+			require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+		}
+		if len(b) != chunkLen {
+			return
+		}
+		if slot, n, err := decodeChunk(b); err == nil {
+			require.Equal(t, b, encodeChunk(slot, n), "re-encoding the chunk differs")
+		} else {
+			require.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand"
 	"net"
 	"testing"
@@ -89,4 +90,67 @@ func TestRandomWriteFramesLandOnlyInAdmittedBytes(t *testing.T) {
 		}
 		p.host.EndWrite(id)
 	}
+}
+
+// FuzzCheckWrite runs the server's checks of a write frame (decode, then
+// checkWrite against a small object and the pieces its write was
+// admitted for, merged as the engine hands them out) and compares them
+// with AdmittedMask: a frame with bytes is accepted exactly when every
+// one of its bytes is admitted, and then lands in that range alone.
+func FuzzCheckWrite(f *testing.F) {
+	frame := func(tensor uint32, off, length uint64) []byte {
+		return (&request{Object: transport.ObjectID{1}, Tensor: tensor, Offset: off, Length: length, Tag: 1, Sizes: 7, Write: true}).encode(nil)
+	}
+	admitted := func(pieces ...transport.Piece) []byte {
+		b := []byte{1}
+		for _, p := range pieces {
+			b = binary.LittleEndian.AppendUint16(append(b, byte(p.Tensor)), uint16(p.Offset))
+			b = binary.LittleEndian.AppendUint16(b, uint16(p.Length))
+		}
+		return b
+	}
+	first := transport.Piece{Tensor: 3, Length: 16}
+	f.Add(frame(3, 0, 16), admitted(first))
+	f.Add(frame(3, 1024, 16), admitted(first))
+	f.Add(frame(3, 2048, 2048), admitted(first))
+	f.Add(frame(3, 100, 50), admitted(transport.Piece{Tensor: 3, Offset: 40, Length: 30}, transport.Piece{Tensor: 3, Offset: 60, Length: 100}))
+	f.Add(frame(0, ^uint64(0)-8, 16), admitted())
+	f.Add(frame(0, 0, 1000), []byte{})
+	sizes := []int{1000, 0, 16, 4096}
+	var tensors []transport.Tensor
+	for _, n := range sizes {
+		tensors = append(tensors, transport.Tensor{TensorDesc: transport.TensorDesc{Device: transport.Device{Type: transport.DeviceCPU}, Nbytes: uint64(n)}})
+	}
+	f.Fuzz(func(t *testing.T, b, raw []byte) {
+		req, err := decodeRequest(b)
+		if err != nil || !req.Write {
+			return // FuzzDecodeRequest covers the framing
+		}
+		// What the engine admits: nil (every byte) for no raw bytes, else
+		// pieces inside the tensors, 5 bytes each (tensor, offset u16,
+		// length u16) after the first.
+		var pieces []transport.Piece
+		if len(raw) > 0 {
+			pieces = []transport.Piece{}
+			for raw = raw[1:]; len(raw) >= 5 && len(pieces) < 16; raw = raw[5:] {
+				p := transport.Piece{Tensor: uint32(raw[0] % 4), Offset: uint64(binary.LittleEndian.Uint16(raw[1:])), Length: uint64(binary.LittleEndian.Uint16(raw[3:]))}
+				if p.Within(tensors[p.Tensor].Nbytes) {
+					pieces = append(pieces, p)
+				}
+			}
+		}
+		q := transport.Piece{Tensor: req.Tensor, Offset: req.Offset, Length: req.Length}
+		segs, st, msg := checkWrite(req, tensors, transport.MergePieces(pieces))
+		admits := transporttest.NewAdmittedMask(sizes, pieces).Admits(q)
+		switch {
+		case st != transport.OK && (msg == "" || st != transport.ErrInvalidArgument):
+			t.Fatalf("refusal %v without a clear message: %q", st, msg)
+		case st == transport.OK && q.Length > 0 && !admits:
+			t.Fatalf("a write admitted for %v accepted %+v", pieces, q)
+		case st == transport.OK && (len(segs) != 1 || segs[0] != segment{tensor: int(q.Tensor), offset: q.Offset, length: q.Length}):
+			t.Fatalf("a frame for %+v lands in %+v", q, segs)
+		case st != transport.OK && q.Length > 0 && admits:
+			t.Fatalf("a write admitted for %v refused %+v: %s", pieces, q, msg)
+		}
+	})
 }

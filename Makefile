@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz install clean wheels wheel-test demo bench bench-peers bench-sync bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz fuzz-peers install clean wheels wheel-test demo bench bench-peers bench-sync bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -83,7 +83,7 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 	GO=$(GO) PYTHON=$(PYTHON) tools/build-wheels.sh dist
 
 # ---- test suites ----------------------------------------------------------
-test: go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
+test: go-test fuzz-peers fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
 
 # The same Go, C, Python and host-bed suites with one busy process per core beside
 # them (tools/under-load.sh): they must pass on a loaded machine too. CI
@@ -137,6 +137,18 @@ soak: $(VENV)/.ready $(BUILD)/librdt.so ## SECONDS (60) of four processes over e
 
 fuzz: ## FUZZTIME (10s) of coverage-guided fuzzing for every fuzz target go test finds
 	GO=$(GO) tools/fuzz.sh $(FUZZTIME)
+
+# The fuzz targets of the checks a peer's numbers reach (the ranges of
+# writes and partial fetches, tcp runs, write frames and requests, control
+# messages, refs), FUZZ_PEERS_TIME each, in make test: about 40 s on two
+# cores with a warm build cache, 90 s when the fuzzing build of the
+# standard library is not cached yet.
+FUZZ_PEERS      := FuzzPieceContains FuzzCovered FuzzCheckPieces FuzzCheckSource FuzzCheckAdmittedPieces \
+	FuzzCheckWrite FuzzDecodeRequest FuzzCheckWritePieces FuzzDecodeWriteRequest FuzzDecodeWriteReplies \
+	FuzzDecodeMessage FuzzDecodeRef
+FUZZ_PEERS_TIME ?= 2s
+fuzz-peers: ## FUZZ_PEERS_TIME (2s) of fuzzing for each target that checks a peer's numbers (part of make test)
+	GO=$(GO) tools/fuzz.sh $(FUZZ_PEERS_TIME) $(FUZZ_PEERS)
 
 # ---- demo, benchmarks, install ---------------------------------------------
 demo: $(BUILD)/demo $(NIXL_READY) ## Move tensors from a second process over every transport; fails if one did not

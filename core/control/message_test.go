@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"encoding/binary"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -55,8 +56,8 @@ func FuzzDecodeMessage(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoding a decoded %s failed: %v", m.Kind, err)
 		}
-		if again.Kind != m.Kind || again.ID != m.ID || !bytes.Equal(again.Data, m.Data) {
-			t.Fatalf("round trip changed the %s message", m.Kind)
+		if !reflect.DeepEqual(again, m) {
+			t.Fatalf("round trip changed the %s message: %+v, then %+v", m.Kind, m, again)
 		}
 	})
 }

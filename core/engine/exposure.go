@@ -1,10 +1,8 @@
 package engine
 
 import (
-	"cmp"
 	"context"
 	"crypto/subtle"
-	"slices"
 	"sync"
 	"time"
 
@@ -39,22 +37,6 @@ import (
 
 // This file is the owner's side: exposing, admitting, notices, revoking.
 // The writer's side is in write.go.
-
-// sortedPieces is a copy of pieces in tensor and offset order, which
-// servers search (nil stays nil: every tensor, whole).
-func sortedPieces(pieces []transport.Piece) []transport.Piece {
-	if pieces == nil {
-		return nil
-	}
-	out := slices.Clone(pieces)
-	slices.SortFunc(out, func(a, b transport.Piece) int {
-		if a.Tensor != b.Tensor {
-			return cmp.Compare(a.Tensor, b.Tensor)
-		}
-		return cmp.Compare(a.Offset, b.Offset)
-	})
-	return out
-}
 
 // WriteNotice is the owner's record of one ended write.
 type WriteNotice struct {
@@ -106,7 +88,7 @@ type openKey struct {
 // unpin) by the last server to let go.
 type openWrite struct {
 	tag, nbytes uint64
-	pieces      []transport.Piece // what it may touch; nil: every tensor, whole
+	pieces      []transport.Piece // what it may touch, merged; nil: every tensor, whole
 	o           *object           // pinned while the write is open
 	busy        int
 	ended       bool
@@ -536,7 +518,7 @@ func (rt *Runtime) admit(writer transport.PeerInfo, req control.WriteOpen, e *re
 			return adm, err
 		}
 	}
-	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: sortedPieces(req.Pieces), o: o, standing: req.Standing && e != nil, writer: writer}
+	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: transport.MergePieces(req.Pieces), o: o, standing: req.Standing && e != nil, writer: writer}
 	if w.standing {
 		w.tag = 0 // each run names its own; a torn admission names none
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"math/bits"
 	"time"
 
 	"github.com/rdt-project/rdt/core/control"
@@ -148,7 +149,9 @@ func checkSendPieces(e *registered, tensors []transport.Tensor, pieces []transpo
 }
 
 // checkPieces checks pieces a peer named against an object's tensors and
-// returns the bytes they take.
+// returns the bytes they take. Pieces may name the same bytes again, so
+// their total is not bounded by the object's size: one that does not fit
+// in 64 bits is refused rather than wrapped.
 func checkPieces(tensors []transport.Tensor, pieces []transport.Piece) (uint64, error) {
 	var total uint64
 	for i, p := range pieces {
@@ -158,7 +161,10 @@ func checkPieces(tensors []transport.Tensor, pieces []transport.Piece) (uint64, 
 		if n := tensors[p.Tensor].Nbytes; !p.Within(n) {
 			return 0, transport.Errorf(transport.ErrInvalidArgument, "piece %d asks for bytes [%d, +%d) of tensor %d, which is %d bytes", i, p.Offset, p.Length, p.Tensor, n)
 		}
-		total += p.Length
+		var carry uint64
+		if total, carry = bits.Add64(total, p.Length, 0); carry != 0 {
+			return 0, transport.Errorf(transport.ErrInvalidArgument, "the %d pieces add up to more than 2^64 bytes", len(pieces))
+		}
 	}
 	return total, nil
 }

@@ -25,10 +25,11 @@ type Host interface {
 	// WriteInto lets a transport's server land bytes of a write the owner
 	// admitted: writeID names a write open into obj (the writer's
 	// Transfer.TransferID). It returns the object's tensors and the pieces
-	// the write covers (nil: every tensor, whole), and done, which the
-	// server calls once it writes no more for this request: until then the
-	// object stays pinned and the write's notice waits. A write that is
-	// not open (never admitted, ended, its writer gone) is ErrNotFound.
+	// the write covers, as MergePieces lists them for Covered (nil: every
+	// tensor, whole), and done, which the server calls once it writes no
+	// more for this request: until then the object stays pinned and the
+	// write's notice waits. A write that is not open (never admitted,
+	// ended, its writer gone) is ErrNotFound.
 	WriteInto(obj ObjectID, writeID uint64) (tensors []Tensor, pieces []Piece, done func(), err error)
 	// AuthToken is the shared secret TCP endpoints require of their peers
 	// ("" when none is configured; such endpoints bind loopback only).

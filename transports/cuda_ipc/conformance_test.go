@@ -63,6 +63,8 @@ var conformance = transporttest.Config{
 		return ""
 	},
 	LargeBytes: 64 << 20,
+	WriterLandsBytes: "cuda_ipc writes through the owner's IPC handles into its device memory: the owner's " +
+		"runtime takes no part in them",
 	TrustsSourceProcess: "cuda_ipc opens the IPC handle its metadata carries without checking the process it names " +
 		"(the driver refuses handles of another node, and the engine keeps same-host transports to their host)",
 }

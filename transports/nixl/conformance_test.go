@@ -13,6 +13,8 @@ var conformance = transporttest.Config{
 	// NIXL reports an agent that went away as a backend error: it cannot
 	// tell that from other failures of the backend.
 	SourceGoneStatus: transport.ErrTransport,
+	WriterLandsBytes: "nixl writes with NIXL WRITE requests into the owner's registered memory: the owner's " +
+		"runtime takes no part in them",
 	Unavailable: func() string {
 		if err := Load(); err != nil {
 			return "NIXL is not available (set " + LibraryEnv + " to the libnixl_capi.so of the nixl wheel): " + err.Error()

@@ -3,7 +3,6 @@ package shm
 import (
 	"io"
 	"net"
-	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -167,8 +166,8 @@ func (t *Transport) checkWrite(h writeHeader, pieces []transport.Piece) error {
 }
 
 // checkPieces checks that every piece lies inside its tensor, in host
-// memory, and inside one of the admitted pieces (sorted by tensor and
-// offset; nil: every tensor, whole).
+// memory, and inside the admitted pieces (transport.Covered; nil: every
+// tensor, whole).
 func checkPieces(tensors []transport.Tensor, admitted, pieces []transport.Piece) error {
 	for i, p := range pieces {
 		if uint64(p.Tensor) >= uint64(len(tensors)) {
@@ -181,28 +180,11 @@ func checkPieces(tensors []transport.Tensor, admitted, pieces []transport.Piece)
 		if !tn.Device.Type.HostAccessible() {
 			return transport.Errorf(transport.ErrUnsupported, "tensor %d of the object is in %s memory; shm writes host memory", p.Tensor, tn.Device)
 		}
-		if !covered(admitted, p) {
+		if !transport.Covered(admitted, p) {
 			return transport.Errorf(transport.ErrInvalidArgument, "bytes [%d, +%d) of tensor %d are outside the ranges the write was admitted for", p.Offset, p.Length, p.Tensor)
 		}
 	}
 	return nil
-}
-
-// covered reports whether p lies inside one of the admitted pieces.
-func covered(admitted []transport.Piece, p transport.Piece) bool {
-	if admitted == nil {
-		return true
-	}
-	// The last admitted piece starting at or before p.
-	i := sort.Search(len(admitted), func(i int) bool {
-		a := admitted[i]
-		return a.Tensor > p.Tensor || (a.Tensor == p.Tensor && a.Offset > p.Offset)
-	}) - 1
-	if i < 0 {
-		return false
-	}
-	a := admitted[i]
-	return a.Tensor == p.Tensor && p.Length <= a.End()-p.Offset
 }
 
 // landInline reads a small write's bytes, which follow its request, and

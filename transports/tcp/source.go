@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sort"
 	"strconv"
 	"time"
 
@@ -369,13 +368,9 @@ func (t *Transport) receive(c net.Conn, rd *bufio.Reader, req request) error {
 		return refuse(transport.StatusOf(err), err.Error())
 	}
 	defer done()
-	segs, st, msg := checkRun(req, tensors, nil)
+	segs, st, msg := checkWrite(req, tensors, pieces)
 	if st != transport.OK {
 		return refuse(st, msg)
-	}
-	if !covered(pieces, req) {
-		return refuse(transport.ErrInvalidArgument, "bytes ["+strconv.FormatUint(req.Offset, 10)+", +"+strconv.FormatUint(req.Length, 10)+
-			") of tensor "+strconv.FormatUint(uint64(req.Tensor), 10)+" are outside the ranges the write was admitted for")
 	}
 	for _, span := range spansOf(segs, tensors, nil) {
 		for len(span) > 0 {
@@ -390,23 +385,20 @@ func (t *Transport) receive(c net.Conn, rd *bufio.Reader, req request) error {
 	return reply(transport.OK, "")
 }
 
-// covered reports whether a write frame's range lies inside one of the
-// pieces its write was admitted for (sorted by tensor and offset; nil:
-// every tensor, whole, which checkRun has checked).
-func covered(pieces []transport.Piece, req request) bool {
-	if pieces == nil {
-		return true
+// checkWrite finds where a write frame's bytes land and checks them, or
+// says why not: a range inside one tensor of the object (checkRun) and
+// inside the pieces its write was admitted for (transport.Covered; nil:
+// every tensor, whole).
+func checkWrite(req request, tensors []transport.Tensor, admitted []transport.Piece) ([]segment, transport.Status, string) {
+	segs, st, msg := checkRun(req, tensors, nil)
+	if st != transport.OK {
+		return nil, st, msg
 	}
-	// The last piece starting at or before the range.
-	i := sort.Search(len(pieces), func(i int) bool {
-		p := pieces[i]
-		return p.Tensor > req.Tensor || (p.Tensor == req.Tensor && p.Offset > req.Offset)
-	}) - 1
-	if i < 0 {
-		return false
+	if !transport.Covered(admitted, transport.Piece{Tensor: req.Tensor, Offset: req.Offset, Length: req.Length}) {
+		return nil, transport.ErrInvalidArgument, "bytes [" + strconv.FormatUint(req.Offset, 10) + ", +" + strconv.FormatUint(req.Length, 10) +
+			") of tensor " + strconv.FormatUint(uint64(req.Tensor), 10) + " are outside the ranges the write was admitted for"
 	}
-	p := pieces[i]
-	return p.Tensor == req.Tensor && req.Length <= p.End()-req.Offset
+	return segs, transport.OK, ""
 }
 
 // segment is the part of one tensor a request reads.

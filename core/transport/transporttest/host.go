@@ -150,7 +150,7 @@ func (h *Host) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Te
 			h.mu.Unlock()
 			return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "write %d is not open", writeID)
 		}
-		pieces = p
+		pieces = transport.MergePieces(p) // as the engine hands them out
 	}
 	h.mu.Unlock()
 	tensors, unpin, err := h.PinObject(obj)
@@ -158,6 +158,18 @@ func (h *Host) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Te
 		return nil, nil, nil, err
 	}
 	return tensors, pieces, unpin, nil
+}
+
+// Admit admits write writeID for pieces (nil: every tensor, whole), as
+// the engine does when the owner admits a write; safe while writes land.
+// From the first call on, WriteInto refuses the writes not admitted.
+func (h *Host) Admit(writeID uint64, pieces []transport.Piece) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.Writes == nil {
+		h.Writes = map[uint64][]transport.Piece{}
+	}
+	h.Writes[writeID] = pieces
 }
 
 // EndWrite ends an admitted write, as the engine does when its writer

@@ -47,6 +47,12 @@ type Config struct {
 	// transport (the engine compares shapes before it fetches); a larger
 	// one must still be refused.
 	SizelessMetadata bool
+	// WriterLandsBytes, when set, is why the owner's side takes no part in
+	// landing a write's bytes (the writer copies them into the owner's
+	// memory itself), so that nothing on the owner's side can hold a write
+	// to the ranges it was admitted for: the write_admitted case is
+	// skipped with it.
+	WriterLandsBytes string
 	// LargeBytes is the size of the object the abort and source-killed
 	// cases move: large enough to be in flight when they act (256 MiB when
 	// zero).

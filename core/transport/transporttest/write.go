@@ -12,10 +12,11 @@ import (
 // WriteCases are the cases of transports that write into exposed objects
 // (their descriptor sets Writes); Run runs them after Cases, and skips them
 // for every other transport.
-var WriteCases = []string{"write", "write_refused", "write_owner_killed"}
+var WriteCases = []string{"write", "write_refused", "write_admitted", "write_owner_killed"}
 
 func (s *suite) writeCases() map[string]func(*testing.T) {
-	return map[string]func(*testing.T){"write": s.write, "write_refused": s.writeRefused, "write_owner_killed": s.writeOwnerKilled}
+	return map[string]func(*testing.T){"write": s.write, "write_refused": s.writeRefused, "write_admitted": s.writeAdmitted,
+		"write_owner_killed": s.writeOwnerKilled}
 }
 
 // writer is the end that writes; the object lives on owner.
@@ -154,6 +155,61 @@ func (s *suite) writeRefused(t *testing.T) {
 			if !bytes.Equal(s.read(t, owner, tensors[i]), before[i]) {
 				t.Fatalf("%s: tensor %d changed", c.what, i)
 			}
+		}
+	}
+}
+
+// writeAdmitted: the owner lands a write's bytes only inside the ranges it
+// admitted the write for (Host.WriteInto), wherever the writer addresses
+// them. Pieces past the end of the one admitted range, small and large
+// (inline and staged where the transport tells the two apart), are
+// refused, so the write fails and no byte of the object changes; inside
+// the range the bytes land. Ranges admitted overlapping admit every byte
+// either names: a piece that starts in the second and ends past it, inside
+// the first, lands.
+func (s *suite) writeAdmitted(t *testing.T) {
+	if s.conf.WriterLandsBytes != "" {
+		t.Skip(s.conf.WriterLandsBytes)
+	}
+	const n = 12 << 20
+	writer := s.newEnd(t, 0)
+	s.writesOnly(t, writer)
+	owner := s.newEnd(t, 1)
+	obj := transport.ObjectID{22}
+	meta, tensors := s.putOrExpose(t, owner, obj, []transport.DType{Uint8}, []int{n}, true)
+	want := s.read(t, owner, tensors[0])
+	// try writes the bytes of seed into piece p, as a write admitted for
+	// the pieces admitted, and returns them with the write's outcome.
+	try := func(admitted []transport.Piece, p transport.Piece, seed byte) ([]byte, error) {
+		x := writeTransfer(obj, writer.desc.Name, writer.host.Identity(), owner.host.Identity())
+		x.Pieces = []transport.Piece{p}
+		owner.host.Admit(x.TransferID, admitted)
+		src := s.tensor(t, writer, Uint8, int(p.Length), seed)
+		return s.read(t, writer, src), write(t, writer, x, []transport.Tensor{src}, meta)
+	}
+	first := []transport.Piece{{Length: 16}}
+	for _, p := range []transport.Piece{{Offset: 4096, Length: 16}, {Offset: 8192, Length: 16}, {Offset: 65536, Length: 65536}} {
+		_, err := try(first, p, 0x90)
+		what := fmt.Sprintf("bytes [%d, +%d) of a write admitted for [0, 16)", p.Offset, p.Length)
+		wantStatus(t, err, what, transport.ErrInvalidArgument)
+		if !bytes.Equal(s.read(t, owner, tensors[0]), want) {
+			t.Fatalf("%s: the object changed", what)
+		}
+	}
+	for _, c := range []struct {
+		admitted []transport.Piece
+		p        transport.Piece
+	}{
+		{first, first[0]},
+		{[]transport.Piece{{Length: n}, {Offset: 4 << 20, Length: 5 << 20}}, transport.Piece{Offset: 8 << 20, Length: 4 << 20}},
+	} {
+		landed, err := try(c.admitted, c.p, 0x91)
+		if err != nil {
+			t.Fatalf("bytes [%d, +%d) of a write admitted for %v: %v", c.p.Offset, c.p.Length, c.admitted, err)
+		}
+		copy(want[c.p.Offset:], landed)
+		if !bytes.Equal(s.read(t, owner, tensors[0]), want) {
+			t.Fatalf("bytes [%d, +%d) of a write admitted for %v did not land exactly there", c.p.Offset, c.p.Length, c.admitted)
 		}
 	}
 }

@@ -25,6 +25,9 @@ const (
 	// keepFrameBuffer is the largest read buffer a connection keeps between
 	// frames; a bigger one (a large metadata reply) is dropped after use.
 	keepFrameBuffer = 1 << 20
+	// connReadBuffer is the buffer an authenticated connection reads
+	// through: many small frames (pings, borrows) to a read.
+	connReadBuffer = 64 << 10
 )
 
 // newConn registers an authenticated connection and starts reading it.

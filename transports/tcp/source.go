@@ -62,13 +62,16 @@ func (t *Transport) listen() (string, error) {
 	return t.endpoint, nil
 }
 
+// accept takes every connection into its handshake at once: one costs a
+// goroutine and a few bytes until it proves the key, and the listener's
+// transport.PreAuth bounds how many it holds (see there).
 func (t *Transport) accept(ln net.Listener) {
 	defer t.serving.Done()
+	pending := transport.NewPreAuth(transport.MaxPreAuth, transport.MaxPreAuthPerSource)
+	defer pending.Close()
 	for {
-		t.slots <- struct{}{} // released when a handshake ends, or here
 		c, err := ln.Accept()
 		if err != nil {
-			<-t.slots
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -80,20 +83,19 @@ func (t *Transport) accept(ln net.Listener) {
 		if t.lclosed {
 			t.lmu.Unlock()
 			c.Close()
-			<-t.slots
 			return
 		}
 		t.sconns[c] = transport.RuntimeID{}
 		t.serving.Add(1)
 		t.lmu.Unlock()
-		go t.serve(c)
+		go t.serve(c, pending.Admit(c))
 	}
 }
 
 // serve authenticates a client, then answers its requests until it hangs
 // up. A request the source cannot honour gets an error response and the
 // connection stays usable; a malformed frame closes it.
-func (t *Transport) serve(c net.Conn) {
+func (t *Transport) serve(c net.Conn, p *transport.Pending) {
 	defer t.serving.Done()
 	defer func() {
 		t.lmu.Lock()
@@ -101,7 +103,7 @@ func (t *Transport) serve(c net.Conn) {
 		t.lmu.Unlock()
 		c.Close()
 	}()
-	if !t.handshake(c) {
+	if !t.handshake(c, p) {
 		return
 	}
 	// Buffered: a pipelined batch of frames is one read, not one per frame.
@@ -244,25 +246,31 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 }
 
 // handshake authenticates a client of the data listener within
-// authTimeout; false means the connection is to be closed.
-func (t *Transport) handshake(c net.Conn) bool {
-	defer func() { <-t.slots }()
+// transport.PreAuthTimeout; false means the connection is to be closed.
+func (t *Transport) handshake(c net.Conn, p *transport.Pending) bool {
+	defer p.Done()
 	tune(c)
 	nonce := transport.NewNonce()
 	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
 	// A client that does not finish the handshake in time is dropped.
-	c.SetDeadline(time.Now().Add(authTimeout))
+	c.SetDeadline(time.Now().Add(transport.PreAuthTimeout))
 	if _, err := c.Write(hello); err != nil {
 		return false
 	}
 	answer := make([]byte, clientLen)
 	if _, err := io.ReadFull(c, answer); err != nil {
+		if !p.Done() {
+			t.refused.Event(fmt.Sprintf("from %s: %v", c.RemoteAddr(), transport.PushedOut()))
+		}
 		return false
 	}
 	if !transport.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
 		t.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
 		c.Write(encodeResponse(nil, 0, transport.ErrPermissionDenied, t.refusal()))
 		return false
+	}
+	if !p.Done() {
+		return false // closed to make room
 	}
 	// The client's runtime id is not proven: it is used only to close
 	// this connection when that runtime is gone (PeerGone).

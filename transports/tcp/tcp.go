@@ -37,14 +37,7 @@ const (
 	window      = 256
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
-	// maxAuthenticating bounds the data connections in their handshake at
-	// once: before it, a connection proves nothing, so whoever can reach
-	// the port could otherwise hold any number of goroutines and sockets.
-	// Past it the listener stops accepting until one finishes (within
-	// authTimeout): further connections wait in the kernel's backlog, and a
-	// burst of honest fetches is slowed down rather than refused.
-	maxAuthenticating = 64
-	maxIdle           = 16 // idle connections kept per source endpoint
+	maxIdle     = 16 // idle connections kept per source endpoint
 	// A small pull on a pooled connection is finished on the caller's
 	// goroutine when the engine asks whether it completed: a goroutine
 	// hand-off costs more than the round trip. inlineMax bounds the bytes
@@ -88,7 +81,6 @@ type Transport struct {
 	// receivers then use their own).
 	key, metaKey string
 	writeTimeout time.Duration // a serving write that makes no progress this long fails
-	slots        chan struct{} // one per data connection in its handshake
 
 	lmu      sync.Mutex
 	ln       net.Listener // nil until an object needs it
@@ -130,7 +122,7 @@ func New(h transport.Host) (transport.Transport, error) {
 	if streams < 1 || streams > maxStreams {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, maxStreams)
 	}
-	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
+	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{},
 		pool: newPool(), active: map[*fetchRequest]struct{}{}}
 	t.key = h.AuthToken()
 	if t.key == "" {

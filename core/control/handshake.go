@@ -102,15 +102,19 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool, p *transport.Pen
 	if !p.Done() {
 		return transport.PushedOut()
 	}
+	// Registered before the welcome goes, so that the caps count it; it
+	// starts reading and writing only after.
+	sc, err := ep.newConn(watch, bufio.NewReaderSize(watch, connReadBuffer), auth.Peer, isTCP, true)
+	if err != nil {
+		return refuse(err.Error(), err)
+	}
 	welcome := &Message{Kind: KindWelcome, Peer: ep.identity(isTCP)}
 	if _, err := c.Write(welcome.Encode()); err != nil {
+		sc.closeClean(err)
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(watch, bufio.NewReaderSize(watch, connReadBuffer), auth.Peer, isTCP)
-	if sc == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime is shutting down")
-	}
+	sc.run()
 	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.Peer)
 	return nil
 }
@@ -197,9 +201,10 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		}
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(watch, rd, welcome.Peer, isTCP)
-	if sc == nil {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
+	sc, err := ep.newConn(watch, rd, welcome.Peer, isTCP, false)
+	if err != nil {
+		return nil, err
 	}
+	sc.run()
 	return sc, nil
 }

@@ -178,7 +178,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	if !transport.CheckAuthProof(token, ProofServer, nonce, ch.Proof) {
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s does not hold the token we Expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
 	}
-	if len(ch.Key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.Key), IdentityTranscript(SignServer, nonce, ch.Nonce, nil), ch.Sig) {
+	if !verify(ch.Key, ch.Sig, IdentityTranscript(SignServer, nonce, ch.Nonce, nil)) {
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
 	}
 	// Only now, talking to a server that proved the token, do we name

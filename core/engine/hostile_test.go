@@ -232,36 +232,80 @@ func TestPingFloodKeepsGoroutinesBounded(t *testing.T) {
 		"goroutines back to %d (now %d)", baseGoroutines, runtime.NumGoroutine())
 }
 
+// leaseFlood has a hostile child ask rt, as each of ids identities in turn,
+// for n leases of obj, and returns it and what it reports: the leases
+// granted, refused (RDT_ERR_NO_MEMORY) and answered otherwise, and the last
+// refusal's text.
+func leaseFlood(t *testing.T, rt *Runtime, obj transport.ObjectID, ids, n int) (flood *hostile, granted, refused, other int, why string) {
+	unixPath, _, _ := endpoints(t, rt)
+	flood = startHostile(t, "leases", map[string]string{"RDT_HOSTILE_UNIX": unixPath, "RDT_HOSTILE_IDS": strconv.Itoa(ids),
+		"RDT_HOSTILE_OBJECT": obj.String(), "RDT_HOSTILE_N": strconv.Itoa(n)})
+	f := flood.expectLine(t, "LEASES", 120*time.Second)
+	return flood, atoi(t, f[0]), atoi(t, f[1]), atoi(t, f[2]), strings.Join(f[3:], " ")
+}
+
+// consumeLeases has the child deserialize what it holds (borrow with each
+// token, then return the borrows), and waits until the borrows are back.
+func consumeLeases(t *testing.T, rt *Runtime, flood *hostile) {
+	_, err := io.WriteString(flood.stdin, "consume\n")
+	require.NoError(t, err)
+	flood.expectLine(t, "CONSUMED", 60*time.Second)
+	eventually(t, func() bool { return rt.Stats().Borrows == 0 }, "the borrows are returned")
+}
+
 func TestLeaseFloodIsRefusedPastTheCap(t *testing.T) {
 	rt := socketRuntime(t, "owner")
-	unixPath, _, _ := endpoints(t, rt)
 	var released atomic.Int64
 	ref, _ := putOne(t, rt, "", &released)
 	defer ref.Release()
 	before := transporttest.SettledResidentBytes(t)
 
 	const asks = 5 * MaxLeasesPerPeer
-	flood := startHostile(t, "leases", map[string]string{"RDT_HOSTILE_UNIX": unixPath,
-		"RDT_HOSTILE_OBJECT": ref.Desc().ID.String(), "RDT_HOSTILE_N": strconv.Itoa(asks)})
-	f := flood.expectLine(t, "LEASES", 120*time.Second)
-	granted, refused, other := atoi(t, f[0]), atoi(t, f[1]), atoi(t, f[2])
+	flood, granted, refused, other, why := leaseFlood(t, rt, ref.Desc().ID, 1, asks)
 	assert.Equal(t, MaxLeasesPerPeer, granted, "leases granted to one peer")
 	assert.Equal(t, asks-MaxLeasesPerPeer, refused, "refused with RDT_ERR_NO_MEMORY")
 	assert.Zero(t, other, "no other answers")
-	assert.Contains(t, strings.Join(f[3:], " "), "the limit", "the refusal says why")
+	assert.Contains(t, why, "the limit", "the refusal says why")
 	assert.Equal(t, uint64(MaxLeasesPerPeer), rt.Stats().RefsInTransit)
 	assert.Less(t, transporttest.ResidentBytes(t, os.Getpid())-before, int64(memoryBound))
 
-	// The peer deserializes what it holds (borrows with each token, then
-	// returns the borrows): its count goes with its leases.
-	_, err := io.WriteString(flood.stdin, "consume\n")
-	require.NoError(t, err)
-	flood.expectLine(t, "CONSUMED", 60*time.Second)
-	eventually(t, func() bool { return rt.Stats().Borrows == 0 }, "the borrows are returned")
+	// The peer deserializes what it holds: its count goes with its leases.
+	consumeLeases(t, rt, flood)
 	assert.Zero(t, rt.Stats().RefsInTransit)
 	rt.store.mu.Lock()
 	assert.Empty(t, rt.store.peerLeases, "nothing kept for the peer once its leases are gone")
 	rt.store.mu.Unlock()
+}
+
+// Identities cost a handshake each, so the leases of all peers together
+// are capped too: five identities asking for the per-peer cap each get
+// MaxPeerLeases in all, and the rest are refused with why. (Twelve
+// identities held 49,152 leases before.)
+func TestLeasesOfAllPeersAreCapped(t *testing.T) {
+	rt := socketRuntime(t, "owner")
+	var released atomic.Int64
+	ref, _ := putOne(t, rt, "", &released)
+	defer ref.Release()
+
+	const ids = MaxPeerLeases/MaxLeasesPerPeer + 1
+	flood, granted, refused, other, why := leaseFlood(t, rt, ref.Desc().ID, ids, MaxLeasesPerPeer)
+	assert.Equal(t, MaxPeerLeases, granted, "leases granted to all peers")
+	assert.Equal(t, ids*MaxLeasesPerPeer-MaxPeerLeases, refused, "refused with RDT_ERR_NO_MEMORY")
+	assert.Zero(t, other, "no other answers")
+	assert.Contains(t, why, "its peers together already hold", "the refusal says why")
+	assert.Equal(t, uint64(MaxPeerLeases), rt.Stats().RefsInTransit)
+	_, err := rt.Lease(transport.RandomID(), ref.Desc().ID)
+	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "a peer with none is refused too: %v", err)
+	_, err = ref.Serialize()
+	assert.NoError(t, err, "the owner's own serializations are not leases on behalf of peers")
+
+	consumeLeases(t, rt, flood)
+	assert.Equal(t, uint64(1), rt.Stats().RefsInTransit, "the owner's own")
+	rt.store.mu.Lock()
+	assert.Zero(t, rt.store.peerLeasesHeld, "the total goes with the leases")
+	rt.store.mu.Unlock()
+	_, err = rt.Lease(transport.RandomID(), ref.Desc().ID)
+	assert.NoError(t, err, "room again")
 }
 
 func TestPeerLeasesExpireFromTheCount(t *testing.T) {

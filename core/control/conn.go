@@ -25,10 +25,25 @@ const (
 	// keepFrameBuffer is the largest read buffer a connection keeps between
 	// frames; a bigger one (a large metadata reply) is dropped after use.
 	keepFrameBuffer = 1 << 20
+	// connReadBuffer is the buffer an authenticated connection reads
+	// through: many small frames (pings, borrows) to a read.
+	connReadBuffer = 64 << 10
+
+	// MaxConnsPerPeer bounds the connections a runtime accepts from one
+	// peer runtime (a proven id), and maxConns all its connections
+	// together: each holds two goroutines and up to about 100 KiB of
+	// buffers, and with the token a new identity costs one handshake. Past
+	// either, a handshake is refused with NO_MEMORY. Honest peers hold one
+	// connection per pair of runtimes, two while both dial at once, a few
+	// more when a peer is reached through addresses that differ.
+	MaxConnsPerPeer = 8
 )
 
-// newConn registers an authenticated connection and starts reading it.
-func (ep *sockEndpoint) newConn(watch *socketWatch, rd *bufio.Reader, remote transport.PeerInfo, isTCP bool) *sconn {
+var maxConns = 4096 // a variable for tests
+
+// newConn registers an authenticated connection; run sets it going.
+// An accepted one (accepted) is refused past MaxConnsPerPeer or maxConns.
+func (ep *sockEndpoint) newConn(watch *socketWatch, rd *bufio.Reader, remote transport.PeerInfo, isTCP, accepted bool) (*sconn, error) {
 	c := watch.Conn
 	sc := &sconn{
 		ep: ep, c: c, watch: watch, rd: rd, remote: remote, peerID: remote.RuntimeID, isTCP: isTCP,
@@ -40,27 +55,39 @@ func (ep *sockEndpoint) newConn(watch *socketWatch, rd *bufio.Reader, remote tra
 	sc.lastSeen.Store(time.Now().UnixNano())
 	sc.progress.Store(time.Now().UnixNano())
 	ep.mu.Lock()
+	defer ep.mu.Unlock()
 	if ep.closed {
-		ep.mu.Unlock()
 		c.Close()
-		return nil
+		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
+	}
+	if accepted {
+		if n := ep.perPeer[remote.RuntimeID]; n >= MaxConnsPerPeer {
+			return nil, transport.Errorf(transport.ErrNoMemory, "runtime %s already holds %d connections from peer %s, the most one peer may open", ep.id, n, remote)
+		}
+		if len(ep.conns) >= maxConns {
+			return nil, transport.Errorf(transport.ErrNoMemory, "runtime %s already holds %d connections, the most it keeps", ep.id, len(ep.conns))
+		}
 	}
 	ep.conns[sc] = struct{}{}
 	ep.perPeer[remote.RuntimeID]++
 	if key := transport.StripAddressKeys(remote.Address); AddressNames(key, remote.RuntimeID) && ep.byAddr[key] == nil {
 		ep.byAddr[key] = sc
 	}
-	ep.mu.Unlock()
-	ep.wg.Add(2)
+	return sc, nil
+}
+
+// run starts a registered connection's reader and writer. What was
+// queued for it before goes out first.
+func (sc *sconn) run() {
+	sc.ep.wg.Add(2)
 	go func() {
-		defer ep.wg.Done()
+		defer sc.ep.wg.Done()
 		sc.readLoop()
 	}()
 	go func() {
-		defer ep.wg.Done()
+		defer sc.ep.wg.Done()
 		sc.writeLoop()
 	}()
-	return sc
 }
 
 // removeConn forgets a closed connection; the peer is gone once its last

@@ -3,6 +3,8 @@ package control
 import (
 	"bufio"
 	"crypto/ed25519"
+	"errors"
+	"io"
 	"net"
 	"time"
 
@@ -55,11 +57,18 @@ func (ep *sockEndpoint) identity(isTCP bool) transport.PeerInfo {
 // runtime id claimed equals the hash of the key that signed (the key
 // identifies) and, on a Unix socket, that the claimed pid is the process at
 // the other end of the socket.
-func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
-	c.SetDeadline(time.Now().Add(ep.handshakeTimeout()))
+func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool, p *transport.Pending) (err error) {
+	defer func() {
+		var refusal *transport.Error
+		if !p.Done() && !errors.As(err, &refusal) {
+			err = transport.PushedOut() // why reading it failed
+		}
+	}()
+	c.SetDeadline(time.Now().Add(transport.PreAuthTimeout))
 	watch := newSocketWatch(c)
-	rd := bufio.NewReaderSize(watch, 64<<10)
-	hello, err := Expect(rd, KindHello)
+	// Unbuffered until the peer is in: a connection in its handshake holds
+	// no more than the one frame being read.
+	hello, err := Expect(watch, KindHello)
 	if err != nil {
 		return err
 	}
@@ -70,7 +79,7 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 	if _, err := c.Write(ch.Encode()); err != nil {
 		return err
 	}
-	auth, err := Expect(rd, KindAuth)
+	auth, err := Expect(watch, KindAuth)
 	if err != nil {
 		return err
 	}
@@ -90,15 +99,22 @@ func (ep *sockEndpoint) serverHandshake(c net.Conn, isTCP bool) error {
 			return refuse(err.Error(), err)
 		}
 	}
+	if !p.Done() {
+		return transport.PushedOut()
+	}
+	// Registered before the welcome goes, so that the caps count it; it
+	// starts reading and writing only after.
+	sc, err := ep.newConn(watch, bufio.NewReaderSize(watch, connReadBuffer), auth.Peer, isTCP, true)
+	if err != nil {
+		return refuse(err.Error(), err)
+	}
 	welcome := &Message{Kind: KindWelcome, Peer: ep.identity(isTCP)}
 	if _, err := c.Write(welcome.Encode()); err != nil {
+		sc.closeClean(err)
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(watch, rd, auth.Peer, isTCP)
-	if sc == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime is shutting down")
-	}
+	sc.run()
 	ep.cfg.Log.Debugf("control plane: peer %s connected", auth.Peer)
 	return nil
 }
@@ -123,7 +139,7 @@ func (ep *sockEndpoint) checkPeerPid(c net.Conn, claimed transport.PeerInfo) err
 }
 
 // Expect reads one handshake frame of the given kind.
-func Expect(rd *bufio.Reader, k Kind) (*Message, error) {
+func Expect(rd io.Reader, k Kind) (*Message, error) {
 	b, err := ReadFrame(rd, nil, MaxPreAuthFrame)
 	if err != nil {
 		return nil, err
@@ -154,7 +170,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		return nil, err
 	}
 	watch := newSocketWatch(c)
-	rd := bufio.NewReaderSize(watch, 64<<10)
+	rd := bufio.NewReaderSize(watch, connReadBuffer)
 	ch, err := Expect(rd, KindChallenge)
 	if err != nil {
 		return nil, err
@@ -162,7 +178,7 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 	if !transport.CheckAuthProof(token, ProofServer, nonce, ch.Proof) {
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s does not hold the token we Expect (RDT_AUTH_TOKEN, or the key in its address, differs)", c.RemoteAddr())
 	}
-	if len(ch.Key) != ed25519.PublicKeySize || !ed25519.Verify(ed25519.PublicKey(ch.Key), IdentityTranscript(SignServer, nonce, ch.Nonce, nil), ch.Sig) {
+	if !verify(ch.Key, ch.Sig, IdentityTranscript(SignServer, nonce, ch.Nonce, nil)) {
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "the peer at %s did not prove its identity key", c.RemoteAddr())
 	}
 	// Only now, talking to a server that proved the token, do we name
@@ -185,9 +201,10 @@ func (ep *sockEndpoint) clientHandshake(c net.Conn, isTCP bool, token string) (*
 		}
 	}
 	c.SetDeadline(time.Time{})
-	sc := ep.newConn(watch, rd, welcome.Peer, isTCP)
-	if sc == nil {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime is destroyed")
+	sc, err := ep.newConn(watch, rd, welcome.Peer, isTCP, false)
+	if err != nil {
+		return nil, err
 	}
+	sc.run()
 	return sc, nil
 }

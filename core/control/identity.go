@@ -1,9 +1,12 @@
 package control
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
+	"math/big"
+	"slices"
 
 	"github.com/rdt-project/rdt/core/transport"
 )
@@ -58,8 +61,56 @@ func checkIdentity(claimed transport.RuntimeID, key, sig, transcript []byte) err
 	if len(key) != ed25519.PublicKeySize || runtimeIDOf(key) != claimed {
 		return transport.Errorf(transport.ErrPermissionDenied, "the peer's key does not match the runtime id %s it claims", claimed)
 	}
-	if len(sig) != ed25519.SignatureSize || !ed25519.Verify(ed25519.PublicKey(key), transcript, sig) {
+	if weakPoint(key) {
+		return transport.Errorf(transport.ErrPermissionDenied, "the peer's key for runtime %s is of small order or not canonically encoded: it proves nothing", claimed)
+	}
+	if !verify(key, sig, transcript) {
 		return transport.Errorf(transport.ErrPermissionDenied, "the peer did not prove that it holds the key of runtime %s", claimed)
 	}
 	return nil
+}
+
+// verify checks an identity signature, refusing what crypto/ed25519
+// accepts but proves nothing: a key of small order (the identity point,
+// with R the identity and S = 0, verifies for every message) or one
+// encoded with y >= p, and a signature whose R is such a point. (Go
+// already refuses S >= L and compares R as the canonical encoding.)
+func verify(key, sig, transcript []byte) bool {
+	return len(key) == ed25519.PublicKeySize && len(sig) == ed25519.SignatureSize &&
+		!weakPoint(key) && !weakPoint(sig[:32]) && ed25519.Verify(ed25519.PublicKey(key), transcript, sig)
+}
+
+// smallOrderY are the y coordinates, little endian, of the eight points
+// of small order on edwards25519: the identity (y = 1), the point of order
+// 2 (y = -1), those of order 4 (y = 0) and those of order 8 (y = ±y8).
+// Their x differ only in sign, which an encoding keeps in its top bit, so
+// comparing y covers all eight. (The test checks with X25519 that these
+// are the points of small order.)
+var smallOrderY = func() [][32]byte {
+	p := new(big.Int).Sub(new(big.Int).Lsh(big.NewInt(1), 255), big.NewInt(19))
+	y8, _ := new(big.Int).SetString("2707385501144840649318225287225658788936804267575313519463743609750303402022", 10)
+	var out [][32]byte
+	for _, y := range []*big.Int{big.NewInt(0), big.NewInt(1), new(big.Int).Sub(p, big.NewInt(1)), y8, new(big.Int).Sub(p, y8)} {
+		var b [32]byte
+		y.FillBytes(b[:])
+		slices.Reverse(b[:])
+		out = append(out, b)
+	}
+	return out
+}()
+
+// weakPoint reports whether b, an encoded point, is of small order or
+// not canonical: its y (the low 255 bits) is p = 2^255-19 or more.
+// Checking y against the list is simpler than decoding the point and
+// multiplying it by the cofactor, and as exact: y determines a point up
+// to the sign of x, and both points with a given y have the same order.
+func weakPoint(b []byte) bool {
+	var y [32]byte
+	copy(y[:], b)
+	y[31] &= 0x7f
+	// y >= p = 0x7fff...ffed: bytes 1 to 31 as in p, byte 0 0xed or more.
+	if y[31] == 0x7f && y[0] >= 0xed && bytes.Count(y[1:31], []byte{0xff}) == 30 {
+		return true
+	}
+	return slices.Contains(smallOrderY, y)
 }

@@ -17,17 +17,7 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-const (
-	maxUnixPath = 107
-
-	// MaxAuthenticating bounds the connections of one listener still in
-	// their handshake: each holds a goroutine and a read buffer before the
-	// peer proved anything. Past it, the listener stops accepting until one
-	// finishes (within the handshake timeout): further connections wait in
-	// the kernel's backlog, costing us nothing, and a burst of honest peers
-	// is slowed down rather than refused.
-	MaxAuthenticating = 64
-)
+const maxUnixPath = 107
 
 // refusalLogInterval is how often refused connections are summarized in
 // the log after the first one of a burst is written.
@@ -176,18 +166,16 @@ func listeningUnixSockets() map[string]bool {
 	return out
 }
 
+// acceptLoop accepts connections for their handshakes, never waiting for
+// room: each costs a goroutine and the handshake frame it reads, and the
+// listener's transport.PreAuth bounds how many it holds (see there).
 func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 	defer ep.wg.Done()
-	slots := make(chan struct{}, MaxAuthenticating)
+	pending := transport.NewPreAuth(transport.MaxPreAuth, transport.MaxPreAuthPerSource)
+	defer pending.Close()
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ep.stop:
-			return
-		}
 		c, err := ln.Accept()
 		if err != nil {
-			<-slots
 			select {
 			case <-ep.stop:
 				return
@@ -204,12 +192,11 @@ func (ep *sockEndpoint) acceptLoop(ln net.Listener, isTCP bool) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		p := pending.Admit(c)
 		ep.wg.Add(1)
 		go func() {
 			defer ep.wg.Done()
-			err := ep.serverHandshake(c, isTCP)
-			<-slots
-			if err != nil {
+			if err := ep.serverHandshake(c, isTCP, p); err != nil {
 				if errors.Is(err, io.EOF) {
 					// Closed between frames without a word: a runtime
 					// checking that this socket is alive (sweepStaleSockets)

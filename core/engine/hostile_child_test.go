@@ -121,38 +121,50 @@ func TestHostilePeerChild(t *testing.T) {
 		report("REQUESTS %d", written)
 		io.Copy(io.Discard, os.Stdin)
 	case "leases":
-		c, rd := hostileConnect(t, unixPath)
+		// RDT_HOSTILE_IDS identities (1 unless set), one connection each,
+		// each asking for n leases.
+		ids, _ := strconv.Atoi(os.Getenv("RDT_HOSTILE_IDS"))
 		obj, err := transport.ParseID(os.Getenv("RDT_HOSTILE_OBJECT"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		// As many requests in flight as a peer may have (a peer past its
-		// window is closed, rightly): the flood is of leases, not of
-		// unanswered requests.
-		window := make(chan struct{}, control.MaxUnanswered)
-		go func() {
-			for i := 1; i <= n; i++ {
-				window <- struct{}{}
-				if _, err := c.Write((&control.Message{Kind: control.KindLease, ID: uint64(i), Object: obj}).Encode()); err != nil {
-					return
-				}
-			}
-		}()
+		type held struct {
+			c      net.Conn
+			rd     *bufio.Reader
+			tokens []uint64
+		}
+		var all []*held
 		granted, refused, other, why := 0, 0, 0, ""
-		var tokens []uint64
-		for i := 0; i < n; i++ {
-			m := hostileResponse(t, rd)
-			<-window
-			switch m.Status {
-			case transport.OK:
-				granted++
-				tokens = append(tokens, m.Token)
-			case transport.ErrNoMemory:
-				refused++
-				why = m.Text
-			default:
-				other++
-				why = m.Text
+		for range max(ids, 1) {
+			c, rd := hostileConnect(t, unixPath)
+			h := &held{c: c, rd: rd}
+			all = append(all, h)
+			// As many requests in flight as a peer may have (a peer past
+			// its window is closed, rightly): the flood is of leases, not
+			// of unanswered requests.
+			window := make(chan struct{}, control.MaxUnanswered)
+			go func() {
+				for i := 1; i <= n; i++ {
+					window <- struct{}{}
+					if _, err := c.Write((&control.Message{Kind: control.KindLease, ID: uint64(i), Object: obj}).Encode()); err != nil {
+						return
+					}
+				}
+			}()
+			for i := 0; i < n; i++ {
+				m := hostileResponse(t, rd)
+				<-window
+				switch m.Status {
+				case transport.OK:
+					granted++
+					h.tokens = append(h.tokens, m.Token)
+				case transport.ErrNoMemory:
+					refused++
+					why = m.Text
+				default:
+					other++
+					why = m.Text
+				}
 			}
 		}
 		report("LEASES %d %d %d %s", granted, refused, other, why)
@@ -161,20 +173,24 @@ func TestHostilePeerChild(t *testing.T) {
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 			return
 		}
-		go func() {
-			w := bufio.NewWriter(c)
-			for i, token := range tokens {
-				w.Write((&control.Message{Kind: control.KindBorrow, ID: uint64(n + 1 + i), Object: obj, Token: token}).Encode())
+		consumed := 0
+		for _, h := range all {
+			go func() {
+				w := bufio.NewWriter(h.c)
+				for i, token := range h.tokens {
+					w.Write((&control.Message{Kind: control.KindBorrow, ID: uint64(n + 1 + i), Object: obj, Token: token}).Encode())
+				}
+				w.Flush()
+			}()
+			for range h.tokens {
+				if m := hostileResponse(t, h.rd); m.Status != transport.OK {
+					t.Fatalf("borrow refused: %s", m.Text)
+				}
 			}
-			w.Flush()
-		}()
-		for range tokens {
-			if m := hostileResponse(t, rd); m.Status != transport.OK {
-				t.Fatalf("borrow refused: %s", m.Text)
-			}
+			h.c.Write((&control.Message{Kind: control.KindUnborrow, Object: obj, Count: uint64(len(h.tokens))}).Encode())
+			consumed += len(h.tokens)
 		}
-		c.Write((&control.Message{Kind: control.KindUnborrow, Object: obj, Count: uint64(len(tokens))}).Encode())
-		report("CONSUMED %d", len(tokens))
+		report("CONSUMED %d", consumed)
 		io.Copy(io.Discard, os.Stdin)
 	case "crossuid":
 		report("UID %d", os.Getuid())

@@ -28,8 +28,13 @@ func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n 
 // MaxLeasesPerPeer bounds the leases one peer holds at a time: refs it
 // serialized that were not deserialized yet. Each costs a timer for the
 // lease's duration, so a peer asking in a loop would otherwise grow the
-// owner without bound.
-const MaxLeasesPerPeer = 4096
+// owner without bound. MaxPeerLeases bounds those of all peers together:
+// with the token a new identity costs one handshake, so a cap per peer
+// alone bounds nothing (12 identities held 49,152 leases).
+const (
+	MaxLeasesPerPeer = 4096
+	MaxPeerLeases    = 4 * MaxLeasesPerPeer
+)
 
 // Lease implements PeerService.
 func (rt *Runtime) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error) {

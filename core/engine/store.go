@@ -33,9 +33,10 @@ type store struct {
 	borrowed map[transport.ObjectID]*borrowEntry
 	fetches  map[*Fetch]struct{}
 	// leases granted to each peer and not yet consumed or expired, for
-	// MaxLeasesPerPeer
-	peerLeases map[transport.RuntimeID]int
-	freed      freedRecord // ids of recently freed objects, for error messages
+	// MaxLeasesPerPeer, and to all of them, for MaxPeerLeases
+	peerLeases     map[transport.RuntimeID]int
+	peerLeasesHeld int
+	freed          freedRecord // ids of recently freed objects, for error messages
 }
 
 // object is the owner's record of something put.
@@ -443,7 +444,7 @@ func (s *store) leaseOwned(id transport.ObjectID) (*object, uint64, error) {
 }
 
 // leaseForPeer makes a lease token a peer asked for, up to
-// MaxLeasesPerPeer at a time.
+// MaxLeasesPerPeer at a time and MaxPeerLeases for all peers.
 func (s *store) leaseForPeer(from transport.RuntimeID, id transport.ObjectID) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -454,7 +455,11 @@ func (s *store) leaseForPeer(from transport.RuntimeID, id transport.ObjectID) (u
 	if n := s.peerLeases[from]; n >= MaxLeasesPerPeer {
 		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", s.name, from, n, s.lease)
 	}
+	if s.peerLeasesHeld >= MaxPeerLeases {
+		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: its peers together already hold %d leases, the limit for all of them (refs they serialized and nobody deserialized yet; they expire after %v)", s.name, s.peerLeasesHeld, s.lease)
+	}
 	s.peerLeases[from]++
+	s.peerLeasesHeld++
 	return s.newLeaseLocked(o, from), nil
 }
 
@@ -475,6 +480,7 @@ func (s *store) dropLeaseLocked(o *object, token uint64) bool {
 	l.timer.Stop()
 	delete(o.transit, token)
 	if !l.peer.IsZero() {
+		s.peerLeasesHeld--
 		if s.peerLeases[l.peer]--; s.peerLeases[l.peer] == 0 {
 			delete(s.peerLeases, l.peer)
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -61,13 +62,16 @@ func (t *Transport) listen() (string, error) {
 	return t.endpoint, nil
 }
 
+// accept takes every connection into its handshake at once: one costs a
+// goroutine and a few bytes until it proves the key, and the listener's
+// transport.PreAuth bounds how many it holds (see there).
 func (t *Transport) accept(ln net.Listener) {
 	defer t.serving.Done()
+	pending := transport.NewPreAuth(transport.MaxPreAuth, transport.MaxPreAuthPerSource)
+	defer pending.Close()
 	for {
-		t.slots <- struct{}{} // released when a handshake ends, or here
 		c, err := ln.Accept()
 		if err != nil {
-			<-t.slots
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -79,28 +83,38 @@ func (t *Transport) accept(ln net.Listener) {
 		if t.lclosed {
 			t.lmu.Unlock()
 			c.Close()
-			<-t.slots
 			return
 		}
-		t.sconns[c] = transport.RuntimeID{}
+		s := &served{}
+		t.sconns[c] = s
 		t.serving.Add(1)
 		t.lmu.Unlock()
-		go t.serve(c)
+		go t.serve(c, s, pending.Admit(c))
 	}
+}
+
+// served is a connection of the data port.
+type served struct {
+	peer   transport.RuntimeID // the runtime the client names, once in (under lmu)
+	authed bool                // counted in nserved and perPeer (under lmu)
+	// idle is when it began waiting for a request (Unix nanoseconds); 0
+	// while it reads or answers one, -1 once closed to make room.
+	idle atomic.Int64
 }
 
 // serve authenticates a client, then answers its requests until it hangs
 // up. A request the source cannot honour gets an error response and the
 // connection stays usable; a malformed frame closes it.
-func (t *Transport) serve(c net.Conn) {
+func (t *Transport) serve(c net.Conn, s *served, p *transport.Pending) {
 	defer t.serving.Done()
 	defer func() {
 		t.lmu.Lock()
 		delete(t.sconns, c)
+		t.uncountLocked(s)
 		t.lmu.Unlock()
 		c.Close()
 	}()
-	if !t.handshake(c) {
+	if !t.handshake(c, s, p) {
 		return
 	}
 	// Buffered: a pipelined batch of frames is one read, not one per frame.
@@ -108,8 +122,8 @@ func (t *Transport) serve(c net.Conn) {
 	frame := make([]byte, requestLen)
 	b := &answers{}
 	for {
-		if _, err := io.ReadFull(rd, frame); err != nil {
-			return // the client hung up, or the transport is closing
+		if err := t.nextRequest(c, rd, s, frame); err != nil {
+			return // the client hung up or stalled, or the transport is closing
 		}
 		req, err := decodeRequest(frame)
 		if err != nil {
@@ -242,20 +256,50 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 	return err
 }
 
+// nextRequest reads the next request frame into frame. While it waits
+// for one the connection is idle: closed after serveIdle, or before to
+// make room for another (admit). Once a frame's first byte is in, the rest
+// must follow within the write timeout, so a client that stops mid-frame
+// is let go.
+func (t *Transport) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame []byte) error {
+	if rd.Buffered() == 0 {
+		now := time.Now()
+		since := now.UnixNano()
+		s.idle.Store(since)
+		c.SetReadDeadline(now.Add(serveIdle))
+		_, err := rd.Peek(1)
+		if !s.idle.CompareAndSwap(since, 0) {
+			return net.ErrClosed // closed to make room
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if rd.Buffered() < len(frame) {
+		c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+	}
+	_, err := io.ReadFull(rd, frame)
+	return err
+}
+
 // handshake authenticates a client of the data listener within
-// authTimeout; false means the connection is to be closed.
-func (t *Transport) handshake(c net.Conn) bool {
-	defer func() { <-t.slots }()
+// transport.PreAuthTimeout and admits it (admit); false means the
+// connection is to be closed.
+func (t *Transport) handshake(c net.Conn, s *served, p *transport.Pending) bool {
+	defer p.Done()
 	tune(c)
 	nonce := transport.NewNonce()
 	hello := append(append([]byte(helloMagic), protoVersion), nonce...)
 	// A client that does not finish the handshake in time is dropped.
-	c.SetDeadline(time.Now().Add(authTimeout))
+	c.SetDeadline(time.Now().Add(transport.PreAuthTimeout))
 	if _, err := c.Write(hello); err != nil {
 		return false
 	}
 	answer := make([]byte, clientLen)
 	if _, err := io.ReadFull(c, answer); err != nil {
+		if !p.Done() {
+			t.refused.Event(fmt.Sprintf("from %s: %v", c.RemoteAddr(), transport.PushedOut()))
+		}
 		return false
 	}
 	if !transport.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
@@ -263,16 +307,74 @@ func (t *Transport) handshake(c net.Conn) bool {
 		c.Write(encodeResponse(nil, 0, transport.ErrPermissionDenied, t.refusal()))
 		return false
 	}
+	if !p.Done() {
+		return false // closed to make room
+	}
 	// The client's runtime id is not proven: it is used only to close
-	// this connection when that runtime is gone (PeerGone).
-	t.lmu.Lock()
-	t.sconns[c] = transport.RuntimeID(answer[proofLen:])
-	t.lmu.Unlock()
+	// this connection when that runtime is gone (PeerGone), and for
+	// maxServedPerPeer.
+	if why := t.admit(s, transport.RuntimeID(answer[proofLen:])); why != "" {
+		t.refused.Event(fmt.Sprintf("from %s: %s", c.RemoteAddr(), why))
+		c.Write(encodeResponse(nil, 0, transport.ErrNoMemory, why))
+		return false
+	}
 	if _, err := c.Write(encodeResponse(nil, 0, transport.OK, "")); err != nil {
 		return false
 	}
 	c.SetDeadline(time.Time{})
 	return true
+}
+
+// admit counts an authenticated connection of the runtime id, first
+// closing the connection idle longest (that runtime's, or anyone's) when
+// it would pass maxServedPerPeer or maxServed. It returns why it refused
+// the connection, or "".
+func (t *Transport) admit(s *served, id transport.RuntimeID) string {
+	t.lmu.Lock()
+	defer t.lmu.Unlock()
+	if t.perPeer[id] >= maxServedPerPeer && !t.closeIdleLocked(func(o *served) bool { return o.peer == id }) {
+		return fmt.Sprintf("the source serves at most %d data connections to one runtime, and all %d of this one's are busy", maxServedPerPeer, t.perPeer[id])
+	}
+	if t.nserved >= maxServed && !t.closeIdleLocked(func(*served) bool { return true }) {
+		return fmt.Sprintf("the source serves at most %d data connections, and all are busy", maxServed)
+	}
+	s.peer, s.authed = id, true
+	t.perPeer[id]++
+	t.nserved++
+	return ""
+}
+
+// closeIdleLocked closes the authenticated connection that has waited
+// longest for a request among those match accepts, and uncounts it; it
+// reports whether it found one.
+func (t *Transport) closeIdleLocked(match func(*served) bool) bool {
+	var oldest *served
+	var conn net.Conn
+	var since int64
+	for c, s := range t.sconns {
+		if idle := s.idle.Load(); s.authed && idle > 0 && (oldest == nil || idle < since) && match(s) {
+			oldest, conn, since = s, c, idle
+		}
+	}
+	// The connection may have just taken a request: then it is not idle.
+	if oldest == nil || !oldest.idle.CompareAndSwap(since, -1) {
+		return false
+	}
+	t.uncountLocked(oldest)
+	conn.Close()
+	return true
+}
+
+// uncountLocked takes an authenticated connection out of the counts.
+func (t *Transport) uncountLocked(s *served) {
+	if !s.authed {
+		return
+	}
+	s.authed = false
+	t.nserved--
+	if t.perPeer[s.peer]--; t.perPeer[s.peer] == 0 {
+		delete(t.perPeer, s.peer)
+	}
 }
 
 // refusal tells a client with the wrong key what to check.

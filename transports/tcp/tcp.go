@@ -37,14 +37,18 @@ const (
 	window      = 256
 	dialTimeout = 5 * time.Second
 	authTimeout = 10 * time.Second
-	// maxAuthenticating bounds the data connections in their handshake at
-	// once: before it, a connection proves nothing, so whoever can reach
-	// the port could otherwise hold any number of goroutines and sockets.
-	// Past it the listener stops accepting until one finishes (within
-	// authTimeout): further connections wait in the kernel's backlog, and a
-	// burst of honest fetches is slowed down rather than refused.
-	maxAuthenticating = 64
-	maxIdle           = 16 // idle connections kept per source endpoint
+	maxIdle     = 16 // idle connections kept per source endpoint
+	// maxServed bounds the authenticated connections the data port serves,
+	// and maxServedPerPeer those of one client runtime (as the client names
+	// itself: unproven, so maxServed is the bound that holds). A receiver
+	// keeps up to maxIdle idle connections per source and opens up to
+	// `streams` more for each fetch in flight, so one peer may run about 60
+	// large fetches at once on 4 streams. Past a cap the connection idle
+	// longest (of that peer, or of all) is closed to make room: a receiver
+	// checks a pooled connection before reusing it, and dials anew. Only
+	// when none is idle is the newcomer refused, with NO_MEMORY.
+	maxServed        = 1024
+	maxServedPerPeer = 256
 	// A small pull on a pooled connection is finished on the caller's
 	// goroutine when the engine asks whether it completed: a goroutine
 	// hand-off costs more than the round trip. inlineMax bounds the bytes
@@ -72,6 +76,10 @@ var (
 	// idleTimeout closes pooled connections nobody used for this long: a
 	// bound on descriptors held for live sources (PeerGone drops gone ones).
 	idleTimeout = time.Minute
+	// serveIdle closes a served connection that waited this long for a
+	// request: longer than receivers pool one, so it ends only connections
+	// nobody pools.
+	serveIdle = 2 * idleTimeout
 )
 
 // Factory makes the transport for a new runtime.
@@ -87,16 +95,17 @@ type Transport struct {
 	// handed to receivers in the metadata ("" when a token is configured:
 	// receivers then use their own).
 	key, metaKey string
-	writeTimeout time.Duration // a serving write that makes no progress this long fails
-	slots        chan struct{} // one per data connection in its handshake
+	writeTimeout time.Duration // a serving write, or a request's rest, that makes no progress this long fails
 
 	lmu      sync.Mutex
 	ln       net.Listener // nil until an object needs it
 	endpoint string
 	serving  sync.WaitGroup
-	sconns   map[net.Conn]transport.RuntimeID // serving connections, by the runtime id the client claimed
-	lclosed  bool                             // the server side's closed, under lmu
-	refused  *transport.FloodLog              // wrong keys; made with the listener
+	sconns   map[net.Conn]*served // serving connections, those in their handshake included
+	nserved  int                  // authenticated ones (maxServed)
+	perPeer  map[transport.RuntimeID]int
+	lclosed  bool                // the server side's closed, under lmu
+	refused  *transport.FloodLog // wrong keys; made with the listener
 
 	pool   *peerpool.Pool[poolKey, net.Conn] // pooled client connections
 	pmu    sync.Mutex
@@ -130,7 +139,7 @@ func New(h transport.Host) (transport.Transport, error) {
 	if streams < 1 || streams > maxStreams {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, maxStreams)
 	}
-	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]transport.RuntimeID{}, slots: make(chan struct{}, maxAuthenticating),
+	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]*served{}, perPeer: map[transport.RuntimeID]int{},
 		pool: newPool(), active: map[*fetchRequest]struct{}{}}
 	t.key = h.AuthToken()
 	if t.key == "" {
@@ -191,8 +200,8 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 		return
 	}
 	t.lmu.Lock()
-	for c, id := range t.sconns {
-		if id == peer.RuntimeID {
+	for c, s := range t.sconns {
+		if s.peer == peer.RuntimeID {
 			c.Close() // serve's deferred cleanup removes it
 		}
 	}

@@ -3,7 +3,6 @@ package tcp
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -861,67 +860,6 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 	err = tr.(*Transport).authenticate(client, "a dying source", "token")
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "closed the connection during authentication")
-}
-
-// Connections that have proved nothing are bounded: past maxAuthenticating
-// in their handshake at once, the source stops accepting, so further
-// connections wait (in the kernel's backlog) instead of being refused, and
-// are greeted as soon as slots free up.
-func TestConnectionsInTheirHandshakeAreBounded(t *testing.T) {
-	p := newPair(t, "", "")
-	meta, _ := p.put(t, 12, 64)
-	m, err := decodeMetadata(meta)
-	require.NoError(t, err)
-	greetedWithin := func(c net.Conn, d time.Duration) bool {
-		c.SetReadDeadline(time.Now().Add(d))
-		_, err := c.Read(make([]byte, 1))
-		if err != nil {
-			var ne net.Error
-			require.True(t, errors.As(err, &ne) && ne.Timeout(), "a waiting connection is not closed: %v", err)
-		}
-		return err == nil
-	}
-	var first, rest []net.Conn
-	for i := 0; i < maxAuthenticating+36; i++ {
-		c, err := net.Dial("tcp", m.Endpoint)
-		require.NoError(t, err)
-		defer c.Close()
-		if i < maxAuthenticating {
-			first = append(first, c)
-		} else {
-			rest = append(rest, c)
-		}
-	}
-	for _, c := range first {
-		require.True(t, greetedWithin(c, 5*time.Second), "the first connections are let into their handshake")
-	}
-	for _, c := range rest {
-		assert.False(t, greetedWithin(c, 20*time.Millisecond), "past the cap a connection waits")
-	}
-	// An honest fetch started now waits too, and succeeds once slots free.
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.fetch(t, meta, 64)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("with every slot taken the fetch ended at once: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	for _, c := range first {
-		c.Close()
-	}
-	for _, c := range rest {
-		require.True(t, greetedWithin(c, 5*time.Second), "waiting connections are greeted once slots free")
-		c.Close()
-	}
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the fetch did not finish after the idle connections went")
-	}
 }
 
 // benchMany fetches one object of count tensors of n bytes each.

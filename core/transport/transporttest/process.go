@@ -1,7 +1,10 @@
 package transporttest
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -9,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ResidentBytes is the resident memory (VmRSS) of process pid.
@@ -55,4 +61,56 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// NeedDescriptors raises this process's descriptor limit (RLIMIT_NOFILE)
+// to at least n, up to the hard limit, and skips the test where the hard
+// limit is lower.
+func NeedDescriptors(t testing.TB, n uint64) {
+	t.Helper()
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Cur >= n {
+		return
+	}
+	if rl.Max < n {
+		t.Skipf("needs %d descriptors; the hard limit (RLIMIT_NOFILE) is %d", n, rl.Max)
+	}
+	rl.Cur = n
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Stalled opens n TCP connections to addr that never say a word, for the
+// test's life, as a flood of half-open handshakes does, with descriptors
+// to spare for both their ends.
+func Stalled(t testing.TB, addr string, n int) []net.Conn {
+	t.Helper()
+	NeedDescriptors(t, uint64(2*n+1024))
+	conns := make([]net.Conn, 0, n)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range n {
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d of %d: %v", len(conns)+1, n, err)
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// ClosedWithin reports whether the other end closes c within d; what it
+// sends meanwhile (a handshake's greeting) is read and dropped.
+func ClosedWithin(c net.Conn, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
 }

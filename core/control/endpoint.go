@@ -152,13 +152,32 @@ func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 	cancel()
 	cacheKey := transport.StripAddressKeys(address)
 	ep.mu.Lock()
-	delete(ep.dialing, address)
+	if d.err == nil {
+		delete(ep.dialing, address)
+	} else {
+		// A failed dial still answers the callers that come within
+		// failedDialKept, as it would have had they been waiting. A binding
+		// that waits in slices (Python's are 100 ms, the handshake timeout
+		// a whole number of them) would otherwise often miss its verdict
+		// between two slices, and dial again.
+		time.AfterFunc(failedDialKept, func() {
+			ep.mu.Lock()
+			if ep.dialing[address] == d {
+				delete(ep.dialing, address)
+			}
+			ep.mu.Unlock()
+		})
+	}
 	if cur := ep.byAddr[cacheKey]; d.sc != nil && (cur == nil || cur.isClosed()) {
 		ep.byAddr[cacheKey] = d.sc
 	}
 	ep.mu.Unlock()
 	close(d.done)
 }
+
+// failedDialKept is how long a failed dial answers those who connect to its
+// address afterwards.
+const failedDialKept = time.Second
 
 // dial tries each endpoint of an address: the Unix socket if it exists on
 // this host, then TCP. A key in a TCP part (tcp://key@host:port) is what

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -116,4 +117,63 @@ func TestSocketsConnectTriesAFullBacklogAgain(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.Equal(t, owner.Identity().RuntimeID, r.peer.Info().RuntimeID)
 	client.Close() // ends the forwarded connection
+}
+
+// A dial that failed while nobody waited for it (a caller that waits in
+// slices was between two) answers a caller that comes right after, rather
+// than being dialed again; a caller that comes later dials anew.
+func TestSocketsFailedDialAnswersTheNextCaller(t *testing.T) {
+	_, client := listenStub(t, "client")
+	ep := client.(*sockEndpoint)
+	path := filepath.Join(t.TempDir(), "closing.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	defer ln.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close() // no handshake: the dial fails, and not transiently
+		}
+	}()
+	address := UnixScheme + path
+
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	client.Connect(gone, address) // returns at once; the dial goes on
+	finished := func() bool {
+		ep.mu.Lock()
+		defer ep.mu.Unlock()
+		d := ep.dialing[address]
+		if d == nil {
+			return false
+		}
+		select {
+		case <-d.done:
+			return true
+		default:
+			return false
+		}
+	}
+	eventually(t, finished, "the dial nobody waits for fails")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = client.Connect(ctx, address)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "no runtime reachable at "+address)
+	assert.EqualValues(t, 1, accepted.Load(), "the failed dial's answer, not a new dial")
+
+	eventually(t, func() bool {
+		ep.mu.Lock()
+		defer ep.mu.Unlock()
+		return ep.dialing[address] == nil
+	}, "the failed dial is forgotten")
+	_, err = client.Connect(ctx, address)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
+	assert.EqualValues(t, 2, accepted.Load())
 }

@@ -418,9 +418,13 @@ typedef struct rdt_deserialize_options {
    * 0: RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS. Negative: no deadline of the
    * caller's; a connection attempt still ends after the control plane's
    * handshake timeout (the larger of peer_timeout_ms and 10 s) with
-   * PEER_UNAVAILABLE. A connection attempt the call gave up on goes on in
-   * the background, and a later call for the same owner waits for it rather
-   * than dialing again, so retrying in short slices (to stay responsive to
+   * PEER_UNAVAILABLE. Within those bounds, a connection attempt that fails
+   * because of the network (no route to the owner's host, say, right after
+   * a partition healed) is tried again with backoff; a refused one (nothing
+   * listens: the owner is gone) is not. A connection attempt the call gave
+   * up on goes on in the background, and a later call for the same owner
+   * waits for it (or gets its failure, within a second of it) rather than
+   * dialing again, so retrying in short slices (to stay responsive to
    * signals) costs nothing extra. */
   int64_t timeout_ms;
 } rdt_deserialize_options;

@@ -57,6 +57,10 @@ type dialCall struct {
 	done chan struct{}
 	sc   *sconn
 	err  error
+	// The tries that failed so far and the last one's error (under ep.mu),
+	// for a caller that stops waiting to say what was tried.
+	failed int
+	last   error
 }
 
 func (ep *sockEndpoint) Address() string { return ep.address }
@@ -75,7 +79,11 @@ func (ep *sockEndpoint) PeersLost() uint64 { return ep.lost.Load() }
 // caller that wants the same peer, so it runs on its own (bounded by the
 // handshake timeout and the endpoint's life) and each caller waits for it
 // only as long as its ctx allows: a caller with a short deadline neither
-// waits past it nor cuts the dial short for the others.
+// waits past it nor cuts the dial short for the others. A try that fails
+// with a transient network error (no route to the host, say, right after
+// a partition healed) is made again with backoff (transport.Redial), so a
+// caller that waits long enough gets the connection once the network is
+// back, or the dial's error once the handshake timeout has passed.
 func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, error) {
 	cacheKey := transport.StripAddressKeys(address)
 	for {
@@ -98,6 +106,12 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 		select {
 		case <-d.done:
 		case <-ctx.Done():
+			ep.mu.Lock()
+			failed, last := d.failed, d.last
+			ep.mu.Unlock()
+			if failed > 0 {
+				return nil, transport.ContextError(ctx, "connecting to %s: %s", address, transport.Tried(failed, last))
+			}
 			return nil, transport.ContextError(ctx, "connecting to %s", address)
 		}
 		if d.err != nil {
@@ -109,7 +123,8 @@ func (ep *sockEndpoint) Connect(ctx context.Context, address string) (Peer, erro
 	}
 }
 
-// runDial dials address for everyone waiting on d.
+// runDial dials address for everyone waiting on d: again after a transient
+// failure, for up to the handshake timeout in all.
 func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
@@ -119,11 +134,40 @@ func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 		case <-ctx.Done():
 		}
 	}()
-	d.sc, d.err = ep.dial(ctx, address)
+	// The handshake timeout bounds the dial, every try included.
+	limit := ep.handshakeTimeout()
+	end := time.Now().Add(limit)
+	d.sc, d.err = transport.Redial(ctx, limit, ep.cfg.Log, "connecting to "+address,
+		func(ctx context.Context) (*sconn, error) {
+			ctx, cancel := context.WithDeadline(ctx, end)
+			defer cancel()
+			sc, err := ep.dial(ctx, address)
+			if err != nil {
+				ep.mu.Lock()
+				d.failed, d.last = d.failed+1, err
+				ep.mu.Unlock()
+			}
+			return sc, err
+		})
 	cancel()
 	cacheKey := transport.StripAddressKeys(address)
 	ep.mu.Lock()
-	delete(ep.dialing, address)
+	if d.err == nil {
+		delete(ep.dialing, address)
+	} else {
+		// A failed dial still answers the callers that come within
+		// failedDialKept, as it would have had they been waiting. A binding
+		// that waits in slices (Python's are 100 ms, the handshake timeout
+		// a whole number of them) would otherwise often miss its verdict
+		// between two slices, and dial again.
+		time.AfterFunc(failedDialKept, func() {
+			ep.mu.Lock()
+			if ep.dialing[address] == d {
+				delete(ep.dialing, address)
+			}
+			ep.mu.Unlock()
+		})
+	}
 	if cur := ep.byAddr[cacheKey]; d.sc != nil && (cur == nil || cur.isClosed()) {
 		ep.byAddr[cacheKey] = d.sc
 	}
@@ -131,11 +175,17 @@ func (ep *sockEndpoint) runDial(d *dialCall, address string) {
 	close(d.done)
 }
 
+// failedDialKept is how long a failed dial answers those who connect to its
+// address afterwards.
+const failedDialKept = time.Second
+
 // dial tries each endpoint of an address: the Unix socket if it exists on
 // this host, then TCP. A key in a TCP part (tcp://key@host:port) is what
 // that endpoint requires; without one, our configured token is proved.
+// The error keeps each part's dial error reachable, for runDial to tell a
+// transient one, but not a handshake's: a peer that answered is there.
 func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error) {
-	var errs []string
+	var errs partErrors
 	for _, part := range strings.Split(address, ",") {
 		var network, target, token string
 		var isTCP bool
@@ -143,7 +193,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		case strings.HasPrefix(part, UnixScheme):
 			network, target = "unix", strings.TrimPrefix(part, UnixScheme)
 			if _, err := os.Stat(target); err != nil {
-				errs = append(errs, fmt.Sprintf("%s: not on this host or gone", part))
+				errs = append(errs, fmt.Errorf("%s: not on this host or gone", part))
 				continue
 			}
 		case strings.HasPrefix(part, TCPScheme):
@@ -153,7 +203,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 				token = ep.cfg.AuthToken
 			}
 		case strings.HasPrefix(part, inprocScheme):
-			errs = append(errs, fmt.Sprintf("%s: an in-process runtime of another process cannot be reached", part))
+			errs = append(errs, fmt.Errorf("%s: an in-process runtime of another process cannot be reached", part))
 			continue
 		default:
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "address %q has an unknown scheme", part)
@@ -162,7 +212,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		c, err := (&net.Dialer{}).DialContext(dctx, network, target)
 		cancel()
 		if err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
+			errs = append(errs, fmt.Errorf("%s: %w", part, err))
 			continue
 		}
 		sc, err := ep.clientHandshake(c, isTCP, token)
@@ -171,13 +221,26 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 			if st := transport.StatusOf(err); st == transport.ErrPermissionDenied || st == transport.ErrCorrupt {
 				return nil, transport.Wrap(err, "%s", part)
 			}
-			errs = append(errs, fmt.Sprintf("%s: %v", part, err))
+			errs = append(errs, fmt.Errorf("%s: %v", part, err))
 			continue
 		}
 		return sc, nil
 	}
-	return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime reachable at %s (%s)", address, strings.Join(errs, "; "))
+	return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime reachable at %s (%w)", address, errs)
 }
+
+// partErrors are the failures of an address's parts, in order.
+type partErrors []error
+
+func (e partErrors) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e partErrors) Unwrap() []error { return e }
 
 // socketName is the file name of a runtime's Unix socket: it names the
 // runtime, so an address can be checked against a proven identity.

@@ -11,7 +11,8 @@ class name, and "message"):
   keep_own, the owner's own ref is released: the object lives only while
   others hold it.
 - expose NAME nbytes: a writable object of zeros; answers "ref"
-- take NAME ref: unpickles a ref (a borrow) and keeps it
+- take NAME ref [deadline]: unpickles a ref (a borrow) and keeps it;
+  answers "seconds"
 - drop NAME: closes a ref
 - alloc NAME nbytes: a buffer of zeros to get into
 - get REF BUF deadline [transport]: answers "started" first, then the
@@ -115,9 +116,20 @@ class Agent:
         self.refs[name] = ref
         return {"ref": pickle.dumps(ref).hex()}
 
-    def take(self, name: str, ref: str) -> dict:
-        self.refs[name] = pickle.loads(bytes.fromhex(ref))
-        return {}
+    def take(self, name: str, ref: str, deadline: Optional[float] = None) -> dict:
+        """Unpickles ref, waiting for its owner at most deadline seconds
+        (None: the runtime's deserialize_timeout)."""
+        before = self.rt.deserialize_timeout
+        if deadline is not None:
+            self.rt.deserialize_timeout = deadline
+        t0 = time.monotonic()
+        try:
+            self.refs[name] = pickle.loads(bytes.fromhex(ref))
+        except rdt.RdtError as e:
+            return {"ok": False, "error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - t0}
+        finally:
+            self.rt.deserialize_timeout = before
+        return {"seconds": time.monotonic() - t0}
 
     def drop(self, name: str) -> dict:
         self.refs.pop(name).close()

@@ -29,6 +29,7 @@ Needs root and the ``ip``, ``tc``, ``unshare``, ``nsenter`` and ``bash`` tools:
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -269,8 +270,7 @@ class Bed:
     def set_rate(self, host: Host, rate: Optional[str]) -> None:
         """Limits host's link to rate ("100mbit", "10gbit") each way; None
         lifts the limit."""
-        pid = str(host.init_pid)
-        for prefix, dev in (([], host.link), (["nsenter", "-t", pid, "-n"], "eth0")):
+        for prefix, dev in (([], host.link), (_inside(host), "eth0")):
             _run(*prefix, "tc", "qdisc", "del", "dev", dev, "root", check=False)
             if rate:
                 # A burst of 1 MiB (at least rate/HZ, as tbf needs) and up to
@@ -303,6 +303,37 @@ class Bed:
     def link_up(self, host: Host) -> None:
         _run("ip", "link", "set", host.link, "up")
 
+    def unresolved_neighbour(self, host: Host, peer: Host, hold: float) -> None:
+        """Leaves host's neighbour entry for peer as a partition can leave
+        it: being resolved, its one probe lost. For hold seconds every packet
+        host sends to peer waits on the entry; then the entry fails, and so
+        does every connection attempt waiting on it, with "no route to host",
+        also one made after the link came back. Call it while host's link is
+        down.
+
+        How: the kernel dropped host's neighbour entries when its link went
+        down. Host is made to probe once per resolution (mcast_solicit 1)
+        and to give the probe hold seconds (retrans_time_ms); then one
+        datagram to peer starts a resolution whose probe the cut link drops.
+        Peer gets a permanent entry for host, so that no request of its own
+        (which names host's address) resolves host's entry early: what
+        happens is up to host's entry alone. The settings stay for the
+        bed's life."""
+        mac = re.search(r"link/ether (\S+)", _run(*_inside(host), "ip", "-o", "link", "show", "eth0").stdout)
+        if mac is None:
+            raise BedError(f"{host.name}'s eth0 has no link address")
+        _run(*_inside(peer), "ip", "neigh", "replace", host.address, "lladdr", mac.group(1), "dev", "eth0",
+             "nud", "permanent")
+        _run(*_inside(host), "sysctl", "-q", "-w", "net.ipv4.neigh.eth0.mcast_solicit=1",
+             f"net.ipv4.neigh.eth0.retrans_time_ms={round(hold * 1000)}")
+        _run(*_inside(host), "ip", "neigh", "flush", "dev", "eth0")
+        _run(*_inside(host), sys.executable, "-c",
+             "import socket, sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'', (sys.argv[1], 9))",
+             peer.address)
+        state = _run(*_inside(host), "ip", "neigh", "show", "to", peer.address, "dev", "eth0").stdout
+        if "INCOMPLETE" not in state:
+            raise BedError(f"{host.name}'s neighbour entry for {peer.address} is not being resolved: {state.strip()!r}")
+
     def close(self) -> None:
         for h in self.hosts:
             try:
@@ -320,6 +351,11 @@ class Bed:
             # remove each link's end here (and with it the other) now.
             _run("ip", "link", "del", h.link, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
+
+
+def _inside(host: Host) -> List[str]:
+    """The command prefix that runs a tool in host's network namespace."""
+    return ["nsenter", "-t", str(host.init_pid), "-n"]
 
 
 def _remove_orphans() -> None:

@@ -10,14 +10,14 @@ import pytest
 from bed import Bed, BedError
 
 PROBE = """
-import socket, sys
+import errno, socket, sys
 s = socket.socket()
 s.settimeout(float(sys.argv[2]))
 try:
     s.connect((sys.argv[1], int(sys.argv[3])))
     print("connected")
 except OSError as e:
-    print(type(e).__name__)
+    print(errno.errorcode.get(e.errno) or type(e).__name__)
 """
 
 LISTEN = """
@@ -37,6 +37,16 @@ def probe(host, address, timeout=1.0):
     return host.run([sys.executable, "-c", PROBE, address, str(timeout), "7000"]).stdout.strip()
 
 
+def serving_pair(make_bed):
+    """A bed of two hosts, a listening on port 7000 and reached by b."""
+    bed = make_bed(2)
+    a, b = bed.hosts
+    server = a.spawn([sys.executable, "-c", LISTEN, a.address])
+    assert server.stdout.readline().strip() == "listening"
+    assert probe(b, a.address) == "connected"
+    return bed, a, b
+
+
 def test_hosts_share_no_files_and_have_their_own_addresses(make_bed):
     bed = make_bed(2)
     a, b = bed.hosts
@@ -53,11 +63,7 @@ def test_hosts_share_no_files_and_have_their_own_addresses(make_bed):
 
 
 def test_a_cut_link_drops_packets_and_a_healed_one_carries_them(make_bed):
-    bed = make_bed(2)
-    a, b = bed.hosts
-    server = a.spawn([sys.executable, "-c", LISTEN, a.address])
-    assert server.stdout.readline().strip() == "listening"
-    assert probe(b, a.address) == "connected"
+    bed, a, b = serving_pair(make_bed)
     bed.link_down(b)
     # Dropped, not refused: the connect waits out its timeout.
     assert probe(b, a.address, 0.5) in ("timeout", "TimeoutError")
@@ -65,6 +71,18 @@ def test_a_cut_link_drops_packets_and_a_healed_one_carries_them(make_bed):
     deadline = time.monotonic() + 10
     while probe(b, a.address) != "connected":
         assert time.monotonic() < deadline, "the healed link carried nothing"
+
+
+def test_a_neighbour_left_unresolved_fails_the_first_connect_after_the_heal(make_bed):
+    """What the fault tests that dial right after a heal rely on: the
+    kernel fails the first connect with "no route to host" once the entry
+    gives up, and the next connect resolves the address afresh."""
+    bed, a, b = serving_pair(make_bed)
+    bed.link_down(b)
+    bed.unresolved_neighbour(b, a, hold=4.0)
+    bed.link_up(b)
+    assert probe(b, a.address, 30) == "EHOSTUNREACH"
+    assert probe(b, a.address) == "connected"
 
 
 def test_a_rate_limits_the_link(make_bed):

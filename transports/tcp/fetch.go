@@ -809,8 +809,13 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 		return c, nil
 	}
 	ep := k.endpoint
-	d := net.Dialer{Timeout: dialTimeout}
-	c, err := d.DialContext(ctx, "tcp", ep)
+	// A transient failure (no route to the source's host, say, right after
+	// a partition healed) is dialed again until ctx ends, which the engine
+	// sees to at the caller's deadline, or for authTimeout.
+	c, err := transport.Redial(ctx, authTimeout, t.h.Log(), "dialing "+ep, func(ctx context.Context) (net.Conn, error) {
+		d := net.Dialer{Timeout: dialTimeout}
+		return d.DialContext(ctx, "tcp", ep)
+	})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, transport.Errorf(transport.ErrAborted, "dialing %s was cancelled", ep)

@@ -140,12 +140,12 @@ fuzz: ## FUZZTIME (10s) of coverage-guided fuzzing for every fuzz target go test
 
 # The fuzz targets of the checks a peer's numbers reach (the ranges of
 # writes and partial fetches, tcp runs, write frames and requests, control
-# messages, refs), FUZZ_PEERS_TIME each, in make test: about 40 s on two
+# messages, refs, views made from refs), FUZZ_PEERS_TIME each, in make test: about 40 s on two
 # cores with a warm build cache, 90 s when the fuzzing build of the
 # standard library is not cached yet.
 FUZZ_PEERS      := FuzzPieceContains FuzzCovered FuzzCheckPieces FuzzCheckSource FuzzCheckAdmittedPieces \
 	FuzzCheckWrite FuzzDecodeRequest FuzzCheckWritePieces FuzzDecodeWriteRequest FuzzDecodeWriteReplies \
-	FuzzDecodeMessage FuzzDecodeRef
+	FuzzDecodeMessage FuzzDecodeRef FuzzViewOfRef
 FUZZ_PEERS_TIME ?= 2s
 fuzz-peers: ## FUZZ_PEERS_TIME (2s) of fuzzing for each target that checks a peer's numbers (part of make test)
 	GO=$(GO) tools/fuzz.sh $(FUZZ_PEERS_TIME) $(FUZZ_PEERS)

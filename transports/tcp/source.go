@@ -264,8 +264,17 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 func (t *Transport) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame []byte) error {
 	if rd.Buffered() == 0 {
 		now := time.Now()
-		since := now.UnixNano()
-		s.idle.Store(since)
+		// Idle since its admission (admit) for its first request, else
+		// since now: so that the connection idle longest is the one
+		// admitted first, however late its goroutine got here.
+		since := s.idle.Load()
+		if since < 0 {
+			return net.ErrClosed // closed to make room before it got here
+		}
+		if since == 0 {
+			since = now.UnixNano()
+			s.idle.Store(since)
+		}
 		c.SetReadDeadline(now.Add(serveIdle))
 		_, err := rd.Peek(1)
 		if !s.idle.CompareAndSwap(since, 0) {
@@ -339,6 +348,7 @@ func (t *Transport) admit(s *served, id transport.RuntimeID) string {
 		return fmt.Sprintf("the source serves at most %d data connections, and all are busy", maxServed)
 	}
 	s.peer, s.authed = id, true
+	s.idle.Store(time.Now().UnixNano()) // idle until its first request (nextRequest)
 	t.perPeer[id]++
 	t.nserved++
 	return ""

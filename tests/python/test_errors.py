@@ -1,5 +1,6 @@
 """Bad input gets a clear error of the right class, never a crash."""
 
+import asyncio
 import os
 import pickle
 import subprocess
@@ -129,3 +130,89 @@ def test_tokenless_tcp_address_carries_a_secret_that_repr_hides():
         assert len(secret) == 64 and hostport.startswith("127.0.0.1:")
         assert secret not in repr(rt)
         assert "tcp://****@127.0.0.1:" in repr(rt)
+
+
+# ---- timeouts: one rule for every call that takes one -------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair():
+    """An owner and a reader runtime: a put object, one exposed for writes,
+    and the reader's refs to both."""
+    with rdt.Runtime("t-owner") as a, rdt.Runtime("t-reader") as b:
+        ref, exposed = a.put(np.arange(8.0)), a.expose(np.zeros(8))
+        yield a, b, ref, b.borrow(ref), exposed, b.borrow(exposed)
+
+
+def _prepared_run(b, r, t):
+    with b.prepare_get(r) as p:
+        return p.run(timeout=t)
+
+
+def _deserialized(b, ref, t):
+    b.deserialize(ref.serialize(), timeout=t).close()
+
+
+def _notice(b, w, exposed, t):
+    b.write(w, np.ones(8))  # one notice waits, so that no limit returns too
+    return exposed.wait_notice(t)
+
+
+def _notice_async(b, w, exposed, t):
+    b.write(w, np.ones(8))
+    return asyncio.run(exposed.wait_notice_async(t))
+
+
+def _runtime(**options):
+    rdt.Runtime("t-options", **options).close()
+
+
+# name -> call(pair, timeout)
+TIMEOUT_CALLS = {
+    "get": lambda p, t: p[1].get(p[3], timeout=t),
+    "get(copy=False)": lambda p, t: p[1].get(p[3], timeout=t, copy=False),
+    "get_async": lambda p, t: asyncio.run(p[1].get_async(p[3], timeout=t)),
+    "Fetch.wait": lambda p, t: p[1].fetch(p[3]).wait(t),
+    "Fetch.result": lambda p, t: p[1].fetch(p[3]).result(t),
+    "Prepared.run": lambda p, t: _prepared_run(p[1], p[3], t),
+    "write": lambda p, t: p[1].write(p[5], np.ones(8), timeout=t),
+    "write_async": lambda p, t: asyncio.run(p[1].write_async(p[5], np.ones(8), timeout=t)),
+    "wait_tensor_freed": lambda p, t: p[1].wait_tensor_freed(np.ones(2), timeout=t),
+    "rdt.wait_tensor_freed": lambda p, t: rdt.wait_tensor_freed(np.ones(2), timeout=t),  # held by none
+    "deserialize": lambda p, t: _deserialized(p[1], p[2], t),
+    "wait_notice": lambda p, t: _notice(p[1], p[5], p[4], t),
+    "wait_notice_async": lambda p, t: _notice_async(p[1], p[5], p[4], t),
+    "revoke_writes": lambda p, t: p[0].expose(np.zeros(2)).revoke_writes(t),
+    "Runtime(deserialize_timeout)": lambda p, t: _runtime(deserialize_timeout=t),
+    "Runtime(peer_timeout)": lambda p, t: _runtime(peer_timeout=t),
+    "Runtime(lease)": lambda p, t: _runtime(lease=t),
+}
+
+
+@pytest.mark.parametrize("call", sorted(TIMEOUT_CALLS))
+def test_every_timeout_takes_none_infinity_and_seconds(pair, call):
+    for t in (None, float("inf"), 30, 2.5, 10 ** 400):
+        TIMEOUT_CALLS[call](pair, t)
+    if not call.startswith("Runtime"):  # a runtime's durations must be positive
+        try:
+            TIMEOUT_CALLS[call](pair, 0)
+        except rdt.GetTimeoutError:
+            pass  # what 0 does is the library's to say; it is no bad argument
+
+
+@pytest.mark.parametrize("call", sorted(TIMEOUT_CALLS) + ["create_collective_group"])
+def test_a_bad_timeout_is_refused_naming_it(pair, call):
+    def run(t):
+        if call == "create_collective_group":
+            return pair[1].create_collective_group(2, 1, pair[0].address, timeout=t)
+        return TIMEOUT_CALLS[call](pair, t)
+    for bad in (float("nan"), -1, -0.5, "5", True, b"1", [1]):
+        with pytest.raises(rdt.InvalidArgumentError) as e:
+            run(bad)
+        assert repr(bad) in str(e.value), str(e.value)
+        assert isinstance(e.value, TypeError) == (not isinstance(bad, (int, float)) or isinstance(bad, bool)), bad
+
+
+def test_a_zero_timeout_reaches_the_library_as_zero():
+    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(0)) == 0
+    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(float("inf"))) == -1
+    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(1e300)) == (1 << 63) - 1  # the C ABI's int64

@@ -216,3 +216,62 @@ def test_a_zero_timeout_reaches_the_library_as_zero():
     assert rdt._fetch.ms_until(rdt._fetch.deadline_of(0)) == 0
     assert rdt._fetch.ms_until(rdt._fetch.deadline_of(float("inf"))) == -1
     assert rdt._fetch.ms_until(rdt._fetch.deadline_of(1e300)) == (1 << 63) - 1  # the C ABI's int64
+
+
+# ---- receiving what cannot be allocated -----------------------------------------------------------
+
+class Claim:
+    """Claims n bytes over a small buffer: put describes memory without
+    reading it, so a ref can claim more than any machine has."""
+
+    def __init__(self, base, n):
+        self.base = base
+        self.__array_interface__ = {"data": (base.ctypes.data, False), "shape": (n,), "typestr": "|u1",
+                                    "version": 3}
+
+
+def test_a_byte_range_past_the_end_is_refused_before_allocating(pair):
+    r = pair[3]  # 8 float64: 64 bytes
+    with pytest.raises(rdt.InvalidArgumentError, match=r"bytes \[0, 0\+1000000000000\) are outside the tensor's 64 "):
+        pair[1].get(r[0].bytes(0, 10 ** 12))
+    with pytest.raises(rdt.InvalidArgumentError, match=r"bytes \[16, 16\+7999999999984\) are outside"):
+        pair[1].get(r[0][2:10 ** 12])  # rows past the last
+
+
+def test_a_ref_claiming_more_than_this_machine_has_is_refused_before_allocating():
+    base = np.zeros(16, np.uint8)
+    tib = 1 << 40
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    with rdt.Runtime("claims") as a, rdt.Runtime("reader") as b:
+        ref = a.put([Claim(base, tib) for _ in range(1024)])
+        r = b.borrow(ref)
+        assert r.nbytes == 1024 * tib
+        with pytest.raises(rdt.NoMemoryError, match=f"1024 tensors of {1024 * tib} bytes .* this machine's "
+                                                    f"{memory} bytes; nothing was allocated"):
+            b.get(r)
+        with pytest.raises(rdt.NoMemoryError, match=f"1 tensor of {tib} bytes"):
+            b.get(r[3][0:tib])
+        assert b.get(r[0][0:4]).tolist() == [0, 0, 0, 0]  # a part that fits moves
+        r.close()
+        ref.release(revoke_leases=True)
+
+
+class CraftedRef:
+    """Pickles as a ref whose tensor descriptions claim more tensors than an
+    object may hold (the C bytes are a real ref's)."""
+
+    def __init__(self, data, n):
+        self.data, self.n = data, n
+
+    def __reduce__(self):
+        return rdt._default._unpickle_ref, (self.data, None, (), (((1,), 2, 64, 1, 1, 0),) * self.n, "")
+
+
+def test_a_ref_claiming_more_tensors_than_an_object_holds_is_corrupt():
+    with rdt.Runtime("owner") as a:
+        ref = a.put(np.ones(1))
+        crafted = pickle.loads(pickle.dumps(CraftedRef(ref.serialize(), (1 << 20) + 1)))
+        with pytest.raises(rdt.CorruptError, match="claims 1048577 tensors; an object holds at most 1048576"):
+            rdt.get(crafted)
+        crafted.close()
+        ref.release(revoke_leases=True)

@@ -30,6 +30,8 @@ NAME_MAX = 63
 REASON_MAX = 511
 MAX_NDIM = 64
 MAX_DEVICES = 8
+# The most tensors one object holds: the library refuses a ref claiming more.
+MAX_TENSORS = 1 << 20
 # The C ABI's timeouts are int64 milliseconds; the library caps them further.
 MAX_TIMEOUT_MS = (1 << 63) - 1
 

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -275,3 +276,42 @@ def test_a_ref_claiming_more_tensors_than_an_object_holds_is_corrupt():
             rdt.get(crafted)
         crafted.close()
         ref.release(revoke_leases=True)
+
+
+# ---- what a newcomer trips on ----------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:rdt.get of an object put by this runtime")  # b borrowed it
+def test_a_misspelt_transport_is_refused_for_own_refs_as_for_borrowed_ones(pair):
+    a, b, ref, borrowed = pair[:4]
+    with pytest.raises(rdt.NotFoundError) as theirs:
+        b.get(borrowed, transport="cmaa")
+    for call in (lambda: a.get(ref, transport="cmaa"), lambda: a.fetch([ref], transport="cmaa"),
+                 lambda: a.prepare_get(ref, transport="cmaa"), lambda: asyncio.run(a.get_async(ref, transport="cmaa"))):
+        with pytest.raises(rdt.NotFoundError) as ours:
+            call()
+        assert str(ours.value) == str(theirs.value) and 'no transport named "cmaa"' in str(ours.value)
+    x = a.get(ref)
+    assert a.get(ref, transport="TCP") is x  # a name it has: still the put tensor itself
+
+
+def test_a_builtin_transport_that_did_not_load_says_why(pair):
+    a, b, ref, borrowed = pair[:4]
+    missing = a.unavailable_transports()
+    if not missing:
+        pytest.skip("every built-in transport loaded on this host")
+    name, why = sorted(missing.items())[0]
+    with pytest.raises(rdt.NotFoundError) as e:
+        b.get(borrowed, transport=name)
+    assert f'no transport named "{name}"' in str(e.value) and why in str(e.value)
+    with pytest.raises(rdt.NotFoundError, match=re.escape(why)):
+        a.put(np.ones(2), transport=name)
+
+
+def test_a_gone_owner_is_named_with_why_once_per_endpoint():
+    with rdt.Runtime("reader") as b:
+        with rdt.Runtime("gone") as a:
+            address = a.address
+            r = b.borrow(a.put(np.ones(2)))
+        with pytest.raises(rdt.PeerUnavailableError) as e:
+            b.get(r, timeout=30)
+    assert f"no runtime reachable at {address}: not on this host or gone" in str(e.value), str(e.value)

@@ -89,6 +89,17 @@ def fetch_options(transport: Optional[str], plan: Plan) -> Any:
     return opts
 
 
+def check_transport(runtime: RuntimeLike, transport: str, plan: Plan) -> None:
+    """Refuses a transport name the runtime lacks where nothing is fetched
+    (a get of objects it owns gives back the put tensors), with the error
+    a fetch gives: rdt checks the name in a fetch of no refs."""
+    L = _lib.lib()
+    f = ctypes.c_void_p()
+    _lib.check(L.rdt_fetch_start(runtime._handle(), None, 0, None, 0, fetch_options(transport, plan),
+                                 ctypes.byref(f)))
+    L.rdt_fetch_free(f.value)
+
+
 class Fetch(Handle):
     """Refs being fetched, made by :meth:`Runtime.fetch`. Every transfer is
     running when you get it; nothing blocks until you wait.
@@ -127,6 +138,8 @@ class Fetch(Handle):
         self._mine: List[Tuple[int, Any]] = []
         refs = plan.fetch_refs
         if not refs:
+            if transport:
+                check_transport(runtime, transport, plan)
             self._final = (None,)  # nothing to move: only own objects or none
             return
         L = _lib.lib()

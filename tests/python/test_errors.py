@@ -280,6 +280,14 @@ def test_a_ref_claiming_more_tensors_than_an_object_holds_is_corrupt():
 
 # ---- what a newcomer trips on ----------------------------------------------------------------------
 
+def test_a_put_without_a_tensor_is_refused_saying_how_to_make_one():
+    for value, what in [([1.0] * 200000, "list, 200000 items"), ({"step": 3}, "dict, 1 item"), (3.5, "float")]:
+        with pytest.raises(rdt.InvalidArgumentError, match=rf"\({what}\) holds no tensor.*numpy\.asarray\(value\)"):
+            rdt.put(value)
+    ref = rdt.put({"w": np.ones(2), "step": 3})  # beside a tensor, the rest travels with the ref
+    assert rdt.get(ref)["step"] == 3
+
+
 @pytest.mark.filterwarnings("ignore:rdt.get of an object put by this runtime")  # b borrowed it
 def test_a_misspelt_transport_is_refused_for_own_refs_as_for_borrowed_ones(pair):
     a, b, ref, borrowed = pair[:4]

@@ -56,6 +56,16 @@ def _seconds_ms(value: Optional[float], what: str) -> int:
     return _lib.MAX_TIMEOUT_MS if t is None or t * 1000 >= _lib.MAX_TIMEOUT_MS else max(1, int(t * 1000))
 
 
+def _no_tensor(value: Any, call: str) -> str:
+    """Why a value without a tensor is refused, and how to make it one."""
+    what = type(value).__name__
+    if isinstance(value, (list, tuple, dict)):
+        what += f", {len(value)} item{'s' if len(value) != 1 else ''}"
+    return (f"rdt.{call}: the value ({what}) holds no tensor: rdt would pickle all of it into the ref and "
+            f"move nothing. Make it a tensor: rdt.{call}(numpy.asarray(value)) (or torch.tensor(value)); rdt "
+            "moves numpy arrays, torch tensors and objects with __dlpack__ or __array_interface__")
+
+
 _NUMPY1 = ("numpy",)
 
 # rdt_deserialize_options, packed into a scratch block.
@@ -191,6 +201,8 @@ class Runtime(Handle):
         else:
             found = []
             skeleton = flatten(value, found)
+            if not found:
+                raise InvalidArgumentError(_no_tensor(value, "expose" if expose else "put"))
             items = _t.items_of(found, what=lambda i: i if len(found) > 1 else "tensor")
             blob = encode_skeleton(skeleton, len(found))
             frameworks = tuple([it.framework for it in items])

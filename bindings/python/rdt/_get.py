@@ -182,7 +182,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
     if partial:
-        return partial_plan(single, lst, out, dev)  # type: ignore[arg-type]
+        return partial_plan(rt, single, lst, out, dev)  # type: ignore[arg-type]
     whole: List[ObjectRef] = lst  # type: ignore[assignment]
     descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
@@ -195,8 +195,8 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
         check_room([ds for ds, e in zip(descs, own) if e is None], [], dev)
         for r, ds, e in zip(whole, descs, own):
             if e is not None:
-                if e.sent:
-                    PROCESS.warn_shared_once()
+                if e.shared:
+                    rt._store.warn_shared(4)
                 tensors.append(list(e.tensors))
                 continue
             fws = r._receive_frameworks()
@@ -268,7 +268,8 @@ def outs_of(out: Any) -> List[Any]:
     return outs
 
 
-def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[int, int]] = None) -> Plan:
+def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
+                 dev: Optional[Tuple[int, int]] = None) -> Plan:
     """A partial fetch: each slice's target receives its bytes, each ref's
     targets its tensors whole (rdt moves those as usual). Every ref is
     fetched once, for all of its targets, however often the list names it.
@@ -307,8 +308,8 @@ def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[in
                 continue
             e = own[id(r)]
             if e is not None:
-                if e.sent:
-                    PROCESS.warn_shared_once()
+                if e.shared:
+                    rt._store.warn_shared(5)
                 tensors.append(list(e.tensors))
                 continue
             p, ds, fws = known.get(id(r)) or learn(r)

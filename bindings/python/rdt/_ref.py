@@ -518,11 +518,11 @@ class ObjectRef(Handle):
                 L.rdt_bytes_free(data)
         finally:
             _lib.give_back(s)
-        e = self._entry
+        e = self._own_entry()
         if e is not None:
             # The ref may come back: index the object by id so that its
             # own tensors are found then (see _own_entry).
-            e.sent = True
+            e.sent += 1
             if not e.oid:
                 self._oid = _oid_of(out) or self._info()[0]
                 self._runtime._store.index(e, self._oid)

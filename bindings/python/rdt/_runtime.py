@@ -263,7 +263,15 @@ class Runtime(Handle):
             timeout = self.deserialize_timeout
         h = self._deserialize(data if type(data) is bytes else bytes(data), timeout)
         descs = [_Desc._make(d) for d in _descs] if _descs is not None else None
-        return ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid)
+        return self._came_back(ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid))
+
+    def _came_back(self, r: ObjectRef) -> ObjectRef:
+        """r, counted as a ref that came back if this runtime owns its
+        object: one fewer serialized copy that others may read."""
+        e = r._own_entry()
+        if e is not None:
+            e.back += 1
+        return r
 
     def _deserialize(self, data: bytes, timeout: Optional[float]) -> int:
         """The handle rdt_ref_deserialize_ex makes of data, waiting for the
@@ -300,7 +308,7 @@ class Runtime(Handle):
         r = ObjectRef(self, h, ref._skeleton, ref._frameworks, ref._descs, None, ref._oid)
         if r._oid == "" and ref._info_cache is not None:
             r._oid = ref._info_cache[0]
-        return r
+        return self._came_back(r)
 
     # ---- get ---------------------------------------------------------------------
 

@@ -40,6 +40,8 @@ NIXL_LIB   := $(CURDIR)/$(NIXL_DIR)/.nixl_cu12.mesonpy.libs/libnixl_capi.so
 NIXL_READY := $(if $(filter 0,$(RDT_TEST_NIXL)),,$(NIXL_DIR)/.ready)
 NIXL_ENV    = RDT_NIXL_LIBRARY=$${RDT_NIXL_LIBRARY:-$(NIXL_LIB)}
 $(NIXL_DIR)/.ready: tests/requirements-nixl.txt tools/install-nixl.sh
+	@echo "Downloading NIXL (the nixl-cu12 wheel of tests/requirements-nixl.txt, 241 MB installed) into" \
+		"$(NIXL_DIR) for the nixl transport; RDT_TEST_NIXL=0 skips the download."
 	PYTHON=$(PYTHON) tools/install-nixl.sh $(NIXL_DIR) tests/requirements-nixl.txt
 
 # The test virtualenv (tools/venv.sh) with the pinned test requirements;
@@ -245,10 +247,14 @@ gpu-pack-test: gpu-pack $(FAKECUDA) $(FAKENCCL) $(VENV)/.ready ## The pack's run
 	FAKECUDA=$(FAKECUDA) FAKENCCL=$(FAKENCCL) GPU_PYTHON=$(CURDIR)/$(VENV)/bin/python \
 		tests/gpu-pack/run.sh $(GPU_PACK) $(BUILD)/gpu-pack-test
 
-install: $(CMAKE_DIR)/CMakeCache.txt ## Install library, headers, CMake package and rdt.pc into PREFIX
-	$(CMAKE) -S . -B $(CMAKE_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
-	$(CMAKE) --build $(CMAKE_DIR) -j2
-	$(CMAKE) --install $(CMAKE_DIR)
+# A build directory of its own, without the C and C++ tests: install builds
+# only what it installs.
+INSTALL_DIR := $(BUILD)/cmake-install
+install: ## Install library, headers, CMake package and rdt.pc into PREFIX
+	$(CMAKE) -S . -B $(INSTALL_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRDT_BUILD_TESTS=OFF \
+		-DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	$(CMAKE) --build $(INSTALL_DIR) -j2
+	$(CMAKE) --install $(INSTALL_DIR)
 
 clean: ## Remove build/
 	rm -rf $(BUILD)

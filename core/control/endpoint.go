@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -212,7 +213,7 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		c, err := (&net.Dialer{}).DialContext(dctx, network, target)
 		cancel()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", part, err))
+			errs = append(errs, fmt.Errorf("%s: %w", part, dialCause(err)))
 			continue
 		}
 		sc, err := ep.clientHandshake(c, isTCP, token)
@@ -226,7 +227,19 @@ func (ep *sockEndpoint) dial(ctx context.Context, address string) (*sconn, error
 		}
 		return sc, nil
 	}
-	return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime reachable at %s (%w)", address, errs)
+	// Each endpoint is named once, with why it did not answer.
+	return nil, transport.Errorf(transport.ErrPeerUnavailable, "no runtime reachable at %w", errs)
+}
+
+// dialCause is why a dial failed, without the address the caller names
+// already ("dial unix /path: connect: connection refused" says the path
+// again).
+func dialCause(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
 }
 
 // partErrors are the failures of an address's parts, in order.

@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"net"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -82,4 +84,27 @@ func TestSocketsClaimedAddressIsNotCached(t *testing.T) {
 	eventually(t, func() bool { return owner.Borrows() == 1 }, "the borrow reaches the owner")
 	assert.True(t, AddressNames(ownerEP.Address(), ownerID))
 	assert.False(t, AddressNames(ownerEP.Address(), impostor.info.RuntimeID))
+}
+
+// An owner that is gone is named once in the error, with why each of its
+// endpoints did not answer: its socket removed, or left behind by a
+// process that died without removing it.
+func TestSocketsUnreachableNamesTheAddressOnce(t *testing.T) {
+	_, ep := listenStub(t, "reader")
+	dir := t.TempDir()
+	gone := UnixScheme + filepath.Join(dir, "gone.sock")
+	_, err := connectTo(ep, gone)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
+	assert.Contains(t, err.Error(), gone+": not on this host or gone")
+	assert.Equal(t, 1, strings.Count(err.Error(), "gone.sock"), err.Error())
+
+	path := filepath.Join(dir, "dead.sock")
+	l, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, l.Close()) // the file stays; nobody listens
+	_, err = connectTo(ep, UnixScheme+path)
+	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
+	assert.Contains(t, err.Error(), "connection refused")
+	assert.Equal(t, 1, strings.Count(err.Error(), "dead.sock"), err.Error())
 }

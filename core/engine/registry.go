@@ -216,7 +216,9 @@ func (r *Registry) lookup(name string) (*registered, error) {
 	e, ok := r.m[canon]
 	r.mu.RUnlock()
 	if !ok {
-		return nil, transport.Errorf(transport.ErrNotFound, "no transport named %q is registered (have: %s)", canon, strings.Join(r.Names(), ", "))
+		// A built-in transport that could not be made here says why, as
+		// rdt doctor does: the library or device it lacks.
+		return nil, transport.Errorf(transport.ErrNotFound, "no transport named %q is registered (have: %s)%s", canon, strings.Join(r.Names(), ", "), r.whyUnavailable(canon))
 	}
 	return e, nil
 }

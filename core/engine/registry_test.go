@@ -98,6 +98,9 @@ func TestUnavailableListsWhyBuiltinsAreMissing(t *testing.T) {
 	assert.Equal(t, "zeta", got[1].Name)
 	assert.Contains(t, got[1].Reason.Error(), "needs libzeta.so")
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(got[1].Reason))
+	_, err := rt.Registry().Get("ZETA")
+	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err))
+	assert.Contains(t, err.Error(), "needs libzeta.so", "naming a missing built-in says why it is missing")
 
 	require.NoError(t, rt.RegisterTransport(newMemTransport("alpha")))
 	got = rt.Registry().Unavailable()

@@ -20,7 +20,9 @@ arrays they allocated once. Every step:
 Ray carries the control (a few hundred bytes of pickled refs per trainer
 and step); rdt moves the bytes: over cma or shm within a host, over tcp
 between hosts, each process's runtime listening on its node's address
-with a token the driver makes.
+with a token the driver makes. It needs Ray (`pip install ray`;
+tests/python/requirements.txt pins the version the tests use): without
+it, it says so and exits.
 
     python examples/python/weight_sync.py [--size-mb 64] [--tensors 300] [--steps 4]
         [--trainers 2] [--replicas 3] [--tp 2] [--check] [--address auto]
@@ -37,7 +39,12 @@ import secrets
 import time
 
 import numpy as np
-import ray
+
+try:
+    import ray
+except ImportError as e:  # the actors below need it at import
+    raise SystemExit(f"weight_sync.py runs its trainers and replicas as Ray actors, and Ray is not installed "
+                     f"here ({e}): pip install ray") from None
 
 import rdt
 

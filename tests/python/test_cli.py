@@ -90,6 +90,24 @@ def test_doctor_require_sets_the_exit_status(rdt_cmd):
     assert run(rdt_cmd).returncode == 2
 
 
+def test_version_prints_the_package_and_the_library_versions(rdt_cmd, tmp_path):
+    import rdt
+    out = run(rdt_cmd, "--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"rdt {rdt.__version__} (package), library {rdt.library_version()}"
+    missing = subprocess.run([*rdt_cmd, "--version"], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, RDT_LIBRARY=str(tmp_path / "nope.so")))
+    assert missing.returncode == 1 and "library not loaded" in missing.stdout and "nope.so" in missing.stdout
+    with open(os.path.join(HERE, "..", "..", "docs", "cli.md")) as f:
+        assert f"$ rdt --version\nrdt {rdt.__version__} (package), library " in f.read()
+
+
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(rdt_cmd):
+    for bad in ("nan", "inf", "-1", "0", "soon"):
+        out = run(rdt_cmd, "doctor", "--timeout", bad)
+        assert out.returncode == 2 and f"not {bad!r}" in out.stderr, out.stderr
+
+
 def _under_seccomp():
     probe = subprocess.run([sys.executable, LAUNCHER, sys.executable, "-c", "pass"], capture_output=True,
                            text=True, timeout=60)

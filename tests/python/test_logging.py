@@ -95,3 +95,33 @@ def test_bad_levels_are_refused():
         rdt.set_log_level("loud")
     with pytest.raises(TypeError):
         rdt.set_log_level(1.5)
+
+
+# A program that configures no logging, whose fetch from a gone owner fails.
+UNCONFIGURED = textwrap.dedent("""
+    import logging, sys
+    import numpy as np, rdt
+    {setup}
+    src, dst = rdt.Runtime("src"), rdt.Runtime("dst")
+    orphan = dst.deserialize(src.put(np.arange(3.0)).serialize())
+    print(orphan.id, flush=True)
+    src.close()
+    try:
+        dst.get(orphan, timeout=10)
+    except rdt.PeerUnavailableError as e:
+        print(e, file=sys.stderr)
+    dst.close()
+    rdt._process.PROCESS.shutdown()  # the last lines are taken
+""")
+
+
+def test_an_unconfigured_program_sees_a_failed_fetch_once():
+    def run(setup):
+        e = dict(os.environ)
+        e.pop("RDT_LOG", None)
+        p = subprocess.run([sys.executable, "-c", UNCONFIGURED.replace("{setup}", setup)], capture_output=True,
+                           text=True, timeout=90, env=e)
+        assert p.returncode == 0, p.stderr
+        return p.stderr.count(p.stdout.strip())  # the object id: in each message about the fetch
+    assert run("") == 1  # the exception alone, not logging's last resort printing the warning too
+    assert run("logging.basicConfig()") == 2  # configured: the warning reaches its handler as well

@@ -1,7 +1,10 @@
 """put and get between real processes (multiprocessing, spawn)."""
 
 import pickle
+import subprocess
+import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -183,11 +186,47 @@ def test_own_objects_come_back_as_the_same_tensors():
     out = np.empty(5)
     assert rdt.get(ref, out=out)["x"] is out
     np.testing.assert_array_equal(out, x)
-    rdt._process.PROCESS.warned_shared = False  # it warns once per process
-    with pytest.warns(UserWarning, match="not copies"):
-        again = pickle.loads(pickle.dumps(ref))  # sent out and back
-        assert again.is_owner
-        assert rdt.get(again)["x"] is x
+    again = pickle.loads(pickle.dumps(ref))  # out and back
+    assert again.is_owner and rdt.get(again)["x"] is x
+
+
+# A script that pickles its own ref and gets it back: nobody else reads it.
+ONE_PROCESS = """
+import pickle, warnings, numpy as np, rdt
+warnings.simplefilter("error")
+x = np.arange(4.0)
+ref = rdt.put({"x": x})
+assert rdt.get(pickle.loads(pickle.dumps(ref)))["x"] is x
+assert rdt.get(rdt.default_runtime().deserialize(ref.serialize())) is x  # bytes carry no dict
+print("no warning")
+"""
+
+# Another process gets the object, from the serialized bytes on stdin.
+READER = """
+import sys, rdt
+print(rdt.Runtime("reader").deserialize(sys.stdin.buffer.read()).nbytes)
+"""
+
+
+def test_the_mutability_warning_needs_a_ref_that_went_to_another_process():
+    # As Ray: an own object whose ref came back warns that the tensors
+    # given back are the put ones only if the ref also went elsewhere.
+    out = subprocess.run([sys.executable, "-c", ONE_PROCESS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "no warning" in out.stdout, out.stderr
+    with rdt.Runtime("own") as rt:
+        x = np.arange(5.0)
+        ref = rt.put([x])
+        reader = subprocess.run([sys.executable, "-c", READER], input=ref.serialize(), capture_output=True,
+                                timeout=60)
+        assert reader.returncode == 0 and reader.stdout.strip() == b"40", reader.stderr
+        back = rt.deserialize(ref.serialize())
+        with pytest.warns(UserWarning, match="not copies.*also sent elsewhere"):
+            assert rt.get(back) is x  # from bytes: the one tensor, no list
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per runtime
+            assert rt.get(ref)[0] is x
+        back.close()
+        ref.release(revoke_leases=True)
 
 
 def test_two_runtimes_in_one_process():

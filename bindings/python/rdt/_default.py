@@ -159,6 +159,7 @@ async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:
     """Blocks until no object of this process holds ``tensor``; see
     Runtime.wait_tensor_freed."""
+    deadline_of(timeout)  # a bad timeout is refused even when nothing holds the tensor
     it = _t.item_of(tensor)
     rt = PROCESS.holder_of(it.data) if it.data else None
     if rt is None or rt.closed:

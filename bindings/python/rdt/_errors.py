@@ -22,6 +22,11 @@ class InvalidArgumentError(RdtError, ValueError):
     status = -1
 
 
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (a timeout that is a str, say): an
+    InvalidArgumentError that is also a builtin ``TypeError``."""
+
+
 class NotFoundError(RdtError, LookupError):
     status = -2
 

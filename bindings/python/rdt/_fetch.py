@@ -21,23 +21,19 @@ from ._store import RuntimeLike, Store
 SLICE_MS = 100
 
 
-def deadline_of(timeout: Optional[float]) -> Optional[float]:
-    if timeout is None:
-        return None
-    try:
-        t = float(timeout)
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"timeout must be None or a number of seconds, not {timeout!r}") from None
-    if t < 0:
-        raise InvalidArgumentError(f"timeout must be None or >= 0 seconds, not {timeout}")
-    return time.monotonic() + t
+def deadline_of(timeout: Any) -> Optional[float]:
+    """The time.monotonic() at which timeout seconds run out (None: no
+    limit); a bad timeout is refused here, before anything starts."""
+    t = _lib.timeout_seconds(timeout)
+    return None if t is None else time.monotonic() + t
 
 
 def ms_until(deadline: Optional[float]) -> int:
     """Milliseconds left before deadline, for a C wait (-1: no deadline)."""
     if deadline is None:
         return -1
-    return max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
+    left = (deadline - time.monotonic()) * 1000 + 0.999
+    return max(0, int(left)) if left < _lib.MAX_TIMEOUT_MS else _lib.MAX_TIMEOUT_MS
 
 
 def slice_ms(deadline: Optional[float]) -> int:
@@ -93,6 +89,17 @@ def fetch_options(transport: Optional[str], plan: Plan) -> Any:
     return opts
 
 
+def check_transport(runtime: RuntimeLike, transport: str, plan: Plan) -> None:
+    """Refuses a transport name the runtime lacks where nothing is fetched
+    (a get of objects it owns gives back the put tensors), with the error
+    a fetch gives: rdt checks the name in a fetch of no refs."""
+    L = _lib.lib()
+    f = ctypes.c_void_p()
+    _lib.check(L.rdt_fetch_start(runtime._handle(), None, 0, None, 0, fetch_options(transport, plan),
+                                 ctypes.byref(f)))
+    L.rdt_fetch_free(f.value)
+
+
 class Fetch(Handle):
     """Refs being fetched, made by :meth:`Runtime.fetch`. Every transfer is
     running when you get it; nothing blocks until you wait.
@@ -131,6 +138,8 @@ class Fetch(Handle):
         self._mine: List[Tuple[int, Any]] = []
         refs = plan.fetch_refs
         if not refs:
+            if transport:
+                check_transport(runtime, transport, plan)
             self._final = (None,)  # nothing to move: only own objects or none
             return
         L = _lib.lib()

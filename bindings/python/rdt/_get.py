@@ -11,6 +11,7 @@ RuntimeLike) its C handle and its store; of a ref its public face
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 import time
@@ -20,7 +21,7 @@ import numpy as np
 
 from . import _lib
 from . import _tensors as _t
-from ._errors import GetTimeoutError, InvalidArgumentError
+from ._errors import CorruptError, GetTimeoutError, InvalidArgumentError, NoMemoryError
 from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms
 from ._process import PROCESS
 from ._ref import ObjectRef, TensorSlice, flatten
@@ -181,7 +182,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
     if partial:
-        return partial_plan(single, lst, out, dev)  # type: ignore[arg-type]
+        return partial_plan(rt, single, lst, out, dev)  # type: ignore[arg-type]
     whole: List[ObjectRef] = lst  # type: ignore[assignment]
     descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
@@ -190,11 +191,12 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
     objs: List[Any] = []
     if out is None:
         cache = PROCESS.receive_cache()
-        for r, ds in zip(whole, descs):
-            e = r._own_entry() if dev is None else None  # device=: a copy there, even of our own
+        own = [r._own_entry() if dev is None else None for r in whole]  # device=: a copy there, even of our own
+        check_room([ds for ds, e in zip(descs, own) if e is None], [], dev)
+        for r, ds, e in zip(whole, descs, own):
             if e is not None:
-                if e.sent:
-                    PROCESS.warn_shared_once()
+                if e.shared:
+                    rt._store.warn_shared(4)
                 tensors.append(list(e.tensors))
                 continue
             fws = r._receive_frameworks()
@@ -218,6 +220,43 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
     return Plan(single, whole, tensors, fetch_refs, items, objs, owned=out is None)  # type: ignore[arg-type]
 
 
+def check_room(whole: List[List[_t.Desc]], slices: List[Tuple[int, TensorSlice]],
+               dev: Optional[Tuple[int, int]]) -> None:
+    """Refuses, before anything is allocated, new tensors that cannot be:
+    a slice past its tensor's end, an object of more tensors than an object
+    holds (a ref that claims them is corrupt), and more host memory in all
+    than this machine has. ``whole``: the tensors of each ref received
+    whole; ``slices``: each slice received, with its place in the get."""
+    host = _t.HOST_DEVICES
+    on_host = dev is None or dev[0] in host
+    total = count = 0
+    for ds in whole:
+        if len(ds) > _lib.MAX_TENSORS:
+            raise CorruptError(f"rdt.get: a ref claims {len(ds)} tensors; an object holds at most "
+                               f"{_lib.MAX_TENSORS}", CorruptError.status)
+        count += len(ds)
+        total += sum(d.nbytes for d in ds if (d.device_type in host if dev is None else on_host))
+    for k, x in slices:
+        d = x.ref.tensor_descs()[x.index]
+        if x.offset + x.nbytes > d.nbytes:
+            raise InvalidArgumentError(f"rdt.get: item {k}, a slice of tensor {x.index}: bytes [{x.offset}, "
+                                       f"{x.offset}+{x.nbytes}) are outside the tensor's {d.nbytes} bytes")
+        count += 1
+        if (d.device_type in host) if dev is None else on_host:
+            total += x.nbytes
+    memory = _memory()
+    if total > memory:
+        raise NoMemoryError(f"rdt.get: {count} tensor{'s' if count != 1 else ''} of {total} bytes in all would be "
+                            f"received into new host memory, more than this machine's {memory} bytes; nothing was "
+                            "allocated (fetch part of them, ref[i][a:b], or into buffers of your own, out=)",
+                            NoMemoryError.status)
+
+
+def _memory() -> int:
+    """The machine's physical memory in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def outs_of(out: Any) -> List[Any]:
     """The tensors of out=, in order."""
     if type(out) is np.ndarray:
@@ -229,7 +268,8 @@ def outs_of(out: Any) -> List[Any]:
     return outs
 
 
-def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[int, int]] = None) -> Plan:
+def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
+                 dev: Optional[Tuple[int, int]] = None) -> Plan:
     """A partial fetch: each slice's target receives its bytes, each ref's
     targets its tensors whole (rdt moves those as usual). Every ref is
     fetched once, for all of its targets, however often the list names it.
@@ -251,6 +291,9 @@ def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[in
     if out is None:
         cache = PROCESS.receive_cache()
         allocate, item_of = _t.allocate, _t.item_of
+        own = {id(r): r._own_entry() if dev is None else None for r in lst if type(r) is ObjectRef}
+        check_room([r.tensor_descs() for r in lst if type(r) is ObjectRef and own[id(r)] is None],
+                   [(i, r) for i, r in enumerate(lst) if type(r) is TensorSlice], dev)
         for r in lst:
             if type(r) is TensorSlice:
                 base = r.ref
@@ -263,10 +306,10 @@ def partial_plan(single: bool, lst: List[Refs], out: Any, dev: Optional[Tuple[in
                 objs.append(x)
                 items.append(item_of(x, True))
                 continue
-            e = r._own_entry() if dev is None else None
+            e = own[id(r)]
             if e is not None:
-                if e.sent:
-                    PROCESS.warn_shared_once()
+                if e.shared:
+                    rt._store.warn_shared(5)
                 tensors.append(list(e.tensors))
                 continue
             p, ds, fws = known.get(id(r)) or learn(r)

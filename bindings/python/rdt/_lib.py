@@ -11,6 +11,8 @@ deadlock. (``ctypes.PyDLL`` would keep the GIL: never use it here.)
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import os
 import struct
 import sys
@@ -20,7 +22,7 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int32, c_
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from ._errors import ForkedError, RdtError, error_for
+from ._errors import ForkedError, InvalidArgumentError, InvalidArgumentTypeError, RdtError, error_for
 
 ABI_VERSION = 1
 OBJECT_ID_LEN = 32
@@ -28,6 +30,10 @@ NAME_MAX = 63
 REASON_MAX = 511
 MAX_NDIM = 64
 MAX_DEVICES = 8
+# The most tensors one object holds: the library refuses a ref claiming more.
+MAX_TENSORS = 1 << 20
+# The C ABI's timeouts are int64 milliseconds; the library caps them further.
+MAX_TIMEOUT_MS = (1 << 63) - 1
 
 OK = 0
 ERR_INVALID_ARGUMENT = -1
@@ -564,3 +570,24 @@ def check(status: int) -> None:
 
 def decode(b: Optional[bytes]) -> str:
     return (b or b"").decode("utf-8", "replace")
+
+
+def timeout_seconds(timeout: Any, what: str = "timeout") -> Optional[float]:
+    """A timeout argument in seconds, as every call that takes one reads
+    it: None or float("inf") is no limit (None is returned), a number >= 0
+    is that many seconds (0 included: the library decides what 0 does). A
+    negative number or nan is an InvalidArgumentError naming it; a bool, a
+    str or anything else that is not a real number is one too, and also a
+    TypeError."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidArgumentTypeError(f"{what} must be None or a number of seconds, not {timeout!r} "
+                                       f"(a {type(timeout).__name__})")
+    if timeout != timeout or timeout < 0:  # nan, or negative
+        raise InvalidArgumentError(f"{what} must be None or a number of seconds >= 0, not {timeout!r}")
+    try:
+        t = float(timeout)
+    except OverflowError:  # an int beyond any float: beyond any clock too
+        return None
+    return None if t == math.inf else t

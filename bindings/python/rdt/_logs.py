@@ -7,6 +7,8 @@ calls into Python to log: a line logged on one of its threads while a
 Python thread holds the GIL and waits inside rdt cannot deadlock.
 
 ``RDT_LOG_STDERR=1`` keeps the lines on stderr, as in C programs.
+Until the application configures logging, nothing is printed (the logger
+has a NullHandler).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from typing import Optional, Union
 from . import _lib
 
 LOGGER = logging.getLogger("rdt")
+# As libraries do: a program that configured no logging sees no line of
+# rdt's (a failed fetch is in the exception it raises already), rather
+# than logging's last-resort printing of warnings to stderr. Handlers the
+# application adds, on this logger or above it, get every line.
+LOGGER.addHandler(logging.NullHandler())
 
 # RDT_LOG_* to logging's levels.
 _TO_LOGGING = {2: logging.ERROR, 3: logging.WARNING, 4: logging.INFO, 5: logging.DEBUG}

@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence, Union
 from . import _get
 from . import _lib
 from . import _write
-from ._fetch import Plan, deadline_of, fetch_options, ms_until
+from ._fetch import Plan, check_transport, deadline_of, fetch_options, ms_until
 from ._handle import Handle
 from ._store import RuntimeLike
 
@@ -48,6 +48,8 @@ class Prepared(Handle):
         refs = plan.fetch_refs
         self._value: Any = None
         if not refs:  # only objects this runtime owns (a get returns them): nothing to run
+            if transport:
+                check_transport(runtime, transport, plan)
             self._ptr = None
             self._empty = True
             return

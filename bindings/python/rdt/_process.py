@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import threading
-import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -27,7 +26,6 @@ class Process:
         # runtime of the process gets them, also those created later.
         self.transports: Dict[str, Tuple[str, Any, Any, Any]] = {}
         self.shutting_down = False
-        self.warned_shared = False
         self._receive_cache: Optional[ReceiveCache] = None
 
     def receive_cache(self) -> ReceiveCache:
@@ -75,17 +73,7 @@ class Process:
         with self.lock:
             self.transports.pop(name.lower(), None)
 
-    # ---- warnings and shutdown -----------------------------------------------------
-
-    def warn_shared_once(self) -> None:
-        with self.lock:
-            if self.warned_shared:
-                return
-            self.warned_shared = True
-        warnings.warn(
-            "rdt.get of an object put by this process returns the put tensors themselves, not copies; "
-            "the object was also sent to other processes, which read the same memory: changes made here "
-            "before they fetch may be seen by them (use out= to get a copy).", UserWarning, stacklevel=5)
+    # ---- shutdown ------------------------------------------------------------------
 
     def shutdown(self) -> None:
         # Destroy every runtime while Python still runs: release callbacks and

@@ -144,10 +144,11 @@ def _wait_in_slices(call: Any, timeout: Optional[float], late: str) -> None:
     """Calls call(ms), a C wait that returns OK or TIMEOUT, in slices of at
     most 100 ms (so that Ctrl-C is seen between them) until OK, or raises
     GetTimeoutError(late) once timeout seconds (None: no limit) passed."""
-    deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+    t = _lib.timeout_seconds(timeout)
+    deadline = None if t is None else time.monotonic() + t
     while True:
-        left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000 + 0.999))
-        st = call(100 if left < 0 else min(100, left))
+        left = 100.0 if deadline is None else min(100.0, (deadline - time.monotonic()) * 1000 + 0.999)
+        st = call(max(0, int(left)))
         if st == _lib.OK:
             return
         if st != _lib.ERR_TIMEOUT:
@@ -366,8 +367,9 @@ class ObjectRef(Handle):
     async def wait_notice_async(self, timeout: Optional[float] = None) -> WriteNotice:
         """:meth:`wait_notice` for asyncio: the event loop watches
         :meth:`notice_fd`, no thread waits."""
+        t = _lib.timeout_seconds(timeout)
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + max(0.0, float(timeout))
+        deadline = None if t is None else loop.time() + t
         n = _lib.init(_lib.WriteNotice())
         L = _lib.lib()
         while True:
@@ -516,11 +518,11 @@ class ObjectRef(Handle):
                 L.rdt_bytes_free(data)
         finally:
             _lib.give_back(s)
-        e = self._entry
+        e = self._own_entry()
         if e is not None:
             # The ref may come back: index the object by id so that its
             # own tensors are found then (see _own_entry).
-            e.sent = True
+            e.sent += 1
             if not e.oid:
                 self._oid = _oid_of(out) or self._info()[0]
                 self._runtime._store.index(e, self._oid)

@@ -16,6 +16,7 @@ from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._fetch import Fetch
 from ._fetch import deadline_of as _deadline
+from ._fetch import ms_until as _ms
 from ._fetch import slice_ms as _slice_ms
 from ._handle import Handle
 from ._logs import FORWARDER
@@ -45,11 +46,24 @@ DESERIALIZE_TIMEOUT = _lib.DESERIALIZE_TIMEOUT_DEFAULT_MS / 1000
 _RUNTIME_DEFAULT: Any = object()
 
 def _seconds_ms(value: Optional[float], what: str) -> int:
+    """A runtime option in seconds as the C ABI's milliseconds (0: the
+    library's default, for None); float("inf") is as long as it counts."""
     if value is None:
         return 0
-    if value <= 0:
-        raise InvalidArgumentError(f"{what} must be a positive number of seconds, not {value}")
-    return max(1, int(value * 1000))
+    t = _lib.timeout_seconds(value, what)
+    if t == 0:
+        raise InvalidArgumentError(f"{what} must be a positive number of seconds, not {value!r}")
+    return _lib.MAX_TIMEOUT_MS if t is None or t * 1000 >= _lib.MAX_TIMEOUT_MS else max(1, int(t * 1000))
+
+
+def _no_tensor(value: Any, call: str) -> str:
+    """Why a value without a tensor is refused, and how to make it one."""
+    what = type(value).__name__
+    if isinstance(value, (list, tuple, dict)):
+        what += f", {len(value)} item{'s' if len(value) != 1 else ''}"
+    return (f"rdt.{call}: the value ({what}) holds no tensor: rdt would pickle all of it into the ref and "
+            f"move nothing. Make it a tensor: rdt.{call}(numpy.asarray(value)) (or torch.tensor(value)); rdt "
+            "moves numpy arrays, torch tensors and objects with __dlpack__ or __array_interface__")
 
 
 _NUMPY1 = ("numpy",)
@@ -187,6 +201,8 @@ class Runtime(Handle):
         else:
             found = []
             skeleton = flatten(value, found)
+            if not found:
+                raise InvalidArgumentError(_no_tensor(value, "expose" if expose else "put"))
             items = _t.items_of(found, what=lambda i: i if len(found) > 1 else "tensor")
             blob = encode_skeleton(skeleton, len(found))
             frameworks = tuple([it.framework for it in items])
@@ -247,7 +263,15 @@ class Runtime(Handle):
             timeout = self.deserialize_timeout
         h = self._deserialize(data if type(data) is bytes else bytes(data), timeout)
         descs = [_Desc._make(d) for d in _descs] if _descs is not None else None
-        return ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid)
+        return self._came_back(ObjectRef(self, h, _skeleton, _frameworks, descs, None, _oid))
+
+    def _came_back(self, r: ObjectRef) -> ObjectRef:
+        """r, counted as a ref that came back if this runtime owns its
+        object: one fewer serialized copy that others may read."""
+        e = r._own_entry()
+        if e is not None:
+            e.back += 1
+        return r
 
     def _deserialize(self, data: bytes, timeout: Optional[float]) -> int:
         """The handle rdt_ref_deserialize_ex makes of data, waiting for the
@@ -284,7 +308,7 @@ class Runtime(Handle):
         r = ObjectRef(self, h, ref._skeleton, ref._frameworks, ref._descs, None, ref._oid)
         if r._oid == "" and ref._info_cache is not None:
             r._oid = ref._info_cache[0]
-        return r
+        return self._came_back(r)
 
     # ---- get ---------------------------------------------------------------------
 
@@ -404,10 +428,10 @@ class Runtime(Handle):
         """Blocks until no object of this runtime holds ``tensor`` (matched by
         its data address), so it may be modified or reused. Raises
         GetTimeoutError (a TimeoutError) when ``timeout`` seconds pass."""
+        deadline = _deadline(timeout)
         it = _t.item_of(tensor)
         if not it.data:
             return
-        deadline = _deadline(timeout)
         L = _lib.lib()
         while True:
             st = L.rdt_wait_tensor_freed(self._handle(), it.data, _slice_ms(deadline))
@@ -440,10 +464,11 @@ class Runtime(Handle):
                 raise InvalidArgumentError(f"device {device!r}: want an ordinal or 'cuda:N'",
                                            _lib.ERR_INVALID_ARGUMENT)
             device = int(device[5:])
-        if timeout is not None and timeout <= 0:
+        deadline = _deadline(timeout)
+        if timeout == 0:
             raise InvalidArgumentError("timeout must be positive (None waits forever)", _lib.ERR_INVALID_ARGUMENT)
         opts = _lib.GroupOptions(ctypes.sizeof(_lib.GroupOptions), 0, backend.encode())
-        ms = -1 if timeout is None else max(1, int(timeout * 1000))
+        ms = _ms(deadline)
         _lib.check(_lib.lib().rdt_group_create(self._handle(), name.encode(), int(world_size), int(rank),
                                                rank0_address.encode() if rank0_address else None, int(device),
                                                ctypes.byref(opts), ms))

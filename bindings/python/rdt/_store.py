@@ -18,6 +18,7 @@ import ctypes
 import itertools
 import threading
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 from . import _lib
@@ -42,15 +43,23 @@ class Entry:
     """One put object: the put tensors in put order, what keeps their memory
     alive, and its skeleton."""
 
-    __slots__ = ("tensors", "keep", "skeleton", "oid", "sent", "key", "__weakref__")
+    __slots__ = ("tensors", "keep", "skeleton", "oid", "sent", "back", "key", "__weakref__")
 
     def __init__(self, tensors: List[Any], keep: List[Any], skeleton: Any) -> None:
         self.tensors = tensors
         self.keep = keep
         self.skeleton = skeleton
         self.oid = ""
-        self.sent = False  # a ref to it was serialized: other processes may read it
+        # Refs to it serialized (pickled), and those deserialized again by
+        # its own runtime: more sent than came back, and others may read it.
+        self.sent = 0
+        self.back = 0
         self.key = 0
+
+    @property
+    def shared(self) -> bool:
+        """Whether a ref to it went to another runtime (or is on its way)."""
+        return self.sent > self.back
 
 
 # Puts pass no release callback: a callback would enter Python on an rdt
@@ -85,6 +94,7 @@ class Store:
         # Kept only while Python transports are registered (python_transports > 0).
         self.receiving: Dict[int, Any] = {}
         self.python_transports = 0
+        self._warned_shared = False
         # rdt's own threads that run Python code for this store (the release
         # thread, drains of aborted fetches): joined when the runtime goes,
         # so that none runs Python while the interpreter finalizes.
@@ -124,6 +134,18 @@ class Store:
     def own(self, oid: str) -> Optional[Entry]:
         """The entry of an object of this runtime with that id, if it is known."""
         return self.by_id.get(oid) if self.by_id else None
+
+    def warn_shared(self, stacklevel: int) -> None:
+        """Warns, once for this runtime, that a get of an own object whose
+        ref also went elsewhere gives back the put tensors (as Ray does)."""
+        with self.lock:
+            if self._warned_shared:
+                return
+            self._warned_shared = True
+        warnings.warn(
+            "rdt.get of an object put by this runtime returns the put tensors themselves, not copies; a ref to "
+            "the object was also sent elsewhere, and its readers there read the same memory: changes made here "
+            "before they fetch may be seen by them (use out= to get a copy).", UserWarning, stacklevel=stacklevel + 1)
 
     def holds(self, data: int) -> bool:
         """Whether an object here holds a tensor at this address."""

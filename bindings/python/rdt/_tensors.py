@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import math
 import operator
 import struct
 import sys
@@ -80,10 +81,7 @@ class Desc(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * ((self.bits * self.lanes + 7) // 8)
+        return math.prod(self.shape) * ((self.bits * self.lanes + 7) // 8)
 
     @property
     def numpy_dtype(self) -> Optional[np.dtype]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -50,9 +51,39 @@ def _sizes(text: str) -> List[int]:
     return sizes
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds above 0 (the command never
+    waits without a bound)."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = math.nan
+    if not 0 < t < math.inf:
+        raise argparse.ArgumentTypeError(f"want a number of seconds above 0, not {text!r}")
+    return t
+
+
+class _Version(argparse.Action):
+    """--version: prints the package's version and the library's
+    (rdt_version()), and exits (1 when the library cannot be loaded); the
+    library is loaded only when asked."""
+
+    def __init__(self, option_strings: List[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        try:
+            library, status = rdt.library_version(), 0
+        except ImportError as e:
+            library, status = f"not loaded: {e}", 1
+        print(f"rdt {rdt.__version__} (package), library {library}")
+        parser.exit(status)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rdt", description="rdt: direct tensor transport. Diagnose this host, "
                                 "show versions, or measure the transports.")
+    p.add_argument("--version", action=_Version, help="print the package's and the library's versions and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("doctor", help="which transports work on this host between two processes, and why not",
@@ -62,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="NAMES", help="comma-separated transports that must work (exit status 1 otherwise), "
                    "e.g. cma,cuda_ipc")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
-    d.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+    d.add_argument("--timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="longest wait on the peer process or a transfer (default 30)")
 
     i = sub.add_parser("info", help="versions, library path, ABI version and build facts")
@@ -76,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="NAMES", help="comma-separated transports (default: cma, shm, tcp, and cuda_ipc "
                    "where a GPU and torch are present)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
-    b.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+    b.add_argument("--timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="longest wait on the peer process or a transfer (default 30)")
     return p
 

@@ -219,7 +219,10 @@ func (tr *transfer) connectOwner() error {
 func (rt *Runtime) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
-		return nil, transport.Wrap(err, "owner %s", desc.Owner.Address)
+		if strings.Contains(err.Error(), desc.Owner.Address) {
+			return nil, transport.Wrap(err, "the owner") // named once, by the cause
+		}
+		return nil, transport.Wrap(err, "the owner %s", desc.Owner.Address)
 	}
 	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
 		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
@@ -576,8 +579,12 @@ func (tr *transfer) finish(err error) {
 		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
 			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
 		}
-		level("fetch of object %s from %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
-		err = transport.Wrap(err, "fetch of ref %d (object %s from %s)", tr.index, desc.ID, desc.Owner.Address)
+		from := " from " + desc.Owner.Address
+		if strings.Contains(err.Error(), desc.Owner.Address) {
+			from = "" // the cause names the owner already
+		}
+		level("fetch of object %s%s over %s failed: %v", desc.ID, from, tname, err)
+		err = transport.Wrap(err, "fetch of ref %d (object %s%s)", tr.index, desc.ID, from)
 	}
 	if tr.stage != nil {
 		tr.stage.free()

@@ -323,3 +323,4 @@ def test_a_gone_owner_is_named_with_why_once_per_endpoint():
         with pytest.raises(rdt.PeerUnavailableError) as e:
             b.get(r, timeout=30)
     assert f"no runtime reachable at {address}: not on this host or gone" in str(e.value), str(e.value)
+    assert str(e.value).count(address) == 1, f"the owner's address is named once: {e.value}"

@@ -6,6 +6,7 @@ deserialize(timeout=T) must still return at T (within a margin for a loaded
 machine), and Ctrl-C must interrupt a wait that has no deadline.
 """
 
+import asyncio
 import os
 import pickle
 import select
@@ -217,3 +218,55 @@ def test_deserialize_timeout_is_checked_and_defaults_to_the_library_default():
         with pytest.raises(rdt.InvalidArgumentError):
             rt.deserialize(ref.serialize(), timeout=-2)
         ref.close()
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_timeout_zero_is_the_same_on_every_transport(child, stopped):
+    """timeout=0 is no time at all (docs/python.md, "Timeouts"): a get, a
+    write, a prepared get and a view of another process's object raise
+    GetTimeoutError at once and move nothing, whichever transport and
+    whether the owner runs; this process's own objects come back."""
+    names = ["cma", "shm", "tcp"]
+    c, refs = _owner(child, names)
+    e = child(workers.exposer, names, None)
+    blobs = e.recv()
+    rt = rdt.default_runtime()
+    got = {t: rt.deserialize(refs[t][0]) for t in names}
+    writable = {t: rt.deserialize(blobs[t]) for t in names}
+    before = rt.stats()
+    out = np.zeros(1000)
+    pids = [c.proc.pid, e.proc.pid] if stopped else []
+    for pid in pids:
+        stop_process(pid)
+    try:
+        for t in names:
+            calls = {
+                "get": lambda: rdt.get(got[t], timeout=0, transport=t),
+                "get out=": lambda: rdt.get(got[t], timeout=0, transport=t, out=out),
+                "get_async": lambda: asyncio.run(rdt.get_async(got[t], timeout=0, transport=t)),
+                "view": lambda: rdt.get(got[t], timeout=0, copy=False),
+                "prepared": lambda: rdt.prepare_get(got[t], transport=t).run(timeout=0),
+                "write": lambda: rt.write(writable[t], np.ones(4096, np.uint8), timeout=0, transport=t),
+            }
+            for what, call in calls.items():
+                with pytest.raises(rdt.GetTimeoutError, match="timeout 0|no time"):
+                    call()
+        assert (out == 0).all()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    after = rt.stats()
+    for k in ("transfers_completed", "transfers_failed", "writes_completed", "writes_failed"):
+        assert after[k] == before[k], f"{k}: nothing was started"
+    # With time, the same refs move; an own object needs none.
+    for t in names:
+        assert np.array_equal(rdt.get(got[t], timeout=30, transport=t), EXPECTED)
+    mine = np.arange(5.0)
+    with rdt.put(mine) as r:
+        assert rdt.get(r, timeout=0) is mine
+        np.testing.assert_array_equal(rdt.get(r, timeout=0, out=np.zeros(5)), mine)
+    for r in list(got.values()) + list(writable.values()):
+        r.close()
+    c.stop()
+    e.send("stop")
+    e.stop()

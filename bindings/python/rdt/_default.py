@@ -12,8 +12,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 from . import _tensors as _t
 from ._adapter import validate
 from ._errors import InvalidArgumentError
-from ._fetch import Fetch, await_fetch, deadline_of
-from ._get import Refs, fetch_in, get_in
+from ._fetch import Fetch, deadline_of
+from ._get import Refs, fetch_in, get_async_in, get_in
 from ._prepared import Prepared
 from ._process import PROCESS
 from ._ref import ObjectRef, TensorSlice
@@ -152,8 +152,7 @@ async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] 
     nothing writes into those buffers any more."""
     if copy is not True:
         return await runtime_of(refs).get_async(refs, timeout, transport, out, device, copy)
-    deadline = deadline_of(timeout)  # a bad timeout starts nothing
-    return await await_fetch(fetch_in(runtime_of(refs), refs, out=out, transport=transport, device=device), deadline)
+    return await get_async_in(runtime_of(refs), refs, timeout, transport, out, device)
 
 
 def wait_tensor_freed(tensor: Any, timeout: Optional[float] = None) -> None:

@@ -28,6 +28,24 @@ def deadline_of(timeout: Any) -> Optional[float]:
     return None if t is None else time.monotonic() + t
 
 
+def deadline_for(timeout: Any, refs: Any, what: str = "get") -> Optional[float]:
+    """deadline_of(timeout) for a call that moves refs (ObjectRefs or
+    slices of them). Timeout 0 is no time at all, the same for every
+    transport (docs/abi.md, "Timeouts"): a ref of another runtime is
+    refused with GetTimeoutError before anything starts, and the
+    runtime's own objects, which need no other process, are done without
+    a deadline."""
+    deadline = deadline_of(timeout)
+    if timeout is None or deadline is None or float(timeout) != 0:
+        return deadline
+    for i, x in enumerate(refs):
+        r = x.ref if isinstance(x, TensorSlice) else x
+        if not r.is_owner:
+            raise GetTimeoutError(f"rdt.{what}: timeout 0 leaves no time to reach the owner of ref {i} "
+                                  f"(object {r.id}): nothing was started", _lib.ERR_TIMEOUT)
+    return None
+
+
 def ms_until(deadline: Optional[float]) -> int:
     """Milliseconds left before deadline, for a C wait (-1: no deadline)."""
     if deadline is None:

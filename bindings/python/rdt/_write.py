@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
-from ._fetch import Fetch, Plan, await_fetch, deadline_of
+from ._fetch import Fetch, Plan, await_fetch, deadline_for, deadline_of
 from ._ref import ObjectRef, TensorSlice, flatten
 from ._store import RuntimeLike
 
@@ -146,11 +146,17 @@ def write_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, 
              timeout: Optional[float] = None, transport: Optional[str] = None) -> None:
     """Runtime.write."""
     deadline = deadline_of(timeout)
-    write_start_in(rt, dests, value, tag, transport)._result_by(deadline)
+    p = plan(rt, dests, value)
+    if timeout == 0:
+        deadline = deadline_for(timeout, p.fetch_refs, "write")
+    Write(rt, p, transport, tag)._result_by(deadline)
 
 
 async def write_async_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, tag: int = 0,
                          timeout: Optional[float] = None, transport: Optional[str] = None) -> None:
     """Runtime.write_async."""
     deadline = deadline_of(timeout)
-    await await_fetch(write_start_in(rt, dests, value, tag, transport), deadline)
+    p = plan(rt, dests, value)
+    if timeout == 0:
+        deadline = deadline_for(timeout, p.fetch_refs, "write")
+    await await_fetch(Write(rt, p, transport, tag), deadline)

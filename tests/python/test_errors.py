@@ -294,10 +294,13 @@ def test_a_misspelt_transport_is_refused_for_own_refs_as_for_borrowed_ones(pair)
     with pytest.raises(rdt.NotFoundError) as theirs:
         b.get(borrowed, transport="cmaa")
     for call in (lambda: a.get(ref, transport="cmaa"), lambda: a.fetch([ref], transport="cmaa"),
-                 lambda: a.prepare_get(ref, transport="cmaa"), lambda: asyncio.run(a.get_async(ref, transport="cmaa"))):
+                 lambda: a.prepare_get(ref, transport="cmaa"), lambda: asyncio.run(a.get_async(ref, transport="cmaa")),
+                 lambda: a.get(ref, transport="cmaa", copy=False)):
         with pytest.raises(rdt.NotFoundError) as ours:
             call()
-        assert str(ours.value) == str(theirs.value) and 'no transport named "cmaa"' in str(ours.value)
+        # The same words; only the C function named first may differ (a view's).
+        assert str(ours.value).split(": ", 1)[1] == str(theirs.value).split(": ", 1)[1]
+        assert 'no transport named "cmaa"' in str(ours.value)
     x = a.get(ref)
     assert a.get(ref, transport="TCP") is x  # a name it has: still the put tensor itself
 

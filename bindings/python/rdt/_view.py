@@ -156,6 +156,8 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
         r = x.ref if isinstance(x, TensorSlice) else x
         e = r._own_entry()
         if e is not None and not isinstance(x, TensorSlice):
+            if transport:
+                open_once(r)  # a view of our own maps nothing, but the name is checked as for another's
             values.append(r._value_of(list(e.tensors)))  # our own: the put tensors, as get gives them
             continue
         o, ds, fws = open_once(r), r.tensor_descs(), r._receive_frameworks()

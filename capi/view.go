@@ -48,22 +48,12 @@ func rdtgo_view_open(h C.uintptr_t, ref C.uintptr_t, copts *C.rdt_view_options, 
 //export rdtgo_view_data
 func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C.int) C.int {
 	return guard("rdt_view_data", func() error {
-		vh, err := lookup[*viewHandle](h, "view")
+		vh, out, err := viewArray(h, data, count, "data_out")
 		if err != nil {
 			return err
 		}
-		ts := vh.v.Tensors()
-		if uint64(count) != uint64(len(ts)) {
-			return invalid("count is %d; the object has %d tensors", uint64(count), len(ts))
-		}
-		if data == nil && count > 0 {
-			return invalid("data_out is NULL")
-		}
-		if count > 0 {
-			out := unsafe.Slice(data, int(count))
-			for i, t := range ts {
-				out[i] = C.uintptr_t(t.Data)
-			}
+		for i, t := range vh.v.Tensors() {
+			out[i] = C.uintptr_t(t.Data)
 		}
 		if mapped != nil {
 			*mapped = 0
@@ -78,25 +68,34 @@ func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C
 //export rdtgo_view_sizes
 func rdtgo_view_sizes(h C.uintptr_t, nbytes *C.uint64_t, count C.size_t) C.int {
 	return guard("rdt_view_sizes", func() error {
-		vh, err := lookup[*viewHandle](h, "view")
+		vh, out, err := viewArray(h, nbytes, count, "nbytes_out")
 		if err != nil {
 			return err
 		}
-		ts := vh.v.Tensors()
-		if uint64(count) != uint64(len(ts)) {
-			return invalid("count is %d; the object has %d tensors", uint64(count), len(ts))
-		}
-		if nbytes == nil && count > 0 {
-			return invalid("nbytes_out is NULL")
-		}
-		if count > 0 {
-			out := unsafe.Slice(nbytes, int(count))
-			for i, t := range ts {
-				out[i] = C.uint64_t(t.Nbytes)
-			}
+		for i, t := range vh.v.Tensors() {
+			out[i] = C.uint64_t(t.Nbytes)
 		}
 		return nil
 	})
+}
+
+// viewArray resolves a view handle and the caller's array of count
+// entries, one per tensor of the view.
+func viewArray[T any](h C.uintptr_t, arr *T, count C.size_t, name string) (*viewHandle, []T, error) {
+	vh, err := lookup[*viewHandle](h, "view")
+	if err != nil {
+		return nil, nil, err
+	}
+	if n := len(vh.v.Tensors()); uint64(count) != uint64(n) {
+		return nil, nil, invalid("count is %d; the object has %d tensors", uint64(count), n)
+	}
+	if arr == nil && count > 0 {
+		return nil, nil, invalid("%s is NULL", name)
+	}
+	if count == 0 {
+		return vh, nil, nil
+	}
+	return vh, unsafe.Slice(arr, int(count)), nil
 }
 
 //export rdtgo_view_release

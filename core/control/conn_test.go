@@ -395,12 +395,7 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 func TestPanicInAnswerIsInternal(t *testing.T) {
 	svc, ep := listenStub(t, "owner")
 	obj := svc.put()
-	unixPath, _, _ := endpoints(t, ep)
-	c, err := net.Dial("unix", unixPath)
-	require.NoError(t, err)
-	defer c.Close()
-	rd, err := rawHandshake(c, newRawPeer(), "")
-	require.NoError(t, err)
+	c, rd := rawConn(t, ep)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	ask := func(m *Message) *Message {
 		t.Helper()

@@ -22,14 +22,7 @@ import (
 func (p *pair) exposeMatrix(t *testing.T, fill byte) (owned, writable *Ref, buf *hostBuf) {
 	buf = newHostBuf(t, 64*16*4)
 	buf.fill(fill)
-	owned, err := p.owner.Expose([]transport.Tensor{shaped(t, buf, f32, 64, 16)}, "mem", nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { owned.Release() })
-	b, err := owned.Serialize()
-	require.NoError(t, err)
-	writable, err = p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	t.Cleanup(func() { writable.Release() })
+	owned, writable = p.exposeTensors(t, shaped(t, buf, f32, 64, 16))
 	return owned, writable, buf
 }
 

@@ -24,7 +24,14 @@ func writablePair(t *testing.T) *pair {
 // exposed buffers (zeroed).
 func (p *pair) expose(t *testing.T) (owned, writable *Ref, bufs []*hostBuf) {
 	bufs = []*hostBuf{newHostBuf(t, 64*16*4), newHostBuf(t, 100)}
-	owned, err := p.owner.Expose([]transport.Tensor{shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100)}, "mem", nil)
+	owned, writable = p.exposeTensors(t, shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100))
+	return owned, writable, bufs
+}
+
+// exposeTensors exposes tensors in the owner over "mem" and returns its
+// ref and the borrower's writable ref, both released when the test ends.
+func (p *pair) exposeTensors(t *testing.T, tensors ...transport.Tensor) (owned, writable *Ref) {
+	owned, err := p.owner.Expose(tensors, "mem", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { owned.Release() })
 	b, err := owned.Serialize()
@@ -33,7 +40,7 @@ func (p *pair) expose(t *testing.T) (owned, writable *Ref, bufs []*hostBuf) {
 	require.NoError(t, err)
 	t.Cleanup(func() { writable.Release() })
 	require.True(t, writable.Desc().Writable)
-	return owned, writable, bufs
+	return owned, writable
 }
 
 func TestWriteLandsThenNotifies(t *testing.T) {

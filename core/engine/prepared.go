@@ -224,7 +224,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			// The owner's servers (tcp's) find the write by its admission.
 			r.adm, x.TransferID = adm, adm.key.id
 		}
-		err := transport.Protect(rt.log, "starting a prepared transfer over "+part.e.desc.Name, func() (err error) {
+		err := transport.ProtectOf(rt.log, "starting a prepared transfer over", part.e.desc.Name, func() (err error) {
 			switch {
 			case part.started != nil:
 				r.req, err = part.started.Start(r.x)
@@ -250,7 +250,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	errs := make([]error, len(runs))
 	for k, r := range runs {
 		errs[k] = p.wait(runCtx, r.part, r.x, r.req)
-		released := transport.Protect(rt.log, "releasing a request of transport "+r.part.e.desc.Name, func() error {
+		released := transport.ProtectOf(rt.log, "releasing a request of transport", r.part.e.desc.Name, func() error {
 			r.req.Release()
 			return nil
 		})
@@ -281,7 +281,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 // waits until it has stopped.
 func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
 	wait := func() error {
-		return transport.Protect(p.rt.log, "waiting for transport "+part.e.desc.Name, req.Wait)
+		return transport.ProtectOf(p.rt.log, "waiting for transport", part.e.desc.Name, req.Wait)
 	}
 	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
 		return wait()

@@ -395,7 +395,7 @@ func (tr *transfer) run() error {
 }
 
 // receive is run's wait for the transport (or its local copy).
-func (tr *transfer) receive() (err error) {
+func (tr *transfer) receive() error {
 	switch {
 	case tr.failed != nil:
 		return tr.failed
@@ -406,14 +406,13 @@ func (tr *transfer) receive() (err error) {
 	case tr.local:
 		return tr.copyLocal()
 	}
-	defer func() {
-		if rerr := tr.releaseRequest(); err == nil {
-			err = rerr
-		}
-	}()
+	// A panic in the transport's Release or in a Wait made here ends run,
+	// which is protected (protectedRun); a Wait on a goroutine of its own
+	// is protected there.
+	defer tr.req.Release()
 	waitc := make(chan error, 1)
 	if tr.sendDone == nil && tr.completed() {
-		waitc <- tr.waitRequest() // finished already: no goroutine needed
+		waitc <- tr.req.Wait() // finished already: no goroutine needed
 	} else {
 		go func() { waitc <- tr.waitRequest() }()
 	}
@@ -476,15 +475,7 @@ func (tr *transfer) receive() (err error) {
 
 // waitRequest waits for the transport's request, protected.
 func (tr *transfer) waitRequest() error {
-	return transport.Protect(tr.f.rt.log, "waiting for transport "+tr.entry.desc.Name, tr.req.Wait)
-}
-
-// releaseRequest releases the transport's request, protected.
-func (tr *transfer) releaseRequest() error {
-	return transport.Protect(tr.f.rt.log, "releasing a request of transport "+tr.entry.desc.Name, func() error {
-		tr.req.Release()
-		return nil
-	})
+	return transport.ProtectOf(tr.f.rt.log, "waiting for transport", tr.entry.desc.Name, tr.req.Wait)
 }
 
 // ownerProcessGone reports whether the owner runs on this host and its

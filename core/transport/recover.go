@@ -8,9 +8,19 @@ import "runtime/debug"
 // into a transport, goes through it: a panic there would otherwise end
 // the process, or (on a caller's goroutine) leave a transfer that never
 // ends and a caller that waits for it forever.
-func Protect(log *Logger, what string, fn func() error) (err error) {
+func Protect(log *Logger, what string, fn func() error) error {
+	return ProtectOf(log, what, "", fn)
+}
+
+// ProtectOf is Protect for work of transport name, which the error names
+// after what ("waiting for a request of transport", "tcp"): the two are
+// joined only after a panic, not on every call.
+func ProtectOf(log *Logger, what, name string, fn func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
+			if name != "" {
+				what += " " + name
+			}
 			err = Panicked(log, what, r)
 		}
 	}()

@@ -323,23 +323,64 @@ func (sc *sconn) call(ctx context.Context, m *Message) (*Message, error) {
 	}
 	select {
 	case resp, ok := <-ch:
-		if !ok {
-			return nil, sc.gone()
-		}
-		if resp.Status != transport.OK {
-			return nil, &transport.Error{Status: resp.Status, Msg: resp.Text}
-		}
-		return resp, nil
+		return sc.answer(resp, ok)
 	case <-ctx.Done():
 		// The answer still comes (its channel has room for it) and
-		// frees the slot; a long request is told to stop.
-		return nil, callEnded(ctx, m, sc)
+		// frees the slot.
+		return nil, sc.givenUp(ctx, m)
 	}
 }
 
-// callEnded is the error of a call given up when ctx ended; a long
-// request is told to stop.
-func callEnded(ctx context.Context, m *Message, sc *sconn) error {
+// callOr is call for a request whose answer matters even once its caller
+// stopped waiting (an admission, which must then be ended): late gets the
+// answer when it arrives, or nil when the connection ends first.
+func (sc *sconn) callOr(ctx context.Context, m *Message, late func(*Message)) (*Message, error) {
+	ch := make(chan *Message, 1)
+	var mu sync.Mutex
+	gaveUp := false
+	err := sc.start(ctx, m, nil, func(resp *Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if gaveUp {
+			late(resp)
+		} else {
+			ch <- resp
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case resp := <-ch:
+		return sc.answer(resp, resp != nil)
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case resp := <-ch: // answered as the wait ended: taken after all
+		return sc.answer(resp, resp != nil)
+	default:
+		gaveUp = true
+		return nil, sc.givenUp(ctx, m)
+	}
+}
+
+// answer is a call's outcome: the response, the peer's error, or the
+// connection's end (ok false).
+func (sc *sconn) answer(resp *Message, ok bool) (*Message, error) {
+	if !ok {
+		return nil, sc.gone()
+	}
+	if resp.Status != transport.OK {
+		return nil, &transport.Error{Status: resp.Status, Msg: resp.Text}
+	}
+	return resp, nil
+}
+
+// givenUp is the error of a call its caller gave up on when ctx ended; a
+// long request is told to stop.
+func (sc *sconn) givenUp(ctx context.Context, m *Message) error {
 	if m.Kind == KindSend || m.Kind == KindGroupJoin {
 		sc.postNow(&Message{Kind: KindCancel, Target: m.ID})
 	}

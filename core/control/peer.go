@@ -2,7 +2,6 @@ package control
 
 import (
 	"context"
-	"sync"
 
 	"github.com/rdt-project/rdt/core/transport"
 )
@@ -97,50 +96,21 @@ func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) (Admission, error
 	}
 	// A writer that stops waiting (its deadline, an abort) may have been
 	// admitted all the same: the answer still comes, and an admission
-	// nobody waits for any more is ended at once, or the owner would hold
-	// it open (and its object pinned) until this connection closes.
-	ch := make(chan *Message, 1)
-	var mu sync.Mutex
-	gaveUp := false
-	reply := func(resp *Message) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !gaveUp {
-			ch <- resp
+	// nobody waits for any more is ended at once (a standing one closed),
+	// or the owner would hold it open, its object pinned, until this
+	// connection closes.
+	resp, err := sc.callOr(ctx, m, func(resp *Message) {
+		if resp == nil || resp.Status != transport.OK {
 			return
 		}
-		if resp != nil && resp.Status == transport.OK {
-			end := WriteEnd{Object: req.Object, TransferID: req.TransferID, Tag: req.Tag, Close: req.Standing,
-				Err: transport.Errorf(transport.ErrAborted, "the writer stopped waiting for the admission; it wrote nothing")}
-			if req.Standing {
-				end.Err = nil
-			}
-			sc.WriteDone(end)
+		end := WriteEnd{Object: req.Object, TransferID: req.TransferID, Tag: req.Tag, Close: req.Standing}
+		if !req.Standing {
+			end.Err = transport.Errorf(transport.ErrAborted, "the writer stopped waiting for the admission; it wrote nothing")
 		}
-	}
-	if err := sc.start(ctx, m, nil, reply); err != nil {
+		sc.WriteDone(end)
+	})
+	if err != nil {
 		return Admission{}, err
-	}
-	var resp *Message
-	select {
-	case resp = <-ch:
-	case <-ctx.Done():
-		mu.Lock()
-		select {
-		case resp = <-ch: // answered as the wait ended: taken after all
-		default:
-			gaveUp = true
-		}
-		mu.Unlock()
-		if gaveUp {
-			return Admission{}, callEnded(ctx, m, sc)
-		}
-	}
-	if resp == nil {
-		return Admission{}, sc.gone()
-	}
-	if resp.Status != transport.OK {
-		return Admission{}, &transport.Error{Status: resp.Status, Msg: resp.Text}
 	}
 	return Admission{Meta: resp.Data, Runs: resp.Token}, nil
 }

@@ -219,10 +219,7 @@ func (tr *transfer) connectOwner() error {
 func (rt *Runtime) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
-		if strings.Contains(err.Error(), desc.Owner.Address) {
-			return nil, transport.Wrap(err, "the owner") // named once, by the cause
-		}
-		return nil, transport.Wrap(err, "the owner %s", desc.Owner.Address)
+		return nil, transport.Wrap(err, "the owner%s", ownerUnlessNamed(" ", desc, err))
 	}
 	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
 		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
@@ -570,10 +567,7 @@ func (tr *transfer) finish(err error) {
 		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
 			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
 		}
-		from := " from " + desc.Owner.Address
-		if strings.Contains(err.Error(), desc.Owner.Address) {
-			from = "" // the cause names the owner already
-		}
+		from := ownerUnlessNamed(" from ", desc, err)
 		level("fetch of object %s%s over %s failed: %v", desc.ID, from, tname, err)
 		err = transport.Wrap(err, "fetch of ref %d (object %s%s)", tr.index, desc.ID, from)
 	}
@@ -581,6 +575,16 @@ func (tr *transfer) finish(err error) {
 		tr.stage.free()
 	}
 	tr.settle(err)
+}
+
+// ownerUnlessNamed is prefix and the owner's address for an error message
+// about err, or "" when err names the address already: a message names
+// the owner once.
+func ownerUnlessNamed(prefix string, desc *ObjectDesc, err error) string {
+	if strings.Contains(err.Error(), desc.Owner.Address) {
+		return ""
+	}
+	return prefix + desc.Owner.Address
 }
 
 // ownerAnswerWait bounds how long a failed transfer waits for the owner's

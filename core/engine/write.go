@@ -239,11 +239,13 @@ func (tr *transfer) finishWrite(err error) {
 		// whole write's outcome is that failure: see endWrites.)
 		err = errWriteAbandoned
 	}
-	if err != nil {
-		desc := tr.ref.desc
-		err = transport.Wrap(err, "write into ref %d (object %s of %s)", tr.index, desc.ID, desc.Owner.Address)
+	if err == nil {
+		tr.settle(nil)
+		return
 	}
-	tr.settle(err)
+	desc := tr.ref.desc
+	tr.settle(transport.Wrap(err, "write into ref %d (object %s%s)", tr.index, desc.ID, ownerUnlessNamed(" of ", desc, err)))
+	tr.endErr = err // the owner is told the cause, not how the writer names its part
 }
 
 // endWrites tells the owner of each part of a write how it ended, once
@@ -261,7 +263,6 @@ func (f *Fetch) endWrites() {
 			err = transport.Wrap(whole, "the write of which this part landed failed")
 		}
 		transport.Protect(f.rt.log, "ending a write", func() error {
-			f.rt.atStage("notice")
 			tr.reportWrite(err)
 			return nil
 		})

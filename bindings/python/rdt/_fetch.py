@@ -28,16 +28,12 @@ def deadline_of(timeout: Any) -> Optional[float]:
     return None if t is None else time.monotonic() + t
 
 
-def deadline_for(timeout: Any, refs: Any, what: str = "get") -> Optional[float]:
-    """deadline_of(timeout) for a call that moves refs (ObjectRefs or
-    slices of them). Timeout 0 is no time at all, the same for every
-    transport (docs/abi.md, "Timeouts"): a ref of another runtime is
-    refused with GetTimeoutError before anything starts, and the
-    runtime's own objects, which need no other process, are done without
-    a deadline."""
-    deadline = deadline_of(timeout)
-    if timeout is None or deadline is None or float(timeout) != 0:
-        return deadline
+def zero_timeout(refs: Any, what: str = "get") -> None:
+    """What a call that moves refs (ObjectRefs or slices of them) does with
+    timeout 0, which is no time at all, the same on every transport
+    (docs/abi.md, "Timeouts"): a ref of another runtime is refused with
+    GetTimeoutError before anything starts; the runtime's own objects need
+    no other process and are done without a deadline (None)."""
     for i, x in enumerate(refs):
         r = x.ref if isinstance(x, TensorSlice) else x
         if not r.is_owner:

@@ -22,7 +22,7 @@ import numpy as np
 from . import _lib
 from . import _tensors as _t
 from ._errors import CorruptError, GetTimeoutError, InvalidArgumentError, NoMemoryError
-from ._fetch import Fetch, Plan, await_fetch, deadline_for, deadline_of, ms_until, slice_ms
+from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms, zero_timeout
 from ._process import PROCESS
 from ._ref import ObjectRef, TensorSlice, flatten
 from ._store import RuntimeLike
@@ -68,7 +68,9 @@ def _options(transport: str) -> int:
 def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
            transport: Optional[str] = None, out: Any = None, device: Optional[str] = None) -> Any:
     """Runtime.get."""
-    deadline = deadline_of(timeout) if timeout != 0 else deadline_for(timeout, check_refs(rt, refs)[1])
+    deadline = deadline_of(timeout)
+    if timeout == 0:
+        deadline = zero_timeout(check_refs(rt, refs)[1])
     if type(out) is np.ndarray and type(refs) is ObjectRef and device is None:
         got = _one(rt, refs, out, transport, deadline)
         if got is not _SLOW:
@@ -350,7 +352,8 @@ async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]],
                        timeout: Optional[float] = None, transport: Optional[str] = None, out: Any = None,
                        device: Optional[str] = None) -> Any:
     """Runtime.get_async."""
-    # A bad timeout starts nothing.
-    deadline = deadline_of(timeout) if timeout != 0 else deadline_for(timeout, check_refs(rt, refs)[1])
+    deadline = deadline_of(timeout)  # a bad timeout starts nothing
+    if timeout == 0:
+        deadline = zero_timeout(check_refs(rt, refs)[1])
     return await await_fetch(fetch_in(rt, refs, out=out, transport=transport, device=device), deadline)
 

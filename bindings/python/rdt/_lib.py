@@ -575,7 +575,7 @@ def decode(b: Optional[bytes]) -> str:
 def timeout_seconds(timeout: Any, what: str = "timeout") -> Optional[float]:
     """A timeout argument in seconds, as every call that takes one reads
     it: None or float("inf") is no limit (None is returned), a number >= 0
-    is that many seconds (0 included: the library decides what 0 does). A
+    is that many seconds (0 is no time at all: see _fetch.zero_timeout). A
     negative number or nan is an InvalidArgumentError naming it; a bool, a
     str or anything else that is not a real number is one too, and also a
     TypeError."""

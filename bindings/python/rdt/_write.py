@@ -10,7 +10,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
-from ._fetch import Fetch, Plan, await_fetch, deadline_for, deadline_of
+from ._fetch import Fetch, Plan, await_fetch, deadline_of, zero_timeout
 from ._ref import ObjectRef, TensorSlice, flatten
 from ._store import RuntimeLike
 
@@ -148,7 +148,7 @@ def write_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, 
     deadline = deadline_of(timeout)
     p = plan(rt, dests, value)
     if timeout == 0:
-        deadline = deadline_for(timeout, p.fetch_refs, "write")
+        deadline = zero_timeout(p.fetch_refs, "write")
     Write(rt, p, transport, tag)._result_by(deadline)
 
 
@@ -158,5 +158,5 @@ async def write_async_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], 
     deadline = deadline_of(timeout)
     p = plan(rt, dests, value)
     if timeout == 0:
-        deadline = deadline_for(timeout, p.fetch_refs, "write")
+        deadline = zero_timeout(p.fetch_refs, "write")
     await await_fetch(Write(rt, p, transport, tag), deadline)

@@ -246,7 +246,7 @@ def check_room(whole: List[List[_t.Desc]], slices: List[Tuple[int, TensorSlice]]
         count += 1
         if (d.device_type in host) if dev is None else on_host:
             total += x.nbytes
-    memory = _memory()
+    memory = _MEMORY
     if total > memory:
         raise NoMemoryError(f"rdt.get: {count} tensor{'s' if count != 1 else ''} of {total} bytes in all would be "
                             f"received into new host memory, more than this machine's {memory} bytes; nothing was "
@@ -254,9 +254,9 @@ def check_room(whole: List[List[_t.Desc]], slices: List[Tuple[int, TensorSlice]]
                             NoMemoryError.status)
 
 
-def _memory() -> int:
-    """The machine's physical memory in bytes."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+# The machine's physical memory in bytes, read once: asking on every get
+# costs a system call.
+_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def outs_of(out: Any) -> List[Any]:

@@ -581,7 +581,9 @@ def timeout_seconds(timeout: Any, what: str = "timeout") -> Optional[float]:
     TypeError."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+    kind = type(timeout)
+    # float and int first: the ABC check costs more than a small get's wait.
+    if kind is not float and kind is not int and (kind is bool or not isinstance(timeout, numbers.Real)):
         raise InvalidArgumentTypeError(f"{what} must be None or a number of seconds, not {timeout!r} "
                                        f"(a {type(timeout).__name__})")
     if timeout != timeout or timeout < 0:  # nan, or negative

@@ -268,9 +268,10 @@ class Runtime(Handle):
     def _came_back(self, r: ObjectRef) -> ObjectRef:
         """r, counted as a ref that came back if this runtime owns its
         object: one fewer serialized copy that others may read."""
-        e = r._own_entry()
-        if e is not None:
-            e.back += 1
+        if self._store.by_id:  # only objects whose refs were serialized come back
+            e = r._own_entry()
+            if e is not None:
+                e.back += 1
         return r
 
     def _deserialize(self, data: bytes, timeout: Optional[float]) -> int:

@@ -24,6 +24,8 @@ SLICE_MS = 100
 def deadline_of(timeout: Any) -> Optional[float]:
     """The time.monotonic() at which timeout seconds run out (None: no
     limit); a bad timeout is refused here, before anything starts."""
+    if timeout is None:  # the common case, without a call
+        return None
     t = _lib.timeout_seconds(timeout)
     return None if t is None else time.monotonic() + t
 

@@ -1,0 +1,153 @@
+"""What the trainer and vLLM's workers tell each other: the init and update
+infos of the "librdt" backend, checked as input from outside, and the error
+a failed sync raises. Everything here is JSON-safe, so vLLM's HTTP routes
+carry it without its insecure-serialization switch."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional
+
+from vllm.distributed.weight_transfer.base import (TrainerInitInfo, WeightTransferInitInfo,
+                                                   WeightTransferUpdateInfo)
+
+import rdt
+
+from . import BACKEND
+
+PROTOCOL = 1
+"""The wire's version; a worker refuses an init info of another."""
+
+# Bounds on what an update may announce, checked before anything is
+# allocated: a model of a million tensors, names of 4 KiB, a ref's bytes of
+# 64 MiB (a serialized ref grows by tens of bytes per tensor).
+MAX_REFS = 65536
+MAX_TENSORS = 1 << 20
+MAX_NAME = 4096
+MAX_REF_CHARS = 64 << 20
+
+
+class WeightSyncError(rdt.RdtError):
+    """A weight sync failed: the trainer went away, a deadline passed, a
+    worker refused the update. ``__cause__`` is the error underneath (an
+    rdt error, or vLLM's); the model keeps serving, and the next sync
+    starts afresh."""
+
+
+def _positive_seconds(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _optional_str(value: object, what: str) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{what} must be a string or None, not {type(value).__name__}")
+    return value
+
+
+@dataclass
+class LibrdtInitInfo(WeightTransferInitInfo):
+    """What a worker needs before the first update: the wire's version, the
+    deadline of each update call, the job's token (where the trainer's
+    runtime takes tcp connections with one) and a transport to force
+    (None: rdt picks the best)."""
+
+    protocol: int = PROTOCOL
+    timeout_s: float = 120.0
+    auth_token: Optional[str] = None
+    transport: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.protocol != PROTOCOL:
+            raise ValueError(f"the trainer speaks librdt protocol {self.protocol!r}; this worker speaks "
+                             f"{PROTOCOL}: install the same rdt on both sides")
+        self.timeout_s = _positive_seconds(self.timeout_s, "timeout_s")
+        _optional_str(self.auth_token, "auth_token")
+        _optional_str(self.transport, "transport")
+
+
+@dataclass
+class LibrdtUpdateInfo(WeightTransferUpdateInfo):
+    """One bucket of a sync: ``refs[i]`` is the base64 of a serialized rdt
+    ref (``ObjectRef.serialize()``) to a list of tensors, ``names[i]`` their
+    names in put order; ``version`` counts the trainer's syncs.
+    ``abandon`` (no refs then) is the trainer giving the step up: the worker
+    refuses it, which closes vLLM's session without the version."""
+
+    version: int
+    refs: List[str]
+    names: List[List[str]]
+    abandon: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 0:
+            raise ValueError(f"version must be a non-negative int, not {self.version!r}")
+        if not isinstance(self.refs, list) or not isinstance(self.names, list):
+            raise ValueError("refs and names must be lists")
+        if len(self.refs) != len(self.names):
+            raise ValueError(f"{len(self.refs)} refs but {len(self.names)} name lists: one list per ref")
+        if not isinstance(self.abandon, bool) or (self.abandon and self.refs):
+            raise ValueError("abandon must be a bool, and an abandoning update carries no refs")
+        if not self.abandon and not self.refs:
+            raise ValueError("an update carries at least one ref")
+        if len(self.refs) > MAX_REFS:
+            raise ValueError(f"{len(self.refs)} refs in one update: at most {MAX_REFS}")
+        total = 0
+        for i, (ref, names) in enumerate(zip(self.refs, self.names)):
+            if not isinstance(ref, str) or not ref or len(ref) > MAX_REF_CHARS:
+                raise ValueError(f"refs[{i}] must be the base64 of a serialized ref, at most {MAX_REF_CHARS} "
+                                 "characters")
+            if not isinstance(names, list) or not names:
+                raise ValueError(f"names[{i}] must be a non-empty list of names")
+            total += len(names)
+            if total > MAX_TENSORS:
+                raise ValueError(f"more than {MAX_TENSORS} tensors in one update")
+            for name in names:
+                if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+                    raise ValueError(f"names[{i}] holds {name!r}: want a non-empty string of at most "
+                                     f"{MAX_NAME} characters")
+
+    def ref_bytes(self, i: int) -> bytes:
+        """The serialized ref ``refs[i]``; ValueError if it is not base64."""
+        try:
+            return base64.b64decode(self.refs[i], validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"refs[{i}] is not base64: {e}") from None
+
+
+def encode_ref(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+@dataclass
+class LibrdtTrainerInitInfo(TrainerInitInfo):
+    """The trainer's settings. ``bucket_bytes`` bounds the bytes of one
+    update call (whole layers go together, so one larger than the bound
+    makes a bucket of its own); ``timeout_s`` is each step's deadline,
+    passed on to the workers. ``listen_tcp``, ``advertise_host`` and
+    ``auth_token`` are those of ``rdt.Runtime`` (workers on other hosts need
+    a tcp listener; the token goes to the workers in the init info).
+    ``transport`` forces one transport (None: rdt picks)."""
+
+    backend: ClassVar[str] = BACKEND
+    bucket_bytes: int = 1 << 30
+    timeout_s: float = 120.0
+    listen_tcp: Optional[str] = None
+    advertise_host: Optional[str] = None
+    auth_token: Optional[str] = None
+    transport: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be a positive int, not {self.bucket_bytes!r}")
+        self.timeout_s = _positive_seconds(self.timeout_s, "timeout_s")
+        for what in ("listen_tcp", "advertise_host", "auth_token", "transport"):
+            _optional_str(getattr(self, what), what)
+
+    def worker_init_info(self) -> dict:
+        return {"protocol": PROTOCOL, "timeout_s": self.timeout_s, "auth_token": self.auth_token,
+                "transport": self.transport}

@@ -1,0 +1,113 @@
+"""rdt as the weight-transfer backend of a real vLLM (the CPU build): a
+small Llama written here (random weights, no tokenizer, float32), loaded by
+``LLM(load_format="dummy")`` with ``backend="librdt"`` found through the
+entry point in vLLM's own worker process, synced from a Hugging Face model
+of the same config in this process."""
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Only for reading the worker's engine from the test (collective_rpc of a function).
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+PROMPTS = [[1, 5, 9, 200], [7, 7, 300, 2, 11], [42, 3]]
+TOKENS = 8
+
+
+def _engine_stats(worker):
+    return worker.weight_transfer_engine.stats()
+
+
+def _engine_digests(worker):
+    return worker.weight_transfer_engine.digests()
+
+
+def hf_greedy(model):
+    out = []
+    for p in PROMPTS:
+        with torch.no_grad():
+            g = model.generate(torch.tensor([p]), max_new_tokens=TOKENS, do_sample=False, pad_token_id=0)
+        out.append(g[0, len(p):].tolist())
+    return out
+
+
+def digests(model):
+    return {n: hashlib.sha256(p.detach().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+            for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from vllm import LLM, SamplingParams
+    from vllm.config import WeightTransferConfig
+
+    path = str(tmp_path_factory.mktemp("llama"))
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path)
+    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              max_model_len=128, weight_transfer_config=WeightTransferConfig(backend="librdt"))
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, detokenize=False)
+
+    def generate():
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    yield hf, llm, generate
+    llm.llm_engine.engine_core.shutdown()
+
+
+def test_vllm_serves_the_trainers_weights_after_each_sync(setup):
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    from rdt.vllm import LibrdtTrainerInitInfo, LLMClient
+
+    hf, llm, generate = setup
+    want = hf_greedy(hf)
+    assert generate() != want  # dummy weights: another model
+    trainer = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=60),
+                                                        client=LLMClient(llm), source=ModuleSource(hf))
+    model_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    try:
+        for round_ in range(2):
+            before = llm.collective_rpc(_engine_stats)[0] if round_ else {"bytes_received": 0}
+            assert trainer.send_weights() == round_ + 1
+            assert generate() == want
+            assert llm.get_weight_version() == str(round_ + 1)
+            stats = llm.collective_rpc(_engine_stats)[0]
+            assert stats["version"] == round_ + 1 and stats["syncs"] == round_ + 1
+            assert stats["reload"] is True  # the CPU build repacks linear weights: vLLM's layerwise reload
+            assert stats["bytes_received"] - before["bytes_received"] == model_bytes
+            assert set(stats["transports"]) <= {"cma", "shm"} and sum(stats["transports"].values()) == \
+                stats["bytes_received"]
+            assert llm.collective_rpc(_engine_digests)[0] == digests(hf)
+            # The next round's weights: other tokens, then the same again after the sync.
+            g = torch.Generator().manual_seed(round_)
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.5)
+            changed = hf_greedy(hf)
+            assert changed != want
+            want = changed
+    finally:
+        trainer.shutdown()
+
+
+def test_the_example_runs():
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    example = os.path.join(here, "..", "..", "examples", "python", "vllm_sync.py")
+    out = subprocess.run([sys.executable, example, "--steps", "2", "--layers", "1"], capture_output=True,
+                         text=True, timeout=540)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    assert "vllm_sync: 2 versions reached vLLM over rdt, every time the trainer's tokens" in out.stdout

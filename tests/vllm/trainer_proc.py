@@ -1,0 +1,79 @@
+"""A trainer in its own process for the engine contract tests. It reads
+commands, one JSON line each, on stdin: {"init": {...LibrdtTrainerInitInfo
+fields}}, {"sync": true}, {"perturb": seed}, {"save": path}. Its client
+(PipeClient) writes each of vLLM's weight-sync calls as a JSON line to
+stdout and reads the answer from stdin, so the test process plays vLLM's
+worker. It ends each command with {"done": ...} or {"failed": "..."}."""
+
+import json
+import sys
+
+import torch
+from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+import rdt.vllm
+from models import TrainerModel
+
+
+class PipeClient:
+    """A VLLMWeightSyncClient over this process's stdin and stdout."""
+
+    def __init__(self, inp, out):
+        self.inp, self.out = inp, out
+
+    def _call(self, call, arg=None):
+        self.out.write(json.dumps({"call": call, "arg": arg}) + "\n")
+        self.out.flush()
+        answer = json.loads(self.inp.readline())
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+
+    def init_weight_transfer_engine(self, init_info):
+        self._call("init_weight_transfer_engine", init_info)
+
+    def start_weight_update(self):
+        self._call("start_weight_update")
+
+    def update_weights(self, update_info):
+        self._call("update_weights", update_info)
+
+    def finish_weight_update(self, weight_version=None):
+        self._call("finish_weight_update", weight_version)
+
+
+def main():
+    rdt.vllm.register()
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing else may write to the pipe
+    client = PipeClient(sys.stdin, out)
+    model = TrainerModel(seed=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    engine = None
+
+    def reply(msg):
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if "init" in cmd:
+                info = rdt.vllm.LibrdtTrainerInitInfo(rank=0, **cmd["init"])
+                engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=ModuleSource(model))
+                reply({"done": True})
+            elif "sync" in cmd:
+                reply({"done": engine.send_weights()})
+            elif "perturb" in cmd:
+                g = torch.Generator().manual_seed(cmd["perturb"])
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=g))
+                reply({"done": True})
+            elif "save" in cmd:
+                torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, cmd["save"])
+                reply({"done": True})
+        except Exception as e:
+            reply({"failed": f"{type(e).__name__}: {e}", "cause": type(e.__cause__).__name__})
+
+
+if __name__ == "__main__":
+    main()

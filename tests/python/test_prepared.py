@@ -38,6 +38,61 @@ def test_prepared_get_runs_again_and_moves_the_bytes_each_time(child, transport)
     c.stop()
 
 
+@pytest.mark.parametrize("transport", HOST)
+def test_a_rebound_prepared_get_fetches_each_new_version_into_the_same_targets(child, transport):
+    c = child(workers.version_source, transport)
+    c.send(("put", 1.0))
+    ref = pickle.loads(c.recv())
+    head = np.zeros(100, np.float32)
+    tail = np.zeros(256, np.float32)
+    with rdt.prepare_get([ref[0][10:110], ref[1]], out=[head, tail]) as p:
+        assert p.refs[0].id == ref.id
+        p.run(timeout=30)
+        assert (head == 1).all() and (tail == 1).all()
+        for v in (2.0, 3.0):
+            c.send(("put", v))
+            new = pickle.loads(c.recv())
+            p.rebind([new])
+            ref.close()  # the Prepared holds the new one; the old may go
+            ref = new
+            assert p.refs[0].id == new.id
+            p.run(timeout=30)
+            assert (head == v).all() and (tail == v).all(), f"version {v}"
+        c.send(("put3", 4.0))
+        other = pickle.loads(c.recv())
+        with pytest.raises(rdt.InvalidArgumentError, match="other tensors"):
+            p.rebind([other])
+        with pytest.raises(rdt.InvalidArgumentError, match="2 refs for a get prepared with 1"):
+            p.rebind([ref, ref])
+        p.run(timeout=30)  # still bound to the last good version
+        assert (head == 3).all()
+        p.unbind()
+        p.unbind()  # idempotent
+        assert p.refs == []
+        with pytest.raises(rdt.InvalidArgumentError, match="unbound"):
+            p.run(timeout=30)
+        c.send(("put", 5.0))
+        last = pickle.loads(c.recv())
+        ref.close()  # unbound: nothing holds version 3 any more
+        p.rebind([last])
+        p.run(timeout=30)
+        assert (head == 5).all() and (tail == 5).all()
+        ref = last
+        other.close()
+    ref.close()
+    c.stop()
+
+
+def test_a_prepared_write_cannot_be_rebound(child):
+    c = child(workers.exposer, ["cma"], None)
+    ref = rdt.default_runtime().deserialize(c.recv()["cma"])
+    with rdt.prepare_write(ref, np.ones(4096, np.uint8)) as p:
+        with pytest.raises(rdt.InvalidArgumentError, match="keeps its refs"):
+            p.rebind([ref])
+    ref.close()
+    c.stop()
+
+
 def test_prepared_get_without_out_reuses_its_tensors(child):
     c = child(workers.mutable_source, "cma")
     ref = pickle.loads(c.recv())

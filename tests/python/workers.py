@@ -287,6 +287,29 @@ def mutable_source(conn, transport):
         conn.send("ok")
 
 
+def version_source(conn, transport):
+    """Each ("put", v) puts a new object of two float32 arrays (1024 and
+    256 elements, both filled with v) with `transport`, drops its earlier
+    ones, and sends the pickled ref; ("put3", v) puts one of three arrays
+    instead (another layout)."""
+    held = []
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg == "stop":
+            return
+        kind, v = msg
+        arrays = [np.full(1024, v, np.float32), np.full(256, v, np.float32)]
+        if kind == "put3":
+            arrays.append(np.full(8, v, np.float32))
+        for r in held:
+            r.close()
+        held = [rdt.put(arrays, transport=transport)]
+        conn.send(pickle.dumps(held[0]))
+
+
 def prepared_writer(conn, blob, transport=None):
     """Prepares a write of version_of(tag) into a writable ref and runs it
     when told ("run", tag); ("loop", tag) runs versions from tag on until

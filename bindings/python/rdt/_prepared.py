@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from . import _get
 from . import _lib
 from . import _write
 from ._fetch import Plan, check_transport, deadline_of, fetch_options, ms_until
 from ._handle import Handle
+from ._errors import InvalidArgumentError
+from ._ref import ObjectRef
 from ._store import RuntimeLike
 
 
@@ -47,6 +49,7 @@ class Prepared(Handle):
         self._lock = threading.Lock()
         refs = plan.fetch_refs
         self._value: Any = None
+        self._layout = [r.tensor_descs() for r in refs]  # what rebind takes
         if not refs:  # only objects this runtime owns (a get returns them): nothing to run
             if transport:
                 check_transport(runtime, transport, plan)
@@ -54,6 +57,7 @@ class Prepared(Handle):
             self._empty = True
             return
         self._empty = False
+        self._transport = transport
         handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         self._buf, addr, n = plan.pack()  # kept: the C side holds the tensors' addresses
         L = _lib.lib()
@@ -83,6 +87,9 @@ class Prepared(Handle):
         """Runs it once; see the class. ``tag`` is a write's notice tag (a
         get ignores it); ``timeout`` in seconds (None: no limit)."""
         deadline = deadline_of(timeout)
+        if self._ptr == 0:
+            raise InvalidArgumentError("run: this prepared get was unbound; rebind it to refs first",
+                                       _lib.ERR_INVALID_ARGUMENT)
         if not self._empty:
             with self._lock:
                 st = _lib.lib().rdt_prepared_run(self._handle(), int(tag) & 0xFFFFFFFFFFFFFFFF, ms_until(deadline))
@@ -95,6 +102,68 @@ class Prepared(Handle):
             results = [r._value_of(ts) for r, ts in zip(p.refs, p.tensors)]
             self._value = results[0] if p.single else results
         return self._value
+
+    def rebind(self, refs: Sequence[Any]) -> None:
+        """Points a prepared get at other refs of the same layout, keeping
+        its targets and ranges: each ref in place of the one prepared there
+        (the order :attr:`refs` gives), holding the same tensors (shapes,
+        dtypes, devices) in the same order, as a producer's next version of
+        the same weights does. The next run is an ordinary get of the new
+        refs (it asks their owners for the metadata); the refs held before
+        are no longer held. Preparing anew costs Python time per tensor and
+        range; this costs it per ref. InvalidArgumentError: a write, another
+        count of refs, or a ref of another layout (nothing changes then)."""
+        if self._write:
+            raise InvalidArgumentError("rebind: a prepared write keeps its refs", _lib.ERR_INVALID_ARGUMENT)
+        refs = list(refs)
+        if len(refs) != len(self._layout):
+            raise InvalidArgumentError(f"rebind: {len(refs)} refs for a get prepared with {len(self._layout)}",
+                                       _lib.ERR_INVALID_ARGUMENT)
+        for i, (new, was) in enumerate(zip(refs, self._layout)):
+            if not isinstance(new, ObjectRef):
+                raise InvalidArgumentError(f"rebind: refs[{i}] is a {type(new).__name__}, not an ObjectRef",
+                                           _lib.ERR_INVALID_ARGUMENT)
+            if new.tensor_descs() != was:
+                raise InvalidArgumentError(f"rebind: refs[{i}] holds other tensors than the ref prepared there "
+                                           f"({new.shapes} {new.dtypes}, not "
+                                           f"{[tuple(d.shape) for d in was]} {[d.dtype_name() for d in was]})",
+                                           _lib.ERR_INVALID_ARGUMENT)
+        if self._empty:
+            return
+        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        _, addr, n = self._plan.pack()
+        fopts = fetch_options(self._transport, self._plan)
+        L = _lib.lib()
+        p = ctypes.c_void_p()
+        with self._lock:  # after a run in progress
+            was_ptr = self._handle()
+            st = L.rdt_fetch_prepare(self._runtime._handle(), handles, len(refs), addr, n,
+                                     ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
+            if st != _lib.OK:
+                raise _lib.make_error(st)
+            self._ptr = p.value
+            L.rdt_prepared_free(was_ptr or None)
+        self._plan.fetch_refs = refs
+
+    def unbind(self) -> None:
+        """Stops holding the refs of a prepared get (their objects may go)
+        while keeping its targets and ranges for :meth:`rebind`; runs raise
+        InvalidArgumentError until then. Idempotent."""
+        if self._write:
+            raise InvalidArgumentError("unbind: a prepared write keeps its refs", _lib.ERR_INVALID_ARGUMENT)
+        if self._empty:
+            return
+        with self._lock:  # after a run in progress
+            was_ptr = self._handle()
+            self._ptr = 0
+            _lib.lib().rdt_prepared_free(was_ptr or None)
+        self._plan.fetch_refs = []
+
+    @property
+    def refs(self) -> List[Any]:
+        """The refs it fetches, one for each object (in the order
+        :meth:`rebind` takes them); none once unbound."""
+        return list(self._plan.fetch_refs)
 
     async def run_async(self, tag: int = 0, timeout: Optional[float] = None) -> Any:
         """:meth:`run` on a worker thread, for asyncio (the event loop goes

@@ -16,6 +16,16 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def wait_until(cond, timeout=30.0):
+    """Polls cond until it holds or the timeout passes; returns its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got or time.monotonic() > end:
+            return got
+        time.sleep(0.01)
+
+
 def make_engine(model):
     from vllm.config import VllmConfig, WeightTransferConfig
 

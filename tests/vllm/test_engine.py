@@ -14,7 +14,7 @@ import torch
 
 import rdt
 import rdt.vllm
-from conftest import make_engine
+from conftest import make_engine, wait_until
 from models import WorkerModel
 
 
@@ -28,6 +28,11 @@ def check_synced(model, trainer, tmp_path):
     want = model.expected(trainer_state(trainer, tmp_path))
     for name, param in model.named_parameters():
         assert torch.equal(param.data, want[name]), name
+
+
+def all_stopped(pid):
+    tasks = f"/proc/{pid}/task"
+    return all("State:\tT (stopped)" in open(f"{tasks}/{t}/status").read() for t in os.listdir(tasks))
 
 
 def init(trainer, engine, **info):
@@ -47,8 +52,8 @@ def test_sync_lands_every_parameter_in_place_and_again_after_a_change(trainer_fa
         assert trainer.run({"perturb": round_}) == {"done": True}
     stats = engine.stats()
     assert stats["version"] == 3 and stats["syncs"] == 3 and stats["reload"] is False
-    # qkv, embed and norm land in place; out is transposed by its loader.
-    assert stats["direct_tensors"] == 5 and stats["loaded_tensors"] == 1
+    # q, k, v, embed and norm land in place; out is transposed by its loader.
+    assert stats["landing_tensors"] == 5 and stats["loaded_tensors"] == 1 and stats["staged_layers"] == 0
     assert trainer.calls == ["init_weight_transfer_engine"] + ["start_weight_update", "update_weights",
                                                                "finish_weight_update"] * 3
     assert not trainer.errors
@@ -113,6 +118,7 @@ def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_p
     trainer.answer(engine, trainer.read())  # start
     update = trainer.read()
     os.kill(trainer.proc.pid, signal.SIGSTOP)
+    assert wait_until(lambda: all_stopped(trainer.proc.pid))  # every thread, before the worker asks
     t0 = time.monotonic()
     try:
         trainer.answer(engine, update)

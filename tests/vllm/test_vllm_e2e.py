@@ -84,7 +84,12 @@ def test_vllm_serves_the_trainers_weights_after_each_sync(setup):
             assert llm.get_weight_version() == str(round_ + 1)
             stats = llm.collective_rpc(_engine_stats)[0]
             assert stats["version"] == round_ + 1 and stats["syncs"] == round_ + 1
-            assert stats["reload"] is True  # the CPU build repacks linear weights: vLLM's layerwise reload
+            assert stats["reload"] is True  # the CPU build repacks linear weights after loading them
+            # Every tensor lands as bytes: norms in place, linear layers and
+            # embeddings in staged weights that vLLM's processing repacks.
+            n_layers = hf.config.num_hidden_layers
+            assert stats["landing_tensors"] == len(list(hf.parameters())) and stats["loaded_tensors"] == 0, stats
+            assert stats["staged_layers"] == 4 * n_layers + 2, stats  # qkv, o, gate_up, down; embed, lm_head
             assert stats["bytes_received"] - before["bytes_received"] == model_bytes
             assert set(stats["transports"]) <= {"cma", "shm"} and sum(stats["transports"].values()) == \
                 stats["bytes_received"]

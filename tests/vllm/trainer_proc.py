@@ -6,13 +6,19 @@ stdout and reads the answer from stdin, so the test process plays vLLM's
 worker. It ends each command with {"done": ...} or {"failed": "..."}."""
 
 import json
+import os
 import sys
 
-import torch
-from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+# The answers go over the pipe that is stdout now; whatever else writes to
+# stdout (vLLM's log handler) goes to stderr from here on.
+PIPE = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 
-import rdt.vllm
-from models import TrainerModel
+import torch  # noqa: E402
+from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory  # noqa: E402
+
+import rdt.vllm  # noqa: E402
+from models import TrainerModel  # noqa: E402
 
 
 class PipeClient:
@@ -43,8 +49,7 @@ class PipeClient:
 
 def main():
     rdt.vllm.register()
-    out = sys.stdout
-    sys.stdout = sys.stderr  # nothing else may write to the pipe
+    out = PIPE
     client = PipeClient(sys.stdin, out)
     model = TrainerModel(seed=int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     engine = None

@@ -3,20 +3,24 @@ vLLM's worker processes.
 
 Each update call names refs to the trainer's tensors. The first time a
 layout of names, shapes and dtypes comes, the engine fetches the whole
-tensors into receive buffers and loads them with ``model.load_weights``,
-watching (a TorchFunctionMode) which bytes of each buffer the model's
-loaders read and where plain copies land. That is the plan, kept for the
-engine's life and replayed on every later update of the same layout:
+tensors into receive buffers and loads them with ``model.load_weights``
+(inside vLLM's layerwise reload where vLLM transforms weights after
+loading), watching with a TorchFunctionMode which elements of each buffer
+the model's loaders read and where their plain copies (same dtype,
+contiguous on both sides) land. That is the plan, kept for the engine's
+life and replayed on every later update of the same layout:
 
-* only the bytes the loaders read are fetched (a tensor-parallel rank's
+* only the elements the loaders read are fetched (a tensor-parallel rank's
   rows; nothing of a tensor this rank does not hold);
-* where vLLM uses the checkpoint's layout as it is (no quantization, no
-  repacking of the layer's weights), bytes land straight in the model's
-  parameters, in place, and the loaders are not run for them;
-* the rest lands in the same receive buffers every time and goes through
-  ``model.load_weights`` inside vLLM's layerwise reload (the CPU build
-  repacks every linear layer's weights for oneDNN, so all of it does
-  there).
+* where every read was a plain copy, the bytes land straight where the
+  copies put them: in the live parameters of a layer vLLM uses as loaded
+  (in place), or, for a layer vLLM processes after loading (quantizes,
+  repacks: every linear layer on the CPU build), in checkpoint-layout
+  tensors the engine keeps for it, which it hands to the layer's
+  ``process_weights_after_loading`` once they all landed, while the next
+  chunk is still being fetched;
+* a layout with a read that is not a plain copy goes through
+  ``model.load_weights`` every time, from the same receive buffers.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -43,7 +47,12 @@ MAX_PLANS = 4096
 """Layouts remembered; a trainer whose buckets never repeat starts over
 rather than growing without bound."""
 
+CHUNK_BYTES = 32 << 20
+"""Bytes of one fetch of a replay: layers whose bytes all came are
+processed while the next chunk moves."""
+
 Layout = Tuple[Tuple[Tuple[str, Tuple[int, ...], str], ...], ...]
+Key = Tuple[int, str]  # (id of a module, parameter name)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -66,108 +75,6 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-@dataclass
-class _Copy:
-    """A loader's plain copy of buffer bytes into a parameter, as seen once."""
-
-    source: int                 # the buffer's index in the layout
-    source_offset: int          # in elements
-    count: int                  # elements
-    param: torch.nn.Parameter
-    param_storage: int          # the parameter's storage address when it was seen
-    offset: int                 # the destination's storage offset, in elements
-
-
-class _Watch(TorchFunctionMode):
-    """Records what the model's loaders do with the receive buffers: which
-    elements of each they read, and their plain copies into parameters."""
-
-    def __init__(self, buffers: Sequence[torch.Tensor], params: Dict[int, torch.nn.Parameter]) -> None:
-        super().__init__()
-        self.index = {_storage(b): i for i, b in enumerate(buffers)}
-        self.params = params
-        self.read: List[List[Tuple[int, int]]] = [[] for _ in buffers]
-        self.copies: List[_Copy] = []
-        self.unplain: set = set()  # buffers some copy of which cannot be replayed as bytes
-
-    def _source(self, t: Any) -> Optional[int]:
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            return self.index.get(_storage(t))
-        return None
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-        sources = [(a, i) for a in tensors if (i := self._source(a)) is not None]
-        if not sources:
-            return out
-        if getattr(func, "__name__", "") == "__get__" or self._aliases(out, sources):
-            return out  # a property or a view: no bytes read
-        for a, i in sources:
-            span = _extent(a)
-            if span is not None:
-                self.read[i].append(span)
-        if getattr(func, "__name__", "") == "copy_" and len(args) >= 2 and isinstance(args[1], torch.Tensor):
-            self._copy(args[0], args[1])
-        return out
-
-    @staticmethod
-    def _aliases(out: Any, sources: List[Tuple[torch.Tensor, int]]) -> bool:
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
-            return False
-        mine = {_storage(a) for a, _ in sources}
-        return all(o.device.type != "meta" and _storage(o) in mine for o in outs)
-
-    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        i = self._source(src)
-        if i is None:
-            return
-        param = self.params.get(_storage(dst)) if dst.device.type != "meta" else None
-        if (param is None or dst.dtype != src.dtype or dst.shape != src.shape or not dst.is_contiguous()
-                or not src.is_contiguous() or dst.device != src.device):
-            self.unplain.add(i)
-            return
-        self.copies.append(_Copy(i, src.storage_offset(), src.numel(), param, _storage(param),
-                                 dst.storage_offset()))
-
-
-class _Plan:
-    """What one layout's updates do, learned from its first one: which
-    element ranges of each tensor the loaders read, which tensors land in
-    parameters (``direct``) and which go through load_weights
-    (``loaded``)."""
-
-    def __init__(self, names: List[str], buffers: List[torch.Tensor], watch: _Watch) -> None:
-        self.names = names
-        self.buffers = buffers                        # one per tensor, the full shape, reused
-        self.watch: Optional[_Watch] = watch          # until learned
-        self.ranges: List[List[Tuple[int, int]]] = []
-        self.direct: Dict[int, List[_Copy]] = {}
-        self.loaded: List[int] = []
-
-    def learned(self, direct_allowed: bool) -> None:
-        """Makes the plan from what its watch saw."""
-        watch, self.watch = self.watch, None
-        assert watch is not None
-        self.ranges = [_merge(spans) for spans in watch.read]
-        by_tensor: Dict[int, List[_Copy]] = {}
-        for c in watch.copies:
-            by_tensor.setdefault(c.source, []).append(c)
-        for i, buffer in enumerate(self.buffers):
-            copies = by_tensor.get(i, [])
-            if (direct_allowed and copies and i not in watch.unplain and _covers(copies, self.ranges[i])
-                    and all(_landed(c, buffer) for c in copies)):
-                self.direct[i] = copies
-            elif self.ranges[i]:
-                self.loaded.append(i)
-
-    def current(self) -> bool:
-        """Whether the parameters it lands in are still the ones it saw."""
-        return all(c.param_storage == _storage(c.param) for cs in self.direct.values() for c in cs)
-
-
 def _merge(spans: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     out: List[Tuple[int, int]] = []
     for lo, hi in sorted(spans):
@@ -178,23 +85,334 @@ def _merge(spans: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return out
 
 
-def needs_reload(model: torch.nn.Module) -> bool:
-    """Whether vLLM transforms some of this model's weights after loading
-    them, so that bytes cannot land in its parameters as they are: a layer
-    with a quantization method other than the unquantized linear and
-    embedding ones, or with any quantization method on CPU and XPU (the CPU
-    build repacks each linear layer's weights, and the output embedding's,
-    for its GEMM kernels). Layers without one (norms, a plain torch
-    module's) are used as loaded."""
+def _flat(t: torch.Tensor, offset: int, count: int) -> torch.Tensor:
+    """Elements [offset, offset + count) of contiguous t, as a flat view."""
+    return torch.as_strided(t, (count,), (1,), t.storage_offset() + offset)
+
+
+@dataclass
+class _Copy:
+    """A loader's plain copy of buffer elements into a parameter, as seen once."""
+
+    source: int           # the buffer's index in the layout
+    source_offset: int    # in elements
+    count: int            # elements
+    module: torch.nn.Module
+    name: str             # the parameter's name in the module
+    offset: int           # in elements from the parameter's first
+
+
+class _Params:
+    """Which module parameter a storage address belongs to. vLLM's layerwise
+    reload makes a layer's parameters anew while loading it, so a miss
+    looks again (once per address)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.by_storage: Dict[int, Tuple[torch.nn.Module, str, torch.nn.Parameter]] = {}
+        self.missed: Set[int] = set()
+        self._scan()
+
+    def _scan(self) -> None:
+        for module in self.model.modules():
+            for name, p in module._parameters.items():
+                if p is not None and p.device.type != "meta" and p.numel():
+                    self.by_storage[_storage(p)] = (module, name, p)
+
+    def find(self, t: torch.Tensor) -> Optional[Tuple[torch.nn.Module, str, torch.nn.Parameter]]:
+        s = _storage(t)
+        hit = self.by_storage.get(s)
+        if hit is not None and hit[0]._parameters.get(hit[1]) is hit[2]:
+            return hit
+        if s in self.missed:
+            return None
+        self._scan()
+        hit = self.by_storage.get(s)
+        if hit is None:
+            self.missed.add(s)
+        return hit
+
+
+class _Watch(TorchFunctionMode):
+    """Records what the model's loaders do with the receive buffers: which
+    elements of each they read, and their plain copies into parameters
+    (with each destination parameter's shape, dtype and attributes)."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], params: _Params) -> None:
+        super().__init__()
+        self.index = {_storage(b): i for i, b in enumerate(buffers)}
+        self.params = params
+        self.read: List[List[Tuple[int, int]]] = [[] for _ in buffers]
+        self.copies: List[_Copy] = []
+        self.unplain: Set[int] = set()  # buffers some read of which is not a plain copy
+        self.seen: Dict[Key, Tuple[torch.Size, torch.dtype, Dict[str, Any]]] = {}
+        self.written: Dict[int, Key] = {}  # storage of a parameter copied into -> its key
+        self.spans: Dict[Key, List[Tuple[int, int]]] = {}  # the storage elements copies wrote there
+        self.changed: Set[Key] = set()     # parameters changed in place over bytes copied into them
+
+    def _source(self, t: Any) -> Optional[int]:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            return self.index.get(_storage(t))
+        return None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        fname = getattr(func, "__name__", "")
+        if fname == "copy_" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            return out  # vLLM's layerwise reload counting what a loader would load: nothing moves
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+        sources = [(a, i) for a in tensors if (i := self._source(a)) is not None]
+        plain = False
+        if sources and fname not in _METADATA and not self._aliases(out, sources):  # else metadata or a view
+            for a, i in sources:
+                span = _extent(a)
+                if span is not None:
+                    self.read[i].append(span)
+            plain = (fname == "copy_" and len(args) >= 2 and not kwargs and isinstance(args[1], torch.Tensor)
+                     and self._copy(args[0], args[1]))
+            if not plain:
+                self.unplain.update(i for _, i in sources)
+        if (not plain and self.written and (_in_place(fname) or "out" in kwargs)
+                and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"):
+            key = self.written.get(_storage(args[0]))
+            if key is not None and not self._zeroes_elsewhere(fname, args, key):
+                self.changed.add(key)  # the bytes copied there are not what stays: a copy alone cannot make it
+        return out
+
+    def _zeroes_elsewhere(self, fname: str, args: Any, key: Key) -> bool:
+        """Whether an in-place op only zeroes elements no copy wrote (a
+        vocabulary's padding rows, say), which staged tensors, zeroed when
+        made, hold already."""
+        zero = fname == "zero_" or (fname == "fill_" and len(args) == 2 and not isinstance(args[1], torch.Tensor)
+                                    and args[1] == 0)
+        span = _extent(args[0])
+        return zero and (span is None or all(span[1] <= lo or hi <= span[0] for lo, hi in self.spans.get(key, ())))
+
+    @staticmethod
+    def _aliases(out: Any, sources: List[Tuple[torch.Tensor, int]]) -> bool:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
+            return False
+        mine = {_storage(a) for a, _ in sources}
+        return all(o.device.type != "meta" and _storage(o) in mine for o in outs)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
+        i = self._source(src)
+        if (i is None or dst.device.type == "meta" or dst.dtype != src.dtype or dst.shape != src.shape
+                or not dst.is_contiguous() or not src.is_contiguous() or dst.device != src.device):
+            return False
+        found = self.params.find(dst)
+        if found is None:
+            return False
+        module, name, param = found
+        if not param.is_contiguous():
+            return False
+        self.copies.append(_Copy(i, src.storage_offset(), src.numel(), module, name,
+                                 dst.storage_offset() - param.storage_offset()))
+        key = (id(module), name)
+        self.seen[key] = (param.shape, param.dtype, dict(param.__dict__))
+        self.written[_storage(param)] = key
+        span = _extent(dst)
+        if span is not None:
+            self.spans.setdefault(key, []).append(span)
+        return True
+
+
+class _Plan:
+    """What one layout's updates do, learned from its first one.
+
+    ``landing`` (a plan whose every read is a plain copy) maps each tensor
+    to the pieces it lands as: (source offset, count, target, offset), the
+    target a live parameter or a staged checkpoint-layout tensor. Otherwise
+    ``loaded`` lists the tensors that go through load_weights."""
+
+    def __init__(self, names: List[str], buffers: List[torch.Tensor], watch: _Watch) -> None:
+        self.names = names
+        self.buffers = buffers                      # one per tensor, the full shape, reused
+        self.watch: Optional[_Watch] = watch        # until learned
+        self.ranges: List[List[Tuple[int, int]]] = []
+        self.landing: Optional[List[List[Tuple[int, int, torch.Tensor, int]]]] = None
+        self.loaded: List[int] = []
+        self.live: Dict[Key, Tuple[torch.nn.Module, str, torch.nn.Parameter]] = {}
+        self.staged: Dict[int, Tuple[torch.nn.Module, Dict[str, torch.nn.Parameter]]] = {}
+        self.last_tensor: Dict[int, int] = {}      # staged module -> the last tensor that lands in it
+
+    @property
+    def learned(self) -> bool:
+        return self.watch is None
+
+    def learn(self, processed: Any, staging: "_Staging", mixed: bool) -> None:
+        """Makes the plan from what its watch saw. ``processed(module)``
+        says whether vLLM transforms the module's weights after loading;
+        ``mixed``, whether some tensors may land while others are loaded
+        (not under vLLM's layerwise reload, which is all or nothing)."""
+        watch, self.watch = self.watch, None
+        assert watch is not None
+        self.ranges = [_merge(spans) for spans in watch.read]
+        by_tensor: Dict[int, List[_Copy]] = {}
+        for c in watch.copies:
+            by_tensor.setdefault(c.source, []).append(c)
+        landing: List[List[Tuple[int, int, torch.Tensor, int]]] = [[] for _ in self.buffers]
+        loaded: List[int] = []
+        live: Dict[Key, Tuple[torch.nn.Module, str, torch.nn.Parameter]] = {}
+        for i in range(len(self.buffers)):
+            if not self.ranges[i]:
+                continue  # read by no loader: this rank does not hold it
+            copies = by_tensor.get(i, [])
+            ok = (i not in watch.unplain and _covers(copies, self.ranges[i])
+                  and not any(_deferred(c.module) or (id(c.module), c.name) in watch.changed for c in copies))
+            for c in copies if ok else ():
+                if processed(c.module):
+                    continue
+                param = c.module._parameters.get(c.name)
+                shape, dtype, _ = watch.seen[(id(c.module), c.name)]
+                if (param is None or param.shape != shape or param.dtype != dtype or not param.is_contiguous()
+                        or not _landed(param, c, self.buffers[i])):
+                    ok = False
+            if not ok:
+                loaded.append(i)
+                continue
+            for c in copies:
+                key = (id(c.module), c.name)
+                if processed(c.module):
+                    target = staging.tensor(c.module, c.name, *watch.seen[key])
+                    self.staged[id(c.module)] = (c.module, staging.params[id(c.module)])
+                    self.last_tensor[id(c.module)] = i
+                    with torch.no_grad():  # what this update brought, as a replay would have landed it
+                        _flat(target.data, c.offset, c.count).copy_(
+                            self.buffers[i].view(-1)[c.source_offset:c.source_offset + c.count])
+                else:
+                    target = c.module._parameters[c.name]
+                    live[key] = (c.module, c.name, target)
+                landing[i].append((c.source_offset, c.count, target, c.offset))
+        if loaded and not mixed:
+            self.loaded = [i for i in range(len(self.buffers)) if self.ranges[i]]
+            return
+        self.landing, self.loaded, self.live = landing, loaded, live
+
+    def current(self) -> bool:
+        """Whether the live parameters it lands in are still the model's."""
+        return all(m._parameters.get(n) is p for m, n, p in self.live.values())
+
+
+class _Staging:
+    """Checkpoint-layout tensors for the layers vLLM processes after
+    loading, one set per layer for the engine's life (made on first use,
+    zeroed: elements no copy writes, padding say, stay zero)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.params: Dict[int, Dict[str, torch.nn.Parameter]] = {}
+
+    def tensor(self, module: torch.nn.Module, name: str, shape: torch.Size, dtype: torch.dtype,
+               attrs: Dict[str, Any]) -> torch.nn.Parameter:
+        mine = self.params.setdefault(id(module), {})
+        p = mine.get(name)
+        if p is None or p.shape != shape or p.dtype != dtype:
+            p = torch.nn.Parameter(torch.zeros(shape, dtype=dtype, device=self.device), requires_grad=False)
+            p.__dict__.update({k: v for k, v in attrs.items() if k != "weight_loader"})
+            mine[name] = p
+        return p
+
+
+# Tensor functions that read a tensor's description, not its elements.
+_METADATA = frozenset(("__get__", "size", "dim", "ndimension", "numel", "nelement", "stride", "storage_offset",
+                       "is_contiguous", "element_size", "data_ptr", "untyped_storage", "get_device", "__len__",
+                       "is_floating_point", "is_complex", "is_signed", "is_pinned", "is_shared", "__hash__",
+                       "_is_view", "dim_order"))
+
+
+def _in_place(fname: str) -> bool:
+    """Whether a torch function of this name changes its first argument:
+    ``add_``, ``__iadd__``, ``__setitem__`` (not ``__get__``)."""
+    if fname.startswith("__"):
+        return fname == "__setitem__" or (fname.startswith("__i") and fname.endswith("__") and fname != "__init__")
+    return fname.endswith("_")
+
+
+def _covers(copies: List[_Copy], ranges: List[Tuple[int, int]]) -> bool:
+    """Whether the plain copies read every element the loaders read."""
+    return bool(copies) and _merge([(c.source_offset, c.source_offset + c.count) for c in copies]) == ranges
+
+
+def _landed(param: torch.Tensor, c: _Copy, buffer: torch.Tensor) -> bool:
+    """Whether a parameter vLLM uses as loaded holds, bit for bit, what the
+    copy put there once every loader ran: then the copy alone makes it."""
+    got = _flat(param.data, c.offset, c.count)
+    want = buffer.view(-1)[c.source_offset:c.source_offset + c.count]
+    return bool(torch.equal(got.view(torch.uint8), want.view(torch.uint8)))
+
+
+def _deferred(module: torch.nn.Module) -> bool:
+    """Attention layers' weights (kv-cache scales) are processed by vLLM
+    at the end of a reload only: leave them to it."""
+    from vllm.model_executor.layers.attention import is_deferred_attention_layer
+
+    return bool(is_deferred_attention_layer(module))
+
+
+def _transforms(module: torch.nn.Module, repacks: bool) -> bool:
+    """Whether vLLM transforms this module's weights after loading them: a
+    quantization method other than the unquantized linear and embedding
+    ones, or any on CPU and XPU (the CPU build repacks each linear layer's
+    weights, and the output embedding's, for its GEMM kernels)."""
+    qm = getattr(module, "quant_method", None)
+    return qm is not None and (repacks or type(qm).__name__ not in ("UnquantizedLinearMethod",
+                                                                      "UnquantizedEmbeddingMethod"))
+
+
+def _repacks() -> bool:
     from vllm.platforms import current_platform
 
-    repacks = current_platform.is_cpu() or current_platform.is_xpu()
-    plain = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
-    for m in model.modules():
-        qm = getattr(m, "quant_method", None)
-        if qm is not None and (repacks or type(qm).__name__ not in plain):
-            return True
-    return False
+    return bool(current_platform.is_cpu() or current_platform.is_xpu())
+
+
+def needs_reload(model: torch.nn.Module) -> bool:
+    """Whether loading this model's weights needs vLLM's layerwise reload:
+    whether some layer's weights are transformed after loading."""
+    repacks = _repacks()
+    return any(_transforms(m, repacks) for m in model.modules())
+
+
+def _process(module: torch.nn.Module, staged: Dict[str, torch.nn.Parameter]) -> None:
+    """Runs vLLM's processing of one layer on its staged checkpoint-layout
+    weights, then copies the results into the layer's own tensors and puts
+    those back, as vLLM's layerwise reload does (so their addresses, which
+    CUDA graphs hold, do not change)."""
+    kernel_params = dict(module._parameters)
+    kernel_buffers = dict(module._buffers)
+    for name, p in staged.items():
+        delattr(module, name)
+        module.register_parameter(name, p)
+    if hasattr(module, "_already_called_process_weights_after_loading"):
+        delattr(module, "_already_called_process_weights_after_loading")
+    try:
+        module.quant_method.process_weights_after_loading(module)
+        if hasattr(module, "update_param_tp_status"):
+            module.update_param_tp_status()
+        with torch.no_grad():
+            for name, kp in kernel_params.items():
+                new = getattr(module, name, None)
+                if kp is not None and isinstance(new, torch.Tensor) and new is not kp:
+                    kp.data.copy_(new)
+            for name, kb in kernel_buffers.items():
+                new = module._buffers.get(name)
+                if kb is not None and new is not None and new is not kb and new.shape == kb.shape:
+                    kb.data.copy_(new)
+    finally:
+        for name in list(module._parameters):
+            if name not in kernel_params:
+                delattr(module, name)
+        for name, kp in kernel_params.items():
+            if name in module._parameters or hasattr(module, name):
+                delattr(module, name)
+            module.register_parameter(name, kp)
+        for name, kb in kernel_buffers.items():
+            if module._buffers.get(name) is not kb:
+                if hasattr(module, name):
+                    delattr(module, name)
+                module.register_buffer(name, kb, persistent=name not in module._non_persistent_buffers_set)
 
 
 class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpdateInfo]):
@@ -211,11 +429,14 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._runtime: Optional[rdt.Runtime] = None
         self._info: Optional[LibrdtInitInfo] = None
         self._plans: Dict[Layout, _Plan] = {}
+        self._repacks = _repacks()
         self._reload = needs_reload(model)
-        self._reloading = False
+        self._staging = _Staging(device)
+        self._reloading = False          # vLLM's layerwise reload is open
         self._learning: List[_Plan] = []  # plans of this session that finish learning at its end
-        self._version = -1   # of the last update received whole
-        self._syncs = 0      # sessions finished
+        self._version = -1               # of the last update received whole
+        self._syncs = 0                  # sessions finished
+        self._seconds = {"fetch": 0.0, "land": 0.0, "process": 0.0, "load": 0.0}
 
     # ---- vLLM's calls ------------------------------------------------------------
 
@@ -229,12 +450,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._info = init_info
 
     def start_weight_update(self) -> None:
-        self._ready()
-        if self._reload and not self._reloading:
-            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-            initialize_layerwise_reload(self.model)
-            self._reloading = True
+        self._ready()  # vLLM's layerwise reload opens with the first update that needs it
 
     def update_weights(self, update_info: Dict[str, Any]) -> None:
         self.receive_weights(self.parse_update_info(update_info))
@@ -267,14 +483,21 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
     def stats(self) -> Dict[str, Any]:
         """The engine's counters and its runtime's, for tests and tools:
         ``version`` (of the last update received), ``syncs`` (sessions
-        finished), ``plans``, ``reload`` (whether updates go through vLLM's
-        layerwise reload), ``direct_tensors`` and ``loaded_tensors`` (over
-        all plans), and the runtime's ``stats()`` and per-transport bytes
-        received (``transports``)."""
+        finished), ``plans``, ``reload`` (whether the model needs vLLM's
+        layerwise reload to load), ``landing_tensors`` (tensors of plans
+        that land as bytes), ``staged_layers`` (layers processed from staged
+        weights), ``loaded_tensors`` (tensors of plans that go through
+        load_weights), ``seconds`` (time spent fetching: waiting for bytes;
+        landing: the plan's own work; processing layers; loading), and the
+        runtime's ``stats()`` and per-transport bytes received
+        (``transports``)."""
+        learned = [p for p in self._plans.values() if p.learned]
         out: Dict[str, Any] = {
             "version": self._version, "syncs": self._syncs, "plans": len(self._plans), "reload": self._reload,
-            "direct_tensors": sum(len(p.direct) for p in self._plans.values()),
-            "loaded_tensors": sum(len(p.loaded) for p in self._plans.values()),
+            "landing_tensors": sum(sum(1 for pieces in p.landing if pieces) for p in learned if p.landing is not None),
+            "staged_layers": sum(len(p.staged) for p in learned),
+            "loaded_tensors": sum(len(p.loaded) for p in learned),
+            "seconds": dict(self._seconds),
         }
         if self._runtime is not None:
             out.update(self._runtime.stats())
@@ -283,22 +506,23 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         return out
 
     def digests(self) -> Dict[str, str]:
-        """The SHA-256 of the bytes each tensor's last update brought, by
-        name, over every plan (the ranges this rank read, for a shard)."""
+        """The SHA-256 of the elements of each tensor the last update
+        brought (those this rank reads), by name, over every plan."""
         import hashlib
 
         out: Dict[str, str] = {}
         for plan in self._plans.values():
+            if not plan.learned:
+                continue
             for i, name in enumerate(plan.names):
                 h = hashlib.sha256()
-                if i in plan.direct:
-                    for c in plan.direct[i]:
-                        region = torch.as_strided(c.param.data, (c.count,), (1,), c.offset)
-                        h.update(region.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                if plan.landing is not None and i not in plan.loaded:
+                    pieces = sorted(plan.landing[i], key=lambda piece: piece[0])
+                    regions = [_flat(target, offset, count) for _, count, target, offset in pieces]
                 else:
-                    flat = plan.buffers[i].view(-1)
-                    for lo, hi in plan.ranges[i]:
-                        h.update(flat[lo:hi].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                    regions = [plan.buffers[i].view(-1)[lo:hi] for lo, hi in plan.ranges[i]]
+                for r in regions:
+                    h.update(r.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
                 out[name] = h.hexdigest()
         return out
 
@@ -313,14 +537,14 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
                  deadline: float) -> None:
         if update.abandon:
             raise WeightSyncError(f"the trainer abandoned version {update.version}; the weights of the last "
-                                  "finished sync stay, less any layer of this one vLLM already processed")
+                                  "finished sync stay, less any layer of this one already processed")
         refs: List[rdt.ObjectRef] = []
         try:
             for i in range(len(update.refs)):
                 refs.append(runtime.deserialize(update.ref_bytes(i), timeout=_left(deadline)))
             layout = _layout_of(update, refs)
             plan = self._plans.get(layout)
-            if plan is not None and (plan.watch is not None or not plan.current()):
+            if plan is not None and (not plan.learned or not plan.current()):
                 # Still learning (the same layout twice in one session), or
                 # vLLM replaced a parameter it lands in: learn again.
                 del self._plans[layout]
@@ -336,48 +560,102 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             for r in refs:
                 r.close()
 
+    def _open_reload(self) -> None:
+        if self._reload and not self._reloading:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+            self._reloading = True
+
     def _learn(self, runtime: rdt.Runtime, info: LibrdtInitInfo, layout: Layout, refs: List[rdt.ObjectRef],
                deadline: float) -> _Plan:
         names = [name for tensors in layout for name, _, _ in tensors]
         buffers = [torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
                    for tensors in layout for _, shape, dtype in tensors]
+        t0 = time.monotonic()
         runtime.get(refs, out=buffers, timeout=_left(deadline), transport=info.transport)
-        params = {_storage(p): p for p in self.model.parameters() if p.device.type != "meta" and p.numel()}
-        plan = _Plan(names, buffers, _Watch(buffers, params))
+        self._seconds["fetch"] += time.monotonic() - t0
+        self._open_reload()
+        plan = _Plan(names, buffers, _Watch(buffers, _Params(self.model)))
+        t0 = time.monotonic()
         with plan.watch:
             self._load(names, buffers, range(len(names)))
+        self._seconds["load"] += time.monotonic() - t0
         if self._reloading:
             self._learning.append(plan)  # layers vLLM processes only at the end read there too
         else:
-            plan.learned(direct_allowed=not self._reload)
+            plan.learn(self._processed, self._staging, mixed=not self._reload)
         return plan
+
+    def _processed(self, module: torch.nn.Module) -> bool:
+        return _transforms(module, self._repacks)
 
     def _replay(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: _Plan, refs: List[rdt.ObjectRef],
                 deadline: float) -> None:
+        """Fetches the plan's pieces straight into their targets, and the
+        ranges of the tensors it loads into their buffers, in chunks of
+        about CHUNK_BYTES, processing each staged layer once its last piece
+        landed while the next chunk moves; then loads what it loads."""
+        t_start = time.monotonic()
+        waited = processing = 0.0
+        loaded = set(plan.loaded)
+        chunks: List[Tuple[List[rdt.TensorSlice], List[torch.Tensor], List[int]]] = []
         slices: List[rdt.TensorSlice] = []
         outs: List[torch.Tensor] = []
-        k = 0
-        for ref in refs:
-            for j in range(len(ref.shapes)):
-                whole = plan.buffers[k]
-                size = whole.element_size()
-                for c in plan.direct.get(k, ()):
-                    slices.append(ref[j].bytes(c.source_offset * size, c.count * size))
-                    outs.append(torch.as_strided(c.param.data, (c.count,), (1,), c.offset))
-                if k not in plan.direct:
-                    flat = whole.view(-1)
-                    for lo, hi in plan.ranges[k]:
-                        if lo == 0 and hi == whole.numel():
-                            slices.append(ref[j])
-                            outs.append(whole)
-                        else:
-                            slices.append(ref[j].bytes(lo * size, (hi - lo) * size))
-                            outs.append(flat[lo:hi])
-                k += 1
-        if slices:
-            runtime.get(slices, out=outs, timeout=_left(deadline), transport=info.transport)
+        done: List[int] = []  # staged layers complete after this chunk
+        filled = 0
+        last = {}
+        for m, i in plan.last_tensor.items():
+            last.setdefault(i, []).append(m)
+        for k, tensor in enumerate(_tensors_of(refs)):
+            whole = plan.buffers[k]
+            size = whole.element_size()
+            if k in loaded:
+                pieces = [(lo, hi - lo, whole, lo) for lo, hi in plan.ranges[k]]
+            else:
+                pieces = plan.landing[k] if plan.landing is not None else []
+            for source_offset, count, target, offset in pieces:
+                if target is whole and count == whole.numel():
+                    slices.append(tensor)
+                else:
+                    slices.append(tensor.bytes(source_offset * size, count * size))
+                outs.append(_flat(target.data, offset, count))
+                filled += count * size
+            done.extend(last.get(k, ()))
+            if filled >= CHUNK_BYTES:
+                chunks.append((slices, outs, done))
+                slices, outs, done, filled = [], [], [], 0
+        if slices or done:
+            chunks.append((slices, outs, done))
+        inflight: Optional[rdt.Fetch] = None
+        try:
+            if chunks and chunks[0][0]:
+                inflight = runtime.fetch(chunks[0][0], out=chunks[0][1], transport=info.transport)
+            for c, (_, _, layers) in enumerate(chunks):
+                t0 = time.monotonic()
+                if inflight is not None:
+                    inflight.result(_left(deadline))
+                    inflight.close()
+                    inflight = None
+                waited += time.monotonic() - t0
+                if c + 1 < len(chunks) and chunks[c + 1][0]:
+                    inflight = runtime.fetch(chunks[c + 1][0], out=chunks[c + 1][1], transport=info.transport)
+                t0 = time.monotonic()
+                for m in layers:
+                    module, staged = plan.staged[m]
+                    _process(module, staged)
+                processing += time.monotonic() - t0
+        finally:
+            if inflight is not None:
+                inflight.close()  # aborts it: nothing lands once it returns
+        self._seconds["fetch"] += waited
+        self._seconds["process"] += processing
+        self._seconds["land"] += time.monotonic() - t_start - waited - processing
         if plan.loaded:
+            self._open_reload()
+            t0 = time.monotonic()
             self._load(plan.names, plan.buffers, plan.loaded)
+            self._seconds["load"] += time.monotonic() - t0
 
     def _load(self, names: List[str], buffers: List[torch.Tensor], which: Sequence[int]) -> None:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
@@ -391,19 +669,18 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         Plans learning in this session finish learning then (``learned``),
         or are forgotten (a session that failed)."""
         learning, self._learning = self._learning, []
-        if not self._reloading:
-            return
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        if self._reloading:
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        self._reloading = False
-        with ExitStack() as watching:
-            for plan in learning:
-                if learned and plan.watch is not None:
-                    watching.enter_context(plan.watch)
-            finalize_layerwise_reload(self.model, self.model_config)
+            self._reloading = False
+            with ExitStack() as watching:
+                for plan in learning:
+                    if learned and plan.watch is not None:
+                        watching.enter_context(plan.watch)
+                finalize_layerwise_reload(self.model, self.model_config)
         for plan in learning:
             if learned:
-                plan.learned(direct_allowed=False)
+                plan.learn(self._processed, self._staging, mixed=not self._reload)
             else:
                 self._plans = {k: p for k, p in self._plans.items() if p is not plan}
 
@@ -422,6 +699,11 @@ def _left(deadline: float) -> float:
     return left
 
 
+def _tensors_of(refs: List[rdt.ObjectRef]) -> List[rdt.TensorSlice]:
+    """Every tensor of the refs, in layout order."""
+    return [ref[j] for ref in refs for j in range(len(ref.shapes))]
+
+
 def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
     """The update's names with each ref's shapes and dtypes, as the owners
     describe them; an update whose names do not match its refs is refused."""
@@ -432,16 +714,3 @@ def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
             raise ValueError(f"refs[{i}] holds {len(shapes)} tensors but names[{i}] names {len(names)}")
         out.append(tuple((n, tuple(s), d) for n, s, d in zip(names, shapes, dtypes)))
     return tuple(out)
-
-
-def _covers(copies: List[_Copy], ranges: List[Tuple[int, int]]) -> bool:
-    """Whether the plain copies read every element the loaders read."""
-    return _merge([(c.source_offset, c.source_offset + c.count) for c in copies]) == ranges
-
-
-def _landed(c: _Copy, buffer: torch.Tensor) -> bool:
-    """Whether the parameter still holds, bit for bit, what the copy put
-    there once every loader ran: then the copy alone makes it."""
-    got = torch.as_strided(c.param.data, (c.count,), (1,), c.offset)
-    want = buffer.view(-1)[c.source_offset:c.source_offset + c.count]
-    return bool(torch.equal(got.view(torch.uint8), want.view(torch.uint8)))

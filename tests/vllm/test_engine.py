@@ -147,6 +147,16 @@ def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_p
     ({"version": 1, "refs": ["AAAA"], "names": [["q"] * ((1 << 20) + 1)]}, "more than"),
     ({"version": 1, "refs": ["AAAA"], "names": [["q"]], "extra": 1}, "Invalid update_info"),
     ({"version": 1, "refs": ["AAAA"], "names": [["q"]], "abandon": True}, "carries no refs"),
+    ({"version": 1, "refs": ["AAAA"], "names": [["q"]], "packs": [[], []]}, "one list of groups per ref"),
+    ({"version": 1, "refs": ["AAAA"], "names": [[]], "packs": [[]]}, "not both empty"),
+    ({"version": 1, "refs": ["AAAA"], "names": [[]], "packs": [[{"dtype": "complex128", "names": ["a"],
+                                                                   "shapes": [[1]]}]]}, "is not one of"),
+    ({"version": 1, "refs": ["AAAA"], "names": [[]], "packs": [[{"dtype": "float32", "names": ["a", "b"],
+                                                                   "shapes": [[1]]}]]}, "one shape per name"),
+    ({"version": 1, "refs": ["AAAA"], "names": [[]], "packs": [[{"dtype": "float32", "names": ["a"],
+                                                                   "shapes": [[1] * 9]}]]}, "at most 8 sizes"),
+    ({"version": 1, "refs": ["AAAA"], "names": [[]], "packs": [[{"dtype": "float32", "names": ["a"],
+                                                                   "shapes": [[1]], "x": 0}]]}, "a dict of"),
 ])
 def test_bad_update_infos_are_refused_before_anything_is_fetched(update, why):
     engine = make_engine(WorkerModel())
@@ -154,6 +164,24 @@ def test_bad_update_infos_are_refused_before_anything_is_fetched(update, why):
     engine.start_weight_update()
     with pytest.raises(ValueError, match=why):
         engine.update_weights(update)
+    assert engine.stats()["bytes_received"] == 0
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("shapes, why", [([[3], [3]], "describes 6 elements"), ([[12], [-2]], "non-negative"),
+                                         ([[5], [5.0]], "non-negative ints")])
+def test_packs_that_do_not_match_their_tensor_are_refused_before_anything_is_allocated(shapes, why):
+    from rdt.vllm._wire import encode_ref
+
+    engine = make_engine(WorkerModel())
+    engine.init_transfer_engine(engine.parse_init_info({"timeout_s": 10}))
+    engine.start_weight_update()
+    with rdt.Runtime(name="packer") as trainer:
+        ref = trainer.put([torch.zeros(10)])
+        with pytest.raises(ValueError, match=why):
+            engine.update_weights({"version": 1, "refs": [encode_ref(ref.serialize())], "names": [[]],
+                                   "packs": [[{"dtype": "float32", "names": ["q", "k"], "shapes": shapes}]]})
+        ref.close()
     assert engine.stats()["bytes_received"] == 0
     engine.shutdown()
 

@@ -60,6 +60,7 @@ class Prepared(Handle):
         self._transport = transport
         handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
         self._buf, addr, n = plan.pack()  # kept: the C side holds the tensors' addresses
+        self._targets = (addr, n)  # what rebind prepares again
         L = _lib.lib()
         p = ctypes.c_void_p()
         if write:
@@ -131,7 +132,7 @@ class Prepared(Handle):
         if self._empty:
             return
         handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
-        _, addr, n = self._plan.pack()
+        addr, n = self._targets
         fopts = fetch_options(self._transport, self._plan)
         L = _lib.lib()
         p = ctypes.c_void_p()

@@ -17,12 +17,19 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch._utils import _flatten_dense_tensors as flatten_dense_tensors
 from vllm.distributed.weight_transfer.base import (TrainerWeightTransferEngine, VLLMWeightSyncClient,
                                                    WeightSource, WeightTransferUpdatePayload, layerwise_groups)
 
 import rdt
 
 from ._wire import LibrdtTrainerInitInfo, WeightSyncError, encode_ref
+
+PACK_BYTES = 64 << 10
+"""Tensors of at most this many bytes travel packed, one tensor per dtype
+and bucket: a model's norms and biases, and models of tens of thousands of
+small tensors, cost a copy of their bytes rather than rdt's and vLLM's
+work per tensor."""
 
 
 class LLMClient:
@@ -62,7 +69,7 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         self.info = info
         self.runtime = runtime
         self.version = 0
-        self._buckets: Optional[List[int]] = None  # group index -> bucket index, from metadata
+        self._buckets: Optional[Dict[str, int]] = None  # name -> bucket, from metadata
 
     @classmethod
     def trainer_init(cls, init_info: LibrdtTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -114,33 +121,53 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
     # ---- one step --------------------------------------------------------------------
 
     def _bucket_stream(self, source: WeightSource) -> Iterator[List[Tuple[str, torch.Tensor]]]:
-        """The source's held groups, batched into buckets of whole groups
-        whose bounds come from the metadata, so that every rank cuts them
-        alike (a rank holding none of a bucket sends an empty one)."""
+        """The source's tensors, batched into buckets of whole groups whose
+        bounds come from the metadata, so that every rank cuts them alike
+        (a rank holding none of a bucket sends an empty one). Iterating the
+        source itself, not its per-group batches, keeps the cost per tensor
+        to a dictionary lookup."""
         if self._buckets is None:
-            self._buckets = _bucket_bounds(source, self.info.bucket_bytes)
-        groups = layerwise_groups([m.name for m in source.metadata()])
-        first = {g[0]: i for i, g in enumerate(groups) if g}
+            self._buckets = _bucket_of(source, self.info.bucket_bytes)
+        bucket_of = self._buckets
+        last = max(bucket_of.values(), default=-1)
         pending: List[Tuple[str, torch.Tensor]] = []
         current = 0
-        for names, tensors in source.iter_groups():
-            b = self._buckets[first[names[0]]]
+        for name, tensor in source:
+            b = bucket_of.get(name)
+            if b is None:
+                raise ValueError(f"the WeightSource yielded {name!r}, which its metadata() does not name")
             while current < b:
                 yield pending
                 pending, current = [], current + 1
-            pending.extend((n, t) for n, t in zip(names, tensors) if t is not None)
-        while current <= max(self._buckets, default=-1):
+            if tensor is not None:  # a name another rank holds
+                pending.append((name, tensor))
+        while current <= last:
             yield pending
             pending, current = [], current + 1
 
     def _send(self, version: int, bucket: List[Tuple[str, torch.Tensor]], deadline: float) -> None:
-        tensors = [t.detach().contiguous() for _, t in bucket]
+        own_names: List[str] = []
+        tensors: List[torch.Tensor] = []
+        small: Dict[Tuple[torch.dtype, torch.device], List[Tuple[str, torch.Tensor]]] = {}
+        for name, t in bucket:
+            if t.nbytes <= PACK_BYTES:
+                small.setdefault((t.dtype, t.device), []).append((name, t))
+            else:
+                own_names.append(name)
+                tensors.append(t.detach() if t.is_contiguous() else t.detach().contiguous())
+        packs = []
+        for (dtype, _), members in small.items():
+            with torch.no_grad():  # the members back to back, one tensor (a C++ loop, no Python per tensor)
+                tensors.append(flatten_dense_tensors([t for _, t in members]))
+            packs.append({"dtype": str(dtype)[6:], "names": [n for n, _ in members],
+                          "shapes": [list(t.shape) for _, t in members]})
         ref = self.runtime.put(tensors) if tensors else None
         try:
-            mine = ([encode_ref(ref.serialize())], [[n for n, _ in bucket]]) if ref is not None else ([], [])
-            refs, names = _gather(mine)
+            mine = ([encode_ref(ref.serialize())], [own_names], [packs]) if ref is not None else ([], [], [])
+            refs, names, all_packs = _gather(mine)
             if self.is_sender and refs:
-                self.client.update_weights({"version": version, "refs": refs, "names": names})
+                self.client.update_weights({"version": version, "refs": refs, "names": names,
+                                            "packs": all_packs})
         finally:
             if ref is not None:
                 ref.release(revoke_leases=True)
@@ -165,17 +192,18 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
             pass  # refused, as it must be
 
 
-def _bucket_bounds(source: WeightSource, bound: int) -> List[int]:
-    """Each metadata group's bucket: whole groups, in order, a new bucket
+def _bucket_of(source: WeightSource, bound: int) -> Dict[str, int]:
+    """Each name's bucket: whole metadata groups, in order, a new bucket
     once the bytes reach ``bound``."""
     sizes = {m.name: _nbytes(m.dtype, m.shape) for m in source.metadata()}
-    out: List[int] = []
+    out: Dict[str, int] = {}
     bucket, filled = 0, 0
     for group in layerwise_groups(list(sizes)):
         n = sum(sizes[name] for name in group)
         if filled and filled + n > bound:
             bucket, filled = bucket + 1, 0
-        out.append(bucket)
+        for name in group:
+            out[name] = bucket
         filled += n
     return out
 
@@ -187,13 +215,13 @@ def _nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
     return n
 
 
-def _gather(mine: Tuple[List[str], List[List[str]]]) -> Tuple[List[str], List[List[str]]]:
-    """Every trainer rank's refs and names, on every rank (one rank: its own)."""
+def _gather(mine: Tuple[List[str], List[List[str]], List[Any]]) -> Tuple[List[str], List[List[str]], List[Any]]:
+    """Every trainer rank's refs, names and packs, on every rank (one rank:
+    its own)."""
     dist = torch.distributed
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return mine
     everyone: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    refs = [r for rank_refs, _ in everyone for r in rank_refs]
-    names = [n for _, rank_names in everyone for n in rank_names]
-    return refs, names
+    return ([r for rank in everyone for r in rank[0]], [n for rank in everyone for n in rank[1]],
+            [p for rank in everyone for p in rank[2]])

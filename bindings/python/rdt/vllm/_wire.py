@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional
 
 from vllm.distributed.weight_transfer.base import (TrainerInitInfo, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
@@ -28,6 +28,10 @@ MAX_REFS = 65536
 MAX_TENSORS = 1 << 20
 MAX_NAME = 4096
 MAX_REF_CHARS = 64 << 20
+MAX_DIMS = 8
+# The dtypes a packed group may have (torch's names).
+DTYPES = frozenset(("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+                    "float8_e4m3fn", "float8_e5m2"))
 
 
 class WeightSyncError(rdt.RdtError):
@@ -74,13 +78,17 @@ class LibrdtInitInfo(WeightTransferInitInfo):
 class LibrdtUpdateInfo(WeightTransferUpdateInfo):
     """One bucket of a sync: ``refs[i]`` is the base64 of a serialized rdt
     ref (``ObjectRef.serialize()``) to a list of tensors, ``names[i]`` their
-    names in put order; ``version`` counts the trainer's syncs.
+    names in put order; ``packs[i]`` (empty, or one list per ref) the
+    groups of small tensors packed into the ref's last tensors, one 1-D
+    tensor per group: ``{"dtype": name, "names": [...], "shapes": [...]}``,
+    members back to back in order. ``version`` counts the trainer's syncs.
     ``abandon`` (no refs then) is the trainer giving the step up: the worker
     refuses it, which closes vLLM's session without the version."""
 
     version: int
     refs: List[str]
     names: List[List[str]]
+    packs: List[List[Dict[str, Any]]] = field(default_factory=list)
     abandon: bool = False
 
     def __post_init__(self) -> None:
@@ -96,20 +104,24 @@ class LibrdtUpdateInfo(WeightTransferUpdateInfo):
             raise ValueError("an update carries at least one ref")
         if len(self.refs) > MAX_REFS:
             raise ValueError(f"{len(self.refs)} refs in one update: at most {MAX_REFS}")
+        if not isinstance(self.packs, list) or (self.packs and len(self.packs) != len(self.refs)):
+            raise ValueError("packs must be a list with one list of groups per ref, or empty")
         total = 0
         for i, (ref, names) in enumerate(zip(self.refs, self.names)):
             if not isinstance(ref, str) or not ref or len(ref) > MAX_REF_CHARS:
                 raise ValueError(f"refs[{i}] must be the base64 of a serialized ref, at most {MAX_REF_CHARS} "
                                  "characters")
-            if not isinstance(names, list) or not names:
-                raise ValueError(f"names[{i}] must be a non-empty list of names")
+            packs = self.packs[i] if self.packs else []
+            if not isinstance(names, list) or not isinstance(packs, list) or not (names or packs):
+                raise ValueError(f"names[{i}] and packs[{i}] must be lists, not both empty")
             total += len(names)
             if total > MAX_TENSORS:
                 raise ValueError(f"more than {MAX_TENSORS} tensors in one update")
-            for name in names:
-                if not isinstance(name, str) or not name or len(name) > MAX_NAME:
-                    raise ValueError(f"names[{i}] holds {name!r}: want a non-empty string of at most "
-                                     f"{MAX_NAME} characters")
+            _check_names(names, f"names[{i}]")
+            for g, group in enumerate(packs):
+                total += _check_group(group, f"packs[{i}][{g}]")
+                if total > MAX_TENSORS:
+                    raise ValueError(f"more than {MAX_TENSORS} tensors in one update")
 
     def ref_bytes(self, i: int) -> bytes:
         """The serialized ref ``refs[i]``; ValueError if it is not base64."""
@@ -117,6 +129,29 @@ class LibrdtUpdateInfo(WeightTransferUpdateInfo):
             return base64.b64decode(self.refs[i], validate=True)
         except (binascii.Error, ValueError) as e:
             raise ValueError(f"refs[{i}] is not base64: {e}") from None
+
+
+def _check_names(names: Any, what: str) -> None:
+    if not isinstance(names, list):
+        raise ValueError(f"{what} must be a list of names")
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+            raise ValueError(f"{what} holds {name!r}: want a non-empty string of at most {MAX_NAME} characters")
+
+
+def _check_group(group: Any, what: str) -> int:
+    """Checks one packed group; returns its member count."""
+    if not isinstance(group, dict) or set(group) != {"dtype", "names", "shapes"}:
+        raise ValueError(f"{what} must be a dict of dtype, names and shapes")
+    if group["dtype"] not in DTYPES:
+        raise ValueError(f"{what}: dtype {group['dtype']!r} is not one of {sorted(DTYPES)}")
+    names, shapes = group["names"], group["shapes"]
+    _check_names(names, f"{what}['names']")
+    if not isinstance(shapes, list) or len(shapes) != len(names) or not names:
+        raise ValueError(f"{what}: one shape per name, at least one name")
+    if not all(type(shape) is list and len(shape) <= MAX_DIMS for shape in shapes):
+        raise ValueError(f"{what}: each shape must be a list of at most {MAX_DIMS} sizes")
+    return len(names)
 
 
 def encode_ref(data: bytes) -> str:

@@ -25,8 +25,11 @@ life and replayed on every later update of the same layout:
 
 from __future__ import annotations
 
+import bisect
+import gc
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
@@ -51,7 +54,7 @@ CHUNK_BYTES = 32 << 20
 """Bytes of one fetch of a replay: layers whose bytes all came are
 processed while the next chunk moves."""
 
-Layout = Tuple[Tuple[Tuple[str, Tuple[int, ...], str], ...], ...]
+Layout = Tuple[Tuple[Tuple[Tuple[str, Tuple[int, ...], str], ...], Tuple[Tuple[str, Tuple[Tuple[str, Tuple[int, ...]], ...]], ...]], ...]
 Key = Tuple[int, str]  # (id of a module, parameter name)
 
 
@@ -140,7 +143,13 @@ class _Watch(TorchFunctionMode):
 
     def __init__(self, buffers: Sequence[torch.Tensor], params: _Params) -> None:
         super().__init__()
-        self.index = {_storage(b): i for i, b in enumerate(buffers)}
+        # storage -> (first elements, [(first, end, buffer index)]): packed
+        # tensors share one receive buffer.
+        spans: Dict[int, List[Tuple[int, int, int]]] = {}
+        for i, b in enumerate(buffers):
+            if b.numel():
+                spans.setdefault(_storage(b), []).append((b.storage_offset(), b.storage_offset() + b.numel(), i))
+        self.index = {s: ([lo for lo, _, _ in sorted(v)], sorted(v)) for s, v in spans.items()}
         self.params = params
         self.read: List[List[Tuple[int, int]]] = [[] for _ in buffers]
         self.copies: List[_Copy] = []
@@ -150,9 +159,16 @@ class _Watch(TorchFunctionMode):
         self.spans: Dict[Key, List[Tuple[int, int]]] = {}  # the storage elements copies wrote there
         self.changed: Set[Key] = set()     # parameters changed in place over bytes copied into them
 
-    def _source(self, t: Any) -> Optional[int]:
+    def _source(self, t: Any) -> Optional[Tuple[int, int]]:
+        """(buffer index, its first element in the storage) of a tensor
+        over a receive buffer."""
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
-            return self.index.get(_storage(t))
+            found = self.index.get(_storage(t))
+            if found is not None:
+                firsts, spans = found
+                j = bisect.bisect_right(firsts, t.storage_offset()) - 1
+                if j >= 0 and t.storage_offset() < spans[j][1]:
+                    return spans[j][2], spans[j][0]
         return None
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -162,17 +178,17 @@ class _Watch(TorchFunctionMode):
         if fname == "copy_" and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
             return out  # vLLM's layerwise reload counting what a loader would load: nothing moves
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-        sources = [(a, i) for a in tensors if (i := self._source(a)) is not None]
+        sources = [(a, found) for a in tensors if (found := self._source(a)) is not None]
         plain = False
         if sources and fname not in _METADATA and not self._aliases(out, sources):  # else metadata or a view
-            for a, i in sources:
+            for a, (i, first) in sources:
                 span = _extent(a)
                 if span is not None:
-                    self.read[i].append(span)
+                    self.read[i].append((span[0] - first, span[1] - first))
             plain = (fname == "copy_" and len(args) >= 2 and not kwargs and isinstance(args[1], torch.Tensor)
                      and self._copy(args[0], args[1]))
             if not plain:
-                self.unplain.update(i for _, i in sources)
+                self.unplain.update(i for _, (i, _) in sources)
         if (not plain and self.written and (_in_place(fname) or "out" in kwargs)
                 and args and isinstance(args[0], torch.Tensor) and args[0].device.type != "meta"):
             key = self.written.get(_storage(args[0]))
@@ -190,7 +206,7 @@ class _Watch(TorchFunctionMode):
         return zero and (span is None or all(span[1] <= lo or hi <= span[0] for lo, hi in self.spans.get(key, ())))
 
     @staticmethod
-    def _aliases(out: Any, sources: List[Tuple[torch.Tensor, int]]) -> bool:
+    def _aliases(out: Any, sources: List[Tuple[torch.Tensor, Any]]) -> bool:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
             return False
@@ -198,17 +214,18 @@ class _Watch(TorchFunctionMode):
         return all(o.device.type != "meta" and _storage(o) in mine for o in outs)
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> bool:
-        i = self._source(src)
-        if (i is None or dst.device.type == "meta" or dst.dtype != src.dtype or dst.shape != src.shape
+        found = self._source(src)
+        if (found is None or dst.device.type == "meta" or dst.dtype != src.dtype or dst.shape != src.shape
                 or not dst.is_contiguous() or not src.is_contiguous() or dst.device != src.device):
             return False
-        found = self.params.find(dst)
-        if found is None:
+        i, first = found
+        target = self.params.find(dst)
+        if target is None:
             return False
-        module, name, param = found
+        module, name, param = target
         if not param.is_contiguous():
             return False
-        self.copies.append(_Copy(i, src.storage_offset(), src.numel(), module, name,
+        self.copies.append(_Copy(i, src.storage_offset() - first, src.numel(), module, name,
                                  dst.storage_offset() - param.storage_offset()))
         key = (id(module), name)
         self.seen[key] = (param.shape, param.dtype, dict(param.__dict__))
@@ -227,9 +244,13 @@ class _Plan:
     target a live parameter or a staged checkpoint-layout tensor. Otherwise
     ``loaded`` lists the tensors that go through load_weights."""
 
-    def __init__(self, names: List[str], buffers: List[torch.Tensor], watch: _Watch) -> None:
+    def __init__(self, names: List[str], buffers: List[torch.Tensor], sources: List[Tuple[int, int, int]],
+                 receive: List[torch.Tensor], watch: _Watch) -> None:
         self.names = names
         self.buffers = buffers                      # one per tensor, the full shape, reused
+        self.sources = sources                      # per tensor: (ref, tensor of the ref, first element there)
+        self.receive = receive                      # what a whole fetch of the refs lands in, in put order
+        self.chunks: List[Tuple[rdt.Prepared, List[int], List[int]]] = []  # prepared get, its refs, layers after
         self.watch: Optional[_Watch] = watch        # until learned
         self.ranges: List[List[Tuple[int, int]]] = []
         self.landing: Optional[List[List[Tuple[int, int, torch.Tensor, int]]]] = None
@@ -294,6 +315,11 @@ class _Plan:
     def current(self) -> bool:
         """Whether the live parameters it lands in are still the model's."""
         return all(m._parameters.get(n) is p for m, n, p in self.live.values())
+
+    def close(self) -> None:
+        for prepared, _, _ in self.chunks:
+            prepared.close()
+        self.chunks = []
 
 
 class _Staging:
@@ -437,6 +463,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._version = -1               # of the last update received whole
         self._syncs = 0                  # sessions finished
         self._seconds = {"fetch": 0.0, "land": 0.0, "process": 0.0, "load": 0.0}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="librdt-fetch")  # runs a chunk while layers process
 
     # ---- vLLM's calls ------------------------------------------------------------
 
@@ -475,7 +502,6 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
 
     def shutdown(self) -> None:
         self._end_reload(learned=False)
-        self._plans.clear()
         self._close_runtime()
 
     # ---- what tests and tools read ---------------------------------------------
@@ -547,18 +573,23 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             if plan is not None and (not plan.learned or not plan.current()):
                 # Still learning (the same layout twice in one session), or
                 # vLLM replaced a parameter it lands in: learn again.
-                del self._plans[layout]
+                self._plans.pop(layout).close()
                 plan = None
             if plan is None:
                 plan = self._learn(runtime, info, layout, refs, deadline)
                 if len(self._plans) >= MAX_PLANS:
-                    self._plans.clear()
+                    self._forget_plans()
                 self._plans[layout] = plan
             else:
                 self._replay(runtime, info, plan, refs, deadline)
         finally:
             for r in refs:
                 r.close()
+
+    def _forget_plans(self) -> None:
+        for plan in self._plans.values():
+            plan.close()
+        self._plans.clear()
 
     def _open_reload(self) -> None:
         if self._reload and not self._reloading:
@@ -569,14 +600,29 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
 
     def _learn(self, runtime: rdt.Runtime, info: LibrdtInitInfo, layout: Layout, refs: List[rdt.ObjectRef],
                deadline: float) -> _Plan:
-        names = [name for tensors in layout for name, _, _ in tensors]
-        buffers = [torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
-                   for tensors in layout for _, shape, dtype in tensors]
+        names: List[str] = []
+        buffers: List[torch.Tensor] = []
+        sources: List[Tuple[int, int, int]] = []
+        receive: List[torch.Tensor] = []
+        for r, (own, packs) in enumerate(layout):
+            for j, (name, shape, dtype) in enumerate(own):
+                b = torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
+                names.append(name), buffers.append(b), sources.append((r, j, 0)), receive.append(b)
+            for g, (dtype, members) in enumerate(packs):
+                whole = torch.empty(sum(_numel(shape) for _, shape in members), dtype=_torch_dtype(dtype),
+                                    device=self.device)
+                first = 0
+                for name, shape in members:
+                    n = _numel(shape)
+                    names.append(name), buffers.append(whole[first:first + n].view(shape))
+                    sources.append((r, len(own) + g, first))
+                    first += n
+                receive.append(whole)
         t0 = time.monotonic()
-        runtime.get(refs, out=buffers, timeout=_left(deadline), transport=info.transport)
+        runtime.get(refs, out=receive, timeout=_left(deadline), transport=info.transport)
         self._seconds["fetch"] += time.monotonic() - t0
         self._open_reload()
-        plan = _Plan(names, buffers, _Watch(buffers, _Params(self.model)))
+        plan = _Plan(names, buffers, sources, receive, _Watch(buffers, _Params(self.model)))
         t0 = time.monotonic()
         with plan.watch:
             self._load(names, buffers, range(len(names)))
@@ -593,61 +639,39 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
     def _replay(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: _Plan, refs: List[rdt.ObjectRef],
                 deadline: float) -> None:
         """Fetches the plan's pieces straight into their targets, and the
-        ranges of the tensors it loads into their buffers, in chunks of
-        about CHUNK_BYTES, processing each staged layer once its last piece
-        landed while the next chunk moves; then loads what it loads."""
+        ranges of the tensors it loads into their buffers, one prepared get
+        per chunk of about CHUNK_BYTES (made at the first replay, rebound to
+        each update's refs after), processing each staged layer once its
+        last piece landed while the next chunk moves; then loads what it
+        loads."""
         t_start = time.monotonic()
         waited = processing = 0.0
-        loaded = set(plan.loaded)
-        chunks: List[Tuple[List[rdt.TensorSlice], List[torch.Tensor], List[int]]] = []
-        slices: List[rdt.TensorSlice] = []
-        outs: List[torch.Tensor] = []
-        done: List[int] = []  # staged layers complete after this chunk
-        filled = 0
-        last = {}
-        for m, i in plan.last_tensor.items():
-            last.setdefault(i, []).append(m)
-        for k, tensor in enumerate(_tensors_of(refs)):
-            whole = plan.buffers[k]
-            size = whole.element_size()
-            if k in loaded:
-                pieces = [(lo, hi - lo, whole, lo) for lo, hi in plan.ranges[k]]
-            else:
-                pieces = plan.landing[k] if plan.landing is not None else []
-            for source_offset, count, target, offset in pieces:
-                if target is whole and count == whole.numel():
-                    slices.append(tensor)
-                else:
-                    slices.append(tensor.bytes(source_offset * size, count * size))
-                outs.append(_flat(target.data, offset, count))
-                filled += count * size
-            done.extend(last.get(k, ()))
-            if filled >= CHUNK_BYTES:
-                chunks.append((slices, outs, done))
-                slices, outs, done, filled = [], [], [], 0
-        if slices or done:
-            chunks.append((slices, outs, done))
-        inflight: Optional[rdt.Fetch] = None
+        if not plan.chunks:
+            plan.chunks = self._chunks(runtime, info, plan, refs)
+        else:
+            for prepared, order, _ in plan.chunks:
+                prepared.rebind([refs[r] for r in order])
+        running = None
         try:
-            if chunks and chunks[0][0]:
-                inflight = runtime.fetch(chunks[0][0], out=chunks[0][1], transport=info.transport)
-            for c, (_, _, layers) in enumerate(chunks):
+            if plan.chunks:
+                running = self._pool.submit(plan.chunks[0][0].run, 0, _left(deadline))
+            for c, (_, _, layers) in enumerate(plan.chunks):
                 t0 = time.monotonic()
-                if inflight is not None:
-                    inflight.result(_left(deadline))
-                    inflight.close()
-                    inflight = None
+                current, running = running, None
+                current.result()
                 waited += time.monotonic() - t0
-                if c + 1 < len(chunks) and chunks[c + 1][0]:
-                    inflight = runtime.fetch(chunks[c + 1][0], out=chunks[c + 1][1], transport=info.transport)
+                if c + 1 < len(plan.chunks):
+                    running = self._pool.submit(plan.chunks[c + 1][0].run, 0, _left(deadline))
                 t0 = time.monotonic()
                 for m in layers:
                     module, staged = plan.staged[m]
                     _process(module, staged)
                 processing += time.monotonic() - t0
         finally:
-            if inflight is not None:
-                inflight.close()  # aborts it: nothing lands once it returns
+            if running is not None:
+                running.exception()  # a run ends by its timeout: wait for it before its targets are let go
+            for prepared, _, _ in plan.chunks:
+                prepared.unbind()  # the trainer's objects may go now
         self._seconds["fetch"] += waited
         self._seconds["process"] += processing
         self._seconds["land"] += time.monotonic() - t_start - waited - processing
@@ -656,6 +680,48 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             t0 = time.monotonic()
             self._load(plan.names, plan.buffers, plan.loaded)
             self._seconds["load"] += time.monotonic() - t0
+
+    def _chunks(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: _Plan,
+                refs: List[rdt.ObjectRef]) -> List[Tuple[rdt.Prepared, List[int], List[int]]]:
+        """The plan's pieces as prepared gets of about CHUNK_BYTES each,
+        with the refs each takes (indexes into an update's) and the staged
+        layers complete once it landed."""
+        loaded = set(plan.loaded)
+        last: Dict[int, List[int]] = {}
+        for m, i in plan.last_tensor.items():
+            last.setdefault(i, []).append(m)
+        tensors = [[ref[j] for j in range(len(ref.tensor_descs()))] for ref in refs]
+        out: List[Tuple[rdt.Prepared, List[int], List[int]]] = []
+        slices: List[rdt.TensorSlice] = []
+        outs: List[torch.Tensor] = []
+        done: List[int] = []
+        filled = 0
+
+        def close_chunk() -> None:
+            if slices:
+                prepared = runtime.prepare_get(slices, out=outs, transport=info.transport)
+                index = {id(r): k for k, r in enumerate(refs)}
+                out.append((prepared, [index[id(r)] for r in prepared.refs], list(done)))
+            elif done and out:
+                out[-1][2].extend(done)
+
+        for k, whole in enumerate(plan.buffers):
+            r, j, first = plan.sources[k]
+            size = whole.element_size()
+            if k in loaded:
+                pieces = [(lo, hi - lo, whole, lo) for lo, hi in plan.ranges[k]]
+            else:
+                pieces = plan.landing[k] if plan.landing is not None else []
+            for source_offset, count, target, offset in pieces:
+                slices.append(tensors[r][j].bytes((first + source_offset) * size, count * size))
+                outs.append(_flat(target.data, offset, count))
+                filled += count * size
+            done.extend(last.get(k, ()))
+            if filled >= CHUNK_BYTES:
+                close_chunk()
+                slices, outs, done, filled = [], [], [], 0
+        close_chunk()
+        return out
 
     def _load(self, names: List[str], buffers: List[torch.Tensor], which: Sequence[int]) -> None:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
@@ -683,11 +749,12 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
                 plan.learn(self._processed, self._staging, mixed=not self._reload)
             else:
                 self._plans = {k: p for k, p in self._plans.items() if p is not plan}
+                plan.close()
 
     def _close_runtime(self) -> None:
+        self._forget_plans()
         if self._runtime is not None:
             runtime, self._runtime = self._runtime, None
-            self._plans.clear()
             runtime.close()
 
 
@@ -699,18 +766,49 @@ def _left(deadline: float) -> float:
     return left
 
 
-def _tensors_of(refs: List[rdt.ObjectRef]) -> List[rdt.TensorSlice]:
-    """Every tensor of the refs, in layout order."""
-    return [ref[j] for ref in refs for j in range(len(ref.shapes))]
+def _numel(shape: Sequence[int]) -> int:
+    """The elements of a shape from outside; ValueError unless its sizes
+    are non-negative ints."""
+    n = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ValueError(f"shape {list(shape)!r}: sizes must be non-negative ints")
+        n *= d
+    return n
 
 
 def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
-    """The update's names with each ref's shapes and dtypes, as the owners
-    describe them; an update whose names do not match its refs is refused."""
+    """See _layout_in. The tuples of a large layout would set off the
+    garbage collector's full passes over the process: it pauses."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _layout_in(update, refs)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _layout_in(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
+    """Per ref, its own tensors (name, shape, dtype, as the owner describes
+    them) and its packed groups (dtype, then name and shape of each
+    member); an update whose names and packs do not match its refs is
+    refused."""
     out = []
     for i, (ref, names) in enumerate(zip(refs, update.names)):
-        shapes, dtypes = ref.shapes, ref.dtypes
-        if len(shapes) != len(names):
-            raise ValueError(f"refs[{i}] holds {len(shapes)} tensors but names[{i}] names {len(names)}")
-        out.append(tuple((n, tuple(s), d) for n, s, d in zip(names, shapes, dtypes)))
+        descs = ref.tensor_descs()
+        packs = update.packs[i] if update.packs else []
+        if len(descs) != len(names) + len(packs):
+            raise ValueError(f"refs[{i}] holds {len(descs)} tensors but names[{i}] and packs[{i}] describe "
+                             f"{len(names) + len(packs)}")
+        own = tuple((n, tuple(d.shape), d.dtype_name()) for n, d in zip(names, descs))
+        groups = []
+        for g, (group, d) in enumerate(zip(packs, descs[len(names):])):
+            members = tuple(zip(group["names"], map(tuple, group["shapes"])))
+            total = sum(_numel(shape) for _, shape in members)
+            if d.dtype_name() != group["dtype"] or tuple(d.shape) != (total,):
+                raise ValueError(f"packs[{i}][{g}] describes {total} elements of {group['dtype']}, but its tensor "
+                                 f"is {tuple(d.shape)} of {d.dtype_name()}")
+            groups.append((group["dtype"], members))
+        out.append((own, tuple(groups)))
     return tuple(out)

@@ -1,0 +1,343 @@
+"""Weight sync into vLLM's CPU build: rdt's "librdt" backend against the
+ways a user syncs into a CPU vLLM today, in one run (make bench-vllm).
+
+For each model size (a Llama of about 300 tensors at the largest, float32,
+random weights, loaded by vLLM with load_format="dummy"), with the trainer's
+Hugging Face model in this process and vLLM's worker in its own:
+
+* librdt: WeightTransferTrainerFactory.trainer_init + send_weights();
+* rpc: the tensors pickled through vLLM's collective_rpc into the worker's
+  reload_weights (vLLM's documented in-place reload);
+* shm checkpoint: a safetensors file written to /dev/shm, read in the
+  worker and handed to reload_weights;
+* memcpy: one copy of the same bytes in one process (torch, pre-faulted).
+
+Each sync's time is split into moving the bytes and vLLM's load work
+(librdt: the worker's time waiting for bytes and landing them, and its time
+processing layers, which overlap; the others: everything before
+reload_weights, and reload_weights). Every method is checked: vLLM's greedy
+tokens equal the trainer model's after its sync.
+
+Then the backend's cost per tensor: 37,000 tensors of 64 bytes synced from
+a trainer process into a model whose every tensor lands in place.
+
+    python bench/vllm_bench.py --out build/bench-vllm.json [--sizes 0.14,0.28,0.55] [--syncs 5]
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The rpc baseline pickles tensors and functions through collective_rpc.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+import torch  # noqa: E402
+
+PROMPTS = [[1, 5, 9, 200], [7, 7, 300, 2, 11]]
+TOKENS = 6
+VLLM_OWN = {
+    "nccl": "needs CUDA devices and NCCL (a torch.distributed NCCL group with the trainer)",
+    "ipc": "moves CUDA IPC handles of GPU tensors: no GPU here",
+    "sparse_nccl": "NCCL broadcasts of sparse patches: needs CUDA devices and NCCL",
+    "nccl_m2n": "NCCL between trainer and inference ranks: needs CUDA devices and NCCL",
+    "sharded_rdt": "needs vLLM's Ray executor, a Ray trainer actor with tensor_transport='nixl' and CUDA "
+                   "events for its receive ring: it does not run on vLLM's CPU build",
+    "modelexpress": "needs the ModelExpress client, installed from its git repository, and its server: "
+                    "neither is on the package index",
+}
+
+
+def llama(size_gb, vocab=32000):
+    """A Llama config of about size_gb of float32 weights, 9 tensors a layer."""
+    from transformers import LlamaConfig
+
+    hidden, inter = 512, 1536
+    per_layer = 4 * (hidden * hidden * 2 + 2 * hidden * (hidden // 2) + 3 * hidden * inter + 2 * hidden)
+    fixed = 4 * (2 * vocab * hidden + hidden)
+    layers = max(1, round((size_gb * 1e9 - fixed) / per_layer))
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                       tie_word_embeddings=False)
+
+
+def greedy(model):
+    out = []
+    for p in PROMPTS:
+        with torch.no_grad():
+            g = model.generate(torch.tensor([p]), max_new_tokens=TOKENS, do_sample=False, pad_token_id=0)
+        out.append(g[0, len(p):].tolist())
+    return out
+
+
+def step(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+# ---- run in vLLM's worker (collective_rpc) ---------------------------------------------
+
+def _reload_from(worker, weights):
+    t0 = time.perf_counter()
+    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    return time.perf_counter() - t0
+
+
+def _reload_from_file(worker, path):
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    weights = load_file(path)
+    t1 = time.perf_counter()
+    worker.reload_weights(weights_iterator=list(weights.items()), is_checkpoint_format=True)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _engine_seconds(worker):
+    return worker.weight_transfer_engine.stats()["seconds"]
+
+
+def bench_size(size_gb, syncs):
+    from transformers import LlamaForCausalLM
+    from vllm import LLM, SamplingParams
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+    from safetensors.torch import save_file
+
+    from rdt.vllm import LibrdtTrainerInitInfo, LLMClient
+
+    folder = tempfile.mkdtemp(prefix="vllm-bench-")
+    torch.manual_seed(0)
+    config = llama(size_gb)
+    model = LlamaForCausalLM(config).eval()
+    config.save_pretrained(folder)
+    params = list(model.named_parameters())
+    nbytes = sum(p.numel() * p.element_size() for _, p in params)
+    llm = LLM(model=folder, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              max_model_len=128, weight_transfer_config=WeightTransferConfig(backend="librdt"))
+    sampling = SamplingParams(temperature=0, max_tokens=TOKENS, detokenize=False)
+
+    def check(method):
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling, use_tqdm=False)
+        got = [list(o.outputs[0].token_ids) for o in outs]
+        if got != greedy(model):
+            raise SystemExit(f"{method}: vLLM's tokens differ from the trainer's after the sync")
+
+    row = {"gb": nbytes / 1e9, "tensors": len(params), "layers": config.num_hidden_layers}
+
+    # memcpy of the same bytes, the destination faulted in once
+    dst = [torch.empty_like(p) for _, p in params]
+    for d, (_, p) in zip(dst, params):
+        d.copy_(p)
+    times = []
+    for _ in range(syncs):
+        t0 = time.perf_counter()
+        for d, (_, p) in zip(dst, params):
+            d.copy_(p)
+        times.append(time.perf_counter() - t0)
+    row["memcpy"] = {"sync": times}
+    del dst
+    gc.collect()
+
+    # librdt: the first sync learns; the next ones are timed
+    engine = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=600),
+                                                       client=LLMClient(llm), source=ModuleSource(model))
+    step(model, 0)
+    engine.send_weights()
+    check("librdt (learning)")
+    syncs_t, moves, loads = [], [], []
+    for i in range(syncs):
+        step(model, i + 1)
+        before = llm.collective_rpc(_engine_seconds)[0]
+        t0 = time.perf_counter()
+        engine.send_weights()
+        syncs_t.append(time.perf_counter() - t0)
+        after = llm.collective_rpc(_engine_seconds)[0]
+        moves.append(after["fetch"] + after["land"] - before["fetch"] - before["land"])
+        loads.append(after["process"] + after["load"] - before["process"] - before["load"])
+        check("librdt")
+    engine.shutdown()
+    row["librdt"] = {"sync": syncs_t, "transfer": moves, "load": loads}
+
+    # tensors pickled through collective_rpc into reload_weights
+    syncs_t, loads = [], []
+    for i in range(syncs):
+        step(model, 100 + i)
+        weights = [(n, p.detach()) for n, p in params]
+        t0 = time.perf_counter()
+        load = llm.collective_rpc(_reload_from, args=(weights,))[0]
+        syncs_t.append(time.perf_counter() - t0)
+        loads.append(load)
+        check("rpc")
+    row["rpc"] = {"sync": syncs_t, "transfer": [s - l for s, l in zip(syncs_t, loads)], "load": loads}
+
+    # a safetensors checkpoint in /dev/shm, read in the worker
+    path = os.path.join(tempfile.mkdtemp(prefix="vllm-bench-", dir="/dev/shm"), "model.safetensors")
+    syncs_t, moves, loads = [], [], []
+    for i in range(syncs):
+        step(model, 200 + i)
+        t0 = time.perf_counter()
+        save_file({n: p.detach().contiguous() for n, p in params}, path)
+        written = time.perf_counter() - t0
+        read, load = llm.collective_rpc(_reload_from_file, args=(path,))[0]
+        syncs_t.append(time.perf_counter() - t0)
+        moves.append(written + read)
+        loads.append(load)
+        check("shm checkpoint")
+        os.unlink(path)
+    row["shm_checkpoint"] = {"sync": syncs_t, "transfer": moves, "load": loads}
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return row
+
+
+# ---- cost per tensor -------------------------------------------------------------------
+
+class _PipeClient:
+    def __init__(self, inp, out):
+        self.inp, self.out = inp, out
+
+    def _call(self, call, arg=None):
+        self.out.write(json.dumps({"call": call, "arg": arg}) + "\n")
+        self.out.flush()
+        answer = json.loads(self.inp.readline())
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+
+    def init_weight_transfer_engine(self, info):
+        self._call("init", info)
+
+    def start_weight_update(self):
+        self._call("start")
+
+    def update_weights(self, info):
+        self._call("update", info)
+
+    def finish_weight_update(self, weight_version=None):
+        self._call("finish")
+
+
+class _Flat(torch.nn.Module):
+    """count tensors of n float32 each, as one matrix whose rows they land in."""
+
+    def __init__(self, count, n):
+        super().__init__()
+        self.rows = torch.nn.Parameter(torch.zeros(count, n), requires_grad=False)
+
+    def load_weights(self, weights):
+        for name, w in weights:
+            self.rows.data[int(name[1:])].copy_(w)
+        return set()
+
+
+class _Many(torch.nn.Module):
+    def __init__(self, count, n):
+        super().__init__()
+        for i in range(count):
+            self.register_parameter(f"t{i}", torch.nn.Parameter(torch.full((n,), float(i)), requires_grad=False))
+
+
+def trainer_child(count, n, syncs):
+    # The answers go over the pipe that was stdout; whatever else writes to
+    # stdout (vLLM's log handler) goes to stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    import rdt.vllm
+
+    rdt.vllm.register()
+    engine = WeightTransferTrainerFactory.trainer_init(
+        rdt.vllm.LibrdtTrainerInitInfo(rank=0, timeout_s=600), client=_PipeClient(sys.stdin, out),
+        source=ModuleSource(_Many(count, n)))
+    times = []
+    for _ in range(syncs + 2):
+        t0 = time.perf_counter()
+        engine.send_weights()
+        times.append(time.perf_counter() - t0)
+    source = []
+    for _ in range(syncs):  # what iterating vLLM's ModuleSource costs, whatever the backend
+        t0 = time.perf_counter()
+        for _ in engine.source:
+            pass
+        source.append(time.perf_counter() - t0)
+    out.write(json.dumps({"done": times, "source": source}) + "\n")
+    out.flush()
+
+
+def bench_tensors(count=37000, n=16, syncs=5):
+    from vllm.config import VllmConfig, WeightTransferConfig
+
+    from rdt.vllm import LibrdtWeightTransferEngine
+
+    model = _Flat(count, n)
+    engine = LibrdtWeightTransferEngine(WeightTransferConfig(backend="librdt"), VllmConfig(), torch.device("cpu"),
+                                        model)
+    child = subprocess.Popen([sys.executable, __file__, "--trainer-child", str(count), str(n), str(syncs)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    worker = []
+    while True:
+        msg = json.loads(child.stdout.readline())
+        if "done" in msg:
+            break
+        call, arg = msg["call"], msg["arg"]
+        t0 = time.perf_counter()
+        if call == "init":
+            engine.init_transfer_engine(engine.parse_init_info(arg))
+        elif call == "start":
+            engine.start_weight_update()
+        elif call == "update":
+            engine.update_weights(arg)
+            worker.append(time.perf_counter() - t0)
+        elif call == "finish":
+            engine.finish_weight_update()
+        child.stdin.write(json.dumps({"ok": True}) + "\n")
+        child.stdin.flush()
+    child.wait(60)
+    expected = torch.arange(count, dtype=torch.float32).unsqueeze(1).expand(count, n)
+    if not torch.equal(model.rows.data, expected):
+        raise SystemExit("the 37,000 tensors did not land")
+    stats = engine.stats()
+    engine.shutdown()
+    # The first sync learns, the second makes the prepared gets; later ones
+    # are what every step costs.
+    return {"count": count, "bytes_each": 4 * n, "learn": msg["done"][0], "first_replay": msg["done"][1],
+            "sync": msg["done"][2:], "worker_update": worker[2:], "source_iteration": msg["source"],
+            "landing_tensors": stats["landing_tensors"]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out")
+    p.add_argument("--sizes", default="0.14,0.28,0.55")
+    p.add_argument("--syncs", type=int, default=5)
+    p.add_argument("--trainer-child", nargs=3, type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.trainer_child:
+        trainer_child(*a.trainer_child)
+        return
+    if not a.out:
+        p.error("--out is required")
+    results = {"sizes": [], "vllm_own": VLLM_OWN, "cpus": os.cpu_count()}
+    for size in [float(s) for s in a.sizes.split(",")]:
+        row = bench_size(size, a.syncs)
+        results["sizes"].append(row)
+        print(json.dumps({k: (statistics.median(v["sync"]) if isinstance(v, dict) else v) for k, v in row.items()}),
+              flush=True)
+    results["tensors"] = bench_tensors(syncs=a.syncs)
+    print(json.dumps(results["tensors"]), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz fuzz-peers install clean wheels wheel-test vllm-test demo bench bench-peers bench-sync bench-ray gpu-test gpu-bench gpu-pack gpu-pack-test
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz fuzz-peers install clean wheels wheel-test vllm-test demo bench bench-peers bench-sync bench-ray bench-vllm gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -209,6 +209,11 @@ bench-sync: $(VENV)/.ready $(BUILD)/librdt.so $(PLOT_VENV)/.ready ## Weight sync
 	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \
 		$(VENV)/bin/python bench/sync_bench.py --out bench/SYNC.md --json $(BUILD)/sync.json
 	$(PLOT_VENV)/bin/python bench/sync_plot.py $(BUILD)/sync.json bench/sync.png
+
+bench-vllm: $(VLLM_VENV)/.ready $(BUILD)/librdt.so $(PLOT_VENV)/.ready ## Weight sync into vLLM's CPU build: librdt against vLLM's RPC and a /dev/shm checkpoint, into bench/VLLM.md and bench/vllm.png
+	tools/vllm-rdt.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python bench/vllm_bench.py --out $(BUILD)/bench-vllm.json
+	$(PLOT_VENV)/bin/python bench/vllm_report.py $(BUILD)/bench-vllm.json bench/VLLM.md bench/vllm.png
 
 bench-ray: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) ## rdt as a Ray tensor transport against Ray's own, into bench/RAY_RESULTS.md
 	PYTHONPATH=$(CURDIR)/bindings/python RDT_LIBRARY=$(CURDIR)/$(BUILD)/librdt.so \

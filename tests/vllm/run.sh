@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
 # The vLLM backend's suite: a wheel of this tree (WHEEL, or one built here)
-# installed into vLLM's virtualenv (VLLM_VENV, made by tools/vllm-venv.sh),
-# so that vLLM finds "librdt" through the wheel's entry point; then pytest
-# over tests/vllm: the engines' contract, and a real vLLM synced end to end.
+# installed into vLLM's virtualenv (VLLM_VENV, made by tools/vllm-venv.sh)
+# by tools/vllm-rdt.sh, so that vLLM finds "librdt" through the wheel's
+# entry point; then pytest over tests/vllm: the engines' contract, and a
+# real vLLM synced end to end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 venv=$(cd "${VLLM_VENV:?}" && pwd)
-wheel=${WHEEL:-}
-if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
-  dir=$(mktemp -d)
-  trap 'rm -rf "$dir"' EXIT
-  "$venv/bin/pip" wheel -q --no-deps -w "$dir" ./bindings/python
-  wheel=$(ls "$dir"/rdt-*.whl)
-fi
-"$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$wheel"
+tools/vllm-rdt.sh "$venv" ${WHEEL:+"$WHEEL"}
 cd tests/vllm
 VLLM_CPU_KVCACHE_SPACE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --timeout 600 .

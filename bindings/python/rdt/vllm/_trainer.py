@@ -13,6 +13,8 @@ returns, and the optimizer may change the weights then.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -96,6 +98,22 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         version = self.version + 1
         deadline = time.monotonic() + self.info.timeout_s
         started = False
+        with _collector_paused():
+            try:
+                started = self._step(version, deadline)
+            except BaseException as e:
+                if started or getattr(e, "_librdt_started", False):
+                    self._abandon(version)
+                if isinstance(e, WeightSyncError) or not isinstance(e, Exception):
+                    raise
+                raise WeightSyncError(f"weight sync of version {version} failed: {type(e).__name__}: {e}",
+                                      getattr(e, "status", None)) from e
+        self.version = version
+        return version
+
+    def _step(self, version: int, deadline: float) -> bool:
+        assert self.source is not None
+        started = False
         try:
             if self.is_sender:
                 self.client.start_weight_update()
@@ -106,14 +124,9 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
                 started = False
                 self.client.finish_weight_update(weight_version=str(version))
         except BaseException as e:
-            if started:
-                self._abandon(version)
-            if isinstance(e, WeightSyncError) or not isinstance(e, Exception):
-                raise
-            raise WeightSyncError(f"weight sync of version {version} failed: {type(e).__name__}: {e}",
-                                  getattr(e, "status", None)) from e
-        self.version = version
-        return version
+            e._librdt_started = started  # type: ignore[attr-defined]  # vLLM's session is open: abandon it
+            raise
+        return False
 
     def shutdown(self) -> None:
         self.runtime.close()
@@ -190,6 +203,20 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
             self.client.update_weights({"version": version, "refs": [], "names": [], "abandon": True})
         except Exception:
             pass  # refused, as it must be
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """A step makes lists and tuples per tensor (names, shapes): with tens
+    of thousands of tensors they would set off the garbage collector's full
+    passes over the process, a pause longer than the step."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _bucket_of(source: WeightSource, bound: int) -> Dict[str, int]:

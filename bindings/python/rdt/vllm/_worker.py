@@ -26,6 +26,7 @@ life and replayed on every later update of the same layout:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import os
 import time
@@ -488,7 +489,8 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         runtime, info = self._ready()
         deadline = time.monotonic() + info.timeout_s
         try:
-            self._receive(runtime, info, update_info, deadline)
+            with _collector_paused():
+                self._receive(runtime, info, update_info, deadline)
         except BaseException:
             # vLLM ends the session without finish_weight_update: put the
             # model back in a state it serves from (see _end_reload).
@@ -777,19 +779,21 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
-    """See _layout_in. The tuples of a large layout would set off the
-    garbage collector's full passes over the process: it pauses."""
-    paused = gc.isenabled()
+@contextlib.contextmanager
+def _collector_paused() -> Any:
+    """An update makes tuples per tensor (its layout): with tens of
+    thousands of tensors they would set off the garbage collector's full
+    passes over the process, a pause longer than the update."""
+    was = gc.isenabled()
     gc.disable()
     try:
-        return _layout_in(update, refs)
+        yield
     finally:
-        if paused:
+        if was:
             gc.enable()
 
 
-def _layout_in(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
+def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:
     """Per ref, its own tensors (name, shape, dtype, as the owner describes
     them) and its packed groups (dtype, then name and shape of each
     member); an update whose names and packs do not match its refs is

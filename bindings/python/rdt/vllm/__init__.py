@@ -17,7 +17,9 @@ docs/vllm.md.
 The rdt wheel registers the backend with vLLM through the
 ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each
 of its processes. ``import rdt`` and ``import rdt.vllm`` import nothing of
-vLLM; the names below load it on first use.
+vLLM; the names below load it on first use. Making a
+``LibrdtTrainerInitInfo`` registers the backend in that process too (a
+trainer that never starts vLLM runs no plugins).
 """
 
 from __future__ import annotations

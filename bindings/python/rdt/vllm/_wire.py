@@ -16,7 +16,7 @@ from vllm.distributed.weight_transfer.base import (TrainerInitInfo, WeightTransf
 
 import rdt
 
-from . import BACKEND
+from . import BACKEND, register
 
 PROTOCOL = 1
 """The wire's version; a worker refuses an init info of another."""
@@ -177,6 +177,9 @@ class LibrdtTrainerInitInfo(TrainerInitInfo):
     transport: Optional[str] = None
 
     def __post_init__(self) -> None:
+        # A trainer process that never starts vLLM runs none of vLLM's
+        # plugins: the factory that takes this info must know "librdt" there.
+        register()
         if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be a positive int, not {self.bucket_bytes!r}")
         self.timeout_s = _positive_seconds(self.timeout_s, "timeout_s")

@@ -463,7 +463,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._learning: List[_Plan] = []  # plans of this session that finish learning at its end
         self._version = -1               # of the last update received whole
         self._syncs = 0                  # sessions finished
-        self._seconds = {"fetch": 0.0, "land": 0.0, "process": 0.0, "load": 0.0}
+        self._seconds = {"fetch": 0.0, "land": 0.0, "process": 0.0, "load": 0.0, "transfer": 0.0}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="librdt-fetch")  # runs a chunk while layers process
 
     # ---- vLLM's calls ------------------------------------------------------------
@@ -516,7 +516,8 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         that land as bytes), ``staged_layers`` (layers processed from staged
         weights), ``loaded_tensors`` (tensors of plans that go through
         load_weights), ``seconds`` (time spent fetching: waiting for bytes;
-        landing: the plan's own work; processing layers; loading), and the
+        landing: the plan's own work; processing layers; loading; and
+        transfer: the replays' prepared gets running, beside the rest), and the
         runtime's ``stats()`` and per-transport bytes received
         (``transports``)."""
         learned = [p for p in self._plans.values() if p.learned]
@@ -654,16 +655,25 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             for prepared, order, _ in plan.chunks:
                 prepared.rebind([refs[r] for r in order])
         running = None
+        moving = [0.0]  # seconds the chunks' runs took, on the engine's thread
+
+        def run(prepared: rdt.Prepared, timeout: float) -> None:
+            t0 = time.monotonic()
+            try:
+                prepared.run(0, timeout)
+            finally:
+                moving[0] += time.monotonic() - t0
+
         try:
             if plan.chunks:
-                running = self._pool.submit(plan.chunks[0][0].run, 0, _left(deadline))
+                running = self._pool.submit(run, plan.chunks[0][0], _left(deadline))
             for c, (_, _, layers) in enumerate(plan.chunks):
                 t0 = time.monotonic()
                 current, running = running, None
                 current.result()
                 waited += time.monotonic() - t0
                 if c + 1 < len(plan.chunks):
-                    running = self._pool.submit(plan.chunks[c + 1][0].run, 0, _left(deadline))
+                    running = self._pool.submit(run, plan.chunks[c + 1][0], _left(deadline))
                 t0 = time.monotonic()
                 for m in layers:
                     module, staged = plan.staged[m]
@@ -677,6 +687,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._seconds["fetch"] += waited
         self._seconds["process"] += processing
         self._seconds["land"] += time.monotonic() - t_start - waited - processing
+        self._seconds["transfer"] += moving[0]
         if plan.loaded:
             self._open_reload()
             t0 = time.monotonic()

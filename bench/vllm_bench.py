@@ -10,7 +10,9 @@ Hugging Face model in this process and vLLM's worker in its own:
   handed to the worker's reload_weights (vLLM's in-place reload);
 * shm checkpoint: a safetensors file written to /dev/shm, read in the
   worker and handed to reload_weights;
-* memcpy: one copy of the same bytes in one process (torch, pre-faulted).
+* memcpy: one copy of the same bytes in one process (torch, pre-faulted);
+* rdt alone: the same bytes fetched by a plain process (no vLLM) with a
+  prepared get rebound to each version, as librdt's worker fetches.
 
 Each sync's time is split into moving the bytes and vLLM's load work
 (librdt: the worker's time waiting for bytes and landing them, and its time
@@ -148,6 +150,7 @@ def bench_size(size_gb, syncs):
             d.copy_(p)
         times.append(time.perf_counter() - t0)
     row["memcpy"] = {"sync": times}
+    row["rdt_alone"] = {"sync": bench_rdt_alone(params, syncs)}
     del dst
     gc.collect()
 
@@ -207,6 +210,57 @@ def bench_size(size_gb, syncs):
     del llm
     gc.collect()
     return row
+
+
+# ---- rdt alone, between two plain processes ---------------------------------------------
+
+def receiver_child():
+    """Reads pickled refs (length-prefixed) on stdin, fetches each with one
+    prepared get (rebound after the first) into buffers faulted in once,
+    and answers each run's seconds on stdout."""
+    import rdt
+
+    inp, out = sys.stdin.buffer, sys.stdout
+    prepared, bufs = None, None
+    while True:
+        head = inp.read(4)
+        if len(head) < 4:
+            return
+        ref = pickle.loads(inp.read(int.from_bytes(head, "little")))
+        if prepared is None:
+            bufs = [torch.ones(s, dtype=getattr(torch, d)) for s, d in zip(ref.shapes, ref.dtypes)]
+            prepared = rdt.prepare_get(ref, out=bufs)
+        else:
+            prepared.rebind([ref])
+        t0 = time.perf_counter()
+        prepared.run(timeout=600)
+        seconds = time.perf_counter() - t0
+        prepared.unbind()
+        ref.close()
+        out.write(json.dumps({"seconds": seconds}) + "\n")
+        out.flush()
+
+
+def bench_rdt_alone(params, syncs):
+    """The same bytes fetched by a plain process (no vLLM) with a rebound
+    prepared get, as librdt's worker does: the transfer alone."""
+    import rdt
+
+    child = subprocess.Popen([sys.executable, __file__, "--receiver-child"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=False)
+    times = []
+    try:
+        for _ in range(syncs + 1):
+            ref = rdt.put([p.detach() for _, p in params])
+            blob = pickle.dumps(ref)
+            child.stdin.write(len(blob).to_bytes(4, "little") + blob)
+            child.stdin.flush()
+            times.append(json.loads(child.stdout.readline())["seconds"])
+            ref.close()
+    finally:
+        child.stdin.close()
+        child.wait(60)
+    return times[1:]  # the first faults the pages in
 
 
 # ---- cost per tensor -------------------------------------------------------------------
@@ -335,9 +389,13 @@ def main():
     p.add_argument("--sizes", default="0.125,0.25,0.5")
     p.add_argument("--syncs", type=int, default=5)
     p.add_argument("--trainer-child", nargs=3, type=int, help=argparse.SUPPRESS)
+    p.add_argument("--receiver-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.trainer_child:
         trainer_child(*a.trainer_child)
+        return
+    if a.receiver_child:
+        receiver_child()
         return
     if not a.out:
         p.error("--out is required")

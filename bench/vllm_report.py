@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 METHODS = {"librdt": "rdt (librdt backend)", "rpc": "tensors through vLLM's RPC + reload_weights",
-           "shm_checkpoint": "/dev/shm safetensors + reload_weights", "memcpy": "one memcpy of the bytes"}
+           "shm_checkpoint": "/dev/shm safetensors + reload_weights", "memcpy": "one memcpy of the bytes",
+           "rdt_alone": "rdt alone: the bytes into a plain process"}
 
 
 def med(xs):
@@ -40,7 +41,8 @@ def main() -> None:
         "before reload_weights; shm: writing and reading the checkpoint); \"load\" is vLLM's work (librdt:",
         "its layers' processing, which overlaps the transfer; the others: reload_weights). \"Bytes moving\"",
         "is librdt's prepared gets running on the worker's fetch thread (beside the processing, on 2 cores),",
-        "against one memcpy of the same bytes in one process.",
+        "and \"rdt alone\" the same bytes fetched by a plain process with a rebound prepared get (the",
+        "transport without vLLM's worker around it), each against one memcpy of the bytes in one process.",
         "",
         "| model | tensors | method | sync (s) | transfer (s) | load (s) | sync vs librdt | bytes moving vs memcpy |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -48,13 +50,14 @@ def main() -> None:
     for row in rows:
         rdt_sync = med(row["librdt"]["sync"])
         memcpy = med(row["memcpy"]["sync"])
-        for m in ("librdt", "rpc", "shm_checkpoint", "memcpy"):
+        for m in ("librdt", "rpc", "shm_checkpoint", "memcpy", "rdt_alone"):
             v = row[m]
             sync = med(v["sync"])
             transfer = f"{med(v['transfer']):.3f}" if "transfer" in v else ""
             load = f"{med(v['load']):.3f}" if "load" in v else ""
             ratio = f"{sync / rdt_sync:.2f}x" if m != "librdt" else "1"
-            vs_memcpy = f"{med(v['bytes_moving']) / memcpy:.2f}x" if m == "librdt" else ""
+            vs_memcpy = (f"{med(v['bytes_moving']) / memcpy:.2f}x" if m == "librdt"
+                         else f"{sync / memcpy:.2f}x" if m == "rdt_alone" else "")
             lines.append(f"| {row['gb']:.2f} GB | {row['tensors']} | {METHODS[m]} | {sync:.3f} | {transfer} | "
                          f"{load} | {ratio} | {vs_memcpy} |")
     t = r["tensors"]
@@ -89,7 +92,7 @@ def main() -> None:
     xs = [row["gb"] for row in rows]
     for m, label in METHODS.items():
         ax.plot(xs, [med(row[m]["sync"]) for row in rows], marker="o", label=label,
-                linestyle="--" if m == "memcpy" else "-")
+                linestyle="--" if m in ("memcpy", "rdt_alone") else "-")
     ax.set_xlabel("model size (GB, float32)")
     ax.set_ylabel("sync time (s)")
     ax.set_yscale("log")

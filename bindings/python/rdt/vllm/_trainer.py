@@ -13,8 +13,6 @@ returns, and the optimizer may change the weights then.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -25,7 +23,7 @@ from vllm.distributed.weight_transfer.base import (TrainerWeightTransferEngine, 
 
 import rdt
 
-from ._wire import LibrdtTrainerInitInfo, WeightSyncError, encode_ref
+from ._wire import LibrdtTrainerInitInfo, WeightSyncError, collector_paused, encode_ref
 
 PACK_BYTES = 64 << 10
 """Tensors of at most this many bytes travel packed, one tensor per dtype
@@ -98,7 +96,7 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         version = self.version + 1
         deadline = time.monotonic() + self.info.timeout_s
         started = False
-        with _collector_paused():
+        with collector_paused():
             try:
                 started = self._step(version, deadline)
             except BaseException as e:
@@ -203,20 +201,6 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
             self.client.update_weights({"version": version, "refs": [], "names": [], "abandon": True})
         except Exception:
             pass  # refused, as it must be
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A step makes lists and tuples per tensor (names, shapes): with tens
-    of thousands of tensors they would set off the garbage collector's full
-    passes over the process, a pause longer than the step."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _bucket_of(source: WeightSource, bound: int) -> Dict[str, int]:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import gc
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, Iterator, List, Optional
 
 from vllm.distributed.weight_transfer.base import (TrainerInitInfo, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
@@ -152,6 +154,21 @@ def _check_group(group: Any, what: str) -> int:
     if not all(type(shape) is list and len(shape) <= MAX_DIMS for shape in shapes):
         raise ValueError(f"{what}: each shape must be a list of at most {MAX_DIMS} sizes")
     return len(names)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """A step makes lists and tuples per tensor (names, shapes, layouts):
+    with tens of thousands of tensors they would set off the garbage
+    collector's full passes over the process, a pause longer than the
+    step. Both sides pause it for a step."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def encode_ref(data: bytes) -> str:

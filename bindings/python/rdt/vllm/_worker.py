@@ -26,8 +26,6 @@ life and replayed on every later update of the same layout:
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +39,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
 import rdt
 
-from ._wire import LibrdtInitInfo, LibrdtUpdateInfo, WeightSyncError
+from ._wire import LibrdtInitInfo, LibrdtUpdateInfo, WeightSyncError, collector_paused
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -489,7 +487,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         runtime, info = self._ready()
         deadline = time.monotonic() + info.timeout_s
         try:
-            with _collector_paused():
+            with collector_paused():
                 self._receive(runtime, info, update_info, deadline)
         except BaseException:
             # vLLM ends the session without finish_weight_update: put the
@@ -788,20 +786,6 @@ def _numel(shape: Sequence[int]) -> int:
             raise ValueError(f"shape {list(shape)!r}: sizes must be non-negative ints")
         n *= d
     return n
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Any:
-    """An update makes tuples per tensor (its layout): with tens of
-    thousands of tensors they would set off the garbage collector's full
-    passes over the process, a pause longer than the update."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _layout_of(update: LibrdtUpdateInfo, refs: List[rdt.ObjectRef]) -> Layout:

@@ -95,36 +95,32 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         assert self.source is not None
         version = self.version + 1
         deadline = time.monotonic() + self.info.timeout_s
-        started = False
         with collector_paused():
             try:
-                started = self._step(version, deadline)
-            except BaseException as e:
-                if started or getattr(e, "_librdt_started", False):
-                    self._abandon(version)
-                if isinstance(e, WeightSyncError) or not isinstance(e, Exception):
-                    raise
+                self._step(version, deadline)
+            except WeightSyncError:
+                raise
+            except Exception as e:
                 raise WeightSyncError(f"weight sync of version {version} failed: {type(e).__name__}: {e}",
                                       getattr(e, "status", None)) from e
         self.version = version
         return version
 
-    def _step(self, version: int, deadline: float) -> bool:
+    def _step(self, version: int, deadline: float) -> None:
+        """start -> update(s) -> finish. A failure once vLLM's session is
+        open abandons it, so that the next step can start one."""
         assert self.source is not None
-        started = False
+        if self.is_sender:
+            self.client.start_weight_update()
         try:
-            if self.is_sender:
-                self.client.start_weight_update()
-                started = True
             for bucket in self._bucket_stream(self.source):
                 self._send(version, bucket, deadline)
+        except BaseException:
             if self.is_sender:
-                started = False
-                self.client.finish_weight_update(weight_version=str(version))
-        except BaseException as e:
-            e._librdt_started = started  # type: ignore[attr-defined]  # vLLM's session is open: abandon it
+                self._abandon(version)
             raise
-        return False
+        if self.is_sender:
+            self.client.finish_weight_update(weight_version=str(version))
 
     def shutdown(self) -> None:
         self.runtime.close()

@@ -263,6 +263,11 @@ class Plan:
             self.loaded = [i for i in range(len(self.buffers)) if self.ranges[i]]
             return
         self.landing, self.loaded, self.live = landing, loaded, live
+        # Landed tensors never go through a receive buffer again: let their
+        # memory go (a model's size), keeping each one's dtype.
+        kept = set(loaded)
+        self.buffers = [b if i in kept else b.new_empty(0) for i, b in enumerate(self.buffers)]
+        self.receive = []
 
     def current(self) -> bool:
         """Whether the live parameters it lands in are still the model's."""

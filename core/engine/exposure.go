@@ -76,6 +76,11 @@ type exposure struct {
 	// eventFD is readable while notices are queued (see NoticeFD); -1 until
 	// asked for.
 	eventFD int
+	// unpin lets a finished write's object go. finishLocked calls it under
+	// mu, before the write leaves the open set and before its notice, so
+	// whoever sees either sees the object unpinned. (The store frees on a
+	// goroutine of its own: it never takes mu back.)
+	unpin func(*object)
 }
 
 type openKey struct {
@@ -103,8 +108,8 @@ type openWrite struct {
 	silent    bool
 }
 
-func newExposure() *exposure {
-	return &exposure{open: map[openKey]*openWrite{}, changed: make(chan struct{}), eventFD: -1}
+func newExposure(unpin func(*object)) *exposure {
+	return &exposure{open: map[openKey]*openWrite{}, changed: make(chan struct{}), eventFD: -1, unpin: unpin}
 }
 
 // wakeLocked wakes every waiter.
@@ -138,16 +143,15 @@ func (ex *exposure) admit(k openKey, w *openWrite, id transport.ObjectID) error 
 }
 
 // end records what a writer said of an open write (see control.WriteEnd).
-// It returns the write when it is finished now (its notice queued; the
-// caller unpins), nil when a server still lands its bytes (the last one
-// finishes it), it stays open (a run of a standing admission) or it was
-// not open (never admitted, or ended already: known false).
-func (ex *exposure) end(k openKey, end control.WriteEnd) (w *openWrite, known bool) {
+// known is false when it was not open (never admitted, or ended already).
+// A write no server lands bytes of finishes now; a busy one is finished by
+// the last server to let go; a run of a standing admission stays open.
+func (ex *exposure) end(k openKey, end control.WriteEnd) (known bool) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	w, ok := ex.open[k]
 	if !ok || w.ended {
-		return nil, false
+		return false
 	}
 	if !w.standing {
 		end.Keep, end.Close, end.Tag = false, false, w.tag // flags of standing admissions only
@@ -160,7 +164,7 @@ func (ex *exposure) end(k openKey, end control.WriteEnd) (w *openWrite, known bo
 		w.runs--
 		ex.reserved--
 		ex.pushLocked(WriteNotice{Tag: end.Tag, Writer: k.writer, Bytes: w.nbytes})
-		return nil, true
+		return true
 	}
 	// Anything else ends it, its notice in the write's own slot: a write
 	// admitted on its own, a run that failed or did not keep the
@@ -168,16 +172,17 @@ func (ex *exposure) end(k openKey, end control.WriteEnd) (w *openWrite, known bo
 	ex.reserved -= max(w.runs-1, 0)
 	w.runs = 0
 	w.ended, w.endErr, w.tag = true, end.Err, end.Tag
-	if w.busy > 0 {
-		return nil, true
+	if w.busy == 0 {
+		ex.finishLocked(k, w)
 	}
-	ex.finishLocked(k, w)
-	return w, true
+	return true
 }
 
 // finishLocked closes an ended write that no server lands bytes of: its
-// notice is queued (none for a standing admission closed without a run).
+// object is unpinned, then its notice queued (none for a standing
+// admission closed without a run).
 func (ex *exposure) finishLocked(k openKey, w *openWrite) {
+	ex.unpin(w.o)
 	delete(ex.open, k)
 	if w.silent {
 		ex.wakeLocked()
@@ -208,11 +213,11 @@ type withdrawal struct {
 }
 
 // tear ends with cause every open write of writer (zero: of every writer)
-// and returns those finished now, for unpinning.
-func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
+// and counts them; those a server lands bytes of finish when it lets go.
+func (ex *exposure) tear(writer transport.RuntimeID, cause error) int {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	var out []*openWrite
+	torn := 0
 	for k, w := range ex.open {
 		if (!writer.IsZero() && k.writer != writer) || w.ended {
 			continue
@@ -220,17 +225,17 @@ func (ex *exposure) tear(writer transport.RuntimeID, cause error) []*openWrite {
 		ex.reserved -= max(w.runs-1, 0)
 		w.runs = 0
 		w.ended, w.endErr = true, cause
+		torn++
 		if w.busy == 0 {
 			ex.finishLocked(k, w)
-			out = append(out, w)
 		}
 	}
-	return out
+	return torn
 }
 
 // into makes the open write id busy for a server landing its bytes; done
-// lets go, and returns the write if that finished it (for unpinning).
-func (ex *exposure) into(id uint64) (*openWrite, func() *openWrite, error) {
+// lets go, finishing the write if it ended meanwhile.
+func (ex *exposure) into(id uint64) (*openWrite, func(), error) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	for k, w := range ex.open {
@@ -241,15 +246,13 @@ func (ex *exposure) into(id uint64) (*openWrite, func() *openWrite, error) {
 			break
 		}
 		w.busy++
-		return w, func() *openWrite {
+		return w, func() {
 			ex.mu.Lock()
 			defer ex.mu.Unlock()
 			w.busy--
 			if w.ended && w.busy == 0 {
 				ex.finishLocked(k, w)
-				return w
 			}
-			return nil
 		}, nil
 	}
 	return nil, nil, transport.Errorf(transport.ErrNotFound, "write %d is not open (it was never admitted, or ended)", id)
@@ -545,13 +548,8 @@ func (rt *Runtime) endWrite(writer transport.RuntimeID, end control.WriteEnd) {
 	if o == nil || o.write == nil {
 		return // destroyed meanwhile, or never ours: nothing is open
 	}
-	w, known := o.write.end(openKey{writer, end.TransferID}, end)
-	if !known {
+	if !o.write.end(openKey{writer, end.TransferID}, end) {
 		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, end.TransferID, end.Object)
-		return
-	}
-	if w != nil {
-		rt.store.unpin(w.o)
 	}
 }
 
@@ -565,12 +563,7 @@ func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transpor
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	done := sync.OnceFunc(func() {
-		if finished := release(); finished != nil {
-			rt.store.unpin(finished.o)
-		}
-	})
-	return o.tensors, w.pieces, done, nil
+	return o.tensors, w.pieces, sync.OnceFunc(release), nil
 }
 
 // writersGone tears every write a lost peer had open.
@@ -583,12 +576,8 @@ func (rt *Runtime) writersGone(peer transport.PeerInfo) {
 // into every object exposed here.
 func (rt *Runtime) tearWrites(writer transport.RuntimeID, cause error, why string) {
 	for _, o := range rt.store.exposedObjects() {
-		torn := o.write.tear(writer, cause)
-		for _, w := range torn {
-			rt.store.unpin(w.o)
-		}
-		if len(torn) > 0 {
-			rt.log.Warnf("%s with %d writes into object %s open: notices say they are torn", why, len(torn), o.desc.ID)
+		if torn := o.write.tear(writer, cause); torn > 0 {
+			rt.log.Warnf("%s with %d writes into object %s open: notices say they are torn", why, torn, o.desc.ID)
 		}
 	}
 }

@@ -455,7 +455,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 			rt.collectMeta(o)
 			return nil, transport.Errorf(transport.ErrInternal, "making a write key: %v", err)
 		}
-		o.write = newExposure()
+		o.write = newExposure(rt.store.unpin)
 	}
 	if err := rt.store.add(o); err != nil {
 		rt.collectMeta(o) // the caller keeps the tensors: no release callback

@@ -25,6 +25,11 @@ import rdt
 
 from ._wire import LibrdtTrainerInitInfo, WeightSyncError, collector_paused, encode_ref
 
+OBJECT_BYTES = 32 << 20
+"""A bucket is put as objects of whole layers of about this many bytes:
+a worker on this host maps (views) them one after another, processing the
+layers of one while the trainer stages the next."""
+
 PACK_BYTES = 64 << 10
 """Tensors of at most this many bytes travel packed, one tensor per dtype
 and bucket: a model's norms and biases, and models of tens of thousands of
@@ -69,7 +74,7 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         self.info = info
         self.runtime = runtime
         self.version = 0
-        self._buckets: Optional[Dict[str, int]] = None  # name -> bucket, from metadata
+        self._buckets: Optional[Dict[str, Tuple[int, int]]] = None  # name -> (bucket, object in it), from metadata
 
     @classmethod
     def trainer_init(cls, init_info: LibrdtTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -134,8 +139,8 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         source itself, not its per-group batches, keeps the cost per tensor
         to a dictionary lookup."""
         if self._buckets is None:
-            self._buckets = _bucket_of(source, self.info.bucket_bytes)
-        bucket_of = self._buckets
+            self._buckets = _bucket_of(source, self.info.bucket_bytes, OBJECT_BYTES)
+        bucket_of = {name: b for name, (b, _) in self._buckets.items()}
         last = max(bucket_of.values(), default=-1)
         pending: List[Tuple[str, torch.Tensor]] = []
         current = 0
@@ -153,32 +158,50 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
             pending, current = [], current + 1
 
     def _send(self, version: int, bucket: List[Tuple[str, torch.Tensor]], deadline: float) -> None:
+        """Puts the bucket as objects of whole layers, announces them in
+        one update, then waits until every worker let each go."""
+        assert self._buckets is not None
+        parts: Dict[int, List[Tuple[str, torch.Tensor]]] = {}
+        for name, t in bucket:
+            parts.setdefault(self._buckets[name][1], []).append((name, t))
+        mine: Tuple[List[str], List[List[str]], List[Any]] = ([], [], [])
+        put: List[Tuple[rdt.ObjectRef, torch.Tensor]] = []
+        try:
+            for _, members in sorted(parts.items()):
+                ref, first, names, packs = self._put(members)
+                put.append((ref, first))
+                mine[0].append(encode_ref(ref.serialize())), mine[1].append(names), mine[2].append(packs)
+            refs, names, all_packs = _gather(mine)
+            if self.is_sender and refs:
+                self.client.update_weights({"version": version, "refs": refs, "names": names,
+                                            "packs": all_packs})
+        finally:
+            for ref, _ in put:
+                ref.release(revoke_leases=True)
+            for _, first in put:
+                self._wait_returned(first, deadline)
+
+    def _put(self, members: List[Tuple[str, torch.Tensor]]) -> Tuple[rdt.ObjectRef, torch.Tensor, List[str], Any]:
+        """One object: the members of at most PACK_BYTES packed into one
+        tensor per dtype at its end, the others as they are. Returns the
+        ref, a tensor of it (to wait on), the names of its own tensors and
+        the packs."""
         own_names: List[str] = []
         tensors: List[torch.Tensor] = []
         small: Dict[Tuple[torch.dtype, torch.device], List[Tuple[str, torch.Tensor]]] = {}
-        for name, t in bucket:
+        for name, t in members:
             if t.nbytes <= PACK_BYTES:
                 small.setdefault((t.dtype, t.device), []).append((name, t))
             else:
                 own_names.append(name)
                 tensors.append(t.detach() if t.is_contiguous() else t.detach().contiguous())
         packs = []
-        for (dtype, _), members in small.items():
+        for (dtype, _), group in small.items():
             with torch.no_grad():  # the members back to back, one tensor (a C++ loop, no Python per tensor)
-                tensors.append(flatten_dense_tensors([t for _, t in members]))
-            packs.append({"dtype": str(dtype)[6:], "names": [n for n, _ in members],
-                          "shapes": [list(t.shape) for _, t in members]})
-        ref = self.runtime.put(tensors) if tensors else None
-        try:
-            mine = ([encode_ref(ref.serialize())], [own_names], [packs]) if ref is not None else ([], [], [])
-            refs, names, all_packs = _gather(mine)
-            if self.is_sender and refs:
-                self.client.update_weights({"version": version, "refs": refs, "names": names,
-                                            "packs": all_packs})
-        finally:
-            if ref is not None:
-                ref.release(revoke_leases=True)
-                self._wait_returned(tensors[0], deadline)
+                tensors.append(flatten_dense_tensors([t for _, t in group]))
+            packs.append({"dtype": str(dtype)[6:], "names": [n for n, _ in group],
+                          "shapes": [list(t.shape) for _, t in group]})
+        return self.runtime.put(tensors), tensors[0], own_names, packs
 
     def _wait_returned(self, tensor: torch.Tensor, deadline: float) -> None:
         """Blocks until no worker holds the bucket any more: each releases
@@ -199,19 +222,23 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
             pass  # refused, as it must be
 
 
-def _bucket_of(source: WeightSource, bound: int) -> Dict[str, int]:
-    """Each name's bucket: whole metadata groups, in order, a new bucket
-    once the bytes reach ``bound``."""
+def _bucket_of(source: WeightSource, bound: int, object_bound: int) -> Dict[str, Tuple[int, int]]:
+    """Each name's bucket and object in it: whole metadata groups, in
+    order, a new bucket once the bytes reach ``bound``, a new object once
+    they reach ``object_bound``."""
     sizes = {m.name: _nbytes(m.dtype, m.shape) for m in source.metadata()}
-    out: Dict[str, int] = {}
-    bucket, filled = 0, 0
+    out: Dict[str, Tuple[int, int]] = {}
+    bucket, filled, part, part_filled = 0, 0, 0, 0
     for group in layerwise_groups(list(sizes)):
         n = sum(sizes[name] for name in group)
         if filled and filled + n > bound:
-            bucket, filled = bucket + 1, 0
+            bucket, filled, part, part_filled = bucket + 1, 0, 0, 0
+        elif part_filled and part_filled + n > object_bound:
+            part, part_filled = part + 1, 0
         for name in group:
-            out[name] = bucket
+            out[name] = (bucket, part)
         filled += n
+        part_filled += n
     return out
 
 

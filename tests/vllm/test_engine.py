@@ -39,16 +39,29 @@ def init(trainer, engine, **info):
     assert trainer.run({"init": {"timeout_s": 20.0, **info}}, engine) == {"done": True}
 
 
-def test_sync_lands_every_parameter_in_place_and_again_after_a_change(trainer_factory, tmp_path):
+@pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
+def test_sync_lands_every_parameter_in_place_and_again_after_a_change(trainer_factory, tmp_path, views):
     model = WorkerModel()
     engine = make_engine(model)
     ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
     trainer = trainer_factory(seed=1)
-    init(trainer, engine)
+    init(trainer, engine, views=views)
+    model_bytes = model.shard_bytes()  # one rank: the whole model
     for round_ in range(3):
+        before = engine.stats()
         assert trainer.run({"sync": True}, engine) == {"done": round_ + 1}
         check_synced(model, trainer, tmp_path)
         assert {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs
+        after = engine.stats()
+        assert after["views_open"] == 0  # a view lives no longer than its update call
+        if round_ == 0:  # learning: whole tensors, fetched
+            assert after["bytes_received"] - before["bytes_received"] == model_bytes
+        elif views:  # the trainer's one staged copy read where it lies: nothing fetched
+            assert after["bytes_received"] == before["bytes_received"]
+            assert after["bytes_mapped"] - before["bytes_mapped"] == model_bytes
+        else:
+            assert after["bytes_received"] - before["bytes_received"] == model_bytes
+            assert after["bytes_mapped"] == 0
         assert trainer.run({"perturb": round_}) == {"done": True}
     stats = engine.stats()
     assert stats["version"] == 3 and stats["syncs"] == 3 and stats["reload"] is False
@@ -75,11 +88,12 @@ def test_a_tensor_parallel_rank_pulls_only_its_rows(trainer_factory, tmp_path):
     engine.shutdown()
 
 
-def test_a_trainer_killed_mid_sync_fails_it_in_time_and_the_next_session_syncs(trainer_factory, tmp_path):
+@pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
+def test_a_trainer_killed_mid_sync_fails_it_in_time_and_the_next_session_syncs(trainer_factory, tmp_path, views):
     model = WorkerModel()
     engine = make_engine(model)
     trainer = trainer_factory(seed=3)
-    init(trainer, engine)
+    init(trainer, engine, views=views)
     assert trainer.run({"sync": True}, engine) == {"done": 1}
     old = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert trainer.run({"perturb": 1}) == {"done": True}
@@ -103,17 +117,22 @@ def test_a_trainer_killed_mid_sync_fails_it_in_time_and_the_next_session_syncs(t
     assert engine.stats()["fetches_active"] == 0
 
     trainer2 = trainer_factory(seed=4)
-    init(trainer2, engine)
+    init(trainer2, engine, views=views)
     assert trainer2.run({"sync": True}, engine) == {"done": 1}
     check_synced(model, trainer2, tmp_path)
     engine.shutdown()
 
 
-def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_path):
+@pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
+def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_path, views):
     model = WorkerModel()
     engine = make_engine(model)
     trainer = trainer_factory(seed=5)
-    init(trainer, engine, timeout_s=2.0)
+    init(trainer, engine, timeout_s=2.0, views=views)
+    synced = 0
+    if views:  # a replay views; the first sync of a layout fetches (learning)
+        assert trainer.run({"sync": True}, engine) == {"done": 1}
+        synced = 1
     trainer.send({"sync": True})
     trainer.answer(engine, trainer.read())  # start
     update = trainer.read()
@@ -132,8 +151,9 @@ def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_p
         trainer.answer(engine, msg)
         msg = trainer.read()
     assert "failed" in msg and "WeightSyncError" in msg["failed"], msg
-    assert engine.stats()["version"] == -1
-    assert trainer.run({"sync": True}, engine) == {"done": 1}  # the next step syncs
+    assert engine.stats()["version"] == (synced if synced else -1)  # the last update received whole
+    assert engine.stats()["views_open"] == 0
+    assert trainer.run({"sync": True}, engine) == {"done": synced + 1}  # the next step syncs
     check_synced(model, trainer, tmp_path)
     engine.shutdown()
 
@@ -198,7 +218,8 @@ def test_a_ref_that_is_not_one_is_refused_with_a_typed_error():
 def test_init_infos_from_another_protocol_or_with_bad_values_are_refused():
     engine = make_engine(WorkerModel())
     for bad, why in (({"protocol": 2}, "protocol"), ({"timeout_s": 0}, "positive"),
-                     ({"timeout_s": float("nan")}, "positive"), ({"auth_token": 5}, "string")):
+                     ({"timeout_s": float("nan")}, "positive"), ({"auth_token": 5}, "string"),
+                     ({"views": "yes"}, "bool")):
         with pytest.raises(ValueError, match=why):
             engine.parse_init_info(bad)
     with pytest.raises(RuntimeError, match="init_weight_transfer_engine first"):

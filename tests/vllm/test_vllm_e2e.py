@@ -26,6 +26,14 @@ def _engine_digests(worker):
     return worker.weight_transfer_engine.digests()
 
 
+def _record_digests(worker):
+    worker.weight_transfer_engine.record_digests()
+
+
+def _stop_digests(worker):
+    worker.weight_transfer_engine.record_digests(False)
+
+
 def hf_greedy(model):
     out = []
     for p in PROMPTS:
@@ -104,6 +112,67 @@ def test_vllm_serves_the_trainers_weights_after_each_sync(setup):
             want = changed
     finally:
         trainer.shutdown()
+
+
+class ReversedSource:
+    """A trainer's weights in the reverse of the model's order: a layer's
+    q, k and v (gate and up) come as v, k, q (up, gate), so vLLM's fused
+    weights do not lie in order in the trainer's objects."""
+
+    def __new__(cls, model):
+        from vllm.distributed.weight_transfer import ModuleSource
+
+        class Reversed(ModuleSource):
+            def metadata(self):
+                return list(reversed(super().metadata()))
+
+            def __iter__(self):
+                return reversed(list(super().__iter__()))
+
+        return Reversed(model)
+
+
+@pytest.mark.parametrize("order", ["model", "reversed"])
+def test_views_process_layers_from_the_trainers_one_staged_copy(setup, order):
+    """views=True: after the sync that learns the layout, the worker fetches
+    nothing; it maps the trainer's staged objects and vLLM's processing
+    reads every weight that lies there whole and in order (all of them in
+    the model's order; with q, k, v and gate, up reversed, only o, down
+    and the embeddings, the rest copied into the staged weights first)."""
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    from rdt.vllm import LibrdtTrainerInitInfo, LLMClient
+
+    hf, llm, generate = setup
+    source = ModuleSource(hf) if order == "model" else ReversedSource(hf)
+    trainer = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=60, views=True),
+                                                        client=LLMClient(llm), source=source)
+    model_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())
+    n_layers = hf.config.num_hidden_layers
+    in_order = 4 * n_layers + 2 if order == "model" else 2 * n_layers + 2
+    llm.collective_rpc(_record_digests)
+    try:
+        for round_ in range(3):
+            g = torch.Generator().manual_seed(100 + round_)
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.5)
+            want = hf_greedy(hf)
+            before = llm.collective_rpc(_engine_stats)[0]
+            assert trainer.send_weights() == round_ + 1
+            assert generate() == want
+            after = llm.collective_rpc(_engine_stats)[0]
+            assert llm.collective_rpc(_engine_digests)[0] == digests(hf)
+            assert after["views_open"] == 0
+            learned = after["plans"] > before["plans"]  # a layout's first sync fetches whole tensors
+            assert learned == (round_ == 0 and (order == "reversed" or before["plans"] == 0)), (round_, before, after)
+            if not learned:
+                assert after["bytes_received"] == before["bytes_received"], "a replay with views fetches nothing"
+                assert after["bytes_mapped"] - before["bytes_mapped"] == model_bytes
+                assert after["mapped_weights"] - before["mapped_weights"] == in_order
+    finally:
+        trainer.shutdown()
+        llm.collective_rpc(_stop_digests)
 
 
 def test_the_example_syncs_a_vllm_server_over_its_http_routes():

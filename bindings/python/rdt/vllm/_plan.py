@@ -210,6 +210,7 @@ class Plan:
         self.live: Dict[Key, Tuple[torch.nn.Module, str, torch.nn.Parameter]] = {}
         self.staged: Dict[int, Tuple[torch.nn.Module, Dict[str, torch.nn.Parameter]]] = {}
         self.last_tensor: Dict[int, int] = {}      # staged module -> the last tensor that lands in it
+        self.mapped: Optional[bool] = None         # whether its updates' refs can be viewed (None: not tried)
 
     @property
     def learned(self) -> bool:

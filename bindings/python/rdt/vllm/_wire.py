@@ -60,12 +60,16 @@ class LibrdtInitInfo(WeightTransferInitInfo):
     """What a worker needs before the first update: the wire's version, the
     deadline of each update call, the job's token (where the trainer's
     runtime takes tcp connections with one) and a transport to force
-    (None: rdt picks the best)."""
+    (None: rdt picks the best). ``views``: a worker on the trainer's host
+    maps the trainer's one staged copy of each bucket and processes layers
+    straight from it, rather than copying the bytes in (every replica on
+    the host shares that copy); False always copies."""
 
     protocol: int = PROTOCOL
     timeout_s: float = 120.0
     auth_token: Optional[str] = None
     transport: Optional[str] = None
+    views: bool = False
 
     def __post_init__(self) -> None:
         if self.protocol != PROTOCOL:
@@ -74,6 +78,8 @@ class LibrdtInitInfo(WeightTransferInitInfo):
         self.timeout_s = _positive_seconds(self.timeout_s, "timeout_s")
         _optional_str(self.auth_token, "auth_token")
         _optional_str(self.transport, "transport")
+        if not isinstance(self.views, bool):
+            raise ValueError(f"views must be a bool, not {self.views!r}")
 
 
 @dataclass
@@ -183,7 +189,9 @@ class LibrdtTrainerInitInfo(TrainerInitInfo):
     passed on to the workers. ``listen_tcp``, ``advertise_host`` and
     ``auth_token`` are those of ``rdt.Runtime`` (workers on other hosts need
     a tcp listener; the token goes to the workers in the init info).
-    ``transport`` forces one transport (None: rdt picks)."""
+    ``transport`` forces one transport (None: rdt picks); ``views`` lets
+    workers on this host map the buckets rather than copy them (see
+    ``LibrdtInitInfo``)."""
 
     backend: ClassVar[str] = BACKEND
     bucket_bytes: int = 1 << 30
@@ -192,6 +200,7 @@ class LibrdtTrainerInitInfo(TrainerInitInfo):
     advertise_host: Optional[str] = None
     auth_token: Optional[str] = None
     transport: Optional[str] = None
+    views: bool = False
 
     def __post_init__(self) -> None:
         # A trainer process that never starts vLLM runs none of vLLM's
@@ -202,7 +211,9 @@ class LibrdtTrainerInitInfo(TrainerInitInfo):
         self.timeout_s = _positive_seconds(self.timeout_s, "timeout_s")
         for what in ("listen_tcp", "advertise_host", "auth_token", "transport"):
             _optional_str(getattr(self, what), what)
+        if not isinstance(self.views, bool):
+            raise ValueError(f"views must be a bool, not {self.views!r}")
 
     def worker_init_info(self) -> dict:
         return {"protocol": PROTOCOL, "timeout_s": self.timeout_s, "auth_token": self.auth_token,
-                "transport": self.transport}
+                "transport": self.transport, "views": self.views}

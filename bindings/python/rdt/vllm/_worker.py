@@ -36,6 +36,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
 import rdt
 
+from . import _mapped
 from ._plan import Params, Plan, Staging, Watch, flat, needs_reload, process_layer, repacks, transforms
 from ._wire import LibrdtInitInfo, LibrdtUpdateInfo, WeightSyncError, collector_paused
 
@@ -83,6 +84,9 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._learning: List[Plan] = []  # plans of this session that finish learning at its end
         self._version = -1               # of the last update received whole
         self._syncs = 0                  # sessions finished
+        self._mapped_weights = 0         # staged weights processed straight from a view
+        self._bytes_mapped = 0           # of the trainer's objects, viewed
+        self._digests: Optional[Dict[str, str]] = None  # of the bytes views brought, while recording
         self._seconds = {"fetch": 0.0, "land": 0.0, "process": 0.0, "load": 0.0, "transfer": 0.0}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="librdt-fetch")  # runs a chunk while layers process
 
@@ -135,7 +139,10 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         layerwise reload to load), ``landing_tensors`` (tensors of plans
         that land as bytes), ``staged_layers`` (layers processed from staged
         weights), ``loaded_tensors`` (tensors of plans that go through
-        load_weights), ``seconds`` (time spent fetching: waiting for bytes;
+        load_weights), ``bytes_mapped`` (of the trainer's objects viewed, see
+        ``LibrdtInitInfo.views``), ``mapped_weights`` (staged weights
+        processed straight from such a view),
+        ``seconds`` (time spent fetching: waiting for bytes;
         landing: the plan's own work; processing layers; loading; and
         transfer: the replays' prepared gets running, beside the rest), and the
         runtime's ``stats()`` and per-transport bytes received
@@ -146,6 +153,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             "landing_tensors": sum(sum(1 for pieces in p.landing if pieces) for p in learned if p.landing is not None),
             "staged_layers": sum(len(p.staged) for p in learned),
             "loaded_tensors": sum(len(p.loaded) for p in learned),
+            "bytes_mapped": self._bytes_mapped, "mapped_weights": self._mapped_weights,
             "seconds": dict(self._seconds),
         }
         if self._runtime is not None:
@@ -154,9 +162,17 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
                                  if t["bytes_received"]}
         return out
 
+    def record_digests(self, on: bool = True) -> None:
+        """While on, each update from views hashes the bytes it maps (a
+        pass over them), so that digests() covers the weights vLLM
+        processed straight from a view, whose bytes no tensor of the
+        worker keeps. For tests and tools."""
+        self._digests = {} if on else None
+
     def digests(self) -> Dict[str, str]:
         """The SHA-256 of the elements of each tensor the last update
-        brought (those this rank reads), by name, over every plan."""
+        brought (those this rank reads), by name, over every plan (for a
+        replay from views, those recorded while record_digests was on)."""
         import hashlib
 
         out: Dict[str, str] = {}
@@ -173,6 +189,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
                 for r in regions:
                     h.update(r.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
                 out[name] = h.hexdigest()
+        out.update(self._digests or {})
         return out
 
     # ---- the work ------------------------------------------------------------------
@@ -261,12 +278,39 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
 
     def _replay(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: Plan, refs: List[rdt.ObjectRef],
                 deadline: float) -> None:
+        """Replays a learned plan: from views of the trainer's objects where
+        they can be mapped here (see _mapped), else by prepared gets."""
+        viewed = False
+        if info.views and info.transport in (None, "shm") and plan.mapped is not False and refs:
+            mapped = _mapped.Mapped(runtime, refs, deadline, self._pool)
+            alone = _mapped.alone(plan, [p for p in self._plans.values() if p is not plan and p.learned])
+            try:
+                self._mapped_weights += _mapped.replay(plan, mapped, alone.__contains__, self._seconds,
+                                                       time.monotonic, self._digests)
+                plan.mapped = viewed = True
+            except rdt.UnsupportedError:
+                # A ref of another host, or in device memory: fetch this
+                # layout from now on (whatever was processed already is
+                # landed and processed again, whole).
+                plan.mapped = False
+            finally:
+                self._bytes_mapped += mapped.nbytes
+                mapped.close()
+        if not viewed:
+            self._fetch(runtime, info, plan, refs, deadline)
+        if plan.loaded:
+            self._open_reload()
+            t0 = time.monotonic()
+            self._load(plan.names, plan.buffers, plan.loaded)
+            self._seconds["load"] += time.monotonic() - t0
+
+    def _fetch(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: Plan, refs: List[rdt.ObjectRef],
+               deadline: float) -> None:
         """Fetches the plan's pieces straight into their targets, and the
         ranges of the tensors it loads into their buffers, one prepared get
         per chunk of about CHUNK_BYTES (made at the first replay, rebound to
         each update's refs after), processing each staged layer once its
-        last piece landed while the next chunk moves; then loads what it
-        loads."""
+        last piece landed while the next chunk moves."""
         t_start = time.monotonic()
         waited = processing = 0.0
         if not plan.chunks:
@@ -308,11 +352,6 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
         self._seconds["process"] += processing
         self._seconds["land"] += time.monotonic() - t_start - waited - processing
         self._seconds["transfer"] += moving[0]
-        if plan.loaded:
-            self._open_reload()
-            t0 = time.monotonic()
-            self._load(plan.names, plan.buffers, plan.loaded)
-            self._seconds["load"] += time.monotonic() - t0
 
     def _chunks(self, runtime: rdt.Runtime, info: LibrdtInitInfo, plan: Plan,
                 refs: List[rdt.ObjectRef]) -> List[Tuple[rdt.Prepared, List[int], List[int]]]:

@@ -5,7 +5,9 @@ For each model size (a Llama of about 300 tensors at the largest, float32,
 random weights, loaded by vLLM with load_format="dummy"), with the trainer's
 Hugging Face model in this process and vLLM's worker in its own:
 
-* librdt: WeightTransferTrainerFactory.trainer_init + send_weights();
+* librdt: WeightTransferTrainerFactory.trainer_init + send_weights(),
+  the worker copying the bytes in (views=False, the default), then viewing
+  the trainer's staged copy (views=True);
 * rpc: the tensors pickled and sent through vLLM's collective_rpc, then
   handed to the worker's reload_weights (vLLM's in-place reload);
 * shm checkpoint: a safetensors file written to /dev/shm, read in the
@@ -17,7 +19,8 @@ Hugging Face model in this process and vLLM's worker in its own:
 Each sync's time is split into moving the bytes and vLLM's load work
 (librdt: the worker's time waiting for bytes and landing them, and its time
 processing layers, which overlap; the others: everything before
-reload_weights, and reload_weights). Every method is checked: vLLM's greedy
+reload_weights, and reload_weights), and each librdt sync's CPU seconds per process. Every
+method is checked: vLLM's greedy
 tokens equal the trainer model's after its sync.
 
 Then the backend's cost per tensor: 37,000 tensors of 64 bytes synced from
@@ -107,6 +110,36 @@ def _reload_from_file(worker, path):
     return t1 - t0, time.perf_counter() - t1
 
 
+def cpu_seconds():
+    """CPU seconds (user and system) so far of this process and each of
+    its descendants (vLLM's engine core and worker), by process name."""
+    hz = os.sysconf("SC_CLK_TCK")
+    procs = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            fields = st[st.rindex(")") + 2:].split()
+            procs[int(pid)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / hz)
+    mine, out = {os.getpid()}, {}
+    grew = True
+    while grew:
+        grew = False
+        for pid, (_, ppid, _) in procs.items():
+            if ppid in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    for pid in mine:
+        name, _, sec = procs[pid]
+        name = "trainer (this process)" if pid == os.getpid() else name
+        out[name] = out.get(name, 0.0) + sec
+    return out
+
+
 def _engine_seconds(worker):
     return worker.weight_transfer_engine.stats()["seconds"]
 
@@ -154,29 +187,34 @@ def bench_size(size_gb, syncs):
     del dst
     gc.collect()
 
-    # librdt: the first sync learns; the next ones are timed
-    engine = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=600),
-                                                       client=LLMClient(llm), source=ModuleSource(model))
-    step(model, 0)
-    engine.send_weights()
-    check("librdt (learning)")
-    syncs_t, moves, loads, transfers = [], [], [], []
-    for i in range(syncs + 1):  # the first replay makes the prepared gets: not timed
-        step(model, i + 1)
-        before = llm.collective_rpc(_engine_seconds)[0]
-        t0 = time.perf_counter()
+    # librdt, copying then viewing: the first sync learns; the next ones are timed
+    for key, views in (("librdt", False), ("librdt_views", True)):
+        engine = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=600, views=views),
+                                                           client=LLMClient(llm), source=ModuleSource(model))
+        step(model, 0)
         engine.send_weights()
-        elapsed = time.perf_counter() - t0
-        after = llm.collective_rpc(_engine_seconds)[0]
-        check("librdt")
-        if i == 0:
-            continue
-        syncs_t.append(elapsed)
-        moves.append(after["fetch"] + after["land"] - before["fetch"] - before["land"])
-        loads.append(after["process"] + after["load"] - before["process"] - before["load"])
-        transfers.append(after["transfer"] - before["transfer"])
-    engine.shutdown()
-    row["librdt"] = {"sync": syncs_t, "transfer": moves, "load": loads, "bytes_moving": transfers}
+        check(f"{key} (learning)")
+        syncs_t, moves, loads, transfers, cpu = [], [], [], [], {}
+        for i in range(syncs + 1):  # the first replay makes the prepared gets: not timed
+            step(model, i + 1)
+            before = llm.collective_rpc(_engine_seconds)[0]
+            cpu0 = cpu_seconds()
+            t0 = time.perf_counter()
+            engine.send_weights()
+            elapsed = time.perf_counter() - t0
+            cpu1 = cpu_seconds()
+            after = llm.collective_rpc(_engine_seconds)[0]
+            check(key)
+            if i == 0:
+                continue
+            syncs_t.append(elapsed)
+            moves.append(after["fetch"] + after["land"] - before["fetch"] - before["land"])
+            loads.append(after["process"] + after["load"] - before["process"] - before["load"])
+            transfers.append(after["transfer"] - before["transfer"])
+            for name, sec in cpu1.items():
+                cpu.setdefault(name, []).append(sec - cpu0.get(name, 0.0))
+        engine.shutdown()
+        row[key] = {"sync": syncs_t, "transfer": moves, "load": loads, "bytes_moving": transfers, "cpu": cpu}
 
     # tensors pickled through collective_rpc into reload_weights
     syncs_t, loads = [], []

@@ -15,7 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-METHODS = {"librdt": "rdt (librdt backend)", "rpc": "tensors through vLLM's RPC + reload_weights",
+METHODS = {"librdt": "rdt (librdt backend)", "librdt_views": "rdt (librdt backend), views=True",
+           "rpc": "tensors through vLLM's RPC + reload_weights",
            "shm_checkpoint": "/dev/shm safetensors + reload_weights", "memcpy": "one memcpy of the bytes",
            "rdt_alone": "rdt alone: the bytes into a plain process"}
 
@@ -39,7 +40,9 @@ def main() -> None:
         f"of the timed syncs ({r['cpus']} CPUs); librdt's first sync, which learns the plan, is not timed.",
         "\"Transfer\" is moving the bytes (librdt: the worker waiting for and landing them; rpc: everything",
         "before reload_weights; shm: writing and reading the checkpoint); \"load\" is vLLM's work (librdt:",
-        "its layers' processing, which overlaps the transfer; the others: reload_weights). \"Bytes moving\"",
+        "its layers' processing, which overlaps the transfer; the others: reload_weights); with views=True",
+        "\"transfer\" is waiting for the trainer's staged objects to be mapped (the trainer staging them) and",
+        "copying what is not processed from the mapping. \"Bytes moving\"",
         "is librdt's prepared gets running on the worker's fetch thread (beside the processing, on 2 cores),",
         "and \"rdt alone\" the same bytes fetched by a plain process with a rebound prepared get (the",
         "transport without vLLM's worker around it), each against one memcpy of the bytes in one process.",
@@ -50,7 +53,7 @@ def main() -> None:
     for row in rows:
         rdt_sync = med(row["librdt"]["sync"])
         memcpy = med(row["memcpy"]["sync"])
-        for m in ("librdt", "rpc", "shm_checkpoint", "memcpy", "rdt_alone"):
+        for m in ("librdt", "librdt_views", "rpc", "shm_checkpoint", "memcpy", "rdt_alone"):
             v = row[m]
             sync = med(v["sync"])
             transfer = f"{med(v['transfer']):.3f}" if "transfer" in v else ""
@@ -71,6 +74,26 @@ def main() -> None:
         "librdt's sync, while the bytes themselves move at the speed of a memcpy (\"rdt alone\"). On GPU",
         "vLLM keeps unquantized weights as loaded, and librdt lands them in place with no processing (not",
         "measured here: this machine has no GPU).",
+        "",
+        f"CPU seconds per sync at {big['gb']:.2f} GB (medians; each process and its threads, those that ran):",
+        "",
+    ]
+    busy = sorted({name for m in ("librdt", "librdt_views") for name, secs in big[m]["cpu"].items()
+                   if med(secs) >= 0.005})
+    lines += ["| method | wall (s) | " + " | ".join(busy) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in busy) + " |"]
+    for m in ("librdt", "librdt_views"):
+        cpu = big[m]["cpu"]
+        lines.append(f"| {METHODS[m]} | {med(big[m]['sync']):.3f} | "
+                     + " | ".join(f"{med(cpu.get(name, [0.0])):.2f}" for name in busy) + " |")
+    lines += [
+        "",
+        "vLLM binds its CPU worker to the cores it does not keep for the engine core process, one of",
+        "the two here, and the engine core busy-waits for the worker's answer to each call: during a",
+        "sync it burns the other core. So the worker's one core does all of librdt's work when it copies",
+        "(the fetch thread inherits the binding), and with views the trainer stages its objects on the",
+        "core the engine core spins on. Views pay off where several replicas on one host read the one",
+        "staged copy, each replica's core then only processing its layers.",
     ]
     t = r["tensors"]
     sync = med(t["sync"])

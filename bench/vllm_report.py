@@ -80,20 +80,25 @@ def main() -> None:
     ]
     busy = sorted({name for m in ("librdt", "librdt_views") for name, secs in big[m]["cpu"].items()
                    if med(secs) >= 0.005})
-    lines += ["| method | wall (s) | " + " | ".join(busy) + " |",
-              "| --- | --- | " + " | ".join("---" for _ in busy) + " |"]
+    lines += ["| method | wall (s) | " + " | ".join(busy) + f" | all of them / {r['cpus']} CPUs |",
+              "| --- | --- | " + " | ".join("---" for _ in busy) + " | --- |"]
     for m in ("librdt", "librdt_views"):
         cpu = big[m]["cpu"]
+        total = sum(med(cpu.get(name, [0.0])) for name in busy)
         lines.append(f"| {METHODS[m]} | {med(big[m]['sync']):.3f} | "
-                     + " | ".join(f"{med(cpu.get(name, [0.0])):.2f}" for name in busy) + " |")
+                     + " | ".join(f"{med(cpu.get(name, [0.0])):.2f}" for name in busy) + f" | {total / r['cpus']:.3f} |")
     lines += [
         "",
-        "vLLM binds its CPU worker to the cores it does not keep for the engine core process, one of",
-        "the two here, and the engine core busy-waits for the worker's answer to each call: during a",
-        "sync it burns the other core. So the worker's one core does all of librdt's work when it copies",
-        "(the fetch thread inherits the binding), and with views the trainer stages its objects on the",
-        "core the engine core spins on. Views pay off where several replicas on one host read the one",
-        "staged copy, each replica's core then only processing its layers.",
+        "The machine is busy for the whole sync: the CPU seconds of all processes, spread over the CPUs,",
+        "come to the wall time. vLLM binds its CPU worker to the cores it does not keep for the engine",
+        "core process, one of the two here, and the engine core busy-waits for the worker's answer to",
+        "each call, burning the other core through the sync. So every sync gets one core, the worker's:",
+        "librdt's copy (its fetch thread inherits the binding) and vLLM's repack share it, and with",
+        "views the trainer's staging competes with the engine core's spin instead. On that one core the",
+        "repack alone takes about a third of a /dev/shm sync, and the bytes must still be copied in",
+        "once, so no method that moves them can be 3x faster than the /dev/shm checkpoint here. Views",
+        "pay off where several replicas on one host read the one staged copy, each replica's cores then",
+        "only processing their layers.",
     ]
     t = r["tensors"]
     sync = med(t["sync"])

@@ -14,7 +14,7 @@ returns, and the optimizer may change the weights then.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch._utils import _flatten_dense_tensors as flatten_dense_tensors
@@ -74,7 +74,11 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         self.info = info
         self.runtime = runtime
         self.version = 0
-        self._buckets: Optional[Dict[str, Tuple[int, int]]] = None  # name -> (bucket, object in it), from metadata
+        # From the metadata: name -> bucket, name -> object in its bucket,
+        # and the buckets of more than one object.
+        self._buckets: Optional[Dict[str, int]] = None
+        self._objects: Dict[str, int] = {}
+        self._split: Set[int] = set()
 
     @classmethod
     def trainer_init(cls, init_info: LibrdtTrainerInitInfo, *, client: VLLMWeightSyncClient,
@@ -139,8 +143,11 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         source itself, not its per-group batches, keeps the cost per tensor
         to a dictionary lookup."""
         if self._buckets is None:
-            self._buckets = _bucket_of(source, self.info.bucket_bytes, OBJECT_BYTES)
-        bucket_of = {name: b for name, (b, _) in self._buckets.items()}
+            placed = _bucket_of(source, self.info.bucket_bytes, OBJECT_BYTES)
+            self._buckets = {name: b for name, (b, _) in placed.items()}
+            self._objects = {name: o for name, (_, o) in placed.items()}
+            self._split = {b for b, o in placed.values() if o > 0}
+        bucket_of = self._buckets
         last = max(bucket_of.values(), default=-1)
         pending: List[Tuple[str, torch.Tensor]] = []
         current = 0
@@ -162,8 +169,11 @@ class LibrdtTrainerWeightTransferEngine(TrainerWeightTransferEngine[LibrdtTraine
         one update, then waits until every worker let each go."""
         assert self._buckets is not None
         parts: Dict[int, List[Tuple[str, torch.Tensor]]] = {}
-        for name, t in bucket:
-            parts.setdefault(self._buckets[name][1], []).append((name, t))
+        if bucket and self._buckets[bucket[0][0]] in self._split:
+            for name, t in bucket:
+                parts.setdefault(self._objects[name], []).append((name, t))
+        elif bucket:
+            parts[0] = bucket
         mine: Tuple[List[str], List[List[str]], List[Any]] = ([], [], [])
         put: List[Tuple[rdt.ObjectRef, torch.Tensor]] = []
         try:

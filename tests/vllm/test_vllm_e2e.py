@@ -175,6 +175,53 @@ def test_views_process_layers_from_the_trainers_one_staged_copy(setup, order):
         llm.collective_rpc(_stop_digests)
 
 
+def test_tensor_parallel_ranks_each_pull_only_their_shard(tmp_path, monkeypatch):
+    """Two tensor-parallel ranks of a real vLLM: after the sync that learns
+    the layout, each rank's replay moves exactly its shard: half of every
+    weight matrix (rows of q, k, v, gate, up and the embeddings; columns of
+    o and down, one span a row) and the norms whole."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from vllm import LLM, SamplingParams
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
+    from rdt.vllm import LibrdtTrainerInitInfo, LLMClient
+
+    # Two ranks on two cores: vLLM's automatic binding would keep one core for its engine core.
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    path = str(tmp_path / "llama")
+    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    torch.manual_seed(1)
+    hf = LlamaForCausalLM(cfg).eval()
+    hf.save_pretrained(path)
+    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              max_model_len=128, tensor_parallel_size=2, distributed_executor_backend="mp",
+              weight_transfer_config=WeightTransferConfig(backend="librdt"))
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, detokenize=False)
+    shard = sum(p.numel() * p.element_size() // (2 if p.dim() == 2 else 1) for p in hf.parameters())
+    trainer = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=60),
+                                                        client=LLMClient(llm), source=ModuleSource(hf))
+    try:
+        for round_ in range(3):
+            before = llm.collective_rpc(_engine_stats)
+            assert trainer.send_weights() == round_ + 1
+            outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+            assert [list(o.outputs[0].token_ids) for o in outs] == hf_greedy(hf)
+            after = llm.collective_rpc(_engine_stats)
+            assert len(after) == 2 and [a["version"] for a in after] == [round_ + 1] * 2
+            if round_:  # a replay: each rank its shard
+                assert [a["bytes_received"] - b["bytes_received"] for a, b in zip(after, before)] == [shard] * 2
+            g = torch.Generator().manual_seed(200 + round_)
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    finally:
+        trainer.shutdown()
+        llm.llm_engine.engine_core.shutdown()
+
+
 def test_the_example_syncs_a_vllm_server_over_its_http_routes():
     """examples/python/vllm_sync.py --http: `vllm serve` with
     --weight-transfer-config, vLLM's HTTPVLLMWeightSyncClient, the tokens

@@ -26,6 +26,39 @@ def _extent(t: torch.Tensor) -> Optional[Tuple[int, int]]:
     return lo, lo + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
+MAX_SPANS = 1 << 16
+"""Spans one read of a strided tensor is recorded as at most; a read of
+more (or of a tensor whose last dimension is strided) counts as its whole
+extent."""
+
+
+def _spans(t: torch.Tensor) -> List[Tuple[int, int]]:
+    """The runs of storage elements t covers: one for a contiguous tensor;
+    for a slice of columns (a row-parallel layer's shard, say) one per row,
+    so that a rank fetches its columns only."""
+    extent = _extent(t)
+    if extent is None:
+        return []
+    shape, stride = list(t.shape), list(t.stride())
+    # The innermost dimensions that lie back to back make one run.
+    run, d = 1, len(shape)
+    while d > 0 and (shape[d - 1] == 1 or stride[d - 1] == run):
+        run *= shape[d - 1]
+        d -= 1
+    if d == 0 or run == 1:
+        return [extent]
+    outer = [(n, st) for n, st in zip(shape[:d], stride[:d]) if n > 1]
+    count = 1
+    for n, _ in outer:
+        count *= n
+    if count > MAX_SPANS:
+        return [extent]
+    firsts = [t.storage_offset()]
+    for n, st in outer:
+        firsts = [f + i * st for f in firsts for i in range(n)]
+    return _merge([(f, f + run) for f in firsts])
+
+
 def storage_of(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -134,9 +167,7 @@ class Watch(TorchFunctionMode):
         plain = False
         if sources and fname not in _METADATA and not self._aliases(out, sources):  # else metadata or a view
             for a, (i, first) in sources:
-                span = _extent(a)
-                if span is not None:
-                    self.read[i].append((span[0] - first, span[1] - first))
+                self.read[i].extend((lo - first, hi - first) for lo, hi in _spans(a))
             plain = (fname == "copy_" and len(args) >= 2 and not kwargs and isinstance(args[1], torch.Tensor)
                      and self._copy(args[0], args[1]))
             if not plain:

@@ -48,27 +48,35 @@ def digests(model):
             for n, p in model.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def llama_and_vllm(path, seed, **llm_args):
+    """A small Llama of random weights (seed) saved at path, as the
+    trainer's Hugging Face model, and vLLM's CPU build serving its config
+    with dummy weights and the librdt backend; a function of vLLM's greedy
+    tokens for PROMPTS."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from vllm import LLM, SamplingParams
     from vllm.config import WeightTransferConfig
 
-    path = str(tmp_path_factory.mktemp("llama"))
     cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=False)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     hf = LlamaForCausalLM(cfg).eval()
     hf.save_pretrained(path)
     llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              max_model_len=128, weight_transfer_config=WeightTransferConfig(backend="librdt"))
+              max_model_len=128, weight_transfer_config=WeightTransferConfig(backend="librdt"), **llm_args)
     params = SamplingParams(temperature=0, max_tokens=TOKENS, detokenize=False)
 
     def generate():
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
+    return hf, llm, generate
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    hf, llm, generate = llama_and_vllm(str(tmp_path_factory.mktemp("llama")), seed=0)
     yield hf, llm, generate
     llm.llm_engine.engine_core.shutdown()
 
@@ -180,26 +188,14 @@ def test_tensor_parallel_ranks_each_pull_only_their_shard(tmp_path, monkeypatch)
     the layout, each rank's replay moves exactly its shard: half of every
     weight matrix (rows of q, k, v, gate, up and the embeddings; columns of
     o and down, one span a row) and the norms whole."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from vllm import LLM, SamplingParams
-    from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
     from rdt.vllm import LibrdtTrainerInitInfo, LLMClient
 
     # Two ranks on two cores: vLLM's automatic binding would keep one core for its engine core.
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    path = str(tmp_path / "llama")
-    cfg = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    torch.manual_seed(1)
-    hf = LlamaForCausalLM(cfg).eval()
-    hf.save_pretrained(path)
-    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              max_model_len=128, tensor_parallel_size=2, distributed_executor_backend="mp",
-              weight_transfer_config=WeightTransferConfig(backend="librdt"))
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, detokenize=False)
+    hf, llm, generate = llama_and_vllm(str(tmp_path / "llama"), seed=1, tensor_parallel_size=2,
+                                       distributed_executor_backend="mp")
     shard = sum(p.numel() * p.element_size() // (2 if p.dim() == 2 else 1) for p in hf.parameters())
     trainer = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, timeout_s=60),
                                                         client=LLMClient(llm), source=ModuleSource(hf))
@@ -207,8 +203,7 @@ def test_tensor_parallel_ranks_each_pull_only_their_shard(tmp_path, monkeypatch)
         for round_ in range(3):
             before = llm.collective_rpc(_engine_stats)
             assert trainer.send_weights() == round_ + 1
-            outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-            assert [list(o.outputs[0].token_ids) for o in outs] == hf_greedy(hf)
+            assert generate() == hf_greedy(hf)
             after = llm.collective_rpc(_engine_stats)
             assert len(after) == 2 and [a["version"] for a in after] == [round_ + 1] * 2
             if round_:  # a replay: each rank its shard

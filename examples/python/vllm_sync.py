@@ -11,9 +11,11 @@ model's own.
 By default vLLM runs in this process (an offline LLM, driven through
 LLMClient); with --http it is a `vllm serve` server with its weight-sync
 routes, driven through vLLM's HTTPVLLMWeightSyncClient, and its tokens
-come from /v1/completions.
+come from /v1/completions. With --views, vLLM's worker maps the trainer's
+one staged copy of each bucket rather than copying it (what several
+replicas on the trainer's host share).
 
-    python examples/python/vllm_sync.py [--steps 3] [--layers 2] [--http]
+    python examples/python/vllm_sync.py [--steps 3] [--layers 2] [--http] [--views]
 
 It needs vLLM (the CPU build runs here: tests/vllm/requirements.txt pins
 it) and transformers; without them it says so and exits.
@@ -122,6 +124,7 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--http", action="store_true", help="vLLM as a `vllm serve` server, synced over its HTTP routes")
+    p.add_argument("--views", action="store_true", help="the worker maps the trainer's staged copy instead of copying")
     a = p.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     folder = tempfile.mkdtemp(prefix="vllm-sync-")
@@ -136,7 +139,7 @@ def main():
     client, served, stop = served_over_http(folder) if a.http else offline(folder)
     try:
         # The trainer side: its model as a WeightSource.
-        engine = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0), client=client,
+        engine = WeightTransferTrainerFactory.trainer_init(LibrdtTrainerInitInfo(rank=0, views=a.views), client=client,
                                                            source=ModuleSource(trainer_model))
         for step in range(a.steps):
             with torch.no_grad():  # the "optimizer step"

@@ -152,10 +152,9 @@ func (p *Prepared) keep(f *Fetch) {
 		parts = append(parts, &preparedPart{ref: p.refs[tr.index], peer: tr.peer, e: tr.entry, x: *tr.x,
 			local: tr.wire(), tmeta: tr.tmeta, cmeta: tr.cmeta, nbytes: tr.nbytes})
 	}
-	write := p.opts.write != nil
 	for _, part := range parts {
 		if pr, ok := part.e.t.(transport.Preparer); ok {
-			started, err := pr.Prepare(&part.x, part.local, part.tmeta, part.cmeta, write)
+			started, err := pr.Prepare(&part.x, part.local, part.tmeta, part.cmeta)
 			if err != nil {
 				// The transport's own start will say the same, each run.
 				p.rt.log.Debugf("transport %s could not prepare a transfer of object %s: %v", part.e.desc.Name, part.x.Object, err)

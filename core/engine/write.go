@@ -81,7 +81,7 @@ func (tr *transfer) beginWrite() error {
 	if err := tr.checkWriteDevices(); err != nil {
 		return err
 	}
-	tr.x = &transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Role: transport.RoleSource, Source: rt.Identity(), Pieces: tr.pieces}
+	tr.x = &transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Role: transport.RoleSource, Direction: transport.Write, Source: rt.Identity(), Pieces: tr.pieces}
 	if tr.ref.owned {
 		tr.local = true
 		tr.x.Transport = "local copy"

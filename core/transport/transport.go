@@ -10,13 +10,35 @@ const (
 	RoleDestination Role = 2
 )
 
+// Direction says which way a transfer's bytes go. Source always sends and
+// Destination always receives; the object's owner is Source in a read and
+// Destination in a write (see Transfer.Owner).
+type Direction uint32
+
+const (
+	// Read moves an object's bytes from its owner to a reader.
+	Read Direction = 0
+	// Write moves a writer's bytes into an object its owner exposed.
+	Write Direction = 1
+)
+
+func (d Direction) String() string {
+	if d == Write {
+		return "write"
+	}
+	return "read"
+}
+
 // Transfer describes one transfer of one object to a transport. The same
 // TransferID identifies it on both sides.
 type Transfer struct {
-	Object      ObjectID
-	TransferID  uint64
-	Transport   string
-	Role        Role
+	Object     ObjectID
+	TransferID uint64
+	Transport  string
+	Role       Role
+	Direction  Direction
+	// Source sends the bytes and Destination receives them, whatever the
+	// direction; Owner says which of them holds the object.
 	Source      PeerInfo
 	Destination PeerInfo
 	// Pieces, in a partial fetch, is what each target receives: Pieces[i]
@@ -25,6 +47,24 @@ type Transfer struct {
 	// are given pieces; on the source of a two-sided one, Send gets the
 	// destination's pieces and sends those bytes in that order.
 	Pieces []Piece
+}
+
+// Owner is the runtime that holds the transfer's object: Source in a read,
+// Destination in a write.
+func (x *Transfer) Owner() PeerInfo {
+	if x.Direction == Write {
+		return x.Destination
+	}
+	return x.Source
+}
+
+// Peer is the other side of the transfer from the one running this call
+// (the side Role names).
+func (x *Transfer) Peer() PeerInfo {
+	if x.Role == RoleSource {
+		return x.Destination
+	}
+	return x.Source
 }
 
 // Transport moves the bytes of objects between runtimes. It mirrors Ray's
@@ -93,11 +133,11 @@ type ExposedMetadata interface {
 }
 
 // Preparer is an optional half of a one-sided transport: the checks of a
-// fetch or a write (Write says which) done once, for a transfer the engine
+// fetch or a write (x.Direction says which) done once, for a transfer the engine
 // starts again and again with the same tensors and metadata (a prepared
 // transfer). Without it, the engine calls Fetch or Write each time.
 type Preparer interface {
-	Prepare(x *Transfer, local []Tensor, tmeta, cmeta []byte, write bool) (Prepared, error)
+	Prepare(x *Transfer, local []Tensor, tmeta, cmeta []byte) (Prepared, error)
 }
 
 // Prepared starts the transfer it was made for: Start is Fetch (or Write)

@@ -149,12 +149,8 @@ func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local
 // for a transfer started again and again. Each start still checks, after
 // the copy, that the owner lived through it and that the object's guard
 // holds its token, as every transfer does.
-func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Prepared, error) {
-	owner := x.Source
-	if write {
-		owner = x.Destination
-	}
-	return t.prepare(x, owner, local, tmeta, write)
+func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte) (transport.Prepared, error) {
+	return t.prepare(x, x.Owner(), local, tmeta, x.Direction == transport.Write)
 }
 
 // prepared is a checked transfer: Start copies.

@@ -707,9 +707,9 @@ const (
 // only creates and posts the NIXL requests (registering memory costs more
 // than moving a small transfer). The remote agent is still acquired per
 // Start, so that a peer gone in between is invalidated as for any fetch.
-func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Prepared, error) {
+func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte) (transport.Prepared, error) {
 	op := C.int(C.RDTNX_XFER_READ)
-	if write {
+	if x.Direction == transport.Write {
 		op = C.RDTNX_XFER_WRITE
 	}
 	pl, err := t.plan(x, local, tmeta, op)

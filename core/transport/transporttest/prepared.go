@@ -71,7 +71,7 @@ func (s *suite) prepared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := pr.Prepare(x, targets, meta, cmeta, false)
+		p, err := pr.Prepare(x, targets, meta, cmeta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func (s *suite) prepared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := pr.Prepare(x, sources, meta, cmeta, true)
+		p, err := pr.Prepare(x, sources, meta, cmeta)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,6 +34,7 @@ func (s *suite) writesOnly(t *testing.T, e *end) transport.Writer {
 func writeTransfer(obj transport.ObjectID, name string, from, owner transport.PeerInfo) *transport.Transfer {
 	x := transfer(obj, name, from, owner)
 	x.Role = transport.RoleSource
+	x.Direction = transport.Write
 	return x
 }
 

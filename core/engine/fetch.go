@@ -23,7 +23,8 @@ type FetchOptions struct {
 	// Sources[i], and a ref none of them names is not fetched.
 	Sources []Source
 
-	write *writeMode // set by StartWrite and Write: the fetch writes (write.go)
+	dir transport.Direction // Write for StartWrite, Write and PrepareWrite (write.go)
+	tag uint64              // a write's, handed to its owners
 }
 
 // Fetch is a set of concurrent transfers, one per ref, waited on together;
@@ -31,9 +32,10 @@ type FetchOptions struct {
 type Fetch struct {
 	rt        *Runtime
 	transfers []*transfer
-	override  string     // the transport every ref is fetched with ("": each its own)
-	write     *writeMode // a write into exposed objects; nil for a fetch
-	start     time.Time  // when the fetch was asked for: its transfers' latencies count from here
+	override  string              // the transport every ref is fetched with ("": each its own)
+	dir       transport.Direction // Write: a write into exposed objects
+	tag       uint64              // a write's
+	start     time.Time           // when the fetch was asked for: its transfers' latencies count from here
 	// ctx bounds the network phases of every transfer (connecting to the
 	// owner, the borrow, metadata): it ends when the fetch is aborted, and
 	// at the caller's deadline for Get.
@@ -134,7 +136,7 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 		if _, err := rt.checkFetchArgs(refs, targets, opts); err != nil {
 			return err
 		}
-		if err := noTimeForPeers(refs, opts.write != nil); err != nil {
+		if err := noTimeForPeers(refs, opts.dir); err != nil {
 			return err
 		}
 		timeout = -1 // this runtime's own objects: copies that wait for no one
@@ -177,11 +179,7 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 		<-f.done
 		return result()
 	}
-	what := "fetch"
-	if f.write != nil {
-		what = "write"
-	}
-	timedOut := transport.Errorf(transport.ErrTimeout, "%s did not complete within %v (%d of %d transfers still running)", what, timeout, f.remaining.Load(), len(f.transfers))
+	timedOut := transport.Errorf(transport.ErrTimeout, "%s did not complete within %v (%d of %d transfers still running)", f.dir.Verb(), timeout, f.remaining.Load(), len(f.transfers))
 	if !f.giveUp(timedOut) {
 		<-f.done // it ended as the deadline passed: its outcome stands
 		return result()
@@ -194,9 +192,9 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 // runtime, so one that would is refused with ErrTimeout before anything
 // starts, on every transport alike; only a runtime's own objects, which
 // need no other process, are fetched, written or viewed.
-func noTimeForPeers(refs []*Ref, write bool) error {
+func noTimeForPeers(refs []*Ref, dir transport.Direction) error {
 	what := "fetched"
-	if write {
+	if dir == transport.Write {
 		what = "written"
 	}
 	for i, r := range refs {
@@ -235,11 +233,11 @@ func (rt *Runtime) checkFetchArgs(refs []*Ref, targets []transport.Tensor, opts 
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
 		}
 	}
-	if err := checkDirection(refs, opts.write != nil); err != nil {
+	if err := checkDirection(refs, opts.dir); err != nil {
 		return nil, err
 	}
 	// A write's sources are only read: they may overlap.
-	return planTargets(refs, targets, opts.Sources, opts.write == nil)
+	return planTargets(refs, targets, opts.Sources, opts.dir == transport.Read)
 }
 
 // newFetch checks the arguments, takes the fetch's own handles on the
@@ -259,7 +257,7 @@ func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchO
 		override = e.desc.Name
 	}
 
-	f := &Fetch{rt: rt, override: override, write: opts.write, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
+	f := &Fetch{rt: rt, override: override, dir: opts.dir, tag: opts.tag, start: time.Now(), done: make(chan struct{}), abortCh: make(chan struct{}), eventFD: -1}
 	for i, r := range refs {
 		p := plans[i]
 		if p == nil {

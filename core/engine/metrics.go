@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // Fetch latency histograms, kept per transport and per object size class
@@ -78,6 +80,7 @@ func (h *fetchHistograms) recordFailure(nbytes uint64) {
 // taken during fetches may hold a fetch in Buckets but not yet in SumNanos.
 type FetchHistogram struct {
 	Transport string
+	Direction transport.Direction
 	SizeClass int
 	Buckets   [FetchLatencyBuckets]uint64
 	Count     uint64 // completed fetches: the sum of Buckets
@@ -86,23 +89,31 @@ type FetchHistogram struct {
 	Failures  uint64 // failed fetches (in no bucket)
 }
 
-// FetchHistograms snapshots the fetch histograms of every registered
-// transport, in name and size class order, leaving out those
-// with neither a fetch nor a failure.
+// FetchHistograms snapshots the histograms of every registered transport,
+// reads and writes alike, in name, direction and size class order, leaving
+// out those with neither a transfer nor a failure.
 func (r *Registry) FetchHistograms() []FetchHistogram {
 	var out []FetchHistogram
 	for _, e := range r.all() {
-		for c := range e.hist {
-			h := &e.hist[c]
-			s := FetchHistogram{Transport: e.desc.Name, SizeClass: c}
-			for b := range h.buckets {
-				s.Buckets[b] = h.buckets[b].Load()
-				s.Count += s.Buckets[b]
-			}
-			s.SumNanos, s.Bytes, s.Failures = h.sumNanos.Load(), h.bytes.Load(), h.failures.Load()
-			if s.Count != 0 || s.Failures != 0 {
-				out = append(out, s)
-			}
+		for dir := range e.hist {
+			out = e.hist[dir].snapshot(out, e.desc.Name, transport.Direction(dir))
+		}
+	}
+	return out
+}
+
+// snapshot appends the size classes with a transfer or a failure.
+func (h *fetchHistograms) snapshot(out []FetchHistogram, name string, dir transport.Direction) []FetchHistogram {
+	for c := range h {
+		hc := &h[c]
+		s := FetchHistogram{Transport: name, Direction: dir, SizeClass: c}
+		for b := range hc.buckets {
+			s.Buckets[b] = hc.buckets[b].Load()
+			s.Count += s.Buckets[b]
+		}
+		s.SumNanos, s.Bytes, s.Failures = hc.sumNanos.Load(), hc.bytes.Load(), hc.failures.Load()
+		if s.Count != 0 || s.Failures != 0 {
+			out = append(out, s)
 		}
 	}
 	return out

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -48,15 +47,12 @@ type Prepared struct {
 	kept bool
 }
 
-// preparedPart is one ref's transfer as the first run resolved it.
+// preparedPart is one ref's transfer as the first run resolved it: its
+// route, kept.
 type preparedPart struct {
 	ref     *Ref
-	peer    control.Peer
-	e       *registered
-	x       transport.Transfer // the template: each run takes a new TransferID
+	r       *route             // its template takes a new TransferID each run
 	local   []transport.Tensor // what the transport moves into or from
-	tmeta   []byte
-	cmeta   []byte
 	nbytes  uint64
 	started transport.Prepared // from the transport's Preparer, or nil
 	adm     *standing          // a write's standing admission, once a kept run asked
@@ -97,7 +93,7 @@ func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOp
 }
 
 // Write reports whether the Prepared writes (else it fetches).
-func (p *Prepared) Write() bool { return p.opts.write != nil }
+func (p *Prepared) Write() bool { return p.opts.dir == transport.Write }
 
 // Run runs the transfer once, under timeout (negative: none), and returns
 // its outcome as Get or Write would. tag is the write's tag (ignored by a
@@ -112,7 +108,7 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
 	}
 	if timeout == 0 {
-		if err := noTimeForPeers(p.refs, p.opts.write != nil); err != nil {
+		if err := noTimeForPeers(p.refs, p.opts.dir); err != nil {
 			return err
 		}
 		timeout = -1 // this runtime's own objects: copies that wait for no one
@@ -127,9 +123,7 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 // its transfers when all of them can be kept.
 func (p *Prepared) runFull(tag uint64, timeout time.Duration) error {
 	opts := p.opts
-	if opts.write != nil {
-		opts.write = &writeMode{tag: tag}
-	}
+	opts.tag = tag
 	var ended func(*Fetch)
 	if p.parts == nil { // no run succeeded yet: the first that does is kept
 		ended = p.keep
@@ -145,19 +139,19 @@ func (p *Prepared) keep(f *Fetch) {
 		if tr.empty {
 			continue
 		}
-		if tr.local || tr.stage != nil || tr.entry == nil || tr.x == nil || tr.entry.sender != nil || tr.peer == nil {
+		if tr.local || tr.stage != nil || tr.req == nil || tr.route.entry.sender != nil {
 			p.parts = []*preparedPart{} // runs the ordinary way from now on
 			return
 		}
-		parts = append(parts, &preparedPart{ref: p.refs[tr.index], peer: tr.peer, e: tr.entry, x: *tr.x,
-			local: tr.wire(), tmeta: tr.tmeta, cmeta: tr.cmeta, nbytes: tr.nbytes})
+		parts = append(parts, &preparedPart{ref: p.refs[tr.index], r: tr.route, local: tr.wire(), nbytes: tr.nbytes})
 	}
 	for _, part := range parts {
-		if pr, ok := part.e.t.(transport.Preparer); ok {
-			started, err := pr.Prepare(&part.x, part.local, part.tmeta, part.cmeta)
+		r := part.r
+		if pr, ok := r.entry.t.(transport.Preparer); ok {
+			started, err := pr.Prepare(&r.x, part.local, r.tmeta, r.cmeta)
 			if err != nil {
 				// The transport's own start will say the same, each run.
-				p.rt.log.Debugf("transport %s could not prepare a transfer of object %s: %v", part.e.desc.Name, part.x.Object, err)
+				p.rt.log.Debugf("transport %s could not prepare a transfer of object %s: %v", r.entry.desc.Name, r.x.Object, err)
 				continue
 			}
 			part.started = started
@@ -186,7 +180,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		return ctx
 	}
 	defer func() { cancel() }()
-	write := p.opts.write != nil
+	write := p.opts.dir == transport.Write
 	type running struct {
 		part *preparedPart
 		x    *transport.Transfer
@@ -201,36 +195,33 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	}
 	fail := func(i int, err error) {
 		if firstErr == nil {
-			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", what, i, p.parts[i].x.Object, p.parts[i].ref.desc.Owner.Address)
+			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", what, i, p.parts[i].r.x.Object, p.parts[i].ref.desc.Owner.Address)
 		}
 	}
 	for i, part := range p.parts {
-		if isClosed(part.peer.Done()) {
-			fail(i, transport.Errorf(transport.ErrPeerUnavailable, "the owner %s is gone", part.peer.Info()))
+		if peer := part.r.peer; isClosed(peer.Done()) {
+			fail(i, transport.Errorf(transport.ErrPeerUnavailable, "the owner %s is gone", peer.Info()))
 			break
 		}
-		x := part.x
+		x := part.r.x
 		p.nextID++
 		x.TransferID = p.nextID
 		r := running{part: part, x: &x}
 		if write {
 			adm, err := p.beginRun(runCtx(), part, tag)
 			if err != nil {
-				p.account(part, err, 0)
+				rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 				fail(i, err)
 				break
 			}
 			// The owner's servers (tcp's) find the write by its admission.
 			r.adm, x.TransferID = adm, adm.key.id
 		}
-		err := transport.ProtectOf(rt.log, "starting a prepared transfer over", part.e.desc.Name, func() (err error) {
-			switch {
-			case part.started != nil:
+		err := transport.ProtectOf(rt.log, "starting a prepared transfer over", part.r.entry.desc.Name, func() (err error) {
+			if part.started != nil {
 				r.req, err = part.started.Start(r.x)
-			case write:
-				r.req, err = part.e.writer.Write(r.x, part.local, part.tmeta, part.cmeta)
-			default:
-				r.req, err = part.e.t.Fetch(r.x, part.local, part.tmeta, part.cmeta)
+			} else {
+				r.req, err = part.r.start(r.x, part.local)
 			}
 			return err
 		})
@@ -238,7 +229,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			if r.adm != nil {
 				p.endRun(r.adm, tag, err)
 			}
-			p.account(part, err, 0)
+			rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 			fail(i, err)
 			break
 		}
@@ -249,7 +240,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 	errs := make([]error, len(runs))
 	for k, r := range runs {
 		errs[k] = p.wait(runCtx, r.part, r.x, r.req)
-		released := transport.ProtectOf(rt.log, "releasing a request of transport", r.part.e.desc.Name, func() error {
+		released := transport.ProtectOf(rt.log, "releasing a request of transport", r.part.r.entry.desc.Name, func() error {
 			r.req.Release()
 			return nil
 		})
@@ -271,7 +262,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		if r.adm != nil {
 			p.endRun(r.adm, tag, err)
 		}
-		p.account(r.part, err, time.Since(start))
+		rt.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
 	}
 	return firstErr
 }
@@ -280,7 +271,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 // waits until it has stopped.
 func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
 	wait := func() error {
-		return transport.ProtectOf(p.rt.log, "waiting for transport", part.e.desc.Name, req.Wait)
+		return transport.ProtectOf(p.rt.log, "waiting for transport", part.r.entry.desc.Name, req.Wait)
 	}
 	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
 		return wait()
@@ -293,8 +284,8 @@ func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *tr
 		return err
 	case <-ctx.Done():
 	}
-	if part.e.desc.CanAbort {
-		part.e.t.Abort(x, req)
+	if e := part.r.entry; e.desc.CanAbort {
+		e.t.Abort(x, req)
 	}
 	err := <-done
 	if errors.Is(context.Cause(ctx), errGetDeadline) {
@@ -304,28 +295,6 @@ func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *tr
 		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
 	}
 	return err
-}
-
-// account counts a kept transfer's outcome as an ordinary one is counted.
-func (p *Prepared) account(part *preparedPart, err error, took time.Duration) {
-	c := &p.rt.c
-	switch {
-	case p.opts.write != nil && err == nil:
-		c.writesCompleted.Add(1)
-		c.bytesWritten.Add(part.nbytes)
-	case p.opts.write != nil:
-		c.writesFailed.Add(1)
-	case err == nil:
-		c.transfersCompleted.Add(1)
-		c.bytesReceived.Add(part.nbytes)
-		part.e.stats.TransfersCompleted.Add(1)
-		part.e.stats.BytesReceived.Add(part.nbytes)
-		part.e.hist.recordFetch(part.nbytes, took)
-	default:
-		c.transfersFailed.Add(1)
-		part.e.stats.TransfersFailed.Add(1)
-		part.e.hist.recordFailure(part.nbytes)
-	}
 }
 
 func (p *Prepared) indexOf(part *preparedPart) int {

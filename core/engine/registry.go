@@ -5,19 +5,9 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/rdt-project/rdt/core/transport"
 )
-
-// TransportStats are counters kept per registered transport.
-type TransportStats struct {
-	TransfersCompleted atomic.Uint64
-	TransfersFailed    atomic.Uint64
-	BytesReceived      atomic.Uint64
-	SendsCompleted     atomic.Uint64
-	BytesSent          atomic.Uint64
-}
 
 type registered struct {
 	t       transport.Transport
@@ -25,8 +15,11 @@ type registered struct {
 	sender  transport.Sender     // nil for one-sided transports
 	writer  transport.Writer     // nil unless the descriptor sets Writes
 	builtin bool
-	stats   TransportStats
-	hist    fetchHistograms // fetches as destination, by size class
+	// What this runtime moved over the transport, by direction (see
+	// account), and what it sent as the source of two-sided reads.
+	moved [2]outcomes
+	hist  [2]fetchHistograms
+	sends outcomes
 }
 
 // Registry maps canonical names to transports, per runtime.
@@ -249,9 +242,14 @@ type TransportInfo struct {
 	Ranges             bool
 	Writes             bool // writes into exposed objects
 	Auto               transport.AutoRank
+	// Reads this runtime received, writes it sent, and the sends it made
+	// as the source of two-sided reads.
 	TransfersCompleted uint64
 	TransfersFailed    uint64
 	BytesReceived      uint64
+	WritesCompleted    uint64
+	WritesFailed       uint64
+	BytesWritten       uint64
 	SendsCompleted     uint64
 	BytesSent          uint64
 }
@@ -269,11 +267,14 @@ func (r *Registry) List() []TransportInfo {
 			Ranges:             e.desc.Ranges,
 			Writes:             e.writer != nil,
 			Auto:               e.desc.Auto,
-			TransfersCompleted: e.stats.TransfersCompleted.Load(),
-			TransfersFailed:    e.stats.TransfersFailed.Load(),
-			BytesReceived:      e.stats.BytesReceived.Load(),
-			SendsCompleted:     e.stats.SendsCompleted.Load(),
-			BytesSent:          e.stats.BytesSent.Load(),
+			TransfersCompleted: e.moved[transport.Read].completed.Load(),
+			TransfersFailed:    e.moved[transport.Read].failed.Load(),
+			BytesReceived:      e.moved[transport.Read].bytes.Load(),
+			WritesCompleted:    e.moved[transport.Write].completed.Load(),
+			WritesFailed:       e.moved[transport.Write].failed.Load(),
+			BytesWritten:       e.moved[transport.Write].bytes.Load(),
+			SendsCompleted:     e.sends.completed.Load(),
+			BytesSent:          e.sends.bytes.Load(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

@@ -109,12 +109,11 @@ func (rt *Runtime) atStage(stage string) {
 }
 
 type counters struct {
-	refs, fetchesActive                                atomic.Int64
-	objectsFreed, leasesExpired                        atomic.Uint64
-	transfersCompleted, transfersFailed, bytesReceived atomic.Uint64
-	sendsCompleted, bytesSent, localCopies             atomic.Uint64
-	writesCompleted, writesFailed, bytesWritten        atomic.Uint64
-	viewsOpen, bytesViewed                             atomic.Int64 // mapped views held
+	refs, fetchesActive                    atomic.Int64
+	objectsFreed, leasesExpired            atomic.Uint64
+	moved                                  [2]outcomes // by direction (see account)
+	sendsCompleted, bytesSent, localCopies atomic.Uint64
+	viewsOpen, bytesViewed                 atomic.Int64 // mapped views held
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -646,15 +645,15 @@ func (rt *Runtime) Stats() Stats {
 		Refs:               uint64(rt.c.refs.Load()),
 		LeasesExpired:      rt.c.leasesExpired.Load(),
 		FetchesActive:      uint64(rt.c.fetchesActive.Load()),
-		TransfersCompleted: rt.c.transfersCompleted.Load(),
-		TransfersFailed:    rt.c.transfersFailed.Load(),
-		BytesReceived:      rt.c.bytesReceived.Load(),
+		TransfersCompleted: rt.c.moved[transport.Read].completed.Load(),
+		TransfersFailed:    rt.c.moved[transport.Read].failed.Load(),
+		BytesReceived:      rt.c.moved[transport.Read].bytes.Load(),
 		SendsCompleted:     rt.c.sendsCompleted.Load(),
 		BytesSent:          rt.c.bytesSent.Load(),
 		LocalCopies:        rt.c.localCopies.Load(),
-		WritesCompleted:    rt.c.writesCompleted.Load(),
-		WritesFailed:       rt.c.writesFailed.Load(),
-		BytesWritten:       rt.c.bytesWritten.Load(),
+		WritesCompleted:    rt.c.moved[transport.Write].completed.Load(),
+		WritesFailed:       rt.c.moved[transport.Write].failed.Load(),
+		BytesWritten:       rt.c.moved[transport.Write].bytes.Load(),
 		ViewsOpen:          uint64(rt.c.viewsOpen.Load()),
 		BytesViewed:        uint64(rt.c.bytesViewed.Load()),
 	}

@@ -101,8 +101,7 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 		start := time.Now()
 		err := e.sender.Send(x, o.tensors, tmeta, req.CMeta)
 		if err == nil {
-			e.stats.SendsCompleted.Add(1)
-			e.stats.BytesSent.Add(nbytes)
+			e.sends.add(nbytes, nil)
 			rt.c.sendsCompleted.Add(1)
 			rt.c.bytesSent.Add(nbytes)
 			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, nbytes, time.Since(start))

@@ -109,11 +109,11 @@ func (p *Prepared) beginRun(ctx context.Context, part *preparedPart, tag uint64)
 			return s, nil
 		}
 	}
-	x := &part.x
-	s := &standing{key: admissionKey{owner: part.peer.Info().RuntimeID, id: transport.RandomUint64()}, obj: x.Object, peer: part.peer}
-	open := control.WriteOpen{Object: x.Object, TransferID: s.key.id, Transport: part.e.desc.Name,
+	x, peer := &part.r.x, part.r.peer
+	s := &standing{key: admissionKey{owner: peer.Info().RuntimeID, id: transport.RandomUint64()}, obj: x.Object, peer: peer}
+	open := control.WriteOpen{Object: x.Object, TransferID: s.key.id, Transport: x.Transport,
 		Key: part.ref.desc.WriteKey, Tag: tag, Pieces: x.Pieces, Standing: true}
-	adm, err := part.peer.OpenWrite(ctx, open)
+	adm, err := peer.OpenWrite(ctx, open)
 	if err != nil {
 		return nil, transport.Wrap(err, "owner %s refused the write", part.ref.desc.Owner.Address)
 	}

@@ -25,12 +25,10 @@ type transfer struct {
 	local bool // the fetching runtime owns the object
 	empty bool // nothing to move
 
-	// Remote transfers.
+	// Remote transfers (and a write into an object this runtime exposed,
+	// whose route has no transport).
 	peer       control.Peer
-	entry      *registered
-	x          *transport.Transfer
-	tmeta      []byte // what the transport started with: a Prepared keeps them
-	cmeta      []byte
+	route      *route // resolved by begin: a Prepared keeps it
 	req        transport.Request
 	sendDone   chan error
 	sendCancel context.CancelFunc
@@ -49,8 +47,6 @@ type transfer struct {
 	unconfirmed bool
 	// A start that failed and waits for complete to end it (startInline).
 	failed error
-	// A write the owner admitted: it is owed the write's outcome.
-	opened bool
 	// A write's own outcome, kept for the end of the whole write
 	// (Fetch.endWrites).
 	endErr error
@@ -99,7 +95,7 @@ func (tr *transfer) settle(err error) {
 		return
 	}
 	tr.settled = true
-	if tr.f.write != nil {
+	if tr.f.dir == transport.Write {
 		tr.endErr = err
 	} else {
 		tr.ref.Release()
@@ -142,9 +138,10 @@ func (tr *transfer) ownerCtx() context.Context {
 	return tr.waitCtx
 }
 
-// begin is the start phase of a transfer: connect to the owner, choose the
-// transport, get the metadata, and start the transport's fetch (and the
-// source's send). Every wait in it ends with the fetch's context.
+// begin is the start phase of a transfer: connect to the owner, resolve a
+// route over the first transport that serves it, and start the transport
+// (and a two-sided one's send). Every wait in it ends with the fetch's
+// context.
 func (tr *transfer) begin() error {
 	rt := tr.f.rt
 	desc := tr.ref.desc
@@ -153,49 +150,67 @@ func (tr *transfer) begin() error {
 		tr.empty = true
 		return nil
 	}
-	if tr.f.write != nil {
-		return tr.beginWrite()
+	dir := tr.f.dir
+	if dir == transport.Write {
+		if err := tr.checkWriteDevices(); err != nil {
+			return err
+		}
 	}
 	if tr.ref.owned {
 		tr.local = true
+		if dir == transport.Write {
+			return tr.admitLocal()
+		}
 		return rt.checkLocalCopy(desc, tr.targets, tr.pieces)
 	}
 	if err := tr.connectOwner(); err != nil {
 		return err
 	}
-	peer := tr.peer
-	candidates, auto := tr.candidates(rt.autoCandidates)
+	candidates, auto := tr.candidates()
+	if len(candidates) == 0 {
+		if dir == transport.Write {
+			return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime writes %s memory into %s (have: %v)", desc.Tensors[0].Device.Type, tr.peer.Info(), rt.reg.Names())
+		}
+		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime is chosen automatically for %s memory from %s (have: %s; name one to use it)%s",
+			desc.Tensors[0].Device.Type, tr.peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
+	}
 	var reasons []string
+	var first error
 	for _, name := range candidates {
 		err := tr.beginWith(name)
 		if err == nil {
 			return nil
 		}
+		// The automatic choice tries the next transport where this one
+		// cannot serve; once an owner admitted a write, its notice will
+		// say how this one ended, and no other transport tries it again.
 		st := transport.StatusOf(err)
-		if auto && (st == transport.ErrUnsupported || st == transport.ErrPermissionDenied || st == transport.ErrNotFound) {
-			reasons = append(reasons, err.Error())
-			continue
+		retry := st == transport.ErrUnsupported || st == transport.ErrPermissionDenied || (st == transport.ErrNotFound && dir == transport.Read)
+		if !auto || !retry || tr.admitted() {
+			return err
 		}
-		return err
+		reasons = append(reasons, err.Error())
+		if first == nil {
+			first = err
+		}
 	}
-	if len(candidates) == 0 {
-		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime is chosen automatically for %s memory from %s (have: %s; name one to use it)%s",
-			desc.Tensors[0].Device.Type, peer.Info(), strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
+	if dir == transport.Write {
+		return first
 	}
-	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", peer.Info(), strings.Join(reasons, "; "))
+	return transport.Errorf(transport.ErrUnsupported, "no transport can fetch from %s: %s", tr.peer.Info(), strings.Join(reasons, "; "))
 }
 
 // candidates are the transports a transfer tries, in order: the fetch's
 // override, else the one the ref names, else (auto) those ordered for the
-// object and the owner.
-func (tr *transfer) candidates(ordered func(*ObjectDesc, transport.PeerInfo) []string) (names []string, auto bool) {
+// object, the direction and the owner.
+func (tr *transfer) candidates() (names []string, auto bool) {
 	switch desc := tr.ref.desc; {
 	case tr.f.override != "":
 		return []string{tr.f.override}, false
 	case desc.Transport != "":
 		return []string{desc.Transport}, false
 	default:
-		return ordered(desc, tr.peer.Info()), true
+		return tr.f.rt.autoCandidates(tr.f.dir, desc, tr.peer.Info()), true
 	}
 }
 
@@ -214,73 +229,40 @@ func (tr *transfer) connectOwner() error {
 	return rt.store.borrowRefused(tr.ref.desc.ID)
 }
 
-// connectOwner connects to the owner of the object desc describes and
-// checks that the runtime there still is that owner.
-func (rt *Runtime) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
-	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
-	if err != nil {
-		return nil, transport.Wrap(err, "the owner%s", ownerUnlessNamed(" ", desc, err))
-	}
-	if peer.Info().RuntimeID != desc.Owner.RuntimeID {
-		return nil, transport.Errorf(transport.ErrPeerUnavailable, "the runtime at %s is no longer the owner of object %s", desc.Owner.Address, desc.ID)
-	}
-	return peer, nil
-}
-
-// autoCandidates orders the registered transports for an object put
-// without one, from their descriptors (see transport.AutoRank): host data
-// when every tensor is host-accessible, else CUDA data when a tensor is in
-// CUDA memory; same-host-only transports only for a peer on this host.
-func (rt *Runtime) autoCandidates(desc *ObjectDesc, peer transport.PeerInfo) []string {
-	host, cuda := true, false
-	for _, t := range desc.Tensors {
-		host = host && t.Device.Type.HostAccessible()
-		cuda = cuda || t.Device.Type == transport.DeviceCUDA
-	}
-	if !host && !cuda {
-		return nil
-	}
-	return rt.reg.autoOrder(!host, rt.Identity().SameHost(peer))
-}
-
-// beginWith starts the transfer over transport name: it checks that the
-// transport applies, gets the object's metadata and asks the transport to
-// fetch.
+// beginWith resolves the transfer's route over transport name and starts
+// the transport.
 func (tr *transfer) beginWith(name string) error {
-	rt := tr.f.rt
-	e, err := rt.reg.lookup(name)
+	f := tr.f
+	q := &routeQuery{dir: f.dir, desc: tr.ref.desc, peer: tr.peer, pieces: tr.pieces, wait: tr.ownerCtx, tag: f.tag}
+	if f.dir == transport.Read {
+		q.checks = tr.readable
+	}
+	r, err := f.rt.resolve(q, name)
+	if r != nil && (err == nil || r.admitted) {
+		tr.route = r // an admitted write is owed its outcome
+	}
 	if err != nil {
 		return err
-	}
-	if tr.pieces != nil && !e.desc.Ranges {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot serve a partial fetch (a byte range or a subset of an object's tensors)", name)
-	}
-	if err := tr.awaitBorrow(e); err != nil {
-		return err
-	}
-	if err := tr.planLanding(e); err != nil {
-		return err
-	}
-	peerInfo, err := tr.peerOffering(name)
-	if err != nil {
-		return err
-	}
-	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
-	}
-	tmeta, err := rt.remoteMeta(tr.ownerCtx, tr.peer, tr.ref.desc, name)
-	if err != nil {
-		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
 	}
 	select {
-	case <-tr.f.abortCh:
+	case <-f.abortCh:
 		// Aborted while we asked the owner: start nothing. (A deadline
 		// alone does not stop it: a transfer that completes inside the
 		// transport's fetch still makes a get with timeout 0 succeed.)
-		return transport.Errorf(transport.ErrAborted, "fetch aborted")
+		return transport.Errorf(transport.ErrAborted, "%s aborted", f.dir.Verb())
 	default:
 	}
-	return tr.startTransport(e, peerInfo, tmeta)
+	return tr.startOver(r)
+}
+
+// readable is a read's checks once its transport is known: the owner
+// counted our borrow (awaitBorrow), and the targets can receive what the
+// transport moves (planLanding).
+func (tr *transfer) readable(e *registered) error {
+	if err := tr.awaitBorrow(e); err != nil {
+		return err
+	}
+	return tr.planLanding(e)
 }
 
 // awaitBorrow waits until the owner counted our borrow, unless transport e
@@ -294,59 +276,18 @@ func (tr *transfer) awaitBorrow(e *registered) error {
 	return tr.f.rt.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
 }
 
-// peerOffering is the owner's identity, asked again when it does not
-// advertise transport name (it may have registered it since we connected);
-// an owner without it is ErrUnsupported.
-func (tr *transfer) peerOffering(name string) (transport.PeerInfo, error) {
-	return peerOffering(tr.ownerCtx, tr.peer, name)
-}
-
-// peerOffering is transfer.peerOffering for any wait on the owner: ctx
-// bounds the question, asked only when needed.
-func peerOffering(ctx func() context.Context, peer control.Peer, name string) (transport.PeerInfo, error) {
-	peerInfo := peer.Info()
-	if _, ok := peerInfo.Advert(name); ok {
-		return peerInfo, nil
-	}
-	wctx := ctx()
-	if wctx.Err() != nil {
-		return peerInfo, transport.ContextError(wctx, "asking %s for its transports", peerInfo)
-	}
-	peerInfo, err := peer.Refresh(wctx)
-	if err != nil {
-		return peerInfo, err
-	}
-	if _, ok := peerInfo.Advert(name); !ok {
-		have := make([]string, len(peerInfo.Transports))
-		for i, a := range peerInfo.Transports {
-			have[i] = a.Name
-		}
-		return peerInfo, transport.Errorf(transport.ErrUnsupported, "transport %s: the source runtime %s has no transport of that name (it has: %s)", name, peerInfo, strings.Join(have, ", "))
-	}
-	return peerInfo, nil
-}
-
-// startTransport asks transport e to fetch (and a two-sided one's source
-// to send) and keeps the request.
-func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, tmeta []byte) error {
-	rt, name, desc := tr.f.rt, e.desc.Name, tr.ref.desc
-	x := &transport.Transfer{
-		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
-		Source: peerInfo, Destination: rt.Identity(), Pieces: tr.pieces,
-	}
-	cmeta, err := e.t.CommunicatorMetadata(x)
-	if err != nil {
-		return transportError(name, transport.Wrap(err, "communicator metadata"))
-	}
-	if e.sender != nil {
+// startOver starts the transport over route r (and a two-sided read's
+// send on the source) and keeps the request.
+func (tr *transfer) startOver(r *route) error {
+	rt, name, x := tr.f.rt, r.entry.desc.Name, &r.x
+	if r.entry.sender != nil && x.Direction == transport.Read {
 		sctx, cancel := context.WithCancel(rt.ctx)
 		tr.sendCancel = cancel
 		tr.sendDone = make(chan error, 1)
-		req := control.SendRequest{Object: desc.ID, TransferID: x.TransferID, Transport: name, CMeta: cmeta, Pieces: tr.pieces}
+		req := control.SendRequest{Object: x.Object, TransferID: x.TransferID, Transport: name, CMeta: r.cmeta, Pieces: tr.pieces}
 		go func() { tr.sendDone <- tr.peer.Send(sctx, req) }()
 	}
-	tr.tmeta, tr.cmeta = tmeta, cmeta
-	req, err := e.t.Fetch(x, tr.wire(), tmeta, cmeta)
+	req, err := r.start(x, tr.wire())
 	if err != nil {
 		if tr.sendCancel != nil {
 			tr.sendCancel() // the source's send is aborted; no need to wait for it
@@ -354,31 +295,13 @@ func (tr *transfer) startTransport(e *registered, peerInfo transport.PeerInfo, t
 		}
 		return transportError(name, err)
 	}
-	tr.entry, tr.x, tr.req = e, x, req
+	tr.req = req
 	return nil
 }
 
-// remoteMeta is the transport metadata of a borrowed object: from the ref,
-// from our cache, or asked of the owner (which extracts it on demand) under
-// ctx().
-func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, desc *ObjectDesc, name string) ([]byte, error) {
-	if m, ok := desc.Meta[name]; ok {
-		return m, nil
-	}
-	if m, ok := rt.store.cachedMeta(desc.ID, name); ok {
-		return m, nil
-	}
-	wctx := ctx()
-	if wctx.Err() != nil {
-		return nil, transport.ContextError(wctx, "asking the owner")
-	}
-	m, err := peer.Metadata(wctx, desc.ID, name)
-	if err != nil {
-		return nil, err
-	}
-	rt.store.cacheMeta(desc.ID, name, m)
-	return m, nil
-}
+// admitted reports whether an owner admitted the transfer's write and is
+// owed its outcome.
+func (tr *transfer) admitted() bool { return tr.route != nil && tr.route.admitted }
 
 // run moves the bytes (or waits for the transport to), copies what was
 // staged into its targets, and returns the transfer's outcome. When it
@@ -398,7 +321,7 @@ func (tr *transfer) receive() error {
 		return tr.failed
 	case tr.empty:
 		return nil
-	case tr.local && tr.f.write != nil:
+	case tr.local && tr.f.dir == transport.Write:
 		return tr.writeLocal()
 	case tr.local:
 		return tr.copyLocal()
@@ -432,13 +355,13 @@ func (tr *transfer) receive() error {
 				return nil
 			}
 			if cause == nil {
-				cause = transportError(tr.entry.desc.Name, err)
+				cause = transportError(tr.route.entry.desc.Name, err)
 			}
 		case err := <-sendDone:
 			sendDone = nil
 			if err != nil {
 				if cause == nil {
-					cause = transportError(tr.entry.desc.Name, transport.Wrap(err, "the source failed to send"))
+					cause = transportError(tr.route.entry.desc.Name, transport.Wrap(err, "the source failed to send"))
 				}
 				tr.abort()
 			}
@@ -472,7 +395,7 @@ func (tr *transfer) receive() error {
 
 // waitRequest waits for the transport's request, protected.
 func (tr *transfer) waitRequest() error {
-	return transport.ProtectOf(tr.f.rt.log, "waiting for transport", tr.entry.desc.Name, tr.req.Wait)
+	return transport.ProtectOf(tr.f.rt.log, "waiting for transport", tr.route.entry.desc.Name, tr.req.Wait)
 }
 
 // ownerProcessGone reports whether the owner runs on this host and its
@@ -488,7 +411,7 @@ func (tr *transfer) ownerProcessGone() bool {
 // connection close (control.KindClosing), so such a read that completed
 // while the connection was still open read live memory.
 func (tr *transfer) readsUnguarded() bool {
-	return tr.entry.sender == nil && !tr.entry.desc.DetectsFreedObjects
+	return tr.route.entry.sender == nil && !tr.route.entry.desc.DetectsFreedObjects
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -523,58 +446,68 @@ func (tr *transfer) abort() {
 	if tr.sendCancel != nil {
 		tr.sendCancel()
 	}
-	if tr.entry.desc.CanAbort {
-		tr.entry.t.Abort(tr.x, tr.req)
+	if e := tr.route.entry; e.desc.CanAbort {
+		e.t.Abort(&tr.route.x, tr.req)
 	}
 }
 
-// finish records the outcome and drops the transfer's handle on the object.
-// It may wait briefly for the owner (ownerRefusal): never call it on
-// StartFetch's caller for a failure that awaitsOwner.
+// finish ends a transfer's part in its fetch or write. A read is counted
+// now and drops its handle on the object; a write's part waits for every
+// other part before its owner is told (endWrites). It may wait briefly for
+// the owner (ownerRefusal): never call it on StartFetch's caller for a
+// failure that awaitsOwner.
 func (tr *transfer) finish(err error) {
-	if tr.f.write != nil {
-		tr.finishWrite(err)
-		return
-	}
-	rt := tr.f.rt
-	desc := tr.ref.desc
-	tname := "local copy"
-	switch {
-	case tr.entry != nil:
-		tname = tr.entry.desc.Name
-	case !tr.local:
-		tname = "no transport yet"
-	}
-	if err == nil {
-		rt.c.transfersCompleted.Add(1)
-		rt.c.bytesReceived.Add(tr.nbytes)
-		if tr.entry != nil {
-			tr.entry.stats.TransfersCompleted.Add(1)
-			tr.entry.stats.BytesReceived.Add(tr.nbytes)
-			tr.entry.hist.recordFetch(tr.nbytes, time.Since(tr.f.start))
-		}
-		rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, tr.nbytes, desc.Owner.Address, tname, time.Since(tr.start))
-	} else {
-		if refused := tr.ownerRefusal(err); refused != nil {
-			err = refused
-		}
-		rt.c.transfersFailed.Add(1)
-		if tr.entry != nil {
-			tr.entry.stats.TransfersFailed.Add(1)
-			tr.entry.hist.recordFailure(tr.nbytes)
-		}
-		level := rt.log.Warnf
-		if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
-			level = rt.log.Debugf // asked for: an abort, or the caller's deadline
-		}
-		from := ownerUnlessNamed(" from ", desc, err)
-		level("fetch of object %s%s over %s failed: %v", desc.ID, from, tname, err)
-		err = transport.Wrap(err, "fetch of ref %d (object %s%s)", tr.index, desc.ID, from)
-	}
 	if tr.stage != nil {
 		tr.stage.free()
 	}
+	if tr.f.dir == transport.Write {
+		tr.finishWrite(err)
+		return
+	}
+	if err != nil {
+		if refused := tr.ownerRefusal(err); refused != nil {
+			err = refused
+		}
+	}
+	tr.count(err)
+	if err != nil {
+		err = transport.Wrap(err, "fetch of ref %d (object %s%s)", tr.index, tr.ref.desc.ID, ownerUnlessNamed(" from ", tr.ref.desc, err))
+	}
 	tr.settle(err)
+}
+
+// count counts and logs how a transfer ended, reads and writes alike.
+func (tr *transfer) count(err error) {
+	rt, desc, dir := tr.f.rt, tr.ref.desc, tr.f.dir
+	var moved *registered // the transport that started moving it, if any
+	if tr.req != nil {
+		moved = tr.route.entry
+	}
+	rt.account(dir, moved, tr.nbytes, time.Since(tr.f.start), err)
+	over := "no transport yet"
+	switch {
+	case tr.local:
+		over = "local copy"
+	case tr.route != nil:
+		over = tr.route.x.Transport
+	}
+	if err == nil {
+		if dir == transport.Write {
+			rt.log.Debugf("wrote %d bytes into object %s of %s over %s in %v", tr.nbytes, desc.ID, desc.Owner.Address, over, time.Since(tr.start))
+		} else {
+			rt.log.Debugf("fetched object %s (%d bytes) from %s over %s in %v", desc.ID, tr.nbytes, desc.Owner.Address, over, time.Since(tr.start))
+		}
+		return
+	}
+	level := rt.log.Warnf
+	if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
+		level = rt.log.Debugf // asked for: an abort, or the caller's deadline
+	}
+	if dir == transport.Write {
+		level("write into object %s of %s over %s failed: %v", desc.ID, desc.Owner.Address, over, err)
+	} else {
+		level("fetch of object %s%s over %s failed: %v", desc.ID, ownerUnlessNamed(" from ", desc, err), over, err)
+	}
 }
 
 // ownerUnlessNamed is prefix and the owner's address for an error message

@@ -77,7 +77,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 	if r.rt != rt {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.name, rt.name)
 	}
-	if err := checkDirection([]*Ref{r}, false); err != nil {
+	if err := checkDirection([]*Ref{r}, transport.Read); err != nil {
 		return nil, err
 	}
 	desc := r.desc
@@ -150,20 +150,12 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	name := e.desc.Name
-	peerInfo, err := peerOffering(waitOwner, peer, name)
+	r, err := rt.resolve(&routeQuery{dir: transport.Read, maps: true, desc: desc, peer: peer, wait: waitOwner}, e.desc.Name)
 	if err != nil {
 		return err
 	}
-	tmeta, err := rt.remoteMeta(waitOwner, peer, desc, name)
-	if err != nil {
-		return transportError(name, transport.Wrap(err, "asking the owner for metadata"))
-	}
-	x := &transport.Transfer{
-		Object: desc.ID, TransferID: transport.RandomUint64(), Transport: name, Role: transport.RoleDestination,
-		Source: peerInfo, Destination: rt.Identity(),
-	}
-	m, err := viewer.View(x, tmeta, opts.Private, deadline)
+	name := e.desc.Name
+	m, err := viewer.View(&r.x, r.tmeta, opts.Private, deadline)
 	if err != nil {
 		return transportError(name, err)
 	}

@@ -25,9 +25,6 @@ type WriteOptions struct {
 	Tag uint64
 }
 
-// writeMode marks a Fetch that writes.
-type writeMode struct{ tag uint64 }
-
 // StartWrite starts writing sources into the objects of writable refs and
 // returns at once, like StartFetch: the write is waited on, aborted and
 // freed as a fetch is. See rdt_write_start.
@@ -42,14 +39,14 @@ func (rt *Runtime) Write(refs []*Ref, sources []transport.Tensor, opts WriteOpti
 }
 
 func (o WriteOptions) fetchOptions() FetchOptions {
-	return FetchOptions{Transport: o.Transport, Sources: o.Destinations, write: &writeMode{tag: o.Tag}}
+	return FetchOptions{Transport: o.Transport, Sources: o.Destinations, dir: transport.Write, tag: o.Tag}
 }
 
 // checkDirection refuses refs the operation cannot use: a fetch reads
 // objects that were put, a write writes objects exposed for writing.
-func checkDirection(refs []*Ref, write bool) error {
+func checkDirection(refs []*Ref, dir transport.Direction) error {
 	for i, r := range refs {
-		switch {
+		switch write := dir == transport.Write; {
 		case write && !r.desc.Writable:
 			return transport.Errorf(transport.ErrInvalidArgument, "ref %d (object %s) is not writable: only refs of exposed objects are written into", i, r.desc.ID)
 		case !write && r.desc.Writable:
@@ -73,120 +70,17 @@ func (tr *transfer) checkWriteDevices() error {
 	return nil
 }
 
-// beginWrite is the start phase of a write: connect to the owner, choose a
-// transport that writes, have the owner admit the write, and start it.
-func (tr *transfer) beginWrite() error {
-	rt := tr.f.rt
-	desc := tr.ref.desc
-	if err := tr.checkWriteDevices(); err != nil {
-		return err
-	}
-	tr.x = &transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Role: transport.RoleSource, Direction: transport.Write, Source: rt.Identity(), Pieces: tr.pieces}
-	if tr.ref.owned {
-		tr.local = true
-		tr.x.Transport = "local copy"
-		return rt.admitWriteLocal(tr)
-	}
-	if err := tr.connectOwner(); err != nil {
-		return err
-	}
-	candidates, auto := tr.candidates(rt.writeCandidates)
-	if auto && len(candidates) == 0 {
-		return transport.Errorf(transport.ErrUnsupported, "no transport in this runtime writes %s memory into %s (have: %v)", desc.Tensors[0].Device.Type, tr.peer.Info(), rt.reg.Names())
-	}
-	var firstErr error
-	for _, name := range candidates {
-		err := tr.beginWriteWith(name)
-		if err == nil {
-			return nil
-		}
-		// Once the owner admitted the write, its notice will say how this
-		// one ended: no other transport tries it again.
-		if st := transport.StatusOf(err); tr.opened || len(candidates) == 1 || (st != transport.ErrUnsupported && st != transport.ErrPermissionDenied) {
-			return err
-		}
-		if firstErr == nil {
-			firstErr = err
-		}
-	}
-	return firstErr
-}
-
-// writeCandidates are the transports that write, in the automatic order
-// for the object's memory and the owner's place.
-func (rt *Runtime) writeCandidates(desc *ObjectDesc, peer transport.PeerInfo) []string {
-	var out []string
-	for _, name := range rt.autoCandidates(desc, peer) {
-		if e, err := rt.reg.lookup(name); err == nil && e.writer != nil {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
-// beginWriteWith has the owner admit the write over transport name, then
-// starts the transport's write.
-func (tr *transfer) beginWriteWith(name string) error {
-	rt := tr.f.rt
-	desc := tr.ref.desc
-	e, err := rt.reg.lookup(name)
-	if err != nil {
-		return err
-	}
-	if e.writer == nil {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write into another runtime's memory", name)
-	}
-	if tr.pieces != nil && !e.desc.Ranges {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges or a subset of an object's tensors", name)
-	}
-	peerInfo, err := tr.peerOffering(name)
-	if err != nil {
-		return err
-	}
-	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
-		return transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
-	}
-	x := tr.x
-	x.Transport, x.Destination = name, peerInfo
-	cmeta, err := e.t.CommunicatorMetadata(x)
-	if err != nil {
-		return transportError(name, transport.Wrap(err, "communicator metadata"))
-	}
-	ctx := tr.ownerCtx()
-	if ctx.Err() != nil {
-		return transport.ContextError(ctx, "asking the owner to admit the write")
-	}
-	open := control.WriteOpen{Object: desc.ID, TransferID: x.TransferID, Transport: name, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
-	// The owner answers an admitted write with the object's metadata:
-	// where an exposed object lies goes only to holders of its key.
-	adm, err := tr.peer.OpenWrite(ctx, open)
-	if err != nil {
-		return transport.Wrap(err, "owner %s refused the write", desc.Owner.Address)
-	}
-	tr.opened = true
-	select {
-	case <-tr.f.abortCh:
-		return transport.Errorf(transport.ErrAborted, "write aborted")
-	default:
-	}
-	tr.tmeta, tr.cmeta = adm.Meta, cmeta
-	req, err := e.writer.Write(x, tr.targets, adm.Meta, cmeta)
-	if err != nil {
-		return transportError(name, err)
-	}
-	tr.entry, tr.req = e, req
-	return nil
-}
-
-// admitWriteLocal admits a runtime's write into an object it exposed
-// itself, as a peer's would be; the copy needs no transport.
-func (rt *Runtime) admitWriteLocal(tr *transfer) error {
-	desc := tr.ref.desc
-	open := control.WriteOpen{Object: desc.ID, TransferID: tr.x.TransferID, Key: desc.WriteKey, Tag: tr.f.write.tag, Pieces: tr.pieces}
+// admitLocal admits a runtime's write into an object it exposed itself,
+// as a peer's would be; the copy needs no transport.
+func (tr *transfer) admitLocal() error {
+	rt, desc := tr.f.rt, tr.ref.desc
+	r := &route{x: transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Transport: "local copy",
+		Role: transport.RoleSource, Direction: transport.Write, Source: rt.Identity(), Destination: rt.Identity(), Pieces: tr.pieces}}
+	open := control.WriteOpen{Object: desc.ID, TransferID: r.x.TransferID, Key: desc.WriteKey, Tag: tr.f.tag, Pieces: tr.pieces}
 	if _, err := rt.admit(rt.Identity(), open, nil); err != nil {
 		return err
 	}
-	tr.opened = true
+	r.admitted, tr.route = true, r
 	return nil
 }
 
@@ -198,7 +92,7 @@ func (tr *transfer) writeLocal() error {
 		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
 	}
 	for i, src := range tr.targets {
-		p := tr.x.PieceOf(i, src)
+		p := tr.route.x.PieceOf(i, src)
 		dst := o.tensors[p.Tensor]
 		dst.Data += uintptr(p.Offset)
 		dst.Nbytes = p.Length
@@ -212,11 +106,11 @@ func (tr *transfer) writeLocal() error {
 // endWrite tells the owner how an admitted write ended, once no byte of it
 // can land any more.
 func (tr *transfer) endWrite(err error) {
-	if !tr.opened {
+	if !tr.admitted() {
 		return
 	}
-	tr.opened = false
-	end := control.WriteEnd{Object: tr.ref.desc.ID, TransferID: tr.x.TransferID, Err: err}
+	tr.route.admitted = false
+	end := control.WriteEnd{Object: tr.ref.desc.ID, TransferID: tr.route.x.TransferID, Err: err}
 	if tr.local {
 		tr.f.rt.endWrite(tr.f.rt.id, end)
 		return
@@ -253,7 +147,7 @@ func (tr *transfer) finishWrite(err error) {
 // the write as a whole failed (another part, the deadline, an abort), so
 // that no owner applies a version its writer was told did not land.
 func (f *Fetch) endWrites() {
-	if f.write == nil {
+	if f.dir != transport.Write {
 		return
 	}
 	whole := f.result()
@@ -273,28 +167,6 @@ func (f *Fetch) endWrites() {
 // drops the part's handle on the object.
 func (tr *transfer) reportWrite(err error) {
 	defer tr.ref.Release()
-	rt := tr.f.rt
-	desc := tr.ref.desc
 	tr.endWrite(err)
-	tname := "no transport yet"
-	switch {
-	case tr.local:
-		tname = "local copy"
-	case tr.entry != nil:
-		tname = tr.entry.desc.Name
-	case tr.x != nil && tr.x.Transport != "":
-		tname = tr.x.Transport // refused before the transport started
-	}
-	if err == nil {
-		rt.c.writesCompleted.Add(1)
-		rt.c.bytesWritten.Add(tr.nbytes)
-		rt.log.Debugf("wrote %d bytes into object %s of %s over %s in %v", tr.nbytes, desc.ID, desc.Owner.Address, tname, time.Since(tr.start))
-		return
-	}
-	rt.c.writesFailed.Add(1)
-	level := rt.log.Warnf
-	if st := transport.StatusOf(err); st == transport.ErrAborted || (st == transport.ErrTimeout && tr.f.ctx.Err() != nil) {
-		level = rt.log.Debugf
-	}
-	level("write into object %s of %s over %s failed: %v", desc.ID, desc.Owner.Address, tname, err)
+	tr.count(err)
 }

@@ -29,6 +29,15 @@ func (d Direction) String() string {
 	return "read"
 }
 
+// Verb is what a user calls an operation of the direction, in messages:
+// "fetch" or "write".
+func (d Direction) Verb() string {
+	if d == Write {
+		return "write"
+	}
+	return "fetch"
+}
+
 // Transfer describes one transfer of one object to a transport. The same
 // TransferID identifies it on both sides.
 type Transfer struct {

@@ -1,0 +1,40 @@
+package engine
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/rdt-project/rdt/core/transport"
+)
+
+// outcomes count the transfers of one direction: those completed, those
+// failed, and the bytes the completed ones moved.
+type outcomes struct {
+	completed, failed, bytes atomic.Uint64
+}
+
+func (o *outcomes) add(nbytes uint64, err error) {
+	if err != nil {
+		o.failed.Add(1)
+		return
+	}
+	o.completed.Add(1)
+	o.bytes.Add(nbytes)
+}
+
+// account counts one transfer's outcome, reads and writes alike, each in
+// its direction's counters: the runtime's, and, when a transport moved it
+// (e not nil), the transport's and its histograms. took counts from the
+// caller's start of the fetch, write or prepared run.
+func (rt *Runtime) account(dir transport.Direction, e *registered, nbytes uint64, took time.Duration, err error) {
+	rt.c.moved[dir].add(nbytes, err)
+	if e == nil {
+		return
+	}
+	e.moved[dir].add(nbytes, err)
+	if err != nil {
+		e.hist[dir].recordFailure(nbytes)
+		return
+	}
+	e.hist[dir].recordFetch(nbytes, took)
+}

@@ -194,7 +194,12 @@ static rdt_status list_out(const char *fn, uintptr_t h, go_lister list, void *ou
 }
 
 static int list_histograms(uintptr_t h, void *p, size_t c, size_t *n) {
-  return rdtgo_runtime_fetch_histograms(h, p, c, n);
+  return rdtgo_runtime_fetch_histograms(h, p, c, n, 0);
+}
+/* For an array too old to hold rdt_fetch_histogram.direction: its caller
+ * would read a write's entry as a get's. */
+static int list_get_histograms(uintptr_t h, void *p, size_t c, size_t *n) {
+  return rdtgo_runtime_fetch_histograms(h, p, c, n, 1);
 }
 static int list_transports(uintptr_t h, void *p, size_t c, size_t *n) {
   return rdtgo_transport_list(h, p, c, n);
@@ -211,10 +216,14 @@ rdt_status rdt_runtime_fetch_histograms(rdt_runtime *rt, rdt_fetch_histogram *ou
   if (capacity > 0 && out == NULL)
     return fail(RDT_ERR_INVALID_ARGUMENT,
                 "rdt_runtime_fetch_histograms: out is NULL but capacity is %zu", capacity);
-  if (capacity > 0)
+  go_lister list = list_histograms;
+  if (capacity > 0) {
     CHECK_OUT_STRUCT("rdt_runtime_fetch_histograms", rdt_fetch_histogram, out, size_class);
-  return list_out("rdt_runtime_fetch_histograms", (uintptr_t)rt, list_histograms, out, capacity,
-                  count, sizeof(rdt_fetch_histogram));
+    if (out->struct_size < offsetof(rdt_fetch_histogram, direction) + sizeof out->direction)
+      list = list_get_histograms;
+  }
+  return list_out("rdt_runtime_fetch_histograms", (uintptr_t)rt, list, out, capacity, count,
+                  sizeof(rdt_fetch_histogram));
 }
 
 /* ---- objects and refs ----------------------------------------------- */

@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -88,13 +89,16 @@ func rdtgo_runtime_address(h C.uintptr_t, out **C.char) C.int {
 }
 
 //export rdtgo_runtime_fetch_histograms
-func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, capacity C.size_t, count *C.size_t) C.int {
+func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, capacity C.size_t, count *C.size_t, getsOnly C.int) C.int {
 	return guard("rdt_runtime_fetch_histograms", func() error {
 		rt, err := runtimeOf(h)
 		if err != nil {
 			return err
 		}
 		hs := rt.Registry().FetchHistograms()
+		if getsOnly != 0 {
+			hs = slices.DeleteFunc(hs, func(hg engine.FetchHistogram) bool { return hg.Direction != transport.Read })
+		}
 		*count = C.size_t(len(hs))
 		if capacity == 0 {
 			return nil
@@ -103,6 +107,7 @@ func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, c
 		for i, hg := range hs[:min(len(hs), len(dst))] {
 			o := &dst[i]
 			o.size_class = C.uint32_t(hg.SizeClass)
+			o.direction = C.uint32_t(hg.Direction)
 			copyName(o.transport[:], hg.Transport)
 			o.count = C.uint64_t(hg.Count)
 			o.sum_ns = C.uint64_t(hg.SumNanos)

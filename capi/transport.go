@@ -137,6 +137,9 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			o.bytes_sent = C.uint64_t(ti.BytesSent)
 			o.auto_rank_host = C.uint32_t(max(ti.Auto.Host, 0))
 			o.auto_rank_cuda = C.uint32_t(max(ti.Auto.CUDA, 0))
+			o.writes_completed = C.uint64_t(ti.WritesCompleted)
+			o.writes_failed = C.uint64_t(ti.WritesFailed)
+			o.bytes_written = C.uint64_t(ti.BytesWritten)
 		}
 		return nil
 	})

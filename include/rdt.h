@@ -1124,6 +1124,11 @@ typedef struct rdt_transport_info {
    * left out for peers on another host. */
   uint32_t auto_rank_host;
   uint32_t auto_rank_cuda;
+  /* Writes this runtime made into other runtimes' exposed objects over the
+   * transport (rdt_write and its kin), counted as gets are above. */
+  uint64_t writes_completed;
+  uint64_t writes_failed;
+  uint64_t bytes_written;
 } rdt_transport_info;
 
 static inline void rdt_transport_info_init(rdt_transport_info *info) {
@@ -1313,7 +1318,16 @@ typedef struct rdt_fetch_histogram {
   /* Fetches per latency bucket: NOT cumulative (Prometheus' le buckets
    * are the running sums). */
   uint64_t buckets[RDT_FETCH_LATENCY_BUCKETS];
+  /* RDT_DIRECTION_GET: gets this runtime received; RDT_DIRECTION_WRITE:
+   * writes it made into exposed objects, counted alike (latency from
+   * rdt_write_start() or rdt_write()). An array whose struct_size ends
+   * before this field is given the get entries only. */
+  uint32_t direction;
 } rdt_fetch_histogram;
+
+/* Directions of a transfer (rdt_fetch_histogram.direction). */
+#define RDT_DIRECTION_GET 0
+#define RDT_DIRECTION_WRITE 1
 
 static inline void rdt_fetch_histogram_init(rdt_fetch_histogram *h) {
   memset(h, 0, sizeof *h);

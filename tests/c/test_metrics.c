@@ -108,6 +108,48 @@ int main(void) {
   CHECK(strcmp(second.transport, "tcp") == 0);
   CHECK(raw[2 * older] == 0xab); /* nothing written past the two entries */
 
+  /* A write is counted as a get is, under its own direction: b writes
+   * 1 KiB twice into an object a exposed over shm. */
+  float exposed[256] = {0}, ones[256];
+  for (int i = 0; i < 256; i++) ones[i] = 1.0f;
+  int64_t shape[1] = {256};
+  rdt_tensor et = f32_tensor(exposed, shape), wt = f32_tensor(ones, shape);
+  rdt_ref *writable;
+  CHECK_OK(rdt_expose(a, &et, 1, "shm", NULL, NULL, &writable));
+  rdt_ref *into = pass_ref(writable, b);
+  for (int i = 0; i < 2; i++) CHECK_OK(rdt_write(b, &into, 1, &wt, 1, NULL, 30000));
+  CHECK(exposed[255] == 1.0f);
+  for (int i = 0; i < 4; i++) rdt_fetch_histogram_init(&hs[i]);
+  CHECK_OK(rdt_runtime_fetch_histograms(b, hs, 4, &count));
+  CHECK(count == 3); /* by transport, then direction: shm get, shm write, tcp get */
+  CHECK(strcmp(hs[0].transport, "shm") == 0 && hs[0].direction == RDT_DIRECTION_GET && hs[0].count == 3);
+  CHECK(strcmp(hs[1].transport, "shm") == 0 && hs[1].direction == RDT_DIRECTION_WRITE);
+  CHECK(hs[1].count == 2 && hs[1].bytes == 2 * 1024 && hs[1].size_class == 0 && bucket_sum(&hs[1]) == 2);
+  CHECK(hs[2].direction == RDT_DIRECTION_GET && strcmp(hs[2].transport, "tcp") == 0);
+  rdt_transport_info infos[8];
+  for (int i = 0; i < 8; i++) rdt_transport_info_init(&infos[i]);
+  size_t ntransports = 0;
+  CHECK_OK(rdt_transport_list(b, infos, 8, &ntransports));
+  int seen = 0;
+  for (size_t i = 0; i < ntransports && i < 8; i++) {
+    if (strcmp(infos[i].name, "shm") != 0) continue;
+    seen = 1;
+    CHECK(infos[i].writes_completed == 2 && infos[i].bytes_written == 2 * 1024 && infos[i].writes_failed == 0);
+    CHECK(infos[i].transfers_completed == 3); /* the gets alone */
+  }
+  CHECK(seen);
+  /* A caller whose struct ends before `direction` cannot tell a write's
+   * entry from a get's: it is given the gets only. */
+  size_t before_direction = offsetof(rdt_fetch_histogram, direction);
+  memset(raw, 0xab, sizeof words);
+  first->struct_size = (uint32_t)before_direction;
+  CHECK_OK(rdt_runtime_fetch_histograms(b, first, 2, &count));
+  CHECK(count == 2);
+  memcpy(&second, raw + before_direction, before_direction);
+  CHECK(first->count == 3 && strcmp(second.transport, "tcp") == 0 && second.count == 2);
+  CHECK_OK(rdt_ref_release(into));
+  CHECK_OK(rdt_ref_release(writable));
+
   /* Bad arguments: a status and a message, never a crash. */
   CHECK_STATUS(rdt_runtime_fetch_histograms(b, hs, 4, NULL), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("count is NULL");

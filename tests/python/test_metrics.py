@@ -133,3 +133,41 @@ def test_missing_prometheus_client_names_the_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", refuse)
     with pytest.raises(ImportError, match="pip install prometheus_client"):
         rdt.metrics.register()
+
+
+def test_writes_are_counted_like_gets(child):
+    """A write is a transfer like a get: counted per transport (its own
+    counters), in the histograms under direction "write", and in the
+    collector's write families; a failed write counts as a failure."""
+    c = child(workers.exposer, ["shm", "tcp"], None)
+    raws = c.recv()
+    rt = rdt.Runtime("metrics-writer")
+    try:
+        refs = {t: rt.deserialize(raws[t]) for t in ("shm", "tcp")}
+        for t, times in (("shm", 2), ("tcp", 1)):
+            for k in range(times):
+                rt.write(refs[t], np.full(4096, k + 1, np.uint8), tag=k + 1, timeout=30)
+                c.send(("notice", t))
+                ok, tag, _, got = c.recv()
+                assert ok and tag == k + 1 and (got == k + 1).all()
+        with pytest.raises(rdt.InvalidArgumentError):
+            rt.write(refs["shm"], np.zeros(8192, np.uint8), timeout=30)  # too large: refused before any transport
+        listed = {t["name"]: t for t in rt.transports()}
+        assert [(listed[t]["writes_completed"], listed[t]["bytes_written"], listed[t]["writes_failed"])
+                for t in ("shm", "tcp")] == [(2, 2 * 4096, 0), (1, 4096, 0)]
+        assert listed["shm"]["transfers_completed"] == 0, "a write is no get"
+        hs = [(h["transport"], h["direction"], h["size_class"], h["count"], h["bytes"]) for h in rt.fetch_histograms()]
+        assert hs == [("shm", "write", 0, 2, 2 * 4096), ("tcp", "write", 0, 1, 4096)]
+        registry = prometheus_client.CollectorRegistry()
+        rdt.metrics.register(rt, registry)
+        value = registry.get_sample_value
+        assert value("rdt_write_seconds_count", {"transport": "shm", "size_class": "4KiB"}) == 2
+        assert value("rdt_fetch_seconds_count", {"transport": "shm", "size_class": "4KiB"}) is None
+        assert value("rdt_bytes_total", {"transport": "tcp", "direction": "written"}) == 4096
+        assert value("rdt_transport_writes_total", {"transport": "tcp", "result": "completed"}) == 1
+        for r in refs.values():
+            r.close()
+    finally:
+        rt.close()
+        c.send("stop")
+        c.stop()

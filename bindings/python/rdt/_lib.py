@@ -204,6 +204,9 @@ class TransportInfo(Structure):
         ("bytes_sent", c_uint64),
         ("auto_rank_host", c_uint32),
         ("auto_rank_cuda", c_uint32),
+        ("writes_completed", c_uint64),
+        ("writes_failed", c_uint64),
+        ("bytes_written", c_uint64),
     ]
 
 
@@ -234,7 +237,12 @@ class FetchHistogram(Structure):
         ("bytes", c_uint64),
         ("failures", c_uint64),
         ("buckets", c_uint64 * FETCH_LATENCY_BUCKETS),
+        ("direction", c_uint32),
     ]
+
+
+# rdt_fetch_histogram.direction (RDT_DIRECTION_*), as fetch_histograms names it.
+DIRECTION_NAMES = ("get", "write")
 
 
 class UnavailableTransport(Structure):

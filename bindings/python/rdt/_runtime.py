@@ -513,7 +513,8 @@ class Runtime(Handle):
                  "devices": [names.get(x.devices[i], str(x.devices[i])) for i in range(x.num_devices)],
                  "transfers_completed": x.transfers_completed, "transfers_failed": x.transfers_failed,
                  "bytes_received": x.bytes_received, "sends_completed": x.sends_completed,
-                 "bytes_sent": x.bytes_sent,
+                 "bytes_sent": x.bytes_sent, "writes_completed": x.writes_completed,
+                 "writes_failed": x.writes_failed, "bytes_written": x.bytes_written,
                  "same_host_only": bool(x.flags & _lib.TRANSPORT_SAME_HOST_ONLY),
                  "ranges": bool(x.flags & _lib.TRANSPORT_RANGES),
                  "writes": bool(x.flags & _lib.TRANSPORT_WRITES),
@@ -539,9 +540,11 @@ class Runtime(Handle):
         return [t["name"] for t in self.transports() if builtin is None or t["builtin"] == builtin]
 
     def fetch_histograms(self) -> List[Dict[str, Any]]:
-        """Fetch latency histograms, one dict per transport and object size
-        class that saw a fetch or a failure, sorted by transport and size
-        class: ``transport``, ``size_class`` (0-5), ``size_class_max_bytes``
+        """Latency histograms, one dict per transport, direction and object
+        size class that saw a transfer or a failure, sorted by transport,
+        direction and size class: ``transport``, ``direction`` (``"get"``:
+        gets this runtime received; ``"write"``: writes it made into exposed
+        objects, counted alike), ``size_class`` (0-5), ``size_class_max_bytes``
         (None for the last class), ``buckets`` (fetches per latency bucket,
         not cumulative: bucket b holds fetches of at most 2**b microseconds,
         the last one the slower ones), ``count``, ``sum_ns`` and ``bytes`` of
@@ -559,7 +562,8 @@ class Runtime(Handle):
                                                        ctypes.byref(now)))
             if now.value <= len(arr):  # else an entry appeared meanwhile: ask again
                 break
-        return [{"transport": x.transport.decode(), "size_class": x.size_class,
+        return [{"transport": x.transport.decode(), "direction": _lib.DIRECTION_NAMES[x.direction],
+                 "size_class": x.size_class,
                  "size_class_max_bytes": _lib.fetch_size_class_max_bytes(x.size_class),
                  "buckets": list(x.buckets), "count": x.count, "sum_ns": x.sum_ns, "bytes": x.bytes,
                  "failures": x.failures} for x in arr[:now.value]]

@@ -15,9 +15,13 @@ Families (see docs/metrics.md):
   transport that moved it and the object's size class (its upper bound:
   ``4KiB`` ... ``256MiB``, ``+Inf``); buckets of 2^k microseconds.
 - ``rdt_fetch_failures_total`` (``transport``): failed fetches over it.
-- ``rdt_bytes_total`` (``transport``, ``direction`` = ``received``|``sent``).
-- ``rdt_transfers_total`` (``transport``, ``result`` = ``completed``|``failed``)
-  and ``rdt_sends_total`` (``transport``).
+- ``rdt_write_seconds`` and ``rdt_write_failures_total``: the same for
+  writes this runtime made into exposed objects.
+- ``rdt_bytes_total`` (``transport``, ``direction`` =
+  ``received``|``sent``|``written``).
+- ``rdt_transfers_total`` and ``rdt_transport_writes_total`` (``transport``,
+  ``result`` = ``completed``|``failed``) and ``rdt_sends_total``
+  (``transport``).
 - The runtime's own: ``rdt_objects``, ``rdt_objects_freed_total``,
   ``rdt_refs``, ``rdt_borrows``, ``rdt_borrowed_objects``,
   ``rdt_refs_in_transit``, ``rdt_leases_expired_total``,
@@ -113,6 +117,15 @@ class RdtCollector:
                 labels=["transport", "size_class"]),
             "failures": core.CounterMetricFamily(
                 "rdt_fetch_failures", "Fetches that failed after their transport was chosen.", labels=["transport"]),
+            "write_seconds": core.HistogramMetricFamily(
+                "rdt_write_seconds", "Write latency: from the start of a write to the end of each object's transfer, "
+                "by the transport that moved it and the object's size class (its upper bound).",
+                labels=["transport", "size_class"]),
+            "write_failures": core.CounterMetricFamily(
+                "rdt_write_failures", "Writes that failed after their transport was chosen.", labels=["transport"]),
+            "transport_writes": core.CounterMetricFamily(
+                "rdt_transport_writes", "Writes each transport ended for this runtime as writer.",
+                labels=["transport", "result"]),
             "bytes": core.CounterMetricFamily(
                 "rdt_bytes", "Bytes moved by each transport: received as destination, sent by a two-sided "
                 "transport's send as source.", labels=["transport", "direction"]),
@@ -143,22 +156,29 @@ class RdtCollector:
     def _fill(self, fams: Dict[str, Any], rt: Runtime) -> None:
         fmt = self._prom.utils.floatToGoString
         bounds = [fmt(b) for b in LATENCY_BUCKET_BOUNDS]
-        failures: Dict[str, int] = {}
+        failures: Dict[str, Dict[str, int]] = {"get": {}, "write": {}}
         for h in rt.fetch_histograms():
             cumulative, running = [], 0
             for le, n in zip(bounds, h["buckets"]):
                 running += n
                 cumulative.append((le, running))
-            fams["fetch_seconds"].add_metric([h["transport"], SIZE_CLASS_LABELS[h["size_class"]]],
-                                             buckets=cumulative, sum_value=h["sum_ns"] / 1e9)
-            failures[h["transport"]] = failures.get(h["transport"], 0) + h["failures"]
+            seconds = "write_seconds" if h["direction"] == "write" else "fetch_seconds"
+            fams[seconds].add_metric([h["transport"], SIZE_CLASS_LABELS[h["size_class"]]],
+                                     buckets=cumulative, sum_value=h["sum_ns"] / 1e9)
+            failed = failures[h["direction"]]
+            failed[h["transport"]] = failed.get(h["transport"], 0) + h["failures"]
         for t in rt.transports():
             name = t["name"]
-            fams["failures"].add_metric([name], failures.get(name, 0))
+            fams["failures"].add_metric([name], failures["get"].get(name, 0))
             fams["bytes"].add_metric([name, "received"], t["bytes_received"])
             fams["bytes"].add_metric([name, "sent"], t["bytes_sent"])
             fams["transfers"].add_metric([name, "completed"], t["transfers_completed"])
             fams["transfers"].add_metric([name, "failed"], t["transfers_failed"])
+            if t["writes"]:
+                fams["write_failures"].add_metric([name], failures["write"].get(name, 0))
+                fams["bytes"].add_metric([name, "written"], t["bytes_written"])
+                fams["transport_writes"].add_metric([name, "completed"], t["writes_completed"])
+                fams["transport_writes"].add_metric([name, "failed"], t["writes_failed"])
             fams["sends"].add_metric([name], t["sends_completed"])
         stats = rt.stats()
         for key, _, _, _ in _RUNTIME_FAMILIES:

@@ -109,3 +109,18 @@ func TestWriteFlagsAreChecked(t *testing.T) {
 	assert.Equal(t, WriteClose, m.Flags)
 	assert.Equal(t, uint64(5), m.Token)
 }
+
+// Every kind has a name and a codec, and nothing past the last kind has
+// either.
+func TestEveryKindHasACodec(t *testing.T) {
+	for k := Kind(1); k < KindEnd; k++ {
+		assert.NotEmpty(t, KindNames[k], "kind %d has no name", k)
+		c := codecOf(k)
+		if assert.NotNil(t, c, "kind %d (%s) has no codec", k, k) {
+			assert.NotNil(t, c.encode, "kind %d (%s) has no encode", k, k)
+		}
+	}
+	assert.Nil(t, codecOf(0))
+	assert.Nil(t, codecOf(KindEnd))
+	assert.Equal(t, "unknown", KindEnd.String())
+}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,7 +52,7 @@ type wireCase struct {
 // wireCases holds a message of every kind, with every field it carries
 // set, and a second one of each kind whose encoding has an optional part.
 func wireCases() []wireCase {
-	obj := transport.ID(filled(0x50, 16))
+	obj := goldenObject
 	pieces := []transport.Piece{{Tensor: 1, Offset: 0x0102, Length: 0x0304}, {Tensor: 7, Offset: 1 << 40, Length: 1 << 33}}
 	return []wireCase{
 		{"hello", &Message{Kind: KindHello, Nonce: filled(0xa0, NonceSize)}},
@@ -134,67 +135,37 @@ type rejectCase struct {
 	body []byte
 }
 
+var goldenObject = transport.ID(filled(0x50, 16))
+
 // rejectCases holds bodies that break DecodeMessage's checks one at a
 // time; each valid case cut short by a byte and grown by one comes too.
 func rejectCases() []rejectCase {
-	obj := transport.ID(filled(0x50, 16))
-	str8 := func(s string) func(w *transport.WireWriter) { return func(w *transport.WireWriter) { w.Str8(s) } }
-	advert := func(name string, oneSided uint8, devs int) func(w *transport.WireWriter) {
-		return func(w *transport.WireWriter) {
-			w.U32(1)
-			w.Str8(name)
-			w.U8(oneSided)
-			w.U8(uint8(devs))
-			for range devs {
-				w.I32(1)
-			}
+	return slices.Concat(rejectHandshakes(), rejectAnswersAndRequests(), rejectWrites(), rejectGroupJoins(), rejectChangedFrames())
+}
+
+// advert writes an advert count of 1 and an advert.
+func advert(name string, oneSided uint8, devs int) func(w *transport.WireWriter) {
+	return func(w *transport.WireWriter) {
+		w.U32(1)
+		w.Str8(name)
+		w.U8(oneSided)
+		w.U8(uint8(devs))
+		for range devs {
+			w.I32(1)
 		}
 	}
-	group := func(name, backend string, size, rank int) []byte {
-		return body(KindGroupJoin, 1, func(w *transport.WireWriter) {
-			w.Str8(name)
-			w.Str8(backend)
-			w.U32(uint32(size))
-			w.U32(uint32(rank))
-		})
-	}
-	hello := func(magic string, version uint16) []byte {
-		return body(KindHello, 0, func(w *transport.WireWriter) {
-			w.Raw([]byte(magic))
-			w.U16(version)
-			w.Raw(filled(0, NonceSize))
-		})
-	}
-	sendWith := func(pieces func(w *transport.WireWriter)) []byte {
-		return body(KindSend, 1, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.Str8("tcp")
-			w.Bytes32(nil)
-			pieces(w)
-		})
-	}
-	writeOpen := func(flags uint8) []byte {
-		return body(KindWriteOpen, 1, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.Str8("cma")
-			w.Raw(make([]byte, 16))
-			w.U64(3)
-			w.U8(flags)
-		})
-	}
-	writeDone := func(flags uint8) []byte {
-		return body(KindWriteDone, 0, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.I32(0)
-			w.Bytes32(nil)
-			w.U64(3)
-			w.U8(flags)
-		})
-	}
-	cases := []rejectCase{
+}
+
+func hello(magic string, version uint16) []byte {
+	return body(KindHello, 0, func(w *transport.WireWriter) {
+		w.Raw([]byte(magic))
+		w.U16(version)
+		w.Raw(filled(0, NonceSize))
+	})
+}
+
+func rejectHandshakes() []rejectCase {
+	return []rejectCase{
 		{"empty", nil},
 		{"header cut short", body(KindPing, 0, nil)[:8]},
 		{"kind 0", body(0, 0, nil)},
@@ -213,6 +184,33 @@ func rejectCases() []rejectCase {
 		{"peer, advert name unknown", welcomeWith("adverts", advert("no such", 0, 0))},
 		{"peer, bad one-sided flag", welcomeWith("adverts", advert("cma", 2, 0))},
 		{"peer, too many devices", welcomeWith("adverts", advert("cma", 0, maxAdvertDevs+1))},
+	}
+}
+
+// transfer writes the object and transfer id the send and write bodies
+// begin with, then what rest writes.
+func transfer(kind Kind, id uint64, rest func(w *transport.WireWriter)) []byte {
+	return body(kind, id, func(w *transport.WireWriter) {
+		w.Raw(goldenObject[:])
+		w.U64(2)
+		rest(w)
+	})
+}
+
+func sendWith(pieces func(w *transport.WireWriter)) []byte {
+	return transfer(KindSend, 1, func(w *transport.WireWriter) {
+		w.Str8("tcp")
+		w.Bytes32(nil)
+		pieces(w)
+	})
+}
+
+func metadataFor(name string) []byte {
+	return body(KindMetadata, 1, func(w *transport.WireWriter) { w.Raw(goldenObject[:]); w.Str8(name) })
+}
+
+func rejectAnswersAndRequests() []rejectCase {
+	return []rejectCase{
 		{"refused, text too long", body(KindRefused, 0, func(w *transport.WireWriter) { w.I32(-1); w.U32(maxRefusalText + 1) })},
 		{"response, text too long", body(KindResponse, 1, func(w *transport.WireWriter) { w.I32(0); w.U32(maxMessageText + 1) })},
 		{"response, payload too long", body(KindResponse, 1, func(w *transport.WireWriter) {
@@ -228,52 +226,73 @@ func rejectCases() []rejectCase {
 			w.Bytes32(nil)
 			w.U8(2)
 		})},
-		{"metadata, transport too long", body(KindMetadata, 1, func(w *transport.WireWriter) { w.Raw(obj[:]); w.Str8(strings.Repeat("a", 64)) })},
-		{"metadata, transport not canonical", body(KindMetadata, 1, func(w *transport.WireWriter) { w.Raw(obj[:]); w.Str8("SHM") })},
-		{"metadata, transport unknown", body(KindMetadata, 1, func(w *transport.WireWriter) { w.Raw(obj[:]); w.Str8("no such") })},
-		{"send, metadata too long", body(KindSend, 1, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.Str8("tcp")
-			w.U32(MaxMetadataBytes + 1)
-		})},
+		{"metadata, transport too long", metadataFor(strings.Repeat("a", 64))},
+		{"metadata, transport not canonical", metadataFor("SHM")},
+		{"metadata, transport unknown", metadataFor("no such")},
+		{"send, metadata too long", transfer(KindSend, 1, func(w *transport.WireWriter) { w.Str8("tcp"); w.U32(MaxMetadataBytes + 1) })},
 		{"send, too many pieces", sendWith(func(w *transport.WireWriter) { w.U32(transport.MaxTensors + 1) })},
 		{"send, more pieces than bytes", sendWith(func(w *transport.WireWriter) { w.U32(2); w.Raw(make([]byte, pieceSize+1)) })},
 		{"send, a piece cut short", sendWith(func(w *transport.WireWriter) { w.U32(1); w.Raw(make([]byte, pieceSize-1)) })},
-		{"write open, keep flag", writeOpen(WriteKeep)},
-		{"write open, unknown flag", writeOpen(1 << 7)},
-		{"write open, transport not canonical", body(KindWriteOpen, 1, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.Str8("Cma")
-			w.Raw(make([]byte, 16))
-			w.U64(3)
-			w.U8(0)
-		})},
+	}
+}
+
+func writeOpen(name string, flags uint8) []byte {
+	return transfer(KindWriteOpen, 1, func(w *transport.WireWriter) {
+		w.Str8(name)
+		w.Raw(make([]byte, 16))
+		w.U64(3)
+		w.U8(flags)
+	})
+}
+
+func writeDone(flags uint8) []byte {
+	return transfer(KindWriteDone, 0, func(w *transport.WireWriter) {
+		w.I32(0)
+		w.Bytes32(nil)
+		w.U64(3)
+		w.U8(flags)
+	})
+}
+
+func rejectWrites() []rejectCase {
+	longText := func(w *transport.WireWriter) { w.I32(-1); w.U32(maxMessageText + 1) }
+	return []rejectCase{
+		{"write open, keep flag", writeOpen("cma", WriteKeep)},
+		{"write open, unknown flag", writeOpen("cma", 1<<7)},
+		{"write open, transport not canonical", writeOpen("Cma", 0)},
 		{"write done, keep and close", writeDone(WriteKeep | WriteClose)},
 		{"write done, standing flag", writeDone(WriteStanding)},
-		{"write done, text too long", body(KindWriteDone, 0, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.I32(-1)
-			w.U32(maxMessageText + 1)
-		})},
-		{"write withdrawn, text too long", body(KindWriteWithdrawn, 0, func(w *transport.WireWriter) {
-			w.Raw(obj[:])
-			w.U64(2)
-			w.I32(-1)
-			w.U32(maxMessageText + 1)
-		})},
-		{"group join, name too long", body(KindGroupJoin, 1, str8(strings.Repeat("g", 128)))},
-		{"group join, backend too long", body(KindGroupJoin, 1, func(w *transport.WireWriter) { w.Str8("g"); w.Str8(strings.Repeat("b", 64)) })},
-		{"group join, bad name", group("", "nccl", 2, 0)},
-		{"group join, backend not canonical", group("g", "NCCL", 2, 0)},
-		{"group join, no ranks", group("g", "nccl", 0, 0)},
-		{"group join, too many ranks", group("g", "nccl", transport.MaxGroupSize+1, 0)},
-		{"group join, rank past the size", group("g", "nccl", 2, 2)},
-		{"group join, negative rank", group("g", "nccl", 2, -1)},
+		{"write done, text too long", transfer(KindWriteDone, 0, longText)},
+		{"write withdrawn, text too long", transfer(KindWriteWithdrawn, 0, longText)},
 	}
-	// A request without an id, of every kind that is one.
+}
+
+func groupJoin(name, backend string, size, rank int) []byte {
+	return body(KindGroupJoin, 1, func(w *transport.WireWriter) {
+		w.Str8(name)
+		w.Str8(backend)
+		w.U32(uint32(size))
+		w.U32(uint32(rank))
+	})
+}
+
+func rejectGroupJoins() []rejectCase {
+	return []rejectCase{
+		{"group join, name too long", body(KindGroupJoin, 1, func(w *transport.WireWriter) { w.Str8(strings.Repeat("g", 128)) })},
+		{"group join, backend too long", body(KindGroupJoin, 1, func(w *transport.WireWriter) { w.Str8("g"); w.Str8(strings.Repeat("b", 64)) })},
+		{"group join, bad name", groupJoin("", "nccl", 2, 0)},
+		{"group join, backend not canonical", groupJoin("g", "NCCL", 2, 0)},
+		{"group join, no ranks", groupJoin("g", "nccl", 0, 0)},
+		{"group join, too many ranks", groupJoin("g", "nccl", transport.MaxGroupSize+1, 0)},
+		{"group join, rank past the size", groupJoin("g", "nccl", 2, 2)},
+		{"group join, negative rank", groupJoin("g", "nccl", 2, -1)},
+	}
+}
+
+// rejectChangedFrames is every request of wireCases without its id, and
+// every frame of wireCases cut short by a byte and grown by one.
+func rejectChangedFrames() []rejectCase {
+	var cases []rejectCase
 	for _, c := range wireCases() {
 		if c.m.ID != 0 && c.m.Kind != KindResponse {
 			m := *c.m

@@ -178,25 +178,18 @@ func encodeCount(w *transport.WireWriter, m *Message) { w.U64(m.Count) }
 func decodeCount(r *transport.WireReader, m *Message) { m.Count = r.U64() }
 
 // Borrow: object | token u64.
-func encodeBorrow(w *transport.WireWriter, m *Message) {
-	w.Raw(m.Object[:])
-	w.U64(m.Token)
-}
+func encodeBorrow(w *transport.WireWriter, m *Message) { writeObjectU64(w, m.Object, m.Token) }
 
-func decodeBorrow(r *transport.WireReader, m *Message) {
-	m.Object = r.ID()
-	m.Token = r.U64()
-}
+func decodeBorrow(r *transport.WireReader, m *Message) { m.Object, m.Token = r.ID(), r.U64() }
 
 // Unborrow: object | count u64.
-func encodeUnborrow(w *transport.WireWriter, m *Message) {
-	w.Raw(m.Object[:])
-	w.U64(m.Count)
-}
+func encodeUnborrow(w *transport.WireWriter, m *Message) { writeObjectU64(w, m.Object, m.Count) }
 
-func decodeUnborrow(r *transport.WireReader, m *Message) {
-	m.Object = r.ID()
-	m.Count = r.U64()
+func decodeUnborrow(r *transport.WireReader, m *Message) { m.Object, m.Count = r.ID(), r.U64() }
+
+func writeObjectU64(w *transport.WireWriter, obj transport.ObjectID, v uint64) {
+	w.Raw(obj[:])
+	w.U64(v)
 }
 
 // Lease: object.
@@ -211,8 +204,7 @@ func encodeMetadata(w *transport.WireWriter, m *Message) {
 }
 
 func decodeMetadata(r *transport.WireReader, m *Message) {
-	m.Object = r.ID()
-	m.Transport = r.Str8("transport", 63)
+	m.Object, m.Transport = r.ID(), r.Str8("transport", 63)
 }
 
 // writeTransfer starts the bodies of send and the write messages: object

@@ -7,14 +7,14 @@ import (
 )
 
 // One codec per kind: the body's layout, what each field is bounded by,
-// and the checks of its values. The frame header, the checks shared by
-// every kind (trailing bytes, a request's id, a transport's name) and the
-// table that finds these are in message.go.
+// and the checks of its values. The frame header and the checks shared by
+// every kind (trailing bytes, a request's id, a transport's name) are in
+// message.go.
 
 // codec is how one kind's body crosses the wire. encode appends m's body;
 // decode reads one into m, recording the first error in r, with every
-// length and count from the peer bounded before it allocates. A request's
-// id must not be zero.
+// length and count from the peer bounded before it allocates. request
+// says the kind is a request, whose id must not be zero.
 type codec struct {
 	encode  func(w *transport.WireWriter, m *Message)
 	decode  func(r *transport.WireReader, m *Message)

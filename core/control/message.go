@@ -19,10 +19,10 @@ import (
 // that their response repeats, and one-way messages (unborrow, cancel, ping)
 // carry id 0.
 //
-// Each kind's body has a codec of its own (codec.go): an encode and a
-// decode function, found in the table codecs, indexed by Kind, by Encode
-// and DecodeMessage, which add the header and the checks every kind
-// shares. A new kind is a constant, a name in KindNames and an entry in
+// Each kind's body has a codec of its own in codec.go, an encode and a
+// decode function. Encode and DecodeMessage find it in the table codecs,
+// indexed by Kind, and add the header and the checks every kind shares.
+// A new kind is a constant, a name in KindNames and an entry in
 // codecs; the tests fail while one is missing and pin every kind's bytes
 // (testdata/messages.golden). Every field of every body is bounded and
 // validated by its decode function, every length and count before the
@@ -113,7 +113,7 @@ func (k Kind) String() string {
 }
 
 // Message is one decoded frame; which fields are meaningful depends on
-// Kind. It is exported, with its codec, for tests that speak the protocol
+// Kind (each kind's codec in codec.go lists its body's). It is exported, with its codec, for tests that speak the protocol
 // by hand.
 type Message struct {
 	Kind  Kind

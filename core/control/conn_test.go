@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,17 +45,10 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 	}
 	// Still serving: a well-behaved request on a fresh connection works.
 	c, rd := rawConn(t, ep)
-	_, err := c.Write((&Message{Kind: KindLease, ID: 7, Object: obj}).Encode())
-	require.NoError(t, err)
-	resp, err := Expect(rd, KindResponse)
-	require.NoError(t, err)
+	resp := ask(t, c, rd, &Message{Kind: KindLease, ID: 7, Object: obj})
 	assert.Equal(t, transport.OK, resp.Status)
-	assert.Equal(t, uint64(7), resp.ID)
 	// And a request for an unknown object gets an error reply, not a hang.
-	_, err = c.Write((&Message{Kind: KindBorrow, ID: 8, Object: transport.ID{9, 9}}).Encode())
-	require.NoError(t, err)
-	resp, err = Expect(rd, KindResponse)
-	require.NoError(t, err)
+	resp = ask(t, c, rd, &Message{Kind: KindBorrow, ID: 8, Object: transport.ID{9, 9}})
 	assert.Equal(t, transport.ErrNotFound, resp.Status)
 }
 
@@ -64,10 +58,7 @@ func TestSocketsCorruptFramesCloseOnlyThatConnection(t *testing.T) {
 func rawBorrower(t *testing.T, svc *stubService, ep Endpoint) net.Conn {
 	obj := svc.put()
 	c, rd := rawConn(t, ep)
-	_, err := c.Write((&Message{Kind: KindBorrow, ID: 1, Object: obj}).Encode())
-	require.NoError(t, err)
-	resp, err := Expect(rd, KindResponse)
-	require.NoError(t, err)
+	resp := ask(t, c, rd, &Message{Kind: KindBorrow, ID: 1, Object: obj})
 	require.Equal(t, transport.OK, resp.Status)
 	require.Equal(t, uint64(1), svc.Borrows())
 	return c
@@ -171,11 +162,9 @@ func (r *trickle) Read(p []byte) (int, error) {
 // to it lives: what the lost one carried (unborrows here) may be gone with
 // it, and a peer kept on the other would keep borrows nobody returns.
 func TestSocketsLostConnectionTakesThePeer(t *testing.T) {
-	a, epA := listenStub(t, "a")
-	_, epB := listenStub(t, "b")
-	obj := a.put()
-	_, err := borrowAt(epB, epA.Address(), obj)
-	require.NoError(t, err)
+	s := newTwoStubs(t, "b")
+	a, epA, epB := s.owner, s.ownerEP, s.otherEP
+	s.borrow(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	second, err := epB.(*sockEndpoint).dial(ctx, epA.Address())
@@ -310,12 +299,17 @@ func TestBusyHandlersDoNotStopTheReader(t *testing.T) {
 	}
 }
 
+// waitForEnds waits until owner was told n write ends, and returns them.
+func waitForEnds(t *testing.T, owner *stubService, n int, msg string) []WriteEnd {
+	owner.eventually(t, func() bool { return len(owner.writeEnds) == n }, msg)
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	return slices.Clone(owner.writeEnds)
+}
+
 func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
-	owner, _ := listenStub(t, "owner")
-	_, writerEP := listenStub(t, "writer")
-	obj := owner.put()
-	peer, err := connectTo(writerEP, owner.Identity().Address)
-	require.NoError(t, err)
+	s := newTwoStubs(t, "writer")
+	owner, obj, peer := s.owner, s.obj, s.connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -331,9 +325,7 @@ func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
 	assert.Zero(t, adm.Runs, "a write admitted on its own covers itself only")
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 2, Err: transport.Errorf(transport.ErrAborted, "stopped")})
 
-	eventually(t, func() bool {
-		owner.mu.Lock()
-		defer owner.mu.Unlock()
+	owner.eventually(t, func() bool {
 		_, done := owner.writesDone[2]
 		return done
 	}, "the done notice arrives")
@@ -347,11 +339,8 @@ func TestSocketsWriteOpenAndDoneReachTheOwner(t *testing.T) {
 }
 
 func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
-	owner, ownerEP := listenStub(t, "owner")
-	writer, writerEP := listenStub(t, "writer")
-	obj := owner.put()
-	peer, err := connectTo(writerEP, owner.Identity().Address)
-	require.NoError(t, err)
+	s := newTwoStubs(t, "writer")
+	owner, writer, obj, peer := s.owner, s.other, s.obj, s.connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -361,14 +350,9 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true})
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 42, Err: transport.Errorf(transport.ErrTimeout, "late")})
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Close: true})
-	eventually(t, func() bool {
-		owner.mu.Lock()
-		defer owner.mu.Unlock()
-		return len(owner.writeEnds) == 3
-	}, "every end arrives, in order")
+	ends := waitForEnds(t, owner, 3, "every end arrives, in order")
 	owner.mu.Lock()
 	assert.True(t, owner.writes[3].Standing, "the admission was asked to stand")
-	ends := owner.writeEnds
 	owner.mu.Unlock()
 	assert.Equal(t, WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true}, ends[0])
 	assert.Equal(t, uint64(42), ends[1].Tag)
@@ -378,12 +362,10 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 	assert.True(t, ends[2].Close)
 
 	// The owner reaches the writer over the connection the writer made.
-	back, err := connectTo(ownerEP, writer.Identity().Address)
+	back, err := connectTo(s.ownerEP, writer.Identity().Address)
 	require.NoError(t, err)
 	back.WithdrawWrite(obj, 3, transport.Errorf(transport.ErrPermissionDenied, "revoked"))
-	eventually(t, func() bool {
-		writer.mu.Lock()
-		defer writer.mu.Unlock()
+	writer.eventually(t, func() bool {
 		_, ok := writer.withdrawn[3]
 		return ok
 	}, "the withdrawal reaches the writer")
@@ -397,25 +379,16 @@ func TestPanicInAnswerIsInternal(t *testing.T) {
 	obj := svc.put()
 	c, rd := rawConn(t, ep)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	ask := func(m *Message) *Message {
-		t.Helper()
-		_, err := c.Write(m.Encode())
-		require.NoError(t, err)
-		resp, err := Expect(rd, KindResponse)
-		require.NoError(t, err, "%s is answered", m.Kind)
-		assert.Equal(t, m.ID, resp.ID)
-		return resp
-	}
 	// Answered inline by the reader, and on a handler's goroutine.
 	for i, m := range []*Message{
 		{Kind: KindBorrow, ID: 1, Object: obj, Token: panicToken},
 		{Kind: KindMetadata, ID: 2, Object: obj, Transport: "panics"},
 	} {
-		resp := ask(m)
+		resp := ask(t, c, rd, m)
 		assert.Equal(t, transport.ErrInternal, resp.Status, "request %d: %s", i, resp.Text)
 		assert.Contains(t, resp.Text, "panicked")
 	}
-	resp := ask(&Message{Kind: KindLease, ID: 3, Object: obj})
+	resp := ask(t, c, rd, &Message{Kind: KindLease, ID: 3, Object: obj})
 	assert.Equal(t, transport.OK, resp.Status, "the connection serves on: %s", resp.Text)
 }
 
@@ -424,11 +397,8 @@ func TestPanicInAnswerIsInternal(t *testing.T) {
 // not hold it open (and its object pinned) for as long as the connection
 // lives. A standing admission is closed the same way.
 func TestAnAdmissionNobodyWaitsForIsEnded(t *testing.T) {
-	owner, _ := listenStub(t, "owner")
-	_, writerEP := listenStub(t, "writer")
-	obj := owner.put()
-	peer, err := connectTo(writerEP, owner.Identity().Address)
-	require.NoError(t, err)
+	s := newTwoStubs(t, "writer")
+	owner, obj, peer := s.owner, s.obj, s.connect(t)
 	gate := make(chan struct{})
 	owner.mu.Lock()
 	owner.slowOpen = gate
@@ -441,14 +411,7 @@ func TestAnAdmissionNobodyWaitsForIsEnded(t *testing.T) {
 		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	}
 	close(gate) // the owner admits both now
-	eventually(t, func() bool {
-		owner.mu.Lock()
-		defer owner.mu.Unlock()
-		return len(owner.writeEnds) == 2
-	}, "both admissions are ended")
-	owner.mu.Lock()
-	defer owner.mu.Unlock()
-	for _, end := range owner.writeEnds {
+	for _, end := range waitForEnds(t, owner, 2, "both admissions are ended") {
 		if end.TransferID == 10 {
 			assert.Equal(t, transport.ErrAborted, transport.StatusOf(end.Err), "the write ends failed: nothing was written")
 			assert.False(t, end.Close)

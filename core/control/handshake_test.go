@@ -83,11 +83,9 @@ func TestWrongTokenFloodLogsAFewLines(t *testing.T) {
 }
 
 func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
-	owner, ownerEP := listenStub(t, "owner")
-	borrower, borrowerEP := listenStub(t, "borrower")
-	obj := owner.put()
-	peer, err := borrowAt(borrowerEP, ownerEP.Address(), obj)
-	require.NoError(t, err)
+	s := newTwoStubs(t, "borrower")
+	owner, ownerEP, borrower, obj := s.owner, s.ownerEP, s.other, s.obj
+	peer := s.borrow(t)
 	defer peer.Unborrow(obj, 1)
 	eventually(t, func() bool { return owner.Borrows() == 1 }, "the borrow arrives")
 	unixPath, _, _ := endpoints(t, ownerEP)
@@ -102,7 +100,7 @@ func TestSocketsClaimedIdentityMustBeProven(t *testing.T) {
 	// Claiming the borrower's id with one's own key.
 	impostor := newRawPeer()
 	impostor.info.RuntimeID = borrowerID
-	_, err = rawHandshake(dial(), impostor, "")
+	_, err := rawHandshake(dial(), impostor, "")
 	require.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "does not match the runtime id")
 

@@ -108,3 +108,28 @@ func (sc *sconn) checkLiveness(now time.Time) bool {
 	sc.postUrgent(&sc.pinging, KindPing)
 	return true
 }
+
+// heartbeat checks every connection's liveness four times per
+// PeerTimeout until the endpoint stops.
+func (ep *sockEndpoint) heartbeat() {
+	defer ep.wg.Done()
+	t := time.NewTicker(ep.cfg.PeerTimeout / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ep.stop:
+			return
+		case <-t.C:
+		}
+		ep.mu.Lock()
+		conns := make([]*sconn, 0, len(ep.conns))
+		for sc := range ep.conns {
+			conns = append(conns, sc)
+		}
+		ep.mu.Unlock()
+		now := time.Now()
+		for _, sc := range conns {
+			sc.checkLiveness(now)
+		}
+	}
+}

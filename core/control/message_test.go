@@ -3,7 +3,6 @@ package control
 import (
 	"bufio"
 	"bytes"
-	"crypto/ed25519"
 	"encoding/binary"
 	"reflect"
 	"runtime"
@@ -18,31 +17,8 @@ import (
 )
 
 func FuzzDecodeMessage(f *testing.F) {
-	peer := transport.PeerInfo{RuntimeID: transport.ID{1}, Name: "a", Address: "unix:///x", HostID: "h", Pid: 7,
-		Transports: []transport.TransportAdvert{{Name: "cma", Devices: []transport.DeviceType{transport.DeviceCPU}, OneSided: true}}}
-	for _, m := range []*Message{
-		{Kind: KindHello, Nonce: make([]byte, NonceSize)},
-		{Kind: KindChallenge, Nonce: make([]byte, NonceSize), Proof: make([]byte, ProofSize), Key: make([]byte, ed25519.PublicKeySize), Sig: make([]byte, ed25519.SignatureSize)},
-		{Kind: KindAuth, Proof: make([]byte, ProofSize), Key: make([]byte, ed25519.PublicKeySize), Sig: make([]byte, ed25519.SignatureSize), Peer: peer},
-		{Kind: KindWelcome, Peer: peer},
-		{Kind: KindRefused, Status: transport.ErrPermissionDenied, Text: "no"},
-		{Kind: KindResponse, ID: 3, Status: transport.ErrNotFound, Text: "gone", Data: []byte{1, 2}, Peer: peer},
-		{Kind: KindBorrow, ID: 4, Object: transport.ID{5}, Token: 6},
-		{Kind: KindUnborrow, Object: transport.ID{5}, Count: 2},
-		{Kind: KindSend, ID: 9, Object: transport.ID{5}, TransferID: 11, Transport: "nccl", Data: []byte("c")},
-		{Kind: KindMetadata, ID: 10, Object: transport.ID{5}, Transport: "shm"},
-		{Kind: KindCancel, Target: 9},
-		{Kind: KindPing, Count: 1 << 40},
-		{Kind: KindPong, Count: 7},
-		{Kind: KindGroupJoin, ID: 12, Group: GroupJoin{Name: "workers:0", Backend: "nccl", WorldSize: 4, Rank: 3}},
-		{Kind: KindWriteOpen, ID: 13, Object: transport.ID{5}, TransferID: 14, Transport: "cma", WriteKey: [16]byte{1}, Token: 15,
-			Pieces: []transport.Piece{{Tensor: 1, Offset: 8, Length: 16}}},
-		{Kind: KindWriteDone, Object: transport.ID{5}, TransferID: 14, Status: transport.ErrAborted, Text: "aborted"},
-		{Kind: KindWriteOpen, ID: 16, Object: transport.ID{5}, TransferID: 17, Transport: "tcp", Token: 18, Flags: WriteStanding},
-		{Kind: KindWriteDone, Object: transport.ID{5}, TransferID: 17, Token: 19, Flags: WriteKeep},
-		{Kind: KindWriteWithdrawn, Object: transport.ID{5}, TransferID: 17, Status: transport.ErrPermissionDenied, Text: "revoked"},
-	} {
-		f.Add(m.Encode()[4:])
+	for _, c := range wireCases() { // a frame of every kind
+		f.Add(c.m.Encode()[4:])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := DecodeMessage(b)
@@ -108,4 +84,19 @@ func TestWriteFlagsAreChecked(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, WriteClose, m.Flags)
 	assert.Equal(t, uint64(5), m.Token)
+}
+
+// Every kind has a name and a codec, and nothing past the last kind has
+// either.
+func TestEveryKindHasACodec(t *testing.T) {
+	for k := Kind(1); k < KindEnd; k++ {
+		assert.NotEmpty(t, KindNames[k], "kind %d has no name", k)
+		c := codecOf(k)
+		if assert.NotNil(t, c, "kind %d (%s) has no codec", k, k) {
+			assert.NotNil(t, c.encode, "kind %d (%s) has no encode", k, k)
+		}
+	}
+	assert.Nil(t, codecOf(0))
+	assert.Nil(t, codecOf(KindEnd))
+	assert.Equal(t, "unknown", KindEnd.String())
 }

@@ -86,6 +86,36 @@ func listenStub(t *testing.T, name string, opts ...func(*ListenConfig)) (*stubSe
 	return svc, ep
 }
 
+// twoStubs is an owner holding an object, and another runtime.
+type twoStubs struct {
+	owner, other     *stubService
+	ownerEP, otherEP Endpoint
+	obj              transport.ObjectID
+}
+
+func newTwoStubs(t *testing.T, other string) twoStubs {
+	var s twoStubs
+	s.owner, s.ownerEP = listenStub(t, "owner")
+	s.other, s.otherEP = listenStub(t, other)
+	s.obj = s.owner.put()
+	return s
+}
+
+// connect is the other runtime's connection to the owner.
+func (s twoStubs) connect(t *testing.T) Peer {
+	peer, err := connectTo(s.otherEP, s.ownerEP.Address())
+	require.NoError(t, err)
+	return peer
+}
+
+// borrow has the other runtime borrow the object, and returns its
+// connection to the owner.
+func (s twoStubs) borrow(t *testing.T) Peer {
+	peer, err := borrowAt(s.otherEP, s.ownerEP.Address(), s.obj)
+	require.NoError(t, err)
+	return peer
+}
+
 // put adds an object peers may borrow, lease and ask metadata of.
 func (s *stubService) put() transport.ObjectID {
 	id := transport.RandomID()
@@ -245,6 +275,16 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 	require.Eventually(t, cond, 10*time.Second, time.Millisecond, msg)
 }
 
+// eventually waits until cond holds, checked under the stub's lock.
+func (s *stubService) eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return cond()
+	}, msg)
+}
+
 // connectTo is ep's connection to the runtime at address, within a few
 // seconds.
 func connectTo(ep Endpoint, address string) (Peer, error) {
@@ -290,6 +330,18 @@ func rawConn(t *testing.T, ep Endpoint) (net.Conn, *bufio.Reader) {
 	rd, err := rawHandshake(c, newRawPeer(), "")
 	require.NoError(t, err)
 	return c, rd
+}
+
+// ask sends request m on a raw connection and reads its answer, the next
+// frame.
+func ask(t *testing.T, c net.Conn, rd *bufio.Reader, m *Message) *Message {
+	t.Helper()
+	_, err := c.Write(m.Encode())
+	require.NoError(t, err)
+	resp, err := Expect(rd, KindResponse)
+	require.NoError(t, err, "%s is answered", m.Kind)
+	require.Equal(t, m.ID, resp.ID)
+	return resp
 }
 
 // rawPeer is an identity a test speaks for by hand: a key and what it

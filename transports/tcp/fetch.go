@@ -327,7 +327,7 @@ type fetchRequest struct {
 	ctx     context.Context // cancels dials; nil when no goroutine runs
 	cancel  context.CancelFunc
 
-	write bool // a write into the owner (write.go), not a pull from it
+	dir transport.Direction // a write pushes into the owner (write.go), a read pulls from it
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{} // connections in use, closed by abort
@@ -354,10 +354,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if err != nil {
 		return nil, err
 	}
-	// Pooled connections are recorded with the source runtime, so that
-	// they are closed when it is gone (PeerGone).
-	r := &fetchRequest{t: t, meta: m, conns: map[net.Conn]struct{}{},
-		pool: poolKey{endpoint: m.Endpoint, source: x.Source.RuntimeID, key: t.clientKey(m)}}
+	r := t.newRequest(x, m)
 	if len(small) == 0 && len(shares) == 0 {
 		return r, nil // nothing to move
 	}
@@ -390,6 +387,14 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		r.spawn(ps)
 	}
 	return r, nil
+}
+
+// newRequest is the request of a fetch or a write of the object m
+// describes. Its pooled connections are recorded with the owner's runtime,
+// so that they are closed when it is gone (PeerGone).
+func (t *Transport) newRequest(x *transport.Transfer, m *metadata) *fetchRequest {
+	return &fetchRequest{t: t, meta: m, dir: x.Direction, conns: map[net.Conn]struct{}{},
+		pool: poolKey{endpoint: m.Endpoint, source: x.Owner().RuntimeID, key: t.clientKey(m)}}
 }
 
 // checkRequest decodes the metadata of the object a request moves and
@@ -722,7 +727,7 @@ func (r *fetchRequest) ioError(err error) error {
 		return err
 	}
 	peer := "source"
-	if r.write {
+	if r.dir == transport.Write {
 		peer = "owner"
 	}
 	if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) {
@@ -905,4 +910,17 @@ func readResponse(c net.Conn) (transport.Status, uint64, string, error) {
 		return 0, 0, "", transport.Errorf(transport.ErrPeerUnavailable, "reading from %s: %v", c.RemoteAddr(), err)
 	}
 	return st, tag, string(msg), nil
+}
+
+// run runs f on a goroutine of the request; its error fails the request.
+func (r *fetchRequest) run(f func() error) {
+	r.wg.Add(1)
+	r.pending.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := f(); err != nil {
+			r.fail(err)
+		}
+		r.pending.Add(-1)
+	}()
 }

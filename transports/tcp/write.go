@@ -36,8 +36,7 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 		}
 	}
 	shares := planWrite(x, sources, t.streams)
-	r := &fetchRequest{t: t, meta: m, write: true, conns: map[net.Conn]struct{}{},
-		pool: poolKey{endpoint: m.Endpoint, source: x.Destination.RuntimeID, key: t.clientKey(m)}}
+	r := t.newRequest(x, m)
 	if len(shares) == 0 {
 		return r, nil
 	}
@@ -77,19 +76,6 @@ func planWrite(x *transport.Transfer, sources []transport.Tensor, streams int) [
 		shares[i%n] = append(shares[i%n], c)
 	}
 	return shares
-}
-
-// run runs f on a goroutine of the request; its error fails the request.
-func (r *fetchRequest) run(f func() error) {
-	r.wg.Add(1)
-	r.pending.Add(1)
-	go func() {
-		defer r.wg.Done()
-		if err := f(); err != nil {
-			r.fail(err)
-		}
-		r.pending.Add(-1)
-	}()
 }
 
 // push sends the frames of one share on one connection, pooled or new,

@@ -19,7 +19,7 @@ func (p *pair) write(t testing.TB, meta []byte, id uint64, pieces []transport.Pi
 		copy(buf, b)
 		ts = append(ts, x)
 	}
-	x := &transport.Transfer{TransferID: id, Role: transport.RoleSource, Pieces: pieces}
+	x := &transport.Transfer{TransferID: id, Role: transport.RoleSource, Direction: transport.Write, Pieces: pieces}
 	req, err := p.dst.Write(x, ts, meta, nil)
 	if err != nil {
 		return err
@@ -97,7 +97,7 @@ func TestAbortedWriteLetsGo(t *testing.T) {
 	p.host.Writes = map[uint64][]transport.Piece{1: nil}
 	meta, _ := p.put(t, 22, 256<<20)
 	_, src := buffer(t, 256<<20)
-	req, err := p.dst.Write(&transport.Transfer{TransferID: 1, Role: transport.RoleSource}, []transport.Tensor{src}, meta, nil)
+	req, err := p.dst.Write(&transport.Transfer{TransferID: 1, Role: transport.RoleSource, Direction: transport.Write}, []transport.Tensor{src}, meta, nil)
 	require.NoError(t, err)
 	time.Sleep(time.Millisecond)
 	p.dst.Abort(nil, req)

@@ -255,20 +255,14 @@ func coalesce(keys []regKey) []regKey {
 // piece, or its tensor whole) from the source agent: small transfers at
 // once, larger ones chunk by chunk on a goroutine.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, targets, tmeta, C.RDTNX_XFER_READ)
+	return t.start(x, targets, tmeta)
 }
 
-// Write registers the sources and posts WRITEs of each (its piece, or its
-// tensor whole) into the exposed object's registered memory, as Fetch
-// reads. The owner handed its metadata to this write alone (it admitted it).
-func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, sources, tmeta, C.RDTNX_XFER_WRITE)
-}
-
-// start is Fetch and Write: op moves between local (the targets of a read,
-// the sources of a write) and the remote object tmeta describes.
-func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (transport.Request, error) {
-	pl, err := t.plan(x, local, tmeta, op)
+// start is Fetch and Write: it moves, the way x.Direction says, between
+// local (the targets of a read, the sources of a write) and the remote
+// object tmeta describes.
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	pl, err := t.plan(x, local, tmeta)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +273,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 // runs it.
 type planned struct {
 	agent   unsafe.Pointer
-	op      C.int
+	dir     transport.Direction
 	m       *metadata
 	chunks  []chunk
 	regions []regKey // the local memory to register
@@ -288,7 +282,7 @@ type planned struct {
 
 // plan checks a transfer against the metadata and the local tensors and
 // cuts it into chunks.
-func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (*planned, error) {
+func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*planned, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -298,7 +292,7 @@ func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta 
 	}
 	for i, tg := range local {
 		if !tg.Device.Type.HostAccessible() && !slices.Contains(t.devices, tg.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", localName(op), i, tg.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", localName(x.Direction), i, tg.Device)
 		}
 	}
 	chunks, regions, total, err := plan(x, m, local)
@@ -309,12 +303,12 @@ func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta 
 	if err != nil {
 		return nil, err
 	}
-	return &planned{agent: agent, op: op, m: m, chunks: chunks, regions: regions, total: total}, nil
+	return &planned{agent: agent, dir: x.Direction, m: m, chunks: chunks, regions: regions, total: total}, nil
 }
 
-// localName is what the local tensors of op are, for errors.
-func localName(op C.int) string {
-	if op == C.RDTNX_XFER_WRITE {
+// localName is what the local tensors of a transfer are, for errors.
+func localName(dir transport.Direction) string {
+	if dir == transport.Write {
 		return "source"
 	}
 	return "target"
@@ -334,7 +328,7 @@ func (t *Transport) registerLocal(pl *planned) ([]unsafe.Pointer, error) {
 			var call *C.char
 			if st := C.rdtnx_register(pl.agent, d, &call); st != C.RDTNX_SUCCESS {
 				C.rdtnx_dlist_free(d)
-				err = callError(transport.ErrTransport, "registering the "+localName(pl.op)+"s", call, st)
+				err = callError(transport.ErrTransport, "registering the "+localName(pl.dir)+"s", call, st)
 			}
 		}
 		if err != nil {
@@ -361,7 +355,7 @@ func (t *Transport) deregister(agent unsafe.Pointer, locals []unsafe.Pointer) {
 // registering its local memory for this request alone (kept nil).
 func (t *Transport) launch(pl *planned, kept []unsafe.Pointer) (transport.Request, error) {
 	m := pl.m
-	req := &request{t: t, agent: pl.agent, op: pl.op, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent,
+	req := &request{t: t, agent: pl.agent, dir: pl.dir, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent,
 		postDone: make(chan struct{}), progress: make(chan struct{}, 1)}
 	if len(pl.chunks) == 0 {
 		close(req.postDone)
@@ -418,7 +412,7 @@ type xfer struct {
 type request struct {
 	t          *Transport
 	agent      unsafe.Pointer
-	op         C.int // RDTNX_XFER_READ or RDTNX_XFER_WRITE
+	dir        transport.Direction
 	rem        *remote
 	remoteName string
 	locals     []unsafe.Pointer // this request's own registrations (none with a prepared's)
@@ -477,7 +471,7 @@ func (r *request) post() {
 		}
 		var q unsafe.Pointer
 		var call *C.char
-		st := C.rdtnx_xfer(r.agent, r.op, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		st := C.rdtnx_xfer(r.agent, xferOp(r.dir), C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
 		la.free()
 		ra.free()
 		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
@@ -540,9 +534,18 @@ func (c *chunk) bytes() uint64 {
 	return n
 }
 
+// xferOp is NIXL's operation for a transfer's direction: a READ of the
+// owner's memory, or a WRITE into it.
+func xferOp(dir transport.Direction) C.int {
+	if dir == transport.Write {
+		return C.RDTNX_XFER_WRITE
+	}
+	return C.RDTNX_XFER_READ
+}
+
 // verb says what the request does, for errors.
 func (r *request) verb() string {
-	if r.op == C.RDTNX_XFER_WRITE {
+	if r.dir == transport.Write {
 		return "writing into"
 	}
 	return "reading from"
@@ -708,11 +711,7 @@ const (
 // than moving a small transfer). The remote agent is still acquired per
 // Start, so that a peer gone in between is invalidated as for any fetch.
 func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte) (transport.Prepared, error) {
-	op := C.int(C.RDTNX_XFER_READ)
-	if x.Direction == transport.Write {
-		op = C.RDTNX_XFER_WRITE
-	}
-	pl, err := t.plan(x, local, tmeta, op)
+	pl, err := t.plan(x, local, tmeta)
 	if err != nil {
 		return nil, err
 	}

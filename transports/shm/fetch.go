@@ -68,7 +68,8 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	if x.Pieces != nil {
 		m.takePieces(x.Pieces)
 	}
-	src, err := t.source(x.Source)
+	owner := x.Owner()
+	src, err := t.source(owner)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +84,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 				return r, nil
 			}
 		}
-		go func() { r.Finish(t.fetchFromArena(r, src, x.Source.Pid, m, targets)) }()
+		go func() { r.Finish(t.fetchFromArena(r, src, owner.Pid, m, targets)) }()
 		return r, nil
 	}
 	if m.Size <= inlineMax {
@@ -92,13 +93,13 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		// then needs no hand-off, which costs more than the copy). A
 		// slower answer is waited for on a goroutine, where Abort reaches
 		// it.
-		a, err := t.getSegment(r, src, x.Source.Pid, m, targets, true)
+		a, err := t.getSegment(r, src, owner.Pid, m, targets, true)
 		if a.pending == nil {
 			r.Finish(r.check(a, err, m, targets))
 			return r, nil
 		}
 		go func() {
-			a, err := t.resume(r, src, x.Source.Pid, m, targets, a.pending)
+			a, err := t.resume(r, src, owner.Pid, m, targets, a.pending)
 			r.Finish(r.check(a, err, m, targets))
 		}()
 		return r, nil
@@ -106,7 +107,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 	// Larger objects are read on a goroutine, so that a fetch of many refs
 	// overlaps their socket round trips and copies.
 	go func() {
-		a, err := t.getSegment(r, src, x.Source.Pid, m, targets, false)
+		a, err := t.getSegment(r, src, owner.Pid, m, targets, false)
 		r.Finish(r.check(a, err, m, targets))
 	}()
 	return r, nil

@@ -58,7 +58,8 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 	if x.Pieces != nil {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "a view maps whole objects; a partial view is a slice of one")
 	}
-	src, err := t.source(x.Source)
+	owner := x.Owner()
+	src, err := t.source(owner)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 		defer stop.Stop()
 	}
 	ask := &metadata{Path: m.Path, Object: m.Object, Size: m.Size, askView: true}
-	a, err := t.getSegment(r, src, x.Source.Pid, ask, nil, false)
+	a, err := t.getSegment(r, src, owner.Pid, ask, nil, false)
 	if err != nil {
 		if r.aborted.Load() {
 			return nil, transport.Errorf(transport.ErrTimeout, "the view's deadline passed while the owner's segment server was asked: %v", err)

@@ -116,12 +116,13 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 		pieces[i] = x.PieceOf(i, s)
 		total += pieces[i].Length
 	}
-	src, err := t.source(x.Destination)
+	owner := x.Owner()
+	src, err := t.source(owner)
 	if err != nil {
 		return nil, err
 	}
 	r := &writeRequest{Completion: transport.NewCompletion(), id: x.TransferID}
-	go func() { r.Finish(t.write(r, src, x.Destination.Pid, m, pieces, sources, total)) }()
+	go func() { r.Finish(t.write(r, src, owner.Pid, m, pieces, sources, total)) }()
 	return r, nil
 }
 

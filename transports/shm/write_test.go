@@ -69,7 +69,7 @@ func startWrite(t *testing.T, tr *Transport, meta []byte, id uint64, pieces []tr
 	}
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	x := &transport.Transfer{Object: m.Object, TransferID: id, Transport: Name, Role: transport.RoleSource, Pieces: pieces,
+	x := &transport.Transfer{Object: m.Object, TransferID: id, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Pieces: pieces,
 		Destination: transport.PeerInfo{RuntimeID: sourceRuntime, Name: "owner", Pid: os.Getpid()}}
 	return tr.Write(x, ts, meta, nil)
 }
@@ -304,7 +304,7 @@ func TestWriteToAStoppedOwnerAborts(t *testing.T) {
 	defer src.Continue()
 	w := newTransport(t)
 	_, x := buffer(t, 64<<20)
-	xf := &transport.Transfer{Object: transporttest.SourceObject, TransferID: 1, Transport: Name, Role: transport.RoleSource, Destination: src.Peer}
+	xf := &transport.Transfer{Object: transporttest.SourceObject, TransferID: 1, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Destination: src.Peer}
 	req, err := w.Write(xf, []transport.Tensor{x}, src.Meta, nil)
 	require.NoError(t, err)
 	time.Sleep(10 * time.Millisecond) // the request is sent, its answer awaited
@@ -365,7 +365,7 @@ func writeForever(t *testing.T, arg string) {
 	owner, err := strconv.Atoi(pid)
 	require.NoError(t, err)
 	for id := uint64(1); ; id++ {
-		xf := &transport.Transfer{Object: transport.ObjectID{34}, TransferID: id, Transport: Name, Role: transport.RoleSource,
+		xf := &transport.Transfer{Object: transport.ObjectID{34}, TransferID: id, Transport: Name, Role: transport.RoleSource, Direction: transport.Write,
 			Destination: transport.PeerInfo{RuntimeID: sourceRuntime, Pid: owner}}
 		req, err := w.Write(xf, []transport.Tensor{x}, meta, nil)
 		require.NoError(t, err)

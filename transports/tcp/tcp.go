@@ -113,25 +113,6 @@ type Transport struct {
 	closed bool
 }
 
-// newPool makes the pool of a receiver's idle data connections: at most
-// maxIdle per key, closed after idleTimeout unused.
-func newPool() *peerpool.Pool[poolKey, net.Conn] {
-	return peerpool.New(peerpool.Config[poolKey, net.Conn]{
-		Max:         maxIdle,
-		Close:       func(c net.Conn) { c.Close() },
-		Peer:        func(k poolKey) transport.RuntimeID { return k.source },
-		IdleTimeout: idleTimeout,
-	})
-}
-
-// poolKey says which pooled connections a fetch may reuse: those to the
-// same endpoint of the same source runtime, authenticated with the same key.
-type poolKey struct {
-	endpoint string
-	source   transport.RuntimeID // zero for a client without a runtime
-	key      string
-}
-
 // New makes the transport; the data listener starts when an object first
 // needs it.
 func New(h transport.Host) (transport.Transport, error) {

@@ -95,10 +95,10 @@ func TestPartialFetchOfEveryStorage(t *testing.T) {
 			if c.inline {
 				pm := arenaOf(t, meta)
 				pm.takePieces(pieces)
-				kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+				kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 				require.NoError(t, err)
 				_, x := buffer(t, 16)
-				a, err := dst.getSegment(nil, kept, os.Getpid(), pm, []transport.Tensor{x}, false)
+				a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), pm, []transport.Tensor{x}, false)
 				require.NoError(t, err)
 				assert.GreaterOrEqual(t, a.fd, 0, "a partial fetch takes the descriptor, not the whole object inline")
 				unix.Close(a.fd)
@@ -131,5 +131,5 @@ func TestPartialFetchOutsideTheMetadataIsRefused(t *testing.T) {
 		fill(orig, 0xd7)
 		assert.Equal(t, orig, g.all, "%+v: nothing written", p)
 	}
-	assert.Zero(t, dst.keptCount(), "nothing was asked of the source")
+	assert.Zero(t, dst.peers.count(), "nothing was asked of the source")
 }

@@ -150,9 +150,9 @@ func TestSegmentIsSealed(t *testing.T) {
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
 	dst := newTransport(t)
-	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+	kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	a, err := dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
+	a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), m, nil, false)
 	require.NoError(t, err)
 	fd, size := a.fd, a.size
 	defer unix.Close(fd)
@@ -175,13 +175,13 @@ func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
 	}
-	assert.Equal(t, 1, dst.keptCount(), "three fetches in a row share one connection")
-	src.mu.Lock()
-	assert.Len(t, src.conns, 1)
-	for c := range src.conns {
+	assert.Equal(t, 1, dst.peers.count(), "three fetches in a row share one connection")
+	src.srv.mu.Lock()
+	assert.Len(t, src.srv.conns, 1)
+	for c := range src.srv.conns {
 		c.Close() // as the server does to an idle connection
 	}
-	src.mu.Unlock()
+	src.srv.mu.Unlock()
 	got, err := fetch(t, dst, meta, 4096)
 	require.NoError(t, err, "a closed kept connection is replaced")
 	assert.Equal(t, want, got)

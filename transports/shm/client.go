@@ -46,24 +46,34 @@ func (rcv *receiver) getSegment(r *request, src *keptConns, owner int, m *metada
 		// The kept connection was closed by the server (idle, or a new
 		// source at that path): ask once more on a new one.
 	}
+	c, err := dial(m, owner)
+	if err != nil {
+		return answer{fd: -1}, err
+	}
+	return rcv.askSegment(r, src, c, m, targets, quick)
+}
+
+// dial connects to the segment server of m, which must be the owner's
+// process: a ref could name any socket.
+func dial(m *metadata, owner int) (*net.UnixConn, error) {
 	d := net.Dialer{Timeout: dialTimeout}
 	nc, err := d.Dial("unix", m.Path)
 	if err != nil {
 		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
-			return answer{fd: -1}, exhausted
+			return nil, exhausted
 		}
-		return answer{fd: -1}, transport.Errorf(transport.ErrPeerUnavailable, "the owner's segment server at %s is gone: %v", m.Path, err)
+		return nil, gone(m, err)
 	}
 	c := nc.(*net.UnixConn)
 	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
 		c.Close()
 		if err != nil {
-			return answer{fd: -1}, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
+			return nil, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
 		}
-		return answer{fd: -1}, transport.Errorf(transport.ErrCorrupt,
+		return nil, transport.Errorf(transport.ErrCorrupt,
 			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
 	}
-	return rcv.askSegment(r, src, c, m, targets, quick)
+	return c, nil
 }
 
 // pendingAnswer is a request sent on c whose answer had not begun within

@@ -124,37 +124,48 @@ func readRuns(fd int, runs []run, abort *atomic.Bool) error {
 			}
 			continue
 		}
-		iovs, off := r.iovs, int64(r.off)
-		for len(iovs) > 0 {
-			if abort.Load() {
-				return transport.Errorf(transport.ErrAborted, "transfer aborted")
-			}
-			n, err := unix.Preadv(fd, iovs, off)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return transport.Errorf(transport.ErrTransport, "reading the segment: %v", err)
-			}
-			if n == 0 {
-				return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
-			}
-			off += int64(n)
-			for n > 0 { // a short read: go on after what arrived
-				if n >= len(iovs[0]) {
-					n -= len(iovs[0])
-					iovs = iovs[1:]
-				} else {
-					iovs[0] = iovs[0][n:]
-					n = 0
-				}
-			}
-			for len(iovs) > 0 && len(iovs[0]) == 0 {
-				iovs = iovs[1:]
-			}
+		if err := preadv(fd, r.iovs, int64(r.off), abort); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// preadv fills iovs with the bytes of fd from off on, going on after a
+// short read; with abort, it stops when abort is set, checked before each
+// call.
+func preadv(fd int, iovs [][]byte, off int64, abort *atomic.Bool) error {
+	for {
+		for len(iovs) > 0 && len(iovs[0]) == 0 {
+			iovs = iovs[1:]
+		}
+		if len(iovs) == 0 {
+			return nil
+		}
+		if abort != nil && abort.Load() {
+			return transport.Errorf(transport.ErrAborted, "transfer aborted")
+		}
+		n, err := unix.Preadv(fd, iovs, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return transport.Errorf(transport.ErrTransport, "reading the segment: %v", err)
+		}
+		if n == 0 {
+			return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
+		}
+		off += int64(n)
+		for n > 0 { // a short read: go on after what arrived
+			if n >= len(iovs[0]) {
+				n -= len(iovs[0])
+				iovs = iovs[1:]
+			} else {
+				iovs[0] = iovs[0][n:]
+				n = 0
+			}
+		}
+	}
 }
 
 // parallelCopy copies src into dst in chunks, checking abort between them,

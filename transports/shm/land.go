@@ -323,16 +323,9 @@ func (t *Transport) ExtractExposedMetadata(obj transport.ObjectID, tensors []tra
 
 // extractExposed is ExtractExposedMetadata.
 func (srv *server) extractExposed(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
-	for _, x := range tensors {
-		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
-		}
-	}
-	path, err := srv.listen()
+	m, err := srv.describe(obj, tensors)
 	if err != nil {
 		return nil, err
 	}
-	regions, size := layout(tensors)
-	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
 	return m.encode(), nil
 }

@@ -124,48 +124,50 @@ func (p *peers) keepArena(src *keptConns, id transport.ObjectID, v *arenaView) (
 // takeIdle takes a connection kept for src's segment server at path (a
 // record dropped meanwhile has none).
 func (p *peers) takeIdle(src *keptConns, path string) *net.UnixConn {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.liveLocked(src) {
-		return nil
-	}
-	c, _ := p.kept.Take(keptKey{peer: src.peer, path: path})
+	c, _ := take(p, p.kept, src, path)
 	return c
 }
 
 // keepIdle keeps c for the next request to the segment server at path,
 // unless src's record was dropped or keeps maxIdle for that path already.
 func (p *peers) keepIdle(src *keptConns, path string, c *net.UnixConn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.liveLocked(src) {
-		c.Close()
-		return
-	}
-	p.kept.Put(keptKey{peer: src.peer, path: path}, c)
+	keep(p, p.kept, src, path, c, func(c *net.UnixConn) { c.Close() })
 }
 
 // takeWriteConn takes a connection a write to src's segment server at path
 // moved on before (a record dropped meanwhile has none).
 func (p *peers) takeWriteConn(src *keptConns, path string) (*wconn, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.liveLocked(src) {
-		return nil, false
-	}
-	return p.wkept.Take(keptKey{peer: src.peer, path: path})
+	return take(p, p.wkept, src, path)
 }
 
 // keepWriteConn keeps w for the next write to the segment server at path,
 // unless src's record was dropped.
 func (p *peers) keepWriteConn(src *keptConns, path string, w *wconn) {
+	keep(p, p.wkept, src, path, w, (*wconn).close)
+}
+
+// take takes a connection kept in pool, one of p's, for src's segment
+// server at path; a record dropped meanwhile has none.
+func take[C any](p *peers, pool *peerpool.Pool[keptKey, C], src *keptConns, path string) (c C, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.liveLocked(src) {
-		w.close()
+		return c, false
+	}
+	return pool.Take(keptKey{peer: src.peer, path: path})
+}
+
+// keep keeps c in pool, one of p's, for the next request to src's segment
+// server at path, or closes it when src's record was dropped (or the pool
+// holds its most for that path).
+func keep[C any](p *peers, pool *peerpool.Pool[keptKey, C], src *keptConns, path string, c C, close func(C)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.liveLocked(src) {
+		close(c)
 		return
 	}
-	p.wkept.Put(keptKey{peer: src.peer, path: path}, w)
+	pool.Put(keptKey{peer: src.peer, path: path}, c)
 }
 
 // drop lets go of what is kept for a runtime that is gone.

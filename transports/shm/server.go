@@ -243,7 +243,7 @@ func (srv *server) answer(c *net.UnixConn, req []byte, reply *[]byte) (ok, inlin
 		// a receiver that does not read could stall.
 		out := append((*reply)[:0], encodeReply(transport.OK, "", s.size, flagInline)...)
 		out = out[:replyLen+int(s.size)]
-		err = preadFull(s.fd, out[replyLen:], 0)
+		err = preadv(s.fd, [][]byte{out[replyLen:]}, 0, nil)
 		srv.mu.RUnlock()
 		if err != nil {
 			_, err := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
@@ -311,24 +311,6 @@ func (srv *server) answerArena(c *net.UnixConn, id transport.ObjectID) bool {
 		return refuse(c, handOutError("the arena", err))
 	}
 	return sendFD(c, fd, size)
-}
-
-// preadFull reads len(b) bytes of fd at off.
-func preadFull(fd int, b []byte, off int64) error {
-	for done := 0; done < len(b); {
-		n, err := unix.Pread(fd, b[done:], off+int64(done))
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return transport.Errorf(transport.ErrTransport, "reading the segment: %v", err)
-		}
-		if n == 0 {
-			return transport.Errorf(transport.ErrCorrupt, "the segment ended early")
-		}
-		done += n
-	}
-	return nil
 }
 
 func checkSameUser(c *net.UnixConn) error {

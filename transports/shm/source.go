@@ -28,13 +28,7 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 
 // extract is ExtractMetadata.
 func (srv *server) extract(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
-	for _, x := range tensors {
-		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
-		}
-	}
-	regions, size := layout(tensors)
-	path, err := srv.listen()
+	m, err := srv.describe(obj, tensors)
 	if err != nil {
 		return nil, err
 	}
@@ -44,11 +38,10 @@ func (srv *server) extract(obj transport.ObjectID, tensors []transport.Tensor) (
 	if staged {
 		return s.meta, nil
 	}
-	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
 	if meta, ok, err := srv.stageInArena(&m, tensors); ok || err != nil {
 		return meta, err
 	}
-	fd, err := stage(obj, tensors, regions, size)
+	fd, err := stage(obj, tensors, m.Regions, m.Size)
 	if err != nil {
 		return nil, err
 	}
@@ -63,8 +56,24 @@ func (srv *server) extract(obj transport.ObjectID, tensors []transport.Tensor) (
 		return s.meta, nil
 	}
 	meta := m.encode()
-	srv.segs[obj] = &segment{fd: fd, size: size, meta: meta, view: -1}
+	srv.segs[obj] = &segment{fd: fd, size: m.Size, meta: meta, view: -1}
 	return meta, nil
+}
+
+// describe is the metadata of an object of tensors, in host memory, laid
+// out as in a segment, naming this server (which it starts).
+func (srv *server) describe(obj transport.ObjectID, tensors []transport.Tensor) (metadata, error) {
+	for _, x := range tensors {
+		if !x.Device.Type.HostAccessible() {
+			return metadata{}, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
+		}
+	}
+	regions, size := layout(tensors)
+	path, err := srv.listen()
+	if err != nil {
+		return metadata{}, err
+	}
+	return metadata{Path: path, Object: obj, Size: size, Regions: regions}, nil
 }
 
 // stageInArena copies the object into the arena, when there is one and

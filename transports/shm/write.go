@@ -155,22 +155,9 @@ func (wr *writer) conn(src *keptConns, owner int, m *metadata) (w *wconn, kept b
 			return w, true, nil
 		}
 	}
-	d := net.Dialer{Timeout: dialTimeout}
-	nc, err := d.Dial("unix", m.Path)
+	c, err := dial(m, owner)
 	if err != nil {
-		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
-			return nil, false, exhausted
-		}
-		return nil, false, gone(m, err)
-	}
-	c := nc.(*net.UnixConn)
-	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
-		c.Close()
-		if err != nil {
-			return nil, false, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
-		}
-		return nil, false, transport.Errorf(transport.ErrCorrupt,
-			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
+		return nil, false, err
 	}
 	return &wconn{c: c}, false, nil
 }

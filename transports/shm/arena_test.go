@@ -236,7 +236,7 @@ func TestArenaOfAKilledSourceIsPeerUnavailable(t *testing.T) {
 	require.NotNil(t, meta, "the source printed no metadata")
 	dst := newTransport(t)
 	want := make([]byte, 4096)
-	fill(want, 7)
+	transporttest.Fill(want, 7)
 	got, err := fetchFrom(t, dst, meta, cmd.Process.Pid, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, [][]byte{want}, got)
@@ -253,7 +253,7 @@ func TestArenaMappedForADroppedRecordIsNotKept(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 1, 4096)
 	dropped := &keptConns{peer: sourceRuntime, arenas: map[transport.ObjectID]*arenaView{}}
-	got, target := buffer(t, 4096)
+	got, target := transporttest.Buffer(t, 4096)
 	r := &request{Completion: transport.NewCompletion()}
 	require.NoError(t, dst.rcv.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))
 	assert.Equal(t, want[0], got)

@@ -33,7 +33,7 @@ func TestSmallObjectsComeInline(t *testing.T) {
 		var targets []transport.Tensor
 		var got [][]byte
 		for _, n := range sizes {
-			b, x := buffer(t, n)
+			b, x := transporttest.Buffer(t, n)
 			targets = append(targets, x)
 			got = append(got, b)
 		}
@@ -83,7 +83,7 @@ func TestInlineFetchOfAStoppedSourceAborts(t *testing.T) {
 	dst := newTransport(t)
 	src.Stop()
 	defer src.Continue()
-	_, target := buffer(t, 4096)
+	_, target := transporttest.Buffer(t, 4096)
 	x := &transport.Transfer{Object: transporttest.SourceObject, Transport: Name, Role: transport.RoleDestination, Source: src.Peer}
 	began := time.Now()
 	req, err := dst.Fetch(x, []transport.Tensor{target}, src.Meta, nil)
@@ -266,7 +266,7 @@ func TestArenaResizedBetweenChecksIsRefused(t *testing.T) {
 	unsealed := sealedMemfd(t, int(size), false)
 	v, err := mapArena(dupFd(t, unsealed), size, os.Getpid())
 	if err == nil {
-		_, target := buffer(t, 16)
+		_, target := transporttest.Buffer(t, 16)
 		v.read(&metadata{Object: transport.ObjectID{1}, Base: arenaTable, Size: 16, Regions: []region{{0, 16}}}, []transport.Tensor{target})
 		v.unmap()
 	}

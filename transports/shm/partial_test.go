@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // guarded is a target with guard bytes on both sides, all filled with a
@@ -22,8 +23,8 @@ type guarded struct {
 const guardBytes = 64
 
 func guardedTarget(t *testing.T, n int) guarded {
-	all, x := buffer(t, n+2*guardBytes)
-	fill(all, 0xd7)
+	all, x := transporttest.Buffer(t, n+2*guardBytes)
+	transporttest.Fill(all, 0xd7)
 	x.Data += guardBytes
 	x.Orig = x.Data
 	x.Nbytes = uint64(n)
@@ -35,7 +36,7 @@ func guardedTarget(t *testing.T, n int) guarded {
 func (g guarded) check(t *testing.T, want []byte, what string) {
 	t.Helper()
 	orig := make([]byte, len(g.all))
-	fill(orig, 0xd7)
+	transporttest.Fill(orig, 0xd7)
 	n := len(g.all) - 2*guardBytes
 	assert.True(t, bytes.Equal(orig[:guardBytes], g.all[:guardBytes]) && bytes.Equal(orig[guardBytes+n:], g.all[guardBytes+n:]),
 		"%s: bytes around the target were written", what)
@@ -97,7 +98,7 @@ func TestPartialFetchOfEveryStorage(t *testing.T) {
 				pm.takePieces(pieces)
 				kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 				require.NoError(t, err)
-				_, x := buffer(t, 16)
+				_, x := transporttest.Buffer(t, 16)
 				a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), pm, []transport.Tensor{x}, false)
 				require.NoError(t, err)
 				assert.GreaterOrEqual(t, a.fd, 0, "a partial fetch takes the descriptor, not the whole object inline")
@@ -128,7 +129,7 @@ func TestPartialFetchOutsideTheMetadataIsRefused(t *testing.T) {
 		_, err := dst.Fetch(x, []transport.Tensor{g.target}, meta, nil)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%+v: %v", p, err)
 		orig := make([]byte, len(g.all))
-		fill(orig, 0xd7)
+		transporttest.Fill(orig, 0xd7)
 		assert.Equal(t, orig, g.all, "%+v: nothing written", p)
 	}
 	assert.Zero(t, dst.peers.count(), "nothing was asked of the source")

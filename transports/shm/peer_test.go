@@ -33,7 +33,7 @@ func allZero(b []byte) bool {
 }
 
 func fetchWith(t *testing.T, tr *Transport, x *transport.Transfer, meta []byte, n int) ([]byte, error) {
-	got, target := buffer(t, n)
+	got, target := transporttest.Buffer(t, n)
 	req, err := tr.Fetch(x, []transport.Tensor{target}, meta, nil)
 	if err != nil {
 		return got, err

@@ -45,8 +45,8 @@ func (o owner) expose(t *testing.T, id byte, sizes ...int) ([]byte, [][]byte) {
 	var tensors []transport.Tensor
 	var mem [][]byte
 	for i, n := range sizes {
-		b, x := buffer(t, n)
-		fill(b, id+byte(i))
+		b, x := transporttest.Buffer(t, n)
+		transporttest.Fill(b, id+byte(i))
 		tensors = append(tensors, x)
 		mem = append(mem, b)
 	}
@@ -63,7 +63,7 @@ func (o owner) admit(id uint64, pieces ...transport.Piece) { o.host.Writes[id] =
 func startWrite(t *testing.T, tr *Transport, meta []byte, id uint64, pieces []transport.Piece, sources ...[]byte) (transport.Request, error) {
 	var ts []transport.Tensor
 	for _, b := range sources {
-		buf, x := buffer(t, len(b))
+		buf, x := transporttest.Buffer(t, len(b))
 		copy(buf, b)
 		ts = append(ts, x)
 	}
@@ -85,7 +85,7 @@ func writeAndWait(t *testing.T, tr *Transport, meta []byte, id uint64, pieces []
 
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
-	fill(b, seed)
+	transporttest.Fill(b, seed)
 	return b
 }
 
@@ -303,7 +303,7 @@ func TestWriteToAStoppedOwnerAborts(t *testing.T) {
 	src.Stop()
 	defer src.Continue()
 	w := newTransport(t)
-	_, x := buffer(t, 64<<20)
+	_, x := transporttest.Buffer(t, 64<<20)
 	xf := &transport.Transfer{Object: transporttest.SourceObject, TransferID: 1, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Destination: src.Peer}
 	req, err := w.Write(xf, []transport.Tensor{x}, src.Meta, nil)
 	require.NoError(t, err)
@@ -356,7 +356,7 @@ func writeForever(t *testing.T, arg string) {
 	meta, err := hex.DecodeString(metaHex)
 	require.NoError(t, err)
 	w := newTransport(t)
-	_, x := buffer(t, 256<<20)
+	_, x := transporttest.Buffer(t, 256<<20)
 	b := transport.Bytes(x.Data, x.Nbytes)
 	b[0] = 0xEE
 	for n := 1; n < len(b); n *= 2 {

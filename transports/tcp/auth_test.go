@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // runtimeObject puts a tcp object of n patterned bytes in a real runtime
@@ -27,8 +28,8 @@ func runtimeObject(t *testing.T, token string, n int) (*engine.Runtime, []byte, 
 		Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
-	b, x := buffer(t, n)
-	fill(b, 42)
+	b, x := transporttest.Buffer(t, n)
+	transporttest.Fill(b, 42)
 	ref, err := rt.Put([]transport.Tensor{x}, "tcp", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { ref.Release() })

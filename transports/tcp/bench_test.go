@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,7 +24,7 @@ func benchFetch(b *testing.B, n int) {
 	defer s.Close()
 	defer d.Close()
 	meta, _ := p.put(b, 1, n)
-	_, dst := buffer(b, n)
+	_, dst := transporttest.Buffer(b, n)
 	lat := make([]time.Duration, 0, b.N)
 	b.SetBytes(int64(n))
 	b.ResetTimer()
@@ -58,8 +59,8 @@ func benchRaw(b *testing.B, n int) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	defer ln.Close()
-	src, _ := buffer(b, n)
-	dst, _ := buffer(b, n)
+	src, _ := transporttest.Buffer(b, n)
+	dst, _ := transporttest.Buffer(b, n)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -119,7 +120,7 @@ func benchMany(b *testing.B, count, n int) {
 	meta, _ := p.put(b, 1, sizes...)
 	var targets []transport.Tensor
 	for range sizes {
-		_, x := buffer(b, n)
+		_, x := transporttest.Buffer(b, n)
 		targets = append(targets, x)
 	}
 	lat := make([]time.Duration, 0, b.N)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,7 +21,7 @@ func TestAbortStopsALargeTransfer(t *testing.T) {
 	p := newPair(t, "", "")
 	const n = 512 << 20
 	meta, _ := p.put(t, 12, n)
-	_, x := buffer(t, n)
+	_, x := transporttest.Buffer(t, n)
 	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x}, meta, nil)
 	require.NoError(t, err)
 	time.Sleep(5 * time.Millisecond)
@@ -97,8 +98,8 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	dst := d.(*Transport)
-	_, small := buffer(t, 4096)
-	_, large := buffer(t, 16<<20)
+	_, small := transporttest.Buffer(t, 4096)
+	_, large := transporttest.Buffer(t, 16<<20)
 
 	// A dialled stream and parallel streams, blocked in reads.
 	req, err := dst.Fetch(&transport.Transfer{}, []transport.Tensor{small, large}, fakeMeta(ep, 2), nil)
@@ -157,7 +158,7 @@ func TestAbortDuringTheHandshake(t *testing.T) {
 	d, err := New(newHost(""))
 	require.NoError(t, err)
 	defer d.Close()
-	_, x := buffer(t, 10)
+	_, x := transporttest.Buffer(t, 10)
 	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ln.Addr().String(), 1), nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
@@ -171,7 +172,7 @@ func TestCloseStopsFetchesInFlight(t *testing.T) {
 	ep := fakeSource(t, "", silent)
 	d, err := New(newHost(""))
 	require.NoError(t, err)
-	_, x := buffer(t, 16<<20)
+	_, x := transporttest.Buffer(t, 16<<20)
 	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
@@ -212,7 +213,7 @@ func TestSourceDiesMidTransfer(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	for _, n := range []int{4096, 16 << 20} {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		err = wait(req)
@@ -229,7 +230,7 @@ func TestUnreachableSourceIsPeerUnavailable(t *testing.T) {
 	d, err := New(newHost(""))
 	require.NoError(t, err)
 	defer d.Close()
-	_, x := buffer(t, 10)
+	_, x := transporttest.Buffer(t, 10)
 	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	err = wait(req)

@@ -88,7 +88,7 @@ func TestFreedObjectOfManyTensors(t *testing.T) {
 func fetchMany(t *testing.T, d *Transport, src *transporttest.Source, count, n int) transport.Request {
 	var targets []transport.Tensor
 	for i := 0; i < count; i++ {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 	}
 	req, err := d.Fetch(&transport.Transfer{Source: src.Peer}, targets, src.Meta, nil)
@@ -114,7 +114,7 @@ func TestManyTensorsFromAStalledThenKilledSource(t *testing.T) {
 	var targets []transport.Tensor
 	var got [][]byte
 	for range sizes {
-		b, x := buffer(t, n)
+		b, x := transporttest.Buffer(t, n)
 		targets, got = append(targets, x), append(got, b)
 	}
 	req, err := d.Fetch(&transport.Transfer{Source: src.Peer}, targets, src.Meta, nil)
@@ -168,7 +168,7 @@ func TestUnaskedBytesAreCorrupt(t *testing.T) {
 	defer d.Close()
 	var targets []transport.Tensor
 	for i := 0; i < 3; i++ {
-		_, x := buffer(t, 100)
+		_, x := transporttest.Buffer(t, 100)
 		targets = append(targets, x)
 	}
 	req, err := d.Fetch(&transport.Transfer{}, targets, fakeMeta(ep, 3), nil)
@@ -225,7 +225,7 @@ func views(t testing.TB, sizes ...int) ([]byte, []transport.Tensor) {
 	for _, n := range sizes {
 		total += n
 	}
-	b, whole := buffer(t, total)
+	b, whole := transporttest.Buffer(t, total)
 	var ts []transport.Tensor
 	off := 0
 	for _, n := range sizes {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 const guardBytes = 64
@@ -24,8 +25,8 @@ type guarded struct {
 }
 
 func guardedTarget(t *testing.T, n int) guarded {
-	all, x := buffer(t, n+2*guardBytes)
-	fill(all, 0xd7)
+	all, x := transporttest.Buffer(t, n+2*guardBytes)
+	transporttest.Fill(all, 0xd7)
 	x.Data += guardBytes
 	x.Orig = x.Data
 	x.Nbytes = uint64(n)
@@ -55,7 +56,7 @@ func (g guarded) checkGuards(t *testing.T, what string) {
 
 func (g guarded) orig() []byte {
 	b := make([]byte, len(g.all))
-	fill(b, 0xd7)
+	transporttest.Fill(b, 0xd7)
 	return b
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // client is a second destination transport that claims runtime id id.
@@ -133,7 +134,7 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 func (p *pair) fetchFrom(t *testing.T, source transport.RuntimeID, meta []byte, sizes ...int) {
 	var targets []transport.Tensor
 	for _, n := range sizes {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 	}
 	req, err := p.dst.Fetch(&transport.Transfer{Source: transport.PeerInfo{RuntimeID: source}}, targets, meta, nil)
@@ -210,8 +211,8 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 		defer tt.lmu.Unlock()
 		return tt.ln != nil
 	}
-	b, x := buffer(t, 5000)
-	fill(b, 35)
+	b, x := transporttest.Buffer(t, 5000)
+	transporttest.Fill(b, 35)
 	autoPut := func() []byte {
 		ref, err := owner.Put([]transport.Tensor{x}, "", nil)
 		require.NoError(t, err)
@@ -230,7 +231,7 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	ref, err := receiver.Deserialize(first)
 	require.NoError(t, err)
 	defer ref.Release()
-	got, dst := buffer(t, 5000)
+	got, dst := transporttest.Buffer(t, 5000)
 	require.NoError(t, receiver.Get([]*engine.Ref{ref}, []transport.Tensor{dst}, engine.FetchOptions{}, 30*time.Second))
 	assert.Equal(t, b, got)
 	assert.True(t, listening())

@@ -26,26 +26,6 @@ func newHost(token string) *transporttest.Host {
 	return h
 }
 
-// buffer maps n bytes outside the Go heap (the race detector's pointer
-// checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unix.Munmap(b) })
-	addr := uintptr(unsafe.Pointer(&b[0]))
-	b = b[:n]
-	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
-	require.NoError(t, err)
-	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
-}
-
-func fill(b []byte, seed byte) {
-	for i := range b {
-		b[i] = byte(i*13) ^ seed ^ byte(i>>12)
-	}
-}
-
 type pair struct {
 	src, dst *Transport
 	host     *transporttest.Host
@@ -67,8 +47,8 @@ func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
 	var tensors []transport.Tensor
 	var contents [][]byte
 	for i, n := range sizes {
-		b, x := buffer(t, n)
-		fill(b, id+byte(i))
+		b, x := transporttest.Buffer(t, n)
+		transporttest.Fill(b, id+byte(i))
 		tensors = append(tensors, x)
 		contents = append(contents, b)
 	}
@@ -93,7 +73,7 @@ func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) 
 	var targets []transport.Tensor
 	var got [][]byte
 	for _, n := range sizes {
-		b, x := buffer(t, n)
+		b, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 		got = append(got, b)
 	}
@@ -133,8 +113,8 @@ func TestRoundTrip(t *testing.T) {
 func TestZeroSizeObject(t *testing.T) {
 	p := newPair(t, "", "")
 	meta, _ := p.put(t, 2, 0, 0)
-	_, a := buffer(t, 0)
-	_, b := buffer(t, 0)
+	_, a := transporttest.Buffer(t, 0)
+	_, b := transporttest.Buffer(t, 0)
 	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{a, b}, meta, nil)
 	require.NoError(t, err)
 	assert.True(t, req.(transport.CompletedRequest).Completed(), "nothing to move: complete at once")
@@ -166,8 +146,8 @@ func TestSmallFetchCompletesInline(t *testing.T) {
 	meta, want := p.put(t, 4, 4096, 300)
 	_, err := p.fetch(t, meta, 4096, 300) // dials, and pools the connection
 	require.NoError(t, err)
-	b0, x0 := buffer(t, 4096)
-	b1, x1 := buffer(t, 300)
+	b0, x0 := transporttest.Buffer(t, 4096)
+	b1, x1 := transporttest.Buffer(t, 300)
 	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x0, x1}, meta, nil)
 	require.NoError(t, err)
 	r := req.(*fetchRequest)
@@ -443,7 +423,7 @@ func TestWrongTokenIsPermissionDenied(t *testing.T) {
 	got, err := RequestRange(context.Background(), "right", meta, 0, 0, 64)
 	require.NoError(t, err)
 	b := make([]byte, 64)
-	fill(b, 11)
+	transporttest.Fill(b, 11)
 	assert.Equal(t, b, got)
 }
 

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // A source that sends bytes nobody asked for must never make a later get
@@ -65,7 +66,7 @@ func answerAll(c net.Conn) {
 // getOne fetches one tensor of n bytes from the fake source at ep and
 // returns what landed in the target.
 func getOne(t *testing.T, d *Transport, ep string, n int) ([]byte, error) {
-	got, x := buffer(t, n)
+	got, x := transporttest.Buffer(t, n)
 	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	return got, wait(req)

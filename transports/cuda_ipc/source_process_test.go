@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 	"github.com/stretchr/testify/require"
 )
@@ -118,14 +119,7 @@ type sourceProc struct {
 // startSource starts serveMain in a child process, with env added.
 func startSource(t testing.TB, env ...string) *sourceProc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"="+serveChild), env...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, in, out := transporttest.StartChild(t, append([]string{childEnv + "=" + serveChild}, env...)...)
 	s := &sourceProc{cmd: cmd, pid: cmd.Process.Pid, in: in, out: bufio.NewReader(out)}
 	t.Cleanup(func() { _ = s.in.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	s.meta = s.readMeta(t)

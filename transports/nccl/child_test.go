@@ -258,14 +258,7 @@ type child struct {
 
 func startChild(t *testing.T, dir string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), childEnv+"="+dir), env...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, in, out := transporttest.StartChild(t, append([]string{childEnv + "=" + dir}, env...)...)
 	c := &child{t: t, cmd: cmd, in: in, out: bufio.NewReader(out)}
 	t.Cleanup(c.kill)
 	addr, err := c.answer()

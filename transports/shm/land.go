@@ -15,6 +15,18 @@ import (
 // its runtime admitted (Host.WriteInto) in the exposed tensors. See
 // protocol.go for the messages and write.go for the writer's side.
 
+// ExtractExposedMetadata describes an object exposed for writing: where
+// its owner's segment server listens and its tensors' sizes. Nothing is
+// staged: writes land in the tensors themselves, and the segment server
+// serves no fetch of it.
+func (t *Transport) ExtractExposedMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	m, err := t.srv.describe(obj, tensors)
+	if err != nil {
+		return nil, err
+	}
+	return m.encode(), nil
+}
+
 const (
 	// wchunk is the largest slot of a staging area (measured: 16 MiB moved
 	// 1 GiB faster than 8 or 2 MiB on two cores): a write moves through
@@ -311,21 +323,4 @@ func (l *lander) landChunks(c *net.UnixConn, h writeHeader, pieces []transport.P
 		}
 	}
 	return true
-}
-
-// ExtractExposedMetadata describes an object exposed for writing: where
-// its owner's segment server listens and its tensors' sizes. Nothing is
-// staged: writes land in the tensors themselves, and the segment server
-// serves no fetch of it.
-func (t *Transport) ExtractExposedMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
-	return t.srv.extractExposed(obj, tensors)
-}
-
-// extractExposed is ExtractExposedMetadata.
-func (srv *server) extractExposed(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
-	m, err := srv.describe(obj, tensors)
-	if err != nil {
-		return nil, err
-	}
-	return m.encode(), nil
 }

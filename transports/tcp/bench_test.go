@@ -16,31 +16,8 @@ import (
 // The Raw benchmarks are the machine's own limit: one plain Go TCP stream
 // on loopback, with no protocol, between the same kind of buffers.
 
-func benchFetch(b *testing.B, n int) {
-	p := &pair{host: newHost("")}
-	s, _ := New(p.host)
-	d, _ := New(newHost(""))
-	p.src, p.dst = s.(*Transport), d.(*Transport)
-	defer s.Close()
-	defer d.Close()
-	meta, _ := p.put(b, 1, n)
-	_, dst := transporttest.Buffer(b, n)
-	lat := make([]time.Duration, 0, b.N)
-	b.SetBytes(int64(n))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{dst}, meta, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := wait(req); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(t0))
-	}
-	reportLatency(b, lat)
-}
+// benchFetch fetches an object of one tensor of n bytes.
+func benchFetch(b *testing.B, n int) { benchMany(b, 1, n) }
 
 func reportLatency(b *testing.B, lat []time.Duration) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
@@ -106,6 +83,7 @@ func BenchmarkRaw1MiB(b *testing.B) { benchRaw(b, 1<<20) }
 func BenchmarkRaw64MiB(b *testing.B) { benchRaw(b, 64<<20) }
 
 // benchMany fetches one object of count tensors of n bytes each.
+// benchMany fetches an object of count tensors of n bytes each.
 func benchMany(b *testing.B, count, n int) {
 	p := &pair{host: newHost("")}
 	s, _ := New(p.host)

@@ -148,15 +148,23 @@ func (s *suite) sourceKilled(t *testing.T) {
 		dst := s.newEnd(t, 0, func(h *Host) { h.Timeout = time.Second })
 		src := s.source(t, dst, s.large())
 		req, err := start(dst, transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity()), []transport.Tensor{s.largeTensor(t, dst)}, src.Meta)
-		if err == nil {
-			time.Sleep(time.Millisecond)
-			src.Kill()
-			err = finish(t, req, 30*time.Second)
-		}
-		if err != nil { // it may have finished before the kill
-			wantStatus(t, err, "a source killed mid-transfer", s.conf.sourceGone())
-		}
+		s.killDuring(t, src, req, err, "a source killed mid-transfer")
 	})
+}
+
+// killDuring kills src a moment after a transfer with it started (req,
+// err: what starting it returned), then wants the transfer to end as one
+// whose source is gone (what says which), or to have finished first.
+func (s *suite) killDuring(t *testing.T, src *Source, req transport.Request, err error, what string) {
+	t.Helper()
+	if err == nil {
+		time.Sleep(time.Millisecond)
+		src.Kill()
+		err = finish(t, req, 30*time.Second)
+	}
+	if err != nil { // it may have finished before the kill
+		wantStatus(t, err, what, s.conf.sourceGone())
+	}
 }
 
 func (c Config) sourceGone() transport.Status {

@@ -120,7 +120,7 @@ func TestWrongKeyFloodLogsAFewLines(t *testing.T) {
 	t.Logf("%d wrong keys in %v: %d lines:\n%s", tries, elapsed.Round(time.Millisecond), lines, logged)
 	assert.GreaterOrEqual(t, lines, 1, "the first refusal is logged")
 	assert.LessOrEqual(t, lines, 2+int(elapsed/time.Second), "at most a line a second")
-	assert.NotContains(t, string(logged), p.src.key, "the key is never logged")
+	assert.NotContains(t, string(logged), p.src.srv.key, "the key is never logged")
 }
 
 // probeEnv carries the metadata to TestCrossUserProbe in a child process.

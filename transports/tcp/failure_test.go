@@ -115,9 +115,9 @@ func TestAbortWhileTheSourceIsSilent(t *testing.T) {
 	// ppoll: both are woken by Abort.
 	for _, inCompleted := range []bool{false, true} {
 		k := poolKey{endpoint: ep}
-		c, err := dst.conn(context.Background(), k)
+		c, err := dst.cl.conn(context.Background(), k)
 		require.NoError(t, err)
-		dst.pool.Put(k, c)
+		dst.cl.pool.Put(k, c)
 		req, err = dst.Fetch(&transport.Transfer{}, []transport.Tensor{small}, fakeMeta(ep, 1), nil)
 		require.NoError(t, err)
 		require.NotNil(t, req.(*fetchRequest).inline)
@@ -191,7 +191,7 @@ func TestSourceClosedIsPeerUnavailable(t *testing.T) {
 	for round := 0; round < 2; round++ { // stale pooled connections, then dials
 		_, err = p.fetch(t, meta, 64, 9<<20)
 		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
-		assert.Contains(t, err.Error(), p.src.endpoint)
+		assert.Contains(t, err.Error(), p.src.srv.endpoint)
 	}
 }
 
@@ -268,7 +268,7 @@ func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
 		io.ReadFull(server, make([]byte, clientLen)) // the proof and runtime id
 		server.Close()
 	}()
-	err = tr.(*Transport).authenticate(client, "a dying source", "token")
+	err = tr.(*Transport).cl.authenticate(client, "a dying source", "token")
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "closed the connection during authentication")
 }

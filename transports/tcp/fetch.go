@@ -17,7 +17,7 @@ import (
 // fetchRequest is one Fetch: an inline stream for small tensors when a
 // pooled connection was at hand, and goroutines for the rest.
 type fetchRequest struct {
-	t    *Transport
+	cl   *client
 	meta *metadata
 	pool poolKey // which pooled connections it may use
 
@@ -44,31 +44,36 @@ type fetchRequest struct {
 // Fetch starts pulling into each target its piece of the object: the
 // tensor of its index, whole, or in a partial fetch its piece's range.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := t.checkRequest(x, targets, tmeta)
+	return t.cl.fetch(x, targets, tmeta)
+}
+
+// fetch is Fetch.
+func (cl *client) fetch(x *transport.Transfer, targets []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	m, err := cl.checkRequest(x, targets, tmeta)
 	if err != nil {
 		return nil, err
 	}
-	small, shares, err := plan(x, targets, t.streams)
+	small, shares, err := plan(x, targets, cl.streams)
 	if err != nil {
 		return nil, err
 	}
-	r := t.newRequest(x, m)
+	r := cl.newRequest(x, m)
 	if len(small) == 0 && len(shares) == 0 {
 		return r, nil // nothing to move
 	}
-	if err := t.activate(r); err != nil {
+	if err := cl.activate(r); err != nil {
 		return nil, err
 	}
 	if len(small) > 0 {
 		// With a pooled connection the requests go out now and the answers
 		// are read by Completed or Wait, with no goroutine of ours.
-		if c := t.idleConn(r.pool); c != nil {
+		if c := cl.idleConn(r.pool); c != nil {
 			s := &stream{r: r, c: c, pieces: small}
 			r.track(c)
 			if err := s.sendMore(); err != nil {
 				r.untrack(c)
 				c.Close()
-				t.pool.Drop(r.pool) // its siblings are most likely dead too
+				cl.pool.Drop(r.pool) // its siblings are most likely dead too
 			} else {
 				r.inline = s
 				small = nil
@@ -76,7 +81,7 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 		}
 	}
 	if len(small) > 0 || len(shares) > 0 {
-		r.ctx, r.cancel = context.WithCancel(t.h.Context())
+		r.ctx, r.cancel = context.WithCancel(cl.h.Context())
 	}
 	if len(small) > 0 {
 		r.spawn(small)
@@ -90,9 +95,9 @@ func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tme
 // newRequest is the request of a fetch or a write of the object m
 // describes. Its pooled connections are recorded with the owner's runtime,
 // so that they are closed when it is gone (PeerGone).
-func (t *Transport) newRequest(x *transport.Transfer, m *metadata) *fetchRequest {
-	return &fetchRequest{t: t, meta: m, dir: x.Direction, conns: map[net.Conn]struct{}{},
-		pool: poolKey{endpoint: m.Endpoint, source: x.Owner().RuntimeID, key: t.clientKey(m)}}
+func (cl *client) newRequest(x *transport.Transfer, m *metadata) *fetchRequest {
+	return &fetchRequest{cl: cl, meta: m, dir: x.Direction, conns: map[net.Conn]struct{}{},
+		pool: poolKey{endpoint: m.Endpoint, source: x.Owner().RuntimeID, key: cl.clientKey(m)}}
 }
 
 // checkRequest decodes the metadata of the object a request moves and
@@ -101,7 +106,7 @@ func (t *Transport) newRequest(x *transport.Transfer, m *metadata) *fetchRequest
 // every range it is asked for against its tensors (checkRun), so here a
 // tensor's size is taken as its local tensor's in a whole transfer and as
 // unbounded in a partial one (which still catches a wrapping range).
-func (t *Transport) checkRequest(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*metadata, error) {
+func (cl *client) checkRequest(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*metadata, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -119,13 +124,13 @@ func (t *Transport) checkRequest(x *transport.Transfer, local []transport.Tensor
 }
 
 // activate records a request that moves bytes, for Close to abort.
-func (t *Transport) activate(r *fetchRequest) error {
-	t.pmu.Lock()
-	defer t.pmu.Unlock()
-	if t.closed {
+func (cl *client) activate(r *fetchRequest) error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.closed {
 		return transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
-	t.active[r] = struct{}{}
+	cl.active[r] = struct{}{}
 	return nil
 }
 
@@ -258,7 +263,7 @@ func (r *fetchRequest) takeConn() (net.Conn, error) {
 	if r.aborted.Load() {
 		return nil, abortedErr()
 	}
-	c, err := r.t.conn(r.ctx, r.pool)
+	c, err := r.cl.conn(r.ctx, r.pool)
 	if err != nil {
 		if r.aborted.Load() {
 			return nil, abortedErr()
@@ -285,11 +290,11 @@ func (r *fetchRequest) finishConn(c net.Conn, err error) {
 	if err != nil {
 		c.Close()
 		if transport.StatusOf(err) == transport.ErrPeerUnavailable {
-			r.t.pool.Drop(r.pool)
+			r.cl.pool.Drop(r.pool)
 		}
 		return
 	}
-	r.t.pool.Put(r.pool, c)
+	r.cl.pool.Put(r.pool, c)
 }
 
 // driveInline advances the inline stream (imu held): within budget when
@@ -364,9 +369,9 @@ func (r *fetchRequest) done() {
 	if r.cancel != nil {
 		r.cancel()
 	}
-	r.t.pmu.Lock()
-	delete(r.t.active, r)
-	r.t.pmu.Unlock()
+	r.cl.mu.Lock()
+	delete(r.cl.active, r)
+	r.cl.mu.Unlock()
 }
 
 // fail records the first error and stops the rest of the request.

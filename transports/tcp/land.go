@@ -22,17 +22,17 @@ import (
 // returned: it ends the connection. Every read of the bytes has a
 // deadline, so a writer that stops sending mid-frame lets go of the write
 // after writeTimeout.
-func (t *Transport) land(c net.Conn, rd *bufio.Reader, req request) error {
+func (srv *server) land(c net.Conn, rd *bufio.Reader, req request) error {
 	defer c.SetReadDeadline(time.Time{})
 	reply := func(st transport.Status, msg string) error {
-		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+		c.SetWriteDeadline(time.Now().Add(srv.writeTimeout))
 		_, err := c.Write(encodeResponse(nil, req.Tag, st, msg))
 		return err
 	}
 	refuse := func(st transport.Status, msg string) error {
-		t.h.Log().Warnf("refused a write from %s: %s", c.RemoteAddr(), msg)
+		srv.h.Log().Warnf("refused a write from %s: %s", c.RemoteAddr(), msg)
 		for left := int64(req.Length); left > 0; {
-			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+			c.SetReadDeadline(time.Now().Add(srv.writeTimeout))
 			n, err := io.CopyN(io.Discard, rd, min(left, writeChunk))
 			if err != nil {
 				return err
@@ -41,7 +41,7 @@ func (t *Transport) land(c net.Conn, rd *bufio.Reader, req request) error {
 		}
 		return reply(st, msg)
 	}
-	tensors, pieces, done, err := t.h.WriteInto(req.Object, req.Sizes)
+	tensors, pieces, done, err := srv.h.WriteInto(req.Object, req.Sizes)
 	if err != nil {
 		return refuse(transport.StatusOf(err), err.Error())
 	}
@@ -53,7 +53,7 @@ func (t *Transport) land(c net.Conn, rd *bufio.Reader, req request) error {
 	for _, span := range spansOf(segs, tensors, nil) {
 		for len(span) > 0 {
 			n := min(len(span), writeChunk)
-			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+			c.SetReadDeadline(time.Now().Add(srv.writeTimeout))
 			if _, err := io.ReadFull(rd, span[:n]); err != nil {
 				return err
 			}

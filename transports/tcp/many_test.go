@@ -198,23 +198,23 @@ func setBuffer(t *testing.T, c net.Conn, opt int) {
 // sides would block in their writes until the source's write timeout).
 func TestPipelinedRequestsWithTheSmallestSocketBuffers(t *testing.T) {
 	p := newPair(t, "", "")
-	p.src.writeTimeout = time.Minute
+	p.src.srv.writeTimeout = time.Minute
 	const count, n = window*4 + 7, 64 << 10
 	sizes := make([]int, count)
 	for i := range sizes {
 		sizes[i] = n
 	}
 	meta, want := p.put(t, 23, sizes...)
-	c, err := p.dst.conn(context.Background(), p.srcKey())
+	c, err := p.dst.cl.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	setBuffer(t, c, unix.SO_SNDBUF)
-	p.dst.pool.Put(p.srcKey(), c)
+	p.dst.cl.pool.Put(p.srcKey(), c)
 	got, err := p.fetch(t, meta, sizes...)
 	require.NoError(t, err)
 	for i := range sizes {
 		require.True(t, bytes.Equal(want[i], got[i]), "tensor %d", i)
 	}
-	if l := p.dst.pool.Idle(p.srcKey()); assert.Len(t, l, 1) {
+	if l := p.dst.cl.pool.Idle(p.srcKey()); assert.Len(t, l, 1) {
 		assert.Equal(t, c, l[0], "the fetch ran on the connection with the small buffers")
 	}
 }

@@ -39,9 +39,9 @@ type poolKey struct {
 // connection must hold nothing unread: one with bytes waiting (a source
 // that sent what nobody asked for) or an end of stream (a source that hung
 // up) is closed, and the next one tried.
-func (t *Transport) idleConn(k poolKey) net.Conn {
+func (cl *client) idleConn(k poolKey) net.Conn {
 	for {
-		c, ok := t.pool.Take(k)
+		c, ok := cl.pool.Take(k)
 		if !ok {
 			return nil
 		}
@@ -49,7 +49,7 @@ func (t *Transport) idleConn(k poolKey) net.Conn {
 		if why == "" {
 			return c
 		}
-		t.h.Log().Debugf("closing a pooled data connection to %s: %s", k.endpoint, why)
+		cl.h.Log().Debugf("closing a pooled data connection to %s: %s", k.endpoint, why)
 		c.Close()
 	}
 }
@@ -92,21 +92,21 @@ func unread(c net.Conn) string {
 }
 
 // conn takes a pooled connection or dials and authenticates one.
-func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
-	t.pmu.Lock()
-	closed := t.closed
-	t.pmu.Unlock()
+func (cl *client) conn(ctx context.Context, k poolKey) (net.Conn, error) {
+	cl.mu.Lock()
+	closed := cl.closed
+	cl.mu.Unlock()
 	if closed {
 		return nil, transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
-	if c := t.idleConn(k); c != nil {
+	if c := cl.idleConn(k); c != nil {
 		return c, nil
 	}
 	ep := k.endpoint
 	// A transient failure (no route to the source's host, say, right after
 	// a partition healed) is dialed again until ctx ends, which the engine
 	// sees to at the caller's deadline, or for authTimeout.
-	c, err := transport.Redial(ctx, authTimeout, t.h.Log(), "dialing "+ep, func(ctx context.Context) (net.Conn, error) {
+	c, err := transport.Redial(ctx, authTimeout, cl.h.Log(), "dialing "+ep, func(ctx context.Context) (net.Conn, error) {
 		d := net.Dialer{Timeout: dialTimeout}
 		return d.DialContext(ctx, "tcp", ep)
 	})
@@ -120,7 +120,7 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 	// Cancelling ctx (an abort) also cuts a handshake with a source that
 	// accepted but does not answer.
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	err = t.authenticate(c, ep, k.key)
+	err = cl.authenticate(c, ep, k.key)
 	if !stop() {
 		c.Close()
 		return nil, transport.Errorf(transport.ErrAborted, "the handshake with %s was cancelled", ep)
@@ -134,14 +134,14 @@ func (t *Transport) conn(ctx context.Context, k poolKey) (net.Conn, error) {
 
 // clientKey is the key to prove to the source of m: the one in its
 // metadata, else our configured token.
-func (t *Transport) clientKey(m *metadata) string {
+func (cl *client) clientKey(m *metadata) string {
 	if m.Key != "" {
 		return m.Key
 	}
-	return t.h.AuthToken()
+	return cl.h.AuthToken()
 }
 
-func (t *Transport) authenticate(c net.Conn, ep, key string) error {
+func (cl *client) authenticate(c net.Conn, ep, key string) error {
 	c.SetDeadline(time.Now().Add(authTimeout))
 	defer c.SetDeadline(time.Time{})
 	hello := make([]byte, helloLen)
@@ -155,7 +155,7 @@ func (t *Transport) authenticate(c net.Conn, ep, key string) error {
 	if v := hello[len(helloMagic)]; v != protoVersion {
 		return transport.Errorf(transport.ErrUnsupported, "data connection to %s: it speaks data protocol version %d, this build speaks %d", ep, v, protoVersion)
 	}
-	id := t.h.Identity().RuntimeID
+	id := cl.h.Identity().RuntimeID
 	answer := append(transport.AuthProof(key, authPurpose, hello[len(helloMagic)+1:]), id[:]...)
 	if _, err := c.Write(answer); err != nil {
 		return transport.Errorf(transport.ErrPeerUnavailable, "data connection to %s: handshake failed: %v", ep, err)

@@ -87,11 +87,11 @@ func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) 
 // srcKey is the pool key of connections to the source, as fetches made
 // with a zero Transfer.Source use.
 func (p *pair) srcKey() poolKey {
-	return poolKey{endpoint: p.src.endpoint, key: p.src.metaKey}
+	return poolKey{endpoint: p.src.srv.endpoint, key: p.src.srv.metaKey}
 }
 
 func (p *pair) pooled() int {
-	return p.dst.pool.Len(p.srcKey())
+	return p.dst.cl.pool.Len(p.srcKey())
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -169,7 +169,7 @@ func TestMultiStreamOverride(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close(); d.Close() })
 	p := &pair{src: s.(*Transport), dst: d.(*Transport), host: srcHost}
-	require.Equal(t, 7, p.dst.streams)
+	require.Equal(t, 7, p.dst.cl.streams)
 	const n = 24<<20 + 12345 // not a multiple of anything
 	meta, want := p.put(t, 5, n)
 	got, err := p.fetch(t, meta, n)
@@ -323,7 +323,7 @@ func TestUnknownObjectIsNotFound(t *testing.T) {
 
 // rawConn dials the source and authenticates like a client would.
 func rawConn(t *testing.T, p *pair) net.Conn {
-	c, err := p.dst.conn(context.Background(), p.srcKey())
+	c, err := p.dst.cl.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c

@@ -111,8 +111,8 @@ func TestAbortedWriteLetsGo(t *testing.T) {
 	// Whatever was still buffered is refused now: let the server drain it
 	// before the test unmaps the object.
 	assert.Eventually(t, func() bool {
-		p.src.lmu.Lock()
-		defer p.src.lmu.Unlock()
-		return len(p.src.sconns) == 0
+		p.src.srv.mu.Lock()
+		defer p.src.srv.mu.Unlock()
+		return len(p.src.srv.sconns) == 0
 	}, 10*time.Second, time.Millisecond, "the aborted connections were drained and closed")
 }

@@ -94,16 +94,8 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			return err
 		}
 		list := rt.Registry().List()
-		*count = C.size_t(len(list))
-		if capacity == 0 {
-			return nil
-		}
-		out := unsafe.Slice(infos, int(capacity))
-		for i, ti := range list {
-			if i >= len(out) {
-				break
-			}
-			o := &out[i]
+		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_transport_info) {
+			ti := list[i]
 			copyName(o.name[:], ti.Name)
 			var flags uint32
 			if ti.OneSided {
@@ -137,7 +129,7 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			o.bytes_sent = C.uint64_t(ti.BytesSent)
 			o.auto_rank_host = C.uint32_t(max(ti.Auto.Host, 0))
 			o.auto_rank_cuda = C.uint32_t(max(ti.Auto.CUDA, 0))
-		}
+		})
 		return nil
 	})
 }
@@ -150,21 +142,28 @@ func rdtgo_transport_list_unavailable(h C.uintptr_t, infos *C.rdt_unavailable_tr
 			return err
 		}
 		list := rt.Registry().Unavailable()
-		*count = C.size_t(len(list))
-		if capacity == 0 {
-			return nil
-		}
-		out := unsafe.Slice(infos, int(capacity))
-		for i, u := range list {
-			if i >= len(out) {
-				break
-			}
-			out[i].status = C.int32_t(transport.StatusOf(u.Reason))
-			copyName(out[i].name[:], u.Name)
-			copyName(out[i].reason[:], u.Reason.Error())
-		}
+		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_unavailable_transport) {
+			u := list[i]
+			o.status = C.int32_t(transport.StatusOf(u.Reason))
+			copyName(o.name[:], u.Name)
+			copyName(o.reason[:], u.Reason.Error())
+		})
 		return nil
 	})
+}
+
+// fillList reports n, the length of a list, in *count and fills the first
+// min(n, capacity) entries of the caller's array out with fill (capacity 0:
+// the caller only asks how many).
+func fillList[T any](out *T, capacity C.size_t, count *C.size_t, n int, fill func(i int, o *T)) {
+	*count = C.size_t(n)
+	if capacity == 0 {
+		return
+	}
+	dst := unsafe.Slice(out, int(capacity))
+	for i := range min(n, len(dst)) {
+		fill(i, &dst[i])
+	}
 }
 
 // foreign is a transport implemented by the application through a C

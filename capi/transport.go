@@ -94,16 +94,8 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			return err
 		}
 		list := rt.Registry().List()
-		*count = C.size_t(len(list))
-		if capacity == 0 {
-			return nil
-		}
-		out := unsafe.Slice(infos, int(capacity))
-		for i, ti := range list {
-			if i >= len(out) {
-				break
-			}
-			o := &out[i]
+		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_transport_info) {
+			ti := list[i]
 			copyName(o.name[:], ti.Name)
 			var flags uint32
 			if ti.OneSided {
@@ -140,7 +132,7 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			o.writes_completed = C.uint64_t(ti.WritesCompleted)
 			o.writes_failed = C.uint64_t(ti.WritesFailed)
 			o.bytes_written = C.uint64_t(ti.BytesWritten)
-		}
+		})
 		return nil
 	})
 }
@@ -153,21 +145,28 @@ func rdtgo_transport_list_unavailable(h C.uintptr_t, infos *C.rdt_unavailable_tr
 			return err
 		}
 		list := rt.Registry().Unavailable()
-		*count = C.size_t(len(list))
-		if capacity == 0 {
-			return nil
-		}
-		out := unsafe.Slice(infos, int(capacity))
-		for i, u := range list {
-			if i >= len(out) {
-				break
-			}
-			out[i].status = C.int32_t(transport.StatusOf(u.Reason))
-			copyName(out[i].name[:], u.Name)
-			copyName(out[i].reason[:], u.Reason.Error())
-		}
+		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_unavailable_transport) {
+			u := list[i]
+			o.status = C.int32_t(transport.StatusOf(u.Reason))
+			copyName(o.name[:], u.Name)
+			copyName(o.reason[:], u.Reason.Error())
+		})
 		return nil
 	})
+}
+
+// fillList reports n, the length of a list, in *count and fills the first
+// min(n, capacity) entries of the caller's array out with fill (capacity 0:
+// the caller only asks how many).
+func fillList[T any](out *T, capacity C.size_t, count *C.size_t, n int, fill func(i int, o *T)) {
+	*count = C.size_t(n)
+	if capacity == 0 {
+		return
+	}
+	dst := unsafe.Slice(out, int(capacity))
+	for i := range min(n, len(dst)) {
+		fill(i, &dst[i])
+	}
 }
 
 // foreign is a transport implemented by the application through a C
@@ -342,7 +341,7 @@ type foreignRequest struct {
 }
 
 func (f *foreign) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return f.start(x, targets, tmeta, cmeta, false)
+	return f.start(x, targets, tmeta, cmeta)
 }
 
 // Write implements transport.Writer: write_start's request, or write run
@@ -351,33 +350,18 @@ func (f *foreign) Write(x *transport.Transfer, sources []transport.Tensor, tmeta
 	if !f.writes {
 		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s was registered without RDT_TRANSPORT_WRITES", f.name)
 	}
-	return f.start(x, sources, tmeta, cmeta, true)
+	return f.start(x, sources, tmeta, cmeta)
 }
 
-// start begins a receive (fetch, else recv) or a write (write_start, else
-// write) of tensors.
-func (f *foreign) start(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte, write bool) (transport.Request, error) {
+// start begins a transfer of tensors the way x.Direction says: a receive
+// (fetch, else recv) or a write (write_start, else write).
+func (f *foreign) start(x *transport.Transfer, tensors []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
 	r := &foreignRequest{f: f, x: newCTransfer(x), tensors: newCTensors(tensors), tmeta: tmeta, cmeta: cmeta}
-	async := f.vt.fetch != nil
-	if write {
-		async = f.vt.write_start != nil
-	}
-	if !async {
-		r.sync = transport.RecvFunc(func() error {
-			tm, tms := bytesArg(r.tmeta)
-			cm, cms := bytesArg(r.cmeta)
-			var msg *C.char
-			if write {
-				st := C.rdtc_cb_write(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
-				return f.callbackError("write", st, msg)
-			}
-			st := C.rdtc_cb_recv(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
-			return f.callbackError("recv", st, msg)
-		})
+	dir := x.Direction
+	if !f.startsRequests(dir) {
+		r.sync = transport.RecvFunc(func() error { return r.call(dir) })
 		return r, nil
 	}
-	tm, tms := bytesArg(tmeta)
-	cm, cms := bytesArg(cmeta)
 	reqSlot := (*C.uintptr_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
 	if reqSlot == nil {
 		r.x.free()
@@ -385,22 +369,49 @@ func (f *foreign) start(x *transport.Transfer, tensors []transport.Tensor, tmeta
 		return nil, transport.Errorf(transport.ErrNoMemory, "out of memory")
 	}
 	defer C.free(unsafe.Pointer(reqSlot))
-	var msg *C.char
-	var err error
-	if write {
-		st := C.rdtc_cb_write_start(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, reqSlot, &msg)
-		err = f.callbackError("write_start", st, msg)
-	} else {
-		st := C.rdtc_cb_fetch(f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, reqSlot, &msg)
-		err = f.callbackError("fetch", st, msg)
-	}
-	if err != nil {
+	if err := r.begin(dir, reqSlot); err != nil {
 		r.x.free()
 		r.tensors.free()
 		return nil, err
 	}
 	r.req = *reqSlot
 	return r, nil
+}
+
+// startsRequests reports whether the vtable starts requests (then waited
+// for) in direction dir: it has fetch, or write_start for a write.
+func (f *foreign) startsRequests(dir transport.Direction) bool {
+	if dir == transport.Write {
+		return f.vt.write_start != nil
+	}
+	return f.vt.fetch != nil
+}
+
+// call runs the synchronous callback of direction dir, recv or write.
+func (r *foreignRequest) call(dir transport.Direction) error {
+	tm, tms := bytesArg(r.tmeta)
+	cm, cms := bytesArg(r.cmeta)
+	var msg *C.char
+	if dir == transport.Write {
+		st := C.rdtc_cb_write(r.f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
+		return r.f.callbackError("write", st, msg)
+	}
+	st := C.rdtc_cb_recv(r.f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, &msg)
+	return r.f.callbackError("recv", st, msg)
+}
+
+// begin runs the callback that starts a request of direction dir, fetch
+// or write_start, which leaves its request in slot.
+func (r *foreignRequest) begin(dir transport.Direction, slot *C.uintptr_t) error {
+	tm, tms := bytesArg(r.tmeta)
+	cm, cms := bytesArg(r.cmeta)
+	var msg *C.char
+	if dir == transport.Write {
+		st := C.rdtc_cb_write_start(r.f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, slot, &msg)
+		return r.f.callbackError("write_start", st, msg)
+	}
+	st := C.rdtc_cb_fetch(r.f.vt, r.x.x, r.tensors.arr, r.tensors.n, tm, tms, cm, cms, slot, &msg)
+	return r.f.callbackError("fetch", st, msg)
 }
 
 func (r *foreignRequest) Wait() error {

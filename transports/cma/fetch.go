@@ -122,21 +122,14 @@ func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) 
 // Fetch checks the metadata against the targets and the source's guard
 // slot, and starts reading.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, x.Source, targets, tmeta, false)
-}
-
-// Write checks the metadata against the sources and the owner's guard
-// slot, and starts writing into the owner's exposed memory with
-// process_vm_writev: the same spans as a fetch, the other way.
-func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, x.Destination, sources, tmeta, true)
+	return t.start(x, targets, tmeta)
 }
 
 // start checks the metadata of the owner's object against the local
 // tensors (targets of a fetch, sources of a write) and the owner's guard
-// slot, and starts the copy.
-func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local []transport.Tensor, tmeta []byte, write bool) (transport.Request, error) {
-	p, err := t.prepare(x, owner, local, tmeta, write)
+// slot, and starts the copy the way x.Direction says.
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	p, err := t.prepare(x, local, tmeta)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +143,7 @@ func (t *Transport) start(x *transport.Transfer, owner transport.PeerInfo, local
 // the copy, that the owner lived through it and that the object's guard
 // holds its token, as every transfer does.
 func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte) (transport.Prepared, error) {
-	return t.prepare(x, x.Owner(), local, tmeta, x.Direction == transport.Write)
+	return t.prepare(x, local, tmeta)
 }
 
 // prepared is a checked transfer: Start copies.
@@ -160,11 +153,12 @@ type prepared struct {
 	src     *proc
 	local   []transport.Tensor
 	total   uint64
-	write   bool
+	dir     transport.Direction
 	oneShot bool // made by Fetch or Write for one request, which owns src
 }
 
-func (t *Transport) prepare(x *transport.Transfer, owner transport.PeerInfo, local []transport.Tensor, tmeta []byte, write bool) (*prepared, error) {
+func (t *Transport) prepare(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*prepared, error) {
+	owner := x.Owner()
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -190,7 +184,7 @@ func (t *Transport) prepare(x *transport.Transfer, owner transport.PeerInfo, loc
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{t: t, m: m, src: src, local: local, total: total, write: write}
+	p := &prepared{t: t, m: m, src: src, local: local, total: total, dir: x.Direction}
 	if err := p.request().checkSlot(x.Object, tmeta); err != nil {
 		t.done(src)
 		return nil, err
@@ -201,7 +195,7 @@ func (t *Transport) prepare(x *transport.Transfer, owner transport.PeerInfo, loc
 func (p *prepared) request() *request {
 	m := p.m
 	return &request{Completion: transport.NewCompletion(), t: p.t, pid: int(m.Pid), startTime: m.StartTime, src: p.src,
-		guard: m.Guard, token: m.Token, write: p.write, ownsSrc: p.oneShot}
+		guard: m.Guard, token: m.Token, dir: p.dir, ownsSrc: p.oneShot}
 }
 
 // Start copies (small copies at once, larger ones on a goroutine).
@@ -237,8 +231,8 @@ type request struct {
 	src       *proc
 	guard     uint64 // address of the object's guard slot in the source
 	token     uint64
-	write     bool // process_vm_writev into the owner, not a read from it
-	ownsSrc   bool // a prepared transfer's requests leave src to it
+	dir       transport.Direction // a write moves into the owner, a read out of it
+	ownsSrc   bool                // a prepared transfer's requests leave src to it
 	aborted   atomic.Bool
 	released  sync.Once
 }
@@ -432,7 +426,7 @@ func (r *request) copyAll(x *transport.Transfer, regions []region, targets []tra
 	if workers <= 1 || len(batches) == 1 {
 		var v vectors
 		for _, b := range batches {
-			if err := r.read(b, &v); err != nil {
+			if err := r.move(b, &v); err != nil {
 				return err
 			}
 		}
@@ -454,7 +448,7 @@ func (r *request) copyAll(x *transport.Transfer, regions []region, targets []tra
 				if i >= len(batches) {
 					return
 				}
-				if err := r.read(batches[i], &v); err != nil {
+				if err := r.move(batches[i], &v); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					r.aborted.Store(true) // stop the other workers
 					return
@@ -522,23 +516,17 @@ func (v *vectors) fill(b []span) {
 	}
 }
 
-// read copies one batch with as few process_vm_readv (process_vm_writev,
+// move copies one batch with as few process_vm_readv (process_vm_writev,
 // for a write) calls as the kernel allows: a call that stops short (a
 // signal, a page it could not reach) is resumed where it stopped, and one
 // that moves nothing is an error.
-func (r *request) read(b []span, v *vectors) error {
+func (r *request) move(b []span, v *vectors) error {
 	for len(b) > 0 {
 		if r.aborted.Load() {
 			return transport.Errorf(transport.ErrAborted, "transfer aborted")
 		}
 		v.fill(b)
-		var got int
-		var err error
-		if r.write {
-			got, err = unix.ProcessVMWritev(r.pid, v.local, v.remote, 0)
-		} else {
-			got, err = unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
-		}
+		got, err := r.vm(v)
 		if err == unix.EINTR {
 			continue
 		}
@@ -584,8 +572,17 @@ func (r *request) explain(err error) error {
 	return transport.Errorf(transport.ErrInternal, "%s of pid %d: %v (the owner's memory is no longer mapped)", r.syscall(), r.pid, err)
 }
 
+// vm makes the one system call of a batch: process_vm_writev into the
+// owner in a write, process_vm_readv from it in a read.
+func (r *request) vm(v *vectors) (int, error) {
+	if r.dir == transport.Write {
+		return unix.ProcessVMWritev(r.pid, v.local, v.remote, 0)
+	}
+	return unix.ProcessVMReadv(r.pid, v.local, v.remote, 0)
+}
+
 func (r *request) syscall() string {
-	if r.write {
+	if r.dir == transport.Write {
 		return "process_vm_writev"
 	}
 	return "process_vm_readv"

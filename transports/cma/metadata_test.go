@@ -1,10 +1,10 @@
 package cma
 
 import (
-	"encoding/hex"
 	"testing"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -54,10 +54,5 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestMetadataEncodingIsPinned(t *testing.T) {
 	m := &metadata{Pid: 4242, StartTime: 0x1122334455667788, Guard: 0x7f0000001040, Token: 0x0123456789abcdef, Regions: []region{{0x1000, 0x20}, {0x2000, 0}}}
 	const golden = "52434d410392100000887766554433221140100000007f0000efcdab8967452301020000000010000000000000200000000000000000200000000000000000000000000000"
-	assert.Equal(t, golden, hex.EncodeToString(m.encode()))
-	b, err := hex.DecodeString(golden)
-	require.NoError(t, err)
-	got, err := decodeMetadata(b)
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
+	transporttest.PinnedEncoding(t, m, golden, (*metadata).encode, decodeMetadata)
 }

@@ -235,7 +235,7 @@ func TestWriteOnlyWhereTheOwnerExposed(t *testing.T) {
 		return req.Wait()
 	}
 	to := func(pid int) *transport.Transfer {
-		return &transport.Transfer{Object: transport.ObjectID{7}, Transport: Name, Role: transport.RoleSource, Destination: transport.PeerInfo{Name: "owner", Pid: pid}}
+		return &transport.Transfer{Object: transport.ObjectID{7}, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Destination: transport.PeerInfo{Name: "owner", Pid: pid}}
 	}
 	err = write(to(os.Getpid()), crafted.encode())
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)

@@ -68,20 +68,12 @@ type devicePair struct{ dst, src int }
 // allocations the targets read from (or finds them in the cache) and
 // enqueues the copies: each target receives its piece, or its tensor whole.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, targets, tmeta, false)
-}
-
-// Write copies the sources into the exposed object's allocations, opened
-// in this process as a fetch opens them to read: the same checks, the same
-// cache, the copies the other way. Device sources only: a host source has
-// no stream to order it (fetch into host memory is the supported cross).
-func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, sources, tmeta, true)
+	return t.start(x, targets, tmeta)
 }
 
 // start is Fetch and Write: local are the targets of a fetch, the sources
-// of a write.
-func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, write bool) (transport.Request, error) {
+// of a write (x.Direction).
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (transport.Request, error) {
 	if err := t.checkOpen(); err != nil {
 		return nil, err
 	}
@@ -89,7 +81,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err != nil {
 		return nil, err
 	}
-	if err := t.checkLocal(x, m, local, write); err != nil {
+	if err := t.checkLocal(x, m, local); err != nil {
 		return nil, err
 	}
 	req := &request{t: t, aborted: make(chan struct{})}
@@ -103,7 +95,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err != nil {
 		return nil, err
 	}
-	plan, err := planCopies(x, m, local, remote, write)
+	plan, err := planCopies(x, m, local, remote)
 	if err != nil {
 		return nil, err
 	}
@@ -116,33 +108,37 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 
 // checkLocal checks that the local tensors match what the metadata
 // describes (the tensors, or the pieces of them x names), and that every
-// one that moves bytes is on a CUDA device this transport may use; a
-// fetch's targets may also be host memory.
-func (t *Transport) checkLocal(x *transport.Transfer, m *metadata, local []transport.Tensor, write bool) error {
+// one that moves bytes is where the transfer's direction needs it: a
+// fetch's targets (checkTarget), a write's sources (checkSource).
+func (t *Transport) checkLocal(x *transport.Transfer, m *metadata, local []transport.Tensor) error {
 	if err := x.CheckPieces(local, len(m.Tensors), func(i int) uint64 { return m.Tensors[i].Nbytes }); err != nil {
 		return err
 	}
+	check := t.checkTarget
+	if x.Direction == transport.Write {
+		check = t.checkSource
+	}
 	for i, tg := range local {
-		switch {
-		case tg.Nbytes == 0:
+		if tg.Nbytes == 0 {
 			continue
-		case write && tg.Device.Type != transport.DeviceCUDA:
-			return transport.Errorf(transport.ErrUnsupported, "it writes from CUDA device memory; source %d is on %s", i, tg.Device)
-		case write:
-			if err := t.checkDevice("source", i, tg.Device); err != nil {
-				return err
-			}
-		case tg.Device.Type.HostAccessible():
-			continue // copied from the device with unified addressing
-		case tg.Device.Type != transport.DeviceCUDA:
-			return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device or host memory; target %d is on %s", i, tg.Device)
-		default:
-			if err := t.checkDevice("target", i, tg.Device); err != nil {
-				return err
-			}
+		}
+		if err := check(i, tg); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// checkTarget checks that a fetch's target is on a CUDA device this
+// transport may use, or in host memory.
+func (t *Transport) checkTarget(i int, tg transport.Tensor) error {
+	switch {
+	case tg.Device.Type.HostAccessible():
+		return nil // copied from the device with unified addressing
+	case tg.Device.Type != transport.DeviceCUDA:
+		return transport.Errorf(transport.ErrUnsupported, "it copies into CUDA device or host memory; target %d is on %s", i, tg.Device)
+	}
+	return t.checkDevice("target", i, tg.Device)
 }
 
 // sources says where each source allocation is readable in this process:
@@ -153,15 +149,16 @@ type sources struct {
 	base []cuda.Ptr
 }
 
-// openSources finds the device of every allocation a target reads from and
-// maps it into this process (from the cache when it was mapped before; a
-// source in this very process needs no mapping). The mappings are added to
+// openSources finds the device of every allocation of the owner's object
+// a local tensor moves bytes from or into, and maps it into this process
+// (from the cache when it was mapped before, under the owner's runtime; an
+// owner in this very process needs no mapping). The mappings are added to
 // req's entries, so that req.drain hands them back.
-func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata, targets []transport.Tensor) (sources, error) {
+func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata, local []transport.Tensor) (sources, error) {
 	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
 	src := sources{dev: make([]int, len(m.Allocs)), base: make([]cuda.Ptr, len(m.Allocs))}
 	used := make([]bool, len(m.Allocs))
-	for i, tg := range targets {
+	for i, tg := range local {
 		// A piece of bytes lies in an allocation (an empty tensor has none);
 		// a partial fetch leaves the allocations it reads nothing from shut.
 		if p := x.PieceOf(i, tg); p.Length > 0 {
@@ -177,7 +174,7 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 			return src, err
 		}
 		if !found {
-			return src, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the targets are on %s", a.Device, describeTargets(targets))
+			return src, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the local tensors are on %s", a.Device, describeTargets(local))
 		}
 		src.dev[i] = dev
 		if sameProcess {
@@ -187,7 +184,7 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 		if !transport.ProcessAlive(int(m.Pid)) {
 			return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
-		e, err := t.cache.acquire(cacheKey{source: x.Source.RuntimeID, handle: a.Handle}, dev, int(m.Pid))
+		e, err := t.cache.acquire(cacheKey{source: x.Owner().RuntimeID, handle: a.Handle}, dev, int(m.Pid))
 		if err != nil {
 			if !transport.ProcessAlive(int(m.Pid)) {
 				return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
@@ -214,7 +211,7 @@ type copyPlan struct {
 // source into its piece of the exposed allocation (on a stream of that
 // allocation's device). A piece starts at its offset in its tensor, which
 // lies at the tensor's offset in its allocation.
-func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, remote sources, write bool) (copyPlan, error) {
+func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, remote sources) (copyPlan, error) {
 	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
 	for i, tg := range local {
 		pc := x.PieceOf(i, tg)
@@ -226,7 +223,7 @@ func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, re
 		c := cuda.Copy{Dst: cuda.Ptr(tg.Data), Src: there, N: pc.Length}
 		p := devicePair{dst: int(tg.Device.ID), src: remote.dev[tr.Alloc]}
 		switch {
-		case write:
+		case x.Direction == transport.Write:
 			c.Dst, c.Src = there, cuda.Ptr(tg.Data)
 			p = devicePair{dst: remote.dev[tr.Alloc], src: int(tg.Device.ID)}
 		case tg.Device.Type.HostAccessible():
@@ -240,7 +237,7 @@ func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, re
 				return plan, err
 			}
 			if !can {
-				return plan, noPeerAccess(m, tr.Alloc, pc.Tensor, i, p, write)
+				return plan, noPeerAccess(m, tr.Alloc, pc.Tensor, i, p, x.Direction)
 			}
 		}
 		if _, ok := plan.copies[p]; !ok {
@@ -254,8 +251,8 @@ func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, re
 
 // noPeerAccess explains a copy between two devices without peer access,
 // naming the device the local tensor should be on.
-func noPeerAccess(m *metadata, alloc, tensor uint32, i int, p devicePair, write bool) error {
-	if write {
+func noPeerAccess(m *metadata, alloc, tensor uint32, i int, p devicePair, dir transport.Direction) error {
+	if dir == transport.Write {
 		return transport.Errorf(transport.ErrUnsupported, "source %d is on cuda:%d (%s) and tensor %d of the exposed object on cuda:%d (%s, %s), and these devices have no peer access; write from a tensor on cuda:%d",
 			i, p.src, cuda.DeviceName(p.src), tensor, p.dst, cuda.DeviceName(p.dst), m.Allocs[alloc].Device, p.dst)
 	}

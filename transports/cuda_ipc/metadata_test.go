@@ -3,10 +3,10 @@ package cudaipc
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"testing"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -82,12 +82,7 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestMetadataEncodingIsPinned(t *testing.T) {
 	m := &metadata{Pid: 77, Token: 0x0102030405060708, Allocs: []allocation{{Handle: cuda.IPCHandle{1, 2, 3, 63: 0xff}, BufferID: 9, Base: 0x7000000, Size: 0x100000, Device: cuda.UUID{0xaa, 15: 0xbb}}}, Tensors: []tensorRef{{Alloc: 0, Offset: 0x100, Nbytes: 256}, {Alloc: noAlloc}}}
 	const golden = "52434950014d00000008070605040302010100000002000000010203000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000ff090000000000000000000007000000000000100000000000aa0000000000000000000000000000bb0000000000010000000000000001000000000000ffffffff00000000000000000000000000000000"
-	assert.Equal(t, golden, hex.EncodeToString(m.encode()))
-	b, err := hex.DecodeString(golden)
-	require.NoError(t, err)
-	got, err := decodeMetadata(b)
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
+	transporttest.PinnedEncoding(t, m, golden, (*metadata).encode, decodeMetadata)
 }
 
 func sampleMeta() *metadata {

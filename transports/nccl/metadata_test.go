@@ -1,10 +1,10 @@
 package nccl
 
 import (
-	"encoding/hex"
 	"testing"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -49,10 +49,5 @@ func FuzzDecodeCommunicatorMetadata(f *testing.F) {
 func TestCommunicatorMetadataEncodingIsPinned(t *testing.T) {
 	m := &cmeta{Group: "group-1", Instance: 7, Src: 1, Dst: 2, Seq: 9}
 	const golden = "010767726f75702d31070000000000000001000000020000000900000000000000"
-	assert.Equal(t, golden, hex.EncodeToString(m.encode()))
-	b, err := hex.DecodeString(golden)
-	require.NoError(t, err)
-	got, err := decodeCMeta(b)
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
+	transporttest.PinnedEncoding(t, m, golden, (*cmeta).encode, decodeCMeta)
 }

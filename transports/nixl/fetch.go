@@ -7,7 +7,6 @@ package nixl
 import "C"
 
 import (
-	"cmp"
 	"runtime"
 	"slices"
 	"sync"
@@ -20,255 +19,18 @@ import (
 
 func (t *Transport) CommunicatorMetadata(x *transport.Transfer) ([]byte, error) { return nil, nil }
 
-// remoteEntry finds or adds the cache entry of a source agent, evicting the
-// least recently used idle one beyond maxRemotes.
-func (t *Transport) remoteEntry(agent unsafe.Pointer, name string) *remote {
-	t.remMu.Lock()
-	defer t.remMu.Unlock()
-	t.useTick++
-	if r, ok := t.remotes[name]; ok {
-		r.lastUse = t.useTick
-		return r
-	}
-	r := &remote{name: name, lastUse: t.useTick}
-	t.remotes[name] = r
-	for len(t.remotes) > maxRemotes {
-		var old *remote
-		for _, c := range t.remotes {
-			if c != r && (old == nil || c.lastUse < old.lastUse) {
-				old = c
-			}
-		}
-		if old == nil || !t.evictLocked(agent, old) {
-			break // in use: try again on the next new agent
-		}
-	}
-	return r
-}
-
-// evictLocked forgets the cache entry r and the metadata loaded for it,
-// unless a transfer is using it (then it returns false). The caller holds
-// remMu.
-func (t *Transport) evictLocked(agent unsafe.Pointer, r *remote) bool {
-	if !r.mu.TryLock() {
-		return false
-	}
-	if r.valid {
-		t.invalidate(agent, r.name)
-	}
-	r.valid, r.evicted = false, true
-	delete(t.remotes, r.name)
-	r.mu.Unlock()
-	return true
-}
-
-func (t *Transport) invalidate(agent unsafe.Pointer, name string) {
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	var call *C.char
-	// NOT_FOUND: NIXL already forgot it (it does so when a peer disconnects).
-	if st := C.rdtnx_invalidate(agent, cname, &call); st != C.RDTNX_SUCCESS && st != -6 {
-		t.h.Log().Debugf("%v", callError(transport.ErrTransport, "forgetting agent "+name, call, st))
-	}
-}
-
-func loadMD(agent unsafe.Pointer, blob []byte, want string) error {
-	p := C.CBytes(blob)
-	defer C.free(p)
-	var name *C.char
-	var call *C.char
-	st := C.rdtnx_load_md(agent, p, C.size_t(len(blob)), &name, &call)
-	if st != C.RDTNX_SUCCESS {
-		return callError(transport.ErrTransport, "loading the source agent's metadata", call, st)
-	}
-	got := C.GoString(name)
-	C.rdtnx_free(unsafe.Pointer(name))
-	if got != want {
-		return transport.Errorf(transport.ErrCorrupt, "the metadata names agent %q, expected %q", got, want)
-	}
-	return nil
-}
-
-// acquire makes the source agent's memory of m addressable and returns its
-// entry held shared (release with mu.RUnlock once the transfer is over).
-// With try set it never waits: ok is false when the entry is held
-// exclusively, or must be reloaded while transfers hold it shared. Fetch
-// tries; the request's poster waits (see Fetch).
-func (t *Transport) acquire(agent unsafe.Pointer, m *metadata, try bool) (r *remote, ok bool, err error) {
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
-		r := t.remoteEntry(agent, m.Agent)
-		if try {
-			if !r.mu.TryRLock() {
-				return nil, false, nil
-			}
-		} else {
-			r.mu.RLock()
-		}
-		if r.valid && !r.stale.Load() && r.epoch >= m.Epoch {
-			var err error
-			for _, b := range m.Blobs {
-				if err = loadMD(agent, b, m.Agent); err != nil {
-					break
-				}
-			}
-			if err == nil {
-				return r, true, nil
-			}
-			// Refused descriptors mean our view of the agent is out of date.
-			lastErr = err
-			r.stale.Store(true)
-			r.mu.RUnlock()
-			continue
-		}
-		r.mu.RUnlock()
-		if try {
-			if !r.mu.TryLock() {
-				return nil, false, nil
-			}
-		} else {
-			r.mu.Lock()
-		}
-		if r.evicted {
-			r.mu.Unlock()
-			continue
-		}
-		if !(r.valid && !r.stale.Load() && r.epoch >= m.Epoch) {
-			if r.valid {
-				t.invalidate(agent, r.name)
-				r.valid = false
-			}
-			if err := loadMD(agent, m.Conn, m.Agent); err != nil {
-				r.mu.Unlock()
-				return nil, false, err
-			}
-			r.valid, r.epoch = true, m.Epoch
-			r.stale.Store(false)
-		}
-		r.mu.Unlock()
-	}
-	if lastErr == nil {
-		lastErr = transport.Errorf(transport.ErrTransport, "the source agent's metadata kept changing")
-	}
-	return nil, false, lastErr
-}
-
-// span is a byte range read with one descriptor: local and remote
-// addresses, on their devices.
-type span struct {
-	laddr, raddr, n uint64
-	ldev, rdev      uint32
-}
-
-// continuedBy is whether q starts where s ends, on both sides.
-func (s span) continuedBy(q span) bool {
-	return s.laddr+s.n == q.laddr && s.raddr+s.n == q.raddr && s.ldev == q.ldev && s.rdev == q.rdev
-}
-
-// chunk is what one NIXL READ request moves: spans of one pair of memory
-// types, chunkSize bytes at most (or one span).
-type chunk struct {
-	local, remote uint8
-	spans         []span
-}
-
-// plan cuts what the targets receive (x's pieces, or the tensors whole)
-// into chunks, merging runs that touch on both sides into one descriptor.
-// The pieces were checked against m (CheckPieces).
-func plan(x *transport.Transfer, m *metadata, targets []transport.Tensor) ([]chunk, []regKey, uint64, error) {
-	var chunks []chunk
-	var local []regKey
-	var total uint64
-	var cur *chunk
-	var curBytes uint64
-	lastTensor := -1 // the source tensor the last span read
-	for i, tg := range targets {
-		mem, dev, err := memOf(tg.Device)
-		if err != nil {
-			return nil, nil, 0, err
-		}
-		p := x.PieceOf(i, tg)
-		if p.Length == 0 {
-			continue
-		}
-		g := m.Regions[p.Tensor]
-		laddr, raddr := uint64(tg.Data), g.Addr+p.Offset
-		local = append(local, regKey{mem: mem, addr: laddr, size: p.Length, dev: dev})
-		total += p.Length
-		// One descriptor must stay inside one registration on each side:
-		// touching targets are registered as one here (coalesce), and a
-		// version-2 source registered its touching tensors as one, so a
-		// descriptor may run from one tensor into the next only there.
-		joinable := m.Version >= 2 || int(p.Tensor) == lastTensor
-		for off := uint64(0); off < p.Length; {
-			n := min(p.Length-off, chunkSize)
-			if cur == nil || cur.local != mem || cur.remote != g.Mem || curBytes+n > chunkSize {
-				chunks = append(chunks, chunk{local: mem, remote: g.Mem})
-				cur, curBytes = &chunks[len(chunks)-1], 0
-			}
-			s := span{laddr: laddr + off, raddr: raddr + off, n: n, ldev: dev, rdev: g.Dev}
-			if last := len(cur.spans) - 1; joinable && last >= 0 && cur.spans[last].continuedBy(s) {
-				cur.spans[last].n += n
-			} else {
-				cur.spans = append(cur.spans, s)
-			}
-			curBytes += n
-			off += n
-		}
-		lastTensor = int(p.Tensor)
-	}
-	return chunks, coalesce(local), total, nil
-}
-
-// coalesce merges regions of one memory and device that touch or overlap,
-// so that an object of many tensors fetched into one buffer is registered
-// as one region rather than one per tensor (registering is most of the
-// cost of a fetch of many small tensors). The merged regions cover exactly
-// the bytes of the given ones, and never overlap each other.
-func coalesce(keys []regKey) []regKey {
-	if len(keys) < 2 {
-		return keys
-	}
-	sorted := slices.Clone(keys)
-	slices.SortFunc(sorted, func(a, b regKey) int {
-		if a.mem != b.mem {
-			return cmp.Compare(a.mem, b.mem)
-		}
-		if a.dev != b.dev {
-			return cmp.Compare(a.dev, b.dev)
-		}
-		return cmp.Compare(a.addr, b.addr)
-	})
-	out := sorted[:1]
-	for _, k := range sorted[1:] {
-		last := &out[len(out)-1]
-		if k.mem == last.mem && k.dev == last.dev && k.addr <= last.addr+last.size {
-			last.size = max(last.size, k.addr+k.size-last.addr)
-			continue
-		}
-		out = append(out, k)
-	}
-	return out
-}
-
 // Fetch registers the targets and posts READs of what each receives (its
 // piece, or its tensor whole) from the source agent: small transfers at
 // once, larger ones chunk by chunk on a goroutine.
 func (t *Transport) Fetch(x *transport.Transfer, targets []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, targets, tmeta, C.RDTNX_XFER_READ)
+	return t.start(x, targets, tmeta)
 }
 
-// Write registers the sources and posts WRITEs of each (its piece, or its
-// tensor whole) into the exposed object's registered memory, as Fetch
-// reads. The owner handed its metadata to this write alone (it admitted it).
-func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	return t.start(x, sources, tmeta, C.RDTNX_XFER_WRITE)
-}
-
-// start is Fetch and Write: op moves between local (the targets of a read,
-// the sources of a write) and the remote object tmeta describes.
-func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (transport.Request, error) {
-	pl, err := t.plan(x, local, tmeta, op)
+// start is Fetch and Write: it moves, the way x.Direction says, between
+// local (the targets of a read, the sources of a write) and the remote
+// object tmeta describes.
+func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	pl, err := t.plan(x, local, tmeta)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +41,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 // runs it.
 type planned struct {
 	agent   unsafe.Pointer
-	op      C.int
+	dir     transport.Direction
 	m       *metadata
 	chunks  []chunk
 	regions []regKey // the local memory to register
@@ -288,7 +50,7 @@ type planned struct {
 
 // plan checks a transfer against the metadata and the local tensors and
 // cuts it into chunks.
-func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta []byte, op C.int) (*planned, error) {
+func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta []byte) (*planned, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -298,7 +60,7 @@ func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta 
 	}
 	for i, tg := range local {
 		if !tg.Device.Type.HostAccessible() && !slices.Contains(t.devices, tg.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", localName(op), i, tg.Device)
+			return nil, transport.Errorf(transport.ErrUnsupported, "%s %d is in %s memory, which this transport does not move in this process", localName(x.Direction), i, tg.Device)
 		}
 	}
 	chunks, regions, total, err := plan(x, m, local)
@@ -309,12 +71,12 @@ func (t *Transport) plan(x *transport.Transfer, local []transport.Tensor, tmeta 
 	if err != nil {
 		return nil, err
 	}
-	return &planned{agent: agent, op: op, m: m, chunks: chunks, regions: regions, total: total}, nil
+	return &planned{agent: agent, dir: x.Direction, m: m, chunks: chunks, regions: regions, total: total}, nil
 }
 
-// localName is what the local tensors of op are, for errors.
-func localName(op C.int) string {
-	if op == C.RDTNX_XFER_WRITE {
+// localName is what the local tensors of a transfer are, for errors.
+func localName(dir transport.Direction) string {
+	if dir == transport.Write {
 		return "source"
 	}
 	return "target"
@@ -334,7 +96,7 @@ func (t *Transport) registerLocal(pl *planned) ([]unsafe.Pointer, error) {
 			var call *C.char
 			if st := C.rdtnx_register(pl.agent, d, &call); st != C.RDTNX_SUCCESS {
 				C.rdtnx_dlist_free(d)
-				err = callError(transport.ErrTransport, "registering the "+localName(pl.op)+"s", call, st)
+				err = callError(transport.ErrTransport, "registering the "+localName(pl.dir)+"s", call, st)
 			}
 		}
 		if err != nil {
@@ -361,7 +123,7 @@ func (t *Transport) deregister(agent unsafe.Pointer, locals []unsafe.Pointer) {
 // registering its local memory for this request alone (kept nil).
 func (t *Transport) launch(pl *planned, kept []unsafe.Pointer) (transport.Request, error) {
 	m := pl.m
-	req := &request{t: t, agent: pl.agent, op: pl.op, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent,
+	req := &request{t: t, agent: pl.agent, dir: pl.dir, started: time.Now(), total: pl.total, chunks: pl.chunks, remoteName: m.Agent,
 		postDone: make(chan struct{}), progress: make(chan struct{}, 1)}
 	if len(pl.chunks) == 0 {
 		close(req.postDone)
@@ -418,7 +180,7 @@ type xfer struct {
 type request struct {
 	t          *Transport
 	agent      unsafe.Pointer
-	op         C.int // RDTNX_XFER_READ or RDTNX_XFER_WRITE
+	dir        transport.Direction
 	rem        *remote
 	remoteName string
 	locals     []unsafe.Pointer // this request's own registrations (none with a prepared's)
@@ -477,7 +239,7 @@ func (r *request) post() {
 		}
 		var q unsafe.Pointer
 		var call *C.char
-		st := C.rdtnx_xfer(r.agent, r.op, C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
+		st := C.rdtnx_xfer(r.agent, xferOp(r.dir), C.int(c.local), la.addr, la.dev, C.int(c.remote), ra.addr, ra.dev, la.n, la.count, cname, &q, &call)
 		la.free()
 		ra.free()
 		if st != C.RDTNX_SUCCESS && st != C.RDTNX_IN_PROG {
@@ -531,18 +293,18 @@ func (r *request) window() uint64 {
 	return min(max(w, chunkSize), maxWindow)
 }
 
-// bytes is what the chunk moves.
-func (c *chunk) bytes() uint64 {
-	var n uint64
-	for _, s := range c.spans {
-		n += s.n
+// xferOp is NIXL's operation for a transfer's direction: a READ of the
+// owner's memory, or a WRITE into it.
+func xferOp(dir transport.Direction) C.int {
+	if dir == transport.Write {
+		return C.RDTNX_XFER_WRITE
 	}
-	return n
+	return C.RDTNX_XFER_READ
 }
 
 // verb says what the request does, for errors.
 func (r *request) verb() string {
-	if r.op == C.RDTNX_XFER_WRITE {
+	if r.dir == transport.Write {
 		return "writing into"
 	}
 	return "reading from"
@@ -708,11 +470,7 @@ const (
 // than moving a small transfer). The remote agent is still acquired per
 // Start, so that a peer gone in between is invalidated as for any fetch.
 func (t *Transport) Prepare(x *transport.Transfer, local []transport.Tensor, tmeta, cmeta []byte) (transport.Prepared, error) {
-	op := C.int(C.RDTNX_XFER_READ)
-	if x.Direction == transport.Write {
-		op = C.RDTNX_XFER_WRITE
-	}
-	pl, err := t.plan(x, local, tmeta, op)
+	pl, err := t.plan(x, local, tmeta)
 	if err != nil {
 		return nil, err
 	}

@@ -1,11 +1,11 @@
 package nixl
 
 import (
-	"encoding/hex"
 	"strings"
 	"testing"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -70,16 +70,11 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestMetadataEncodingIsPinned(t *testing.T) {
 	m := &metadata{Version: metaVersion, Epoch: 5, Agent: "agent-1", Conn: []byte("conn"), Blobs: [][]byte{[]byte("blob")}, Regions: []region{{Addr: 0x1000, Size: 64, Dev: 0, Mem: memDRAM}, {Addr: 0x2000, Size: 32, Dev: 1, Mem: memVRAM}}}
 	const golden = "524e584c020500000000000000076167656e742d3104000000636f6e6e0104000000626c6f6202000000001000000000000040000000000000000000000000002000000000000020000000000000000100000001"
-	assert.Equal(t, golden, hex.EncodeToString(m.encode()))
-	b, err := hex.DecodeString(golden)
-	require.NoError(t, err)
-	got, err := decodeMetadata(b)
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
+	b := transporttest.PinnedEncoding(t, m, golden, (*metadata).encode, decodeMetadata)
 	// Version 1, from earlier builds: the same layout, read as such (a
 	// receiver then reads every tensor with descriptors of its own).
 	b[4] = 1
-	got, err = decodeMetadata(b)
+	got, err := decodeMetadata(b)
 	require.NoError(t, err)
 	m.Version = 1
 	assert.Equal(t, m, got)

@@ -32,12 +32,6 @@ import (
 // Name is the canonical transport name.
 const Name = "nixl"
 
-// maxRemotes bounds the source agents whose metadata a receiver keeps
-// loaded: a bound on memory for many live sources (gone ones are dropped at
-// PeerGone), so the least recently used agent is invalidated when a new one
-// would exceed it.
-const maxRemotes = 64
-
 // Factory makes the transport for a new runtime. Without NIXL's C API
 // library it returns transport.ErrUnsupported and the runtime goes on without it.
 func Factory() transport.TransportFactory {
@@ -85,20 +79,6 @@ type regKey struct {
 type registration struct {
 	dlist unsafe.Pointer
 	refs  int
-}
-
-// remote is a source agent whose metadata this agent loaded.
-type remote struct {
-	name string
-	// mu is held shared by every transfer from the agent and exclusively
-	// to (re)load or invalidate it: invalidating an agent makes its
-	// in-flight requests fail.
-	mu      sync.RWMutex
-	valid   bool
-	epoch   uint64
-	evicted bool
-	stale   atomic.Bool // a transfer failed: reload before the next one
-	lastUse uint64      // under Transport.remMu
 }
 
 // New loads NIXL (once per process) and makes the transport. The agent

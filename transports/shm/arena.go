@@ -43,7 +43,7 @@ const (
 type span struct{ off, size uint64 }
 
 // arena is the source's side: the segment, mapped for writing, and what
-// of it is free. Its methods are called with Transport.mu held.
+// of it is free. Its methods are called with server.mu held.
 type arena struct {
 	id    transport.ObjectID // names it in requests and metadata
 	fd    int

@@ -21,17 +21,17 @@ import (
 // stopServing closes the segment server (listener and served connections)
 // but keeps the arena, so that a fetch that still works asked nothing.
 func (t *Transport) stopServing() {
-	t.mu.Lock()
-	ln := t.ln
-	t.ln = nil
-	for c := range t.conns {
+	t.srv.mu.Lock()
+	ln := t.srv.ln
+	t.srv.ln = nil
+	for c := range t.srv.conns {
 		transport.CloseWaking(c)
 	}
-	t.mu.Unlock()
+	t.srv.mu.Unlock()
 	if ln != nil {
 		ln.Close()
 	}
-	t.serving.Wait()
+	t.srv.serving.Wait()
 }
 
 func arenaOf(t *testing.T, meta []byte) *metadata {
@@ -114,7 +114,7 @@ func TestArenaMisplacedObjectIsCorrupt(t *testing.T) {
 	for name, mut := range map[string]func(m *metadata){
 		"another tag":      func(m *metadata) { m.Tag++ },
 		"another slot":     func(m *metadata) { m.Slot++ },
-		"beyond the arena": func(m *metadata) { m.Base = src.arenaBytes - 64 },
+		"beyond the arena": func(m *metadata) { m.Base = src.srv.arenaBytes - 64 },
 	} {
 		m := arenaOf(t, meta)
 		mut(m)
@@ -191,9 +191,9 @@ func TestPeerGoneUnmapsTheArena(t *testing.T) {
 	meta, _ := stageObject(t, src, 1, 4096)
 	_, err := fetch(t, dst, meta, 4096)
 	require.NoError(t, err)
-	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+	kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	v := dst.mappedArena(kept, arenaOf(t, meta).Arena)
+	v := dst.peers.mappedArena(kept, arenaOf(t, meta).Arena)
 	require.NotNil(t, v)
 	dst.PeerGone(transport.PeerInfo{RuntimeID: sourceRuntime})
 	assert.Nil(t, v.mem)
@@ -236,7 +236,7 @@ func TestArenaOfAKilledSourceIsPeerUnavailable(t *testing.T) {
 	require.NotNil(t, meta, "the source printed no metadata")
 	dst := newTransport(t)
 	want := make([]byte, 4096)
-	fill(want, 7)
+	transporttest.Fill(want, 7)
 	got, err := fetchFrom(t, dst, meta, cmd.Process.Pid, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, [][]byte{want}, got)
@@ -253,9 +253,9 @@ func TestArenaMappedForADroppedRecordIsNotKept(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 1, 4096)
 	dropped := &keptConns{peer: sourceRuntime, arenas: map[transport.ObjectID]*arenaView{}}
-	got, target := buffer(t, 4096)
-	r := &request{Completion: transport.NewCompletion(), t: dst}
-	require.NoError(t, dst.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))
+	got, target := transporttest.Buffer(t, 4096)
+	r := &request{Completion: transport.NewCompletion()}
+	require.NoError(t, dst.rcv.fetchFromArena(r, dropped, os.Getpid(), arenaOf(t, meta), []transport.Tensor{target}))
 	assert.Equal(t, want[0], got)
 	assert.Empty(t, dropped.arenas)
 }
@@ -267,13 +267,13 @@ func TestArenaDescriptorIsReadOnlyAndSealed(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, _ := stageObject(t, src, 1, 4096)
 	m := arenaOf(t, meta)
-	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+	kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	a, err := dst.getSegment(nil, kept, os.Getpid(), &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
+	a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), &metadata{Path: m.Path, Object: m.Arena, askArena: true}, nil, false)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, a.fd, 0)
 	defer unix.Close(a.fd)
-	assert.Equal(t, src.arenaBytes, a.size)
+	assert.Equal(t, src.srv.arenaBytes, a.size)
 	_, err = unix.Mmap(a.fd, 0, int(a.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	assert.Error(t, err, "a writable shared mapping is refused")
 	assert.Error(t, unix.Ftruncate(a.fd, 1), "shrinking is refused")

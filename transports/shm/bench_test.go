@@ -32,7 +32,7 @@ func BenchmarkRemote(b *testing.B) {
 			dst := newTransport(b)
 			targets := make([]transport.Tensor, c.count)
 			for i := range targets {
-				_, targets[i] = buffer(b, c.size)
+				_, targets[i] = transporttest.Buffer(b, c.size)
 			}
 			x := &transport.Transfer{Object: transporttest.SourceObject, Transport: Name,
 				Role: transport.RoleDestination, Source: src.Peer}
@@ -81,9 +81,9 @@ func cpuTime(pid int) time.Duration {
 func BenchmarkMemcpy(b *testing.B) {
 	for _, n := range []int{4 << 10, 1 << 20, 64 << 20} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			s, _ := buffer(b, n)
-			d, _ := buffer(b, n)
-			fill(s, 1)
+			s, _ := transporttest.Buffer(b, n)
+			d, _ := transporttest.Buffer(b, n)
+			transporttest.Fill(s, 1)
 			copy(d, s)
 			b.SetBytes(int64(n))
 			b.ResetTimer()

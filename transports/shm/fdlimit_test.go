@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // The test runs in child processes, since it exhausts a process's own
@@ -86,7 +87,7 @@ func startSource(t *testing.T) ([]byte, []byte, int) {
 			meta, err := hex.DecodeString(h)
 			require.NoError(t, err)
 			want := make([]byte, fdTestBytes)
-			fill(want, fdTestSeed)
+			transporttest.Fill(want, fdTestSeed)
 			return meta, want, cmd.Process.Pid
 		}
 	}
@@ -107,7 +108,7 @@ func outOfDescriptors(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, [][]byte{c.want}, got)
 	}
-	_, x := buffer(t, fdTestBytes)
+	_, x := transporttest.Buffer(t, fdTestBytes)
 
 	var limit unix.Rlimit
 	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &limit))

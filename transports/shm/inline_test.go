@@ -28,23 +28,23 @@ func TestSmallObjectsComeInline(t *testing.T) {
 		meta, want := stageObject(t, src, byte(i+1), sizes...)
 		m, err := decodeMetadata(meta)
 		require.NoError(t, err)
-		kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+		kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 		require.NoError(t, err)
 		var targets []transport.Tensor
 		var got [][]byte
 		for _, n := range sizes {
-			b, x := buffer(t, n)
+			b, x := transporttest.Buffer(t, n)
 			targets = append(targets, x)
 			got = append(got, b)
 		}
-		a, err := dst.getSegment(nil, kept, os.Getpid(), m, targets, false)
+		a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), m, targets, false)
 		require.NoError(t, err)
 		assert.Nil(t, a.pending)
 		assert.Equal(t, -1, a.fd, "no descriptor: the bytes came inline")
 		assert.Equal(t, m.Size, a.size)
 		sameBytes(t, want, got)
 
-		a, err = dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
+		a, err = dst.rcv.getSegment(nil, kept, os.Getpid(), m, nil, false)
 		require.NoError(t, err)
 		assert.GreaterOrEqual(t, a.fd, 0, "without targets the descriptor is handed out")
 		unix.Close(a.fd)
@@ -53,7 +53,7 @@ func TestSmallObjectsComeInline(t *testing.T) {
 		require.NoError(t, err)
 		sameBytes(t, want, got2)
 	}
-	assert.Equal(t, 1, dst.keptCount(), "every request went over one kept connection")
+	assert.Equal(t, 1, dst.peers.count(), "every request went over one kept connection")
 }
 
 func sameBytes(t *testing.T, want, got [][]byte) {
@@ -83,7 +83,7 @@ func TestInlineFetchOfAStoppedSourceAborts(t *testing.T) {
 	dst := newTransport(t)
 	src.Stop()
 	defer src.Continue()
-	_, target := buffer(t, 4096)
+	_, target := transporttest.Buffer(t, 4096)
 	x := &transport.Transfer{Object: transporttest.SourceObject, Transport: Name, Role: transport.RoleDestination, Source: src.Peer}
 	began := time.Now()
 	req, err := dst.Fetch(x, []transport.Tensor{target}, src.Meta, nil)
@@ -110,7 +110,7 @@ func TestInlineFetchOfAKilledSource(t *testing.T) {
 	got, err := fetchWith(t, dst, x, src.Meta, 4096)
 	require.NoError(t, err)
 	assert.Equal(t, src.Want[0], got)
-	assert.Equal(t, 1, dst.keptCount())
+	assert.Equal(t, 1, dst.peers.count())
 	src.Kill()
 	_, err = fetchWith(t, dst, x, src.Meta, 4096)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
@@ -201,7 +201,7 @@ func TestHostileRepliesAreRefused(t *testing.T) {
 			assert.Equal(t, c.status, transport.StatusOf(err), "%v", err)
 			assert.True(t, allZero(got), "the target was not written")
 			if !c.inStep {
-				assert.Equal(t, 0, dst.keptCount(), "a connection out of step is not kept")
+				assert.Equal(t, 0, dst.peers.count(), "a connection out of step is not kept")
 			}
 		})
 	}
@@ -266,7 +266,7 @@ func TestArenaResizedBetweenChecksIsRefused(t *testing.T) {
 	unsealed := sealedMemfd(t, int(size), false)
 	v, err := mapArena(dupFd(t, unsealed), size, os.Getpid())
 	if err == nil {
-		_, target := buffer(t, 16)
+		_, target := transporttest.Buffer(t, 16)
 		v.read(&metadata{Object: transport.ObjectID{1}, Base: arenaTable, Size: 16, Regions: []region{{0, 16}}}, []transport.Tensor{target})
 		v.unmap()
 	}

@@ -15,6 +15,18 @@ import (
 // its runtime admitted (Host.WriteInto) in the exposed tensors. See
 // protocol.go for the messages and write.go for the writer's side.
 
+// ExtractExposedMetadata describes an object exposed for writing: where
+// its owner's segment server listens and its tensors' sizes. Nothing is
+// staged: writes land in the tensors themselves, and the segment server
+// serves no fetch of it.
+func (t *Transport) ExtractExposedMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	m, err := t.srv.describe(obj, tensors)
+	if err != nil {
+		return nil, err
+	}
+	return m.encode(), nil
+}
+
 const (
 	// wchunk is the largest slot of a staging area (measured: 16 MiB moved
 	// 1 GiB faster than 8 or 2 MiB on two cores): a write moves through
@@ -29,6 +41,12 @@ const (
 	// landStep is copied between looks at the abort word.
 	landStep = 1 << 20
 )
+
+// lander lands writes for the segment server, under the runtime's
+// admission of each (Host.WriteInto).
+type lander struct {
+	h transport.Host
+}
 
 // landing is a served connection's state for writes: its staging area,
 // made at the first write that needs one and kept for the next.
@@ -99,7 +117,7 @@ func (w *landing) stage(size uint64) (fd int, err error) {
 // land serves one write request, whose first bytes are got; ok false ends
 // the connection (it is out of step, or failed), small says the write went
 // inline.
-func (t *Transport) land(c *net.UnixConn, got []byte, w *landing) (ok, small bool) {
+func (l *lander) land(c *net.UnixConn, got []byte, w *landing) (ok, small bool) {
 	var hb [writeHeaderLen]byte
 	n := copy(hb[:], got)
 	if _, err := io.ReadFull(c, hb[n:]); err != nil {
@@ -107,7 +125,7 @@ func (t *Transport) land(c *net.UnixConn, got []byte, w *landing) (ok, small boo
 	}
 	h, err := decodeWriteHeader(hb[:])
 	if err != nil {
-		t.refuseWrite(c, err)
+		l.refuseWrite(c, err)
 		return false, false
 	}
 	raw := make([]byte, int(h.count)*pieceLen) // at most maxRegions pieces
@@ -116,22 +134,22 @@ func (t *Transport) land(c *net.UnixConn, got []byte, w *landing) (ok, small boo
 	}
 	pieces, total, err := decodePieces(raw)
 	if err != nil {
-		t.refuseWrite(c, err)
+		l.refuseWrite(c, err)
 		return false, false
 	}
 	if total <= inlineMax {
-		return t.landInline(c, h, pieces, total, w), true
+		return l.landInline(c, h, pieces, total, w), true
 	}
 	// Checked before the writer copies a byte: the write is open, and its
 	// pieces lie inside the tensors and what was admitted.
-	if err := t.checkWrite(h, pieces); err != nil {
-		t.refuseWrite(c, err)
+	if err := l.checkWrite(h, pieces); err != nil {
+		l.refuseWrite(c, err)
 		return true, false
 	}
 	size := slotSize(total)
 	fd, err := w.stage(size)
 	if err != nil {
-		t.refuseWrite(c, err)
+		l.refuseWrite(c, err)
 		return true, false
 	}
 	c.SetWriteDeadline(time.Now().Add(ioTimeout))
@@ -144,20 +162,20 @@ func (t *Transport) land(c *net.UnixConn, got []byte, w *landing) (ok, small boo
 	if err != nil {
 		return false, false
 	}
-	return t.landChunks(c, h, pieces, total, w), false
+	return l.landChunks(c, h, pieces, total, w), false
 }
 
 // refuseWrite answers a write request or chunk with err.
-func (t *Transport) refuseWrite(c *net.UnixConn, err error) {
-	t.h.Log().Debugf("refused a write: %v", err)
+func (l *lander) refuseWrite(c *net.UnixConn, err error) {
+	l.h.Log().Debugf("refused a write: %v", err)
 	c.SetWriteDeadline(time.Now().Add(ioTimeout))
 	c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 }
 
 // checkWrite checks a write's pieces against the object and what its
 // write was admitted for.
-func (t *Transport) checkWrite(h writeHeader, pieces []transport.Piece) error {
-	tensors, admitted, done, err := t.h.WriteInto(h.obj, h.writeID)
+func (l *lander) checkWrite(h writeHeader, pieces []transport.Piece) error {
+	tensors, admitted, done, err := l.h.WriteInto(h.obj, h.writeID)
 	if err != nil {
 		return err
 	}
@@ -191,19 +209,19 @@ func checkPieces(tensors []transport.Tensor, admitted, pieces []transport.Piece)
 // lands them. The bytes are read whole before any lands, so a writer that
 // dies while sending lands nothing; a refused write's bytes are read too,
 // keeping the connection in step.
-func (t *Transport) landInline(c *net.UnixConn, h writeHeader, pieces []transport.Piece, total uint64, w *landing) bool {
+func (l *lander) landInline(c *net.UnixConn, h writeHeader, pieces []transport.Piece, total uint64, w *landing) bool {
 	if w.buf == nil {
 		w.buf = make([]byte, inlineMax)
 	}
 	buf := w.buf[:total]
-	c.SetReadDeadline(time.Now().Add(t.h.PeerTimeout()))
+	c.SetReadDeadline(time.Now().Add(l.h.PeerTimeout()))
 	if _, err := io.ReadFull(c, buf); err != nil {
 		return false
 	}
-	err := t.landWhole(h, pieces, buf)
+	err := l.landWhole(h, pieces, buf)
 	c.SetWriteDeadline(time.Now().Add(ioTimeout))
 	if err != nil {
-		t.h.Log().Debugf("refused a write: %v", err)
+		l.h.Log().Debugf("refused a write: %v", err)
 		_, werr := c.Write(encodeReply(transport.StatusOf(err), err.Error(), 0, 0))
 		return werr == nil
 	}
@@ -223,8 +241,8 @@ type cursor struct {
 // (WriteInto: a write ended meanwhile lands nothing more); its pieces were
 // checked (checkWrite). With aborted, it looks at the abort word between
 // steps of landStep bytes and stops when it is set.
-func (t *Transport) landBytes(h writeHeader, cur *cursor, b []byte, aborted func() bool) error {
-	tensors, _, done, err := t.h.WriteInto(h.obj, h.writeID)
+func (l *lander) landBytes(h writeHeader, cur *cursor, b []byte, aborted func() bool) error {
+	tensors, _, done, err := l.h.WriteInto(h.obj, h.writeID)
 	if err != nil {
 		return err
 	}
@@ -240,8 +258,8 @@ func (t *Transport) landBytes(h writeHeader, cur *cursor, b []byte, aborted func
 
 // landWhole lands a small write's bytes, b, all of it, checking its pieces
 // first, under one WriteInto.
-func (t *Transport) landWhole(h writeHeader, pieces []transport.Piece, b []byte) error {
-	tensors, admitted, done, err := t.h.WriteInto(h.obj, h.writeID)
+func (l *lander) landWhole(h writeHeader, pieces []transport.Piece, b []byte) error {
+	tensors, admitted, done, err := l.h.WriteInto(h.obj, h.writeID)
 	if err != nil {
 		return err
 	}
@@ -275,14 +293,14 @@ func (cur *cursor) copy(tensors []transport.Tensor, step, rest []byte) []byte {
 // order, answering each once it landed; ok false ends the connection (a
 // writer gone, aborted or out of step, or a write refused midway: the
 // chunk the writer sent after it would be taken for the next request).
-func (t *Transport) landChunks(c *net.UnixConn, h writeHeader, pieces []transport.Piece, total uint64, w *landing) bool {
+func (l *lander) landChunks(c *net.UnixConn, h writeHeader, pieces []transport.Piece, total uint64, w *landing) bool {
 	var landed uint64
 	var msg [chunkLen]byte
 	cur := cursor{pieces: pieces}
 	aborted := func() bool { return w.abortedID() == h.writeID }
 	for k := uint64(0); landed < total; k++ {
 		// A writer that stops sending lets go after the peer timeout.
-		c.SetReadDeadline(time.Now().Add(t.h.PeerTimeout()))
+		c.SetReadDeadline(time.Now().Add(l.h.PeerTimeout()))
 		if _, err := io.ReadFull(c, msg[:]); err != nil {
 			return false
 		}
@@ -292,10 +310,10 @@ func (t *Transport) landChunks(c *net.UnixConn, h writeHeader, pieces []transpor
 		}
 		if err == nil {
 			from := stagingHeader + uint64(slot)*w.slot
-			err = t.landBytes(h, &cur, w.mem[from:from+n], aborted)
+			err = l.landBytes(h, &cur, w.mem[from:from+n], aborted)
 		}
 		if err != nil {
-			t.refuseWrite(c, err)
+			l.refuseWrite(c, err)
 			return false
 		}
 		landed += n

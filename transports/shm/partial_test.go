@@ -1,7 +1,7 @@
 package shm
 
 import (
-	"bytes"
+	"fmt"
 	"os"
 	"testing"
 
@@ -10,37 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
-
-// guarded is a target with guard bytes on both sides, all filled with a
-// pattern, to see that a fetch writes its target and nothing around it.
-type guarded struct {
-	all    []byte
-	target transport.Tensor
-}
-
-const guardBytes = 64
-
-func guardedTarget(t *testing.T, n int) guarded {
-	all, x := buffer(t, n+2*guardBytes)
-	fill(all, 0xd7)
-	x.Data += guardBytes
-	x.Orig = x.Data
-	x.Nbytes = uint64(n)
-	x.Shape = []int64{int64(n)}
-	return guarded{all: all, target: x}
-}
-
-// check says whether the target holds want and its guards are untouched.
-func (g guarded) check(t *testing.T, want []byte, what string) {
-	t.Helper()
-	orig := make([]byte, len(g.all))
-	fill(orig, 0xd7)
-	n := len(g.all) - 2*guardBytes
-	assert.True(t, bytes.Equal(orig[:guardBytes], g.all[:guardBytes]) && bytes.Equal(orig[guardBytes+n:], g.all[guardBytes+n:]),
-		"%s: bytes around the target were written", what)
-	assert.True(t, bytes.Equal(want, g.all[guardBytes:guardBytes+n]), "%s: the target holds the wrong bytes", what)
-}
 
 // A partial fetch lands its pieces, in any order, wherever the object was
 // staged: in the arena (copied from the mapping, the arena asked for at the
@@ -75,12 +46,12 @@ func TestPartialFetchOfEveryStorage(t *testing.T) {
 			}
 			dst := newTransport(t)
 			for round := 0; round < 2; round++ {
-				var gs []guarded
+				var gs []transporttest.Guarded
 				var targets []transport.Tensor
 				for _, p := range pieces {
-					g := guardedTarget(t, int(p.Length))
+					g := transporttest.GuardedTarget(t, int(p.Length))
 					gs = append(gs, g)
-					targets = append(targets, g.target)
+					targets = append(targets, g.Target)
 				}
 				x := transferOf(t, meta)
 				x.Pieces = pieces
@@ -89,16 +60,16 @@ func TestPartialFetchOfEveryStorage(t *testing.T) {
 				require.NoError(t, req.Wait())
 				req.Release()
 				for i, p := range pieces {
-					gs[i].check(t, want[p.Tensor][p.Offset:p.End()], c.name)
+					gs[i].Check(t, want[p.Tensor][p.Offset:p.End()], c.name)
 				}
 			}
 			if c.inline {
 				pm := arenaOf(t, meta)
 				pm.takePieces(pieces)
-				kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+				kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 				require.NoError(t, err)
-				_, x := buffer(t, 16)
-				a, err := dst.getSegment(nil, kept, os.Getpid(), pm, []transport.Tensor{x}, false)
+				_, x := transporttest.Buffer(t, 16)
+				a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), pm, []transport.Tensor{x}, false)
 				require.NoError(t, err)
 				assert.GreaterOrEqual(t, a.fd, 0, "a partial fetch takes the descriptor, not the whole object inline")
 				unix.Close(a.fd)
@@ -122,14 +93,12 @@ func TestPartialFetchOutsideTheMetadataIsRefused(t *testing.T) {
 		{Tensor: 1, Offset: 90, Length: 16},
 		{Tensor: 0, Offset: 8, Length: ^uint64(0) - 4},
 	} {
-		g := guardedTarget(t, 16)
+		g := transporttest.GuardedTarget(t, 16)
 		x := transferOf(t, meta)
 		x.Pieces = []transport.Piece{p}
-		_, err := dst.Fetch(x, []transport.Tensor{g.target}, meta, nil)
+		_, err := dst.Fetch(x, []transport.Tensor{g.Target}, meta, nil)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%+v: %v", p, err)
-		orig := make([]byte, len(g.all))
-		fill(orig, 0xd7)
-		assert.Equal(t, orig, g.all, "%+v: nothing written", p)
+		g.Check(t, nil, fmt.Sprintf("%+v: nothing written", p))
 	}
-	assert.Zero(t, dst.keptCount(), "nothing was asked of the source")
+	assert.Zero(t, dst.peers.count(), "nothing was asked of the source")
 }

@@ -33,7 +33,7 @@ func allZero(b []byte) bool {
 }
 
 func fetchWith(t *testing.T, tr *Transport, x *transport.Transfer, meta []byte, n int) ([]byte, error) {
-	got, target := buffer(t, n)
+	got, target := transporttest.Buffer(t, n)
 	req, err := tr.Fetch(x, []transport.Tensor{target}, meta, nil)
 	if err != nil {
 		return got, err
@@ -50,11 +50,11 @@ func TestPeerGoneClosesKeptConnections(t *testing.T) {
 	base := openFDs(t)
 	_, err := fetch(t, dst, meta, 4096)
 	require.NoError(t, err)
-	assert.Equal(t, 1, dst.keptCount())
+	assert.Equal(t, 1, dst.peers.count())
 	dst.PeerGone(transport.PeerInfo{RuntimeID: transport.RuntimeID{0x77}, Pid: os.Getpid()})
-	assert.Equal(t, 1, dst.keptCount(), "another runtime going away changes nothing")
+	assert.Equal(t, 1, dst.peers.count(), "another runtime going away changes nothing")
 	dst.PeerGone(transport.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()})
-	assert.Equal(t, 0, dst.keptCount())
+	assert.Equal(t, 0, dst.peers.count())
 	// Both ends are in this process: the server closes its end on EOF.
 	require.Eventually(t, func() bool { return openFDs(t) <= base }, 5*time.Second, 5*time.Millisecond,
 		"the connection's descriptors are closed (%d open, %d before)", openFDs(t), base)
@@ -62,7 +62,7 @@ func TestPeerGoneClosesKeptConnections(t *testing.T) {
 	// connects again.
 	_, err = fetch(t, dst, meta, 4096)
 	require.NoError(t, err)
-	assert.Equal(t, 1, dst.keptCount())
+	assert.Equal(t, 1, dst.peers.count())
 }
 
 // A connection that comes back from a fetch after its source was reported
@@ -70,14 +70,14 @@ func TestPeerGoneClosesKeptConnections(t *testing.T) {
 func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 	dst := newTransport(t)
 	peer := transport.PeerInfo{RuntimeID: sourceRuntime, Pid: os.Getpid()}
-	kept, err := dst.source(peer)
+	kept, err := dst.peers.record(peer)
 	require.NoError(t, err)
 	dst.PeerGone(peer)
 	a, b, err := socketPair()
 	require.NoError(t, err)
 	defer b.Close()
-	dst.keepIdle(kept, "/some/path", a)
-	assert.Equal(t, 0, dst.keptCount())
+	dst.peers.keepIdle(kept, "/some/path", a)
+	assert.Equal(t, 0, dst.peers.count())
 	_, err = a.Write([]byte{1})
 	assert.Error(t, err, "the connection was closed")
 }
@@ -88,21 +88,21 @@ func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 // back to a dropped record is closed.
 func TestRecordsThatKeepNothingAreDropped(t *testing.T) {
 	dst := newTransport(t)
-	first, err := dst.source(transport.PeerInfo{RuntimeID: transport.RuntimeID{1}})
+	first, err := dst.peers.record(transport.PeerInfo{RuntimeID: transport.RuntimeID{1}})
 	require.NoError(t, err)
-	_, err = dst.source(transport.PeerInfo{RuntimeID: transport.RuntimeID{2}})
+	_, err = dst.peers.record(transport.PeerInfo{RuntimeID: transport.RuntimeID{2}})
 	require.NoError(t, err)
-	dst.idleMu.Lock()
-	_, kept := dst.idle[transport.RuntimeID{1}]
-	records := len(dst.idle)
-	dst.idleMu.Unlock()
+	dst.peers.mu.Lock()
+	_, kept := dst.peers.idle[transport.RuntimeID{1}]
+	records := len(dst.peers.idle)
+	dst.peers.mu.Unlock()
 	assert.False(t, kept)
 	assert.Equal(t, 1, records)
 	a, b, err := socketPair()
 	require.NoError(t, err)
 	defer b.Close()
-	dst.keepIdle(first, "/some/path", a)
-	assert.Equal(t, 0, dst.keptCount())
+	dst.peers.keepIdle(first, "/some/path", a)
+	assert.Equal(t, 0, dst.peers.count())
 	_, err = a.Write([]byte{1})
 	assert.Error(t, err, "the connection was closed")
 }
@@ -151,7 +151,7 @@ func TestSegmentServerOfAnotherProcessIsRefused(t *testing.T) {
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), fmt.Sprintf("is process %d, but the owner", other))
 	assert.True(t, allZero(got), "no byte of the other process reached the target")
-	assert.Equal(t, 0, dst.keptCount(), "the connection was not kept")
+	assert.Equal(t, 0, dst.peers.count(), "the connection was not kept")
 	// With the child as the owner the same metadata reads its object.
 	x.Source.Pid = other
 	got, err = fetchWith(t, dst, x, meta, 4096)

@@ -67,12 +67,16 @@ func encodeReply(st transport.Status, msg string, size uint64, flags uint32) []b
 }
 
 // decodeReplyHeader reads the fixed part of a reply (replyLen bytes).
-func decodeReplyHeader(b []byte) (replyHeader, error) {
+func decodeReplyHeader(b []byte) (replyHeader, error) { return decodeReply(b, "source", flagInline) }
+
+// decodeReply reads the fixed part of a reply from who ("source",
+// "owner"), whose flags may be those of allowed, with an OK only.
+func decodeReply(b []byte, who string, allowed uint32) (replyHeader, error) {
 	if len(b) < replyLen {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "short reply from the source")
+		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "short reply from the %s", who)
 	}
 	if string(b[:4]) != replyMagic {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "the source's segment server speaks another protocol version (is it an older build of rdt?)")
+		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "the %s's segment server speaks another protocol version (is it an older build of rdt?)", who)
 	}
 	h := replyHeader{
 		status: transport.Status(int32(binary.LittleEndian.Uint32(b[4:]))),
@@ -80,8 +84,8 @@ func decodeReplyHeader(b []byte) (replyHeader, error) {
 		flags:  binary.LittleEndian.Uint32(b[16:]),
 		msgLen: binary.LittleEndian.Uint32(b[20:]),
 	}
-	if h.msgLen > maxMessage || h.flags&^flagInline != 0 || (h.flags&flagInline != 0 && h.status != transport.OK) {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "malformed reply from the source")
+	if h.msgLen > maxMessage || h.flags&^allowed != 0 || (h.flags != 0 && h.status != transport.OK) {
+		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "malformed reply from the %s", who)
 	}
 	return h, nil
 }
@@ -191,21 +195,4 @@ func decodeChunk(b []byte) (slot uint32, n uint64, err error) {
 
 // decodeWriteReply reads the fixed part of a reply to a write request or
 // chunk: no bytes inline, a descriptor only with a request's OK.
-func decodeWriteReply(b []byte) (replyHeader, error) {
-	if len(b) < replyLen {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "short reply from the owner")
-	}
-	if string(b[:4]) != replyMagic {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "the owner's segment server speaks another protocol version (is it an older build of rdt?)")
-	}
-	h := replyHeader{
-		status: transport.Status(int32(binary.LittleEndian.Uint32(b[4:]))),
-		size:   binary.LittleEndian.Uint64(b[8:]),
-		flags:  binary.LittleEndian.Uint32(b[16:]),
-		msgLen: binary.LittleEndian.Uint32(b[20:]),
-	}
-	if h.msgLen > maxMessage || h.flags&^flagStaging != 0 || (h.flags != 0 && h.status != transport.OK) {
-		return replyHeader{}, transport.Errorf(transport.ErrCorrupt, "malformed reply from the owner")
-	}
-	return h, nil
-}
+func decodeWriteReply(b []byte) (replyHeader, error) { return decodeReply(b, "owner", flagStaging) }

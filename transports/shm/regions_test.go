@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // memfdWith is a memfd holding b.
@@ -31,7 +32,7 @@ func TestManyTensorsAreReadInFewCalls(t *testing.T) {
 	}
 	var tensors []transport.Tensor
 	for range sizes {
-		_, x := buffer(t, 4096)
+		_, x := transporttest.Buffer(t, 4096)
 		tensors = append(tensors, x)
 	}
 	regions, size := layout(tensors)
@@ -48,7 +49,7 @@ func TestManyTensorsAreReadInFewCalls(t *testing.T) {
 	// Odd sizes leave alignment padding between tensors: still one run.
 	tensors = tensors[:0]
 	for _, n := range []int{1, 63, 65, 100, 0, 7} {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		tensors = append(tensors, x)
 	}
 	regions, _ = layout(tensors)
@@ -60,7 +61,7 @@ func TestManyTensorsAreReadInFewCalls(t *testing.T) {
 // is per iovec. The bytes still land in every view.
 func TestTouchingTargetsCollapseIntoOneIovec(t *testing.T) {
 	const n, size = 4096, 256 // 1 MiB of 256-byte views
-	mem, whole := buffer(t, n*size)
+	mem, whole := transporttest.Buffer(t, n*size)
 	var views []transport.Tensor
 	for i := 0; i < n; i++ {
 		x := whole
@@ -77,7 +78,7 @@ func TestTouchingTargetsCollapseIntoOneIovec(t *testing.T) {
 	assert.Equal(t, uint64(n*size), runs[0].bytes)
 
 	src := make([]byte, n*size)
-	fill(src, 9)
+	transporttest.Fill(src, 9)
 	fd := memfdWith(t, src)
 	var aborted atomic.Bool
 	require.NoError(t, readRegions(fd, regions, views, &aborted))
@@ -92,7 +93,7 @@ func TestTouchingTargetsCollapseIntoOneIovec(t *testing.T) {
 // all arrive intact, from one worker or two.
 func TestRegionsInAnyOrderArriveIntact(t *testing.T) {
 	seg := make([]byte, 3*chunk+parallelMin)
-	fill(seg, 3)
+	transporttest.Fill(seg, 3)
 	fd := memfdWith(t, seg)
 	regions := []region{
 		{Offset: 10 * maxGap, Size: 100},            // far from the next
@@ -106,7 +107,7 @@ func TestRegionsInAnyOrderArriveIntact(t *testing.T) {
 		var targets []transport.Tensor
 		var got [][]byte
 		for _, r := range regs {
-			b, x := buffer(t, int(r.Size))
+			b, x := transporttest.Buffer(t, int(r.Size))
 			targets = append(targets, x)
 			got = append(got, b)
 		}
@@ -122,7 +123,7 @@ func TestRegionsInAnyOrderArriveIntact(t *testing.T) {
 // short copy reported as done; an abort stops the read.
 func TestShortSegmentAndAbort(t *testing.T) {
 	fd := memfdWith(t, make([]byte, 1000))
-	_, x := buffer(t, 2000)
+	_, x := transporttest.Buffer(t, 2000)
 	var abort atomic.Bool
 	err := readRegions(fd, []region{{0, 2000}}, []transport.Tensor{x}, &abort)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
@@ -137,7 +138,7 @@ func TestShortSegmentAndAbort(t *testing.T) {
 // and an abort still stops the read.
 func TestMisalignedTargetsAreCopiedFromAMapping(t *testing.T) {
 	seg := make([]byte, parallelMin+3*chunk)
-	fill(seg, 9)
+	transporttest.Fill(seg, 9)
 	fd := memfdWith(t, seg)
 	regions := []region{
 		{Offset: 64, Size: mappedCopyMin + 100},          // page-unaligned start
@@ -147,7 +148,7 @@ func TestMisalignedTargetsAreCopiedFromAMapping(t *testing.T) {
 	var targets []transport.Tensor
 	var got [][]byte
 	for _, r := range regions {
-		b, x := buffer(t, int(r.Size)+16)
+		b, x := transporttest.Buffer(t, int(r.Size)+16)
 		x.Data += 16 // 16 bytes off the segment's 64-byte alignment
 		x.Orig = x.Data
 		targets = append(targets, x)
@@ -164,7 +165,7 @@ func TestMisalignedTargetsAreCopiedFromAMapping(t *testing.T) {
 	}
 
 	// Aligned targets keep the kernel's copy.
-	_, x := buffer(t, int(regions[0].Size))
+	_, x := transporttest.Buffer(t, int(regions[0].Size))
 	for _, r := range planRuns(regions[:1], []transport.Tensor{x}, make([]byte, maxGap)) {
 		assert.False(t, r.misaligned())
 	}

@@ -8,13 +8,9 @@
 package shm
 
 import (
-	"net"
-	"sync"
 	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
-	"github.com/rdt-project/rdt/transports/internal/peerpool"
-	"golang.org/x/sys/unix"
 )
 
 // Name is the canonical transport name.
@@ -68,68 +64,22 @@ type segment struct {
 
 func (s *segment) inArena() bool { return s.fd < 0 }
 
-// Transport is the shm transport of one runtime.
+// Transport is the shm transport of one runtime, in the roles it plays:
+// the owner of objects (srv: staging them and the segment server, which
+// lands writes), and a peer of other owners (peers: what it keeps for their
+// segment servers), through which it fetches and views (rcv) and writes
+// (wr).
 type Transport struct {
-	h transport.Host
-
-	mu      sync.RWMutex // segs: readers serve, writers stage and free
-	segs    map[transport.ObjectID]*segment
-	ln      *net.UnixListener
-	path    string
-	serving sync.WaitGroup
-	conns   map[*net.UnixConn]struct{} // served connections, closed by Close
-	closed  bool
-	// arena stages small objects (made at the first); arenaBytes is its
-	// size, 0 for none.
-	arena      *arena
-	arenaBytes uint64
-
-	idleMu sync.Mutex
-	idle   map[transport.RuntimeID]*keptConns // by source runtime; nil once closed
-	// kept holds the idle connections of the records in idle, by source
-	// runtime and socket path (under idleMu, so that a record and its
-	// connections go together).
-	kept *peerpool.Pool[keptKey, *net.UnixConn]
-	// wkept holds the idle connections writes moved on, with their
-	// staging areas mapped, like kept (see write.go).
-	wkept *peerpool.Pool[keptKey, *wconn]
-}
-
-// keptConns is a receiver's record of one source runtime: its idle
-// connections to the runtime's segment server (in Transport.kept), kept
-// for the next request, and the arena mapped from it, all closed when
-// that runtime is gone (PeerGone). A connection that comes back to a
-// record no longer in Transport.idle is closed.
-type keptConns struct {
-	peer transport.RuntimeID
-	// arenas mapped, by id: the source runtime's one (only a segment
-	// server that has an arena hands it out, one per server).
-	arenas map[transport.ObjectID]*arenaView
-}
-
-// keptKey names the idle connections to one segment server of a source.
-type keptKey struct {
-	peer transport.RuntimeID
-	path string
+	srv   *server
+	peers *peers
+	rcv   *receiver
+	wr    *writer
 }
 
 // New makes the transport; its socket appears with the first staged object.
 func New(h transport.Host) (transport.Transport, error) {
-	return &Transport{h: h, segs: map[transport.ObjectID]*segment{}, conns: map[*net.UnixConn]struct{}{},
-		idle: map[transport.RuntimeID]*keptConns{}, arenaBytes: uint64(arenaSetting.In(h.Settings())) << 20,
-		kept: peerpool.New(peerpool.Config[keptKey, *net.UnixConn]{
-			Max:   maxIdle,
-			Close: func(c *net.UnixConn) { c.Close() },
-			Peer:  func(k keptKey) transport.RuntimeID { return k.peer },
-		}),
-		wkept: peerpool.New(peerpool.Config[keptKey, *wconn]{
-			Max:   maxIdle,
-			Close: func(w *wconn) { w.close() },
-			Peer:  func(k keptKey) transport.RuntimeID { return k.peer },
-			// Before the server closes it: its staging area is unmapped
-			// on this side too.
-			IdleTimeout: idleTimeout - 10*time.Second,
-		})}, nil
+	p := newPeers()
+	return &Transport{srv: newServer(h), peers: p, rcv: &receiver{h: h, peers: p}, wr: &writer{peers: p}}, nil
 }
 
 // Describe: shm shares memory segments, so only on the same host; a freed
@@ -151,67 +101,14 @@ func (t *Transport) Describe() transport.Descriptor {
 	}
 }
 
-// Close stops serving and frees every segment.
+// Close stops serving, frees every segment and lets go of what is kept for
+// other runtimes.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	t.closed = true
-	ln := t.ln
-	for id, s := range t.segs {
-		if !s.inArena() {
-			unix.Close(s.fd)
-		}
-		if s.view >= 0 {
-			unix.Close(s.view)
-		}
-		delete(t.segs, id)
-	}
-	if t.arena != nil {
-		t.arena.close() // receivers still mapping it read nothing more from it
-		t.arena = nil
-	}
-	for c := range t.conns {
-		transport.CloseWaking(c) // a served connection waiting for its next request
-	}
-	t.mu.Unlock()
-	if ln != nil {
-		ln.Close() // also removes the socket file
-	}
-	t.serving.Wait()
-	t.idleMu.Lock()
-	for _, k := range t.idle {
-		k.unmapLocked()
-	}
-	t.idle = nil // keepIdle closes what comes back later
-	t.kept.Close()
-	t.wkept.Close()
-	t.idleMu.Unlock()
+	t.srv.close()
+	t.peers.close()
 	return nil
 }
 
 // PeerGone closes the connections kept to a source runtime that is gone:
 // a receiver fed by many short-lived sources keeps no socket per source.
-func (t *Transport) PeerGone(peer transport.PeerInfo) {
-	t.idleMu.Lock()
-	defer t.idleMu.Unlock()
-	if k := t.idle[peer.RuntimeID]; k != nil {
-		k.unmapLocked()
-		delete(t.idle, peer.RuntimeID)
-	}
-	t.kept.DropPeer(peer.RuntimeID)
-	t.wkept.DropPeer(peer.RuntimeID)
-}
-
-// unmapLocked unmaps the source's arena; the caller holds idleMu.
-func (k *keptConns) unmapLocked() {
-	for id, v := range k.arenas {
-		v.unmap()
-		delete(k.arenas, id)
-	}
-}
-
-// keptCount is the number of idle connections kept, for tests.
-func (t *Transport) keptCount() int {
-	t.idleMu.Lock()
-	defer t.idleMu.Unlock()
-	return t.kept.Count()
-}
+func (t *Transport) PeerGone(peer transport.PeerInfo) { t.peers.drop(peer.RuntimeID) }

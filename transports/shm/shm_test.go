@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
@@ -39,32 +38,12 @@ func newSegmentTransport(t testing.TB) *Transport {
 	return tr.(*Transport)
 }
 
-// buffer maps n bytes outside the Go heap (the race detector's pointer
-// checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unix.Munmap(b) })
-	addr := uintptr(unsafe.Pointer(&b[0]))
-	b = b[:n]
-	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
-	require.NoError(t, err)
-	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
-}
-
-func fill(b []byte, seed byte) {
-	for i := range b {
-		b[i] = byte(i*11) ^ seed
-	}
-}
-
 func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, [][]byte) {
 	var tensors []transport.Tensor
 	var want [][]byte
 	for i, n := range sizes {
-		b, x := buffer(t, n)
-		fill(b, id+byte(i))
+		b, x := transporttest.Buffer(t, n)
+		transporttest.Fill(b, id+byte(i))
 		tensors = append(tensors, x)
 		want = append(want, b)
 	}
@@ -88,7 +67,7 @@ func fetchFrom(t *testing.T, tr *Transport, meta []byte, pid int, sizes ...int) 
 	var targets []transport.Tensor
 	var got [][]byte
 	for _, n := range sizes {
-		b, x := buffer(t, n)
+		b, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 		got = append(got, b)
 	}
@@ -150,9 +129,9 @@ func TestSegmentIsSealed(t *testing.T) {
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
 	dst := newTransport(t)
-	kept, err := dst.source(transport.PeerInfo{RuntimeID: sourceRuntime})
+	kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 	require.NoError(t, err)
-	a, err := dst.getSegment(nil, kept, os.Getpid(), m, nil, false)
+	a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), m, nil, false)
 	require.NoError(t, err)
 	fd, size := a.fd, a.size
 	defer unix.Close(fd)
@@ -175,13 +154,13 @@ func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, want, got)
 	}
-	assert.Equal(t, 1, dst.keptCount(), "three fetches in a row share one connection")
-	src.mu.Lock()
-	assert.Len(t, src.conns, 1)
-	for c := range src.conns {
+	assert.Equal(t, 1, dst.peers.count(), "three fetches in a row share one connection")
+	src.srv.mu.Lock()
+	assert.Len(t, src.srv.conns, 1)
+	for c := range src.srv.conns {
 		c.Close() // as the server does to an idle connection
 	}
-	src.mu.Unlock()
+	src.srv.mu.Unlock()
 	got, err := fetch(t, dst, meta, 4096)
 	require.NoError(t, err, "a closed kept connection is replaced")
 	assert.Equal(t, want, got)
@@ -221,7 +200,7 @@ func TestStaleSocketsOfDeadProcessesAreRemoved(t *testing.T) {
 	tr, err := New(transporttest.NewHostIn(dir))
 	require.NoError(t, err)
 	defer tr.Close()
-	_, x := buffer(t, 8)
+	_, x := transporttest.Buffer(t, 8)
 	_, err = tr.ExtractMetadata(transport.ObjectID{7}, []transport.Tensor{x})
 	require.NoError(t, err)
 	_, err = os.Stat(stale)
@@ -238,8 +217,8 @@ func benchFetch(b *testing.B, n int) {
 	dst, _ := New(transporttest.NewHostIn(socketDir(b)))
 	defer src.Close()
 	defer dst.Close()
-	_, s := buffer(b, n)
-	_, d := buffer(b, n)
+	_, s := transporttest.Buffer(b, n)
+	_, d := transporttest.Buffer(b, n)
 	meta, err := src.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{s})
 	require.NoError(b, err)
 	x := transferOf(b, meta)
@@ -259,8 +238,8 @@ func benchFetch(b *testing.B, n int) {
 
 func BenchmarkMemcpy64MiB(b *testing.B) {
 	const n = 64 << 20
-	s, _ := buffer(b, n)
-	d, _ := buffer(b, n)
+	s, _ := transporttest.Buffer(b, n)
+	d, _ := transporttest.Buffer(b, n)
 	b.SetBytes(n)
 	for i := 0; i < b.N; i++ {
 		copy(d, s)

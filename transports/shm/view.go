@@ -48,6 +48,11 @@ func (v *mapping) Close() error {
 // mapping keeps the segment's memory after the owner freed the object or
 // died, and its bytes cannot change.
 func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, deadline time.Time) (transport.Mapping, error) {
+	return t.rcv.view(x, tmeta, private, deadline)
+}
+
+// view is View.
+func (rcv *receiver) view(x *transport.Transfer, tmeta []byte, private bool, deadline time.Time) (transport.Mapping, error) {
 	m, err := decodeMetadata(tmeta)
 	if err != nil {
 		return nil, err
@@ -58,19 +63,20 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 	if x.Pieces != nil {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "a view maps whole objects; a partial view is a slice of one")
 	}
-	src, err := t.source(x.Source)
+	owner := x.Owner()
+	src, err := rcv.peers.record(owner)
 	if err != nil {
 		return nil, err
 	}
-	r := &request{Completion: transport.NewCompletion(), t: t}
+	r := &request{Completion: transport.NewCompletion()}
 	if !deadline.IsZero() {
 		// The wait for the owner's answer ends at the deadline, as Abort
 		// ends a fetch's.
-		stop := time.AfterFunc(time.Until(deadline), func() { t.Abort(x, r) })
+		stop := time.AfterFunc(time.Until(deadline), r.abort)
 		defer stop.Stop()
 	}
 	ask := &metadata{Path: m.Path, Object: m.Object, Size: m.Size, askView: true}
-	a, err := t.getSegment(r, src, x.Source.Pid, ask, nil, false)
+	a, err := rcv.getSegment(r, src, owner.Pid, ask, nil, false)
 	if err != nil {
 		if r.aborted.Load() {
 			return nil, transport.Errorf(transport.ErrTimeout, "the view's deadline passed while the owner's segment server was asked: %v", err)
@@ -121,8 +127,8 @@ func (t *Transport) View(x *transport.Transfer, tmeta []byte, private bool, dead
 }
 
 // answerView hands a receiver the descriptor a view of obj maps.
-func (t *Transport) answerView(c *net.UnixConn, obj transport.ObjectID) bool {
-	fd, size, err := t.viewFD(obj)
+func (srv *server) answerView(c *net.UnixConn, obj transport.ObjectID) bool {
+	fd, size, err := srv.viewFD(obj)
 	if err != nil {
 		return refuse(c, err)
 	}
@@ -132,17 +138,17 @@ func (t *Transport) answerView(c *net.UnixConn, obj transport.ObjectID) bool {
 // viewFD is a duplicate of the sealed segment a view of obj maps: the
 // object's own, or for an object of the arena a sealed copy of its range,
 // made at its first view and dropped with the object.
-func (t *Transport) viewFD(obj transport.ObjectID) (int, uint64, error) {
-	t.mu.RLock()
-	s, ok := t.segs[obj]
+func (srv *server) viewFD(obj transport.ObjectID) (int, uint64, error) {
+	srv.mu.RLock()
+	s, ok := srv.segs[obj]
 	if !ok {
-		t.mu.RUnlock()
+		srv.mu.RUnlock()
 		return -1, 0, notStaged(obj)
 	}
 	if s.inArena() && s.view < 0 {
 		// The copy is made under the read lock: GarbageCollect, which
 		// would release the range, waits for it.
-		a := t.arena
+		a := srv.arena
 		var fd int
 		var err error
 		if a == nil {
@@ -151,18 +157,18 @@ func (t *Transport) viewFD(obj transport.ObjectID) (int, uint64, error) {
 			whole := transport.Tensor{TensorDesc: transport.TensorDesc{Nbytes: s.size}, Data: uintptr(unsafe.Pointer(&a.mem[s.off]))}
 			fd, err = stage(obj, []transport.Tensor{whole}, []region{{Size: s.size}}, s.size)
 		}
-		t.mu.RUnlock()
+		srv.mu.RUnlock()
 		if err != nil {
 			return -1, 0, err
 		}
-		t.mu.Lock()
-		if cur, ok := t.segs[obj]; !ok || cur != s || s.view >= 0 {
+		srv.mu.Lock()
+		if cur, ok := srv.segs[obj]; !ok || cur != s || s.view >= 0 {
 			unix.Close(fd) // freed, or copied by another view meanwhile
 		} else {
 			s.view = fd
 		}
-		t.mu.Unlock()
-		return t.viewFD(obj)
+		srv.mu.Unlock()
+		return srv.viewFD(obj)
 	}
 	src := s.fd
 	if s.inArena() {
@@ -171,7 +177,7 @@ func (t *Transport) viewFD(obj transport.ObjectID) (int, uint64, error) {
 	// A duplicate: GarbageCollect may close the original meanwhile.
 	fd, err := unix.FcntlInt(uintptr(src), unix.F_DUPFD_CLOEXEC, 0)
 	size := s.size
-	t.mu.RUnlock()
+	srv.mu.RUnlock()
 	if err != nil {
 		return -1, 0, handOutError("the segment", err)
 	}

@@ -107,16 +107,16 @@ func TestViewRefusesUnsealedSegmentsAndPieces(t *testing.T) {
 	fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
 	require.NoError(t, err)
 	require.NoError(t, unix.Ftruncate(fd, 1<<20))
-	src.mu.Lock()
-	s := src.segs[transport.ObjectID{10}]
+	src.srv.mu.Lock()
+	s := src.srv.segs[transport.ObjectID{10}]
 	sealed := s.fd
 	s.fd = fd
-	src.mu.Unlock()
+	src.srv.mu.Unlock()
 	_, err = viewOf(t, dst, meta, false)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	src.mu.Lock()
+	src.srv.mu.Lock()
 	s.fd = sealed
-	src.mu.Unlock()
+	src.srv.mu.Unlock()
 	unix.Close(fd)
 
 	x := transferOf(t, meta)
@@ -134,10 +134,10 @@ func TestViewEndsAtItsDeadline(t *testing.T) {
 	src, dst := newSegmentTransport(t), newTransport(t)
 	meta, _ := stageObject(t, src, 11, 4096)
 	// Hold the segment server's lock: the server cannot answer.
-	src.mu.Lock()
+	src.srv.mu.Lock()
 	start := time.Now()
 	_, err := dst.View(transferOf(t, meta), meta, false, time.Now().Add(200*time.Millisecond))
-	src.mu.Unlock()
+	src.srv.mu.Unlock()
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 	assert.Less(t, time.Since(start), 5*time.Second)
 	assert.True(t, strings.Contains(err.Error(), "deadline"), "%v", err)

@@ -21,25 +21,6 @@ import (
 // connection's next writes), in chunks the writer copies into one slot
 // while the owner copies the other out.
 
-// ExtractExposedMetadata describes an object exposed for writing: where
-// its owner's segment server listens and its tensors' sizes. Nothing is
-// staged: writes land in the tensors themselves, and the segment server
-// serves no fetch of it.
-func (t *Transport) ExtractExposedMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
-	for _, x := range tensors {
-		if !x.Device.Type.HostAccessible() {
-			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
-		}
-	}
-	path, err := t.listen()
-	if err != nil {
-		return nil, err
-	}
-	regions, size := layout(tensors)
-	m := metadata{Path: path, Object: obj, Size: size, Regions: regions}
-	return m.encode(), nil
-}
-
 // wconn is a writer's connection to an owner's segment server, with the
 // staging area the server gave it mapped (nil before one was given).
 type wconn struct {
@@ -103,10 +84,21 @@ func (r *writeRequest) abortedErr(err error) error {
 	return err
 }
 
+// writer is a runtime's side as a peer that writes into objects other
+// runtimes exposed, over what it keeps for their segment servers.
+type writer struct {
+	peers *peers
+}
+
 // Write checks the sources against the exposed object's metadata and
 // starts the write on a goroutine.
 func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := checkTransfer(x, sources, tmeta, "source")
+	return t.wr.write(x, sources, tmeta)
+}
+
+// write is Write.
+func (wr *writer) write(x *transport.Transfer, sources []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	m, err := checkTransfer(x, sources, tmeta)
 	if err != nil {
 		return nil, err
 	}
@@ -116,93 +108,64 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 		pieces[i] = x.PieceOf(i, s)
 		total += pieces[i].Length
 	}
-	src, err := t.source(x.Destination)
+	owner := x.Owner()
+	src, err := wr.peers.record(owner)
 	if err != nil {
 		return nil, err
 	}
 	r := &writeRequest{Completion: transport.NewCompletion(), id: x.TransferID}
-	go func() { r.Finish(t.write(r, src, x.Destination.Pid, m, pieces, sources, total)) }()
+	go func() { r.Finish(wr.send(r, src, owner.Pid, m, pieces, sources, total)) }()
 	return r, nil
 }
 
-// write moves one write over a kept connection or a new one.
-func (t *Transport) write(r *writeRequest, src *keptConns, owner int, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) error {
-	w, kept, err := t.writeConn(src, owner, m)
+// send moves one write over a kept connection or a new one.
+func (wr *writer) send(r *writeRequest, src *keptConns, owner int, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) error {
+	w, kept, err := wr.conn(src, owner, m)
 	if err != nil {
 		return err
 	}
 	r.use(w)
-	closed, err := t.writeOn(r, w, m, pieces, sources, total)
+	closed, err := w.send(r, m, pieces, sources, total)
 	if err != nil && kept && closed && !r.aborted.Load() {
 		// The kept connection was closed by the server (idle) before it
 		// answered: ask once more on a new one.
 		r.use(nil)
 		w.close()
-		if w, _, err = t.writeConn(nil, owner, m); err != nil {
+		if w, _, err = wr.conn(nil, owner, m); err != nil {
 			return r.abortedErr(err)
 		}
 		r.use(w)
-		_, err = t.writeOn(r, w, m, pieces, sources, total)
+		_, err = w.send(r, m, pieces, sources, total)
 	}
 	r.use(nil)
 	if err != nil {
 		w.close() // out of step, or gone
 		return r.abortedErr(err)
 	}
-	t.keepWriteConn(src, m.Path, w)
+	wr.peers.keepWriteConn(src, m.Path, w)
 	return nil
 }
 
-// writeConn is a kept connection to the segment server of m (src nil: a
+// conn is a kept connection to the segment server of m (src nil: a
 // new one), or a new one whose server is checked to be the owner's
 // process.
-func (t *Transport) writeConn(src *keptConns, owner int, m *metadata) (w *wconn, kept bool, err error) {
+func (wr *writer) conn(src *keptConns, owner int, m *metadata) (w *wconn, kept bool, err error) {
 	if src != nil {
-		t.idleMu.Lock()
-		if t.idle != nil && t.idle[src.peer] == src {
-			w, kept = t.wkept.Take(keptKey{peer: src.peer, path: m.Path})
-		}
-		t.idleMu.Unlock()
-		if kept {
+		if w, kept = wr.peers.takeWriteConn(src, m.Path); kept {
 			return w, true, nil
 		}
 	}
-	d := net.Dialer{Timeout: dialTimeout}
-	nc, err := d.Dial("unix", m.Path)
+	c, err := dial(m, owner)
 	if err != nil {
-		if exhausted := outOfResources("connecting to the owner's segment server", "this process", err); exhausted != nil {
-			return nil, false, exhausted
-		}
-		return nil, false, gone(m, err)
-	}
-	c := nc.(*net.UnixConn)
-	if pid, err := transport.UnixPeerPid(c); err != nil || pid != owner {
-		c.Close()
-		if err != nil {
-			return nil, false, transport.Errorf(transport.ErrPermissionDenied, "cannot identify the segment server at %s: %v", m.Path, err)
-		}
-		return nil, false, transport.Errorf(transport.ErrCorrupt,
-			"the segment server at %s is process %d, but the owner of object %s is process %d: refusing it", m.Path, pid, m.Object, owner)
+		return nil, false, err
 	}
 	return &wconn{c: c}, false, nil
 }
 
-// keepWriteConn keeps w for the next write to the segment server at path,
-// unless src's record was dropped.
-func (t *Transport) keepWriteConn(src *keptConns, path string, w *wconn) {
-	t.idleMu.Lock()
-	defer t.idleMu.Unlock()
-	if t.idle == nil || t.idle[src.peer] != src {
-		w.close()
-		return
-	}
-	t.wkept.Put(keptKey{peer: src.peer, path: path}, w)
-}
-
-// writeOn sends the write request on w and moves the bytes. closed says
+// send sends the write request on w and moves the bytes. closed says
 // the connection was closed before any answer came (a kept one the server
 // had closed while idle).
-func (t *Transport) writeOn(r *writeRequest, w *wconn, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) (closed bool, err error) {
+func (w *wconn) send(r *writeRequest, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) (closed bool, err error) {
 	req := encodeWriteRequest(m.Object, r.id, pieces)
 	if total <= inlineMax {
 		// The bytes follow the request, in the same write.
@@ -217,7 +180,7 @@ func (t *Transport) writeOn(r *writeRequest, w *wconn, m *metadata, pieces []tra
 	if _, err := w.c.Write(req); err != nil {
 		return isClosed(err), gone(m, err)
 	}
-	h, fd, closed, err := t.writeReply(w, m)
+	h, fd, closed, err := w.reply(m)
 	if err != nil {
 		return closed, err
 	}
@@ -241,7 +204,7 @@ func (t *Transport) writeOn(r *writeRequest, w *wconn, m *metadata, pieces []tra
 	} else if w.mem == nil || uint64(len(w.mem)) != h.size {
 		return false, transport.Errorf(transport.ErrCorrupt, "the owner's segment server named a %d-byte staging area it never sent", h.size)
 	}
-	return false, t.moveChunks(r, w, m, sources, pieces, total)
+	return false, w.moveChunks(r, m, sources, pieces, total)
 }
 
 // isClosed reports whether err says the other end closed the connection
@@ -274,11 +237,11 @@ func (w *wconn) mapStaging(fd int, size uint64) error {
 	return nil
 }
 
-// writeReply reads one answer of the owner's segment server to a write
+// reply reads one answer of the owner's segment server to a write
 // request or chunk: its header, and the staging area's descriptor (or -1).
 // An answer that is not OK is returned as its error. closed says the
 // connection was closed before any of it came.
-func (t *Transport) writeReply(w *wconn, m *metadata) (h replyHeader, fd int, closed bool, err error) {
+func (w *wconn) reply(m *metadata) (h replyHeader, fd int, closed bool, err error) {
 	var buf [replyLen + maxMessage]byte
 	var oob [32]byte
 	n, oobn, flags, _, err := w.c.ReadMsgUnix(buf[:replyLen], oob[:])
@@ -331,7 +294,7 @@ func (t *Transport) writeReply(w *wconn, m *metadata) (h replyHeader, fd int, cl
 // at a time, and has the owner land each: the writer fills one slot while
 // the owner drains the other. It returns once the owner answered the last
 // chunk (every byte landed), or at the first error.
-func (t *Transport) moveChunks(r *writeRequest, w *wconn, m *metadata, sources []transport.Tensor, pieces []transport.Piece, total uint64) error {
+func (w *wconn) moveChunks(r *writeRequest, m *metadata, sources []transport.Tensor, pieces []transport.Piece, total uint64) error {
 	slot := (uint64(len(w.mem)) - stagingHeader) / 2
 	if slotSize(total) > slot {
 		return transport.Errorf(transport.ErrCorrupt, "the owner's staging area has %d-byte slots, a %d-byte write needs %d", slot, total, slotSize(total))
@@ -357,7 +320,7 @@ func (t *Transport) moveChunks(r *writeRequest, w *wconn, m *metadata, sources [
 	inflight := 0
 	await := func() error {
 		w.c.SetReadDeadline(time.Now().Add(ioTimeout))
-		h, fd, _, err := t.writeReply(w, m)
+		h, fd, _, err := w.reply(m)
 		if fd >= 0 {
 			unix.Close(fd)
 		}

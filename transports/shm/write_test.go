@@ -45,8 +45,8 @@ func (o owner) expose(t *testing.T, id byte, sizes ...int) ([]byte, [][]byte) {
 	var tensors []transport.Tensor
 	var mem [][]byte
 	for i, n := range sizes {
-		b, x := buffer(t, n)
-		fill(b, id+byte(i))
+		b, x := transporttest.Buffer(t, n)
+		transporttest.Fill(b, id+byte(i))
 		tensors = append(tensors, x)
 		mem = append(mem, b)
 	}
@@ -63,13 +63,13 @@ func (o owner) admit(id uint64, pieces ...transport.Piece) { o.host.Writes[id] =
 func startWrite(t *testing.T, tr *Transport, meta []byte, id uint64, pieces []transport.Piece, sources ...[]byte) (transport.Request, error) {
 	var ts []transport.Tensor
 	for _, b := range sources {
-		buf, x := buffer(t, len(b))
+		buf, x := transporttest.Buffer(t, len(b))
 		copy(buf, b)
 		ts = append(ts, x)
 	}
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
-	x := &transport.Transfer{Object: m.Object, TransferID: id, Transport: Name, Role: transport.RoleSource, Pieces: pieces,
+	x := &transport.Transfer{Object: m.Object, TransferID: id, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Pieces: pieces,
 		Destination: transport.PeerInfo{RuntimeID: sourceRuntime, Name: "owner", Pid: os.Getpid()}}
 	return tr.Write(x, ts, meta, nil)
 }
@@ -85,7 +85,7 @@ func writeAndWait(t *testing.T, tr *Transport, meta []byte, id uint64, pieces []
 
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
-	fill(b, seed)
+	transporttest.Fill(b, seed)
 	return b
 }
 
@@ -129,7 +129,7 @@ func TestWritesLandOnlyWhereAdmitted(t *testing.T) {
 		w0, w1 := pattern(1000, 9+round), pattern(20<<20, 10+round)
 		require.NoError(t, writeAndWait(t, w, meta, 1, nil, w0, w1))
 		assert.True(t, bytes.Equal(w0, mem[0]) && bytes.Equal(w1, mem[1]), "round %d: the whole write landed", round)
-		assert.Equal(t, 1, w.wkept.Count(), "round %d: one connection, kept", round)
+		assert.Equal(t, 1, w.peers.wkept.Count(), "round %d: one connection, kept", round)
 	}
 	assert.Eventually(t, func() bool { return o.host.Pinned() == 0 }, 10*time.Second, time.Millisecond, "every write let go")
 }
@@ -142,9 +142,9 @@ func TestExposedObjectIsNotStaged(t *testing.T) {
 	m, err := decodeMetadata(meta)
 	require.NoError(t, err)
 	assert.False(t, m.inArena())
-	o.tr.mu.RLock()
-	assert.Empty(t, o.tr.segs)
-	o.tr.mu.RUnlock()
+	o.tr.srv.mu.RLock()
+	assert.Empty(t, o.tr.srv.segs)
+	o.tr.srv.mu.RUnlock()
 	_, err = fetch(t, newTransport(t), meta, 1000, 5<<20)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 }
@@ -224,12 +224,12 @@ func TestHostileWritesAreRefused(t *testing.T) {
 		require.NoError(t, err)
 		uc := c.(*net.UnixConn)
 		w := &wconn{c: uc}
-		h, fd, _, err := newTransport(t).writeReply(w, m)
+		h, fd, _, err := w.reply(m)
 		require.NoError(t, err)
 		require.NoError(t, w.mapStaging(fd, h.size))
 		_, err = c.Write(chunk)
 		require.NoError(t, err)
-		_, _, _, err = newTransport(t).writeReply(w, m)
+		_, _, _, err = w.reply(m)
 		assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 		w.close()
 	}
@@ -288,12 +288,12 @@ func TestAbortedWriteLetsGo(t *testing.T) {
 	}
 	req.Release()
 	assert.Eventually(t, func() bool {
-		o.tr.mu.Lock()
-		defer o.tr.mu.Unlock()
-		return len(o.tr.conns) == 0
+		o.tr.srv.mu.Lock()
+		defer o.tr.srv.mu.Unlock()
+		return len(o.tr.srv.conns) == 0
 	}, 30*time.Second, time.Millisecond, "the server closed the aborted write's connection")
 	assert.Equal(t, 0, o.host.Pinned(), "nothing lands any more")
-	assert.Equal(t, 0, w.wkept.Count(), "an aborted write's connection is not kept")
+	assert.Equal(t, 0, w.peers.wkept.Count(), "an aborted write's connection is not kept")
 }
 
 // A write to an owner that is stopped ends when aborted, without waiting
@@ -303,8 +303,8 @@ func TestWriteToAStoppedOwnerAborts(t *testing.T) {
 	src.Stop()
 	defer src.Continue()
 	w := newTransport(t)
-	_, x := buffer(t, 64<<20)
-	xf := &transport.Transfer{Object: transporttest.SourceObject, TransferID: 1, Transport: Name, Role: transport.RoleSource, Destination: src.Peer}
+	_, x := transporttest.Buffer(t, 64<<20)
+	xf := &transport.Transfer{Object: transporttest.SourceObject, TransferID: 1, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Destination: src.Peer}
 	req, err := w.Write(xf, []transport.Tensor{x}, src.Meta, nil)
 	require.NoError(t, err)
 	time.Sleep(10 * time.Millisecond) // the request is sent, its answer awaited
@@ -343,9 +343,9 @@ func TestKilledWriterLetsGo(t *testing.T) {
 	require.NoError(t, cmd.Process.Kill())
 	cmd.Wait()
 	assert.Eventually(t, func() bool {
-		o.tr.mu.Lock()
-		defer o.tr.mu.Unlock()
-		return len(o.tr.conns) == 0
+		o.tr.srv.mu.Lock()
+		defer o.tr.srv.mu.Unlock()
+		return len(o.tr.srv.conns) == 0
 	}, 30*time.Second, time.Millisecond, "the server let go of the killed writer's connection")
 	assert.Equal(t, 0, o.host.Pinned())
 }
@@ -356,7 +356,7 @@ func writeForever(t *testing.T, arg string) {
 	meta, err := hex.DecodeString(metaHex)
 	require.NoError(t, err)
 	w := newTransport(t)
-	_, x := buffer(t, 256<<20)
+	_, x := transporttest.Buffer(t, 256<<20)
 	b := transport.Bytes(x.Data, x.Nbytes)
 	b[0] = 0xEE
 	for n := 1; n < len(b); n *= 2 {
@@ -365,7 +365,7 @@ func writeForever(t *testing.T, arg string) {
 	owner, err := strconv.Atoi(pid)
 	require.NoError(t, err)
 	for id := uint64(1); ; id++ {
-		xf := &transport.Transfer{Object: transport.ObjectID{34}, TransferID: id, Transport: Name, Role: transport.RoleSource,
+		xf := &transport.Transfer{Object: transport.ObjectID{34}, TransferID: id, Transport: Name, Role: transport.RoleSource, Direction: transport.Write,
 			Destination: transport.PeerInfo{RuntimeID: sourceRuntime, Pid: owner}}
 		req, err := w.Write(xf, []transport.Tensor{x}, meta, nil)
 		require.NoError(t, err)

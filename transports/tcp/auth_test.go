@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // runtimeObject puts a tcp object of n patterned bytes in a real runtime
@@ -27,8 +28,8 @@ func runtimeObject(t *testing.T, token string, n int) (*engine.Runtime, []byte, 
 		Builtins: []transport.TransportFactory{Factory()}, SocketDir: t.TempDir()})
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
-	b, x := buffer(t, n)
-	fill(b, 42)
+	b, x := transporttest.Buffer(t, n)
+	transporttest.Fill(b, 42)
 	ref, err := rt.Put([]transport.Tensor{x}, "tcp", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { ref.Release() })
@@ -119,7 +120,7 @@ func TestWrongKeyFloodLogsAFewLines(t *testing.T) {
 	t.Logf("%d wrong keys in %v: %d lines:\n%s", tries, elapsed.Round(time.Millisecond), lines, logged)
 	assert.GreaterOrEqual(t, lines, 1, "the first refusal is logged")
 	assert.LessOrEqual(t, lines, 2+int(elapsed/time.Second), "at most a line a second")
-	assert.NotContains(t, string(logged), p.src.key, "the key is never logged")
+	assert.NotContains(t, string(logged), p.src.srv.key, "the key is never logged")
 }
 
 // probeEnv carries the metadata to TestCrossUserProbe in a child process.

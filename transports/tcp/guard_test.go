@@ -56,7 +56,7 @@ func TestStalledHandshakesDoNotHoldOffAFetch(t *testing.T) {
 	stalled := transporttest.Stalled(t, m.Endpoint, 2000)
 
 	p.fetchWithin(t, 20*time.Second, meta, 4096, 9<<20)
-	bound := transport.MaxPreAuthPerSource + 1 + p.dst.streams // and the fetch's
+	bound := transport.MaxPreAuthPerSource + 1 + p.dst.cl.streams // and the fetch's
 	require.Eventually(t, func() bool { return p.serving() <= bound }, 10*time.Second, time.Millisecond,
 		"connections held: at most %d, now %d", bound, p.serving())
 	assert.True(t, transporttest.ClosedWithin(stalled[0], 10*time.Second), "the oldest stalled connection was pushed out")
@@ -66,7 +66,7 @@ func TestStalledHandshakesDoNotHoldOffAFetch(t *testing.T) {
 // authed is an authenticated data connection that claims client's runtime
 // id.
 func authed(t *testing.T, p *pair, client *Transport) net.Conn {
-	c, err := client.conn(context.Background(), p.srcKey())
+	c, err := client.cl.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -96,12 +96,12 @@ func TestHalfARequestAndIdleConnectionsAreDropped(t *testing.T) {
 // counted is how many authenticated connections the source counts, and
 // the most of one client.
 func (p *pair) counted() (total, most int) {
-	p.src.lmu.Lock()
-	defer p.src.lmu.Unlock()
-	for _, n := range p.src.perPeer {
+	p.src.srv.mu.Lock()
+	defer p.src.srv.mu.Unlock()
+	for _, n := range p.src.srv.perPeer {
 		most = max(most, n)
 	}
-	return p.src.nserved, most
+	return p.src.srv.nserved, most
 }
 
 // Authenticated connections are capped per client runtime and in all. A
@@ -137,16 +137,16 @@ func TestServedConnectionsAreCapped(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool {
-		p.src.lmu.Lock()
-		defer p.src.lmu.Unlock()
-		for _, s := range p.src.sconns {
+		p.src.srv.mu.Lock()
+		defer p.src.srv.mu.Unlock()
+		for _, s := range p.src.srv.sconns {
 			if s.idle.Load() != 0 {
 				return false
 			}
 		}
 		return true
 	}, 10*time.Second, time.Millisecond, "every connection is reading a request")
-	_, err := greedy.conn(context.Background(), p.srcKey())
+	_, err := greedy.cl.conn(context.Background(), p.srcKey())
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "at most 256 data connections to one runtime")

@@ -88,7 +88,7 @@ func TestFreedObjectOfManyTensors(t *testing.T) {
 func fetchMany(t *testing.T, d *Transport, src *transporttest.Source, count, n int) transport.Request {
 	var targets []transport.Tensor
 	for i := 0; i < count; i++ {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 	}
 	req, err := d.Fetch(&transport.Transfer{Source: src.Peer}, targets, src.Meta, nil)
@@ -114,7 +114,7 @@ func TestManyTensorsFromAStalledThenKilledSource(t *testing.T) {
 	var targets []transport.Tensor
 	var got [][]byte
 	for range sizes {
-		b, x := buffer(t, n)
+		b, x := transporttest.Buffer(t, n)
 		targets, got = append(targets, x), append(got, b)
 	}
 	req, err := d.Fetch(&transport.Transfer{Source: src.Peer}, targets, src.Meta, nil)
@@ -168,7 +168,7 @@ func TestUnaskedBytesAreCorrupt(t *testing.T) {
 	defer d.Close()
 	var targets []transport.Tensor
 	for i := 0; i < 3; i++ {
-		_, x := buffer(t, 100)
+		_, x := transporttest.Buffer(t, 100)
 		targets = append(targets, x)
 	}
 	req, err := d.Fetch(&transport.Transfer{}, targets, fakeMeta(ep, 3), nil)
@@ -198,23 +198,23 @@ func setBuffer(t *testing.T, c net.Conn, opt int) {
 // sides would block in their writes until the source's write timeout).
 func TestPipelinedRequestsWithTheSmallestSocketBuffers(t *testing.T) {
 	p := newPair(t, "", "")
-	p.src.writeTimeout = time.Minute
+	p.src.srv.writeTimeout = time.Minute
 	const count, n = window*4 + 7, 64 << 10
 	sizes := make([]int, count)
 	for i := range sizes {
 		sizes[i] = n
 	}
 	meta, want := p.put(t, 23, sizes...)
-	c, err := p.dst.conn(context.Background(), p.srcKey())
+	c, err := p.dst.cl.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	setBuffer(t, c, unix.SO_SNDBUF)
-	p.dst.pool.Put(p.srcKey(), c)
+	p.dst.cl.pool.Put(p.srcKey(), c)
 	got, err := p.fetch(t, meta, sizes...)
 	require.NoError(t, err)
 	for i := range sizes {
 		require.True(t, bytes.Equal(want[i], got[i]), "tensor %d", i)
 	}
-	if l := p.dst.pool.Idle(p.srcKey()); assert.Len(t, l, 1) {
+	if l := p.dst.cl.pool.Idle(p.srcKey()); assert.Len(t, l, 1) {
 		assert.Equal(t, c, l[0], "the fetch ran on the connection with the small buffers")
 	}
 }
@@ -225,7 +225,7 @@ func views(t testing.TB, sizes ...int) ([]byte, []transport.Tensor) {
 	for _, n := range sizes {
 		total += n
 	}
-	b, whole := buffer(t, total)
+	b, whole := transporttest.Buffer(t, total)
 	var ts []transport.Tensor
 	off := 0
 	for _, n := range sizes {

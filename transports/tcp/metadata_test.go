@@ -2,11 +2,11 @@ package tcp
 
 import (
 	"bytes"
-	"encoding/hex"
 	"strings"
 	"testing"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -73,10 +73,5 @@ func FuzzDecodeMetadata(f *testing.F) {
 func TestMetadataEncodingIsPinned(t *testing.T) {
 	m := &metadata{Endpoint: "10.0.0.1:4567", Object: transport.ObjectID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, Tensors: 3, Key: "k3y"}
 	const golden = "52544350020d0031302e302e302e313a343536370102030405060708090a0b0c0d0e0f1003000000036b3379"
-	assert.Equal(t, golden, hex.EncodeToString(m.encode()))
-	b, err := hex.DecodeString(golden)
-	require.NoError(t, err)
-	got, err := decodeMetadata(b)
-	require.NoError(t, err)
-	assert.Equal(t, m, got)
+	transporttest.PinnedEncoding(t, m, golden, (*metadata).encode, decodeMetadata)
 }

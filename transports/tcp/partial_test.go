@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"sort"
@@ -12,62 +11,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
-
-const guardBytes = 64
-
-// guarded is a target with guard bytes on both sides, all filled with a
-// pattern, to see that a fetch writes its target and nothing around it.
-type guarded struct {
-	all    []byte
-	target transport.Tensor
-}
-
-func guardedTarget(t *testing.T, n int) guarded {
-	all, x := buffer(t, n+2*guardBytes)
-	fill(all, 0xd7)
-	x.Data += guardBytes
-	x.Orig = x.Data
-	x.Nbytes = uint64(n)
-	x.Shape = []int64{int64(n)}
-	return guarded{all: all, target: x}
-}
-
-// check says whether the target holds want (nil: left as it was) and its
-// guards are untouched.
-func (g guarded) check(t *testing.T, want []byte, what string) {
-	t.Helper()
-	n := len(g.all) - 2*guardBytes
-	if want == nil {
-		want = g.orig()[guardBytes : guardBytes+n]
-	}
-	g.checkGuards(t, what)
-	assert.True(t, bytes.Equal(want, g.all[guardBytes:guardBytes+n]), "%s: the target holds the wrong bytes", what)
-}
-
-// checkGuards says whether the bytes around the target are untouched.
-func (g guarded) checkGuards(t *testing.T, what string) {
-	t.Helper()
-	orig, n := g.orig(), len(g.all)-2*guardBytes
-	assert.True(t, bytes.Equal(orig[:guardBytes], g.all[:guardBytes]) && bytes.Equal(orig[guardBytes+n:], g.all[guardBytes+n:]),
-		"%s: bytes around the target were written", what)
-}
-
-func (g guarded) orig() []byte {
-	b := make([]byte, len(g.all))
-	fill(b, 0xd7)
-	return b
-}
 
 // partialFetch fetches pieces of the object meta names into guarded
 // targets.
-func partialFetch(t *testing.T, d *Transport, meta []byte, pieces []transport.Piece) ([]guarded, error) {
-	var gs []guarded
+func partialFetch(t *testing.T, d *Transport, meta []byte, pieces []transport.Piece) ([]transporttest.Guarded, error) {
+	var gs []transporttest.Guarded
 	var targets []transport.Tensor
 	for _, p := range pieces {
-		g := guardedTarget(t, int(p.Length))
+		g := transporttest.GuardedTarget(t, int(p.Length))
 		gs = append(gs, g)
-		targets = append(targets, g.target)
+		targets = append(targets, g.Target)
 	}
 	req, err := d.Fetch(&transport.Transfer{Pieces: pieces}, targets, meta, nil)
 	if err != nil {
@@ -126,7 +81,7 @@ func TestPartialFetchAsksForExactlyThePieces(t *testing.T) {
 		for k := range want {
 			want[k] = sourceByte(p.Tensor, p.Offset+uint64(k))
 		}
-		gs[i].check(t, want, "piece")
+		gs[i].Check(t, want, "piece")
 	}
 
 	// The large piece's requests tile its range; every other piece with
@@ -193,7 +148,7 @@ func TestPartialFetchOutsideATensorIsRefused(t *testing.T) {
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%s: %v", c.what, err)
 		assert.Contains(t, err.Error(), "outside tensor", c.what)
 		for _, g := range gs {
-			g.checkGuards(t, c.what)
+			g.CheckGuards(t, c.what)
 		}
 	}
 	for _, c := range []struct {
@@ -205,15 +160,15 @@ func TestPartialFetchOutsideATensorIsRefused(t *testing.T) {
 		{"a length that wraps", transport.Piece{Tensor: 0, Offset: 8, Length: ^uint64(0) - 4}, 16},
 		{"a target of another length", transport.Piece{Tensor: 0, Length: 32}, 16},
 	} {
-		g := guardedTarget(t, c.n)
-		_, err := p.dst.Fetch(&transport.Transfer{Pieces: []transport.Piece{c.piece}}, []transport.Tensor{g.target}, meta, nil)
+		g := transporttest.GuardedTarget(t, c.n)
+		_, err := p.dst.Fetch(&transport.Transfer{Pieces: []transport.Piece{c.piece}}, []transport.Tensor{g.Target}, meta, nil)
 		assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%s: %v", c.what, err)
-		g.check(t, nil, c.what)
+		g.Check(t, nil, c.what)
 	}
 	pieces := []transport.Piece{{Tensor: 1, Offset: 99, Length: 1}, {Tensor: 0, Offset: 10, Length: 4086}}
 	gs, err := partialFetch(t, p.dst, meta, pieces)
 	require.NoError(t, err, "the source still serves")
 	for i, pc := range pieces {
-		gs[i].check(t, want[pc.Tensor][pc.Offset:pc.End()], "after the refusals")
+		gs[i].Check(t, want[pc.Tensor][pc.Offset:pc.End()], "after the refusals")
 	}
 }

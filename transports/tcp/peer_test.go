@@ -13,6 +13,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // client is a second destination transport that claims runtime id id.
@@ -33,9 +34,9 @@ func stall(t *testing.T, c net.Conn, obj byte) {
 }
 
 func (p *pair) serving() int {
-	p.src.lmu.Lock()
-	defer p.src.lmu.Unlock()
-	return len(p.src.sconns)
+	p.src.srv.mu.Lock()
+	defer p.src.srv.mu.Unlock()
+	return len(p.src.srv.sconns)
 }
 
 // A receiver that stops reading releases the object's pin once a write
@@ -71,7 +72,7 @@ func TestSlowReaderIsNotCut(t *testing.T) {
 	p := newPair(t, "", "")
 	// Read at 10 MiB/s: the answer takes twice the write timeout, while
 	// each 1 MiB chunk leaves a busy machine fifteen times the time it needs.
-	p.src.writeTimeout = 1500 * time.Millisecond
+	p.src.srv.writeTimeout = 1500 * time.Millisecond
 	const n = 32 << 20
 	_, want := p.put(t, 31, n)
 	c := rawConn(t, p)
@@ -94,14 +95,14 @@ func TestSlowReaderIsNotCut(t *testing.T) {
 // closed at once (long before the write timeout), and only those.
 func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 	p := newPair(t, "", "")
-	p.src.writeTimeout = time.Minute
+	p.src.srv.writeTimeout = time.Minute
 	_, want := p.put(t, 32, maxChunk)
 	gone, stays := p.client(t, 1), p.client(t, 2)
 	k := p.srcKey()
-	cg, err := gone.conn(context.Background(), k)
+	cg, err := gone.cl.conn(context.Background(), k)
 	require.NoError(t, err)
 	defer cg.Close()
-	cs, err := stays.conn(context.Background(), k)
+	cs, err := stays.cl.conn(context.Background(), k)
 	require.NoError(t, err)
 	defer cs.Close()
 	stall(t, cg, 32)
@@ -113,7 +114,7 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 	assert.Equal(t, 1, p.host.Pinned())
 	assert.Equal(t, 2, p.serving())
 
-	p.src.PeerGone(gone.h.Identity())
+	p.src.PeerGone(gone.cl.h.Identity())
 	require.Eventually(t, func() bool { return p.host.Pinned() == 0 }, 2*time.Second, time.Millisecond, "the pin goes with the connection")
 	require.Eventually(t, func() bool { return p.serving() == 1 }, 2*time.Second, time.Millisecond)
 	// The other client is still served.
@@ -133,7 +134,7 @@ func TestPeerGoneClosesItsServingConnections(t *testing.T) {
 func (p *pair) fetchFrom(t *testing.T, source transport.RuntimeID, meta []byte, sizes ...int) {
 	var targets []transport.Tensor
 	for _, n := range sizes {
-		_, x := buffer(t, n)
+		_, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 	}
 	req, err := p.dst.Fetch(&transport.Transfer{Source: transport.PeerInfo{RuntimeID: source}}, targets, meta, nil)
@@ -144,7 +145,7 @@ func (p *pair) fetchFrom(t *testing.T, source transport.RuntimeID, meta []byte, 
 func (p *pair) pooledFor(source transport.RuntimeID) int {
 	k := p.srcKey()
 	k.source = source
-	return p.dst.pool.Len(k)
+	return p.dst.cl.pool.Len(k)
 }
 
 // A receiver drops its pooled connections to a source runtime that is gone.
@@ -184,7 +185,7 @@ func TestIdlePooledConnectionsAreClosed(t *testing.T) {
 	require.Greater(t, p.pooled(), 1)
 	require.Eventually(t, func() bool { return p.pooled() == 0 }, idleTimeout+3*time.Second, 5*time.Millisecond)
 	require.Eventually(t, func() bool { return p.serving() == 0 }, 5*time.Second, time.Millisecond, "and closed")
-	assert.False(t, p.dst.pool.Reaping(), "nothing pooled, nothing scheduled")
+	assert.False(t, p.dst.cl.pool.Reaping(), "nothing pooled, nothing scheduled")
 	// The pool fills again on demand.
 	_, err = p.fetch(t, meta, sizes...)
 	require.NoError(t, err)
@@ -206,12 +207,12 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	require.NoError(t, err)
 	listening := func() bool {
 		tt := tr.(*Transport)
-		tt.lmu.Lock()
-		defer tt.lmu.Unlock()
-		return tt.ln != nil
+		tt.srv.mu.Lock()
+		defer tt.srv.mu.Unlock()
+		return tt.srv.ln != nil
 	}
-	b, x := buffer(t, 5000)
-	fill(b, 35)
+	b, x := transporttest.Buffer(t, 5000)
+	transporttest.Fill(b, 35)
 	autoPut := func() []byte {
 		ref, err := owner.Put([]transport.Tensor{x}, "", nil)
 		require.NoError(t, err)
@@ -230,7 +231,7 @@ func TestListenerStartsWhenAnObjectNeedsIt(t *testing.T) {
 	ref, err := receiver.Deserialize(first)
 	require.NoError(t, err)
 	defer ref.Release()
-	got, dst := buffer(t, 5000)
+	got, dst := transporttest.Buffer(t, 5000)
 	require.NoError(t, receiver.Get([]*engine.Ref{ref}, []transport.Tensor{dst}, engine.FetchOptions{}, 30*time.Second))
 	assert.Equal(t, b, got)
 	assert.True(t, listening())

@@ -28,9 +28,9 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 	if length > maxChunk {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "at most %d bytes per request", maxChunk)
 	}
-	t := &Transport{h: probeHost{token: token, ctx: ctx}, streams: 1, pool: newPool()}
-	k := poolKey{endpoint: m.Endpoint, key: t.clientKey(m)}
-	c, err := t.conn(ctx, k)
+	cl := &client{h: probeHost{token: token, ctx: ctx}, streams: 1, pool: newPool()}
+	k := poolKey{endpoint: m.Endpoint, key: cl.clientKey(m)}
+	c, err := cl.conn(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +38,7 @@ func RequestRange(ctx context.Context, token string, tmeta []byte, tensor uint32
 	if d, ok := ctx.Deadline(); ok {
 		c.SetDeadline(d)
 	}
-	r := &fetchRequest{t: t, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
+	r := &fetchRequest{cl: cl, meta: m, pool: k, conns: map[net.Conn]struct{}{}}
 	buf := make([]byte, length)
 	s := &stream{r: r, c: c, pieces: []piece{{tensor: tensor, offset: offset, dst: buf}}}
 	if err := s.advance(readv(c)); err != nil {

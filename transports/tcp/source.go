@@ -20,6 +20,11 @@ func (t *Transport) GarbageCollect(obj transport.ObjectID, tensors []transport.T
 
 // ExtractMetadata names this runtime's data endpoint and the object.
 func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
+	return t.srv.extract(obj, tensors)
+}
+
+// extract is ExtractMetadata.
+func (srv *server) extract(obj transport.ObjectID, tensors []transport.Tensor) ([]byte, error) {
 	for _, x := range tensors {
 		if !x.Device.Type.HostAccessible() {
 			return nil, transport.Errorf(transport.ErrUnsupported, "it moves host memory; tensor on %s", x.Device)
@@ -28,45 +33,45 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 	if len(tensors) > transport.MaxTensors {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors exceed the limit of %d", len(tensors), transport.MaxTensors)
 	}
-	ep, err := t.listen()
+	ep, err := srv.listen()
 	if err != nil {
 		return nil, err
 	}
-	m := metadata{Endpoint: ep, Object: obj, Tensors: uint32(len(tensors)), Key: t.metaKey}
+	m := metadata{Endpoint: ep, Object: obj, Tensors: uint32(len(tensors)), Key: srv.metaKey}
 	return m.encode(), nil
 }
 
-func (t *Transport) listen() (string, error) {
-	t.lmu.Lock()
-	defer t.lmu.Unlock()
-	if t.lclosed {
+func (srv *server) listen() (string, error) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.closed {
 		return "", transport.Errorf(transport.ErrClosed, "the transport is closed")
 	}
-	if t.ln != nil {
-		return t.endpoint, nil
+	if srv.ln != nil {
+		return srv.endpoint, nil
 	}
 	// Without a token the core keeps BindHost on loopback.
-	ln, err := net.Listen("tcp", net.JoinHostPort(t.h.BindHost(), "0"))
+	ln, err := net.Listen("tcp", net.JoinHostPort(srv.h.BindHost(), "0"))
 	if err != nil {
-		return "", transport.Errorf(transport.ErrTransport, "cannot listen on %s: %v", t.h.BindHost(), err)
+		return "", transport.Errorf(transport.ErrTransport, "cannot listen on %s: %v", srv.h.BindHost(), err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	t.ln = ln
-	t.endpoint = net.JoinHostPort(t.h.AdvertiseHost(), strconv.Itoa(port))
+	srv.ln = ln
+	srv.endpoint = net.JoinHostPort(srv.h.AdvertiseHost(), strconv.Itoa(port))
 	// A flood of wrong keys writes a few lines, not one a connection.
-	t.refused = transport.NewFloodLog(t.h.Log(), transport.LogWarn, time.Second,
+	srv.refused = transport.NewFloodLog(srv.h.Log(), transport.LogWarn, time.Second,
 		"refused a data connection", "refused %d more data connections since %s")
-	t.serving.Add(1)
-	go t.accept(ln)
-	t.h.Log().Debugf("serving data on %s (advertised as %s)", ln.Addr(), t.endpoint)
-	return t.endpoint, nil
+	srv.serving.Add(1)
+	go srv.accept(ln)
+	srv.h.Log().Debugf("serving data on %s (advertised as %s)", ln.Addr(), srv.endpoint)
+	return srv.endpoint, nil
 }
 
 // accept takes every connection into its handshake at once: one costs a
 // goroutine and a few bytes until it proves the key, and the listener's
 // transport.PreAuth bounds how many it holds (see there).
-func (t *Transport) accept(ln net.Listener) {
-	defer t.serving.Done()
+func (srv *server) accept(ln net.Listener) {
+	defer srv.serving.Done()
 	pending := transport.NewPreAuth(transport.MaxPreAuth, transport.MaxPreAuthPerSource)
 	defer pending.Close()
 	for {
@@ -75,28 +80,28 @@ func (t *Transport) accept(ln net.Listener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			t.h.Log().Warnf("accept: %v", err)
+			srv.h.Log().Warnf("accept: %v", err)
 			time.Sleep(10 * time.Millisecond) // say, out of descriptors: do not spin
 			continue
 		}
-		t.lmu.Lock()
-		if t.lclosed {
-			t.lmu.Unlock()
+		srv.mu.Lock()
+		if srv.closed {
+			srv.mu.Unlock()
 			c.Close()
 			return
 		}
 		s := &served{}
-		t.sconns[c] = s
-		t.serving.Add(1)
-		t.lmu.Unlock()
-		go t.serve(c, s, pending.Admit(c))
+		srv.sconns[c] = s
+		srv.serving.Add(1)
+		srv.mu.Unlock()
+		go srv.serve(c, s, pending.Admit(c))
 	}
 }
 
 // served is a connection of the data port.
 type served struct {
-	peer   transport.RuntimeID // the runtime the client names, once in (under lmu)
-	authed bool                // counted in nserved and perPeer (under lmu)
+	peer   transport.RuntimeID // the runtime the client names, once in (under mu)
+	authed bool                // counted in nserved and perPeer (under mu)
 	// idle is when it began waiting for a request (Unix nanoseconds); 0
 	// while it reads or answers one, -1 once closed to make room.
 	idle atomic.Int64
@@ -105,16 +110,16 @@ type served struct {
 // serve authenticates a client, then answers its requests until it hangs
 // up. A request the source cannot honour gets an error response and the
 // connection stays usable; a malformed frame closes it.
-func (t *Transport) serve(c net.Conn, s *served, p *transport.Pending) {
-	defer t.serving.Done()
+func (srv *server) serve(c net.Conn, s *served, p *transport.Pending) {
+	defer srv.serving.Done()
 	defer func() {
-		t.lmu.Lock()
-		delete(t.sconns, c)
-		t.uncountLocked(s)
-		t.lmu.Unlock()
+		srv.mu.Lock()
+		delete(srv.sconns, c)
+		srv.uncountLocked(s)
+		srv.mu.Unlock()
 		c.Close()
 	}()
-	if !t.handshake(c, s, p) {
+	if !srv.handshake(c, s, p) {
 		return
 	}
 	// Buffered: a pipelined batch of frames is one read, not one per frame.
@@ -122,52 +127,52 @@ func (t *Transport) serve(c net.Conn, s *served, p *transport.Pending) {
 	frame := make([]byte, requestLen)
 	b := &answers{}
 	for {
-		if err := t.nextRequest(c, rd, s, frame); err != nil {
+		if err := srv.nextRequest(c, rd, s, frame); err != nil {
 			return // the client hung up or stalled, or the transport is closing
 		}
 		req, err := decodeRequest(frame)
 		if err != nil {
-			t.malformed(c, frameTag(frame), err)
+			srv.malformed(c, frameTag(frame), err)
 			return
 		}
 		if req.Write {
-			if t.receive(c, rd, req) != nil {
+			if srv.land(c, rd, req) != nil {
 				return
 			}
 			continue
 		}
 		if req.Length > smallAnswer {
-			if err := t.answer(c, req, b.hdrs[:0]); err != nil {
+			if err := srv.answer(c, req, b.hdrs[:0]); err != nil {
 				return
 			}
 			continue
 		}
 		// Small answers to the frames already here go out together: one
 		// writev for a run of pipelined requests, not one per request.
-		b.add(t, c, req)
+		b.add(srv, c, req)
 		for b.n < batchFrames && b.bytes < batchBytes && rd.Buffered() >= requestLen {
 			io.ReadFull(rd, frame)
 			req, err := decodeRequest(frame)
 			if err != nil {
-				b.flush(t, c)
-				t.malformed(c, frameTag(frame), err)
+				b.flush(srv, c)
+				srv.malformed(c, frameTag(frame), err)
 				return
 			}
 			if req.Write {
-				if b.flush(t, c) != nil || t.receive(c, rd, req) != nil {
+				if b.flush(srv, c) != nil || srv.land(c, rd, req) != nil {
 					return
 				}
 				continue
 			}
 			if req.Length > smallAnswer {
-				if b.flush(t, c) != nil || t.answer(c, req, b.hdrs[:0]) != nil {
+				if b.flush(srv, c) != nil || srv.answer(c, req, b.hdrs[:0]) != nil {
 					return
 				}
 				continue
 			}
-			b.add(t, c, req)
+			b.add(srv, c, req)
 		}
-		if b.flush(t, c) != nil {
+		if b.flush(srv, c) != nil {
 			return
 		}
 	}
@@ -175,9 +180,9 @@ func (t *Transport) serve(c net.Conn, s *served, p *transport.Pending) {
 
 // malformed answers a frame that breaks the framing, before the
 // connection is closed; the answer echoes the frame's tag field.
-func (t *Transport) malformed(c net.Conn, tag uint64, err error) {
-	t.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
-	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+func (srv *server) malformed(c net.Conn, tag uint64, err error) {
+	srv.h.Log().Warnf("closing data connection from %s: %v", c.RemoteAddr(), err)
+	c.SetWriteDeadline(time.Now().Add(srv.writeTimeout))
 	c.Write(encodeResponse(nil, tag, transport.StatusOf(err), err.Error()))
 }
 
@@ -198,14 +203,14 @@ type answers struct {
 	tensors []transport.Tensor
 }
 
-func (b *answers) add(t *Transport, c net.Conn, req request) {
+func (b *answers) add(srv *server, c net.Conn, req request) {
 	start, size := len(b.hdrs), 0
-	tensors, err := b.pin(t, req.Object)
+	tensors, err := b.pin(srv, req.Object)
 	st, msg := transport.StatusOf(err), ""
 	if err != nil {
 		msg = err.Error()
 	} else if b.segs, st, msg = checkRun(req, tensors, b.segs[:0]); st != transport.OK {
-		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
+		srv.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 	}
 	b.hdrs = encodeResponse(b.hdrs, req.Tag, st, msg)
 	if err == nil && st == transport.OK {
@@ -218,11 +223,11 @@ func (b *answers) add(t *Transport, c net.Conn, req request) {
 }
 
 // pin pins obj until the flush, or finds it pinned already in this run.
-func (b *answers) pin(t *Transport, obj transport.ObjectID) ([]transport.Tensor, error) {
+func (b *answers) pin(srv *server, obj transport.ObjectID) ([]transport.Tensor, error) {
 	if b.tensors != nil && b.pinned == obj {
 		return b.tensors, nil
 	}
-	tensors, unpin, err := t.h.PinObject(obj)
+	tensors, unpin, err := srv.h.PinObject(obj)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +237,7 @@ func (b *answers) pin(t *Transport, obj transport.ObjectID) ([]transport.Tensor,
 }
 
 // flush writes the run and lets go of its pins.
-func (b *answers) flush(t *Transport, c net.Conn) error {
+func (b *answers) flush(srv *server, c net.Conn) error {
 	if b.n == 0 {
 		return nil
 	}
@@ -243,7 +248,7 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 		bufs = append(bufs, b.data[d:p[2]]...)
 		d = p[2]
 	}
-	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+	c.SetWriteDeadline(time.Now().Add(srv.writeTimeout))
 	_, err := bufs.WriteTo(c)
 	for _, u := range b.unpins {
 		u()
@@ -261,7 +266,7 @@ func (b *answers) flush(t *Transport, c net.Conn) error {
 // make room for another (admit). Once a frame's first byte is in, the rest
 // must follow within the write timeout, so a client that stops mid-frame
 // is let go.
-func (t *Transport) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame []byte) error {
+func (srv *server) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame []byte) error {
 	if rd.Buffered() == 0 {
 		now := time.Now()
 		// Idle since its admission (admit) for its first request, else
@@ -285,7 +290,7 @@ func (t *Transport) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame [
 		}
 	}
 	if rd.Buffered() < len(frame) {
-		c.SetReadDeadline(time.Now().Add(t.writeTimeout))
+		c.SetReadDeadline(time.Now().Add(srv.writeTimeout))
 	}
 	_, err := io.ReadFull(rd, frame)
 	return err
@@ -294,7 +299,7 @@ func (t *Transport) nextRequest(c net.Conn, rd *bufio.Reader, s *served, frame [
 // handshake authenticates a client of the data listener within
 // transport.PreAuthTimeout and admits it (admit); false means the
 // connection is to be closed.
-func (t *Transport) handshake(c net.Conn, s *served, p *transport.Pending) bool {
+func (srv *server) handshake(c net.Conn, s *served, p *transport.Pending) bool {
 	defer p.Done()
 	tune(c)
 	nonce := transport.NewNonce()
@@ -307,13 +312,13 @@ func (t *Transport) handshake(c net.Conn, s *served, p *transport.Pending) bool 
 	answer := make([]byte, clientLen)
 	if _, err := io.ReadFull(c, answer); err != nil {
 		if !p.Done() {
-			t.refused.Event(fmt.Sprintf("from %s: %v", c.RemoteAddr(), transport.PushedOut()))
+			srv.refused.Event(fmt.Sprintf("from %s: %v", c.RemoteAddr(), transport.PushedOut()))
 		}
 		return false
 	}
-	if !transport.CheckAuthProof(t.key, authPurpose, nonce, answer[:proofLen]) {
-		t.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
-		c.Write(encodeResponse(nil, 0, transport.ErrPermissionDenied, t.refusal()))
+	if !transport.CheckAuthProof(srv.key, authPurpose, nonce, answer[:proofLen]) {
+		srv.refused.Event(fmt.Sprintf("from %s: wrong key", c.RemoteAddr()))
+		c.Write(encodeResponse(nil, 0, transport.ErrPermissionDenied, srv.refusal()))
 		return false
 	}
 	if !p.Done() {
@@ -322,8 +327,8 @@ func (t *Transport) handshake(c net.Conn, s *served, p *transport.Pending) bool 
 	// The client's runtime id is not proven: it is used only to close
 	// this connection when that runtime is gone (PeerGone), and for
 	// maxServedPerPeer.
-	if why := t.admit(s, transport.RuntimeID(answer[proofLen:])); why != "" {
-		t.refused.Event(fmt.Sprintf("from %s: %s", c.RemoteAddr(), why))
+	if why := srv.admit(s, transport.RuntimeID(answer[proofLen:])); why != "" {
+		srv.refused.Event(fmt.Sprintf("from %s: %s", c.RemoteAddr(), why))
 		c.Write(encodeResponse(nil, 0, transport.ErrNoMemory, why))
 		return false
 	}
@@ -338,30 +343,30 @@ func (t *Transport) handshake(c net.Conn, s *served, p *transport.Pending) bool 
 // closing the connection idle longest (that runtime's, or anyone's) when
 // it would pass maxServedPerPeer or maxServed. It returns why it refused
 // the connection, or "".
-func (t *Transport) admit(s *served, id transport.RuntimeID) string {
-	t.lmu.Lock()
-	defer t.lmu.Unlock()
-	if t.perPeer[id] >= maxServedPerPeer && !t.closeIdleLocked(func(o *served) bool { return o.peer == id }) {
-		return fmt.Sprintf("the source serves at most %d data connections to one runtime, and all %d of this one's are busy", maxServedPerPeer, t.perPeer[id])
+func (srv *server) admit(s *served, id transport.RuntimeID) string {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.perPeer[id] >= maxServedPerPeer && !srv.closeIdleLocked(func(o *served) bool { return o.peer == id }) {
+		return fmt.Sprintf("the source serves at most %d data connections to one runtime, and all %d of this one's are busy", maxServedPerPeer, srv.perPeer[id])
 	}
-	if t.nserved >= maxServed && !t.closeIdleLocked(func(*served) bool { return true }) {
+	if srv.nserved >= maxServed && !srv.closeIdleLocked(func(*served) bool { return true }) {
 		return fmt.Sprintf("the source serves at most %d data connections, and all are busy", maxServed)
 	}
 	s.peer, s.authed = id, true
 	s.idle.Store(time.Now().UnixNano()) // idle until its first request (nextRequest)
-	t.perPeer[id]++
-	t.nserved++
+	srv.perPeer[id]++
+	srv.nserved++
 	return ""
 }
 
 // closeIdleLocked closes the authenticated connection that has waited
 // longest for a request among those match accepts, and uncounts it; it
 // reports whether it found one.
-func (t *Transport) closeIdleLocked(match func(*served) bool) bool {
+func (srv *server) closeIdleLocked(match func(*served) bool) bool {
 	var oldest *served
 	var conn net.Conn
 	var since int64
-	for c, s := range t.sconns {
+	for c, s := range srv.sconns {
 		if idle := s.idle.Load(); s.authed && idle > 0 && (oldest == nil || idle < since) && match(s) {
 			oldest, conn, since = s, c, idle
 		}
@@ -370,26 +375,26 @@ func (t *Transport) closeIdleLocked(match func(*served) bool) bool {
 	if oldest == nil || !oldest.idle.CompareAndSwap(since, -1) {
 		return false
 	}
-	t.uncountLocked(oldest)
+	srv.uncountLocked(oldest)
 	conn.Close()
 	return true
 }
 
 // uncountLocked takes an authenticated connection out of the counts.
-func (t *Transport) uncountLocked(s *served) {
+func (srv *server) uncountLocked(s *served) {
 	if !s.authed {
 		return
 	}
 	s.authed = false
-	t.nserved--
-	if t.perPeer[s.peer]--; t.perPeer[s.peer] == 0 {
-		delete(t.perPeer, s.peer)
+	srv.nserved--
+	if srv.perPeer[s.peer]--; srv.perPeer[s.peer] == 0 {
+		delete(srv.perPeer, s.peer)
 	}
 }
 
 // refusal tells a client with the wrong key what to check.
-func (t *Transport) refusal() string {
-	if t.metaKey == "" {
+func (srv *server) refusal() string {
+	if srv.metaKey == "" {
 		return "the peer refused our auth token (set the same RDT_AUTH_TOKEN on both sides)"
 	}
 	return "the peer refused our key (the source has no auth token: its data port takes only the key inside its refs)"
@@ -398,20 +403,20 @@ func (t *Transport) refusal() string {
 // answer writes one response. Only a failed write is returned: it ends the
 // connection. Every write has a deadline, so a client that stops reading
 // releases the object's pin after writeTimeout.
-func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
+func (srv *server) answer(c net.Conn, req request, hdr []byte) error {
 	refuse := func(st transport.Status, msg string) error {
-		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+		c.SetWriteDeadline(time.Now().Add(srv.writeTimeout))
 		_, err := c.Write(encodeResponse(hdr, req.Tag, st, msg))
 		return err
 	}
-	tensors, unpin, err := t.h.PinObject(req.Object)
+	tensors, unpin, err := srv.h.PinObject(req.Object)
 	if err != nil {
 		return refuse(transport.StatusOf(err), err.Error())
 	}
 	defer unpin()
 	segs, st, msg := checkRun(req, tensors, nil)
 	if st != transport.OK {
-		t.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
+		srv.h.Log().Warnf("refused a request from %s: %s", c.RemoteAddr(), msg)
 		return refuse(st, msg)
 	}
 	// The header and the bytes, straight from the tensors' memory (the pin
@@ -426,91 +431,27 @@ func (t *Transport) answer(c net.Conn, req request, hdr []byte) error {
 			bufs = append(bufs, span[:n])
 			span, left = span[n:], left-n
 			if left == 0 {
-				if err := t.write(c, &bufs); err != nil {
+				if err := srv.write(c, &bufs); err != nil {
 					return err
 				}
 				left = writeChunk
 			}
 		}
 	}
-	return t.write(c, &bufs)
+	return srv.write(c, &bufs)
 }
 
 // write writes bufs under a fresh deadline and empties it.
-func (t *Transport) write(c net.Conn, bufs *net.Buffers) error {
+func (srv *server) write(c net.Conn, bufs *net.Buffers) error {
 	if len(*bufs) == 0 {
 		return nil
 	}
 	all := *bufs // WriteTo consumes the slice: keep its array for the next write
-	c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
+	c.SetWriteDeadline(time.Now().Add(srv.writeTimeout))
 	_, err := bufs.WriteTo(c)
 	clear(all)
 	*bufs = all[:0]
 	return err
-}
-
-// receive lands the bytes of one write frame, which follow it, in the
-// exposed object's memory, and answers once they are in place. A write
-// that is not open, or a range outside what it was admitted for, is
-// refused; its bytes are read and dropped. Only a failed read or write is
-// returned: it ends the connection. Every read of the bytes has a
-// deadline, so a writer that stops sending mid-frame lets go of the write
-// after writeTimeout.
-func (t *Transport) receive(c net.Conn, rd *bufio.Reader, req request) error {
-	defer c.SetReadDeadline(time.Time{})
-	reply := func(st transport.Status, msg string) error {
-		c.SetWriteDeadline(time.Now().Add(t.writeTimeout))
-		_, err := c.Write(encodeResponse(nil, req.Tag, st, msg))
-		return err
-	}
-	refuse := func(st transport.Status, msg string) error {
-		t.h.Log().Warnf("refused a write from %s: %s", c.RemoteAddr(), msg)
-		for left := int64(req.Length); left > 0; {
-			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
-			n, err := io.CopyN(io.Discard, rd, min(left, writeChunk))
-			if err != nil {
-				return err
-			}
-			left -= n
-		}
-		return reply(st, msg)
-	}
-	tensors, pieces, done, err := t.h.WriteInto(req.Object, req.Sizes)
-	if err != nil {
-		return refuse(transport.StatusOf(err), err.Error())
-	}
-	defer done()
-	segs, st, msg := checkWrite(req, tensors, pieces)
-	if st != transport.OK {
-		return refuse(st, msg)
-	}
-	for _, span := range spansOf(segs, tensors, nil) {
-		for len(span) > 0 {
-			n := min(len(span), writeChunk)
-			c.SetReadDeadline(time.Now().Add(t.writeTimeout))
-			if _, err := io.ReadFull(rd, span[:n]); err != nil {
-				return err
-			}
-			span = span[n:]
-		}
-	}
-	return reply(transport.OK, "")
-}
-
-// checkWrite finds where a write frame's bytes land and checks them, or
-// says why not: a range inside one tensor of the object (checkRun) and
-// inside the pieces its write was admitted for (transport.Covered; nil:
-// every tensor, whole).
-func checkWrite(req request, tensors []transport.Tensor, admitted []transport.Piece) ([]segment, transport.Status, string) {
-	segs, st, msg := checkRun(req, tensors, nil)
-	if st != transport.OK {
-		return nil, st, msg
-	}
-	if !transport.Covered(admitted, transport.Piece{Tensor: req.Tensor, Offset: req.Offset, Length: req.Length}) {
-		return nil, transport.ErrInvalidArgument, "bytes [" + strconv.FormatUint(req.Offset, 10) + ", +" + strconv.FormatUint(req.Length, 10) +
-			") of tensor " + strconv.FormatUint(uint64(req.Tensor), 10) + " are outside the ranges the write was admitted for"
-	}
-	return segs, transport.OK, ""
 }
 
 // segment is the part of one tensor a request reads.

@@ -87,49 +87,46 @@ func Factory() transport.TransportFactory {
 	return transport.TransportFactory{Name: Name, New: New, Settings: Settings()}
 }
 
-// Transport is the tcp transport of one runtime.
+// Transport is the tcp transport of one runtime, in its two roles: the
+// server of its objects' bytes (srv: the data listener, which also lands
+// writes into its exposed objects) and the client that pulls other
+// runtimes' bytes and pushes its writes into theirs (cl: its pooled
+// connections and the requests in flight).
 type Transport struct {
-	h       transport.Host
-	streams int
+	srv *server
+	cl  *client
+}
+
+// server is the data listener and what it serves.
+type server struct {
+	h transport.Host
 	// key is what clients of our data listener must prove; metaKey is
 	// handed to receivers in the metadata ("" when a token is configured:
 	// receivers then use their own).
 	key, metaKey string
 	writeTimeout time.Duration // a serving write, or a request's rest, that makes no progress this long fails
 
-	lmu      sync.Mutex
+	mu       sync.Mutex
 	ln       net.Listener // nil until an object needs it
 	endpoint string
 	serving  sync.WaitGroup
 	sconns   map[net.Conn]*served // serving connections, those in their handshake included
 	nserved  int                  // authenticated ones (maxServed)
 	perPeer  map[transport.RuntimeID]int
-	lclosed  bool                // the server side's closed, under lmu
+	closed   bool                // under mu
 	refused  *transport.FloodLog // wrong keys; made with the listener
+}
 
-	pool   *peerpool.Pool[poolKey, net.Conn] // pooled client connections
-	pmu    sync.Mutex
+// client is the side that fetches from and writes to other runtimes'
+// data listeners.
+type client struct {
+	h       transport.Host
+	streams int
+
+	pool   *peerpool.Pool[poolKey, net.Conn] // pooled connections
+	mu     sync.Mutex
 	active map[*fetchRequest]struct{}
 	closed bool
-}
-
-// newPool makes the pool of a receiver's idle data connections: at most
-// maxIdle per key, closed after idleTimeout unused.
-func newPool() *peerpool.Pool[poolKey, net.Conn] {
-	return peerpool.New(peerpool.Config[poolKey, net.Conn]{
-		Max:         maxIdle,
-		Close:       func(c net.Conn) { c.Close() },
-		Peer:        func(k poolKey) transport.RuntimeID { return k.source },
-		IdleTimeout: idleTimeout,
-	})
-}
-
-// poolKey says which pooled connections a fetch may reuse: those to the
-// same endpoint of the same source runtime, authenticated with the same key.
-type poolKey struct {
-	endpoint string
-	source   transport.RuntimeID // zero for a client without a runtime
-	key      string
 }
 
 // New makes the transport; the data listener starts when an object first
@@ -139,10 +136,9 @@ func New(h transport.Host) (transport.Transport, error) {
 	if streams < 1 || streams > maxStreams {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d streams: want 1 to %d", streams, maxStreams)
 	}
-	t := &Transport{h: h, streams: streams, sconns: map[net.Conn]*served{}, perPeer: map[transport.RuntimeID]int{},
-		pool: newPool(), active: map[*fetchRequest]struct{}{}}
-	t.key = h.AuthToken()
-	if t.key == "" {
+	srv := &server{h: h, sconns: map[net.Conn]*served{}, perPeer: map[transport.RuntimeID]int{}}
+	srv.key = h.AuthToken()
+	if srv.key == "" {
 		// Without a token an HMAC would be keyed with nothing anyone
 		// could not compute: require a key derived from the runtime's
 		// secret (never the secret itself, which guards other ports).
@@ -150,14 +146,15 @@ func New(h transport.Host) (transport.Transport, error) {
 		if secret == "" {
 			secret = hex.EncodeToString(transport.NewNonce())
 		}
-		t.key = hex.EncodeToString(transport.AuthProof(secret, keyPurpose, nil))
-		t.metaKey = t.key
+		srv.key = hex.EncodeToString(transport.AuthProof(secret, keyPurpose, nil))
+		srv.metaKey = srv.key
 	}
-	t.writeTimeout = h.PeerTimeout()
-	if t.writeTimeout <= 0 {
-		t.writeTimeout = transport.DefaultPeerTimeout
+	srv.writeTimeout = h.PeerTimeout()
+	if srv.writeTimeout <= 0 {
+		srv.writeTimeout = transport.DefaultPeerTimeout
 	}
-	return t, nil
+	cl := &client{h: h, streams: streams, pool: newPool(), active: map[*fetchRequest]struct{}{}}
+	return &Transport{srv: srv, cl: cl}, nil
 }
 
 // Describe: tcp moves memory the CPU can address (pinned CUDA host memory
@@ -178,17 +175,17 @@ func (t *Transport) Describe() transport.Descriptor {
 		DetectsFreedObjects: true,
 		Ranges:              true,
 		EagerMetadata:       true,
-		EagerWhile:          t.listening,
+		EagerWhile:          t.srv.listening,
 		Writes:              true,
 		Auto:                transport.AutoRank{Host: 30},
 	}
 }
 
 // listening reports whether the listener runs.
-func (t *Transport) listening() bool {
-	t.lmu.Lock()
-	defer t.lmu.Unlock()
-	return t.ln != nil
+func (srv *server) listening() bool {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	return srv.ln != nil
 }
 
 // PeerGone closes what this transport keeps for a runtime that is gone:
@@ -199,44 +196,60 @@ func (t *Transport) PeerGone(peer transport.PeerInfo) {
 	if peer.RuntimeID.IsZero() {
 		return
 	}
-	t.lmu.Lock()
-	for c, s := range t.sconns {
-		if s.peer == peer.RuntimeID {
-			c.Close() // serve's deferred cleanup removes it
-		}
-	}
-	t.lmu.Unlock()
-	t.pool.DropPeer(peer.RuntimeID)
+	t.srv.dropPeer(peer.RuntimeID)
+	t.cl.pool.DropPeer(peer.RuntimeID)
 }
 
 // Close stops serving, closes every connection and waits for the serving
-// goroutines to end.
+// goroutines to end; fetches and writes still running stop.
 func (t *Transport) Close() error {
-	t.lmu.Lock()
-	t.lclosed = true
-	if t.ln != nil {
-		t.ln.Close()
+	t.srv.close()
+	t.cl.close()
+	return nil
+}
+
+// dropPeer closes the connections served to a runtime that is gone.
+func (srv *server) dropPeer(peer transport.RuntimeID) {
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	for c, s := range srv.sconns {
+		if s.peer == peer {
+			c.Close() // serve's deferred cleanup removes it
+		}
 	}
-	for c := range t.sconns {
+}
+
+// close stops serving, closes every served connection and waits for the
+// serving goroutines to end.
+func (srv *server) close() {
+	srv.mu.Lock()
+	srv.closed = true
+	if srv.ln != nil {
+		srv.ln.Close()
+	}
+	for c := range srv.sconns {
 		c.Close()
 	}
-	refused := t.refused
-	t.lmu.Unlock()
-	t.serving.Wait()
+	refused := srv.refused
+	srv.mu.Unlock()
+	srv.serving.Wait()
 	if refused != nil {
 		refused.Close() // writes the count held at the end of a burst
 	}
-	t.pmu.Lock()
-	t.closed = true
-	active := t.active
-	t.active = map[*fetchRequest]struct{}{}
-	t.pmu.Unlock()
-	t.pool.Close()
-	// Fetches still running stop reading into their targets.
+}
+
+// close closes the pooled connections and aborts the requests in flight:
+// they stop reading into their targets.
+func (cl *client) close() {
+	cl.mu.Lock()
+	cl.closed = true
+	active := cl.active
+	cl.active = map[*fetchRequest]struct{}{}
+	cl.mu.Unlock()
+	cl.pool.Close()
 	for r := range active {
 		r.abort()
 	}
-	return nil
 }
 
 func tune(c net.Conn) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -25,26 +24,6 @@ func newHost(token string) *transporttest.Host {
 	h.Token = token
 	h.ID = transport.RuntimeID{0x7e, 1}
 	return h
-}
-
-// buffer maps n bytes outside the Go heap (the race detector's pointer
-// checks refuse Go memory addressed through uintptr).
-func buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
-	t.Helper()
-	b, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unix.Munmap(b) })
-	addr := uintptr(unsafe.Pointer(&b[0]))
-	b = b[:n]
-	desc, err := transport.NewTensorDesc(transport.Device{Type: transport.DeviceCPU}, transport.DType{Code: 1, Bits: 8, Lanes: 1}, []int64{int64(n)})
-	require.NoError(t, err)
-	return b, transport.Tensor{TensorDesc: desc, Data: addr, Orig: addr}
-}
-
-func fill(b []byte, seed byte) {
-	for i := range b {
-		b[i] = byte(i*13) ^ seed ^ byte(i>>12)
-	}
 }
 
 type pair struct {
@@ -68,8 +47,8 @@ func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
 	var tensors []transport.Tensor
 	var contents [][]byte
 	for i, n := range sizes {
-		b, x := buffer(t, n)
-		fill(b, id+byte(i))
+		b, x := transporttest.Buffer(t, n)
+		transporttest.Fill(b, id+byte(i))
 		tensors = append(tensors, x)
 		contents = append(contents, b)
 	}
@@ -94,7 +73,7 @@ func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) 
 	var targets []transport.Tensor
 	var got [][]byte
 	for _, n := range sizes {
-		b, x := buffer(t, n)
+		b, x := transporttest.Buffer(t, n)
 		targets = append(targets, x)
 		got = append(got, b)
 	}
@@ -108,11 +87,11 @@ func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) 
 // srcKey is the pool key of connections to the source, as fetches made
 // with a zero Transfer.Source use.
 func (p *pair) srcKey() poolKey {
-	return poolKey{endpoint: p.src.endpoint, key: p.src.metaKey}
+	return poolKey{endpoint: p.src.srv.endpoint, key: p.src.srv.metaKey}
 }
 
 func (p *pair) pooled() int {
-	return p.dst.pool.Len(p.srcKey())
+	return p.dst.cl.pool.Len(p.srcKey())
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -134,8 +113,8 @@ func TestRoundTrip(t *testing.T) {
 func TestZeroSizeObject(t *testing.T) {
 	p := newPair(t, "", "")
 	meta, _ := p.put(t, 2, 0, 0)
-	_, a := buffer(t, 0)
-	_, b := buffer(t, 0)
+	_, a := transporttest.Buffer(t, 0)
+	_, b := transporttest.Buffer(t, 0)
 	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{a, b}, meta, nil)
 	require.NoError(t, err)
 	assert.True(t, req.(transport.CompletedRequest).Completed(), "nothing to move: complete at once")
@@ -167,8 +146,8 @@ func TestSmallFetchCompletesInline(t *testing.T) {
 	meta, want := p.put(t, 4, 4096, 300)
 	_, err := p.fetch(t, meta, 4096, 300) // dials, and pools the connection
 	require.NoError(t, err)
-	b0, x0 := buffer(t, 4096)
-	b1, x1 := buffer(t, 300)
+	b0, x0 := transporttest.Buffer(t, 4096)
+	b1, x1 := transporttest.Buffer(t, 300)
 	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x0, x1}, meta, nil)
 	require.NoError(t, err)
 	r := req.(*fetchRequest)
@@ -190,7 +169,7 @@ func TestMultiStreamOverride(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close(); d.Close() })
 	p := &pair{src: s.(*Transport), dst: d.(*Transport), host: srcHost}
-	require.Equal(t, 7, p.dst.streams)
+	require.Equal(t, 7, p.dst.cl.streams)
 	const n = 24<<20 + 12345 // not a multiple of anything
 	meta, want := p.put(t, 5, n)
 	got, err := p.fetch(t, meta, n)
@@ -344,7 +323,7 @@ func TestUnknownObjectIsNotFound(t *testing.T) {
 
 // rawConn dials the source and authenticates like a client would.
 func rawConn(t *testing.T, p *pair) net.Conn {
-	c, err := p.dst.conn(context.Background(), p.srcKey())
+	c, err := p.dst.cl.conn(context.Background(), p.srcKey())
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -444,244 +423,8 @@ func TestWrongTokenIsPermissionDenied(t *testing.T) {
 	got, err := RequestRange(context.Background(), "right", meta, 0, 0, 64)
 	require.NoError(t, err)
 	b := make([]byte, 64)
-	fill(b, 11)
+	transporttest.Fill(b, 11)
 	assert.Equal(t, b, got)
-}
-
-func TestAbortStopsALargeTransfer(t *testing.T) {
-	p := newPair(t, "", "")
-	const n = 512 << 20
-	meta, _ := p.put(t, 12, n)
-	_, x := buffer(t, n)
-	req, err := p.dst.Fetch(&transport.Transfer{}, []transport.Tensor{x}, meta, nil)
-	require.NoError(t, err)
-	time.Sleep(5 * time.Millisecond)
-	start := time.Now()
-	p.dst.Abort(&transport.Transfer{}, req)
-	err = req.Wait()
-	req.Release()
-	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
-	assert.Less(t, time.Since(start), 5*time.Second)
-	// The source is fine afterwards.
-	meta2, want := p.put(t, 13, 4096)
-	got, err := p.fetch(t, meta2, 4096)
-	require.NoError(t, err)
-	assert.Equal(t, want[0], got[0])
-	require.Eventually(t, func() bool { return p.host.Pinned() == 0 }, 5*time.Second, time.Millisecond)
-}
-
-// fakeSource is a data endpoint that authenticates with token and then
-// hands every connection to serve.
-func fakeSource(t *testing.T, token string, serve func(c net.Conn)) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				nonce := transport.NewNonce()
-				c.Write(append(append([]byte(helloMagic), protoVersion), nonce...))
-				answer := make([]byte, clientLen)
-				if _, err := io.ReadFull(c, answer); err != nil || !transport.CheckAuthProof(token, authPurpose, nonce, answer[:proofLen]) {
-					return
-				}
-				c.Write(encodeResponse(nil, 0, transport.OK, ""))
-				serve(c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
-
-func fakeMeta(ep string, tensors uint32) []byte {
-	return (&metadata{Endpoint: ep, Object: transport.ObjectID{0xfa}, Tensors: tensors}).encode()
-}
-
-// silent reads requests and never answers.
-func silent(c net.Conn) { io.Copy(io.Discard, c) }
-
-func TestAbortWhileTheSourceIsSilent(t *testing.T) {
-	ep := fakeSource(t, "", silent)
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	defer d.Close()
-	dst := d.(*Transport)
-	_, small := buffer(t, 4096)
-	_, large := buffer(t, 16<<20)
-
-	// A dialled stream and parallel streams, blocked in reads.
-	req, err := dst.Fetch(&transport.Transfer{}, []transport.Tensor{small, large}, fakeMeta(ep, 2), nil)
-	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	assert.False(t, req.(transport.CompletedRequest).Completed())
-	start := time.Now()
-	dst.Abort(&transport.Transfer{}, req)
-	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
-	assert.Less(t, time.Since(start), 2*time.Second)
-
-	// An inline stream, blocked in Wait, and one blocked in Completed's
-	// ppoll: both are woken by Abort.
-	for _, inCompleted := range []bool{false, true} {
-		k := poolKey{endpoint: ep}
-		c, err := dst.conn(context.Background(), k)
-		require.NoError(t, err)
-		dst.pool.Put(k, c)
-		req, err = dst.Fetch(&transport.Transfer{}, []transport.Tensor{small}, fakeMeta(ep, 1), nil)
-		require.NoError(t, err)
-		require.NotNil(t, req.(*fetchRequest).inline)
-		old := inlineBudget
-		inlineBudget = time.Minute
-		go func(req transport.Request) {
-			time.Sleep(50 * time.Millisecond)
-			dst.Abort(&transport.Transfer{}, req)
-		}(req)
-		start = time.Now()
-		if inCompleted {
-			// Abort wakes the ppoll; the request is then over.
-			assert.True(t, req.(transport.CompletedRequest).Completed())
-			assert.Less(t, time.Since(start), 5*time.Second)
-		}
-		err = req.Wait()
-		inlineBudget = old
-		req.Release()
-		assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "%v", err)
-		assert.Less(t, time.Since(start), 5*time.Second)
-	}
-}
-
-func TestAbortDuringTheHandshake(t *testing.T) {
-	// A source that accepts and never says hello.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	defer d.Close()
-	_, x := buffer(t, 10)
-	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ln.Addr().String(), 1), nil)
-	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	start := time.Now()
-	d.Abort(&transport.Transfer{}, req)
-	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
-	assert.Less(t, time.Since(start), authTimeout/2)
-}
-
-func TestCloseStopsFetchesInFlight(t *testing.T) {
-	ep := fakeSource(t, "", silent)
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	_, x := buffer(t, 16<<20)
-	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
-	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	require.NoError(t, d.Close())
-	assert.Equal(t, transport.ErrAborted, transport.StatusOf(wait(req)))
-	_, err = d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
-	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
-}
-
-func TestSourceClosedIsPeerUnavailable(t *testing.T) {
-	p := newPair(t, "", "")
-	meta, _ := p.put(t, 14, 64, 9<<20)
-	_, err := p.fetch(t, meta, 64, 9<<20) // leaves pooled connections behind
-	require.NoError(t, err)
-	p.src.Close()
-	for round := 0; round < 2; round++ { // stale pooled connections, then dials
-		_, err = p.fetch(t, meta, 64, 9<<20)
-		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
-		assert.Contains(t, err.Error(), p.src.endpoint)
-	}
-}
-
-func TestSourceDiesMidTransfer(t *testing.T) {
-	// The source answers OK, sends half the bytes and goes away.
-	ep := fakeSource(t, "", func(c net.Conn) {
-		frame := make([]byte, requestLen)
-		if _, err := io.ReadFull(c, frame); err != nil {
-			return
-		}
-		req, _ := decodeRequest(frame)
-		c.Write(encodeResponse(nil, req.Tag, transport.OK, ""))
-		c.Write(make([]byte, req.Length/2))
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0) // a reset, as from a killed process
-		}
-	})
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	defer d.Close()
-	for _, n := range []int{4096, 16 << 20} {
-		_, x := buffer(t, n)
-		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
-		require.NoError(t, err)
-		err = wait(req)
-		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
-		assert.Contains(t, err.Error(), ep)
-	}
-}
-
-func TestUnreachableSourceIsPeerUnavailable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ep := ln.Addr().String()
-	ln.Close()
-	d, err := New(newHost(""))
-	require.NoError(t, err)
-	defer d.Close()
-	_, x := buffer(t, 10)
-	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
-	require.NoError(t, err)
-	err = wait(req)
-	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
-	assert.Contains(t, err.Error(), ep)
-}
-
-func TestNotAnRDTEndpoint(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
-			c.Close()
-		}
-	}()
-	_, err = RequestRange(context.Background(), "", fakeMeta(ln.Addr().String(), 1), 0, 0, 1)
-	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 }
 
 func TestDeviceMemoryIsRefused(t *testing.T) {
@@ -750,154 +493,3 @@ func TestOtherMethods(t *testing.T) {
 	_, err = tr.ExtractMetadata(transport.ObjectID{1}, nil)
 	assert.Equal(t, transport.ErrClosed, transport.StatusOf(err))
 }
-
-// ---- benchmarks ------------------------------------------------------------
-//
-// go test -run '^$' -bench . ./transports/tcp
-// The Raw benchmarks are the machine's own limit: one plain Go TCP stream
-// on loopback, with no protocol, between the same kind of buffers.
-
-func benchFetch(b *testing.B, n int) {
-	p := &pair{host: newHost("")}
-	s, _ := New(p.host)
-	d, _ := New(newHost(""))
-	p.src, p.dst = s.(*Transport), d.(*Transport)
-	defer s.Close()
-	defer d.Close()
-	meta, _ := p.put(b, 1, n)
-	_, dst := buffer(b, n)
-	lat := make([]time.Duration, 0, b.N)
-	b.SetBytes(int64(n))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{dst}, meta, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := wait(req); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(t0))
-	}
-	reportLatency(b, lat)
-}
-
-func reportLatency(b *testing.B, lat []time.Duration) {
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-}
-
-func BenchmarkFetch4KiB(b *testing.B)  { benchFetch(b, 4<<10) }
-func BenchmarkFetch1MiB(b *testing.B)  { benchFetch(b, 1<<20) }
-func BenchmarkFetch64MiB(b *testing.B) { benchFetch(b, 64<<20) }
-
-// benchRaw: the client asks for n bytes with 8 bytes, the server writes
-// them from an mmap'd buffer, the client reads them into another.
-func benchRaw(b *testing.B, n int) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	defer ln.Close()
-	src, _ := buffer(b, n)
-	dst, _ := buffer(b, n)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		c.(*net.TCPConn).SetNoDelay(true)
-		q := make([]byte, 8)
-		for {
-			if _, err := io.ReadFull(c, q); err != nil {
-				return
-			}
-			if _, err := c.Write(src); err != nil {
-				return
-			}
-		}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(b, err)
-	defer c.Close()
-	c.(*net.TCPConn).SetNoDelay(true)
-	q := make([]byte, 8)
-	lat := make([]time.Duration, 0, b.N)
-	b.SetBytes(int64(n))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		if _, err := c.Write(q); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := io.ReadFull(c, dst); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(t0))
-	}
-	reportLatency(b, lat)
-}
-
-func BenchmarkRaw4KiB(b *testing.B)  { benchRaw(b, 4<<10) }
-func BenchmarkRaw1MiB(b *testing.B)  { benchRaw(b, 1<<20) }
-func BenchmarkRaw64MiB(b *testing.B) { benchRaw(b, 64<<20) }
-
-// A source that dies while we authenticate (it sent its hello, then closed
-// without answering our proof) is gone, not a token mismatch: a server that
-// refuses a token says so.
-func TestPeerGoneDuringAuthenticationIsPeerUnavailable(t *testing.T) {
-	tr, err := New(newHost("token"))
-	require.NoError(t, err)
-	defer tr.Close()
-	client, server := net.Pipe()
-	go func() {
-		hello := append([]byte(helloMagic), protoVersion)
-		hello = append(hello, make([]byte, nonceLen)...)
-		server.Write(hello)
-		io.ReadFull(server, make([]byte, clientLen)) // the proof and runtime id
-		server.Close()
-	}()
-	err = tr.(*Transport).authenticate(client, "a dying source", "token")
-	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
-	assert.Contains(t, err.Error(), "closed the connection during authentication")
-}
-
-// benchMany fetches one object of count tensors of n bytes each.
-func benchMany(b *testing.B, count, n int) {
-	p := &pair{host: newHost("")}
-	s, _ := New(p.host)
-	d, _ := New(newHost(""))
-	p.src, p.dst = s.(*Transport), d.(*Transport)
-	defer s.Close()
-	defer d.Close()
-	sizes := make([]int, count)
-	for i := range sizes {
-		sizes[i] = n
-	}
-	meta, _ := p.put(b, 1, sizes...)
-	var targets []transport.Tensor
-	for range sizes {
-		_, x := buffer(b, n)
-		targets = append(targets, x)
-	}
-	lat := make([]time.Duration, 0, b.N)
-	b.SetBytes(int64(count * n))
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		req, err := d.Fetch(&transport.Transfer{}, targets, meta, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := wait(req); err != nil {
-			b.Fatal(err)
-		}
-		lat = append(lat, time.Since(t0))
-	}
-	reportLatency(b, lat)
-}
-
-func BenchmarkFetch4MiB(b *testing.B)       { benchFetch(b, 4<<20) }
-func BenchmarkFetch1024x4KiB(b *testing.B)  { benchMany(b, 1024, 4<<10) }
-func BenchmarkFetch256MiB(b *testing.B)     { benchFetch(b, 256<<20) }
-func BenchmarkFetch4096x64KiB(b *testing.B) { benchMany(b, 4096, 64<<10) }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // A source that sends bytes nobody asked for must never make a later get
@@ -65,7 +66,7 @@ func answerAll(c net.Conn) {
 // getOne fetches one tensor of n bytes from the fake source at ep and
 // returns what landed in the target.
 func getOne(t *testing.T, d *Transport, ep string, n int) ([]byte, error) {
-	got, x := buffer(t, n)
+	got, x := transporttest.Buffer(t, n)
 	req, err := d.Fetch(&transport.Transfer{}, []transport.Tensor{x}, fakeMeta(ep, 1), nil)
 	require.NoError(t, err)
 	return got, wait(req)
@@ -78,7 +79,7 @@ func head(b []byte) []byte { return b[:min(len(b), 16)] }
 func wantBytes(n int) []byte { return fakeBytes(request{Length: uint64(n)}) }
 
 func (t *Transport) pooledTo(ep string) []net.Conn {
-	return t.pool.Idle(poolKey{endpoint: ep})
+	return t.cl.pool.Idle(poolKey{endpoint: ep})
 }
 
 // inQueue is how many bytes wait in c's receive queue.
@@ -317,10 +318,10 @@ func TestPoolSkipsConnectionsWithSomethingUnread(t *testing.T) {
 	d := newReceiver(t)
 	k := poolKey{endpoint: "somewhere"}
 	for _, c := range []net.Conn{clean, junk, gone} { // the last in goes out first
-		d.pool.Put(k, c)
+		d.cl.pool.Put(k, c)
 	}
-	assert.Equal(t, clean, d.idleConn(k), "the two bad connections were skipped")
-	assert.Nil(t, d.idleConn(k))
+	assert.Equal(t, clean, d.cl.idleConn(k), "the two bad connections were skipped")
+	assert.Nil(t, d.cl.idleConn(k))
 	for _, c := range []net.Conn{junk, gone} {
 		_, err := c.Write([]byte{0})
 		assert.ErrorIs(t, err, net.ErrClosed, "a skipped connection is closed")

@@ -26,7 +26,12 @@ type wchunk struct {
 // in place. The owner's server takes them only for the write its runtime
 // admitted (x.TransferID) and only inside the admitted ranges.
 func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tmeta, cmeta []byte) (transport.Request, error) {
-	m, err := t.checkRequest(x, sources, tmeta)
+	return t.cl.write(x, sources, tmeta)
+}
+
+// write is Write.
+func (cl *client) write(x *transport.Transfer, sources []transport.Tensor, tmeta []byte) (transport.Request, error) {
+	m, err := cl.checkRequest(x, sources, tmeta)
 	if err != nil {
 		return nil, err
 	}
@@ -35,16 +40,15 @@ func (t *Transport) Write(x *transport.Transfer, sources []transport.Tensor, tme
 			return nil, transport.Errorf(transport.ErrUnsupported, "source %d is in %s memory; tcp moves host memory", i, s.Device)
 		}
 	}
-	shares := planWrite(x, sources, t.streams)
-	r := &fetchRequest{t: t, meta: m, write: true, conns: map[net.Conn]struct{}{},
-		pool: poolKey{endpoint: m.Endpoint, source: x.Destination.RuntimeID, key: t.clientKey(m)}}
+	shares := planWrite(x, sources, cl.streams)
+	r := cl.newRequest(x, m)
 	if len(shares) == 0 {
 		return r, nil
 	}
-	if err := t.activate(r); err != nil {
+	if err := cl.activate(r); err != nil {
 		return nil, err
 	}
-	r.ctx, r.cancel = context.WithCancel(t.h.Context())
+	r.ctx, r.cancel = context.WithCancel(cl.h.Context())
 	for _, share := range shares {
 		r.run(func() error { return r.push(x.TransferID, share) })
 	}
@@ -77,19 +81,6 @@ func planWrite(x *transport.Transfer, sources []transport.Tensor, streams int) [
 		shares[i%n] = append(shares[i%n], c)
 	}
 	return shares
-}
-
-// run runs f on a goroutine of the request; its error fails the request.
-func (r *fetchRequest) run(f func() error) {
-	r.wg.Add(1)
-	r.pending.Add(1)
-	go func() {
-		defer r.wg.Done()
-		if err := f(); err != nil {
-			r.fail(err)
-		}
-		r.pending.Add(-1)
-	}()
 }
 
 // push sends the frames of one share on one connection, pooled or new,

@@ -9,17 +9,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/core/transport/transporttest"
 )
 
 // write pushes sources into the object of meta as write id.
 func (p *pair) write(t testing.TB, meta []byte, id uint64, pieces []transport.Piece, sources ...[]byte) error {
 	var ts []transport.Tensor
 	for _, b := range sources {
-		buf, x := buffer(t, len(b))
+		buf, x := transporttest.Buffer(t, len(b))
 		copy(buf, b)
 		ts = append(ts, x)
 	}
-	x := &transport.Transfer{TransferID: id, Role: transport.RoleSource, Pieces: pieces}
+	x := &transport.Transfer{TransferID: id, Role: transport.RoleSource, Direction: transport.Write, Pieces: pieces}
 	req, err := p.dst.Write(x, ts, meta, nil)
 	if err != nil {
 		return err
@@ -54,8 +55,8 @@ func TestWritesLandOnlyWhereAdmitted(t *testing.T) {
 
 	// A whole write over several streams (20 MiB, past streamMin).
 	w0, w1 := make([]byte, 1000), make([]byte, 20<<20)
-	fill(w0, 3)
-	fill(w1, 4)
+	transporttest.Fill(w0, 3)
+	transporttest.Fill(w1, 4)
 	require.NoError(t, p.write(t, meta, 1, nil, w0, w1))
 	assert.True(t, bytes.Equal(w0, contents[0]))
 	assert.True(t, bytes.Equal(w1, contents[1]))
@@ -96,8 +97,8 @@ func TestAbortedWriteLetsGo(t *testing.T) {
 	p := newPair(t, "", "")
 	p.host.Writes = map[uint64][]transport.Piece{1: nil}
 	meta, _ := p.put(t, 22, 256<<20)
-	_, src := buffer(t, 256<<20)
-	req, err := p.dst.Write(&transport.Transfer{TransferID: 1, Role: transport.RoleSource}, []transport.Tensor{src}, meta, nil)
+	_, src := transporttest.Buffer(t, 256<<20)
+	req, err := p.dst.Write(&transport.Transfer{TransferID: 1, Role: transport.RoleSource, Direction: transport.Write}, []transport.Tensor{src}, meta, nil)
 	require.NoError(t, err)
 	time.Sleep(time.Millisecond)
 	p.dst.Abort(nil, req)
@@ -110,8 +111,8 @@ func TestAbortedWriteLetsGo(t *testing.T) {
 	// Whatever was still buffered is refused now: let the server drain it
 	// before the test unmaps the object.
 	assert.Eventually(t, func() bool {
-		p.src.lmu.Lock()
-		defer p.src.lmu.Unlock()
-		return len(p.src.sconns) == 0
+		p.src.srv.mu.Lock()
+		defer p.src.srv.mu.Unlock()
+		return len(p.src.srv.sconns) == 0
 	}, 10*time.Second, time.Millisecond, "the aborted connections were drained and closed")
 }

@@ -19,6 +19,48 @@ import (
 // past its target land there and are noticed.
 const guard = 64
 
+// Guarded is a host target with guard bytes of Fill's pattern on each
+// side, for a package's own tests of partial fetches: a transport that
+// writes past its target is noticed (Check, CheckGuards).
+type Guarded struct {
+	Target transport.Tensor
+	all    []byte // the guards and the target between them
+}
+
+// GuardedTarget maps a Guarded target of n bytes, holding Fill's pattern.
+func GuardedTarget(t testing.TB, n int) Guarded {
+	all, x := Buffer(t, n+2*guard)
+	Fill(all, 0xd7)
+	x.Data += guard
+	x.Orig = x.Data
+	x.Nbytes = uint64(n)
+	x.Shape = []int64{int64(n)}
+	return Guarded{Target: x, all: all}
+}
+
+// Check fails t unless the target holds want (nil: what it held before)
+// and the bytes around it are untouched.
+func (g Guarded) Check(t testing.TB, want []byte, what string) {
+	t.Helper()
+	n := len(g.all) - 2*guard
+	if want == nil {
+		want = Pattern(len(g.all), 0xd7)[guard : guard+n]
+	}
+	g.CheckGuards(t, what)
+	if !bytes.Equal(want, g.all[guard:guard+n]) {
+		t.Errorf("%s: the target holds the wrong bytes", what)
+	}
+}
+
+// CheckGuards fails t unless the bytes around the target are untouched.
+func (g Guarded) CheckGuards(t testing.TB, what string) {
+	t.Helper()
+	orig, n := Pattern(len(g.all), 0xd7), len(g.all)-2*guard
+	if !bytes.Equal(orig[:guard], g.all[:guard]) || !bytes.Equal(orig[guard+n:], g.all[guard+n:]) {
+		t.Errorf("%s: bytes around the target were written", what)
+	}
+}
+
 // partialTarget is a target of n bytes of dt with guard bytes on each side,
 // all filled with a pattern; check compares it after the fetch.
 type partialTarget struct {
@@ -174,14 +216,7 @@ func (s *suite) partialSourceKilled(t *testing.T) {
 	target.Nbytes = n
 	target.Shape = []int64{int64(n)}
 	req, err := start(dst, x, []transport.Tensor{target}, src.Meta)
-	if err == nil {
-		time.Sleep(time.Millisecond)
-		src.Kill()
-		err = finish(t, req, 30*time.Second)
-	}
-	if err != nil { // it may have finished before the kill
-		wantStatus(t, err, "a source killed mid-transfer", s.conf.sourceGone())
-	}
+	s.killDuring(t, src, req, err, "a source killed mid-transfer")
 }
 
 // formatPieces writes a transfer's pieces into a SEND line to a grouped

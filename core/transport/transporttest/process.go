@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -16,6 +17,29 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// StartChild starts the test binary again as a process that runs no test:
+// the package's TestMain tells from env, added to this process's
+// environment, what it is to do. Its stderr is this process's; it returns
+// the command and the child's stdin and stdout. The caller waits for it.
+func StartChild(t testing.TB, env ...string) (*exec.Cmd, io.WriteCloser, io.ReadCloser) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, in, out
+}
 
 // ResidentBytes is the resident memory (VmRSS) of process pid.
 func ResidentBytes(t testing.TB, pid int) int64 {

@@ -165,23 +165,11 @@ func startSource(t testing.TB, exposed bool, sizes ...int) *Source {
 			s.Want = append(s.Want, nil)
 		}
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), sourceSizesEnv+"="+strings.Join(list, ","), sourceDirEnv+"="+SocketDir(t))
+	env := []string{sourceSizesEnv + "=" + strings.Join(list, ","), sourceDirEnv + "=" + SocketDir(t)}
 	if exposed {
-		cmd.Env = append(cmd.Env, sourceExposeEnv+"=1")
+		env = append(env, sourceExposeEnv+"=1")
 	}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, out := StartChild(t, env...)
 	s.Cmd, s.in = cmd, stdin
 	t.Cleanup(func() { _ = stdin.Close(); s.Kill() })
 	lines := make(chan string, 1)

@@ -229,12 +229,5 @@ func (s *suite) writeOwnerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	req, err := w.Write(x, []transport.Tensor{s.largeTensor(t, writer)}, owner.Meta, cmeta)
-	if err == nil {
-		time.Sleep(time.Millisecond)
-		owner.Kill()
-		err = finish(t, req, 30*time.Second)
-	}
-	if err != nil {
-		wantStatus(t, err, fmt.Sprintf("an owner killed mid-write (%s)", writer.desc.Name), s.conf.sourceGone())
-	}
+	s.killDuring(t, owner, req, err, fmt.Sprintf("an owner killed mid-write (%s)", writer.desc.Name))
 }

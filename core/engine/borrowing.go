@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
@@ -122,4 +124,20 @@ func (s *store) cacheMeta(id transport.ObjectID, name string, m []byte) {
 		}
 		e.meta[name] = m
 	}
+}
+
+// borrowConfirmed waits, under ctx(), until the owner has answered every
+// borrow request of obj and returns the first refusal.
+func (s *store) borrowConfirmed(ctx func() context.Context, obj transport.ObjectID) error {
+	e, ch, refused := s.borrowState(obj)
+	if refused != nil || ch == nil {
+		return refused
+	}
+	wctx := ctx()
+	select {
+	case <-ch:
+	case <-wctx.Done():
+		return transport.ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
+	}
+	return s.refusal(e)
 }

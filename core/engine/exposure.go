@@ -517,7 +517,7 @@ func (rt *Runtime) admit(writer transport.PeerInfo, req control.WriteOpen, e *re
 		}
 	}
 	if e != nil {
-		if adm.Meta, err = rt.objectMeta(o, e); err != nil {
+		if adm.Meta, err = o.metadata(e); err != nil {
 			return adm, err
 		}
 	}

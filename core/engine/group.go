@@ -49,7 +49,7 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	if err := checkGroupSpec(spec, timeout); err != nil {
 		return err
 	}
-	spec, backend, err := rt.groupBackendFor(spec)
+	spec, backend, err := rt.reg.groupBackendFor(spec)
 	if err != nil {
 		return err
 	}
@@ -94,37 +94,6 @@ func checkGroupSpec(spec transport.GroupSpec, timeout time.Duration) error {
 		return transport.Errorf(transport.ErrInvalidArgument, "group %q: a timeout of 0 cannot work: forming a group waits for the other ranks (negative: wait forever)", spec.Name)
 	}
 	return nil
-}
-
-// groupBackendFor finds the transport that forms the group: the one the
-// spec names, else the registry's default. The spec it returns names it
-// canonically.
-func (rt *Runtime) groupBackendFor(spec transport.GroupSpec) (transport.GroupSpec, transport.GroupBackend, error) {
-	if spec.Backend == "" {
-		spec.Backend = rt.reg.groupBackend()
-		if spec.Backend == "" {
-			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
-				spec.Name, strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
-		}
-	}
-	canon, err := transport.CanonicalName(spec.Backend)
-	if err != nil {
-		return spec, nil, err
-	}
-	spec.Backend = canon
-	t, err := rt.reg.Get(canon)
-	if err != nil {
-		if transport.StatusOf(err) == transport.ErrNotFound {
-			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
-				spec.Name, canon, strings.Join(rt.reg.Names(), ", "), rt.reg.whyUnavailable(canon))
-		}
-		return spec, nil, err
-	}
-	backend, ok := t.(transport.GroupBackend)
-	if !ok {
-		return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s does not form groups", spec.Name, canon)
-	}
-	return spec, backend, nil
 }
 
 // newGroupState is this rank's record of a forming group; rank 0's holds

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"sort"
 	"sync"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -73,5 +74,74 @@ func (h holderSet) each(f func(*object)) {
 	}
 	for o := range h.more {
 		f(o)
+	}
+}
+
+// metadata returns transport e's metadata for o, extracting it on first
+// demand (for objects put without a transport).
+func (o *object) metadata(e *registered) ([]byte, error) {
+	name := e.desc.Name
+	o.metaMu.Lock()
+	m, ok := o.meta[name]
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	o.extractMu.Lock()
+	defer o.extractMu.Unlock()
+	o.metaMu.Lock()
+	m, ok = o.meta[name]
+	freed := o.meta == nil
+	o.metaMu.Unlock()
+	if ok {
+		return m, nil
+	}
+	if freed {
+		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
+	}
+	for i, tn := range o.tensors {
+		if !e.desc.Moves(tn.Device.Type) {
+			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
+		}
+	}
+	m, err := extractMetadata(e, o.desc.ID, o.tensors, o.write != nil)
+	if err != nil {
+		// Asked by a peer, which names the transport it asked for.
+		return nil, transport.Wrap(err, "could not extract metadata")
+	}
+	o.metaMu.Lock()
+	o.meta[name] = m
+	o.metaMu.Unlock()
+	return m, nil
+}
+
+// extractMetadata is e's metadata of an object: of one exposed for
+// writing where the transport makes that differently (see
+// transport.ExposedMetadata).
+func extractMetadata(e *registered, id transport.ObjectID, tensors []transport.Tensor, exposed bool) ([]byte, error) {
+	if x, ok := e.t.(transport.ExposedMetadata); ok && exposed {
+		return x.ExtractExposedMetadata(id, tensors)
+	}
+	return e.t.ExtractMetadata(id, tensors)
+}
+
+// collectMeta calls garbage_collect on each transport of reg that
+// extracted metadata for o, in name order.
+func (o *object) collectMeta(reg *Registry) {
+	o.extractMu.Lock() // let an in-progress extraction finish first
+	o.metaMu.Lock()
+	meta := o.meta
+	o.meta = nil
+	o.metaMu.Unlock()
+	o.extractMu.Unlock()
+	names := make([]string, 0, len(meta))
+	for name := range meta {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if e, err := reg.lookup(name); err == nil {
+			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
+		}
 	}
 }

@@ -210,7 +210,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		if write {
 			adm, err := p.beginRun(runCtx(), part, tag)
 			if err != nil {
-				rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
+				rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 				fail(i, err)
 				break
 			}
@@ -229,7 +229,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			if r.adm != nil {
 				p.endRun(r.adm, tag, err)
 			}
-			rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
+			rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 			fail(i, err)
 			break
 		}
@@ -262,7 +262,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		if r.adm != nil {
 			p.endRun(r.adm, tag, err)
 		}
-		rt.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
+		rt.c.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
 	}
 	return firstErr
 }

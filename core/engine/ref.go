@@ -90,22 +90,6 @@ func (r *Ref) release(revokeLeases bool) error {
 	return nil
 }
 
-// borrowConfirmed waits, under ctx(), until the owner has answered every
-// borrow request of obj and returns the first refusal.
-func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj transport.ObjectID) error {
-	e, ch, refused := rt.store.borrowState(obj)
-	if refused != nil || ch == nil {
-		return refused
-	}
-	wctx := ctx()
-	select {
-	case <-ch:
-	case <-wctx.Done():
-		return transport.ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
-	}
-	return rt.store.refusal(e)
-}
-
 // Serialize encodes the reference with a fresh lease token.
 func (r *Ref) Serialize() ([]byte, error) {
 	if err := r.check(); err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,14 +107,6 @@ func (rt *Runtime) atStage(stage string) {
 	}
 }
 
-type counters struct {
-	refs, fetchesActive                    atomic.Int64
-	objectsFreed, leasesExpired            atomic.Uint64
-	moved                                  [2]outcomes // by direction (see account)
-	sendsCompleted, bytesSent, localCopies atomic.Uint64
-	viewsOpen, bytesViewed                 atomic.Int64 // mapped views held
-}
-
 // NewRuntime creates a runtime and its built-in transports.
 func NewRuntime(opts Options) (*Runtime, error) {
 	settings := opts.Settings
@@ -199,7 +190,7 @@ func newRuntimeState(opts Options, env Environment) *Runtime {
 		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
 	}
 	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
-	rt.store = newStore(rt.name, rt.log, rt.lease, &rt.c, rt.freeLater)
+	rt.store = newStore(rt.name, rt.log, rt.lease, &rt.c, rt.reg, &rt.bg)
 	return rt
 }
 
@@ -355,9 +346,9 @@ func (rt *Runtime) Destroy() {
 	// outcomes would come over the connections just closed): they are torn.
 	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.name), "destroying")
 	// Free every object we own, once nothing reads its memory any more.
-	rt.waitUnpinned()
+	rt.store.waitUnpinned()
 	for _, o := range rt.store.drain() {
-		rt.finalize(o)
+		rt.store.finalize(o)
 	}
 	rt.bg.Wait()
 	rt.reg.closeAll(rt.log)
@@ -365,23 +356,6 @@ func (rt *Runtime) Destroy() {
 	// Lines for stderr are written by a goroutine; a program that exits
 	// right after destroy still gets them, unless stderr is stuck.
 	transport.FlushStderrLogs(stderrFlushWait)
-}
-
-// waitUnpinned waits until no send or server reads an object's memory.
-func (rt *Runtime) waitUnpinned() {
-	start := time.Now()
-	warned := false
-	for {
-		pinned := rt.store.pinned()
-		if pinned == 0 {
-			return
-		}
-		if !warned && time.Since(start) > 5*time.Second {
-			rt.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
-			warned = true
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // Put stores tensors as a new object owned by this runtime and returns its
@@ -421,7 +395,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 		}
 		meta[canon] = m
 	} else {
-		for _, e := range rt.eagerTransports(tensors) {
+		for _, e := range rt.reg.eagerTransports(tensors) {
 			if writable && !e.desc.Writes {
 				continue
 			}
@@ -451,143 +425,18 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 	if writable {
 		o.desc.Writable = true
 		if _, err := rand.Read(o.desc.WriteKey[:]); err != nil {
-			rt.collectMeta(o)
+			o.collectMeta(rt.reg)
 			return nil, transport.Errorf(transport.ErrInternal, "making a write key: %v", err)
 		}
 		o.write = newExposure(rt.store.unpin)
 	}
 	if err := rt.store.add(o); err != nil {
-		rt.collectMeta(o) // the caller keeps the tensors: no release callback
+		o.collectMeta(rt.reg) // the caller keeps the tensors: no release callback
 		return nil, err
 	}
 	rt.c.refs.Add(1)
 	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q, writable %v", id, len(tensors), o.desc.Nbytes, canon, writable)
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
-}
-
-// eagerMaxTensors bounds the objects whose metadata travels in their refs:
-// past it, each transport's metadata (some 16 bytes a tensor) is asked of
-// the owner once per receiver, and a ref handed around stays small.
-const eagerMaxTensors = 4096
-
-// eagerTransports are the transports whose metadata a put without a
-// transport extracts at once (see Descriptor.EagerMetadata).
-func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
-	if len(tensors) > eagerMaxTensors {
-		return nil
-	}
-	rt.reg.mu.RLock()
-	defer rt.reg.mu.RUnlock()
-	var out []*registered
-	for _, e := range rt.reg.m {
-		if !e.desc.Eager() {
-			continue
-		}
-		all := true
-		for _, t := range tensors {
-			all = all && e.desc.Moves(t.Device.Type)
-		}
-		if all {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// freeLater finalizes o, which nothing references any more, on a goroutine
-// Destroy waits for. The store calls it with its lock held.
-func (rt *Runtime) freeLater(o *object) {
-	rt.bg.Add(1)
-	go func() {
-		defer rt.bg.Done()
-		rt.finalize(o)
-	}()
-}
-
-// finalize runs garbage_collect on every transport that extracted metadata,
-// then the release callback, then wakes wait_tensor_freed.
-func (rt *Runtime) finalize(o *object) {
-	rt.collectMeta(o)
-	close(o.collected)
-	if o.release != nil {
-		o.release()
-	}
-	rt.store.forgetData(o)
-	if o.write != nil {
-		o.write.close()
-	}
-	rt.c.objectsFreed.Add(1)
-	close(o.freed)
-	rt.log.Debugf("freed object %s", o.desc.ID)
-}
-
-// collectMeta calls garbage_collect on each transport that extracted
-// metadata for o, in name order.
-func (rt *Runtime) collectMeta(o *object) {
-	o.extractMu.Lock() // let an in-progress extraction finish first
-	o.metaMu.Lock()
-	meta := o.meta
-	o.meta = nil
-	o.metaMu.Unlock()
-	o.extractMu.Unlock()
-	names := make([]string, 0, len(meta))
-	for name := range meta {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if e, err := rt.reg.lookup(name); err == nil {
-			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
-		}
-	}
-}
-
-// objectMeta returns transport e's metadata for o, extracting it on first
-// demand (for objects put without a transport).
-func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
-	name := e.desc.Name
-	o.metaMu.Lock()
-	m, ok := o.meta[name]
-	o.metaMu.Unlock()
-	if ok {
-		return m, nil
-	}
-	o.extractMu.Lock()
-	defer o.extractMu.Unlock()
-	o.metaMu.Lock()
-	m, ok = o.meta[name]
-	freed := o.meta == nil
-	o.metaMu.Unlock()
-	if ok {
-		return m, nil
-	}
-	if freed {
-		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
-	}
-	for i, tn := range o.tensors {
-		if !e.desc.Moves(tn.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
-		}
-	}
-	m, err := extractMetadata(e, o.desc.ID, o.tensors, o.write != nil)
-	if err != nil {
-		// Asked by a peer, which names the transport it asked for.
-		return nil, transport.Wrap(err, "could not extract metadata")
-	}
-	o.metaMu.Lock()
-	o.meta[name] = m
-	o.metaMu.Unlock()
-	return m, nil
-}
-
-// extractMetadata is e's metadata of an object: of one exposed for
-// writing where the transport makes that differently (see
-// transport.ExposedMetadata).
-func extractMetadata(e *registered, id transport.ObjectID, tensors []transport.Tensor, exposed bool) ([]byte, error) {
-	if x, ok := e.t.(transport.ExposedMetadata); ok && exposed {
-		return x.ExtractExposedMetadata(id, tensors)
-	}
-	return e.t.ExtractMetadata(id, tensors)
 }
 
 // PinObject implements Host.

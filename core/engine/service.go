@@ -57,7 +57,7 @@ func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, tr
 		// write there): it goes only with an admitted write (OpenWrite).
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: its metadata is given only to a write its key admits", obj)
 	}
-	return rt.objectMeta(o, e)
+	return o.metadata(e)
 }
 
 // Send implements PeerService: the source runtime (not the application)
@@ -75,7 +75,7 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	if err != nil {
 		return err
 	}
-	tmeta, err := rt.objectMeta(o, e)
+	tmeta, err := o.metadata(e)
 	if err != nil {
 		rt.store.unpin(o)
 		return err

@@ -22,9 +22,12 @@ type store struct {
 	log   *transport.Logger
 	lease time.Duration // how long a serialized ref keeps its object alive
 	c     *counters
-	// free finalizes an object nothing references any more; it runs
-	// without the lock (Runtime.finalize on a goroutine of the runtime).
-	free func(o *object)
+	// reg is the runtime's transports, which collect a freed object's
+	// metadata (finalize).
+	reg *Registry
+	// bg counts the goroutines finalizing objects (freeLater), which the
+	// runtime's destroy waits for.
+	bg *sync.WaitGroup
 
 	mu       sync.Mutex
 	closed   bool
@@ -40,9 +43,9 @@ type store struct {
 	freed          freedRecord // ids of recently freed objects, for error messages
 }
 
-func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *counters, free func(*object)) *store {
+func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *counters, reg *Registry, bg *sync.WaitGroup) *store {
 	return &store{
-		name: name, log: log, lease: leaseFor, c: c, free: free,
+		name: name, log: log, lease: leaseFor, c: c, reg: reg, bg: bg,
 		objects:    map[transport.ObjectID]*object{},
 		exposed:    map[*object]struct{}{},
 		byData:     map[uintptr]holderSet{},
@@ -97,6 +100,23 @@ func (s *store) pinned() int {
 		}
 	}
 	return n
+}
+
+// waitUnpinned waits until no send or server reads an object's memory.
+func (s *store) waitUnpinned() {
+	start := time.Now()
+	warned := false
+	for {
+		pinned := s.pinned()
+		if pinned == 0 {
+			return
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			s.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
+			warned = true
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // drain takes every object out of a closed store, its leases stopped, for
@@ -176,7 +196,34 @@ func (s *store) maybeFreeLocked(o *object) {
 	delete(s.objects, o.desc.ID)
 	delete(s.exposed, o)
 	s.freed.add(o.desc.ID)
-	s.free(o)
+	s.freeLater(o)
+}
+
+// freeLater finalizes o, which nothing references any more, on a goroutine
+// Destroy waits for. The store calls it with its lock held.
+func (s *store) freeLater(o *object) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.finalize(o)
+	}()
+}
+
+// finalize runs garbage_collect on every transport that extracted metadata,
+// then the release callback, then wakes wait_tensor_freed.
+func (s *store) finalize(o *object) {
+	o.collectMeta(s.reg)
+	close(o.collected)
+	if o.release != nil {
+		o.release()
+	}
+	s.forgetData(o)
+	if o.write != nil {
+		o.write.close()
+	}
+	s.c.objectsFreed.Add(1)
+	close(o.freed)
+	s.log.Debugf("freed object %s", o.desc.ID)
 }
 
 // liveObjectLocked finds an object this runtime owns that is not being

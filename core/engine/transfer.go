@@ -161,7 +161,7 @@ func (tr *transfer) begin() error {
 		if dir == transport.Write {
 			return tr.admitLocal()
 		}
-		return rt.checkLocalCopy(desc, tr.targets, tr.pieces)
+		return rt.reg.checkLocalCopy(desc, tr.targets, tr.pieces)
 	}
 	if err := tr.connectOwner(); err != nil {
 		return err
@@ -273,7 +273,7 @@ func (tr *transfer) awaitBorrow(e *registered) error {
 		tr.unconfirmed = true
 		return nil
 	}
-	return tr.f.rt.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
+	return tr.f.rt.store.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
 }
 
 // startOver starts the transport over route r (and a two-sided read's
@@ -483,7 +483,7 @@ func (tr *transfer) count(err error) {
 	if tr.req != nil {
 		moved = tr.route.entry
 	}
-	rt.account(dir, moved, tr.nbytes, time.Since(tr.f.start), err)
+	rt.c.account(dir, moved, tr.nbytes, time.Since(tr.f.start), err)
 	over := "no transport yet"
 	switch {
 	case tr.local:
@@ -546,38 +546,11 @@ func (tr *transfer) ownerRefusal(err error) error {
 	}
 	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
 	defer cancel()
-	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
+	refused := tr.f.rt.store.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
 	if transport.StatusOf(refused) != transport.ErrNotFound {
 		return nil
 	}
 	return refused
-}
-
-// checkLocalCopy makes sure a runtime's own object can be copied directly.
-func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, pieces []transport.Piece) error {
-	for i, tg := range targets {
-		t := desc.Tensors[pieceTensor(pieces, i)]
-		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
-			continue
-		}
-		if _, name := rt.localCopier(deviceSide(t.Device.Type, tg.Device.Type)); name == "" {
-			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", t.Device.Type, tg.Device.Type)
-		}
-	}
-	return nil
-}
-
-// localCopier is a transport that copies d memory within a process, and
-// its name ("" when none is registered).
-func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
-	rt.reg.mu.RLock()
-	defer rt.reg.mu.RUnlock()
-	for _, e := range rt.reg.m {
-		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
-			return lc, e.desc.Name
-		}
-	}
-	return nil, ""
 }
 
 // deviceSide is the device type of a copy that is not host memory, which
@@ -617,7 +590,7 @@ func (tr *transfer) copyLocal() error {
 // copies it.
 func (tr *transfer) copyOne(dst, src transport.Tensor) error {
 	if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-		copier, name := tr.f.rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
+		copier, name := tr.f.rt.reg.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
 		if copier == nil {
 			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", src.Device.Type, dst.Device.Type)
 		}

@@ -359,7 +359,7 @@ func (r *Ref) WaitWriteNotice(timeout time.Duration) (WriteNotice, error) {
 		case <-deadline:
 			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s within %v", r.desc.ID, timeout)
 		case <-r.rt.ctx.Done():
-			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.name)
+			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.me.name)
 		}
 	}
 }
@@ -551,19 +551,6 @@ func (rt *Runtime) endWrite(writer transport.RuntimeID, end control.WriteEnd) {
 	if !o.write.end(openKey{writer, end.TransferID}, end) {
 		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, end.TransferID, end.Object)
 	}
-}
-
-// WriteInto implements transport.Host.
-func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
-	o := rt.store.object(obj)
-	if o == nil || o.write == nil {
-		return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not exposed for writing here", obj)
-	}
-	w, release, err := o.write.into(writeID)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return o.tensors, w.pieces, sync.OnceFunc(release), nil
 }
 
 // writersGone tears every write a lost peer had open.

@@ -230,7 +230,7 @@ func (rt *Runtime) checkFetchArgs(refs []*Ref, targets []transport.Tensor, opts 
 			return nil, transport.Wrap(err, "ref %d", i)
 		}
 		if r.rt != rt {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.me.name, rt.me.name)
 		}
 	}
 	if err := checkDirection(refs, opts.dir); err != nil {

@@ -189,7 +189,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 		close(g.failed)
 		rt.grp.mu.Unlock()
 		if rt.ctx.Err() != nil {
-			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.name, spec.Name)
+			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.me.name, spec.Name)
 		}
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: ranks [%s] of %d did not join rank 0 in time", spec.Name, strings.Join(missing, " "), spec.WorldSize)
 	}
@@ -206,7 +206,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 			if err != nil {
 				return nil, transport.Wrap(err, "group %q: rank 0's answer", spec.Name)
 			}
-			if err := checkRoster(roster, req, rt.id, peer.Info().RuntimeID); err != nil {
+			if err := checkRoster(roster, req, rt.me.id, peer.Info().RuntimeID); err != nil {
 				return nil, err
 			}
 			return roster, nil
@@ -223,7 +223,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 		case <-ctx.Done():
 		}
 		if rt.ctx.Err() != nil {
-			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.name, spec.Name)
+			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.me.name, spec.Name)
 		}
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: rank 0 at %s did not accept rank %d in time (last: %v)", spec.Name, spec.Rank0, spec.Rank, last)
 	}
@@ -251,9 +251,9 @@ func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req c
 	if g == nil || g.roster == nil {
 		rt.grp.mu.Unlock()
 		if g != nil {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "group %q: runtime %s is rank %d of it, not rank 0", req.Name, rt.name, g.spec.Rank)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "group %q: runtime %s is rank %d of it, not rank 0", req.Name, rt.me.name, g.spec.Rank)
 		}
-		return nil, transport.Errorf(transport.ErrNotFound, "group %q has not been created on rank 0 (%s) yet", req.Name, rt.name)
+		return nil, transport.Errorf(transport.ErrNotFound, "group %q has not been created on rank 0 (%s) yet", req.Name, rt.me.name)
 	}
 	r := g.roster
 	var err error
@@ -323,7 +323,7 @@ func (rt *Runtime) DestroyGroup(name string) error {
 		if g != nil {
 			return transport.Errorf(transport.ErrInvalidArgument, "group %q is still being formed in this runtime", name)
 		}
-		return transport.Errorf(transport.ErrNotFound, "no group %q in runtime %s (have: %s)", name, rt.name, strings.Join(rt.GroupNames(), ", "))
+		return transport.Errorf(transport.ErrNotFound, "no group %q in runtime %s (have: %s)", name, rt.me.name, strings.Join(rt.GroupNames(), ", "))
 	}
 	delete(rt.grp.m, name)
 	rt.grp.mu.Unlock()

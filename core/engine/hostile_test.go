@@ -336,7 +336,7 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", transport.LogDebug, &ownerLog
 	})
 	_, tcpAddr, key := endpoints(t, owner)
-	require.Equal(t, owner.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
+	require.Equal(t, owner.host.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
 	src, dst := newMemTransport("mem"), newMemTransport("mem")
 	require.NoError(t, owner.RegisterTransport(src))
 	var released atomic.Int64

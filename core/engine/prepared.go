@@ -72,7 +72,7 @@ func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts Wr
 
 func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOptions) (*Prepared, error) {
 	if rt.ctx.Err() != nil {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	if _, err := rt.checkFetchArgs(refs, tensors, opts); err != nil {
 		return nil, err
@@ -105,7 +105,7 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 		return transport.Errorf(transport.ErrClosed, "the prepared transfer was closed")
 	}
 	if p.rt.ctx.Err() != nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.me.name)
 	}
 	if timeout == 0 {
 		if err := noTimeForPeers(p.refs, p.opts.dir); err != nil {
@@ -292,7 +292,7 @@ func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *tr
 		return transport.Errorf(transport.ErrTimeout, "the prepared transfer did not complete within its deadline")
 	}
 	if err == nil {
-		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.me.name)
 	}
 	return err
 }

@@ -108,7 +108,7 @@ func (r *Ref) Serialize() ([]byte, error) {
 	}
 	e, closed := rt.store.borrowing(r.desc.ID)
 	if closed {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	if e == nil {
 		return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
@@ -160,7 +160,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	if err := rt.checkOpen(); err != nil {
 		return nil, err
 	}
-	if desc.Owner.RuntimeID == rt.id {
+	if desc.Owner.RuntimeID == rt.me.id {
 		o, err := rt.store.adopt(desc.ID, token)
 		if err != nil {
 			return nil, err
@@ -171,7 +171,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	// The runtime's end also ends the wait.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(rt.ctx, func() { cancel(transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)) })
+	stop := context.AfterFunc(rt.ctx, func() { cancel(transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)) })
 	defer stop()
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {

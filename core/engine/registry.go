@@ -199,6 +199,28 @@ func sortedNames(m map[string]*registered) []string {
 	return names
 }
 
+// startBuiltins makes and registers the built-in transports, each with
+// host named for it; one that is unsupported here is recorded as
+// unavailable and skipped.
+func (r *Registry) startBuiltins(factories []transport.TransportFactory, host transportHost) error {
+	for _, f := range factories {
+		t, err := f.New(host.named(f.Name))
+		if err != nil {
+			if transport.StatusOf(err) == transport.ErrUnsupported {
+				r.markUnavailable(f.Name, err)
+				host.log.Debugf("transport %s is not available here: %v", f.Name, err)
+				continue
+			}
+			return transportError(f.Name, err)
+		}
+		if err := r.Register(t, true); err != nil {
+			t.Close()
+			return err
+		}
+	}
+	return nil
+}
+
 // lookup finds a transport by any-case name.
 func (r *Registry) lookup(name string) (*registered, error) {
 	canon, err := transport.CanonicalName(name)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rdt-project/rdt/core/control"
@@ -66,23 +65,18 @@ type Options struct {
 // Runtime owns an object store, a transport registry and a control-plane
 // endpoint. All methods are safe for concurrent use.
 type Runtime struct {
-	opts    Options
-	env     Environment         // read from the process environment at creation
-	id      transport.RuntimeID // derived from key's public half
-	key     ed25519.PrivateKey  // proves id to peers (core/control/identity.go)
-	name    string
-	log     *transport.Logger
-	lease   time.Duration
-	hostID  string
-	pid     int
-	reg     *Registry
-	secret  string // see Host.RuntimeSecret
-	ep      control.Endpoint
-	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
-	ctx     context.Context
-	cancel  context.CancelFunc
+	opts   Options
+	me     *identity // who it is, to its peers and transports (host.go)
+	log    *transport.Logger
+	reg    *Registry
+	ep     control.Endpoint
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	store *store // objects, leases, borrows and fetches (store.go)
+	// host is what its built-in transports get, each with a logger of its
+	// own (host.go).
+	host transportHost
 
 	grp groups // collective groups (group.go)
 	// adm holds the standing admissions of this runtime's prepared writes
@@ -118,26 +112,26 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	listenFromEnv := applyEnvironment(&opts, env)
-	rt := newRuntimeState(opts, env)
-	if err := rt.resolveHosts(); err != nil {
+	if err := resolveHosts(&opts, env); err != nil {
 		if listenFromEnv {
-			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", opts.ListenTCP)
 		}
 		return nil, err
 	}
-	rt.ctx, rt.cancel = context.WithCancel(context.Background())
-	if err := rt.listen(); err != nil {
+	key, id := control.NewIdentityKey()
+	rt := newRuntimeState(opts, env, id)
+	if err := rt.listen(key); err != nil {
 		rt.cancel()
 		if listenFromEnv {
 			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
 		}
 		return nil, transport.Wrap(err, "control plane")
 	}
-	if err := rt.startBuiltins(); err != nil {
+	if err := rt.reg.startBuiltins(rt.opts.Builtins, rt.host); err != nil {
 		rt.Destroy()
 		return nil, err
 	}
-	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.me.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
 	return rt, nil
 }
 
@@ -158,93 +152,57 @@ func applyEnvironment(opts *Options, env Environment) (listenFromEnv bool) {
 	return listenFromEnv
 }
 
-// newRuntimeState makes the runtime's identity, empty tables and logger;
+// newRuntimeState makes the runtime's identity (id, derived from its
+// identity key), empty tables, logger and the host its transports get;
 // nothing is listening yet.
-func newRuntimeState(opts Options, env Environment) *Runtime {
-	key, id := control.NewIdentityKey()
-	rt := &Runtime{
-		opts:   opts,
-		env:    env,
-		id:     id,
-		key:    key,
-		name:   opts.Name,
-		lease:  opts.Lease,
-		hostID: opts.HostID,
-		pid:    os.Getpid(),
-		reg:    newRegistry(),
-		secret: transport.RandomID().String() + transport.RandomID().String(),
+func newRuntimeState(opts Options, env Environment, id transport.RuntimeID) *Runtime {
+	reg := newRegistry()
+	me := &identity{id: id, name: opts.Name, hostID: opts.HostID, pid: os.Getpid(), reg: reg}
+	if me.name == "" {
+		me.name = fmt.Sprintf("rdt-%d", me.pid)
 	}
+	if me.hostID == "" {
+		me.hostID = hostIdentity()
+	}
+	lease := opts.Lease
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = transport.DefaultPeerTimeout
+	}
+	rt := &Runtime{opts: opts, me: me, reg: reg, log: transport.NewLoggerTo(me.name, opts.LogLevel, opts.LogOutput)}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if opts.QueueReleases {
 		rt.releases = newReleaseQueue()
 	}
-	if rt.name == "" {
-		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
+	rt.store = newStore(me.name, rt.log, lease, &rt.c, reg, &rt.bg)
+	rt.host = transportHost{
+		me: me, log: rt.log, ctx: rt.ctx, settings: env.Settings, store: rt.store,
+		authToken: opts.AuthToken, secret: transport.RandomID().String() + transport.RandomID().String(),
+		bindHost: opts.BindHost, advertiseHost: opts.AdvertiseHost, socketDir: opts.SocketDir, peerTimeout: opts.PeerTimeout,
 	}
-	if rt.lease <= 0 {
-		rt.lease = DefaultLease
-	}
-	if rt.hostID == "" {
-		rt.hostID = hostIdentity()
-	}
-	if rt.opts.PeerTimeout <= 0 {
-		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
-	}
-	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
-	rt.store = newStore(rt.name, rt.log, rt.lease, &rt.c, rt.reg, &rt.bg)
 	return rt
 }
 
-// listen opens the control-plane endpoint peers reach the runtime at.
-func (rt *Runtime) listen() error {
+// listen opens the control-plane endpoint peers reach the runtime at; key
+// proves its identity to them.
+func (rt *Runtime) listen(key ed25519.PrivateKey) error {
 	network := rt.opts.Network
 	if network == nil {
 		network = control.InProcess{}
 	}
 	ep, err := network.Listen(control.ListenConfig{
 		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
-		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+		AuthToken: rt.opts.AuthToken, Secret: rt.host.secret, Key: key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {
 		return err
 	}
 	rt.ep = ep
 	address := ep.Address()
-	rt.address.Store(&address)
+	rt.me.address.Store(&address)
 	return nil
-}
-
-// startBuiltins makes and registers the built-in transports; one that is
-// unsupported here is recorded as unavailable and skipped.
-func (rt *Runtime) startBuiltins() error {
-	for _, f := range rt.opts.Builtins {
-		t, err := f.New(rt.hostFor(f.Name))
-		if err != nil {
-			if transport.StatusOf(err) == transport.ErrUnsupported {
-				rt.reg.markUnavailable(f.Name, err)
-				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
-				continue
-			}
-			return transportError(f.Name, err)
-		}
-		if err := rt.reg.Register(t, true); err != nil {
-			t.Close()
-			return err
-		}
-	}
-	return nil
-}
-
-// transportHost is the Host a built-in transport gets: the runtime, with a
-// logger that names the transport, so transports never name themselves.
-type transportHost struct {
-	*Runtime
-	log *transport.Logger
-}
-
-func (h transportHost) Log() *transport.Logger { return h.log }
-
-func (rt *Runtime) hostFor(name string) transport.Host {
-	return transportHost{Runtime: rt, log: rt.log.Named("transport " + name)}
 }
 
 // transportError names the transport an error left: the engine does it,
@@ -254,32 +212,14 @@ func transportError(name string, err error) error {
 	return transport.Wrap(err, "transport %s", name)
 }
 
-// hostIdentity names the kernel instance and the namespaces that decide
-// whether same-host transports apply: boot id, pid and mount namespaces.
-func hostIdentity() string {
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		h, _ := os.Hostname()
-		return "host:" + h
-	}
-	pidNS, _ := os.Readlink("/proc/self/ns/pid")
-	mntNS, _ := os.Readlink("/proc/self/ns/mnt")
-	return strings.TrimSpace(string(boot)) + "/" + pidNS + "/" + mntNS
-}
-
 // ID is the runtime's identity.
-func (rt *Runtime) ID() transport.RuntimeID { return rt.id }
+func (rt *Runtime) ID() transport.RuntimeID { return rt.me.id }
 
 // Name is the runtime's name for logs.
-func (rt *Runtime) Name() string { return rt.name }
+func (rt *Runtime) Name() string { return rt.me.name }
 
 // Address is the control-plane address peers reach it at.
-func (rt *Runtime) Address() string {
-	if a := rt.address.Load(); a != nil {
-		return *a
-	}
-	return ""
-}
+func (rt *Runtime) Address() string { return rt.me.addr() }
 
 // Log is the runtime's logger.
 func (rt *Runtime) Log() *transport.Logger { return rt.log }
@@ -299,12 +239,7 @@ func (rt *Runtime) RegisterTransport(t transport.Transport) error {
 }
 
 // Identity describes the runtime to peers.
-func (rt *Runtime) Identity() transport.PeerInfo {
-	return transport.PeerInfo{
-		RuntimeID: rt.id, Name: rt.name, Address: rt.Address(), HostID: rt.hostID,
-		Pid: rt.pid, Transports: rt.reg.Adverts(),
-	}
-}
+func (rt *Runtime) Identity() transport.PeerInfo { return rt.me.info() }
 
 func (rt *Runtime) checkOpen() error { return rt.store.checkOpen() }
 
@@ -344,7 +279,7 @@ func (rt *Runtime) Destroy() {
 	}
 	// Writes into our exposed objects cannot end any more (their writers'
 	// outcomes would come over the connections just closed): they are torn.
-	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.name), "destroying")
+	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.me.name), "destroying")
 	// Free every object we own, once nothing reads its memory any more.
 	rt.store.waitUnpinned()
 	for _, o := range rt.store.drain() {
@@ -412,7 +347,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 		descs[i] = t.TensorDesc
 	}
 	o := &object{
-		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
+		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.me.id, Address: rt.Address(), HostID: rt.me.hostID}, canon, descs, nil),
 		tensors:   append([]transport.Tensor(nil), tensors...),
 		release:   release,
 		local:     1,
@@ -437,19 +372,6 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 	rt.c.refs.Add(1)
 	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q, writable %v", id, len(tensors), o.desc.Nbytes, canon, writable)
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
-}
-
-// PinObject implements Host.
-func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
-	o, err := rt.store.pin(id)
-	if err != nil {
-		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
-	}
-	if o.write != nil {
-		rt.store.unpin(o)
-		return nil, nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: it is not served", id)
-	}
-	return o.tensors, sync.OnceFunc(func() { rt.store.unpin(o) }), nil
 }
 
 // WaitTensorFreed waits until no object holds a tensor whose data pointer is

@@ -569,7 +569,7 @@ func (tr *transfer) copyLocal() error {
 	rt := tr.f.rt
 	o := rt.store.object(tr.ref.desc.ID)
 	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	x := transport.Transfer{Pieces: tr.pieces}
 	for i, dst := range tr.targets {

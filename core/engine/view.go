@@ -75,7 +75,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 		return nil, err
 	}
 	if r.rt != rt {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.name, rt.name)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.me.name, rt.me.name)
 	}
 	if err := checkDirection([]*Ref{r}, transport.Read); err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 func (v *View) ofOwn() error {
 	o := v.rt.store.object(v.ref.desc.ID)
 	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", v.rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", v.rt.me.name)
 	}
 	v.tensors = append([]transport.Tensor(nil), o.tensors...)
 	return nil

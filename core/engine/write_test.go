@@ -378,17 +378,17 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	pieces := []transport.Piece{{Tensor: 1, Offset: 10, Length: 20}}
 	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces})))
 
-	tensors, got, done, err := p.owner.WriteInto(id, 7)
+	tensors, got, done, err := p.owner.host.WriteInto(id, 7)
 	require.NoError(t, err)
 	assert.Len(t, tensors, 2)
 	assert.Equal(t, pieces, got)
-	_, _, _, err = p.owner.WriteInto(id, 8)
+	_, _, _, err = p.owner.host.WriteInto(id, 8)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "only open writes land")
 
 	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 7})
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the server still lands bytes")
-	_, _, _, err = p.owner.WriteInto(id, 7)
+	_, _, _, err = p.owner.host.WriteInto(id, 7)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "an ended write takes no more bytes")
 	assert.Equal(t, uint64(1), p.owner.Stats().WritesOpen)
 	done()
@@ -401,7 +401,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 
 	// Torn while a server lands bytes: the failure notice waits too.
 	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90})))
-	_, _, done, err = p.owner.WriteInto(id, 9)
+	_, _, done, err = p.owner.host.WriteInto(id, 9)
 	require.NoError(t, err)
 	p.owner.PeerGone(writer)
 	_, err = owned.WaitWriteNotice(0)
@@ -413,7 +413,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	assert.Zero(t, p.owner.store.pinned())
 
 	// Exposed objects are never served for reading.
-	_, _, err = p.owner.PinObject(id)
+	_, _, err = p.owner.host.PinObject(id)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 }
 

@@ -70,6 +70,7 @@ type Runtime struct {
 	log    *transport.Logger
 	reg    *Registry
 	ep     control.Endpoint
+	routes *routes // to other runtimes' objects, over ep (route.go)
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -200,6 +201,7 @@ func (rt *Runtime) listen(key ed25519.PrivateKey) error {
 		return err
 	}
 	rt.ep = ep
+	rt.routes = &routes{ep: ep, reg: rt.reg, store: rt.store, me: rt.me}
 	address := ep.Address()
 	rt.me.address.Store(&address)
 	return nil

@@ -210,7 +210,7 @@ func (tr *transfer) candidates() (names []string, auto bool) {
 	case desc.Transport != "":
 		return []string{desc.Transport}, false
 	default:
-		return tr.f.rt.autoCandidates(tr.f.dir, desc, tr.peer.Info()), true
+		return tr.f.rt.routes.autoCandidates(tr.f.dir, desc, tr.peer.Info()), true
 	}
 }
 
@@ -221,7 +221,7 @@ func (tr *transfer) connectOwner() error {
 	rt := tr.f.rt
 	// A dial ends by itself (the handshake timeout), so the fetch's
 	// context is enough; a cached connection needs none.
-	peer, err := rt.connectOwner(tr.ctx(), tr.ref.desc)
+	peer, err := rt.routes.connectOwner(tr.ctx(), tr.ref.desc)
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func (tr *transfer) beginWith(name string) error {
 	if f.dir == transport.Read {
 		q.checks = tr.readable
 	}
-	r, err := f.rt.resolve(q, name)
+	r, err := f.rt.routes.resolve(q, name)
 	if r != nil && (err == nil || r.admitted) {
 		tr.route = r // an admitted write is owed its outcome
 	}

@@ -136,7 +136,7 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	}
 	defer cancel()
 	waitOwner := func() context.Context { return ctx }
-	peer, err := rt.connectOwner(ctx, desc)
+	peer, err := rt.routes.connectOwner(ctx, desc)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	r, err := rt.resolve(&routeQuery{dir: transport.Read, maps: true, desc: desc, peer: peer, wait: waitOwner}, e.desc.Name)
+	r, err := rt.routes.resolve(&routeQuery{dir: transport.Read, maps: true, desc: desc, peer: peer, wait: waitOwner}, e.desc.Name)
 	if err != nil {
 		return err
 	}

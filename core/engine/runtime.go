@@ -78,6 +78,7 @@ type Runtime struct {
 	// host is what its built-in transports get, each with a logger of its
 	// own (host.go).
 	host transportHost
+	gate *writeGate // admits and ends writes into its exposed objects (gate.go)
 
 	grp groups // collective groups (group.go)
 	// adm holds the standing admissions of this runtime's prepared writes
@@ -86,7 +87,7 @@ type Runtime struct {
 
 	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
 
-	bg sync.WaitGroup // finalizers and sends
+	bg sync.WaitGroup // what destroy waits for: finalizers, sends, withdrawals
 	c  counters
 
 	// panicAt, set by tests only (before the runtime is used), is called
@@ -178,6 +179,7 @@ func newRuntimeState(opts Options, env Environment, id transport.RuntimeID) *Run
 		rt.releases = newReleaseQueue()
 	}
 	rt.store = newStore(me.name, rt.log, lease, &rt.c, reg, &rt.bg)
+	rt.gate = &writeGate{store: rt.store, reg: reg, log: rt.log, ctx: rt.ctx, bg: &rt.bg}
 	rt.host = transportHost{
 		me: me, log: rt.log, ctx: rt.ctx, settings: env.Settings, store: rt.store,
 		authToken: opts.AuthToken, secret: transport.RandomID().String() + transport.RandomID().String(),
@@ -281,7 +283,7 @@ func (rt *Runtime) Destroy() {
 	}
 	// Writes into our exposed objects cannot end any more (their writers'
 	// outcomes would come over the connections just closed): they are torn.
-	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.me.name), "destroying")
+	rt.gate.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.me.name), "destroying")
 	// Free every object we own, once nothing reads its memory any more.
 	rt.store.waitUnpinned()
 	for _, o := range rt.store.drain() {

@@ -128,7 +128,7 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 // are told to drop it, so a long-lived runtime fed by short-lived peers
 // does not grow.
 func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
-	rt.writersGone(peer)
+	rt.gate.writersGone(peer)
 	rt.peerBorrowsGone(peer.RuntimeID)
 	for _, e := range rt.reg.all() {
 		if w, ok := e.t.(transport.PeerWatcher); ok {

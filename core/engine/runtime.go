@@ -80,7 +80,7 @@ type Runtime struct {
 	host transportHost
 	gate *writeGate // admits and ends writes into its exposed objects (gate.go)
 
-	grp groups // collective groups (group.go)
+	grp *groups // collective groups (group.go)
 	// adm holds the standing admissions of this runtime's prepared writes
 	// (standing.go).
 	adm admissions
@@ -179,6 +179,7 @@ func newRuntimeState(opts Options, env Environment, id transport.RuntimeID) *Run
 		rt.releases = newReleaseQueue()
 	}
 	rt.store = newStore(me.name, rt.log, lease, &rt.c, reg, &rt.bg)
+	rt.grp = &groups{me: me, ctx: rt.ctx}
 	rt.gate = &writeGate{store: rt.store, reg: reg, log: rt.log, ctx: rt.ctx, bg: &rt.bg}
 	rt.host = transportHost{
 		me: me, log: rt.log, ctx: rt.ctx, settings: env.Settings, store: rt.store,

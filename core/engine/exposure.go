@@ -442,13 +442,3 @@ func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
 	timer := time.NewTimer(timeout)
 	return timer.C, timer.Stop
 }
-
-// OpenWrite implements PeerService.
-func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
-	return rt.gate.admitWrite(from, req)
-}
-
-// WriteDone implements PeerService.
-func (rt *Runtime) WriteDone(from transport.RuntimeID, end control.WriteEnd) {
-	rt.gate.endWrite(from, end)
-}

@@ -248,11 +248,6 @@ func checkRoster(g *transport.GroupRoster, req control.GroupJoin, self, rank0 tr
 	return nil
 }
 
-// JoinGroup implements PeerService on rank 0.
-func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {
-	return rt.grp.join(ctx, from, req)
-}
-
 // join registers `from` as a rank of a group this runtime is rank 0 of and
 // answers with the roster once every rank has joined.
 func (gs *groups) join(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {

@@ -78,7 +78,8 @@ type Runtime struct {
 	// host is what its built-in transports get, each with a logger of its
 	// own (host.go).
 	host transportHost
-	gate *writeGate // admits and ends writes into its exposed objects (gate.go)
+	gate *writeGate   // admits and ends writes into its exposed objects (gate.go)
+	svc  *peerService // what the endpoint calls on behalf of peers (service.go)
 
 	grp *groups // collective groups (group.go)
 	// adm holds the standing admissions of this runtime's prepared writes
@@ -181,6 +182,8 @@ func newRuntimeState(opts Options, env Environment, id transport.RuntimeID) *Run
 	rt.store = newStore(me.name, rt.log, lease, &rt.c, reg, &rt.bg)
 	rt.grp = &groups{me: me, ctx: rt.ctx}
 	rt.gate = &writeGate{store: rt.store, reg: reg, log: rt.log, ctx: rt.ctx, bg: &rt.bg}
+	rt.svc = &peerService{me: me, log: rt.log, ctx: rt.ctx, bg: &rt.bg, c: &rt.c,
+		store: rt.store, reg: reg, grp: rt.grp, gate: rt.gate, adm: &rt.adm}
 	rt.host = transportHost{
 		me: me, log: rt.log, ctx: rt.ctx, settings: env.Settings, store: rt.store,
 		authToken: opts.AuthToken, secret: transport.RandomID().String() + transport.RandomID().String(),
@@ -197,7 +200,7 @@ func (rt *Runtime) listen(key ed25519.PrivateKey) error {
 		network = control.InProcess{}
 	}
 	ep, err := network.Listen(control.ListenConfig{
-		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
+		Service: rt.svc, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
 		AuthToken: rt.opts.AuthToken, Secret: rt.host.secret, Key: key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {

@@ -47,7 +47,7 @@ type groups struct {
 // It returns once every rank has joined and the backend's communicator is
 // formed, or fails (a negative timeout waits forever).
 func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) error {
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return err
 	}
 	if err := checkGroupSpec(spec, timeout); err != nil {

@@ -61,23 +61,13 @@ type preparedPart struct {
 // PrepareFetch prepares a fetch of refs into targets (see Get for the
 // arguments). Nothing moves until Run.
 func (rt *Runtime) PrepareFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Prepared, error) {
-	return rt.prepare(refs, targets, opts)
-}
-
-// PrepareWrite prepares a write of sources into writable refs (see Write).
-// The tag of each run is given to Run.
-func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Prepared, error) {
-	return rt.prepare(refs, sources, opts.fetchOptions())
-}
-
-func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOptions) (*Prepared, error) {
 	if rt.ctx.Err() != nil {
 		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
-	if _, err := rt.checkFetchArgs(refs, tensors, opts); err != nil {
+	if _, err := checkFetchArgs(rt, refs, targets, opts); err != nil {
 		return nil, err
 	}
-	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), tensors...), opts: opts}
+	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), targets...), opts: opts}
 	if opts.Sources != nil {
 		p.opts.Sources = append([]Source(nil), opts.Sources...)
 	}
@@ -90,6 +80,13 @@ func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOp
 		p.refs = append(p.refs, c)
 	}
 	return p, nil
+}
+
+// PrepareWrite prepares a write of sources into writable refs (see Write),
+// as PrepareFetch with the write's options. The tag of each run is given to
+// Run.
+func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Prepared, error) {
+	return rt.PrepareFetch(refs, sources, opts.fetchOptions())
 }
 
 // Write reports whether the Prepared writes (else it fetches).

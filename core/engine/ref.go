@@ -157,7 +157,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return nil, err
 	}
 	if desc.Owner.RuntimeID == rt.me.id {

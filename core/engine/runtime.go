@@ -91,17 +91,7 @@ type Runtime struct {
 	bg sync.WaitGroup // what destroy waits for: finalizers, sends, withdrawals
 	c  counters
 
-	// panicAt, set by tests only (before the runtime is used), is called
-	// at each stage of a transfer named in atStage: a test makes it panic
-	// there to check that the transfer still ends.
-	panicAt func(stage string)
-}
-
-// atStage calls the tests' panicAt hook, if any.
-func (rt *Runtime) atStage(stage string) {
-	if rt.panicAt != nil {
-		rt.panicAt(stage)
-	}
+	panicAt stageHook // tests' only (transfer.go)
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -240,7 +230,7 @@ func (rt *Runtime) Registry() *Registry { return rt.reg }
 
 // RegisterTransport adds a (foreign) transport.
 func (rt *Runtime) RegisterTransport(t transport.Transport) error {
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return err
 	}
 	return rt.reg.Register(t, false)
@@ -248,8 +238,6 @@ func (rt *Runtime) RegisterTransport(t transport.Transport) error {
 
 // Identity describes the runtime to peers.
 func (rt *Runtime) Identity() transport.PeerInfo { return rt.me.info() }
-
-func (rt *Runtime) checkOpen() error { return rt.store.checkOpen() }
 
 // stderrFlushWait bounds how long Destroy waits for the log lines queued
 // for stderr to be written.
@@ -312,7 +300,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 	if len(tensors) > transport.MaxTensors {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), transport.MaxTensors)
 	}
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return nil, err
 	}
 	id := transport.RandomID()

@@ -60,16 +60,28 @@ type transfer struct {
 // wait returns within its deadline instead of hanging, and the process
 // lives on.
 
+// stageHook, set by tests only (before the runtime is used), is called at
+// each stage of a transfer (at): a test makes it panic there to check that
+// the transfer still ends.
+type stageHook func(stage string)
+
+// at calls the hook, if any.
+func (h stageHook) at(stage string) {
+	if h != nil {
+		h(stage)
+	}
+}
+
 func (tr *transfer) protectedBegin() error {
 	return transport.Protect(tr.f.rt.log, "starting a transfer", func() error {
-		tr.f.rt.atStage("begin")
+		tr.f.rt.panicAt.at("begin")
 		return tr.begin()
 	})
 }
 
 func (tr *transfer) protectedRun() error {
 	return transport.Protect(tr.f.rt.log, "running a transfer", func() error {
-		tr.f.rt.atStage("run")
+		tr.f.rt.panicAt.at("run")
 		return tr.run()
 	})
 }
@@ -82,7 +94,7 @@ func (tr *transfer) end(err error) {
 			tr.settle(transport.Panicked(tr.f.rt.log, "ending a transfer", r))
 		}
 	}()
-	tr.f.rt.atStage("finish")
+	tr.f.rt.panicAt.at("finish")
 	tr.finish(err)
 }
 

@@ -62,8 +62,11 @@ type Options struct {
 	QueueReleases bool
 }
 
-// Runtime owns an object store, a transport registry and a control-plane
-// endpoint. All methods are safe for concurrent use.
+// Runtime is what an application holds: it owns an object store, a
+// transport registry and a control-plane endpoint, and its methods are the
+// calls applications make. Peers are answered by its peerService
+// (service.go), its transports served by their transportHost (host.go).
+// All methods are safe for concurrent use.
 type Runtime struct {
 	opts   Options
 	me     *identity // who it is, to its peers and transports (host.go)

@@ -1,7 +1,8 @@
 package engine
 
 import (
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -134,12 +135,7 @@ func (o *object) collectMeta(reg *Registry) {
 	o.meta = nil
 	o.metaMu.Unlock()
 	o.extractMu.Unlock()
-	names := make([]string, 0, len(meta))
-	for name := range meta {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(meta)) {
 		if e, err := reg.lookup(name); err == nil {
 			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
 		}

@@ -108,7 +108,7 @@ func (h transportHost) PinObject(id transport.ObjectID) ([]transport.Tensor, fun
 	return o.tensors, sync.OnceFunc(func() { h.store.unpin(o) }), nil
 }
 
-// WriteInto implements transport.Host.
+// WriteInto implements Host.
 func (h transportHost) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
 	o := h.store.object(obj)
 	if o == nil || o.write == nil {

@@ -69,7 +69,7 @@ type Options struct {
 // All methods are safe for concurrent use.
 type Runtime struct {
 	opts   Options
-	me     *identity // who it is, to its peers and transports (host.go)
+	me     *identity // who it is, to its peers and transports (identity.go)
 	log    *transport.Logger
 	reg    *Registry
 	ep     control.Endpoint

@@ -7,6 +7,15 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// counters are a runtime's, for Stats.
+type counters struct {
+	refs, fetchesActive                    atomic.Int64
+	objectsFreed, leasesExpired            atomic.Uint64
+	moved                                  [2]outcomes // by direction (see account)
+	sendsCompleted, bytesSent, localCopies atomic.Uint64
+	viewsOpen, bytesViewed                 atomic.Int64 // mapped views held
+}
+
 // outcomes count the transfers of one direction: those completed, those
 // failed, and the bytes the completed ones moved.
 type outcomes struct {
@@ -26,8 +35,8 @@ func (o *outcomes) add(nbytes uint64, err error) {
 // its direction's counters: the runtime's, and, when a transport moved it
 // (e not nil), the transport's and its histograms. took counts from the
 // caller's start of the fetch, write or prepared run.
-func (rt *Runtime) account(dir transport.Direction, e *registered, nbytes uint64, took time.Duration, err error) {
-	rt.c.moved[dir].add(nbytes, err)
+func (c *counters) account(dir transport.Direction, e *registered, nbytes uint64, took time.Duration, err error) {
+	c.moved[dir].add(nbytes, err)
 	if e == nil {
 		return
 	}

@@ -114,7 +114,7 @@ func TestRuntimeHandsTransportsTheSettingsItRead(t *testing.T) {
 	require.True(t, probeFlag.In(seen))
 	text, _ := seen.Lookup(probeText.Name)
 	require.Equal(t, "1", text)
-	require.Equal(t, seen, rt.Settings())
+	require.Equal(t, seen, rt.host.Settings())
 }
 
 func TestRDTLogSetsTheDefaultLevel(t *testing.T) {
@@ -135,6 +135,6 @@ func TestListenAndTokenComeFromTheEnvironmentOnlyWhenAsked(t *testing.T) {
 	t.Setenv("RDT_LISTEN", "127.0.0.1:0")
 	t.Setenv("RDT_AUTH_TOKEN", "from-env")
 	rt = newRuntime(t, "env", func(o *Options) { o.EnvironmentDefaults = true })
-	require.Equal(t, "from-env", rt.AuthToken())
-	require.Equal(t, "127.0.0.1", rt.BindHost())
+	require.Equal(t, "from-env", rt.host.AuthToken())
+	require.Equal(t, "127.0.0.1", rt.host.BindHost())
 }

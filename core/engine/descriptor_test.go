@@ -77,7 +77,7 @@ func TestAutoOrderOfTheBuiltinDescriptors(t *testing.T) {
 		{"CUDA data, other host", objectOn(transport.DeviceCUDA), there, []string{"nixl", "nccl"}},
 		{"neither", objectOn(transport.DeviceType(10)), here, nil},
 	} {
-		assert.Equal(t, c.want, rt.autoCandidates(transport.Read, c.obj, c.peer), c.what)
+		assert.Equal(t, c.want, rt.routes.autoCandidates(transport.Read, c.obj, c.peer), c.what)
 	}
 }
 
@@ -86,10 +86,10 @@ func TestAutoOrderOfTheBuiltinDescriptors(t *testing.T) {
 func TestAutoOrderTakesLaterBetterRanksFirst(t *testing.T) {
 	rt := newRuntime(t, "a", func(o *Options) { o.Builtins = factories(builtinDescriptors[1:3]...) }) // shm, tcp
 	host := objectOn(transport.DeviceCPU)
-	assert.Equal(t, []string{"shm", "tcp"}, rt.autoCandidates(transport.Read, host, rt.Identity()))
+	assert.Equal(t, []string{"shm", "tcp"}, rt.routes.autoCandidates(transport.Read, host, rt.Identity()))
 	require.NoError(t, rt.RegisterTransport(described(transport.Descriptor{Name: "fast", Devices: hostDevices, OneSided: true, Auto: transport.AutoRank{Host: 5}})))
 	require.NoError(t, rt.RegisterTransport(described(transport.Descriptor{Name: "also_tcp", Devices: hostDevices, OneSided: true, Auto: transport.AutoRank{Host: 30}})))
-	assert.Equal(t, []string{"fast", "shm", "also_tcp", "tcp"}, rt.autoCandidates(transport.Read, host, rt.Identity()))
+	assert.Equal(t, []string{"fast", "shm", "also_tcp", "tcp"}, rt.routes.autoCandidates(transport.Read, host, rt.Identity()))
 }
 
 // An object put without a transport is fetched with the best-ranked

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"context"
-	"crypto/subtle"
 	"sync"
 	"time"
 
@@ -35,7 +33,8 @@ import (
 // open may have been mid-run: that tears it like an open write, with tag 0,
 // since the owner cannot know which run, if any, was under way.
 
-// This file is the owner's side: exposing, admitting, notices, revoking.
+// This file is the owner's side: exposing, each object's open writes and
+// notices, revoking; admitting and ending writes is the gate's (gate.go).
 // The writer's side is in write.go.
 
 // WriteNotice is the owner's record of one ended write.
@@ -359,7 +358,7 @@ func (r *Ref) WaitWriteNotice(timeout time.Duration) (WriteNotice, error) {
 		case <-deadline:
 			return n, transport.Errorf(transport.ErrTimeout, "no write notice of object %s within %v", r.desc.ID, timeout)
 		case <-r.rt.ctx.Done():
-			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.name)
+			return n, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", r.rt.me.name)
 		}
 	}
 }
@@ -413,7 +412,7 @@ func (r *Ref) RevokeWrites(timeout time.Duration) error {
 		r.rt.log.Debugf("revoked writes into object %s", r.desc.ID)
 	}
 	// Standing admissions end when their writers close them, between runs.
-	r.rt.withdraw(o, o.write.withdrawStanding(), transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", r.desc.ID))
+	r.rt.gate.withdraw(r.rt.ep, o, o.write.withdrawStanding(), transport.Errorf(transport.ErrPermissionDenied, "the owner revoked writes into object %s", r.desc.ID))
 	deadline, stop := timerFor(timeout)
 	defer stop()
 	for {
@@ -442,142 +441,4 @@ func timerFor(timeout time.Duration) (<-chan time.Time, func() bool) {
 	}
 	timer := time.NewTimer(timeout)
 	return timer.C, timer.Stop
-}
-
-// OpenWrite implements PeerService.
-func (rt *Runtime) OpenWrite(from transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
-	return rt.admitWrite(from, req)
-}
-
-// withdraw tells the writers of standing admissions into o to close them,
-// each on its own goroutine: a writer is reached over the connection it
-// made, and one that is gone is torn by PeerGone instead.
-func (rt *Runtime) withdraw(o *object, ws []withdrawal, why error) {
-	for _, w := range ws {
-		rt.log.Debugf("withdrawing the standing admission %d of %s into object %s: %v", w.id, w.writer, o.desc.ID, why)
-		rt.bg.Add(1)
-		go func() {
-			defer rt.bg.Done()
-			ctx, cancel := context.WithTimeout(rt.ctx, rpcTimeout)
-			defer cancel()
-			peer, err := rt.ep.Connect(ctx, w.writer.Address)
-			if err != nil {
-				rt.log.Debugf("could not reach writer %s to withdraw its admission: %v", w.writer, err)
-				return
-			}
-			peer.WithdrawWrite(o.desc.ID, w.id, why)
-		}()
-	}
-}
-
-// admitWrite admits a peer's write over a transport of this runtime that
-// writes (and, for ranges, serves them), and returns the object's metadata
-// for that transport.
-func (rt *Runtime) admitWrite(writer transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
-	e, err := rt.reg.lookup(req.Transport)
-	if err != nil {
-		return control.Admission{}, err
-	}
-	if e.writer == nil {
-		return control.Admission{}, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write", e.desc.Name)
-	}
-	if req.Pieces != nil && !e.desc.Ranges {
-		return control.Admission{}, transport.Errorf(transport.ErrUnsupported, "transport %s cannot write byte ranges", e.desc.Name)
-	}
-	return rt.admit(writer, req, e)
-}
-
-// admit checks a write against the object it writes into (exposed, the
-// key, not revoked, the ranges inside it) and records it open, pinning
-// the object. With a transport e, it returns the object's metadata for e,
-// which is handed out only here: only a holder of the key learns where an
-// exposed object lies.
-func (rt *Runtime) admit(writer transport.PeerInfo, req control.WriteOpen, e *registered) (adm control.Admission, err error) {
-	o, err := rt.store.pin(req.Object)
-	if err != nil {
-		return adm, err
-	}
-	admitted := false
-	defer func() {
-		if !admitted {
-			rt.store.unpin(o)
-		}
-	}()
-	if o.write == nil {
-		return adm, transport.Errorf(transport.ErrPermissionDenied, "object %s was put, not exposed for writing", req.Object)
-	}
-	if subtle.ConstantTimeCompare(req.Key[:], o.desc.WriteKey[:]) != 1 {
-		rt.log.Warnf("refused a write into object %s by %s: wrong write key (a forged or damaged writable ref)", req.Object, writer.RuntimeID)
-		return adm, transport.Errorf(transport.ErrPermissionDenied, "the write key does not match object %s: the writable ref is forged or damaged", req.Object)
-	}
-	nbytes := o.desc.Nbytes
-	if req.Pieces != nil {
-		if nbytes, err = checkPieces(o.tensors, req.Pieces); err != nil {
-			return adm, err
-		}
-	}
-	if e != nil {
-		if adm.Meta, err = rt.objectMeta(o, e); err != nil {
-			return adm, err
-		}
-	}
-	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: transport.MergePieces(req.Pieces), o: o, standing: req.Standing && e != nil, writer: writer}
-	if w.standing {
-		w.tag = 0 // each run names its own; a torn admission names none
-	}
-	if err := o.write.admit(openKey{writer.RuntimeID, req.TransferID}, w, req.Object); err != nil {
-		return adm, err
-	}
-	admitted = true
-	if w.standing {
-		adm.Runs = uint64(w.runs)
-	}
-	return adm, nil
-}
-
-// WriteDone implements PeerService.
-func (rt *Runtime) WriteDone(from transport.RuntimeID, end control.WriteEnd) {
-	rt.endWrite(from, end)
-}
-
-// endWrite records a writer's end of an open write (or of one run of a
-// standing admission): its notice, the unpin of a closed one, the
-// withdrawal of one whose notices filled the queue.
-func (rt *Runtime) endWrite(writer transport.RuntimeID, end control.WriteEnd) {
-	o := rt.store.object(end.Object)
-	if o == nil || o.write == nil {
-		return // destroyed meanwhile, or never ours: nothing is open
-	}
-	if !o.write.end(openKey{writer, end.TransferID}, end) {
-		rt.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, end.TransferID, end.Object)
-	}
-}
-
-// WriteInto implements transport.Host.
-func (rt *Runtime) WriteInto(obj transport.ObjectID, writeID uint64) ([]transport.Tensor, []transport.Piece, func(), error) {
-	o := rt.store.object(obj)
-	if o == nil || o.write == nil {
-		return nil, nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not exposed for writing here", obj)
-	}
-	w, release, err := o.write.into(writeID)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return o.tensors, w.pieces, sync.OnceFunc(release), nil
-}
-
-// writersGone tears every write a lost peer had open.
-func (rt *Runtime) writersGone(peer transport.PeerInfo) {
-	cause := transport.Errorf(transport.ErrPeerUnavailable, "the writer %s went away with the write open: the bytes it covers may be torn", peer)
-	rt.tearWrites(peer.RuntimeID, cause, "writer "+peer.String()+" is gone")
-}
-
-// tearWrites ends with cause the open writes of writer (zero: every one)
-// into every object exposed here.
-func (rt *Runtime) tearWrites(writer transport.RuntimeID, cause error, why string) {
-	for _, o := range rt.store.exposedObjects() {
-		if torn := o.write.tear(writer, cause); torn > 0 {
-			rt.log.Warnf("%s with %d writes into object %s open: notices say they are torn", why, torn, o.desc.ID)
-		}
-	}
 }

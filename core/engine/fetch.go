@@ -71,7 +71,7 @@ type Fetch struct {
 // phases are the fetch's result. See rdt_fetch_start.
 func (rt *Runtime) StartFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Fetch, error) {
 	ctx, cancel := context.WithCancel(rt.ctx)
-	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
+	f, err := newFetch(rt, refs, targets, opts, ctx, cancel)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -133,7 +133,7 @@ func (rt *Runtime) Get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 // it is freed (a Prepared keeps what its transfers resolved).
 func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOptions, timeout time.Duration, ended func(*Fetch)) error {
 	if timeout == 0 {
-		if _, err := rt.checkFetchArgs(refs, targets, opts); err != nil {
+		if _, err := checkFetchArgs(rt, refs, targets, opts); err != nil {
 			return err
 		}
 		if err := noTimeForPeers(refs, opts.dir); err != nil {
@@ -148,7 +148,7 @@ func (rt *Runtime) get(refs []*Ref, targets []transport.Tensor, opts FetchOption
 	} else {
 		ctx, cancel = context.WithCancel(rt.ctx)
 	}
-	f, err := rt.newFetch(refs, targets, opts, ctx, cancel)
+	f, err := newFetch(rt, refs, targets, opts, ctx, cancel)
 	if err != nil {
 		cancel()
 		return err
@@ -222,15 +222,15 @@ func (f *Fetch) giveUp(err error) bool {
 	return true
 }
 
-// checkFetchArgs checks a fetch's (or a write's) refs and tensors and plans
-// what each ref's transfer moves.
-func (rt *Runtime) checkFetchArgs(refs []*Ref, targets []transport.Tensor, opts FetchOptions) ([]*refTargets, error) {
+// checkFetchArgs checks a fetch's (or a write's) refs, which must be rt's,
+// and tensors, and plans what each ref's transfer moves.
+func checkFetchArgs(rt *Runtime, refs []*Ref, targets []transport.Tensor, opts FetchOptions) ([]*refTargets, error) {
 	for i, r := range refs {
 		if err := r.check(); err != nil {
 			return nil, transport.Wrap(err, "ref %d", i)
 		}
 		if r.rt != rt {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.name, rt.name)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "ref %d belongs to runtime %s, not %s", i, r.rt.me.name, rt.me.name)
 		}
 	}
 	if err := checkDirection(refs, opts.dir); err != nil {
@@ -241,10 +241,10 @@ func (rt *Runtime) checkFetchArgs(refs []*Ref, targets []transport.Tensor, opts 
 }
 
 // newFetch checks the arguments, takes the fetch's own handles on the
-// objects and registers the fetch with the runtime. Nothing runs yet. The
+// objects and registers the fetch with runtime rt. Nothing runs yet. The
 // fetch takes ctx and cancels it when aborted or freed.
-func (rt *Runtime) newFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
-	plans, err := rt.checkFetchArgs(refs, targets, opts)
+func newFetch(rt *Runtime, refs []*Ref, targets []transport.Tensor, opts FetchOptions, ctx context.Context, cancel context.CancelFunc) (*Fetch, error) {
+	plans, err := checkFetchArgs(rt, refs, targets, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -33,8 +33,12 @@ type groupState struct {
 	ready   bool // the communicator is formed
 }
 
-// groups is a runtime's table of groups, by name.
+// groups is a runtime's table of groups, by name, and their formation:
+// rank 0's rendezvous (join) and the other ranks' joining it.
 type groups struct {
+	me  *identity
+	ctx context.Context // the runtime's: its end ends forming and joining
+
 	mu sync.Mutex
 	m  map[string]*groupState
 }
@@ -43,13 +47,13 @@ type groups struct {
 // It returns once every rank has joined and the backend's communicator is
 // formed, or fails (a negative timeout waits forever).
 func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) error {
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return err
 	}
 	if err := checkGroupSpec(spec, timeout); err != nil {
 		return err
 	}
-	spec, backend, err := rt.groupBackendFor(spec)
+	spec, backend, err := rt.reg.groupBackendFor(spec)
 	if err != nil {
 		return err
 	}
@@ -59,14 +63,14 @@ func (rt *Runtime) CreateGroup(spec transport.GroupSpec, timeout time.Duration) 
 	}
 	defer cancel()
 
-	g, err := rt.newGroupState(spec, backend)
+	g, err := newGroupState(spec, backend, rt.Identity())
 	if err != nil {
 		return err
 	}
-	if err := rt.claimGroupName(g); err != nil {
+	if err := rt.grp.claim(g); err != nil {
 		return err
 	}
-	if err := rt.formGroup(ctx, g, backend); err != nil {
+	if err := rt.grp.form(ctx, g, backend, rt.ep); err != nil {
 		return err
 	}
 	rt.log.Infof("group %q formed: rank %d of %d on device %d over %s", spec.Name, spec.Rank, spec.WorldSize, spec.Device, spec.Backend)
@@ -96,40 +100,9 @@ func checkGroupSpec(spec transport.GroupSpec, timeout time.Duration) error {
 	return nil
 }
 
-// groupBackendFor finds the transport that forms the group: the one the
-// spec names, else the registry's default. The spec it returns names it
-// canonically.
-func (rt *Runtime) groupBackendFor(spec transport.GroupSpec) (transport.GroupSpec, transport.GroupBackend, error) {
-	if spec.Backend == "" {
-		spec.Backend = rt.reg.groupBackend()
-		if spec.Backend == "" {
-			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
-				spec.Name, strings.Join(rt.reg.Names(), ", "), rt.reg.whyAllUnavailable())
-		}
-	}
-	canon, err := transport.CanonicalName(spec.Backend)
-	if err != nil {
-		return spec, nil, err
-	}
-	spec.Backend = canon
-	t, err := rt.reg.Get(canon)
-	if err != nil {
-		if transport.StatusOf(err) == transport.ErrNotFound {
-			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
-				spec.Name, canon, strings.Join(rt.reg.Names(), ", "), rt.reg.whyUnavailable(canon))
-		}
-		return spec, nil, err
-	}
-	backend, ok := t.(transport.GroupBackend)
-	if !ok {
-		return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s does not form groups", spec.Name, canon)
-	}
-	return spec, backend, nil
-}
-
 // newGroupState is this rank's record of a forming group; rank 0's holds
-// the roster, with the backend's bootstrap bytes and itself as rank 0.
-func (rt *Runtime) newGroupState(spec transport.GroupSpec, backend transport.GroupBackend) (*groupState, error) {
+// the roster, with the backend's bootstrap bytes and itself (me) as rank 0.
+func newGroupState(spec transport.GroupSpec, backend transport.GroupBackend, me transport.PeerInfo) (*groupState, error) {
 	g := &groupState{spec: spec}
 	if spec.Rank != 0 {
 		return g, nil
@@ -141,10 +114,9 @@ func (rt *Runtime) newGroupState(spec transport.GroupSpec, backend transport.Gro
 	if len(boot) > maxBootstrap {
 		return nil, transport.Errorf(transport.ErrInternal, "group %q: transport %s made %d bootstrap bytes, over %d", spec.Name, spec.Backend, len(boot), maxBootstrap)
 	}
-	id := rt.Identity()
 	g.roster = &transport.GroupRoster{Name: spec.Name, Backend: spec.Backend, Instance: transport.RandomUint64() | 1, Bootstrap: boot,
 		Members: make([]transport.GroupMember, spec.WorldSize)}
-	g.roster.Members[0] = transport.GroupMember{Runtime: id.RuntimeID, Name: id.Name, Address: id.Address}
+	g.roster.Members[0] = transport.GroupMember{Runtime: me.RuntimeID, Name: me.Name, Address: me.Address}
 	g.joined = 1
 	g.formed, g.failed = make(chan struct{}), make(chan struct{})
 	if spec.WorldSize == 1 {
@@ -153,30 +125,31 @@ func (rt *Runtime) newGroupState(spec transport.GroupSpec, backend transport.Gro
 	return g, nil
 }
 
-// claimGroupName records g under its name, refusing a name in use.
-func (rt *Runtime) claimGroupName(g *groupState) error {
+// claim records g under its name, refusing a name in use.
+func (gs *groups) claim(g *groupState) error {
 	spec := g.spec
-	rt.grp.mu.Lock()
-	defer rt.grp.mu.Unlock()
-	if rt.grp.m == nil {
-		rt.grp.m = map[string]*groupState{}
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if gs.m == nil {
+		gs.m = map[string]*groupState{}
 	}
-	if old := rt.grp.m[spec.Name]; old != nil {
+	if old := gs.m[spec.Name]; old != nil {
 		what := "is being formed"
 		if old.ready {
 			what = "exists"
 		}
 		return transport.Errorf(transport.ErrAlreadyExists, "group %q already %s in this runtime (rank %d of %d); destroy it first", spec.Name, what, old.spec.Rank, old.spec.WorldSize)
 	}
-	rt.grp.m[spec.Name] = g
+	gs.m[spec.Name] = g
 	return nil
 }
 
-// formGroup waits for every rank, then has the backend form its
-// communicator; the group is ready after, or its name is released.
-func (rt *Runtime) formGroup(ctx context.Context, g *groupState, backend transport.GroupBackend) error {
+// form waits for every rank (reaching rank 0 over ep), then has the
+// backend form its communicator; the group is ready after, or its name is
+// released.
+func (gs *groups) form(ctx context.Context, g *groupState, backend transport.GroupBackend, ep control.Endpoint) error {
 	spec := g.spec
-	roster, err := rt.rendezvous(ctx, g)
+	roster, err := gs.rendezvous(ctx, g, ep)
 	if err == nil {
 		err = backend.InitGroup(ctx, roster, spec)
 		if err != nil {
@@ -184,18 +157,19 @@ func (rt *Runtime) formGroup(ctx context.Context, g *groupState, backend transpo
 			err = transport.Wrap(err, "group %q", spec.Name)
 		}
 	}
-	rt.grp.mu.Lock()
-	defer rt.grp.mu.Unlock()
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
 	if err != nil {
-		delete(rt.grp.m, spec.Name)
+		delete(gs.m, spec.Name)
 		return err
 	}
 	g.ready = true
 	return nil
 }
 
-// rendezvous waits until every rank joined and returns the roster.
-func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.GroupRoster, error) {
+// rendezvous waits until every rank joined and returns the roster; a rank
+// other than 0 joins rank 0 over ep.
+func (gs *groups) rendezvous(ctx context.Context, g *groupState, ep control.Endpoint) (*transport.GroupRoster, error) {
 	spec := g.spec
 	if spec.Rank == 0 {
 		select {
@@ -203,10 +177,10 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 			return g.roster, nil
 		case <-ctx.Done():
 		}
-		rt.grp.mu.Lock()
+		gs.mu.Lock()
 		select {
 		case <-g.formed: // formed just as the deadline passed
-			rt.grp.mu.Unlock()
+			gs.mu.Unlock()
 			return g.roster, nil
 		default:
 		}
@@ -218,16 +192,16 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 		}
 		g.failErr = transport.Errorf(transport.ErrTimeout, "rank 0 gave up before ranks [%s] joined", strings.Join(missing, " "))
 		close(g.failed)
-		rt.grp.mu.Unlock()
-		if rt.ctx.Err() != nil {
-			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.name, spec.Name)
+		gs.mu.Unlock()
+		if gs.ctx.Err() != nil {
+			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", gs.me.name, spec.Name)
 		}
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: ranks [%s] of %d did not join rank 0 in time", spec.Name, strings.Join(missing, " "), spec.WorldSize)
 	}
 	req := control.GroupJoin{Name: spec.Name, Backend: spec.Backend, WorldSize: spec.WorldSize, Rank: spec.Rank}
 	var last error
 	for delay := 10 * time.Millisecond; ; delay = min(delay*2, 250*time.Millisecond) {
-		peer, err := rt.ep.Connect(ctx, spec.Rank0)
+		peer, err := ep.Connect(ctx, spec.Rank0)
 		var b []byte
 		if err == nil {
 			b, err = peer.JoinGroup(ctx, req)
@@ -237,7 +211,7 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 			if err != nil {
 				return nil, transport.Wrap(err, "group %q: rank 0's answer", spec.Name)
 			}
-			if err := checkRoster(roster, req, rt.id, peer.Info().RuntimeID); err != nil {
+			if err := checkRoster(roster, req, gs.me.id, peer.Info().RuntimeID); err != nil {
 				return nil, err
 			}
 			return roster, nil
@@ -253,8 +227,8 @@ func (rt *Runtime) rendezvous(ctx context.Context, g *groupState) (*transport.Gr
 			continue
 		case <-ctx.Done():
 		}
-		if rt.ctx.Err() != nil {
-			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", rt.name, spec.Name)
+		if gs.ctx.Err() != nil {
+			return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed while group %q was forming", gs.me.name, spec.Name)
 		}
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: rank 0 at %s did not accept rank %d in time (last: %v)", spec.Name, spec.Rank0, spec.Rank, last)
 	}
@@ -274,17 +248,17 @@ func checkRoster(g *transport.GroupRoster, req control.GroupJoin, self, rank0 tr
 	return nil
 }
 
-// JoinGroup implements PeerService on rank 0: register `from` as a rank
-// and answer with the roster once every rank has joined.
-func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {
-	rt.grp.mu.Lock()
-	g := rt.grp.m[req.Name]
+// join registers `from` as a rank of a group this runtime is rank 0 of and
+// answers with the roster once every rank has joined.
+func (gs *groups) join(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {
+	gs.mu.Lock()
+	g := gs.m[req.Name]
 	if g == nil || g.roster == nil {
-		rt.grp.mu.Unlock()
+		gs.mu.Unlock()
 		if g != nil {
-			return nil, transport.Errorf(transport.ErrInvalidArgument, "group %q: runtime %s is rank %d of it, not rank 0", req.Name, rt.name, g.spec.Rank)
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "group %q: runtime %s is rank %d of it, not rank 0", req.Name, gs.me.name, g.spec.Rank)
 		}
-		return nil, transport.Errorf(transport.ErrNotFound, "group %q has not been created on rank 0 (%s) yet", req.Name, rt.name)
+		return nil, transport.Errorf(transport.ErrNotFound, "group %q has not been created on rank 0 (%s) yet", req.Name, gs.me.name)
 	}
 	r := g.roster
 	var err error
@@ -301,13 +275,13 @@ func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req c
 		err = transport.Errorf(transport.ErrAlreadyExists, "group %q: runtime %s already joined as rank %d", req.Name, from.Name, r.RankOf(from.RuntimeID))
 	}
 	if err != nil {
-		rt.grp.mu.Unlock()
+		gs.mu.Unlock()
 		return nil, err
 	}
 	if r.Members[req.Rank].Runtime.IsZero() {
 		select {
 		case <-g.failed:
-			rt.grp.mu.Unlock()
+			gs.mu.Unlock()
 			return nil, transport.Errorf(transport.ErrTimeout, "group %q: %v", req.Name, g.failErr)
 		default:
 		}
@@ -317,7 +291,7 @@ func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req c
 			close(g.formed)
 		}
 	}
-	rt.grp.mu.Unlock()
+	gs.mu.Unlock()
 
 	select {
 	case <-g.formed:
@@ -325,11 +299,11 @@ func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req c
 	case <-g.failed:
 		return nil, transport.Errorf(transport.ErrTimeout, "group %q: %v", req.Name, g.failErr)
 	case <-ctx.Done():
-	case <-rt.ctx.Done():
+	case <-gs.ctx.Done():
 	}
 	// The joiner gave up (or we are shutting down): free its rank unless
 	// the group formed meanwhile.
-	rt.grp.mu.Lock()
+	gs.mu.Lock()
 	select {
 	case <-g.formed:
 	default:
@@ -338,7 +312,7 @@ func (rt *Runtime) JoinGroup(ctx context.Context, from transport.PeerInfo, req c
 			g.joined--
 		}
 	}
-	rt.grp.mu.Unlock()
+	gs.mu.Unlock()
 	return nil, transport.Errorf(transport.ErrAborted, "group %q: the join was cancelled", req.Name)
 }
 
@@ -347,17 +321,10 @@ func (rt *Runtime) DestroyGroup(name string) error {
 	if err := transport.CheckGroupName(name); err != nil {
 		return err
 	}
-	rt.grp.mu.Lock()
-	g := rt.grp.m[name]
-	if g == nil || !g.ready {
-		rt.grp.mu.Unlock()
-		if g != nil {
-			return transport.Errorf(transport.ErrInvalidArgument, "group %q is still being formed in this runtime", name)
-		}
-		return transport.Errorf(transport.ErrNotFound, "no group %q in runtime %s (have: %s)", name, rt.name, strings.Join(rt.GroupNames(), ", "))
+	g, err := rt.grp.take(name)
+	if err != nil {
+		return err
 	}
-	delete(rt.grp.m, name)
-	rt.grp.mu.Unlock()
 	t, err := rt.reg.Get(g.spec.Backend)
 	if err != nil {
 		return err
@@ -370,11 +337,30 @@ func (rt *Runtime) DestroyGroup(name string) error {
 }
 
 // GroupNames lists the groups formed in this runtime, sorted.
-func (rt *Runtime) GroupNames() []string {
-	rt.grp.mu.Lock()
-	defer rt.grp.mu.Unlock()
+func (rt *Runtime) GroupNames() []string { return rt.grp.names() }
+
+// take removes the formed group name from the table, for its destroy.
+func (gs *groups) take(name string) (*groupState, error) {
+	gs.mu.Lock()
+	g := gs.m[name]
+	if g == nil || !g.ready {
+		gs.mu.Unlock()
+		if g != nil {
+			return nil, transport.Errorf(transport.ErrInvalidArgument, "group %q is still being formed in this runtime", name)
+		}
+		return nil, transport.Errorf(transport.ErrNotFound, "no group %q in runtime %s (have: %s)", name, gs.me.name, strings.Join(gs.names(), ", "))
+	}
+	delete(gs.m, name)
+	gs.mu.Unlock()
+	return g, nil
+}
+
+// names lists the groups formed, sorted.
+func (gs *groups) names() []string {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
 	var names []string
-	for n, g := range rt.grp.m {
+	for n, g := range gs.m {
 		if g.ready {
 			names = append(names, n)
 		}

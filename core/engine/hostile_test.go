@@ -294,7 +294,7 @@ func TestLeasesOfAllPeersAreCapped(t *testing.T) {
 	assert.Zero(t, other, "no other answers")
 	assert.Contains(t, why, "its peers together already hold", "the refusal says why")
 	assert.Equal(t, uint64(MaxPeerLeases), rt.Stats().RefsInTransit)
-	_, err := rt.Lease(transport.RandomID(), ref.Desc().ID)
+	_, err := rt.svc.Lease(transport.RandomID(), ref.Desc().ID)
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "a peer with none is refused too: %v", err)
 	_, err = ref.Serialize()
 	assert.NoError(t, err, "the owner's own serializations are not leases on behalf of peers")
@@ -304,7 +304,7 @@ func TestLeasesOfAllPeersAreCapped(t *testing.T) {
 	rt.store.mu.Lock()
 	assert.Zero(t, rt.store.peerLeasesHeld, "the total goes with the leases")
 	rt.store.mu.Unlock()
-	_, err = rt.Lease(transport.RandomID(), ref.Desc().ID)
+	_, err = rt.svc.Lease(transport.RandomID(), ref.Desc().ID)
 	assert.NoError(t, err, "room again")
 }
 
@@ -315,18 +315,18 @@ func TestPeerLeasesExpireFromTheCount(t *testing.T) {
 	defer ref.Release()
 	greedy, modest := transport.RandomID(), transport.RandomID()
 	for i := 0; i < MaxLeasesPerPeer; i++ {
-		_, err := rt.Lease(greedy, ref.Desc().ID)
+		_, err := rt.svc.Lease(greedy, ref.Desc().ID)
 		require.NoError(t, err)
 	}
-	_, err := rt.Lease(greedy, ref.Desc().ID)
+	_, err := rt.svc.Lease(greedy, ref.Desc().ID)
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "%v", err)
-	_, err = rt.Lease(modest, ref.Desc().ID)
+	_, err = rt.svc.Lease(modest, ref.Desc().ID)
 	assert.NoError(t, err, "the cap is per peer")
 	eventually(t, func() bool { return rt.Stats().RefsInTransit == 0 }, "the leases expire")
 	rt.store.mu.Lock()
 	assert.Empty(t, rt.store.peerLeases)
 	rt.store.mu.Unlock()
-	_, err = rt.Lease(greedy, ref.Desc().ID)
+	_, err = rt.svc.Lease(greedy, ref.Desc().ID)
 	assert.NoError(t, err, "expired leases no longer count")
 }
 
@@ -336,7 +336,7 @@ func TestTokenlessTCPRequiresTheAddressKey(t *testing.T) {
 		o.ListenTCP, o.LogLevel, o.LogOutput = "127.0.0.1:0", transport.LogDebug, &ownerLog
 	})
 	_, tcpAddr, key := endpoints(t, owner)
-	require.Equal(t, owner.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
+	require.Equal(t, owner.host.RuntimeSecret(), key, "the TCP part of the address carries the runtime secret")
 	src, dst := newMemTransport("mem"), newMemTransport("mem")
 	require.NoError(t, owner.RegisterTransport(src))
 	var released atomic.Int64

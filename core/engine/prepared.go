@@ -61,23 +61,13 @@ type preparedPart struct {
 // PrepareFetch prepares a fetch of refs into targets (see Get for the
 // arguments). Nothing moves until Run.
 func (rt *Runtime) PrepareFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Prepared, error) {
-	return rt.prepare(refs, targets, opts)
-}
-
-// PrepareWrite prepares a write of sources into writable refs (see Write).
-// The tag of each run is given to Run.
-func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Prepared, error) {
-	return rt.prepare(refs, sources, opts.fetchOptions())
-}
-
-func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOptions) (*Prepared, error) {
 	if rt.ctx.Err() != nil {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
-	if _, err := rt.checkFetchArgs(refs, tensors, opts); err != nil {
+	if _, err := checkFetchArgs(rt, refs, targets, opts); err != nil {
 		return nil, err
 	}
-	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), tensors...), opts: opts}
+	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), targets...), opts: opts}
 	if opts.Sources != nil {
 		p.opts.Sources = append([]Source(nil), opts.Sources...)
 	}
@@ -90,6 +80,13 @@ func (rt *Runtime) prepare(refs []*Ref, tensors []transport.Tensor, opts FetchOp
 		p.refs = append(p.refs, c)
 	}
 	return p, nil
+}
+
+// PrepareWrite prepares a write of sources into writable refs (see Write),
+// as PrepareFetch with the write's options. The tag of each run is given to
+// Run.
+func (rt *Runtime) PrepareWrite(refs []*Ref, sources []transport.Tensor, opts WriteOptions) (*Prepared, error) {
+	return rt.PrepareFetch(refs, sources, opts.fetchOptions())
 }
 
 // Write reports whether the Prepared writes (else it fetches).
@@ -105,7 +102,7 @@ func (p *Prepared) Run(tag uint64, timeout time.Duration) error {
 		return transport.Errorf(transport.ErrClosed, "the prepared transfer was closed")
 	}
 	if p.rt.ctx.Err() != nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.me.name)
 	}
 	if timeout == 0 {
 		if err := noTimeForPeers(p.refs, p.opts.dir); err != nil {
@@ -210,7 +207,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		if write {
 			adm, err := p.beginRun(runCtx(), part, tag)
 			if err != nil {
-				rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
+				rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 				fail(i, err)
 				break
 			}
@@ -229,7 +226,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 			if r.adm != nil {
 				p.endRun(r.adm, tag, err)
 			}
-			rt.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
+			rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
 			fail(i, err)
 			break
 		}
@@ -262,7 +259,7 @@ func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
 		if r.adm != nil {
 			p.endRun(r.adm, tag, err)
 		}
-		rt.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
+		rt.c.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
 	}
 	return firstErr
 }
@@ -292,7 +289,7 @@ func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *tr
 		return transport.Errorf(transport.ErrTimeout, "the prepared transfer did not complete within its deadline")
 	}
 	if err == nil {
-		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.name)
+		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.me.name)
 	}
 	return err
 }

@@ -318,7 +318,7 @@ func TestWriterGoneTearsItsStandingAdmission(t *testing.T) {
 	p := writablePair(t)
 	owned, pw := standingWriter(t, p)
 	defer pw.Close()
-	p.owner.PeerGone(p.borrower.Identity())
+	p.owner.svc.PeerGone(p.borrower.Identity())
 	n, err := owned.WaitWriteNotice(5 * time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)

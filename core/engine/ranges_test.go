@@ -22,8 +22,8 @@ func TestAdmittedPiecesAreMergedForTheServers(t *testing.T) {
 	id := owned.Desc().ID
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
 	open := func(transfer uint64, pieces []transport.Piece) []transport.Piece {
-		require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: transfer, Transport: "mem", Key: owned.Desc().WriteKey, Pieces: pieces})))
-		_, got, done, err := p.owner.WriteInto(id, transfer)
+		require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: transfer, Transport: "mem", Key: owned.Desc().WriteKey, Pieces: pieces})))
+		_, got, done, err := p.owner.host.WriteInto(id, transfer)
 		require.NoError(t, err)
 		done()
 		return got

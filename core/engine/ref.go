@@ -90,22 +90,6 @@ func (r *Ref) release(revokeLeases bool) error {
 	return nil
 }
 
-// borrowConfirmed waits, under ctx(), until the owner has answered every
-// borrow request of obj and returns the first refusal.
-func (rt *Runtime) borrowConfirmed(ctx func() context.Context, obj transport.ObjectID) error {
-	e, ch, refused := rt.store.borrowState(obj)
-	if refused != nil || ch == nil {
-		return refused
-	}
-	wctx := ctx()
-	select {
-	case <-ch:
-	case <-wctx.Done():
-		return transport.ContextError(wctx, "waiting for the owner %s to answer the borrow of object %s", e.peer.Info().Address, obj)
-	}
-	return rt.store.refusal(e)
-}
-
 // Serialize encodes the reference with a fresh lease token.
 func (r *Ref) Serialize() ([]byte, error) {
 	if err := r.check(); err != nil {
@@ -124,7 +108,7 @@ func (r *Ref) Serialize() ([]byte, error) {
 	}
 	e, closed := rt.store.borrowing(r.desc.ID)
 	if closed {
-		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return nil, transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	if e == nil {
 		return nil, transport.Errorf(transport.ErrInternal, "borrowed object %s is missing while a ref is held", r.desc.ID)
@@ -173,10 +157,10 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return nil, err
 	}
-	if desc.Owner.RuntimeID == rt.id {
+	if desc.Owner.RuntimeID == rt.me.id {
 		o, err := rt.store.adopt(desc.ID, token)
 		if err != nil {
 			return nil, err
@@ -187,7 +171,7 @@ func (rt *Runtime) DeserializeContext(ctx context.Context, b []byte) (*Ref, erro
 	// The runtime's end also ends the wait.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(rt.ctx, func() { cancel(transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)) })
+	stop := context.AfterFunc(rt.ctx, func() { cancel(transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)) })
 	defer stop()
 	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {

@@ -199,6 +199,28 @@ func sortedNames(m map[string]*registered) []string {
 	return names
 }
 
+// startBuiltins makes and registers the built-in transports, each with
+// host named for it; one that is unsupported here is recorded as
+// unavailable and skipped.
+func (r *Registry) startBuiltins(factories []transport.TransportFactory, host transportHost) error {
+	for _, f := range factories {
+		t, err := f.New(host.named(f.Name))
+		if err != nil {
+			if transport.StatusOf(err) == transport.ErrUnsupported {
+				r.markUnavailable(f.Name, err)
+				host.log.Debugf("transport %s is not available here: %v", f.Name, err)
+				continue
+			}
+			return transportError(f.Name, err)
+		}
+		if err := r.Register(t, true); err != nil {
+			t.Close()
+			return err
+		}
+	}
+	return nil
+}
+
 // lookup finds a transport by any-case name.
 func (r *Registry) lookup(name string) (*registered, error) {
 	canon, err := transport.CanonicalName(name)
@@ -312,4 +334,119 @@ func (r *Registry) closeAll(log *transport.Logger) {
 			log.Warnf("closing transport %s: %v", name, err)
 		}
 	}
+}
+
+// eagerMaxTensors bounds the objects whose metadata travels in their refs:
+// past it, each transport's metadata (some 16 bytes a tensor) is asked of
+// the owner once per receiver, and a ref handed around stays small.
+const eagerMaxTensors = 4096
+
+// eagerTransports are the transports whose metadata a put without a
+// transport extracts at once (see Descriptor.EagerMetadata).
+func (r *Registry) eagerTransports(tensors []transport.Tensor) []*registered {
+	if len(tensors) > eagerMaxTensors {
+		return nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []*registered
+	for _, e := range r.m {
+		if !e.desc.Eager() {
+			continue
+		}
+		all := true
+		for _, t := range tensors {
+			all = all && e.desc.Moves(t.Device.Type)
+		}
+		if all {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// localCopier is a transport that copies d memory within a process, and
+// its name ("" when none is registered).
+func (r *Registry) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, e := range r.m {
+		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
+			return lc, e.desc.Name
+		}
+	}
+	return nil, ""
+}
+
+// checkLocalCopy makes sure a runtime's own object can be copied directly.
+func (r *Registry) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, pieces []transport.Piece) error {
+	for i, tg := range targets {
+		t := desc.Tensors[pieceTensor(pieces, i)]
+		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
+			continue
+		}
+		if _, name := r.localCopier(deviceSide(t.Device.Type, tg.Device.Type)); name == "" {
+			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", t.Device.Type, tg.Device.Type)
+		}
+	}
+	return nil
+}
+
+// viewer is the transport named (or, for "", the first registered one
+// that maps) and its Viewer.
+func (r *Registry) viewer(name string) (*registered, transport.Viewer, error) {
+	if name != "" {
+		e, err := r.lookup(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		vw, ok := e.t.(transport.Viewer)
+		if !ok {
+			return nil, nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot map an object (views need one that can, such as shm)", e.desc.Name)
+		}
+		return e, vw, nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var best *registered
+	for _, e := range r.m {
+		if _, ok := e.t.(transport.Viewer); ok && (best == nil || e.desc.Name < best.desc.Name) {
+			best = e
+		}
+	}
+	if best == nil {
+		return nil, nil, transport.Errorf(transport.ErrUnsupported, "no transport in this runtime can map an object (views need shm)%s", r.whyAllUnavailable())
+	}
+	return best, best.t.(transport.Viewer), nil
+}
+
+// groupBackendFor finds the transport that forms the group: the one the
+// spec names, else the registry's default. The spec it returns names it
+// canonically.
+func (r *Registry) groupBackendFor(spec transport.GroupSpec) (transport.GroupSpec, transport.GroupBackend, error) {
+	if spec.Backend == "" {
+		spec.Backend = r.groupBackend()
+		if spec.Backend == "" {
+			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: no transport in this runtime forms groups (have: %s)%s",
+				spec.Name, strings.Join(r.Names(), ", "), r.whyAllUnavailable())
+		}
+	}
+	canon, err := transport.CanonicalName(spec.Backend)
+	if err != nil {
+		return spec, nil, err
+	}
+	spec.Backend = canon
+	t, err := r.Get(canon)
+	if err != nil {
+		if transport.StatusOf(err) == transport.ErrNotFound {
+			return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s is not available in this runtime (have: %s)%s",
+				spec.Name, canon, strings.Join(r.Names(), ", "), r.whyUnavailable(canon))
+		}
+		return spec, nil, err
+	}
+	backend, ok := t.(transport.GroupBackend)
+	if !ok {
+		return spec, nil, transport.Errorf(transport.ErrUnsupported, "group %q: transport %s does not form groups", spec.Name, canon)
+	}
+	return spec, backend, nil
 }

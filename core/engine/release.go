@@ -112,7 +112,7 @@ func (rt *Runtime) ReleaseToQueue(userData uintptr) func() {
 // ErrClosed.
 func (rt *Runtime) TakeReleased(out []uintptr, timeout time.Duration) (int, error) {
 	if rt.releases == nil {
-		return 0, transport.Errorf(transport.ErrInvalidArgument, "runtime %s does not queue releases: its release callbacks are called instead", rt.name)
+		return 0, transport.Errorf(transport.ErrInvalidArgument, "runtime %s does not queue releases: its release callbacks are called instead", rt.me.name)
 	}
 	if len(out) > MaxTakeReleased {
 		out = out[:MaxTakeReleased]

@@ -8,6 +8,16 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// routes are how a runtime reaches other runtimes' objects: its endpoint
+// to connect to their owners, its transports, its store (the borrows it
+// holds, with the metadata owners gave) and who it is.
+type routes struct {
+	ep    control.Endpoint
+	reg   *Registry
+	store *store
+	me    *identity
+}
+
 // A route is one ref's way to its object's bytes in one direction,
 // resolved once: the owner's connection, the transport, the transfer
 // template and the metadata to start it with (a read's from the ref, a
@@ -47,8 +57,8 @@ type routeQuery struct {
 // direction (and the ranges, and maps for a view), the owner offers it and
 // is on this host where it must be, and the metadata is at hand (asked of
 // the owner for a read, given with its admission for a write).
-func (rt *Runtime) resolve(q *routeQuery, name string) (*route, error) {
-	e, err := rt.reg.lookup(name)
+func (rs *routes) resolve(q *routeQuery, name string) (*route, error) {
+	e, err := rs.reg.lookup(name)
 	if err != nil {
 		return nil, err
 	}
@@ -64,12 +74,12 @@ func (rt *Runtime) resolve(q *routeQuery, name string) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
-	if e.desc.SameHostOnly && !rt.Identity().SameHost(peerInfo) {
+	if e.desc.SameHostOnly && !rs.me.info().SameHost(peerInfo) {
 		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
-	r := &route{peer: q.peer, entry: e, x: rt.template(q, name, peerInfo)}
+	r := &route{peer: q.peer, entry: e, x: rs.template(q, name, peerInfo)}
 	if q.dir == transport.Read {
-		if r.tmeta, err = rt.remoteMeta(q.wait, q.peer, q.desc, name); err != nil {
+		if r.tmeta, err = rs.remoteMeta(q.wait, q.peer, q.desc, name); err != nil {
 			return nil, transportError(name, transport.Wrap(err, "asking the owner for metadata"))
 		}
 		if q.maps {
@@ -87,13 +97,13 @@ func (rt *Runtime) resolve(q *routeQuery, name string) (*route, error) {
 
 // template is the Transfer of a route: this runtime receives a read and
 // sends a write; the owner is the other side.
-func (rt *Runtime) template(q *routeQuery, name string, owner transport.PeerInfo) transport.Transfer {
+func (rs *routes) template(q *routeQuery, name string, owner transport.PeerInfo) transport.Transfer {
 	x := transport.Transfer{Object: q.desc.ID, TransferID: transport.RandomUint64(), Transport: name,
 		Direction: q.dir, Pieces: q.pieces}
 	if q.dir == transport.Write {
-		x.Role, x.Source, x.Destination = transport.RoleSource, rt.Identity(), owner
+		x.Role, x.Source, x.Destination = transport.RoleSource, rs.me.info(), owner
 	} else {
-		x.Role, x.Source, x.Destination = transport.RoleDestination, owner, rt.Identity()
+		x.Role, x.Source, x.Destination = transport.RoleDestination, owner, rs.me.info()
 	}
 	return x
 }
@@ -148,8 +158,8 @@ func (r *route) start(x *transport.Transfer, local []transport.Tensor) (transpor
 
 // connectOwner connects to the owner of the object desc describes and
 // checks that the runtime there still is that owner.
-func (rt *Runtime) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
-	peer, err := rt.ep.Connect(ctx, desc.Owner.Address)
+func (rs *routes) connectOwner(ctx context.Context, desc *ObjectDesc) (control.Peer, error) {
+	peer, err := rs.ep.Connect(ctx, desc.Owner.Address)
 	if err != nil {
 		return nil, transport.Wrap(err, "the owner%s", ownerUnlessNamed(" ", desc, err))
 	}
@@ -188,11 +198,11 @@ func peerOffering(ctx func() context.Context, peer control.Peer, name string) (t
 // remoteMeta is the transport metadata of a borrowed object: from the ref,
 // from our cache, or asked of the owner (which extracts it on demand) under
 // ctx().
-func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, desc *ObjectDesc, name string) ([]byte, error) {
+func (rs *routes) remoteMeta(ctx func() context.Context, peer control.Peer, desc *ObjectDesc, name string) ([]byte, error) {
 	if m, ok := desc.Meta[name]; ok {
 		return m, nil
 	}
-	if m, ok := rt.store.cachedMeta(desc.ID, name); ok {
+	if m, ok := rs.store.cachedMeta(desc.ID, name); ok {
 		return m, nil
 	}
 	wctx := ctx()
@@ -203,7 +213,7 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, des
 	if err != nil {
 		return nil, err
 	}
-	rt.store.cacheMeta(desc.ID, name, m)
+	rs.store.cacheMeta(desc.ID, name, m)
 	return m, nil
 }
 
@@ -212,7 +222,7 @@ func (rt *Runtime) remoteMeta(ctx func() context.Context, peer control.Peer, des
 // when every tensor is host-accessible, else CUDA data when a tensor is in
 // CUDA memory; same-host-only transports only for a peer on this host. A
 // write's are those of them that write.
-func (rt *Runtime) autoCandidates(dir transport.Direction, desc *ObjectDesc, peer transport.PeerInfo) []string {
+func (rs *routes) autoCandidates(dir transport.Direction, desc *ObjectDesc, peer transport.PeerInfo) []string {
 	host, cuda := true, false
 	for _, t := range desc.Tensors {
 		host = host && t.Device.Type.HostAccessible()
@@ -221,13 +231,13 @@ func (rt *Runtime) autoCandidates(dir transport.Direction, desc *ObjectDesc, pee
 	if !host && !cuda {
 		return nil
 	}
-	names := rt.reg.autoOrder(!host, rt.Identity().SameHost(peer))
+	names := rs.reg.autoOrder(!host, rs.me.info().SameHost(peer))
 	if dir == transport.Read {
 		return names
 	}
 	var out []string
 	for _, name := range names {
-		if e, err := rt.reg.lookup(name); err == nil && e.writer != nil {
+		if e, err := rs.reg.lookup(name); err == nil && e.writer != nil {
 			out = append(out, name)
 		}
 	}

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rdt-project/rdt/core/control"
@@ -64,56 +62,39 @@ type Options struct {
 	QueueReleases bool
 }
 
-// Runtime owns an object store, a transport registry and a control-plane
-// endpoint. All methods are safe for concurrent use.
+// Runtime is what an application holds: it owns an object store, a
+// transport registry and a control-plane endpoint, and its methods are the
+// calls applications make. Peers are answered by its peerService
+// (service.go), its transports served by their transportHost (host.go).
+// All methods are safe for concurrent use.
 type Runtime struct {
-	opts    Options
-	env     Environment         // read from the process environment at creation
-	id      transport.RuntimeID // derived from key's public half
-	key     ed25519.PrivateKey  // proves id to peers (core/control/identity.go)
-	name    string
-	log     *transport.Logger
-	lease   time.Duration
-	hostID  string
-	pid     int
-	reg     *Registry
-	secret  string // see Host.RuntimeSecret
-	ep      control.Endpoint
-	address atomic.Pointer[string] // set once the endpoint listens; read by its goroutines
-	ctx     context.Context
-	cancel  context.CancelFunc
+	opts   Options
+	me     *identity // who it is, to its peers and transports (identity.go)
+	log    *transport.Logger
+	reg    *Registry
+	ep     control.Endpoint
+	routes *routes // to other runtimes' objects, over ep (route.go)
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	store *store // objects, leases, borrows and fetches (store.go)
+	// host is what its built-in transports get, each with a logger of its
+	// own (host.go).
+	host transportHost
+	gate *writeGate   // admits and ends writes into its exposed objects (gate.go)
+	svc  *peerService // what the endpoint calls on behalf of peers (service.go)
 
-	grp groups // collective groups (group.go)
+	grp *groups // collective groups (group.go)
 	// adm holds the standing admissions of this runtime's prepared writes
 	// (standing.go).
 	adm admissions
 
 	releases *releaseQueue // with Options.QueueReleases, else nil (release.go)
 
-	bg sync.WaitGroup // finalizers and sends
+	bg sync.WaitGroup // what destroy waits for: finalizers, sends, withdrawals
 	c  counters
 
-	// panicAt, set by tests only (before the runtime is used), is called
-	// at each stage of a transfer named in atStage: a test makes it panic
-	// there to check that the transfer still ends.
-	panicAt func(stage string)
-}
-
-// atStage calls the tests' panicAt hook, if any.
-func (rt *Runtime) atStage(stage string) {
-	if rt.panicAt != nil {
-		rt.panicAt(stage)
-	}
-}
-
-type counters struct {
-	refs, fetchesActive                    atomic.Int64
-	objectsFreed, leasesExpired            atomic.Uint64
-	moved                                  [2]outcomes // by direction (see account)
-	sendsCompleted, bytesSent, localCopies atomic.Uint64
-	viewsOpen, bytesViewed                 atomic.Int64 // mapped views held
+	panicAt stageHook // tests' only (transfer.go)
 }
 
 // NewRuntime creates a runtime and its built-in transports.
@@ -127,26 +108,26 @@ func NewRuntime(opts Options) (*Runtime, error) {
 		return nil, err
 	}
 	listenFromEnv := applyEnvironment(&opts, env)
-	rt := newRuntimeState(opts, env)
-	if err := rt.resolveHosts(); err != nil {
+	if err := resolveHosts(&opts, env); err != nil {
 		if listenFromEnv {
-			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", rt.opts.ListenTCP)
+			return nil, transport.Wrap(err, "environment variable RDT_LISTEN=%q", opts.ListenTCP)
 		}
 		return nil, err
 	}
-	rt.ctx, rt.cancel = context.WithCancel(context.Background())
-	if err := rt.listen(); err != nil {
+	key, id := control.NewIdentityKey()
+	rt := newRuntimeState(opts, env, id)
+	if err := rt.listen(key); err != nil {
 		rt.cancel()
 		if listenFromEnv {
 			return nil, transport.Wrap(err, "control plane (environment variable RDT_LISTEN=%q)", rt.opts.ListenTCP)
 		}
 		return nil, transport.Wrap(err, "control plane")
 	}
-	if err := rt.startBuiltins(); err != nil {
+	if err := rt.reg.startBuiltins(rt.opts.Builtins, rt.host); err != nil {
 		rt.Destroy()
 		return nil, err
 	}
-	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
+	rt.log.Debugf("runtime %s listening at %s with transports [%s]", rt.me.id, rt.Address(), strings.Join(rt.reg.Names(), ", "))
 	return rt, nil
 }
 
@@ -167,93 +148,62 @@ func applyEnvironment(opts *Options, env Environment) (listenFromEnv bool) {
 	return listenFromEnv
 }
 
-// newRuntimeState makes the runtime's identity, empty tables and logger;
+// newRuntimeState makes the runtime's identity (id, derived from its
+// identity key), empty tables, logger and the host its transports get;
 // nothing is listening yet.
-func newRuntimeState(opts Options, env Environment) *Runtime {
-	key, id := control.NewIdentityKey()
-	rt := &Runtime{
-		opts:   opts,
-		env:    env,
-		id:     id,
-		key:    key,
-		name:   opts.Name,
-		lease:  opts.Lease,
-		hostID: opts.HostID,
-		pid:    os.Getpid(),
-		reg:    newRegistry(),
-		secret: transport.RandomID().String() + transport.RandomID().String(),
+func newRuntimeState(opts Options, env Environment, id transport.RuntimeID) *Runtime {
+	reg := newRegistry()
+	me := &identity{id: id, name: opts.Name, hostID: opts.HostID, pid: os.Getpid(), reg: reg}
+	if me.name == "" {
+		me.name = fmt.Sprintf("rdt-%d", me.pid)
 	}
+	if me.hostID == "" {
+		me.hostID = hostIdentity()
+	}
+	lease := opts.Lease
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	if opts.PeerTimeout <= 0 {
+		opts.PeerTimeout = transport.DefaultPeerTimeout
+	}
+	rt := &Runtime{opts: opts, me: me, reg: reg, log: transport.NewLoggerTo(me.name, opts.LogLevel, opts.LogOutput)}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	if opts.QueueReleases {
 		rt.releases = newReleaseQueue()
 	}
-	if rt.name == "" {
-		rt.name = fmt.Sprintf("rdt-%d", rt.pid)
+	rt.store = newStore(me.name, rt.log, lease, &rt.c, reg, &rt.bg)
+	rt.grp = &groups{me: me, ctx: rt.ctx}
+	rt.gate = &writeGate{store: rt.store, reg: reg, log: rt.log, ctx: rt.ctx, bg: &rt.bg}
+	rt.svc = &peerService{me: me, log: rt.log, ctx: rt.ctx, bg: &rt.bg, c: &rt.c,
+		store: rt.store, reg: reg, grp: rt.grp, gate: rt.gate, adm: &rt.adm}
+	rt.host = transportHost{
+		me: me, log: rt.log, ctx: rt.ctx, settings: env.Settings, store: rt.store,
+		authToken: opts.AuthToken, secret: transport.RandomID().String() + transport.RandomID().String(),
+		bindHost: opts.BindHost, advertiseHost: opts.AdvertiseHost, socketDir: opts.SocketDir, peerTimeout: opts.PeerTimeout,
 	}
-	if rt.lease <= 0 {
-		rt.lease = DefaultLease
-	}
-	if rt.hostID == "" {
-		rt.hostID = hostIdentity()
-	}
-	if rt.opts.PeerTimeout <= 0 {
-		rt.opts.PeerTimeout = transport.DefaultPeerTimeout
-	}
-	rt.log = transport.NewLoggerTo(rt.name, rt.opts.LogLevel, opts.LogOutput)
-	rt.store = newStore(rt.name, rt.log, rt.lease, &rt.c, rt.freeLater)
 	return rt
 }
 
-// listen opens the control-plane endpoint peers reach the runtime at.
-func (rt *Runtime) listen() error {
+// listen opens the control-plane endpoint peers reach the runtime at; key
+// proves its identity to them.
+func (rt *Runtime) listen(key ed25519.PrivateKey) error {
 	network := rt.opts.Network
 	if network == nil {
 		network = control.InProcess{}
 	}
 	ep, err := network.Listen(control.ListenConfig{
-		Service: rt, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
-		AuthToken: rt.opts.AuthToken, Secret: rt.secret, Key: rt.key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
+		Service: rt.svc, Log: rt.log, SocketDir: rt.opts.SocketDir, ListenTCP: rt.opts.ListenTCP,
+		AuthToken: rt.opts.AuthToken, Secret: rt.host.secret, Key: key, AdvertiseHost: rt.opts.AdvertiseHost, PeerTimeout: rt.opts.PeerTimeout,
 	})
 	if err != nil {
 		return err
 	}
 	rt.ep = ep
+	rt.routes = &routes{ep: ep, reg: rt.reg, store: rt.store, me: rt.me}
 	address := ep.Address()
-	rt.address.Store(&address)
+	rt.me.address.Store(&address)
 	return nil
-}
-
-// startBuiltins makes and registers the built-in transports; one that is
-// unsupported here is recorded as unavailable and skipped.
-func (rt *Runtime) startBuiltins() error {
-	for _, f := range rt.opts.Builtins {
-		t, err := f.New(rt.hostFor(f.Name))
-		if err != nil {
-			if transport.StatusOf(err) == transport.ErrUnsupported {
-				rt.reg.markUnavailable(f.Name, err)
-				rt.log.Debugf("transport %s is not available here: %v", f.Name, err)
-				continue
-			}
-			return transportError(f.Name, err)
-		}
-		if err := rt.reg.Register(t, true); err != nil {
-			t.Close()
-			return err
-		}
-	}
-	return nil
-}
-
-// transportHost is the Host a built-in transport gets: the runtime, with a
-// logger that names the transport, so transports never name themselves.
-type transportHost struct {
-	*Runtime
-	log *transport.Logger
-}
-
-func (h transportHost) Log() *transport.Logger { return h.log }
-
-func (rt *Runtime) hostFor(name string) transport.Host {
-	return transportHost{Runtime: rt, log: rt.log.Named("transport " + name)}
 }
 
 // transportError names the transport an error left: the engine does it,
@@ -263,32 +213,14 @@ func transportError(name string, err error) error {
 	return transport.Wrap(err, "transport %s", name)
 }
 
-// hostIdentity names the kernel instance and the namespaces that decide
-// whether same-host transports apply: boot id, pid and mount namespaces.
-func hostIdentity() string {
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		h, _ := os.Hostname()
-		return "host:" + h
-	}
-	pidNS, _ := os.Readlink("/proc/self/ns/pid")
-	mntNS, _ := os.Readlink("/proc/self/ns/mnt")
-	return strings.TrimSpace(string(boot)) + "/" + pidNS + "/" + mntNS
-}
-
 // ID is the runtime's identity.
-func (rt *Runtime) ID() transport.RuntimeID { return rt.id }
+func (rt *Runtime) ID() transport.RuntimeID { return rt.me.id }
 
 // Name is the runtime's name for logs.
-func (rt *Runtime) Name() string { return rt.name }
+func (rt *Runtime) Name() string { return rt.me.name }
 
 // Address is the control-plane address peers reach it at.
-func (rt *Runtime) Address() string {
-	if a := rt.address.Load(); a != nil {
-		return *a
-	}
-	return ""
-}
+func (rt *Runtime) Address() string { return rt.me.addr() }
 
 // Log is the runtime's logger.
 func (rt *Runtime) Log() *transport.Logger { return rt.log }
@@ -301,21 +233,14 @@ func (rt *Runtime) Registry() *Registry { return rt.reg }
 
 // RegisterTransport adds a (foreign) transport.
 func (rt *Runtime) RegisterTransport(t transport.Transport) error {
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return err
 	}
 	return rt.reg.Register(t, false)
 }
 
 // Identity describes the runtime to peers.
-func (rt *Runtime) Identity() transport.PeerInfo {
-	return transport.PeerInfo{
-		RuntimeID: rt.id, Name: rt.name, Address: rt.Address(), HostID: rt.hostID,
-		Pid: rt.pid, Transports: rt.reg.Adverts(),
-	}
-}
-
-func (rt *Runtime) checkOpen() error { return rt.store.checkOpen() }
+func (rt *Runtime) Identity() transport.PeerInfo { return rt.me.info() }
 
 // stderrFlushWait bounds how long Destroy waits for the log lines queued
 // for stderr to be written.
@@ -353,11 +278,11 @@ func (rt *Runtime) Destroy() {
 	}
 	// Writes into our exposed objects cannot end any more (their writers'
 	// outcomes would come over the connections just closed): they are torn.
-	rt.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.name), "destroying")
+	rt.gate.tearWrites(transport.RuntimeID{}, transport.Errorf(transport.ErrClosed, "the owner %s was destroyed with the write open", rt.me.name), "destroying")
 	// Free every object we own, once nothing reads its memory any more.
-	rt.waitUnpinned()
+	rt.store.waitUnpinned()
 	for _, o := range rt.store.drain() {
-		rt.finalize(o)
+		rt.store.finalize(o)
 	}
 	rt.bg.Wait()
 	rt.reg.closeAll(rt.log)
@@ -365,23 +290,6 @@ func (rt *Runtime) Destroy() {
 	// Lines for stderr are written by a goroutine; a program that exits
 	// right after destroy still gets them, unless stderr is stuck.
 	transport.FlushStderrLogs(stderrFlushWait)
-}
-
-// waitUnpinned waits until no send or server reads an object's memory.
-func (rt *Runtime) waitUnpinned() {
-	start := time.Now()
-	warned := false
-	for {
-		pinned := rt.store.pinned()
-		if pinned == 0 {
-			return
-		}
-		if !warned && time.Since(start) > 5*time.Second {
-			rt.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
-			warned = true
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // Put stores tensors as a new object owned by this runtime and returns its
@@ -395,7 +303,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 	if len(tensors) > transport.MaxTensors {
 		return nil, transport.Errorf(transport.ErrInvalidArgument, "%d tensors is over the limit of %d per object", len(tensors), transport.MaxTensors)
 	}
-	if err := rt.checkOpen(); err != nil {
+	if err := rt.store.checkOpen(); err != nil {
 		return nil, err
 	}
 	id := transport.RandomID()
@@ -421,7 +329,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 		}
 		meta[canon] = m
 	} else {
-		for _, e := range rt.eagerTransports(tensors) {
+		for _, e := range rt.reg.eagerTransports(tensors) {
 			if writable && !e.desc.Writes {
 				continue
 			}
@@ -438,7 +346,7 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 		descs[i] = t.TensorDesc
 	}
 	o := &object{
-		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.id, Address: rt.Address(), HostID: rt.hostID}, canon, descs, nil),
+		desc:      newObjectDesc(id, OwnerInfo{RuntimeID: rt.me.id, Address: rt.Address(), HostID: rt.me.hostID}, canon, descs, nil),
 		tensors:   append([]transport.Tensor(nil), tensors...),
 		release:   release,
 		local:     1,
@@ -451,156 +359,18 @@ func (rt *Runtime) put(tensors []transport.Tensor, transportName string, release
 	if writable {
 		o.desc.Writable = true
 		if _, err := rand.Read(o.desc.WriteKey[:]); err != nil {
-			rt.collectMeta(o)
+			o.collectMeta(rt.reg)
 			return nil, transport.Errorf(transport.ErrInternal, "making a write key: %v", err)
 		}
 		o.write = newExposure(rt.store.unpin)
 	}
 	if err := rt.store.add(o); err != nil {
-		rt.collectMeta(o) // the caller keeps the tensors: no release callback
+		o.collectMeta(rt.reg) // the caller keeps the tensors: no release callback
 		return nil, err
 	}
 	rt.c.refs.Add(1)
 	rt.log.Debugf("put object %s: %d tensors, %d bytes, transport %q, writable %v", id, len(tensors), o.desc.Nbytes, canon, writable)
 	return &Ref{rt: rt, desc: o.desc, owned: true}, nil
-}
-
-// eagerMaxTensors bounds the objects whose metadata travels in their refs:
-// past it, each transport's metadata (some 16 bytes a tensor) is asked of
-// the owner once per receiver, and a ref handed around stays small.
-const eagerMaxTensors = 4096
-
-// eagerTransports are the transports whose metadata a put without a
-// transport extracts at once (see Descriptor.EagerMetadata).
-func (rt *Runtime) eagerTransports(tensors []transport.Tensor) []*registered {
-	if len(tensors) > eagerMaxTensors {
-		return nil
-	}
-	rt.reg.mu.RLock()
-	defer rt.reg.mu.RUnlock()
-	var out []*registered
-	for _, e := range rt.reg.m {
-		if !e.desc.Eager() {
-			continue
-		}
-		all := true
-		for _, t := range tensors {
-			all = all && e.desc.Moves(t.Device.Type)
-		}
-		if all {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// freeLater finalizes o, which nothing references any more, on a goroutine
-// Destroy waits for. The store calls it with its lock held.
-func (rt *Runtime) freeLater(o *object) {
-	rt.bg.Add(1)
-	go func() {
-		defer rt.bg.Done()
-		rt.finalize(o)
-	}()
-}
-
-// finalize runs garbage_collect on every transport that extracted metadata,
-// then the release callback, then wakes wait_tensor_freed.
-func (rt *Runtime) finalize(o *object) {
-	rt.collectMeta(o)
-	close(o.collected)
-	if o.release != nil {
-		o.release()
-	}
-	rt.store.forgetData(o)
-	if o.write != nil {
-		o.write.close()
-	}
-	rt.c.objectsFreed.Add(1)
-	close(o.freed)
-	rt.log.Debugf("freed object %s", o.desc.ID)
-}
-
-// collectMeta calls garbage_collect on each transport that extracted
-// metadata for o, in name order.
-func (rt *Runtime) collectMeta(o *object) {
-	o.extractMu.Lock() // let an in-progress extraction finish first
-	o.metaMu.Lock()
-	meta := o.meta
-	o.meta = nil
-	o.metaMu.Unlock()
-	o.extractMu.Unlock()
-	names := make([]string, 0, len(meta))
-	for name := range meta {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if e, err := rt.reg.lookup(name); err == nil {
-			e.t.GarbageCollect(o.desc.ID, o.tensors, meta[name])
-		}
-	}
-}
-
-// objectMeta returns transport e's metadata for o, extracting it on first
-// demand (for objects put without a transport).
-func (rt *Runtime) objectMeta(o *object, e *registered) ([]byte, error) {
-	name := e.desc.Name
-	o.metaMu.Lock()
-	m, ok := o.meta[name]
-	o.metaMu.Unlock()
-	if ok {
-		return m, nil
-	}
-	o.extractMu.Lock()
-	defer o.extractMu.Unlock()
-	o.metaMu.Lock()
-	m, ok = o.meta[name]
-	freed := o.meta == nil
-	o.metaMu.Unlock()
-	if ok {
-		return m, nil
-	}
-	if freed {
-		return nil, transport.Errorf(transport.ErrNotFound, "object %s was freed", o.desc.ID)
-	}
-	for i, tn := range o.tensors {
-		if !e.desc.Moves(tn.Device.Type) {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d is in %s memory, which transport %s does not move", i, tn.Device.Type, name)
-		}
-	}
-	m, err := extractMetadata(e, o.desc.ID, o.tensors, o.write != nil)
-	if err != nil {
-		// Asked by a peer, which names the transport it asked for.
-		return nil, transport.Wrap(err, "could not extract metadata")
-	}
-	o.metaMu.Lock()
-	o.meta[name] = m
-	o.metaMu.Unlock()
-	return m, nil
-}
-
-// extractMetadata is e's metadata of an object: of one exposed for
-// writing where the transport makes that differently (see
-// transport.ExposedMetadata).
-func extractMetadata(e *registered, id transport.ObjectID, tensors []transport.Tensor, exposed bool) ([]byte, error) {
-	if x, ok := e.t.(transport.ExposedMetadata); ok && exposed {
-		return x.ExtractExposedMetadata(id, tensors)
-	}
-	return e.t.ExtractMetadata(id, tensors)
-}
-
-// PinObject implements Host.
-func (rt *Runtime) PinObject(id transport.ObjectID) ([]transport.Tensor, func(), error) {
-	o, err := rt.store.pin(id)
-	if err != nil {
-		return nil, nil, transport.Errorf(transport.ErrNotFound, "object %s is not held by runtime %s", id, rt.name)
-	}
-	if o.write != nil {
-		rt.store.unpin(o)
-		return nil, nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: it is not served", id)
-	}
-	return o.tensors, sync.OnceFunc(func() { rt.store.unpin(o) }), nil
 }
 
 // WaitTensorFreed waits until no object holds a tensor whose data pointer is

@@ -3,25 +3,43 @@ package engine
 import (
 	"context"
 	"math/bits"
+	"sync"
 	"time"
 
 	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// The Runtime's side of the control plane: what peers may ask of it.
+// peerService is a runtime's side of the control plane: what peers may
+// ask of it. The endpoint calls it on its connections' goroutines; it
+// holds the parts of the runtime the answers read and change.
+type peerService struct {
+	me    *identity
+	log   *transport.Logger
+	ctx   context.Context // the runtime's: its end aborts sends and joins
+	bg    *sync.WaitGroup // sends and closings, which destroy waits for
+	c     *counters
+	store *store      // lends objects, leases and metadata
+	reg   *Registry   // the transports that send and extract metadata
+	grp   *groups     // rank 0's rendezvous
+	gate  *writeGate  // writes into exposed objects
+	adm   *admissions // this runtime's standing admissions as a writer
+}
 
-var _ control.PeerService = (*Runtime)(nil)
+var _ control.PeerService = (*peerService)(nil)
+
+// Identity implements PeerService.
+func (s *peerService) Identity() transport.PeerInfo { return s.me.info() }
 
 // Borrow implements PeerService.
-func (rt *Runtime) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
-	return rt.store.lendTo(from.RuntimeID, obj, token)
+func (s *peerService) Borrow(from transport.PeerInfo, obj transport.ObjectID, token uint64) error {
+	return s.store.lendTo(from.RuntimeID, obj, token)
 }
 
 // Unborrow implements PeerService.
-func (rt *Runtime) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
-	if held, counted := rt.store.returnedBy(from, obj, n); counted && n > held {
-		rt.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, held)
+func (s *peerService) Unborrow(from transport.RuntimeID, obj transport.ObjectID, n uint64) {
+	if held, counted := s.store.returnedBy(from, obj, n); counted && n > held {
+		s.log.Warnf("peer %s returned %d borrows of object %s but held %d", from, n, obj, held)
 	}
 }
 
@@ -37,33 +55,33 @@ const (
 )
 
 // Lease implements PeerService.
-func (rt *Runtime) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error) {
-	return rt.store.leaseForPeer(from, obj)
+func (s *peerService) Lease(from transport.RuntimeID, obj transport.ObjectID) (uint64, error) {
+	return s.store.leaseForPeer(from, obj)
 }
 
 // Metadata implements PeerService.
-func (rt *Runtime) Metadata(from transport.RuntimeID, obj transport.ObjectID, transportName string) ([]byte, error) {
-	e, err := rt.reg.lookup(transportName)
+func (s *peerService) Metadata(from transport.RuntimeID, obj transport.ObjectID, transportName string) ([]byte, error) {
+	e, err := s.reg.lookup(transportName)
 	if err != nil {
 		return nil, err
 	}
-	o, err := rt.store.pin(obj)
+	o, err := s.store.pin(obj)
 	if err != nil {
 		return nil, err
 	}
-	defer rt.store.unpin(o)
+	defer s.store.unpin(o)
 	if o.write != nil {
 		// Its metadata says where it lies (for some transports, lets a peer
 		// write there): it goes only with an admitted write (OpenWrite).
 		return nil, transport.Errorf(transport.ErrPermissionDenied, "object %s is exposed for writing: its metadata is given only to a write its key admits", obj)
 	}
-	return rt.objectMeta(o, e)
+	return o.metadata(e)
 }
 
 // Send implements PeerService: the source runtime (not the application)
 // runs a two-sided transport's send on its own goroutine.
-func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req control.SendRequest) error {
-	e, err := rt.reg.lookup(req.Transport)
+func (s *peerService) Send(ctx context.Context, from transport.PeerInfo, req control.SendRequest) error {
+	e, err := s.reg.lookup(req.Transport)
 	if err != nil {
 		return err
 	}
@@ -71,42 +89,42 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	if e.sender == nil {
 		return transport.Errorf(transport.ErrInvalidArgument, "transport %s is one-sided: the source does not send", name)
 	}
-	o, err := rt.store.pin(req.Object)
+	o, err := s.store.pin(req.Object)
 	if err != nil {
 		return err
 	}
-	tmeta, err := rt.objectMeta(o, e)
+	tmeta, err := o.metadata(e)
 	if err != nil {
-		rt.store.unpin(o)
+		s.store.unpin(o)
 		return err
 	}
 	x := &transport.Transfer{
 		Object: req.Object, TransferID: req.TransferID, Transport: name, Role: transport.RoleSource,
-		Source: rt.Identity(), Destination: from, Pieces: req.Pieces,
+		Source: s.me.info(), Destination: from, Pieces: req.Pieces,
 	}
 	nbytes := o.desc.Nbytes
 	if req.Pieces != nil {
 		// The destination's pieces are checked against what was put: a
 		// peer names ranges, never addresses.
 		if nbytes, err = checkSendPieces(e, o.tensors, req.Pieces); err != nil {
-			rt.store.unpin(o)
+			s.store.unpin(o)
 			return err
 		}
 	}
 	done := make(chan error, 1)
-	rt.bg.Add(1)
+	s.bg.Add(1)
 	go func() {
-		defer rt.bg.Done()
-		defer rt.store.unpin(o) // the memory is read until Send returns
+		defer s.bg.Done()
+		defer s.store.unpin(o) // the memory is read until Send returns
 		start := time.Now()
 		err := e.sender.Send(x, o.tensors, tmeta, req.CMeta)
 		if err == nil {
 			e.sends.add(nbytes, nil)
-			rt.c.sendsCompleted.Add(1)
-			rt.c.bytesSent.Add(nbytes)
-			rt.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, nbytes, time.Since(start))
+			s.c.sendsCompleted.Add(1)
+			s.c.bytesSent.Add(nbytes)
+			s.log.Debugf("sent object %s to %s over %s: %d bytes in %v", req.Object, from, name, nbytes, time.Since(start))
 		} else {
-			rt.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, name, err)
+			s.log.Warnf("send of object %s to %s over %s failed: %v", req.Object, from, name, err)
 		}
 		done <- err
 	}()
@@ -114,7 +132,7 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-	case <-rt.ctx.Done():
+	case <-s.ctx.Done():
 	}
 	if e.desc.CanAbort {
 		t.Abort(x, nil)
@@ -123,23 +141,55 @@ func (rt *Runtime) Send(ctx context.Context, from transport.PeerInfo, req contro
 	return transport.Errorf(transport.ErrAborted, "send of object %s over %s was aborted", req.Object, name)
 }
 
+// JoinGroup implements PeerService on rank 0.
+func (s *peerService) JoinGroup(ctx context.Context, from transport.PeerInfo, req control.GroupJoin) ([]byte, error) {
+	return s.grp.join(ctx, from, req)
+}
+
+// OpenWrite implements PeerService.
+func (s *peerService) OpenWrite(from transport.PeerInfo, req control.WriteOpen) (control.Admission, error) {
+	return s.gate.admitWrite(from, req)
+}
+
+// WriteDone implements PeerService.
+func (s *peerService) WriteDone(from transport.RuntimeID, end control.WriteEnd) {
+	s.gate.endWrite(from, end)
+}
+
+// WriteWithdrawn implements PeerService: the owner withdrew a standing
+// admission; it closes now, or at the end of its run in progress.
+func (s *peerService) WriteWithdrawn(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, err error) {
+	st := s.adm.find(admissionKey{owner: from, id: transferID})
+	if st == nil || st.obj != obj {
+		s.log.Debugf("runtime %s withdrew admission %d into object %s, which is not open here", from, transferID, obj)
+		return
+	}
+	s.log.Debugf("the owner withdrew the standing admission into object %s: %v", obj, err)
+	st.mu.Lock()
+	st.withdrawn = true // the next run asks again
+	st.mu.Unlock()
+	// Sent from a goroutine: this runs on the connection's reader, which
+	// must not wait for room in its own outbox.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.adm.closeIfIdle(st)
+	}()
+}
+
 // PeerGone implements PeerService: a lost peer's borrows are returned, and
 // transports that keep per-peer state (descriptors, pooled connections)
 // are told to drop it, so a long-lived runtime fed by short-lived peers
 // does not grow.
-func (rt *Runtime) PeerGone(peer transport.PeerInfo) {
-	rt.writersGone(peer)
-	rt.peerBorrowsGone(peer.RuntimeID)
-	for _, e := range rt.reg.all() {
+func (s *peerService) PeerGone(peer transport.PeerInfo) {
+	s.gate.writersGone(peer)
+	if returned := s.store.peerGone(peer.RuntimeID); returned > 0 {
+		s.log.Infof("peer %s is gone: dropped its %d borrows", peer.RuntimeID, returned)
+	}
+	for _, e := range s.reg.all() {
 		if w, ok := e.t.(transport.PeerWatcher); ok {
 			w.PeerGone(peer)
 		}
-	}
-}
-
-func (rt *Runtime) peerBorrowsGone(id transport.RuntimeID) {
-	if returned := rt.store.peerGone(id); returned > 0 {
-		rt.log.Infof("peer %s is gone: dropped its %d borrows", id, returned)
 	}
 }
 

@@ -49,7 +49,7 @@ func (tr *transfer) planLanding(e *registered) error {
 	if len(staged) == 0 {
 		return nil
 	}
-	copier, cname := rt.localCopier(transport.DeviceCUDA)
+	copier, cname := rt.reg.localCopier(transport.DeviceCUDA)
 	if copier == nil {
 		return transport.Errorf(transport.ErrUnsupported, "receiving host memory into CUDA memory over %s is staged through host memory, and copying it to the device needs a transport that can (cuda_ipc; none is registered)", name)
 	}

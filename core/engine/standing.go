@@ -140,24 +140,3 @@ func (p *Prepared) endRun(s *standing, tag uint64, err error) {
 	}
 	s.peer.WriteDone(control.WriteEnd{Object: s.obj, TransferID: s.key.id, Err: err, Tag: tag, Keep: keep})
 }
-
-// WriteWithdrawn implements PeerService: the owner withdrew a standing
-// admission; it closes now, or at the end of its run in progress.
-func (rt *Runtime) WriteWithdrawn(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, err error) {
-	s := rt.adm.find(admissionKey{owner: from, id: transferID})
-	if s == nil || s.obj != obj {
-		rt.log.Debugf("runtime %s withdrew admission %d into object %s, which is not open here", from, transferID, obj)
-		return
-	}
-	rt.log.Debugf("the owner withdrew the standing admission into object %s: %v", obj, err)
-	s.mu.Lock()
-	s.withdrawn = true // the next run asks again
-	s.mu.Unlock()
-	// Sent from a goroutine: this runs on the connection's reader, which
-	// must not wait for room in its own outbox.
-	rt.bg.Add(1)
-	go func() {
-		defer rt.bg.Done()
-		rt.adm.closeIfIdle(s)
-	}()
-}

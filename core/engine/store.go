@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -15,15 +14,20 @@ import (
 // record of freed ids), the entries of other runtimes' objects it
 // borrows, and its fetches in flight. One mutex guards all of it and only
 // the store's methods take it: callers never hold it, and methods named
-// ...Locked are the store's own steps, called with it held.
+// ...Locked are the store's own steps, called with it held. Its objects
+// are in object.go, what it lends (leases, peers' borrows) in lending.go,
+// what it borrows in borrowing.go.
 type store struct {
 	name  string // the runtime's, for errors
 	log   *transport.Logger
 	lease time.Duration // how long a serialized ref keeps its object alive
 	c     *counters
-	// free finalizes an object nothing references any more; it runs
-	// without the lock (Runtime.finalize on a goroutine of the runtime).
-	free func(o *object)
+	// reg is the runtime's transports, which collect a freed object's
+	// metadata (finalize).
+	reg *Registry
+	// bg counts the goroutines finalizing objects (freeLater), which the
+	// runtime's destroy waits for.
+	bg *sync.WaitGroup
 
 	mu       sync.Mutex
 	closed   bool
@@ -39,51 +43,9 @@ type store struct {
 	freed          freedRecord // ids of recently freed objects, for error messages
 }
 
-// object is the owner's record of something put.
-type object struct {
-	desc    *ObjectDesc
-	tensors []transport.Tensor
-	release func()
-
-	// Guarded by store.mu.
-	local       int64                          // ref handles in this runtime
-	transit     map[uint64]lease               // lease tokens of serialized refs
-	borrows     map[transport.RuntimeID]uint64 // borrows by other runtimes
-	borrowTotal uint64
-	pins        int64 // sends and serving in progress
-	freeing     bool
-	collected   chan struct{} // closed once every transport collected it
-	freed       chan struct{} // closed once freed (after its release callback)
-
-	write *exposure // objects exposed for writing (exposure.go), else nil
-
-	extractMu sync.Mutex // held while a transport extracts metadata
-	metaMu    sync.Mutex
-	meta      map[string][]byte // by transport name
-}
-
-// borrowEntry is a borrower's record of another runtime's object.
-type borrowEntry struct {
-	peer       control.Peer
-	handles    int64
-	registered uint64 // borrows registered with the owner, not yet returned
-	meta       map[string][]byte
-
-	unconfirmed int           // borrow requests the owner has not answered
-	confirmed   chan struct{} // closed when unconfirmed drops to 0
-	refused     error         // the owner's first refusal, returned by fetches
-}
-
-// lease keeps an object alive for a serialized ref until it is
-// deserialized or expires.
-type lease struct {
-	timer *time.Timer
-	peer  transport.RuntimeID // the peer that asked for it (counted in peerLeases); zero: this runtime
-}
-
-func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *counters, free func(*object)) *store {
+func newStore(name string, log *transport.Logger, leaseFor time.Duration, c *counters, reg *Registry, bg *sync.WaitGroup) *store {
 	return &store{
-		name: name, log: log, lease: leaseFor, c: c, free: free,
+		name: name, log: log, lease: leaseFor, c: c, reg: reg, bg: bg,
 		objects:    map[transport.ObjectID]*object{},
 		exposed:    map[*object]struct{}{},
 		byData:     map[uintptr]holderSet{},
@@ -140,6 +102,23 @@ func (s *store) pinned() int {
 	return n
 }
 
+// waitUnpinned waits until no send or server reads an object's memory.
+func (s *store) waitUnpinned() {
+	start := time.Now()
+	warned := false
+	for {
+		pinned := s.pinned()
+		if pinned == 0 {
+			return
+		}
+		if !warned && time.Since(start) > 5*time.Second {
+			s.log.Warnf("destroy is waiting for %d objects still being sent by transports that cannot abort", pinned)
+			warned = true
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // drain takes every object out of a closed store, its leases stopped, for
 // Destroy to finalize.
 func (s *store) drain() []*object {
@@ -191,53 +170,6 @@ func (s *store) add(o *object) error {
 	return nil
 }
 
-// holderSet is the objects holding one data pointer: almost always one,
-// kept in the map's value without an allocation of its own.
-type holderSet struct {
-	one  *object
-	more map[*object]struct{}
-}
-
-// add adds o and reports whether the value must be stored back.
-func (h *holderSet) add(o *object) bool {
-	switch {
-	case h.one == nil && h.more == nil:
-		h.one = o
-		return true
-	case h.one == o:
-		return false
-	case h.more == nil:
-		h.more = map[*object]struct{}{h.one: {}, o: {}}
-		h.one = nil
-		return true
-	default:
-		h.more[o] = struct{}{}
-		return false
-	}
-}
-
-// remove removes o and reports whether the set is empty.
-func (h *holderSet) remove(o *object) bool {
-	if h.more == nil {
-		if h.one == o {
-			h.one = nil
-		}
-		return h.one == nil
-	}
-	delete(h.more, o)
-	return len(h.more) == 0
-}
-
-// each calls f for every object in the set.
-func (h holderSet) each(f func(*object)) {
-	if h.one != nil {
-		f(h.one)
-	}
-	for o := range h.more {
-		f(o)
-	}
-}
-
 // forgetData drops a finalized object from the index by data pointer.
 func (s *store) forgetData(o *object) {
 	s.mu.Lock()
@@ -264,7 +196,34 @@ func (s *store) maybeFreeLocked(o *object) {
 	delete(s.objects, o.desc.ID)
 	delete(s.exposed, o)
 	s.freed.add(o.desc.ID)
-	s.free(o)
+	s.freeLater(o)
+}
+
+// freeLater finalizes o, which nothing references any more, on a goroutine
+// Destroy waits for. The store calls it with its lock held.
+func (s *store) freeLater(o *object) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.finalize(o)
+	}()
+}
+
+// finalize runs garbage_collect on every transport that extracted metadata,
+// then the release callback, then wakes wait_tensor_freed.
+func (s *store) finalize(o *object) {
+	o.collectMeta(s.reg)
+	close(o.collected)
+	if o.release != nil {
+		o.release()
+	}
+	s.forgetData(o)
+	if o.write != nil {
+		o.write.close()
+	}
+	s.c.objectsFreed.Add(1)
+	close(o.freed)
+	s.log.Debugf("freed object %s", o.desc.ID)
 }
 
 // liveObjectLocked finds an object this runtime owns that is not being
@@ -425,268 +384,6 @@ func (s *store) adopt(id transport.ObjectID, token uint64) (*object, error) {
 	s.dropLeaseLocked(o, token)
 	o.local++
 	return o, nil
-}
-
-// ---- leases ----
-
-// leaseOwned makes a lease token for a serialized ref of an owned object.
-func (s *store) leaseOwned(id transport.ObjectID) (*object, uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, 0, s.errClosed()
-	}
-	o, ok := s.objects[id]
-	if !ok {
-		return nil, 0, transport.Errorf(transport.ErrInternal, "owned object %s is missing while a ref is held", id)
-	}
-	return o, s.newLeaseLocked(o, transport.RuntimeID{}), nil
-}
-
-// leaseForPeer makes a lease token a peer asked for, up to
-// MaxLeasesPerPeer at a time and MaxPeerLeases for all peers.
-func (s *store) leaseForPeer(from transport.RuntimeID, id transport.ObjectID) (uint64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	o, err := s.liveObjectLocked(id)
-	if err != nil {
-		return 0, err
-	}
-	if n := s.peerLeases[from]; n >= MaxLeasesPerPeer {
-		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: peer %s already holds %d leases, the limit (refs it serialized and nobody deserialized yet; they expire after %v)", s.name, from, n, s.lease)
-	}
-	if s.peerLeasesHeld >= MaxPeerLeases {
-		return 0, transport.Errorf(transport.ErrNoMemory, "runtime %s refused a lease: its peers together already hold %d leases, the limit for all of them (refs they serialized and nobody deserialized yet; they expire after %v)", s.name, s.peerLeasesHeld, s.lease)
-	}
-	s.peerLeases[from]++
-	s.peerLeasesHeld++
-	return s.newLeaseLocked(o, from), nil
-}
-
-// newLeaseLocked adds a lease token to o, for peer (zero: this runtime).
-func (s *store) newLeaseLocked(o *object, peer transport.RuntimeID) uint64 {
-	token := transport.RandomUint64() | 1 // never 0, which means "no token"
-	o.transit[token] = lease{timer: time.AfterFunc(s.lease, func() { s.expireLease(o, token) }), peer: peer}
-	return token
-}
-
-// dropLeaseLocked ends a lease token of o, if o holds it: consumed,
-// expired or revoked.
-func (s *store) dropLeaseLocked(o *object, token uint64) bool {
-	l, ok := o.transit[token]
-	if !ok {
-		return false
-	}
-	l.timer.Stop()
-	delete(o.transit, token)
-	if !l.peer.IsZero() {
-		s.peerLeasesHeld--
-		if s.peerLeases[l.peer]--; s.peerLeases[l.peer] == 0 {
-			delete(s.peerLeases, l.peer)
-		}
-	}
-	return true
-}
-
-func (s *store) expireLease(o *object, token uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || !s.dropLeaseLocked(o, token) {
-		return
-	}
-	s.c.leasesExpired.Add(1)
-	s.log.Debugf("lease of a serialized ref to object %s expired before it was deserialized", o.desc.ID)
-	s.maybeFreeLocked(o)
-}
-
-// revokeLeases drops every lease token of o, then frees it if nothing
-// else holds it.
-func (s *store) revokeLeases(o *object) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || o.freeing {
-		return
-	}
-	s.revokeLeasesLocked(o)
-	s.maybeFreeLocked(o)
-}
-
-// revokeLeasesLocked drops every lease token of o, as if each had expired
-// now.
-func (s *store) revokeLeasesLocked(o *object) {
-	n := len(o.transit)
-	for token := range o.transit {
-		s.dropLeaseLocked(o, token)
-	}
-	if n > 0 {
-		s.log.Debugf("revoked %d leases of object %s", n, o.desc.ID)
-	}
-}
-
-// ---- borrows peers hold on our objects ----
-
-// lendTo counts a peer's borrow of an object, consuming the lease of the
-// bytes it deserialized.
-func (s *store) lendTo(from transport.RuntimeID, id transport.ObjectID, token uint64) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	o, err := s.liveObjectLocked(id)
-	if err != nil {
-		return err
-	}
-	s.dropLeaseLocked(o, token)
-	o.borrows[from]++
-	o.borrowTotal++
-	return nil
-}
-
-// returnedBy takes back n of a peer's borrows of an object and reports
-// how many it held (fewer than n is the peer's mistake, for a warning).
-// counted is false for an object gone or being freed: its borrows were
-// refused, and none are counted.
-func (s *store) returnedBy(from transport.RuntimeID, id transport.ObjectID, n uint64) (held uint64, counted bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	o, ok := s.objects[id]
-	if !ok || s.closed || o.freeing {
-		return 0, false
-	}
-	held = o.borrows[from]
-	n = min(n, held)
-	if held-n == 0 {
-		delete(o.borrows, from)
-	} else {
-		o.borrows[from] = held - n
-	}
-	o.borrowTotal -= n
-	s.maybeFreeLocked(o)
-	return held, true
-}
-
-// peerGone drops every borrow a lost peer held and reports how many.
-func (s *store) peerGone(id transport.RuntimeID) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return 0 // Destroy frees everything anyway
-	}
-	returned := uint64(0)
-	for _, o := range s.objects {
-		if n := o.borrows[id]; n > 0 {
-			delete(o.borrows, id)
-			o.borrowTotal -= n
-			returned += n
-			s.maybeFreeLocked(o)
-		}
-	}
-	return returned
-}
-
-// ---- our borrows of other runtimes' objects ----
-
-// borrow records one more handle and one more borrow request of another
-// runtime's object, made over peer unless the entry has a connection
-// already; it returns the entry and the peer the request must go to.
-func (s *store) borrow(id transport.ObjectID, peer control.Peer) (*borrowEntry, control.Peer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, nil, s.errClosed()
-	}
-	e := s.borrowed[id]
-	if e == nil {
-		e = &borrowEntry{peer: peer}
-		s.borrowed[id] = e
-	}
-	e.handles++
-	e.registered++
-	if e.unconfirmed == 0 {
-		e.confirmed = make(chan struct{})
-	}
-	e.unconfirmed++
-	return e, e.peer, nil
-}
-
-// borrowing is the entry of a borrowed object, and whether the store is
-// closed.
-func (s *store) borrowing(id transport.ObjectID) (*borrowEntry, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.borrowed[id], s.closed
-}
-
-// borrowAnswered records the owner's answer to one borrow request.
-func (s *store) borrowAnswered(e *borrowEntry, desc *ObjectDesc, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		e.registered-- // the owner did not count it
-		if e.refused == nil {
-			e.refused = transport.Wrap(err, "owner %s refused the borrow of object %s", desc.Owner.Address, desc.ID)
-		}
-		s.log.Debugf("borrow of object %s refused by %s: %v", desc.ID, desc.Owner.Address, err)
-	}
-	e.unconfirmed--
-	if e.unconfirmed == 0 {
-		close(e.confirmed)
-	}
-}
-
-// borrowRefused is the owner's refusal of a borrow of id, if one arrived.
-func (s *store) borrowRefused(id transport.ObjectID) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.borrowed[id]; e != nil {
-		return e.refused
-	}
-	return nil
-}
-
-// borrowState is what a fetch waits on: the entry, the channel closed once
-// the owner answered every borrow request, and its refusal so far. A nil
-// channel means nothing is pending.
-func (s *store) borrowState(id transport.ObjectID) (*borrowEntry, chan struct{}, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.borrowed[id]
-	if e == nil {
-		return nil, nil, nil
-	}
-	if e.unconfirmed == 0 {
-		return e, nil, e.refused
-	}
-	return e, e.confirmed, e.refused
-}
-
-// refusal is e's refusal, once answered.
-func (s *store) refusal(e *borrowEntry) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return e.refused
-}
-
-// cachedMeta is a transport's metadata of a borrowed object, if asked of
-// the owner before.
-func (s *store) cachedMeta(id transport.ObjectID, name string) ([]byte, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.borrowed[id]; e != nil {
-		m, ok := e.meta[name]
-		return m, ok
-	}
-	return nil, false
-}
-
-// cacheMeta keeps metadata the owner gave for a borrowed object.
-func (s *store) cacheMeta(id transport.ObjectID, name string, m []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.borrowed[id]; e != nil {
-		if e.meta == nil {
-			e.meta = map[string][]byte{}
-		}
-		e.meta[name] = m
-	}
 }
 
 // ---- fetches ----

@@ -60,16 +60,28 @@ type transfer struct {
 // wait returns within its deadline instead of hanging, and the process
 // lives on.
 
+// stageHook, set by tests only (before the runtime is used), is called at
+// each stage of a transfer (at): a test makes it panic there to check that
+// the transfer still ends.
+type stageHook func(stage string)
+
+// at calls the hook, if any.
+func (h stageHook) at(stage string) {
+	if h != nil {
+		h(stage)
+	}
+}
+
 func (tr *transfer) protectedBegin() error {
 	return transport.Protect(tr.f.rt.log, "starting a transfer", func() error {
-		tr.f.rt.atStage("begin")
+		tr.f.rt.panicAt.at("begin")
 		return tr.begin()
 	})
 }
 
 func (tr *transfer) protectedRun() error {
 	return transport.Protect(tr.f.rt.log, "running a transfer", func() error {
-		tr.f.rt.atStage("run")
+		tr.f.rt.panicAt.at("run")
 		return tr.run()
 	})
 }
@@ -82,7 +94,7 @@ func (tr *transfer) end(err error) {
 			tr.settle(transport.Panicked(tr.f.rt.log, "ending a transfer", r))
 		}
 	}()
-	tr.f.rt.atStage("finish")
+	tr.f.rt.panicAt.at("finish")
 	tr.finish(err)
 }
 
@@ -161,7 +173,7 @@ func (tr *transfer) begin() error {
 		if dir == transport.Write {
 			return tr.admitLocal()
 		}
-		return rt.checkLocalCopy(desc, tr.targets, tr.pieces)
+		return rt.reg.checkLocalCopy(desc, tr.targets, tr.pieces)
 	}
 	if err := tr.connectOwner(); err != nil {
 		return err
@@ -210,7 +222,7 @@ func (tr *transfer) candidates() (names []string, auto bool) {
 	case desc.Transport != "":
 		return []string{desc.Transport}, false
 	default:
-		return tr.f.rt.autoCandidates(tr.f.dir, desc, tr.peer.Info()), true
+		return tr.f.rt.routes.autoCandidates(tr.f.dir, desc, tr.peer.Info()), true
 	}
 }
 
@@ -221,7 +233,7 @@ func (tr *transfer) connectOwner() error {
 	rt := tr.f.rt
 	// A dial ends by itself (the handshake timeout), so the fetch's
 	// context is enough; a cached connection needs none.
-	peer, err := rt.connectOwner(tr.ctx(), tr.ref.desc)
+	peer, err := rt.routes.connectOwner(tr.ctx(), tr.ref.desc)
 	if err != nil {
 		return err
 	}
@@ -237,7 +249,7 @@ func (tr *transfer) beginWith(name string) error {
 	if f.dir == transport.Read {
 		q.checks = tr.readable
 	}
-	r, err := f.rt.resolve(q, name)
+	r, err := f.rt.routes.resolve(q, name)
 	if r != nil && (err == nil || r.admitted) {
 		tr.route = r // an admitted write is owed its outcome
 	}
@@ -273,7 +285,7 @@ func (tr *transfer) awaitBorrow(e *registered) error {
 		tr.unconfirmed = true
 		return nil
 	}
-	return tr.f.rt.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
+	return tr.f.rt.store.borrowConfirmed(tr.ownerCtx, tr.ref.desc.ID)
 }
 
 // startOver starts the transport over route r (and a two-sided read's
@@ -483,7 +495,7 @@ func (tr *transfer) count(err error) {
 	if tr.req != nil {
 		moved = tr.route.entry
 	}
-	rt.account(dir, moved, tr.nbytes, time.Since(tr.f.start), err)
+	rt.c.account(dir, moved, tr.nbytes, time.Since(tr.f.start), err)
 	over := "no transport yet"
 	switch {
 	case tr.local:
@@ -546,38 +558,11 @@ func (tr *transfer) ownerRefusal(err error) error {
 	}
 	ctx, cancel := context.WithTimeout(tr.f.ctx, ownerAnswerWait)
 	defer cancel()
-	refused := tr.f.rt.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
+	refused := tr.f.rt.store.borrowConfirmed(func() context.Context { return ctx }, tr.ref.desc.ID)
 	if transport.StatusOf(refused) != transport.ErrNotFound {
 		return nil
 	}
 	return refused
-}
-
-// checkLocalCopy makes sure a runtime's own object can be copied directly.
-func (rt *Runtime) checkLocalCopy(desc *ObjectDesc, targets []transport.Tensor, pieces []transport.Piece) error {
-	for i, tg := range targets {
-		t := desc.Tensors[pieceTensor(pieces, i)]
-		if t.Device.Type.HostAccessible() && tg.Device.Type.HostAccessible() {
-			continue
-		}
-		if _, name := rt.localCopier(deviceSide(t.Device.Type, tg.Device.Type)); name == "" {
-			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", t.Device.Type, tg.Device.Type)
-		}
-	}
-	return nil
-}
-
-// localCopier is a transport that copies d memory within a process, and
-// its name ("" when none is registered).
-func (rt *Runtime) localCopier(d transport.DeviceType) (transport.LocalCopier, string) {
-	rt.reg.mu.RLock()
-	defer rt.reg.mu.RUnlock()
-	for _, e := range rt.reg.m {
-		if lc, ok := e.t.(transport.LocalCopier); ok && e.desc.Moves(d) {
-			return lc, e.desc.Name
-		}
-	}
-	return nil, ""
 }
 
 // deviceSide is the device type of a copy that is not host memory, which
@@ -596,7 +581,7 @@ func (tr *transfer) copyLocal() error {
 	rt := tr.f.rt
 	o := rt.store.object(tr.ref.desc.ID)
 	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	x := transport.Transfer{Pieces: tr.pieces}
 	for i, dst := range tr.targets {
@@ -617,7 +602,7 @@ func (tr *transfer) copyLocal() error {
 // copies it.
 func (tr *transfer) copyOne(dst, src transport.Tensor) error {
 	if !(src.Device.Type.HostAccessible() && dst.Device.Type.HostAccessible()) {
-		copier, name := tr.f.rt.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
+		copier, name := tr.f.rt.reg.localCopier(deviceSide(src.Device.Type, dst.Device.Type))
 		if copier == nil {
 			return transport.Errorf(transport.ErrUnsupported, "copying %s memory into %s memory within a process needs a transport that can (none is registered)", src.Device.Type, dst.Device.Type)
 		}

@@ -75,7 +75,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 		return nil, err
 	}
 	if r.rt != rt {
-		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.name, rt.name)
+		return nil, transport.Errorf(transport.ErrInvalidArgument, "ref belongs to runtime %s, not %s", r.rt.me.name, rt.me.name)
 	}
 	if err := checkDirection([]*Ref{r}, transport.Read); err != nil {
 		return nil, err
@@ -87,7 +87,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 		}
 	}
 	if opts.Transport != "" { // named: it must be one that maps, whoever owns the object
-		if _, _, err := rt.viewer(opts.Transport); err != nil {
+		if _, _, err := rt.reg.viewer(opts.Transport); err != nil {
 			return nil, err
 		}
 	}
@@ -115,7 +115,7 @@ func (rt *Runtime) View(r *Ref, opts ViewOptions, timeout time.Duration) (*View,
 func (v *View) ofOwn() error {
 	o := v.rt.store.object(v.ref.desc.ID)
 	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", v.rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", v.rt.me.name)
 	}
 	v.tensors = append([]transport.Tensor(nil), o.tensors...)
 	return nil
@@ -136,21 +136,21 @@ func (v *View) mapFromOwner(opts ViewOptions, timeout time.Duration) error {
 	}
 	defer cancel()
 	waitOwner := func() context.Context { return ctx }
-	peer, err := rt.connectOwner(ctx, desc)
+	peer, err := rt.routes.connectOwner(ctx, desc)
 	if err != nil {
 		return err
 	}
 	if !rt.Identity().SameHost(peer.Info()) {
 		return transport.Errorf(transport.ErrUnsupported, "a view maps the owner's memory, and the owner of object %s (%s) is on another host: fetch it instead", desc.ID, peer.Info().Name)
 	}
-	if err := rt.borrowConfirmed(waitOwner, desc.ID); err != nil {
+	if err := rt.store.borrowConfirmed(waitOwner, desc.ID); err != nil {
 		return err
 	}
-	e, viewer, err := rt.viewer(opts.Transport)
+	e, viewer, err := rt.reg.viewer(opts.Transport)
 	if err != nil {
 		return err
 	}
-	r, err := rt.resolve(&routeQuery{dir: transport.Read, maps: true, desc: desc, peer: peer, wait: waitOwner}, e.desc.Name)
+	r, err := rt.routes.resolve(&routeQuery{dir: transport.Read, maps: true, desc: desc, peer: peer, wait: waitOwner}, e.desc.Name)
 	if err != nil {
 		return err
 	}
@@ -194,31 +194,3 @@ func checkMapped(desc *ObjectDesc, data []uintptr, sizes []uint64) error {
 }
 
 var errViewDeadline = transport.Errorf(transport.ErrTimeout, "the view's deadline passed")
-
-// viewer is the transport named (or, for "", the first registered one
-// that maps) and its Viewer.
-func (rt *Runtime) viewer(name string) (*registered, transport.Viewer, error) {
-	if name != "" {
-		e, err := rt.reg.lookup(name)
-		if err != nil {
-			return nil, nil, err
-		}
-		vw, ok := e.t.(transport.Viewer)
-		if !ok {
-			return nil, nil, transport.Errorf(transport.ErrUnsupported, "transport %s cannot map an object (views need one that can, such as shm)", e.desc.Name)
-		}
-		return e, vw, nil
-	}
-	rt.reg.mu.RLock()
-	defer rt.reg.mu.RUnlock()
-	var best *registered
-	for _, e := range rt.reg.m {
-		if _, ok := e.t.(transport.Viewer); ok && (best == nil || e.desc.Name < best.desc.Name) {
-			best = e
-		}
-	}
-	if best == nil {
-		return nil, nil, transport.Errorf(transport.ErrUnsupported, "no transport in this runtime can map an object (views need shm)%s", rt.reg.whyAllUnavailable())
-	}
-	return best, best.t.(transport.Viewer), nil
-}

@@ -77,7 +77,7 @@ func (tr *transfer) admitLocal() error {
 	r := &route{x: transport.Transfer{Object: desc.ID, TransferID: transport.RandomUint64(), Transport: "local copy",
 		Role: transport.RoleSource, Direction: transport.Write, Source: rt.Identity(), Destination: rt.Identity(), Pieces: tr.pieces}}
 	open := control.WriteOpen{Object: desc.ID, TransferID: r.x.TransferID, Key: desc.WriteKey, Tag: tr.f.tag, Pieces: tr.pieces}
-	if _, err := rt.admit(rt.Identity(), open, nil); err != nil {
+	if _, err := rt.gate.admit(rt.Identity(), open, nil); err != nil {
 		return err
 	}
 	r.admitted, tr.route = true, r
@@ -89,7 +89,7 @@ func (tr *transfer) writeLocal() error {
 	rt := tr.f.rt
 	o := rt.store.object(tr.ref.desc.ID)
 	if o == nil {
-		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.name)
+		return transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", rt.me.name)
 	}
 	for i, src := range tr.targets {
 		p := tr.route.x.PieceOf(i, src)
@@ -112,7 +112,7 @@ func (tr *transfer) endWrite(err error) {
 	tr.route.admitted = false
 	end := control.WriteEnd{Object: tr.ref.desc.ID, TransferID: tr.route.x.TransferID, Err: err}
 	if tr.local {
-		tr.f.rt.endWrite(tr.f.rt.id, end)
+		tr.f.rt.gate.endWrite(tr.f.rt.me.id, end)
 		return
 	}
 	tr.peer.WriteDone(end)

@@ -187,14 +187,14 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "writer"}
 	other := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "other"}
 	open := func(who transport.PeerInfo, id, tag uint64) {
-		require.NoError(t, openErr(p.owner.OpenWrite(who, control.WriteOpen{Object: owned.Desc().ID, TransferID: id, Transport: "mem", Key: owned.Desc().WriteKey, Tag: tag})))
+		require.NoError(t, openErr(p.owner.svc.OpenWrite(who, control.WriteOpen{Object: owned.Desc().ID, TransferID: id, Transport: "mem", Key: owned.Desc().WriteKey, Tag: tag})))
 	}
 	open(writer, 1, 10)
 	open(writer, 2, 11)
 	open(other, 1, 12)
 	assert.Equal(t, 1, p.owner.store.pinned())
 
-	p.owner.PeerGone(writer)
+	p.owner.svc.PeerGone(writer)
 	tags := map[uint64]transport.Status{}
 	for i := 0; i < 2; i++ {
 		n, err := owned.WaitWriteNotice(time.Second)
@@ -209,10 +209,10 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 	assert.Equal(t, 1, p.owner.store.pinned(), "still pinned by the other writer")
 
 	// A done for a torn write, or one never opened, changes nothing.
-	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
+	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
-	p.owner.WriteDone(other.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
+	p.owner.svc.WriteDone(other.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
 	n, err := owned.WaitWriteNotice(time.Second)
 	require.NoError(t, err)
 	assert.NoError(t, n.Err)
@@ -262,21 +262,21 @@ func TestNoticesAreBoundedAndOnAnEventFD(t *testing.T) {
 	req := control.WriteOpen{Object: owned.Desc().ID, Transport: "mem", Key: owned.Desc().WriteKey}
 	for i := 0; i < maxPendingNotices; i++ {
 		req.TransferID, req.Tag = uint64(i+1), uint64(i)
-		require.NoError(t, openErr(p.owner.OpenWrite(writer, req)))
+		require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, req)))
 		if i%2 == 0 {
-			p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: req.Object, TransferID: req.TransferID})
+			p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: req.Object, TransferID: req.TransferID})
 		}
 	}
 	req.TransferID++
-	err = openErr(p.owner.OpenWrite(writer, req))
+	err = openErr(p.owner.svc.OpenWrite(writer, req))
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "open writes and untaken notices are bounded")
 	assert.True(t, readable())
 	n, err := owned.WaitWriteNotice(0)
 	require.NoError(t, err)
 	assert.Equal(t, uint64(0), n.Tag, "oldest first")
-	require.NoError(t, openErr(p.owner.OpenWrite(writer, req)), "taking a notice makes room")
+	require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, req)), "taking a notice makes room")
 
-	p.owner.PeerGone(writer) // tears the open ones
+	p.owner.svc.PeerGone(writer) // tears the open ones
 	for {
 		if _, err := owned.WaitWriteNotice(0); err != nil {
 			break
@@ -376,19 +376,19 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	id := owned.Desc().ID
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
 	pieces := []transport.Piece{{Tensor: 1, Offset: 10, Length: 20}}
-	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces})))
+	require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 7, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 70, Pieces: pieces})))
 
-	tensors, got, done, err := p.owner.WriteInto(id, 7)
+	tensors, got, done, err := p.owner.host.WriteInto(id, 7)
 	require.NoError(t, err)
 	assert.Len(t, tensors, 2)
 	assert.Equal(t, pieces, got)
-	_, _, _, err = p.owner.WriteInto(id, 8)
+	_, _, _, err = p.owner.host.WriteInto(id, 8)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "only open writes land")
 
-	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 7})
+	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 7})
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the server still lands bytes")
-	_, _, _, err = p.owner.WriteInto(id, 7)
+	_, _, _, err = p.owner.host.WriteInto(id, 7)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "an ended write takes no more bytes")
 	assert.Equal(t, uint64(1), p.owner.Stats().WritesOpen)
 	done()
@@ -400,10 +400,10 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	assert.Zero(t, p.owner.store.pinned())
 
 	// Torn while a server lands bytes: the failure notice waits too.
-	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90})))
-	_, _, done, err = p.owner.WriteInto(id, 9)
+	require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, control.WriteOpen{Object: id, TransferID: 9, Transport: "mem", Key: owned.Desc().WriteKey, Tag: 90})))
+	_, _, done, err = p.owner.host.WriteInto(id, 9)
 	require.NoError(t, err)
-	p.owner.PeerGone(writer)
+	p.owner.svc.PeerGone(writer)
 	_, err = owned.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
 	done()
@@ -413,7 +413,7 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	assert.Zero(t, p.owner.store.pinned())
 
 	// Exposed objects are never served for reading.
-	_, _, err = p.owner.PinObject(id)
+	_, _, err = p.owner.host.PinObject(id)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err))
 }
 
@@ -423,7 +423,7 @@ func TestDestroyTearsOpenWrites(t *testing.T) {
 	p := writablePair(t)
 	owned, _, _ := p.expose(t)
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID()}
-	require.NoError(t, openErr(p.owner.OpenWrite(writer, control.WriteOpen{Object: owned.Desc().ID, TransferID: 1, Transport: "mem", Key: owned.Desc().WriteKey})))
+	require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, control.WriteOpen{Object: owned.Desc().ID, TransferID: 1, Transport: "mem", Key: owned.Desc().WriteKey})))
 	done := make(chan struct{})
 	go func() { p.owner.Destroy(); close(done) }()
 	select {
@@ -483,20 +483,20 @@ func TestExposedMetadataGoesOnlyWithTheKey(t *testing.T) {
 	id := owned.Desc().ID
 	writer := transport.PeerInfo{RuntimeID: transport.RandomID(), Name: "writer"}
 
-	meta, err := p.owner.Metadata(writer.RuntimeID, id, "mem")
+	meta, err := p.owner.svc.Metadata(writer.RuntimeID, id, "mem")
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Nil(t, meta)
 
 	wrong := control.WriteOpen{Object: id, TransferID: 1, Transport: "mem", Key: [16]byte{1}}
-	adm, err := p.owner.OpenWrite(writer, wrong)
+	adm, err := p.owner.svc.OpenWrite(writer, wrong)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	assert.Nil(t, adm.Meta)
 
 	right := control.WriteOpen{Object: id, TransferID: 2, Transport: "mem", Key: owned.Desc().WriteKey}
-	adm, err = p.owner.OpenWrite(writer, right)
+	adm, err = p.owner.svc.OpenWrite(writer, right)
 	require.NoError(t, err)
 	assert.NotEmpty(t, adm.Meta, "the admitted write gets the object's metadata")
-	p.owner.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 2})
+	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 2})
 	n, err := owned.WaitWriteNotice(time.Second)
 	require.NoError(t, err)
 	assert.NoError(t, n.Err)

@@ -55,7 +55,10 @@ func TestNoTokenRequiresTheKeyFromTheMetadata(t *testing.T) {
 	m, err := decodeMetadata(tmeta)
 	require.NoError(t, err)
 	require.Len(t, m.Key, 64, "without a token the metadata carries the data key")
-	assert.NotContains(t, m.Key, rt.RuntimeSecret(), "the key is derived from the secret, not the secret")
+	tr, err := rt.Registry().Get(Name)
+	require.NoError(t, err)
+	secret := tr.(*Transport).h.RuntimeSecret()
+	assert.NotContains(t, m.Key, secret, "the key is derived from the secret, not the secret")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -73,7 +76,7 @@ func TestNoTokenRequiresTheKeyFromTheMetadata(t *testing.T) {
 	wrong.Key = strings.Repeat("0", 64)
 	_, err = RequestRange(ctx, "", wrong.encode(), 0, 0, 4096)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
-	_, err = RequestRange(ctx, rt.RuntimeSecret(), withoutKey(t, tmeta), 0, 0, 4096)
+	_, err = RequestRange(ctx, secret, withoutKey(t, tmeta), 0, 0, 4096)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "the runtime's secret itself is not the data key: %v", err)
 }
 

@@ -57,7 +57,7 @@ func TestNoTokenRequiresTheKeyFromTheMetadata(t *testing.T) {
 	require.Len(t, m.Key, 64, "without a token the metadata carries the data key")
 	tr, err := rt.Registry().Get(Name)
 	require.NoError(t, err)
-	secret := tr.(*Transport).h.RuntimeSecret()
+	secret := tr.(*Transport).srv.h.RuntimeSecret()
 	assert.NotContains(t, m.Key, secret, "the key is derived from the secret, not the secret")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -309,8 +309,8 @@ def prepared_section(rdtbench: Optional[str]) -> None:
     print(f"p50 of {PREPARED_RUNS:,} 4 KiB gets and writes from another process (spawned); "
           "`rdt.get` / `rdt.write` against `run()` of `rdt.prepare_get` / `rdt.prepare_write`"
           + (", and the C ABI's prepared runs (`rdtbench row T prepared:4KiB`) in the same run." if rdtbench else "."))
-    print("\n| transport | get | prepared get | C prepared get | Python − C | write | prepared write | C prepared write | Python − C |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| transport | get | prepared get | C prepared get | Python − C | write | prepared write | C prepared write | Python − C | write / get |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         writes = have[name]["writes"]
         py = prepared_python(name, writes)
@@ -319,8 +319,12 @@ def prepared_section(rdtbench: Optional[str]) -> None:
         diff = lambda a, b: f"{a - b:+.1f} µs" if a is not None and b is not None else "–"
         pg, cg = py["prepared_get"], c.get("prepared_fetch_p50_us")
         pw, cw = py.get("prepared_write"), c.get("prepared_write_p50_us")
+        w = py.get("write")
+        twin = f"{w / py['get']:.2f}x" if w is not None else "–"
         print(f"| {name} | {cell(py['get'])} | {cell(pg)} | {cell(cg)} | {diff(pg, cg)} | "
-              f"{cell(py.get('write'))} | {cell(pw)} | {cell(cw)} | {diff(pw, cw)} |", flush=True)
+              f"{cell(w)} | {cell(pw)} | {cell(cw)} | {diff(pw, cw)} | {twin} |", flush=True)
+    print("\nwrite / get: a plain 4 KiB write against a plain 4 KiB get over the same transport "
+          "(target: at most 2x; a write asks its owner to admit it, a get of a borrowed ref asks nothing).")
 
 
 # ---- per-call costs through Python ---------------------------------------------

@@ -4,7 +4,8 @@
 # benchmark RDTBENCH (bench/rdtbench.c), then the Python binding against the
 # C ABI in the same run (bench/python_bench.py, with rdt installed from
 # bindings/python into the virtualenv VENV), and writes both, with links to
-# the other benchmarks' results, to RESULTS.md. The file is replaced only
+# the other benchmarks' results, to RESULTS.md: one page, every table from
+# this run, the machine and the date at its top. The file is replaced only
 # when every step succeeded. RDT_NIXL_LIBRARY, when set, is passed on (the
 # nixl rows).
 set -euo pipefail
@@ -29,9 +30,17 @@ PYTHON=$venv/bin/python "$rdtbench" bench "$tmp"
 
 cat >>"$tmp" <<'LINKS'
 
-rdt inside Ray, against Ray's own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).
+## The other pages
 
-rdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).
+Each is written whole by its own target, in one run, with its date:
+
+- rdt on a GPU (the GPU pack's latest run on hardware): [GPU.md](GPU.md).
+- rdt against Mooncake Transfer Engine, NIXL, gloo, shared memory and pickle: [PEERS.md](PEERS.md) (`make bench-peers`).
+- rdt inside Ray, against Ray's own transports: [RAY_RESULTS.md](RAY_RESULTS.md) (`make bench-ray`).
+- Weight sync across hosts against Ray's object store and gloo: [SYNC.md](SYNC.md) (`make bench-sync`).
+- Weight sync into vLLM against its RPC and a /dev/shm checkpoint: [VLLM.md](VLLM.md) (`make bench-vllm`).
+
+Earlier runs of this page are in its history (`git log -p bench/RESULTS.md`).
 LINKS
 chmod 644 "$tmp"
 mv "$tmp" "$out"

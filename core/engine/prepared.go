@@ -161,119 +161,158 @@ func (p *Prepared) keep(f *Fetch) {
 // runKept starts every kept transfer (a write under its standing
 // admission), waits for them under the deadline, and ends each.
 func (p *Prepared) runKept(tag uint64, timeout time.Duration) error {
-	rt := p.rt
-	start := time.Now()
+	k := &keptRun{p: p, tag: tag, start: time.Now(), timeout: timeout, cancel: func() {}}
+	defer k.cancel()
+	k.startAll()
+	k.waitAll()
+	k.endAll()
+	return k.err
+}
+
+// keptRun is one run of a Prepared's kept routes: started in order, waited
+// on together and ended together, under one deadline.
+type keptRun struct {
+	p       *Prepared
+	tag     uint64
+	start   time.Time
+	timeout time.Duration
 	// The deadline's context (and its timer) is made only when something
 	// waits on it: a small copy done at its start needs none.
-	var ctx context.Context
-	cancel := func() {}
-	runCtx := func() context.Context {
-		if ctx == nil {
-			ctx = rt.ctx
-			if timeout >= 0 {
-				ctx, cancel = context.WithDeadlineCause(rt.ctx, start.Add(timeout), errGetDeadline)
-			}
-		}
-		return ctx
-	}
-	defer func() { cancel() }()
-	write := p.opts.dir == transport.Write
-	type running struct {
-		part *preparedPart
-		x    *transport.Transfer
-		req  transport.Request
-		adm  *standing // a write's admission, ended with the run
-	}
-	runs := make([]running, 0, len(p.parts))
-	var firstErr error
-	what := "fetch"
-	if write {
-		what = "write into"
-	}
-	fail := func(i int, err error) {
-		if firstErr == nil {
-			firstErr = transport.Wrap(err, "%s of ref %d (object %s from %s)", what, i, p.parts[i].r.x.Object, p.parts[i].ref.desc.Owner.Address)
+	ctx    context.Context
+	cancel context.CancelFunc
+	runs   []keptTransfer
+	err    error // the run's outcome: the first failure
+}
+
+// keptTransfer is one started transfer of a kept run.
+type keptTransfer struct {
+	part *preparedPart
+	x    *transport.Transfer
+	req  transport.Request
+	adm  *standing // a write's admission, ended with the run
+	err  error
+}
+
+func (k *keptRun) deadline() context.Context {
+	if k.ctx == nil {
+		rt := k.p.rt
+		k.ctx = rt.ctx
+		if k.timeout >= 0 {
+			k.ctx, k.cancel = context.WithDeadlineCause(rt.ctx, k.start.Add(k.timeout), errGetDeadline)
 		}
 	}
+	return k.ctx
+}
+
+// fail keeps the run's first failure, naming the ref of part i.
+func (k *keptRun) fail(i int, err error) {
+	if k.err == nil {
+		part := k.p.parts[i]
+		what := "fetch"
+		if k.p.opts.dir == transport.Write {
+			what = "write into"
+		}
+		k.err = transport.Wrap(err, "%s of ref %d (object %s from %s)", what, i, part.r.x.Object, part.ref.desc.Owner.Address)
+	}
+}
+
+// startAll starts the kept transfers in order, up to the first that
+// cannot start; that one is ended and counted here.
+func (k *keptRun) startAll() {
+	p := k.p
 	for i, part := range p.parts {
 		if peer := part.r.peer; isClosed(peer.Done()) {
-			fail(i, transport.Errorf(transport.ErrPeerUnavailable, "the owner %s is gone", peer.Info()))
-			break
+			k.fail(i, transport.Errorf(transport.ErrPeerUnavailable, "the owner %s is gone", peer.Info()))
+			return
 		}
 		x := part.r.x
 		p.nextID++
 		x.TransferID = p.nextID
-		r := running{part: part, x: &x}
-		if write {
-			adm, err := p.beginRun(runCtx(), part, tag)
+		t := keptTransfer{part: part, x: &x}
+		if x.Direction == transport.Write {
+			adm, err := p.beginRun(k.deadline(), part, k.tag)
 			if err != nil {
-				rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
-				fail(i, err)
-				break
+				p.rt.c.account(x.Direction, part.r.entry, part.nbytes, 0, err)
+				k.fail(i, err)
+				return
 			}
 			// The owner's servers (tcp's) find the write by its admission.
-			r.adm, x.TransferID = adm, adm.key.id
+			t.adm, x.TransferID = adm, adm.key.id
 		}
-		err := transport.ProtectOf(rt.log, "starting a prepared transfer over", part.r.entry.desc.Name, func() (err error) {
+		err := transport.ProtectOf(p.rt.log, "starting a prepared transfer over", part.r.entry.desc.Name, func() (err error) {
 			if part.started != nil {
-				r.req, err = part.started.Start(r.x)
+				t.req, err = part.started.Start(t.x)
 			} else {
-				r.req, err = part.r.start(r.x, part.local)
+				t.req, err = part.r.start(t.x, part.local)
 			}
 			return err
 		})
 		if err != nil {
-			if r.adm != nil {
-				p.endRun(r.adm, tag, err)
-			}
-			rt.c.account(p.opts.dir, part.r.entry, part.nbytes, 0, err)
-			fail(i, err)
-			break
+			t.err = err
+			k.end(&t)
+			k.fail(i, err)
+			return
 		}
-		runs = append(runs, r)
+		k.runs = append(k.runs, t)
 	}
-	// Wait for every started request (those started before a failure
-	// too: nothing may move once Run returns).
-	errs := make([]error, len(runs))
-	for k, r := range runs {
-		errs[k] = p.wait(runCtx, r.part, r.x, r.req)
-		released := transport.ProtectOf(rt.log, "releasing a request of transport", r.part.r.entry.desc.Name, func() error {
-			r.req.Release()
+}
+
+// waitAll waits for every started request (those started before a
+// failure too: nothing may move once Run returns).
+func (k *keptRun) waitAll() {
+	for i := range k.runs {
+		t := &k.runs[i]
+		name := t.part.r.entry.desc.Name
+		t.err = k.wait(t)
+		released := transport.ProtectOf(k.p.rt.log, "releasing a request of transport", name, func() error {
+			t.req.Release()
 			return nil
 		})
-		if errs[k] == nil {
-			errs[k] = released
+		if t.err == nil {
+			t.err = released
 		}
-		if errs[k] != nil {
-			fail(p.indexOf(r.part), errs[k])
+		if t.err != nil {
+			k.fail(k.p.indexOf(t.part), t.err)
 		}
 	}
-	// Then end each: a run whose bytes landed is reported failed to its
-	// owner when the run as a whole failed, so that every owner's notice
-	// says what Run returns.
-	for k, r := range runs {
-		err := errs[k]
-		if err == nil && firstErr != nil {
-			err = transport.Wrap(firstErr, "the write of which this part landed failed")
+}
+
+// endAll ends each started transfer: one whose bytes landed is reported
+// failed to its owner when the run as a whole failed, so that every
+// owner's notice says what Run returns.
+func (k *keptRun) endAll() {
+	for i := range k.runs {
+		t := &k.runs[i]
+		if t.err == nil && k.err != nil {
+			t.err = transport.Wrap(k.err, "the write of which this part landed failed")
 		}
-		if r.adm != nil {
-			p.endRun(r.adm, tag, err)
-		}
-		rt.c.account(p.opts.dir, r.part.r.entry, r.part.nbytes, time.Since(start), err)
+		k.end(t)
 	}
-	return firstErr
+}
+
+// end tells a write's owner how the transfer ended and counts it.
+func (k *keptRun) end(t *keptTransfer) {
+	if t.adm != nil {
+		k.p.endRun(t.adm, k.tag, t.err)
+	}
+	took := time.Duration(0)
+	if t.req != nil {
+		took = time.Since(k.start)
+	}
+	k.p.rt.c.account(t.x.Direction, t.part.r.entry, t.part.nbytes, took, t.err)
 }
 
 // wait waits for req under ctx; at the deadline it aborts the request and
 // waits until it has stopped.
-func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *transport.Transfer, req transport.Request) error {
+func (k *keptRun) wait(t *keptTransfer) error {
+	part, x, req := t.part, t.x, t.req
 	wait := func() error {
-		return transport.ProtectOf(p.rt.log, "waiting for transport", part.r.entry.desc.Name, req.Wait)
+		return transport.ProtectOf(k.p.rt.log, "waiting for transport", part.r.entry.desc.Name, req.Wait)
 	}
 	if c, ok := req.(transport.CompletedRequest); ok && c.Completed() {
 		return wait()
 	}
-	ctx := runCtx()
+	ctx := k.deadline()
 	done := make(chan error, 1)
 	go func() { done <- wait() }()
 	select {
@@ -289,7 +328,7 @@ func (p *Prepared) wait(runCtx func() context.Context, part *preparedPart, x *tr
 		return transport.Errorf(transport.ErrTimeout, "the prepared transfer did not complete within its deadline")
 	}
 	if err == nil {
-		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", p.rt.me.name)
+		err = transport.Errorf(transport.ErrClosed, "runtime %s was destroyed", k.p.rt.me.name)
 	}
 	return err
 }

@@ -117,12 +117,33 @@ func TestSocketsSlowReaderFarBehindStays(t *testing.T) {
 	}
 	_, err := c.Write(batch)
 	require.NoError(t, err)
-	slow := bufio.NewReaderSize(&trickle{c: c, chunk: 4096, every: 10 * time.Millisecond}, 4096)
-	var read uint64
+	tr := &trickle{c: c, chunk: 4096, every: 10 * time.Millisecond}
+	slow := bufio.NewReaderSize(tr, 4096)
+	// The reader proves it is alive as a runtime's liveness loop does: on a
+	// ticker of its own, saying how far it has read, however long one
+	// answer takes to trickle in.
+	stopPings := make(chan struct{})
+	pinged := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(timeout / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopPings:
+				pinged <- nil
+				return
+			case <-tick.C:
+				if _, err := c.Write((&Message{Kind: KindPing, Count: tr.read.Load()}).Encode()); err != nil {
+					pinged <- err
+					return
+				}
+			}
+		}
+	}()
 	start := time.Now()
 	answers := 0
-	lastPing := time.Now()
 	var buf []byte
+	var read uint64
 	for answers < asks {
 		b, err := ReadFrame(slow, buf, MaxFrame)
 		require.NoError(t, err, "after %d answers", answers)
@@ -133,12 +154,9 @@ func TestSocketsSlowReaderFarBehindStays(t *testing.T) {
 		if m.Kind == KindResponse {
 			answers++
 		}
-		if time.Since(lastPing) > timeout/4 {
-			_, err := c.Write((&Message{Kind: KindPing, Count: read}).Encode())
-			require.NoError(t, err)
-			lastPing = time.Now()
-		}
 	}
+	close(stopPings)
+	require.NoError(t, <-pinged, "a ping failed: the owner gave up on a reader that was alive")
 	took := time.Since(start)
 	t.Logf("read %d answers (%d bytes) in %v with a peer timeout of %v", answers, read, took.Round(time.Millisecond), timeout)
 	require.Greater(t, took, 3*timeout, "the answers must take several peer timeouts to read for the test to mean anything")
@@ -147,15 +165,19 @@ func TestSocketsSlowReaderFarBehindStays(t *testing.T) {
 }
 
 // trickle reads at most chunk bytes every so often: a reader far behind.
+// read counts the bytes read from the connection.
 type trickle struct {
 	c     net.Conn
 	chunk int
 	every time.Duration
+	read  atomic.Uint64
 }
 
 func (r *trickle) Read(p []byte) (int, error) {
 	time.Sleep(r.every)
-	return r.c.Read(p[:min(len(p), r.chunk)])
+	n, err := r.c.Read(p[:min(len(p), r.chunk)])
+	r.read.Add(uint64(n))
+	return n, err
 }
 
 // A connection lost takes the peer with it, even while another connection

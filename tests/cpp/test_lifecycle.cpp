@@ -376,8 +376,8 @@ TEST(FetchSemantics, MovesAndMoveAssignFreesThePrevious) {
   EXPECT_EQ(a.stats().fetches_active, 1u);
   EXPECT_TRUE(f2.wait(10s));
   EXPECT_EQ(d2, src);
-  rdt_fetch *raw = f2.release();
-  EXPECT_EQ(rdt_fetch_free(raw), RDT_OK);
+  rdt_pending *raw = f2.release();
+  EXPECT_EQ(rdt_pending_free(raw), RDT_OK);
   EXPECT_EQ(a.stats().fetches_active, 0u);
   static_assert(!std::is_copy_constructible_v<rdt::Fetch> && !std::is_copy_assignable_v<rdt::Fetch>);
 }

@@ -124,7 +124,7 @@ class WritingTransport : public rdt::Transport {
     size_t n = tmeta.size() / sizeof(void *);
     if (!x.ranges().empty()) p_->ranged++;
     for (size_t i = 0; i < sources.size(); i++) {
-      rdt_source_range r{0, uint32_t(i), 0, rdt::nbytes(sources[i])};
+      rdt_range r{0, uint32_t(i), 0, rdt::nbytes(sources[i])};
       if (!x.ranges().empty()) r = x.ranges()[i];
       if (r.tensor >= n) throw std::runtime_error("a destination the metadata lacks");
       char *dst;

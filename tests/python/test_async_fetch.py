@@ -60,7 +60,7 @@ def slow():
 def _nothing_writes(ptr):
     """Whether the C fetch ptr is complete or freed: either way no transfer
     writes into its targets any more."""
-    return _lib.lib().rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT
+    return _lib.lib().rdt_pending_wait(ptr, 0) != _lib.ERR_TIMEOUT
 
 
 async def _until(cond, timeout=10.0):

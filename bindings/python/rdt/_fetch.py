@@ -62,7 +62,7 @@ class Plan:
     """What a fetch moves and what its result is made of: the refs and
     slices asked for, each one's tensors (new, given in out=, or the put
     tensors of an object this runtime owns), and, of those, the ones to
-    fetch. ``sources`` (a partial fetch's rdt_source_range array, else None)
+    fetch. ``sources`` (a partial fetch's rdt_range array, else None)
     says what each of those receives."""
 
     __slots__ = ("single", "refs", "tensors", "fetch_refs", "items", "objs", "owned", "sources", "packed")
@@ -92,15 +92,15 @@ class Plan:
 
 
 def fetch_options(transport: Optional[str], plan: Plan) -> Any:
-    """A fetch's rdt_fetch_options, or None when it needs none. The sources
+    """A fetch's rdt_get_options, or None when it needs none. The sources
     array stays plan's (rdt copies it during the call)."""
     if not transport and plan.sources is None:
         return None
-    opts = _lib.init(_lib.FetchOptions())
+    opts = _lib.init(_lib.GetOptions())
     if transport:
         opts.transport = transport.encode()
     if plan.sources is not None:
-        opts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+        opts.sources = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.Range))
         opts.num_sources = len(plan.sources)
     return opts
 
@@ -111,9 +111,9 @@ def check_transport(runtime: RuntimeLike, transport: str, plan: Plan) -> None:
     a fetch gives: rdt checks the name in a fetch of no refs."""
     L = _lib.lib()
     f = ctypes.c_void_p()
-    _lib.check(L.rdt_fetch_start(runtime._handle(), None, 0, None, 0, fetch_options(transport, plan),
+    _lib.check(L.rdt_get_start(runtime._handle(), None, 0, None, 0, fetch_options(transport, plan),
                                  ctypes.byref(f)))
-    L.rdt_fetch_free(f.value)
+    L.rdt_pending_free(f.value)
 
 
 class Fetch(Handle):
@@ -168,7 +168,7 @@ class Fetch(Handle):
         # Python transports receiving this fetch get these very objects.
         self._mine = self._store.receive_into(plan.targets())
         f = ctypes.c_void_p()
-        st = L.rdt_fetch_start(runtime._handle(), handles, len(refs), addr, n, opts, ctypes.byref(f))
+        st = L.rdt_get_start(runtime._handle(), handles, len(refs), addr, n, opts, ctypes.byref(f))
         if st != _lib.OK:
             self._store.forget(self._mine)
             raise _lib.make_error(st)
@@ -187,7 +187,7 @@ class Fetch(Handle):
         ptr = self._ptr
         if ptr is None:  # another thread settled and freed it since
             return self._final is not None
-        st = _lib.lib().rdt_fetch_wait(ptr, ms)
+        st = _lib.lib().rdt_pending_wait(ptr, ms)
         if st == _lib.ERR_TIMEOUT:
             return False
         # Made here: the message is this thread's last error.
@@ -221,7 +221,7 @@ class Fetch(Handle):
         # Complete, or the caller accepts waiting: returns once nothing
         # writes into the targets.
         try:
-            _lib.lib().rdt_fetch_free(ptr)
+            _lib.lib().rdt_pending_free(ptr)
         finally:
             self._store.forget(self._mine)
             self._mine, self._buf, self._fd = [], None, None
@@ -293,7 +293,7 @@ class Fetch(Handle):
         had already arrived)."""
         ptr = self._ptr
         if ptr is not None and self._final is None:
-            _lib.lib().rdt_fetch_abort(ptr)
+            _lib.lib().rdt_pending_abort(ptr)
 
     # ---- freeing -------------------------------------------------------------------
 
@@ -322,9 +322,9 @@ class Fetch(Handle):
             # it meanwhile, the handle is invalid: no wait either.)
             p = self._ptr
             if p is not None:
-                L.rdt_fetch_abort(p)
+                L.rdt_pending_abort(p)
                 if block:
-                    while L.rdt_fetch_wait(p, SLICE_MS) == _lib.ERR_TIMEOUT:
+                    while L.rdt_pending_wait(p, SLICE_MS) == _lib.ERR_TIMEOUT:
                         pass
                     with self._lock:
                         if self._final is None:
@@ -332,8 +332,8 @@ class Fetch(Handle):
             return
         if ptr is None:
             return
-        L.rdt_fetch_abort(ptr)
-        if block or L.rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT:
+        L.rdt_pending_abort(ptr)
+        if block or L.rdt_pending_wait(ptr, 0) != _lib.ERR_TIMEOUT:
             self._free(ptr)
             return
         # Only our own buffers can still be written (a transport that has not
@@ -411,7 +411,7 @@ class Fetch(Handle):
             if self._loop is None:
                 if self._fd is None:
                     fd = ctypes.c_int32(-1)
-                    _lib.check(_lib.lib().rdt_fetch_event_fd(ptr, ctypes.byref(fd)))
+                    _lib.check(_lib.lib().rdt_pending_event_fd(ptr, ctypes.byref(fd)))
                     self._fd = fd.value
                 loop.add_reader(self._fd, self._on_complete)
                 self._loop = loop
@@ -440,7 +440,7 @@ def _drain(fetch: int, buf: Any, objs: List[Any], store: Store, mine: List[Tuple
     """Frees an aborted fetch once nothing writes into its targets; they
     were kept alive until then, and go with it."""
     try:
-        _lib.lib().rdt_fetch_free(fetch)
+        _lib.lib().rdt_pending_free(fetch)
     finally:
         store.forget(mine)
         del buf, objs

@@ -41,7 +41,7 @@ _SMALL = 1 << 20
 # Why the one-call path gave way to the general one.
 _SLOW: Any = object()
 
-# rdt_fetch_options naming one transport, by name: made once per name, never
+# rdt_get_options naming one transport, by name: made once per name, never
 # changed afterwards (rdt only reads them), so every thread may pass them.
 _OPTIONS: Dict[str, Tuple[Any, int, bytes]] = {}
 _OPTIONS_KEPT = 64
@@ -53,11 +53,11 @@ _ONE_MAX_NDIM = 32
 
 
 def _options(transport: str) -> int:
-    """The address of an rdt_fetch_options naming transport."""
+    """The address of an rdt_get_options naming transport."""
     o = _OPTIONS.get(transport)
     if o is None:
         name = transport.encode()
-        opts = _lib.init(_lib.FetchOptions())
+        opts = _lib.init(_lib.GetOptions())
         opts.transport = name
         o = (opts, ctypes.addressof(opts), name)
         if len(_OPTIONS) < _OPTIONS_KEPT:

@@ -64,14 +64,14 @@ class Prepared(Handle):
         L = _lib.lib()
         p = ctypes.c_void_p()
         if write:
-            st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, n,
+            st = L.rdt_prepare_write(runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(_write.write_options(transport, plan)), ctypes.byref(p))
             self._mine: Any = []
         else:
             fopts = fetch_options(transport, plan)
             # Python transports receiving a run get these very objects.
             self._mine = self._store.receive_into(plan.targets())
-            st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, n,
+            st = L.rdt_prepare_get(runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
         if st != _lib.OK:
             self._store.forget(self._mine)
@@ -138,7 +138,7 @@ class Prepared(Handle):
         p = ctypes.c_void_p()
         with self._lock:  # after a run in progress
             was_ptr = self._handle()
-            st = L.rdt_fetch_prepare(self._runtime._handle(), handles, len(refs), addr, n,
+            st = L.rdt_prepare_get(self._runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
             if st != _lib.OK:
                 raise _lib.make_error(st)

@@ -726,15 +726,15 @@ def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
 
 # ---- partial fetches ----------------------------------------------------------
 
-# rdt_source_range as a numpy record: a partial fetch's sources are built as
+# rdt_range as a numpy record: a partial fetch's sources are built as
 # one array (a column per field) and passed by address, not struct by struct.
 SOURCE = np.dtype([("ref", np.uint32), ("tensor", np.uint32), ("offset", np.uint64), ("length", np.uint64)])
-assert SOURCE.itemsize == ctypes.sizeof(_lib.SourceRange) and all(
-    SOURCE.fields[name][1] == getattr(_lib.SourceRange, name).offset for name in SOURCE.names)
+assert SOURCE.itemsize == ctypes.sizeof(_lib.Range) and all(
+    SOURCE.fields[name][1] == getattr(_lib.Range, name).offset for name in SOURCE.names)
 
 
 def sources(rows: Sequence[Tuple[int, int, int, int]]) -> np.ndarray:
-    """An rdt_source_range array of (ref, tensor, offset, length) rows."""
+    """An rdt_range array of (ref, tensor, offset, length) rows."""
     return np.array(rows, dtype=SOURCE)
 
 

@@ -89,7 +89,7 @@ def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
     if transport:
         opts.transport = transport.encode()
     if plan.sources is not None:
-        opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
+        opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.Range))
         opts.num_destinations = len(plan.sources)
     return opts
 

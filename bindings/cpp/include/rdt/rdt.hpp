@@ -434,7 +434,7 @@ class RefList {
 
 // ---- partial fetches ------------------------------------------------------------
 
-/// What one target of a partial fetch receives (rdt_source_range): `length`
+/// What one target of a partial fetch receives (rdt_range): `length`
 /// bytes from byte `offset` of tensor `tensor` of the fetch's refs[`ref`];
 /// by default, that whole tensor. The target needs the source tensor's dtype
 /// and device type and exactly that many bytes, in any shape. rdt checks
@@ -445,7 +445,7 @@ struct Source {
   uint64_t offset = 0;                     // first byte of the tensor received
   uint64_t length = RDT_REST_OF_TENSOR;    // bytes; RDT_REST_OF_TENSOR: to its end
 
-  rdt_source_range capi() const noexcept { return rdt_source_range{ref, tensor, offset, length}; }
+  rdt_range capi() const noexcept { return rdt_range{ref, tensor, offset, length}; }
 };
 
 /// Rows [begin, end) of tensor `tensor` of `ref`, which is refs[`ref_index`]
@@ -468,10 +468,10 @@ inline Source rows(uint32_t ref_index, const Ref &ref, uint32_t tensor, uint64_t
 
 namespace detail {
 // The fetch options of a fetch, pointing into `c` (which must outlive them).
-inline rdt_fetch_options fetch_options(const std::string &transport, const std::vector<Source> *sources,
-                                       std::vector<rdt_source_range> &c) {
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
+inline rdt_get_options fetch_options(const std::string &transport, const std::vector<Source> *sources,
+                                       std::vector<rdt_range> &c) {
+  rdt_get_options fo;
+  rdt_get_options_init(&fo);
   fo.transport = opt(transport);
   if (sources) {
     c.reserve(sources->size());
@@ -483,7 +483,7 @@ inline rdt_fetch_options fetch_options(const std::string &transport, const std::
 }
 // The write options of a write, pointing into `c` (which must outlive them).
 inline rdt_write_options write_options(const std::string &transport, uint64_t tag,
-                                       const std::vector<Source> *destinations, std::vector<rdt_source_range> &c) {
+                                       const std::vector<Source> *destinations, std::vector<rdt_range> &c) {
   rdt_write_options wo;
   rdt_write_options_init(&wo);
   wo.transport = opt(transport);
@@ -508,18 +508,18 @@ class [[nodiscard]] Fetch {
  public:
   Fetch() noexcept = default;
   /// Takes ownership of a C fetch.
-  explicit Fetch(rdt_fetch *adopt) noexcept : f_(adopt) {}
+  explicit Fetch(rdt_pending *adopt) noexcept : f_(adopt) {}
   Fetch(const Fetch &) = delete;
   Fetch &operator=(const Fetch &) = delete;
   Fetch(Fetch &&o) noexcept : f_(std::exchange(o.f_, nullptr)) {}
   Fetch &operator=(Fetch &&o) noexcept {
     if (this != &o) {
-      rdt_fetch_free(f_);
+      rdt_pending_free(f_);
       f_ = std::exchange(o.f_, nullptr);
     }
     return *this;
   }
-  ~Fetch() { rdt_fetch_free(f_); }
+  ~Fetch() { rdt_pending_free(f_); }
 
   /// Waits up to `timeout` (rdt::forever, the default, waits forever).
   /// true: every target holds its object's bytes. false: the time ran out
@@ -527,7 +527,7 @@ class [[nodiscard]] Fetch {
   /// throws the first transfer error, once nothing writes into the targets.
   /// After a final result, wait returns (or throws) the same again.
   bool wait(std::chrono::milliseconds timeout = forever) {
-    rdt_status st = rdt_fetch_wait(f_, detail::millis(timeout));
+    rdt_status st = rdt_pending_wait(f_, detail::millis(timeout));
     if (st == RDT_ERR_TIMEOUT) return false;
     check(st);
     return true;
@@ -536,20 +536,20 @@ class [[nodiscard]] Fetch {
   bool ready() { return wait(std::chrono::milliseconds(0)); }
   /// Asks every transfer to stop and returns at once; a later wait() throws
   /// rdt::Error(RDT_ERR_ABORTED) (or returns true if all had completed).
-  void abort() { check(rdt_fetch_abort(f_)); }
+  void abort() { check(rdt_pending_abort(f_)); }
 
   explicit operator bool() const noexcept { return f_ != nullptr; }
   /// The C handle, still owned by this Fetch.
-  rdt_fetch *capi() const noexcept { return f_; }
-  /// Gives up ownership: the caller must rdt_fetch_free() the result.
-  [[nodiscard]] rdt_fetch *release() noexcept { return std::exchange(f_, nullptr); }
+  rdt_pending *capi() const noexcept { return f_; }
+  /// Gives up ownership: the caller must rdt_pending_free() the result.
+  [[nodiscard]] rdt_pending *release() noexcept { return std::exchange(f_, nullptr); }
 
  private:
-  rdt_fetch *f_ = nullptr;
+  rdt_pending *f_ = nullptr;
 };
 
 /// A fetch or a write resolved once and run many times (RAII over
-/// rdt_fetch_prepare / rdt_write_prepare / rdt_prepared_free), move-only.
+/// rdt_prepare_get / rdt_prepare_write / rdt_prepared_free), move-only.
 /// The first run() is an ordinary get or write; later runs only start the
 /// transports. It holds its own handles on the refs; the tensors' memory
 /// must outlive it. Destruction waits for a run in progress.
@@ -668,8 +668,8 @@ class Transfer {
   /// source sends those bytes of its tensors, in that order; in a partial
   /// write, source i lands in ranges()[i] of the owner's object. Empty:
   /// every tensor whole, target (or source) i being tensor i.
-  Span<const rdt_source_range> ranges() const noexcept {
-    return c_->ranges ? Span<const rdt_source_range>(c_->ranges, c_->num_ranges) : Span<const rdt_source_range>();
+  Span<const rdt_range> ranges() const noexcept {
+    return c_->ranges ? Span<const rdt_range>(c_->ranges, c_->num_ranges) : Span<const rdt_range>();
   }
   const rdt_transfer *capi() const noexcept { return c_; }
 
@@ -1036,9 +1036,9 @@ class Runtime {
   Fetch write_start(const RefList &refs, const std::vector<TensorView> &sources, uint64_t tag = 0,
                     const std::vector<Source> *destinations = nullptr, const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
-    rdt_fetch *f = nullptr;
+    rdt_pending *f = nullptr;
     check(rdt_write_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &f));
     return Fetch(f);
   }
@@ -1048,20 +1048,20 @@ class Runtime {
              std::chrono::milliseconds timeout = forever, const std::vector<Source> *destinations = nullptr,
              const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
     check(rdt_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, detail::millis(timeout)));
   }
 
   /// A get of `refs` into `targets` prepared to run many times (see
-  /// rdt::Prepared and rdt_fetch_prepare); `sources` as fetch()'s partial form.
+  /// rdt::Prepared and rdt_prepare_get); `sources` as fetch()'s partial form.
   Prepared prepare_get(const RefList &refs, const std::vector<TensorView> &targets,
                        const std::vector<Source> *sources = nullptr, const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    std::vector<rdt_range> cs;
+    rdt_get_options fo = detail::fetch_options(transport, sources, cs);
     rdt_prepared *p = nullptr;
-    check(rdt_fetch_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &p));
+    check(rdt_prepare_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &p));
     return Prepared(p);
   }
   /// A write of `sources` into writable refs prepared to run many times;
@@ -1070,10 +1070,10 @@ class Runtime {
                          const std::vector<Source> *destinations = nullptr,
                          const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, 0, destinations, cd);
     rdt_prepared *p = nullptr;
-    check(rdt_write_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
+    check(rdt_prepare_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
     return Prepared(p);
   }
 
@@ -1225,17 +1225,17 @@ class Runtime {
   Fetch start(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
               const std::string &transport) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
-    rdt_fetch *f = nullptr;
-    check(rdt_fetch_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
+    std::vector<rdt_range> cs;
+    rdt_get_options fo = detail::fetch_options(transport, sources, cs);
+    rdt_pending *f = nullptr;
+    check(rdt_get_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
     return Fetch(f);
   }
   void get_impl(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
                 std::chrono::milliseconds timeout, const std::string &transport) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    std::vector<rdt_range> cs;
+    rdt_get_options fo = detail::fetch_options(transport, sources, cs);
     check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
   }
 

@@ -51,7 +51,9 @@ def build_info() -> "dict[str, str]":
 
 
 def __getattr__(name: str) -> "type":
-    """The earlier name of rdt.Range, with a DeprecationWarning."""
+    """The earlier name of rdt.Range, with a DeprecationWarning. (It is not
+    in __all__, where a star import would warn; rdt.fetch, which warns when
+    called, still is.)"""
     if name == "TensorSlice":
         _warnings.warn("rdt.TensorSlice is deprecated: use rdt.Range", DeprecationWarning, stacklevel=2)
         return Range
@@ -61,7 +63,7 @@ def __getattr__(name: str) -> "type":
 __all__ = [
     "Runtime", "ObjectRef", "Range", "Fetch", "Write", "WriteNotice", "init", "default_runtime", "put", "get",
     "get_start", "get_async", "wait_tensor_freed", "expose", "write", "write_start", "write_async", "Prepared",
-    "prepare_get", "prepare_write",
+    "prepare_get", "prepare_write", "fetch",
     "register_tensor_transport", "library_version", "build_info", "set_log_level",
     "create_collective_group", "destroy_collective_group",
     "TensorTransportManager", "TensorTransportMetadata", "CommunicatorMetadata", "FetchRequest", "Peer",

@@ -591,7 +591,7 @@ def measure_rdt(rdtbench: str, transport: str, shapes: list) -> dict:
 def measure_rdt_write(rdtbench: str, transport: str, shapes: list, prepared: bool = False) -> dict:
     """rdt's write row through `rdtbench row T write:SIZE` (C ABI, the owner
     in a second process checking every notice), or with prepared its
-    prepared writes (`rdtbench row T prepared:SIZE`: `rdt_write_prepare`
+    prepared writes (`rdtbench row T prepared:SIZE`: `rdt_prepare_write`
     once, then `rdt_prepared_run`, as a re-posted NIXL handle is used):
     {shape: seconds}."""
     kind, field = ("prepared:", "prepared_write_p50_us") if prepared else ("write:", "write_p50_us")

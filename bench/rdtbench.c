@@ -438,8 +438,8 @@ static double get_timed(rdt_runtime *rt, rdt_ref **refs, size_t n, void **bufs,
   rdt_tensor t[MAX_REFS];
   int64_t shape[1] = {(int64_t)size};
   for (size_t i = 0; i < n; i++) t[i] = byte_tensor(bufs[i], shape);
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
+  rdt_get_options fo;
+  rdt_get_options_init(&fo);
   fo.transport = override;
   double t0 = now();
   rdt_status st = rdt_get(rt, refs, n, t, n, &fo, 120000);
@@ -806,9 +806,9 @@ static struct result measure_prepared(rdt_runtime *rt, struct source *s, const c
     rdt_write_options wo;
     rdt_write_options_init(&wo);
     wo.transport = strcmp(transport, "auto") ? transport : NULL;
-    check(rdt_write_prepare(rt, &ref, 1, &t, 1, &wo, &p), "write_prepare");
+    check(rdt_prepare_write(rt, &ref, 1, &t, 1, &wo, &p), "write_prepare");
   } else {
-    check(rdt_fetch_prepare(rt, &ref, 1, &t, 1, NULL, &p), "fetch_prepare");
+    check(rdt_prepare_get(rt, &ref, 1, &t, 1, NULL, &p), "fetch_prepare");
   }
   check(rdt_prepared_run(p, 1, 120000), "prepared_run");
   if (write) {
@@ -887,8 +887,8 @@ static void measure_object_prepared(rdt_runtime *rt, const char *transport, rdt_
   for (uint64_t i = 0; i < count; i++) t[i] = byte_tensor(buf + i * part, part_shape);
   rdt_tensor whole = byte_tensor(buf, total_shape);
   rdt_prepared *pmany, *pone;
-  check(rdt_fetch_prepare(rt, &many, 1, t, count, NULL, &pmany), "fetch_prepare");
-  check(rdt_fetch_prepare(rt, &one, 1, &whole, 1, NULL, &pone), "fetch_prepare");
+  check(rdt_prepare_get(rt, &many, 1, t, count, NULL, &pmany), "fetch_prepare");
+  check(rdt_prepare_get(rt, &one, 1, &whole, 1, NULL, &pone), "fetch_prepare");
   memset(buf, 0, total);
   run_timed(pmany, 1);
   for (uint64_t i = 0; i < count; i++)
@@ -1003,22 +1003,22 @@ static uint64_t shard_bytes(int ranks) {
 
 static void *pull_shard(void *arg) {
   struct shard *sh = arg;
-  rdt_source_range src[SD_TENSORS];
+  rdt_range src[SD_TENSORS];
   rdt_tensor t[SD_TENSORS];
   int64_t shape[SD_TENSORS][1];
   const uint64_t rows = SD_ROWS / sh->ranks, part = rows * SD_COLS * 4;
   uint64_t off = 0;
   for (int i = 0; i < SD_TENSORS; i++) {
     uint64_t n = i < SD_MATRICES ? part : SD_VECTOR_BYTES;
-    src[i] = (rdt_source_range){0, (uint32_t)i, i < SD_MATRICES ? sh->rank * part : 0, n};
+    src[i] = (rdt_range){0, (uint32_t)i, i < SD_MATRICES ? sh->rank * part : 0, n};
     shape[i][0] = (int64_t)(n / 4);
     t[i] = byte_tensor(sh->buf + off, shape[i]);
     t[i].dtype.code = RDT_DTYPE_FLOAT;
     t[i].dtype.bits = 32;
     off += n;
   }
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
+  rdt_get_options fo;
+  rdt_get_options_init(&fo);
   fo.sources = src;
   fo.num_sources = SD_TENSORS;
   uint64_t before = bytes_received(sh->rt);
@@ -1173,7 +1173,7 @@ static int bench_main(const char *path) {
   }
   out("\nOne `rdt_get` of the object (one ref, one target per tensor, all in one buffer) against "
       "one `rdt_get` of one tensor of the same bytes; medians of interleaved runs. Prepared ratio: the "
-      "same two as runs of prepared gets (`rdt_fetch_prepare`), which check and describe the targets "
+      "same two as runs of prepared gets (`rdt_prepare_get`), which check and describe the targets "
       "once.\n");
 
   out("\n## Views of 1 GiB: one object of N tensors against one tensor of the same bytes\n\n");
@@ -1235,7 +1235,7 @@ static int bench_main(const char *path) {
   }
 
   out("\n## Prepared transfers against ordinary ones, same run\n\n");
-  out("`rdt_fetch_prepare` / `rdt_write_prepare` once, then `rdt_prepared_run` again and again, against "
+  out("`rdt_prepare_get` / `rdt_prepare_write` once, then `rdt_prepared_run` again and again, against "
       "`rdt_get` / `rdt_write` of the same 4 KiB (p50; for writes the source takes and checks every "
       "notice).\n\n");
   out("| transport | get | prepared get | ratio | write | prepared write | ratio |\n|---|---|---|---|---|---|---|\n");

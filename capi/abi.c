@@ -315,64 +315,63 @@ rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
   return st;
 }
 
-/* ---- fetching ------------------------------------------------------- */
+/* ---- gets and pending operations ------------------------------------ */
 
-/* Possibly-NULL, possibly-older fetch options as the library's own: *full
+/* Possibly-NULL, possibly-older get options as the library's own: *full
  * is set, and *use is full or NULL. */
-static rdt_status fetch_options(const char *fn, const rdt_fetch_options *opts,
-                                rdt_fetch_options *full,
-                                rdt_fetch_options **use) {
+static rdt_status get_options(const char *fn, const rdt_get_options *opts,
+                              rdt_get_options *full, rdt_get_options **use) {
   *use = NULL;
   if (opts == NULL) return RDT_OK;
-  rdt_fetch_options_init(full);
-  VERSIONED_IN(fn, rdt_fetch_options, *full, opts, reserved);
+  rdt_get_options_init(full);
+  VERSIONED_IN(fn, rdt_get_options, *full, opts, reserved);
   *use = full;
   return RDT_OK;
 }
 
-rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
-                           size_t num_refs, const rdt_tensor *targets,
-                           size_t num_targets, const rdt_fetch_options *opts,
-                           rdt_fetch **out) {
-  FORK_GUARD("rdt_fetch_start");
-  rdt_fetch_options full, *use;
-  rdt_status st = fetch_options("rdt_fetch_start", opts, &full, &use);
+rdt_status rdt_get_start(rdt_runtime *rt, rdt_ref *const *refs,
+                         size_t num_refs, const rdt_tensor *targets,
+                         size_t num_targets, const rdt_get_options *opts,
+                         rdt_pending **out) {
+  FORK_GUARD("rdt_get_start");
+  rdt_get_options full, *use;
+  rdt_status st = get_options("rdt_get_start", opts, &full, &use);
   if (st != RDT_OK) return st;
   uintptr_t h = 0;
-  st = (rdt_status)rdtgo_fetch_start((uintptr_t)rt, (uintptr_t *)refs,
-                                     num_refs, (rdt_tensor *)targets,
-                                     num_targets, use, out ? &h : NULL);
-  if (st == RDT_OK) *out = (rdt_fetch *)h;
+  st = (rdt_status)rdtgo_get_start((uintptr_t)rt, (uintptr_t *)refs,
+                                   num_refs, (rdt_tensor *)targets,
+                                   num_targets, use, out ? &h : NULL);
+  if (st == RDT_OK) *out = (rdt_pending *)h;
   return st;
 }
 
-rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms) {
-  FORK_GUARD("rdt_fetch_wait");
-  return (rdt_status)rdtgo_fetch_wait((uintptr_t)fetch, timeout_ms);
+rdt_status rdt_pending_wait(rdt_pending *pending, int64_t timeout_ms) {
+  FORK_GUARD("rdt_pending_wait");
+  return (rdt_status)rdtgo_pending_wait((uintptr_t)pending, timeout_ms);
 }
 
-rdt_status rdt_fetch_abort(rdt_fetch *fetch) {
-  FORK_GUARD("rdt_fetch_abort");
-  return (rdt_status)rdtgo_fetch_abort((uintptr_t)fetch);
+rdt_status rdt_pending_abort(rdt_pending *pending) {
+  FORK_GUARD("rdt_pending_abort");
+  return (rdt_status)rdtgo_pending_abort((uintptr_t)pending);
 }
 
-rdt_status rdt_fetch_event_fd(rdt_fetch *fetch, int *fd_out) {
-  FORK_GUARD("rdt_fetch_event_fd");
-  return (rdt_status)rdtgo_fetch_event_fd((uintptr_t)fetch, fd_out);
+rdt_status rdt_pending_event_fd(rdt_pending *pending, int *fd_out) {
+  FORK_GUARD("rdt_pending_event_fd");
+  return (rdt_status)rdtgo_pending_event_fd((uintptr_t)pending, fd_out);
 }
 
-rdt_status rdt_fetch_free(rdt_fetch *fetch) {
-  FORK_GUARD("rdt_fetch_free");
-  if (fetch == NULL) return RDT_OK;
-  return (rdt_status)rdtgo_fetch_free((uintptr_t)fetch);
+rdt_status rdt_pending_free(rdt_pending *pending) {
+  FORK_GUARD("rdt_pending_free");
+  if (pending == NULL) return RDT_OK;
+  return (rdt_status)rdtgo_pending_free((uintptr_t)pending);
 }
 
 rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                    const rdt_tensor *targets, size_t num_targets,
-                   const rdt_fetch_options *opts, int64_t timeout_ms) {
+                   const rdt_get_options *opts, int64_t timeout_ms) {
   FORK_GUARD("rdt_get");
-  rdt_fetch_options full, *use;
-  rdt_status st = fetch_options("rdt_get", opts, &full, &use);
+  rdt_get_options full, *use;
+  rdt_status st = get_options("rdt_get", opts, &full, &use);
   if (st != RDT_OK) return st;
   return (rdt_status)rdtgo_get((uintptr_t)rt, (uintptr_t *)refs, num_refs,
                                (rdt_tensor *)targets, num_targets, use,
@@ -424,18 +423,18 @@ rdt_status rdt_view_release(rdt_view *view) {
 
 /* ---- prepared transfers ---------------------------------------------- */
 
-rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,
-                             size_t num_refs, const rdt_tensor *targets,
-                             size_t num_targets, const rdt_fetch_options *opts,
-                             rdt_prepared **out) {
-  FORK_GUARD("rdt_fetch_prepare");
-  rdt_fetch_options full, *use;
-  rdt_status st = fetch_options("rdt_fetch_prepare", opts, &full, &use);
+rdt_status rdt_prepare_get(rdt_runtime *rt, rdt_ref *const *refs,
+                           size_t num_refs, const rdt_tensor *targets,
+                           size_t num_targets, const rdt_get_options *opts,
+                           rdt_prepared **out) {
+  FORK_GUARD("rdt_prepare_get");
+  rdt_get_options full, *use;
+  rdt_status st = get_options("rdt_prepare_get", opts, &full, &use);
   if (st != RDT_OK) return st;
   uintptr_t h = 0;
-  st = (rdt_status)rdtgo_fetch_prepare((uintptr_t)rt, (uintptr_t *)refs,
-                                       num_refs, (rdt_tensor *)targets,
-                                       num_targets, use, out ? &h : NULL);
+  st = (rdt_status)rdtgo_prepare_get((uintptr_t)rt, (uintptr_t *)refs,
+                                     num_refs, (rdt_tensor *)targets,
+                                     num_targets, use, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_prepared *)h;
   return st;
 }
@@ -481,7 +480,7 @@ static rdt_status write_options(const char *fn, const rdt_write_options *opts,
 rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,
                            size_t num_refs, const rdt_tensor *sources,
                            size_t num_sources, const rdt_write_options *opts,
-                           rdt_fetch **out) {
+                           rdt_pending **out) {
   FORK_GUARD("rdt_write_start");
   rdt_write_options full, *use;
   rdt_status st = write_options("rdt_write_start", opts, &full, &use);
@@ -490,7 +489,7 @@ rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,
   st = (rdt_status)rdtgo_write_start((uintptr_t)rt, (uintptr_t *)refs,
                                      num_refs, (rdt_tensor *)sources,
                                      num_sources, use, out ? &h : NULL);
-  if (st == RDT_OK) *out = (rdt_fetch *)h;
+  if (st == RDT_OK) *out = (rdt_pending *)h;
   return st;
 }
 
@@ -506,16 +505,16 @@ rdt_status rdt_write(rdt_runtime *rt, rdt_ref *const *refs, size_t num_refs,
                                  timeout_ms);
 }
 
-rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+rdt_status rdt_prepare_write(rdt_runtime *rt, rdt_ref *const *refs,
                              size_t num_refs, const rdt_tensor *sources,
                              size_t num_sources, const rdt_write_options *opts,
                              rdt_prepared **out) {
-  FORK_GUARD("rdt_write_prepare");
+  FORK_GUARD("rdt_prepare_write");
   rdt_write_options full, *use;
-  rdt_status st = write_options("rdt_write_prepare", opts, &full, &use);
+  rdt_status st = write_options("rdt_prepare_write", opts, &full, &use);
   if (st != RDT_OK) return st;
   uintptr_t h = 0;
-  st = (rdt_status)rdtgo_write_prepare((uintptr_t)rt, (uintptr_t *)refs,
+  st = (rdt_status)rdtgo_prepare_write((uintptr_t)rt, (uintptr_t *)refs,
                                        num_refs, (rdt_tensor *)sources,
                                        num_sources, use, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_prepared *)h;

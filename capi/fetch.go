@@ -13,10 +13,11 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// fetchArgs resolves the arguments shared by rdt_fetch_start and rdt_get
-// (and, without options, rdt_write_start's, whose tensors are named what).
-func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, copts *C.rdt_fetch_options, what string) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
+// getArgs resolves the arguments shared by rdt_get_start, rdt_get and
+// rdt_prepare_get (and, without options, those of the writes, whose tensors
+// are named what).
+func getArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, copts *C.rdt_get_options, what string) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
 	var opts engine.FetchOptions
 	rt, err := runtimeOf(h)
 	if err != nil {
@@ -44,23 +45,24 @@ func fetchArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 	}
 	if copts != nil {
 		opts.Transport = goString(copts.transport)
-		if opts.Sources, err = sourcesFromC(copts.sources, copts.num_sources); err != nil {
+		if opts.Sources, err = rangesFromC(copts.sources, copts.num_sources, "sources"); err != nil {
 			return nil, nil, nil, opts, err
 		}
 	}
 	return rt, rs, ts, opts, nil
 }
 
-// sourcesFromC copies a partial fetch's sources (nil: a whole fetch).
-func sourcesFromC(p *C.rdt_source_range, n C.size_t) ([]engine.Source, error) {
+// rangesFromC copies the rdt_range array opts->`field` of a partial get
+// (sources) or write (destinations); nil: every tensor whole.
+func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Source, error) {
 	if p == nil {
 		if n != 0 {
-			return nil, invalid("opts->sources is NULL but num_sources is %d", n)
+			return nil, invalid("opts->%s is NULL but num_%s is %d", field, field, n)
 		}
 		return nil, nil
 	}
 	if n > transport.MaxTensors {
-		return nil, invalid("%d sources is over the limit of %d", n, transport.MaxTensors)
+		return nil, invalid("%d %s is over the limit of %d", n, field, transport.MaxTensors)
 	}
 	out := make([]engine.Source, n)
 	for i, s := range unsafe.Slice(p, int(n)) {
@@ -69,14 +71,14 @@ func sourcesFromC(p *C.rdt_source_range, n C.size_t) ([]engine.Source, error) {
 	return out, nil
 }
 
-//export rdtgo_fetch_start
-func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, copts *C.rdt_fetch_options, out *C.uintptr_t) C.int {
-	return guard("rdt_fetch_start", func() error {
+//export rdtgo_get_start
+func rdtgo_get_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
+	return guard("rdt_get_start", func() error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
+		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
 			return err
 		}
@@ -84,15 +86,15 @@ func rdtgo_fetch_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets
 		if err != nil {
 			return err
 		}
-		*out = newHandle(&fetchHandle{f: f})
+		*out = newHandle(&pendingHandle{f: f})
 		return nil
 	})
 }
 
-//export rdtgo_fetch_wait
-func rdtgo_fetch_wait(h C.uintptr_t, ms C.int64_t) C.int {
-	return guard("rdt_fetch_wait", func() error {
-		fh, err := lookup[*fetchHandle](h, "fetch")
+//export rdtgo_pending_wait
+func rdtgo_pending_wait(h C.uintptr_t, ms C.int64_t) C.int {
+	return guard("rdt_pending_wait", func() error {
+		fh, err := lookup[*pendingHandle](h, "pending")
 		if err != nil {
 			return err
 		}
@@ -100,10 +102,10 @@ func rdtgo_fetch_wait(h C.uintptr_t, ms C.int64_t) C.int {
 	})
 }
 
-//export rdtgo_fetch_abort
-func rdtgo_fetch_abort(h C.uintptr_t) C.int {
-	return guard("rdt_fetch_abort", func() error {
-		fh, err := lookup[*fetchHandle](h, "fetch")
+//export rdtgo_pending_abort
+func rdtgo_pending_abort(h C.uintptr_t) C.int {
+	return guard("rdt_pending_abort", func() error {
+		fh, err := lookup[*pendingHandle](h, "pending")
 		if err != nil {
 			return err
 		}
@@ -112,13 +114,13 @@ func rdtgo_fetch_abort(h C.uintptr_t) C.int {
 	})
 }
 
-//export rdtgo_fetch_event_fd
-func rdtgo_fetch_event_fd(h C.uintptr_t, out *C.int) C.int {
-	return guard("rdt_fetch_event_fd", func() error {
+//export rdtgo_pending_event_fd
+func rdtgo_pending_event_fd(h C.uintptr_t, out *C.int) C.int {
+	return guard("rdt_pending_event_fd", func() error {
 		if out == nil {
 			return invalid("fd_out is NULL")
 		}
-		fh, err := lookup[*fetchHandle](h, "fetch")
+		fh, err := lookup[*pendingHandle](h, "pending")
 		if err != nil {
 			return err
 		}
@@ -131,10 +133,10 @@ func rdtgo_fetch_event_fd(h C.uintptr_t, out *C.int) C.int {
 	})
 }
 
-//export rdtgo_fetch_free
-func rdtgo_fetch_free(h C.uintptr_t) C.int {
-	return guard("rdt_fetch_free", func() error {
-		fh, err := lookup[*fetchHandle](h, "fetch")
+//export rdtgo_pending_free
+func rdtgo_pending_free(h C.uintptr_t) C.int {
+	return guard("rdt_pending_free", func() error {
+		fh, err := lookup[*pendingHandle](h, "pending")
 		if err != nil {
 			return err
 		}
@@ -146,9 +148,9 @@ func rdtgo_fetch_free(h C.uintptr_t) C.int {
 
 //export rdtgo_get
 func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, copts *C.rdt_fetch_options, ms C.int64_t) C.int {
+	ntargets C.size_t, copts *C.rdt_get_options, ms C.int64_t) C.int {
 	return guard("rdt_get", func() error {
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
+		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
 			return err
 		}

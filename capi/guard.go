@@ -65,8 +65,9 @@ type runtimeHandle struct {
 // refHandle is what an rdt_ref handle holds.
 type refHandle struct{ ref *engine.Ref }
 
-// fetchHandle is what an rdt_fetch handle holds.
-type fetchHandle struct{ f *engine.Fetch }
+// pendingHandle is what an rdt_pending handle holds: a get or a write
+// under way (the engine runs both as an engine.Fetch).
+type pendingHandle struct{ f *engine.Fetch }
 
 func newHandle(v any) C.uintptr_t { return C.uintptr_t(cgo.NewHandle(v)) }
 

@@ -12,14 +12,14 @@ import (
 // preparedHandle is what an rdt_prepared* names.
 type preparedHandle struct{ p *engine.Prepared }
 
-//export rdtgo_fetch_prepare
-func rdtgo_fetch_prepare(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
-	ntargets C.size_t, copts *C.rdt_fetch_options, out *C.uintptr_t) C.int {
-	return guard("rdt_fetch_prepare", func() error {
+//export rdtgo_prepare_get
+func rdtgo_prepare_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
+	return guard("rdt_prepare_get", func() error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
-		rt, rs, ts, opts, err := fetchArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
+		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
 			return err
 		}
@@ -32,10 +32,10 @@ func rdtgo_fetch_prepare(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targe
 	})
 }
 
-//export rdtgo_write_prepare
-func rdtgo_write_prepare(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
+//export rdtgo_prepare_write
+func rdtgo_prepare_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
-	return guard("rdt_write_prepare", func() error {
+	return guard("rdt_prepare_write", func() error {
 		if out == nil {
 			return invalid("out is NULL")
 		}

@@ -14,14 +14,14 @@ import (
 func writeArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options) (*engine.Runtime, []*engine.Ref, engine.WriteOptions, []transport.Tensor, error) {
 	var opts engine.WriteOptions
-	rt, rs, ts, _, err := fetchArgs(h, refs, nrefs, sources, nsources, nil, "sources")
+	rt, rs, ts, _, err := getArgs(h, refs, nrefs, sources, nsources, nil, "sources")
 	if err != nil {
 		return nil, nil, opts, nil, err
 	}
 	if copts != nil {
 		opts.Transport = goString(copts.transport)
 		opts.Tag = uint64(copts.tag)
-		if opts.Destinations, err = sourcesFromC(copts.destinations, copts.num_destinations); err != nil {
+		if opts.Destinations, err = rangesFromC(copts.destinations, copts.num_destinations, "destinations"); err != nil {
 			return nil, nil, opts, nil, err
 		}
 	}
@@ -43,7 +43,7 @@ func rdtgo_write_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources
 		if err != nil {
 			return err
 		}
-		*out = newHandle(&fetchHandle{f: f})
+		*out = newHandle(&pendingHandle{f: f})
 		return nil
 	})
 }

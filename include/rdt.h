@@ -12,9 +12,9 @@
  *
  *  - Every fallible call returns an rdt_status: RDT_OK (0) or a negative
  *    error code. rdt_last_error() then gives a message for the calling thread.
- *  - Handles (rdt_runtime, rdt_ref, rdt_fetch) are opaque. A NULL, stale,
- *    freed or bogus handle makes a call return RDT_ERR_INVALID_ARGUMENT; it
- *    never crashes the process.
+ *  - Handles (rdt_runtime, rdt_ref, rdt_pending, rdt_prepared, rdt_view)
+ *    are opaque. A NULL, stale, freed or bogus handle makes a call return
+ *    RDT_ERR_INVALID_ARGUMENT; it never crashes the process.
  *  - Every function that hands out something to free says which call frees
  *    it; those free functions accept NULL.
  *  - Option and info structs begin with `struct_size`. Fill them with the
@@ -28,7 +28,7 @@
  *    while) it is being freed or released by another thread; doing so returns
  *    RDT_ERR_INVALID_ARGUMENT at worst.
  *  - Timeouts are in milliseconds: a negative value waits forever, 0 never
- *    waits. With 0, a wait for something under way (rdt_fetch_wait,
+ *    waits. With 0, a wait for something under way (rdt_pending_wait,
  *    rdt_write_notice_wait, rdt_wait_tensor_freed) polls it, and a call that
  *    would start a transfer with another runtime (rdt_get, rdt_write,
  *    rdt_prepared_run, rdt_view_open) returns RDT_ERR_TIMEOUT without
@@ -53,6 +53,15 @@ extern "C" {
 #define RDT_API __attribute__((visibility("default")))
 #else
 #define RDT_API
+#endif
+
+/* Marks a name kept for programs written against an older rdt.h: it still
+ * compiles and links, with a warning that names its replacement. See the
+ * end of this header, and docs/abi.md, "Renamed names". */
+#if defined(__GNUC__)
+#define RDT_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define RDT_DEPRECATED(msg)
 #endif
 
 /* ------------------------------------------------------------------------- */
@@ -160,7 +169,8 @@ typedef struct rdt_dtype {
   uint16_t lanes; /* 1 for scalars */
 } rdt_dtype;
 
-/* A tensor view. The library never frees anything a tensor points to.
+/* A tensor: where its bytes are, its shape, dtype and device. It describes
+ * memory the caller owns: the library never frees anything it points to.
  * Its size in bytes is prod(shape) * ceil(bits * lanes / 8). `strides` is
  * NULL or, in elements, must describe the compact row-major layout; anything
  * else is RDT_ERR_INVALID_ARGUMENT. `data` may be NULL only for empty
@@ -181,7 +191,7 @@ typedef struct rdt_tensor {
 
 typedef struct rdt_runtime rdt_runtime;
 typedef struct rdt_ref rdt_ref;
-typedef struct rdt_fetch rdt_fetch;
+typedef struct rdt_pending rdt_pending;
 
 #define RDT_LOG_DEFAULT 0 /* RDT_LOG from the environment, else "warn" */
 #define RDT_LOG_OFF 1
@@ -486,54 +496,68 @@ RDT_API rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
                                        rdt_tensor_info *out);
 
 /* ------------------------------------------------------------------------- */
-/* Fetching                                                                  */
+/* Getting: bytes from an object's owner into local buffers                  */
 /* ------------------------------------------------------------------------- */
 
-/* What one target of a partial fetch receives: `length` bytes from byte
- * `offset` of tensor `tensor` of the object of refs[`ref`]. The offset and
- * length are multiples of the tensor's element size (tensors of sub-byte
- * dtypes are taken whole), and the length is the target's nbytes. Row
- * ranges of a row-major tensor are byte ranges: rows [a, b) of a tensor of
- * shape [R, ...] whose rows are r bytes each are offset a*r, length (b-a)*r. */
-typedef struct rdt_source_range {
-  uint32_t ref;    /* index into the fetch's refs (0 in a transport callback) */
-  uint32_t tensor; /* index of the tensor in that ref's object               */
-  uint64_t offset; /* first byte of the tensor that the target receives     */
-  uint64_t length; /* bytes; RDT_REST_OF_TENSOR: from offset to the end     */
-} rdt_source_range;
+/* The words of this header (docs/abi.md, "Vocabulary"): a *get* moves an
+ * object's bytes from its owner into buffers the caller allocated; a
+ * *write* moves local bytes into an object its owner exposed. Each comes
+ * blocking (rdt_get, rdt_write), as a pending operation started now and
+ * waited on later (rdt_get_start, rdt_write_start: an rdt_pending), and
+ * prepared once to run many times (rdt_prepare_get, rdt_prepare_write: an
+ * rdt_prepared). An rdt_range is a byte range of one tensor of an object:
+ * what a target of a partial get receives, or where a source of a partial
+ * write lands. */
 
-/* rdt_source_range.length: the rest of the tensor from its offset. */
+/* A byte range of one tensor of an object: `length` bytes from byte `offset`
+ * of tensor `tensor` of the object of refs[`ref`]. In a partial get, target
+ * i receives the range sources[i] (rdt_get_options); in a partial write,
+ * source i lands in the range destinations[i] (rdt_write_options). The
+ * offset and length are multiples of the tensor's element size (tensors of
+ * sub-byte dtypes are taken whole), and the length is the local tensor's
+ * nbytes. Row ranges of a row-major tensor are byte ranges: rows [a, b) of
+ * a tensor of shape [R, ...] whose rows are r bytes each are offset a*r,
+ * length (b-a)*r. */
+typedef struct rdt_range {
+  uint32_t ref;    /* index into the call's refs (0 in a transport callback) */
+  uint32_t tensor; /* index of the tensor in that ref's object               */
+  uint64_t offset; /* first byte of the range in the tensor                 */
+  uint64_t length; /* bytes; RDT_REST_OF_TENSOR: from offset to the end     */
+} rdt_range;
+
+/* rdt_range.length: the rest of the tensor from its offset. */
 #define RDT_REST_OF_TENSOR UINT64_MAX
 
-typedef struct rdt_fetch_options {
+typedef struct rdt_get_options {
   uint32_t struct_size; /* set by _init */
   uint32_t reserved;
   /* Use this transport for every ref instead of the one each ref names
    * (case-insensitive). NULL: each ref's own, or the automatic choice. */
   const char *transport;
-  /* A partial fetch: target i receives sources[i], and
+  /* A partial get: target i receives the range sources[i], and
    * num_sources equals num_targets. Any tensors of any of the refs, in any
-   * order, each whole or a byte range; a ref no source names is not
-   * fetched. Only transports that serve ranges (RDT_TRANSPORT_RANGES in
-   * rdt_transport_info.flags; every built-in one) take a partial fetch:
+   * order, each whole or a byte range; a ref no range names is not
+   * moved. Only transports that serve ranges (RDT_TRANSPORT_RANGES in
+   * rdt_transport_info.flags; every built-in one) take a partial get:
    * naming another is UNSUPPORTED, and the automatic choice skips it.
    * The array is copied. NULL: every tensor of every ref, whole. */
-  const rdt_source_range *sources;
+  const rdt_range *sources;
   size_t num_sources;
-} rdt_fetch_options;
+} rdt_get_options;
 
-static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
+static inline void rdt_get_options_init(rdt_get_options *opts) {
   memset(opts, 0, sizeof *opts);
   opts->struct_size = (uint32_t)sizeof *opts;
 }
 
-/* Starts fetching `num_refs` objects into caller-allocated targets and
- * returns at once with *out, a fetch to wait on and free. It never waits on
- * the network: a transfer whose start needs nothing from its owner (already
- * connected, metadata at hand) starts before it returns, and any that must
- * wait for its owner (connecting, the borrow, asking for transport metadata)
- * starts in the background, ended by rdt_fetch_abort() and rdt_fetch_free()
- * in whichever phase it is, and waited on with rdt_fetch_wait() under the
+/* Starts a get of `num_refs` objects into caller-allocated targets and
+ * returns at once with *out, a pending get to wait on and free (see
+ * "Pending gets and writes" below). It never waits on the network: a
+ * transfer whose start needs nothing from its owner (already connected,
+ * metadata at hand) starts before it returns, and any that must wait for
+ * its owner (connecting, the borrow, asking for transport metadata) starts
+ * in the background, ended by rdt_pending_abort() and rdt_pending_free() in
+ * whichever phase it is, and waited on with rdt_pending_wait() under the
  * caller's deadline.
  *
  * `targets` holds one tensor per source tensor, ref after ref, in order
@@ -541,14 +565,14 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  * Each target must match its source tensor's shape and dtype and be
  * contiguous; its device type is the source's, or crosses between host and
  * CUDA memory (docs/abi.md, "Receiving across host and CUDA memory"; the
- * device id may differ). In a partial fetch
- * (opts->sources) target i receives sources[i] instead: it must have the
- * source tensor's dtype and device type and hold exactly the range's bytes,
- * in any shape. Targets must not overlap. The rdt_tensor array is
- * copied; the memory it points to must stay valid until rdt_fetch_wait()
- * returned something other than RDT_ERR_TIMEOUT, or rdt_fetch_free()
- * returned. The refs are only read during the call (the fetch keeps its
- * own references), so they may be released right after.
+ * device id may differ). In a partial get (opts->sources) target i
+ * receives the range sources[i] instead: it must have the source tensor's
+ * dtype and device type and hold exactly the range's bytes, in any shape.
+ * Targets must not overlap. The rdt_tensor array is copied; the memory it
+ * points to must stay valid until rdt_pending_wait() returned something
+ * other than RDT_ERR_TIMEOUT, or rdt_pending_free() returned. The refs are
+ * only read during the call (the get keeps its own references), so they
+ * may be released right after.
  *
  * The transfers start concurrently, and every one is started before any is
  * waited on. A ref owned by `rt` itself is copied directly, without a
@@ -556,66 +580,27 @@ static inline void rdt_fetch_options_init(rdt_fetch_options *opts) {
  *
  * `opts` may be NULL. Errors: INVALID_ARGUMENT (a target does not match,
  * count mismatch, a released ref, a range outside its tensor or not on its
- * elements, overlapping targets; the message names the numbers), NOT_FOUND (unknown transport override),
- * CLOSED (the runtime was destroyed). When an error is returned nothing is
- * left running and *out is not set. Errors of the later phases are the
- * fetch's result, from rdt_fetch_wait(): PEER_UNAVAILABLE, UNSUPPORTED (no
- * transport can move the object, or the peer lacks the one named), TIMEOUT
- * (an owner did not answer a control-plane request within 30 s), or a
- * transport's error. */
-RDT_API rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
-                                   size_t num_refs, const rdt_tensor *targets,
-                                   size_t num_targets,
-                                   const rdt_fetch_options *opts,
-                                   rdt_fetch **out);
+ * elements, overlapping targets; the message names the numbers), NOT_FOUND
+ * (unknown transport override), CLOSED (the runtime was destroyed). When an
+ * error is returned nothing is left running and *out is not set. Errors of
+ * the later phases are the get's result, from rdt_pending_wait():
+ * PEER_UNAVAILABLE, UNSUPPORTED (no transport can move the object, or the
+ * peer lacks the one named), TIMEOUT (an owner did not answer a
+ * control-plane request within 30 s), or a transport's error. */
+RDT_API rdt_status rdt_get_start(rdt_runtime *rt, rdt_ref *const *refs,
+                                 size_t num_refs, const rdt_tensor *targets,
+                                 size_t num_targets,
+                                 const rdt_get_options *opts,
+                                 rdt_pending **out);
 
-/* Waits until every transfer of the fetch completed, up to `timeout_ms`,
- * whatever phase the transfers are in (still connecting to an owner, waiting
- * for its metadata, or moving bytes).
- *
- * RDT_OK: all targets hold the objects' bytes. RDT_ERR_TIMEOUT: the deadline
- * passed first; the fetch is still valid and running; wait again, abort or
- * free it. Any other error is the first error a transfer hit; by the time it
- * is returned every other transfer of the fetch has completed or been
- * aborted and released, so nothing writes into the targets any more. Calling
- * wait again after a final result returns the same result. */
-RDT_API rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms);
-
-/* Asks every unfinished transfer to stop and returns without waiting. A
- * later rdt_fetch_wait() returns RDT_ERR_ABORTED (or RDT_OK if everything
- * had already completed) once no transfer can write into the targets. A
- * transport that cannot abort is left to finish. */
-RDT_API rdt_status rdt_fetch_abort(rdt_fetch *fetch);
-
-/* Gives a file descriptor that becomes readable once the fetch is complete:
- * every transfer done, failed or aborted, so that rdt_fetch_wait(fetch, 0)
- * returns the final result instead of RDT_ERR_TIMEOUT. An event loop
- * (poll, epoll, asyncio's add_reader, libuv) waits on it without a thread
- * per fetch; then call rdt_fetch_wait(fetch, 0) for the result.
- *
- * Ownership: the descriptor belongs to the fetch. It is made on the first
- * call (later calls give the same one), stays readable from completion
- * until rdt_fetch_free(), which closes it, and is close-on-exec and
- * nonblocking. Never close it, read from it or write to it; stop watching
- * it before rdt_fetch_free(). On Linux it is an eventfd.
- *
- * Errors: INVALID_ARGUMENT (fd_out is NULL, a freed fetch), NO_MEMORY (the
- * process is out of file descriptors). */
-RDT_API rdt_status rdt_fetch_event_fd(rdt_fetch *fetch, int *fd_out);
-
-/* Frees a fetch. If transfers are still running they are aborted, and this
- * waits until none can write into the targets any more — for a transport
- * that cannot abort, until it finishes. NULL is accepted. */
-RDT_API rdt_status rdt_fetch_free(rdt_fetch *fetch);
-
-/* rdt_fetch_start(), rdt_fetch_wait(timeout_ms) and rdt_fetch_free() in one
+/* rdt_get_start(), rdt_pending_wait(timeout_ms) and rdt_pending_free() in one
  * call: `timeout_ms` bounds all of it, connecting to the owners included.
  * On RDT_ERR_TIMEOUT the transfers were aborted before returning (so it
  * returns later than the deadline only by the time an abort takes, or, for
  * a transport that cannot abort, when that transport finished). */
 RDT_API rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs,
                            size_t num_refs, const rdt_tensor *targets,
-                           size_t num_targets, const rdt_fetch_options *opts,
+                           size_t num_targets, const rdt_get_options *opts,
                            int64_t timeout_ms);
 
 /* Waits until no object of `rt` holds a tensor whose `data` pointer equals
@@ -623,6 +608,58 @@ RDT_API rdt_status rdt_get(rdt_runtime *rt, rdt_ref *const *refs,
  * RDT_OK at once if none does. RDT_ERR_TIMEOUT if the deadline passes. */
 RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
                                          int64_t timeout_ms);
+
+/* ------------------------------------------------------------------------- */
+/* Pending gets and writes                                                   */
+/* ------------------------------------------------------------------------- */
+
+/* rdt_get_start() and rdt_write_start() return an rdt_pending: one get or
+ * one write under way, waited on, aborted and freed by the calls below,
+ * which work alike for both. Below, "the local tensors" are a get's targets
+ * (written by it) or a write's sources (read by it). */
+
+/* Waits until every transfer of the pending get or write completed, up to
+ * `timeout_ms`, whatever phase the transfers are in (still connecting to an
+ * owner, waiting for its metadata or admission, or moving bytes).
+ *
+ * RDT_OK: every byte moved (a get's targets hold the objects' bytes; a
+ * write's bytes all landed). RDT_ERR_TIMEOUT: the deadline passed first;
+ * the operation is still valid and running; wait again, abort or free it.
+ * Any other error is the first error a transfer hit; by the time it is
+ * returned every other transfer has completed or been aborted and
+ * released, so nothing touches the local tensors any more. Calling wait
+ * again after a final result returns the same result. */
+RDT_API rdt_status rdt_pending_wait(rdt_pending *pending, int64_t timeout_ms);
+
+/* Asks every unfinished transfer to stop and returns without waiting. A
+ * later rdt_pending_wait() returns RDT_ERR_ABORTED (or RDT_OK if everything
+ * had already completed) once no transfer touches the local tensors. A
+ * transport that cannot abort is left to finish. */
+RDT_API rdt_status rdt_pending_abort(rdt_pending *pending);
+
+/* Gives a file descriptor that becomes readable once the pending get or
+ * write is complete: every transfer done, failed or aborted, so that
+ * rdt_pending_wait(pending, 0) returns the final result instead of
+ * RDT_ERR_TIMEOUT. An event loop (poll, epoll, asyncio's add_reader, libuv)
+ * waits on it without a thread per operation; then call
+ * rdt_pending_wait(pending, 0) for the result.
+ *
+ * Ownership: the descriptor belongs to the rdt_pending. It is made on the
+ * first call (later calls give the same one), stays readable from
+ * completion until rdt_pending_free(), which closes it, and is
+ * close-on-exec and nonblocking. Never close it, read from it or write to
+ * it; stop watching it before rdt_pending_free(). On Linux it is an
+ * eventfd.
+ *
+ * Errors: INVALID_ARGUMENT (fd_out is NULL, a freed handle), NO_MEMORY (the
+ * process is out of file descriptors). */
+RDT_API rdt_status rdt_pending_event_fd(rdt_pending *pending, int *fd_out);
+
+/* Frees a pending get or write. If transfers are still running they are
+ * aborted, and this waits until none touches the local tensors any more —
+ * for a transport that cannot abort, until it finishes. NULL is
+ * accepted. */
+RDT_API rdt_status rdt_pending_free(rdt_pending *pending);
 
 /* ------------------------------------------------------------------------- */
 /* Writing into exposed objects (push)                                       */
@@ -638,8 +675,8 @@ RDT_API rdt_status rdt_wait_tensor_freed(rdt_runtime *rt, const void *data,
  * A writable ref is a capability: its serialized bytes carry a random write
  * key, and the owner admits a write only from a holder that presents it.
  * Hand the bytes only to the processes that may write. Writes land only
- * inside the exposed bytes. A writable object is never fetched (a fetch of
- * it is INVALID_ARGUMENT); read the memory in this process.
+ * inside the exposed bytes. A writable object is never the source of a get
+ * (INVALID_ARGUMENT); read the memory in this process.
  *
  * Every write the owner admitted ends in exactly one notice, taken with
  * rdt_write_notice_wait(). While writes are open the memory may change at
@@ -658,11 +695,12 @@ typedef struct rdt_write_options {
   /* Use this transport for every ref (case-insensitive). NULL: each ref's
    * own, or the automatic choice among the transports that write. */
   const char *transport;
-  /* A partial write: source i lands at destinations[i], a byte range of a
-   * tensor of refs[destinations[i].ref] (the addressing of a partial
-   * fetch), and num_destinations equals num_sources. The array is copied.
-   * NULL: every tensor of every ref, whole. */
-  const rdt_source_range *destinations;
+  /* A partial write: source i lands in the range destinations[i], a byte
+   * range of a tensor of refs[destinations[i].ref] (the rdt_range of a
+   * partial get, for the other direction), and num_destinations equals
+   * num_sources. The array is copied. NULL: every tensor of every ref,
+   * whole. */
+  const rdt_range *destinations;
   size_t num_destinations;
   /* Handed to the owner with the notice of each ref's write (a version or
    * step number, say). */
@@ -675,13 +713,14 @@ static inline void rdt_write_options_init(rdt_write_options *opts) {
 }
 
 /* Starts writing local `sources` into the objects of writable refs and
- * returns at once with *out, waited on, aborted and freed like a fetch
- * (rdt_fetch_wait(), rdt_fetch_abort(), rdt_fetch_event_fd(),
- * rdt_fetch_free()). The sources are matched to the refs' tensors as
- * rdt_fetch_start() matches targets (one per tensor, ref after ref, or one
- * per destination range); they are only read and may overlap. Their memory
- * must stay valid until the wait returned something other than
- * RDT_ERR_TIMEOUT, or rdt_fetch_free() returned.
+ * returns at once with *out, a pending write: the rdt_pending of a get,
+ * waited on, aborted and freed with the same calls (rdt_pending_wait(),
+ * rdt_pending_abort(), rdt_pending_event_fd(), rdt_pending_free()). The
+ * sources are matched to the refs' tensors as rdt_get_start() matches
+ * targets (one per tensor, ref after ref, or one per destination range);
+ * they are only read and may overlap. Their memory must stay valid until
+ * the wait returned something other than RDT_ERR_TIMEOUT, or
+ * rdt_pending_free() returned.
  *
  * For each ref the owner is asked to admit the write (the key, the ranges,
  * the tag), the bytes move, and then the owner is told the outcome, which
@@ -700,10 +739,10 @@ RDT_API rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,
                                    size_t num_refs, const rdt_tensor *sources,
                                    size_t num_sources,
                                    const rdt_write_options *opts,
-                                   rdt_fetch **out);
+                                   rdt_pending **out);
 
-/* rdt_write_start(), rdt_fetch_wait(timeout_ms) and rdt_fetch_free() in one
- * call, under one deadline, like rdt_get(). */
+/* rdt_write_start(), rdt_pending_wait(timeout_ms) and rdt_pending_free() in
+ * one call, under one deadline, like rdt_get(). */
 RDT_API rdt_status rdt_write(rdt_runtime *rt, rdt_ref *const *refs,
                              size_t num_refs, const rdt_tensor *sources,
                              size_t num_sources, const rdt_write_options *opts,
@@ -766,7 +805,7 @@ RDT_API rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms);
 /* Prepared transfers                                                        */
 /* ------------------------------------------------------------------------- */
 
-/* A fetch or a write resolved once and run many times with the same refs,
+/* A get or a write resolved once and run many times with the same refs,
  * tensors and options: weight sync every step, KV blocks between the same
  * two processes. Its first run is an ordinary rdt_get() or rdt_write(),
  * which connects to the owners, chooses the transports and gets the
@@ -780,23 +819,23 @@ RDT_API rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms);
  * the ordinary way each time. See docs/abi.md, "Prepared transfers". */
 typedef struct rdt_prepared rdt_prepared;
 
-/* Prepares a fetch of `refs` into `targets`; arguments as rdt_get(), checked
+/* Prepares a get of `refs` into `targets`; arguments as rdt_get(), checked
  * here. Nothing moves until rdt_prepared_run(). The prepared transfer takes
  * its own handles on the refs (the caller may free its own: the objects
  * stay borrowed until rdt_prepared_free()) and copies the rdt_tensor array;
  * the memory the targets point to must stay valid until
  * rdt_prepared_free(). On success *out is the caller's, to free with
  * rdt_prepared_free(); on error *out is untouched. */
-RDT_API rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,
-                                     size_t num_refs, const rdt_tensor *targets,
-                                     size_t num_targets,
-                                     const rdt_fetch_options *opts,
-                                     rdt_prepared **out);
+RDT_API rdt_status rdt_prepare_get(rdt_runtime *rt, rdt_ref *const *refs,
+                                   size_t num_refs, const rdt_tensor *targets,
+                                   size_t num_targets,
+                                   const rdt_get_options *opts,
+                                   rdt_prepared **out);
 
 /* Prepares a write of `sources` into writable refs; arguments as
  * rdt_write() (opts->tag is not used: each run gives its tag), ownership as
- * rdt_fetch_prepare(). */
-RDT_API rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+ * rdt_prepare_get(). */
+RDT_API rdt_status rdt_prepare_write(rdt_runtime *rt, rdt_ref *const *refs,
                                      size_t num_refs, const rdt_tensor *sources,
                                      size_t num_sources,
                                      const rdt_write_options *opts,
@@ -804,7 +843,7 @@ RDT_API rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
 
 /* Runs the prepared transfer once and returns when it ended, or after
  * `timeout_ms` (negative: no limit) with RDT_ERR_TIMEOUT, the run aborted
- * and stopped. `tag` is a write's notice tag; a fetch ignores it. Runs of
+ * and stopped. `tag` is a write's notice tag; a get ignores it. Runs of
  * one prepared transfer are serialized. RDT_ERR_CLOSED once its runtime was
  * destroyed; otherwise the errors of rdt_get() and rdt_write(). */
 RDT_API rdt_status rdt_prepared_run(rdt_prepared *prepared, uint64_t tag,
@@ -912,14 +951,14 @@ typedef struct rdt_transfer {
   const char *destination_runtime;
   const char *destination_address;
   /* For transports registered with RDT_TRANSPORT_RANGES: in a
-   * partial fetch, targets[i] (recv, fetch) receives ranges[i], whose ref
+   * partial get, targets[i] (recv, fetch) receives ranges[i], whose ref
    * is 0 and whose length is resolved; on a two-sided transport's source,
    * send sends those bytes of `tensors`, in that order; in a partial write,
    * sources[i] (write, write_start) lands in ranges[i] of the owner's
    * object. NULL (num_ranges 0): every tensor, whole, targets[i] (or
    * sources[i]) being tensor i. Checked against the object before the
    * callback. */
-  const rdt_source_range *ranges;
+  const rdt_range *ranges;
   size_t num_ranges;
 } rdt_transfer;
 
@@ -934,7 +973,7 @@ RDT_API rdt_status rdt_buffer_set(rdt_buffer *buf, const void *data,
 
 /* Attaches a message to the error a transport callback is about to return
  * (called from inside the callback, on its thread). rdt reports it to the
- * caller of rdt_get()/rdt_fetch_wait() with the transport's name. Copied. */
+ * caller of rdt_get()/rdt_pending_wait() with the transport's name. Copied. */
 RDT_API void rdt_set_error(const char *message);
 
 /* Transport flags. */
@@ -1063,7 +1102,7 @@ typedef struct rdt_transport_vtable {
    * other transfers of the same write. Return when every byte is in place
    * (RDT_OK), or with an error (rdt_set_error() for a message) once no byte
    * of this write can land any more; after abort(transfer, NULL), return
-   * soon. The error reaches the writer's rdt_fetch_wait() and the owner's
+   * soon. The error reaches the writer's rdt_pending_wait() and the owner's
    * notice for the write says it failed.
    *
    * write_start: asynchronous: start the write and return at once with an
@@ -1263,7 +1302,7 @@ typedef struct rdt_stats {
   uint64_t borrowed_objects; /* other runtimes' objects we hold refs to      */
   uint64_t refs_in_transit;  /* serialized refs within their lease           */
   uint64_t leases_expired;   /* serialized refs never deserialized in time   */
-  uint64_t fetches_active;   /* rdt_fetch handles not yet freed              */
+  uint64_t fetches_active;   /* rdt_pending handles (gets, writes) not freed */
   uint64_t transfers_completed;
   uint64_t transfers_failed;
   uint64_t bytes_received;
@@ -1296,7 +1335,7 @@ RDT_API rdt_status rdt_runtime_stats(rdt_runtime *rt, rdt_stats *out);
  * of the object's total bytes: class c < RDT_FETCH_SIZE_CLASSES - 1 holds
  * objects of at most RDT_FETCH_SIZE_CLASS_MAX_BYTES(c) bytes (4 KiB, 64 KiB,
  * 1 MiB, 16 MiB, 256 MiB), the last class every larger object. Its
- * latency, from rdt_fetch_start() (or rdt_get()) to the end of that
+ * latency, from rdt_get_start() (or rdt_get()) to the end of that
  * object's transfer, is in bucket b < RDT_FETCH_LATENCY_BUCKETS - 1 when it
  * is at most RDT_FETCH_LATENCY_BUCKET_MAX_US(b) microseconds (2^b) and over
  * the bound of bucket b - 1; slower fetches are in the last bucket. Copies
@@ -1402,6 +1441,60 @@ RDT_API rdt_status rdt_log_take(rdt_log_record *records, size_t capacity,
  * runtime whose own level is RDT_LOG_OFF (by its options or $RDT_LOG=off)
  * stays silent. Errors: INVALID_ARGUMENT (level out of range). */
 RDT_API rdt_status rdt_log_set_level(int32_t level);
+
+/* ------------------------------------------------------------------------- */
+/* Renamed names                                                             */
+/* ------------------------------------------------------------------------- */
+
+/* The names of earlier versions of this header, before its words were made
+ * one vocabulary (docs/abi.md, "Vocabulary"). Each still compiles and links,
+ * with a deprecation warning naming its replacement: the types are the new
+ * types under their old names, and the functions are exported by the
+ * library and do exactly what their replacements do. New code uses the new
+ * names; these will go in a later major version. */
+
+typedef rdt_pending rdt_fetch RDT_DEPRECATED("use rdt_pending");
+typedef rdt_get_options rdt_fetch_options RDT_DEPRECATED("use rdt_get_options");
+typedef rdt_range rdt_source_range RDT_DEPRECATED("use rdt_range");
+
+RDT_DEPRECATED("use rdt_get_options_init")
+static inline void rdt_fetch_options_init(rdt_get_options *opts) {
+  rdt_get_options_init(opts);
+}
+
+/* rdt_get_start(). */
+RDT_API rdt_status rdt_fetch_start(rdt_runtime *rt, rdt_ref *const *refs,
+                                   size_t num_refs, const rdt_tensor *targets,
+                                   size_t num_targets,
+                                   const rdt_get_options *opts,
+                                   rdt_pending **out)
+    RDT_DEPRECATED("use rdt_get_start");
+/* rdt_pending_wait(). */
+RDT_API rdt_status rdt_fetch_wait(rdt_pending *fetch, int64_t timeout_ms)
+    RDT_DEPRECATED("use rdt_pending_wait");
+/* rdt_pending_abort(). */
+RDT_API rdt_status rdt_fetch_abort(rdt_pending *fetch)
+    RDT_DEPRECATED("use rdt_pending_abort");
+/* rdt_pending_event_fd(). */
+RDT_API rdt_status rdt_fetch_event_fd(rdt_pending *fetch, int *fd_out)
+    RDT_DEPRECATED("use rdt_pending_event_fd");
+/* rdt_pending_free(). */
+RDT_API rdt_status rdt_fetch_free(rdt_pending *fetch)
+    RDT_DEPRECATED("use rdt_pending_free");
+/* rdt_prepare_get(). */
+RDT_API rdt_status rdt_fetch_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                                     size_t num_refs, const rdt_tensor *targets,
+                                     size_t num_targets,
+                                     const rdt_get_options *opts,
+                                     rdt_prepared **out)
+    RDT_DEPRECATED("use rdt_prepare_get");
+/* rdt_prepare_write(). */
+RDT_API rdt_status rdt_write_prepare(rdt_runtime *rt, rdt_ref *const *refs,
+                                     size_t num_refs, const rdt_tensor *sources,
+                                     size_t num_sources,
+                                     const rdt_write_options *opts,
+                                     rdt_prepared **out)
+    RDT_DEPRECATED("use rdt_prepare_write");
 
 #ifdef __cplusplus
 } /* extern "C" */

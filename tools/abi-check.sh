@@ -128,6 +128,20 @@ abigail_run abidw --no-corpus-path --no-comp-dir-path --no-show-locs --no-elf-ne
   --exported-interfaces-only --drop-private-types --headers-dir "$root/include" \
   --suppressions "$work/public.suppr" --out-file "$current" "$lib"
 
+# Types renamed in rdt.h keep their old name as a deprecated typedef of the
+# new one ("typedef NEW OLD RDT_DEPRECATED(...)": rdt.h, "Renamed names").
+# A C program's binary depends on a type's layout, never on its name, so
+# the baseline is compared under the new names: its typedefs and struct
+# tags called OLD are read as NEW (a struct's tag is its typedef's name),
+# and a renamed type whose layout is unchanged is no change at all. A
+# baseline that already uses the new names is left as it is.
+renames=$(sed -n 's/^typedef \([a-z_0-9]*\) \([a-z_0-9]*\) RDT_DEPRECATED(.*/\2 \1/p' "$header")
+compared=$work/baseline.abi
+if [ -f "$baseline" ]; then
+  script=$(printf '%s\n' "$renames" | awk 'NF == 2 { printf "s/ name=\x27%s\x27/ name=\x27%s\x27/g;", $1, $2 }')
+  sed "$script" "$baseline" >"$compared"
+fi
+
 header_major() { sed -n 's/^#define RDT_VERSION_MAJOR \([0-9]*\).*/\1/p' "$header"; }
 baseline_major() { sed -n '2s/^  <!-- rdt ABI baseline, RDT_VERSION_MAJOR \([0-9]*\)[^0-9].*/\1/p' "$baseline"; }
 
@@ -152,7 +166,7 @@ members() { # dump struct
 versioned=$(awk '/^typedef struct [a-z_0-9]+ \{/ { name = $3; getline; if ($0 ~ /^ *uint32_t struct_size;/) print name }' "$header")
 grown=""
 for s in $([ -f "$baseline" ] && echo "$versioned"); do
-  members "$baseline" "$s" >"$work/before.members"
+  members "$compared" "$s" >"$work/before.members"
   members "$current" "$s" >"$work/after.members"
   [ -s "$work/before.members" ] || continue
   cmp -s "$work/before.members" "$work/after.members" && continue
@@ -169,7 +183,7 @@ fi
 # abidiff's exit status is a bit set: 1 error, 2 usage, 4 change, 8 incompatible change.
 compare() {
   set +e
-  abigail_run abidiff --no-show-locs --suppressions "$work/grown.suppr" "$baseline" "$current" \
+  abigail_run abidiff --no-show-locs --suppressions "$work/grown.suppr" "$compared" "$current" \
     >"$work/abidiff.txt" 2>"$work/abidiff.err"
   diff_status=$?
   set -e

@@ -23,14 +23,14 @@ int main() {
     rdt::Ref ref = rt.deserialize(bytes);  // a borrow, counted by the producer
 
     // Preallocated receive buffers, sized from the reference.
-    std::vector<rdt::TensorView> targets = ref.tensors();  // shapes, dtypes; data == nullptr
+    std::vector<rdt::Tensor> targets = ref.tensors();  // shapes, dtypes; data == nullptr
     std::vector<float> weights(targets[0].numel());
     std::vector<int64_t> labels(targets[1].numel());
     targets[0].data = weights.data();
     targets[1].data = labels.data();
 
     // Asynchronously; rt.get(ref, targets, timeout) is the one-call form.
-    rdt::Fetch fetch = rt.fetch(ref, targets);
+    rdt::Fetch fetch = rt.get_start(ref, targets);
     while (!fetch.wait(std::chrono::milliseconds(100))) std::fprintf(stderr, "consumer: still fetching\n");
 
     size_t bad = 0;

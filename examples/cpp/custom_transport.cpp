@@ -67,14 +67,14 @@ int main() {
   }
 
   std::vector<int64_t> src{1, 2, 3, 5, 8, 13}, dst(6);
-  rdt::Ref ref = a.put({rdt::view(src)}, "copy");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "copy");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  b.get(borrowed, {rdt::view(dst)}, std::chrono::seconds(5));
+  b.get(borrowed, {rdt::tensor(dst)}, std::chrono::seconds(5));
   std::printf("over 'copy': %lld %lld %lld %lld %lld %lld\n", (long long)dst[0], (long long)dst[1],
               (long long)dst[2], (long long)dst[3], (long long)dst[4], (long long)dst[5]);
 
   try {
-    b.get(borrowed, {rdt::view(dst)}, std::chrono::seconds(5), "broken");  // override the transport
+    b.get(borrowed, {rdt::tensor(dst)}, std::chrono::seconds(5), "broken");  // override the transport
     return 1;
   } catch (const rdt::Error &e) {
     std::printf("over 'broken': %s\n", e.what());
@@ -83,9 +83,9 @@ int main() {
 
   // b writes into a buffer a exposed; a's notice carries b's tag.
   std::vector<int64_t> slot(6, 0);
-  rdt::Ref exposed = a.expose({rdt::view(slot)}, "copy");
+  rdt::Ref exposed = a.expose({rdt::tensor(slot)}, "copy");
   rdt::Ref writable = b.deserialize(exposed.serialize());
-  b.write(writable, {rdt::view(src)}, /*tag=*/7, std::chrono::seconds(5));
+  b.write(writable, {rdt::tensor(src)}, /*tag=*/7, std::chrono::seconds(5));
   rdt_write_notice note;
   if (!exposed.wait_notice(note, std::chrono::seconds(5)) || note.status != RDT_OK) return 1;
   std::printf("written over 'copy' with tag %llu: %lld ... %lld\n", (unsigned long long)note.tag,

@@ -20,7 +20,7 @@ int main() {
     for (size_t i = 0; i < labels.size(); i++) labels[i] = int64_t(i) * 7;
 
     // One object, two tensors; "" lets each fetch pick the transport.
-    rdt::Ref ref = rt.put({rdt::view(weights, {512, 1024}), rdt::view(labels)});
+    rdt::Ref ref = rt.put({rdt::tensor(weights, {512, 1024}), rdt::tensor(labels)});
     std::vector<uint8_t> bytes = ref.serialize();  // holds the object until deserialized
     static const char digits[] = "0123456789abcdef";
     for (uint8_t b : bytes) std::cout << digits[b >> 4] << digits[b & 15];

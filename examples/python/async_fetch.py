@@ -1,5 +1,5 @@
-"""asyncio: awaiting fetches without blocking the event loop, and a Fetch
-started now and collected later.
+"""asyncio: awaiting gets without blocking the event loop, and a get
+started now (an rdt.Fetch) and collected later.
 
     python examples/python/async_fetch.py
 """
@@ -20,14 +20,14 @@ def producer(conn):
 
 
 async def main(refs):
-    # Eight fetches at once in one event loop; no thread waits for them.
+    # Eight gets at once in one event loop; no thread waits for them.
     arrays = await asyncio.gather(*(rdt.get_async(r, timeout=10) for r in refs))
     print("gathered", [float(a[0, 0]) for a in arrays])
 
-    # Start a fetch, do other work, then await it (or call .result()).
-    with rdt.fetch(refs[3]) as f:
+    # Start a get, do other work, then await it (or call .result()).
+    with rdt.get_start(refs[3]) as f:
         await asyncio.sleep(0)
-        print("fetched later", float((await f)[0, 0]))
+        print("got later", float((await f)[0, 0]))
 
 
 if __name__ == "__main__":

@@ -134,11 +134,11 @@ class InferenceRank:
     def start_pull(self, version, blobs):
         """Starts pulling this rank's rows of version `version` and returns."""
         refs = [pickle.loads(b) for b in blobs]                  # one borrow per trainer rank
-        slices = []
+        ranges = []
         for i, (lo, hi) in enumerate(self.rows):
             owner = refs[i % self.trainers]
-            slices.append(owner[i // self.trainers][lo:hi])     # rows lo..hi of that tensor
-        fetch = rdt.fetch(slices, out=self.staging)             # one fetch, every range at once
+            ranges.append(owner[i // self.trainers][lo:hi])     # rows lo..hi of that tensor
+        fetch = rdt.get_start(ranges, out=self.staging)          # one get, every range at once
         self.pending = (version, refs, fetch, time.monotonic())
 
     def compute(self):

@@ -4,14 +4,14 @@
 
 int main(void) {
   rdt_runtime_options opts;
-  rdt_fetch_options fopts;
+  rdt_get_options fopts;
   rdt_transport_vtable vt;
   rdt_object_info info;
   rdt_tensor_info tinfo;
   rdt_transport_info tr;
   rdt_stats stats;
   rdt_runtime_options_init(&opts);
-  rdt_fetch_options_init(&fopts);
+  rdt_get_options_init(&fopts);
   rdt_transport_vtable_init(&vt);
   rdt_object_info_init(&info);
   rdt_tensor_info_init(&tinfo);

@@ -25,8 +25,8 @@ static void move(rdt_runtime *a, rdt_runtime *b, const char *put_as,
   CHECK_OK(rdt_put(a, &t, 1, put_as, NULL, NULL, &ref));
   rdt_ref *borrowed = pass_ref(ref, b);
   uint64_t before = completed(b, expect);
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
+  rdt_get_options fo;
+  rdt_get_options_init(&fo);
   fo.transport = fetch_as;
   CHECK_OK(rdt_get(b, &borrowed, 1, &target, 1, &fo, 30000));
   CHECK(memcmp(src, dst, N * sizeof(float)) == 0);

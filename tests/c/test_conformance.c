@@ -130,7 +130,7 @@ static rdt_status cvm_start(const rdt_transfer *x, const rdt_tensor *local, size
   }
   /* A partial fetch names, per target, a range of one tensor; a partial
    * write, per source. */
-  const rdt_source_range *ranges = x->struct_size >= offsetof(rdt_transfer, num_ranges) + sizeof(size_t) ? x->ranges : NULL;
+  const rdt_range *ranges = x->struct_size >= offsetof(rdt_transfer, num_ranges) + sizeof(size_t) ? x->ranges : NULL;
   if (ranges == NULL && m->count != n) {
     rdt_set_error("the source describes another number of tensors");
     return RDT_ERR_INVALID_ARGUMENT;
@@ -145,8 +145,8 @@ static rdt_status cvm_start(const rdt_transfer *x, const rdt_tensor *local, size
   r->pid = (pid_t)m->pid;
   r->n = n;
   for (size_t i = 0; i < n; i++) {
-    rdt_source_range whole = {0, (uint32_t)i, 0, m->regions[i].size};
-    const rdt_source_range *p = ranges ? &ranges[i] : &whole;
+    rdt_range whole = {0, (uint32_t)i, 0, m->regions[i].size};
+    const rdt_range *p = ranges ? &ranges[i] : &whole;
     if (p->tensor >= m->count || p->offset > m->regions[p->tensor].size ||
         p->length > m->regions[p->tensor].size - p->offset || p->length != nbytes_of(&local[i])) {
       free(r);
@@ -415,13 +415,13 @@ static void abort_case(void) {
   make_targets(&o, out);
   rdt_tensor ts[3] = {out[0].t, out[1].t, out[2].t};
   set_gate(1);
-  rdt_fetch *f = NULL;
-  CHECK_OK(rdt_fetch_start(dst_rt, &o.borrowed, 1, ts, 3, NULL, &f));
+  rdt_pending *f = NULL;
+  CHECK_OK(rdt_get_start(dst_rt, &o.borrowed, 1, ts, 3, NULL, &f));
   await_gate(); /* the read is in flight */
-  CHECK_OK(rdt_fetch_abort(f));
-  CHECK_STATUS(rdt_fetch_wait(f, 30000), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_pending_abort(f));
+  CHECK_STATUS(rdt_pending_wait(f, 30000), RDT_ERR_ABORTED);
   CHECK(aborts_seen() == 1);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   set_gate(0);
   drop_object(&o);
 }
@@ -492,7 +492,7 @@ static rdt_write_notice notice_of(rdt_ref *exposed) {
 }
 
 static rdt_status write_tagged(rdt_runtime *rt, rdt_ref *ref, const rdt_tensor *sources, size_t n,
-                               const rdt_source_range *dests, uint64_t tag) {
+                               const rdt_range *dests, uint64_t tag) {
   rdt_write_options wo;
   rdt_write_options_init(&wo);
   wo.tag = tag;
@@ -526,7 +526,7 @@ static void write_partial(void) {
   make_tensor(&from[0], RDT_DTYPE_UINT, 8, 100, 60);
   make_tensor(&from[1], RDT_DTYPE_FLOAT, 32, 4, 61);
   rdt_tensor ts[2] = {from[0].t, from[1].t};
-  rdt_source_range dests[2] = {{0, 1, 1000, 100}, {0, 0, 16, 16}};
+  rdt_range dests[2] = {{0, 1, 1000, 100}, {0, 0, 16, 16}};
   CHECK_OK(write_tagged(dst_rt, s.writable, ts, 2, dests, 22));
   rdt_write_notice n = notice_of(s.owned);
   CHECK(n.status == RDT_OK && n.tag == 22 && n.nbytes == 116);
@@ -553,13 +553,13 @@ static void write_abort(void) {
   rdt_write_options_init(&wo);
   wo.tag = 23;
   set_gate(1);
-  rdt_fetch *f = NULL;
+  rdt_pending *f = NULL;
   CHECK_OK(rdt_write_start(dst_rt, &s.writable, 1, ts, 2, &wo, &f));
   await_gate();
-  CHECK_OK(rdt_fetch_abort(f));
-  CHECK_STATUS(rdt_fetch_wait(f, 30000), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_pending_abort(f));
+  CHECK_STATUS(rdt_pending_wait(f, 30000), RDT_ERR_ABORTED);
   CHECK(aborts_seen() == 1);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   set_gate(0);
   rdt_write_notice n = notice_of(s.owned);
   CHECK(n.status != RDT_OK && n.tag == 23);
@@ -702,16 +702,16 @@ static void source_killed(const char *self) {
   /* mid_transfer: the read is in flight when the source dies */
   s = start_source(self);
   set_gate(1);
-  rdt_fetch *f = NULL;
-  CHECK_OK(rdt_fetch_start(dst_rt, &s.ref, 1, &out.t, 1, NULL, &f));
+  rdt_pending *f = NULL;
+  CHECK_OK(rdt_get_start(dst_rt, &s.ref, 1, &out.t, 1, NULL, &f));
   await_gate();
   kill_source(&s);
   pthread_mutex_lock(&gate_mu);
   gate_open = 1;
   pthread_cond_broadcast(&gate_cond);
   pthread_mutex_unlock(&gate_mu);
-  CHECK_STATUS(rdt_fetch_wait(f, 30000), RDT_ERR_PEER_UNAVAILABLE);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_STATUS(rdt_pending_wait(f, 30000), RDT_ERR_PEER_UNAVAILABLE);
+  CHECK_OK(rdt_pending_free(f));
   set_gate(0);
   CHECK_OK(rdt_ref_release(s.ref));
 }
@@ -726,11 +726,11 @@ static void partial(void) {
   make_tensor(&out[1], RDT_DTYPE_UINT, 8, 1 << 20, 91);
   make_tensor(&out[2], RDT_DTYPE_INT, 64, 5, 92);
   make_tensor(&out[3], RDT_DTYPE_UINT, 8, 1, 93);
-  rdt_source_range sources[4] = {
+  rdt_range sources[4] = {
       {0, 0, 32, RDT_REST_OF_TENSOR}, {0, 2, (1 << 20) + 7, 1 << 20}, {0, 1, 0, 40}, {0, 2, (3 << 20) - 1, 1}};
   rdt_tensor ts[4] = {out[0].t, out[1].t, out[2].t, out[3].t};
-  rdt_fetch_options opts;
-  rdt_fetch_options_init(&opts);
+  rdt_get_options opts;
+  rdt_get_options_init(&opts);
   opts.sources = sources;
   opts.num_sources = 4;
   CHECK_OK(rdt_get(dst_rt, &o.borrowed, 1, ts, 4, &opts, 30000));
@@ -750,14 +750,14 @@ static void partial_refused(void) {
   make_tensor(&out, RDT_DTYPE_UINT, 8, 16, 77);
   uint8_t before[16];
   memcpy(before, out.data, 16);
-  rdt_source_range outside = {0, 2, 90, 16};
-  rdt_fetch_options opts;
-  rdt_fetch_options_init(&opts);
+  rdt_range outside = {0, 2, 90, 16};
+  rdt_get_options opts;
+  rdt_get_options_init(&opts);
   opts.sources = &outside;
   opts.num_sources = 1;
   CHECK_STATUS(rdt_get(dst_rt, &o.borrowed, 1, &out.t, 1, &opts, 30000), RDT_ERR_INVALID_ARGUMENT);
   CHECK(strstr(rdt_last_error(), "outside the tensor's 100 bytes") != NULL);
-  rdt_source_range inside = {0, 2, 80, 16};
+  rdt_range inside = {0, 2, 80, 16};
   opts.sources = &inside;
   opts.transport = "cvm_whole";
   CHECK_STATUS(rdt_get(dst_rt, &o.borrowed, 1, &out.t, 1, &opts, 30000), RDT_ERR_UNSUPPORTED);

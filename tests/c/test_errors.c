@@ -72,9 +72,9 @@ static void test_bad_handles(void) {
   CHECK_STATUS(rdt_put((rdt_runtime *)ref, NULL, 0, NULL, NULL, NULL, &out), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("another kind");
   CHECK_STATUS(rdt_ref_release((rdt_ref *)a), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_fetch_wait((rdt_fetch *)ref, 0), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_fetch_abort(NULL), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_OK(rdt_fetch_free(NULL));
+  CHECK_STATUS(rdt_pending_wait((rdt_pending *)ref, 0), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_pending_abort(NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(rdt_pending_free(NULL));
   /* Double release. */
   CHECK_OK(rdt_ref_release(ref));
   CHECK_STATUS(rdt_ref_release(ref), RDT_ERR_INVALID_ARGUMENT);
@@ -166,13 +166,13 @@ static void test_bad_targets(void) {
   float out[16];
   int64_t wrong_shape[1] = {15}, shape2[2] = {4, 4}, strided[2] = {1, 4};
   rdt_tensor target = f32_tensor(out, shape16), bad;
-  rdt_fetch *f = NULL;
+  rdt_pending *f = NULL;
 
-  CHECK_STATUS(rdt_fetch_start(b, &borrowed, 1, &target, 1, NULL, NULL), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_fetch_start(b, &borrowed, 1, &target, 2, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_fetch_start(b, &borrowed, 1, &target, 0, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_get_start(b, &borrowed, 1, &target, 1, NULL, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_get_start(b, &borrowed, 1, &target, 2, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_get_start(b, &borrowed, 1, &target, 0, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("0 targets");
-  CHECK_STATUS(rdt_fetch_start(b, NULL, 1, &target, 1, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_get_start(b, NULL, 1, &target, 1, NULL, &f), RDT_ERR_INVALID_ARGUMENT);
   bad = target;
   bad.shape = wrong_shape;
   CHECK_STATUS(rdt_get(b, &borrowed, 1, &bad, 1, NULL, 100), RDT_ERR_INVALID_ARGUMENT);
@@ -191,8 +191,8 @@ static void test_bad_targets(void) {
   bad.strides = strided;
   CHECK_STATUS(rdt_get(b, &borrowed, 1, &bad, 1, NULL, 100), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("contiguous");
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
+  rdt_get_options fo;
+  rdt_get_options_init(&fo);
   fo.transport = "nope";
   CHECK_STATUS(rdt_get(b, &borrowed, 1, &target, 1, &fo, 100), RDT_ERR_NOT_FOUND);
   fo.struct_size = 1;
@@ -405,7 +405,7 @@ static void test_failing_transport(void) {
 }
 
 /* Waits (up to 10 s) until the transport's fetch was called n times: a
- * fetch's transfers start in the background, after rdt_fetch_start. */
+ * fetch's transfers start in the background, after rdt_get_start. */
 static void wait_fetches(test_transport *t, int n) {
   for (int i = 0; i < 10000; i++) {
     pthread_mutex_lock(&t->mu);
@@ -433,18 +433,18 @@ static void test_timeout_and_abort(void) {
   rdt_ref *borrowed = pass_ref(r, dst);
   CHECK_OK(rdt_ref_release(r));
 
-  rdt_fetch *f;
-  CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
-  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TIMEOUT);
-  CHECK_STATUS(rdt_fetch_wait(f, 30), RDT_ERR_TIMEOUT);
+  rdt_pending *f;
+  CHECK_OK(rdt_get_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  CHECK_STATUS(rdt_pending_wait(f, 0), RDT_ERR_TIMEOUT);
+  CHECK_STATUS(rdt_pending_wait(f, 30), RDT_ERR_TIMEOUT);
   wait_fetches(&td, 1);
   CHECK(stats_of(dst).fetches_active == 1);
-  CHECK_OK(rdt_fetch_abort(f));
-  CHECK_STATUS(rdt_fetch_wait(f, 10000), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_pending_abort(f));
+  CHECK_STATUS(rdt_pending_wait(f, 10000), RDT_ERR_ABORTED);
   CHECK(td.releases == 1);
-  CHECK_OK(rdt_fetch_free(f));
-  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(rdt_fetch_free(f), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(rdt_pending_free(f));
+  CHECK_STATUS(rdt_pending_wait(f, 0), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_pending_free(f), RDT_ERR_INVALID_ARGUMENT);
 
   /* rdt_get's timeout aborts before returning. */
   CHECK_STATUS(rdt_get(dst, &borrowed, 1, &target, 1, NULL, 30), RDT_ERR_TIMEOUT);
@@ -452,19 +452,19 @@ static void test_timeout_and_abort(void) {
   CHECK(stats_of(dst).fetches_active == 0);
 
   /* A freed fetch that was still running is aborted and drained. */
-  CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  CHECK_OK(rdt_get_start(dst, &borrowed, 1, &target, 1, NULL, &f));
   wait_fetches(&td, 3);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   CHECK(td.releases == 3);
 
   /* The owner goes away: fetches fail promptly, new borrows too. */
-  CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  CHECK_OK(rdt_get_start(dst, &borrowed, 1, &target, 1, NULL, &f));
   void *bytes;
   size_t size;
   CHECK_OK(rdt_ref_serialize(borrowed, &bytes, &size));
   CHECK_OK(rdt_runtime_destroy(src));
-  CHECK_STATUS(rdt_fetch_wait(f, 10000), RDT_ERR_PEER_UNAVAILABLE);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_STATUS(rdt_pending_wait(f, 10000), RDT_ERR_PEER_UNAVAILABLE);
+  CHECK_OK(rdt_pending_free(f));
   rdt_ref *late;
   CHECK_STATUS(rdt_ref_deserialize(dst, bytes, size, &late), RDT_ERR_PEER_UNAVAILABLE);
   rdt_bytes_free(bytes);

@@ -1,5 +1,5 @@
-/* rdt_fetch_event_fd: an event loop waits for a fetch with poll() on the
- * fetch's descriptor, then takes the result with rdt_fetch_wait(f, 0). */
+/* rdt_pending_event_fd: an event loop waits for a pending get with poll() on
+ * its descriptor, then takes the result with rdt_pending_wait(f, 0). */
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
@@ -54,10 +54,10 @@ static test_transport ts, td;
 static float in[16], out[16];
 static rdt_ref *borrowed;
 
-static rdt_fetch *start(void) {
+static rdt_pending *start(void) {
   rdt_tensor target = f32_tensor(out, shape16);
-  rdt_fetch *f = NULL;
-  CHECK_OK(rdt_fetch_start(dst, &borrowed, 1, &target, 1, NULL, &f));
+  rdt_pending *f = NULL;
+  CHECK_OK(rdt_get_start(dst, &borrowed, 1, &target, 1, NULL, &f));
   return f;
 }
 
@@ -82,24 +82,24 @@ static void test_completion(void) {
   set_gated(1);
   memset(out, 0, sizeof out);
   int fetched = fetches_so_far();
-  rdt_fetch *f = start();
+  rdt_pending *f = start();
   int fd = -1, again = -1;
-  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK_OK(rdt_pending_event_fd(f, &fd));
   CHECK(fd >= 0);
-  CHECK_OK(rdt_fetch_event_fd(f, &again));
+  CHECK_OK(rdt_pending_event_fd(f, &again));
   CHECK(again == fd);
   CHECK(count_eventfds() == before + 1);
   wait_fetches(&td, fetched + 1);
   CHECK(!readable(fd, 50));
-  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TIMEOUT);
+  CHECK_STATUS(rdt_pending_wait(f, 0), RDT_ERR_TIMEOUT);
   test_transport_open(&td);
   CHECK(readable(fd, 10000));
-  CHECK_OK(rdt_fetch_wait(f, 0));
+  CHECK_OK(rdt_pending_wait(f, 0));
   CHECK(readable(fd, 0)); /* it stays readable */
   CHECK(memcmp(in, out, sizeof in) == 0);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   CHECK(count_eventfds() == before);
-  CHECK_STATUS(rdt_fetch_event_fd(f, &fd), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_pending_event_fd(f, &fd), RDT_ERR_INVALID_ARGUMENT);
 }
 
 /* A failed transfer completes the fetch too. */
@@ -110,13 +110,13 @@ static void test_failure(void) {
   td.fail_status = RDT_ERR_TRANSPORT;
   td.fail_message = "cable unplugged";
   pthread_mutex_unlock(&td.mu);
-  rdt_fetch *f = start();
+  rdt_pending *f = start();
   int fd = -1;
-  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK_OK(rdt_pending_event_fd(f, &fd));
   CHECK(readable(fd, 10000));
-  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_TRANSPORT);
+  CHECK_STATUS(rdt_pending_wait(f, 0), RDT_ERR_TRANSPORT);
   CHECK_MSG("cable unplugged");
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   pthread_mutex_lock(&td.mu);
   td.fail_at = 0;
   pthread_mutex_unlock(&td.mu);
@@ -127,34 +127,34 @@ static void test_abort(void) {
   int before = count_eventfds();
   set_gated(1);
   int fetched = fetches_so_far();
-  rdt_fetch *f = start();
+  rdt_pending *f = start();
   int fd = -1;
-  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK_OK(rdt_pending_event_fd(f, &fd));
   wait_fetches(&td, fetched + 1);
   CHECK(!readable(fd, 20));
-  CHECK_OK(rdt_fetch_abort(f));
+  CHECK_OK(rdt_pending_abort(f));
   CHECK(readable(fd, 10000));
-  CHECK_STATUS(rdt_fetch_wait(f, 0), RDT_ERR_ABORTED);
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_STATUS(rdt_pending_wait(f, 0), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_pending_free(f));
   CHECK(count_eventfds() == before);
 
   /* Asked for after completion: readable at once. */
   set_gated(0);
   f = start();
-  CHECK_OK(rdt_fetch_wait(f, 10000));
-  CHECK_OK(rdt_fetch_event_fd(f, &fd));
+  CHECK_OK(rdt_pending_wait(f, 10000));
+  CHECK_OK(rdt_pending_event_fd(f, &fd));
   CHECK(readable(fd, 0));
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_free(f));
   CHECK(count_eventfds() == before);
 }
 
 static void test_bad_arguments(void) {
   int fd = -1;
-  CHECK_STATUS(rdt_fetch_event_fd(NULL, &fd), RDT_ERR_INVALID_ARGUMENT);
-  rdt_fetch *f = start();
-  CHECK_STATUS(rdt_fetch_event_fd(f, NULL), RDT_ERR_INVALID_ARGUMENT);
-  CHECK_OK(rdt_fetch_wait(f, 10000));
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_STATUS(rdt_pending_event_fd(NULL, &fd), RDT_ERR_INVALID_ARGUMENT);
+  rdt_pending *f = start();
+  CHECK_STATUS(rdt_pending_event_fd(f, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_OK(rdt_pending_wait(f, 10000));
+  CHECK_OK(rdt_pending_free(f));
 }
 
 int main(void) {

@@ -181,12 +181,12 @@ static void *callbacks_loop(void *arg) {
     borrowed = pass_ref(ref, with_queue);
     rdt_tensor target = f32_tensor(dst, shape);
     if (i % 16 == 0) {
-      rdt_fetch *f;
-      CHECK_OK(rdt_fetch_start(with_queue, &borrowed, 1, &target, 1, NULL, &f));
-      CHECK_OK(rdt_fetch_abort(f));
-      rdt_status st = rdt_fetch_wait(f, 30000);
+      rdt_pending *f;
+      CHECK_OK(rdt_get_start(with_queue, &borrowed, 1, &target, 1, NULL, &f));
+      CHECK_OK(rdt_pending_abort(f));
+      rdt_status st = rdt_pending_wait(f, 30000);
       CHECK(st == RDT_OK || st == RDT_ERR_ABORTED);
-      CHECK_OK(rdt_fetch_free(f));
+      CHECK_OK(rdt_pending_free(f));
     } else {
       memset(dst, 0xee, sizeof dst);
       CHECK_OK(rdt_get(with_queue, &borrowed, 1, &target, 1, NULL, 30000));

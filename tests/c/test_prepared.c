@@ -25,7 +25,7 @@ static void fetch_runs(const char *transport) {
   rdt_ref *theirs = pass_ref(ref, reader);
 
   rdt_prepared *p = NULL;
-  CHECK_OK(rdt_fetch_prepare(reader, &theirs, 1, &out, 1, NULL, &p));
+  CHECK_OK(rdt_prepare_get(reader, &theirs, 1, &out, 1, NULL, &p));
   CHECK_OK(rdt_ref_release(theirs)); /* the prepared fetch holds its own */
   for (int run = 0; run < 20; run++) {
     fill(src, N, (float)(100 * run));
@@ -46,7 +46,7 @@ static void fetch_runs(const char *transport) {
   /* A destroyed owner fails the next run, clearly. */
   CHECK_OK(rdt_put(owner, &t, 1, transport, NULL, NULL, &ref));
   theirs = pass_ref(ref, reader);
-  CHECK_OK(rdt_fetch_prepare(reader, &theirs, 1, &out, 1, NULL, &p));
+  CHECK_OK(rdt_prepare_get(reader, &theirs, 1, &out, 1, NULL, &p));
   CHECK_OK(rdt_prepared_run(p, 0, 30000));
   CHECK_OK(rdt_ref_release(ref));
   CHECK_OK(rdt_runtime_destroy(owner));
@@ -76,7 +76,7 @@ static void write_runs(const char *transport) {
   rdt_write_options_init(&wo);
   wo.transport = transport;
   rdt_prepared *p = NULL;
-  CHECK_OK(rdt_write_prepare(writer, &w, 1, &in, 1, &wo, &p));
+  CHECK_OK(rdt_prepare_write(writer, &w, 1, &in, 1, &wo, &p));
   for (uint64_t tag = 1; tag <= 10; tag++) {
     fill(src, N, (float)tag);
     CHECK_OK(rdt_prepared_run(p, tag, 30000));
@@ -121,16 +121,16 @@ int main(void) {
   rdt_tensor t = f32_tensor(x, shape);
   rdt_ref *ref = NULL;
   CHECK_OK(rdt_put(rt, &t, 1, "cma", NULL, NULL, &ref));
-  CHECK_STATUS(rdt_fetch_prepare(rt, &ref, 1, &t, 1, NULL, NULL), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_prepare_get(rt, &ref, 1, &t, 1, NULL, NULL), RDT_ERR_INVALID_ARGUMENT);
   rdt_prepared *p = NULL;
-  CHECK_STATUS(rdt_write_prepare(rt, &ref, 1, &t, 1, NULL, &p), RDT_ERR_INVALID_ARGUMENT); /* put, not exposed */
+  CHECK_STATUS(rdt_prepare_write(rt, &ref, 1, &t, 1, NULL, &p), RDT_ERR_INVALID_ARGUMENT); /* put, not exposed */
   CHECK(p == NULL);
   CHECK_STATUS(rdt_prepared_run(NULL, 0, 0), RDT_ERR_INVALID_ARGUMENT);
   CHECK_OK(rdt_prepared_free(NULL));
   /* The runtime's own object: copied the ordinary way, run after run. */
   float y[4] = {0};
   rdt_tensor out = f32_tensor(y, shape);
-  CHECK_OK(rdt_fetch_prepare(rt, &ref, 1, &out, 1, NULL, &p));
+  CHECK_OK(rdt_prepare_get(rt, &ref, 1, &out, 1, NULL, &p));
   x[2] = 5;
   CHECK_OK(rdt_prepared_run(p, 0, 30000));
   CHECK(y[2] == 5);

@@ -158,13 +158,13 @@ static void test_async_fetch_all_before_wait(void) {
     CHECK_OK(rdt_ref_release(r));
     targets[i] = f32_tensor(dst[i], shape);
   }
-  rdt_fetch *f = NULL;
-  CHECK_OK(rdt_fetch_start(b, refs, N, targets, N, NULL, &f));
+  rdt_pending *f = NULL;
+  CHECK_OK(rdt_get_start(b, refs, N, targets, N, NULL, &f));
   /* The refs may be released while the fetch runs: it holds its own. */
   for (int i = 0; i < N; i++) CHECK_OK(rdt_ref_release(refs[i]));
-  CHECK_OK(rdt_fetch_wait(f, 10000));
-  CHECK_OK(rdt_fetch_wait(f, 0)); /* the result stays */
-  CHECK_OK(rdt_fetch_free(f));
+  CHECK_OK(rdt_pending_wait(f, 10000));
+  CHECK_OK(rdt_pending_wait(f, 0)); /* the result stays */
+  CHECK_OK(rdt_pending_free(f));
   for (int i = 0; i < N; i++) CHECK(memcmp(src[i], dst[i], sizeof src[i]) == 0);
   CHECK(tb.fetches == N && tb.waits == N && tb.releases == N);
   for (int i = 0; i < N; i++) CHECK(tb.events[i] == 'f');

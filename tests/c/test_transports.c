@@ -96,7 +96,7 @@ static char *address_of(const rdt_transfer *x, size_t i, const uintptr_t *addrs,
                         size_t num_addrs, uint64_t nbytes) {
   if (x->ranges == NULL) return i < num_addrs ? (char *)addrs[i] : NULL;
   if (i >= x->num_ranges) return NULL;
-  const rdt_source_range *r = &x->ranges[i];
+  const rdt_range *r = &x->ranges[i];
   if (r->tensor >= num_addrs || r->length != nbytes) return NULL;
   return (char *)addrs[r->tensor] + r->offset;
 }

@@ -72,7 +72,7 @@ static void custom_transport_writes(void) {
   memset(patch, 0xAB, sizeof patch);
   int64_t shape_p[1] = {16};
   rdt_tensor patch_t = u8_tensor(patch, shape_p);
-  rdt_source_range dest = {.ref = 0, .tensor = 0, .offset = 100, .length = 16};
+  rdt_range dest = {.ref = 0, .tensor = 0, .offset = 100, .length = 16};
   wo.tag = 12;
   wo.destinations = &dest;
   wo.num_destinations = 1;
@@ -104,14 +104,14 @@ static void custom_transport_writes(void) {
   t.nevents = 0;
   pthread_mutex_unlock(&t.mu);
   wo.tag = 14;
-  rdt_fetch *op = NULL;
+  rdt_pending *op = NULL;
   CHECK_OK(rdt_write_start(writer, &w, 1, &src_t, 1, &wo, &op));
   pthread_mutex_lock(&t.mu);
   while (t.nevents == 0) pthread_cond_wait(&t.cond, &t.mu); /* the callback is at the gate */
   pthread_mutex_unlock(&t.mu);
-  CHECK_OK(rdt_fetch_abort(op));
-  CHECK_STATUS(rdt_fetch_wait(op, 30000), RDT_ERR_ABORTED);
-  CHECK_OK(rdt_fetch_free(op));
+  CHECK_OK(rdt_pending_abort(op));
+  CHECK_STATUS(rdt_pending_wait(op, 30000), RDT_ERR_ABORTED);
+  CHECK_OK(rdt_pending_free(op));
   CHECK(t.aborts == 1);
   n = take_notice(exposed);
   CHECK(n.status != RDT_OK && n.tag == 14);
@@ -236,14 +236,14 @@ int main(void) {
   memset(patch, 0xEE, sizeof patch);
   int64_t shape_p[1] = {10};
   rdt_tensor patch_t = u8_tensor(patch, shape_p);
-  rdt_source_range dest = {.ref = 0, .tensor = 1, .offset = 10, .length = 10};
+  rdt_range dest = {.ref = 0, .tensor = 1, .offset = 10, .length = 10};
   wo.tag = 8;
   wo.destinations = &dest;
   wo.num_destinations = 1;
-  rdt_fetch *op = NULL;
+  rdt_pending *op = NULL;
   CHECK_OK(rdt_write_start(writer, &w, 1, &patch_t, 1, &wo, &op));
-  CHECK_OK(rdt_fetch_wait(op, 30000));
-  CHECK_OK(rdt_fetch_free(op));
+  CHECK_OK(rdt_pending_wait(op, 30000));
+  CHECK_OK(rdt_pending_free(op));
   rdt_write_notice_init(&n);
   CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
   CHECK(n.status == RDT_OK && n.tag == 8 && n.nbytes == 10);

@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
   o.log_level = RDT_LOG_OFF;
   rdt::Runtime rt(o);
   std::vector<float> v(16);
-  rdt::Ref ref = rt.put({rdt::view(v)});
+  rdt::Ref ref = rt.put({rdt::tensor(v)});
   if (mode == "leak") {
     void *bytes = nullptr;
     size_t n = 0;

@@ -17,7 +17,7 @@ TEST(DeviceMemory, ACudaViewIsDescribedAndRefusedWithoutACudaTransport) {
   for (const auto &t : b.transports())
     if (std::string(t.name) == "cuda_ipc") GTEST_SKIP() << "this machine has a CUDA transport";
   void *fake = reinterpret_cast<void *>(uintptr_t(0x7f0000001000));  // never dereferenced
-  auto dev = rdt::TensorView::device_memory(fake, {4, 8}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 1);
+  auto dev = rdt::Tensor::device_memory(fake, {4, 8}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 1);
   rdt::Ref ref = a.put({dev});
   rdt_tensor_info ti = ref.tensor_info(0);
   EXPECT_EQ(ti.device.device_type, RDT_DEVICE_CUDA);
@@ -26,7 +26,7 @@ TEST(DeviceMemory, ACudaViewIsDescribedAndRefusedWithoutACudaTransport) {
   EXPECT_EQ(ti.nbytes, 128u);
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   void *fake_dst = reinterpret_cast<void *>(uintptr_t(0x7f0000100000));
-  auto target = rdt::TensorView::device_memory(fake_dst, {4, 8}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 1);
+  auto target = rdt::Tensor::device_memory(fake_dst, {4, 8}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 1);
   try {
     b.get(borrowed, {target});
     FAIL() << "a CUDA fetch without a CUDA transport succeeded";
@@ -37,7 +37,7 @@ TEST(DeviceMemory, ACudaViewIsDescribedAndRefusedWithoutACudaTransport) {
   // A CPU buffer for CUDA source memory is a mismatch, said before any transfer.
   std::vector<float> host(32);
   try {
-    b.get(borrowed, {rdt::TensorView(host.data(), {4, 8}, rdt::dtype_of<float>())});
+    b.get(borrowed, {rdt::Tensor(host.data(), {4, 8}, rdt::dtype_of<float>())});
     FAIL() << "a CPU target for a CUDA tensor was accepted";
   } catch (const rdt::Error &e) {
     EXPECT_NE(e.status(), RDT_OK);
@@ -101,7 +101,7 @@ TEST(DeviceMemory, MovesThroughCudaIpc) {
   std::vector<uint32_t> want = pattern(n, 7);
   unsigned long long src = d.device_copy(want);
   auto view = [](unsigned long long p, size_t len) {
-    return rdt::TensorView::device_memory(reinterpret_cast<void *>(uintptr_t(p)), {int64_t(len)},
+    return rdt::Tensor::device_memory(reinterpret_cast<void *>(uintptr_t(p)), {int64_t(len)},
                                           rdt::dtype_of<uint32_t>(), RDT_DEVICE_CUDA, 0);
   };
   {
@@ -115,7 +115,7 @@ TEST(DeviceMemory, MovesThroughCudaIpc) {
     EXPECT_EQ(d.host_copy(own, n), want);
     // A target on a device this process does not have is the caller's mistake.
     EXPECT_EQ(status_of([&] {
-                b.get(borrowed, {rdt::TensorView::device_memory(reinterpret_cast<void *>(uintptr_t(dst)), {int64_t(n)},
+                b.get(borrowed, {rdt::Tensor::device_memory(reinterpret_cast<void *>(uintptr_t(dst)), {int64_t(n)},
                                                                 rdt::dtype_of<uint32_t>(), RDT_DEVICE_CUDA, 4096)},
                       30s);
               }),

@@ -32,14 +32,14 @@ TEST(Errors, InvalidArguments) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> src(8), small(4);
   std::vector<int32_t> wrong_type(8);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   rdt::Ref empty;
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(small)}); }), RDT_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(wrong_type)}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(small)}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(wrong_type)}); }), RDT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(status_of([&] { b.get(borrowed, {}); }), RDT_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status_of([&] { (void)b.fetch(borrowed, {rdt::view(src), rdt::view(src)}); }), RDT_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status_of([&] { b.get(empty, {rdt::view(src)}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { (void)b.get_start(borrowed, {rdt::tensor(src), rdt::tensor(src)}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { b.get(empty, {rdt::tensor(src)}); }), RDT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(status_of([&] { (void)empty.serialize(); }), RDT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(status_of([&] { (void)empty.info(); }), RDT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(status_of([&] { (void)ref.tensor_info(5); }), RDT_ERR_INVALID_ARGUMENT);
@@ -60,28 +60,28 @@ TEST(Errors, InvalidArguments) {
 TEST(Errors, NotFoundAlreadyExistsUnsupported) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> src(8), dst(8);
-  EXPECT_EQ(status_of([&] { (void)a.put({rdt::view(src)}, "nope"); }), RDT_ERR_NOT_FOUND);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  EXPECT_EQ(status_of([&] { (void)a.put({rdt::tensor(src)}, "nope"); }), RDT_ERR_NOT_FOUND);
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s, "nope"); }), RDT_ERR_NOT_FOUND);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s, "nope"); }), RDT_ERR_NOT_FOUND);
   auto probe = std::make_shared<Probe>();
   register_mem({&a}, "mem", probe);
   EXPECT_EQ(status_of([&] { register_mem({&a}, "mem", probe); }), RDT_ERR_ALREADY_EXISTS);
   // A CPU-only transport refuses device memory.
   float *device_ptr = reinterpret_cast<float *>(uintptr_t(0x10000));
-  auto gpu = rdt::TensorView::device_memory(device_ptr, {4}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 0);
+  auto gpu = rdt::Tensor::device_memory(device_ptr, {4}, rdt::dtype_of<float>(), RDT_DEVICE_CUDA, 0);
   EXPECT_EQ(status_of([&] { (void)a.put({gpu}, "mem"); }), RDT_ERR_UNSUPPORTED);
   // This runtime lacks the transport the fetch asks for; then the peer does.
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s, "mem"); }), RDT_ERR_NOT_FOUND);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s, "mem"); }), RDT_ERR_NOT_FOUND);
   register_mem({&b}, "only-b", probe);
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s, "only-b"); }), RDT_ERR_UNSUPPORTED);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s, "only-b"); }), RDT_ERR_UNSUPPORTED);
 }
 
 TEST(Errors, CorruptBytes) {
   rdt::Runtime a(quiet("a"));
   EXPECT_EQ(status_of([&] { (void)a.deserialize(std::vector<uint8_t>{1, 2, 3}); }), RDT_ERR_CORRUPT);
   std::vector<float> src(8);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   auto bytes = ref.serialize();
   bytes[bytes.size() / 2] ^= 0x55;
   EXPECT_EQ(status_of([&] { (void)a.deserialize(bytes); }), RDT_ERR_CORRUPT);
@@ -95,9 +95,9 @@ TEST(Errors, TimeoutAbortsTheGet) {
   probe->open = false;
   register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<float> src(8), dst(8);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 30ms); }), RDT_ERR_TIMEOUT);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 30ms); }), RDT_ERR_TIMEOUT);
   EXPECT_GE(probe->aborts, 1);
   EXPECT_EQ(b.stats().fetches_active, 0u);
 }
@@ -109,12 +109,12 @@ TEST(Errors, PeerUnavailableAndClosed) {
   rdt::Ref borrowed, owned;
   {
     rdt::Runtime a(quiet("a"));
-    owned = a.put({rdt::view(src)});
+    owned = a.put({rdt::tensor(src)});
     bytes = owned.serialize();
     borrowed = b.deserialize(owned.serialize());
   }
   await_no_peers(b);
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s); }), RDT_ERR_PEER_UNAVAILABLE);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s); }), RDT_ERR_PEER_UNAVAILABLE);
   EXPECT_EQ(status_of([&] { (void)b.deserialize(bytes); }), RDT_ERR_PEER_UNAVAILABLE);
   EXPECT_EQ(status_of([&] { (void)owned.serialize(); }), RDT_ERR_CLOSED);
   EXPECT_EQ(status_of([&] { rdt::Ref copy = owned; }), RDT_ERR_CLOSED);
@@ -133,7 +133,7 @@ TEST(Errors, AbiMismatchThroughCapi) {
 TEST(Errors, ForkedChildGetsForked) {
   rdt::Runtime a(quiet("a"));
   std::vector<float> src(4);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   pid_t pid = fork();
   if (pid == 0) {
     int code = 0;
@@ -169,9 +169,9 @@ TEST_P(CallbackThrows, BecomesUserErrorWithItsMessage) {
   register_mem({&a, &b}, "mem", probe, {p.one_sided, true, p.asynchronous});
   std::vector<uint32_t> src = pattern(64, 1), dst(64);
   auto put_and_get = [&] {
-    rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+    rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
     rdt::Ref borrowed = b.deserialize(ref.serialize());
-    b.get(borrowed, {rdt::view(dst)}, 10s);
+    b.get(borrowed, {rdt::tensor(dst)}, 10s);
   };
   try {
     put_and_get();
@@ -205,10 +205,10 @@ TEST(CallbackExceptions, StatusesOfOtherExceptionKinds) {
     probe->throw_kind = kind.first;
     register_mem({&a, &b}, "mem", probe);
     std::vector<float> src(4), dst(4);
-    rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+    rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
     rdt::Ref borrowed = b.deserialize(ref.serialize());
-    std::string msg = message_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s); });
-    EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s); }), kind.second) << kind.first << ": " << msg;
+    std::string msg = message_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s); });
+    EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s); }), kind.second) << kind.first << ": " << msg;
     if (std::string(kind.first) == "nonstd")
       EXPECT_NE(msg.find("not a std::exception"), std::string::npos) << msg;
     else
@@ -225,14 +225,14 @@ TEST(CallbackExceptions, GarbageCollectAndAbortMayThrow) {
   std::vector<float> src(4), dst(4);
   probe->throw_in = "garbage_collect";
   {
-    rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+    rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   }
   EXPECT_TRUE(a.wait_tensor_freed(src.data(), 10s));
   EXPECT_EQ(probe->gcs, 1);
   probe->throw_in = "abort";
   probe->open = false;
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 20ms); }), RDT_ERR_TIMEOUT);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 20ms); }), RDT_ERR_TIMEOUT);
   EXPECT_GE(probe->aborts, 1);
 }

@@ -12,13 +12,13 @@ struct Noop : rdt::Transport {
 int main() {
   int failures = 0;
   std::vector<float> v(6, 1.0f);
-  rdt::TensorView t = rdt::view(v, {2, 3});
+  rdt::Tensor t = rdt::tensor(v, {2, 3});
   if (t.nbytes() != 24) failures++;
 #if defined(__cpp_lib_span)
   std::span<float> s(v);
-  if (rdt::view(s).numel() != 6 || rdt::view(s, {3, 2}).shape[0] != 3) failures++;
+  if (rdt::tensor(s).numel() != 6 || rdt::tensor(s, {3, 2}).shape[0] != 3) failures++;
   std::span<const float, 6> fixed(v.data(), 6);
-  if (rdt::view(fixed).data != v.data()) failures++;
+  if (rdt::tensor(fixed).data != v.data()) failures++;
   std::puts("C++20: std::span views");
 #else
   std::puts("C++17");
@@ -28,7 +28,7 @@ int main() {
     rdt::register_transport(rt, "noop", {RDT_DEVICE_CPU}, std::make_unique<Noop>());
     rdt::Ref ref = rt.put({t});
     std::vector<float> out(6);
-    rt.get(ref, {rdt::view(out, {2, 3})}, std::chrono::seconds(10));
+    rt.get(ref, {rdt::tensor(out, {2, 3})}, std::chrono::seconds(10));
     if (out != v) failures++;
   } catch (const rdt::Error &e) {
     std::fprintf(stderr, "%s\n", e.what());

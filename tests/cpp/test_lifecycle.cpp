@@ -1,4 +1,4 @@
-// RAII and value semantics: Runtime, Ref, Fetch, TensorView.
+// RAII and value semantics: Runtime, Ref, Fetch, Write, Tensor.
 #include "test_util.hpp"
 
 using namespace rdt_test;
@@ -9,10 +9,10 @@ TEST(Raii, ScopeExitReleasesEveryHandle) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> src(1000, 1.5f), dst(1000), dst2(1000);
   {
-    rdt::Ref ref = a.put({rdt::view(src)});
+    rdt::Ref ref = a.put({rdt::tensor(src)});
     rdt::Ref borrowed = b.deserialize(ref.serialize());
-    b.get(borrowed, {rdt::view(dst)}, 10s);
-    rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst2)});
+    b.get(borrowed, {rdt::tensor(dst)}, 10s);
+    rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(dst2)});
     rdt::Ref copy = borrowed;
     // A running fetch holds a handle of its own: count once it finished.
     EXPECT_TRUE(f.wait(10s));
@@ -45,7 +45,7 @@ TEST(Raii, OnFreeRunsOnceAfterTheLastReference) {
   int calls = 0;
   rdt::Ref borrowed;
   {
-    rdt::Ref ref = a.put({rdt::view(*buffer)}, "", [keep = buffer, &mu, &cv, &calls] {
+    rdt::Ref ref = a.put({rdt::tensor(*buffer)}, "", [keep = buffer, &mu, &cv, &calls] {
       std::lock_guard<std::mutex> g(mu);
       calls++;
       cv.notify_all();
@@ -73,7 +73,7 @@ TEST(Raii, FailedPutDropsOnFree) {
   auto token = std::make_shared<int>(1);
   bool called = false;
   std::vector<float> src(4);
-  EXPECT_EQ(status_of([&] { (void)a.put({rdt::view(src)}, "no-such-transport", [token, &called] { called = true; }); }),
+  EXPECT_EQ(status_of([&] { (void)a.put({rdt::tensor(src)}, "no-such-transport", [token, &called] { called = true; }); }),
             RDT_ERR_NOT_FOUND);
   EXPECT_EQ(token.use_count(), 1);
   EXPECT_FALSE(called);
@@ -123,14 +123,14 @@ TEST(Raii, RefsAndFetchesMayOutliveTheirRuntime) {
   rdt::Runtime b(quiet("b"));
   {
     rdt::Runtime a(quiet("a"));
-    ref = a.put({rdt::view(src)});
+    ref = a.put({rdt::tensor(src)});
     borrowed = b.deserialize(ref.serialize());
-    f = b.fetch(borrowed, {rdt::view(dst)});
+    f = b.get_start(borrowed, {rdt::tensor(dst)});
     EXPECT_TRUE(f.wait(10s));
   }
   EXPECT_EQ(status_of([&] { (void)ref.serialize(); }), RDT_ERR_CLOSED);
   await_no_peers(b);
-  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::view(dst)}, 10s); }), RDT_ERR_PEER_UNAVAILABLE);
+  EXPECT_EQ(status_of([&] { b.get(borrowed, {rdt::tensor(dst)}, 10s); }), RDT_ERR_PEER_UNAVAILABLE);
   ref.reset();
   borrowed.reset();
   f = rdt::Fetch();
@@ -145,10 +145,10 @@ TEST(Raii, FetchDestructorAbortsAndWaits) {
   probe->open = false;
   register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<int32_t> src(10, 1), dst(10);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   {
-    rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst)});
+    rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(dst)});
     EXPECT_FALSE(f.wait(30ms));
   }
   EXPECT_GE(probe->aborts, 1);
@@ -165,11 +165,11 @@ TEST(Raii, FetchDestructorWaitsForATransportThatCannotAbort) {
   probe->delay_ms = 150;
   register_mem({&a, &b}, "mem", probe);
   std::vector<uint32_t> src = pattern(4096, 5);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   auto dst = std::make_unique<std::vector<uint32_t>>(src.size());
   {
-    rdt::Fetch f = b.fetch(borrowed, {rdt::view(*dst)});
+    rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(*dst)});
     EXPECT_FALSE(f.ready());
     // The transfer starts in the background; free it once it runs.
     for (int i = 0; i < 10000 && probe->recvs == 0; i++) std::this_thread::sleep_for(1ms);
@@ -183,7 +183,7 @@ TEST(Raii, FetchDestructorWaitsForATransportThatCannotAbort) {
 TEST(RefSemantics, CopyClonesAndMoveTransfers) {
   rdt::Runtime a(quiet("a"));
   std::vector<double> src(4, 2.0);
-  rdt::Ref r1 = a.put({rdt::view(src)});
+  rdt::Ref r1 = a.put({rdt::tensor(src)});
   rdt::Ref r2 = r1;  // clone
   EXPECT_EQ(a.stats().refs, 2u);
   EXPECT_EQ(r1.id(), r2.id());
@@ -215,7 +215,7 @@ TEST(RefSemantics, CopyClonesAndMoveTransfers) {
 TEST(RefSemantics, ReleaseAndAdopt) {
   rdt::Runtime a(quiet("a"));
   std::vector<uint8_t> src(3);
-  rdt::Ref r = a.put({rdt::view(src)});
+  rdt::Ref r = a.put({rdt::tensor(src)});
   rdt_ref *raw = r.release();
   EXPECT_FALSE(r);
   EXPECT_EQ(a.stats().refs, 1u);
@@ -233,7 +233,7 @@ TEST(RefSemantics, ResetRevokingLeases) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> src(100, 2.5f), dst(100);
   std::atomic<int> freed{0};
-  rdt::Ref ref = a.put({rdt::view(src)}, "", [&freed] { freed++; });
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "", [&freed] { freed++; });
   std::vector<std::vector<uint8_t>> sent{ref.serialize(), ref.serialize(), ref.serialize()};
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   // Its borrow request is answered asynchronously: revoke once it is counted.
@@ -248,7 +248,7 @@ TEST(RefSemantics, ResetRevokingLeases) {
   rdt_stats s = a.stats();
   EXPECT_EQ(s.refs_in_transit, 0u);
   EXPECT_EQ(s.objects, 1u) << "the counted borrow keeps the object";
-  b.get(borrowed, {rdt::view(dst)}, 10s);
+  b.get(borrowed, {rdt::tensor(dst)}, 10s);
   EXPECT_EQ(dst, src);
   borrowed.reset(0);
   EXPECT_TRUE(a.wait_tensor_freed(src.data(), 10s)) << "the bytes nobody deserialized no longer hold it";
@@ -256,7 +256,7 @@ TEST(RefSemantics, ResetRevokingLeases) {
   EXPECT_EQ(a.stats().objects, 0u);
   for (auto &bytes : sent) {
     rdt::Ref late = b.deserialize(bytes);
-    EXPECT_EQ(status_of([&] { b.get(late, {rdt::view(dst)}, 10s); }), RDT_ERR_NOT_FOUND);
+    EXPECT_EQ(status_of([&] { b.get(late, {rdt::tensor(dst)}, 10s); }), RDT_ERR_NOT_FOUND);
   }
   ref.reset(RDT_RELEASE_REVOKE_LEASES);  // empty: nothing to do
 }
@@ -265,7 +265,7 @@ TEST(RefSemantics, DescribesItsObject) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   std::vector<float> m(6);
   std::vector<int64_t> labels(5);
-  rdt::Ref ref = a.put({rdt::view(m, {2, 3}), rdt::view(labels)});
+  rdt::Ref ref = a.put({rdt::tensor(m, {2, 3}), rdt::tensor(labels)});
   EXPECT_EQ(ref.id().size(), size_t(RDT_OBJECT_ID_LEN));
   EXPECT_EQ(ref.num_tensors(), 2u);
   EXPECT_EQ(ref.nbytes(), 6 * 4u + 5 * 8u);
@@ -300,11 +300,11 @@ TEST(RefSemantics, DescribesItsObject) {
 TEST(RefSemantics, OwnerDeserializesItsOwnBytes) {
   rdt::Runtime a(quiet("a"));
   std::vector<uint16_t> src{1, 2, 3}, dst(3);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   rdt::Ref again = a.deserialize(ref.serialize());
   EXPECT_TRUE(again.is_owner());
   EXPECT_EQ(again.id(), ref.id());
-  a.get(again, {rdt::view(dst)}, 10s);
+  a.get(again, {rdt::tensor(dst)}, 10s);
   EXPECT_EQ(dst, src);
 }
 
@@ -312,17 +312,17 @@ TEST(RefSemantics, OwnerDeserializesItsOwnBytes) {
 TEST(FetchSemantics, SeveralRefsInOneFetch) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   auto p0 = pattern(1000, 1), p1 = pattern(10, 2), p2 = pattern(77, 3);
-  rdt::Ref r0 = a.put({rdt::view(p0)});
-  rdt::Ref r1 = a.put({rdt::view(p1), rdt::view(p2)});
+  rdt::Ref r0 = a.put({rdt::tensor(p0)});
+  rdt::Ref r1 = a.put({rdt::tensor(p1), rdt::tensor(p2)});
   std::vector<rdt::Ref> borrowed{b.deserialize(r0.serialize()), b.deserialize(r1.serialize())};
   std::vector<uint32_t> d0(p0.size()), d1(p1.size()), d2(p2.size());
-  b.get({borrowed[0], borrowed[1]}, {rdt::view(d0), rdt::view(d1), rdt::view(d2)}, 10s);
+  b.get({borrowed[0], borrowed[1]}, {rdt::tensor(d0), rdt::tensor(d1), rdt::tensor(d2)}, 10s);
   EXPECT_EQ(d0, p0);
   EXPECT_EQ(d1, p1);
   EXPECT_EQ(d2, p2);
   std::fill(d0.begin(), d0.end(), 0);
   std::fill(d2.begin(), d2.end(), 0);
-  rdt::Fetch f = b.fetch(borrowed, {rdt::view(d0), rdt::view(d1), rdt::view(d2)});
+  rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(d0), rdt::tensor(d1), rdt::tensor(d2)});
   EXPECT_TRUE(f.wait(10s));
   EXPECT_TRUE(f.ready());
   EXPECT_TRUE(f.wait());  // a final result stays
@@ -337,9 +337,9 @@ TEST(FetchSemantics, WaitTimesOutThenCompletes) {
   probe->open = false;
   register_mem({&a, &b}, "mem", probe);
   std::vector<uint32_t> src = pattern(100, 9), dst(100);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst)});
+  rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(dst)});
   EXPECT_FALSE(f.wait(20ms));
   EXPECT_FALSE(f.ready());
   probe->set_open(true);
@@ -354,9 +354,9 @@ TEST(FetchSemantics, AbortThenWaitThrowsAborted) {
   probe->open = false;
   register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<uint32_t> src(100), dst(100);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst)});
+  rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(dst)});
   f.abort();
   EXPECT_EQ(status_of([&] { f.wait(10s); }), RDT_ERR_ABORTED);
   EXPECT_EQ(status_of([&] { f.wait(10s); }), RDT_ERR_ABORTED) << "a final result stays";
@@ -366,18 +366,18 @@ TEST(FetchSemantics, AbortThenWaitThrowsAborted) {
 TEST(FetchSemantics, MovesAndMoveAssignFreesThePrevious) {
   rdt::Runtime a(quiet("a"));
   std::vector<int8_t> src(8, 3), d1(8), d2(8);
-  rdt::Ref ref = a.put({rdt::view(src)});
-  rdt::Fetch f1 = a.fetch(ref, {rdt::view(d1)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
+  rdt::Fetch f1 = a.get_start(ref, {rdt::tensor(d1)});
   rdt::Fetch f2 = std::move(f1);
   EXPECT_FALSE(f1);
   EXPECT_EQ(status_of([&] { f1.wait(); }), RDT_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(a.stats().fetches_active, 1u);
-  f2 = a.fetch(ref, {rdt::view(d2)});
+  f2 = a.get_start(ref, {rdt::tensor(d2)});
   EXPECT_EQ(a.stats().fetches_active, 1u);
   EXPECT_TRUE(f2.wait(10s));
   EXPECT_EQ(d2, src);
-  rdt_fetch *raw = f2.release();
-  EXPECT_EQ(rdt_fetch_free(raw), RDT_OK);
+  rdt_pending *raw = f2.release();
+  EXPECT_EQ(rdt_pending_free(raw), RDT_OK);
   EXPECT_EQ(a.stats().fetches_active, 0u);
   static_assert(!std::is_copy_constructible_v<rdt::Fetch> && !std::is_copy_assignable_v<rdt::Fetch>);
 }
@@ -394,7 +394,7 @@ TEST(Views, DtypesShapesAndSizes) {
   static_assert(rdt::dtype_of<const int32_t>().code == RDT_DTYPE_INT);
 
   std::vector<float> v(12);
-  rdt::TensorView t = rdt::view(v, {3, 4});
+  rdt::Tensor t = rdt::tensor(v, {3, 4});
   EXPECT_EQ(t.numel(), 12u);
   EXPECT_EQ(t.nbytes(), 48u);
   EXPECT_EQ(t.device.device_type, RDT_DEVICE_CPU);
@@ -403,21 +403,21 @@ TEST(Views, DtypesShapesAndSizes) {
   EXPECT_EQ(c.shape[1], 4);
   EXPECT_EQ(c.strides, nullptr);
   EXPECT_EQ(rdt::nbytes(c), 48u);
-  EXPECT_EQ(status_of([&] { (void)rdt::view(v, {5, 5}); }), RDT_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(status_of([&] { (void)rdt::view(v, {-1, -12}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { (void)rdt::tensor(v, {5, 5}); }), RDT_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(status_of([&] { (void)rdt::tensor(v, {-1, -12}); }), RDT_ERR_INVALID_ARGUMENT);
 
   // A scalar and an empty tensor.
   double x = 3.25, y = 0;
   std::vector<float> none;
   rdt::Runtime a(quiet("a"));
-  rdt::Ref ref = a.put({rdt::view(&x, {}), rdt::view(none)});
+  rdt::Ref ref = a.put({rdt::tensor(&x, {}), rdt::tensor(none)});
   EXPECT_EQ(ref.nbytes(), 8u);
-  a.get(ref, {rdt::view(&y, {}), rdt::view(none)}, 10s);
+  a.get(ref, {rdt::tensor(&y, {}), rdt::tensor(none)}, 10s);
   EXPECT_EQ(y, 3.25);
 
   // byte_offset is honoured when a C tensor becomes a view.
   c.byte_offset = 8;
-  EXPECT_EQ(rdt::TensorView(c).data, static_cast<void *>(v.data() + 2));
+  EXPECT_EQ(rdt::Tensor(c).data, static_cast<void *>(v.data() + 2));
   EXPECT_EQ(rdt::bytes_of(c), static_cast<void *>(v.data() + 2));
 }
 
@@ -425,7 +425,7 @@ TEST(Views, DtypesShapesAndSizes) {
 TEST(Threads, ConcurrentGetsAndClones) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
   auto src = pattern(10000, 4);
-  rdt::Ref ref = a.put({rdt::view(src)});
+  rdt::Ref ref = a.put({rdt::tensor(src)});
   rdt::Ref borrowed = b.deserialize(ref.serialize());
   std::atomic<int> bad{0};
   std::vector<std::thread> threads;
@@ -434,7 +434,7 @@ TEST(Threads, ConcurrentGetsAndClones) {
       std::vector<uint32_t> dst(src.size());
       for (int i = 0; i < 25; i++) {
         rdt::Ref mine = borrowed;  // clones concurrently
-        b.get(mine, {rdt::view(dst)}, 10s);
+        b.get(mine, {rdt::tensor(dst)}, 10s);
         if (dst != src) bad++;
       }
     });

@@ -14,9 +14,9 @@ TEST(Prepared, GetRunsManyTimes) {
     std::vector<uint32_t> src = pattern(4096, 1), dst(4096, 0);
     rdt::Prepared p;
     {
-      rdt::Ref ref = owner.put({rdt::TensorView::of(src.data(), {64, 64})}, name);
+      rdt::Ref ref = owner.put({rdt::Tensor::of(src.data(), {64, 64})}, name);
       rdt::Ref theirs = reader.deserialize(ref.serialize());
-      p = reader.prepare_get(theirs, {rdt::TensorView::of(dst.data(), {64, 64})});
+      p = reader.prepare_get(theirs, {rdt::Tensor::of(dst.data(), {64, 64})});
     }  // both refs released: the prepared get holds its own
     for (uint32_t run = 0; run < 10; run++) {
       std::vector<uint32_t> now = pattern(4096, run * 7);
@@ -33,9 +33,9 @@ TEST(Prepared, WriteRunsWithTheirTags) {
     SCOPED_TRACE(name);
     rdt::Runtime owner(quiet("cpp-owner")), writer(quiet("cpp-writer"));
     std::vector<uint32_t> slot(4096, 0), src(4096, 0);
-    rdt::Ref exposed = owner.expose({rdt::TensorView::of(slot.data(), {64, 64})}, name);
+    rdt::Ref exposed = owner.expose({rdt::Tensor::of(slot.data(), {64, 64})}, name);
     rdt::Ref w = writer.deserialize(exposed.serialize());
-    rdt::Prepared p = writer.prepare_write(w, {rdt::TensorView::of(src.data(), {64, 64})});
+    rdt::Prepared p = writer.prepare_write(w, {rdt::Tensor::of(src.data(), {64, 64})});
     for (uint64_t tag = 1; tag <= 5; tag++) {
       std::vector<uint32_t> now = pattern(4096, static_cast<uint32_t>(tag));
       std::copy(now.begin(), now.end(), src.begin());  // in place: rdt holds its address

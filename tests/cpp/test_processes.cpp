@@ -18,9 +18,9 @@ TEST_P(AcrossProcesses, PutInOneProcessGetInAnother) {
   std::vector<uint32_t> got0(n), got1(n);  // preallocated: rdt writes straight into them
   {
     rdt::Ref r0 = rt.deserialize(from_hex(hex0)), r1 = rt.deserialize(from_hex(hex1));
-    rt.get(r0, {rdt::view(got0)}, 30s);
+    rt.get(r0, {rdt::tensor(got0)}, 30s);
     EXPECT_EQ(got0, pattern(n, 0));
-    rdt::Fetch f = rt.fetch({r0, r1}, {rdt::view(got0), rdt::view(got1)});  // two objects at once
+    rdt::Fetch f = rt.get_start({r0, r1}, {rdt::tensor(got0), rdt::tensor(got1)});  // two objects at once
     EXPECT_TRUE(f.wait(30s));
   }
   EXPECT_EQ(got1, pattern(n, 1));
@@ -51,7 +51,7 @@ TEST(AcrossProcessesMetrics, FetchHistogramsCountEachFetch) {
       std::string hex = child.read_line();
       ASSERT_FALSE(hex.empty()) << "the source process said nothing";
       rdt::Ref ref = rt.deserialize(from_hex(hex));
-      rt.get(ref, {rdt::view(got)}, 30s);
+      rt.get(ref, {rdt::tensor(got)}, 30s);
       EXPECT_EQ(got, pattern(batch.words, uint32_t(i)));
     }
   }
@@ -84,7 +84,7 @@ TEST(AcrossProcessesRefcount, TheLastReleaseFreesTheSource) {
   std::vector<uint32_t> got(1000);
   {
     rdt::Ref ref = rt.deserialize(from_hex(hex));
-    rt.get(ref, {rdt::view(got)}, 30s);
+    rt.get(ref, {rdt::tensor(got)}, 30s);
   }
   EXPECT_EQ(got, pattern(1000, 0));
   EXPECT_EQ(child.read_line(), "freed");
@@ -99,7 +99,7 @@ TEST(AcrossProcessesRefcount, OwnerDeathIsPeerUnavailable) {
   rdt::Ref ref = rt.deserialize(from_hex(hex));
   child.kill_now();
   std::vector<uint32_t> got(1000);
-  EXPECT_EQ(status_of([&] { rt.get(ref, {rdt::view(got)}, 60s); }), RDT_ERR_PEER_UNAVAILABLE);
+  EXPECT_EQ(status_of([&] { rt.get(ref, {rdt::tensor(got)}, 60s); }), RDT_ERR_PEER_UNAVAILABLE);
 }
 
 // An owner that stopped (SIGSTOP) accepts connections and requests but
@@ -121,13 +121,13 @@ TEST(AcrossProcessesDeadlines, AStoppedOwnerCostsTheTimeoutAndNoMore) {
   std::vector<uint32_t> got(1000);
   start = std::chrono::steady_clock::now();
   // Put with shm: fetching over cma needs its metadata from the owner.
-  EXPECT_EQ(status_of([&] { connected.get(ref, {rdt::view(got)}, limit, "cma"); }), RDT_ERR_TIMEOUT);
+  EXPECT_EQ(status_of([&] { connected.get(ref, {rdt::tensor(got)}, limit, "cma"); }), RDT_ERR_TIMEOUT);
   EXPECT_LT(std::chrono::steady_clock::now() - start, limit + margin);
   EXPECT_EQ(connected.stats().fetches_active, 0u);
 
   child.resume();
   rdt::Ref ref1 = fresh.deserialize(from_hex(hex1));
-  fresh.get(ref1, {rdt::view(got)}, 30s, "cma");
+  fresh.get(ref1, {rdt::tensor(got)}, 30s, "cma");
   EXPECT_EQ(got, pattern(1000, 1));
 }
 

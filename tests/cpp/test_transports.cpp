@@ -22,11 +22,11 @@ TEST_P(CppTransport, MovesAnObjectAndCleansUp) {
   auto p0 = pattern(100000, 1), p1 = pattern(3, 2);
   std::vector<uint32_t> d0(p0.size()), d1(p1.size());
   {
-    rdt::Ref ref = a.put({rdt::view(p0), rdt::view(p1)}, "mem");
+    rdt::Ref ref = a.put({rdt::tensor(p0), rdt::tensor(p1)}, "mem");
     EXPECT_EQ(ref.transport(), "mem");
     EXPECT_EQ(probe->extracts, 1);
     rdt::Ref borrowed = b.deserialize(ref.serialize());
-    b.get(borrowed, {rdt::view(d0), rdt::view(d1)}, 10s);
+    b.get(borrowed, {rdt::tensor(d0), rdt::tensor(d1)}, 10s);
     EXPECT_EQ(d0, p0);
     EXPECT_EQ(d1, p1);
     EXPECT_EQ(probe->comms, 1);
@@ -57,9 +57,9 @@ TEST_P(CppTransport, AbortReachesTheTransport) {
   probe->open = false;
   register_mem({&a, &b}, "mem", probe, k.config);
   std::vector<uint32_t> src(100), dst(100);
-  rdt::Ref ref = a.put({rdt::view(src)}, "mem");
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
-  rdt::Fetch f = b.fetch(borrowed, {rdt::view(dst)});
+  rdt::Fetch f = b.get_start(borrowed, {rdt::tensor(dst)});
   EXPECT_FALSE(f.wait(20ms));
   f.abort();
   EXPECT_EQ(status_of([&] { f.wait(10s); }), RDT_ERR_ABORTED);
@@ -93,8 +93,8 @@ TEST(CppTransportCallbacks, TransferNamesBothEnds) {
   rdt::register_transport(a, "Recorder", {RDT_DEVICE_CPU}, std::make_unique<Recorder>(seen));
   rdt::register_transport(b, "recorder", {RDT_DEVICE_CPU}, std::make_unique<Recorder>(seen));
   std::vector<uint8_t> src(5), dst(5);
-  rdt::Ref ref = a.put({rdt::view(src)}, "RECORDER");
-  b.get(b.deserialize(ref.serialize()), {rdt::view(dst)}, 10s);
+  rdt::Ref ref = a.put({rdt::tensor(src)}, "RECORDER");
+  b.get(b.deserialize(ref.serialize()), {rdt::tensor(dst)}, 10s);
   ASSERT_EQ(seen->size(), 7u);
   EXPECT_EQ((*seen)[0], ref.id());
   EXPECT_EQ((*seen)[1], "recorder");

@@ -244,7 +244,7 @@ int child_main(int argc, char **argv) {
       std::vector<rdt::Ref> refs;
       for (int i = 0; i < objects; i++) data.push_back(pattern(n, uint32_t(i)));
       for (int i = 0; i < objects; i++) {
-        refs.push_back(rt.put({rdt::view(data[size_t(i)])}, transport));
+        refs.push_back(rt.put({rdt::tensor(data[size_t(i)])}, transport));
         std::cout << to_hex(refs.back().serialize()) << std::endl;
       }
       if (mode == "await-free") {

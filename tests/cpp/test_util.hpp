@@ -255,10 +255,10 @@ class MemTransport : public rdt::Transport {
 
   // What each target receives: the transfer's ranges, or tensor i whole.
   template <class Size>
-  static std::vector<rdt_source_range> pieces(const rdt::Transfer &x, size_t n, Size size) {
+  static std::vector<rdt_range> pieces(const rdt::Transfer &x, size_t n, Size size) {
     if (!x.ranges().empty()) return x.ranges().to_vector();
-    std::vector<rdt_source_range> out;
-    for (size_t i = 0; i < n; i++) out.push_back(rdt_source_range{0, uint32_t(i), 0, size(i)});
+    std::vector<rdt_range> out;
+    for (size_t i = 0; i < n; i++) out.push_back(rdt_range{0, uint32_t(i), 0, size(i)});
     return out;
   }
 

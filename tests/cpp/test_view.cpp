@@ -12,13 +12,13 @@ TEST(ObjectViews, MapAnotherRuntimesObjectAndHoldIt) {
   const std::vector<uint32_t> want = src;
   rdt::ObjectView v;
   {
-    rdt::Ref ref = owner.put({rdt::TensorView::of(src.data(), {1024, 1024})});
+    rdt::Ref ref = owner.put({rdt::Tensor::of(src.data(), {1024, 1024})});
     rdt::Ref theirs = reader.deserialize(ref.serialize());
     v = reader.view(theirs, false, std::chrono::seconds(30));
   }  // both refs released: the view holds its own
   ASSERT_TRUE(v.mapped());
   ASSERT_EQ(v.tensors().size(), 1u);
-  const rdt::TensorView &t = v.tensors()[0];
+  const rdt::Tensor &t = v.tensors()[0];
   EXPECT_EQ(t.shape, (std::vector<int64_t>{1024, 1024}));
   EXPECT_NE(t.data, static_cast<void *>(src.data()));
   src[5] = 0;  // staged at the first view: the view keeps the put's bytes
@@ -33,7 +33,7 @@ TEST(ObjectViews, MapAnotherRuntimesObjectAndHoldIt) {
 TEST(ObjectViews, OwnObjectInPlaceAndRefusals) {
   rdt::Runtime rt(quiet("cpp-alone"));
   std::vector<float> x(16, 1.0f);
-  rdt::Ref ref = rt.put({rdt::TensorView::of(x.data(), {16})});
+  rdt::Ref ref = rt.put({rdt::Tensor::of(x.data(), {16})});
   rdt::ObjectView v = rt.view(ref, false, std::chrono::seconds(1));
   EXPECT_FALSE(v.mapped());
   EXPECT_EQ(v.tensors()[0].data, static_cast<void *>(x.data()));

@@ -29,12 +29,12 @@ TEST(Write, IntoAnExposedObjectOverEachTransport) {
   for (const std::string &name : names) {
     SCOPED_TRACE(name);
     std::vector<uint32_t> buf(4096, 0);
-    rdt::Ref exposed = owner.expose({rdt::TensorView::of(buf.data(), {64, 64})}, name);
+    rdt::Ref exposed = owner.expose({rdt::Tensor::of(buf.data(), {64, 64})}, name);
     ASSERT_EQ(exposed.info().is_writable, 1);
     rdt::Ref w = writer.deserialize(exposed.serialize());
 
     std::vector<uint32_t> src = pattern(4096, 3);
-    writer.write(w, {rdt::TensorView::of(src.data(), {64, 64})}, ++tag, std::chrono::seconds(30));
+    writer.write(w, {rdt::Tensor::of(src.data(), {64, 64})}, ++tag, std::chrono::seconds(30));
     rdt_write_notice note;
     ASSERT_TRUE(exposed.wait_notice(note, std::chrono::seconds(30)));
     EXPECT_EQ(note.status, RDT_OK) << note.message;
@@ -43,8 +43,8 @@ TEST(Write, IntoAnExposedObjectOverEachTransport) {
 
     // Rows 10..11 only, started and waited on.
     std::vector<uint32_t> rows(128, 0xABCDu);
-    std::vector<rdt::Source> dest{rdt::rows(0, w, 0, 10, 12)};
-    rdt::Fetch f = writer.write_start(w, {rdt::TensorView::of(rows.data(), {2, 64})}, ++tag, &dest);
+    std::vector<rdt::Range> dest{rdt::rows(0, w, 0, 10, 12)};
+    rdt::Write f = writer.write_start(w, {rdt::Tensor::of(rows.data(), {2, 64})}, ++tag, &dest);
     ASSERT_TRUE(f.wait(std::chrono::seconds(30)));
     ASSERT_TRUE(exposed.wait_notice(note, std::chrono::seconds(30)));
     EXPECT_EQ(note.status, RDT_OK) << note.message;
@@ -52,10 +52,10 @@ TEST(Write, IntoAnExposedObjectOverEachTransport) {
     for (size_t i = 0; i < buf.size(); i++) ASSERT_EQ(buf[i], i >= 640 && i < 768 ? 0xABCDu : src[i]) << i;
 
     // A writable ref is not fetched; a revoked one is not written.
-    EXPECT_THROW(writer.get(w, {rdt::TensorView::of(src.data(), {64, 64})}), rdt::Error);
+    EXPECT_THROW(writer.get(w, {rdt::Tensor::of(src.data(), {64, 64})}), rdt::Error);
     ASSERT_TRUE(exposed.revoke_writes(std::chrono::seconds(30)));
     try {
-      writer.write(w, {rdt::TensorView::of(src.data(), {64, 64})}, ++tag, std::chrono::seconds(30));
+      writer.write(w, {rdt::Tensor::of(src.data(), {64, 64})}, ++tag, std::chrono::seconds(30));
       ADD_FAILURE() << "a revoked object was written";
     } catch (const rdt::Error &e) {
       EXPECT_EQ(e.status(), RDT_ERR_PERMISSION_DENIED) << e.what();
@@ -124,7 +124,7 @@ class WritingTransport : public rdt::Transport {
     size_t n = tmeta.size() / sizeof(void *);
     if (!x.ranges().empty()) p_->ranged++;
     for (size_t i = 0; i < sources.size(); i++) {
-      rdt_source_range r{0, uint32_t(i), 0, rdt::nbytes(sources[i])};
+      rdt_range r{0, uint32_t(i), 0, rdt::nbytes(sources[i])};
       if (!x.ranges().empty()) r = x.ranges()[i];
       if (r.tensor >= n) throw std::runtime_error("a destination the metadata lacks");
       char *dst;
@@ -156,10 +156,10 @@ TEST_P(CppWritingTransport, WritesIntoAnExposedObject) {
   EXPECT_TRUE(listed);
 
   std::vector<uint32_t> buf(1024, 0);
-  rdt::Ref exposed = owner.expose({rdt::view(buf)}, "memwrite");
+  rdt::Ref exposed = owner.expose({rdt::tensor(buf)}, "memwrite");
   rdt::Ref w = writer.deserialize(exposed.serialize());
   std::vector<uint32_t> src = pattern(1024, 5);
-  writer.write(w, {rdt::view(src)}, 31, std::chrono::seconds(30));
+  writer.write(w, {rdt::tensor(src)}, 31, std::chrono::seconds(30));
   rdt_write_notice note;
   ASSERT_TRUE(exposed.wait_notice(note, std::chrono::seconds(30)));
   EXPECT_EQ(note.status, RDT_OK) << note.message;
@@ -167,8 +167,8 @@ TEST_P(CppWritingTransport, WritesIntoAnExposedObject) {
   EXPECT_EQ(buf, src);
 
   std::vector<uint32_t> rows(64, 0x5A5Au);
-  std::vector<rdt::Source> dest{rdt::rows(0, w, 0, 100, 164)};
-  rdt::Fetch f = writer.write_start(w, {rdt::view(rows)}, 32, &dest);
+  std::vector<rdt::Range> dest{rdt::rows(0, w, 0, 100, 164)};
+  rdt::Write f = writer.write_start(w, {rdt::tensor(rows)}, 32, &dest);
   ASSERT_TRUE(f.wait(std::chrono::seconds(30)));
   ASSERT_TRUE(exposed.wait_notice(note, std::chrono::seconds(30)));
   EXPECT_EQ(note.status, RDT_OK) << note.message;
@@ -178,7 +178,7 @@ TEST_P(CppWritingTransport, WritesIntoAnExposedObject) {
 
   probe->fail = true;
   try {
-    writer.write(w, {rdt::view(src)}, 33, std::chrono::seconds(30));
+    writer.write(w, {rdt::tensor(src)}, 33, std::chrono::seconds(30));
     ADD_FAILURE() << "a write that threw succeeded";
   } catch (const rdt::Error &e) {
     EXPECT_EQ(e.status(), RDT_ERR_USER) << e.what();

@@ -50,6 +50,9 @@ class Header(NamedTuple):
     opaque: List[str]
     callbacks: Dict[str, str]
     functions: Dict[str, Tuple[str, List[str]]]
+    # The renamed names (rdt.h, "Renamed names"): each deprecated typedef
+    # and function, and the name RDT_DEPRECATED("use ...") gives instead.
+    renamed: Dict[str, str]
 
 
 def _code(text: str) -> str:
@@ -114,10 +117,16 @@ def parse_header(text: str) -> Header:
                  for ret, name, params in re.findall(r"typedef\s+([\w\s*]+?)\(\s*\*\s*(\w+)\s*\)\s*\(([^)]*)\)\s*;",
                                                      code)}
     functions = {}
-    for ret, name, params in re.findall(r"\bRDT_API\s+([\w\s*]+?)\b(\w+)\s*\(([^)]*)\)\s*;", code):
+    renamed = dict(re.findall(r"typedef\s+\w+\s+(\w+)\s+RDT_DEPRECATED\(\s*\"use (\w+)\"\s*\)\s*;", code))
+    renamed.update((name, use) for use, name in re.findall(
+        r"RDT_DEPRECATED\(\s*\"use (\w+)\"\s*\)\s*static\s+inline\s+[\w\s*]+?\b(\w+)\s*\(", code))
+    for ret, name, params, use in re.findall(
+            r"\bRDT_API\s+([\w\s*]+?)\b(\w+)\s*\(([^)]*)\)\s*(?:RDT_DEPRECATED\(\s*\"use (\w+)\"\s*\))?\s*;", code):
         args = [] if params.strip() in ("", "void") else [_param_type(p) for p in params.split(",")]
         functions[name] = (_type(ret), args)
-    return Header(defines, statuses, structs, opaque, callbacks, functions)
+        if use:
+            renamed[name] = use
+    return Header(defines, statuses, structs, opaque, callbacks, functions, renamed)
 
 
 # ---------------------------------------------------------------------------
@@ -238,7 +247,15 @@ class Checker:
     def signature_problems(self) -> List[str]:
         problems = []
         sigs = _lib.SIGNATURES
-        for name in sorted(set(self.h.functions) - set(sigs)):
+        # The binding calls the new names only; each renamed function takes
+        # and returns what its replacement does.
+        for name in sorted(set(self.h.renamed) & set(self.h.functions)):
+            use = self.h.renamed[name]
+            if name in sigs:
+                problems.append(f"{name}: renamed to {use} in rdt.h, still in _lib.SIGNATURES")
+            if self.h.functions[name] != self.h.functions.get(use):
+                problems.append(f"{name}: renamed to {use} in rdt.h, but their signatures differ")
+        for name in sorted(set(self.h.functions) - set(self.h.renamed) - set(sigs)):
             problems.append(f"{name}: declared in rdt.h, missing from _lib.SIGNATURES")
         for name in sorted(set(sigs) - set(self.h.functions)):
             problems.append(f"{name}: in _lib.SIGNATURES, not declared in rdt.h")
@@ -305,10 +322,12 @@ def test_the_parser_sees_the_whole_header():
     assert len(h.statuses) == len(re.findall(r"^\s*X\(RDT_", header_text(), flags=re.M)) == 17
     assert len(h.functions) == header_text().count("RDT_API ") - 1  # minus the #define RDT_API
     assert len(h.structs) == len(re.findall(r"^typedef struct \w+ \{", header_text(), flags=re.M)) == 20
-    assert set(h.opaque) == {"rdt_runtime", "rdt_ref", "rdt_fetch", "rdt_buffer", "rdt_prepared", "rdt_view"}
+    assert set(h.opaque) == {"rdt_runtime", "rdt_ref", "rdt_pending", "rdt_buffer", "rdt_prepared", "rdt_view"}
     assert h.structs["rdt_tensor"][4] == Decl("shape", "int64_t*")
     assert h.structs["rdt_object_info"][2] == Decl("object_id", "char[33]")
-    assert h.functions["rdt_fetch_start"][1][1] == "rdt_ref**"
+    assert h.functions["rdt_get_start"][1][1] == "rdt_ref**"
+    assert len(h.renamed) == header_text().count("RDT_DEPRECATED(\"use ") == 11
+    assert h.renamed["rdt_fetch_start"] == "rdt_get_start" and h.renamed["rdt_source_range"] == "rdt_range"
     assert h.callbacks["rdt_release_fn"] == "fn(void;void*)"
     assert h.defines["RDT_RUNTIME_QUEUE_RELEASES"] == 4
 
@@ -397,8 +416,12 @@ MUTATIONS = [
      "  int32_t device_id;\n  int32_t device_type;", "rdt_device"),
     ("a callback's parameter", "rdt_status (*wait)(void *user_data, void *request, int64_t timeout_ms);",
      "rdt_status (*wait)(void *user_data, void *request, int32_t timeout_ms);", "rdt_transport_vtable.wait"),
-    ("a parameter's type", "RDT_API rdt_status rdt_fetch_wait(rdt_fetch *fetch, int64_t timeout_ms);",
-     "RDT_API rdt_status rdt_fetch_wait(rdt_fetch *fetch, uint32_t timeout_ms);", "rdt_fetch_wait: parameter 1"),
+    ("a parameter's type", "RDT_API rdt_status rdt_pending_wait(rdt_pending *pending, int64_t timeout_ms);",
+     "RDT_API rdt_status rdt_pending_wait(rdt_pending *pending, uint32_t timeout_ms);",
+     "rdt_pending_wait: parameter 1"),
+    ("a renamed function's parameter", "RDT_API rdt_status rdt_fetch_wait(rdt_pending *fetch, int64_t timeout_ms)",
+     "RDT_API rdt_status rdt_fetch_wait(rdt_pending *fetch, int32_t timeout_ms)",
+     "rdt_fetch_wait: renamed to rdt_pending_wait in rdt.h, but their signatures differ"),
     ("a return type", "RDT_API uint32_t rdt_abi_version(void);", "RDT_API uint64_t rdt_abi_version(void);",
      "rdt_abi_version: returns"),
     ("a new function", "RDT_API void rdt_bytes_free(void *bytes);",

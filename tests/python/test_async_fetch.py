@@ -60,7 +60,7 @@ def slow():
 def _nothing_writes(ptr):
     """Whether the C fetch ptr is complete or freed: either way no transfer
     writes into its targets any more."""
-    return _lib.lib().rdt_fetch_wait(ptr, 0) != _lib.ERR_TIMEOUT
+    return _lib.lib().rdt_pending_wait(ptr, 0) != _lib.ERR_TIMEOUT
 
 
 async def _until(cond, timeout=10.0):
@@ -135,7 +135,7 @@ def test_cancelling_the_awaiting_task_aborts_the_fetch(owned):
 
     async def main():
         with Stopped(c.proc.pid):
-            f = rt.fetch(ref)
+            f = rt.get_start(ref)
             task = asyncio.create_task(f.wait_async())
             await asyncio.sleep(0.2)
             assert rt.stats()["fetches_active"] == 1
@@ -154,7 +154,7 @@ def test_fetch_wait_done_result_and_out(owned):
     c, rt, ref, _ = owned
     out = np.zeros(1000)
     with Stopped(c.proc.pid):
-        f = rt.fetch(ref, out=out)
+        f = rt.get_start(ref, out=out)
         assert not f.done()
         t0 = time.monotonic()
         assert f.wait(T) is False
@@ -171,7 +171,7 @@ def test_fetch_wait_done_result_and_out(owned):
 
     # Awaiting a Fetch, and a list of refs with a structure.
     async def main():
-        return await rt.fetch([ref, ref])
+        return await rt.get_start([ref, ref])
 
     got = asyncio.run(main())
     assert isinstance(got, list) and len(got) == 2
@@ -181,7 +181,7 @@ def test_fetch_wait_done_result_and_out(owned):
 def test_abort_close_and_drop(owned):
     c, rt, ref, _ = owned
     with Stopped(c.proc.pid):
-        f = rt.fetch(ref)
+        f = rt.get_start(ref)
         f.abort()
         assert f.wait(10) is True
         with pytest.raises(rdt.AbortedError):
@@ -189,14 +189,14 @@ def test_abort_close_and_drop(owned):
         assert rt.stats()["fetches_active"] == 0
 
         out = np.zeros(1000)
-        with rt.fetch(ref, out=out) as f2:
+        with rt.get_start(ref, out=out) as f2:
             assert not f2.done()
         # Closed: nothing writes into out any more, and it is freed.
         assert rt.stats()["fetches_active"] == 0
         with pytest.raises(rdt.AbortedError):
             f2.result()
 
-        f3 = rt.fetch(ref)
+        f3 = rt.get_start(ref)
         assert rt.stats()["fetches_active"] == 1
         t0 = time.monotonic()
         del f3
@@ -214,7 +214,7 @@ def test_close_of_an_awaited_fetch_into_out_returns_once_nothing_writes(slow):
     out = np.zeros(10)
 
     async def main():
-        f = rt.fetch(ref, out=out)
+        f = rt.get_start(ref, out=out)
         task = asyncio.create_task(f.wait_async())
         await asyncio.sleep(0.1)
         assert f._loop is not None and not f.done()  # the loop watches it
@@ -281,13 +281,13 @@ def test_a_fetch_is_freed_after_its_event_loop_closed(slow):
             await task
 
     # Cancelled, the loop closed before the fetch completed, then closed.
-    f1 = rt.fetch(ref)
+    f1 = rt.get_start(ref)
     loop = asyncio.new_event_loop()
     loop.run_until_complete(cancel_then_await(f1))
     loop.close()
     f1.close()
     # Still awaited when the loop closed, then waited on or dropped.
-    f2, f3 = rt.fetch(ref), rt.fetch(ref)
+    f2, f3 = rt.get_start(ref), rt.get_start(ref)
     loop = asyncio.new_event_loop()
     tasks = [loop.create_task(f.wait_async()) for f in (f2, f3)]
     loop.run_until_complete(asyncio.sleep(0.1))

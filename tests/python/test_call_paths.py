@@ -126,7 +126,7 @@ def test_many_out_arrays_round_trip_and_refuse_as_before(pair):
             pg.run()
             np.testing.assert_array_equal(out, src)
         out[:] = 0
-        b.fetch(borrowed, out=views).result(timeout=30)
+        b.get_start(borrowed, out=views).result(timeout=30)
         np.testing.assert_array_equal(out, src)
 
 

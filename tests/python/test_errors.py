@@ -172,8 +172,8 @@ TIMEOUT_CALLS = {
     "get": lambda p, t: p[1].get(p[3], timeout=t),
     "get(copy=False)": lambda p, t: p[1].get(p[3], timeout=t, copy=False),
     "get_async": lambda p, t: asyncio.run(p[1].get_async(p[3], timeout=t)),
-    "Fetch.wait": lambda p, t: p[1].fetch(p[3]).wait(t),
-    "Fetch.result": lambda p, t: p[1].fetch(p[3]).result(t),
+    "Fetch.wait": lambda p, t: p[1].get_start(p[3]).wait(t),
+    "Fetch.result": lambda p, t: p[1].get_start(p[3]).result(t),
     "Prepared.run": lambda p, t: _prepared_run(p[1], p[3], t),
     "write": lambda p, t: p[1].write(p[5], np.ones(8), timeout=t),
     "write_async": lambda p, t: asyncio.run(p[1].write_async(p[5], np.ones(8), timeout=t)),
@@ -214,9 +214,9 @@ def test_a_bad_timeout_is_refused_naming_it(pair, call):
 
 
 def test_a_zero_timeout_reaches_the_library_as_zero():
-    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(0)) == 0
-    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(float("inf"))) == -1
-    assert rdt._fetch.ms_until(rdt._fetch.deadline_of(1e300)) == (1 << 63) - 1  # the C ABI's int64
+    assert rdt._pending.ms_until(rdt._pending.deadline_of(0)) == 0
+    assert rdt._pending.ms_until(rdt._pending.deadline_of(float("inf"))) == -1
+    assert rdt._pending.ms_until(rdt._pending.deadline_of(1e300)) == (1 << 63) - 1  # the C ABI's int64
 
 
 # ---- receiving what cannot be allocated -----------------------------------------------------------
@@ -293,7 +293,7 @@ def test_a_misspelt_transport_is_refused_for_own_refs_as_for_borrowed_ones(pair)
     a, b, ref, borrowed = pair[:4]
     with pytest.raises(rdt.NotFoundError) as theirs:
         b.get(borrowed, transport="cmaa")
-    for call in (lambda: a.get(ref, transport="cmaa"), lambda: a.fetch([ref], transport="cmaa"),
+    for call in (lambda: a.get(ref, transport="cmaa"), lambda: a.get_start([ref], transport="cmaa"),
                  lambda: a.prepare_get(ref, transport="cmaa"), lambda: asyncio.run(a.get_async(ref, transport="cmaa")),
                  lambda: a.get(ref, transport="cmaa", copy=False)):
         with pytest.raises(rdt.NotFoundError) as ours:

@@ -58,7 +58,7 @@ def test_a_slice_describes_what_it_takes(served_values):
     ref = served_values["state"]
     want = pw.state()
     w = ref["w"]
-    assert isinstance(w, rdt.TensorSlice) and w.ref is ref and w.index == 1
+    assert isinstance(w, rdt.Range) and w.ref is ref and w.index == 1
     assert (w.shape, w.dtype, w.offset, w.nbytes) == ((33, 7), "float64", 0, want["w"].nbytes)
     rows = w[4:9]
     assert (rows.shape, rows.offset, rows.nbytes) == ((5, 7), 4 * 56, 5 * 56)
@@ -207,11 +207,11 @@ def test_refusals_raise_and_leave_out_untouched(served_values):
     np.testing.assert_array_equal(a, np.full((3, 16), 7.0, np.float32))
     for make, message in [(lambda: emb[0:8:2], "the step must be 1"), (lambda: emb[::-1], "the step must be 1"),
                           (lambda: emb[-65:], "before the first of its 64 rows"),
-                          (lambda: emb[1:3][0:1], "already a slice"), (lambda: ref["scalar"][0], "no rows"),
+                          (lambda: emb[1:3][0:1], "already cut from its tensor"), (lambda: ref["scalar"][0], "no rows"),
                           (lambda: emb["x"], "with an int or a slice"), (lambda: emb.bytes(-4), "negative")]:
         with pytest.raises(rdt.InvalidArgumentError, match=message):
             make()
-    with pytest.raises(rdt.InvalidArgumentError, match="out= holds 1 tensors, the refs and slices take 2"):
+    with pytest.raises(rdt.InvalidArgumentError, match="out= holds 1 tensors, the refs and ranges take 2"):
         rdt.get([emb[0:1], emb[1:2]], out=[a[0]])
     with pytest.raises(rdt.InvalidArgumentError, match=r"out\[1\].*read-only"):
         ro = np.zeros(16, np.float32)
@@ -262,7 +262,7 @@ def test_slices_of_an_object_this_runtime_owns_are_copies():
 def test_fetch_and_get_async_take_slices(served_values):
     ref = served_values["state"]
     want = pw.state()
-    f = rdt.fetch([ref["emb"][7:9], ref["b"][1]])
+    f = rdt.get_start([ref["emb"][7:9], ref["b"][1]])
     rows, one = f.result(timeout=30)
     np.testing.assert_array_equal(rows, want["emb"][7:9])
     assert one == want["b"][1]

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import copyreg
 import threading
+import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
 from . import _tensors as _t
 from ._adapter import validate
 from ._errors import InvalidArgumentError
-from ._fetch import Fetch, deadline_of
-from ._get import Refs, fetch_in, get_async_in, get_in
+from ._fetch import Fetch
+from ._get import Refs, get_async_in, get_in, get_start_in
+from ._pending import deadline_of
 from ._prepared import Prepared
 from ._process import PROCESS
-from ._ref import ObjectRef, TensorSlice
+from ._ref import ObjectRef, Range
 from ._runtime import Runtime
+from ._write import Write
 
 
 class DefaultRuntime:
@@ -90,9 +93,16 @@ def expose(value: Any, transport: Optional[str] = None) -> ObjectRef:
 
 def write(refs: Any, value: Any, *, tag: int = 0, timeout: Optional[float] = None,
           transport: Optional[str] = None) -> None:
-    """Writes value into writable refs (or slices of them), in the runtime
+    """Writes value into writable refs (or ranges of them), in the runtime
     they belong to; see Runtime.write."""
     runtime_of(refs).write(refs, value, tag=tag, timeout=timeout, transport=transport)
+
+
+def write_start(refs: Any, value: Any, *, tag: int = 0, transport: Optional[str] = None) -> Write:
+    """Starts writing value into writable refs (or ranges of them), in the
+    runtime they belong to, and returns the rdt.Write; see
+    Runtime.write_start."""
+    return runtime_of(refs).write_start(refs, value, tag=tag, transport=transport)
 
 
 async def write_async(refs: Any, value: Any, *, tag: int = 0, timeout: Optional[float] = None,
@@ -115,10 +125,10 @@ def prepare_write(refs: Any, value: Any, *, transport: Optional[str] = None) -> 
 
 
 def runtime_of(refs: Any) -> Runtime:
-    """The runtime refs (or slices of them) belong to (the default one for
+    """The runtime refs (or ranges of them) belong to (the default one for
     anything else, whose get then says what is wrong)."""
     first = refs[0] if isinstance(refs, (list, tuple)) and refs else refs
-    if isinstance(first, TensorSlice):
+    if isinstance(first, Range):
         first = first.ref
     if isinstance(first, ObjectRef):
         return first._runtime
@@ -128,17 +138,25 @@ def runtime_of(refs: Any) -> Runtime:
 def get(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
         transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
         copy: Optional[bool] = True) -> Any:
-    """Fetches refs (or slices of them, ``ref[i][a:b]``) in the runtime they
+    """Gets refs (or ranges of them, ``ref[i][a:b]``) in the runtime they
     belong to, or with ``copy=False`` views them; see Runtime.get."""
     if copy is not True:
         return runtime_of(refs).get(refs, timeout, transport, out, device, copy)
     return get_in(runtime_of(refs), refs, timeout=timeout, transport=transport, out=out, device=device)
 
 
+def get_start(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optional[str] = None,
+              device: Optional[str] = None) -> Fetch:
+    """Starts a get of refs in the runtime they belong to and returns the
+    rdt.Fetch; see Runtime.get_start."""
+    return get_start_in(runtime_of(refs), refs, out=out, transport=transport, device=device)
+
+
 def fetch(refs: Union[Refs, Sequence[Refs]], out: Any = None, transport: Optional[str] = None,
           device: Optional[str] = None) -> Fetch:
-    """Starts fetching refs in the runtime they belong to; see Runtime.fetch."""
-    return fetch_in(runtime_of(refs), refs, out=out, transport=transport, device=device)
+    """The earlier name of :func:`get_start`; deprecated."""
+    warnings.warn("rdt.fetch is deprecated: use rdt.get_start", DeprecationWarning, stacklevel=2)
+    return get_start_in(runtime_of(refs), refs, out=out, transport=transport, device=device)
 
 
 async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] = None,
@@ -147,7 +165,7 @@ async def get_async(refs: Union[Refs, Sequence[Refs]], timeout: Optional[float] 
     """``await rdt.get_async(refs)``: ``rdt.get`` for asyncio, in the runtime
     the refs belong to. The event loop keeps running while the bytes move,
     and no thread waits. ``timeout`` (seconds) raises GetTimeoutError (a
-    TimeoutError) and aborts the fetch; so does cancelling the awaiting task
+    TimeoutError) and aborts the get; so does cancelling the awaiting task
     (``asyncio.wait_for`` included). With ``out=``, either returns once
     nothing writes into those buffers any more."""
     if copy is not True:

@@ -1,11 +1,11 @@
-"""get, fetch and get_async in one runtime: what it moves for them into
+"""get, get_start and get_async in one runtime: what it moves for them into
 what, and the waits. Runtime's methods of those names forward here.
 
 What this module uses of other objects is kept to a few members made for
 it (tests/python/test_package.py holds it to them): of the runtime (as
 RuntimeLike) its C handle and its store; of a ref its public face
 (``runtime``, ``tensor_descs()``), its C handle, ``_receive_frameworks()``,
-``_value_of()`` and ``_own_entry()``; of a slice its public face (``ref``,
+``_value_of()`` and ``_own_entry()``; of a range its public face (``ref``,
 ``index``, ``offset``, ``nbytes``, ``shape``); of a fetch ``_result_by()``."""
 
 from __future__ import annotations
@@ -22,26 +22,28 @@ import numpy as np
 from . import _lib
 from . import _tensors as _t
 from ._errors import CorruptError, GetTimeoutError, InvalidArgumentError, NoMemoryError
-from ._fetch import Fetch, Plan, await_fetch, deadline_of, ms_until, slice_ms, zero_timeout
+from ._fetch import Fetch
+from ._pending import Plan, await_pending, deadline_of, ms_until, slice_ms, zero_timeout
 from ._process import PROCESS
-from ._ref import ObjectRef, TensorSlice, flatten
+from ._ref import ObjectRef, Range, flatten
 from ._store import RuntimeLike
 
 _ARRAYS = {np.ndarray}
 _from_buffer = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
-# What get, fetch and get_async take: a ref (all its tensors) or a slice.
-Refs = Union[ObjectRef, TensorSlice]
+# What get, get_start and get_async take: a ref (all its tensors) or a range.
+Refs = Union[ObjectRef, Range]
 
 # get of one ref into one array of at most this many bytes uses rdt_get (a
-# single call), restarting with the general path if a slice is not enough.
+# single call), restarting with the general path if a wait's slice is not
+# enough.
 _SMALL = 1 << 20
 
 # Why the one-call path gave way to the general one.
 _SLOW: Any = object()
 
-# rdt_fetch_options naming one transport, by name: made once per name, never
+# rdt_get_options naming one transport, by name: made once per name, never
 # changed afterwards (rdt only reads them), so every thread may pass them.
 _OPTIONS: Dict[str, Tuple[Any, int, bytes]] = {}
 _OPTIONS_KEPT = 64
@@ -53,11 +55,11 @@ _ONE_MAX_NDIM = 32
 
 
 def _options(transport: str) -> int:
-    """The address of an rdt_fetch_options naming transport."""
+    """The address of an rdt_get_options naming transport."""
     o = _OPTIONS.get(transport)
     if o is None:
         name = transport.encode()
-        opts = _lib.init(_lib.FetchOptions())
+        opts = _lib.init(_lib.GetOptions())
         opts.transport = name
         o = (opts, ctypes.addressof(opts), name)
         if len(_OPTIONS) < _OPTIONS_KEPT:
@@ -70,12 +72,12 @@ def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional
     """Runtime.get."""
     deadline = deadline_of(timeout)
     if timeout == 0:
-        deadline = zero_timeout(check_refs(rt, refs)[1])
+        deadline = zero_timeout(check_refs(rt, refs)[1], "rdt.get")
     if type(out) is np.ndarray and type(refs) is ObjectRef and device is None:
         got = _one(rt, refs, out, transport, deadline)
         if got is not _SLOW:
             return got
-    return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline)
+    return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline, "rdt.get")
 
 
 def _one(rt: RuntimeLike, r: ObjectRef, out: np.ndarray, transport: Optional[str], deadline: Optional[float]) -> Any:
@@ -124,7 +126,7 @@ def _one(rt: RuntimeLike, r: ObjectRef, out: np.ndarray, transport: Optional[str
     if status != _lib.ERR_TIMEOUT:
         raise _lib.make_error(status)
     if deadline is not None and time.monotonic() >= deadline:
-        raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the fetch "
+        raise GetTimeoutError("rdt.get: the deadline passed before 1 object arrived; the get "
                               "was aborted", _lib.ERR_TIMEOUT)
     return _SLOW
 
@@ -154,23 +156,23 @@ def _on(d: _t.Desc, dev: Optional[Tuple[int, int]]) -> _t.Desc:
 
 def check_refs(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]]) -> Tuple[bool, List[Refs], bool]:
     """get's refs checked: whether one was given (not a list), them as a
-    list, and whether a slice is among them."""
+    list, and whether a range is among them."""
     rt._handle()  # ClosedError once the runtime is closed
-    single = isinstance(refs, (ObjectRef, TensorSlice))
+    single = isinstance(refs, (ObjectRef, Range))
     if single:
         lst: List[Refs] = [refs]  # type: ignore[list-item]
     elif isinstance(refs, (list, tuple)):
         lst = list(refs)
     else:
-        raise InvalidArgumentError(f"get takes an ObjectRef, a TensorSlice (ref[i]) or a list of them, "
+        raise InvalidArgumentError(f"get takes an ObjectRef, a Range (ref[i]) or a list of them, "
                                    f"not {type(refs).__name__}")
     partial = False
     for r in lst:
-        if isinstance(r, TensorSlice):
+        if isinstance(r, Range):
             partial = True
             r = r.ref
         elif not isinstance(r, ObjectRef):
-            raise InvalidArgumentError(f"get takes ObjectRefs and TensorSlices, not {type(r).__name__}")
+            raise InvalidArgumentError(f"get takes ObjectRefs and Ranges, not {type(r).__name__}")
         if r.runtime is not rt:
             raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); get it there")
         r._handle()  # ClosedError for a released ref
@@ -188,7 +190,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
     whole: List[ObjectRef] = lst  # type: ignore[assignment]
     descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
-    fetch_refs: List[ObjectRef] = []
+    moved: List[ObjectRef] = []
     items: List[_t.Item] = []
     objs: List[Any] = []
     if out is None:
@@ -204,7 +206,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
             fws = r._receive_frameworks()
             got = [_t.allocate(_on(d, dev), fw, cache) for d, fw in zip(ds, fws)]
             tensors.append(got)
-            fetch_refs.append(r)
+            moved.append(r)
             objs.extend(got)
             items.extend(_t.item_of(x, writable=True) for x in got)
     else:
@@ -217,18 +219,18 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
         for ds in descs:
             tensors.append(outs[i:i + len(ds)])
             i += len(ds)
-        fetch_refs = whole
-        return Plan(single, whole, tensors, fetch_refs, items, objs, False, None, packed)  # type: ignore[arg-type]
-    return Plan(single, whole, tensors, fetch_refs, items, objs, owned=out is None)  # type: ignore[arg-type]
+        moved = whole
+        return Plan(single, whole, tensors, moved, items, objs, False, None, packed)  # type: ignore[arg-type]
+    return Plan(single, whole, tensors, moved, items, objs, owned=out is None)  # type: ignore[arg-type]
 
 
-def check_room(whole: List[List[_t.Desc]], slices: List[Tuple[int, TensorSlice]],
+def check_room(whole: List[List[_t.Desc]], ranges: List[Tuple[int, Range]],
                dev: Optional[Tuple[int, int]]) -> None:
     """Refuses, before anything is allocated, new tensors that cannot be:
-    a slice past its tensor's end, an object of more tensors than an object
+    a range past its tensor's end, an object of more tensors than an object
     holds (a ref that claims them is corrupt), and more host memory in all
     than this machine has. ``whole``: the tensors of each ref received
-    whole; ``slices``: each slice received, with its place in the get."""
+    whole; ``ranges``: each range received, with its place in the get."""
     host = _t.HOST_DEVICES
     on_host = dev is None or dev[0] in host
     total = count = 0
@@ -238,10 +240,10 @@ def check_room(whole: List[List[_t.Desc]], slices: List[Tuple[int, TensorSlice]]
                                f"{_lib.MAX_TENSORS}", CorruptError.status)
         count += len(ds)
         total += sum(d.nbytes for d in ds if (d.device_type in host if dev is None else on_host))
-    for k, x in slices:
+    for k, x in ranges:
         d = x.ref.tensor_descs()[x.index]
         if x.offset + x.nbytes > d.nbytes:
-            raise InvalidArgumentError(f"rdt.get: item {k}, a slice of tensor {x.index}: bytes [{x.offset}, "
+            raise InvalidArgumentError(f"rdt.get: item {k}, a range of tensor {x.index}: bytes [{x.offset}, "
                                        f"{x.offset}+{x.nbytes}) are outside the tensor's {d.nbytes} bytes")
         count += 1
         if (d.device_type in host) if dev is None else on_host:
@@ -272,22 +274,22 @@ def outs_of(out: Any) -> List[Any]:
 
 def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
                  dev: Optional[Tuple[int, int]] = None) -> Plan:
-    """A partial fetch: each slice's target receives its bytes, each ref's
+    """A partial get: each range's target receives its bytes, each ref's
     targets its tensors whole (rdt moves those as usual). Every ref is
     fetched once, for all of its targets, however often the list names it.
     The sources are one array, one row per target; rdt checks each against
     the owner's description of the tensor (with out=, "source i" of its
     messages is out[i])."""
     known: Dict[int, Tuple[int, List[_t.Desc], Tuple[str, ...]]] = {}  # id of a ref -> place, descs, frameworks
-    fetch_refs: List[ObjectRef] = []
+    moved: List[ObjectRef] = []
     rows: List[Tuple[int, int, int, int]] = []
     tensors: List[List[Any]] = []
     items: List[_t.Item] = []
     objs: List[Any] = []
 
     def learn(r: ObjectRef) -> Tuple[int, List[_t.Desc], Tuple[str, ...]]:
-        k = known[id(r)] = (len(fetch_refs), r.tensor_descs(), r._receive_frameworks())
-        fetch_refs.append(r)
+        k = known[id(r)] = (len(moved), r.tensor_descs(), r._receive_frameworks())
+        moved.append(r)
         return k
 
     if out is None:
@@ -295,9 +297,9 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
         allocate, item_of = _t.allocate, _t.item_of
         own = {id(r): r._own_entry() if dev is None else None for r in lst if type(r) is ObjectRef}
         check_room([r.tensor_descs() for r in lst if type(r) is ObjectRef and own[id(r)] is None],
-                   [(i, r) for i, r in enumerate(lst) if type(r) is TensorSlice], dev)
+                   [(i, r) for i, r in enumerate(lst) if type(r) is Range], dev)
         for r in lst:
-            if type(r) is TensorSlice:
+            if type(r) is Range:
                 base = r.ref
                 p, ds, fws = known.get(id(base)) or learn(base)
                 d = ds[r.index]
@@ -322,12 +324,12 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
             items.extend(item_of(x, True) for x in got)
     else:
         outs = objs = outs_of(out)
-        want = sum(1 if isinstance(r, TensorSlice) else len(r.tensor_descs()) for r in lst)
+        want = sum(1 if isinstance(r, Range) else len(r.tensor_descs()) for r in lst)
         if len(outs) != want:
-            raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs and slices take {want}")
+            raise InvalidArgumentError(f"out= holds {len(outs)} tensors, the refs and ranges take {want}")
         i = 0
         for r in lst:
-            if type(r) is TensorSlice:
+            if type(r) is Range:
                 # Any shape: rdt checks the dtype, device and size itself.
                 items.append(_t.item_of(outs[i], True, (i,)))
                 rows.append(((known.get(id(r.ref)) or learn(r.ref))[0], r.index, r.offset, r.nbytes))
@@ -339,12 +341,12 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
             rows.extend((p, j, 0, d.nbytes) for j, d in enumerate(ds))
             tensors.append(outs[i:i + len(ds)])
             i += len(ds)
-    return Plan(single, lst, tensors, fetch_refs, items, objs, out is None, _t.sources(rows))
+    return Plan(single, lst, tensors, moved, items, objs, out is None, _t.ranges(rows))
 
 
-def fetch_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any = None,
-             transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
-    """Runtime.fetch."""
+def get_start_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any = None,
+                 transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
+    """Runtime.get_start."""
     return Fetch(rt, plan(rt, refs, out, device), transport)
 
 
@@ -354,6 +356,7 @@ async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]],
     """Runtime.get_async."""
     deadline = deadline_of(timeout)  # a bad timeout starts nothing
     if timeout == 0:
-        deadline = zero_timeout(check_refs(rt, refs)[1])
-    return await await_fetch(fetch_in(rt, refs, out=out, transport=transport, device=device), deadline)
+        deadline = zero_timeout(check_refs(rt, refs)[1], "rdt.get_async")
+    return await await_pending(get_start_in(rt, refs, out=out, transport=transport, device=device), deadline,
+                               "rdt.get_async")
 

@@ -107,15 +107,16 @@ class RuntimeOptions(Structure):
     ]
 
 
-class SourceRange(Structure):
-    """rdt_source_range: what one target of a partial fetch receives."""
+class Range(Structure):
+    """rdt_range: a byte range of one tensor of an object (what a target of a
+    partial get receives, or where a source of a partial write lands)."""
 
     _fields_ = [("ref", c_uint32), ("tensor", c_uint32), ("offset", c_uint64), ("length", c_uint64)]
 
 
-class FetchOptions(Structure):
+class GetOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p),
-                ("sources", POINTER(SourceRange)), ("num_sources", c_size_t)]
+                ("sources", POINTER(Range)), ("num_sources", c_size_t)]
 
 
 class ViewOptions(Structure):
@@ -152,7 +153,7 @@ class ObjectInfo(Structure):
 
 class WriteOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("transport", c_char_p),
-                ("destinations", POINTER(SourceRange)), ("num_destinations", c_size_t), ("tag", c_uint64)]
+                ("destinations", POINTER(Range)), ("num_destinations", c_size_t), ("tag", c_uint64)]
 
 
 NOTICE_MESSAGE_MAX = 255
@@ -185,7 +186,7 @@ class Transfer(Structure):
         ("source_address", c_char_p),
         ("destination_runtime", c_char_p),
         ("destination_address", c_char_p),
-        ("ranges", POINTER(SourceRange)),
+        ("ranges", POINTER(Range)),
         ("num_ranges", c_size_t),
     ]
 
@@ -415,12 +416,12 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_ref_deserialize_ex": (c_int32, [c_void_p, c_char_p, c_size_t, c_void_p, c_void_p]),
     "rdt_ref_info": (c_int32, [c_void_p, c_void_p]),
     "rdt_ref_tensor_info": (c_int32, [c_void_p, c_uint32, POINTER(TensorInfo)]),
-    "rdt_fetch_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions),
-                                  POINTER(c_void_p)]),
-    "rdt_fetch_wait": (c_int32, [c_void_p, c_int64]),
-    "rdt_fetch_abort": (c_int32, [c_void_p]),
-    "rdt_fetch_free": (c_int32, [c_void_p]),
-    "rdt_fetch_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
+    "rdt_get_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(GetOptions),
+                                POINTER(c_void_p)]),
+    "rdt_pending_wait": (c_int32, [c_void_p, c_int64]),
+    "rdt_pending_abort": (c_int32, [c_void_p]),
+    "rdt_pending_free": (c_int32, [c_void_p]),
+    "rdt_pending_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
     "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
     "rdt_expose": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, c_void_p]),
@@ -430,9 +431,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_write_notice_wait": (c_int32, [c_void_p, c_int64, POINTER(WriteNotice)]),
     "rdt_write_notice_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),
     "rdt_ref_revoke_writes": (c_int32, [c_void_p, c_int64]),
-    "rdt_fetch_prepare": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(FetchOptions),
-                                    POINTER(c_void_p)]),
-    "rdt_write_prepare": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions),
+    "rdt_prepare_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(GetOptions),
+                                  POINTER(c_void_p)]),
+    "rdt_prepare_write": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions),
                                     POINTER(c_void_p)]),
     "rdt_prepared_run": (c_int32, [c_void_p, c_uint64, c_int64]),
     "rdt_prepared_free": (c_int32, [c_void_p]),

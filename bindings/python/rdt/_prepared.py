@@ -11,8 +11,9 @@ from typing import Any, List, Optional, Sequence, Union
 from . import _get
 from . import _lib
 from . import _write
-from ._fetch import Plan, check_transport, deadline_of, fetch_options, ms_until
+from ._fetch import check_transport, get_options
 from ._handle import Handle
+from ._pending import Plan, deadline_of, handles_of, ms_until
 from ._errors import InvalidArgumentError
 from ._ref import ObjectRef
 from ._store import RuntimeLike
@@ -47,7 +48,7 @@ class Prepared(Handle):
         self._plan = plan
         self._write = write
         self._lock = threading.Lock()
-        refs = plan.fetch_refs
+        refs = plan.moved
         self._value: Any = None
         self._layout = [r.tensor_descs() for r in refs]  # what rebind takes
         if not refs:  # only objects this runtime owns (a get returns them): nothing to run
@@ -58,21 +59,21 @@ class Prepared(Handle):
             return
         self._empty = False
         self._transport = transport
-        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        handles = handles_of(refs)
         self._buf, addr, n = plan.pack()  # kept: the C side holds the tensors' addresses
         self._targets = (addr, n)  # what rebind prepares again
         L = _lib.lib()
         p = ctypes.c_void_p()
         if write:
-            st = L.rdt_write_prepare(runtime._handle(), handles, len(refs), addr, n,
+            st = L.rdt_prepare_write(runtime._handle(), handles, len(refs), addr, n,
                                      ctypes.byref(_write.write_options(transport, plan)), ctypes.byref(p))
             self._mine: Any = []
         else:
-            fopts = fetch_options(transport, plan)
+            gopts = get_options(transport, plan)
             # Python transports receiving a run get these very objects.
             self._mine = self._store.receive_into(plan.targets())
-            st = L.rdt_fetch_prepare(runtime._handle(), handles, len(refs), addr, n,
-                                     ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
+            st = L.rdt_prepare_get(runtime._handle(), handles, len(refs), addr, n,
+                                   ctypes.byref(gopts) if gopts is not None else None, ctypes.byref(p))
         if st != _lib.OK:
             self._store.forget(self._mine)
             raise _lib.make_error(st)
@@ -80,7 +81,7 @@ class Prepared(Handle):
 
     def __repr__(self) -> str:
         what = "write into" if self._write else "get of"
-        n = len(self._plan.fetch_refs)
+        n = len(self._plan.moved)
         state = "closed" if self._ptr is None and not self._empty else "ready"
         return f"<rdt.Prepared {what} {n} ref{'s' if n != 1 else ''}, {state}>"
 
@@ -131,20 +132,20 @@ class Prepared(Handle):
                                            _lib.ERR_INVALID_ARGUMENT)
         if self._empty:
             return
-        handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
+        handles = handles_of(refs)
         addr, n = self._targets
-        fopts = fetch_options(self._transport, self._plan)
+        gopts = get_options(self._transport, self._plan)
         L = _lib.lib()
         p = ctypes.c_void_p()
         with self._lock:  # after a run in progress
             was_ptr = self._handle()
-            st = L.rdt_fetch_prepare(self._runtime._handle(), handles, len(refs), addr, n,
-                                     ctypes.byref(fopts) if fopts is not None else None, ctypes.byref(p))
+            st = L.rdt_prepare_get(self._runtime._handle(), handles, len(refs), addr, n,
+                                   ctypes.byref(gopts) if gopts is not None else None, ctypes.byref(p))
             if st != _lib.OK:
                 raise _lib.make_error(st)
             self._ptr = p.value
             L.rdt_prepared_free(was_ptr or None)
-        self._plan.fetch_refs = refs
+        self._plan.moved = refs
 
     def unbind(self) -> None:
         """Stops holding the refs of a prepared get (their objects may go)
@@ -158,13 +159,13 @@ class Prepared(Handle):
             was_ptr = self._handle()
             self._ptr = 0
             _lib.lib().rdt_prepared_free(was_ptr or None)
-        self._plan.fetch_refs = []
+        self._plan.moved = []
 
     @property
     def refs(self) -> List[Any]:
-        """The refs it fetches, one for each object (in the order
+        """The refs it gets, one for each object (in the order
         :meth:`rebind` takes them); none once unbound."""
-        return list(self._plan.fetch_refs)
+        return list(self._plan.moved)
 
     async def run_async(self, tag: int = 0, timeout: Optional[float] = None) -> Any:
         """:meth:`run` on a worker thread, for asyncio (the event loop goes

@@ -1,5 +1,5 @@
-"""Object references, slices of their tensors, and the structure put around
-the tensors."""
+"""Object references, byte ranges of their tensors, and the structure put
+around the tensors."""
 
 from __future__ import annotations
 
@@ -164,21 +164,24 @@ def _notice_of(n: Any) -> WriteNotice:
     return WriteNotice(int(n.tag), int(n.nbytes), n.writer.decode(), err)
 
 
-# ---- slices of one tensor ------------------------------------------------------
+# ---- byte ranges of one tensor -------------------------------------------------
 
-class TensorSlice:
-    """One tensor of a ref, whole or a range of it, for a partial fetch:
-    ``ref[i]`` (the i-th tensor in put order) or ``ref["key"]`` (a tensor of
-    a dict that was put), then optionally ``[a:b]`` (rows a to b of the
-    first dimension, numpy's rules for negative and omitted bounds, step 1)
-    or ``[k]`` (row k), or ``.bytes(offset, length)``. ``get``, ``fetch``
-    and ``get_async`` take it wherever they take a ref, and receive only
-    those bytes: into a new tensor of ``shape`` in the producer's framework,
-    or into an ``out=`` buffer of the same dtype and ``nbytes`` (any shape).
+class Range:
+    """A byte range of one tensor of a ref (rdt_range in C, rdt::Range in
+    C++), the tensor whole or part of it: ``ref[i]`` (the i-th tensor in put
+    order) or ``ref["key"]`` (a tensor of a dict that was put), then
+    optionally ``[a:b]`` (rows a to b of the first dimension, numpy's rules
+    for negative and omitted bounds, step 1) or ``[k]`` (row k), or
+    ``.bytes(offset, length)``. ``get``, ``get_start``, ``get_async`` and
+    ``prepare_get`` take it wherever they take a ref, and receive only those
+    bytes: into a new tensor of ``shape`` in the producer's framework, or
+    into an ``out=`` buffer of the same dtype and ``nbytes`` (any shape).
+    ``write``, ``write_start``, ``write_async`` and ``prepare_write`` take a
+    range of a writable ref, and write only those bytes.
 
-    Bounds are checked when it is fetched, against the owner's description:
-    rows past the end are refused then (InvalidArgumentError). A slice is
-    sliced once: index ``ref[i]`` again for other rows.
+    Bounds are checked when the get or write starts, against the owner's
+    description: rows past the end are refused then (InvalidArgumentError).
+    A range is cut once: index ``ref[i]`` again for other rows.
     """
 
     __slots__ = ("ref", "index", "offset", "nbytes", "shape", "_desc", "_sliced")
@@ -198,9 +201,9 @@ class TensorSlice:
         """The source tensor's dtype, by name (as ``ObjectRef.dtypes``)."""
         return self._desc.dtype_name()
 
-    def __getitem__(self, key: Union[int, slice]) -> "TensorSlice":
+    def __getitem__(self, key: Union[int, slice]) -> "Range":
         if self._sliced:
-            raise InvalidArgumentError(f"{self!r} is already a slice: index the ref again "
+            raise InvalidArgumentError(f"{self!r} is already cut from its tensor: index the ref again "
                                        f"(ref[{self.index}][a:b]) for other rows")
         d = self._desc
         if not d.shape:
@@ -211,20 +214,21 @@ class TensorSlice:
             label = ":".join("" if v is None else str(v) for v in (key.start, key.stop, key.step)).rstrip(":")
             if key.step is not None and operator.index(key.step) != 1:
                 raise InvalidArgumentError(f"rows [{label}] of tensor {self.index}: the step must be 1 (rdt moves "
-                                           "a contiguous range of rows); fetch the range and slice it locally")
+                                           "a contiguous range of rows); get the range and slice it locally")
             a = self._row(key.start, 0, rows, label)
             b = max(a, self._row(key.stop, rows, rows, label))  # numpy: b <= a is empty
-            return TensorSlice(self.ref, self.index, d, a * row_bytes, (b - a) * row_bytes, (b - a,) + rest, True)
+            return Range(self.ref, self.index, d, a * row_bytes, (b - a) * row_bytes, (b - a,) + rest, True)
         if isinstance(key, bool) or not hasattr(key, "__index__"):
             raise InvalidArgumentError(f"index the rows of tensor {self.index} with an int or a slice a:b, "
                                        f"not {type(key).__name__}")
         k = self._row(key, 0, rows, str(key))
-        return TensorSlice(self.ref, self.index, d, k * row_bytes, row_bytes, rest, True)
+        return Range(self.ref, self.index, d, k * row_bytes, row_bytes, rest, True)
 
     def _row(self, bound: Any, default: int, rows: int, label: str) -> int:
         """A row bound with numpy's meaning of negatives. Rows past the end
-        are left for rdt to refuse at fetch (it checks against the owner's
-        description); rows before the first cannot be expressed at all."""
+        are left for rdt to refuse when the get or write starts (it checks
+        against the owner's description); rows before the first cannot be
+        expressed at all."""
         if bound is None:
             return default
         i = operator.index(bound)
@@ -235,26 +239,26 @@ class TensorSlice:
                                            f"first of its {rows} rows")
         return i
 
-    def bytes(self, offset: int, length: Optional[int] = None) -> "TensorSlice":
+    def bytes(self, offset: int, length: Optional[int] = None) -> "Range":
         """``length`` bytes (None: to the end) from byte ``offset`` of the
         tensor, as a flat tensor of its dtype: both must fall on its
-        elements (rdt refuses them at fetch otherwise)."""
+        elements (rdt refuses them when the get or write starts otherwise)."""
         if self._sliced:
-            raise InvalidArgumentError(f"{self!r} is already a slice: take bytes of ref[{self.index}]")
+            raise InvalidArgumentError(f"{self!r} is already cut from its tensor: take bytes of ref[{self.index}]")
         d = self._desc
         offset = operator.index(offset)
         if offset < 0 or (length is not None and operator.index(length) < 0):
             raise InvalidArgumentError(f"bytes({offset}, {length}): offset and length must not be negative")
         n = max(0, d.nbytes - offset) if length is None else operator.index(length)
         elem = (d.bits * d.lanes + 7) // 8
-        return TensorSlice(self.ref, self.index, d, offset, n, (n // elem,), True)
+        return Range(self.ref, self.index, d, offset, n, (n // elem,), True)
 
     def _value_of(self, tensors: Sequence[Any]) -> Any:
         """What get returns for it: its one tensor."""
         return tensors[0]
 
     def __repr__(self) -> str:
-        return (f"rdt.TensorSlice(tensor {self.index} of {self.ref!r}, bytes [{self.offset}, "
+        return (f"rdt.Range(tensor {self.index} of {self.ref!r}, bytes [{self.offset}, "
                 f"{self.offset + self.nbytes}), shape={self.shape}, dtype={self.dtype})")
 
 
@@ -429,9 +433,9 @@ class ObjectRef(Handle):
 
     # ---- one tensor of it ------------------------------------------------------
 
-    def __getitem__(self, key: Any) -> TensorSlice:
-        """The tensor ``key`` names, as a :class:`TensorSlice` to fetch alone
-        or slice. An int is a place in put order (negative from the end);
+    def __getitem__(self, key: Any) -> Range:
+        """The tensor ``key`` names, as a :class:`Range` to get alone or cut
+        to rows or bytes. An int is a place in put order (negative from the end);
         a tuple is a path through nested dicts (keys) and lists or tuples
         (ints); anything else is a key of the dict that was put."""
         if isinstance(key, tuple):
@@ -448,9 +452,9 @@ class ObjectRef(Handle):
     # Indexable but not a sequence: iterating a ref stays a TypeError.
     __iter__ = None
 
-    def _tensor(self, i: int) -> TensorSlice:
+    def _tensor(self, i: int) -> Range:
         d = self.tensor_descs()[i]
-        return TensorSlice(self, i, d, 0, d.nbytes, tuple(d.shape), False)
+        return Range(self, i, d, 0, d.nbytes, tuple(d.shape), False)
 
     def _path(self, path: Tuple[Any, ...]) -> int:
         """The put-order index of the tensor at path in the put structure."""

@@ -6,6 +6,7 @@ import ctypes
 import struct
 import threading
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
@@ -15,11 +16,11 @@ from . import _tensors as _t
 from ._adapter import register
 from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
 from ._fetch import Fetch
-from ._fetch import deadline_of as _deadline
-from ._fetch import ms_until as _ms
-from ._fetch import slice_ms as _slice_ms
 from ._handle import Handle
 from ._logs import FORWARDER
+from ._pending import deadline_of as _deadline
+from ._pending import ms_until as _ms
+from ._pending import slice_ms as _slice_ms
 from ._process import PROCESS
 from ._ref import SINGLE, ObjectRef, encode_skeleton, flatten
 from ._store import NO_RELEASE, Entry, Store
@@ -164,7 +165,7 @@ class Runtime(Handle):
         reference. The rest of the structure is pickled now and travels with
         the reference. Keep the tensors unmodified until the object is freed
         (see :meth:`wait_tensor_freed`). ``transport`` names the transport
-        receivers use; None lets each fetch choose."""
+        receivers use; None lets each get choose."""
         return self._put(value, transport, False)
 
     def expose(self, value: Any, transport: Optional[str] = None) -> ObjectRef:
@@ -174,7 +175,7 @@ class Runtime(Handle):
         pickling. They write with :meth:`write`; every write ends in one
         notice here (``ref.wait_notice()``), which says whether all of its
         bytes landed. The memory may change whenever a write is open; read
-        it once its notice says so. A writable object is never fetched.
+        it once its notice says so. A writable object is never the source of a get.
         ``ref.revoke_writes()`` stops every writer. ``transport``: one that
         writes (cma, shm, tcp, nixl, cuda_ipc), or None to choose per write."""
         return self._put(value, transport, True)
@@ -316,7 +317,7 @@ class Runtime(Handle):
     def get(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
             transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
             copy: Optional[bool] = True) -> Any:
-        """Fetches one ref, or a list of refs concurrently (one fetch), and
+        """Gets one ref, or a list of refs concurrently (one get), and
         returns the put structure(s) with new tensors of the producer's
         framework, or with the tensors given in ``out=`` (a tensor, or a
         structure of them, in put order across all refs).
@@ -326,17 +327,17 @@ class Runtime(Handle):
         aborted. With ``out=`` nothing writes into your buffers once get
         returns; without, a transfer that cannot abort finishes in the
         background into buffers nobody sees. ``transport`` overrides the
-        transport of every ref for this fetch.
+        transport of every ref for this get.
 
         A ref this runtime owns gives back the put tensors themselves (no
         copy), as Ray does, unless ``out=`` is given.
 
-        Wherever a ref goes, a :class:`TensorSlice` may go instead:
+        Wherever a ref goes, a :class:`rdt.Range` may go instead:
         ``ref[i]`` or ``ref["key"]`` (one tensor), ``ref[i][a:b]`` (rows a
         to b of it), ``ref[i].bytes(offset, length)``. Only those bytes
-        move, into a new tensor of the slice's shape, or into its place in
-        ``out=`` (the source's dtype and the slice's ``nbytes``, any shape).
-        A slice of an object this runtime owns is copied.
+        move, into a new tensor of the range's shape, or into its place in
+        ``out=`` (the source's dtype and the range's ``nbytes``, any shape).
+        A range of an object this runtime owns is copied.
 
         ``device`` ("cpu", "cuda" or "cuda:N"), without ``out=``, makes the
         new tensors there rather than on each source tensor's device: a GPU
@@ -357,15 +358,21 @@ class Runtime(Handle):
             return _view.get_in(self, refs, timeout, transport, out, device, copy)
         return _get.get_in(self, refs, timeout=timeout, transport=transport, out=out, device=device)
 
+    def get_start(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
+                  transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
+        """Starts a get of one ref or a list of refs (every transfer
+        concurrent) and returns at once with an :class:`rdt.Fetch` to wait
+        on, poll, abort or ``await``. Its ``result()`` is what :meth:`get`
+        returns for the same arguments; ``out=`` and ``transport`` and
+        ``device`` mean the same. Keep buffers given in ``out=`` untouched
+        until the get completed or was closed."""
+        return _get.get_start_in(self, refs, out=out, transport=transport, device=device)
+
     def fetch(self, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
               transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
-        """Starts fetching one ref or a list of refs (one fetch, every
-        transfer concurrent) and returns at once with an :class:`rdt.Fetch`
-        to wait on, poll, abort or ``await``. Its ``result()`` is what
-        :meth:`get` returns for the same arguments; ``out=`` and
-        ``transport`` and ``device`` mean the same. Keep buffers given in
-        ``out=`` untouched until the fetch completed or was closed."""
-        return _get.fetch_in(self, refs, out=out, transport=transport, device=device)
+        """The earlier name of :meth:`get_start`; deprecated."""
+        warnings.warn("Runtime.fetch is deprecated: use Runtime.get_start", DeprecationWarning, stacklevel=2)
+        return _get.get_start_in(self, refs, out=out, transport=transport, device=device)
 
     async def get_async(self, refs: Union[_get.Refs, Sequence[_get.Refs]], timeout: Optional[float] = None,
                         transport: Optional[str] = None, out: Any = None, device: Optional[str] = None,
@@ -382,10 +389,10 @@ class Runtime(Handle):
         """Writes ``value`` into the object of a writable ref (made by
         another process's :meth:`expose`) and returns once every byte
         landed. A ref takes a value of its structure (its tensors in put
-        order, each of the exposed tensor's shape and dtype); a slice,
+        order, each of the exposed tensor's shape and dtype); a range,
         ``ref[i]``, ``ref[i][a:b]`` or ``ref[i].bytes(offset, n)``, takes
         one tensor of its dtype and nbytes, and only those bytes change.
-        A list of refs and slices takes a list of values.
+        A list of refs and ranges takes a list of values.
 
         The owner gets one notice for each ref written, carrying ``tag``
         (a version, say). ``timeout`` (seconds, None: no limit) aborts the
@@ -419,7 +426,7 @@ class Runtime(Handle):
     def prepare_write(self, refs: Union[_write.Dests, Sequence[_write.Dests]], value: Any, *,
                       transport: Optional[str] = None) -> "_prepared.Prepared":
         """A :meth:`write` of ``value``'s tensors into the same writable refs
-        or slices, prepared to run many times: each ``run(tag)`` writes what
+        or ranges, prepared to run many times: each ``run(tag)`` writes what
         the tensors hold then and makes one notice with ``tag``."""
         return _prepared.prepare_write_in(self, refs, value, transport=transport)
 
@@ -498,7 +505,7 @@ class Runtime(Handle):
 
     def transports(self) -> List[Dict[str, Any]]:
         """Every registered transport with its flags, devices and counters.
-        ``ranges``: it serves partial fetches (slices of a ref's tensors)."""
+        ``ranges``: it serves partial gets (byte ranges of a ref's tensors)."""
         L = _lib.lib()
         n = ctypes.c_size_t()
         _lib.check(L.rdt_transport_list(self._handle(), None, 0, ctypes.byref(n)))

@@ -724,18 +724,19 @@ def check_out(outs: List[Any], descs: List[Desc], first: int = 0) -> List[Item]:
     return items
 
 
-# ---- partial fetches ----------------------------------------------------------
+# ---- ranges of partial gets and writes --------------------------------------
 
-# rdt_source_range as a numpy record: a partial fetch's sources are built as
-# one array (a column per field) and passed by address, not struct by struct.
-SOURCE = np.dtype([("ref", np.uint32), ("tensor", np.uint32), ("offset", np.uint64), ("length", np.uint64)])
-assert SOURCE.itemsize == ctypes.sizeof(_lib.SourceRange) and all(
-    SOURCE.fields[name][1] == getattr(_lib.SourceRange, name).offset for name in SOURCE.names)
+# rdt_range as a numpy record: a partial get's sources (or a partial write's
+# destinations) are built as one array (a column per field) and passed by
+# address, not struct by struct.
+RANGE = np.dtype([("ref", np.uint32), ("tensor", np.uint32), ("offset", np.uint64), ("length", np.uint64)])
+assert RANGE.itemsize == ctypes.sizeof(_lib.Range) and all(
+    RANGE.fields[name][1] == getattr(_lib.Range, name).offset for name in RANGE.names)
 
 
-def sources(rows: Sequence[Tuple[int, int, int, int]]) -> np.ndarray:
-    """An rdt_source_range array of (ref, tensor, offset, length) rows."""
-    return np.array(rows, dtype=SOURCE)
+def ranges(rows: Sequence[Tuple[int, int, int, int]]) -> np.ndarray:
+    """An rdt_range array of (ref, tensor, offset, length) rows."""
+    return np.array(rows, dtype=RANGE)
 
 
 # ---- views over rdt_tensors handed to callbacks ------------------------------

@@ -21,12 +21,12 @@ import numpy as np
 from . import _lib
 from . import _tensors as _t
 from ._errors import CorruptError, InvalidArgumentError, UnsupportedError
-from ._fetch import deadline_of, ms_until
 from ._get import Refs, check_refs
 from ._get import get_async_in as copy_async
 from ._get import get_in as copy_in
 from ._handle import Handle
-from ._ref import ObjectRef, TensorSlice
+from ._pending import deadline_of, ms_until
+from ._ref import ObjectRef, Range
 from ._store import RuntimeLike
 
 
@@ -153,15 +153,15 @@ def view_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optiona
 
     values: List[Any] = []
     for x in lst:
-        r = x.ref if isinstance(x, TensorSlice) else x
+        r = x.ref if isinstance(x, Range) else x
         e = r._own_entry()
-        if e is not None and not isinstance(x, TensorSlice):
+        if e is not None and not isinstance(x, Range):
             if transport:
                 open_once(r)  # a view of our own maps nothing, but the name is checked as for another's
             values.append(r._value_of(list(e.tensors)))  # our own: the put tensors, as get gives them
             continue
         o, ds, fws = open_once(r), r.tensor_descs(), r._receive_frameworks()
-        if isinstance(x, TensorSlice):
+        if isinstance(x, Range):
             d = ds[x.index]
             part = o.flat(x.index)[x.offset:x.offset + x.nbytes]
             values.append(x._value_of([_tensor(part, d, x.shape, fws[x.index])]))

@@ -1,6 +1,7 @@
-"""Writes into objects another runtime exposed: rdt.Write, a fetch the
-other way. Runtime.write, write_start and write_async forward here; the
-owner's side (notices, revoking) is on ObjectRef."""
+"""A write under way: rdt.Write, the Pending that write_start returns, and
+write, write_start and write_async in one runtime (Runtime's methods of
+those names forward here). The owner's side (notices, revoking) is on
+ObjectRef."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
-from ._fetch import Fetch, Plan, await_fetch, deadline_of, zero_timeout
-from ._ref import ObjectRef, TensorSlice, flatten
+from ._pending import Pending, Plan, await_pending, deadline_of, handles_of, ranges_pointer, zero_timeout
+from ._ref import ObjectRef, Range, flatten
 from ._store import RuntimeLike
 
-# What write takes: a writable ref (all its tensors) or a slice of one.
-Dests = Union[ObjectRef, TensorSlice]
+# What write takes: a writable ref (all its tensors) or a range of one.
+Dests = Union[ObjectRef, Range]
 
 
 def _tensors_of(value: Any) -> List[Any]:
@@ -30,18 +31,18 @@ def _tensors_of(value: Any) -> List[Any]:
 def plan(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any) -> Plan:
     """Checks write's arguments: each ref takes one source per tensor (the
     value's tensors in put order, each of the tensor's shape and dtype),
-    each slice one tensor of its dtype and nbytes."""
+    each range one tensor of its dtype and nbytes."""
     rt._handle()  # ClosedError once the runtime is closed
-    if isinstance(dests, (ObjectRef, TensorSlice)):
+    if isinstance(dests, (ObjectRef, Range)):
         lst: List[Dests] = [dests]
         values = [value]
     elif isinstance(dests, (list, tuple)):
         lst = list(dests)
         if not isinstance(value, (list, tuple)) or len(value) != len(lst):
-            raise InvalidArgumentError(f"write into {len(lst)} refs and slices takes a list of as many values")
+            raise InvalidArgumentError(f"write into {len(lst)} refs and ranges takes a list of as many values")
         values = list(value)
     else:
-        raise InvalidArgumentError(f"write takes a writable ObjectRef, a TensorSlice of one or a list of them, "
+        raise InvalidArgumentError(f"write takes a writable ObjectRef, a Range of one or a list of them, "
                                    f"not {type(dests).__name__}")
     refs: List[ObjectRef] = []
     place = {}
@@ -50,16 +51,16 @@ def plan(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any) -> P
     objs: List[Any] = []
     partial = False
     for k, (d, v) in enumerate(zip(lst, values)):
-        r = d.ref if isinstance(d, TensorSlice) else d
+        r = d.ref if isinstance(d, Range) else d
         if not isinstance(r, ObjectRef):
-            raise InvalidArgumentError(f"write takes ObjectRefs and TensorSlices, not {type(r).__name__}")
+            raise InvalidArgumentError(f"write takes ObjectRefs and Ranges, not {type(r).__name__}")
         if r.runtime is not rt:
             raise InvalidArgumentError(f"{r!r} belongs to another runtime ({r.runtime!r}); write from there")
         if id(r) not in place:
             place[id(r)] = len(refs)
             refs.append(r)
         p = place[id(r)]
-        if isinstance(d, TensorSlice):
+        if isinstance(d, Range):
             partial = True
             items.append(_t.item_of(v, False, f"value {k}"))
             objs.append(v)
@@ -78,7 +79,7 @@ def plan(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any) -> P
             items.append(it)
             objs.append(x)
             rows.append((p, j, 0, want.nbytes))
-    return Plan(True, [], [], refs, items, objs, False, _t.sources(rows) if partial else None)
+    return Plan(True, [], [], refs, items, objs, False, _t.ranges(rows) if partial else None)
 
 
 def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
@@ -88,52 +89,56 @@ def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
     opts.tag = int(tag) & 0xFFFFFFFFFFFFFFFF
     if transport:
         opts.transport = transport.encode()
-    if plan.sources is not None:
-        opts.destinations = ctypes.cast(plan.sources.ctypes.data, ctypes.POINTER(_lib.SourceRange))
-        opts.num_destinations = len(plan.sources)
+    if plan.ranges is not None:
+        opts.destinations = ranges_pointer(plan)
+        opts.num_destinations = len(plan.ranges)
     return opts
 
 
-class Write(Fetch):
-    """A write in flight, made by :meth:`Runtime.write_start`: waited on,
-    polled, aborted, closed and awaited as an :class:`rdt.Fetch` is; its
-    ``result()`` is None. Keep the source tensors unmodified until it is
-    complete or closed. Once it failed or was closed, nothing of it lands
-    any more, and each owner's notice for it says it failed."""
+class Write(Pending):
+    """A write under way, made by :meth:`Runtime.write_start`: local
+    sources moving into exposed objects. Waited on, polled, aborted, closed
+    and awaited as its sibling :class:`rdt.Fetch` is; its ``result()`` is
+    None. Keep the source tensors unmodified until it is complete or
+    closed. Once it failed or was closed, nothing of it lands any more, and
+    each owner's notice for it says it failed."""
+
+    _name = "rdt.Write"
 
     def __init__(self, runtime: RuntimeLike, plan: Plan, transport: Optional[str], tag: int) -> None:
-        # Fetch's state, started with rdt_write_start instead.
-        super().__init__(runtime, Plan(True, [], [], [], [], [], False), None)
-        self._plan = plan
-        self._final = None
-        refs = plan.fetch_refs
-        if len(refs) == 1:
-            handles: Any = ctypes.byref(ctypes.c_void_p(refs[0]._handle()))
-        else:
-            handles = (ctypes.c_void_p * len(refs))(*[r._handle() for r in refs])
-        self._buf, addr = _t.pack(plan.items)
+        super().__init__(runtime, plan)
+        refs = plan.moved
+        self._buf, addr, n = plan.pack()
         opts = write_options(transport, plan, tag)
-        f = ctypes.c_void_p()
-        _lib.check(_lib.lib().rdt_write_start(runtime._handle(), handles, len(refs), addr, len(plan.items),
-                                              ctypes.byref(opts), ctypes.byref(f)))
-        self._ptr = f.value
+        p = ctypes.c_void_p()
+        _lib.check(_lib.lib().rdt_write_start(runtime._handle(), handles_of(refs), len(refs), addr, n,
+                                              ctypes.byref(opts), ctypes.byref(p)))
+        self._started(p.value)
 
     def __repr__(self) -> str:
-        state = "running" if self._final is None else ("failed" if self._final[0] is not None else "done")
-        n = len(self._plan.fetch_refs)
-        return f"<rdt.Write into {n} ref{'s' if n != 1 else ''}, {state}>"
+        n = len(self._plan.moved)
+        return f"<rdt.Write into {n} ref{'s' if n != 1 else ''}, {self._state()}>"
+
+    def result(self, timeout: Optional[float] = None) -> None:
+        """None once every byte landed in the owners' objects. Waits up to
+        ``timeout`` seconds (None: no limit) and raises GetTimeoutError (a
+        TimeoutError) when it passes, leaving the write running. Raises the
+        write's error if it failed (AbortedError after ``abort()``)."""
+        return super().result(timeout)
+
+    def _value(self) -> None:
+        return None
+
+    def _objects(self) -> str:
+        n = len(self._plan.moved)
+        return f"{n} object{'s' if n != 1 else ''}"
+
+    def _not_yet(self, timeout: Optional[float]) -> str:
+        return (f"rdt.Write.result: the write into {self._objects()} did not end within {timeout} s; "
+                "the write is still running")
 
     def _late(self, call: str) -> str:
-        n = len(self._plan.fetch_refs)
-        call = call.replace("get", "write")
-        return f"{call}: the deadline passed before the write into {n} object{'s' if n != 1 else ''} ended; it was aborted"
-
-    def _result_now(self) -> Any:
-        assert self._final is not None
-        err = self._final[0]
-        if err is not None:
-            raise err
-        return None
+        return f"{call}: the deadline passed before the write into {self._objects()} ended; it was aborted"
 
 
 def write_start_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, tag: int = 0,
@@ -148,8 +153,8 @@ def write_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, 
     deadline = deadline_of(timeout)
     p = plan(rt, dests, value)
     if timeout == 0:
-        deadline = zero_timeout(p.fetch_refs, "write")
-    Write(rt, p, transport, tag)._result_by(deadline)
+        deadline = zero_timeout(p.moved, "rdt.write")
+    Write(rt, p, transport, tag)._result_by(deadline, "rdt.write")
 
 
 async def write_async_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, tag: int = 0,
@@ -158,5 +163,5 @@ async def write_async_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], 
     deadline = deadline_of(timeout)
     p = plan(rt, dests, value)
     if timeout == 0:
-        deadline = zero_timeout(p.fetch_refs, "write")
-    await await_fetch(Write(rt, p, transport, tag), deadline)
+        deadline = zero_timeout(p.moved, "rdt.write_async")
+    await await_pending(Write(rt, p, transport, tag), deadline, "rdt.write_async")

@@ -3,21 +3,28 @@
 //   #include <rdt/rdt.hpp>
 //
 //   rdt::Runtime rt;                                   // move-only
-//   rdt::Ref ref = rt.put({rdt::view(weights)});       // copy = clone, move = free
+//   rdt::Ref ref = rt.put({rdt::tensor(weights)});     // copy = clone, move = free
 //   std::vector<uint8_t> bytes = ref.serialize();      // hand to another process
 //   ...
 //   rdt::Ref borrowed = rt.deserialize(bytes);
-//   rt.get(borrowed, {rdt::view(buffer)}, std::chrono::seconds(10));
-//   rt.get(borrowed, {rdt::view(rows)}, {rdt::rows(0, borrowed, 0, 128, 256)});  // rows 128..255 only
+//   rt.get(borrowed, {rdt::tensor(buffer)}, std::chrono::seconds(10));
+//   rt.get(borrowed, {rdt::tensor(rows)}, {rdt::rows(0, borrowed, 0, 128, 256)});  // rows 128..255 only
 //
-// Ownership: Runtime, Ref and Fetch own one C handle each and free it in
-// their destructors; there is no way to obtain an owning raw handle except
-// release(), which is [[nodiscard]]. capi() lends the raw handle for calls
-// the wrapper does not cover.
+// The words are rdt.h's (docs/abi.md, "Vocabulary"): get and write, each
+// blocking (get, write), started (get_start, write_start: an rdt::Fetch or
+// rdt::Write, both an rdt::Pending) or prepared (prepare_get, prepare_write:
+// an rdt::Prepared); rdt::Range is a byte range of one tensor; rdt::Tensor
+// describes local memory; a view (Runtime::view, rdt::ObjectView) is only
+// the read-only mapping of a same-host owner's object.
+//
+// Ownership: Runtime, Ref, Fetch, Write, Prepared and ObjectView own one C
+// handle each and free it in their destructors; there is no way to obtain
+// an owning raw handle except release(), which is [[nodiscard]]. capi()
+// lends the raw handle for calls the wrapper does not cover.
 //
 // Errors: every call checks its rdt_status and throws rdt::Error carrying
 // the status and the library's message for this thread. Two calls report
-// "not yet" as a value instead: Fetch::wait(timeout) and
+// "not yet" as a value instead: Pending::wait(timeout) (of a Fetch or a Write) and
 // Runtime::wait_tensor_freed(ptr, timeout) return false when time runs out.
 //
 // Transports: derive from rdt::Transport and register it with
@@ -96,9 +103,9 @@ constexpr std::chrono::milliseconds forever{-1};
 /// How long Runtime::deserialize() waits for the owner unless told.
 constexpr std::chrono::milliseconds deserialize_timeout{RDT_DESERIALIZE_TIMEOUT_DEFAULT_MS};
 
-// ---- views over borrowed memory ---------------------------------------------
+// ---- spans over borrowed memory ---------------------------------------------
 
-/// A non-owning view of `size` contiguous T (std::span for C++17). Views
+/// A non-owning span of `size` contiguous T (std::span for C++17). Spans
 /// handed to transport callbacks are valid only during the callback.
 template <class T>
 class Span {
@@ -159,7 +166,7 @@ constexpr rdt_dtype dtype_of() noexcept {
   } else if constexpr (std::is_integral_v<U>) {
     return rdt_dtype{uint8_t(std::is_signed_v<U> ? RDT_DTYPE_INT : RDT_DTYPE_UINT), uint8_t(8 * sizeof(U)), 1};
   } else {
-    static_assert(sizeof(U) == 0, "no rdt dtype for this type: build a TensorView with an explicit rdt_dtype");
+    static_assert(sizeof(U) == 0, "no rdt dtype for this type: build a Tensor with an explicit rdt_dtype");
     return rdt_dtype{};
   }
 }
@@ -167,33 +174,34 @@ constexpr rdt_dtype dtype_of() noexcept {
 /// Host memory (RDT_DEVICE_CPU, device 0).
 constexpr rdt_device cpu{RDT_DEVICE_CPU, 0};
 
-/// A contiguous (row-major) tensor: where its bytes are, its shape, dtype and
-/// device. It does not own the memory; keep that alive and unmodified as
-/// long as rdt uses it (see Runtime::put and Runtime::fetch).
-struct TensorView {
+/// A contiguous (row-major) tensor, the C++ form of rdt_tensor: where its
+/// bytes are, its shape, dtype and device. It does not own the memory; keep
+/// that alive and unmodified as long as rdt uses it (see Runtime::put and
+/// Runtime::get_start). Make one with rdt::tensor().
+struct Tensor {
   void *data = nullptr;
   std::vector<int64_t> shape;
   rdt_dtype dtype{RDT_DTYPE_UINT, 8, 1};
   rdt_device device = cpu;
 
-  TensorView() = default;
-  TensorView(void *data_, std::vector<int64_t> shape_, rdt_dtype dtype_, rdt_device device_ = cpu)
+  Tensor() = default;
+  Tensor(void *data_, std::vector<int64_t> shape_, rdt_dtype dtype_, rdt_device device_ = cpu)
       : data(data_), shape(std::move(shape_)), dtype(dtype_), device(device_) {}
   /// A copy of a C tensor's description (byte_offset is folded into data;
   /// strides must be compact, as everywhere in rdt).
-  explicit TensorView(const rdt_tensor &t)
+  explicit Tensor(const rdt_tensor &t)
       : data(bytes_of(t)), shape(t.shape, t.shape + t.ndim), dtype(t.dtype), device(t.device) {}
 
   /// Host memory of T with any shape.
   template <class T>
-  static TensorView of(T *data, std::vector<int64_t> shape) {
-    return TensorView(const_cast<std::remove_cv_t<T> *>(data), std::move(shape), dtype_of<T>());
+  static Tensor of(T *data, std::vector<int64_t> shape) {
+    return Tensor(const_cast<std::remove_cv_t<T> *>(data), std::move(shape), dtype_of<T>());
   }
   /// Memory on a device, for example CUDA memory of GPU `device_id`
   /// (device_type RDT_DEVICE_CUDA).
-  static TensorView device_memory(void *ptr, std::vector<int64_t> shape, rdt_dtype dtype, int32_t device_type,
-                                  int32_t device_id) {
-    return TensorView(ptr, std::move(shape), dtype, rdt_device{device_type, device_id});
+  static Tensor device_memory(void *ptr, std::vector<int64_t> shape, rdt_dtype dtype, int32_t device_type,
+                              int32_t device_id) {
+    return Tensor(ptr, std::move(shape), dtype, rdt_device{device_type, device_id});
   }
 
   /// Number of elements: the product of the shape (1 for a scalar).
@@ -204,8 +212,8 @@ struct TensorView {
   }
   uint64_t nbytes() const noexcept { return numel() * ((uint64_t(dtype.bits) * dtype.lanes + 7) / 8); }
 
-  /// The C description; it points into this view's shape, so it is valid
-  /// while this TensorView lives and its shape is not changed.
+  /// The C description; it points into this Tensor's shape, so it is valid
+  /// while this Tensor lives and its shape is not changed.
   rdt_tensor capi() const noexcept {
     rdt_tensor t;
     std::memset(&t, 0, sizeof t);
@@ -222,56 +230,90 @@ namespace detail {
 inline void check_numel(uint64_t have, const std::vector<int64_t> &shape) {
   uint64_t n = 1;
   for (int64_t d : shape) {
-    if (d < 0) throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::view: negative dimension in shape");
+    if (d < 0) throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::tensor: negative dimension in shape");
     n *= uint64_t(d);
   }
   if (n != have)
-    throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::view: the shape has " + std::to_string(n) +
+    throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::tensor: the shape has " + std::to_string(n) +
                                               " elements but the buffer holds " + std::to_string(have));
 }
 }  // namespace detail
 
-/// A 1-D view over a vector's elements.
+/// A 1-D tensor over a vector's elements.
 template <class T>
-TensorView view(std::vector<T> &v) {
-  return TensorView::of(v.data(), {int64_t(v.size())});
+Tensor tensor(std::vector<T> &v) {
+  return Tensor::of(v.data(), {int64_t(v.size())});
 }
-/// A 1-D view over a const vector: for put (rdt never writes a put tensor).
+/// A 1-D tensor over a const vector: for put (rdt never writes a put tensor).
 template <class T>
-TensorView view(const std::vector<T> &v) {
-  return TensorView::of(v.data(), {int64_t(v.size())});
+Tensor tensor(const std::vector<T> &v) {
+  return Tensor::of(v.data(), {int64_t(v.size())});
 }
-/// A view of a vector with a shape whose product must equal v.size().
+/// A tensor over a vector with a shape whose product must equal v.size().
 template <class T>
-TensorView view(std::vector<T> &v, std::vector<int64_t> shape) {
+Tensor tensor(std::vector<T> &v, std::vector<int64_t> shape) {
   detail::check_numel(v.size(), shape);
-  return TensorView::of(v.data(), std::move(shape));
+  return Tensor::of(v.data(), std::move(shape));
 }
 template <class T>
-TensorView view(const std::vector<T> &v, std::vector<int64_t> shape) {
+Tensor tensor(const std::vector<T> &v, std::vector<int64_t> shape) {
   detail::check_numel(v.size(), shape);
-  return TensorView::of(v.data(), std::move(shape));
+  return Tensor::of(v.data(), std::move(shape));
 }
-/// A view of host memory of T with a shape.
+/// A tensor over host memory of T with a shape.
 template <class T>
-TensorView view(T *data, std::vector<int64_t> shape) {
-  return TensorView::of(data, std::move(shape));
+Tensor tensor(T *data, std::vector<int64_t> shape) {
+  return Tensor::of(data, std::move(shape));
 }
 #if defined(__cpp_lib_span)
-/// A 1-D view over a std::span (C++20).
+/// A 1-D tensor over a std::span (C++20).
 template <class T, std::size_t N>
-TensorView view(std::span<T, N> s) {
-  return TensorView::of(s.data(), {int64_t(s.size())});
+Tensor tensor(std::span<T, N> s) {
+  return Tensor::of(s.data(), {int64_t(s.size())});
 }
 template <class T, std::size_t N>
-TensorView view(std::span<T, N> s, std::vector<int64_t> shape) {
+Tensor tensor(std::span<T, N> s, std::vector<int64_t> shape) {
   detail::check_numel(s.size(), shape);
-  return TensorView::of(s.data(), std::move(shape));
+  return Tensor::of(s.data(), std::move(shape));
+}
+#endif
+
+/// The earlier name of rdt::Tensor ("view" now means only rdt::ObjectView).
+using TensorView [[deprecated("use rdt::Tensor")]] = Tensor;
+/// The earlier name of rdt::tensor(), for each of its forms.
+template <class T>
+[[deprecated("use rdt::tensor")]] Tensor view(std::vector<T> &v) {
+  return tensor(v);
+}
+template <class T>
+[[deprecated("use rdt::tensor")]] Tensor view(const std::vector<T> &v) {
+  return tensor(v);
+}
+template <class T>
+[[deprecated("use rdt::tensor")]] Tensor view(std::vector<T> &v, std::vector<int64_t> shape) {
+  return tensor(v, std::move(shape));
+}
+template <class T>
+[[deprecated("use rdt::tensor")]] Tensor view(const std::vector<T> &v, std::vector<int64_t> shape) {
+  return tensor(v, std::move(shape));
+}
+template <class T>
+[[deprecated("use rdt::tensor")]] Tensor view(T *data, std::vector<int64_t> shape) {
+  return tensor(data, std::move(shape));
+}
+#if defined(__cpp_lib_span)
+template <class T, std::size_t N>
+[[deprecated("use rdt::tensor")]] Tensor view(std::span<T, N> s) {
+  return tensor(s);
+}
+template <class T, std::size_t N>
+[[deprecated("use rdt::tensor")]] Tensor view(std::span<T, N> s, std::vector<int64_t> shape) {
+  return tensor(s, std::move(shape));
 }
 #endif
 
 namespace detail {
-inline std::vector<rdt_tensor> c_tensors(const std::vector<TensorView> &ts) {
+inline std::vector<rdt_tensor> c_tensors(const std::vector<Tensor> &ts) {
   std::vector<rdt_tensor> out;
   out.reserve(ts.size());
   for (auto &t : ts) out.push_back(t.capi());
@@ -389,9 +431,9 @@ class [[nodiscard]] Ref {
     return i;
   }
   /// Descriptions of every tensor, with data == nullptr: point each `data`
-  /// at a buffer of nbytes() (and adjust `device`) to make fetch targets.
-  std::vector<TensorView> tensors() const {
-    std::vector<TensorView> out;
+  /// at a buffer of nbytes() (and adjust `device`) to make get targets.
+  std::vector<Tensor> tensors() const {
+    std::vector<Tensor> out;
     uint32_t n = num_tensors();
     out.reserve(n);
     for (uint32_t i = 0; i < n; i++) {
@@ -407,7 +449,7 @@ class [[nodiscard]] Ref {
 
 inline void swap(Ref &a, Ref &b) noexcept { a.swap(b); }
 
-/// The refs of one fetch, borrowed (not cloned) for the duration of a call:
+/// The refs of one call, borrowed (not cloned) for the duration of a call:
 /// a single Ref, a std::vector<Ref>, or a braced list {a, b, ...}.
 class RefList {
  public:
@@ -432,29 +474,34 @@ class RefList {
   std::vector<rdt_ref *> refs_;
 };
 
-// ---- partial fetches ------------------------------------------------------------
+// ---- ranges: partial gets and writes ------------------------------------------
 
-/// What one target of a partial fetch receives (rdt_source_range): `length`
-/// bytes from byte `offset` of tensor `tensor` of the fetch's refs[`ref`];
-/// by default, that whole tensor. The target needs the source tensor's dtype
-/// and device type and exactly that many bytes, in any shape. rdt checks
-/// the range against the owner's description when the fetch starts.
-struct Source {
-  uint32_t ref = 0;                        // index into the fetch's refs
+/// A byte range of one tensor of an object (rdt_range): `length` bytes from
+/// byte `offset` of tensor `tensor` of the call's refs[`ref`]; by default,
+/// that whole tensor. In a partial get, target i receives range i; in a
+/// partial write, source i lands in range i. The local tensor needs the
+/// object's tensor's dtype and device type and exactly that many bytes, in
+/// any shape. rdt checks the range against the owner's description when the
+/// get or write starts.
+struct Range {
+  uint32_t ref = 0;                        // index into the call's refs
   uint32_t tensor = 0;                     // index of the tensor in that ref's object
-  uint64_t offset = 0;                     // first byte of the tensor received
+  uint64_t offset = 0;                     // first byte of the range in the tensor
   uint64_t length = RDT_REST_OF_TENSOR;    // bytes; RDT_REST_OF_TENSOR: to its end
 
-  rdt_source_range capi() const noexcept { return rdt_source_range{ref, tensor, offset, length}; }
+  rdt_range capi() const noexcept { return rdt_range{ref, tensor, offset, length}; }
 };
 
+/// The earlier name of rdt::Range.
+using Source [[deprecated("use rdt::Range")]] = Range;
+
 /// Rows [begin, end) of tensor `tensor` of `ref`, which is refs[`ref_index`]
-/// of the fetch: a row is one index of the first dimension (the tensor is
-/// row-major). Asks `ref` for the tensor's shape once. Throws
+/// of the get or write: a row is one index of the first dimension (the
+/// tensor is row-major). Asks `ref` for the tensor's shape once. Throws
 /// rdt::Error(RDT_ERR_INVALID_ARGUMENT) for a 0-d tensor or end < begin;
-/// rows past the last are refused by the fetch, which knows the owner's
-/// description.
-inline Source rows(uint32_t ref_index, const Ref &ref, uint32_t tensor, uint64_t begin, uint64_t end) {
+/// rows past the last are refused when the get or write starts, which
+/// knows the owner's description.
+inline Range rows(uint32_t ref_index, const Ref &ref, uint32_t tensor, uint64_t begin, uint64_t end) {
   rdt_tensor_info ti = ref.tensor_info(tensor);
   if (ti.ndim == 0)
     throw Error(RDT_ERR_INVALID_ARGUMENT, "rdt::rows: tensor " + std::to_string(tensor) + " is 0-d: it has no rows");
@@ -463,71 +510,60 @@ inline Source rows(uint32_t ref_index, const Ref &ref, uint32_t tensor, uint64_t
                                               ") end before they begin");
   uint64_t row = (uint64_t(ti.dtype.bits) * ti.dtype.lanes + 7) / 8;
   for (int32_t i = 1; i < ti.ndim; i++) row *= uint64_t(ti.shape[i]);
-  return Source{ref_index, tensor, begin * row, (end - begin) * row};
+  return Range{ref_index, tensor, begin * row, (end - begin) * row};
 }
 
 namespace detail {
-// The fetch options of a fetch, pointing into `c` (which must outlive them).
-inline rdt_fetch_options fetch_options(const std::string &transport, const std::vector<Source> *sources,
-                                       std::vector<rdt_source_range> &c) {
-  rdt_fetch_options fo;
-  rdt_fetch_options_init(&fo);
-  fo.transport = opt(transport);
-  if (sources) {
-    c.reserve(sources->size());
-    for (auto &s : *sources) c.push_back(s.capi());
-    fo.sources = c.data();
-    fo.num_sources = c.size();
-  }
-  return fo;
+// The C ranges of `ranges` (nullptr: none), kept in `c`.
+inline const rdt_range *c_ranges(const std::vector<Range> *ranges, std::vector<rdt_range> &c) {
+  if (!ranges) return nullptr;
+  c.reserve(ranges->size());
+  for (auto &r : *ranges) c.push_back(r.capi());
+  return c.data();
 }
-// The write options of a write, pointing into `c` (which must outlive them).
+// The options of a get, pointing into `c` (which must outlive them).
+inline rdt_get_options get_options(const std::string &transport, const std::vector<Range> *sources,
+                                   std::vector<rdt_range> &c) {
+  rdt_get_options go;
+  rdt_get_options_init(&go);
+  go.transport = opt(transport);
+  go.sources = c_ranges(sources, c);
+  go.num_sources = sources ? sources->size() : 0;
+  return go;
+}
+// The options of a write, pointing into `c` (which must outlive them).
 inline rdt_write_options write_options(const std::string &transport, uint64_t tag,
-                                       const std::vector<Source> *destinations, std::vector<rdt_source_range> &c) {
+                                       const std::vector<Range> *destinations, std::vector<rdt_range> &c) {
   rdt_write_options wo;
   rdt_write_options_init(&wo);
   wo.transport = opt(transport);
   wo.tag = tag;
-  if (destinations) {
-    c.reserve(destinations->size());
-    for (auto &d : *destinations) c.push_back(d.capi());
-    wo.destinations = c.data();
-    wo.num_destinations = c.size();
-  }
+  wo.destinations = c_ranges(destinations, c);
+  wo.num_destinations = destinations ? destinations->size() : 0;
   return wo;
 }
 }  // namespace detail
 
-// ---- fetches ------------------------------------------------------------------
+// ---- pending gets and writes ----------------------------------------------------
 
-/// A fetch in progress, future-like and move-only. Destruction aborts what
-/// still runs and returns only when nothing can write into the targets any
-/// more (for a transport that cannot abort: when it finished), so the
-/// targets may be freed right after. Declare it after its target buffers.
-class [[nodiscard]] Fetch {
+/// A get or a write under way (RAII over rdt_pending), future-like and
+/// move-only: what rdt::Fetch (Runtime::get_start) and rdt::Write
+/// (Runtime::write_start) have in common. Destruction aborts what still
+/// runs and returns only when nothing touches the local tensors any more
+/// (for a transport that cannot abort: when it finished), so they may be
+/// freed right after. Declare it after those buffers.
+class Pending {
  public:
-  Fetch() noexcept = default;
-  /// Takes ownership of a C fetch.
-  explicit Fetch(rdt_fetch *adopt) noexcept : f_(adopt) {}
-  Fetch(const Fetch &) = delete;
-  Fetch &operator=(const Fetch &) = delete;
-  Fetch(Fetch &&o) noexcept : f_(std::exchange(o.f_, nullptr)) {}
-  Fetch &operator=(Fetch &&o) noexcept {
-    if (this != &o) {
-      rdt_fetch_free(f_);
-      f_ = std::exchange(o.f_, nullptr);
-    }
-    return *this;
-  }
-  ~Fetch() { rdt_fetch_free(f_); }
+  Pending(const Pending &) = delete;
+  Pending &operator=(const Pending &) = delete;
 
   /// Waits up to `timeout` (rdt::forever, the default, waits forever).
-  /// true: every target holds its object's bytes. false: the time ran out
-  /// and the fetch goes on (wait again, abort, or destroy it). Otherwise
-  /// throws the first transfer error, once nothing writes into the targets.
-  /// After a final result, wait returns (or throws) the same again.
+  /// true: every byte moved. false: the time ran out and the operation goes
+  /// on (wait again, abort, or destroy it). Otherwise throws the first
+  /// transfer error, once nothing touches the local tensors. After a final
+  /// result, wait returns (or throws) the same again.
   bool wait(std::chrono::milliseconds timeout = forever) {
-    rdt_status st = rdt_fetch_wait(f_, detail::millis(timeout));
+    rdt_status st = rdt_pending_wait(p_, detail::millis(timeout));
     if (st == RDT_ERR_TIMEOUT) return false;
     check(st);
     return true;
@@ -536,20 +572,62 @@ class [[nodiscard]] Fetch {
   bool ready() { return wait(std::chrono::milliseconds(0)); }
   /// Asks every transfer to stop and returns at once; a later wait() throws
   /// rdt::Error(RDT_ERR_ABORTED) (or returns true if all had completed).
-  void abort() { check(rdt_fetch_abort(f_)); }
+  void abort() { check(rdt_pending_abort(p_)); }
 
-  explicit operator bool() const noexcept { return f_ != nullptr; }
-  /// The C handle, still owned by this Fetch.
-  rdt_fetch *capi() const noexcept { return f_; }
-  /// Gives up ownership: the caller must rdt_fetch_free() the result.
-  [[nodiscard]] rdt_fetch *release() noexcept { return std::exchange(f_, nullptr); }
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  /// The C handle, still owned by this object.
+  rdt_pending *capi() const noexcept { return p_; }
+  /// Gives up ownership: the caller must rdt_pending_free() the result.
+  [[nodiscard]] rdt_pending *release() noexcept { return std::exchange(p_, nullptr); }
+
+ protected:
+  Pending() noexcept = default;
+  explicit Pending(rdt_pending *adopt) noexcept : p_(adopt) {}
+  Pending(Pending &&o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  Pending &operator=(Pending &&o) noexcept {
+    if (this != &o) {
+      rdt_pending_free(p_);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~Pending() { rdt_pending_free(p_); }
 
  private:
-  rdt_fetch *f_ = nullptr;
+  rdt_pending *p_ = nullptr;
 };
 
-/// A fetch or a write resolved once and run many times (RAII over
-/// rdt_fetch_prepare / rdt_write_prepare / rdt_prepared_free), move-only.
+class Write;
+
+/// A get in progress, made by Runtime::get_start(): wait() returns true once
+/// every target holds its object's bytes.
+class [[nodiscard]] Fetch : public Pending {
+ public:
+  Fetch() noexcept = default;
+  /// Takes ownership of a C pending get.
+  explicit Fetch(rdt_pending *adopt) noexcept : Pending(adopt) {}
+  Fetch(Fetch &&) noexcept = default;
+  Fetch &operator=(Fetch &&) noexcept = default;
+  /// write_start() used to return a Fetch; it returns an rdt::Write now.
+  [[deprecated("write_start returns an rdt::Write")]] Fetch(Write &&w) noexcept;
+};
+
+/// A write in progress, made by Runtime::write_start(): wait() returns true
+/// once every byte landed in the owners' objects. Keep the sources
+/// unmodified until then.
+class [[nodiscard]] Write : public Pending {
+ public:
+  Write() noexcept = default;
+  /// Takes ownership of a C pending write.
+  explicit Write(rdt_pending *adopt) noexcept : Pending(adopt) {}
+  Write(Write &&) noexcept = default;
+  Write &operator=(Write &&) noexcept = default;
+};
+
+inline Fetch::Fetch(Write &&w) noexcept : Pending(w.release()) {}
+
+/// A get or a write resolved once and run many times (RAII over
+/// rdt_prepare_get / rdt_prepare_write / rdt_prepared_free), move-only.
 /// The first run() is an ordinary get or write; later runs only start the
 /// transports. It holds its own handles on the refs; the tensors' memory
 /// must outlive it. Destruction waits for a run in progress.
@@ -570,7 +648,7 @@ class [[nodiscard]] Prepared {
   }
   ~Prepared() { rdt_prepared_free(p_); }
 
-  /// Runs it once (a write's notice carries `tag`; a fetch ignores it) and
+  /// Runs it once (a write's notice carries `tag`; a get ignores it) and
   /// returns when it ended; throws rdt::Error, with RDT_ERR_TIMEOUT when
   /// `timeout` passed (the run was aborted and stopped).
   void run(uint64_t tag = 0, std::chrono::milliseconds timeout = forever) {
@@ -631,7 +709,7 @@ class [[nodiscard]] ObjectView {
   ~ObjectView() { rdt_view_release(v_); }
 
   /// The object's tensors in this process, valid while the view lives.
-  const std::vector<TensorView> &tensors() const noexcept { return tensors_; }
+  const std::vector<Tensor> &tensors() const noexcept { return tensors_; }
   /// Whether the view maps another process's object (false: own tensors).
   bool mapped() const noexcept { return mapped_; }
 
@@ -641,7 +719,7 @@ class [[nodiscard]] ObjectView {
 
  private:
   rdt_view *v_ = nullptr;
-  std::vector<TensorView> tensors_;
+  std::vector<Tensor> tensors_;
   bool mapped_ = false;
 };
 
@@ -663,13 +741,13 @@ class Transfer {
   std::string source_address() const { return str(c_->source_address); }
   std::string destination_runtime() const { return str(c_->destination_runtime); }
   std::string destination_address() const { return str(c_->destination_address); }
-  /// A partial fetch's ranges, for a transport that serves_ranges(): the
+  /// A partial get's ranges, for a transport that serves_ranges(): the
   /// i-th target receives ranges()[i] (ref 0, length resolved); a two-sided
   /// source sends those bytes of its tensors, in that order; in a partial
   /// write, source i lands in ranges()[i] of the owner's object. Empty:
   /// every tensor whole, target (or source) i being tensor i.
-  Span<const rdt_source_range> ranges() const noexcept {
-    return c_->ranges ? Span<const rdt_source_range>(c_->ranges, c_->num_ranges) : Span<const rdt_source_range>();
+  Span<const rdt_range> ranges() const noexcept {
+    return c_->ranges ? Span<const rdt_range>(c_->ranges, c_->num_ranges) : Span<const rdt_range>();
   }
   const rdt_transfer *capi() const noexcept { return c_; }
 
@@ -948,10 +1026,10 @@ struct Options {
 };
 
 /// An rdt runtime: an object store, its transports and a control-plane
-/// endpoint. Move-only; destruction aborts its fetches (waiting until
-/// nothing writes into their targets), frees its objects and deletes its
-/// transports. Refs and Fetches may outlive it (their calls then throw
-/// RDT_ERR_CLOSED) and are released as usual.
+/// endpoint. Move-only; destruction aborts its gets and writes (waiting
+/// until nothing touches their local tensors), frees its objects and
+/// deletes its transports. Refs, Fetches and Writes may outlive it (their
+/// calls then throw RDT_ERR_CLOSED) and are released as usual.
 class Runtime {
  public:
   explicit Runtime(const Options &o = Options()) {
@@ -1001,7 +1079,7 @@ class Runtime {
   /// object is freed, which `on_free` (run once, on an rdt thread) or
   /// wait_tensor_freed() tell. Capture a shared_ptr in on_free to tie a
   /// buffer's lifetime to the object. `transport` "" lets each fetch choose.
-  Ref put(const std::vector<TensorView> &tensors, const std::string &transport = std::string(),
+  Ref put(const std::vector<Tensor> &tensors, const std::string &transport = std::string(),
           std::function<void()> on_free = nullptr) {
     std::vector<rdt_tensor> c = detail::c_tensors(tensors);
     std::unique_ptr<std::function<void()>> cb;
@@ -1017,7 +1095,7 @@ class Runtime {
   /// first (writable) reference: arguments and lifetime as put(). Hand its
   /// serialized bytes only to writers; take the notices of their writes
   /// with Ref::wait_notice().
-  Ref expose(const std::vector<TensorView> &tensors, const std::string &transport = std::string(),
+  Ref expose(const std::vector<Tensor> &tensors, const std::string &transport = std::string(),
              std::function<void()> on_free = nullptr) {
     std::vector<rdt_tensor> c = detail::c_tensors(tensors);
     std::unique_ptr<std::function<void()>> cb;
@@ -1031,49 +1109,50 @@ class Runtime {
 
   /// Starts writing `sources` (one per tensor of each writable ref, ref
   /// after ref; or, with `destinations`, source i into destinations[i])
-  /// into the refs' objects and returns a Fetch to wait on: true once every
-  /// byte landed. The owner's notice of each ref's write carries `tag`.
-  Fetch write_start(const RefList &refs, const std::vector<TensorView> &sources, uint64_t tag = 0,
-                    const std::vector<Source> *destinations = nullptr, const std::string &transport = std::string()) {
+  /// into the refs' objects and returns an rdt::Write to wait on: true once
+  /// every byte landed. The owner's notice of each ref's write carries `tag`.
+  Write write_start(const RefList &refs, const std::vector<Tensor> &sources, uint64_t tag = 0,
+                    const std::vector<Range> *destinations = nullptr, const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
-    rdt_fetch *f = nullptr;
-    check(rdt_write_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &f));
-    return Fetch(f);
+    rdt_pending *w = nullptr;
+    check(rdt_write_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &w));
+    return Write(w);
   }
   /// write_start() and wait(timeout) in one call; throws rdt::Error, with
   /// RDT_ERR_TIMEOUT when the time ran out (the write was aborted).
-  void write(const RefList &refs, const std::vector<TensorView> &sources, uint64_t tag = 0,
-             std::chrono::milliseconds timeout = forever, const std::vector<Source> *destinations = nullptr,
+  void write(const RefList &refs, const std::vector<Tensor> &sources, uint64_t tag = 0,
+             std::chrono::milliseconds timeout = forever, const std::vector<Range> *destinations = nullptr,
              const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, tag, destinations, cd);
     check(rdt_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, detail::millis(timeout)));
   }
 
   /// A get of `refs` into `targets` prepared to run many times (see
-  /// rdt::Prepared and rdt_fetch_prepare); `sources` as fetch()'s partial form.
-  Prepared prepare_get(const RefList &refs, const std::vector<TensorView> &targets,
-                       const std::vector<Source> *sources = nullptr, const std::string &transport = std::string()) {
+  /// rdt::Prepared and rdt_prepare_get); `sources` as get_start()'s partial
+  /// form.
+  Prepared prepare_get(const RefList &refs, const std::vector<Tensor> &targets,
+                       const std::vector<Range> *sources = nullptr, const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
+    std::vector<rdt_range> cs;
+    rdt_get_options go = detail::get_options(transport, sources, cs);
     rdt_prepared *p = nullptr;
-    check(rdt_fetch_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &p));
+    check(rdt_prepare_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &go, &p));
     return Prepared(p);
   }
   /// A write of `sources` into writable refs prepared to run many times;
   /// each run gives its tag.
-  Prepared prepare_write(const RefList &refs, const std::vector<TensorView> &sources,
-                         const std::vector<Source> *destinations = nullptr,
+  Prepared prepare_write(const RefList &refs, const std::vector<Tensor> &sources,
+                         const std::vector<Range> *destinations = nullptr,
                          const std::string &transport = std::string()) {
     std::vector<rdt_tensor> c = detail::c_tensors(sources);
-    std::vector<rdt_source_range> cd;
+    std::vector<rdt_range> cd;
     rdt_write_options wo = detail::write_options(transport, 0, destinations, cd);
     rdt_prepared *p = nullptr;
-    check(rdt_write_prepare(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
+    check(rdt_prepare_write(rt_, refs.data(), refs.size(), c.data(), c.size(), &wo, &p));
     return Prepared(p);
   }
 
@@ -1116,31 +1195,41 @@ class Runtime {
     return deserialize(bytes.data(), bytes.size(), timeout);
   }
 
-  /// Starts fetching `refs` into `targets` (one per source tensor, ref after
-  /// ref) and returns at once. The targets' memory must stay valid until the
-  /// Fetch returned from wait() with a final result or was destroyed.
-  /// `transport` overrides each ref's own for this fetch.
-  Fetch fetch(const RefList &refs, const std::vector<TensorView> &targets,
-              const std::string &transport = std::string()) {
+  /// Starts a get of `refs` into `targets` (one per source tensor, ref after
+  /// ref) and returns at once with an rdt::Fetch. The targets' memory must
+  /// stay valid until the Fetch returned from wait() with a final result or
+  /// was destroyed. `transport` overrides each ref's own for this get.
+  Fetch get_start(const RefList &refs, const std::vector<Tensor> &targets,
+                  const std::string &transport = std::string()) {
     return start(refs, targets, nullptr, transport);
   }
-  /// A partial fetch: targets[i] receives sources[i] (see rdt::Source and
+  /// A partial get: targets[i] receives sources[i] (see rdt::Range and
   /// rdt::rows): any tensors of any of the refs, in any order, whole or a
-  /// byte range. A ref no source names is not fetched. Only transports that
+  /// byte range. A ref no range names is not moved. Only transports that
   /// serve ranges (RDT_TRANSPORT_RANGES) take it.
-  Fetch fetch(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> &sources,
-              const std::string &transport = std::string()) {
+  Fetch get_start(const RefList &refs, const std::vector<Tensor> &targets, const std::vector<Range> &sources,
+                  const std::string &transport = std::string()) {
+    return start(refs, targets, &sources, transport);
+  }
+  /// The earlier name of get_start().
+  [[deprecated("use get_start")]] Fetch fetch(const RefList &refs, const std::vector<Tensor> &targets,
+                                              const std::string &transport = std::string()) {
+    return start(refs, targets, nullptr, transport);
+  }
+  [[deprecated("use get_start")]] Fetch fetch(const RefList &refs, const std::vector<Tensor> &targets,
+                                              const std::vector<Range> &sources,
+                                              const std::string &transport = std::string()) {
     return start(refs, targets, &sources, transport);
   }
 
-  /// fetch() and wait(timeout) in one call; throws rdt::Error, with
+  /// get_start() and wait(timeout) in one call; throws rdt::Error, with
   /// RDT_ERR_TIMEOUT when the time ran out (the transfers were aborted).
-  void get(const RefList &refs, const std::vector<TensorView> &targets, std::chrono::milliseconds timeout = forever,
+  void get(const RefList &refs, const std::vector<Tensor> &targets, std::chrono::milliseconds timeout = forever,
            const std::string &transport = std::string()) {
     get_impl(refs, targets, nullptr, timeout, transport);
   }
-  /// The partial fetch() and wait(timeout) in one call.
-  void get(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> &sources,
+  /// The partial get_start() and wait(timeout) in one call.
+  void get(const RefList &refs, const std::vector<Tensor> &targets, const std::vector<Range> &sources,
            std::chrono::milliseconds timeout = forever, const std::string &transport = std::string()) {
     get_impl(refs, targets, &sources, timeout, transport);
   }
@@ -1222,21 +1311,21 @@ class Runtime {
   }
 
  private:
-  Fetch start(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
+  Fetch start(const RefList &refs, const std::vector<Tensor> &targets, const std::vector<Range> *sources,
               const std::string &transport) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
-    rdt_fetch *f = nullptr;
-    check(rdt_fetch_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, &f));
+    std::vector<rdt_range> cs;
+    rdt_get_options go = detail::get_options(transport, sources, cs);
+    rdt_pending *f = nullptr;
+    check(rdt_get_start(rt_, refs.data(), refs.size(), c.data(), c.size(), &go, &f));
     return Fetch(f);
   }
-  void get_impl(const RefList &refs, const std::vector<TensorView> &targets, const std::vector<Source> *sources,
+  void get_impl(const RefList &refs, const std::vector<Tensor> &targets, const std::vector<Range> *sources,
                 std::chrono::milliseconds timeout, const std::string &transport) {
     std::vector<rdt_tensor> c = detail::c_tensors(targets);
-    std::vector<rdt_source_range> cs;
-    rdt_fetch_options fo = detail::fetch_options(transport, sources, cs);
-    check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &fo, detail::millis(timeout)));
+    std::vector<rdt_range> cs;
+    rdt_get_options go = detail::get_options(transport, sources, cs);
+    check(rdt_get(rt_, refs.data(), refs.size(), c.data(), c.size(), &go, detail::millis(timeout)));
   }
 
   rdt_runtime *rt_ = nullptr;

@@ -237,7 +237,7 @@ class RdtTensorTransport(TensorTransportManager):
                 raise rdt.PeerUnavailableError(f"{e}{_hint_unreachable()}", e.status) from None
         req.ref = ref
         req.pending = None
-        req.fetch = rt.fetch(ref, out=outs)
+        req.fetch = rt.get_start(ref, out=outs)
         if req.aborted:
             req.fetch.abort()
         return True

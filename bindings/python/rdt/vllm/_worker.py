@@ -364,7 +364,7 @@ class LibrdtWeightTransferEngine(WeightTransferEngine[LibrdtInitInfo, LibrdtUpda
             last.setdefault(i, []).append(m)
         tensors = [[ref[j] for j in range(len(ref.tensor_descs()))] for ref in refs]
         out: List[Tuple[rdt.Prepared, List[int], List[int]]] = []
-        slices: List[rdt.TensorSlice] = []
+        slices: List[rdt.Range] = []
         outs: List[torch.Tensor] = []
         done: List[int] = []
         filled = 0

@@ -212,7 +212,7 @@ func (f *foreign) callbackError(callback string, st C.rdt_status, msg *C.char) e
 type cTransfer struct {
 	x       *C.rdt_transfer
 	strings []*C.char
-	ranges  *C.rdt_source_range // a partial fetch's, in C memory
+	ranges  *C.rdt_range // a partial fetch's, in C memory
 }
 
 func newCTransfer(x *transport.Transfer) *cTransfer {
@@ -235,12 +235,12 @@ func newCTransfer(x *transport.Transfer) *cTransfer {
 	c.x.destination_runtime = str(x.Destination.RuntimeID.String())
 	c.x.destination_address = str(x.Destination.Address)
 	if x.Pieces != nil {
-		c.ranges = (*C.rdt_source_range)(C.calloc(C.size_t(max(1, len(x.Pieces))), C.size_t(unsafe.Sizeof(C.rdt_source_range{}))))
+		c.ranges = (*C.rdt_range)(C.calloc(C.size_t(max(1, len(x.Pieces))), C.size_t(unsafe.Sizeof(C.rdt_range{}))))
 		if c.ranges == nil {
 			panic("rdt: out of memory")
 		}
 		for i, p := range x.Pieces {
-			r := (*C.rdt_source_range)(unsafe.Add(unsafe.Pointer(c.ranges), i*int(unsafe.Sizeof(*c.ranges))))
+			r := (*C.rdt_range)(unsafe.Add(unsafe.Pointer(c.ranges), i*int(unsafe.Sizeof(*c.ranges))))
 			r.tensor, r.offset, r.length = C.uint32_t(p.Tensor), C.uint64_t(p.Offset), C.uint64_t(p.Length)
 		}
 		c.x.ranges, c.x.num_ranges = c.ranges, C.size_t(len(x.Pieces))

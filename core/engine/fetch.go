@@ -68,7 +68,7 @@ type Fetch struct {
 // waiting on the network: connecting to the owners, the borrows, metadata
 // and the transfers themselves run in the background, bounded by the
 // fetch's own life (Abort, Free) and waited on with Wait. Errors of those
-// phases are the fetch's result. See rdt_fetch_start.
+// phases are the fetch's result. See rdt_get_start.
 func (rt *Runtime) StartFetch(refs []*Ref, targets []transport.Tensor, opts FetchOptions) (*Fetch, error) {
 	ctx, cancel := context.WithCancel(rt.ctx)
 	f, err := newFetch(rt, refs, targets, opts, ctx, cancel)
@@ -390,7 +390,7 @@ func (f *Fetch) markDone() {
 // EventFD returns a file descriptor that becomes readable once the fetch is
 // complete (Wait(0) no longer times out) and stays readable until Free,
 // which closes it. It is made on the first call; later calls return the
-// same one. See rdt_fetch_event_fd.
+// same one. See rdt_pending_event_fd.
 func (f *Fetch) EventFD() (int, error) {
 	f.eventMu.Lock()
 	defer f.eventMu.Unlock()

@@ -7,7 +7,7 @@ import (
 )
 
 // Source names what one target of a partial fetch receives: a byte range
-// of one tensor of one of the fetch's refs (see rdt_source_range).
+// of one tensor of one of the fetch's refs (see rdt_range).
 type Source struct {
 	Ref int
 	transport.Piece

@@ -8,7 +8,7 @@
 // but Release waits until NIXL reports the request finished before it
 // releases it (releasing a request in flight is unsafe); the core calls
 // Release before the caller's buffers are handed back, so a fetch that
-// was aborted or timed out still never writes into them after rdt_fetch_free.
+// was aborted or timed out still never writes into them after rdt_pending_free.
 package nixl
 
 /*

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -301,4 +302,63 @@ func checkPattern(bufs [][]byte, seed int) error {
 		}
 	}
 	return nil
+}
+
+// borrowed is an object deserialized in a runtime of the test, with
+// buffers to fetch its tensors into.
+type borrowed struct {
+	rt      *engine.Runtime
+	ref     *engine.Ref
+	targets []transport.Tensor
+	bufs    [][]byte
+}
+
+// borrow deserializes b in rt and allocates buffers for its tensors; the
+// caller closes it.
+func borrow(t *testing.T, rt *engine.Runtime, b []byte) *borrowed {
+	t.Helper()
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	targets, bufs := targetsFor(ref.Desc())
+	return &borrowed{rt: rt, ref: ref, targets: targets, bufs: bufs}
+}
+
+// close frees the buffers and releases the ref.
+func (o *borrowed) close() {
+	for _, b := range o.bufs {
+		freeMem(b)
+	}
+	o.ref.Release()
+}
+
+// get fetches the object into its buffers.
+func (o *borrowed) get(opts engine.FetchOptions, timeout time.Duration) error {
+	return o.rt.Get([]*engine.Ref{o.ref}, o.targets, opts, timeout)
+}
+
+// start starts a fetch of the object into its buffers.
+func (o *borrowed) start(t *testing.T, opts engine.FetchOptions) *engine.Fetch {
+	t.Helper()
+	f, err := o.rt.StartFetch([]*engine.Ref{o.ref}, o.targets, opts)
+	require.NoError(t, err)
+	return f
+}
+
+// killDuring lets f run for pause, kills doomed (f's source) and waits for
+// f's end, which must come within the peer timeout's bound; it returns f's
+// error and how long after the kill it came. A fetch that finished before
+// the kill (what names it) skips the test: nothing was caught mid-transfer.
+func killDuring(t *testing.T, f *engine.Fetch, doomed *child, pause time.Duration, what string) (error, time.Duration) {
+	t.Helper()
+	time.Sleep(pause)
+	killed := time.Now()
+	doomed.kill()
+	err := f.Wait(30 * time.Second)
+	elapsed := time.Since(killed)
+	f.Free()
+	if err == nil {
+		t.Skipf("%s finished within %v, before the kill: this machine is too fast to catch it mid-transfer", what, pause)
+	}
+	assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
+	return err, elapsed
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/rdt-project/rdt/core/control"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -66,17 +65,6 @@ func newRuntime(t testing.TB, name string, opts ...func(*Options)) *Runtime {
 	require.NoError(t, err)
 	t.Cleanup(rt.Destroy)
 	return rt
-}
-
-// socketRuntime is a runtime whose control plane is Unix sockets in a
-// directory of the test's own.
-func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
-	t.Helper()
-	dir := t.TempDir()
-	return newRuntime(t, name, append([]func(*Options){func(o *Options) {
-		o.Network = control.Sockets{}
-		o.SocketDir = dir
-	}}, opts...)...)
 }
 
 func eventually(t *testing.T, cond func() bool, msg string) {
@@ -371,13 +359,6 @@ type pair struct {
 func newPair(t *testing.T, configure func(*memTransport)) *pair {
 	t.Helper()
 	return pairOf(t, newRuntime(t, "owner"), newRuntime(t, "borrower"), configure)
-}
-
-// socketPair is a pair whose runtimes speak over Unix sockets; ownerOpts
-// set the owner up.
-func socketPair(t *testing.T, configure func(*memTransport), ownerOpts ...func(*Options)) *pair {
-	t.Helper()
-	return pairOf(t, socketRuntime(t, "owner", ownerOpts...), socketRuntime(t, "borrower"), configure)
 }
 
 // pairOf registers a "mem" transport in owner and one in borrower, each

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -214,12 +213,11 @@ func TestRevokeRacesBorrow(t *testing.T) {
 // fail, never return the bytes. When garbage_collect ran after revoke
 // returned, such fetches read the object.
 func TestRevokedObjectIsNotServedAfterRevokeReturns(t *testing.T) {
-	collected := &sync.Map{}
 	p := socketPair(t, func(m *memTransport) {
-		m.collected = collected
 		m.describe = func(d *transport.Descriptor) { d.DetectsFreedObjects = true }
 	})
 	owner, borrower := p.owner, p.borrower
+	p.dst.collected = p.src.collected
 	p.src.gcDelay = 20 * time.Millisecond // the free takes a while, as unmapping does
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

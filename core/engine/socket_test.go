@@ -17,6 +17,24 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// socketRuntime is a runtime whose control plane is Unix sockets in a
+// directory of the test's own.
+func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
+	t.Helper()
+	dir := t.TempDir()
+	return newRuntime(t, name, append([]func(*Options){func(o *Options) {
+		o.Network = control.Sockets{}
+		o.SocketDir = dir
+	}}, opts...)...)
+}
+
+// socketPair is a pair whose runtimes speak over Unix sockets; ownerOpts
+// set the owner up.
+func socketPair(t *testing.T, configure func(*memTransport), ownerOpts ...func(*Options)) *pair {
+	t.Helper()
+	return pairOf(t, socketRuntime(t, "owner", ownerOpts...), socketRuntime(t, "borrower"), configure)
+}
+
 func TestSocketsBorrowFetchAndRelease(t *testing.T) {
 	p := socketPair(t, nil)
 	owner, borrower := p.owner, p.borrower

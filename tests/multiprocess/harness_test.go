@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -342,23 +341,4 @@ func (o *borrowed) start(t *testing.T, opts engine.FetchOptions) *engine.Fetch {
 	f, err := o.rt.StartFetch([]*engine.Ref{o.ref}, o.targets, opts)
 	require.NoError(t, err)
 	return f
-}
-
-// killDuring lets f run for pause, kills doomed (f's source) and waits for
-// f's end, which must come within the peer timeout's bound; it returns f's
-// error and how long after the kill it came. A fetch that finished before
-// the kill (what names it) skips the test: nothing was caught mid-transfer.
-func killDuring(t *testing.T, f *engine.Fetch, doomed *child, pause time.Duration, what string) (error, time.Duration) {
-	t.Helper()
-	time.Sleep(pause)
-	killed := time.Now()
-	doomed.kill()
-	err := f.Wait(30 * time.Second)
-	elapsed := time.Since(killed)
-	f.Free()
-	if err == nil {
-		t.Skipf("%s finished within %v, before the kill: this machine is too fast to catch it mid-transfer", what, pause)
-	}
-	assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
-	return err, elapsed
 }

@@ -109,6 +109,25 @@ func TestBorrowerKilledReturnsItsBorrows(t *testing.T) {
 	assert.Equal(t, uint64(0), owner.Stats().Borrows)
 }
 
+// killDuring lets f run for pause, kills doomed (f's source) and waits for
+// f's end, which must come within the peer timeout's bound; it returns f's
+// error and how long after the kill it came. A fetch that finished before
+// the kill (what names it) skips the test: nothing was caught mid-transfer.
+func killDuring(t *testing.T, f *engine.Fetch, doomed *child, pause time.Duration, what string) (error, time.Duration) {
+	t.Helper()
+	time.Sleep(pause)
+	killed := time.Now()
+	doomed.kill()
+	err := f.Wait(30 * time.Second)
+	elapsed := time.Since(killed)
+	f.Free()
+	if err == nil {
+		t.Skipf("%s finished within %v, before the kill: this machine is too fast to catch it mid-transfer", what, pause)
+	}
+	assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
+	return err, elapsed
+}
+
 func TestSourceKilledDuringLargeFetch(t *testing.T) {
 	const big = 1 << 30
 	for _, transportName := range []string{"tcp", "cma"} {

@@ -47,8 +47,7 @@ func TestFetchSecondGetFetchesAgain(t *testing.T) {
 }
 
 func TestFetchOneDeadlineForAll(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
+	p, gate := gatedPair(t, nil)
 	refs, targets, src, dst := p.shareToFetch(t, 3, 4096)
 	f := p.startFetch(t, refs, targets, FetchOptions{})
 	start := time.Now()
@@ -115,8 +114,7 @@ func TestFetchStartFailureCleansUp(t *testing.T) {
 }
 
 func TestFetchAbort(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
+	p, _ := gatedPair(t, nil)
 	refs, targets, _, _ := p.shareToFetch(t, 2, 4096)
 	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.fetched.Load() == 2 }, "both transfers started")
@@ -131,8 +129,7 @@ func TestFetchAbort(t *testing.T) {
 }
 
 func TestFreeWaitsForTransportThatCannotAbort(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate; m.canAbort = false })
+	p, gate := gatedPair(t, func(m *memTransport) { m.canAbort = false })
 	refs, targets, src, dst := p.shareToFetch(t, 1, 4096)
 	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.fetched.Load() == 1 }, "the transfer started")
@@ -160,8 +157,7 @@ func TestFetchTwoSided(t *testing.T) {
 }
 
 func TestFetchOwnerGoneMidTransfer(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
+	p, _ := gatedPair(t, nil)
 	refs, targets, _, _ := p.shareToFetch(t, 2, 4096)
 	f := p.startFetch(t, refs, targets, FetchOptions{})
 	go p.owner.Destroy()

@@ -361,6 +361,20 @@ func newPair(t *testing.T, configure func(*memTransport)) *pair {
 	return pairOf(t, newRuntime(t, "owner"), newRuntime(t, "borrower"), configure)
 }
 
+// gatedPair is a pair whose transfers wait until gate is closed (or they
+// are aborted); configure, when given, sets the transports up further.
+func gatedPair(t *testing.T, configure func(*memTransport)) (p *pair, gate chan struct{}) {
+	t.Helper()
+	gate = make(chan struct{})
+	p = newPair(t, func(m *memTransport) {
+		m.gate = gate
+		if configure != nil {
+			configure(m)
+		}
+	})
+	return p, gate
+}
+
 // pairOf registers a "mem" transport in owner and one in borrower, each
 // set up by configure, that share their two-sided channel.
 func pairOf(t *testing.T, owner, borrower *Runtime, configure func(*memTransport)) *pair {

@@ -15,8 +15,7 @@ import (
 // prepares their fetch into new targets; the test closes it.
 func prepareShared(t *testing.T, p *pair, n int) (pf *Prepared, refs []*Ref, src, dst []*hostBuf) {
 	t.Helper()
-	refs, src = p.share(t, n, 4096, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, n, 4096)
 	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
 	require.NoError(t, err)
 	return pf, refs, src, dst

@@ -13,6 +13,33 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// getWhole fetches ref whole into a new buffer of n bytes, within five
+// seconds.
+func getWhole(t *testing.T, rt *Runtime, ref *Ref, n int) (*hostBuf, error) {
+	t.Helper()
+	out := newHostBuf(t, n)
+	err := rt.Get([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	return out, err
+}
+
+// requireGets fetches ref whole in rt and requires that it brings src's
+// bytes; it returns the target, for fetching into again.
+func requireGets(t *testing.T, rt *Runtime, ref *Ref, src *hostBuf) *hostBuf {
+	t.Helper()
+	out, err := getWhole(t, rt, ref, len(src.b))
+	require.NoError(t, err)
+	assert.Equal(t, src.b, out.b)
+	return out
+}
+
+// assertLanded asserts that every target buffer holds its source's bytes.
+func assertLanded(t *testing.T, src, dst []*hostBuf) {
+	t.Helper()
+	for i := range src {
+		assert.True(t, bytes.Equal(src[i].b, dst[i].b), "tensor %d", i)
+	}
+}
+
 func TestFetchMovesBytesOneSided(t *testing.T) {
 	p := newPair(t, nil)
 	refs, targets, src, dst := p.shareToFetch(t, 3, 1<<16)

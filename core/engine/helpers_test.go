@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"sync"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -109,25 +107,6 @@ func lendOne(t *testing.T, rt *Runtime, transportName string, released *atomic.I
 	return b, buf
 }
 
-// getWhole fetches ref whole into a new buffer of n bytes, within five
-// seconds.
-func getWhole(t *testing.T, rt *Runtime, ref *Ref, n int) (*hostBuf, error) {
-	t.Helper()
-	out := newHostBuf(t, n)
-	err := rt.Get([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
-	return out, err
-}
-
-// requireGets fetches ref whole in rt and requires that it brings src's
-// bytes; it returns the target, for fetching into again.
-func requireGets(t *testing.T, rt *Runtime, ref *Ref, src *hostBuf) *hostBuf {
-	t.Helper()
-	out, err := getWhole(t, rt, ref, len(src.b))
-	require.NoError(t, err)
-	assert.Equal(t, src.b, out.b)
-	return out
-}
-
 // borrowIn is rt's ref of ref's serialized bytes, released when the test
 // ends.
 func borrowIn(t *testing.T, rt *Runtime, ref *Ref) *Ref {
@@ -135,22 +114,6 @@ func borrowIn(t *testing.T, rt *Runtime, ref *Ref) *Ref {
 	borrowed := deserialized(t, rt, serialized(t, ref))
 	t.Cleanup(func() { borrowed.Release() })
 	return borrowed
-}
-
-// notice waits up to timeout for the next notice of a write into owned,
-// which must come.
-func notice(t *testing.T, owned *Ref, timeout time.Duration) WriteNotice {
-	t.Helper()
-	n, err := owned.WaitWriteNotice(timeout)
-	require.NoError(t, err)
-	return n
-}
-
-// assertNoNotice asserts that no notice of a write into owned waits.
-func assertNoNotice(t *testing.T, owned *Ref, msgAndArgs ...any) {
-	t.Helper()
-	_, err := owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), msgAndArgs...)
 }
 
 // memTransport is a test transport for runtimes of one process: the source
@@ -444,12 +407,4 @@ func targetsFor(t *testing.T, bufs []*hostBuf) ([]transport.Tensor, []*hostBuf) 
 		ts[i] = tensorOf(t, out[i])
 	}
 	return ts, out
-}
-
-// assertLanded asserts that every target buffer holds its source's bytes.
-func assertLanded(t *testing.T, src, dst []*hostBuf) {
-	t.Helper()
-	for i := range src {
-		assert.True(t, bytes.Equal(src[i].b, dst[i].b), "tensor %d", i)
-	}
 }

@@ -47,6 +47,22 @@ func (p *pair) exposeTensors(t *testing.T, tensors ...transport.Tensor) (owned, 
 	return owned, writable
 }
 
+// notice waits up to timeout for the next notice of a write into owned,
+// which must come.
+func notice(t *testing.T, owned *Ref, timeout time.Duration) WriteNotice {
+	t.Helper()
+	n, err := owned.WaitWriteNotice(timeout)
+	require.NoError(t, err)
+	return n
+}
+
+// assertNoNotice asserts that no notice of a write into owned waits.
+func assertNoNotice(t *testing.T, owned *Ref, msgAndArgs ...any) {
+	t.Helper()
+	_, err := owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), msgAndArgs...)
+}
+
 func TestWriteLandsThenNotifies(t *testing.T) {
 	p := writablePair(t)
 	owned, w, bufs := p.expose(t)

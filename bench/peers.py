@@ -151,11 +151,14 @@ def mooncake_engine():
     return engine
 
 
-def mooncake_source(conn) -> None:
-    engine = mooncake_engine()
-    target = f"127.0.0.1:{engine.get_rpc_port()}"
+def registering_source(conn, register) -> None:
+    """The source of a peer that registers each shape's memory with its
+    library (Mooncake, NIXL): register(block, count, size) registers a new
+    shape's block and returns what the receiver needs and a function that
+    unregisters the block. A write lands in zeroed arrays, which a "check"
+    after the first write checks."""
     conn.send(("ready", None))
-    held = arrays = None
+    unregister = arrays = None
     while True:
         msg = conn.recv()
         if msg[0] == "quit":
@@ -164,13 +167,24 @@ def mooncake_source(conn) -> None:
             check_arrays(arrays)
             conn.send("ok")
             continue
-        if held is not None:
-            engine.unregister_memory(held.ctypes.data)
+        if unregister is not None:
+            unregister()
         count, size, write = msg[1], msg[2], msg[3]
         held, arrays = (receiver_arrays if write else source_arrays)(count, size)
-        if engine.register_memory(held.ctypes.data, held.nbytes) != 0:
+        info, unregister = register(held, count, size)
+        conn.send(info)
+
+
+def mooncake_source(conn) -> None:
+    engine = mooncake_engine()
+    target = f"127.0.0.1:{engine.get_rpc_port()}"
+
+    def register(block, count, size):
+        if engine.register_memory(block.ctypes.data, block.nbytes) != 0:
             raise RuntimeError("register_memory failed")
-        conn.send((target, held.ctypes.data))
+        return (target, block.ctypes.data), lambda: engine.unregister_memory(block.ctypes.data)
+
+    registering_source(conn, register)
 
 
 class MooncakeReceiver:
@@ -216,24 +230,14 @@ def nixl_api():
 def nixl_source(conn) -> None:
     api = nixl_api()
     agent = api.nixl_agent("peers-source", api.nixl_agent_config(backends=["UCX"]))
-    conn.send(("ready", None))
-    held = reg = arrays = None
-    while True:
-        msg = conn.recv()
-        if msg[0] == "quit":
-            return
-        if msg[0] == "check":  # after the first write: did its bytes land?
-            check_arrays(arrays)
-            conn.send("ok")
-            continue
-        if reg is not None:
-            agent.deregister_memory(reg)
-        count, size, write = msg[1], msg[2], msg[3]
-        held, arrays = (receiver_arrays if write else source_arrays)(count, size)
-        base = held.ctypes.data
-        reg = agent.register_memory([(base, held.nbytes, 0, "")], "DRAM")
+
+    def register(block, count, size):
+        base = block.ctypes.data
+        reg = agent.register_memory([(base, block.nbytes, 0, "")], "DRAM")
         descs = agent.get_xfer_descs([(base + i * size, size, 0) for i in range(count)], "DRAM")
-        conn.send((agent.get_agent_metadata(), agent.get_serialized_descs(descs)))
+        return (agent.get_agent_metadata(), agent.get_serialized_descs(descs)), lambda: agent.deregister_memory(reg)
+
+    registering_source(conn, register)
 
 
 class NixlReceiver:

@@ -46,6 +46,10 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 import torch  # noqa: E402
 
+# The trainer's side of a sync as the vLLM suite drives it (tests/vllm).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "vllm"))
+from trainer_side import PipeClient, greedy, make_engine, serve_call, take_stdout  # noqa: E402
+
 PROMPTS = [[1, 5, 9, 200], [7, 7, 300, 2, 11]]
 TOKENS = 6
 VLLM_OWN = {
@@ -71,15 +75,6 @@ def llama(size_gb, vocab=8192):
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
                        tie_word_embeddings=False)
-
-
-def greedy(model):
-    out = []
-    for p in PROMPTS:
-        with torch.no_grad():
-            g = model.generate(torch.tensor([p]), max_new_tokens=TOKENS, do_sample=False, pad_token_id=0)
-        out.append(g[0, len(p):].tolist())
-    return out
 
 
 def step(model, seed):
@@ -167,7 +162,7 @@ def bench_size(size_gb, syncs):
     def check(method):
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sampling, use_tqdm=False)
         got = [list(o.outputs[0].token_ids) for o in outs]
-        if got != greedy(model):
+        if got != greedy(model, PROMPTS, TOKENS):
             raise SystemExit(f"{method}: vLLM's tokens differ from the trainer's after the sync")
 
     row = {"gb": nbytes / 1e9, "tensors": len(params), "layers": config.num_hidden_layers}
@@ -303,30 +298,6 @@ def bench_rdt_alone(params, syncs):
 
 # ---- cost per tensor -------------------------------------------------------------------
 
-class _PipeClient:
-    def __init__(self, inp, out):
-        self.inp, self.out = inp, out
-
-    def _call(self, call, arg=None):
-        self.out.write(json.dumps({"call": call, "arg": arg}) + "\n")
-        self.out.flush()
-        answer = json.loads(self.inp.readline())
-        if "error" in answer:
-            raise RuntimeError(answer["error"])
-
-    def init_weight_transfer_engine(self, info):
-        self._call("init", info)
-
-    def start_weight_update(self):
-        self._call("start")
-
-    def update_weights(self, info):
-        self._call("update", info)
-
-    def finish_weight_update(self, weight_version=None):
-        self._call("finish")
-
-
 class _Flat(torch.nn.Module):
     """count tensors of n float32 each, as one matrix whose rows they land in."""
 
@@ -348,17 +319,14 @@ class _Many(torch.nn.Module):
 
 
 def trainer_child(count, n, syncs):
-    # The answers go over the pipe that was stdout; whatever else writes to
-    # stdout (vLLM's log handler) goes to stderr.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    out = take_stdout()  # the answers go over the pipe that was stdout
     from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
     import rdt.vllm
 
     rdt.vllm.register()
     engine = WeightTransferTrainerFactory.trainer_init(
-        rdt.vllm.LibrdtTrainerInitInfo(rank=0, timeout_s=600), client=_PipeClient(sys.stdin, out),
+        rdt.vllm.LibrdtTrainerInitInfo(rank=0, timeout_s=600), client=PipeClient(sys.stdin, out),
         source=ModuleSource(_Many(count, n)))
     times = []
     for _ in range(syncs + 2):
@@ -376,13 +344,8 @@ def trainer_child(count, n, syncs):
 
 
 def bench_tensors(count=37000, n=16, syncs=5):
-    from vllm.config import VllmConfig, WeightTransferConfig
-
-    from rdt.vllm import LibrdtWeightTransferEngine
-
     model = _Flat(count, n)
-    engine = LibrdtWeightTransferEngine(WeightTransferConfig(backend="librdt"), VllmConfig(), torch.device("cpu"),
-                                        model)
+    engine = make_engine(model)
     child = subprocess.Popen([sys.executable, __file__, "--trainer-child", str(count), str(n), str(syncs)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     worker = []
@@ -394,17 +357,10 @@ def bench_tensors(count=37000, n=16, syncs=5):
         msg = json.loads(child.stdout.readline())
         if "done" in msg:
             break
-        call, arg = msg["call"], msg["arg"]
         t0 = time.perf_counter()
-        if call == "init":
-            engine.init_transfer_engine(engine.parse_init_info(arg))
-        elif call == "start":
-            engine.start_weight_update()
-        elif call == "update":
-            engine.update_weights(arg)
+        serve_call(engine, msg["call"], msg["arg"])
+        if msg["call"] == "update_weights":
             worker.append(time.perf_counter() - t0)
-        elif call == "finish":
-            engine.finish_weight_update()
         child.stdin.write(json.dumps({"ok": True}) + "\n")
         child.stdin.flush()
     child.wait(60)

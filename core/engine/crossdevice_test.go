@@ -83,14 +83,7 @@ func cudaPair(t *testing.T, direct bool) (*pair, []*Ref, []*hostBuf) {
 	})
 	buf := newHostBuf(t, 8192)
 	buf.fill(4)
-	ref, err := p.owner.Put([]transport.Tensor{onDevice(tensorOf(t, buf), transport.DeviceCUDA)}, "mem", nil)
-	require.NoError(t, err)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	borrowed, err := p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	t.Cleanup(func() { borrowed.Release() })
+	borrowed := p.lend(t, []transport.Tensor{onDevice(tensorOf(t, buf), transport.DeviceCUDA)}, "mem")
 	return p, []*Ref{borrowed}, []*hostBuf{buf}
 }
 

@@ -145,11 +145,7 @@ func stalledPair(t *testing.T) (borrower *Runtime, ref *Ref, target transport.Te
 	}
 	oref, buf := putOne(t, owner, "mem", new(atomic.Int64))
 	t.Cleanup(func() { oref.Release() })
-	b, err := oref.Serialize()
-	require.NoError(t, err)
-	ref, err = borrower.Deserialize(b)
-	require.NoError(t, err)
-	t.Cleanup(func() { ref.Release() })
+	ref = borrowIn(t, borrower, oref)
 	return borrower, ref, tensorOf(t, newHostBuf(t, len(buf.b))), release
 }
 

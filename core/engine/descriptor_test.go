@@ -116,19 +116,14 @@ func TestAutoFetchSkipsSameHostOnlyAcrossHosts(t *testing.T) {
 		}
 		ref, err := owner.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 		require.NoError(t, err)
-		b, _ := ref.Serialize()
-		bref, err := borrower.Deserialize(b)
-		require.NoError(t, err)
-		out := newHostBuf(t, 64)
-		require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
-		assert.Equal(t, buf.b, out.b)
+		b := serialized(t, ref)
+		out := requireGets(t, borrower, deserialized(t, borrower, b), buf)
 		if host == "host-a" {
 			assert.Equal(t, int64(1), nearDst.fetched.Load(), "same host: the better rank")
 		} else {
 			assert.Equal(t, int64(0), nearDst.fetched.Load(), "other host: never the same-host-only one")
 			assert.Equal(t, int64(1), farDst.fetched.Load())
-			bref2, err := borrower.Deserialize(b)
-			require.NoError(t, err)
+			bref2 := deserialized(t, borrower, b)
 			err = borrower.Get([]*Ref{bref2}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Transport: "near"}, 5*time.Second)
 			assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 			assert.Contains(t, err.Error(), "near works only between processes on the same host")

@@ -49,8 +49,7 @@ func TestWriteOfSeveralRangesOfOneTensor(t *testing.T) {
 			dests := []Source{rowsOf(10, 2), rowsOf(40, 3)}
 			sources := []transport.Tensor{shaped(t, a, f32, 2, 16), shaped(t, b, f32, 3, 16)}
 			require.NoError(t, writer.Write([]*Ref{w}, sources, WriteOptions{Tag: 7, Destinations: dests}, 10*time.Second))
-			n, err := owned.WaitWriteNotice(10 * time.Second)
-			require.NoError(t, err)
+			n := notice(t, owned, 10*time.Second)
 			require.NoError(t, n.Err)
 			assert.Equal(t, uint64(7), n.Tag)
 			assert.Equal(t, uint64(5*matrixRow), n.Bytes)
@@ -126,12 +125,8 @@ func newEndingRig(t *testing.T, c endingCase, configure func(*memTransport)) *en
 		owned, err := p.owner.Put([]transport.Tensor{shaped(t, src, f32, 64, 16)}, "mem", nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { owned.Release() })
-		b, err := owned.Serialize()
-		require.NoError(t, err)
 		r.owned = owned
-		r.ref, err = p.borrower.Deserialize(b)
-		require.NoError(t, err)
-		t.Cleanup(func() { r.ref.Release() })
+		r.ref = borrowIn(t, p.borrower, owned)
 	}
 	if c.how == "prepared" {
 		var err error
@@ -146,8 +141,7 @@ func newEndingRig(t *testing.T, c endingCase, configure func(*memTransport)) *en
 		require.NoError(t, r.prep.Run(1, 10*time.Second))
 		require.True(t, r.prep.Kept())
 		if c.write {
-			n, err := r.owned.WaitWriteNotice(10 * time.Second)
-			require.NoError(t, err)
+			n := notice(t, r.owned, 10*time.Second)
 			require.NoError(t, n.Err)
 		}
 	}
@@ -321,8 +315,7 @@ func TestWriteOutcomeIsOneForWriterAndOwner(t *testing.T) {
 				require.NoError(t, prep.Run(1, 10*time.Second))
 				require.True(t, prep.Kept())
 				for _, o := range []*Ref{ownedA, ownedB} {
-					n, err := o.WaitWriteNotice(10 * time.Second)
-					require.NoError(t, err)
+					n := notice(t, o, 10*time.Second)
 					require.NoError(t, n.Err)
 				}
 				run = func(tag uint64) error { return prep.Run(tag, 10*time.Second) }

@@ -35,12 +35,9 @@ func isEventFD(fd int) bool {
 }
 
 func TestFetchEventFDBecomesReadableAtCompletion(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
-	refs, src := p.share(t, 2, 4096, "mem")
-	targets, dst := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, gate := gatedPair(t, nil)
+	refs, targets, src, dst := p.shareToFetch(t, 2, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	fd, err := f.EventFD()
 	require.NoError(t, err)
 	require.True(t, isEventFD(fd))
@@ -52,9 +49,7 @@ func TestFetchEventFDBecomesReadableAtCompletion(t *testing.T) {
 	require.True(t, readable(t, fd, 5*time.Second), "not readable after completion")
 	require.NoError(t, f.Wait(0), "readable means Wait(0) has the result")
 	assert.True(t, readable(t, fd, 0), "it stays readable")
-	for i := range src {
-		assert.Equal(t, src[i].b, dst[i].b)
-	}
+	assertLanded(t, src, dst)
 	f.Free()
 	assert.False(t, isEventFD(fd), "Free closes the eventfd")
 	_, err = f.EventFD()
@@ -62,12 +57,9 @@ func TestFetchEventFDBecomesReadableAtCompletion(t *testing.T) {
 }
 
 func TestFetchEventFDAfterCompletionAndAbort(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, _ := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, _ := gatedPair(t, nil)
+	refs, targets, _, _ := p.shareToFetch(t, 1, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.fetched.Load() == 1 }, "the transfer started")
 	f.Abort()
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(5*time.Second)))

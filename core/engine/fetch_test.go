@@ -13,65 +13,38 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// pair is an owner and a borrower runtime with the same test transport.
-type pair struct {
-	owner, borrower *Runtime
-	src, dst        *memTransport
+// getWhole fetches ref whole into a new buffer of n bytes, within five
+// seconds.
+func getWhole(t *testing.T, rt *Runtime, ref *Ref, n int) (*hostBuf, error) {
+	t.Helper()
+	out := newHostBuf(t, n)
+	err := rt.Get([]*Ref{ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	return out, err
 }
 
-func newPair(t *testing.T, configure func(*memTransport)) *pair {
-	p := &pair{
-		owner: newRuntime(t, "owner"), borrower: newRuntime(t, "borrower"),
-		src: newMemTransport("mem"), dst: newMemTransport("mem"),
-	}
-	p.dst.mailbox = p.src.mailbox // the pair's two-sided channel
-	if configure != nil {
-		configure(p.src)
-		configure(p.dst)
-	}
-	require.NoError(t, p.owner.RegisterTransport(p.src))
-	require.NoError(t, p.borrower.RegisterTransport(p.dst))
-	return p
+// requireGets fetches ref whole in rt and requires that it brings src's
+// bytes; it returns the target, for fetching into again.
+func requireGets(t *testing.T, rt *Runtime, ref *Ref, src *hostBuf) *hostBuf {
+	t.Helper()
+	out, err := getWhole(t, rt, ref, len(src.b))
+	require.NoError(t, err)
+	assert.Equal(t, src.b, out.b)
+	return out
 }
 
-// share puts n buffers of size bytes in the owner and returns the borrowed
-// refs and the source buffers.
-func (p *pair) share(t *testing.T, n, size int, transportName string) ([]*Ref, []*hostBuf) {
-	refs := make([]*Ref, n)
-	bufs := make([]*hostBuf, n)
-	for i := range refs {
-		bufs[i] = newHostBuf(t, size)
-		bufs[i].fill(byte(i + 1))
-		ref, err := p.owner.Put([]transport.Tensor{tensorOf(t, bufs[i])}, transportName, nil)
-		require.NoError(t, err)
-		b, err := ref.Serialize()
-		require.NoError(t, err)
-		require.NoError(t, ref.Release())
-		refs[i], err = p.borrower.Deserialize(b)
-		require.NoError(t, err)
-		t.Cleanup(func() { refs[i].Release() })
+// assertLanded asserts that every target buffer holds its source's bytes.
+func assertLanded(t *testing.T, src, dst []*hostBuf) {
+	t.Helper()
+	for i := range src {
+		assert.True(t, bytes.Equal(src[i].b, dst[i].b), "tensor %d", i)
 	}
-	return refs, bufs
-}
-
-func targetsFor(t *testing.T, bufs []*hostBuf) ([]transport.Tensor, []*hostBuf) {
-	out := make([]*hostBuf, len(bufs))
-	ts := make([]transport.Tensor, len(bufs))
-	for i, b := range bufs {
-		out[i] = newHostBuf(t, len(b.b))
-		ts[i] = tensorOf(t, out[i])
-	}
-	return ts, out
 }
 
 func TestFetchMovesBytesOneSided(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 3, 1<<16, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, 3, 1<<16)
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{}, 5*time.Second))
-	for i := range src {
-		assert.True(t, bytes.Equal(src[i].b, dst[i].b), "tensor %d", i)
-	}
+	assertLanded(t, src, dst)
 	s := p.borrower.Stats()
 	assert.Equal(t, uint64(3), s.TransfersCompleted)
 	assert.Equal(t, uint64(3<<16), s.BytesReceived)
@@ -81,8 +54,7 @@ func TestFetchMovesBytesOneSided(t *testing.T) {
 
 func TestFetchStartsAllBeforeWaitingAny(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 4, 4096, "mem")
-	targets, _ := targetsFor(t, src)
+	refs, targets, _, _ := p.shareToFetch(t, 4, 4096)
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{}, 5*time.Second))
 	ev := p.dst.Events()
 	require.Len(t, ev, 12)
@@ -93,8 +65,7 @@ func TestFetchStartsAllBeforeWaitingAny(t *testing.T) {
 
 func TestFetchSecondGetFetchesAgain(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, 1, 4096)
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{}, time.Second))
 	src[0].fill(99) // the source mutates; a second get sees it
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{}, time.Second))
@@ -103,14 +74,11 @@ func TestFetchSecondGetFetchesAgain(t *testing.T) {
 }
 
 func TestFetchOneDeadlineForAll(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
-	refs, src := p.share(t, 3, 4096, "mem")
-	targets, dst := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, gate := gatedPair(t, nil)
+	refs, targets, src, dst := p.shareToFetch(t, 3, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	start := time.Now()
-	err = f.Wait(150 * time.Millisecond)
+	err := f.Wait(150 * time.Millisecond)
 	elapsed := time.Since(start)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
 	// Three blocked transfers share the one deadline: not three times it.
@@ -120,15 +88,12 @@ func TestFetchOneDeadlineForAll(t *testing.T) {
 	require.NoError(t, f.Wait(5*time.Second))
 	require.NoError(t, f.Wait(0), "the result stays")
 	f.Free()
-	for i := range src {
-		assert.Equal(t, src[i].b, dst[i].b)
-	}
+	assertLanded(t, src, dst)
 }
 
 func TestFetchFirstErrorAbortsAndReleasesOthers(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 4, 4096, "mem")
-	targets, _ := targetsFor(t, src)
+	refs, targets, _, _ := p.shareToFetch(t, 4, 4096)
 	// One transfer fails; the others block like a transport that notices an
 	// abort only at its next chunk, until we let them go.
 	blocker := make(chan struct{})
@@ -140,12 +105,11 @@ func TestFetchFirstErrorAbortsAndReleasesOthers(t *testing.T) {
 		<-blocker
 		return nil
 	}
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.aborts.Load() == 3 }, "the other three are aborted")
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(0)), "does not return while transfers may still write")
 	close(blocker)
-	err = f.Wait(5 * time.Second)
+	err := f.Wait(5 * time.Second)
 	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "link down")
 	assert.Equal(t, int64(4), p.dst.released.Load(), "every request released")
@@ -156,8 +120,7 @@ func TestFetchFirstErrorAbortsAndReleasesOthers(t *testing.T) {
 func TestFetchStartFailureCleansUp(t *testing.T) {
 	p := newPair(t, func(m *memTransport) { m.failFetchIdx = 3 })
 	p.dst.gate = make(chan struct{}) // started transfers only end by abort
-	refs, src := p.share(t, 4, 4096, "mem")
-	targets, _ := targetsFor(t, src)
+	refs, targets, _, _ := p.shareToFetch(t, 4, 4096)
 	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
 	require.NoError(t, err, "starting waits for nothing; a failure to start is the fetch's result")
 	err = f.Wait(5 * time.Second)
@@ -178,15 +141,12 @@ func TestFetchStartFailureCleansUp(t *testing.T) {
 }
 
 func TestFetchAbort(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
-	refs, src := p.share(t, 2, 4096, "mem")
-	targets, _ := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, _ := gatedPair(t, nil)
+	refs, targets, _, _ := p.shareToFetch(t, 2, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.fetched.Load() == 2 }, "both transfers started")
 	f.Abort()
-	err = f.Wait(5 * time.Second)
+	err := f.Wait(5 * time.Second)
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err))
 	assert.Equal(t, int64(2), p.dst.released.Load())
 	assert.Equal(t, int64(2), p.dst.aborts.Load())
@@ -196,12 +156,9 @@ func TestFetchAbort(t *testing.T) {
 }
 
 func TestFreeWaitsForTransportThatCannotAbort(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate; m.canAbort = false })
-	refs, src := p.share(t, 1, 4096, "mem")
-	targets, dst := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, gate := gatedPair(t, func(m *memTransport) { m.canAbort = false })
+	refs, targets, src, dst := p.shareToFetch(t, 1, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	eventually(t, func() bool { return p.dst.fetched.Load() == 1 }, "the transfer started")
 	freed := make(chan struct{})
 	go func() { f.Free(); close(freed) }()
@@ -218,34 +175,27 @@ func TestFreeWaitsForTransportThatCannotAbort(t *testing.T) {
 
 func TestFetchTwoSided(t *testing.T) {
 	p := newPair(t, func(m *memTransport) { m.oneSided = false })
-	refs, src := p.share(t, 3, 1<<12, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, 3, 1<<12)
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{}, 5*time.Second))
-	for i := range src {
-		assert.Equal(t, src[i].b, dst[i].b)
-	}
+	assertLanded(t, src, dst)
 	assert.Equal(t, int64(3), p.src.sends.Load(), "the source runtime sent")
 	assert.Equal(t, int64(0), p.dst.sends.Load())
 	eventually(t, func() bool { return p.owner.Stats().SendsCompleted == 3 }, "sends counted")
 }
 
 func TestFetchOwnerGoneMidTransfer(t *testing.T) {
-	gate := make(chan struct{})
-	p := newPair(t, func(m *memTransport) { m.gate = gate })
-	refs, src := p.share(t, 2, 4096, "mem")
-	targets, _ := targetsFor(t, src)
-	f, err := p.borrower.StartFetch(refs, targets, FetchOptions{})
-	require.NoError(t, err)
+	p, _ := gatedPair(t, nil)
+	refs, targets, _, _ := p.shareToFetch(t, 2, 4096)
+	f := p.startFetch(t, refs, targets, FetchOptions{})
 	go p.owner.Destroy()
-	err = f.Wait(5 * time.Second)
+	err := f.Wait(5 * time.Second)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	f.Free()
 }
 
 func TestFetchValidatesTargets(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 2, 4096, "mem")
-	targets, _ := targetsFor(t, src)
+	refs, targets, _, _ := p.shareToFetch(t, 2, 4096)
 
 	_, err := p.borrower.StartFetch(refs, targets[:1], FetchOptions{})
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
@@ -282,17 +232,13 @@ func TestFetchValidatesTargets(t *testing.T) {
 }
 
 func TestFetchPeerLacksTransport(t *testing.T) {
-	owner := newRuntime(t, "owner")
-	borrower := newRuntime(t, "borrower")
-	require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
-	require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+	p := newPair(t, nil)
+	owner, borrower := p.owner, p.borrower
 	require.NoError(t, borrower.RegisterTransport(newMemTransport("only_here")))
 	buf := newHostBuf(t, 64)
 	ref, err := owner.Put([]transport.Tensor{tensorOf(t, buf)}, "mem", nil)
 	require.NoError(t, err)
-	b, _ := ref.Serialize()
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	bref := deserialized(t, borrower, serialized(t, ref))
 	out := newHostBuf(t, 64)
 	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Transport: "only_here"}, time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
@@ -325,9 +271,7 @@ func TestFetchAutoWithoutBuiltinsExplains(t *testing.T) {
 	buf := newHostBuf(t, 64)
 	ref, err := owner.Put([]transport.Tensor{tensorOf(t, buf)}, "", nil)
 	require.NoError(t, err)
-	b, _ := ref.Serialize()
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	bref := deserialized(t, borrower, serialized(t, ref))
 	out := newHostBuf(t, 64)
 	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
@@ -340,9 +284,7 @@ func TestFetchEmptyObjectsNeedNoTransport(t *testing.T) {
 	require.NoError(t, err)
 	ref, err := p.owner.Put([]transport.Tensor{{TensorDesc: d}}, "mem", nil)
 	require.NoError(t, err)
-	b, _ := ref.Serialize()
-	bref, err := p.borrower.Deserialize(b)
-	require.NoError(t, err)
+	bref := deserialized(t, p.borrower, serialized(t, ref))
 	require.NoError(t, p.borrower.Get([]*Ref{bref}, []transport.Tensor{{TensorDesc: d}}, FetchOptions{}, time.Second))
 	assert.Equal(t, int64(0), p.dst.fetched.Load())
 }

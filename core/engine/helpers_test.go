@@ -65,6 +65,57 @@ func newRuntime(t testing.TB, name string, opts ...func(*Options)) *Runtime {
 	return rt
 }
 
+func eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	require.Eventually(t, cond, 5*time.Second, time.Millisecond, msg)
+}
+
+// putOne puts a 4096-byte tensor in rt; released counts the runs of its
+// release callback.
+func putOne(t *testing.T, rt *Runtime, transportName string, released *atomic.Int64) (*Ref, *hostBuf) {
+	t.Helper()
+	buf := newHostBuf(t, 4096)
+	buf.fill(3)
+	ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, transportName, func() { released.Add(1) })
+	require.NoError(t, err)
+	return ref, buf
+}
+
+// serialized is a ref's serialized bytes.
+func serialized(t *testing.T, ref *Ref) []byte {
+	t.Helper()
+	b, err := ref.Serialize()
+	require.NoError(t, err)
+	return b
+}
+
+// deserialized is the ref rt makes of serialized bytes.
+func deserialized(t *testing.T, rt *Runtime, b []byte) *Ref {
+	t.Helper()
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	return ref
+}
+
+// lendOne puts an object in rt as putOne does, serializes a ref to it and
+// releases the owner's handle: only the bytes' lease holds the object.
+func lendOne(t *testing.T, rt *Runtime, transportName string, released *atomic.Int64) ([]byte, *hostBuf) {
+	t.Helper()
+	ref, buf := putOne(t, rt, transportName, released)
+	b := serialized(t, ref)
+	require.NoError(t, ref.Release())
+	return b, buf
+}
+
+// borrowIn is rt's ref of ref's serialized bytes, released when the test
+// ends.
+func borrowIn(t *testing.T, rt *Runtime, ref *Ref) *Ref {
+	t.Helper()
+	borrowed := deserialized(t, rt, serialized(t, ref))
+	t.Cleanup(func() { borrowed.Release() })
+	return borrowed
+}
+
 // memTransport is a test transport for runtimes of one process: the source
 // publishes its tensors' addresses as metadata and the destination copies
 // from them. Hooks let tests block, fail and observe every call.
@@ -260,4 +311,100 @@ func (m *memTransport) Send(x *transport.Transfer, ts []transport.Tensor, tmeta,
 	}
 	m.box(x.TransferID) <- data
 	return nil
+}
+
+// pair is an owner and a borrower runtime with the same test transport.
+type pair struct {
+	owner, borrower *Runtime
+	src, dst        *memTransport
+}
+
+func newPair(t *testing.T, configure func(*memTransport)) *pair {
+	t.Helper()
+	return pairOf(t, newRuntime(t, "owner"), newRuntime(t, "borrower"), configure)
+}
+
+// gatedPair is a pair whose transfers wait until gate is closed (or they
+// are aborted); configure, when given, sets the transports up further.
+func gatedPair(t *testing.T, configure func(*memTransport)) (p *pair, gate chan struct{}) {
+	t.Helper()
+	gate = make(chan struct{})
+	p = newPair(t, func(m *memTransport) {
+		m.gate = gate
+		if configure != nil {
+			configure(m)
+		}
+	})
+	return p, gate
+}
+
+// pairOf registers a "mem" transport in owner and one in borrower, each
+// set up by configure, that share their two-sided channel.
+func pairOf(t *testing.T, owner, borrower *Runtime, configure func(*memTransport)) *pair {
+	t.Helper()
+	p := &pair{owner: owner, borrower: borrower, src: newMemTransport("mem"), dst: newMemTransport("mem")}
+	p.dst.mailbox = p.src.mailbox // the pair's two-sided channel
+	if configure != nil {
+		configure(p.src)
+		configure(p.dst)
+	}
+	require.NoError(t, p.owner.RegisterTransport(p.src))
+	require.NoError(t, p.borrower.RegisterTransport(p.dst))
+	return p
+}
+
+// lend puts tensors in the owner, serializes a ref and releases the
+// owner's handle, and returns the borrower's ref of the bytes, released
+// when the test ends.
+func (p *pair) lend(t *testing.T, tensors []transport.Tensor, transportName string) *Ref {
+	t.Helper()
+	ref, err := p.owner.Put(tensors, transportName, nil)
+	require.NoError(t, err)
+	b := serialized(t, ref)
+	require.NoError(t, ref.Release())
+	borrowed := deserialized(t, p.borrower, b)
+	t.Cleanup(func() { borrowed.Release() })
+	return borrowed
+}
+
+// share puts n buffers of size bytes in the owner and returns the borrowed
+// refs and the source buffers.
+func (p *pair) share(t *testing.T, n, size int, transportName string) ([]*Ref, []*hostBuf) {
+	t.Helper()
+	refs := make([]*Ref, n)
+	bufs := make([]*hostBuf, n)
+	for i := range refs {
+		bufs[i] = newHostBuf(t, size)
+		bufs[i].fill(byte(i + 1))
+		refs[i] = p.lend(t, []transport.Tensor{tensorOf(t, bufs[i])}, transportName)
+	}
+	return refs, bufs
+}
+
+// shareToFetch is share over "mem" with a target for every object: the
+// borrowed refs, the targets, and the source and target buffers.
+func (p *pair) shareToFetch(t *testing.T, n, size int) (refs []*Ref, targets []transport.Tensor, src, dst []*hostBuf) {
+	t.Helper()
+	refs, src = p.share(t, n, size, "mem")
+	targets, dst = targetsFor(t, src)
+	return refs, targets, src, dst
+}
+
+// startFetch starts the borrower's fetch of refs into targets.
+func (p *pair) startFetch(t *testing.T, refs []*Ref, targets []transport.Tensor, opts FetchOptions) *Fetch {
+	t.Helper()
+	f, err := p.borrower.StartFetch(refs, targets, opts)
+	require.NoError(t, err)
+	return f
+}
+
+func targetsFor(t *testing.T, bufs []*hostBuf) ([]transport.Tensor, []*hostBuf) {
+	t.Helper()
+	out := make([]*hostBuf, len(bufs))
+	ts := make([]transport.Tensor, len(bufs))
+	for i, b := range bufs {
+		out[i] = newHostBuf(t, len(b.b))
+		ts[i] = tensorOf(t, out[i])
+	}
+	return ts, out
 }

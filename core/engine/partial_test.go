@@ -34,16 +34,9 @@ func (p *pair) stateDict(t *testing.T) (*Ref, []*hostBuf) {
 	for i, b := range bufs {
 		b.fill(byte(0x10 * (i + 1)))
 	}
-	ref, err := p.owner.Put([]transport.Tensor{
+	borrowed := p.lend(t, []transport.Tensor{
 		shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100), shaped(t, bufs[2], int4, 8),
-	}, "mem", nil)
-	require.NoError(t, err)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	borrowed, err := p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	t.Cleanup(func() { borrowed.Release() })
+	}, "mem")
 	return borrowed, bufs
 }
 
@@ -108,13 +101,10 @@ func TestPartialFetchSkipsUnnamedRefs(t *testing.T) {
 // transport moves it.
 func TestWholeInOrderSourcesNeedNoRanges(t *testing.T) {
 	p := newPair(t, nil)
-	refs, src := p.share(t, 2, 4096, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, 2, 4096)
 	sources := []Source{{Ref: 0, Piece: transport.Piece{Length: RestOfTensor}}, {Ref: 1, Piece: transport.Piece{Length: 4096}}}
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{Sources: sources}, 5*time.Second))
-	for i := range src {
-		assert.Equal(t, src[i].b, dst[i].b)
-	}
+	assertLanded(t, src, dst)
 }
 
 func TestPartialFetchRefusedByATransportWithoutRanges(t *testing.T) {
@@ -236,14 +226,7 @@ func TestObjectOfMaxTensors(t *testing.T) {
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), fmt.Sprintf("%d tensors is over the limit of %d per object", n+1, n))
 
-	ref, err := p.owner.Put(tensors[:n], "mem", nil)
-	require.NoError(t, err)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	borrowed, err := p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	defer borrowed.Release()
+	borrowed := p.lend(t, tensors[:n], "mem")
 	require.Len(t, borrowed.Desc().Tensors, n)
 
 	dst := newHostBuf(t, n)

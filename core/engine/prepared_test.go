@@ -15,8 +15,7 @@ import (
 // prepares their fetch into new targets; the test closes it.
 func prepareShared(t *testing.T, p *pair, n int) (pf *Prepared, refs []*Ref, src, dst []*hostBuf) {
 	t.Helper()
-	refs, src = p.share(t, n, 4096, "mem")
-	targets, dst := targetsFor(t, src)
+	refs, targets, src, dst := p.shareToFetch(t, n, 4096)
 	pf, err := p.borrower.PrepareFetch(refs, targets, FetchOptions{})
 	require.NoError(t, err)
 	return pf, refs, src, dst
@@ -145,8 +144,7 @@ func TestPrepareRefusesWhatGetRefuses(t *testing.T) {
 func TestPreparedWriteNoticesEachRun(t *testing.T) {
 	p := writablePair(t)
 	owned, w, bufs := p.expose(t)
-	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
-	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+	src, sources := matrixAndBytes(t)
 	pw, err := p.borrower.PrepareWrite([]*Ref{w}, sources, WriteOptions{})
 	require.NoError(t, err)
 	defer pw.Close()
@@ -154,8 +152,7 @@ func TestPreparedWriteNoticesEachRun(t *testing.T) {
 		src[0].fill(byte(tag))
 		src[1].fill(byte(tag + 100))
 		require.NoError(t, pw.Run(tag, 5*time.Second))
-		n, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
+		n := notice(t, owned, 5*time.Second)
 		assert.NoError(t, n.Err)
 		assert.Equal(t, tag, n.Tag)
 		assert.True(t, bytes.Equal(src[0].b, bufs[0].b) && bytes.Equal(src[1].b, bufs[1].b), "run %d landed", tag)
@@ -175,9 +172,8 @@ func TestPreparedWriteNoticesEachRun(t *testing.T) {
 // sources into them; the test closes it.
 func preparedWriter(t *testing.T, p *pair) (owned *Ref, pw *Prepared, src []*hostBuf) {
 	t.Helper()
-	owned, w, bufs := p.expose(t)
-	src = []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
-	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
+	owned, w, _ := p.expose(t)
+	src, sources := matrixAndBytes(t)
 	pw, err := p.borrower.PrepareWrite([]*Ref{w}, sources, WriteOptions{})
 	require.NoError(t, err)
 	return owned, pw, src
@@ -190,8 +186,7 @@ func standingWriter(t *testing.T, p *pair) (owned *Ref, pw *Prepared) {
 	owned, pw, _ = preparedWriter(t, p)
 	for tag := uint64(1); tag <= 2; tag++ {
 		require.NoError(t, pw.Run(tag, 5*time.Second))
-		_, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
+		notice(t, owned, 5*time.Second)
 	}
 	require.Len(t, standingKeys(t, owned), 1)
 	return owned, pw
@@ -219,8 +214,7 @@ func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
 	p := writablePair(t)
 	owned, pw, src := preparedWriter(t, p)
 	require.NoError(t, pw.Run(1, 5*time.Second)) // an ordinary write, kept
-	n, err := owned.WaitWriteNotice(5 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 5*time.Second)
 	require.Equal(t, uint64(1), n.Tag)
 	assert.Empty(t, standingKeys(t, owned), "the first run was admitted on its own")
 
@@ -234,8 +228,7 @@ func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
 			first = keys
 		}
 		assert.Equal(t, first, keys, "run %d asked for no new admission", tag)
-		n, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
+		n := notice(t, owned, 5*time.Second)
 		assert.NoError(t, n.Err)
 		assert.Equal(t, tag, n.Tag)
 		assert.Equal(t, uint64(64*16*4+100), n.Bytes)
@@ -245,8 +238,7 @@ func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
 
 	pw.Close()
 	assert.Empty(t, standingKeys(t, owned), "closing the Prepared closes its admission")
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "a close between runs makes no notice")
+	assertNoNotice(t, owned, "a close between runs makes no notice")
 	assert.Zero(t, p.owner.store.pinned())
 }
 
@@ -258,9 +250,8 @@ func TestRevokeWithdrawsAStandingAdmission(t *testing.T) {
 	defer pw.Close()
 	require.NoError(t, owned.RevokeWrites(5*time.Second), "the writer closes its admission when told")
 	assert.Empty(t, standingKeys(t, owned))
-	_, err := owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "an admission closed between runs makes no notice")
-	err = pw.Run(3, 5*time.Second)
+	assertNoNotice(t, owned, "an admission closed between runs makes no notice")
+	err := pw.Run(3, 5*time.Second)
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(err), "%v", err)
 	// The object is unpinned before the write leaves the open set, which
 	// RevokeWrites waits on.
@@ -290,12 +281,10 @@ func TestStandingAdmissionsKeepNoticesBounded(t *testing.T) {
 		require.NoError(t, n.Err, "notice %d", i)
 		require.Equal(t, uint64(i+1), n.Tag, "notices come in the order of the runs")
 	}
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no other notice")
+	assertNoNotice(t, owned, "no other notice")
 	for tag := uint64(10001); tag <= 10003; tag++ {
 		require.NoError(t, pw.Run(tag, 5*time.Second), "room again: the next run is admitted")
-		n, err := owned.WaitWriteNotice(5 * time.Second)
-		require.NoError(t, err)
+		n := notice(t, owned, 5*time.Second)
 		assert.Equal(t, tag, n.Tag)
 	}
 }
@@ -307,8 +296,7 @@ func TestDestroyedWriterClosesItsStandingAdmissions(t *testing.T) {
 	owned, pw := standingWriter(t, p)
 	p.borrower.Destroy()
 	assert.Empty(t, standingKeys(t, owned))
-	_, err := owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no torn notice for an idle admission")
+	assertNoNotice(t, owned, "no torn notice for an idle admission")
 	pw.Close()
 }
 
@@ -319,8 +307,7 @@ func TestWriterGoneTearsItsStandingAdmission(t *testing.T) {
 	owned, pw := standingWriter(t, p)
 	defer pw.Close()
 	p.owner.svc.PeerGone(p.borrower.Identity())
-	n, err := owned.WaitWriteNotice(5 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 5*time.Second)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)
 	assert.Zero(t, n.Tag)
 	assert.Empty(t, standingKeys(t, owned))

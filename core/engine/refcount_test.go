@@ -12,20 +12,6 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-func putOne(t *testing.T, rt *Runtime, transportName string, released *atomic.Int64) (*Ref, *hostBuf) {
-	t.Helper()
-	buf := newHostBuf(t, 4096)
-	buf.fill(3)
-	ref, err := rt.Put([]transport.Tensor{tensorOf(t, buf)}, transportName, func() { released.Add(1) })
-	require.NoError(t, err)
-	return ref, buf
-}
-
-func eventually(t *testing.T, cond func() bool, msg string) {
-	t.Helper()
-	require.Eventually(t, cond, 5*time.Second, time.Millisecond, msg)
-}
-
 func TestCloneReleaseFreesOnce(t *testing.T) {
 	rt := newRuntime(t, "a")
 	mt := newMemTransport("mem")
@@ -79,15 +65,13 @@ func TestBorrowKeepsObjectAlive(t *testing.T) {
 	var released atomic.Int64
 	ref, _ := putOne(t, owner, "", &released)
 
-	b, err := ref.Serialize()
-	require.NoError(t, err)
+	b := serialized(t, ref)
 	assert.Equal(t, uint64(1), owner.Stats().RefsInTransit)
 	require.NoError(t, ref.Release())
 	// The serialized bytes hold the object.
 	assert.Equal(t, uint64(1), owner.Stats().Objects)
 
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	bref := deserialized(t, borrower, b)
 	assert.False(t, bref.IsOwner())
 	s := owner.Stats()
 	assert.Equal(t, uint64(0), s.RefsInTransit, "deserializing consumes the lease")
@@ -111,12 +95,9 @@ func TestDeserializeTwiceWhileAlive(t *testing.T) {
 	borrower := newRuntime(t, "borrower")
 	var released atomic.Int64
 	ref, _ := putOne(t, owner, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	r1, err := borrower.Deserialize(b)
-	require.NoError(t, err)
-	r2, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b := serialized(t, ref)
+	r1 := deserialized(t, borrower, b)
+	r2 := deserialized(t, borrower, b)
 	assert.Equal(t, uint64(2), owner.Stats().Borrows)
 	require.NoError(t, ref.Release())
 	require.NoError(t, r1.Release())
@@ -133,10 +114,8 @@ func TestDeserializeTwiceWhileAlive(t *testing.T) {
 // and releasing it returns nothing to the owner.
 func assertFreedWhenFetched(t *testing.T, rt *Runtime, b []byte) {
 	t.Helper()
-	late, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	out := newHostBuf(t, 4096) // the shape putOne puts
-	err = rt.Get([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	late := deserialized(t, rt, b)
+	_, err := getWhole(t, rt, late, 4096) // the shape putOne puts
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refused the borrow")
 	require.NoError(t, late.Release())
@@ -148,18 +127,12 @@ func TestReserializedByBorrowerReachesThirdRuntime(t *testing.T) {
 	b1 := newRuntime(t, "b1")
 	b2 := newRuntime(t, "b2")
 	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	bytes1, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	r1, err := b1.Deserialize(bytes1)
-	require.NoError(t, err)
-	bytes2, err := r1.Serialize()
-	require.NoError(t, err)
+	bytes1, _ := lendOne(t, owner, "", &released)
+	r1 := deserialized(t, b1, bytes1)
+	bytes2 := serialized(t, r1)
 	require.NoError(t, r1.Release()) // b1 lets go before b2 deserializes
 	assert.Equal(t, int64(0), released.Load(), "the borrower's lease keeps it")
-	r2, err := b2.Deserialize(bytes2)
-	require.NoError(t, err)
+	r2 := deserialized(t, b2, bytes2)
 	assert.Equal(t, owner.ID(), r2.Desc().Owner.RuntimeID)
 	require.NoError(t, r2.Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed")
@@ -168,12 +141,8 @@ func TestReserializedByBorrowerReachesThirdRuntime(t *testing.T) {
 func TestOwnerDeserializesItsOwnBytes(t *testing.T) {
 	rt := newRuntime(t, "a")
 	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	r, err := rt.Deserialize(b)
-	require.NoError(t, err)
+	b, _ := lendOne(t, rt, "", &released)
+	r := deserialized(t, rt, b)
 	assert.True(t, r.IsOwner())
 	assert.Equal(t, uint64(0), rt.Stats().RefsInTransit)
 	require.NoError(t, r.Release())
@@ -184,10 +153,7 @@ func TestLeaseExpiryFreesUndeserializedObject(t *testing.T) {
 	rt := newRuntime(t, "a", func(o *Options) { o.Lease = 30 * time.Millisecond })
 	other := newRuntime(t, "b")
 	var released atomic.Int64
-	ref, _ := putOne(t, rt, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
+	b, _ := lendOne(t, rt, "", &released)
 	assert.Equal(t, int64(0), released.Load(), "held by the lease")
 	eventually(t, func() bool { return released.Load() == 1 }, "freed when the lease expired")
 	assert.Equal(t, uint64(1), rt.Stats().LeasesExpired)
@@ -198,34 +164,25 @@ func TestBorrowerDestroyedReturnsBorrows(t *testing.T) {
 	owner := newRuntime(t, "owner")
 	borrower := newRuntime(t, "borrower")
 	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	_, err = borrower.Deserialize(b) // never released by the application
-	require.NoError(t, err)
+	b, _ := lendOne(t, owner, "", &released)
+	deserialized(t, borrower, b) // never released by the application
 	assert.Equal(t, uint64(1), owner.Stats().Borrows)
 	borrower.Destroy()
 	eventually(t, func() bool { return released.Load() == 1 }, "freed once the borrower is gone")
 }
 
 func TestOwnerDestroyedFreesAndFailsBorrowers(t *testing.T) {
-	owner := newRuntime(t, "owner")
-	mt := newMemTransport("mem")
-	require.NoError(t, owner.RegisterTransport(mt))
-	borrower := newRuntime(t, "borrower")
-	require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+	p := newPair(t, nil)
+	owner, borrower := p.owner, p.borrower
 	var released atomic.Int64
 	ref, buf := putOne(t, owner, "mem", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b := serialized(t, ref)
+	bref := deserialized(t, borrower, b)
 	owner.Destroy()
 	assert.Equal(t, int64(1), released.Load(), "destroy runs release callbacks before returning")
-	assert.Equal(t, int64(1), mt.gcCount.Load())
+	assert.Equal(t, int64(1), p.src.gcCount.Load())
 	out := newHostBuf(t, len(buf.b))
-	err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
+	err := borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, time.Second)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	_, err = borrower.Deserialize(b)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
@@ -240,14 +197,10 @@ func TestWaitTensorFreed(t *testing.T) {
 	owner := newRuntime(t, "owner")
 	borrower := newRuntime(t, "borrower")
 	var released atomic.Int64
-	ref, buf := putOne(t, owner, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b, buf := lendOne(t, owner, "", &released)
+	bref := deserialized(t, borrower, b)
 
-	err = owner.WaitTensorFreed(buf.addr(), 20*time.Millisecond)
+	err := owner.WaitTensorFreed(buf.addr(), 20*time.Millisecond)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
 	assert.Contains(t, err.Error(), "1 borrows")
 

@@ -17,25 +17,20 @@ import (
 // object freed within it was freed by the revocation, not by expiry.
 
 func TestReleaseRevokingLeasesFreesAtOnce(t *testing.T) {
-	owner := newRuntime(t, "owner")
-	mt := newMemTransport("mem")
-	require.NoError(t, owner.RegisterTransport(mt))
-	other := newRuntime(t, "other")
-	require.NoError(t, other.RegisterTransport(newMemTransport("mem")))
+	p := pairOf(t, newRuntime(t, "owner"), newRuntime(t, "other"), nil)
+	owner, other := p.owner, p.borrower
 	var released atomic.Int64
 	ref, _ := putOne(t, owner, "mem", &released)
 
 	var sent [][]byte
 	for i := 0; i < 3; i++ {
-		b, err := ref.Serialize()
-		require.NoError(t, err)
-		sent = append(sent, b)
+		sent = append(sent, serialized(t, ref))
 	}
 	assert.Equal(t, uint64(3), owner.Stats().RefsInTransit)
 
 	require.NoError(t, ref.ReleaseRevokingLeases())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed without waiting for the leases")
-	assert.Equal(t, int64(1), mt.gcCount.Load(), "garbage_collect ran")
+	assert.Equal(t, int64(1), p.src.gcCount.Load(), "garbage_collect ran")
 	s := owner.Stats()
 	assert.Zero(t, s.Objects)
 	assert.Zero(t, s.RefsInTransit)
@@ -52,25 +47,19 @@ func TestReleaseRevokingLeasesFreesAtOnce(t *testing.T) {
 }
 
 func TestReleaseRevokingLeasesKeepsCountedBorrows(t *testing.T) {
-	owner := newRuntime(t, "owner")
-	require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
-	borrower := newRuntime(t, "borrower")
-	require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+	p := newPair(t, nil)
+	owner, borrower := p.owner, p.borrower
 	third := newRuntime(t, "third")
 	require.NoError(t, third.RegisterTransport(newMemTransport("mem")))
 	var released atomic.Int64
 	ref, buf := putOne(t, owner, "mem", &released)
 
-	forBorrower, err := ref.Serialize()
-	require.NoError(t, err)
-	unused, err := ref.Serialize()
-	require.NoError(t, err)
-	bref, err := borrower.Deserialize(forBorrower)
-	require.NoError(t, err)
+	forBorrower := serialized(t, ref)
+	unused := serialized(t, ref)
+	bref := deserialized(t, borrower, forBorrower)
 	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the owner counts the borrow")
 	// The borrower passes the ref on: a lease the owner holds for it.
-	passedOn, err := bref.Serialize()
-	require.NoError(t, err)
+	passedOn := serialized(t, bref)
 	assert.Equal(t, uint64(2), owner.Stats().RefsInTransit)
 
 	require.NoError(t, ref.ReleaseRevokingLeases())
@@ -85,9 +74,7 @@ func TestReleaseRevokingLeasesKeepsCountedBorrows(t *testing.T) {
 
 	// The borrower still fetches, and its release frees the object: the
 	// bytes nobody deserialized no longer hold it.
-	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
-	assert.Equal(t, buf.b, out.b)
+	requireGets(t, borrower, bref, buf)
 	require.NoError(t, bref.Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed with the last borrow")
 	assert.Zero(t, owner.Stats().Objects)
@@ -101,12 +88,9 @@ func TestReleaseRevokingLeasesOfBorrowedRefIsRefused(t *testing.T) {
 	borrower := newRuntime(t, "borrower")
 	var released atomic.Int64
 	ref, _ := putOne(t, owner, "", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	bref := deserialized(t, borrower, serialized(t, ref))
 
-	err = bref.ReleaseRevokingLeases()
+	err := bref.ReleaseRevokingLeases()
 	assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "only its owner")
 	c, err := bref.Clone()
@@ -126,8 +110,7 @@ func TestReleaseRevokingLeasesOtherLocalHandlesKeepObject(t *testing.T) {
 	ref, _ := putOne(t, rt, "", &released)
 	keep, err := ref.Clone()
 	require.NoError(t, err)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
+	b := serialized(t, ref)
 	require.NoError(t, ref.ReleaseRevokingLeases())
 	assert.Equal(t, uint64(1), rt.Stats().Objects, "a local handle still holds it")
 	assert.Zero(t, rt.Stats().RefsInTransit)
@@ -150,21 +133,15 @@ func TestRevokeRacesBorrow(t *testing.T) {
 			name = "kept"
 		}
 		t.Run(name, func(t *testing.T) {
-			owner := socketRuntime(t, "owner")
-			require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
-			borrower := socketRuntime(t, "borrower")
-			require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+			p := socketPair(t, nil)
+			owner, borrower := p.owner, p.borrower
 			var released atomic.Int64
 			ref, buf := putOne(t, owner, "mem", &released)
-			b, err := ref.Serialize()
-			require.NoError(t, err)
+			b := serialized(t, ref)
 
 			var keeper *Ref
 			if keptAlive {
-				kb, err := ref.Serialize()
-				require.NoError(t, err)
-				keeper, err = socketRuntime(t, "keeper").Deserialize(kb)
-				require.NoError(t, err)
+				keeper = deserialized(t, socketRuntime(t, "keeper"), serialized(t, ref))
 				eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the keeper's borrow is counted")
 			}
 
@@ -200,8 +177,7 @@ func TestRevokeRacesBorrow(t *testing.T) {
 				t.Fatal("deserialize did not return")
 			}
 			require.NoError(t, r.err, "the answer is not awaited")
-			out := newHostBuf(t, len(buf.b))
-			err = borrower.Get([]*Ref{r.ref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+			out, err := getWhole(t, borrower, r.ref, len(buf.b))
 			if keptAlive {
 				require.NoError(t, err)
 				assert.Equal(t, buf.b, out.b)
@@ -237,15 +213,12 @@ func TestRevokeRacesBorrow(t *testing.T) {
 // fail, never return the bytes. When garbage_collect ran after revoke
 // returned, such fetches read the object.
 func TestRevokedObjectIsNotServedAfterRevokeReturns(t *testing.T) {
-	owner := socketRuntime(t, "owner")
-	borrower := socketRuntime(t, "borrower")
-	src, dst := newMemTransport("mem"), newMemTransport("mem")
-	dst.mailbox, dst.collected = src.mailbox, src.collected
-	detects := func(d *transport.Descriptor) { d.DetectsFreedObjects = true }
-	src.describe, dst.describe = detects, detects
-	src.gcDelay = 20 * time.Millisecond // the free takes a while, as unmapping does
-	require.NoError(t, owner.RegisterTransport(src))
-	require.NoError(t, borrower.RegisterTransport(dst))
+	p := socketPair(t, func(m *memTransport) {
+		m.describe = func(d *transport.Descriptor) { d.DetectsFreedObjects = true }
+	})
+	owner, borrower := p.owner, p.borrower
+	p.dst.collected = p.src.collected
+	p.src.gcDelay = 20 * time.Millisecond // the free takes a while, as unmapping does
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	peer, err := borrower.ep.Connect(ctx, owner.Address())
@@ -254,8 +227,7 @@ func TestRevokedObjectIsNotServedAfterRevokeReturns(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		var released atomic.Int64
 		ref, buf := putOne(t, owner, "mem", &released)
-		b, err := ref.Serialize()
-		require.NoError(t, err)
+		b := serialized(t, ref)
 		resume, ok := control.HoldWrites(peer)
 		require.True(t, ok)
 		late, err := borrower.Deserialize(b)

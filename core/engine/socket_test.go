@@ -17,7 +17,10 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
+// socketRuntime is a runtime whose control plane is Unix sockets in a
+// directory of the test's own.
 func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
+	t.Helper()
 	dir := t.TempDir()
 	return newRuntime(t, name, append([]func(*Options){func(o *Options) {
 		o.Network = control.Sockets{}
@@ -25,66 +28,50 @@ func socketRuntime(t *testing.T, name string, opts ...func(*Options)) *Runtime {
 	}}, opts...)...)
 }
 
+// socketPair is a pair whose runtimes speak over Unix sockets; ownerOpts
+// set the owner up.
+func socketPair(t *testing.T, configure func(*memTransport), ownerOpts ...func(*Options)) *pair {
+	t.Helper()
+	return pairOf(t, socketRuntime(t, "owner", ownerOpts...), socketRuntime(t, "borrower"), configure)
+}
+
 func TestSocketsBorrowFetchAndRelease(t *testing.T) {
-	owner := socketRuntime(t, "owner")
-	borrower := socketRuntime(t, "borrower")
+	p := socketPair(t, nil)
+	owner, borrower := p.owner, p.borrower
 	require.True(t, strings.HasPrefix(owner.Address(), "unix://"))
-	src, dst := newMemTransport("mem"), newMemTransport("mem")
-	dst.mailbox = src.mailbox
-	require.NoError(t, owner.RegisterTransport(src))
-	require.NoError(t, borrower.RegisterTransport(dst))
 
 	var released atomic.Int64
-	ref, buf := putOne(t, owner, "mem", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b, buf := lendOne(t, owner, "mem", &released)
+	bref := deserialized(t, borrower, b)
 	// The borrow is registered without waiting for the owner's answer.
 	eventually(t, func() bool { return owner.Stats().Borrows == 1 }, "the borrow arrives")
 	assert.Equal(t, uint64(1), owner.Stats().Peers)
 
-	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
-	assert.Equal(t, buf.b, out.b)
+	requireGets(t, borrower, bref, buf)
 
 	// Re-serialized by the borrower: the owner grants the lease over the wire.
-	b2, err := bref.Serialize()
-	require.NoError(t, err)
+	b2 := serialized(t, bref)
 	assert.Equal(t, uint64(1), owner.Stats().RefsInTransit)
 	require.NoError(t, bref.Release())
 	eventually(t, func() bool { return owner.Stats().Borrows == 0 }, "unborrow arrives")
 	assert.Equal(t, int64(0), released.Load(), "the lease still holds it")
-	bref2, err := borrower.Deserialize(b2)
-	require.NoError(t, err)
-	require.NoError(t, bref2.Release())
+	require.NoError(t, deserialized(t, borrower, b2).Release())
 	eventually(t, func() bool { return released.Load() == 1 }, "freed")
 }
 
 func TestSocketsTwoSidedSend(t *testing.T) {
-	owner := socketRuntime(t, "owner")
-	borrower := socketRuntime(t, "borrower")
-	src, dst := newMemTransport("mem"), newMemTransport("mem")
-	src.oneSided, dst.oneSided = false, false
-	dst.mailbox = src.mailbox
-	require.NoError(t, owner.RegisterTransport(src))
-	require.NoError(t, borrower.RegisterTransport(dst))
+	p := socketPair(t, func(m *memTransport) { m.oneSided = false })
+	src, dst := p.src, p.dst
 	var released atomic.Int64
-	ref, buf := putOne(t, owner, "mem", &released)
-	b, _ := ref.Serialize()
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
-	out := newHostBuf(t, len(buf.b))
-	require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
-	assert.Equal(t, buf.b, out.b)
+	ref, buf := putOne(t, p.owner, "mem", &released)
+	bref := deserialized(t, p.borrower, serialized(t, ref))
+	out := requireGets(t, p.borrower, bref, buf)
 	assert.Equal(t, int64(1), src.sends.Load())
 
 	// A send that blocks is cancelled over the wire when the fetch aborts.
 	gate := make(chan struct{})
 	dst.gate = gate
-	f, err := borrower.StartFetch([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
-	require.NoError(t, err)
+	f := p.startFetch(t, []*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
 	eventually(t, func() bool { return src.sends.Load() == 2 }, "the source is sending") // start runs in the background
 	f.Abort()
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(5*time.Second)))
@@ -98,11 +85,8 @@ func TestSocketsPeerGoneReturnsBorrows(t *testing.T) {
 	owner := socketRuntime(t, "owner")
 	borrower := socketRuntime(t, "borrower")
 	var released atomic.Int64
-	ref, _ := putOne(t, owner, "", &released)
-	b, _ := ref.Serialize()
-	require.NoError(t, ref.Release())
-	_, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b, _ := lendOne(t, owner, "", &released)
+	deserialized(t, borrower, b)
 	borrower.Destroy()
 	eventually(t, func() bool { return released.Load() == 1 }, "freed once the borrower disconnected")
 	// The borrow may come back (unborrow at destroy) before the owner has
@@ -111,24 +95,19 @@ func TestSocketsPeerGoneReturnsBorrows(t *testing.T) {
 }
 
 func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {
-	owner := socketRuntime(t, "owner")
-	borrower := socketRuntime(t, "borrower")
-	src, dst := newMemTransport("mem"), newMemTransport("mem")
-	dst.gate = make(chan struct{})
-	require.NoError(t, owner.RegisterTransport(src))
-	require.NoError(t, borrower.RegisterTransport(dst))
+	p := socketPair(t, nil)
+	owner, borrower := p.owner, p.borrower
+	p.dst.gate = make(chan struct{})
 	var released atomic.Int64
 	ref, buf := putOne(t, owner, "mem", &released)
-	b, _ := ref.Serialize()
-	bref, err := borrower.Deserialize(b)
-	require.NoError(t, err)
+	b := serialized(t, ref)
+	bref := deserialized(t, borrower, b)
 	out := newHostBuf(t, len(buf.b))
-	f, err := borrower.StartFetch([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
-	require.NoError(t, err)
+	f := p.startFetch(t, []*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{})
 	owner.Destroy()
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(f.Wait(5*time.Second)))
 	f.Free()
-	_, err = bref.Serialize()
+	_, err := bref.Serialize()
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
 	_, err = borrower.Deserialize(b)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err))
@@ -141,23 +120,17 @@ func TestSocketsOwnerGoneFailsPromptly(t *testing.T) {
 // after it fails, and never returns the bytes the memory holds next.
 func TestSocketsDestroyedOwnerIsSeenBeforeItFrees(t *testing.T) {
 	for round := 0; round < 5; round++ {
-		owner := socketRuntime(t, "owner")
-		borrower := socketRuntime(t, "borrower")
-		require.NoError(t, owner.RegisterTransport(newMemTransport("mem")))
-		require.NoError(t, borrower.RegisterTransport(newMemTransport("mem")))
+		p := socketPair(t, nil)
+		owner, borrower := p.owner, p.borrower
 		var released atomic.Int64
 		ref, buf := putOne(t, owner, "mem", &released)
-		b, err := ref.Serialize()
-		require.NoError(t, err)
-		bref, err := borrower.Deserialize(b)
-		require.NoError(t, err)
-		out := newHostBuf(t, len(buf.b))
-		require.NoError(t, borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second))
+		bref := deserialized(t, borrower, serialized(t, ref))
+		out := requireGets(t, borrower, bref, buf)
 
 		owner.Destroy()
 		require.Equal(t, int64(1), released.Load(), "destroy frees the borrowed object")
 		buf.fill(0xee) // the memory is reused at once
-		err = borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+		err := borrower.Get([]*Ref{bref}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
 		require.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "round %d: %v", round, err)
 		require.NoError(t, bref.Release())
 	}
@@ -205,24 +178,15 @@ func rawHandshake(c net.Conn, p *rawPeer, token string) (*bufio.Reader, error) {
 // of an object freed meanwhile make a ref whose fetch reports the refusal,
 // and whose release returns nothing (the owner counted nothing).
 func TestSocketsBorrowOfFreedObjectFailsAtFetch(t *testing.T) {
-	owner := socketRuntime(t, "owner", func(o *Options) { o.Lease = 30 * time.Millisecond })
-	borrower := socketRuntime(t, "borrower")
-	src, dst := newMemTransport("mem"), newMemTransport("mem")
-	dst.mailbox = src.mailbox
-	require.NoError(t, owner.RegisterTransport(src))
-	require.NoError(t, borrower.RegisterTransport(dst))
+	p := socketPair(t, nil, func(o *Options) { o.Lease = 30 * time.Millisecond })
+	owner, borrower, dst := p.owner, p.borrower, p.dst
 
 	var released atomic.Int64
-	ref, _ := putOne(t, owner, "mem", &released)
-	b, err := ref.Serialize()
-	require.NoError(t, err)
-	require.NoError(t, ref.Release())
+	b, _ := lendOne(t, owner, "mem", &released)
 	eventually(t, func() bool { return released.Load() == 1 }, "freed when the lease expired")
 
-	late, err := borrower.Deserialize(b)
-	require.NoError(t, err)
-	out := newHostBuf(t, 4096)
-	err = borrower.Get([]*Ref{late}, []transport.Tensor{tensorOf(t, out)}, FetchOptions{}, 5*time.Second)
+	late := deserialized(t, borrower, b)
+	_, err := getWhole(t, borrower, late, 4096)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "refused the borrow")
 	assert.NotContains(t, strings.Join(dst.Events(), " "), "fetch", "the transport was never asked")

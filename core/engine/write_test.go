@@ -23,9 +23,17 @@ func writablePair(t *testing.T) *pair {
 // in the owner, and returns the owner's ref, the writer's ref and the
 // exposed buffers (zeroed).
 func (p *pair) expose(t *testing.T) (owned, writable *Ref, bufs []*hostBuf) {
-	bufs = []*hostBuf{newHostBuf(t, 64*16*4), newHostBuf(t, 100)}
-	owned, writable = p.exposeTensors(t, shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100))
+	bufs, tensors := matrixAndBytes(t)
+	owned, writable = p.exposeTensors(t, tensors...)
 	return owned, writable, bufs
+}
+
+// matrixAndBytes are new (zeroed) buffers of a float32 matrix of 64 rows
+// of 16 elements and of 100 bytes, and the two tensors over them.
+func matrixAndBytes(t *testing.T) ([]*hostBuf, []transport.Tensor) {
+	t.Helper()
+	bufs := []*hostBuf{newHostBuf(t, 64*16*4), newHostBuf(t, 100)}
+	return bufs, []transport.Tensor{shaped(t, bufs[0], f32, 64, 16), shaped(t, bufs[1], u8, 100)}
 }
 
 // exposeTensors exposes tensors in the owner over "mem" and returns its
@@ -34,26 +42,36 @@ func (p *pair) exposeTensors(t *testing.T, tensors ...transport.Tensor) (owned, 
 	owned, err := p.owner.Expose(tensors, "mem", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { owned.Release() })
-	b, err := owned.Serialize()
-	require.NoError(t, err)
-	writable, err = p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	t.Cleanup(func() { writable.Release() })
+	writable = borrowIn(t, p.borrower, owned)
 	require.True(t, writable.Desc().Writable)
 	return owned, writable
+}
+
+// notice waits up to timeout for the next notice of a write into owned,
+// which must come.
+func notice(t *testing.T, owned *Ref, timeout time.Duration) WriteNotice {
+	t.Helper()
+	n, err := owned.WaitWriteNotice(timeout)
+	require.NoError(t, err)
+	return n
+}
+
+// assertNoNotice asserts that no notice of a write into owned waits.
+func assertNoNotice(t *testing.T, owned *Ref, msgAndArgs ...any) {
+	t.Helper()
+	_, err := owned.WaitWriteNotice(0)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), msgAndArgs...)
 }
 
 func TestWriteLandsThenNotifies(t *testing.T) {
 	p := writablePair(t)
 	owned, w, bufs := p.expose(t)
-	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	src, sources := matrixAndBytes(t)
 	src[0].fill(3)
 	src[1].fill(9)
-	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
 
 	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 41}, 10*time.Second))
-	n, err := owned.WaitWriteNotice(10 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 10*time.Second)
 	assert.NoError(t, n.Err)
 	assert.Equal(t, uint64(41), n.Tag)
 	assert.Equal(t, p.borrower.ID(), n.Writer)
@@ -62,8 +80,7 @@ func TestWriteLandsThenNotifies(t *testing.T) {
 	assert.Equal(t, src[1].b, bufs[1].b)
 	assert.Contains(t, p.dst.Events(), "write")
 
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "one write, one notice")
+	assertNoNotice(t, owned, "one write, one notice")
 	st := p.borrower.Stats()
 	assert.Equal(t, uint64(1), st.WritesCompleted)
 	assert.Equal(t, uint64(64*16*4+100), st.BytesWritten)
@@ -86,8 +103,7 @@ func TestPartialWriteTouchesOnlyItsRanges(t *testing.T) {
 	}
 	sources := []transport.Tensor{shaped(t, rows, f32, 4, 16), shaped(t, tail, u8, 10)}
 	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 2, Destinations: dests}, 10*time.Second))
-	n, err := owned.WaitWriteNotice(10 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 10*time.Second)
 	require.NoError(t, n.Err)
 	assert.Equal(t, uint64(4*row+10), n.Bytes)
 
@@ -101,10 +117,9 @@ func TestPartialWriteTouchesOnlyItsRanges(t *testing.T) {
 func TestWriteRefusalsMoveNothing(t *testing.T) {
 	p := writablePair(t)
 	owned, w, bufs := p.expose(t)
-	src := []*hostBuf{newHostBuf(t, len(bufs[0].b)), newHostBuf(t, len(bufs[1].b))}
+	src, sources := matrixAndBytes(t)
 	src[0].fill(1)
 	src[1].fill(2)
-	sources := []transport.Tensor{shaped(t, src[0], f32, 64, 16), shaped(t, src[1], u8, 100)}
 	status := func(err error) transport.Status { return transport.StatusOf(err) }
 
 	// Read refs are not written into, writable refs are not fetched.
@@ -141,8 +156,7 @@ func TestWriteRefusalsMoveNothing(t *testing.T) {
 
 	assert.Equal(t, make([]byte, len(bufs[0].b)), bufs[0].b, "nothing was written")
 	assert.Equal(t, make([]byte, len(bufs[1].b)), bufs[1].b, "nothing was written")
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, status(err), "refused writes make no notice")
+	assertNoNotice(t, owned, "refused writes make no notice")
 }
 
 // forgeWriteKey changes the write key of serialized writable ref bytes and
@@ -161,8 +175,8 @@ func forgeWriteKey(t *testing.T, b []byte) []byte {
 func TestAbortedWriteGivesAFailureNotice(t *testing.T) {
 	p := writablePair(t)
 	p.dst.gate = make(chan struct{}) // the write blocks until aborted
-	owned, w, bufs := p.expose(t)
-	sources := []transport.Tensor{shaped(t, newHostBuf(t, len(bufs[0].b)), f32, 64, 16), shaped(t, newHostBuf(t, 100), u8, 100)}
+	owned, w, _ := p.expose(t)
+	_, sources := matrixAndBytes(t)
 
 	f, err := p.borrower.StartWrite([]*Ref{w}, sources, WriteOptions{Tag: 5})
 	require.NoError(t, err)
@@ -172,8 +186,7 @@ func TestAbortedWriteGivesAFailureNotice(t *testing.T) {
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(f.Wait(-1)))
 	f.Free()
 
-	n, err := owned.WaitWriteNotice(10 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 10*time.Second)
 	assert.Equal(t, uint64(5), n.Tag)
 	require.Error(t, n.Err, "an aborted write is never a success")
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(n.Err))
@@ -197,24 +210,20 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 	p.owner.svc.PeerGone(writer)
 	tags := map[uint64]transport.Status{}
 	for i := 0; i < 2; i++ {
-		n, err := owned.WaitWriteNotice(time.Second)
-		require.NoError(t, err)
+		n := notice(t, owned, time.Second)
 		require.Error(t, n.Err)
 		tags[n.Tag] = transport.StatusOf(n.Err)
 		assert.Equal(t, writer.RuntimeID, n.Writer)
 	}
 	assert.Equal(t, map[uint64]transport.Status{10: transport.ErrPeerUnavailable, 11: transport.ErrPeerUnavailable}, tags)
-	_, err := owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the other writer's write is still open")
+	assertNoNotice(t, owned, "the other writer's write is still open")
 	assert.Equal(t, 1, p.owner.store.pinned(), "still pinned by the other writer")
 
 	// A done for a torn write, or one never opened, changes nothing.
 	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
+	assertNoNotice(t, owned)
 	p.owner.svc.WriteDone(other.RuntimeID, control.WriteEnd{Object: owned.Desc().ID, TransferID: 1})
-	n, err := owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 	assert.Equal(t, uint64(12), n.Tag)
 	assert.Zero(t, p.owner.store.pinned())
@@ -223,8 +232,8 @@ func TestWriterGoneTearsItsOpenWrites(t *testing.T) {
 func TestRevokeWaitsForOpenWritesThenRefuses(t *testing.T) {
 	p := writablePair(t)
 	p.dst.gate = make(chan struct{})
-	owned, w, bufs := p.expose(t)
-	sources := []transport.Tensor{shaped(t, newHostBuf(t, len(bufs[0].b)), f32, 64, 16), shaped(t, newHostBuf(t, 100), u8, 100)}
+	owned, w, _ := p.expose(t)
+	_, sources := matrixAndBytes(t)
 	f, err := p.borrower.StartWrite([]*Ref{w}, sources, WriteOptions{Tag: 1})
 	require.NoError(t, err)
 	defer f.Free()
@@ -234,8 +243,7 @@ func TestRevokeWaitsForOpenWritesThenRefuses(t *testing.T) {
 	close(p.dst.gate)
 	require.NoError(t, f.Wait(10*time.Second), "the open write finishes")
 	require.NoError(t, owned.RevokeWrites(10*time.Second))
-	n, err := owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 
 	err = p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 2}, 5*time.Second)
@@ -271,8 +279,7 @@ func TestNoticesAreBoundedAndOnAnEventFD(t *testing.T) {
 	err = openErr(p.owner.svc.OpenWrite(writer, req))
 	assert.Equal(t, transport.ErrNoMemory, transport.StatusOf(err), "open writes and untaken notices are bounded")
 	assert.True(t, readable())
-	n, err := owned.WaitWriteNotice(0)
-	require.NoError(t, err)
+	n := notice(t, owned, 0)
 	assert.Equal(t, uint64(0), n.Tag, "oldest first")
 	require.NoError(t, openErr(p.owner.svc.OpenWrite(writer, req)), "taking a notice makes room")
 
@@ -294,8 +301,7 @@ func TestOwnerWritesItsOwnExposedObject(t *testing.T) {
 	dests := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Length: RestOfTensor}}}
 	require.NoError(t, p.owner.Write([]*Ref{owned}, []transport.Tensor{shaped(t, src, u8, 100)}, WriteOptions{Tag: 3, Destinations: dests}, 5*time.Second))
 	assert.Equal(t, src.b, bufs[1].b)
-	n, err := owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 	assert.Equal(t, uint64(3), n.Tag)
 	assert.Equal(t, p.owner.ID(), n.Writer)
@@ -308,11 +314,7 @@ func TestOverlappingWritersEachLandInTheirRanges(t *testing.T) {
 	m := newMemTransport("mem")
 	m.ranges, m.writes = true, true
 	require.NoError(t, third.RegisterTransport(m))
-	b, err := owned.Serialize()
-	require.NoError(t, err)
-	w2, err := third.Deserialize(b)
-	require.NoError(t, err)
-	defer w2.Release()
+	w2 := borrowIn(t, third, owned)
 
 	a, c := newHostBuf(t, 60), newHostBuf(t, 60)
 	a.fill(0x11)
@@ -329,8 +331,7 @@ func TestOverlappingWritersEachLandInTheirRanges(t *testing.T) {
 	require.NoError(t, <-errs)
 	require.NoError(t, <-errs)
 	for i := 0; i < 2; i++ {
-		n, err := owned.WaitWriteNotice(time.Second)
-		require.NoError(t, err)
+		n := notice(t, owned, time.Second)
 		assert.NoError(t, n.Err)
 	}
 	got := bufs[1].b
@@ -386,15 +387,13 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "only open writes land")
 
 	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 7})
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the server still lands bytes")
+	assertNoNotice(t, owned, "the server still lands bytes")
 	_, _, _, err = p.owner.host.WriteInto(id, 7)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "an ended write takes no more bytes")
 	assert.Equal(t, uint64(1), p.owner.Stats().WritesOpen)
 	done()
 	done() // once only
-	n, err := owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 	assert.Equal(t, uint64(70), n.Tag)
 	assert.Zero(t, p.owner.store.pinned())
@@ -404,11 +403,9 @@ func TestNoticeWaitsForTheServerLandingTheBytes(t *testing.T) {
 	_, _, done, err = p.owner.host.WriteInto(id, 9)
 	require.NoError(t, err)
 	p.owner.svc.PeerGone(writer)
-	_, err = owned.WaitWriteNotice(0)
-	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err))
+	assertNoNotice(t, owned)
 	done()
-	n, err = owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n = notice(t, owned, time.Second)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err))
 	assert.Zero(t, p.owner.store.pinned())
 
@@ -455,16 +452,11 @@ func TestAdmittedWriteIsNotRetriedElsewhere(t *testing.T) {
 	owned, err := p.owner.Expose([]transport.Tensor{shaped(t, buf, u8, 64)}, "", nil)
 	require.NoError(t, err)
 	defer owned.Release()
-	b, err := owned.Serialize()
-	require.NoError(t, err)
-	w, err := p.borrower.Deserialize(b)
-	require.NoError(t, err)
-	defer w.Release()
+	w := borrowIn(t, p.borrower, owned)
 
 	err = p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, newHostBuf(t, 64), u8, 64)}, WriteOptions{Tag: 4}, 10*time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
-	n, err := owned.WaitWriteNotice(10 * time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, 10*time.Second)
 	assert.Error(t, n.Err)
 	assert.Equal(t, uint64(4), n.Tag)
 	assert.NotContains(t, second.Events(), "write", "not tried over the next transport")
@@ -497,7 +489,6 @@ func TestExposedMetadataGoesOnlyWithTheKey(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEmpty(t, adm.Meta, "the admitted write gets the object's metadata")
 	p.owner.svc.WriteDone(writer.RuntimeID, control.WriteEnd{Object: id, TransferID: 2})
-	n, err := owned.WaitWriteNotice(time.Second)
-	require.NoError(t, err)
+	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 }

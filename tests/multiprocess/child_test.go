@@ -65,6 +65,20 @@ func (s *childState) keep(r *engine.Ref) {
 	s.mu.Unlock()
 }
 
+// keepShared keeps a ref just made (with err) and returns its serialized
+// bytes, encoded for a reply.
+func (s *childState) keepShared(ref *engine.Ref, err error) (string, error) {
+	if err != nil {
+		return "", err
+	}
+	b, err := ref.Serialize()
+	if err != nil {
+		return "", err
+	}
+	s.keep(ref)
+	return enc(b), nil
+}
+
 func (s *childState) releaseAll() {
 	s.mu.Lock()
 	refs := s.refs
@@ -114,16 +128,11 @@ func (s *childState) handle(req request) reply {
 					s.freed.Add(1)
 				}
 			}
-			ref, err := s.rt.Put(tensors, req.Transport, release)
+			b, err := s.keepShared(s.rt.Put(tensors, req.Transport, release))
 			if err != nil {
 				return fail(err)
 			}
-			b, err := ref.Serialize()
-			if err != nil {
-				return fail(err)
-			}
-			s.keep(ref)
-			out = append(out, enc(b))
+			out = append(out, b)
 		}
 		return reply{Refs: out}
 	case "deserialize":
@@ -183,16 +192,11 @@ func (s *childState) handle(req request) reply {
 		for i, n := range req.Sizes {
 			tensors[i] = tensorOver(hostMem(n))
 		}
-		ref, err := s.rt.Expose(tensors, req.Transport, nil)
+		b, err := s.keepShared(s.rt.Expose(tensors, req.Transport, nil))
 		if err != nil {
 			return fail(err)
 		}
-		b, err := ref.Serialize()
-		if err != nil {
-			return fail(err)
-		}
-		s.keep(ref)
-		return reply{Refs: []string{enc(b)}}
+		return reply{Refs: []string{b}}
 	case "write_loop":
 		ref, err := s.rt.Deserialize(dec(req.Refs[0]))
 		if err != nil {

@@ -90,15 +90,12 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 			}
 			owner := startChild(t, runtimeConfig{Name: "owner"})
 			seed := 70 + i
-			ref, err := rt.Deserialize(owner.put(tc.put, seed, 64<<10))
-			require.NoError(t, err)
-			defer ref.Release()
-			targets, bufs := targetsFor(ref.Desc())
-			defer freeMem(bufs[0])
+			o := borrow(t, rt, owner.put(tc.put, seed, 64<<10))
+			defer o.close()
 			opts := engine.FetchOptions{Transport: tc.override}
 			owner.stop(t)
 
-			err, took := timed(func() error { return rt.Get([]*engine.Ref{ref}, targets, opts, deadline) })
+			err, took := timed(func() error { return o.get(opts, deadline) })
 			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
 			assert.Less(t, took, deadline+margin, "get returned %v after its deadline", took-deadline)
 
@@ -106,7 +103,7 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 			// wait keeps its deadline and leaves the fetch valid, and an
 			// abort ends whatever phase it is in.
 			var f *engine.Fetch
-			err, took = timed(func() (err error) { f, err = rt.StartFetch([]*engine.Ref{ref}, targets, opts); return })
+			err, took = timed(func() (err error) { f, err = rt.StartFetch([]*engine.Ref{o.ref}, o.targets, opts); return })
 			require.NoError(t, err)
 			assert.Less(t, took, margin, "start waited for the owner")
 			err, took = timed(func() error { return f.Wait(deadline) })
@@ -121,8 +118,8 @@ func TestGetKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 
 			// Once the owner runs again the ref is fetched as usual.
 			owner.resume()
-			require.NoError(t, rt.Get([]*engine.Ref{ref}, targets, opts, 30*time.Second))
-			require.NoError(t, checkPattern(bufs, seed))
+			require.NoError(t, o.get(opts, 30*time.Second))
+			require.NoError(t, checkPattern(o.bufs, seed))
 		})
 	}
 }
@@ -155,13 +152,10 @@ func TestDeserializeKeepsItsDeadlineWithAStoppedOwner(t *testing.T) {
 	// the same bytes make refs that fetch.
 	owner.resume()
 	for i := range transports {
-		ref, err := receivers[i].Deserialize(refs[i])
-		require.NoError(t, err)
-		targets, bufs := targetsFor(ref.Desc())
-		require.NoError(t, receivers[i].Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 30*time.Second))
-		require.NoError(t, checkPattern(bufs, 90+i))
-		freeMem(bufs[0])
-		ref.Release()
+		o := borrow(t, receivers[i], refs[i])
+		require.NoError(t, o.get(engine.FetchOptions{}, 30*time.Second))
+		require.NoError(t, checkPattern(o.bufs, 90+i))
+		o.close()
 	}
 }
 

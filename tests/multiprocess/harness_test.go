@@ -302,3 +302,43 @@ func checkPattern(bufs [][]byte, seed int) error {
 	}
 	return nil
 }
+
+// borrowed is an object deserialized in a runtime of the test, with
+// buffers to fetch its tensors into.
+type borrowed struct {
+	rt      *engine.Runtime
+	ref     *engine.Ref
+	targets []transport.Tensor
+	bufs    [][]byte
+}
+
+// borrow deserializes b in rt and allocates buffers for its tensors; the
+// caller closes it.
+func borrow(t *testing.T, rt *engine.Runtime, b []byte) *borrowed {
+	t.Helper()
+	ref, err := rt.Deserialize(b)
+	require.NoError(t, err)
+	targets, bufs := targetsFor(ref.Desc())
+	return &borrowed{rt: rt, ref: ref, targets: targets, bufs: bufs}
+}
+
+// close frees the buffers and releases the ref.
+func (o *borrowed) close() {
+	for _, b := range o.bufs {
+		freeMem(b)
+	}
+	o.ref.Release()
+}
+
+// get fetches the object into its buffers.
+func (o *borrowed) get(opts engine.FetchOptions, timeout time.Duration) error {
+	return o.rt.Get([]*engine.Ref{o.ref}, o.targets, opts, timeout)
+}
+
+// start starts a fetch of the object into its buffers.
+func (o *borrowed) start(t *testing.T, opts engine.FetchOptions) *engine.Fetch {
+	t.Helper()
+	f, err := o.rt.StartFetch([]*engine.Ref{o.ref}, o.targets, opts)
+	require.NoError(t, err)
+	return f
+}

@@ -27,17 +27,10 @@ func used(rt *engine.Runtime) map[string]uint64 {
 // fetchAndCheck deserializes b in rt, fetches it and checks the pattern.
 func fetchAndCheck(t *testing.T, rt *engine.Runtime, b []byte, seed int, override string) {
 	t.Helper()
-	ref, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	defer ref.Release()
-	targets, bufs := targetsFor(ref.Desc())
-	defer func() {
-		for _, b := range bufs {
-			freeMem(b)
-		}
-	}()
-	require.NoError(t, rt.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{Transport: override}, 30*time.Second))
-	require.NoError(t, checkPattern(bufs, seed))
+	o := borrow(t, rt, b)
+	defer o.close()
+	require.NoError(t, o.get(engine.FetchOptions{Transport: override}, 30*time.Second))
+	require.NoError(t, checkPattern(o.bufs, seed))
 }
 
 func waitFreed(t *testing.T, c *child, n int) {
@@ -116,6 +109,25 @@ func TestBorrowerKilledReturnsItsBorrows(t *testing.T) {
 	assert.Equal(t, uint64(0), owner.Stats().Borrows)
 }
 
+// killDuring lets f run for pause, kills doomed (f's source) and waits for
+// f's end, which must come within the peer timeout's bound; it returns f's
+// error and how long after the kill it came. A fetch that finished before
+// the kill (what names it) skips the test: nothing was caught mid-transfer.
+func killDuring(t *testing.T, f *engine.Fetch, doomed *child, pause time.Duration, what string) (error, time.Duration) {
+	t.Helper()
+	time.Sleep(pause)
+	killed := time.Now()
+	doomed.kill()
+	err := f.Wait(30 * time.Second)
+	elapsed := time.Since(killed)
+	f.Free()
+	if err == nil {
+		t.Skipf("%s finished within %v, before the kill: this machine is too fast to catch it mid-transfer", what, pause)
+	}
+	assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
+	return err, elapsed
+}
+
 func TestSourceKilledDuringLargeFetch(t *testing.T) {
 	const big = 1 << 30
 	for _, transportName := range []string{"tcp", "cma"} {
@@ -123,40 +135,23 @@ func TestSourceKilledDuringLargeFetch(t *testing.T) {
 			parent := parentRuntime(t, runtimeConfig{Name: "receiver"})
 			doomed := startChild(t, runtimeConfig{Name: "doomed"})
 			healthy := startChild(t, runtimeConfig{Name: "healthy"})
-			bigRef, err := parent.Deserialize(doomed.put(transportName, 5, big))
-			require.NoError(t, err)
-			defer bigRef.Release()
-			okRef, err := parent.Deserialize(healthy.put(transportName, 6, 32<<20))
-			require.NoError(t, err)
-			defer okRef.Release()
-			bigTargets, bigBufs := targetsFor(bigRef.Desc())
-			okTargets, okBufs := targetsFor(okRef.Desc())
-			defer freeMem(bigBufs[0])
-			defer freeMem(okBufs[0])
+			bigObj := borrow(t, parent, doomed.put(transportName, 5, big))
+			defer bigObj.close()
+			okObj := borrow(t, parent, healthy.put(transportName, 6, 32<<20))
+			defer okObj.close()
 			// Touch the target so the transfer, not page faults, is what runs.
-			for i := 0; i < len(bigBufs[0]); i += 4096 {
-				bigBufs[0][i] = 0
+			for i := 0; i < len(bigObj.bufs[0]); i += 4096 {
+				bigObj.bufs[0][i] = 0
 			}
 
-			f, err := parent.StartFetch([]*engine.Ref{bigRef}, bigTargets, engine.FetchOptions{})
-			require.NoError(t, err)
-			other, err := parent.StartFetch([]*engine.Ref{okRef}, okTargets, engine.FetchOptions{})
-			require.NoError(t, err)
-			time.Sleep(5 * time.Millisecond)
-			killed := time.Now()
-			doomed.kill()
-			err = f.Wait(30 * time.Second)
-			elapsed := time.Since(killed)
-			f.Free()
-			if err == nil {
-				t.Skipf("the 1 GiB %s fetch finished within 5 ms, before the kill: this machine is too fast to catch it mid-transfer", transportName)
-			}
+			f := bigObj.start(t, engine.FetchOptions{})
+			other := okObj.start(t, engine.FetchOptions{})
+			err, elapsed := killDuring(t, f, doomed, 5*time.Millisecond, "the 1 GiB "+transportName+" fetch")
 			assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
-			assert.Less(t, elapsed, transport.DefaultPeerTimeout+2*time.Second, "failed within the bound")
 			t.Logf("%s: source killed mid-transfer, fetch failed after %v: %v", transportName, elapsed.Round(time.Millisecond), err)
 			require.NoError(t, other.Wait(30*time.Second), "the other fetch is unaffected")
 			other.Free()
-			require.NoError(t, checkPattern(okBufs, 6))
+			require.NoError(t, checkPattern(okObj.bufs, 6))
 		})
 	}
 }
@@ -247,12 +242,9 @@ func TestOtherHostUsesTCP(t *testing.T) {
 	fetchAndCheck(t, parent, tcpOnly(t, src.put("", 4, 2<<20)), 4, "")
 	assert.Equal(t, before["tcp"]+1, used(parent)["tcp"])
 	// Naming a same-host transport across hosts is a clear error.
-	ref, err := parent.Deserialize(tcpOnly(t, src.put("cma", 4, 64)))
-	require.NoError(t, err)
-	defer ref.Release()
-	targets, bufs := targetsFor(ref.Desc())
-	defer freeMem(bufs[0])
-	err = parent.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 10*time.Second)
+	o := borrow(t, parent, tcpOnly(t, src.put("cma", 4, 64)))
+	defer o.close()
+	err := o.get(engine.FetchOptions{}, 10*time.Second)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "same host")
 }

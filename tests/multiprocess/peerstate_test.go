@@ -110,13 +110,10 @@ func cmaMeta(t *testing.T, b []byte) []byte {
 // fetchCrafted fetches a crafted ref and returns the target and the error.
 func fetchCrafted(t *testing.T, rt *engine.Runtime, b []byte) ([]byte, error) {
 	t.Helper()
-	ref, err := rt.Deserialize(b)
-	require.NoError(t, err)
-	defer ref.Release()
-	targets, bufs := targetsFor(ref.Desc())
-	t.Cleanup(func() { freeMem(bufs[0]) })
-	err = rt.Get([]*engine.Ref{ref}, targets, engine.FetchOptions{}, 30*time.Second)
-	return bufs[0], err
+	o := borrow(t, rt, b)
+	defer o.ref.Release()
+	t.Cleanup(func() { freeMem(o.bufs[0]) })
+	return o.bufs[0], o.get(engine.FetchOptions{}, 30*time.Second)
 }
 
 func untouched(b []byte) bool {

@@ -68,36 +68,29 @@ func TestPreparedGetAcrossProcesses(t *testing.T) {
 // writer over its own connection, which closes the admission (no notice)
 // so that the revocation returns.
 func TestPreparedWriterStandingAdmissionAcrossProcesses(t *testing.T) {
-	for _, name := range writingTransports {
-		t.Run(name, func(t *testing.T) {
-			requireWriter(t, name)
-			owner := parentRuntime(t, runtimeConfig{Name: "owner"})
-			const size, runs = 1 << 20, 20
-			exposed, buf := exposeIn(t, owner, size, name)
-			b, err := exposed.Serialize()
+	forEachWriter(t, func(t *testing.T, name string) {
+		owner := parentRuntime(t, runtimeConfig{Name: "owner"})
+		const size, runs = 1 << 20, 20
+		exposed, buf := exposeIn(t, owner, size, name)
+		startWriteLoop(t, exposed, request{Sizes: []int{size}, Seed: 7, Count: runs, Prepared: true})
+		for tag := uint64(1); tag <= runs; tag++ {
+			n, err := exposed.WaitWriteNotice(60 * time.Second)
 			require.NoError(t, err)
-			w := startChild(t, runtimeConfig{Name: "writer"})
-			r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{size}, Seed: 7, Count: runs, Prepared: true})
-			require.Empty(t, r.Error)
-			for tag := uint64(1); tag <= runs; tag++ {
-				n, err := exposed.WaitWriteNotice(60 * time.Second)
-				require.NoError(t, err)
-				require.NoError(t, n.Err, "run %d", tag)
-				require.Equal(t, tag, n.Tag, "notices come in the order of the runs")
-			}
-			want := make([]byte, size)
-			for j := range want {
-				want[j] = patternByte(7, 0, j) + byte(runs)
-			}
-			assert.True(t, bytes.Equal(want, buf), "the last version is whole")
-			waitOpenWrites(t, owner, 1) // the standing admission, between runs
+			require.NoError(t, n.Err, "run %d", tag)
+			require.Equal(t, tag, n.Tag, "notices come in the order of the runs")
+		}
+		want := make([]byte, size)
+		for j := range want {
+			want[j] = patternByte(7, 0, j) + byte(runs)
+		}
+		assert.True(t, bytes.Equal(want, buf), "the last version is whole")
+		waitOpenWrites(t, owner, 1) // the standing admission, between runs
 
-			require.NoError(t, exposed.RevokeWrites(60*time.Second), "the writer closes its admission when told")
-			assert.Zero(t, owner.Stats().WritesOpen)
-			_, err = exposed.WaitWriteNotice(0)
-			assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "closing between runs makes no notice")
-		})
-	}
+		require.NoError(t, exposed.RevokeWrites(60*time.Second), "the writer closes its admission when told")
+		assert.Zero(t, owner.Stats().WritesOpen)
+		_, err := exposed.WaitWriteNotice(0)
+		assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "closing between runs makes no notice")
+	})
 }
 
 // A prepared writer killed amid its runs: every notice before the last is
@@ -105,44 +98,30 @@ func TestPreparedWriterStandingAdmissionAcrossProcesses(t *testing.T) {
 // (PEER_UNAVAILABLE; tag 0 when its standing admission was open, since the
 // owner cannot know which run was under way), and nothing stays open.
 func TestPreparedWriterKilledAmidRuns(t *testing.T) {
-	for _, name := range writingTransports {
-		t.Run(name, func(t *testing.T) {
-			requireWriter(t, name)
-			owner := parentRuntime(t, runtimeConfig{Name: "owner"})
-			const size = 1 << 20
-			exposed, _ := exposeIn(t, owner, size, name)
-			b, err := exposed.Serialize()
+	forEachWriter(t, func(t *testing.T, name string) {
+		owner := parentRuntime(t, runtimeConfig{Name: "owner"})
+		const size = 1 << 20
+		exposed, _ := exposeIn(t, owner, size, name)
+		w := startWriteLoop(t, exposed, request{Sizes: []int{size}, Seed: 9, Prepared: true})
+		var notices []engine.WriteNotice
+		for len(notices) < 3 { // past the first run, into the standing admission
+			n, err := exposed.WaitWriteNotice(60 * time.Second)
 			require.NoError(t, err)
-			w := startChild(t, runtimeConfig{Name: "writer"})
-			r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{size}, Seed: 9, Prepared: true})
-			require.Empty(t, r.Error)
-			var notices []engine.WriteNotice
-			for len(notices) < 3 { // past the first run, into the standing admission
-				n, err := exposed.WaitWriteNotice(60 * time.Second)
-				require.NoError(t, err)
-				notices = append(notices, n)
-			}
-			w.kill()
-			waitOpenWrites(t, owner, 0)
-			for {
-				n, err := exposed.WaitWriteNotice(0)
-				if transport.StatusOf(err) == transport.ErrTimeout {
-					break
-				}
-				require.NoError(t, err)
-				notices = append(notices, n)
-			}
-			last := notices[len(notices)-1]
-			for i, n := range notices[:len(notices)-1] {
-				require.NoError(t, n.Err, "only the last notice can be a failure")
-				require.Equal(t, uint64(i+1), n.Tag)
-			}
-			if last.Err != nil {
-				assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(last.Err), "%v", last.Err)
-				assert.Zero(t, last.Tag, "a torn standing admission names no run")
-			} else {
-				assert.Equal(t, uint64(len(notices)), last.Tag)
-			}
-		})
-	}
+			notices = append(notices, n)
+		}
+		w.kill()
+		waitOpenWrites(t, owner, 0)
+		notices = append(notices, laterNotices(t, exposed, 0)...)
+		last := notices[len(notices)-1]
+		for i, n := range notices[:len(notices)-1] {
+			require.NoError(t, n.Err, "only the last notice can be a failure")
+			require.Equal(t, uint64(i+1), n.Tag)
+		}
+		if last.Err != nil {
+			assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(last.Err), "%v", last.Err)
+			assert.Zero(t, last.Tag, "a torn standing admission names no run")
+		} else {
+			assert.Equal(t, uint64(len(notices)), last.Tag)
+		}
+	})
 }

@@ -2,7 +2,6 @@ package multiprocess
 
 import (
 	"bytes"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,6 +55,33 @@ func exposeIn(t *testing.T, rt *engine.Runtime, n int, transportName string) (*e
 	return ref, buf
 }
 
+// startWriteLoop starts a writer process that writes into exposed as req
+// says (a "write_loop" of exposed's ref).
+func startWriteLoop(t *testing.T, exposed *engine.Ref, req request) *child {
+	t.Helper()
+	b, err := exposed.Serialize()
+	require.NoError(t, err)
+	w := startChild(t, runtimeConfig{Name: "writer"})
+	req.Op, req.Refs = "write_loop", []string{enc(b)}
+	require.Empty(t, w.call(req).Error)
+	return w
+}
+
+// laterNotices takes the notices of writes into exposed that come, each
+// within wait of the one before, until none does.
+func laterNotices(t *testing.T, exposed *engine.Ref, wait time.Duration) []engine.WriteNotice {
+	t.Helper()
+	var notices []engine.WriteNotice
+	for {
+		n, err := exposed.WaitWriteNotice(wait)
+		if transport.StatusOf(err) == transport.ErrTimeout {
+			return notices
+		}
+		require.NoError(t, err)
+		notices = append(notices, n)
+	}
+}
+
 func waitOpenWrites(t *testing.T, rt *engine.Runtime, want uint64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return rt.Stats().WritesOpen == want }, 60*time.Second, time.Millisecond,
@@ -68,13 +94,9 @@ func waitOpenWrites(t *testing.T, rt *engine.Runtime, want uint64) {
 func TestWriterKilledWithItsWriteOpenTearsIt(t *testing.T) {
 	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
 	exposed, _ := exposeIn(t, owner, 4096, "stallwrite")
-	b, err := exposed.Serialize()
-	require.NoError(t, err)
-	w := startChild(t, runtimeConfig{Name: "writer"})
-	r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{4096}, Seed: 1, Count: 1})
-	require.Empty(t, r.Error)
+	w := startWriteLoop(t, exposed, request{Sizes: []int{4096}, Seed: 1, Count: 1})
 	waitOpenWrites(t, owner, 1)
-	_, err = exposed.WaitWriteNotice(0)
+	_, err := exposed.WaitWriteNotice(0)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "no notice while the write is open")
 
 	w.kill()
@@ -94,27 +116,27 @@ func TestWriterKilledWithItsWriteOpenTearsIt(t *testing.T) {
 // subtests skip, saying why, where NIXL does not load.
 var writingTransports = []string{"cma", "shm", "tcp", "nixl"}
 
-func requireWriter(t *testing.T, name string) {
-	if name == "nixl" {
-		requireNIXL(t)
+// forEachWriter runs test as a subtest over each of writingTransports.
+func forEachWriter(t *testing.T, test func(t *testing.T, transportName string)) {
+	for _, name := range writingTransports {
+		t.Run(name, func(t *testing.T) {
+			if name == "nixl" {
+				requireNIXL(t)
+			}
+			test(t, name)
+		})
 	}
 }
 
 func TestWriterKilledAmidWrites(t *testing.T) {
-	for _, name := range writingTransports {
-		t.Run(name, func(t *testing.T) { requireWriter(t, name); writerKilledAmidWrites(t, name) })
-	}
+	forEachWriter(t, writerKilledAmidWrites)
 }
 
 func writerKilledAmidWrites(t *testing.T, transportName string) {
 	owner := parentRuntime(t, runtimeConfig{Name: "owner"})
 	const size = 32 << 20
 	exposed, buf := exposeIn(t, owner, size, transportName)
-	b, err := exposed.Serialize()
-	require.NoError(t, err)
-	w := startChild(t, runtimeConfig{Name: "writer"})
-	r := w.call(request{Op: "write_loop", Refs: []string{enc(b)}, Sizes: []int{size}, Seed: 5})
-	require.Empty(t, r.Error)
+	w := startWriteLoop(t, exposed, request{Sizes: []int{size}, Seed: 5})
 
 	first, err := exposed.WaitWriteNotice(60 * time.Second)
 	require.NoError(t, err)
@@ -125,12 +147,7 @@ func writerKilledAmidWrites(t *testing.T, transportName string) {
 	waitOpenWrites(t, owner, 0) // the killed writer's write is closed
 
 	last := first
-	for {
-		n, err := exposed.WaitWriteNotice(0)
-		if transport.StatusOf(err) == transport.ErrTimeout {
-			break
-		}
-		require.NoError(t, err)
+	for _, n := range laterNotices(t, exposed, 0) {
 		require.NoError(t, last.Err, "a failure notice is the last one")
 		assert.Equal(t, last.Tag+1, n.Tag, "notices come in the order of the writes")
 		if n.Err != nil {
@@ -151,9 +168,7 @@ func writerKilledAmidWrites(t *testing.T, transportName string) {
 // An owner killed while a large write lands in it fails the write
 // (PEER_UNAVAILABLE), promptly, and later writes fail the same way.
 func TestOwnerKilledWhileBeingWritten(t *testing.T) {
-	for _, name := range writingTransports {
-		t.Run(name, func(t *testing.T) { requireWriter(t, name); ownerKilledWhileBeingWritten(t, name) })
-	}
+	forEachWriter(t, ownerKilledWhileBeingWritten)
 }
 
 func ownerKilledWhileBeingWritten(t *testing.T, transportName string) {
@@ -175,8 +190,7 @@ func ownerKilledWhileBeingWritten(t *testing.T, transportName string) {
 	f, err := writer.StartWrite([]*engine.Ref{ref}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Tag: 2})
 	require.NoError(t, err)
 	defer f.Free()
-	o.cmd.Process.Signal(syscall.SIGKILL)
-	<-o.done
+	o.kill()
 	if err := f.Wait(time.Minute); err != nil { // it may have finished before the kill
 		assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(err), "%v", err)
 	}
@@ -189,9 +203,7 @@ func ownerKilledWhileBeingWritten(t *testing.T, transportName string) {
 // the owner's notice say the same (a write never admitted has no notice,
 // and one that succeeded always has one).
 func TestWriteOutcomeAgreesAtEveryDeadline(t *testing.T) {
-	for _, name := range writingTransports {
-		t.Run(name, func(t *testing.T) { requireWriter(t, name); writeOutcomeAgrees(t, name) })
-	}
+	forEachWriter(t, writeOutcomeAgrees)
 }
 
 func writeOutcomeAgrees(t *testing.T, transportName string) {
@@ -225,12 +237,7 @@ func writeOutcomeAgrees(t *testing.T, transportName string) {
 		t.Logf("writer %+v owner %+v", writer.Stats(), owner.Stats())
 	}
 	noticed := map[uint64]bool{}
-	for {
-		n, err := exposed.WaitWriteNotice(time.Second)
-		if transport.StatusOf(err) == transport.ErrTimeout {
-			break
-		}
-		require.NoError(t, err)
+	for _, n := range laterNotices(t, exposed, time.Second) {
 		require.False(t, noticed[n.Tag], "one notice per write (tag %d)", n.Tag)
 		noticed[n.Tag] = true
 		werr, ok := results[n.Tag]

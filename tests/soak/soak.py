@@ -712,6 +712,14 @@ def _watchdog(hard_timeout: float) -> None:
     warnings.filterwarnings("ignore", message="rdt.get of an object put by this process")
 
 
+def _report_failure(shared: Shared, who: str, e: BaseException) -> None:
+    """Tells the coordinator why this process failed, and lets it exit
+    without waiting for its inboxes' pipes to drain."""
+    shared.reports.put(("error", who, "".join(traceback.format_exception(type(e), e, e.__traceback__))))
+    for q in shared.inboxes:
+        q.cancel_join_thread()
+
+
 def worker_main(index: int, cfg: Dict[str, Any], shared: Shared) -> None:
     _watchdog(cfg["hard_timeout"])
     try:
@@ -722,10 +730,7 @@ def worker_main(index: int, cfg: Dict[str, Any], shared: Shared) -> None:
         shared.events["finish"].wait(cfg["phase_wait"])
         w.rt.close()
     except BaseException as e:
-        shared.reports.put(("error", f"worker {index}", "".join(traceback.format_exception(type(e), e,
-                                                                                            e.__traceback__))))
-        for q in shared.inboxes:
-            q.cancel_join_thread()
+        _report_failure(shared, f"worker {index}", e)
         raise
 
 
@@ -761,10 +766,7 @@ def visitor_main(serial: int, cfg: Dict[str, Any], shared: Shared, leave: Any) -
             os._exit(0)  # no destroy: the workers see the process vanish
         w.rt.close()
     except BaseException as e:
-        shared.reports.put(("error", f"visitor {serial}", "".join(traceback.format_exception(type(e), e,
-                                                                                              e.__traceback__))))
-        for q in shared.inboxes:
-            q.cancel_join_thread()
+        _report_failure(shared, f"visitor {serial}", e)
         raise
 
 
@@ -772,6 +774,18 @@ def visitor_main(serial: int, cfg: Dict[str, Any], shared: Shared, leave: Any) -
 
 class Failed(Exception):
     pass
+
+
+def report_problems(r: Dict[str, Any], who: str, unsettled: str) -> List[str]:
+    """What a process's report shows went wrong: each kind of operation
+    that failed, and examples (the lines start with who), and unsettled
+    followed by the counters that were not back to zero, if any were."""
+    problems = [f"{who}: {n} failed: {kind}" for kind, n in sorted(r["failures"].items())]
+    problems += [f"{who}:   e.g. {ex}" for ex in r["examples"]]
+    left = {k: v for k, v in r["state"].items() if v}
+    if left:
+        problems.append(unsettled + ", ".join(f"{k}={v}" for k, v in left.items()))
+    return problems
 
 
 class Coordinator:
@@ -898,15 +912,9 @@ class Coordinator:
         problems: List[str] = []
         for i in range(cfg["workers"]):
             for phase, reps in (("warm-up", base), ("load", end)):
-                r = reps[i]
-                for kind, n in sorted(r["failures"].items()):
-                    problems.append(f"worker {i}, {phase}: {n} failed: {kind}")
-                for ex in r["examples"]:
-                    problems.append(f"worker {i}, {phase}:   e.g. {ex}")
-                left = {k: v for k, v in r["state"].items() if v}
-                if left:
-                    problems.append(f"worker {i}, after {phase}: not back to zero within {cfg['settle_limit']:g} s: "
-                                    + ", ".join(f"{k}={v}" for k, v in left.items()))
+                problems += report_problems(reps[i], f"worker {i}, {phase}",
+                                            f"worker {i}, after {phase}: not back to zero within "
+                                            f"{cfg['settle_limit']:g} s: ")
             problems += self.check_descriptors(i)
             for phase, reps in (("warm-up", base), ("load", end)):
                 cached, bound = reps[i]["receive_cache"]
@@ -941,14 +949,8 @@ class Coordinator:
         if cfg["visitors"] and cfg["seconds"] > cfg["visitor_life"] + 2 and not self.visits:
             problems.append("no visitor came and went during the load")
         for serial, r in sorted(self.visits.items()):
-            for kind, n in sorted(r["failures"].items()):
-                problems.append(f"visitor {serial}: {n} failed: {kind}")
-            for ex in r["examples"]:
-                problems.append(f"visitor {serial}:   e.g. {ex}")
-            left = {k: v for k, v in r["state"].items() if v}
-            if left:
-                problems.append(f"visitor {serial}: not back to zero within {cfg['settle_limit']:g} s before "
-                                "leaving: " + ", ".join(f"{k}={v}" for k, v in left.items()))
+            problems += report_problems(r, f"visitor {serial}", f"visitor {serial}: not back to zero within "
+                                        f"{cfg['settle_limit']:g} s before leaving: ")
         return problems
 
     def transport_counts(self) -> Dict[str, Tuple[int, collections.Counter]]:

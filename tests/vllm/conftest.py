@@ -11,7 +11,8 @@ import sys
 import time
 
 import pytest
-import torch
+
+from trainer_side import serve_call
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,15 +25,6 @@ def wait_until(cond, timeout=30.0):
         if got or time.monotonic() > end:
             return got
         time.sleep(0.01)
-
-
-def make_engine(model):
-    from vllm.config import VllmConfig, WeightTransferConfig
-
-    from rdt.vllm import LibrdtWeightTransferEngine
-
-    return LibrdtWeightTransferEngine(WeightTransferConfig(backend="librdt"), VllmConfig(), torch.device("cpu"),
-                                      model)
 
 
 class Trainer:
@@ -67,16 +59,7 @@ class Trainer:
         call, arg = msg["call"], msg["arg"]
         self.calls.append(call)
         try:
-            if call == "init_weight_transfer_engine":
-                engine.init_transfer_engine(engine.parse_init_info(arg))
-            elif call == "start_weight_update":
-                engine.start_weight_update()
-            elif call == "update_weights":
-                if before_update is not None:
-                    before_update(arg)
-                engine.update_weights(arg)
-            elif call == "finish_weight_update":
-                engine.finish_weight_update()
+            serve_call(engine, call, arg, before_update)
             self.send({"ok": True})
         except Exception as e:
             self.errors.append(e)

@@ -14,8 +14,9 @@ import torch
 
 import rdt
 import rdt.vllm
-from conftest import make_engine, wait_until
+from conftest import wait_until
 from models import WorkerModel
+from trainer_side import make_engine
 
 
 def trainer_state(trainer, tmp_path):
@@ -37,6 +38,17 @@ def all_stopped(pid):
 
 def init(trainer, engine, **info):
     assert trainer.run({"init": {"timeout_s": 20.0, **info}}, engine) == {"done": True}
+
+
+def session(trainer_factory, seed, model=None, **info):
+    """A worker engine over model (a whole WorkerModel by default) and a
+    trainer of seed, its engine initialized (info) against the worker's."""
+    if model is None:
+        model = WorkerModel()
+    engine = make_engine(model)
+    trainer = trainer_factory(seed=seed)
+    init(trainer, engine, **info)
+    return model, engine, trainer
 
 
 @pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
@@ -74,10 +86,7 @@ def test_sync_lands_every_parameter_in_place_and_again_after_a_change(trainer_fa
 
 
 def test_a_tensor_parallel_rank_pulls_only_its_rows(trainer_factory, tmp_path):
-    model = WorkerModel(rank=1, world=2)
-    engine = make_engine(model)
-    trainer = trainer_factory(seed=2)
-    init(trainer, engine)
+    model, engine, trainer = session(trainer_factory, 2, WorkerModel(rank=1, world=2))
     assert trainer.run({"sync": True}, engine) == {"done": 1}  # learns what the loaders read: all of it moves
     check_synced(model, trainer, tmp_path)
     assert trainer.run({"perturb": 5}) == {"done": True}
@@ -90,10 +99,7 @@ def test_a_tensor_parallel_rank_pulls_only_its_rows(trainer_factory, tmp_path):
 
 @pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
 def test_a_trainer_killed_mid_sync_fails_it_in_time_and_the_next_session_syncs(trainer_factory, tmp_path, views):
-    model = WorkerModel()
-    engine = make_engine(model)
-    trainer = trainer_factory(seed=3)
-    init(trainer, engine, views=views)
+    model, engine, trainer = session(trainer_factory, 3, views=views)
     assert trainer.run({"sync": True}, engine) == {"done": 1}
     old = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert trainer.run({"perturb": 1}) == {"done": True}
@@ -125,10 +131,7 @@ def test_a_trainer_killed_mid_sync_fails_it_in_time_and_the_next_session_syncs(t
 
 @pytest.mark.parametrize("views", [False, True], ids=["copies", "views"])
 def test_a_stopped_trainer_fails_the_sync_at_its_deadline(trainer_factory, tmp_path, views):
-    model = WorkerModel()
-    engine = make_engine(model)
-    trainer = trainer_factory(seed=5)
-    init(trainer, engine, timeout_s=2.0, views=views)
+    model, engine, trainer = session(trainer_factory, 5, timeout_s=2.0, views=views)
     synced = 0
     if views:  # a replay views; the first sync of a layout fetches (learning)
         assert trainer.run({"sync": True}, engine) == {"done": 1}

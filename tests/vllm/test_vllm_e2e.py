@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from trainer_side import greedy
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # Only for reading the worker's engine from the test (collective_rpc of a function).
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -35,12 +37,7 @@ def _stop_digests(worker):
 
 
 def hf_greedy(model):
-    out = []
-    for p in PROMPTS:
-        with torch.no_grad():
-            g = model.generate(torch.tensor([p]), max_new_tokens=TOKENS, do_sample=False, pad_token_id=0)
-        out.append(g[0, len(p):].tolist())
-    return out
+    return greedy(model, PROMPTS, TOKENS)
 
 
 def digests(model):

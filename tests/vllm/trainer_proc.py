@@ -6,45 +6,18 @@ stdout and reads the answer from stdin, so the test process plays vLLM's
 worker. It ends each command with {"done": ...} or {"failed": "..."}."""
 
 import json
-import os
 import sys
 
-# The answers go over the pipe that is stdout now; whatever else writes to
-# stdout (vLLM's log handler) goes to stderr from here on.
-PIPE = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
+from trainer_side import PipeClient, take_stdout
+
+# The answers go over the pipe that is stdout now.
+PIPE = take_stdout()
 
 import torch  # noqa: E402
 from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory  # noqa: E402
 
 import rdt.vllm  # noqa: E402
 from models import TrainerModel  # noqa: E402
-
-
-class PipeClient:
-    """A VLLMWeightSyncClient over this process's stdin and stdout."""
-
-    def __init__(self, inp, out):
-        self.inp, self.out = inp, out
-
-    def _call(self, call, arg=None):
-        self.out.write(json.dumps({"call": call, "arg": arg}) + "\n")
-        self.out.flush()
-        answer = json.loads(self.inp.readline())
-        if "error" in answer:
-            raise RuntimeError(answer["error"])
-
-    def init_weight_transfer_engine(self, init_info):
-        self._call("init_weight_transfer_engine", init_info)
-
-    def start_weight_update(self):
-        self._call("start_weight_update")
-
-    def update_weights(self, update_info):
-        self._call("update_weights", update_info)
-
-    def finish_weight_update(self, weight_version=None):
-        self._call("finish_weight_update", weight_version)
 
 
 def main():

@@ -54,7 +54,7 @@ func getArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_te
 
 // rangesFromC copies the rdt_range array opts->`field` of a partial get
 // (sources) or write (destinations); nil: every tensor whole.
-func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Source, error) {
+func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Range, error) {
 	if p == nil {
 		if n != 0 {
 			return nil, invalid("opts->%s is NULL but num_%s is %d", field, field, n)
@@ -64,9 +64,9 @@ func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Source, err
 	if n > transport.MaxTensors {
 		return nil, invalid("%d %s is over the limit of %d", n, field, transport.MaxTensors)
 	}
-	out := make([]engine.Source, n)
+	out := make([]engine.Range, n)
 	for i, s := range unsafe.Slice(p, int(n)) {
-		out[i] = engine.Source{Ref: int(s.ref), Piece: transport.Piece{Tensor: uint32(s.tensor), Offset: uint64(s.offset), Length: uint64(s.length)}}
+		out[i] = engine.Range{Ref: int(s.ref), Piece: transport.Piece{Tensor: uint32(s.tensor), Offset: uint64(s.offset), Length: uint64(s.length)}}
 	}
 	return out, nil
 }

@@ -54,7 +54,7 @@ func TestHostIntoCUDAIsStagedThroughHostMemory(t *testing.T) {
 
 	// A partial fetch of the last KiB, staged the same way.
 	last := newHostBuf(t, 1024)
-	sources := []Source{{Piece: transport.Piece{Offset: 1<<16 - 1024, Length: RestOfTensor}}}
+	sources := []Range{{Piece: transport.Piece{Offset: 1<<16 - 1024, Length: RestOfTensor}}}
 	require.NoError(t, p.borrower.Get(refs, []transport.Tensor{onDevice(tensorOf(t, last), transport.DeviceCUDA)}, FetchOptions{Sources: sources}, 5*time.Second))
 	assert.Equal(t, src[0].b[1<<16-1024:], last.b)
 }

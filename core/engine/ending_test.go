@@ -29,8 +29,8 @@ func (p *pair) exposeMatrix(t *testing.T, fill byte) (owned, writable *Ref, buf 
 const matrixRow = 16 * 4
 
 // rowsOf names rows [first, first+n) of tensor 0 of ref 0.
-func rowsOf(first, n int) Source {
-	return Source{Ref: 0, Piece: transport.Piece{Tensor: 0, Offset: uint64(first * matrixRow), Length: uint64(n * matrixRow)}}
+func rowsOf(first, n int) Range {
+	return Range{Ref: 0, Piece: transport.Piece{Tensor: 0, Offset: uint64(first * matrixRow), Length: uint64(n * matrixRow)}}
 }
 
 func TestWriteOfSeveralRangesOfOneTensor(t *testing.T) {
@@ -46,7 +46,7 @@ func TestWriteOfSeveralRangesOfOneTensor(t *testing.T) {
 			a, b := newHostBuf(t, 2*matrixRow), newHostBuf(t, 3*matrixRow)
 			a.fill(0xA0)
 			b.fill(0xB0)
-			dests := []Source{rowsOf(10, 2), rowsOf(40, 3)}
+			dests := []Range{rowsOf(10, 2), rowsOf(40, 3)}
 			sources := []transport.Tensor{shaped(t, a, f32, 2, 16), shaped(t, b, f32, 3, 16)}
 			require.NoError(t, writer.Write([]*Ref{w}, sources, WriteOptions{Tag: 7, Destinations: dests}, 10*time.Second))
 			n := notice(t, owned, 10*time.Second)
@@ -71,7 +71,7 @@ func TestPartialFetchOfSeveralRangesOfOwnTensor(t *testing.T) {
 	defer ref.Release()
 	a, b := newHostBuf(t, matrixRow), newHostBuf(t, 4*matrixRow)
 	targets := []transport.Tensor{shaped(t, a, f32, 1, 16), shaped(t, b, f32, 4, 16)}
-	require.NoError(t, p.owner.Get([]*Ref{ref}, targets, FetchOptions{Sources: []Source{rowsOf(63, 1), rowsOf(0, 4)}}, 10*time.Second))
+	require.NoError(t, p.owner.Get([]*Ref{ref}, targets, FetchOptions{Sources: []Range{rowsOf(63, 1), rowsOf(0, 4)}}, 10*time.Second))
 	assert.Equal(t, buf.b[63*matrixRow:], a.b)
 	assert.Equal(t, buf.b[:4*matrixRow], b.b)
 }

@@ -21,7 +21,7 @@ type FetchOptions struct {
 	Transport string
 	// Sources, when not nil, make the fetch partial: target i receives
 	// Sources[i], and a ref none of them names is not fetched.
-	Sources []Source
+	Sources []Range
 
 	dir transport.Direction // Write for StartWrite, Write and PrepareWrite (write.go)
 	tag uint64              // a write's, handed to its owners

@@ -54,7 +54,7 @@ func TestPartialFetchTakesPiecesInAnyOrder(t *testing.T) {
 			one := newHostBuf(t, 1)       // byte 99
 			whole := newHostBuf(t, 8)     // the int4 tensor
 			first := newHostBuf(t, 2*row) // rows 0..1
-			sources := []Source{
+			sources := []Range{
 				{Ref: 0, Piece: transport.Piece{Tensor: 0, Offset: uint64(56 * row), Length: RestOfTensor}},
 				{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 99, Length: 1}},
 				{Ref: 0, Piece: transport.Piece{Tensor: 2, Length: RestOfTensor}},
@@ -81,7 +81,7 @@ func TestPartialFetchOfOwnObjectCopiesPieces(t *testing.T) {
 	require.NoError(t, err)
 	defer ref.Release()
 	out := newHostBuf(t, 16)
-	src := []Source{{Piece: transport.Piece{Tensor: 0, Offset: 4080, Length: 16}}}
+	src := []Range{{Piece: transport.Piece{Tensor: 0, Offset: 4080, Length: 16}}}
 	require.NoError(t, p.owner.Get([]*Ref{ref}, []transport.Tensor{shaped(t, out, f32, 4)}, FetchOptions{Sources: src}, 5*time.Second))
 	assert.Equal(t, buf.b[4080:], out.b)
 }
@@ -91,7 +91,7 @@ func TestPartialFetchSkipsUnnamedRefs(t *testing.T) {
 	p := rangedPair(t)
 	refs, src := p.share(t, 3, 4096, "mem")
 	out := newHostBuf(t, 4096)
-	sources := []Source{{Ref: 2, Piece: transport.Piece{Length: RestOfTensor}}}
+	sources := []Range{{Ref: 2, Piece: transport.Piece{Length: RestOfTensor}}}
 	require.NoError(t, p.borrower.Get(refs, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Sources: sources}, 5*time.Second))
 	assert.Equal(t, src[2].b, out.b)
 	assert.Equal(t, int64(1), p.dst.fetched.Load(), "one transfer, for the named ref")
@@ -102,7 +102,7 @@ func TestPartialFetchSkipsUnnamedRefs(t *testing.T) {
 func TestWholeInOrderSourcesNeedNoRanges(t *testing.T) {
 	p := newPair(t, nil)
 	refs, targets, src, dst := p.shareToFetch(t, 2, 4096)
-	sources := []Source{{Ref: 0, Piece: transport.Piece{Length: RestOfTensor}}, {Ref: 1, Piece: transport.Piece{Length: 4096}}}
+	sources := []Range{{Ref: 0, Piece: transport.Piece{Length: RestOfTensor}}, {Ref: 1, Piece: transport.Piece{Length: 4096}}}
 	require.NoError(t, p.borrower.Get(refs, targets, FetchOptions{Sources: sources}, 5*time.Second))
 	assertLanded(t, src, dst)
 }
@@ -112,7 +112,7 @@ func TestPartialFetchRefusedByATransportWithoutRanges(t *testing.T) {
 	refs, _ := p.share(t, 1, 4096, "mem")
 	out := newHostBuf(t, 16)
 	out.fill(9)
-	sources := []Source{{Piece: transport.Piece{Offset: 16, Length: 16}}}
+	sources := []Range{{Piece: transport.Piece{Offset: 16, Length: 16}}}
 	err := p.borrower.Get(refs, []transport.Tensor{tensorOf(t, out)}, FetchOptions{Sources: sources}, 5*time.Second)
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
@@ -127,8 +127,8 @@ func TestPartialFetchRefusals(t *testing.T) {
 	p := rangedPair(t)
 	ref, _ := p.stateDict(t)
 	row := uint64(64)
-	pc := func(tensor uint32, off, n uint64) Source {
-		return Source{Piece: transport.Piece{Tensor: tensor, Offset: off, Length: n}}
+	pc := func(tensor uint32, off, n uint64) Range {
+		return Range{Piece: transport.Piece{Tensor: tensor, Offset: off, Length: n}}
 	}
 	mk := func(n int) (*hostBuf, transport.Tensor) {
 		b := newHostBuf(t, n)
@@ -137,21 +137,21 @@ func TestPartialFetchRefusals(t *testing.T) {
 	}
 	for _, c := range []struct {
 		what    string
-		sources []Source
+		sources []Range
 		sizes   []int // targets, float32
 		want    string
 	}{
-		{"a ref that is not there", []Source{{Ref: 1, Piece: transport.Piece{Length: 16}}}, []int{16}, "names ref 1 of 1"},
-		{"a tensor that is not there", []Source{pc(3, 0, 16)}, []int{16}, "has 3 tensors"},
-		{"an offset past the end", []Source{pc(0, 4100, 4)}, []int{4}, "offset 4100 is past the tensor's 4096 bytes"},
-		{"bytes past the end", []Source{pc(0, 4092, 8)}, []int{8}, "bytes [4092, 4092+8) are outside the tensor's 4096 bytes"},
-		{"a length that wraps", []Source{pc(0, 8, ^uint64(0)-4)}, []int{8}, "outside the tensor's 4096 bytes"},
-		{"an offset off the elements", []Source{pc(0, 2, 4)}, []int{4}, "do not fall on the 4-byte elements of float32"},
-		{"a length off the elements", []Source{pc(0, 0, 6)}, []int{8}, "do not fall on the 4-byte elements"},
-		{"a target of another size", []Source{pc(0, 0, row)}, []int{2 * int(row)}, "the target holds 128 bytes for a range of 64"},
-		{"a target of another dtype", []Source{pc(1, 0, 4)}, []int{4}, "the target's dtype float32 is not the source's uint8"},
-		{"a range of a sub-byte dtype", []Source{{Piece: transport.Piece{Tensor: 2, Offset: 0, Length: 4}}}, nil, "only fetched whole"},
-		{"more sources than targets", []Source{pc(0, 0, 4), pc(0, 4, 4)}, []int{4}, "2 sources given for 1 targets"},
+		{"a ref that is not there", []Range{{Ref: 1, Piece: transport.Piece{Length: 16}}}, []int{16}, "names ref 1 of 1"},
+		{"a tensor that is not there", []Range{pc(3, 0, 16)}, []int{16}, "has 3 tensors"},
+		{"an offset past the end", []Range{pc(0, 4100, 4)}, []int{4}, "offset 4100 is past the tensor's 4096 bytes"},
+		{"bytes past the end", []Range{pc(0, 4092, 8)}, []int{8}, "bytes [4092, 4092+8) are outside the tensor's 4096 bytes"},
+		{"a length that wraps", []Range{pc(0, 8, ^uint64(0)-4)}, []int{8}, "outside the tensor's 4096 bytes"},
+		{"an offset off the elements", []Range{pc(0, 2, 4)}, []int{4}, "do not fall on the 4-byte elements of float32"},
+		{"a length off the elements", []Range{pc(0, 0, 6)}, []int{8}, "do not fall on the 4-byte elements"},
+		{"a target of another size", []Range{pc(0, 0, row)}, []int{2 * int(row)}, "the target holds 128 bytes for a range of 64"},
+		{"a target of another dtype", []Range{pc(1, 0, 4)}, []int{4}, "the target's dtype float32 is not the source's uint8"},
+		{"a range of a sub-byte dtype", []Range{{Piece: transport.Piece{Tensor: 2, Offset: 0, Length: 4}}}, nil, "only fetched whole"},
+		{"more sources than targets", []Range{pc(0, 0, 4), pc(0, 4, 4)}, []int{4}, "2 sources given for 1 targets"},
 	} {
 		t.Run(c.what, func(t *testing.T) {
 			var bufs []*hostBuf
@@ -191,7 +191,7 @@ func TestOverlappingTargetsAreRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "targets overlap")
 
 	// Given in reverse address order, so that the check must sort.
-	sources := []Source{{Ref: 0, Piece: transport.Piece{Offset: 0, Length: 2048}}, {Ref: 1, Piece: transport.Piece{Offset: 0, Length: 4096}}}
+	sources := []Range{{Ref: 0, Piece: transport.Piece{Offset: 0, Length: 2048}}, {Ref: 1, Piece: transport.Piece{Offset: 0, Length: 4096}}}
 	late := tensorOf(t, &hostBuf{b: shared.b[4096:]})
 	early := tensorOf(t, &hostBuf{b: shared.b[:4096]})
 	err = p.borrower.Get(refs, []transport.Tensor{late, early}, FetchOptions{Sources: sources}, 5*time.Second)
@@ -239,7 +239,7 @@ func TestObjectOfMaxTensors(t *testing.T) {
 
 	// The last byte alone, as a partial fetch of the last tensor.
 	one := newHostBuf(t, 1)
-	sources := []Source{{Piece: transport.Piece{Tensor: uint32(n - 1), Length: RestOfTensor}}}
+	sources := []Range{{Piece: transport.Piece{Tensor: uint32(n - 1), Length: RestOfTensor}}}
 	require.NoError(t, p.borrower.Get([]*Ref{borrowed}, []transport.Tensor{{TensorDesc: desc, Data: one.addr()}}, FetchOptions{Sources: sources}, time.Minute))
 	assert.Equal(t, src.b[n-1], one.b[0])
 }

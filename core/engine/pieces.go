@@ -6,14 +6,15 @@ import (
 	"github.com/rdt-project/rdt/core/transport"
 )
 
-// Source names what one target of a partial fetch receives: a byte range
-// of one tensor of one of the fetch's refs (see rdt_range).
-type Source struct {
+// Range is a byte range of one tensor of one of a get's or a write's refs
+// (rdt_range): what one target of a partial get receives, or where one
+// source of a partial write lands.
+type Range struct {
 	Ref int
 	transport.Piece
 }
 
-// RestOfTensor as a Source's Length takes the tensor from Offset to its end.
+// RestOfTensor as a Range's Length takes the tensor from Offset to its end.
 const RestOfTensor = ^uint64(0)
 
 // refTargets is what a fetch moves for one ref: its targets and, in a
@@ -29,7 +30,7 @@ type refTargets struct {
 // out (nil). With disjoint, targets must not overlap (a write's sources,
 // which are only read, may). Nothing is written by a fetch these checks
 // refuse.
-func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source, disjoint bool) ([]*refTargets, error) {
+func planTargets(refs []*Ref, targets []transport.Tensor, sources []Range, disjoint bool) ([]*refTargets, error) {
 	overlap := checkOverlap
 	if !disjoint {
 		overlap = func([]transport.Tensor) error { return nil }
@@ -86,7 +87,7 @@ func planTargets(refs []*Ref, targets []transport.Tensor, sources []Source, disj
 // checkSource checks one source against the owner's description of the
 // tensor it names and the target that receives it, and returns its piece
 // with RestOfTensor resolved.
-func checkSource(desc *ObjectDesc, s Source, target transport.Tensor) (transport.Piece, error) {
+func checkSource(desc *ObjectDesc, s Range, target transport.Tensor) (transport.Piece, error) {
 	p := s.Piece
 	if int64(p.Tensor) >= int64(len(desc.Tensors)) {
 		return p, transport.Errorf(transport.ErrInvalidArgument, "the object has %d tensors", len(desc.Tensors))

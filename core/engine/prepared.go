@@ -69,7 +69,7 @@ func (rt *Runtime) PrepareFetch(refs []*Ref, targets []transport.Tensor, opts Fe
 	}
 	p := &Prepared{rt: rt, tensors: append([]transport.Tensor(nil), targets...), opts: opts}
 	if opts.Sources != nil {
-		p.opts.Sources = append([]Source(nil), opts.Sources...)
+		p.opts.Sources = append([]Range(nil), opts.Sources...)
 	}
 	for i, r := range refs {
 		c, err := r.Clone()

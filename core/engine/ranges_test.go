@@ -78,7 +78,7 @@ func FuzzCheckSource(f *testing.F) {
 		require.NoError(t, err)
 		desc := &ObjectDesc{Tensors: []transport.TensorDesc{whole, half}}
 		target := transport.Tensor{TensorDesc: transport.TensorDesc{Device: cpu, DType: dt, Nbytes: targetBytes}}
-		p, err := checkSource(desc, Source{Piece: transport.Piece{Tensor: tensor, Offset: off, Length: length}}, target)
+		p, err := checkSource(desc, Range{Piece: transport.Piece{Tensor: tensor, Offset: off, Length: length}}, target)
 
 		want := int(tensor) < len(desc.Tensors) // the reference, in 65-bit arithmetic
 		if want {

@@ -20,7 +20,7 @@ type WriteOptions struct {
 	// Destinations, when not nil, place source i at Destinations[i]: a
 	// byte range of one tensor of one of the refs (as a partial fetch's
 	// Sources name them). Nil: one source per tensor, ref after ref, whole.
-	Destinations []Source
+	Destinations []Range
 	// Tag is handed to the owner with each write's notice (a version, say).
 	Tag uint64
 }

@@ -97,7 +97,7 @@ func TestPartialWriteTouchesOnlyItsRanges(t *testing.T) {
 	rows.fill(0xA0)
 	tail := newHostBuf(t, 10) // bytes 90..99 of the second tensor
 	tail.fill(0x01)
-	dests := []Source{
+	dests := []Range{
 		{Ref: 0, Piece: transport.Piece{Tensor: 0, Offset: uint64(10 * row), Length: uint64(4 * row)}},
 		{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 90, Length: RestOfTensor}},
 	}
@@ -130,7 +130,7 @@ func TestWriteRefusalsMoveNothing(t *testing.T) {
 	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Get([]*Ref{w}, sources, FetchOptions{}, time.Second)))
 
 	// Outside the exposed bytes, the wrong dtype, the wrong size.
-	out := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 95, Length: 10}}}
+	out := []Range{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 95, Length: 10}}}
 	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, newHostBuf(t, 10), u8, 10)}, WriteOptions{Destinations: out}, time.Second)))
 	wrongType := []transport.Tensor{shaped(t, src[0], u8, 64*16*4), sources[1]}
 	assert.Equal(t, transport.ErrInvalidArgument, status(p.borrower.Write([]*Ref{w}, wrongType, WriteOptions{}, time.Second)))
@@ -298,7 +298,7 @@ func TestOwnerWritesItsOwnExposedObject(t *testing.T) {
 	owned, _, bufs := p.expose(t)
 	src := newHostBuf(t, 100)
 	src.fill(7)
-	dests := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Length: RestOfTensor}}}
+	dests := []Range{{Ref: 0, Piece: transport.Piece{Tensor: 1, Length: RestOfTensor}}}
 	require.NoError(t, p.owner.Write([]*Ref{owned}, []transport.Tensor{shaped(t, src, u8, 100)}, WriteOptions{Tag: 3, Destinations: dests}, 5*time.Second))
 	assert.Equal(t, src.b, bufs[1].b)
 	n := notice(t, owned, time.Second)
@@ -319,8 +319,8 @@ func TestOverlappingWritersEachLandInTheirRanges(t *testing.T) {
 	a, c := newHostBuf(t, 60), newHostBuf(t, 60)
 	a.fill(0x11)
 	c.fill(0x77)
-	da := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 0, Length: 60}}}
-	dc := []Source{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 30, Length: 60}}}
+	da := []Range{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 0, Length: 60}}}
+	dc := []Range{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 30, Length: 60}}}
 	errs := make(chan error, 2)
 	go func() {
 		errs <- p.borrower.Write([]*Ref{w}, []transport.Tensor{shaped(t, a, u8, 60)}, WriteOptions{Tag: 1, Destinations: da}, 10*time.Second)

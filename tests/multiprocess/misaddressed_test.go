@@ -81,7 +81,7 @@ func TestMisaddressedWriteLandsNothingAndItsNoticeFails(t *testing.T) {
 
 			src := hostMem(16)
 			defer freeMem(src)
-			dest := []engine.Source{{Ref: 0, Piece: transport.Piece{Length: 16}}}
+			dest := []engine.Range{{Ref: 0, Piece: transport.Piece{Length: 16}}}
 			err = writer.Write([]*engine.Ref{w}, []transport.Tensor{tensorOver(src)}, engine.WriteOptions{Transport: c.factory.Name, Tag: 9, Destinations: dest}, 30*time.Second)
 			assert.Equal(t, transport.ErrInvalidArgument, transport.StatusOf(err), "%v", err)
 			n, err := exposed.WaitWriteNotice(30 * time.Second)

@@ -422,7 +422,7 @@ func TestGPUTwoRankPartialFetch(t *testing.T) {
 	require.NoError(t, err)
 	defer bref.Release()
 
-	sources := []engine.Source{
+	sources := []engine.Range{
 		{Piece: transport.Piece{Tensor: 1, Offset: 96, Length: 1000}},
 		{Piece: transport.Piece{Tensor: 0, Offset: 4096, Length: 0}},
 		{Piece: transport.Piece{Tensor: 0, Offset: 512 << 10, Length: 256 << 10}},

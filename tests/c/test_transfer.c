@@ -119,12 +119,9 @@ static void test_one_sided_sync(void) {
 }
 
 static void test_two_sided(void) {
-  rdt_runtime *a = new_runtime("a"), *b = new_runtime("b");
+  rdt_runtime *a, *b;
   test_transport ta, tb;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  register_cpu(a, "mailbox", mailbox_vtable(&ta));
-  register_cpu(b, "mailbox", mailbox_vtable(&tb));
+  runtime_pair("a", "b", "mailbox", mailbox_vtable, &a, &b, &ta, &tb);
   round_trip(a, b, "mailbox", &ta);
   /* The source runtime sent, on its own thread; the destination received. */
   CHECK(ta.sends == 2 && tb.sends == 0);
@@ -137,12 +134,9 @@ static void test_two_sided(void) {
 }
 
 static void test_async_fetch_all_before_wait(void) {
-  rdt_runtime *a = new_runtime("a"), *b = new_runtime("b");
+  rdt_runtime *a, *b;
   test_transport ta, tb;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  register_cpu(a, "async", async_vtable(&ta));
-  register_cpu(b, "async", async_vtable(&tb));
+  runtime_pair("a", "b", "async", async_vtable, &a, &b, &ta, &tb);
   enum { N = 6 };
   float src[N][256], dst[N][256];
   int64_t shape[1] = {256};

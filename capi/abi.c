@@ -317,17 +317,23 @@ rdt_status rdt_ref_tensor_info(const rdt_ref *ref, uint32_t index,
 
 /* ---- gets and pending operations ------------------------------------ */
 
-/* Possibly-NULL, possibly-older get options as the library's own: *full
- * is set, and *use is full or NULL. */
-static rdt_status get_options(const char *fn, const rdt_get_options *opts,
-                              rdt_get_options *full, rdt_get_options **use) {
-  *use = NULL;
-  if (opts == NULL) return RDT_OK;
-  rdt_get_options_init(full);
-  VERSIONED_IN(fn, rdt_get_options, *full, opts, reserved);
-  *use = full;
-  return RDT_OK;
-}
+/* Defines name(fn, opts, full, use), which takes possibly-NULL,
+ * possibly-older options of `type` (whose first versioned field is
+ * `reserved`) as the library's own: *full is set, and *use is full or
+ * NULL. */
+#define OPTIONS_IN(name, type)                                               \
+  static rdt_status name(const char *fn, const type *opts, type *full,       \
+                         type **use) {                                       \
+    *use = NULL;                                                             \
+    if (opts == NULL) return RDT_OK;                                         \
+    type##_init(full);                                                       \
+    VERSIONED_IN(fn, type, *full, opts, reserved);                           \
+    *use = full;                                                             \
+    return RDT_OK;                                                           \
+  }
+
+OPTIONS_IN(get_options, rdt_get_options)
+OPTIONS_IN(write_options, rdt_write_options)
 
 rdt_status rdt_get_start(rdt_runtime *rt, rdt_ref *const *refs,
                          size_t num_refs, const rdt_tensor *targets,
@@ -463,18 +469,6 @@ rdt_status rdt_expose(rdt_runtime *rt, const rdt_tensor *tensors,
       release, (uintptr_t)user_data, out ? &h : NULL);
   if (st == RDT_OK) *out = (rdt_ref *)h;
   return st;
-}
-
-/* Possibly-NULL, possibly-older write options as the library's own. */
-static rdt_status write_options(const char *fn, const rdt_write_options *opts,
-                                rdt_write_options *full,
-                                rdt_write_options **use) {
-  *use = NULL;
-  if (opts == NULL) return RDT_OK;
-  rdt_write_options_init(full);
-  VERSIONED_IN(fn, rdt_write_options, *full, opts, reserved);
-  *use = full;
-  return RDT_OK;
 }
 
 rdt_status rdt_write_start(rdt_runtime *rt, rdt_ref *const *refs,

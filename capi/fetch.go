@@ -74,20 +74,13 @@ func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Range, erro
 //export rdtgo_get_start
 func rdtgo_get_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
-	return guard("rdt_get_start", func() error {
-		if out == nil {
-			return invalid("out is NULL")
-		}
+	return guardOpen("rdt_get_start", out, func() (any, error) {
 		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		f, err := rt.StartFetch(rs, ts, opts)
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&pendingHandle{f: f})
-		return nil
+		return &pendingHandle{f: f}, err
 	})
 }
 

@@ -71,6 +71,22 @@ type pendingHandle struct{ f *engine.Fetch }
 
 func newHandle(v any) C.uintptr_t { return C.uintptr_t(cgo.NewHandle(v)) }
 
+// guardOpen is guard for the calls that make a handle: out must not be
+// NULL, and what open returns becomes a new handle in *out.
+func guardOpen(fn string, out *C.uintptr_t, open func() (any, error)) C.int {
+	return guard(fn, func() error {
+		if out == nil {
+			return invalid("out is NULL")
+		}
+		v, err := open()
+		if err != nil {
+			return err
+		}
+		*out = newHandle(v)
+		return nil
+	})
+}
+
 // lookup resolves a handle of type T. NULL, deleted, bogus and wrongly
 // typed handles are INVALID_ARGUMENT, never a crash.
 func lookup[T any](h C.uintptr_t, what string) (v T, err error) {

@@ -15,40 +15,26 @@ type preparedHandle struct{ p *engine.Prepared }
 //export rdtgo_prepare_get
 func rdtgo_prepare_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
-	return guard("rdt_prepare_get", func() error {
-		if out == nil {
-			return invalid("out is NULL")
-		}
+	return guardOpen("rdt_prepare_get", out, func() (any, error) {
 		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		p, err := rt.PrepareFetch(rs, ts, opts)
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&preparedHandle{p: p})
-		return nil
+		return &preparedHandle{p: p}, err
 	})
 }
 
 //export rdtgo_prepare_write
 func rdtgo_prepare_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
-	return guard("rdt_prepare_write", func() error {
-		if out == nil {
-			return invalid("out is NULL")
-		}
+	return guardOpen("rdt_prepare_write", out, func() (any, error) {
 		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		p, err := rt.PrepareWrite(rs, ts, opts)
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&preparedHandle{p: p})
-		return nil
+		return &preparedHandle{p: p}, err
 	})
 }
 

@@ -16,32 +16,25 @@ type viewHandle struct{ v *engine.View }
 
 //export rdtgo_view_open
 func rdtgo_view_open(h C.uintptr_t, ref C.uintptr_t, copts *C.rdt_view_options, ms C.int64_t, out *C.uintptr_t) C.int {
-	return guard("rdt_view_open", func() error {
-		if out == nil {
-			return invalid("out is NULL")
-		}
+	return guardOpen("rdt_view_open", out, func() (any, error) {
 		rt, err := runtimeOf(h)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		r, err := refOf(ref, "ref")
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var opts engine.ViewOptions
 		if copts != nil {
 			if copts.flags&^C.RDT_VIEW_PRIVATE != 0 {
-				return invalid("unknown view flags %#x", uint32(copts.flags&^C.RDT_VIEW_PRIVATE))
+				return nil, invalid("unknown view flags %#x", uint32(copts.flags&^C.RDT_VIEW_PRIVATE))
 			}
 			opts.Private = copts.flags&C.RDT_VIEW_PRIVATE != 0
 			opts.Transport = goString(copts.transport)
 		}
 		v, err := rt.View(r, opts, duration(ms))
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&viewHandle{v: v})
-		return nil
+		return &viewHandle{v: v}, err
 	})
 }
 

@@ -31,20 +31,13 @@ func writeArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_
 //export rdtgo_write_start
 func rdtgo_write_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
-	return guard("rdt_write_start", func() error {
-		if out == nil {
-			return invalid("out is NULL")
-		}
+	return guardOpen("rdt_write_start", out, func() (any, error) {
 		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		f, err := rt.StartWrite(rs, ts, opts)
-		if err != nil {
-			return err
-		}
-		*out = newHandle(&pendingHandle{f: f})
-		return nil
+		return &pendingHandle{f: f}, err
 	})
 }
 

@@ -349,12 +349,9 @@ static void test_bad_registration(void) {
 /* Three refs; the second transfer fails with a message; the others block
  * until aborted. The error reaches rdt_get and nothing leaks. */
 static void test_failing_transport(void) {
-  rdt_runtime *src = new_runtime("src"), *dst = new_runtime("dst");
+  rdt_runtime *src, *dst;
   test_transport ts, td;
-  test_transport_init(&ts);
-  test_transport_init(&td);
-  register_cpu(src, "async", async_vtable(&ts));
-  register_cpu(dst, "async", async_vtable(&td));
+  runtime_pair("src", "dst", "async", async_vtable, &src, &dst, &ts, &td);
   td.gated = 1;
   td.fail_at = 2;
   td.fail_status = RDT_ERR_TRANSPORT;
@@ -419,12 +416,9 @@ static void wait_fetches(test_transport *t, int n) {
 
 /* A deadline leaves the fetch valid; abort then ends it. */
 static void test_timeout_and_abort(void) {
-  rdt_runtime *src = new_runtime("src"), *dst = new_runtime("dst");
+  rdt_runtime *src, *dst;
   test_transport ts, td;
-  test_transport_init(&ts);
-  test_transport_init(&td);
-  register_cpu(src, "async", async_vtable(&ts));
-  register_cpu(dst, "async", async_vtable(&td));
+  runtime_pair("src", "dst", "async", async_vtable, &src, &dst, &ts, &td);
   td.gated = 1;
   float in[16] = {1}, out[16];
   rdt_tensor t = f32_tensor(in, shape16), target = f32_tensor(out, shape16);
@@ -482,12 +476,7 @@ static void test_timeout_and_abort(void) {
 }
 
 int main(void) {
-  a = new_runtime("a");
-  b = new_runtime("b");
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  register_cpu(a, "memcopy", memcopy_vtable(&ta));
-  register_cpu(b, "memcopy", memcopy_vtable(&tb));
+  runtime_pair("a", "b", "memcopy", memcopy_vtable, &a, &b, &ta, &tb);
   test_status_strings();
   test_runtime_options();
   test_bad_handles();

@@ -158,12 +158,7 @@ static void test_bad_arguments(void) {
 }
 
 int main(void) {
-  src = new_runtime("src");
-  dst = new_runtime("dst");
-  test_transport_init(&ts);
-  test_transport_init(&td);
-  register_cpu(src, "async", async_vtable(&ts));
-  register_cpu(dst, "async", async_vtable(&td));
+  runtime_pair("src", "dst", "async", async_vtable, &src, &dst, &ts, &td);
   for (int i = 0; i < 16; i++) in[i] = (float)i + 0.5f;
   rdt_tensor t = f32_tensor(in, shape16);
   rdt_ref *r;

@@ -119,12 +119,9 @@ static void test_one_sided_sync(void) {
 }
 
 static void test_two_sided(void) {
-  rdt_runtime *a = new_runtime("a"), *b = new_runtime("b");
+  rdt_runtime *a, *b;
   test_transport ta, tb;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  register_cpu(a, "mailbox", mailbox_vtable(&ta));
-  register_cpu(b, "mailbox", mailbox_vtable(&tb));
+  runtime_pair("a", "b", "mailbox", mailbox_vtable, &a, &b, &ta, &tb);
   round_trip(a, b, "mailbox", &ta);
   /* The source runtime sent, on its own thread; the destination received. */
   CHECK(ta.sends == 2 && tb.sends == 0);
@@ -137,12 +134,9 @@ static void test_two_sided(void) {
 }
 
 static void test_async_fetch_all_before_wait(void) {
-  rdt_runtime *a = new_runtime("a"), *b = new_runtime("b");
+  rdt_runtime *a, *b;
   test_transport ta, tb;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  register_cpu(a, "async", async_vtable(&ta));
-  register_cpu(b, "async", async_vtable(&tb));
+  runtime_pair("a", "b", "async", async_vtable, &a, &b, &ta, &tb);
   enum { N = 6 };
   float src[N][256], dst[N][256];
   int64_t shape[1] = {256};
@@ -235,22 +229,30 @@ static void test_clone_and_transport_list(void) {
   CHECK_OK(rdt_runtime_destroy(a));
 }
 
-static void test_third_runtime_and_lease(void) {
+/* An owner runtime "owner" (lease_ms 0: the default lease) and two
+ * borrowers "b" and "c", each with memcopy on its own test transport. */
+static void owner_and_two_borrowers(int64_t lease_ms, rdt_runtime **a,
+                                    rdt_runtime **b, rdt_runtime **c,
+                                    test_transport ts[3]) {
   rdt_runtime_options opts;
   rdt_runtime_options_init(&opts);
   opts.name = "owner";
   opts.flags = RDT_RUNTIME_IN_PROCESS;
-  opts.lease_ms = 50;
-  rdt_runtime *a;
-  CHECK_OK(rdt_runtime_create(&opts, &a));
-  rdt_runtime *b = new_runtime("b"), *c = new_runtime("c");
-  test_transport ta, tb, tc;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  test_transport_init(&tc);
-  register_cpu(a, "memcopy", memcopy_vtable(&ta));
-  register_cpu(b, "memcopy", memcopy_vtable(&tb));
-  register_cpu(c, "memcopy", memcopy_vtable(&tc));
+  if (lease_ms != 0) opts.lease_ms = lease_ms;
+  CHECK_OK(rdt_runtime_create(&opts, a));
+  *b = new_runtime("b");
+  *c = new_runtime("c");
+  rdt_runtime *rts[3] = {*a, *b, *c};
+  for (int i = 0; i < 3; i++) {
+    test_transport_init(&ts[i]);
+    register_cpu(rts[i], "memcopy", memcopy_vtable(&ts[i]));
+  }
+}
+
+static void test_third_runtime_and_lease(void) {
+  rdt_runtime *a, *b, *c;
+  test_transport ts[3];
+  owner_and_two_borrowers(50, &a, &b, &c, ts);
   float data[8] = {8, 7, 6, 5, 4, 3, 2, 1}, out[8] = {0};
   int64_t shape[1] = {8};
   rdt_tensor t = f32_tensor(data, shape), o = f32_tensor(out, shape);
@@ -299,20 +301,9 @@ static void test_third_runtime_and_lease(void) {
  * at once instead of after the lease (two minutes by default, far longer
  * than any wait here), while borrows already counted keep it. */
 static void test_release_revoking_leases(void) {
-  rdt_runtime_options opts;
-  rdt_runtime_options_init(&opts);
-  opts.name = "owner";
-  opts.flags = RDT_RUNTIME_IN_PROCESS;
-  rdt_runtime *a;
-  CHECK_OK(rdt_runtime_create(&opts, &a));
-  rdt_runtime *b = new_runtime("b"), *c = new_runtime("c");
-  test_transport ta, tb, tc;
-  test_transport_init(&ta);
-  test_transport_init(&tb);
-  test_transport_init(&tc);
-  register_cpu(a, "memcopy", memcopy_vtable(&ta));
-  register_cpu(b, "memcopy", memcopy_vtable(&tb));
-  register_cpu(c, "memcopy", memcopy_vtable(&tc));
+  rdt_runtime *a, *b, *c;
+  test_transport ts[3];
+  owner_and_two_borrowers(0, &a, &b, &c, ts);
   float data[8] = {1, 2, 3, 4, 5, 6, 7, 8}, sink[8] = {0};
   int64_t shape[1] = {8};
   rdt_tensor t = f32_tensor(data, shape), into = f32_tensor(sink, shape);

@@ -146,6 +146,21 @@ static inline void register_cpu(rdt_runtime *rt, const char *name,
   CHECK_OK(rdt_register_transport(rt, name, &dev, 1, &vt));
 }
 
+/* Runtimes `na` and `nb` (new_runtime), each with its own test transport
+ * (ta, tb) registered under `transport` through `vtable`. */
+static inline void runtime_pair(const char *na, const char *nb,
+                                const char *transport,
+                                rdt_transport_vtable (*vtable)(test_transport *),
+                                rdt_runtime **a, rdt_runtime **b,
+                                test_transport *ta, test_transport *tb) {
+  *a = new_runtime(na);
+  *b = new_runtime(nb);
+  test_transport_init(ta);
+  test_transport_init(tb);
+  register_cpu(*a, transport, vtable(ta));
+  register_cpu(*b, transport, vtable(tb));
+}
+
 /* Serializes `ref` in its runtime and deserializes it in `rt`. */
 static inline rdt_ref *pass_ref(const rdt_ref *ref, rdt_runtime *rt) {
   void *bytes = NULL;

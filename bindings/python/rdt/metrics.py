@@ -110,19 +110,22 @@ class RdtCollector:
 
     def _families(self) -> Dict[str, Any]:
         core = self._prom.core
+
+        def latency(verb: str, plural: str) -> Any:  # a get's or a write's histogram and failures
+            return (core.HistogramMetricFamily(
+                f"rdt_{verb}_seconds", f"{verb.capitalize()} latency: from the start of a {verb} to the end of each "
+                "object's transfer, by the transport that moved it and the object's size class (its upper bound).",
+                labels=["transport", "size_class"]),
+                core.CounterMetricFamily(f"rdt_{verb}_failures", f"{plural} that failed after their transport was "
+                                         "chosen.", labels=["transport"]))
+
+        fetch_seconds, fetch_failures = latency("fetch", "Fetches")
+        write_seconds, write_failures = latency("write", "Writes")
         fams: Dict[str, Any] = {
-            "fetch_seconds": core.HistogramMetricFamily(
-                "rdt_fetch_seconds", "Fetch latency: from the start of a fetch to the end of each object's transfer, "
-                "by the transport that moved it and the object's size class (its upper bound).",
-                labels=["transport", "size_class"]),
-            "failures": core.CounterMetricFamily(
-                "rdt_fetch_failures", "Fetches that failed after their transport was chosen.", labels=["transport"]),
-            "write_seconds": core.HistogramMetricFamily(
-                "rdt_write_seconds", "Write latency: from the start of a write to the end of each object's transfer, "
-                "by the transport that moved it and the object's size class (its upper bound).",
-                labels=["transport", "size_class"]),
-            "write_failures": core.CounterMetricFamily(
-                "rdt_write_failures", "Writes that failed after their transport was chosen.", labels=["transport"]),
+            "fetch_seconds": fetch_seconds,
+            "failures": fetch_failures,
+            "write_seconds": write_seconds,
+            "write_failures": write_failures,
             "transport_writes": core.CounterMetricFamily(
                 "rdt_transport_writes", "Writes each transport ended for this runtime as writer.",
                 labels=["transport", "result"]),

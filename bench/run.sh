@@ -5,7 +5,9 @@
 # C ABI in the same run (bench/python_bench.py, with rdt installed from
 # bindings/python into the virtualenv VENV), and writes both, with links to
 # the other benchmarks' results, to RESULTS.md: one page, every table from
-# this run, the machine and the date at its top. The file is replaced only
+# this run, the machine and the date at its top, and the spread of the
+# rows that move most over three runs quiet and three beside busy cores
+# (bench/spread.py). The file is replaced only
 # when every step succeeded. RDT_NIXL_LIBRARY, when set, is passed on (the
 # nixl rows).
 set -euo pipefail
@@ -27,6 +29,8 @@ PYTHON=$venv/bin/python "$rdtbench" bench "$tmp"
 # ABI's, measured in one run.
 "$venv/bin/pip" install -q --no-deps --force-reinstall ./bindings/python
 "$venv/bin/python" bench/python_bench.py "$rdtbench" >>"$tmp"
+# The rows that move most, three runs quiet and three beside busy cores.
+"$venv/bin/python" bench/spread.py "$rdtbench" >>"$tmp"
 
 cat >>"$tmp" <<'LINKS'
 

@@ -67,15 +67,6 @@ func (x *Transfer) Owner() PeerInfo {
 	return x.Source
 }
 
-// Peer is the other side of the transfer from the one running this call
-// (the side Role names).
-func (x *Transfer) Peer() PeerInfo {
-	if x.Role == RoleSource {
-		return x.Destination
-	}
-	return x.Source
-}
-
 // Transport moves the bytes of objects between runtimes. It mirrors Ray's
 // TensorTransportManager: built-in transports (transports/<name>) and
 // foreign ones (C vtables registered through the C ABI) both implement it

@@ -6,6 +6,7 @@ errors) is each subclass's own."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import ctypes
 import threading
@@ -110,7 +111,7 @@ def ranges_pointer(plan: Plan) -> Any:
     return ctypes.cast(plan.ranges.ctypes.data, ctypes.POINTER(_lib.Range))
 
 
-class Pending(Handle):
+class Pending(Handle, abc.ABC):
     """A get or a write under way, one C rdt_pending: every transfer is
     running when it is made; nothing blocks until it is waited on.
 
@@ -163,17 +164,17 @@ class Pending(Handle):
 
     # ---- what each kind says --------------------------------------------------------
 
-    def _value(self) -> Any:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def _value(self) -> Any:
         """The result once it completed without error."""
-        raise NotImplementedError
 
-    def _not_yet(self, timeout: Optional[float]) -> str:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def _not_yet(self, timeout: Optional[float]) -> str:
         """The message of result(timeout) when the time ran out."""
-        raise NotImplementedError
 
-    def _late(self, call: str) -> str:  # pragma: no cover - overridden
+    @abc.abstractmethod
+    def _late(self, call: str) -> str:
         """The message of a deadline that passed in ``call`` (it aborted)."""
-        raise NotImplementedError
 
     # ---- completion ----------------------------------------------------------------
 

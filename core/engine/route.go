@@ -74,10 +74,11 @@ func (rs *routes) resolve(q *routeQuery, name string) (*route, error) {
 	if err != nil {
 		return nil, err
 	}
-	if e.desc.SameHostOnly && !rs.me.info().SameHost(peerInfo) {
+	self := rs.me.info()
+	if e.desc.SameHostOnly && !self.SameHost(peerInfo) {
 		return nil, transport.Errorf(transport.ErrUnsupported, "transport %s works only between processes on the same host; %q is on another host", name, peerInfo.Name)
 	}
-	r := &route{peer: q.peer, entry: e, x: rs.template(q, name, peerInfo)}
+	r := &route{peer: q.peer, entry: e, x: template(q, name, self, peerInfo)}
 	if q.dir == transport.Read {
 		if r.tmeta, err = rs.remoteMeta(q.wait, q.peer, q.desc, name); err != nil {
 			return nil, transportError(name, transport.Wrap(err, "asking the owner for metadata"))
@@ -97,13 +98,13 @@ func (rs *routes) resolve(q *routeQuery, name string) (*route, error) {
 
 // template is the Transfer of a route: this runtime receives a read and
 // sends a write; the owner is the other side.
-func (rs *routes) template(q *routeQuery, name string, owner transport.PeerInfo) transport.Transfer {
+func template(q *routeQuery, name string, self, owner transport.PeerInfo) transport.Transfer {
 	x := transport.Transfer{Object: q.desc.ID, TransferID: transport.RandomUint64(), Transport: name,
 		Direction: q.dir, Pieces: q.pieces}
 	if q.dir == transport.Write {
-		x.Role, x.Source, x.Destination = transport.RoleSource, rs.me.info(), owner
+		x.Role, x.Source, x.Destination = transport.RoleSource, self, owner
 	} else {
-		x.Role, x.Source, x.Destination = transport.RoleDestination, owner, rs.me.info()
+		x.Role, x.Source, x.Destination = transport.RoleDestination, owner, self
 	}
 	return x
 }

@@ -44,6 +44,7 @@ var codecs = [KindEnd]codec{
 	KindWriteOpen:      {encode: encodeWriteOpen, decode: decodeWriteOpen, request: true},
 	KindWriteDone:      {encode: encodeWriteDone, decode: decodeWriteDone},
 	KindWriteWithdrawn: {encode: encodeWriteWithdrawn, decode: decodeWriteWithdrawn},
+	KindWriteRun:       {encode: encodeWriteRun, decode: decodeWriteRun},
 }
 
 // codecOf is kind's codec, or nil for a kind that has none.
@@ -287,6 +288,17 @@ func encodeWriteWithdrawn(w *transport.WireWriter, m *Message) {
 func decodeWriteWithdrawn(r *transport.WireReader, m *Message) {
 	readTransfer(r, m, false)
 	readStatus(r, m, maxMessageText)
+}
+
+// Write run: object | transfer id u64 | tag u64.
+func encodeWriteRun(w *transport.WireWriter, m *Message) {
+	writeTransfer(w, m, false)
+	w.U64(m.Token)
+}
+
+func decodeWriteRun(r *transport.WireReader, m *Message) {
+	readTransfer(r, m, false)
+	m.Token = r.U64()
 }
 
 // Cancel: the id of the request to cancel, u64.

@@ -396,6 +396,43 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 	assert.Equal(t, transport.ErrPermissionDenied, transport.StatusOf(writer.withdrawn[3]))
 }
 
+// A write run is in the socket when WriteRun returns, behind what was
+// sent before it: on an idle connection the caller writes it itself, even
+// a caller that cannot wait; while the connection's writes are held, a
+// caller that cannot wait is refused with nothing sent, and one that can
+// waits under its deadline, the run going out once writes resume.
+func TestSocketsWriteRunIsWrittenBeforeItReturns(t *testing.T) {
+	s := newTwoStubs(t, "writer")
+	owner, obj, peer := s.owner, s.obj, s.connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := peer.OpenWrite(ctx, WriteOpen{Object: obj, TransferID: 3, Transport: "cma", Key: stubWriteKey, Tag: 40, Standing: true})
+	require.NoError(t, err)
+
+	ended, stop := context.WithCancel(context.Background())
+	stop()
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 40, Keep: true})
+	require.NoError(t, peer.WriteRun(ended, obj, 3, 41), "an idle connection takes the run at once")
+	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true})
+
+	resume, ok := HoldWrites(peer)
+	require.True(t, ok)
+	err = peer.WriteRun(ended, obj, 3, 99)
+	assert.Equal(t, transport.ErrAborted, transport.StatusOf(err), "a caller that cannot wait is refused: %v", err)
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	err = peer.WriteRun(short, obj, 3, 42)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "the deadline bounds the wait: %v", err)
+	resume()
+	require.NoError(t, peer.WriteRun(ctx, obj, 3, 43))
+
+	owner.eventually(t, func() bool { return len(owner.writeOrder) == 5 }, "every run and end arrives")
+	owner.mu.Lock()
+	defer owner.mu.Unlock()
+	assert.Equal(t, []string{"done 40", "run 41", "done 41", "run 42", "run 43"}, owner.writeOrder,
+		"in the order sent; the refused run never went")
+}
+
 func TestPanicInAnswerIsInternal(t *testing.T) {
 	svc, ep := listenStub(t, "owner")
 	obj := svc.put()

@@ -66,6 +66,10 @@ type PeerService interface {
 	// WriteDone ends a write OpenWrite admitted (or one run of a standing
 	// admission): end.Err nil when every byte landed, else why it failed.
 	WriteDone(from transport.RuntimeID, end WriteEnd)
+	// WriteRun tells the owner that a run of the standing admission
+	// transferID begins, with tag: until the run's write done, `from`
+	// gone tears the admission with that tag.
+	WriteRun(from transport.RuntimeID, obj transport.ObjectID, transferID, tag uint64)
 	// WriteWithdrawn tells a writer that the owner `from` withdrew its
 	// standing admission end.TransferID (why: err); the writer closes it
 	// once no run of it is in progress.
@@ -142,6 +146,13 @@ type Peer interface {
 	// WriteDone is one-way: it tells the peer a write it admitted ended.
 	// Send it only once the bytes are in place or no more can land.
 	WriteDone(end WriteEnd)
+	// WriteRun is one-way, yet returns only once the announcement is
+	// written to the connection (in the socket's buffer, or delivered in
+	// process): a run announced so can land bytes, and its owner learns
+	// of the run before any loss of this runtime. ctx bounds the wait; an
+	// error means the run may have been announced and must end failed,
+	// except a ctx already ended with nothing sent.
+	WriteRun(ctx context.Context, obj transport.ObjectID, transferID, tag uint64) error
 	// WithdrawWrite is one-way: it withdraws a standing admission the
 	// peer holds on an object this runtime exposed (see WriteWithdrawn).
 	WithdrawWrite(obj transport.ObjectID, transferID uint64, err error)

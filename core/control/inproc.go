@@ -275,6 +275,14 @@ func (p *inprocPeer) WriteDone(end WriteEnd) {
 	p.remote.svc.WriteDone(p.local.id, end)
 }
 
+func (p *inprocPeer) WriteRun(ctx context.Context, obj transport.ObjectID, transferID, tag uint64) error {
+	if err := p.check(); err != nil {
+		return err
+	}
+	p.remote.svc.WriteRun(p.local.id, obj, transferID, tag)
+	return nil
+}
+
 func (p *inprocPeer) WithdrawWrite(obj transport.ObjectID, transferID uint64, err error) {
 	if p.check() != nil {
 		return

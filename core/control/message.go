@@ -43,7 +43,7 @@ const (
 
 const (
 	controlMagic   = "RDTC"
-	controlVersion = 6
+	controlVersion = 7
 	// MaxFrame bounds every frame after the handshake (length excluded).
 	MaxFrame       = MaxMetadataBytes + 1<<20
 	frameHeader    = 4 + 1 + 8
@@ -98,12 +98,16 @@ const (
 	// KindWriteWithdrawn (one-way, owner to writer) withdraws a standing
 	// admission: the writer closes it once no run of it is in progress.
 	KindWriteWithdrawn
+	// KindWriteRun (one-way) announces a run of a standing admission, with
+	// its tag, before any byte of the run can land: a writer gone mid-run
+	// is torn with that tag, one gone between runs wrote nothing unnoticed.
+	KindWriteRun
 	KindEnd // not a kind: the first invalid value
 )
 
 // KindNames names each kind, indexed by Kind.
 var KindNames = [KindEnd]string{"", "hello", "challenge", "auth", "welcome", "refused", "response",
-	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing", "write open", "write done", "write withdrawn"}
+	"identity", "borrow", "unborrow", "lease", "metadata", "send", "cancel", "ping", "pong", "group join", "closing", "write open", "write done", "write withdrawn", "write run"}
 
 func (k Kind) String() string {
 	if k > 0 && k < KindEnd {

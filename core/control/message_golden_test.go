@@ -85,6 +85,7 @@ func wireCases() []wireCase {
 		{"write done", &Message{Kind: KindWriteDone, Object: obj, TransferID: 13, Status: transport.ErrAborted, Text: "stopped", Token: 18, Flags: WriteKeep}},
 		{"write done, close", &Message{Kind: KindWriteDone, Object: obj, TransferID: 13, Token: 19, Flags: WriteClose}},
 		{"write withdrawn", &Message{Kind: KindWriteWithdrawn, Object: obj, TransferID: 13, Status: transport.ErrPermissionDenied, Text: "revoked"}},
+		{"write run", &Message{Kind: KindWriteRun, Object: obj, TransferID: 13, Token: 20}},
 	}
 }
 

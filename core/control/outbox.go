@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -51,10 +53,13 @@ type frame struct {
 	// flag, when set, is cleared once the frame is written (the one ping
 	// or pong allowed in the outbox).
 	flag *atomic.Bool
+	// done, when set, is closed once the frame is written (flush).
+	done chan struct{}
 }
 
 // outbox is the queue the writer goroutine drains.
 type outbox struct {
+	head    []frame // the rest of a batch a flush began: written first
 	urgent  []frame // pings and pongs: written before the queue
 	queue   []frame // everything else, in the order it was queued
 	bytes   int     // queued or being written
@@ -62,6 +67,7 @@ type outbox struct {
 	room    chan struct{}
 	wake    chan struct{} // holds a token while the writer has work
 	stopped bool          // the writer ended: nothing is queued any more
+	writing bool          // a batch is being written, by the writer goroutine or a flush
 }
 
 func newOutbox() outbox {
@@ -78,7 +84,12 @@ func (o *outbox) signal() {
 // post queues m behind everything queued before it, waiting for room
 // while the outbox is full until ctx ends or the connection closes.
 func (sc *sconn) post(ctx context.Context, m *Message) error {
-	b := m.Encode()
+	return sc.enqueue(ctx, m.Kind, m.Encode(), nil)
+}
+
+// enqueue is post of the frame b (of kind k); done, when set, is closed
+// once it is written.
+func (sc *sconn) enqueue(ctx context.Context, k Kind, b []byte, done chan struct{}) error {
 	for {
 		sc.omu.Lock()
 		o := &sc.out
@@ -87,7 +98,7 @@ func (sc *sconn) post(ctx context.Context, m *Message) error {
 			return sc.gone()
 		}
 		if o.bytes == 0 || o.bytes+len(b) <= maxOutboxBytes {
-			o.queue = append(o.queue, frame{b: b})
+			o.queue = append(o.queue, frame{b: b, done: done})
 			o.bytes += len(b)
 			o.signal()
 			sc.omu.Unlock()
@@ -100,7 +111,7 @@ func (sc *sconn) post(ctx context.Context, m *Message) error {
 		case <-sc.done:
 			return sc.gone()
 		case <-ctx.Done():
-			return transport.ContextError(ctx, "%s to %s waited for the connection to drain", m.Kind, sc.Info())
+			return transport.ContextError(ctx, "%s to %s waited for the connection to drain", k, sc.Info())
 		}
 	}
 }
@@ -166,12 +177,13 @@ func (sc *sconn) postUrgent(flag *atomic.Bool, k Kind) {
 // closes it. Frames queued together go out in one system call. Writes
 // have no deadline: a peer that stops reading stops reporting that it
 // reads, and the heartbeat closes the connection, which ends a blocked
-// write.
+// write. While a caller's flush writes, the loop leaves the outbox to it;
+// the flush wakes the loop again for what it did not write.
 func (sc *sconn) writeLoop() {
 	defer func() {
 		sc.omu.Lock()
 		sc.out.stopped = true
-		sc.out.urgent, sc.out.queue = nil, nil
+		sc.out.head, sc.out.urgent, sc.out.queue = nil, nil, nil
 		close(sc.out.room)
 		sc.omu.Unlock()
 	}()
@@ -184,25 +196,11 @@ func (sc *sconn) writeLoop() {
 			return
 		}
 		sc.omu.Lock()
-		batch = append(append(batch[:0], sc.out.urgent...), sc.out.queue...)
-		clear(sc.out.urgent)
-		clear(sc.out.queue)
-		sc.out.urgent, sc.out.queue = sc.out.urgent[:0], sc.out.queue[:0]
-		if cap(sc.out.queue) > keepFrames { // a burst's array is not kept for the connection's life
-			sc.out.queue = nil
+		if sc.out.writing {
+			sc.omu.Unlock()
+			continue
 		}
-		iov = iov[:0]
-		size := 0
-		for _, f := range batch {
-			iov = append(iov, f.b)
-			size += len(f.b)
-			if f.inline {
-				// Taken before it is written: the peer can see the
-				// answer, free its slot and ask again only afterwards,
-				// so an honest peer keeps o.inline within its window.
-				sc.out.inline--
-			}
-		}
+		batch, iov = sc.out.takeLocked(batch, iov)
 		sc.omu.Unlock()
 		if len(batch) == 0 {
 			continue
@@ -211,28 +209,221 @@ func (sc *sconn) writeLoop() {
 		sc.wmu.Lock()
 		_, err := bufs.WriteTo(sc.c)
 		sc.wmu.Unlock()
+		sc.wrote(batch, err == nil, nil, 0)
 		clear(iov)
-		for _, f := range batch {
-			if f.flag != nil {
-				f.flag.Store(false)
-			}
-		}
 		clear(batch)
 		if cap(batch) > keepFrames {
 			batch, iov = nil, nil
 		}
-		if err == nil {
-			sc.written.Add(uint64(size))
-		}
-		sc.omu.Lock()
-		sc.out.bytes -= size
-		close(sc.out.room)
-		sc.out.room = make(chan struct{})
-		sc.omu.Unlock()
 		if err != nil {
 			sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.Info(), err))
 			return
 		}
+	}
+}
+
+// takeLocked takes everything queued, in the order it goes out (the rest
+// of a caller's batch, pings and pongs, the queue), into batch and iov,
+// and marks a write under way (when there is anything to write).
+func (o *outbox) takeLocked(batch []frame, iov [][]byte) ([]frame, [][]byte) {
+	batch = append(append(append(batch[:0], o.head...), o.urgent...), o.queue...)
+	clear(o.head)
+	clear(o.urgent)
+	clear(o.queue)
+	o.head, o.urgent, o.queue = o.head[:0], o.urgent[:0], o.queue[:0]
+	if cap(o.queue) > keepFrames { // a burst's array is not kept for the connection's life
+		o.queue = nil
+	}
+	iov = iov[:0]
+	for _, f := range batch {
+		iov = append(iov, f.b)
+		if f.inline {
+			// Taken before it is written: the peer can see the answer,
+			// free its slot and ask again only afterwards, so an honest
+			// peer keeps o.inline within its window.
+			o.inline--
+		}
+	}
+	o.writing = len(batch) > 0
+	return batch, iov
+}
+
+// wrote ends the write of batch: its frames' flags are cleared and their
+// waiters woken (when written), their bytes leave the outbox, and callers
+// waiting for room may queue again. rest is what a flush did not write
+// (cut bytes of its first frame were written): it goes out first, placed
+// before the write counts as over, so that nothing overtakes it.
+func (sc *sconn) wrote(batch []frame, ok bool, rest []frame, cut int) {
+	size := cut
+	for _, f := range batch {
+		size += len(f.b)
+		if f.flag != nil {
+			f.flag.Store(false)
+		}
+		if f.done != nil && ok {
+			close(f.done)
+		}
+	}
+	if ok {
+		sc.written.Add(uint64(size))
+	}
+	sc.omu.Lock()
+	o := &sc.out
+	o.bytes -= size
+	if len(rest) > 0 {
+		o.head = append(rest, o.head...)
+	}
+	o.writing = false
+	close(o.room)
+	o.room = make(chan struct{})
+	if len(o.head)+len(o.urgent)+len(o.queue) > 0 {
+		o.signal()
+	}
+	sc.omu.Unlock()
+}
+
+// maxFlushFrames bounds the frames a caller's flush writes in one system
+// call (IOV_MAX is 1024); with more queued, the writer goroutine writes.
+const maxFlushFrames = 64
+
+// flush writes m to the socket before it returns, behind everything
+// queued before it: see write. A ctx already ended with nothing written
+// returns its error at once, with nothing queued.
+func (sc *sconn) flush(ctx context.Context, m *Message) error {
+	return sc.write(ctx, m, true)
+}
+
+// postDirect is post, written at once when the connection is idle (see
+// write): for one-way messages sent on a caller's hot path.
+func (sc *sconn) postDirect(m *Message) {
+	sc.write(context.Background(), m, false)
+}
+
+// write sends m behind everything queued before it. When no write is
+// under way the caller writes itself, with one non-blocking system call,
+// what is queued and m: no hand-off to the writer goroutine, whose
+// wake-up costs more than a small write. What the socket does not take
+// then (it is full), or everything while another write is under way, the
+// writer goroutine writes; with wait, the caller waits under ctx until m
+// is written, else (post) only for room in the outbox.
+func (sc *sconn) write(ctx context.Context, m *Message, wait bool) error {
+	b := m.Encode()
+	sc.omu.Lock()
+	o := &sc.out
+	if o.stopped || sc.isClosed() {
+		sc.omu.Unlock()
+		return sc.gone()
+	}
+	direct := !o.writing && sc.watch.raw != nil && len(o.head)+len(o.urgent)+len(o.queue) < maxFlushFrames
+	if !direct {
+		sc.omu.Unlock()
+		if !wait {
+			return sc.post(ctx, m)
+		}
+		if ctx.Err() != nil {
+			return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, sc.Info())
+		}
+		return sc.postAndWait(ctx, m.Kind, b)
+	}
+	var done chan struct{}
+	if wait {
+		done = make(chan struct{})
+	}
+	o.queue = append(o.queue, frame{b: b, done: done})
+	o.bytes += len(b)
+	batch, iov := o.takeLocked(nil, make([][]byte, 0, len(o.head)+len(o.urgent)+len(o.queue)))
+	sc.omu.Unlock()
+	n, err := sc.writeNow(iov)
+	if err != nil {
+		sc.wrote(batch, false, nil, 0)
+		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.Info(), err))
+		return sc.gone()
+	}
+	// What the socket did not take (it is full) the writer goroutine
+	// writes first; m itself not at all for a caller that cannot wait,
+	// when none of it went.
+	written, rest, cut := splitWritten(batch, n)
+	dropped := 0
+	if wait && ctx.Err() != nil && len(rest) > 0 && len(rest[len(rest)-1].b) == len(b) { // m is last, and whole
+		rest, dropped = rest[:len(rest)-1], len(b)
+	}
+	sc.wrote(written, true, rest, cut)
+	switch {
+	case dropped > 0:
+		sc.omu.Lock()
+		o.bytes -= dropped
+		sc.omu.Unlock()
+		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, sc.Info())
+	case len(rest) == 0 || !wait:
+		return nil
+	}
+	return sc.waitWritten(ctx, m.Kind, done)
+}
+
+// postAndWait queues the frame b (of kind k) as post does, and waits
+// under ctx until the writer goroutine wrote it.
+func (sc *sconn) postAndWait(ctx context.Context, k Kind, b []byte) error {
+	done := make(chan struct{})
+	if err := sc.enqueue(ctx, k, b, done); err != nil {
+		return err
+	}
+	return sc.waitWritten(ctx, k, done)
+}
+
+// writeNow makes one non-blocking attempt to write iov and returns how
+// much the socket took (0 where the writer goroutine is to write, as while
+// a test holds writes).
+func (sc *sconn) writeNow(iov [][]byte) (int, error) {
+	if !sc.wmu.TryLock() {
+		return 0, nil
+	}
+	defer sc.wmu.Unlock()
+	n, werr := 0, error(nil)
+	err := sc.watch.raw.Write(func(fd uintptr) bool {
+		n, werr = unix.Writev(int(fd), iov)
+		return true // one attempt: a full socket is the writer goroutine's to wait on
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case werr == unix.EAGAIN || werr == unix.EINTR:
+		return 0, nil
+	case werr != nil:
+		return 0, werr
+	}
+	return n, nil
+}
+
+// splitWritten splits batch after its first n bytes: the frames written
+// whole, the rest (the first of them cut to what is left of it), and how
+// many bytes of that first were written.
+func splitWritten(batch []frame, n int) (written, rest []frame, cut int) {
+	for i, f := range batch {
+		if n < len(f.b) {
+			left := f
+			left.b = f.b[n:]
+			return batch[:i], append([]frame{left}, batch[i+1:]...), n
+		}
+		n -= len(f.b)
+	}
+	return batch, nil, 0
+}
+
+// waitWritten waits under ctx until the writer goroutine wrote the frame
+// whose done channel is done.
+func (sc *sconn) waitWritten(ctx context.Context, k Kind, done chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	case <-sc.done:
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		return sc.gone()
+	case <-ctx.Done():
+		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", k, sc.Info())
 	}
 }
 

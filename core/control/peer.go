@@ -115,8 +115,8 @@ func (sc *sconn) OpenWrite(ctx context.Context, req WriteOpen) (Admission, error
 	return Admission{Meta: resp.Data, Runs: resp.Token}, nil
 }
 
-// WriteDone waits for room in the outbox while the connection lives, like
-// Unborrow.
+// WriteDone is written at once when the connection is idle, else it waits
+// for room in the outbox while the connection lives, like Unborrow.
 func (sc *sconn) WriteDone(end WriteEnd) {
 	m := &Message{Kind: KindWriteDone, Object: end.Object, TransferID: end.TransferID, Token: end.Tag}
 	m.Status, m.Text = statusText(end.Err)
@@ -126,7 +126,14 @@ func (sc *sconn) WriteDone(end WriteEnd) {
 	case end.Keep:
 		m.Flags = WriteKeep
 	}
-	sc.post(context.Background(), m)
+	sc.postDirect(m)
+}
+
+// WriteRun writes the announcement now, with what is queued before it,
+// when no write is under way; else it waits under ctx until the writer
+// goroutine wrote it (see flush).
+func (sc *sconn) WriteRun(ctx context.Context, obj transport.ObjectID, transferID, tag uint64) error {
+	return sc.flush(ctx, &Message{Kind: KindWriteRun, Object: obj, TransferID: transferID, Token: tag})
 }
 
 // WithdrawWrite waits for room in the outbox while the connection lives,

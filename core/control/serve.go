@@ -83,6 +83,8 @@ func (sc *sconn) dispatch(m *Message) bool {
 	case KindWriteDone:
 		svc.WriteDone(from.RuntimeID, WriteEnd{Object: m.Object, TransferID: m.TransferID, Err: peerError(m, "the writer reported: "),
 			Tag: m.Token, Keep: m.Flags&WriteKeep != 0, Close: m.Flags&WriteClose != 0})
+	case KindWriteRun:
+		svc.WriteRun(from.RuntimeID, m.Object, m.TransferID, m.Token)
 	case KindWriteWithdrawn:
 		svc.WriteWithdrawn(from.RuntimeID, m.Object, m.TransferID, peerError(m, "the owner withdrew the admission: "))
 	case KindClosing:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/ed25519"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -35,6 +36,10 @@ type stubService struct {
 	writes     map[uint64]WriteOpen
 	writesDone map[uint64]transport.Status
 	writeEnds  []WriteEnd // every WriteDone of an admitted write, in order
+	runs       []WriteEnd // every WriteRun, in order (Tag: the run's)
+	// every WriteRun and WriteDone of an admitted write, in the order they
+	// came: "run TAG", "done TAG"
+	writeOrder []string
 	// withdrawn admissions this runtime was told of, by transfer id
 	withdrawn map[uint64]error
 	// slowMeta, when set, holds every metadata request for the transport
@@ -254,6 +259,16 @@ func (s *stubService) WriteDone(from transport.RuntimeID, end WriteEnd) {
 	if _, ok := s.writes[end.TransferID]; ok {
 		s.writesDone[end.TransferID] = transport.StatusOf(end.Err)
 		s.writeEnds = append(s.writeEnds, end)
+		s.writeOrder = append(s.writeOrder, fmt.Sprintf("done %d", end.Tag))
+	}
+}
+
+func (s *stubService) WriteRun(from transport.RuntimeID, obj transport.ObjectID, transferID, tag uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runs = append(s.runs, WriteEnd{Object: obj, TransferID: transferID, Tag: tag})
+	if _, ok := s.writes[transferID]; ok {
+		s.writeOrder = append(s.writeOrder, fmt.Sprintf("run %d", tag))
 	}
 }
 

@@ -29,9 +29,11 @@ import (
 // asks again, so a writer whose notices are not taken is refused as any
 // other. Revoking withdraws standing admissions (KindWriteWithdrawn): the
 // writer closes each (WriteEnd.Close) once no run of it is in progress,
-// and only then does the revocation end. A writer gone with a standing admission
-// open may have been mid-run: that tears it like an open write, with tag 0,
-// since the owner cannot know which run, if any, was under way.
+// and only then does the revocation end. Each run after the first (which
+// the write open begins) is announced with its tag (KindWriteRun) before
+// any byte of it can land: a writer gone mid-run tears the admission like
+// an open write, with that run's tag; one gone between runs wrote nothing
+// that has no notice, so the admission closes without one.
 
 // This file is the owner's side: exposing, each object's open writes and
 // notices, revoking; admitting and ending writes is the gate's (gate.go).
@@ -55,7 +57,8 @@ const maxPendingNotices = 4096
 // standingRuns is the most runs one standing admission covers: a writer
 // asks again after this many, so it waits for the owner once per
 // standingRuns runs, and one admission reserves at most this much of the
-// queue.
+// queue. An admission is granted an eighth of the room left, so that many
+// writers holding admissions at once still leave room for more.
 const standingRuns = 256
 
 // exposure is the owner's record of an object exposed for writing.
@@ -101,7 +104,8 @@ type openWrite struct {
 	// ending it until its last; withdrawn once the writer was told to
 	// close it; silent when it closes without a run, so without a notice.
 	standing  bool
-	runs      int // runs left, each with a notice reserved
+	running   bool // a run is under way (tag is its); else nothing lands
+	runs      int  // runs left, each with a notice reserved
 	writer    transport.PeerInfo
 	withdrawn bool
 	silent    bool
@@ -134,7 +138,8 @@ func (ex *exposure) admit(k openKey, w *openWrite, id transport.ObjectID) error 
 	}
 	if w.standing {
 		// Its own slot (the open write) covers its last run.
-		w.runs = min(standingRuns, maxPendingNotices-len(ex.open)-len(ex.notices)-ex.reserved)
+		room := maxPendingNotices - len(ex.open) - len(ex.notices) - ex.reserved
+		w.runs = max(1, min(standingRuns, room/8))
 		ex.reserved += w.runs - 1
 	}
 	ex.open[k] = w
@@ -161,6 +166,7 @@ func (ex *exposure) end(k openKey, end control.WriteEnd) (known bool) {
 	case end.Keep && end.Err == nil && w.runs > 1:
 		// A run's notice takes one of the slots the admission reserved.
 		w.runs--
+		w.running = false
 		ex.reserved--
 		ex.pushLocked(WriteNotice{Tag: end.Tag, Writer: k.writer, Bytes: w.nbytes})
 		return true
@@ -188,6 +194,19 @@ func (ex *exposure) finishLocked(k openKey, w *openWrite) {
 		return
 	}
 	ex.pushLocked(WriteNotice{Tag: w.tag, Writer: k.writer, Bytes: w.nbytes, Err: w.endErr})
+}
+
+// run records that a run of the standing admission k begins, with tag.
+// known is false when k is no standing admission open.
+func (ex *exposure) run(k openKey, tag uint64) (known bool) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	w, ok := ex.open[k]
+	if !ok || w.ended || !w.standing {
+		return false
+	}
+	w.running, w.tag = true, tag
+	return true
 }
 
 // withdrawStanding withdraws every standing admission still open and not
@@ -224,6 +243,13 @@ func (ex *exposure) tear(writer transport.RuntimeID, cause error) int {
 		ex.reserved -= max(w.runs-1, 0)
 		w.runs = 0
 		w.ended, w.endErr = true, cause
+		if w.standing && !w.running {
+			w.silent = true // between runs: every byte it moved has its notice
+			if w.busy == 0 {
+				ex.finishLocked(k, w)
+			}
+			continue
+		}
 		torn++
 		if w.busy == 0 {
 			ex.finishLocked(k, w)

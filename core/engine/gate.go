@@ -74,10 +74,9 @@ func (g *writeGate) admit(writer transport.PeerInfo, req control.WriteOpen, e *r
 			return adm, err
 		}
 	}
+	// A standing admission's first run is under way as it is granted.
 	w := &openWrite{tag: req.Tag, nbytes: nbytes, pieces: transport.MergePieces(req.Pieces), o: o, standing: req.Standing && e != nil, writer: writer}
-	if w.standing {
-		w.tag = 0 // each run names its own; a torn admission names none
-	}
+	w.running = w.standing
 	if err := o.write.admit(openKey{writer.RuntimeID, req.TransferID}, w, req.Object); err != nil {
 		return adm, err
 	}
@@ -98,6 +97,18 @@ func (g *writeGate) endWrite(writer transport.RuntimeID, end control.WriteEnd) {
 	}
 	if !o.write.end(openKey{writer, end.TransferID}, end) {
 		g.log.Warnf("runtime %s ended write %d into object %s, which is not open", writer, end.TransferID, end.Object)
+	}
+}
+
+// runWrite records that a run of a standing admission begins, with its
+// tag: until the run ends, a torn admission names it.
+func (g *writeGate) runWrite(writer transport.RuntimeID, obj transport.ObjectID, id, tag uint64) {
+	o := g.store.object(obj)
+	if o == nil || o.write == nil {
+		return // destroyed meanwhile, or never ours: nothing is open
+	}
+	if !o.write.run(openKey{writer, id}, tag) {
+		g.log.Warnf("runtime %s began a run of admission %d into object %s, which is no standing admission open", writer, id, obj)
 	}
 }
 

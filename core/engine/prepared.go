@@ -140,9 +140,12 @@ func (p *Prepared) keep(f *Fetch) {
 			p.parts = []*preparedPart{} // runs the ordinary way from now on
 			return
 		}
-		parts = append(parts, &preparedPart{ref: p.refs[tr.index], r: tr.route, local: tr.wire(), nbytes: tr.nbytes})
+		parts = append(parts, &preparedPart{ref: p.refs[tr.index], r: tr.route, local: tr.wire(), nbytes: tr.nbytes, adm: tr.held})
 	}
 	for _, part := range parts {
+		if part.adm != nil && !p.rt.adm.adopt(part.adm) {
+			part.adm = nil // the next run asks for its own
+		}
 		r := part.r
 		if pr, ok := r.entry.t.(transport.Preparer); ok {
 			started, err := pr.Prepare(&r.x, part.local, r.tmeta, r.cmeta)

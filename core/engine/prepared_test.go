@@ -207,26 +207,24 @@ func standingKeys(t *testing.T, owned *Ref) []openKey {
 	return keys
 }
 
-// Kept runs of a prepared write share one standing admission: the owner
-// admits once, each run still gets its own notice with its tag, and
-// closing the Prepared closes the admission without a notice.
+// Kept runs of a prepared write share one standing admission, the one its
+// first (ordinary) run was granted: the owner admits once, each run still
+// gets its own notice with its tag, and closing the Prepared closes the
+// admission without a notice.
 func TestPreparedWriteRunsUnderOneStandingAdmission(t *testing.T) {
 	p := writablePair(t)
 	owned, pw, src := preparedWriter(t, p)
 	require.NoError(t, pw.Run(1, 5*time.Second)) // an ordinary write, kept
 	n := notice(t, owned, 5*time.Second)
 	require.Equal(t, uint64(1), n.Tag)
-	assert.Empty(t, standingKeys(t, owned), "the first run was admitted on its own")
+	first := standingKeys(t, owned)
+	require.Len(t, first, 1, "the first run's admission stays open")
 
-	var first []openKey
 	for tag := uint64(2); tag <= 6; tag++ {
 		src[1].fill(byte(tag))
 		require.NoError(t, pw.Run(tag, 5*time.Second))
 		keys := standingKeys(t, owned)
 		require.Len(t, keys, 1, "one admission stays open between runs")
-		if first == nil {
-			first = keys
-		}
 		assert.Equal(t, first, keys, "run %d asked for no new admission", tag)
 		n := notice(t, owned, 5*time.Second)
 		assert.NoError(t, n.Err)
@@ -300,16 +298,33 @@ func TestDestroyedWriterClosesItsStandingAdmissions(t *testing.T) {
 	pw.Close()
 }
 
-// A writer gone with a standing admission open tears it: a failure notice
-// with tag 0, since the owner cannot know which run was under way.
-func TestWriterGoneTearsItsStandingAdmission(t *testing.T) {
+// A writer gone between runs of a standing admission wrote nothing that
+// has no notice: the admission closes without one, and the object is
+// unpinned.
+func TestWriterGoneBetweenRunsMakesNoNotice(t *testing.T) {
 	p := writablePair(t)
 	owned, pw := standingWriter(t, p)
 	defer pw.Close()
 	p.owner.svc.PeerGone(p.borrower.Identity())
+	assert.Empty(t, standingKeys(t, owned))
+	assertNoNotice(t, owned, "no run was under way")
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+// A writer gone in the middle of a run tears the standing admission: a
+// failure notice with the tag the run was announced with.
+func TestWriterGoneMidRunTearsItWithTheRunsTag(t *testing.T) {
+	p := writablePair(t)
+	owned, pw := standingWriter(t, p)
+	defer pw.Close()
+	keys := standingKeys(t, owned)
+	require.Len(t, keys, 1)
+	p.owner.svc.WriteRun(keys[0].writer, owned.Desc().ID, keys[0].id, 77)
+	p.owner.svc.PeerGone(p.borrower.Identity())
 	n := notice(t, owned, 5*time.Second)
 	assert.Equal(t, transport.ErrPeerUnavailable, transport.StatusOf(n.Err), "%v", n.Err)
-	assert.Zero(t, n.Tag)
+	assert.Equal(t, uint64(77), n.Tag, "the torn notice names the run under way")
 	assert.Empty(t, standingKeys(t, owned))
+	assertNoNotice(t, owned, "one notice for the torn run")
 	assert.Zero(t, p.owner.store.pinned())
 }

@@ -85,6 +85,9 @@ func (r *Ref) release(revokeLeases bool) error {
 		return nil
 	}
 	if e, n := rt.store.releaseBorrowed(r.desc.ID); n > 0 {
+		if r.desc.Writable {
+			rt.adm.closeHeldOf(r.desc.ID) // before the owner hears we let go
+		}
 		e.peer.Unborrow(r.desc.ID, n)
 	}
 	return nil

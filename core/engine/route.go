@@ -34,6 +34,8 @@ type route struct {
 	// admitted: the owner admitted a write over this route and is owed its
 	// outcome (set even when resolve fails after the admission).
 	admitted bool
+	// runs: those a standing admission covers (0: an admission of its own).
+	runs uint64
 }
 
 // routeQuery is what resolve asks the owner for: a direction, an object,
@@ -51,6 +53,9 @@ type routeQuery struct {
 	checks func(e *registered) error
 	// tag is a write's, handed to the owner with the admission.
 	tag uint64
+	// standing asks for a standing admission (a plain write keeps it for
+	// the writes after it).
+	standing bool
 }
 
 // resolve finds the route over transport name: the transport serves the
@@ -118,12 +123,15 @@ func (r *route) admit(q *routeQuery) error {
 		return transport.ContextError(ctx, "asking the owner to admit the write")
 	}
 	open := control.WriteOpen{Object: q.desc.ID, TransferID: r.x.TransferID, Transport: r.x.Transport,
-		Key: q.desc.WriteKey, Tag: q.tag, Pieces: q.pieces}
+		Key: q.desc.WriteKey, Tag: q.tag, Pieces: q.pieces, Standing: q.standing}
 	adm, err := q.peer.OpenWrite(ctx, open)
 	if err != nil {
 		return transport.Wrap(err, "owner %s refused the write", q.desc.Owner.Address)
 	}
 	r.admitted, r.tmeta = true, adm.Meta
+	if q.standing {
+		r.runs = max(adm.Runs, 1)
+	}
 	return nil
 }
 

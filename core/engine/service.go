@@ -156,6 +156,11 @@ func (s *peerService) WriteDone(from transport.RuntimeID, end control.WriteEnd) 
 	s.gate.endWrite(from, end)
 }
 
+// WriteRun implements PeerService.
+func (s *peerService) WriteRun(from transport.RuntimeID, obj transport.ObjectID, transferID, tag uint64) {
+	s.gate.runWrite(from, obj, transferID, tag)
+}
+
 // WriteWithdrawn implements PeerService: the owner withdrew a standing
 // admission; it closes now, or at the end of its run in progress.
 func (s *peerService) WriteWithdrawn(from transport.RuntimeID, obj transport.ObjectID, transferID uint64, err error) {

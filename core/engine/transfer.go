@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -50,6 +51,8 @@ type transfer struct {
 	// A write's own outcome, kept for the end of the whole write
 	// (Fetch.endWrites).
 	endErr error
+	// held: the standing admission a plain write runs under (standing.go).
+	held *standing
 	// settled: the transfer was counted out of its fetch (settle).
 	settled bool
 }
@@ -246,12 +249,22 @@ func (tr *transfer) connectOwner() error {
 func (tr *transfer) beginWith(name string) error {
 	f := tr.f
 	q := &routeQuery{dir: f.dir, desc: tr.ref.desc, peer: tr.peer, pieces: tr.pieces, wait: tr.ownerCtx, tag: f.tag}
+	var hk heldKey
 	if f.dir == transport.Read {
 		q.checks = tr.readable
+	} else {
+		hk = newHeldKey(tr.peer.Info().RuntimeID, q.desc.ID, name, tr.pieces)
+		if s := f.rt.adm.takeHeld(hk); s != nil {
+			return tr.beginHeld(s)
+		}
+		q.standing = !f.rt.adm.hasHeld(hk)
 	}
 	r, err := f.rt.routes.resolve(q, name)
 	if r != nil && (err == nil || r.admitted) {
 		tr.route = r // an admitted write is owed its outcome
+	}
+	if r != nil && r.admitted && q.standing {
+		tr.hold(r, hk)
 	}
 	if err != nil {
 		return err
@@ -265,6 +278,51 @@ func (tr *transfer) beginWith(name string) error {
 	default:
 	}
 	return tr.startOver(r)
+}
+
+// hold makes the standing admission the owner granted over r this
+// write's, and keeps it for the writes after it.
+func (tr *transfer) hold(r *route, hk heldKey) {
+	kept := *r
+	kept.admitted = false
+	kept.x.Pieces = append([]transport.Piece(nil), r.x.Pieces...)
+	if r.x.Pieces == nil {
+		kept.x.Pieces = nil
+	}
+	s := &standing{key: admissionKey{owner: hk.owner, id: r.x.TransferID}, obj: r.x.Object, peer: r.peer,
+		open: true, running: true, runs: r.runs, hk: hk, route: &kept}
+	adm := &tr.f.rt.adm
+	adm.add(s)
+	adm.hold(s)
+	tr.held = s
+}
+
+// beginHeld starts the write over the standing admission s holds: it
+// announces the run to the owner (no byte may land before), then starts
+// the transport over a copy of s's route.
+func (tr *transfer) beginHeld(s *standing) error {
+	f := tr.f
+	r := *s.route
+	r.x.TransferID = s.key.id // the owner's servers find the write by its admission
+	if err := s.peer.WriteRun(tr.ctx(), s.obj, s.key.id, f.tag); err != nil {
+		if errors.Is(err, errWouldBlock) {
+			// Nothing sent, or a run announced again by the retry: the
+			// owner takes the last announcement.
+			f.rt.adm.unrun(s)
+			return err
+		}
+		r.admitted = true
+		tr.route, tr.held = &r, s // ends failed: the owner may have heard of the run
+		return transport.Wrap(err, "announcing the write to owner %s", tr.ref.desc.Owner.Address)
+	}
+	r.admitted = true
+	tr.route, tr.held = &r, s
+	select {
+	case <-f.abortCh:
+		return transport.Errorf(transport.ErrAborted, "%s aborted", f.dir.Verb())
+	default:
+	}
+	return tr.startOver(&r)
 }
 
 // readable is a read's checks once its transport is known: the owner

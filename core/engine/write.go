@@ -110,6 +110,10 @@ func (tr *transfer) endWrite(err error) {
 		return
 	}
 	tr.route.admitted = false
+	if tr.held != nil {
+		tr.f.rt.adm.endRun(tr.held, tr.f.tag, err)
+		return
+	}
 	end := control.WriteEnd{Object: tr.ref.desc.ID, TransferID: tr.route.x.TransferID, Err: err}
 	if tr.local {
 		tr.f.rt.gate.endWrite(tr.f.rt.me.id, end)

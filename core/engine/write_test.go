@@ -492,3 +492,82 @@ func TestExposedMetadataGoesOnlyWithTheKey(t *testing.T) {
 	n := notice(t, owned, time.Second)
 	assert.NoError(t, n.Err)
 }
+
+// Plain writes into one object over one transport at the same ranges
+// share a standing admission: the owner admits the first, the others only
+// announce their runs, and each still gets its own notice with its tag.
+// Other ranges are admitted apart. Without a run for heldIdle the
+// admission closes, with no notice, and the object is unpinned.
+func TestPlainWritesShareAHeldAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, w, bufs := p.expose(t)
+	src, sources := matrixAndBytes(t)
+	var first []openKey
+	for tag := uint64(1); tag <= 4; tag++ {
+		src[0].fill(byte(tag))
+		require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: tag}, 5*time.Second))
+		n := notice(t, owned, 5*time.Second)
+		assert.NoError(t, n.Err)
+		assert.Equal(t, tag, n.Tag)
+		assert.Equal(t, src[0].b, bufs[0].b)
+		keys := standingKeys(t, owned)
+		require.Len(t, keys, 1, "one admission stays open between writes")
+		if first == nil {
+			first = keys
+		}
+		assert.Equal(t, first, keys, "write %d asked for no new admission", tag)
+	}
+	assert.Equal(t, 1, p.owner.store.pinned(), "the held admission pins the object")
+
+	part := []Range{{Ref: 0, Piece: transport.Piece{Tensor: 1, Offset: 0, Length: 100}}}
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources[1:], WriteOptions{Tag: 9, Destinations: part}, 5*time.Second))
+	assert.Equal(t, uint64(9), notice(t, owned, 5*time.Second).Tag)
+	assert.Len(t, standingKeys(t, owned), 2, "other ranges have their own admission")
+
+	require.Eventually(t, func() bool { return len(standingKeys(t, owned)) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"idle admissions close")
+	assertNoNotice(t, owned, "an idle admission closes without a notice")
+	assert.Zero(t, p.owner.store.pinned())
+}
+
+// A writer that lets go of the writable ref closes its held admission at
+// once: the owner's object is not kept pinned until the idle close.
+func TestReleasingTheWritableRefClosesItsHeldAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, w, _ := p.expose(t) // the writer's only handle
+	_, sources := matrixAndBytes(t)
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 3}, 5*time.Second))
+	assert.Equal(t, uint64(3), notice(t, owned, 5*time.Second).Tag)
+	require.Len(t, standingKeys(t, owned), 1)
+	require.NoError(t, w.Release())
+	assert.Empty(t, standingKeys(t, owned))
+	assert.Zero(t, p.owner.store.pinned())
+	assertNoNotice(t, owned)
+}
+
+// A plain write that fails under a held admission closes it with the
+// write's failure notice (its tag); the next write is admitted anew.
+func TestFailedWriteClosesItsHeldAdmission(t *testing.T) {
+	p := writablePair(t)
+	owned, w, _ := p.expose(t)
+	_, sources := matrixAndBytes(t)
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 1}, 5*time.Second))
+	notice(t, owned, 5*time.Second)
+	held := standingKeys(t, owned)
+	require.Len(t, held, 1)
+
+	p.dst.waitErr = func(*transport.Transfer) error { return transport.Errorf(transport.ErrTransport, "the link broke") }
+	err := p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 2}, 5*time.Second)
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(err), "%v", err)
+	n := notice(t, owned, 5*time.Second)
+	assert.Equal(t, uint64(2), n.Tag)
+	assert.Equal(t, transport.ErrTransport, transport.StatusOf(n.Err), "%v", n.Err)
+	assert.Empty(t, standingKeys(t, owned), "a failed run closes the admission")
+
+	p.dst.waitErr = nil
+	require.NoError(t, p.borrower.Write([]*Ref{w}, sources, WriteOptions{Tag: 3}, 5*time.Second))
+	assert.Equal(t, uint64(3), notice(t, owned, 5*time.Second).Tag)
+	again := standingKeys(t, owned)
+	require.Len(t, again, 1)
+	assert.NotEqual(t, held, again, "the next write was admitted anew")
+}

@@ -142,7 +142,7 @@ func writerKilledAmidWrites(t *testing.T, transportName string) {
 	require.NoError(t, err)
 	require.NoError(t, first.Err)
 	assert.Equal(t, uint64(1), first.Tag)
-	waitOpenWrites(t, owner, 1) // the next write is under way
+	waitOpenWrites(t, owner, 1) // a write is under way, or its admission stands for the next
 	w.kill()
 	waitOpenWrites(t, owner, 0) // the killed writer's write is closed
 

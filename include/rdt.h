@@ -724,7 +724,10 @@ static inline void rdt_write_options_init(rdt_write_options *opts) {
  *
  * For each ref the owner is asked to admit the write (the key, the ranges,
  * the tag), the bytes move, and then the owner is told the outcome, which
- * becomes its notice. When the wait returns an error the sources are no
+ * becomes its notice. Later writes into the same object, over the same
+ * transport and at the same ranges, run under the admission the first was
+ * granted while it stays open (a standing admission, docs/abi.md): they
+ * announce their tag to the owner instead of waiting for it. When the wait returns an error the sources are no
  * longer read; bytes already on their way may still land on the owner's
  * side, always before the owner's notice for the write, which says it
  * failed.
@@ -758,9 +761,9 @@ typedef struct rdt_write_notice {
    * failed, was aborted, or its writer went away with it open; the bytes it
    * covers may hold any mix of old and new values (a torn write). */
   rdt_status status;
-  /* The writer's rdt_write_options.tag, or the tag of its rdt_prepared_run;
-   * 0 in the failure notice of a prepared write whose writer went away
-   * between or during runs (which run, if any, was under way is unknown). */
+  /* The writer's rdt_write_options.tag, or the tag of its rdt_prepared_run:
+   * that of the write or run the notice is for. (A writer gone between the
+   * writes of a standing admission leaves no notice: none was under way.) */
   uint64_t tag;
   uint64_t nbytes; /* the bytes the write covered */
   char writer[RDT_OBJECT_ID_LEN + 1]; /* the writing runtime's id, hex */
@@ -809,9 +812,9 @@ RDT_API rdt_status rdt_ref_revoke_writes(rdt_ref *exposed, int64_t timeout_ms);
  * tensors and options: weight sync every step, KV blocks between the same
  * two processes. Its first run is an ordinary rdt_get() or rdt_write(),
  * which connects to the owners, chooses the transports and gets the
- * metadata; later runs only start the transports and wait (a write is still
- * admitted by its owner on every run, with that run's tag, and makes one
- * notice per run). A run whose owner is gone fails with
+ * metadata; later runs only start the transports and wait (a write's runs
+ * share its first run's standing admission, each announced with its tag,
+ * and make one notice per run). A run whose owner is gone fails with
  * RDT_ERR_PEER_UNAVAILABLE before anything moves; every run has the
  * deadline, abort-on-deadline and "nothing moves after an error returns"
  * guarantees of rdt_get(). Transfers that cannot be kept (an object of `rt`

@@ -128,8 +128,8 @@ class WriteNotice(NamedTuple):
     the write landed; otherwise the bytes it covers may hold any mix of old
     and new values (a torn write) and ``error`` says why."""
 
-    tag: int       # the writer's tag (write(..., tag=), run(tag)); 0 when a
-    #                prepared writer went away with its admission open
+    tag: int       # the writer's tag (write(..., tag=), run(tag)) of the
+    #                write or run the notice is for
     nbytes: int    # the bytes the write covered
     writer: str    # the writing runtime's id
     error: Optional[RdtError]

@@ -114,35 +114,88 @@ func (wr *writer) write(x *transport.Transfer, sources []transport.Tensor, tmeta
 		return nil, err
 	}
 	r := &writeRequest{Completion: transport.NewCompletion(), id: x.TransferID}
-	go func() { r.Finish(wr.send(r, src, owner.Pid, m, pieces, sources, total)) }()
+	mv := &move{wr: wr, r: r, src: src, owner: owner.Pid, m: m, pieces: pieces, sources: sources, total: total}
+	if total <= inlineMax {
+		if w, kept := wr.peers.takeWriteConn(src, m.Path); kept {
+			mv.inline(w)
+			return r, nil
+		}
+	}
+	go func() { r.Finish(mv.send()) }()
 	return r, nil
 }
 
-// send moves one write over a kept connection or a new one.
-func (wr *writer) send(r *writeRequest, src *keptConns, owner int, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) error {
-	w, kept, err := wr.conn(src, owner, m)
+// move is one write's way to the owner's segment server.
+type move struct {
+	wr      *writer
+	r       *writeRequest
+	src     *keptConns
+	owner   int
+	m       *metadata
+	pieces  []transport.Piece
+	sources []transport.Tensor
+	total   uint64
+}
+
+// send moves the write over a kept connection or a new one.
+func (mv *move) send() error {
+	w, kept, err := mv.wr.conn(mv.src, mv.owner, mv.m)
 	if err != nil {
 		return err
 	}
+	mv.r.use(w)
+	closed, err := w.send(mv.r, mv.m, mv.pieces, mv.sources, mv.total)
+	return mv.settle(w, kept, closed, err)
+}
+
+// inline moves a small write over the kept connection w as a small fetch
+// moves: the request goes out here and, when the answer comes within
+// syncWait, the write is finished on the caller's goroutine (the engine
+// then needs no hand-off, which costs more than the copy). A slower
+// answer, or a connection the server had closed, is seen to on a
+// goroutine, where Abort reaches it.
+func (mv *move) inline(w *wconn) {
+	r := mv.r
 	r.use(w)
-	closed, err := w.send(r, m, pieces, sources, total)
+	closed, err := w.request(r, mv.m, mv.pieces, mv.sources, mv.total)
+	if err == nil && !transport.WaitReadable(w.c, syncWait) {
+		go func() {
+			closed, err := w.answer(r, mv.m, mv.pieces, mv.sources, mv.total)
+			r.Finish(mv.settle(w, true, closed, err))
+		}()
+		return
+	}
+	if err == nil {
+		closed, err = w.answer(r, mv.m, mv.pieces, mv.sources, mv.total)
+	}
+	if err != nil && closed && !r.aborted.Load() {
+		go func() { r.Finish(mv.settle(w, true, closed, err)) }() // it dials
+		return
+	}
+	r.Finish(mv.settle(w, true, closed, err))
+}
+
+// settle ends a write that moved on w: a kept connection the server had
+// closed while idle (closed before any answer came) is replaced by a new
+// one, asked once more; w is kept for the next write when it succeeded,
+// closed otherwise.
+func (mv *move) settle(w *wconn, kept, closed bool, err error) error {
+	r := mv.r
 	if err != nil && kept && closed && !r.aborted.Load() {
-		// The kept connection was closed by the server (idle) before it
-		// answered: ask once more on a new one.
 		r.use(nil)
 		w.close()
-		if w, _, err = wr.conn(nil, owner, m); err != nil {
+		if w, _, err = mv.wr.conn(nil, mv.owner, mv.m); err != nil {
 			return r.abortedErr(err)
 		}
 		r.use(w)
-		_, err = w.send(r, m, pieces, sources, total)
+		_, err = w.send(r, mv.m, mv.pieces, mv.sources, mv.total)
 	}
 	r.use(nil)
 	if err != nil {
 		w.close() // out of step, or gone
 		return r.abortedErr(err)
 	}
-	wr.peers.keepWriteConn(src, m.Path, w)
+	mv.wr.peers.keepWriteConn(mv.src, mv.m.Path, w)
 	return nil
 }
 
@@ -166,6 +219,14 @@ func (wr *writer) conn(src *keptConns, owner int, m *metadata) (w *wconn, kept b
 // the connection was closed before any answer came (a kept one the server
 // had closed while idle).
 func (w *wconn) send(r *writeRequest, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) (closed bool, err error) {
+	if closed, err := w.request(r, m, pieces, sources, total); err != nil {
+		return closed, err
+	}
+	return w.answer(r, m, pieces, sources, total)
+}
+
+// request sends the write request on w, with the bytes of a small write.
+func (w *wconn) request(r *writeRequest, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) (closed bool, err error) {
 	req := encodeWriteRequest(m.Object, r.id, pieces)
 	if total <= inlineMax {
 		// The bytes follow the request, in the same write.
@@ -180,6 +241,12 @@ func (w *wconn) send(r *writeRequest, m *metadata, pieces []transport.Piece, sou
 	if _, err := w.c.Write(req); err != nil {
 		return isClosed(err), gone(m, err)
 	}
+	return false, nil
+}
+
+// answer reads the owner's answer to the request and, for a larger write,
+// moves the bytes through the staging area.
+func (w *wconn) answer(r *writeRequest, m *metadata, pieces []transport.Piece, sources []transport.Tensor, total uint64) (closed bool, err error) {
 	h, fd, closed, err := w.reply(m)
 	if err != nil {
 		return closed, err

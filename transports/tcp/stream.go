@@ -24,6 +24,7 @@ type piece struct {
 	tensors uint32
 	offset  uint64
 	dst     []byte
+	src     []byte // a write's bytes (its answer carries none: dst is empty)
 	tag     uint64 // of its request, drawn when the request is sent
 	sizes   uint64
 }
@@ -39,14 +40,17 @@ type stream struct {
 	r      *fetchRequest
 	c      net.Conn
 	pieces []piece
-	sent   int // request frames written
-	done   int // pieces fully received
-	hdrGot int // of pieces[done]'s header
-	st     transport.Status
-	msg    []byte // a refusal's message
-	msgGot int
-	got    int // bytes of pieces[done] received
-	frames []byte
+	// writeID, when not zero, makes it a write's: each piece's frame
+	// carries its src into the open write of that id (write.go).
+	writeID uint64
+	sent    int // request frames written
+	done    int // pieces fully received
+	hdrGot  int // of pieces[done]'s header
+	st      transport.Status
+	msg     []byte // a refusal's message
+	msgGot  int
+	got     int // bytes of pieces[done] received
+	frames  []byte
 	// hdrs holds the headers of the current piece and of those read
 	// ahead, piece i's at i % ring.
 	hdrs [ring][responseLen]byte
@@ -135,20 +139,42 @@ func (s *stream) bytesLeft() uint64 {
 	return n - uint64(s.got)
 }
 
-// sendMore tops the window up once half of it has been answered.
+// sendMore tops the window up once half of it has been answered (a
+// write's window is writeWindow: its frames carry their bytes).
 func (s *stream) sendMore() error {
-	if s.sent == len(s.pieces) || s.sent-s.done > window/2 {
+	w := window
+	if s.writeID != 0 {
+		w = writeWindow
+	}
+	if s.sent == len(s.pieces) || s.sent-s.done > w/2 {
 		return nil
 	}
 	b := s.frames[:0]
-	for s.sent < len(s.pieces) && s.sent-s.done < window {
+	bufs := s.iovs[:0]
+	for s.sent < len(s.pieces) && s.sent-s.done < w {
 		p := &s.pieces[s.sent]
 		p.tag = newTag()
-		b = (&request{Object: s.r.meta.Object, Tensor: p.tensor, Tensors: p.tensors, Offset: p.offset, Length: uint64(len(p.dst)), Tag: p.tag, Sizes: p.sizes}).encode(b)
+		req := request{Object: s.r.meta.Object, Tensor: p.tensor, Tensors: p.tensors, Offset: p.offset, Length: uint64(len(p.dst)), Tag: p.tag, Sizes: p.sizes}
+		if s.writeID != 0 {
+			req.Length, req.Sizes, req.Write = uint64(len(p.src)), s.writeID, true
+			at := len(b)
+			b = req.encode(b)
+			bufs = append(bufs, b[at:], p.src)
+		} else {
+			b = req.encode(b)
+		}
 		s.sent++
 	}
 	s.frames = b
-	_, err := s.c.Write(b)
+	if s.writeID == 0 {
+		_, err := s.c.Write(b)
+		return err
+	}
+	// Each header's slice keeps its bytes whether or not b grew after it.
+	nb := net.Buffers(bufs)
+	_, err := nb.WriteTo(s.c)
+	clear(bufs)
+	s.iovs = bufs[:0]
 	return err
 }
 
@@ -199,6 +225,8 @@ func (s *stream) advance(read func([][]byte) (int, error)) error {
 		case s.msgGot < len(s.msg):
 			n, err = s.readInto(read, fieldMessage, s.msg[s.msgGot:])
 			s.msgGot += n
+		case s.st != transport.OK && s.writeID != 0:
+			return transport.Errorf(s.st, "the owner refused a write: %s", s.msg)
 		case s.st != transport.OK:
 			return transport.Errorf(s.st, "the source %s refused tensor %d bytes [%d, +%d): %s",
 				s.r.meta.Endpoint, p.tensor, p.offset, len(p.dst), s.msg)

@@ -48,11 +48,53 @@ func (cl *client) write(x *transport.Transfer, sources []transport.Tensor, tmeta
 	if err := cl.activate(r); err != nil {
 		return nil, err
 	}
+	if len(shares) == 1 && r.writeInline(x.TransferID, shares[0]) {
+		return r, nil
+	}
 	r.ctx, r.cancel = context.WithCancel(cl.h.Context())
 	for _, share := range shares {
 		r.run(func() error { return r.push(x.TransferID, share) })
 	}
 	return r, nil
+}
+
+// inlineWriteMax bounds a write whose frames go out on the caller's
+// thread and whose answers are read there (Completed, Wait), as a small
+// fetch's are: small enough for the socket to take at once.
+const inlineWriteMax = 64 << 10
+
+// writeInline sends a small write's frames on a pooled connection now,
+// its answers read by Completed or Wait with no goroutine of ours; false
+// when the write is larger, no connection is idle, or the one taken
+// failed.
+func (r *fetchRequest) writeInline(writeID uint64, share []wchunk) bool {
+	var n int
+	for _, ch := range share {
+		n += len(ch.data)
+	}
+	if n > inlineWriteMax {
+		return false
+	}
+	c := r.cl.idleConn(r.pool)
+	if c == nil {
+		return false
+	}
+	pieces := make([]piece, len(share))
+	for i, ch := range share {
+		pieces[i] = piece{tensor: ch.tensor, offset: ch.offset, src: ch.data}
+	}
+	s := &stream{r: r, c: c, pieces: pieces, writeID: writeID}
+	r.track(c)
+	if err := s.sendMore(); err != nil {
+		// A stale pooled connection. Frames that went (whole or in part)
+		// land the same bytes again when a goroutine pushes them anew.
+		r.untrack(c)
+		c.Close()
+		r.cl.pool.Drop(r.pool) // its siblings are most likely dead too
+		return false
+	}
+	r.inline = s
+	return true
 }
 
 // planWrite cuts the sources into frames and deals them to the streams:

@@ -248,3 +248,62 @@ def test_a_python_transport_that_writes_must_be_one_sided_and_define_the_write()
         assert not {t["name"]: t for t in rt.transports()}["reads-only"]["writes"]
         with pytest.raises(rdt.UnsupportedError):
             rt.expose(np.zeros(4, np.uint8), transport="reads-only")
+
+
+def test_one_array_writes_agree_with_the_general_path(child):
+    """A write of one array into a ref of one tensor takes the one-call
+    path when it can (a writable array) and the general one otherwise (a
+    read-only one): each lands its bytes and makes one notice with its
+    tag, in order; what neither takes (a strided array, another size) is
+    refused with nothing written."""
+    c = child(workers.exposer, ["cma", "tcp"], [])
+    blobs = c.recv()
+    with rdt.Runtime("one-array-writer") as rt:
+        for name in ("cma", "tcp"):
+            w = rt.deserialize(blobs[name])
+            ro = np.full(4096, 3, np.uint8)
+            ro.setflags(write=False)
+            for tag, v in ((1, np.full(4096, 2, np.uint8)), (2, ro), (3, np.full(4096, 5, np.uint8))):
+                rt.write(w, v, tag=tag, transport=name)
+                c.send(("notice", name))
+                ok, got, error, landed = c.recv()
+                assert ok and got == tag, (name, tag, error)
+                assert np.array_equal(landed, v), (name, tag)
+            for bad in (np.full(8192, 4, np.uint8)[::2], np.zeros(4095, np.uint8)):
+                with pytest.raises(rdt.InvalidArgumentError):
+                    rt.write(w, bad, tag=9, transport=name)
+            rt.write(w, np.full(4096, 8, np.uint8), tag=4, transport=name)
+            c.send(("notice", name))
+            assert c.recv()[:2] == (True, 4), "the refused writes made no notice"
+            w.close()
+    c.stop()
+
+
+def test_a_one_array_write_to_a_stopped_owner_times_out_and_its_notice_says_so(child):
+    """The one-call path keeps the write's deadline: over tcp an owner
+    stopped with SIGSTOP cannot land the bytes; the write raises
+    GetTimeoutError at its deadline, aborted, and once the owner runs again
+    its notice for that write says it failed."""
+    from conftest import stop_process
+    import os
+    import signal
+    c = child(workers.exposer, ["tcp"], [])
+    blobs = c.recv()
+    with rdt.Runtime("stopped-owner-writer") as rt:
+        w = rt.deserialize(blobs["tcp"])
+        v = np.full(4096, 6, np.uint8)
+        rt.write(w, v, tag=1, transport="tcp")  # the admission stands for the next write
+        c.send(("notice", "tcp"))
+        assert c.recv()[:2] == (True, 1)
+        stop_process(c.proc.pid)
+        try:
+            with pytest.raises(rdt.GetTimeoutError, match=r"rdt\.write: the deadline passed before the write "
+                                                          r"into 1 object ended; it was aborted"):
+                rt.write(w, v, tag=2, timeout=0.5, transport="tcp")
+        finally:
+            os.kill(c.proc.pid, signal.SIGCONT)
+        c.send(("notice", "tcp"))
+        ok, tag, error, _ = c.recv()
+        assert not ok and tag == 2, (ok, tag, error)
+        w.close()
+    c.stop()

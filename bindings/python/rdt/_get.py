@@ -80,26 +80,51 @@ def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional
     return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline, "rdt.get")
 
 
+def one_target(rt: RuntimeLike, r: ObjectRef, a: np.ndarray) -> Any:
+    """The descriptor of r's one tensor and a's address, when a matches it
+    and may take the one-call path (get's and write's): one host tensor of
+    a's shape and dtype, a contiguous and writable (ctypes takes no other
+    buffer), no Python transport; else None."""
+    if r.runtime is not rt:
+        return None
+    descs = r.tensor_descs()
+    if len(descs) != 1 or rt._store.python_transports:
+        return None
+    d = descs[0]
+    nd = len(d.shape)
+    if a.shape != d.shape or d.lanes != 1 or d.device_type not in _t.HOST_DEVICES or nd > _ONE_MAX_NDIM or \
+            _t.NP_TO_DL.get(a.dtype) != (d.code, d.bits):
+        return None
+    try:
+        data = _addressof(_from_buffer(a))  # type: ignore[arg-type]  # contiguous, writable, not empty
+    except (TypeError, ValueError, BufferError):
+        return None
+    return d, data
+
+
+def pack_one(s: Any, handle: int, data: int, d: Any) -> int:
+    """Packs into scratch block s the ref's handle (word 0) and one
+    rdt_tensor (from byte 8) with its shape; returns the first byte free
+    after them."""
+    nd = len(d.shape)
+    st = _ONE.get(nd)
+    if st is None:
+        st = _ONE.setdefault(nd, struct.Struct(f"=Q QiiiBBHQQQ{nd}q"))
+    st.pack_into(s.buf, 0, handle, data, d.device_type, d.device_id, nd, d.code, d.bits, 1,
+                 s.base + 56 if nd else 0, 0, 0, *d.shape)
+    return st.size
+
+
 def _one(rt: RuntimeLike, r: ObjectRef, out: np.ndarray, transport: Optional[str], deadline: Optional[float]) -> Any:
     """The common case, one ref of one tensor into one array that matches
     it, in one call, with the ref's handle, the target and the options
     packed into a scratch block; _SLOW where the general path must run
     (any other shape, a Python transport, a large array on the main
     thread whose slice ran out)."""
-    if r.runtime is not rt:
+    found = one_target(rt, r, out)
+    if found is None:
         return _SLOW
-    descs = r.tensor_descs()
-    if len(descs) != 1 or rt._store.python_transports:
-        return _SLOW
-    d = descs[0]
-    nd = len(d.shape)
-    if out.shape != d.shape or d.lanes != 1 or d.device_type not in _t.HOST_DEVICES or nd > _ONE_MAX_NDIM or \
-            _t.NP_TO_DL.get(out.dtype) != (d.code, d.bits):
-        return _SLOW
-    try:
-        data = _addressof(_from_buffer(out))  # type: ignore[arg-type]  # contiguous, writable, not empty
-    except (TypeError, ValueError, BufferError):
-        return _SLOW
+    d, data = found
     # On the main thread it gives up (aborting) after a slice, so that
     # Ctrl-C is seen, and the general path starts again. Other threads
     # never see a signal: they wait for the whole deadline, so that a slow
@@ -110,14 +135,10 @@ def _one(rt: RuntimeLike, r: ObjectRef, out: np.ndarray, transport: Optional[str
         return _SLOW
     opts = _options(transport) if transport else None
     h = rt._handle()
-    st = _ONE.get(nd)
-    if st is None:
-        st = _ONE.setdefault(nd, struct.Struct(f"=Q QiiiBBHQQQ{nd}q"))
     s = _lib.scratch()
     try:
         base = s.base
-        st.pack_into(s.buf, 0, r._handle(), data, d.device_type, d.device_id, nd, d.code, d.bits, 1,
-                     base + 56 if nd else 0, 0, 0, *d.shape)
+        pack_one(s, r._handle(), data, d)
         status = _rdt_get()(h, base, 1, base + 8, 1, opts, slice_ms(deadline) if main else ms_until(deadline))
     finally:
         _lib.give_back(s)

@@ -425,8 +425,9 @@ SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "rdt_get": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_int64]),
     "rdt_wait_tensor_freed": (c_int32, [c_void_p, c_void_p, c_int64]),
     "rdt_expose": (c_int32, [c_void_p, c_void_p, c_size_t, c_char_p, ReleaseFn, c_void_p, c_void_p]),
-    "rdt_write_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions),
-                                  POINTER(c_void_p)]),
+    # c_void_p, not POINTER(WriteOptions): the one-call path passes a
+    # scratch block's addresses (byref() still does for the general path).
+    "rdt_write_start": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p]),
     "rdt_write": (c_int32, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, POINTER(WriteOptions), c_int64]),
     "rdt_write_notice_wait": (c_int32, [c_void_p, c_int64, POINTER(WriteNotice)]),
     "rdt_write_notice_event_fd": (c_int32, [c_void_p, POINTER(c_int32)]),

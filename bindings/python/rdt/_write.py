@@ -6,12 +6,19 @@ ObjectRef."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import struct
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from . import _lib
 from . import _tensors as _t
-from ._errors import InvalidArgumentError
-from ._pending import Pending, Plan, await_pending, deadline_of, handles_of, ranges_pointer, zero_timeout
+from ._errors import GetTimeoutError, InvalidArgumentError
+from ._get import one_target, pack_one
+from ._pending import (Pending, Plan, await_pending, deadline_of, handles_of, ms_until, ranges_pointer, slice_ms,
+                       zero_timeout)
 from ._ref import ObjectRef, Range, flatten
 from ._store import RuntimeLike
 
@@ -151,10 +158,85 @@ def write_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, 
              timeout: Optional[float] = None, transport: Optional[str] = None) -> None:
     """Runtime.write."""
     deadline = deadline_of(timeout)
+    if timeout != 0 and type(value) is np.ndarray and type(dests) is ObjectRef and \
+            _one(rt, dests, value, tag, transport, deadline):
+        return
     p = plan(rt, dests, value)
     if timeout == 0:
         deadline = zero_timeout(p.moved, "rdt.write")
     Write(rt, p, transport, tag)._result_by(deadline, "rdt.write")
+
+
+# A one-call write's scratch block, after the ref's handle and the source
+# (_get.pack_one): its rdt_write_options (struct_size, reserved, transport,
+# destinations, num_destinations, tag), then the rdt_pending made.
+_OPTS = struct.Struct("=IIQQQQ")
+assert _OPTS.size == ctypes.sizeof(_lib.WriteOptions)
+
+# Transport names as C strings for one-call writes, by name: made once,
+# never changed, kept alive here.
+_NAMES: Dict[str, Any] = {}
+_NAMES_KEPT = 64
+
+
+def _one(rt: RuntimeLike, r: ObjectRef, value: np.ndarray, tag: int, transport: Optional[str],
+         deadline: Optional[float]) -> bool:
+    """The common case, one writable ref of one tensor from one array that
+    matches it, started with the ref's handle, the source and the options
+    packed into a scratch block, and waited for as Write is (in slices on
+    the main thread, aborted at the deadline or on Ctrl-C); False where the
+    general path must run."""
+    found = one_target(rt, r, value)
+    if found is None:
+        return False
+    d, data = found
+    name = None
+    if transport:
+        name = _NAMES.get(transport)
+        if name is None:
+            name = ctypes.create_string_buffer(transport.encode())
+            if len(_NAMES) < _NAMES_KEPT:
+                name = _NAMES.setdefault(transport, name)
+    L = _lib.lib()
+    h = rt._handle()
+    s = _lib.scratch()
+    try:
+        base = s.base
+        at = pack_one(s, r._handle(), data, d)
+        _OPTS.pack_into(s.buf, at, _OPTS.size, 0, ctypes.addressof(name) if name is not None else 0, 0, 0,
+                        int(tag) & 0xFFFFFFFFFFFFFFFF)
+        out = at + _OPTS.size
+        status = L.rdt_write_start(h, base, 1, base + 8, 1, base + at, base + out)
+        ptr = s.words[out // 8]
+    finally:
+        _lib.give_back(s)
+    _lib.check(status)
+    _wait_one(L, ptr, deadline)
+    return True
+
+
+def _wait_one(L: Any, ptr: int, deadline: Optional[float]) -> None:
+    """Waits for a one-call write's rdt_pending and frees it, raising its
+    error: in slices on the main thread, so that Ctrl-C is seen; aborted
+    (and waited on until nothing reads the source) when the deadline
+    passes or the wait is interrupted."""
+    main = threading.get_ident() == threading.main_thread().ident
+    try:
+        while True:
+            st = L.rdt_pending_wait(ptr, slice_ms(deadline) if main else ms_until(deadline))
+            if st != _lib.ERR_TIMEOUT:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GetTimeoutError("rdt.write: the deadline passed before the write into 1 object ended; "
+                                      "it was aborted", _lib.ERR_TIMEOUT)
+        err = None if st == _lib.OK else _lib.make_error(st)  # this thread's last error, before free
+    except BaseException:
+        L.rdt_pending_abort(ptr)
+        L.rdt_pending_free(ptr)
+        raise
+    L.rdt_pending_free(ptr)
+    if err is not None:
+        raise err
 
 
 async def write_async_in(rt: RuntimeLike, dests: Union[Dests, Sequence[Dests]], value: Any, tag: int = 0,

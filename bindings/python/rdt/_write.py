@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import _lib
 from . import _tensors as _t
 from ._errors import InvalidArgumentError
-from ._pending import Pending, Plan, await_pending, deadline_of, handles_of, ranges_pointer, zero_timeout
+from ._pending import Pending, Plan, await_pending, deadline_of, fill_options, handles_of, zero_timeout
 from ._ref import ObjectRef, Range, flatten
 from ._store import RuntimeLike
 
@@ -87,12 +87,7 @@ def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
     (rdt copies it during the call)."""
     opts = _lib.init(_lib.WriteOptions())
     opts.tag = int(tag) & 0xFFFFFFFFFFFFFFFF
-    if transport:
-        opts.transport = transport.encode()
-    if plan.ranges is not None:
-        opts.destinations = ranges_pointer(plan)
-        opts.num_destinations = len(plan.ranges)
-    return opts
+    return fill_options(opts, transport, plan, "destinations")
 
 
 class Write(Pending):

@@ -184,6 +184,14 @@ static inline rdt_ref *put_borrowed(rdt_runtime *from, const rdt_tensor *t, cons
   return borrowed;
 }
 
+/* Exposes the tensor t on owner over transport (the owner's ref goes to
+ * *exposed) and returns a ref to it deserialized in writer. */
+static inline rdt_ref *expose_to(rdt_runtime *owner, const rdt_tensor *t, const char *transport,
+                                 rdt_runtime *writer, rdt_ref **exposed) {
+  CHECK_OK(rdt_expose(owner, t, 1, transport, NULL, NULL, exposed));
+  return pass_ref(*exposed, writer);
+}
+
 static inline rdt_stats stats_of(rdt_runtime *rt) {
   rdt_stats s;
   rdt_stats_init(&s);

@@ -49,8 +49,7 @@ static void custom_transport_writes(void) {
   int64_t shape[1] = {N};
   rdt_tensor slot_t = u8_tensor(slot, shape), src_t = u8_tensor(src, shape);
   rdt_ref *exposed = NULL;
-  CHECK_OK(rdt_expose(owner, &slot_t, 1, "memwrite", NULL, NULL, &exposed));
-  rdt_ref *w = pass_ref(exposed, writer);
+  rdt_ref *w = expose_to(owner, &slot_t, "memwrite", writer, &exposed);
 
   /* Whole, tagged: every byte lands, the notice carries the tag. */
   rdt_write_options wo;

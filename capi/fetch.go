@@ -86,22 +86,14 @@ func rdtgo_get_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *
 
 //export rdtgo_pending_wait
 func rdtgo_pending_wait(h C.uintptr_t, ms C.int64_t) C.int {
-	return guard("rdt_pending_wait", func() error {
-		fh, err := lookup[*pendingHandle](h, "pending")
-		if err != nil {
-			return err
-		}
+	return guardOn("rdt_pending_wait", h, "pending", func(fh *pendingHandle) error {
 		return fh.f.Wait(duration(ms))
 	})
 }
 
 //export rdtgo_pending_abort
 func rdtgo_pending_abort(h C.uintptr_t) C.int {
-	return guard("rdt_pending_abort", func() error {
-		fh, err := lookup[*pendingHandle](h, "pending")
-		if err != nil {
-			return err
-		}
+	return guardOn("rdt_pending_abort", h, "pending", func(fh *pendingHandle) error {
 		fh.f.Abort()
 		return nil
 	})
@@ -128,12 +120,7 @@ func rdtgo_pending_event_fd(h C.uintptr_t, out *C.int) C.int {
 
 //export rdtgo_pending_free
 func rdtgo_pending_free(h C.uintptr_t) C.int {
-	return guard("rdt_pending_free", func() error {
-		fh, err := lookup[*pendingHandle](h, "pending")
-		if err != nil {
-			return err
-		}
-		deleteHandle(h)
+	return guardFree("rdt_pending_free", h, "pending", func(fh *pendingHandle) error {
 		fh.f.Free()
 		return nil
 	})
@@ -153,11 +140,7 @@ func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_
 
 //export rdtgo_wait_tensor_freed
 func rdtgo_wait_tensor_freed(h C.uintptr_t, data C.uintptr_t, ms C.int64_t) C.int {
-	return guard("rdt_wait_tensor_freed", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_wait_tensor_freed", h, func(rt *engine.Runtime) error {
 		return rt.WaitTensorFreed(uintptr(data), duration(ms))
 	})
 }

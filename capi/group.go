@@ -6,16 +6,13 @@ package main
 import "C"
 
 import (
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
 //export rdtgo_group_create
 func rdtgo_group_create(h C.uintptr_t, name *C.char, worldSize, rank C.int32_t, rank0 *C.char, device C.int32_t, backend *C.char, timeoutMs C.int64_t) C.int {
-	return guard("rdt_group_create", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_group_create", h, func(rt *engine.Runtime) error {
 		if name == nil {
 			return invalid("name is NULL")
 		}
@@ -29,11 +26,7 @@ func rdtgo_group_create(h C.uintptr_t, name *C.char, worldSize, rank C.int32_t, 
 
 //export rdtgo_group_destroy
 func rdtgo_group_destroy(h C.uintptr_t, name *C.char) C.int {
-	return guard("rdt_group_destroy", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_group_destroy", h, func(rt *engine.Runtime) error {
 		if name == nil {
 			return invalid("name is NULL")
 		}

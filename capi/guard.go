@@ -106,6 +106,37 @@ func lookup[T any](h C.uintptr_t, what string) (v T, err error) {
 	return v, nil
 }
 
+// guardOn is guard for the calls on one handle of type T: h (named what
+// in errors) is resolved before body runs.
+func guardOn[T any](fn string, h C.uintptr_t, what string, body func(T) error) C.int {
+	return guard(fn, func() error {
+		v, err := lookup[T](h, what)
+		if err != nil {
+			return err
+		}
+		return body(v)
+	})
+}
+
+// guardRuntime is guardOn for the calls on a runtime handle.
+func guardRuntime(fn string, h C.uintptr_t, body func(*engine.Runtime) error) C.int {
+	return guardOn(fn, h, "rt", func(rh *runtimeHandle) error { return body(rh.rt) })
+}
+
+// guardRef is guardOn for the calls on a ref handle.
+func guardRef(fn string, h C.uintptr_t, what string, body func(*engine.Ref) error) C.int {
+	return guardOn(fn, h, what, func(rh *refHandle) error { return body(rh.ref) })
+}
+
+// guardFree is guardOn for the calls that end a handle: h is deleted
+// before end runs.
+func guardFree[T any](fn string, h C.uintptr_t, what string, end func(T) error) C.int {
+	return guardOn(fn, h, what, func(v T) error {
+		deleteHandle(h)
+		return end(v)
+	})
+}
+
 func deleteHandle(h C.uintptr_t) {
 	defer func() { recover() }() // a concurrent release already deleted it
 	cgo.Handle(h).Delete()

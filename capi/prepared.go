@@ -40,23 +40,14 @@ func rdtgo_prepare_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sourc
 
 //export rdtgo_prepared_run
 func rdtgo_prepared_run(h C.uintptr_t, tag C.uint64_t, ms C.int64_t) C.int {
-	return guard("rdt_prepared_run", func() error {
-		ph, err := lookup[*preparedHandle](h, "prepared")
-		if err != nil {
-			return err
-		}
+	return guardOn("rdt_prepared_run", h, "prepared", func(ph *preparedHandle) error {
 		return ph.p.Run(uint64(tag), duration(ms))
 	})
 }
 
 //export rdtgo_prepared_free
 func rdtgo_prepared_free(h C.uintptr_t) C.int {
-	return guard("rdt_prepared_free", func() error {
-		ph, err := lookup[*preparedHandle](h, "prepared")
-		if err != nil {
-			return err
-		}
-		deleteHandle(h)
+	return guardFree("rdt_prepared_free", h, "prepared", func(ph *preparedHandle) error {
 		ph.p.Close()
 		return nil
 	})

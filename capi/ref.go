@@ -63,11 +63,7 @@ func put(h C.uintptr_t, tensors *C.rdt_tensor, n C.size_t, transportName *C.char
 
 //export rdtgo_ref_clone
 func rdtgo_ref_clone(h C.uintptr_t, out *C.uintptr_t) C.int {
-	return guard("rdt_ref_clone", func() error {
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_ref_clone", h, "ref", func(ref *engine.Ref) error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
@@ -111,11 +107,7 @@ func releaseRef(h C.uintptr_t, flags C.uint32_t) error {
 
 //export rdtgo_ref_serialize
 func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.size_t) C.int {
-	return guard("rdt_ref_serialize", func() error {
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_ref_serialize", h, "ref", func(ref *engine.Ref) error {
 		if outBytes == nil || outSize == nil {
 			return invalid("out_bytes and out_size must not be NULL")
 		}
@@ -136,11 +128,7 @@ func rdtgo_ref_serialize(h C.uintptr_t, outBytes *unsafe.Pointer, outSize *C.siz
 
 //export rdtgo_ref_deserialize
 func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, ms C.int64_t, out *C.uintptr_t) C.int {
-	return guard("rdt_ref_deserialize", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_ref_deserialize", h, func(rt *engine.Runtime) error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
@@ -162,11 +150,7 @@ func rdtgo_ref_deserialize(h C.uintptr_t, bytes unsafe.Pointer, size C.size_t, m
 
 //export rdtgo_ref_info
 func rdtgo_ref_info(h C.uintptr_t, out *C.rdt_object_info) C.int {
-	return guard("rdt_ref_info", func() error {
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_ref_info", h, "ref", func(ref *engine.Ref) error {
 		d := ref.Desc()
 		out.num_tensors = C.uint32_t(len(d.Tensors))
 		copyName(out.object_id[:], d.ID.String())
@@ -184,11 +168,7 @@ func rdtgo_ref_info(h C.uintptr_t, out *C.rdt_object_info) C.int {
 
 //export rdtgo_ref_tensor_info
 func rdtgo_ref_tensor_info(h C.uintptr_t, index C.uint32_t, out *C.rdt_tensor_info) C.int {
-	return guard("rdt_ref_tensor_info", func() error {
-		ref, err := refOf(h, "ref")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_ref_tensor_info", h, "ref", func(ref *engine.Ref) error {
 		d := ref.Desc()
 		if int(index) >= len(d.Tensors) {
 			return invalid("index %d is out of range (the object has %d tensors)", index, len(d.Tensors))

@@ -14,11 +14,7 @@ import (
 //export rdtgo_runtime_take_released
 func rdtgo_runtime_take_released(h C.uintptr_t, userData *C.uintptr_t, capacity C.size_t,
 	count *C.size_t, timeoutMS C.int64_t) C.int {
-	return guard("rdt_runtime_take_released", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_runtime_take_released", h, func(rt *engine.Runtime) error {
 		if userData == nil || count == nil {
 			return invalid("user_data and count must not be NULL")
 		}

@@ -61,12 +61,7 @@ func rdtgo_runtime_create(opts *C.rdt_runtime_options, out *C.uintptr_t) C.int {
 
 //export rdtgo_runtime_destroy
 func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
-	return guard("rdt_runtime_destroy", func() error {
-		rh, err := lookup[*runtimeHandle](h, "rt")
-		if err != nil {
-			return err
-		}
-		deleteHandle(h)
+	return guardFree("rdt_runtime_destroy", h, "rt", func(rh *runtimeHandle) error {
 		rh.rt.Destroy()
 		C.free(unsafe.Pointer(rh.address))
 		return nil
@@ -75,11 +70,7 @@ func rdtgo_runtime_destroy(h C.uintptr_t) C.int {
 
 //export rdtgo_runtime_address
 func rdtgo_runtime_address(h C.uintptr_t, out **C.char) C.int {
-	return guard("rdt_runtime_address", func() error {
-		rh, err := lookup[*runtimeHandle](h, "rt")
-		if err != nil {
-			return err
-		}
+	return guardOn("rdt_runtime_address", h, "rt", func(rh *runtimeHandle) error {
 		if out == nil {
 			return invalid("out is NULL")
 		}
@@ -90,22 +81,15 @@ func rdtgo_runtime_address(h C.uintptr_t, out **C.char) C.int {
 
 //export rdtgo_runtime_fetch_histograms
 func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, capacity C.size_t, count *C.size_t, getsOnly C.int) C.int {
-	return guard("rdt_runtime_fetch_histograms", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
-		hs := rt.Registry().FetchHistograms()
-		if getsOnly != 0 {
-			hs = slices.DeleteFunc(hs, func(hg engine.FetchHistogram) bool { return hg.Direction != transport.Read })
-		}
-		*count = C.size_t(len(hs))
-		if capacity == 0 {
-			return nil
-		}
-		dst := unsafe.Slice(out, int(capacity))
-		for i, hg := range hs[:min(len(hs), len(dst))] {
-			o := &dst[i]
+	return guardList("rdt_runtime_fetch_histograms", h, out, capacity, count,
+		func(rt *engine.Runtime) []engine.FetchHistogram {
+			hs := rt.Registry().FetchHistograms()
+			if getsOnly != 0 {
+				hs = slices.DeleteFunc(hs, func(hg engine.FetchHistogram) bool { return hg.Direction != transport.Read })
+			}
+			return hs
+		},
+		func(hg engine.FetchHistogram, o *C.rdt_fetch_histogram) {
 			o.size_class = C.uint32_t(hg.SizeClass)
 			o.direction = C.uint32_t(hg.Direction)
 			copyName(o.transport[:], hg.Transport)
@@ -116,18 +100,12 @@ func rdtgo_runtime_fetch_histograms(h C.uintptr_t, out *C.rdt_fetch_histogram, c
 			for b, n := range hg.Buckets {
 				o.buckets[b] = C.uint64_t(n)
 			}
-		}
-		return nil
-	})
+		})
 }
 
 //export rdtgo_runtime_stats
 func rdtgo_runtime_stats(h C.uintptr_t, out *C.rdt_stats) C.int {
-	return guard("rdt_runtime_stats", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_runtime_stats", h, func(rt *engine.Runtime) error {
 		s := rt.Stats()
 		out.objects = C.uint64_t(s.Objects)
 		out.objects_freed = C.uint64_t(s.ObjectsFreed)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/rdt-project/rdt/core/engine"
 	"github.com/rdt-project/rdt/core/transport"
 )
 
@@ -18,11 +19,7 @@ func rdtgo_register_transport(h C.uintptr_t, name *C.char, devices *C.int32_t, n
 	// vt is the library's own copy. Only a success hands it (and the user
 	// data) to the runtime; on failure rdt_register_transport in abi.c frees
 	// both, so no failure path here may keep or free them.
-	return guard("rdt_register_transport", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
+	return guardRuntime("rdt_register_transport", h, func(rt *engine.Runtime) error {
 		if name == nil {
 			return invalid("name is NULL")
 		}
@@ -88,33 +85,25 @@ func checkVTable(canon string, t *foreign, vt *C.rdt_transport_vtable) error {
 
 //export rdtgo_transport_list
 func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C.size_t, count *C.size_t) C.int {
-	return guard("rdt_transport_list", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
-		list := rt.Registry().List()
-		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_transport_info) {
-			ti := list[i]
+	return guardList("rdt_transport_list", h, infos, capacity, count,
+		func(rt *engine.Runtime) []engine.TransportInfo { return rt.Registry().List() },
+		func(ti engine.TransportInfo, o *C.rdt_transport_info) {
 			copyName(o.name[:], ti.Name)
 			var flags uint32
-			if ti.OneSided {
-				flags |= C.RDT_TRANSPORT_ONE_SIDED
-			}
-			if ti.CanAbort {
-				flags |= C.RDT_TRANSPORT_CAN_ABORT
-			}
-			if ti.Builtin {
-				flags |= C.RDT_TRANSPORT_BUILTIN
-			}
-			if ti.SameHostOnly {
-				flags |= C.RDT_TRANSPORT_SAME_HOST_ONLY
-			}
-			if ti.Ranges {
-				flags |= C.RDT_TRANSPORT_RANGES
-			}
-			if ti.Writes {
-				flags |= C.RDT_TRANSPORT_WRITES
+			for _, f := range []struct {
+				set bool
+				bit uint32
+			}{
+				{ti.OneSided, C.RDT_TRANSPORT_ONE_SIDED},
+				{ti.CanAbort, C.RDT_TRANSPORT_CAN_ABORT},
+				{ti.Builtin, C.RDT_TRANSPORT_BUILTIN},
+				{ti.SameHostOnly, C.RDT_TRANSPORT_SAME_HOST_ONLY},
+				{ti.Ranges, C.RDT_TRANSPORT_RANGES},
+				{ti.Writes, C.RDT_TRANSPORT_WRITES},
+			} {
+				if f.set {
+					flags |= f.bit
+				}
 			}
 			o.flags = C.uint32_t(flags)
 			n := min(len(ti.Devices), C.RDT_MAX_DEVICES)
@@ -133,40 +122,37 @@ func rdtgo_transport_list(h C.uintptr_t, infos *C.rdt_transport_info, capacity C
 			o.writes_failed = C.uint64_t(ti.WritesFailed)
 			o.bytes_written = C.uint64_t(ti.BytesWritten)
 		})
-		return nil
-	})
 }
 
 //export rdtgo_transport_list_unavailable
 func rdtgo_transport_list_unavailable(h C.uintptr_t, infos *C.rdt_unavailable_transport, capacity C.size_t, count *C.size_t) C.int {
-	return guard("rdt_transport_list_unavailable", func() error {
-		rt, err := runtimeOf(h)
-		if err != nil {
-			return err
-		}
-		list := rt.Registry().Unavailable()
-		fillList(infos, capacity, count, len(list), func(i int, o *C.rdt_unavailable_transport) {
-			u := list[i]
+	return guardList("rdt_transport_list_unavailable", h, infos, capacity, count,
+		func(rt *engine.Runtime) []engine.Unavailable { return rt.Registry().Unavailable() },
+		func(u engine.Unavailable, o *C.rdt_unavailable_transport) {
 			o.status = C.int32_t(transport.StatusOf(u.Reason))
 			copyName(o.name[:], u.Name)
 			copyName(o.reason[:], u.Reason.Error())
 		})
-		return nil
-	})
 }
 
-// fillList reports n, the length of a list, in *count and fills the first
-// min(n, capacity) entries of the caller's array out with fill (capacity 0:
-// the caller only asks how many).
-func fillList[T any](out *T, capacity C.size_t, count *C.size_t, n int, fill func(i int, o *T)) {
-	*count = C.size_t(n)
-	if capacity == 0 {
-		return
-	}
-	dst := unsafe.Slice(out, int(capacity))
-	for i := range min(n, len(dst)) {
-		fill(i, &dst[i])
-	}
+// guardList is guardRuntime for the calls that copy a list of the
+// runtime's into the caller's array: it reports the list's length in
+// *count and fills the first min(length, capacity) entries of out, one
+// per item (capacity 0: the caller only asks how many).
+func guardList[I, O any](fn string, h C.uintptr_t, out *O, capacity C.size_t, count *C.size_t,
+	list func(*engine.Runtime) []I, fill func(item I, o *O)) C.int {
+	return guardRuntime(fn, h, func(rt *engine.Runtime) error {
+		items := list(rt)
+		*count = C.size_t(len(items))
+		if capacity == 0 {
+			return nil
+		}
+		dst := unsafe.Slice(out, int(capacity))
+		for i, item := range items[:min(len(items), len(dst))] {
+			fill(item, &dst[i])
+		}
+		return nil
+	})
 }
 
 // foreign is a transport implemented by the application through a C

@@ -93,12 +93,7 @@ func viewArray[T any](h C.uintptr_t, arr *T, count C.size_t, name string) (*view
 
 //export rdtgo_view_release
 func rdtgo_view_release(h C.uintptr_t) C.int {
-	return guard("rdt_view_release", func() error {
-		vh, err := lookup[*viewHandle](h, "view")
-		if err != nil {
-			return err
-		}
-		deleteHandle(h)
+	return guardFree("rdt_view_release", h, "view", func(vh *viewHandle) error {
 		return vh.v.Release()
 	})
 }

@@ -55,11 +55,7 @@ func rdtgo_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rd
 
 //export rdtgo_write_notice_wait
 func rdtgo_write_notice_wait(h C.uintptr_t, ms C.int64_t, out *C.rdt_write_notice) C.int {
-	return guard("rdt_write_notice_wait", func() error {
-		ref, err := refOf(h, "exposed")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_write_notice_wait", h, "exposed", func(ref *engine.Ref) error {
 		n, err := ref.WaitWriteNotice(duration(ms))
 		if err != nil {
 			return err
@@ -96,11 +92,7 @@ func rdtgo_write_notice_event_fd(h C.uintptr_t, out *C.int) C.int {
 
 //export rdtgo_ref_revoke_writes
 func rdtgo_ref_revoke_writes(h C.uintptr_t, ms C.int64_t) C.int {
-	return guard("rdt_ref_revoke_writes", func() error {
-		ref, err := refOf(h, "exposed")
-		if err != nil {
-			return err
-		}
+	return guardRef("rdt_ref_revoke_writes", h, "exposed", func(ref *engine.Ref) error {
 		return ref.RevokeWrites(duration(ms))
 	})
 }

@@ -4,12 +4,8 @@
 #include "test_util.h"
 
 static uint64_t completed(rdt_runtime *rt, const char *name) {
-  rdt_transport_info infos[16];
-  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
-  size_t n = 0;
-  CHECK_OK(rdt_transport_list(rt, infos, 16, &n));
-  for (size_t i = 0; i < n && i < 16; i++)
-    if (strcmp(infos[i].name, name) == 0) return infos[i].transfers_completed;
+  rdt_transport_info info;
+  if (find_transport(rt, name, &info)) return info.transfers_completed;
   fprintf(stderr, "no transport %s\n", name);
   abort();
 }
@@ -68,12 +64,10 @@ static void destroyed_owner_is_never_read(void) {
 /* The automatic choice's order reaches the bindings through the list:
  * host memory tries cma, then shm, then tcp; only tcp crosses hosts. */
 static void automatic_order_is_listed(rdt_runtime *rt) {
-  rdt_transport_info infos[16];
-  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
-  size_t n = 0;
-  CHECK_OK(rdt_transport_list(rt, infos, 16, &n));
+  rdt_transport_info infos[MAX_LISTED];
+  size_t n = list_transports(rt, infos);
   uint32_t cma = 0, shm = 0, tcp = 0;
-  for (size_t i = 0; i < n && i < 16; i++) {
+  for (size_t i = 0; i < n && i < MAX_LISTED; i++) {
     const rdt_transport_info *t = &infos[i];
     CHECK(t->flags & RDT_TRANSPORT_BUILTIN);
     if (strcmp(t->name, "cma") == 0) cma = t->auto_rank_host;

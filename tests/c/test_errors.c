@@ -361,10 +361,7 @@ static void test_failing_transport(void) {
   rdt_tensor targets[3];
   for (int i = 0; i < 3; i++) {
     rdt_tensor t = f32_tensor(in[i], shape16);
-    rdt_ref *r;
-    CHECK_OK(rdt_put(src, &t, 1, "async", NULL, NULL, &r));
-    refs[i] = pass_ref(r, dst);
-    CHECK_OK(rdt_ref_release(r));
+    refs[i] = put_borrowed(src, &t, "async", dst);
     targets[i] = f32_tensor(out[i], shape16);
   }
   CHECK_STATUS(rdt_get(dst, refs, 3, targets, 3, NULL, 10000), RDT_ERR_TRANSPORT);
@@ -401,19 +398,6 @@ static void test_failing_transport(void) {
   CHECK_OK(rdt_runtime_destroy(dst));
 }
 
-/* Waits (up to 10 s) until the transport's fetch was called n times: a
- * fetch's transfers start in the background, after rdt_get_start. */
-static void wait_fetches(test_transport *t, int n) {
-  for (int i = 0; i < 10000; i++) {
-    pthread_mutex_lock(&t->mu);
-    int got = t->fetches;
-    pthread_mutex_unlock(&t->mu);
-    if (got >= n) return;
-    usleep(1000);
-  }
-  CHECK(!"the transfer started");
-}
-
 /* A deadline leaves the fetch valid; abort then ends it. */
 static void test_timeout_and_abort(void) {
   rdt_runtime *src, *dst;
@@ -422,10 +406,7 @@ static void test_timeout_and_abort(void) {
   td.gated = 1;
   float in[16] = {1}, out[16];
   rdt_tensor t = f32_tensor(in, shape16), target = f32_tensor(out, shape16);
-  rdt_ref *r;
-  CHECK_OK(rdt_put(src, &t, 1, "async", NULL, NULL, &r));
-  rdt_ref *borrowed = pass_ref(r, dst);
-  CHECK_OK(rdt_ref_release(r));
+  rdt_ref *borrowed = put_borrowed(src, &t, "async", dst);
 
   rdt_pending *f;
   CHECK_OK(rdt_get_start(dst, &borrowed, 1, &target, 1, NULL, &f));
@@ -467,6 +448,7 @@ static void test_timeout_and_abort(void) {
 
   /* A destroyed runtime's handles fail with RDT_ERR_CLOSED. */
   rdt_tensor t2 = f32_tensor(in, shape16);
+  rdt_ref *r;
   CHECK_OK(rdt_put(dst, &t2, 1, NULL, NULL, NULL, &r));
   rdt_runtime_stats(dst, NULL);
   CHECK_OK(rdt_runtime_destroy(dst));

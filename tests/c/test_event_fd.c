@@ -38,17 +38,6 @@ static int readable(int fd, int timeout_ms) {
   return n == 1 && (p.revents & POLLIN);
 }
 
-static void wait_fetches(test_transport *t, int n) {
-  for (int i = 0; i < 10000; i++) {
-    pthread_mutex_lock(&t->mu);
-    int got = t->fetches;
-    pthread_mutex_unlock(&t->mu);
-    if (got >= n) return;
-    usleep(1000);
-  }
-  CHECK(!"the transfer started");
-}
-
 static rdt_runtime *src, *dst;
 static test_transport ts, td;
 static float in[16], out[16];
@@ -161,10 +150,7 @@ int main(void) {
   runtime_pair("src", "dst", "async", async_vtable, &src, &dst, &ts, &td);
   for (int i = 0; i < 16; i++) in[i] = (float)i + 0.5f;
   rdt_tensor t = f32_tensor(in, shape16);
-  rdt_ref *r;
-  CHECK_OK(rdt_put(src, &t, 1, "async", NULL, NULL, &r));
-  borrowed = pass_ref(r, dst);
-  CHECK_OK(rdt_ref_release(r));
+  borrowed = put_borrowed(src, &t, "async", dst);
 
   test_completion();
   test_failure();

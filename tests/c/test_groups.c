@@ -5,13 +5,7 @@
 #include "test_util.h"
 
 static int has_transport(rdt_runtime *rt, const char *name) {
-  rdt_transport_info infos[16];
-  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
-  size_t n = 0;
-  CHECK_OK(rdt_transport_list(rt, infos, 16, &n));
-  for (size_t i = 0; i < n && i < 16; i++)
-    if (strcmp(infos[i].name, name) == 0) return 1;
-  return 0;
+  return find_transport(rt, name, NULL);
 }
 
 int main(void) {

@@ -69,8 +69,7 @@ static void write_runs(const char *transport) {
   int64_t shape[1] = {N};
   rdt_tensor t = f32_tensor(slot, shape), in = f32_tensor(src, shape);
   rdt_ref *exposed = NULL;
-  CHECK_OK(rdt_expose(owner, &t, 1, transport, NULL, NULL, &exposed));
-  rdt_ref *w = pass_ref(exposed, writer);
+  rdt_ref *w = expose_to(owner, &t, transport, writer, &exposed);
 
   rdt_write_options wo;
   rdt_write_options_init(&wo);

@@ -59,8 +59,7 @@ static void old_write(rdt_runtime *owner, rdt_runtime *writer) {
   int64_t shape[1] = {N};
   rdt_tensor t = f32_tensor(slot, shape), in = f32_tensor(src, shape);
   rdt_ref *exposed = NULL;
-  CHECK_OK(rdt_expose(owner, &t, 1, NULL, NULL, NULL, &exposed));
-  rdt_ref *w = pass_ref(exposed, writer);
+  rdt_ref *w = expose_to(owner, &t, NULL, writer, &exposed);
   rdt_write_notice note;
   rdt_write_notice_init(&note);
 

@@ -146,10 +146,7 @@ static void test_async_fetch_all_before_wait(void) {
     for (int j = 0; j < 256; j++) src[i][j] = (float)(i * 1000 + j);
     memset(dst[i], 0, sizeof dst[i]);
     rdt_tensor t = f32_tensor(src[i], shape);
-    rdt_ref *r;
-    CHECK_OK(rdt_put(a, &t, 1, "async", NULL, NULL, &r));
-    refs[i] = pass_ref(r, b);
-    CHECK_OK(rdt_ref_release(r));
+    refs[i] = put_borrowed(a, &t, "async", b);
     targets[i] = f32_tensor(dst[i], shape);
   }
   rdt_pending *f = NULL;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK(cond)                                                        \
   do {                                                                     \
@@ -172,11 +173,67 @@ static inline rdt_ref *pass_ref(const rdt_ref *ref, rdt_runtime *rt) {
   return out;
 }
 
+/* Puts the tensor t on `from` over transport and returns a ref to it
+ * deserialized in `to` (the owner's own ref is released). */
+static inline rdt_ref *put_borrowed(rdt_runtime *from, const rdt_tensor *t, const char *transport,
+                                    rdt_runtime *to) {
+  rdt_ref *r = NULL;
+  CHECK_OK(rdt_put(from, t, 1, transport, NULL, NULL, &r));
+  rdt_ref *borrowed = pass_ref(r, to);
+  CHECK_OK(rdt_ref_release(r));
+  return borrowed;
+}
+
+/* Exposes the tensor t on owner over transport (the owner's ref goes to
+ * *exposed) and returns a ref to it deserialized in writer. */
+static inline rdt_ref *expose_to(rdt_runtime *owner, const rdt_tensor *t, const char *transport,
+                                 rdt_runtime *writer, rdt_ref **exposed) {
+  CHECK_OK(rdt_expose(owner, t, 1, transport, NULL, NULL, exposed));
+  return pass_ref(*exposed, writer);
+}
+
 static inline rdt_stats stats_of(rdt_runtime *rt) {
   rdt_stats s;
   rdt_stats_init(&s);
   CHECK_OK(rdt_runtime_stats(rt, &s));
   return s;
+}
+
+/* Fills infos (MAX_LISTED entries) from rdt_transport_list; returns how
+ * many transports the runtime lists (the first MAX_LISTED are filled). */
+enum { MAX_LISTED = 16 };
+static inline size_t list_transports(rdt_runtime *rt, rdt_transport_info *infos) {
+  for (int i = 0; i < MAX_LISTED; i++) rdt_transport_info_init(&infos[i]);
+  size_t n = 0;
+  CHECK_OK(rdt_transport_list(rt, infos, MAX_LISTED, &n));
+  return n;
+}
+
+/* Whether the runtime lists transport `name`; its entry goes to *out
+ * (unless out is NULL). */
+static inline int find_transport(rdt_runtime *rt, const char *name, rdt_transport_info *out) {
+  rdt_transport_info infos[MAX_LISTED];
+  size_t n = list_transports(rt, infos);
+  for (size_t i = 0; i < n && i < MAX_LISTED; i++) {
+    if (strcmp(infos[i].name, name) == 0) {
+      if (out) *out = infos[i];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Waits (up to 10 s) until the transport's fetch was called n times: a
+ * fetch's transfers start in the background, after rdt_get_start. */
+static inline void wait_fetches(test_transport *t, int n) {
+  for (int i = 0; i < 10000; i++) {
+    pthread_mutex_lock(&t->mu);
+    int got = t->fetches;
+    pthread_mutex_unlock(&t->mu);
+    if (got >= n) return;
+    usleep(1000);
+  }
+  CHECK(!"the transfer started");
 }
 
 #endif

@@ -20,12 +20,8 @@ static int readable(int fd) { return readable_within(fd, 0); }
 
 /* Whether the runtime lists `name` with RDT_TRANSPORT_WRITES. */
 static int lists_writes(rdt_runtime *rt, const char *name) {
-  rdt_transport_info infos[16];
-  for (int i = 0; i < 16; i++) rdt_transport_info_init(&infos[i]);
-  size_t count = 0;
-  CHECK_OK(rdt_transport_list(rt, infos, 16, &count));
-  for (size_t i = 0; i < count && i < 16; i++)
-    if (strcmp(infos[i].name, name) == 0) return (infos[i].flags & RDT_TRANSPORT_WRITES) != 0;
+  rdt_transport_info info;
+  if (find_transport(rt, name, &info)) return (info.flags & RDT_TRANSPORT_WRITES) != 0;
   CHECK(!"transport not listed");
   return 0;
 }
@@ -53,8 +49,7 @@ static void custom_transport_writes(void) {
   int64_t shape[1] = {N};
   rdt_tensor slot_t = u8_tensor(slot, shape), src_t = u8_tensor(src, shape);
   rdt_ref *exposed = NULL;
-  CHECK_OK(rdt_expose(owner, &slot_t, 1, "memwrite", NULL, NULL, &exposed));
-  rdt_ref *w = pass_ref(exposed, writer);
+  rdt_ref *w = expose_to(owner, &slot_t, "memwrite", writer, &exposed);
 
   /* Whole, tagged: every byte lands, the notice carries the tag. */
   rdt_write_options wo;

@@ -15,3 +15,15 @@ def missing(why: str) -> None:
     if os.environ.get("RDT_REQUIRE_GPU") == "1":
         pytest.fail(f"{why} (RDT_REQUIRE_GPU=1)")
     pytest.skip(why)
+
+
+def cuda_torch(prefix: str, no_device: str = "torch sees none"):
+    """Imports torch with a CUDA device, or calls missing() with prefix and
+    what is not there: torch, or (no_device) a device."""
+    try:
+        import torch
+    except ImportError:
+        missing(f"{prefix}: torch is not installed")
+    if not torch.cuda.is_available():
+        missing(f"{prefix}: {no_device}")
+    return torch

@@ -68,12 +68,7 @@ def _no_gpu(why):
 
 
 def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        _no_gpu("torch is not installed")
-    if not torch.cuda.is_available():
-        _no_gpu("torch sees none")
+    torch = gpu_env.cuda_torch("no CUDA device")
     with rdt.Runtime("probe") as rt:
         if "cuda_ipc" not in rt.transport_names():
             _no_gpu("the runtime lists no cuda_ipc transport")

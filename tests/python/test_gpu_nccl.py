@@ -16,12 +16,7 @@ def _no(why):
 
 
 def _torch_nccl():
-    try:
-        import torch
-    except ImportError:
-        _no("torch is not installed")
-    if not torch.cuda.is_available():
-        _no("torch sees no CUDA device")
+    torch = gpu_env.cuda_torch("no NCCL/CUDA", "torch sees no CUDA device")
     with rdt.Runtime("probe") as rt:
         if "nccl" not in rt.transport_names():
             try:

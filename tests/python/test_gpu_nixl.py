@@ -12,15 +12,26 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 
 
 def _cuda_torch():
-    try:
-        import torch
-    except ImportError:
-        gpu_env.missing("no CUDA device: torch is not installed")
-    if not torch.cuda.is_available():
-        gpu_env.missing("no CUDA device: torch sees none")
+    torch = gpu_env.cuda_torch("no CUDA device")
     if "nixl" not in rdt.default_runtime().transport_names():
         gpu_env.missing("NIXL is not available: set RDT_NIXL_LIBRARY to libnixl_capi.so or pip install nixl-cu12")
     return torch
+
+
+def _hold(conn, tensors):
+    """Puts tensors over nixl, sends the pickled ref and keeps the object
+    until told to stop."""
+    ref = rdt.put(tensors, transport="nixl")
+    conn.send(pickle.dumps(ref))
+    conn.recv()
+    ref.close()
+
+
+def _served(child, serve):
+    """torch (or a skip), the child running serve, and the ref it sent."""
+    torch = _cuda_torch()
+    c = child(serve)
+    return torch, c, pickle.loads(c.recv(timeout=120))
 
 
 def serve_cuda(conn):
@@ -28,16 +39,11 @@ def serve_cuda(conn):
     import torch
     x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
     y = (torch.arange(4096, dtype=torch.int64, device="cuda:0") * 3).reshape(64, 64)
-    ref = rdt.put({"x": x, "y": y}, transport="nixl")
-    conn.send(pickle.dumps(ref))
-    conn.recv()
-    ref.close()
+    _hold(conn, {"x": x, "y": y})
 
 
 def test_cuda_tensors_over_nixl_between_processes(child):
-    torch = _cuda_torch()
-    c = child(serve_cuda)
-    ref = pickle.loads(c.recv(timeout=120))
+    torch, c, ref = _served(child, serve_cuda)
     got = rdt.get(ref, transport="nixl", timeout=60)
     assert got["x"].is_cuda and got["y"].is_cuda
     assert torch.equal(got["x"].cpu(), torch.arange(1 << 20, dtype=torch.float32))
@@ -60,16 +66,11 @@ def test_cuda_tensors_over_nixl_between_processes(child):
 def serve_host(conn):
     """Puts host tensors over nixl and keeps them until told to stop."""
     import torch
-    ref = rdt.put({"w": torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)}, transport="nixl")
-    conn.send(pickle.dumps(ref))
-    conn.recv()
-    ref.close()
+    _hold(conn, {"w": torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)})
 
 
 def test_host_tensors_land_on_the_device_over_nixl(child):
-    torch = _cuda_torch()
-    c = child(serve_host)
-    ref = pickle.loads(c.recv(timeout=120))
+    torch, c, ref = _served(child, serve_host)
     want = torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)
     out = {"w": torch.empty(256, 256, dtype=torch.float32, device="cuda:0")}
     rdt.get(ref, transport="nixl", out=out, timeout=60)  # DRAM at the source, VRAM here

@@ -20,6 +20,14 @@ def ensure(name, cls):
         rdt.register_tensor_transport(name, ["cpu"], cls)
 
 
+def serve_small(child, name, kind):
+    """A child that serves workers' "small" object over transports_for_tests'
+    `kind`, registered here and there as `name`; and the refs it sent."""
+    ensure(name, getattr(tt, kind))
+    c = child(workers.serve, [name], "small", [(name, "transports_for_tests", kind)])
+    return c, pickle.loads(c.recv()[name])
+
+
 @pytest.mark.parametrize("name,kind", [("pyshm", "PyShm"), ("pysocket", "PySocket"), ("asyncshm", "AsyncShm")])
 def test_python_transports_across_processes(child, name, kind):
     ensure(name, getattr(tt, kind))
@@ -47,9 +55,7 @@ def test_python_transports_across_processes(child, name, kind):
 
 
 def test_a_raising_receive_surfaces_its_message(child):
-    ensure("failing", tt.FailingRecv)
-    c = child(workers.serve, ["failing"], "small", [("failing", "transports_for_tests", "FailingRecv")])
-    (ref,) = pickle.loads(c.recv()["failing"])
+    c, (ref,) = serve_small(child, "failing", "FailingRecv")
     with pytest.raises(rdt.RdtError, match="RuntimeError: the disk is on fire") as e:
         rdt.get(ref, timeout=30)
     assert "recv_multiple_tensors" in str(e.value)  # where it was raised
@@ -59,9 +65,7 @@ def test_a_raising_receive_surfaces_its_message(child):
 
 
 def test_a_raising_send_on_the_source_surfaces_at_the_destination(child):
-    ensure("failsend", tt.FailingSend)
-    c = child(workers.serve, ["failsend"], "small", [("failsend", "transports_for_tests", "FailingSend")])
-    (ref,) = pickle.loads(c.recv()["failsend"])
+    c, (ref,) = serve_small(child, "failsend", "FailingSend")
     with pytest.raises(rdt.RdtError, match="the cable was cut") as e:
         rdt.get(ref, timeout=30)
     assert str(e.value).count("transport failsend: the source failed to send") == 1, str(e.value)

@@ -270,12 +270,8 @@ def exposer(conn, transports, register):
         conn.send((n.ok, n.tag, None if n.error is None else str(n.error), bufs[t].copy()))
 
 
-def mutable_source(conn, transport):
-    """Puts a 4 KiB float32 array with `transport` and sends the pickled
-    ref; ("set", v) fills the array with v in place and answers "ok"."""
-    x = np.zeros(1024, np.float32)
-    ref = rdt.put(x, transport=transport)
-    conn.send(pickle.dumps(ref))
+def requests(conn):
+    """The test's messages on conn, until it says "stop" or goes away."""
     while True:
         try:
             msg = conn.recv()
@@ -283,6 +279,16 @@ def mutable_source(conn, transport):
             return
         if msg == "stop":
             return
+        yield msg
+
+
+def mutable_source(conn, transport):
+    """Puts a 4 KiB float32 array with `transport` and sends the pickled
+    ref; ("set", v) fills the array with v in place and answers "ok"."""
+    x = np.zeros(1024, np.float32)
+    ref = rdt.put(x, transport=transport)
+    conn.send(pickle.dumps(ref))
+    for msg in requests(conn):
         x[:] = msg[1]
         conn.send("ok")
 
@@ -293,14 +299,7 @@ def version_source(conn, transport):
     ones, and sends the pickled ref; ("put3", v) puts one of three arrays
     instead (another layout)."""
     held = []
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg == "stop":
-            return
-        kind, v = msg
+    for kind, v in requests(conn):
         arrays = [np.full(1024, v, np.float32), np.full(256, v, np.float32)]
         if kind == "put3":
             arrays.append(np.full(8, v, np.float32))

@@ -63,6 +63,20 @@ func TestMetadataOfAnotherProcessIsRefused(t *testing.T) {
 	assert.False(t, allZero(got))
 }
 
+// redirectedMetadata puts tensor as obj and returns its metadata, decoded
+// too, and the metadata changed to name another buffer of the owner's
+// (other) in its place.
+func redirectedMetadata(t *testing.T, tr *Transport, obj transport.ObjectID, tensor transport.Tensor, other []byte) ([]byte, *metadata, []byte) {
+	t.Helper()
+	meta, err := tr.ExtractMetadata(obj, []transport.Tensor{tensor})
+	require.NoError(t, err)
+	m, err := decodeMetadata(meta)
+	require.NoError(t, err)
+	crafted := *m
+	crafted.Regions = []region{{Addr: uint64(uintptr(unsafePointer(other))), Size: uint64(len(other))}}
+	return meta, m, crafted.encode()
+}
+
 // A range the owner did not put (here: another buffer of the owner's) is
 // refused, and so is metadata moved from one object to another.
 func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
@@ -71,15 +85,10 @@ func TestRangeTheOwnerDidNotPutIsRefused(t *testing.T) {
 	fill(sb, 1)
 	secret, _ := buffer(t, 4096)
 	fill(secret, 0xAA)
-	meta, err := tr.ExtractMetadata(transport.ObjectID{1}, []transport.Tensor{src})
-	require.NoError(t, err)
-	m, err := decodeMetadata(meta)
-	require.NoError(t, err)
+	meta, m, redirected := redirectedMetadata(t, tr, transport.ObjectID{1}, src, secret)
 
-	crafted := *m
-	crafted.Regions = []region{{Addr: uint64(uintptr(unsafePointer(secret))), Size: 4096}}
 	got, dst := buffer(t, 4096)
-	err = fetch(t, tr, transport.ObjectID{1}, crafted.encode(), []transport.Tensor{dst})
+	err := fetch(t, tr, transport.ObjectID{1}, redirected, []transport.Tensor{dst})
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, err.Error(), "is not what its owner")
@@ -217,12 +226,7 @@ func TestWriteOnlyWhereTheOwnerExposed(t *testing.T) {
 	secret, _ := buffer(t, 4096)
 	fill(secret, 0xAA)
 	want := append([]byte(nil), secret...)
-	meta, err := tr.ExtractMetadata(transport.ObjectID{7}, []transport.Tensor{exposed})
-	require.NoError(t, err)
-	m, err := decodeMetadata(meta)
-	require.NoError(t, err)
-	crafted := *m
-	crafted.Regions = []region{{Addr: uint64(uintptr(unsafePointer(secret))), Size: 4096}}
+	meta, _, redirected := redirectedMetadata(t, tr, transport.ObjectID{7}, exposed, secret)
 	src, srcT := buffer(t, 4096)
 	fill(src, 1)
 
@@ -237,7 +241,7 @@ func TestWriteOnlyWhereTheOwnerExposed(t *testing.T) {
 	to := func(pid int) *transport.Transfer {
 		return &transport.Transfer{Object: transport.ObjectID{7}, Transport: Name, Role: transport.RoleSource, Direction: transport.Write, Destination: transport.PeerInfo{Name: "owner", Pid: pid}}
 	}
-	err = write(to(os.Getpid()), crafted.encode())
+	err := write(to(os.Getpid()), redirected)
 	assert.Equal(t, transport.ErrCorrupt, transport.StatusOf(err), "%v", err)
 	assert.Equal(t, want, secret, "no byte landed outside what the owner exposed")
 	err = write(to(os.Getpid()+1), meta)

@@ -151,11 +151,18 @@ func TestCacheLimitZeroKeepsNothing(t *testing.T) {
 	assert.Empty(t, d.open)
 }
 
-func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
-	c, d := newFakeCache(8)
-	idle, _ := c.acquire(key(1, 1), 0, 10)
+// idleAndBusy is a cache of eight holding two mappings of source 1 (pid
+// 10): idle, released, and busy, still in use.
+func idleAndBusy() (c *handleCache, d *fakeDriver, idle, busy *entry) {
+	c, d = newFakeCache(8)
+	idle, _ = c.acquire(key(1, 1), 0, 10)
 	c.release(idle)
-	busy, _ := c.acquire(key(1, 2), 0, 10)
+	busy, _ = c.acquire(key(1, 2), 0, 10)
+	return c, d, idle, busy
+}
+
+func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
+	c, d, idle, busy := idleAndBusy()
 	fresh, _ := c.acquire(key(2, 1), 0, 20)
 	d.now = d.now.Add(idleTimeout / 2)
 	c.release(fresh)
@@ -184,10 +191,7 @@ var _ transport.PeerWatcher = (*Transport)(nil)
 // A source runtime reported gone loses its mappings at once (one in use
 // once released); other sources keep theirs.
 func TestCacheDropsAGoneSource(t *testing.T) {
-	c, d := newFakeCache(8)
-	idle, _ := c.acquire(key(1, 1), 0, 10)
-	c.release(idle)
-	busy, _ := c.acquire(key(1, 2), 0, 10)
+	c, d, idle, busy := idleAndBusy()
 	other, _ := c.acquire(key(2, 1), 0, 20)
 	c.release(other)
 	c.dropSource(key(1, 0).source)

@@ -9,7 +9,6 @@ package nccl
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -127,13 +126,10 @@ func Load() error {
 
 func load(path string) error {
 	// The handle stays open for the life of the process.
-	_, fns, err := dynlib.OpenTable(symbols(), path)
+	fns, err := dynlib.OpenLibrary(symbols(), path, "NCCL library", " (set RDT_NCCL_LIBRARY to its path)",
+		"it is not the NCCL library, or an NCCL older than 2.7 (point-to-point send/recv)")
 	if err != nil {
-		var missing *dynlib.MissingSymbolError
-		if errors.As(err, &missing) {
-			err = fmt.Errorf("%v: it is not the NCCL library, or an NCCL older than 2.7 (point-to-point send/recv)", missing)
-		}
-		return transport.Errorf(transport.ErrUnsupported, "NCCL library %s could not be loaded (set RDT_NCCL_LIBRARY to its path): %v", path, err)
+		return err
 	}
 	C.rdt_nccl_install(&fns[0])
 	var v C.int

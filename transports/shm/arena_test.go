@@ -58,9 +58,7 @@ func TestArenaObjectsAreReadWithoutAsking(t *testing.T) {
 		}
 		metas, wants = append(metas, meta), append(wants, want)
 	}
-	got, err := fetch(t, dst, metas[0], shapes[0]...) // maps the arena
-	require.NoError(t, err)
-	assert.Equal(t, wants[0], got)
+	fetched(t, dst, metas[0], wants[0]) // maps the arena
 	later, laterWant := stageObject(t, src, 9, 5000)
 	src.stopServing()
 	for i, sizes := range shapes {
@@ -68,9 +66,7 @@ func TestArenaObjectsAreReadWithoutAsking(t *testing.T) {
 		require.NoError(t, err, "shape %v", sizes)
 		assert.Equal(t, wants[i], got, "shape %v", sizes)
 	}
-	got, err = fetch(t, dst, later, 5000)
-	require.NoError(t, err)
-	assert.Equal(t, laterWant, got)
+	fetched(t, dst, later, laterWant)
 }
 
 // A freed object is NOT_FOUND though the receiver maps the arena, also
@@ -78,19 +74,15 @@ func TestArenaObjectsAreReadWithoutAsking(t *testing.T) {
 func TestArenaFreedObjectIsNotFound(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 1, 4096)
-	got, err := fetch(t, dst, meta, 4096)
-	require.NoError(t, err)
-	assert.Equal(t, want, got)
+	fetched(t, dst, meta, want)
 	src.GarbageCollect(transport.ObjectID{1}, nil, meta)
-	_, err = fetch(t, dst, meta, 4096)
+	_, err := fetch(t, dst, meta, 4096)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	again, againWant := stageObject(t, src, 2, 4096)
 	assert.Equal(t, arenaOf(t, meta).Base, arenaOf(t, again).Base, "the range is reused")
 	_, err = fetch(t, dst, meta, 4096)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
-	got, err = fetch(t, dst, again, 4096)
-	require.NoError(t, err)
-	assert.Equal(t, againWant, got)
+	fetched(t, dst, again, againWant)
 }
 
 // An owner whose transport closed retired every slot: PEER_UNAVAILABLE.
@@ -148,17 +140,13 @@ func TestArenaFullFallsBackToSegments(t *testing.T) {
 		meta, want := stageObject(t, src, byte(i+1), size)
 		metas = append(metas, meta)
 		inArena = append(inArena, arenaOf(t, meta).inArena())
-		got, err := fetch(t, dst, meta, size)
-		require.NoError(t, err)
-		assert.Equal(t, want, got)
+		fetched(t, dst, meta, want)
 	}
 	assert.Equal(t, []bool{true, true, true, false}, inArena)
 	src.GarbageCollect(transport.ObjectID{2}, nil, metas[1])
 	meta, want := stageObject(t, src, 9, size)
 	assert.True(t, arenaOf(t, meta).inArena())
-	got, err := fetch(t, dst, meta, size)
-	require.NoError(t, err)
-	assert.Equal(t, want, got)
+	fetched(t, dst, meta, want)
 }
 
 func TestArenaAllocator(t *testing.T) {

@@ -30,13 +30,7 @@ func TestSmallObjectsComeInline(t *testing.T) {
 		require.NoError(t, err)
 		kept, err := dst.peers.record(transport.PeerInfo{RuntimeID: sourceRuntime})
 		require.NoError(t, err)
-		var targets []transport.Tensor
-		var got [][]byte
-		for _, n := range sizes {
-			b, x := transporttest.Buffer(t, n)
-			targets = append(targets, x)
-			got = append(got, b)
-		}
+		targets, got := transporttest.Buffers(t, sizes...)
 		a, err := dst.rcv.getSegment(nil, kept, os.Getpid(), m, targets, false)
 		require.NoError(t, err)
 		assert.Nil(t, a.pending)
@@ -67,11 +61,9 @@ func sameBytes(t *testing.T, want, got [][]byte) {
 func TestInlineObjectFreedIsNotFound(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 9, 4096)
-	got, err := fetch(t, dst, meta, 4096)
-	require.NoError(t, err)
-	assert.Equal(t, want, got)
+	fetched(t, dst, meta, want)
 	src.GarbageCollect(transport.ObjectID{9}, nil, meta)
-	got, err = fetch(t, dst, meta, 4096)
+	got, err := fetch(t, dst, meta, 4096)
 	assert.Equal(t, transport.ErrNotFound, transport.StatusOf(err), "%v", err)
 	assert.True(t, allZero(got[0]))
 }

@@ -73,13 +73,7 @@ func TestConnectionOfAGoneSourceIsNotKept(t *testing.T) {
 	kept, err := dst.peers.record(peer)
 	require.NoError(t, err)
 	dst.PeerGone(peer)
-	a, b, err := socketPair()
-	require.NoError(t, err)
-	defer b.Close()
-	dst.peers.keepIdle(kept, "/some/path", a)
-	assert.Equal(t, 0, dst.peers.count())
-	_, err = a.Write([]byte{1})
-	assert.Error(t, err, "the connection was closed")
+	assertNotKept(t, dst, kept)
 }
 
 // The record of a source is dropped when another source's is made while it
@@ -98,10 +92,17 @@ func TestRecordsThatKeepNothingAreDropped(t *testing.T) {
 	dst.peers.mu.Unlock()
 	assert.False(t, kept)
 	assert.Equal(t, 1, records)
+	assertNotKept(t, dst, first)
+}
+
+// assertNotKept hands a connection back to rec as a fetch does at its
+// end, and checks that dst closed it rather than keep it.
+func assertNotKept(t *testing.T, dst *Transport, rec *keptConns) {
+	t.Helper()
 	a, b, err := socketPair()
 	require.NoError(t, err)
 	defer b.Close()
-	dst.peers.keepIdle(first, "/some/path", a)
+	dst.peers.keepIdle(rec, "/some/path", a)
 	assert.Equal(t, 0, dst.peers.count())
 	_, err = a.Write([]byte{1})
 	assert.Error(t, err, "the connection was closed")

@@ -39,14 +39,7 @@ func newSegmentTransport(t testing.TB) *Transport {
 }
 
 func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, [][]byte) {
-	var tensors []transport.Tensor
-	var want [][]byte
-	for i, n := range sizes {
-		b, x := transporttest.Buffer(t, n)
-		transporttest.Fill(b, id+byte(i))
-		tensors = append(tensors, x)
-		want = append(want, b)
-	}
+	tensors, want := transporttest.Filled(t, id, sizes...)
 	meta, err := tr.ExtractMetadata(transport.ObjectID{id}, tensors)
 	require.NoError(t, err)
 	// Staging copied the bytes: changing the source afterwards changes
@@ -58,19 +51,26 @@ func stageObject(t *testing.T, tr *Transport, id byte, sizes ...int) ([]byte, []
 	return meta, expect
 }
 
+// fetched fetches meta's object (tensors as long as want's) and checks
+// that it holds want.
+func fetched(t *testing.T, tr *Transport, meta []byte, want [][]byte) {
+	t.Helper()
+	sizes := make([]int, len(want))
+	for i := range want {
+		sizes[i] = len(want[i])
+	}
+	got, err := fetch(t, tr, meta, sizes...)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+}
+
 func fetch(t *testing.T, tr *Transport, meta []byte, sizes ...int) ([][]byte, error) {
 	return fetchFrom(t, tr, meta, os.Getpid(), sizes...)
 }
 
 // fetchFrom fetches an object that the process pid owns.
 func fetchFrom(t *testing.T, tr *Transport, meta []byte, pid int, sizes ...int) ([][]byte, error) {
-	var targets []transport.Tensor
-	var got [][]byte
-	for _, n := range sizes {
-		b, x := transporttest.Buffer(t, n)
-		targets = append(targets, x)
-		got = append(got, b)
-	}
+	targets, got := transporttest.Buffers(t, sizes...)
 	x := transferOf(t, meta)
 	x.Source.Pid = pid
 	req, err := tr.Fetch(x, targets, meta, nil)
@@ -150,9 +150,7 @@ func TestSegmentConnectionsAreKeptAndRenewed(t *testing.T) {
 	src, dst := newTransport(t), newTransport(t)
 	meta, want := stageObject(t, src, 7, 4096)
 	for i := 0; i < 3; i++ {
-		got, err := fetch(t, dst, meta, 4096)
-		require.NoError(t, err)
-		assert.Equal(t, want, got)
+		fetched(t, dst, meta, want)
 	}
 	assert.Equal(t, 1, dst.peers.count(), "three fetches in a row share one connection")
 	src.srv.mu.Lock()

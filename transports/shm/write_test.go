@@ -42,14 +42,7 @@ func newOwnerAdmitting(t *testing.T, writes map[uint64][]transport.Piece) owner 
 // expose makes an object of the given sizes, filled, and its metadata for
 // writing.
 func (o owner) expose(t *testing.T, id byte, sizes ...int) ([]byte, [][]byte) {
-	var tensors []transport.Tensor
-	var mem [][]byte
-	for i, n := range sizes {
-		b, x := transporttest.Buffer(t, n)
-		transporttest.Fill(b, id+byte(i))
-		tensors = append(tensors, x)
-		mem = append(mem, b)
-	}
+	tensors, mem := transporttest.Filled(t, id, sizes...)
 	o.host.Hold(transport.ObjectID{id}, tensors)
 	meta, err := o.tr.ExtractExposedMetadata(transport.ObjectID{id}, tensors)
 	require.NoError(t, err)

@@ -44,14 +44,7 @@ func newPair(t *testing.T, srcToken, dstToken string) *pair {
 // put registers an object of the given sizes with the source and returns
 // its metadata and contents.
 func (p *pair) put(t testing.TB, id byte, sizes ...int) ([]byte, [][]byte) {
-	var tensors []transport.Tensor
-	var contents [][]byte
-	for i, n := range sizes {
-		b, x := transporttest.Buffer(t, n)
-		transporttest.Fill(b, id+byte(i))
-		tensors = append(tensors, x)
-		contents = append(contents, b)
-	}
+	tensors, contents := transporttest.Filled(t, id, sizes...)
 	obj := transport.ObjectID{id}
 	p.host.Hold(obj, tensors)
 	meta, err := p.src.ExtractMetadata(obj, tensors)
@@ -70,13 +63,7 @@ func wait(req transport.Request) error {
 }
 
 func (p *pair) fetch(t testing.TB, meta []byte, sizes ...int) ([][]byte, error) {
-	var targets []transport.Tensor
-	var got [][]byte
-	for _, n := range sizes {
-		b, x := transporttest.Buffer(t, n)
-		targets = append(targets, x)
-		got = append(got, b)
-	}
+	targets, got := transporttest.Buffers(t, sizes...)
 	req, err := p.dst.Fetch(&transport.Transfer{}, targets, meta, nil)
 	if err != nil {
 		return nil, err

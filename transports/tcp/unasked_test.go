@@ -107,6 +107,25 @@ func hungUp(t *testing.T, c net.Conn) bool {
 	return revents&(unix.POLLRDHUP|unix.POLLHUP) != 0
 }
 
+// answeredFirst is a fake source that answers every request in full,
+// except that on its first connection, once it answered the first
+// request, then(c, first) takes over. It counts the connections it
+// accepted.
+func answeredFirst(t *testing.T, then func(c net.Conn, first request)) (string, *atomic.Int32) {
+	accepted := new(atomic.Int32)
+	return fakeSource(t, "", func(c net.Conn) {
+		if accepted.Add(1) > 1 {
+			answerAll(c)
+			return
+		}
+		first, err := readRequest(c)
+		if err != nil || answerRequest(c, first) != nil {
+			return
+		}
+		then(c, first)
+	}), accepted
+}
+
 func newReceiver(t *testing.T) *Transport {
 	d, err := New(newHost(""))
 	require.NoError(t, err)
@@ -125,18 +144,9 @@ func TestUnaskedBytesInAPooledConnection(t *testing.T) {
 	want := wantBytes(n)
 
 	t.Run("before the next get", func(t *testing.T) {
-		var accepted atomic.Int32
 		pollute := make(chan struct{})
 		polluted := make(chan struct{})
-		ep := fakeSource(t, "", func(c net.Conn) {
-			if accepted.Add(1) > 1 {
-				answerAll(c)
-				return
-			}
-			req, err := readRequest(c)
-			if err != nil || answerRequest(c, req) != nil {
-				return
-			}
+		ep, accepted := answeredFirst(t, func(c net.Conn, req request) {
 			<-pollute // the answer was taken and the connection pooled
 			c.Write(stale(req.Tag, req.Length))
 			close(polluted)
@@ -207,17 +217,8 @@ func TestLateUnaskedBytesAreCorrupt(t *testing.T) {
 	t.Run("during the next request", func(t *testing.T) {
 		// Deterministic: the source holds the stale bytes back until the
 		// next request has arrived, so the pool's check cannot see them.
-		var accepted atomic.Int32
 		closed := make(chan struct{})
-		ep := fakeSource(t, "", func(c net.Conn) {
-			if accepted.Add(1) > 1 {
-				answerAll(c)
-				return
-			}
-			first, err := readRequest(c)
-			if err != nil || answerRequest(c, first) != nil {
-				return
-			}
+		ep, accepted := answeredFirst(t, func(c net.Conn, first request) {
 			next, err := readRequest(c)
 			if err != nil {
 				return

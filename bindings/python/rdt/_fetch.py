@@ -7,7 +7,7 @@ import ctypes
 from typing import Any, Optional
 
 from . import _lib
-from ._pending import Pending, Plan, handles_of, ranges_pointer
+from ._pending import Pending, Plan, fill_options, handles_of
 from ._store import RuntimeLike
 
 
@@ -16,13 +16,7 @@ def get_options(transport: Optional[str], plan: Plan) -> Any:
     array stays plan's (rdt copies it during the call)."""
     if not transport and plan.ranges is None:
         return None
-    opts = _lib.init(_lib.GetOptions())
-    if transport:
-        opts.transport = transport.encode()
-    if plan.ranges is not None:
-        opts.sources = ranges_pointer(plan)
-        opts.num_sources = len(plan.ranges)
-    return opts
+    return fill_options(_lib.init(_lib.GetOptions()), transport, plan, "sources")
 
 
 def check_transport(runtime: RuntimeLike, transport: str, plan: Plan) -> None:

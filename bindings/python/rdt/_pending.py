@@ -105,10 +105,16 @@ class Plan:
         return zip(datas, self.objs)
 
 
-def ranges_pointer(plan: Plan) -> Any:
-    """The plan's rdt_range array as a pointer for an options struct (rdt
-    copies the array during the call)."""
-    return ctypes.cast(plan.ranges.ctypes.data, ctypes.POINTER(_lib.Range))
+def fill_options(opts: Any, transport: Optional[str], plan: Plan, ranges_field: str) -> Any:
+    """Names transport (when given) in a get's or a write's options struct
+    and points its ranges_field (sources or destinations) at the plan's
+    rdt_range array when it has one (rdt copies the array during the call)."""
+    if transport:
+        opts.transport = transport.encode()
+    if plan.ranges is not None:
+        setattr(opts, ranges_field, ctypes.cast(plan.ranges.ctypes.data, ctypes.POINTER(_lib.Range)))
+        setattr(opts, "num_" + ranges_field, len(plan.ranges))
+    return opts
 
 
 class Pending(Handle, abc.ABC):

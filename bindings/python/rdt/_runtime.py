@@ -503,16 +503,25 @@ class Runtime(Handle):
             return
         register(self, name, devices, cls, data_type)
 
+    def _list(self, call: Any, entry: Any) -> List[Any]:
+        """The entries of one of the runtime's lists that call
+        (rdt_transport_list and its kind) copies out: asked how many, then
+        into an array of that many entries, again if one appeared meanwhile."""
+        n = ctypes.c_size_t()
+        while True:
+            _lib.check(call(self._handle(), None, 0, ctypes.byref(n)))
+            arr = (entry * max(n.value, 1))()
+            for x in arr:
+                _lib.init(x)
+            now = ctypes.c_size_t()
+            _lib.check(call(self._handle(), ctypes.addressof(arr), len(arr), ctypes.byref(now)))
+            if now.value <= len(arr):  # else an entry appeared meanwhile: ask again
+                return arr[:now.value]
+
     def transports(self) -> List[Dict[str, Any]]:
         """Every registered transport with its flags, devices and counters.
         ``ranges``: it serves partial gets (byte ranges of a ref's tensors)."""
-        L = _lib.lib()
-        n = ctypes.c_size_t()
-        _lib.check(L.rdt_transport_list(self._handle(), None, 0, ctypes.byref(n)))
-        arr = (_lib.TransportInfo * max(n.value, 1))()
-        for x in arr:
-            _lib.init(x)
-        _lib.check(L.rdt_transport_list(self._handle(), ctypes.addressof(arr), len(arr), ctypes.byref(n)))
+        listed = self._list(_lib.lib().rdt_transport_list, _lib.TransportInfo)
         names = {v: k for k, v in _t.DEVICE_NAMES.items()}
         return [{"name": x.name.decode(), "builtin": bool(x.flags & _lib.TRANSPORT_BUILTIN),
                  "one_sided": bool(x.flags & _lib.TRANSPORT_ONE_SIDED),
@@ -526,20 +535,13 @@ class Runtime(Handle):
                  "ranges": bool(x.flags & _lib.TRANSPORT_RANGES),
                  "writes": bool(x.flags & _lib.TRANSPORT_WRITES),
                  "auto_rank_host": x.auto_rank_host, "auto_rank_cuda": x.auto_rank_cuda}
-                for x in arr[:min(n.value, len(arr))]]
+                for x in listed]
 
     def unavailable_transports(self) -> Dict[str, str]:
         """The built-in transports missing here, by name, with the reason
         each gave (a library, device or kernel feature it lacks)."""
-        L = _lib.lib()
-        n = ctypes.c_size_t()
-        _lib.check(L.rdt_transport_list_unavailable(self._handle(), None, 0, ctypes.byref(n)))
-        arr = (_lib.UnavailableTransport * max(n.value, 1))()
-        for x in arr:
-            _lib.init(x)
-        _lib.check(L.rdt_transport_list_unavailable(self._handle(), ctypes.addressof(arr), len(arr),
-                                                    ctypes.byref(n)))
-        return {x.name.decode(): _lib.decode(x.reason) for x in arr[:min(n.value, len(arr))]}
+        listed = self._list(_lib.lib().rdt_transport_list_unavailable, _lib.UnavailableTransport)
+        return {x.name.decode(): _lib.decode(x.reason) for x in listed}
 
     def transport_names(self, builtin: Optional[bool] = None) -> List[str]:
         """Names of the registered transports (only built-in ones with
@@ -557,23 +559,12 @@ class Runtime(Handle):
         the last one the slower ones), ``count``, ``sum_ns`` and ``bytes`` of
         the completed fetches, and ``failures``. ``rdt.metrics`` turns them
         into Prometheus histograms; docs/metrics.md describes them."""
-        L = _lib.lib()
-        n = ctypes.c_size_t()
-        while True:
-            _lib.check(L.rdt_runtime_fetch_histograms(self._handle(), None, 0, ctypes.byref(n)))
-            arr = (_lib.FetchHistogram * max(n.value, 1))()
-            for x in arr:
-                _lib.init(x)
-            now = ctypes.c_size_t()
-            _lib.check(L.rdt_runtime_fetch_histograms(self._handle(), ctypes.addressof(arr), len(arr),
-                                                       ctypes.byref(now)))
-            if now.value <= len(arr):  # else an entry appeared meanwhile: ask again
-                break
         return [{"transport": x.transport.decode(), "direction": _lib.DIRECTION_NAMES[x.direction],
                  "size_class": x.size_class,
                  "size_class_max_bytes": _lib.fetch_size_class_max_bytes(x.size_class),
                  "buckets": list(x.buckets), "count": x.count, "sum_ns": x.sum_ns, "bytes": x.bytes,
-                 "failures": x.failures} for x in arr[:now.value]]
+                 "failures": x.failures}
+                for x in self._list(_lib.lib().rdt_runtime_fetch_histograms, _lib.FetchHistogram)]
 
     def stats(self) -> Dict[str, int]:
         """The runtime's counters (objects, refs, borrows, transfers, bytes...)."""

@@ -17,7 +17,7 @@ from . import _lib
 from . import _tensors as _t
 from ._errors import GetTimeoutError, InvalidArgumentError
 from ._get import one_target, pack_one
-from ._pending import (Pending, Plan, await_pending, deadline_of, handles_of, ms_until, ranges_pointer, slice_ms,
+from ._pending import (Pending, Plan, await_pending, deadline_of, fill_options, handles_of, ms_until, slice_ms,
                        zero_timeout)
 from ._ref import ObjectRef, Range, flatten
 from ._store import RuntimeLike
@@ -94,12 +94,7 @@ def write_options(transport: Optional[str], plan: Plan, tag: int = 0) -> Any:
     (rdt copies it during the call)."""
     opts = _lib.init(_lib.WriteOptions())
     opts.tag = int(tag) & 0xFFFFFFFFFFFFFFFF
-    if transport:
-        opts.transport = transport.encode()
-    if plan.ranges is not None:
-        opts.destinations = ranges_pointer(plan)
-        opts.num_destinations = len(plan.ranges)
-    return opts
+    return fill_options(opts, transport, plan, "destinations")
 
 
 class Write(Pending):

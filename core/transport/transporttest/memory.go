@@ -50,6 +50,29 @@ func Buffer(t testing.TB, n int) ([]byte, transport.Tensor) {
 	return b[:n], Describe(transport.Device{Type: transport.DeviceCPU}, Uint8, addr, n)
 }
 
+// Buffers is a Buffer of each size: the tensors, and their bytes.
+func Buffers(t testing.TB, sizes ...int) ([]transport.Tensor, [][]byte) {
+	t.Helper()
+	var tensors []transport.Tensor
+	var bufs [][]byte
+	for _, n := range sizes {
+		b, x := Buffer(t, n)
+		tensors = append(tensors, x)
+		bufs = append(bufs, b)
+	}
+	return tensors, bufs
+}
+
+// Filled is Buffers with tensor i filled with Fill's pattern of seed+i.
+func Filled(t testing.TB, seed byte, sizes ...int) ([]transport.Tensor, [][]byte) {
+	t.Helper()
+	tensors, bufs := Buffers(t, sizes...)
+	for i, b := range bufs {
+		Fill(b, seed+byte(i))
+	}
+	return tensors, bufs
+}
+
 // Dtypes the suite uses.
 var (
 	Uint8   = transport.DType{Code: 1, Bits: 8, Lanes: 1}

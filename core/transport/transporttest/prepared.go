@@ -2,6 +2,7 @@ package transporttest
 
 import (
 	"bytes"
+	"reflect"
 	"testing"
 	"time"
 
@@ -13,14 +14,15 @@ import (
 // every other transport.
 var PreparedCases = []string{"prepared"}
 
-// preparerOf is e's Preparer, or skips.
-func preparerOf(t *testing.T, e *end) transport.Preparer {
+// implemented is e's transport as the optional interface I, or skips the
+// case when the transport does not implement it.
+func implemented[I any](t *testing.T, e *end) I {
 	t.Helper()
-	p, ok := e.tr.(transport.Preparer)
+	v, ok := e.tr.(I)
 	if !ok {
-		t.Skip("the transport does not implement transport.Preparer")
+		t.Skipf("the transport does not implement %v", reflect.TypeFor[I]())
 	}
-	return p
+	return v
 }
 
 // prepared: a transfer prepared once and started again and again moves
@@ -60,40 +62,38 @@ func (s *suite) prepared(t *testing.T) {
 			}
 		}
 	}
+	// prepare prepares x on e the way the engine does: communicator
+	// metadata first.
+	prepare := func(t *testing.T, e *end, pr transport.Preparer, x *transport.Transfer, tensors []transport.Tensor, meta []byte) transport.Prepared {
+		t.Helper()
+		cmeta, err := e.tr.CommunicatorMetadata(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := pr.Prepare(x, tensors, meta, cmeta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 	t.Run("fetch", func(t *testing.T) {
 		src, dst, meta, tensors, x := s.pair(t, transport.ObjectID{30}, dts, sizes)
-		pr := preparerOf(t, dst)
+		pr := implemented[transport.Preparer](t, dst)
 		if s.grouped() || !dst.desc.OneSided {
 			t.Skip("prepared transfers are one-sided")
 		}
 		targets := s.targets(t, dst, tensors)
-		cmeta, err := dst.tr.CommunicatorMetadata(x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := pr.Prepare(x, targets, meta, cmeta)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rounds(t, p, x,
+		rounds(t, prepare(t, dst, pr, x, targets, meta), x,
 			func(round int) { refill(t, src, tensors, round) },
 			func(round int) { same(t, src, tensors, dst, targets, round) })
 	})
 	t.Run("write", func(t *testing.T) {
 		owner, writer, meta, tensors, _ := s.exposedPair(t, transport.ObjectID{31}, dts, sizes)
 		s.writesOnly(t, writer)
-		pr := preparerOf(t, writer)
+		pr := implemented[transport.Preparer](t, writer)
 		x := writeTransfer(transport.ObjectID{31}, writer.desc.Name, writer.host.Identity(), owner.host.Identity())
 		sources := s.targets(t, writer, tensors)
-		cmeta, err := writer.tr.CommunicatorMetadata(x)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := pr.Prepare(x, sources, meta, cmeta)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rounds(t, p, x,
+		rounds(t, prepare(t, writer, pr, x, sources, meta), x,
 			func(round int) { refill(t, writer, sources, round) },
 			func(round int) { same(t, writer, sources, owner, tensors, round) })
 	})

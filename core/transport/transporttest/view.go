@@ -12,23 +12,13 @@ import (
 // Run runs them last, and skips them for every other transport.
 var ViewCases = []string{"view"}
 
-// viewerOf is e's Viewer, or skips.
-func viewerOf(t *testing.T, e *end) transport.Viewer {
-	t.Helper()
-	v, ok := e.tr.(transport.Viewer)
-	if !ok {
-		t.Skip("the transport does not implement transport.Viewer")
-	}
-	return v
-}
-
 // view: a mapping of a source process's object holds the put's bytes at
 // the addresses it gives, keeps them after the source is killed, and ends
 // with Close; a view once the source is gone fails as a fetch does; a
 // deadline already passed ends a view at once.
 func (s *suite) view(t *testing.T) {
 	dst := s.newEnd(t, 0)
-	vw := viewerOf(t, dst)
+	vw := implemented[transport.Viewer](t, dst)
 	sizes := []int{4096, 0, 5<<20 + 3}
 	src := s.source(t, dst, sizes...)
 	x := transfer(SourceObject, dst.desc.Name, src.Peer, dst.host.Identity())

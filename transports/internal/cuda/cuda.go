@@ -22,7 +22,6 @@ package cuda
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -161,13 +160,10 @@ func Load() error {
 
 func load(path string) error {
 	// The handle stays open for the life of the process.
-	_, fns, err := dynlib.OpenTable(symbols(), path)
+	fns, err := dynlib.OpenLibrary(symbols(), path, "CUDA driver library", "",
+		"it is not the CUDA driver library, or a driver older than CUDA 11")
 	if err != nil {
-		var missing *dynlib.MissingSymbolError
-		if errors.As(err, &missing) {
-			err = fmt.Errorf("%v: it is not the CUDA driver library, or a driver older than CUDA 11", missing)
-		}
-		return transport.Errorf(transport.ErrUnsupported, "CUDA driver library %s could not be loaded: %v", path, err)
+		return err
 	}
 	C.rdtcu_install(&fns[0])
 	isLoaded.Store(true)

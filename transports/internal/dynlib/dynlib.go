@@ -30,6 +30,7 @@ static void *rdtdl_open(const char *path, char *err, size_t errlen) {
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -143,6 +144,22 @@ func OpenTable(syms []Symbol, paths ...string) (*Library, []unsafe.Pointer, erro
 		return nil, nil, err
 	}
 	return l, fns, nil
+}
+
+// OpenLibrary is OpenTable for the one library of a transport, whose
+// failure is a transport.ErrUnsupported error that names what the library
+// is and its path, goes on with hint (how to point at another), and says
+// of a missing symbol notIt (what a library without it is).
+func OpenLibrary(syms []Symbol, path, what, hint, notIt string) ([]unsafe.Pointer, error) {
+	_, fns, err := OpenTable(syms, path)
+	if err != nil {
+		var missing *MissingSymbolError
+		if errors.As(err, &missing) {
+			err = fmt.Errorf("%v: %s", missing, notIt)
+		}
+		return nil, transport.Errorf(transport.ErrUnsupported, "%s %s could not be loaded%s: %v", what, path, hint, err)
+	}
+	return fns, nil
 }
 
 // Once runs a load once per process and keeps its result: later calls

@@ -72,14 +72,14 @@ func (sc *sconn) callOr(ctx context.Context, m *Message, late func(*Message)) (*
 // one answer comes: the peer's, or nil (ch closed) when the connection
 // ends first.
 func (sc *sconn) start(ctx context.Context, m *Message, ch chan *Message, reply func(*Message)) error {
-	if err := sc.acquireSlot(ctx, m.Kind); err != nil {
+	if err := sc.snd.acquireSlot(ctx, m.Kind); err != nil {
 		return err
 	}
 	m.ID = sc.nextID.Add(1)
 	sc.mu.Lock()
 	if sc.pending == nil { // closed
 		sc.mu.Unlock()
-		sc.releaseSlot()
+		sc.snd.releaseSlot()
 		return sc.gone()
 	}
 	if ch != nil {
@@ -88,7 +88,7 @@ func (sc *sconn) start(ctx context.Context, m *Message, ch chan *Message, reply 
 		sc.replies[m.ID] = reply
 	}
 	sc.mu.Unlock()
-	if err := sc.post(ctx, m); err != nil && sc.forget(m.ID) {
+	if err := sc.snd.post(ctx, m); err != nil && sc.forget(m.ID) {
 		return err
 	}
 	// Queued, or the connection closed meanwhile and answered it.
@@ -105,7 +105,7 @@ func (sc *sconn) forget(id uint64) bool {
 	delete(sc.replies, id)
 	sc.mu.Unlock()
 	if isCall || isAsync {
-		sc.releaseSlot()
+		sc.snd.releaseSlot()
 		return true
 	}
 	return false
@@ -120,7 +120,7 @@ func (sc *sconn) deliverResponse(m *Message) {
 	delete(sc.replies, m.ID)
 	sc.mu.Unlock()
 	if isCall || isAsync {
-		sc.releaseSlot()
+		sc.snd.releaseSlot()
 	}
 	if ch != nil {
 		ch <- m
@@ -145,7 +145,7 @@ func (sc *sconn) answer(resp *Message, ok bool) (*Message, error) {
 // long request is told to stop.
 func (sc *sconn) givenUp(ctx context.Context, m *Message) error {
 	if m.Kind == KindSend || m.Kind == KindGroupJoin {
-		sc.postNow(&Message{Kind: KindCancel, Target: m.ID})
+		sc.snd.postNow(&Message{Kind: KindCancel, Target: m.ID})
 	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return transport.Errorf(transport.ErrTimeout, "%s request to %s timed out", m.Kind, sc.Info())

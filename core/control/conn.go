@@ -45,8 +45,8 @@ func (ep *sockEndpoint) newConn(watch *socketWatch, rd *bufio.Reader, remote tra
 		ep: ep, c: c, watch: watch, rd: rd, remote: remote, peerID: remote.RuntimeID, isTCP: isTCP,
 		pending: map[uint64]chan *Message{}, replies: map[uint64]func(*Message){},
 		handlers: map[uint64]context.CancelFunc{}, done: make(chan struct{}),
-		out: newOutbox(), slots: make(chan struct{}, MaxUnanswered),
 	}
+	sc.snd = newSender(sc)
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	sc.lastSeen.Store(time.Now().UnixNano())
 	sc.progress.Store(time.Now().UnixNano())
@@ -82,7 +82,7 @@ func (sc *sconn) run() {
 	}()
 	go func() {
 		defer sc.ep.wg.Done()
-		sc.writeLoop()
+		sc.snd.writeLoop()
 	}()
 }
 
@@ -137,13 +137,9 @@ type sconn struct {
 	isTCP  bool
 	nextID atomic.Uint64
 
-	// What the writer goroutine writes (outbox.go); wmu is held around
-	// each write.
-	omu sync.Mutex
-	out outbox
-	wmu sync.Mutex
-	// One token per request of ours awaiting an answer (MaxUnanswered).
-	slots chan struct{}
+	// The writing half (outbox.go): the outbox, its writer goroutine,
+	// the request slots.
+	snd sender
 
 	// A ping or pong queued or being written: at most one of each per
 	// connection, whatever the peer sends and however long it does not
@@ -288,6 +284,6 @@ func HoldWrites(p Peer) (resume func(), ok bool) {
 	if !ok {
 		return nil, false
 	}
-	sc.wmu.Lock()
-	return sc.wmu.Unlock, true
+	sc.snd.wmu.Lock()
+	return sc.snd.wmu.Unlock, true
 }

@@ -317,7 +317,7 @@ func (ep *sockEndpoint) tellClosing(conns []*sconn) {
 		return
 	}
 	for _, sc := range conns {
-		sc.postNow(&Message{Kind: KindClosing})
+		sc.snd.postNow(&Message{Kind: KindClosing})
 	}
 	deadline := time.NewTimer(min(closingWait, ep.cfg.PeerTimeout))
 	defer deadline.Stop()

@@ -105,7 +105,7 @@ func (sc *sconn) checkLiveness(now time.Time) bool {
 		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "peer %s read none of the %d bytes sent to it for %v: it stopped reading", sc.Info(), unread, deaf))
 		return false
 	}
-	sc.postUrgent(&sc.pinging, KindPing)
+	sc.snd.postUrgent(&sc.pinging, KindPing)
 	return true
 }
 

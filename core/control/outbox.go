@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -57,6 +58,22 @@ type frame struct {
 	done chan struct{}
 }
 
+// sender is a connection's writing half: its outbox, the writer goroutine
+// that drains it, and the callers that write for it (write). It writes for
+// sc: sc's socket, liveness counters and end.
+type sender struct {
+	sc  *sconn
+	mu  sync.Mutex // guards box
+	box outbox
+	wmu sync.Mutex // held around each write to the socket
+	// One token per request of ours awaiting an answer (MaxUnanswered).
+	slots chan struct{}
+}
+
+func newSender(sc *sconn) sender {
+	return sender{sc: sc, box: newOutbox(), slots: make(chan struct{}, MaxUnanswered)}
+}
+
 // outbox is the queue the writer goroutine drains.
 type outbox struct {
 	head    []frame // the rest of a batch a flush began: written first
@@ -83,94 +100,94 @@ func (o *outbox) signal() {
 
 // post queues m behind everything queued before it, waiting for room
 // while the outbox is full until ctx ends or the connection closes.
-func (sc *sconn) post(ctx context.Context, m *Message) error {
-	return sc.enqueue(ctx, m.Kind, m.Encode(), nil)
+func (s *sender) post(ctx context.Context, m *Message) error {
+	return s.enqueue(ctx, m.Kind, m.Encode(), nil)
 }
 
 // enqueue is post of the frame b (of kind k); done, when set, is closed
 // once it is written.
-func (sc *sconn) enqueue(ctx context.Context, k Kind, b []byte, done chan struct{}) error {
+func (s *sender) enqueue(ctx context.Context, k Kind, b []byte, done chan struct{}) error {
 	for {
-		sc.omu.Lock()
-		o := &sc.out
-		if o.stopped || sc.isClosed() {
-			sc.omu.Unlock()
-			return sc.gone()
+		s.mu.Lock()
+		o := &s.box
+		if o.stopped || s.sc.isClosed() {
+			s.mu.Unlock()
+			return s.sc.gone()
 		}
 		if o.bytes == 0 || o.bytes+len(b) <= maxOutboxBytes {
 			o.queue = append(o.queue, frame{b: b, done: done})
 			o.bytes += len(b)
 			o.signal()
-			sc.omu.Unlock()
+			s.mu.Unlock()
 			return nil
 		}
 		room := o.room
-		sc.omu.Unlock()
+		s.mu.Unlock()
 		select {
 		case <-room:
-		case <-sc.done:
-			return sc.gone()
+		case <-s.sc.done:
+			return s.sc.gone()
 		case <-ctx.Done():
-			return transport.ContextError(ctx, "%s to %s waited for the connection to drain", k, sc.Info())
+			return transport.ContextError(ctx, "%s to %s waited for the connection to drain", k, s.sc.Info())
 		}
 	}
 }
 
 // postNow queues m without waiting for room: for the closing notice, and
 // for cancels (one per request given up, so within the window).
-func (sc *sconn) postNow(m *Message) {
-	sc.omu.Lock()
-	defer sc.omu.Unlock()
-	if sc.out.stopped {
+func (s *sender) postNow(m *Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.box.stopped {
 		return
 	}
 	b := m.Encode()
-	sc.out.queue = append(sc.out.queue, frame{b: b})
-	sc.out.bytes += len(b)
-	sc.out.signal()
+	s.box.queue = append(s.box.queue, frame{b: b})
+	s.box.bytes += len(b)
+	s.box.signal()
 }
 
 // answerInline queues the reader's answer to a request without waiting.
 // More than MaxUnanswered of them unwritten means the peer sends requests
 // beyond its window without reading the answers: the connection is closed.
-func (sc *sconn) answerInline(m *Message) {
+func (s *sender) answerInline(m *Message) {
 	b := m.Encode()
-	sc.omu.Lock()
-	o := &sc.out
+	s.mu.Lock()
+	o := &s.box
 	if o.stopped {
-		sc.omu.Unlock()
+		s.mu.Unlock()
 		return
 	}
 	if o.inline >= MaxUnanswered {
-		sc.omu.Unlock()
-		sc.ep.cfg.Log.Warnf("control plane: peer %s sent more than %d requests without reading their answers, closing the connection", sc.Info(), MaxUnanswered)
-		sc.close(transport.Errorf(transport.ErrCorrupt, "peer %s sent more than %d requests without reading their answers", sc.Info(), MaxUnanswered))
+		s.mu.Unlock()
+		s.sc.ep.cfg.Log.Warnf("control plane: peer %s sent more than %d requests without reading their answers, closing the connection", s.sc.Info(), MaxUnanswered)
+		s.sc.close(transport.Errorf(transport.ErrCorrupt, "peer %s sent more than %d requests without reading their answers", s.sc.Info(), MaxUnanswered))
 		return
 	}
 	o.queue = append(o.queue, frame{b: b, inline: true})
 	o.bytes += len(b)
 	o.inline++
 	o.signal()
-	sc.omu.Unlock()
+	s.mu.Unlock()
 }
 
 // postUrgent queues a ping or pong ahead of the queue unless one is
 // queued or being written already: liveness needs only one, and a peer
 // that pings without reading must not grow the outbox. Either tells the
 // peer how much we have read of what it sent (see liveness.go).
-func (sc *sconn) postUrgent(flag *atomic.Bool, k Kind) {
+func (s *sender) postUrgent(flag *atomic.Bool, k Kind) {
 	if !flag.CompareAndSwap(false, true) {
 		return
 	}
-	b := (&Message{Kind: k, Count: sc.readBytes.Load()}).Encode()
-	sc.omu.Lock()
-	defer sc.omu.Unlock()
-	if sc.out.stopped {
+	b := (&Message{Kind: k, Count: s.sc.readBytes.Load()}).Encode()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.box.stopped {
 		return
 	}
-	sc.out.urgent = append(sc.out.urgent, frame{b: b, flag: flag})
-	sc.out.bytes += len(b)
-	sc.out.signal()
+	s.box.urgent = append(s.box.urgent, frame{b: b, flag: flag})
+	s.box.bytes += len(b)
+	s.box.signal()
 }
 
 // writeLoop writes the outbox until the connection closes; a failed write
@@ -179,44 +196,44 @@ func (sc *sconn) postUrgent(flag *atomic.Bool, k Kind) {
 // reads, and the heartbeat closes the connection, which ends a blocked
 // write. While a caller's flush writes, the loop leaves the outbox to it;
 // the flush wakes the loop again for what it did not write.
-func (sc *sconn) writeLoop() {
+func (s *sender) writeLoop() {
 	defer func() {
-		sc.omu.Lock()
-		sc.out.stopped = true
-		sc.out.head, sc.out.urgent, sc.out.queue = nil, nil, nil
-		close(sc.out.room)
-		sc.omu.Unlock()
+		s.mu.Lock()
+		s.box.stopped = true
+		s.box.head, s.box.urgent, s.box.queue = nil, nil, nil
+		close(s.box.room)
+		s.mu.Unlock()
 	}()
 	var batch []frame
 	var iov [][]byte // kept between batches; WriteTo consumes a copy of it
 	for {
 		select {
-		case <-sc.out.wake:
-		case <-sc.done:
+		case <-s.box.wake:
+		case <-s.sc.done:
 			return
 		}
-		sc.omu.Lock()
-		if sc.out.writing {
-			sc.omu.Unlock()
+		s.mu.Lock()
+		if s.box.writing {
+			s.mu.Unlock()
 			continue
 		}
-		batch, iov = sc.out.takeLocked(batch, iov)
-		sc.omu.Unlock()
+		batch, iov = s.box.takeLocked(batch, iov)
+		s.mu.Unlock()
 		if len(batch) == 0 {
 			continue
 		}
 		bufs := net.Buffers(iov)
-		sc.wmu.Lock()
-		_, err := bufs.WriteTo(sc.c)
-		sc.wmu.Unlock()
-		sc.wrote(batch, err == nil, nil, 0)
+		s.wmu.Lock()
+		_, err := bufs.WriteTo(s.sc.c)
+		s.wmu.Unlock()
+		s.wrote(batch, err == nil, nil, 0)
 		clear(iov)
 		clear(batch)
 		if cap(batch) > keepFrames {
 			batch, iov = nil, nil
 		}
 		if err != nil {
-			sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.Info(), err))
+			s.sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", s.sc.Info(), err))
 			return
 		}
 	}
@@ -253,7 +270,7 @@ func (o *outbox) takeLocked(batch []frame, iov [][]byte) ([]frame, [][]byte) {
 // waiting for room may queue again. rest is what a flush did not write
 // (cut bytes of its first frame were written): it goes out first, placed
 // before the write counts as over, so that nothing overtakes it.
-func (sc *sconn) wrote(batch []frame, ok bool, rest []frame, cut int) {
+func (s *sender) wrote(batch []frame, ok bool, rest []frame, cut int) {
 	size := cut
 	for _, f := range batch {
 		size += len(f.b)
@@ -265,10 +282,10 @@ func (sc *sconn) wrote(batch []frame, ok bool, rest []frame, cut int) {
 		}
 	}
 	if ok {
-		sc.written.Add(uint64(size))
+		s.sc.written.Add(uint64(size))
 	}
-	sc.omu.Lock()
-	o := &sc.out
+	s.mu.Lock()
+	o := &s.box
 	o.bytes -= size
 	if len(rest) > 0 {
 		o.head = append(rest, o.head...)
@@ -279,7 +296,7 @@ func (sc *sconn) wrote(batch []frame, ok bool, rest []frame, cut int) {
 	if len(o.head)+len(o.urgent)+len(o.queue) > 0 {
 		o.signal()
 	}
-	sc.omu.Unlock()
+	s.mu.Unlock()
 }
 
 // maxFlushFrames bounds the frames a caller's flush writes in one system
@@ -289,14 +306,14 @@ const maxFlushFrames = 64
 // flush writes m to the socket before it returns, behind everything
 // queued before it: see write. A ctx already ended with nothing written
 // returns its error at once, with nothing queued.
-func (sc *sconn) flush(ctx context.Context, m *Message) error {
-	return sc.write(ctx, m, true)
+func (s *sender) flush(ctx context.Context, m *Message) error {
+	return s.write(ctx, m, true)
 }
 
 // postDirect is post, written at once when the connection is idle (see
 // write): for one-way messages sent on a caller's hot path.
-func (sc *sconn) postDirect(m *Message) {
-	sc.write(context.Background(), m, false)
+func (s *sender) postDirect(m *Message) {
+	s.write(context.Background(), m, false)
 }
 
 // write sends m behind everything queued before it. When no write is
@@ -306,24 +323,24 @@ func (sc *sconn) postDirect(m *Message) {
 // then (it is full), or everything while another write is under way, the
 // writer goroutine writes; with wait, the caller waits under ctx until m
 // is written, else (post) only for room in the outbox.
-func (sc *sconn) write(ctx context.Context, m *Message, wait bool) error {
+func (s *sender) write(ctx context.Context, m *Message, wait bool) error {
 	b := m.Encode()
-	sc.omu.Lock()
-	o := &sc.out
-	if o.stopped || sc.isClosed() {
-		sc.omu.Unlock()
-		return sc.gone()
+	s.mu.Lock()
+	o := &s.box
+	if o.stopped || s.sc.isClosed() {
+		s.mu.Unlock()
+		return s.sc.gone()
 	}
-	direct := !o.writing && sc.watch.raw != nil && len(o.head)+len(o.urgent)+len(o.queue) < maxFlushFrames
+	direct := !o.writing && s.sc.watch.raw != nil && len(o.head)+len(o.urgent)+len(o.queue) < maxFlushFrames
 	if !direct {
-		sc.omu.Unlock()
+		s.mu.Unlock()
 		if !wait {
-			return sc.post(ctx, m)
+			return s.post(ctx, m)
 		}
 		if ctx.Err() != nil {
-			return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, sc.Info())
+			return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, s.sc.Info())
 		}
-		return sc.postAndWait(ctx, m.Kind, b)
+		return s.postAndWait(ctx, m.Kind, b)
 	}
 	var done chan struct{}
 	if wait {
@@ -332,12 +349,12 @@ func (sc *sconn) write(ctx context.Context, m *Message, wait bool) error {
 	o.queue = append(o.queue, frame{b: b, done: done})
 	o.bytes += len(b)
 	batch, iov := o.takeLocked(nil, make([][]byte, 0, len(o.head)+len(o.urgent)+len(o.queue)))
-	sc.omu.Unlock()
-	n, err := sc.writeNow(iov)
+	s.mu.Unlock()
+	n, err := s.writeNow(iov)
 	if err != nil {
-		sc.wrote(batch, false, nil, 0)
-		sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", sc.Info(), err))
-		return sc.gone()
+		s.wrote(batch, false, nil, 0)
+		s.sc.close(transport.Errorf(transport.ErrPeerUnavailable, "writing to %s: %v", s.sc.Info(), err))
+		return s.sc.gone()
 	}
 	// What the socket did not take (it is full) the writer goroutine
 	// writes first; m itself not at all for a caller that cannot wait,
@@ -347,39 +364,39 @@ func (sc *sconn) write(ctx context.Context, m *Message, wait bool) error {
 	if wait && ctx.Err() != nil && len(rest) > 0 && len(rest[len(rest)-1].b) == len(b) { // m is last, and whole
 		rest, dropped = rest[:len(rest)-1], len(b)
 	}
-	sc.wrote(written, true, rest, cut)
+	s.wrote(written, true, rest, cut)
 	switch {
 	case dropped > 0:
-		sc.omu.Lock()
+		s.mu.Lock()
 		o.bytes -= dropped
-		sc.omu.Unlock()
-		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, sc.Info())
+		s.mu.Unlock()
+		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, s.sc.Info())
 	case len(rest) == 0 || !wait:
 		return nil
 	}
-	return sc.waitWritten(ctx, m.Kind, done)
+	return s.waitWritten(ctx, m.Kind, done)
 }
 
 // postAndWait queues the frame b (of kind k) as post does, and waits
 // under ctx until the writer goroutine wrote it.
-func (sc *sconn) postAndWait(ctx context.Context, k Kind, b []byte) error {
+func (s *sender) postAndWait(ctx context.Context, k Kind, b []byte) error {
 	done := make(chan struct{})
-	if err := sc.enqueue(ctx, k, b, done); err != nil {
+	if err := s.enqueue(ctx, k, b, done); err != nil {
 		return err
 	}
-	return sc.waitWritten(ctx, k, done)
+	return s.waitWritten(ctx, k, done)
 }
 
 // writeNow makes one non-blocking attempt to write iov and returns how
 // much the socket took (0 where the writer goroutine is to write, as while
 // a test holds writes).
-func (sc *sconn) writeNow(iov [][]byte) (int, error) {
-	if !sc.wmu.TryLock() {
+func (s *sender) writeNow(iov [][]byte) (int, error) {
+	if !s.wmu.TryLock() {
 		return 0, nil
 	}
-	defer sc.wmu.Unlock()
+	defer s.wmu.Unlock()
 	n, werr := 0, error(nil)
-	err := sc.watch.raw.Write(func(fd uintptr) bool {
+	err := s.sc.watch.raw.Write(func(fd uintptr) bool {
 		n, werr = unix.Writev(int(fd), iov)
 		return true // one attempt: a full socket is the writer goroutine's to wait on
 	})
@@ -411,38 +428,38 @@ func splitWritten(batch []frame, n int) (written, rest []frame, cut int) {
 
 // waitWritten waits under ctx until the writer goroutine wrote the frame
 // whose done channel is done.
-func (sc *sconn) waitWritten(ctx context.Context, k Kind, done chan struct{}) error {
+func (s *sender) waitWritten(ctx context.Context, k Kind, done chan struct{}) error {
 	select {
 	case <-done:
 		return nil
-	case <-sc.done:
+	case <-s.sc.done:
 		select {
 		case <-done:
 			return nil
 		default:
 		}
-		return sc.gone()
+		return s.sc.gone()
 	case <-ctx.Done():
-		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", k, sc.Info())
+		return transport.ContextError(ctx, "%s to %s waited for the connection's writer", k, s.sc.Info())
 	}
 }
 
 // acquireSlot takes one of the MaxUnanswered request slots, waiting until
 // an answer frees one, ctx ends or the connection closes.
-func (sc *sconn) acquireSlot(ctx context.Context, k Kind) error {
+func (s *sender) acquireSlot(ctx context.Context, k Kind) error {
 	select {
-	case sc.slots <- struct{}{}:
+	case s.slots <- struct{}{}:
 		return nil
 	default:
 	}
 	select {
-	case sc.slots <- struct{}{}:
+	case s.slots <- struct{}{}:
 		return nil
-	case <-sc.done:
-		return sc.gone()
+	case <-s.sc.done:
+		return s.sc.gone()
 	case <-ctx.Done():
-		return transport.ContextError(ctx, "%s to %s waited for one of its %d unanswered requests to be answered", k, sc.Info(), MaxUnanswered)
+		return transport.ContextError(ctx, "%s to %s waited for one of its %d unanswered requests to be answered", k, s.sc.Info(), MaxUnanswered)
 	}
 }
 
-func (sc *sconn) releaseSlot() { <-sc.slots }
+func (s *sender) releaseSlot() { <-s.slots }

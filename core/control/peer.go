@@ -54,7 +54,7 @@ func (sc *sconn) BorrowAsync(ctx context.Context, obj transport.ObjectID, token 
 // Unborrow waits for room in the outbox while the connection lives: a
 // peer that stops reading is closed by the heartbeat, which ends the wait.
 func (sc *sconn) Unborrow(obj transport.ObjectID, n uint64) {
-	sc.post(context.Background(), &Message{Kind: KindUnborrow, Object: obj, Count: n})
+	sc.snd.post(context.Background(), &Message{Kind: KindUnborrow, Object: obj, Count: n})
 }
 
 func (sc *sconn) Lease(ctx context.Context, obj transport.ObjectID) (uint64, error) {
@@ -126,14 +126,14 @@ func (sc *sconn) WriteDone(end WriteEnd) {
 	case end.Keep:
 		m.Flags = WriteKeep
 	}
-	sc.postDirect(m)
+	sc.snd.postDirect(m)
 }
 
 // WriteRun writes the announcement now, with what is queued before it,
 // when no write is under way; else it waits under ctx until the writer
 // goroutine wrote it (see flush).
 func (sc *sconn) WriteRun(ctx context.Context, obj transport.ObjectID, transferID, tag uint64) error {
-	return sc.flush(ctx, &Message{Kind: KindWriteRun, Object: obj, TransferID: transferID, Token: tag})
+	return sc.snd.flush(ctx, &Message{Kind: KindWriteRun, Object: obj, TransferID: transferID, Token: tag})
 }
 
 // WithdrawWrite waits for room in the outbox while the connection lives,
@@ -141,7 +141,7 @@ func (sc *sconn) WriteRun(ctx context.Context, obj transport.ObjectID, transferI
 func (sc *sconn) WithdrawWrite(obj transport.ObjectID, transferID uint64, err error) {
 	m := &Message{Kind: KindWriteWithdrawn, Object: obj, TransferID: transferID}
 	m.Status, m.Text = statusText(err)
-	sc.post(context.Background(), m)
+	sc.snd.post(context.Background(), m)
 }
 
 // statusText is how an error travels in a one-way message: its status and

@@ -30,7 +30,7 @@ func (sc *sconn) dispatchProtected(m *Message) (ok bool) {
 		if r := recover(); r != nil {
 			err := transport.Panicked(sc.ep.cfg.Log, "handling a "+m.Kind.String()+" message of "+sc.remote.String(), r)
 			if m.ID != 0 && m.Kind != KindResponse {
-				sc.answerInline(response(m.ID, nil, err))
+				sc.snd.answerInline(response(m.ID, nil, err))
 			}
 			ok = true
 		}
@@ -49,18 +49,18 @@ func (sc *sconn) dispatch(m *Message) bool {
 		sc.deliverResponse(m)
 	case KindPing:
 		sc.peerReports(m.Count)
-		sc.postUrgent(&sc.ponging, KindPong)
+		sc.snd.postUrgent(&sc.ponging, KindPong)
 	case KindPong:
 		sc.peerReports(m.Count)
 	case KindIdentity:
-		sc.answerInline(response(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil))
+		sc.snd.answerInline(response(m.ID, &Message{Peer: sc.ep.identity(sc.isTCP)}, nil))
 	case KindBorrow:
-		sc.answerInline(response(m.ID, nil, svc.Borrow(from, m.Object, m.Token)))
+		sc.snd.answerInline(response(m.ID, nil, svc.Borrow(from, m.Object, m.Token)))
 	case KindUnborrow:
 		svc.Unborrow(from.RuntimeID, m.Object, m.Count)
 	case KindLease:
 		token, err := svc.Lease(from.RuntimeID, m.Object)
-		sc.answerInline(response(m.ID, &Message{Token: token}, err))
+		sc.snd.answerInline(response(m.ID, &Message{Token: token}, err))
 	case KindMetadata:
 		sc.serve(m, func() {
 			data, err := svc.Metadata(from.RuntimeID, m.Object, m.Transport)
@@ -79,7 +79,7 @@ func (sc *sconn) dispatch(m *Message) bool {
 	case KindWriteOpen:
 		adm, err := svc.OpenWrite(from, WriteOpen{Object: m.Object, TransferID: m.TransferID,
 			Transport: m.Transport, Key: m.WriteKey, Tag: m.Token, Pieces: m.Pieces, Standing: m.Flags&WriteStanding != 0})
-		sc.answerInline(response(m.ID, &Message{Data: adm.Meta, Token: adm.Runs}, err))
+		sc.snd.answerInline(response(m.ID, &Message{Data: adm.Meta, Token: adm.Runs}, err))
 	case KindWriteDone:
 		svc.WriteDone(from.RuntimeID, WriteEnd{Object: m.Object, TransferID: m.TransferID, Err: peerError(m, "the writer reported: "),
 			Tag: m.Token, Keep: m.Flags&WriteKeep != 0, Close: m.Flags&WriteClose != 0})
@@ -123,7 +123,7 @@ func (sc *sconn) serve(m *Message, run func()) {
 	default:
 		waiting := len(sc.queued)
 		sc.mu.Unlock()
-		sc.answerInline(response(m.ID, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", MaxHandlers, waiting, m.Kind)))
+		sc.snd.answerInline(response(m.ID, nil, transport.Errorf(transport.ErrNoMemory, "%d requests are in progress and %d wait on this connection; %s refused", MaxHandlers, waiting, m.Kind)))
 	}
 }
 
@@ -212,7 +212,7 @@ func response(id uint64, resp *Message, err error) *Message {
 // answerLater queues a handler goroutine's answer, waiting for room while
 // the connection lives.
 func (sc *sconn) answerLater(id uint64, resp *Message, err error) {
-	sc.post(sc.ctx, response(id, resp, err))
+	sc.snd.post(sc.ctx, response(id, resp, err))
 }
 
 // peerError is the error a one-way message reports (nil for OK): a peer's

@@ -398,9 +398,10 @@ func TestSocketsStandingAdmissionRunsAndWithdrawal(t *testing.T) {
 
 // A write run is in the socket when WriteRun returns, behind what was
 // sent before it: on an idle connection the caller writes it itself, even
-// a caller that cannot wait; while the connection's writes are held, a
-// caller that cannot wait is refused with nothing sent, and one that can
-// waits under its deadline, the run going out once writes resume.
+// a caller that cannot wait; while the connection is busy (its writes
+// held, here) a caller that cannot wait is refused with nothing sent, and
+// one that can waits under its deadline, the run going out once writes
+// resume.
 func TestSocketsWriteRunIsWrittenBeforeItReturns(t *testing.T) {
 	s := newTwoStubs(t, "writer")
 	owner, obj, peer := s.owner, s.obj, s.connect(t)
@@ -412,7 +413,11 @@ func TestSocketsWriteRunIsWrittenBeforeItReturns(t *testing.T) {
 	ended, stop := context.WithCancel(context.Background())
 	stop()
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 40, Keep: true})
-	require.NoError(t, peer.WriteRun(ended, obj, 3, 41), "an idle connection takes the run at once")
+	// Idle, the connection takes the run at once; while its writer
+	// goroutine writes (a ping, the done above) the caller is refused with
+	// nothing sent, and tries again.
+	require.Eventually(t, func() bool { return peer.WriteRun(ended, obj, 3, 41) == nil }, 10*time.Second, time.Millisecond,
+		"an idle connection takes the run at once")
 	peer.WriteDone(WriteEnd{Object: obj, TransferID: 3, Tag: 41, Keep: true})
 
 	resume, ok := HoldWrites(peer)

@@ -454,13 +454,47 @@ func (tr *transfer) receive() error {
 	}
 	// The owner's death may fail the transport before the control plane
 	// has read its connection's end (on a loaded machine, a while): on this
-	// host its process says so at once.
-	if isClosed(tr.peer.Done()) || tr.ownerProcessGone() {
+	// host its process says so, once it exited. A transport's own failure
+	// waits a moment for either to say whether the owner went away: its
+	// peer's end can reach the transport first (a NIXL agent disconnected
+	// while the dying process still closes its files).
+	gone := isClosed(tr.peer.Done()) || tr.ownerProcessGone()
+	if !gone && cause != nil && transport.StatusOf(cause) == transport.ErrTransport {
+		gone = tr.ownerGoneWithin(ownerGoneGrace)
+	}
+	if gone {
 		if st := transport.StatusOf(cause); st != transport.ErrAborted && st != transport.ErrPeerUnavailable {
 			cause = transport.Errorf(transport.ErrPeerUnavailable, "the owner %s went away during the transfer: %v", tr.peer.Info(), cause)
 		}
 	}
 	return cause
+}
+
+// ownerGoneGrace bounds how long a transport's failure waits to learn
+// whether the owner went away (receive).
+const ownerGoneGrace = 250 * time.Millisecond
+
+// ownerGoneWithin reports whether, within d, the owner's connection ends
+// or (on this host) its process exits; an abort ends the wait.
+func (tr *transfer) ownerGoneWithin(d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	poll := time.NewTicker(10 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case <-tr.peer.Done():
+			return true
+		case <-poll.C:
+			if tr.ownerProcessGone() {
+				return true
+			}
+		case <-deadline.C:
+			return false
+		case <-tr.f.abortCh:
+			return false
+		}
+	}
 }
 
 // waitRequest waits for the transport's request, protected.

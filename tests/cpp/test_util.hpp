@@ -368,6 +368,18 @@ class Child {
 std::string to_hex(const std::vector<uint8_t> &b);
 std::vector<uint8_t> from_hex(const std::string &s);
 
+// The built-in transports of `rt` that move host memory and carry every
+// flag in `flags` (RDT_TRANSPORT_RANGES, RDT_TRANSPORT_WRITES, ...).
+inline std::vector<std::string> builtin_host_transports(rdt::Runtime &rt, uint32_t flags = 0) {
+  std::vector<std::string> out;
+  for (auto &t : rt.transports()) {
+    bool host = false;
+    for (uint32_t i = 0; i < t.num_devices; i++) host = host || t.devices[i] == RDT_DEVICE_CPU;
+    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & flags) == flags && host) out.push_back(t.name);
+  }
+  return out;
+}
+
 // The transports for cross-process tests: "auto", every built-in that moves
 // host memory, and this suite's own two.
 std::vector<std::string> process_transports();

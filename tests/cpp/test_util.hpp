@@ -314,6 +314,14 @@ inline void register_mem(std::initializer_list<rdt::Runtime *> rts, const std::s
     rdt::register_transport(*rt, name, {RDT_DEVICE_CPU}, std::make_unique<MemTransport>(probe, c));
 }
 
+// Registers a MemTransport "mem" with `a` and `b` over a new probe and
+// returns the probe (set its fields before the first put or fetch).
+inline std::shared_ptr<Probe> mem_probe(rdt::Runtime &a, rdt::Runtime &b, MemTransport::Config c = {}) {
+  auto probe = std::make_shared<Probe>();
+  register_mem({&a, &b}, "mem", probe, c);
+  return probe;
+}
+
 // ---- transports that work between processes --------------------------------
 
 // One-sided: the source writes the object to a file named in the metadata;

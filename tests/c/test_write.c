@@ -33,6 +33,13 @@ static rdt_write_notice take_notice(rdt_ref *exposed) {
   return n;
 }
 
+/* Aims the writes of `wo` at the one range `dest`, with `tag`. */
+static void write_into(rdt_write_options *wo, uint64_t tag, const rdt_range *dest) {
+  wo->tag = tag;
+  wo->destinations = dest;
+  wo->num_destinations = 1;
+}
+
 /* A transport registered through the vtable writes: memcopy_write_vtable's
  * write callback copies into the addresses its extract_metadata published
  * on the owner. */
@@ -68,9 +75,7 @@ static void custom_transport_writes(void) {
   int64_t shape_p[1] = {16};
   rdt_tensor patch_t = u8_tensor(patch, shape_p);
   rdt_range dest = {.ref = 0, .tensor = 0, .offset = 100, .length = 16};
-  wo.tag = 12;
-  wo.destinations = &dest;
-  wo.num_destinations = 1;
+  write_into(&wo, 12, &dest);
   CHECK_OK(rdt_write(writer, &w, 1, &patch_t, 1, &wo, 30000));
   n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 12 && n.nbytes == 16);
@@ -232,9 +237,7 @@ int main(void) {
   int64_t shape_p[1] = {10};
   rdt_tensor patch_t = u8_tensor(patch, shape_p);
   rdt_range dest = {.ref = 0, .tensor = 1, .offset = 10, .length = 10};
-  wo.tag = 8;
-  wo.destinations = &dest;
-  wo.num_destinations = 1;
+  write_into(&wo, 8, &dest);
   rdt_pending *op = NULL;
   CHECK_OK(rdt_write_start(writer, &w, 1, &patch_t, 1, &wo, &op));
   CHECK_OK(rdt_pending_wait(op, 30000));

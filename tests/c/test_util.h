@@ -162,6 +162,12 @@ static inline void runtime_pair(const char *na, const char *nb,
   register_cpu(*b, transport, vtable(tb));
 }
 
+/* Destroys the runtimes runtime_pair made, a first. */
+static inline void destroy_pair(rdt_runtime *a, rdt_runtime *b) {
+  CHECK_OK(rdt_runtime_destroy(a));
+  CHECK_OK(rdt_runtime_destroy(b));
+}
+
 /* Serializes `ref` in its runtime and deserializes it in `rt`. */
 static inline rdt_ref *pass_ref(const rdt_ref *ref, rdt_runtime *rt) {
   void *bytes = NULL;

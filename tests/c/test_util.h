@@ -198,6 +198,14 @@ static inline rdt_ref *expose_to(rdt_runtime *owner, const rdt_tensor *t, const 
   return pass_ref(*exposed, writer);
 }
 
+/* The next write notice of `exposed`, waited for up to 30 s. */
+static inline rdt_write_notice take_notice(rdt_ref *exposed) {
+  rdt_write_notice n;
+  rdt_write_notice_init(&n);
+  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  return n;
+}
+
 static inline rdt_stats stats_of(rdt_runtime *rt) {
   rdt_stats s;
   rdt_stats_init(&s);

@@ -26,13 +26,6 @@ static int lists_writes(rdt_runtime *rt, const char *name) {
   return 0;
 }
 
-static rdt_write_notice take_notice(rdt_ref *exposed) {
-  rdt_write_notice n;
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
-  return n;
-}
-
 /* Aims the writes of `wo` at the one range `dest`, with `tag`. */
 static void write_into(rdt_write_options *wo, uint64_t tag, const rdt_range *dest) {
   wo->tag = tag;
@@ -221,9 +214,7 @@ int main(void) {
   CHECK_OK(rdt_write(writer, &w, 1, sources, 2, &wo, 30000));
   /* The notice follows the bytes: the writer's done travels to the owner. */
   CHECK(readable_within(fd, 30000));
-  rdt_write_notice n;
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  rdt_write_notice n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 7 && n.nbytes == N * sizeof(float) + M);
   CHECK(n.message[0] == '\0' && strlen(n.writer) == 32);
   CHECK(memcmp(weights, src_w, N * sizeof(float)) == 0);
@@ -242,8 +233,7 @@ int main(void) {
   CHECK_OK(rdt_write_start(writer, &w, 1, &patch_t, 1, &wo, &op));
   CHECK_OK(rdt_pending_wait(op, 30000));
   CHECK_OK(rdt_pending_free(op));
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 8 && n.nbytes == 10);
   for (int i = 0; i < M; i++)
     CHECK(bias[i] == ((i >= 10 && i < 20) ? 0xEE : (uint8_t)(200 - i)));

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
@@ -52,6 +53,44 @@ func getArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_te
 	return rt, rs, ts, opts, nil
 }
 
+// targetArgs is getArgs for the calls whose tensors are targets.
+func targetArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
+	ntargets C.size_t, copts *C.rdt_get_options) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.FetchOptions, error) {
+	return getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
+}
+
+// openCall is guardOpen for the calls that start or prepare a get or a
+// write: args (targetArgs or writeArgs) resolves their arguments, start
+// takes them, and the handle opened is what wrap makes of its result.
+func openCall[CO, O, T any](fn string, h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, tensors *C.rdt_tensor,
+	ntensors C.size_t, copts *CO, out *C.uintptr_t,
+	args func(C.uintptr_t, *C.uintptr_t, C.size_t, *C.rdt_tensor, C.size_t, *CO) (*engine.Runtime, []*engine.Ref, []transport.Tensor, O, error),
+	start func(*engine.Runtime, []*engine.Ref, []transport.Tensor, O) (T, error), wrap func(T) any) C.int {
+	return guardOpen(fn, out, func() (any, error) {
+		rt, rs, ts, opts, err := args(h, refs, nrefs, tensors, ntensors, copts)
+		if err != nil {
+			return nil, err
+		}
+		v, err := start(rt, rs, ts, opts)
+		return wrap(v), err
+	})
+}
+
+// runCall is guard for the blocking get and write: args (targetArgs or
+// writeArgs) resolves their arguments and run takes them and the deadline.
+func runCall[CO, O any](fn string, h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, tensors *C.rdt_tensor,
+	ntensors C.size_t, copts *CO, ms C.int64_t,
+	args func(C.uintptr_t, *C.uintptr_t, C.size_t, *C.rdt_tensor, C.size_t, *CO) (*engine.Runtime, []*engine.Ref, []transport.Tensor, O, error),
+	run func(*engine.Runtime, []*engine.Ref, []transport.Tensor, O, time.Duration) error) C.int {
+	return guard(fn, func() error {
+		rt, rs, ts, opts, err := args(h, refs, nrefs, tensors, ntensors, copts)
+		if err != nil {
+			return err
+		}
+		return run(rt, rs, ts, opts, duration(ms))
+	})
+}
+
 // rangesFromC copies the rdt_range array opts->`field` of a partial get
 // (sources) or write (destinations); nil: every tensor whole.
 func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Range, error) {
@@ -74,14 +113,8 @@ func rangesFromC(p *C.rdt_range, n C.size_t, field string) ([]engine.Range, erro
 //export rdtgo_get_start
 func rdtgo_get_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
-	return guardOpen("rdt_get_start", out, func() (any, error) {
-		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
-		if err != nil {
-			return nil, err
-		}
-		f, err := rt.StartFetch(rs, ts, opts)
-		return &pendingHandle{f: f}, err
-	})
+	return openCall("rdt_get_start", h, refs, nrefs, targets, ntargets, copts, out, targetArgs,
+		(*engine.Runtime).StartFetch, newPending)
 }
 
 //export rdtgo_pending_wait
@@ -129,13 +162,7 @@ func rdtgo_pending_free(h C.uintptr_t) C.int {
 //export rdtgo_get
 func rdtgo_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_get_options, ms C.int64_t) C.int {
-	return guard("rdt_get", func() error {
-		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
-		if err != nil {
-			return err
-		}
-		return rt.Get(rs, ts, opts, duration(ms))
-	})
+	return runCall("rdt_get", h, refs, nrefs, targets, ntargets, copts, ms, targetArgs, (*engine.Runtime).Get)
 }
 
 //export rdtgo_wait_tensor_freed

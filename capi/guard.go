@@ -69,6 +69,8 @@ type refHandle struct{ ref *engine.Ref }
 // under way (the engine runs both as an engine.Fetch).
 type pendingHandle struct{ f *engine.Fetch }
 
+func newPending(f *engine.Fetch) any { return &pendingHandle{f: f} }
+
 func newHandle(v any) C.uintptr_t { return C.uintptr_t(cgo.NewHandle(v)) }
 
 // guardOpen is guard for the calls that make a handle: out must not be

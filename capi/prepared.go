@@ -12,30 +12,20 @@ import (
 // preparedHandle is what an rdt_prepared* names.
 type preparedHandle struct{ p *engine.Prepared }
 
+func newPrepared(p *engine.Prepared) any { return &preparedHandle{p: p} }
+
 //export rdtgo_prepare_get
 func rdtgo_prepare_get(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, targets *C.rdt_tensor,
 	ntargets C.size_t, copts *C.rdt_get_options, out *C.uintptr_t) C.int {
-	return guardOpen("rdt_prepare_get", out, func() (any, error) {
-		rt, rs, ts, opts, err := getArgs(h, refs, nrefs, targets, ntargets, copts, "targets")
-		if err != nil {
-			return nil, err
-		}
-		p, err := rt.PrepareFetch(rs, ts, opts)
-		return &preparedHandle{p: p}, err
-	})
+	return openCall("rdt_prepare_get", h, refs, nrefs, targets, ntargets, copts, out, targetArgs,
+		(*engine.Runtime).PrepareFetch, newPrepared)
 }
 
 //export rdtgo_prepare_write
 func rdtgo_prepare_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
-	return guardOpen("rdt_prepare_write", out, func() (any, error) {
-		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
-		if err != nil {
-			return nil, err
-		}
-		p, err := rt.PrepareWrite(rs, ts, opts)
-		return &preparedHandle{p: p}, err
-	})
+	return openCall("rdt_prepare_write", h, refs, nrefs, sources, nsources, copts, out, writeArgs,
+		(*engine.Runtime).PrepareWrite, newPrepared)
 }
 
 //export rdtgo_prepared_run

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/engine"
+	"github.com/rdt-project/rdt/core/transport"
 )
 
 // viewHandle is what an rdt_view* names.
@@ -41,12 +42,9 @@ func rdtgo_view_open(h C.uintptr_t, ref C.uintptr_t, copts *C.rdt_view_options, 
 //export rdtgo_view_data
 func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C.int) C.int {
 	return guard("rdt_view_data", func() error {
-		vh, out, err := viewArray(h, data, count, "data_out")
+		vh, err := fillView(h, data, count, "data_out", func(t transport.Tensor) C.uintptr_t { return C.uintptr_t(t.Data) })
 		if err != nil {
 			return err
-		}
-		for i, t := range vh.v.Tensors() {
-			out[i] = C.uintptr_t(t.Data)
 		}
 		if mapped != nil {
 			*mapped = 0
@@ -61,34 +59,32 @@ func rdtgo_view_data(h C.uintptr_t, data *C.uintptr_t, count C.size_t, mapped *C
 //export rdtgo_view_sizes
 func rdtgo_view_sizes(h C.uintptr_t, nbytes *C.uint64_t, count C.size_t) C.int {
 	return guard("rdt_view_sizes", func() error {
-		vh, out, err := viewArray(h, nbytes, count, "nbytes_out")
-		if err != nil {
-			return err
-		}
-		for i, t := range vh.v.Tensors() {
-			out[i] = C.uint64_t(t.Nbytes)
-		}
-		return nil
+		_, err := fillView(h, nbytes, count, "nbytes_out", func(t transport.Tensor) C.uint64_t { return C.uint64_t(t.Nbytes) })
+		return err
 	})
 }
 
-// viewArray resolves a view handle and the caller's array of count
-// entries, one per tensor of the view.
-func viewArray[T any](h C.uintptr_t, arr *T, count C.size_t, name string) (*viewHandle, []T, error) {
+// fillView resolves a view handle and fills the caller's array of count
+// entries, one per tensor of the view, with value of that tensor.
+func fillView[T any](h C.uintptr_t, arr *T, count C.size_t, name string, value func(transport.Tensor) T) (*viewHandle, error) {
 	vh, err := lookup[*viewHandle](h, "view")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if n := len(vh.v.Tensors()); uint64(count) != uint64(n) {
-		return nil, nil, invalid("count is %d; the object has %d tensors", uint64(count), n)
+		return nil, invalid("count is %d; the object has %d tensors", uint64(count), n)
 	}
 	if arr == nil && count > 0 {
-		return nil, nil, invalid("%s is NULL", name)
+		return nil, invalid("%s is NULL", name)
 	}
 	if count == 0 {
-		return vh, nil, nil
+		return vh, nil
 	}
-	return vh, unsafe.Slice(arr, int(count)), nil
+	out := unsafe.Slice(arr, int(count))
+	for i, t := range vh.v.Tensors() {
+		out[i] = value(t)
+	}
+	return vh, nil
 }
 
 //export rdtgo_view_release

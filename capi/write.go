@@ -12,45 +12,33 @@ import (
 
 // writeArgs resolves the arguments shared by rdt_write_start and rdt_write.
 func writeArgs(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
-	nsources C.size_t, copts *C.rdt_write_options) (*engine.Runtime, []*engine.Ref, engine.WriteOptions, []transport.Tensor, error) {
+	nsources C.size_t, copts *C.rdt_write_options) (*engine.Runtime, []*engine.Ref, []transport.Tensor, engine.WriteOptions, error) {
 	var opts engine.WriteOptions
 	rt, rs, ts, _, err := getArgs(h, refs, nrefs, sources, nsources, nil, "sources")
 	if err != nil {
-		return nil, nil, opts, nil, err
+		return nil, nil, nil, opts, err
 	}
 	if copts != nil {
 		opts.Transport = goString(copts.transport)
 		opts.Tag = uint64(copts.tag)
 		if opts.Destinations, err = rangesFromC(copts.destinations, copts.num_destinations, "destinations"); err != nil {
-			return nil, nil, opts, nil, err
+			return nil, nil, nil, opts, err
 		}
 	}
-	return rt, rs, opts, ts, nil
+	return rt, rs, ts, opts, nil
 }
 
 //export rdtgo_write_start
 func rdtgo_write_start(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, out *C.uintptr_t) C.int {
-	return guardOpen("rdt_write_start", out, func() (any, error) {
-		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
-		if err != nil {
-			return nil, err
-		}
-		f, err := rt.StartWrite(rs, ts, opts)
-		return &pendingHandle{f: f}, err
-	})
+	return openCall("rdt_write_start", h, refs, nrefs, sources, nsources, copts, out, writeArgs,
+		(*engine.Runtime).StartWrite, newPending)
 }
 
 //export rdtgo_write
 func rdtgo_write(h C.uintptr_t, refs *C.uintptr_t, nrefs C.size_t, sources *C.rdt_tensor,
 	nsources C.size_t, copts *C.rdt_write_options, ms C.int64_t) C.int {
-	return guard("rdt_write", func() error {
-		rt, rs, opts, ts, err := writeArgs(h, refs, nrefs, sources, nsources, copts)
-		if err != nil {
-			return err
-		}
-		return rt.Write(rs, ts, opts, duration(ms))
-	})
+	return runCall("rdt_write", h, refs, nrefs, sources, nsources, copts, ms, writeArgs, (*engine.Runtime).Write)
 }
 
 //export rdtgo_write_notice_wait

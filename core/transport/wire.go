@@ -126,18 +126,14 @@ func (r *WireReader) ID() (id ID) {
 
 // Str8 reads a string written by WireWriter.Str8, refusing one over max
 // bytes; field names it in the error.
-func (r *WireReader) Str8(field string, max int) string {
-	n := int(r.U8())
-	if n > max {
-		r.Fail("%s is %d bytes, over the limit of %d", field, n, max)
-		return ""
-	}
-	return string(r.Take(n))
-}
+func (r *WireReader) Str8(field string, max int) string { return r.str(int(r.U8()), field, max) }
 
 // Str16 reads a string written by WireWriter.Str16, bounded like Str8.
-func (r *WireReader) Str16(field string, max int) string {
-	n := int(r.U16())
+func (r *WireReader) Str16(field string, max int) string { return r.str(int(r.U16()), field, max) }
+
+// str reads the n bytes of a string whose length prefix was just read,
+// bounded like Str8.
+func (r *WireReader) str(n int, field string, max int) string {
 	if n > max {
 		r.Fail("%s is %d bytes, over the limit of %d", field, n, max)
 		return ""
@@ -265,4 +261,22 @@ func OpenMetadataVersions(b []byte, magic string, oldest, newest uint8) (*WireRe
 // CorruptMetadata is the error for metadata that breaks its format's rules.
 func CorruptMetadata(why string) error {
 	return Errorf(ErrCorrupt, "corrupt transport metadata (%s)", why)
+}
+
+// RecordCount reads the u32 count of the fixed-size records (one per
+// tensor, size bytes each) that end a transport's metadata, and checks it:
+// CORRUPT when the metadata ended before the count (short says why), when
+// the count is over max, or when what remains is not count records.
+func (r *WireReader) RecordCount(short string, max uint32, size uint64) (uint32, error) {
+	n := r.U32()
+	if r.Err() != nil {
+		return 0, CorruptMetadata(short)
+	}
+	if n > max {
+		return 0, CorruptMetadata("too many tensors")
+	}
+	if uint64(r.Len()) != uint64(n)*size {
+		return 0, CorruptMetadata("length does not match the tensor count")
+	}
+	return n, nil
 }

@@ -484,13 +484,6 @@ static void drop_slot(slot *s) {
   CHECK_OK(rdt_ref_release(s->owned));
 }
 
-static rdt_write_notice notice_of(rdt_ref *exposed) {
-  rdt_write_notice n;
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
-  return n;
-}
-
 static rdt_status write_tagged(rdt_runtime *rt, rdt_ref *ref, const rdt_tensor *sources, size_t n,
                                const rdt_range *dests, uint64_t tag) {
   rdt_write_options wo;
@@ -509,7 +502,7 @@ static void write_round_trip(void) {
   make_tensor(&from[1], RDT_DTYPE_UINT, 8, 3 << 20, 51);
   rdt_tensor ts[2] = {from[0].t, from[1].t};
   CHECK_OK(write_tagged(dst_rt, s.writable, ts, 2, NULL, 21));
-  rdt_write_notice n = notice_of(s.owned);
+  rdt_write_notice n = take_notice(s.owned);
   CHECK(n.status == RDT_OK && n.tag == 21 && n.nbytes == 48 + (3 << 20));
   for (int i = 0; i < 2; i++) CHECK(memcmp(s.in[i].data, from[i].data, bytes_of(&from[i])) == 0);
   drop_slot(&s);
@@ -528,7 +521,7 @@ static void write_partial(void) {
   rdt_tensor ts[2] = {from[0].t, from[1].t};
   rdt_range dests[2] = {{0, 1, 1000, 100}, {0, 0, 16, 16}};
   CHECK_OK(write_tagged(dst_rt, s.writable, ts, 2, dests, 22));
-  rdt_write_notice n = notice_of(s.owned);
+  rdt_write_notice n = take_notice(s.owned);
   CHECK(n.status == RDT_OK && n.tag == 22 && n.nbytes == 116);
   const uint8_t *w0 = s.in[0].data, *w1 = s.in[1].data;
   for (int i = 0; i < 48; i++)
@@ -561,7 +554,7 @@ static void write_abort(void) {
   CHECK(aborts_seen() == 1);
   CHECK_OK(rdt_pending_free(f));
   set_gate(0);
-  rdt_write_notice n = notice_of(s.owned);
+  rdt_write_notice n = take_notice(s.owned);
   CHECK(n.status != RDT_OK && n.tag == 23);
   CHECK(memcmp(s.in[1].data, before, 4096) == 0);
   drop_slot(&s);

@@ -394,8 +394,7 @@ static void test_failing_transport(void) {
   td.fail_at = 0;
   CHECK_OK(rdt_get(dst, refs, 3, targets, 3, NULL, 10000));
   for (int i = 0; i < 3; i++) CHECK_OK(rdt_ref_release(refs[i]));
-  CHECK_OK(rdt_runtime_destroy(src));
-  CHECK_OK(rdt_runtime_destroy(dst));
+  destroy_pair(src, dst);
 }
 
 /* A deadline leaves the fetch valid; abort then ends it. */
@@ -469,8 +468,7 @@ int main(void) {
   test_failing_transport();
   test_timeout_and_abort();
   CHECK(stats_of(a).objects == 0);
-  CHECK_OK(rdt_runtime_destroy(a));
-  CHECK_OK(rdt_runtime_destroy(b));
+  destroy_pair(a, b);
   printf("test_errors: ok\n");
   return 0;
 }

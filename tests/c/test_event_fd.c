@@ -159,8 +159,7 @@ int main(void) {
 
   CHECK_OK(rdt_ref_release(borrowed));
   CHECK(stats_of(dst).fetches_active == 0);
-  CHECK_OK(rdt_runtime_destroy(src));
-  CHECK_OK(rdt_runtime_destroy(dst));
+  destroy_pair(src, dst);
   printf("test_event_fd: ok\n");
   return 0;
 }

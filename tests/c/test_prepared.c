@@ -79,9 +79,7 @@ static void write_runs(const char *transport) {
   for (uint64_t tag = 1; tag <= 10; tag++) {
     fill(src, N, (float)tag);
     CHECK_OK(rdt_prepared_run(p, tag, 30000));
-    rdt_write_notice n;
-    rdt_write_notice_init(&n);
-    CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+    rdt_write_notice n = take_notice(exposed);
     CHECK(n.status == RDT_OK && n.tag == tag && n.nbytes == N * sizeof(float));
     CHECK(memcmp(slot, src, N * sizeof(float)) == 0);
   }

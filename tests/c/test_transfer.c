@@ -129,8 +129,7 @@ static void test_two_sided(void) {
   CHECK(!pthread_equal(ta.send_thread, pthread_self()));
   rdt_stats s = stats_of(a);
   CHECK(s.sends_completed == 2);
-  CHECK_OK(rdt_runtime_destroy(a));
-  CHECK_OK(rdt_runtime_destroy(b));
+  destroy_pair(a, b);
 }
 
 static void test_async_fetch_all_before_wait(void) {
@@ -160,8 +159,7 @@ static void test_async_fetch_all_before_wait(void) {
   CHECK(tb.fetches == N && tb.waits == N && tb.releases == N);
   for (int i = 0; i < N; i++) CHECK(tb.events[i] == 'f');
   for (int i = N; i < 2 * N; i++) CHECK(tb.events[i] == 'w');
-  CHECK_OK(rdt_runtime_destroy(a));
-  CHECK_OK(rdt_runtime_destroy(b));
+  destroy_pair(a, b);
 }
 
 static void test_local_fetch_needs_no_transport(void) {

@@ -162,6 +162,12 @@ static inline void runtime_pair(const char *na, const char *nb,
   register_cpu(*b, transport, vtable(tb));
 }
 
+/* Destroys the runtimes runtime_pair made, a first. */
+static inline void destroy_pair(rdt_runtime *a, rdt_runtime *b) {
+  CHECK_OK(rdt_runtime_destroy(a));
+  CHECK_OK(rdt_runtime_destroy(b));
+}
+
 /* Serializes `ref` in its runtime and deserializes it in `rt`. */
 static inline rdt_ref *pass_ref(const rdt_ref *ref, rdt_runtime *rt) {
   void *bytes = NULL;
@@ -190,6 +196,14 @@ static inline rdt_ref *expose_to(rdt_runtime *owner, const rdt_tensor *t, const 
                                  rdt_runtime *writer, rdt_ref **exposed) {
   CHECK_OK(rdt_expose(owner, t, 1, transport, NULL, NULL, exposed));
   return pass_ref(*exposed, writer);
+}
+
+/* The next write notice of `exposed`, waited for up to 30 s. */
+static inline rdt_write_notice take_notice(rdt_ref *exposed) {
+  rdt_write_notice n;
+  rdt_write_notice_init(&n);
+  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  return n;
 }
 
 static inline rdt_stats stats_of(rdt_runtime *rt) {

@@ -26,11 +26,38 @@ static int lists_writes(rdt_runtime *rt, const char *name) {
   return 0;
 }
 
-static rdt_write_notice take_notice(rdt_ref *exposed) {
-  rdt_write_notice n;
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
-  return n;
+/* A one-range write: its bytes (up to 16), their tensor and where they go. */
+typedef struct patch {
+  uint8_t bytes[16];
+  int64_t shape[1];
+  rdt_tensor t;
+  rdt_range dest;
+} patch;
+
+/* Makes p `length` bytes of `value` bound for bytes [offset, offset +
+ * length) of tensor `tensor` of the first ref, and aims the writes of `wo`
+ * at that range, with `tag`. */
+static void aim_patch(patch *p, rdt_write_options *wo, uint64_t tag, uint32_t tensor, uint64_t offset,
+                      uint8_t value, uint64_t length) {
+  CHECK(length <= sizeof p->bytes);
+  memset(p->bytes, value, length);
+  p->shape[0] = (int64_t)length;
+  p->t = u8_tensor(p->bytes, p->shape);
+  p->dest = (rdt_range){.ref = 0, .tensor = tensor, .offset = offset, .length = length};
+  wo->tag = tag;
+  wo->destinations = &p->dest;
+  wo->num_destinations = 1;
+}
+
+/* Releases the writer's ref w and the owner's exposed ref, waits until the
+ * owner frees `memory`, and destroys both runtimes. */
+static void end_exposed(rdt_runtime *owner, rdt_runtime *writer, rdt_ref *exposed, rdt_ref *w,
+                        const void *memory) {
+  CHECK_OK(rdt_ref_release(w));
+  CHECK_OK(rdt_ref_release(exposed));
+  CHECK_OK(rdt_wait_tensor_freed(owner, memory, 30000));
+  CHECK_OK(rdt_runtime_destroy(writer));
+  CHECK_OK(rdt_runtime_destroy(owner));
 }
 
 /* A transport registered through the vtable writes: memcopy_write_vtable's
@@ -63,15 +90,9 @@ static void custom_transport_writes(void) {
 
   /* A byte range: only bytes [100, 116) change. */
   memset(slot, 0, N);
-  uint8_t patch[16];
-  memset(patch, 0xAB, sizeof patch);
-  int64_t shape_p[1] = {16};
-  rdt_tensor patch_t = u8_tensor(patch, shape_p);
-  rdt_range dest = {.ref = 0, .tensor = 0, .offset = 100, .length = 16};
-  wo.tag = 12;
-  wo.destinations = &dest;
-  wo.num_destinations = 1;
-  CHECK_OK(rdt_write(writer, &w, 1, &patch_t, 1, &wo, 30000));
+  patch p;
+  aim_patch(&p, &wo, 12, 0, 100, 0xAB, 16);
+  CHECK_OK(rdt_write(writer, &w, 1, &p.t, 1, &wo, 30000));
   n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 12 && n.nbytes == 16);
   for (int i = 0; i < N; i++) CHECK(slot[i] == ((i >= 100 && i < 116) ? 0xAB : 0));
@@ -117,11 +138,7 @@ static void custom_transport_writes(void) {
 
   rdt_stats st = stats_of(writer);
   CHECK(st.writes_completed == 2 && st.writes_failed == 2);
-  CHECK_OK(rdt_ref_release(w));
-  CHECK_OK(rdt_ref_release(exposed));
-  CHECK_OK(rdt_wait_tensor_freed(owner, slot, 30000));
-  CHECK_OK(rdt_runtime_destroy(writer));
-  CHECK_OK(rdt_runtime_destroy(owner));
+  end_exposed(owner, writer, exposed, w, slot);
   free(slot);
   free(src);
 }
@@ -216,9 +233,7 @@ int main(void) {
   CHECK_OK(rdt_write(writer, &w, 1, sources, 2, &wo, 30000));
   /* The notice follows the bytes: the writer's done travels to the owner. */
   CHECK(readable_within(fd, 30000));
-  rdt_write_notice n;
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  rdt_write_notice n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 7 && n.nbytes == N * sizeof(float) + M);
   CHECK(n.message[0] == '\0' && strlen(n.writer) == 32);
   CHECK(memcmp(weights, src_w, N * sizeof(float)) == 0);
@@ -227,31 +242,24 @@ int main(void) {
   CHECK_STATUS(rdt_write_notice_wait(exposed, 0, &n), RDT_ERR_TIMEOUT);
 
   /* Bytes [10, 20) of the second tensor, started and waited on as a fetch. */
-  uint8_t patch[10];
-  memset(patch, 0xEE, sizeof patch);
-  int64_t shape_p[1] = {10};
-  rdt_tensor patch_t = u8_tensor(patch, shape_p);
-  rdt_range dest = {.ref = 0, .tensor = 1, .offset = 10, .length = 10};
-  wo.tag = 8;
-  wo.destinations = &dest;
-  wo.num_destinations = 1;
+  patch p;
+  aim_patch(&p, &wo, 8, 1, 10, 0xEE, 10);
   rdt_pending *op = NULL;
-  CHECK_OK(rdt_write_start(writer, &w, 1, &patch_t, 1, &wo, &op));
+  CHECK_OK(rdt_write_start(writer, &w, 1, &p.t, 1, &wo, &op));
   CHECK_OK(rdt_pending_wait(op, 30000));
   CHECK_OK(rdt_pending_free(op));
-  rdt_write_notice_init(&n);
-  CHECK_OK(rdt_write_notice_wait(exposed, 30000, &n));
+  n = take_notice(exposed);
   CHECK(n.status == RDT_OK && n.tag == 8 && n.nbytes == 10);
   for (int i = 0; i < M; i++)
     CHECK(bias[i] == ((i >= 10 && i < 20) ? 0xEE : (uint8_t)(200 - i)));
 
   /* Refusals: past the tensor, a read ref, a fetch of a writable ref. */
-  dest.offset = 95;
-  CHECK_STATUS(rdt_write(writer, &w, 1, &patch_t, 1, &wo, 30000), RDT_ERR_INVALID_ARGUMENT);
+  p.dest.offset = 95;
+  CHECK_STATUS(rdt_write(writer, &w, 1, &p.t, 1, &wo, 30000), RDT_ERR_INVALID_ARGUMENT);
   rdt_ref *put = NULL;
-  CHECK_OK(rdt_put(owner, &patch_t, 1, NULL, NULL, NULL, &put));
+  CHECK_OK(rdt_put(owner, &p.t, 1, NULL, NULL, NULL, &put));
   rdt_ref *r = pass_ref(put, writer);
-  CHECK_STATUS(rdt_write(writer, &r, 1, &patch_t, 1, NULL, 30000), RDT_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(rdt_write(writer, &r, 1, &p.t, 1, NULL, 30000), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("not writable");
   CHECK_STATUS(rdt_get(writer, &w, 1, sources, 2, NULL, 30000), RDT_ERR_INVALID_ARGUMENT);
   CHECK_MSG("exposed for writing");
@@ -268,11 +276,7 @@ int main(void) {
 
   CHECK_OK(rdt_ref_release(r));
   CHECK_OK(rdt_ref_release(put));
-  CHECK_OK(rdt_ref_release(w));
-  CHECK_OK(rdt_ref_release(exposed));
-  CHECK_OK(rdt_wait_tensor_freed(owner, weights, 30000));
-  CHECK_OK(rdt_runtime_destroy(writer));
-  CHECK_OK(rdt_runtime_destroy(owner));
+  end_exposed(owner, writer, exposed, w, weights);
   free(weights);
   free(bias);
   free(src_w);

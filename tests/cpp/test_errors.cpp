@@ -91,9 +91,8 @@ TEST(Errors, CorruptBytes) {
 
 TEST(Errors, TimeoutAbortsTheGet) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b, {true, true, false});
   probe->open = false;
-  register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<float> src(8), dst(8);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
@@ -164,9 +163,8 @@ class CallbackThrows : public ::testing::TestWithParam<Throw> {};
 TEST_P(CallbackThrows, BecomesUserErrorWithItsMessage) {
   const Throw &p = GetParam();
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b, {p.one_sided, true, p.asynchronous});
   probe->throw_in = p.callback;
-  register_mem({&a, &b}, "mem", probe, {p.one_sided, true, p.asynchronous});
   std::vector<uint32_t> src = pattern(64, 1), dst(64);
   auto put_and_get = [&] {
     rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
@@ -200,10 +198,9 @@ TEST(CallbackExceptions, StatusesOfOtherExceptionKinds) {
   for (auto kind : {std::make_pair("rdt", RDT_ERR_TRANSPORT), std::make_pair("nonstd", RDT_ERR_USER),
                     std::make_pair("rdt_ok", RDT_ERR_USER)}) {
     rdt::Runtime a(quiet("a")), b(quiet("b"));
-    auto probe = std::make_shared<Probe>();
+    auto probe = mem_probe(a, b);
     probe->throw_in = "recv";
     probe->throw_kind = kind.first;
-    register_mem({&a, &b}, "mem", probe);
     std::vector<float> src(4), dst(4);
     rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
     rdt::Ref borrowed = b.deserialize(ref.serialize());
@@ -220,8 +217,7 @@ TEST(CallbackExceptions, StatusesOfOtherExceptionKinds) {
 // the process goes on and the objects are still freed.
 TEST(CallbackExceptions, GarbageCollectAndAbortMayThrow) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
-  register_mem({&a, &b}, "mem", probe, {true, true, false});
+  auto probe = mem_probe(a, b, {true, true, false});
   std::vector<float> src(4), dst(4);
   probe->throw_in = "garbage_collect";
   {

@@ -141,9 +141,8 @@ TEST(Raii, RefsAndFetchesMayOutliveTheirRuntime) {
 // Destroying a Fetch whose transport can abort aborts it and waits.
 TEST(Raii, FetchDestructorAbortsAndWaits) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b, {true, true, false});
   probe->open = false;
-  register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<int32_t> src(10, 1), dst(10);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
@@ -161,9 +160,8 @@ TEST(Raii, FetchDestructorAbortsAndWaits) {
 // any more.
 TEST(Raii, FetchDestructorWaitsForATransportThatCannotAbort) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b);
   probe->delay_ms = 150;
-  register_mem({&a, &b}, "mem", probe);
   std::vector<uint32_t> src = pattern(4096, 5);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
@@ -333,9 +331,8 @@ TEST(FetchSemantics, SeveralRefsInOneFetch) {
 
 TEST(FetchSemantics, WaitTimesOutThenCompletes) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b);
   probe->open = false;
-  register_mem({&a, &b}, "mem", probe);
   std::vector<uint32_t> src = pattern(100, 9), dst(100);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());
@@ -350,9 +347,8 @@ TEST(FetchSemantics, WaitTimesOutThenCompletes) {
 
 TEST(FetchSemantics, AbortThenWaitThrowsAborted) {
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b, {true, true, false});
   probe->open = false;
-  register_mem({&a, &b}, "mem", probe, {true, true, false});
   std::vector<uint32_t> src(100), dst(100);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());

@@ -8,17 +8,6 @@ using namespace rdt_test;
 
 namespace {
 
-// The built-in host transports that say they serve ranges.
-std::vector<std::string> ranges_transports(rdt::Runtime &rt) {
-  std::vector<std::string> out;
-  for (auto &t : rt.transports()) {
-    bool cpu = false;
-    for (uint32_t i = 0; i < t.num_devices; i++) cpu |= t.devices[i] == RDT_DEVICE_CPU;
-    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & RDT_TRANSPORT_RANGES) && cpu) out.push_back(t.name);
-  }
-  return out;
-}
-
 std::vector<uint32_t> part(const std::vector<uint32_t> &v, size_t begin, size_t end) {
   return std::vector<uint32_t>(v.begin() + long(begin), v.begin() + long(end));
 }
@@ -34,7 +23,7 @@ TEST(PartialFetch, RangesFromAnotherProcessOverEachTransport) {
   ASSERT_FALSE(hex1.empty()) << "the source process said nothing";
   rdt::Runtime rt(quiet("cpp-partial"));
   rdt::Ref r0 = rt.deserialize(from_hex(hex0)), r1 = rt.deserialize(from_hex(hex1));
-  std::vector<std::string> names = ranges_transports(rt);
+  std::vector<std::string> names = builtin_host_transports(rt, RDT_TRANSPORT_RANGES);
   ASSERT_FALSE(names.empty()) << "no built-in transport serves ranges";
   const auto p0 = pattern(n, 0), p1 = pattern(n, 1);
   for (const std::string &name : names) {

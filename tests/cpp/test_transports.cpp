@@ -17,8 +17,7 @@ class CppTransport : public ::testing::TestWithParam<Kind> {};
 TEST_P(CppTransport, MovesAnObjectAndCleansUp) {
   const Kind &k = GetParam();
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
-  register_mem({&a, &b}, "mem", probe, k.config);
+  auto probe = mem_probe(a, b, k.config);
   auto p0 = pattern(100000, 1), p1 = pattern(3, 2);
   std::vector<uint32_t> d0(p0.size()), d1(p1.size());
   {
@@ -53,9 +52,8 @@ TEST_P(CppTransport, AbortReachesTheTransport) {
   Kind k = GetParam();
   k.config.can_abort = true;
   rdt::Runtime a(quiet("a")), b(quiet("b"));
-  auto probe = std::make_shared<Probe>();
+  auto probe = mem_probe(a, b, k.config);
   probe->open = false;
-  register_mem({&a, &b}, "mem", probe, k.config);
   std::vector<uint32_t> src(100), dst(100);
   rdt::Ref ref = a.put({rdt::tensor(src)}, "mem");
   rdt::Ref borrowed = b.deserialize(ref.serialize());

@@ -130,11 +130,7 @@ void register_process_transports(rdt::Runtime &rt) {
 std::vector<std::string> process_transports() {
   std::vector<std::string> out{"auto"};
   rdt::Runtime rt(quiet("lister"));
-  for (auto &t : rt.transports()) {
-    bool cpu = false;
-    for (uint32_t i = 0; i < t.num_devices; i++) cpu |= t.devices[i] == RDT_DEVICE_CPU;
-    if ((t.flags & RDT_TRANSPORT_BUILTIN) && cpu) out.push_back(t.name);
-  }
+  for (const std::string &name : builtin_host_transports(rt)) out.push_back(name);
   out.push_back("cppfile");
   out.push_back("cppsock");
   return out;

@@ -314,6 +314,14 @@ inline void register_mem(std::initializer_list<rdt::Runtime *> rts, const std::s
     rdt::register_transport(*rt, name, {RDT_DEVICE_CPU}, std::make_unique<MemTransport>(probe, c));
 }
 
+// Registers a MemTransport "mem" with `a` and `b` over a new probe and
+// returns the probe (set its fields before the first put or fetch).
+inline std::shared_ptr<Probe> mem_probe(rdt::Runtime &a, rdt::Runtime &b, MemTransport::Config c = {}) {
+  auto probe = std::make_shared<Probe>();
+  register_mem({&a, &b}, "mem", probe, c);
+  return probe;
+}
+
 // ---- transports that work between processes --------------------------------
 
 // One-sided: the source writes the object to a file named in the metadata;
@@ -367,6 +375,18 @@ class Child {
 
 std::string to_hex(const std::vector<uint8_t> &b);
 std::vector<uint8_t> from_hex(const std::string &s);
+
+// The built-in transports of `rt` that move host memory and carry every
+// flag in `flags` (RDT_TRANSPORT_RANGES, RDT_TRANSPORT_WRITES, ...).
+inline std::vector<std::string> builtin_host_transports(rdt::Runtime &rt, uint32_t flags = 0) {
+  std::vector<std::string> out;
+  for (auto &t : rt.transports()) {
+    bool host = false;
+    for (uint32_t i = 0; i < t.num_devices; i++) host = host || t.devices[i] == RDT_DEVICE_CPU;
+    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & flags) == flags && host) out.push_back(t.name);
+  }
+  return out;
+}
 
 // The transports for cross-process tests: "auto", every built-in that moves
 // host memory, and this suite's own two.

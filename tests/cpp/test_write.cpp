@@ -5,25 +5,9 @@
 
 using namespace rdt_test;
 
-namespace {
-
-// The built-in transports that write host memory (cuda_ipc writes device
-// memory only).
-std::vector<std::string> writing_transports(rdt::Runtime &rt) {
-  std::vector<std::string> out;
-  for (auto &t : rt.transports()) {
-    bool host = false;
-    for (uint32_t i = 0; i < t.num_devices; i++) host = host || t.devices[i] == RDT_DEVICE_CPU;
-    if ((t.flags & RDT_TRANSPORT_BUILTIN) && (t.flags & RDT_TRANSPORT_WRITES) && host) out.push_back(t.name);
-  }
-  return out;
-}
-
-}  // namespace
-
 TEST(Write, IntoAnExposedObjectOverEachTransport) {
   rdt::Runtime owner(quiet("cpp-owner")), writer(quiet("cpp-writer"));
-  std::vector<std::string> names = writing_transports(writer);
+  std::vector<std::string> names = builtin_host_transports(writer, RDT_TRANSPORT_WRITES);
   ASSERT_FALSE(names.empty()) << "no built-in transport writes";
   uint64_t tag = 0;
   for (const std::string &name : names) {

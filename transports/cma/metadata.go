@@ -44,15 +44,9 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		return nil, err
 	}
 	m := &metadata{Pid: r.U32(), StartTime: r.U64(), Guard: r.U64(), Token: r.U64()}
-	n := r.U32()
-	if r.Err() != nil {
-		return nil, transport.CorruptMetadata("too short")
-	}
-	if n > maxRegions {
-		return nil, transport.CorruptMetadata("too many tensors")
-	}
-	if uint64(r.Len()) != uint64(n)*regionLen {
-		return nil, transport.CorruptMetadata("length does not match the tensor count")
+	n, err := r.RecordCount("too short", maxRegions, regionLen)
+	if err != nil {
+		return nil, err
 	}
 	if m.Pid == 0 || m.Pid > 1<<22 {
 		return nil, transport.CorruptMetadata("pid out of range")

@@ -226,12 +226,8 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // destroyed, which later transfers report.
 func TestGPUSourceDiesMidTransfer(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024") // its sends take a minute (under the NCCL double)
-	pairWithChild(t, rt, c, "pair")
+	// The child's sends take a minute (under the NCCL double).
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	ns := []int{8 << 20}
 	wire, err := c.do("put", 1, childArgs(ns, 3))
 	require.NoError(t, err)
@@ -256,12 +252,8 @@ func TestGPUSourceDiesMidTransfer(t *testing.T) {
 // fails and destroys its group.
 func TestGPUDestinationDiesMidTransfer(t *testing.T) {
 	requireTwoDevices(t)
-	dir := t.TempDir()
-	rt, err := sockRuntime("rank0", dir)
-	require.NoError(t, err)
-	defer rt.Destroy()
-	c := startChild(t, dir, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024") // its receives take a minute
-	pairWithChild(t, rt, c, "pair")
+	// The child's receives take a minute.
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	_, wire := putHere(t, rt, 0, []int{8 << 20}, 9)
 	c.send("get", 1, wire)
 	require.Equal(t, "FETCHING", mustLine(t, c))
@@ -354,64 +346,77 @@ func TestGPUSourceFailsBeforeSending(t *testing.T) {
 // after its pending work: the transfer completes, and the fetch does not
 // return while NCCL may still write into its targets.
 func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
-	requireTwoDevices(t)
-	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=500", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-	const n = 1 << 20
-	ref, _ := childObject(t, rt, c, []int{n}, 3)
-	p := devBuffer(t, n)
-
-	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, engine.FetchOptions{})
-	require.NoError(t, err)
-	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
-	destroyed := make(chan error, 1)
-	go func() { destroyed <- rt.DestroyGroup("pair") }()
-	ferr := f.Wait(30 * time.Second)
-	f.Free()
+	d := destroyGroupDuringFetch(t, "500")
+	ferr := d.f.Wait(30 * time.Second)
+	d.f.Free()
 	require.NoError(t, ferr)
-	after, err := devRead(0, p, n)
+	after, err := devRead(0, d.p, destroyingN)
 	require.NoError(t, err)
-	select {
-	case err = <-destroyed:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("rdt_group_destroy did not return")
-	}
+	d.awaitDestroyed(t, "rdt_group_destroy did not return")
 	time.Sleep(100 * time.Millisecond)
-	again, err := devRead(0, p, n)
+	again, err := devRead(0, d.p, destroyingN)
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(after, again), "the target changed after the fetch returned")
-	assert.True(t, bytes.Equal(after, pattern(n, 3)), "the fetch succeeded with the wrong bytes")
-	assert.Equal(t, "none", groupState(rt, "pair"))
+	assert.True(t, bytes.Equal(after, pattern(destroyingN, 3)), "the fetch succeeded with the wrong bytes")
+	assert.Equal(t, "none", groupState(d.rt, "pair"))
+}
+
+// destroyingN is the size of the object destroyGroupDuringFetch fetches.
+const destroyingN = 1 << 20
+
+// destroyingGroup is a fetch from a child over the group "pair", enqueued,
+// while rdt_group_destroy runs on another goroutine.
+type destroyingGroup struct {
+	rt        *engine.Runtime
+	c         *child
+	f         *engine.Fetch
+	p         cuda.Ptr
+	destroyed chan error
+}
+
+// destroyGroupDuringFetch starts fetching a destroyingN-byte object (seed
+// 3) from a child whose NCCL sends take delayMS milliseconds into device
+// buffer p, waits until the transfer is enqueued and then destroys the
+// group on another goroutine.
+func destroyGroupDuringFetch(t *testing.T, delayMS string) *destroyingGroup {
+	requireTwoDevices(t)
+	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS="+delayMS, "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
+	ref, _ := childObject(t, rt, c, []int{destroyingN}, 3)
+	p := devBuffer(t, destroyingN)
+
+	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, destroyingN)}, engine.FetchOptions{})
+	require.NoError(t, err)
+	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
+	d := &destroyingGroup{rt: rt, c: c, f: f, p: p, destroyed: make(chan error, 1)}
+	go func() { d.destroyed <- rt.DestroyGroup("pair") }()
+	return d
+}
+
+// awaitDestroyed requires rdt_group_destroy to return, without error,
+// within 30 s; msg says what it means if it does not.
+func (d *destroyingGroup) awaitDestroyed(t *testing.T, msg string) {
+	select {
+	case err := <-d.destroyed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal(msg)
+	}
 }
 
 // rdt_group_destroy waits for a transfer that does not end (here: a very
 // slow source), but aborting that fetch aborts the communicator and ends
 // both.
 func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
-	requireTwoDevices(t)
-	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
-	const n = 1 << 20
-	ref, _ := childObject(t, rt, c, []int{n}, 3)
-	p := devBuffer(t, n)
-
-	f, err := rt.StartFetch([]*engine.Ref{ref}, []transport.Tensor{devTensor(0, p, n)}, engine.FetchOptions{})
-	require.NoError(t, err)
-	require.True(t, waitFor(10*time.Second, func() bool { return received(rt, "pair", 1) > 0 }), "never enqueued")
-	destroyed := make(chan error, 1)
-	go func() { destroyed <- rt.DestroyGroup("pair") }()
+	d := destroyGroupDuringFetch(t, "60000")
+	f := d.f
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(f.Wait(200*time.Millisecond)), "the fetch ended by itself")
 	f.Abort()
 	ferr := f.Wait(30 * time.Second)
 	f.Free()
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(ferr), "%v", ferr)
-	select {
-	case err = <-destroyed:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("rdt_group_destroy did not return after the abort")
-	}
+	d.awaitDestroyed(t, "rdt_group_destroy did not return after the abort")
 	require.True(t, waitFor(30*time.Second, func() bool {
-		s, err := c.do("state", "pair")
+		s, err := d.c.do("state", "pair")
 		return err == nil && s != ""
 	}), "the source's group outlived the aborted transfer")
 }

@@ -88,21 +88,44 @@ func hostBuf(t *testing.T, n int) []byte {
 	return b
 }
 
-// Two runtimes, one per GPU, form a group and move tensors both ways; a
-// transfer that is aborted destroys the group and later ones say so.
-func TestGPUTwoRankTransfer(t *testing.T) {
-	requireNCCL(t)
-	if n, _ := cuda.DeviceCount(); n < 2 {
-		t.Skipf("NCCL needs two GPUs for one group (this machine has %d): NCCL refuses two ranks on one device", n)
-	}
+// twoRanks makes runtimes a and b, one per GPU (rank 0 on cuda:0, rank 1
+// on cuda:1), joined in the group "pair"; without two GPUs it skips, as
+// requireTwoDevices.
+func twoRanks(t *testing.T) (a, b *engine.Runtime) {
+	t.Helper()
+	requireTwoDevices(t)
 	dir := t.TempDir()
-	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
-	errs := make(chan error, 2)
+	a, b = gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+	errs := make(chan error, 1)
 	go func() {
 		errs <- b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
 	}()
 	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, <-errs)
+	return a, b
+}
+
+// lend puts tensors on a over nccl and returns a's ref to the object and
+// b's, deserialized from it; the caller releases both.
+func lend(t *testing.T, a, b *engine.Runtime, tensors []transport.Tensor) (ref, bref *engine.Ref) {
+	t.Helper()
+	ref, err := a.Put(tensors, Name, nil)
+	require.NoError(t, err)
+	wire, err := ref.Serialize()
+	if err == nil {
+		bref, err = b.Deserialize(wire)
+	}
+	if err != nil {
+		ref.Release()
+	}
+	require.NoError(t, err)
+	return ref, bref
+}
+
+// Two runtimes, one per GPU, form a group and move tensors both ways; a
+// transfer that is aborted destroys the group and later ones say so.
+func TestGPUTwoRankTransfer(t *testing.T) {
+	a, b := twoRanks(t)
 
 	const n = 8 << 20
 	src, err := cuda.Alloc(0, n)
@@ -117,13 +140,8 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 	}
 	require.NoError(t, cuda.Memcpy(0, src, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), n))
 
-	ref, err := a.Put([]transport.Tensor{devTensor(0, src, n)}, Name, nil)
-	require.NoError(t, err)
+	ref, bref := lend(t, a, b, []transport.Tensor{devTensor(0, src, n)})
 	defer ref.Release()
-	wire, err := ref.Serialize()
-	require.NoError(t, err)
-	bref, err := b.Deserialize(wire)
-	require.NoError(t, err)
 	defer bref.Release()
 	require.NoError(t, b.Get([]*engine.Ref{bref}, []transport.Tensor{devTensor(1, dst, n)}, engine.FetchOptions{}, time.Minute))
 	got := hostBuf(t, n)
@@ -238,33 +256,31 @@ func TestGPUTwoRanksOnOneDevice(t *testing.T) {
 	assert.Empty(t, b.GroupNames())
 }
 
+// putFilled puts n bytes of pattern seed on device r of rt and returns the
+// serialized ref; the object is released, and its memory freed, at cleanup.
+func putFilled(t *testing.T, rt *engine.Runtime, r, n int, seed byte) []byte {
+	t.Helper()
+	p, err := devFill(r, n, seed)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cuda.Free(r, p) })
+	ref, err := rt.Put([]transport.Tensor{devTensor(r, p, n)}, Name, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { ref.Release() })
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	return wire
+}
+
 // Two ranks fetch from each other at the same time, again and again, small
 // tensors and large ones: neither waits for the other (each enqueues its
 // receive and its send in either order).
 func TestGPUBothWaysAtOnce(t *testing.T) {
-	requireNCCL(t)
-	if n, _ := cuda.DeviceCount(); n < 2 {
-		t.Skipf("NCCL needs two GPUs for one group (this machine has %d)", n)
-	}
-	dir := t.TempDir()
-	rts := []*engine.Runtime{gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)}
-	errs := make(chan error, 1)
-	go func() {
-		errs <- rts[1].CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: rts[0].Address(), Device: 1}, time.Minute)
-	}()
-	require.NoError(t, rts[0].CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
-	require.NoError(t, <-errs)
+	a, b := twoRanks(t)
+	rts := []*engine.Runtime{a, b}
 	for _, n := range []int{1000, 4 << 20} {
 		wires := make([][]byte, 2)
 		for r, rt := range rts {
-			p, err := devFill(r, n, byte(r+1))
-			require.NoError(t, err)
-			defer cuda.Free(r, p)
-			ref, err := rt.Put([]transport.Tensor{devTensor(r, p, n)}, Name, nil)
-			require.NoError(t, err)
-			defer ref.Release()
-			wires[r], err = ref.Serialize()
-			require.NoError(t, err)
+			wires[r] = putFilled(t, rt, r, n, byte(r+1))
 		}
 		targets := make([]cuda.Ptr, 2)
 		for r := range rts {
@@ -311,15 +327,7 @@ func TestGPUThreeRanks(t *testing.T) {
 	// Each rank puts an object of its own size and contents.
 	wires := make([][]byte, 3)
 	for r, rt := range rts {
-		n := 20000 + r*4099
-		p, err := devFill(r, n, byte(r*50))
-		require.NoError(t, err)
-		defer cuda.Free(r, p)
-		ref, err := rt.Put([]transport.Tensor{devTensor(r, p, n)}, Name, nil)
-		require.NoError(t, err)
-		defer ref.Release()
-		wires[r], err = ref.Serialize()
-		require.NoError(t, err)
+		wires[r] = putFilled(t, rt, r, 20000+r*4099, byte(r*50))
 	}
 	for round := 0; round < 8; round++ {
 		errs := make(chan error, 2)
@@ -386,18 +394,7 @@ func allToAll(t *testing.T, rts []*engine.Runtime, wires [][]byte) {
 // pieces it names, in its order, from the source runtime's Send; a whole
 // fetch over the group afterwards still finds both sides in step.
 func TestGPUTwoRankPartialFetch(t *testing.T) {
-	requireNCCL(t)
-	if n, _ := cuda.DeviceCount(); n < 2 {
-		t.Skipf("NCCL needs two GPUs for one group (this machine has %d)", n)
-	}
-	dir := t.TempDir()
-	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
-	errs := make(chan error, 1)
-	go func() {
-		errs <- b.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
-	}()
-	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
-	require.NoError(t, <-errs)
+	a, b := twoRanks(t)
 
 	sizes := []int{1 << 20, 4096}
 	var tensors []transport.Tensor
@@ -413,13 +410,8 @@ func TestGPUTwoRankPartialFetch(t *testing.T) {
 		require.NoError(t, cuda.Memcpy(0, p, cuda.Ptr(uintptr(unsafe.Pointer(&h[0]))), uint64(n)))
 		tensors, want = append(tensors, devTensor(0, p, n)), append(want, h)
 	}
-	ref, err := a.Put(tensors, Name, nil)
-	require.NoError(t, err)
+	ref, bref := lend(t, a, b, tensors)
 	defer ref.Release()
-	wire, err := ref.Serialize()
-	require.NoError(t, err)
-	bref, err := b.Deserialize(wire)
-	require.NoError(t, err)
 	defer bref.Release()
 
 	sources := []engine.Range{
@@ -431,6 +423,7 @@ func TestGPUTwoRankPartialFetch(t *testing.T) {
 	for _, s := range sources {
 		p := cuda.Ptr(0)
 		if s.Length > 0 {
+			var err error
 			p, err = cuda.Alloc(1, s.Length)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = cuda.Free(1, p) })

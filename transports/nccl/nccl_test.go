@@ -33,20 +33,25 @@ func TestLibraryOverride(t *testing.T) {
 	assert.Equal(t, "/opt/x/libnccl.so.2", Library())
 }
 
-func TestLoadMissingLibrary(t *testing.T) {
-	t.Setenv("RDT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+// loadError is the error of loading the library that RDT_NCCL_LIBRARY
+// names when set to lib; it requires one, with ErrUnsupported.
+func loadError(t *testing.T, lib string) error {
+	t.Helper()
+	t.Setenv("RDT_NCCL_LIBRARY", lib)
 	err := load(Library())
 	require.Error(t, err)
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
+	return err
+}
+
+func TestLoadMissingLibrary(t *testing.T) {
+	err := loadError(t, "/nonexistent/libnccl.so.2")
 	assert.Contains(t, err.Error(), "NCCL library /nonexistent/libnccl.so.2 could not be loaded")
 	assert.Contains(t, err.Error(), "RDT_NCCL_LIBRARY")
 }
 
 func TestLoadWrongLibraryNamesTheSymbol(t *testing.T) {
-	t.Setenv("RDT_NCCL_LIBRARY", libc(t))
-	err := load(Library())
-	require.Error(t, err)
-	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err))
+	err := loadError(t, libc(t))
 	assert.Contains(t, err.Error(), "has no symbol ncclGetVersion")
 	assert.Contains(t, err.Error(), "not the NCCL library")
 }

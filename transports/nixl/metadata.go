@@ -112,15 +112,9 @@ func decodeMetadata(b []byte) (*metadata, error) {
 		}
 		m.Blobs = append(m.Blobs, r.Take(int(n)))
 	}
-	cnt := r.U32()
-	if r.Err() != nil {
-		return nil, transport.CorruptMetadata("truncated")
-	}
-	if cnt > maxRegions {
-		return nil, transport.CorruptMetadata("too many tensors")
-	}
-	if uint64(r.Len()) != uint64(cnt)*regionLen {
-		return nil, transport.CorruptMetadata("length does not match the tensor count")
+	cnt, err := r.RecordCount("truncated", maxRegions, regionLen)
+	if err != nil {
+		return nil, err
 	}
 	m.Regions = make([]region, cnt)
 	for i := range m.Regions {

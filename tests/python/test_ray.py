@@ -509,6 +509,42 @@ def test_finalizers_run_by_garbage_collection_never_wait_for_a_lock_their_thread
     assert cache.cached_bytes() == 4 << 20, "the dropped buffer came back to the cache"
 
 
+def test_a_late_abort_for_a_failed_fetch_spares_a_retry_of_the_object(monkeypatch):
+    """Ray's monitor aborts a transfer a second or more after its receive
+    failed, and by then a retry of the same object may be fetching here.
+    The abort stops the fetches that ran when one of the object failed and
+    those older than Ray's fetch deadline, not a younger retry; with no
+    failure seen (a timeout) it stops every fetch of the object."""
+    from ray._private import ray_constants
+    monkeypatch.setattr(ray_constants, "RDT_FETCH_FAIL_TIMEOUT_SECONDS", 30)
+    tr = rdt.ray.RdtTensorTransport()
+
+    def running(obj):
+        req = rdt.ray.RdtFetchRequest(obj, [])
+        req.owner = tr
+        with tr._lock:
+            tr._fetching.setdefault(obj, []).append(req)
+        return req
+
+    older = running("x")
+    failed = running("x")
+    failed.failed = True
+    failed.close()  # its failure is recorded as it is forgotten
+    retry = running("x")
+    tr.abort_transport("x", None)
+    assert older.aborted, "a fetch that ran when the other failed is stopped"
+    assert not retry.aborted, "a retry that began after the failure is not the one Ray means"
+    timed_out = running("y")
+    tr.abort_transport("y", None)
+    assert timed_out.aborted, "with no failure seen, Ray's abort is for a timeout: every fetch stops"
+    monkeypatch.setattr(ray_constants, "RDT_FETCH_FAIL_TIMEOUT_SECONDS", 0)
+    tr.abort_transport("x", None)
+    assert retry.aborted, "a retry older than Ray's fetch deadline is stopped"
+    for r in (older, retry, timed_out):
+        r.close()
+    assert tr.receives()["running"] == 0
+
+
 def test_receive_cache_bound_is_checked(monkeypatch):
     with pytest.raises(rdt.InvalidArgumentError, match="receive_cache"):
         rdt.ray.runtime_env(receive_cache=-1)

@@ -51,6 +51,20 @@ class _Held:
         return len(tensors) == len(self.tensors) and all(a is b for a, b in zip(tensors, self.tensors))
 
 
+# How many objects' last failed fetch a receiver remembers (abort_transport).
+_FAILED_KEPT = 4096
+
+
+def _ray_fetch_deadline() -> float:
+    """Ray's fetch deadline in this process (seconds): how long its monitor
+    lets a transfer run before it aborts it."""
+    try:
+        from ray._private import ray_constants
+        return float(ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS)
+    except Exception:  # an older Ray without it: only the failure rule holds
+        return 0.0
+
+
 class RdtFetchRequest(FetchRequest):
     """A fetch Ray started and will wait on. Dropping it (Ray does after a
     timeout, and never waits then) aborts what still runs and releases the
@@ -64,6 +78,7 @@ class RdtFetchRequest(FetchRequest):
         self.fetch: Optional[rdt.Fetch] = None        # None until the source's runtime answered
         self.pending: Optional[Tuple[bytes, List[Any]]] = None  # (ref bytes, buffers) until then
         self.aborted = False
+        self.failed = False  # it raised to Ray (an error, a timeout): Ray may abort the object after
         self.owner: Optional["RdtTensorTransport"] = None
         self.started = time.monotonic()
 
@@ -99,6 +114,9 @@ class RdtTensorTransport(TensorTransportManager):
         self._lock = threading.RLock()
         self._held: Dict[str, _Held] = {}  # Ray object id -> what this process put
         self._fetching: Dict[str, List[RdtFetchRequest]] = {}  # Ray object id -> fetches in flight here
+        # Ray object id -> when a fetch of it here last failed (monotonic):
+        # an abort Ray sends afterwards is for that fetch (abort_transport).
+        self._failed_at: Dict[str, float] = {}
         # For receives(): fetches from other processes started and ended,
         # and the longest one, start to end.
         self._receives_started = 0
@@ -209,6 +227,7 @@ class RdtTensorTransport(TensorTransportManager):
         try:
             self._start(req, _START_WAIT)
         except BaseException:
+            req.failed = True
             req.close()
             raise
         return req
@@ -258,8 +277,10 @@ class RdtTensorTransport(TensorTransportManager):
                 raise TimeoutError(f"rdt: Ray object {req.obj_id} did not arrive within {limit} s")
             value = f.result()
         except TimeoutError:
+            req.failed = True
             raise  # Ray drops the request, which aborts the fetch
         except BaseException:
+            req.failed = True
             req.close()
             raise
         req.tensors = list(value) if isinstance(value, list) else [value]
@@ -268,25 +289,39 @@ class RdtTensorTransport(TensorTransportManager):
 
     def abort_transport(self, obj_id: str, communicator_metadata: Any) -> None:
         # Ray calls this on the receiver (on another thread than the one in
-        # recv) when a transfer failed or timed out: stop every fetch of
-        # the object here; their waits then raise AbortedError.
+        # recv) when a transfer failed or timed out: stop the fetches of the
+        # object here; their waits then raise AbortedError. Ray's monitor
+        # sends it a second or more after it saw the failure, so a fetch of
+        # the same object that started after one here failed (a retry), and
+        # is younger than Ray's fetch deadline, is not the one it means.
         with self._lock:
             reqs = list(self._fetching.get(obj_id, ()))
+            failed = self._failed_at.get(obj_id)
+        now, deadline = time.monotonic(), _ray_fetch_deadline()
         for req in reqs:
+            if failed is not None and req.started > failed and now - req.started < deadline:
+                continue
             req.aborted = True
             f = req.fetch
             if f is not None:
                 f.abort()
 
     def _forget(self, req: RdtFetchRequest) -> None:
-        took = time.monotonic() - req.started
+        now = time.monotonic()
+        took = now - req.started
         with self._lock:
+            if req.failed:
+                if len(self._failed_at) >= _FAILED_KEPT and req.obj_id not in self._failed_at:
+                    self._failed_at.pop(next(iter(self._failed_at)))  # the oldest
+                self._failed_at[req.obj_id] = now
             reqs = self._fetching.get(req.obj_id)
             if reqs is not None:
-                try:
-                    reqs.remove(req)
-                except ValueError:
+                # By identity: Ray's FetchRequest is a dataclass, so two
+                # fetches of one object (no tensors yet) compare equal.
+                at = next((i for i, r in enumerate(reqs) if r is req), None)
+                if at is None:
                     return  # forgotten already
+                del reqs[at]
                 self._receives_ended += 1
                 self._slowest_receive_s = max(self._slowest_receive_s, took)
                 if not reqs:

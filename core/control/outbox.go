@@ -335,7 +335,7 @@ func (s *sender) write(ctx context.Context, m *Message, wait bool) error {
 	if !direct {
 		s.mu.Unlock()
 		if !wait {
-			return s.post(ctx, m)
+			return s.enqueue(ctx, m.Kind, b, nil)
 		}
 		if ctx.Err() != nil {
 			return transport.ContextError(ctx, "%s to %s waited for the connection's writer", m.Kind, s.sc.Info())

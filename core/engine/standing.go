@@ -166,19 +166,22 @@ func (a *admissions) unrun(s *standing) {
 // plain write takes it any more, nor does it close when idle. false when
 // it is not open and idle (closed meanwhile, or another write runs it).
 func (a *admissions) adopt(s *standing) bool {
-	a.mu.Lock()
-	if s.held && a.held[s.hk] == s {
-		delete(a.held, s.hk)
-	}
-	a.mu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	ok := s.open && !s.running && !s.withdrawn
+	held := s.held
 	if ok {
 		s.held, s.route = false, nil
 		if s.idle != nil {
 			s.idle.Stop()
 		}
+	}
+	s.mu.Unlock()
+	if ok && held {
+		a.mu.Lock()
+		if a.held[s.hk] == s {
+			delete(a.held, s.hk)
+		}
+		a.mu.Unlock()
 	}
 	return ok
 }

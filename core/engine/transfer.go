@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -285,10 +286,7 @@ func (tr *transfer) beginWith(name string) error {
 func (tr *transfer) hold(r *route, hk heldKey) {
 	kept := *r
 	kept.admitted = false
-	kept.x.Pieces = append([]transport.Piece(nil), r.x.Pieces...)
-	if r.x.Pieces == nil {
-		kept.x.Pieces = nil
-	}
+	kept.x.Pieces = slices.Clone(r.x.Pieces)
 	s := &standing{key: admissionKey{owner: hk.owner, id: r.x.TransferID}, obj: r.x.Object, peer: r.peer,
 		open: true, running: true, runs: r.runs, hk: hk, route: &kept}
 	adm := &tr.f.rt.adm
@@ -475,7 +473,8 @@ func (tr *transfer) receive() error {
 const ownerGoneGrace = 250 * time.Millisecond
 
 // ownerGoneWithin reports whether, within d, the owner's connection ends
-// or (on this host) its process exits; an abort ends the wait.
+// or (on this host) its process exits; an abort or the transfer's
+// deadline ends the wait.
 func (tr *transfer) ownerGoneWithin(d time.Duration) bool {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
@@ -492,6 +491,8 @@ func (tr *transfer) ownerGoneWithin(d time.Duration) bool {
 		case <-deadline.C:
 			return false
 		case <-tr.f.abortCh:
+			return false
+		case <-tr.f.ctx.Done():
 			return false
 		}
 	}

@@ -46,6 +46,7 @@ func TestBuiltinTableTakesGoodValues(t *testing.T) {
 		"RDT_LOG": "debug", "RDT_LISTEN": "0.0.0.0:0", "RDT_AUTH_TOKEN": "tok",
 		"XDG_RUNTIME_DIR": "/run/user/7", "RDT_TCP_STREAMS": "16", "RDT_CMA_WORKERS": "4",
 		"RDT_CMA_SET_PTRACER": "0", "RDT_SHM_ARENA_MIB": "0", "RDT_CUDA_IPC_CACHE": "0", "CUDA_VISIBLE_DEVICES": "",
+		"RDT_NCCL_TEARDOWN_MS": "0",
 	}
 	env, err := readBuiltin(set)
 	require.NoError(t, err)
@@ -66,6 +67,8 @@ func TestBuiltinTableRejectsBadValuesByName(t *testing.T) {
 		{"RDT_SHM_ARENA_MIB", "4097"},
 		{"RDT_CUDA_IPC_CACHE", "-1"},
 		{"RDT_CUDA_IPC_CACHE", "many"},
+		{"RDT_NCCL_TEARDOWN_MS", "-1"},
+		{"RDT_NCCL_TEARDOWN_MS", "3600001"},
 		{"RDT_CMA_SET_PTRACER", "yes"},
 		{"RDT_LOG", "loud"},
 		{"XDG_RUNTIME_DIR", "relative/dir"},

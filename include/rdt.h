@@ -1282,13 +1282,16 @@ RDT_API rdt_status rdt_group_create(rdt_runtime *rt, const char *name,
  * its pending work: transfers whose NCCL work is enqueued finish first, and
  * this call waits for them unless one fails or is aborted, which aborts the
  * communicator instead; later transfers fail). Other ranks destroy theirs
- * with their own call; with the nccl backend this call returns once the
- * group's other ranks on the same host have destroyed theirs too (or
- * exited), as NCCL frees a communicator together on each host.
- * rdt_runtime_destroy destroys a runtime's remaining groups in the order
- * of their names.
+ * with their own call, at about the same time: NCCL frees a communicator
+ * only once the group's other ranks on the same host have freed theirs too
+ * (or exited), and this call waits for that at most RDT_NCCL_TEARDOWN_MS
+ * (10 s; docs/configuration.md). rdt_runtime_destroy destroys a runtime's
+ * remaining groups all at once, within the same bound.
  * Errors: INVALID_ARGUMENT (NULL rt or name, a group still forming),
- * NOT_FOUND (no such group here). */
+ * NOT_FOUND (no such group here), TIMEOUT (NCCL had not freed the
+ * communicator within the bound: the group is gone from this runtime all
+ * the same, and NCCL frees it in the background once the other ranks do
+ * their part). */
 RDT_API rdt_status rdt_group_destroy(rdt_runtime *rt, const char *name);
 
 /* ------------------------------------------------------------------------- */

@@ -12,7 +12,14 @@
  *     named after a random token that the id carries) in the calling
  *     process; rank 0 must call ncclCommInitRank in that process.
  *   - ncclCommInitRank is collective and blocking: rank 0 accepts the other
- *     ranks and every rank returns once all have joined. A bad id, rank or
+ *     ranks and every rank returns once all have joined.
+ *     ncclCommInitRankConfig (NCCL 2.14 and later) reads ncclConfig_t as
+ *     NCCL does (the first `size` bytes; magic 0xcafebeef or
+ *     ncclInvalidArgument; fields newer than its `version` ignored):
+ *     with blocking = 0 it returns ncclInProgress at once and the
+ *     communicator forms on a thread of its own, ncclCommGetAsyncError
+ *     saying ncclInProgress until it has (then ncclSuccess or the
+ *     error); ncclCommAbort meanwhile stops it. A bad id, rank or
  *     world size is ncclInvalidArgument; a rank 0 that cannot be reached
  *     within 30 s is ncclSystemError; a rank 0 whose ranks never come
  *     waits, as NCCL does. It needs a current CUDA context, whose device
@@ -29,6 +36,12 @@
  *     connects that direction, and the ncclGroupEnd that launches it blocks
  *     until the peer launches the matching receive (or send), the peer
  *     goes away, or the communicator is aborted.
+ *   - Non-blocking communicators: ncclGroupEnd returns ncclInProgress and
+ *     connects and launches on a thread of its own; until it has,
+ *     ncclCommGetAsyncError says ncclInProgress and a send or receive on
+ *     the communicator is ncclInvalidUsage (NCCL asks callers to wait for
+ *     the communicator first). Blocking and non-blocking communicators in
+ *     one group are ncclInvalidArgument.
  *   - At ncclGroupEnd (or at once outside a group) the operations of each
  *     communicator and stream are launched in stream order with the
  *     driver's cuLaunchHostFunc (taken from the driver library the process
@@ -46,6 +59,11 @@
  *     its host functions have returned, without waiting for them.
  *     ncclCommDestroy first waits for the operations in flight, as NCCL's
  *     finalization does.
+ *   - Teardown is collective on a host, as NCCL's proxy makes it: once a
+ *     pair of ranks has connected, ncclCommDestroy and ncclCommAbort of
+ *     one return only when the other has destroyed or aborted its
+ *     communicator too, or its process has gone (each tells the other on
+ *     the pair's control socket, then waits to hear the same).
  *   - ncclGetLastError gives the last error's text (process-wide, as in
  *     NCCL). A stale or freed communicator is ncclInvalidArgument rather
  *     than undefined behaviour.
@@ -65,13 +83,14 @@
  * (device memory is host memory in the CUDA double), kernels, CUDA graphs,
  * NVLink, InfiniBand or network transports, NCCL's buffering (here a send
  * completes before its receive is posted only up to a socket buffer), its
- * timeouts, or speed. Collectives and non-blocking communicators are not
- * modelled.
+ * timeouts, or speed. Collectives, communicator splitting and
+ * ncclCommFinalize are not modelled.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -123,6 +142,17 @@ typedef struct {
 } ncclUniqueId;
 
 typedef struct ncclComm *ncclComm_t;
+
+/* ncclConfig_t's leading fields, which every version since 2.14 has; the
+ * later ones (cgaClusterSize and on) are not modelled. */
+#define NCCL_API_MAGIC 0xcafebeefu
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+} ncclConfig_t;
 typedef void *cudaStream_t; /* a CUstream */
 
 #define FAKE_NCCL_VERSION 22105 /* NCCL_VERSION(2, 21, 5) */
@@ -355,8 +385,25 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Connects to rank's listener, retrying while it is not there yet. */
-static int connect_to(const uint64_t token[2], int rank) {
+/* Waits until fd is readable, or until wake is (an abort: -1 with errno
+ * ECANCELED). wake < 0: no abort can come (a blocking communicator). */
+static int wait_in(int fd, int wake) {
+  for (;;) {
+    struct pollfd pf[2] = {{.fd = fd, .events = POLLIN}, {.fd = wake, .events = POLLIN}};
+    int k = poll(pf, 2, -1);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return -1;
+    if (pf[1].revents & POLLIN) {
+      errno = ECANCELED;
+      return -1;
+    }
+    if (pf[0].revents) return 0;
+  }
+}
+
+/* Connects to rank's listener, retrying while it is not there yet (or
+ * until wake says the communicator was aborted). */
+static int connect_to(const uint64_t token[2], int rank, int wake) {
   double deadline = now_s() + CONNECT_TIMEOUT_S;
   for (unsigned delay_us = 1000;; delay_us = delay_us < 100000 ? delay_us * 2 : 100000) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -370,7 +417,11 @@ static int connect_to(const uint64_t token[2], int rank) {
       errno = e;
       return -1;
     }
-    usleep(delay_us);
+    struct pollfd pf = {.fd = wake, .events = POLLIN};
+    if (poll(&pf, 1, (int)(delay_us / 1000)) > 0) {
+      errno = ECANCELED;
+      return -1;
+    }
   }
 }
 
@@ -387,9 +438,10 @@ static int write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-static int read_all(int fd, void *p, size_t n) {
+static int read_all(int fd, void *p, size_t n, int wake) {
   char *b = p;
   while (n > 0) {
+    if (wait_in(fd, wake) != 0) return -1;
     ssize_t k = recv(fd, b, n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k == 0) errno = 0;
@@ -457,8 +509,11 @@ static int take_listener(const uint64_t token[2]) {
 
 #define COMM_MAGIC 0x4d4d4f43u /* "COMM" */
 
-/* Connection setup messages on a pair's control socket. */
-enum { CONNECT_SEND = 'S', CONNECT_RECV = 'R' };
+/* Messages on a pair's control socket: lazy connection setup, and
+ * teardown (loud: the peer's own connect fails; silent: after a silent
+ * abort, peers notice nothing). */
+enum { CONNECT_SEND = 'S', CONNECT_RECV = 'R', TEARDOWN = 'T', TEARDOWN_SILENT = 't' };
+enum { GONE_LOUD = 1, GONE_SILENT = 2 };
 
 struct peer {
   int fd_send, fd_recv; /* the data socket (for oneself: the two ends of a pair); -1 for none */
@@ -466,6 +521,7 @@ struct peer {
   /* Lazy connection, per direction ([0] send, [1] recv): told the peer,
    * and heard from it that it wants the opposite direction. */
   int told[2], heard[2];
+  int gone; /* GONE_*: it tore down its communicator (or its process went) */
   uint64_t issued[2], done[2]; /* tickets per direction */
 };
 
@@ -481,6 +537,8 @@ struct ncclComm {
   pthread_mutex_t ctl_mu; /* one connection setup at a time */
   int refs;     /* the handle + every launch not yet finished */
   int inflight; /* launches not yet finished */
+  int blocking; /* ncclConfig_t's blocking (1 for ncclCommInitRank) */
+  int pending;  /* non-blocking work not yet done: forming, or a group's launch */
   int aborted;  /* also read without mu, by transfers in flight */
   int silent_abort; /* RDT_FAKENCCL_ABORT=silent */
   int delay_ms;     /* RDT_FAKENCCL_DELAY_MS */
@@ -567,21 +625,27 @@ static void close_all(int *fds, int n) {
 /* Rank 0: accept both connections of every other rank, check them, answer
  * them all on their data connections. */
 static ncclResult_t init_root(int lfd, const struct id_layout *id, int nranks, const struct hello *self,
-                              int *fds) {
+                              int *fds, int wake) {
   struct hello *hs = calloc((size_t)nranks, sizeof *hs);
   if (!hs) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
   hs[0] = *self;
   for (int missing = 2 * (nranks - 1); missing > 0;) {
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    int fd = wait_in(lfd, wake) == 0 ? accept4(lfd, NULL, NULL, SOCK_CLOEXEC) : -1;
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       free(hs);
+      if (errno == ECANCELED) return fail(ncclInvalidUsage, "ncclCommInitRank: rank 0: the communicator was aborted");
       return fail(ncclSystemError, "ncclCommInitRank: rank 0: accept: %s", strerror(errno));
     }
     struct hello h;
     struct welcome w = {.result = ncclSuccess};
-    if (read_all(fd, &h, sizeof h) != 0) { /* a rank that went away before it said hello */
+    if (read_all(fd, &h, sizeof h, wake) != 0) { /* a rank that went away before it said hello */
+      int e = errno;
       close(fd);
+      if (e == ECANCELED) {
+        free(hs);
+        return fail(ncclInvalidUsage, "ncclCommInitRank: rank 0: the communicator was aborted");
+      }
       continue;
     }
     if (memcmp(h.magic, ID_MAGIC, sizeof h.magic) != 0 || memcmp(h.token, id->token, sizeof h.token) != 0)
@@ -618,11 +682,11 @@ static ncclResult_t init_root(int lfd, const struct id_layout *id, int nranks, c
 }
 
 /* Opens both connections to rank `to`, saying who we are on each. */
-static int connect_pair(const uint64_t token[2], int to, const struct hello *self, int *fds) {
+static int connect_pair(const uint64_t token[2], int to, const struct hello *self, int *fds, int wake) {
   for (int kind = KIND_DATA; kind <= KIND_CTL; kind++) {
     struct hello h = *self;
     h.kind = kind;
-    FD(fds, to, kind) = connect_to(token, to);
+    FD(fds, to, kind) = connect_to(token, to, wake);
     if (FD(fds, to, kind) < 0 || write_all(FD(fds, to, kind), &h, sizeof h) != 0) return -1;
   }
   return 0;
@@ -631,7 +695,7 @@ static int connect_pair(const uint64_t token[2], int to, const struct hello *sel
 /* Rank r > 0: join rank 0, then connect to ranks 1..r-1 and accept the
  * ranks above r. */
 static ncclResult_t init_rank(const struct id_layout *id, int nranks, int rank, const struct hello *self,
-                              int *fds) {
+                              int *fds, int wake) {
   int lfd = -1;
   if (rank < nranks - 1) {
     lfd = listen_on(id->token, rank, 2 * nranks);
@@ -641,13 +705,15 @@ static ncclResult_t init_rank(const struct id_layout *id, int nranks, int rank, 
   }
   ncclResult_t r = ncclSuccess;
   struct welcome w;
-  if (connect_pair(id->token, 0, self, fds) != 0) {
-    r = fail(ncclSystemError, "ncclCommInitRank: rank %d cannot reach rank 0 (process %d): %s", rank, id->pid,
+  if (connect_pair(id->token, 0, self, fds, wake) != 0) {
+    r = errno == ECANCELED ? fail(ncclInvalidUsage, "ncclCommInitRank: rank %d: the communicator was aborted", rank) :
+    fail(ncclSystemError, "ncclCommInitRank: rank %d cannot reach rank 0 (process %d): %s", rank, id->pid,
              strerror(errno));
     goto out;
   }
-  if (read_all(FD(fds, 0, KIND_DATA), &w, sizeof w) != 0) {
-    r = fail(ncclRemoteError, "ncclCommInitRank: rank %d lost rank 0 while joining: %s", rank,
+  if (read_all(FD(fds, 0, KIND_DATA), &w, sizeof w, wake) != 0) {
+    r = errno == ECANCELED ? fail(ncclInvalidUsage, "ncclCommInitRank: rank %d: the communicator was aborted", rank) :
+    fail(ncclRemoteError, "ncclCommInitRank: rank %d lost rank 0 while joining: %s", rank,
              errno ? strerror(errno) : "connection closed");
     goto out;
   }
@@ -658,19 +724,21 @@ static ncclResult_t init_rank(const struct id_layout *id, int nranks, int rank, 
   }
   /* Every rank is listening now (each did before it joined rank 0). */
   for (int i = 1; i < rank; i++)
-    if (connect_pair(id->token, i, self, fds) != 0) {
-      r = fail(ncclRemoteError, "ncclCommInitRank: rank %d cannot connect to rank %d: %s", rank, i, strerror(errno));
+    if (connect_pair(id->token, i, self, fds, wake) != 0) {
+      r = errno == ECANCELED ? fail(ncclInvalidUsage, "ncclCommInitRank: rank %d: the communicator was aborted", rank) :
+      fail(ncclRemoteError, "ncclCommInitRank: rank %d cannot connect to rank %d: %s", rank, i, strerror(errno));
       goto out;
     }
   for (int missing = 2 * (nranks - 1 - rank); missing > 0;) {
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    int fd = wait_in(lfd, wake) == 0 ? accept4(lfd, NULL, NULL, SOCK_CLOEXEC) : -1;
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      r = fail(ncclSystemError, "ncclCommInitRank: rank %d: accept: %s", rank, strerror(errno));
+      r = errno == ECANCELED ? fail(ncclInvalidUsage, "ncclCommInitRank: rank %d: the communicator was aborted", rank)
+                             : fail(ncclSystemError, "ncclCommInitRank: rank %d: accept: %s", rank, strerror(errno));
       goto out;
     }
     struct hello h;
-    if (read_all(fd, &h, sizeof h) != 0 || memcmp(h.token, id->token, sizeof h.token) != 0 || h.rank <= rank ||
+    if (read_all(fd, &h, sizeof h, wake) != 0 || memcmp(h.token, id->token, sizeof h.token) != 0 || h.rank <= rank ||
         h.rank >= nranks || (h.kind != KIND_DATA && h.kind != KIND_CTL) || FD(fds, h.rank, h.kind) >= 0) {
       close(fd);
       continue;
@@ -687,21 +755,127 @@ static void set_nonblock(int fd) {
   if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-API ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId commId, int rank) {
-  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
-  *out = NULL;
-  if (nranks < 1) return fail(ncclInvalidArgument, "ncclCommInitRank: nranks %d", nranks);
-  if (rank < 0 || rank >= nranks)
-    return fail(ncclInvalidArgument, "ncclCommInitRank: rank %d is outside 0..%d", rank, nranks - 1);
+/* A communicator not yet formed: no sockets, one reference (the handle's). */
+static struct ncclComm *new_comm(int nranks, int rank, CUcontext ctx, int blocking) {
+  struct ncclComm *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->peers = calloc((size_t)nranks, sizeof *c->peers);
+  c->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!c->peers || c->wake < 0) {
+    if (c->wake >= 0) close(c->wake);
+    free(c->peers);
+    free(c);
+    return NULL;
+  }
+  for (int i = 0; i < nranks; i++) c->peers[i].fd_send = c->peers[i].fd_recv = c->peers[i].fd_ctl = -1;
+  c->magic = COMM_MAGIC;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->ctx = ctx;
+  c->refs = 1;
+  c->blocking = blocking;
+  c->silent_abort = silent_abort;
+  c->delay_ms = delay_ms;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  pthread_mutex_init(&c->ctl_mu, NULL);
+  return c;
+}
+
+static void register_comm(struct ncclComm *c) {
+  pthread_mutex_lock(&reg_mu);
+  c->next = comms;
+  comms = c;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+/* The rendezvous of a communicator: its sockets to every rank. A blocking
+ * one (wake -1) waits as long as NCCL does; a non-blocking one stops when
+ * it is aborted. */
+static ncclResult_t form(struct ncclComm *c, const struct id_layout *id, const struct hello *self, int wake) {
+  int nranks = c->nranks, rank = c->rank;
+  int *fds = malloc(2 * (size_t)nranks * sizeof *fds);
+  if (!fds) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
+  for (int i = 0; i < 2 * nranks; i++) fds[i] = -1;
+  ncclResult_t r;
+  if (rank == 0) {
+    int lfd = take_listener(id->token);
+    if (lfd < 0) {
+      free(fds);
+      return fail(ncclInvalidArgument,
+                  "ncclCommInitRank: rank 0 must join in the process that called ncclGetUniqueId (process %d), "
+                  "once per id",
+                  id->pid);
+    }
+    r = init_root(lfd, id, nranks, self, fds, wake);
+    close(lfd);
+  } else {
+    r = init_rank(id, nranks, rank, self, fds, wake);
+  }
+  /* Sends to oneself go into one end of a socket pair and are received
+   * from the other; they need no connection setup. */
+  int self_pair[2] = {-1, -1};
+  if (r == ncclSuccess && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, self_pair) != 0)
+    r = fail(ncclSystemError, "ncclCommInitRank: socketpair: %s", strerror(errno));
+  if (r != ncclSuccess) {
+    close_all(fds, 2 * nranks);
+    free(fds);
+    return r;
+  }
+  /* The sockets are non-blocking: transfers and connection setup poll them
+   * together with the abort eventfd. */
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < nranks; i++) {
+    struct peer *p = &c->peers[i];
+    p->fd_send = p->fd_recv = FD(fds, i, KIND_DATA);
+    p->fd_ctl = FD(fds, i, KIND_CTL);
+    set_nonblock(p->fd_send);
+    set_nonblock(p->fd_ctl);
+  }
+  c->peers[rank].fd_send = self_pair[0];
+  c->peers[rank].fd_recv = self_pair[1];
+  set_nonblock(self_pair[0]);
+  set_nonblock(self_pair[1]);
+  for (int d = 0; d < 2; d++) c->peers[rank].told[d] = c->peers[rank].heard[d] = 1;
+  pthread_mutex_unlock(&c->mu);
+  free(fds);
+  return ncclSuccess;
+}
+
+struct forming {
+  struct ncclComm *c; /* a reference held */
   struct id_layout id;
-  memcpy(&id, commId.internal, sizeof id);
+  struct hello self;
+};
+
+static void *form_async(void *arg) {
+  struct forming *f = arg;
+  struct ncclComm *c = f->c;
+  ncclResult_t r = form(c, &f->id, &f->self, c->wake);
+  pthread_mutex_lock(&c->mu);
+  if (r != ncclSuccess && !c->aborted && c->async_err == ncclSuccess) c->async_err = r;
+  c->pending--;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  put_comm(c);
+  free(f);
+  return NULL;
+}
+
+static ncclResult_t init(const char *op, ncclComm_t *out, int nranks, const ncclUniqueId *commId, int rank,
+                         int blocking) {
+  *out = NULL;
+  if (nranks < 1) return fail(ncclInvalidArgument, "%s: nranks %d", op, nranks);
+  if (rank < 0 || rank >= nranks) return fail(ncclInvalidArgument, "%s: rank %d is outside 0..%d", op, rank, nranks - 1);
+  struct id_layout id;
+  memcpy(&id, commId->internal, sizeof id);
   if (memcmp(id.magic, ID_MAGIC, sizeof id.magic) != 0)
-    return fail(ncclInvalidArgument, "ncclCommInitRank: not a unique id made by ncclGetUniqueId");
+    return fail(ncclInvalidArgument, "%s: not a unique id made by ncclGetUniqueId", op);
   ncclResult_t r = load_cuda();
   if (r != ncclSuccess) return r;
   CUcontext ctx = NULL;
   if (cu.CtxGetCurrent(&ctx) != 0 || !ctx)
-    return fail(ncclUnhandledCudaError, "ncclCommInitRank: the calling thread has no current CUDA context");
+    return fail(ncclUnhandledCudaError, "%s: the calling thread has no current CUDA context", op);
 
   struct hello self;
   memset(&self, 0, sizeof self);
@@ -711,81 +885,123 @@ API ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId comm
   self.nranks = nranks;
   self.has_uuid = current_uuid(ctx, self.uuid);
 
-  int *fds = malloc(2 * (size_t)nranks * sizeof *fds);
-  if (!fds) return fail(ncclSystemError, "ncclCommInitRank: out of memory");
-  for (int i = 0; i < 2 * nranks; i++) fds[i] = -1;
-  if (rank == 0) {
-    int lfd = take_listener(id.token);
-    if (lfd < 0) {
-      free(fds);
-      return fail(ncclInvalidArgument,
-                  "ncclCommInitRank: rank 0 must join in the process that called ncclGetUniqueId (process %d), "
-                  "once per id",
-                  id.pid);
+  struct ncclComm *c = new_comm(nranks, rank, ctx, blocking);
+  if (!c) return fail(ncclSystemError, "%s: out of memory", op);
+  if (blocking) {
+    r = form(c, &id, &self, -1);
+    if (r != ncclSuccess) {
+      put_comm(c);
+      return r;
     }
-    r = init_root(lfd, &id, nranks, &self, fds);
-    close(lfd);
-  } else {
-    r = init_rank(&id, nranks, rank, &self, fds);
+    register_comm(c);
+    *out = c;
+    return ncclSuccess;
   }
-  /* Sends to oneself go into one end of a socket pair and are received
-   * from the other; they need no connection setup. */
-  int self_pair[2] = {-1, -1};
-  if (r == ncclSuccess && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, self_pair) != 0)
-    r = fail(ncclSystemError, "ncclCommInitRank: socketpair: %s", strerror(errno));
-  struct ncclComm *c = r == ncclSuccess ? calloc(1, sizeof *c) : NULL;
-  if (c) {
-    c->peers = calloc((size_t)nranks, sizeof *c->peers);
-    c->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (!c->peers || c->wake < 0) {
-      if (c->wake >= 0) close(c->wake);
-      free(c->peers);
-      free(c);
-      c = NULL;
-    }
+  /* Non-blocking: the handle is valid at once; the rendezvous runs on a
+   * thread of its own, and ncclCommGetAsyncError tells when it is over. */
+  struct forming *f = calloc(1, sizeof *f);
+  pthread_t th;
+  pthread_attr_t attr;
+  c->pending = 1;
+  c->refs = 2;
+  if (f) {
+    f->c = c;
+    f->id = id;
+    f->self = self;
   }
-  if (r == ncclSuccess && !c) r = fail(ncclSystemError, "ncclCommInitRank: out of memory");
-  if (r != ncclSuccess) {
-    close_all(fds, 2 * nranks);
-    close_all(self_pair, 2);
-    free(fds);
-    return r;
+  int started = f && pthread_attr_init(&attr) == 0;
+  if (started) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    started = pthread_create(&th, &attr, form_async, f) == 0;
+    pthread_attr_destroy(&attr);
   }
-  /* The sockets are non-blocking: transfers and connection setup poll them
-   * together with the abort eventfd. */
-  for (int i = 0; i < nranks; i++) {
-    struct peer *p = &c->peers[i];
-    p->fd_send = p->fd_recv = FD(fds, i, KIND_DATA);
-    p->fd_ctl = FD(fds, i, KIND_CTL);
-    set_nonblock(p->fd_send);
-    set_nonblock(p->fd_ctl);
+  if (!started) {
+    free(f);
+    put_comm(c);
+    put_comm(c);
+    return fail(ncclSystemError, "%s: cannot start a thread", op);
   }
-  free(fds);
-  c->peers[rank].fd_send = self_pair[0];
-  c->peers[rank].fd_recv = self_pair[1];
-  set_nonblock(self_pair[0]);
-  set_nonblock(self_pair[1]);
-  for (int d = 0; d < 2; d++) c->peers[rank].told[d] = c->peers[rank].heard[d] = 1;
-  c->magic = COMM_MAGIC;
-  c->rank = rank;
-  c->nranks = nranks;
-  c->ctx = ctx;
-  c->refs = 1;
-  c->silent_abort = silent_abort;
-  c->delay_ms = delay_ms;
-  pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
-  pthread_mutex_init(&c->ctl_mu, NULL);
-  pthread_mutex_lock(&reg_mu);
-  c->next = comms;
-  comms = c;
-  pthread_mutex_unlock(&reg_mu);
+  register_comm(c);
   *out = c;
-  return ncclSuccess;
+  return ncclInProgress;
+}
+
+API ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId commId, int rank) {
+  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+  return init("ncclCommInitRank", out, nranks, &commId, rank, 1);
+}
+
+API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId commId, int rank,
+                                        ncclConfig_t *config) {
+  if (!out) return fail(ncclInvalidArgument, "ncclCommInitRankConfig: comm is NULL");
+  int blocking = 1;
+  if (config) {
+    /* As NCCL reads it: at most `size` bytes, then by version. */
+    ncclConfig_t cfg = {.blocking = NCCL_CONFIG_UNDEF_INT};
+    size_t size;
+    memcpy(&size, config, sizeof size);
+    memcpy(&cfg, config, size < sizeof cfg ? size : sizeof cfg);
+    if (cfg.magic != NCCL_API_MAGIC)
+      return fail(ncclInvalidArgument, "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER");
+    if (cfg.version < 21400 || size < offsetof(ncclConfig_t, blocking) + sizeof(int))
+      cfg.blocking = NCCL_CONFIG_UNDEF_INT;
+    if (cfg.blocking != NCCL_CONFIG_UNDEF_INT && cfg.blocking != 0 && cfg.blocking != 1)
+      return fail(ncclInvalidArgument, "Invalid config blocking attribute value %d", cfg.blocking);
+    if (cfg.blocking == 0) blocking = 0;
+  }
+  return init("ncclCommInitRankConfig", out, nranks, &commId, rank, blocking);
+}
+
+static int connected(const struct peer *p) { return p->told[0] || p->told[1] || p->heard[0] || p->heard[1]; }
+
+/* Notes what came on a control socket outside a connection setup. */
+static void heard_on_ctl(struct peer *p, char m) {
+  if (m == CONNECT_SEND) p->heard[1] = 1;
+  if (m == CONNECT_RECV) p->heard[0] = 1;
+  if (m == TEARDOWN) p->gone = GONE_LOUD;
+  if (m == TEARDOWN_SILENT && !p->gone) p->gone = GONE_SILENT;
+}
+
+/* NCCL's teardown is collective on a host: a rank's proxy keeps serving
+ * the connections its peers hold, so ncclCommDestroy and ncclCommAbort
+ * return only once every connected peer has torn down too (or exited).
+ * Each side tells the others on the control sockets, then waits to hear
+ * the same from every peer it connected to. */
+static void teardown(struct ncclComm *c) {
+  pthread_mutex_lock(&c->ctl_mu);
+  char m = c->aborted && c->silent_abort ? TEARDOWN_SILENT : TEARDOWN;
+  for (int i = 0; i < c->nranks; i++) {
+    struct peer *p = &c->peers[i];
+    if (i == c->rank || p->fd_ctl < 0) continue;
+    for (;;) { /* what came already: a peer's connection request counts as a connection */
+      char b;
+      ssize_t k = recv(p->fd_ctl, &b, 1, MSG_DONTWAIT);
+      if (k == 1) {
+        heard_on_ctl(p, b);
+        continue;
+      }
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) p->gone = GONE_LOUD;
+      if (k == 0 || (k < 0 && errno != EINTR)) break;
+    }
+    if (send(p->fd_ctl, &m, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1 && errno != EAGAIN) p->gone = GONE_LOUD;
+  }
+  for (int i = 0; i < c->nranks; i++) {
+    struct peer *p = &c->peers[i];
+    while (i != c->rank && p->fd_ctl >= 0 && connected(p) && !p->gone) {
+      struct pollfd pf = {.fd = p->fd_ctl, .events = POLLIN};
+      if (poll(&pf, 1, -1) < 0 && errno != EINTR) break;
+      char b;
+      ssize_t k = recv(p->fd_ctl, &b, 1, MSG_DONTWAIT);
+      if (k == 1) heard_on_ctl(p, b);
+      if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) p->gone = GONE_LOUD;
+    }
+  }
+  pthread_mutex_unlock(&c->ctl_mu);
 }
 
 /* Aborts every communicator's operations in flight: the abort eventfd and,
- * unless silent, the end of every socket (peers see ncclRemoteError). */
+ * unless silent, the end of every data socket (peers see ncclRemoteError).
+ * A communicator still forming stops forming. */
 API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   struct ncclComm *c = get_comm(comm);
@@ -800,19 +1016,23 @@ API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   uint64_t one = 1;
   ssize_t k = write(c->wake, &one, sizeof one);
   (void)k;
+  /* As NCCL joins its init and group threads: they stop at the abort. */
+  pthread_mutex_lock(&c->mu);
+  while (c->pending > 0) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
   if (!c->silent_abort)
     for (int i = 0; i < c->nranks; i++) {
       if (c->peers[i].fd_send >= 0) shutdown(c->peers[i].fd_send, SHUT_RDWR);
       if (c->peers[i].fd_recv >= 0) shutdown(c->peers[i].fd_recv, SHUT_RDWR);
-      if (c->peers[i].fd_ctl >= 0) shutdown(c->peers[i].fd_ctl, SHUT_RDWR);
     }
+  teardown(c);
   put_comm(c); /* ours */
   put_comm(c); /* the handle's: freed once the last launch has returned */
   return ncclSuccess;
 }
 
 /* Waits for the operations in flight (NCCL finalizes a communicator before
- * it frees it), then frees the communicator. */
+ * it frees it) and for its peers' teardown, then frees the communicator. */
 API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   struct ncclComm *c = get_comm(comm);
@@ -822,8 +1042,9 @@ API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
                 (void *)comm);
   }
   pthread_mutex_lock(&c->mu);
-  while (c->inflight > 0) pthread_cond_wait(&c->cv, &c->mu);
+  while (c->inflight > 0 || c->pending > 0) pthread_cond_wait(&c->cv, &c->mu);
   pthread_mutex_unlock(&c->mu);
+  teardown(c);
   put_comm(c);
   put_comm(c);
   return ncclSuccess;
@@ -836,7 +1057,7 @@ API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError
     return fail(ncclInvalidArgument, "ncclCommGetAsyncError: invalid communicator %p (destroyed or aborted?)",
                 (void *)comm);
   pthread_mutex_lock(&c->mu);
-  *asyncError = c->async_err;
+  *asyncError = c->async_err != ncclSuccess ? c->async_err : c->pending > 0 ? ncclInProgress : ncclSuccess;
   pthread_mutex_unlock(&c->mu);
   put_comm(c);
   return ncclSuccess;
@@ -1022,13 +1243,15 @@ static ncclResult_t connect_peer(struct ncclComm *c, int peer, int dir, int wait
     char m = dir == 0 ? CONNECT_SEND : CONNECT_RECV;
     if (io_all(c, p->fd_ctl, 1, &m, 1) == IO_OK) p->told[dir] = 1;
   }
-  /* Our send pairs with the peer's receive, and the other way round. */
-  while (wait && p->told[dir] && !p->heard[dir]) {
+  /* Our send pairs with the peer's receive, and the other way round. A
+   * peer that tore down loudly fails the connection; after a silent abort
+   * it waits on, as over NCCL's shared memory. */
+  while (wait && p->told[dir] && !p->heard[dir] && p->gone != GONE_LOUD) {
     char m;
     if (io_all(c, p->fd_ctl, 0, &m, 1) != IO_OK) break;
-    if (m == CONNECT_SEND) p->heard[1] = 1;
-    if (m == CONNECT_RECV) p->heard[0] = 1;
+    heard_on_ctl(p, m);
   }
+  if (p->gone == GONE_LOUD && !is_aborted(c)) errno = 0;
   if (p->told[dir] && (!wait || p->heard[dir])) return ncclSuccess;
   if (is_aborted(c))
     return fail(ncclInvalidUsage, "ncclGroupEnd: rank %d: the communicator was aborted while connecting to rank %d",
@@ -1038,23 +1261,23 @@ static ncclResult_t connect_peer(struct ncclComm *c, int peer, int dir, int wait
   return fail(ncclSystemError, "ncclGroupEnd: rank %d: connecting to rank %d: %s", c->rank, peer, strerror(errno));
 }
 
-static ncclResult_t launch_one(struct queued *first) {
+static ncclResult_t launch_one(struct queued *qs, size_t nq, struct queued *first) {
   struct ncclComm *c = first->c;
   ncclResult_t r = ncclSuccess;
   pthread_mutex_lock(&c->ctl_mu);
   for (int wait = 0; wait <= 1 && r == ncclSuccess; wait++)
-    for (struct queued *q = first; q < grp.q + grp.n && r == ncclSuccess; q++)
+    for (struct queued *q = first; q < qs + nq && r == ncclSuccess; q++)
       if (!q->launched && q->c == c && q->stream == first->stream)
         r = connect_peer(c, q->x.peer, q->x.send ? 0 : 1, wait);
   pthread_mutex_unlock(&c->ctl_mu);
   if (r != ncclSuccess) return r;
   size_t n = 0;
-  for (struct queued *q = first; q < grp.q + grp.n; q++) n += !q->launched && q->c == c && q->stream == first->stream;
+  for (struct queued *q = first; q < qs + nq; q++) n += !q->launched && q->c == c && q->stream == first->stream;
   struct launch *l = malloc(sizeof *l + n * sizeof l->x[0]);
   if (!l) return fail(ncclSystemError, "ncclGroupEnd: out of memory");
   l->c = c;
   l->n = 0;
-  for (struct queued *q = first; q < grp.q + grp.n; q++)
+  for (struct queued *q = first; q < qs + nq; q++)
     if (!q->launched && q->c == c && q->stream == first->stream) {
       l->x[l->n++] = q->x;
       q->launched = 1;
@@ -1083,12 +1306,94 @@ static ncclResult_t launch_one(struct queued *first) {
   return r;
 }
 
+/* The launch of a group of non-blocking communicators, on its own thread. */
+struct group_job {
+  size_t n;
+  struct queued q[];
+};
+
+/* Whether q[i] is the first of the queue on its communicator. */
+static int first_on_comm(const struct queued *q, size_t i) {
+  for (size_t j = 0; j < i; j++)
+    if (q[j].c == q[i].c) return 0;
+  return 1;
+}
+
+static void *run_group_job(void *arg) {
+  struct group_job *j = arg;
+  ncclResult_t r = ncclSuccess;
+  for (size_t i = 0; i < j->n && r == ncclSuccess; i++)
+    if (!j->q[i].launched) r = launch_one(j->q, j->n, &j->q[i]);
+  for (size_t i = 0; i < j->n; i++) {
+    struct ncclComm *c = j->q[i].c;
+    if (!first_on_comm(j->q, i)) continue;
+    pthread_mutex_lock(&c->mu);
+    if (r != ncclSuccess && !c->aborted && c->async_err == ncclSuccess) c->async_err = r;
+    c->pending--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+  }
+  for (size_t i = 0; i < j->n; i++) put_comm(j->q[i].c);
+  free(j);
+  return NULL;
+}
+
+/* Hands the queue of non-blocking communicators to a thread: ncclInProgress,
+ * and each communicator pending until the thread has launched. */
+static ncclResult_t launch_async(void) {
+  struct group_job *j = malloc(sizeof *j + grp.n * sizeof j->q[0]);
+  if (!j) return fail(ncclSystemError, "ncclGroupEnd: out of memory");
+  j->n = grp.n;
+  memcpy(j->q, grp.q, grp.n * sizeof j->q[0]);
+  for (size_t i = 0; i < j->n; i++)
+    if (first_on_comm(j->q, i)) {
+      pthread_mutex_lock(&j->q[i].c->mu);
+      j->q[i].c->pending++;
+      pthread_mutex_unlock(&j->q[i].c->mu);
+    }
+  pthread_t th;
+  pthread_attr_t attr;
+  int started = pthread_attr_init(&attr) == 0;
+  if (started) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    started = pthread_create(&th, &attr, run_group_job, j) == 0;
+    pthread_attr_destroy(&attr);
+  }
+  if (!started) {
+    for (size_t i = 0; i < j->n; i++)
+      if (first_on_comm(j->q, i)) {
+        pthread_mutex_lock(&j->q[i].c->mu);
+        j->q[i].c->pending--;
+        pthread_cond_broadcast(&j->q[i].c->cv);
+        pthread_mutex_unlock(&j->q[i].c->mu);
+      }
+    free(j);
+    return fail(ncclSystemError, "ncclGroupEnd: cannot start a thread");
+  }
+  return ncclInProgress; /* the thread owns the queue's references */
+}
+
 API ncclResult_t ncclGroupEnd(void) {
   if (grp.depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd: no ncclGroupStart before it");
   if (--grp.depth > 0) return ncclSuccess;
   ncclResult_t r = grp.err;
+  int nonblocking = -1;
+  for (size_t i = 0; i < grp.n && r == ncclSuccess; i++) {
+    int nb = !grp.q[i].c->blocking;
+    if (nonblocking >= 0 && nb != nonblocking)
+      r = fail(ncclInvalidArgument, "ncclGroupEnd: Blocking and nonblocking communicators are not allowed in the same group.");
+    nonblocking = nb;
+  }
+  if (r == ncclSuccess && nonblocking == 1) {
+    r = launch_async();
+    if (r == ncclInProgress) {
+      grp.n = 0;
+      grp.err = ncclSuccess;
+      return r;
+    }
+  }
   for (size_t i = 0; i < grp.n && r == ncclSuccess; i++)
-    if (!grp.q[i].launched) r = launch_one(&grp.q[i]);
+    if (!grp.q[i].launched) r = launch_one(grp.q, grp.n, &grp.q[i]);
   for (size_t i = 0; i < grp.n; i++) put_comm(grp.q[i].c);
   grp.n = 0;
   grp.err = ncclSuccess;
@@ -1134,6 +1439,9 @@ static ncclResult_t enqueue(int send, void *buf, size_t count, ncclDataType_t ty
     pthread_mutex_lock(&c->mu);
     if (c->async_err != ncclSuccess)
       r = fail(c->async_err, "%s: the communicator has failed: %s", op, ncclGetErrorString(c->async_err));
+    else if (c->pending > 0)
+      r = fail(ncclInvalidUsage, "%s: the communicator is not ready (ncclCommGetAsyncError says ncclInProgress: "
+                                 "wait until it does not)", op);
     pthread_mutex_unlock(&c->mu);
   }
   if (r == ncclSuccess && grp.n == grp.cap) {

@@ -29,6 +29,18 @@ func requireTwoDevices(t *testing.T) {
 	}
 }
 
+// requireDelayedTransfers skips unless the tests run on the NCCL and CUDA
+// test doubles, whose RDT_FAKENCCL_DELAY_MS keeps a transfer in flight
+// while a test kills, aborts or destroys something under it; on a GPU the
+// transfer is over in microseconds, before the test can act.
+func requireDelayedTransfers(t *testing.T) {
+	t.Helper()
+	requireTwoDevices(t)
+	if !strings.HasPrefix(cuda.DeviceName(0), "rdt fake CUDA device") {
+		t.Skip("needs the NCCL test double (make fake-nccl-test) to hold a transfer in flight; on a GPU it ends before the test can act")
+	}
+}
+
 // pairWithChild forms group name: rank 0 here on device 0, rank 1 in the
 // child on device 1.
 func pairWithChild(t *testing.T, rt *engine.Runtime, c *child, name string) {
@@ -195,10 +207,12 @@ func TestGPUTwoProcesses(t *testing.T) {
 	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
 	assert.Contains(t, fmt.Sprint(err), "not ranks of one nccl group")
 
-	// Destroyed on both ranks, formed again, and used again.
+	// Destroyed on both ranks at once (NCCL frees a communicator once its
+	// peers on the host free theirs), formed again, and used again.
+	childDone := make(chan error, 1)
+	go func() { _, err := c.do("destroy", "pair"); childDone <- err }()
 	require.NoError(t, rt.DestroyGroup("pair"))
-	_, err = c.do("destroy", "pair")
-	require.NoError(t, err)
+	require.NoError(t, <-childDone)
 	pairWithChild(t, rt, c, "pair")
 	require.NoError(t, getHere(t, rt, 0, out, []int{5 << 20, 17}, 40, time.Minute))
 	assert.Equal(t, "", groupState(rt, "pair"))
@@ -225,7 +239,7 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // fetch fails promptly (it does not hang) and the destination's group is
 // destroyed, which later transfers report.
 func TestGPUSourceDiesMidTransfer(t *testing.T) {
-	requireTwoDevices(t)
+	requireDelayedTransfers(t)
 	// The child's sends take a minute (under the NCCL double).
 	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	ns := []int{8 << 20}
@@ -251,7 +265,7 @@ func TestGPUSourceDiesMidTransfer(t *testing.T) {
 // The destination process dies while the source sends: the source's send
 // fails and destroys its group.
 func TestGPUDestinationDiesMidTransfer(t *testing.T) {
-	requireTwoDevices(t)
+	requireDelayedTransfers(t)
 	// The child's receives take a minute.
 	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	_, wire := putHere(t, rt, 0, []int{8 << 20}, 9)
@@ -269,7 +283,7 @@ func TestGPUDestinationDiesMidTransfer(t *testing.T) {
 // half of the transfer is cancelled and destroys it there too, also when
 // NCCL does not tell the source (RDT_FAKENCCL_ABORT=silent).
 func TestGPUAbortDestroysBothSides(t *testing.T) {
-	requireTwoDevices(t)
+	requireDelayedTransfers(t)
 	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	ns := []int{8 << 20}
 	ref, wire := childObject(t, rt, c, ns, 3)
@@ -352,7 +366,7 @@ func TestGPUDestroyGroupDuringTransfer(t *testing.T) {
 	require.NoError(t, ferr)
 	after, err := devRead(0, d.p, destroyingN)
 	require.NoError(t, err)
-	d.awaitDestroyed(t, "rdt_group_destroy did not return")
+	d.awaitDestroyed(t, true, "rdt_group_destroy did not return")
 	time.Sleep(100 * time.Millisecond)
 	again, err := devRead(0, d.p, destroyingN)
 	require.NoError(t, err)
@@ -379,7 +393,7 @@ type destroyingGroup struct {
 // buffer p, waits until the transfer is enqueued and then destroys the
 // group on another goroutine.
 func destroyGroupDuringFetch(t *testing.T, delayMS string) *destroyingGroup {
-	requireTwoDevices(t)
+	requireDelayedTransfers(t)
 	rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS="+delayMS, "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")
 	ref, _ := childObject(t, rt, c, []int{destroyingN}, 3)
 	p := devBuffer(t, destroyingN)
@@ -393,13 +407,22 @@ func destroyGroupDuringFetch(t *testing.T, delayMS string) *destroyingGroup {
 }
 
 // awaitDestroyed requires rdt_group_destroy to return, without error,
-// within 30 s; msg says what it means if it does not.
-func (d *destroyingGroup) awaitDestroyed(t *testing.T, msg string) {
+// within 30 s; msg says what it means if it does not. With peerToo the
+// child destroys its rank meanwhile (NCCL frees a communicator once its
+// peers on the host free theirs); else its group must end by itself.
+func (d *destroyingGroup) awaitDestroyed(t *testing.T, peerToo bool, msg string) {
+	peer := make(chan error, 1)
+	if peerToo {
+		go func() { _, err := d.c.do("destroy", "pair"); peer <- err }()
+	}
 	select {
 	case err := <-d.destroyed:
 		require.NoError(t, err)
 	case <-time.After(30 * time.Second):
 		t.Fatal(msg)
+	}
+	if peerToo {
+		require.NoError(t, <-peer)
 	}
 }
 
@@ -414,7 +437,7 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 	ferr := f.Wait(30 * time.Second)
 	f.Free()
 	assert.Equal(t, transport.ErrAborted, transport.StatusOf(ferr), "%v", ferr)
-	d.awaitDestroyed(t, "rdt_group_destroy did not return after the abort")
+	d.awaitDestroyed(t, false, "rdt_group_destroy did not return after the abort")
 	require.True(t, waitFor(30*time.Second, func() bool {
 		s, err := d.c.do("state", "pair")
 		return err == nil && s != ""
@@ -425,7 +448,7 @@ func TestGPUAbortWhileGroupIsDestroyed(t *testing.T) {
 // source, promptly (the other rank is slow, and under a silent abort NCCL
 // does not tell it), and the other rank's group is destroyed.
 func TestGPURuntimeDestroyedMidTransfer(t *testing.T) {
-	requireTwoDevices(t)
+	requireDelayedTransfers(t)
 	for _, role := range []string{"destination", "source"} {
 		t.Run(role, func(t *testing.T) {
 			rt, c := pairedWithChild(t, "RDT_FAKENCCL_DELAY_MS=60000", "RDT_FAKENCCL_DELAY_MIN_BYTES=1024")

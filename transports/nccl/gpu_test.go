@@ -162,10 +162,11 @@ func TestGPUTwoRankTransfer(t *testing.T) {
 }
 
 // Forming a group gives up in time: when a rank never joins rank 0, when
-// rank 0 never creates the group, when ncclCommInitRank does not complete
-// (a rank that joined rdt's rendezvous but never reaches NCCL), and when
-// the ranks' communicators form but a rank never connects; a communicator
-// that forms after its rank gave up is destroyed.
+// rank 0 never creates the group, when NCCL does not form the
+// communicator (a rank that joined rdt's rendezvous but never reaches
+// NCCL: rank 0 aborts its communicator while it forms, so a rank that
+// comes later cannot join it, and gives up in time too), and when the
+// ranks' communicators form but a rank never connects.
 func TestGPUGroupTimeouts(t *testing.T) {
 	requireNCCL(t)
 	dir := t.TempDir()
@@ -187,7 +188,7 @@ func TestGPUGroupTimeouts(t *testing.T) {
 	require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: "pair", WorldSize: 1, Rank: 0, Device: 0}, time.Minute))
 	require.NoError(t, a.DestroyGroup("pair"))
 
-	// ncclCommInitRank of rank 0 waits for a rank 1 that is late.
+	// Rank 0's communicator waits for a rank 1 that is late.
 	tr := transportOf(a)
 	spec := transport.GroupSpec{Name: "late", WorldSize: 2, Rank: 0, Device: 0, Backend: Name}
 	boot, err := tr.NewGroupBootstrap(spec)
@@ -198,16 +199,21 @@ func TestGPUGroupTimeouts(t *testing.T) {
 	defer cancel()
 	err = tr.InitGroup(ctx, roster, spec)
 	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
-	assert.Contains(t, fmt.Sprint(err), "ncclCommInitRank did not complete in time")
+	assert.Contains(t, fmt.Sprint(err), "NCCL did not form the communicator in time")
 	assert.Equal(t, "none", groupState(a, "late"))
 	if n, _ := cuda.DeviceCount(); n >= 2 {
-		// Rank 0's communicators form now, and are destroyed.
-		for i := range numLanes {
-			var id UniqueID
-			copy(id[:], boot[i*UniqueIDSize:])
-			c, err := InitRank(1, 2, 1, id)
-			require.NoError(t, err)
-			require.NoError(t, c.Destroy())
+		// Rank 0 gave up: rank 1, late, cannot form the communicator,
+		// and gives up in time too.
+		var id UniqueID
+		copy(id[:], boot)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		c, err := InitRank(ctx, 1, 2, 1, id)
+		assert.Error(t, err)
+		assert.Less(t, time.Since(start), 10*time.Second)
+		if c != nil {
+			require.NoError(t, c.Abort())
 		}
 
 		// Rank 1 forms the communicators but never connects: rank 0 gives
@@ -216,7 +222,7 @@ func TestGPUGroupTimeouts(t *testing.T) {
 		boot, err := tr.NewGroupBootstrap(spec)
 		require.NoError(t, err)
 		roster.Bootstrap = boot
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
 		errc := make(chan error, 1)
 		go func() { errc <- tr.InitGroup(ctx, roster, spec) }()
@@ -224,7 +230,7 @@ func TestGPUGroupTimeouts(t *testing.T) {
 		for i := range numLanes {
 			var id UniqueID
 			copy(id[:], boot[i*UniqueIDSize:])
-			c, err := InitRank(1, 2, 1, id)
+			c, err := InitRank(context.Background(), 1, 2, 1, id)
 			require.NoError(t, err)
 			mute = append(mute, c)
 		}
@@ -340,10 +346,79 @@ func TestGPUThreeRanks(t *testing.T) {
 		require.NoError(t, <-errs)
 		require.NoError(t, <-errs)
 		allToAll(t, rts, wires)
-		for _, rt := range rts {
-			require.NoError(t, rt.DestroyGroup("trio"))
-		}
+		destroyAll(t, rts, "trio")
 	}
+}
+
+// destroyAll destroys group name on every runtime at once, as ranks on one
+// host must: NCCL frees a communicator once its peers free theirs.
+func destroyAll(t *testing.T, rts []*engine.Runtime, name string) {
+	t.Helper()
+	errs := make(chan error, len(rts))
+	for _, rt := range rts {
+		go func() { errs <- rt.DestroyGroup(name) }()
+	}
+	for range rts {
+		require.NoError(t, <-errs)
+	}
+}
+
+// A rank that destroys its group alone waits for NCCL at most
+// RDT_NCCL_TEARDOWN_MS and says so (TIMEOUT, naming the setting); the
+// group is gone from it all the same, and NCCL frees the communicator in
+// the background once the other rank destroys its own. A runtime's
+// destroy is bounded the same way.
+func TestGPUDestroyAloneIsBounded(t *testing.T) {
+	requireTwoDevices(t)
+	t.Setenv("RDT_NCCL_TEARDOWN_MS", "300")
+	dir := t.TempDir()
+	a, b := gpuRuntime(t, "a", dir), gpuRuntime(t, "b", dir)
+	formPair := func(name string) {
+		errs := make(chan error, 1)
+		go func() {
+			errs <- b.CreateGroup(transport.GroupSpec{Name: name, WorldSize: 2, Rank: 1, Rank0: a.Address(), Device: 1}, time.Minute)
+		}()
+		require.NoError(t, a.CreateGroup(transport.GroupSpec{Name: name, WorldSize: 2, Rank: 0, Device: 0}, time.Minute))
+		require.NoError(t, <-errs)
+	}
+	formPair("pair")
+	tr := transportOf(a)
+	tr.mu.Lock()
+	g := tr.groups["pair"]
+	tr.mu.Unlock()
+	start := time.Now()
+	err := a.DestroyGroup("pair")
+	took := time.Since(start)
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
+	assert.Contains(t, fmt.Sprint(err), "RDT_NCCL_TEARDOWN_MS")
+	assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+	assert.Less(t, took, 10*time.Second)
+	assert.Empty(t, a.GroupNames())
+	select {
+	case <-g.torn:
+		t.Fatal("NCCL freed rank 0's communicators before rank 1 destroyed its own")
+	default:
+	}
+	require.NoError(t, b.DestroyGroup("pair"), "the second rank's destroy finds its peer gone and returns")
+	select {
+	case <-g.torn:
+	case <-time.After(10 * time.Second):
+		t.Fatal("rank 0's teardown did not finish after rank 1 destroyed its rank")
+	}
+
+	// A runtime destroyed alone (as at a process's exit, with the other
+	// rank still up) waits at most the bound for all its groups together;
+	// the other runtime's destroy then finds its peer gone.
+	formPair("g1")
+	formPair("g2")
+	start = time.Now()
+	a.Destroy()
+	took = time.Since(start)
+	assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+	assert.Less(t, took, 10*time.Second)
+	start = time.Now()
+	b.Destroy()
+	assert.Less(t, time.Since(start), 10*time.Second)
 }
 
 // allToAll has every rank fetch every other rank's object twice, all at once.

@@ -21,7 +21,10 @@ import (
 type lane struct {
 	comm   *Comm
 	stream *cuda.Stream
-	enq    sync.Mutex // NCCL enqueue calls (a communicator is not thread-safe)
+	// enq is held from an enqueue until NCCL has put the work on the
+	// stream: a communicator takes one call at a time, and none while an
+	// earlier one is in progress.
+	enq sync.Mutex
 }
 
 // numLanes is the number of communicators of a group.
@@ -36,16 +39,29 @@ type group struct {
 	dev    int
 	lanes  [numLanes]*lane
 
-	mu         sync.RWMutex // held for reading around calls that use a communicator
+	// mu is held for reading around every NCCL call but the teardown's,
+	// which starts only after aborted or freed is set under it: so no
+	// other call is ever inside NCCL during ncclCommAbort.
+	mu         sync.RWMutex
 	dead       error
 	deadCh     chan struct{}
-	aborted    bool           // ncclCommAbort was called
-	freed      bool           // ncclCommDestroy was called
+	aborted    bool           // the teardown aborts the communicators
+	freed      bool           // the teardown destroys them
 	active     sync.WaitGroup // transfers whose NCCL work is enqueued (or being enqueued)
 	changed    chan struct{}  // closed and replaced when an order advances
 	recvAssign map[int]uint64 // destination: next sequence number per source rank
 	recvNext   map[int]uint64 // destination: next to enqueue per source rank
 	sendNext   map[int]uint64 // source: next to enqueue per destination rank
+
+	tearOnce sync.Once
+	torn     chan struct{} // closed once NCCL has freed the communicators
+	tornErr  error         // the teardown's first error, set before torn closes
+}
+
+func newGroup(t *Transport, r *transport.GroupRoster, spec transport.GroupSpec) *group {
+	return &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device,
+		deadCh: make(chan struct{}), changed: make(chan struct{}), torn: make(chan struct{}),
+		recvAssign: map[int]uint64{}, recvNext: map[int]uint64{}, sendNext: map[int]uint64{}}
 }
 
 // laneOf is the lane of the transfers from rank src to rank dst.
@@ -84,10 +100,11 @@ func checkDevice(dev int) error {
 	return nil
 }
 
-// InitGroup implements transport.GroupBackend: ncclCommInitRank of each lane on
-// the rank's device, then the connection of every pair of ranks, bounded by
-// ctx. If ctx ends during ncclCommInitRank, the communicators NCCL may
-// still form are destroyed when they do.
+// InitGroup implements transport.GroupBackend: a non-blocking
+// communicator per lane on the rank's device, then the connection of every
+// pair of ranks, bounded by ctx. On failure, or when ctx ends first, the
+// communicators are aborted in the background (NCCL's teardown waits for
+// the other ranks on the host, which InitGroup does not).
 func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spec transport.GroupSpec) error {
 	if len(r.Bootstrap) != numLanes*UniqueIDSize {
 		return transport.Errorf(transport.ErrCorrupt, "rank 0 sent %d bytes of unique ids, not %d", len(r.Bootstrap), numLanes*UniqueIDSize)
@@ -95,60 +112,26 @@ func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spe
 	if err := checkDevice(spec.Device); err != nil {
 		return err
 	}
-	type result struct {
-		cs  []*Comm
-		err error
-	}
-	// Every rank forms the lanes in the same order (ncclCommInitRank is
-	// collective).
-	done := make(chan result, 1)
-	go func() {
-		var res result
-		for i := range numLanes {
-			var id UniqueID
-			copy(id[:], r.Bootstrap[i*UniqueIDSize:])
-			c, err := InitRank(spec.Device, r.WorldSize(), spec.Rank, id)
-			if err != nil {
-				res.err = err
-				break
-			}
-			res.cs = append(res.cs, c)
+	g := newGroup(t, r, spec)
+	// Every rank forms the lanes in the same order (forming a communicator
+	// is collective).
+	for i := range numLanes {
+		var id UniqueID
+		copy(id[:], r.Bootstrap[i*UniqueIDSize:])
+		c, err := InitRank(ctx, spec.Device, r.WorldSize(), spec.Rank, id)
+		if c != nil {
+			g.lanes[i] = &lane{comm: c}
 		}
-		done <- res
-	}()
-	var res result
-	select {
-	case res = <-done:
-	case <-ctx.Done():
-		go func() {
-			for _, c := range (<-done).cs {
-				c.Destroy()
-			}
-		}()
-		return transport.Errorf(transport.ErrTimeout, "ncclCommInitRank did not complete in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
-	}
-	g := &group{t: t, roster: r, name: r.Name, rank: spec.Rank, dev: spec.Device,
-		deadCh: make(chan struct{}), changed: make(chan struct{}),
-		recvAssign: map[int]uint64{}, recvNext: map[int]uint64{}, sendNext: map[int]uint64{}}
-	err := res.err
-	for i, c := range res.cs {
-		g.lanes[i] = &lane{comm: c}
 		if err == nil {
-			var serr error
-			g.lanes[i].stream, serr = cuda.NewStream(spec.Device)
-			err = serr
+			g.lanes[i].stream, err = cuda.NewStream(spec.Device)
 		}
-	}
-	if err != nil {
-		for _, l := range g.lanes {
-			if l != nil {
-				l.comm.Destroy()
-				if l.stream != nil {
-					l.stream.Destroy()
-				}
+		if err != nil {
+			g.abandon(err)
+			if ctx.Err() != nil && transport.StatusOf(err) == transport.ErrTimeout {
+				return transport.Errorf(transport.ErrTimeout, "NCCL did not form the communicator in time (every rank joined the group; is a rank's NCCL stuck or its process gone?)")
 			}
+			return err
 		}
-		return err
 	}
 	if err := g.connect(ctx); err != nil {
 		return err
@@ -169,89 +152,81 @@ func (t *Transport) InitGroup(ctx context.Context, r *transport.GroupRoster, spe
 	return nil
 }
 
+// abandon ends a group that did not form: its communicators are aborted
+// in the background.
+func (g *group) abandon(cause error) {
+	g.mu.Lock()
+	if g.dead == nil {
+		g.dead = transport.Errorf(transport.StatusOf(cause), "group %q did not form: %v", g.name, cause)
+		close(g.deadCh)
+	}
+	g.aborted = true
+	g.mu.Unlock()
+	g.startTeardown(true)
+}
+
 // connect makes NCCL connect this rank with every other rank, on both
 // lanes, before the group is used. NCCL connects two ranks at the first
-// send or receive between them, and that ncclGroupEnd blocks until the
-// peer posts its half. Left to the first transfers, ranks fetching from
-// each other around a cycle (0 from 1, 1 from 2, 2 from 0) could each block
-// inside NCCL holding a lane's enqueue lock, waiting for an enqueue that
-// waits behind the next rank's lock: a deadlock until the deadlines abort
-// them all. Every rank calls connect, with one group per lane holding a
-// one-byte send or receive for every peer, which NCCL connects all at
-// once; lane by lane, each finished before the next starts (connecting
-// allocates NCCL's buffers, and NCCL warns that work of one communicator
-// may wait for another's kernels then). On failure or at ctx's end the
-// communicators are aborted and the streams destroyed.
+// send or receive between them, once both have posted theirs. Left to the
+// first transfers, ranks fetching from each other around a cycle (0 from
+// 1, 1 from 2, 2 from 0) could each wait for its connection holding a
+// lane's enqueue lock, while the peer's matching enqueue waits behind the
+// next rank's lock: a deadlock until the deadlines abort them all. Every
+// rank calls connect, with one group per lane holding a one-byte send or
+// receive for every peer, which NCCL connects all at once; lane by lane,
+// each finished before the next starts (connecting allocates NCCL's
+// buffers, and NCCL warns that work of one communicator may wait for
+// another's kernels then). On failure or at ctx's end the group is
+// abandoned.
 func (g *group) connect(ctx context.Context) error {
 	n := g.roster.WorldSize()
 	if n == 1 {
 		return nil
 	}
-	aborted := false
-	abort := func() {
-		if !aborted {
-			aborted = true
-			for _, l := range g.lanes {
-				l.comm.Abort() // also releases an enqueue blocked in NCCL
-			}
-		}
-	}
-	fail := func(err error) error {
-		abort()
-		for _, l := range g.lanes {
-			l.stream.Destroy()
-		}
-		return err
-	}
 	scratch, err := cuda.Alloc(g.dev, uint64(n)+1)
 	if err != nil {
-		return fail(err)
+		g.abandon(err)
+		return err
 	}
 	ev, err := cuda.NewEvent(g.dev)
 	if err != nil {
 		cuda.Free(g.dev, scratch)
-		return fail(err)
+		g.abandon(err)
+		return err
 	}
-	defer ev.Destroy()
 	for i, l := range g.lanes {
-		if err := g.connectLane(ctx, l, i == 0, uintptr(scratch), ev, abort); err != nil {
-			// The abort ends the work; then NCCL no longer writes into
-			// scratch (an event never recorded is done).
-			err = fail(err)
-			g.settle(ev)
-			cuda.Free(g.dev, scratch)
+		if err := g.connectLane(ctx, l, i == 0, uintptr(scratch), ev); err != nil {
+			g.abandon(err)
+			// NCCL may write into scratch until the abort has stopped it.
+			go func() {
+				<-g.torn
+				g.settle(ev)
+				ev.Destroy()
+				cuda.Free(g.dev, scratch)
+			}()
 			return err
 		}
 	}
+	ev.Destroy()
 	cuda.Free(g.dev, scratch)
 	return nil
 }
 
-// connectLane runs one lane's connection and waits for it; on error the
-// caller aborts the communicators (abort, which connectLane calls itself
-// to release an enqueue that outlives ctx).
-func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintptr, ev *cuda.Event, abort func()) error {
+// connectLane runs one lane's connection and waits for it, bounded by ctx.
+func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintptr, ev *cuda.Event) error {
 	n := g.roster.WorldSize()
 	timeout := transport.Errorf(transport.ErrTimeout, "NCCL did not connect the %d ranks in time (every rank joined the group; is a rank's process gone?)", n)
-	enq := make(chan error, 1)
-	go func() {
-		err := l.comm.Connect(g.rank, n, up, scratch, l.stream)
-		if err == nil {
-			if rerr := ev.Record(l.stream); rerr != nil {
-				err = rerr
-			}
+	busy, err := l.comm.Connect(g.rank, n, up, scratch, l.stream)
+	if err == nil && busy {
+		if err = l.comm.Await(ctx, nil); err != nil && ctx.Err() != nil {
+			return timeout
 		}
-		enq <- err
-	}()
-	select {
-	case err := <-enq:
-		if err != nil {
-			return err
-		}
-	case <-ctx.Done():
-		abort() // releases the enqueue; wait for it to come out
-		<-enq
-		return timeout
+	}
+	if err == nil {
+		err = ev.Record(l.stream)
+	}
+	if err != nil {
+		return err
 	}
 	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
 		done, err := ev.Query()
@@ -272,8 +247,9 @@ func (g *group) connectLane(ctx context.Context, l *lane, up bool, scratch uintp
 	}
 }
 
-// DestroyGroup implements transport.GroupBackend: ncclCommDestroy (or nothing
-// more if a failure already aborted it).
+// DestroyGroup implements transport.GroupBackend: ncclCommDestroy (or
+// nothing more if a failure already aborted it), waiting for NCCL to free
+// the communicators at most RDT_NCCL_TEARDOWN_MS.
 func (t *Transport) DestroyGroup(name string) error {
 	t.mu.Lock()
 	g := t.groups[name]
@@ -282,15 +258,17 @@ func (t *Transport) DestroyGroup(name string) error {
 	if g == nil {
 		return transport.Errorf(transport.ErrNotFound, "no communicator for group %q", name)
 	}
-	return g.destroy(transport.Errorf(transport.ErrClosed, "rdt_group_destroy was called"), false)
+	g.destroy(transport.Errorf(transport.ErrClosed, "rdt_group_destroy was called"), false)
+	return g.awaitTeardown(time.NewTimer(t.teardown))
 }
 
 // destroy ends the group: with abort (ncclCommAbort, after a failure) or
 // gracefully (ncclCommDestroy). Later transfers fail with the first cause.
 // A graceful destroy lets the transfers whose NCCL work is enqueued finish
 // first ("freed after its pending work"); an abort meanwhile, or a failure
-// of one of them, aborts the communicator instead.
-func (g *group) destroy(cause error, abort bool) error {
+// of one of them, aborts the communicator instead. Either way NCCL frees
+// the communicators in the background (see startTeardown).
+func (g *group) destroy(cause error, abort bool) {
 	g.mu.Lock()
 	first := g.dead == nil
 	if first {
@@ -304,66 +282,87 @@ func (g *group) destroy(cause error, abort bool) error {
 		g.aborted = true
 		g.mu.Unlock()
 		g.t.h.Log().Warnf("group %q (rank %d of %d) destroyed after %v; destroy and re-create it to use it again", g.name, g.rank, g.roster.WorldSize(), cause)
-		return g.abortComm()
+		g.startTeardown(true)
+		return
 	}
 	g.mu.Unlock()
 	if abort || !first {
-		return nil
+		return
 	}
 	g.active.Wait()
 	g.mu.Lock()
 	if g.aborted {
 		g.mu.Unlock()
-		return nil
+		return
 	}
 	g.freed = true
 	g.mu.Unlock()
-	var err error
-	for _, l := range g.lanes {
-		// Taken out under the lane's lock, destroyed outside it:
-		// ncclCommDestroy waits for the other ranks, and a transfer that
-		// passed its turn meanwhile must get the lock, see the group dead
-		// and return, not wait that long where no abort reaches it.
-		l.enq.Lock()
-		comm, stream := l.comm, l.stream
-		l.comm, l.stream = nil, nil
-		l.enq.Unlock()
-		if derr := comm.Destroy(); err == nil {
-			err = derr
-		}
-		stream.Destroy()
-	}
-	return err
+	g.startTeardown(false)
 }
 
-// abortComm calls ncclCommAbort on every lane. An enqueue blocked inside
-// NCCL (a peer that never connects) is only released by it, so it does not
-// wait for one; but a lane's stream goes only once that enqueue is out of
-// NCCL and no longer records on it.
-func (g *group) abortComm() error {
-	var err error
-	for _, l := range g.lanes {
-		var aerr error
-		if l.enq.TryLock() {
-			aerr = l.comm.Abort()
-			l.stream.Destroy()
-			l.enq.Unlock()
-		} else {
-			aerr = l.comm.Abort()
+// startTeardown frees the communicators (ncclCommAbort, or ncclCommDestroy
+// when freed) and then the streams, once, each lane on a goroutine of its
+// own. NCCL's teardown is collective on a host: a rank's proxy serves the
+// connections its peers hold until they tear down too, so ncclCommDestroy
+// and ncclCommAbort return only once the group's other ranks here have
+// destroyed theirs, or exited. No caller waits for that longer than its
+// own bound (awaitTeardown); g.torn closes when it is over, and lanes of
+// one group never wait for each other, whatever order peers tear down in.
+// The caller has set aborted or freed, so no other NCCL call is under way
+// or will start (see mu).
+func (g *group) startTeardown(abort bool) {
+	g.tearOnce.Do(func() {
+		start := time.Now()
+		errs := make([]error, numLanes)
+		var wg sync.WaitGroup
+		for i, l := range g.lanes {
+			if l == nil {
+				continue
+			}
+			wg.Add(1)
 			go func() {
+				defer wg.Done()
+				if l.comm != nil {
+					if abort {
+						errs[i] = l.comm.Abort()
+					} else {
+						errs[i] = l.comm.Destroy()
+					}
+				}
+				// An enqueue that saw the group dead may still be
+				// leaving: the stream goes after it.
 				l.enq.Lock()
-				l.stream.Destroy()
+				if l.stream != nil {
+					l.stream.Destroy()
+				}
 				l.enq.Unlock()
 			}()
 		}
-		if err == nil {
-			err = aerr
-		}
+		go func() {
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					g.tornErr = err
+					break
+				}
+			}
+			close(g.torn)
+			if took := time.Since(start); took >= g.t.teardown {
+				g.t.h.Log().Infof("group %q: NCCL freed its communicators after %v", g.name, took.Round(time.Millisecond))
+			}
+		}()
+	})
+}
+
+// awaitTeardown waits for NCCL to free the communicators, or for timer.
+func (g *group) awaitTeardown(timer *time.Timer) error {
+	defer timer.Stop()
+	select {
+	case <-g.torn:
+		return g.tornErr
+	case <-timer.C:
+		return transport.Errorf(transport.ErrTimeout, "group %q: NCCL did not free the communicators within %v: it frees them once the group's other ranks on this host destroy theirs too (or exit), in the background (RDT_NCCL_TEARDOWN_MS sets this wait)", g.name, g.t.teardown)
 	}
-	if err != nil {
-		return err
-	}
-	return nil
 }
 
 func (g *group) deadErr() error {
@@ -498,7 +497,7 @@ func (g *group) transfer(o *op, send bool, peer int, seq uint64, bufs []Buffer, 
 		return err
 	}
 	defer ev.Destroy()
-	started, err := g.enqueue(o, l, send, peer, bufs, ev, what)
+	started, err := g.enqueue(o, l, send, peer, bufs, ev)
 	if !started {
 		return err
 	}
@@ -539,47 +538,70 @@ func (g *group) awaitTurn(o *op, next map[int]uint64, peer int, seq uint64) erro
 // it. started is false when the group died before anything was enqueued;
 // otherwise the transfer counts as active (the caller calls
 // g.active.Done), and err says whether the enqueue or the record failed.
-func (g *group) enqueue(o *op, l *lane, send bool, peer int, bufs []Buffer, ev *cuda.Event, what string) (started bool, err error) {
-	// The enqueue can wait: for another transfer's enqueue, and inside NCCL,
-	// whose first send or receive between two ranks blocks until the peer
-	// connects. An abort meanwhile can only reach it by aborting the
-	// communicator.
-	enqueued := make(chan struct{})
-	go func() {
-		select {
-		case <-o.abort:
-			g.destroy(transport.Errorf(transport.ErrAborted, "%s was aborted while NCCL enqueued it", what), true)
-		case <-enqueued:
-		}
-	}()
+func (g *group) enqueue(o *op, l *lane, send bool, peer int, bufs []Buffer, ev *cuda.Event) (started bool, err error) {
 	l.enq.Lock()
+	defer l.enq.Unlock()
 	g.mu.RLock()
 	dead := g.dead
+	var busy bool
 	if dead == nil {
 		g.active.Add(1)
+		// A failed P2P launched nothing (NCCL launches no part of a
+		// group that fails).
+		busy, err = l.comm.P2P(send, peer, bufs, l.stream)
 	}
 	g.mu.RUnlock()
 	if dead != nil {
-		l.enq.Unlock()
-		close(enqueued)
 		return false, dead
 	}
-	// A failed P2P launched nothing (NCCL launches no part of a group that
-	// fails).
-	err = l.comm.P2P(send, peer, bufs, l.stream)
+	if err == nil && busy {
+		err = g.awaitLaunch(o, l)
+	}
 	if err == nil {
 		if rerr := ev.Record(l.stream); rerr != nil {
 			// Enqueued, but there is nothing to watch it with: stop it,
 			// and wait for the stream instead.
-			cerr := rerr
-			g.destroy(transport.Errorf(transport.StatusOf(cerr), "%s failed: %v", what, cerr), true)
+			g.destroy(transport.Errorf(transport.StatusOf(rerr), "recording an event after it failed: %v", rerr), true)
 			l.stream.Synchronize()
 			err = rerr
 		}
 	}
-	l.enq.Unlock()
-	close(enqueued)
 	return true, err
+}
+
+// awaitLaunch waits until NCCL has put the lane's last group on its stream
+// (it connects the two ranks first, the first time, which lasts until the
+// peer posts its half). An abort of the transfer or of the group ends the
+// wait at once: NCCL's own thread, stopped by the abort, launches nothing
+// that moves bytes after it.
+func (g *group) awaitLaunch(o *op, l *lane) error {
+	deadCh := g.deadCh
+	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
+		g.mu.RLock()
+		aborted, dead := g.aborted, g.dead
+		var ok bool
+		var err error
+		if !aborted {
+			ok, err = l.comm.Ready()
+		}
+		g.mu.RUnlock()
+		switch {
+		case aborted:
+			return dead
+		case ok || err != nil:
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-o.abort:
+			t.Stop()
+			return transport.Errorf(transport.ErrAborted, "aborted while NCCL connected and launched it")
+		case <-deadCh:
+			t.Stop()
+			deadCh = nil // destroyed or aborted: the next check tells which
+		case <-t.C:
+		}
+	}
 }
 
 // passTurn lets the transfer after seq between the two ranks go ahead.

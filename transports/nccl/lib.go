@@ -9,9 +9,11 @@ package nccl
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
@@ -127,7 +129,7 @@ func Load() error {
 func load(path string) error {
 	// The handle stays open for the life of the process.
 	fns, err := dynlib.OpenLibrary(symbols(), path, "NCCL library", " (set RDT_NCCL_LIBRARY to its path)",
-		"it is not the NCCL library, or an NCCL older than 2.7 (point-to-point send/recv)")
+		"it is not the NCCL library, or an NCCL older than 2.14 (non-blocking communicators)")
 	if err != nil {
 		return err
 	}
@@ -177,53 +179,109 @@ func NewUniqueID() (UniqueID, error) {
 	return id, err
 }
 
-// Comm is an NCCL communicator of one device.
+// Comm is a non-blocking NCCL communicator of one device: no call on it
+// waits for other ranks, so an abort always reaches it. A call NCCL
+// answers with ncclInProgress is over once Ready says so; until then no
+// other call may be made on the communicator, except Abort.
 type Comm struct {
 	c   C.rdt_nccl_comm
 	dev int
 }
 
 // InitRank joins the communicator named by id as rank of nranks on device
-// dev (ncclCommInitRank with dev's primary context current on a locked OS
-// thread). It blocks until every rank has joined or NCCL gives up.
-func InitRank(dev, nranks, rank int, id UniqueID) (*Comm, error) {
+// dev (ncclCommInitRankConfig with blocking = 0, dev's primary context
+// current on a locked OS thread) and polls until it is formed, NCCL fails,
+// or ctx ends. On failure a non-nil Comm is the handle NCCL made, which
+// only Abort may free.
+func InitRank(ctx context.Context, dev, nranks, rank int, id UniqueID) (*Comm, error) {
 	if err := Load(); err != nil {
 		return nil, err
 	}
 	c := &Comm{dev: dev}
+	var r C.rdt_nccl_result
 	err := cuda.OnDevice(dev, func() error {
-		return check("ncclCommInitRank", C.rdt_nccl_comm_init_rank(&c.c, C.int(nranks), (*C.uchar)(unsafe.Pointer(&id[0])), C.int(rank)), nil)
+		r = C.rdt_nccl_comm_init_rank(&c.c, C.int(nranks), (*C.uchar)(unsafe.Pointer(&id[0])), C.int(rank))
+		if Result(r) == InProgress {
+			return nil
+		}
+		return check("ncclCommInitRankConfig", r, nil)
 	})
-	if err != nil {
+	if c.c == nil {
+		if err == nil {
+			err = &Error{Op: "ncclCommInitRankConfig", Code: InternalError, Detail: "NCCL returned no communicator"}
+		}
 		return nil, err
+	}
+	if err != nil {
+		return c, err
+	}
+	if err := c.Await(ctx, nil); err != nil {
+		return c, err
 	}
 	return c, nil
 }
 
+// Ready asks whether the last call NCCL answered with ncclInProgress is
+// over (ncclCommGetAsyncError): true when it is, an error when it or the
+// communicator failed.
+func (c *Comm) Ready() (bool, error) {
+	var r C.rdt_nccl_result
+	if err := check("ncclCommGetAsyncError", C.rdt_nccl_comm_async_error(c.c, &r), c.c); err != nil {
+		return false, err
+	}
+	switch Result(r) {
+	case Success:
+		return true, nil
+	case InProgress:
+		return false, nil
+	}
+	return false, check("NCCL communicator", r, c.c)
+}
+
+// Await polls Ready until the communicator is ready, fails, ctx ends
+// (ErrTimeout) or stop is closed (ErrAborted). The caller keeps Abort
+// away meanwhile, or owns the communicator alone.
+func (c *Comm) Await(ctx context.Context, stop <-chan struct{}) error {
+	for delay := 5 * time.Microsecond; ; delay = min(delay*2, time.Millisecond) {
+		ok, err := c.Ready()
+		if ok || err != nil {
+			return err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return transport.Errorf(transport.ErrTimeout, "NCCL did not finish in time")
+		case <-stop:
+			t.Stop()
+			return transport.Errorf(transport.ErrAborted, "aborted while NCCL was busy")
+		case <-t.C:
+		}
+	}
+}
+
 // Destroy frees the communicator after its pending work (ncclCommDestroy).
+// NCCL waits there for the communicator's peers on this host to tear
+// down theirs too.
 func (c *Comm) Destroy() error {
 	return cuda.OnDevice(c.dev, func() error {
 		return check("ncclCommDestroy", C.rdt_nccl_comm_destroy(c.c), nil)
 	})
 }
 
-// Abort stops the communicator's pending work and frees it (ncclCommAbort).
+// Abort stops the communicator's pending work and frees it (ncclCommAbort),
+// waiting, as Destroy does, for its peers on this host.
 func (c *Comm) Abort() error {
 	return cuda.OnDevice(c.dev, func() error {
 		return check("ncclCommAbort", C.rdt_nccl_comm_abort(c.c), nil)
 	})
 }
 
-// AsyncError is ncclCommGetAsyncError: nil while the communicator is healthy.
+// AsyncError is ncclCommGetAsyncError: nil while the communicator is
+// healthy (ready or busy).
 func (c *Comm) AsyncError() error {
-	var r C.rdt_nccl_result
-	if err := check("ncclCommGetAsyncError", C.rdt_nccl_comm_async_error(c.c, &r), c.c); err != nil {
-		return err
-	}
-	if r != 0 && Result(r) != InProgress {
-		return check("NCCL communicator", r, c.c)
-	}
-	return nil
+	_, err := c.Ready()
+	return err
 }
 
 // Buffer is device memory to send from or receive into.
@@ -234,8 +292,9 @@ type Buffer struct {
 
 // P2P enqueues ncclSend (send) or ncclRecv of each buffer to or from peer on
 // stream s, inside one ncclGroupStart/ncclGroupEnd, with the communicator's
-// device current. It returns once the work is enqueued.
-func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) error {
+// device current. busy: NCCL connects and launches on its own thread, and
+// the work is on the stream once Ready says so.
+func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) (busy bool, err error) {
 	op := "ncclRecv"
 	cs := C.int(0)
 	if send {
@@ -247,24 +306,35 @@ func (c *Comm) P2P(send bool, peer int, bufs []Buffer, s *cuda.Stream) error {
 	for i, b := range bufs {
 		cb[i] = C.rdt_nccl_buffer{buf: C.uintptr_t(b.Ptr), nbytes: C.size_t(b.Nbytes)}
 	}
-	return cuda.OnDevice(c.dev, func() error {
-		return check(op, C.rdt_nccl_p2p(c.c, cs, C.int(peer), arr, C.size_t(len(bufs)), s.Handle()), c.c)
+	err = cuda.OnDevice(c.dev, func() error {
+		r := C.rdt_nccl_p2p(c.c, cs, C.int(peer), arr, C.size_t(len(bufs)), s.Handle())
+		busy = Result(r) == InProgress
+		if busy {
+			return nil
+		}
+		return check(op, r, c.c)
 	})
+	return busy, err
 }
 
 // Connect makes NCCL connect this rank with its peers in one direction
 // (up: sends to every higher rank, receives from every lower one; else the
 // other way round), with one group of one-byte operations on stream s: the
 // sends read scratch, the receive from peer writes scratch+1+peer (scratch
-// is nranks+1 bytes of the communicator's device). It returns once every
-// peer has called it too and the work is enqueued.
-func (c *Comm) Connect(rank, nranks int, up bool, scratch uintptr, s *cuda.Stream) error {
+// is nranks+1 bytes of the communicator's device). busy: as for P2P, the
+// work is enqueued (every peer having called it too) once Ready says so.
+func (c *Comm) Connect(rank, nranks int, up bool, scratch uintptr, s *cuda.Stream) (busy bool, err error) {
 	cup := C.int(0)
 	if up {
 		cup = 1
 	}
-	return cuda.OnDevice(c.dev, func() error {
-		return check("ncclGroupEnd", C.rdt_nccl_connect(c.c, C.int(nranks), C.int(rank), cup, C.uintptr_t(scratch),
-			C.uintptr_t(scratch+1), s.Handle()), c.c)
+	err = cuda.OnDevice(c.dev, func() error {
+		r := C.rdt_nccl_connect(c.c, C.int(nranks), C.int(rank), cup, C.uintptr_t(scratch), C.uintptr_t(scratch+1), s.Handle())
+		busy = Result(r) == InProgress
+		if busy {
+			return nil
+		}
+		return check("ncclGroupEnd", r, c.c)
 	})
+	return busy, err
 }

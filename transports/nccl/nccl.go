@@ -23,8 +23,8 @@
 package nccl
 
 import (
-	"sort"
 	"sync"
+	"time"
 
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/transports/internal/cuda"
@@ -62,6 +62,8 @@ type Transport struct {
 	ops     map[uint64]*op      // in-flight transfers by transfer id
 	aborted map[uint64]struct{} // aborts that came before their transfer
 	closed  bool
+
+	teardown time.Duration // RDT_NCCL_TEARDOWN_MS
 }
 
 // New makes the transport: ErrUnsupported without NCCL, CUDA or a device.
@@ -69,7 +71,8 @@ func New(h transport.Host) (transport.Transport, error) {
 	if err := Available(); err != nil {
 		return nil, transport.Wrap(err, "it needs the NCCL library (libnccl.so.2, or RDT_NCCL_LIBRARY) and a CUDA driver with a device")
 	}
-	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{}}, nil
+	return &Transport{h: h, groups: map[string]*group{}, ops: map[uint64]*op{}, aborted: map[uint64]struct{}{},
+		teardown: time.Duration(teardownSetting.In(h.Settings())) * time.Millisecond}, nil
 }
 
 // Describe: nccl is two-sided (the source's Send runs ncclSend), reaches
@@ -87,27 +90,52 @@ func (t *Transport) Describe() transport.Descriptor {
 	}
 }
 
-// Close destroys every group's communicator, in the order of the groups'
-// names. ncclCommDestroy returns only once the ranks of that communicator on
-// the same host have destroyed theirs too (each waits for the others to
-// close their connections to its proxy), so two runtimes on one host that
-// share two groups must destroy them in the same order, or each would wait
-// for the other in a different group.
+// Close destroys every group's communicator, all at once, and waits at
+// most RDT_NCCL_TEARDOWN_MS in all for NCCL to free them. NCCL frees a
+// communicator once the ranks of it on the same host have destroyed
+// theirs too; each group's lanes tear down on their own goroutines, so
+// two runtimes on one host that share groups never wait for each other
+// whatever order they destroy them in, and a rank whose peers never come
+// leaves the teardown to finish in the background.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	t.closed = true
 	gs := t.groups
 	t.groups = map[string]*group{}
 	t.mu.Unlock()
-	names := make([]string, 0, len(gs))
-	for name := range gs {
-		names = append(names, name)
+	var wg sync.WaitGroup
+	for _, g := range gs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.destroy(transport.Errorf(transport.ErrClosed, "the runtime was destroyed"), false)
+		}()
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		gs[name].destroy(transport.Errorf(transport.ErrClosed, "the runtime was destroyed"), false)
+	wg.Wait()
+	timer := time.NewTimer(t.teardown)
+	defer timer.Stop()
+	for _, g := range gs {
+		select {
+		case <-g.torn:
+		case <-timer.C:
+			t.h.Log().Warnf("NCCL has not freed the communicators of %d group(s) after %v; it frees them in the background once their other ranks on this host destroy theirs (or exit)", countLeft(gs), t.teardown)
+			return nil
+		}
 	}
 	return nil
+}
+
+// countLeft counts the groups whose communicators NCCL has not freed yet.
+func countLeft(gs map[string]*group) int {
+	n := 0
+	for _, g := range gs {
+		select {
+		case <-g.torn:
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 var _ transport.GroupBackend = (*Transport)(nil)

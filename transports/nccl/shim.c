@@ -1,11 +1,27 @@
 #include "shim.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 /* NCCL API facts (nccl.h): values and signatures. */
 typedef struct { char internal[RDT_NCCL_UNIQUE_ID_BYTES]; } ncclUniqueId;
 enum { ncclSuccess = 0 };
+
+/* ncclConfig_t as NCCL 2.14 laid it out (size, magic, version, blocking),
+ * with the next field, cgaClusterSize (2.17), filling what would be
+ * padding. NCCL copies `size` bytes and ignores fields newer than
+ * `version`, so later NCCLs read it as theirs with every other field at
+ * its default. */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+} ncclConfig_v21400;
+#define NCCL_API_MAGIC 0xcafebeefu
+#define NCCL_CONFIG_UNDEF_INT INT_MIN
 enum { ncclUint8 = 1 }; /* ncclDataType_t */
 
 static struct {
@@ -13,7 +29,7 @@ static struct {
   const char *(*GetErrorString)(rdt_nccl_result);
   const char *(*GetLastError)(rdt_nccl_comm); /* optional */
   rdt_nccl_result (*GetUniqueId)(ncclUniqueId *);
-  rdt_nccl_result (*CommInitRank)(rdt_nccl_comm *, int, ncclUniqueId, int);
+  rdt_nccl_result (*CommInitRankConfig)(rdt_nccl_comm *, int, ncclUniqueId, int, ncclConfig_v21400 *);
   rdt_nccl_result (*CommDestroy)(rdt_nccl_comm);
   rdt_nccl_result (*CommAbort)(rdt_nccl_comm);
   rdt_nccl_result (*CommGetAsyncError)(rdt_nccl_comm, rdt_nccl_result *);
@@ -32,7 +48,7 @@ static const struct {
     {"ncclGetErrorString", (void **)&nc.GetErrorString, 0},
     {"ncclGetLastError", (void **)&nc.GetLastError, 1},
     {"ncclGetUniqueId", (void **)&nc.GetUniqueId, 0},
-    {"ncclCommInitRank", (void **)&nc.CommInitRank, 0},
+    {"ncclCommInitRankConfig", (void **)&nc.CommInitRankConfig, 0},
     {"ncclCommDestroy", (void **)&nc.CommDestroy, 0},
     {"ncclCommAbort", (void **)&nc.CommAbort, 0},
     {"ncclCommGetAsyncError", (void **)&nc.CommGetAsyncError, 0},
@@ -80,7 +96,9 @@ rdt_nccl_result rdt_nccl_comm_init_rank(rdt_nccl_comm *comm, int nranks,
   if (!loaded) return RDT_NCCL_NOT_LOADED;
   ncclUniqueId u;
   memcpy(u.internal, id, RDT_NCCL_UNIQUE_ID_BYTES);
-  return nc.CommInitRank(comm, nranks, u, rank);
+  ncclConfig_v21400 config = {sizeof config, NCCL_API_MAGIC, 21400 /* NCCL_VERSION(2, 14, 0) */, 0,
+                              NCCL_CONFIG_UNDEF_INT};
+  return nc.CommInitRankConfig(comm, nranks, u, rank, &config);
 }
 
 rdt_nccl_result rdt_nccl_comm_destroy(rdt_nccl_comm comm) {

@@ -33,6 +33,9 @@ const char *rdt_nccl_error_string(rdt_nccl_result r); /* NULL if not loaded */
 const char *rdt_nccl_last_error(rdt_nccl_comm comm);
 
 rdt_nccl_result rdt_nccl_unique_id(unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES]);
+/* ncclCommInitRankConfig of a non-blocking communicator (blocking = 0):
+ * ncclInProgress while it forms (poll rdt_nccl_comm_async_error until it
+ * is not). Every later call on it may answer ncclInProgress the same way. */
 rdt_nccl_result rdt_nccl_comm_init_rank(rdt_nccl_comm *comm, int nranks,
                                         const unsigned char id[RDT_NCCL_UNIQUE_ID_BYTES], int rank);
 rdt_nccl_result rdt_nccl_comm_destroy(rdt_nccl_comm comm);
@@ -48,15 +51,18 @@ typedef struct {
 
 /* Enqueues one ncclSend (send != 0) or ncclRecv of each buffer to or from
  * `peer`, as bytes (ncclUint8), on `stream`, inside one ncclGroupStart /
- * ncclGroupEnd. Empty buffers are skipped. */
+ * ncclGroupEnd. Empty buffers are skipped. ncclInProgress: NCCL connects
+ * and launches on its own thread; the work is on the stream once
+ * rdt_nccl_comm_async_error says ncclSuccess. */
 rdt_nccl_result rdt_nccl_p2p(rdt_nccl_comm comm, int send, int peer, const rdt_nccl_buffer *bufs, size_t n,
                              void *stream);
 
 /* Connects `rank` of `nranks` with the peers of one direction: one group of
  * a one-byte ncclSend from `sendbuf` to every higher rank and a one-byte
  * ncclRecv into recvbuf[peer] from every lower rank (up != 0), or the
- * other way round (up == 0), on `stream`. It returns once NCCL has
- * connected them (every peer called it too) and the work is enqueued. */
+ * other way round (up == 0), on `stream`. Like rdt_nccl_p2p, it may
+ * answer ncclInProgress: NCCL connects (once every peer called it too)
+ * and enqueues on its own thread. */
 rdt_nccl_result rdt_nccl_connect(rdt_nccl_comm comm, int nranks, int rank, int up, uintptr_t sendbuf,
                                  uintptr_t recvbuf, void *stream);
 

@@ -483,7 +483,12 @@ class Runtime(Handle):
 
     def destroy_collective_group(self, name: str = "default") -> None:
         """Destroys this runtime's rank of the group ``name`` (NotFoundError
-        if there is none). Other ranks destroy theirs themselves."""
+        if there is none). Other ranks destroy theirs themselves, at about
+        the same time: NCCL frees a communicator only once the group's
+        other ranks on the host free theirs, and this waits for that at
+        most ``RDT_NCCL_TEARDOWN_MS`` (10 s), then raises GetTimeoutError
+        with the group gone all the same (NCCL finishes in the
+        background)."""
         _lib.check(_lib.lib().rdt_group_destroy(self._handle(), name.encode()))
 
     # ---- transports and counters -------------------------------------------------

@@ -114,8 +114,8 @@ var environmentReads = map[string]map[string]bool{
 var loaderReads = map[string][]string{
 	"transports/internal/cuda/cuda.go": {"RDT_CUDA_LIBRARY"},
 	"transports/nccl/lib.go":           {"RDT_NCCL_LIBRARY"},
-	"transports/nixl/lib.go": {"", "RDT_NIXL_LIBRARY", "UCX_HANDLE_ERRORS", "UCX_TCP_USER_TIMEOUT", "UCX_TCP_KEEPIDLE",
-		"UCX_TCP_KEEPINTVL", "UCX_TCP_KEEPCNT"},
+	"transports/nixl/lib.go": {"", "RDT_NIXL_LIBRARY", "UCX_HANDLE_ERRORS", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY",
+		"UCX_TCP_USER_TIMEOUT", "UCX_TCP_KEEPIDLE", "UCX_TCP_KEEPINTVL", "UCX_TCP_KEEPCNT"},
 	"transports/nixl/nixl.go": {"UCX_TLS"},
 }
 

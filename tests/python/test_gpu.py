@@ -5,6 +5,7 @@ it. The ones marked `gpu` need a CUDA device and skip with "no CUDA device"
 elsewhere; `make gpu-test` runs them (pytest -m gpu).
 """
 
+import os
 import pickle
 import threading
 
@@ -100,6 +101,70 @@ def test_torch_cuda_across_processes(child):
         assert torch.equal(out[0], v["f32"]) and torch.equal(out[2], v["pair"][1])
         ref.close()
         c.stop()
+
+
+def _visible_ids(torch):
+    """This process's GPUs as CUDA_VISIBLE_DEVICES names them, in its order."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    n = torch.cuda.device_count()
+    return [v.strip() for v in env.split(",")][:n] if env else [str(i) for i in range(n)]
+
+
+@pytest.mark.gpu
+def test_get_lands_on_the_current_device_not_the_sources_ordinal(child):
+    # The source numbers its GPUs otherwise (as under Ray or torchrun): its
+    # cuda:1 is our cuda:0. Without out= or device= the tensor lands on our
+    # current device, not on "cuda:1", a GPU of ours the source never used.
+    torch = _torch_cuda()
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip(f"needs two GPUs, for a source ordinal other than the receiver's device (this machine has {n})")
+    ids = _visible_ids(torch)
+    c = child(workers.serve_on_gpu, f"{ids[1]},{ids[0]}", 1, 1000)
+    blob, ordinal = c.recv()
+    assert ordinal == 1
+    ref = pickle.loads(blob)
+    prev = torch.cuda.current_device()
+    torch.cuda.set_device(0)
+    try:
+        v = rdt.get(ref)
+        assert v.device == torch.device("cuda", torch.cuda.current_device()) == torch.device("cuda:0")
+        assert torch.equal(v.cpu(), torch.arange(1000))
+    finally:
+        torch.cuda.set_device(prev)
+    ref.close()
+    c.stop()
+
+
+@pytest.mark.gpu
+def test_get_follows_torch_cuda_set_device(child):
+    # The receiver picks its GPU with torch.cuda.set_device: the highest one
+    # that reaches GPU 0 (cuda_ipc copies between them), GPU 0 itself on a
+    # machine of one.
+    torch = _torch_cuda()
+    n = torch.cuda.device_count()
+    target = next((d for d in range(n - 1, 0, -1)
+                   if torch.cuda.can_device_access_peer(d, 0) and torch.cuda.can_device_access_peer(0, d)), 0)
+    c = child(workers.serve_on_gpu, None, 0, 1000)
+    blob, ordinal = c.recv()
+    assert ordinal == 0
+    ref = pickle.loads(blob)
+    want = torch.arange(1000)
+    prev = torch.cuda.current_device()
+    torch.cuda.set_device(target)
+    try:
+        v = rdt.get(ref)
+        assert v.device == torch.device("cuda", target) and torch.equal(v.cpu(), want)
+        # device= and out= still say where it lands.
+        w = rdt.get(ref, device="cuda:0")
+        assert w.device == torch.device("cuda:0") and torch.equal(w.cpu(), want)
+        out = torch.empty(1000, dtype=torch.int64, device="cuda:0")
+        rdt.get(ref, out=out)
+        assert torch.equal(out.cpu(), want)
+    finally:
+        torch.cuda.set_device(prev)
+    ref.close()
+    c.stop()
 
 
 @pytest.mark.gpu

@@ -137,7 +137,8 @@ class C:
 # What _get may use of the objects it works on, beyond their public face:
 # the members made for it (see its docstring). Anything else private it
 # reads couples it to another class's insides.
-GET_SURFACE = {"_handle", "_store", "_receive_frameworks", "_value_of", "_own_entry", "_result_by"}
+GET_SURFACE = {"_handle", "_store", "_group_device", "_receive_frameworks", "_value_of", "_own_entry",
+               "_result_by"}
 
 
 def test_get_uses_only_its_surface_of_other_objects():

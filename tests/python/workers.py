@@ -109,6 +109,22 @@ def serve(conn, transports, what, register=None):
             return
 
 
+def serve_on_gpu(conn, visible, device, n):
+    """Shows this process the GPUs ``visible`` (CUDA_VISIBLE_DEVICES, set
+    before CUDA starts here; None: as the parent), puts
+    torch.arange(n) on its cuda:<device>, sends the pickled ref and the
+    ordinal the ref names, then waits until told to stop."""
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    import torch
+    ref = rdt.put(torch.arange(n, dtype=torch.int64, device=f"cuda:{device}"))
+    conn.send((pickle.dumps(ref), ref.tensor_descs()[0].device_id))
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
 def serve_raw(conn, transports, n=1000):
     """Puts np.arange(n) once per transport (None: chosen per fetch), sends
     {transport: (C bytes, pickled ref)}, then waits until told to stop."""

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/rdt-project/rdt/core/transport"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
 	"github.com/rdt-project/rdt/transports/internal/dynlib"
 )
 
@@ -51,13 +52,30 @@ func libraryPath() string {
 	return dynlib.Path(p, defaultLibrary)
 }
 
-// prepareEnv sets what NIXL's bundled UCX needs to coexist with Go before
-// the library starts: UCX's own SIGSEGV/SIGBUS handlers (installed without
-// SA_ONSTACK by older UCX releases) break the Go runtime, so error handling
-// is left to Go unless the user chose otherwise.
+// prepareEnv sets, before the library starts, what NIXL's bundled UCX
+// needs, leaving alone each variable the user set. UCX's own
+// SIGSEGV/SIGBUS handlers (installed without SA_ONSTACK by older UCX
+// releases) break the Go runtime, so error handling is left to Go; and
+// where the CUDA driver sees a GPU, cuda_ipc reads are turned on
+// (preferCudaIPCReads).
 func prepareEnv() {
 	if _, ok := cgetenv("UCX_HANDLE_ERRORS"); !ok {
 		os.Setenv("UCX_HANDLE_ERRORS", "none") // with cgo this sets the C environment too
+	}
+	if n, err := cuda.DeviceCount(); err == nil && n > 0 {
+		preferCudaIPCReads()
+	}
+}
+
+// preferCudaIPCReads turns on UCX's cuda_ipc get_zcopy unless the user
+// chose: a nixl fetch is a READ, which UCX's cuda_ipc serves with
+// get_zcopy, and UCX leaves that off ("auto") on GPUs without an active
+// NVLink, so device memory between processes of one host would go over
+// tcp instead. Only where a GPU is: elsewhere UCX loads no cuda_ipc, and
+// it warns on stdout about a UCX variable nothing reads.
+func preferCudaIPCReads() {
+	if _, ok := cgetenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY"); !ok {
+		os.Setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y")
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rdt-project/rdt/core/transport"
 	"github.com/rdt-project/rdt/core/transport/transporttest"
+	"github.com/rdt-project/rdt/transports/internal/cuda"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -99,6 +100,82 @@ func TestUCXErrorHandlingIsLeftToGo(t *testing.T) {
 	if v != "none" {
 		t.Skipf("UCX_HANDLE_ERRORS was set to %q before the test", v)
 	}
+}
+
+func TestCudaIPCReadsAreOnOnceNIXLLoadsWhereAGPUIs(t *testing.T) {
+	requireNIXL(t)
+	if n, err := cuda.DeviceCount(); err != nil || n == 0 {
+		t.Skipf("the CUDA driver sees no GPU here (%d, %v): rdt leaves cuda_ipc to UCX", n, err)
+	}
+	v, ok := os.LookupEnv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+	require.True(t, ok)
+	if v != "y" {
+		t.Skipf("UCX_CUDA_IPC_ENABLE_GET_ZCOPY was set to %q before the test", v)
+	}
+}
+
+// keepEnv restores name's value, or its absence, when the test ends.
+func keepEnv(t *testing.T, name string) {
+	t.Helper()
+	v, ok := os.LookupEnv(name)
+	t.Setenv(name, v)
+	if !ok {
+		require.NoError(t, os.Unsetenv(name))
+	}
+}
+
+func TestPreferCudaIPCReadsLeavesAUsersValue(t *testing.T) {
+	const name = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+	keepEnv(t, name)
+	for _, user := range []string{"n", "auto", ""} {
+		t.Setenv(name, user)
+		preferCudaIPCReads()
+		v, ok := cgetenv(name)
+		assert.True(t, ok)
+		assert.Equal(t, user, v, "a value the user set stays")
+	}
+	require.NoError(t, os.Unsetenv(name))
+	preferCudaIPCReads()
+	v, ok := cgetenv(name)
+	assert.True(t, ok)
+	assert.Equal(t, "y", v)
+}
+
+func TestPrepareEnvTurnsOnCudaIPCReadsWhereAGPUIs(t *testing.T) {
+	const name = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+	keepEnv(t, name)
+	keepEnv(t, "UCX_HANDLE_ERRORS")
+	require.NoError(t, os.Unsetenv(name))
+	prepareEnv()
+	v, set := cgetenv(name)
+	n, err := cuda.DeviceCount()
+	if err == nil && n > 0 {
+		assert.True(t, set)
+		assert.Equal(t, "y", v)
+	} else {
+		// No cuda_ipc in UCX here: a variable it never reads would only
+		// make it warn.
+		assert.False(t, set, "set to %q on a host where the CUDA driver sees no GPU (%d, %v)", v, n, err)
+	}
+	t.Setenv(name, "n")
+	prepareEnv()
+	v, _ = cgetenv(name)
+	assert.Equal(t, "n", v, "a value the user set stays")
+}
+
+func TestPrepareEnvLeavesErrorHandlingToGoUnlessSet(t *testing.T) {
+	const name = "UCX_HANDLE_ERRORS"
+	keepEnv(t, name)
+	keepEnv(t, "UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+	t.Setenv(name, "bt")
+	prepareEnv()
+	v, _ := cgetenv(name)
+	assert.Equal(t, "bt", v)
+	require.NoError(t, os.Unsetenv(name))
+	prepareEnv()
+	v, ok := cgetenv(name)
+	assert.True(t, ok)
+	assert.Equal(t, "none", v)
 }
 
 // ---- transfers: need NIXL ----------------------------------------------------

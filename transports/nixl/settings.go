@@ -14,6 +14,8 @@ func Settings() []transport.Setting {
 			Meaning: "NIXL's C API library the nixl transport opens", Bounds: "a loadable library"},
 		{Name: "UCX_HANDLE_ERRORS", Type: "UCX's", Default: "set to none by rdt when unset", Where: "the NIXL loader, once per process (C environment)",
 			Meaning: "UCX's fault handlers; rdt turns them off unless set, since they break the Go runtime", Bounds: "UCX's"},
+		{Name: "UCX_CUDA_IPC_ENABLE_GET_ZCOPY", Type: "UCX's", Default: "set to y by rdt when unset, where the CUDA driver sees a GPU", Where: "the NIXL loader, once per process (C environment)",
+			Meaning: "UCX's cuda_ipc reads (get_zcopy), which a nixl fetch of device memory on one host needs; UCX leaves them off on GPUs without an active NVLink (tcp moves the bytes then), rdt turns them on unless set", Bounds: "UCX's (y, n or auto)"},
 		ucxTimeout("UCX_TCP_USER_TIMEOUT", "the peer timeout", "how long UCX's tcp keeps data unacknowledged before it gives the connection up"),
 		ucxTimeout("UCX_TCP_KEEPIDLE", "half the peer timeout, in whole seconds (1 at least)", "how long a UCX tcp connection that receives nothing waits before it probes"),
 		ucxTimeout("UCX_TCP_KEEPINTVL", "a quarter of the peer timeout, in whole seconds (1 at least)", "the interval between UCX's tcp keepalive probes"),

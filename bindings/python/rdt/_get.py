@@ -3,10 +3,11 @@ what, and the waits. Runtime's methods of those names forward here.
 
 What this module uses of other objects is kept to a few members made for
 it (tests/python/test_package.py holds it to them): of the runtime (as
-RuntimeLike) its C handle and its store; of a ref its public face
-(``runtime``, ``tensor_descs()``), its C handle, ``_receive_frameworks()``,
-``_value_of()`` and ``_own_entry()``; of a range its public face (``ref``,
-``index``, ``offset``, ``nbytes``, ``shape``); of a fetch ``_result_by()``."""
+RuntimeLike) its C handle, its store and ``_group_device()``; of a ref its
+public face (``runtime``, ``transport``, ``tensor_descs()``), its C
+handle, ``_receive_frameworks()``, ``_value_of()`` and ``_own_entry()``; of
+a range its public face (``ref``, ``index``, ``offset``, ``nbytes``,
+``shape``); of a fetch ``_result_by()``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def get_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], timeout: Optional
         got = _one(rt, refs, out, transport, deadline)
         if got is not _SLOW:
             return got
-    return Fetch(rt, plan(rt, refs, out, device), transport)._result_by(deadline, "rdt.get")
+    return Fetch(rt, plan(rt, refs, out, device, transport), transport)._result_by(deadline, "rdt.get")
 
 
 def one_target(rt: RuntimeLike, r: ObjectRef, a: np.ndarray) -> Any:
@@ -175,6 +176,49 @@ def _on(d: _t.Desc, dev: Optional[Tuple[int, int]]) -> _t.Desc:
     return d if dev is None else _t.Desc(d.shape, d.code, d.bits, d.lanes, dev[0], dev[1])
 
 
+def landing(d: _t.Desc, framework: str, current: Callable[[str], int], group: Optional[int] = None,
+            dev: Optional[Tuple[int, int]] = None) -> _t.Desc:
+    """Where a new tensor receiving the source tensor d (of ``framework``)
+    is made: on ``dev`` (get's device=) when given; else a host tensor as d
+    is, and a CUDA tensor on this process's own GPU, never on d's ordinal
+    (which numbers the GPUs the source process sees, not ours): on
+    ``group``, the device of the collective group the fetch may go over
+    (nccl receives only into it), else on ``current(framework)``, the
+    current device of the framework that makes the tensor."""
+    if dev is not None:
+        return _on(d, dev)
+    if d.device_type != _lib.DEVICE_CUDA:
+        return d
+    return _on(d, (_lib.DEVICE_CUDA, group if group is not None else current(framework)))
+
+
+def _placer(rt: RuntimeLike, dev: Optional[Tuple[int, int]],
+            transport: Optional[str]) -> Callable[[_t.Desc, str, ObjectRef], _t.Desc]:
+    """landing() for one get: each of its new tensors, given the source's
+    descriptor, framework and ref, on its device. The current device is
+    asked once per framework, and the group's device once per ref, for the
+    transport its fetch names (get's transport=, else the ref's)."""
+    if dev is not None:
+        return lambda d, fw, r: _on(d, dev)
+    asked: Dict[str, int] = {}
+    groups: Dict[int, Optional[int]] = {}
+
+    def current(fw: str) -> int:
+        c = asked.get(fw)
+        if c is None:
+            c = asked[fw] = _t.current_cuda_device(fw)
+        return c
+
+    def place(d: _t.Desc, fw: str, r: ObjectRef) -> _t.Desc:
+        if d.device_type != _lib.DEVICE_CUDA:
+            return d
+        k = id(r)
+        if k not in groups:
+            groups[k] = rt._group_device(transport or r.transport)
+        return landing(d, fw, current, groups[k])
+    return place
+
+
 def check_refs(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]]) -> Tuple[bool, List[Refs], bool]:
     """get's refs checked: whether one was given (not a list), them as a
     list, and whether a range is among them."""
@@ -200,14 +244,16 @@ def check_refs(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]]) -> Tuple[bool
     return single, lst, partial
 
 
-def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: Optional[str] = None) -> Plan:
-    """Checks get's arguments and decides what to fetch into what."""
+def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: Optional[str] = None,
+         transport: Optional[str] = None) -> Plan:
+    """Checks get's arguments and decides what to fetch into what (over
+    ``transport``, None: each ref's)."""
     dev = device_of(device, out)
     single, lst, partial = check_refs(rt, refs)
     if not lst:
         return Plan(single, [], [], [], [], [], out is None)
     if partial:
-        return partial_plan(rt, single, lst, out, dev)  # type: ignore[arg-type]
+        return partial_plan(rt, single, lst, out, dev, transport)  # type: ignore[arg-type]
     whole: List[ObjectRef] = lst  # type: ignore[assignment]
     descs = [r.tensor_descs() for r in whole]
     tensors: List[List[Any]] = []
@@ -218,6 +264,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
         cache = PROCESS.receive_cache()
         own = [r._own_entry() if dev is None else None for r in whole]  # device=: a copy there, even of our own
         check_room([ds for ds, e in zip(descs, own) if e is None], [], dev)
+        place = _placer(rt, dev, transport)
         for r, ds, e in zip(whole, descs, own):
             if e is not None:
                 if e.shared:
@@ -225,7 +272,7 @@ def plan(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any, device: O
                 tensors.append(list(e.tensors))
                 continue
             fws = r._receive_frameworks()
-            got = [_t.allocate(_on(d, dev), fw, cache) for d, fw in zip(ds, fws)]
+            got = [_t.allocate(place(d, fw, r), fw, cache) for d, fw in zip(ds, fws)]
             tensors.append(got)
             moved.append(r)
             objs.extend(got)
@@ -294,7 +341,7 @@ def outs_of(out: Any) -> List[Any]:
 
 
 def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
-                 dev: Optional[Tuple[int, int]] = None) -> Plan:
+                 dev: Optional[Tuple[int, int]] = None, transport: Optional[str] = None) -> Plan:
     """A partial get: each range's target receives its bytes, each ref's
     targets its tensors whole (rdt moves those as usual). Every ref is
     fetched once, for all of its targets, however often the list names it.
@@ -319,13 +366,14 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
         own = {id(r): r._own_entry() if dev is None else None for r in lst if type(r) is ObjectRef}
         check_room([r.tensor_descs() for r in lst if type(r) is ObjectRef and own[id(r)] is None],
                    [(i, r) for i, r in enumerate(lst) if type(r) is Range], dev)
+        place = _placer(rt, dev, transport)
         for r in lst:
             if type(r) is Range:
                 base = r.ref
                 p, ds, fws = known.get(id(base)) or learn(base)
                 d = ds[r.index]
-                x = allocate(_on(_t.Desc(r.shape, d.code, d.bits, d.lanes, d.device_type, d.device_id), dev),
-                             fws[r.index], cache)
+                x = allocate(place(_t.Desc(r.shape, d.code, d.bits, d.lanes, d.device_type, d.device_id),
+                                   fws[r.index], base), fws[r.index], cache)
                 rows.append((p, r.index, r.offset, r.nbytes))
                 tensors.append([x])
                 objs.append(x)
@@ -338,7 +386,7 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
                 tensors.append(list(e.tensors))
                 continue
             p, ds, fws = known.get(id(r)) or learn(r)
-            got = [allocate(_on(d, dev), fw, cache) for d, fw in zip(ds, fws)]
+            got = [allocate(place(d, fw, r), fw, cache) for d, fw in zip(ds, fws)]
             rows.extend((p, j, 0, d.nbytes) for j, d in enumerate(ds))
             tensors.append(got)
             objs.extend(got)
@@ -368,7 +416,7 @@ def partial_plan(rt: RuntimeLike, single: bool, lst: List[Refs], out: Any,
 def get_start_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]], out: Any = None,
                  transport: Optional[str] = None, device: Optional[str] = None) -> Fetch:
     """Runtime.get_start."""
-    return Fetch(rt, plan(rt, refs, out, device), transport)
+    return Fetch(rt, plan(rt, refs, out, device, transport), transport)
 
 
 async def get_async_in(rt: RuntimeLike, refs: Union[Refs, Sequence[Refs]],

@@ -182,7 +182,7 @@ class Prepared(Handle):
 def prepare_get_in(rt: RuntimeLike, refs: Union[_get.Refs, Sequence[_get.Refs]], out: Any = None,
                    transport: Optional[str] = None, device: Optional[str] = None) -> Prepared:
     """Runtime.prepare_get."""
-    return Prepared(rt, _get.plan(rt, refs, out, device), transport, write=False)
+    return Prepared(rt, _get.plan(rt, refs, out, device, transport), transport, write=False)
 
 
 def prepare_write_in(rt: RuntimeLike, dests: Union[_write.Dests, Sequence[_write.Dests]], value: Any,

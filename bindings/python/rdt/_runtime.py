@@ -14,7 +14,7 @@ import numpy as np
 from . import _get, _lib, _prepared, _view, _write
 from . import _tensors as _t
 from ._adapter import register
-from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError
+from ._errors import ClosedError, GetTimeoutError, InvalidArgumentError, NotFoundError
 from ._fetch import Fetch
 from ._handle import Handle
 from ._logs import FORWARDER
@@ -125,6 +125,9 @@ class Runtime(Handle):
         self._lock = threading.Lock()
         self._releaser: Optional[threading.Thread] = None
         self._store = Store()  # what this runtime put, and what its fetches receive into
+        # The collective groups this runtime is a rank of: name -> (backend,
+        # CUDA device), as create_collective_group was given them.
+        self._groups: Dict[str, Tuple[str, int]] = {}
         for tname, devices, cls, data_type in PROCESS.add(self):
             self._register(tname, devices, cls, data_type, skip_existing=True)
 
@@ -339,11 +342,16 @@ class Runtime(Handle):
         ``out=`` (the source's dtype and the range's ``nbytes``, any shape).
         A range of an object this runtime owns is copied.
 
+        New tensors of host sources are made in host memory; those of CUDA
+        sources on this process's own GPU, never on the source's ordinal:
+        the device of this runtime's collective group when the get may go
+        over one (the ref's or ``transport``'s backend, or no transport
+        named), else the current CUDA device of the framework that makes
+        them (``torch.cuda.current_device()``, CuPy's).
         ``device`` ("cpu", "cuda" or "cuda:N"), without ``out=``, makes the
-        new tensors there rather than on each source tensor's device: a GPU
-        object lands in host memory, host tensors on a GPU (between host
-        and CUDA memory; see docs/python.md, "Device tensors"). Objects this
-        runtime owns are copied then too.
+        new tensors there instead: a GPU object lands in host memory, host
+        tensors on a GPU (between host and CUDA memory; see docs/python.md,
+        "Device tensors"). Objects this runtime owns are copied then too.
 
         ``copy=False`` copies nothing: each tensor is a view of the owner's
         staged copy, mapped into this process and shared by every reader on
@@ -461,7 +469,9 @@ class Runtime(Handle):
         "cuda:N"), and returns once every rank has joined and the
         communicator is formed. Every rank calls it; ranks other than 0 pass
         ``rank0_address``, the ``address`` of rank 0's runtime. Refs put with
-        ``transport="nccl"`` are then fetched by other ranks of the group.
+        ``transport="nccl"`` are then fetched by other ranks of the group,
+        and gets here that may go over the group make their new CUDA
+        tensors on ``device`` (see :meth:`get`).
 
         A transfer that fails or is aborted destroys the group on that rank;
         destroy it on every rank and create it again. Raises UnsupportedError
@@ -480,6 +490,7 @@ class Runtime(Handle):
         _lib.check(_lib.lib().rdt_group_create(self._handle(), name.encode(), int(world_size), int(rank),
                                                rank0_address.encode() if rank0_address else None, int(device),
                                                ctypes.byref(opts), ms))
+        self._groups[name] = (backend.lower(), int(device))
 
     def destroy_collective_group(self, name: str = "default") -> None:
         """Destroys this runtime's rank of the group ``name`` (NotFoundError
@@ -489,7 +500,23 @@ class Runtime(Handle):
         most ``RDT_NCCL_TEARDOWN_MS`` (10 s), then raises GetTimeoutError
         with the group gone all the same (NCCL finishes in the
         background)."""
-        _lib.check(_lib.lib().rdt_group_destroy(self._handle(), name.encode()))
+        try:
+            _lib.check(_lib.lib().rdt_group_destroy(self._handle(), name.encode()))
+        except (NotFoundError, GetTimeoutError):
+            self._groups.pop(name, None)  # gone from the runtime either way
+            raise
+        self._groups.pop(name, None)
+
+    def _group_device(self, transport: Optional[str]) -> Optional[int]:
+        """The CUDA device a get receives into when it may go over one of
+        this runtime's collective groups: ``transport`` names the fetch's
+        transport (None: chosen per fetch, any group's backend may be), and
+        the groups of that backend are all on one device. None otherwise."""
+        if not self._groups:
+            return None
+        want = transport.lower() if transport else None
+        devices = {dev for backend, dev in list(self._groups.values()) if want is None or backend == want}
+        return devices.pop() if len(devices) == 1 else None
 
     # ---- transports and counters -------------------------------------------------
 

@@ -27,7 +27,8 @@ from . import _lib
 class RuntimeLike(Protocol):
     """A runtime as the modules below rdt.Runtime see it: they may not
     import _runtime, which imports them. What they use of it: its C handle,
-    its store, whether it is closed, and closing it."""
+    its store, the device of its collective groups, whether it is closed,
+    and closing it."""
 
     _store: "Store"
 
@@ -35,6 +36,8 @@ class RuntimeLike(Protocol):
     def closed(self) -> bool: ...
 
     def _handle(self) -> int: ...
+
+    def _group_device(self, transport: Optional[str]) -> Optional[int]: ...
 
     def close(self) -> None: ...
 

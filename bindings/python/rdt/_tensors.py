@@ -680,10 +680,35 @@ def _torch_has_cuda(t: Any, device_id: int) -> bool:
         return False
 
 
+def _cuda_order(framework: str) -> List[str]:
+    """The frameworks that may make a CUDA tensor received from a producer
+    of this framework, in the order tried."""
+    return ["cupy", "torch"] if framework == "cupy" else ["torch", "cupy"]
+
+
+def current_cuda_device(framework: str) -> int:
+    """The ordinal of this process's current CUDA device as seen by the
+    framework that makes a new CUDA tensor for a producer of ``framework``
+    (the order of _allocate_cuda): ``torch.cuda.current_device()``, CuPy's
+    current device; 0 when neither can tell."""
+    for fw in _cuda_order(framework):
+        if fw == "torch":
+            t = _import_torch()
+            if t is not None and _torch_has_cuda(t, 0):
+                return int(t.cuda.current_device())
+        else:
+            try:
+                import cupy  # type: ignore[import-not-found]
+                return int(cupy.cuda.runtime.getDevice())
+            except Exception:  # not installed, or no device it can use
+                continue
+    return 0
+
+
 def _allocate_cuda(desc: Desc, framework: str) -> Any:
     """A CUDA tensor to receive into: CuPy for CuPy producers when CuPy is
     importable, else torch, else CuPy; None when neither is."""
-    order = ["cupy", "torch"] if framework == "cupy" else ["torch", "cupy"]
+    order = _cuda_order(framework)
     for fw in order:
         if fw == "torch":
             t = _import_torch()

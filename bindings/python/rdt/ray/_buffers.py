@@ -10,6 +10,7 @@ import rdt
 
 from .._receive import HUGE_PAGE as _HUGE_PAGE  # noqa: F401  (rdt.ray's name for it)
 from .._receive import HUGE_PAGE_MIN as _HUGE_PAGE_MIN
+from .._tensors import current_cuda_device
 from ._runtime import _PROCESS
 
 
@@ -40,10 +41,13 @@ def _empty(framework: str, shape: Any, dtype: Any, device: str) -> Any:
 
 
 def _receive_device(device: Optional[str]) -> str:
+    """Where a receive of tensors on ``device`` ("cuda" or "cpu") lands: a
+    CUDA object on this actor's current device, by the rule rdt.get
+    follows (Ray shows an actor only its own GPUs)."""
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise rdt.UnsupportedError("the object holds CUDA tensors and this actor has no CUDA device (give it "
                                        "num_gpus, or set a target device with ray.experimental.set_target_device_for_ref)")
-        return f"cuda:{torch.cuda.current_device()}"
+        return f"cuda:{current_cuda_device('torch')}"
     return "cpu"

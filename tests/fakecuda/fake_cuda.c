@@ -40,10 +40,22 @@
  *     range that starts in an allocation and runs past it is an error.
  *     RDT_FAKECUDA_COPY_DELAY_US delays each enqueued copy, so that tests
  *     can catch work in flight.
+ *   - Host memory is all pageable (rdt never pins or registers any), and
+ *     the "Async" copies behave with it as the driver's API synchronization
+ *     behavior documents: device to host returns only once the copy is
+ *     done (the driver stages it through pinned memory inside the call, so
+ *     a caller cannot interrupt it, nor poll an event meanwhile); host to
+ *     device first waits for the stream's earlier work and returns once
+ *     the bytes are staged (the caller may reuse its buffer); host to host
+ *     is synchronous. Only device to device is asynchronous.
+ *   - cuMemFree synchronizes the device: it returns once everything
+ *     enqueued on any stream of the allocation's context has run (streams
+ *     destroyed with work pending included), whether or not that work
+ *     touches the memory freed; a host function that never returns makes
+ *     it wait forever, as a kernel that never ends does on a GPU.
  *   - Stricter than the driver, to catch callers' bugs: cuIpcCloseMemHandle
  *     of a mapping that enqueued copies still use aborts the process with a
- *     message (the driver documents nothing for it); cuMemFree waits for
- *     the copies that use the allocation (the driver synchronizes).
+ *     message (the driver documents nothing for it).
  *
  * What it cannot prove: the real driver's ABI (struct layouts, symbol
  * versions, enum values are written here from cuda.h, not checked against
@@ -176,6 +188,7 @@ static int peer_access = 1;
 static unsigned copy_delay_us;
 static uint64_t token;           /* random per process: names its memfds */
 static unsigned long long next_buffer_id = 1;
+static uint64_t next_ticket = 1; /* numbers every enqueued operation, in order */
 
 static int is_init(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
 
@@ -233,11 +246,13 @@ struct op {
   void *data;
   struct fake_event *ev;
   uint64_t seq;
+  uint64_t ticket; /* next_ticket when it was enqueued */
+  void *staging;   /* freed once the operation ran */
 };
 
 struct fake_stream {
   uint32_t magic;
-  struct fake_stream *next; /* registry of live streams */
+  struct fake_stream *next; /* registry of streams whose worker runs (destroyed ones until drained) */
   struct fake_ctx *ctx;
   struct op *head, *tail;
   uint64_t enqueued, done;
@@ -366,9 +381,11 @@ static CUresult resolve_event(CUevent h, struct fake_event **out) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Queues operation *o (copied) on s, numbering it in o->ticket. */
 static CUresult enqueue(struct fake_stream *s, struct op *o) {
   struct op *q = malloc(sizeof *q);
   if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->ticket = next_ticket++;
   *q = *o;
   q->next = NULL;
   for (int i = 0; i < 2; i++)
@@ -381,6 +398,26 @@ static CUresult enqueue(struct fake_stream *s, struct op *o) {
   s->enqueued++;
   pthread_cond_signal(&s->wake);
   return CUDA_SUCCESS;
+}
+
+/* Whether stream s has run every operation numbered up to t. s may be
+ * gone already (destroyed and drained): then it has. */
+static int stream_reached(struct fake_stream *s, uint64_t t) {
+  for (struct fake_stream *x = streams; x; x = x->next)
+    if (x == s) return !s->head || s->head->ticket > t;
+  return 1;
+}
+
+static void wait_stream(struct fake_stream *s, uint64_t t) {
+  while (!stream_reached(s, t)) pthread_cond_wait(&progress, &mu);
+}
+
+/* Whether every stream of context c (destroyed ones still draining
+ * included) has run the operations enqueued before ticket t. */
+static int ctx_reached(struct fake_ctx *c, uint64_t t) {
+  for (struct fake_stream *s = streams; s; s = s->next)
+    if (s->ctx == c && s->head && s->head->ticket < t) return 0;
+  return 1;
 }
 
 static void free_event_if_done(struct fake_event *e) {
@@ -405,6 +442,7 @@ static void *worker(void *arg) {
     } else if (o->kind == OP_HOST_FN) {
       o->fn(o->data);
     }
+    free(o->staging);
     pthread_mutex_lock(&mu);
     s->head = o->next;
     if (!s->head) s->tail = NULL;
@@ -419,9 +457,15 @@ static void *worker(void *arg) {
     s->done++;
     pthread_cond_broadcast(&progress);
   }
+  for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
   pthread_cond_destroy(&s->wake);
   s->magic = 0;
   free(s);
+  pthread_cond_broadcast(&progress);
   pthread_mutex_unlock(&mu);
   return NULL;
 }
@@ -609,7 +653,11 @@ API CUresult cuMemFree_v2(CUdeviceptr p) {
   struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
   if (r == CUDA_SUCCESS && (!a || a->kind != ALLOC_DEVICE || a->base != (uintptr_t)p)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
-    while (a->busy > 0) pthread_cond_wait(&progress, &mu); /* cuMemFree synchronizes */
+    /* cuMemFree synchronizes the device: it waits for everything enqueued
+     * on any stream of its context, whatever memory that work uses (and
+     * for synchronous copies of the allocation in other threads). */
+    uint64_t t = next_ticket;
+    while (!ctx_reached(a->ctx, t) || a->busy > 0) pthread_cond_wait(&progress, &mu);
     unlink_alloc(a);
     munmap((void *)a->base, a->size);
     close(a->fd);
@@ -821,12 +869,7 @@ API CUresult cuStreamDestroy_v2(CUstream h) {
   struct fake_stream *s;
   CUresult r = resolve_stream(h, &s);
   if (r == CUDA_SUCCESS) {
-    for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
-      if (*pp == s) {
-        *pp = s->next;
-        break;
-      }
-    s->destroyed = 1;
+    s->destroyed = 1; /* its worker leaves the registry once drained */
     pthread_cond_signal(&s->wake);
   }
   pthread_mutex_unlock(&mu);
@@ -936,14 +979,39 @@ API CUresult cuEventDestroy_v2(CUevent h) {
 
 /* Enqueues a copy of n bytes; da and sa are the allocations of the two
  * sides (NULL for host memory). */
+/* Enqueues a copy of n bytes; da and sa are the allocations of the two
+ * sides (NULL for host memory, which is all pageable here: the double has
+ * no pinned memory). As the driver's "Async" copies do (API
+ * synchronization behavior), a copy from host memory first waits for the
+ * stream's earlier work, then stages the bytes before it returns (to the
+ * device) or copies them itself (to host memory); a copy from the device
+ * into host memory returns only once it is done. Device to device is
+ * asynchronous. Called with mu held; it drops mu while it waits or copies. */
 static CUresult enqueue_copy(CUstream h, CUdeviceptr dst, struct alloc *da, CUdeviceptr src, struct alloc *sa,
                              size_t n) {
   struct fake_stream *s;
   CUresult r = resolve_stream(h, &s);
   if (r != CUDA_SUCCESS || n == 0) return r;
+  if (!sa) {
+    wait_stream(s, next_ticket - 1);
+    void *staging = NULL;
+    if (da && !(staging = malloc(n))) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&mu);
+    memcpy(da ? staging : (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    pthread_mutex_lock(&mu);
+    if (!da) return CUDA_SUCCESS;
+    r = resolve_stream(h, &s); /* it may have been destroyed meanwhile */
+    struct op o = {.kind = OP_COPY, .dst = (void *)(uintptr_t)dst, .src = staging, .n = n, .pins = {da, NULL},
+                   .staging = staging};
+    if (r == CUDA_SUCCESS) r = enqueue(s, &o);
+    if (r != CUDA_SUCCESS) free(staging);
+    return r;
+  }
   struct op o = {.kind = OP_COPY, .dst = (void *)(uintptr_t)dst, .src = (const void *)(uintptr_t)src, .n = n,
                  .pins = {da, sa}};
-  return enqueue(s, &o);
+  r = enqueue(s, &o);
+  if (r == CUDA_SUCCESS && !da) wait_stream(s, o.ticket);
+  return r;
 }
 
 /* Unified addressing: either side may be host or device memory. */
@@ -954,6 +1022,30 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (da || !sa)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, (CUdeviceptr)(uintptr_t)dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (!da || sa)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, (CUdeviceptr)(uintptr_t)src, sa, n);
   pthread_mutex_unlock(&mu);
   return r;
 }

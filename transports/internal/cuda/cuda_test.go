@@ -329,3 +329,132 @@ func TestEventWaitsForTheStream(t *testing.T) {
 		require.Error(t, ev.Record(s1))
 	}
 }
+
+// inChild runs the calling test again in a new process with
+// RDT_CUDA_CHILD=name and env added, and reports true once it passed
+// there; in that process it reports false, and the test goes on.
+func inChild(t *testing.T, name string, env ...string) bool {
+	t.Helper()
+	if os.Getenv("RDT_CUDA_CHILD") == name {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(append(os.Environ(), "RDT_CUDA_CHILD="+name), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "--- PASS: "+t.Name())
+	return true
+}
+
+func testDouble() bool { return strings.HasPrefix(DeviceName(0), "rdt fake CUDA device") }
+
+// waitEvent polls e until it is done.
+func waitEvent(t *testing.T, e *Event) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		done, err := e.Query()
+		require.NoError(t, err)
+		return done
+	}, 10*time.Second, time.Millisecond)
+}
+
+// cuMemFree synchronizes the device: it returns once everything enqueued
+// on the device's streams is done, work that never touches the freed
+// memory included. The test double delays each copy so that the work
+// still runs when Free is called.
+func TestFreeWaitsForTheDevice(t *testing.T) {
+	requireGPU(t)
+	if inChild(t, "free", "RDT_FAKECUDA_COPY_DELAY_US=200000") {
+		return
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	q, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, q)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+	_, err = CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n}}, ev)
+	require.NoError(t, err)
+	if done, _ := ev.Query(); testDouble() {
+		require.False(t, done, "the copy is delayed: it cannot be done yet")
+	}
+	other, err := Alloc(0, 4096)
+	require.NoError(t, err)
+	require.NoError(t, Free(0, other))
+	done, err := ev.Query()
+	require.NoError(t, err)
+	assert.True(t, done, "cuMemFree returned while a copy still ran on the device")
+
+	// In the double, the work of another device is not waited for.
+	if n, _ := DeviceCount(); n > 1 && testDouble() {
+		s1, err := NewStream(1)
+		require.NoError(t, err)
+		defer s1.Destroy()
+		p1, err := Alloc(1, 4096)
+		require.NoError(t, err)
+		defer Free(1, p1)
+		ev1, err := NewEvent(1)
+		require.NoError(t, err)
+		defer ev1.Destroy()
+		_, err = CopyAsync(1, 1, s1, []Copy{{Dst: p1, Src: p1 + 2048, N: 2048}}, ev1)
+		require.NoError(t, err)
+		other, err := Alloc(0, 4096)
+		require.NoError(t, err)
+		require.NoError(t, Free(0, other))
+		done, err := ev1.Query()
+		require.NoError(t, err)
+		assert.False(t, done, "cuMemFree on cuda:0 waited for cuda:1")
+		waitEvent(t, ev1)
+	}
+}
+
+// Copies between a device and pageable host memory (any host memory the
+// driver was not asked to pin or register) are synchronous, "Async" or
+// not: into host memory the call returns once the bytes are there (the
+// driver stages them through pinned memory inside the call), and from host
+// memory once the bytes are staged, so the caller may reuse its buffer at
+// once. The test double delays each copy, which then shows in the call.
+func TestPageableHostCopiesAreSynchronous(t *testing.T) {
+	requireGPU(t)
+	const delay = 200 * time.Millisecond
+	if inChild(t, "pageable", fmt.Sprintf("RDT_FAKECUDA_COPY_DELAY_US=%d", delay.Microseconds())) {
+		return
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+
+	src := hostBuffer(t, n)
+	pattern(src, 5)
+	_, err = CopyAsync(0, -1, s, []Copy{{Dst: p, Src: addr(src), N: n}}, ev)
+	require.NoError(t, err)
+	pattern(src, 99) // staged already: the device gets the bytes as they were
+	waitEvent(t, ev)
+
+	back := hostBuffer(t, n)
+	start := time.Now()
+	_, err = CopyAsync(0, -1, s, []Copy{{Dst: addr(back), Src: p, N: n}}, nil)
+	require.NoError(t, err)
+	took := time.Since(start)
+	want := hostBuffer(t, n)
+	pattern(want, 5)
+	assert.True(t, bytes.Equal(want, back), "the bytes were not all there when the copy into host memory returned")
+	if testDouble() {
+		assert.GreaterOrEqual(t, took, delay, "the copy into host memory returned before it ran")
+	}
+	require.NoError(t, s.Synchronize())
+}

@@ -102,6 +102,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err := t.enqueue(req, local, plan); err != nil {
 		return nil, err
 	}
+	req.startHost()
 	ok = true
 	return req, nil
 }
@@ -262,9 +263,14 @@ func noPeerAccess(m *metadata, alloc, tensor uint32, i int, p devicePair, dir tr
 
 // enqueue enqueues each pair's copies on a stream of the target device,
 // followed by an event that req waits for. When an enqueue fails, the
-// copies it did enqueue finish before the error returns.
+// copies it did enqueue finish before the error returns. Copies into host
+// memory are left to req.startHost.
 func (t *Transport) enqueue(req *request, targets []transport.Tensor, plan copyPlan) error {
 	for _, p := range plan.order {
+		if p.src < 0 {
+			req.host = append(req.host, hostJob{dev: p.dst, copies: plan.copies[p], targets: plan.targets[p]})
+			continue
+		}
 		s, err := t.stream(p.dst)
 		if err != nil {
 			return err
@@ -340,7 +346,8 @@ func describeTargets(targets []transport.Tensor) string {
 }
 
 // Abort makes Wait return ErrAborted at once. Copies already enqueued on a
-// stream cannot be cancelled: Release waits for them, so nothing writes
+// stream cannot be cancelled: Release waits for them (and for the chunk
+// being copied into host memory; no later chunk starts), so nothing writes
 // into the targets once the engine has released the request.
 func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	if req, ok := r.(*request); ok {
@@ -414,21 +421,120 @@ func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 	return req.Wait()
 }
 
+// hostChunk bounds each copy into host memory. The driver copies from a
+// device into pageable host memory inside the call: it returns only once
+// the bytes are there, and nothing interrupts it, neither an event poll
+// nor a deadline. So a fetch copies into host memory in chunks of at most
+// this size, on a goroutine of its own, and looks for an abort (which is
+// how a deadline ends a transfer) between two: the fetch ends within a
+// chunk's copy of its abort. 16 MiB is a few milliseconds at the speed of
+// pageable copies, and big enough that the cost of a call per chunk does
+// not show. A variable for tests.
+var hostChunk uint64 = 16 << 20
+
+// hostJob is the copies of a fetch from one device into host memory.
+type hostJob struct {
+	dev     int
+	copies  []cuda.Copy
+	targets []int // the local tensors they fill
+}
+
 // event is what a request polls; *cuda.Event in production.
 type event interface {
 	Query() (bool, error)
 }
 
 // request is one fetch in flight: an event per device pair, recorded after
-// the copies, and the cache entries the copies read from.
+// the copies, the copies into host memory running on their own goroutine,
+// and the cache entries the copies read from.
 type request struct {
 	t       *Transport
 	events  []*cuda.Event
 	entries []*entry
 
+	host     []hostJob
+	hostDone chan struct{} // closed when the host copies ended (nil: none)
+	hostErr  error         // their outcome, set before hostDone closes
+
 	abortOnce sync.Once
 	aborted   chan struct{}
 	released  bool
+}
+
+// startHost starts the copies into host memory, if the fetch has any.
+func (r *request) startHost() {
+	if len(r.host) == 0 {
+		return
+	}
+	r.hostDone = make(chan struct{})
+	go func() {
+		defer close(r.hostDone)
+		r.hostErr = r.copyToHost()
+	}()
+}
+
+// copyToHost runs the host jobs chunk by chunk, each chunk on a stream of
+// the job's device and waited for before the next starts (into pageable
+// memory the driver is done when the call returns; into pinned memory the
+// event says when). An abort stops it between two chunks.
+func (r *request) copyToHost() error {
+	for _, job := range r.host {
+		if err := r.copyJob(job); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *request) copyJob(job hostJob) error {
+	t := r.t
+	s, err := t.stream(job.dev)
+	if err != nil {
+		return err
+	}
+	ev, err := t.event(job.dev)
+	if err != nil {
+		return err
+	}
+	defer t.putEvent(job.dev, ev)
+	for _, c := range job.copies {
+		for off := uint64(0); off < c.N; off += hostChunk {
+			select {
+			case <-r.aborted:
+				return errAborted()
+			default:
+			}
+			chunk := cuda.Copy{Dst: c.Dst + off, Src: c.Src + off, N: min(hostChunk, c.N-off)}
+			n, err := cuda.CopyAsync(job.dev, -1, s, []cuda.Copy{chunk}, ev)
+			if err != nil {
+				if n > 0 {
+					_ = s.Synchronize()
+				}
+				return transport.Wrap(err, "copying from cuda:%d into host memory", job.dev)
+			}
+			if err := waitEvents([]event{ev}, nil); err != nil {
+				return transport.Wrap(err, "copying from cuda:%d into host memory", job.dev)
+			}
+		}
+	}
+	return nil
+}
+
+func errAborted() error {
+	return transport.Errorf(transport.ErrAborted, "transfer aborted (the copy already enqueued finishes before the targets are released)")
+}
+
+// hostEnded reports whether the host copies, if any, have ended.
+func (r *request) hostEnded() bool {
+	if r.hostDone == nil {
+		return true
+	}
+	select {
+	case <-r.hostDone:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *request) abort() { r.abortOnce.Do(func() { close(r.aborted) }) }
@@ -443,14 +549,26 @@ func (r *request) evs() []event {
 
 // Completed reports, without blocking, whether every copy is done.
 func (r *request) Completed() bool {
+	if !r.hostEnded() {
+		return false
+	}
 	done, err := allDone(r.evs())
 	return done || err != nil
 }
 
 // Wait polls the events until the copies are done, an error occurs, or the
-// request is aborted.
+// request is aborted; then waits for the copies into host memory, or the
+// abort.
 func (r *request) Wait() error {
-	return waitEvents(r.evs(), r.aborted)
+	if err := waitEvents(r.evs(), r.aborted); err != nil || r.hostDone == nil {
+		return err
+	}
+	select {
+	case <-r.hostDone:
+		return r.hostErr
+	case <-r.aborted:
+		return errAborted()
+	}
 }
 
 // Release waits until the copies can no longer write into the targets (an
@@ -465,6 +583,9 @@ func (r *request) Release() {
 }
 
 func (r *request) drain() {
+	if r.hostDone != nil {
+		<-r.hostDone // at most a chunk once aborted
+	}
 	if err := waitEvents(r.evs(), nil); err != nil {
 		r.t.h.Log().Warnf("waiting for a copy to end: %v", err)
 	}
@@ -514,7 +635,7 @@ func waitEvents(evs []event, aborted <-chan struct{}) error {
 		}
 		select {
 		case <-aborted:
-			return transport.Errorf(transport.ErrAborted, "transfer aborted (the copy already enqueued finishes before the targets are released)")
+			return errAborted()
 		default:
 		}
 		if i%64 != 63 || time.Since(start) < spinFor {

@@ -211,7 +211,8 @@ func TestGPUAnotherProcessPieces(t *testing.T) {
 }
 
 // A CUDA source lands in host memory too: whole tensors and pieces are
-// copied from the opened handle into the host targets.
+// copied from the opened handle into the host targets, chunk by chunk
+// (with chunks of the default size, and of a size that divides nothing).
 func TestGPUAnotherProcessIntoHostMemory(t *testing.T) {
 	requireGPU(t)
 	src := startSource(t)
@@ -222,21 +223,95 @@ func TestGPUAnotherProcessIntoHostMemory(t *testing.T) {
 		{Tensor: 0, Length: layout[0].n},
 		{Tensor: 2, Offset: 8, Length: 4096},
 	}
-	var targets []transport.Tensor
-	var bufs [][]byte
-	for _, pc := range x.Pieces {
-		b := hostBuffer(t, int(pc.Length))
-		tg := deviceTensor(hostAddr(b), int(pc.Length))
-		tg.Device = transport.Device{Type: transport.DeviceCPU}
-		targets, bufs = append(targets, tg), append(bufs, b)
-	}
-	require.NoError(t, fetchWith(tr, x, src.meta, targets))
-	for i, pc := range x.Pieces {
-		whole := hostBuffer(t, int(layout[pc.Tensor].n))
-		fill(whole, layout[pc.Tensor].seed)
-		assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], bufs[i]), "piece %d", i)
+	defer func(c uint64) { hostChunk = c }(hostChunk)
+	for _, chunk := range []uint64{hostChunk, 3001} {
+		hostChunk = chunk
+		var targets []transport.Tensor
+		var bufs [][]byte
+		for _, pc := range x.Pieces {
+			b := hostBuffer(t, int(pc.Length))
+			targets, bufs = append(targets, hostTensor(b)), append(bufs, b)
+		}
+		require.NoError(t, fetchWith(tr, x, src.meta, targets))
+		for i, pc := range x.Pieces {
+			whole := hostBuffer(t, int(layout[pc.Tensor].n))
+			fill(whole, layout[pc.Tensor].seed)
+			assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], bufs[i]), "chunks of %d: piece %d", chunk, i)
+		}
 	}
 	assert.Contains(t, tr.Describe().CrossDevice, transport.DevicePair{Source: transport.DeviceCUDA, Target: transport.DeviceCPU})
+}
+
+func hostTensor(b []byte) transport.Tensor {
+	tg := deviceTensor(hostAddr(b), len(b))
+	tg.Device = transport.Device{Type: transport.DeviceCPU}
+	return tg
+}
+
+// A get into host memory whose deadline passes while the copies run ends
+// within a chunk of the deadline. The driver copies from a device into
+// pageable memory inside the call, where nothing interrupts it: a fetch
+// that made one call per tensor would block the get for all of them. The
+// test double delays each copy (each chunk: a small one here).
+func TestGPUDeadlineIntoHostMemory(t *testing.T) {
+	requireGPU(t)
+	const delay = 200 * time.Millisecond
+	if rerun(t, fmt.Sprintf("RDT_FAKECUDA_COPY_DELAY_US=%d", delay.Microseconds())) {
+		return
+	}
+	defer func(c uint64) { hostChunk = c }(hostChunk)
+	hostChunk = 256 << 10
+	opts := func(name string) engine.Options {
+		return engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
+	}
+	a, err := engine.NewRuntime(opts("a"))
+	require.NoError(t, err)
+	defer a.Destroy()
+	b, err := engine.NewRuntime(opts("b"))
+	require.NoError(t, err)
+	defer b.Destroy()
+	// Four tensors of two chunks each: 1.6 s of copies in all.
+	const n, tensors = 512 << 10, 4
+	var srcs, targets []transport.Tensor
+	var bufs [][]byte
+	for i := 0; i < tensors; i++ {
+		srcs = append(srcs, deviceTensor(deviceBuffer(t, n, byte(30+i)), n))
+		buf := hostBuffer(t, n)
+		targets, bufs = append(targets, hostTensor(buf)), append(bufs, buf)
+	}
+	ref, err := a.Put(srcs, Name, nil)
+	require.NoError(t, err)
+	defer ref.Release()
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	borrowed, err := b.Deserialize(wire)
+	require.NoError(t, err)
+	defer borrowed.Release()
+
+	const deadline = 100 * time.Millisecond
+	start := time.Now()
+	err = b.Get([]*engine.Ref{borrowed}, targets, engine.FetchOptions{Transport: Name}, deadline)
+	took := time.Since(start)
+	if err == nil {
+		require.False(t, testDouble(), "the copies are delayed: they cannot be done within the deadline")
+		t.Skip("the copies ended within the deadline")
+	}
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
+	t.Logf("the get returned after %v: %v", took, err)
+	if testDouble() {
+		// The deadline, the chunk being copied, and room for a loaded machine;
+		// well short of the 1.6 s all the chunks take.
+		assert.Less(t, took, deadline+delay+500*time.Millisecond, "the get waited for more than the chunk in flight")
+	}
+	// Nothing writes into the targets after the get returned.
+	before := make([][]byte, tensors)
+	for i, buf := range bufs {
+		before[i] = bytes.Clone(buf)
+	}
+	time.Sleep(2 * delay)
+	for i, buf := range bufs {
+		assert.True(t, bytes.Equal(before[i], buf), "target %d changed after the get returned", i)
+	}
 }
 
 // A source that frees an allocation and allocates again (at the same

@@ -458,3 +458,68 @@ func TestPageableHostCopiesAreSynchronous(t *testing.T) {
 	}
 	require.NoError(t, s.Synchronize())
 }
+
+// Only cuMemAlloc's memory is legacy IPC's to share. Memory from a pool
+// (cuMemAllocAsync: PyTorch's cudaMallocAsync backend) and memory mapped
+// with cuMemCreate and cuMemMap (PyTorch's expandable segments) is device
+// memory that copies use like any other, but its pointer attributes say
+// that legacy IPC cannot share it, and cuIpcGetMemHandle refuses it with
+// CUDA_ERROR_INVALID_VALUE.
+func TestMemoryLegacyIPCCannotShare(t *testing.T) {
+	requireGPU(t)
+	const n = 1 << 20
+	kinds := []struct {
+		name  string
+		alloc func() (Ptr, func() error, error)
+		pool  bool
+	}{
+		{"cuMemAllocAsync", func() (Ptr, func() error, error) {
+			p, err := AllocAsync(0, n)
+			return p, func() error { return FreeAsync(0, p) }, err
+		}, true},
+		{"cuMemCreate", func() (Ptr, func() error, error) {
+			p, size, err := AllocVMM(0, n)
+			if err == nil {
+				assert.GreaterOrEqual(t, size, uint64(n))
+			}
+			return p, func() error { return FreeVMM(0, p, size) }, err
+		}, false},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			p, free, err := k.alloc()
+			var ce *Error
+			if errors.As(err, &ce) && ce.Code == ErrorMissingCall && !testDouble() {
+				t.Skipf("the driver is too old: %v", err)
+			}
+			require.NoError(t, err)
+			info, err := GetPointerInfo(0, p+4096)
+			require.NoError(t, err)
+			assert.Equal(t, MemoryDevice, info.MemoryType)
+			assert.Equal(t, 0, info.Device)
+			assert.False(t, info.Managed)
+			assert.False(t, info.LegacyIPC, "legacy IPC cannot share it")
+			assert.Equal(t, k.pool, info.Pool, "from a memory pool")
+
+			src := hostBuffer(t, n)
+			pattern(src, 9)
+			require.NoError(t, Memcpy(0, p, addr(src), n))
+			back := hostBuffer(t, n)
+			require.NoError(t, Memcpy(0, addr(back), p, n))
+			assert.True(t, bytes.Equal(src, back))
+
+			_, err = IPCGetMemHandle(0, p)
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, Result(1), ce.Code, "%v", err)
+			require.NoError(t, free())
+		})
+	}
+	// cuMemAlloc's memory: legacy IPC's, from no pool.
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	info, err := GetPointerInfo(0, p)
+	require.NoError(t, err)
+	assert.True(t, info.LegacyIPC)
+	assert.False(t, info.Pool)
+}

@@ -41,12 +41,19 @@
  *     the driver does. A mapping touched before cuMemSetAccess faults.
  *   - Legacy IPC: a handle names a whole allocation (any address inside it
  *     gives the same handle, as the real driver does) by owner pid, memfd
- *     number, size and buffer id. cuIpcOpenMemHandle maps
- *     /proc/<pid>/fd/<fd>; it refuses a handle of its own process
+ *     number, size, buffer id and the exporting device (its index before
+ *     CUDA_VISIBLE_DEVICES, as a UUID would: numbering differs between
+ *     processes). cuIpcOpenMemHandle maps /proc/<pid>/fd/<fd> in the
+ *     current context, which may be of any device that is the exporting
+ *     one or has peer access to it, whether this process sees the
+ *     exporting device or not, as the driver allows; without peer access
+ *     it is CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (the code the driver gives
+ *     there is a guess). It refuses a handle of its own process
  *     (CUDA_ERROR_INVALID_CONTEXT, like the driver) and one whose owner or
  *     allocation is gone, or that is corrupt (CUDA_ERROR_INVALID_HANDLE).
  *     Opening a handle twice in one context counts references and returns
- *     the same address; cuIpcCloseMemHandle unmaps at zero.
+ *     the same address (in another context, another mapping);
+ *     cuIpcCloseMemHandle unmaps at zero.
  *   - Streams: a worker thread per stream runs what is enqueued, in order
  *     (copies with memcpy, host functions, event records). cuEventQuery is
  *     CUDA_ERROR_NOT_READY until its stream reaches the record. Copies are
@@ -138,6 +145,7 @@ enum {
   CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_MAP_FAILED = 205,
+  CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600,
@@ -185,6 +193,8 @@ static const struct {
   {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
   {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
   {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
+  {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+   "peer access is not supported between these two devices"},
   {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
   {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
   {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -1147,6 +1157,12 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned in
   }
   if (ih.pid == (int32_t)getpid() && ih.token == token) {
     r = CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process's own handles */
+    goto out;
+  }
+  /* In a context of the exporting device, or of a device with peer access
+   * to it, whether or not this process sees the exporting device. */
+  if (ih.device != physical[get_current()->dev] && !peer_access) {
+    r = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     goto out;
   }
   for (struct alloc *a = allocs; a; a = a->next)

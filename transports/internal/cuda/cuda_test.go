@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -522,4 +524,84 @@ func TestMemoryLegacyIPCCannotShare(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, info.LegacyIPC)
 	assert.False(t, info.Pool)
+}
+
+// A handle opens in a context of any device with peer access to the
+// exporting one, even where this process does not see the exporting device
+// (another CUDA_VISIBLE_DEVICES); the mapping is then read from that
+// device. Without peer access, opening fails. Here: exported on cuda:0,
+// opened on cuda:1 by a child that sees both, and by one that sees cuda:1
+// only (its cuda:0).
+func TestIPCOpensOnAPeerDevice(t *testing.T) {
+	if os.Getenv("RDT_CUDA_CHILD") == "ipc-peer" {
+		ipcPeerChild(t)
+		return
+	}
+	requireGPU(t)
+	if n, _ := DeviceCount(); n < 2 {
+		t.Skip("needs two CUDA devices")
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	src := hostBuffer(t, n)
+	pattern(src, 3)
+	require.NoError(t, Memcpy(0, p, addr(src), n))
+	h, err := IPCGetMemHandle(0, p)
+	require.NoError(t, err)
+	can, err := CanAccessPeer(1, 0)
+	require.NoError(t, err)
+	u1, err := DeviceUUID(1)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		env []string
+		dev int
+	}{
+		{nil, 1},
+		{[]string{"CUDA_VISIBLE_DEVICES=1"}, 0},
+	} {
+		var arg bytes.Buffer
+		arg.Write(h[:])
+		binary.Write(&arg, binary.LittleEndian, uint64(n))
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestIPCOpensOnAPeerDevice$", "-test.v")
+		cmd.Env = append(append(os.Environ(), c.env...), "RDT_CUDA_CHILD=ipc-peer",
+			fmt.Sprintf("RDT_CUDA_IPC_DEV=%d", c.dev), fmt.Sprintf("RDT_CUDA_IPC_PEER=%v", can), "RDT_CUDA_IPC_UUID="+u1.String())
+		cmd.Stdin = &arg
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%v: %s", c.env, out)
+		assert.Contains(t, string(out), "--- PASS: TestIPCOpensOnAPeerDevice", "%v", c.env)
+	}
+}
+
+func ipcPeerChild(t *testing.T) {
+	requireGPU(t)
+	var h IPCHandle
+	_, err := io.ReadFull(os.Stdin, h[:])
+	require.NoError(t, err)
+	var n uint64
+	require.NoError(t, binary.Read(os.Stdin, binary.LittleEndian, &n))
+	dev, err := strconv.Atoi(os.Getenv("RDT_CUDA_IPC_DEV"))
+	require.NoError(t, err)
+	u, err := DeviceUUID(dev)
+	require.NoError(t, err)
+	require.Equal(t, os.Getenv("RDT_CUDA_IPC_UUID"), u.String(), "the device the handle is opened on")
+	p, err := IPCOpenMemHandle(dev, h)
+	if os.Getenv("RDT_CUDA_IPC_PEER") != "true" {
+		require.Error(t, err, "opened without peer access")
+		t.Logf("without peer access: %v", err)
+		if testDouble() {
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, Result(217), ce.Code)
+		}
+		return
+	}
+	require.NoError(t, err)
+	back := hostBuffer(t, int(n))
+	require.NoError(t, Memcpy(dev, addr(back), p, n))
+	want := hostBuffer(t, int(n))
+	pattern(want, 3)
+	assert.True(t, bytes.Equal(want, back))
+	require.NoError(t, IPCCloseMemHandle(dev, p))
 }

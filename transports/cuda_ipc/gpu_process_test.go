@@ -520,8 +520,10 @@ func TestGPUTensorOnAnotherDeviceThanItSays(t *testing.T) {
 }
 
 // Device ordinals differ between processes (CUDA_VISIBLE_DEVICES): the
-// receiver finds the source's GPU by UUID, opens the handle there and
-// copies to its target's device.
+// receiver finds the source's GPU by UUID, and opens the handle on its
+// target's device, the source's GPU or another with peer access to it.
+// Without peer access, a target on another GPU than the source's is an
+// error naming both.
 func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	requireGPU(t)
 	requireDevices(t, 2)
@@ -532,7 +534,7 @@ func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	require.NoError(t, fetchWith(tr, x, src.meta, targets))
 	checkLayout(t, ps, 1, 0)
 	for _, e := range entriesOf(tr.cache, src.pid) {
-		assert.Equal(t, 1, e.dev, "opened on the source's GPU")
+		assert.Equal(t, 1, e.key.dev, "opened on the source's GPU, the targets'")
 	}
 
 	targets, ps = layoutTargets(t, 0)
@@ -540,15 +542,68 @@ func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	if can, _ := cuda.CanAccessPeer(0, 1); can {
 		require.NoError(t, err)
 		checkLayout(t, ps, 0, 0)
+		devs := map[int]int{}
+		for _, e := range entriesOf(tr.cache, src.pid) {
+			devs[e.key.dev]++
+		}
+		assert.Equal(t, map[int]int{0: 2, 1: 2}, devs, "each allocation opened on each target device")
 	} else {
 		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
-		assert.ErrorContains(t, err, "cuda:1")
-		assert.ErrorContains(t, err, "cuda:0")
+		assert.ErrorContains(t, err, "on the source's cuda:1")
+		assert.ErrorContains(t, err, "target 0 on cuda:0")
+		assert.ErrorContains(t, err, "no peer access")
 	}
 }
 
-// A receiver that does not see the source's GPU says so.
-func TestGPUSourceDeviceNotVisible(t *testing.T) {
+// A receiver that sees both GPUs and fetches into cuda:0 from a source on
+// cuda:1 opens the handles on cuda:0, into device and host memory alike,
+// and makes no context on cuda:1: under the double, or on a GPU where
+// nothing else in this new process touched cuda:1. Without peer access,
+// the device targets are refused and the host targets land through the
+// source's GPU.
+func TestGPUOpensOnTheLocalDevice(t *testing.T) {
+	requireGPU(t)
+	requireDevices(t, 2)
+	if rerun(t) {
+		return
+	}
+	src := startSource(t, "CUDA_VISIBLE_DEVICES=1")
+	tr := gpuTransport(t)
+	x := transfer(20)
+	can, err := cuda.CanAccessPeer(0, 1)
+	require.NoError(t, err)
+	targets, ps := layoutTargets(t, 0)
+	err = fetchWith(tr, x, src.meta, targets)
+	if can {
+		require.NoError(t, err)
+		checkLayout(t, ps, 0, 0)
+	} else {
+		t.Log(err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "no peer access")
+	}
+
+	host := hostLayoutTargets(t)
+	require.NoError(t, fetchWith(tr, x, src.meta, host.tensors))
+	host.check(t)
+	active, err := cuda.PrimaryContextActive(1)
+	require.NoError(t, err)
+	want := map[int]int{0: 2}
+	if !can {
+		want = map[int]int{1: 2} // through the source's GPU: a context there
+	}
+	devs := map[int]int{}
+	for _, e := range entriesOf(tr.cache, src.pid) {
+		devs[e.key.dev]++
+	}
+	assert.Equal(t, want, devs, "the devices the allocations were opened on")
+	assert.Equal(t, !can, active, "a context on the source's GPU")
+}
+
+// A receiver that does not see the source's GPU opens its handles on its
+// own, which the driver allows when the two have peer access: into device
+// and host targets. Without peer access the error says what happened.
+func TestGPUOpensOnTheLocalDeviceSourceHidden(t *testing.T) {
 	requireGPU(t)
 	if os.Getenv(rerunEnv) == "" {
 		requireDevices(t, 2)
@@ -558,10 +613,57 @@ func TestGPUSourceDeviceNotVisible(t *testing.T) {
 	}
 	src := startSource(t, "CUDA_VISIBLE_DEVICES=1")
 	tr := gpuTransport(t)
-	targets, _ := layoutTargets(t, 0)
-	err := fetchWith(tr, transfer(17), src.meta, targets)
-	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
-	assert.ErrorContains(t, err, "is not visible in this process")
+	x := transfer(17)
+	targets, ps := layoutTargets(t, 0)
+	err := fetchWith(tr, x, src.meta, targets)
+	if err != nil {
+		// No peer access (this process cannot ask: it does not see the GPU).
+		t.Log(err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "opening the source's allocation on cuda:0")
+		assert.ErrorContains(t, err, "is not visible in this process")
+		assert.ErrorContains(t, err, "peer access")
+		if testDouble() {
+			assert.Equal(t, "0", os.Getenv("RDT_FAKECUDA_PEER_ACCESS"), "the double has peer access: %v", err)
+		}
+		return
+	}
+	checkLayout(t, ps, 0, 0)
+	host := hostLayoutTargets(t)
+	require.NoError(t, fetchWith(tr, x, src.meta, host.tensors))
+	host.check(t)
+	for _, e := range entriesOf(tr.cache, src.pid) {
+		assert.Equal(t, 0, e.key.dev)
+	}
+}
+
+// hostTargets is a host target for every tensor of the layout.
+type hostTargets struct {
+	tensors []transport.Tensor
+	bufs    [][]byte
+}
+
+func hostLayoutTargets(t *testing.T) hostTargets {
+	var h hostTargets
+	for _, l := range layout {
+		b := hostBuffer(t, max(int(l.n), 1))[:l.n]
+		tg := devTensor(0, 0, 0)
+		tg.Device = transport.Device{Type: transport.DeviceCPU}
+		if l.n > 0 {
+			tg = hostTensor(b)
+		}
+		h.tensors, h.bufs = append(h.tensors, tg), append(h.bufs, b)
+	}
+	return h
+}
+
+func (h hostTargets) check(t *testing.T) {
+	t.Helper()
+	for i, l := range layout {
+		want := make([]byte, l.n)
+		fill(want, l.seed)
+		assert.True(t, bytes.Equal(want, h.bufs[i]), "tensor %d", i)
+	}
 }
 
 // A target that is not what it says (host memory described as CUDA, memory

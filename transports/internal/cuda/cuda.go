@@ -351,7 +351,9 @@ func IPCGetMemHandle(dev int, base Ptr) (IPCHandle, error) {
 }
 
 // IPCOpenMemHandle maps another process's allocation into this one, in
-// dev's primary context, with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
+// dev's primary context, with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS. dev may
+// be the exporting device or any device with peer access to it, which
+// this process need not see; copies then use the mapping from dev.
 func IPCOpenMemHandle(dev int, h IPCHandle) (Ptr, error) {
 	if err := Load(); err != nil {
 		return 0, err

@@ -173,10 +173,12 @@ type sources struct {
 	dev []int // per local tensor: the device of its opening (-1: it moves nothing)
 }
 
-// sourceDevice is the source allocation's GPU as this process numbers it.
+// sourceDevice is the source allocation's GPU as this process numbers it,
+// and the device its host targets open it on (-1 until asked).
 type sourceDevice struct {
 	dev     int
 	visible bool
+	forHost int
 }
 
 // openSources opens every allocation of the owner's object that a local
@@ -203,7 +205,7 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 			if err != nil {
 				return src, err
 			}
-			sd = sourceDevice{dev: dev, visible: visible}
+			sd = sourceDevice{dev: dev, visible: visible, forHost: -1}
 			found[ai] = sd
 		}
 		if sameProcess {
@@ -217,11 +219,15 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 		}
 		dev := int(tg.Device.ID)
 		if tg.Device.Type.HostAccessible() {
-			d, err := hostDevice(sd)
-			if err != nil {
-				return src, err
+			if sd.forHost < 0 {
+				d, err := hostDevice(sd)
+				if err != nil {
+					return src, err
+				}
+				sd.forHost = d
+				found[ai] = sd
 			}
-			dev = d
+			dev = sd.forHost
 		} else if sd.visible && dev != sd.dev {
 			can, err := cuda.CanAccessPeer(dev, sd.dev)
 			if err != nil {

@@ -38,7 +38,8 @@
  *     attributes, with CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 0
  *     (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE names the pool of the first),
  *     and cuIpcGetMemHandle refuses them with CUDA_ERROR_INVALID_VALUE, as
- *     the driver does. A mapping touched before cuMemSetAccess faults.
+ *     drivers are reported to for pool memory (for cuMemCreate's, the same
+ *     code is a guess). A mapping touched before cuMemSetAccess faults.
  *   - Legacy IPC: a handle names a whole allocation (any address inside it
  *     gives the same handle, as the real driver does) by owner pid, memfd
  *     number, size, buffer id and the exporting device (its index before

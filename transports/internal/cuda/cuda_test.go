@@ -512,7 +512,12 @@ func TestMemoryLegacyIPCCannotShare(t *testing.T) {
 
 			_, err = IPCGetMemHandle(0, p)
 			require.ErrorAs(t, err, &ce)
-			assert.Equal(t, Result(1), ce.Code, "%v", err)
+			t.Logf("cuIpcGetMemHandle: %v", err)
+			if testDouble() || k.pool {
+				// Seen from drivers for pool memory; for cuMemCreate's, the
+				// double's guess.
+				assert.Equal(t, Result(1), ce.Code, "%v", err)
+			}
 			require.NoError(t, free())
 		})
 	}

@@ -15,7 +15,9 @@
  *     cuDeviceCanAccessPeer say no for every pair.
  *   - Primary contexts and a current context per thread: calls that need a
  *     context fail with CUDA_ERROR_INVALID_CONTEXT when the calling thread
- *     has none.
+ *     has none. cuDevicePrimaryCtxGetState says a primary context is
+ *     active once retained (the double never releases one), so tests can
+ *     tell on which devices a process made a context.
  *   - Device memory: each cuMemAlloc is its own memfd, mapped shared, kept
  *     in an allocation table (base, size, context, buffer id). The memfd is
  *     named "rdt-fakecuda-<pid>-<token>-<buffer id>"; tests count the
@@ -24,14 +26,35 @@
  *     address is host memory the driver does not know
  *     (CUDA_ERROR_INVALID_VALUE from cuPointerGetAttribute,
  *     CUDA_ERROR_NOT_FOUND from cuMemGetAddressRange).
+ *   - Memory that legacy IPC cannot share, as the driver allocates it for
+ *     PyTorch's cudaMallocAsync backend and its expandable segments:
+ *     cuMemAllocAsync (the device's default pool; cuMemFreeAsync frees when
+ *     the stream gets there, cuMemFree at once) and virtual memory
+ *     management, enough to allocate and describe memory (cuMemCreate of
+ *     pinned device memory in multiples of a 2 MiB granularity,
+ *     cuMemAddressReserve, cuMemMap, cuMemSetAccess, which makes the range
+ *     accessible; cuMemUnmap, cuMemRelease, cuMemAddressFree; no
+ *     shareable handles yet). Both are device memory to copies and pointer
+ *     attributes, with CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 0
+ *     (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE names the pool of the first),
+ *     and cuIpcGetMemHandle refuses them with CUDA_ERROR_INVALID_VALUE, as
+ *     drivers are reported to for pool memory (for cuMemCreate's, the same
+ *     code is a guess). A mapping touched before cuMemSetAccess faults.
  *   - Legacy IPC: a handle names a whole allocation (any address inside it
  *     gives the same handle, as the real driver does) by owner pid, memfd
- *     number, size and buffer id. cuIpcOpenMemHandle maps
- *     /proc/<pid>/fd/<fd>; it refuses a handle of its own process
+ *     number, size, buffer id and the exporting device (its index before
+ *     CUDA_VISIBLE_DEVICES, as a UUID would: numbering differs between
+ *     processes). cuIpcOpenMemHandle maps /proc/<pid>/fd/<fd> in the
+ *     current context, which may be of any device that is the exporting
+ *     one or has peer access to it, whether this process sees the
+ *     exporting device or not, as the driver allows; without peer access
+ *     it is CUDA_ERROR_PEER_ACCESS_UNSUPPORTED (the code the driver gives
+ *     there is a guess). It refuses a handle of its own process
  *     (CUDA_ERROR_INVALID_CONTEXT, like the driver) and one whose owner or
  *     allocation is gone, or that is corrupt (CUDA_ERROR_INVALID_HANDLE).
  *     Opening a handle twice in one context counts references and returns
- *     the same address; cuIpcCloseMemHandle unmaps at zero.
+ *     the same address (in another context, another mapping);
+ *     cuIpcCloseMemHandle unmaps at zero.
  *   - Streams: a worker thread per stream runs what is enqueued, in order
  *     (copies with memcpy, host functions, event records). cuEventQuery is
  *     CUDA_ERROR_NOT_READY until its stream reaches the record. Copies are
@@ -40,10 +63,22 @@
  *     range that starts in an allocation and runs past it is an error.
  *     RDT_FAKECUDA_COPY_DELAY_US delays each enqueued copy, so that tests
  *     can catch work in flight.
+ *   - Host memory is all pageable (rdt never pins or registers any), and
+ *     the "Async" copies behave with it as the driver's API synchronization
+ *     behavior documents: device to host returns only once the copy is
+ *     done (the driver stages it through pinned memory inside the call, so
+ *     a caller cannot interrupt it, nor poll an event meanwhile); host to
+ *     device first waits for the stream's earlier work and returns once
+ *     the bytes are staged (the caller may reuse its buffer); host to host
+ *     is synchronous. Only device to device is asynchronous.
+ *   - cuMemFree synchronizes the device: it returns once everything
+ *     enqueued on any stream of the allocation's context has run (streams
+ *     destroyed with work pending included), whether or not that work
+ *     touches the memory freed; a host function that never returns makes
+ *     it wait forever, as a kernel that never ends does on a GPU.
  *   - Stricter than the driver, to catch callers' bugs: cuIpcCloseMemHandle
  *     of a mapping that enqueued copies still use aborts the process with a
- *     message (the driver documents nothing for it); cuMemFree waits for
- *     the copies that use the allocation (the driver synchronizes).
+ *     message (the driver documents nothing for it).
  *
  * What it cannot prove: the real driver's ABI (struct layouts, symbol
  * versions, enum values are written here from cuda.h, not checked against
@@ -79,6 +114,28 @@ typedef struct fake_event *CUevent;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 typedef void (*CUhostFn)(void *userData);
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fake_pool *CUmemoryPool;
+typedef struct {
+  int type; /* CUmemLocationType */
+  int id;
+} CUmemLocation;
+typedef struct {
+  int type;                 /* CUmemAllocationType */
+  int requestedHandleTypes; /* CUmemAllocationHandleType */
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+  CUmemLocation location;
+  int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
 
 enum {
   CUDA_SUCCESS = 0,
@@ -89,6 +146,7 @@ enum {
   CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_INVALID_CONTEXT = 201,
   CUDA_ERROR_MAP_FAILED = 205,
+  CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600,
@@ -106,9 +164,16 @@ enum {
   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
   CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
   CU_POINTER_ATTRIBUTE_MAPPED = 13,
+  CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
 };
 
 #define CU_MEMORYTYPE_DEVICE 2u
+#define CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_HANDLE_TYPE_ALL 0xf /* POSIX_FILE_DESCRIPTOR | WIN32 | WIN32_KMT | FABRIC */
+#define CU_MEM_ACCESS_FLAGS_PROT_READ 0x1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define VMM_GRANULARITY ((size_t)2 << 20) /* what GPUs report for device memory */
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1u
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define CU_EVENT_FLAGS_ALL 0x7u /* BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS */
@@ -129,6 +194,8 @@ static const struct {
   {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
   {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
   {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
+  {CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+   "peer access is not supported between these two devices"},
   {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
   {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
   {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -176,6 +243,7 @@ static int peer_access = 1;
 static unsigned copy_delay_us;
 static uint64_t token;           /* random per process: names its memfds */
 static unsigned long long next_buffer_id = 1;
+static uint64_t next_ticket = 1; /* numbers every enqueued operation, in order */
 
 static int is_init(void) { return __atomic_load_n(&initialized, __ATOMIC_ACQUIRE); }
 
@@ -201,7 +269,37 @@ static void set_current(struct fake_ctx *c) {
   pthread_setspecific(current_key, c);
 }
 
-enum { ALLOC_DEVICE, ALLOC_IPC };
+/* The kinds of device memory: cuMemAlloc's (the only kind legacy IPC
+ * exports), a handle opened with cuIpcOpenMemHandle, cuMemAllocAsync's
+ * (from the device's default memory pool), and a cuMemMap of a cuMemCreate
+ * allocation (virtual memory management). */
+enum { ALLOC_DEVICE, ALLOC_IPC, ALLOC_POOL, ALLOC_VMM };
+
+/* A cuMemCreate allocation: its memfd, held by the handle until
+ * cuMemRelease and by each mapping until cuMemUnmap. */
+struct phys {
+  struct phys *next;
+  int fd;
+  size_t size;
+  int dev; /* ordinal */
+  int refs;
+  int released;
+};
+static struct phys *physs;
+
+/* A cuMemAddressReserve range. */
+struct reservation {
+  struct reservation *next;
+  uintptr_t base;
+  size_t size;
+};
+static struct reservation *reservations;
+
+/* Each device's default memory pool: only its address matters. */
+struct fake_pool {
+  int dev;
+};
+static struct fake_pool pools[MAX_DEVICES];
 
 struct alloc {
   struct alloc *next;
@@ -211,7 +309,9 @@ struct alloc {
   struct fake_ctx *ctx;
   unsigned long long id; /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
   int busy;              /* enqueued copies that use it */
+  int freeing;           /* ALLOC_POOL: cuMemFreeAsync enqueued */
   int fd;                /* ALLOC_DEVICE: the memfd */
+  struct phys *phys;     /* ALLOC_VMM: what is mapped */
   /* ALLOC_IPC: the exporting process's allocation, and open count */
   int32_t owner_pid;
   uint64_t owner_token;
@@ -220,7 +320,7 @@ struct alloc {
 };
 static struct alloc *allocs;
 
-enum { OP_COPY, OP_HOST_FN, OP_RECORD };
+enum { OP_COPY, OP_HOST_FN, OP_RECORD, OP_FREE };
 
 struct op {
   struct op *next;
@@ -233,11 +333,14 @@ struct op {
   void *data;
   struct fake_event *ev;
   uint64_t seq;
+  struct alloc *freed; /* OP_FREE */
+  uint64_t ticket; /* next_ticket when it was enqueued */
+  void *staging;   /* freed once the operation ran */
 };
 
 struct fake_stream {
   uint32_t magic;
-  struct fake_stream *next; /* registry of live streams */
+  struct fake_stream *next; /* registry of streams whose worker runs (destroyed ones until drained) */
   struct fake_ctx *ctx;
   struct op *head, *tail;
   uint64_t enqueued, done;
@@ -366,9 +469,11 @@ static CUresult resolve_event(CUevent h, struct fake_event **out) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* Queues operation *o (copied) on s, numbering it in o->ticket. */
 static CUresult enqueue(struct fake_stream *s, struct op *o) {
   struct op *q = malloc(sizeof *q);
   if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  o->ticket = next_ticket++;
   *q = *o;
   q->next = NULL;
   for (int i = 0; i < 2; i++)
@@ -381,6 +486,26 @@ static CUresult enqueue(struct fake_stream *s, struct op *o) {
   s->enqueued++;
   pthread_cond_signal(&s->wake);
   return CUDA_SUCCESS;
+}
+
+/* Whether stream s has run every operation numbered up to t. s may be
+ * gone already (destroyed and drained): then it has. */
+static int stream_reached(struct fake_stream *s, uint64_t t) {
+  for (struct fake_stream *x = streams; x; x = x->next)
+    if (x == s) return !s->head || s->head->ticket > t;
+  return 1;
+}
+
+static void wait_stream(struct fake_stream *s, uint64_t t) {
+  while (!stream_reached(s, t)) pthread_cond_wait(&progress, &mu);
+}
+
+/* Whether every stream of context c (destroyed ones still draining
+ * included) has run the operations enqueued before ticket t. */
+static int ctx_reached(struct fake_ctx *c, uint64_t t) {
+  for (struct fake_stream *s = streams; s; s = s->next)
+    if (s->ctx == c && s->head && s->head->ticket < t) return 0;
+  return 1;
 }
 
 static void free_event_if_done(struct fake_event *e) {
@@ -405,6 +530,7 @@ static void *worker(void *arg) {
     } else if (o->kind == OP_HOST_FN) {
       o->fn(o->data);
     }
+    free(o->staging);
     pthread_mutex_lock(&mu);
     s->head = o->next;
     if (!s->head) s->tail = NULL;
@@ -414,14 +540,24 @@ static void *worker(void *arg) {
       if (o->seq > o->ev->reached) o->ev->reached = o->seq;
       o->ev->pending--;
       free_event_if_done(o->ev);
+    } else if (o->kind == OP_FREE) {
+      unlink_alloc(o->freed);
+      munmap((void *)o->freed->base, o->freed->size);
+      free(o->freed);
     }
     free(o);
     s->done++;
     pthread_cond_broadcast(&progress);
   }
+  for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
   pthread_cond_destroy(&s->wake);
   s->magic = 0;
   free(s);
+  pthread_cond_broadcast(&progress);
   pthread_mutex_unlock(&mu);
   return NULL;
 }
@@ -547,6 +683,28 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
   return r;
 }
 
+/* Active while retained (the double never releases a primary context). */
+API CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, int *active) {
+  pthread_mutex_lock(&mu);
+  CUresult r = check_device(d);
+  if (r == CUDA_SUCCESS && (!flags || !active)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    *flags = 0;
+    *active = ctxs[d].retained > 0;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *d) {
+  pthread_mutex_lock(&mu);
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS && !d) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) *d = get_current()->dev;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
 API CUresult cuCtxSetCurrent(CUcontext c) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
   pthread_mutex_lock(&mu);
@@ -607,14 +765,284 @@ API CUresult cuMemFree_v2(CUdeviceptr p) {
   pthread_mutex_lock(&mu);
   CUresult r = need_ctx();
   struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
-  if (r == CUDA_SUCCESS && (!a || a->kind != ALLOC_DEVICE || a->base != (uintptr_t)p)) r = CUDA_ERROR_INVALID_VALUE;
+  /* cuMemAllocAsync's memory may be freed here too; a mapping is unmapped. */
+  if (r == CUDA_SUCCESS && (!a || (a->kind != ALLOC_DEVICE && a->kind != ALLOC_POOL) || a->freeing ||
+                            a->base != (uintptr_t)p))
+    r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) {
-    while (a->busy > 0) pthread_cond_wait(&progress, &mu); /* cuMemFree synchronizes */
+    /* cuMemFree synchronizes the device: it waits for everything enqueued
+     * on any stream of its context, whatever memory that work uses (and
+     * for synchronous copies of the allocation in other threads). */
+    uint64_t t = next_ticket;
+    while (!ctx_reached(a->ctx, t) || a->busy > 0) pthread_cond_wait(&progress, &mu);
     unlink_alloc(a);
     munmap((void *)a->base, a->size);
-    close(a->fd);
+    if (a->fd >= 0) close(a->fd);
     free(a);
   }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* ---- stream-ordered allocation (the device's default pool) ---------------- */
+
+/* The memory is there at once (work enqueued later on any stream may use
+ * it); CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE names the pool and it cannot be
+ * exported with cuIpcGetMemHandle. */
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct fake_stream *s = NULL;
+  CUresult r = is_init() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+  if (r == CUDA_SUCCESS) r = resolve_stream(h, &s);
+  if (r == CUDA_SUCCESS && (!p || n == 0)) r = CUDA_ERROR_INVALID_VALUE;
+  struct alloc *a = r == CUDA_SUCCESS ? calloc(1, sizeof *a) : NULL;
+  void *m = a ? mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0) : MAP_FAILED;
+  if (r == CUDA_SUCCESS && m == MAP_FAILED) {
+    free(a);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    a->kind = ALLOC_POOL;
+    a->base = (uintptr_t)m;
+    a->size = n;
+    a->ctx = s->ctx;
+    a->id = next_buffer_id++;
+    a->fd = -1;
+    a->next = allocs;
+    allocs = a;
+    *p = (CUdeviceptr)a->base;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* Frees once the stream reaches it. */
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct fake_stream *s = NULL;
+  CUresult r = is_init() ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+  if (r == CUDA_SUCCESS) r = resolve_stream(h, &s);
+  struct alloc *a = r == CUDA_SUCCESS ? find((uintptr_t)p) : NULL;
+  if (r == CUDA_SUCCESS && (!a || a->kind != ALLOC_POOL || a->freeing || a->base != (uintptr_t)p))
+    r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    struct op o = {.kind = OP_FREE, .freed = a};
+    r = enqueue(s, &o);
+    if (r == CUDA_SUCCESS) a->freeing = 1;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* ---- virtual memory management -------------------------------------------- */
+
+static struct phys *find_phys(CUmemGenericAllocationHandle h) {
+  for (struct phys *x = physs; x; x = x->next)
+    if ((CUmemGenericAllocationHandle)(uintptr_t)x == h && !x->released) return x;
+  return NULL;
+}
+
+static void put_phys(struct phys *x) {
+  if (--x->refs > 0) return;
+  for (struct phys **pp = &physs; *pp; pp = &(*pp)->next)
+    if (*pp == x) {
+      *pp = x->next;
+      break;
+    }
+  close(x->fd);
+  free(x);
+}
+
+static struct reservation *find_reservation(uintptr_t p, size_t n) {
+  for (struct reservation *v = reservations; v; v = v->next)
+    if (p >= v->base && p - v->base <= v->size && n <= v->size - (p - v->base)) return v;
+  return NULL;
+}
+
+/* Device memory, pinned, on a device this process sees. */
+static CUresult check_prop(const CUmemAllocationProp *prop) {
+  if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_ALL))
+    return CUDA_ERROR_INVALID_VALUE;
+  return prop->location.id >= 0 && prop->location.id < ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = check_prop(prop);
+  if (r != CUDA_SUCCESS) return r;
+  if (!g || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE; /* MINIMUM, RECOMMENDED */
+  *g = VMM_GRANULARITY;
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = check_prop(prop);
+  if (r != CUDA_SUCCESS) return r;
+  if (!h || n == 0 || n % VMM_GRANULARITY || flags) return CUDA_ERROR_INVALID_VALUE;
+  struct phys *x = calloc(1, sizeof *x);
+  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+  x->fd = memfd_create("rdt-fakecuda-vmm", MFD_CLOEXEC);
+  if (x->fd < 0 || ftruncate(x->fd, (off_t)n) != 0) {
+    if (x->fd >= 0) close(x->fd);
+    free(x);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  x->size = n;
+  x->dev = prop->location.id;
+  x->refs = 1;
+  pthread_mutex_lock(&mu);
+  x->next = physs;
+  physs = x;
+  pthread_mutex_unlock(&mu);
+  *h = (CUmemGenericAllocationHandle)(uintptr_t)x;
+  return CUDA_SUCCESS;
+}
+
+/* The memory stays while a mapping holds it. */
+API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct phys *x = find_phys(h);
+  if (x) {
+    x->released = 1;
+    put_phys(x);
+  }
+  pthread_mutex_unlock(&mu);
+  return x ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Address space only: nothing there is accessible before cuMemMap and
+ * cuMemSetAccess. Any requested address is taken as a hint. */
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr, unsigned long long flags) {
+  (void)addr;
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!p || n == 0 || n % VMM_GRANULARITY || flags || (align & (align - 1))) return CUDA_ERROR_INVALID_VALUE;
+  if (align < VMM_GRANULARITY) align = VMM_GRANULARITY;
+  struct reservation *v = calloc(1, sizeof *v);
+  void *m = v ? mmap(NULL, n + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) : MAP_FAILED;
+  if (m == MAP_FAILED) {
+    free(v);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  uintptr_t start = (uintptr_t)m, base = (start + align - 1) & ~(uintptr_t)(align - 1);
+  if (base > start) munmap(m, base - start);
+  if (start + n + align > base + n) munmap((void *)(base + n), start + n + align - (base + n));
+  v->base = base;
+  v->size = n;
+  pthread_mutex_lock(&mu);
+  v->next = reservations;
+  reservations = v;
+  pthread_mutex_unlock(&mu);
+  *p = (CUdeviceptr)base;
+  return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t n) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  for (struct reservation **pp = &reservations; *pp; pp = &(*pp)->next) {
+    struct reservation *v = *pp;
+    if (v->base != (uintptr_t)p || v->size != n) continue;
+    int mapped = 0;
+    for (struct alloc *a = allocs; a; a = a->next)
+      mapped |= a->kind == ALLOC_VMM && a->base >= v->base && a->base - v->base < v->size;
+    if (mapped) break; /* unmap first */
+    *pp = v->next;
+    munmap((void *)v->base, v->size);
+    free(v);
+    r = CUDA_SUCCESS;
+    break;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* Maps [offset, offset+n) of an allocation at p, in a reserved range, with
+ * no access yet: device memory of the allocation's device, with a buffer
+ * id, but no legacy IPC. */
+API CUresult cuMemMap(CUdeviceptr p, size_t n, size_t offset, CUmemGenericAllocationHandle h,
+                      unsigned long long flags) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct phys *x = find_phys(h);
+  CUresult r = CUDA_SUCCESS;
+  if (!x || flags || n == 0 || (p | n | offset) % VMM_GRANULARITY || offset > x->size || n > x->size - offset ||
+      !find_reservation((uintptr_t)p, n))
+    r = CUDA_ERROR_INVALID_VALUE;
+  for (struct alloc *a = allocs; r == CUDA_SUCCESS && a; a = a->next)
+    if (a->base < (uintptr_t)p + n && (uintptr_t)p < a->base + a->size) r = CUDA_ERROR_INVALID_VALUE; /* mapped */
+  struct alloc *a = r == CUDA_SUCCESS ? calloc(1, sizeof *a) : NULL;
+  if (r == CUDA_SUCCESS && !a) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (r == CUDA_SUCCESS &&
+      mmap((void *)(uintptr_t)p, n, PROT_NONE, MAP_SHARED | MAP_FIXED, x->fd, (off_t)offset) == MAP_FAILED) {
+    free(a);
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (r == CUDA_SUCCESS) {
+    a->kind = ALLOC_VMM;
+    a->base = (uintptr_t)p;
+    a->size = n;
+    a->ctx = &ctxs[x->dev];
+    a->id = next_buffer_id++;
+    a->fd = -1;
+    a->phys = x;
+    x->refs++;
+    a->next = allocs;
+    allocs = a;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr p, size_t n) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)p);
+  CUresult r = CUDA_SUCCESS;
+  if (!a || a->kind != ALLOC_VMM || a->base != (uintptr_t)p || a->size != n) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    while (a->busy > 0) pthread_cond_wait(&progress, &mu);
+    unlink_alloc(a);
+    /* Back to reserved address space. */
+    mmap((void *)a->base, a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    put_phys(a->phys);
+    free(a);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* One address space serves every device here: read-write access for any
+ * device makes the range read-write, read access read-only. */
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *desc, size_t count) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!desc || count == 0 || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  int prot = PROT_NONE;
+  for (size_t i = 0; i < count; i++) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].location.id < 0 || desc[i].location.id >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      prot = PROT_READ | PROT_WRITE;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
+      prot = PROT_READ;
+    else if (desc[i].flags != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_lock(&mu);
+  /* The range must be mapped, end to end. */
+  CUresult r = CUDA_SUCCESS;
+  for (uintptr_t q = (uintptr_t)p; r == CUDA_SUCCESS && q < (uintptr_t)p + n;) {
+    struct alloc *a = find(q);
+    if (!a || a->kind != ALLOC_VMM)
+      r = CUDA_ERROR_INVALID_VALUE;
+    else
+      q = a->base + a->size;
+  }
+  if (r == CUDA_SUCCESS && mprotect((void *)(uintptr_t)p, n, prot) != 0) r = CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_unlock(&mu);
   return r;
 }
@@ -665,7 +1093,9 @@ API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p) {
     *(int *)data = a->ctx->dev;
     break;
   case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-    *(int *)data = a->kind == ALLOC_DEVICE; /* an imported mapping is not exported again */
+    /* cuMemAlloc's memory only: not a pool's or a cuMemMap's, and an
+     * imported mapping is not exported again */
+    *(int *)data = a->kind == ALLOC_DEVICE;
     break;
   case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
     *(CUdeviceptr *)data = (CUdeviceptr)a->base;
@@ -675,6 +1105,9 @@ API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p) {
     break;
   case CU_POINTER_ATTRIBUTE_MAPPED:
     *(int *)data = 1;
+    break;
+  case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    *(CUmemoryPool *)data = a->kind == ALLOC_POOL ? &pools[a->ctx->dev] : NULL;
     break;
   default: /* HOST_POINTER of device memory, and what the double does not model */
     r = CUDA_ERROR_INVALID_VALUE;
@@ -725,6 +1158,12 @@ API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned in
   }
   if (ih.pid == (int32_t)getpid() && ih.token == token) {
     r = CUDA_ERROR_INVALID_CONTEXT; /* the driver refuses a process's own handles */
+    goto out;
+  }
+  /* In a context of the exporting device, or of a device with peer access
+   * to it, whether or not this process sees the exporting device. */
+  if (ih.device != physical[get_current()->dev] && !peer_access) {
+    r = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     goto out;
   }
   for (struct alloc *a = allocs; a; a = a->next)
@@ -821,12 +1260,7 @@ API CUresult cuStreamDestroy_v2(CUstream h) {
   struct fake_stream *s;
   CUresult r = resolve_stream(h, &s);
   if (r == CUDA_SUCCESS) {
-    for (struct fake_stream **pp = &streams; *pp; pp = &(*pp)->next)
-      if (*pp == s) {
-        *pp = s->next;
-        break;
-      }
-    s->destroyed = 1;
+    s->destroyed = 1; /* its worker leaves the registry once drained */
     pthread_cond_signal(&s->wake);
   }
   pthread_mutex_unlock(&mu);
@@ -936,14 +1370,39 @@ API CUresult cuEventDestroy_v2(CUevent h) {
 
 /* Enqueues a copy of n bytes; da and sa are the allocations of the two
  * sides (NULL for host memory). */
+/* Enqueues a copy of n bytes; da and sa are the allocations of the two
+ * sides (NULL for host memory, which is all pageable here: the double has
+ * no pinned memory). As the driver's "Async" copies do (API
+ * synchronization behavior), a copy from host memory first waits for the
+ * stream's earlier work, then stages the bytes before it returns (to the
+ * device) or copies them itself (to host memory); a copy from the device
+ * into host memory returns only once it is done. Device to device is
+ * asynchronous. Called with mu held; it drops mu while it waits or copies. */
 static CUresult enqueue_copy(CUstream h, CUdeviceptr dst, struct alloc *da, CUdeviceptr src, struct alloc *sa,
                              size_t n) {
   struct fake_stream *s;
   CUresult r = resolve_stream(h, &s);
   if (r != CUDA_SUCCESS || n == 0) return r;
+  if (!sa) {
+    wait_stream(s, next_ticket - 1);
+    void *staging = NULL;
+    if (da && !(staging = malloc(n))) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&mu);
+    memcpy(da ? staging : (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    pthread_mutex_lock(&mu);
+    if (!da) return CUDA_SUCCESS;
+    r = resolve_stream(h, &s); /* it may have been destroyed meanwhile */
+    struct op o = {.kind = OP_COPY, .dst = (void *)(uintptr_t)dst, .src = staging, .n = n, .pins = {da, NULL},
+                   .staging = staging};
+    if (r == CUDA_SUCCESS) r = enqueue(s, &o);
+    if (r != CUDA_SUCCESS) free(staging);
+    return r;
+  }
   struct op o = {.kind = OP_COPY, .dst = (void *)(uintptr_t)dst, .src = (const void *)(uintptr_t)src, .n = n,
                  .pins = {da, sa}};
-  return enqueue(s, &o);
+  r = enqueue(s, &o);
+  if (r == CUDA_SUCCESS && !da) wait_stream(s, o.ticket);
+  return r;
 }
 
 /* Unified addressing: either side may be host or device memory. */
@@ -954,6 +1413,30 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (da || !sa)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, (CUdeviceptr)(uintptr_t)dst, da, src, sa, n);
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h) {
+  pthread_mutex_lock(&mu);
+  struct alloc *da = NULL, *sa = NULL;
+  CUresult r = need_ctx();
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
+  if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (!da || sa)) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, (CUdeviceptr)(uintptr_t)src, sa, n);
   pthread_mutex_unlock(&mu);
   return r;
 }

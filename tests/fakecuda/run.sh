@@ -19,6 +19,6 @@ pkgs=(./transports/internal/cuda/... ./transports/cuda_ipc/...)
 on_double() { env -u CUDA_VISIBLE_DEVICES RDT_CUDA_LIBRARY="$fakecuda" RDT_FAKECUDA_DEVICES=2 "$@"; }
 
 on_double "$go" test -race -count=1 "${pkgs[@]}"
-RDT_FAKECUDA_PEER_ACCESS=0 on_double "$go" test -race -count=1 -run 'TwoDevices|NumbersDevicesDifferently' "${pkgs[@]}"
+RDT_FAKECUDA_PEER_ACCESS=0 on_double "$go" test -race -count=1 -run 'TwoDevices|NumbersDevicesDifferently|PeerDevice|OnTheLocalDevice' "${pkgs[@]}"
 # nixl kept out of the demo: it would hand UCX fake device pointers.
 RDT_REQUIRE_GPU=1 RDT_NIXL_LIBRARY=/nonexistent on_double "$demo"

@@ -27,8 +27,10 @@ import (
 //   - the last transport of the process is closed.
 // An entry in use by a request is never closed before the request releases it.
 //
-// The cache is one per process, shared by every runtime's transport: a
-// handle must not be opened twice in one context.
+// The cache is one per process, shared by every runtime's transport, and
+// keyed by the device the handle is opened on as well: one handle may be
+// opened in the contexts of several devices (a mapping in each), but must
+// not be opened twice in one context.
 
 const (
 	idleTimeout = 30 * time.Second
@@ -38,11 +40,11 @@ const (
 type cacheKey struct {
 	source transport.RuntimeID
 	handle cuda.IPCHandle
+	dev    int // ordinal of the device whose context opens the handle
 }
 
 type entry struct {
 	key     cacheKey
-	dev     int      // ordinal of the context the handle is open in
 	ptr     cuda.Ptr // the mapping's base in this process
 	pid     int      // source process
 	refs    int      // requests using the mapping
@@ -75,9 +77,9 @@ func newHandleCache(limit int) *handleCache {
 	}
 }
 
-// acquire returns the open mapping for key, opening it in dev's context on
-// a miss; the caller must release it.
-func (c *handleCache) acquire(key cacheKey, dev, pid int) (*entry, error) {
+// acquire returns the open mapping for key, opening it in key.dev's
+// context on a miss; the caller must release it.
+func (c *handleCache) acquire(key cacheKey, pid int) (*entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.m[key]; ok {
@@ -86,11 +88,11 @@ func (c *handleCache) acquire(key cacheKey, dev, pid int) (*entry, error) {
 		c.lru.MoveToFront(e.elem)
 		return e, nil
 	}
-	p, err := c.open(dev, key.handle)
+	p, err := c.open(key.dev, key.handle)
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{key: key, dev: dev, ptr: p, pid: pid, refs: 1, lastUse: c.now()}
+	e := &entry{key: key, ptr: p, pid: pid, refs: 1, lastUse: c.now()}
 	e.elem = c.lru.PushFront(e)
 	c.m[key] = e
 	c.evictLocked()
@@ -123,7 +125,7 @@ func (c *handleCache) removeLocked(e *entry) {
 }
 
 func (c *handleCache) closeEntry(e *entry) {
-	if err := c.close(e.dev, e.ptr); err != nil {
+	if err := c.close(e.key.dev, e.ptr); err != nil {
 		c.warn("closing an IPC mapping: %v", err)
 	}
 }

@@ -2,10 +2,12 @@
 // device memory between processes on one host with CUDA IPC. The source
 // exports an IPC handle of each allocation holding its tensors (the base of
 // the allocation, plus each tensor's offset in it); the receiver opens the
-// handle (cached, see cache.go) and copies into its targets on a CUDA
-// stream, device to device. The source application does nothing per
-// transfer. libcuda is loaded at run time: without it the factory reports
-// ErrUnsupported and runtimes simply do not list the transport.
+// handle (cached, see cache.go) on the device of the target that reads it,
+// which need not be the source's GPU nor see it, and copies into its
+// targets on a CUDA stream of that device. The source application does
+// nothing per transfer. libcuda is loaded at run time: without it the
+// factory reports ErrUnsupported and runtimes simply do not list the
+// transport.
 package cudaipc
 
 import (

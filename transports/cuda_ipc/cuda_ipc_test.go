@@ -64,6 +64,7 @@ func TestWithoutCUDAThereIsNoTransport(t *testing.T) {
 type fakeDriver struct {
 	opened, closed atomic.Int32
 	open           map[cuda.Ptr]bool
+	devOf          map[cuda.Ptr]int // the device each mapping was opened on
 	next           cuda.Ptr
 	dead           map[int]bool
 	now            time.Time
@@ -71,7 +72,7 @@ type fakeDriver struct {
 }
 
 func newFakeCache(limit int) (*handleCache, *fakeDriver) {
-	d := &fakeDriver{open: map[cuda.Ptr]bool{}, next: 0x1000, dead: map[int]bool{}, now: time.Unix(1000, 0)}
+	d := &fakeDriver{open: map[cuda.Ptr]bool{}, devOf: map[cuda.Ptr]int{}, next: 0x1000, dead: map[int]bool{}, now: time.Unix(1000, 0)}
 	c := newHandleCache(limit)
 	c.open = func(dev int, h cuda.IPCHandle) (cuda.Ptr, error) {
 		if d.failOpen != nil {
@@ -80,11 +81,15 @@ func newFakeCache(limit int) (*handleCache, *fakeDriver) {
 		d.opened.Add(1)
 		d.next += 0x1000
 		d.open[d.next] = true
+		d.devOf[d.next] = dev
 		return d.next, nil
 	}
 	c.close = func(dev int, p cuda.Ptr) error {
 		if !d.open[p] {
 			return fmt.Errorf("close of %#x, which is not open", p)
+		}
+		if d.devOf[p] != dev {
+			return fmt.Errorf("close of %#x on cuda:%d, opened on cuda:%d", p, dev, d.devOf[p])
 		}
 		delete(d.open, p)
 		d.closed.Add(1)
@@ -105,31 +110,44 @@ func key(src byte, h byte) cacheKey {
 
 func TestCacheReusesAMapping(t *testing.T) {
 	c, d := newFakeCache(8)
-	a, err := c.acquire(key(1, 1), 0, 10)
+	a, err := c.acquire(key(1, 1), 10)
 	require.NoError(t, err)
-	b, err := c.acquire(key(1, 1), 0, 10)
+	b, err := c.acquire(key(1, 1), 10)
 	require.NoError(t, err)
 	assert.Same(t, a, b)
 	assert.EqualValues(t, 1, d.opened.Load())
 	// The same handle from another source runtime is another mapping.
-	o, err := c.acquire(key(2, 1), 0, 11)
+	o, err := c.acquire(key(2, 1), 11)
 	require.NoError(t, err)
 	assert.NotSame(t, a, o)
+	// The same handle opened on another device is another mapping, closed
+	// on its own device.
+	k := key(1, 1)
+	k.dev = 1
+	on1, err := c.acquire(k, 10)
+	require.NoError(t, err)
+	assert.NotSame(t, a, on1)
+	assert.Equal(t, 1, d.devOf[on1.ptr])
+	assert.Equal(t, 0, d.devOf[a.ptr])
 	c.release(a)
 	c.release(b)
 	c.release(o)
-	assert.Equal(t, 2, c.len())
+	c.release(on1)
+	assert.Equal(t, 3, c.len())
 	assert.EqualValues(t, 0, d.closed.Load())
+	c.addUser()
+	c.dropUser()
+	assert.Empty(t, d.open, "each closed on the device it was opened on")
 }
 
 func TestCacheEvictsLeastRecentlyUsedIdleEntries(t *testing.T) {
 	c, d := newFakeCache(2)
-	e1, _ := c.acquire(key(1, 1), 0, 10)
-	e2, _ := c.acquire(key(1, 2), 0, 10)
+	e1, _ := c.acquire(key(1, 1), 10)
+	e2, _ := c.acquire(key(1, 2), 10)
 	c.release(e2)
 	// e1 is in use: over the limit, e2 (idle) goes, e1 stays.
-	e3, _ := c.acquire(key(1, 3), 0, 10)
-	e4, _ := c.acquire(key(1, 4), 0, 10)
+	e3, _ := c.acquire(key(1, 3), 10)
+	e4, _ := c.acquire(key(1, 4), 10)
 	assert.EqualValues(t, 1, d.closed.Load())
 	assert.False(t, d.open[e2.ptr])
 	assert.True(t, d.open[e1.ptr])
@@ -144,7 +162,7 @@ func TestCacheEvictsLeastRecentlyUsedIdleEntries(t *testing.T) {
 
 func TestCacheLimitZeroKeepsNothing(t *testing.T) {
 	c, d := newFakeCache(0)
-	e, _ := c.acquire(key(1, 1), 0, 10)
+	e, _ := c.acquire(key(1, 1), 10)
 	assert.True(t, d.open[e.ptr])
 	c.release(e)
 	assert.Equal(t, 0, c.len())
@@ -155,15 +173,15 @@ func TestCacheLimitZeroKeepsNothing(t *testing.T) {
 // 10): idle, released, and busy, still in use.
 func idleAndBusy() (c *handleCache, d *fakeDriver, idle, busy *entry) {
 	c, d = newFakeCache(8)
-	idle, _ = c.acquire(key(1, 1), 0, 10)
+	idle, _ = c.acquire(key(1, 1), 10)
 	c.release(idle)
-	busy, _ = c.acquire(key(1, 2), 0, 10)
+	busy, _ = c.acquire(key(1, 2), 10)
 	return c, d, idle, busy
 }
 
 func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
 	c, d, idle, busy := idleAndBusy()
-	fresh, _ := c.acquire(key(2, 1), 0, 20)
+	fresh, _ := c.acquire(key(2, 1), 20)
 	d.now = d.now.Add(idleTimeout / 2)
 	c.release(fresh)
 	d.now = d.now.Add(idleTimeout/2 + time.Millisecond)
@@ -181,7 +199,7 @@ func TestCacheSweepsIdleEntriesAndExitedSources(t *testing.T) {
 	c.release(busy)
 	assert.False(t, d.open[busy.ptr])
 	// A new fetch opens a new mapping.
-	again, _ := c.acquire(key(1, 2), 0, 10)
+	again, _ := c.acquire(key(1, 2), 10)
 	assert.NotEqual(t, busy.ptr, again.ptr)
 	c.release(again)
 }
@@ -192,7 +210,7 @@ var _ transport.PeerWatcher = (*Transport)(nil)
 // once released); other sources keep theirs.
 func TestCacheDropsAGoneSource(t *testing.T) {
 	c, d, idle, busy := idleAndBusy()
-	other, _ := c.acquire(key(2, 1), 0, 20)
+	other, _ := c.acquire(key(2, 1), 20)
 	c.release(other)
 	c.dropSource(key(1, 0).source)
 	assert.False(t, d.open[idle.ptr], "closed at once")
@@ -201,7 +219,7 @@ func TestCacheDropsAGoneSource(t *testing.T) {
 	assert.Equal(t, 1, c.len())
 	c.release(busy)
 	assert.False(t, d.open[busy.ptr], "closed once released")
-	again, err := c.acquire(key(1, 2), 0, 10)
+	again, err := c.acquire(key(1, 2), 10)
 	require.NoError(t, err)
 	assert.NotEqual(t, busy.ptr, again.ptr, "opened again on demand")
 	c.release(again)
@@ -211,8 +229,8 @@ func TestCacheClosesEverythingWithTheLastTransport(t *testing.T) {
 	c, d := newFakeCache(8)
 	c.addUser()
 	c.addUser()
-	e1, _ := c.acquire(key(1, 1), 0, 10)
-	e2, _ := c.acquire(key(1, 2), 0, 10)
+	e1, _ := c.acquire(key(1, 1), 10)
+	e2, _ := c.acquire(key(1, 2), 10)
 	c.release(e2)
 	c.dropUser()
 	assert.Equal(t, 2, c.len())
@@ -226,7 +244,7 @@ func TestCacheClosesEverythingWithTheLastTransport(t *testing.T) {
 func TestCacheOpenFailure(t *testing.T) {
 	c, d := newFakeCache(8)
 	d.failOpen = &cuda.Error{Op: "cuIpcOpenMemHandle", Code: 1}
-	_, err := c.acquire(key(1, 1), 0, 10)
+	_, err := c.acquire(key(1, 1), 10)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE")
 	assert.Equal(t, 0, c.len())
@@ -235,7 +253,7 @@ func TestCacheOpenFailure(t *testing.T) {
 func TestSweeperStopsWhenEmpty(t *testing.T) {
 	c, d := newFakeCache(8)
 	c.alive = func(int) bool { return false }
-	e, _ := c.acquire(key(1, 1), 0, 10)
+	e, _ := c.acquire(key(1, 1), 10)
 	c.release(e)
 	require.Eventually(t, func() bool { return c.len() == 0 }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {

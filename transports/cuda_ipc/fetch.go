@@ -102,6 +102,7 @@ func (t *Transport) start(x *transport.Transfer, local []transport.Tensor, tmeta
 	if err := t.enqueue(req, local, plan); err != nil {
 		return nil, err
 	}
+	req.startHost()
 	ok = true
 	return req, nil
 }
@@ -141,60 +142,176 @@ func (t *Transport) checkTarget(i int, tg transport.Tensor) error {
 	return t.checkDevice("target", i, tg.Device)
 }
 
-// sources says where each source allocation is readable in this process:
-// on which device, from which address (zero for an allocation no tensor
-// uses).
-type sources struct {
-	dev  []int
-	base []cuda.Ptr
+// A source allocation is opened on the device of the local tensor that
+// reads it (a fetch's target) or writes it (a write's source): the bytes
+// move within one context, and the receiver needs neither to see the
+// source's GPU (under Ray each process sees its own only) nor to make a
+// context on it (hundreds of MiB each). The driver maps a handle in a
+// context of any device with peer access to the exporting one. A host
+// target opens it on a device the process already has a context on
+// (hostDevice). The same allocation read from two devices is opened on
+// each.
+
+// opening is a source allocation opened on a device of this process.
+type opening struct {
+	alloc uint32
+	dev   int
 }
 
-// openSources finds the device of every allocation of the owner's object
-// a local tensor moves bytes from or into, and maps it into this process
-// (from the cache when it was mapped before, under the owner's runtime; an
-// owner in this very process needs no mapping). The mappings are added to
-// req's entries, so that req.drain hands them back.
+// mapped is where an opening is readable: at base, an address of device
+// dev's context (dev is the opening's device, or the source's own device
+// for a source in this very process).
+type mapped struct {
+	dev  int
+	base cuda.Ptr
+}
+
+// sources is where each opening of a transfer is readable, and on which
+// device each local tensor reads or writes its allocation.
+type sources struct {
+	at  map[opening]mapped
+	dev []int // per local tensor: the device of its opening (-1: it moves nothing)
+}
+
+// sourceDevice is the source allocation's GPU as this process numbers it,
+// and the device its host targets open it on (-1 until asked).
+type sourceDevice struct {
+	dev     int
+	visible bool
+	forHost int
+}
+
+// openSources opens every allocation of the owner's object that a local
+// tensor moves bytes from or into, on that tensor's device (from the
+// cache when it was opened there before, under the owner's runtime; an
+// owner in this very process needs no mapping: its addresses are ours).
+// The mappings are added to req's entries, so that req.drain hands them
+// back.
 func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata, local []transport.Tensor) (sources, error) {
 	sameProcess := int(m.Pid) == t.pid && m.Token == procToken
-	src := sources{dev: make([]int, len(m.Allocs)), base: make([]cuda.Ptr, len(m.Allocs))}
-	used := make([]bool, len(m.Allocs))
+	src := sources{at: map[opening]mapped{}, dev: make([]int, len(local))}
+	found := map[uint32]sourceDevice{}
 	for i, tg := range local {
-		// A piece of bytes lies in an allocation (an empty tensor has none);
-		// a partial fetch leaves the allocations it reads nothing from shut.
-		if p := x.PieceOf(i, tg); p.Length > 0 {
-			used[m.Tensors[p.Tensor].Alloc] = true
+		src.dev[i] = -1
+		pc := x.PieceOf(i, tg)
+		if pc.Length == 0 {
+			continue // an empty piece or tensor lies in no allocation
 		}
-	}
-	for i, a := range m.Allocs {
-		if !used[i] {
+		ai := m.Tensors[pc.Tensor].Alloc
+		a := &m.Allocs[ai]
+		sd, ok := found[ai]
+		if !ok {
+			dev, visible, err := cuda.DeviceByUUID(a.Device)
+			if err != nil {
+				return src, err
+			}
+			sd = sourceDevice{dev: dev, visible: visible, forHost: -1}
+			found[ai] = sd
+		}
+		if sameProcess {
+			if !sd.visible { // cannot be: it is our own memory
+				return src, transport.Errorf(transport.ErrInvalidArgument, "the source's GPU %s, in this very process, is not among its devices", a.Device)
+			}
+			o := opening{alloc: ai, dev: sd.dev}
+			src.at[o] = mapped{dev: sd.dev, base: cuda.Ptr(a.Base)}
+			src.dev[i] = sd.dev
 			continue
 		}
-		dev, found, err := cuda.DeviceByUUID(a.Device)
-		if err != nil {
-			return src, err
-		}
-		if !found {
-			return src, transport.Errorf(transport.ErrUnsupported, "the source's GPU %s is not visible in this process (check CUDA_VISIBLE_DEVICES); the local tensors are on %s", a.Device, describeTargets(local))
+		dev := int(tg.Device.ID)
+		if tg.Device.Type.HostAccessible() {
+			if sd.forHost < 0 {
+				d, err := hostDevice(sd)
+				if err != nil {
+					return src, err
+				}
+				sd.forHost = d
+				found[ai] = sd
+			}
+			dev = sd.forHost
+		} else if sd.visible && dev != sd.dev {
+			can, err := cuda.CanAccessPeer(dev, sd.dev)
+			if err != nil {
+				return src, err
+			}
+			if !can {
+				p := devicePair{dst: dev, src: sd.dev}
+				if x.Direction == transport.Write {
+					p = devicePair{dst: sd.dev, src: dev}
+				}
+				return src, noPeerAccess(m, ai, pc.Tensor, i, p, x.Direction)
+			}
 		}
 		src.dev[i] = dev
-		if sameProcess {
-			src.base[i] = a.Base // the source's addresses are ours
+		o := opening{alloc: ai, dev: dev}
+		if _, ok := src.at[o]; ok {
 			continue
 		}
 		if !transport.ProcessAlive(int(m.Pid)) {
 			return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
-		e, err := t.cache.acquire(cacheKey{source: x.Owner().RuntimeID, handle: a.Handle}, dev, int(m.Pid))
+		e, err := t.cache.acquire(cacheKey{source: x.Owner().RuntimeID, handle: a.Handle, dev: dev}, int(m.Pid))
 		if err != nil {
 			if !transport.ProcessAlive(int(m.Pid)) {
 				return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
 			}
-			return src, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s)", dev, a.Device)
+			if !sd.visible {
+				return src, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s, %s) failed; the source's GPU %s is not visible in this process, so whether cuda:%d has peer access to it could not be checked first; without peer access between the two GPUs, %s over another transport",
+					dev, cuda.DeviceName(dev), uuidOf(dev), a.Device, dev, x.Direction.Verb())
+			}
+			return src, transport.Wrap(err, "opening the source's allocation on cuda:%d (%s; the source's GPU is %s)", dev, uuidOf(dev), a.Device)
 		}
 		req.entries = append(req.entries, e)
-		src.base[i] = e.ptr
+		src.at[o] = mapped{dev: dev, base: e.ptr}
 	}
 	return src, nil
+}
+
+// hostDevice is the device whose context opens a source allocation that
+// lands in host memory: the source's GPU when this process sees it and
+// already has a context there; else the first device it has a context on
+// that has peer access to the source's GPU (when it cannot see that GPU,
+// access is not known before opening: the first device it has a context
+// on); else the source's GPU when it sees it; else its first device. So a
+// process makes no new context for it when it has one that serves.
+func hostDevice(sd sourceDevice) (int, error) {
+	if sd.visible {
+		active, err := cuda.PrimaryContextActive(sd.dev)
+		if err != nil || active {
+			return sd.dev, err
+		}
+	}
+	n, err := cuda.DeviceCount()
+	if err != nil {
+		return 0, err
+	}
+	for d := 0; d < n; d++ {
+		active, err := cuda.PrimaryContextActive(d)
+		if err != nil {
+			return 0, err
+		}
+		if !active {
+			continue
+		}
+		if !sd.visible {
+			return d, nil
+		}
+		if can, err := cuda.CanAccessPeer(d, sd.dev); err != nil || can {
+			return d, err
+		}
+	}
+	if sd.visible {
+		return sd.dev, nil
+	}
+	return 0, nil
+}
+
+// uuidOf is device dev's UUID as text ("" if it cannot be read).
+func uuidOf(dev int) string {
+	u, err := cuda.DeviceUUID(dev)
+	if err != nil {
+		return ""
+	}
+	return u.String()
 }
 
 // copyPlan is a transfer's copies grouped by pair of devices, in the order
@@ -206,11 +323,13 @@ type copyPlan struct {
 }
 
 // planCopies groups the copy of every local tensor that moves bytes by pair
-// of devices, checking that devices that differ have peer access: into a
-// fetch's target from its piece of the source allocation, or from a write's
-// source into its piece of the exposed allocation (on a stream of that
-// allocation's device). A piece starts at its offset in its tensor, which
-// lies at the tensor's offset in its allocation.
+// of devices: into a fetch's target from its piece of the source
+// allocation, or from a write's source into its piece of the exposed
+// allocation, on a stream of the device the allocation was opened on (the
+// local tensor's). Only a source in this very process has its allocation
+// on another device than a local tensor: devices that differ then need
+// peer access. A piece starts at its offset in its tensor, which lies at
+// the tensor's offset in its allocation.
 func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, remote sources) (copyPlan, error) {
 	plan := copyPlan{copies: map[devicePair][]cuda.Copy{}, targets: map[devicePair][]int{}}
 	for i, tg := range local {
@@ -219,17 +338,18 @@ func planCopies(x *transport.Transfer, m *metadata, local []transport.Tensor, re
 			continue
 		}
 		tr := m.Tensors[pc.Tensor]
-		there := remote.base[tr.Alloc] + tr.Offset + pc.Offset
+		mp := remote.at[opening{alloc: tr.Alloc, dev: remote.dev[i]}]
+		there := mp.base + tr.Offset + pc.Offset
 		c := cuda.Copy{Dst: cuda.Ptr(tg.Data), Src: there, N: pc.Length}
-		p := devicePair{dst: int(tg.Device.ID), src: remote.dev[tr.Alloc]}
+		p := devicePair{dst: int(tg.Device.ID), src: mp.dev}
 		switch {
 		case x.Direction == transport.Write:
 			c.Dst, c.Src = there, cuda.Ptr(tg.Data)
-			p = devicePair{dst: remote.dev[tr.Alloc], src: int(tg.Device.ID)}
+			p = devicePair{dst: mp.dev, src: int(tg.Device.ID)}
 		case tg.Device.Type.HostAccessible():
-			// Into host memory: on the source device's stream, with
+			// Into host memory: on the opening device's stream, with
 			// cuMemcpyAsync working out the kinds of memory.
-			p = devicePair{dst: remote.dev[tr.Alloc], src: -1}
+			p = devicePair{dst: mp.dev, src: -1}
 		}
 		if p.src >= 0 && p.dst != p.src {
 			can, err := cuda.CanAccessPeer(p.dst, p.src)
@@ -262,9 +382,14 @@ func noPeerAccess(m *metadata, alloc, tensor uint32, i int, p devicePair, dir tr
 
 // enqueue enqueues each pair's copies on a stream of the target device,
 // followed by an event that req waits for. When an enqueue fails, the
-// copies it did enqueue finish before the error returns.
+// copies it did enqueue finish before the error returns. Copies into host
+// memory are left to req.startHost.
 func (t *Transport) enqueue(req *request, targets []transport.Tensor, plan copyPlan) error {
 	for _, p := range plan.order {
+		if p.src < 0 {
+			req.host = append(req.host, hostJob{dev: p.dst, copies: plan.copies[p], targets: plan.targets[p]})
+			continue
+		}
 		s, err := t.stream(p.dst)
 		if err != nil {
 			return err
@@ -318,29 +443,9 @@ func checkTargets(targets []transport.Tensor, idx []int) error {
 	return nil
 }
 
-func describeTargets(targets []transport.Tensor) string {
-	seen := map[transport.Device]bool{}
-	s := ""
-	for _, x := range targets {
-		if seen[x.Device] {
-			continue
-		}
-		seen[x.Device] = true
-		if s != "" {
-			s += ", "
-		}
-		s += x.Device.String()
-		if x.Device.Type == transport.DeviceCUDA {
-			if u, err := cuda.DeviceUUID(int(x.Device.ID)); err == nil {
-				s += " (" + u.String() + ")"
-			}
-		}
-	}
-	return s
-}
-
 // Abort makes Wait return ErrAborted at once. Copies already enqueued on a
-// stream cannot be cancelled: Release waits for them, so nothing writes
+// stream cannot be cancelled: Release waits for them (and for the chunk
+// being copied into host memory; no later chunk starts), so nothing writes
 // into the targets once the engine has released the request.
 func (t *Transport) Abort(x *transport.Transfer, r transport.Request) {
 	if req, ok := r.(*request); ok {
@@ -414,21 +519,120 @@ func (t *Transport) CopyLocal(dst, src []transport.Tensor) error {
 	return req.Wait()
 }
 
+// hostChunk bounds each copy into host memory. The driver copies from a
+// device into pageable host memory inside the call: it returns only once
+// the bytes are there, and nothing interrupts it, neither an event poll
+// nor a deadline. So a fetch copies into host memory in chunks of at most
+// this size, on a goroutine of its own, and looks for an abort (which is
+// how a deadline ends a transfer) between two: the fetch ends within a
+// chunk's copy of its abort. 16 MiB is a few milliseconds at the speed of
+// pageable copies, and big enough that the cost of a call per chunk does
+// not show. A variable for tests.
+var hostChunk uint64 = 16 << 20
+
+// hostJob is the copies of a fetch from one device into host memory.
+type hostJob struct {
+	dev     int
+	copies  []cuda.Copy
+	targets []int // the local tensors they fill
+}
+
 // event is what a request polls; *cuda.Event in production.
 type event interface {
 	Query() (bool, error)
 }
 
 // request is one fetch in flight: an event per device pair, recorded after
-// the copies, and the cache entries the copies read from.
+// the copies, the copies into host memory running on their own goroutine,
+// and the cache entries the copies read from.
 type request struct {
 	t       *Transport
 	events  []*cuda.Event
 	entries []*entry
 
+	host     []hostJob
+	hostDone chan struct{} // closed when the host copies ended (nil: none)
+	hostErr  error         // their outcome, set before hostDone closes
+
 	abortOnce sync.Once
 	aborted   chan struct{}
 	released  bool
+}
+
+// startHost starts the copies into host memory, if the fetch has any.
+func (r *request) startHost() {
+	if len(r.host) == 0 {
+		return
+	}
+	r.hostDone = make(chan struct{})
+	go func() {
+		defer close(r.hostDone)
+		r.hostErr = r.copyToHost()
+	}()
+}
+
+// copyToHost runs the host jobs chunk by chunk, each chunk on a stream of
+// the job's device and waited for before the next starts (into pageable
+// memory the driver is done when the call returns; into pinned memory the
+// event says when). An abort stops it between two chunks.
+func (r *request) copyToHost() error {
+	for _, job := range r.host {
+		if err := r.copyJob(job); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *request) copyJob(job hostJob) error {
+	t := r.t
+	s, err := t.stream(job.dev)
+	if err != nil {
+		return err
+	}
+	ev, err := t.event(job.dev)
+	if err != nil {
+		return err
+	}
+	defer t.putEvent(job.dev, ev)
+	for _, c := range job.copies {
+		for off := uint64(0); off < c.N; off += hostChunk {
+			select {
+			case <-r.aborted:
+				return errAborted()
+			default:
+			}
+			chunk := cuda.Copy{Dst: c.Dst + off, Src: c.Src + off, N: min(hostChunk, c.N-off)}
+			n, err := cuda.CopyAsync(job.dev, -1, s, []cuda.Copy{chunk}, ev)
+			if err != nil {
+				if n > 0 {
+					_ = s.Synchronize()
+				}
+				return transport.Wrap(err, "copying from cuda:%d into host memory", job.dev)
+			}
+			if err := waitEvents([]event{ev}, nil); err != nil {
+				return transport.Wrap(err, "copying from cuda:%d into host memory", job.dev)
+			}
+		}
+	}
+	return nil
+}
+
+func errAborted() error {
+	return transport.Errorf(transport.ErrAborted, "transfer aborted (the copy already enqueued finishes before the targets are released)")
+}
+
+// hostEnded reports whether the host copies, if any, have ended.
+func (r *request) hostEnded() bool {
+	if r.hostDone == nil {
+		return true
+	}
+	select {
+	case <-r.hostDone:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *request) abort() { r.abortOnce.Do(func() { close(r.aborted) }) }
@@ -443,14 +647,26 @@ func (r *request) evs() []event {
 
 // Completed reports, without blocking, whether every copy is done.
 func (r *request) Completed() bool {
+	if !r.hostEnded() {
+		return false
+	}
 	done, err := allDone(r.evs())
 	return done || err != nil
 }
 
 // Wait polls the events until the copies are done, an error occurs, or the
-// request is aborted.
+// request is aborted; then waits for the copies into host memory, or the
+// abort.
 func (r *request) Wait() error {
-	return waitEvents(r.evs(), r.aborted)
+	if err := waitEvents(r.evs(), r.aborted); err != nil || r.hostDone == nil {
+		return err
+	}
+	select {
+	case <-r.hostDone:
+		return r.hostErr
+	case <-r.aborted:
+		return errAborted()
+	}
 }
 
 // Release waits until the copies can no longer write into the targets (an
@@ -465,6 +681,9 @@ func (r *request) Release() {
 }
 
 func (r *request) drain() {
+	if r.hostDone != nil {
+		<-r.hostDone // at most a chunk once aborted
+	}
 	if err := waitEvents(r.evs(), nil); err != nil {
 		r.t.h.Log().Warnf("waiting for a copy to end: %v", err)
 	}
@@ -514,7 +733,7 @@ func waitEvents(evs []event, aborted <-chan struct{}) error {
 		}
 		select {
 		case <-aborted:
-			return transport.Errorf(transport.ErrAborted, "transfer aborted (the copy already enqueued finishes before the targets are released)")
+			return errAborted()
 		default:
 		}
 		if i%64 != 63 || time.Since(start) < spinFor {

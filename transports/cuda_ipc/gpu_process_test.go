@@ -211,7 +211,8 @@ func TestGPUAnotherProcessPieces(t *testing.T) {
 }
 
 // A CUDA source lands in host memory too: whole tensors and pieces are
-// copied from the opened handle into the host targets.
+// copied from the opened handle into the host targets, chunk by chunk
+// (with chunks of the default size, and of a size that divides nothing).
 func TestGPUAnotherProcessIntoHostMemory(t *testing.T) {
 	requireGPU(t)
 	src := startSource(t)
@@ -222,21 +223,95 @@ func TestGPUAnotherProcessIntoHostMemory(t *testing.T) {
 		{Tensor: 0, Length: layout[0].n},
 		{Tensor: 2, Offset: 8, Length: 4096},
 	}
-	var targets []transport.Tensor
-	var bufs [][]byte
-	for _, pc := range x.Pieces {
-		b := hostBuffer(t, int(pc.Length))
-		tg := deviceTensor(hostAddr(b), int(pc.Length))
-		tg.Device = transport.Device{Type: transport.DeviceCPU}
-		targets, bufs = append(targets, tg), append(bufs, b)
-	}
-	require.NoError(t, fetchWith(tr, x, src.meta, targets))
-	for i, pc := range x.Pieces {
-		whole := hostBuffer(t, int(layout[pc.Tensor].n))
-		fill(whole, layout[pc.Tensor].seed)
-		assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], bufs[i]), "piece %d", i)
+	defer func(c uint64) { hostChunk = c }(hostChunk)
+	for _, chunk := range []uint64{hostChunk, 3001} {
+		hostChunk = chunk
+		var targets []transport.Tensor
+		var bufs [][]byte
+		for _, pc := range x.Pieces {
+			b := hostBuffer(t, int(pc.Length))
+			targets, bufs = append(targets, hostTensor(b)), append(bufs, b)
+		}
+		require.NoError(t, fetchWith(tr, x, src.meta, targets))
+		for i, pc := range x.Pieces {
+			whole := hostBuffer(t, int(layout[pc.Tensor].n))
+			fill(whole, layout[pc.Tensor].seed)
+			assert.True(t, bytes.Equal(whole[pc.Offset:pc.End()], bufs[i]), "chunks of %d: piece %d", chunk, i)
+		}
 	}
 	assert.Contains(t, tr.Describe().CrossDevice, transport.DevicePair{Source: transport.DeviceCUDA, Target: transport.DeviceCPU})
+}
+
+func hostTensor(b []byte) transport.Tensor {
+	tg := deviceTensor(hostAddr(b), len(b))
+	tg.Device = transport.Device{Type: transport.DeviceCPU}
+	return tg
+}
+
+// A get into host memory whose deadline passes while the copies run ends
+// within a chunk of the deadline. The driver copies from a device into
+// pageable memory inside the call, where nothing interrupts it: a fetch
+// that made one call per tensor would block the get for all of them. The
+// test double delays each copy (each chunk: a small one here).
+func TestGPUDeadlineIntoHostMemory(t *testing.T) {
+	requireGPU(t)
+	const delay = 200 * time.Millisecond
+	if rerun(t, fmt.Sprintf("RDT_FAKECUDA_COPY_DELAY_US=%d", delay.Microseconds())) {
+		return
+	}
+	defer func(c uint64) { hostChunk = c }(hostChunk)
+	hostChunk = 256 << 10
+	opts := func(name string) engine.Options {
+		return engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
+	}
+	a, err := engine.NewRuntime(opts("a"))
+	require.NoError(t, err)
+	defer a.Destroy()
+	b, err := engine.NewRuntime(opts("b"))
+	require.NoError(t, err)
+	defer b.Destroy()
+	// Four tensors of two chunks each: 1.6 s of copies in all.
+	const n, tensors = 512 << 10, 4
+	var srcs, targets []transport.Tensor
+	var bufs [][]byte
+	for i := 0; i < tensors; i++ {
+		srcs = append(srcs, deviceTensor(deviceBuffer(t, n, byte(30+i)), n))
+		buf := hostBuffer(t, n)
+		targets, bufs = append(targets, hostTensor(buf)), append(bufs, buf)
+	}
+	ref, err := a.Put(srcs, Name, nil)
+	require.NoError(t, err)
+	defer ref.Release()
+	wire, err := ref.Serialize()
+	require.NoError(t, err)
+	borrowed, err := b.Deserialize(wire)
+	require.NoError(t, err)
+	defer borrowed.Release()
+
+	const deadline = 100 * time.Millisecond
+	start := time.Now()
+	err = b.Get([]*engine.Ref{borrowed}, targets, engine.FetchOptions{Transport: Name}, deadline)
+	took := time.Since(start)
+	if err == nil {
+		require.False(t, testDouble(), "the copies are delayed: they cannot be done within the deadline")
+		t.Skip("the copies ended within the deadline")
+	}
+	assert.Equal(t, transport.ErrTimeout, transport.StatusOf(err), "%v", err)
+	t.Logf("the get returned after %v: %v", took, err)
+	if testDouble() {
+		// The deadline, the chunk being copied, and room for a loaded machine;
+		// well short of the 1.6 s all the chunks take.
+		assert.Less(t, took, deadline+delay+500*time.Millisecond, "the get waited for more than the chunk in flight")
+	}
+	// Nothing writes into the targets after the get returned.
+	before := make([][]byte, tensors)
+	for i, buf := range bufs {
+		before[i] = bytes.Clone(buf)
+	}
+	time.Sleep(2 * delay)
+	for i, buf := range bufs {
+		assert.True(t, bytes.Equal(before[i], buf), "target %d changed after the get returned", i)
+	}
 }
 
 // A source that frees an allocation and allocates again (at the same
@@ -445,8 +520,10 @@ func TestGPUTensorOnAnotherDeviceThanItSays(t *testing.T) {
 }
 
 // Device ordinals differ between processes (CUDA_VISIBLE_DEVICES): the
-// receiver finds the source's GPU by UUID, opens the handle there and
-// copies to its target's device.
+// receiver finds the source's GPU by UUID, and opens the handle on its
+// target's device, the source's GPU or another with peer access to it.
+// Without peer access, a target on another GPU than the source's is an
+// error naming both.
 func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	requireGPU(t)
 	requireDevices(t, 2)
@@ -457,7 +534,7 @@ func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	require.NoError(t, fetchWith(tr, x, src.meta, targets))
 	checkLayout(t, ps, 1, 0)
 	for _, e := range entriesOf(tr.cache, src.pid) {
-		assert.Equal(t, 1, e.dev, "opened on the source's GPU")
+		assert.Equal(t, 1, e.key.dev, "opened on the source's GPU, the targets'")
 	}
 
 	targets, ps = layoutTargets(t, 0)
@@ -465,15 +542,68 @@ func TestGPUSourceNumbersDevicesDifferently(t *testing.T) {
 	if can, _ := cuda.CanAccessPeer(0, 1); can {
 		require.NoError(t, err)
 		checkLayout(t, ps, 0, 0)
+		devs := map[int]int{}
+		for _, e := range entriesOf(tr.cache, src.pid) {
+			devs[e.key.dev]++
+		}
+		assert.Equal(t, map[int]int{0: 2, 1: 2}, devs, "each allocation opened on each target device")
 	} else {
 		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
-		assert.ErrorContains(t, err, "cuda:1")
-		assert.ErrorContains(t, err, "cuda:0")
+		assert.ErrorContains(t, err, "on the source's cuda:1")
+		assert.ErrorContains(t, err, "target 0 on cuda:0")
+		assert.ErrorContains(t, err, "no peer access")
 	}
 }
 
-// A receiver that does not see the source's GPU says so.
-func TestGPUSourceDeviceNotVisible(t *testing.T) {
+// A receiver that sees both GPUs and fetches into cuda:0 from a source on
+// cuda:1 opens the handles on cuda:0, into device and host memory alike,
+// and makes no context on cuda:1: under the double, or on a GPU where
+// nothing else in this new process touched cuda:1. Without peer access,
+// the device targets are refused and the host targets land through the
+// source's GPU.
+func TestGPUOpensOnTheLocalDevice(t *testing.T) {
+	requireGPU(t)
+	requireDevices(t, 2)
+	if rerun(t) {
+		return
+	}
+	src := startSource(t, "CUDA_VISIBLE_DEVICES=1")
+	tr := gpuTransport(t)
+	x := transfer(20)
+	can, err := cuda.CanAccessPeer(0, 1)
+	require.NoError(t, err)
+	targets, ps := layoutTargets(t, 0)
+	err = fetchWith(tr, x, src.meta, targets)
+	if can {
+		require.NoError(t, err)
+		checkLayout(t, ps, 0, 0)
+	} else {
+		t.Log(err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "no peer access")
+	}
+
+	host := hostLayoutTargets(t)
+	require.NoError(t, fetchWith(tr, x, src.meta, host.tensors))
+	host.check(t)
+	active, err := cuda.PrimaryContextActive(1)
+	require.NoError(t, err)
+	want := map[int]int{0: 2}
+	if !can {
+		want = map[int]int{1: 2} // through the source's GPU: a context there
+	}
+	devs := map[int]int{}
+	for _, e := range entriesOf(tr.cache, src.pid) {
+		devs[e.key.dev]++
+	}
+	assert.Equal(t, want, devs, "the devices the allocations were opened on")
+	assert.Equal(t, !can, active, "a context on the source's GPU")
+}
+
+// A receiver that does not see the source's GPU opens its handles on its
+// own, which the driver allows when the two have peer access: into device
+// and host targets. Without peer access the error says what happened.
+func TestGPUOpensOnTheLocalDeviceSourceHidden(t *testing.T) {
 	requireGPU(t)
 	if os.Getenv(rerunEnv) == "" {
 		requireDevices(t, 2)
@@ -483,10 +613,57 @@ func TestGPUSourceDeviceNotVisible(t *testing.T) {
 	}
 	src := startSource(t, "CUDA_VISIBLE_DEVICES=1")
 	tr := gpuTransport(t)
-	targets, _ := layoutTargets(t, 0)
-	err := fetchWith(tr, transfer(17), src.meta, targets)
-	assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
-	assert.ErrorContains(t, err, "is not visible in this process")
+	x := transfer(17)
+	targets, ps := layoutTargets(t, 0)
+	err := fetchWith(tr, x, src.meta, targets)
+	if err != nil {
+		// No peer access (this process cannot ask: it does not see the GPU).
+		t.Log(err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "opening the source's allocation on cuda:0")
+		assert.ErrorContains(t, err, "is not visible in this process")
+		assert.ErrorContains(t, err, "peer access")
+		if testDouble() {
+			assert.Equal(t, "0", os.Getenv("RDT_FAKECUDA_PEER_ACCESS"), "the double has peer access: %v", err)
+		}
+		return
+	}
+	checkLayout(t, ps, 0, 0)
+	host := hostLayoutTargets(t)
+	require.NoError(t, fetchWith(tr, x, src.meta, host.tensors))
+	host.check(t)
+	for _, e := range entriesOf(tr.cache, src.pid) {
+		assert.Equal(t, 0, e.key.dev)
+	}
+}
+
+// hostTargets is a host target for every tensor of the layout.
+type hostTargets struct {
+	tensors []transport.Tensor
+	bufs    [][]byte
+}
+
+func hostLayoutTargets(t *testing.T) hostTargets {
+	var h hostTargets
+	for _, l := range layout {
+		b := hostBuffer(t, max(int(l.n), 1))[:l.n]
+		tg := devTensor(0, 0, 0)
+		tg.Device = transport.Device{Type: transport.DeviceCPU}
+		if l.n > 0 {
+			tg = hostTensor(b)
+		}
+		h.tensors, h.bufs = append(h.tensors, tg), append(h.bufs, b)
+	}
+	return h
+}
+
+func (h hostTargets) check(t *testing.T) {
+	t.Helper()
+	for i, l := range layout {
+		want := make([]byte, l.n)
+		fill(want, l.seed)
+		assert.True(t, bytes.Equal(want, h.bufs[i]), "tensor %d", i)
+	}
 }
 
 // A target that is not what it says (host memory described as CUDA, memory

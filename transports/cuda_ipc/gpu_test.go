@@ -5,6 +5,7 @@ package cudaipc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -133,6 +134,40 @@ func TestGPUHostMemoryIsRefused(t *testing.T) {
 	_, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(hostAddr(h), 4096)})
 	require.Error(t, err)
 	t.Log(err)
+}
+
+// Memory that CUDA IPC cannot share is refused at put, with the allocator
+// named and what to do instead, rather than with the driver's
+// CUDA_ERROR_INVALID_VALUE from cuIpcGetMemHandle.
+func TestGPUMemoryCUDAIPCCannotShare(t *testing.T) {
+	requireGPU(t)
+	tr := gpuTransport(t)
+	const n = 1 << 20
+	check := func(p cuda.Ptr, allocator string) {
+		t.Helper()
+		_, err := tr.ExtractMetadata(transport.ObjectID{}, []transport.Tensor{deviceTensor(p+4096, 4096)})
+		require.Error(t, err)
+		t.Log(err)
+		assert.Equal(t, transport.ErrUnsupported, transport.StatusOf(err), "%v", err)
+		assert.ErrorContains(t, err, "tensor 0 at")
+		assert.ErrorContains(t, err, allocator)
+		assert.ErrorContains(t, err, "which CUDA IPC cannot share; fetch it over another transport (nixl or nccl), or allocate it with plain cudaMalloc")
+		assert.NotContains(t, err.Error(), "CUDA_ERROR", "the driver's refusal is explained, not passed on")
+	}
+	missing := func(err error) bool {
+		var ce *cuda.Error
+		return errors.As(err, &ce) && ce.Code == cuda.ErrorMissingCall && !testDouble()
+	}
+	if p, err := cuda.AllocAsync(0, n); !missing(err) {
+		require.NoError(t, err)
+		check(p, "backend:cudaMallocAsync")
+		require.NoError(t, cuda.FreeAsync(0, p))
+	}
+	if p, size, err := cuda.AllocVMM(0, n); !missing(err) {
+		require.NoError(t, err)
+		check(p, "expandable_segments:True")
+		require.NoError(t, cuda.FreeVMM(0, p, size))
+	}
 }
 
 func TestGPUWrongDeviceOrdinal(t *testing.T) {

@@ -26,17 +26,11 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		if err != nil {
 			return nil, transport.Wrap(err, "tensor %d at %#x on %s is not CUDA memory this process knows", i, x.Data, x.Device)
 		}
-		if info.Managed {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; allocate it with cudaMalloc/cuMemAlloc", i, x.Data)
-		}
-		if info.MemoryType != cuda.MemoryDevice {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
+		if err := unshareable(i, x, info); err != nil {
+			return nil, err
 		}
 		if info.Device != dev {
 			return nil, transport.Errorf(transport.ErrInvalidArgument, "tensor %d is described as %s but its memory is on cuda:%d", i, x.Device, info.Device)
-		}
-		if !info.LegacyIPC {
-			return nil, transport.Errorf(transport.ErrUnsupported, "tensor %d lives in an allocation CUDA IPC cannot share (made with cuMemCreate or a stream-ordered memory pool, such as PyTorch's expandable_segments); allocate it with cudaMalloc/cuMemAlloc", i)
 		}
 		off := uint64(x.Data) - info.Base
 		if uint64(x.Data) < info.Base || off > info.Size || x.Nbytes > info.Size-off {
@@ -59,6 +53,27 @@ func (t *Transport) ExtractMetadata(obj transport.ObjectID, tensors []transport.
 		m.Tensors = append(m.Tensors, tensorRef{Alloc: idx, Offset: off, Nbytes: x.Nbytes})
 	}
 	return m.encode(), nil
+}
+
+// unshareable is the one place that decides which memory cuda_ipc shares:
+// device memory from cuMemAlloc (cudaMalloc, PyTorch's default caching
+// allocator), which legacy CUDA IPC exports. It explains why it cannot
+// share the memory of tensor i (info is the driver's word on it), naming
+// the allocator that made it and what to do instead, or returns nil.
+func unshareable(i int, x transport.Tensor, info cuda.PointerInfo) error {
+	const instead = "fetch it over another transport (nixl or nccl), or allocate it with plain cudaMalloc/cuMemAlloc"
+	switch {
+	case info.Managed:
+		return transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is managed (unified) memory, which CUDA IPC cannot share; %s", i, x.Data, instead)
+	case info.MemoryType != cuda.MemoryDevice:
+		return transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x is not device memory (CUDA memory type %d: pinned or registered host memory; describe it as cuda_host for the host transports)", i, x.Data, info.MemoryType)
+	case info.LegacyIPC:
+		return nil
+	case info.Pool:
+		return transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x comes from a stream-ordered memory pool (cudaMallocAsync/cuMemAllocAsync, as PyTorch allocates with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync), which CUDA IPC cannot share; %s (PyTorch's default backend)", i, x.Data, instead)
+	default:
+		return transport.Errorf(transport.ErrUnsupported, "tensor %d at %#x lives in memory mapped with CUDA's virtual memory management (cuMemCreate/cuMemMap, as PyTorch allocates with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which CUDA IPC cannot share; %s (PyTorch without expandable_segments)", i, x.Data, instead)
+	}
 }
 
 // GarbageCollect has nothing to undo: an exported handle holds no resource

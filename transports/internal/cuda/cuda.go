@@ -47,6 +47,9 @@ type Result int
 const (
 	Success       Result = 0
 	ErrorNotReady Result = 600
+	// ErrorMissingCall is rdt's own: the driver lacks a call rdt needs only
+	// for tests (AllocAsync, AllocVMM).
+	ErrorMissingCall Result = C.RDT_CU_MISSING
 )
 
 // Error is a failed driver call.
@@ -89,6 +92,8 @@ func (r Result) Name() string {
 		return "RDT_CUDA_NOT_LOADED"
 	case C.RDT_CU_BAD_DEVICE:
 		return "RDT_CUDA_BAD_DEVICE_ORDINAL"
+	case C.RDT_CU_MISSING:
+		return "RDT_CUDA_MISSING_CALL"
 	}
 	return fmt.Sprintf("CUresult(%d)", int(r))
 }
@@ -108,6 +113,8 @@ func (r Result) Description() string {
 		return "the CUDA driver library is not loaded"
 	case C.RDT_CU_BAD_DEVICE:
 		return fmt.Sprintf("device ordinal outside 0..%d", C.RDT_CU_MAX_DEVICES-1)
+	case C.RDT_CU_MISSING:
+		return "the CUDA driver lacks this call (too old)"
 	}
 	return "unknown CUDA error"
 }
@@ -178,11 +185,12 @@ func symbols() []dynlib.Symbol {
 	var syms []dynlib.Symbol
 	for i := 0; ; i++ {
 		var older *C.char
-		name := C.rdtcu_symbol(C.size_t(i), &older)
+		var optional C.int
+		name := C.rdtcu_symbol(C.size_t(i), &older, &optional)
 		if name == nil {
 			return syms
 		}
-		s := dynlib.Symbol{Name: C.GoString(name)}
+		s := dynlib.Symbol{Name: C.GoString(name), Optional: optional != 0}
 		if older != nil {
 			s.Older = C.GoString(older)
 		}
@@ -275,6 +283,20 @@ func CanAccessPeer(dev, peer int) (bool, error) {
 	return can != 0, nil
 }
 
+// PrimaryContextActive reports whether device dev's primary context is
+// active in this process (retained by rdt or by anyone else: the CUDA
+// runtime, PyTorch), without retaining it.
+func PrimaryContextActive(dev int) (bool, error) {
+	if err := Load(); err != nil {
+		return false, err
+	}
+	var active C.int
+	if err := check("cuDevicePrimaryCtxGetState", C.rdtcu_primary_active(C.int(dev), &active)); err != nil {
+		return false, err
+	}
+	return active != 0, nil
+}
+
 // Memory types (CUmemorytype).
 const (
 	MemoryHost    = 1
@@ -283,14 +305,16 @@ const (
 	MemoryUnified = 4
 )
 
-// PointerInfo describes the allocation that holds an address. BufferID,
-// LegacyIPC, Base and Size are known for device memory only (MemoryType
-// MemoryDevice and not Managed).
+// PointerInfo describes the allocation that holds an address. LegacyIPC
+// and Pool are known for device memory only (MemoryType MemoryDevice and
+// not Managed); BufferID, Base and Size for the device memory that legacy
+// IPC can share (elsewhere they are what the driver says, or zero).
 type PointerInfo struct {
 	MemoryType int    // Memory*
 	Device     int    // ordinal of the device holding the memory
 	Managed    bool   // managed (unified) memory
-	LegacyIPC  bool   // the allocation can be shared with cuIpcGetMemHandle
+	LegacyIPC  bool   // the allocation can be shared with cuIpcGetMemHandle (cuMemAlloc's)
+	Pool       bool   // the allocation comes from a memory pool (cuMemAllocAsync, cudaMallocAsync)
 	BufferID   uint64 // unique within the process for the process's lifetime
 	Base       Ptr    // start of the allocation (cuMemGetAddressRange)
 	Size       uint64 // size of the allocation
@@ -308,7 +332,7 @@ func GetPointerInfo(dev int, p Ptr) (PointerInfo, error) {
 	}
 	return PointerInfo{
 		MemoryType: int(ci.memory_type), Device: int(ci.device), Managed: ci.managed != 0, LegacyIPC: ci.legacy_ipc != 0,
-		BufferID: uint64(ci.buffer_id), Base: Ptr(ci.base), Size: uint64(ci.size),
+		Pool: ci.pool != 0, BufferID: uint64(ci.buffer_id), Base: Ptr(ci.base), Size: uint64(ci.size),
 	}, nil
 }
 
@@ -327,7 +351,9 @@ func IPCGetMemHandle(dev int, base Ptr) (IPCHandle, error) {
 }
 
 // IPCOpenMemHandle maps another process's allocation into this one, in
-// dev's primary context, with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.
+// dev's primary context, with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS. dev may
+// be the exporting device or any device with peer access to it, which
+// this process need not see; copies then use the mapping from dev.
 func IPCOpenMemHandle(dev int, h IPCHandle) (Ptr, error) {
 	if err := Load(); err != nil {
 		return 0, err
@@ -479,6 +505,50 @@ func Free(dev int, p Ptr) error {
 		return err
 	}
 	return check("cuMemFree", C.rdtcu_mem_free(C.int(dev), C.rdtcu_ptr(p)))
+}
+
+// AllocAsync allocates n bytes on dev from the device's current memory
+// pool (cuMemAllocAsync on the legacy default stream, waited for), for
+// tests: memory that legacy CUDA IPC cannot share, as PyTorch's
+// cudaMallocAsync backend makes.
+func AllocAsync(dev int, n uint64) (Ptr, error) {
+	if err := Load(); err != nil {
+		return 0, err
+	}
+	var p C.rdtcu_ptr
+	err := check("cuMemAllocAsync", C.rdtcu_mem_alloc_async(C.int(dev), C.size_t(n), &p))
+	return Ptr(p), err
+}
+
+// FreeAsync frees what AllocAsync allocated, and waits for it.
+func FreeAsync(dev int, p Ptr) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return check("cuMemFreeAsync", C.rdtcu_mem_free_async(C.int(dev), C.rdtcu_ptr(p)))
+}
+
+// AllocVMM maps n bytes (rounded up to the allocation granularity: the
+// size it returns) of a cuMemCreate allocation on dev into an address
+// range reserved for it, readable and writable from dev: CUDA's virtual
+// memory management, as PyTorch's expandable segments use it. For tests:
+// memory that legacy CUDA IPC cannot share.
+func AllocVMM(dev int, n uint64) (Ptr, uint64, error) {
+	if err := Load(); err != nil {
+		return 0, 0, err
+	}
+	var p C.rdtcu_ptr
+	var size C.size_t
+	err := check("cuMemCreate/cuMemMap", C.rdtcu_mem_alloc_vmm(C.int(dev), C.size_t(n), &p, &size))
+	return Ptr(p), uint64(size), err
+}
+
+// FreeVMM unmaps and frees what AllocVMM mapped.
+func FreeVMM(dev int, p Ptr, size uint64) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	return check("cuMemUnmap/cuMemAddressFree", C.rdtcu_mem_free_vmm(C.int(dev), C.rdtcu_ptr(p), C.size_t(size)))
 }
 
 // Memcpy copies n bytes synchronously between any two addresses that

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -328,4 +330,283 @@ func TestEventWaitsForTheStream(t *testing.T) {
 		defer s1.Destroy()
 		require.Error(t, ev.Record(s1))
 	}
+}
+
+// inChild runs the calling test again in a new process with
+// RDT_CUDA_CHILD=name and env added, and reports true once it passed
+// there; in that process it reports false, and the test goes on.
+func inChild(t *testing.T, name string, env ...string) bool {
+	t.Helper()
+	if os.Getenv("RDT_CUDA_CHILD") == name {
+		return false
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^"+t.Name()+"$", "-test.v")
+	cmd.Env = append(append(os.Environ(), "RDT_CUDA_CHILD="+name), env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), "--- PASS: "+t.Name())
+	return true
+}
+
+func testDouble() bool { return strings.HasPrefix(DeviceName(0), "rdt fake CUDA device") }
+
+// waitEvent polls e until it is done.
+func waitEvent(t *testing.T, e *Event) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		done, err := e.Query()
+		require.NoError(t, err)
+		return done
+	}, 10*time.Second, time.Millisecond)
+}
+
+// cuMemFree synchronizes the device: it returns once everything enqueued
+// on the device's streams is done, work that never touches the freed
+// memory included. The test double delays each copy so that the work
+// still runs when Free is called.
+func TestFreeWaitsForTheDevice(t *testing.T) {
+	requireGPU(t)
+	if inChild(t, "free", "RDT_FAKECUDA_COPY_DELAY_US=200000") {
+		return
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	q, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, q)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+	_, err = CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n}}, ev)
+	require.NoError(t, err)
+	if done, _ := ev.Query(); testDouble() {
+		require.False(t, done, "the copy is delayed: it cannot be done yet")
+	}
+	other, err := Alloc(0, 4096)
+	require.NoError(t, err)
+	require.NoError(t, Free(0, other))
+	done, err := ev.Query()
+	require.NoError(t, err)
+	assert.True(t, done, "cuMemFree returned while a copy still ran on the device")
+
+	// In the double, the work of another device is not waited for.
+	if n, _ := DeviceCount(); n > 1 && testDouble() {
+		s1, err := NewStream(1)
+		require.NoError(t, err)
+		defer s1.Destroy()
+		p1, err := Alloc(1, 4096)
+		require.NoError(t, err)
+		defer Free(1, p1)
+		ev1, err := NewEvent(1)
+		require.NoError(t, err)
+		defer ev1.Destroy()
+		_, err = CopyAsync(1, 1, s1, []Copy{{Dst: p1, Src: p1 + 2048, N: 2048}}, ev1)
+		require.NoError(t, err)
+		other, err := Alloc(0, 4096)
+		require.NoError(t, err)
+		require.NoError(t, Free(0, other))
+		done, err := ev1.Query()
+		require.NoError(t, err)
+		assert.False(t, done, "cuMemFree on cuda:0 waited for cuda:1")
+		waitEvent(t, ev1)
+	}
+}
+
+// Copies between a device and pageable host memory (any host memory the
+// driver was not asked to pin or register) are synchronous, "Async" or
+// not: into host memory the call returns once the bytes are there (the
+// driver stages them through pinned memory inside the call), and from host
+// memory once the bytes are staged, so the caller may reuse its buffer at
+// once. The test double delays each copy, which then shows in the call.
+func TestPageableHostCopiesAreSynchronous(t *testing.T) {
+	requireGPU(t)
+	const delay = 200 * time.Millisecond
+	if inChild(t, "pageable", fmt.Sprintf("RDT_FAKECUDA_COPY_DELAY_US=%d", delay.Microseconds())) {
+		return
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	s, err := NewStream(0)
+	require.NoError(t, err)
+	defer s.Destroy()
+	ev, err := NewEvent(0)
+	require.NoError(t, err)
+	defer ev.Destroy()
+
+	src := hostBuffer(t, n)
+	pattern(src, 5)
+	_, err = CopyAsync(0, -1, s, []Copy{{Dst: p, Src: addr(src), N: n}}, ev)
+	require.NoError(t, err)
+	pattern(src, 99) // staged already: the device gets the bytes as they were
+	waitEvent(t, ev)
+
+	back := hostBuffer(t, n)
+	start := time.Now()
+	_, err = CopyAsync(0, -1, s, []Copy{{Dst: addr(back), Src: p, N: n}}, nil)
+	require.NoError(t, err)
+	took := time.Since(start)
+	want := hostBuffer(t, n)
+	pattern(want, 5)
+	assert.True(t, bytes.Equal(want, back), "the bytes were not all there when the copy into host memory returned")
+	if testDouble() {
+		assert.GreaterOrEqual(t, took, delay, "the copy into host memory returned before it ran")
+	}
+	require.NoError(t, s.Synchronize())
+}
+
+// Only cuMemAlloc's memory is legacy IPC's to share. Memory from a pool
+// (cuMemAllocAsync: PyTorch's cudaMallocAsync backend) and memory mapped
+// with cuMemCreate and cuMemMap (PyTorch's expandable segments) is device
+// memory that copies use like any other, but its pointer attributes say
+// that legacy IPC cannot share it, and cuIpcGetMemHandle refuses it with
+// CUDA_ERROR_INVALID_VALUE.
+func TestMemoryLegacyIPCCannotShare(t *testing.T) {
+	requireGPU(t)
+	const n = 1 << 20
+	kinds := []struct {
+		name  string
+		alloc func() (Ptr, func() error, error)
+		pool  bool
+	}{
+		{"cuMemAllocAsync", func() (Ptr, func() error, error) {
+			p, err := AllocAsync(0, n)
+			return p, func() error { return FreeAsync(0, p) }, err
+		}, true},
+		{"cuMemCreate", func() (Ptr, func() error, error) {
+			p, size, err := AllocVMM(0, n)
+			if err == nil {
+				assert.GreaterOrEqual(t, size, uint64(n))
+			}
+			return p, func() error { return FreeVMM(0, p, size) }, err
+		}, false},
+	}
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) {
+			p, free, err := k.alloc()
+			var ce *Error
+			if errors.As(err, &ce) && ce.Code == ErrorMissingCall && !testDouble() {
+				t.Skipf("the driver is too old: %v", err)
+			}
+			require.NoError(t, err)
+			info, err := GetPointerInfo(0, p+4096)
+			require.NoError(t, err)
+			assert.Equal(t, MemoryDevice, info.MemoryType)
+			assert.Equal(t, 0, info.Device)
+			assert.False(t, info.Managed)
+			assert.False(t, info.LegacyIPC, "legacy IPC cannot share it")
+			assert.Equal(t, k.pool, info.Pool, "from a memory pool")
+
+			src := hostBuffer(t, n)
+			pattern(src, 9)
+			require.NoError(t, Memcpy(0, p, addr(src), n))
+			back := hostBuffer(t, n)
+			require.NoError(t, Memcpy(0, addr(back), p, n))
+			assert.True(t, bytes.Equal(src, back))
+
+			_, err = IPCGetMemHandle(0, p)
+			require.ErrorAs(t, err, &ce)
+			t.Logf("cuIpcGetMemHandle: %v", err)
+			if testDouble() || k.pool {
+				// Seen from drivers for pool memory; for cuMemCreate's, the
+				// double's guess.
+				assert.Equal(t, Result(1), ce.Code, "%v", err)
+			}
+			require.NoError(t, free())
+		})
+	}
+	// cuMemAlloc's memory: legacy IPC's, from no pool.
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	info, err := GetPointerInfo(0, p)
+	require.NoError(t, err)
+	assert.True(t, info.LegacyIPC)
+	assert.False(t, info.Pool)
+}
+
+// A handle opens in a context of any device with peer access to the
+// exporting one, even where this process does not see the exporting device
+// (another CUDA_VISIBLE_DEVICES); the mapping is then read from that
+// device. Without peer access, opening fails. Here: exported on cuda:0,
+// opened on cuda:1 by a child that sees both, and by one that sees cuda:1
+// only (its cuda:0).
+func TestIPCOpensOnAPeerDevice(t *testing.T) {
+	if os.Getenv("RDT_CUDA_CHILD") == "ipc-peer" {
+		ipcPeerChild(t)
+		return
+	}
+	requireGPU(t)
+	if n, _ := DeviceCount(); n < 2 {
+		t.Skip("needs two CUDA devices")
+	}
+	const n = 1 << 20
+	p, err := Alloc(0, n)
+	require.NoError(t, err)
+	defer Free(0, p)
+	src := hostBuffer(t, n)
+	pattern(src, 3)
+	require.NoError(t, Memcpy(0, p, addr(src), n))
+	h, err := IPCGetMemHandle(0, p)
+	require.NoError(t, err)
+	can, err := CanAccessPeer(1, 0)
+	require.NoError(t, err)
+	u1, err := DeviceUUID(1)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		env []string
+		dev int
+	}{
+		{nil, 1},
+		{[]string{"CUDA_VISIBLE_DEVICES=1"}, 0},
+	} {
+		var arg bytes.Buffer
+		arg.Write(h[:])
+		binary.Write(&arg, binary.LittleEndian, uint64(n))
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestIPCOpensOnAPeerDevice$", "-test.v")
+		cmd.Env = append(append(os.Environ(), c.env...), "RDT_CUDA_CHILD=ipc-peer",
+			fmt.Sprintf("RDT_CUDA_IPC_DEV=%d", c.dev), fmt.Sprintf("RDT_CUDA_IPC_PEER=%v", can), "RDT_CUDA_IPC_UUID="+u1.String())
+		cmd.Stdin = &arg
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%v: %s", c.env, out)
+		assert.Contains(t, string(out), "--- PASS: TestIPCOpensOnAPeerDevice", "%v", c.env)
+	}
+}
+
+func ipcPeerChild(t *testing.T) {
+	requireGPU(t)
+	var h IPCHandle
+	_, err := io.ReadFull(os.Stdin, h[:])
+	require.NoError(t, err)
+	var n uint64
+	require.NoError(t, binary.Read(os.Stdin, binary.LittleEndian, &n))
+	dev, err := strconv.Atoi(os.Getenv("RDT_CUDA_IPC_DEV"))
+	require.NoError(t, err)
+	u, err := DeviceUUID(dev)
+	require.NoError(t, err)
+	require.Equal(t, os.Getenv("RDT_CUDA_IPC_UUID"), u.String(), "the device the handle is opened on")
+	p, err := IPCOpenMemHandle(dev, h)
+	if os.Getenv("RDT_CUDA_IPC_PEER") != "true" {
+		require.Error(t, err, "opened without peer access")
+		t.Logf("without peer access: %v", err)
+		if testDouble() {
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, Result(217), ce.Code)
+		}
+		return
+	}
+	require.NoError(t, err)
+	back := hostBuffer(t, int(n))
+	require.NoError(t, Memcpy(dev, addr(back), p, n))
+	want := hostBuffer(t, int(n))
+	pattern(want, 3)
+	assert.True(t, bytes.Equal(want, back))
+	require.NoError(t, IPCCloseMemHandle(dev, p))
 }

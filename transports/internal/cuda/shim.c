@@ -9,6 +9,27 @@ typedef int CUdevice;
 typedef void *CUcontext;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[RDT_CU_IPC_HANDLE_SIZE]; } CUipcMemHandle;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+  int type; /* CUmemLocationType */
+  int id;
+} CUmemLocation;
+typedef struct {
+  int type;                 /* CUmemAllocationType */
+  int requestedHandleTypes; /* CUmemAllocationHandleType */
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+  CUmemLocation location;
+  int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
 
 enum {
   CUDA_SUCCESS = 0,
@@ -21,11 +42,16 @@ enum {
   CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
   CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
   CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+  CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
 };
 #define CU_MEMORYTYPE_DEVICE 2
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
 
 static struct {
   rdtcu_result (*Init)(unsigned);
@@ -57,6 +83,18 @@ static struct {
   rdtcu_result (*EventDestroy)(rdtcu_event);
   rdtcu_result (*MemAlloc)(rdtcu_ptr *, size_t);
   rdtcu_result (*MemFree)(rdtcu_ptr);
+  rdtcu_result (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+  /* Optional (NULL when the driver lacks them): for tests. */
+  rdtcu_result (*MemAllocAsync)(rdtcu_ptr *, size_t, rdtcu_stream);
+  rdtcu_result (*MemFreeAsync)(rdtcu_ptr, rdtcu_stream);
+  rdtcu_result (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+  rdtcu_result (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  rdtcu_result (*MemRelease)(CUmemGenericAllocationHandle);
+  rdtcu_result (*MemAddressReserve)(rdtcu_ptr *, size_t, size_t, rdtcu_ptr, unsigned long long);
+  rdtcu_result (*MemAddressFree)(rdtcu_ptr, size_t);
+  rdtcu_result (*MemMap)(rdtcu_ptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  rdtcu_result (*MemUnmap)(rdtcu_ptr, size_t);
+  rdtcu_result (*MemSetAccess)(rdtcu_ptr, size_t, const CUmemAccessDesc *, size_t);
 } cu;
 
 /* Symbol names: the driver exports versioned entry points (_v2) for calls
@@ -91,6 +129,17 @@ static const struct { const char *name; void **slot; } symbols[] = {
   {"cuEventDestroy_v2", (void **)&cu.EventDestroy},
   {"cuMemAlloc_v2", (void **)&cu.MemAlloc},
   {"cuMemFree_v2", (void **)&cu.MemFree},
+  {"cuDevicePrimaryCtxGetState", (void **)&cu.DevicePrimaryCtxGetState},
+  {"cuMemAllocAsync", (void **)&cu.MemAllocAsync},
+  {"cuMemFreeAsync", (void **)&cu.MemFreeAsync},
+  {"cuMemGetAllocationGranularity", (void **)&cu.MemGetAllocationGranularity},
+  {"cuMemCreate", (void **)&cu.MemCreate},
+  {"cuMemRelease", (void **)&cu.MemRelease},
+  {"cuMemAddressReserve", (void **)&cu.MemAddressReserve},
+  {"cuMemAddressFree", (void **)&cu.MemAddressFree},
+  {"cuMemMap", (void **)&cu.MemMap},
+  {"cuMemUnmap", (void **)&cu.MemUnmap},
+  {"cuMemSetAccess", (void **)&cu.MemSetAccess},
 };
 
 /* Older entry points, tried when the name in `symbols` is missing.
@@ -102,11 +151,21 @@ static const struct { const char *name, *older; } fallbacks[] = {
   {"cuDeviceGetUuid_v2", "cuDeviceGetUuid"},
 };
 
+/* Calls a driver may lack (the stream-ordered allocator is CUDA 11.2's):
+ * rdt uses them only in tests, and says so when they are missing. */
+static const char *const optionals[] = {
+  "cuMemAllocAsync", "cuMemFreeAsync", "cuMemGetAllocationGranularity", "cuMemCreate", "cuMemRelease",
+  "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
+};
+
 static int loaded;
 
-const char *rdtcu_symbol(size_t i, const char **older) {
+const char *rdtcu_symbol(size_t i, const char **older, int *optional) {
   if (i >= sizeof symbols / sizeof symbols[0]) return NULL;
   *older = NULL;
+  *optional = 0;
+  for (size_t j = 0; j < sizeof optionals / sizeof optionals[0]; j++)
+    if (strcmp(optionals[j], symbols[i].name) == 0) *optional = 1;
   for (size_t j = 0; j < sizeof fallbacks / sizeof fallbacks[0]; j++)
     if (strcmp(fallbacks[j].name, symbols[i].name) == 0) *older = fallbacks[j].older;
   return symbols[i].name;
@@ -231,15 +290,21 @@ static rdtcu_result pointer_info(rdtcu_ptr p, rdtcu_pointer_info *info) {
   /* Pinned or registered host memory, and managed memory, have no address
    * range or IPC handle to ask about: the caller refuses them by type. */
   if (mt != CU_MEMORYTYPE_DEVICE || info->managed) return CUDA_SUCCESS;
-  unsigned long long id = 0;
-  r = cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
-  if (r != CUDA_SUCCESS) return r;
-  info->buffer_id = id;
   int ipc = 0;
   r = cu.PointerGetAttribute(&ipc, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
   if (r != CUDA_SUCCESS) return r;
   info->legacy_ipc = ipc;
-  return cu.MemGetAddressRange(&info->base, &info->size, p);
+  /* A driver older than CUDA 11.3 has no pools to tell. */
+  void *pool = NULL;
+  if (cu.PointerGetAttribute(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS)
+    info->pool = pool != NULL;
+  /* The rest matters for memory legacy IPC shares; of the other kinds
+   * (pools, cuMemMap), what the driver answers is kept. */
+  unsigned long long id = 0;
+  r = cu.PointerGetAttribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
+  if (r == CUDA_SUCCESS) info->buffer_id = id;
+  if (r == CUDA_SUCCESS) r = cu.MemGetAddressRange(&info->base, &info->size, p);
+  return ipc ? r : CUDA_SUCCESS;
 }
 
 rdtcu_result rdtcu_pointer_info_get(int dev, rdtcu_ptr p, rdtcu_pointer_info *info) {
@@ -310,7 +375,78 @@ rdtcu_result rdtcu_copy_async(int dst_dev, int src_dev, rdtcu_stream s, const rd
   IN_CONTEXT(dst_dev, copies(dst_dev, src_dev, s, ops, n, e, done));
 }
 
+rdtcu_result rdtcu_primary_active(int dev, int *active) {
+  if (!loaded) return RDT_CU_NOT_LOADED;
+  CUdevice d;
+  rdtcu_result r = cu.DeviceGet(&d, dev);
+  unsigned flags = 0;
+  if (r == CUDA_SUCCESS) r = cu.DevicePrimaryCtxGetState(d, &flags, active);
+  return r;
+}
+
 rdtcu_result rdtcu_mem_alloc(int dev, size_t n, rdtcu_ptr *p) { IN_CONTEXT(dev, cu.MemAlloc(p, n)); }
+
+/* From the device's current pool, on the legacy default stream, waited
+ * for; freed the same way. */
+static rdtcu_result alloc_async(rdtcu_ptr *p, size_t n) {
+  if (!cu.MemAllocAsync) return RDT_CU_MISSING;
+  rdtcu_result r = cu.MemAllocAsync(p, n, NULL);
+  return r == CUDA_SUCCESS ? cu.StreamSynchronize(NULL) : r;
+}
+static rdtcu_result free_async(rdtcu_ptr p) {
+  if (!cu.MemFreeAsync) return RDT_CU_MISSING;
+  rdtcu_result r = cu.MemFreeAsync(p, NULL);
+  return r == CUDA_SUCCESS ? cu.StreamSynchronize(NULL) : r;
+}
+rdtcu_result rdtcu_mem_alloc_async(int dev, size_t n, rdtcu_ptr *p) { IN_CONTEXT(dev, alloc_async(p, n)); }
+rdtcu_result rdtcu_mem_free_async(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, free_async(p)); }
+
+static rdtcu_result alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
+  if (!cu.MemCreate || !cu.MemGetAllocationGranularity || !cu.MemRelease || !cu.MemAddressReserve ||
+      !cu.MemAddressFree || !cu.MemMap || !cu.MemUnmap || !cu.MemSetAccess)
+    return RDT_CU_MISSING;
+  CUdevice d;
+  rdtcu_result r = cu.DeviceGet(&d, dev);
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = d;
+  size_t g = 0;
+  r = cu.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS) return r;
+  n = (n + g - 1) / g * g;
+  CUmemGenericAllocationHandle h;
+  r = cu.MemCreate(&h, n, &prop, 0);
+  if (r != CUDA_SUCCESS) return r;
+  r = cu.MemAddressReserve(p, n, 0, 0, 0);
+  if (r == CUDA_SUCCESS) {
+    r = cu.MemMap(*p, n, 0, h, 0);
+    if (r != CUDA_SUCCESS) cu.MemAddressFree(*p, n);
+  }
+  cu.MemRelease(h); /* the mapping holds the memory */
+  if (r != CUDA_SUCCESS) return r;
+  CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  r = cu.MemSetAccess(*p, n, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    cu.MemUnmap(*p, n);
+    cu.MemAddressFree(*p, n);
+    return r;
+  }
+  *size = n;
+  return CUDA_SUCCESS;
+}
+
+static rdtcu_result free_vmm(rdtcu_ptr p, size_t size) {
+  if (!cu.MemUnmap || !cu.MemAddressFree) return RDT_CU_MISSING;
+  rdtcu_result r = cu.MemUnmap(p, size);
+  return r == CUDA_SUCCESS ? cu.MemAddressFree(p, size) : r;
+}
+rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
+  IN_CONTEXT(dev, alloc_vmm(dev, n, p, size));
+}
+rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size) { IN_CONTEXT(dev, free_vmm(p, size)); }
 rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, cu.MemFree(p)); }
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n) {
   IN_CONTEXT(dev, cu.Memcpy(dst, src, n));

@@ -24,17 +24,20 @@ typedef void *rdtcu_event;                /* CUevent */
 /* Results the shim makes itself (outside CUresult's range). */
 #define RDT_CU_NOT_LOADED (-1)
 #define RDT_CU_BAD_DEVICE (-2)
+#define RDT_CU_MISSING (-3) /* the driver lacks an optional call */
 
 typedef struct {
   int memory_type;        /* CU_MEMORYTYPE_*: 1 host, 2 device, 3 array, 4 unified */
   int device;             /* ordinal the memory lives on */
   int managed;            /* 1 for managed (unified) memory */
   int legacy_ipc;         /* 1 if cuIpcGetMemHandle works on it */
+  int pool;               /* 1 if it comes from a memory pool (cuMemAllocAsync) */
   unsigned long long buffer_id; /* process-wide unique id of the allocation */
   rdtcu_ptr base;        /* allocation base (cuMemGetAddressRange) */
   size_t size;            /* allocation size */
-  /* buffer_id, legacy_ipc, base and size are filled for device memory
-   * only (not host, not managed). */
+  /* legacy_ipc, pool, buffer_id, base and size are filled for device
+   * memory only (not host, not managed); buffer_id, base and size are
+   * sure for memory legacy IPC shares only. */
 } rdtcu_pointer_info;
 
 typedef struct {
@@ -43,10 +46,11 @@ typedef struct {
 } rdtcu_copy;
 
 /* Loading (the Go side opens the library and resolves the symbols):
- * rdtcu_symbol names the i-th symbol of the table, and in *older the
- * older name to try when it is missing (NULL for none); NULL past the end.
- * rdtcu_install takes the addresses found, in that order, once. */
-const char *rdtcu_symbol(size_t i, const char **older);
+ * rdtcu_symbol names the i-th symbol of the table, in *older the older
+ * name to try when it is missing (NULL for none) and in *optional whether
+ * it may be missing; NULL past the end. rdtcu_install takes the addresses
+ * found (NULL for a missing optional one), in that order, once. */
+const char *rdtcu_symbol(size_t i, const char **older, int *optional);
 void rdtcu_install(void *const *fns);
 
 rdtcu_result rdtcu_init(void);
@@ -57,6 +61,9 @@ rdtcu_result rdtcu_device_count(int *n);
 rdtcu_result rdtcu_device_uuid(int dev, unsigned char uuid[16]);
 rdtcu_result rdtcu_device_name(int dev, char *name, int len);
 rdtcu_result rdtcu_can_access_peer(int dev, int peer, int *can);
+/* Whether dev's primary context is active (retained by anyone in the
+ * process), without retaining it. */
+rdtcu_result rdtcu_primary_active(int dev, int *active);
 
 rdtcu_result rdtcu_pointer_info_get(int dev, rdtcu_ptr p, rdtcu_pointer_info *info);
 
@@ -78,9 +85,16 @@ rdtcu_result rdtcu_event_query(int dev, rdtcu_event e);
 rdtcu_result rdtcu_copy_async(int dst_dev, int src_dev, rdtcu_stream s,
                                 const rdtcu_copy *ops, size_t n, rdtcu_event e, size_t *done);
 
-/* For tests and benchmarks. */
+/* For tests and benchmarks. The _async and _vmm calls allocate the kinds
+ * of memory legacy IPC cannot share: from the device's memory pool, and
+ * cuMemCreate mapped with cuMemMap (*size: n rounded up to the
+ * granularity); RDT_CU_MISSING without the driver calls. */
 rdtcu_result rdtcu_mem_alloc(int dev, size_t n, rdtcu_ptr *p);
 rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p);
+rdtcu_result rdtcu_mem_alloc_async(int dev, size_t n, rdtcu_ptr *p);
+rdtcu_result rdtcu_mem_free_async(int dev, rdtcu_ptr p);
+rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size);
+rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size);
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n);
 
 /* For libraries that use the current context of the calling thread (NCCL):

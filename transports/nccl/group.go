@@ -53,6 +53,11 @@ type group struct {
 	recvNext   map[int]uint64 // destination: next to enqueue per source rank
 	sendNext   map[int]uint64 // source: next to enqueue per destination rank
 
+	// scratch is the connection's device memory, kept until the
+	// teardown: cuMemFree synchronizes the whole device, so freeing it
+	// after connecting would wait for every other group's work there.
+	scratch cuda.Ptr
+
 	tearOnce sync.Once
 	torn     chan struct{} // closed once NCCL has freed the communicators
 	tornErr  error         // the teardown's first error, set before torn closes
@@ -188,27 +193,25 @@ func (g *group) connect(ctx context.Context) error {
 		g.abandon(err)
 		return err
 	}
+	g.scratch = scratch // freed by the teardown
 	ev, err := cuda.NewEvent(g.dev)
 	if err != nil {
-		cuda.Free(g.dev, scratch)
 		g.abandon(err)
 		return err
 	}
 	for i, l := range g.lanes {
 		if err := g.connectLane(ctx, l, i == 0, uintptr(scratch), ev); err != nil {
 			g.abandon(err)
-			// NCCL may write into scratch until the abort has stopped it.
+			// NCCL may record into ev until the abort has stopped it.
 			go func() {
 				<-g.torn
 				g.settle(ev)
 				ev.Destroy()
-				cuda.Free(g.dev, scratch)
 			}()
 			return err
 		}
 	}
 	ev.Destroy()
-	cuda.Free(g.dev, scratch)
 	return nil
 }
 
@@ -340,6 +343,10 @@ func (g *group) startTeardown(abort bool) {
 		}
 		go func() {
 			wg.Wait()
+			if g.scratch != 0 {
+				// No NCCL work is left to write into it.
+				cuda.Free(g.dev, g.scratch)
+			}
 			for _, err := range errs {
 				if err != nil {
 					g.tornErr = err

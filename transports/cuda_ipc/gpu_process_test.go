@@ -754,3 +754,47 @@ func BenchmarkGPUFetch(b *testing.B) {
 		})
 	}
 }
+
+// A small fetch ends on the caller's goroutine: its copy into host memory
+// runs inside Fetch, and its first Completed waits for its device copy, so
+// the engine needs no waiting goroutine. A fetch larger than inlineMax
+// leaves its host copies to a goroutine of their own.
+func TestGPUSmallFetchCompletesInline(t *testing.T) {
+	requireGPU(t)
+	old := inlineBudget
+	inlineBudget = 10 * time.Second // the race detector and a busy machine are slow
+	defer func() { inlineBudget = old }()
+	src := startSource(t)
+	tr := gpuTransport(t)
+	const n = 4096
+	want := make([]byte, n)
+	fill(want, layout[0].seed)
+	x := transfer(21)
+	x.Pieces = []transport.Piece{{Tensor: 0, Length: n}}
+
+	dev := deviceBuffer(t, n, 0)
+	host := hostBuffer(t, n)
+	for _, tg := range []transport.Tensor{devTensor(0, dev, n), hostTensor(host)} {
+		req, err := tr.Fetch(x, []transport.Tensor{tg}, src.meta, nil)
+		require.NoError(t, err)
+		r := req.(*request)
+		assert.True(t, r.small)
+		assert.True(t, r.hostEnded(), "the host copy ran inside Fetch")
+		assert.True(t, r.Completed(), "a 4 KiB fetch on %s did not complete inline", tg.Device)
+		require.NoError(t, req.Wait())
+		req.Release()
+	}
+	assert.True(t, bytes.Equal(want, readBack(t, dev, n)), "device target")
+	assert.True(t, bytes.Equal(want, host), "host target")
+
+	x.Pieces = []transport.Piece{{Tensor: 0, Length: inlineMax + 4096}}
+	big := hostBuffer(t, inlineMax+4096)
+	req, err := tr.Fetch(x, []transport.Tensor{hostTensor(big)}, src.meta, nil)
+	require.NoError(t, err)
+	assert.False(t, req.(*request).small)
+	require.NoError(t, req.Wait())
+	req.Release()
+	want = make([]byte, inlineMax+4096)
+	fill(want, layout[0].seed)
+	assert.True(t, bytes.Equal(want, big))
+}

@@ -62,6 +62,57 @@ def test_fetching_cuda_memory_without_a_cuda_transport_is_a_clear_error():
             a.get(ref, out=out)
 
 
+class RecordingDLPack:
+    """A DLPack producer that says it is on ``device`` (DLPack type, id)
+    and records the keywords of each __dlpack__ call. Its capsule is
+    numpy's, with the device rewritten to that one: enough to see what rdt
+    asks for and what it does with a CUDA capsule, without a GPU."""
+
+    def __init__(self, a, device=(2, 0), versioned=True):
+        self._a, self.device, self.versioned, self.calls = a, device, versioned, []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kw):
+        self.calls.append(dict(kw))
+        if "max_version" in kw and not self.versioned:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        cap = self._a.__dlpack__(max_version=kw["max_version"]) if "max_version" in kw else self._a.__dlpack__()
+        t = rdt._tensors
+        if t._capsule_valid(cap, b"dltensor_versioned"):
+            dl = t._DLTensor.from_address(t._capsule_pointer(cap, b"dltensor_versioned") + 32)
+        else:
+            dl = t._DLTensor.from_address(t._capsule_pointer(cap, b"dltensor"))
+        dl.device.device_type, dl.device.device_id = self.device
+        return cap
+
+
+def test_dlpack_cuda_producer_is_asked_for_the_legacy_default_stream(monkeypatch):
+    # DLPack: the consumer names the stream it will use (1: CUDA's legacy
+    # default stream) and the producer orders its work before it; rdt
+    # waits for that stream, since it copies on streams of its own.
+    waited = []
+    monkeypatch.setattr(rdt._tensors, "wait_legacy_stream", waited.append)
+    p = RecordingDLPack(np.arange(12, dtype=np.float32), device=(rdt._tensors.DEVICE_NAMES["cuda"], 3))
+    it = rdt._tensors.item_of(p)
+    assert p.calls == [{"stream": 1, "max_version": (1, 0)}]
+    assert (it.desc.device_type, it.desc.device_id, it.desc.shape) == (rdt._tensors.DEVICE_NAMES["cuda"], 3, (12,))
+    assert waited == [3]
+    # A producer without versioned capsules is asked again, still with the stream.
+    old = RecordingDLPack(np.arange(4, dtype=np.int64), versioned=False)
+    rdt._tensors.item_of(old)
+    assert old.calls == [{"stream": 1, "max_version": (1, 0)}, {"stream": 1}]
+    assert waited == [3, 0]
+    # A host producer is asked for no stream (numpy refuses one), and nothing waits.
+    host = RecordingDLPack(np.arange(4, dtype=np.int64), device=(rdt._tensors.DEVICE_NAMES["cpu"], 0))
+    assert rdt._tensors.item_of(host).desc.device_type == rdt._tensors.DEVICE_NAMES["cpu"]
+    assert host.calls == [{"max_version": (1, 0)}] and waited == [3, 0]
+    with rdt.Runtime("a") as a, rdt.Runtime("b") as b:
+        ref = a.put(RecordingDLPack(np.arange(6.0), device=(rdt._tensors.DEVICE_NAMES["cpu"], 0)))
+        assert np.array_equal(b.get(b.borrow(ref)), np.arange(6.0))
+
+
 # ---- with a GPU --------------------------------------------------------------
 
 def _no_gpu(why):
@@ -261,3 +312,41 @@ def test_killed_source_during_a_transfer(child):
     # Afterwards: a clear error, never a hang.
     with pytest.raises(rdt.PeerUnavailableError):
         rdt.get(ref, out=[out], timeout=60)
+
+
+# Clock cycles a kernel spins to hold a stream busy: about half a second at
+# an H200's 1.98 GHz, longer on slower clocks.
+SPIN_CYCLES = 1_000_000_000
+
+
+@pytest.mark.gpu
+def test_wait_legacy_stream_waits_for_queued_work():
+    torch = _torch_cuda()
+    with torch.cuda.stream(torch.cuda.default_stream(0)):  # torch's default stream is CUDA's legacy one
+        torch.cuda._sleep(SPIN_CYCLES)
+        ev = torch.cuda.Event()
+        ev.record()
+    assert not ev.query(), "the spinning kernel ended before it could be waited for"
+    rdt._tensors.wait_legacy_stream(0)
+    assert ev.query()
+
+
+@pytest.mark.gpu
+def test_dlpack_producer_writing_on_a_side_stream(child):
+    # The source writes a tensor on a side stream and puts it, through
+    # DLPack alone, while the write is still queued. rdt asks the producer
+    # to order its work before the legacy default stream and waits for
+    # that stream, so the put returns after the write and the receiver
+    # gets the final bytes (rdt reads on streams of its own).
+    _torch_cuda()
+    n = 256 << 20
+    c = child(workers.serve_dlpack_side_stream, n, SPIN_CYCLES)
+    blob, took, done = c.recv(120)
+    assert done, f"put returned after {took:.3f} s, before the side stream's write had finished"
+    ref = pickle.loads(blob)
+    got = rdt.get(ref, timeout=60)
+    assert got.device.type == "cuda" and got.numel() == n
+    assert bool((got == 7).all()), f"{int((got != 7).sum())} of {n} bytes are not the side stream's"
+    ref.close()
+    c.stop()
+

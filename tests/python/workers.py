@@ -125,6 +125,47 @@ def serve_on_gpu(conn, visible, device, n):
         pass
 
 
+class DLPackView:
+    """A tensor seen only through __dlpack__ and __dlpack_device__: the
+    stream and max_version the consumer names are handed on to it (as the
+    consumer named them: torch's defaults differ between releases)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, **kw):
+        return self._t.__dlpack__(**{k: v for k, v in kw.items() if k in ("stream", "max_version")})
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def serve_dlpack_side_stream(conn, n, cycles):
+    """Fills a CUDA tensor of n bytes with 7 on a side stream, after a kernel
+    that spins ``cycles`` GPU clock cycles, and puts it through a DLPack-only
+    view while that stream is still busy (and current). Sends the pickled
+    ref, how long the put took and whether the fill had finished when it
+    returned; then waits until told to stop."""
+    import torch
+    x = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        x.fill_(7)
+        filled = torch.cuda.Event()
+        filled.record()
+        t0 = time.monotonic()
+        ref = rdt.put(DLPackView(x))
+        took = time.monotonic() - t0
+        done = filled.query()
+    conn.send((pickle.dumps(ref), took, done))
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
 def serve_raw(conn, transports, n=1000):
     """Puts np.arange(n) once per transport (None: chosen per fetch), sends
     {transport: (C bytes, pickled ref)}, then waits until told to stop."""

@@ -8,6 +8,7 @@ elsewhere; `make gpu-test` runs them (pytest -m gpu).
 import os
 import pickle
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -347,6 +348,36 @@ def test_dlpack_producer_writing_on_a_side_stream(child):
     got = rdt.get(ref, timeout=60)
     assert got.device.type == "cuda" and got.numel() == n
     assert bool((got == 7).all()), f"{int((got != 7).sum())} of {n} bytes are not the side stream's"
+    ref.close()
+    c.stop()
+
+
+@pytest.mark.gpu
+def test_pageable_device_to_host_get_under_a_deadline(child):
+    # A copy from device memory into pageable host memory is synchronous in
+    # the CUDA driver's call: a get of 2 GiB with a deadline far shorter
+    # than the copy must still return, with GetTimeoutError, soon after
+    # the deadline, and leave the runtime usable.
+    _torch_cuda()
+    deadline, margin = 0.05, 10.0
+    c = child(workers.serve, [None], "cuda_2gib")
+    (ref,) = pickle.loads(c.recv(120)[None])
+    n = ref.tensor_descs()[0].nbytes
+    out = np.empty(n, dtype=np.uint8)  # pageable, and not yet touched
+    rdt.get(ref[0][:4096], out=out[:4096], timeout=60)  # the connection and the handle, opened
+    t0 = time.monotonic()
+    try:
+        rdt.get(ref, out=[out], timeout=deadline)
+        outcome = "returned"
+    except rdt.GetTimeoutError:
+        outcome = "timed out"
+    took = time.monotonic() - t0
+    assert took < deadline + margin, f"a get with a {deadline} s deadline returned after {took:.1f} s"
+    assert outcome == "timed out", (f"{n >> 30} GiB into pageable memory arrived in {took:.3f} s, within the "
+                                    f"{deadline} s deadline: no copy was cut short")
+    out.fill(0)
+    rdt.get(ref, out=[out], timeout=None)
+    assert bool((out == 7).all())
     ref.close()
     c.stop()
 

@@ -67,6 +67,9 @@ def make_values(what):
     if what == "cuda_big":
         import torch
         return [torch.arange(64 << 20, dtype=torch.int32, device="cuda:0")]  # 256 MiB
+    if what == "cuda_2gib":
+        import torch
+        return [torch.full((2 << 30,), 7, dtype=torch.uint8, device="cuda:0")]
     if what == "cupy":
         import cupy
         return [cupy.arange(1000, dtype=cupy.float64)]

@@ -1,4 +1,4 @@
-"""GPU fetches against a device-to-device copy in one process, on one GPU.
+"""GPU fetches against a device-to-device copy in one process.
 
 A source process puts CUDA tensors (torch) once per GPU transport
 (cuda_ipc, and nixl where NIXL loads); this process fetches them into
@@ -9,6 +9,8 @@ over the best of several runs, for the fetch and the copy alike; the 4 KiB
 line is the median of many fetches (latency). For nixl, one fetch from a
 fresh process with UCX_PROTO_INFO=y shows which of UCX's transports UCX
 selected (the nixl column names them) and whether cuda_ipc is among them.
+With two GPUs, cuda_ipc from a process that sees only GPU 1 into GPU 0
+is measured against torch's copy_ from cuda:1 to cuda:0 in one process.
 Run by `make gpu-bench` and by the GPU pack (docs/gpu.md); the output is
 Markdown for bench/RESULTS.md.
 """
@@ -34,6 +36,10 @@ LOGS_ENV = "RDT_GPU_BENCH_LOGS"
 UCT_NAMES = ("cuda_ipc", "cuda_copy", "gdr_copy", "tcp", "cma", "knem", "xpmem", "posix", "sysv", "self",
              "rc_mlx5", "rc_verbs", "dc_mlx5", "ud_mlx5", "ud_verbs")
 LANE = re.compile(r"\b(" + "|".join(UCT_NAMES) + r")/")
+# Sizes of the fetch across GPUs, with their runs.
+CROSS_SIZES = [("64 MiB", 64 << 20, 15), ("1 GiB", 1 << 30, 8)]
+
+
 def fill_value(n):
     return (n >> 10) % 251 + 1
 
@@ -91,6 +97,7 @@ def main():
     finally:
         conn.send("stop")
         p.join(60)
+    across_gpus(torch, rdt)
 
 
 def run(torch, rdt, transports, missing, refs, lanes):
@@ -270,6 +277,76 @@ def fetch_once(path):
     print(f"fetched 64 MiB over nixl in {t * 1e3:.2f} ms ({(64 << 20) / t / 1e9:.2f} GB/s), "
           f"bytes right: {bool((out == fill_value(64 << 20)).all())}", flush=True)
     ref.close()
+
+
+def cross_source(conn, visible):
+    """Sees only the GPU ``visible`` (CUDA_VISIBLE_DEVICES, set before CUDA
+    starts here) and puts a tensor of each of CROSS_SIZES there over
+    cuda_ipc; sends their serialized refs, then waits until told to stop."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    import torch
+    import rdt
+    refs = {n: rdt.put(torch.full((n,), fill_value(n), dtype=torch.uint8, device="cuda:0"), transport="cuda_ipc")
+            for _, n, _ in CROSS_SIZES}
+    torch.cuda.synchronize()
+    conn.send({n: r.serialize() for n, r in refs.items()})
+    conn.recv()
+
+
+def across_gpus(torch, rdt):
+    """cuda_ipc from a process that sees only GPU 1 into this process's
+    GPU 0 against torch's copy_ from cuda:1 to cuda:0 in one process."""
+    print()
+    print("### Across GPUs")
+    print()
+    n = torch.cuda.device_count()
+    if n < 2:
+        print(f"Not measured: this machine has {n} GPU{'s' if n != 1 else ''} (needs two).")
+        return
+    if not (torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)):
+        print("Not measured: GPUs 0 and 1 have no peer access.")
+        return
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in env.split(",")][:n] if env else [str(i) for i in range(n)]
+    ctx = mp.get_context("spawn")
+    conn, child_end = ctx.Pipe()
+    p = ctx.Process(target=cross_source, args=(child_end, ids[1]))
+    p.start()
+    try:
+        refs = {k: rdt.default_runtime().deserialize(b) for k, b in conn.recv().items()}
+        print(f"{torch.cuda.get_device_name(1)} to {torch.cuda.get_device_name(0)}; the source process sees "
+              "only GPU 1, as its cuda:0.")
+        print()
+        print("| size | same-process copy cuda:1 → cuda:0 | cuda_ipc |")
+        print("|---|---|---|")
+        for label, size, runs in CROSS_SIZES:
+            out = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+            src = torch.empty(size, dtype=torch.uint8, device="cuda:1")
+
+            def copy():
+                out.copy_(src)
+                torch.cuda.synchronize(0)
+                torch.cuda.synchronize(1)
+
+            copy()
+            t_copy = best_of(runs, copy)
+            ref = refs[size]
+            try:
+                out.zero_()
+                rdt.get(ref, out=[out], transport="cuda_ipc")
+                if not bool((out == fill_value(size)).all()):
+                    cell = "the bytes arrived corrupted"
+                else:
+                    t = best_of(runs, lambda: rdt.get(ref, out=[out], transport="cuda_ipc"))
+                    cell = f"{size / t / 1e9:.1f} GB/s ({t_copy / t:.2f}x)"
+            except rdt.RdtError as e:
+                cell = f"failed: {type(e).__name__}: {e}"
+            print(f"| {label} | {size / t_copy / 1e9:.1f} GB/s | {cell} |")
+        for r in refs.values():
+            r.close()
+    finally:
+        conn.send("stop")
+        p.join(60)
 
 
 if __name__ == "__main__":

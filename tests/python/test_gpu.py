@@ -381,3 +381,33 @@ def test_pageable_device_to_host_get_under_a_deadline(child):
     ref.close()
     c.stop()
 
+
+@pytest.mark.gpu
+def test_source_gpu_hidden_from_the_receiver(child, record_property):
+    # The source sees only GPU 1, the receiver only GPU 0 (as under Ray or
+    # torchrun, one GPU each): cuda_ipc opens the source's memory on the
+    # receiver's own device and copies across. Records the transport and
+    # the speed of a 1 GiB fetch (python-junit.xml's properties).
+    torch = _torch_cuda()
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip(f"needs two GPUs, one for the source and one for the receiver (this machine has {n})")
+    if not (torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)):
+        pytest.skip("GPUs 0 and 1 have no peer access: cuda_ipc cannot copy between them")
+    ids = _visible_ids(torch)
+    count = 1 << 27  # int64: 1 GiB
+    src = child(workers.serve_on_gpu, ids[1], 0, count)
+    blob, ordinal = src.recv(120)
+    assert ordinal == 0
+    rcv = child(workers.receive_on_gpu, ids[0], blob, count)
+    status, *rest = rcv.recv(240)
+    if status == "error":
+        pytest.fail(f"the fetch failed: {rest[0]} (transports that completed transfers: {rest[1] or 'none'})")
+    used, gbps, right = rest
+    record_property("transport", ",".join(used))
+    record_property("gb_per_s_1gib", f"{gbps:.1f}")
+    print(f"GPU {ids[1]} -> GPU {ids[0]}, each hidden from the other's process: {used}, {gbps:.1f} GB/s at 1 GiB")
+    assert used == ["cuda_ipc"], f"the fetch went over {', '.join(used) or 'no transport'}, not cuda_ipc"
+    assert right, "the bytes arrived wrong"
+    rcv.stop()
+    src.stop()

@@ -169,6 +169,39 @@ def serve_dlpack_side_stream(conn, n, cycles):
         pass
 
 
+def receive_on_gpu(conn, visible, blob, n, runs=3):
+    """Shows this process only the GPUs ``visible`` (CUDA_VISIBLE_DEVICES,
+    set before CUDA starts here), then gets the pickled ref of
+    torch.arange(n) (int64) into a tensor on its cuda:0: once, then ``runs``
+    times timed. Sends ("ok", the transports whose completed transfers
+    grew, GB/s of the best run, whether the bytes are right) or ("error",
+    the error, the transports that grew)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    import torch
+    rt = rdt.default_runtime()
+
+    def completed():
+        return {t["name"]: t["transfers_completed"] for t in rt.transports()}
+
+    before = completed()
+    ref = pickle.loads(blob)
+    out = torch.empty(n, dtype=torch.int64, device="cuda:0")
+    try:
+        rdt.get(ref, out=[out], timeout=120)
+        best = float("inf")
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            rdt.get(ref, out=[out], timeout=120)
+            best = min(best, time.perf_counter() - t0)
+        right = bool(torch.equal(out, torch.arange(n, dtype=torch.int64, device="cuda:0")))
+    except rdt.RdtError as e:
+        after = completed()
+        conn.send(("error", f"{type(e).__name__}: {e}", sorted(k for k in after if after[k] > before.get(k, 0))))
+        return
+    after = completed()
+    conn.send(("ok", sorted(k for k in after if after[k] > before.get(k, 0)), n * 8 / best / 1e9, right))
+
+
 def serve_raw(conn, transports, n=1000):
     """Puts np.arange(n) once per transport (None: chosen per fetch), sends
     {transport: (C bytes, pickled ref)}, then waits until told to stop."""

@@ -300,6 +300,50 @@ def nccl_rank1(conn, address):
             conn.send(("error", str(e)))
 
 
+def nccl_pair_rank(conn, rank, address=None):
+    """Rank ``rank`` of the two-rank nccl group "pair", on cuda:<rank>, in
+    the default runtime. Rank 0 first sends its runtime's address. After
+    "joined" it answers: "put" (puts torch.arange(1 << 20) in float32 over
+    nccl, sends the pickled ref), ("get", blob) (fetches it, answers
+    ("ok", the sum) or ("error", why)), "destroy" and "close" (destroys the
+    group, closes the runtime: answers (how it ended, seconds)), "exit"
+    (leaves at once, the group still formed)."""
+    import torch
+    rt = rdt.default_runtime()
+    if rank == 0:
+        conn.send(rt.address)
+    rt.create_collective_group(2, rank, address, name="pair", device=rank, timeout=120)
+    conn.send("joined")
+    held = []
+    for msg in requests(conn):
+        if msg == "put":
+            held.append(rt.put([torch.arange(1 << 20, dtype=torch.float32, device=f"cuda:{rank}")], transport="nccl"))
+            conn.send(pickle.dumps(held[-1]))
+        elif msg[0] == "get":
+            out = torch.empty(1 << 20, dtype=torch.float32, device=f"cuda:{rank}")
+            try:
+                rdt.get(pickle.loads(msg[1]), out=[out], timeout=60)
+                conn.send(("ok", float(out.double().sum().item())))
+            except rdt.RdtError as e:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+        elif msg in ("destroy", "close"):
+            t0 = time.monotonic()
+            try:
+                if msg == "destroy":
+                    rt.destroy_collective_group("pair")
+                else:
+                    held.clear()
+                    rt.close()
+                how = "ok"
+            except rdt.GetTimeoutError as e:
+                how = f"timeout: {e}"
+            except Exception as e:
+                how = f"error: {type(e).__name__}: {e}"
+            conn.send((how, time.monotonic() - t0))
+        elif msg == "exit":
+            os._exit(0)
+
+
 def fetch_each_in_child(conn, blobs, transport=None):
     """Unpickles and gets each pickled ref in turn; sends back, for each,
     the value or the error."""

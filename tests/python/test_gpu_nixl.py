@@ -112,7 +112,7 @@ def _env_probe(value):
     env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     p = subprocess.run([sys.executable, "-c", _ENV_PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
 
 
 def test_nixl_turns_on_ucx_cuda_ipc_reads_where_a_gpu_is():

@@ -10,6 +10,8 @@ import sys
 CARRY_LIMIT = 64 << 20
 STEPS = ["unpack", "machine", "go-cuda", "go-cuda_ipc", "go-nccl", "doctor", "python", "bench", "go-nixl"]
 GO_ON_DOUBLES = ["go-cuda", "go-cuda_ipc", "go-nccl"]
+# What machine.py reports (docs/gpu.md, "Reading summary.json").
+MACHINE_FACTS = ["host", "gpu", "nvlink", "topology", "cuda_driver", "torch", "cupy", "nccl", "rdt", "nixl", "ucx"]
 # What a step skipped for lack of a GPU gives as its reason, by run.
 NO_GPU = {
     "doubles": {"doctor": "cuda_ipc", "python": "no CUDA device", "bench": "torch"},
@@ -67,8 +69,21 @@ def check(expect, out):
             want("go-nixl", "passed")
         else:
             want("go-nixl", "skipped", "no NIXL")
-        if not isinstance(summary["machine"], dict) or "rdt" not in summary["machine"]:
-            problems.append(f"machine: {summary['machine']!r}")
+        machine = summary["machine"]
+        if not isinstance(machine, dict) or "rdt" not in machine:
+            problems.append(f"machine: {machine!r}")
+        else:
+            # Each fact is there, had or "not available: <why>".
+            for fact in MACHINE_FACTS:
+                if fact not in machine:
+                    problems.append(f"machine: no {fact!r}")
+                elif isinstance(machine[fact], str) and not machine[fact].startswith("not available: "):
+                    problems.append(f"machine: {fact}: {machine[fact]!r}")
+            if has_nixl and not (isinstance(machine.get("ucx"), dict) and machine["ucx"]["version"][:1].isdigit()):
+                problems.append(f"machine: the packed NIXL's UCX version: {machine.get('ucx')!r}")
+            if expect == "doubles" and not (isinstance(machine.get("nccl"), dict)
+                                            and machine["nccl"]["version"][:1].isdigit()):
+                problems.append(f"machine: the NCCL version: {machine.get('nccl')!r}")
     return problems
 
 

@@ -8,6 +8,7 @@ elsewhere; `make gpu-test` runs them (pytest -m gpu).
 import os
 import pickle
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -60,6 +61,57 @@ def test_fetching_cuda_memory_without_a_cuda_transport_is_a_clear_error():
         # Its own object: a device copy needs a transport that can make one.
         with pytest.raises(rdt.UnsupportedError, match="cuda memory within a process"):
             a.get(ref, out=out)
+
+
+class RecordingDLPack:
+    """A DLPack producer that says it is on ``device`` (DLPack type, id)
+    and records the keywords of each __dlpack__ call. Its capsule is
+    numpy's, with the device rewritten to that one: enough to see what rdt
+    asks for and what it does with a CUDA capsule, without a GPU."""
+
+    def __init__(self, a, device=(2, 0), versioned=True):
+        self._a, self.device, self.versioned, self.calls = a, device, versioned, []
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kw):
+        self.calls.append(dict(kw))
+        if "max_version" in kw and not self.versioned:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        cap = self._a.__dlpack__(max_version=kw["max_version"]) if "max_version" in kw else self._a.__dlpack__()
+        t = rdt._tensors
+        if t._capsule_valid(cap, b"dltensor_versioned"):
+            dl = t._DLTensor.from_address(t._capsule_pointer(cap, b"dltensor_versioned") + 32)
+        else:
+            dl = t._DLTensor.from_address(t._capsule_pointer(cap, b"dltensor"))
+        dl.device.device_type, dl.device.device_id = self.device
+        return cap
+
+
+def test_dlpack_cuda_producer_is_asked_for_the_legacy_default_stream(monkeypatch):
+    # DLPack: the consumer names the stream it will use (1: CUDA's legacy
+    # default stream) and the producer orders its work before it; rdt
+    # waits for that stream, since it copies on streams of its own.
+    waited = []
+    monkeypatch.setattr(rdt._tensors, "wait_legacy_stream", waited.append)
+    p = RecordingDLPack(np.arange(12, dtype=np.float32), device=(rdt._tensors.DEVICE_NAMES["cuda"], 3))
+    it = rdt._tensors.item_of(p)
+    assert p.calls == [{"stream": 1, "max_version": (1, 0)}]
+    assert (it.desc.device_type, it.desc.device_id, it.desc.shape) == (rdt._tensors.DEVICE_NAMES["cuda"], 3, (12,))
+    assert waited == [3]
+    # A producer without versioned capsules is asked again, still with the stream.
+    old = RecordingDLPack(np.arange(4, dtype=np.int64), versioned=False)
+    rdt._tensors.item_of(old)
+    assert old.calls == [{"stream": 1, "max_version": (1, 0)}, {"stream": 1}]
+    assert waited == [3, 0]
+    # A host producer is asked for no stream (numpy refuses one), and nothing waits.
+    host = RecordingDLPack(np.arange(4, dtype=np.int64), device=(rdt._tensors.DEVICE_NAMES["cpu"], 0))
+    assert rdt._tensors.item_of(host).desc.device_type == rdt._tensors.DEVICE_NAMES["cpu"]
+    assert host.calls == [{"max_version": (1, 0)}] and waited == [3, 0]
+    with rdt.Runtime("a") as a, rdt.Runtime("b") as b:
+        ref = a.put(RecordingDLPack(np.arange(6.0), device=(rdt._tensors.DEVICE_NAMES["cpu"], 0)))
+        assert np.array_equal(b.get(b.borrow(ref)), np.arange(6.0))
 
 
 # ---- with a GPU --------------------------------------------------------------
@@ -261,3 +313,101 @@ def test_killed_source_during_a_transfer(child):
     # Afterwards: a clear error, never a hang.
     with pytest.raises(rdt.PeerUnavailableError):
         rdt.get(ref, out=[out], timeout=60)
+
+
+# Clock cycles a kernel spins to hold a stream busy: about half a second at
+# an H200's 1.98 GHz, longer on slower clocks.
+SPIN_CYCLES = 1_000_000_000
+
+
+@pytest.mark.gpu
+def test_wait_legacy_stream_waits_for_queued_work():
+    torch = _torch_cuda()
+    with torch.cuda.stream(torch.cuda.default_stream(0)):  # torch's default stream is CUDA's legacy one
+        torch.cuda._sleep(SPIN_CYCLES)
+        ev = torch.cuda.Event()
+        ev.record()
+    assert not ev.query(), "the spinning kernel ended before it could be waited for"
+    rdt._tensors.wait_legacy_stream(0)
+    assert ev.query()
+
+
+@pytest.mark.gpu
+def test_dlpack_producer_writing_on_a_side_stream(child):
+    # The source writes a tensor on a side stream and puts it, through
+    # DLPack alone, while the write is still queued. rdt asks the producer
+    # to order its work before the legacy default stream and waits for
+    # that stream, so the put returns after the write and the receiver
+    # gets the final bytes (rdt reads on streams of its own).
+    _torch_cuda()
+    n = 256 << 20
+    c = child(workers.serve_dlpack_side_stream, n, SPIN_CYCLES)
+    blob, took, done = c.recv(120)
+    assert done, f"put returned after {took:.3f} s, before the side stream's write had finished"
+    ref = pickle.loads(blob)
+    got = rdt.get(ref, timeout=60)
+    assert got.device.type == "cuda" and got.numel() == n
+    assert bool((got == 7).all()), f"{int((got != 7).sum())} of {n} bytes are not the side stream's"
+    ref.close()
+    c.stop()
+
+
+@pytest.mark.gpu
+def test_pageable_device_to_host_get_under_a_deadline(child):
+    # A copy from device memory into pageable host memory is synchronous in
+    # the CUDA driver's call: a get of 2 GiB with a deadline far shorter
+    # than the copy must still return, with GetTimeoutError, soon after
+    # the deadline, and leave the runtime usable.
+    _torch_cuda()
+    deadline, margin = 0.05, 10.0
+    c = child(workers.serve, [None], "cuda_2gib")
+    (ref,) = pickle.loads(c.recv(120)[None])
+    n = ref.tensor_descs()[0].nbytes
+    out = np.empty(n, dtype=np.uint8)  # pageable, and not yet touched
+    rdt.get(ref[0][:4096], out=out[:4096], timeout=60)  # the connection and the handle, opened
+    t0 = time.monotonic()
+    try:
+        rdt.get(ref, out=[out], timeout=deadline)
+        outcome = "returned"
+    except rdt.GetTimeoutError:
+        outcome = "timed out"
+    took = time.monotonic() - t0
+    assert took < deadline + margin, f"a get with a {deadline} s deadline returned after {took:.1f} s"
+    assert outcome == "timed out", (f"{n >> 30} GiB into pageable memory arrived in {took:.3f} s, within the "
+                                    f"{deadline} s deadline: no copy was cut short")
+    out.fill(0)
+    rdt.get(ref, out=[out], timeout=None)
+    assert bool((out == 7).all())
+    ref.close()
+    c.stop()
+
+
+@pytest.mark.gpu
+def test_source_gpu_hidden_from_the_receiver(child, record_testsuite_property):
+    # The source sees only GPU 1, the receiver only GPU 0 (as under Ray or
+    # torchrun, one GPU each): cuda_ipc opens the source's memory on the
+    # receiver's own device and copies across. Records the transport and
+    # the speed of a 1 GiB fetch (properties of python-junit.xml's suite).
+    torch = _torch_cuda()
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip(f"needs two GPUs, one for the source and one for the receiver (this machine has {n})")
+    if not (torch.cuda.can_device_access_peer(0, 1) and torch.cuda.can_device_access_peer(1, 0)):
+        pytest.skip("GPUs 0 and 1 have no peer access: cuda_ipc cannot copy between them")
+    ids = _visible_ids(torch)
+    count = 1 << 27  # int64: 1 GiB
+    src = child(workers.serve_on_gpu, ids[1], 0, count)
+    blob, ordinal = src.recv(120)
+    assert ordinal == 0
+    rcv = child(workers.receive_on_gpu, ids[0], blob, count)
+    status, *rest = rcv.recv(180)
+    if status == "error":
+        pytest.fail(f"the fetch failed: {rest[0]} (transports that completed transfers: {rest[1] or 'none'})")
+    used, gbps, right = rest
+    record_testsuite_property("hidden_gpu_fetch_transport", ",".join(used))
+    record_testsuite_property("hidden_gpu_fetch_gb_per_s_1gib", f"{gbps:.1f}")
+    print(f"GPU {ids[1]} -> GPU {ids[0]}, each hidden from the other's process: {used}, {gbps:.1f} GB/s at 1 GiB")
+    assert used == ["cuda_ipc"], f"the fetch went over {', '.join(used) or 'no transport'}, not cuda_ipc"
+    assert right, "the bytes arrived wrong"
+    rcv.stop()
+    src.stop()

@@ -1,7 +1,11 @@
 """The nixl transport moving CUDA memory (VRAM) between spawned processes.
 Needs a CUDA device and torch's CUDA build; skips otherwise."""
 
+import json
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -80,3 +84,42 @@ def test_host_tensors_land_on_the_device_over_nixl(child):
     assert torch.equal(half.cpu(), want[128:])
     ref.close()
     c.stop()
+
+
+# What a process that uses nixl where a GPU is has in its C environment (UCX
+# reads it there): rdt turns UCX's cuda_ipc reads on before NIXL loads,
+# unless the user chose. Printed as JSON by a fresh interpreter, since
+# os.environ shows neither what rdt set nor what it keeps.
+_ENV_PROBE = """
+import ctypes, json, rdt
+rt = rdt.Runtime("env-probe")
+nixl = [t for t in rt.transports() if t["name"] == "nixl"]
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+value = getenv(b"UCX_CUDA_IPC_ENABLE_GET_ZCOPY")
+print(json.dumps({"nixl_devices": nixl[0]["devices"] if nixl else None, "value": value and value.decode()}))
+"""
+ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+
+
+def _env_probe(value):
+    """What _ENV_PROBE prints, run with UCX_CUDA_IPC_ENABLE_GET_ZCOPY unset
+    (value None) or set to value."""
+    env = {k: v for k, v in os.environ.items() if k != ZCOPY}
+    if value is not None:
+        env[ZCOPY] = value
+    here = os.path.dirname(os.path.dirname(os.path.abspath(rdt.__file__)))
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", _ENV_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
+    return json.loads([ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+def test_nixl_turns_on_ucx_cuda_ipc_reads_where_a_gpu_is():
+    _cuda_torch()
+    got = _env_probe(None)
+    assert got["nixl_devices"] and "cuda" in got["nixl_devices"], got
+    assert got["value"] == "y", got
+    # A value the user set is kept.
+    got = _env_probe("n")
+    assert "cuda" in got["nixl_devices"] and got["value"] == "n", got

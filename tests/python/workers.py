@@ -67,6 +67,9 @@ def make_values(what):
     if what == "cuda_big":
         import torch
         return [torch.arange(64 << 20, dtype=torch.int32, device="cuda:0")]  # 256 MiB
+    if what == "cuda_2gib":
+        import torch
+        return [torch.full((2 << 30,), 7, dtype=torch.uint8, device="cuda:0")]
     if what == "cupy":
         import cupy
         return [cupy.arange(1000, dtype=cupy.float64)]
@@ -123,6 +126,80 @@ def serve_on_gpu(conn, visible, device, n):
         conn.recv()
     except EOFError:
         pass
+
+
+class DLPackView:
+    """A tensor seen only through __dlpack__ and __dlpack_device__: the
+    stream and max_version the consumer names are handed on to it (as the
+    consumer named them: torch's defaults differ between releases)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, **kw):
+        return self._t.__dlpack__(**{k: v for k, v in kw.items() if k in ("stream", "max_version")})
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def serve_dlpack_side_stream(conn, n, cycles):
+    """Fills a CUDA tensor of n bytes with 7 on a side stream, after a kernel
+    that spins ``cycles`` GPU clock cycles, and puts it through a DLPack-only
+    view while that stream is still busy (and current). Sends the pickled
+    ref, how long the put took and whether the fill had finished when it
+    returned; then waits until told to stop."""
+    import torch
+    x = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        x.fill_(7)
+        filled = torch.cuda.Event()
+        filled.record()
+        t0 = time.monotonic()
+        ref = rdt.put(DLPackView(x))
+        took = time.monotonic() - t0
+        done = filled.query()
+    conn.send((pickle.dumps(ref), took, done))
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
+def receive_on_gpu(conn, visible, blob, n, runs=3):
+    """Shows this process only the GPUs ``visible`` (CUDA_VISIBLE_DEVICES,
+    set before CUDA starts here), then gets the pickled ref of
+    torch.arange(n) (int64) into a tensor on its cuda:0: once, then ``runs``
+    times timed. Sends ("ok", the transports whose completed transfers
+    grew, GB/s of the best run, whether the bytes are right) or ("error",
+    the error, the transports that grew)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    import torch
+    rt = rdt.default_runtime()
+
+    def completed():
+        return {t["name"]: t["transfers_completed"] for t in rt.transports()}
+
+    before = completed()
+    ref = pickle.loads(blob)
+    out = torch.empty(n, dtype=torch.int64, device="cuda:0")
+    try:
+        rdt.get(ref, out=[out], timeout=120)
+        best = float("inf")
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            rdt.get(ref, out=[out], timeout=120)
+            best = min(best, time.perf_counter() - t0)
+        right = bool(torch.equal(out, torch.arange(n, dtype=torch.int64, device="cuda:0")))
+    except rdt.RdtError as e:
+        after = completed()
+        conn.send(("error", f"{type(e).__name__}: {e}", sorted(k for k in after if after[k] > before.get(k, 0))))
+        return
+    after = completed()
+    conn.send(("ok", sorted(k for k in after if after[k] > before.get(k, 0)), n * 8 / best / 1e9, right))
 
 
 def serve_raw(conn, transports, n=1000):
@@ -221,6 +298,50 @@ def nccl_rank1(conn, address):
             conn.send(("ok", float(out.double().sum().item())))
         except rdt.RdtError as e:
             conn.send(("error", str(e)))
+
+
+def nccl_pair_rank(conn, rank, address=None):
+    """Rank ``rank`` of the two-rank nccl group "pair", on cuda:<rank>, in
+    the default runtime. Rank 0 first sends its runtime's address. After
+    "joined" it answers: "put" (puts torch.arange(1 << 20) in float32 over
+    nccl, sends the pickled ref), ("get", blob) (fetches it, answers
+    ("ok", the sum) or ("error", why)), "destroy" and "close" (destroys the
+    group, closes the runtime: answers (how it ended, seconds)), "exit"
+    (leaves at once, the group still formed)."""
+    import torch
+    rt = rdt.default_runtime()
+    if rank == 0:
+        conn.send(rt.address)
+    rt.create_collective_group(2, rank, address, name="pair", device=rank, timeout=120)
+    conn.send("joined")
+    held = []
+    for msg in requests(conn):
+        if msg == "put":
+            held.append(rt.put([torch.arange(1 << 20, dtype=torch.float32, device=f"cuda:{rank}")], transport="nccl"))
+            conn.send(pickle.dumps(held[-1]))
+        elif msg[0] == "get":
+            out = torch.empty(1 << 20, dtype=torch.float32, device=f"cuda:{rank}")
+            try:
+                rdt.get(pickle.loads(msg[1]), out=[out], timeout=60)
+                conn.send(("ok", float(out.double().sum().item())))
+            except rdt.RdtError as e:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+        elif msg in ("destroy", "close"):
+            t0 = time.monotonic()
+            try:
+                if msg == "destroy":
+                    rt.destroy_collective_group("pair")
+                else:
+                    held.clear()
+                    rt.close()
+                how = "ok"
+            except rdt.GetTimeoutError as e:
+                how = f"timeout: {e}"
+            except Exception as e:
+                how = f"error: {type(e).__name__}: {e}"
+            conn.send((how, time.monotonic() - t0))
+        elif msg == "exit":
+            os._exit(0)
 
 
 def fetch_each_in_child(conn, blobs, transport=None):

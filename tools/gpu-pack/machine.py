@@ -1,10 +1,13 @@
 """Usage: machine.py OUT.json
 What the GPU pack's run.sh reports about the machine it runs on: the GPU,
-driver and CUDA version, torch, CuPy and NCCL, and what rdt itself finds
-(its transports, NIXL's libraries). Prints one line per fact and writes
+driver and CUDA version, how the GPUs are linked (NVLink, topology),
+torch, CuPy and NCCL, and what rdt itself finds (its transports, NIXL's
+libraries and the UCX they carry). Prints one line per fact and writes
 them to OUT.json; a fact that cannot be had reads "not available: <why>".
 Runs with the machine's own python3 and needs nothing installed: each
 import is tried."""
+
+import glob
 
 import ctypes
 import json
@@ -37,6 +40,20 @@ def gpu():
     header = run("nvidia-smi")
     cuda = header.split("CUDA Version:")[1].split()[0] if "CUDA Version:" in header else "not shown"
     return {"gpus": [r.strip() for r in rows], "driver_cuda_version": cuda}
+
+
+def nvlink():
+    """nvidia-smi nvlink -s: each GPU's NVLink links and their speed (UCX
+    turns cuda_ipc reads on by itself only over an active link)."""
+    out = run("nvidia-smi", "nvlink", "-s")
+    if not out:
+        raise RuntimeError("nvidia-smi nvlink -s printed nothing (no NVLink)")
+    return out.splitlines()
+
+
+def topology():
+    """nvidia-smi topo -m: how each pair of GPUs (and NICs) is connected."""
+    return run("nvidia-smi", "topo", "-m").splitlines()
 
 
 def cuda_driver():
@@ -115,10 +132,33 @@ def nixl():
     return {"library": path, "missing_libraries": missing}
 
 
+def ucx():
+    """The UCX that NIXL's UCX backend loads from the pack: the version its
+    libucp reports (ucp_get_version_string; the wheel has no ucx_info),
+    asked in a child process (UCX starts with the library), and the
+    library's file."""
+    path = os.environ.get("RDT_NIXL_LIBRARY")
+    if not path:
+        raise RuntimeError("RDT_NIXL_LIBRARY is unset")
+    root = os.path.dirname(os.path.dirname(path))
+    found = sorted(glob.glob(os.path.join(root, "*.libs", "libucp*.so*")))
+    if not found:
+        raise RuntimeError(f"no libucp in {root}")
+    try:
+        version = run(sys.executable, "-c", "import ctypes, sys\n"
+                      "f = ctypes.CDLL(sys.argv[1]).ucp_get_version_string\n"
+                      "f.restype = ctypes.c_char_p\n"
+                      "print(f().decode())", found[0]).splitlines()[-1]
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        version = f"not available: {e}"
+    return {"version": version, "library": os.path.relpath(found[0], root)}
+
+
 def main():
     facts = {}
-    for name, get in [("host", host), ("gpu", gpu), ("cuda_driver", cuda_driver), ("torch", torch_facts),
-                      ("cupy", cupy_facts), ("nccl", nccl), ("rdt", rdt_facts), ("nixl", nixl)]:
+    for name, get in [("host", host), ("gpu", gpu), ("nvlink", nvlink), ("topology", topology),
+                      ("cuda_driver", cuda_driver), ("torch", torch_facts), ("cupy", cupy_facts), ("nccl", nccl),
+                      ("rdt", rdt_facts), ("nixl", nixl), ("ucx", ucx)]:
         try:
             facts[name] = get()
         except Exception as e:  # noqa: BLE001 - every failure is a fact to report

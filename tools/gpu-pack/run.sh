@@ -234,13 +234,13 @@ fi
 export PYTHONPATH=$work/python${PYTHONPATH:+:$PYTHONPATH} RDT_LIBRARY=$work/python/rdt/librdt.so PYTHONDONTWRITEBYTECODE=1
 
 # ---- the steps --------------------------------------------------------------------
-MACHINE_WHAT="the machine: GPU, driver, CUDA, torch, CuPy, NCCL, rdt's transports"
+MACHINE_WHAT="the machine: GPU, driver, CUDA, NVLink and topology, torch, CuPy, NCCL, rdt's transports, the packed UCX"
 CUDA_WHAT="the CUDA driver loader: devices, pointers, copies, IPC handles, events"
 CUDA_IPC_WHAT="cuda_ipc: conformance suite and GPU tests, in one and two processes; the transport's own fetch time"
 NCCL_WHAT="nccl: groups and transfers (more than one rank needs a GPU each)"
 DOCTOR_WHAT="rdt doctor: every transport between two processes"
-PY_WHAT="tests/python GPU tests: torch and CuPy CUDA tensors through the Python API over cuda_ipc, nccl and nixl"
-BENCH_WHAT="bench/gpu_bench.py: cuda_ipc and nixl against a device-to-device copy (into gpu_bench.md)"
+PY_WHAT="tests/python GPU tests: torch, CuPy and DLPack CUDA tensors through the Python API over cuda_ipc, nccl and nixl; deadlines, teardown"
+BENCH_WHAT="bench/gpu_bench.py: cuda_ipc and nixl against a device-to-device copy, nixl's UCX lanes, across GPUs (into gpu_bench.md)"
 NIXL_WHAT="nixl: conformance suite on host memory through the packed NIXL and UCX"
 # What the tests print when they skip for lack of a GPU.
 NO_CUDA_GO='^ +[^ ]+\.go:[0-9]+: no CUDA device: '
@@ -302,7 +302,7 @@ checks() {
     if [ -n "$missing" ]; then
       skip python "$PY_WHAT" "$missing"
     else
-      STEP_DIR=$work/python/tests run_step python 180 "$PY_WHAT" "$NO_GPU_PYTEST" "" \
+      STEP_DIR=$work/python/tests run_step python 240 "$PY_WHAT" "$NO_GPU_PYTEST" "" \
         "$python" -m pytest -q -rfEs -p no:cacheprovider -W ignore::pytest.PytestUnknownMarkWarning \
         --junitxml="$out/python-junit.xml" test_gpu.py test_gpu_nccl.py test_gpu_nixl.py
     fi
@@ -311,7 +311,7 @@ checks() {
     if [ -n "$missing" ]; then
       skip bench "$BENCH_WHAT" "$missing"
     else
-      STEP_DIR=$work/python run_step bench 150 "$BENCH_WHAT" "" "" \
+      STEP_DIR=$work/python run_step bench 180 "$BENCH_WHAT" "" "" \
         env RDT_GPU_BENCH_LOGS="$out" bash -c 'set -o pipefail; "$0" bench/gpu_bench.py | tee "$1"' "$python" "$out/gpu_bench.md"
     fi
   fi

@@ -14,14 +14,16 @@ import ctypes
 import gc
 import math
 import operator
+import os
 import struct
 import sys
+import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _lib
-from ._errors import InvalidArgumentError, UnsupportedError
+from ._errors import InvalidArgumentError, TransportError, UnsupportedError
 from ._receive import HUGE_PAGE_MIN, ReceiveCache
 
 # DLPack dtype codes (rdt.h's RDT_DTYPE_*).
@@ -276,13 +278,39 @@ _DLPACK_READ_ONLY = 1 << 0
 _DLPACK_IS_COPIED = 1 << 1
 
 
+# DLPack device types whose producers order their work by CUDA streams.
+_DLPACK_STREAM_DEVICES = (_lib.DEVICE_CUDA, _lib.DEVICE_CUDA_MANAGED)
+# The stream rdt names to a CUDA producer's __dlpack__: 1 is CUDA's legacy
+# default stream in the DLPack protocol (None means the same, but some
+# producers, torch among them, take None as "no synchronization").
+DLPACK_CONSUMER_STREAM = 1
+
+
+def _dlpack_capsule(obj: Any) -> Any:
+    """obj.__dlpack__(), asking for a versioned capsule and, from a producer
+    on a CUDA device, for its work to be ordered before CUDA's legacy
+    default stream (see wait_legacy_stream)."""
+    kw: Dict[str, Any] = {}
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    if dlpack_device is not None and int(dlpack_device()[0]) in _DLPACK_STREAM_DEVICES:
+        kw["stream"] = DLPACK_CONSUMER_STREAM
+    try:
+        return obj.__dlpack__(max_version=(1, 0), **kw)
+    except TypeError:  # a producer that predates versioned capsules
+        if not kw:
+            return obj.__dlpack__()
+    try:
+        return obj.__dlpack__(**kw)
+    except TypeError:  # nor streams: by the protocol it orders its work before the legacy default stream
+        return obj.__dlpack__()
+
+
 def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
     """Reads a DLPack capsule without consuming it: the capsule, kept alive
-    with the object, still owns the DLPack tensor and frees it when dropped."""
-    try:
-        cap = obj.__dlpack__(max_version=(1, 0))
-    except TypeError:  # a producer that predates versioned capsules
-        cap = obj.__dlpack__()
+    with the object, still owns the DLPack tensor and frees it when dropped.
+    For CUDA memory, waits until the work the producer ordered before the
+    legacy default stream is done: rdt copies on streams of its own."""
+    cap = _dlpack_capsule(obj)
     flags = 0
     if _capsule_valid(cap, b"dltensor_versioned"):
         # DLManagedTensorVersioned: version (2 x u32), manager_ctx, deleter, flags (u64), then the DLTensor.
@@ -308,7 +336,79 @@ def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
         raise UnsupportedError(f"{_name(what)}: DLPack device type {dl.device.device_type} is not valid")
     desc = Desc(shape, dl.dtype.code, dl.dtype.bits, dl.dtype.lanes, dl.device.device_type, dl.device.device_id)
     data = (dl.data or 0) + dl.byte_offset if desc.nbytes else 0
+    if desc.device_type in _DLPACK_STREAM_DEVICES and desc.nbytes:
+        wait_legacy_stream(desc.device_id)
     return Item(data, desc, (obj, cap), "dlpack")
+
+
+# ---- CUDA's legacy default stream, through the driver ------------------------
+
+_CU_STREAM_LEGACY = 1  # CU_STREAM_LEGACY, a stream handle
+_cuda: Optional[ctypes.CDLL] = None
+_cuda_lock = threading.Lock()
+_primary_contexts: Dict[int, int] = {}
+
+
+def _cuda_driver() -> ctypes.CDLL:
+    """The CUDA driver library rdt uses (RDT_CUDA_LIBRARY, else
+    libcuda.so.1), loaded and initialized once."""
+    global _cuda
+    if _cuda is not None:
+        return _cuda
+    with _cuda_lock:
+        if _cuda is None:
+            path = os.environ.get("RDT_CUDA_LIBRARY") or "libcuda.so.1"
+            try:
+                lib = ctypes.CDLL(path)
+                for name, args in (("cuInit", [ctypes.c_uint]),
+                                   ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+                                   ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
+                                   ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]),
+                                   ("cuCtxSetCurrent", [ctypes.c_void_p]),
+                                   ("cuStreamSynchronize", [ctypes.c_void_p])):
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = args, ctypes.c_int
+            except (OSError, AttributeError) as e:
+                raise UnsupportedError(f"a DLPack tensor in CUDA memory: cannot load the CUDA driver {path} to wait "
+                                       f"for the producer's work before rdt copies it: {e}") from None
+            _cuda_check(lib, "cuInit", lib.cuInit(0))
+            _cuda = lib
+    return _cuda
+
+
+def _cuda_check(lib: ctypes.CDLL, call: str, rc: int) -> None:
+    if rc != 0:
+        name = ctypes.c_char_p()
+        if hasattr(lib, "cuGetErrorName"):
+            lib.cuGetErrorName(rc, ctypes.byref(name))
+        raise TransportError(f"{call} failed: {(name.value or b'').decode() or 'CUresult'} ({rc})")
+
+
+def wait_legacy_stream(device_id: int) -> None:
+    """Waits until the work queued on CUDA's legacy default stream of GPU
+    ``device_id`` (in its primary context, the one torch, CuPy and JAX use)
+    is done. A DLPack producer asked with stream=1 orders the work that
+    writes a tensor before that stream; rdt then copies on streams of its
+    own, which do not wait for it."""
+    lib = _cuda_driver()
+    ctx = _primary_contexts.get(device_id)
+    if ctx is None:
+        with _cuda_lock:
+            dev, c = ctypes.c_int(), ctypes.c_void_p()
+            _cuda_check(lib, "cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), device_id))
+            # Retained for the process's life, as rdt's transports do.
+            _cuda_check(lib, "cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev.value))
+            ctx = _primary_contexts.setdefault(device_id, c.value or 0)
+    saved = ctypes.c_void_p()
+    _cuda_check(lib, "cuCtxGetCurrent", lib.cuCtxGetCurrent(ctypes.byref(saved)))
+    switch = (saved.value or 0) != ctx
+    if switch:
+        _cuda_check(lib, "cuCtxSetCurrent", lib.cuCtxSetCurrent(ctx))
+    try:
+        _cuda_check(lib, "cuStreamSynchronize", lib.cuStreamSynchronize(_CU_STREAM_LEGACY))
+    finally:
+        if switch:
+            lib.cuCtxSetCurrent(saved)
 
 
 # Describing this many tensors at once pauses the cycle collector: the

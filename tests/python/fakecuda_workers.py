@@ -282,3 +282,30 @@ def while_copying():
             proc.kill()
         proc.join(30)
     print("while_copying: ok")
+
+
+def legacy_stream():
+    """rdt waits for CUDA's legacy default stream before copying a tensor a
+    DLPack producer ordered there: work queued on it (a host function that
+    takes a while, as a kernel would) is over when the wait returns, and
+    the wait leaves the caller's current context as it was."""
+    drv = Driver()
+    lib = drv.lib
+    done = []
+    callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: (time.sleep(0.3), done.append(1)))
+    lib.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    before = ctypes.c_void_p()
+    drv.check(lib.cuCtxGetCurrent(ctypes.byref(before)), "cuCtxGetCurrent")
+    drv.check(lib.cuLaunchHostFunc(1, ctypes.cast(callback, ctypes.c_void_p), None), "cuLaunchHostFunc")
+    assert not done, "the queued work ended before the wait"
+    rdt._cuda.DRIVER.wait_legacy_stream(0)
+    assert done == [1], "the wait returned before the work queued on the legacy stream"
+    after = ctypes.c_void_p()
+    drv.check(lib.cuCtxGetCurrent(ctypes.byref(after)), "cuCtxGetCurrent")
+    assert after.value == before.value
+    try:
+        rdt._cuda.DRIVER.wait_legacy_stream(7)
+        raise AssertionError("a device the driver does not have")
+    except rdt.RdtError as e:
+        assert "cuDeviceGet" in str(e), e
+    print("legacy_stream: ok")

@@ -40,3 +40,7 @@ def test_cuda_array_interface_in_one_process():
 
 def test_deadline_and_killed_source_while_copying():
     run("while_copying", RDT_FAKECUDA_COPY_DELAY_US="400000")
+
+
+def test_waits_for_the_legacy_default_stream():
+    run("legacy_stream")

@@ -328,7 +328,7 @@ def test_wait_legacy_stream_waits_for_queued_work():
         ev = torch.cuda.Event()
         ev.record()
     assert not ev.query(), "the spinning kernel ended before it could be waited for"
-    rdt._tensors.wait_legacy_stream(0)
+    rdt._cuda.DRIVER.wait_legacy_stream(0)
     assert ev.query()
 
 

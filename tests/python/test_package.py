@@ -18,7 +18,7 @@ PACKAGE = os.path.dirname(rdt.__file__)
 # Each module may import only those before it (docs/python.md, "Package layout").
 # A subpackage (_cli, ray, vllm) counts as one module here: what its files import
 # from outside it; test_import_cycles.py checks the order inside it.
-ORDER = ["_errors", "_lib", "_logs", "_receive", "_tensors", "_transport", "_handle", "_store", "_process", "_ref",
+ORDER = ["_errors", "_lib", "_logs", "_receive", "_cuda", "_tensors", "_transport", "_handle", "_store", "_process", "_ref",
          "_pending", "_fetch", "_get", "_view", "_write", "_prepared", "_adapter", "_runtime", "_default", "__init__", "metrics", "_cli", "__main__", "ray", "vllm"]
 
 

@@ -14,16 +14,14 @@ import ctypes
 import gc
 import math
 import operator
-import os
 import struct
 import sys
-import threading
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _lib
-from ._errors import InvalidArgumentError, TransportError, UnsupportedError
+from . import _cuda, _lib
+from ._errors import InvalidArgumentError, UnsupportedError
 from ._receive import HUGE_PAGE_MIN, ReceiveCache
 
 # DLPack dtype codes (rdt.h's RDT_DTYPE_*).
@@ -341,74 +339,10 @@ def _dlpack_item(obj: Any, writable: bool, what: Any) -> Item:
     return Item(data, desc, (obj, cap), "dlpack")
 
 
-# ---- CUDA's legacy default stream, through the driver ------------------------
-
-_CU_STREAM_LEGACY = 1  # CU_STREAM_LEGACY, a stream handle
-_cuda: Optional[ctypes.CDLL] = None
-_cuda_lock = threading.Lock()
-_primary_contexts: Dict[int, int] = {}
-
-
-def _cuda_driver() -> ctypes.CDLL:
-    """The CUDA driver library rdt uses (RDT_CUDA_LIBRARY, else
-    libcuda.so.1), loaded and initialized once."""
-    global _cuda
-    if _cuda is not None:
-        return _cuda
-    with _cuda_lock:
-        if _cuda is None:
-            path = os.environ.get("RDT_CUDA_LIBRARY") or "libcuda.so.1"
-            try:
-                lib = ctypes.CDLL(path)
-                for name, args in (("cuInit", [ctypes.c_uint]),
-                                   ("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
-                                   ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
-                                   ("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]),
-                                   ("cuCtxSetCurrent", [ctypes.c_void_p]),
-                                   ("cuStreamSynchronize", [ctypes.c_void_p])):
-                    fn = getattr(lib, name)
-                    fn.argtypes, fn.restype = args, ctypes.c_int
-            except (OSError, AttributeError) as e:
-                raise UnsupportedError(f"a DLPack tensor in CUDA memory: cannot load the CUDA driver {path} to wait "
-                                       f"for the producer's work before rdt copies it: {e}") from None
-            _cuda_check(lib, "cuInit", lib.cuInit(0))
-            _cuda = lib
-    return _cuda
-
-
-def _cuda_check(lib: ctypes.CDLL, call: str, rc: int) -> None:
-    if rc != 0:
-        name = ctypes.c_char_p()
-        if hasattr(lib, "cuGetErrorName"):
-            lib.cuGetErrorName(rc, ctypes.byref(name))
-        raise TransportError(f"{call} failed: {(name.value or b'').decode() or 'CUresult'} ({rc})")
-
-
 def wait_legacy_stream(device_id: int) -> None:
-    """Waits until the work queued on CUDA's legacy default stream of GPU
-    ``device_id`` (in its primary context, the one torch, CuPy and JAX use)
-    is done. A DLPack producer asked with stream=1 orders the work that
-    writes a tensor before that stream; rdt then copies on streams of its
-    own, which do not wait for it."""
-    lib = _cuda_driver()
-    ctx = _primary_contexts.get(device_id)
-    if ctx is None:
-        with _cuda_lock:
-            dev, c = ctypes.c_int(), ctypes.c_void_p()
-            _cuda_check(lib, "cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), device_id))
-            # Retained for the process's life, as rdt's transports do.
-            _cuda_check(lib, "cuDevicePrimaryCtxRetain", lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev.value))
-            ctx = _primary_contexts.setdefault(device_id, c.value or 0)
-    saved = ctypes.c_void_p()
-    _cuda_check(lib, "cuCtxGetCurrent", lib.cuCtxGetCurrent(ctypes.byref(saved)))
-    switch = (saved.value or 0) != ctx
-    if switch:
-        _cuda_check(lib, "cuCtxSetCurrent", lib.cuCtxSetCurrent(ctx))
-    try:
-        _cuda_check(lib, "cuStreamSynchronize", lib.cuStreamSynchronize(_CU_STREAM_LEGACY))
-    finally:
-        if switch:
-            lib.cuCtxSetCurrent(saved)
+    """Waits for CUDA's legacy default stream of GPU ``device_id`` (see
+    _cuda.Driver.wait_legacy_stream)."""
+    _cuda.DRIVER.wait_legacy_stream(device_id)
 
 
 # Describing this many tensors at once pauses the cycle collector: the

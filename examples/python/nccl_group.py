@@ -40,6 +40,7 @@ def rank1(conn, address):
     rdt.get(ref, out=[out])                  # ncclRecv on rank 1, ncclSend on rank 0
     conn.send(out.tolist())
     conn.recv()
+    rdt.destroy_collective_group("pair")     # with rank 0, at about the same time
 
 
 def main():
@@ -70,8 +71,11 @@ def main():
     parent.send(pickle.dumps(ref))
     print("rank 1 received", parent.recv())
     parent.send("done")
-    p.join()
+    # Both ranks destroy the group at about the same time: NCCL frees a
+    # communicator once the group's other ranks on the host free theirs
+    # (rdt waits for that at most RDT_NCCL_TEARDOWN_MS).
     rdt.destroy_collective_group("pair")
+    p.join()
     return 0
 
 

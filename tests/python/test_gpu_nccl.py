@@ -59,6 +59,11 @@ def test_two_rank_transfer(child):
         with rdt.Runtime("outsider") as other:
             with pytest.raises(rdt.RdtError, match="not ranks of one nccl group"):
                 other.get(other.borrow(ref), out=[torch.empty_like(x)])
+        # Both ranks let go of the group at about the same time (the child
+        # as its runtime closes): NCCL frees a communicator once its peers
+        # on the host free theirs.
+        c.conn.send("stop")
+        rt.destroy_collective_group("pair")
         c.stop()
 
 

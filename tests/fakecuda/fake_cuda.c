@@ -30,16 +30,34 @@
  *     PyTorch's cudaMallocAsync backend and its expandable segments:
  *     cuMemAllocAsync (the device's default pool; cuMemFreeAsync frees when
  *     the stream gets there, cuMemFree at once) and virtual memory
- *     management, enough to allocate and describe memory (cuMemCreate of
- *     pinned device memory in multiples of a 2 MiB granularity,
- *     cuMemAddressReserve, cuMemMap, cuMemSetAccess, which makes the range
- *     accessible; cuMemUnmap, cuMemRelease, cuMemAddressFree; no
- *     shareable handles yet). Both are device memory to copies and pointer
- *     attributes, with CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 0
+ *     management (cuMemCreate of pinned device memory in multiples of a
+ *     2 MiB granularity, each its own memfd; cuMemAddressReserve, cuMemMap
+ *     at offset 0 as the driver requires, cuMemSetAccess, cuMemUnmap,
+ *     cuMemRelease, cuMemAddressFree, cuMemRetainAllocationHandle from any
+ *     address of a mapping, cuMemGetAllocationPropertiesFromHandle).
+ *     cuMemGetAddressRange of such memory gives the one cuMemMap that
+ *     holds the address (what rdt assumes the driver does; unchecked on a
+ *     GPU). Shareable handles: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+ *     (1) only. cuMemExportToShareableHandle returns a new descriptor (a
+ *     dup of the memfd) for an allocation created with that type in
+ *     prop.requestedHandleTypes, else CUDA_ERROR_INVALID_VALUE (a guess);
+ *     cuMemImportFromShareableHandle takes such a descriptor from any
+ *     process (received with pidfd_getfd, say), recognised by the memfd's
+ *     name "rdt-fakecuda-vmm-<pid>-<token>-<id>-<device index>", and
+ *     leaves it to the caller to close. A mapping is usable by the devices
+ *     cuMemSetAccess named only: a copy in a context of any other device,
+ *     or before cuMemSetAccess, fails with CUDA_ERROR_ILLEGAL_ADDRESS at
+ *     once (the driver faults later, on the device, and the context is
+ *     lost); giving a device other than the memory's own access needs
+ *     peer access (else CUDA_ERROR_INVALID_DEVICE, a guess). Mappings next
+ *     to each other are one range to copies, as on a GPU. Both pool and
+ *     virtual memory are device memory to copies and pointer attributes,
+ *     with CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 0
  *     (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE names the pool of the first),
  *     and cuIpcGetMemHandle refuses them with CUDA_ERROR_INVALID_VALUE, as
  *     drivers are reported to for pool memory (for cuMemCreate's, the same
- *     code is a guess). A mapping touched before cuMemSetAccess faults.
+ *     code is a guess). Pools cannot be exported (no
+ *     cuMemPoolExportToShareableHandle).
  *   - Legacy IPC: a handle names a whole allocation (any address inside it
  *     gives the same handle, as the real driver does) by owner pid, memfd
  *     number, size, buffer id and the exporting device (its index before
@@ -150,6 +168,7 @@ enum {
   CUDA_ERROR_INVALID_HANDLE = 400,
   CUDA_ERROR_NOT_FOUND = 500,
   CUDA_ERROR_NOT_READY = 600,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
 };
 
 enum {
@@ -170,6 +189,7 @@ enum {
 #define CU_MEMORYTYPE_DEVICE 2u
 #define CU_MEM_ALLOCATION_TYPE_PINNED 0x1
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 #define CU_MEM_HANDLE_TYPE_ALL 0xf /* POSIX_FILE_DESCRIPTOR | WIN32 | WIN32_KMT | FABRIC */
 #define CU_MEM_ACCESS_FLAGS_PROT_READ 0x1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
@@ -199,6 +219,7 @@ static const struct {
   {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
   {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
   {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+  {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
 };
 
 API CUresult cuGetErrorName(CUresult r, const char **s) {
@@ -275,15 +296,20 @@ static void set_current(struct fake_ctx *c) {
  * allocation (virtual memory management). */
 enum { ALLOC_DEVICE, ALLOC_IPC, ALLOC_POOL, ALLOC_VMM };
 
-/* A cuMemCreate allocation: its memfd, held by the handle until
- * cuMemRelease and by each mapping until cuMemUnmap. */
+/* A cuMemCreate allocation (or one imported from a shareable handle): its
+ * memfd, held by the handle until cuMemRelease and by each mapping until
+ * cuMemUnmap. The memfd is named "rdt-fakecuda-vmm-<pid>-<token>-<id>-<P>"
+ * (P: the device's index before CUDA_VISIBLE_DEVICES), so that an import
+ * knows what it was given; an exported file descriptor is a dup of it. */
 struct phys {
   struct phys *next;
   int fd;
   size_t size;
-  int dev; /* ordinal */
-  int refs;
-  int released;
+  int dev;     /* ordinal of the device it lives on (an import: see cuMemImportFromShareableHandle) */
+  int pdev;    /* that device's index in RDT_FAKECUDA_DEVICES */
+  int handles; /* CUmemAllocationProp.requestedHandleTypes */
+  int hrefs;   /* the handle: cuMemCreate or import, and each cuMemRetainAllocationHandle */
+  int refs;    /* hrefs, and one per mapping */
 };
 static struct phys *physs;
 
@@ -312,6 +338,7 @@ struct alloc {
   int freeing;           /* ALLOC_POOL: cuMemFreeAsync enqueued */
   int fd;                /* ALLOC_DEVICE: the memfd */
   struct phys *phys;     /* ALLOC_VMM: what is mapped */
+  uint64_t access;       /* ALLOC_VMM: devices (ordinal bits) cuMemSetAccess gave access */
   /* ALLOC_IPC: the exporting process's allocation, and open count */
   int32_t owner_pid;
   uint64_t owner_token;
@@ -387,6 +414,17 @@ static void unlink_alloc(struct alloc *a) {
     }
 }
 
+/* Whether a copy in context c may use allocation a: a mapping of virtual
+ * memory management only once cuMemSetAccess gave c's device access. The
+ * driver would fault on the device (CUDA_ERROR_ILLEGAL_ADDRESS, later and
+ * sticky); the double refuses the copy with that code at once. */
+static CUresult check_access(uintptr_t p, size_t n, struct alloc *a, struct fake_ctx *c) {
+  if (!a || a->kind != ALLOC_VMM) return CUDA_SUCCESS;
+  for (uintptr_t q = p; q < p + n; q = a->base + a->size)
+    if (!(a = find(q)) || !(a->access >> c->dev & 1)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  return CUDA_SUCCESS;
+}
+
 /* What [p, p+n) is: device memory (*a set), host memory (*a NULL), or a
  * range that starts in an allocation and runs past its end (error). */
 static CUresult classify(uintptr_t p, size_t n, struct alloc **a) {
@@ -397,8 +435,12 @@ static CUresult classify(uintptr_t p, size_t n, struct alloc **a) {
     if (p < 65536) return CUDA_ERROR_INVALID_VALUE; /* no host memory there either */
     return CUDA_SUCCESS;
   }
-  if (n > (*a)->size - (p - (*a)->base)) return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  if (n <= (*a)->size - (p - (*a)->base)) return CUDA_SUCCESS;
+  /* Mappings of virtual memory management next to each other are one
+   * range of addresses to copies. */
+  for (struct alloc *x = *a; x && x->kind == ALLOC_VMM; x = find(x->base + x->size))
+    if (p + n <= x->base + x->size) return CUDA_SUCCESS;
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 static int valid_ctx(struct fake_ctx *c) {
@@ -838,7 +880,7 @@ API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h) {
 
 static struct phys *find_phys(CUmemGenericAllocationHandle h) {
   for (struct phys *x = physs; x; x = x->next)
-    if ((CUmemGenericAllocationHandle)(uintptr_t)x == h && !x->released) return x;
+    if ((CUmemGenericAllocationHandle)(uintptr_t)x == h && x->hrefs > 0) return x;
   return NULL;
 }
 
@@ -876,42 +918,156 @@ API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp 
   return CUDA_SUCCESS;
 }
 
+/* A new physical allocation of n bytes on device dev (ordinal), in a memfd
+ * of its own; called with mu held. */
+static struct phys *new_phys(size_t n, int dev, int handles) {
+  struct phys *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  char name[128];
+  snprintf(name, sizeof name, "rdt-fakecuda-vmm-%d-%016llx-%llu-%d", (int)getpid(), (unsigned long long)token,
+           next_buffer_id++, physical[dev]);
+  x->fd = memfd_create(name, MFD_CLOEXEC);
+  if (x->fd < 0 || ftruncate(x->fd, (off_t)n) != 0) {
+    if (x->fd >= 0) close(x->fd);
+    free(x);
+    return NULL;
+  }
+  x->size = n;
+  x->dev = dev;
+  x->pdev = physical[dev];
+  x->handles = handles;
+  x->hrefs = x->refs = 1;
+  x->next = physs;
+  physs = x;
+  return x;
+}
+
 API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
                          unsigned long long flags) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = check_prop(prop);
   if (r != CUDA_SUCCESS) return r;
   if (!h || n == 0 || n % VMM_GRANULARITY || flags) return CUDA_ERROR_INVALID_VALUE;
-  struct phys *x = calloc(1, sizeof *x);
-  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-  x->fd = memfd_create("rdt-fakecuda-vmm", MFD_CLOEXEC);
-  if (x->fd < 0 || ftruncate(x->fd, (off_t)n) != 0) {
-    if (x->fd >= 0) close(x->fd);
-    free(x);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  x->size = n;
-  x->dev = prop->location.id;
-  x->refs = 1;
   pthread_mutex_lock(&mu);
-  x->next = physs;
-  physs = x;
+  struct phys *x = new_phys(n, prop->location.id, prop->requestedHandleTypes);
   pthread_mutex_unlock(&mu);
+  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
   *h = (CUmemGenericAllocationHandle)(uintptr_t)x;
   return CUDA_SUCCESS;
 }
 
-/* The memory stays while a mapping holds it. */
+/* The memory stays while a mapping (or another reference to the handle)
+ * holds it. */
 API CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
   pthread_mutex_lock(&mu);
   struct phys *x = find_phys(h);
   if (x) {
-    x->released = 1;
+    x->hrefs--;
     put_phys(x);
   }
   pthread_mutex_unlock(&mu);
   return x ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The handle mapped at any address of a mapping: the same value that was
+ * mapped, one more reference to release. */
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct alloc *a = find((uintptr_t)addr);
+  CUresult r = a && a->kind == ALLOC_VMM ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    a->phys->hrefs++;
+    a->phys->refs++;
+    *h = (CUmemGenericAllocationHandle)(uintptr_t)a->phys;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* What cuMemCreate was given: pinned device memory, its location and the
+ * handle types requested (of an import: those it was exported with). */
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!prop) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct phys *x = find_phys(h);
+  if (x) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = x->dev;
+    prop->requestedHandleTypes = x->handles;
+  }
+  pthread_mutex_unlock(&mu);
+  return x ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* A POSIX file descriptor (a new one each call, which the caller closes),
+ * only for an allocation created with that handle type requested; any
+ * other type, or an allocation without it, is CUDA_ERROR_INVALID_VALUE
+ * (the code the driver gives there is a guess). */
+API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                          unsigned long long flags) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!out || flags || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  struct phys *x = find_phys(h);
+  CUresult r = x && (x->handles & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) {
+    int fd = fcntl(x->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+      *(int *)out = fd;
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+/* A file descriptor another process (or this one) exported: the caller
+ * keeps it (and closes it). Anything but a descriptor of the double's
+ * memory is CUDA_ERROR_INVALID_VALUE. The allocation lives on the
+ * exporting device: on its ordinal here when this process sees it, else
+ * on the current context's device (the double has one address space for
+ * every device; cuMemSetAccess decides which devices may use it). */
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle, int type) {
+  if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  int fd = (int)(intptr_t)os_handle;
+  char path[64], got[192];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t k = readlink(path, got, sizeof got - 1);
+  got[k > 0 ? k : 0] = 0;
+  int pid = 0, pdev = -1;
+  unsigned long long tok = 0, id = 0;
+  struct stat st;
+  if (sscanf(got, "/memfd:rdt-fakecuda-vmm-%d-%llx-%llu-%d", &pid, &tok, &id, &pdev) != 4 || pdev < 0 ||
+      fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % VMM_GRANULARITY)
+    return CUDA_ERROR_INVALID_VALUE;
+  struct phys *x = calloc(1, sizeof *x);
+  if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
+  x->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (x->fd < 0) {
+    free(x);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_lock(&mu);
+  x->size = (size_t)st.st_size;
+  x->pdev = pdev;
+  x->dev = -1;
+  for (int i = 0; i < ndev; i++)
+    if (physical[i] == pdev) x->dev = i;
+  if (x->dev < 0) x->dev = get_current() && valid_ctx(get_current()) ? get_current()->dev : 0;
+  x->handles = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  x->hrefs = x->refs = 1;
+  x->next = physs;
+  physs = x;
+  pthread_mutex_unlock(&mu);
+  *h = (CUmemGenericAllocationHandle)(uintptr_t)x;
+  return CUDA_SUCCESS;
 }
 
 /* Address space only: nothing there is accessible before cuMemMap and
@@ -1017,11 +1173,15 @@ API CUresult cuMemUnmap(CUdeviceptr p, size_t n) {
 }
 
 /* One address space serves every device here: read-write access for any
- * device makes the range read-write, read access read-only. */
+ * device makes the range read-write, read access read-only; each mapping
+ * remembers which devices got access (copies in a context of another
+ * device fail, see check_access). A device other than the memory's own
+ * needs peer access to it (else CUDA_ERROR_INVALID_DEVICE: a guess). */
 API CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *desc, size_t count) {
   if (!is_init()) return CUDA_ERROR_NOT_INITIALIZED;
   if (!desc || count == 0 || n == 0) return CUDA_ERROR_INVALID_VALUE;
   int prot = PROT_NONE;
+  uint64_t grant = 0, revoke = 0;
   for (size_t i = 0; i < count; i++) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
     if (desc[i].location.id < 0 || desc[i].location.id >= ndev) return CUDA_ERROR_INVALID_DEVICE;
@@ -1031,18 +1191,30 @@ API CUresult cuMemSetAccess(CUdeviceptr p, size_t n, const CUmemAccessDesc *desc
       prot = PROT_READ;
     else if (desc[i].flags != 0)
       return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].flags != 0)
+      grant |= 1ull << desc[i].location.id;
+    else
+      revoke |= 1ull << desc[i].location.id;
   }
   pthread_mutex_lock(&mu);
   /* The range must be mapped, end to end. */
   CUresult r = CUDA_SUCCESS;
   for (uintptr_t q = (uintptr_t)p; r == CUDA_SUCCESS && q < (uintptr_t)p + n;) {
     struct alloc *a = find(q);
-    if (!a || a->kind != ALLOC_VMM)
+    if (!a || a->kind != ALLOC_VMM) {
       r = CUDA_ERROR_INVALID_VALUE;
-    else
-      q = a->base + a->size;
+      break;
+    }
+    for (int d = 0; d < ndev; d++)
+      if ((grant >> d & 1) && physical[d] != a->phys->pdev && !peer_access) r = CUDA_ERROR_INVALID_DEVICE;
+    q = a->base + a->size;
   }
   if (r == CUDA_SUCCESS && mprotect((void *)(uintptr_t)p, n, prot) != 0) r = CUDA_ERROR_INVALID_VALUE;
+  for (uintptr_t q = (uintptr_t)p; r == CUDA_SUCCESS && q < (uintptr_t)p + n;) {
+    struct alloc *a = find(q);
+    a->access = (a->access | grant) & ~revoke;
+    q = a->base + a->size;
+  }
   pthread_mutex_unlock(&mu);
   return r;
 }
@@ -1412,6 +1584,8 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (check_access((uintptr_t)dst, n, da, get_current()) || check_access((uintptr_t)src, n, sa, get_current())))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
   pthread_mutex_unlock(&mu);
   return r;
@@ -1423,6 +1597,8 @@ API CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (check_access((uintptr_t)dst, n, da, get_current()) || check_access((uintptr_t)src, n, sa, get_current())))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   if (r == CUDA_SUCCESS && n > 0 && (da || !sa)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, (CUdeviceptr)(uintptr_t)dst, da, src, sa, n);
   pthread_mutex_unlock(&mu);
@@ -1435,6 +1611,8 @@ API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CU
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (check_access((uintptr_t)dst, n, da, get_current()) || check_access((uintptr_t)src, n, sa, get_current())))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   if (r == CUDA_SUCCESS && n > 0 && (!da || sa)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, (CUdeviceptr)(uintptr_t)src, sa, n);
   pthread_mutex_unlock(&mu);
@@ -1447,6 +1625,8 @@ API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CU
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (check_access((uintptr_t)dst, n, da, get_current()) || check_access((uintptr_t)src, n, sa, get_current())))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   if (r == CUDA_SUCCESS && n > 0 && (!da || !sa)) r = CUDA_ERROR_INVALID_VALUE; /* both must be device memory */
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
   pthread_mutex_unlock(&mu);
@@ -1461,6 +1641,8 @@ API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
   if (r == CUDA_SUCCESS && (!valid_ctx(dctx) || !valid_ctx(sctx))) r = CUDA_ERROR_INVALID_CONTEXT;
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && da && sa && (check_access((uintptr_t)dst, n, da, dctx) || check_access((uintptr_t)src, n, sa, sctx)))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   /* Device memory of the contexts named. */
   if (r == CUDA_SUCCESS && n > 0 && (!da || !sa || da->ctx != dctx || sa->ctx != sctx)) r = CUDA_ERROR_INVALID_VALUE;
   if (r == CUDA_SUCCESS) r = enqueue_copy(h, dst, da, src, sa, n);
@@ -1477,6 +1659,8 @@ static CUresult sync_copy(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src
   CUresult r = need_ctx();
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)dst, n, &da);
   if (r == CUDA_SUCCESS) r = classify((uintptr_t)src, n, &sa);
+  if (r == CUDA_SUCCESS && n > 0 && (check_access((uintptr_t)dst, n, da, get_current()) || check_access((uintptr_t)src, n, sa, get_current())))
+    r = CUDA_ERROR_ILLEGAL_ADDRESS;
   if (r == CUDA_SUCCESS && n > 0 &&
       ((dst_dev >= 0 && !!da != dst_dev) || (src_dev >= 0 && !!sa != src_dev)))
     r = CUDA_ERROR_INVALID_VALUE;

@@ -31,6 +31,12 @@ import (
 // keyed by the device the handle is opened on as well: one handle may be
 // opened in the contexts of several devices (a mapping in each), but must
 // not be opened twice in one context.
+//
+// An allocation of virtual memory management (vmm.go) is cached the same
+// way, keyed by its chunks' export ids instead of a handle (a key with
+// chunks set never equals a legacy handle's); its entry unmaps the chunks
+// and frees the address range when closed. A stale entry cannot serve a
+// new allocation either: the source numbers every export anew.
 
 const (
 	idleTimeout = 30 * time.Second
@@ -39,15 +45,17 @@ const (
 
 type cacheKey struct {
 	source transport.RuntimeID
-	handle cuda.IPCHandle
-	dev    int // ordinal of the device whose context opens the handle
+	handle cuda.IPCHandle // a legacy allocation's (zero for VMM)
+	chunks string         // a VMM allocation's export ids (vmmKey; "" for legacy)
+	dev    int            // ordinal of the device whose context opens the handle
 }
 
 type entry struct {
 	key     cacheKey
-	ptr     cuda.Ptr // the mapping's base in this process
-	pid     int      // source process
-	refs    int      // requests using the mapping
+	ptr     cuda.Ptr     // the mapping's base in this process
+	unmap   func() error // closes a VMM mapping (nil: a legacy handle's, closed with the cache's close)
+	pid     int          // source process
+	refs    int          // requests using the mapping
 	lastUse time.Time
 	elem    *list.Element
 	dead    bool // removed from the cache; close once refs reaches 0
@@ -80,6 +88,15 @@ func newHandleCache(limit int) *handleCache {
 // acquire returns the open mapping for key, opening it in key.dev's
 // context on a miss; the caller must release it.
 func (c *handleCache) acquire(key cacheKey, pid int) (*entry, error) {
+	return c.acquireWith(key, pid, func() (cuda.Ptr, func() error, error) {
+		p, err := c.open(key.dev, key.handle)
+		return p, nil, err
+	})
+}
+
+// acquireWith is acquire with the opening given: open returns the
+// mapping's base and how to close it (nil: the cache's close).
+func (c *handleCache) acquireWith(key cacheKey, pid int, open func() (cuda.Ptr, func() error, error)) (*entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.m[key]; ok {
@@ -88,11 +105,11 @@ func (c *handleCache) acquire(key cacheKey, pid int) (*entry, error) {
 		c.lru.MoveToFront(e.elem)
 		return e, nil
 	}
-	p, err := c.open(key.dev, key.handle)
+	p, unmap, err := open()
 	if err != nil {
 		return nil, err
 	}
-	e := &entry{key: key, ptr: p, pid: pid, refs: 1, lastUse: c.now()}
+	e := &entry{key: key, ptr: p, unmap: unmap, pid: pid, refs: 1, lastUse: c.now()}
 	e.elem = c.lru.PushFront(e)
 	c.m[key] = e
 	c.evictLocked()
@@ -125,6 +142,12 @@ func (c *handleCache) removeLocked(e *entry) {
 }
 
 func (c *handleCache) closeEntry(e *entry) {
+	if e.unmap != nil {
+		if err := e.unmap(); err != nil {
+			c.warn("closing a mapping of shared chunks: %v", err)
+		}
+		return
+	}
 	if err := c.close(e.key.dev, e.ptr); err != nil {
 		c.warn("closing an IPC mapping: %v", err)
 	}

@@ -261,7 +261,25 @@ func (t *Transport) openSources(req *request, x *transport.Transfer, m *metadata
 		if !transport.ProcessAlive(int(m.Pid)) {
 			return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone", m.Pid)
 		}
-		e, err := t.cache.acquire(cacheKey{source: x.Owner().RuntimeID, handle: a.Handle, dev: dev}, int(m.Pid))
+		var e *entry
+		var err error
+		if a.Chunks != nil {
+			e, err = t.cache.acquireWith(cacheKey{source: x.Owner().RuntimeID, chunks: vmmKey(a), dev: dev}, int(m.Pid),
+				func() (cuda.Ptr, func() error, error) { return openVMM(int(m.Pid), a, dev) })
+			if err != nil {
+				if !transport.ProcessAlive(int(m.Pid)) {
+					return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)
+				}
+				if _, ok := err.(*cuda.Error); !ok {
+					return src, err // pidfdError's explanation
+				}
+				return src, transport.Wrap(err, "mapping the source's %d chunks of virtual memory management on cuda:%d (%s; the source's GPU is %s)", len(a.Chunks), dev, uuidOf(dev), a.Device)
+			}
+			req.entries = append(req.entries, e)
+			src.at[o] = mapped{dev: dev, base: e.ptr}
+			continue
+		}
+		e, err = t.cache.acquire(cacheKey{source: x.Owner().RuntimeID, handle: a.Handle, dev: dev}, int(m.Pid))
 		if err != nil {
 			if !transport.ProcessAlive(int(m.Pid)) {
 				return src, transport.Errorf(transport.ErrPeerUnavailable, "source process %d is gone (%v)", m.Pid, err)

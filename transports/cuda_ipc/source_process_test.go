@@ -53,6 +53,10 @@ func devTensor(dev int, p cuda.Ptr, n uint64) transport.Tensor {
 // on stdin: "realloc" frees the first allocation, allocates it again with
 // other contents and prints the new metadata. It exits when stdin closes.
 func serveMain() {
+	if mode := os.Getenv(vmmEnv); mode != "" {
+		serveVMM(mode)
+		return
+	}
 	fail := func(err error) { fmt.Println("ERR", err); os.Exit(1) }
 	tr, err := New(newHost())
 	if err != nil {

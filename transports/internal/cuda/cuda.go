@@ -50,6 +50,9 @@ const (
 	// ErrorMissingCall is rdt's own: the driver lacks a call rdt needs only
 	// for tests (AllocAsync, AllocVMM).
 	ErrorMissingCall Result = C.RDT_CU_MISSING
+	// ErrorVMMRange is rdt's own: cuMemGetAddressRange gave a range that
+	// is not one cuMemMap of one allocation (VMMChunkAt).
+	ErrorVMMRange Result = C.RDT_CU_VMM_RANGE
 )
 
 // Error is a failed driver call.
@@ -94,6 +97,8 @@ func (r Result) Name() string {
 		return "RDT_CUDA_BAD_DEVICE_ORDINAL"
 	case C.RDT_CU_MISSING:
 		return "RDT_CUDA_MISSING_CALL"
+	case C.RDT_CU_VMM_RANGE:
+		return "RDT_CUDA_VMM_RANGE"
 	}
 	return fmt.Sprintf("CUresult(%d)", int(r))
 }
@@ -115,6 +120,8 @@ func (r Result) Description() string {
 		return fmt.Sprintf("device ordinal outside 0..%d", C.RDT_CU_MAX_DEVICES-1)
 	case C.RDT_CU_MISSING:
 		return "the CUDA driver lacks this call (too old)"
+	case C.RDT_CU_VMM_RANGE:
+		return "the driver's address range of the mapping is not one cuMemMap of one allocation"
 	}
 	return "unknown CUDA error"
 }
@@ -534,21 +541,115 @@ func FreeAsync(dev int, p Ptr) error {
 // memory management, as PyTorch's expandable segments use it. For tests:
 // memory that legacy CUDA IPC cannot share.
 func AllocVMM(dev int, n uint64) (Ptr, uint64, error) {
+	return AllocVMMChunks(dev, n, 1, false)
+}
+
+// AllocVMMChunks is AllocVMM in chunks allocations of equal size (n/chunks
+// rounded up to the granularity), mapped one after the other, as PyTorch's
+// expandable segments grow; posixFD requests that they be exportable as
+// POSIX file descriptors (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), as
+// PyTorch does. For tests.
+func AllocVMMChunks(dev int, n uint64, chunks int, posixFD bool) (Ptr, uint64, error) {
 	if err := Load(); err != nil {
 		return 0, 0, err
 	}
 	var p C.rdtcu_ptr
 	var size C.size_t
-	err := check("cuMemCreate/cuMemMap", C.rdtcu_mem_alloc_vmm(C.int(dev), C.size_t(n), &p, &size))
+	fd := C.int(0)
+	if posixFD {
+		fd = 1
+	}
+	err := check("cuMemCreate/cuMemMap", C.rdtcu_mem_alloc_vmm(C.int(dev), C.size_t(n), C.size_t(chunks), fd, &p, &size))
 	return Ptr(p), uint64(size), err
 }
 
 // FreeVMM unmaps and frees what AllocVMM mapped.
 func FreeVMM(dev int, p Ptr, size uint64) error {
+	return FreeVMMChunks(dev, p, size, 1)
+}
+
+// FreeVMMChunks unmaps and frees what AllocVMMChunks mapped.
+func FreeVMMChunks(dev int, p Ptr, size uint64, chunks int) error {
 	if err := Load(); err != nil {
 		return err
 	}
-	return check("cuMemUnmap/cuMemAddressFree", C.rdtcu_mem_free_vmm(C.int(dev), C.rdtcu_ptr(p), C.size_t(size)))
+	return check("cuMemUnmap/cuMemAddressFree", C.rdtcu_mem_free_vmm(C.int(dev), C.rdtcu_ptr(p), C.size_t(size), C.size_t(chunks)))
+}
+
+// VMMChunk is one mapping of virtual memory management: one allocation
+// (cuMemCreate's, or an import) mapped with one cuMemMap.
+type VMMChunk struct {
+	Base    Ptr
+	Size    uint64
+	Handle  uint64 // the allocation handle mapped there: the same for as long as the mapping lasts
+	PosixFD bool   // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested: exportable as a file descriptor
+}
+
+// VMMChunkAt describes the mapping that holds p (memory mapped with
+// cuMemMap), with dev's context current. Its range is cuMemGetAddressRange's,
+// which for such memory is taken to be the one cuMemMap that mapped p; the
+// call checks that (the same allocation handle at both ends of the range)
+// and fails with ErrorVMMRange when it is not.
+func VMMChunkAt(dev int, p Ptr) (VMMChunk, error) {
+	if err := Load(); err != nil {
+		return VMMChunk{}, err
+	}
+	var base C.rdtcu_ptr
+	var size C.size_t
+	var h C.ulonglong
+	var fd C.int
+	err := check("cuMemGetAddressRange/cuMemRetainAllocationHandle", C.rdtcu_vmm_chunk(C.int(dev), C.rdtcu_ptr(p), &base, &size, &h, &fd))
+	return VMMChunk{Base: Ptr(base), Size: uint64(size), Handle: uint64(h), PosixFD: fd != 0}, err
+}
+
+// VMMExport exports the allocation mapped at p as a new POSIX file
+// descriptor (cuMemExportToShareableHandle), which the caller closes.
+func VMMExport(dev int, p Ptr) (int, error) {
+	if err := Load(); err != nil {
+		return -1, err
+	}
+	var fd C.int
+	if err := check("cuMemExportToShareableHandle", C.rdtcu_vmm_export(C.int(dev), C.rdtcu_ptr(p), &fd)); err != nil {
+		return -1, err
+	}
+	return int(fd), nil
+}
+
+// VMMImport maps the allocations of the file descriptors fds (exported by
+// VMMExport in any process; the caller keeps and closes them), sizes[i]
+// bytes of each, one after the other into a new address range, readable
+// and writable from dev, and returns its start.
+func VMMImport(dev int, fds []int, sizes []uint64) (Ptr, error) {
+	if err := Load(); err != nil {
+		return 0, err
+	}
+	if len(fds) != len(sizes) || len(fds) == 0 {
+		return 0, &Error{Op: "cuMemImportFromShareableHandle", Code: 1}
+	}
+	cfds := make([]C.int, len(fds))
+	csizes := make([]C.size_t, len(sizes))
+	for i := range fds {
+		cfds[i], csizes[i] = C.int(fds[i]), C.size_t(sizes[i])
+	}
+	var p C.rdtcu_ptr
+	err := check("cuMemImportFromShareableHandle/cuMemMap/cuMemSetAccess", C.rdtcu_vmm_import(C.int(dev), &cfds[0], &csizes[0], C.size_t(len(fds)), &p))
+	return Ptr(p), err
+}
+
+// VMMUnmap unmaps what VMMImport mapped (with the same sizes) and frees
+// its address range.
+func VMMUnmap(dev int, p Ptr, sizes []uint64) error {
+	if err := Load(); err != nil {
+		return err
+	}
+	if len(sizes) == 0 {
+		return &Error{Op: "cuMemUnmap", Code: 1}
+	}
+	csizes := make([]C.size_t, len(sizes))
+	for i := range sizes {
+		csizes[i] = C.size_t(sizes[i])
+	}
+	return check("cuMemUnmap/cuMemAddressFree", C.rdtcu_vmm_unmap(C.int(dev), C.rdtcu_ptr(p), &csizes[0], C.size_t(len(sizes))))
 }
 
 // Memcpy copies n bytes synchronously between any two addresses that

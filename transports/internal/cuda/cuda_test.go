@@ -610,3 +610,53 @@ func ipcPeerChild(t *testing.T) {
 	assert.True(t, bytes.Equal(want, back))
 	require.NoError(t, IPCCloseMemHandle(dev, p))
 }
+
+// Memory of virtual memory management made exportable as POSIX file
+// descriptors (as PyTorch's expandable segments make it) is shared chunk
+// by chunk: each mapping is found from any address in it, exported as a
+// file descriptor, and imported and mapped again, here in the same process
+// (the double allows it; the transport imports in another).
+func TestVMMShareThroughFileDescriptors(t *testing.T) {
+	requireGPU(t)
+	const chunks = 2
+	p, size, err := AllocVMMChunks(0, 4<<20, chunks, true)
+	var ce *Error
+	if errors.As(err, &ce) && ce.Code == ErrorMissingCall && !testDouble() {
+		t.Skipf("the driver is too old: %v", err)
+	}
+	require.NoError(t, err)
+	defer FreeVMMChunks(0, p, size, chunks)
+	src := hostBuffer(t, int(size))
+	pattern(src, 3)
+	require.NoError(t, Memcpy(0, p, addr(src), size))
+
+	chunk := size / chunks
+	var fds []int
+	var sizes []uint64
+	for i := uint64(0); i < chunks; i++ {
+		c, err := VMMChunkAt(0, p+i*chunk+12345)
+		require.NoError(t, err)
+		assert.Equal(t, VMMChunk{Base: p + i*chunk, Size: chunk, Handle: c.Handle, PosixFD: true}, c)
+		fd, err := VMMExport(0, c.Base+1)
+		require.NoError(t, err)
+		defer unix.Close(fd)
+		fds, sizes = append(fds, fd), append(sizes, c.Size)
+	}
+	q, err := VMMImport(0, fds, sizes)
+	require.NoError(t, err)
+	back := hostBuffer(t, int(size))
+	require.NoError(t, Memcpy(0, addr(back), q, size))
+	assert.True(t, bytes.Equal(src, back), "the bytes through the imported mapping")
+	require.NoError(t, VMMUnmap(0, q, sizes))
+
+	// Without the handle type requested: not exportable.
+	p2, size2, err := AllocVMMChunks(0, 2<<20, 1, false)
+	require.NoError(t, err)
+	defer FreeVMMChunks(0, p2, size2, 1)
+	c, err := VMMChunkAt(0, p2)
+	require.NoError(t, err)
+	assert.False(t, c.PosixFD)
+	_, err = VMMExport(0, p2)
+	require.ErrorAs(t, err, &ce)
+	t.Logf("cuMemExportToShareableHandle: %v", err)
+}

@@ -52,6 +52,7 @@ enum {
 #define CU_MEM_LOCATION_TYPE_DEVICE 0x1
 #define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
 
 static struct {
   rdtcu_result (*Init)(unsigned);
@@ -95,6 +96,11 @@ static struct {
   rdtcu_result (*MemMap)(rdtcu_ptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   rdtcu_result (*MemUnmap)(rdtcu_ptr, size_t);
   rdtcu_result (*MemSetAccess)(rdtcu_ptr, size_t, const CUmemAccessDesc *, size_t);
+  /* Optional: sharing virtual memory management's allocations. */
+  rdtcu_result (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+  rdtcu_result (*MemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+  rdtcu_result (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+  rdtcu_result (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
 } cu;
 
 /* Symbol names: the driver exports versioned entry points (_v2) for calls
@@ -140,6 +146,10 @@ static const struct { const char *name; void **slot; } symbols[] = {
   {"cuMemMap", (void **)&cu.MemMap},
   {"cuMemUnmap", (void **)&cu.MemUnmap},
   {"cuMemSetAccess", (void **)&cu.MemSetAccess},
+  {"cuMemRetainAllocationHandle", (void **)&cu.MemRetainAllocationHandle},
+  {"cuMemGetAllocationPropertiesFromHandle", (void **)&cu.MemGetAllocationPropertiesFromHandle},
+  {"cuMemExportToShareableHandle", (void **)&cu.MemExportToShareableHandle},
+  {"cuMemImportFromShareableHandle", (void **)&cu.MemImportFromShareableHandle},
 };
 
 /* Older entry points, tried when the name in `symbols` is missing.
@@ -151,11 +161,15 @@ static const struct { const char *name, *older; } fallbacks[] = {
   {"cuDeviceGetUuid_v2", "cuDeviceGetUuid"},
 };
 
-/* Calls a driver may lack (the stream-ordered allocator is CUDA 11.2's):
- * rdt uses them only in tests, and says so when they are missing. */
+/* Calls a driver may lack (the stream-ordered allocator is CUDA 11.2's,
+ * virtual memory management 10.2's): rdt uses them in tests and to share
+ * virtual memory management's allocations, and says so when they are
+ * missing. */
 static const char *const optionals[] = {
   "cuMemAllocAsync", "cuMemFreeAsync", "cuMemGetAllocationGranularity", "cuMemCreate", "cuMemRelease",
   "cuMemAddressReserve", "cuMemAddressFree", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
+  "cuMemRetainAllocationHandle", "cuMemGetAllocationPropertiesFromHandle", "cuMemExportToShareableHandle",
+  "cuMemImportFromShareableHandle",
 };
 
 static int loaded;
@@ -401,10 +415,14 @@ static rdtcu_result free_async(rdtcu_ptr p) {
 rdtcu_result rdtcu_mem_alloc_async(int dev, size_t n, rdtcu_ptr *p) { IN_CONTEXT(dev, alloc_async(p, n)); }
 rdtcu_result rdtcu_mem_free_async(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, free_async(p)); }
 
-static rdtcu_result alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
+/* n bytes (rounded up to the granularity) in nchunks allocations of
+ * cuMemCreate, mapped one after the other into one reserved range, as
+ * PyTorch's expandable segments grow; handles: requestedHandleTypes. */
+static rdtcu_result alloc_vmm(int dev, size_t n, size_t nchunks, int handles, rdtcu_ptr *p, size_t *size) {
   if (!cu.MemCreate || !cu.MemGetAllocationGranularity || !cu.MemRelease || !cu.MemAddressReserve ||
       !cu.MemAddressFree || !cu.MemMap || !cu.MemUnmap || !cu.MemSetAccess)
     return RDT_CU_MISSING;
+  if (nchunks == 0) return CUDA_ERROR_INVALID_VALUE;
   CUdevice d;
   rdtcu_result r = cu.DeviceGet(&d, dev);
   if (r != CUDA_SUCCESS) return r;
@@ -413,24 +431,29 @@ static rdtcu_result alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = d;
+  prop.requestedHandleTypes = handles;
   size_t g = 0;
   r = cu.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS) return r;
-  n = (n + g - 1) / g * g;
-  CUmemGenericAllocationHandle h;
-  r = cu.MemCreate(&h, n, &prop, 0);
-  if (r != CUDA_SUCCESS) return r;
+  size_t chunk = ((n + nchunks - 1) / nchunks + g - 1) / g * g;
+  n = chunk * nchunks;
   r = cu.MemAddressReserve(p, n, 0, 0, 0);
-  if (r == CUDA_SUCCESS) {
-    r = cu.MemMap(*p, n, 0, h, 0);
-    if (r != CUDA_SUCCESS) cu.MemAddressFree(*p, n);
-  }
-  cu.MemRelease(h); /* the mapping holds the memory */
   if (r != CUDA_SUCCESS) return r;
-  CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  r = cu.MemSetAccess(*p, n, &access, 1);
+  size_t mapped = 0;
+  for (; mapped < nchunks && r == CUDA_SUCCESS; mapped++) {
+    CUmemGenericAllocationHandle h;
+    r = cu.MemCreate(&h, chunk, &prop, 0);
+    if (r != CUDA_SUCCESS) break;
+    r = cu.MemMap(*p + mapped * chunk, chunk, 0, h, 0);
+    cu.MemRelease(h); /* the mapping holds the memory */
+    if (r != CUDA_SUCCESS) break;
+  }
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    r = cu.MemSetAccess(*p, n, &access, 1);
+  }
   if (r != CUDA_SUCCESS) {
-    cu.MemUnmap(*p, n);
+    for (size_t i = 0; i < mapped; i++) cu.MemUnmap(*p + i * chunk, chunk);
     cu.MemAddressFree(*p, n);
     return r;
   }
@@ -438,15 +461,136 @@ static rdtcu_result alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
   return CUDA_SUCCESS;
 }
 
-static rdtcu_result free_vmm(rdtcu_ptr p, size_t size) {
+static rdtcu_result free_vmm(rdtcu_ptr p, size_t size, size_t nchunks) {
   if (!cu.MemUnmap || !cu.MemAddressFree) return RDT_CU_MISSING;
-  rdtcu_result r = cu.MemUnmap(p, size);
+  if (nchunks == 0 || size % nchunks) return CUDA_ERROR_INVALID_VALUE;
+  rdtcu_result r = CUDA_SUCCESS;
+  for (size_t i = 0; i < nchunks && r == CUDA_SUCCESS; i++) r = cu.MemUnmap(p + i * (size / nchunks), size / nchunks);
   return r == CUDA_SUCCESS ? cu.MemAddressFree(p, size) : r;
 }
-rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size) {
-  IN_CONTEXT(dev, alloc_vmm(dev, n, p, size));
+rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, size_t nchunks, int posix_fd, rdtcu_ptr *p, size_t *size) {
+  IN_CONTEXT(dev, alloc_vmm(dev, n, nchunks, posix_fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0, p, size));
 }
-rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size) { IN_CONTEXT(dev, free_vmm(p, size)); }
+rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size, size_t nchunks) {
+  IN_CONTEXT(dev, free_vmm(p, size, nchunks));
+}
+
+/* ---- sharing virtual memory management's allocations ---- */
+
+static int have_vmm_sharing(void) {
+  return cu.MemRetainAllocationHandle && cu.MemGetAllocationPropertiesFromHandle && cu.MemExportToShareableHandle &&
+         cu.MemImportFromShareableHandle && cu.MemRelease && cu.MemAddressReserve && cu.MemAddressFree && cu.MemMap &&
+         cu.MemUnmap && cu.MemSetAccess;
+}
+
+/* The mapping that holds p: cuMemGetAddressRange's range, checked to be
+ * one cuMemMap of one allocation (the same handle at both ends), that
+ * handle's value and whether it was created exportable as a POSIX file
+ * descriptor. */
+static rdtcu_result vmm_chunk(rdtcu_ptr p, rdtcu_ptr *base, size_t *size, unsigned long long *handle, int *posix_fd) {
+  if (!have_vmm_sharing()) return RDT_CU_MISSING;
+  rdtcu_result r = cu.MemGetAddressRange(base, size, p);
+  if (r != CUDA_SUCCESS) return r;
+  if (*size == 0 || p < *base || p - *base >= *size) return RDT_CU_VMM_RANGE;
+  CUmemGenericAllocationHandle h, first, last;
+  r = cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)p);
+  if (r != CUDA_SUCCESS) return r;
+  r = cu.MemRetainAllocationHandle(&first, (void *)(uintptr_t)*base);
+  if (r == CUDA_SUCCESS) {
+    r = cu.MemRetainAllocationHandle(&last, (void *)(uintptr_t)(*base + *size - 1));
+    if (r == CUDA_SUCCESS) {
+      if (first != h || last != h) r = RDT_CU_VMM_RANGE;
+      cu.MemRelease(last);
+    }
+    cu.MemRelease(first);
+  }
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  if (r == CUDA_SUCCESS) r = cu.MemGetAllocationPropertiesFromHandle(&prop, h);
+  cu.MemRelease(h);
+  if (r != CUDA_SUCCESS) return r;
+  *handle = h;
+  *posix_fd = (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
+  return CUDA_SUCCESS;
+}
+
+rdtcu_result rdtcu_vmm_chunk(int dev, rdtcu_ptr p, rdtcu_ptr *base, size_t *size, unsigned long long *handle,
+                             int *posix_fd) {
+  IN_CONTEXT(dev, vmm_chunk(p, base, size, handle, posix_fd));
+}
+
+static rdtcu_result vmm_export(rdtcu_ptr p, int *fd) {
+  if (!have_vmm_sharing()) return RDT_CU_MISSING;
+  CUmemGenericAllocationHandle h;
+  rdtcu_result r = cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)p);
+  if (r != CUDA_SUCCESS) return r;
+  r = cu.MemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  cu.MemRelease(h);
+  return r;
+}
+
+rdtcu_result rdtcu_vmm_export(int dev, rdtcu_ptr p, int *fd) { IN_CONTEXT(dev, vmm_export(p, fd)); }
+
+static rdtcu_result vmm_import(int dev, const int *fds, const size_t *sizes, size_t n, rdtcu_ptr *p) {
+  if (!have_vmm_sharing()) return RDT_CU_MISSING;
+  CUdevice d;
+  rdtcu_result r = cu.DeviceGet(&d, dev);
+  if (r != CUDA_SUCCESS) return r;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += sizes[i];
+  if (n == 0 || total == 0) return CUDA_ERROR_INVALID_VALUE;
+  r = cu.MemAddressReserve(p, total, 0, 0, 0);
+  if (r != CUDA_SUCCESS) return r;
+  size_t mapped = 0, off = 0;
+  for (; mapped < n; mapped++) {
+    CUmemGenericAllocationHandle h;
+    r = cu.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[mapped], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) break;
+    r = cu.MemMap(*p + off, sizes[mapped], 0, h, 0);
+    cu.MemRelease(h); /* the mapping holds the memory */
+    if (r != CUDA_SUCCESS) break;
+    off += sizes[mapped];
+  }
+  if (r == CUDA_SUCCESS) {
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = d;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = cu.MemSetAccess(*p, total, &access, 1);
+  }
+  if (r != CUDA_SUCCESS) {
+    off = 0;
+    for (size_t i = 0; i < mapped; i++) {
+      cu.MemUnmap(*p + off, sizes[i]);
+      off += sizes[i];
+    }
+    cu.MemAddressFree(*p, total);
+  }
+  return r;
+}
+
+rdtcu_result rdtcu_vmm_import(int dev, const int *fds, const size_t *sizes, size_t n, rdtcu_ptr *p) {
+  IN_CONTEXT(dev, vmm_import(dev, fds, sizes, n, p));
+}
+
+static rdtcu_result vmm_unmap(rdtcu_ptr p, const size_t *sizes, size_t n) {
+  if (!have_vmm_sharing()) return RDT_CU_MISSING;
+  rdtcu_result r = CUDA_SUCCESS;
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    rdtcu_result r2 = cu.MemUnmap(p + off, sizes[i]);
+    if (r == CUDA_SUCCESS) r = r2;
+    off += sizes[i];
+  }
+  rdtcu_result r2 = cu.MemAddressFree(p, off);
+  return r == CUDA_SUCCESS ? r2 : r;
+}
+
+rdtcu_result rdtcu_vmm_unmap(int dev, rdtcu_ptr p, const size_t *sizes, size_t n) {
+  IN_CONTEXT(dev, vmm_unmap(p, sizes, n));
+}
+
 rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p) { IN_CONTEXT(dev, cu.MemFree(p)); }
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n) {
   IN_CONTEXT(dev, cu.Memcpy(dst, src, n));

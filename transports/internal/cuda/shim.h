@@ -25,6 +25,9 @@ typedef void *rdtcu_event;                /* CUevent */
 #define RDT_CU_NOT_LOADED (-1)
 #define RDT_CU_BAD_DEVICE (-2)
 #define RDT_CU_MISSING (-3) /* the driver lacks an optional call */
+/* cuMemGetAddressRange's range of a virtual memory mapping is not one
+ * cuMemMap of one allocation. */
+#define RDT_CU_VMM_RANGE (-4)
 
 typedef struct {
   int memory_type;        /* CU_MEMORYTYPE_*: 1 host, 2 device, 3 array, 4 unified */
@@ -93,9 +96,24 @@ rdtcu_result rdtcu_mem_alloc(int dev, size_t n, rdtcu_ptr *p);
 rdtcu_result rdtcu_mem_free(int dev, rdtcu_ptr p);
 rdtcu_result rdtcu_mem_alloc_async(int dev, size_t n, rdtcu_ptr *p);
 rdtcu_result rdtcu_mem_free_async(int dev, rdtcu_ptr p);
-rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, rdtcu_ptr *p, size_t *size);
-rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size);
+rdtcu_result rdtcu_mem_alloc_vmm(int dev, size_t n, size_t nchunks, int posix_fd, rdtcu_ptr *p, size_t *size);
+rdtcu_result rdtcu_mem_free_vmm(int dev, rdtcu_ptr p, size_t size, size_t nchunks);
 rdtcu_result rdtcu_memcpy(int dev, rdtcu_ptr dst, rdtcu_ptr src, size_t n);
+
+/* Sharing virtual memory management's allocations through POSIX file
+ * descriptors; RDT_CU_MISSING without the driver calls.
+ * rdtcu_vmm_chunk: the mapping holding p (one cuMemMap of one allocation:
+ * its base, size and handle value) and whether the allocation was created
+ * exportable as a file descriptor. rdtcu_vmm_export: a new file descriptor
+ * of the allocation mapped at p (the caller closes it).
+ * rdtcu_vmm_import: maps the n allocations (fds, which the caller keeps,
+ * of sizes[i] bytes each) one after the other into a new reserved range at
+ * *p, read-write for dev. rdtcu_vmm_unmap undoes it. */
+rdtcu_result rdtcu_vmm_chunk(int dev, rdtcu_ptr p, rdtcu_ptr *base, size_t *size, unsigned long long *handle,
+                             int *posix_fd);
+rdtcu_result rdtcu_vmm_export(int dev, rdtcu_ptr p, int *fd);
+rdtcu_result rdtcu_vmm_import(int dev, const int *fds, const size_t *sizes, size_t n, rdtcu_ptr *p);
+rdtcu_result rdtcu_vmm_unmap(int dev, rdtcu_ptr p, const size_t *sizes, size_t n);
 
 /* For libraries that use the current context of the calling thread (NCCL):
  * make dev's primary context current and hand back the previous one, and

@@ -35,7 +35,7 @@ GLIBC_FLOOR=2.28           # torch's and nixl-cu13's wheels are manylinux_2_28
 # The Go packages with tests that use a GPU, CUDA or NIXL.
 GO_PACKAGES=(./transports/internal/cuda ./transports/cuda_ipc ./transports/nccl ./transports/nixl)
 # tests/python files the GPU tests run or import.
-PY_TESTS=(test_gpu.py test_gpu_nccl.py test_gpu_nixl.py conftest.py gpu_env.py workers.py transports_for_tests.py)
+PY_TESTS=(test_gpu.py test_gpu_nccl.py test_gpu_nixl.py test_gpu_vmm.py conftest.py gpu_env.py workers.py transports_for_tests.py)
 # NIXL: the library rdt loads and the backend it uses (under the wheel's
 # .nixl_cu13.mesonpy.libs), and the UCX modules for shared memory and CUDA
 # (under nixl_cu13.libs/ucx, where UCX looks next to libucs); the libraries

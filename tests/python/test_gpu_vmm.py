@@ -75,3 +75,54 @@ def test_expandable_segments_across_processes(child):
         assert torch.equal(out[k], v), k
     ref.close()
     c.stop()
+
+
+def serve_stream_ordered(conn):
+    """Allocates with PyTorch's cudaMallocAsync backend (the device's
+    default memory pool, which CUDA cannot share between processes): sends
+    what a put over cuda_ipc said, and the pickled ref of a put that lets
+    rdt choose the transport, then waits until told to stop."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    import torch
+    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    torch.cuda.synchronize()
+    try:
+        ipc, refused = pickle.dumps(rdt.put([x], transport="cuda_ipc")), ""
+    except rdt.RdtError as e:  # where the put asks for the metadata itself
+        ipc, refused = None, f"{type(e).__name__}: {e}"
+    ref = rdt.put([x])
+    conn.send((refused, ipc, pickle.dumps(ref), torch.cuda.get_allocator_backend()))
+    try:
+        conn.recv()
+    except EOFError:
+        pass
+
+
+@pytest.mark.gpu
+def test_stream_ordered_memory_is_refused_by_cuda_ipc_and_moved_by_another(child):
+    # cudaMallocAsync memory of the default pool cannot be shared by CUDA
+    # IPC in any form: cuda_ipc says so, naming the allocator and what to
+    # do instead, and the automatic choice moves it over another transport
+    # (nixl) when one that moves device memory is here.
+    torch = _torch_cuda()
+    c = child(serve_stream_ordered)
+    refused, ipc, blob, backend = c.recv(timeout=120)
+    assert backend == "cudaMallocAsync", backend
+    if ipc is not None:  # the receiver asks for the metadata, and is refused
+        with pytest.raises(rdt.UnsupportedError) as e:
+            rdt.get(pickle.loads(ipc), timeout=60)
+        refused = f"UnsupportedError: {e.value}"
+    assert refused.startswith("UnsupportedError"), refused
+    assert "cudaMallocAsync" in refused and "another transport" in refused, refused
+    ref = pickle.loads(blob)
+    want = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    with rdt.Runtime("probe") as rt:
+        others = [t for t in rt.transport_names() if t in ("nixl", "nccl")]
+    if "nixl" in others:
+        got = rdt.get(ref)
+        assert torch.equal(got[0], want)
+    else:
+        with pytest.raises(rdt.RdtError):
+            rdt.get(ref, timeout=30)
+    ref.close()
+    c.stop()

@@ -304,7 +304,7 @@ checks() {
     else
       STEP_DIR=$work/python/tests run_step python 240 "$PY_WHAT" "$NO_GPU_PYTEST" "" \
         "$python" -m pytest -q -rfEs -p no:cacheprovider -W ignore::pytest.PytestUnknownMarkWarning \
-        --junitxml="$out/python-junit.xml" test_gpu.py test_gpu_nccl.py test_gpu_nixl.py
+        --junitxml="$out/python-junit.xml" test_gpu.py test_gpu_nccl.py test_gpu_nixl.py test_gpu_vmm.py
     fi
 
     missing=$(torch_cuda_missing)

@@ -261,15 +261,7 @@ func TestGPUDeadlineIntoHostMemory(t *testing.T) {
 	}
 	defer func(c uint64) { hostChunk = c }(hostChunk)
 	hostChunk = 256 << 10
-	opts := func(name string) engine.Options {
-		return engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
-	}
-	a, err := engine.NewRuntime(opts("a"))
-	require.NoError(t, err)
-	defer a.Destroy()
-	b, err := engine.NewRuntime(opts("b"))
-	require.NoError(t, err)
-	defer b.Destroy()
+	a, b := twoRuntimes(t)
 	// Four tensors of two chunks each: 1.6 s of copies in all.
 	const n, tensors = 512 << 10, 4
 	var srcs, targets []transport.Tensor
@@ -412,15 +404,7 @@ func TestGPUDeadlineWhileCopying(t *testing.T) {
 	if rerun(t, "RDT_FAKECUDA_COPY_DELAY_US=300000") {
 		return
 	}
-	opts := func(name string) engine.Options {
-		return engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}}
-	}
-	a, err := engine.NewRuntime(opts("a"))
-	require.NoError(t, err)
-	defer a.Destroy()
-	b, err := engine.NewRuntime(opts("b"))
-	require.NoError(t, err)
-	defer b.Destroy()
+	a, b := twoRuntimes(t)
 	const n = 1 << 20
 	p := deviceBuffer(t, n, 21)
 	ref, err := a.Put([]transport.Tensor{deviceTensor(p, n)}, Name, nil)
@@ -797,4 +781,21 @@ func TestGPUSmallFetchCompletesInline(t *testing.T) {
 	want = make([]byte, inlineMax+4096)
 	fill(want, layout[0].seed)
 	assert.True(t, bytes.Equal(want, big))
+}
+
+// twoRuntimes makes two runtimes of this process with only cuda_ipc,
+// destroyed at cleanup.
+func twoRuntimes(t *testing.T) (a, b *engine.Runtime) {
+	t.Helper()
+	for _, name := range []string{"a", "b"} {
+		rt, err := engine.NewRuntime(engine.Options{Name: name, LogLevel: transport.LogOff, Builtins: []transport.TransportFactory{Factory()}})
+		require.NoError(t, err)
+		t.Cleanup(rt.Destroy)
+		if a == nil {
+			a = rt
+		} else {
+			b = rt
+		}
+	}
+	return a, b
 }

@@ -292,18 +292,7 @@ func TestEventWaitsForTheStream(t *testing.T) {
 	}
 	double := strings.HasPrefix(DeviceName(0), "rdt fake CUDA device")
 	const n = 1 << 20
-	p, err := Alloc(0, n)
-	require.NoError(t, err)
-	defer Free(0, p)
-	q, err := Alloc(0, n)
-	require.NoError(t, err)
-	defer Free(0, q)
-	s, err := NewStream(0)
-	require.NoError(t, err)
-	defer s.Destroy()
-	ev, err := NewEvent(0)
-	require.NoError(t, err)
-	defer ev.Destroy()
+	p, q, s, ev := copyFixture(t, n)
 	done, err := ev.Query()
 	require.NoError(t, err)
 	assert.True(t, done, "an event never recorded is done")
@@ -370,19 +359,8 @@ func TestFreeWaitsForTheDevice(t *testing.T) {
 		return
 	}
 	const n = 1 << 20
-	p, err := Alloc(0, n)
-	require.NoError(t, err)
-	defer Free(0, p)
-	q, err := Alloc(0, n)
-	require.NoError(t, err)
-	defer Free(0, q)
-	s, err := NewStream(0)
-	require.NoError(t, err)
-	defer s.Destroy()
-	ev, err := NewEvent(0)
-	require.NoError(t, err)
-	defer ev.Destroy()
-	_, err = CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n}}, ev)
+	p, q, s, ev := copyFixture(t, n)
+	_, err := CopyAsync(0, 0, s, []Copy{{Dst: q, Src: p, N: n}}, ev)
 	require.NoError(t, err)
 	if done, _ := ev.Query(); testDouble() {
 		require.False(t, done, "the copy is delayed: it cannot be done yet")
@@ -659,4 +637,24 @@ func TestVMMShareThroughFileDescriptors(t *testing.T) {
 	_, err = VMMExport(0, p2)
 	require.ErrorAs(t, err, &ce)
 	t.Logf("cuMemExportToShareableHandle: %v", err)
+}
+
+// copyFixture is two allocations of n bytes on device 0, a stream and an
+// event, freed at cleanup (the allocations last).
+func copyFixture(t *testing.T, n uint64) (p, q Ptr, s *Stream, ev *Event) {
+	t.Helper()
+	var err error
+	p, err = Alloc(0, n)
+	require.NoError(t, err)
+	t.Cleanup(func() { Free(0, p) })
+	q, err = Alloc(0, n)
+	require.NoError(t, err)
+	t.Cleanup(func() { Free(0, q) })
+	s, err = NewStream(0)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Destroy() })
+	ev, err = NewEvent(0)
+	require.NoError(t, err)
+	t.Cleanup(func() { ev.Destroy() })
+	return p, q, s, ev
 }
